@@ -1,0 +1,37 @@
+// Package layout holds the names the guest agent and the image builder
+// agree on: where things sit in the initramfs and root disk, and which
+// kernel command-line parameters the agent's init reads.
+package layout
+
+const (
+	// InitPath is the agent binary inside the initramfs; it runs as PID 1.
+	InitPath = "/init"
+	// AgentPath is the agent binary inside a full root filesystem, where
+	// systemd runs it as AgentUnit with the "serve" subcommand.
+	AgentPath = "/usr/local/bin/harebox-agent"
+	AgentUnit = "harebox-agent.service"
+
+	// ModulesLoad lists, one absolute path per line, the kernel modules the
+	// init loads with finit_module, in dependency order (dependencies first).
+	// A module that is already loaded or built in is skipped.
+	ModulesLoad = "/etc/harebox/modules.load"
+
+	// ParamRoot on the kernel command line (harebox.root=/dev/vda) makes the
+	// init mount that ext4 device and hand over to ParamInit (default
+	// /sbin/init, that is systemd). Without it the agent stays init.
+	ParamRoot   = "harebox.root"
+	ParamInit   = "harebox.init"
+	DefaultInit = "/sbin/init"
+
+	// DefaultUser is the unprivileged account commands run as by default.
+	DefaultUser = "user"
+	DefaultUID  = 1000
+	DefaultHome = "/home/user"
+
+	// SerialName is the virtio-serial port the agent serves on; under udev
+	// it appears as /dev/virtio-ports/SerialName, without udev the agent
+	// finds it through /sys/class/virtio-ports/*/name.
+	SerialName = "org.harebox.agent"
+	// VsockPort is the vsock port the agent listens on (Cloud Hypervisor).
+	VsockPort = 1024
+)

@@ -1,0 +1,155 @@
+// Package hypervisor defines the interfaces every HareBox VM backend
+// implements (QEMU, Cloud Hypervisor, ...), the machine spec they launch, and
+// the portable error kinds callers check with errors.Is.
+//
+// A backend is usable in-process or served over a process boundary by
+// hypervisor/plugin; hypervisor/hypervisortest is the conformance suite every
+// backend must pass.
+package hypervisor
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Hypervisor launches machines and re-adopts running ones.
+type Hypervisor interface {
+	// Capabilities reports what this backend can do on this host.
+	Capabilities(ctx context.Context) (Capabilities, error)
+	// Launch boots a new machine from spec. The VMM process is detached from
+	// the caller so it outlives it; the returned Machine's Handle re-adopts it.
+	Launch(ctx context.Context, spec Spec) (Machine, error)
+	// Attach re-adopts a running machine from a handle saved earlier.
+	// It fails with ErrNotFound if that machine is gone.
+	Attach(ctx context.Context, h Handle) (Machine, error)
+	// Restore boots a new machine from a snapshot directory written by
+	// Machine.Snapshot. spec gives the clone's own identity: its ID, state
+	// directory, network and labels; sizes and disks come from the snapshot.
+	Restore(ctx context.Context, snapshotDir string, spec Spec) (Machine, error)
+}
+
+// Machine is one running (or paused) VM.
+type Machine interface {
+	ID() string
+	// Handle is the serialisable data Attach needs to re-adopt this machine.
+	Handle() Handle
+	// Info reports the machine's current state.
+	Info(ctx context.Context) (Info, error)
+	// AgentEndpoint is where the host reaches the guest agent.
+	AgentEndpoint() AgentEndpoint
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// Snapshot pauses the machine and writes its memory, device state and a
+	// copy of its writable disks into dir, which must not exist yet. The
+	// machine stays paused afterwards; Resume continues it.
+	Snapshot(ctx context.Context, dir string) error
+	// Shutdown asks the guest to power off and waits until the VMM exits or
+	// ctx is done; on timeout it stops the VMM.
+	Shutdown(ctx context.Context) error
+	// Kill stops the VMM at once.
+	Kill(ctx context.Context) error
+	// Wait blocks until the VMM has exited (or ctx is done).
+	Wait(ctx context.Context) error
+	// Cleanup removes every file the machine owns (sockets, overlays, logs).
+	// The machine must have exited.
+	Cleanup(ctx context.Context) error
+}
+
+// Capabilities describes a backend on this host.
+type Capabilities struct {
+	Name        string `json:"name"`        // "qemu", "cloud-hypervisor"
+	Accelerator string `json:"accelerator"` // "kvm", "tcg"
+	// Notice explains a fallback (for example a PVM-only /dev/kvm), if any.
+	Notice   string `json:"notice,omitempty"`
+	Snapshot bool   `json:"snapshot"`
+	Pause    bool   `json:"pause"`
+	// AgentTransports lists the agent channel kinds the backend offers.
+	AgentTransports []string `json:"agent_transports"`
+	Version         string   `json:"version,omitempty"`
+}
+
+// Spec describes a machine to launch.
+type Spec struct {
+	// ID names the machine; it must be unique on the host and is used in
+	// file and device names, so it is restricted to [a-zA-Z0-9_-], 1-64.
+	ID       string   `json:"id"`
+	VCPUs    int      `json:"vcpus"`
+	MemoryMB int      `json:"memory_mb"`
+	Kernel   string   `json:"kernel"`
+	Initrd   string   `json:"initrd,omitempty"`
+	Cmdline  string   `json:"cmdline,omitempty"`
+	Disks    []Disk   `json:"disks,omitempty"`
+	Network  *Network `json:"network,omitempty"`
+	// StateDir is a directory the backend owns for this machine: sockets,
+	// overlays, pid files. It is created if missing and removed by Cleanup.
+	StateDir string `json:"state_dir"`
+	// SerialLog receives the guest console; empty means StateDir/serial.log.
+	SerialLog string            `json:"serial_log,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+}
+
+// Disk is a block device given to the guest.
+type Disk struct {
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+	// Format is "raw" or "qcow2".
+	Format string `json:"format,omitempty"`
+	// Overlay asks the backend to give the machine its own copy-on-write
+	// overlay (in StateDir) on top of Path, which then stays untouched.
+	Overlay bool `json:"overlay,omitempty"`
+}
+
+// Network attaches the machine to a host tap device.
+type Network struct {
+	Tap string `json:"tap"`
+	MAC string `json:"mac"`
+}
+
+// State is a machine's run state.
+type State string
+
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped"
+)
+
+// Info is a machine's state as the backend sees it.
+type Info struct {
+	ID    string `json:"id"`
+	State State  `json:"state"`
+	PID   int    `json:"pid"`
+	// Started is when the VMM was launched.
+	Started time.Time `json:"started"`
+}
+
+// AgentEndpoint says how to reach the guest agent.
+type AgentEndpoint struct {
+	// Transport is TransportSerial (a Unix socket carrying the agent's byte
+	// stream directly) or TransportHybridVsock (a Unix socket that wants
+	// "CONNECT <port>\n" first).
+	Transport string `json:"transport"`
+	Path      string `json:"path"`
+	Port      uint32 `json:"port,omitempty"`
+}
+
+// Agent channel kinds.
+const (
+	TransportSerial      = "virtio-serial"
+	TransportHybridVsock = "hybrid-vsock"
+)
+
+// AgentPort is the vsock port the guest agent listens on.
+const AgentPort = 1024 // keep equal to agent/layout.VsockPort
+
+// AgentSerialName is the virtio-serial port name the guest agent opens.
+const AgentSerialName = "org.harebox.agent"
+
+// Handle is what a backend needs to re-adopt a machine. Data is opaque to
+// callers and owned by the backend; store the whole Handle as JSON.
+type Handle struct {
+	Backend string          `json:"backend"`
+	ID      string          `json:"id"`
+	Data    json.RawMessage `json:"data"`
+}
