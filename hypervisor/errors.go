@@ -10,12 +10,12 @@ import (
 // Portable error kinds. Backends wrap them with %w (or return an *Error) so
 // that callers on either side of the plugin boundary can use errors.Is.
 var (
-	ErrNotFound     = errors.New("not found")
-	ErrInvalid      = errors.New("invalid argument")
-	ErrUnsupported  = errors.New("unsupported")
-	ErrExists       = errors.New("already exists")
-	ErrState        = errors.New("invalid state")
-	ErrUnavailable  = errors.New("backend unavailable")
+	ErrNotFound    = errors.New("not found")
+	ErrInvalid     = errors.New("invalid argument")
+	ErrUnsupported = errors.New("unsupported")
+	ErrExists      = errors.New("already exists")
+	ErrState       = errors.New("invalid state")
+	ErrUnavailable = errors.New("backend unavailable")
 )
 
 // Kinds lists the portable kinds, in the order the plugin encodes them.
