@@ -1,0 +1,232 @@
+// Package client is the host's client of the guest agent. The guest is
+// hostile, so everything it sends is bounded and validated: message sizes,
+// collected output, the number of list entries, and every call has a
+// deadline.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/harebox/harebox/agent/agentpb"
+	"github.com/harebox/harebox/agent/transport"
+	"github.com/harebox/harebox/hypervisor"
+)
+
+// Limits on what the host accepts from a guest.
+const (
+	// MaxMessage bounds one gRPC message in either direction.
+	MaxMessage = 4 << 20
+	// MaxChunk bounds one data chunk (exec output, file read).
+	MaxChunk = 1 << 20
+	// DefaultMaxOutput caps collected stdout and stderr, each.
+	DefaultMaxOutput = 8 << 20
+	// MaxListEntries caps a directory listing.
+	MaxListEntries = 10000
+	// DefaultCallTimeout is the deadline of a call whose context has none.
+	DefaultCallTimeout = 30 * time.Second
+)
+
+// ErrGuest marks a reply that broke the protocol: the guest is buggy or
+// hostile. Check with errors.Is.
+var ErrGuest = errors.New("invalid reply from guest agent")
+
+// Options configures a client.
+type Options struct {
+	// CallTimeout is the deadline for calls whose context has none.
+	CallTimeout time.Duration
+	// MaxOutput caps the stdout and stderr Exec collects, each.
+	MaxOutput int
+}
+
+// Client talks to one guest agent over one byte stream.
+type Client struct {
+	opts Options
+	conn io.Closer
+	sess *yamux.Session
+	cc   *grpc.ClientConn
+	rpc  agentpb.AgentClient
+
+	closeOnce sync.Once
+}
+
+// Dial connects to the agent endpoint a backend reports.
+func Dial(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (*Client, error) {
+	var conn net.Conn
+	var err error
+	switch ep.Transport {
+	case hypervisor.TransportSerial:
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "unix", ep.Path)
+	case hypervisor.TransportHybridVsock:
+		conn, err = DialHybridVsock(ctx, ep.Path, ep.Port)
+	default:
+		return nil, fmt.Errorf("agent: unknown transport %q", ep.Transport)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("agent: dial %s: %w", ep.Path, err)
+	}
+	return New(conn, opts)
+}
+
+// New starts a client over an open byte stream to the agent; Close closes it.
+func New(conn io.ReadWriteCloser, opts Options) (*Client, error) {
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = DefaultCallTimeout
+	}
+	if opts.MaxOutput <= 0 {
+		opts.MaxOutput = DefaultMaxOutput
+	}
+	sess, err := transport.Client(conn)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("agent: yamux: %w", err)
+	}
+	cc, err := grpc.NewClient("passthrough:///agent",
+		grpc.WithContextDialer(transport.Dialer(sess)),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessage), grpc.MaxCallSendMsgSize(MaxMessage)),
+		grpc.WithMaxHeaderListSize(16<<10),
+	)
+	if err != nil {
+		sess.Close()
+		conn.Close()
+		return nil, fmt.Errorf("agent: grpc: %w", err)
+	}
+	return &Client{opts: opts, conn: conn, sess: sess, cc: cc, rpc: agentpb.NewAgentClient(cc)}, nil
+}
+
+// Close tears down the connection.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.cc.Close()
+		c.sess.Close()
+		c.conn.Close()
+	})
+	return nil
+}
+
+// Done is closed when the underlying session has died.
+func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// ctx applies the default deadline when the caller set none.
+func (c *Client) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.opts.CallTimeout)
+}
+
+// Health is the agent's answer to a health check.
+type Health struct {
+	Version       string  `json:"version"`
+	UptimeSeconds float64 `json:"uptime_seconds"`
+	Mode          string  `json:"mode"`
+	Kernel        string  `json:"kernel"`
+}
+
+// Health checks that the agent answers.
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	r, err := c.rpc.Health(ctx, &agentpb.HealthRequest{})
+	if err != nil {
+		return Health{}, wrap("health", err)
+	}
+	h := Health{Version: r.Version, UptimeSeconds: r.UptimeSeconds, Mode: r.Mode, Kernel: r.Kernel}
+	if !printable(h.Version, 128) || !printable(h.Mode, 16) || !printable(h.Kernel, 128) || !(h.UptimeSeconds >= 0) {
+		return Health{}, fmt.Errorf("%w: health: bad fields", ErrGuest)
+	}
+	return h, nil
+}
+
+// WaitReady polls Health until it answers or ctx is done.
+func (c *Client) WaitReady(ctx context.Context) (Health, error) {
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
+		h, err := c.Health(attempt)
+		cancel()
+		if err == nil {
+			return h, nil
+		}
+		select {
+		case <-ctx.Done():
+			return Health{}, fmt.Errorf("agent not ready: %w (last error: %v)", ctx.Err(), err)
+		case <-c.Done():
+			return Health{}, fmt.Errorf("agent not ready: connection closed (last error: %v)", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// SyncTime sets the guest clock to t.
+func (c *Client) SyncTime(ctx context.Context, t time.Time) error {
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	_, err := c.rpc.SyncTime(ctx, &agentpb.SyncTimeRequest{UnixNano: t.UnixNano()})
+	return wrap("sync time", err)
+}
+
+// Reseed gives a cloned guest fresh entropy and a new machine ID.
+func (c *Client) Reseed(ctx context.Context, entropy []byte, machineID, hostname string) error {
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	r, err := c.rpc.Reseed(ctx, &agentpb.ReseedRequest{Entropy: entropy, MachineId: machineID, Hostname: hostname})
+	if err != nil {
+		return wrap("reseed", err)
+	}
+	if r.MachineId != machineID {
+		return fmt.Errorf("%w: reseed: machine id not applied", ErrGuest)
+	}
+	return nil
+}
+
+// Shutdown asks the guest to power off (or reboot).
+func (c *Client) Shutdown(ctx context.Context, reboot bool) error {
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	_, err := c.rpc.Shutdown(ctx, &agentpb.ShutdownRequest{Reboot: reboot})
+	return wrap("shutdown", err)
+}
+
+// wrap names the call and keeps the gRPC status for errors.Is/As and
+// status.Code.
+func wrap(call string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("agent %s: %w", call, err)
+}
+
+// Code returns the gRPC code an agent error carries (codes.Unknown if none).
+func Code(err error) codes.Code {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus().Code()
+	}
+	return codes.Unknown
+}
+
+// printable reports whether s is at most n bytes of printable ASCII.
+func printable(s string, n int) bool {
+	if len(s) > n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,43 @@
+package qemu
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestAccelChoice(t *testing.T) {
+	cases := []struct {
+		name    string
+		modules []string
+		devKVM  bool
+		want    string
+		notice  string
+	}{
+		{"intel", []string{"kvm", "kvm_intel"}, true, AccelKVM, ""},
+		{"amd", []string{"kvm", "kvm_amd"}, true, AccelKVM, ""},
+		{"pvm only", []string{"kvm", "kvm_pvm"}, true, AccelTCG, "PVM-only"},
+		{"no module", []string{"kvm"}, true, AccelTCG, "no hardware KVM"},
+		{"no /dev/kvm", []string{"kvm_intel"}, false, AccelTCG, "no usable /dev/kvm"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			for _, m := range c.modules {
+				os.MkdirAll(filepath.Join(root, "sys/module", m), 0o755)
+			}
+			dev := filepath.Join(root, "kvm")
+			if c.devKVM {
+				os.WriteFile(dev, nil, 0o600)
+			}
+			got, notice := accelProbe{sysRoot: root, devKVM: dev}.choose()
+			if got != c.want || !strings.Contains(notice, c.notice) || (c.notice == "") != (notice == "") {
+				t.Fatalf("got %s %q, want %s with %q", got, notice, c.want, c.notice)
+			}
+			if strings.Contains(notice, "\n") {
+				t.Fatalf("notice must be one line: %q", notice)
+			}
+		})
+	}
+}

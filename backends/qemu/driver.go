@@ -1,0 +1,373 @@
+// Package qemu is the QEMU backend: microvm machines controlled over QMP,
+// with KVM where the host has hardware KVM and TCG software emulation
+// everywhere else. The guest agent is reached over a virtio-serial port
+// exposed as a Unix socket.
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor"
+)
+
+// Name is the backend name in capabilities and handles.
+const Name = "qemu"
+
+// Options configures the backend.
+type Options struct {
+	// QEMU is the qemu-system-x86_64 binary; default from PATH.
+	QEMU string
+	// QEMUImg is the qemu-img binary; default from PATH.
+	QEMUImg string
+	// Accel is "auto" (default), "kvm" or "tcg".
+	Accel  string
+	Logger *slog.Logger
+}
+
+// Driver implements hypervisor.Hypervisor with QEMU.
+type Driver struct {
+	opts   Options
+	accel  string
+	notice string
+
+	versionOnce sync.Once
+	version     string
+}
+
+var _ hypervisor.Hypervisor = (*Driver)(nil)
+
+// New returns a QEMU driver. It fails with hypervisor.ErrUnavailable when
+// QEMU is not installed.
+func New(opts Options) (*Driver, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	for _, b := range []struct {
+		p    *string
+		name string
+	}{{&opts.QEMU, "qemu-system-x86_64"}, {&opts.QEMUImg, "qemu-img"}} {
+		if *b.p == "" {
+			*b.p = b.name
+		}
+		p, err := exec.LookPath(*b.p)
+		if err != nil {
+			return nil, hypervisor.Errorf(hypervisor.ErrUnavailable, "qemu: %s not found: %v", b.name, err)
+		}
+		*b.p = p
+	}
+	d := &Driver{opts: opts}
+	switch opts.Accel {
+	case "", AccelAuto:
+		d.accel, d.notice = accelProbe{sysRoot: "/", devKVM: "/dev/kvm"}.choose()
+		if d.notice != "" {
+			opts.Logger.Info("qemu: " + d.notice)
+		}
+	case AccelKVM, AccelTCG:
+		d.accel = opts.Accel
+	default:
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: accel %q: want auto, kvm or tcg", opts.Accel)
+	}
+	return d, nil
+}
+
+// Capabilities implements hypervisor.Hypervisor.
+func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
+	d.versionOnce.Do(func() {
+		out, err := exec.CommandContext(ctx, d.opts.QEMU, "--version").Output()
+		if err == nil {
+			d.version = strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "QEMU emulator version ")
+		}
+	})
+	return hypervisor.Capabilities{
+		Name:            Name,
+		Accelerator:     d.accel,
+		Notice:          d.notice,
+		Snapshot:        true,
+		Pause:           true,
+		AgentTransports: []string{hypervisor.TransportSerial},
+		Version:         d.version,
+	}, nil
+}
+
+// Launch implements hypervisor.Hypervisor.
+func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	for _, p := range append([]string{spec.Kernel, spec.Initrd}, diskPaths(spec.Disks)...) {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err != nil {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: %v", err)
+		}
+	}
+	st, err := d.prepare(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	disks := make([]hypervisor.Disk, len(spec.Disks))
+	for i, dk := range spec.Disks {
+		disks[i] = dk
+		if dk.Overlay {
+			ov := filepath.Join(spec.StateDir, fmt.Sprintf("disk%d.qcow2", i))
+			if err := d.overlay(ctx, dk.Path, formatOf(dk), ov); err != nil {
+				os.RemoveAll(spec.StateDir)
+				return nil, err
+			}
+			disks[i] = hypervisor.Disk{Path: ov, Format: "qcow2", ReadOnly: dk.ReadOnly}
+		}
+	}
+	st.Disks = disks
+	m, err := d.start(ctx, st, "")
+	if err != nil {
+		os.RemoveAll(spec.StateDir)
+		return nil, err
+	}
+	return m, nil
+}
+
+// prepare makes the machine's state directory and its state record.
+func (d *Driver) prepare(ctx context.Context, spec hypervisor.Spec) (*state, error) {
+	if strings.ContainsAny(spec.StateDir+spec.SerialLog, ",'\n") {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: state dir and serial log paths must not contain commas, quotes or newlines")
+	}
+	if _, err := os.Stat(spec.StateDir); err == nil {
+		if ents, _ := os.ReadDir(spec.StateDir); len(ents) > 0 {
+			return nil, hypervisor.Errorf(hypervisor.ErrExists, "qemu: state dir %s is not empty", spec.StateDir)
+		}
+	}
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	serial := spec.SerialLog
+	if serial == "" {
+		serial = filepath.Join(spec.StateDir, "serial.log")
+	}
+	// Unix socket paths are limited to 107 bytes.
+	st := &state{
+		Spec:      spec,
+		QMP:       filepath.Join(spec.StateDir, "qmp.sock"),
+		Agent:     filepath.Join(spec.StateDir, "agent.sock"),
+		PIDFile:   filepath.Join(spec.StateDir, "qemu.pid"),
+		Serial:    serial,
+		Accel:     d.accel,
+		StartedAt: time.Now().UTC(),
+	}
+	if len(st.QMP) > 100 || len(st.Agent) > 100 {
+		os.RemoveAll(spec.StateDir)
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: state dir %s is too long for Unix socket paths", spec.StateDir)
+	}
+	return st, nil
+}
+
+// overlay creates a qcow2 copy-on-write file on top of base.
+func (d *Driver) overlay(ctx context.Context, base, baseFmt, path string) error {
+	out, err := exec.CommandContext(ctx, d.opts.QEMUImg, "create", "-q", "-f", "qcow2",
+		"-F", baseFmt, "-b", base, path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img create overlay of %s: %w: %s", base, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// start runs QEMU daemonized for st and connects to its QMP socket. With a
+// non-empty incoming, QEMU waits for a migration stream (a restore).
+func (d *Driver) start(ctx context.Context, st *state, incoming string) (*machine, error) {
+	args := d.args(st)
+	if incoming != "" {
+		args = append(args, "-incoming", "defer")
+	}
+	cmd := exec.CommandContext(ctx, d.opts.QEMU, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.Stdout = &stderr
+	// -daemonize forks the VMM into its own session; the parent we wait
+	// for exits once the machine is set up, so startup errors surface here.
+	d.opts.Logger.Debug("qemu: launch", "id", st.Spec.ID, "args", args)
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("qemu: start %s: %w: %s", st.Spec.ID, err, lastLines(stderr.String(), 5))
+	}
+	pidb, err := os.ReadFile(st.PIDFile)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: read pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(pidb)))
+	if err != nil {
+		return nil, fmt.Errorf("qemu: bad pid file: %w", err)
+	}
+	p, err := identify(pid, st.QMP)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
+	st.Proc = p
+	m := &machine{d: d, st: st}
+	if err := m.connect(ctx); err != nil {
+		p.kill(context.Background())
+		return nil, err
+	}
+	if incoming != "" {
+		if err := m.incoming(ctx, incoming); err != nil {
+			m.closeQMP()
+			p.kill(context.Background())
+			return nil, err
+		}
+	}
+	if err := st.save(); err != nil {
+		m.closeQMP()
+		p.kill(context.Background())
+		return nil, err
+	}
+	return m, nil
+}
+
+// args builds the QEMU command line. Launch and Restore must produce the
+// same device set, or the migration stream will not load.
+func (d *Driver) args(st *state) []string {
+	s := st.Spec
+	cpu := "max"
+	if st.Accel == AccelKVM {
+		cpu = "host"
+	}
+	a := []string{
+		"-name", "harebox-" + s.ID,
+		"-M", "microvm,isa-serial=on,rtc=on,pic=off,pit=off",
+		"-accel", st.Accel,
+		"-cpu", cpu,
+		"-smp", strconv.Itoa(s.VCPUs),
+		"-m", strconv.Itoa(s.MemoryMB),
+		"-nodefaults", "-no-user-config", "-display", "none",
+		"-no-reboot",
+		"-kernel", s.Kernel,
+		"-append", s.Cmdline,
+		"-serial", "file:" + st.Serial,
+		"-qmp", "unix:" + st.QMP + ",server=on,wait=off",
+		"-pidfile", st.PIDFile,
+		"-daemonize",
+		"-object", "rng-random,id=rng0,filename=/dev/urandom",
+		"-device", "virtio-rng-device,rng=rng0",
+		"-device", "virtio-serial-device,max_ports=2",
+		"-chardev", "socket,id=agent,path=" + st.Agent + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=" + hypervisor.AgentSerialName,
+	}
+	if s.Initrd != "" {
+		a = append(a, "-initrd", s.Initrd)
+	}
+	for i, dk := range st.Disks {
+		opt := fmt.Sprintf("file=%s,if=none,id=disk%d,format=%s,cache=unsafe", qemuEscape(dk.Path), i, formatOf(dk))
+		if dk.ReadOnly {
+			opt += ",readonly=on"
+		}
+		a = append(a, "-drive", opt, "-device", fmt.Sprintf("virtio-blk-device,drive=disk%d", i))
+	}
+	if n := s.Network; n != nil {
+		a = append(a,
+			"-netdev", "tap,id=net0,ifname="+n.Tap+",script=no,downscript=no",
+			"-device", "virtio-net-device,netdev=net0,mac="+n.MAC)
+	}
+	return a
+}
+
+// Attach implements hypervisor.Hypervisor.
+func (d *Driver) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.Machine, error) {
+	if h.Backend != Name {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: handle is for backend %q", h.Backend)
+	}
+	var st state
+	if err := json.Unmarshal(h.Data, &st); err != nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: bad handle: %v", err)
+	}
+	if st.Spec.ID != h.ID || st.Proc.PID <= 0 || st.QMP == "" {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: bad handle for %q", h.ID)
+	}
+	if !st.Proc.alive() {
+		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "qemu: machine %s is not running", h.ID)
+	}
+	m := &machine{d: d, st: &st}
+	if err := m.connect(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Restore implements hypervisor.Hypervisor.
+func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	snap, err := loadSnapshot(dir)
+	if err != nil {
+		return nil, err
+	}
+	// The clone keeps the snapshot's hardware (it must match the stream)
+	// and takes its identity from spec.
+	clone := snap.Spec
+	clone.ID, clone.StateDir, clone.SerialLog, clone.Labels = spec.ID, spec.StateDir, spec.SerialLog, spec.Labels
+	clone.Network = spec.Network
+	if (clone.Network == nil) != (snap.Spec.Network == nil) {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: the clone must have a network exactly when the snapshot has one")
+	}
+	if err := clone.Validate(); err != nil {
+		return nil, err
+	}
+	st, err := d.prepare(ctx, clone)
+	if err != nil {
+		return nil, err
+	}
+	st.Disks = make([]hypervisor.Disk, len(snap.Disks))
+	for i, dk := range snap.Disks {
+		st.Disks[i] = dk
+		if !dk.ReadOnly {
+			// Each clone writes to its own overlay; the snapshot stays intact.
+			ov := filepath.Join(clone.StateDir, fmt.Sprintf("disk%d.qcow2", i))
+			if err := d.overlay(ctx, filepath.Join(dir, dk.Path), "qcow2", ov); err != nil {
+				os.RemoveAll(clone.StateDir)
+				return nil, err
+			}
+			st.Disks[i] = hypervisor.Disk{Path: ov, Format: "qcow2"}
+		}
+	}
+	m, err := d.start(ctx, st, filepath.Join(dir, memoryFile))
+	if err != nil {
+		os.RemoveAll(clone.StateDir)
+		return nil, err
+	}
+	return m, nil
+}
+
+func diskPaths(ds []hypervisor.Disk) []string {
+	var p []string
+	for _, d := range ds {
+		p = append(p, d.Path)
+	}
+	return p
+}
+
+func formatOf(d hypervisor.Disk) string {
+	if d.Format == "" {
+		return "raw"
+	}
+	return d.Format
+}
+
+// qemuEscape doubles commas, QEMU's option separator.
+func qemuEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "; ")
+}
+
+var errStopped = errors.New("machine has stopped")

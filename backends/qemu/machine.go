@@ -1,0 +1,336 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor"
+)
+
+// machine is a handle on one QEMU process.
+type machine struct {
+	d  *Driver
+	st *state
+
+	mu  sync.Mutex
+	qmp *qmp
+}
+
+var _ hypervisor.Machine = (*machine)(nil)
+
+func (m *machine) ID() string                { return m.st.Spec.ID }
+func (m *machine) Handle() hypervisor.Handle { return m.st.handle() }
+
+func (m *machine) AgentEndpoint() hypervisor.AgentEndpoint {
+	return hypervisor.AgentEndpoint{Transport: hypervisor.TransportSerial, Path: m.st.Agent}
+}
+
+// connect (re)opens the QMP connection; QEMU may take a moment to listen.
+func (m *machine) connect(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var lastErr error
+	for {
+		q, err := dialQMP(ctx, m.st.QMP)
+		if err == nil {
+			m.mu.Lock()
+			m.qmp = q
+			m.mu.Unlock()
+			return nil
+		}
+		lastErr = err
+		if !m.st.Proc.alive() {
+			return fmt.Errorf("qemu: %s exited during start: %w (see %s)", m.ID(), lastErr, m.st.Serial)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: connect QMP: %w", lastErr)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (m *machine) closeQMP() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.qmp != nil {
+		m.qmp.Close()
+		m.qmp = nil
+	}
+}
+
+// exec runs a QMP command, reconnecting once if the connection broke.
+func (m *machine) exec(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	if !m.st.Proc.alive() {
+		return nil, hypervisor.Errorf(hypervisor.ErrState, "qemu: %s: %v", m.ID(), errStopped)
+	}
+	m.mu.Lock()
+	q := m.qmp
+	m.mu.Unlock()
+	if q == nil {
+		if err := m.connect(ctx); err != nil {
+			return nil, err
+		}
+		return m.exec(ctx, cmd, args)
+	}
+	out, err := q.Execute(ctx, cmd, args)
+	var qe *qmpError
+	if err != nil && !errors.As(err, &qe) && ctx.Err() == nil {
+		// A broken connection (not a command error): retry on a fresh one.
+		m.closeQMP()
+		if cerr := m.connect(ctx); cerr != nil {
+			return nil, err
+		}
+		m.mu.Lock()
+		q = m.qmp
+		m.mu.Unlock()
+		out, err = q.Execute(ctx, cmd, args)
+	}
+	return out, err
+}
+
+// status returns QEMU's run state ("running", "paused", "postmigrate", ...).
+func (m *machine) status(ctx context.Context) (string, error) {
+	out, err := m.exec(ctx, "query-status", nil)
+	if err != nil {
+		return "", err
+	}
+	var s struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &s); err != nil {
+		return "", fmt.Errorf("qemu: query-status: %w", err)
+	}
+	return s.Status, nil
+}
+
+// Info implements hypervisor.Machine.
+func (m *machine) Info(ctx context.Context) (hypervisor.Info, error) {
+	info := hypervisor.Info{ID: m.ID(), PID: m.st.Proc.PID, Started: m.st.StartedAt, State: hypervisor.StateStopped}
+	if !m.st.Proc.alive() {
+		return info, nil
+	}
+	s, err := m.status(ctx)
+	if err != nil {
+		if !m.st.Proc.alive() {
+			return info, nil
+		}
+		return info, err
+	}
+	switch s {
+	case "running":
+		info.State = hypervisor.StateRunning
+	case "shutdown", "guest-panicked", "internal-error":
+		info.State = hypervisor.StateStopped
+	default: // paused, postmigrate, inmigrate, finish-migrate, ...
+		info.State = hypervisor.StatePaused
+	}
+	return info, nil
+}
+
+// Pause implements hypervisor.Machine.
+func (m *machine) Pause(ctx context.Context) error {
+	_, err := m.exec(ctx, "stop", nil)
+	return err
+}
+
+// Resume implements hypervisor.Machine.
+func (m *machine) Resume(ctx context.Context) error {
+	_, err := m.exec(ctx, "cont", nil)
+	return err
+}
+
+// Snapshot implements hypervisor.Machine: pause, stream the machine state
+// into dir/memory through migration, then copy the writable disks.
+func (m *machine) Snapshot(ctx context.Context, dir string) error {
+	if !filepath.IsAbs(dir) || strings.ContainsAny(dir, "'\n") {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: snapshot dir %q: want an absolute path without quotes", dir)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if os.IsExist(err) {
+			return hypervisor.Errorf(hypervisor.ErrExists, "qemu: snapshot dir %s exists", dir)
+		}
+		return fmt.Errorf("qemu: %w", err)
+	}
+	err := m.snapshot(ctx, dir)
+	if err != nil {
+		os.RemoveAll(dir)
+	}
+	return err
+}
+
+func (m *machine) snapshot(ctx context.Context, dir string) error {
+	if err := m.Pause(ctx); err != nil {
+		return err
+	}
+	mem := filepath.Join(dir, memoryFile)
+	if _, err := m.exec(ctx, "migrate", map[string]any{"uri": "exec:cat > '" + mem + "'"}); err != nil {
+		return fmt.Errorf("qemu: snapshot: %w", err)
+	}
+	if err := m.waitMigration(ctx, "query-migrate"); err != nil {
+		return fmt.Errorf("qemu: snapshot: %w", err)
+	}
+	snap := snapshot{Version: snapshotVersion, Spec: m.st.Spec, Accel: m.st.Accel, CreatedAt: time.Now().UTC()}
+	for i, dk := range m.st.Disks {
+		if dk.ReadOnly {
+			snap.Disks = append(snap.Disks, dk)
+			continue
+		}
+		// The machine is stopped, so its disks are flushed and quiet.
+		name := fmt.Sprintf("disk%d.qcow2", i)
+		if err := m.d.copyOverlay(ctx, dk, filepath.Join(dir, name)); err != nil {
+			return err
+		}
+		snap.Disks = append(snap.Disks, hypervisor.Disk{Path: name, Format: "qcow2"})
+	}
+	b, err := json.MarshalIndent(snap, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(dir, snapshotMeta), b)
+}
+
+// waitMigration polls until the migration completes or fails.
+func (m *machine) waitMigration(ctx context.Context, query string) error {
+	for {
+		out, err := m.exec(ctx, query, nil)
+		if err != nil {
+			return err
+		}
+		var s struct {
+			Status string `json:"status"`
+			Error  string `json:"error-desc"`
+		}
+		if err := json.Unmarshal(out, &s); err != nil {
+			return fmt.Errorf("%s: %w", query, err)
+		}
+		switch s.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s", s.Status, s.Error)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// incoming loads a migration stream into a machine started with
+// -incoming defer and resumes it.
+func (m *machine) incoming(ctx context.Context, memPath string) error {
+	if strings.ContainsAny(memPath, "'\n") {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: snapshot path %q has quotes", memPath)
+	}
+	if _, err := m.exec(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat '" + memPath + "'"}); err != nil {
+		return fmt.Errorf("qemu: restore: %w", err)
+	}
+	if err := m.waitMigration(ctx, "query-migrate"); err != nil {
+		return fmt.Errorf("qemu: restore: %w", err)
+	}
+	// The incoming side reports "completed" and then leaves "inmigrate".
+	for {
+		s, err := m.status(ctx)
+		if err != nil {
+			return err
+		}
+		if s != "inmigrate" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return m.Resume(ctx)
+}
+
+// Shutdown implements hypervisor.Machine: an ACPI power-button press, then
+// QMP quit and finally SIGKILL if the guest does not power off in time.
+func (m *machine) Shutdown(ctx context.Context) error {
+	if !m.st.Proc.alive() {
+		return nil
+	}
+	grace, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if s, err := m.status(grace); err == nil && s != "running" {
+		// A paused guest cannot see the button.
+		m.Resume(grace)
+	}
+	if _, err := m.exec(grace, "system_powerdown", nil); err == nil {
+		if err := m.st.Proc.wait(grace); err == nil {
+			m.closeQMP()
+			return nil
+		}
+	}
+	m.closeQMP()
+	if err := m.Kill(context.Background()); err != nil {
+		return err
+	}
+	return fmt.Errorf("qemu: %s did not power off in time; the VMM was stopped: %w", m.ID(), grace.Err())
+}
+
+// Kill implements hypervisor.Machine.
+func (m *machine) Kill(ctx context.Context) error {
+	m.closeQMP()
+	return m.st.Proc.kill(ctx)
+}
+
+// Wait implements hypervisor.Machine.
+func (m *machine) Wait(ctx context.Context) error {
+	return m.st.Proc.wait(ctx)
+}
+
+// Cleanup implements hypervisor.Machine.
+func (m *machine) Cleanup(ctx context.Context) error {
+	if m.st.Proc.alive() {
+		return hypervisor.Errorf(hypervisor.ErrState, "qemu: %s is still running", m.ID())
+	}
+	m.closeQMP()
+	if err := os.RemoveAll(m.st.Spec.StateDir); err != nil {
+		return fmt.Errorf("qemu: cleanup: %w", err)
+	}
+	if m.st.Spec.SerialLog != "" {
+		os.Remove(m.st.Spec.SerialLog)
+	}
+	return nil
+}
+
+// copyOverlay copies a machine's qcow2 overlay; the copy keeps the same
+// backing file, so only the machine's own writes are copied.
+func (d *Driver) copyOverlay(ctx context.Context, dk hypervisor.Disk, dst string) error {
+	if formatOf(dk) != "qcow2" {
+		return hypervisor.Errorf(hypervisor.ErrUnsupported, "qemu: snapshot of a writable %s disk: use Disk.Overlay", formatOf(dk))
+	}
+	src, err := os.Open(dk.Path)
+	if err != nil {
+		return fmt.Errorf("qemu: snapshot disk: %w", err)
+	}
+	defer src.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("qemu: snapshot disk: %w", err)
+	}
+	_, err = io.Copy(out, src)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("qemu: snapshot disk: %w", err)
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,93 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// qmpPeer serves one scripted QMP connection: greeting, then for each
+// command line it reads, the next reply in script (sent as is).
+func qmpPeer(t *testing.T, greet string, script ...string) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "q.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write([]byte(greet))
+		r := bufio.NewReader(c)
+		for _, s := range script {
+			if _, err := r.ReadString('\n'); err != nil {
+				return
+			}
+			c.Write([]byte(s))
+		}
+		time.Sleep(5 * time.Second) // then hang
+	}()
+	return sock
+}
+
+const greet = `{"QMP": {"version": {}, "capabilities": []}}` + "\n"
+
+func TestQMPEventsAndErrors(t *testing.T) {
+	sock := qmpPeer(t, greet,
+		`{"return": {}}`+"\n",
+		`{"event": "STOP", "data": {}}`+"\n"+`{"return": {"status": "paused"}}`+"\n",
+		`{"error": {"class": "GenericError", "desc": "nope"}}`+"\n",
+	)
+	ctx := context.Background()
+	q, err := dialQMP(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	out, err := q.Execute(ctx, "query-status", nil)
+	if err != nil || !strings.Contains(string(out), "paused") {
+		t.Fatalf("got %s, %v; want the reply after the event", out, err)
+	}
+	_, err = q.Execute(ctx, "stop", nil)
+	var qe *qmpError
+	if !errors.As(err, &qe) || qe.Desc != "nope" {
+		t.Fatalf("got %v, want the QMP error", err)
+	}
+}
+
+func TestQMPDeadline(t *testing.T) {
+	sock := qmpPeer(t, greet, `{"return": {}}`+"\n") // then never answers
+	q, err := dialQMP(context.Background(), sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = q.Execute(ctx, "query-status", nil)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 2*time.Second {
+		t.Fatalf("got %v after %v, want a deadline error promptly", err, time.Since(start))
+	}
+}
+
+func TestQMPNoGreeting(t *testing.T) {
+	sock := qmpPeer(t, `{"hello": 1}`+"\n")
+	if _, err := dialQMP(context.Background(), sock); err == nil {
+		t.Fatal("want an error for a peer that is not QMP")
+	}
+	long := qmpPeer(t, strings.Repeat("x", qmpMaxLine+10)+"\n")
+	if _, err := dialQMP(context.Background(), long); err == nil {
+		t.Fatal("want an error for an oversized line")
+	}
+}

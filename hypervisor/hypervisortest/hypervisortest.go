@@ -1,0 +1,429 @@
+// Package hypervisortest is the conformance suite every hypervisor backend
+// runs, in-process and through the plugin boundary, in the style of
+// gocloud.dev's drivertest: boot until the agent is healthy, exec and files,
+// pause and resume, re-attach from a handle, snapshot and restore into a
+// usable clone, shutdown and kill, and no leftovers afterwards.
+package hypervisortest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/hypervisor"
+)
+
+// Harness adapts a backend to the suite.
+type Harness struct {
+	// New returns the backend under test. It is called once per test, and
+	// again to stand for a restarted engine (a fresh driver or plugin
+	// process) that must re-adopt running machines.
+	New func(t *testing.T) hypervisor.Hypervisor
+	// Spec returns a bootable spec for an image that runs the HareBox agent:
+	// kernel, initrd, cmdline and sizes. The suite sets ID and StateDir and
+	// adds a scratch data disk.
+	Spec func(t *testing.T) hypervisor.Spec
+	// BootTimeout bounds launch-to-agent-healthy; default 90 s (TCG is slow).
+	BootTimeout time.Duration
+}
+
+// Run runs the conformance suite.
+func Run(t *testing.T, h Harness) {
+	if h.BootTimeout == 0 {
+		h.BootTimeout = 90 * time.Second
+	}
+	t.Run("Capabilities", func(t *testing.T) { testCapabilities(t, h) })
+	t.Run("InvalidInput", func(t *testing.T) { testInvalid(t, h) })
+	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, h) })
+}
+
+func testCapabilities(t *testing.T, h Harness) {
+	c, err := h.New(t).Capabilities(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Name == "" || c.Accelerator == "" || len(c.AgentTransports) == 0 {
+		t.Fatalf("incomplete capabilities: %+v", c)
+	}
+	t.Logf("backend %s %s, accelerator %s %s", c.Name, c.Version, c.Accelerator, c.Notice)
+}
+
+func testInvalid(t *testing.T, h Harness) {
+	ctx := context.Background()
+	hv := h.New(t)
+	base := baseDir(t)
+	bad := []hypervisor.Spec{
+		{},
+		func() hypervisor.Spec { s := h.Spec(t); s.ID = "../x"; s.StateDir = filepath.Join(base, "a"); return s }(),
+		func() hypervisor.Spec { s := h.Spec(t); s.ID = "x"; s.StateDir = filepath.Join(base, "b"); s.VCPUs = 0; return s }(),
+		func() hypervisor.Spec {
+			s := h.Spec(t)
+			s.ID = "x"
+			s.StateDir = filepath.Join(base, "c")
+			s.Kernel = filepath.Join(base, "no-such-kernel")
+			return s
+		}(),
+	}
+	for i, s := range bad {
+		m, err := hv.Launch(ctx, s)
+		if err == nil {
+			m.Kill(ctx)
+			m.Cleanup(ctx)
+			t.Errorf("spec %d: launch succeeded", i)
+			continue
+		}
+		if !errors.Is(err, hypervisor.ErrInvalid) {
+			t.Errorf("spec %d: want ErrInvalid, got %v", i, err)
+		}
+	}
+	if ents, _ := os.ReadDir(base); len(ents) != 0 {
+		t.Errorf("failed launches left files behind: %v", ents)
+	}
+	_, err := hv.Attach(ctx, hypervisor.Handle{Backend: "nope", ID: "x", Data: []byte(`{}`)})
+	if !errors.Is(err, hypervisor.ErrInvalid) && !errors.Is(err, hypervisor.ErrNotFound) {
+		t.Errorf("attach bad handle: want ErrInvalid or ErrNotFound, got %v", err)
+	}
+	_, err = hv.Restore(ctx, filepath.Join(base, "no-snapshot"), hypervisor.Spec{ID: "y", StateDir: filepath.Join(base, "y")})
+	if !errors.Is(err, hypervisor.ErrNotFound) {
+		t.Errorf("restore missing snapshot: want ErrNotFound, got %v", err)
+	}
+}
+
+// vm is a machine under test with its agent client.
+type vm struct {
+	m      hypervisor.Machine
+	agent  *agentclient.Client
+	spec   hypervisor.Spec
+	booted time.Duration
+}
+
+func testLifecycle(t *testing.T, h Harness) {
+	ctx := context.Background()
+	hv := h.New(t)
+	base := baseDir(t)
+
+	data := filepath.Join(base, "data.raw")
+	if err := os.WriteFile(data, make([]byte, 4<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := h.Spec(t)
+	spec.ID = "conf-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	spec.StateDir = filepath.Join(base, "m1")
+	spec.Disks = append(spec.Disks, hypervisor.Disk{Path: data, Format: "raw", Overlay: true})
+
+	start := time.Now()
+	m, err := hv.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal("launch:", err)
+	}
+	orig := &vm{m: m, spec: spec}
+	defer forget(t, orig)
+	connect(t, h, orig, start)
+	t.Logf("booted to a healthy agent in %v", orig.booted.Round(time.Millisecond))
+
+	// The data disk must be pristine afterwards: writes go to the overlay.
+	t.Run("Exec", func(t *testing.T) {
+		r := run(t, orig, "echo hello; echo err >&2; exit 3")
+		if string(r.Stdout) != "hello\n" || string(r.Stderr) != "err\n" || r.ExitCode != 3 {
+			t.Fatalf("got %+v", r)
+		}
+	})
+	t.Run("Files", func(t *testing.T) {
+		payload := bytes.Repeat([]byte("harebox\x00\xff"), 100_000) // 1 MB
+		writeFile(t, orig, "/tmp/roundtrip", payload)
+		if got := readFile(t, orig, "/tmp/roundtrip"); !bytes.Equal(got, payload) {
+			t.Fatalf("read back %d bytes, want %d equal bytes", len(got), len(payload))
+		}
+	})
+	t.Run("PauseResume", func(t *testing.T) {
+		if err := orig.m.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wantState(t, orig.m, hypervisor.StatePaused)
+		short, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+		_, err := orig.agent.Health(short)
+		cancel()
+		if err == nil {
+			t.Error("agent answered while the machine was paused")
+		}
+		if err := orig.m.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wantState(t, orig.m, hypervisor.StateRunning)
+		waitHealthy(t, orig, 30*time.Second)
+	})
+	t.Run("Reattach", func(t *testing.T) {
+		// A restarted engine has only the serialised handle.
+		b, err := json.Marshal(orig.m.Handle())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var handle hypervisor.Handle
+		if err := json.Unmarshal(b, &handle); err != nil {
+			t.Fatal(err)
+		}
+		m2, err := h.New(t).Attach(ctx, handle)
+		if err != nil {
+			t.Fatal("attach:", err)
+		}
+		i1, _ := orig.m.Info(ctx)
+		i2, err := m2.Info(ctx)
+		if err != nil || i2.PID != i1.PID || i2.State != hypervisor.StateRunning {
+			t.Fatalf("re-attached info %+v (%v), want pid %d running", i2, err, i1.PID)
+		}
+		if m2.AgentEndpoint() != orig.m.AgentEndpoint() {
+			t.Fatalf("endpoint changed: %+v vs %+v", m2.AgentEndpoint(), orig.m.AgentEndpoint())
+		}
+		orig.m = m2
+	})
+
+	var clone *vm
+	t.Run("SnapshotRestore", func(t *testing.T) {
+		writeFile(t, orig, "/tmp/before-snapshot", []byte("memory state"))
+		run(t, orig, diskWrite("A"))
+		snapDir := filepath.Join(base, "snap")
+		if err := orig.m.Snapshot(ctx, snapDir); err != nil {
+			t.Fatal("snapshot:", err)
+		}
+		wantState(t, orig.m, hypervisor.StatePaused)
+		if err := orig.m.Snapshot(ctx, snapDir); !errors.Is(err, hypervisor.ErrExists) {
+			t.Errorf("second snapshot into the same dir: want ErrExists, got %v", err)
+		}
+		if err := orig.m.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitHealthy(t, orig, 30*time.Second)
+
+		cspec := hypervisor.Spec{ID: spec.ID + "-c", StateDir: filepath.Join(base, "m2")}
+		start := time.Now()
+		cm, err := hv.Restore(ctx, snapDir, cspec)
+		if err != nil {
+			t.Fatal("restore:", err)
+		}
+		clone = &vm{m: cm, spec: cspec}
+		connect(t, h, clone, start)
+		t.Logf("restored clone answered in %v", clone.booted.Round(time.Millisecond))
+		if got := readFile(t, clone, "/tmp/before-snapshot"); string(got) != "memory state" {
+			t.Fatalf("clone lost memory state: %q", got)
+		}
+		if got := run(t, clone, diskRead()).Stdout; string(got) != "A" {
+			t.Fatalf("clone disk: %q, want A", got)
+		}
+		// Clone and original now diverge, each on its own copy-on-write disk.
+		run(t, clone, diskWrite("B"))
+		run(t, orig, diskWrite("C"))
+		if got := run(t, clone, diskRead()).Stdout; string(got) != "B" {
+			t.Errorf("clone disk: %q, want B", got)
+		}
+		if got := run(t, orig, diskRead()).Stdout; string(got) != "C" {
+			t.Errorf("original disk: %q, want C", got)
+		}
+		// A fork gets its own machine ID and entropy.
+		id := make([]byte, 16)
+		rand.Read(id)
+		entropy := make([]byte, 64)
+		rand.Read(entropy)
+		if err := clone.agent.Reseed(ctx, entropy, hex.EncodeToString(id), ""); err != nil {
+			t.Fatal("reseed:", err)
+		}
+		if got := strings.TrimSpace(string(readFile(t, clone, "/etc/machine-id"))); got != hex.EncodeToString(id) {
+			t.Errorf("clone machine-id %q, want %q", got, hex.EncodeToString(id))
+		}
+	})
+	t.Run("Shutdown", func(t *testing.T) {
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if err := orig.m.Shutdown(sctx); err != nil {
+			t.Fatal("shutdown:", err)
+		}
+		if err := orig.m.Wait(sctx); err != nil {
+			t.Fatal("wait:", err)
+		}
+		wantState(t, orig.m, hypervisor.StateStopped)
+	})
+	t.Run("Kill", func(t *testing.T) {
+		if clone == nil {
+			t.Skip("no clone")
+		}
+		if err := clone.m.Kill(ctx); err != nil {
+			t.Fatal("kill:", err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := clone.m.Wait(wctx); err != nil {
+			t.Fatal("wait:", err)
+		}
+		wantState(t, clone.m, hypervisor.StateStopped)
+	})
+	t.Run("NoLeftovers", func(t *testing.T) {
+		for _, v := range []*vm{orig, clone} {
+			if v == nil {
+				continue
+			}
+			v.agent.Close()
+			if err := v.m.Cleanup(ctx); err != nil {
+				t.Fatal("cleanup:", err)
+			}
+			if _, err := os.Stat(v.spec.StateDir); !os.IsNotExist(err) {
+				t.Errorf("state dir %s still exists (%v)", v.spec.StateDir, err)
+			}
+			if p := procsMentioning(v.spec.StateDir); len(p) > 0 {
+				t.Errorf("processes still use %s: %v", v.spec.StateDir, p)
+			}
+		}
+		if b, _ := os.ReadFile(data); !bytes.Equal(b, make([]byte, 4<<20)) {
+			t.Error("the base data disk was written to; writes must go to overlays")
+		}
+	})
+}
+
+// connect dials the agent and waits until it is healthy.
+func connect(t *testing.T, h Harness, v *vm, start time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), h.BootTimeout)
+	defer cancel()
+	var lastErr error
+	for ctx.Err() == nil {
+		c, err := agentclient.Dial(ctx, v.m.AgentEndpoint(), agentclient.Options{})
+		if err != nil {
+			lastErr = err
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		hctx, hcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = c.WaitReady(hctx)
+		hcancel()
+		if err == nil {
+			v.agent = c
+			v.booted = time.Since(start)
+			return
+		}
+		lastErr = err
+		c.Close()
+	}
+	t.Fatalf("agent of %s not healthy within %v: %v\nserial log:\n%s", v.m.ID(), h.BootTimeout, lastErr, serialTail(v.spec))
+}
+
+func waitHealthy(t *testing.T, v *vm, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if _, err := v.agent.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func run(t *testing.T, v *vm, shell string) agentclient.ExecResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r, err := v.agent.Exec(ctx, agentclient.ExecRequest{Shell: shell, User: "root", Timeout: 50 * time.Second}, nil)
+	if err != nil {
+		t.Fatalf("exec %q: %v", shell, err)
+	}
+	if r.Error != "" {
+		t.Fatalf("exec %q: %s", shell, r.Error)
+	}
+	return r
+}
+
+// The scratch disk is the last virtio disk; one byte at offset 4096 marks it.
+const lastDisk = `dev=/dev/$(ls /sys/block | grep '^vd' | sort | tail -n 1)`
+
+func diskWrite(s string) string {
+	return lastDisk + `; printf ` + s + ` | dd of=$dev bs=1 seek=4096 conv=fsync 2>/dev/null`
+}
+
+func diskRead() string {
+	return lastDisk + `; dd if=$dev bs=1 skip=4096 count=1 2>/dev/null`
+}
+
+func writeFile(t *testing.T, v *vm, path string, b []byte) {
+	t.Helper()
+	if _, err := v.agent.WriteFile(context.Background(), path, bytes.NewReader(b), agentclient.WriteOptions{Owner: "root"}); err != nil {
+		t.Fatalf("write %s: %v", path, err)
+	}
+}
+
+func readFile(t *testing.T, v *vm, path string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if _, err := v.agent.ReadFile(context.Background(), path, &buf, 0, 0); err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	return buf.Bytes()
+}
+
+func wantState(t *testing.T, m hypervisor.Machine, want hypervisor.State) {
+	t.Helper()
+	info, err := m.Info(context.Background())
+	if err != nil {
+		t.Fatal("info:", err)
+	}
+	if info.State != want {
+		t.Fatalf("state %s, want %s", info.State, want)
+	}
+}
+
+// forget kills and cleans up a machine if a test failed half way.
+func forget(t *testing.T, v *vm) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if v.agent != nil {
+		v.agent.Close()
+	}
+	if info, err := v.m.Info(ctx); err == nil && info.State != hypervisor.StateStopped {
+		v.m.Kill(ctx)
+	}
+	v.m.Cleanup(ctx)
+}
+
+// baseDir is a short temporary directory (Unix socket paths are limited to
+// 107 bytes, too few for t.TempDir under deep test names).
+func baseDir(t *testing.T) string {
+	d, err := os.MkdirTemp("", "hbt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+func serialTail(s hypervisor.Spec) string {
+	p := s.SerialLog
+	if p == "" {
+		p = filepath.Join(s.StateDir, "serial.log")
+	}
+	b, _ := os.ReadFile(p)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// procsMentioning lists processes whose command line contains s.
+func procsMentioning(s string) []string {
+	ents, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(b, []byte(s)) {
+			out = append(out, fmt.Sprintf("%s: %s", e.Name(), bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
+		}
+	}
+	return out
+}

@@ -1,0 +1,134 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/plugin/pluginpb"
+)
+
+// Client is a hypervisor.Hypervisor served by a plugin process.
+type Client struct {
+	rpc pluginpb.HypervisorClient
+}
+
+var _ hypervisor.Hypervisor = (*Client)(nil)
+
+// Capabilities implements hypervisor.Hypervisor.
+func (c *Client) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
+	var caps hypervisor.Capabilities
+	r, err := c.rpc.Capabilities(ctx, &pluginpb.Empty{})
+	if err != nil {
+		return caps, fromStatus(err)
+	}
+	if err := json.Unmarshal(r.Json, &caps); err != nil {
+		return caps, fmt.Errorf("plugin: capabilities: %w", err)
+	}
+	return caps, nil
+}
+
+// Launch implements hypervisor.Hypervisor.
+func (c *Client) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	return c.machine(c.rpc.Launch(ctx, &pluginpb.JSON{Json: b}))
+}
+
+// Attach implements hypervisor.Hypervisor.
+func (c *Client) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.Machine, error) {
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	return c.machine(c.rpc.Attach(ctx, &pluginpb.JSON{Json: b}))
+}
+
+// Restore implements hypervisor.Hypervisor.
+func (c *Client) Restore(ctx context.Context, dir string, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	return c.machine(c.rpc.Restore(ctx, &pluginpb.RestoreRequest{SnapshotDir: dir, SpecJson: b}))
+}
+
+func (c *Client) machine(r *pluginpb.MachineRef, err error) (hypervisor.Machine, error) {
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	m := &remoteMachine{c: c, id: r.Id}
+	if err := json.Unmarshal(r.HandleJson, &m.handle); err != nil {
+		return nil, fmt.Errorf("plugin: handle: %w", err)
+	}
+	if err := json.Unmarshal(r.EndpointJson, &m.endpoint); err != nil {
+		return nil, fmt.Errorf("plugin: endpoint: %w", err)
+	}
+	return m, nil
+}
+
+// remoteMachine is a machine held by the plugin process.
+type remoteMachine struct {
+	c        *Client
+	id       string
+	handle   hypervisor.Handle
+	endpoint hypervisor.AgentEndpoint
+}
+
+func (m *remoteMachine) ID() string                              { return m.id }
+func (m *remoteMachine) Handle() hypervisor.Handle               { return m.handle }
+func (m *remoteMachine) AgentEndpoint() hypervisor.AgentEndpoint { return m.endpoint }
+
+// do runs a machine call; if the plugin no longer holds the machine (it was
+// restarted), it re-attaches with the handle and tries once more.
+func (m *remoteMachine) do(ctx context.Context, f func() error) error {
+	err := f()
+	if st, ok := status.FromError(err); ok && st.Code() == codes.NotFound && strings.HasPrefix(st.Message(), notAttachedMsg) {
+		if _, aerr := m.c.Attach(ctx, m.handle); aerr != nil {
+			return aerr
+		}
+		err = f()
+	}
+	return fromStatus(err)
+}
+
+func (m *remoteMachine) simple(ctx context.Context, call func(context.Context, *pluginpb.MachineID, ...grpc.CallOption) (*pluginpb.Empty, error)) error {
+	return m.do(ctx, func() error {
+		_, err := call(ctx, &pluginpb.MachineID{Id: m.id})
+		return err
+	})
+}
+
+func (m *remoteMachine) Info(ctx context.Context) (hypervisor.Info, error) {
+	var info hypervisor.Info
+	err := m.do(ctx, func() error {
+		r, err := m.c.rpc.Info(ctx, &pluginpb.MachineID{Id: m.id})
+		if err != nil {
+			return err
+		}
+		return json.Unmarshal(r.Json, &info)
+	})
+	return info, err
+}
+
+func (m *remoteMachine) Pause(ctx context.Context) error    { return m.simple(ctx, m.c.rpc.Pause) }
+func (m *remoteMachine) Resume(ctx context.Context) error   { return m.simple(ctx, m.c.rpc.Resume) }
+func (m *remoteMachine) Shutdown(ctx context.Context) error { return m.simple(ctx, m.c.rpc.Shutdown) }
+func (m *remoteMachine) Kill(ctx context.Context) error     { return m.simple(ctx, m.c.rpc.Kill) }
+func (m *remoteMachine) Wait(ctx context.Context) error     { return m.simple(ctx, m.c.rpc.Wait) }
+func (m *remoteMachine) Cleanup(ctx context.Context) error  { return m.simple(ctx, m.c.rpc.Cleanup) }
+
+func (m *remoteMachine) Snapshot(ctx context.Context, dir string) error {
+	return m.do(ctx, func() error {
+		_, err := m.c.rpc.Snapshot(ctx, &pluginpb.SnapshotRequest{Id: m.id, Dir: dir})
+		return err
+	})
+}
