@@ -1,0 +1,140 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-playground/validator/v10"
+)
+
+// Size is a preset name or custom resources; not both.
+type Size struct {
+	Preset   string `json:"preset,omitempty" validate:"omitempty,oneof=small medium large"`
+	VCPUs    int    `json:"vcpus,omitempty" validate:"omitempty,min=1,max=32"`
+	MemoryMB int    `json:"memory_mb,omitempty" validate:"omitempty,min=128,max=131072"`
+	DiskGB   int    `json:"disk_gb,omitempty" validate:"omitempty,min=1,max=1024"`
+}
+
+// MaxTTL is the longest TTL a sandbox can have (30 days).
+const MaxTTL = 30 * 24 * time.Hour
+
+// CreateRequest describes a sandbox to create.
+type CreateRequest struct {
+	Name  string `json:"name,omitempty" validate:"omitempty,max=63,dnslabel"`
+	Size  Size   `json:"size"`
+	Image string `json:"image,omitempty" validate:"omitempty,max=64,imagename"`
+	// TTLSeconds deletes the sandbox that long after creation; 0 means no TTL.
+	TTLSeconds int64             `json:"ttl_seconds,omitempty" validate:"gte=0,lte=2592000"`
+	Labels     map[string]string `json:"labels,omitempty" validate:"max=32,dive,keys,labelkey,endkeys,max=256"`
+	// NoEnv keeps every stored environment out of this sandbox.
+	NoEnv bool              `json:"no_env,omitempty"`
+	Env   map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`
+}
+
+// DefaultImage is used when a request names none.
+const DefaultImage = "default"
+
+var (
+	validateOnce sync.Once
+	validate     *validator.Validate
+
+	dnsLabelRE  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+	imageRE     = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+	labelKeyRE  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._/-]{0,62}$`)
+	envNameRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	fieldMsgFor = map[string]string{
+		"oneof":     "must be one of: %s",
+		"min":       "must be at least %s",
+		"max":       "must be at most %s",
+		"gte":       "must be at least %s",
+		"lte":       "must be at most %s",
+		"dnslabel":  "must be lower-case letters, digits and dashes",
+		"imagename": "must be lower-case letters, digits, '.', '_' and '-'",
+		"labelkey":  "label keys must be 1-63 of letters, digits, '.', '_', '/' and '-'",
+		"envname":   "environment variable names must match [A-Za-z_][A-Za-z0-9_]*",
+	}
+)
+
+func validatorInstance() *validator.Validate {
+	validateOnce.Do(func() {
+		v := validator.New(validator.WithRequiredStructEnabled())
+		// Errors name fields as the JSON API does.
+		v.RegisterTagNameFunc(func(f reflect.StructField) string {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" {
+				return ""
+			}
+			return name
+		})
+		for tag, re := range map[string]*regexp.Regexp{
+			"dnslabel": dnsLabelRE, "imagename": imageRE, "labelkey": labelKeyRE, "envname": envNameRE,
+		} {
+			re := re
+			v.RegisterValidation(tag, func(fl validator.FieldLevel) bool { return re.MatchString(fl.Field().String()) })
+		}
+		validate = v
+	})
+	return validate
+}
+
+// Validate checks a struct's validate tags and returns an *Error naming the
+// first field at fault (as a JSON path).
+func Validate(v any) error {
+	err := validatorInstance().Struct(v)
+	var verrs validator.ValidationErrors
+	if !errors.As(err, &verrs) {
+		if err != nil {
+			return &Error{Kind: ErrInvalid, Msg: "invalid request", Err: err}
+		}
+		return nil
+	}
+	fe := verrs[0]
+	field := fe.Namespace()
+	if _, rest, ok := strings.Cut(field, "."); ok {
+		field = rest // drop the struct's own name
+	}
+	msg := "is invalid"
+	if f, ok := fieldMsgFor[fe.Tag()]; ok {
+		msg = f
+		if strings.Contains(f, "%s") {
+			msg = fmt.Sprintf(f, fe.Param())
+		}
+	}
+	return &Error{Kind: ErrInvalid, Field: field, Msg: msg}
+}
+
+// Resolve validates the request and returns its resources and image.
+func (r *CreateRequest) Resolve() (Resources, string, error) {
+	if err := Validate(r); err != nil {
+		return Resources{}, "", err
+	}
+	s := r.Size
+	custom := s.VCPUs != 0 || s.MemoryMB != 0 || s.DiskGB != 0
+	var res Resources
+	switch {
+	case s.Preset != "" && custom:
+		return res, "", Errorf(ErrInvalid, "size", "give a preset or custom vcpus/memory_mb/disk_gb, not both")
+	case s.Preset != "":
+		res = Presets[s.Preset]
+	case custom:
+		if s.VCPUs == 0 || s.MemoryMB == 0 {
+			return res, "", Errorf(ErrInvalid, "size", "a custom size needs vcpus and memory_mb")
+		}
+		res = Resources{VCPUs: s.VCPUs, MemoryMB: s.MemoryMB, DiskGB: s.DiskGB}
+		if res.DiskGB == 0 {
+			res.DiskGB = Presets["small"].DiskGB
+		}
+	default:
+		res = Presets["small"]
+	}
+	img := r.Image
+	if img == "" {
+		img = DefaultImage
+	}
+	return res, img, nil
+}

@@ -1,0 +1,59 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Error kinds the engine returns; check with errors.Is. The REST server maps
+// each to one HTTP status.
+var (
+	ErrInvalid     = errors.New("invalid")        // 400
+	ErrNotFound    = errors.New("not found")      // 404
+	ErrState       = errors.New("invalid state")  // 409
+	ErrExists      = errors.New("already exists") // 409
+	ErrCapacity    = errors.New("over capacity")  // 503 (or 429)
+	ErrTooLarge    = errors.New("too large")      // 413
+	ErrUnavailable = errors.New("unavailable")    // 503
+	ErrTimeout     = errors.New("timed out")      // 504
+)
+
+// Error is an engine error: a kind, the request field at fault (if any,
+// as a JSON path such as "size.vcpus") and a message for people.
+type Error struct {
+	Kind  error
+	Field string
+	Msg   string
+	Err   error // the underlying cause, if any
+}
+
+func (e *Error) Error() string {
+	msg := e.Msg
+	if e.Field != "" {
+		msg = e.Field + ": " + msg
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is matches the kind.
+func (e *Error) Is(target error) bool { return target == e.Kind }
+
+// Unwrap exposes the cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf builds an *Error of kind for field.
+func Errorf(kind error, field, format string, args ...any) error {
+	return &Error{Kind: kind, Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// FieldOf returns the field an error names, or "".
+func FieldOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Field
+	}
+	return ""
+}

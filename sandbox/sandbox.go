@@ -1,0 +1,115 @@
+// Package sandbox holds the sandbox model: the create request and its
+// validation, sizes, lifecycle states and their transitions, IDs, and the
+// error kinds the engine returns.
+package sandbox
+
+import (
+	"crypto/rand"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// State is a sandbox's lifecycle state.
+type State string
+
+const (
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StatePaused   State = "paused"
+	StateStopped  State = "stopped"
+	StateDeleted  State = "deleted"
+)
+
+// transitions lists the allowed moves; deleting is allowed from any state
+// but deleted.
+var transitions = map[State][]State{
+	StateCreating: {StateRunning, StateStopped, StateDeleted},
+	StateRunning:  {StatePaused, StateStopped, StateDeleted},
+	StatePaused:   {StateRunning, StateStopped, StateDeleted},
+	StateStopped:  {StateDeleted},
+}
+
+// CanTransition reports an ErrState error if from cannot become to.
+func CanTransition(from, to State) error {
+	for _, s := range transitions[from] {
+		if s == to {
+			return nil
+		}
+	}
+	return Errorf(ErrState, "", "sandbox is %s; it cannot become %s", from, to)
+}
+
+// Resources are a sandbox's resolved size.
+type Resources struct {
+	VCPUs    int `json:"vcpus"`
+	MemoryMB int `json:"memory_mb"`
+	DiskGB   int `json:"disk_gb"`
+}
+
+// Presets are the named sizes.
+var Presets = map[string]Resources{
+	"small":  {VCPUs: 1, MemoryMB: 512, DiskGB: 5},
+	"medium": {VCPUs: 2, MemoryMB: 2048, DiskGB: 20},
+	"large":  {VCPUs: 4, MemoryMB: 8192, DiskGB: 50},
+}
+
+// Site is where a sandbox runs.
+type Site struct {
+	Name    string `json:"name"`    // e.g. fr-par-1
+	Country string `json:"country"` // ISO 3166-1 alpha-2, e.g. FR
+}
+
+// Sandbox is the API view of a sandbox.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name,omitempty"`
+	State     State             `json:"state"`
+	Image     string            `json:"image"`
+	Size      Resources         `json:"size"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	NoEnv     bool              `json:"no_env"`
+	Site      Site              `json:"site"`
+	CreatedAt time.Time         `json:"created_at"`
+	// ExpiresAt is when the TTL deletes the sandbox; nil means never.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// Error says why a sandbox stopped unexpectedly, if it did.
+	Error string `json:"error,omitempty"`
+}
+
+// IDPrefix starts every sandbox ID.
+const IDPrefix = "sbx_"
+
+// NewID returns a new sortable sandbox ID: the prefix and a lower-case ULID.
+func NewID() string {
+	return IDPrefix + strings.ToLower(ulid.MustNew(ulid.Now(), rand.Reader).String())
+}
+
+// ValidID reports whether id has the shape NewID produces.
+func ValidID(id string) bool {
+	if !strings.HasPrefix(id, IDPrefix) || len(id) != len(IDPrefix)+26 {
+		return false
+	}
+	_, err := ulid.ParseStrict(strings.ToUpper(id[len(IDPrefix):]))
+	return err == nil
+}
+
+// ListFilter selects sandboxes; empty fields match everything.
+type ListFilter struct {
+	State  State             `json:"state,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Match reports whether s passes the filter.
+func (f ListFilter) Match(s *Sandbox) bool {
+	if f.State != "" && s.State != f.State {
+		return false
+	}
+	for k, v := range f.Labels {
+		if s.Labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
