@@ -1,0 +1,192 @@
+// Package store keeps the engine's state. Store is the interface the engine
+// uses; SQLite (pure Go, modernc.org/sqlite) is the embedded implementation,
+// so a PostgreSQL one can serve several hosts later.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// ErrNotFound is returned for a missing record.
+var ErrNotFound = errors.New("store: not found")
+
+// Sandbox is a sandbox's stored record: the API view plus what the engine
+// needs to re-adopt and clean it up.
+type Sandbox struct {
+	sandbox.Sandbox
+	// Handle re-adopts the VM; empty until the VM is launched.
+	Handle *hypervisor.Handle `json:"handle,omitempty"`
+	// StateDir is the machine's directory on the host.
+	StateDir string `json:"state_dir"`
+	// Env is the create request's environment variables.
+	Env map[string]string `json:"env,omitempty"`
+	// Extra holds data owned by other parts of the engine (firewall
+	// policy, network lease, ...), by key.
+	Extra map[string]json.RawMessage `json:"extra,omitempty"`
+}
+
+// Store is the engine's state storage.
+type Store interface {
+	// PutSandbox inserts or replaces a record.
+	PutSandbox(ctx context.Context, s *Sandbox) error
+	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
+	// ListSandboxes returns every record that is not deleted, oldest first.
+	ListSandboxes(ctx context.Context) ([]*Sandbox, error)
+	DeleteSandbox(ctx context.Context, id string) error
+	Close() error
+}
+
+// SQLite is the embedded Store.
+type SQLite struct {
+	db *sql.DB
+}
+
+var _ Store = (*SQLite)(nil)
+
+// migrations run in order, once each; append, never edit.
+var migrations = []string{
+	`CREATE TABLE sandboxes (
+		id         TEXT PRIMARY KEY,
+		state      TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		expires_at INTEGER,
+		record     TEXT NOT NULL
+	);
+	CREATE INDEX sandboxes_expires ON sandboxes(expires_at) WHERE expires_at IS NOT NULL;`,
+}
+
+// OpenSQLite opens (creating if needed) the database at path and migrates it.
+func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	// One writer at a time is what SQLite does anyway; a single connection
+	// avoids SQLITE_BUSY between our own connections.
+	db.SetMaxOpenConns(1)
+	s := &SQLite{db: db}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *SQLite) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	var have int
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	if have > len(migrations) {
+		return fmt.Errorf("store: database schema version %d is newer than this binary's %d", have, len(migrations))
+	}
+	for v := have + 1; v <= len(migrations); v++ {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("store: migration %d: %w", v, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`, v, time.Now().Unix()); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("store: migration %d: %w", v, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("store: migration %d: %w", v, err)
+		}
+	}
+	return nil
+}
+
+// Close closes the database.
+func (s *SQLite) Close() error { return s.db.Close() }
+
+// PutSandbox implements Store.
+func (s *SQLite) PutSandbox(ctx context.Context, sb *Sandbox) error {
+	b, err := json.Marshal(sb)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	var exp sql.NullInt64
+	if sb.ExpiresAt != nil {
+		exp = sql.NullInt64{Int64: sb.ExpiresAt.UnixNano(), Valid: true}
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, state, created_at, expires_at, record) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT(id) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at, record = excluded.record`,
+		sb.ID, string(sb.State), sb.CreatedAt.UnixNano(), exp, string(b))
+	if err != nil {
+		return fmt.Errorf("store: put %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// GetSandbox implements Store.
+func (s *SQLite) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var rec string
+	err := s.db.QueryRowContext(ctx, `SELECT record FROM sandboxes WHERE id = ?`, id).Scan(&rec)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: get %s: %w", id, err)
+	}
+	return decode(rec)
+}
+
+// ListSandboxes implements Store.
+func (s *SQLite) ListSandboxes(ctx context.Context) ([]*Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT record FROM sandboxes ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("store: list: %w", err)
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		var rec string
+		if err := rows.Scan(&rec); err != nil {
+			return nil, fmt.Errorf("store: list: %w", err)
+		}
+		sb, err := decode(rec)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// DeleteSandbox implements Store.
+func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("store: delete %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+func decode(rec string) (*Sandbox, error) {
+	var sb Sandbox
+	if err := json.Unmarshal([]byte(rec), &sb); err != nil {
+		return nil, fmt.Errorf("store: corrupt record: %w", err)
+	}
+	return &sb, nil
+}
