@@ -3,6 +3,7 @@ package qemu
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -39,5 +40,18 @@ func TestAccelChoice(t *testing.T) {
 				t.Fatalf("notice must be one line: %q", notice)
 			}
 		})
+	}
+}
+
+func TestTSCHint(t *testing.T) {
+	khz := hostTSCKHz()
+	if khz < 100_000 || khz > 10_000_000 {
+		t.Fatalf("measured TSC %d kHz: implausible", khz)
+	}
+	if got := cmdline("console=ttyS0", AccelTCG); got != "console=ttyS0 tsc_early_khz="+strconv.FormatInt(khz, 10) {
+		t.Fatalf("tcg cmdline %q", got)
+	}
+	if got := cmdline("console=ttyS0", AccelKVM); got != "console=ttyS0" {
+		t.Fatalf("kvm cmdline %q", got)
 	}
 }

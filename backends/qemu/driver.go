@@ -214,19 +214,17 @@ func (d *Driver) start(ctx context.Context, st *state, incoming string) (*machin
 	}
 	st.Proc = p
 	m := &machine{d: d, st: st}
-	if err := m.connect(ctx); err != nil {
+	if err := m.waitQMP(ctx); err != nil {
 		p.kill(context.Background())
 		return nil, err
 	}
 	if incoming != "" {
 		if err := m.incoming(ctx, incoming); err != nil {
-			m.closeQMP()
 			p.kill(context.Background())
 			return nil, err
 		}
 	}
 	if err := st.save(); err != nil {
-		m.closeQMP()
 		p.kill(context.Background())
 		return nil, err
 	}
@@ -243,7 +241,7 @@ func (d *Driver) args(st *state) []string {
 	}
 	a := []string{
 		"-name", "harebox-" + s.ID,
-		"-M", "microvm,isa-serial=on,rtc=on,pic=off,pit=off",
+		"-M", "microvm,isa-serial=on,rtc=on",
 		"-accel", st.Accel,
 		"-cpu", cpu,
 		"-smp", strconv.Itoa(s.VCPUs),
@@ -251,7 +249,7 @@ func (d *Driver) args(st *state) []string {
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-no-reboot",
 		"-kernel", s.Kernel,
-		"-append", s.Cmdline,
+		"-append", cmdline(s.Cmdline, st.Accel),
 		"-serial", "file:" + st.Serial,
 		"-qmp", "unix:" + st.QMP + ",server=on,wait=off",
 		"-pidfile", st.PIDFile,
@@ -280,6 +278,18 @@ func (d *Driver) args(st *state) []string {
 	return a
 }
 
+// cmdline adds what the guest kernel needs under TCG: the TSC rate, which
+// it cannot calibrate reliably against emulated timers on a busy host.
+func cmdline(base, accel string) string {
+	if accel != AccelTCG || strings.Contains(base, "tsc_early_khz=") {
+		return base
+	}
+	if khz := hostTSCKHz(); khz > 0 {
+		return strings.TrimSpace(base + " tsc_early_khz=" + strconv.FormatInt(khz, 10))
+	}
+	return base
+}
+
 // Attach implements hypervisor.Hypervisor.
 func (d *Driver) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.Machine, error) {
 	if h.Backend != Name {
@@ -296,8 +306,8 @@ func (d *Driver) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.Ma
 		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "qemu: machine %s is not running", h.ID)
 	}
 	m := &machine{d: d, st: &st}
-	if err := m.connect(ctx); err != nil {
-		return nil, err
+	if _, err := m.exec(ctx, "query-status", nil); err != nil {
+		return nil, fmt.Errorf("qemu: attach %s: %w", h.ID, err)
 	}
 	return m, nil
 }

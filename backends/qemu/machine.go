@@ -3,7 +3,6 @@ package qemu
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,8 +19,7 @@ type machine struct {
 	d  *Driver
 	st *state
 
-	mu  sync.Mutex
-	qmp *qmp
+	mu sync.Mutex // one QMP conversation at a time
 }
 
 var _ hypervisor.Machine = (*machine)(nil)
@@ -33,68 +31,41 @@ func (m *machine) AgentEndpoint() hypervisor.AgentEndpoint {
 	return hypervisor.AgentEndpoint{Transport: hypervisor.TransportSerial, Path: m.st.Agent}
 }
 
-// connect (re)opens the QMP connection; QEMU may take a moment to listen.
-func (m *machine) connect(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var lastErr error
-	for {
-		q, err := dialQMP(ctx, m.st.QMP)
-		if err == nil {
-			m.mu.Lock()
-			m.qmp = q
-			m.mu.Unlock()
-			return nil
-		}
-		lastErr = err
-		if !m.st.Proc.alive() {
-			return fmt.Errorf("qemu: %s exited during start: %w (see %s)", m.ID(), lastErr, m.st.Serial)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("qemu: connect QMP: %w", lastErr)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-func (m *machine) closeQMP() {
+// exec runs one QMP command on a fresh connection. QEMU serves one QMP
+// client at a time, so holding a connection would lock out every other
+// handle on this machine (a re-attached engine, a second plugin process).
+func (m *machine) exec(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.qmp != nil {
-		m.qmp.Close()
-		m.qmp = nil
-	}
-}
-
-// exec runs a QMP command, reconnecting once if the connection broke.
-func (m *machine) exec(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
 	if !m.st.Proc.alive() {
 		return nil, hypervisor.Errorf(hypervisor.ErrState, "qemu: %s: %v", m.ID(), errStopped)
 	}
-	m.mu.Lock()
-	q := m.qmp
-	m.mu.Unlock()
-	if q == nil {
-		if err := m.connect(ctx); err != nil {
-			return nil, err
-		}
-		return m.exec(ctx, cmd, args)
+	q, err := dialQMP(ctx, m.st.QMP)
+	if err != nil {
+		return nil, err
 	}
-	out, err := q.Execute(ctx, cmd, args)
-	var qe *qmpError
-	if err != nil && !errors.As(err, &qe) && ctx.Err() == nil {
-		// A broken connection (not a command error): retry on a fresh one.
-		m.closeQMP()
-		if cerr := m.connect(ctx); cerr != nil {
-			return nil, err
+	defer q.Close()
+	return q.Execute(ctx, cmd, args)
+}
+
+// waitQMP waits until a freshly started QEMU answers on its QMP socket.
+func (m *machine) waitQMP(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		_, err := m.exec(ctx, "query-status", nil)
+		if err == nil {
+			return nil
 		}
-		m.mu.Lock()
-		q = m.qmp
-		m.mu.Unlock()
-		out, err = q.Execute(ctx, cmd, args)
+		if !m.st.Proc.alive() {
+			return fmt.Errorf("qemu: %s exited during start: %w (see %s)", m.ID(), err, m.st.Serial)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: QMP not ready: %w", err)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return out, err
 }
 
 // status returns QEMU's run state ("running", "paused", "postmigrate", ...).
@@ -270,11 +241,9 @@ func (m *machine) Shutdown(ctx context.Context) error {
 	}
 	if _, err := m.exec(grace, "system_powerdown", nil); err == nil {
 		if err := m.st.Proc.wait(grace); err == nil {
-			m.closeQMP()
 			return nil
 		}
 	}
-	m.closeQMP()
 	if err := m.Kill(context.Background()); err != nil {
 		return err
 	}
@@ -283,7 +252,6 @@ func (m *machine) Shutdown(ctx context.Context) error {
 
 // Kill implements hypervisor.Machine.
 func (m *machine) Kill(ctx context.Context) error {
-	m.closeQMP()
 	return m.st.Proc.kill(ctx)
 }
 
@@ -297,7 +265,6 @@ func (m *machine) Cleanup(ctx context.Context) error {
 	if m.st.Proc.alive() {
 		return hypervisor.Errorf(hypervisor.ErrState, "qemu: %s is still running", m.ID())
 	}
-	m.closeQMP()
 	if err := os.RemoveAll(m.st.Spec.StateDir); err != nil {
 		return fmt.Errorf("qemu: cleanup: %w", err)
 	}

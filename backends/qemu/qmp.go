@@ -113,8 +113,15 @@ func (q *qmp) withDeadline(ctx context.Context, f func() error) error {
 	stop := context.AfterFunc(ctx, func() { q.conn.SetDeadline(time.Now()) })
 	defer stop()
 	err := f()
-	if err != nil && ctx.Err() != nil {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
 		return fmt.Errorf("%w (%w)", ctx.Err(), err)
+	}
+	// The socket deadline can fire just before the context notices.
+	if _, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
 	}
 	return err
 }

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,7 +67,13 @@ func testInvalid(t *testing.T, h Harness) {
 	bad := []hypervisor.Spec{
 		{},
 		func() hypervisor.Spec { s := h.Spec(t); s.ID = "../x"; s.StateDir = filepath.Join(base, "a"); return s }(),
-		func() hypervisor.Spec { s := h.Spec(t); s.ID = "x"; s.StateDir = filepath.Join(base, "b"); s.VCPUs = 0; return s }(),
+		func() hypervisor.Spec {
+			s := h.Spec(t)
+			s.ID = "x"
+			s.StateDir = filepath.Join(base, "b")
+			s.VCPUs = 0
+			return s
+		}(),
 		func() hypervisor.Spec {
 			s := h.Spec(t)
 			s.ID = "x"
@@ -112,6 +119,7 @@ func testLifecycle(t *testing.T, h Harness) {
 	ctx := context.Background()
 	hv := h.New(t)
 	base := baseDir(t)
+	outer := t
 
 	data := filepath.Join(base, "data.raw")
 	if err := os.WriteFile(data, make([]byte, 4<<20), 0o600); err != nil {
@@ -129,6 +137,12 @@ func testLifecycle(t *testing.T, h Harness) {
 	}
 	orig := &vm{m: m, spec: spec}
 	defer forget(t, orig)
+	var clone *vm
+	defer func() {
+		if clone != nil {
+			forget(t, clone)
+		}
+	}()
 	connect(t, h, orig, start)
 	t.Logf("booted to a healthy agent in %v", orig.booted.Round(time.Millisecond))
 
@@ -173,7 +187,8 @@ func testLifecycle(t *testing.T, h Harness) {
 		if err := json.Unmarshal(b, &handle); err != nil {
 			t.Fatal(err)
 		}
-		m2, err := h.New(t).Attach(ctx, handle)
+		// The restarted backend outlives this subtest: later steps use it.
+		m2, err := h.New(outer).Attach(ctx, handle)
 		if err != nil {
 			t.Fatal("attach:", err)
 		}
@@ -188,7 +203,6 @@ func testLifecycle(t *testing.T, h Harness) {
 		orig.m = m2
 	})
 
-	var clone *vm
 	t.Run("SnapshotRestore", func(t *testing.T) {
 		writeFile(t, orig, "/tmp/before-snapshot", []byte("memory state"))
 		run(t, orig, diskWrite("A"))
@@ -376,7 +390,9 @@ func wantState(t *testing.T, m hypervisor.Machine, want hypervisor.State) {
 	}
 }
 
-// forget kills and cleans up a machine if a test failed half way.
+// forget kills and cleans up a machine if a test failed half way. The
+// backend itself may be what failed, so as a last resort it kills every
+// process that names the machine's state directory, and removes it.
 func forget(t *testing.T, v *vm) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -387,6 +403,14 @@ func forget(t *testing.T, v *vm) {
 		v.m.Kill(ctx)
 	}
 	v.m.Cleanup(ctx)
+	for _, p := range procsMentioning(v.spec.StateDir) {
+		pid, _ := strconv.Atoi(strings.SplitN(p, ":", 2)[0])
+		if pid > 0 && pid != os.Getpid() {
+			t.Errorf("killing leftover process %s", p)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	os.RemoveAll(v.spec.StateDir)
 }
 
 // baseDir is a short temporary directory (Unix socket paths are limited to
