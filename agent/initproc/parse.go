@@ -1,0 +1,118 @@
+package initproc
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// ParseCmdline parses a kernel command line into key=value parameters (a
+// bare word maps to ""). Double quotes group spaces, as the kernel allows;
+// everything after "--" belongs to init's argv and is ignored. A repeated
+// key keeps its last value, as the kernel does.
+func ParseCmdline(s string) map[string]string {
+	params := make(map[string]string)
+	for _, word := range splitCmdline(s) {
+		if word == "--" {
+			break
+		}
+		k, v, _ := strings.Cut(word, "=")
+		if k != "" {
+			params[k] = v
+		}
+	}
+	return params
+}
+
+func splitCmdline(s string) []string {
+	var (
+		words   []string
+		cur     strings.Builder
+		inQuote bool
+		inWord  bool
+	)
+	for _, r := range s {
+		switch {
+		case r == '"':
+			inQuote = !inQuote
+			inWord = true
+		case !inQuote && (r == ' ' || r == '\t' || r == '\n'):
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	return words
+}
+
+// ParseModulesLoad reads the modules.load list: one module path per line,
+// blank lines and "#" comments skipped, order kept (dependencies first).
+func ParseModulesLoad(r io.Reader) ([]string, error) {
+	var out []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		out = append(out, line)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read modules list: %w", err)
+	}
+	return out, nil
+}
+
+// PowerButton is an input device that reports the ACPI power button.
+type PowerButton struct {
+	Event        string // "event3"
+	Major, Minor uint32
+}
+
+// FindPowerButton looks through sysDir/class/input/event*/device/name for
+// the ACPI "Power Button" and returns its device numbers.
+func FindPowerButton(sysDir string) (PowerButton, error) {
+	matches, err := filepath.Glob(filepath.Join(sysDir, "class/input/event*"))
+	if err != nil {
+		return PowerButton{}, err
+	}
+	for _, dir := range matches {
+		name, err := os.ReadFile(filepath.Join(dir, "device/name"))
+		if err != nil || strings.TrimSpace(string(name)) != "Power Button" {
+			continue
+		}
+		dev, err := os.ReadFile(filepath.Join(dir, "dev"))
+		if err != nil {
+			return PowerButton{}, fmt.Errorf("power button: %w", err)
+		}
+		maj, min, err := parseDevNumbers(string(dev))
+		if err != nil {
+			return PowerButton{}, fmt.Errorf("power button %s: %w", dir, err)
+		}
+		return PowerButton{Event: filepath.Base(dir), Major: maj, Minor: min}, nil
+	}
+	return PowerButton{}, fmt.Errorf("no power button under %s: %w", sysDir, os.ErrNotExist)
+}
+
+// parseDevNumbers parses a sysfs dev file's "MAJOR:MINOR".
+func parseDevNumbers(s string) (major, minor uint32, err error) {
+	a, b, ok := strings.Cut(strings.TrimSpace(s), ":")
+	ma, err1 := strconv.ParseUint(a, 10, 32)
+	mi, err2 := strconv.ParseUint(b, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("bad device numbers %q", s)
+	}
+	return uint32(ma), uint32(mi), nil
+}
