@@ -22,6 +22,7 @@ import (
 	"github.com/harebox/harebox/agent/agentpb"
 	"github.com/harebox/harebox/agent/transport"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/hvsock"
 )
 
 // Limits on what the host accepts from a guest.
@@ -70,7 +71,7 @@ func Dial(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (*Clie
 		var d net.Dialer
 		conn, err = d.DialContext(ctx, "unix", ep.Path)
 	case hypervisor.TransportHybridVsock:
-		conn, err = DialHybridVsock(ctx, ep.Path, ep.Port)
+		conn, err = hvsock.DialHybridVsock(ctx, ep.Path, ep.Port)
 	default:
 		return nil, fmt.Errorf("agent: unknown transport %q", ep.Transport)
 	}

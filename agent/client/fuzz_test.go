@@ -18,7 +18,7 @@ import (
 func FuzzGuestStream(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x10PRI * HTTP/2.0\r\n"))
-	f.Add([]byte("\x00\x01\x00\x02\x00\x00\x00\x00\x00\x00\x00\x01"))      // ping
+	f.Add([]byte("\x00\x01\x00\x02\x00\x00\x00\x00\x00\x00\x00\x01"))         // ping
 	f.Add([]byte("\x00\x00\x00\x01\x00\x00\x00\x01\xff\xff\xff\xff\x00\x00")) // huge data frame
 	f.Fuzz(func(t *testing.T, data []byte) {
 		host, guest := net.Pipe()
