@@ -43,7 +43,27 @@ type Store interface {
 	// ListSandboxes returns every record that is not deleted, oldest first.
 	ListSandboxes(ctx context.Context) ([]*Sandbox, error)
 	DeleteSandbox(ctx context.Context, id string) error
+
+	// AddUsage appends a metered interval.
+	AddUsage(ctx context.Context, u Usage) error
+	// ListUsage returns a sandbox's intervals, oldest first.
+	ListUsage(ctx context.Context, sandboxID string) ([]Usage, error)
+
+	// Secret rows hold values already encrypted by the caller.
+	PutSecret(ctx context.Context, scope, name string, sealed []byte) error
+	GetSecret(ctx context.Context, scope, name string) ([]byte, error)
+	DeleteSecret(ctx context.Context, scope, name string) error
+
 	Close() error
+}
+
+// Usage is one metered interval of one sandbox's reservation.
+type Usage struct {
+	SandboxID string    `json:"sandbox_id"`
+	Start     time.Time `json:"start"`
+	End       time.Time `json:"end"`
+	VCPUs     int       `json:"vcpus"`
+	MemoryMB  int       `json:"memory_mb"`
 }
 
 // SQLite is the embedded Store.
@@ -63,6 +83,20 @@ var migrations = []string{
 		record     TEXT NOT NULL
 	);
 	CREATE INDEX sandboxes_expires ON sandboxes(expires_at) WHERE expires_at IS NOT NULL;`,
+	`CREATE TABLE usage (
+		sandbox_id TEXT NOT NULL,
+		start_ns   INTEGER NOT NULL,
+		end_ns     INTEGER NOT NULL,
+		vcpus      INTEGER NOT NULL,
+		memory_mb  INTEGER NOT NULL
+	);
+	CREATE INDEX usage_sandbox ON usage(sandbox_id);
+	CREATE TABLE secrets (
+		scope TEXT NOT NULL,
+		name  TEXT NOT NULL,
+		value BLOB NOT NULL,
+		PRIMARY KEY (scope, name)
+	);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -189,4 +223,69 @@ func decode(rec string) (*Sandbox, error) {
 		return nil, fmt.Errorf("store: corrupt record: %w", err)
 	}
 	return &sb, nil
+}
+
+// AddUsage implements Store.
+func (s *SQLite) AddUsage(ctx context.Context, u Usage) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO usage (sandbox_id, start_ns, end_ns, vcpus, memory_mb) VALUES (?, ?, ?, ?, ?)`,
+		u.SandboxID, u.Start.UnixNano(), u.End.UnixNano(), u.VCPUs, u.MemoryMB)
+	if err != nil {
+		return fmt.Errorf("store: add usage: %w", err)
+	}
+	return nil
+}
+
+// ListUsage implements Store.
+func (s *SQLite) ListUsage(ctx context.Context, sandboxID string) ([]Usage, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT start_ns, end_ns, vcpus, memory_mb FROM usage WHERE sandbox_id = ? ORDER BY start_ns`, sandboxID)
+	if err != nil {
+		return nil, fmt.Errorf("store: list usage: %w", err)
+	}
+	defer rows.Close()
+	var out []Usage
+	for rows.Next() {
+		var start, end int64
+		u := Usage{SandboxID: sandboxID}
+		if err := rows.Scan(&start, &end, &u.VCPUs, &u.MemoryMB); err != nil {
+			return nil, fmt.Errorf("store: list usage: %w", err)
+		}
+		u.Start, u.End = time.Unix(0, start).UTC(), time.Unix(0, end).UTC()
+		out = append(out, u)
+	}
+	return out, rows.Err()
+}
+
+// PutSecret implements Store.
+func (s *SQLite) PutSecret(ctx context.Context, scope, name string, sealed []byte) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO secrets (scope, name, value) VALUES (?, ?, ?)
+		ON CONFLICT(scope, name) DO UPDATE SET value = excluded.value`, scope, name, sealed)
+	if err != nil {
+		return fmt.Errorf("store: put secret: %w", err)
+	}
+	return nil
+}
+
+// GetSecret implements Store.
+func (s *SQLite) GetSecret(ctx context.Context, scope, name string) ([]byte, error) {
+	var v []byte
+	err := s.db.QueryRowContext(ctx, `SELECT value FROM secrets WHERE scope = ? AND name = ?`, scope, name).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store: get secret: %w", err)
+	}
+	return v, nil
+}
+
+// DeleteSecret implements Store.
+func (s *SQLite) DeleteSecret(ctx context.Context, scope, name string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM secrets WHERE scope = ? AND name = ?`, scope, name)
+	if err != nil {
+		return fmt.Errorf("store: delete secret: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
 }

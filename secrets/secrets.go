@@ -1,0 +1,111 @@
+// Package secrets keeps secret values. Store is the interface the engine
+// uses; Sealed is the embedded default: values encrypted with AES-256-GCM
+// under a host master key, kept in the engine's database.
+package secrets
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/harebox/harebox/store"
+)
+
+// ErrNotFound is returned for a missing secret.
+var ErrNotFound = errors.New("secret not found")
+
+// Store keeps secrets by scope and name.
+type Store interface {
+	Put(ctx context.Context, scope, name string, value []byte) error
+	Get(ctx context.Context, scope, name string) ([]byte, error)
+	Delete(ctx context.Context, scope, name string) error
+}
+
+// Sealed encrypts values before they reach the database.
+type Sealed struct {
+	db   store.Store
+	aead cipher.AEAD
+}
+
+// NewSealed uses the 32-byte master key in keyFile, creating it (mode 0600)
+// if it does not exist.
+func NewSealed(db store.Store, keyFile string) (*Sealed, error) {
+	key, err := os.ReadFile(keyFile)
+	if errors.Is(err, os.ErrNotExist) {
+		key = make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			return nil, err
+		}
+		f, err := os.OpenFile(keyFile, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("secrets: create master key: %w", err)
+		}
+		_, err = f.Write(key)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, fmt.Errorf("secrets: write master key: %w", err)
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("secrets: read master key: %w", err)
+	}
+	if len(key) != 32 {
+		return nil, fmt.Errorf("secrets: master key %s: want 32 bytes, got %d", keyFile, len(key))
+	}
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	return &Sealed{db: db, aead: aead}, nil
+}
+
+// additional binds a ciphertext to its scope and name, so a sealed value
+// copied to another row does not decrypt.
+func additional(scope, name string) []byte { return []byte(scope + "\x00" + name) }
+
+// Put implements Store.
+func (s *Sealed) Put(ctx context.Context, scope, name string, value []byte) error {
+	nonce := make([]byte, s.aead.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		return err
+	}
+	return s.db.PutSecret(ctx, scope, name, s.aead.Seal(nonce, nonce, value, additional(scope, name)))
+}
+
+// Get implements Store.
+func (s *Sealed) Get(ctx context.Context, scope, name string) ([]byte, error) {
+	sealed, err := s.db.GetSecret(ctx, scope, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	n := s.aead.NonceSize()
+	if len(sealed) < n {
+		return nil, errors.New("secrets: corrupt value")
+	}
+	v, err := s.aead.Open(nil, sealed[:n], sealed[n:], additional(scope, name))
+	if err != nil {
+		return nil, fmt.Errorf("secrets: %s/%s does not decrypt: %w", scope, name, err)
+	}
+	return v, nil
+}
+
+// Delete implements Store.
+func (s *Sealed) Delete(ctx context.Context, scope, name string) error {
+	err := s.db.DeleteSecret(ctx, scope, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return ErrNotFound
+	}
+	return err
+}

@@ -1,0 +1,63 @@
+package secrets
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/harebox/harebox/store"
+)
+
+func TestSealed(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	keyFile := filepath.Join(dir, "master.key")
+	s, err := NewSealed(db, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(keyFile); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("master key file: %v %v", fi.Mode(), err)
+	}
+	secret := []byte("sk-live-123")
+	if err := s.Put(ctx, "env:prod", "API_KEY", secret); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := db.GetSecret(ctx, "env:prod", "API_KEY")
+	if bytes.Contains(raw, secret) {
+		t.Fatal("the database holds the plaintext")
+	}
+	// A reopened store with the same key reads it back.
+	s2, err := NewSealed(db, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s2.Get(ctx, "env:prod", "API_KEY"); err != nil || !bytes.Equal(got, secret) {
+		t.Fatalf("got %q %v", got, err)
+	}
+	// A sealed value moved to another row does not decrypt.
+	db.PutSecret(ctx, "env:dev", "API_KEY", raw)
+	if _, err := s.Get(ctx, "env:dev", "API_KEY"); err == nil {
+		t.Fatal("a value copied to another scope decrypted")
+	}
+	if err := s.Delete(ctx, "env:prod", "API_KEY"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "env:prod", "API_KEY"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after delete: %v", err)
+	}
+	// Another key cannot read what this one sealed.
+	os.WriteFile(filepath.Join(dir, "other.key"), bytes.Repeat([]byte{7}, 32), 0o600)
+	s3, _ := NewSealed(db, filepath.Join(dir, "other.key"))
+	if _, err := s3.Get(ctx, "env:dev", "API_KEY"); err == nil {
+		t.Fatal("decrypted with the wrong master key")
+	}
+}
