@@ -231,3 +231,28 @@ func printable(s string, n int) bool {
 	}
 	return true
 }
+
+// DialReady dials ep until the agent answers a health check or ctx is done.
+// A VM that is still booting refuses or ignores the first attempts.
+func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (*Client, Health, error) {
+	var lastErr error
+	for {
+		c, err := Dial(ctx, ep, opts)
+		if err == nil {
+			hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			h, herr := c.WaitReady(hctx)
+			cancel()
+			if herr == nil {
+				return c, h, nil
+			}
+			c.Close()
+			err = herr
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return nil, Health{}, fmt.Errorf("agent not ready: %w (last error: %v)", ctx.Err(), lastErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

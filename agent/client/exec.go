@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/harebox/harebox/agent/agentpb"
@@ -46,12 +47,11 @@ type ExecResult struct {
 // Exec runs a process and collects its output, keeping at most MaxOutput
 // bytes of each stream (the rest is drained and dropped, and flagged).
 func (c *Client) Exec(ctx context.Context, req ExecRequest, stdin io.Reader) (ExecResult, error) {
-	out := &capWriter{max: c.opts.MaxOutput}
-	errw := &capWriter{max: c.opts.MaxOutput}
+	out, errw := NewCapBuffer(c.opts.MaxOutput), NewCapBuffer(c.opts.MaxOutput)
 	st, err := c.ExecStream(ctx, req, ExecIO{Stdin: stdin, Stdout: out, Stderr: errw})
 	return ExecResult{
-		ExitStatus: st, Stdout: out.buf, Stderr: errw.buf,
-		StdoutTruncated: out.truncated, StderrTruncated: errw.truncated,
+		ExitStatus: st, Stdout: out.Bytes(), Stderr: errw.Bytes(),
+		StdoutTruncated: out.Truncated(), StderrTruncated: errw.Truncated(),
 	}, err
 }
 
@@ -246,14 +246,21 @@ func (r ExecRequest) proto() (*agentpb.ExecStart, error) {
 	return s, nil
 }
 
-// capWriter keeps the first max bytes written and counts the rest.
-type capWriter struct {
+// CapBuffer keeps the first max bytes written to it and drops the rest,
+// remembering that it did. It is safe for concurrent use.
+type CapBuffer struct {
+	mu        sync.Mutex
 	buf       []byte
 	max       int
 	truncated bool
 }
 
-func (w *capWriter) Write(b []byte) (int, error) {
+// NewCapBuffer returns a buffer that keeps at most max bytes.
+func NewCapBuffer(max int) *CapBuffer { return &CapBuffer{max: max} }
+
+func (w *CapBuffer) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	room := w.max - len(w.buf)
 	if room < len(b) {
 		w.truncated = true
@@ -264,4 +271,18 @@ func (w *capWriter) Write(b []byte) (int, error) {
 	}
 	w.buf = append(w.buf, b...)
 	return len(b), nil
+}
+
+// Bytes returns what was kept.
+func (w *CapBuffer) Bytes() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf
+}
+
+// Truncated reports whether anything was dropped.
+func (w *CapBuffer) Truncated() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.truncated
 }

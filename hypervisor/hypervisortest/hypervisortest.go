@@ -307,26 +307,12 @@ func connect(t *testing.T, h Harness, v *vm, start time.Time) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), h.BootTimeout)
 	defer cancel()
-	var lastErr error
-	for ctx.Err() == nil {
-		c, err := agentclient.Dial(ctx, v.m.AgentEndpoint(), agentclient.Options{})
-		if err != nil {
-			lastErr = err
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		hctx, hcancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = c.WaitReady(hctx)
-		hcancel()
-		if err == nil {
-			v.agent = c
-			v.booted = time.Since(start)
-			return
-		}
-		lastErr = err
-		c.Close()
+	c, _, err := agentclient.DialReady(ctx, v.m.AgentEndpoint(), agentclient.Options{})
+	if err != nil {
+		t.Fatalf("agent of %s not healthy within %v: %v\nserial log:\n%s", v.m.ID(), h.BootTimeout, err, serialTail(v.spec))
 	}
-	t.Fatalf("agent of %s not healthy within %v: %v\nserial log:\n%s", v.m.ID(), h.BootTimeout, lastErr, serialTail(v.spec))
+	v.agent = c
+	v.booted = time.Since(start)
 }
 
 func waitHealthy(t *testing.T, v *vm, d time.Duration) {

@@ -1,0 +1,57 @@
+# HareBox. `make demo` runs the untrusted-code walkthrough on a real VM;
+# `make test` runs every test. Both install what they need first.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+export CGO_ENABLED ?= 0
+GO ?= go
+BIN := bin
+CACHE := .cache
+GOFLAGS_BUILD := -trimpath -buildvcs=false
+
+.PHONY: all deps build image image-default demo test test-short fuzz bench proto vet clean
+
+all: build
+
+deps:
+	@./scripts/deps.sh
+
+build:
+	$(GO) build $(GOFLAGS_BUILD) -ldflags='-s -w' -o $(BIN)/harebox-agent ./cmd/harebox-agent
+	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-plugin-qemu ./cmd/harebox-plugin-qemu
+	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-plugin-cloud-hypervisor ./cmd/harebox-plugin-cloud-hypervisor
+	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-image ./cmd/harebox-image
+	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-demo ./examples/bootvm
+
+# Guest images, cached under .cache/images and rebuilt only when an input changes.
+image: deps build
+	$(BIN)/harebox-image build --name minimal --agent $(BIN)/harebox-agent --out $(CACHE)/images
+
+image-default: deps build
+	$(BIN)/harebox-image build --name default --agent $(BIN)/harebox-agent --out $(CACHE)/images
+
+demo: deps build
+	@$(BIN)/harebox-image build --name minimal --agent $(BIN)/harebox-agent --out $(CACHE)/images > $(CACHE)/minimal.json
+	$(BIN)/harebox-demo --image $(CACHE)/minimal.json --plugin $(BIN)/harebox-plugin-qemu
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l . | tee /dev/stderr)" || { echo "gofmt: files above need formatting"; exit 1; }
+
+test: deps vet
+	$(GO) test -timeout 20m -count=1 ./...
+
+# Each fuzz target for a short while (go test -fuzz takes one target at a time).
+fuzz:
+	$(GO) test ./agent/client/ -run XXX -fuzz FuzzGuestStream -fuzztime 30s
+	$(GO) test ./agent/client/ -run XXX -fuzz FuzzGuestMessages -fuzztime 30s
+
+bench: deps
+	$(GO) test -run XXX -bench . -benchtime 5x ./...
+
+# Regenerates the gRPC code (needs protoc, protoc-gen-go, protoc-gen-go-grpc).
+proto:
+	protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative \
+		agent/agentpb/agent.proto hypervisor/plugin/pluginpb/hypervisor.proto
+
+clean:
+	rm -rf $(BIN) $(CACHE)

@@ -1,0 +1,408 @@
+// Package cloudhypervisor is the HareBox backend for Cloud Hypervisor: it
+// starts one detached VMM per machine and drives it through its REST API on
+// a Unix socket; the guest agent is reached over hybrid vsock.
+package cloudhypervisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor"
+)
+
+// Name is the backend name in Capabilities and Handles.
+const Name = "cloud-hypervisor"
+
+// GuestCID is the guest's vsock context ID. Hybrid vsock is proxied
+// through a per-machine Unix socket, so every guest can use the same CID.
+const GuestCID = 3
+
+// File names inside a machine's StateDir.
+const (
+	apiSocketName   = "api.sock"
+	vsockSocketName = "vsock.sock"
+	vmmLogName      = "vmm.log"
+	serialLogName   = "serial.log"
+	restoreDirName  = "restore"
+)
+
+// maxSocketPath is the longest usable Unix socket path (sun_path less NUL).
+const maxSocketPath = 107
+
+// defaultCmdline is used when a spec gives none: the console on the serial
+// port Cloud Hypervisor logs to, and a panic that reboots.
+const defaultCmdline = "console=ttyS0 reboot=k panic=1"
+
+// Config configures the backend.
+type Config struct {
+	// Binary is the cloud-hypervisor executable: a path, or a name looked
+	// up on PATH (DefaultBinary if empty).
+	Binary string
+	// QemuImg creates qcow2 overlays ("qemu-img" on PATH if empty).
+	QemuImg string
+	// DisableLandlock keeps the VMM from sandboxing itself with Landlock
+	// even where the binary and kernel support it.
+	DisableLandlock bool
+	// StartTimeout bounds waiting for a new VMM's API when the caller's
+	// context has no deadline (10s if 0).
+	StartTimeout time.Duration
+	// NewAPI returns the API client for a socket (NewClient if nil).
+	NewAPI func(socket string) API
+}
+
+// Backend implements hypervisor.Hypervisor with Cloud Hypervisor.
+type Backend struct {
+	cfg Config
+	hp  hostPaths
+
+	mu       sync.Mutex
+	versions map[string]Version // binary path -> version, run once
+}
+
+var _ hypervisor.Hypervisor = (*Backend)(nil)
+
+// New returns a Cloud Hypervisor backend.
+func New(cfg Config) *Backend {
+	return &Backend{cfg: cfg, hp: defaultHostPaths, versions: map[string]Version{}}
+}
+
+func (b *Backend) newAPI(socket string) API {
+	if b.cfg.NewAPI != nil {
+		return b.cfg.NewAPI(socket)
+	}
+	return NewClient(socket)
+}
+
+// Capabilities reports the backend. Where it cannot run here it returns
+// the capabilities with Notice set and an error wrapping ErrUnavailable.
+func (b *Backend) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
+	r := probe(ctx, b.cfg, b.hp)
+	caps := hypervisor.Capabilities{
+		Name:            Name,
+		Accelerator:     "kvm",
+		Snapshot:        true,
+		Pause:           true,
+		AgentTransports: []string{hypervisor.TransportHybridVsock},
+		Version:         r.Version,
+	}
+	if !r.Usable {
+		caps.Notice = r.Reason
+		return caps, hypervisor.Errorf(hypervisor.ErrUnavailable, "cloud-hypervisor: %s", r.Reason)
+	}
+	return caps, nil
+}
+
+// binary resolves the VMM binary and checks its version once.
+func (b *Backend) binary(ctx context.Context) (string, Version, error) {
+	bin, err := resolveBinary(b.cfg.Binary)
+	if err != nil {
+		return "", Version{}, err
+	}
+	b.mu.Lock()
+	v, ok := b.versions[bin]
+	b.mu.Unlock()
+	if !ok {
+		if v, err = binaryVersion(ctx, bin); err != nil {
+			return "", Version{}, err
+		}
+		b.mu.Lock()
+		b.versions[bin] = v
+		b.mu.Unlock()
+	}
+	if v.Less(MinVersion) {
+		return "", v, hypervisor.Errorf(hypervisor.ErrUnavailable, "cloud-hypervisor %s at %s is older than the minimum %s", v, bin, MinVersion)
+	}
+	return bin, v, nil
+}
+
+func (b *Backend) landlock(v Version) bool {
+	return !b.cfg.DisableLandlock && !v.Less(LandlockVersion) && landlockEnabled(b.hp)
+}
+
+// machinePaths are the files of one machine.
+type machinePaths struct {
+	stateDir, apiSocket, vsockSocket, vmmLog, serialLog string
+}
+
+func newPaths(stateDir, serialLog string) (machinePaths, error) {
+	p := machinePaths{
+		stateDir:    stateDir,
+		apiSocket:   filepath.Join(stateDir, apiSocketName),
+		vsockSocket: filepath.Join(stateDir, vsockSocketName),
+		vmmLog:      filepath.Join(stateDir, vmmLogName),
+		serialLog:   serialLog,
+	}
+	if p.serialLog == "" {
+		p.serialLog = filepath.Join(stateDir, serialLogName)
+	}
+	if !filepath.IsAbs(p.serialLog) {
+		return p, hypervisor.Errorf(hypervisor.ErrInvalid, "serial log %q: want an absolute path", serialLog)
+	}
+	if len(p.vsockSocket) > maxSocketPath || len(p.apiSocket) > maxSocketPath {
+		return p, hypervisor.Errorf(hypervisor.ErrInvalid, "state dir %q is too long for Unix socket paths (max %d bytes)", stateDir, maxSocketPath-len(vsockSocketName)-1)
+	}
+	return p, nil
+}
+
+// prepareStateDir creates the state dir and refuses one whose VMM is still
+// answering; it reports whether it created the directory.
+func (b *Backend) prepareStateDir(ctx context.Context, p machinePaths) (bool, error) {
+	created := false
+	if _, err := os.Stat(p.stateDir); errors.Is(err, os.ErrNotExist) {
+		created = true
+	}
+	if err := os.MkdirAll(p.stateDir, 0o700); err != nil {
+		return false, fmt.Errorf("create state dir: %w", err)
+	}
+	if _, err := os.Stat(p.apiSocket); err == nil {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, perr := b.newAPI(p.apiSocket).Ping(pctx)
+		cancel()
+		if perr == nil {
+			return false, hypervisor.Errorf(hypervisor.ErrExists, "a VMM is already running on %s", p.apiSocket)
+		}
+	}
+	// Stale sockets from a machine that died would make the VMM's bind fail.
+	for _, s := range []string{p.apiSocket, p.vsockSocket} {
+		if err := os.Remove(s); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return created, fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	return created, nil
+}
+
+// Launch boots a new machine.
+func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hypervisor.Machine, err error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	bin, ver, err := b.binary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := newPaths(spec.StateDir, spec.SerialLog)
+	if err != nil {
+		return nil, err
+	}
+	created, err := b.prepareStateDir(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	var m *machine
+	defer func() {
+		if err != nil {
+			b.abandon(m, p, created)
+		}
+	}()
+
+	disks, bases, err := b.prepareDisks(ctx, spec, p)
+	if err != nil {
+		return nil, err
+	}
+	cfg := buildVmConfig(spec, p, disks, b.landlockRules(ver, p, bases))
+
+	if m, err = b.start(ctx, bin, ver, spec.ID, p); err != nil {
+		return nil, err
+	}
+	if err := m.api.CreateVM(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("vm.create: %w%s", err, m.logHint())
+	}
+	if err := m.api.BootVM(ctx); err != nil {
+		return nil, fmt.Errorf("vm.boot: %w%s", err, m.logHint())
+	}
+	return m, nil
+}
+
+// abandon undoes a failed Launch or Restore: stops the VMM and removes
+// what was created for it.
+func (b *Backend) abandon(m *machine, p machinePaths, created bool) {
+	if m != nil {
+		killAndWait(m.proc)
+		m.proc.close()
+	}
+	if created {
+		os.RemoveAll(p.stateDir)
+		return
+	}
+	for _, f := range []string{p.apiSocket, p.vsockSocket, filepath.Join(p.stateDir, restoreDirName)} {
+		os.RemoveAll(f)
+	}
+	if matches, _ := filepath.Glob(filepath.Join(p.stateDir, "disk-*")); matches != nil {
+		for _, f := range matches {
+			os.Remove(f)
+		}
+	}
+}
+
+// prepareDisks turns spec disks into DiskConfigs, creating qcow2 overlays
+// in the state dir where asked. It also returns the overlays' base images,
+// which the VMM must be allowed to read.
+func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p machinePaths) ([]DiskConfig, []string, error) {
+	var disks []DiskConfig
+	var bases []string
+	for i, d := range spec.Disks {
+		format := d.Format
+		if format == "" {
+			format = "raw"
+		}
+		if !d.Overlay {
+			disks = append(disks, DiskConfig{Path: d.Path, Readonly: d.ReadOnly, ImageType: imageType(format)})
+			continue
+		}
+		ov := filepath.Join(p.stateDir, fmt.Sprintf("disk-%d.qcow2", i))
+		if err := b.createOverlay(ctx, d.Path, format, ov); err != nil {
+			return nil, nil, err
+		}
+		// The overlay's backing file is ours, so backing files are allowed
+		// for it; images given as is keep them off.
+		disks = append(disks, DiskConfig{Path: ov, Readonly: d.ReadOnly, ImageType: ImageTypeQcow2, BackingFiles: true})
+		bases = append(bases, d.Path)
+	}
+	return disks, bases, nil
+}
+
+func imageType(format string) ImageType {
+	if format == "qcow2" {
+		return ImageTypeQcow2
+	}
+	return ImageTypeRaw
+}
+
+func (b *Backend) createOverlay(ctx context.Context, base, format, overlay string) error {
+	tool := b.cfg.QemuImg
+	if tool == "" {
+		tool = "qemu-img"
+	}
+	if _, err := os.Stat(base); err != nil {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "disk %s: %v", base, err)
+	}
+	os.Remove(overlay)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, tool, "create", "-q", "-f", "qcow2", "-b", base, "-F", format, overlay)
+	cmd.Stdout = &limitedBuffer{buf: &out, max: 4096}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return hypervisor.Errorf(hypervisor.ErrUnavailable, "overlay for %s: %s not found", base, tool)
+		}
+		return fmt.Errorf("qemu-img create overlay for %s: %w: %s", base, err, cleanMessage(out.Bytes()))
+	}
+	return nil
+}
+
+// landlockRules are the extra paths a Landlock-sandboxed VMM needs beyond
+// those its VM config names: the state dir, where snapshots are staged,
+// and overlay base images. Nil means Landlock stays off.
+func (b *Backend) landlockRules(v Version, p machinePaths, bases []string) []LandlockConfig {
+	if !b.landlock(v) {
+		return nil
+	}
+	rules := []LandlockConfig{{Path: p.stateDir, Access: "rw"}}
+	for _, base := range bases {
+		rules = append(rules, LandlockConfig{Path: base, Access: "r"})
+	}
+	return rules
+}
+
+// buildVmConfig maps a spec onto the VMM's VM config.
+func buildVmConfig(spec hypervisor.Spec, p machinePaths, disks []DiskConfig, landlock []LandlockConfig) VmConfig {
+	nested := false
+	cmdline := spec.Cmdline
+	if cmdline == "" {
+		cmdline = defaultCmdline
+	}
+	cfg := VmConfig{
+		Cpus:    &CpusConfig{BootVcpus: spec.VCPUs, MaxVcpus: spec.VCPUs, Nested: &nested},
+		Memory:  &MemoryConfig{Size: int64(spec.MemoryMB) << 20},
+		Payload: PayloadConfig{Kernel: spec.Kernel, Initramfs: spec.Initrd, Cmdline: cmdline},
+		Disks:   disks,
+		Rng:     &RngConfig{Src: "/dev/urandom"},
+		Serial:  &SerialConfig{Mode: ConsoleModeFile, File: p.serialLog},
+		Console: &ConsoleConfig{Mode: ConsoleModeOff},
+		Vsock:   &VsockConfig{Cid: GuestCID, Socket: p.vsockSocket},
+	}
+	if n := spec.Network; n != nil {
+		cfg.Net = []NetConfig{{Tap: n.Tap, Mac: n.MAC}}
+	}
+	if len(landlock) > 0 {
+		cfg.LandlockEnable = true
+		cfg.LandlockRules = landlock
+	}
+	return cfg
+}
+
+// start runs a VMM for a machine and waits until its API answers.
+func (b *Backend) start(ctx context.Context, bin string, ver Version, id string, p machinePaths) (*machine, error) {
+	started := time.Now().UTC()
+	proc, err := startVMM(bin, p.apiSocket, p.vmmLog)
+	if err != nil {
+		return nil, err
+	}
+	m := &machine{
+		id:   id,
+		api:  b.newAPI(p.apiSocket),
+		proc: proc.pidfd,
+		data: handleData{
+			PID:         proc.pid,
+			APISocket:   p.apiSocket,
+			StateDir:    p.stateDir,
+			VsockSocket: p.vsockSocket,
+			SerialLog:   p.serialLog,
+			VMMLog:      p.vmmLog,
+			Started:     started,
+			Version:     ver.String(),
+		},
+	}
+	rctx := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		t := b.cfg.StartTimeout
+		if t <= 0 {
+			t = 10 * time.Second
+		}
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, t)
+		defer cancel()
+	}
+	if _, err := waitReady(rctx, m.api, m.proc); err != nil {
+		killAndWait(m.proc)
+		m.proc.close()
+		return nil, hypervisor.Errorf(hypervisor.ErrUnavailable, "cloud-hypervisor did not start: %v%s", err, m.logHint())
+	}
+	return m, nil
+}
+
+// Attach re-adopts a machine from its handle.
+func (b *Backend) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.Machine, error) {
+	if h.Backend != Name {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "handle is for backend %q, not %q", h.Backend, Name)
+	}
+	var d handleData
+	if err := json.Unmarshal(h.Data, &d); err != nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "handle data: %v", err)
+	}
+	if !hypervisor.ValidID(h.ID) || !filepath.IsAbs(d.APISocket) || !filepath.IsAbs(d.StateDir) || !filepath.IsAbs(d.VsockSocket) {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "handle data for %q is incomplete", h.ID)
+	}
+	proc, err := adoptPid(d.PID, d.APISocket)
+	if err != nil {
+		return nil, err
+	}
+	m := &machine{id: h.ID, data: d, api: b.newAPI(d.APISocket), proc: proc}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := m.api.Ping(pctx); err != nil {
+		proc.close()
+		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "VMM for %s does not answer: %v", h.ID, err)
+	}
+	return m, nil
+}

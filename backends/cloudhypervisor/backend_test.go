@@ -1,0 +1,369 @@
+package cloudhypervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor/hvsock"
+
+	"github.com/harebox/harebox/hypervisor"
+)
+
+// stubBackend returns a backend whose "cloud-hypervisor" is this test
+// binary running stubProcessMain.
+func stubBackend(t *testing.T) *Backend {
+	t.Helper()
+	t.Setenv(stubEnv, "1")
+	spec, err := filepath.Abs(specFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(stubSpecEnv, spec)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(Config{Binary: exe, StartTimeout: 10 * time.Second})
+}
+
+type testFiles struct {
+	dir, kernel, base, data string
+}
+
+func newTestFiles(t *testing.T) testFiles {
+	dir := shortTempDir(t)
+	f := testFiles{
+		dir:    dir,
+		kernel: filepath.Join(dir, "vmlinux"),
+		base:   filepath.Join(dir, "base.raw"),
+		data:   filepath.Join(dir, "data.raw"),
+	}
+	for _, p := range []string{f.kernel, f.base, f.data} {
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(p, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+func (f testFiles) spec(id string, overlay bool) hypervisor.Spec {
+	s := hypervisor.Spec{
+		ID:       id,
+		VCPUs:    1,
+		MemoryMB: 128,
+		Kernel:   f.kernel,
+		StateDir: filepath.Join(f.dir, id),
+		Disks:    []hypervisor.Disk{{Path: f.data, ReadOnly: true}},
+		Network:  &hypervisor.Network{Tap: "hbx-" + id, MAC: "52:54:00:00:00:01"},
+	}
+	if overlay {
+		s.Disks = append([]hypervisor.Disk{{Path: f.base, Format: "raw", Overlay: true}}, s.Disks...)
+	}
+	return s
+}
+
+// reap makes sure a machine's VMM is gone when the test ends.
+func reap(t *testing.T, m hypervisor.Machine) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		m.Kill(ctx)
+		m.Cleanup(ctx)
+	})
+}
+
+func echoThrough(t *testing.T, ep hypervisor.AgentEndpoint) {
+	t.Helper()
+	if ep.Transport != hypervisor.TransportHybridVsock || ep.Port != hypervisor.AgentPort {
+		t.Fatalf("agent endpoint = %+v", ep)
+	}
+	conn, err := hvsock.DialHybridVsock(testCtx(t), ep.Path, ep.Port)
+	if err != nil {
+		t.Fatalf("dial agent: %v", err)
+	}
+	defer conn.Close()
+	conn.Write([]byte("hi"))
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "hi" {
+		t.Fatalf("agent echo = %q, %v", buf, err)
+	}
+}
+
+func wantState(t *testing.T, m hypervisor.Machine, want hypervisor.State) hypervisor.Info {
+	t.Helper()
+	info, err := m.Info(testCtx(t))
+	if err != nil || info.State != want {
+		t.Fatalf("Info = %+v, %v; want %s", info, err, want)
+	}
+	return info
+}
+
+func TestBackendLifecycle(t *testing.T) {
+	b := stubBackend(t)
+	ctx := testCtx(t)
+	files := newTestFiles(t)
+	_, err := exec.LookPath("qemu-img")
+	overlay := err == nil
+	if !overlay {
+		t.Log("qemu-img not on PATH: launching without an overlay disk")
+	}
+	spec := files.spec("vm1", overlay)
+
+	m, err := b.Launch(ctx, spec)
+	if err != nil {
+		t.Fatalf("Launch: %v", err)
+	}
+	reap(t, m)
+	info := wantState(t, m, hypervisor.StateRunning)
+	if info.ID != "vm1" || info.PID <= 0 || info.Started.IsZero() {
+		t.Fatalf("Info = %+v", info)
+	}
+	echoThrough(t, m.AgentEndpoint())
+	if overlay {
+		out, err := exec.Command("qemu-img", "info", "--output=json", filepath.Join(spec.StateDir, "disk-0.qcow2")).Output()
+		if err != nil || !strings.Contains(string(out), files.base) {
+			t.Fatalf("overlay: %s, %v", out, err)
+		}
+	}
+
+	// The handle carries what Attach needs, and Attach re-adopts.
+	h := m.Handle()
+	var d map[string]any
+	if err := json.Unmarshal(h.Data, &d); err != nil || h.Backend != Name || h.ID != "vm1" {
+		t.Fatalf("handle = %+v, %v", h, err)
+	}
+	for _, k := range []string{"pid", "api_socket", "state_dir", "started"} {
+		if _, ok := d[k]; !ok {
+			t.Fatalf("handle data lacks %q: %s", k, h.Data)
+		}
+	}
+	m2, err := New(b.cfg).Attach(ctx, h)
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	wantState(t, m2, hypervisor.StateRunning)
+
+	if err := m2.Pause(ctx); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	wantState(t, m, hypervisor.StatePaused)
+	if err := m.Resume(ctx); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	wantState(t, m, hypervisor.StateRunning)
+
+	// Snapshot: the machine ends up paused, the dir holds the VMM's files,
+	// the writable disk copy and the metadata.
+	snap := filepath.Join(files.dir, "snap1")
+	if err := m.Snapshot(ctx, snap); err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	wantState(t, m, hypervisor.StatePaused)
+	want := []string{"config.json", "state.json", "memory-ranges", snapshotMetaName}
+	if overlay {
+		want = append(want, "disk-0.qcow2")
+	}
+	for _, f := range want {
+		if _, err := os.Stat(filepath.Join(snap, f)); err != nil {
+			t.Errorf("snapshot lacks %s", f)
+		}
+	}
+	if err := m.Snapshot(ctx, snap); !errors.Is(err, hypervisor.ErrExists) {
+		t.Errorf("Snapshot into an existing dir: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(spec.StateDir, "snapshot-*")); len(left) > 0 {
+		t.Errorf("staging left behind: %v", left)
+	}
+
+	// Restore a clone while the source still runs: its sockets and disk
+	// copies must be its own (the stub refuses a vsock socket in use).
+	cspec := hypervisor.Spec{ID: "vm2", StateDir: filepath.Join(files.dir, "vm2"),
+		Network: &hypervisor.Network{Tap: "hbx-vm2", MAC: "52:54:00:00:00:02"}}
+	clone, err := b.Restore(ctx, snap, cspec)
+	if err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	reap(t, clone)
+	wantState(t, clone, hypervisor.StateRunning)
+	echoThrough(t, clone.AgentEndpoint())
+	if clone.AgentEndpoint().Path == m.AgentEndpoint().Path {
+		t.Fatal("clone shares the source's vsock socket")
+	}
+	cinfo, err := clone.(*machine).api.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cinfo.Config.Net[0].Tap != "hbx-vm2" || cinfo.Config.Memory.Size != 128<<20 ||
+		cinfo.Config.Serial.File != filepath.Join(cspec.StateDir, serialLogName) {
+		t.Fatalf("clone config = %+v", cinfo.Config)
+	}
+	if overlay && cinfo.Config.Disks[0].Path != filepath.Join(cspec.StateDir, "disk-0.qcow2") {
+		t.Fatalf("clone disk = %s", cinfo.Config.Disks[0].Path)
+	}
+	if _, err := os.Stat(filepath.Join(cspec.StateDir, restoreDirName)); !os.IsNotExist(err) {
+		t.Errorf("restore staging left behind: %v", err)
+	}
+
+	// Shutdown goes through the API and the VMM exits.
+	if err := m.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Cleanup(ctx); !errors.Is(err, hypervisor.ErrState) {
+		t.Fatalf("Cleanup while running: %v", err)
+	}
+	if err := m.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := m.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	wantState(t, m, hypervisor.StateStopped)
+	if err := m2.Wait(ctx); err != nil {
+		t.Fatalf("Wait on the attached machine: %v", err)
+	}
+	if _, err := b.Attach(ctx, h); !errors.Is(err, hypervisor.ErrNotFound) {
+		t.Fatalf("Attach after shutdown: %v", err)
+	}
+	if err := m.Cleanup(ctx); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	if _, err := os.Stat(spec.StateDir); !os.IsNotExist(err) {
+		t.Fatalf("state dir still there: %v", err)
+	}
+
+	if err := clone.Kill(ctx); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	wantState(t, clone, hypervisor.StateStopped)
+	if err := clone.Cleanup(ctx); err != nil {
+		t.Fatalf("Cleanup clone: %v", err)
+	}
+}
+
+func TestShutdownFallsBackToKill(t *testing.T) {
+	b := stubBackend(t)
+	t.Setenv(stubStubborn, "1")
+	files := newTestFiles(t)
+	m, err := b.Launch(testCtx(t), files.spec("stubborn", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, m)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := m.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Shutdown took %v", d)
+	}
+	wantState(t, m, hypervisor.StateStopped)
+}
+
+func TestAttachRejects(t *testing.T) {
+	b := stubBackend(t)
+	ctx := testCtx(t)
+	dir := shortTempDir(t)
+	data := func(pid int) []byte {
+		b, _ := json.Marshal(handleData{PID: pid, APISocket: filepath.Join(dir, "api.sock"), StateDir: dir, VsockSocket: filepath.Join(dir, "v.sock")})
+		return b
+	}
+	// A live pid that is not our VMM (this test process) must not be trusted.
+	if _, err := b.Attach(ctx, hypervisor.Handle{Backend: Name, ID: "x", Data: data(os.Getpid())}); !errors.Is(err, hypervisor.ErrNotFound) {
+		t.Fatalf("Attach to a foreign pid: %v", err)
+	}
+	if _, err := b.Attach(ctx, hypervisor.Handle{Backend: Name, ID: "x", Data: data(1 << 30)}); !errors.Is(err, hypervisor.ErrNotFound) {
+		t.Fatalf("Attach to a missing pid: %v", err)
+	}
+	if _, err := b.Attach(ctx, hypervisor.Handle{Backend: "qemu", ID: "x", Data: data(1)}); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Fatalf("Attach with another backend's handle: %v", err)
+	}
+}
+
+func TestLaunchFailures(t *testing.T) {
+	b := stubBackend(t)
+	ctx := testCtx(t)
+	files := newTestFiles(t)
+
+	t.Run("exists", func(t *testing.T) {
+		spec := files.spec("dup", false)
+		m, err := b.Launch(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reap(t, m)
+		if _, err := b.Launch(ctx, spec); !errors.Is(err, hypervisor.ErrExists) {
+			t.Fatalf("second Launch in the same state dir: %v", err)
+		}
+		wantState(t, m, hypervisor.StateRunning)
+	})
+	t.Run("vmm exits", func(t *testing.T) {
+		t.Setenv(stubFailEnv, "1")
+		spec := files.spec("fails", false)
+		_, err := b.Launch(ctx, spec)
+		if !errors.Is(err, hypervisor.ErrUnavailable) || !strings.Contains(err.Error(), "Failed to open hypervisor interface") {
+			t.Fatalf("Launch with a failing VMM: %v", err)
+		}
+		if _, err := os.Stat(spec.StateDir); !os.IsNotExist(err) {
+			t.Fatalf("failed Launch left its state dir: %v", err)
+		}
+	})
+	t.Run("too old", func(t *testing.T) {
+		t.Setenv(stubVersionEnv, "v50.0")
+		if _, err := New(b.cfg).Launch(ctx, files.spec("old", false)); !errors.Is(err, hypervisor.ErrUnavailable) || !strings.Contains(err.Error(), "older than") {
+			t.Fatalf("Launch with v50: %v", err)
+		}
+	})
+	t.Run("invalid spec", func(t *testing.T) {
+		spec := files.spec("bad", false)
+		spec.Kernel = "vmlinux"
+		if _, err := b.Launch(ctx, spec); !errors.Is(err, hypervisor.ErrInvalid) {
+			t.Fatalf("Launch with a relative kernel: %v", err)
+		}
+		spec = files.spec("long", false)
+		spec.StateDir = "/" + strings.Repeat("d", 120)
+		if _, err := b.Launch(ctx, spec); !errors.Is(err, hypervisor.ErrInvalid) {
+			t.Fatalf("Launch with a long state dir: %v", err)
+		}
+	})
+	t.Run("restore without metadata", func(t *testing.T) {
+		if _, err := b.Restore(ctx, files.dir, hypervisor.Spec{ID: "r", StateDir: filepath.Join(files.dir, "r")}); !errors.Is(err, hypervisor.ErrNotFound) {
+			t.Fatalf("Restore from a non-snapshot: %v", err)
+		}
+	})
+}
+
+func TestCapabilities(t *testing.T) {
+	b := stubBackend(t)
+	dir := shortTempDir(t)
+	kvm := filepath.Join(dir, "kvm")
+	os.WriteFile(kvm, nil, 0o600)
+	os.MkdirAll(filepath.Join(dir, "module", "kvm_intel"), 0o700)
+	b.hp = hostPaths{devKVM: kvm, sysModule: filepath.Join(dir, "module"), procModules: "/nonexistent", lsm: "/nonexistent"}
+	caps, err := b.Capabilities(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caps.Name != "cloud-hypervisor" || caps.Accelerator != "kvm" || !caps.Snapshot || !caps.Pause ||
+		len(caps.AgentTransports) != 1 || caps.AgentTransports[0] != hypervisor.TransportHybridVsock || caps.Version != "v53.0.0" {
+		t.Fatalf("caps = %+v", caps)
+	}
+	os.RemoveAll(filepath.Join(dir, "module", "kvm_intel"))
+	os.MkdirAll(filepath.Join(dir, "module", "kvm_pvm"), 0o700)
+	caps, err = b.Capabilities(testCtx(t))
+	if !errors.Is(err, hypervisor.ErrUnavailable) || !strings.Contains(caps.Notice, "PVM-only") {
+		t.Fatalf("caps on PVM = %+v, %v", caps, err)
+	}
+}

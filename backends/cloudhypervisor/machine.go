@@ -1,0 +1,158 @@
+package cloudhypervisor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor"
+)
+
+// handleData is Handle.Data for this backend.
+type handleData struct {
+	PID         int       `json:"pid"`
+	APISocket   string    `json:"api_socket"`
+	StateDir    string    `json:"state_dir"`
+	VsockSocket string    `json:"vsock_socket"`
+	SerialLog   string    `json:"serial_log"`
+	VMMLog      string    `json:"vmm_log"`
+	Started     time.Time `json:"started"`
+	Version     string    `json:"version,omitempty"`
+}
+
+// machine is one VMM process and its VM.
+type machine struct {
+	id   string
+	data handleData
+	api  API
+	proc *pidFD
+}
+
+var _ hypervisor.Machine = (*machine)(nil)
+
+func (m *machine) ID() string { return m.id }
+
+func (m *machine) Handle() hypervisor.Handle {
+	data, _ := json.Marshal(m.data)
+	return hypervisor.Handle{Backend: Name, ID: m.id, Data: data}
+}
+
+func (m *machine) AgentEndpoint() hypervisor.AgentEndpoint {
+	return hypervisor.AgentEndpoint{
+		Transport: hypervisor.TransportHybridVsock,
+		Path:      m.data.VsockSocket,
+		Port:      hypervisor.AgentPort,
+	}
+}
+
+func (m *machine) Info(ctx context.Context) (hypervisor.Info, error) {
+	info := hypervisor.Info{ID: m.id, PID: m.data.PID, Started: m.data.Started, State: hypervisor.StateStopped}
+	if m.proc.exited() {
+		return info, nil
+	}
+	vi, err := m.api.Info(ctx)
+	if err != nil {
+		if m.proc.exited() {
+			return info, nil
+		}
+		return info, fmt.Errorf("machine %s: %w", m.id, err)
+	}
+	switch vi.State {
+	case VmStateRunning:
+		info.State = hypervisor.StateRunning
+	case VmStatePaused:
+		info.State = hypervisor.StatePaused
+	}
+	return info, nil
+}
+
+func (m *machine) Pause(ctx context.Context) error {
+	if err := m.api.PauseVM(ctx); err != nil {
+		return fmt.Errorf("machine %s: pause: %w", m.id, err)
+	}
+	return nil
+}
+
+func (m *machine) Resume(ctx context.Context) error {
+	if err := m.api.ResumeVM(ctx); err != nil {
+		return fmt.Errorf("machine %s: resume: %w", m.id, err)
+	}
+	return nil
+}
+
+// Shutdown stops the VM (vm.shutdown), then the VMM (vmm.shutdown), and
+// waits for the process to exit; past ctx (or 30s without a deadline) it
+// kills the VMM. Errors from the API are ignored: the VMM may be half gone,
+// and only the process exiting counts.
+func (m *machine) Shutdown(ctx context.Context) error {
+	if m.proc.exited() {
+		return nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	step := func(call func(context.Context) error) {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		call(sctx)
+	}
+	step(m.api.ShutdownVM)
+	step(m.api.ShutdownVMM)
+	if m.proc.wait(ctx) == nil {
+		return nil
+	}
+	if err := killAndWait(m.proc); err != nil {
+		return fmt.Errorf("machine %s: shutdown: %w", m.id, err)
+	}
+	return nil
+}
+
+func (m *machine) Kill(ctx context.Context) error {
+	if err := m.proc.kill(); err != nil {
+		return fmt.Errorf("machine %s: kill: %w", m.id, err)
+	}
+	if err := m.proc.wait(ctx); err != nil {
+		return fmt.Errorf("machine %s: kill: %w", m.id, err)
+	}
+	return nil
+}
+
+func (m *machine) Wait(ctx context.Context) error {
+	if err := m.proc.wait(ctx); err != nil {
+		return fmt.Errorf("machine %s: wait: %w", m.id, err)
+	}
+	return nil
+}
+
+// Cleanup removes the state dir. A serial log the caller placed outside
+// it is the caller's file and stays.
+func (m *machine) Cleanup(ctx context.Context) error {
+	if !m.proc.exited() {
+		return hypervisor.Errorf(hypervisor.ErrState, "machine %s: cleanup: the VMM is still running", m.id)
+	}
+	m.proc.close()
+	if err := os.RemoveAll(m.data.StateDir); err != nil {
+		return fmt.Errorf("machine %s: cleanup: %w", m.id, err)
+	}
+	return nil
+}
+
+// logHint is the tail of the VMM log, for errors.
+func (m *machine) logHint() string {
+	if t := logTail(m.data.VMMLog, 512); t != "" {
+		return " (VMM log: " + t + ")"
+	}
+	return ""
+}
+
+func (m *machine) vmState(ctx context.Context) (VmState, error) {
+	vi, err := m.api.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	return vi.State, nil
+}

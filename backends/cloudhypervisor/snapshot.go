@@ -1,0 +1,428 @@
+package cloudhypervisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor"
+)
+
+// Files in a snapshot directory besides the VMM's own (config.json,
+// state.json, memory-ranges).
+const (
+	snapshotMetaName = "harebox-snapshot.json"
+	vmConfigName     = "config.json"
+	snapshotFormat   = 1
+	// maxConfigBytes caps config.json and the metadata when read back: a
+	// snapshot directory may come from elsewhere.
+	maxConfigBytes = 4 << 20
+)
+
+// snapshotMeta is HareBox's record of a snapshot.
+type snapshotMeta struct {
+	Format     int            `json:"format"`
+	Backend    string         `json:"backend"`
+	SourceID   string         `json:"source_id"`
+	Created    time.Time      `json:"created"`
+	VMMVersion string         `json:"vmm_version,omitempty"`
+	StateDir   string         `json:"state_dir"` // the source's, rewritten on restore
+	Disks      []snapshotDisk `json:"disks"`
+}
+
+// snapshotDisk is one disk of the snapshotted VM, by config.json index.
+type snapshotDisk struct {
+	// File is the copy inside the snapshot dir of a writable disk.
+	File string `json:"file,omitempty"`
+	// Path is the disk the VM used; read-only disks are used from there.
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only"`
+}
+
+// configDisk is what we read of a disk in the VMM's config.json.
+type configDisk struct {
+	Path     string `json:"path"`
+	Readonly bool   `json:"readonly"`
+}
+
+// Snapshot pauses the VM and writes memory, device state, a copy of each
+// writable disk and metadata into dir, which must not exist. The VMM
+// writes into a staging directory inside the state dir (the one place a
+// Landlock-sandboxed VMM may write), which is then moved to dir.
+func (m *machine) Snapshot(ctx context.Context, dir string) (err error) {
+	if !filepath.IsAbs(dir) {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot dir %q: want an absolute path", dir)
+	}
+	if _, err := os.Lstat(dir); err == nil {
+		return hypervisor.Errorf(hypervisor.ErrExists, "snapshot dir %s already exists", dir)
+	}
+	if st, err := os.Stat(filepath.Dir(dir)); err != nil || !st.IsDir() {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot dir %s: parent is not a directory", dir)
+	}
+	state, err := m.vmState(ctx)
+	if err != nil {
+		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+	}
+	switch state {
+	case VmStateRunning:
+		if err := m.Pause(ctx); err != nil {
+			return err
+		}
+	case VmStatePaused:
+	default:
+		return hypervisor.Errorf(hypervisor.ErrState, "machine %s: snapshot: VM is %s", m.id, state)
+	}
+
+	stage, err := os.MkdirTemp(m.data.StateDir, "snapshot-")
+	if err != nil {
+		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(stage)
+		}
+	}()
+	if err := m.api.Snapshot(ctx, VmSnapshotConfig{DestinationURL: "file://" + stage}); err != nil {
+		return fmt.Errorf("machine %s: snapshot: %w%s", m.id, err, m.logHint())
+	}
+
+	var cfg struct {
+		Disks []configDisk `json:"disks"`
+	}
+	if err := readJSON(filepath.Join(stage, vmConfigName), &cfg); err != nil {
+		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+	}
+	meta := snapshotMeta{
+		Format:     snapshotFormat,
+		Backend:    Name,
+		SourceID:   m.id,
+		Created:    time.Now().UTC(),
+		VMMVersion: m.data.Version,
+		StateDir:   m.data.StateDir,
+	}
+	for i, d := range cfg.Disks {
+		sd := snapshotDisk{Path: d.Path, ReadOnly: d.Readonly}
+		if !d.Readonly {
+			// The VM is paused, so the disk matches the memory image.
+			sd.File = fmt.Sprintf("disk-%d%s", i, diskExt(d.Path))
+			if err := copyFile(ctx, d.Path, filepath.Join(stage, sd.File)); err != nil {
+				return fmt.Errorf("machine %s: snapshot disk %d: %w", m.id, i, err)
+			}
+		}
+		meta.Disks = append(meta.Disks, sd)
+	}
+	if err := writeJSON(filepath.Join(stage, snapshotMetaName), meta); err != nil {
+		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+	}
+	if err := moveDir(ctx, stage, dir); err != nil {
+		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+	}
+	return nil
+}
+
+// Restore boots a clone from a snapshot: a new VMM restores the snapshot's
+// memory and device state, with its own copies of the writable disks and
+// its own sockets. The v53 RestoreConfig has no field for new device
+// paths, so they are rewritten in a copy of config.json.
+func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervisor.Spec) (_ hypervisor.Machine, err error) {
+	var meta snapshotMeta
+	if err := readJSON(filepath.Join(snapshotDir, snapshotMetaName), &meta); err != nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "snapshot %s: %v", snapshotDir, err)
+	}
+	if meta.Format != snapshotFormat || meta.Backend != Name {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: format %d of %q, want %d of %q", snapshotDir, meta.Format, meta.Backend, snapshotFormat, Name)
+	}
+	for i, d := range meta.Disks {
+		if d.File != "" && (filepath.Base(d.File) != d.File || !strings.HasPrefix(d.File, "disk-")) {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: disk %d file %q", snapshotDir, i, d.File)
+		}
+	}
+	cfg, err := readConfig(filepath.Join(snapshotDir, vmConfigName))
+	if err != nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: %v", snapshotDir, err)
+	}
+	if err := fillSpecFromConfig(&spec, cfg); err != nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: %v", snapshotDir, err)
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	bin, ver, err := b.binary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := newPaths(spec.StateDir, spec.SerialLog)
+	if err != nil {
+		return nil, err
+	}
+	created, err := b.prepareStateDir(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	var m *machine
+	defer func() {
+		if err != nil {
+			b.abandon(m, p, created)
+		}
+	}()
+
+	stage := filepath.Join(p.stateDir, restoreDirName)
+	os.RemoveAll(stage)
+	if err := os.Mkdir(stage, 0o700); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	if err := stageSnapshotFiles(ctx, snapshotDir, stage); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	diskPaths := make([]string, len(meta.Disks))
+	for i, d := range meta.Disks {
+		diskPaths[i] = d.Path
+		if d.File != "" {
+			diskPaths[i] = filepath.Join(p.stateDir, d.File)
+			if err := copyFile(ctx, filepath.Join(snapshotDir, d.File), diskPaths[i]); err != nil {
+				return nil, fmt.Errorf("restore disk %d: %w", i, err)
+			}
+		}
+	}
+	if err := rewriteConfig(cfg, rewrite{
+		oldStateDir: meta.StateDir,
+		paths:       p,
+		disks:       diskPaths,
+		network:     spec.Network,
+		landlock:    b.landlock(ver),
+	}); err != nil {
+		return nil, err
+	}
+	if err := writeJSON(filepath.Join(stage, vmConfigName), cfg); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+
+	if m, err = b.start(ctx, bin, ver, spec.ID, p); err != nil {
+		return nil, err
+	}
+	if err := m.api.Restore(ctx, RestoreConfig{SourceURL: "file://" + stage}); err != nil {
+		return nil, fmt.Errorf("vm.restore: %w%s", err, m.logHint())
+	}
+	if err := m.api.ResumeVM(ctx); err != nil {
+		return nil, fmt.Errorf("vm.resume after restore: %w%s", err, m.logHint())
+	}
+	// Memory was copied into the guest (the default Copy restore mode), so
+	// the staged files are no longer needed.
+	os.RemoveAll(stage)
+	return m, nil
+}
+
+// fillSpecFromConfig takes sizes and payload from the snapshot.
+func fillSpecFromConfig(spec *hypervisor.Spec, cfg map[string]any) error {
+	var c VmConfig
+	b, _ := json.Marshal(cfg)
+	if err := json.Unmarshal(b, &c); err != nil {
+		return fmt.Errorf("config.json: %w", err)
+	}
+	if c.Cpus == nil || c.Memory == nil {
+		return errors.New("config.json has no cpus or memory")
+	}
+	spec.VCPUs = c.Cpus.BootVcpus
+	spec.MemoryMB = int(c.Memory.Size >> 20)
+	spec.Kernel = c.Payload.Kernel
+	spec.Initrd = c.Payload.Initramfs
+	spec.Cmdline = c.Payload.Cmdline
+	spec.Disks = nil // the snapshot's disks are used, see meta
+	return nil
+}
+
+// rewrite is what changes between a snapshot's config and its clone's.
+type rewrite struct {
+	oldStateDir string
+	paths       machinePaths
+	disks       []string
+	network     *hypervisor.Network
+	landlock    bool
+}
+
+// rewriteConfig edits a config.json decoded with UseNumber, keeping every
+// field it does not know about as it was.
+func rewriteConfig(cfg map[string]any, rw rewrite) error {
+	if v, ok := cfg["vsock"].(map[string]any); ok {
+		v["socket"] = rw.paths.vsockSocket
+	} else {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot config has no vsock device")
+	}
+	if s, ok := cfg["serial"].(map[string]any); ok && s["mode"] == string(ConsoleModeFile) {
+		s["file"] = rw.paths.serialLog
+	}
+	disks, _ := cfg["disks"].([]any)
+	if len(disks) != len(rw.disks) {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot config has %d disks, metadata %d", len(disks), len(rw.disks))
+	}
+	for i, d := range disks {
+		dm, ok := d.(map[string]any)
+		if !ok {
+			return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot config disk %d is not an object", i)
+		}
+		dm["path"] = rw.disks[i]
+	}
+	nets, _ := cfg["net"].([]any)
+	switch {
+	case len(nets) == 0 && rw.network != nil:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot has no network device to attach tap %s to", rw.network.Tap)
+	case len(nets) > 0 && rw.network == nil:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot has a network device: the clone's spec needs a network")
+	case len(nets) > 1:
+		return hypervisor.Errorf(hypervisor.ErrUnsupported, "snapshot has %d network devices", len(nets))
+	case len(nets) == 1:
+		nm, ok := nets[0].(map[string]any)
+		if !ok {
+			return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot config net 0 is not an object")
+		}
+		nm["tap"] = rw.network.Tap
+		// The guest keeps the MAC in its restored device state; this only
+		// keeps the config consistent with the clone's spec.
+		nm["mac"] = rw.network.MAC
+	}
+	// Landlock follows this host, not the snapshot's: rules naming the old
+	// state dir move to the new one.
+	delete(cfg, "landlock_enable")
+	var rules []any
+	if old, _ := cfg["landlock_rules"].([]any); rw.landlock {
+		rules = append(rules, map[string]any{"path": rw.paths.stateDir, "access": "rw"})
+		for _, r := range old {
+			if rm, ok := r.(map[string]any); ok && rm["path"] != rw.oldStateDir {
+				rules = append(rules, rm)
+			}
+		}
+		cfg["landlock_enable"] = true
+	}
+	delete(cfg, "landlock_rules")
+	if rules != nil {
+		cfg["landlock_rules"] = rules
+	}
+	return nil
+}
+
+// stageSnapshotFiles links (or copies) the VMM's snapshot files into the
+// restore staging dir, leaving out what Restore writes itself.
+func stageSnapshotFiles(ctx context.Context, src, dst string) error {
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if !e.Type().IsRegular() || name == vmConfigName || name == snapshotMetaName || strings.HasPrefix(name, "disk-") {
+			continue
+		}
+		s, d := filepath.Join(src, name), filepath.Join(dst, name)
+		// A hard link costs nothing for a multi-GiB memory image; the VMM
+		// only reads it.
+		if err := os.Link(s, d); err == nil {
+			continue
+		}
+		if err := copyFile(ctx, s, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func diskExt(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ".img"
+	}
+	defer f.Close()
+	magic := make([]byte, 4)
+	if _, err := io.ReadFull(f, magic); err == nil && bytes.Equal(magic, []byte("QFI\xfb")) {
+		return ".qcow2"
+	}
+	return ".raw"
+}
+
+// copyFile copies a (possibly large, sparse) file with cp, which keeps
+// holes and uses reflinks where the filesystem has them.
+func copyFile(ctx context.Context, src, dst string) error {
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, "cp", "--sparse=always", "--reflink=auto", "--", src, dst)
+	cmd.Stdout = &limitedBuffer{buf: &out, max: 2048}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("copy %s: %w: %s", src, err, cleanMessage(out.Bytes()))
+	}
+	return os.Chmod(dst, 0o600)
+}
+
+// moveDir renames src to dst, copying across filesystems.
+func moveDir(ctx context.Context, src, dst string) error {
+	err := os.Rename(src, dst)
+	if err == nil || !errors.Is(err, syscall.EXDEV) {
+		return err
+	}
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, "cp", "-a", "--sparse=always", "--reflink=auto", "--", src, dst)
+	cmd.Stdout = &limitedBuffer{buf: &out, max: 2048}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		os.RemoveAll(dst)
+		return fmt.Errorf("copy %s to %s: %w: %s", src, dst, err, cleanMessage(out.Bytes()))
+	}
+	return os.RemoveAll(src)
+}
+
+func readJSON(path string, v any) error {
+	b, err := readLimited(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// readConfig decodes config.json keeping numbers exact.
+func readConfig(path string) (map[string]any, error) {
+	b, err := readLimited(path)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var cfg map[string]any
+	if err := dec.Decode(&cfg); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+func readLimited(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxConfigBytes {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxConfigBytes)
+	}
+	return b, nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o600)
+}

@@ -1,0 +1,88 @@
+// Command harebox-image builds HareBox guest images and prints the image
+// manifest as JSON on stdout (progress goes to stderr):
+//
+//	harebox-image build --name minimal|default --agent PATH --out DIR \
+//	    [--suite bookworm --mirror URL --components main --kernel-version VER]
+//
+// A build with the same inputs as an earlier one returns the cached image.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/harebox/harebox/images"
+)
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] != "build" {
+		fmt.Fprintln(os.Stderr, "usage: harebox-image build --name minimal|default --agent PATH --out DIR [flags]\n       harebox-image build -h for the flags")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := build(ctx, os.Args[2:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "harebox-image:", err)
+		os.Exit(1)
+	}
+}
+
+func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("harebox-image build", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o images.Options
+	var components, packages, modules string
+	var headroomMiB int64
+	var quiet bool
+	fs.StringVar(&o.Name, "name", images.Minimal, "image: minimal or default")
+	fs.StringVar(&o.AgentPath, "agent", "", "static harebox-agent binary (required)")
+	fs.StringVar(&o.OutDir, "out", "", "output (cache) directory (required)")
+	fs.StringVar(&o.KernelVersion, "kernel-version", "", "kernel version (default: newest in /boot with /lib/modules)")
+	fs.StringVar(&o.BusyboxPath, "busybox", "", "static busybox (default /bin/busybox)")
+	fs.StringVar(&modules, "modules", "", "comma-separated kernel modules (default: the builtin set)")
+	fs.StringVar(&o.Hostname, "hostname", "", "guest host name (default harebox)")
+	fs.StringVar(&o.ExtraCmdline, "cmdline", "", "extra kernel command-line arguments")
+	fs.StringVar(&o.Suite, "suite", "", "default image: distribution suite (default bookworm; e.g. noble)")
+	fs.StringVar(&o.Mirror, "mirror", "", "default image: package mirror (default "+images.DefaultMirror+")")
+	fs.StringVar(&components, "components", "", "default image: comma-separated archive components (default main; main,universe for Ubuntu)")
+	fs.StringVar(&packages, "packages", "", "default image: comma-separated packages (default: "+strings.Join(images.DefaultPackages, ",")+")")
+	fs.StringVar(&o.Keyring, "keyring", "", "default image: debootstrap keyring")
+	fs.StringVar(&o.Script, "script", "", "default image: debootstrap script (e.g. gutsy)")
+	fs.Int64Var(&headroomMiB, "headroom-mib", 0, "default image: free space in the root disk, MiB (default 512)")
+	fs.BoolVar(&o.Force, "force", false, "rebuild even if cached")
+	fs.BoolVar(&quiet, "quiet", false, "no progress output")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	split := func(s string) []string {
+		var out []string
+		for _, f := range strings.Split(s, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	o.Components, o.Packages, o.Modules = split(components), split(packages), split(modules)
+	o.Headroom = headroomMiB << 20
+	if !quiet {
+		o.Progress = stderr
+	}
+	img, err := images.Build(ctx, o)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(img)
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what HareBox needs on a Debian 12 host, idempotently: nothing is
+# fetched when everything is already there.
+set -euo pipefail
+
+pkgs=(
+  qemu-system-x86 qemu-utils   # the QEMU backend and qcow2 overlays
+  linux-image-amd64            # the guest kernel and its modules
+  busybox-static               # the minimal image's userland
+  debootstrap e2fsprogs        # the default image (Debian 12 root disk)
+  iproute2 nftables jq         # host networking, firewall, the CLI walkthrough
+  python3 python3-pytest       # the Python client and its tests
+  nodejs npm                   # the TypeScript client and its tests
+  ca-certificates
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+  export PATH=/usr/local/go/bin:$PATH
+fi
+if ! command -v go >/dev/null; then
+  echo "deps: Go 1.26 or newer is required (install it to /usr/local/go)" >&2
+  exit 1
+fi
+go mod download
