@@ -1,0 +1,166 @@
+package harebox
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// WriteOptions tune WriteFile.
+type WriteOptions struct {
+	// Mode is the file's permission bits; 0 means 0644.
+	Mode uint32
+	// Owner is "user", "root" or "name:group"; empty means the default user.
+	Owner string
+	// MakeParents creates missing parent directories.
+	MakeParents bool
+}
+
+// errTooLarge is returned by limitReader past its limit.
+var errTooLarge = errors.New("too large")
+
+// limitReader fails (rather than silently stopping) past n bytes, so an
+// oversized upload is refused instead of truncated.
+type limitReader struct {
+	r io.Reader
+	n int64
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.n < 0 {
+		return 0, errTooLarge
+	}
+	if int64(len(p)) > l.n+1 {
+		p = p[:l.n+1]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	if l.n < 0 {
+		return n, errTooLarge
+	}
+	return n, err
+}
+
+// WriteFile streams r into path in the sandbox. The file appears whole or
+// not at all; a file larger than the engine's limit is refused.
+func (e *Engine) WriteFile(ctx context.Context, id, path string, r io.Reader, o WriteOptions) (*sandbox.FileInfo, error) {
+	if o.Mode > 0o7777 {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "mode", "must be at most 07777")
+	}
+	b, err := e.running(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	c, err := b.client(ctx, e.agentOptions())
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.WriteFile(ctx, path, &limitReader{r: r, n: e.opts.MaxFileBytes}, agentclient.WriteOptions{Mode: o.Mode, Owner: o.Owner, MakeParents: o.MakeParents})
+	if errors.Is(err, errTooLarge) {
+		return nil, sandbox.Errorf(sandbox.ErrTooLarge, "", "file is larger than the %d-byte limit", e.opts.MaxFileBytes)
+	}
+	if err != nil {
+		return nil, agentErr(err)
+	}
+	return fileInfo(fi), nil
+}
+
+// ReadFile copies a file from the sandbox into w. Files larger than the
+// engine's limit are refused before anything is written.
+func (e *Engine) ReadFile(ctx context.Context, id, path string, w io.Writer) (int64, error) {
+	b, err := e.running(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	c, err := b.client(ctx, e.agentOptions())
+	if err != nil {
+		return 0, err
+	}
+	fi, err := c.Stat(ctx, path)
+	if err != nil {
+		return 0, agentErr(err)
+	}
+	if fi.Type != "file" {
+		return 0, sandbox.Errorf(sandbox.ErrInvalid, "path", "%s is a %s, not a regular file", path, fi.Type)
+	}
+	if fi.Size > e.opts.MaxFileBytes {
+		return 0, sandbox.Errorf(sandbox.ErrTooLarge, "path", "%s is %d bytes, over the %d-byte limit", path, fi.Size, e.opts.MaxFileBytes)
+	}
+	// The file may grow between stat and read: the limit holds anyway.
+	n, err := c.ReadFile(ctx, path, w, 0, e.opts.MaxFileBytes)
+	if err != nil {
+		return n, agentErr(err)
+	}
+	return n, nil
+}
+
+// StatFile describes a path in the sandbox.
+func (e *Engine) StatFile(ctx context.Context, id, path string) (*sandbox.FileInfo, error) {
+	c, err := e.fileClient(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.Stat(ctx, path)
+	if err != nil {
+		return nil, agentErr(err)
+	}
+	return fileInfo(fi), nil
+}
+
+// ListFiles lists a directory in the sandbox.
+func (e *Engine) ListFiles(ctx context.Context, id, path string) ([]sandbox.FileInfo, bool, error) {
+	c, err := e.fileClient(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	list, truncated, err := c.ListDir(ctx, path, 0)
+	if err != nil {
+		return nil, false, agentErr(err)
+	}
+	out := make([]sandbox.FileInfo, len(list))
+	for i, fi := range list {
+		out[i] = *fileInfo(fi)
+	}
+	return out, truncated, nil
+}
+
+// Mkdir creates a directory and its parents in the sandbox.
+func (e *Engine) Mkdir(ctx context.Context, id, path string, mode uint32) (*sandbox.FileInfo, error) {
+	c, err := e.fileClient(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.Mkdir(ctx, path, mode, "")
+	if err != nil {
+		return nil, agentErr(err)
+	}
+	return fileInfo(fi), nil
+}
+
+// RemoveFile removes a path in the sandbox (directories with recursive).
+func (e *Engine) RemoveFile(ctx context.Context, id, path string, recursive bool) error {
+	c, err := e.fileClient(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := c.Remove(ctx, path, recursive); err != nil {
+		return agentErr(err)
+	}
+	return nil
+}
+
+func (e *Engine) fileClient(ctx context.Context, id string) (*agentclient.Client, error) {
+	b, err := e.running(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return b.client(ctx, e.agentOptions())
+}
+
+func fileInfo(fi agentclient.FileInfo) *sandbox.FileInfo {
+	v := sandbox.FileInfo(fi)
+	return &v
+}

@@ -1,0 +1,294 @@
+// Package harebox is the HareBox engine: it runs untrusted code in
+// sandboxes that are real virtual machines, and keeps every control outside
+// the VM. New composes the pluggable parts (hypervisor, network, secret
+// store, billing) over an embedded database; every consumer (the REST
+// server, the CLI, agent frameworks) goes through the Engine.
+//
+//	eng, err := harebox.New(ctx, harebox.Options{DataDir: "/var/lib/harebox"})
+//	box, err := eng.Create(ctx, sandbox.CreateRequest{Name: "job", TTLSeconds: 900})
+//	res, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "python3 job.py"})
+//	err = eng.Delete(ctx, box.ID)
+package harebox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/plugin"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/network"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/store"
+)
+
+// Options configure an Engine. The zero value works on one Linux host.
+type Options struct {
+	// DataDir holds the database, images, machine state and keys.
+	// Default /var/lib/harebox. Keep it short: Unix socket paths under it
+	// are limited to 107 bytes.
+	DataDir string
+
+	// Hypervisor is an in-process backend. If nil, the engine starts the
+	// Backend plugin binary.
+	Hypervisor hypervisor.Hypervisor
+	// Backend names the plugin: "qemu" (default) or "cloud-hypervisor".
+	Backend string
+	// PluginPath is the plugin binary; default harebox-plugin-<Backend>
+	// beside the executable, else on PATH.
+	PluginPath string
+	// PluginArgs are passed to the plugin binary.
+	PluginArgs []string
+
+	Network network.Network // default network.None
+	Secrets secrets.Store   // default sealed rows in the database
+	Billing budget.Billing  // default metering into the database
+	Store   store.Store     // default SQLite in DataDir/harebox.db
+
+	// Images maps image names to built images. Names not here are looked
+	// up in ImageDir (default DataDir/images), as built by harebox-image.
+	Images   map[string]images.Image
+	ImageDir string
+
+	// Site is where this host runs, reported on every sandbox.
+	Site sandbox.Site
+	// Capacity bounds what Create admits.
+	Capacity Capacity
+	// BootTimeout bounds create-to-ready; default 3 minutes (TCG is slow).
+	BootTimeout time.Duration
+	// MaxFileBytes bounds one file written or read; default 256 MiB.
+	MaxFileBytes int64
+	// MaxOutputBytes bounds collected stdout and stderr, each; default 8 MiB.
+	MaxOutputBytes int
+
+	Logger *slog.Logger
+}
+
+// Capacity bounds the resources sandboxes may reserve on this host.
+type Capacity struct {
+	// CPUOvercommit multiplies the host's cores (default 4).
+	CPUOvercommit float64
+	// MemoryOvercommit multiplies the host's memory (default 1: never more
+	// guest memory than the host has, so the host does not swap).
+	MemoryOvercommit float64
+	// ReserveMB is kept for the host itself (default 1024).
+	ReserveMB int
+	// VCPUs and MemoryMB, when set, replace the computed limits.
+	VCPUs    int
+	MemoryMB int
+}
+
+// Engine runs sandboxes. It is safe for concurrent use.
+type Engine struct {
+	opts   Options
+	log    *slog.Logger
+	store  store.Store
+	hv     hypervisor.Hypervisor
+	net    network.Network
+	sec    secrets.Store
+	bill   budget.Billing
+	closer []func() error
+
+	limit sandbox.Resources // admission limits (DiskGB unused)
+
+	mu    sync.Mutex
+	boxes map[string]*box
+	used  sandbox.Resources
+
+	ctx    context.Context // lives until Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New opens the engine: it opens the database, starts the hypervisor
+// backend, re-adopts sandboxes that were running, cleans up what a crash
+// left half-made, and starts the TTL reaper.
+func New(ctx context.Context, opts Options) (*Engine, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, bill: opts.Billing}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	ok := false
+	defer func() {
+		if !ok {
+			e.closeParts()
+		}
+	}()
+	for _, d := range []string{opts.DataDir, e.machinesDir(), opts.ImageDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("harebox: %w", err)
+		}
+	}
+	if opts.Store != nil {
+		e.store = opts.Store
+	} else {
+		db, err := store.OpenSQLite(ctx, filepath.Join(opts.DataDir, "harebox.db"))
+		if err != nil {
+			return nil, err
+		}
+		e.store = db
+		e.closer = append(e.closer, db.Close)
+	}
+	if e.sec == nil {
+		s, err := secrets.NewSealed(e.store, filepath.Join(opts.DataDir, "master.key"))
+		if err != nil {
+			return nil, err
+		}
+		e.sec = s
+	}
+	if e.bill == nil {
+		e.bill = budget.Local{DB: e.store}
+	}
+	if err := e.startHypervisor(ctx); err != nil {
+		return nil, err
+	}
+	e.limit = opts.Capacity.limits(e.log)
+	if err := e.adopt(ctx); err != nil {
+		return nil, err
+	}
+	e.wg.Add(1)
+	go e.reapExpired()
+	ok = true
+	return e, nil
+}
+
+func (o *Options) defaults() error {
+	if o.DataDir == "" {
+		o.DataDir = "/var/lib/harebox"
+	}
+	abs, err := filepath.Abs(o.DataDir)
+	if err != nil {
+		return err
+	}
+	o.DataDir = abs
+	// DataDir/m/<sandbox id>/agent.sock must fit a Unix socket path.
+	if len(o.DataDir) > 60 {
+		return sandbox.Errorf(sandbox.ErrInvalid, "data_dir", "%q is longer than 60 bytes; Unix socket paths under it would not fit", o.DataDir)
+	}
+	if o.Backend == "" {
+		o.Backend = "qemu"
+	}
+	if o.ImageDir == "" {
+		o.ImageDir = filepath.Join(o.DataDir, "images")
+	}
+	if o.Network == nil {
+		o.Network = network.None{}
+	}
+	if o.BootTimeout == 0 {
+		o.BootTimeout = 3 * time.Minute
+	}
+	if o.MaxFileBytes == 0 {
+		o.MaxFileBytes = 256 << 20
+	}
+	if o.MaxOutputBytes == 0 {
+		o.MaxOutputBytes = 8 << 20
+	}
+	if o.Site.Name == "" {
+		o.Site = sandbox.Site{Name: "local", Country: ""}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// startHypervisor uses the in-process backend or starts the plugin.
+func (e *Engine) startHypervisor(ctx context.Context) error {
+	if e.opts.Hypervisor != nil {
+		e.hv = e.opts.Hypervisor
+		return nil
+	}
+	path := e.opts.PluginPath
+	if path == "" {
+		name := "harebox-plugin-" + e.opts.Backend
+		if exe, err := os.Executable(); err == nil {
+			if p := filepath.Join(filepath.Dir(exe), name); fileExists(p) {
+				path = p
+			}
+		}
+		if path == "" {
+			path = name // resolved on PATH by exec
+		}
+	}
+	p, err := plugin.Launch(ctx, path, e.opts.PluginArgs, e.log.With("backend", e.opts.Backend))
+	if err != nil {
+		return sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor plugin %s: %v", path, err)
+	}
+	e.hv = p
+	e.closer = append(e.closer, p.Close)
+	caps, err := p.Capabilities(ctx)
+	if err != nil {
+		return sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor plugin %s: %v", path, err)
+	}
+	e.log.Info("hypervisor ready", "backend", caps.Name, "version", caps.Version, "accelerator", caps.Accelerator, "notice", caps.Notice)
+	return nil
+}
+
+// Capabilities reports the hypervisor backend in use.
+func (e *Engine) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
+	return e.hv.Capabilities(ctx)
+}
+
+// Site is where this engine's sandboxes run.
+func (e *Engine) Site() sandbox.Site { return e.opts.Site }
+
+// Close stops the engine. Sandboxes keep running; a new engine on the same
+// data directory re-adopts them.
+func (e *Engine) Close() error {
+	e.cancel()
+	e.wg.Wait()
+	e.mu.Lock()
+	for _, b := range e.boxes {
+		b.closeAgent()
+	}
+	e.mu.Unlock()
+	return e.closeParts()
+}
+
+func (e *Engine) closeParts() error {
+	var errs []error
+	for i := len(e.closer) - 1; i >= 0; i-- {
+		errs = append(errs, e.closer[i]())
+	}
+	e.closer = nil
+	return errors.Join(errs...)
+}
+
+func (e *Engine) machinesDir() string { return filepath.Join(e.opts.DataDir, "m") }
+
+// limits computes admission limits from the host's size.
+func (c Capacity) limits(log *slog.Logger) sandbox.Resources {
+	if c.CPUOvercommit == 0 {
+		c.CPUOvercommit = 4
+	}
+	if c.MemoryOvercommit == 0 {
+		c.MemoryOvercommit = 1
+	}
+	if c.ReserveMB == 0 {
+		c.ReserveMB = 1024
+	}
+	r := sandbox.Resources{VCPUs: c.VCPUs, MemoryMB: c.MemoryMB}
+	if r.VCPUs == 0 {
+		r.VCPUs = int(float64(runtime.NumCPU()) * c.CPUOvercommit)
+	}
+	if r.MemoryMB == 0 {
+		r.MemoryMB = int(float64(hostMemoryMB())*c.MemoryOvercommit) - c.ReserveMB
+	}
+	log.Info("admission limits", "vcpus", r.VCPUs, "memory_mb", r.MemoryMB)
+	return r
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

@@ -1,0 +1,543 @@
+package harebox_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// The engine tests boot real VMs (QEMU, TCG here) from the minimal image,
+// through the QEMU plugin binary, as a deployed engine would.
+
+func needQEMU(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
+	}
+}
+
+type env struct {
+	dataDir string
+	plugin  string
+	img     images.Image
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	needQEMU(t)
+	dir, err := os.MkdirTemp("", "hbe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{dataDir: dir, plugin: testimage.Binary(t, "harebox-plugin-qemu"), img: testimage.Image(t, "minimal")}
+	t.Cleanup(func() {
+		// Whatever happened, no VM of this test outlives it.
+		if n := strayVMs(dir); n > 0 {
+			t.Errorf("%d VM processes were left running", n)
+		}
+		os.RemoveAll(dir)
+	})
+	return e
+}
+
+func (v *env) options() harebox.Options {
+	return harebox.Options{
+		DataDir:      v.dataDir,
+		PluginPath:   v.plugin,
+		Images:       map[string]images.Image{"minimal": v.img},
+		Site:         sandbox.Site{Name: "fr-par-1", Country: "FR"},
+		MaxFileBytes: 4 << 20,
+		Capacity:     harebox.Capacity{VCPUs: 3, MemoryMB: 4096},
+	}
+}
+
+func (v *env) open(t *testing.T) *harebox.Engine {
+	t.Helper()
+	eng, err := harebox.New(context.Background(), v.options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng
+}
+
+// strayVMs kills and counts VMM processes that still use dir.
+func strayVMs(dir string) int {
+	n := 0
+	ents, _ := os.ReadDir("/proc")
+	for _, ent := range ents {
+		cmd, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmd, []byte(dir+"/")) && bytes.Contains(cmd, []byte("qemu")) {
+			var pid int
+			fmt.Sscan(ent.Name(), &pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+			n++
+		}
+	}
+	return n
+}
+
+func create(t *testing.T, eng *harebox.Engine, req sandbox.CreateRequest) *sandbox.Sandbox {
+	t.Helper()
+	if req.Image == "" {
+		req.Image = "minimal"
+	}
+	start := time.Now()
+	box, err := eng.Create(context.Background(), req)
+	if err != nil {
+		t.Fatal("create:", err)
+	}
+	t.Logf("created %s in %v", box.ID, time.Since(start).Round(time.Millisecond))
+	return box
+}
+
+func run(t *testing.T, eng *harebox.Engine, id, cmd string) *sandbox.ExecResult {
+	t.Helper()
+	r, err := eng.Exec(context.Background(), id, sandbox.ExecRequest{Cmd: cmd})
+	if err != nil {
+		t.Fatalf("exec %q: %v", cmd, err)
+	}
+	return r
+}
+
+func wantKind(t *testing.T, what string, err, kind error) {
+	t.Helper()
+	if !errors.Is(err, kind) {
+		t.Errorf("%s: want %v, got %v", what, kind, err)
+	}
+}
+
+func TestEngineLifecycle(t *testing.T) {
+	v := newEnv(t)
+	eng := v.open(t)
+	defer eng.Close()
+	ctx := context.Background()
+
+	box := create(t, eng, sandbox.CreateRequest{Name: "lifecycle", Labels: map[string]string{"team": "a"}, Env: map[string]string{"GREETING": "hi"}})
+	if box.State != sandbox.StateRunning || box.Site.Name != "fr-par-1" || box.Site.Country != "FR" || box.Size != sandbox.Presets["small"] {
+		t.Fatalf("created sandbox: %+v", box)
+	}
+	defer eng.Delete(ctx, box.ID)
+
+	t.Run("GetList", func(t *testing.T) {
+		got, err := eng.Get(ctx, box.ID)
+		if err != nil || got.ID != box.ID || got.Name != "lifecycle" {
+			t.Fatalf("get: %+v %v", got, err)
+		}
+		for _, f := range []sandbox.ListFilter{{}, {State: sandbox.StateRunning}, {Labels: map[string]string{"team": "a"}}} {
+			l, err := eng.List(ctx, f)
+			if err != nil || len(l) != 1 || l[0].ID != box.ID {
+				t.Errorf("list %+v: %v %v", f, l, err)
+			}
+		}
+		if l, _ := eng.List(ctx, sandbox.ListFilter{Labels: map[string]string{"team": "b"}}); len(l) != 0 {
+			t.Errorf("label filter matched %v", l)
+		}
+		if l, _ := eng.List(ctx, sandbox.ListFilter{State: sandbox.StatePaused}); len(l) != 0 {
+			t.Errorf("state filter matched %v", l)
+		}
+	})
+	t.Run("Exec", func(t *testing.T) {
+		r := run(t, eng, box.ID, `echo "$GREETING from $(id -un) in $(pwd)"; echo oops >&2; exit 7`)
+		if r.Stdout != "hi from user in /home/user\n" || r.Stderr != "oops\n" || r.ExitCode != 7 || r.TimedOut {
+			t.Fatalf("got %+v", r)
+		}
+		r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("piped"), User: "root", Cwd: "/tmp", Env: map[string]string{"GREETING": "x"}})
+		if err != nil || r.Stdout != "piped" {
+			t.Fatalf("argv+stdin: %+v %v", r, err)
+		}
+		r, err = eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "id -u", User: "root"})
+		if err != nil || r.Stdout != "0\n" {
+			t.Fatalf("root: %+v %v", r, err)
+		}
+		r, err = eng.Exec(ctx, box.ID, sandbox.ExecRequest{Argv: []string{"/no/such/program"}})
+		if err != nil || r.Error == "" {
+			t.Fatalf("missing program: %+v %v", r, err)
+		}
+	})
+	t.Run("Timeout", func(t *testing.T) {
+		start := time.Now()
+		r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo started; sleep 100 & sleep 100", TimeoutSeconds: 1})
+		if err != nil || !r.TimedOut || r.Stdout != "started\n" {
+			t.Fatalf("got %+v %v", r, err)
+		}
+		if d := time.Since(start); d > 20*time.Second {
+			t.Fatalf("timeout took %v", d)
+		}
+		// The whole process group died, background child included.
+		if r := run(t, eng, box.ID, "pgrep -x sleep || echo none"); strings.TrimSpace(r.Stdout) != "none" {
+			t.Fatalf("sleep processes left: %q", r.Stdout)
+		}
+	})
+	t.Run("Streaming", func(t *testing.T) {
+		w := &stampWriter{}
+		r, err := eng.ExecStream(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo first; sleep 2; echo second"}, nil, w, nil)
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("got %+v %v", r, err)
+		}
+		if len(w.chunks) < 2 || w.chunks[0].data != "first\n" {
+			t.Fatalf("chunks %+v", w.chunks)
+		}
+		if gap := w.chunks[len(w.chunks)-1].at.Sub(w.chunks[0].at); gap < time.Second {
+			t.Fatalf("output was not streamed: first and last chunk %v apart", gap)
+		}
+	})
+	t.Run("Background", func(t *testing.T) {
+		p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo up; sleep 300"})
+		if err != nil || !p.Running || p.PID <= 0 {
+			t.Fatalf("start: %+v %v", p, err)
+		}
+		q, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 1; echo done"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		qd, err := eng.WaitProcess(wctx, box.ID, q.ID)
+		if err != nil || qd.Running || qd.Result == nil || qd.Result.Stdout != "done\n" {
+			t.Fatalf("wait: %+v %v", qd, err)
+		}
+		if err := eng.KillProcess(ctx, box.ID, p.ID, 0); err != nil {
+			t.Fatal("kill:", err)
+		}
+		pd, err := eng.WaitProcess(wctx, box.ID, p.ID)
+		if err != nil || pd.Result == nil || pd.Result.Signal != 9 || pd.Result.Stdout != "up\n" {
+			t.Fatalf("killed: %+v %v", pd.Result, err)
+		}
+		if l, _ := eng.ListProcesses(ctx, box.ID); len(l) != 2 {
+			t.Fatalf("list: %v", l)
+		}
+		wantKind(t, "wait unknown process", func() error { _, err := eng.WaitProcess(ctx, box.ID, "proc_nope"); return err }(), sandbox.ErrNotFound)
+	})
+	t.Run("Concurrent", func(t *testing.T) {
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for i := 0; i < 16; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: fmt.Sprintf("sleep 0.5; echo %d", i)})
+				if err == nil && r.Stdout != fmt.Sprintf("%d\n", i) {
+					err = fmt.Errorf("exec %d: stdout %q", i, r.Stdout)
+				}
+				errs <- err
+			}(i)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	t.Run("Files", func(t *testing.T) {
+		payload := bytes.Repeat([]byte{0, 1, 2, 0xff}, 256<<10) // 1 MiB
+		fi, err := eng.WriteFile(ctx, box.ID, "/home/user/dir/data.bin", bytes.NewReader(payload), harebox.WriteOptions{Mode: 0o600, MakeParents: true})
+		if err != nil || fi.Size != int64(len(payload)) || fi.Mode != 0o600 || fi.UID != 1000 {
+			t.Fatalf("write: %+v %v", fi, err)
+		}
+		var buf bytes.Buffer
+		if n, err := eng.ReadFile(ctx, box.ID, "/home/user/dir/data.bin", &buf); err != nil || n != int64(len(payload)) || !bytes.Equal(buf.Bytes(), payload) {
+			t.Fatalf("read back %d bytes: %v", n, err)
+		}
+		if _, err := eng.Mkdir(ctx, box.ID, "/home/user/a/b", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		list, _, err := eng.ListFiles(ctx, box.ID, "/home/user")
+		names := map[string]string{}
+		for _, f := range list {
+			names[f.Name] = f.Type
+		}
+		if err != nil || names["dir"] != "dir" || names["a"] != "dir" {
+			t.Fatalf("list: %v %v", list, err)
+		}
+		if st, err := eng.StatFile(ctx, box.ID, "/home/user/dir/data.bin"); err != nil || st.Type != "file" {
+			t.Fatalf("stat: %+v %v", st, err)
+		}
+		if err := eng.RemoveFile(ctx, box.ID, "/home/user/dir", true); err != nil {
+			t.Fatal(err)
+		}
+		_, err = eng.StatFile(ctx, box.ID, "/home/user/dir")
+		wantKind(t, "stat removed", err, sandbox.ErrNotFound)
+
+		// Oversized: refused, and nothing is left behind.
+		_, err = eng.WriteFile(ctx, box.ID, "/home/user/big", bytes.NewReader(make([]byte, 5<<20)), harebox.WriteOptions{})
+		wantKind(t, "oversized write", err, sandbox.ErrTooLarge)
+		_, err = eng.StatFile(ctx, box.ID, "/home/user/big")
+		wantKind(t, "oversized file after refusal", err, sandbox.ErrNotFound)
+		run(t, eng, box.ID, "head -c 5000000 /dev/zero > /tmp/big")
+		_, err = eng.ReadFile(ctx, box.ID, "/tmp/big", &buf)
+		wantKind(t, "oversized read", err, sandbox.ErrTooLarge)
+		_, err = eng.ReadFile(ctx, box.ID, "relative/path", &buf)
+		wantKind(t, "relative path", err, sandbox.ErrInvalid)
+	})
+	t.Run("Admission", func(t *testing.T) {
+		// 1 of 3 vCPUs is taken: 3 more do not fit.
+		_, err := eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", Size: sandbox.Size{VCPUs: 3, MemoryMB: 256}})
+		wantKind(t, "over capacity", err, sandbox.ErrCapacity)
+		_, err = eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", Name: "lifecycle"})
+		wantKind(t, "duplicate name", err, sandbox.ErrExists)
+	})
+	t.Run("PauseResume", func(t *testing.T) {
+		_, err := eng.Resume(ctx, box.ID)
+		wantKind(t, "resume running", err, sandbox.ErrState)
+		p, err := eng.Pause(ctx, box.ID)
+		if err != nil || p.State != sandbox.StatePaused {
+			t.Fatalf("pause: %+v %v", p, err)
+		}
+		_, err = eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"})
+		wantKind(t, "exec while paused", err, sandbox.ErrState)
+		_, err = eng.Pause(ctx, box.ID)
+		wantKind(t, "pause paused", err, sandbox.ErrState)
+		if r, err := eng.Resume(ctx, box.ID); err != nil || r.State != sandbox.StateRunning {
+			t.Fatalf("resume: %+v %v", r, err)
+		}
+		if r := run(t, eng, box.ID, "echo back"); r.Stdout != "back\n" {
+			t.Fatalf("after resume: %+v", r)
+		}
+	})
+	t.Run("Delete", func(t *testing.T) {
+		if err := eng.Delete(ctx, box.ID); err != nil {
+			t.Fatal(err)
+		}
+		got, err := eng.Get(ctx, box.ID)
+		if err != nil || got.State != sandbox.StateDeleted {
+			t.Fatalf("after delete: %+v %v", got, err)
+		}
+		_, err = eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"})
+		wantKind(t, "exec on deleted", err, sandbox.ErrState)
+		wantKind(t, "delete twice", eng.Delete(ctx, box.ID), sandbox.ErrState)
+		if l, _ := eng.List(ctx, sandbox.ListFilter{}); len(l) != 0 {
+			t.Fatalf("deleted sandbox still listed: %v", l)
+		}
+		if ents, _ := os.ReadDir(filepath.Join(v.dataDir, "m")); len(ents) != 0 {
+			t.Fatalf("machine files left: %v", ents)
+		}
+		if n := strayVMs(v.dataDir); n != 0 {
+			t.Fatalf("%d VMs left after delete", n)
+		}
+	})
+}
+
+type chunk struct {
+	at   time.Time
+	data string
+}
+
+type stampWriter struct {
+	mu     sync.Mutex
+	chunks []chunk
+}
+
+func (w *stampWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.chunks = append(w.chunks, chunk{time.Now(), string(b)})
+	return len(b), nil
+}
+
+func TestEngineBadInput(t *testing.T) {
+	v := newEnv(t)
+	eng := v.open(t)
+	defer eng.Close()
+	ctx := context.Background()
+	missing := sandbox.NewID()
+	cases := []struct {
+		name  string
+		err   error
+		kind  error
+		field string
+	}{
+		{"bad size", errOf(eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", Size: sandbox.Size{Preset: "huge"}})), sandbox.ErrInvalid, "size.preset"},
+		{"unknown image", errOf(eng.Create(ctx, sandbox.CreateRequest{Image: "nope"})), sandbox.ErrInvalid, "image"},
+		{"negative ttl", errOf(eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", TTLSeconds: -5})), sandbox.ErrInvalid, "ttl_seconds"},
+		{"get missing", errOf(eng.Get(ctx, missing)), sandbox.ErrNotFound, ""},
+		{"get malformed id", errOf(eng.Get(ctx, "../../etc")), sandbox.ErrNotFound, ""},
+		{"delete missing", eng.Delete(ctx, missing), sandbox.ErrNotFound, ""},
+		{"exec missing", errOf(eng.Exec(ctx, missing, sandbox.ExecRequest{Cmd: "true"})), sandbox.ErrNotFound, ""},
+		{"exec without command", errOf(eng.Exec(ctx, missing, sandbox.ExecRequest{})), sandbox.ErrInvalid, "cmd"},
+		{"exec negative timeout", errOf(eng.Exec(ctx, missing, sandbox.ExecRequest{Cmd: "x", TimeoutSeconds: -1})), sandbox.ErrInvalid, "timeout_seconds"},
+		{"pause missing", errOf(eng.Pause(ctx, missing)), sandbox.ErrNotFound, ""},
+	}
+	for _, c := range cases {
+		if !errors.Is(c.err, c.kind) || sandbox.FieldOf(c.err) != c.field {
+			t.Errorf("%s: got %v (field %q), want %v on %q", c.name, c.err, sandbox.FieldOf(c.err), c.kind, c.field)
+		}
+	}
+	// Nothing was created by any of it.
+	if l, _ := eng.List(ctx, sandbox.ListFilter{State: sandbox.StateDeleted}); len(l) != 0 {
+		t.Errorf("bad requests left records: %v", l)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(v.dataDir, "m")); len(ents) != 0 {
+		t.Errorf("bad requests left machine files: %v", ents)
+	}
+}
+
+func errOf[T any](_ T, err error) error { return err }
+
+func TestEngineTTL(t *testing.T) {
+	v := newEnv(t)
+	eng := v.open(t)
+	box := create(t, eng, sandbox.CreateRequest{TTLSeconds: 1})
+	if box.ExpiresAt == nil {
+		t.Fatal("no expiry")
+	}
+	// The TTL expires while the engine is down: the next start deletes it.
+	eng.Close()
+	time.Sleep(1500 * time.Millisecond)
+	eng = v.open(t)
+	defer eng.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := eng.Get(context.Background(), box.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == sandbox.StateDeleted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox still %s after its TTL", got.State)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := strayVMs(v.dataDir); n != 0 {
+		t.Fatalf("%d VMs left after TTL expiry", n)
+	}
+}
+
+func TestEngineRestart(t *testing.T) {
+	v := newEnv(t)
+	ctx := context.Background()
+	eng := v.open(t)
+	box := create(t, eng, sandbox.CreateRequest{})
+	run(t, eng, box.ID, "echo kept > /tmp/state")
+	if err := eng.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A closed engine leaves the VM running; a new one re-adopts it.
+	eng = v.open(t)
+	defer eng.Close()
+	got, err := eng.Get(ctx, box.ID)
+	if err != nil || got.State != sandbox.StateRunning {
+		t.Fatalf("after restart: %+v %v", got, err)
+	}
+	if r := run(t, eng, box.ID, "cat /tmp/state"); r.Stdout != "kept\n" {
+		t.Fatalf("state lost across restart: %+v", r)
+	}
+	if err := eng.Delete(ctx, box.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEngineKill9 runs an engine in a child process, kills it with -9 once
+// a sandbox runs and again while another is being created, and checks that
+// a new engine re-adopts the first, cleans up the second, and leaks nothing.
+func TestEngineKill9(t *testing.T) {
+	v := newEnv(t)
+	ctx := context.Background()
+
+	child := func(mode string) (*exec.Cmd, *bufio.Scanner) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestEngineChild$", "-test.v")
+		cmd.Env = append(os.Environ(), "HAREBOX_TEST_CHILD="+mode, "HAREBOX_TEST_DATADIR="+v.dataDir,
+			"HAREBOX_TEST_PLUGIN="+v.plugin, "HAREBOX_TEST_IMAGE="+v.img.Dir)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, bufio.NewScanner(out)
+	}
+	waitLine := func(sc *bufio.Scanner, prefix string) string {
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), prefix); ok {
+				return rest
+			}
+		}
+		t.Fatalf("child ended before printing %q", prefix)
+		return ""
+	}
+
+	cmd, sc := child("create")
+	id := waitLine(sc, "SANDBOX ")
+	cmd.Process.Kill() // SIGKILL
+	cmd.Wait()
+
+	cmd, sc = child("interrupted")
+	waitLine(sc, "CREATING")
+	time.Sleep(1500 * time.Millisecond) // the VM is launched and booting
+	cmd.Process.Kill()
+	cmd.Wait()
+
+	eng := v.open(t)
+	defer eng.Close()
+	got, err := eng.Get(ctx, id)
+	if err != nil || got.State != sandbox.StateRunning {
+		t.Fatalf("after kill -9: %+v %v", got, err)
+	}
+	if r := run(t, eng, id, "cat /tmp/marker"); r.Stdout != "before kill\n" {
+		t.Fatalf("state lost across kill -9: %+v", r)
+	}
+	all, _ := eng.List(ctx, sandbox.ListFilter{State: sandbox.StateDeleted})
+	if len(all) != 1 || !strings.Contains(all[0].Error, "being created") {
+		t.Fatalf("the interrupted create was not cleaned up: %+v", all)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(v.dataDir, "m")); len(ents) != 1 || ents[0].Name() != id {
+		t.Fatalf("machine dirs after restart: %v", ents)
+	}
+	if err := eng.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEngineChild is the engine process that TestEngineKill9 kills.
+func TestEngineChild(t *testing.T) {
+	mode := os.Getenv("HAREBOX_TEST_CHILD")
+	if mode == "" {
+		t.Skip("helper process for TestEngineKill9")
+	}
+	img, err := images.Load(os.Getenv("HAREBOX_TEST_IMAGE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := harebox.New(context.Background(), harebox.Options{
+		DataDir: os.Getenv("HAREBOX_TEST_DATADIR"), PluginPath: os.Getenv("HAREBOX_TEST_PLUGIN"),
+		Images: map[string]images.Image{"minimal": img},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if mode == "interrupted" {
+		fmt.Println("CREATING")
+		eng.Create(ctx, sandbox.CreateRequest{Image: "minimal"})
+		select {}
+	}
+	box, err := eng.Create(ctx, sandbox.CreateRequest{Image: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo before kill > /tmp/marker"}); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("SANDBOX " + box.ID)
+	select {} // until killed
+}

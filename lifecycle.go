@@ -1,0 +1,448 @@
+package harebox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// box is a live sandbox: its record, its machine and its agent connection.
+type box struct {
+	// mu serialises lifecycle changes (pause, resume, delete) of one box.
+	mu  sync.Mutex
+	rec *store.Sandbox
+	m   hypervisor.Machine
+
+	amu   sync.Mutex
+	agent *agentclient.Client
+
+	procs procTable
+	// meterFrom is the start of the interval not yet metered.
+	meterFrom time.Time
+	// deleting is closed when Delete starts, so the exit watcher knows the
+	// VM's exit is expected.
+	deleting     chan struct{}
+	deletingOnce sync.Once
+}
+
+func (b *box) view() *sandbox.Sandbox {
+	s := b.rec.Sandbox
+	return &s
+}
+
+// client returns a live agent connection, redialling when the last one
+// died (agent restart, VM restore, keepalive timeout).
+func (b *box) client(ctx context.Context, opts agentclient.Options) (*agentclient.Client, error) {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	if b.agent != nil {
+		select {
+		case <-b.agent.Done():
+			b.agent.Close()
+			b.agent = nil
+		default:
+			return b.agent, nil
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c, _, err := agentclient.DialReady(dctx, b.m.AgentEndpoint(), opts)
+	if err != nil {
+		return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the sandbox's agent does not answer", Err: err}
+	}
+	b.agent = c
+	return c, nil
+}
+
+func (b *box) closeAgent() {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	if b.agent != nil {
+		b.agent.Close()
+		b.agent = nil
+	}
+}
+
+func (e *Engine) agentOptions() agentclient.Options {
+	return agentclient.Options{MaxOutput: e.opts.MaxOutputBytes}
+}
+
+// Create boots a new sandbox and returns it once its agent answers.
+func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error) {
+	res, imgName, err := req.Resolve()
+	if err != nil {
+		return nil, err
+	}
+	img, err := e.image(imgName)
+	if err != nil {
+		return nil, err
+	}
+	if req.Name != "" {
+		if err := e.nameFree(req.Name); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.reserve(res); err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	id := sandbox.NewID()
+	rec := &store.Sandbox{
+		Sandbox: sandbox.Sandbox{
+			ID: id, Name: req.Name, State: sandbox.StateCreating, Image: imgName, Size: res,
+			Labels: req.Labels, NoEnv: req.NoEnv, Site: e.opts.Site, CreatedAt: now,
+		},
+		StateDir: filepath.Join(e.machinesDir(), id),
+		Env:      req.Env,
+	}
+	if req.TTLSeconds > 0 {
+		exp := now.Add(time.Duration(req.TTLSeconds) * time.Second)
+		rec.ExpiresAt = &exp
+	}
+	// The record exists before anything is made, so a crash half way is
+	// cleaned up on the next start.
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		e.release(res)
+		return nil, err
+	}
+	b := &box{rec: rec, deleting: make(chan struct{})}
+	if err := e.boot(ctx, b, img); err != nil {
+		e.log.Warn("create failed", "id", id, "err", err)
+		e.destroy(context.WithoutCancel(ctx), b)
+		e.release(res)
+		rec.State = sandbox.StateDeleted
+		rec.Error = err.Error()
+		e.store.PutSandbox(context.WithoutCancel(ctx), rec)
+		return nil, err
+	}
+	e.mu.Lock()
+	e.boxes[id] = b
+	e.mu.Unlock()
+	e.watch(b)
+	e.log.Info("sandbox created", "id", id, "name", req.Name, "image", imgName, "vcpus", res.VCPUs, "memory_mb", res.MemoryMB)
+	return b.view(), nil
+}
+
+// boot attaches the network, launches the VM and waits for its agent.
+func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
+	rec := b.rec
+	att, err := e.net.Attach(ctx, rec.ID)
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	spec := hypervisor.Spec{
+		ID: rec.ID, VCPUs: rec.Size.VCPUs, MemoryMB: rec.Size.MemoryMB,
+		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline,
+		StateDir: rec.StateDir, Labels: map[string]string{"harebox.sandbox": rec.ID},
+	}
+	if img.RootDisk != "" {
+		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true}}
+	}
+	if att != nil {
+		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
+		spec.Cmdline = strings.TrimSpace(spec.Cmdline + " " + att.Cmdline)
+	}
+	m, err := e.hv.Launch(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("launch: %w", err)
+	}
+	b.m = m
+	h := m.Handle()
+	rec.Handle = &h
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return err
+	}
+	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
+	defer cancel()
+	c, err := b.client(bctx, e.agentOptions())
+	if err != nil {
+		return fmt.Errorf("boot: %w (serial log: %s)", err, serialTail(rec.StateDir))
+	}
+	if err := c.SyncTime(bctx, time.Now()); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	rec.State = sandbox.StateRunning
+	b.meterFrom = time.Now()
+	return e.store.PutSandbox(ctx, rec)
+}
+
+// destroy stops the VM and removes everything the sandbox had on the host.
+// It is used on failed creates, deletes and stray records; it is
+// idempotent.
+func (e *Engine) destroy(ctx context.Context, b *box) error {
+	b.closeAgent()
+	b.procs.closeAll()
+	var errs []error
+	if b.m != nil {
+		if err := b.m.Kill(ctx); err != nil && !errors.Is(err, hypervisor.ErrState) {
+			errs = append(errs, err)
+		}
+		if err := b.m.Cleanup(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	} else if b.rec.Handle != nil {
+		if m, err := e.hv.Attach(ctx, *b.rec.Handle); err == nil {
+			m.Kill(ctx)
+			m.Cleanup(ctx)
+		}
+	}
+	killStrays(b.rec.StateDir)
+	if err := os.RemoveAll(b.rec.StateDir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := e.net.Detach(ctx, b.rec.ID); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Get returns a sandbox, including deleted ones.
+func (e *Engine) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	if b := e.live(id); b != nil {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.view(), nil
+	}
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &rec.Sandbox, nil
+}
+
+// List returns the sandboxes that match f, oldest first. Deleted
+// sandboxes are listed only when f.State asks for them.
+func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error) {
+	recs, err := e.store.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []*sandbox.Sandbox{}
+	for _, r := range recs {
+		s := &r.Sandbox
+		if b := e.live(r.ID); b != nil {
+			b.mu.Lock()
+			s = b.view()
+			b.mu.Unlock()
+		}
+		if s.State == sandbox.StateDeleted && f.State != sandbox.StateDeleted {
+			continue
+		}
+		if f.Match(s) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// Delete destroys a sandbox: its VM, disks and network. Deleting a deleted
+// sandbox is an error; the record stays, with state deleted.
+func (e *Engine) Delete(ctx context.Context, id string) error {
+	b := e.live(id)
+	if b == nil {
+		rec, err := e.record(ctx, id)
+		if err != nil {
+			return err
+		}
+		if rec.State == sandbox.StateDeleted {
+			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is already deleted", id)
+		}
+		// A stopped sandbox: nothing runs, but clean up what is left.
+		b = &box{rec: rec, deleting: make(chan struct{})}
+	}
+	b.deletingOnce.Do(func() { close(b.deleting) })
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := sandbox.CanTransition(b.rec.State, sandbox.StateDeleted); err != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx) // a delete that started finishes
+	err := e.destroy(ctx, b)
+	e.meter(ctx, b)
+	if b.rec.State == sandbox.StateRunning || b.rec.State == sandbox.StatePaused {
+		e.release(b.rec.Size)
+	}
+	b.rec.State = sandbox.StateDeleted
+	e.mu.Lock()
+	delete(e.boxes, id)
+	e.mu.Unlock()
+	if perr := e.store.PutSandbox(ctx, b.rec); perr != nil {
+		err = errors.Join(err, perr)
+	}
+	e.log.Info("sandbox deleted", "id", id)
+	return err
+}
+
+// Pause freezes a running sandbox's VM.
+func (e *Engine) Pause(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return e.transition(ctx, id, sandbox.StatePaused, func(b *box) error { return b.m.Pause(ctx) })
+}
+
+// Resume continues a paused sandbox.
+func (e *Engine) Resume(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return e.transition(ctx, id, sandbox.StateRunning, func(b *box) error {
+		if err := b.m.Resume(ctx); err != nil {
+			return err
+		}
+		// The guest clock stood still while paused.
+		if c, err := b.client(ctx, e.agentOptions()); err == nil {
+			c.SyncTime(ctx, time.Now())
+		}
+		return nil
+	})
+}
+
+func (e *Engine) transition(ctx context.Context, id string, to sandbox.State, f func(*box) error) (*sandbox.Sandbox, error) {
+	b, err := e.liveOrErr(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := sandbox.CanTransition(b.rec.State, to); err != nil {
+		return nil, err
+	}
+	if err := f(b); err != nil {
+		return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the hypervisor failed", Err: err}
+	}
+	b.rec.State = to
+	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+		return nil, err
+	}
+	return b.view(), nil
+}
+
+// live returns the live box for id, or nil.
+func (e *Engine) live(id string) *box {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.boxes[id]
+}
+
+// liveOrErr returns a live box or the error that explains why there is none.
+func (e *Engine) liveOrErr(ctx context.Context, id string) (*box, error) {
+	if b := e.live(id); b != nil {
+		return b, nil
+	}
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s", id, rec.State)
+}
+
+func (e *Engine) record(ctx context.Context, id string) (*store.Sandbox, error) {
+	if !sandbox.ValidID(id) {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
+	}
+	return rec, err
+}
+
+// nameFree refuses a name that a live sandbox already has.
+func (e *Engine) nameFree(name string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, b := range e.boxes {
+		if b.rec.Name == name {
+			return sandbox.Errorf(sandbox.ErrExists, "name", "sandbox %s is already named %q", b.rec.ID, name)
+		}
+	}
+	return nil
+}
+
+// image finds a built image by name: Options.Images first, then the newest
+// build of that name in ImageDir.
+func (e *Engine) image(name string) (images.Image, error) {
+	if img, ok := e.opts.Images[name]; ok {
+		return img, nil
+	}
+	dirs, _ := filepath.Glob(filepath.Join(e.opts.ImageDir, name+"-*", "manifest.json"))
+	var found []images.Image
+	for _, m := range dirs {
+		if img, err := images.Load(filepath.Dir(m)); err == nil && img.Name == name {
+			found = append(found, img)
+		}
+	}
+	if len(found) == 0 {
+		return images.Image{}, sandbox.Errorf(sandbox.ErrInvalid, "image", "unknown image %q (build it with: harebox-image build --name %s --out %s)", name, name, e.opts.ImageDir)
+	}
+	sort.Slice(found, func(i, j int) bool { return found[i].BuiltAt.After(found[j].BuiltAt) })
+	return found[0], nil
+}
+
+// reserve admits res against the host's limits.
+func (e *Engine) reserve(res sandbox.Resources) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.used.VCPUs+res.VCPUs > e.limit.VCPUs {
+		return sandbox.Errorf(sandbox.ErrCapacity, "size.vcpus", "host is full: %d of %d vCPUs reserved, %d more asked", e.used.VCPUs, e.limit.VCPUs, res.VCPUs)
+	}
+	if e.used.MemoryMB+res.MemoryMB > e.limit.MemoryMB {
+		return sandbox.Errorf(sandbox.ErrCapacity, "size.memory_mb", "host is full: %d of %d MB reserved, %d more asked", e.used.MemoryMB, e.limit.MemoryMB, res.MemoryMB)
+	}
+	e.used.VCPUs += res.VCPUs
+	e.used.MemoryMB += res.MemoryMB
+	return nil
+}
+
+func (e *Engine) release(res sandbox.Resources) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.used.VCPUs -= res.VCPUs
+	e.used.MemoryMB -= res.MemoryMB
+}
+
+// meter reports the unmetered interval of a sandbox's reservation.
+func (e *Engine) meter(ctx context.Context, b *box) {
+	if b.meterFrom.IsZero() {
+		return
+	}
+	u := store.Usage{SandboxID: b.rec.ID, Start: b.meterFrom.UTC(), End: time.Now().UTC(), VCPUs: b.rec.Size.VCPUs, MemoryMB: b.rec.Size.MemoryMB}
+	b.meterFrom = time.Time{}
+	if err := e.bill.Record(ctx, u); err != nil {
+		e.log.Warn("metering failed", "id", b.rec.ID, "err", err)
+	}
+}
+
+// hostMemoryMB reads MemTotal from /proc/meminfo.
+func hostMemoryMB() int {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if f := strings.Fields(s.Text()); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, _ := strconv.Atoi(f[1])
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func serialTail(stateDir string) string {
+	b, _ := os.ReadFile(filepath.Join(stateDir, "serial.log"))
+	if len(b) > 1500 {
+		b = b[len(b)-1500:]
+	}
+	return strings.TrimSpace(string(b))
+}

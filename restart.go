@@ -1,0 +1,195 @@
+package harebox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// adopt runs at start: it re-attaches to sandboxes whose VMs still run,
+// marks the ones whose VMs died as stopped, and cleans up what a crash left
+// half-made (records in "creating", machine directories with no record).
+func (e *Engine) adopt(ctx context.Context) error {
+	recs, err := e.store.ListSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	var live []string
+	for _, rec := range recs {
+		b := &box{rec: rec, deleting: make(chan struct{})}
+		switch rec.State {
+		case sandbox.StateDeleted:
+			continue
+		case sandbox.StateStopped:
+			keep[rec.ID] = false
+			continue
+		case sandbox.StateCreating:
+			e.log.Warn("cleaning up a sandbox whose create was interrupted", "id", rec.ID)
+			e.destroy(ctx, b)
+			rec.State, rec.Error = sandbox.StateDeleted, "the engine stopped while the sandbox was being created"
+			e.store.PutSandbox(ctx, rec)
+			continue
+		}
+		if rec.Handle == nil {
+			e.stopped(ctx, b, "no machine handle was recorded")
+			continue
+		}
+		m, err := e.hv.Attach(ctx, *rec.Handle)
+		if err != nil {
+			e.log.Warn("sandbox VM is gone", "id", rec.ID, "err", err)
+			e.stopped(ctx, b, "the VM stopped while the engine was not running")
+			continue
+		}
+		b.m = m
+		if info, err := m.Info(ctx); err == nil && info.State == hypervisor.StatePaused {
+			rec.State = sandbox.StatePaused
+		}
+		if err := e.reserveAdopted(rec.Size); err != nil {
+			e.log.Warn("adopted sandbox exceeds the admission limits", "id", rec.ID, "err", err)
+		}
+		b.meterFrom = time.Now()
+		e.store.PutSandbox(ctx, rec)
+		e.boxes[rec.ID] = b
+		keep[rec.ID] = true
+		live = append(live, rec.ID)
+		e.log.Info("re-adopted sandbox", "id", rec.ID, "state", rec.State)
+	}
+	for _, b := range e.boxes {
+		e.watch(b)
+	}
+	// Machine directories without a live sandbox are leftovers.
+	ents, _ := os.ReadDir(e.machinesDir())
+	for _, ent := range ents {
+		if !keep[ent.Name()] {
+			dir := filepath.Join(e.machinesDir(), ent.Name())
+			e.log.Warn("removing leftover machine directory", "dir", dir)
+			killStrays(dir)
+			os.RemoveAll(dir)
+		}
+	}
+	return e.net.Prune(ctx, live)
+}
+
+// reserveAdopted counts an adopted sandbox; it is already running, so it
+// is admitted even over the limits (which may have been lowered).
+func (e *Engine) reserveAdopted(res sandbox.Resources) error {
+	err := e.reserve(res)
+	if err != nil {
+		e.mu.Lock()
+		e.used.VCPUs += res.VCPUs
+		e.used.MemoryMB += res.MemoryMB
+		e.mu.Unlock()
+	}
+	return err
+}
+
+// stopped records that a sandbox's VM is gone and removes its leftovers.
+func (e *Engine) stopped(ctx context.Context, b *box, why string) {
+	e.destroy(ctx, b)
+	b.rec.State, b.rec.Error = sandbox.StateStopped, why
+	e.store.PutSandbox(ctx, b.rec)
+}
+
+// watch notices a VM that exits on its own (guest poweroff, crash, OOM
+// kill) and marks its sandbox stopped.
+func (e *Engine) watch(b *box) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		err := b.m.Wait(e.ctx)
+		if e.ctx.Err() != nil {
+			return // the engine is closing; the VM keeps running
+		}
+		select {
+		case <-b.deleting:
+			return
+		default:
+		}
+		if err != nil {
+			// Wait itself failed (a plugin problem): trust Info, not Wait.
+			if info, ierr := b.m.Info(e.ctx); ierr != nil || info.State != hypervisor.StateStopped {
+				e.log.Warn("cannot watch sandbox VM", "id", b.rec.ID, "err", err)
+				return
+			}
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.rec.State == sandbox.StateDeleted || b.rec.State == sandbox.StateStopped {
+			return
+		}
+		ctx := context.WithoutCancel(e.ctx)
+		e.log.Warn("sandbox VM exited", "id", b.rec.ID)
+		e.meter(ctx, b)
+		e.release(b.rec.Size)
+		e.stopped(ctx, b, "the VM exited: "+lastLine(serialTail(b.rec.StateDir)))
+		e.mu.Lock()
+		delete(e.boxes, b.rec.ID)
+		e.mu.Unlock()
+	}()
+}
+
+// reapExpired deletes sandboxes whose TTL has passed. Expiry is stored, so
+// a sandbox that expired while the engine was down goes at the next start.
+func (e *Engine) reapExpired() {
+	defer e.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		now := time.Now()
+		e.mu.Lock()
+		var due []string
+		for id, b := range e.boxes {
+			if exp := b.rec.ExpiresAt; exp != nil && !exp.After(now) {
+				due = append(due, id)
+			}
+		}
+		e.mu.Unlock()
+		for _, id := range due {
+			e.log.Info("sandbox TTL expired", "id", id)
+			if err := e.Delete(e.ctx, id); err != nil && !errors.Is(err, sandbox.ErrState) {
+				e.log.Warn("TTL delete failed", "id", id, "err", err)
+			}
+		}
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// killStrays SIGKILLs processes that name dir on their command line: a VMM
+// whose handle was never recorded because the engine died right after
+// launching it. Only paths under the engine's own data directory reach here.
+func killStrays(dir string) {
+	if dir == "" {
+		return
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmd, []byte(dir+"/")) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+func lastLine(s string) string {
+	if i := bytes.LastIndexByte([]byte(s), '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}

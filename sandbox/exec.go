@@ -1,0 +1,88 @@
+package sandbox
+
+import "time"
+
+// MaxExecTimeout is the longest timeout an exec may ask for.
+const MaxExecTimeout = 24 * time.Hour
+
+// DefaultExecTimeout applies when a request gives none.
+const DefaultExecTimeout = 5 * time.Minute
+
+// ExecRequest runs one command in a sandbox.
+type ExecRequest struct {
+	// Cmd is a shell string (run with /bin/sh -c); Argv runs a program
+	// directly. Exactly one.
+	Cmd  string   `json:"cmd,omitempty" validate:"max=131072"`
+	Argv []string `json:"argv,omitempty" validate:"max=4096,dive,max=131072"`
+	// TimeoutSeconds kills the command's whole process group; 0 means
+	// DefaultExecTimeout.
+	TimeoutSeconds float64           `json:"timeout_seconds,omitempty" validate:"gte=0,lte=86400"`
+	Env            map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`
+	Cwd            string            `json:"cwd,omitempty" validate:"max=4096"`
+	// User is a user name or uid; default "user" (uid 1000), "root" for root.
+	User string `json:"user,omitempty" validate:"max=64"`
+	// Stdin is fed to the command (bytes; base64 in JSON).
+	Stdin []byte `json:"stdin,omitempty"`
+}
+
+// Check validates the request.
+func (r *ExecRequest) Check() error {
+	if err := Validate(r); err != nil {
+		return err
+	}
+	if (r.Cmd == "") == (len(r.Argv) == 0) {
+		return Errorf(ErrInvalid, "cmd", "give exactly one of cmd and argv")
+	}
+	return nil
+}
+
+// Timeout is the effective timeout.
+func (r *ExecRequest) Timeout() time.Duration {
+	if r.TimeoutSeconds <= 0 {
+		return DefaultExecTimeout
+	}
+	return time.Duration(r.TimeoutSeconds * float64(time.Second))
+}
+
+// ExecResult is a finished command.
+type ExecResult struct {
+	ExitCode int `json:"exit_code"`
+	// Signal is the signal that killed the command, if any.
+	Signal     int    `json:"signal,omitempty"`
+	Stdout     string `json:"stdout"`
+	Stderr     string `json:"stderr"`
+	DurationMS int64  `json:"duration_ms"`
+	TimedOut   bool   `json:"timed_out"`
+	// StdoutTruncated and StderrTruncated say that output beyond the
+	// engine's cap was dropped.
+	StdoutTruncated bool `json:"stdout_truncated"`
+	StderrTruncated bool `json:"stderr_truncated"`
+	// Error says why the command could not start (no such program, ...).
+	Error string `json:"error,omitempty"`
+}
+
+// Process is a background command.
+type Process struct {
+	ID        string    `json:"id"`
+	SandboxID string    `json:"sandbox_id"`
+	Cmd       string    `json:"cmd,omitempty"`
+	Argv      []string  `json:"argv,omitempty"`
+	PID       int       `json:"pid,omitempty"` // in the guest
+	Running   bool      `json:"running"`
+	StartedAt time.Time `json:"started_at"`
+	// Result is set once the process has exited.
+	Result *ExecResult `json:"result,omitempty"`
+}
+
+// FileInfo describes a file in a sandbox.
+type FileInfo struct {
+	Path       string    `json:"path"`
+	Name       string    `json:"name"`
+	Type       string    `json:"type"` // file, dir, symlink, other
+	Size       int64     `json:"size"`
+	Mode       uint32    `json:"mode"`
+	UID        uint32    `json:"uid"`
+	GID        uint32    `json:"gid"`
+	ModTime    time.Time `json:"mtime"`
+	LinkTarget string    `json:"link_target,omitempty"`
+}
