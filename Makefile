@@ -37,6 +37,7 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l . | tee /dev/stderr)" || { echo "gofmt: files above need formatting"; exit 1; }
 
+test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 test: deps vet
 	$(GO) test -timeout 20m -count=1 ./...
 
@@ -47,6 +48,7 @@ fuzz:
 
 bench: deps
 	$(GO) test -run XXX -bench . -benchtime 5x ./...
+	@echo "(ratios: engine/bare and engine/direct are the engine's overhead over the bare backend and the bare agent client)"
 
 # Regenerates the gRPC code (needs protoc, protoc-gen-go, protoc-gen-go-grpc).
 proto:

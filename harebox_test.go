@@ -66,7 +66,7 @@ func (v *env) options() harebox.Options {
 	}
 }
 
-func (v *env) open(t *testing.T) *harebox.Engine {
+func (v *env) open(t testing.TB) *harebox.Engine {
 	t.Helper()
 	eng, err := harebox.New(context.Background(), v.options())
 	if err != nil {
@@ -540,4 +540,61 @@ func TestEngineChild(t *testing.T) {
 	}
 	fmt.Println("SANDBOX " + box.ID)
 	select {} // until killed
+}
+
+// TestEngineDefaultImage boots the Debian image (systemd, the agent as a
+// service, python3, sudo) through the engine. Building the image runs
+// debootstrap once (cached), so it runs where HAREBOX_TEST_DEFAULT_IMAGE=1
+// (make test sets it).
+func TestEngineDefaultImage(t *testing.T) {
+	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
+		t.Skip("default image: set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does) to build it with debootstrap and boot it")
+	}
+	v := newEnv(t)
+	def := testimage.Image(t, "default")
+	baseBefore, err := os.Stat(def.RootDisk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := v.options()
+	opts.Images["default"] = def
+	eng, err := harebox.New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ctx := context.Background()
+	box := create(t, eng, sandbox.CreateRequest{Image: "default", Size: sandbox.Size{Preset: "small"}, NoEnv: true, TTLSeconds: 900})
+	defer eng.Delete(ctx, box.ID)
+	job := "import os, sys\nprint('job', os.getuid(), sys.version_info[0])\n"
+	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/job.py", strings.NewReader(job), harebox.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "python3 /home/user/job.py", TimeoutSeconds: 300})
+	if err != nil || r.ExitCode != 0 || r.Stdout != "job 1000 3\n" {
+		t.Fatalf("python3 job: %+v %v", r, err)
+	}
+	checks := map[string]string{
+		"systemctl is-system-running --wait 2>/dev/null || systemctl is-system-running": "",
+		"systemctl is-active harebox-agent":                                              "active\n",
+		"sudo -n id -u":                                                                  "0\n",
+		"findmnt -no FSTYPE /":                                                           "ext4\n",
+	}
+	for cmd, want := range checks {
+		r := run(t, eng, box.ID, cmd)
+		if want != "" && r.Stdout != want {
+			t.Errorf("%s: got %q (stderr %q), want %q", cmd, r.Stdout, r.Stderr, want)
+		}
+		if want == "" {
+			t.Logf("%s: %s", cmd, strings.TrimSpace(r.Stdout))
+		}
+	}
+	// The root disk is this sandbox's own overlay: the base image is untouched.
+	r = run(t, eng, box.ID, "sudo sh -c 'echo mine > /etc/harebox-test && sync' && cat /etc/harebox-test")
+	if r.Stdout != "mine\n" {
+		t.Fatalf("write to the root disk: %+v", r)
+	}
+	if after, err := os.Stat(def.RootDisk); err != nil || !after.ModTime().Equal(baseBefore.ModTime()) {
+		t.Fatalf("the base root disk changed: %v", err)
+	}
 }
