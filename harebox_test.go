@@ -576,9 +576,9 @@ func TestEngineDefaultImage(t *testing.T) {
 	}
 	checks := map[string]string{
 		"systemctl is-system-running --wait 2>/dev/null || systemctl is-system-running": "",
-		"systemctl is-active harebox-agent":                                              "active\n",
-		"sudo -n id -u":                                                                  "0\n",
-		"findmnt -no FSTYPE /":                                                           "ext4\n",
+		"systemctl is-active harebox-agent":                                             "active\n",
+		"sudo -n id -u":                                                                 "0\n",
+		"findmnt -no FSTYPE /":                                                          "ext4\n",
 	}
 	for cmd, want := range checks {
 		r := run(t, eng, box.ID, cmd)
