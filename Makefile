@@ -5,7 +5,7 @@ export PATH := /usr/local/go/bin:$(PATH)
 export CGO_ENABLED ?= 0
 GO ?= go
 BIN := bin
-CACHE := .cache
+CACHE := $(CURDIR)/.cache
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 
 .PHONY: all deps build image image-default demo test test-short fuzz bench proto vet clean

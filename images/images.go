@@ -192,6 +192,12 @@ func (o *Options) setDefaults() error {
 	if o.OutDir == "" {
 		return errors.New("images: OutDir is required")
 	}
+	// The manifest stores absolute paths: backends need them.
+	abs, err := filepath.Abs(o.OutDir)
+	if err != nil {
+		return fmt.Errorf("images: %w", err)
+	}
+	o.OutDir = abs
 	if o.BootDir == "" {
 		o.BootDir = "/boot"
 	}

@@ -10,13 +10,16 @@ pkgs=(
   debootstrap e2fsprogs        # the default image (Debian 12 root disk)
   iproute2 nftables jq         # host networking, firewall, the CLI walkthrough
   python3 python3-pytest       # the Python client and its tests
-  nodejs npm                   # the TypeScript client and its tests
   ca-certificates
 )
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
+# The TypeScript client needs node and npm; a host may have them from
+# another source (whose nodejs package conflicts with Debian's npm).
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "deps: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
