@@ -21,6 +21,7 @@ build:
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-plugin-cloud-hypervisor ./cmd/harebox-plugin-cloud-hypervisor
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-image ./cmd/harebox-image
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-demo ./examples/bootvm
+	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/hareboxd ./cmd/hareboxd
 
 # Guest images, cached under .cache/images and rebuilt only when an input changes.
 image: deps build

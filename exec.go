@@ -289,3 +289,15 @@ func (e *Engine) process(ctx context.Context, id, procID string) (*box, *proc, e
 	}
 	return b, p, nil
 }
+
+// GetProcess returns a background process as it is now.
+func (e *Engine) GetProcess(ctx context.Context, id, procID string) (*sandbox.Process, error) {
+	b, p, err := e.process(ctx, id, procID)
+	if err != nil {
+		return nil, err
+	}
+	b.procs.mu.Lock()
+	defer b.procs.mu.Unlock()
+	v := p.view
+	return &v, nil
+}

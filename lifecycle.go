@@ -140,7 +140,11 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 // boot attaches the network, launches the VM and waits for its agent.
 func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 	rec := b.rec
-	att, err := e.net.Attach(ctx, rec.ID)
+	policy, err := policyOf(rec.Extra[policyKey])
+	if err != nil {
+		return err
+	}
+	att, err := e.net.Attach(ctx, rec.ID, policy)
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}

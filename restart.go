@@ -50,6 +50,15 @@ func (e *Engine) adopt(ctx context.Context) error {
 			continue
 		}
 		b.m = m
+		// The host resolver and egress proxy live in this process: give
+		// them the sandbox's policy again (the tap and nftables persist).
+		policy, err := policyOf(rec.Extra[policyKey])
+		if err == nil {
+			_, err = e.net.Attach(ctx, rec.ID, policy)
+		}
+		if err != nil {
+			e.log.Warn("cannot restore the sandbox's network services; its nftables policy stays in force", "id", rec.ID, "err", err)
+		}
 		if info, err := m.Info(ctx); err == nil && info.State == hypervisor.StatePaused {
 			rec.State = sandbox.StatePaused
 		}

@@ -1,15 +1,27 @@
 // Package network is the engine's interface to a sandbox's host-side
-// network. The Linux implementation (tap, nftables, DNS, egress proxy)
-// implements it; None gives sandboxes no network.
+// network. The Linux implementation (network/linuxnet: tap, nftables, DNS,
+// egress proxy) implements it; None gives sandboxes no network.
 package network
 
-import "context"
+import (
+	"context"
 
-// Network prepares and removes a sandbox's host-side network.
+	"github.com/harebox/harebox/firewall"
+)
+
+// Network prepares and removes a sandbox's host-side network and enforces
+// its firewall policy on the host.
 type Network interface {
-	// Attach prepares the host side before the sandbox's VM boots, with its
-	// firewall already in force, and says what the VM gets.
-	Attach(ctx context.Context, sandboxID string) (*Attachment, error)
+	// Attach prepares the host side before the sandbox's VM boots, with
+	// policy (nil: firewall.Default()) already in force, and says what the
+	// VM gets. A policy that does not validate is refused with a
+	// *firewall.Error and nothing is made. Attaching an attached sandbox
+	// re-installs its policy and returns the same attachment.
+	Attach(ctx context.Context, sandboxID string, policy *firewall.Policy) (*Attachment, error)
+	// SetPolicy replaces an attached sandbox's policy atomically and cuts
+	// open connections the new policy forbids. A policy that does not
+	// validate is refused with a *firewall.Error and the old one stays.
+	SetPolicy(ctx context.Context, sandboxID string, policy *firewall.Policy) error
 	// Detach removes everything Attach made. It is idempotent.
 	Detach(ctx context.Context, sandboxID string) error
 	// Prune removes what belongs to sandboxes not in keep (engine start).
@@ -24,9 +36,21 @@ type Attachment struct {
 	Cmdline string `json:"cmdline,omitempty"`
 }
 
-// None gives sandboxes no network at all.
+// None gives sandboxes no network at all. It still refuses invalid
+// policies so the API behaves the same with and without a network.
 type None struct{}
 
-func (None) Attach(context.Context, string) (*Attachment, error) { return nil, nil }
-func (None) Detach(context.Context, string) error                { return nil }
-func (None) Prune(context.Context, []string) error               { return nil }
+func (None) Attach(_ context.Context, _ string, p *firewall.Policy) (*Attachment, error) {
+	return nil, validate(p)
+}
+
+func (None) SetPolicy(_ context.Context, _ string, p *firewall.Policy) error { return validate(p) }
+func (None) Detach(context.Context, string) error                            { return nil }
+func (None) Prune(context.Context, []string) error                           { return nil }
+
+func validate(p *firewall.Policy) error {
+	if p == nil {
+		return nil
+	}
+	return p.Validate()
+}

@@ -1,0 +1,165 @@
+package api
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"path"
+	"strconv"
+
+	"github.com/harebox/harebox"
+)
+
+// pathParam returns the required absolute, clean path query parameter.
+func pathParam(r *http.Request) (string, error) {
+	p := r.URL.Query().Get("path")
+	switch {
+	case p == "":
+		return "", badRequest("path", "the path query parameter is required")
+	case p[0] != '/' || path.Clean(p) != p:
+		return "", badRequest("path", "%q must be an absolute, clean path", p)
+	case len(p) > 4096:
+		return "", badRequest("path", "longer than 4096 bytes")
+	}
+	return p, nil
+}
+
+// modeParam parses an octal mode such as "0644"; empty means 0.
+func modeParam(r *http.Request) (uint32, error) {
+	v := r.URL.Query().Get("mode")
+	if v == "" {
+		return 0, nil
+	}
+	m, err := strconv.ParseUint(v, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, badRequest("mode", "%q is not an octal mode from 0 to 07777", v)
+	}
+	return uint32(m), nil
+}
+
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
+	p, err := pathParam(r)
+	if err != nil {
+		return err
+	}
+	mode, err := modeParam(r)
+	if err != nil {
+		return err
+	}
+	parents, err := boolParam(r.URL.Query().Get("make_parents"), "make_parents")
+	if err != nil {
+		return err
+	}
+	// The engine refuses a file past its limit; the body is streamed.
+	fi, err := s.eng.WriteFile(r.Context(), r.PathValue("id"), p, r.Body, harebox.WriteOptions{
+		Mode: mode, Owner: r.URL.Query().Get("owner"), MakeParents: parents,
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, fi)
+	return nil
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
+	p, err := pathParam(r)
+	if err != nil {
+		return err
+	}
+	// Buffered, so that an error half way is still a clean JSON error. The
+	// engine's file limit bounds the buffer.
+	var buf bytes.Buffer
+	if _, err := s.eng.ReadFile(r.Context(), r.PathValue("id"), p, &buf); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(http.StatusOK)
+	buf.WriteTo(w)
+	return nil
+}
+
+func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) error {
+	p, err := pathParam(r)
+	if err != nil {
+		return err
+	}
+	rec, err := boolParam(r.URL.Query().Get("recursive"), "recursive")
+	if err != nil {
+		return err
+	}
+	if err := s.eng.RemoveFile(r.Context(), r.PathValue("id"), p, rec); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) statFile(w http.ResponseWriter, r *http.Request) error {
+	p, err := pathParam(r)
+	if err != nil {
+		return err
+	}
+	fi, err := s.eng.StatFile(r.Context(), r.PathValue("id"), p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, fi)
+	return nil
+}
+
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
+	p, err := pathParam(r)
+	if err != nil {
+		return err
+	}
+	list, truncated, err := s.eng.ListFiles(r.Context(), r.PathValue("id"), p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": list, "truncated": truncated})
+	return nil
+}
+
+func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
+	p, err := pathParam(r)
+	if err != nil {
+		return err
+	}
+	mode, err := modeParam(r)
+	if err != nil {
+		return err
+	}
+	fi, err := s.eng.Mkdir(r.Context(), r.PathValue("id"), p, mode)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, fi)
+	return nil
+}
+
+func (s *Server) getFirewall(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.eng.Firewall(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, p)
+	return nil
+}
+
+func (s *Server) setFirewall(w http.ResponseWriter, r *http.Request) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	if err != nil {
+		return err
+	}
+	p, err := harebox.ParseFirewall(body)
+	if err != nil {
+		return err
+	}
+	p, err = s.eng.SetFirewall(r.Context(), r.PathValue("id"), p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, p)
+	return nil
+}

@@ -1,0 +1,518 @@
+// Package api is HareBox's REST API over the engine: routes, the OpenAPI
+// document, authentication, JSON errors. cmd/hareboxd serves it.
+package api
+
+import (
+	"context"
+	_ "embed"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/sandbox"
+)
+
+//go:embed openapi.yaml
+var openapiYAML []byte
+
+// Document returns the OpenAPI document, parsed and validated.
+func Document() (*openapi3.T, error) {
+	doc, err := openapi3.NewLoader().LoadFromData(openapiYAML)
+	if err != nil {
+		return nil, err
+	}
+	return doc, doc.Validate(context.Background())
+}
+
+// MaxJSONBody bounds a JSON request body.
+const MaxJSONBody = 1 << 20
+
+// Options configure a Server.
+type Options struct {
+	Engine  *harebox.Engine
+	Auth    Authenticator
+	Version string
+	Logger  *slog.Logger
+}
+
+// Authenticator checks a request's bearer token.
+type Authenticator interface {
+	Check(token string) bool
+}
+
+// Server serves the API.
+type Server struct {
+	opts    Options
+	eng     *harebox.Engine
+	log     *slog.Logger
+	mux     *http.ServeMux
+	openapi []byte
+}
+
+// Route is one API route: the router and the OpenAPI document must agree
+// on the set of them (a test checks it).
+type Route struct {
+	Method, Path, OperationID string
+	Public                    bool // no API key needed
+	handler                   func(s *Server, w http.ResponseWriter, r *http.Request) error
+}
+
+// Routes lists every route the server serves.
+func Routes() []Route {
+	return []Route{
+		{"GET", "/health", "getHealth", true, (*Server).health},
+		{"GET", "/openapi.json", "getOpenAPI", true, (*Server).openAPI},
+		{"GET", "/v1/info", "getInfo", false, (*Server).info},
+		{"POST", "/v1/sandboxes", "createSandbox", false, (*Server).create},
+		{"GET", "/v1/sandboxes", "listSandboxes", false, (*Server).list},
+		{"GET", "/v1/sandboxes/{id}", "getSandbox", false, (*Server).get},
+		{"DELETE", "/v1/sandboxes/{id}", "deleteSandbox", false, (*Server).delete},
+		{"POST", "/v1/sandboxes/{id}/pause", "pauseSandbox", false, (*Server).pause},
+		{"POST", "/v1/sandboxes/{id}/resume", "resumeSandbox", false, (*Server).resume},
+		{"POST", "/v1/sandboxes/{id}/exec", "exec", false, (*Server).exec},
+		{"POST", "/v1/sandboxes/{id}/exec/stream", "execStream", false, (*Server).execStream},
+		{"POST", "/v1/sandboxes/{id}/processes", "startProcess", false, (*Server).startProcess},
+		{"GET", "/v1/sandboxes/{id}/processes", "listProcesses", false, (*Server).listProcesses},
+		{"GET", "/v1/sandboxes/{id}/processes/{pid}", "getProcess", false, (*Server).getProcess},
+		{"POST", "/v1/sandboxes/{id}/processes/{pid}/kill", "killProcess", false, (*Server).killProcess},
+		{"PUT", "/v1/sandboxes/{id}/files", "writeFile", false, (*Server).writeFile},
+		{"GET", "/v1/sandboxes/{id}/files", "readFile", false, (*Server).readFile},
+		{"DELETE", "/v1/sandboxes/{id}/files", "removeFile", false, (*Server).removeFile},
+		{"GET", "/v1/sandboxes/{id}/files/stat", "statFile", false, (*Server).statFile},
+		{"GET", "/v1/sandboxes/{id}/files/list", "listFiles", false, (*Server).listFiles},
+		{"POST", "/v1/sandboxes/{id}/files/mkdir", "mkdir", false, (*Server).mkdir},
+		{"GET", "/v1/sandboxes/{id}/firewall", "getFirewall", false, (*Server).getFirewall},
+		{"PUT", "/v1/sandboxes/{id}/firewall", "setFirewall", false, (*Server).setFirewall},
+	}
+}
+
+// New returns a server over an engine.
+func New(opts Options) (*Server, error) {
+	if opts.Engine == nil || opts.Auth == nil {
+		return nil, errors.New("api: Engine and Auth are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	doc, err := Document()
+	if err != nil {
+		return nil, fmt.Errorf("api: openapi document: %w", err)
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b}
+	for _, rt := range Routes() {
+		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
+	}
+	// Anything else is a JSON 404 (or 405), like every other error.
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, apiError{http.StatusNotFound, "not_found", "no route " + r.Method + " " + r.URL.Path, ""})
+	})
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Server) wrap(rt Route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		if !rt.Public {
+			token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || !s.opts.Auth.Check(strings.TrimSpace(token)) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="harebox"`)
+				writeError(w, apiError{http.StatusUnauthorized, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)", ""})
+				return
+			}
+		}
+		err := rt.handler(s, w, r)
+		if err != nil {
+			ae := toAPIError(err)
+			if ae.status >= 500 {
+				s.log.Warn("request failed", "op", rt.OperationID, "err", err)
+			}
+			writeError(w, ae)
+		}
+		s.log.Debug("request", "op", rt.OperationID, "path", r.URL.Path, "took", time.Since(start))
+	})
+}
+
+// apiError is an error as the API shows it.
+type apiError struct {
+	status    int
+	code, msg string
+	field     string
+}
+
+func (e apiError) Error() string { return e.msg }
+
+func badRequest(field, format string, args ...any) error {
+	return apiError{http.StatusBadRequest, "invalid", fmt.Sprintf(format, args...), field}
+}
+
+// toAPIError maps engine errors to statuses and codes.
+func toAPIError(err error) apiError {
+	var ae apiError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return apiError{http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body is larger than %d bytes", mbe.Limit), ""}
+	}
+	field := sandbox.FieldOf(err)
+	for _, m := range []struct {
+		kind   error
+		status int
+		code   string
+	}{
+		{sandbox.ErrInvalid, http.StatusBadRequest, "invalid"},
+		{sandbox.ErrNotFound, http.StatusNotFound, "not_found"},
+		{sandbox.ErrState, http.StatusConflict, "conflict"},
+		{sandbox.ErrExists, http.StatusConflict, "conflict"},
+		{sandbox.ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
+		{sandbox.ErrCapacity, http.StatusServiceUnavailable, "over_capacity"},
+		{sandbox.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
+		{sandbox.ErrTimeout, http.StatusGatewayTimeout, "timeout"},
+	} {
+		if errors.Is(err, m.kind) {
+			return apiError{m.status, m.code, err.Error(), field}
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return apiError{http.StatusGatewayTimeout, "timeout", err.Error(), ""}
+	}
+	return apiError{http.StatusInternalServerError, "internal", "internal error: " + err.Error(), ""}
+}
+
+func writeError(w http.ResponseWriter, e apiError) {
+	body := map[string]any{"code": e.code, "message": e.msg}
+	if e.field != "" {
+		body["field"] = e.field
+	}
+	writeJSON(w, e.status, map[string]any{"error": body})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+// decode reads one strict JSON value: bounded, no unknown fields, nothing
+// after it. Errors name the field.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return badRequest("", "request body must be a single JSON value")
+	}
+	return nil
+}
+
+func jsonError(err error) error {
+	var mbe *http.MaxBytesError
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &mbe):
+		return err
+	case errors.Is(err, io.EOF):
+		return badRequest("", "request body is empty; a JSON value is required")
+	case errors.As(err, &se):
+		return badRequest("", "invalid JSON at byte %d: %v", se.Offset, err)
+	case errors.As(err, &te):
+		return badRequest(te.Field, "%s must be %s, not %s", te.Field, te.Type, te.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return badRequest(f, "unknown field %q", f)
+	}
+	return badRequest("", "invalid JSON: %v", err)
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
+
+func (s *Server) openAPI(w http.ResponseWriter, r *http.Request) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(s.openapi)
+	return nil
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request) error {
+	caps, err := s.eng.Capabilities(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"version": s.opts.Version,
+		"backend": map[string]string{"name": caps.Name, "accelerator": caps.Accelerator, "notice": caps.Notice, "version": caps.Version},
+		"site":    s.eng.Site(),
+	})
+	return nil
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
+	var req sandbox.CreateRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	box, err := s.eng.Create(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, box)
+	return nil
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	f := sandbox.ListFilter{State: sandbox.State(q.Get("state"))}
+	switch f.State {
+	case "", sandbox.StateCreating, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateStopped, sandbox.StateDeleted:
+	default:
+		return badRequest("state", "unknown state %q", f.State)
+	}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return badRequest("label", "labels are key=value, got %q", l)
+		}
+		if f.Labels == nil {
+			f.Labels = map[string]string{}
+		}
+		f.Labels[k] = v
+	}
+	boxes, err := s.eng.List(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": boxes})
+	return nil
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
+	box, err := s.eng.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, box)
+	return nil
+}
+
+func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if err := s.eng.Delete(r.Context(), id); err != nil {
+		return err
+	}
+	box, err := s.eng.Get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, box)
+	return nil
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
+	box, err := s.eng.Pause(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, box)
+	return nil
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
+	box, err := s.eng.Resume(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, box)
+	return nil
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
+	var req sandbox.ExecRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	res, err := s.eng.Exec(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// sse writes server-sent events; one writer at a time.
+type sse struct {
+	mu sync.Mutex
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (e *sse) event(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, err := fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", name, b); err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+type sseStream struct {
+	e    *sse
+	name string
+}
+
+func (s sseStream) Write(b []byte) (int, error) {
+	if err := s.e.event(s.name, map[string]string{"data": base64.StdEncoding.EncodeToString(b)}); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request) error {
+	var req sandbox.ExecRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if err := req.Check(); err != nil {
+		return err
+	}
+	// Errors before the first byte are plain JSON errors; after it, events.
+	if _, err := s.eng.Get(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	e := &sse{w: w, rc: http.NewResponseController(w)}
+	e.rc.Flush()
+	res, err := s.eng.ExecStream(r.Context(), r.PathValue("id"), req, nil, sseStream{e, "stdout"}, sseStream{e, "stderr"})
+	if err != nil {
+		ae := toAPIError(err)
+		body := map[string]any{"code": ae.code, "message": ae.msg}
+		if ae.field != "" {
+			body["field"] = ae.field
+		}
+		return ignore(e.event("error", map[string]any{"error": body}))
+	}
+	return ignore(e.event("exit", res))
+}
+
+// ignore drops an error writing to a client that went away.
+func ignore(error) error { return nil }
+
+func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
+	var req sandbox.ExecRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	p, err := s.eng.StartProcess(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, p)
+	return nil
+}
+
+func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) error {
+	ps, err := s.eng.ListProcesses(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"processes": ps})
+	return nil
+}
+
+func (s *Server) getProcess(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	timeout := 60.0
+	if t := q.Get("timeout_seconds"); t != "" {
+		v, err := strconv.ParseFloat(t, 64)
+		if err != nil || v < 0 || v > 3600 {
+			return badRequest("timeout_seconds", "must be a number from 0 to 3600")
+		}
+		timeout = v
+	}
+	wait, err := boolParam(q.Get("wait"), "wait")
+	if err != nil {
+		return err
+	}
+	if !wait {
+		p, err := s.eng.GetProcess(r.Context(), r.PathValue("id"), r.PathValue("pid"))
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, p)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(timeout*float64(time.Second)))
+	defer cancel()
+	p, err := s.eng.WaitProcess(ctx, r.PathValue("id"), r.PathValue("pid"))
+	if errors.Is(err, sandbox.ErrTimeout) {
+		// Still running after the wait: report it as it is.
+		p, err = s.eng.GetProcess(r.Context(), r.PathValue("id"), r.PathValue("pid"))
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, p)
+	return nil
+}
+
+func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Signal int `json:"signal"`
+	}
+	if r.ContentLength != 0 {
+		if err := decode(w, r, &req); err != nil {
+			return err
+		}
+	}
+	if err := s.eng.KillProcess(r.Context(), r.PathValue("id"), r.PathValue("pid"), req.Signal); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func boolParam(v, name string) (bool, error) {
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badRequest(name, "must be true or false")
+	}
+	return b, nil
+}

@@ -1,0 +1,121 @@
+// Command hareboxd is the HareBox REST server: a thin layer over the
+// engine. Sandboxes outlive it; a restarted server re-adopts them.
+//
+//	hareboxd --data-dir /var/lib/harebox --listen 127.0.0.1:7070
+//	hareboxd --data-dir /var/lib/harebox --listen unix:/run/harebox.sock
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/api"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "hareboxd:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		dataDir    = flag.String("data-dir", "/var/lib/harebox", "data directory: database, images, machines, keys")
+		listen     = flag.String("listen", "127.0.0.1:7070", "address: host:port (loopback) or unix:PATH")
+		backend    = flag.String("hypervisor", "qemu", "hypervisor backend plugin: qemu or cloud-hypervisor")
+		pluginPath = flag.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
+		imageDir   = flag.String("image-dir", "", "built images (default DATA_DIR/images)")
+		site       = flag.String("site", "local", "the site this host is in, e.g. fr-par-1")
+		country    = flag.String("country", "", "the site's country code, e.g. FR")
+		debug      = flag.Bool("debug", false, "log every request")
+	)
+	flag.Parse()
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
+		return err
+	}
+	key, keyPath, created, err := api.LoadOrCreateRootKey(*dataDir)
+	if err != nil {
+		return err
+	}
+	if created {
+		log.Info("created the root API key", "path", keyPath)
+	}
+	eng, err := harebox.New(ctx, harebox.Options{
+		DataDir: *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
+		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer eng.Close() // sandboxes keep running
+	srv, err := api.New(api.Options{Engine: eng, Auth: key, Version: version, Logger: log})
+	if err != nil {
+		return err
+	}
+	l, err := listener(*listen)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(l) }()
+	log.Info("hareboxd listening", "addr", *listen, "version", version, "root_key", keyPath)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down; sandboxes keep running")
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// listener opens a Unix socket (mode 0600) or a loopback TCP address. The
+// API holds the keys to every sandbox: it is not offered beyond this host
+// unless a proxy in front of it does so deliberately.
+func listener(addr string) (net.Listener, error) {
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		os.Remove(path)
+		l, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, err
+		}
+		return l, os.Chmod(path, 0o600)
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("--listen %q: only loopback addresses or unix:PATH", addr)
+	}
+	return net.Listen("tcp", addr)
+}

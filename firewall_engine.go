@@ -1,0 +1,90 @@
+package harebox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// policyKey is where a sandbox record keeps its firewall policy.
+const policyKey = "firewall"
+
+// Firewall returns a sandbox's firewall policy.
+func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, error) {
+	if b := e.live(id); b != nil {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return policyOf(b.rec.Extra[policyKey])
+	}
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return policyOf(rec.Extra[policyKey])
+}
+
+func policyOf(raw json.RawMessage) (*firewall.Policy, error) {
+	if raw == nil {
+		return firewall.Default(), nil
+	}
+	return firewall.Parse(raw)
+}
+
+// SetFirewall replaces a sandbox's firewall policy. The policy is
+// validated and enforced before it is stored; if either fails, the old
+// policy stays in force.
+func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy) (*firewall.Policy, error) {
+	if err := p.Validate(); err != nil {
+		return nil, firewallErr(err)
+	}
+	b, err := e.liveOrErr(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st := b.rec.State; st != sandbox.StateRunning && st != sandbox.StatePaused {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s", id, st)
+	}
+	if err := e.net.SetPolicy(ctx, id, p); err != nil {
+		var fe *firewall.Error
+		if errors.As(err, &fe) {
+			return nil, firewallErr(err)
+		}
+		return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the firewall could not be updated; the old policy stays in force", Err: err}
+	}
+	raw, err := json.Marshal(p)
+	if err != nil {
+		return nil, err
+	}
+	if b.rec.Extra == nil {
+		b.rec.Extra = map[string]json.RawMessage{}
+	}
+	b.rec.Extra[policyKey] = raw
+	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// firewallErr turns a policy validation error into an engine error that
+// names the field.
+func firewallErr(err error) error {
+	var fe *firewall.Error
+	if errors.As(err, &fe) {
+		return sandbox.Errorf(sandbox.ErrInvalid, fe.Field, "%s", fe.Msg)
+	}
+	return &sandbox.Error{Kind: sandbox.ErrInvalid, Msg: "invalid firewall policy", Err: err}
+}
+
+// ParseFirewall decodes and validates a policy document (strict JSON).
+func ParseFirewall(data []byte) (*firewall.Policy, error) {
+	p, err := firewall.Parse(data)
+	if err != nil {
+		return nil, firewallErr(err)
+	}
+	return p, nil
+}
