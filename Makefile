@@ -22,6 +22,7 @@ build:
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-image ./cmd/harebox-image
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-demo ./examples/bootvm
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/hareboxd ./cmd/hareboxd
+	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox ./cmd/harebox
 
 # Guest images, cached under .cache/images and rebuilt only when an input changes.
 image: deps build
@@ -30,7 +31,13 @@ image: deps build
 image-default: deps build
 	$(BIN)/harebox-image build --name default --agent $(BIN)/harebox-agent --out $(CACHE)/images
 
+# The untrusted-code walkthrough: hareboxd on a temporary data directory,
+# the CLI walkthrough against it with a transcript, then clean up.
 demo: deps build
+	@./scripts/demo.sh
+
+# The same story one level down: the QEMU plugin, one VM, a fork.
+demo-vm: deps build
 	@$(BIN)/harebox-image build --name minimal --agent $(BIN)/harebox-agent --out $(CACHE)/images > $(CACHE)/minimal.json
 	$(BIN)/harebox-demo --image $(CACHE)/minimal.json --plugin $(BIN)/harebox-plugin-qemu
 

@@ -1,0 +1,208 @@
+// Package apiclient is a Go client of HareBox's REST API. The CLI uses it;
+// Go programs on the same host can use the engine (package harebox)
+// directly instead.
+package apiclient
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/harebox/harebox/sandbox"
+)
+
+// Error is an error the API returned.
+type Error struct {
+	Status  int    `json:"-"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+func (e *Error) Error() string {
+	if e.Field != "" && !strings.Contains(e.Message, e.Field) {
+		return e.Message + " (field " + e.Field + ")"
+	}
+	return e.Message
+}
+
+// Client talks to one HareBox server.
+type Client struct {
+	base string
+	key  string
+	http *http.Client
+}
+
+// New returns a client for url ("http://127.0.0.1:7070" or "unix:/path").
+// Empty url and key come from HAREBOX_URL and HAREBOX_API_KEY.
+func New(rawURL, key string) (*Client, error) {
+	if rawURL == "" {
+		rawURL = os.Getenv("HAREBOX_URL")
+	}
+	if key == "" {
+		key = os.Getenv("HAREBOX_API_KEY")
+	}
+	if rawURL == "" {
+		rawURL = "http://127.0.0.1:7070"
+	}
+	tr := &http.Transport{ResponseHeaderTimeout: 0, MaxIdleConnsPerHost: 4}
+	if path, ok := strings.CutPrefix(rawURL, "unix:"); ok {
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}
+		rawURL = "http://harebox"
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("server URL %q: want http(s)://host:port or unix:/path", rawURL)
+	}
+	return &Client{base: strings.TrimRight(rawURL, "/"), key: key, http: &http.Client{Transport: tr}}, nil
+}
+
+// Do sends a JSON request (body may be nil, []byte, an io.Reader or a
+// value to encode) and decodes a JSON answer into out (if not nil).
+func (c *Client) Do(ctx context.Context, method, path string, query url.Values, body any, out any) error {
+	resp, err := c.send(ctx, method, path, query, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		return nil
+	}
+	if w, ok := out.(io.Writer); ok {
+		_, err := io.Copy(w, resp.Body)
+		return err
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func (c *Client) send(ctx context.Context, method, path string, query url.Values, body any) (*http.Response, error) {
+	var rd io.Reader
+	ctype := "application/json"
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		rd = bytes.NewReader(b)
+	case io.Reader:
+		rd, ctype = b, "application/octet-stream"
+	default:
+		enc, err := json.Marshal(b)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(enc)
+	}
+	u := c.base + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return nil, err
+	}
+	if rd != nil {
+		req.Header.Set("Content-Type", ctype)
+	}
+	if c.key != "" {
+		req.Header.Set("Authorization", "Bearer "+c.key)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the HareBox server at %s: %w", c.base, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		var e struct {
+			Error Error `json:"error"`
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, &e) != nil || e.Error.Message == "" {
+			return nil, &Error{Status: resp.StatusCode, Code: "http", Message: fmt.Sprintf("HTTP %d: %.200s", resp.StatusCode, b)}
+		}
+		e.Error.Status = resp.StatusCode
+		return nil, &e.Error
+	}
+	return resp, nil
+}
+
+// ExecStream runs a command and writes its output as the server streams
+// it; it returns the final result.
+func (c *Client) ExecStream(ctx context.Context, id string, req sandbox.ExecRequest, stdout, stderr io.Writer) (*sandbox.ExecResult, error) {
+	resp, err := c.send(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/exec/stream", nil, req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var event string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			event = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			data := []byte(strings.TrimPrefix(line, "data: "))
+			switch event {
+			case "stdout", "stderr":
+				var chunk struct {
+					Data string `json:"data"`
+				}
+				if err := json.Unmarshal(data, &chunk); err != nil {
+					return nil, fmt.Errorf("exec stream: %w", err)
+				}
+				b, err := base64.StdEncoding.DecodeString(chunk.Data)
+				if err != nil {
+					return nil, fmt.Errorf("exec stream: %w", err)
+				}
+				w := stdout
+				if event == "stderr" {
+					w = stderr
+				}
+				if _, err := w.Write(b); err != nil {
+					return nil, err
+				}
+			case "exit":
+				var res sandbox.ExecResult
+				if err := json.Unmarshal(data, &res); err != nil {
+					return nil, fmt.Errorf("exec stream: %w", err)
+				}
+				return &res, nil
+			case "error":
+				var e struct {
+					Error Error `json:"error"`
+				}
+				if err := json.Unmarshal(data, &e); err != nil {
+					return nil, fmt.Errorf("exec stream: %w", err)
+				}
+				return nil, &e.Error
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("exec stream: %w", err)
+	}
+	return nil, errors.New("exec stream: the server closed the stream without an exit status")
+}
+
+// SandboxPath is the API path of a sandbox, with an optional suffix.
+func SandboxPath(id string, suffix ...string) string {
+	return "/v1/sandboxes/" + url.PathEscape(id) + strings.Join(suffix, "")
+}
+
+// DefaultTimeout bounds calls that are not exec.
+const DefaultTimeout = 5 * time.Minute

@@ -1,0 +1,543 @@
+// Command harebox is the HareBox CLI: a thin client of the REST API. It
+// prints JSON by default (so `| jq -r .id` works) and a table with
+// --output table.
+//
+//	ID=$(harebox new --name untrusted --size small --no-env --ttl 900 | jq -r .id)
+//	harebox exec "$ID" --timeout 300 -- python3 /home/user/job.py
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// version is set at build time.
+var version = "dev"
+
+// maxStdin bounds the stdin `harebox exec` forwards.
+const maxStdin = 16 << 20
+
+// usageError is a wrong invocation: exit code 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+type cli struct {
+	c      *apiclient.Client
+	output string
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+}
+
+type command struct {
+	name, args, help string
+	run              func(ctx context.Context, c *cli, args []string) (exit int, err error)
+}
+
+var commands = []command{
+	{"new", "[flags]", "create a sandbox", cmdNew},
+	{"get", "ID", "show a sandbox", cmdGet},
+	{"list", "[flags]", "list sandboxes", cmdList},
+	{"delete", "ID", "delete a sandbox", cmdDelete},
+	{"pause", "ID", "pause a sandbox", cmdPause},
+	{"resume", "ID", "resume a sandbox", cmdResume},
+	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code", cmdExec},
+	{"file", "write|read|list|stat|mkdir|rm ID --path PATH [flags]", "files in a sandbox", cmdFile},
+	{"firewall", "set|get ID [--body JSON | --from FILE]", "a sandbox's firewall policy", cmdFirewall},
+	{"version", "", "client and server versions", cmdVersion},
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	global := flag.NewFlagSet("harebox", flag.ContinueOnError)
+	global.SetOutput(stderr)
+	urlFlag := global.String("url", "", "server URL (default $HAREBOX_URL, else http://127.0.0.1:7070; unix:/path for a socket)")
+	keyFlag := global.String("api-key", "", "API key (default $HAREBOX_API_KEY)")
+	output := global.String("output", "json", "output format: json or table")
+	global.Usage = func() {
+		fmt.Fprintf(stderr, "usage: harebox [--url URL] [--api-key KEY] [--output json|table] COMMAND ...\n\ncommands:\n")
+		for _, c := range commands {
+			fmt.Fprintf(stderr, "  %-9s %s\n            %s\n", c.name, c.args, c.help)
+		}
+		fmt.Fprintf(stderr, "\n'harebox COMMAND --help' describes a command.\n")
+	}
+	if err := global.Parse(hoistGlobals(args)); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if global.NArg() == 0 {
+		global.Usage()
+		return 2
+	}
+	if *output != "json" && *output != "table" {
+		fmt.Fprintf(stderr, "harebox: --output %q: want json or table\n", *output)
+		return 2
+	}
+	name, rest := global.Arg(0), global.Args()[1:]
+	var cmd *command
+	for i := range commands {
+		if commands[i].name == name {
+			cmd = &commands[i]
+		}
+	}
+	if cmd == nil {
+		fmt.Fprintf(stderr, "harebox: unknown command %q (see harebox --help)\n", name)
+		return 2
+	}
+	c, err := apiclient.New(*urlFlag, *keyFlag)
+	if err != nil {
+		fmt.Fprintln(stderr, "harebox:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := cmd.run(ctx, &cli{c: c, output: *output, stdin: stdin, stdout: stdout, stderr: stderr}, rest)
+	var ue usageError
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "harebox %s: %s (usage: harebox %s %s)\n", name, ue.msg, name, cmd.args)
+		return 2
+	case err != nil:
+		fmt.Fprintf(stderr, "harebox %s: %s\n", name, oneLine(err.Error()))
+		return 1
+	}
+	return code
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// hoistGlobals moves the global flags to the front, so that they may also
+// follow the command (harebox new --url URL ...). Nothing after "--" moves.
+func hoistGlobals(args []string) []string {
+	var globals, rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			rest = append(rest, args[i:]...)
+			break
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && (name == "url" || name == "api-key" || name == "output") {
+			globals = append(globals, a)
+			if !hasValue && i+1 < len(args) {
+				globals = append(globals, args[i+1])
+				i++
+			}
+			continue
+		}
+		rest = append(rest, a)
+	}
+	return append(globals, rest...)
+}
+
+// parse parses a subcommand's flags, which may come after its positional
+// arguments (harebox exec ID --timeout 300 -- cmd). It returns the
+// positionals; wantPos is how many are required.
+func parse(fs *flag.FlagSet, c *cli, args []string, wantPos int) ([]string, error) {
+	// Errors are reported in one line by run; the flag list only on --help.
+	fs.SetOutput(io.Discard)
+	var pos []string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fs.SetOutput(c.stderr)
+				fmt.Fprintf(c.stderr, "usage: %s\n", fs.Name())
+				fs.PrintDefaults()
+				return nil, err
+			}
+			return nil, usageError{err.Error()}
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		if len(pos) >= wantPos || args[0] == "--" {
+			pos = append(pos, args...)
+			break
+		}
+		pos, args = append(pos, args[0]), args[1:]
+	}
+	if len(pos) < wantPos {
+		return nil, usageError{fmt.Sprintf("missing argument (want %d)", wantPos)}
+	}
+	return pos, nil
+}
+
+// kv collects repeated KEY=VALUE flags.
+type kv map[string]string
+
+func (m kv) String() string { return "" }
+func (m kv) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", s)
+	}
+	m[k] = v
+	return nil
+}
+
+func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
+	fs := flag.NewFlagSet("harebox new", flag.ContinueOnError)
+	name := fs.String("name", "", "sandbox name")
+	size := fs.String("size", "", "size preset: small, medium or large")
+	vcpus := fs.Int("vcpus", 0, "custom vCPUs (with --memory)")
+	memory := fs.Int("memory", 0, "custom memory in MB (with --vcpus)")
+	disk := fs.Int("disk", 0, "custom disk in GB")
+	image := fs.String("image", "", "image (default: the server's default)")
+	ttl := fs.Int64("ttl", 0, "delete the sandbox this many seconds after creation")
+	noEnv := fs.Bool("no-env", false, "keep every stored environment out of this sandbox")
+	labels, env := kv{}, kv{}
+	fs.Var(labels, "label", "label KEY=VALUE (repeatable)")
+	fs.Var(env, "env", "environment variable KEY=VALUE (repeatable)")
+	if _, err := parse(fs, c, args, 0); err != nil {
+		return 0, err
+	}
+	req := sandbox.CreateRequest{
+		Name: *name, Image: *image, TTLSeconds: *ttl, NoEnv: *noEnv,
+		Size: sandbox.Size{Preset: *size, VCPUs: *vcpus, MemoryMB: *memory, DiskGB: *disk},
+	}
+	if len(labels) > 0 {
+		req.Labels = labels
+	}
+	if len(env) > 0 {
+		req.Env = env
+	}
+	var box sandbox.Sandbox
+	if err := c.c.Do(ctx, "POST", "/v1/sandboxes", nil, req, &box); err != nil {
+		return 0, err
+	}
+	return 0, c.printSandboxes(box)
+}
+
+func oneID(ctx context.Context, c *cli, name string, args []string) (string, error) {
+	fs := flag.NewFlagSet("harebox "+name, flag.ContinueOnError)
+	pos, err := parse(fs, c, args, 1)
+	if err != nil {
+		return "", err
+	}
+	if len(pos) != 1 {
+		return "", usageError{"want exactly one sandbox ID"}
+	}
+	return pos[0], nil
+}
+
+func sandboxCmd(method, suffix string) func(ctx context.Context, c *cli, args []string) (int, error) {
+	return func(ctx context.Context, c *cli, args []string) (int, error) {
+		id, err := oneID(ctx, c, strings.TrimPrefix(suffix, "/"), args)
+		if err != nil {
+			return 0, err
+		}
+		var box sandbox.Sandbox
+		if err := c.c.Do(ctx, method, apiclient.SandboxPath(id, suffix), nil, nil, &box); err != nil {
+			return 0, err
+		}
+		return 0, c.printSandboxes(box)
+	}
+}
+
+var (
+	cmdGet    = sandboxCmd("GET", "")
+	cmdDelete = sandboxCmd("DELETE", "")
+	cmdPause  = sandboxCmd("POST", "/pause")
+	cmdResume = sandboxCmd("POST", "/resume")
+)
+
+func cmdList(ctx context.Context, c *cli, args []string) (int, error) {
+	fs := flag.NewFlagSet("harebox list", flag.ContinueOnError)
+	state := fs.String("state", "", "only sandboxes in this state")
+	labels := kv{}
+	fs.Var(labels, "label", "only sandboxes with label KEY=VALUE (repeatable)")
+	if _, err := parse(fs, c, args, 0); err != nil {
+		return 0, err
+	}
+	q := url.Values{}
+	if *state != "" {
+		q.Set("state", *state)
+	}
+	for k, v := range labels {
+		q.Add("label", k+"="+v)
+	}
+	var out struct {
+		Sandboxes []sandbox.Sandbox `json:"sandboxes"`
+	}
+	if err := c.c.Do(ctx, "GET", "/v1/sandboxes", q, nil, &out); err != nil {
+		return 0, err
+	}
+	if c.output == "json" {
+		return 0, c.json(out)
+	}
+	return 0, c.printSandboxes(out.Sandboxes...)
+}
+
+func cmdExec(ctx context.Context, c *cli, args []string) (int, error) {
+	fs := flag.NewFlagSet("harebox exec", flag.ContinueOnError)
+	timeout := fs.Float64("timeout", 0, "seconds before the command's process group is killed (default 300)")
+	user := fs.String("user", "", `user to run as (default "user"; "root" for root)`)
+	cwd := fs.String("cwd", "", "working directory")
+	shell := fs.String("c", "", "run this shell string instead of COMMAND ARG...")
+	env := kv{}
+	fs.Var(env, "env", "environment variable KEY=VALUE (repeatable)")
+	pos, err := parse(fs, c, args, 1)
+	if err != nil {
+		return 0, err
+	}
+	id, argv := pos[0], pos[1:]
+	if len(argv) > 0 && argv[0] == "--" {
+		argv = argv[1:]
+	}
+	req := sandbox.ExecRequest{Argv: argv, Cmd: *shell, TimeoutSeconds: *timeout, User: *user, Cwd: *cwd}
+	if (len(argv) == 0) == (*shell == "") {
+		return 0, usageError{"give a command after --, or -c 'shell string'"}
+	}
+	if len(env) > 0 {
+		req.Env = env
+	}
+	// Piped stdin is forwarded; a terminal is not read.
+	if f, ok := c.stdin.(*os.File); !ok || !isTerminal(f) {
+		b, err := io.ReadAll(io.LimitReader(c.stdin, maxStdin+1))
+		if err != nil {
+			return 0, err
+		}
+		if len(b) > maxStdin {
+			return 0, fmt.Errorf("stdin is larger than %d bytes; write it to a file in the sandbox instead", maxStdin)
+		}
+		if len(b) > 0 {
+			req.Stdin = b
+		}
+	}
+	res, err := c.c.ExecStream(ctx, id, req, c.stdout, c.stderr)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case res.Error != "":
+		fmt.Fprintf(c.stderr, "harebox exec: %s\n", oneLine(res.Error))
+		return 127, nil
+	case res.TimedOut:
+		fmt.Fprintf(c.stderr, "harebox exec: timed out after %.0f s; the command's process group was killed\n", float64(res.DurationMS)/1000)
+		return 124, nil
+	case res.Signal != 0:
+		return 128 + res.Signal, nil
+	}
+	return res.ExitCode, nil
+}
+
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+func cmdFile(ctx context.Context, c *cli, args []string) (int, error) {
+	if len(args) == 0 {
+		return 0, usageError{"want a subcommand: write, read, list, stat, mkdir or rm"}
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("harebox file "+sub, flag.ContinueOnError)
+	path := fs.String("path", "", "absolute path in the sandbox")
+	from := fs.String("from", "", "write: local file to upload (- for stdin)")
+	to := fs.String("to", "", "read: local file to write (default stdout)")
+	mode := fs.String("mode", "", "write, mkdir: octal mode, e.g. 0644")
+	parents := fs.Bool("parents", false, "write: create missing parent directories")
+	recursive := fs.Bool("recursive", false, "rm: remove a directory and its content")
+	pos, err := parse(fs, c, args, 1)
+	if err != nil {
+		return 0, err
+	}
+	if *path == "" {
+		return 0, usageError{"--path is required"}
+	}
+	id := pos[0]
+	q := url.Values{"path": {*path}}
+	if *mode != "" {
+		q.Set("mode", *mode)
+	}
+	files := apiclient.SandboxPath(id, "/files")
+	switch sub {
+	case "write":
+		if *from == "" {
+			return 0, usageError{"--from FILE (or - for stdin) is required"}
+		}
+		var src io.Reader = c.stdin
+		if *from != "-" {
+			f, err := os.Open(*from)
+			if err != nil {
+				return 0, err
+			}
+			defer f.Close()
+			src = f
+		}
+		if *parents {
+			q.Set("make_parents", "true")
+		}
+		var fi sandbox.FileInfo
+		if err := c.c.Do(ctx, "PUT", files, q, src, &fi); err != nil {
+			return 0, err
+		}
+		return 0, c.json(fi)
+	case "read":
+		w := c.stdout
+		if *to != "" {
+			var buf bytes.Buffer
+			if err := c.c.Do(ctx, "GET", files, q, nil, &buf); err != nil {
+				return 0, err
+			}
+			return 0, os.WriteFile(*to, buf.Bytes(), 0o644)
+		}
+		return 0, c.c.Do(ctx, "GET", files, q, nil, w)
+	case "list":
+		var out struct {
+			Entries   []sandbox.FileInfo `json:"entries"`
+			Truncated bool               `json:"truncated"`
+		}
+		if err := c.c.Do(ctx, "GET", files+"/list", q, nil, &out); err != nil {
+			return 0, err
+		}
+		if c.output == "table" {
+			tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "MODE\tSIZE\tOWNER\tNAME")
+			for _, e := range out.Entries {
+				fmt.Fprintf(tw, "%s %04o\t%d\t%d:%d\t%s\n", e.Type, e.Mode, e.Size, e.UID, e.GID, e.Name)
+			}
+			return 0, tw.Flush()
+		}
+		return 0, c.json(out)
+	case "stat":
+		var fi sandbox.FileInfo
+		if err := c.c.Do(ctx, "GET", files+"/stat", q, nil, &fi); err != nil {
+			return 0, err
+		}
+		return 0, c.json(fi)
+	case "mkdir":
+		var fi sandbox.FileInfo
+		if err := c.c.Do(ctx, "POST", files+"/mkdir", q, nil, &fi); err != nil {
+			return 0, err
+		}
+		return 0, c.json(fi)
+	case "rm":
+		if *recursive {
+			q.Set("recursive", "true")
+		}
+		if err := c.c.Do(ctx, "DELETE", files, q, nil, nil); err != nil {
+			return 0, err
+		}
+		return 0, c.json(map[string]string{"removed": *path})
+	}
+	return 0, usageError{fmt.Sprintf("unknown file subcommand %q", sub)}
+}
+
+func cmdFirewall(ctx context.Context, c *cli, args []string) (int, error) {
+	if len(args) == 0 {
+		return 0, usageError{"want a subcommand: set or get"}
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("harebox firewall "+sub, flag.ContinueOnError)
+	body := fs.String("body", "", "set: the policy as JSON")
+	from := fs.String("from", "", "set: a file holding the policy")
+	pos, err := parse(fs, c, args, 1)
+	if err != nil {
+		return 0, err
+	}
+	path := apiclient.SandboxPath(pos[0], "/firewall")
+	var policy json.RawMessage
+	switch sub {
+	case "get":
+		err = c.c.Do(ctx, "GET", path, nil, nil, &policy)
+	case "set":
+		doc := []byte(*body)
+		if *from != "" {
+			if doc, err = os.ReadFile(*from); err != nil {
+				return 0, err
+			}
+		}
+		if len(doc) == 0 {
+			return 0, usageError{"--body JSON or --from FILE is required"}
+		}
+		err = c.c.Do(ctx, "PUT", path, nil, doc, &policy)
+	default:
+		return 0, usageError{fmt.Sprintf("unknown firewall subcommand %q", sub)}
+	}
+	if err != nil {
+		return 0, err
+	}
+	return 0, c.json(policy)
+}
+
+func cmdVersion(ctx context.Context, c *cli, args []string) (int, error) {
+	fs := flag.NewFlagSet("harebox version", flag.ContinueOnError)
+	if _, err := parse(fs, c, args, 0); err != nil {
+		return 0, err
+	}
+	out := map[string]any{"client": version}
+	var info json.RawMessage
+	if err := c.c.Do(ctx, "GET", "/v1/info", nil, nil, &info); err != nil {
+		out["server_error"] = err.Error()
+	} else {
+		out["server"] = info
+	}
+	return 0, c.json(out)
+}
+
+func (c *cli) json(v any) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func (c *cli) printSandboxes(boxes ...sandbox.Sandbox) error {
+	if c.output == "json" {
+		if len(boxes) == 1 {
+			return c.json(boxes[0])
+		}
+		return c.json(boxes)
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tIMAGE\tSIZE\tSITE\tAGE\tEXPIRES\tLABELS")
+	for _, b := range boxes {
+		exp := "-"
+		if b.ExpiresAt != nil {
+			exp = time.Until(*b.ExpiresAt).Round(time.Second).String()
+		}
+		var ls []string
+		for k, v := range b.Labels {
+			ls = append(ls, k+"="+v)
+		}
+		sort.Strings(ls)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%svCPU/%sMB\t%s\t%s\t%s\t%s\n", b.ID, dash(b.Name), b.State, b.Image,
+			strconv.Itoa(b.Size.VCPUs), strconv.Itoa(b.Size.MemoryMB), b.Site.Name,
+			time.Since(b.CreatedAt).Round(time.Second), exp, dash(strings.Join(ls, ",")))
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
