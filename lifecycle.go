@@ -58,7 +58,11 @@ func (b *box) client(ctx context.Context, opts agentclient.Options) (*agentclien
 			return b.agent, nil
 		}
 	}
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// A boot passes its own (long) deadline; other callers get 30 s.
+	dctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		dctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	}
 	defer cancel()
 	c, _, err := agentclient.DialReady(dctx, b.m.AgentEndpoint(), opts)
 	if err != nil {

@@ -1,0 +1,231 @@
+// Package e2e runs HareBox the way users do: a real hareboxd with real
+// VMs, driven by the CLI, the Go library, and the Python and TypeScript
+// clients, each running the README's walkthrough.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/internal/testimage"
+)
+
+// server is a running hareboxd.
+type server struct {
+	cmd      *exec.Cmd
+	url, key string
+	dataDir  string
+	log      *bytes.Buffer
+}
+
+type setup struct {
+	root, bin, imageDir, plugin, hareboxd string
+}
+
+func prepare(t *testing.T) setup {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
+	}
+	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
+		t.Skip("the walkthrough needs the Debian image: set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does)")
+	}
+	s := setup{root: testimage.Root(t)}
+	for _, name := range []string{"harebox", "hareboxd", "harebox-plugin-qemu"} {
+		s.bin = filepath.Dir(testimage.Binary(t, name))
+	}
+	s.plugin = filepath.Join(s.bin, "harebox-plugin-qemu")
+	s.hareboxd = filepath.Join(s.bin, "hareboxd")
+	img := testimage.Image(t, "default")
+	testimage.Image(t, "minimal")
+	s.imageDir = filepath.Dir(img.Dir)
+	return s
+}
+
+func start(t *testing.T, s setup, dataDir string) *server {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	srv := &server{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}}
+	srv.cmd = exec.Command(s.hareboxd, "--data-dir", dataDir, "--listen", addr,
+		"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR")
+	srv.cmd.Stdout, srv.cmd.Stderr = srv.log, srv.log
+	if err := srv.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(srv.url + "/health")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			srv.cmd.Process.Kill()
+			t.Fatalf("hareboxd did not start: %s", srv.log)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	key, err := os.ReadFile(filepath.Join(dataDir, "root.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.key = strings.TrimSpace(string(key))
+	return srv
+}
+
+// stop sends SIGTERM and waits: a graceful shutdown.
+func (srv *server) stop(t *testing.T) {
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- srv.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("hareboxd exited with %v:\n%s", err, srv.log)
+		}
+	case <-time.After(60 * time.Second):
+		srv.cmd.Process.Kill()
+		t.Errorf("hareboxd did not stop within 60 s")
+	}
+}
+
+func (srv *server) env(s setup) []string {
+	return append(os.Environ(), "HAREBOX_URL="+srv.url, "HAREBOX_API_KEY="+srv.key,
+		"PATH="+s.bin+":"+os.Getenv("PATH"))
+}
+
+// run runs a command with the server's environment and returns its output.
+func run(t *testing.T, srv *server, s setup, dir string, timeout time.Duration, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	// exec resolves names with this process's PATH: use ours explicitly.
+	if p := filepath.Join(s.bin, name); fileExists(p) {
+		name = p
+	}
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir, cmd.Env = dir, srv.env(s)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s\nserver log:\n%s", name, strings.Join(args, " "), err, out, tail(srv.log.String()))
+	}
+	return string(out)
+}
+
+func tail(s string) string {
+	if len(s) > 3000 {
+		return s[len(s)-3000:]
+	}
+	return s
+}
+
+func (srv *server) sandboxes(t *testing.T, state string) []map[string]any {
+	t.Helper()
+	req, _ := http.NewRequest("GET", srv.url+"/v1/sandboxes?state="+state, nil)
+	req.Header.Set("Authorization", "Bearer "+srv.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Sandboxes []map[string]any `json:"sandboxes"`
+	}
+	json.NewDecoder(resp.Body).Decode(&out)
+	return out.Sandboxes
+}
+
+// noLeftovers fails if the server's data dir still has machines or VMs.
+func noLeftovers(t *testing.T, dataDir string) {
+	t.Helper()
+	if ents, _ := os.ReadDir(filepath.Join(dataDir, "m")); len(ents) != 0 {
+		t.Errorf("machine directories left: %v", ents)
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(b, []byte(dataDir+"/")) && bytes.Contains(b, []byte("qemu")) {
+			var pid int
+			fmt.Sscan(e.Name(), &pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("VM left running: %s", bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
+		}
+	}
+}
+
+const jobOutput = "hello from user (uid 1000)"
+
+func TestWalkthrough(t *testing.T) {
+	s := prepare(t)
+	dataDir, err := os.MkdirTemp("", "hbw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	srv := start(t, s, dataDir)
+	defer func() {
+		srv.stop(t)
+		noLeftovers(t, dataDir)
+	}()
+	examples := filepath.Join(s.root, "examples", "untrusted")
+
+	t.Run("CLI", func(t *testing.T) {
+		out := run(t, srv, s, examples, 5*time.Minute, "bash", "walkthrough.sh")
+		if !strings.Contains(out, jobOutput) || !strings.Contains(out, `"state": "deleted"`) {
+			t.Fatalf("walkthrough output:\n%s", out)
+		}
+		if l := srv.sandboxes(t, ""); len(l) != 0 {
+			t.Fatalf("sandboxes left: %v", l)
+		}
+	})
+	t.Run("Go", func(t *testing.T) {
+		// The library form runs its own engine on its own data directory.
+		dir, err := os.MkdirTemp("", "hbg")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		defer noLeftovers(t, dir)
+		out := run(t, srv, s, s.root, 5*time.Minute, "go", "run", "./examples/untrusted",
+			"--data-dir", dir, "--image-dir", s.imageDir, "--plugin", s.plugin)
+		if !strings.Contains(out, "0 "+jobOutput) {
+			t.Fatalf("walkthrough output:\n%s", out)
+		}
+	})
+	t.Run("GracefulRestart", func(t *testing.T) {
+		out := run(t, srv, s, s.root, 5*time.Minute, "harebox", "new", "--image", "minimal", "--label", "e2e=restart")
+		var box struct{ ID string }
+		if err := json.Unmarshal([]byte(out), &box); err != nil || box.ID == "" {
+			t.Fatalf("new: %v\n%s", err, out)
+		}
+		run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "-c", "echo survived > /tmp/mark")
+		srv.stop(t)
+		srv = start(t, s, dataDir) // the deferred stop stops this one
+		out = run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "--", "cat", "/tmp/mark")
+		if out != "survived\n" {
+			t.Fatalf("after a restart: %q", out)
+		}
+		run(t, srv, s, s.root, time.Minute, "harebox", "delete", box.ID)
+	})
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
