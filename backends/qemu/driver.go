@@ -381,3 +381,13 @@ func lastLines(s string, n int) string {
 }
 
 var errStopped = errors.New("machine has stopped")
+
+// Probe says whether this backend can run here, with which accelerator,
+// and why not where it cannot (for hareboxd doctor).
+func Probe(ctx context.Context, opts Options) (caps hypervisor.Capabilities, err error) {
+	d, err := New(opts)
+	if err != nil {
+		return hypervisor.Capabilities{Name: Name}, err
+	}
+	return d.Capabilities(ctx)
+}

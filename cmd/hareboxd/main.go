@@ -10,6 +10,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,6 +22,8 @@ import (
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/api"
+	"github.com/harebox/harebox/backends/cloudhypervisor"
+	"github.com/harebox/harebox/backends/qemu"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -28,6 +31,9 @@ import (
 var version = "dev"
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "doctor" {
+		os.Exit(doctor(os.Stdout))
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "hareboxd:", err)
 		os.Exit(1)
@@ -118,4 +124,32 @@ func listener(addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("--listen %q: only loopback addresses or unix:PATH", addr)
 	}
 	return net.Listen("tcp", addr)
+}
+
+// doctor prints, one line each, which hypervisor backends can run on this
+// host and why not where one cannot. It exits 0 if at least one can.
+func doctor(w io.Writer) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	usable := 0
+	if caps, err := qemu.Probe(ctx, qemu.Options{}); err != nil {
+		fmt.Fprintf(w, "qemu: cannot run: %v\n", err)
+	} else {
+		usable++
+		line := fmt.Sprintf("qemu: ok: QEMU %s with %s", caps.Version, caps.Accelerator)
+		if caps.Notice != "" {
+			line += " (" + caps.Notice + ")"
+		}
+		fmt.Fprintln(w, line)
+	}
+	if r := cloudhypervisor.Probe(ctx, cloudhypervisor.Config{}); r.Usable {
+		usable++
+		fmt.Fprintf(w, "cloud-hypervisor: ok: %s %s (landlock %v)\n", r.Binary, r.Version, r.Landlock)
+	} else {
+		fmt.Fprintf(w, "cloud-hypervisor: cannot run: %s\n", r.Reason)
+	}
+	if usable == 0 {
+		return 1
+	}
+	return 0
 }

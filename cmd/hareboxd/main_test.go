@@ -1,0 +1,50 @@
+package main
+
+import (
+	"bytes"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDoctor(t *testing.T) {
+	var out bytes.Buffer
+	code := doctor(&out)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "qemu: ") || !strings.HasPrefix(lines[1], "cloud-hypervisor: ") {
+		t.Fatalf("doctor output:\n%s", out.String())
+	}
+	_, qemuErr := exec.LookPath("qemu-system-x86_64")
+	if (qemuErr == nil) != strings.HasPrefix(lines[0], "qemu: ok") {
+		t.Errorf("qemu line %q disagrees with PATH (%v)", lines[0], qemuErr)
+	}
+	for _, l := range lines {
+		if strings.Contains(l, "cannot run") && len(strings.SplitN(l, "cannot run: ", 2)[1]) < 10 {
+			t.Errorf("no reason given: %q", l)
+		}
+	}
+	if qemuErr == nil && code != 0 {
+		t.Errorf("exit %d with a usable backend", code)
+	}
+}
+
+func TestListenerLoopbackOnly(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:7070", "10.1.2.3:7070", ":7070", "example.com:7070"} {
+		if l, err := listener(addr); err == nil {
+			l.Close()
+			t.Errorf("%s: listening beyond loopback", addr)
+		}
+	}
+	l, err := listener("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err = listener("unix:" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+}
