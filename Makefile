@@ -7,6 +7,7 @@ GO ?= go
 BIN := bin
 CACHE := $(CURDIR)/.cache
 GOFLAGS_BUILD := -trimpath -buildvcs=false
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 .PHONY: all deps build image image-default demo test test-short fuzz bench proto vet clean
 
@@ -21,8 +22,8 @@ build:
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-plugin-cloud-hypervisor ./cmd/harebox-plugin-cloud-hypervisor
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-image ./cmd/harebox-image
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-demo ./examples/bootvm
-	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/hareboxd ./cmd/hareboxd
-	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox ./cmd/harebox
+	$(GO) build $(GOFLAGS_BUILD) -ldflags="-X main.version=$(VERSION)" -o $(BIN)/hareboxd ./cmd/hareboxd
+	$(GO) build $(GOFLAGS_BUILD) -ldflags="-X main.version=$(VERSION)" -o $(BIN)/harebox ./cmd/harebox
 
 # Guest images, cached under .cache/images and rebuilt only when an input changes.
 image: deps build

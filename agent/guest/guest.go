@@ -25,7 +25,7 @@ import (
 
 // Version is the agent's version, set at build time with
 // -ldflags "-X github.com/harebox/harebox/agent/guest.Version=...".
-var Version = "dev"
+var Version = "0.1.0"
 
 // ModeEnv is set to "init" by the agent's PID 1 when it starts the service,
 // so the service knows a Shutdown must go through its parent.
