@@ -29,6 +29,27 @@ func (e *Engine) running(ctx context.Context, id string) (*box, error) {
 	return b, nil
 }
 
+// agentFor returns a running sandbox and a live connection to its agent.
+func (e *Engine) agentFor(ctx context.Context, id string) (*box, *agentclient.Client, error) {
+	b, err := e.running(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := b.client(ctx, e.agentOptions())
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, c, nil
+}
+
+// execTarget validates an exec request and finds where it runs.
+func (e *Engine) execTarget(ctx context.Context, id string, r *sandbox.ExecRequest) (*box, *agentclient.Client, error) {
+	if err := r.Check(); err != nil {
+		return nil, nil, err
+	}
+	return e.agentFor(ctx, id)
+}
+
 // agentRequest merges the sandbox's environment under the request's.
 func (b *box) agentRequest(r *sandbox.ExecRequest) agentclient.ExecRequest {
 	env := map[string]string{}
@@ -50,14 +71,7 @@ func (b *box) agentRequest(r *sandbox.ExecRequest) agentclient.ExecRequest {
 // Exec runs a command and waits for it. Output beyond the engine's cap is
 // dropped and flagged.
 func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
-	if err := r.Check(); err != nil {
-		return nil, err
-	}
-	b, err := e.running(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	c, err := b.client(ctx, e.agentOptions())
+	b, c, err := e.execTarget(ctx, id, &r)
 	if err != nil {
 		return nil, err
 	}
@@ -75,14 +89,7 @@ func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*s
 // ExecStream runs a command and writes its output as it comes. Stdin, if
 // not nil, is fed to the command.
 func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error) {
-	if err := r.Check(); err != nil {
-		return nil, err
-	}
-	b, err := e.running(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	c, err := b.client(ctx, e.agentOptions())
+	b, c, err := e.execTarget(ctx, id, &r)
 	if err != nil {
 		return nil, err
 	}
@@ -173,14 +180,7 @@ func (t *procTable) closeAll() {
 // output is collected (capped) until it exits. Background processes live
 // as long as the engine: an engine restart ends them.
 func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.Process, error) {
-	if err := r.Check(); err != nil {
-		return nil, err
-	}
-	b, err := e.running(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	c, err := b.client(ctx, e.agentOptions())
+	b, c, err := e.execTarget(ctx, id, &r)
 	if err != nil {
 		return nil, err
 	}
