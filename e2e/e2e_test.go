@@ -208,6 +208,33 @@ func TestWalkthrough(t *testing.T) {
 			t.Fatalf("walkthrough output:\n%s", out)
 		}
 	})
+	// The SDK suites cover every route; each also runs its walkthrough
+	// (examples/untrusted/walkthrough.py and walkthrough.mjs) on the Debian
+	// image. Their other tests use the minimal image to boot fast.
+	t.Run("Python", func(t *testing.T) {
+		// Debian's python3 has python3-pytest (make deps installs it); a
+		// python3 earlier on PATH (pyenv, venv) may not.
+		py := "/usr/bin/python3"
+		if !fileExists(py) {
+			py = "python3"
+		}
+		out := run(t, srv, s, s.root, 10*time.Minute, "env", "HAREBOX_TEST_IMAGE=minimal", py, "-m", "pytest", "sdk/python", "-q", "-p", "no:cacheprovider")
+		t.Log(lastLines(out, 3))
+		if !strings.Contains(out, " passed") || strings.Contains(out, " failed") || strings.Contains(out, " skipped") {
+			t.Fatalf("pytest:\n%s", out)
+		}
+	})
+	t.Run("TypeScript", func(t *testing.T) {
+		dir := filepath.Join(s.root, "sdk", "typescript")
+		if !fileExists(filepath.Join(dir, "node_modules")) {
+			run(t, srv, s, dir, 5*time.Minute, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+		}
+		out := run(t, srv, s, dir, 10*time.Minute, "env", "HAREBOX_TEST_IMAGE=minimal", "npm", "test")
+		t.Log(lastLines(out, 12))
+		if !strings.Contains(out, "# fail 0") || strings.Contains(out, "# pass 0") {
+			t.Fatalf("npm test:\n%s", out)
+		}
+	})
 	t.Run("GracefulRestart", func(t *testing.T) {
 		out := run(t, srv, s, s.root, 5*time.Minute, "harebox", "new", "--image", "minimal", "--label", "e2e=restart")
 		var box struct{ ID string }
@@ -228,4 +255,12 @@ func TestWalkthrough(t *testing.T) {
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
 }

@@ -35,3 +35,8 @@ if ! command -v go >/dev/null; then
   exit 1
 fi
 go mod download
+
+# The TypeScript client's build tools (typescript, @types/node), from its lock file.
+if [ ! -d sdk/typescript/node_modules ]; then
+  (cd sdk/typescript && npm ci --no-audit --no-fund --loglevel=error)
+fi

@@ -1,0 +1,50 @@
+"""HareBox: run untrusted code in sandboxes that are real virtual machines.
+
+    import harebox
+    hb = harebox.Client()  # $HAREBOX_URL and $HAREBOX_API_KEY
+    box = hb.create(name="untrusted", size={"preset": "small"}, no_env=True, ttl_seconds=900)
+    result = box.run("python3 /home/user/job.py", timeout=300)
+    box.delete()
+
+The Client has one method per operation of the REST API (see
+/openapi.json); errors raise HareBoxError and its subclasses.
+"""
+
+from .client import DEFAULT_URL, Client, ExecEvent, ExecStream
+from .errors import (
+    Conflict,
+    HareBoxError,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    OverCapacity,
+    RequestTimeout,
+    ServerTimeout,
+    TooLarge,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+)
+from .sandbox import Sandbox
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Sandbox",
+    "ExecEvent",
+    "ExecStream",
+    "DEFAULT_URL",
+    "HareBoxError",
+    "InvalidRequest",
+    "Unauthorized",
+    "NotFound",
+    "Conflict",
+    "TooLarge",
+    "OverCapacity",
+    "Unavailable",
+    "ServerTimeout",
+    "InternalError",
+    "TransportError",
+    "RequestTimeout",
+]

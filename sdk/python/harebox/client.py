@@ -1,0 +1,516 @@
+"""The HareBox REST client: one method per OpenAPI operation.
+
+Each operation method is named after its operationId in snake_case, takes
+the path parameters positionally and the query string and body as the
+``query=`` and ``body=`` keywords, so the OpenAPI document doubles as the
+reference for this client. ``Client.create`` and the ``Sandbox`` object
+are the conveniences on top.
+
+It speaks HTTP with http.client directly, not urllib: no redirects to
+follow (a redirect would carry the API key to another host), no proxy
+settings picked up from the environment, and full control of timeouts
+and of the event stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import ssl
+from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, Union, cast
+from urllib.parse import quote, urlencode, urlsplit
+
+from . import types as t
+from .errors import HareBoxError, RequestTimeout, TransportError, error_from_body
+from .sandbox import Sandbox
+
+__all__ = ["Client", "ExecEvent", "ExecStream", "DEFAULT_URL"]
+
+#: Where the client goes when neither ``url`` nor HAREBOX_URL says.
+DEFAULT_URL = "http://127.0.0.1:7070"
+
+USER_AGENT = "harebox-python/0.1.0"
+
+#: The server's default command timeout (ExecRequest.timeout_seconds).
+_DEFAULT_EXEC_SECONDS = 300.0
+#: The server's default wait for get_process(wait=true).
+_DEFAULT_WAIT_SECONDS = 60.0
+#: Bounds one server-sent-event line; output arrives in far smaller pieces.
+_MAX_EVENT_LINE = 16 << 20
+#: Bounds how much of a non-API error reply is kept for the message.
+_MAX_ERROR_BODY = 64 << 10
+
+#: What write_file accepts: bytes, text (sent as UTF-8) or a binary file.
+FileData = Union[bytes, bytearray, memoryview, str, IO[bytes]]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def operation(operation_id: str) -> Callable[[F], F]:
+    """Marks a method as the client of one OpenAPI operation, so a test can
+    check that the client and the document list the same operations."""
+
+    def mark(method: F) -> F:
+        setattr(method, "operation_id", operation_id)
+        return method
+
+    return mark
+
+
+class ExecEvent(NamedTuple):
+    """One event of exec_stream: ``("stdout", bytes)``, ``("stderr",
+    bytes)`` or, last, ``("exit", ExecResult)``."""
+
+    name: str
+    payload: Any
+
+
+class Client:
+    """A client of one HareBox server.
+
+    ``url`` and ``api_key`` default to $HAREBOX_URL and $HAREBOX_API_KEY.
+    Every request has a timeout: ``timeout`` for quick calls,
+    ``lifecycle_timeout`` for calls that boot, stop or freeze a VM or move
+    a whole file, and for
+    exec the command's own timeout plus ``exec_margin``. Each operation
+    also takes ``timeout=`` to override it for one call.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        lifecycle_timeout: float = 600.0,
+        exec_margin: float = 30.0,
+    ) -> None:
+        url = url or os.environ.get("HAREBOX_URL") or DEFAULT_URL
+        api_key = api_key if api_key is not None else os.environ.get("HAREBOX_API_KEY")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"HareBox URL must be http:// or https://, not {parts.scheme or 'no scheme'!r}")
+        if parts.username or parts.password or parts.query or parts.fragment:
+            # Credentials go in api_key, never in a URL that gets printed.
+            raise ValueError("HareBox URL must not carry credentials, a query or a fragment")
+        if not parts.hostname:
+            raise ValueError(f"HareBox URL {url!r} has no host")
+        if api_key is not None and (not api_key or not api_key.isascii() or not api_key.isprintable() or " " in api_key):
+            # Checked here so http.client never echoes the key in its error.
+            raise ValueError("HareBox API key must be non-empty printable ASCII without spaces")
+        self.url = url.rstrip("/")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._base = parts.path.rstrip("/")
+        self._api_key = api_key
+        self.timeout = timeout
+        self.lifecycle_timeout = lifecycle_timeout
+        self.exec_margin = exec_margin
+
+    def __repr__(self) -> str:
+        # Never the key: reprs end up in logs and tracebacks.
+        return f"Client(url={self.url!r}, api_key={'<set>' if self._api_key else None})"
+
+    @classmethod
+    def operations(cls) -> dict[str, str]:
+        """Maps every operationId this client implements to its method name."""
+        found: dict[str, str] = {}
+        for name in dir(cls):
+            op = getattr(getattr(cls, name), "operation_id", None)
+            if isinstance(op, str):
+                found[op] = name
+        return found
+
+    # --- conveniences -------------------------------------------------
+
+    def create(self, *, timeout: float | None = None, **fields: Any) -> Sandbox:
+        """Creates a sandbox from keyword fields of CreateRequest (name,
+        size, image, ttl_seconds, labels, no_env, env); None means unset.
+        Returns once the sandbox runs."""
+        body = {k: v for k, v in fields.items() if v is not None}
+        return Sandbox(self, self.create_sandbox(body=body, timeout=timeout))
+
+    def sandbox(self, sandbox_id: str) -> Sandbox:
+        """Fetches an existing sandbox as a Sandbox object."""
+        return Sandbox(self, self.get_sandbox(sandbox_id))
+
+    # --- server -------------------------------------------------------
+
+    @operation("getHealth")
+    def get_health(self, *, timeout: float | None = None) -> t.Health:
+        """GET /health: liveness; needs no key."""
+        return cast(t.Health, self._json("GET", "/health", timeout=timeout))
+
+    @operation("getOpenAPI")
+    def get_open_api(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """GET /openapi.json: the API's contract; needs no key."""
+        return cast("dict[str, Any]", self._json("GET", "/openapi.json", timeout=timeout))
+
+    @operation("getInfo")
+    def get_info(self, *, timeout: float | None = None) -> t.Info:
+        """GET /v1/info: server version, hypervisor backend and site."""
+        return cast(t.Info, self._json("GET", "/v1/info", timeout=timeout))
+
+    # --- sandboxes ----------------------------------------------------
+
+    @operation("createSandbox")
+    def create_sandbox(self, *, body: t.Body, timeout: float | None = None) -> t.SandboxJSON:
+        """POST /v1/sandboxes: boots a VM; returns once its agent answers."""
+        return cast(t.SandboxJSON, self._json("POST", "/v1/sandboxes", body=body, timeout=timeout or self.lifecycle_timeout))
+
+    @operation("listSandboxes")
+    def list_sandboxes(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.SandboxList:
+        """GET /v1/sandboxes: oldest first; query ``state`` and ``label``
+        (a list of "key=value", all required)."""
+        return cast(t.SandboxList, self._json("GET", "/v1/sandboxes", query=query, timeout=timeout))
+
+    @operation("getSandbox")
+    def get_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
+        """GET /v1/sandboxes/{id}: deleted sandboxes too."""
+        return cast(t.SandboxJSON, self._json("GET", _path("/v1/sandboxes/{}", sandbox_id), timeout=timeout))
+
+    @operation("deleteSandbox")
+    def delete_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
+        """DELETE /v1/sandboxes/{id}: the VM, its disks (crypto-erased) and network."""
+        return cast(
+            t.SandboxJSON,
+            self._json("DELETE", _path("/v1/sandboxes/{}", sandbox_id), timeout=timeout or self.lifecycle_timeout),
+        )
+
+    @operation("pauseSandbox")
+    def pause_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
+        """POST /v1/sandboxes/{id}/pause: freezes a running sandbox."""
+        return cast(
+            t.SandboxJSON,
+            self._json("POST", _path("/v1/sandboxes/{}/pause", sandbox_id), timeout=timeout or self.lifecycle_timeout),
+        )
+
+    @operation("resumeSandbox")
+    def resume_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
+        """POST /v1/sandboxes/{id}/resume: continues a paused sandbox."""
+        return cast(
+            t.SandboxJSON,
+            self._json("POST", _path("/v1/sandboxes/{}/resume", sandbox_id), timeout=timeout or self.lifecycle_timeout),
+        )
+
+    # --- exec and processes --------------------------------------------
+
+    @operation("exec")
+    def exec(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> t.ExecResult:
+        """POST /v1/sandboxes/{id}/exec: runs a command (``cmd`` or ``argv``)
+        and waits for it. ``body["stdin"]`` is base64 text."""
+        return cast(
+            t.ExecResult,
+            self._json("POST", _path("/v1/sandboxes/{}/exec", sandbox_id), body=body, timeout=timeout or self._exec_timeout(body)),
+        )
+
+    @operation("execStream")
+    def exec_stream(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> ExecStream:
+        """POST /v1/sandboxes/{id}/exec/stream: runs a command and yields its
+        output as it comes, as ExecEvent(name, payload) tuples: ``stdout``
+        and ``stderr`` with bytes, then ``exit`` with the ExecResult. An
+        ``error`` event raises. Errors before the stream (no such sandbox,
+        a bad request) raise here, not on the first iteration."""
+        deadline = timeout or self._exec_timeout(body)
+        conn, resp = self._send("POST", _path("/v1/sandboxes/{}/exec/stream", sandbox_id), body=body, timeout=deadline)
+        return ExecStream(conn, resp)
+
+    @operation("startProcess")
+    def start_process(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> t.Process:
+        """POST /v1/sandboxes/{id}/processes: starts a command in the background."""
+        return cast(t.Process, self._json("POST", _path("/v1/sandboxes/{}/processes", sandbox_id), body=body, timeout=timeout))
+
+    @operation("listProcesses")
+    def list_processes(self, sandbox_id: str, *, timeout: float | None = None) -> t.ProcessList:
+        """GET /v1/sandboxes/{id}/processes: the background processes."""
+        return cast(t.ProcessList, self._json("GET", _path("/v1/sandboxes/{}/processes", sandbox_id), timeout=timeout))
+
+    @operation("getProcess")
+    def get_process(
+        self, sandbox_id: str, process_id: str, *, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.Process:
+        """GET /v1/sandboxes/{id}/processes/{pid}; with query ``wait`` true it
+        waits up to ``timeout_seconds`` (default 60) for the process to exit."""
+        if timeout is None and query and query.get("wait"):
+            timeout = _seconds(query.get("timeout_seconds"), _DEFAULT_WAIT_SECONDS) + self.exec_margin
+        path = _path("/v1/sandboxes/{}/processes/{}", sandbox_id, process_id)
+        return cast(t.Process, self._json("GET", path, query=query, timeout=timeout))
+
+    @operation("killProcess")
+    def kill_process(
+        self, sandbox_id: str, process_id: str, *, body: t.Body | None = None, timeout: float | None = None
+    ) -> None:
+        """POST /v1/sandboxes/{id}/processes/{pid}/kill: signals the process
+        group; ``body={"signal": 15}``, SIGKILL without a body."""
+        path = _path("/v1/sandboxes/{}/processes/{}/kill", sandbox_id, process_id)
+        self._json("POST", path, body=body, timeout=timeout)
+
+    # --- files ----------------------------------------------------------
+
+    @operation("writeFile")
+    def write_file(self, sandbox_id: str, *, query: t.Query, body: FileData, timeout: float | None = None) -> t.FileInfo:
+        """PUT /v1/sandboxes/{id}/files: writes raw bytes to ``query["path"]``
+        (also ``mode`` "0644", ``owner``, ``make_parents``); the file
+        appears whole or not at all. A file object is streamed."""
+        data: bytes | IO[bytes]
+        if isinstance(body, str):
+            data = body.encode()
+        elif isinstance(body, (bytearray, memoryview)):
+            data = bytes(body)
+        else:
+            data = body
+        path = _path("/v1/sandboxes/{}/files", sandbox_id)
+        return cast(t.FileInfo, self._json("PUT", path, query=query, raw=data, timeout=timeout or self.lifecycle_timeout))
+
+    @operation("readFile")
+    def read_file(self, sandbox_id: str, *, query: t.Query, timeout: float | None = None) -> bytes:
+        """GET /v1/sandboxes/{id}/files: the bytes of ``query["path"]``."""
+        path = _path("/v1/sandboxes/{}/files", sandbox_id)
+        conn, resp = self._send("GET", path, query=query, timeout=timeout or self.lifecycle_timeout)
+        try:
+            return _read(resp)
+        finally:
+            conn.close()
+
+    @operation("removeFile")
+    def remove_file(self, sandbox_id: str, *, query: t.Query, timeout: float | None = None) -> None:
+        """DELETE /v1/sandboxes/{id}/files: removes ``query["path"]``
+        (a non-empty directory needs ``recursive``)."""
+        self._json("DELETE", _path("/v1/sandboxes/{}/files", sandbox_id), query=query, timeout=timeout)
+
+    @operation("statFile")
+    def stat_file(self, sandbox_id: str, *, query: t.Query, timeout: float | None = None) -> t.FileInfo:
+        """GET /v1/sandboxes/{id}/files/stat: describes ``query["path"]``."""
+        return cast(t.FileInfo, self._json("GET", _path("/v1/sandboxes/{}/files/stat", sandbox_id), query=query, timeout=timeout))
+
+    @operation("listFiles")
+    def list_files(self, sandbox_id: str, *, query: t.Query, timeout: float | None = None) -> t.FileList:
+        """GET /v1/sandboxes/{id}/files/list: the entries of directory ``query["path"]``."""
+        return cast(t.FileList, self._json("GET", _path("/v1/sandboxes/{}/files/list", sandbox_id), query=query, timeout=timeout))
+
+    @operation("mkdir")
+    def mkdir(self, sandbox_id: str, *, query: t.Query, timeout: float | None = None) -> t.FileInfo:
+        """POST /v1/sandboxes/{id}/files/mkdir: ``query["path"]`` and its parents."""
+        return cast(t.FileInfo, self._json("POST", _path("/v1/sandboxes/{}/files/mkdir", sandbox_id), query=query, timeout=timeout))
+
+    # --- firewall -------------------------------------------------------
+
+    @operation("getFirewall")
+    def get_firewall(self, sandbox_id: str, *, timeout: float | None = None) -> t.FirewallPolicy:
+        """GET /v1/sandboxes/{id}/firewall: the policy in force."""
+        return cast(t.FirewallPolicy, self._json("GET", _path("/v1/sandboxes/{}/firewall", sandbox_id), timeout=timeout))
+
+    @operation("setFirewall")
+    def set_firewall(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> t.FirewallPolicy:
+        """PUT /v1/sandboxes/{id}/firewall: replaces the policy atomically
+        (outbound rules in order, first match wins)."""
+        path = _path("/v1/sandboxes/{}/firewall", sandbox_id)
+        return cast(t.FirewallPolicy, self._json("PUT", path, body=body, timeout=timeout))
+
+    # --- transport ------------------------------------------------------
+
+    def _exec_timeout(self, body: t.Body) -> float:
+        """The command's own timeout plus a margin, so the server, which
+        enforces the command's timeout, always answers first."""
+        return _seconds(body.get("timeout_seconds"), _DEFAULT_EXEC_SECONDS) + self.exec_margin
+
+    def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: t.Query | None = None,
+        body: t.Body | None = None,
+        raw: bytes | IO[bytes] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Sends a request and returns its JSON reply (None for 204)."""
+        conn, resp = self._send(method, path, query=query, body=body, raw=raw, timeout=timeout)
+        try:
+            data = _read(resp)
+        finally:
+            conn.close()
+        if resp.status == 204 or not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise TransportError(f"{method} {path}: the reply is not JSON", status=resp.status) from None
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: t.Query | None = None,
+        body: t.Body | None = None,
+        raw: bytes | IO[bytes] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Sends a request; returns the open connection and a 2xx response
+        whose body is still unread, or raises the API's error."""
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = "Bearer " + self._api_key
+        payload: bytes | IO[bytes] | None = raw
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        elif raw is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        target = self._base + path
+        if query:
+            target += "?" + _encode_query(query)
+        conn = self._connection(timeout or self.timeout)
+        try:
+            conn.request(method, target, body=payload, headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 300:
+                raise _error_reply(resp)
+        except HareBoxError:
+            conn.close()
+            raise
+        except TimeoutError:
+            conn.close()
+            raise RequestTimeout(f"{method} {path}: no answer within {timeout or self.timeout:g} s") from None
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise TransportError(f"{method} {path}: {type(e).__name__}: {e}") from None
+        return conn, resp
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._https:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=ssl.create_default_context())
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+
+class ExecStream:
+    """The events of one exec_stream call; iterate it, or use it as a
+    context manager to close the connection early. It closes itself after
+    the ``exit`` event."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        self._conn = conn
+        self._resp = resp
+        self._done = False
+
+    def __iter__(self) -> Iterator[ExecEvent]:
+        return self
+
+    def __enter__(self) -> ExecStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops reading and closes the connection."""
+        self._done = True
+        self._conn.close()
+
+    def __del__(self) -> None:
+        # A loop that breaks early leaves the stream open: close it quietly.
+        self._conn.close()
+
+    def __next__(self) -> ExecEvent:
+        if self._done:
+            raise StopIteration
+        try:
+            while True:
+                name, data = self._read_event()
+                if name in ("stdout", "stderr"):
+                    return ExecEvent(name, base64.b64decode(json.loads(data)["data"]))
+                if name == "exit":
+                    self.close()
+                    return ExecEvent("exit", cast(t.ExecResult, json.loads(data)))
+                if name == "error":
+                    raise error_from_body(0, json.loads(data))
+                # Unknown events are for newer clients: skip them.
+        except HareBoxError:
+            self.close()
+            raise
+        except TimeoutError:
+            self.close()
+            raise RequestTimeout("exec stream: no event within the timeout") from None
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as e:
+            self.close()
+            raise TransportError(f"exec stream: {type(e).__name__}: {e}") from None
+
+    def _read_event(self) -> tuple[str, str]:
+        """Reads one server-sent event: its name and its (joined) data."""
+        name = "message"
+        data: list[str] = []
+        while True:
+            line = self._resp.readline(_MAX_EVENT_LINE)
+            if not line:
+                raise TransportError("exec stream ended before the exit event")
+            if not line.endswith(b"\n"):
+                raise TransportError("exec stream: an event line is too long or cut short")
+            text = line.decode().rstrip("\r\n")
+            if not text:
+                if data:
+                    return name, "\n".join(data)
+                name = "message"
+                continue
+            if text.startswith(":"):
+                continue
+            key, _, value = text.partition(":")
+            value = value.removeprefix(" ")
+            if key == "event":
+                name = value
+            elif key == "data":
+                data.append(value)
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A timeout from a request, or the server's default when it has none
+    (a malformed one is the server's to refuse)."""
+    try:
+        return float(value) or default
+    except (TypeError, ValueError):
+        return default
+
+
+def _path(template: str, *params: str) -> str:
+    """Fills path parameters, escaped so that an ID can never change the
+    route ("../", "?", "#" are all quoted)."""
+    for p in params:
+        if not isinstance(p, str) or not p:
+            raise ValueError(f"path parameter must be a non-empty string, not {p!r}")
+    return template.format(*(quote(p, safe="") for p in params))
+
+
+def _encode_query(query: t.Query) -> str:
+    """Encodes a query: bools as true/false, lists as repeated keys, None left out."""
+    pairs: list[tuple[str, str]] = []
+    for key, value in query.items():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is None:
+                continue
+            pairs.append((key, ("true" if item else "false") if isinstance(item, bool) else str(item)))
+    return urlencode(pairs)
+
+
+def _read(resp: http.client.HTTPResponse) -> bytes:
+    try:
+        return resp.read()
+    except TimeoutError:
+        raise RequestTimeout("the reply stalled past the timeout") from None
+    except (OSError, http.client.HTTPException) as e:
+        raise TransportError(f"reading the reply: {type(e).__name__}: {e}") from None
+
+
+def _error_reply(resp: http.client.HTTPResponse) -> HareBoxError:
+    """The error for a non-2xx reply, from its JSON error body if it has one."""
+    data = resp.read(_MAX_ERROR_BODY)
+    try:
+        body = json.loads(data)
+    except ValueError:
+        body = None
+    err = error_from_body(resp.status, body)
+    if body is None and data:
+        err.message += ": " + data[:200].decode(errors="replace").strip()
+    return err

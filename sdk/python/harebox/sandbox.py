@@ -1,0 +1,135 @@
+"""Sandbox: one sandbox as an object, for code that works with one box.
+
+It holds the sandbox's JSON fields and its client, so ``box.run(...)``
+reads like the walkthrough. Everything it does goes through the Client's
+operation methods; it adds no behaviour the API does not have.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Sequence
+
+from . import types as t
+from .errors import Conflict
+
+if TYPE_CHECKING:
+    from .client import Client, ExecStream, FileData
+
+
+@dataclass(init=False, eq=False)
+class Sandbox:
+    """A sandbox: its fields as the server last reported them, and methods
+    that act on it. ``refresh()`` re-reads the fields; the lifecycle
+    methods update them from the server's reply."""
+
+    id: str
+    name: str
+    state: str
+    image: str
+    size: t.Resources
+    labels: dict[str, str]
+    no_env: bool
+    site: t.Site
+    created_at: str
+    expires_at: str | None
+    error: str | None
+    client: Client = field(repr=False)
+
+    def __init__(self, client: Client, data: t.SandboxJSON) -> None:
+        self.client = client
+        self._update(data)
+
+    def _update(self, data: t.SandboxJSON) -> Sandbox:
+        self.id = data["id"]
+        self.name = data.get("name", "")
+        self.state = data["state"]
+        self.image = data.get("image", "")
+        self.size = data.get("size", {"vcpus": 0, "memory_mb": 0, "disk_gb": 0})
+        self.labels = dict(data.get("labels") or {})
+        self.no_env = bool(data.get("no_env", False))
+        self.site = data.get("site", {"name": "", "country": ""})
+        self.created_at = data.get("created_at", "")
+        self.expires_at = data.get("expires_at")
+        self.error = data.get("error")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sandbox's fields as plain data (without the client)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "client"}
+
+    # --- lifecycle ------------------------------------------------------
+
+    def refresh(self) -> Sandbox:
+        """Re-reads the sandbox from the server."""
+        return self._update(self.client.get_sandbox(self.id))
+
+    def pause(self) -> Sandbox:
+        """Freezes the VM (state ``paused``)."""
+        return self._update(self.client.pause_sandbox(self.id))
+
+    def resume(self) -> Sandbox:
+        """Continues a paused VM (state ``running``)."""
+        return self._update(self.client.resume_sandbox(self.id))
+
+    def delete(self) -> Sandbox:
+        """Deletes the VM and crypto-erases its disks (state ``deleted``)."""
+        return self._update(self.client.delete_sandbox(self.id))
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Deletes the sandbox on leaving a ``with`` block, even on error."""
+        if self.state != "deleted":
+            try:
+                self.delete()
+            except Conflict:
+                if self.refresh().state != "deleted":  # deleted elsewhere is fine
+                    raise
+
+    # --- commands -------------------------------------------------------
+
+    def run(self, cmd: str | Sequence[str], timeout: float | None = None, **options: Any) -> t.ExecResult:
+        """Runs a command and waits for it: a shell string, or an argv list.
+        ``timeout`` is in seconds (the server's default is 300); ``options``
+        are the other ExecRequest fields (env, cwd, user, stdin), where
+        stdin may be bytes or text. Returns the ExecResult dict."""
+        return self.client.exec(self.id, body=_exec_body(cmd, timeout, options))
+
+    def stream(self, cmd: str | Sequence[str], timeout: float | None = None, **options: Any) -> ExecStream:
+        """Like run, but yields ("stdout"|"stderr", bytes) as the command
+        writes, then ("exit", ExecResult)."""
+        return self.client.exec_stream(self.id, body=_exec_body(cmd, timeout, options))
+
+    def start(self, cmd: str | Sequence[str], timeout: float | None = None, **options: Any) -> t.Process:
+        """Starts a command in the background; see Client.get_process."""
+        return self.client.start_process(self.id, body=_exec_body(cmd, timeout, options))
+
+    # --- files ----------------------------------------------------------
+
+    def write_file(self, path: str, data: FileData, mode: int | str | None = None, *, make_parents: bool = False) -> t.FileInfo:
+        """Writes a file; ``mode`` is an int (0o755) or an octal string ("0755")."""
+        query: dict[str, t.QueryValue] = {"path": path}
+        if mode is not None:
+            query["mode"] = mode if isinstance(mode, str) else format(mode, "04o")
+        if make_parents:
+            query["make_parents"] = True
+        return self.client.write_file(self.id, query=query, body=data)
+
+    def read_file(self, path: str) -> bytes:
+        """Reads a whole file."""
+        return self.client.read_file(self.id, query={"path": path})
+
+
+def _exec_body(cmd: str | Sequence[str], timeout: float | None, options: dict[str, Any]) -> dict[str, Any]:
+    """Builds an ExecRequest: a str is a shell command, a sequence an argv."""
+    body: dict[str, Any] = {"cmd": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
+    if timeout is not None:
+        body["timeout_seconds"] = timeout
+    stdin = options.pop("stdin", None)
+    if stdin is not None:
+        body["stdin"] = base64.b64encode(stdin.encode() if isinstance(stdin, str) else bytes(stdin)).decode()
+    body.update((k, v) for k, v in options.items() if v is not None)
+    return body

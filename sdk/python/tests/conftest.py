@@ -1,0 +1,65 @@
+"""Fixtures for tests against a real hareboxd with real VMs.
+
+The client is imported from the source tree, so the tests need no install.
+Tests that need a server take the ``hb`` fixture, which skips them all with
+one reason when HAREBOX_URL is unset. Sandboxes are few (each boot is ~10 s
+under software emulation) and always deleted, even when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+SDK_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(SDK_DIR))
+
+import harebox  # noqa: E402
+
+NO_SERVER = "HAREBOX_URL is not set: these tests need a running hareboxd (eval \"$(scripts/devserver.sh)\")"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skips every test that needs the server from this one place, so the
+    summary shows the reason once, not once per test."""
+    if "hb" in getattr(item, "fixturenames", ()) and not os.environ.get("HAREBOX_URL"):
+        pytest.skip(NO_SERVER)
+
+
+@pytest.fixture(scope="session")
+def hb() -> harebox.Client:
+    """A client of the server under test, from HAREBOX_URL and HAREBOX_API_KEY."""
+    return harebox.Client()
+
+
+@pytest.fixture(scope="session")
+def test_image() -> str:
+    """The image for test sandboxes: "minimal" boots fastest."""
+    return os.environ.get("HAREBOX_TEST_IMAGE", "minimal")
+
+
+@pytest.fixture(scope="session")
+def run_label() -> str:
+    """A label value unique to this test run, to find its sandboxes."""
+    return uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="session")
+def box(hb: harebox.Client, test_image: str, run_label: str) -> Iterator[harebox.Sandbox]:
+    """One running sandbox shared by the exec, files and firewall tests."""
+    sandbox = hb.create(image=test_image, ttl_seconds=1800, labels={"sdk-python-test": run_label, "role": "shared"})
+    try:
+        yield sandbox
+    finally:
+        delete_quietly(hb, sandbox.id)
+
+
+def delete_quietly(hb: harebox.Client, sandbox_id: str) -> None:
+    """Deletes a sandbox in a teardown: deleted already is fine."""
+    if hb.get_sandbox(sandbox_id)["state"] != "deleted":
+        hb.delete_sandbox(sandbox_id)

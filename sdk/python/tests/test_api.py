@@ -1,0 +1,83 @@
+"""The client against the served API: the document, the public routes, and
+how errors map to exceptions."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import harebox
+
+
+def snake(operation_id: str) -> str:
+    """getOpenAPI -> get_open_api, listSandboxes -> list_sandboxes."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", operation_id).lower()
+
+
+def test_every_operation_has_a_method_and_no_more(hb: harebox.Client) -> None:
+    doc = hb.get_open_api()
+    documented = {
+        op["operationId"]
+        for item in doc["paths"].values()
+        for method, op in item.items()
+        if isinstance(op, dict) and "operationId" in op
+    }
+    implemented = harebox.Client.operations()
+    assert sorted(documented - implemented.keys()) == [], "operations without a client method"
+    assert sorted(implemented.keys() - documented) == [], "client methods for operations the document lacks"
+    for operation_id, name in implemented.items():
+        assert name == snake(operation_id)
+        assert callable(getattr(hb, name))
+
+
+def test_health_and_info(hb: harebox.Client) -> None:
+    assert hb.get_health() == {"status": "ok"}
+    info = hb.get_info()
+    assert info["version"] and info["backend"]["name"]
+    assert "name" in info["site"]
+
+
+def test_wrong_api_key_is_unauthorized(hb: harebox.Client) -> None:
+    wrong = harebox.Client(url=hb.url, api_key="hbk_wrong")
+    with pytest.raises(harebox.Unauthorized) as err:
+        wrong.list_sandboxes()
+    assert (err.value.status, err.value.code) == (401, "unauthorized")
+    assert "hbk_wrong" not in str(err.value)
+    assert wrong.get_health() == {"status": "ok"}  # public routes need no key
+
+
+def test_missing_sandbox_is_not_found(hb: harebox.Client) -> None:
+    missing = "sbx_" + "0" * 26
+    with pytest.raises(harebox.NotFound) as err:
+        hb.get_sandbox(missing)
+    assert (err.value.status, err.value.code) == (404, "not_found")
+    with pytest.raises(harebox.NotFound):
+        hb.exec_stream(missing, body={"cmd": "true"})
+
+
+def test_bad_size_is_invalid_with_its_field(hb: harebox.Client) -> None:
+    before = hb.list_sandboxes()["sandboxes"]
+    with pytest.raises(harebox.InvalidRequest) as err:
+        hb.create(size={"preset": "huge"})
+    assert (err.value.status, err.value.code, err.value.field) == (400, "invalid", "size.preset")
+    assert hb.list_sandboxes()["sandboxes"] == before
+
+
+def test_unknown_field_is_invalid(hb: harebox.Client) -> None:
+    with pytest.raises(harebox.InvalidRequest) as err:
+        hb.create_sandbox(body={"nmae": "typo"})
+    assert err.value.field == "nmae"
+
+
+def test_path_parameters_cannot_change_the_route(hb: harebox.Client) -> None:
+    # "../info" must reach /v1/sandboxes/..%2Finfo (no such sandbox), not /v1/info.
+    with pytest.raises(harebox.NotFound):
+        hb.get_sandbox("../info")
+
+
+
+def test_bad_ttl_is_invalid_with_its_field(hb: harebox.Client, test_image: str) -> None:
+    with pytest.raises(harebox.InvalidRequest) as err:
+        hb.create(image=test_image, ttl_seconds=-1)
+    assert err.value.field == "ttl_seconds"

@@ -1,0 +1,537 @@
+import { Buffer } from "node:buffer";
+
+import { HareBoxError, errorFromBody, statusForCode } from "./errors.js";
+import { OPERATIONS, type OperationId } from "./operations.js";
+import { Sandbox } from "./sandbox.js";
+import { readSSE } from "./sse.js";
+import type {
+  CreateRequest,
+  ExecEvent,
+  ExecRequest,
+  ExecResult,
+  FileData,
+  FileInfo,
+  FileList,
+  FirewallPolicy,
+  GetProcessQuery,
+  Health,
+  Info,
+  KillRequest,
+  ListSandboxesQuery,
+  MkdirQuery,
+  PathQuery,
+  Process,
+  ProcessList,
+  RemoveFileQuery,
+  Sandbox as SandboxData,
+  WriteFileQuery,
+} from "./types.js";
+
+/** The version of this client. */
+export const VERSION = "0.1.0";
+
+/** How a client reaches the server. */
+export interface HareBoxOptions {
+  /** The server's base URL, http or https. Default: $HAREBOX_URL. */
+  url?: string;
+  /** The API key, sent as a Bearer token. Default: $HAREBOX_API_KEY. */
+  apiKey?: string;
+  /**
+   * The time, in milliseconds, an ordinary request may take (default
+   * 60000). Long operations get more: creating a sandbox 600 s, exec its
+   * own timeout plus a margin, file transfers 300 s.
+   */
+  timeoutMs?: number;
+  /** The fetch to use (default: the global fetch). */
+  fetch?: typeof fetch;
+}
+
+/** Options every call takes. */
+export interface RequestOptions {
+  /** Aborts the request; it then rejects with the signal's reason. */
+  signal?: AbortSignal;
+  /** Overrides the request's timeout, in milliseconds; 0 means none. */
+  timeoutMs?: number;
+}
+
+/** A call's options: its query parameters and body, as the API names them. */
+export interface CallOptions<Q = never, B = never> extends RequestOptions {
+  query?: Q;
+  body?: B;
+}
+
+/** A call whose query (path) is required. */
+export interface PathCallOptions<Q extends PathQuery, B = never> extends RequestOptions {
+  query: Q;
+  body?: B;
+}
+
+/** The body of listSandboxes, with sandbox objects. */
+export interface SandboxList {
+  sandboxes: Sandbox[];
+}
+
+const DEFAULT_TIMEOUT_MS = 60_000;
+const CREATE_TIMEOUT_MS = 600_000;
+const LIFECYCLE_TIMEOUT_MS = 180_000;
+const FILE_TIMEOUT_MS = 300_000;
+/** Added to a command's own timeout: the server needs a moment to report. */
+const EXEC_MARGIN_MS = 30_000;
+const DEFAULT_EXEC_TIMEOUT_S = 300;
+const DEFAULT_WAIT_TIMEOUT_S = 60;
+
+type Kind = "json" | "bytes" | "none";
+
+interface Send {
+  query?: unknown;
+  /** A JSON value, or raw bytes for writeFile. */
+  json?: unknown;
+  raw?: FileData;
+  signal?: AbortSignal | undefined;
+  timeoutMs: number;
+}
+
+/**
+ * A client of the HareBox REST API. Each API operation is a method named
+ * by its operationId; it takes the path parameters in order, then
+ * `{ query, body, signal, timeoutMs }`. Failures throw {@link HareBoxError}.
+ */
+export class HareBox {
+  /** The server's base URL (no trailing slash). */
+  readonly url: string;
+  readonly timeoutMs: number;
+  readonly #apiKey: string;
+  readonly #fetch: typeof fetch;
+
+  constructor(options: HareBoxOptions = {}) {
+    const raw = options.url ?? process.env.HAREBOX_URL ?? "";
+    if (!raw) {
+      throw new HareBoxError(0, "invalid", "no server URL: pass { url } or set HAREBOX_URL", "url");
+    }
+    let u: URL;
+    try {
+      u = new URL(raw);
+    } catch {
+      throw new HareBoxError(0, "invalid", "the server URL is not a valid URL", "url");
+    }
+    if (u.protocol !== "http:" && u.protocol !== "https:") {
+      throw new HareBoxError(0, "invalid", `the server URL must be http or https, not ${u.protocol.replace(/:$/, "")}`, "url");
+    }
+    if (u.username || u.password) {
+      throw new HareBoxError(0, "invalid", "the server URL must not carry credentials; pass { apiKey } instead", "url");
+    }
+    if (u.search || u.hash) {
+      throw new HareBoxError(0, "invalid", "the server URL must not have a query or a fragment", "url");
+    }
+    this.url = u.origin + u.pathname.replace(/\/+$/, "");
+    const key = options.apiKey ?? process.env.HAREBOX_API_KEY ?? "";
+    if (/[\s]/.test(key.trim()) || /[\r\n]/.test(key)) {
+      throw new HareBoxError(0, "invalid", "the API key must not contain white space", "apiKey");
+    }
+    this.#apiKey = key.trim();
+    const t = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    if (!(t >= 0) || !Number.isFinite(t)) {
+      throw new HareBoxError(0, "invalid", "timeoutMs must be a number of milliseconds, 0 or more", "timeoutMs");
+    }
+    this.timeoutMs = t;
+    const f = options.fetch ?? globalThis.fetch;
+    if (typeof f !== "function") {
+      throw new HareBoxError(0, "invalid", "no fetch: HareBox needs Node 20 or later", "fetch");
+    }
+    this.#fetch = f;
+  }
+
+  /** Keeps the API key out of logs: this is what console.log shows. */
+  [Symbol.for("nodejs.util.inspect.custom")](): string {
+    return `HareBox { url: ${JSON.stringify(this.url)} }`;
+  }
+
+  toJSON(): { url: string } {
+    return { url: this.url };
+  }
+
+  // ---- Conveniences -------------------------------------------------
+
+  /** Creates a sandbox and returns it, running, as a {@link Sandbox}. */
+  create(fields: CreateRequest = {}, options: RequestOptions = {}): Promise<Sandbox> {
+    return this.createSandbox({ ...options, body: fields });
+  }
+
+  // ---- Operations, in the document's order --------------------------
+
+  /** Liveness of the server (no key needed). */
+  async getHealth(options: CallOptions = {}): Promise<Health> {
+    return this.#call("getHealth", [], "json", this.#plain(options));
+  }
+
+  /** The server's OpenAPI document (no key needed). */
+  async getOpenAPI(options: CallOptions = {}): Promise<Record<string, unknown>> {
+    return this.#call("getOpenAPI", [], "json", this.#plain(options));
+  }
+
+  /** Server version, hypervisor backend and site. */
+  async getInfo(options: CallOptions = {}): Promise<Info> {
+    return this.#call("getInfo", [], "json", this.#plain(options));
+  }
+
+  /** Creates a sandbox; returns once its agent answers. */
+  async createSandbox(options: CallOptions<never, CreateRequest> = {}): Promise<Sandbox> {
+    const data = await this.#call<SandboxData>("createSandbox", [], "json", {
+      json: options.body ?? {},
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, CREATE_TIMEOUT_MS),
+    });
+    return new Sandbox(this, data);
+  }
+
+  /** Lists sandboxes, oldest first. */
+  async listSandboxes(options: CallOptions<ListSandboxesQuery> = {}): Promise<SandboxList> {
+    const q = options.query ?? {};
+    let label = q.label;
+    if (label && typeof label === "object" && !Array.isArray(label)) {
+      label = Object.entries(label).map(([k, v]) => `${k}=${v}`);
+    }
+    const res = await this.#call<{ sandboxes: SandboxData[] }>("listSandboxes", [], "json", {
+      query: { state: q.state, label },
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, 0),
+    });
+    return { sandboxes: (res.sandboxes ?? []).map((d) => new Sandbox(this, d)) };
+  }
+
+  /** Gets a sandbox (deleted ones too). */
+  async getSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
+    return new Sandbox(this, await this.#call<SandboxData>("getSandbox", [id], "json", this.#plain(options)));
+  }
+
+  /** Deletes a sandbox, its VM, disks and network; returns it, deleted. */
+  async deleteSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
+    return new Sandbox(this, await this.#call<SandboxData>("deleteSandbox", [id], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS)));
+  }
+
+  /** Freezes a running sandbox. */
+  async pauseSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
+    return new Sandbox(this, await this.#call<SandboxData>("pauseSandbox", [id], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS)));
+  }
+
+  /** Continues a paused sandbox. */
+  async resumeSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
+    return new Sandbox(this, await this.#call<SandboxData>("resumeSandbox", [id], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS)));
+  }
+
+  /** Runs a command and waits for it. A non-zero exit is a result, not an error. */
+  async exec(id: string, options: CallOptions<never, ExecRequest>): Promise<ExecResult> {
+    const body = options?.body ?? {};
+    return this.#call("exec", [id], "json", {
+      json: execBody(body),
+      signal: options?.signal,
+      timeoutMs: this.#timeout(options ?? {}, execTimeoutMs(body)),
+    });
+  }
+
+  /**
+   * Runs a command and yields its output as it comes: `stdout` and
+   * `stderr` events with the bytes, then one `exit` event with the result
+   * (its stdout and stderr empty). An `error` event from the server throws
+   * a HareBoxError. Breaking out of the loop cancels the request.
+   *
+   *     for await (const ev of hb.execStream(id, { body: { cmd: "ls" } })) { ... }
+   */
+  async *execStream(id: string, options: CallOptions<never, ExecRequest>): AsyncGenerator<ExecEvent, void, undefined> {
+    const body = options?.body ?? {};
+    const send: Send = {
+      json: execBody(body),
+      signal: options?.signal,
+      timeoutMs: this.#timeout(options ?? {}, execTimeoutMs(body)),
+    };
+    const { res, fail } = await this.#send("execStream", [id], send);
+    if (!res.body) throw new HareBoxError(0, "network", "execStream: the response has no body");
+    let ended = false;
+    try {
+      for await (const msg of readSSE(res.body)) {
+        switch (msg.event) {
+          case "stdout":
+          case "stderr": {
+            const v = parseEvent(msg.event, msg.data) as { data?: unknown };
+            if (typeof v?.data !== "string") throw malformed(msg.event);
+            yield { type: msg.event, data: fromBase64(v.data) };
+            break;
+          }
+          case "exit": {
+            const v = parseEvent(msg.event, msg.data) as ExecResult;
+            if (!v || typeof v !== "object" || typeof v.exit_code !== "number") throw malformed(msg.event);
+            ended = true;
+            yield { type: "exit", result: v };
+            return;
+          }
+          case "error": {
+            const v = parseEvent(msg.event, msg.data) as { error?: { code?: unknown; message?: unknown; field?: unknown } };
+            const e = v?.error;
+            const code = typeof e?.code === "string" ? e.code : "internal";
+            ended = true;
+            throw new HareBoxError(
+              statusForCode(code),
+              code,
+              typeof e?.message === "string" ? e.message : "the command failed",
+              typeof e?.field === "string" ? e.field : undefined,
+            );
+          }
+          default:
+          // An event this client does not know: skip it.
+        }
+      }
+    } catch (err) {
+      throw fail(err);
+    }
+    if (!ended) throw new HareBoxError(0, "network", "execStream: the stream ended before the exit event");
+  }
+
+  /** Starts a command in the background. */
+  async startProcess(id: string, options: CallOptions<never, ExecRequest>): Promise<Process> {
+    return this.#call("startProcess", [id], "json", {
+      json: execBody(options?.body ?? {}),
+      signal: options?.signal,
+      timeoutMs: this.#timeout(options ?? {}, 0),
+    });
+  }
+
+  /** Lists background processes. */
+  async listProcesses(id: string, options: CallOptions = {}): Promise<ProcessList> {
+    return this.#call("listProcesses", [id], "json", this.#plain(options));
+  }
+
+  /** Gets a background process; with query.wait, waits for it to exit. */
+  async getProcess(id: string, pid: string, options: CallOptions<GetProcessQuery> = {}): Promise<Process> {
+    const q = options.query ?? {};
+    const wait = q.wait ? (q.timeout_seconds ?? DEFAULT_WAIT_TIMEOUT_S) * 1000 + EXEC_MARGIN_MS : 0;
+    return this.#call("getProcess", [id, pid], "json", {
+      query: q,
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, wait),
+    });
+  }
+
+  /** Signals a background process's process group (default SIGKILL). */
+  async killProcess(id: string, pid: string, options: CallOptions<never, KillRequest> = {}): Promise<void> {
+    await this.#call("killProcess", [id, pid], "none", {
+      json: options.body,
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, 0),
+    });
+  }
+
+  /** Writes a file (raw bytes; a string is UTF-8); it appears whole or not at all. */
+  async writeFile(id: string, options: PathCallOptions<WriteFileQuery, FileData>): Promise<FileInfo> {
+    if (options?.body === undefined || options.body === null) {
+      throw new HareBoxError(0, "invalid", "writeFile: body (the file's bytes) is required", "body");
+    }
+    return this.#call("writeFile", [id], "json", {
+      query: options.query,
+      raw: options.body,
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, FILE_TIMEOUT_MS),
+    });
+  }
+
+  /** Reads a file's bytes. */
+  async readFile(id: string, options: PathCallOptions<PathQuery>): Promise<Uint8Array> {
+    return this.#call("readFile", [id], "bytes", {
+      query: options?.query,
+      signal: options?.signal,
+      timeoutMs: this.#timeout(options ?? {}, FILE_TIMEOUT_MS),
+    });
+  }
+
+  /** Removes a file or directory (a non-empty one with query.recursive). */
+  async removeFile(id: string, options: PathCallOptions<RemoveFileQuery>): Promise<void> {
+    await this.#call("removeFile", [id], "none", { query: options?.query, signal: options?.signal, timeoutMs: this.#timeout(options ?? {}, 0) });
+  }
+
+  /** Describes a path. */
+  async statFile(id: string, options: PathCallOptions<PathQuery>): Promise<FileInfo> {
+    return this.#call("statFile", [id], "json", { query: options?.query, signal: options?.signal, timeoutMs: this.#timeout(options ?? {}, 0) });
+  }
+
+  /** Lists a directory. */
+  async listFiles(id: string, options: PathCallOptions<PathQuery>): Promise<FileList> {
+    return this.#call("listFiles", [id], "json", { query: options?.query, signal: options?.signal, timeoutMs: this.#timeout(options ?? {}, 0) });
+  }
+
+  /** Creates a directory and its parents. */
+  async mkdir(id: string, options: PathCallOptions<MkdirQuery>): Promise<FileInfo> {
+    return this.#call("mkdir", [id], "json", { query: options?.query, signal: options?.signal, timeoutMs: this.#timeout(options ?? {}, 0) });
+  }
+
+  /** The sandbox's firewall policy. */
+  async getFirewall(id: string, options: CallOptions = {}): Promise<FirewallPolicy> {
+    return this.#call("getFirewall", [id], "json", this.#plain(options));
+  }
+
+  /** Replaces the firewall policy (atomically; first match wins). */
+  async setFirewall(id: string, options: CallOptions<never, FirewallPolicy>): Promise<FirewallPolicy> {
+    if (options?.body === undefined) {
+      throw new HareBoxError(0, "invalid", "setFirewall: body (the policy) is required", "body");
+    }
+    return this.#call("setFirewall", [id], "json", { json: options.body, signal: options.signal, timeoutMs: this.#timeout(options, 0) });
+  }
+
+  // ---- Plumbing -----------------------------------------------------
+
+  #plain(options: RequestOptions & { query?: unknown }, atLeastMs = 0): Send {
+    return { query: options.query, signal: options.signal, timeoutMs: this.#timeout(options, atLeastMs) };
+  }
+
+  /** A request's timeout: the caller's, else the larger of the default and the operation's. */
+  #timeout(options: RequestOptions, atLeastMs: number): number {
+    if (options.timeoutMs !== undefined) {
+      if (!(options.timeoutMs >= 0) || !Number.isFinite(options.timeoutMs)) {
+        throw new HareBoxError(0, "invalid", "timeoutMs must be a number of milliseconds, 0 or more", "timeoutMs");
+      }
+      return options.timeoutMs;
+    }
+    if (this.timeoutMs === 0) return 0;
+    return Math.max(this.timeoutMs, atLeastMs);
+  }
+
+  async #call<T>(op: OperationId, params: string[], kind: Kind, send: Send): Promise<T> {
+    const { res, fail } = await this.#send(op, params, send);
+    try {
+      if (kind === "none" || res.status === 204) {
+        await res.body?.cancel();
+        return undefined as T;
+      }
+      if (kind === "bytes") return new Uint8Array(await res.arrayBuffer()) as T;
+      const text = await res.text();
+      try {
+        return JSON.parse(text) as T;
+      } catch {
+        throw new HareBoxError(0, "network", `${op}: the server's answer is not JSON (HTTP ${res.status})`);
+      }
+    } catch (err) {
+      throw fail(err);
+    }
+  }
+
+  /**
+   * Sends one request and returns a 2xx response, with a function that
+   * turns an error met while reading its body into the one to throw.
+   */
+  async #send(op: OperationId, params: string[], send: Send): Promise<{ res: Response; fail: (err: unknown) => unknown }> {
+    const spec = OPERATIONS[op];
+    let path: string = spec.path;
+    for (const name of ["id", "pid"]) {
+      if (!path.includes(`{${name}}`)) continue;
+      const v = params.shift();
+      if (typeof v !== "string" || v === "") {
+        throw new HareBoxError(0, "invalid", `${op}: the ${name} path parameter must be a non-empty string`, name);
+      }
+      path = path.replace(`{${name}}`, encodeURIComponent(v));
+    }
+    const url = this.url + path + queryString(send.query);
+
+    const headers: Record<string, string> = {
+      accept: op === "execStream" ? "text/event-stream" : op === "readFile" ? "application/octet-stream" : "application/json",
+      "user-agent": `harebox-typescript/${VERSION}`,
+    };
+    if (this.#apiKey && !("public" in spec && spec.public)) headers.authorization = `Bearer ${this.#apiKey}`;
+    let body: RequestInit["body"];
+    if (send.raw !== undefined) {
+      headers["content-type"] = "application/octet-stream";
+      body = typeof send.raw === "string" ? new TextEncoder().encode(send.raw) : send.raw;
+    } else if (send.json !== undefined) {
+      headers["content-type"] = "application/json";
+      body = JSON.stringify(send.json);
+    } else if (spec.method === "POST" || spec.method === "PUT") {
+      body = new Uint8Array(0);
+    }
+
+    const timer = send.timeoutMs > 0 ? AbortSignal.timeout(send.timeoutMs) : undefined;
+    const signals = [send.signal, timer].filter((s): s is AbortSignal => s !== undefined);
+    const signal = signals.length > 1 ? AbortSignal.any(signals) : signals[0];
+    const fail = (err: unknown): unknown => {
+      if (err instanceof HareBoxError) return err;
+      if (send.signal?.aborted) return send.signal.reason ?? err;
+      if (timer?.aborted) {
+        return new HareBoxError(0, "timeout", `${op}: no answer from ${this.url} within ${send.timeoutMs / 1000} s`, undefined, { cause: err });
+      }
+      return new HareBoxError(0, "network", `${op}: ${describe(err)} (${this.url})`, undefined, { cause: err });
+    };
+
+    let res: Response;
+    try {
+      const init: RequestInit = { method: spec.method, headers, redirect: "error" };
+      if (body !== undefined) init.body = body;
+      if (signal) init.signal = signal;
+      res = await this.#fetch(url, init);
+    } catch (err) {
+      throw fail(err);
+    }
+    if (!res.ok) {
+      let text = "";
+      try {
+        text = await res.text();
+      } catch (err) {
+        throw fail(err);
+      }
+      throw errorFromBody(res.status, res.statusText, text);
+    }
+    return { res, fail };
+  }
+}
+
+/** The query string for a call's query object ("" if none). */
+function queryString(query: unknown): string {
+  if (query === undefined || query === null) return "";
+  if (typeof query !== "object") throw new HareBoxError(0, "invalid", "query must be an object", "query");
+  const p = new URLSearchParams();
+  for (const [k, v] of Object.entries(query as Record<string, unknown>)) {
+    for (const item of Array.isArray(v) ? v : [v]) {
+      if (item === undefined || item === null) continue;
+      if (typeof item === "object") throw new HareBoxError(0, "invalid", `query parameter ${k} must be a string, a number or a boolean`, k);
+      p.append(k, String(item));
+    }
+  }
+  const s = p.toString();
+  return s ? `?${s}` : "";
+}
+
+/** An ExecRequest as JSON: stdin bytes become base64. */
+function execBody(body: ExecRequest): Record<string, unknown> {
+  if (body.stdin instanceof Uint8Array) return { ...body, stdin: toBase64(body.stdin) };
+  return { ...body };
+}
+
+function execTimeoutMs(body: ExecRequest): number {
+  const t = typeof body.timeout_seconds === "number" && body.timeout_seconds > 0 ? body.timeout_seconds : DEFAULT_EXEC_TIMEOUT_S;
+  return t * 1000 + EXEC_MARGIN_MS;
+}
+
+function parseEvent(event: string, data: string): unknown {
+  try {
+    return JSON.parse(data);
+  } catch {
+    throw malformed(event);
+  }
+}
+
+function malformed(event: string): HareBoxError {
+  return new HareBoxError(0, "network", `execStream: malformed ${event} event`);
+}
+
+export function toBase64(b: Uint8Array): string {
+  return Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("base64");
+}
+
+export function fromBase64(s: string): Uint8Array {
+  // A copy: small Buffers share a pool, and callers may keep .buffer.
+  return new Uint8Array(Buffer.from(s, "base64"));
+}
+
+function describe(err: unknown): string {
+  if (err instanceof Error) {
+    const cause = (err as { cause?: unknown }).cause;
+    if (cause instanceof Error && cause.message) return `${err.message}: ${cause.message}`;
+    return err.message;
+  }
+  return String(err);
+}

@@ -1,0 +1,83 @@
+/**
+ * The error every HareBox call throws: an error the server returned
+ * (status is its HTTP status, code its error code), or one the client met
+ * before or instead of a response (status 0; code "invalid" for a bad
+ * argument, "timeout" when the request's time ran out, "network" when the
+ * server could not be reached or the response was malformed).
+ *
+ * A request the caller aborted through its own signal rejects with the
+ * signal's reason (an AbortError), not with a HareBoxError.
+ */
+export class HareBoxError extends Error {
+  /** The HTTP status, or 0 for an error met in the client. */
+  readonly status: number;
+  /** The server's error code ("invalid", "not_found", ...) or the client's. */
+  readonly code: string;
+  /** The request field at fault, as a JSON path, when there is one. */
+  readonly field: string | undefined;
+
+  constructor(status: number, code: string, message: string, field?: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "HareBoxError";
+    this.status = status;
+    this.code = code;
+    this.field = field || undefined;
+  }
+
+  override toString(): string {
+    let s = `${this.name}: ${this.message} (${this.code}`;
+    if (this.status) s += `, HTTP ${this.status}`;
+    if (this.field) s += `, field ${this.field}`;
+    return s + ")";
+  }
+}
+
+const statusOfCode: Record<string, number> = {
+  invalid: 400,
+  unauthorized: 401,
+  not_found: 404,
+  conflict: 409,
+  too_large: 413,
+  internal: 500,
+  over_capacity: 503,
+  unavailable: 503,
+  timeout: 504,
+};
+
+const codeOfStatus: Record<number, string> = {
+  400: "invalid",
+  401: "unauthorized",
+  403: "unauthorized",
+  404: "not_found",
+  405: "not_found",
+  409: "conflict",
+  413: "too_large",
+  503: "unavailable",
+  504: "timeout",
+};
+
+/** The HTTP status an error code stands for (an error event in a stream). */
+export function statusForCode(code: string): number {
+  return statusOfCode[code] ?? 500;
+}
+
+/** Builds a HareBoxError from a non-2xx response's body text. */
+export function errorFromBody(status: number, statusText: string, text: string): HareBoxError {
+  try {
+    const v: unknown = JSON.parse(text);
+    const e = (v as { error?: unknown } | null)?.error as { code?: unknown; message?: unknown; field?: unknown } | undefined;
+    if (e && typeof e === "object" && typeof e.code === "string") {
+      return new HareBoxError(
+        status,
+        e.code,
+        typeof e.message === "string" ? e.message : e.code,
+        typeof e.field === "string" ? e.field : undefined,
+      );
+    }
+  } catch {
+    // Not JSON: a proxy's page, say. Fall through.
+  }
+  const snippet = text.replace(/\s+/g, " ").trim().slice(0, 200);
+  const code = codeOfStatus[status] ?? (status >= 500 ? "internal" : "invalid");
+  return new HareBoxError(status, code, `HTTP ${status} ${statusText}${snippet ? `: ${snippet}` : ""}`);
+}

@@ -1,0 +1,180 @@
+import type { HareBox, RequestOptions } from "./client.js";
+import type {
+  ExecEvent,
+  ExecRequest,
+  ExecResult,
+  FileData,
+  FileInfo,
+  FileList,
+  FirewallPolicy,
+  Process,
+  Resources,
+  Sandbox as SandboxData,
+  Site,
+  State,
+} from "./types.js";
+
+/** Options of {@link Sandbox.run}: an ExecRequest without the command. */
+export type RunOptions = Omit<ExecRequest, "cmd" | "argv"> & RequestOptions;
+
+/** Options of {@link Sandbox.writeFile}. */
+export interface WriteOptions extends RequestOptions {
+  /** Octal permission bits, e.g. "0644" (the default). */
+  mode?: string;
+  owner?: string;
+  make_parents?: boolean;
+}
+
+const FIELDS = ["id", "name", "state", "image", "size", "labels", "no_env", "site", "created_at", "expires_at", "error"] as const;
+
+/**
+ * A sandbox: the server's description of it (every field of the Sandbox
+ * schema) and methods that act on it through the client that returned it.
+ * JSON.stringify gives the plain description.
+ */
+export class Sandbox implements SandboxData {
+  declare id: string;
+  declare name?: string;
+  declare state: State;
+  declare image: string;
+  declare size: Resources;
+  declare labels?: Record<string, string>;
+  declare no_env: boolean;
+  declare site: Site;
+  declare created_at: string;
+  declare expires_at?: string;
+  declare error?: string;
+  readonly #client: HareBox;
+
+  constructor(client: HareBox, data: SandboxData) {
+    this.#client = client;
+    this.#update(data);
+  }
+
+  /** The client this sandbox was returned by. */
+  get client(): HareBox {
+    return this.#client;
+  }
+
+  #update(data: SandboxData): this {
+    if (!data || typeof data !== "object" || typeof data.id !== "string") {
+      throw new TypeError("the server's answer is not a sandbox");
+    }
+    const self = this as unknown as Record<string, unknown>;
+    const src = data as unknown as Record<string, unknown>;
+    for (const f of FIELDS) {
+      if (src[f] === undefined) delete self[f];
+      else self[f] = src[f];
+    }
+    return this;
+  }
+
+  /** The plain description (what the server returned). */
+  toJSON(): SandboxData {
+    const out: Record<string, unknown> = {};
+    const self = this as unknown as Record<string, unknown>;
+    for (const f of FIELDS) if (self[f] !== undefined) out[f] = self[f];
+    return out as unknown as SandboxData;
+  }
+
+  /**
+   * Runs a command and waits for it: a string runs with /bin/sh -c, an
+   * array runs a program directly. A non-zero exit is a result, not an
+   * error.
+   */
+  run(cmd: string | string[], options: RunOptions = {}): Promise<ExecResult> {
+    const { signal, timeoutMs, ...req } = options;
+    return this.#client.exec(this.id, { body: { ...req, ...command(cmd) }, ...opt(signal, timeoutMs) });
+  }
+
+  /** Runs a command, yielding its output as it comes (see HareBox.execStream). */
+  stream(cmd: string | string[], options: RunOptions = {}): AsyncGenerator<ExecEvent, void, undefined> {
+    const { signal, timeoutMs, ...req } = options;
+    return this.#client.execStream(this.id, { body: { ...req, ...command(cmd) }, ...opt(signal, timeoutMs) });
+  }
+
+  /** Starts a command in the background. */
+  start(cmd: string | string[], options: RunOptions = {}): Promise<Process> {
+    const { signal, timeoutMs, ...req } = options;
+    return this.#client.startProcess(this.id, { body: { ...req, ...command(cmd) }, ...opt(signal, timeoutMs) });
+  }
+
+  /** Writes a file (bytes; a string is UTF-8). */
+  writeFile(path: string, data: FileData, options: WriteOptions = {}): Promise<FileInfo> {
+    const { signal, timeoutMs, ...q } = options;
+    return this.#client.writeFile(this.id, { query: { ...q, path }, body: data, ...opt(signal, timeoutMs) });
+  }
+
+  /** Reads a file's bytes. */
+  readFile(path: string, options: RequestOptions = {}): Promise<Uint8Array> {
+    return this.#client.readFile(this.id, { query: { path }, ...options });
+  }
+
+  /** Reads a file as UTF-8 text. */
+  async readText(path: string, options: RequestOptions = {}): Promise<string> {
+    return new TextDecoder().decode(await this.readFile(path, options));
+  }
+
+  /** Describes a path. */
+  stat(path: string, options: RequestOptions = {}): Promise<FileInfo> {
+    return this.#client.statFile(this.id, { query: { path }, ...options });
+  }
+
+  /** Lists a directory. */
+  listFiles(path: string, options: RequestOptions = {}): Promise<FileList> {
+    return this.#client.listFiles(this.id, { query: { path }, ...options });
+  }
+
+  /** Creates a directory and its parents. */
+  mkdir(path: string, options: RequestOptions & { mode?: string } = {}): Promise<FileInfo> {
+    const { signal, timeoutMs, mode } = options;
+    return this.#client.mkdir(this.id, { query: { path, mode }, ...opt(signal, timeoutMs) });
+  }
+
+  /** Removes a file or directory. */
+  removeFile(path: string, options: RequestOptions & { recursive?: boolean } = {}): Promise<void> {
+    const { signal, timeoutMs, recursive } = options;
+    return this.#client.removeFile(this.id, { query: { path, recursive }, ...opt(signal, timeoutMs) });
+  }
+
+  /** The firewall policy in force. */
+  getFirewall(options: RequestOptions = {}): Promise<FirewallPolicy> {
+    return this.#client.getFirewall(this.id, options);
+  }
+
+  /** Replaces the firewall policy. */
+  setFirewall(policy: FirewallPolicy, options: RequestOptions = {}): Promise<FirewallPolicy> {
+    return this.#client.setFirewall(this.id, { ...options, body: policy });
+  }
+
+  /** Re-reads the sandbox from the server; returns this, updated. */
+  async refresh(options: RequestOptions = {}): Promise<this> {
+    return this.#update(await this.#client.getSandbox(this.id, options));
+  }
+
+  /** Freezes the sandbox; returns this, updated. */
+  async pause(options: RequestOptions = {}): Promise<this> {
+    return this.#update(await this.#client.pauseSandbox(this.id, options));
+  }
+
+  /** Continues the sandbox; returns this, updated. */
+  async resume(options: RequestOptions = {}): Promise<this> {
+    return this.#update(await this.#client.resumeSandbox(this.id, options));
+  }
+
+  /** Deletes the sandbox (VM, disks, network); returns this, updated. */
+  async delete(options: RequestOptions = {}): Promise<this> {
+    return this.#update(await this.#client.deleteSandbox(this.id, options));
+  }
+}
+
+function command(cmd: string | string[]): { cmd: string } | { argv: string[] } {
+  return Array.isArray(cmd) ? { argv: cmd } : { cmd };
+}
+
+function opt(signal: AbortSignal | undefined, timeoutMs: number | undefined): RequestOptions {
+  const o: RequestOptions = {};
+  if (signal) o.signal = signal;
+  if (timeoutMs !== undefined) o.timeoutMs = timeoutMs;
+  return o;
+}

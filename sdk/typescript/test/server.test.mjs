@@ -1,0 +1,345 @@
+// Tests against a real hareboxd with real VMs. Start one with
+//   eval "$(scripts/devserver.sh)"
+// from the repository root; these tests read HAREBOX_URL and
+// HAREBOX_API_KEY, and HAREBOX_TEST_IMAGE (default "minimal") for the
+// shared sandbox. Without HAREBOX_URL they are skipped.
+//
+// To keep boots few, one sandbox serves every test but the walkthrough
+// (which boots the server's default image, as the README's snippet does).
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { fileURLToPath } from "node:url";
+import { after, before, describe, test } from "node:test";
+
+import { HareBox, HareBoxError, OPERATIONS, Sandbox } from "harebox";
+
+const URL_ = process.env.HAREBOX_URL;
+const IMAGE = process.env.HAREBOX_TEST_IMAGE || "minimal";
+const skip = URL_ ? false : 'HAREBOX_URL is not set: these tests need a running hareboxd (eval "$(scripts/devserver.sh)" from the repository root)';
+const WALKTHROUGH = fileURLToPath(new URL("../../../examples/untrusted/walkthrough.mjs", import.meta.url));
+
+const dec = (b) => new TextDecoder().decode(b);
+const b64 = (s) => Buffer.from(s).toString("base64");
+/** Asserts that a promise rejects with a HareBoxError with these fields. */
+const rejectsWith = (p, want) =>
+  assert.rejects(p, (e) => {
+    assert.ok(e instanceof HareBoxError, `want a HareBoxError, got ${e}`);
+    for (const [k, v] of Object.entries(want)) {
+      if (v instanceof RegExp) assert.match(String(e[k]), v, k);
+      else assert.equal(e[k], v, `${k} (${e})`);
+    }
+    return true;
+  });
+
+describe("hareboxd", { skip }, () => {
+  /** @type {HareBox} */
+  let hb;
+  /** @type {Sandbox | undefined} */
+  let box;
+  const run = randomBytes(4).toString("hex");
+  const labels = { "harebox.test/suite": "sdk-typescript", "harebox.test/run": run };
+
+  before(async () => {
+    hb = new HareBox();
+    box = await hb.create({ name: `ts-sdk-${run}`, image: IMAGE, labels, ttl_seconds: 1800 });
+  });
+
+  after(async () => {
+    // Every sandbox this run made, even if a test failed half way.
+    const { sandboxes } = await hb.listSandboxes({ query: { label: { "harebox.test/run": run } } });
+    for (const s of sandboxes) if (s.state !== "deleted") await hb.deleteSandbox(s.id).catch((e) => console.error(`deleting ${s.id}: ${e}`));
+  });
+
+  test("every operationId in /openapi.json is a HareBox method, and vice versa", async () => {
+    const doc = await hb.getOpenAPI();
+    const documented = new Map();
+    for (const [path, item] of Object.entries(doc.paths)) {
+      for (const [method, op] of Object.entries(item)) {
+        if (op && typeof op === "object" && "operationId" in op) documented.set(op.operationId, { method: method.toUpperCase(), path });
+      }
+    }
+    assert.ok(documented.size > 20, `only ${documented.size} operations documented`);
+    const methods = Object.getOwnPropertyNames(HareBox.prototype).filter(
+      (m) => typeof HareBox.prototype[m] === "function" && !["constructor", "create", "toJSON"].includes(m),
+    );
+    assert.deepEqual([...methods].sort(), [...documented.keys()].sort(), "HareBox methods vs operationIds");
+    assert.deepEqual(Object.keys(OPERATIONS).sort(), [...documented.keys()].sort(), "route table vs operationIds");
+    for (const [id, want] of documented) {
+      assert.deepEqual({ method: OPERATIONS[id].method, path: OPERATIONS[id].path }, want, id);
+    }
+  });
+
+  test("health and info", async () => {
+    assert.deepEqual(await hb.getHealth(), { status: "ok" });
+    const info = await hb.getInfo();
+    assert.equal(typeof info.version, "string");
+    assert.equal(typeof info.backend.name, "string");
+    assert.equal(typeof info.site.name, "string");
+  });
+
+  test("lifecycle: create, get, list by label, pause, resume", async () => {
+    assert.ok(box instanceof Sandbox);
+    assert.match(box.id, /^sbx_[0-9a-z]{26}$/);
+    assert.equal(box.state, "running");
+    assert.equal(box.image, IMAGE);
+    assert.equal(box.name, `ts-sdk-${run}`);
+    assert.deepEqual(box.labels, labels);
+    assert.ok(box.expires_at, "ttl_seconds gives expires_at");
+
+    const got = await hb.getSandbox(box.id);
+    assert.ok(got instanceof Sandbox);
+    assert.deepEqual(got.toJSON(), box.toJSON());
+
+    const byLabel = await hb.listSandboxes({ query: { label: `harebox.test/run=${run}` } });
+    assert.deepEqual(byLabel.sandboxes.map((s) => s.id), [box.id]);
+    const byRecord = await hb.listSandboxes({ query: { label: labels, state: "running" } });
+    assert.deepEqual(byRecord.sandboxes.map((s) => s.id), [box.id]);
+    const none = await hb.listSandboxes({ query: { label: [`harebox.test/run=${run}`, "harebox.test/other=x"] } });
+    assert.deepEqual(none.sandboxes, []);
+    const paused = await hb.listSandboxes({ query: { label: labels, state: "paused" } });
+    assert.deepEqual(paused.sandboxes, []);
+
+    const p = await hb.pauseSandbox(box.id);
+    assert.equal(p.state, "paused");
+    await box.refresh();
+    assert.equal(box.state, "paused");
+    await rejectsWith(box.run("true"), { status: 409, code: "conflict" });
+    assert.equal((await box.resume()).state, "running");
+    assert.equal(box.state, "running");
+    const r = await box.run("echo back");
+    assert.equal(r.stdout, "back\n");
+    // The Sandbox methods too.
+    assert.equal((await box.pause()).state, "paused");
+    assert.equal((await hb.resumeSandbox(box.id)).state, "running");
+  });
+
+  test("exec: stdout, stderr, exit code, argv, user, cwd, env", async () => {
+    const r = await hb.exec(box.id, { body: { cmd: "echo out; echo err >&2; exit 3" } });
+    assert.equal(r.exit_code, 3);
+    assert.equal(r.stdout, "out\n");
+    assert.equal(r.stderr, "err\n");
+    assert.equal(r.timed_out, false);
+    assert.equal(typeof r.duration_ms, "number");
+
+    const a = await box.run(["/bin/sh", "-c", 'printf "%s|%s|%s" "$(id -u)" "$PWD" "$GREETING"'], {
+      user: "root",
+      cwd: "/tmp",
+      env: { GREETING: "héllo" },
+    });
+    assert.equal(a.exit_code, 0, a.stderr);
+    assert.equal(a.stdout, "0|/tmp|héllo");
+    assert.equal((await box.run("id -u")).stdout.trim(), "1000");
+
+    const missing = await box.run(["/no/such/program"]);
+    assert.notEqual(missing.exit_code, 0);
+  });
+
+  test("exec: a timeout kills the command and says timed_out", async () => {
+    const t0 = Date.now();
+    const r = await box.run("echo started; sleep 60; echo never", { timeout_seconds: 1 });
+    assert.equal(r.timed_out, true);
+    assert.equal(r.stdout, "started\n");
+    assert.ok(Date.now() - t0 < 30_000, "returned soon after the timeout");
+  });
+
+  test("exec: stdin as base64 (a string) or bytes", async () => {
+    const r = await hb.exec(box.id, { body: { cmd: "cat", stdin: b64("hello stdin\n") } });
+    assert.equal(r.stdout, "hello stdin\n");
+    const bytes = new Uint8Array([0x61, 0x00, 0x62, 0x0a]);
+    const w = await box.run("od -An -tx1 | tr -d ' \\n'", { stdin: bytes });
+    assert.equal(w.stdout, "6100620a");
+    await rejectsWith(hb.exec(box.id, { body: { cmd: "cat", stdin: "not base64!" } }), { status: 400, code: "invalid" });
+  });
+
+  test("execStream: events in order, exit last", async () => {
+    const events = [];
+    for await (const ev of hb.execStream(box.id, {
+      body: { cmd: "echo one; sleep 0.3; echo two >&2; sleep 0.3; echo three; exit 7" },
+    })) {
+      events.push(ev.type === "exit" ? ev : { type: ev.type, text: dec(ev.data) });
+    }
+    const last = events.at(-1);
+    assert.equal(last?.type, "exit");
+    assert.equal(last.result.exit_code, 7);
+    assert.equal(last.result.stdout, "");
+    const out = events.slice(0, -1);
+    assert.deepEqual(out, [
+      { type: "stdout", text: "one\n" },
+      { type: "stderr", text: "two\n" },
+      { type: "stdout", text: "three\n" },
+    ]);
+    for (const ev of events.slice(0, -1)) assert.ok(ev.type !== "exit");
+
+    // Bytes survive; stdin works; the Sandbox form too.
+    const chunks = [];
+    let exit;
+    for await (const ev of box.stream("cat", { stdin: new Uint8Array([0, 255, 10]) })) {
+      if (ev.type === "stdout") chunks.push(...ev.data);
+      if (ev.type === "exit") exit = ev.result;
+    }
+    assert.deepEqual(chunks, [0, 255, 10]);
+    assert.equal(exit?.exit_code, 0);
+  });
+
+  test("execStream: errors before the stream throw; breaking out cancels", async () => {
+    const iter = hb.execStream("sbx_00000000000000000000000000", { body: { cmd: "true" } });
+    await rejectsWith(iter.next(), { status: 404, code: "not_found" });
+    await rejectsWith(hb.execStream(box.id, { body: { cmd: "true", argv: ["true"] } }).next(), { status: 400, field: "cmd" });
+
+    const t0 = Date.now();
+    for await (const ev of box.stream("echo first; sleep 60")) {
+      assert.equal(ev.type, "stdout");
+      break;
+    }
+    assert.ok(Date.now() - t0 < 30_000);
+  });
+
+  test("background processes: start, list, wait, kill", async () => {
+    const p = await hb.startProcess(box.id, { body: { cmd: "sleep 0.5; echo done" } });
+    assert.equal(p.sandbox_id, box.id);
+    assert.equal(typeof p.id, "string");
+    const { processes } = await hb.listProcesses(box.id);
+    assert.ok(processes.some((q) => q.id === p.id));
+    const done = await hb.getProcess(box.id, p.id, { query: { wait: true, timeout_seconds: 60 } });
+    assert.equal(done.running, false);
+    assert.equal(done.result?.exit_code, 0);
+    assert.equal(done.result?.stdout, "done\n");
+
+    const long = await box.start(["sleep", "300"]);
+    assert.equal(long.running, true);
+    const still = await hb.getProcess(box.id, long.id, { query: { wait: true, timeout_seconds: 0.5 } });
+    assert.equal(still.running, true);
+    await hb.killProcess(box.id, long.id, { body: { signal: 15 } });
+    const killed = await hb.getProcess(box.id, long.id, { query: { wait: true, timeout_seconds: 30 } });
+    assert.equal(killed.running, false);
+    assert.equal(killed.result?.signal, 15);
+
+    const other = await box.start("sleep 300");
+    await hb.killProcess(box.id, other.id); // no body: SIGKILL
+    const k9 = await hb.getProcess(box.id, other.id, { query: { wait: true, timeout_seconds: 30 } });
+    assert.equal(k9.result?.signal, 9);
+
+    await rejectsWith(hb.getProcess(box.id, "no-such-process"), { status: 404, code: "not_found" });
+    await rejectsWith(hb.killProcess(box.id, long.id, { body: { signal: 99 } }), { status: 400 });
+  });
+
+  test("files: binary round trip, stat, list, mkdir, remove", async () => {
+    const dir = `/tmp/ts-sdk-${run}`;
+    const made = await hb.mkdir(box.id, { query: { path: `${dir}/sub/deeper`, mode: "0750" } });
+    assert.equal(made.type, "dir");
+    assert.equal(made.mode & 0o777, 0o750);
+
+    const every = new Uint8Array(256).map((_, i) => i);
+    const big = new Uint8Array(randomBytes(300_000));
+    const fi = await hb.writeFile(box.id, { query: { path: `${dir}/every.bin` }, body: every });
+    assert.equal(fi.size, 256);
+    assert.equal(fi.type, "file");
+    assert.deepEqual(await hb.readFile(box.id, { query: { path: `${dir}/every.bin` } }), every);
+    await box.writeFile(`${dir}/big.bin`, Buffer.from(big), { mode: "0600" });
+    const back = await box.readFile(`${dir}/big.bin`);
+    assert.ok(back instanceof Uint8Array);
+    assert.equal(back.length, big.length);
+    assert.ok(Buffer.from(back).equals(Buffer.from(big)), "300 kB of random bytes come back the same");
+
+    await box.writeFile(`${dir}/text.txt`, "héllo\n");
+    assert.equal(await box.readText(`${dir}/text.txt`), "héllo\n");
+    assert.equal((await box.run(`cat ${dir}/text.txt`)).stdout, "héllo\n");
+    await hb.writeFile(box.id, { query: { path: `${dir}/new/parents/f`, make_parents: true }, body: "x" });
+
+    const st = await hb.statFile(box.id, { query: { path: `${dir}/big.bin` } });
+    assert.equal(st.size, big.length);
+    assert.equal(st.mode & 0o777, 0o600);
+    assert.equal(st.name, "big.bin");
+    assert.equal(st.path, `${dir}/big.bin`);
+    assert.equal(typeof st.mtime, "string");
+
+    const { entries, truncated } = await hb.listFiles(box.id, { query: { path: dir } });
+    assert.equal(truncated, false);
+    assert.deepEqual(entries.map((e) => `${e.name}:${e.type}`).sort(), ["big.bin:file", "every.bin:file", "new:dir", "sub:dir", "text.txt:file"]);
+
+    await hb.removeFile(box.id, { query: { path: `${dir}/every.bin` } });
+    await rejectsWith(hb.statFile(box.id, { query: { path: `${dir}/every.bin` } }), { status: 404, code: "not_found" });
+    await rejectsWith(hb.readFile(box.id, { query: { path: `${dir}/every.bin` } }), { status: 404 });
+    await rejectsWith(hb.removeFile(box.id, { query: { path: `${dir}/sub` } }), { status: /^4/ });
+    await box.removeFile(dir, { recursive: true });
+    await rejectsWith(box.stat(dir), { status: 404 });
+    await rejectsWith(hb.statFile(box.id, { query: { path: "relative/path" } }), { status: 400, field: "path" });
+  });
+
+  test("firewall: get, set, and a bad policy changes nothing", async () => {
+    const before_ = await hb.getFirewall(box.id);
+    assert.ok(before_.default_outbound === "allow" || before_.default_outbound === "deny");
+    const policy = {
+      default_outbound: "deny",
+      outbound: [{ action: "allow", protocol: "tcp", ports: "443", hosts: ["pypi.org", "files.pythonhosted.org"] }],
+    };
+    const set = await hb.setFirewall(box.id, { body: policy });
+    assert.equal(set.default_outbound, "deny");
+    assert.equal(set.outbound?.length, 1);
+    assert.deepEqual(set.outbound?.[0]?.hosts, policy.outbound[0].hosts);
+    assert.equal(set.outbound?.[0]?.ports, "443");
+    assert.deepEqual(await box.getFirewall(), set);
+
+    await rejectsWith(
+      hb.setFirewall(box.id, { body: { default_outbound: "deny", outbound: [{ action: "allow", protocol: "tcp", ports: "99999" }] } }),
+      { status: 400, code: "invalid", field: "outbound[0].ports" },
+    );
+    assert.deepEqual(await hb.getFirewall(box.id), set, "the bad policy changed nothing");
+  });
+
+  test("errors: missing sandbox 404, bad size 400 with field, wrong key 401", async () => {
+    await rejectsWith(hb.getSandbox("sbx_00000000000000000000000000"), { status: 404, code: "not_found" });
+    await rejectsWith(hb.deleteSandbox("sbx_00000000000000000000000000"), { status: 404, code: "not_found" });
+    await rejectsWith(hb.create({ size: { preset: /** @type {any} */ ("huge") }, labels }), {
+      status: 400,
+      code: "invalid",
+      field: "size.preset",
+    });
+    await rejectsWith(hb.create({ size: { vcpus: 99 }, labels }), { status: 400, field: "size.vcpus" });
+    await rejectsWith(hb.createSandbox({ body: /** @type {any} */ ({ bogus: 1, labels }) }), { status: 400, field: "bogus" });
+    await rejectsWith(box.run(""), { status: 400, field: "cmd" });
+
+    const wrong = new HareBox({ url: URL_, apiKey: "hbk_wrong" });
+    await rejectsWith(wrong.getInfo(), { status: 401, code: "unauthorized" });
+    await rejectsWith(wrong.getSandbox(box.id), { status: 401, code: "unauthorized" });
+    const none = new HareBox({ url: URL_, apiKey: "" });
+    await rejectsWith(none.listSandboxes(), { status: 401, code: "unauthorized" });
+    assert.deepEqual(await none.getHealth(), { status: "ok" }, "health needs no key");
+    // Nothing was made by the failed creates.
+    const { sandboxes } = await hb.listSandboxes({ query: { label: labels } });
+    assert.deepEqual(sandboxes.map((s) => s.id), [box.id]);
+  });
+
+  test("delete", async () => {
+    const gone = await box.delete();
+    assert.equal(gone.state, "deleted");
+    assert.equal((await hb.getSandbox(box.id)).state, "deleted");
+    await rejectsWith(box.run("true"), { code: /conflict|not_found/ });
+  });
+
+  test("the walkthrough (examples/untrusted/walkthrough.mjs) on the default image", async () => {
+    const started = Date.now();
+    const child = spawn(process.execPath, [WALKTHROUGH], { env: process.env, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d) => (stdout += d));
+    child.stderr.on("data", (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill("SIGTERM"), 600_000);
+    const code = await new Promise((resolve) => child.on("close", resolve));
+    clearTimeout(timer);
+    // If it died half way, its sandbox is the live "untrusted" made after we started.
+    const left = [];
+    for (const s of (await hb.listSandboxes()).sandboxes) {
+      if (s.name === "untrusted" && s.state !== "deleted" && Date.parse(s.created_at) >= started - 1000) {
+        left.push(s.id);
+        await s.delete().catch((e) => console.error(`deleting ${s.id}: ${e}`));
+      }
+    }
+    assert.equal(code, 0, `walkthrough failed (exit ${code}):\n${stderr}\n${stdout}`);
+    assert.ok(stdout.startsWith("0 hello from user (uid 1000)"), `walkthrough printed:\n${stdout}`);
+    assert.match(stdout, /read \/etc\/shadow: denied/);
+    assert.ok(!(stdout + stderr).includes(process.env.HAREBOX_API_KEY || "\0"), "the API key was printed");
+    assert.deepEqual(left, [], "the walkthrough left its sandbox behind");
+  });
+});

@@ -1,0 +1,53 @@
+// Compiled (never run) by `npm run check`: the README's TypeScript
+// walkthrough, verbatim, and the rest of the public API's types, as a user
+// of the published package sees them.
+import { HareBox, HareBoxError, Sandbox } from "harebox";
+import type { ExecEvent, ExecResult, FileInfo, FirewallPolicy, Info, Process, SandboxData } from "harebox";
+
+export async function walkthrough(): Promise<void> {
+  const hb = new HareBox();
+  const box = await hb.create({ name: "untrusted", size: { preset: "small" }, no_env: true, ttl_seconds: 900 });
+  await hb.setFirewall(box.id, { body: { default_outbound: "deny", outbound: [
+    { action: "allow", protocol: "tcp", ports: "443", hosts: ["pypi.org", "files.pythonhosted.org"] }] } });
+  const r = await box.run("python3 /home/user/job.py", { timeout_seconds: 300 });
+  console.log(r.exit_code, r.stdout);
+  await hb.deleteSandbox(box.id);
+}
+
+export async function everything(hb: HareBox, id: string): Promise<void> {
+  const info: Info = await hb.getInfo();
+  const box: Sandbox = await hb.getSandbox(id);
+  const plain: SandboxData = box.toJSON();
+  const list: Sandbox[] = (await hb.listSandboxes({ query: { label: ["a=b"], state: "running" } })).sandboxes;
+  const res: ExecResult = await hb.exec(id, { body: { argv: ["ls"], stdin: new Uint8Array(1) }, timeoutMs: 1000 });
+  for await (const ev of hb.execStream(id, { body: { cmd: "ls" }, signal: AbortSignal.timeout(10) })) {
+    const e: ExecEvent = ev;
+    if (ev.type === "exit") ev.result.exit_code satisfies number;
+    else ev.data satisfies Uint8Array;
+    void e;
+  }
+  const p: Process = await hb.startProcess(id, { body: { cmd: "sleep 1" } });
+  await hb.getProcess(id, p.id, { query: { wait: true, timeout_seconds: 5 } });
+  await hb.killProcess(id, p.id, { body: { signal: 15 } });
+  const fi: FileInfo = await hb.writeFile(id, { query: { path: "/tmp/x", mode: "0600" }, body: "text" });
+  const bytes: Uint8Array = await hb.readFile(id, { query: { path: "/tmp/x" } });
+  await hb.removeFile(id, { query: { path: "/tmp/x", recursive: true } });
+  await hb.mkdir(id, { query: { path: "/tmp/d" } });
+  (await hb.listFiles(id, { query: { path: "/tmp" } })).entries satisfies FileInfo[];
+  const fw: FirewallPolicy = await hb.getFirewall(id);
+  await box.writeFile("/tmp/y", bytes, { make_parents: true });
+  await box.pause();
+  await box.resume();
+  await box.refresh();
+  await box.delete();
+  try {
+    await hb.getSandbox("nope");
+  } catch (e) {
+    if (e instanceof HareBoxError) console.log(e.status, e.code, e.message, e.field);
+  }
+  void [info, plain, list, res, fi, fw];
+  // @ts-expect-error: writeFile needs its path.
+  await hb.writeFile(id, { body: "x" });
+  // @ts-expect-error: a policy needs default_outbound.
+  await hb.setFirewall(id, { body: { outbound: [] } });
+}
