@@ -248,6 +248,43 @@ func TestWalkthrough(t *testing.T) {
 		if out != "survived\n" {
 			t.Fatalf("after a restart: %q", out)
 		}
+
+		// The CLI's contract, on the same sandbox.
+		cli := func(stdin string, args ...string) (string, string, int) {
+			cmd := exec.Command(filepath.Join(s.bin, "harebox"), args...)
+			cmd.Env, cmd.Stdin = srv.env(s), strings.NewReader(stdin)
+			var o, e bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &o, &e
+			cmd.Run()
+			return o.String(), e.String(), cmd.ProcessState.ExitCode()
+		}
+		if o, _, code := cli("", "exec", box.ID, "--", "sh", "-c", "echo out; exit 3"); code != 3 || o != "out\n" {
+			t.Errorf("exec exit code: %d %q, want 3", code, o)
+		}
+		if o, _, code := cli("piped\n", "exec", box.ID, "--", "cat"); code != 0 || o != "piped\n" {
+			t.Errorf("exec stdin: %d %q", code, o)
+		}
+		if _, e, code := cli("", "exec", box.ID, "--timeout", "1", "--", "sleep", "30"); code != 124 || !strings.Contains(e, "timed out") {
+			t.Errorf("exec timeout: %d %q", code, e)
+		}
+		if o, _, code := cli("", "--output", "table", "list", "--label", "e2e=restart"); code != 0 || !strings.HasPrefix(o, "ID ") || !strings.Contains(o, box.ID) {
+			t.Errorf("table: %d %q", code, o)
+		}
+		for _, c := range []struct {
+			args []string
+			code int
+		}{
+			{[]string{"get", "sbx_01m8ka6npde8xkm1x1xncdtwqe"}, 1}, // API error
+			{[]string{"new", "--size", "huge"}, 1},                 // API validation error
+			{[]string{"exec", box.ID}, 2},                          // usage: no command
+			{[]string{"frobnicate"}, 2},                            // usage: unknown command
+			{[]string{"new", "--bogus"}, 2},                        // usage: unknown flag
+		} {
+			_, e, code := cli("", c.args...)
+			if code != c.code || strings.Count(strings.TrimSpace(e), "\n") != 0 || !strings.HasPrefix(e, "harebox") {
+				t.Errorf("harebox %v: exit %d, stderr %q; want exit %d and one line", c.args, code, e, c.code)
+			}
+		}
 		run(t, srv, s, s.root, time.Minute, "harebox", "delete", box.ID)
 	})
 }
