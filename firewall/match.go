@@ -79,10 +79,18 @@ type Verdict struct {
 
 // Decide applies p to c with first-match semantics. A hostname rule matches
 // only when c.Host is set; at packet level (no name) it never matches.
+//
+// A name never opens an internal address: when a hostname rule allows c
+// but c.Addr is internal and no CIDR rule names it, the verdict is deny
+// (this stops DNS answers that point into the host's networks).
 func (p *Policy) Decide(b Blocked, c Conn) Verdict {
 	for i, r := range p.Outbound {
 		if r.Matches(b, c) {
-			return Verdict{Allow: r.Action == Allow, Rule: i}
+			allow := r.Action == Allow
+			if allow && len(r.Hosts) > 0 && c.Addr.IsValid() && b.Contains(c.Addr) && !p.Opens(b, c.Addr) {
+				allow = false
+			}
+			return Verdict{Allow: allow, Rule: i}
 		}
 	}
 	return Verdict{Allow: p.DefaultOutbound == Allow && !b.Contains(c.Addr), Rule: -1}
@@ -141,6 +149,23 @@ func MatchHosts(patterns []string, name string) bool {
 			}
 		} else if p == name {
 			return true
+		}
+	}
+	return false
+}
+
+// Opens reports whether an allow rule with cidrs reaches the internal
+// address a (on some protocol or port).
+func (p *Policy) Opens(b Blocked, a netip.Addr) bool {
+	for _, r := range p.Outbound {
+		if r.Action != Allow || len(r.CIDRs) == 0 {
+			continue
+		}
+		for _, s := range r.CIDRs {
+			pfx, err := netip.ParsePrefix(s)
+			if err == nil && pfx.Contains(a) && !Blocked(b.Guard(pfx)).Contains(a) {
+				return true
+			}
 		}
 	}
 	return false

@@ -177,18 +177,20 @@ func TestDecide(t *testing.T) {
 		{walk, Conn{TCP, 443, "", a("198.18.0.10")}, false, -1}, // no name: IP literal
 		{walk, Conn{UDP, 443, "", a("198.18.0.10")}, false, -1},
 		{mixed, Conn{TCP, 5432, "", a("10.1.2.3")}, true, 0},
-		{mixed, Conn{TCP, 5432, "", a("10.2.2.3")}, false, -1},    // private, not named
-		{mixed, Conn{UDP, 5432, "", a("10.1.2.3")}, false, -1},    // 0/0 names nothing internal
-		{mixed, Conn{UDP, 5000, "", a("198.18.0.1")}, true, 1},    // public via 0/0
+		{mixed, Conn{TCP, 5432, "", a("10.2.2.3")}, false, -1}, // private, not named
+		{mixed, Conn{UDP, 5432, "", a("10.1.2.3")}, false, -1}, // 0/0 names nothing internal
+		{mixed, Conn{UDP, 5000, "", a("198.18.0.1")}, true, 1}, // public via 0/0
 		{mixed, Conn{UDP, 5000, "", a("169.254.169.254")}, false, -1},
 		{mixed, Conn{TCP, 443, "a.evil.test", a("198.18.0.1")}, false, 2},
 		{mixed, Conn{TCP, 443, "evil.test", a("198.18.0.1")}, true, -1}, // *. excludes the apex
 		{mixed, Conn{TCP, 25, "", a("198.18.0.1")}, false, 3},
 		{mixed, Conn{ICMP, 0, "", a("198.18.0.1")}, true, -1},
-		{mixed, Conn{ICMP, 0, "", a("10.231.0.6")}, true, 4},        // named sandbox range
-		{mixed, Conn{ICMP, 0, "", a("10.231.0.9")}, false, -1},      // other sandbox
-		{mixed, Conn{ICMP, 0, "", a("255.255.255.255")}, false, -1}, // broadcast
-		{mixed, Conn{ICMP, 0, "", a("224.0.0.1")}, false, -1},       // multicast
+		{mixed, Conn{ICMP, 0, "", a("10.231.0.6")}, true, 4},               // named sandbox range
+		{mixed, Conn{ICMP, 0, "", a("10.231.0.9")}, false, -1},             // other sandbox
+		{mixed, Conn{ICMP, 0, "", a("255.255.255.255")}, false, -1},        // broadcast
+		{mixed, Conn{ICMP, 0, "", a("224.0.0.1")}, false, -1},              // multicast
+		{walk, Conn{TCP, 443, "pypi.org", a("169.254.169.254")}, false, 0}, // a name never opens metadata
+		{walk, Conn{TCP, 443, "pypi.org", a("10.0.0.1")}, false, 0},
 	} {
 		v := c.p.Decide(b, c.c)
 		if v.Allow != c.allow || v.Rule != c.rule {

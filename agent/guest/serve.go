@@ -68,6 +68,8 @@ type ServeOptions struct {
 	// SysDir and DevDir default to /sys and /dev.
 	SysDir, DevDir string
 	Logf           func(format string, args ...any)
+	// NoNetwork skips configuring the network from /proc/cmdline.
+	NoNetwork bool
 }
 
 func (o *ServeOptions) defaults() {
@@ -147,6 +149,12 @@ func ParseDevNumbers(s string) (major, minor uint32, err error) {
 // EOF, the session dies, and the port is reopened.
 func ServeSerial(ctx context.Context, srv agentpb.AgentServer, opts ServeOptions) {
 	opts.defaults()
+	// Every guest that serves the host (init-supervised or under systemd)
+	// passes here first, so this is where the host's network parameters
+	// are applied; a no-op without them.
+	if !opts.NoNetwork {
+		SetupNetworkFromCmdline(ctx, opts.Logf)
+	}
 	var lastErr string
 	logOnce := func(err error) {
 		if s := err.Error(); s != lastErr {

@@ -23,6 +23,15 @@ const (
 	ParamInit   = "harebox.init"
 	DefaultInit = "/sbin/init"
 
+	// Network parameters the host's network puts on the kernel command
+	// line; the agent configures the first Ethernet interface (or the one
+	// with ParamMAC) from them at boot, and writes /etc/resolv.conf:
+	//   harebox.ip=10.231.0.2/30 harebox.gw=10.231.0.1 harebox.dns=10.231.0.1
+	ParamIP      = "harebox.ip"  // the guest's address with prefix length
+	ParamGateway = "harebox.gw"  // the default route
+	ParamDNS     = "harebox.dns" // the only nameserver (the host resolver)
+	ParamMAC     = "harebox.mac" // optional: which interface to configure
+
 	// DefaultUser is the unprivileged account commands run as by default.
 	DefaultUser = "user"
 	DefaultUID  = 1000

@@ -1,0 +1,235 @@
+// Package dnsfilter is the host DNS resolver sandboxes use: it knows which
+// sandbox asks by the query's source address and answers only the names
+// that sandbox's firewall policy allows, forwarding them to a configurable
+// upstream. It also gives the egress proxy its own lookups (Upstream), so
+// the proxy never trusts an address the guest chose.
+package dnsfilter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/harebox/harebox/firewall"
+)
+
+// PolicyFunc returns the policy and internal ranges of the sandbox whose
+// guest address is src; ok is false for unknown sources.
+type PolicyFunc func(src netip.Addr) (p *firewall.Policy, b firewall.Blocked, ok bool)
+
+// Upstream is the resolver the host forwards to, with a small cache.
+type Upstream struct {
+	Addr    string        // host:port
+	Timeout time.Duration // per exchange; default 3s
+
+	mu    sync.Mutex
+	cache map[string]cached
+}
+
+type cached struct {
+	addrs []netip.Addr
+	until time.Time
+}
+
+const (
+	maxCache = 4096
+	maxTTL   = 60 * time.Second
+)
+
+// Exchange sends m upstream over UDP, retrying over TCP when truncated.
+func (u *Upstream) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
+	t := u.Timeout
+	if t == 0 {
+		t = 3 * time.Second
+	}
+	c := &dns.Client{Net: "udp", Timeout: t}
+	r, _, err := c.ExchangeContext(ctx, m, u.Addr)
+	if err == nil && r.Truncated {
+		c.Net = "tcp"
+		r, _, err = c.ExchangeContext(ctx, m, u.Addr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dns upstream %s: %w", u.Addr, err)
+	}
+	return r, nil
+}
+
+// LookupA returns name's IPv4 addresses from the upstream (cached for the
+// records' TTL, at most a minute).
+func (u *Upstream) LookupA(ctx context.Context, name string) ([]netip.Addr, error) {
+	name = strings.ToLower(dns.Fqdn(name))
+	now := time.Now()
+	u.mu.Lock()
+	if c, ok := u.cache[name]; ok && now.Before(c.until) {
+		u.mu.Unlock()
+		return c.addrs, nil
+	}
+	u.mu.Unlock()
+	m := new(dns.Msg)
+	m.SetQuestion(name, dns.TypeA)
+	r, err := u.Exchange(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	if r.Rcode != dns.RcodeSuccess {
+		return nil, fmt.Errorf("dns: %s: %s", name, dns.RcodeToString[r.Rcode])
+	}
+	var addrs []netip.Addr
+	ttl := maxTTL
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			if ip, ok := netip.AddrFromSlice(a.A.To4()); ok {
+				addrs = append(addrs, ip)
+				ttl = min(ttl, time.Duration(a.Hdr.Ttl)*time.Second)
+			}
+		}
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("dns: %s: no IPv4 address", name)
+	}
+	u.mu.Lock()
+	if u.cache == nil || len(u.cache) >= maxCache {
+		u.cache = map[string]cached{}
+	}
+	u.cache[name] = cached{addrs, now.Add(ttl)}
+	u.mu.Unlock()
+	return addrs, nil
+}
+
+// Resolver answers sandboxes' queries.
+type Resolver struct {
+	Policy   PolicyFunc
+	Upstream *Upstream
+	Log      *slog.Logger
+
+	udp, tcp *dns.Server
+}
+
+// ServeDNS answers one query: REFUSED for unknown sources, NXDOMAIN for
+// names the policy does not allow, no records for anything but A (so no
+// IPv6, no HTTPS/SVCB records with ECH keys or address hints), and
+// upstream A answers without addresses the sandbox may not reach.
+func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	resp := r.answer(w.RemoteAddr(), req)
+	if resp != nil {
+		w.WriteMsg(resp)
+	}
+}
+
+func (r *Resolver) answer(remote net.Addr, req *dns.Msg) *dns.Msg {
+	resp := new(dns.Msg)
+	if req.Response || len(req.Question) != 1 || req.Opcode != dns.OpcodeQuery {
+		resp.SetRcode(req, dns.RcodeRefused)
+		return resp
+	}
+	q := req.Question[0]
+	src := addrOf(remote)
+	p, blocked, ok := r.Policy(src)
+	if !ok || q.Qclass != dns.ClassINET {
+		resp.SetRcode(req, dns.RcodeRefused)
+		return resp
+	}
+	name := strings.ToLower(strings.TrimSuffix(q.Name, "."))
+	if _, err := firewall.NormalizeHost(name); err != nil || strings.HasPrefix(name, "*.") || !p.Resolvable(name) {
+		r.log().Info("dns: name refused by policy", "src", src, "name", name)
+		resp.SetRcode(req, dns.RcodeNameError)
+		resp.RecursionAvailable = true
+		return resp
+	}
+	if q.Qtype != dns.TypeA {
+		resp.SetReply(req)
+		resp.RecursionAvailable = true
+		return resp
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	up := new(dns.Msg)
+	up.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	ur, err := r.Upstream.Exchange(ctx, up)
+	if err != nil {
+		r.log().Warn("dns: upstream failed", "name", name, "err", err)
+		resp.SetRcode(req, dns.RcodeServerFailure)
+		return resp
+	}
+	resp.SetRcode(req, ur.Rcode)
+	resp.RecursionAvailable = true
+	for _, rr := range ur.Answer {
+		switch rr := rr.(type) {
+		case *dns.CNAME:
+			resp.Answer = append(resp.Answer, rr)
+		case *dns.A:
+			ip, ok := netip.AddrFromSlice(rr.A.To4())
+			if !ok || (blocked.Contains(ip) && !p.Opens(blocked, ip)) {
+				continue
+			}
+			rr.Hdr.Name = strings.ToLower(rr.Hdr.Name)
+			resp.Answer = append(resp.Answer, rr)
+		}
+	}
+	return resp
+}
+
+func addrOf(a net.Addr) netip.Addr {
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	case *net.TCPAddr:
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{}
+}
+
+func (r *Resolver) log() *slog.Logger {
+	if r.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Log
+}
+
+// Start serves on pc (UDP) and ln (TCP) until Close.
+func (r *Resolver) Start(pc net.PacketConn, ln net.Listener) error {
+	if r.Policy == nil || r.Upstream == nil {
+		return errors.New("dnsfilter: Policy and Upstream are required")
+	}
+	started := make(chan struct{}, 2)
+	notify := func() { started <- struct{}{} }
+	r.udp = &dns.Server{PacketConn: pc, Handler: r, NotifyStartedFunc: notify, ReadTimeout: 2 * time.Second}
+	r.tcp = &dns.Server{Listener: ln, Handler: r, NotifyStartedFunc: notify, ReadTimeout: 2 * time.Second, MaxTCPQueries: 16}
+	errs := make(chan error, 2)
+	go func() { errs <- r.udp.ActivateAndServe() }()
+	go func() { errs <- r.tcp.ActivateAndServe() }()
+	for range 2 {
+		select {
+		case <-started:
+		case err := <-errs:
+			r.Close()
+			return fmt.Errorf("dnsfilter: %w", err)
+		}
+	}
+	return nil
+}
+
+// Close stops serving and closes the sockets.
+func (r *Resolver) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var errs []error
+	for _, s := range []*dns.Server{r.udp, r.tcp} {
+		if s != nil {
+			if err := s.ShutdownContext(ctx); err != nil && !strings.Contains(err.Error(), "not started") {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
