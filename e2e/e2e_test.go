@@ -63,7 +63,9 @@ func start(t *testing.T, s setup, dataDir string) *server {
 	l.Close()
 	srv := &server{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}}
 	srv.cmd = exec.Command(s.hareboxd, "--data-dir", dataDir, "--listen", addr,
-		"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR")
+		"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
+		// The host firewall is on, in a table and pool of this test's own.
+		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24")
 	srv.cmd.Stdout, srv.cmd.Stderr = srv.log, srv.log
 	if err := srv.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -182,6 +184,11 @@ func TestWalkthrough(t *testing.T) {
 	defer func() {
 		srv.stop(t)
 		noLeftovers(t, dataDir)
+		// The firewall table outlives hareboxd on purpose (running VMs keep
+		// their rules); this test's table goes with the test.
+		if out, err := exec.Command("nft", "delete", "table", "inet", "harebox_e2e").CombinedOutput(); err != nil {
+			t.Logf("nft delete table: %v %s", err, out)
+		}
 	}()
 	examples := filepath.Join(s.root, "examples", "untrusted")
 
@@ -242,11 +249,21 @@ func TestWalkthrough(t *testing.T) {
 			t.Fatalf("new: %v\n%s", err, out)
 		}
 		run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "-c", "echo survived > /tmp/mark")
+		// The guest got its address from the server's pool, from the host.
+		if out := run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "-c", "ip -4 -o addr show eth0"); !strings.Contains(out, "10.239.0.") {
+			t.Fatalf("guest address: %q", out)
+		}
+		policy := `{"default_outbound":"deny","outbound":[{"action":"allow","protocol":"tcp","ports":"443","hosts":["pypi.org"]}]}`
+		run(t, srv, s, s.root, time.Minute, "harebox", "firewall", "set", box.ID, "--body", policy)
 		srv.stop(t)
 		srv = start(t, s, dataDir) // the deferred stop stops this one
 		out = run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "--", "cat", "/tmp/mark")
 		if out != "survived\n" {
 			t.Fatalf("after a restart: %q", out)
+		}
+		out = run(t, srv, s, s.root, time.Minute, "harebox", "firewall", "get", box.ID)
+		if !strings.Contains(out, `"pypi.org"`) || !strings.Contains(out, `"deny"`) {
+			t.Fatalf("policy after a restart: %s", out)
 		}
 
 		// The CLI's contract, on the same sandbox.

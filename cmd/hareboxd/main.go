@@ -14,8 +14,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +26,8 @@ import (
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/backends/cloudhypervisor"
 	"github.com/harebox/harebox/backends/qemu"
+	"github.com/harebox/harebox/network"
+	"github.com/harebox/harebox/network/linuxnet"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -50,6 +54,10 @@ func run() error {
 		site       = flag.String("site", "local", "the site this host is in, e.g. fr-par-1")
 		country    = flag.String("country", "", "the site's country code, e.g. FR")
 		debug      = flag.Bool("debug", false, "log every request")
+		netKind    = flag.String("network", "linux", "sandbox network: linux (tap, host firewall, DNS, egress proxy) or none")
+		pool       = flag.String("address-pool", "10.231.0.0/16", "where sandbox addresses come from (a /30 each)")
+		upstream   = flag.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
+		table      = flag.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
 	)
 	flag.Parse()
 	level := slog.LevelInfo
@@ -70,9 +78,29 @@ func run() error {
 	if created {
 		log.Info("created the root API key", "path", keyPath)
 	}
+	var sandboxNet network.Network = network.None{}
+	switch *netKind {
+	case "linux":
+		prefix, err := netip.ParsePrefix(*pool)
+		if err != nil {
+			return fmt.Errorf("--address-pool: %w", err)
+		}
+		ln, err := linuxnet.New(ctx, linuxnet.Options{
+			StateDir: filepath.Join(*dataDir, "net"), Pool: prefix, Upstream: *upstream, Table: *table, Logger: log,
+		})
+		if err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+		defer ln.Close() // the resolver and proxy stop; taps and rules stay for running VMs
+		sandboxNet = ln
+	case "none":
+		log.Warn("sandboxes get no network (--network none)")
+	default:
+		return fmt.Errorf("--network %q: want linux or none", *netKind)
+	}
 	eng, err := harebox.New(ctx, harebox.Options{
 		DataDir: *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
-		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log,
+		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 	})
 	if err != nil {
 		return err
