@@ -589,6 +589,13 @@ func TestEngineDefaultImage(t *testing.T) {
 			t.Logf("%s: %s", cmd, strings.TrimSpace(r.Stdout))
 		}
 	}
+	// The root filesystem has the size's disk (small: 5 GB), not the image's.
+	r = run(t, eng, box.ID, "df -k --output=size / | tail -n 1")
+	var kb int64
+	fmt.Sscan(strings.TrimSpace(r.Stdout), &kb)
+	if kb < 4500<<10 {
+		t.Errorf("root filesystem is %d KiB, want about %d GiB", kb, box.Size.DiskGB)
+	}
 	// The root disk is this sandbox's own overlay: the base image is untouched.
 	r = run(t, eng, box.ID, "sudo sh -c 'echo mine > /etc/harebox-test && sync' && cat /etc/harebox-test")
 	if r.Stdout != "mine\n" {

@@ -158,7 +158,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 		StateDir: rec.StateDir, Labels: map[string]string{"harebox.sandbox": rec.ID},
 	}
 	if img.RootDisk != "" {
-		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true}}
+		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(rec.Size.DiskGB) << 10}}
 	}
 	if att != nil {
 		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}

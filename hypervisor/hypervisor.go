@@ -98,6 +98,9 @@ type Disk struct {
 	// Overlay asks the backend to give the machine its own copy-on-write
 	// overlay (in StateDir) on top of Path, which then stays untouched.
 	Overlay bool `json:"overlay,omitempty"`
+	// SizeMB is the overlay's virtual size; 0 or less than the base keeps
+	// the base's size. The guest grows its filesystem to match.
+	SizeMB int64 `json:"size_mb,omitempty"`
 }
 
 // Network attaches the machine to a host tap device.

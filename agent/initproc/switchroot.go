@@ -33,6 +33,11 @@ func switchRoot(dev, init string, logf func(string, ...any)) error {
 		unix.Unmount(newRoot, 0)
 		return fmt.Errorf("no %s on %s: %w", init, dev, err)
 	}
+	if grown, err := growFS(dev, newRoot); err != nil {
+		logf("root filesystem not grown to the disk: %v", err)
+	} else if grown {
+		logf("grew the root filesystem to fill %s", dev)
+	}
 	logf("mounted %s, switching to %s", dev, init)
 
 	for _, m := range []string{"/dev", "/proc", "/sys", "/run"} {

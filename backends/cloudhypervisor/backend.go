@@ -4,18 +4,17 @@
 package cloudhypervisor
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
 )
 
 // Name is the backend name in Capabilities and Handles.
@@ -258,7 +257,7 @@ func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p mach
 			continue
 		}
 		ov := filepath.Join(p.stateDir, fmt.Sprintf("disk-%d.qcow2", i))
-		if err := b.createOverlay(ctx, d.Path, format, ov); err != nil {
+		if err := b.createOverlay(ctx, d.Path, format, ov, d.SizeMB<<20); err != nil {
 			return nil, nil, err
 		}
 		// The overlay's backing file is ours, so backing files are allowed
@@ -276,7 +275,7 @@ func imageType(format string) ImageType {
 	return ImageTypeRaw
 }
 
-func (b *Backend) createOverlay(ctx context.Context, base, format, overlay string) error {
+func (b *Backend) createOverlay(ctx context.Context, base, format, path string, sizeBytes int64) error {
 	tool := b.cfg.QemuImg
 	if tool == "" {
 		tool = "qemu-img"
@@ -284,20 +283,8 @@ func (b *Backend) createOverlay(ctx context.Context, base, format, overlay strin
 	if _, err := os.Stat(base); err != nil {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "disk %s: %v", base, err)
 	}
-	os.Remove(overlay)
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, tool, "create", "-q", "-f", "qcow2", "-b", base, "-F", format, overlay)
-	cmd.Stdout = &limitedBuffer{buf: &out, max: 4096}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Run(); err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return hypervisor.Errorf(hypervisor.ErrUnavailable, "overlay for %s: %s not found", base, tool)
-		}
-		return fmt.Errorf("qemu-img create overlay for %s: %w: %s", base, err, cleanMessage(out.Bytes()))
-	}
-	return nil
+	os.Remove(path)
+	return overlay.Create(ctx, tool, base, format, path, sizeBytes)
 }
 
 // landlockRules are the extra paths a Landlock-sandboxed VMM needs beyond

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
 )
 
 // Name is the backend name in capabilities and handles.
@@ -123,7 +124,7 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 		disks[i] = dk
 		if dk.Overlay {
 			ov := filepath.Join(spec.StateDir, fmt.Sprintf("disk%d.qcow2", i))
-			if err := d.overlay(ctx, dk.Path, formatOf(dk), ov); err != nil {
+			if err := overlay.Create(ctx, d.opts.QEMUImg, dk.Path, formatOf(dk), ov, dk.SizeMB<<20); err != nil {
 				os.RemoveAll(spec.StateDir)
 				return nil, err
 			}
@@ -171,16 +172,6 @@ func (d *Driver) prepare(ctx context.Context, spec hypervisor.Spec) (*state, err
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: state dir %s is too long for Unix socket paths", spec.StateDir)
 	}
 	return st, nil
-}
-
-// overlay creates a qcow2 copy-on-write file on top of base.
-func (d *Driver) overlay(ctx context.Context, base, baseFmt, path string) error {
-	out, err := exec.CommandContext(ctx, d.opts.QEMUImg, "create", "-q", "-f", "qcow2",
-		"-F", baseFmt, "-b", base, path).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("qemu-img create overlay of %s: %w: %s", base, err, bytes.TrimSpace(out))
-	}
-	return nil
 }
 
 // start runs QEMU daemonized for st and connects to its QMP socket. With a
@@ -339,7 +330,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 		if !dk.ReadOnly {
 			// Each clone writes to its own overlay; the snapshot stays intact.
 			ov := filepath.Join(clone.StateDir, fmt.Sprintf("disk%d.qcow2", i))
-			if err := d.overlay(ctx, filepath.Join(dir, dk.Path), "qcow2", ov); err != nil {
+			if err := overlay.Create(ctx, d.opts.QEMUImg, filepath.Join(dir, dk.Path), "qcow2", ov, 0); err != nil {
 				os.RemoveAll(clone.StateDir)
 				return nil, err
 			}
