@@ -293,6 +293,38 @@ func TestEngineLifecycle(t *testing.T) {
 		_, err = eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", Name: "lifecycle"})
 		wantKind(t, "duplicate name", err, sandbox.ErrExists)
 	})
+	t.Run("DeleteDuringCreate", func(t *testing.T) {
+		done := make(chan error, 1)
+		var second *sandbox.Sandbox
+		go func() {
+			var err error
+			second, err = eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", Labels: map[string]string{"race": "1"}})
+			done <- err
+		}()
+		// Find it while it boots, and try to delete it.
+		var id string
+		for deadline := time.Now().Add(30 * time.Second); id == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if l, _ := eng.List(ctx, sandbox.ListFilter{State: sandbox.StateCreating}); len(l) == 1 {
+				id = l[0].ID
+			}
+		}
+		if id == "" {
+			t.Fatal("never saw the sandbox in state creating")
+		}
+		wantKind(t, "delete while creating", eng.Delete(ctx, id), sandbox.ErrState)
+		if err := <-done; err != nil {
+			t.Fatal("create:", err)
+		}
+		if second.ID != id || second.State != sandbox.StateRunning {
+			t.Fatalf("create returned %+v", second)
+		}
+		if r := run(t, eng, id, "echo ok"); r.Stdout != "ok\n" {
+			t.Fatalf("the raced sandbox does not work: %+v", r)
+		}
+		if err := eng.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("PauseResume", func(t *testing.T) {
 		_, err := eng.Resume(ctx, box.ID)
 		wantKind(t, "resume running", err, sandbox.ErrState)

@@ -123,8 +123,23 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 		e.release(res)
 		return nil, err
 	}
+	// The box's lifecycle lock is held until the sandbox is registered and
+	// stored as running, so a Delete that races with it waits its turn.
 	b := &box{rec: rec, deleting: make(chan struct{})}
-	if err := e.boot(ctx, b, img); err != nil {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	err = e.boot(ctx, b, img)
+	if err == nil {
+		e.mu.Lock()
+		e.boxes[id] = b
+		e.mu.Unlock()
+		if err = e.store.PutSandbox(ctx, rec); err != nil {
+			e.mu.Lock()
+			delete(e.boxes, id)
+			e.mu.Unlock()
+		}
+	}
+	if err != nil {
 		e.log.Warn("create failed", "id", id, "err", err)
 		e.destroy(context.WithoutCancel(ctx), b)
 		e.release(res)
@@ -133,9 +148,6 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 		e.store.PutSandbox(context.WithoutCancel(ctx), rec)
 		return nil, err
 	}
-	e.mu.Lock()
-	e.boxes[id] = b
-	e.mu.Unlock()
 	e.watch(b)
 	e.log.Info("sandbox created", "id", id, "name", req.Name, "image", imgName, "vcpus", res.VCPUs, "memory_mb", res.MemoryMB)
 	return b.view(), nil
@@ -183,9 +195,10 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 	if err := c.SyncTime(bctx, time.Now()); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
+	// Create stores the running state once the box is registered.
 	rec.State = sandbox.StateRunning
 	b.meterFrom = time.Now()
-	return e.store.PutSandbox(ctx, rec)
+	return nil
 }
 
 // destroy stops the VM and removes everything the sandbox had on the host.
@@ -266,8 +279,13 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 		if err != nil {
 			return err
 		}
-		if rec.State == sandbox.StateDeleted {
+		switch rec.State {
+		case sandbox.StateDeleted:
 			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is already deleted", id)
+		case sandbox.StateCreating:
+			// Its Create is in flight in this engine (a crashed engine's
+			// creates are cleaned up at start).
+			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being created; delete it once it is running", id)
 		}
 		// A stopped sandbox: nothing runs, but clean up what is left.
 		b = &box{rec: rec, deleting: make(chan struct{})}
