@@ -178,20 +178,26 @@ func (b *Backend) prepareStateDir(ctx context.Context, p machinePaths) (bool, er
 	return created, nil
 }
 
+// begin is what Launch and Restore do first: validate the spec, find the
+// binary and make the machine's state directory (created says whether it
+// was made here, so a failure removes only what it made).
+func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, ver Version, p machinePaths, created bool, err error) {
+	if err = spec.Validate(); err != nil {
+		return
+	}
+	if bin, ver, err = b.binary(ctx); err != nil {
+		return
+	}
+	if p, err = newPaths(spec.StateDir, spec.SerialLog); err != nil {
+		return
+	}
+	created, err = b.prepareStateDir(ctx, p)
+	return
+}
+
 // Launch boots a new machine.
 func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hypervisor.Machine, err error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
-	bin, ver, err := b.binary(ctx)
-	if err != nil {
-		return nil, err
-	}
-	p, err := newPaths(spec.StateDir, spec.SerialLog)
-	if err != nil {
-		return nil, err
-	}
-	created, err := b.prepareStateDir(ctx, p)
+	bin, ver, p, created, err := b.begin(ctx, spec)
 	if err != nil {
 		return nil, err
 	}

@@ -153,18 +153,7 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 	if err := fillSpecFromConfig(&spec, cfg); err != nil {
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: %v", snapshotDir, err)
 	}
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
-	bin, ver, err := b.binary(ctx)
-	if err != nil {
-		return nil, err
-	}
-	p, err := newPaths(spec.StateDir, spec.SerialLog)
-	if err != nil {
-		return nil, err
-	}
-	created, err := b.prepareStateDir(ctx, p)
+	bin, ver, p, created, err := b.begin(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
