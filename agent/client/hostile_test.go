@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -223,4 +224,42 @@ func TestEvilAgent(t *testing.T) {
 			t.Errorf("read past limit: want ErrGuest, got %v", err)
 		}
 	})
+}
+
+// TestPingFloodGuest: a guest that floods yamux pings and never reads must
+// not make the host spawn goroutines without bound; the session ends.
+func TestPingFloodGuest(t *testing.T) {
+	before := runtime.NumGoroutine()
+	host, guest := net.Pipe()
+	c, err := New(host, Options{CallTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		ping := make([]byte, 12)
+		ping[1] = 2                             // ping
+		binary.BigEndian.PutUint16(ping[2:], 1) // SYN: wants a reply
+		for i := uint32(0); ; i++ {
+			binary.BigEndian.PutUint32(ping[8:], i)
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := guest.Write(ping); err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the session survived a ping flood; %d goroutines", runtime.NumGoroutine())
+	}
+	if n := runtime.NumGoroutine(); n > before+200 {
+		t.Fatalf("%d goroutines after the flood (%d before)", n, before)
+	}
 }

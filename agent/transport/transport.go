@@ -33,9 +33,10 @@ func Config() *yamux.Config {
 	return c
 }
 
-// Client starts the host side of a session over conn.
+// Client starts the host side of a session over conn. The guest is not
+// trusted: its frames pass through a guard against ping floods.
 func Client(conn io.ReadWriteCloser) (*yamux.Session, error) {
-	return yamux.Client(conn, Config())
+	return yamux.Client(guarded{Reader: &pingGuard{r: conn}, WriteCloser: conn}, Config())
 }
 
 // Server starts the guest side of a session over conn. The session is a
