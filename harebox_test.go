@@ -286,6 +286,28 @@ func TestEngineLifecycle(t *testing.T) {
 		_, err = eng.ReadFile(ctx, box.ID, "relative/path", &buf)
 		wantKind(t, "relative path", err, sandbox.ErrInvalid)
 	})
+	t.Run("SerialLogBounded", func(t *testing.T) {
+		// Root in the guest floods the console; the host's copy stays bounded.
+		start := time.Now()
+		r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "head -c 9000000 /dev/zero > /dev/ttyS0", User: "root", TimeoutSeconds: 240})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("flood: %+v %v", r, err)
+		}
+		log := filepath.Join(v.dataDir, "m", box.ID, "serial.log")
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			fi, err := os.Stat(log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Size() <= harebox.MaxSerialLogBytes {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("serial log is %d bytes, over the %d bound", fi.Size(), harebox.MaxSerialLogBytes)
+			}
+		}
+		t.Logf("9 MB through the emulated UART took %v", time.Since(start).Round(time.Millisecond))
+	})
 	t.Run("Admission", func(t *testing.T) {
 		// 1 of 3 vCPUs is taken: 3 more do not fit.
 		_, err := eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", Size: sandbox.Size{VCPUs: 3, MemoryMB: 256}})

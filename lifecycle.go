@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -167,7 +168,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 	spec := hypervisor.Spec{
 		ID: rec.ID, VCPUs: rec.Size.VCPUs, MemoryMB: rec.Size.MemoryMB,
 		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline,
-		StateDir: rec.StateDir, Labels: map[string]string{"harebox.sandbox": rec.ID},
+		StateDir: rec.StateDir, SerialLog: serialLog(rec.StateDir), Labels: map[string]string{"harebox.sandbox": rec.ID},
 	}
 	if img.RootDisk != "" {
 		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(rec.Size.DiskGB) << 10}}
@@ -465,10 +466,40 @@ func hostMemoryMB() int {
 	return 0
 }
 
+// serialLog is where a sandbox's console goes (the engine names it, so it
+// can bound it).
+func serialLog(stateDir string) string { return filepath.Join(stateDir, "serial.log") }
+
+// MaxSerialLogBytes bounds a console log: the guest writes to its serial
+// port as fast as it likes, for as long as it lives.
+const MaxSerialLogBytes = 8 << 20
+
+// serialTail returns the end of a console log, reading only that.
 func serialTail(stateDir string) string {
-	b, _ := os.ReadFile(filepath.Join(stateDir, "serial.log"))
-	if len(b) > 1500 {
-		b = b[len(b)-1500:]
+	f, err := os.Open(serialLog(stateDir))
+	if err != nil {
+		return ""
 	}
+	defer f.Close()
+	const n = 1500
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		f.Seek(fi.Size()-n, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, n))
 	return strings.TrimSpace(string(b))
+}
+
+// boundSerialLogs truncates console logs that grew past the bound.
+func (e *Engine) boundSerialLogs() {
+	e.mu.Lock()
+	dirs := make([]string, 0, len(e.boxes))
+	for _, b := range e.boxes {
+		dirs = append(dirs, b.rec.StateDir)
+	}
+	e.mu.Unlock()
+	for _, d := range dirs {
+		if fi, err := os.Stat(serialLog(d)); err == nil && fi.Size() > MaxSerialLogBytes {
+			os.Truncate(serialLog(d), 0)
+		}
+	}
 }

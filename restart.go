@@ -146,8 +146,9 @@ func (e *Engine) watch(b *box) {
 	}()
 }
 
-// reapExpired deletes sandboxes whose TTL has passed. Expiry is stored, so
-// a sandbox that expired while the engine was down goes at the next start.
+// reapExpired deletes sandboxes whose TTL has passed (expiry is stored, so
+// a sandbox that expired while the engine was down goes at the next start),
+// and keeps console logs bounded.
 func (e *Engine) reapExpired() {
 	defer e.wg.Done()
 	t := time.NewTicker(time.Second)
@@ -168,6 +169,7 @@ func (e *Engine) reapExpired() {
 				e.log.Warn("TTL delete failed", "id", id, "err", err)
 			}
 		}
+		e.boundSerialLogs()
 		select {
 		case <-e.ctx.Done():
 			return

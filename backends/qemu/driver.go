@@ -241,7 +241,10 @@ func (d *Driver) args(st *state) []string {
 		"-no-reboot",
 		"-kernel", s.Kernel,
 		"-append", cmdline(s.Cmdline, st.Accel),
-		"-serial", "file:" + st.Serial,
+		// append=on: the engine truncates a log that grows too large, and
+		// QEMU's writes must then land at the new end, not past a hole.
+		"-chardev", "file,id=serial0,append=on,path=" + st.Serial,
+		"-serial", "chardev:serial0",
 		"-qmp", "unix:" + st.QMP + ",server=on,wait=off",
 		"-pidfile", st.PIDFile,
 		"-daemonize",

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -415,10 +416,15 @@ func serialTail(s hypervisor.Spec) string {
 	if p == "" {
 		p = filepath.Join(s.StateDir, "serial.log")
 	}
-	b, _ := os.ReadFile(p)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
+	f, err := os.Open(p)
+	if err != nil {
+		return ""
 	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > 4000 {
+		f.Seek(fi.Size()-4000, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, 4000))
 	return string(b)
 }
 
