@@ -201,7 +201,12 @@ func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequ
 		defer close(p.done)
 		st, err := c.ExecStream(pctx, b.agentRequest(&r), agentclient.ExecIO{
 			Stdin: stdin, Stdout: out, Stderr: errw, Signals: p.signals,
-			Started: func(pid int) { started <- pid },
+			Started: func(pid int) {
+				select { // never block the stream on a misbehaving guest
+				case started <- pid:
+				default:
+				}
+			},
 		})
 		res := result(agentclient.ExecResult{ExitStatus: st})
 		if err != nil {
@@ -215,7 +220,9 @@ func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequ
 	}()
 	select {
 	case pid := <-started:
+		b.procs.mu.Lock()
 		p.view.PID = pid
+		b.procs.mu.Unlock()
 	case <-p.done:
 	case <-ctx.Done():
 		cancel()

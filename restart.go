@@ -44,9 +44,17 @@ func (e *Engine) adopt(ctx context.Context) error {
 			continue
 		}
 		m, err := e.hv.Attach(ctx, *rec.Handle)
-		if err != nil {
+		if errors.Is(err, hypervisor.ErrNotFound) {
 			e.log.Warn("sandbox VM is gone", "id", rec.ID, "err", err)
 			e.stopped(ctx, b, "the VM stopped while the engine was not running")
+			continue
+		}
+		if err != nil {
+			// Not proof that the VM is gone (a busy QMP socket, a plugin
+			// hiccup): leave it and its files alone; the next start retries.
+			e.log.Error("cannot re-adopt sandbox; leaving it untouched", "id", rec.ID, "err", err)
+			keep[rec.ID] = true
+			live = append(live, rec.ID)
 			continue
 		}
 		b.m = m

@@ -94,6 +94,7 @@ func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (E
 	go func() { sendErr <- c.pumpStdin(ctx, stream, eio) }()
 
 	var exit *agentpb.ExecExit
+	started := false
 	for {
 		r, err := stream.Recv()
 		if err == io.EOF {
@@ -107,9 +108,10 @@ func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (E
 		}
 		switch m := r.Msg.(type) {
 		case *agentpb.ExecResponse_StartedPid:
-			if m.StartedPid <= 0 {
-				return ExitStatus{}, fmt.Errorf("%w: exec: bad pid %d", ErrGuest, m.StartedPid)
+			if m.StartedPid <= 0 || started {
+				return ExitStatus{}, fmt.Errorf("%w: exec: bad or repeated pid %d", ErrGuest, m.StartedPid)
 			}
+			started = true
 			if eio.Started != nil {
 				eio.Started(int(m.StartedPid))
 			}

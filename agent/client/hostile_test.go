@@ -144,6 +144,11 @@ func (evilAgent) Exec(s agentpb.Agent_ExecServer) error {
 		return s.Send(&agentpb.ExecResponse{Msg: &agentpb.ExecResponse_Exit{Exit: &agentpb.ExecExit{}}})
 	case "noexit":
 		return nil
+	case "twopids":
+		for i := 0; i < 3; i++ {
+			s.Send(&agentpb.ExecResponse{Msg: &agentpb.ExecResponse_StartedPid{StartedPid: 42}})
+		}
+		return s.Send(&agentpb.ExecResponse{Msg: &agentpb.ExecResponse_Exit{Exit: &agentpb.ExecExit{}}})
 	case "badexit":
 		return s.Send(&agentpb.ExecResponse{Msg: &agentpb.ExecResponse_Exit{Exit: &agentpb.ExecExit{ExitCode: 100000}}})
 	case "twoexits":
@@ -206,6 +211,9 @@ func TestEvilAgent(t *testing.T) {
 		}
 		if _, err := c.Exec(ctx, ExecRequest{Argv: []string{"noexit"}}, nil); !errors.Is(err, ErrGuest) {
 			t.Errorf("noexit: want ErrGuest, got %v", err)
+		}
+		if _, err := c.Exec(ctx, ExecRequest{Argv: []string{"twopids"}}, nil); !errors.Is(err, ErrGuest) {
+			t.Errorf("repeated pid: want ErrGuest, got %v", err)
 		}
 		if _, err := c.Exec(ctx, ExecRequest{Argv: []string{"badexit"}}, nil); !errors.Is(err, ErrGuest) {
 			t.Errorf("badexit: want ErrGuest, got %v", err)
