@@ -284,6 +284,11 @@ func (p *Proxy) choose(ctx context.Context, src netip.Addr, host string, dst net
 	if !ok {
 		return netip.AddrPort{}, errors.New("unknown sandbox")
 	}
+	// DNS goes only to the host resolver: the proxy never carries DNS over
+	// TCP (53) or DNS over TLS (853), whatever the policy says of the port.
+	if port := dst.Port(); port == 53 || port == 853 {
+		return netip.AddrPort{}, fmt.Errorf("DNS to %s is not allowed: use the host resolver", dst)
+	}
 	c := firewall.Conn{Proto: firewall.TCP, Port: dst.Port(), Host: host}
 	if host == "" {
 		c.Addr = dst.Addr()

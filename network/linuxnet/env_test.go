@@ -401,6 +401,8 @@ func (e *env) newNetworkWith(stateDir string, newLink func(string) error) *Netwo
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Whatever the test does, its table and links go with it.
+	t.Cleanup(func() { n.Destroy(context.Background()) })
 	return n
 }
 

@@ -211,3 +211,23 @@ var _ = os.Getpid
 var _ = exec.Command
 var _ = io.EOF
 var _ = dns.TypeA
+
+// TestDNSNeverThroughProxy: a hostname rule without ports sends all TCP
+// through the egress proxy; DNS over TCP (53) and over TLS (853) must
+// still go nowhere but the host resolver, even under default allow.
+func TestDNSNeverThroughProxy(t *testing.T) {
+	e := newEnv(t)
+	n := e.newNetwork("")
+	g := e.attach(n, mustPolicy(t, `{"default_outbound":"allow","outbound":[{"action":"deny","hosts":["*.evil.com"]}]}`))
+	_, err := g.lookup(outsideIP+":53", "pypi.org", true)
+	mustBlocked(t, "TCP 53 outside", err, e.count("outside-dns"))
+	c, err := g.dial("tcp4", outsideIP+":853")
+	if err == nil {
+		// The proxy may accept the connection; it must not carry it.
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		c.Write([]byte("x"))
+		_, err = c.Read(make([]byte, 1))
+		c.Close()
+	}
+	mustBlocked(t, "DNS over TLS 853", err, e.count(outsideIP+":853"))
+}
