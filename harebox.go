@@ -100,9 +100,10 @@ type Engine struct {
 
 	limit sandbox.Resources // admission limits (DiskGB unused)
 
-	mu    sync.Mutex
-	boxes map[string]*box
-	used  sandbox.Resources
+	mu      sync.Mutex
+	boxes   map[string]*box
+	claimed map[string]bool // names of sandboxes being created
+	used    sandbox.Resources
 
 	ctx    context.Context // lives until Close
 	cancel context.CancelFunc

@@ -97,9 +97,11 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 		return nil, err
 	}
 	if req.Name != "" {
-		if err := e.nameFree(req.Name); err != nil {
+		release, err := e.claimName(req.Name)
+		if err != nil {
 			return nil, err
 		}
+		defer release() // after the box (which carries the name) is registered
 	}
 	if err := e.reserve(res); err != nil {
 		return nil, err
@@ -321,16 +323,20 @@ func (e *Engine) Pause(ctx context.Context, id string) (*sandbox.Sandbox, error)
 
 // Resume continues a paused sandbox.
 func (e *Engine) Resume(ctx context.Context, id string) (*sandbox.Sandbox, error) {
-	return e.transition(ctx, id, sandbox.StateRunning, func(b *box) error {
-		if err := b.m.Resume(ctx); err != nil {
-			return err
+	box, err := e.transition(ctx, id, sandbox.StateRunning, func(b *box) error { return b.m.Resume(ctx) })
+	if err != nil {
+		return nil, err
+	}
+	// The guest clock stood still while paused. Best effort, and outside the
+	// sandbox's lock: a stalling guest must not hold up its lifecycle.
+	if b := e.live(id); b != nil {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if c, err := b.client(sctx, e.agentOptions()); err == nil {
+			c.SyncTime(sctx, time.Now())
 		}
-		// The guest clock stood still while paused.
-		if c, err := b.client(ctx, e.agentOptions()); err == nil {
-			c.SyncTime(ctx, time.Now())
-		}
-		return nil
-	})
+	}
+	return box, nil
 }
 
 func (e *Engine) transition(ctx context.Context, id string, to sandbox.State, f func(*box) error) (*sandbox.Sandbox, error) {
@@ -383,16 +389,28 @@ func (e *Engine) record(ctx context.Context, id string) (*store.Sandbox, error) 
 	return rec, err
 }
 
-// nameFree refuses a name that a live sandbox already has.
-func (e *Engine) nameFree(name string) error {
+// claimName refuses a name that a live sandbox, or a create in flight,
+// already has; release ends the claim.
+func (e *Engine) claimName(name string) (release func(), err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, b := range e.boxes {
 		if b.rec.Name == name {
-			return sandbox.Errorf(sandbox.ErrExists, "name", "sandbox %s is already named %q", b.rec.ID, name)
+			return nil, sandbox.Errorf(sandbox.ErrExists, "name", "sandbox %s is already named %q", b.rec.ID, name)
 		}
 	}
-	return nil
+	if e.claimed[name] {
+		return nil, sandbox.Errorf(sandbox.ErrExists, "name", "a sandbox named %q is being created", name)
+	}
+	if e.claimed == nil {
+		e.claimed = map[string]bool{}
+	}
+	e.claimed[name] = true
+	return func() {
+		e.mu.Lock()
+		delete(e.claimed, name)
+		e.mu.Unlock()
+	}, nil
 }
 
 // image finds a built image by name: Options.Images first, then the newest
@@ -409,7 +427,7 @@ func (e *Engine) image(name string) (images.Image, error) {
 		}
 	}
 	if len(found) == 0 {
-		return images.Image{}, sandbox.Errorf(sandbox.ErrInvalid, "image", "unknown image %q (build it with: harebox-image build --name %s --out %s)", name, name, e.opts.ImageDir)
+		return images.Image{}, sandbox.Errorf(sandbox.ErrInvalid, "image", "unknown image %q (the server's administrator builds it with harebox-image build --name %s)", name, name)
 	}
 	sort.Slice(found, func(i, j int) bool { return found[i].BuiltAt.After(found[j].BuiltAt) })
 	return found[0], nil

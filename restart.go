@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -186,7 +187,7 @@ func (e *Engine) reapExpired() {
 	}
 }
 
-// killStrays SIGKILLs processes that name dir on their command line: a VMM
+// killStrays SIGKILLs VMM processes that name dir on their command line: a VMM
 // whose handle was never recorded because the engine died right after
 // launching it. Only paths under the engine's own data directory reach here.
 func killStrays(dir string) {
@@ -200,7 +201,12 @@ func killStrays(dir string) {
 			continue
 		}
 		cmd, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmd, []byte(dir+"/")) {
+		if err != nil || !bytes.Contains(cmd, []byte(dir+"/")) {
+			continue
+		}
+		// Only VMMs: an operator's `tail -f .../serial.log` is not a stray.
+		exe, _ := os.Readlink(filepath.Join("/proc", ent.Name(), "exe"))
+		if base := filepath.Base(exe); strings.HasPrefix(base, "qemu-system") || base == "cloud-hypervisor" {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}

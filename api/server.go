@@ -174,6 +174,15 @@ func toAPIError(err error) apiError {
 		return apiError{http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body is larger than %d bytes", mbe.Limit), ""}
 	}
 	field := sandbox.FieldOf(err)
+	msg := err.Error()
+	var se *sandbox.Error
+	if errors.As(err, &se) && se.Err != nil {
+		// The cause of a server-side failure can name host paths; it goes
+		// to the server's log, the client gets the summary.
+		if errors.Is(err, sandbox.ErrUnavailable) || errors.Is(err, sandbox.ErrTimeout) {
+			msg = se.Msg
+		}
+	}
 	for _, m := range []struct {
 		kind   error
 		status int
@@ -189,13 +198,13 @@ func toAPIError(err error) apiError {
 		{sandbox.ErrTimeout, http.StatusGatewayTimeout, "timeout"},
 	} {
 		if errors.Is(err, m.kind) {
-			return apiError{m.status, m.code, err.Error(), field}
+			return apiError{m.status, m.code, msg, field}
 		}
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return apiError{http.StatusGatewayTimeout, "timeout", err.Error(), ""}
 	}
-	return apiError{http.StatusInternalServerError, "internal", "internal error: " + err.Error(), ""}
+	return apiError{http.StatusInternalServerError, "internal", "internal error (see the server's log)", ""}
 }
 
 func writeError(w http.ResponseWriter, e apiError) {
