@@ -111,6 +111,42 @@ type Resolver struct {
 	Log      *slog.Logger
 
 	udp, tcp *dns.Server
+
+	mu       sync.Mutex
+	inflight map[netip.Addr]int // queries being answered, by sandbox
+	total    int
+}
+
+// Bounds on queries in flight. Each one may hold a goroutine and an
+// upstream socket for seconds; a sandbox asking for random names under a
+// domain whose server never answers must not exhaust the host's file
+// descriptors, nor starve other sandboxes.
+const (
+	MaxInflightPerSandbox = 32
+	MaxInflight           = 1024
+)
+
+func (r *Resolver) acquire(src netip.Addr) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inflight == nil {
+		r.inflight = map[netip.Addr]int{}
+	}
+	if r.inflight[src] >= MaxInflightPerSandbox || r.total >= MaxInflight {
+		return false
+	}
+	r.inflight[src]++
+	r.total++
+	return true
+}
+
+func (r *Resolver) release(src netip.Addr) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inflight[src]--; r.inflight[src] <= 0 {
+		delete(r.inflight, src)
+	}
+	r.total--
 }
 
 // ServeDNS answers one query: REFUSED for unknown sources, NXDOMAIN for
@@ -118,6 +154,14 @@ type Resolver struct {
 // IPv6, no HTTPS/SVCB records with ECH keys or address hints), and
 // upstream A answers without addresses the sandbox may not reach.
 func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	src := addrOf(w.RemoteAddr())
+	if !r.acquire(src) {
+		resp := new(dns.Msg)
+		resp.SetRcode(req, dns.RcodeRefused)
+		w.WriteMsg(resp)
+		return
+	}
+	defer r.release(src)
 	resp := r.answer(w.RemoteAddr(), req)
 	if resp != nil {
 		w.WriteMsg(resp)
