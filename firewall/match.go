@@ -81,14 +81,18 @@ type Verdict struct {
 // only when c.Host is set; at packet level (no name) it never matches.
 //
 // A name never opens an internal address: when a hostname rule allows c
-// but c.Addr is internal and no CIDR rule names it, the verdict is deny
-// (this stops DNS answers that point into the host's networks).
+// but c.Addr is internal, the verdict is what the policy says of the same
+// flow without the name, so only a CIDR rule for that protocol, port and
+// address lets it through (this stops DNS answers that point into the
+// host's networks, and names used to reach ports a CIDR rule did not open).
 func (p *Policy) Decide(b Blocked, c Conn) Verdict {
 	for i, r := range p.Outbound {
 		if r.Matches(b, c) {
 			allow := r.Action == Allow
-			if allow && len(r.Hosts) > 0 && c.Addr.IsValid() && b.Contains(c.Addr) && !p.Opens(b, c.Addr) {
-				allow = false
+			if allow && len(r.Hosts) > 0 && c.Addr.IsValid() && b.Contains(c.Addr) {
+				bare := c
+				bare.Host = ""
+				allow = p.Decide(b, bare).Allow
 			}
 			return Verdict{Allow: allow, Rule: i}
 		}

@@ -161,6 +161,14 @@ func TestDecide(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A CIDR rule opens 10.5/16 for Postgres only; a name that resolves
+	// there must not reach other ports of it.
+	named, err := Parse([]byte(`{"default_outbound":"deny","outbound":[
+	  {"action":"allow","protocol":"tcp","ports":"5432","cidrs":["10.5.0.0/16"]},
+	  {"action":"allow","protocol":"tcp","ports":"443,5432","hosts":["*.x.test"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
 	a := netip.MustParseAddr
 	for i, c := range []struct {
 		p     *Policy
@@ -191,6 +199,10 @@ func TestDecide(t *testing.T) {
 		{mixed, Conn{ICMP, 0, "", a("224.0.0.1")}, false, -1},              // multicast
 		{walk, Conn{TCP, 443, "pypi.org", a("169.254.169.254")}, false, 0}, // a name never opens metadata
 		{walk, Conn{TCP, 443, "pypi.org", a("10.0.0.1")}, false, 0},
+		{named, Conn{TCP, 443, "db.x.test", a("10.5.1.1")}, false, 1},  // a name does not open 443 there
+		{named, Conn{TCP, 5432, "db.x.test", a("10.5.1.1")}, true, 0},  // the CIDR rule opens 5432
+		{named, Conn{TCP, 443, "db.x.test", a("198.18.0.1")}, true, 1}, // public: the name rule decides
+		{named, Conn{TCP, 5432, "", a("10.5.1.1")}, true, 0},
 	} {
 		v := c.p.Decide(b, c.c)
 		if v.Allow != c.allow || v.Rule != c.rule {
