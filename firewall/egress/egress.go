@@ -73,22 +73,45 @@ type Proxy struct {
 }
 
 // flow is one proxied connection, kept so a policy change can cut it.
+// host and addr are written under the proxy's mu (Recheck reads them);
+// up and closed under the flow's own mu.
 type flow struct {
-	src       netip.Addr
-	host      string
-	port      uint16
-	addr      netip.Addr
-	down, up  net.Conn
-	closeOnce sync.Once
+	src  netip.Addr
+	host string
+	port uint16
+	addr netip.Addr
+	down net.Conn
+
+	mu     sync.Mutex
+	up     net.Conn
+	closed bool
 }
 
 func (f *flow) close() {
-	f.closeOnce.Do(func() {
-		f.down.Close()
-		if f.up != nil {
-			f.up.Close()
-		}
-	})
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return
+	}
+	f.closed = true
+	up := f.up
+	f.mu.Unlock()
+	f.down.Close()
+	if up != nil {
+		up.Close()
+	}
+}
+
+// setUp attaches the upstream connection, unless the flow was cut while
+// it was being dialled (then the caller closes up).
+func (f *flow) setUp(up net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.up = up
+	return true
 }
 
 // maxHello bounds what the proxy reads before it knows the name.
@@ -248,7 +271,9 @@ func (p *Proxy) handle(down net.Conn) {
 		p.log().Info("egress: denied", "src", src, "host", host, "port", f.port, "dst", dst, "err", err)
 		return
 	}
+	p.mu.Lock()
 	f.host, f.addr = host, target.Addr()
+	p.mu.Unlock()
 	dial := p.Dial
 	if dial == nil {
 		dial = (&net.Dialer{}).DialContext
@@ -258,7 +283,10 @@ func (p *Proxy) handle(down net.Conn) {
 		p.log().Info("egress: dial failed", "src", src, "host", host, "target", target, "err", err)
 		return
 	}
-	f.up = up
+	if !f.setUp(up) {
+		up.Close() // cut by a policy change during the dial
+		return
+	}
 	// The policy may have changed while this connection was being set up.
 	if pol, b, ok := p.Policy(src); !ok || !pol.Decide(b, firewall.Conn{Proto: firewall.TCP, Port: f.port, Host: host, Addr: f.addr}).Allow {
 		return
