@@ -21,6 +21,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
@@ -82,9 +84,14 @@ type Capacity struct {
 	MemoryOvercommit float64
 	// ReserveMB is kept for the host itself (default 1024).
 	ReserveMB int
-	// VCPUs and MemoryMB, when set, replace the computed limits.
+	// DiskOvercommit multiplies the size of the data directory's filesystem
+	// for the sandboxes' disks (default 1: a guest that fills its disk
+	// cannot fill the host's).
+	DiskOvercommit float64
+	// VCPUs, MemoryMB and DiskGB, when set, replace the computed limits.
 	VCPUs    int
 	MemoryMB int
+	DiskGB   int
 }
 
 // Engine runs sandboxes. It is safe for concurrent use.
@@ -98,7 +105,7 @@ type Engine struct {
 	bill   budget.Billing
 	closer []func() error
 
-	limit sandbox.Resources // admission limits (DiskGB unused)
+	limit sandbox.Resources // admission limits
 
 	mu      sync.Mutex
 	boxes   map[string]*box
@@ -153,7 +160,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.startHypervisor(ctx); err != nil {
 		return nil, err
 	}
-	e.limit = opts.Capacity.limits(e.log)
+	e.limit = opts.Capacity.limits(e.log, opts.DataDir)
 	if err := e.adopt(ctx); err != nil {
 		return nil, err
 	}
@@ -268,7 +275,7 @@ func (e *Engine) closeParts() error {
 func (e *Engine) machinesDir() string { return filepath.Join(e.opts.DataDir, "m") }
 
 // limits computes admission limits from the host's size.
-func (c Capacity) limits(log *slog.Logger) sandbox.Resources {
+func (c Capacity) limits(log *slog.Logger, dataDir string) sandbox.Resources {
 	if c.CPUOvercommit == 0 {
 		c.CPUOvercommit = 4
 	}
@@ -278,14 +285,23 @@ func (c Capacity) limits(log *slog.Logger) sandbox.Resources {
 	if c.ReserveMB == 0 {
 		c.ReserveMB = 1024
 	}
-	r := sandbox.Resources{VCPUs: c.VCPUs, MemoryMB: c.MemoryMB}
+	if c.DiskOvercommit == 0 {
+		c.DiskOvercommit = 1
+	}
+	r := sandbox.Resources{VCPUs: c.VCPUs, MemoryMB: c.MemoryMB, DiskGB: c.DiskGB}
+	if r.DiskGB == 0 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dataDir, &st); err == nil {
+			r.DiskGB = int(float64(st.Blocks*uint64(st.Bsize)>>30) * c.DiskOvercommit)
+		}
+	}
 	if r.VCPUs == 0 {
 		r.VCPUs = int(float64(runtime.NumCPU()) * c.CPUOvercommit)
 	}
 	if r.MemoryMB == 0 {
 		r.MemoryMB = int(float64(hostMemoryMB())*c.MemoryOvercommit) - c.ReserveMB
 	}
-	log.Info("admission limits", "vcpus", r.VCPUs, "memory_mb", r.MemoryMB)
+	log.Info("admission limits", "vcpus", r.VCPUs, "memory_mb", r.MemoryMB, "disk_gb", r.DiskGB)
 	return r
 }
 

@@ -62,7 +62,7 @@ func (v *env) options() harebox.Options {
 		Images:       map[string]images.Image{"minimal": v.img},
 		Site:         sandbox.Site{Name: "fr-par-1", Country: "FR"},
 		MaxFileBytes: 4 << 20,
-		Capacity:     harebox.Capacity{VCPUs: 3, MemoryMB: 4096},
+		Capacity:     harebox.Capacity{VCPUs: 3, MemoryMB: 4096, DiskGB: 100},
 	}
 }
 
@@ -314,6 +314,12 @@ func TestEngineLifecycle(t *testing.T) {
 		wantKind(t, "over capacity", err, sandbox.ErrCapacity)
 		_, err = eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", Name: "lifecycle"})
 		wantKind(t, "duplicate name", err, sandbox.ErrExists)
+		// 5 of 100 GB of disk are taken: 96 more do not fit.
+		_, err = eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", Size: sandbox.Size{VCPUs: 1, MemoryMB: 256, DiskGB: 96}})
+		wantKind(t, "over disk capacity", err, sandbox.ErrCapacity)
+		if sandbox.FieldOf(err) != "size.disk_gb" {
+			t.Errorf("disk capacity error names %q", sandbox.FieldOf(err))
+		}
 	})
 	t.Run("DeleteDuringCreate", func(t *testing.T) {
 		done := make(chan error, 1)

@@ -443,8 +443,12 @@ func (e *Engine) reserve(res sandbox.Resources) error {
 	if e.used.MemoryMB+res.MemoryMB > e.limit.MemoryMB {
 		return sandbox.Errorf(sandbox.ErrCapacity, "size.memory_mb", "host is full: %d of %d MB reserved, %d more asked", e.used.MemoryMB, e.limit.MemoryMB, res.MemoryMB)
 	}
+	if e.used.DiskGB+res.DiskGB > e.limit.DiskGB {
+		return sandbox.Errorf(sandbox.ErrCapacity, "size.disk_gb", "host is full: %d of %d GB of disk reserved, %d more asked", e.used.DiskGB, e.limit.DiskGB, res.DiskGB)
+	}
 	e.used.VCPUs += res.VCPUs
 	e.used.MemoryMB += res.MemoryMB
+	e.used.DiskGB += res.DiskGB
 	return nil
 }
 
@@ -453,6 +457,7 @@ func (e *Engine) release(res sandbox.Resources) {
 	defer e.mu.Unlock()
 	e.used.VCPUs -= res.VCPUs
 	e.used.MemoryMB -= res.MemoryMB
+	e.used.DiskGB -= res.DiskGB
 }
 
 // meter reports the unmetered interval of a sandbox's reservation.

@@ -105,6 +105,7 @@ func (e *Engine) reserveAdopted(res sandbox.Resources) error {
 		e.mu.Lock()
 		e.used.VCPUs += res.VCPUs
 		e.used.MemoryMB += res.MemoryMB
+		e.used.DiskGB += res.DiskGB
 		e.mu.Unlock()
 	}
 	return err

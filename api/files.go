@@ -1,9 +1,9 @@
 package api
 
 import (
-	"bytes"
 	"io"
 	"net/http"
+	"os"
 	"path"
 	"strconv"
 
@@ -66,16 +66,26 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	// Buffered, so that an error half way is still a clean JSON error. The
-	// engine's file limit bounds the buffer.
-	var buf bytes.Buffer
-	if _, err := s.eng.ReadFile(r.Context(), r.PathValue("id"), p, &buf); err != nil {
+	// Spooled to a temporary file, so that an error half way is still a
+	// clean JSON error, without holding up to the engine's file limit in
+	// memory per request.
+	f, err := os.CreateTemp("", "harebox-read-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	n, err := s.eng.ReadFile(r.Context(), r.PathValue("id"), p, f)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
 	w.WriteHeader(http.StatusOK)
-	buf.WriteTo(w)
+	io.Copy(w, f)
 	return nil
 }
 
