@@ -665,3 +665,46 @@ func TestEngineDefaultImage(t *testing.T) {
 		t.Fatalf("the base root disk changed: %v", err)
 	}
 }
+
+// TestEngineVMExit: a VM that stops on its own (here root in the guest
+// powers it off) is noticed: its sandbox becomes stopped with a reason, its
+// reservation is released and nothing is left on the host.
+func TestEngineVMExit(t *testing.T) {
+	v := newEnv(t)
+	eng := v.open(t)
+	defer eng.Close()
+	ctx := context.Background()
+	box := create(t, eng, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 3, MemoryMB: 512}})
+	// Fire and forget: the exec's stream dies with the VM.
+	eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "sync; poweroff -f", User: "root"})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got, err := eng.Get(ctx, box.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == sandbox.StateStopped {
+			if got.Error == "" {
+				t.Error("stopped without a reason")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox still %s after the guest powered off", got.State)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"})
+	wantKind(t, "exec on a stopped sandbox", err, sandbox.ErrState)
+	// All 3 vCPUs were released: the same size fits again.
+	again := create(t, eng, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 3, MemoryMB: 512}})
+	if err := eng.Delete(ctx, again.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Delete(ctx, box.ID); err != nil {
+		t.Fatal("delete the stopped sandbox:", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(v.dataDir, "m")); len(ents) != 0 {
+		t.Fatalf("machine files left: %v", ents)
+	}
+}

@@ -124,20 +124,31 @@ func (e *Engine) watch(b *box) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		err := b.m.Wait(e.ctx)
-		if e.ctx.Err() != nil {
-			return // the engine is closing; the VM keeps running
-		}
-		select {
-		case <-b.deleting:
-			return
-		default:
-		}
-		if err != nil {
-			// Wait itself failed (a plugin problem): trust Info, not Wait.
-			if info, ierr := b.m.Info(e.ctx); ierr != nil || info.State != hypervisor.StateStopped {
-				e.log.Warn("cannot watch sandbox VM", "id", b.rec.ID, "err", err)
+		for {
+			err := b.m.Wait(e.ctx)
+			if e.ctx.Err() != nil {
+				return // the engine is closing; the VM keeps running
+			}
+			select {
+			case <-b.deleting:
 				return
+			default:
+			}
+			if err == nil {
+				break
+			}
+			// Wait itself failed (a plugin problem): trust Info, not Wait,
+			// and keep watching while the VM runs.
+			if info, ierr := b.m.Info(e.ctx); ierr == nil && info.State == hypervisor.StateStopped {
+				break
+			}
+			e.log.Warn("watching sandbox VM failed; retrying", "id", b.rec.ID, "err", err)
+			select {
+			case <-e.ctx.Done():
+				return
+			case <-b.deleting:
+				return
+			case <-time.After(5 * time.Second):
 			}
 		}
 		b.mu.Lock()
