@@ -6,8 +6,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
+
+	"github.com/harebox/harebox/agent/guest"
 )
 
 // ParseCmdline parses a kernel command line into key=value parameters (a
@@ -97,22 +98,11 @@ func FindPowerButton(sysDir string) (PowerButton, error) {
 		if err != nil {
 			return PowerButton{}, fmt.Errorf("power button: %w", err)
 		}
-		maj, min, err := parseDevNumbers(string(dev))
+		maj, min, err := guest.ParseDevNumbers(string(dev))
 		if err != nil {
 			return PowerButton{}, fmt.Errorf("power button %s: %w", dir, err)
 		}
 		return PowerButton{Event: filepath.Base(dir), Major: maj, Minor: min}, nil
 	}
 	return PowerButton{}, fmt.Errorf("no power button under %s: %w", sysDir, os.ErrNotExist)
-}
-
-// parseDevNumbers parses a sysfs dev file's "MAJOR:MINOR".
-func parseDevNumbers(s string) (major, minor uint32, err error) {
-	a, b, ok := strings.Cut(strings.TrimSpace(s), ":")
-	ma, err1 := strconv.ParseUint(a, 10, 32)
-	mi, err2 := strconv.ParseUint(b, 10, 32)
-	if !ok || err1 != nil || err2 != nil {
-		return 0, 0, fmt.Errorf("bad device numbers %q", s)
-	}
-	return uint32(ma), uint32(mi), nil
 }
