@@ -147,12 +147,11 @@ type env struct {
 	hostPort int
 	upstream string
 	mu       sync.Mutex
-	seenHost map[string][]string // https server -> Host headers seen
 }
 
 func newEnv(t testing.TB) *env {
 	requireRoot(t)
-	e := &env{t: t, id: suffix(), hits: map[string]*counter{}, certs: x509.NewCertPool(), seenHost: map[string][]string{}}
+	e := &env{t: t, id: suffix(), hits: map[string]*counter{}, certs: x509.NewCertPool()}
 	e.inet = "hbtn-" + e.id
 	e.table = 2320 + int(e.id[0])
 	// Each env gets its own /24 so parallel packages do not collide.
@@ -201,12 +200,6 @@ func (e *env) count(name string) *counter {
 		e.hits[name] = c
 	}
 	return c
-}
-
-func (e *env) hosts(name string) []string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]string(nil), e.seenHost[name]...)
 }
 
 func (e *env) startServers() {
@@ -292,9 +285,6 @@ func (e *env) startServers() {
 		ln := listen("tcp4", ip+":443")
 		srv := &http.Server{
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				e.mu.Lock()
-				e.seenHost[name] = append(e.seenHost[name], r.Host)
-				e.mu.Unlock()
 				if r.URL.Path == "/big" {
 					w.Header().Set("Content-Length", fmt.Sprint(bigSize))
 					w.Write(bigBody)
