@@ -17,6 +17,7 @@ import (
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -78,13 +79,9 @@ func (v *env) open(t testing.TB) *harebox.Engine {
 // strayVMs kills and counts VMM processes that still use dir.
 func strayVMs(dir string) int {
 	n := 0
-	ents, _ := os.ReadDir("/proc")
-	for _, ent := range ents {
-		cmd, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmd, []byte(dir+"/")) && bytes.Contains(cmd, []byte("qemu")) {
-			var pid int
-			fmt.Sscan(ent.Name(), &pid)
-			syscall.Kill(pid, syscall.SIGKILL)
+	for _, p := range procs.Naming(dir + "/") {
+		if p.IsVMM() {
+			syscall.Kill(p.PID, syscall.SIGKILL)
 			n++
 		}
 	}

@@ -6,12 +6,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -206,20 +205,10 @@ func killStrays(dir string) {
 	if dir == "" {
 		return
 	}
-	ents, _ := os.ReadDir("/proc")
-	for _, ent := range ents {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		cmd, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(cmd, []byte(dir+"/")) {
-			continue
-		}
+	for _, p := range procs.Naming(dir + "/") {
 		// Only VMMs: an operator's `tail -f .../serial.log` is not a stray.
-		exe, _ := os.Readlink(filepath.Join("/proc", ent.Name(), "exe"))
-		if base := filepath.Base(exe); strings.HasPrefix(base, "qemu-system") || base == "cloud-hypervisor" {
-			syscall.Kill(pid, syscall.SIGKILL)
+		if p.IsVMM() {
+			syscall.Kill(p.PID, syscall.SIGKILL)
 		}
 	}
 }

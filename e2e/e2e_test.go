@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 )
 
@@ -159,14 +159,10 @@ func noLeftovers(t *testing.T, dataDir string) {
 	if ents, _ := os.ReadDir(filepath.Join(dataDir, "m")); len(ents) != 0 {
 		t.Errorf("machine directories left: %v", ents)
 	}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(b, []byte(dataDir+"/")) && bytes.Contains(b, []byte("qemu")) {
-			var pid int
-			fmt.Sscan(e.Name(), &pid)
-			syscall.Kill(pid, syscall.SIGKILL)
-			t.Errorf("VM left running: %s", bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
+	for _, p := range procs.Naming(dataDir + "/") {
+		if p.IsVMM() {
+			syscall.Kill(p.PID, syscall.SIGKILL)
+			t.Errorf("VM left running: %s", p)
 		}
 	}
 }

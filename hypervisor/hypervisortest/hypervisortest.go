@@ -12,7 +12,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/internal/procs"
 )
 
 // Harness adapts a backend to the suite.
@@ -293,7 +293,7 @@ func testLifecycle(t *testing.T, h Harness) {
 			if _, err := os.Stat(v.spec.StateDir); !os.IsNotExist(err) {
 				t.Errorf("state dir %s still exists (%v)", v.spec.StateDir, err)
 			}
-			if p := procsMentioning(v.spec.StateDir); len(p) > 0 {
+			if p := procs.Naming(v.spec.StateDir); len(p) > 0 {
 				t.Errorf("processes still use %s: %v", v.spec.StateDir, p)
 			}
 		}
@@ -390,12 +390,9 @@ func forget(t *testing.T, v *vm) {
 		v.m.Kill(ctx)
 	}
 	v.m.Cleanup(ctx)
-	for _, p := range procsMentioning(v.spec.StateDir) {
-		pid, _ := strconv.Atoi(strings.SplitN(p, ":", 2)[0])
-		if pid > 0 && pid != os.Getpid() {
-			t.Errorf("killing leftover process %s", p)
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
+	for _, p := range procs.Naming(v.spec.StateDir) {
+		t.Errorf("killing leftover process %s", p)
+		syscall.Kill(p.PID, syscall.SIGKILL)
 	}
 	os.RemoveAll(v.spec.StateDir)
 }
@@ -426,20 +423,4 @@ func serialTail(s hypervisor.Spec) string {
 	}
 	b, _ := io.ReadAll(io.LimitReader(f, 4000))
 	return string(b)
-}
-
-// procsMentioning lists processes whose command line contains s.
-func procsMentioning(s string) []string {
-	ents, _ := os.ReadDir("/proc")
-	var out []string
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(b, []byte(s)) {
-			out = append(out, fmt.Sprintf("%s: %s", e.Name(), bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
-		}
-	}
-	return out
 }
