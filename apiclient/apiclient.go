@@ -74,6 +74,11 @@ func New(rawURL, key string) (*Client, error) {
 // Do sends a JSON request (body may be nil, []byte, an io.Reader or a
 // value to encode) and decodes a JSON answer into out (if not nil).
 func (c *Client) Do(ctx context.Context, method, path string, query url.Values, body any, out any) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
 	resp, err := c.send(ctx, method, path, query, body)
 	if err != nil {
 		return err
@@ -204,5 +209,6 @@ func SandboxPath(id string, suffix ...string) string {
 	return "/v1/sandboxes/" + url.PathEscape(id) + strings.Join(suffix, "")
 }
 
-// DefaultTimeout bounds calls that are not exec.
+// DefaultTimeout bounds a Do call whose context has no deadline (exec
+// streams last as long as their command's own timeout).
 const DefaultTimeout = 5 * time.Minute

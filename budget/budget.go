@@ -22,13 +22,3 @@ type Local struct{ DB store.Store }
 
 // Record implements Billing.
 func (l Local) Record(ctx context.Context, u Usage) error { return l.DB.AddUsage(ctx, u) }
-
-// Totals sums a sandbox's metered usage.
-func Totals(us []Usage) (vcpuSeconds, memoryMBSeconds float64) {
-	for _, u := range us {
-		d := u.End.Sub(u.Start).Seconds()
-		vcpuSeconds += d * float64(u.VCPUs)
-		memoryMBSeconds += d * float64(u.MemoryMB)
-	}
-	return vcpuSeconds, memoryMBSeconds
-}

@@ -2,9 +2,6 @@ package sandbox
 
 import "time"
 
-// MaxExecTimeout is the longest timeout an exec may ask for.
-const MaxExecTimeout = 24 * time.Hour
-
 // DefaultExecTimeout applies when a request gives none.
 const DefaultExecTimeout = 5 * time.Minute
 
