@@ -3,6 +3,7 @@ package harebox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/agent/transport"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -114,6 +116,9 @@ func result(r agentclient.ExecResult) *sandbox.ExecResult {
 
 // agentErr classifies an agent failure for the API.
 func agentErr(err error) error {
+	if errors.Is(err, transport.ErrAgentReplaced) {
+		return &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the sandbox's agent restarted during the call; its outcome is unknown", Err: err}
+	}
 	switch agentclient.Code(err) {
 	case codes.InvalidArgument:
 		return &sandbox.Error{Kind: sandbox.ErrInvalid, Msg: "the sandbox refused the request", Err: err}

@@ -368,6 +368,32 @@ func TestEngineLifecycle(t *testing.T) {
 			t.Fatalf("after resume: %+v", r)
 		}
 	})
+	t.Run("AgentRestart", func(t *testing.T) {
+		// Root in the guest kills the agent service (its parent; PID 1, the
+		// init, restarts it): the exec that did it fails at once, and the
+		// next ones reach the new agent within seconds.
+		start := time.Now()
+		_, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{User: "root", TimeoutSeconds: 60, Cmd: `kill -9 $PPID; sleep 50`})
+		if !errors.Is(err, sandbox.ErrUnavailable) {
+			t.Fatalf("the exec that killed the agent: %v, want ErrUnavailable", err)
+		}
+		failed := time.Since(start)
+		var r *sandbox.ExecResult
+		for {
+			r, err = eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo alive", TimeoutSeconds: 10})
+			if err == nil || time.Since(start) > 30*time.Second {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil || r.Stdout != "alive\n" {
+			t.Fatalf("exec after the agent restarted: %+v %v", r, err)
+		}
+		if got, _ := eng.Get(ctx, box.ID); got.State != sandbox.StateRunning {
+			t.Fatalf("state after the restart: %s", got.State)
+		}
+		t.Logf("the in-flight exec failed after %v; an exec answered %v after the kill", failed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	})
 	t.Run("Delete", func(t *testing.T) {
 		if err := eng.Delete(ctx, box.ID); err != nil {
 			t.Fatal(err)

@@ -60,6 +60,8 @@ type Client struct {
 	rpc  agentpb.AgentClient
 
 	closeOnce sync.Once
+	mu        sync.Mutex
+	ended     error // why the guest's side ended the session, if it did
 }
 
 // Dial connects to the agent endpoint a backend reports.
@@ -105,7 +107,18 @@ func New(conn io.ReadWriteCloser, opts Options) (*Client, error) {
 		conn.Close()
 		return nil, fmt.Errorf("agent: grpc: %w", err)
 	}
-	return &Client{opts: opts, conn: conn, sess: sess, cc: cc, rpc: agentpb.NewAgentClient(cc)}, nil
+	c := &Client{opts: opts, conn: conn, sess: sess, cc: cc, rpc: agentpb.NewAgentClient(cc)}
+	go func() {
+		// A restarted agent announces itself on this session: end it, so
+		// calls in flight fail now and the next one redials.
+		if err := transport.WatchHellos(sess); err != nil {
+			c.mu.Lock()
+			c.ended = err
+			c.mu.Unlock()
+			c.Close()
+		}
+	}()
+	return c, nil
 }
 
 // Close tears down the connection.
@@ -120,6 +133,15 @@ func (c *Client) Close() error {
 
 // Done is closed when the underlying session has died.
 func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// Err says why the session ended when the guest's side ended it:
+// transport.ErrAgentReplaced (the agent restarted) or transport.ErrBadHello.
+// It is nil while the session lives, and when it ended otherwise.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ended
+}
 
 // ctx applies the default deadline when the caller set none.
 func (c *Client) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -143,7 +165,7 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	defer cancel()
 	r, err := c.rpc.Health(ctx, &agentpb.HealthRequest{})
 	if err != nil {
-		return Health{}, wrap("health", err)
+		return Health{}, c.wrap("health", err)
 	}
 	h := Health{Version: r.Version, UptimeSeconds: r.UptimeSeconds, Mode: r.Mode, Kernel: r.Kernel}
 	if !printable(h.Version, 128) || !printable(h.Mode, 16) || !printable(h.Kernel, 128) || !(h.UptimeSeconds >= 0) {
@@ -176,7 +198,7 @@ func (c *Client) SyncTime(ctx context.Context, t time.Time) error {
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	_, err := c.rpc.SyncTime(ctx, &agentpb.SyncTimeRequest{UnixNano: t.UnixNano()})
-	return wrap("sync time", err)
+	return c.wrap("sync time", err)
 }
 
 // Reseed gives a cloned guest fresh entropy and a new machine ID.
@@ -185,7 +207,7 @@ func (c *Client) Reseed(ctx context.Context, entropy []byte, machineID, hostname
 	defer cancel()
 	r, err := c.rpc.Reseed(ctx, &agentpb.ReseedRequest{Entropy: entropy, MachineId: machineID, Hostname: hostname})
 	if err != nil {
-		return wrap("reseed", err)
+		return c.wrap("reseed", err)
 	}
 	if r.MachineId != machineID {
 		return fmt.Errorf("%w: reseed: machine id not applied", ErrGuest)
@@ -198,14 +220,18 @@ func (c *Client) Shutdown(ctx context.Context, reboot bool) error {
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	_, err := c.rpc.Shutdown(ctx, &agentpb.ShutdownRequest{Reboot: reboot})
-	return wrap("shutdown", err)
+	return c.wrap("shutdown", err)
 }
 
 // wrap names the call and keeps the gRPC status for errors.Is/As and
-// status.Code.
-func wrap(call string, err error) error {
+// status.Code; a call cut short by a restarted agent also says so
+// (errors.Is(err, transport.ErrAgentReplaced)).
+func (c *Client) wrap(call string, err error) error {
 	if err == nil {
 		return nil
+	}
+	if why := c.Err(); why != nil {
+		return fmt.Errorf("agent %s: %w: %w", call, why, err)
 	}
 	return fmt.Errorf("agent %s: %w", call, err)
 }

@@ -84,11 +84,11 @@ func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (E
 	defer cancel()
 	stream, err := c.rpc.Exec(ctx)
 	if err != nil {
-		return ExitStatus{}, wrap("exec", err)
+		return ExitStatus{}, c.wrap("exec", err)
 	}
 	start.Stdin = eio.Stdin != nil
 	if err := stream.Send(&agentpb.ExecRequest{Msg: &agentpb.ExecRequest_Start{Start: start}}); err != nil {
-		return ExitStatus{}, wrap("exec", err)
+		return ExitStatus{}, c.wrap("exec", err)
 	}
 	sendErr := make(chan error, 1)
 	go func() { sendErr <- c.pumpStdin(ctx, stream, eio) }()
@@ -101,7 +101,7 @@ func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (E
 			break
 		}
 		if err != nil {
-			return ExitStatus{}, wrap("exec", err)
+			return ExitStatus{}, c.wrap("exec", err)
 		}
 		if exit != nil {
 			return ExitStatus{}, fmt.Errorf("%w: exec: message after exit", ErrGuest)
@@ -198,7 +198,7 @@ func (c *Client) pumpStdin(ctx context.Context, stream agentpb.Agent_ExecClient,
 	}
 	send := func(r *agentpb.ExecRequest) error {
 		if err := stream.Send(r); err != nil && err != io.EOF {
-			return wrap("exec", err)
+			return c.wrap("exec", err)
 		}
 		return nil
 	}

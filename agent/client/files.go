@@ -37,12 +37,12 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, o Writ
 	defer cancel()
 	st, err := c.rpc.WriteFile(ctx)
 	if err != nil {
-		return FileInfo{}, wrap("write file", err)
+		return FileInfo{}, c.wrap("write file", err)
 	}
 	h := &agentpb.WriteFileHeader{Path: path, Mode: o.Mode, Owner: o.Owner, MakeParents: o.MakeParents, Append: o.Append}
 	if err := st.Send(&agentpb.WriteFileRequest{Msg: &agentpb.WriteFileRequest_Header{Header: h}}); err != nil {
 		_, rerr := st.CloseAndRecv()
-		return FileInfo{}, wrap("write file", firstErr(rerr, err))
+		return FileInfo{}, c.wrap("write file", firstErr(rerr, err))
 	}
 	buf := make([]byte, 256<<10)
 	for {
@@ -51,7 +51,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, o Writ
 			if err := st.Send(&agentpb.WriteFileRequest{Msg: &agentpb.WriteFileRequest_Data{Data: buf[:n]}}); err != nil {
 				// The agent refused mid-stream; its status says why.
 				_, rerr := st.CloseAndRecv()
-				return FileInfo{}, wrap("write file", firstErr(rerr, err))
+				return FileInfo{}, c.wrap("write file", firstErr(rerr, err))
 			}
 		}
 		if rerr == io.EOF {
@@ -65,7 +65,7 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, o Writ
 	}
 	fi, err := st.CloseAndRecv()
 	if err != nil {
-		return FileInfo{}, wrap("write file", err)
+		return FileInfo{}, c.wrap("write file", err)
 	}
 	return fileInfo(fi)
 }
@@ -77,7 +77,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer, offset,
 	defer cancel()
 	st, err := c.rpc.ReadFile(ctx, &agentpb.ReadFileRequest{Path: path, Offset: offset, Limit: limit})
 	if err != nil {
-		return 0, wrap("read file", err)
+		return 0, c.wrap("read file", err)
 	}
 	var n int64
 	for {
@@ -86,7 +86,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer, offset,
 			return n, nil
 		}
 		if err != nil {
-			return n, wrap("read file", err)
+			return n, c.wrap("read file", err)
 		}
 		if len(ch.Data) > MaxChunk {
 			return n, fmt.Errorf("%w: read file: chunk of %d bytes", ErrGuest, len(ch.Data))
@@ -107,7 +107,7 @@ func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
 	defer cancel()
 	fi, err := c.rpc.Stat(ctx, &agentpb.PathRequest{Path: path})
 	if err != nil {
-		return FileInfo{}, wrap("stat", err)
+		return FileInfo{}, c.wrap("stat", err)
 	}
 	return fileInfo(fi)
 }
@@ -121,7 +121,7 @@ func (c *Client) ListDir(ctx context.Context, path string, limit int) ([]FileInf
 	}
 	r, err := c.rpc.ListDir(ctx, &agentpb.ListDirRequest{Path: path, Limit: uint32(limit)})
 	if err != nil {
-		return nil, false, wrap("list", err)
+		return nil, false, c.wrap("list", err)
 	}
 	if len(r.Entries) > limit {
 		return nil, false, fmt.Errorf("%w: list: %d entries, asked for %d", ErrGuest, len(r.Entries), limit)
@@ -143,7 +143,7 @@ func (c *Client) Mkdir(ctx context.Context, path string, mode uint32, owner stri
 	defer cancel()
 	fi, err := c.rpc.Mkdir(ctx, &agentpb.MkdirRequest{Path: path, Mode: mode, Owner: owner})
 	if err != nil {
-		return FileInfo{}, wrap("mkdir", err)
+		return FileInfo{}, c.wrap("mkdir", err)
 	}
 	return fileInfo(fi)
 }
@@ -153,7 +153,7 @@ func (c *Client) Remove(ctx context.Context, path string, recursive bool) error 
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	_, err := c.rpc.Remove(ctx, &agentpb.RemoveRequest{Path: path, Recursive: recursive})
-	return wrap("remove", err)
+	return c.wrap("remove", err)
 }
 
 // Chmod sets permission bits.
@@ -161,7 +161,7 @@ func (c *Client) Chmod(ctx context.Context, path string, mode uint32) error {
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	_, err := c.rpc.Chmod(ctx, &agentpb.ChmodRequest{Path: path, Mode: mode})
-	return wrap("chmod", err)
+	return c.wrap("chmod", err)
 }
 
 // Chown sets the owner ("user" or "user:group").
@@ -169,7 +169,7 @@ func (c *Client) Chown(ctx context.Context, path, owner string) error {
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	_, err := c.rpc.Chown(ctx, &agentpb.ChownRequest{Path: path, Owner: owner})
-	return wrap("chown", err)
+	return c.wrap("chown", err)
 }
 
 var fileTypes = map[agentpb.FileType]string{

@@ -48,9 +48,15 @@ func ServeConn(ctx context.Context, conn io.ReadWriteCloser, srv agentpb.AgentSe
 		conn.Close()
 		return fmt.Errorf("start session: %w", err)
 	}
+	// Announce this session, so a host still talking to a previous agent
+	// session on this channel notices at once and reconnects.
+	go transport.SendHello(sess)
 	gs := NewGRPCServer(srv)
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
+	// A session that died of an error gRPC takes for temporary (a read
+	// deadline) would keep Serve retrying Accept forever: stop it.
+	go func() { <-sess.CloseChan(); gs.Stop() }()
 	err = gs.Serve(sess)
 	gs.Stop()
 	sess.Close()
@@ -202,17 +208,19 @@ func openSerial(opts ServeOptions) (*os.File, error) {
 // errNoHost: the host side of the port is not connected.
 var errNoHost = errors.New("no host connected")
 
-// waitForHost waits until a host is connected and has sent something, or
-// reports errNoHost. While no host is connected the port polls hung up
-// (and readable: a read returns EOF at once), so a session started then
-// would die at once. The caller reopens the port after errNoHost: closing
-// it discards bytes a previous host connection left unread, which would
-// otherwise corrupt the next session's framing.
+// waitForHost waits until a host is connected, or reports errNoHost. While
+// no host is connected the port polls hung up (and readable: a read returns
+// EOF at once), so a session started then would die at once. Once one is,
+// the port polls writable: the session starts without waiting for the host
+// to speak, so its hello reaches a host that is still attached to a previous
+// agent session at once. The caller reopens the port after errNoHost:
+// closing it discards bytes a previous host connection left unread, which
+// would otherwise corrupt the next session's framing.
 func waitForHost(ctx context.Context, f *os.File) error {
 	for ctx.Err() == nil {
 		var revents int16
 		err := control(f, func(fd int) error {
-			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLOUT}}
 			_, err := unix.Poll(fds, 500)
 			revents = fds[0].Revents
 			return err
@@ -222,7 +230,7 @@ func waitForHost(ctx context.Context, f *os.File) error {
 			return fmt.Errorf("poll %s: %w", f.Name(), err)
 		case revents&(unix.POLLHUP|unix.POLLERR) != 0:
 			return errNoHost
-		case revents&unix.POLLIN != 0:
+		case revents&(unix.POLLIN|unix.POLLOUT) != 0:
 			return nil
 		}
 	}

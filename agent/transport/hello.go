@@ -1,0 +1,93 @@
+package transport
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// The hello is how the host learns that the agent behind a byte stream was
+// replaced. A virtio-serial port gives the host no EOF when the guest side
+// closes, and a restarted agent answers the old session's keepalive pings
+// (they are session-level), while every stream the host had open is gone on
+// the new side: calls would hang until their deadline, forever. So every
+// session the agent starts opens one stream of its own, right away, and
+// writes a hello carrying a random instance nonce. The host expects exactly
+// one hello per session; a second one means a new agent session is talking
+// into the old host session, which the host then ends and redials.
+const (
+	helloMagic = "HBHELLO1"
+	// HelloSize is the whole hello: the magic and a 16-byte nonce.
+	HelloSize = len(helloMagic) + 16
+	// HelloTimeout bounds how long the host waits for a hello's bytes
+	// once the guest opened its stream.
+	HelloTimeout = 5 * time.Second
+)
+
+// ErrAgentReplaced ends a host session on which a second agent session
+// announced itself: the agent restarted (killed, crashed, OOM-killed).
+var ErrAgentReplaced = errors.New("the guest agent restarted")
+
+// ErrBadHello ends a host session whose guest opened a stream that is not
+// a well-formed hello: the guest may open no other streams.
+var ErrBadHello = errors.New("the guest opened a stream that is not a hello")
+
+// SendHello opens the agent's hello stream on a new guest session and
+// writes the hello. Call it once per session, right after Server.
+func SendHello(s *yamux.Session) error {
+	var b [HelloSize]byte
+	copy(b[:], helloMagic)
+	if _, err := rand.Read(b[len(helloMagic):]); err != nil {
+		return err
+	}
+	st, err := s.Open()
+	if err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	defer st.Close()
+	st.SetWriteDeadline(time.Now().Add(HelloTimeout))
+	if _, err := st.Write(b[:]); err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	return nil
+}
+
+// WatchHellos accepts the streams the guest opens on a host session until
+// the session ends. The first well-formed hello is the agent's; anything
+// after it (a second hello, any other stream) is a reason to end the
+// session, which WatchHellos returns (ErrAgentReplaced or ErrBadHello) for
+// the caller to record before it closes the session. It returns nil when
+// the session ended for another reason. Guests that predate the hello send
+// none, which is allowed.
+func WatchHellos(s *yamux.Session) error {
+	seen := false
+	for {
+		st, err := s.Accept()
+		if err != nil {
+			return nil // the session is over
+		}
+		ok := readHello(st)
+		st.Close()
+		switch {
+		case !ok:
+			return ErrBadHello
+		case seen:
+			return ErrAgentReplaced
+		}
+		seen = true
+	}
+}
+
+// readHello reads exactly one hello from st, bounded in size and time.
+func readHello(st net.Conn) bool {
+	st.SetReadDeadline(time.Now().Add(HelloTimeout))
+	var b [HelloSize + 1]byte
+	n, err := io.ReadFull(st, b[:])
+	// Exactly HelloSize bytes, then EOF.
+	return n == HelloSize && errors.Is(err, io.ErrUnexpectedEOF) && string(b[:len(helloMagic)]) == helloMagic
+}
