@@ -1,0 +1,245 @@
+package memhv
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/harebox/harebox/agent/guest"
+	"github.com/harebox/harebox/hypervisor"
+)
+
+// pidBase keeps fake pids above Linux's PID_MAX_LIMIT (1<<22), so that no
+// fake pid is ever a real process's.
+const pidBase = 1 << 22
+
+// pids is package-wide, so a handle from another Hypervisor never matches.
+var pids atomic.Int64
+
+// machine is one fake VM.
+type machine struct {
+	hv      *Hypervisor
+	spec    hypervisor.Spec
+	pid     int
+	started time.Time
+	sock    string
+	agent   *agent
+
+	// ctx ends when the machine stops, closing its agent sessions.
+	ctx      context.Context
+	cancel   context.CancelFunc
+	ln       net.Listener
+	stopOnce sync.Once
+
+	mu      sync.Mutex
+	state   hypervisor.State
+	resumed chan struct{} // made by Pause, closed by Resume or stop
+	stopped chan struct{} // closed once stopped
+}
+
+var _ hypervisor.Machine = (*machine)(nil)
+
+func newMachine(h *Hypervisor, spec hypervisor.Spec, sock string, fs *fsys) *machine {
+	m := &machine{
+		hv: h, spec: spec, pid: pidBase + int(pids.Add(1)), started: time.Now().UTC(), sock: sock,
+		state: hypervisor.StateRunning, stopped: make(chan struct{}),
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.agent = &agent{m: m, fs: fs}
+	return m
+}
+
+// listen creates the state directory and serves the agent on its socket,
+// one session per connection, as a VMM's serial socket would carry it.
+func (m *machine) listen() error {
+	if err := os.MkdirAll(m.spec.StateDir, 0o700); err != nil {
+		return err
+	}
+	ln, err := net.Listen("unix", m.sock)
+	if err != nil {
+		return err
+	}
+	m.ln = ln
+	m.logf("memhv: machine %s started", m.spec.ID)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go guest.ServeConn(m.ctx, c, m.agent)
+		}
+	}()
+	return nil
+}
+
+// logf appends a line to the machine's console log, where the engine looks
+// when a machine fails or exits.
+func (m *machine) logf(format string, args ...any) {
+	p := m.spec.SerialLog
+	if p == "" {
+		p = filepath.Join(m.spec.StateDir, "serial.log")
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(f, format+"\n", args...)
+	f.Close()
+}
+
+func (m *machine) ID() string { return m.spec.ID }
+
+func (m *machine) Handle() hypervisor.Handle {
+	b, _ := json.Marshal(handleData{PID: m.pid})
+	return hypervisor.Handle{Backend: Name, ID: m.spec.ID, Data: b}
+}
+
+func (m *machine) AgentEndpoint() hypervisor.AgentEndpoint {
+	return hypervisor.AgentEndpoint{Transport: hypervisor.TransportSerial, Path: m.sock}
+}
+
+func (m *machine) Info(context.Context) (hypervisor.Info, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return hypervisor.Info{ID: m.spec.ID, State: m.state, PID: m.pid, Started: m.started}, nil
+}
+
+// Pause freezes the agent: calls wait until Resume. Pausing a paused
+// machine is a no-op, as in QEMU.
+func (m *machine) Pause(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch m.state {
+	case hypervisor.StateStopped:
+		return hypervisor.Errorf(hypervisor.ErrState, "memhv: %s has stopped", m.spec.ID)
+	case hypervisor.StateRunning:
+		m.state = hypervisor.StatePaused
+		m.resumed = make(chan struct{})
+	}
+	return nil
+}
+
+func (m *machine) Resume(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch m.state {
+	case hypervisor.StateStopped:
+		return hypervisor.Errorf(hypervisor.ErrState, "memhv: %s has stopped", m.spec.ID)
+	case hypervisor.StatePaused:
+		m.state = hypervisor.StateRunning
+		close(m.resumed)
+		m.resumed = nil
+	}
+	return nil
+}
+
+// awake returns once the machine runs, as a frozen guest's agent answers
+// only after Resume; it fails when ctx ends or the machine stops.
+func (m *machine) awake(ctx context.Context) error {
+	for {
+		m.mu.Lock()
+		state, resumed := m.state, m.resumed
+		m.mu.Unlock()
+		switch state {
+		case hypervisor.StateRunning:
+			return nil
+		case hypervisor.StateStopped:
+			return status.Error(codes.Unavailable, "the machine has stopped")
+		}
+		select {
+		case <-resumed:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// Snapshot pauses the machine and writes its spec and files into dir.
+func (m *machine) Snapshot(_ context.Context, dir string) error {
+	if !filepath.IsAbs(dir) {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: snapshot dir %q: want an absolute path", dir)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if os.IsExist(err) {
+			return hypervisor.Errorf(hypervisor.ErrExists, "memhv: snapshot dir %s exists", dir)
+		}
+		return fmt.Errorf("memhv: snapshot: %w", err)
+	}
+	err := m.Pause(context.Background())
+	if err == nil {
+		b, merr := json.Marshal(snapshot{Version: snapshotVersion, Spec: m.spec, Files: m.agent.fs.clone().nodes})
+		err = merr
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, snapshotFile), b, 0o600)
+		}
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+	}
+	return err
+}
+
+// Shutdown powers the machine off at once: there is no guest to wait for.
+func (m *machine) Shutdown(context.Context) error {
+	m.stop("powered off")
+	return nil
+}
+
+func (m *machine) Kill(context.Context) error {
+	m.stop("killed")
+	return nil
+}
+
+func (m *machine) Wait(ctx context.Context) error {
+	select {
+	case <-m.stopped:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Cleanup removes the state directory; a console log the caller placed
+// outside it stays.
+func (m *machine) Cleanup(context.Context) error {
+	select {
+	case <-m.stopped:
+	default:
+		return hypervisor.Errorf(hypervisor.ErrState, "memhv: %s is still running", m.spec.ID)
+	}
+	if err := os.RemoveAll(m.spec.StateDir); err != nil {
+		return fmt.Errorf("memhv: cleanup: %w", err)
+	}
+	return nil
+}
+
+// stop ends the machine once: sessions close, the socket goes, Attach no
+// longer finds it, and calls waiting in a pause fail. The state turns
+// stopped last, so whoever sees it (Wait, Info, Cleanup) sees all of that
+// done.
+func (m *machine) stop(why string) {
+	m.stopOnce.Do(func() {
+		m.cancel()
+		m.ln.Close()
+		m.hv.forget(m)
+		m.logf("memhv: machine %s %s", m.spec.ID, why)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.state = hypervisor.StateStopped
+		if m.resumed != nil {
+			close(m.resumed)
+			m.resumed = nil
+		}
+		close(m.stopped)
+	})
+}

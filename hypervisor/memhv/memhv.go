@@ -1,0 +1,303 @@
+// Package memhv is an in-memory hypervisor.Hypervisor for fast tests of
+// the engine and the API, in the manner of gocloud.dev's memblob.
+//
+// A memhv machine is not a VM: it runs no kernel and no code, on the guest
+// or on the host. Each machine serves a fake guest agent on a Unix socket
+// in its state directory, over the real agent's transport (yamux and gRPC,
+// guest.ServeConn), so the engine dials it as it dials a VM. The fake agent
+// keeps an in-memory filesystem, with the real agent's checks and gRPC
+// codes, and answers Exec with a few built-in commands:
+//
+//	echo ARGS     prints ARGS joined by spaces, and a newline
+//	cat PATH...   prints files (relative paths from cwd, default the home)
+//	true, false   exit 0, exit 1
+//	exit [N]      ends the exec with N (default: the last command's code)
+//	sleep SECS    waits; the request's timeout (timed_out, signal 9), a
+//	              signal or the caller going away end it
+//
+// Anything else writes "fake agent: command not found: NAME" to stderr and
+// exits 127. Argv is one command. A shell string is split into commands on
+// ';' and newlines, and each on whitespace: no quoting, variables, pipes or
+// globs; a trailing ">&2" sends a command's output to stderr. Stdin is
+// dropped, the environment ignored; the users are root, user (the default)
+// and numeric ids.
+//
+// As in the real backends: specs are validated and errors carry the
+// portable kinds; a paused machine's agent answers no call until Resume
+// (calls wait, or fail at their deadline); Attach re-adopts running
+// machines of the same *Hypervisor (give a restarted engine the same
+// value) and reports ErrNotFound for any other; Snapshot writes the
+// machine's files into the snapshot directory, and Restore boots a clone
+// with its own ID, socket and copy of them. Not modelled: disks (checked
+// to exist, never read or written), network, entropy, processes.
+package memhv
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images"
+)
+
+// Name is the backend's name in capabilities and handles.
+const Name = "memhv"
+
+const (
+	agentSocket = "agent.sock"
+	// maxSocketPath leaves room below sun_path's 107 bytes, as the real
+	// backends do.
+	maxSocketPath = 100
+	snapshotFile  = "snapshot.json"
+	// snapshotVersion changes when the snapshot file's layout does.
+	snapshotVersion = 1
+)
+
+// Options tune a Hypervisor for a test.
+type Options struct {
+	// LaunchDelay is added to every Launch and Restore, standing for boot
+	// time (for timeout and concurrency tests).
+	LaunchDelay time.Duration
+}
+
+// Hypervisor is an in-memory backend. It is safe for concurrent use.
+type Hypervisor struct {
+	opts Options
+
+	mu       sync.Mutex
+	machines map[string]*machine // running or paused, by ID
+	launched int
+	failNext error
+}
+
+var _ hypervisor.Hypervisor = (*Hypervisor)(nil)
+
+// New returns an empty in-memory hypervisor.
+func New(opts Options) *Hypervisor {
+	return &Hypervisor{opts: opts, machines: map[string]*machine{}}
+}
+
+// Launched reports how many times Launch and Restore were called, whether
+// or not they succeeded: a test sees that a refused request never reached
+// the hypervisor.
+func (h *Hypervisor) Launched() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.launched
+}
+
+// FailNextLaunch makes the next Launch or Restore return err (after
+// LaunchDelay) without starting a machine.
+func (h *Hypervisor) FailNextLaunch(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failNext = err
+}
+
+// Machine returns the running or paused machine with this ID, so a test
+// can act as the VM would on its own (Kill stands for a crash).
+func (h *Hypervisor) Machine(id string) (hypervisor.Machine, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m, ok := h.machines[id]
+	return m, ok
+}
+
+// Close kills every machine still running or paused. Their files stay until
+// Cleanup.
+func (h *Hypervisor) Close() error {
+	h.mu.Lock()
+	ms := make([]*machine, 0, len(h.machines))
+	for _, m := range h.machines {
+		ms = append(ms, m)
+	}
+	h.mu.Unlock()
+	for _, m := range ms {
+		m.stop("killed: hypervisor closed")
+	}
+	return nil
+}
+
+// Capabilities implements hypervisor.Hypervisor.
+func (h *Hypervisor) Capabilities(context.Context) (hypervisor.Capabilities, error) {
+	return hypervisor.Capabilities{
+		Name:            Name,
+		Accelerator:     "none",
+		Notice:          "in-memory fake for tests: runs no code",
+		Snapshot:        true,
+		Pause:           true,
+		AgentTransports: []string{hypervisor.TransportSerial},
+		Version:         "1",
+	}, nil
+}
+
+// begin counts a Launch or Restore, waits LaunchDelay and fires an injected
+// failure.
+func (h *Hypervisor) begin(ctx context.Context) error {
+	h.mu.Lock()
+	h.launched++
+	fail := h.failNext
+	h.failNext = nil
+	h.mu.Unlock()
+	if d := h.opts.LaunchDelay; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return fmt.Errorf("memhv: launch: %w", ctx.Err())
+		}
+	}
+	return fail
+}
+
+// Launch implements hypervisor.Hypervisor.
+func (h *Hypervisor) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	if err := h.begin(ctx); err != nil {
+		return nil, err
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	// As the real backends: the files a VMM would open must exist.
+	paths := []string{spec.Kernel, spec.Initrd}
+	for _, d := range spec.Disks {
+		paths = append(paths, d.Path)
+	}
+	for _, p := range paths {
+		if _, err := os.Stat(p); p != "" && err != nil {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: %v", err)
+		}
+	}
+	return h.start(spec, newFS())
+}
+
+// handleData is a Handle's Data: the fake pid tells a machine from an
+// earlier one with the same ID.
+type handleData struct {
+	PID int `json:"pid"`
+}
+
+// Attach implements hypervisor.Hypervisor.
+func (h *Hypervisor) Attach(_ context.Context, hd hypervisor.Handle) (hypervisor.Machine, error) {
+	if hd.Backend != Name {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: handle is for backend %q", hd.Backend)
+	}
+	var d handleData
+	if err := json.Unmarshal(hd.Data, &d); err != nil || d.PID <= 0 {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: bad handle for %q", hd.ID)
+	}
+	h.mu.Lock()
+	m := h.machines[hd.ID]
+	h.mu.Unlock()
+	if m == nil || m.pid != d.PID {
+		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "memhv: machine %s is not running", hd.ID)
+	}
+	return m, nil
+}
+
+// snapshot is the file a snapshot directory holds: the machine's spec and
+// its whole filesystem (memory and disks are one in memhv).
+type snapshot struct {
+	Version int              `json:"version"`
+	Spec    hypervisor.Spec  `json:"spec"`
+	Files   map[string]*node `json:"files"`
+}
+
+// Restore implements hypervisor.Hypervisor.
+func (h *Hypervisor) Restore(ctx context.Context, dir string, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	if err := h.begin(ctx); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+	if os.IsNotExist(err) {
+		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "memhv: no snapshot in %s", dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("memhv: restore: %w", err)
+	}
+	var snap snapshot
+	if err := json.Unmarshal(b, &snap); err != nil || snap.Files["/"] == nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: bad snapshot in %s", dir)
+	}
+	if snap.Version != snapshotVersion {
+		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "memhv: snapshot version %d, want %d", snap.Version, snapshotVersion)
+	}
+	// The clone keeps the snapshot's hardware and takes its identity from
+	// spec, with the real backends' rule on networks.
+	clone := snap.Spec
+	clone.ID, clone.StateDir, clone.SerialLog, clone.Labels = spec.ID, spec.StateDir, spec.SerialLog, spec.Labels
+	clone.Network = spec.Network
+	if (clone.Network == nil) != (snap.Spec.Network == nil) {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: restore: the clone must have a network exactly when the snapshot has one")
+	}
+	if err := clone.Validate(); err != nil {
+		return nil, err
+	}
+	return h.start(clone, &fsys{nodes: snap.Files})
+}
+
+// start makes the state directory and serves the machine's agent.
+func (h *Hypervisor) start(spec hypervisor.Spec, fs *fsys) (*machine, error) {
+	sock := filepath.Join(spec.StateDir, agentSocket)
+	if len(sock) > maxSocketPath {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: state dir %s is too long for Unix socket paths", spec.StateDir)
+	}
+	if ents, _ := os.ReadDir(spec.StateDir); len(ents) > 0 {
+		return nil, hypervisor.Errorf(hypervisor.ErrExists, "memhv: state dir %s is not empty", spec.StateDir)
+	}
+	m := newMachine(h, spec, sock, fs)
+	// Under the lock, so that two launches of one ID cannot both pass.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, dup := h.machines[spec.ID]; dup {
+		return nil, hypervisor.Errorf(hypervisor.ErrExists, "memhv: machine %s is already running", spec.ID)
+	}
+	if err := m.listen(); err != nil {
+		m.cancel()
+		os.RemoveAll(spec.StateDir)
+		return nil, fmt.Errorf("memhv: launch %s: %w", spec.ID, err)
+	}
+	h.machines[spec.ID] = m
+	return m, nil
+}
+
+func (h *Hypervisor) forget(m *machine) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.machines[m.spec.ID] == m {
+		delete(h.machines, m.spec.ID)
+	}
+}
+
+// Image returns an image memhv accepts: placeholder kernel and initrd files
+// in dir/memhv-image (created if missing), so that the engine's image
+// lookup and spec validation pass. Nothing boots them. If they cannot be
+// written, Launch reports the missing files.
+func Image(dir string) images.Image {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	dir = filepath.Join(dir, "memhv-image")
+	img := images.Image{
+		Name:          Name,
+		Kernel:        filepath.Join(dir, images.KernelFile),
+		Initrd:        filepath.Join(dir, images.InitrdFile),
+		Cmdline:       images.BaseCmdline,
+		KernelVersion: Name,
+		BuiltAt:       time.Now().UTC(),
+		Dir:           dir,
+	}
+	os.MkdirAll(dir, 0o755)
+	for _, p := range []string{img.Kernel, img.Initrd} {
+		if _, err := os.Stat(p); err != nil {
+			os.WriteFile(p, []byte("memhv placeholder: never booted\n"), 0o644)
+		}
+	}
+	return img
+}
