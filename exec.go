@@ -3,16 +3,12 @@ package harebox
 import (
 	"bytes"
 	"context"
-	"errors"
 	"io"
 	"strings"
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	agentclient "github.com/harebox/harebox/agent/client"
-	"github.com/harebox/harebox/agent/transport"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -31,8 +27,18 @@ func (e *Engine) running(ctx context.Context, id string) (*box, error) {
 	return b, nil
 }
 
-// agentFor returns a running sandbox and a live connection to its agent.
-func (e *Engine) agentFor(ctx context.Context, id string) (*box, *agentclient.Client, error) {
+// agentFor authorizes action on a sandbox and returns it, running, with a
+// live connection to its agent.
+func (e *Engine) agentFor(ctx context.Context, action, id string) (*box, *agentclient.Client, error) {
+	if err := e.check(ctx, action, id); err != nil {
+		return nil, nil, err
+	}
+	return e.connect(ctx, id)
+}
+
+// connect returns a running sandbox and a live connection to its agent
+// (the caller has authorized the call).
+func (e *Engine) connect(ctx context.Context, id string) (*box, *agentclient.Client, error) {
 	b, err := e.running(ctx, id)
 	if err != nil {
 		return nil, nil, err
@@ -45,11 +51,14 @@ func (e *Engine) agentFor(ctx context.Context, id string) (*box, *agentclient.Cl
 }
 
 // execTarget validates an exec request and finds where it runs.
-func (e *Engine) execTarget(ctx context.Context, id string, r *sandbox.ExecRequest) (*box, *agentclient.Client, error) {
+func (e *Engine) execTarget(ctx context.Context, action, id string, r *sandbox.ExecRequest) (*box, *agentclient.Client, error) {
+	if err := e.check(ctx, action, id); err != nil {
+		return nil, nil, err
+	}
 	if err := r.Check(); err != nil {
 		return nil, nil, err
 	}
-	return e.agentFor(ctx, id)
+	return e.connect(ctx, id)
 }
 
 // agentRequest merges the sandbox's environment under the request's.
@@ -73,7 +82,7 @@ func (b *box) agentRequest(r *sandbox.ExecRequest) agentclient.ExecRequest {
 // Exec runs a command and waits for it. Output beyond the engine's cap is
 // dropped and flagged.
 func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
-	b, c, err := e.execTarget(ctx, id, &r)
+	b, c, err := e.execTarget(ctx, "exec", id, &r)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +100,7 @@ func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*s
 // ExecStream runs a command and writes its output as it comes. Stdin, if
 // not nil, is fed to the command.
 func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error) {
-	b, c, err := e.execTarget(ctx, id, &r)
+	b, c, err := e.execTarget(ctx, "execStream", id, &r)
 	if err != nil {
 		return nil, err
 	}
@@ -112,26 +121,6 @@ func result(r agentclient.ExecResult) *sandbox.ExecResult {
 		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated,
 		DurationMS: r.Duration.Milliseconds(),
 	}
-}
-
-// agentErr classifies an agent failure for the API.
-func agentErr(err error) error {
-	if errors.Is(err, transport.ErrAgentReplaced) {
-		return &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the sandbox's agent restarted during the call; its outcome is unknown", Err: err}
-	}
-	switch agentclient.Code(err) {
-	case codes.InvalidArgument:
-		return &sandbox.Error{Kind: sandbox.ErrInvalid, Msg: "the sandbox refused the request", Err: err}
-	case codes.NotFound:
-		return &sandbox.Error{Kind: sandbox.ErrNotFound, Msg: "not found in the sandbox", Err: err}
-	case codes.AlreadyExists:
-		return &sandbox.Error{Kind: sandbox.ErrExists, Msg: "already exists in the sandbox", Err: err}
-	case codes.PermissionDenied, codes.FailedPrecondition:
-		return &sandbox.Error{Kind: sandbox.ErrState, Msg: "the sandbox refused the request", Err: err}
-	case codes.DeadlineExceeded:
-		return &sandbox.Error{Kind: sandbox.ErrTimeout, Msg: "the sandbox did not answer in time", Err: err}
-	}
-	return &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the sandbox's agent failed", Err: err}
 }
 
 // procTable holds a sandbox's background processes.
@@ -185,7 +174,7 @@ func (t *procTable) closeAll() {
 // output is collected (capped) until it exits. Background processes live
 // as long as the engine: an engine restart ends them.
 func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.Process, error) {
-	b, c, err := e.execTarget(ctx, id, &r)
+	b, c, err := e.execTarget(ctx, "startProcess", id, &r)
 	if err != nil {
 		return nil, err
 	}
@@ -243,7 +232,7 @@ func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequ
 // WaitProcess waits until a background process exits (or ctx is done)
 // and returns it with its result.
 func (e *Engine) WaitProcess(ctx context.Context, id, procID string) (*sandbox.Process, error) {
-	b, p, err := e.process(ctx, id, procID)
+	b, p, err := e.process(ctx, "getProcess", id, procID)
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +250,7 @@ func (e *Engine) WaitProcess(ctx context.Context, id, procID string) (*sandbox.P
 // KillProcess sends a signal (default SIGKILL) to a background process's
 // process group.
 func (e *Engine) KillProcess(ctx context.Context, id, procID string, signal int) error {
-	_, p, err := e.process(ctx, id, procID)
+	_, p, err := e.process(ctx, "killProcess", id, procID)
 	if err != nil {
 		return err
 	}
@@ -283,6 +272,9 @@ func (e *Engine) KillProcess(ctx context.Context, id, procID string, signal int)
 
 // ListProcesses returns a sandbox's background processes.
 func (e *Engine) ListProcesses(ctx context.Context, id string) ([]sandbox.Process, error) {
+	if err := e.check(ctx, "listProcesses", id); err != nil {
+		return nil, err
+	}
 	b, err := e.liveOrErr(ctx, id)
 	if err != nil {
 		return nil, err
@@ -290,7 +282,10 @@ func (e *Engine) ListProcesses(ctx context.Context, id string) ([]sandbox.Proces
 	return b.procs.list(), nil
 }
 
-func (e *Engine) process(ctx context.Context, id, procID string) (*box, *proc, error) {
+func (e *Engine) process(ctx context.Context, action, id, procID string) (*box, *proc, error) {
+	if err := e.check(ctx, action, id); err != nil {
+		return nil, nil, err
+	}
 	b, err := e.liveOrErr(ctx, id)
 	if err != nil {
 		return nil, nil, err
@@ -304,7 +299,7 @@ func (e *Engine) process(ctx context.Context, id, procID string) (*box, *proc, e
 
 // GetProcess returns a background process as it is now.
 func (e *Engine) GetProcess(ctx context.Context, id, procID string) (*sandbox.Process, error) {
-	b, p, err := e.process(ctx, id, procID)
+	b, p, err := e.process(ctx, "getProcess", id, procID)
 	if err != nil {
 		return nil, err
 	}

@@ -50,7 +50,7 @@ func (e *Engine) WriteFile(ctx context.Context, id, path string, r io.Reader, o 
 	if o.Mode > 0o7777 {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "mode", "must be at most 07777")
 	}
-	_, c, err := e.agentFor(ctx, id)
+	_, c, err := e.agentFor(ctx, "writeFile", id)
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +67,7 @@ func (e *Engine) WriteFile(ctx context.Context, id, path string, r io.Reader, o 
 // ReadFile copies a file from the sandbox into w. Files larger than the
 // engine's limit are refused before anything is written.
 func (e *Engine) ReadFile(ctx context.Context, id, path string, w io.Writer) (int64, error) {
-	_, c, err := e.agentFor(ctx, id)
+	_, c, err := e.agentFor(ctx, "readFile", id)
 	if err != nil {
 		return 0, err
 	}
@@ -91,7 +91,7 @@ func (e *Engine) ReadFile(ctx context.Context, id, path string, w io.Writer) (in
 
 // StatFile describes a path in the sandbox.
 func (e *Engine) StatFile(ctx context.Context, id, path string) (*sandbox.FileInfo, error) {
-	_, c, err := e.agentFor(ctx, id)
+	_, c, err := e.agentFor(ctx, "statFile", id)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +104,7 @@ func (e *Engine) StatFile(ctx context.Context, id, path string) (*sandbox.FileIn
 
 // ListFiles lists a directory in the sandbox.
 func (e *Engine) ListFiles(ctx context.Context, id, path string) ([]sandbox.FileInfo, bool, error) {
-	_, c, err := e.agentFor(ctx, id)
+	_, c, err := e.agentFor(ctx, "listFiles", id)
 	if err != nil {
 		return nil, false, err
 	}
@@ -121,7 +121,7 @@ func (e *Engine) ListFiles(ctx context.Context, id, path string) ([]sandbox.File
 
 // Mkdir creates a directory and its parents in the sandbox.
 func (e *Engine) Mkdir(ctx context.Context, id, path string, mode uint32) (*sandbox.FileInfo, error) {
-	_, c, err := e.agentFor(ctx, id)
+	_, c, err := e.agentFor(ctx, "mkdir", id)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +134,7 @@ func (e *Engine) Mkdir(ctx context.Context, id, path string, mode uint32) (*sand
 
 // RemoveFile removes a path in the sandbox (directories with recursive).
 func (e *Engine) RemoveFile(ctx context.Context, id, path string, recursive bool) error {
-	_, c, err := e.agentFor(ctx, id)
+	_, c, err := e.agentFor(ctx, "removeFile", id)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,9 @@ const policyKey = "firewall"
 
 // Firewall returns a sandbox's firewall policy.
 func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, error) {
+	if err := e.check(ctx, "getFirewall", id); err != nil {
+		return nil, err
+	}
 	if b := e.live(id); b != nil {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -37,6 +40,9 @@ func policyOf(raw json.RawMessage) (*firewall.Policy, error) {
 // validated and enforced before it is stored; if either fails, the old
 // policy stays in force.
 func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy) (*firewall.Policy, error) {
+	if err := e.check(ctx, "setFirewall", id); err != nil {
+		return nil, err
+	}
 	if err := p.Validate(); err != nil {
 		return nil, firewallErr(err)
 	}

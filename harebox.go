@@ -23,6 +23,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/harebox/harebox/apikey"
+	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
@@ -31,6 +33,7 @@ import (
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
 )
 
 // Options configure an Engine. The zero value works on one Linux host.
@@ -105,6 +108,12 @@ type Engine struct {
 	bill   budget.Billing
 	closer []func() error
 
+	tenants *tenant.Service
+	keys    *apikey.Service
+	// defaultAcc is where the operator's sandboxes go when no account is
+	// named, and where records from before tenancy are placed.
+	defaultAcc *tenant.Account
+
 	limit sandbox.Resources // admission limits
 
 	mu      sync.Mutex
@@ -157,6 +166,13 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if e.bill == nil {
 		e.bill = budget.Local{DB: e.store}
 	}
+	e.tenants = tenant.New(e.store)
+	e.keys = apikey.New(e.store, e.tenants)
+	acc, err := e.tenants.EnsureDefault(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e.defaultAcc = acc
 	if err := e.startHypervisor(ctx); err != nil {
 		return nil, err
 	}
@@ -244,7 +260,11 @@ func (e *Engine) startHypervisor(ctx context.Context) error {
 
 // Capabilities reports the hypervisor backend in use.
 func (e *Engine) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
-	return e.hv.Capabilities(ctx)
+	if err := authz.Allowed(authz.From(ctx), "getInfo"); err != nil {
+		return hypervisor.Capabilities{}, err
+	}
+	caps, err := e.hv.Capabilities(ctx)
+	return caps, hvErr(err)
 }
 
 // Site is where this engine's sandboxes run.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
@@ -96,12 +97,8 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 	if err != nil {
 		return nil, err
 	}
-	if req.Name != "" {
-		release, err := e.claimName(req.Name)
-		if err != nil {
-			return nil, err
-		}
-		defer release() // after the box (which carries the name) is registered
+	if err := authz.Allowed(authz.From(ctx), "createSandbox"); err != nil {
+		return nil, err
 	}
 	if err := e.reserve(res); err != nil {
 		return nil, err
@@ -121,10 +118,21 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 		rec.ExpiresAt = &exp
 	}
 	// The record exists before anything is made, so a crash half way is
-	// cleaned up on the next start.
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	// cleaned up on the next start; it is placed in its project in the
+	// same transaction.
+	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.place(ctx, tx, &req, rec) }); err != nil {
 		e.release(res)
 		return nil, err
+	}
+	if req.Name != "" {
+		release, err := e.claimName(rec.AccountID, req.Name)
+		if err != nil {
+			e.release(res)
+			rec.State, rec.Error = sandbox.StateDeleted, err.Error()
+			e.store.PutSandbox(context.WithoutCancel(ctx), rec)
+			return nil, err
+		}
+		defer release() // after the box (which carries the name) is registered
 	}
 	// The box's lifecycle lock is held until the sandbox is registered and
 	// stored as running, so a Delete that races with it waits its turn.
@@ -181,7 +189,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 	}
 	m, err := e.hv.Launch(ctx, spec)
 	if err != nil {
-		return fmt.Errorf("launch: %w", err)
+		return hvErr(fmt.Errorf("launch: %w", err))
 	}
 	b.m = m
 	h := m.Handle()
@@ -236,6 +244,9 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 
 // Get returns a sandbox, including deleted ones.
 func (e *Engine) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	if err := e.check(ctx, "getSandbox", id); err != nil {
+		return nil, err
+	}
 	if b := e.live(id); b != nil {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -251,6 +262,35 @@ func (e *Engine) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 // List returns the sandboxes that match f, oldest first. Deleted
 // sandboxes are listed only when f.State asks for them.
 func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error) {
+	p := authz.From(ctx)
+	if err := authz.Allowed(p, "listSandboxes"); err != nil {
+		return nil, err
+	}
+	var projectID, fleetID string
+	if f.Project != "" || f.Fleet != "" {
+		err := e.store.Update(ctx, func(tx store.Tx) error {
+			acc, err := e.tenants.Account(ctx, tx, "")
+			if err != nil {
+				return err
+			}
+			proj, err := e.tenants.Project(ctx, tx, acc, f.Project)
+			if err != nil {
+				return sandbox.Errorf(sandbox.ErrInvalid, "project", "%v", err)
+			}
+			projectID = proj.ID
+			if f.Fleet != "" {
+				fl, err := e.tenants.Fleet(ctx, tx, proj, f.Fleet)
+				if err != nil {
+					return sandbox.Errorf(sandbox.ErrInvalid, "fleet", "%v", err)
+				}
+				fleetID = fl.ID
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	recs, err := e.store.ListSandboxes(ctx)
 	if err != nil {
 		return nil, err
@@ -266,6 +306,9 @@ func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.San
 		if s.State == sandbox.StateDeleted && f.State != sandbox.StateDeleted {
 			continue
 		}
+		if (projectID != "" && s.ProjectID != projectID) || (fleetID != "" && s.FleetID != fleetID) || !authz.Visible(p, targetOf(s)) {
+			continue
+		}
 		if f.Match(s) {
 			out = append(out, s)
 		}
@@ -276,6 +319,9 @@ func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.San
 // Delete destroys a sandbox: its VM, disks and network. Deleting a deleted
 // sandbox is an error; the record stays, with state deleted.
 func (e *Engine) Delete(ctx context.Context, id string) error {
+	if err := e.check(ctx, "deleteSandbox", id); err != nil {
+		return err
+	}
 	b := e.live(id)
 	if b == nil {
 		rec, err := e.record(ctx, id)
@@ -318,11 +364,17 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 
 // Pause freezes a running sandbox's VM.
 func (e *Engine) Pause(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	if err := e.check(ctx, "pauseSandbox", id); err != nil {
+		return nil, err
+	}
 	return e.transition(ctx, id, sandbox.StatePaused, func(b *box) error { return b.m.Pause(ctx) })
 }
 
 // Resume continues a paused sandbox.
 func (e *Engine) Resume(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	if err := e.check(ctx, "resumeSandbox", id); err != nil {
+		return nil, err
+	}
 	box, err := e.transition(ctx, id, sandbox.StateRunning, func(b *box) error { return b.m.Resume(ctx) })
 	if err != nil {
 		return nil, err
@@ -350,7 +402,7 @@ func (e *Engine) transition(ctx context.Context, id string, to sandbox.State, f 
 		return nil, err
 	}
 	if err := f(b); err != nil {
-		return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the hypervisor failed", Err: err}
+		return nil, hvErr(err)
 	}
 	b.rec.State = to
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
@@ -389,26 +441,28 @@ func (e *Engine) record(ctx context.Context, id string) (*store.Sandbox, error) 
 	return rec, err
 }
 
-// claimName refuses a name that a live sandbox, or a create in flight,
-// already has; release ends the claim.
-func (e *Engine) claimName(name string) (release func(), err error) {
+// claimName refuses a name that a live sandbox of the account, or a create
+// in flight there, already has; release ends the claim. Names are per
+// account, so a taken name says nothing about other accounts.
+func (e *Engine) claimName(accountID, name string) (release func(), err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, b := range e.boxes {
-		if b.rec.Name == name {
+		if b.rec.AccountID == accountID && b.rec.Name == name {
 			return nil, sandbox.Errorf(sandbox.ErrExists, "name", "sandbox %s is already named %q", b.rec.ID, name)
 		}
 	}
-	if e.claimed[name] {
+	claim := accountID + "/" + name
+	if e.claimed[claim] {
 		return nil, sandbox.Errorf(sandbox.ErrExists, "name", "a sandbox named %q is being created", name)
 	}
 	if e.claimed == nil {
 		e.claimed = map[string]bool{}
 	}
-	e.claimed[name] = true
+	e.claimed[claim] = true
 	return func() {
 		e.mu.Lock()
-		delete(e.claimed, name)
+		delete(e.claimed, claim)
 		e.mu.Unlock()
 	}, nil
 }

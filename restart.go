@@ -25,6 +25,13 @@ func (e *Engine) adopt(ctx context.Context) error {
 	keep := map[string]bool{}
 	var live []string
 	for _, rec := range recs {
+		if rec.AccountID == "" {
+			// A record from before tenancy: it belongs to the default
+			// account's default project.
+			if err := e.placeDefault(ctx, rec); err != nil {
+				return err
+			}
+		}
 		b := &box{rec: rec, deleting: make(chan struct{})}
 		switch rec.State {
 		case sandbox.StateDeleted:

@@ -105,6 +105,7 @@ type reply struct {
 	status int
 	body   map[string]any
 	raw    []byte
+	header http.Header
 }
 
 func (e *apiEnv) call(t *testing.T, method, path, key string, body []byte) reply {

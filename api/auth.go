@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -10,6 +11,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/sandbox"
 )
 
 // KeyPrefix starts every HareBox API key.
@@ -20,10 +24,14 @@ type RootKey struct {
 	sum [32]byte
 }
 
-// Check implements Authenticator in constant time.
-func (k *RootKey) Check(token string) bool {
+// Authenticate implements Authenticator in constant time: the root key is
+// the operator.
+func (k *RootKey) Authenticate(_ context.Context, token string) (authz.Principal, error) {
 	sum := sha256.Sum256([]byte(token))
-	return strings.HasPrefix(token, KeyPrefix) && subtle.ConstantTimeCompare(sum[:], k.sum[:]) == 1
+	if strings.HasPrefix(token, KeyPrefix) && subtle.ConstantTimeCompare(sum[:], k.sum[:]) == 1 {
+		return authz.Operator, nil
+	}
+	return authz.Principal{}, sandbox.Errorf(sandbox.ErrUnauthenticated, "", "invalid API key")
 }
 
 // LoadOrCreateRootKey reads dataDir/root.key, creating it (mode 0600) with

@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -40,15 +43,22 @@ const MaxJSONBody = 1 << 20
 
 // Options configure a Server.
 type Options struct {
-	Engine  *harebox.Engine
+	Engine *harebox.Engine
+	// Auth authenticates the operator (the root key). Other keys are the
+	// engine's scoped keys (Engine.Keys).
 	Auth    Authenticator
 	Version string
 	Logger  *slog.Logger
+	// TrustedProxies are the addresses whose X-Forwarded-For is believed
+	// when checking a key's CIDRs; from anyone else it is ignored.
+	TrustedProxies []netip.Prefix
 }
 
-// Authenticator checks a request's bearer token.
+// Authenticator turns a request's bearer token into a principal, or fails
+// with an *sandbox.Error of kind ErrUnauthenticated (or ErrForbidden,
+// ErrRateLimited).
 type Authenticator interface {
-	Check(token string) bool
+	Authenticate(ctx context.Context, token string) (authz.Principal, error)
 }
 
 // Server serves the API.
@@ -94,6 +104,23 @@ func Routes() []Route {
 		{"POST", "/v1/sandboxes/{id}/files/mkdir", "mkdir", false, (*Server).mkdir},
 		{"GET", "/v1/sandboxes/{id}/firewall", "getFirewall", false, (*Server).getFirewall},
 		{"PUT", "/v1/sandboxes/{id}/firewall", "setFirewall", false, (*Server).setFirewall},
+		{"POST", "/v1/accounts", "createAccount", false, (*Server).createAccount},
+		{"GET", "/v1/accounts", "listAccounts", false, (*Server).listAccounts},
+		{"GET", "/v1/accounts/{account}", "getAccount", false, (*Server).getAccount},
+		{"DELETE", "/v1/accounts/{account}", "deleteAccount", false, (*Server).deleteAccount},
+		{"POST", "/v1/projects", "createProject", false, (*Server).createProject},
+		{"GET", "/v1/projects", "listProjects", false, (*Server).listProjects},
+		{"GET", "/v1/projects/{project}", "getProject", false, (*Server).getProject},
+		{"DELETE", "/v1/projects/{project}", "deleteProject", false, (*Server).deleteProject},
+		{"POST", "/v1/projects/{project}/fleets", "createFleet", false, (*Server).createFleet},
+		{"GET", "/v1/projects/{project}/fleets", "listFleets", false, (*Server).listFleets},
+		{"GET", "/v1/projects/{project}/fleets/{fleet}", "getFleet", false, (*Server).getFleet},
+		{"DELETE", "/v1/projects/{project}/fleets/{fleet}", "deleteFleet", false, (*Server).deleteFleet},
+		{"POST", "/v1/keys", "createKey", false, (*Server).createKey},
+		{"GET", "/v1/keys", "listKeys", false, (*Server).listKeys},
+		{"GET", "/v1/keys/{key}", "getKey", false, (*Server).getKey},
+		{"DELETE", "/v1/keys/{key}", "revokeKey", false, (*Server).revokeKey},
+		{"POST", "/v1/keys/{key}/rotate", "rotateKey", false, (*Server).rotateKey},
 	}
 }
 
@@ -119,7 +146,7 @@ func New(opts Options) (*Server, error) {
 	}
 	// Anything else is a JSON 404 (or 405), like every other error.
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, apiError{http.StatusNotFound, "not_found", "no route " + r.Method + " " + r.URL.Path, ""})
+		writeError(w, apiError{status: http.StatusNotFound, code: "not_found", msg: "no route " + r.Method + " " + r.URL.Path})
 	})
 	return s, nil
 }
@@ -131,12 +158,16 @@ func (s *Server) wrap(rt Route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		if !rt.Public {
-			token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || !s.opts.Auth.Check(strings.TrimSpace(token)) {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="harebox"`)
-				writeError(w, apiError{http.StatusUnauthorized, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)", ""})
+			ctx, err := s.authenticate(r)
+			if err != nil {
+				ae := toAPIError(err)
+				if ae.status == http.StatusUnauthorized {
+					w.Header().Set("WWW-Authenticate", `Bearer realm="harebox"`)
+				}
+				writeError(w, ae)
 				return
 			}
+			r = r.WithContext(ctx)
 		}
 		err := rt.handler(s, w, r)
 		if err != nil {
@@ -150,17 +181,75 @@ func (s *Server) wrap(rt Route) http.Handler {
 	})
 }
 
+// authenticate returns the request's context with the caller's address
+// and principal: the root key is the operator, any other key is one of the
+// engine's scoped keys.
+func (s *Server) authenticate(r *http.Request) (context.Context, error) {
+	ctx := r.Context()
+	if addr, ok := s.source(r); ok {
+		ctx = authz.WithSource(ctx, addr)
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	token = strings.TrimSpace(token)
+	if !ok || token == "" {
+		return nil, sandbox.Errorf(sandbox.ErrUnauthenticated, "", "an API key is required (Authorization: Bearer <key>)")
+	}
+	p, err := s.opts.Auth.Authenticate(ctx, token)
+	if err != nil {
+		if p, err = s.eng.Keys().Authenticate(ctx, token); err != nil {
+			return nil, err
+		}
+	}
+	return authz.WithPrincipal(ctx, p), nil
+}
+
+// source is the caller's address: the socket's peer, or, when the peer is
+// a trusted proxy, the last address in X-Forwarded-For that is not one.
+func (s *Server) source(r *http.Request) (netip.Addr, bool) {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}, false // a Unix socket: no address
+	}
+	addr := ap.Addr().Unmap()
+	fwd := r.Header.Values("X-Forwarded-For")
+	if !s.trusted(addr) || len(fwd) == 0 {
+		return addr, true
+	}
+	hops := strings.Split(strings.Join(fwd, ","), ",")
+	for i := len(hops) - 1; i >= 0; i-- {
+		a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+		if err != nil {
+			return netip.Addr{}, false // a trusted proxy sent garbage: unknown
+		}
+		if a = a.Unmap(); !s.trusted(a) {
+			return a, true
+		}
+		addr = a
+	}
+	return addr, true
+}
+
+func (s *Server) trusted(a netip.Addr) bool {
+	for _, p := range s.opts.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
 // apiError is an error as the API shows it.
 type apiError struct {
-	status    int
-	code, msg string
-	field     string
+	status     int
+	code, msg  string
+	field      string
+	retryAfter time.Duration
 }
 
 func (e apiError) Error() string { return e.msg }
 
 func badRequest(field, format string, args ...any) error {
-	return apiError{http.StatusBadRequest, "invalid", fmt.Sprintf(format, args...), field}
+	return apiError{status: http.StatusBadRequest, code: "invalid", msg: fmt.Sprintf(format, args...), field: field}
 }
 
 // toAPIError maps engine errors to statuses and codes.
@@ -171,7 +260,7 @@ func toAPIError(err error) apiError {
 	}
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return apiError{http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body is larger than %d bytes", mbe.Limit), ""}
+		return apiError{status: http.StatusRequestEntityTooLarge, code: "too_large", msg: fmt.Sprintf("request body is larger than %d bytes", mbe.Limit)}
 	}
 	field := sandbox.FieldOf(err)
 	msg := err.Error()
@@ -196,18 +285,28 @@ func toAPIError(err error) apiError {
 		{sandbox.ErrCapacity, http.StatusServiceUnavailable, "over_capacity"},
 		{sandbox.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
 		{sandbox.ErrTimeout, http.StatusGatewayTimeout, "timeout"},
+		{sandbox.ErrUnauthenticated, http.StatusUnauthorized, "unauthorized"},
+		{sandbox.ErrForbidden, http.StatusForbidden, "forbidden"},
+		{sandbox.ErrRateLimited, http.StatusTooManyRequests, "rate_limited"},
 	} {
 		if errors.Is(err, m.kind) {
-			return apiError{m.status, m.code, msg, field}
+			ae := apiError{status: m.status, code: m.code, msg: msg, field: field}
+			if se != nil {
+				ae.retryAfter = se.RetryAfter
+			}
+			return ae
 		}
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return apiError{http.StatusGatewayTimeout, "timeout", err.Error(), ""}
+		return apiError{status: http.StatusGatewayTimeout, code: "timeout", msg: err.Error()}
 	}
-	return apiError{http.StatusInternalServerError, "internal", "internal error (see the server's log)", ""}
+	return apiError{status: http.StatusInternalServerError, code: "internal", msg: "internal error (see the server's log)"}
 }
 
 func writeError(w http.ResponseWriter, e apiError) {
+	if e.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(e.retryAfter.Seconds()))))
+	}
 	body := map[string]any{"code": e.code, "message": e.msg}
 	if e.field != "" {
 		body["field"] = e.field
@@ -300,7 +399,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := sandbox.ListFilter{State: sandbox.State(q.Get("state"))}
+	f := sandbox.ListFilter{State: sandbox.State(q.Get("state")), Project: q.Get("project"), Fleet: q.Get("fleet")}
 	switch f.State {
 	case "", sandbox.StateCreating, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateStopped, sandbox.StateDeleted:
 	default:
@@ -338,7 +437,9 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
 	if err := s.eng.Delete(r.Context(), id); err != nil {
 		return err
 	}
-	box, err := s.eng.Get(r.Context(), id)
+	// The caller may delete it, so it may see what it deleted, even with a
+	// key that lacks getSandbox.
+	box, err := s.eng.Get(authz.WithPrincipal(r.Context(), authz.Operator), id)
 	if err != nil {
 		return err
 	}
@@ -418,7 +519,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// Errors before the first byte are plain JSON errors; after it, events.
-	if _, err := s.eng.Get(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.eng.Authorize(r.Context(), "execStream", r.PathValue("id")); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "text/event-stream")

@@ -31,6 +31,13 @@ type CreateRequest struct {
 	// TTLSeconds deletes the sandbox that long after creation; 0 means no TTL.
 	TTLSeconds int64             `json:"ttl_seconds,omitempty" validate:"gte=0,lte=2592000"`
 	Labels     map[string]string `json:"labels,omitempty" validate:"max=32,dive,keys,labelkey,endkeys,max=256"`
+	// AccountID places the sandbox in another account than the default;
+	// only the operator may name one (a key creates in its own account).
+	AccountID string `json:"account_id,omitempty" validate:"max=64"`
+	// Project and Fleet are IDs or names; default: the account's default
+	// project and no fleet.
+	Project string `json:"project,omitempty" validate:"max=64"`
+	Fleet   string `json:"fleet,omitempty" validate:"max=64"`
 	// NoEnv keeps every stored environment out of this sandbox.
 	NoEnv bool              `json:"no_env,omitempty"`
 	Env   map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Error kinds the engine returns; check with errors.Is. The REST server maps
@@ -16,6 +17,16 @@ var (
 	ErrTooLarge    = errors.New("too large")      // 413
 	ErrUnavailable = errors.New("unavailable")    // 503
 	ErrTimeout     = errors.New("timed out")      // 504
+	// ErrUnauthenticated: no valid credential (a missing, wrong, expired
+	// or revoked key).
+	ErrUnauthenticated = errors.New("unauthenticated") // 401
+	// ErrForbidden: the caller's key does not allow the action. An object
+	// the key may not see is ErrNotFound instead, so a denial never
+	// confirms that it exists.
+	ErrForbidden = errors.New("forbidden") // 403
+	// ErrRateLimited: the key's request rate is spent; RetryAfter says
+	// when to try again.
+	ErrRateLimited = errors.New("rate limited") // 429
 )
 
 // Error is an engine error: a kind, the request field at fault (if any,
@@ -25,6 +36,8 @@ type Error struct {
 	Field string
 	Msg   string
 	Err   error // the underlying cause, if any
+	// RetryAfter, for ErrRateLimited, is how long to wait.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {

@@ -63,8 +63,14 @@ type Site struct {
 
 // Sandbox is the API view of a sandbox.
 type Sandbox struct {
-	ID        string            `json:"id"`
-	Name      string            `json:"name,omitempty"`
+	ID        string `json:"id"`
+	Name      string `json:"name,omitempty"`
+	AccountID string `json:"account_id"`
+	ProjectID string `json:"project_id"`
+	Project   string `json:"project"`
+	// FleetID and Fleet name the fleet the sandbox is in, if any.
+	FleetID   string            `json:"fleet_id,omitempty"`
+	Fleet     string            `json:"fleet,omitempty"`
 	State     State             `json:"state"`
 	Image     string            `json:"image"`
 	Size      Resources         `json:"size"`
@@ -99,9 +105,13 @@ func ValidID(id string) bool {
 type ListFilter struct {
 	State  State             `json:"state,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Project and Fleet are IDs or names (in the caller's account).
+	Project string `json:"project,omitempty"`
+	Fleet   string `json:"fleet,omitempty"`
 }
 
-// Match reports whether s passes the filter.
+// Match reports whether s passes the filter's state and labels (the
+// engine resolves Project and Fleet).
 func (f ListFilter) Match(s *Sandbox) bool {
 	if f.State != "" && s.State != f.State {
 		return false

@@ -1,6 +1,10 @@
-// Package store keeps the engine's state. Store is the interface the engine
-// uses; SQLite (pure Go, modernc.org/sqlite) is the embedded implementation,
-// so a PostgreSQL one can serve several hosts later.
+// Package store keeps the engine's state. Store is the interface every
+// domain uses; SQLite (pure Go, modernc.org/sqlite) is the embedded
+// implementation. Update runs a function in one transaction that may span
+// domains (a project's check and a sandbox's record, a key and its
+// children), written so that a PostgreSQL store can serve several hosts
+// with the same contract: the function may run again after a conflict, so
+// it must act only through its Tx.
 package store
 
 import (
@@ -13,12 +17,16 @@ import (
 
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
+	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/sandbox"
 )
 
 // ErrNotFound is returned for a missing record.
 var ErrNotFound = errors.New("store: not found")
+
+// ErrConflict is returned when a unique name is taken.
+var ErrConflict = errors.New("store: conflict")
 
 // Sandbox is a sandbox's stored record: the API view plus what the engine
 // needs to re-adopt and clean it up.
@@ -35,14 +43,30 @@ type Sandbox struct {
 	Extra map[string]json.RawMessage `json:"extra,omitempty"`
 }
 
+// Usage is one metered interval of one sandbox's reservation.
+type Usage = budget.Usage
+
 // Store is the engine's state storage.
 type Store interface {
+	Tx
+	// Update runs fn in one transaction: all of its writes commit or none
+	// do. fn may run more than once; it must act only through tx (on
+	// SQLite, a call on the Store inside fn would wait for fn forever).
+	Update(ctx context.Context, fn func(tx Tx) error) error
+	Close() error
+}
+
+// Tx is what one transaction (or one call on the Store) can do.
+type Tx interface {
 	// PutSandbox inserts or replaces a record.
 	PutSandbox(ctx context.Context, s *Sandbox) error
 	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
-	// ListSandboxes returns every record that is not deleted, oldest first.
+	// ListSandboxes returns every record, deleted ones too, oldest first.
 	ListSandboxes(ctx context.Context) ([]*Sandbox, error)
 	DeleteSandbox(ctx context.Context, id string) error
+	// CountLive counts the sandboxes that are not deleted in an account
+	// and, when given, a project and a fleet.
+	CountLive(ctx context.Context, accountID, projectID, fleetID string) (int, error)
 
 	// AddUsage appends a metered interval.
 	AddUsage(ctx context.Context, u Usage) error
@@ -54,21 +78,42 @@ type Store interface {
 	GetSecret(ctx context.Context, scope, name string) ([]byte, error)
 	DeleteSecret(ctx context.Context, scope, name string) error
 
-	Close() error
-}
+	// Tenancy. Put fails with ErrConflict when the name is taken in its
+	// parent; the Get methods fail with ErrNotFound.
+	PutAccount(ctx context.Context, a *Account) error
+	GetAccount(ctx context.Context, id string) (*Account, error)
+	AccountByName(ctx context.Context, name string) (*Account, error)
+	ListAccounts(ctx context.Context) ([]*Account, error)
+	DeleteAccount(ctx context.Context, id string) error
+	PutProject(ctx context.Context, p *Project) error
+	GetProject(ctx context.Context, id string) (*Project, error)
+	ProjectByName(ctx context.Context, accountID, name string) (*Project, error)
+	ListProjects(ctx context.Context, accountID string) ([]*Project, error)
+	DeleteProject(ctx context.Context, id string) error
+	PutFleet(ctx context.Context, f *Fleet) error
+	GetFleet(ctx context.Context, id string) (*Fleet, error)
+	FleetByName(ctx context.Context, projectID, name string) (*Fleet, error)
+	ListFleets(ctx context.Context, projectID string) ([]*Fleet, error)
+	DeleteFleet(ctx context.Context, id string) error
 
-// Usage is one metered interval of one sandbox's reservation.
-type Usage struct {
-	SandboxID string    `json:"sandbox_id"`
-	Start     time.Time `json:"start"`
-	End       time.Time `json:"end"`
-	VCPUs     int       `json:"vcpus"`
-	MemoryMB  int       `json:"memory_mb"`
+	// API keys, with the hash of their secret.
+	PutKey(ctx context.Context, k *Key) error
+	GetKey(ctx context.Context, id string) (*Key, error)
+	// ListKeys lists an account's keys ("" for every account), oldest first.
+	ListKeys(ctx context.Context, accountID string) ([]*Key, error)
 }
 
 // SQLite is the embedded Store.
 type SQLite struct {
 	db *sql.DB
+	q  querier // db, or the transaction of an Update
+}
+
+// querier is what *sql.DB and *sql.Tx share.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 var _ Store = (*SQLite)(nil)
@@ -97,6 +142,42 @@ var migrations = []string{
 		value BLOB NOT NULL,
 		PRIMARY KEY (scope, name)
 	);`,
+	// Tenancy and keys. Records are JSON; the columns are what queries
+	// and constraints need. Portable to PostgreSQL as written.
+	`CREATE TABLE accounts (
+		id         TEXT PRIMARY KEY,
+		name       TEXT NOT NULL UNIQUE,
+		created_at BIGINT NOT NULL,
+		record     TEXT NOT NULL
+	);
+	CREATE TABLE projects (
+		id         TEXT PRIMARY KEY,
+		account_id TEXT NOT NULL,
+		name       TEXT NOT NULL,
+		created_at BIGINT NOT NULL,
+		record     TEXT NOT NULL,
+		UNIQUE (account_id, name)
+	);
+	CREATE TABLE fleets (
+		id         TEXT PRIMARY KEY,
+		project_id TEXT NOT NULL,
+		name       TEXT NOT NULL,
+		created_at BIGINT NOT NULL,
+		record     TEXT NOT NULL,
+		UNIQUE (project_id, name)
+	);
+	CREATE TABLE api_keys (
+		id         TEXT PRIMARY KEY,
+		account_id TEXT NOT NULL,
+		hash       BLOB NOT NULL,
+		created_at BIGINT NOT NULL,
+		record     TEXT NOT NULL
+	);
+	CREATE INDEX api_keys_account ON api_keys(account_id);
+	ALTER TABLE sandboxes ADD COLUMN account_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE sandboxes ADD COLUMN project_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE sandboxes ADD COLUMN fleet_id TEXT NOT NULL DEFAULT '';
+	CREATE INDEX sandboxes_project ON sandboxes(account_id, project_id, fleet_id, state);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -109,7 +190,7 @@ func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
 	// One writer at a time is what SQLite does anyway; a single connection
 	// avoids SQLITE_BUSY between our own connections.
 	db.SetMaxOpenConns(1)
-	s := &SQLite{db: db}
+	s := &SQLite{db: db, q: db}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -151,6 +232,26 @@ func (s *SQLite) migrate(ctx context.Context) error {
 // Close closes the database.
 func (s *SQLite) Close() error { return s.db.Close() }
 
+// Update implements Store. SQLite runs one transaction at a time (the
+// store has one connection), so fn never conflicts and runs once.
+func (s *SQLite) Update(ctx context.Context, fn func(tx Tx) error) error {
+	if _, ok := s.q.(*sql.Tx); ok {
+		return fn(s) // already inside a transaction
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: begin: %w", err)
+	}
+	if err := fn(&SQLite{db: s.db, q: tx}); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	return nil
+}
+
 // PutSandbox implements Store.
 func (s *SQLite) PutSandbox(ctx context.Context, sb *Sandbox) error {
 	b, err := json.Marshal(sb)
@@ -161,9 +262,10 @@ func (s *SQLite) PutSandbox(ctx context.Context, sb *Sandbox) error {
 	if sb.ExpiresAt != nil {
 		exp = sql.NullInt64{Int64: sb.ExpiresAt.UnixNano(), Valid: true}
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, state, created_at, expires_at, record) VALUES (?, ?, ?, ?, ?)
-		ON CONFLICT(id) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at, record = excluded.record`,
-		sb.ID, string(sb.State), sb.CreatedAt.UnixNano(), exp, string(b))
+	_, err = s.q.ExecContext(ctx, `INSERT INTO sandboxes (id, state, created_at, expires_at, record, account_id, project_id, fleet_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT(id) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at, record = excluded.record,
+			account_id = excluded.account_id, project_id = excluded.project_id, fleet_id = excluded.fleet_id`,
+		sb.ID, string(sb.State), sb.CreatedAt.UnixNano(), exp, string(b), sb.AccountID, sb.ProjectID, sb.FleetID)
 	if err != nil {
 		return fmt.Errorf("store: put %s: %w", sb.ID, err)
 	}
@@ -173,7 +275,7 @@ func (s *SQLite) PutSandbox(ctx context.Context, sb *Sandbox) error {
 // GetSandbox implements Store.
 func (s *SQLite) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	var rec string
-	err := s.db.QueryRowContext(ctx, `SELECT record FROM sandboxes WHERE id = ?`, id).Scan(&rec)
+	err := s.q.QueryRowContext(ctx, `SELECT record FROM sandboxes WHERE id = ?`, id).Scan(&rec)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -185,7 +287,7 @@ func (s *SQLite) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 
 // ListSandboxes implements Store.
 func (s *SQLite) ListSandboxes(ctx context.Context) ([]*Sandbox, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT record FROM sandboxes ORDER BY created_at, id`)
+	rows, err := s.q.QueryContext(ctx, `SELECT record FROM sandboxes ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("store: list: %w", err)
 	}
@@ -207,7 +309,7 @@ func (s *SQLite) ListSandboxes(ctx context.Context) ([]*Sandbox, error) {
 
 // DeleteSandbox implements Store.
 func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	res, err := s.q.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("store: delete %s: %w", id, err)
 	}
@@ -227,7 +329,7 @@ func decode(rec string) (*Sandbox, error) {
 
 // AddUsage implements Store.
 func (s *SQLite) AddUsage(ctx context.Context, u Usage) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO usage (sandbox_id, start_ns, end_ns, vcpus, memory_mb) VALUES (?, ?, ?, ?, ?)`,
+	_, err := s.q.ExecContext(ctx, `INSERT INTO usage (sandbox_id, start_ns, end_ns, vcpus, memory_mb) VALUES (?, ?, ?, ?, ?)`,
 		u.SandboxID, u.Start.UnixNano(), u.End.UnixNano(), u.VCPUs, u.MemoryMB)
 	if err != nil {
 		return fmt.Errorf("store: add usage: %w", err)
@@ -237,7 +339,7 @@ func (s *SQLite) AddUsage(ctx context.Context, u Usage) error {
 
 // ListUsage implements Store.
 func (s *SQLite) ListUsage(ctx context.Context, sandboxID string) ([]Usage, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT start_ns, end_ns, vcpus, memory_mb FROM usage WHERE sandbox_id = ? ORDER BY start_ns`, sandboxID)
+	rows, err := s.q.QueryContext(ctx, `SELECT start_ns, end_ns, vcpus, memory_mb FROM usage WHERE sandbox_id = ? ORDER BY start_ns`, sandboxID)
 	if err != nil {
 		return nil, fmt.Errorf("store: list usage: %w", err)
 	}
@@ -257,7 +359,7 @@ func (s *SQLite) ListUsage(ctx context.Context, sandboxID string) ([]Usage, erro
 
 // PutSecret implements Store.
 func (s *SQLite) PutSecret(ctx context.Context, scope, name string, sealed []byte) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO secrets (scope, name, value) VALUES (?, ?, ?)
+	_, err := s.q.ExecContext(ctx, `INSERT INTO secrets (scope, name, value) VALUES (?, ?, ?)
 		ON CONFLICT(scope, name) DO UPDATE SET value = excluded.value`, scope, name, sealed)
 	if err != nil {
 		return fmt.Errorf("store: put secret: %w", err)
@@ -268,7 +370,7 @@ func (s *SQLite) PutSecret(ctx context.Context, scope, name string, sealed []byt
 // GetSecret implements Store.
 func (s *SQLite) GetSecret(ctx context.Context, scope, name string) ([]byte, error) {
 	var v []byte
-	err := s.db.QueryRowContext(ctx, `SELECT value FROM secrets WHERE scope = ? AND name = ?`, scope, name).Scan(&v)
+	err := s.q.QueryRowContext(ctx, `SELECT value FROM secrets WHERE scope = ? AND name = ?`, scope, name).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -280,7 +382,7 @@ func (s *SQLite) GetSecret(ctx context.Context, scope, name string) ([]byte, err
 
 // DeleteSecret implements Store.
 func (s *SQLite) DeleteSecret(ctx context.Context, scope, name string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM secrets WHERE scope = ? AND name = ?`, scope, name)
+	res, err := s.q.ExecContext(ctx, `DELETE FROM secrets WHERE scope = ? AND name = ?`, scope, name)
 	if err != nil {
 		return fmt.Errorf("store: delete secret: %w", err)
 	}

@@ -58,6 +58,7 @@ func run() error {
 		pool       = flag.String("address-pool", "10.231.0.0/16", "where sandbox addresses come from (a /30 each)")
 		upstream   = flag.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
 		table      = flag.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
+		proxies    = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
 	)
 	flag.Parse()
 	level := slog.LevelInfo
@@ -106,7 +107,18 @@ func run() error {
 		return err
 	}
 	defer eng.Close() // sandboxes keep running
-	srv, err := api.New(api.Options{Engine: eng, Auth: key, Version: version, Logger: log})
+	var trusted []netip.Prefix
+	for _, c := range strings.Split(*proxies, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return fmt.Errorf("--trusted-proxy %q: %w", c, err)
+		}
+		trusted = append(trusted, p)
+	}
+	srv, err := api.New(api.Options{Engine: eng, Auth: key, Version: version, Logger: log, TrustedProxies: trusted})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,340 @@
+package apikey
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
+)
+
+// CreateRequest describes a new key.
+type CreateRequest struct {
+	// AccountID is the key's account (ID or name); only the operator may
+	// name one: a key creates keys in its own account.
+	AccountID   string      `json:"account_id,omitempty" validate:"max=64"`
+	Description string      `json:"description,omitempty" validate:"max=256"`
+	Scope       authz.Scope `json:"scope"`
+	// TTLSeconds makes the key expire that long after creation; 0 never.
+	TTLSeconds int64 `json:"ttl_seconds,omitempty" validate:"gte=0,lte=31536000"`
+}
+
+// Created is a key with its secret, which is shown only here.
+type Created struct {
+	*Key
+	Secret string `json:"secret"`
+}
+
+// Service manages keys for the principal in the context. It caches keys in
+// memory so that Authenticate costs a map lookup and a hash; every change
+// goes through it, so the cache stays true on one host.
+type Service struct {
+	db      store.Store
+	tenants *tenant.Service
+	now     func() time.Time
+
+	mu       sync.Mutex
+	keys     map[string]*Key
+	limiters map[string]*rate.Limiter
+}
+
+// New returns a key service over db.
+func New(db store.Store, tenants *tenant.Service) *Service {
+	return &Service{db: db, tenants: tenants, now: time.Now, keys: map[string]*Key{}, limiters: map[string]*rate.Limiter{}}
+}
+
+var errBadKey = sandbox.Errorf(sandbox.ErrUnauthenticated, "", "invalid, expired or revoked API key")
+
+// Authenticate turns a key's secret into its principal. A wrong, expired or
+// revoked key is ErrUnauthenticated; a caller outside the key's CIDRs is
+// ErrForbidden; a key (or one of the keys above it) past its rate is
+// ErrRateLimited with RetryAfter.
+func (s *Service) Authenticate(ctx context.Context, secret string) (authz.Principal, error) {
+	id, ok := keyIDOf(secret)
+	if !ok {
+		return authz.Principal{}, errBadKey
+	}
+	k, err := s.cached(ctx, id)
+	if err != nil {
+		return authz.Principal{}, errBadKey
+	}
+	sum := sha256.Sum256([]byte(secret))
+	if subtle.ConstantTimeCompare(sum[:], k.Hash) != 1 || !k.Active(s.now()) {
+		return authz.Principal{}, errBadKey
+	}
+	addr, known := authz.Source(ctx)
+	if !k.Scope.AllowsAddr(addr, known) {
+		return authz.Principal{}, sandbox.Errorf(sandbox.ErrForbidden, "", "this API key may not be used from %s", addrString(addr, known))
+	}
+	if err := s.spend(ctx, k); err != nil {
+		return authz.Principal{}, err
+	}
+	return authz.Principal{AccountID: k.AccountID, KeyID: k.ID, Scope: k.Scope}, nil
+}
+
+func addrString(a interface{ String() string }, known bool) string {
+	if !known {
+		return "an unknown address"
+	}
+	return a.String()
+}
+
+// spend takes one request from the bucket of the key and of every key above
+// it that has a rate, so keys a key creates cannot multiply its rate.
+func (s *Service) spend(ctx context.Context, k *Key) error {
+	chain := []*Key{k}
+	for _, id := range k.Ancestors {
+		a, err := s.cached(ctx, id)
+		if err != nil {
+			return errBadKey
+		}
+		chain = append(chain, a)
+	}
+	now := s.now()
+	var taken []*rate.Reservation
+	var wait time.Duration
+	s.mu.Lock()
+	for _, c := range chain {
+		if c.Scope.Rate == nil {
+			continue
+		}
+		l := s.limiters[c.ID]
+		if l == nil {
+			l = rate.NewLimiter(rate.Limit(c.Scope.Rate.PerSecond), c.Scope.Rate.Burst)
+			s.limiters[c.ID] = l
+		}
+		r := l.ReserveN(now, 1)
+		taken = append(taken, r)
+		if d := r.DelayFrom(now); d > wait {
+			wait = d
+		}
+	}
+	if wait > 0 {
+		for _, r := range taken {
+			r.CancelAt(now)
+		}
+	}
+	s.mu.Unlock()
+	if wait > 0 {
+		return &sandbox.Error{Kind: sandbox.ErrRateLimited, Msg: fmt.Sprintf("this API key's rate is spent; retry in %v", wait.Round(time.Millisecond)), RetryAfter: wait}
+	}
+	return nil
+}
+
+// cached returns a key from the cache, loading it on a miss.
+func (s *Service) cached(ctx context.Context, id string) (*Key, error) {
+	s.mu.Lock()
+	k := s.keys[id]
+	s.mu.Unlock()
+	if k != nil {
+		return k, nil
+	}
+	k, err := s.db.GetKey(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.keys[id] = k
+	s.mu.Unlock()
+	return k, nil
+}
+
+// forget drops keys from the cache after a change.
+func (s *Service) forget(ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		delete(s.keys, id)
+	}
+}
+
+// Create makes a key. A key may only create keys in its own account that
+// are narrower than or equal to itself on every dimension.
+func (s *Service) Create(ctx context.Context, r CreateRequest) (*Created, error) {
+	p := authz.From(ctx)
+	if err := authz.Allowed(p, "createKey"); err != nil {
+		return nil, err
+	}
+	if err := sandbox.Validate(&r); err != nil {
+		return nil, err
+	}
+	if err := r.Scope.Validate(); err != nil {
+		return nil, err
+	}
+	now := s.now().UTC()
+	k := &Key{ID: tenant.NewID(IDPrefix), Description: r.Description, Scope: r.Scope, CreatedAt: now}
+	if r.TTLSeconds > 0 {
+		exp := now.Add(time.Duration(r.TTLSeconds) * time.Second)
+		k.ExpiresAt = &exp
+	}
+	secret, hash, err := newSecret(k.ID)
+	if err != nil {
+		return nil, err
+	}
+	k.Hash, k.Hint = hash, hint(secret)
+	err = s.db.Update(ctx, func(tx store.Tx) error {
+		acc, err := s.tenants.Account(ctx, tx, r.AccountID)
+		if err != nil {
+			return err
+		}
+		k.AccountID = acc.ID
+		// Projects are named by ID or name; the key keeps IDs.
+		for i, ref := range r.Scope.Projects {
+			pr, err := s.tenants.Project(ctx, tx, acc, ref)
+			if err != nil {
+				return sandbox.Errorf(sandbox.ErrInvalid, fmt.Sprintf("scope.projects[%d]", i), "no project %q", ref)
+			}
+			k.Scope.Projects = slices.Clone(k.Scope.Projects)
+			k.Scope.Projects[i] = pr.ID
+		}
+		if !p.Operator {
+			parent, err := tx.GetKey(ctx, p.KeyID)
+			if err != nil || !parent.Active(now) {
+				return errBadKey
+			}
+			var exp, pexp time.Time
+			if k.ExpiresAt != nil {
+				exp = *k.ExpiresAt
+			}
+			if parent.ExpiresAt != nil {
+				pexp = *parent.ExpiresAt
+			}
+			if err := k.Scope.Within(&parent.Scope, exp, pexp); err != nil {
+				return err
+			}
+			k.ParentID = parent.ID
+			k.Ancestors = append([]string{parent.ID}, parent.Ancestors...)
+		}
+		return tx.PutKey(ctx, k)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Created{Key: k, Secret: secret}, nil
+}
+
+// target describes k for authz.
+func target(k *Key) authz.Target {
+	return authz.Target{AccountID: k.AccountID, KeyID: k.ID, KeyAncestors: k.Ancestors}
+}
+
+// visible loads a key the principal may act on with action.
+func (s *Service) visible(ctx context.Context, tx store.Tx, action, id string) (*Key, error) {
+	if err := authz.Allowed(authz.From(ctx), action); err != nil {
+		return nil, err
+	}
+	k, err := tx.GetKey(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && authz.Decide(authz.From(ctx), action, target(k)) != nil) {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no key %q", id)
+	}
+	return k, err
+}
+
+// List returns the keys the principal sees (a key sees itself and the keys
+// below it), oldest first. accountRef narrows the operator's list.
+func (s *Service) List(ctx context.Context, accountRef string) ([]*Key, error) {
+	p := authz.From(ctx)
+	if err := authz.Allowed(p, "listKeys"); err != nil {
+		return nil, err
+	}
+	out := []*Key{}
+	err := s.db.Update(ctx, func(tx store.Tx) error {
+		acc := ""
+		if accountRef != "" || !p.Operator {
+			a, err := s.tenants.Account(ctx, tx, accountRef)
+			if err != nil {
+				return err
+			}
+			acc = a.ID
+		}
+		all, err := tx.ListKeys(ctx, acc)
+		for _, k := range all {
+			if authz.Visible(p, target(k)) {
+				out = append(out, k)
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
+// Get returns a key.
+func (s *Service) Get(ctx context.Context, id string) (*Key, error) {
+	var k *Key
+	err := s.db.Update(ctx, func(tx store.Tx) (err error) {
+		k, err = s.visible(ctx, tx, "getKey", id)
+		return err
+	})
+	return k, err
+}
+
+// Revoke revokes a key and every key below it, at once and for good.
+func (s *Service) Revoke(ctx context.Context, id string) (*Key, error) {
+	var k *Key
+	var gone []string
+	err := s.db.Update(ctx, func(tx store.Tx) (err error) {
+		k, err = s.visible(ctx, tx, "revokeKey", id)
+		if err != nil {
+			return err
+		}
+		all, err := tx.ListKeys(ctx, k.AccountID)
+		if err != nil {
+			return err
+		}
+		now := s.now().UTC()
+		gone = gone[:0]
+		for _, c := range all {
+			if (c.ID == k.ID || slices.Contains(c.Ancestors, k.ID)) && c.RevokedAt == nil {
+				c.RevokedAt = &now
+				if err := tx.PutKey(ctx, c); err != nil {
+					return err
+				}
+				gone = append(gone, c.ID)
+				if c.ID == k.ID {
+					k = c
+				}
+			}
+		}
+		return nil
+	})
+	s.forget(gone...)
+	if err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// Rotate replaces a key's secret: the old one stops working when Rotate
+// returns, the new one is shown once. Scope and children stay.
+func (s *Service) Rotate(ctx context.Context, id string) (*Created, error) {
+	var out *Created
+	err := s.db.Update(ctx, func(tx store.Tx) error {
+		k, err := s.visible(ctx, tx, "rotateKey", id)
+		if err != nil {
+			return err
+		}
+		if !k.Active(s.now()) {
+			return sandbox.Errorf(sandbox.ErrState, "", "key %s is revoked or expired", id)
+		}
+		secret, hash, err := newSecret(k.ID)
+		if err != nil {
+			return err
+		}
+		now := s.now().UTC()
+		k.Hash, k.Hint, k.RotatedAt = hash, hint(secret), &now
+		out = &Created{Key: k, Secret: secret}
+		return tx.PutKey(ctx, k)
+	})
+	s.forget(id)
+	return out, err
+}

@@ -1,0 +1,121 @@
+package harebox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// The engine end to end over the in-memory hypervisor: no VM, no QEMU, so
+// it runs in milliseconds.
+
+func memhvOptions(t *testing.T, hv *memhv.Hypervisor) harebox.Options {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "hbm") // short: socket paths live under it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return harebox.Options{
+		DataDir:    dir,
+		Hypervisor: hv,
+		Images:     map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
+		Capacity:   harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100},
+	}
+}
+
+func TestMemHVEngine(t *testing.T) {
+	start := time.Now()
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { eng.Close() }()
+
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Image: "no-such-image"}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Fatalf("create with an unknown image: %v", err)
+	}
+	if n := hv.Launched(); n != 0 {
+		t.Fatalf("a refused create launched %d machines", n)
+	}
+
+	box, err := eng.Create(ctx, sandbox.CreateRequest{Name: "smoke"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if box.State != sandbox.StateRunning {
+		t.Fatalf("created sandbox is %s", box.State)
+	}
+	res, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo hi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stdout != "hi\n" || res.ExitCode != 0 {
+		t.Fatalf("echo hi: %+v", res)
+	}
+
+	payload := "hello from memhv\n"
+	if _, err := eng.WriteFile(ctx, box.ID, "/tmp/greeting", strings.NewReader(payload), harebox.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := eng.ReadFile(ctx, box.ID, "/tmp/greeting", &buf); err != nil {
+		t.Fatal(err)
+	}
+	if buf.String() != payload {
+		t.Fatalf("read back %q, want %q", buf.String(), payload)
+	}
+
+	if s, err := eng.Pause(ctx, box.ID); err != nil || s.State != sandbox.StatePaused {
+		t.Fatalf("pause: %+v, %v", s, err)
+	}
+	if _, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"}); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("exec in a paused sandbox: %v, want ErrState", err)
+	}
+	if s, err := eng.Resume(ctx, box.ID); err != nil || s.State != sandbox.StateRunning {
+		t.Fatalf("resume: %+v, %v", s, err)
+	}
+
+	// A restarted engine, given the same hypervisor, re-adopts the VM.
+	if err := eng.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eng, err = harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := eng.Get(ctx, box.ID); err != nil || s.State != sandbox.StateRunning {
+		t.Fatalf("after a restart: %+v, %v", s, err)
+	}
+	buf.Reset()
+	if _, err := eng.ReadFile(ctx, box.ID, "/tmp/greeting", &buf); err != nil || buf.String() != payload {
+		t.Fatalf("read after a restart: %q, %v", buf.String(), err)
+	}
+
+	if err := eng.Delete(ctx, box.ID); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := eng.Get(ctx, box.ID); err != nil || s.State != sandbox.StateDeleted {
+		t.Fatalf("after delete: %+v, %v", s, err)
+	}
+	if _, ok := hv.Machine(box.ID); ok {
+		t.Error("the deleted sandbox's machine still runs")
+	}
+	if n := hv.Launched(); n != 1 {
+		t.Errorf("Launched() = %d, want 1", n)
+	}
+	t.Logf("took %v", time.Since(start).Round(time.Millisecond))
+}

@@ -1,0 +1,133 @@
+package harebox
+
+import (
+	"context"
+	"fmt"
+	"maps"
+
+	"github.com/harebox/harebox/apikey"
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
+)
+
+// Tenants manages accounts, projects and fleets, for the principal in the
+// context (authz.WithPrincipal; none is the operator).
+func (e *Engine) Tenants() *tenant.Service { return e.tenants }
+
+// Keys manages scoped API keys and authenticates them.
+func (e *Engine) Keys() *apikey.Service { return e.keys }
+
+func targetOf(s *sandbox.Sandbox) authz.Target {
+	return authz.Target{AccountID: s.AccountID, ProjectID: s.ProjectID, SandboxID: s.ID, Labels: s.Labels}
+}
+
+// check authorizes action on sandbox id for the principal in ctx. A
+// sandbox the principal may not see is ErrNotFound, exactly like a missing
+// one. The operator passes without a lookup.
+func (e *Engine) check(ctx context.Context, action, id string) error {
+	p := authz.From(ctx)
+	if p.Operator {
+		return nil
+	}
+	if err := authz.Allowed(p, action); err != nil {
+		return err
+	}
+	var s *sandbox.Sandbox
+	if b := e.live(id); b != nil {
+		// Tenancy fields never change after create: no lock needed.
+		s = &b.rec.Sandbox
+	} else {
+		rec, err := e.record(ctx, id)
+		if err != nil {
+			return err
+		}
+		s = &rec.Sandbox
+	}
+	if !authz.Visible(p, targetOf(s)) {
+		return sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
+	}
+	return nil
+}
+
+// Authorize reports whether the principal in ctx may do action on sandbox
+// id, which must exist: nil, or the error the call itself would return
+// first. A server uses it to answer before it commits to a stream.
+func (e *Engine) Authorize(ctx context.Context, action, id string) error {
+	if err := e.check(ctx, action, id); err != nil {
+		return err
+	}
+	if e.live(id) == nil {
+		_, err := e.record(ctx, id)
+		return err
+	}
+	return nil
+}
+
+// place puts a new sandbox's record in its account, project and fleet for
+// the principal in ctx, in tx: a project deleted at the same time either
+// sees the sandbox or the sandbox does not get the project. A key's labels
+// are forced on the sandboxes it creates.
+func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequest, rec *store.Sandbox) error {
+	p := authz.From(ctx)
+	if err := authz.Allowed(p, "createSandbox"); err != nil {
+		return err
+	}
+	if len(p.Scope.Sandboxes) > 0 {
+		return sandbox.Errorf(sandbox.ErrForbidden, "", "this API key is limited to some sandboxes; it cannot create new ones")
+	}
+	acc, err := e.tenants.Account(ctx, tx, req.AccountID)
+	if err != nil {
+		return sandbox.Errorf(sandbox.ErrInvalid, "account_id", "%v", err)
+	}
+	ref := req.Project
+	if ref == "" && len(p.Scope.Projects) == 1 {
+		ref = p.Scope.Projects[0]
+	}
+	proj, err := e.tenants.Project(ctx, tx, acc, ref)
+	if err != nil {
+		return sandbox.Errorf(sandbox.ErrInvalid, "project", "%v", err)
+	}
+	rec.AccountID, rec.ProjectID, rec.Project = acc.ID, proj.ID, proj.Name
+	if req.Fleet != "" {
+		f, err := e.tenants.Fleet(ctx, tx, proj, req.Fleet)
+		if err != nil {
+			return sandbox.Errorf(sandbox.ErrInvalid, "fleet", "%v", err)
+		}
+		rec.FleetID, rec.Fleet = f.ID, f.Name
+	}
+	if len(p.Scope.Labels) > 0 {
+		labels := maps.Clone(rec.Labels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		for k, v := range p.Scope.Labels {
+			if got, ok := labels[k]; ok && got != v {
+				return sandbox.Errorf(sandbox.ErrInvalid, fmt.Sprintf("labels[%s]", k), "this API key creates sandboxes with %s=%s", k, v)
+			}
+			labels[k] = v
+		}
+		if len(labels) > 32 {
+			return sandbox.Errorf(sandbox.ErrInvalid, "labels", "at most 32 labels, with the key's own")
+		}
+		rec.Labels = labels
+	}
+	if err := authz.Decide(p, "createSandbox", targetOf(&rec.Sandbox)); err != nil {
+		return err
+	}
+	return tx.PutSandbox(ctx, rec)
+}
+
+// placeDefault puts a record that predates tenancy in the default account's
+// default project.
+func (e *Engine) placeDefault(ctx context.Context, rec *store.Sandbox) error {
+	return e.store.Update(ctx, func(tx store.Tx) error {
+		p, err := tx.ProjectByName(ctx, e.defaultAcc.ID, tenant.DefaultName)
+		if err != nil {
+			return err
+		}
+		rec.AccountID, rec.ProjectID, rec.Project = e.defaultAcc.ID, p.ID, p.Name
+		return tx.PutSandbox(ctx, rec)
+	})
+}

@@ -1,0 +1,386 @@
+package tenant
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// Service creates, lists, gets and deletes accounts, projects and fleets
+// for the principal in the context. Objects the principal may not see are
+// ErrNotFound, exactly like missing ones.
+type Service struct {
+	db store.Store
+}
+
+// New returns a service over db.
+func New(db store.Store) *Service { return &Service{db: db} }
+
+// EnsureDefault makes the default account and its default project if they
+// do not exist yet, and returns the account. The operator's requests that
+// name no account land there, so a single-tenant host needs no setup.
+func (s *Service) EnsureDefault(ctx context.Context) (*Account, error) {
+	var acc *Account
+	err := s.db.Update(ctx, func(tx store.Tx) error {
+		a, err := tx.AccountByName(ctx, DefaultName)
+		if errors.Is(err, store.ErrNotFound) {
+			a, err = createAccount(ctx, tx, DefaultName)
+		}
+		acc = a
+		return err
+	})
+	return acc, err
+}
+
+func createAccount(ctx context.Context, tx store.Tx, name string) (*Account, error) {
+	now := time.Now().UTC()
+	a := &Account{ID: NewID(AccountPrefix), Name: name, CreatedAt: now}
+	if err := tx.PutAccount(ctx, a); err != nil {
+		return nil, conflict(err, "name", "an account named %q exists", name)
+	}
+	p := &Project{ID: NewID(ProjectPrefix), AccountID: a.ID, Name: DefaultName, CreatedAt: now}
+	if err := tx.PutProject(ctx, p); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func conflict(err error, field, format string, args ...any) error {
+	if errors.Is(err, store.ErrConflict) {
+		return sandbox.Errorf(sandbox.ErrExists, field, format, args...)
+	}
+	return err
+}
+
+func notFound(what, ref string) error {
+	return sandbox.Errorf(sandbox.ErrNotFound, "", "no %s %q", what, ref)
+}
+
+// Account resolves an account reference (ID or name) for the principal in
+// ctx: "" is the key's own account, or the default one for the operator.
+func (s *Service) Account(ctx context.Context, tx store.Tx, ref string) (*Account, error) {
+	p := authz.From(ctx)
+	var a *Account
+	var err error
+	switch {
+	case ref == "" && !p.Operator:
+		a, err = tx.GetAccount(ctx, p.AccountID)
+	case ref == "":
+		a, err = tx.AccountByName(ctx, DefaultName)
+	case ValidID(AccountPrefix, ref):
+		a, err = tx.GetAccount(ctx, ref)
+	default:
+		a, err = tx.AccountByName(ctx, ref)
+	}
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !authz.Visible(p, authz.Target{AccountID: a.ID})) {
+		return nil, notFound("account", ref)
+	}
+	return a, err
+}
+
+// Project resolves a project reference in an account; "" is the default
+// project. The principal's project scope applies.
+func (s *Service) Project(ctx context.Context, tx store.Tx, acc *Account, ref string) (*Project, error) {
+	var p *Project
+	var err error
+	switch {
+	case ref == "":
+		p, err = tx.ProjectByName(ctx, acc.ID, DefaultName)
+	case ValidID(ProjectPrefix, ref):
+		p, err = tx.GetProject(ctx, ref)
+	default:
+		p, err = tx.ProjectByName(ctx, acc.ID, ref)
+	}
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (p.AccountID != acc.ID ||
+		!authz.Visible(authz.From(ctx), authz.Target{AccountID: p.AccountID, ProjectID: p.ID}))) {
+		if ref == "" {
+			ref = DefaultName
+		}
+		return nil, notFound("project", ref)
+	}
+	return p, err
+}
+
+// Fleet resolves a fleet reference in a project.
+func (s *Service) Fleet(ctx context.Context, tx store.Tx, p *Project, ref string) (*Fleet, error) {
+	var f *Fleet
+	var err error
+	if ValidID(FleetPrefix, ref) {
+		f, err = tx.GetFleet(ctx, ref)
+	} else {
+		f, err = tx.FleetByName(ctx, p.ID, ref)
+	}
+	if errors.Is(err, store.ErrNotFound) || (err == nil && f.ProjectID != p.ID) {
+		return nil, notFound("fleet", ref)
+	}
+	return f, err
+}
+
+// view runs fn in a transaction after checking the action is allowed.
+func (s *Service) do(ctx context.Context, action string, fn func(tx store.Tx) error) error {
+	if err := authz.Allowed(authz.From(ctx), action); err != nil {
+		return err
+	}
+	return s.db.Update(ctx, fn)
+}
+
+// CreateAccount makes an account with its default project (operator only).
+func (s *Service) CreateAccount(ctx context.Context, r CreateRequest) (*Account, error) {
+	if err := r.Check(); err != nil {
+		return nil, err
+	}
+	var a *Account
+	err := s.do(ctx, "createAccount", func(tx store.Tx) (err error) {
+		a, err = createAccount(ctx, tx, r.Name)
+		return err
+	})
+	return a, err
+}
+
+// ListAccounts lists the accounts the principal sees: all for the
+// operator, its own for a key.
+func (s *Service) ListAccounts(ctx context.Context) ([]*Account, error) {
+	out := []*Account{}
+	err := s.do(ctx, "listAccounts", func(tx store.Tx) error {
+		all, err := tx.ListAccounts(ctx)
+		for _, a := range all {
+			if authz.Visible(authz.From(ctx), authz.Target{AccountID: a.ID}) {
+				out = append(out, a)
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
+// GetAccount returns an account by ID or name.
+func (s *Service) GetAccount(ctx context.Context, ref string) (*Account, error) {
+	var a *Account
+	err := s.do(ctx, "getAccount", func(tx store.Tx) (err error) {
+		a, err = s.Account(ctx, tx, ref)
+		return err
+	})
+	return a, err
+}
+
+// DeleteAccount deletes an account with no live sandboxes (operator only):
+// its projects and fleets go, and its keys are revoked.
+func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
+	return s.do(ctx, "deleteAccount", func(tx store.Tx) error {
+		a, err := s.Account(ctx, tx, ref)
+		if err != nil {
+			return err
+		}
+		if a.Name == DefaultName {
+			return sandbox.Errorf(sandbox.ErrState, "", "the default account cannot be deleted")
+		}
+		if err := noLive(ctx, tx, "account", a.Name, a.ID, "", ""); err != nil {
+			return err
+		}
+		projects, err := tx.ListProjects(ctx, a.ID)
+		if err != nil {
+			return err
+		}
+		for _, p := range projects {
+			if err := deleteProject(ctx, tx, p); err != nil {
+				return err
+			}
+		}
+		keys, err := tx.ListKeys(ctx, a.ID)
+		if err != nil {
+			return err
+		}
+		now := time.Now().UTC()
+		for _, k := range keys {
+			if k.RevokedAt == nil {
+				k.RevokedAt = &now
+				if err := tx.PutKey(ctx, k); err != nil {
+					return err
+				}
+			}
+		}
+		return tx.DeleteAccount(ctx, a.ID)
+	})
+}
+
+// noLive refuses to delete a container that still has live sandboxes.
+func noLive(ctx context.Context, tx store.Tx, what, name, accountID, projectID, fleetID string) error {
+	n, err := tx.CountLive(ctx, accountID, projectID, fleetID)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		return sandbox.Errorf(sandbox.ErrState, "", "%s %q has %d sandboxes that are not deleted; delete them first", what, name, n)
+	}
+	return nil
+}
+
+// CreateProject makes a project in an account ("" for the principal's).
+func (s *Service) CreateProject(ctx context.Context, accountRef string, r CreateRequest) (*Project, error) {
+	if err := r.Check(); err != nil {
+		return nil, err
+	}
+	var p *Project
+	err := s.do(ctx, "createProject", func(tx store.Tx) error {
+		a, err := s.Account(ctx, tx, accountRef)
+		if err != nil {
+			return err
+		}
+		if len(authz.From(ctx).Scope.Projects) > 0 {
+			return sandbox.Errorf(sandbox.ErrForbidden, "", "this API key is limited to some projects; it cannot create others")
+		}
+		p = &Project{ID: NewID(ProjectPrefix), AccountID: a.ID, Name: r.Name, CreatedAt: time.Now().UTC()}
+		return conflict(tx.PutProject(ctx, p), "name", "a project named %q exists", r.Name)
+	})
+	return p, err
+}
+
+// ListProjects lists an account's projects the principal sees.
+func (s *Service) ListProjects(ctx context.Context, accountRef string) ([]*Project, error) {
+	out := []*Project{}
+	err := s.do(ctx, "listProjects", func(tx store.Tx) error {
+		a, err := s.Account(ctx, tx, accountRef)
+		if err != nil {
+			return err
+		}
+		all, err := tx.ListProjects(ctx, a.ID)
+		for _, p := range all {
+			if authz.Visible(authz.From(ctx), authz.Target{AccountID: p.AccountID, ProjectID: p.ID}) {
+				out = append(out, p)
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
+// GetProject returns a project by ID or name.
+func (s *Service) GetProject(ctx context.Context, accountRef, ref string) (*Project, error) {
+	var p *Project
+	err := s.do(ctx, "getProject", func(tx store.Tx) error {
+		a, err := s.Account(ctx, tx, accountRef)
+		if err == nil {
+			p, err = s.Project(ctx, tx, a, ref)
+		}
+		return err
+	})
+	return p, err
+}
+
+// DeleteProject deletes a project with no live sandboxes, and its fleets.
+// The default project stays.
+func (s *Service) DeleteProject(ctx context.Context, accountRef, ref string) error {
+	return s.do(ctx, "deleteProject", func(tx store.Tx) error {
+		a, err := s.Account(ctx, tx, accountRef)
+		if err != nil {
+			return err
+		}
+		p, err := s.Project(ctx, tx, a, ref)
+		if err != nil {
+			return err
+		}
+		if p.Name == DefaultName {
+			return sandbox.Errorf(sandbox.ErrState, "", "an account's default project cannot be deleted")
+		}
+		if err := noLive(ctx, tx, "project", p.Name, a.ID, p.ID, ""); err != nil {
+			return err
+		}
+		return deleteProject(ctx, tx, p)
+	})
+}
+
+func deleteProject(ctx context.Context, tx store.Tx, p *Project) error {
+	fleets, err := tx.ListFleets(ctx, p.ID)
+	if err != nil {
+		return err
+	}
+	for _, f := range fleets {
+		if err := tx.DeleteFleet(ctx, f.ID); err != nil {
+			return err
+		}
+	}
+	return tx.DeleteProject(ctx, p.ID)
+}
+
+// CreateFleet makes a fleet in a project.
+func (s *Service) CreateFleet(ctx context.Context, accountRef, projectRef string, r CreateRequest) (*Fleet, error) {
+	if err := r.Check(); err != nil {
+		return nil, err
+	}
+	var f *Fleet
+	err := s.do(ctx, "createFleet", func(tx store.Tx) error {
+		a, err := s.Account(ctx, tx, accountRef)
+		if err != nil {
+			return err
+		}
+		p, err := s.Project(ctx, tx, a, projectRef)
+		if err != nil {
+			return err
+		}
+		f = &Fleet{ID: NewID(FleetPrefix), AccountID: a.ID, ProjectID: p.ID, Name: r.Name, CreatedAt: time.Now().UTC()}
+		return conflict(tx.PutFleet(ctx, f), "name", "a fleet named %q exists in project %q", r.Name, p.Name)
+	})
+	return f, err
+}
+
+// ListFleets lists a project's fleets.
+func (s *Service) ListFleets(ctx context.Context, accountRef, projectRef string) ([]*Fleet, error) {
+	out := []*Fleet{}
+	err := s.do(ctx, "listFleets", func(tx store.Tx) error {
+		a, err := s.Account(ctx, tx, accountRef)
+		if err != nil {
+			return err
+		}
+		p, err := s.Project(ctx, tx, a, projectRef)
+		if err != nil {
+			return err
+		}
+		all, err := tx.ListFleets(ctx, p.ID)
+		out = append(out, all...)
+		return err
+	})
+	return out, err
+}
+
+// GetFleet returns a fleet by ID or name.
+func (s *Service) GetFleet(ctx context.Context, accountRef, projectRef, ref string) (*Fleet, error) {
+	var f *Fleet
+	err := s.do(ctx, "getFleet", func(tx store.Tx) error {
+		a, err := s.Account(ctx, tx, accountRef)
+		if err != nil {
+			return err
+		}
+		p, err := s.Project(ctx, tx, a, projectRef)
+		if err == nil {
+			f, err = s.Fleet(ctx, tx, p, ref)
+		}
+		return err
+	})
+	return f, err
+}
+
+// DeleteFleet deletes a fleet with no live sandboxes.
+func (s *Service) DeleteFleet(ctx context.Context, accountRef, projectRef, ref string) error {
+	return s.do(ctx, "deleteFleet", func(tx store.Tx) error {
+		a, err := s.Account(ctx, tx, accountRef)
+		if err != nil {
+			return err
+		}
+		p, err := s.Project(ctx, tx, a, projectRef)
+		if err != nil {
+			return err
+		}
+		f, err := s.Fleet(ctx, tx, p, ref)
+		if err != nil {
+			return err
+		}
+		if err := noLive(ctx, tx, "fleet", f.Name, a.ID, p.ID, f.ID); err != nil {
+			return err
+		}
+		return tx.DeleteFleet(ctx, f.ID)
+	})
+}
