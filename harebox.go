@@ -168,6 +168,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.tenants = tenant.New(e.store)
 	e.keys = apikey.New(e.store, e.tenants)
+	e.tenants.AccountDeleted = e.keys.ForgetAccount
 	acc, err := e.tenants.EnsureDefault(ctx)
 	if err != nil {
 		return nil, err

@@ -89,15 +89,17 @@ func (e *Engine) agentOptions() agentclient.Options {
 
 // Create boots a new sandbox and returns it once its agent answers.
 func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error) {
+	// Rights first: a key that may not create learns nothing from the
+	// request's validation (which images exist, ...).
+	if err := mayCreate(authz.From(ctx)); err != nil {
+		return nil, err
+	}
 	res, imgName, err := req.Resolve()
 	if err != nil {
 		return nil, err
 	}
 	img, err := e.image(imgName)
 	if err != nil {
-		return nil, err
-	}
-	if err := authz.Allowed(authz.From(ctx), "createSandbox"); err != nil {
 		return nil, err
 	}
 	if err := e.reserve(res); err != nil {
@@ -266,17 +268,26 @@ func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.San
 	if err := authz.Allowed(p, "listSandboxes"); err != nil {
 		return nil, err
 	}
-	var projectID, fleetID string
-	if f.Project != "" || f.Fleet != "" {
+	var accountID, projectID, fleetID string
+	if f.Account != "" || f.Project != "" || f.Fleet != "" {
 		err := e.store.Update(ctx, func(tx store.Tx) error {
-			acc, err := e.tenants.Account(ctx, tx, "")
-			if err != nil {
-				return err
+			if f.Project == "" && f.Fleet == "" {
+				acc, err := e.tenants.Account(ctx, tx, f.Account)
+				if err != nil {
+					return sandbox.Errorf(sandbox.ErrInvalid, "account", "%v", err)
+				}
+				accountID = acc.ID
+				return nil
 			}
-			proj, err := e.tenants.Project(ctx, tx, acc, f.Project)
+			acc, proj, err := e.tenants.ProjectIn(ctx, tx, f.Account, f.Project)
 			if err != nil {
-				return sandbox.Errorf(sandbox.ErrInvalid, "project", "%v", err)
+				field := "project"
+				if acc == nil {
+					field = "account"
+				}
+				return sandbox.Errorf(sandbox.ErrInvalid, field, "%v", err)
 			}
+			accountID = acc.ID
 			projectID = proj.ID
 			if f.Fleet != "" {
 				fl, err := e.tenants.Fleet(ctx, tx, proj, f.Fleet)
@@ -306,7 +317,8 @@ func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.San
 		if s.State == sandbox.StateDeleted && f.State != sandbox.StateDeleted {
 			continue
 		}
-		if (projectID != "" && s.ProjectID != projectID) || (fleetID != "" && s.FleetID != fleetID) || !authz.Visible(p, targetOf(s)) {
+		if (accountID != "" && s.AccountID != accountID) || (projectID != "" && s.ProjectID != projectID) ||
+			(fleetID != "" && s.FleetID != fleetID) || !authz.Visible(p, targetOf(s)) {
 			continue
 		}
 		if f.Match(s) {

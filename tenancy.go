@@ -65,29 +65,37 @@ func (e *Engine) Authorize(ctx context.Context, action, id string) error {
 	return nil
 }
 
-// place puts a new sandbox's record in its account, project and fleet for
-// the principal in ctx, in tx: a project deleted at the same time either
-// sees the sandbox or the sandbox does not get the project. A key's labels
-// are forced on the sandboxes it creates.
-func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequest, rec *store.Sandbox) error {
-	p := authz.From(ctx)
+// mayCreate says whether p may create sandboxes at all.
+func mayCreate(p authz.Principal) error {
 	if err := authz.Allowed(p, "createSandbox"); err != nil {
 		return err
 	}
 	if len(p.Scope.Sandboxes) > 0 {
 		return sandbox.Errorf(sandbox.ErrForbidden, "", "this API key is limited to some sandboxes; it cannot create new ones")
 	}
-	acc, err := e.tenants.Account(ctx, tx, req.AccountID)
-	if err != nil {
-		return sandbox.Errorf(sandbox.ErrInvalid, "account_id", "%v", err)
+	return nil
+}
+
+// place puts a new sandbox's record in its account, project and fleet for
+// the principal in ctx, in tx: a project deleted at the same time either
+// sees the sandbox or the sandbox does not get the project. A key's labels
+// are forced on the sandboxes it creates.
+func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequest, rec *store.Sandbox) error {
+	p := authz.From(ctx)
+	if err := mayCreate(p); err != nil {
+		return err
 	}
 	ref := req.Project
 	if ref == "" && len(p.Scope.Projects) == 1 {
 		ref = p.Scope.Projects[0]
 	}
-	proj, err := e.tenants.Project(ctx, tx, acc, ref)
+	acc, proj, err := e.tenants.ProjectIn(ctx, tx, req.AccountID, ref)
 	if err != nil {
-		return sandbox.Errorf(sandbox.ErrInvalid, "project", "%v", err)
+		field := "project"
+		if acc == nil {
+			field = "account_id"
+		}
+		return sandbox.Errorf(sandbox.ErrInvalid, field, "%v", err)
 	}
 	rec.AccountID, rec.ProjectID, rec.Project = acc.ID, proj.ID, proj.Name
 	if req.Fleet != "" {

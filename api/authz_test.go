@@ -521,6 +521,29 @@ func TestTenancy(t *testing.T) {
 	f.must(t, 204, "DELETE", "/v1/projects/web/fleets/scrapers?account=alpha", f.root, nil)
 	f.must(t, 204, "DELETE", "/v1/projects/web?account=alpha", f.root, nil)
 	f.must(t, 404, "GET", "/v1/projects/web?account=alpha", f.root, nil)
+	// The operator lists another account's sandboxes, and finds its
+	// projects by ID without naming the account.
+	r = f.must(t, 200, "GET", "/v1/sandboxes?account=beta", f.root, nil)
+	if got := ids(r.body["sandboxes"]); len(got) != 2 {
+		t.Errorf("the operator's list of beta: %v", got)
+	}
+	betaDefault := str(f.must(t, 200, "GET", "/v1/projects/default?account=beta", f.root, nil), "id")
+	f.must(t, 200, "GET", "/v1/projects/"+betaDefault, f.root, nil)
+	if r := f.must(t, 200, "GET", "/v1/sandboxes?project="+betaDefault, f.root, nil); len(ids(r.body["sandboxes"])) != 2 {
+		t.Errorf("the operator's list of beta's default project: %s", r.raw)
+	}
+	f.must(t, 404, "GET", "/v1/projects/"+betaDefault, w.fullA, nil)
+	// A key that may not create learns nothing from a bad request.
+	_, reader := f.key(t, f.root, map[string]any{"account_id": "beta", "scope": map[string]any{"actions": []string{"sandboxes:read"}}})
+	f.must(t, 403, "POST", "/v1/sandboxes", reader, map[string]any{"image": "no-such-image", "size": map[string]string{"preset": "huge"}})
+	// Deleting an account revokes its keys at once.
+	for _, id := range ids(f.must(t, 200, "GET", "/v1/sandboxes?account=beta", f.root, nil).body["sandboxes"]) {
+		f.must(t, 200, "DELETE", "/v1/sandboxes/"+id, f.root, nil)
+	}
+	f.must(t, 200, "GET", "/v1/sandboxes", reader, nil)
+	f.must(t, 204, "DELETE", "/v1/accounts/beta", f.root, nil)
+	f.must(t, 401, "GET", "/v1/sandboxes", reader, nil)
+	f.must(t, 401, "GET", "/v1/sandboxes", w.fullB, nil)
 	// The walkthrough's root key needs no tenancy at all.
 	r = f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{})
 	if str(r, "project") != "default" {

@@ -399,7 +399,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := sandbox.ListFilter{State: sandbox.State(q.Get("state")), Project: q.Get("project"), Fleet: q.Get("fleet")}
+	f := sandbox.ListFilter{State: sandbox.State(q.Get("state")), Account: q.Get("account"), Project: q.Get("project"), Fleet: q.Get("fleet")}
 	switch f.State {
 	case "", sandbox.StateCreating, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateStopped, sandbox.StateDeleted:
 	default:

@@ -52,4 +52,6 @@ func keyIDOf(secret string) (string, bool) {
 	return id, tenant.ValidID(IDPrefix, id)
 }
 
-func hint(secret string) string { return secret[:len(Prefix)+8] + "..." }
+// hint shows the secret's prefix and last four characters, which differ
+// between keys and change with every rotation.
+func hint(secret string) string { return Prefix + "..." + secret[len(secret)-4:] }

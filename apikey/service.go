@@ -149,6 +149,18 @@ func (s *Service) cached(ctx context.Context, id string) (*Key, error) {
 	return k, nil
 }
 
+// ForgetAccount drops an account's keys from the cache: they were changed
+// in the store by someone else (the account's deletion revokes them).
+func (s *Service) ForgetAccount(accountID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, k := range s.keys {
+		if k.AccountID == accountID {
+			delete(s.keys, id)
+		}
+	}
+}
+
 // forget drops keys from the cache after a change.
 func (s *Service) forget(ids ...string) {
 	s.mu.Lock()

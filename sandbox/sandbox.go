@@ -105,7 +105,10 @@ func ValidID(id string) bool {
 type ListFilter struct {
 	State  State             `json:"state,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
-	// Project and Fleet are IDs or names (in the caller's account).
+	// Account (ID or name) narrows the operator's list to one account; a
+	// key lists its own. Project and Fleet are IDs or names, in Account
+	// (default: the caller's, or the default account for the operator).
+	Account string `json:"account,omitempty"`
 	Project string `json:"project,omitempty"`
 	Fleet   string `json:"fleet,omitempty"`
 }

@@ -15,6 +15,9 @@ import (
 // ErrNotFound, exactly like missing ones.
 type Service struct {
 	db store.Store
+	// AccountDeleted, if set, is called after an account is deleted (its
+	// keys revoked in the store), so a key cache can drop them.
+	AccountDeleted func(accountID string)
 }
 
 // New returns a service over db.
@@ -105,6 +108,23 @@ func (s *Service) Project(ctx context.Context, tx store.Tx, acc *Account, ref st
 	return p, err
 }
 
+// ProjectIn resolves an account and a project reference together. A
+// project ID names its account by itself (when accountRef is empty), so
+// the operator needs no ?account= for another account's project by ID.
+func (s *Service) ProjectIn(ctx context.Context, tx store.Tx, accountRef, ref string) (*Account, *Project, error) {
+	if accountRef == "" && ValidID(ProjectPrefix, ref) {
+		if p, err := tx.GetProject(ctx, ref); err == nil {
+			accountRef = p.AccountID
+		}
+	}
+	a, err := s.Account(ctx, tx, accountRef)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := s.Project(ctx, tx, a, ref)
+	return a, p, err
+}
+
 // Fleet resolves a fleet reference in a project.
 func (s *Service) Fleet(ctx context.Context, tx store.Tx, p *Project, ref string) (*Fleet, error) {
 	var f *Fleet
@@ -170,11 +190,13 @@ func (s *Service) GetAccount(ctx context.Context, ref string) (*Account, error) 
 // DeleteAccount deletes an account with no live sandboxes (operator only):
 // its projects and fleets go, and its keys are revoked.
 func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
-	return s.do(ctx, "deleteAccount", func(tx store.Tx) error {
+	var deleted string
+	err := s.do(ctx, "deleteAccount", func(tx store.Tx) error {
 		a, err := s.Account(ctx, tx, ref)
 		if err != nil {
 			return err
 		}
+		deleted = a.ID
 		if a.Name == DefaultName {
 			return sandbox.Errorf(sandbox.ErrState, "", "the default account cannot be deleted")
 		}
@@ -205,6 +227,10 @@ func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
 		}
 		return tx.DeleteAccount(ctx, a.ID)
 	})
+	if err == nil && s.AccountDeleted != nil {
+		s.AccountDeleted(deleted)
+	}
+	return err
 }
 
 // noLive refuses to delete a container that still has live sandboxes.
@@ -261,11 +287,8 @@ func (s *Service) ListProjects(ctx context.Context, accountRef string) ([]*Proje
 // GetProject returns a project by ID or name.
 func (s *Service) GetProject(ctx context.Context, accountRef, ref string) (*Project, error) {
 	var p *Project
-	err := s.do(ctx, "getProject", func(tx store.Tx) error {
-		a, err := s.Account(ctx, tx, accountRef)
-		if err == nil {
-			p, err = s.Project(ctx, tx, a, ref)
-		}
+	err := s.do(ctx, "getProject", func(tx store.Tx) (err error) {
+		_, p, err = s.ProjectIn(ctx, tx, accountRef, ref)
 		return err
 	})
 	return p, err
@@ -275,11 +298,7 @@ func (s *Service) GetProject(ctx context.Context, accountRef, ref string) (*Proj
 // The default project stays.
 func (s *Service) DeleteProject(ctx context.Context, accountRef, ref string) error {
 	return s.do(ctx, "deleteProject", func(tx store.Tx) error {
-		a, err := s.Account(ctx, tx, accountRef)
-		if err != nil {
-			return err
-		}
-		p, err := s.Project(ctx, tx, a, ref)
+		a, p, err := s.ProjectIn(ctx, tx, accountRef, ref)
 		if err != nil {
 			return err
 		}
@@ -313,11 +332,7 @@ func (s *Service) CreateFleet(ctx context.Context, accountRef, projectRef string
 	}
 	var f *Fleet
 	err := s.do(ctx, "createFleet", func(tx store.Tx) error {
-		a, err := s.Account(ctx, tx, accountRef)
-		if err != nil {
-			return err
-		}
-		p, err := s.Project(ctx, tx, a, projectRef)
+		a, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
 		}
@@ -331,11 +346,7 @@ func (s *Service) CreateFleet(ctx context.Context, accountRef, projectRef string
 func (s *Service) ListFleets(ctx context.Context, accountRef, projectRef string) ([]*Fleet, error) {
 	out := []*Fleet{}
 	err := s.do(ctx, "listFleets", func(tx store.Tx) error {
-		a, err := s.Account(ctx, tx, accountRef)
-		if err != nil {
-			return err
-		}
-		p, err := s.Project(ctx, tx, a, projectRef)
+		_, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
 		}
@@ -350,11 +361,7 @@ func (s *Service) ListFleets(ctx context.Context, accountRef, projectRef string)
 func (s *Service) GetFleet(ctx context.Context, accountRef, projectRef, ref string) (*Fleet, error) {
 	var f *Fleet
 	err := s.do(ctx, "getFleet", func(tx store.Tx) error {
-		a, err := s.Account(ctx, tx, accountRef)
-		if err != nil {
-			return err
-		}
-		p, err := s.Project(ctx, tx, a, projectRef)
+		_, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err == nil {
 			f, err = s.Fleet(ctx, tx, p, ref)
 		}
@@ -366,11 +373,7 @@ func (s *Service) GetFleet(ctx context.Context, accountRef, projectRef, ref stri
 // DeleteFleet deletes a fleet with no live sandboxes.
 func (s *Service) DeleteFleet(ctx context.Context, accountRef, projectRef, ref string) error {
 	return s.do(ctx, "deleteFleet", func(tx store.Tx) error {
-		a, err := s.Account(ctx, tx, accountRef)
-		if err != nil {
-			return err
-		}
-		p, err := s.Project(ctx, tx, a, projectRef)
+		a, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
 		}
