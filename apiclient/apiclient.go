@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,6 +29,8 @@ type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Field   string `json:"field,omitempty"`
+	// RetryAfter is the server's Retry-After (a rate_limited answer).
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (e *Error) Error() string {
@@ -139,6 +142,9 @@ func (c *Client) send(ctx context.Context, method, path string, query url.Values
 			return nil, &Error{Status: resp.StatusCode, Code: "http", Message: fmt.Sprintf("HTTP %d: %.200s", resp.StatusCode, b)}
 		}
 		e.Error.Status = resp.StatusCode
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+			e.Error.RetryAfter = time.Duration(s) * time.Second
+		}
 		return nil, &e.Error
 	}
 	return resp, nil

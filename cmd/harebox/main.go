@@ -62,6 +62,10 @@ var commands = []command{
 	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code", cmdExec},
 	{"file", "write|read|list|stat|mkdir|rm ID --path PATH [flags]", "files in a sandbox", cmdFile},
 	{"firewall", "set|get ID [--body JSON | --from FILE]", "a sandbox's firewall policy", cmdFirewall},
+	{"account", "create NAME | list | get REF | delete REF", "accounts (create and delete: the operator only)", cmdAccount},
+	{"project", "create NAME | list | get REF | delete REF [--account REF]", "an account's projects", cmdProject},
+	{"fleet", "create NAME | list | get REF | delete REF [--project REF] [--account REF]", "a project's fleets (default project: default)", cmdFleet},
+	{"key", "create [flags] | list | get KEY_ID | revoke KEY_ID | rotate KEY_ID", "scoped API keys; a new or rotated secret is shown once", cmdKey},
 	{"version", "", "client and server versions", cmdVersion},
 }
 
@@ -115,12 +119,17 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	code, err := cmd.run(ctx, &cli{c: c, output: *output, stdin: stdin, stdout: stdout, stderr: stderr}, rest)
+	usage := cmd.args
 	var ue usageError
+	var se subError
+	if errors.As(err, &se) { // harebox key create ...
+		name, usage = name+" "+se.sub, se.args
+	}
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "harebox %s: %s (usage: harebox %s %s)\n", name, ue.msg, name, cmd.args)
+		fmt.Fprintf(stderr, "harebox %s: %s (usage: harebox %s %s)\n", name, ue.msg, name, usage)
 		return 2
 	case err != nil:
 		fmt.Fprintf(stderr, "harebox %s: %s\n", name, oneLine(err.Error()))
@@ -211,6 +220,9 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	image := fs.String("image", "", "image (default: the server's default)")
 	ttl := fs.Int64("ttl", 0, "delete the sandbox this many seconds after creation")
 	noEnv := fs.Bool("no-env", false, "keep every stored environment out of this sandbox")
+	project := fs.String("project", "", "the project, ID or name (default: the account's default project)")
+	fleet := fs.String("fleet", "", "a fleet of that project, ID or name")
+	account := fs.String("account", "", "the account, ID or name (the operator only; default: the default account, or the key's own)")
 	labels, env := kv{}, kv{}
 	fs.Var(labels, "label", "label KEY=VALUE (repeatable)")
 	fs.Var(env, "env", "environment variable KEY=VALUE (repeatable)")
@@ -219,6 +231,7 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	}
 	req := sandbox.CreateRequest{
 		Name: *name, Image: *image, TTLSeconds: *ttl, NoEnv: *noEnv,
+		AccountID: *account, Project: *project, Fleet: *fleet,
 		Size: sandbox.Size{Preset: *size, VCPUs: *vcpus, MemoryMB: *memory, DiskGB: *disk},
 	}
 	if len(labels) > 0 {
@@ -270,6 +283,9 @@ var (
 func cmdList(ctx context.Context, c *cli, args []string) (int, error) {
 	fs := flag.NewFlagSet("harebox list", flag.ContinueOnError)
 	state := fs.String("state", "", "only sandboxes in this state")
+	account := fs.String("account", "", "only sandboxes of this account, ID or name (the operator only)")
+	project := fs.String("project", "", "only sandboxes in this project, ID or name")
+	fleet := fs.String("fleet", "", "only sandboxes in this fleet, ID or name (of --project, default the default project)")
 	labels := kv{}
 	fs.Var(labels, "label", "only sandboxes with label KEY=VALUE (repeatable)")
 	if _, err := parse(fs, c, args, 0); err != nil {
@@ -278,6 +294,15 @@ func cmdList(ctx context.Context, c *cli, args []string) (int, error) {
 	q := url.Values{}
 	if *state != "" {
 		q.Set("state", *state)
+	}
+	if *account != "" {
+		q.Set("account", *account)
+	}
+	if *project != "" {
+		q.Set("project", *project)
+	}
+	if *fleet != "" {
+		q.Set("fleet", *fleet)
 	}
 	for k, v := range labels {
 		q.Add("label", k+"="+v)

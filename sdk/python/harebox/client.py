@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, Un
 from urllib.parse import quote, urlencode, urlsplit
 
 from . import types as t
-from .errors import HareBoxError, RequestTimeout, TransportError, error_from_body
+from .errors import HareBoxError, RequestTimeout, TransportError, error_from_body, parse_retry_after
 from .sandbox import Sandbox
 
 __all__ = ["Client", "ExecEvent", "ExecStream", "DEFAULT_URL"]
@@ -128,8 +128,8 @@ class Client:
 
     def create(self, *, timeout: float | None = None, **fields: Any) -> Sandbox:
         """Creates a sandbox from keyword fields of CreateRequest (name,
-        size, image, ttl_seconds, labels, no_env, env); None means unset.
-        Returns once the sandbox runs."""
+        size, image, ttl_seconds, labels, account_id, project, fleet,
+        no_env, env); None means unset. Returns once the sandbox runs."""
         body = {k: v for k, v in fields.items() if v is not None}
         return Sandbox(self, self.create_sandbox(body=body, timeout=timeout))
 
@@ -163,8 +163,9 @@ class Client:
 
     @operation("listSandboxes")
     def list_sandboxes(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.SandboxList:
-        """GET /v1/sandboxes: oldest first; query ``state`` and ``label``
-        (a list of "key=value", all required)."""
+        """GET /v1/sandboxes: oldest first; query ``state``, ``label``
+        (a list of "key=value", all required), ``project`` and ``fleet``
+        (IDs or names)."""
         return cast(t.SandboxList, self._json("GET", "/v1/sandboxes", query=query, timeout=timeout))
 
     @operation("getSandbox")
@@ -309,6 +310,116 @@ class Client:
         (outbound rules in order, first match wins)."""
         path = _path("/v1/sandboxes/{}/firewall", sandbox_id)
         return cast(t.FirewallPolicy, self._json("PUT", path, body=body, timeout=timeout))
+
+    # --- accounts -------------------------------------------------------
+
+    @operation("createAccount")
+    def create_account(self, *, body: t.Body, timeout: float | None = None) -> t.Account:
+        """POST /v1/accounts: an account (``body={"name": ...}``) with its
+        default project; the operator (root key) only."""
+        return cast(t.Account, self._json("POST", "/v1/accounts", body=body, timeout=timeout))
+
+    @operation("listAccounts")
+    def list_accounts(self, *, timeout: float | None = None) -> t.AccountList:
+        """GET /v1/accounts: every account for the operator, its own for a key."""
+        return cast(t.AccountList, self._json("GET", "/v1/accounts", timeout=timeout))
+
+    @operation("getAccount")
+    def get_account(self, account: str, *, timeout: float | None = None) -> t.Account:
+        """GET /v1/accounts/{account}: by ID (acc_...) or name."""
+        return cast(t.Account, self._json("GET", _path("/v1/accounts/{}", account), timeout=timeout))
+
+    @operation("deleteAccount")
+    def delete_account(self, account: str, *, timeout: float | None = None) -> None:
+        """DELETE /v1/accounts/{account}: an account without live sandboxes;
+        its projects and fleets go and its keys are revoked (the operator only)."""
+        self._json("DELETE", _path("/v1/accounts/{}", account), timeout=timeout)
+
+    # --- projects and fleets ----------------------------------------------
+    # The operator names the account with query ``account`` (ID or name;
+    # default the default account); a key always acts in its own.
+
+    @operation("createProject")
+    def create_project(self, *, body: t.Body, query: t.Query | None = None, timeout: float | None = None) -> t.Project:
+        """POST /v1/projects: a project (``body={"name": ...}``)."""
+        return cast(t.Project, self._json("POST", "/v1/projects", query=query, body=body, timeout=timeout))
+
+    @operation("listProjects")
+    def list_projects(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.ProjectList:
+        """GET /v1/projects: an account's projects."""
+        return cast(t.ProjectList, self._json("GET", "/v1/projects", query=query, timeout=timeout))
+
+    @operation("getProject")
+    def get_project(self, project: str, *, query: t.Query | None = None, timeout: float | None = None) -> t.Project:
+        """GET /v1/projects/{project}: by ID (prj_...) or name."""
+        return cast(t.Project, self._json("GET", _path("/v1/projects/{}", project), query=query, timeout=timeout))
+
+    @operation("deleteProject")
+    def delete_project(self, project: str, *, query: t.Query | None = None, timeout: float | None = None) -> None:
+        """DELETE /v1/projects/{project}: a project without live sandboxes,
+        and its fleets (not the default project)."""
+        self._json("DELETE", _path("/v1/projects/{}", project), query=query, timeout=timeout)
+
+    @operation("createFleet")
+    def create_fleet(
+        self, project: str, *, body: t.Body, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.Fleet:
+        """POST /v1/projects/{project}/fleets: a fleet (``body={"name": ...}``)."""
+        path = _path("/v1/projects/{}/fleets", project)
+        return cast(t.Fleet, self._json("POST", path, query=query, body=body, timeout=timeout))
+
+    @operation("listFleets")
+    def list_fleets(self, project: str, *, query: t.Query | None = None, timeout: float | None = None) -> t.FleetList:
+        """GET /v1/projects/{project}/fleets: a project's fleets."""
+        return cast(t.FleetList, self._json("GET", _path("/v1/projects/{}/fleets", project), query=query, timeout=timeout))
+
+    @operation("getFleet")
+    def get_fleet(
+        self, project: str, fleet: str, *, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.Fleet:
+        """GET /v1/projects/{project}/fleets/{fleet}: by ID (flt_...) or name."""
+        path = _path("/v1/projects/{}/fleets/{}", project, fleet)
+        return cast(t.Fleet, self._json("GET", path, query=query, timeout=timeout))
+
+    @operation("deleteFleet")
+    def delete_fleet(
+        self, project: str, fleet: str, *, query: t.Query | None = None, timeout: float | None = None
+    ) -> None:
+        """DELETE /v1/projects/{project}/fleets/{fleet}: a fleet without live sandboxes."""
+        self._json("DELETE", _path("/v1/projects/{}/fleets/{}", project, fleet), query=query, timeout=timeout)
+
+    # --- API keys -----------------------------------------------------------
+
+    @operation("createKey")
+    def create_key(self, *, body: t.Body, timeout: float | None = None) -> t.KeyWithSecret:
+        """POST /v1/keys: a scoped key (``scope``, ``description``,
+        ``ttl_seconds``; ``account_id`` for the operator). Its ``secret``
+        (hbk_...) is in this reply only. A key creates keys no wider than
+        itself."""
+        return cast(t.KeyWithSecret, self._json("POST", "/v1/keys", body=body, timeout=timeout))
+
+    @operation("listKeys")
+    def list_keys(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.KeyList:
+        """GET /v1/keys: the keys the caller sees (a key: itself and the keys
+        it created); query ``account`` narrows the operator's list."""
+        return cast(t.KeyList, self._json("GET", "/v1/keys", query=query, timeout=timeout))
+
+    @operation("getKey")
+    def get_key(self, key_id: str, *, timeout: float | None = None) -> t.Key:
+        """GET /v1/keys/{key}: a key, never its secret."""
+        return cast(t.Key, self._json("GET", _path("/v1/keys/{}", key_id), timeout=timeout))
+
+    @operation("revokeKey")
+    def revoke_key(self, key_id: str, *, timeout: float | None = None) -> t.Key:
+        """DELETE /v1/keys/{key}: revokes the key and every key it created,
+        at once and for good; returns it, revoked."""
+        return cast(t.Key, self._json("DELETE", _path("/v1/keys/{}", key_id), timeout=timeout))
+
+    @operation("rotateKey")
+    def rotate_key(self, key_id: str, *, timeout: float | None = None) -> t.KeyWithSecret:
+        """POST /v1/keys/{key}/rotate: a new secret; the old one stops
+        working when this returns."""
+        return cast(t.KeyWithSecret, self._json("POST", _path("/v1/keys/{}/rotate", key_id), timeout=timeout))
 
     # --- transport ------------------------------------------------------
 
@@ -510,7 +621,7 @@ def _error_reply(resp: http.client.HTTPResponse) -> HareBoxError:
         body = json.loads(data)
     except ValueError:
         body = None
-    err = error_from_body(resp.status, body)
+    err = error_from_body(resp.status, body, retry_after=parse_retry_after(resp.getheader("Retry-After")))
     if body is None and data:
         err.message += ": " + data[:200].decode(errors="replace").strip()
     return err

@@ -7,6 +7,9 @@ they care about (``except harebox.NotFound``) without comparing strings.
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any, Mapping
 
 
@@ -42,8 +45,15 @@ class Unauthorized(HareBoxError):
     """401 ``unauthorized``: no API key, or not a valid one."""
 
 
+class Forbidden(HareBoxError):
+    """403 ``forbidden``: the API key's scope lacks the action (or the
+    caller's address is outside the key's CIDRs). Objects a key may not
+    see are NotFound, never Forbidden."""
+
+
 class NotFound(HareBoxError):
-    """404 ``not_found``: no such sandbox, process, file or route."""
+    """404 ``not_found``: no such sandbox, process, file, account, project,
+    fleet, key or route, or one the API key may not see."""
 
 
 class Conflict(HareBoxError):
@@ -52,6 +62,25 @@ class Conflict(HareBoxError):
 
 class TooLarge(HareBoxError):
     """413 ``too_large``: a body or file past the server's limit."""
+
+
+class RateLimited(HareBoxError):
+    """429 ``rate_limited``: the API key (or a key above it) spent its
+    request rate. ``retry_after`` is the server's Retry-After in seconds
+    (None if it sent none)."""
+
+    def __init__(
+        self, message: str, *, status: int = 0, code: str = "", field: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, status=status, code=code, field=field)
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        later = f" (retry after {self.retry_after:g} s)" if self.retry_after is not None else ""
+        return super().__str__() + later
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", retry_after={self.retry_after!r})"
 
 
 class OverCapacity(HareBoxError):
@@ -82,9 +111,11 @@ class RequestTimeout(TransportError):
 _BY_CODE: dict[str, type[HareBoxError]] = {
     "invalid": InvalidRequest,
     "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
     "not_found": NotFound,
     "conflict": Conflict,
     "too_large": TooLarge,
+    "rate_limited": RateLimited,
     "over_capacity": OverCapacity,
     "unavailable": Unavailable,
     "timeout": ServerTimeout,
@@ -96,9 +127,11 @@ _BY_CODE: dict[str, type[HareBoxError]] = {
 _BY_STATUS: dict[int, str] = {
     400: "invalid",
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     409: "conflict",
     413: "too_large",
+    429: "rate_limited",
     500: "internal",
     503: "unavailable",
     504: "timeout",
@@ -106,9 +139,11 @@ _BY_STATUS: dict[int, str] = {
 _STATUS_OF: dict[str, int] = {
     "invalid": 400,
     "unauthorized": 401,
+    "forbidden": 403,
     "not_found": 404,
     "conflict": 409,
     "too_large": 413,
+    "rate_limited": 429,
     "over_capacity": 503,
     "unavailable": 503,
     "timeout": 504,
@@ -116,25 +151,55 @@ _STATUS_OF: dict[str, int] = {
 }
 
 
-def error_from_body(status: int, body: Any) -> HareBoxError:
+def parse_retry_after(value: str | None) -> float | None:
+    """A Retry-After header in seconds: delay-seconds, or an HTTP date
+    (seconds from now, at least 0); None when absent or malformed."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def error_from_body(status: int, body: Any, *, retry_after: float | None = None) -> HareBoxError:
     """Builds the error for an API error body ``{"error": {...}}``.
 
     ``status`` 0 means the error came inside a stream; it takes the status
-    the code has everywhere else.
+    the code has everywhere else. ``retry_after`` (seconds, from the reply's
+    Retry-After header) goes to RateLimited.
     """
     err: Any = body.get("error") if isinstance(body, Mapping) else None
     if not isinstance(err, Mapping) or not isinstance(err.get("code"), str):
         # Not the API talking (a proxy's page, a redirect): keep the status.
         status_code = _BY_STATUS.get(status, "")
         cls: type[HareBoxError] = _BY_CODE[status_code] if status_code else TransportError
-        return cls(f"HTTP {status} without an API error body", status=status, code=status_code)
+        return _make(cls, f"HTTP {status} without an API error body", status=status, code=status_code, retry_after=retry_after)
     code: str = err["code"]
     message: Any = err.get("message")
     field: Any = err.get("field")
     cls = _BY_CODE.get(code, HareBoxError)
-    return cls(
+    return _make(
+        cls,
         message if isinstance(message, str) else code,
         status=status or _STATUS_OF.get(code, 0),
         code=code,
         field=field if isinstance(field, str) and field else None,
+        retry_after=retry_after,
     )
+
+
+def _make(
+    cls: type[HareBoxError], message: str, *, status: int, code: str, field: str | None = None, retry_after: float | None
+) -> HareBoxError:
+    if issubclass(cls, RateLimited):
+        return cls(message, status=status, code=code, field=field, retry_after=retry_after)
+    return cls(message, status=status, code=code, field=field)

@@ -26,6 +26,11 @@ class Sandbox:
 
     id: str
     name: str
+    account_id: str
+    project_id: str
+    project: str
+    fleet_id: str | None
+    fleet: str | None
     state: str
     image: str
     size: t.Resources
@@ -44,6 +49,11 @@ class Sandbox:
     def _update(self, data: t.SandboxJSON) -> Sandbox:
         self.id = data["id"]
         self.name = data.get("name", "")
+        self.account_id = data.get("account_id", "")
+        self.project_id = data.get("project_id", "")
+        self.project = data.get("project", "")
+        self.fleet_id = data.get("fleet_id")
+        self.fleet = data.get("fleet")
         self.state = data["state"]
         self.image = data.get("image", "")
         self.size = data.get("size", {"vcpus": 0, "memory_mb": 0, "disk_gb": 0})

@@ -32,6 +32,11 @@ class Resources(TypedDict):
 class SandboxJSON(TypedDict):
     id: str
     name: NotRequired[str]
+    account_id: str
+    project_id: str
+    project: str
+    fleet_id: NotRequired[str]
+    fleet: NotRequired[str]
     state: Literal["creating", "running", "paused", "stopped", "deleted"]
     image: str
     size: Resources
@@ -112,3 +117,80 @@ class FirewallRule(TypedDict):
 class FirewallPolicy(TypedDict):
     default_outbound: Literal["allow", "deny"]
     outbound: NotRequired[list[FirewallRule]]
+
+
+class Account(TypedDict):
+    id: str
+    name: str
+    created_at: str
+
+
+class AccountList(TypedDict):
+    accounts: list[Account]
+
+
+class Project(TypedDict):
+    id: str
+    account_id: str
+    name: str
+    created_at: str
+
+
+class ProjectList(TypedDict):
+    projects: list[Project]
+
+
+class Fleet(TypedDict):
+    id: str
+    account_id: str
+    project_id: str
+    name: str
+    created_at: str
+
+
+class FleetList(TypedDict):
+    fleets: list[Fleet]
+
+
+class Rate(TypedDict):
+    per_second: float
+    burst: int
+
+
+class Scope(TypedDict, total=False):
+    """What a key may do; every field is optional and they combine with AND."""
+
+    #: operationIds or groups ("*", "sandboxes:read", "keys:write", ...).
+    actions: list[str]
+    sandboxes: list[str]
+    #: Project IDs or names in a request; IDs in a reply.
+    projects: list[str]
+    labels: dict[str, str]
+    cidrs: list[str]
+    rate: Rate
+    #: A dollar limit, e.g. "25.00".
+    budget_usd: str
+
+
+class Key(TypedDict):
+    id: str
+    account_id: str
+    description: NotRequired[str]
+    parent_id: NotRequired[str]
+    ancestors: NotRequired[list[str]]
+    scope: Scope
+    created_at: str
+    expires_at: NotRequired[str]
+    revoked_at: NotRequired[str]
+    rotated_at: NotRequired[str]
+    #: The secret's first characters.
+    hint: str
+
+
+class KeyWithSecret(Key):
+    #: The key (``hbk_...``); the API shows it only once.
+    secret: str
+
+
+class KeyList(TypedDict):
+    keys: list[Key]

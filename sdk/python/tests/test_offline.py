@@ -3,13 +3,17 @@ the client covers the OpenAPI document kept in this repository."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import re
+import threading
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
 import harebox
-from harebox.errors import error_from_body
+from harebox.errors import error_from_body, parse_retry_after
 
 REPO_OPENAPI = Path(__file__).resolve().parents[3] / "api" / "openapi.yaml"
 
@@ -53,6 +57,31 @@ def test_error_codes_map_to_classes() -> None:
     assert isinstance(error_from_body(502, None), harebox.TransportError)
 
 
+def test_forbidden_and_rate_limited_map_to_classes() -> None:
+    err = error_from_body(403, {"error": {"code": "forbidden", "message": "this API key may not createSandbox"}})
+    assert isinstance(err, harebox.Forbidden) and not isinstance(err, harebox.Unauthorized)
+    assert (err.status, err.code) == (403, "forbidden")
+    limited = error_from_body(429, {"error": {"code": "rate_limited", "message": "spent"}}, retry_after=2.0)
+    assert isinstance(limited, harebox.RateLimited)
+    assert (limited.status, limited.code, limited.retry_after) == (429, "rate_limited", 2.0)
+    assert "retry after 2 s" in str(limited) and "retry_after=2.0" in repr(limited)
+    # Without an API error body the status still picks the class.
+    assert isinstance(error_from_body(403, None), harebox.Forbidden)
+    bare = error_from_body(429, None, retry_after=1.0)
+    assert isinstance(bare, harebox.RateLimited) and bare.retry_after == 1.0
+    assert error_from_body(0, {"error": {"code": "rate_limited", "message": "x"}}).status == 429
+    assert error_from_body(0, {"error": {"code": "forbidden", "message": "x"}}).status == 403
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [(None, None), ("", None), ("3", 3.0), (" 1 ", 1.0), ("0.5", 0.5), ("-1", None), ("soon", None), ("inf", None),
+     ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)],
+)
+def test_parse_retry_after(header: str | None, seconds: float | None) -> None:
+    assert parse_retry_after(header) == seconds
+
+
 def test_client_covers_the_repository_document() -> None:
     """The same check as test_api's against the served document, on the
     document in the repo, so a new route shows up without a server."""
@@ -65,3 +94,100 @@ def test_client_covers_the_repository_document() -> None:
 def test_unreachable_server_is_a_transport_error() -> None:
     with pytest.raises(harebox.TransportError):
         harebox.Client(url="http://127.0.0.1:9", api_key="k", timeout=5).get_health()
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers every request from ``replies`` by path, and records it."""
+
+    seen: list[tuple[str, str, Any]] = []
+    replies: dict[str, tuple[int, dict[str, str], Any]] = {}
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        self.seen.append((self.command, self.path, body))
+        status, headers, reply = self.replies.get(self.path.split("?")[0], (200, {}, {"ok": True}))
+        data = b"" if reply is None else json.dumps(reply).encode()
+        self.send_response(status)
+        for k, v in {"Content-Type": "application/json", **headers}.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[tuple[harebox.Client, type[_Recorder]]]:
+    """A client of a local HTTP server that records what it is sent."""
+    handler = type("Recorder", (_Recorder,), {"seen": [], "replies": {}})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield harebox.Client(url=f"http://127.0.0.1:{server.server_address[1]}", api_key="hbk_test"), handler
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_tenancy_and_key_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/accounts/acme"] = (204, {}, None)
+    assert hb.create_account(body={"name": "acme"}) == {"ok": True}
+    hb.list_accounts()
+    hb.get_account("acme")
+    assert hb.delete_account("acme") is None
+    hb.create_project(body={"name": "web"}, query={"account": "acme"})
+    hb.list_projects(query={"account": "acme"})
+    hb.get_project("web")
+    hb.delete_project("web", query={"account": "acme"})
+    hb.create_fleet("web", body={"name": "workers"}, query={"account": "acme"})
+    hb.list_fleets("web")
+    hb.get_fleet("web", "workers", query={"account": "acme"})
+    hb.delete_fleet("prj_1", "a/b")
+    hb.create_key(body={"account_id": "acme", "scope": {"actions": ["sandboxes:read"]}})
+    hb.list_keys(query={"account": "acme"})
+    hb.get_key("key_1")
+    hb.revoke_key("key_1")
+    hb.rotate_key("key_1")
+    hb.list_sandboxes(query={"project": "web", "fleet": "workers"})
+    assert server.seen == [
+        ("POST", "/v1/accounts", {"name": "acme"}),
+        ("GET", "/v1/accounts", None),
+        ("GET", "/v1/accounts/acme", None),
+        ("DELETE", "/v1/accounts/acme", None),
+        ("POST", "/v1/projects?account=acme", {"name": "web"}),
+        ("GET", "/v1/projects?account=acme", None),
+        ("GET", "/v1/projects/web", None),
+        ("DELETE", "/v1/projects/web?account=acme", None),
+        ("POST", "/v1/projects/web/fleets?account=acme", {"name": "workers"}),
+        ("GET", "/v1/projects/web/fleets", None),
+        ("GET", "/v1/projects/web/fleets/workers?account=acme", None),
+        ("DELETE", "/v1/projects/prj_1/fleets/a%2Fb", None),
+        ("POST", "/v1/keys", {"account_id": "acme", "scope": {"actions": ["sandboxes:read"]}}),
+        ("GET", "/v1/keys?account=acme", None),
+        ("GET", "/v1/keys/key_1", None),
+        ("DELETE", "/v1/keys/key_1", None),
+        ("POST", "/v1/keys/key_1/rotate", None),
+        ("GET", "/v1/sandboxes?project=web&fleet=workers", None),
+    ]
+    with pytest.raises(ValueError):
+        hb.get_fleet("web", "")
+
+
+def test_rate_limited_reply_carries_retry_after(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/sandboxes"] = (429, {"Retry-After": "2"}, {"error": {"code": "rate_limited", "message": "spent"}})
+    server.replies["/v1/keys"] = (403, {}, {"error": {"code": "forbidden", "message": "wider", "field": "scope.actions"}})
+    with pytest.raises(harebox.RateLimited) as limited:
+        hb.list_sandboxes()
+    assert (limited.value.status, limited.value.code, limited.value.retry_after) == (429, "rate_limited", 2.0)
+    with pytest.raises(harebox.Forbidden) as forbidden:
+        hb.create_key(body={"scope": {"actions": ["*"]}})
+    assert (forbidden.value.status, forbidden.value.field) == (403, "scope.actions")

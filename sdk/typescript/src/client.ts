@@ -5,6 +5,9 @@ import { OPERATIONS, type OperationId } from "./operations.js";
 import { Sandbox } from "./sandbox.js";
 import { readSSE } from "./sse.js";
 import type {
+  Account,
+  AccountList,
+  AccountQuery,
   CreateRequest,
   ExecEvent,
   ExecRequest,
@@ -13,15 +16,24 @@ import type {
   FileInfo,
   FileList,
   FirewallPolicy,
+  Fleet,
+  FleetList,
   GetProcessQuery,
   Health,
   Info,
+  Key,
+  KeyList,
+  KeyRequest,
+  KeyWithSecret,
   KillRequest,
   ListSandboxesQuery,
   MkdirQuery,
+  NameRequest,
   PathQuery,
   Process,
   ProcessList,
+  Project,
+  ProjectList,
   RemoveFileQuery,
   Sandbox as SandboxData,
   WriteFileQuery,
@@ -192,7 +204,7 @@ export class HareBox {
       label = Object.entries(label).map(([k, v]) => `${k}=${v}`);
     }
     const res = await this.#call<{ sandboxes: SandboxData[] }>("listSandboxes", [], "json", {
-      query: { state: q.state, label },
+      query: { state: q.state, label, project: q.project, fleet: q.fleet },
       signal: options.signal,
       timeoutMs: this.#timeout(options, 0),
     });
@@ -375,7 +387,111 @@ export class HareBox {
     return this.#call("setFirewall", [id], "json", { json: options.body, signal: options.signal, timeoutMs: this.#timeout(options, 0) });
   }
 
+  // Accounts. Creating and deleting one is for the operator (the root key).
+
+  /** Creates an account, with its default project (the operator only). */
+  async createAccount(options: CallOptions<never, NameRequest>): Promise<Account> {
+    return this.#call("createAccount", [], "json", this.#withBody(options));
+  }
+
+  /** Lists the accounts the caller sees (all for the operator, its own for a key). */
+  async listAccounts(options: CallOptions = {}): Promise<AccountList> {
+    return this.#call("listAccounts", [], "json", this.#plain(options));
+  }
+
+  /** Gets an account by ID (acc_...) or name. */
+  async getAccount(account: string, options: CallOptions = {}): Promise<Account> {
+    return this.#call("getAccount", [account], "json", this.#plain(options));
+  }
+
+  /**
+   * Deletes an account without live sandboxes: its projects and fleets go
+   * and its keys are revoked (the operator only).
+   */
+  async deleteAccount(account: string, options: CallOptions = {}): Promise<void> {
+    await this.#call("deleteAccount", [account], "none", this.#plain(options));
+  }
+
+  // Projects and fleets: query.account names the operator's account (ID or
+  // name; default the default account); a key always acts in its own.
+
+  /** Creates a project. */
+  async createProject(options: CallOptions<AccountQuery, NameRequest>): Promise<Project> {
+    return this.#call("createProject", [], "json", this.#withBody(options));
+  }
+
+  /** Lists an account's projects. */
+  async listProjects(options: CallOptions<AccountQuery> = {}): Promise<ProjectList> {
+    return this.#call("listProjects", [], "json", this.#plain(options));
+  }
+
+  /** Gets a project by ID (prj_...) or name. */
+  async getProject(project: string, options: CallOptions<AccountQuery> = {}): Promise<Project> {
+    return this.#call("getProject", [project], "json", this.#plain(options));
+  }
+
+  /** Deletes a project without live sandboxes, and its fleets (not the default project). */
+  async deleteProject(project: string, options: CallOptions<AccountQuery> = {}): Promise<void> {
+    await this.#call("deleteProject", [project], "none", this.#plain(options));
+  }
+
+  /** Creates a fleet in a project. */
+  async createFleet(project: string, options: CallOptions<AccountQuery, NameRequest>): Promise<Fleet> {
+    return this.#call("createFleet", [project], "json", this.#withBody(options));
+  }
+
+  /** Lists a project's fleets. */
+  async listFleets(project: string, options: CallOptions<AccountQuery> = {}): Promise<FleetList> {
+    return this.#call("listFleets", [project], "json", this.#plain(options));
+  }
+
+  /** Gets a fleet by ID (flt_...) or name. */
+  async getFleet(project: string, fleet: string, options: CallOptions<AccountQuery> = {}): Promise<Fleet> {
+    return this.#call("getFleet", [project, fleet], "json", this.#plain(options));
+  }
+
+  /** Deletes a fleet without live sandboxes. */
+  async deleteFleet(project: string, fleet: string, options: CallOptions<AccountQuery> = {}): Promise<void> {
+    await this.#call("deleteFleet", [project, fleet], "none", this.#plain(options));
+  }
+
+  // API keys.
+
+  /**
+   * Creates a scoped API key; its secret (hbk_...) is in this answer only.
+   * A key creates keys no wider than itself, in its own account.
+   */
+  async createKey(options: CallOptions<never, KeyRequest>): Promise<KeyWithSecret> {
+    return this.#call("createKey", [], "json", this.#withBody(options));
+  }
+
+  /** Lists the keys the caller sees (a key sees itself and the keys it created). */
+  async listKeys(options: CallOptions<AccountQuery> = {}): Promise<KeyList> {
+    return this.#call("listKeys", [], "json", this.#plain(options));
+  }
+
+  /** Gets a key (never its secret). */
+  async getKey(key: string, options: CallOptions = {}): Promise<Key> {
+    return this.#call("getKey", [key], "json", this.#plain(options));
+  }
+
+  /** Revokes a key and every key it created, at once and for good; returns it, revoked. */
+  async revokeKey(key: string, options: CallOptions = {}): Promise<Key> {
+    return this.#call("revokeKey", [key], "json", this.#plain(options));
+  }
+
+  /** Replaces a key's secret; the old secret stops working when this returns. */
+  async rotateKey(key: string, options: CallOptions = {}): Promise<KeyWithSecret> {
+    return this.#call("rotateKey", [key], "json", this.#plain(options));
+  }
+
   // ---- Plumbing -----------------------------------------------------
+
+  /** A call with a JSON body ({} when the caller gave none: the server says what is missing). */
+  #withBody(options: RequestOptions & { query?: unknown; body?: unknown } | undefined): Send {
+    const o = options ?? {};
+    return { query: o.query, json: o.body ?? {}, signal: o.signal, timeoutMs: this.#timeout(o, 0) };
+  }
 
   #plain(options: RequestOptions & { query?: unknown }, atLeastMs = 0): Send {
     return { query: options.query, signal: options.signal, timeoutMs: this.#timeout(options, atLeastMs) };
@@ -418,15 +534,14 @@ export class HareBox {
    */
   async #send(op: OperationId, params: string[], send: Send): Promise<{ res: Response; fail: (err: unknown) => unknown }> {
     const spec = OPERATIONS[op];
-    let path: string = spec.path;
-    for (const name of ["id", "pid"]) {
-      if (!path.includes(`{${name}}`)) continue;
+    // Path parameters, in the order the path names them.
+    const path = spec.path.replace(/\{(\w+)\}/g, (_, name: string) => {
       const v = params.shift();
       if (typeof v !== "string" || v === "") {
         throw new HareBoxError(0, "invalid", `${op}: the ${name} path parameter must be a non-empty string`, name);
       }
-      path = path.replace(`{${name}}`, encodeURIComponent(v));
-    }
+      return encodeURIComponent(v);
+    });
     const url = this.url + path + queryString(send.query);
 
     const headers: Record<string, string> = {
@@ -473,7 +588,7 @@ export class HareBox {
       } catch (err) {
         throw fail(err);
       }
-      throw errorFromBody(res.status, res.statusText, text);
+      throw errorFromBody(res.status, res.statusText, text, res.headers.get("retry-after"));
     }
     return { res, fail };
   }

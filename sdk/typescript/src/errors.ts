@@ -32,12 +32,35 @@ export class HareBoxError extends Error {
   }
 }
 
+/**
+ * The error a request past its API key's rate throws (HTTP 429, code
+ * "rate_limited"): retryAfter is the server's Retry-After, in seconds
+ * (undefined if it sent none).
+ */
+export class RateLimitedError extends HareBoxError {
+  /** Seconds to wait before the key's next request succeeds. */
+  readonly retryAfter: number | undefined;
+
+  constructor(status: number, code: string, message: string, field?: string, retryAfter?: number) {
+    super(status, code, message, field);
+    this.name = "RateLimitedError";
+    this.retryAfter = retryAfter;
+  }
+
+  override toString(): string {
+    const s = super.toString();
+    return this.retryAfter === undefined ? s : `${s.slice(0, -1)}, retry after ${this.retryAfter} s)`;
+  }
+}
+
 const statusOfCode: Record<string, number> = {
   invalid: 400,
   unauthorized: 401,
+  forbidden: 403,
   not_found: 404,
   conflict: 409,
   too_large: 413,
+  rate_limited: 429,
   internal: 500,
   over_capacity: 503,
   unavailable: 503,
@@ -47,11 +70,12 @@ const statusOfCode: Record<string, number> = {
 const codeOfStatus: Record<number, string> = {
   400: "invalid",
   401: "unauthorized",
-  403: "unauthorized",
+  403: "forbidden",
   404: "not_found",
   405: "not_found",
   409: "conflict",
   413: "too_large",
+  429: "rate_limited",
   503: "unavailable",
   504: "timeout",
 };
@@ -61,14 +85,35 @@ export function statusForCode(code: string): number {
   return statusOfCode[code] ?? 500;
 }
 
-/** Builds a HareBoxError from a non-2xx response's body text. */
-export function errorFromBody(status: number, statusText: string, text: string): HareBoxError {
+/**
+ * A Retry-After header in seconds: delay-seconds, or an HTTP date (seconds
+ * from now, at least 0); undefined when absent or malformed.
+ */
+export function parseRetryAfter(value: string | null | undefined): number | undefined {
+  const v = value?.trim();
+  if (!v) return undefined;
+  if (/^[+-]?[\d.]+$/.test(v)) {
+    const n = Number(v);
+    return Number.isFinite(n) && n >= 0 ? n : undefined;
+  }
+  const when = Date.parse(v);
+  return Number.isNaN(when) ? undefined : Math.max(0, (when - Date.now()) / 1000);
+}
+
+/**
+ * Builds a HareBoxError from a non-2xx response's body text (and its
+ * Retry-After header, for a RateLimitedError).
+ */
+export function errorFromBody(status: number, statusText: string, text: string, retryAfter?: string | null): HareBoxError {
+  const make = (code: string, message: string, field?: string): HareBoxError =>
+    code === "rate_limited"
+      ? new RateLimitedError(status, code, message, field, parseRetryAfter(retryAfter))
+      : new HareBoxError(status, code, message, field);
   try {
     const v: unknown = JSON.parse(text);
     const e = (v as { error?: unknown } | null)?.error as { code?: unknown; message?: unknown; field?: unknown } | undefined;
     if (e && typeof e === "object" && typeof e.code === "string") {
-      return new HareBoxError(
-        status,
+      return make(
         e.code,
         typeof e.message === "string" ? e.message : e.code,
         typeof e.field === "string" ? e.field : undefined,
@@ -79,5 +124,5 @@ export function errorFromBody(status: number, statusText: string, text: string):
   }
   const snippet = text.replace(/\s+/g, " ").trim().slice(0, 200);
   const code = codeOfStatus[status] ?? (status >= 500 ? "internal" : "invalid");
-  return new HareBoxError(status, code, `HTTP ${status} ${statusText}${snippet ? `: ${snippet}` : ""}`);
+  return make(code, `HTTP ${status} ${statusText}${snippet ? `: ${snippet}` : ""}`);
 }

@@ -8,7 +8,7 @@
 
 export { HareBox, VERSION } from "./client.js";
 export type { HareBoxOptions, RequestOptions, CallOptions, PathCallOptions, SandboxList } from "./client.js";
-export { HareBoxError } from "./errors.js";
+export { HareBoxError, RateLimitedError } from "./errors.js";
 export { Sandbox } from "./sandbox.js";
 export type { RunOptions, WriteOptions } from "./sandbox.js";
 export { OPERATIONS } from "./operations.js";
@@ -30,11 +30,25 @@ export type {
   FileInfo,
   FirewallRule,
   FirewallPolicy,
+  NameRequest,
+  Account,
+  Project,
+  Fleet,
+  Rate,
+  Scope,
+  KeyRequest,
+  Key,
+  KeyWithSecret,
   Health,
   ProcessList,
   FileList,
+  AccountList,
+  ProjectList,
+  FleetList,
+  KeyList,
   KillRequest,
   ListSandboxesQuery,
+  AccountQuery,
   GetProcessQuery,
   PathQuery,
   WriteFileQuery,

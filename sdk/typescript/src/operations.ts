@@ -33,6 +33,23 @@ export const OPERATIONS = {
   mkdir: { method: "POST", path: "/v1/sandboxes/{id}/files/mkdir" },
   getFirewall: { method: "GET", path: "/v1/sandboxes/{id}/firewall" },
   setFirewall: { method: "PUT", path: "/v1/sandboxes/{id}/firewall" },
+  createAccount: { method: "POST", path: "/v1/accounts" },
+  listAccounts: { method: "GET", path: "/v1/accounts" },
+  getAccount: { method: "GET", path: "/v1/accounts/{account}" },
+  deleteAccount: { method: "DELETE", path: "/v1/accounts/{account}" },
+  createProject: { method: "POST", path: "/v1/projects" },
+  listProjects: { method: "GET", path: "/v1/projects" },
+  getProject: { method: "GET", path: "/v1/projects/{project}" },
+  deleteProject: { method: "DELETE", path: "/v1/projects/{project}" },
+  createFleet: { method: "POST", path: "/v1/projects/{project}/fleets" },
+  listFleets: { method: "GET", path: "/v1/projects/{project}/fleets" },
+  getFleet: { method: "GET", path: "/v1/projects/{project}/fleets/{fleet}" },
+  deleteFleet: { method: "DELETE", path: "/v1/projects/{project}/fleets/{fleet}" },
+  createKey: { method: "POST", path: "/v1/keys" },
+  listKeys: { method: "GET", path: "/v1/keys" },
+  getKey: { method: "GET", path: "/v1/keys/{key}" },
+  revokeKey: { method: "DELETE", path: "/v1/keys/{key}" },
+  rotateKey: { method: "POST", path: "/v1/keys/{key}/rotate" },
 } as const satisfies Record<string, Operation>;
 
 /** An OpenAPI operationId; each is a method of HareBox. */

@@ -25,7 +25,7 @@ export interface WriteOptions extends RequestOptions {
   make_parents?: boolean;
 }
 
-const FIELDS = ["id", "name", "state", "image", "size", "labels", "no_env", "site", "created_at", "expires_at", "error"] as const;
+const FIELDS = ["id", "name", "account_id", "project_id", "project", "fleet_id", "fleet", "state", "image", "size", "labels", "no_env", "site", "created_at", "expires_at", "error"] as const;
 
 /**
  * A sandbox: the server's description of it (every field of the Sandbox
@@ -35,6 +35,11 @@ const FIELDS = ["id", "name", "state", "image", "size", "labels", "no_env", "sit
 export class Sandbox implements SandboxData {
   declare id: string;
   declare name?: string;
+  declare account_id: string;
+  declare project_id: string;
+  declare project: string;
+  declare fleet_id?: string;
+  declare fleet?: string;
   declare state: State;
   declare image: string;
   declare size: Resources;

@@ -8,9 +8,11 @@ export type State = "creating" | "running" | "paused" | "stopped" | "deleted";
 export type ErrorCode =
   | "invalid"
   | "unauthorized"
+  | "forbidden"
   | "not_found"
   | "conflict"
   | "too_large"
+  | "rate_limited"
   | "over_capacity"
   | "unavailable"
   | "timeout"
@@ -73,6 +75,12 @@ export interface CreateRequest {
   /** Delete the sandbox this many seconds after creation (0: never). */
   ttl_seconds?: number;
   labels?: Record<string, string>;
+  /** The account (ID or name; the operator only). Default the default account. */
+  account_id?: string;
+  /** A project ID or name; default the account's default project. */
+  project?: string;
+  /** A fleet ID or name in that project. */
+  fleet?: string;
   /** Keep every stored environment out of this sandbox. */
   no_env?: boolean;
   env?: Record<string, string>;
@@ -83,6 +91,14 @@ export interface Sandbox {
   /** e.g. "sbx_01j8z3k5m6n7p8q9r0s1t2v3w4" */
   id: string;
   name?: string;
+  /** e.g. "acc_01j8z3k5m6n7p8q9r0s1t2v3w4" */
+  account_id: string;
+  project_id: string;
+  /** The project's name. */
+  project: string;
+  fleet_id?: string;
+  /** The fleet's name. */
+  fleet?: string;
   state: State;
   image: string;
   size: Resources;
@@ -179,6 +195,104 @@ export interface FirewallPolicy {
   outbound?: FirewallRule[];
 }
 
+/** The body of createAccount, createProject and createFleet. */
+export interface NameRequest {
+  /** Lowercase DNS label, at most 63 characters. */
+  name: string;
+}
+
+/** An account: it owns projects, sandboxes and keys. */
+export interface Account {
+  /** e.g. "acc_01j8z3k5m6n7p8q9r0s1t2v3w4" */
+  id: string;
+  name: string;
+  /** RFC 3339 date-time. */
+  created_at: string;
+}
+
+/** A project of an account (each account has one named "default"). */
+export interface Project {
+  /** e.g. "prj_01j8z3k5m6n7p8q9r0s1t2v3w4" */
+  id: string;
+  account_id: string;
+  name: string;
+  /** RFC 3339 date-time. */
+  created_at: string;
+}
+
+/** A named group of sandboxes in a project. */
+export interface Fleet {
+  /** e.g. "flt_01j8z3k5m6n7p8q9r0s1t2v3w4" */
+  id: string;
+  account_id: string;
+  project_id: string;
+  name: string;
+  /** RFC 3339 date-time. */
+  created_at: string;
+}
+
+/** A key's request rate: a token bucket. */
+export interface Rate {
+  per_second: number;
+  burst: number;
+}
+
+/** What a key may do; every field is optional and they combine with AND. */
+export interface Scope {
+  /**
+   * operationIds, or groups: "*", info, sandboxes:read, sandboxes:write,
+   * exec, files:read, files:write, firewall:read, firewall:write,
+   * accounts:read, projects:read, projects:write, keys:read, keys:write.
+   */
+  actions?: string[];
+  /** The only sandbox IDs the key sees; such a key cannot create sandboxes. */
+  sandboxes?: string[];
+  /** The only projects (IDs or names; stored as IDs) the key sees and creates in. */
+  projects?: string[];
+  /** The key sees only sandboxes with these labels, and the sandboxes it creates get them. */
+  labels?: Record<string, string>;
+  /** Where the caller's address must be. */
+  cidrs?: string[];
+  rate?: Rate;
+  /** A dollar limit on what the key may spend, e.g. "25.00". */
+  budget_usd?: string;
+}
+
+/** The body of createKey. A key creates keys no wider than itself. */
+export interface KeyRequest {
+  /** The key's account (ID or name; the operator only: a key creates keys in its own). */
+  account_id?: string;
+  description?: string;
+  scope?: Scope;
+  /** The key expires that long after creation (at most 31536000). */
+  ttl_seconds?: number;
+}
+
+/** An API key (never its secret). */
+export interface Key {
+  /** e.g. "key_01j8z3k5m6n7p8q9r0s1t2v3w4" */
+  id: string;
+  account_id: string;
+  description?: string;
+  /** The key that created this one. */
+  parent_id?: string;
+  ancestors?: string[];
+  scope: Scope;
+  /** RFC 3339 date-time. */
+  created_at: string;
+  expires_at?: string;
+  revoked_at?: string;
+  rotated_at?: string;
+  /** The secret's first characters. */
+  hint: string;
+}
+
+/** A key and its secret, as createKey and rotateKey return it (only then). */
+export interface KeyWithSecret extends Key {
+  /** The key (hbk_...), shown only once. */
+  secret: string;
+}
+
 /** The body of getHealth. */
 export interface Health {
   status: "ok";
@@ -200,6 +314,26 @@ export interface FileList {
   truncated: boolean;
 }
 
+/** The body of listAccounts. */
+export interface AccountList {
+  accounts: Account[];
+}
+
+/** The body of listProjects. */
+export interface ProjectList {
+  projects: Project[];
+}
+
+/** The body of listFleets. */
+export interface FleetList {
+  fleets: Fleet[];
+}
+
+/** The body of listKeys. */
+export interface KeyList {
+  keys: Key[];
+}
+
 /** The body of killProcess. */
 export interface KillRequest {
   /** Default SIGKILL (9). */
@@ -215,6 +349,19 @@ export interface ListSandboxesQuery {
    * key=value per entry.
    */
   label?: string | string[] | Record<string, string>;
+  /** A project ID or name. */
+  project?: string;
+  /** A fleet ID or name (in the project, default the default project). */
+  fleet?: string;
+}
+
+/**
+ * The query of the project, fleet and key operations: the operator names
+ * the account (ID or name; default the default account). A key always acts
+ * in its own.
+ */
+export interface AccountQuery {
+  account?: string;
 }
 
 export interface GetProcessQuery {

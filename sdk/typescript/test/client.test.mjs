@@ -1,13 +1,15 @@
 // Tests of the client that need no HareBox server: configuration, URL
 // checks, the API key kept out of sight, timeouts and aborts (against a
-// local HTTP server that never answers), error mapping of non-JSON
-// answers, and the event-stream reader.
+// local HTTP server that never answers), error mapping (non-JSON answers,
+// 403 and 429 with Retry-After), the routes of every operation, and the
+// event-stream reader.
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import { inspect } from "node:util";
 import { after, before, describe, test } from "node:test";
 
-import { HareBox, HareBoxError, OPERATIONS, Sandbox } from "harebox";
+import { HareBox, HareBoxError, OPERATIONS, RateLimitedError, Sandbox } from "harebox";
+import { errorFromBody, parseRetryAfter } from "../dist/errors.js";
 import { readSSE } from "../dist/sse.js";
 
 const KEY = "hbk_test_secret_do_not_print_0123456789";
@@ -70,6 +72,38 @@ describe("configuration", () => {
     const hb = new HareBox({ url: "http://127.0.0.1:9", apiKey: KEY });
     await assert.rejects(hb.getSandbox(""), (e) => e instanceof HareBoxError && e.field === "id");
     await assert.rejects(hb.getProcess("sbx_x", ""), (e) => e instanceof HareBoxError && e.field === "pid");
+    await assert.rejects(hb.getFleet("web", ""), (e) => e instanceof HareBoxError && e.field === "fleet");
+    await assert.rejects(hb.rotateKey(/** @type {any} */ (undefined)), (e) => e instanceof HareBoxError && e.field === "key");
+  });
+});
+
+describe("error mapping", () => {
+  test("forbidden and rate_limited codes, with Retry-After", () => {
+    const f = errorFromBody(403, "Forbidden", JSON.stringify({ error: { code: "forbidden", message: "this API key may not createSandbox" } }));
+    assert.ok(f instanceof HareBoxError && !(f instanceof RateLimitedError));
+    assert.deepEqual([f.status, f.code, f.message], [403, "forbidden", "this API key may not createSandbox"]);
+    const r = errorFromBody(429, "Too Many Requests", JSON.stringify({ error: { code: "rate_limited", message: "spent" } }), "2");
+    assert.ok(r instanceof RateLimitedError && r instanceof HareBoxError);
+    assert.deepEqual([r.name, r.status, r.code, r.retryAfter], ["RateLimitedError", 429, "rate_limited", 2]);
+    assert.match(String(r), /retry after 2 s/);
+    // Without an API error body, the status picks the code.
+    assert.equal(errorFromBody(403, "Forbidden", "<html>no</html>").code, "forbidden");
+    const bare = errorFromBody(429, "Too Many Requests", "slow down", "1");
+    assert.ok(bare instanceof RateLimitedError);
+    assert.equal(bare.retryAfter, 1);
+    assert.equal(/** @type {RateLimitedError} */ (errorFromBody(429, "", "{}")).retryAfter, undefined);
+  });
+
+  test("Retry-After: seconds or an HTTP date", () => {
+    assert.equal(parseRetryAfter(null), undefined);
+    assert.equal(parseRetryAfter(""), undefined);
+    assert.equal(parseRetryAfter("3"), 3);
+    assert.equal(parseRetryAfter(" 0.5 "), 0.5);
+    assert.equal(parseRetryAfter("-1"), undefined);
+    assert.equal(parseRetryAfter("soon"), undefined);
+    assert.equal(parseRetryAfter("Wed, 21 Oct 2015 07:28:00 GMT"), 0);
+    const later = parseRetryAfter(new Date(Date.now() + 60_000).toUTCString());
+    assert.ok(later !== undefined && later > 50 && later <= 60, String(later));
   });
 });
 
@@ -80,8 +114,26 @@ describe("against a local HTTP server", () => {
   const seen = [];
   before(async () => {
     server = createServer((req, res) => {
-      seen.push({ url: req.url, auth: req.headers.authorization });
+      let body = "";
+      req.on("data", (d) => (body += d));
+      req.on("end", () => seen.push({ method: req.method, url: req.url, auth: req.headers.authorization, body }));
       if (req.url?.startsWith("/hang")) return; // never answers
+      if (req.url?.startsWith("/echo/")) {
+        // Answers the method and path it was sent, minus the /echo prefix.
+        res.writeHead(req.method === "DELETE" ? 204 : 200, { "content-type": "application/json" });
+        res.end(req.method === "DELETE" ? "" : JSON.stringify({ method: req.method, url: req.url.slice(5) }));
+        return;
+      }
+      if (req.url?.startsWith("/limited/")) {
+        res.writeHead(429, { "content-type": "application/json", "retry-after": "3" });
+        res.end(JSON.stringify({ error: { code: "rate_limited", message: "this API key's rate is spent; retry in 2.5s" } }));
+        return;
+      }
+      if (req.url?.startsWith("/forbidden/")) {
+        res.writeHead(403, { "content-type": "application/json" });
+        res.end(JSON.stringify({ error: { code: "forbidden", message: "a key can only create keys narrower than itself", field: "scope.actions" } }));
+        return;
+      }
       if (req.url === "/v1/info") {
         res.writeHead(502, { "content-type": "text/html" });
         res.end("<html><body>Bad gateway</body></html>");
@@ -143,6 +195,67 @@ describe("against a local HTTP server", () => {
     assert.equal(v1?.auth, `Bearer ${KEY}`);
     const health = seen.find((s) => s.url === "/health");
     assert.equal(health?.auth, undefined);
+  });
+
+  test("403 is forbidden; 429 is a RateLimitedError with retryAfter from Retry-After", async () => {
+    const limited = new HareBox({ url: url + "/limited", apiKey: KEY });
+    await assert.rejects(limited.listSandboxes(), (e) => {
+      assert.ok(e instanceof RateLimitedError, `want a RateLimitedError, got ${e}`);
+      assert.deepEqual([e.status, e.code, e.retryAfter], [429, "rate_limited", 3]);
+      return true;
+    });
+    const forbidden = new HareBox({ url: url + "/forbidden", apiKey: KEY });
+    await assert.rejects(forbidden.createKey({ body: { scope: { actions: ["*"] } } }), (e) => {
+      assert.ok(e instanceof HareBoxError && !(e instanceof RateLimitedError));
+      assert.deepEqual([e.status, e.code, e.field], [403, "forbidden", "scope.actions"]);
+      return true;
+    });
+  });
+
+  test("the tenancy and key operations send their methods, paths, queries and bodies", async () => {
+    const hb = new HareBox({ url: url + "/echo", apiKey: KEY });
+    const acme = { query: { account: "acme" } };
+    assert.deepEqual(await hb.createAccount({ body: { name: "acme" } }), { method: "POST", url: "/v1/accounts" });
+    await hb.listAccounts();
+    await hb.getAccount("acme");
+    assert.equal(await hb.deleteAccount("acme"), undefined);
+    await hb.createProject({ ...acme, body: { name: "web" } });
+    await hb.listProjects(acme);
+    await hb.getProject("web");
+    await hb.deleteProject("web", acme);
+    await hb.createFleet("web", { ...acme, body: { name: "workers" } });
+    await hb.listFleets("web");
+    assert.deepEqual(await hb.getFleet("web", "workers", acme), { method: "GET", url: "/v1/projects/web/fleets/workers?account=acme" });
+    await hb.deleteFleet("prj_1", "a/b");
+    await hb.createKey({ body: { account_id: "acme", scope: { actions: ["sandboxes:read"], rate: { per_second: 1, burst: 1 } } } });
+    await hb.listKeys(acme);
+    await hb.getKey("key_1");
+    await hb.revokeKey("key_1");
+    await hb.rotateKey("key_1");
+    await hb.listSandboxes({ query: { project: "web", fleet: "workers" } });
+    await new Promise((resolve) => setImmediate(resolve));
+    const sent = seen.filter((s) => s.url.startsWith("/echo/")).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim());
+    assert.deepEqual(sent, [
+      'POST /v1/accounts {"name":"acme"}',
+      "GET /v1/accounts",
+      "GET /v1/accounts/acme",
+      "DELETE /v1/accounts/acme",
+      'POST /v1/projects?account=acme {"name":"web"}',
+      "GET /v1/projects?account=acme",
+      "GET /v1/projects/web",
+      "DELETE /v1/projects/web?account=acme",
+      'POST /v1/projects/web/fleets?account=acme {"name":"workers"}',
+      "GET /v1/projects/web/fleets",
+      "GET /v1/projects/web/fleets/workers?account=acme",
+      "DELETE /v1/projects/prj_1/fleets/a%2Fb",
+      'POST /v1/keys {"account_id":"acme","scope":{"actions":["sandboxes:read"],"rate":{"per_second":1,"burst":1}}}',
+      "GET /v1/keys?account=acme",
+      "GET /v1/keys/key_1",
+      "DELETE /v1/keys/key_1",
+      "POST /v1/keys/key_1/rotate",
+      "GET /v1/sandboxes?project=web&fleet=workers",
+    ]);
+    assert.ok(seen.filter((s) => s.url.startsWith("/echo/")).every((s) => s.auth === `Bearer ${KEY}`));
   });
 
   test("an unreachable server is a network error", async () => {

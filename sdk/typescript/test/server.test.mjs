@@ -6,13 +6,14 @@
 //
 // To keep boots few, one sandbox serves every test but the walkthrough
 // (which boots the server's default image, as the README's snippet does).
+// The tenancy and key tests boot nothing: they are quick.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, test } from "node:test";
 
-import { HareBox, HareBoxError, OPERATIONS, Sandbox } from "harebox";
+import { HareBox, HareBoxError, OPERATIONS, RateLimitedError, Sandbox } from "harebox";
 
 const URL_ = process.env.HAREBOX_URL;
 const IMAGE = process.env.HAREBOX_TEST_IMAGE || "minimal";
@@ -341,5 +342,157 @@ describe("hareboxd", { skip }, () => {
     assert.match(stdout, /read \/etc\/shadow: denied/);
     assert.ok(!(stdout + stderr).includes(process.env.HAREBOX_API_KEY || "\0"), "the API key was printed");
     assert.deepEqual(left, [], "the walkthrough left its sandbox behind");
+  });
+});
+
+describe("tenancy and API keys", { skip }, () => {
+  /** @type {HareBox} */
+  let hb;
+  const run = randomBytes(4).toString("hex");
+  /** @type {import("harebox").Account} */
+  let account;
+  /** @type {import("harebox").Project} */
+  let project;
+  /** @type {import("harebox").Fleet} */
+  let fleet;
+  /** A client of the same server with this key's secret. */
+  const clientFor = (key) => new HareBox({ url: URL_, apiKey: key.secret });
+  // The parent key's scope. accounts:read lets it look accounts up, so that
+  // another account is not_found (unseen) rather than forbidden (an action
+  // the key lacks).
+  const PARENT_ACTIONS = ["sandboxes:read", "keys:write", "keys:read", "accounts:read"];
+
+  before(async () => {
+    hb = new HareBox();
+    account = await hb.createAccount({ body: { name: `ts-sdk-${run}` } });
+    project = await hb.createProject({ query: { account: account.id }, body: { name: "web" } });
+    fleet = await hb.createFleet(project.name, { query: { account: account.name }, body: { name: "workers" } });
+  });
+
+  after(async () => {
+    // The last test deletes the account; this is for a run that failed before it.
+    if (account) await hb.deleteAccount(account.id).catch((e) => e?.code === "not_found" || console.error(`deleting ${account.id}: ${e}`));
+  });
+
+  test("accounts, projects and fleets: create, list, get", async () => {
+    assert.match(account.id, /^acc_[0-9a-z]{26}$/);
+    assert.equal(account.name, `ts-sdk-${run}`);
+    assert.deepEqual(await hb.getAccount(account.name), account);
+    assert.deepEqual(await hb.getAccount(account.id), account);
+    assert.ok((await hb.listAccounts()).accounts.some((a) => a.id === account.id));
+
+    const mine = { query: { account: account.name } };
+    assert.match(project.id, /^prj_/);
+    assert.deepEqual([project.account_id, project.name], [account.id, "web"]);
+    assert.deepEqual((await hb.listProjects(mine)).projects.map((p) => p.name).sort(), ["default", "web"]);
+    assert.deepEqual(await hb.getProject("web", mine), project);
+    assert.deepEqual(await hb.getProject(project.id, mine), project);
+    // Without ?account=, the operator looks in the default account.
+    await rejectsWith(hb.getProject(project.id), { status: 404, code: "not_found" });
+
+    assert.match(fleet.id, /^flt_/);
+    assert.deepEqual([fleet.account_id, fleet.project_id, fleet.name], [account.id, project.id, "workers"]);
+    assert.deepEqual((await hb.listFleets("web", mine)).fleets, [fleet]);
+    assert.deepEqual(await hb.getFleet(project.id, "workers", mine), fleet);
+    assert.deepEqual(await hb.getFleet("web", fleet.id, mine), fleet);
+
+    await rejectsWith(hb.createProject({ ...mine, body: { name: "web" } }), { status: 409, code: "conflict" });
+    await rejectsWith(hb.createAccount({ body: { name: "Not A Label" } }), { status: 400, code: "invalid", field: "name" });
+  });
+
+  test("a scoped key sees and does only its scope; its children are no wider; revoking it ends them", async () => {
+    const parent = await hb.createKey({
+      body: { account_id: account.id, description: "sdk-typescript parent", scope: { actions: PARENT_ACTIONS, projects: [project.name] } },
+    });
+    assert.match(parent.secret, /^hbk_/);
+    assert.match(parent.id, /^key_[0-9a-z]{26}$/);
+    assert.equal(parent.account_id, account.id);
+    assert.deepEqual(parent.scope.projects, [project.id], "project names are stored as IDs");
+    assert.ok(parent.hint.startsWith("hbk_") && parent.hint !== parent.secret);
+    const got = await hb.getKey(parent.id);
+    assert.equal(got.id, parent.id);
+    assert.equal(/** @type {any} */ (got).secret, undefined, "getKey never shows the secret");
+
+    const scoped = clientFor(parent);
+    assert.deepEqual((await scoped.listSandboxes()).sandboxes, []);
+    assert.deepEqual((await scoped.listSandboxes({ query: { project: project.name } })).sandboxes, []);
+    await rejectsWith(scoped.create({ image: IMAGE, ttl_seconds: 60 }), { status: 403, code: "forbidden" });
+    assert.equal((await scoped.getAccount(account.id)).name, account.name);
+    await rejectsWith(scoped.getAccount("default"), { status: 404, code: "not_found" });
+    assert.deepEqual((await scoped.listKeys()).keys.map((k) => k.id), [parent.id]);
+
+    await rejectsWith(scoped.createKey({ body: { scope: { actions: ["*"], projects: [project.name] } } }), {
+      status: 403,
+      code: "forbidden",
+      field: "scope.actions",
+    });
+    await rejectsWith(scoped.createKey({ body: { scope: { actions: ["sandboxes:read"] } } }), { status: 403, field: "scope.projects" });
+
+    const child = await scoped.createKey({ body: { scope: { actions: ["sandboxes:read"], projects: [project.id] } } });
+    assert.deepEqual([child.parent_id, child.account_id], [parent.id, account.id]);
+    assert.equal((await scoped.getKey(child.id)).parent_id, parent.id);
+    const childClient = clientFor(child);
+    assert.deepEqual((await childClient.listSandboxes()).sandboxes, []);
+    await rejectsWith(childClient.listKeys(), { status: 403, code: "forbidden" });
+    await rejectsWith(childClient.getAccount(account.id), { status: 403, code: "forbidden" });
+
+    const revoked = await hb.revokeKey(parent.id);
+    assert.equal(revoked.id, parent.id);
+    assert.ok(revoked.revoked_at);
+    assert.ok((await hb.getKey(child.id)).revoked_at, "revoking a key revokes the keys it made");
+    await rejectsWith(childClient.listSandboxes(), { status: 401, code: "unauthorized" });
+    await rejectsWith(scoped.listSandboxes(), { status: 401, code: "unauthorized" });
+  });
+
+  test("rotating a key: the old secret stops working, the new one works", async () => {
+    const key = await hb.createKey({ body: { account_id: account.name, scope: { actions: ["sandboxes:read"] } } });
+    const old = clientFor(key);
+    assert.deepEqual((await old.listSandboxes()).sandboxes, []);
+    const rotated = await hb.rotateKey(key.id);
+    assert.equal(rotated.id, key.id);
+    assert.match(rotated.secret, /^hbk_/);
+    assert.notEqual(rotated.secret, key.secret);
+    assert.ok(rotated.rotated_at);
+    await rejectsWith(old.listSandboxes(), { status: 401, code: "unauthorized" });
+    assert.deepEqual((await clientFor(rotated).listSandboxes()).sandboxes, []);
+    assert.ok((await hb.listKeys({ query: { account: account.id } })).keys.some((k) => k.id === key.id));
+    await hb.revokeKey(key.id);
+  });
+
+  test("a rate-limited key gets rate_limited with retryAfter", async () => {
+    const key = await hb.createKey({
+      body: { account_id: account.id, scope: { actions: ["sandboxes:read"], rate: { per_second: 1, burst: 1 } } },
+    });
+    assert.deepEqual(key.scope.rate, { per_second: 1, burst: 1 });
+    const limited = clientFor(key);
+    await limited.listSandboxes();
+    /** @type {RateLimitedError | undefined} */
+    let err;
+    await assert.rejects(limited.listSandboxes(), (e) => {
+      assert.ok(e instanceof RateLimitedError, `want a RateLimitedError, got ${e}`);
+      assert.deepEqual([e.status, e.code], [429, "rate_limited"]);
+      assert.ok(e.retryAfter !== undefined && e.retryAfter > 0, `retryAfter ${e.retryAfter}`);
+      err = e;
+      return true;
+    });
+    await new Promise((resolve) => setTimeout(resolve, (err?.retryAfter ?? 1) * 1000));
+    await limited.listSandboxes(); // the bucket refilled
+    await hb.revokeKey(key.id);
+  });
+
+  test("deleting the fleet, the project and the account", async () => {
+    const mine = { query: { account: account.id } };
+    const key = await hb.createKey({ body: { account_id: account.id, scope: { actions: ["sandboxes:read"] } } });
+
+    assert.equal(await hb.deleteFleet(project.id, fleet.name, mine), undefined);
+    await rejectsWith(hb.getFleet(project.id, fleet.id, mine), { status: 404, code: "not_found" });
+    assert.equal(await hb.deleteProject(project.name, mine), undefined);
+    await rejectsWith(hb.getProject(project.id, mine), { status: 404, code: "not_found" });
+    await rejectsWith(hb.deleteProject("default", mine), { status: 409, code: "conflict" });
+
+    assert.equal(await hb.deleteAccount(account.name), undefined);
+    await rejectsWith(hb.getAccount(account.id), { status: 404, code: "not_found" });
+    assert.ok(!(await hb.listAccounts()).accounts.some((a) => a.id === account.id));
+    await rejectsWith(clientFor(key).listSandboxes(), { status: 401, code: "unauthorized" }, "the account's keys are revoked");
   });
 });

@@ -1,8 +1,22 @@
 // Compiled (never run) by `npm run check`: the README's TypeScript
 // walkthrough, verbatim, and the rest of the public API's types, as a user
 // of the published package sees them.
-import { HareBox, HareBoxError, Sandbox } from "harebox";
-import type { ExecEvent, ExecResult, FileInfo, FirewallPolicy, Info, Process, SandboxData } from "harebox";
+import { HareBox, HareBoxError, RateLimitedError, Sandbox } from "harebox";
+import type {
+  Account,
+  ExecEvent,
+  ExecResult,
+  FileInfo,
+  FirewallPolicy,
+  Fleet,
+  Info,
+  Key,
+  KeyWithSecret,
+  Process,
+  Project,
+  SandboxData,
+  Scope,
+} from "harebox";
 
 export async function walkthrough(): Promise<void> {
   const hb = new HareBox();
@@ -46,6 +60,40 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
     if (e instanceof HareBoxError) console.log(e.status, e.code, e.message, e.field);
   }
   void [info, plain, list, res, fi, fw];
+  const acc: Account = await hb.createAccount({ body: { name: "acme" } });
+  (await hb.listAccounts()).accounts satisfies Account[];
+  await hb.getAccount(acc.id);
+  const prj: Project = await hb.createProject({ query: { account: acc.name }, body: { name: "web" } });
+  (await hb.listProjects({ query: { account: acc.id } })).projects satisfies Project[];
+  await hb.getProject(prj.id, { query: { account: acc.id } });
+  const flt: Fleet = await hb.createFleet(prj.name, { query: { account: acc.id }, body: { name: "workers" } });
+  (await hb.listFleets(prj.name)).fleets satisfies Fleet[];
+  await hb.getFleet(prj.name, flt.id);
+  const inProject: Sandbox[] = (await hb.listSandboxes({ query: { project: prj.name, fleet: flt.name } })).sandboxes;
+  await hb.create({ account_id: acc.id, project: prj.name, fleet: flt.name });
+  box.project satisfies string;
+  box.fleet satisfies string | undefined;
+  const scope: Scope = { actions: ["sandboxes:read"], projects: [prj.id], rate: { per_second: 1, burst: 1 }, budget_usd: "5.00" };
+  const made: KeyWithSecret = await hb.createKey({ body: { account_id: acc.id, description: "ci", scope, ttl_seconds: 3600 } });
+  const scoped = new HareBox({ apiKey: made.secret });
+  const keys: Key[] = (await scoped.listKeys()).keys;
+  const k: Key = await hb.getKey(made.id);
+  (await hb.rotateKey(k.id)).secret satisfies string;
+  (await hb.revokeKey(k.id)).revoked_at satisfies string | undefined;
+  await hb.deleteFleet(prj.name, flt.name, { query: { account: acc.id } });
+  await hb.deleteProject(prj.id, { query: { account: acc.id } });
+  await hb.deleteAccount(acc.id) satisfies void;
+  try {
+    await scoped.listSandboxes();
+  } catch (e) {
+    if (e instanceof RateLimitedError) e.retryAfter satisfies number | undefined;
+    else if (e instanceof HareBoxError && e.code === "forbidden") console.log(e.message);
+  }
+  void [inProject, keys];
+  // @ts-expect-error: a project needs a name.
+  await hb.createProject({ body: {} });
+  // @ts-expect-error: a rate needs burst.
+  await hb.createKey({ body: { scope: { rate: { per_second: 1 } } } });
   // @ts-expect-error: writeFile needs its path.
   await hb.writeFile(id, { body: "x" });
   // @ts-expect-error: a policy needs default_outbound.
