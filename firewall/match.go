@@ -179,18 +179,52 @@ func (p *Policy) Opens(b Blocked, a netip.Addr) bool {
 // hostname rule allows it on some port before a rule denies it on every
 // port, or no rule decides and the default allows.
 func (p *Policy) Resolvable(name string) bool {
+	if allow, ok := p.byName(name); ok {
+		return allow
+	}
+	return p.DefaultOutbound == Allow
+}
+
+// byName is the verdict of the first rule that decides name whatever the
+// port: an allow rule naming it, or a port-less deny rule naming it.
+func (p *Policy) byName(name string) (allow, ok bool) {
 	for _, r := range p.Outbound {
 		if len(r.Hosts) == 0 || !MatchHosts(r.Hosts, name) {
 			continue
 		}
 		if r.Action == Allow {
-			return true
+			return true, true
 		}
 		if r.Ports == "" {
-			return false
+			return false, true
 		}
 	}
-	return p.DefaultOutbound == Allow
+	return false, false
+}
+
+// APIHost is the name a sandbox reaches the HareBox API under, over plain
+// HTTP through the host's egress proxy, never leaving the host. Only a
+// policy whose allow rule names it explicitly opens it: an allow-by-default
+// policy does not.
+const APIHost = "api.harebox.internal"
+
+// Names reports whether an allow rule names name explicitly (the default
+// does not count): how a sandbox is given a host-side service.
+func (p *Policy) Names(name string) bool {
+	allow, ok := p.byName(name)
+	return ok && allow
+}
+
+// NamesAllow reports whether the first rule that matches a TCP connection
+// to name on port is an allow rule that names it.
+func (p *Policy) NamesAllow(name string, port uint16) bool {
+	c := Conn{Proto: TCP, Port: port, Host: name}
+	for _, r := range p.Outbound {
+		if r.Matches(nil, c) {
+			return r.Action == Allow && len(r.Hosts) > 0
+		}
+	}
+	return false
 }
 
 // HostPorts returns the TCP port spans covered by hostname rules: the

@@ -262,3 +262,33 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// The API's name is open only where an allow rule names it, first.
+func TestNamesAPI(t *testing.T) {
+	for _, c := range []struct {
+		policy    string
+		names     bool
+		allow80   bool
+		allow8080 bool
+	}{
+		{`{"default_outbound": "allow"}`, false, false, false},
+		{`{"default_outbound": "deny", "outbound": [{"action": "allow", "protocol": "tcp", "ports": "80", "hosts": ["api.harebox.internal"]}]}`, true, true, false},
+		{`{"default_outbound": "deny", "outbound": [{"action": "allow", "hosts": ["*.harebox.internal"]}]}`, true, true, true},
+		{`{"default_outbound": "allow", "outbound": [{"action": "deny", "hosts": ["api.harebox.internal"]}, {"action": "allow", "hosts": ["api.harebox.internal"]}]}`, false, false, false},
+		{`{"default_outbound": "deny", "outbound": [{"action": "allow", "protocol": "tcp", "ports": "80"}, {"action": "allow", "hosts": ["api.harebox.internal"]}]}`, true, false, true},
+	} {
+		p, err := Parse([]byte(c.policy))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Names(APIHost); got != c.names {
+			t.Errorf("%s: Names = %v", c.policy, got)
+		}
+		if got := p.NamesAllow(APIHost, 80); got != c.allow80 {
+			t.Errorf("%s: NamesAllow 80 = %v", c.policy, got)
+		}
+		if got := p.NamesAllow(APIHost, 8080); got != c.allow8080 {
+			t.Errorf("%s: NamesAllow 8080 = %v", c.policy, got)
+		}
+	}
+}

@@ -79,6 +79,9 @@ func run() error {
 	if created {
 		log.Info("created the root API key", "path", keyPath)
 	}
+	// Sandboxes whose policy names api.harebox.internal reach the API
+	// through the egress proxy, over in-process connections.
+	pipes := api.NewPipes()
 	var sandboxNet network.Network = network.None{}
 	switch *netKind {
 	case "linux":
@@ -88,6 +91,7 @@ func run() error {
 		}
 		ln, err := linuxnet.New(ctx, linuxnet.Options{
 			StateDir: filepath.Join(*dataDir, "net"), Pool: prefix, Upstream: *upstream, Table: *table, Logger: log,
+			API: pipes.Dial,
 		})
 		if err != nil {
 			return fmt.Errorf("network: %w", err)
@@ -127,8 +131,9 @@ func run() error {
 		return err
 	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(l) }()
+	go func() { errc <- hs.Serve(pipes) }()
 	log.Info("hareboxd listening", "addr", *listen, "version", version, "root_key", keyPath)
 	select {
 	case err := <-errc:

@@ -109,6 +109,9 @@ type Resolver struct {
 	Policy   PolicyFunc
 	Upstream *Upstream
 	Log      *slog.Logger
+	// Internal answers firewall.APIHost for a sandbox whose policy names
+	// it: the address the sandbox reaches it at. Nil: never answered.
+	Internal func(src netip.Addr) (netip.Addr, bool)
 
 	udp, tcp *dns.Server
 
@@ -182,6 +185,9 @@ func (r *Resolver) answer(remote net.Addr, req *dns.Msg) *dns.Msg {
 		return resp
 	}
 	name := strings.ToLower(strings.TrimSuffix(q.Name, "."))
+	if name == firewall.APIHost {
+		return r.internal(req, src, p)
+	}
 	if _, err := firewall.NormalizeHost(name); err != nil || strings.HasPrefix(name, "*.") || !p.Resolvable(name) {
 		r.log().Info("dns: name refused by policy", "src", src, "name", name)
 		resp.SetRcode(req, dns.RcodeNameError)
@@ -217,6 +223,31 @@ func (r *Resolver) answer(remote net.Addr, req *dns.Msg) *dns.Msg {
 			rr.Hdr.Name = strings.ToLower(rr.Hdr.Name)
 			resp.Answer = append(resp.Answer, rr)
 		}
+	}
+	return resp
+}
+
+// internal answers firewall.APIHost from the host, never upstream, and only
+// when the sandbox's policy names it.
+func (r *Resolver) internal(req *dns.Msg, src netip.Addr, p *firewall.Policy) *dns.Msg {
+	resp := new(dns.Msg)
+	var addr netip.Addr
+	ok := false
+	if r.Internal != nil && p.Names(firewall.APIHost) {
+		addr, ok = r.Internal(src)
+	}
+	if !ok {
+		resp.SetRcode(req, dns.RcodeNameError)
+		resp.RecursionAvailable = true
+		return resp
+	}
+	resp.SetReply(req)
+	resp.RecursionAvailable = true
+	if req.Question[0].Qtype == dns.TypeA {
+		resp.Answer = append(resp.Answer, &dns.A{
+			Hdr: dns.RR_Header{Name: dns.Fqdn(firewall.APIHost), Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
+			A:   addr.AsSlice(),
+		})
 	}
 	return resp
 }

@@ -60,6 +60,11 @@ type Proxy struct {
 	// SO_ORIGINAL_DST from the redirected socket.
 	OriginalDst func(c net.Conn) (netip.AddrPort, error)
 
+	// Internal connects a sandbox to the HareBox API when it asks for
+	// firewall.APIHost over HTTP and its policy names that host on the
+	// port; src is the guest's address. Nil: the name is refused.
+	Internal func(ctx context.Context, src netip.Addr) (net.Conn, error)
+
 	HelloTimeout time.Duration // to read the SNI or Host; default 10s
 	DialTimeout  time.Duration // default 10s
 	MaxConns     int           // open connections per sandbox; default 1024
@@ -176,7 +181,7 @@ func (p *Proxy) Recheck(src netip.Addr) int {
 		if f.src != src {
 			continue
 		}
-		if !ok || !pol.Decide(blocked, firewall.Conn{Proto: firewall.TCP, Port: f.port, Host: f.host, Addr: f.addr}).Allow {
+		if !ok || !p.allowed(pol, blocked, f) {
 			cut = append(cut, f)
 		}
 	}
@@ -266,6 +271,10 @@ func (p *Proxy) handle(down net.Conn) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), p.dialTimeout())
 	defer cancel()
+	if host == firewall.APIHost {
+		p.internal(ctx, f, head)
+		return
+	}
 	target, err := p.choose(ctx, src, host, dst)
 	if err != nil {
 		p.log().Info("egress: denied", "src", src, "host", host, "port", f.port, "dst", dst, "err", err)
@@ -295,6 +304,40 @@ func (p *Proxy) handle(down net.Conn) {
 		return
 	}
 	splice(down, up)
+}
+
+// allowed says whether pol still allows an established flow.
+func (p *Proxy) allowed(pol *firewall.Policy, blocked firewall.Blocked, f *flow) bool {
+	if f.host == firewall.APIHost {
+		return pol.NamesAllow(firewall.APIHost, f.port)
+	}
+	return pol.Decide(blocked, firewall.Conn{Proto: firewall.TCP, Port: f.port, Host: f.host, Addr: f.addr}).Allow
+}
+
+// internal splices a flow to the HareBox API. It is never dialed by
+// address: the name is answered by the host, the connection stays in it.
+func (p *Proxy) internal(ctx context.Context, f *flow, head []byte) {
+	pol, _, ok := p.Policy(f.src)
+	if !ok || p.Internal == nil || !pol.NamesAllow(firewall.APIHost, f.port) {
+		p.log().Info("egress: denied", "src", f.src, "host", firewall.APIHost, "port", f.port)
+		return
+	}
+	p.mu.Lock()
+	f.host = firewall.APIHost
+	p.mu.Unlock()
+	up, err := p.Internal(ctx, f.src)
+	if err != nil {
+		p.log().Warn("egress: the API is unreachable", "src", f.src, "err", err)
+		return
+	}
+	if !f.setUp(up) {
+		up.Close()
+		return
+	}
+	if _, err := up.Write(head); err != nil {
+		return
+	}
+	splice(f.down, up)
 }
 
 func (p *Proxy) dialTimeout() time.Duration {

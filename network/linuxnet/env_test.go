@@ -146,7 +146,9 @@ type env struct {
 	hostLn   net.Listener        // a host service
 	hostPort int
 	upstream string
-	mu       sync.Mutex
+	// api is Options.API for the networks the env makes.
+	api func(ctx context.Context, src netip.Addr) (net.Conn, error)
+	mu  sync.Mutex
 }
 
 func newEnv(t testing.TB) *env {
@@ -386,6 +388,7 @@ func (e *env) newNetworkWith(stateDir string, newLink func(string) error) *Netwo
 		Upstream: e.upstream,
 		Table:    "harebox_t" + e.id,
 		newLink:  newLink,
+		API:      e.api,
 		Logger:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {

@@ -61,7 +61,11 @@ type Options struct {
 	ListenAddr netip.Addr
 	// DNSPort and ProxyPort; 0 picks free ports.
 	DNSPort, ProxyPort uint16
-	Logger             *slog.Logger
+	// API connects a sandbox (by its guest address) to the HareBox API,
+	// which it then reaches as http://api.harebox.internal/ when its
+	// policy names that host (firewall.APIHost). Nil: never.
+	API    func(ctx context.Context, src netip.Addr) (net.Conn, error)
+	Logger *slog.Logger
 
 	// newLink makes the sandbox's host interface; tests replace the tap
 	// with a veth whose peer sits in a "guest" network namespace.
@@ -162,7 +166,12 @@ func New(ctx context.Context, opts Options) (*Network, error) {
 
 	n.upstream = &dnsfilter.Upstream{Addr: opts.Upstream}
 	n.resolver = &dnsfilter.Resolver{Policy: n.policyFor, Upstream: n.upstream, Log: n.log}
-	n.proxy = &egress.Proxy{Policy: n.policyFor, LookupA: n.upstream.LookupA, Log: n.log}
+	n.proxy = &egress.Proxy{Policy: n.policyFor, LookupA: n.upstream.LookupA, Log: n.log, Internal: opts.API}
+	if opts.API != nil {
+		// The guest is .2 of its /30, the gateway (the host) .1; the name
+		// resolves to the gateway and the proxy takes the connection.
+		n.resolver.Internal = func(src netip.Addr) (netip.Addr, bool) { return src.Prev(), true }
+	}
 	n.table, err = nft.Open(nft.Config{Table: opts.Table, Pool: opts.Pool, DNSPort: dnsPort, ProxyPort: proxyPort})
 	if err == nil {
 		err = n.table.Reset(n.sandboxes())
