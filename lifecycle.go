@@ -129,9 +129,9 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 	if req.Name != "" {
 		release, err := e.claimName(rec.AccountID, req.Name)
 		if err != nil {
+			// Nothing was made: the record goes too.
 			e.release(res)
-			rec.State, rec.Error = sandbox.StateDeleted, err.Error()
-			e.store.PutSandbox(context.WithoutCancel(ctx), rec)
+			e.store.DeleteSandbox(context.WithoutCancel(ctx), rec.ID)
 			return nil, err
 		}
 		defer release() // after the box (which carries the name) is registered

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
@@ -548,5 +550,28 @@ func TestTenancy(t *testing.T) {
 	r = f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{})
 	if str(r, "project") != "default" {
 		t.Errorf("the root key's sandbox: %s", r.raw)
+	}
+}
+
+// Hypervisor failures reach clients as the engine's kinds, never as 500.
+func TestHypervisorErrorsTranslated(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	for _, c := range []struct {
+		err    error
+		status int
+		code   string
+	}{
+		{hypervisor.Errorf(hypervisor.ErrUnavailable, "the plugin died"), 503, "unavailable"},
+		{hypervisor.Errorf(hypervisor.ErrInvalid, "bad spec"), 400, "invalid"},
+		{errors.New("something else"), 503, "unavailable"},
+	} {
+		f.hv.FailNextLaunch(c.err)
+		r := f.do(t, "POST", "/v1/sandboxes", f.root, map[string]any{})
+		if code, _, _ := errField(r); r.status != c.status || code != c.code {
+			t.Errorf("launch failing with %v: %d %s, want %d %s", c.err, r.status, r.raw, c.status, c.code)
+		}
+	}
+	if r := f.must(t, 200, "GET", "/v1/sandboxes?state=deleted", f.root, nil); len(ids(r.body["sandboxes"])) != 3 {
+		t.Errorf("failed creates should be recorded as deleted: %s", r.raw)
 	}
 }

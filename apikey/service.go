@@ -201,12 +201,12 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (*Created, error)
 		}
 		k.AccountID = acc.ID
 		// Projects are named by ID or name; the key keeps IDs.
+		k.Scope.Projects = slices.Clone(r.Scope.Projects)
 		for i, ref := range r.Scope.Projects {
 			pr, err := s.tenants.Project(ctx, tx, acc, ref)
 			if err != nil {
 				return sandbox.Errorf(sandbox.ErrInvalid, fmt.Sprintf("scope.projects[%d]", i), "no project %q", ref)
 			}
-			k.Scope.Projects = slices.Clone(k.Scope.Projects)
 			k.Scope.Projects[i] = pr.ID
 		}
 		if !p.Operator {

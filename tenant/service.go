@@ -140,7 +140,7 @@ func (s *Service) Fleet(ctx context.Context, tx store.Tx, p *Project, ref string
 	return f, err
 }
 
-// view runs fn in a transaction after checking the action is allowed.
+// do runs fn in a transaction after checking the action is allowed.
 func (s *Service) do(ctx context.Context, action string, fn func(tx store.Tx) error) error {
 	if err := authz.Allowed(authz.From(ctx), action); err != nil {
 		return err

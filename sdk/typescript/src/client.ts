@@ -204,7 +204,7 @@ export class HareBox {
       label = Object.entries(label).map(([k, v]) => `${k}=${v}`);
     }
     const res = await this.#call<{ sandboxes: SandboxData[] }>("listSandboxes", [], "json", {
-      query: { state: q.state, label, project: q.project, fleet: q.fleet },
+      query: { state: q.state, label, account: q.account, project: q.project, fleet: q.fleet },
       signal: options.signal,
       timeoutMs: this.#timeout(options, 0),
     });

@@ -349,6 +349,8 @@ export interface ListSandboxesQuery {
    * key=value per entry.
    */
   label?: string | string[] | Record<string, string>;
+  /** The operator's filter by account (ID or name). */
+  account?: string;
   /** A project ID or name. */
   project?: string;
   /** A fleet ID or name (in the project, default the default project). */
