@@ -58,8 +58,11 @@ def test_accounts_projects_and_fleets(hb: harebox.Client, tenant: Tenant) -> Non
     assert sorted(p["name"] for p in hb.list_projects(query=mine)["projects"]) == ["default", "web"]
     assert hb.get_project("web", query=mine) == project
     assert hb.get_project(project["id"], query=mine) == project
+    # A project ID names its account; a name without ?account= is looked
+    # up in the default account.
+    assert hb.get_project(project["id"]) == project
     with pytest.raises(harebox.NotFound):
-        hb.get_project(project["id"])  # without ?account=, the operator looks in the default account
+        hb.get_project("web")
 
     assert fleet["id"].startswith("flt_")
     assert (fleet["account_id"], fleet["project_id"], fleet["name"]) == (account["id"], project["id"], "workers")

@@ -387,8 +387,10 @@ describe("tenancy and API keys", { skip }, () => {
     assert.deepEqual((await hb.listProjects(mine)).projects.map((p) => p.name).sort(), ["default", "web"]);
     assert.deepEqual(await hb.getProject("web", mine), project);
     assert.deepEqual(await hb.getProject(project.id, mine), project);
-    // Without ?account=, the operator looks in the default account.
-    await rejectsWith(hb.getProject(project.id), { status: 404, code: "not_found" });
+    // A project ID names its account; a name without ?account= is looked
+    // up in the default account.
+    assert.deepEqual(await hb.getProject(project.id), project);
+    await rejectsWith(hb.getProject("web"), { status: 404, code: "not_found" });
 
     assert.match(fleet.id, /^flt_/);
     assert.deepEqual([fleet.account_id, fleet.project_id, fleet.name], [account.id, project.id, "workers"]);
