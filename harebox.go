@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -29,6 +30,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -245,7 +247,15 @@ func (e *Engine) startHypervisor(ctx context.Context) error {
 			path = name // resolved on PATH by exec
 		}
 	}
-	p, err := plugin.Launch(ctx, path, e.opts.PluginArgs, e.log.With("backend", e.opts.Backend))
+	// A plugin of this data directory that outlived its engine (killed
+	// before the parent-death signal existed, or by a race) goes first.
+	for _, pr := range procs.WithEnv(plugin.OwnerEnv + "=" + e.opts.DataDir) {
+		if pr.IsPlugin() {
+			e.log.Warn("killing a stale hypervisor plugin of this data directory", "pid", pr.PID)
+			syscall.Kill(pr.PID, syscall.SIGKILL)
+		}
+	}
+	p, err := plugin.Launch(ctx, path, e.opts.PluginArgs, e.opts.DataDir, e.log.With("backend", e.opts.Backend))
 	if err != nil {
 		return sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor plugin %s: %v", path, err)
 	}

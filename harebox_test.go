@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
@@ -74,6 +75,18 @@ func (v *env) open(t testing.TB) *harebox.Engine {
 		t.Fatal(err)
 	}
 	return eng
+}
+
+// enginePlugin is the pid of the hypervisor plugin of the engine on dir.
+func enginePlugin(t *testing.T, dir string) int {
+	t.Helper()
+	for _, p := range procs.WithEnv(plugin.OwnerEnv + "=" + dir) {
+		if p.IsPlugin() {
+			return p.PID
+		}
+	}
+	t.Fatal("no hypervisor plugin runs for", dir)
+	return 0
 }
 
 // strayVMs kills and counts VMM processes that still use dir.
@@ -393,6 +406,39 @@ func TestEngineLifecycle(t *testing.T) {
 			t.Fatalf("state after the restart: %s", got.State)
 		}
 		t.Logf("the in-flight exec failed after %v; an exec answered %v after the kill", failed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	})
+	t.Run("PluginCrash", func(t *testing.T) {
+		// The plugin is killed; the VM outlives it (exec needs no plugin),
+		// and the next hypervisor call starts the plugin again, which
+		// re-attaches the machine from its handle.
+		old := enginePlugin(t, v.dataDir)
+		syscall.Kill(old, syscall.SIGKILL)
+		if r := run(t, eng, box.ID, "echo still"); r.Stdout != "still\n" {
+			t.Fatalf("exec after the plugin died: %+v", r)
+		}
+		var err error
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, err = eng.Pause(ctx, box.ID); err == nil || time.Now().After(deadline) {
+				break
+			}
+			if !errors.Is(err, sandbox.ErrUnavailable) {
+				t.Fatalf("pause after the plugin died: %v, want ErrUnavailable or success", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("pause never worked after the plugin died: %v", err)
+		}
+		if _, err := eng.Resume(ctx, box.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := eng.Get(ctx, box.ID); got.State != sandbox.StateRunning {
+			t.Fatalf("state: %s", got.State)
+		}
+		if now := enginePlugin(t, v.dataDir); now == old {
+			t.Fatalf("the plugin was not started again (pid %d)", now)
+		}
 	})
 	t.Run("Delete", func(t *testing.T) {
 		if err := eng.Delete(ctx, box.ID); err != nil {

@@ -5,13 +5,17 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/testimage"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -118,4 +122,57 @@ func TestMemHVEngine(t *testing.T) {
 		t.Errorf("Launched() = %d, want 1", n)
 	}
 	t.Logf("took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// A plugin of this data directory that outlived its engine is killed when
+// a new engine starts on it.
+func TestStalePluginKilled(t *testing.T) {
+	bin := testimage.Package(t, "./hypervisor/plugin/testdata/memplugin", "harebox-plugin-memtest")
+	dir, err := os.MkdirTemp("", "hbs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	stale := exec.Command(bin)
+	stale.Env = append(os.Environ(), plugin.Handshake.MagicCookieKey+"="+plugin.Handshake.MagicCookieValue, plugin.OwnerEnv+"="+dir)
+	if err := stale.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { stale.Wait(); close(exited) }()
+	defer stale.Process.Kill()
+	// Another data directory's plugin is left alone.
+	other := exec.Command(bin)
+	other.Env = append(os.Environ(), plugin.Handshake.MagicCookieKey+"="+plugin.Handshake.MagicCookieValue, plugin.OwnerEnv+"="+dir+"-other")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { other.Process.Kill(); other.Wait() }()
+	time.Sleep(200 * time.Millisecond)
+
+	eng, err := harebox.New(context.Background(), harebox.Options{
+		DataDir: dir, PluginPath: bin,
+		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
+		Capacity: harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stale plugin still runs")
+	}
+	if err := other.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("another data directory's plugin was killed: %v", err)
+	}
+	// The engine's own plugin works.
+	box, err := eng.Create(context.Background(), sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Delete(context.Background(), box.ID); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -46,7 +46,7 @@ func TestConformancePlugin(t *testing.T) {
 	bin := testimage.Binary(t, "harebox-plugin-qemu")
 	hypervisortest.Run(t, hypervisortest.Harness{
 		New: func(t *testing.T) hypervisor.Hypervisor {
-			p, err := plugin.Launch(context.Background(), bin, nil, nil)
+			p, err := plugin.Launch(context.Background(), bin, nil, "", nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -64,7 +64,7 @@ func run(imagePath, pluginPath string) error {
 	defer os.RemoveAll(dir)
 
 	step("starting the QEMU backend plugin %s", pluginPath)
-	hv, err := plugin.Launch(ctx, pluginPath, nil, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	hv, err := plugin.Launch(ctx, pluginPath, nil, "", slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		return err
 	}

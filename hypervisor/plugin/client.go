@@ -62,10 +62,24 @@ func (c *Client) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 }
 
 func (c *Client) machine(r *pluginpb.MachineRef, err error) (hypervisor.Machine, error) {
+	return newMachine(c, r, err)
+}
+
+// conn returns the plugin connection; a Client's never changes.
+func (c *Client) conn() (pluginpb.HypervisorClient, error) { return c.rpc, nil }
+
+// source is where a machine's calls go: a Client, or a Process whose
+// plugin may have been started again since the machine was made.
+type source interface {
+	conn() (pluginpb.HypervisorClient, error)
+	Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.Machine, error)
+}
+
+func newMachine(src source, r *pluginpb.MachineRef, err error) (hypervisor.Machine, error) {
 	if err != nil {
 		return nil, fromStatus(err)
 	}
-	m := &remoteMachine{c: c, id: r.Id}
+	m := &remoteMachine{src: src, id: r.Id}
 	if err := json.Unmarshal(r.HandleJson, &m.handle); err != nil {
 		return nil, fmt.Errorf("plugin: handle: %w", err)
 	}
@@ -77,7 +91,7 @@ func (c *Client) machine(r *pluginpb.MachineRef, err error) (hypervisor.Machine,
 
 // remoteMachine is a machine held by the plugin process.
 type remoteMachine struct {
-	c        *Client
+	src      source
 	id       string
 	handle   hypervisor.Handle
 	endpoint hypervisor.AgentEndpoint
@@ -89,28 +103,37 @@ func (m *remoteMachine) AgentEndpoint() hypervisor.AgentEndpoint { return m.endp
 
 // do runs a machine call; if the plugin no longer holds the machine (it was
 // restarted), it re-attaches with the handle and tries once more.
-func (m *remoteMachine) do(ctx context.Context, f func() error) error {
-	err := f()
+func (m *remoteMachine) do(ctx context.Context, f func(pluginpb.HypervisorClient) error) error {
+	rpc, err := m.src.conn()
+	if err != nil {
+		return err
+	}
+	err = f(rpc)
 	if st, ok := status.FromError(err); ok && st.Code() == codes.NotFound && strings.HasPrefix(st.Message(), notAttachedMsg) {
-		if _, aerr := m.c.Attach(ctx, m.handle); aerr != nil {
+		if _, aerr := m.src.Attach(ctx, m.handle); aerr != nil {
 			return aerr
 		}
-		err = f()
+		if rpc, err = m.src.conn(); err != nil {
+			return err
+		}
+		err = f(rpc)
 	}
 	return fromStatus(err)
 }
 
-func (m *remoteMachine) simple(ctx context.Context, call func(context.Context, *pluginpb.MachineID, ...grpc.CallOption) (*pluginpb.Empty, error)) error {
-	return m.do(ctx, func() error {
-		_, err := call(ctx, &pluginpb.MachineID{Id: m.id})
+type machineCall func(pluginpb.HypervisorClient, context.Context, *pluginpb.MachineID, ...grpc.CallOption) (*pluginpb.Empty, error)
+
+func (m *remoteMachine) simple(ctx context.Context, call machineCall) error {
+	return m.do(ctx, func(rpc pluginpb.HypervisorClient) error {
+		_, err := call(rpc, ctx, &pluginpb.MachineID{Id: m.id})
 		return err
 	})
 }
 
 func (m *remoteMachine) Info(ctx context.Context) (hypervisor.Info, error) {
 	var info hypervisor.Info
-	err := m.do(ctx, func() error {
-		r, err := m.c.rpc.Info(ctx, &pluginpb.MachineID{Id: m.id})
+	err := m.do(ctx, func(rpc pluginpb.HypervisorClient) error {
+		r, err := rpc.Info(ctx, &pluginpb.MachineID{Id: m.id})
 		if err != nil {
 			return err
 		}
@@ -119,16 +142,28 @@ func (m *remoteMachine) Info(ctx context.Context) (hypervisor.Info, error) {
 	return info, err
 }
 
-func (m *remoteMachine) Pause(ctx context.Context) error    { return m.simple(ctx, m.c.rpc.Pause) }
-func (m *remoteMachine) Resume(ctx context.Context) error   { return m.simple(ctx, m.c.rpc.Resume) }
-func (m *remoteMachine) Shutdown(ctx context.Context) error { return m.simple(ctx, m.c.rpc.Shutdown) }
-func (m *remoteMachine) Kill(ctx context.Context) error     { return m.simple(ctx, m.c.rpc.Kill) }
-func (m *remoteMachine) Wait(ctx context.Context) error     { return m.simple(ctx, m.c.rpc.Wait) }
-func (m *remoteMachine) Cleanup(ctx context.Context) error  { return m.simple(ctx, m.c.rpc.Cleanup) }
+func (m *remoteMachine) Pause(ctx context.Context) error {
+	return m.simple(ctx, pluginpb.HypervisorClient.Pause)
+}
+func (m *remoteMachine) Resume(ctx context.Context) error {
+	return m.simple(ctx, pluginpb.HypervisorClient.Resume)
+}
+func (m *remoteMachine) Shutdown(ctx context.Context) error {
+	return m.simple(ctx, pluginpb.HypervisorClient.Shutdown)
+}
+func (m *remoteMachine) Kill(ctx context.Context) error {
+	return m.simple(ctx, pluginpb.HypervisorClient.Kill)
+}
+func (m *remoteMachine) Wait(ctx context.Context) error {
+	return m.simple(ctx, pluginpb.HypervisorClient.Wait)
+}
+func (m *remoteMachine) Cleanup(ctx context.Context) error {
+	return m.simple(ctx, pluginpb.HypervisorClient.Cleanup)
+}
 
 func (m *remoteMachine) Snapshot(ctx context.Context, dir string) error {
-	return m.do(ctx, func() error {
-		_, err := m.c.rpc.Snapshot(ctx, &pluginpb.SnapshotRequest{Id: m.id, Dir: dir})
+	return m.do(ctx, func(rpc pluginpb.HypervisorClient) error {
+		_, err := rpc.Snapshot(ctx, &pluginpb.SnapshotRequest{Id: m.id, Dir: dir})
 		return err
 	})
 }

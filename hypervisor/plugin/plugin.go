@@ -10,11 +10,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -48,9 +54,28 @@ func (p *grpcPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker, cc *g
 	return &Client{rpc: pluginpb.NewHypervisorClient(cc)}, nil
 }
 
+// Environment the engine gives a plugin it starts.
+const (
+	// ParentEnv holds the engine's pid: a plugin whose parent is not
+	// that process (the engine died before the plugin started) exits.
+	ParentEnv = "HAREBOX_PLUGIN_PARENT"
+	// OwnerEnv names the engine's data directory, so a new engine finds
+	// the plugins an earlier one on the same directory left behind.
+	OwnerEnv = "HAREBOX_PLUGIN_OWNER"
+)
+
 // Serve serves h until the engine goes away. Call it from a backend
-// binary's main.
+// binary's main. The plugin dies with the engine that started it (a
+// parent-death signal, and a check at start for an engine that died
+// before the signal was armed); the VMMs it launched do not.
 func Serve(h hypervisor.Hypervisor) {
+	if want := os.Getenv(ParentEnv); want != "" {
+		unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0)
+		if strconv.Itoa(os.Getppid()) != want {
+			fmt.Fprintln(os.Stderr, "hypervisor plugin: the engine that started it is gone")
+			os.Exit(1)
+		}
+	}
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig: Handshake,
 		Plugins:         goplugin.PluginSet{pluginName: &grpcPlugin{impl: h}},
@@ -58,48 +83,171 @@ func Serve(h hypervisor.Hypervisor) {
 	})
 }
 
-// Process is a running backend binary and the hypervisor it serves.
+// Process is a backend binary the engine runs, and the hypervisor it
+// serves. A plugin that exits (a crash, a kill) is started again by the
+// next call, at most as often as an exponential backoff allows; calls in
+// between fail at once with ErrUnavailable, as do calls in flight when it
+// died. Machines re-attach to the new plugin from their handles on their
+// next call: the VMMs outlive the plugin.
 type Process struct {
-	*Client
-	pc *goplugin.Client
+	path  string
+	args  []string
+	owner string
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	pc      *goplugin.Client
+	client  *Client
+	closed  bool
+	bo      *backoff.ExponentialBackOff
+	retryAt time.Time
+	lastErr error
 }
 
+var _ hypervisor.Hypervisor = (*Process)(nil)
+
 // Launch starts the backend binary at path (with args) and connects to it.
-// Close stops the plugin process; the machines it launched keep running.
-func Launch(ctx context.Context, path string, args []string, logger *slog.Logger) (*Process, error) {
+// owner (the engine's data directory, or "") is recorded in the plugin's
+// environment so that a later engine can find it. Close stops the plugin;
+// the machines it launched keep running.
+func Launch(ctx context.Context, path string, args []string, owner string, logger *slog.Logger) (*Process, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 500*time.Millisecond, 30*time.Second, 0
+	p := &Process{path: path, args: args, owner: owner, log: logger, bo: bo}
+	if err := p.start(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// start runs the binary; the caller holds mu (or owns p alone).
+func (p *Process) start() error {
+	cmd := exec.Command(p.path, p.args...)
+	cmd.Env = append(os.Environ(), ParentEnv+"="+strconv.Itoa(os.Getpid()))
+	if p.owner != "" {
+		cmd.Env = append(cmd.Env, OwnerEnv+"="+p.owner)
 	}
 	pc := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  Handshake,
 		Plugins:          goplugin.PluginSet{pluginName: &grpcPlugin{}},
-		Cmd:              exec.Command(path, args...),
+		Cmd:              cmd,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		Logger: hclog.New(&hclog.LoggerOptions{
-			Name: "plugin", Output: slogWriter{logger}, Level: hclog.Info,
+			Name: "plugin", Output: slogWriter{p.log}, Level: hclog.Info,
 		}),
 	})
 	rpc, err := pc.Client()
 	if err != nil {
 		pc.Kill()
-		return nil, fmt.Errorf("plugin %s: %w: %w", path, hypervisor.ErrUnavailable, err)
+		return fmt.Errorf("plugin %s: %w: %w", p.path, hypervisor.ErrUnavailable, err)
 	}
 	raw, err := rpc.Dispense(pluginName)
 	if err != nil {
 		pc.Kill()
-		return nil, fmt.Errorf("plugin %s: %w: %w", path, hypervisor.ErrUnavailable, err)
+		return fmt.Errorf("plugin %s: %w: %w", p.path, hypervisor.ErrUnavailable, err)
 	}
-	return &Process{Client: raw.(*Client), pc: pc}, nil
+	p.pc, p.client = pc, raw.(*Client)
+	return nil
+}
+
+// current returns the live plugin, starting it again if it has exited.
+func (p *Process) current() (*Client, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return nil, hypervisor.Errorf(hypervisor.ErrUnavailable, "plugin %s: closed", p.path)
+	case !p.pc.Exited():
+		return p.client, nil
+	case time.Now().Before(p.retryAt):
+		return nil, hypervisor.Errorf(hypervisor.ErrUnavailable, "the hypervisor plugin exited and could not be started again yet: %v", p.lastErr)
+	}
+	p.log.Warn("the hypervisor plugin exited; starting it again", "path", p.path)
+	if err := p.start(); err != nil {
+		p.lastErr = err
+		p.retryAt = time.Now().Add(p.bo.NextBackOff())
+		return nil, err
+	}
+	p.bo.Reset()
+	return p.client, nil
+}
+
+func (p *Process) conn() (pluginpb.HypervisorClient, error) {
+	c, err := p.current()
+	if err != nil {
+		return nil, err
+	}
+	return c.rpc, nil
+}
+
+// Capabilities implements hypervisor.Hypervisor.
+func (p *Process) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
+	c, err := p.current()
+	if err != nil {
+		return hypervisor.Capabilities{}, err
+	}
+	return c.Capabilities(ctx)
+}
+
+// Launch implements hypervisor.Hypervisor.
+func (p *Process) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	return p.machine(func(c *Client) (hypervisor.Machine, error) { return c.Launch(ctx, spec) })
+}
+
+// Attach implements hypervisor.Hypervisor.
+func (p *Process) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.Machine, error) {
+	return p.machine(func(c *Client) (hypervisor.Machine, error) { return c.Attach(ctx, h) })
+}
+
+// Restore implements hypervisor.Hypervisor.
+func (p *Process) Restore(ctx context.Context, dir string, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	return p.machine(func(c *Client) (hypervisor.Machine, error) { return c.Restore(ctx, dir, spec) })
+}
+
+// machine makes a machine through the live plugin; its later calls follow
+// the plugin if it is started again.
+func (p *Process) machine(f func(*Client) (hypervisor.Machine, error)) (hypervisor.Machine, error) {
+	c, err := p.current()
+	if err != nil {
+		return nil, err
+	}
+	m, err := f(c)
+	if err != nil {
+		return nil, err
+	}
+	m.(*remoteMachine).src = p
+	return m, nil
 }
 
 // Close stops the plugin process.
 func (p *Process) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
 	p.pc.Kill()
 	return nil
 }
 
-// Exited reports whether the plugin process has gone.
-func (p *Process) Exited() bool { return p.pc.Exited() }
+// Exited reports whether the plugin process has gone (until a call
+// starts it again).
+func (p *Process) Exited() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pc.Exited()
+}
+
+// Pid is the plugin process's pid, 0 if it has exited.
+func (p *Process) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if rc := p.pc.ReattachConfig(); rc != nil && !p.pc.Exited() {
+		return rc.Pid
+	}
+	return 0
+}
 
 // slogWriter forwards the plugin's log lines to slog.
 type slogWriter struct{ l *slog.Logger }

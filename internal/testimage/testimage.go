@@ -74,15 +74,23 @@ func lock(t testing.TB) func() {
 // Binary builds ./cmd/<name> (static, reproducible) into the cache and
 // returns its path.
 func Binary(t testing.TB, name string) string {
+	return Package(t, "./cmd/"+name, name)
+}
+
+// Package builds the main package pkg (a path from the repository root)
+// into the cache as name and returns its path.
+func Package(t testing.TB, pkg, name string) string {
 	t.Helper()
 	unlock := lock(t)
 	defer unlock()
-	return build(t, name)
+	return buildPkg(t, pkg, name)
 }
 
-func build(t testing.TB, name string) string {
+func build(t testing.TB, name string) string { return buildPkg(t, "./cmd/"+name, name) }
+
+func buildPkg(t testing.TB, pkg, name string) string {
 	out := filepath.Join(CacheDir(t), "bin", name)
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", out, "./cmd/"+name)
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", out, pkg)
 	cmd.Dir = Root(t)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
