@@ -27,6 +27,7 @@ import (
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
@@ -112,6 +113,7 @@ type Engine struct {
 
 	tenants *tenant.Service
 	keys    *apikey.Service
+	envs    *env.Service
 	// defaultAcc is where the operator's sandboxes go when no account is
 	// named, and where records from before tenancy are placed.
 	defaultAcc *tenant.Account
@@ -171,6 +173,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.tenants = tenant.New(e.store)
 	e.keys = apikey.New(e.store, e.tenants)
 	e.tenants.AccountDeleted = e.keys.ForgetAccount
+	e.envs = env.New(e.store, e.tenants, e.sec)
 	acc, err := e.tenants.EnsureDefault(ctx)
 	if err != nil {
 		return nil, err

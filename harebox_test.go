@@ -16,11 +16,13 @@ import (
 	"time"
 
 	"github.com/harebox/harebox"
+	envs "github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
 )
 
 // The engine tests boot real VMs (QEMU, TCG here) from the minimal image,
@@ -775,5 +777,48 @@ func TestEngineVMExit(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(v.dataDir, "m")); len(ents) != 0 {
 		t.Fatalf("machine files left: %v", ents)
+	}
+}
+
+// A secret of an environment never enters the guest: root there finds its
+// placeholder in the environment of every exec, in /proc and in the
+// templated file, and the value nowhere.
+func TestEnvironmentInGuest(t *testing.T) {
+	v := newEnv(t)
+	eng := v.open(t)
+	defer eng.Close()
+	ctx := context.Background()
+	const secret = "sk-live-guest-canary-5f3a9c"
+	_, err := eng.Environments().Create(ctx, "", envs.CreateRequest{
+		Name: "prod",
+		Variables: map[string]envs.Var{
+			"MODE":  {Value: "prod"},
+			"TOKEN": {Value: secret, Secret: true},
+		},
+		Files: []store.EnvFile{{Path: "/etc/app/app.conf", Template: true, Content: "token={{TOKEN}}\n", Mode: 0o600, Owner: "user"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	box := create(t, eng, sandbox.CreateRequest{Environment: "prod", Env: map[string]string{"OWN": "mine"}})
+	defer eng.Delete(ctx, box.ID)
+	r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{User: "root", TimeoutSeconds: 60, Cmd: `
+echo "env=$MODE $TOKEN $OWN"
+cat /etc/app/app.conf
+sleep 30 & cat /proc/$!/environ | tr '\0' '\n' | grep ^TOKEN=; kill $!
+grep -rl "` + secret + `" /etc /root /home /tmp /var 2>/dev/null | head -3
+echo done`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := r.Stdout
+	t.Logf("in the guest:\n%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "env=prod hbph_") || !strings.HasSuffix(lines[0], " mine") {
+		t.Fatalf("what the guest sees: %q", out)
+	}
+	ph := strings.Fields(lines[0])[1]
+	if lines[1] != "token="+ph || lines[2] != "TOKEN="+ph || lines[3] != "done" || strings.Contains(out, secret) {
+		t.Fatalf("the guest saw the secret, or not its placeholder everywhere: %q", out)
 	}
 }

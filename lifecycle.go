@@ -33,6 +33,9 @@ type box struct {
 	agent *agentclient.Client
 
 	procs procTable
+	// env is what every exec gets: the pinned environment's variables
+	// (secrets as placeholders) and the create request's own env.
+	env map[string]string
 	// meterFrom is the start of the interval not yet metered.
 	meterFrom time.Time
 	// deleting is closed when Delete starts, so the exit watcher knows the
@@ -113,7 +116,6 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 			Labels: req.Labels, NoEnv: req.NoEnv, Site: e.opts.Site, CreatedAt: now,
 		},
 		StateDir: filepath.Join(e.machinesDir(), id),
-		Env:      req.Env,
 	}
 	if req.TTLSeconds > 0 {
 		exp := now.Add(time.Duration(req.TTLSeconds) * time.Second)
@@ -141,7 +143,13 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 	b := &box{rec: rec, deleting: make(chan struct{})}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	err = e.boot(ctx, b, img)
+	err = e.sealEnv(ctx, id, req.Env)
+	if err == nil {
+		err = e.loadEnv(ctx, b)
+	}
+	if err == nil {
+		err = e.boot(ctx, b, img)
+	}
 	if err == nil {
 		e.mu.Lock()
 		e.boxes[id] = b
@@ -208,6 +216,9 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 	if err := c.SyncTime(bctx, time.Now()); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
+	if err := e.deliverFiles(bctx, b, c); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
 	// Create stores the running state once the box is registered.
 	rec.State = sandbox.StateRunning
 	b.meterFrom = time.Now()
@@ -239,6 +250,9 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		errs = append(errs, err)
 	}
 	if err := e.net.Detach(ctx, b.rec.ID); err != nil {
+		errs = append(errs, err)
+	}
+	if err := e.eraseEnv(ctx, b.rec.ID); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

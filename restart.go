@@ -80,6 +80,9 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if err := e.reserveAdopted(rec.Size); err != nil {
 			e.log.Warn("adopted sandbox exceeds the admission limits", "id", rec.ID, "err", err)
 		}
+		if err := e.loadEnv(ctx, b); err != nil {
+			e.log.Warn("cannot load the sandbox's environment; its execs get none", "id", rec.ID, "err", err)
+		}
 		b.meterFrom = time.Now()
 		e.store.PutSandbox(ctx, rec)
 		e.boxes[rec.ID] = b

@@ -98,6 +98,9 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequ
 		return sandbox.Errorf(sandbox.ErrInvalid, field, "%v", err)
 	}
 	rec.AccountID, rec.ProjectID, rec.Project = acc.ID, proj.ID, proj.Name
+	if err := e.pinEnvironment(ctx, tx, req, proj, rec); err != nil {
+		return err
+	}
 	if req.Fleet != "" {
 		f, err := e.tenants.Fleet(ctx, tx, proj, req.Fleet)
 		if err != nil {

@@ -126,7 +126,7 @@ func (f *fastAPI) key(t testing.TB, parent string, req map[string]any) (id, secr
 // world is two accounts with projects, a fleet, sandboxes and files.
 type world struct {
 	accA, accB              string
-	web, fleet              string // in A
+	web, fleet, env         string // in A
 	boxA1, boxA2, boxB1     string
 	fullKeyID, fullA, fullB string
 }
@@ -137,6 +137,9 @@ func buildWorld(t testing.TB, f *fastAPI) world {
 	w.accB = str(f.must(t, 201, "POST", "/v1/accounts", f.root, map[string]string{"name": "beta"}), "id")
 	w.web = str(f.must(t, 201, "POST", "/v1/projects?account=alpha", f.root, map[string]string{"name": "web"}), "id")
 	w.fleet = str(f.must(t, 201, "POST", "/v1/projects/web/fleets?account=alpha", f.root, map[string]string{"name": "scrapers"}), "id")
+	w.env = str(f.must(t, 201, "POST", "/v1/environments?account=alpha&project=web", f.root, map[string]any{
+		"name": "prod", "variables": map[string]any{"MODE": map[string]any{"value": "prod"}, "TOKEN": map[string]any{"value": "s3cret-token", "secret": true}},
+	}), "id")
 	w.boxA1 = str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"account_id": "alpha", "project": "web", "fleet": "scrapers", "labels": map[string]string{"team": "red"}}), "id")
 	w.boxA2 = str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"account_id": "alpha", "labels": map[string]string{"team": "blue"}}), "id")
 	w.boxB1 = str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"account_id": "beta"}), "id")
@@ -191,6 +194,14 @@ func calls(w world) []call {
 		{"listFleets", "GET", "/v1/projects/" + w.web + "/fleets", nil, "project"},
 		{"getFleet", "GET", "/v1/projects/" + w.web + "/fleets/" + w.fleet, nil, "project"},
 		{"deleteFleet", "DELETE", "/v1/projects/" + w.web + "/fleets/" + w.fleet, nil, "project"},
+		{"updateProject", "PATCH", "/v1/projects/" + w.web, map[string]any{"third_party_default": true}, "project"},
+		{"createEnvironment", "POST", "/v1/environments?project=" + w.web, map[string]any{"name": "new"}, "create"},
+		{"listEnvironments", "GET", "/v1/environments?project=" + w.web, nil, "project"},
+		{"getEnvironment", "GET", "/v1/environments/" + w.env, nil, "project"},
+		{"updateEnvironment", "PATCH", "/v1/environments/" + w.env, map[string]any{"set": map[string]any{"X": map[string]any{"value": "1"}}}, "project"},
+		{"deleteEnvironment", "DELETE", "/v1/environments/" + w.env, nil, "project"},
+		{"listEnvironmentVersions", "GET", "/v1/environments/" + w.env + "/versions", nil, "project"},
+		{"getEnvironmentVersion", "GET", "/v1/environments/" + w.env + "/versions/1", nil, "project"},
 		{"createKey", "POST", "/v1/keys", map[string]any{"scope": map[string]any{"actions": []string{"getInfo"}}}, "create"},
 		{"listKeys", "GET", "/v1/keys", nil, "list"},
 		{"getKey", "GET", "/v1/keys/" + w.fullKeyID, nil, "key"},
@@ -291,6 +302,11 @@ func TestAuthorizationMatrix(t *testing.T) {
 		case "operator":
 			cases = append(cases, tc{"a key, even a full one", w.fullA, 403, "forbidden"})
 		case "create":
+			if c.op == "createEnvironment" {
+				// A project the key cannot see is a bad request field.
+				cases = append(cases, tc{"a project outside its scope", projectKey, 400, "invalid"},
+					tc{"other account", w.fullB, 400, "invalid"})
+			}
 			if c.op == "createSandbox" {
 				cases = append(cases, tc{"a key limited to sandboxes", sandboxKey, 403, "forbidden"},
 					tc{"a project outside its scope", projectKey, 400, "invalid"})
@@ -357,7 +373,8 @@ func ids(v any) []string {
 func snapshot(t testing.TB, f *fastAPI, w world) string {
 	t.Helper()
 	var b strings.Builder
-	for _, path := range []string{"/v1/sandboxes?state=", "/v1/accounts", "/v1/projects?account=alpha", "/v1/projects/web/fleets?account=alpha", "/v1/keys/" + w.fullKeyID} {
+	for _, path := range []string{"/v1/sandboxes?state=", "/v1/accounts", "/v1/projects?account=alpha", "/v1/projects/web/fleets?account=alpha", "/v1/keys/" + w.fullKeyID,
+		"/v1/environments/" + w.env + "/versions"} {
 		r := f.must(t, 200, "GET", path, f.root, nil)
 		fmt.Fprintf(&b, "%s ", r.raw)
 	}

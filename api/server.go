@@ -111,6 +111,7 @@ func Routes() []Route {
 		{"POST", "/v1/projects", "createProject", false, (*Server).createProject},
 		{"GET", "/v1/projects", "listProjects", false, (*Server).listProjects},
 		{"GET", "/v1/projects/{project}", "getProject", false, (*Server).getProject},
+		{"PATCH", "/v1/projects/{project}", "updateProject", false, (*Server).updateProject},
 		{"DELETE", "/v1/projects/{project}", "deleteProject", false, (*Server).deleteProject},
 		{"POST", "/v1/projects/{project}/fleets", "createFleet", false, (*Server).createFleet},
 		{"GET", "/v1/projects/{project}/fleets", "listFleets", false, (*Server).listFleets},
@@ -121,6 +122,13 @@ func Routes() []Route {
 		{"GET", "/v1/keys/{key}", "getKey", false, (*Server).getKey},
 		{"DELETE", "/v1/keys/{key}", "revokeKey", false, (*Server).revokeKey},
 		{"POST", "/v1/keys/{key}/rotate", "rotateKey", false, (*Server).rotateKey},
+		{"POST", "/v1/environments", "createEnvironment", false, (*Server).createEnvironment},
+		{"GET", "/v1/environments", "listEnvironments", false, (*Server).listEnvironments},
+		{"GET", "/v1/environments/{environment}", "getEnvironment", false, (*Server).getEnvironment},
+		{"PATCH", "/v1/environments/{environment}", "updateEnvironment", false, (*Server).updateEnvironment},
+		{"DELETE", "/v1/environments/{environment}", "deleteEnvironment", false, (*Server).deleteEnvironment},
+		{"GET", "/v1/environments/{environment}/versions", "listEnvironmentVersions", false, (*Server).listEnvironmentVersions},
+		{"GET", "/v1/environments/{environment}/versions/{version}", "getEnvironmentVersion", false, (*Server).getEnvironmentVersion},
 	}
 }
 

@@ -2,8 +2,10 @@ package api
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/harebox/harebox/apikey"
+	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/tenant"
 )
 
@@ -129,4 +131,70 @@ func reply(w http.ResponseWriter, status int, v any, err error) error {
 	}
 	writeJSON(w, status, v)
 	return nil
+}
+
+func (s *Server) updateProject(w http.ResponseWriter, r *http.Request) error {
+	var req tenant.ProjectUpdate
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	p, err := s.eng.Tenants().UpdateProject(r.Context(), account(r), r.PathValue("project"), req)
+	return reply(w, http.StatusOK, p, err)
+}
+
+// Environments: ?project= names the project (default: the default one).
+
+func project(r *http.Request) string { return r.URL.Query().Get("project") }
+
+func (s *Server) createEnvironment(w http.ResponseWriter, r *http.Request) error {
+	var req env.CreateRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	if p := project(r); p != "" && req.Project == "" {
+		req.Project = p
+	}
+	v, err := s.eng.Environments().Create(r.Context(), account(r), req)
+	return reply(w, http.StatusCreated, v, err)
+}
+
+func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) error {
+	l, err := s.eng.Environments().List(r.Context(), account(r), project(r))
+	return reply(w, http.StatusOK, map[string]any{"environments": l}, err)
+}
+
+func (s *Server) getEnvironment(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.eng.Environments().Get(r.Context(), account(r), project(r), r.PathValue("environment"))
+	return reply(w, http.StatusOK, v, err)
+}
+
+func (s *Server) updateEnvironment(w http.ResponseWriter, r *http.Request) error {
+	var req env.UpdateRequest
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	v, err := s.eng.Environments().Update(r.Context(), account(r), project(r), r.PathValue("environment"), req)
+	return reply(w, http.StatusOK, v, err)
+}
+
+func (s *Server) deleteEnvironment(w http.ResponseWriter, r *http.Request) error {
+	if err := s.eng.Environments().Delete(r.Context(), account(r), project(r), r.PathValue("environment")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) listEnvironmentVersions(w http.ResponseWriter, r *http.Request) error {
+	l, err := s.eng.Environments().Versions(r.Context(), account(r), project(r), r.PathValue("environment"))
+	return reply(w, http.StatusOK, map[string]any{"versions": l}, err)
+}
+
+func (s *Server) getEnvironmentVersion(w http.ResponseWriter, r *http.Request) error {
+	n, err := strconv.Atoi(r.PathValue("version"))
+	if err != nil || n < 1 {
+		return badRequest("version", "a version is a number from 1")
+	}
+	v, err := s.eng.Environments().Version(r.Context(), account(r), project(r), r.PathValue("environment"), n)
+	return reply(w, http.StatusOK, v, err)
 }

@@ -21,28 +21,32 @@ var Actions = []string{
 	"writeFile", "readFile", "removeFile", "statFile", "listFiles", "mkdir",
 	"getFirewall", "setFirewall",
 	"createAccount", "listAccounts", "getAccount", "deleteAccount",
-	"createProject", "listProjects", "getProject", "deleteProject",
+	"createProject", "listProjects", "getProject", "updateProject", "deleteProject",
 	"createFleet", "listFleets", "getFleet", "deleteFleet",
 	"createKey", "listKeys", "getKey", "revokeKey", "rotateKey",
+	"createEnvironment", "listEnvironments", "getEnvironment", "updateEnvironment", "deleteEnvironment",
+	"listEnvironmentVersions", "getEnvironmentVersion",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
 // that is both (exec) means the group.
 var Groups = map[string][]string{
-	"*":               Actions,
-	"info":            {"getInfo"},
-	"sandboxes:read":  {"listSandboxes", "getSandbox"},
-	"sandboxes:write": {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox"},
-	"exec":            {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "killProcess"},
-	"files:read":      {"readFile", "statFile", "listFiles"},
-	"files:write":     {"writeFile", "removeFile", "mkdir"},
-	"firewall:read":   {"getFirewall"},
-	"firewall:write":  {"setFirewall"},
-	"accounts:read":   {"listAccounts", "getAccount"},
-	"projects:read":   {"listProjects", "getProject", "listFleets", "getFleet"},
-	"projects:write":  {"createProject", "deleteProject", "createFleet", "deleteFleet"},
-	"keys:read":       {"listKeys", "getKey"},
-	"keys:write":      {"createKey", "revokeKey", "rotateKey"},
+	"*":                  Actions,
+	"info":               {"getInfo"},
+	"sandboxes:read":     {"listSandboxes", "getSandbox"},
+	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox"},
+	"exec":               {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "killProcess"},
+	"files:read":         {"readFile", "statFile", "listFiles"},
+	"files:write":        {"writeFile", "removeFile", "mkdir"},
+	"firewall:read":      {"getFirewall"},
+	"firewall:write":     {"setFirewall"},
+	"accounts:read":      {"listAccounts", "getAccount"},
+	"projects:read":      {"listProjects", "getProject", "listFleets", "getFleet"},
+	"projects:write":     {"createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet"},
+	"keys:read":          {"listKeys", "getKey"},
+	"keys:write":         {"createKey", "revokeKey", "rotateKey"},
+	"environments:read":  {"listEnvironments", "getEnvironment", "listEnvironmentVersions", "getEnvironmentVersion"},
+	"environments:write": {"createEnvironment", "updateEnvironment", "deleteEnvironment"},
 }
 
 // operatorOnly actions need the operator whatever a key's scope says:

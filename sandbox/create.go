@@ -38,6 +38,13 @@ type CreateRequest struct {
 	// project and no fleet.
 	Project string `json:"project,omitempty" validate:"max=64"`
 	Fleet   string `json:"fleet,omitempty" validate:"max=64"`
+	// Environment pins an environment of the sandbox's project: NAME or
+	// ID, with @VERSION (default: its latest version now).
+	Environment string `json:"environment,omitempty" validate:"max=80"`
+	// ThirdParty makes this a sandbox handed to a third party: it may only
+	// get environments marked third_party_safe (a project can make it the
+	// default).
+	ThirdParty bool `json:"third_party,omitempty"`
 	// NoEnv keeps every stored environment out of this sandbox.
 	NoEnv bool              `json:"no_env,omitempty"`
 	Env   map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`

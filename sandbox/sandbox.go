@@ -69,15 +69,19 @@ type Sandbox struct {
 	ProjectID string `json:"project_id"`
 	Project   string `json:"project"`
 	// FleetID and Fleet name the fleet the sandbox is in, if any.
-	FleetID   string            `json:"fleet_id,omitempty"`
-	Fleet     string            `json:"fleet,omitempty"`
-	State     State             `json:"state"`
-	Image     string            `json:"image"`
-	Size      Resources         `json:"size"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	NoEnv     bool              `json:"no_env"`
-	Site      Site              `json:"site"`
-	CreatedAt time.Time         `json:"created_at"`
+	FleetID string            `json:"fleet_id,omitempty"`
+	Fleet   string            `json:"fleet,omitempty"`
+	State   State             `json:"state"`
+	Image   string            `json:"image"`
+	Size    Resources         `json:"size"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	NoEnv   bool              `json:"no_env"`
+	// Environment is the pinned environment as NAME@VERSION, if any.
+	Environment string `json:"environment,omitempty"`
+	// ThirdParty sandboxes get only third-party-safe environments.
+	ThirdParty bool      `json:"third_party"`
+	Site       Site      `json:"site"`
+	CreatedAt  time.Time `json:"created_at"`
 	// ExpiresAt is when the TTL deletes the sandbox; nil means never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// Error says why a sandbox stopped unexpectedly, if it did.

@@ -19,6 +19,9 @@ type Project struct {
 	AccountID string    `json:"account_id"`
 	Name      string    `json:"name"`
 	CreatedAt time.Time `json:"created_at"`
+	// ThirdPartyDefault makes every sandbox created in the project a
+	// third-party one (only third-party-safe environments).
+	ThirdPartyDefault bool `json:"third_party_default"`
 }
 
 // Fleet is a named group of sandboxes in a project.
@@ -55,4 +58,63 @@ type Key struct {
 // Active reports whether the key authenticates at t.
 func (k *Key) Active(t time.Time) bool {
 	return k.RevokedAt == nil && (k.ExpiresAt == nil || t.Before(*k.ExpiresAt))
+}
+
+// Environment is a named, versioned set of variables and files in a
+// project (package env has the rules). Latest is its newest version.
+type Environment struct {
+	ID        string    `json:"id"`
+	AccountID string    `json:"account_id"`
+	ProjectID string    `json:"project_id"`
+	Name      string    `json:"name"`
+	Latest    int       `json:"latest"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// EnvVersion is one immutable version of an environment. Secret values
+// are not in it: they are sealed in the secret store.
+type EnvVersion struct {
+	EnvironmentID  string            `json:"environment_id"`
+	Version        int               `json:"version"`
+	CreatedAt      time.Time         `json:"created_at"`
+	ThirdPartySafe bool              `json:"third_party_safe"`
+	Variables      map[string]EnvVar `json:"variables"`
+	Files          []EnvFile         `json:"files"`
+	Credentials    []CredentialRule  `json:"credentials"`
+}
+
+// EnvVar is a variable: a plain value, or a secret whose value is never
+// shown (nor delivered to a guest, which sees a placeholder).
+type EnvVar struct {
+	Value  string `json:"value,omitempty"`
+	Secret bool   `json:"secret,omitempty"`
+	// SecretRef names the sealed value in the secret store (scope
+	// SecretScope(environment)); versions share it while it is unchanged.
+	SecretRef string `json:"secret_ref,omitempty"`
+}
+
+// EnvFile is a file the environment puts in the guest. A template's
+// {{NAME}} references are replaced by the variables' values (a secret's by
+// the sandbox's placeholder).
+type EnvFile struct {
+	Path     string `json:"path"`
+	Mode     uint32 `json:"mode,omitempty"`
+	Owner    string `json:"owner,omitempty"`
+	Content  string `json:"content"`
+	Template bool   `json:"template,omitempty"`
+}
+
+// CredentialRule binds a secret variable to where it may be used: the
+// destination hosts and ports, and how the host puts it in requests.
+type CredentialRule struct {
+	Secret string   `json:"secret"`
+	Hosts  []string `json:"hosts"`
+	Ports  string   `json:"ports,omitempty"`
+	// Header, if set, is set on matching requests to Format with {value}
+	// replaced; otherwise the placeholder is replaced wherever it appears
+	// in the request's headers or URL.
+	Header    string `json:"header,omitempty"`
+	Format    string `json:"format,omitempty"`
+	AllowHTTP bool   `json:"allow_http,omitempty"`
 }

@@ -41,6 +41,11 @@ type Sandbox struct {
 	// Extra holds data owned by other parts of the engine (firewall
 	// policy, network lease, ...), by key.
 	Extra map[string]json.RawMessage `json:"extra,omitempty"`
+	// EnvironmentID is the environment the sandbox pinned, if any.
+	EnvironmentID string `json:"environment_id,omitempty"`
+	// Placeholders maps the pinned version's secret variables to this
+	// sandbox's placeholders for them (what the guest sees).
+	Placeholders map[string]string `json:"placeholders,omitempty"`
 }
 
 // Usage is one metered interval of one sandbox's reservation.
@@ -95,6 +100,20 @@ type Tx interface {
 	FleetByName(ctx context.Context, projectID, name string) (*Fleet, error)
 	ListFleets(ctx context.Context, projectID string) ([]*Fleet, error)
 	DeleteFleet(ctx context.Context, id string) error
+
+	// Environments and their versions. PutEnvironment fails with
+	// ErrConflict when the name is taken in the project; PutEnvVersion
+	// with ErrConflict when the version exists (versions never change).
+	PutEnvironment(ctx context.Context, e *Environment) error
+	GetEnvironment(ctx context.Context, id string) (*Environment, error)
+	EnvironmentByName(ctx context.Context, projectID, name string) (*Environment, error)
+	ListEnvironments(ctx context.Context, projectID string) ([]*Environment, error)
+	DeleteEnvironment(ctx context.Context, id string) error
+	PutEnvVersion(ctx context.Context, v *EnvVersion) error
+	GetEnvVersion(ctx context.Context, environmentID string, version int) (*EnvVersion, error)
+	ListEnvVersions(ctx context.Context, environmentID string) ([]*EnvVersion, error)
+	// CountLiveWithEnvironment counts sandboxes not deleted that pinned it.
+	CountLiveWithEnvironment(ctx context.Context, environmentID string) (int, error)
 
 	// API keys, with the hash of their secret.
 	PutKey(ctx context.Context, k *Key) error
@@ -178,6 +197,23 @@ var migrations = []string{
 	ALTER TABLE sandboxes ADD COLUMN project_id TEXT NOT NULL DEFAULT '';
 	ALTER TABLE sandboxes ADD COLUMN fleet_id TEXT NOT NULL DEFAULT '';
 	CREATE INDEX sandboxes_project ON sandboxes(account_id, project_id, fleet_id, state);`,
+	// Environments and their immutable versions.
+	`CREATE TABLE environments (
+		id         TEXT PRIMARY KEY,
+		project_id TEXT NOT NULL,
+		name       TEXT NOT NULL,
+		created_at BIGINT NOT NULL,
+		record     TEXT NOT NULL,
+		UNIQUE (project_id, name)
+	);
+	CREATE TABLE env_versions (
+		environment_id TEXT NOT NULL,
+		version        INTEGER NOT NULL,
+		created_at     BIGINT NOT NULL,
+		record         TEXT NOT NULL,
+		PRIMARY KEY (environment_id, version)
+	);
+	ALTER TABLE sandboxes ADD COLUMN environment_id TEXT NOT NULL DEFAULT '';`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -262,10 +298,10 @@ func (s *SQLite) PutSandbox(ctx context.Context, sb *Sandbox) error {
 	if sb.ExpiresAt != nil {
 		exp = sql.NullInt64{Int64: sb.ExpiresAt.UnixNano(), Valid: true}
 	}
-	_, err = s.q.ExecContext(ctx, `INSERT INTO sandboxes (id, state, created_at, expires_at, record, account_id, project_id, fleet_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+	_, err = s.q.ExecContext(ctx, `INSERT INTO sandboxes (id, state, created_at, expires_at, record, account_id, project_id, fleet_id, environment_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT(id) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at, record = excluded.record,
-			account_id = excluded.account_id, project_id = excluded.project_id, fleet_id = excluded.fleet_id`,
-		sb.ID, string(sb.State), sb.CreatedAt.UnixNano(), exp, string(b), sb.AccountID, sb.ProjectID, sb.FleetID)
+			account_id = excluded.account_id, project_id = excluded.project_id, fleet_id = excluded.fleet_id, environment_id = excluded.environment_id`,
+		sb.ID, string(sb.State), sb.CreatedAt.UnixNano(), exp, string(b), sb.AccountID, sb.ProjectID, sb.FleetID, sb.EnvironmentID)
 	if err != nil {
 		return fmt.Errorf("store: put %s: %w", sb.ID, err)
 	}

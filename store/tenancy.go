@@ -214,3 +214,69 @@ func (s *SQLite) ListKeys(ctx context.Context, accountID string) ([]*Key, error)
 	}
 	return out, nil
 }
+
+// PutEnvironment implements Tx.
+func (s *SQLite) PutEnvironment(ctx context.Context, e *Environment) error {
+	return s.put(ctx, "environments", []string{"id", "project_id", "name", "created_at"}, []any{e.ID, e.ProjectID, e.Name, e.CreatedAt.UnixNano()}, e)
+}
+
+// GetEnvironment implements Tx.
+func (s *SQLite) GetEnvironment(ctx context.Context, id string) (*Environment, error) {
+	return get[Environment](ctx, s, `SELECT record FROM environments WHERE id = ?`, id)
+}
+
+// EnvironmentByName implements Tx.
+func (s *SQLite) EnvironmentByName(ctx context.Context, projectID, name string) (*Environment, error) {
+	return get[Environment](ctx, s, `SELECT record FROM environments WHERE project_id = ? AND name = ?`, projectID, name)
+}
+
+// ListEnvironments implements Tx.
+func (s *SQLite) ListEnvironments(ctx context.Context, projectID string) ([]*Environment, error) {
+	return list[Environment](ctx, s, `SELECT record FROM environments WHERE project_id = ? ORDER BY created_at, id`, projectID)
+}
+
+// DeleteEnvironment implements Tx: the environment and its versions.
+func (s *SQLite) DeleteEnvironment(ctx context.Context, id string) error {
+	if _, err := s.q.ExecContext(ctx, `DELETE FROM env_versions WHERE environment_id = ?`, id); err != nil {
+		return fmt.Errorf("store: delete versions: %w", err)
+	}
+	return s.del(ctx, "environments", id)
+}
+
+// PutEnvVersion implements Tx. Versions are immutable: inserting one that
+// exists is ErrConflict.
+func (s *SQLite) PutEnvVersion(ctx context.Context, v *EnvVersion) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	_, err = s.q.ExecContext(ctx, `INSERT INTO env_versions (environment_id, version, created_at, record) VALUES (?, ?, ?, ?)`,
+		v.EnvironmentID, v.Version, v.CreatedAt.UnixNano(), string(b))
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+			return ErrConflict
+		}
+		return fmt.Errorf("store: put version: %w", err)
+	}
+	return nil
+}
+
+// GetEnvVersion implements Tx.
+func (s *SQLite) GetEnvVersion(ctx context.Context, environmentID string, version int) (*EnvVersion, error) {
+	return get[EnvVersion](ctx, s, `SELECT record FROM env_versions WHERE environment_id = ? AND version = ?`, environmentID, version)
+}
+
+// ListEnvVersions implements Tx, oldest first.
+func (s *SQLite) ListEnvVersions(ctx context.Context, environmentID string) ([]*EnvVersion, error) {
+	return list[EnvVersion](ctx, s, `SELECT record FROM env_versions WHERE environment_id = ? ORDER BY version`, environmentID)
+}
+
+// CountLiveWithEnvironment implements Tx.
+func (s *SQLite) CountLiveWithEnvironment(ctx context.Context, environmentID string) (int, error) {
+	var n int
+	err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE environment_id = ? AND state != 'deleted'`, environmentID).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: count sandboxes: %w", err)
+	}
+	return n, nil
+}

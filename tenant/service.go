@@ -294,6 +294,27 @@ func (s *Service) GetProject(ctx context.Context, accountRef, ref string) (*Proj
 	return p, err
 }
 
+// ProjectUpdate changes a project's settings; absent fields stay.
+type ProjectUpdate struct {
+	// ThirdPartyDefault makes new sandboxes of the project third-party.
+	ThirdPartyDefault *bool `json:"third_party_default,omitempty"`
+}
+
+// UpdateProject changes a project's settings.
+func (s *Service) UpdateProject(ctx context.Context, accountRef, ref string, u ProjectUpdate) (*Project, error) {
+	var p *Project
+	err := s.do(ctx, "updateProject", func(tx store.Tx) (err error) {
+		if _, p, err = s.ProjectIn(ctx, tx, accountRef, ref); err != nil {
+			return err
+		}
+		if u.ThirdPartyDefault != nil {
+			p.ThirdPartyDefault = *u.ThirdPartyDefault
+		}
+		return tx.PutProject(ctx, p)
+	})
+	return p, err
+}
+
 // DeleteProject deletes a project with no live sandboxes, and its fleets.
 // The default project stays.
 func (s *Service) DeleteProject(ctx context.Context, accountRef, ref string) error {

@@ -1,0 +1,154 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	_ "modernc.org/sqlite"
+
+	"github.com/harebox/harebox/api"
+)
+
+const secretValue = "sk-live-0123456789abcdef-canary"
+
+func envBody(name string) map[string]any {
+	return map[string]any{
+		"name": name,
+		"variables": map[string]any{
+			"MODE":  map[string]any{"value": "prod"},
+			"TOKEN": map[string]any{"value": secretValue, "secret": true},
+		},
+		"files": []any{map[string]any{"path": "/etc/app.conf", "template": true, "content": "mode={{MODE}} token={{ TOKEN }}\n"}},
+		"credentials": []any{map[string]any{"secret": "TOKEN", "hosts": []string{"api.example.test"}, "ports": "443",
+			"header": "Authorization", "format": "Bearer {value}"}},
+	}
+}
+
+// countSecrets counts sealed rows under a scope prefix, reading the
+// database as it is on disk.
+func countSecrets(t *testing.T, dir, prefix string) int {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "harebox.db")+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM secrets WHERE scope LIKE ?`, prefix+"%").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// noPlaintext fails if s appears anywhere under dir (the database, its
+// write-ahead log, machine state).
+func noPlaintext(t *testing.T, dir, s string) {
+	t.Helper()
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() {
+			return nil
+		}
+		if b, _ := os.ReadFile(p); bytes.Contains(b, []byte(s)) {
+			t.Errorf("%q is in plain text in %s", s, p)
+		}
+		return nil
+	})
+}
+
+// Environments: versions pinned by sandboxes, secrets sealed and seen by
+// sandboxes only as their own placeholders, the third-party switch.
+func TestEnvironments(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	r := f.must(t, 201, "POST", "/v1/environments", f.root, envBody("prod"))
+	envID := str(r, "id")
+	if strings.Contains(string(r.raw), secretValue) || strings.Contains(string(r.raw), "secret_ref") {
+		t.Fatalf("the create answer shows the secret: %s", r.raw)
+	}
+	for _, p := range []string{"/v1/environments/prod", "/v1/environments", "/v1/environments/prod/versions", "/v1/environments/" + envID + "/versions/1"} {
+		if r := f.must(t, 200, "GET", p, f.root, nil); strings.Contains(string(r.raw), secretValue) || !strings.Contains(string(r.raw), `"TOKEN":{"secret":true}`) {
+			t.Errorf("GET %s: %s", p, r.raw)
+		}
+	}
+	readConf := func(id string) string {
+		return string(f.must(t, 200, "GET", "/v1/sandboxes/"+id+"/files?path=/etc/app.conf", f.root, nil).raw)
+	}
+
+	a := f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod", "env": map[string]string{"OWN": "own-canary-value"}})
+	b := f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": envID + "@1"})
+	if str(a, "environment") != "prod@1" || str(b, "environment") != "prod@1" {
+		t.Fatalf("pinned: %s %s", a.raw, b.raw)
+	}
+	confA, confB := readConf(str(a, "id")), readConf(str(b, "id"))
+	if !strings.HasPrefix(confA, "mode=prod token=hbph_") || strings.Contains(confA, secretValue) || confA == confB {
+		t.Fatalf("delivered files: %q and %q (each sandbox its own placeholder, never the value)", confA, confB)
+	}
+
+	// A new version does not touch running sandboxes; new ones get it; an
+	// old one can be pinned.
+	r = f.must(t, 200, "PATCH", "/v1/environments/prod", f.root, map[string]any{"set": map[string]any{"MODE": map[string]any{"value": "staging"}}})
+	if r.body["latest"] != float64(2) {
+		t.Fatalf("update: %s", r.raw)
+	}
+	if got := readConf(str(a, "id")); got != confA {
+		t.Errorf("a running sandbox changed with the environment: %q", got)
+	}
+	c := f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod"})
+	if !strings.HasPrefix(readConf(str(c, "id")), "mode=staging token=hbph_") || str(c, "environment") != "prod@2" {
+		t.Errorf("a new sandbox: %s %q", c.raw, readConf(str(c, "id")))
+	}
+	old := f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod@1"})
+	if !strings.HasPrefix(readConf(str(old, "id")), "mode=prod ") {
+		t.Errorf("pinning version 1: %q", readConf(str(old, "id")))
+	}
+
+	// Third party: only environments marked safe, by any route a create has.
+	f.must(t, 403, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod", "third_party": true})
+	f.must(t, 200, "PATCH", "/v1/environments/prod", f.root, map[string]any{"third_party_safe": true})
+	f.must(t, 403, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod@2", "third_party": true})
+	tp := f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod", "third_party": true})
+	if tp.body["third_party"] != true || str(tp, "environment") != "prod@3" {
+		t.Errorf("third-party sandbox: %s", tp.raw)
+	}
+	f.must(t, 200, "PATCH", "/v1/projects/default", f.root, map[string]any{"third_party_default": true})
+	f.must(t, 403, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod@1"})
+	if r := f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{}); r.body["third_party"] != true {
+		t.Errorf("the project's default did not apply: %s", r.raw)
+	}
+	f.must(t, 200, "PATCH", "/v1/projects/default", f.root, map[string]any{"third_party_default": false})
+	f.must(t, 400, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod", "no_env": true})
+	f.must(t, 400, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod@9"})
+	f.must(t, 400, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "nope"})
+	f.must(t, 400, "POST", "/v1/environments", f.root, map[string]any{"name": "bad", "files": []any{map[string]any{"path": "/x", "template": true, "content": "{{MISSING}}"}}})
+	f.must(t, 400, "POST", "/v1/environments", f.root, map[string]any{"name": "bad", "credentials": []any{map[string]any{"secret": "NOPE", "hosts": []string{"x.test"}}}})
+	f.must(t, 409, "POST", "/v1/environments", f.root, envBody("prod"))
+
+	// Nothing secret is stored in plain text, the sandbox's own env
+	// included; it is erased with the sandbox.
+	noPlaintext(t, f.dir, secretValue)
+	noPlaintext(t, f.dir, "own-canary-value")
+	if n := countSecrets(t, f.dir, "sandbox/"+str(a, "id")); n != 1 {
+		t.Errorf("the sandbox's own env: %d sealed rows", n)
+	}
+	// An environment pinned by live sandboxes stays; once they are gone it
+	// goes, with every sealed value.
+	f.must(t, 409, "DELETE", "/v1/environments/prod", f.root, nil)
+	for _, id := range ids(f.must(t, 200, "GET", "/v1/sandboxes", f.root, nil).body["sandboxes"]) {
+		f.must(t, 200, "DELETE", "/v1/sandboxes/"+id, f.root, nil)
+	}
+	if n := countSecrets(t, f.dir, "sandbox/"); n != 0 {
+		t.Errorf("%d sealed sandbox rows after every delete", n)
+	}
+	if n := countSecrets(t, f.dir, "env/"+envID); n != 1 {
+		t.Errorf("%d sealed values of the environment, want 1 (shared by its versions)", n)
+	}
+	f.must(t, 204, "DELETE", "/v1/environments/prod", f.root, nil)
+	if n := countSecrets(t, f.dir, "env/"+envID); n != 0 {
+		t.Errorf("%d sealed values left after the environment's delete", n)
+	}
+	f.must(t, 404, "GET", "/v1/environments/prod", f.root, nil)
+}
