@@ -61,19 +61,28 @@ func withExtra(m map[string]json.RawMessage, k string, v any) map[string]json.Ra
 	return m
 }
 
-// delivery returns what the sandbox's pinned environment gives it, or
-// nothing.
-func (e *Engine) delivery(ctx context.Context, rec *store.Sandbox) (env.Delivery, error) {
+// pinned returns the sandbox's pinned environment version, or nil.
+func (e *Engine) pinned(ctx context.Context, rec *store.Sandbox) (*store.EnvVersion, error) {
 	if rec.EnvironmentID == "" {
-		return env.Delivery{}, nil
+		return nil, nil
 	}
 	var n int
 	if err := json.Unmarshal(rec.Extra[envVersionKey], &n); err != nil {
-		return env.Delivery{}, fmt.Errorf("sandbox %s: no pinned version: %w", rec.ID, err)
+		return nil, fmt.Errorf("sandbox %s: no pinned version: %w", rec.ID, err)
 	}
 	v, err := e.store.GetEnvVersion(ctx, rec.EnvironmentID, n)
 	if err != nil {
-		return env.Delivery{}, fmt.Errorf("sandbox %s: environment version: %w", rec.ID, err)
+		return nil, fmt.Errorf("sandbox %s: environment version: %w", rec.ID, err)
+	}
+	return v, nil
+}
+
+// delivery returns what the sandbox's pinned environment gives it, or
+// nothing.
+func (e *Engine) delivery(ctx context.Context, rec *store.Sandbox) (env.Delivery, error) {
+	v, err := e.pinned(ctx, rec)
+	if err != nil || v == nil {
+		return env.Delivery{}, err
 	}
 	return env.Deliver(v, rec.Placeholders), nil
 }
@@ -90,10 +99,12 @@ func (e *Engine) sealEnv(ctx context.Context, id string, vars map[string]string)
 	return e.sec.Put(ctx, sandboxScope(id), sandboxEnvName, b)
 }
 
-// eraseEnv removes what sealEnv stored.
+// eraseEnv removes the sandbox's sealed env and CA key.
 func (e *Engine) eraseEnv(ctx context.Context, id string) error {
-	if err := e.sec.Delete(ctx, sandboxScope(id), sandboxEnvName); err != nil && !errors.Is(err, secrets.ErrNotFound) {
-		return err
+	for _, name := range []string{sandboxEnvName, caKeyName} {
+		if err := e.sec.Delete(ctx, sandboxScope(id), name); err != nil && !errors.Is(err, secrets.ErrNotFound) {
+			return err
+		}
 	}
 	return nil
 }

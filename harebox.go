@@ -28,6 +28,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
@@ -179,6 +180,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.defaultAcc = acc
+	if n, ok := e.net.(interface {
+		SetCredentials(func(sandboxID string) *credproxy.Sandbox)
+	}); ok {
+		n.SetCredentials(e.credentialsOf)
+	}
 	if err := e.startHypervisor(ctx); err != nil {
 		return nil, err
 	}

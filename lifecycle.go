@@ -16,6 +16,7 @@ import (
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
@@ -36,6 +37,8 @@ type box struct {
 	// env is what every exec gets: the pinned environment's variables
 	// (secrets as placeholders) and the create request's own env.
 	env map[string]string
+	// creds are what the credential proxy needs (under amu).
+	creds *credproxy.Sandbox
 	// meterFrom is the start of the interval not yet metered.
 	meterFrom time.Time
 	// deleting is closed when Delete starts, so the exit watcher knows the
@@ -145,7 +148,13 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 	defer b.mu.Unlock()
 	err = e.sealEnv(ctx, id, req.Env)
 	if err == nil {
+		err = e.makeCA(ctx, b)
+	}
+	if err == nil {
 		err = e.loadEnv(ctx, b)
+	}
+	if err == nil {
+		err = e.loadCredentials(ctx, b)
 	}
 	if err == nil {
 		err = e.boot(ctx, b, img)
@@ -217,6 +226,9 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 		return fmt.Errorf("boot: %w", err)
 	}
 	if err := e.deliverFiles(bctx, b, c); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	if err := e.installCA(bctx, b, c); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
 	// Create stores the running state once the box is registered.

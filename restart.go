@@ -83,6 +83,9 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if err := e.loadEnv(ctx, b); err != nil {
 			e.log.Warn("cannot load the sandbox's environment; its execs get none", "id", rec.ID, "err", err)
 		}
+		if err := e.loadCredentials(ctx, b); err != nil {
+			e.log.Warn("cannot load the sandbox's credentials; they are not injected", "id", rec.ID, "err", err)
+		}
 		b.meterFrom = time.Now()
 		e.store.PutSandbox(ctx, rec)
 		e.boxes[rec.ID] = b

@@ -131,8 +131,8 @@ func TestEnvironments(t *testing.T) {
 	// included; it is erased with the sandbox.
 	noPlaintext(t, f.dir, secretValue)
 	noPlaintext(t, f.dir, "own-canary-value")
-	if n := countSecrets(t, f.dir, "sandbox/"+str(a, "id")); n != 1 {
-		t.Errorf("the sandbox's own env: %d sealed rows", n)
+	if n := countSecrets(t, f.dir, "sandbox/"+str(a, "id")); n != 2 {
+		t.Errorf("the sandbox's own env and CA key: %d sealed rows, want 2", n)
 	}
 	// An environment pinned by live sandboxes stays; once they are gone it
 	// goes, with every sealed value.
@@ -151,4 +151,30 @@ func TestEnvironments(t *testing.T) {
 		t.Errorf("%d sealed values left after the environment's delete", n)
 	}
 	f.must(t, 404, "GET", "/v1/environments/prod", f.root, nil)
+}
+
+// A sandbox whose environment has credential rules gets its own CA,
+// installed in the guest and pointed at by the TLS variables; the CA key
+// is sealed and erased with the sandbox.
+func TestSandboxCA(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	f.must(t, 201, "POST", "/v1/environments", f.root, envBody("prod"))
+	box := f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"environment": "prod"})
+	id := str(box, "id")
+	ca := string(f.must(t, 200, "GET", "/v1/sandboxes/"+id+"/files?path=/etc/harebox/ca.pem", f.root, nil).raw)
+	bundle := string(f.must(t, 200, "GET", "/v1/sandboxes/"+id+"/files?path=/etc/harebox/ca-bundle.pem", f.root, nil).raw)
+	if !strings.HasPrefix(ca, "-----BEGIN CERTIFICATE-----") || !strings.Contains(bundle, ca) {
+		t.Fatalf("CA in the guest: %q, bundle %q", ca, bundle)
+	}
+	if n := countSecrets(t, f.dir, "sandbox/"+id); n != 1 {
+		t.Errorf("the sandbox's CA key: %d sealed rows", n)
+	}
+	noPlaintext(t, f.dir, "PRIVATE KEY")
+	// A sandbox without credential rules gets no CA.
+	plain := f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{})
+	f.must(t, 404, "GET", "/v1/sandboxes/"+str(plain, "id")+"/files/stat?path=/etc/harebox/ca.pem", f.root, nil)
+	f.must(t, 200, "DELETE", "/v1/sandboxes/"+id, f.root, nil)
+	if n := countSecrets(t, f.dir, "sandbox/"+id); n != 0 {
+		t.Errorf("the CA key outlived the sandbox: %d rows", n)
+	}
 }

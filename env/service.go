@@ -391,3 +391,10 @@ func (s *Service) Pin(ctx context.Context, tx store.Tx, proj *store.Project, ref
 	}
 	return e, v, nil
 }
+
+// Reveal returns a secret's value, for the host's credential proxy only:
+// it checks no principal, and no API route calls it.
+func (s *Service) Reveal(ctx context.Context, envID, secretRef string) (string, error) {
+	b, err := s.secrets.Get(ctx, scope(envID), secretRef)
+	return string(b), err
+}

@@ -43,6 +43,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/firewall/credproxy"
 )
 
 // PolicyFunc returns the policy and internal ranges of the sandbox whose
@@ -64,6 +65,13 @@ type Proxy struct {
 	// firewall.APIHost over HTTP and its policy names that host on the
 	// port; src is the guest's address. Nil: the name is refused.
 	Internal func(ctx context.Context, src netip.Addr) (net.Conn, error)
+
+	// Credentials returns the credentials of the sandbox whose guest
+	// address is src, or nil. A connection to a name they cover (TLS, or
+	// plain HTTP where a rule allows it) goes through Creds, which puts
+	// the real values in on the way out.
+	Credentials func(src netip.Addr) *credproxy.Sandbox
+	Creds       *credproxy.Proxy
 
 	HelloTimeout time.Duration // to read the SNI or Host; default 10s
 	DialTimeout  time.Duration // default 10s
@@ -276,6 +284,18 @@ func (p *Proxy) handle(down net.Conn) {
 		return
 	}
 	target, err := p.choose(ctx, src, host, dst)
+	if err == nil && host != "" && p.Credentials != nil && p.Creds != nil {
+		secure := len(head) > 0 && head[0] == 0x16
+		if sb := p.Credentials(src); sb.Covers(host, f.port, secure) {
+			cancel()
+			p.mu.Lock()
+			f.host, f.addr = host, target.Addr()
+			p.mu.Unlock()
+			p.Creds.Serve(credproxy.Conn{Down: down, Head: head, Host: host, Port: f.port, Secure: secure, Sandbox: sb,
+				Dial: func(ctx context.Context) (net.Conn, error) { return p.dialName(ctx, src, host, dst) }})
+			return
+		}
+	}
 	if err != nil {
 		p.log().Info("egress: denied", "src", src, "host", host, "port", f.port, "dst", dst, "err", err)
 		return
@@ -338,6 +358,22 @@ func (p *Proxy) internal(ctx context.Context, f *flow, head []byte) {
 		return
 	}
 	splice(f.down, up)
+}
+
+// dialName dials host for src as a fresh connection would: the policy
+// decides again, at the name's current addresses.
+func (p *Proxy) dialName(ctx context.Context, src netip.Addr, host string, dst netip.AddrPort) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, p.dialTimeout())
+	defer cancel()
+	target, err := p.choose(dctx, src, host, dst)
+	if err != nil {
+		return nil, err
+	}
+	dial := p.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	return dial(dctx, "tcp4", target.String())
 }
 
 func (p *Proxy) dialTimeout() time.Duration {

@@ -149,6 +149,16 @@ type env struct {
 	// api is Options.API for the networks the env makes.
 	api func(ctx context.Context, src netip.Addr) (net.Conn, error)
 	mu  sync.Mutex
+	// seen is what each HTTPS test host last received: its Authorization
+	// header and its query (what a credential proxy put in).
+	seen map[string]string
+}
+
+// saw returns what the named HTTPS test host last received.
+func (e *env) saw(name string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.seen[name]
 }
 
 func newEnv(t testing.TB) *env {
@@ -292,7 +302,19 @@ func (e *env) startServers() {
 					w.Write(bigBody)
 					return
 				}
-				fmt.Fprintf(w, "server=%s host=%s", name, r.Host)
+				got := "auth=" + r.Header.Get("Authorization") + " query=" + r.URL.RawQuery
+				e.mu.Lock()
+				if e.seen == nil {
+					e.seen = map[string]string{}
+				}
+				e.seen[name] = got
+				e.mu.Unlock()
+				if r.URL.Path == "/redirect" {
+					http.Redirect(w, r, "https://example.com/", http.StatusFound)
+					return
+				}
+				w.Header().Set("X-Echo", r.Header.Get("Authorization"))
+				fmt.Fprintf(w, "server=%s host=%s %s", name, r.Host, got)
 			}),
 			TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}},
 			ConnState: func(_ net.Conn, s http.ConnState) {
@@ -389,6 +411,7 @@ func (e *env) newNetworkWith(stateDir string, newLink func(string) error) *Netwo
 		Table:    "harebox_t" + e.id,
 		newLink:  newLink,
 		API:      e.api,
+		Roots:    e.certs,
 		Logger:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {

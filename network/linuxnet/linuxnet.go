@@ -12,6 +12,7 @@ package linuxnet
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base32"
 	"encoding/json"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -32,6 +34,7 @@ import (
 
 	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/firewall/dnsfilter"
 	"github.com/harebox/harebox/firewall/egress"
 	"github.com/harebox/harebox/firewall/nft"
@@ -64,7 +67,10 @@ type Options struct {
 	// API connects a sandbox (by its guest address) to the HareBox API,
 	// which it then reaches as http://api.harebox.internal/ when its
 	// policy names that host (firewall.APIHost). Nil: never.
-	API    func(ctx context.Context, src netip.Addr) (net.Conn, error)
+	API func(ctx context.Context, src netip.Addr) (net.Conn, error)
+	// Roots verify the real hosts behind credential rules; nil means the
+	// system's roots (tests use their own CA).
+	Roots  *x509.CertPool
 	Logger *slog.Logger
 
 	// newLink makes the sandbox's host interface; tests replace the tap
@@ -92,6 +98,9 @@ type Network struct {
 	blockedMu    sync.Mutex
 	blocked      firewall.Blocked
 	blockedUntil time.Time
+
+	// creds returns a sandbox's credentials (SetCredentials).
+	creds atomic.Pointer[func(sandboxID string) *credproxy.Sandbox]
 }
 
 var _ network.Network = (*Network)(nil)
@@ -166,7 +175,8 @@ func New(ctx context.Context, opts Options) (*Network, error) {
 
 	n.upstream = &dnsfilter.Upstream{Addr: opts.Upstream}
 	n.resolver = &dnsfilter.Resolver{Policy: n.policyFor, Upstream: n.upstream, Log: n.log}
-	n.proxy = &egress.Proxy{Policy: n.policyFor, LookupA: n.upstream.LookupA, Log: n.log, Internal: opts.API}
+	n.proxy = &egress.Proxy{Policy: n.policyFor, LookupA: n.upstream.LookupA, Log: n.log, Internal: opts.API,
+		Credentials: n.credentialsFor, Creds: &credproxy.Proxy{Roots: opts.Roots, Log: n.log}}
 	if opts.API != nil {
 		// The guest is .2 of its /30, the gateway (the host) .1; the name
 		// resolves to the gateway and the proxy takes the connection.
@@ -434,6 +444,26 @@ func (n *Network) sandboxes() []nft.Sandbox {
 		out = append(out, n.sandbox(b))
 	}
 	return out
+}
+
+// SetCredentials gives the proxy each sandbox's credentials (the engine
+// holds them): connections to the names they cover get the real values.
+func (n *Network) SetCredentials(f func(sandboxID string) *credproxy.Sandbox) {
+	n.creds.Store(&f)
+}
+
+func (n *Network) credentialsFor(src netip.Addr) *credproxy.Sandbox {
+	f := n.creds.Load()
+	if f == nil {
+		return nil
+	}
+	n.pmu.RLock()
+	b, ok := n.byAddr[src]
+	n.pmu.RUnlock()
+	if !ok {
+		return nil
+	}
+	return (*f)(b.ID)
 }
 
 // policyFor is the resolver's and proxy's view: which sandbox owns src.

@@ -1,0 +1,411 @@
+// Package credproxy is the egress proxy's credential path: it puts real
+// secret values into a sandbox's requests on the host, so the guest only
+// ever holds placeholders.
+//
+// For a connection to a name that one of the sandbox's credential rules
+// covers, the proxy terminates TLS with a leaf certificate minted from the
+// sandbox's own CA (whose key never leaves the host), serves the guest's
+// HTTP/1.1 or HTTP/2 (ALPN) requests with net/http (which refuses header
+// smuggling: CR/LF in fields, obs-fold, a second Host), and forwards each
+// one over TLS to the real host, verified against the host's roots. What
+// is checked, and what is not:
+//   - A placeholder is swapped for its value only when the TLS SNI, the
+//     request's Host (or HTTP/2 :authority, or an absolute-form URI's host)
+//     and the rule's host all agree, on a port the rule names. Otherwise
+//     the request goes to the SNI's host as it came, placeholder and all.
+//   - HTTP/1 framing that a lenient parser could read two ways (obs-fold,
+//     bare CR or LF, Content-Length with Transfer-Encoding) ends the
+//     connection before the request is served (strictConn).
+//   - The guest must present the placeholder (in a header or the URL) for
+//     the value to be put in; a rule with a header then sets that header
+//     to its format, and the placeholder is replaced wherever it appears.
+//   - Plain HTTP is intercepted only for rules that allow it.
+//   - Redirects are never followed: each request is judged on its own.
+//   - Responses are scrubbed: a value echoed in a header or an identity-
+//     encoded body reaches the guest as the placeholder. Requests carrying
+//     a placeholder ask for identity encoding, so the body can be read.
+//   - WebSocket upgrades get the swap on the handshake only: after it the
+//     bytes are spliced.
+package credproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/harebox/harebox/firewall"
+)
+
+// Rule is one secret a sandbox may use: where, how, and its placeholder
+// and value (the value lives in host memory only).
+type Rule struct {
+	Hosts       []string
+	Ports       []firewall.PortSpan // empty: 443 (and 80 when AllowHTTP)
+	Header      string              // set to Format with {value}, if given
+	Format      string
+	AllowHTTP   bool
+	Placeholder string
+	Value       string
+}
+
+func (r *Rule) covers(host string, port uint16, secure bool) bool {
+	if !secure && !r.AllowHTTP {
+		return false
+	}
+	if !firewall.MatchHosts(r.Hosts, host) {
+		return false
+	}
+	if len(r.Ports) == 0 {
+		return port == 443 || (port == 80 && r.AllowHTTP)
+	}
+	for _, s := range r.Ports {
+		if port >= s.Lo && port <= s.Hi {
+			return true
+		}
+	}
+	return false
+}
+
+// Sandbox is one sandbox's credentials: its CA and its rules.
+type Sandbox struct {
+	CA    *x509.Certificate
+	CAKey crypto.Signer
+	Rules []Rule
+
+	mu     sync.Mutex
+	leaves map[string]*tls.Certificate
+}
+
+// Covers reports whether a rule covers host on port (over TLS, or plain).
+func (s *Sandbox) Covers(host string, port uint16, secure bool) bool {
+	if s == nil {
+		return false
+	}
+	for i := range s.Rules {
+		if s.Rules[i].covers(host, port, secure) {
+			return true
+		}
+	}
+	return false
+}
+
+// NewCA makes a sandbox CA: a P-256 key and a self-signed certificate that
+// may sign only leaves (path length 0).
+func NewCA(name string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().AddDate(10, 0, 0),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		MaxPathLenZero:        true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	return cert, key, err
+}
+
+// leaf returns a certificate for host signed by the sandbox's CA.
+func (s *Sandbox) leaf(host string) (*tls.Certificate, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.leaves[host]; c != nil && time.Until(c.Leaf.NotAfter) > time.Hour {
+		return c, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: host},
+		DNSNames:     []string{host},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, s.CA, &key.PublicKey, s.CAKey)
+	if err != nil {
+		return nil, err
+	}
+	leaf, _ := x509.ParseCertificate(der)
+	c := &tls.Certificate{Certificate: [][]byte{der, s.CA.Raw}, PrivateKey: key, Leaf: leaf}
+	if s.leaves == nil || len(s.leaves) > 256 {
+		s.leaves = map[string]*tls.Certificate{}
+	}
+	s.leaves[host] = c
+	return c, nil
+}
+
+// Proxy serves intercepted connections.
+type Proxy struct {
+	// Roots verify the real hosts; nil means the host's system roots.
+	Roots *x509.CertPool
+	Log   *slog.Logger
+}
+
+// Conn is one intercepted connection, as the egress proxy hands it over.
+type Conn struct {
+	Down    net.Conn // the guest's connection
+	Head    []byte   // what the egress proxy already read from it
+	Host    string   // the SNI (or, for plain HTTP, the first Host)
+	Port    uint16
+	Secure  bool // TLS (else plain HTTP)
+	Sandbox *Sandbox
+	// Dial connects to the real host (the egress proxy's checked dial of
+	// the name, never an address the guest chose).
+	Dial func(ctx context.Context) (net.Conn, error)
+}
+
+func (p *Proxy) log() *slog.Logger {
+	if p.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return p.Log
+}
+
+// Serve handles one connection until it ends.
+func (p *Proxy) Serve(c Conn) {
+	down := net.Conn(&replayConn{Conn: c.Down, r: io.MultiReader(bytes.NewReader(c.Head), c.Down)})
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.Dial(ctx) },
+		TLSClientConfig: &tls.Config{
+			RootCAs: p.Roots, ServerName: c.Host, MinVersion: tls.VersionTLS12,
+		},
+		ForceAttemptHTTP2:     true,
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 5 * time.Minute,
+	}
+	defer tr.CloseIdleConnections()
+	handler := p.handler(c, tr)
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute,
+		ErrorLog: slogLogger(p.log())}
+	if !c.Secure {
+		srv.Serve(&oneConn{c: &strictConn{Conn: down}})
+		return
+	}
+	tc := tls.Server(down, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2", "http/1.1"},
+		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if !strings.EqualFold(h.ServerName, c.Host) {
+				return nil, errors.New("credproxy: SNI changed")
+			}
+			return c.Sandbox.leaf(c.Host)
+		},
+	})
+	tc.SetDeadline(time.Now().Add(30 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		p.log().Info("credproxy: guest handshake failed", "host", c.Host, "err", err)
+		tc.Close()
+		return
+	}
+	tc.SetDeadline(time.Time{})
+	if tc.ConnectionState().NegotiatedProtocol == "h2" {
+		(&http2.Server{}).ServeConn(tc, &http2.ServeConnOpts{Handler: handler, BaseConfig: srv})
+		tc.Close()
+		return
+	}
+	srv.Serve(&oneConn{c: &strictConn{Conn: tc}})
+}
+
+func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
+	scheme, defPort := "https", uint16(443)
+	if !c.Secure {
+		scheme, defPort = "http", 80
+	}
+	hostport := c.Host
+	if c.Port != defPort {
+		hostport = net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))
+	}
+	rp := &httputil.ReverseProxy{
+		Transport: tr,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = scheme, hostport, hostport
+			if !strings.EqualFold(hostOnly(pr.In.Host), c.Host) {
+				if carries(pr.Out, c.Sandbox) {
+					p.log().Warn("credproxy: placeholder sent with a Host that is not the connection's name; not swapped",
+						"sni", c.Host, "host", pr.In.Host)
+				}
+				return
+			}
+			p.swap(pr.Out, c)
+		},
+		ModifyResponse: func(r *http.Response) error {
+			scrub(r, c.Sandbox)
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			p.log().Info("credproxy: upstream failed", "host", c.Host, "err", err)
+			w.WriteHeader(http.StatusBadGateway)
+		},
+	}
+	return rp
+}
+
+// carries reports whether a request holds any of the sandbox's
+// placeholders.
+func carries(r *http.Request, sb *Sandbox) bool {
+	for i := range sb.Rules {
+		if contains(r, sb.Rules[i].Placeholder) {
+			return true
+		}
+	}
+	return false
+}
+
+func contains(r *http.Request, ph string) bool {
+	if strings.Contains(r.URL.RawQuery, ph) || strings.Contains(r.URL.Path, ph) || strings.Contains(r.URL.RawPath, ph) {
+		return true
+	}
+	for _, vs := range r.Header {
+		for _, v := range vs {
+			if strings.Contains(v, ph) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// swap puts the values of the rules that cover the connection into a
+// request that presents their placeholders.
+func (p *Proxy) swap(r *http.Request, c Conn) {
+	for i := range c.Sandbox.Rules {
+		rule := &c.Sandbox.Rules[i]
+		if !rule.covers(c.Host, c.Port, c.Secure) || !contains(r, rule.Placeholder) {
+			continue
+		}
+		for k, vs := range r.Header {
+			for j, v := range vs {
+				r.Header[k][j] = strings.ReplaceAll(v, rule.Placeholder, rule.Value)
+			}
+		}
+		r.URL.Path = strings.ReplaceAll(r.URL.Path, rule.Placeholder, rule.Value)
+		r.URL.RawPath = strings.ReplaceAll(r.URL.RawPath, rule.Placeholder, rule.Value)
+		r.URL.RawQuery = strings.ReplaceAll(r.URL.RawQuery, rule.Placeholder, rule.Value)
+		if rule.Header != "" {
+			r.Header.Set(rule.Header, strings.ReplaceAll(rule.Format, "{value}", rule.Value))
+		}
+		r.Header.Set("Accept-Encoding", "identity")
+	}
+}
+
+// scrub replaces values by placeholders in a response's headers and body.
+func scrub(r *http.Response, sb *Sandbox) {
+	var pairs []string
+	for i := range sb.Rules {
+		if v := sb.Rules[i].Value; v != "" {
+			pairs = append(pairs, v, sb.Rules[i].Placeholder)
+		}
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	rep := strings.NewReplacer(pairs...)
+	for k, vs := range r.Header {
+		for j, v := range vs {
+			r.Header[k][j] = rep.Replace(v)
+		}
+	}
+	if r.StatusCode == http.StatusSwitchingProtocols || r.Body == nil {
+		return
+	}
+	r.Body = newScrubber(r.Body, pairs)
+	r.ContentLength = -1
+	r.Header.Del("Content-Length")
+}
+
+func hostOnly(h string) string {
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		return host
+	}
+	return h
+}
+
+// replayConn replays what was read before the handover.
+type replayConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *replayConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// CloseWrite keeps half-closes working through the wrapper.
+func (c *replayConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// oneConn is a listener of one connection, for http.Server.Serve.
+type oneConn struct {
+	c    net.Conn
+	once sync.Once
+	done chan struct{}
+	mu   sync.Mutex
+}
+
+func (l *oneConn) Accept() (net.Conn, error) {
+	var c net.Conn
+	l.once.Do(func() {
+		l.done = make(chan struct{})
+		c = &closeNotify{Conn: l.c, l: l}
+	})
+	if c != nil {
+		return c, nil
+	}
+	l.mu.Lock()
+	done := l.done
+	l.mu.Unlock()
+	<-done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConn) Close() error   { return nil }
+func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
+
+// closeNotify ends the one-connection listener when its connection closes.
+type closeNotify struct {
+	net.Conn
+	l    *oneConn
+	once sync.Once
+}
+
+func (c *closeNotify) Close() error {
+	c.once.Do(func() { close(c.l.done) })
+	return c.Conn.Close()
+}

@@ -1,0 +1,104 @@
+package credproxy
+
+import (
+	"io"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// chunky returns its data a few bytes at a time.
+type chunky struct {
+	s   string
+	rnd *rand.Rand
+}
+
+func (c *chunky) Read(p []byte) (int, error) {
+	if c.s == "" {
+		return 0, io.EOF
+	}
+	n := min(1+c.rnd.IntN(7), len(c.s), len(p))
+	copy(p, c.s[:n])
+	c.s = c.s[n:]
+	return n, nil
+}
+
+func (c *chunky) Close() error { return nil }
+
+// A value split across reads anywhere is still replaced.
+func TestScrubberAcrossReads(t *testing.T) {
+	body := strings.Repeat("x", 50) + "sk-SECRET-1" + "yy" + "sk-SECRET-1sk-SECRET-1" + "tok-2" + strings.Repeat("z", 9) + "sk-SECRET"
+	want := strings.NewReplacer("sk-SECRET-1", "PH1", "tok-2", "PH2").Replace(body)
+	for seed := range uint64(200) {
+		s := newScrubber(&chunky{s: body, rnd: rand.New(rand.NewPCG(seed, 1))}, []string{"sk-SECRET-1", "PH1", "tok-2", "PH2"})
+		got, err := io.ReadAll(s)
+		if err != nil || string(got) != want {
+			t.Fatalf("seed %d: %q %v, want %q", seed, got, err, want)
+		}
+	}
+}
+
+func TestRuleCovers(t *testing.T) {
+	r := Rule{Hosts: []string{"api.example.test", "*.openai.test"}}
+	for _, c := range []struct {
+		host   string
+		port   uint16
+		secure bool
+		want   bool
+	}{
+		{"api.example.test", 443, true, true},
+		{"x.openai.test", 443, true, true},
+		{"api.example.test", 80, false, false},
+		{"api.example.test", 8443, true, false},
+		{"other.test", 443, true, false},
+	} {
+		if got := r.covers(c.host, c.port, c.secure); got != c.want {
+			t.Errorf("%+v: %v", c, got)
+		}
+	}
+	r.AllowHTTP = true
+	if !r.covers("api.example.test", 80, false) {
+		t.Error("plain HTTP allowed by the rule")
+	}
+}
+
+// feedAll runs the framing check over a stream, in small pieces.
+func feedAll(s string) error {
+	c := &strictConn{}
+	for len(s) > 0 {
+		n := min(3, len(s))
+		if err := c.feed([]byte(s[:n])); err != nil {
+			return err
+		}
+		s = s[n:]
+	}
+	return nil
+}
+
+func TestStrictFraming(t *testing.T) {
+	good := "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello" +
+		"POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhe\r\nl\r\n0\r\nT: 1\r\n\r\n" +
+		"GET /c HTTP/1.1\r\nHost: x\r\n\r\n"
+	if err := feedAll(good); err != nil {
+		t.Fatalf("keep-alive with bodies refused: %v", err)
+	}
+	// A body may hold anything, even what would be a smuggled head.
+	if err := feedAll("POST / HTTP/1.1\r\nContent-Length: 14\r\n\r\n x: folded\r\n\r\n"); err != nil {
+		t.Fatalf("a body was read as a head: %v", err)
+	}
+	for name, bad := range map[string]string{
+		"obs-fold":           "GET / HTTP/1.1\r\nHost: x\r\nA: b\r\n c\r\n\r\n",
+		"obs-fold second":    good + "GET / HTTP/1.1\r\nHost: x\r\nA: b\r\n\tc\r\n\r\n",
+		"bare LF":            "GET / HTTP/1.1\r\nHost: x\nA: b\r\n\r\n",
+		"CL and TE":          "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"two lengths":        "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+		"bad chunk":          "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+		"chunk without CRLF": "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY",
+		"other coding":       "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+		"no colon":           "GET / HTTP/1.1\r\nHost x\r\n\r\n",
+	} {
+		if err := feedAll(bad); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package linuxnet
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/firewall/credproxy"
+)
+
+// The credential proxy on real nftables, with a guest namespace and test
+// hosts: the real value reaches only the rule's host, when SNI, Host and
+// rule agree; the guest sees only its placeholder.
+func TestCredentialProxy(t *testing.T) {
+	e := newEnv(t)
+	n := e.newNetwork("")
+	g := e.attach(n, mustPolicy(t, `{"default_outbound": "deny", "outbound": [
+		{"action": "allow", "protocol": "tcp", "ports": "443", "hosts": ["pypi.org", "example.com"]}]}`))
+	ca, key, err := credproxy.NewCA("test sandbox CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		value = "real-secret-value-9f8e7d"
+		ph    = "hbph_testplaceholder0123456789abcdefgh"
+	)
+	sb := &credproxy.Sandbox{CA: ca, CAKey: key, Rules: []credproxy.Rule{{
+		Hosts: []string{"pypi.org"}, Header: "Authorization", Format: "Bearer {value}", Placeholder: ph, Value: value,
+	}}}
+	n.SetCredentials(func(id string) *credproxy.Sandbox {
+		if id == g.id {
+			return sb
+		}
+		return nil
+	})
+	// The guest trusts its sandbox CA (installed at boot) and, for the
+	// hosts it reaches directly, the test hosts' own certificates.
+	roots := e.certs.Clone()
+	roots.AddCert(ca)
+	client := func(h2 bool) *http.Client {
+		tr := &http.Transport{
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				ip := map[string]string{"pypi.org": pypiIP, "example.com": exampleIP}[strings.Split(addr, ":")[0]]
+				return g.dial("tcp4", ip+":443")
+			},
+			TLSClientConfig:   &tls.Config{RootCAs: roots},
+			ForceAttemptHTTP2: h2,
+		}
+		if !h2 {
+			tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		}
+		return &http.Client{Transport: tr, Timeout: 10 * time.Second,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	get := func(c *http.Client, url, host string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("Authorization", "Bearer "+ph)
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+
+	for _, h2 := range []bool{false, true} {
+		c := client(h2)
+		resp, body := get(c, "https://pypi.org/?key="+ph, "")
+		if got := e.saw("pypi.org"); got != "auth=Bearer "+value+" query=key="+value {
+			t.Errorf("h2=%v: the rule's host received %q", h2, got)
+		}
+		if strings.Contains(body, value) || !strings.Contains(body, "auth=Bearer "+ph) || resp.Header.Get("X-Echo") != "Bearer "+ph {
+			t.Errorf("h2=%v: the guest saw the value: %q %v", h2, body, resp.Header)
+		}
+		if h2 && resp.ProtoMajor != 2 {
+			t.Errorf("HTTP/2 was not negotiated: %s", resp.Proto)
+		}
+		if resp.TLS == nil || resp.TLS.PeerCertificates[0].Issuer.CommonName != "test sandbox CA" {
+			t.Errorf("h2=%v: the connection was not intercepted", h2)
+		}
+	}
+	c := client(false)
+	// Another host (no rule): passthrough, the placeholder stays.
+	if _, body := get(c, "https://example.com/", ""); e.saw("example.com") != "auth=Bearer "+ph+" query=" || !strings.HasPrefix(body, "server=example.com") {
+		t.Errorf("another host received %q", e.saw("example.com"))
+	}
+	// SNI pypi.org, Host example.com: not swapped.
+	get(c, "https://pypi.org/", "example.com")
+	if got := e.saw("pypi.org"); got != "auth=Bearer "+ph+" query=" {
+		t.Errorf("Host differing from SNI: %q", got)
+	}
+	// A redirect to another host is not followed by the proxy.
+	resp, _ := get(c, "https://pypi.org/redirect", "")
+	if resp.StatusCode != http.StatusFound || e.saw("example.com") != "auth=Bearer "+ph+" query=" {
+		t.Errorf("redirect: %d, example.com saw %q", resp.StatusCode, e.saw("example.com"))
+	}
+
+	// Raw requests: absolute-form naming another host, and smuggling.
+	raw := func(req string) string {
+		conn, err := g.dial("tcp4", pypiIP+":443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		tc := tls.Client(conn, &tls.Config{ServerName: "pypi.org", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+		fmt.Fprint(tc, req)
+		line, _ := bufio.NewReader(tc).ReadString('\n')
+		return line
+	}
+	e.mu.Lock()
+	e.seen["pypi.org"] = ""
+	e.mu.Unlock()
+	raw("GET https://example.com/ HTTP/1.1\r\nHost: example.com\r\nAuthorization: Bearer " + ph + "\r\nConnection: close\r\n\r\n")
+	if got := e.saw("pypi.org"); strings.Contains(got, value) {
+		t.Errorf("absolute-form URI to another host was swapped: %q", got)
+	}
+	for _, smuggle := range []string{
+		"GET / HTTP/1.1\r\nHost: pypi.org\r\nHost: example.com\r\nAuthorization: Bearer " + ph + "\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: pypi.org\r\nAuthorization: Bearer " + ph + "\r\n x: folded\r\n\r\n",
+	} {
+		e.mu.Lock()
+		e.seen["pypi.org"] = ""
+		e.mu.Unlock()
+		if line := raw(smuggle); !strings.Contains(line, "400") {
+			t.Errorf("smuggled request answered %q", line)
+		}
+		if got := e.saw("pypi.org"); got != "" {
+			t.Errorf("a smuggled request reached the host: %q", got)
+		}
+	}
+}
