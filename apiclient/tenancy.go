@@ -22,6 +22,14 @@ type Project struct {
 	AccountID string    `json:"account_id"`
 	Name      string    `json:"name"`
 	CreatedAt time.Time `json:"created_at"`
+	// ThirdPartyDefault makes the project's new sandboxes third-party:
+	// they get only environments marked third_party_safe.
+	ThirdPartyDefault bool `json:"third_party_default"`
+}
+
+// ProjectUpdate changes a project's settings; absent fields stay.
+type ProjectUpdate struct {
+	ThirdPartyDefault *bool `json:"third_party_default,omitempty"`
 }
 
 // Fleet is a named group of sandboxes in a project.

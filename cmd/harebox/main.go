@@ -63,8 +63,9 @@ var commands = []command{
 	{"file", "write|read|list|stat|mkdir|rm ID --path PATH [flags]", "files in a sandbox", cmdFile},
 	{"firewall", "set|get ID [--body JSON | --from FILE]", "a sandbox's firewall policy", cmdFirewall},
 	{"account", "create NAME | list | get REF | delete REF", "accounts (create and delete: the operator only)", cmdAccount},
-	{"project", "create NAME | list | get REF | delete REF [--account REF]", "an account's projects", cmdProject},
+	{"project", "create NAME | list | get REF | update REF --third-party-default=BOOL | delete REF [--account REF]", "an account's projects", cmdProject},
 	{"fleet", "create NAME | list | get REF | delete REF [--project REF] [--account REF]", "a project's fleets (default project: default)", cmdFleet},
+	{"env", "create NAME [flags] | set NAME [flags] | get NAME | list | versions NAME | version NAME N | delete NAME [--project REF] [--account REF]", "a project's environments: versioned variables (secrets sealed), files and credential rules that sandboxes pin", cmdEnv},
 	{"key", "create [flags] | list | get KEY_ID | revoke KEY_ID | rotate KEY_ID", "scoped API keys; a new or rotated secret is shown once", cmdKey},
 	{"version", "", "client and server versions", cmdVersion},
 }
@@ -220,25 +221,33 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	image := fs.String("image", "", "image (default: the server's default)")
 	ttl := fs.Int64("ttl", 0, "delete the sandbox this many seconds after creation")
 	noEnv := fs.Bool("no-env", false, "keep every stored environment out of this sandbox")
+	thirdParty := fs.Bool("third-party", false, "a sandbox handed to a third party: it may only get an environment marked third-party-safe (a project's third-party default also makes it so)")
 	project := fs.String("project", "", "the project, ID or name (default: the account's default project)")
 	fleet := fs.String("fleet", "", "a fleet of that project, ID or name")
 	account := fs.String("account", "", "the account, ID or name (the operator only; default: the default account, or the key's own)")
-	labels, env := kv{}, kv{}
+	labels, env := kv{}, &envFlag{vars: kv{}}
 	fs.Var(labels, "label", "label KEY=VALUE (repeatable)")
-	fs.Var(env, "env", "environment variable KEY=VALUE (repeatable)")
+	fs.Var(env, "env", "KEY=VALUE: an environment variable of this sandbox only (repeatable);\n"+
+		"NAME[@VERSION] or an env_ ID (no '='): pin that environment of the project, its latest version\n"+
+		"unless @VERSION is given (at most one; see harebox env)")
 	if _, err := parse(fs, c, args, 0); err != nil {
+		return 0, err
+	}
+	environment, err := env.environment()
+	if err != nil {
 		return 0, err
 	}
 	req := sandbox.CreateRequest{
 		Name: *name, Image: *image, TTLSeconds: *ttl, NoEnv: *noEnv,
 		AccountID: *account, Project: *project, Fleet: *fleet,
+		Environment: environment, ThirdParty: *thirdParty,
 		Size: sandbox.Size{Preset: *size, VCPUs: *vcpus, MemoryMB: *memory, DiskGB: *disk},
 	}
 	if len(labels) > 0 {
 		req.Labels = labels
 	}
-	if len(env) > 0 {
-		req.Env = env
+	if len(env.vars) > 0 {
+		req.Env = env.vars
 	}
 	var box sandbox.Sandbox
 	if err := c.c.Do(ctx, "POST", "/v1/sandboxes", nil, req, &box); err != nil {
