@@ -242,6 +242,12 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 // idempotent.
 func (e *Engine) destroy(ctx context.Context, b *box) error {
 	b.closeAgent()
+	b.amu.Lock()
+	if b.creds != nil {
+		b.creds.Close()
+		b.creds = nil
+	}
+	b.amu.Unlock()
 	b.procs.closeAll()
 	var errs []error
 	if b.m != nil {

@@ -538,6 +538,7 @@ func TestTenancy(t *testing.T) {
 	}
 	f.must(t, 200, "DELETE", "/v1/sandboxes/"+w.boxA1, w.fullA, nil)
 	f.must(t, 204, "DELETE", "/v1/projects/web/fleets/scrapers?account=alpha", f.root, nil)
+	f.must(t, 204, "DELETE", "/v1/environments/prod?account=alpha&project=web", f.root, nil)
 	f.must(t, 204, "DELETE", "/v1/projects/web?account=alpha", f.root, nil)
 	f.must(t, 404, "GET", "/v1/projects/web?account=alpha", f.root, nil)
 	// The operator lists another account's sandboxes, and finds its

@@ -126,6 +126,14 @@ func TestEnvironments(t *testing.T) {
 	f.must(t, 400, "POST", "/v1/environments", f.root, map[string]any{"name": "bad", "files": []any{map[string]any{"path": "/x", "template": true, "content": "{{MISSING}}"}}})
 	f.must(t, 400, "POST", "/v1/environments", f.root, map[string]any{"name": "bad", "credentials": []any{map[string]any{"secret": "NOPE", "hosts": []string{"x.test"}}}})
 	f.must(t, 409, "POST", "/v1/environments", f.root, envBody("prod"))
+	f.must(t, 400, "PATCH", "/v1/environments/prod", f.root, map[string]any{})
+	// A project (or account) holding environments is not deleted under
+	// them: their sealed values would be left behind.
+	f.must(t, 201, "POST", "/v1/projects", f.root, map[string]any{"name": "side"})
+	f.must(t, 201, "POST", "/v1/environments?project=side", f.root, map[string]any{"name": "e", "variables": map[string]any{"S": map[string]any{"value": "x", "secret": true}}})
+	f.must(t, 409, "DELETE", "/v1/projects/side", f.root, nil)
+	f.must(t, 204, "DELETE", "/v1/environments/e?project=side", f.root, nil)
+	f.must(t, 204, "DELETE", "/v1/projects/side", f.root, nil)
 
 	// Nothing secret is stored in plain text, the sandbox's own env
 	// included; it is erased with the sandbox.

@@ -223,6 +223,9 @@ func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string
 	if err := checkVars(r.Set); err != nil {
 		return nil, err
 	}
+	if len(r.Set) == 0 && len(r.Unset) == 0 && r.Files == nil && r.Credentials == nil && r.ThirdPartySafe == nil {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "", "nothing to change: give set, unset, files, credentials or third_party_safe")
+	}
 	var out *View
 	var made []string
 	var envID string

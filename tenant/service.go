@@ -334,6 +334,14 @@ func (s *Service) DeleteProject(ctx context.Context, accountRef, ref string) err
 }
 
 func deleteProject(ctx context.Context, tx store.Tx, p *Project) error {
+	// Environments hold sealed values only their own delete erases.
+	envs, err := tx.ListEnvironments(ctx, p.ID)
+	if err != nil {
+		return err
+	}
+	if len(envs) > 0 {
+		return sandbox.Errorf(sandbox.ErrState, "", "project %q has %d environments; delete them first", p.Name, len(envs))
+	}
 	fleets, err := tx.ListFleets(ctx, p.ID)
 	if err != nil {
 		return err

@@ -93,6 +93,46 @@ type Sandbox struct {
 
 	mu     sync.Mutex
 	leaves map[string]*tls.Certificate
+	// transports keep upstream connections per host and port across the
+	// guest's connections, so a new guest connection costs no new TLS
+	// handshake upstream.
+	transports map[string]*http.Transport
+}
+
+// transport returns the sandbox's transport to host:port, making it with
+// dial on first use.
+func (s *Sandbox) transport(host string, port uint16, roots *x509.CertPool, dial func(context.Context) (net.Conn, error)) *http.Transport {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := net.JoinHostPort(host, strconv.Itoa(int(port)))
+	if t := s.transports[key]; t != nil {
+		return t
+	}
+	t := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		TLSClientConfig: &tls.Config{
+			RootCAs: roots, ServerName: host, MinVersion: tls.VersionTLS12,
+		},
+		ForceAttemptHTTP2:     true,
+		MaxIdleConnsPerHost:   8,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 5 * time.Minute,
+	}
+	if s.transports == nil {
+		s.transports = map[string]*http.Transport{}
+	}
+	s.transports[key] = t
+	return t
+}
+
+// Close drops the sandbox's idle upstream connections.
+func (s *Sandbox) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.transports {
+		t.CloseIdleConnections()
+	}
+	s.transports = nil
 }
 
 // Covers reports whether a rule covers host on port (over TLS, or plain).
@@ -198,17 +238,11 @@ func (p *Proxy) log() *slog.Logger {
 // Serve handles one connection until it ends.
 func (p *Proxy) Serve(c Conn) {
 	down := net.Conn(&replayConn{Conn: c.Down, r: io.MultiReader(bytes.NewReader(c.Head), c.Down)})
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.Dial(ctx) },
-		TLSClientConfig: &tls.Config{
-			RootCAs: p.Roots, ServerName: c.Host, MinVersion: tls.VersionTLS12,
-		},
-		ForceAttemptHTTP2:     true,
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 5 * time.Minute,
+	tr := c.Sandbox.transport(c.Host, c.Port, p.Roots, c.Dial)
+	if !c.Secure {
+		tr = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.Dial(ctx) }}
+		defer tr.CloseIdleConnections()
 	}
-	defer tr.CloseIdleConnections()
 	handler := p.handler(c, tr)
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute,
 		ErrorLog: slogLogger(p.log())}
@@ -272,8 +306,31 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 			w.WriteHeader(http.StatusBadGateway)
 		},
 	}
-	return rp
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rp.ServeHTTP(&batchFlush{ResponseWriter: w}, r)
+	})
 }
+
+// batchFlush coalesces the flushes ReverseProxy makes after every write of
+// a body of unknown length (a scrubbed body has one): at most one every
+// flushEvery, except for event streams, which flush at once. Without it a
+// large download becomes one TLS record and one syscall per 32 KiB.
+type batchFlush struct {
+	http.ResponseWriter
+	last time.Time
+}
+
+const flushEvery = 20 * time.Millisecond
+
+func (b *batchFlush) Flush() {
+	if time.Since(b.last) < flushEvery && !strings.HasPrefix(b.Header().Get("Content-Type"), "text/event-stream") {
+		return
+	}
+	b.last = time.Now()
+	http.NewResponseController(b.ResponseWriter).Flush()
+}
+
+func (b *batchFlush) Unwrap() http.ResponseWriter { return b.ResponseWriter }
 
 // carries reports whether a request holds any of the sandbox's
 // placeholders.

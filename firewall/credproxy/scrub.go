@@ -17,6 +17,7 @@ type scrubber struct {
 	olds    [][]byte
 	keep    int
 	pending []byte
+	buf     []byte
 	out     bytes.Buffer
 	err     error
 }
@@ -32,9 +33,11 @@ func newScrubber(src io.ReadCloser, pairs []string) *scrubber {
 
 func (s *scrubber) Read(p []byte) (int, error) {
 	for s.out.Len() == 0 && s.err == nil {
-		buf := make([]byte, 32<<10)
-		n, err := s.src.Read(buf)
-		s.pending = append(s.pending, buf[:n]...)
+		if s.buf == nil {
+			s.buf = make([]byte, 64<<10)
+		}
+		n, err := s.src.Read(s.buf)
+		s.pending = append(s.pending, s.buf[:n]...)
 		s.err = err
 		cut := len(s.pending)
 		if err == nil {
@@ -58,13 +61,27 @@ func (s *scrubber) Read(p []byte) (int, error) {
 				}
 			}
 		}
-		s.out.WriteString(s.rep.Replace(string(s.pending[:cut])))
+		if s.holds(s.pending[:cut]) {
+			s.out.WriteString(s.rep.Replace(string(s.pending[:cut])))
+		} else {
+			s.out.Write(s.pending[:cut]) // the common case: nothing to replace
+		}
 		s.pending = append(s.pending[:0], s.pending[cut:]...)
 	}
 	if s.out.Len() > 0 {
 		return s.out.Read(p)
 	}
 	return 0, s.err
+}
+
+// holds reports whether b contains a value.
+func (s *scrubber) holds(b []byte) bool {
+	for _, old := range s.olds {
+		if bytes.Contains(b, old) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *scrubber) Close() error { return s.src.Close() }
