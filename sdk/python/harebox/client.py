@@ -129,7 +129,8 @@ class Client:
     def create(self, *, timeout: float | None = None, **fields: Any) -> Sandbox:
         """Creates a sandbox from keyword fields of CreateRequest (name,
         size, image, ttl_seconds, labels, account_id, project, fleet,
-        no_env, env); None means unset. Returns once the sandbox runs."""
+        environment, third_party, no_env, env); None means unset. Returns
+        once the sandbox runs."""
         body = {k: v for k, v in fields.items() if v is not None}
         return Sandbox(self, self.create_sandbox(body=body, timeout=timeout))
 
@@ -354,6 +355,15 @@ class Client:
         """GET /v1/projects/{project}: by ID (prj_...) or name."""
         return cast(t.Project, self._json("GET", _path("/v1/projects/{}", project), query=query, timeout=timeout))
 
+    @operation("updateProject")
+    def update_project(
+        self, project: str, *, body: t.Body, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.Project:
+        """PATCH /v1/projects/{project}: changes its settings
+        (``body={"third_party_default": True}`` makes every new sandbox of
+        the project third-party)."""
+        return cast(t.Project, self._json("PATCH", _path("/v1/projects/{}", project), query=query, body=body, timeout=timeout))
+
     @operation("deleteProject")
     def delete_project(self, project: str, *, query: t.Query | None = None, timeout: float | None = None) -> None:
         """DELETE /v1/projects/{project}: a project without live sandboxes,
@@ -420,6 +430,68 @@ class Client:
         """POST /v1/keys/{key}/rotate: a new secret; the old one stops
         working when this returns."""
         return cast(t.KeyWithSecret, self._json("POST", _path("/v1/keys/{}/rotate", key_id), timeout=timeout))
+
+    # --- environments -----------------------------------------------------
+    # Query ``project`` (ID or name; default the default project) and, for
+    # the operator, ``account``. Secret values are never in an answer: a
+    # secret variable shows as ``{"secret": True}``.
+
+    @operation("createEnvironment")
+    def create_environment(
+        self, *, body: t.Body, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.Environment:
+        """POST /v1/environments: an environment and its version 1
+        (``name``, ``variables``, ``files``, ``credentials``,
+        ``third_party_safe``; see EnvironmentRequest)."""
+        return cast(t.Environment, self._json("POST", "/v1/environments", query=query, body=body, timeout=timeout))
+
+    @operation("listEnvironments")
+    def list_environments(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.EnvironmentList:
+        """GET /v1/environments: a project's environments with their latest versions."""
+        return cast(t.EnvironmentList, self._json("GET", "/v1/environments", query=query, timeout=timeout))
+
+    @operation("getEnvironment")
+    def get_environment(
+        self, environment: str, *, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.Environment:
+        """GET /v1/environments/{environment}: by ID (env_...) or name, with its latest version."""
+        path = _path("/v1/environments/{}", environment)
+        return cast(t.Environment, self._json("GET", path, query=query, timeout=timeout))
+
+    @operation("updateEnvironment")
+    def update_environment(
+        self, environment: str, *, body: t.Body, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.Environment:
+        """PATCH /v1/environments/{environment}: a new version from the
+        latest (``set``, ``unset``; ``files``, ``credentials`` and
+        ``third_party_safe`` replace when given); running sandboxes keep
+        the version they pinned."""
+        path = _path("/v1/environments/{}", environment)
+        return cast(t.Environment, self._json("PATCH", path, query=query, body=body, timeout=timeout))
+
+    @operation("deleteEnvironment")
+    def delete_environment(self, environment: str, *, query: t.Query | None = None, timeout: float | None = None) -> None:
+        """DELETE /v1/environments/{environment}: with its versions and
+        sealed values; Conflict while a live sandbox pins it."""
+        self._json("DELETE", _path("/v1/environments/{}", environment), query=query, timeout=timeout)
+
+    @operation("listEnvironmentVersions")
+    def list_environment_versions(
+        self, environment: str, *, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.EnvironmentVersionList:
+        """GET /v1/environments/{environment}/versions: oldest first."""
+        path = _path("/v1/environments/{}/versions", environment)
+        return cast(t.EnvironmentVersionList, self._json("GET", path, query=query, timeout=timeout))
+
+    @operation("getEnvironmentVersion")
+    def get_environment_version(
+        self, environment: str, version: int | str, *, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.EnvironmentVersion:
+        """GET /v1/environments/{environment}/versions/{version}: one version (from 1)."""
+        if isinstance(version, bool) or not isinstance(version, (int, str)):
+            raise ValueError(f"version must be an int or a str, not {version!r}")
+        path = _path("/v1/environments/{}/versions/{}", environment, str(version))
+        return cast(t.EnvironmentVersion, self._json("GET", path, query=query, timeout=timeout))
 
     # --- transport ------------------------------------------------------
 

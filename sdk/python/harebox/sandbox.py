@@ -36,6 +36,8 @@ class Sandbox:
     size: t.Resources
     labels: dict[str, str]
     no_env: bool
+    environment: str | None
+    third_party: bool
     site: t.Site
     created_at: str
     expires_at: str | None
@@ -59,6 +61,8 @@ class Sandbox:
         self.size = data.get("size", {"vcpus": 0, "memory_mb": 0, "disk_gb": 0})
         self.labels = dict(data.get("labels") or {})
         self.no_env = bool(data.get("no_env", False))
+        self.environment = data.get("environment")
+        self.third_party = bool(data.get("third_party", False))
         self.site = data.get("site", {"name": "", "country": ""})
         self.created_at = data.get("created_at", "")
         self.expires_at = data.get("expires_at")

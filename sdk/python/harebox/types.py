@@ -42,6 +42,10 @@ class SandboxJSON(TypedDict):
     size: Resources
     labels: NotRequired[dict[str, str]]
     no_env: bool
+    #: The pinned environment, "NAME@VERSION".
+    environment: NotRequired[str]
+    #: A third-party sandbox gets only third_party_safe environments.
+    third_party: NotRequired[bool]
     site: Site
     created_at: str
     expires_at: NotRequired[str]
@@ -134,6 +138,8 @@ class Project(TypedDict):
     account_id: str
     name: str
     created_at: str
+    #: Every new sandbox of the project is third-party.
+    third_party_default: bool
 
 
 class ProjectList(TypedDict):
@@ -194,3 +200,103 @@ class KeyWithSecret(Key):
 
 class KeyList(TypedDict):
     keys: list[Key]
+
+
+class ProjectUpdate(TypedDict, total=False):
+    """The body of update_project."""
+
+    #: New sandboxes of the project are third-party (only third-party-safe environments).
+    third_party_default: bool
+
+
+class EnvVar(TypedDict, total=False):
+    """A variable. In answers a secret has no ``value``: ``{"secret": True}``."""
+
+    value: str
+    #: Sealed in the host; a sandbox sees a placeholder (``hbph_...``) instead.
+    secret: bool
+
+
+class EnvFile(TypedDict):
+    """A file the environment puts in the sandbox."""
+
+    path: str
+    #: Permission bits; default 0o644.
+    mode: NotRequired[int]
+    #: "user", "root" or "name:group".
+    owner: NotRequired[str]
+    content: str
+    #: ``{{NAME}}`` is replaced by the variable's value (a secret's by the
+    #: sandbox's placeholder).
+    template: NotRequired[bool]
+
+
+class CredentialRule(TypedDict):
+    """Where a secret may be used, and how the host puts it in requests."""
+
+    #: The secret variable.
+    secret: str
+    hosts: list[str]
+    ports: NotRequired[str]
+    #: A header to set to ``format``; without it the placeholder is
+    #: replaced where it appears.
+    header: NotRequired[str]
+    #: e.g. "Bearer {value}".
+    format: NotRequired[str]
+    allow_http: NotRequired[bool]
+
+
+class EnvironmentRequest(TypedDict):
+    """The body of create_environment."""
+
+    name: str
+    project: NotRequired[str]
+    variables: NotRequired[dict[str, EnvVar]]
+    files: NotRequired[list[EnvFile]]
+    credentials: NotRequired[list[CredentialRule]]
+    third_party_safe: NotRequired[bool]
+
+
+class EnvironmentUpdate(TypedDict, total=False):
+    """The body of update_environment: a new version from the latest one.
+    ``files``, ``credentials`` and ``third_party_safe`` replace the latest
+    version's when given."""
+
+    set: dict[str, EnvVar]
+    unset: list[str]
+    files: list[EnvFile]
+    credentials: list[CredentialRule]
+    third_party_safe: bool
+
+
+class EnvironmentVersion(TypedDict):
+    environment_id: str
+    version: int
+    created_at: str
+    third_party_safe: bool
+    variables: dict[str, EnvVar]
+    files: list[EnvFile]
+    credentials: list[CredentialRule]
+
+
+class Environment(TypedDict):
+    id: str
+    account_id: str
+    project_id: str
+    #: The project's name.
+    project: str
+    name: str
+    #: The newest version's number.
+    latest: int
+    created_at: str
+    updated_at: str
+    #: The version this answer describes (the latest, or the one just made).
+    version: EnvironmentVersion
+
+
+class EnvironmentList(TypedDict):
+    environments: list[Environment]
+
+
+class EnvironmentVersionList(TypedDict):
+    versions: list[EnvironmentVersion]

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 import harebox
+from harebox import types as t
 from harebox.errors import error_from_body, parse_retry_after
 
 REPO_OPENAPI = Path(__file__).resolve().parents[3] / "api" / "openapi.yaml"
@@ -115,7 +116,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    do_GET = do_POST = do_PUT = do_DELETE = _answer
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -179,6 +180,62 @@ def test_tenancy_and_key_routes(recorder: tuple[harebox.Client, type[_Recorder]]
     ]
     with pytest.raises(ValueError):
         hb.get_fleet("web", "")
+
+
+def test_environment_and_project_update_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/environments/prod"] = (204, {}, None)
+    web = {"project": "web", "account": "acme"}
+    env: t.EnvironmentRequest = {
+        "name": "prod",
+        "variables": {"MODE": {"value": "prod"}, "TOKEN": {"value": "v", "secret": True}},
+        "files": [{"path": "/etc/app.conf", "content": "token={{TOKEN}}", "template": True}],
+        "credentials": [{"secret": "TOKEN", "hosts": ["api.example.com"], "header": "Authorization", "format": "Bearer {value}"}],
+    }
+    update: t.EnvironmentUpdate = {"set": {"MODE": {"value": "staging"}}, "unset": ["OLD"], "third_party_safe": True}
+    hb.update_project("web", body={"third_party_default": True}, query={"account": "acme"})
+    hb.create_environment(body=env, query=web)
+    hb.list_environments(query={"project": "prj_1"})
+    hb.get_environment("env_1")
+    hb.update_environment("prod", body=update, query={"project": "web"})
+    assert hb.delete_environment("prod") is None
+    hb.list_environment_versions("prod", query=web)
+    hb.get_environment_version("prod", 2, query={"project": "web"})
+    hb.get_environment_version("a/b", "1")
+    server.replies["/v1/sandboxes"] = (201, {}, {"id": "sbx_1", "state": "running", "environment": "prod@1", "third_party": True})
+    box = hb.create(environment="prod@1", third_party=True, no_env=None)
+    assert (box.environment, box.third_party) == ("prod@1", True)
+    assert server.seen == [
+        ("PATCH", "/v1/projects/web?account=acme", {"third_party_default": True}),
+        ("POST", "/v1/environments?project=web&account=acme", env),
+        ("GET", "/v1/environments?project=prj_1", None),
+        ("GET", "/v1/environments/env_1", None),
+        ("PATCH", "/v1/environments/prod?project=web", update),
+        ("DELETE", "/v1/environments/prod", None),
+        ("GET", "/v1/environments/prod/versions?project=web&account=acme", None),
+        ("GET", "/v1/environments/prod/versions/2?project=web", None),
+        ("GET", "/v1/environments/a%2Fb/versions/1", None),
+        ("POST", "/v1/sandboxes", {"environment": "prod@1", "third_party": True}),
+    ]
+    with pytest.raises(ValueError):
+        hb.get_environment_version("prod", True)
+    with pytest.raises(ValueError):
+        hb.update_environment("", body={})
+
+
+def test_sandbox_reports_its_environment() -> None:
+    hb = harebox.Client(url="http://127.0.0.1:9", api_key="k")
+    data: t.SandboxJSON = {
+        "id": "sbx_1", "account_id": "acc_1", "project_id": "prj_1", "project": "default", "state": "running",
+        "image": "minimal", "size": {"vcpus": 1, "memory_mb": 512, "disk_gb": 1}, "no_env": False,
+        "environment": "prod@2", "third_party": True, "site": {"name": "l", "country": ""}, "created_at": "now",
+    }
+    box = harebox.Sandbox(hb, data)
+    assert (box.environment, box.third_party) == ("prod@2", True)
+    assert box.to_dict()["environment"] == "prod@2" and box.to_dict()["third_party"] is True
+    del data["environment"], data["third_party"]
+    bare = harebox.Sandbox(hb, data)
+    assert (bare.environment, bare.third_party) == (None, False)
 
 
 def test_rate_limited_reply_carries_retry_after(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:

@@ -9,6 +9,13 @@ import type {
   AccountList,
   AccountQuery,
   CreateRequest,
+  Environment,
+  EnvironmentList,
+  EnvironmentQuery,
+  EnvironmentRequest,
+  EnvironmentUpdate,
+  EnvironmentVersion,
+  EnvironmentVersionList,
   ExecEvent,
   ExecRequest,
   ExecResult,
@@ -34,6 +41,7 @@ import type {
   ProcessList,
   Project,
   ProjectList,
+  ProjectUpdate,
   RemoveFileQuery,
   Sandbox as SandboxData,
   WriteFileQuery,
@@ -430,6 +438,15 @@ export class HareBox {
     return this.#call("getProject", [project], "json", this.#plain(options));
   }
 
+  /**
+   * Changes a project's settings: with `third_party_default` every new
+   * sandbox of the project is third-party (only third-party-safe
+   * environments).
+   */
+  async updateProject(project: string, options: CallOptions<AccountQuery, ProjectUpdate>): Promise<Project> {
+    return this.#call("updateProject", [project], "json", this.#withBody(options));
+  }
+
   /** Deletes a project without live sandboxes, and its fleets (not the default project). */
   async deleteProject(project: string, options: CallOptions<AccountQuery> = {}): Promise<void> {
     await this.#call("deleteProject", [project], "none", this.#plain(options));
@@ -483,6 +500,52 @@ export class HareBox {
   /** Replaces a key's secret; the old secret stops working when this returns. */
   async rotateKey(key: string, options: CallOptions = {}): Promise<KeyWithSecret> {
     return this.#call("rotateKey", [key], "json", this.#plain(options));
+  }
+
+  // Environments: query.project names the project (ID or name; default the
+  // default project), query.account the operator's account. Secret values
+  // are never in an answer: a secret variable shows as { secret: true }.
+
+  /** Creates an environment and its version 1. */
+  async createEnvironment(options: CallOptions<EnvironmentQuery, EnvironmentRequest>): Promise<Environment> {
+    return this.#call("createEnvironment", [], "json", this.#withBody(options));
+  }
+
+  /** Lists a project's environments with their latest versions. */
+  async listEnvironments(options: CallOptions<EnvironmentQuery> = {}): Promise<EnvironmentList> {
+    return this.#call("listEnvironments", [], "json", this.#plain(options));
+  }
+
+  /** Gets an environment by ID (env_...) or name, with its latest version. */
+  async getEnvironment(environment: string, options: CallOptions<EnvironmentQuery> = {}): Promise<Environment> {
+    return this.#call("getEnvironment", [environment], "json", this.#plain(options));
+  }
+
+  /**
+   * Makes a new version from the latest one (variables set and unset;
+   * files, credentials and third_party_safe replaced when given); running
+   * sandboxes keep the version they pinned.
+   */
+  async updateEnvironment(environment: string, options: CallOptions<EnvironmentQuery, EnvironmentUpdate>): Promise<Environment> {
+    return this.#call("updateEnvironment", [environment], "json", this.#withBody(options));
+  }
+
+  /** Deletes an environment no live sandbox pinned, with its versions and sealed values. */
+  async deleteEnvironment(environment: string, options: CallOptions<EnvironmentQuery> = {}): Promise<void> {
+    await this.#call("deleteEnvironment", [environment], "none", this.#plain(options));
+  }
+
+  /** Lists an environment's versions, oldest first. */
+  async listEnvironmentVersions(environment: string, options: CallOptions<EnvironmentQuery> = {}): Promise<EnvironmentVersionList> {
+    return this.#call("listEnvironmentVersions", [environment], "json", this.#plain(options));
+  }
+
+  /** Gets one version (from 1) of an environment. */
+  async getEnvironmentVersion(environment: string, version: number | string, options: CallOptions<EnvironmentQuery> = {}): Promise<EnvironmentVersion> {
+    if (typeof version === "number" && !(Number.isSafeInteger(version) && version >= 1)) {
+      throw new HareBoxError(0, "invalid", "getEnvironmentVersion: the version is a whole number from 1", "version");
+    }
+    return this.#call("getEnvironmentVersion", [environment, typeof version === "number" ? String(version) : version], "json", this.#plain(options));
   }
 
   // ---- Plumbing -----------------------------------------------------

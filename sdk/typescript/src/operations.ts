@@ -3,7 +3,7 @@
 // /openapi.json: same operations, same methods, same paths.
 
 export interface Operation {
-  readonly method: "GET" | "POST" | "PUT" | "DELETE";
+  readonly method: "GET" | "POST" | "PUT" | "PATCH" | "DELETE";
   readonly path: string;
   /** No API key needed (and none is sent). */
   readonly public?: boolean;
@@ -40,6 +40,7 @@ export const OPERATIONS = {
   createProject: { method: "POST", path: "/v1/projects" },
   listProjects: { method: "GET", path: "/v1/projects" },
   getProject: { method: "GET", path: "/v1/projects/{project}" },
+  updateProject: { method: "PATCH", path: "/v1/projects/{project}" },
   deleteProject: { method: "DELETE", path: "/v1/projects/{project}" },
   createFleet: { method: "POST", path: "/v1/projects/{project}/fleets" },
   listFleets: { method: "GET", path: "/v1/projects/{project}/fleets" },
@@ -50,6 +51,13 @@ export const OPERATIONS = {
   getKey: { method: "GET", path: "/v1/keys/{key}" },
   revokeKey: { method: "DELETE", path: "/v1/keys/{key}" },
   rotateKey: { method: "POST", path: "/v1/keys/{key}/rotate" },
+  createEnvironment: { method: "POST", path: "/v1/environments" },
+  listEnvironments: { method: "GET", path: "/v1/environments" },
+  getEnvironment: { method: "GET", path: "/v1/environments/{environment}" },
+  updateEnvironment: { method: "PATCH", path: "/v1/environments/{environment}" },
+  deleteEnvironment: { method: "DELETE", path: "/v1/environments/{environment}" },
+  listEnvironmentVersions: { method: "GET", path: "/v1/environments/{environment}/versions" },
+  getEnvironmentVersion: { method: "GET", path: "/v1/environments/{environment}/versions/{version}" },
 } as const satisfies Record<string, Operation>;
 
 /** An OpenAPI operationId; each is a method of HareBox. */

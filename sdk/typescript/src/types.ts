@@ -81,6 +81,13 @@ export interface CreateRequest {
   project?: string;
   /** A fleet ID or name in that project. */
   fleet?: string;
+  /**
+   * An environment of the sandbox's project: its name or ID (env_...),
+   * with "@VERSION" to pin an older version (default its latest).
+   */
+  environment?: string;
+  /** A sandbox handed to a third party gets only environments marked third_party_safe. */
+  third_party?: boolean;
   /** Keep every stored environment out of this sandbox. */
   no_env?: boolean;
   env?: Record<string, string>;
@@ -104,6 +111,10 @@ export interface Sandbox {
   size: Resources;
   labels?: Record<string, string>;
   no_env: boolean;
+  /** The pinned environment, "NAME@VERSION". */
+  environment?: string;
+  /** A third-party sandbox gets only third_party_safe environments. */
+  third_party?: boolean;
   site: Site;
   /** RFC 3339 date-time. */
   created_at: string;
@@ -218,6 +229,14 @@ export interface Project {
   name: string;
   /** RFC 3339 date-time. */
   created_at: string;
+  /** Every new sandbox of the project is third-party (only third-party-safe environments). */
+  third_party_default: boolean;
+}
+
+/** The body of updateProject: the settings to change. */
+export interface ProjectUpdate {
+  /** New sandboxes of the project are third-party (only third-party-safe environments). */
+  third_party_default?: boolean;
 }
 
 /** A named group of sandboxes in a project. */
@@ -293,6 +312,97 @@ export interface KeyWithSecret extends Key {
   secret: string;
 }
 
+/** A variable of an environment. In answers a secret has no value: `{ secret: true }`. */
+export interface EnvVar {
+  /** The value; in answers, absent for a secret. */
+  value?: string;
+  /** Sealed in the host; a sandbox sees a placeholder (hbph_...) instead. */
+  secret?: boolean;
+}
+
+/** A file an environment puts in its sandboxes. */
+export interface EnvFile {
+  /** An absolute path in the sandbox. */
+  path: string;
+  /** Permission bits; default 0o644. */
+  mode?: number;
+  /** "user", "root" or "name:group". */
+  owner?: string;
+  content: string;
+  /** `{{NAME}}` is replaced by the variable's value (a secret's by the sandbox's placeholder). */
+  template?: boolean;
+}
+
+/** Where a secret may be used, and how the host puts it in requests. */
+export interface CredentialRule {
+  /** The secret variable. */
+  secret: string;
+  hosts: string[];
+  ports?: string;
+  /** A header to set to format; without it the placeholder is replaced where it appears. */
+  header?: string;
+  /** e.g. "Bearer {value}". */
+  format?: string;
+  allow_http?: boolean;
+}
+
+/** The body of createEnvironment: the environment and its version 1. */
+export interface EnvironmentRequest {
+  /** Lowercase DNS label, at most 63 characters; unique in the project. */
+  name: string;
+  /** A project ID or name (the query's project also works); default the default project. */
+  project?: string;
+  variables?: Record<string, EnvVar>;
+  files?: EnvFile[];
+  credentials?: CredentialRule[];
+  third_party_safe?: boolean;
+}
+
+/**
+ * The body of updateEnvironment: a new version from the latest one.
+ * Variables are set and unset; files, credentials and third_party_safe
+ * replace the latest version's when given.
+ */
+export interface EnvironmentUpdate {
+  set?: Record<string, EnvVar>;
+  unset?: string[];
+  files?: EnvFile[];
+  credentials?: CredentialRule[];
+  third_party_safe?: boolean;
+}
+
+/** One immutable version of an environment (secret values are never shown). */
+export interface EnvironmentVersion {
+  environment_id: string;
+  /** From 1. */
+  version: number;
+  /** RFC 3339 date-time. */
+  created_at: string;
+  third_party_safe: boolean;
+  variables: Record<string, EnvVar>;
+  files: EnvFile[];
+  credentials: CredentialRule[];
+}
+
+/** A named, versioned set of variables and files in a project. */
+export interface Environment {
+  /** e.g. "env_01j8z3k5m6n7p8q9r0s1t2v3w4" */
+  id: string;
+  account_id: string;
+  project_id: string;
+  /** The project's name. */
+  project: string;
+  name: string;
+  /** The newest version's number. */
+  latest: number;
+  /** RFC 3339 date-time. */
+  created_at: string;
+  /** RFC 3339 date-time. */
+  updated_at: string;
+  /** The version this answer describes (the latest, or the one just made). */
+  version: EnvironmentVersion;
+}
+
 /** The body of getHealth. */
 export interface Health {
   status: "ok";
@@ -334,6 +444,16 @@ export interface KeyList {
   keys: Key[];
 }
 
+/** The body of listEnvironments. */
+export interface EnvironmentList {
+  environments: Environment[];
+}
+
+/** The body of listEnvironmentVersions. */
+export interface EnvironmentVersionList {
+  versions: EnvironmentVersion[];
+}
+
 /** The body of killProcess. */
 export interface KillRequest {
   /** Default SIGKILL (9). */
@@ -364,6 +484,15 @@ export interface ListSandboxesQuery {
  */
 export interface AccountQuery {
   account?: string;
+}
+
+/**
+ * The query of the environment operations: the project (ID or name;
+ * default the account's default project) and, for the operator, the
+ * account.
+ */
+export interface EnvironmentQuery extends AccountQuery {
+  project?: string;
 }
 
 export interface GetProcessQuery {

@@ -258,6 +258,59 @@ describe("against a local HTTP server", () => {
     assert.ok(seen.filter((s) => s.url.startsWith("/echo/")).every((s) => s.auth === `Bearer ${KEY}`));
   });
 
+  test("the environment and project update operations send their methods, paths, queries and bodies", async () => {
+    const hb = new HareBox({ url: url + "/echo", apiKey: KEY });
+    const web = { query: { project: "web", account: "acme" } };
+    const env = {
+      name: "prod",
+      variables: { MODE: { value: "prod" }, TOKEN: { value: "v", secret: true } },
+      files: [{ path: "/etc/app.conf", content: "token={{TOKEN}}", template: true }],
+      credentials: [{ secret: "TOKEN", hosts: ["api.example.com"], header: "Authorization", format: "Bearer {value}" }],
+    };
+    const update = { set: { MODE: { value: "staging" } }, unset: ["OLD"], third_party_safe: true };
+    const start = seen.length;
+    assert.deepEqual(await hb.updateProject("web", { query: { account: "acme" }, body: { third_party_default: true } }), {
+      method: "PATCH",
+      url: "/v1/projects/web?account=acme",
+    });
+    await hb.createEnvironment({ ...web, body: env });
+    await hb.listEnvironments({ query: { project: "prj_1" } });
+    await hb.getEnvironment("env_1");
+    assert.deepEqual(await hb.updateEnvironment("prod", { query: { project: "web" }, body: update }), {
+      method: "PATCH",
+      url: "/v1/environments/prod?project=web",
+    });
+    assert.equal(await hb.deleteEnvironment("prod"), undefined);
+    await hb.listEnvironmentVersions("prod", web);
+    await hb.getEnvironmentVersion("prod", 2, { query: { project: "web" } });
+    await hb.getEnvironmentVersion("a/b", "1");
+    await new Promise((resolve) => setImmediate(resolve));
+    const sent = seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim());
+    assert.deepEqual(sent, [
+      'PATCH /v1/projects/web?account=acme {"third_party_default":true}',
+      `POST /v1/environments?project=web&account=acme ${JSON.stringify(env)}`,
+      "GET /v1/environments?project=prj_1",
+      "GET /v1/environments/env_1",
+      `PATCH /v1/environments/prod?project=web ${JSON.stringify(update)}`,
+      "DELETE /v1/environments/prod",
+      "GET /v1/environments/prod/versions?project=web&account=acme",
+      "GET /v1/environments/prod/versions/2?project=web",
+      "GET /v1/environments/a%2Fb/versions/1",
+    ]);
+    await assert.rejects(hb.getEnvironmentVersion("prod", 0), (e) => e instanceof HareBoxError && e.field === "version");
+    await assert.rejects(hb.getEnvironmentVersion("prod", 1.5), (e) => e instanceof HareBoxError && e.field === "version");
+    await assert.rejects(hb.getEnvironmentVersion("", 1), (e) => e instanceof HareBoxError && e.field === "environment");
+    await assert.rejects(hb.getEnvironmentVersion("prod", ""), (e) => e instanceof HareBoxError && e.field === "version");
+  });
+
+  test("a sandbox keeps its environment and third_party fields", () => {
+    const hb = new HareBox({ url, apiKey: KEY });
+    const data = { id: "sbx_x", account_id: "acc_1", project_id: "prj_1", project: "default", state: "running", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, no_env: false, environment: "prod@2", third_party: true, site: { name: "l", country: "" }, created_at: "2025-01-01T00:00:00Z" };
+    const box = new Sandbox(hb, /** @type {any} */ (data));
+    assert.deepEqual([box.environment, box.third_party], ["prod@2", true]);
+    assert.deepEqual(box.toJSON(), data);
+  });
+
   test("an unreachable server is a network error", async () => {
     const hb = new HareBox({ url: "http://127.0.0.1:9", apiKey: KEY });
     await assert.rejects(hb.getInfo(), (e) => e instanceof HareBoxError && e.code === "network" && !e.message.includes(KEY));

@@ -5,8 +5,9 @@
 // shared sandbox. Without HAREBOX_URL they are skipped.
 //
 // To keep boots few, one sandbox serves every test but the walkthrough
-// (which boots the server's default image, as the README's snippet does).
-// The tenancy and key tests boot nothing: they are quick.
+// (which boots the server's default image, as the README's snippet does)
+// and the environment tests (one sandbox of their own, with their
+// environment). The tenancy and key tests boot nothing: they are quick.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -496,5 +497,141 @@ describe("tenancy and API keys", { skip }, () => {
     await rejectsWith(hb.getAccount(account.id), { status: 404, code: "not_found" });
     assert.ok(!(await hb.listAccounts()).accounts.some((a) => a.id === account.id));
     await rejectsWith(clientFor(key).listSandboxes(), { status: 401, code: "unauthorized" }, "the account's keys are revoked");
+  });
+});
+
+describe("environments", { skip }, () => {
+  // One project made for this run holds one environment (a plain MODE, a
+  // secret TOKEN, a template file) and one sandbox booted with it; the
+  // project's third-party switch is flipped only there. The tests run in
+  // order; `after` deletes what a failed run left.
+  /** @type {HareBox} */
+  let hb;
+  const run = randomBytes(4).toString("hex");
+  const labels = { "harebox.test/suite": "sdk-typescript-environments", "harebox.test/run": run };
+  const secret = `sk-ts-sdk-${randomBytes(16).toString("hex")}-canary`;
+  const CONF = "/etc/app.conf";
+  /** @type {import("harebox").Project} */
+  let project;
+  /** @type {import("harebox").Environment} */
+  let env;
+  /** @type {Sandbox} */
+  let box;
+  const inProject = () => ({ query: { project: project.name } });
+  /** Asserts that no answer contains the secret value. */
+  const noSecret = (answer, what) => assert.ok(!JSON.stringify(answer).includes(secret), `${what} shows the secret: ${JSON.stringify(answer)}`);
+  const ids = async () => (await hb.listSandboxes({ query: { label: { "harebox.test/run": run } } })).sandboxes.map((s) => s.id);
+
+  before(async () => {
+    hb = new HareBox();
+    project = await hb.createProject({ body: { name: `ts-sdk-env-${run}` } });
+    env = await hb.createEnvironment({
+      ...inProject(),
+      body: {
+        name: `app-${run}`,
+        variables: { MODE: { value: "prod" }, TOKEN: { value: secret, secret: true } },
+        files: [{ path: CONF, content: "token={{TOKEN}}\n", template: true }],
+      },
+    });
+  });
+
+  after(async () => {
+    const { sandboxes } = await hb.listSandboxes({ query: { label: { "harebox.test/run": run } } });
+    for (const s of sandboxes) if (s.state !== "deleted") await hb.deleteSandbox(s.id).catch((e) => console.error(`deleting ${s.id}: ${e}`));
+    if (env) await hb.deleteEnvironment(env.id).catch((e) => e?.code === "not_found" || console.error(`deleting ${env.id}: ${e}`));
+    if (project) await hb.deleteProject(project.id).catch((e) => console.error(`deleting ${project.id}: ${e}`));
+  });
+
+  test("no answer shows a secret value", async () => {
+    assert.match(env.id, /^env_[0-9a-z]{26}$/);
+    assert.deepEqual([env.name, env.project, env.project_id, env.account_id, env.latest], [`app-${run}`, project.name, project.id, project.account_id, 1]);
+    assert.deepEqual([env.version.environment_id, env.version.version, env.version.third_party_safe], [env.id, 1, false]);
+    assert.deepEqual(env.version.variables, { MODE: { value: "prod" }, TOKEN: { secret: true } });
+    assert.deepEqual(env.version.files.map((f) => [f.path, f.content, f.template]), [[CONF, "token={{TOKEN}}\n", true]]);
+
+    const byName = await hb.getEnvironment(env.name, inProject());
+    const byID = await hb.getEnvironment(env.id); // an ID names its project
+    const list = await hb.listEnvironments(inProject());
+    const versions = await hb.listEnvironmentVersions(env.name, inProject());
+    const v1 = await hb.getEnvironmentVersion(env.id, 1, inProject());
+    for (const [what, answer] of Object.entries({ create: env, byName, byID, list, versions, v1 })) noSecret(answer, what);
+    assert.deepEqual(byName, env);
+    assert.deepEqual(byID, env);
+    assert.deepEqual(list.environments.map((e) => e.id), [env.id]);
+    assert.deepEqual(versions.versions, [env.version]);
+    assert.deepEqual(v1, env.version);
+    await rejectsWith(hb.getEnvironment(env.name), { status: 404, code: "not_found" }); // not in the default project
+    await rejectsWith(hb.getEnvironmentVersion(env.name, 2, inProject()), { status: 404, code: "not_found" });
+    await rejectsWith(hb.createEnvironment({ ...inProject(), body: { name: env.name } }), { status: 409, code: "conflict" });
+  });
+
+  test("a sandbox pins the latest version and sees only placeholders", async () => {
+    box = await hb.create({ image: IMAGE, project: project.name, environment: env.name, labels, ttl_seconds: 1800 });
+    assert.equal(box.state, "running");
+    assert.deepEqual([box.environment, box.third_party, box.project], [`${env.name}@1`, false, project.name]);
+    assert.equal((await hb.getSandbox(box.id)).environment, `${env.name}@1`);
+    noSecret(box, "the sandbox");
+
+    const conf = dec(await hb.readFile(box.id, { query: { path: CONF } }));
+    assert.match(conf, /^token=hbph_\S+\n$/);
+    assert.ok(!conf.includes(secret), "the file holds the secret");
+    // Every exec gets the variables: the plain value, and the same
+    // placeholder for the secret as the file.
+    const r = await box.run('printf "%s %s" "$MODE" "$TOKEN"');
+    assert.equal(r.exit_code, 0, r.stderr);
+    assert.equal(r.stdout, `prod ${conf.trim().slice("token=".length)}`);
+  });
+
+  test("an update makes version 2; the running sandbox keeps version 1", async () => {
+    const conf = await box.readText(CONF);
+    const updated = await hb.updateEnvironment(env.name, {
+      ...inProject(),
+      body: { set: { MODE: { value: "staging" }, REGION: { value: "fr-par" } } },
+    });
+    noSecret(updated, "the update");
+    assert.deepEqual([updated.id, updated.latest, updated.version.version], [env.id, 2, 2]);
+    assert.deepEqual(updated.version.variables, { MODE: { value: "staging" }, REGION: { value: "fr-par" }, TOKEN: { secret: true } });
+    assert.equal((await hb.getEnvironment(env.id, inProject())).latest, 2);
+
+    const { versions } = await hb.listEnvironmentVersions(env.id, inProject());
+    noSecret(versions, "the versions");
+    assert.deepEqual(versions.map((v) => v.version), [1, 2]);
+    assert.deepEqual((await hb.getEnvironmentVersion(env.name, "1", inProject())).variables.MODE, { value: "prod" });
+
+    assert.equal((await box.refresh()).environment, `${env.name}@1`);
+    assert.equal(await box.readText(CONF), conf);
+    assert.equal((await box.run('printf "%s" "$MODE"')).stdout, "prod");
+  });
+
+  test("a third-party sandbox gets only third-party-safe environments, refused before anything boots", async () => {
+    const before_ = await ids();
+    const base = { image: IMAGE, project: project.name, labels };
+    await rejectsWith(hb.create({ ...base, environment: env.name, third_party: true }), { status: 403, code: "forbidden", field: "environment" });
+    await rejectsWith(hb.create({ ...base, environment: `${env.id}@1`, third_party: true }), { status: 403, code: "forbidden" });
+    await rejectsWith(hb.create({ ...base, environment: env.name, no_env: true }), { status: 400, code: "invalid", field: "environment" });
+    await rejectsWith(hb.create({ ...base, environment: `${env.name}@9` }), { status: 400, field: "environment" });
+
+    // The project's default makes every new sandbox third-party.
+    assert.equal(project.third_party_default, false);
+    try {
+      const flipped = await hb.updateProject(project.name, { query: { account: project.account_id }, body: { third_party_default: true } });
+      assert.deepEqual([flipped.id, flipped.third_party_default], [project.id, true]);
+      assert.equal((await hb.getProject(project.id)).third_party_default, true);
+      await rejectsWith(hb.create({ ...base, environment: env.name }), { status: 403, field: "environment" });
+    } finally {
+      const back = await hb.updateProject(project.id, { body: { third_party_default: false } });
+      assert.equal(back.third_party_default, false);
+    }
+    assert.deepEqual(await ids(), before_, "a refused create left a sandbox");
+  });
+
+  test("deleting the environment: a conflict while the sandbox lives, then gone", async () => {
+    await rejectsWith(hb.deleteEnvironment(env.name, inProject()), { status: 409, code: "conflict" });
+    assert.equal((await hb.getEnvironment(env.id)).latest, 2);
+
+    assert.equal((await box.delete()).state, "deleted");
+    assert.equal(await hb.deleteEnvironment(env.name, inProject()), undefined);
+    await rejectsWith(hb.getEnvironment(env.id, inProject()), { status: 404, code: "not_found" });
+    assert.deepEqual((await hb.listEnvironments(inProject())).environments, []);
   });
 });

@@ -4,6 +4,13 @@
 import { HareBox, HareBoxError, RateLimitedError, Sandbox } from "harebox";
 import type {
   Account,
+  CredentialRule,
+  EnvFile,
+  Environment,
+  EnvironmentRequest,
+  EnvironmentUpdate,
+  EnvironmentVersion,
+  EnvVar,
   ExecEvent,
   ExecResult,
   FileInfo,
@@ -90,6 +97,36 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
     else if (e instanceof HareBoxError && e.code === "forbidden") console.log(e.message);
   }
   void [inProject, keys];
+  const tp: Project = await hb.updateProject(prj.name, { query: { account: acc.id }, body: { third_party_default: true } });
+  tp.third_party_default satisfies boolean;
+  const token: EnvVar = { value: "s3cret", secret: true };
+  const file: EnvFile = { path: "/etc/app.conf", content: "token={{TOKEN}}", template: true, mode: 0o600, owner: "root" };
+  const rule: CredentialRule = { secret: "TOKEN", hosts: ["api.example.com"], ports: "443", header: "Authorization", format: "Bearer {value}" };
+  const envReq: EnvironmentRequest = { name: "prod", variables: { MODE: { value: "prod" }, TOKEN: token }, files: [file], credentials: [rule] };
+  const env: Environment = await hb.createEnvironment({ query: { project: prj.name, account: acc.id }, body: envReq });
+  env.latest satisfies number;
+  env.version.variables["TOKEN"]?.secret satisfies boolean | undefined;
+  (await hb.listEnvironments({ query: { project: prj.id } })).environments satisfies Environment[];
+  await hb.getEnvironment(env.id);
+  const change: EnvironmentUpdate = { set: { MODE: { value: "staging" } }, unset: ["OLD"], third_party_safe: true };
+  (await hb.updateEnvironment("prod", { query: { project: prj.name }, body: change })).version.version satisfies number;
+  (await hb.listEnvironmentVersions("prod", { query: { project: prj.name } })).versions satisfies EnvironmentVersion[];
+  const v1: EnvironmentVersion = await hb.getEnvironmentVersion(env.id, 1);
+  await hb.getEnvironmentVersion("prod", "2", { query: { project: prj.name } });
+  v1.files satisfies EnvFile[];
+  v1.credentials satisfies CredentialRule[];
+  const pinned: Sandbox = await hb.create({ project: prj.name, environment: "prod@1", third_party: true });
+  pinned.environment satisfies string | undefined;
+  pinned.third_party satisfies boolean | undefined;
+  await hb.deleteEnvironment("prod", { query: { project: prj.name } }) satisfies void;
+  // @ts-expect-error: an environment needs a name.
+  await hb.createEnvironment({ body: { variables: {} } });
+  // @ts-expect-error: a file needs its content.
+  await hb.updateEnvironment("prod", { body: { files: [{ path: "/x" }] } });
+  // @ts-expect-error: a credential rule needs hosts.
+  await hb.updateEnvironment("prod", { body: { credentials: [{ secret: "TOKEN" }] } });
+  // @ts-expect-error: third_party_default is a boolean.
+  await hb.updateProject("web", { body: { third_party_default: "yes" } });
   // @ts-expect-error: a project needs a name.
   await hb.createProject({ body: {} });
   // @ts-expect-error: a rate needs burst.
