@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/images"
-	"github.com/harebox/harebox/internal/testimage"
 )
 
 // TestCLIEnv is the CLI's contract for environments (harebox env), the
@@ -22,15 +21,7 @@ import (
 // secret given with --secret-from-env must appear in no output and no
 // answer, nor in plain text in the data directory.
 func TestCLIEnv(t *testing.T) {
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86_64 is not installed (make deps installs it); hareboxd needs its plugin to start")
-	}
-	s := setup{root: testimage.Root(t)}
-	for _, name := range []string{"harebox", "hareboxd", "harebox-plugin-qemu"} {
-		s.bin = filepath.Dir(testimage.Binary(t, name))
-	}
-	s.plugin = filepath.Join(s.bin, "harebox-plugin-qemu")
-	s.hareboxd = filepath.Join(s.bin, "hareboxd")
+	s := prepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbe")
 	if err != nil {
 		t.Fatal(err)

@@ -3,14 +3,11 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/harebox/harebox/internal/testimage"
 )
@@ -19,44 +16,12 @@ import (
 // key routes boot no VM. hareboxd still needs its backend plugin to start.
 func startNoVM(t *testing.T, s setup, dataDir string) *server {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	srv := &server{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}}
-	srv.cmd = exec.Command(s.hareboxd, "--data-dir", dataDir, "--listen", addr,
-		"--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", s.plugin, "--network", "none")
-	srv.cmd.Stdout, srv.cmd.Stderr = srv.log, srv.log
-	if err := srv.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(srv.url + "/health")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			srv.cmd.Process.Kill()
-			srv.cmd.Wait()
-			t.Fatalf("hareboxd did not start: %s", srv.log)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	key, err := os.ReadFile(filepath.Join(dataDir, "root.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.key = strings.TrimSpace(string(key))
-	return srv
+	return launch(t, s, dataDir, "--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", s.plugin, "--network", "none")
 }
 
-// TestCLITenancy is the CLI's contract for accounts, projects, fleets and
-// scoped keys, against a real hareboxd that boots no VM.
-func TestCLITenancy(t *testing.T) {
+// prepareNoVM builds the binaries a hareboxd that boots no VM needs.
+func prepareNoVM(t *testing.T) setup {
+	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 is not installed (make deps installs it); hareboxd needs its plugin to start")
 	}
@@ -66,6 +31,13 @@ func TestCLITenancy(t *testing.T) {
 	}
 	s.plugin = filepath.Join(s.bin, "harebox-plugin-qemu")
 	s.hareboxd = filepath.Join(s.bin, "hareboxd")
+	return s
+}
+
+// TestCLITenancy is the CLI's contract for accounts, projects, fleets and
+// scoped keys, against a real hareboxd that boots no VM.
+func TestCLITenancy(t *testing.T) {
+	s := prepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbt")
 	if err != nil {
 		t.Fatal(err)

@@ -55,6 +55,15 @@ func prepare(t *testing.T) setup {
 
 func start(t *testing.T, s setup, dataDir string) *server {
 	t.Helper()
+	return launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
+		// The host firewall is on, in a table and pool of this test's own.
+		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24")
+}
+
+// launch starts hareboxd on dataDir and a free loopback port with args,
+// and waits until it answers.
+func launch(t *testing.T, s setup, dataDir string, args ...string) *server {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -62,10 +71,7 @@ func start(t *testing.T, s setup, dataDir string) *server {
 	addr := l.Addr().String()
 	l.Close()
 	srv := &server{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}}
-	srv.cmd = exec.Command(s.hareboxd, "--data-dir", dataDir, "--listen", addr,
-		"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
-		// The host firewall is on, in a table and pool of this test's own.
-		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24")
+	srv.cmd = exec.Command(s.hareboxd, append([]string{"--data-dir", dataDir, "--listen", addr}, args...)...)
 	srv.cmd.Stdout, srv.cmd.Stderr = srv.log, srv.log
 	if err := srv.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -79,6 +85,7 @@ func start(t *testing.T, s setup, dataDir string) *server {
 		}
 		if time.Now().After(deadline) {
 			srv.cmd.Process.Kill()
+			srv.cmd.Wait()
 			t.Fatalf("hareboxd did not start: %s", srv.log)
 		}
 		time.Sleep(100 * time.Millisecond)

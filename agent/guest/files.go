@@ -26,9 +26,9 @@ const (
 	defaultDir  = 0o755
 )
 
-// checkPath accepts only absolute, clean paths without NUL: the host names
+// CheckPath accepts only absolute, clean paths without NUL: the host names
 // exactly the file it means, with no ".." games.
-func checkPath(p string) error {
+func CheckPath(p string) error {
 	switch {
 	case p == "":
 		return status.Error(codes.InvalidArgument, "path is empty")
@@ -44,7 +44,8 @@ func checkPath(p string) error {
 	return nil
 }
 
-func checkMode(m uint32) error {
+// CheckMode accepts permission bits up to 07777.
+func CheckMode(m uint32) error {
 	if m&^0o7777 != 0 {
 		return status.Errorf(codes.InvalidArgument, "mode %o has bits beyond 07777", m)
 	}
@@ -139,10 +140,10 @@ func (s *Server) WriteFile(stream agentpb.Agent_WriteFileServer) error {
 	if h == nil {
 		return status.Error(codes.InvalidArgument, "the first write message must be the header")
 	}
-	if err := checkPath(h.GetPath()); err != nil {
+	if err := CheckPath(h.GetPath()); err != nil {
 		return err
 	}
-	if err := checkMode(h.GetMode()); err != nil {
+	if err := CheckMode(h.GetMode()); err != nil {
 		return err
 	}
 	mode := goMode(h.GetMode())
@@ -275,7 +276,7 @@ func (s *Server) appendFile(stream agentpb.Agent_WriteFileServer, h *agentpb.Wri
 
 // ReadFile streams a regular file in 64 KiB chunks.
 func (s *Server) ReadFile(req *agentpb.ReadFileRequest, stream agentpb.Agent_ReadFileServer) error {
-	if err := checkPath(req.GetPath()); err != nil {
+	if err := CheckPath(req.GetPath()); err != nil {
 		return err
 	}
 	if req.GetOffset() < 0 || req.GetLimit() < 0 {
@@ -317,7 +318,7 @@ func (s *Server) ReadFile(req *agentpb.ReadFileRequest, stream agentpb.Agent_Rea
 
 // Stat describes a path without following a final symlink.
 func (s *Server) Stat(_ context.Context, req *agentpb.PathRequest) (*agentpb.FileInfo, error) {
-	if err := checkPath(req.GetPath()); err != nil {
+	if err := CheckPath(req.GetPath()); err != nil {
 		return nil, err
 	}
 	info, err := fileInfo(req.GetPath())
@@ -330,7 +331,7 @@ func (s *Server) Stat(_ context.Context, req *agentpb.PathRequest) (*agentpb.Fil
 // ListDir lists at most the limit (capped at maxListDir) entries, sorted by
 // name, reading no more of a huge directory than it needs.
 func (s *Server) ListDir(_ context.Context, req *agentpb.ListDirRequest) (*agentpb.ListDirResponse, error) {
-	if err := checkPath(req.GetPath()); err != nil {
+	if err := CheckPath(req.GetPath()); err != nil {
 		return nil, err
 	}
 	limit := int(req.GetLimit())
@@ -366,10 +367,10 @@ func (s *Server) ListDir(_ context.Context, req *agentpb.ListDirRequest) (*agent
 // Mkdir is mkdir -p: directories it creates get the mode and owner; existing
 // ones are left alone.
 func (s *Server) Mkdir(_ context.Context, req *agentpb.MkdirRequest) (*agentpb.FileInfo, error) {
-	if err := checkPath(req.GetPath()); err != nil {
+	if err := CheckPath(req.GetPath()); err != nil {
 		return nil, err
 	}
-	if err := checkMode(req.GetMode()); err != nil {
+	if err := CheckMode(req.GetMode()); err != nil {
 		return nil, err
 	}
 	mode := goMode(req.GetMode())
@@ -424,7 +425,7 @@ func mkdirAllOwned(path string, mode os.FileMode, uid, gid int) error {
 
 // Remove deletes a file or empty directory, or a whole tree when recursive.
 func (s *Server) Remove(_ context.Context, req *agentpb.RemoveRequest) (*agentpb.Empty, error) {
-	if err := checkPath(req.GetPath()); err != nil {
+	if err := CheckPath(req.GetPath()); err != nil {
 		return nil, err
 	}
 	if req.GetPath() == "/" {
@@ -447,10 +448,10 @@ func (s *Server) Remove(_ context.Context, req *agentpb.RemoveRequest) (*agentpb
 
 // Chmod sets permission bits (following symlinks, as chmod(1) does).
 func (s *Server) Chmod(_ context.Context, req *agentpb.ChmodRequest) (*agentpb.Empty, error) {
-	if err := checkPath(req.GetPath()); err != nil {
+	if err := CheckPath(req.GetPath()); err != nil {
 		return nil, err
 	}
-	if err := checkMode(req.GetMode()); err != nil {
+	if err := CheckMode(req.GetMode()); err != nil {
 		return nil, err
 	}
 	if err := os.Chmod(req.GetPath(), goMode(req.GetMode())); err != nil {
@@ -477,7 +478,7 @@ func goMode(m uint32) os.FileMode {
 
 // Chown sets owner and group ("user" or "user:group", names or ids).
 func (s *Server) Chown(_ context.Context, req *agentpb.ChownRequest) (*agentpb.Empty, error) {
-	if err := checkPath(req.GetPath()); err != nil {
+	if err := CheckPath(req.GetPath()); err != nil {
 		return nil, err
 	}
 	if req.GetOwner() == "" {

@@ -18,13 +18,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/harebox/harebox/agent/agentpb"
+	"github.com/harebox/harebox/agent/guest"
 )
 
 // Limits of the fake guest, the real agent's where it has them.
 const (
 	readChunk   = 64 << 10
 	maxListDir  = 10000
-	maxPathLen  = 4096
 	defaultFile = 0o644
 	defaultDir  = 0o755
 	// maxFileBytes bounds one file, so a runaway test fails instead of
@@ -137,29 +137,11 @@ func fileInfo(p string, n *node) *agentpb.FileInfo {
 	return fi
 }
 
-// checkPath accepts what the real agent does: absolute, clean, no NUL.
-func checkPath(p string) error {
-	switch {
-	case p == "":
-		return status.Error(codes.InvalidArgument, "path is empty")
-	case len(p) > maxPathLen:
-		return status.Error(codes.InvalidArgument, "path is too long")
-	case strings.IndexByte(p, 0) >= 0:
-		return status.Error(codes.InvalidArgument, "path contains NUL")
-	case !filepath.IsAbs(p):
-		return status.Errorf(codes.InvalidArgument, "path %q is not absolute", p)
-	case filepath.Clean(p) != p:
-		return status.Errorf(codes.InvalidArgument, "path %q is not clean", p)
-	}
-	return nil
-}
-
-func checkMode(m uint32) error {
-	if m&^0o7777 != 0 {
-		return status.Errorf(codes.InvalidArgument, "mode %o has bits beyond 07777", m)
-	}
-	return nil
-}
+// The fake agent accepts exactly the paths and modes the real one does.
+var (
+	checkPath = guest.CheckPath
+	checkMode = guest.CheckMode
+)
 
 // account is a guest user. The fake guest has the users of the real
 // images: root and "user" (the default).

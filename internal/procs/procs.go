@@ -33,51 +33,46 @@ func (p Proc) IsPlugin() bool {
 
 func (p Proc) String() string { return strconv.Itoa(p.PID) + ": " + p.Cmdline }
 
-// WithEnv lists the processes, other than this one, whose environment has
-// the entry kv ("KEY=VALUE") exactly.
-func WithEnv(kv string) []Proc {
-	ents, _ := os.ReadDir("/proc")
-	var out []Proc
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		for _, v := range bytes.Split(env, []byte{0}) {
-			if string(v) == kv {
-				out = append(out, proc(pid, e.Name()))
-				break
-			}
-		}
-	}
-	return out
-}
-
-func proc(pid int, dir string) Proc {
-	b, _ := os.ReadFile(filepath.Join("/proc", dir, "cmdline"))
-	exe, _ := os.Readlink(filepath.Join("/proc", dir, "exe"))
-	return Proc{PID: pid, Cmdline: string(bytes.TrimSpace(bytes.ReplaceAll(b, []byte{0}, []byte{' '}))), Exe: exe}
-}
-
 // Naming lists the processes, other than this one, whose command line
 // contains s.
 func Naming(s string) []Proc {
+	return scan(func(dir string) bool {
+		b, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+		return err == nil && bytes.Contains(b, []byte(s))
+	})
+}
+
+// WithEnv lists the processes, other than this one, whose environment has
+// the entry kv ("KEY=VALUE") exactly.
+func WithEnv(kv string) []Proc {
+	return scan(func(dir string) bool {
+		env, err := os.ReadFile(filepath.Join(dir, "environ"))
+		if err != nil {
+			return false
+		}
+		for _, v := range bytes.Split(env, []byte{0}) {
+			if string(v) == kv {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// scan lists the processes, other than this one, whose /proc directory
+// match accepts.
+func scan(match func(dir string) bool) []Proc {
 	ents, _ := os.ReadDir("/proc")
 	var out []Proc
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
+		dir := filepath.Join("/proc", e.Name())
+		if err != nil || pid == os.Getpid() || !match(dir) {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(b, []byte(s)) {
-			continue
-		}
-		out = append(out, proc(pid, e.Name()))
+		b, _ := os.ReadFile(filepath.Join(dir, "cmdline"))
+		exe, _ := os.Readlink(filepath.Join(dir, "exe"))
+		out = append(out, Proc{PID: pid, Cmdline: string(bytes.TrimSpace(bytes.ReplaceAll(b, []byte{0}, []byte{' '}))), Exe: exe})
 	}
 	return out
 }
