@@ -17,6 +17,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -152,6 +153,8 @@ type env struct {
 	// seen is what each HTTPS test host last received: its Authorization
 	// header and its query (what a credential proxy put in).
 	seen map[string]string
+	// pems are the test hosts' certificates, for a guest's trust store.
+	pems []byte
 }
 
 // saw returns what the named HTTPS test host last received.
@@ -390,6 +393,9 @@ func (e *env) cert(name string) tls.Certificate {
 	}
 	c, _ := x509.ParseCertificate(der)
 	e.certs.AddCert(c)
+	e.mu.Lock()
+	e.pems = append(e.pems, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	e.mu.Unlock()
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 

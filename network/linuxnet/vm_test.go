@@ -2,6 +2,8 @@ package linuxnet
 
 import (
 	"context"
+	"encoding/pem"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/backends/qemu"
+	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/internal/testimage"
 )
@@ -124,5 +127,97 @@ func TestVMEndToEnd(t *testing.T) {
 	}
 	if got := e.count(metaIP + ":80").get(); got != 0 {
 		t.Errorf("metadata saw %d connections", got)
+	}
+}
+
+// TestVMCredentials boots the Debian image on a real tap with a credential
+// rule for pypi.org: python3 in the guest, as root, sends its placeholder
+// and the test host receives the real value, while another host receives
+// the placeholder and the guest never sees the value.
+func TestVMCredentials(t *testing.T) {
+	requireRoot(t)
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
+	}
+	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
+		t.Skip("needs the Debian image (python3): set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does)")
+	}
+	img := testimage.Image(t, "default")
+	e := newEnv(t)
+	n := e.newNetworkWith("", nil) // real taps
+	t.Cleanup(func() { n.Destroy(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	id := "sbx_vc" + suffix()
+	att, err := n.Attach(ctx, id, mustPolicy(t, `{"default_outbound":"deny","outbound":[
+	  {"action":"allow","protocol":"tcp","hosts":["pypi.org","example.com"],"ports":"443"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, key, err := credproxy.NewCA("HareBox sandbox " + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		value = "sk-vm-real-value-31415926"
+		ph    = "hbph_vmplaceholder0123456789abcdefgh"
+	)
+	n.SetCredentials(func(sid string) *credproxy.Sandbox {
+		if sid != id {
+			return nil
+		}
+		return &credproxy.Sandbox{CA: ca, CAKey: key, Rules: []credproxy.Rule{{
+			Hosts: []string{"pypi.org"}, Header: "Authorization", Format: "Bearer {value}", Placeholder: ph, Value: value}}}
+	})
+	hv, err := qemu.New(qemu.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := hv.Launch(ctx, hypervisor.Spec{
+		ID: id, VCPUs: 1, MemoryMB: 768, Kernel: img.Kernel, Initrd: img.Initrd,
+		Cmdline:  strings.TrimSpace(img.Cmdline + " " + att.Cmdline),
+		StateDir: t.TempDir(),
+		Disks:    []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true}},
+		Network:  &hypervisor.Network{Tap: att.Tap, MAC: att.MAC},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		m.Kill(context.Background())
+		m.Cleanup(context.Background())
+	})
+	c, _, err := client.DialReady(ctx, m.AgentEndpoint(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The engine installs the sandbox CA the same way (harebox.installCA).
+	bundle := string(e.pems) + string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw}))
+	if _, err := c.WriteFile(ctx, "/etc/harebox/ca-bundle.pem", strings.NewReader(bundle), client.WriteOptions{Mode: 0o644, MakeParents: true}); err != nil {
+		t.Fatal(err)
+	}
+	script := `
+import urllib.request
+for host in ("pypi.org", "example.com"):
+    req = urllib.request.Request("https://%s/?key=%s" % (host, PH), headers={"Authorization": "Bearer " + PH})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        print(host, r.status, r.read().decode())
+`
+	r, err := c.Exec(ctx, client.ExecRequest{Argv: []string{"python3", "-c", "PH = '" + ph + "'\n" + script}, User: "root",
+		Env: map[string]string{"SSL_CERT_FILE": "/etc/harebox/ca-bundle.pem"}, Timeout: 90 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(r.Stdout) + string(r.Stderr)
+	t.Logf("in the guest (exit %d):\n%s", r.ExitCode, out)
+	if r.ExitCode != 0 || strings.Contains(out, value) || !strings.Contains(out, "pypi.org 200 server=pypi.org host=pypi.org auth=Bearer "+ph) {
+		t.Fatalf("the guest's view: %q", out)
+	}
+	if got := e.saw("pypi.org"); got != "auth=Bearer "+value+" query=key="+value {
+		t.Errorf("pypi.org (the rule's host) received %q", got)
+	}
+	if got := e.saw("example.com"); got != "auth=Bearer "+ph+" query=key="+ph {
+		t.Errorf("example.com (no rule) received %q", got)
 	}
 }
