@@ -74,6 +74,10 @@ type Options struct {
 	Capacity Capacity
 	// BootTimeout bounds create-to-ready; default 3 minutes (TCG is slow).
 	BootTimeout time.Duration
+	// HealthInterval is how often the agent of every running sandbox is
+	// asked for its health; default 15 s, negative never. A sandbox whose
+	// agent misses two checks in a row reports agent "unresponsive".
+	HealthInterval time.Duration
 	// MaxFileBytes bounds one file written or read; default 256 MiB.
 	MaxFileBytes int64
 	// MaxOutputBytes bounds collected stdout and stderr, each; default 8 MiB.
@@ -194,6 +198,10 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.wg.Add(1)
 	go e.reapExpired()
+	if opts.HealthInterval > 0 {
+		e.wg.Add(1)
+		go e.watchAgents(opts.HealthInterval)
+	}
 	ok = true
 	return e, nil
 }
@@ -219,6 +227,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Network == nil {
 		o.Network = network.None{}
+	}
+	if o.HealthInterval == 0 {
+		o.HealthInterval = 15 * time.Second
 	}
 	if o.BootTimeout == 0 {
 		o.BootTimeout = 3 * time.Minute

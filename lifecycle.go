@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
@@ -39,6 +40,10 @@ type box struct {
 	env map[string]string
 	// creds are what the credential proxy needs (under amu).
 	creds *credproxy.Sandbox
+	// health is the agent's last known health (a string); misses counts
+	// the checks in a row it failed (only the health checker uses it).
+	health atomic.Value
+	misses int
 	// meterFrom is the start of the interval not yet metered.
 	meterFrom time.Time
 	// deleting is closed when Delete starts, so the exit watcher knows the
@@ -49,6 +54,9 @@ type box struct {
 
 func (b *box) view() *sandbox.Sandbox {
 	s := b.rec.Sandbox
+	if h, ok := b.health.Load().(string); ok && s.State == sandbox.StateRunning {
+		s.Agent = h
+	}
 	return &s
 }
 

@@ -176,3 +176,51 @@ func TestStalePluginKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A sandbox whose agent stops answering is reported so, and recovers.
+func TestAgentHealth(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	opts.HealthInterval = 100 * time.Millisecond
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	box, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAgent := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got, err := eng.Get(ctx, box.ID)
+			if err == nil && got.Agent == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("agent %q, want %q (%v)", got.Agent, want, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitAgent("ok")
+	// The guest freezes behind the engine's back: its agent stops
+	// answering, and Get stays quick while it does.
+	m, _ := hv.Machine(box.ID)
+	if err := m.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitAgent("unresponsive")
+	start := time.Now()
+	if got, err := eng.Get(ctx, box.ID); err != nil || got.State != sandbox.StateRunning || time.Since(start) > time.Second {
+		t.Fatalf("get while the agent is silent: %+v %v after %v", got, err, time.Since(start))
+	}
+	if err := m.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitAgent("ok")
+}

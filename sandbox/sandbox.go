@@ -84,6 +84,10 @@ type Sandbox struct {
 	CreatedAt  time.Time `json:"created_at"`
 	// ExpiresAt is when the TTL deletes the sandbox; nil means never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// Agent is the guest agent's health while the sandbox runs: "ok", or
+	// "unresponsive" when it missed the engine's last health checks (it
+	// was killed and not restarted, the guest is out of memory, ...).
+	Agent string `json:"agent,omitempty"`
 	// Error says why a sandbox stopped unexpectedly, if it did.
 	Error string `json:"error,omitempty"`
 }

@@ -38,6 +38,7 @@ class Sandbox:
     no_env: bool
     environment: str | None
     third_party: bool
+    agent: str | None
     site: t.Site
     created_at: str
     expires_at: str | None
@@ -63,6 +64,7 @@ class Sandbox:
         self.no_env = bool(data.get("no_env", False))
         self.environment = data.get("environment")
         self.third_party = bool(data.get("third_party", False))
+        self.agent = data.get("agent")
         self.site = data.get("site", {"name": "", "country": ""})
         self.created_at = data.get("created_at", "")
         self.expires_at = data.get("expires_at")

@@ -46,6 +46,8 @@ class SandboxJSON(TypedDict):
     environment: NotRequired[str]
     #: A third-party sandbox gets only third_party_safe environments.
     third_party: NotRequired[bool]
+    #: While running: the guest agent's health ("ok" or "unresponsive").
+    agent: NotRequired[str]
     site: Site
     created_at: str
     expires_at: NotRequired[str]

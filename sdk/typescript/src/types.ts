@@ -115,6 +115,8 @@ export interface Sandbox {
   environment?: string;
   /** A third-party sandbox gets only third_party_safe environments. */
   third_party?: boolean;
+  /** While running: the guest agent's health from the engine's checks. */
+  agent?: "ok" | "unresponsive";
   site: Site;
   /** RFC 3339 date-time. */
   created_at: string;
