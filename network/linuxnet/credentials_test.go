@@ -107,6 +107,71 @@ func TestCredentialProxy(t *testing.T) {
 		t.Errorf("redirect: %d, example.com saw %q", resp.StatusCode, e.saw("example.com"))
 	}
 
+	// HTTP/2 with an :authority that is not the SNI: not swapped.
+	h2 := client(true)
+	if resp, _ := get(h2, "https://pypi.org/", "example.com"); resp.ProtoMajor != 2 || e.saw("pypi.org") != "auth=Bearer "+ph+" query=" {
+		t.Errorf("HTTP/2 :authority example.com on SNI pypi.org (%s): %q", resp.Proto, e.saw("pypi.org"))
+	}
+
+	// A WebSocket upgrade gets the value on its handshake only: what
+	// follows is spliced, placeholder and all.
+	{
+		conn, err := g.dial("tcp4", pypiIP+":443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		tc := tls.Client(conn, &tls.Config{ServerName: "pypi.org", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+		fmt.Fprintf(tc, "GET /ws HTTP/1.1\r\nHost: pypi.org\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nAuthorization: Bearer %s\r\n\r\n", ph)
+		br := bufio.NewReader(tc)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("upgrade: %v %v", resp, err)
+		}
+		if got := e.saw("pypi.org"); got != "auth=Bearer "+value+" query=" {
+			t.Errorf("the handshake carried %q", got)
+		}
+		msg := "frame with " + ph + "\n"
+		fmt.Fprint(tc, msg)
+		echo, err := br.ReadString('\n')
+		if err != nil || echo != msg {
+			t.Errorf("after the upgrade the host got %q (%v), want the bytes as sent", echo, err)
+		}
+		conn.Close()
+	}
+
+	// Another sandbox's placeholder is worthless here: only this
+	// sandbox's own placeholders are swapped.
+	g2 := e.attach(n, mustPolicy(t, `{"default_outbound": "deny", "outbound": [{"action": "allow", "protocol": "tcp", "ports": "443", "hosts": ["pypi.org"]}]}`))
+	other := &credproxy.Sandbox{CA: ca, CAKey: key, Rules: []credproxy.Rule{{
+		Hosts: []string{"pypi.org"}, Header: "Authorization", Format: "Bearer {value}", Placeholder: "hbph_othersandboxplaceholder0123456789", Value: value,
+	}}}
+	n.SetCredentials(func(id string) *credproxy.Sandbox {
+		switch id {
+		case g.id:
+			return sb
+		case g2.id:
+			return other
+		}
+		return nil
+	})
+	{
+		conn, err := g2.dial("tcp4", pypiIP+":443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		tc := tls.Client(conn, &tls.Config{ServerName: "pypi.org", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+		fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: pypi.org\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", ph)
+		if _, err := http.ReadResponse(bufio.NewReader(tc), nil); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+		if got := e.saw("pypi.org"); got != "auth=Bearer "+ph+" query=" {
+			t.Errorf("sandbox A's placeholder sent from sandbox B: the host got %q", got)
+		}
+	}
+
 	// Raw requests: absolute-form naming another host, and smuggling.
 	raw := func(req string) string {
 		conn, err := g.dial("tcp4", pypiIP+":443")

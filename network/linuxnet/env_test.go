@@ -316,6 +316,18 @@ func (e *env) startServers() {
 					http.Redirect(w, r, "https://example.com/", http.StatusFound)
 					return
 				}
+				if r.URL.Path == "/ws" && r.Header.Get("Upgrade") == "websocket" {
+					// A bare upgrade: 101, then echo every byte back.
+					c, rw, err := http.NewResponseController(w).Hijack()
+					if err != nil {
+						return
+					}
+					defer c.Close()
+					fmt.Fprintf(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+					rw.Flush()
+					io.Copy(c, rw)
+					return
+				}
 				w.Header().Set("X-Echo", r.Header.Get("Authorization"))
 				fmt.Fprintf(w, "server=%s host=%s %s", name, r.Host, got)
 			}),
