@@ -54,6 +54,7 @@ test: deps vet
 fuzz:
 	$(GO) test ./agent/client/ -run XXX -fuzz FuzzGuestStream -fuzztime 30s
 	$(GO) test ./agent/client/ -run XXX -fuzz FuzzGuestMessages -fuzztime 30s
+	$(GO) test ./api/ -run XXX -fuzz FuzzHandlers -fuzztime 60s
 
 bench: deps
 	$(GO) test -run XXX -bench . -benchtime 5x ./...
