@@ -7,6 +7,7 @@ import (
 
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
 )
 
 // policyKey is where a sandbox record keeps its firewall policy.
@@ -74,6 +75,36 @@ func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy)
 		return nil, err
 	}
 	return p, nil
+}
+
+// initialPolicy puts a new sandbox's policy in its record: the request's,
+// or the engine's default, so that a later change of the default leaves
+// existing sandboxes as they are. The network installs it before boot.
+func (e *Engine) initialPolicy(req *sandbox.CreateRequest, rec *store.Sandbox) error {
+	p := e.opts.DefaultFirewall
+	if req.Firewall != nil {
+		var err error
+		if p, err = firewall.Parse(req.Firewall); err != nil {
+			var fe *firewall.Error
+			if errors.As(err, &fe) {
+				field := "firewall"
+				if fe.Field != "" {
+					field += "." + fe.Field
+				}
+				return sandbox.Errorf(sandbox.ErrInvalid, field, "%s", fe.Msg)
+			}
+			return &sandbox.Error{Kind: sandbox.ErrInvalid, Field: "firewall", Msg: "invalid firewall policy", Err: err}
+		}
+	}
+	if p == nil {
+		return nil
+	}
+	raw, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	rec.Extra = withExtra(rec.Extra, policyKey, json.RawMessage(raw))
+	return nil
 }
 
 // firewallErr turns a policy validation error into an engine error that

@@ -28,6 +28,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
@@ -59,9 +60,12 @@ type Options struct {
 	PluginArgs []string
 
 	Network network.Network // default network.None
-	Secrets secrets.Store   // default sealed rows in the database
-	Billing budget.Billing  // default metering into the database
-	Store   store.Store     // default SQLite in DataDir/harebox.db
+	// DefaultFirewall is the policy of sandboxes created without one;
+	// default firewall.Default() (the public internet only).
+	DefaultFirewall *firewall.Policy
+	Secrets         secrets.Store  // default sealed rows in the database
+	Billing         budget.Billing // default metering into the database
+	Store           store.Store    // default SQLite in DataDir/harebox.db
 
 	// Images maps image names to built images. Names not here are looked
 	// up in ImageDir (default DataDir/images), as built by harebox-image.

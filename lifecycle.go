@@ -132,6 +132,10 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 		exp := now.Add(time.Duration(req.TTLSeconds) * time.Second)
 		rec.ExpiresAt = &exp
 	}
+	if err := e.initialPolicy(&req, rec); err != nil {
+		e.release(res)
+		return nil, err
+	}
 	// The record exists before anything is made, so a crash half way is
 	// cleaned up on the next start; it is placed in its project in the
 	// same transaction.

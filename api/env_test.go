@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -185,4 +186,36 @@ func TestSandboxCA(t *testing.T) {
 	if n := countSecrets(t, f.dir, "sandbox/"+id); n != 0 {
 		t.Errorf("the CA key outlived the sandbox: %d rows", n)
 	}
+}
+
+// A policy given at create is the sandbox's from the start; a bad one is
+// refused naming its field, with nothing made; without one, the engine's
+// default applies.
+func TestFirewallAtCreate(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	launched := f.hv.Launched()
+	r := f.do(t, "POST", "/v1/sandboxes", f.root, `{"firewall": {"default_outbound": "deny", "outbound": [{"action": "allow", "protocol": "tcp", "ports": "99999", "hosts": ["pypi.org"]}]}}`)
+	if code, field, _ := errField(r); r.status != 400 || code != "invalid" || field != "firewall.outbound[0].ports" {
+		t.Fatalf("a bad policy at create: %d %s", r.status, r.raw)
+	}
+	f.must(t, 400, "POST", "/v1/sandboxes", f.root, `{"firewall": {"default_outbound": "maybe"}}`)
+	if f.hv.Launched() != launched || len(ids(f.must(t, 200, "GET", "/v1/sandboxes?state=deleted", f.root, nil).body["sandboxes"])) != 0 {
+		t.Fatal("a refused policy made something")
+	}
+	policy := `{"default_outbound":"deny","outbound":[{"action":"allow","protocol":"tcp","ports":"443","hosts":["pypi.org"]}]}`
+	box := f.must(t, 201, "POST", "/v1/sandboxes", f.root, `{"firewall": `+policy+`}`)
+	if got := f.must(t, 200, "GET", "/v1/sandboxes/"+str(box, "id")+"/firewall", f.root, nil); !jsonEqualRaw(got.raw, policy) {
+		t.Errorf("the sandbox's policy: %s, want %s", got.raw, policy)
+	}
+	plain := f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{})
+	if got := f.must(t, 200, "GET", "/v1/sandboxes/"+str(plain, "id")+"/firewall", f.root, nil); !jsonEqualRaw(got.raw, `{"default_outbound":"allow","outbound":[]}`) {
+		t.Errorf("the default policy: %s", got.raw)
+	}
+}
+
+func jsonEqualRaw(a []byte, b string) bool {
+	var x, y any
+	json.Unmarshal(a, &x)
+	json.Unmarshal([]byte(b), &y)
+	return jsonEqual(x, y)
 }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -45,6 +46,9 @@ type CreateRequest struct {
 	// get environments marked third_party_safe (a project can make it the
 	// default).
 	ThirdParty bool `json:"third_party,omitempty"`
+	// Firewall is the sandbox's firewall policy (firewall.Policy as JSON),
+	// in force before its VM boots; default: the server's default policy.
+	Firewall json.RawMessage `json:"firewall,omitempty"`
 	// NoEnv keeps every stored environment out of this sandbox.
 	NoEnv bool              `json:"no_env,omitempty"`
 	Env   map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`

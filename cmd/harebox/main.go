@@ -225,6 +225,7 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	project := fs.String("project", "", "the project, ID or name (default: the account's default project)")
 	fleet := fs.String("fleet", "", "a fleet of that project, ID or name")
 	account := fs.String("account", "", "the account, ID or name (the operator only; default: the default account, or the key's own)")
+	fw := fs.String("firewall", "", "the firewall policy, in force before the VM boots: JSON, or @FILE (default: the server's default policy)")
 	labels, env := kv{}, &envFlag{vars: kv{}}
 	fs.Var(labels, "label", "label KEY=VALUE (repeatable)")
 	fs.Var(env, "env", "KEY=VALUE: an environment variable of this sandbox only (repeatable);\n"+
@@ -248,6 +249,18 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	}
 	if len(env.vars) > 0 {
 		req.Env = env.vars
+	}
+	if *fw != "" {
+		policy := []byte(*fw)
+		if path, ok := strings.CutPrefix(*fw, "@"); ok {
+			if policy, err = os.ReadFile(path); err != nil {
+				return 0, usageError{"--firewall: " + err.Error()}
+			}
+		}
+		if !json.Valid(policy) {
+			return 0, usageError{"--firewall: not JSON (give a policy, or @FILE)"}
+		}
+		req.Firewall = policy
 	}
 	var box sandbox.Sandbox
 	if err := c.c.Do(ctx, "POST", "/v1/sandboxes", nil, req, &box); err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/backends/cloudhypervisor"
 	"github.com/harebox/harebox/backends/qemu"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/network/linuxnet"
 	"github.com/harebox/harebox/sandbox"
@@ -58,6 +59,7 @@ func run() error {
 		pool       = flag.String("address-pool", "10.231.0.0/16", "where sandbox addresses come from (a /30 each)")
 		upstream   = flag.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
 		table      = flag.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
+		defaultFW  = flag.String("default-firewall", "public", "policy of sandboxes created without one: public (the public internet only), deny (nothing), or @FILE (a policy document)")
 		proxies    = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
 	)
 	flag.Parse()
@@ -103,8 +105,13 @@ func run() error {
 	default:
 		return fmt.Errorf("--network %q: want linux or none", *netKind)
 	}
+	fw, err := defaultFirewall(*defaultFW)
+	if err != nil {
+		return err
+	}
 	eng, err := harebox.New(ctx, harebox.Options{
-		DataDir: *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
+		DefaultFirewall: fw,
+		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 	})
 	if err != nil {
@@ -147,6 +154,27 @@ func run() error {
 		return err
 	}
 	return nil
+}
+
+// defaultFirewall reads --default-firewall.
+func defaultFirewall(v string) (*firewall.Policy, error) {
+	switch {
+	case v == "public":
+		return firewall.Default(), nil
+	case v == "deny":
+		return firewall.DenyAll(), nil
+	case strings.HasPrefix(v, "@"):
+		b, err := os.ReadFile(v[1:])
+		if err != nil {
+			return nil, fmt.Errorf("--default-firewall: %w", err)
+		}
+		p, err := firewall.Parse(b)
+		if err != nil {
+			return nil, fmt.Errorf("--default-firewall %s: %w", v[1:], err)
+		}
+		return p, nil
+	}
+	return nil, fmt.Errorf("--default-firewall %q: want public, deny or @FILE", v)
 }
 
 // listener opens a Unix socket (mode 0600) or a loopback TCP address. The

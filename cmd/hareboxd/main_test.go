@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -47,4 +48,24 @@ func TestListenerLoopbackOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Close()
+}
+
+func TestDefaultFirewallFlag(t *testing.T) {
+	for v, want := range map[string]string{"public": "allow", "deny": "deny"} {
+		p, err := defaultFirewall(v)
+		if err != nil || string(p.DefaultOutbound) != want {
+			t.Errorf("%s: %+v %v", v, p, err)
+		}
+	}
+	f := filepath.Join(t.TempDir(), "p.json")
+	os.WriteFile(f, []byte(`{"default_outbound": "deny", "outbound": [{"action": "allow", "protocol": "tcp", "ports": "443", "hosts": ["pypi.org"]}]}`), 0o644)
+	if p, err := defaultFirewall("@" + f); err != nil || len(p.Outbound) != 1 {
+		t.Errorf("@file: %+v %v", p, err)
+	}
+	os.WriteFile(f, []byte(`{"default_outbound": "sometimes"}`), 0o644)
+	for _, v := range []string{"@" + f, "@/no/such/file", "open", ""} {
+		if _, err := defaultFirewall(v); err == nil {
+			t.Errorf("%q accepted", v)
+		}
+	}
 }

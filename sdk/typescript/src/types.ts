@@ -88,6 +88,8 @@ export interface CreateRequest {
   environment?: string;
   /** A sandbox handed to a third party gets only environments marked third_party_safe. */
   third_party?: boolean;
+  /** The sandbox's firewall policy, in force before it boots; default: the server's. */
+  firewall?: FirewallPolicy;
   /** Keep every stored environment out of this sandbox. */
   no_env?: boolean;
   env?: Record<string, string>;
