@@ -81,7 +81,8 @@ func (b *box) agentRequest(r *sandbox.ExecRequest) agentclient.ExecRequest {
 
 // Exec runs a command and waits for it. Output beyond the engine's cap is
 // dropped and flagged.
-func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
+func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (_ *sandbox.ExecResult, err error) {
+	defer e.audited(ctx, "exec", id, &err)
 	b, c, err := e.execTarget(ctx, "exec", id, &r)
 	if err != nil {
 		return nil, err
@@ -99,7 +100,8 @@ func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*s
 
 // ExecStream runs a command and writes its output as it comes. Stdin, if
 // not nil, is fed to the command.
-func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error) {
+func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (_ *sandbox.ExecResult, err error) {
+	defer e.audited(ctx, "execStream", id, &err)
 	b, c, err := e.execTarget(ctx, "execStream", id, &r)
 	if err != nil {
 		return nil, err
@@ -173,7 +175,8 @@ func (t *procTable) closeAll() {
 // StartProcess runs a command in the background and returns at once. Its
 // output is collected (capped) until it exits. Background processes live
 // as long as the engine: an engine restart ends them.
-func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.Process, error) {
+func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequest) (_ *sandbox.Process, err error) {
+	defer e.audited(ctx, "startProcess", id, &err)
 	b, c, err := e.execTarget(ctx, "startProcess", id, &r)
 	if err != nil {
 		return nil, err
@@ -231,7 +234,8 @@ func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequ
 
 // WaitProcess waits until a background process exits (or ctx is done)
 // and returns it with its result.
-func (e *Engine) WaitProcess(ctx context.Context, id, procID string) (*sandbox.Process, error) {
+func (e *Engine) WaitProcess(ctx context.Context, id, procID string) (_ *sandbox.Process, err error) {
+	defer e.audited(ctx, "getProcess", id, &err)
 	b, p, err := e.process(ctx, "getProcess", id, procID)
 	if err != nil {
 		return nil, err
@@ -249,7 +253,8 @@ func (e *Engine) WaitProcess(ctx context.Context, id, procID string) (*sandbox.P
 
 // KillProcess sends a signal (default SIGKILL) to a background process's
 // process group.
-func (e *Engine) KillProcess(ctx context.Context, id, procID string, signal int) error {
+func (e *Engine) KillProcess(ctx context.Context, id, procID string, signal int) (err error) {
+	defer e.audited(ctx, "killProcess", id, &err)
 	_, p, err := e.process(ctx, "killProcess", id, procID)
 	if err != nil {
 		return err
@@ -298,7 +303,8 @@ func (e *Engine) process(ctx context.Context, action, id, procID string) (*box, 
 }
 
 // GetProcess returns a background process as it is now.
-func (e *Engine) GetProcess(ctx context.Context, id, procID string) (*sandbox.Process, error) {
+func (e *Engine) GetProcess(ctx context.Context, id, procID string) (_ *sandbox.Process, err error) {
+	defer e.audited(ctx, "getProcess", id, &err)
 	b, p, err := e.process(ctx, "getProcess", id, procID)
 	if err != nil {
 		return nil, err

@@ -46,7 +46,8 @@ func (l *limitReader) Read(p []byte) (int, error) {
 
 // WriteFile streams r into path in the sandbox. The file appears whole or
 // not at all; a file larger than the engine's limit is refused.
-func (e *Engine) WriteFile(ctx context.Context, id, path string, r io.Reader, o WriteOptions) (*sandbox.FileInfo, error) {
+func (e *Engine) WriteFile(ctx context.Context, id, path string, r io.Reader, o WriteOptions) (_ *sandbox.FileInfo, err error) {
+	defer e.audited(ctx, "writeFile", id, &err)
 	if o.Mode > 0o7777 {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "mode", "must be at most 07777")
 	}
@@ -66,7 +67,8 @@ func (e *Engine) WriteFile(ctx context.Context, id, path string, r io.Reader, o 
 
 // ReadFile copies a file from the sandbox into w. Files larger than the
 // engine's limit are refused before anything is written.
-func (e *Engine) ReadFile(ctx context.Context, id, path string, w io.Writer) (int64, error) {
+func (e *Engine) ReadFile(ctx context.Context, id, path string, w io.Writer) (_ int64, err error) {
+	defer e.audited(ctx, "readFile", id, &err)
 	_, c, err := e.agentFor(ctx, "readFile", id)
 	if err != nil {
 		return 0, err
@@ -103,7 +105,8 @@ func (e *Engine) StatFile(ctx context.Context, id, path string) (*sandbox.FileIn
 }
 
 // ListFiles lists a directory in the sandbox.
-func (e *Engine) ListFiles(ctx context.Context, id, path string) ([]sandbox.FileInfo, bool, error) {
+func (e *Engine) ListFiles(ctx context.Context, id, path string) (_ []sandbox.FileInfo, _ bool, err error) {
+	defer e.audited(ctx, "listFiles", id, &err)
 	_, c, err := e.agentFor(ctx, "listFiles", id)
 	if err != nil {
 		return nil, false, err
@@ -120,7 +123,8 @@ func (e *Engine) ListFiles(ctx context.Context, id, path string) ([]sandbox.File
 }
 
 // Mkdir creates a directory and its parents in the sandbox.
-func (e *Engine) Mkdir(ctx context.Context, id, path string, mode uint32) (*sandbox.FileInfo, error) {
+func (e *Engine) Mkdir(ctx context.Context, id, path string, mode uint32) (_ *sandbox.FileInfo, err error) {
+	defer e.audited(ctx, "mkdir", id, &err)
 	_, c, err := e.agentFor(ctx, "mkdir", id)
 	if err != nil {
 		return nil, err
@@ -133,7 +137,8 @@ func (e *Engine) Mkdir(ctx context.Context, id, path string, mode uint32) (*sand
 }
 
 // RemoveFile removes a path in the sandbox (directories with recursive).
-func (e *Engine) RemoveFile(ctx context.Context, id, path string, recursive bool) error {
+func (e *Engine) RemoveFile(ctx context.Context, id, path string, recursive bool) (err error) {
+	defer e.audited(ctx, "removeFile", id, &err)
 	_, c, err := e.agentFor(ctx, "removeFile", id)
 	if err != nil {
 		return err

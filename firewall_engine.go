@@ -40,7 +40,8 @@ func policyOf(raw json.RawMessage) (*firewall.Policy, error) {
 // SetFirewall replaces a sandbox's firewall policy. The policy is
 // validated and enforced before it is stored; if either fails, the old
 // policy stays in force.
-func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy) (*firewall.Policy, error) {
+func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy) (_ *firewall.Policy, err error) {
+	defer e.audited(ctx, "setFirewall", id, &err)
 	if err := e.check(ctx, "setFirewall", id); err != nil {
 		return nil, err
 	}

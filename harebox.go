@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/harebox/harebox/apikey"
+	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/env"
@@ -123,6 +124,7 @@ type Engine struct {
 	tenants *tenant.Service
 	keys    *apikey.Service
 	envs    *env.Service
+	audit   *audit.Log
 	// defaultAcc is where the operator's sandboxes go when no account is
 	// named, and where records from before tenancy are placed.
 	defaultAcc *tenant.Account
@@ -179,10 +181,18 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if e.bill == nil {
 		e.bill = budget.Local{DB: e.store}
 	}
+	al, err := audit.Open(ctx, e.store, filepath.Join(opts.DataDir, "audit.key"), e.log)
+	if err != nil {
+		return nil, err
+	}
+	e.audit = al
 	e.tenants = tenant.New(e.store)
+	e.tenants.Audit = al
 	e.keys = apikey.New(e.store, e.tenants)
+	e.keys.Audit = al
 	e.tenants.AccountDeleted = e.keys.ForgetAccount
 	e.envs = env.New(e.store, e.tenants, e.sec)
+	e.envs.Audit = al
 	acc, err := e.tenants.EnsureDefault(ctx)
 	if err != nil {
 		return nil, err
@@ -310,6 +320,9 @@ func (e *Engine) Site() sandbox.Site { return e.opts.Site }
 func (e *Engine) Close() error {
 	e.cancel()
 	e.wg.Wait()
+	if err := e.audit.Checkpoint(context.Background()); err != nil {
+		e.log.Error("audit: cannot sign the last entries", "err", err)
+	}
 	e.mu.Lock()
 	for _, b := range e.boxes {
 		b.closeAgent()

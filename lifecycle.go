@@ -102,7 +102,14 @@ func (e *Engine) agentOptions() agentclient.Options {
 }
 
 // Create boots a new sandbox and returns it once its agent answers.
-func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error) {
+func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sandbox.Sandbox, err error) {
+	defer func() {
+		id := ""
+		if out != nil {
+			id = out.ID
+		}
+		e.audited(ctx, "createSandbox", id, &err)
+	}()
 	// Rights first: a key that may not create learns nothing from the
 	// request's validation (which images exist, ...).
 	if err := mayCreate(authz.From(ctx)); err != nil {
@@ -374,7 +381,8 @@ func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.San
 
 // Delete destroys a sandbox: its VM, disks and network. Deleting a deleted
 // sandbox is an error; the record stays, with state deleted.
-func (e *Engine) Delete(ctx context.Context, id string) error {
+func (e *Engine) Delete(ctx context.Context, id string) (err error) {
+	defer e.audited(ctx, "deleteSandbox", id, &err)
 	if err := e.check(ctx, "deleteSandbox", id); err != nil {
 		return err
 	}
@@ -402,7 +410,7 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx) // a delete that started finishes
-	err := e.destroy(ctx, b)
+	err = e.destroy(ctx, b)
 	e.meter(ctx, b)
 	if b.rec.State == sandbox.StateRunning || b.rec.State == sandbox.StatePaused {
 		e.release(b.rec.Size)
@@ -419,7 +427,8 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 }
 
 // Pause freezes a running sandbox's VM.
-func (e *Engine) Pause(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+func (e *Engine) Pause(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
+	defer e.audited(ctx, "pauseSandbox", id, &err)
 	if err := e.check(ctx, "pauseSandbox", id); err != nil {
 		return nil, err
 	}
@@ -427,7 +436,8 @@ func (e *Engine) Pause(ctx context.Context, id string) (*sandbox.Sandbox, error)
 }
 
 // Resume continues a paused sandbox.
-func (e *Engine) Resume(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+func (e *Engine) Resume(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
+	defer e.audited(ctx, "resumeSandbox", id, &err)
 	if err := e.check(ctx, "resumeSandbox", id); err != nil {
 		return nil, err
 	}

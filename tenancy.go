@@ -6,6 +6,7 @@ import (
 	"maps"
 
 	"github.com/harebox/harebox/apikey"
+	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -142,3 +143,18 @@ func (e *Engine) placeDefault(ctx context.Context, rec *store.Sandbox) error {
 		return tx.PutSandbox(ctx, rec)
 	})
 }
+
+// audited records, when a call ends, what the principal in ctx did to
+// sandbox id (and how it ended) in the audit log.
+func (e *Engine) audited(ctx context.Context, action, id string, err *error) {
+	acc := ""
+	if b := e.live(id); b != nil {
+		acc = b.rec.AccountID
+	} else if rec, rerr := e.store.GetSandbox(ctx, id); rerr == nil && sandbox.ValidID(id) {
+		acc = rec.AccountID
+	}
+	e.audit.Record(ctx, action, acc, id, *err)
+}
+
+// Audit is the engine's audit log.
+func (e *Engine) Audit() *audit.Log { return e.audit }

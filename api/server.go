@@ -4,8 +4,10 @@ package api
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +24,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -129,6 +132,9 @@ func Routes() []Route {
 		{"DELETE", "/v1/environments/{environment}", "deleteEnvironment", false, (*Server).deleteEnvironment},
 		{"GET", "/v1/environments/{environment}/versions", "listEnvironmentVersions", false, (*Server).listEnvironmentVersions},
 		{"GET", "/v1/environments/{environment}/versions/{version}", "getEnvironmentVersion", false, (*Server).getEnvironmentVersion},
+		{"GET", "/v1/audit", "listAudit", false, (*Server).listAudit},
+		{"GET", "/v1/audit/verify", "verifyAudit", false, (*Server).verifyAudit},
+		{"GET", "/v1/audit/key", "getAuditKey", false, (*Server).getAuditKey},
 	}
 }
 
@@ -165,6 +171,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 func (s *Server) wrap(rt Route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		// Every request has an ID, the client's if it is well formed; the
+		// audit log records it with what the request did.
+		rid := r.Header.Get("X-Request-ID")
+		if !requestIDRE.MatchString(rid) {
+			rid = newRequestID()
+		}
+		w.Header().Set("X-Request-ID", rid)
+		r = r.WithContext(audit.WithRequestID(r.Context(), rid))
 		if !rt.Public {
 			ctx, err := s.authenticate(r)
 			if err != nil {
@@ -187,6 +201,12 @@ func (s *Server) wrap(rt Route) http.Handler {
 		}
 		s.log.Debug("request", "op", rt.OperationID, "path", r.URL.Path, "took", time.Since(start))
 	})
+}
+
+func newRequestID() string {
+	b := make([]byte, 12)
+	rand.Read(b)
+	return "req_" + hex.EncodeToString(b)
 }
 
 // authenticate returns the request's context with the caller's address

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -41,7 +42,9 @@ type Created struct {
 type Service struct {
 	db      store.Store
 	tenants *tenant.Service
-	now     func() time.Time
+	// Audit, if set, records every change.
+	Audit *audit.Log
+	now   func() time.Time
 
 	mu       sync.Mutex
 	keys     map[string]*Key
@@ -172,7 +175,14 @@ func (s *Service) forget(ids ...string) {
 
 // Create makes a key. A key may only create keys in its own account that
 // are narrower than or equal to itself on every dimension.
-func (s *Service) Create(ctx context.Context, r CreateRequest) (*Created, error) {
+func (s *Service) Create(ctx context.Context, r CreateRequest) (out *Created, err error) {
+	defer func() {
+		target := ""
+		if out != nil {
+			target = out.ID
+		}
+		s.Audit.Record(ctx, "createKey", "", target, err)
+	}()
 	p := authz.From(ctx)
 	if err := authz.Allowed(p, "createKey"); err != nil {
 		return nil, err
@@ -291,10 +301,11 @@ func (s *Service) Get(ctx context.Context, id string) (*Key, error) {
 }
 
 // Revoke revokes a key and every key below it, at once and for good.
-func (s *Service) Revoke(ctx context.Context, id string) (*Key, error) {
+func (s *Service) Revoke(ctx context.Context, id string) (_ *Key, err error) {
+	defer func() { s.Audit.Record(ctx, "revokeKey", "", id, err) }()
 	var k *Key
 	var gone []string
-	err := s.db.Update(ctx, func(tx store.Tx) (err error) {
+	err = s.db.Update(ctx, func(tx store.Tx) (err error) {
 		k, err = s.visible(ctx, tx, "revokeKey", id)
 		if err != nil {
 			return err
@@ -328,9 +339,9 @@ func (s *Service) Revoke(ctx context.Context, id string) (*Key, error) {
 
 // Rotate replaces a key's secret: the old one stops working when Rotate
 // returns, the new one is shown once. Scope and children stay.
-func (s *Service) Rotate(ctx context.Context, id string) (*Created, error) {
-	var out *Created
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+func (s *Service) Rotate(ctx context.Context, id string) (out *Created, err error) {
+	defer func() { s.Audit.Record(ctx, "rotateKey", "", id, err) }()
+	err = s.db.Update(ctx, func(tx store.Tx) error {
 		k, err := s.visible(ctx, tx, "rotateKey", id)
 		if err != nil {
 			return err

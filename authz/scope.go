@@ -26,6 +26,7 @@ var Actions = []string{
 	"createKey", "listKeys", "getKey", "revokeKey", "rotateKey",
 	"createEnvironment", "listEnvironments", "getEnvironment", "updateEnvironment", "deleteEnvironment",
 	"listEnvironmentVersions", "getEnvironmentVersion",
+	"listAudit", "verifyAudit", "getAuditKey",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
@@ -47,11 +48,12 @@ var Groups = map[string][]string{
 	"keys:write":         {"createKey", "revokeKey", "rotateKey"},
 	"environments:read":  {"listEnvironments", "getEnvironment", "listEnvironmentVersions", "getEnvironmentVersion"},
 	"environments:write": {"createEnvironment", "updateEnvironment", "deleteEnvironment"},
+	"audit:read":         {"listAudit", "getAuditKey"},
 }
 
 // operatorOnly actions need the operator whatever a key's scope says:
 // a key belongs to one account and cannot make or end accounts.
-var operatorOnly = map[string]bool{"createAccount": true, "deleteAccount": true}
+var operatorOnly = map[string]bool{"createAccount": true, "deleteAccount": true, "verifyAudit": true}
 
 // Scope limits a key. Every field is optional (empty means no limit on that
 // dimension) and they combine with AND.

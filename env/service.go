@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -20,6 +21,8 @@ import (
 
 // Service manages environments for the principal in the context.
 type Service struct {
+	// Audit, if set, records every change.
+	Audit   *audit.Log
 	db      store.Store
 	tenants *tenant.Service
 	secrets secrets.Store
@@ -93,7 +96,14 @@ func checkVars(in map[string]Var) error {
 }
 
 // Create makes an environment with its version 1.
-func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest) (*View, error) {
+func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest) (out *View, err error) {
+	defer func() {
+		target := r.Name
+		if out != nil {
+			target = out.ID
+		}
+		s.Audit.Record(ctx, "createEnvironment", "", target, err)
+	}()
 	if err := authz.Allowed(authz.From(ctx), "createEnvironment"); err != nil {
 		return nil, err
 	}
@@ -216,7 +226,8 @@ func (s *Service) Get(ctx context.Context, accountRef, projectRef, ref string) (
 
 // Update makes a new version from the latest one and the request. Running
 // sandboxes keep the version they pinned.
-func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string, r UpdateRequest) (*View, error) {
+func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string, r UpdateRequest) (_ *View, err error) {
+	defer func() { s.Audit.Record(ctx, "updateEnvironment", "", ref, err) }()
 	if err := authz.Allowed(authz.From(ctx), "updateEnvironment"); err != nil {
 		return nil, err
 	}
@@ -229,7 +240,7 @@ func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string
 	var out *View
 	var made []string
 	var envID string
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err = s.db.Update(ctx, func(tx store.Tx) error {
 		e, proj, err := s.find(ctx, tx, "updateEnvironment", accountRef, projectRef, ref)
 		if err != nil {
 			return err
@@ -285,10 +296,11 @@ func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string
 
 // Delete deletes an environment that no live sandbox pinned, with every
 // version and every sealed value.
-func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string) error {
+func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string) (err error) {
+	defer func() { s.Audit.Record(ctx, "deleteEnvironment", "", ref, err) }()
 	var envID string
 	var refs []string
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err = s.db.Update(ctx, func(tx store.Tx) error {
 		e, _, err := s.find(ctx, tx, "deleteEnvironment", accountRef, projectRef, ref)
 		if err != nil {
 			return err

@@ -118,3 +118,43 @@ type CredentialRule struct {
 	Format    string `json:"format,omitempty"`
 	AllowHTTP bool   `json:"allow_http,omitempty"`
 }
+
+// AuditEntry is one record of the audit log (package audit has the rules):
+// who did what to what, from where, and how it ended. Hash commits to the
+// entry and to Prev, the hash of the entry before it.
+type AuditEntry struct {
+	Seq       int64     `json:"seq"`
+	Time      time.Time `json:"time"`
+	AccountID string    `json:"account_id,omitempty"`
+	Principal string    `json:"principal"`
+	Source    string    `json:"source,omitempty"`
+	Action    string    `json:"action"`
+	Target    string    `json:"target,omitempty"`
+	// Outcome is "ok", "denied" or "error"; Error is the error's kind.
+	Outcome   string `json:"outcome"`
+	Error     string `json:"error,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+	Prev      string `json:"prev"`
+	Hash      string `json:"hash"`
+}
+
+// AuditCheckpoint is a signature over the log's hash at Seq.
+type AuditCheckpoint struct {
+	Seq  int64     `json:"seq"`
+	Hash string    `json:"hash"`
+	Sig  []byte    `json:"sig"`
+	Time time.Time `json:"time"`
+}
+
+// AuditFilter selects audit entries; empty fields match everything.
+// Entries come in Seq order from After (exclusive), at most Limit.
+type AuditFilter struct {
+	AccountID string
+	Principal string
+	Target    string
+	Action    string
+	Outcome   string
+	From, To  time.Time
+	After     int64
+	Limit     int
+}

@@ -115,6 +115,14 @@ type Tx interface {
 	// CountLiveWithEnvironment counts sandboxes not deleted that pinned it.
 	CountLiveWithEnvironment(ctx context.Context, environmentID string) (int, error)
 
+	// The audit log. AppendAudit adds an entry (ErrConflict if its Seq
+	// exists); LastAudit returns the newest (ErrNotFound if none).
+	AppendAudit(ctx context.Context, e *AuditEntry) error
+	LastAudit(ctx context.Context) (*AuditEntry, error)
+	ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, error)
+	PutAuditCheckpoint(ctx context.Context, c *AuditCheckpoint) error
+	ListAuditCheckpoints(ctx context.Context) ([]*AuditCheckpoint, error)
+
 	// API keys, with the hash of their secret.
 	PutKey(ctx context.Context, k *Key) error
 	GetKey(ctx context.Context, id string) (*Key, error)
@@ -214,6 +222,22 @@ var migrations = []string{
 		PRIMARY KEY (environment_id, version)
 	);
 	ALTER TABLE sandboxes ADD COLUMN environment_id TEXT NOT NULL DEFAULT '';`,
+	// The audit log: append-only, hash-chained; signed checkpoints.
+	`CREATE TABLE audit_log (
+		seq        BIGINT PRIMARY KEY,
+		time       BIGINT NOT NULL,
+		account_id TEXT NOT NULL,
+		principal  TEXT NOT NULL,
+		action     TEXT NOT NULL,
+		target     TEXT NOT NULL,
+		outcome    TEXT NOT NULL,
+		record     TEXT NOT NULL
+	);
+	CREATE INDEX audit_time ON audit_log(time);
+	CREATE TABLE audit_checkpoints (
+		seq    BIGINT PRIMARY KEY,
+		record TEXT NOT NULL
+	);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -15,6 +16,8 @@ import (
 // ErrNotFound, exactly like missing ones.
 type Service struct {
 	db store.Store
+	// Audit, if set, records every change.
+	Audit *audit.Log
 	// AccountDeleted, if set, is called after an account is deleted (its
 	// keys revoked in the store), so a key cache can drop them.
 	AccountDeleted func(accountID string)
@@ -140,12 +143,22 @@ func (s *Service) Fleet(ctx context.Context, tx store.Tx, p *Project, ref string
 	return f, err
 }
 
-// do runs fn in a transaction after checking the action is allowed.
-func (s *Service) do(ctx context.Context, action string, fn func(tx store.Tx) error) error {
+// do runs fn in a transaction after checking the action is allowed, and
+// records a change (target names what it is on) in the audit log.
+func (s *Service) do(ctx context.Context, action, target string, fn func(tx store.Tx) error) (err error) {
+	if changes[action] {
+		defer func() { s.Audit.Record(ctx, action, "", target, err) }()
+	}
 	if err := authz.Allowed(authz.From(ctx), action); err != nil {
 		return err
 	}
 	return s.db.Update(ctx, fn)
+}
+
+// changes are the actions the audit log records.
+var changes = map[string]bool{
+	"createAccount": true, "deleteAccount": true, "createProject": true, "updateProject": true,
+	"deleteProject": true, "createFleet": true, "deleteFleet": true,
 }
 
 // CreateAccount makes an account with its default project (operator only).
@@ -154,7 +167,7 @@ func (s *Service) CreateAccount(ctx context.Context, r CreateRequest) (*Account,
 		return nil, err
 	}
 	var a *Account
-	err := s.do(ctx, "createAccount", func(tx store.Tx) (err error) {
+	err := s.do(ctx, "createAccount", r.Name, func(tx store.Tx) (err error) {
 		a, err = createAccount(ctx, tx, r.Name)
 		return err
 	})
@@ -165,7 +178,7 @@ func (s *Service) CreateAccount(ctx context.Context, r CreateRequest) (*Account,
 // operator, its own for a key.
 func (s *Service) ListAccounts(ctx context.Context) ([]*Account, error) {
 	out := []*Account{}
-	err := s.do(ctx, "listAccounts", func(tx store.Tx) error {
+	err := s.do(ctx, "listAccounts", "", func(tx store.Tx) error {
 		all, err := tx.ListAccounts(ctx)
 		for _, a := range all {
 			if authz.Visible(authz.From(ctx), authz.Target{AccountID: a.ID}) {
@@ -180,7 +193,7 @@ func (s *Service) ListAccounts(ctx context.Context) ([]*Account, error) {
 // GetAccount returns an account by ID or name.
 func (s *Service) GetAccount(ctx context.Context, ref string) (*Account, error) {
 	var a *Account
-	err := s.do(ctx, "getAccount", func(tx store.Tx) (err error) {
+	err := s.do(ctx, "getAccount", ref, func(tx store.Tx) (err error) {
 		a, err = s.Account(ctx, tx, ref)
 		return err
 	})
@@ -191,7 +204,7 @@ func (s *Service) GetAccount(ctx context.Context, ref string) (*Account, error) 
 // its projects and fleets go, and its keys are revoked.
 func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
 	var deleted string
-	err := s.do(ctx, "deleteAccount", func(tx store.Tx) error {
+	err := s.do(ctx, "deleteAccount", ref, func(tx store.Tx) error {
 		a, err := s.Account(ctx, tx, ref)
 		if err != nil {
 			return err
@@ -251,7 +264,7 @@ func (s *Service) CreateProject(ctx context.Context, accountRef string, r Create
 		return nil, err
 	}
 	var p *Project
-	err := s.do(ctx, "createProject", func(tx store.Tx) error {
+	err := s.do(ctx, "createProject", r.Name, func(tx store.Tx) error {
 		a, err := s.Account(ctx, tx, accountRef)
 		if err != nil {
 			return err
@@ -268,7 +281,7 @@ func (s *Service) CreateProject(ctx context.Context, accountRef string, r Create
 // ListProjects lists an account's projects the principal sees.
 func (s *Service) ListProjects(ctx context.Context, accountRef string) ([]*Project, error) {
 	out := []*Project{}
-	err := s.do(ctx, "listProjects", func(tx store.Tx) error {
+	err := s.do(ctx, "listProjects", accountRef, func(tx store.Tx) error {
 		a, err := s.Account(ctx, tx, accountRef)
 		if err != nil {
 			return err
@@ -287,7 +300,7 @@ func (s *Service) ListProjects(ctx context.Context, accountRef string) ([]*Proje
 // GetProject returns a project by ID or name.
 func (s *Service) GetProject(ctx context.Context, accountRef, ref string) (*Project, error) {
 	var p *Project
-	err := s.do(ctx, "getProject", func(tx store.Tx) (err error) {
+	err := s.do(ctx, "getProject", ref, func(tx store.Tx) (err error) {
 		_, p, err = s.ProjectIn(ctx, tx, accountRef, ref)
 		return err
 	})
@@ -303,7 +316,7 @@ type ProjectUpdate struct {
 // UpdateProject changes a project's settings.
 func (s *Service) UpdateProject(ctx context.Context, accountRef, ref string, u ProjectUpdate) (*Project, error) {
 	var p *Project
-	err := s.do(ctx, "updateProject", func(tx store.Tx) (err error) {
+	err := s.do(ctx, "updateProject", ref, func(tx store.Tx) (err error) {
 		if _, p, err = s.ProjectIn(ctx, tx, accountRef, ref); err != nil {
 			return err
 		}
@@ -318,7 +331,7 @@ func (s *Service) UpdateProject(ctx context.Context, accountRef, ref string, u P
 // DeleteProject deletes a project with no live sandboxes, and its fleets.
 // The default project stays.
 func (s *Service) DeleteProject(ctx context.Context, accountRef, ref string) error {
-	return s.do(ctx, "deleteProject", func(tx store.Tx) error {
+	return s.do(ctx, "deleteProject", ref, func(tx store.Tx) error {
 		a, p, err := s.ProjectIn(ctx, tx, accountRef, ref)
 		if err != nil {
 			return err
@@ -360,7 +373,7 @@ func (s *Service) CreateFleet(ctx context.Context, accountRef, projectRef string
 		return nil, err
 	}
 	var f *Fleet
-	err := s.do(ctx, "createFleet", func(tx store.Tx) error {
+	err := s.do(ctx, "createFleet", projectRef+"/"+r.Name, func(tx store.Tx) error {
 		a, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
@@ -374,7 +387,7 @@ func (s *Service) CreateFleet(ctx context.Context, accountRef, projectRef string
 // ListFleets lists a project's fleets.
 func (s *Service) ListFleets(ctx context.Context, accountRef, projectRef string) ([]*Fleet, error) {
 	out := []*Fleet{}
-	err := s.do(ctx, "listFleets", func(tx store.Tx) error {
+	err := s.do(ctx, "listFleets", projectRef, func(tx store.Tx) error {
 		_, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
@@ -389,7 +402,7 @@ func (s *Service) ListFleets(ctx context.Context, accountRef, projectRef string)
 // GetFleet returns a fleet by ID or name.
 func (s *Service) GetFleet(ctx context.Context, accountRef, projectRef, ref string) (*Fleet, error) {
 	var f *Fleet
-	err := s.do(ctx, "getFleet", func(tx store.Tx) error {
+	err := s.do(ctx, "getFleet", ref, func(tx store.Tx) error {
 		_, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err == nil {
 			f, err = s.Fleet(ctx, tx, p, ref)
@@ -401,7 +414,7 @@ func (s *Service) GetFleet(ctx context.Context, accountRef, projectRef, ref stri
 
 // DeleteFleet deletes a fleet with no live sandboxes.
 func (s *Service) DeleteFleet(ctx context.Context, accountRef, projectRef, ref string) error {
-	return s.do(ctx, "deleteFleet", func(tx store.Tx) error {
+	return s.do(ctx, "deleteFleet", projectRef+"/"+ref, func(tx store.Tx) error {
 		a, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err

@@ -1,0 +1,112 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/harebox/harebox/store"
+)
+
+// requestIDRE is what a client's X-Request-ID may be; anything else is
+// replaced by one the server makes.
+var requestIDRE = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// auditFilter reads the listAudit query.
+func auditFilter(r *http.Request) (store.AuditFilter, error) {
+	q := r.URL.Query()
+	f := store.AuditFilter{Principal: q.Get("principal"), Target: q.Get("target"), Action: q.Get("action"), Outcome: q.Get("outcome"), Limit: 100}
+	for name, t := range map[string]*time.Time{"from": &f.From, "to": &f.To} {
+		if v := q.Get(name); v != "" {
+			parsed, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				return f, badRequest(name, "an RFC 3339 time, e.g. 2026-11-30T12:00:00Z")
+			}
+			*t = parsed
+		}
+	}
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return f, badRequest("after", "a sequence number (the cursor of the last page)")
+		}
+		f.After = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return f, badRequest("limit", "a number from 1 to 1000")
+		}
+		f.Limit = n
+	}
+	if v := q.Get("account"); v != "" {
+		f.AccountID = v
+	}
+	return f, nil
+}
+
+func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
+	f, err := auditFilter(r)
+	if err != nil {
+		return err
+	}
+	if r.URL.Query().Get("format") == "jsonl" {
+		return s.exportAudit(w, r, f)
+	}
+	l, err := s.eng.Audit().List(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	out := map[string]any{"entries": l}
+	if len(l) == f.Limit {
+		out["next"] = strconv.FormatInt(l[len(l)-1].Seq, 10)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// exportAudit streams every matching entry as JSON Lines, for a SIEM.
+func (s *Server) exportAudit(w http.ResponseWriter, r *http.Request, f store.AuditFilter) error {
+	f.Limit = 1000
+	first := true
+	enc := json.NewEncoder(w)
+	for {
+		l, err := s.eng.Audit().List(r.Context(), f)
+		if err != nil {
+			if first {
+				return err
+			}
+			return nil // the stream already began: cut it
+		}
+		if first {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			first = false
+		}
+		for _, e := range l {
+			if err := enc.Encode(e); err != nil {
+				return nil
+			}
+		}
+		if len(l) < f.Limit {
+			return nil
+		}
+		f.After = l[len(l)-1].Seq
+	}
+}
+
+func (s *Server) verifyAudit(w http.ResponseWriter, r *http.Request) error {
+	rep, err := s.eng.Audit().Verify(r.Context())
+	return reply(w, http.StatusOK, rep, err)
+}
+
+func (s *Server) getAuditKey(w http.ResponseWriter, r *http.Request) error {
+	if err := s.eng.Audit().MayReadKey(r.Context()); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"algorithm": "ed25519", "public_key": base64.StdEncoding.EncodeToString(s.eng.Audit().PublicKey())})
+	return nil
+}

@@ -1,0 +1,244 @@
+// Package audit is the append-only, hash-chained audit log. Every entry
+// commits (SHA-256) to its own fields and to the hash of the entry before
+// it; every CheckpointEvery entries, and when the log closes, the newest
+// hash is signed with an ed25519 key kept in the data directory, so that
+// rewriting the log needs the key as well as the database. Verify walks the
+// chain and the checkpoints and names the first entry that was altered,
+// removed or reordered.
+//
+// The library records (Record) every state-changing action and every read
+// of sandbox contents, denied attempts included: who (the principal: a key
+// ID, or "operator"), from where (the source address the API saw), what
+// (the operationId and its target), the outcome and the request ID. No
+// secret value, file content or command output goes in.
+package audit
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// Entry is one audit record.
+type Entry = store.AuditEntry
+
+// CheckpointEvery is how many entries a checkpoint signs at most.
+const CheckpointEvery = 256
+
+// Outcomes.
+const (
+	OK     = "ok"
+	Denied = "denied"
+	Failed = "error"
+)
+
+// Log appends to and verifies the audit log.
+type Log struct {
+	db  store.Store
+	key ed25519.PrivateKey
+	log *slog.Logger
+
+	mu       sync.Mutex
+	seq      int64
+	last     string
+	unsigned int
+}
+
+// Open opens the log over db with the signing key in keyFile (created,
+// mode 0600, if missing).
+func Open(ctx context.Context, db store.Store, keyFile string, log *slog.Logger) (*Log, error) {
+	key, err := loadKey(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{db: db, key: key, log: log}
+	last, err := db.LastAudit(ctx)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+	case err != nil:
+		return nil, err
+	default:
+		l.seq, l.last = last.Seq, last.Hash
+	}
+	return l, nil
+}
+
+func loadKey(path string) (ed25519.PrivateKey, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		_, key, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			return nil, err
+		}
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("audit: create key: %w", err)
+		}
+		_, err = f.Write(key.Seed())
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, fmt.Errorf("audit: write key: %w", err)
+		}
+		return key, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: read key: %w", err)
+	}
+	if len(b) != ed25519.SeedSize {
+		return nil, fmt.Errorf("audit: %s: want a %d-byte ed25519 seed", path, ed25519.SeedSize)
+	}
+	return ed25519.NewKeyFromSeed(b), nil
+}
+
+// PublicKey verifies the log's checkpoints.
+func (l *Log) PublicKey() ed25519.PublicKey { return l.key.Public().(ed25519.PublicKey) }
+
+// Hash is an entry's hash: SHA-256 of its JSON without the hash itself.
+func Hash(e *Entry) string {
+	c := *e
+	c.Hash = ""
+	b, _ := json.Marshal(&c)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+type requestKey struct{}
+
+// WithRequestID records the request's ID for the entries made under ctx.
+func WithRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, requestKey{}, id)
+}
+
+// Record appends what the principal in ctx did: action on target, ending
+// with err. The entry belongs to the key's account, or for the operator to
+// accountID (the target's, if known). It logs a failure to append rather
+// than failing the action that already happened.
+func (l *Log) Record(ctx context.Context, action, accountID, target string, err error) {
+	if l == nil {
+		return
+	}
+	p := authz.From(ctx)
+	e := &Entry{Time: time.Now().UTC(), AccountID: accountID, Principal: "operator", Action: action, Target: target, Outcome: OK}
+	if !p.Operator {
+		// A key's every act, a probe of another account included, is its
+		// own account's record.
+		e.Principal, e.AccountID = p.KeyID, p.AccountID
+	}
+	if a, ok := authz.Source(ctx); ok {
+		e.Source = a.String()
+	}
+	e.RequestID, _ = ctx.Value(requestKey{}).(string)
+	if err != nil {
+		e.Outcome, e.Error = Failed, kindOf(err)
+		if errors.Is(err, sandbox.ErrForbidden) || errors.Is(err, sandbox.ErrNotFound) || errors.Is(err, sandbox.ErrUnauthenticated) {
+			e.Outcome = Denied
+		}
+	}
+	if aerr := l.append(context.WithoutCancel(ctx), e); aerr != nil {
+		l.log.Error("audit: cannot append", "action", action, "target", target, "err", aerr)
+	}
+}
+
+// kindOf names an error's kind, never its message (which may quote
+// request data).
+func kindOf(err error) string {
+	for _, k := range []struct {
+		err  error
+		name string
+	}{
+		{sandbox.ErrInvalid, "invalid"}, {sandbox.ErrNotFound, "not_found"}, {sandbox.ErrState, "conflict"},
+		{sandbox.ErrExists, "conflict"}, {sandbox.ErrCapacity, "over_capacity"}, {sandbox.ErrTooLarge, "too_large"},
+		{sandbox.ErrUnavailable, "unavailable"}, {sandbox.ErrTimeout, "timeout"}, {sandbox.ErrForbidden, "forbidden"},
+		{sandbox.ErrRateLimited, "rate_limited"}, {sandbox.ErrUnauthenticated, "unauthorized"},
+	} {
+		if errors.Is(err, k.err) {
+			return k.name
+		}
+	}
+	return "internal"
+}
+
+func (l *Log) append(ctx context.Context, e *Entry) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e.Seq, e.Prev = l.seq+1, l.last
+	e.Hash = Hash(e)
+	if err := l.db.AppendAudit(ctx, e); err != nil {
+		return err
+	}
+	l.seq, l.last = e.Seq, e.Hash
+	if l.unsigned++; l.unsigned >= CheckpointEvery {
+		return l.checkpoint(ctx)
+	}
+	return nil
+}
+
+// Checkpoint signs the newest entry now.
+func (l *Log) Checkpoint(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.checkpoint(ctx)
+}
+
+func (l *Log) checkpoint(ctx context.Context) error {
+	if l.seq == 0 || l.unsigned == 0 {
+		return nil
+	}
+	c := &store.AuditCheckpoint{Seq: l.seq, Hash: l.last, Time: time.Now().UTC()}
+	c.Sig = ed25519.Sign(l.key, checkpointMsg(c.Seq, c.Hash))
+	if err := l.db.PutAuditCheckpoint(ctx, c); err != nil {
+		return err
+	}
+	l.unsigned = 0
+	return nil
+}
+
+func checkpointMsg(seq int64, hash string) []byte {
+	return []byte(fmt.Sprintf("harebox-audit-checkpoint %d %s", seq, hash))
+}
+
+// List returns entries that match f, oldest first: all of them for the
+// operator, only its own account's for a key.
+func (l *Log) List(ctx context.Context, f store.AuditFilter) ([]*Entry, error) {
+	p := authz.From(ctx)
+	if err := authz.Allowed(p, "listAudit"); err != nil {
+		return nil, err
+	}
+	if !p.Operator {
+		f.AccountID = p.AccountID
+	}
+	out, err := l.db.ListAudit(ctx, f)
+	if out == nil {
+		out = []*Entry{}
+	}
+	return out, err
+}
+
+// Verify checks the chain and the checkpoints (the operator only: it reads
+// every account's entries).
+func (l *Log) Verify(ctx context.Context) (*Report, error) {
+	if err := authz.Allowed(authz.From(ctx), "verifyAudit"); err != nil {
+		return nil, err
+	}
+	return Verify(ctx, l.db, l.PublicKey())
+}
+
+// MayReadKey says whether the principal in ctx may read the public key.
+func (l *Log) MayReadKey(ctx context.Context) error {
+	return authz.Allowed(authz.From(ctx), "getAuditKey")
+}
