@@ -35,15 +35,12 @@ func auditFilter(r *http.Request) (store.AuditFilter, error) {
 		}
 		f.After = n
 	}
-	if v := q.Get("limit"); v != "" {
+	if v := q.Get("limit"); v != "" && q.Get("format") != "jsonl" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
 			return f, badRequest("limit", "a number from 1 to 1000")
 		}
 		f.Limit = n
-	}
-	if v := q.Get("account"); v != "" {
-		f.AccountID = v
 	}
 	return f, nil
 }
@@ -52,6 +49,15 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 	f, err := auditFilter(r)
 	if err != nil {
 		return err
+	}
+	if ref := r.URL.Query().Get("account"); ref != "" {
+		// An ID or a name, as everywhere else (the operator's filter; a
+		// key's list is its own account's whatever it asks).
+		a, err := s.eng.Tenants().GetAccount(r.Context(), ref)
+		if err != nil {
+			return badRequest("account", "%v", err)
+		}
+		f.AccountID = a.ID
 	}
 	if r.URL.Query().Get("format") == "jsonl" {
 		return s.exportAudit(w, r, f)
@@ -79,7 +85,11 @@ func (s *Server) exportAudit(w http.ResponseWriter, r *http.Request, f store.Aud
 			if first {
 				return err
 			}
-			return nil // the stream already began: cut it
+			// The stream already began: end it with the error, so a
+			// partial export never looks complete.
+			ae := toAPIError(err)
+			enc.Encode(map[string]any{"error": map[string]string{"code": ae.code, "message": ae.msg}})
+			return nil
 		}
 		if first {
 			w.Header().Set("Content-Type", "application/x-ndjson")

@@ -106,6 +106,20 @@ func TestAuditLog(t *testing.T) {
 		t.Errorf("JSON Lines export: %d lines for %d entries", lines, len(entries))
 	}
 	f.must(t, 400, "GET", "/v1/audit?from=yesterday", f.root, nil)
+	if r := f.must(t, 200, "GET", "/v1/audit?from=2999-01-01T00:00:00Z", f.root, nil); len(r.body["entries"].([]any)) != 0 {
+		t.Errorf("entries from the year 2999: %s", r.raw)
+	}
+	if r := f.must(t, 200, "GET", "/v1/audit?from=1000-01-01T00:00:00Z&limit=1", f.root, nil); len(r.body["entries"].([]any)) != 1 {
+		t.Errorf("entries from the year 1000: %s", r.raw)
+	}
+	f.must(t, 200, "GET", "/v1/audit?format=jsonl&limit=5000", f.root, nil)
+	// The operator's changes in an account are that account's, with the
+	// objects' IDs as targets; the filter takes a name.
+	prj := f.must(t, 201, "POST", "/v1/projects?account=beta", f.root, map[string]any{"name": "audited"})
+	r := f.must(t, 200, "GET", "/v1/audit?account=beta&action=createProject", f.root, nil)
+	if l := r.body["entries"].([]any); len(l) != 1 || l[0].(map[string]any)["target"] != str(prj, "id") || l[0].(map[string]any)["account_id"] != w.accB {
+		t.Errorf("the operator's createProject in beta: %s", r.raw)
+	}
 	if r := f.must(t, 200, "GET", "/v1/audit/verify", f.root, nil); r.body["ok"] != true {
 		t.Errorf("verify: %s", r.raw)
 	}

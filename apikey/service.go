@@ -177,11 +177,11 @@ func (s *Service) forget(ids ...string) {
 // are narrower than or equal to itself on every dimension.
 func (s *Service) Create(ctx context.Context, r CreateRequest) (out *Created, err error) {
 	defer func() {
-		target := ""
+		target, account := "", ""
 		if out != nil {
-			target = out.ID
+			target, account = out.ID, out.AccountID
 		}
-		s.Audit.Record(ctx, "createKey", "", target, err)
+		s.Audit.Record(ctx, "createKey", account, target, err)
 	}()
 	p := authz.From(ctx)
 	if err := authz.Allowed(p, "createKey"); err != nil {
@@ -245,6 +245,13 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (out *Created, er
 	return &Created{Key: k, Secret: secret}, nil
 }
 
+func accountOf(k *Key) string {
+	if k == nil {
+		return ""
+	}
+	return k.AccountID
+}
+
 // target describes k for authz.
 func target(k *Key) authz.Target {
 	return authz.Target{AccountID: k.AccountID, KeyID: k.ID, KeyAncestors: k.Ancestors}
@@ -301,8 +308,8 @@ func (s *Service) Get(ctx context.Context, id string) (*Key, error) {
 }
 
 // Revoke revokes a key and every key below it, at once and for good.
-func (s *Service) Revoke(ctx context.Context, id string) (_ *Key, err error) {
-	defer func() { s.Audit.Record(ctx, "revokeKey", "", id, err) }()
+func (s *Service) Revoke(ctx context.Context, id string) (out *Key, err error) {
+	defer func() { s.Audit.Record(ctx, "revokeKey", accountOf(out), id, err) }()
 	var k *Key
 	var gone []string
 	err = s.db.Update(ctx, func(tx store.Tx) (err error) {
@@ -340,7 +347,13 @@ func (s *Service) Revoke(ctx context.Context, id string) (_ *Key, err error) {
 // Rotate replaces a key's secret: the old one stops working when Rotate
 // returns, the new one is shown once. Scope and children stay.
 func (s *Service) Rotate(ctx context.Context, id string) (out *Created, err error) {
-	defer func() { s.Audit.Record(ctx, "rotateKey", "", id, err) }()
+	defer func() {
+		var k *Key
+		if out != nil {
+			k = out.Key
+		}
+		s.Audit.Record(ctx, "rotateKey", accountOf(k), id, err)
+	}()
 	err = s.db.Update(ctx, func(tx store.Tx) error {
 		k, err := s.visible(ctx, tx, "rotateKey", id)
 		if err != nil {

@@ -98,11 +98,11 @@ func checkVars(in map[string]Var) error {
 // Create makes an environment with its version 1.
 func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest) (out *View, err error) {
 	defer func() {
-		target := r.Name
+		target, account := r.Name, ""
 		if out != nil {
-			target = out.ID
+			target, account = out.ID, out.AccountID
 		}
-		s.Audit.Record(ctx, "createEnvironment", "", target, err)
+		s.Audit.Record(ctx, "createEnvironment", account, target, err)
 	}()
 	if err := authz.Allowed(authz.From(ctx), "createEnvironment"); err != nil {
 		return nil, err
@@ -226,8 +226,14 @@ func (s *Service) Get(ctx context.Context, accountRef, projectRef, ref string) (
 
 // Update makes a new version from the latest one and the request. Running
 // sandboxes keep the version they pinned.
-func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string, r UpdateRequest) (_ *View, err error) {
-	defer func() { s.Audit.Record(ctx, "updateEnvironment", "", ref, err) }()
+func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string, r UpdateRequest) (out *View, err error) {
+	defer func() {
+		target, account := ref, ""
+		if out != nil {
+			target, account = out.ID, out.AccountID
+		}
+		s.Audit.Record(ctx, "updateEnvironment", account, target, err)
+	}()
 	if err := authz.Allowed(authz.From(ctx), "updateEnvironment"); err != nil {
 		return nil, err
 	}
@@ -237,7 +243,6 @@ func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string
 	if len(r.Set) == 0 && len(r.Unset) == 0 && r.Files == nil && r.Credentials == nil && r.ThirdPartySafe == nil {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "", "nothing to change: give set, unset, files, credentials or third_party_safe")
 	}
-	var out *View
 	var made []string
 	var envID string
 	err = s.db.Update(ctx, func(tx store.Tx) error {
@@ -297,8 +302,14 @@ func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string
 // Delete deletes an environment that no live sandbox pinned, with every
 // version and every sealed value.
 func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string) (err error) {
-	defer func() { s.Audit.Record(ctx, "deleteEnvironment", "", ref, err) }()
-	var envID string
+	var envID, account string
+	defer func() {
+		target := ref
+		if envID != "" {
+			target = envID
+		}
+		s.Audit.Record(ctx, "deleteEnvironment", account, target, err)
+	}()
 	var refs []string
 	err = s.db.Update(ctx, func(tx store.Tx) error {
 		e, _, err := s.find(ctx, tx, "deleteEnvironment", accountRef, projectRef, ref)
@@ -324,7 +335,7 @@ func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string
 				}
 			}
 		}
-		envID = e.ID
+		envID, account = e.ID, e.AccountID
 		return tx.DeleteEnvironment(ctx, e.ID)
 	})
 	if err == nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
+	"time"
 )
 
 // AppendAudit implements Tx.
@@ -43,11 +45,11 @@ func (s *SQLite) ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, e
 	}
 	if !f.From.IsZero() {
 		q += ` AND time >= ?`
-		args = append(args, f.From.UnixNano())
+		args = append(args, nanos(f.From))
 	}
 	if !f.To.IsZero() {
 		q += ` AND time < ?`
-		args = append(args, f.To.UnixNano())
+		args = append(args, nanos(f.To))
 	}
 	limit := f.Limit
 	if limit <= 0 || limit > 10000 {
@@ -65,4 +67,16 @@ func (s *SQLite) PutAuditCheckpoint(ctx context.Context, c *AuditCheckpoint) err
 // ListAuditCheckpoints implements Tx, oldest first.
 func (s *SQLite) ListAuditCheckpoints(ctx context.Context) ([]*AuditCheckpoint, error) {
 	return list[AuditCheckpoint](ctx, s, `SELECT record FROM audit_checkpoints ORDER BY seq`)
+}
+
+// nanos is t in Unix nanoseconds, clamped to what an int64 holds (years
+// 1678 to 2262), so a far-off bound still compares the right way.
+func nanos(t time.Time) int64 {
+	switch {
+	case t.After(time.Unix(0, math.MaxInt64)):
+		return math.MaxInt64
+	case t.Before(time.Unix(0, math.MinInt64)):
+		return math.MinInt64
+	}
+	return t.UnixNano()
 }

@@ -145,15 +145,19 @@ func (s *Service) Fleet(ctx context.Context, tx store.Tx, p *Project, ref string
 
 // do runs fn in a transaction after checking the action is allowed, and
 // records a change (target names what it is on) in the audit log.
-func (s *Service) do(ctx context.Context, action, target string, fn func(tx store.Tx) error) (err error) {
+func (s *Service) do(ctx context.Context, action string, n *note, fn func(tx store.Tx) error) (err error) {
 	if changes[action] {
-		defer func() { s.Audit.Record(ctx, action, "", target, err) }()
+		defer func() { s.Audit.Record(ctx, action, n.account, n.target, err) }()
 	}
 	if err := authz.Allowed(authz.From(ctx), action); err != nil {
 		return err
 	}
 	return s.db.Update(ctx, fn)
 }
+
+// note is what the audit log says a change was on: the reference the
+// caller gave, until the change resolves its account and object IDs.
+type note struct{ account, target string }
 
 // changes are the actions the audit log records.
 var changes = map[string]bool{
@@ -167,8 +171,11 @@ func (s *Service) CreateAccount(ctx context.Context, r CreateRequest) (*Account,
 		return nil, err
 	}
 	var a *Account
-	err := s.do(ctx, "createAccount", r.Name, func(tx store.Tx) (err error) {
-		a, err = createAccount(ctx, tx, r.Name)
+	n := &note{target: r.Name}
+	err := s.do(ctx, "createAccount", n, func(tx store.Tx) (err error) {
+		if a, err = createAccount(ctx, tx, r.Name); err == nil {
+			n.account, n.target = a.ID, a.ID
+		}
 		return err
 	})
 	return a, err
@@ -178,7 +185,7 @@ func (s *Service) CreateAccount(ctx context.Context, r CreateRequest) (*Account,
 // operator, its own for a key.
 func (s *Service) ListAccounts(ctx context.Context) ([]*Account, error) {
 	out := []*Account{}
-	err := s.do(ctx, "listAccounts", "", func(tx store.Tx) error {
+	err := s.do(ctx, "listAccounts", &note{}, func(tx store.Tx) error {
 		all, err := tx.ListAccounts(ctx)
 		for _, a := range all {
 			if authz.Visible(authz.From(ctx), authz.Target{AccountID: a.ID}) {
@@ -193,7 +200,7 @@ func (s *Service) ListAccounts(ctx context.Context) ([]*Account, error) {
 // GetAccount returns an account by ID or name.
 func (s *Service) GetAccount(ctx context.Context, ref string) (*Account, error) {
 	var a *Account
-	err := s.do(ctx, "getAccount", ref, func(tx store.Tx) (err error) {
+	err := s.do(ctx, "getAccount", &note{}, func(tx store.Tx) (err error) {
 		a, err = s.Account(ctx, tx, ref)
 		return err
 	})
@@ -204,11 +211,13 @@ func (s *Service) GetAccount(ctx context.Context, ref string) (*Account, error) 
 // its projects and fleets go, and its keys are revoked.
 func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
 	var deleted string
-	err := s.do(ctx, "deleteAccount", ref, func(tx store.Tx) error {
+	n := &note{target: ref}
+	err := s.do(ctx, "deleteAccount", n, func(tx store.Tx) error {
 		a, err := s.Account(ctx, tx, ref)
 		if err != nil {
 			return err
 		}
+		n.account, n.target = a.ID, a.ID
 		deleted = a.ID
 		if a.Name == DefaultName {
 			return sandbox.Errorf(sandbox.ErrState, "", "the default account cannot be deleted")
@@ -264,15 +273,18 @@ func (s *Service) CreateProject(ctx context.Context, accountRef string, r Create
 		return nil, err
 	}
 	var p *Project
-	err := s.do(ctx, "createProject", r.Name, func(tx store.Tx) error {
+	n := &note{target: r.Name}
+	err := s.do(ctx, "createProject", n, func(tx store.Tx) error {
 		a, err := s.Account(ctx, tx, accountRef)
 		if err != nil {
 			return err
 		}
+		n.account = a.ID
 		if len(authz.From(ctx).Scope.Projects) > 0 {
 			return sandbox.Errorf(sandbox.ErrForbidden, "", "this API key is limited to some projects; it cannot create others")
 		}
 		p = &Project{ID: NewID(ProjectPrefix), AccountID: a.ID, Name: r.Name, CreatedAt: time.Now().UTC()}
+		n.target = p.ID
 		return conflict(tx.PutProject(ctx, p), "name", "a project named %q exists", r.Name)
 	})
 	return p, err
@@ -281,7 +293,7 @@ func (s *Service) CreateProject(ctx context.Context, accountRef string, r Create
 // ListProjects lists an account's projects the principal sees.
 func (s *Service) ListProjects(ctx context.Context, accountRef string) ([]*Project, error) {
 	out := []*Project{}
-	err := s.do(ctx, "listProjects", accountRef, func(tx store.Tx) error {
+	err := s.do(ctx, "listProjects", &note{}, func(tx store.Tx) error {
 		a, err := s.Account(ctx, tx, accountRef)
 		if err != nil {
 			return err
@@ -300,7 +312,7 @@ func (s *Service) ListProjects(ctx context.Context, accountRef string) ([]*Proje
 // GetProject returns a project by ID or name.
 func (s *Service) GetProject(ctx context.Context, accountRef, ref string) (*Project, error) {
 	var p *Project
-	err := s.do(ctx, "getProject", ref, func(tx store.Tx) (err error) {
+	err := s.do(ctx, "getProject", &note{}, func(tx store.Tx) (err error) {
 		_, p, err = s.ProjectIn(ctx, tx, accountRef, ref)
 		return err
 	})
@@ -316,10 +328,12 @@ type ProjectUpdate struct {
 // UpdateProject changes a project's settings.
 func (s *Service) UpdateProject(ctx context.Context, accountRef, ref string, u ProjectUpdate) (*Project, error) {
 	var p *Project
-	err := s.do(ctx, "updateProject", ref, func(tx store.Tx) (err error) {
+	n := &note{target: ref}
+	err := s.do(ctx, "updateProject", n, func(tx store.Tx) (err error) {
 		if _, p, err = s.ProjectIn(ctx, tx, accountRef, ref); err != nil {
 			return err
 		}
+		n.account, n.target = p.AccountID, p.ID
 		if u.ThirdPartyDefault != nil {
 			p.ThirdPartyDefault = *u.ThirdPartyDefault
 		}
@@ -331,11 +345,13 @@ func (s *Service) UpdateProject(ctx context.Context, accountRef, ref string, u P
 // DeleteProject deletes a project with no live sandboxes, and its fleets.
 // The default project stays.
 func (s *Service) DeleteProject(ctx context.Context, accountRef, ref string) error {
-	return s.do(ctx, "deleteProject", ref, func(tx store.Tx) error {
+	n := &note{target: ref}
+	return s.do(ctx, "deleteProject", n, func(tx store.Tx) error {
 		a, p, err := s.ProjectIn(ctx, tx, accountRef, ref)
 		if err != nil {
 			return err
 		}
+		n.account, n.target = a.ID, p.ID
 		if p.Name == DefaultName {
 			return sandbox.Errorf(sandbox.ErrState, "", "an account's default project cannot be deleted")
 		}
@@ -373,12 +389,14 @@ func (s *Service) CreateFleet(ctx context.Context, accountRef, projectRef string
 		return nil, err
 	}
 	var f *Fleet
-	err := s.do(ctx, "createFleet", projectRef+"/"+r.Name, func(tx store.Tx) error {
+	n := &note{target: projectRef + "/" + r.Name}
+	err := s.do(ctx, "createFleet", n, func(tx store.Tx) error {
 		a, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
 		}
 		f = &Fleet{ID: NewID(FleetPrefix), AccountID: a.ID, ProjectID: p.ID, Name: r.Name, CreatedAt: time.Now().UTC()}
+		n.account, n.target = a.ID, f.ID
 		return conflict(tx.PutFleet(ctx, f), "name", "a fleet named %q exists in project %q", r.Name, p.Name)
 	})
 	return f, err
@@ -387,7 +405,7 @@ func (s *Service) CreateFleet(ctx context.Context, accountRef, projectRef string
 // ListFleets lists a project's fleets.
 func (s *Service) ListFleets(ctx context.Context, accountRef, projectRef string) ([]*Fleet, error) {
 	out := []*Fleet{}
-	err := s.do(ctx, "listFleets", projectRef, func(tx store.Tx) error {
+	err := s.do(ctx, "listFleets", &note{}, func(tx store.Tx) error {
 		_, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
@@ -402,7 +420,7 @@ func (s *Service) ListFleets(ctx context.Context, accountRef, projectRef string)
 // GetFleet returns a fleet by ID or name.
 func (s *Service) GetFleet(ctx context.Context, accountRef, projectRef, ref string) (*Fleet, error) {
 	var f *Fleet
-	err := s.do(ctx, "getFleet", ref, func(tx store.Tx) error {
+	err := s.do(ctx, "getFleet", &note{}, func(tx store.Tx) error {
 		_, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err == nil {
 			f, err = s.Fleet(ctx, tx, p, ref)
@@ -414,7 +432,8 @@ func (s *Service) GetFleet(ctx context.Context, accountRef, projectRef, ref stri
 
 // DeleteFleet deletes a fleet with no live sandboxes.
 func (s *Service) DeleteFleet(ctx context.Context, accountRef, projectRef, ref string) error {
-	return s.do(ctx, "deleteFleet", projectRef+"/"+ref, func(tx store.Tx) error {
+	n := &note{target: projectRef + "/" + ref}
+	return s.do(ctx, "deleteFleet", n, func(tx store.Tx) error {
 		a, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
@@ -423,6 +442,7 @@ func (s *Service) DeleteFleet(ctx context.Context, accountRef, projectRef, ref s
 		if err != nil {
 			return err
 		}
+		n.account, n.target = a.ID, f.ID
 		if err := noLive(ctx, tx, "fleet", f.Name, a.ID, p.ID, f.ID); err != nil {
 			return err
 		}
