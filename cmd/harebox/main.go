@@ -67,6 +67,7 @@ var commands = []command{
 	{"fleet", "create NAME | list | get REF | delete REF [--project REF] [--account REF]", "a project's fleets (default project: default)", cmdFleet},
 	{"env", "create NAME [flags] | set NAME [flags] | get NAME | list | versions NAME | version NAME N | delete NAME [--project REF] [--account REF]", "a project's environments: versioned variables (secrets sealed), files and credential rules that sandboxes pin", cmdEnv},
 	{"key", "create [flags] | list | get KEY_ID | revoke KEY_ID | rotate KEY_ID", "scoped API keys; a new or rotated secret is shown once", cmdKey},
+	{"audit", "list [filters] [--limit N] [--after CURSOR] | export [filters] | verify | key", "the audit log: who did what, denied attempts too; export as JSON Lines, verify its hash chain and signed checkpoints", cmdAudit},
 	{"version", "", "client and server versions", cmdVersion},
 }
 

@@ -72,8 +72,8 @@ class Client:
 
     ``url`` and ``api_key`` default to $HAREBOX_URL and $HAREBOX_API_KEY.
     Every request has a timeout: ``timeout`` for quick calls,
-    ``lifecycle_timeout`` for calls that boot, stop or freeze a VM or move
-    a whole file, and for
+    ``lifecycle_timeout`` for calls that boot, stop or freeze a VM, move
+    a whole file or verify the whole audit log, and for
     exec the command's own timeout plus ``exec_margin``. Each operation
     also takes ``timeout=`` to override it for one call.
     """
@@ -492,6 +492,54 @@ class Client:
             raise ValueError(f"version must be an int or a str, not {version!r}")
         path = _path("/v1/environments/{}/versions/{}", environment, str(version))
         return cast(t.EnvironmentVersion, self._json("GET", path, query=query, timeout=timeout))
+
+    # --- audit log ------------------------------------------------------
+    # Every change, and every read of sandbox contents, denied attempts too:
+    # who (``principal``: a key ID, or "operator"), from where, what (the
+    # operationId and its target), the outcome and the request ID; never
+    # request data. A key sees its own account's entries.
+
+    @operation("listAudit")
+    def list_audit(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.AuditList:
+        """GET /v1/audit: one page of entries, oldest first. Query ``from``
+        and ``to`` (RFC 3339), ``principal``, ``target``, ``action``,
+        ``outcome`` ("ok", "denied" or "error"), ``account`` (the operator
+        only), ``after`` (the cursor: a sequence number) and ``limit`` (1 to
+        1000, default 100). ``next``, present when the page is full, is the
+        ``after`` of the next page; audit_entries follows it for you."""
+        if query and query.get("format") not in (None, "json"):
+            raise ValueError("list_audit reads JSON pages; audit_entries(query) iterates every entry")
+        return cast(t.AuditList, self._json("GET", "/v1/audit", query=query, timeout=timeout))
+
+    def audit_entries(self, query: t.Query | None = None, *, timeout: float | None = None) -> Iterator[t.AuditEntry]:
+        """Every entry that matches ``query`` (list_audit's filters), oldest
+        first, one list_audit page at a time, following each page's
+        ``next``. ``limit`` is the page size (default 1000); ``after``
+        starts past that cursor. A generator: errors raise as it runs."""
+        q: dict[str, t.QueryValue] = {"limit": 1000, **(query or {})}
+        while True:
+            page = self.list_audit(query=q, timeout=timeout)
+            yield from page["entries"]
+            cursor = page.get("next")
+            if not cursor:
+                return
+            if cursor == q.get("after"):
+                raise TransportError(f"list_audit: the next cursor {cursor!r} does not move past the page")
+            q["after"] = cursor
+
+    @operation("verifyAudit")
+    def verify_audit(self, *, timeout: float | None = None) -> t.AuditReport:
+        """GET /v1/audit/verify: checks the hash chain and the signed
+        checkpoints (the operator only). When ``ok`` is False,
+        ``first_bad`` is the first entry altered, removed or reordered and
+        ``reason`` says how it shows."""
+        return cast(t.AuditReport, self._json("GET", "/v1/audit/verify", timeout=timeout or self.lifecycle_timeout))
+
+    @operation("getAuditKey")
+    def get_audit_key(self, *, timeout: float | None = None) -> t.AuditKey:
+        """GET /v1/audit/key: the ed25519 public key (base64) that verifies
+        the log's checkpoints."""
+        return cast(t.AuditKey, self._json("GET", "/v1/audit/key", timeout=timeout))
 
     # --- transport ------------------------------------------------------
 

@@ -302,3 +302,55 @@ class EnvironmentList(TypedDict):
 
 class EnvironmentVersionList(TypedDict):
     versions: list[EnvironmentVersion]
+
+
+class AuditEntry(TypedDict):
+    """One entry of the audit log (never request data)."""
+
+    #: From 1, no gaps: the cursor of list_audit's ``after``.
+    seq: int
+    time: str
+    account_id: NotRequired[str]
+    #: A key ID, or "operator".
+    principal: str
+    #: The caller's address.
+    source: NotRequired[str]
+    #: An operationId.
+    action: str
+    target: NotRequired[str]
+    outcome: Literal["ok", "denied", "error"]
+    #: The error's code (``not_found``, ``forbidden``, ...).
+    error: NotRequired[str]
+    #: The request's X-Request-ID.
+    request_id: NotRequired[str]
+    #: The previous entry's hash.
+    prev: str
+    #: SHA-256 of this entry's JSON without ``hash``.
+    hash: str
+
+
+class AuditList(TypedDict):
+    """The body of list_audit."""
+
+    entries: list[AuditEntry]
+    #: The cursor (``after``) of the next page; present when this one is full.
+    next: NotRequired[str]
+
+
+class AuditReport(TypedDict):
+    """The body of verify_audit."""
+
+    ok: bool
+    entries: int
+    checkpoints: int
+    #: The first entry altered, removed or reordered.
+    first_bad: NotRequired[int]
+    reason: NotRequired[str]
+
+
+class AuditKey(TypedDict):
+    """The body of get_audit_key."""
+
+    algorithm: Literal["ed25519"]
+    #: Base64.
+    public_key: str

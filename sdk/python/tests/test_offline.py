@@ -98,7 +98,8 @@ def test_unreachable_server_is_a_transport_error() -> None:
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
-    """Answers every request from ``replies`` by path, and records it."""
+    """Answers every request from ``replies`` by path (with its query
+    first, then without), and records it."""
 
     seen: list[tuple[str, str, Any]] = []
     replies: dict[str, tuple[int, dict[str, str], Any]] = {}
@@ -107,7 +108,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         self.seen.append((self.command, self.path, body))
-        status, headers, reply = self.replies.get(self.path.split("?")[0], (200, {}, {"ok": True}))
+        status, headers, reply = self.replies.get(self.path) or self.replies.get(self.path.split("?")[0], (200, {}, {"ok": True}))
         data = b"" if reply is None else json.dumps(reply).encode()
         self.send_response(status)
         for k, v in {"Content-Type": "application/json", **headers}.items():
@@ -236,6 +237,76 @@ def test_sandbox_reports_its_environment() -> None:
     del data["environment"], data["third_party"]
     bare = harebox.Sandbox(hb, data)
     assert (bare.environment, bare.third_party) == (None, False)
+
+
+def _entry(seq: int, outcome: str = "ok") -> t.AuditEntry:
+    entry: t.AuditEntry = {
+        "seq": seq, "time": "2026-11-30T12:00:00Z", "account_id": "acc_1", "principal": "key_1",
+        "source": "127.0.0.1", "action": "createProject", "target": "web", "outcome": "ok",
+        "request_id": f"req-{seq}", "prev": f"h{seq - 1}", "hash": f"h{seq}",
+    }
+    if outcome != "ok":
+        entry["outcome"], entry["error"] = "denied", "forbidden"
+    return entry
+
+
+def test_audit_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    page: t.AuditList = {"entries": [_entry(7, "denied")], "next": "7"}
+    report: t.AuditReport = {"ok": False, "entries": 9, "checkpoints": 1, "first_bad": 3, "reason": "entry 3 was altered"}
+    key: t.AuditKey = {"algorithm": "ed25519", "public_key": "MCowBQYDK2VwAyEA"}
+    server.replies["/v1/audit"] = (200, {}, page)
+    server.replies["/v1/audit/verify"] = (200, {}, report)
+    server.replies["/v1/audit/key"] = (200, {}, key)
+    query: t.Query = {
+        "from": "2026-11-30T00:00:00Z", "to": "2026-12-01T00:00:00+01:00", "principal": "key_1", "target": "prj_1",
+        "action": "createProject", "outcome": "denied", "account": "acme", "after": 6, "limit": 1, "format": "json",
+    }
+    assert hb.list_audit(query=query) == page
+    assert hb.list_audit() == page
+    assert hb.verify_audit() == report
+    assert hb.get_audit_key() == key
+    assert server.seen == [
+        ("GET", "/v1/audit?from=2026-11-30T00%3A00%3A00Z&to=2026-12-01T00%3A00%3A00%2B01%3A00&principal=key_1"
+         "&target=prj_1&action=createProject&outcome=denied&account=acme&after=6&limit=1&format=json", None),
+        ("GET", "/v1/audit", None),
+        ("GET", "/v1/audit/verify", None),
+        ("GET", "/v1/audit/key", None),
+    ]
+    # JSON Lines are for audit_entries to replace, not for list_audit to parse.
+    with pytest.raises(ValueError, match="audit_entries"):
+        hb.list_audit(query={"format": "jsonl"})
+    assert len(server.seen) == 4
+
+
+def test_audit_entries_follows_next(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/audit?limit=2&outcome=denied"] = (200, {}, {"entries": [_entry(1), _entry(2)], "next": "2"})
+    server.replies["/v1/audit?limit=2&outcome=denied&after=2"] = (200, {}, {"entries": [_entry(5), _entry(6)], "next": "6"})
+    server.replies["/v1/audit?limit=2&outcome=denied&after=6"] = (200, {}, {"entries": []})
+    entries = hb.audit_entries({"outcome": "denied", "limit": 2})
+    assert server.seen == []  # a generator: nothing is sent before the first entry is asked for
+    assert [e["seq"] for e in entries] == [1, 2, 5, 6]
+    assert [path for _, path, _ in server.seen] == [
+        "/v1/audit?limit=2&outcome=denied",
+        "/v1/audit?limit=2&outcome=denied&after=2",
+        "/v1/audit?limit=2&outcome=denied&after=6",
+    ]
+    # A page that is not full has no next: the last request. Pages are 1000
+    # entries by default, and after= starts past a cursor.
+    server.seen.clear()
+    server.replies["/v1/audit?limit=1000&after=41"] = (200, {}, {"entries": [_entry(42)]})
+    assert [e["seq"] for e in hb.audit_entries(query={"after": 41})] == [42]
+    assert [path for _, path, _ in server.seen] == ["/v1/audit?limit=1000&after=41"]
+    server.replies["/v1/audit?limit=1000"] = (403, {}, {"error": {"code": "forbidden", "message": "this API key may not listAudit"}})
+    with pytest.raises(harebox.Forbidden):
+        next(hb.audit_entries())
+    with pytest.raises(ValueError):
+        next(hb.audit_entries({"format": "jsonl"}))
+    # A cursor that does not move would loop for ever.
+    server.replies["/v1/audit?limit=1&after=9"] = (200, {}, {"entries": [_entry(10)], "next": "9"})
+    with pytest.raises(harebox.TransportError, match="does not move"):
+        list(hb.audit_entries({"limit": 1, "after": "9"}))
 
 
 def test_rate_limited_reply_carries_retry_after(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:

@@ -8,6 +8,11 @@ import type {
   Account,
   AccountList,
   AccountQuery,
+  AuditEntry,
+  AuditKey,
+  AuditList,
+  AuditQuery,
+  AuditReport,
   CreateRequest,
   Environment,
   EnvironmentList,
@@ -546,6 +551,56 @@ export class HareBox {
       throw new HareBoxError(0, "invalid", "getEnvironmentVersion: the version is a whole number from 1", "version");
     }
     return this.#call("getEnvironmentVersion", [environment, typeof version === "number" ? String(version) : version], "json", this.#plain(options));
+  }
+
+  // The audit log: every change and every read of sandbox contents, denied
+  // attempts too (who, from where, what, how it ended; never request
+  // data). A key sees its own account's entries.
+
+  /**
+   * A page of audit entries, oldest first, by the query's filters; `next`,
+   * present when the page is full, is the `after` of the next page
+   * ({@link HareBox.auditEntries} follows it for you).
+   */
+  async listAudit(options: CallOptions<AuditQuery> = {}): Promise<AuditList> {
+    const format: unknown = options.query?.format;
+    if (format !== undefined && format !== "json") {
+      throw new HareBoxError(0, "invalid", "listAudit reads JSON pages; auditEntries() iterates every entry", "format");
+    }
+    return this.#call("listAudit", [], "json", this.#plain(options));
+  }
+
+  /**
+   * Every audit entry that matches the query, oldest first, one listAudit
+   * page at a time (`limit` is the page size, default 1000), following each
+   * page's `next`; `after` starts past a cursor. Breaking out of the loop
+   * stops it.
+   *
+   *     for await (const e of hb.auditEntries({ query: { outcome: "denied" } })) { ... }
+   */
+  async *auditEntries(options: CallOptions<AuditQuery> = {}): AsyncGenerator<AuditEntry, void, undefined> {
+    const query: AuditQuery = { limit: 1000, ...options.query };
+    for (;;) {
+      const page = await this.listAudit({ ...options, query });
+      yield* page.entries ?? [];
+      if (!page.next) return;
+      if (page.next === query.after) throw new HareBoxError(0, "network", `listAudit: the next cursor ${page.next} does not move past the page`);
+      query.after = page.next;
+    }
+  }
+
+  /**
+   * Checks the audit log's hash chain and signed checkpoints (the operator
+   * only). When `ok` is false, `first_bad` is the first entry altered,
+   * removed or reordered and `reason` says how it shows.
+   */
+  async verifyAudit(options: CallOptions = {}): Promise<AuditReport> {
+    return this.#call("verifyAudit", [], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS));
+  }
+
+  /** The ed25519 public key (base64) that verifies the audit log's checkpoints. */
+  async getAuditKey(options: CallOptions = {}): Promise<AuditKey> {
+    return this.#call("getAuditKey", [], "json", this.#plain(options));
   }
 
   // ---- Plumbing -----------------------------------------------------

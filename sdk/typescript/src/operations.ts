@@ -58,6 +58,9 @@ export const OPERATIONS = {
   deleteEnvironment: { method: "DELETE", path: "/v1/environments/{environment}" },
   listEnvironmentVersions: { method: "GET", path: "/v1/environments/{environment}/versions" },
   getEnvironmentVersion: { method: "GET", path: "/v1/environments/{environment}/versions/{version}" },
+  listAudit: { method: "GET", path: "/v1/audit" },
+  verifyAudit: { method: "GET", path: "/v1/audit/verify" },
+  getAuditKey: { method: "GET", path: "/v1/audit/key" },
 } as const satisfies Record<string, Operation>;
 
 /** An OpenAPI operationId; each is a method of HareBox. */

@@ -407,6 +407,51 @@ export interface Environment {
   version: EnvironmentVersion;
 }
 
+/** How an audited action ended: denied is a refusal (forbidden, not_found, unauthorized). */
+export type AuditOutcome = "ok" | "denied" | "error";
+
+/** One entry of the audit log: who did what to what, and how it ended (never request data). */
+export interface AuditEntry {
+  /** From 1, without gaps; the cursor of listAudit's `after`. */
+  seq: number;
+  /** RFC 3339 date-time. */
+  time: string;
+  account_id?: string;
+  /** A key ID, or "operator". */
+  principal: string;
+  /** The caller's address. */
+  source?: string;
+  /** An operationId. */
+  action: string;
+  target?: string;
+  outcome: AuditOutcome;
+  /** The error's code (not_found, forbidden, ...). */
+  error?: string;
+  /** The request's X-Request-ID. */
+  request_id?: string;
+  /** The previous entry's hash. */
+  prev: string;
+  /** SHA-256 of this entry's JSON without hash. */
+  hash: string;
+}
+
+/** The result of verifyAudit. */
+export interface AuditReport {
+  ok: boolean;
+  entries: number;
+  checkpoints: number;
+  /** The first entry altered, removed or reordered. */
+  first_bad?: number;
+  reason?: string;
+}
+
+/** The body of getAuditKey: the key that verifies the audit log's signed checkpoints. */
+export interface AuditKey {
+  algorithm: "ed25519";
+  /** Base64. */
+  public_key: string;
+}
+
 /** The body of getHealth. */
 export interface Health {
   status: "ok";
@@ -458,6 +503,13 @@ export interface EnvironmentVersionList {
   versions: EnvironmentVersion[];
 }
 
+/** The body of listAudit: a page of entries, oldest first. */
+export interface AuditList {
+  entries: AuditEntry[];
+  /** The cursor (`after`) of the next page; present when this page is full. */
+  next?: string;
+}
+
 /** The body of killProcess. */
 export interface KillRequest {
   /** Default SIGKILL (9). */
@@ -497,6 +549,28 @@ export interface AccountQuery {
  */
 export interface EnvironmentQuery extends AccountQuery {
   project?: string;
+}
+
+/** The query of listAudit (and auditEntries): filters that combine with AND, and the page. */
+export interface AuditQuery {
+  /** RFC 3339 date-time: entries at or after it. */
+  from?: string;
+  /** RFC 3339 date-time: entries before it. */
+  to?: string;
+  /** A key ID, or "operator". */
+  principal?: string;
+  target?: string;
+  /** An operationId. */
+  action?: string;
+  outcome?: AuditOutcome;
+  /** The operator's filter by account ID (a key sees its own account's entries). */
+  account?: string;
+  /** The cursor: entries after this sequence number (a page's `next`). */
+  after?: number | string;
+  /** 1 to 1000; default 100 (auditEntries: 1000 per page). */
+  limit?: number;
+  /** JSON pages only; auditEntries iterates every entry. */
+  format?: "json";
 }
 
 export interface GetProcessQuery {

@@ -1,8 +1,8 @@
 // Tests of the client that need no HareBox server: configuration, URL
 // checks, the API key kept out of sight, timeouts and aborts (against a
 // local HTTP server that never answers), error mapping (non-JSON answers,
-// 403 and 429 with Retry-After), the routes of every operation, and the
-// event-stream reader.
+// 403 and 429 with Retry-After), the routes of every operation, the audit
+// pages auditEntries follows, and the event-stream reader.
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import { inspect } from "node:util";
@@ -122,6 +122,18 @@ describe("against a local HTTP server", () => {
         // Answers the method and path it was sent, minus the /echo prefix.
         res.writeHead(req.method === "DELETE" ? 204 : 200, { "content-type": "application/json" });
         res.end(req.method === "DELETE" ? "" : JSON.stringify({ method: req.method, url: req.url.slice(5) }));
+        return;
+      }
+      if (req.url?.startsWith("/pages/v1/audit?")) {
+        // listAudit over five entries: a page of `limit` after `after`, with
+        // next when it is full, as the server pages.
+        const q = new URL(req.url, "http://x").searchParams;
+        const limit = Number(q.get("limit") ?? 100);
+        const entries = [1, 2, 3, 5, 8].filter((seq) => seq > Number(q.get("after") ?? 0)).slice(0, limit).map((seq) => ({ seq, outcome: q.get("outcome") ?? "ok" }));
+        const page = entries.length === limit ? { entries, next: String(entries[entries.length - 1].seq) } : { entries };
+        if (q.get("after") === "stuck") page.next = "stuck"; // a cursor that does not move
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify(page));
         return;
       }
       if (req.url?.startsWith("/limited/")) {
@@ -301,6 +313,87 @@ describe("against a local HTTP server", () => {
     await assert.rejects(hb.getEnvironmentVersion("prod", 1.5), (e) => e instanceof HareBoxError && e.field === "version");
     await assert.rejects(hb.getEnvironmentVersion("", 1), (e) => e instanceof HareBoxError && e.field === "environment");
     await assert.rejects(hb.getEnvironmentVersion("prod", ""), (e) => e instanceof HareBoxError && e.field === "version");
+  });
+
+  test("the audit operations send their methods, paths and queries", async () => {
+    const hb = new HareBox({ url: url + "/echo", apiKey: KEY });
+    const start = seen.length;
+    const query = {
+      from: "2026-11-30T00:00:00Z",
+      to: "2026-12-01T00:00:00+01:00",
+      principal: "key_1",
+      target: "prj_1",
+      action: "createProject",
+      outcome: "denied",
+      account: "acme",
+      after: 6,
+      limit: 1,
+      format: "json",
+    };
+    assert.deepEqual(await hb.listAudit({ query }), {
+      method: "GET",
+      url: "/v1/audit?from=2026-11-30T00%3A00%3A00Z&to=2026-12-01T00%3A00%3A00%2B01%3A00&principal=key_1&target=prj_1&action=createProject&outcome=denied&account=acme&after=6&limit=1&format=json",
+    });
+    await hb.listAudit();
+    await hb.listAudit({ query: { after: "7" } });
+    await hb.verifyAudit();
+    await hb.getAuditKey();
+    await new Promise((resolve) => setImmediate(resolve));
+    const sent = seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim());
+    assert.deepEqual(sent, [
+      `GET /v1/audit?from=2026-11-30T00%3A00%3A00Z&to=2026-12-01T00%3A00%3A00%2B01%3A00&principal=key_1&target=prj_1&action=createProject&outcome=denied&account=acme&after=6&limit=1&format=json`,
+      "GET /v1/audit",
+      "GET /v1/audit?after=7",
+      "GET /v1/audit/verify",
+      "GET /v1/audit/key",
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
+    // JSON Lines are for auditEntries to replace, not for listAudit to parse.
+    await assert.rejects(hb.listAudit({ query: /** @type {any} */ ({ format: "jsonl" }) }), (e) => e instanceof HareBoxError && e.field === "format");
+    assert.equal(seen.length, start + 5);
+  });
+
+  test("auditEntries follows next to the last page", async () => {
+    const hb = new HareBox({ url: url + "/pages", apiKey: KEY });
+    const start = seen.length;
+    const got = [];
+    for await (const e of hb.auditEntries({ query: { outcome: "denied", limit: 2 } })) got.push(e);
+    assert.deepEqual(got.map((e) => [e.seq, e.outcome]), [[1, "denied"], [2, "denied"], [3, "denied"], [5, "denied"], [8, "denied"]]);
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => s.url.slice(6)), [
+      "/v1/audit?limit=2&outcome=denied",
+      "/v1/audit?limit=2&outcome=denied&after=2",
+      "/v1/audit?limit=2&outcome=denied&after=5",
+    ]);
+    // A full last page: one more request, which is empty. Pages are 1000
+    // entries by default; after starts past a cursor; breaking out stops.
+    const mid = seen.length;
+    const tail = [];
+    for await (const e of hb.auditEntries({ query: { after: 3, limit: 2 } })) tail.push(e.seq);
+    assert.deepEqual(tail, [5, 8]);
+    for await (const e of hb.auditEntries({ query: { after: 1 } })) tail.push(e.seq);
+    for await (const e of hb.auditEntries({ query: { limit: 1 } })) {
+      tail.push(e.seq);
+      break;
+    }
+    assert.deepEqual(tail, [5, 8, 2, 3, 5, 8, 1]);
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(mid).map((s) => s.url.slice(6)), [
+      "/v1/audit?limit=2&after=3",
+      "/v1/audit?limit=2&after=8",
+      "/v1/audit?limit=1000&after=1",
+      "/v1/audit?limit=1",
+    ]);
+    // A cursor that does not move would loop for ever.
+    await assert.rejects(
+      (async () => {
+        for await (const e of hb.auditEntries({ query: { after: "stuck" } })) void e;
+      })(),
+      (e) => e instanceof HareBoxError && /does not move/.test(e.message),
+    );
+    // Errors throw from the loop: the first page's too.
+    const denied = new HareBox({ url: url + "/forbidden", apiKey: KEY }).auditEntries();
+    await assert.rejects(denied.next(), (e) => e instanceof HareBoxError && e.code === "forbidden");
   });
 
   test("a sandbox keeps its environment and third_party fields", () => {

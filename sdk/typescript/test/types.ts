@@ -4,6 +4,11 @@
 import { HareBox, HareBoxError, RateLimitedError, Sandbox } from "harebox";
 import type {
   Account,
+  AuditEntry,
+  AuditKey,
+  AuditList,
+  AuditQuery,
+  AuditReport,
   CredentialRule,
   EnvFile,
   Environment,
@@ -119,6 +124,23 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   pinned.environment satisfies string | undefined;
   pinned.third_party satisfies boolean | undefined;
   await hb.deleteEnvironment("prod", { query: { project: prj.name } }) satisfies void;
+  const auditQuery: AuditQuery = { from: "2026-11-30T00:00:00Z", principal: "operator", outcome: "denied", after: "42", limit: 1000 };
+  const page: AuditList = await hb.listAudit({ query: auditQuery });
+  page.next satisfies string | undefined;
+  const first: AuditEntry | undefined = page.entries[0];
+  first?.outcome satisfies "ok" | "denied" | "error" | undefined;
+  for await (const e of hb.auditEntries({ query: { action: "exec", account: acc.id } })) {
+    e.seq satisfies number;
+    e.request_id satisfies string | undefined;
+  }
+  const report: AuditReport = await hb.verifyAudit();
+  if (!report.ok) console.log(report.first_bad, report.reason);
+  const auditKey: AuditKey = await hb.getAuditKey();
+  auditKey.algorithm satisfies "ed25519";
+  // @ts-expect-error: an outcome is ok, denied or error.
+  await hb.listAudit({ query: { outcome: "failed" } });
+  // @ts-expect-error: listAudit reads JSON pages; auditEntries iterates.
+  await hb.listAudit({ query: { format: "jsonl" } });
   // @ts-expect-error: an environment needs a name.
   await hb.createEnvironment({ body: { variables: {} } });
   // @ts-expect-error: a file needs its content.
