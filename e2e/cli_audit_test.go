@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -41,17 +40,7 @@ func TestCLIAudit(t *testing.T) {
 	// cli runs harebox with key ("" for the root key).
 	cli := func(key string, args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(s.bin, "harebox"), args...)
-		cmd.Env = srv.env(s)
-		if key != "" {
-			cmd.Env = append(cmd.Env, "HAREBOX_API_KEY="+key)
-		}
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		if err := cmd.Run(); err != nil && cmd.ProcessState == nil {
-			t.Fatal(err)
-		}
-		return o.String(), e.String(), cmd.ProcessState.ExitCode()
+		return runCLI(t, s, srv, key, args...)
 	}
 	ok := func(key string, out any, args ...string) string {
 		t.Helper()

@@ -19,6 +19,23 @@ func startNoVM(t *testing.T, s setup, dataDir string) *server {
 	return launch(t, s, dataDir, "--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", s.plugin, "--network", "none")
 }
 
+// runCLI runs harebox against srv with key ("" for the root key) and
+// returns its stdout, stderr and exit code.
+func runCLI(t *testing.T, s setup, srv *server, key string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(s.bin, "harebox"), args...)
+	cmd.Env = srv.env(s)
+	if key != "" {
+		cmd.Env = append(cmd.Env, "HAREBOX_API_KEY="+key)
+	}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if err := cmd.Run(); err != nil && cmd.ProcessState == nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), cmd.ProcessState.ExitCode()
+}
+
 // prepareNoVM builds the binaries a hareboxd that boots no VM needs.
 func prepareNoVM(t *testing.T) setup {
 	t.Helper()
@@ -52,17 +69,7 @@ func TestCLITenancy(t *testing.T) {
 	// cli runs harebox with key ("" for the root key).
 	cli := func(key string, args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(s.bin, "harebox"), args...)
-		cmd.Env = srv.env(s)
-		if key != "" {
-			cmd.Env = append(cmd.Env, "HAREBOX_API_KEY="+key)
-		}
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		if err := cmd.Run(); err != nil && cmd.ProcessState == nil {
-			t.Fatal(err)
-		}
-		return o.String(), e.String(), cmd.ProcessState.ExitCode()
+		return runCLI(t, s, srv, key, args...)
 	}
 	// ok runs harebox, wants exit 0 and decodes its JSON output into out.
 	ok := func(key string, out any, args ...string) string {
