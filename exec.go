@@ -91,11 +91,14 @@ func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (_ 
 	if r.Stdin != nil {
 		stdin = bytes.NewReader(r.Stdin)
 	}
+	started := e.opts.Now()
 	res, err := c.Exec(ctx, b.agentRequest(&r), stdin)
 	if err != nil {
 		return nil, agentErr(err)
 	}
-	return result(res), nil
+	out := result(res)
+	e.remember(ctx, b, "exec", &r, started, out)
+	return out, nil
 }
 
 // ExecStream runs a command and writes its output as it comes. Stdin, if
@@ -109,11 +112,18 @@ func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecReques
 	if stdin == nil && r.Stdin != nil {
 		stdin = bytes.NewReader(r.Stdin)
 	}
+	started := e.opts.Now()
+	ho, he, stdout, stderr := historyWriters(stdout, stderr)
 	st, err := c.ExecStream(ctx, b.agentRequest(&r), agentclient.ExecIO{Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return nil, agentErr(err)
 	}
-	return result(agentclient.ExecResult{ExitStatus: st}), nil
+	out := result(agentclient.ExecResult{ExitStatus: st})
+	kept := *out
+	kept.Stdout, kept.StdoutTruncated = string(ho.Bytes()), ho.Truncated()
+	kept.Stderr, kept.StderrTruncated = string(he.Bytes()), he.Truncated()
+	e.remember(ctx, b, "stream", &r, started, &kept)
+	return out, nil
 }
 
 func result(r agentclient.ExecResult) *sandbox.ExecResult {
@@ -214,6 +224,7 @@ func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequ
 		b.procs.mu.Lock()
 		p.view.Running, p.view.Result = false, res
 		b.procs.mu.Unlock()
+		e.remember(ctx, b, "background", &r, p.view.StartedAt, res)
 	}()
 	select {
 	case pid := <-started:

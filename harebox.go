@@ -79,6 +79,9 @@ type Options struct {
 	Capacity Capacity
 	// BootTimeout bounds create-to-ready; default 3 minutes (TCG is slow).
 	BootTimeout time.Duration
+	// Now is the engine's clock for command history and its retention;
+	// default time.Now (tests move it).
+	Now func() time.Time
 	// HealthInterval is how often the agent of every running sandbox is
 	// asked for its health; default 15 s, negative never. A sandbox whose
 	// agent misses two checks in a row reports agent "unresponsive".
@@ -191,6 +194,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.keys = apikey.New(e.store, e.tenants)
 	e.keys.Audit = al
 	e.tenants.AccountDeleted = e.keys.ForgetAccount
+	// Lowering an account's retention purges at once.
+	e.tenants.AccountUpdated = func(string) { e.purgeHistory(e.ctx) }
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
 	acc, err := e.tenants.EnsureDefault(ctx)
@@ -241,6 +246,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Network == nil {
 		o.Network = network.None{}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	if o.HealthInterval == 0 {
 		o.HealthInterval = 15 * time.Second

@@ -132,6 +132,7 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 		Sandbox: sandbox.Sandbox{
 			ID: id, Name: req.Name, State: sandbox.StateCreating, Image: imgName, Size: res,
 			Labels: req.Labels, NoEnv: req.NoEnv, Site: e.opts.Site, CreatedAt: now,
+			Monitoring: req.Monitoring == nil || *req.Monitoring, Snapshots: req.Snapshots == nil || *req.Snapshots,
 		},
 		StateDir: filepath.Join(e.machinesDir(), id),
 	}
@@ -290,6 +291,9 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		errs = append(errs, err)
 	}
 	if err := e.eraseEnv(ctx, b.rec.ID); err != nil {
+		errs = append(errs, err)
+	}
+	if err := e.eraseHistory(ctx, b.rec.ID); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

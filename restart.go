@@ -181,12 +181,16 @@ func (e *Engine) watch(b *box) {
 
 // reapExpired deletes sandboxes whose TTL has passed (expiry is stored, so
 // a sandbox that expired while the engine was down goes at the next start),
-// and keeps console logs bounded.
+// keeps console logs bounded, and applies history retention every minute.
 func (e *Engine) reapExpired() {
 	defer e.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	for {
+	for tick := 0; ; tick++ {
+		if tick%60 == 0 {
+			// Retention holds across restarts: at start, then each minute.
+			e.purgeHistory(e.ctx)
+		}
 		now := time.Now()
 		e.mu.Lock()
 		var due []string

@@ -140,6 +140,7 @@ func (e *Engine) placeDefault(ctx context.Context, rec *store.Sandbox) error {
 			return err
 		}
 		rec.AccountID, rec.ProjectID, rec.Project = e.defaultAcc.ID, p.ID, p.Name
+		rec.Monitoring, rec.Snapshots = true, true
 		return tx.PutSandbox(ctx, rec)
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,8 @@ import (
 // hypervisor: authorization needs no guest, so they take milliseconds.
 
 type fastAPI struct {
+	// skew moves the engine's clock (command history retention).
+	skew      atomic.Int64
 	url, root string
 	eng       *harebox.Engine
 	hv        *memhv.Hypervisor
@@ -58,6 +61,7 @@ func (f *fastAPI) open(t testing.TB, opts api.Options) {
 		DataDir: f.dir, Hypervisor: f.hv,
 		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(f.dir)},
 		Capacity: harebox.Capacity{VCPUs: 64, MemoryMB: 65536, DiskGB: 1000},
+		Now:      func() time.Time { return time.Now().Add(time.Duration(f.skew.Load())) },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -205,6 +209,8 @@ func calls(w world) []call {
 		{"listAudit", "GET", "/v1/audit", nil, "list"},
 		{"verifyAudit", "GET", "/v1/audit/verify", nil, "operator"},
 		{"getAuditKey", "GET", "/v1/audit/key", nil, ""},
+		{"updateAccount", "PATCH", "/v1/accounts/" + w.accA, map[string]any{"retention": map[string]any{"history_days": 0}}, "account"},
+		{"listCommands", "GET", "/v1/sandboxes/" + w.boxA1 + "/commands", nil, "sandbox"},
 		{"createKey", "POST", "/v1/keys", map[string]any{"scope": map[string]any{"actions": []string{"getInfo"}}}, "create"},
 		{"listKeys", "GET", "/v1/keys", nil, "list"},
 		{"getKey", "GET", "/v1/keys/" + w.fullKeyID, nil, "key"},

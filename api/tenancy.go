@@ -198,3 +198,25 @@ func (s *Server) getEnvironmentVersion(w http.ResponseWriter, r *http.Request) e
 	v, err := s.eng.Environments().Version(r.Context(), account(r), project(r), r.PathValue("environment"), n)
 	return reply(w, http.StatusOK, v, err)
 }
+
+func (s *Server) updateAccount(w http.ResponseWriter, r *http.Request) error {
+	var req tenant.AccountUpdate
+	if err := decode(w, r, &req); err != nil {
+		return err
+	}
+	a, err := s.eng.Tenants().UpdateAccount(r.Context(), r.PathValue("account"), req)
+	return reply(w, http.StatusOK, a, err)
+}
+
+func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
+	limit := 0
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			return badRequest("limit", "a number from 1 to 10000")
+		}
+		limit = n
+	}
+	l, err := s.eng.Commands(r.Context(), r.PathValue("id"), limit)
+	return reply(w, http.StatusOK, map[string]any{"commands": l}, err)
+}

@@ -27,6 +27,7 @@ var Actions = []string{
 	"createEnvironment", "listEnvironments", "getEnvironment", "updateEnvironment", "deleteEnvironment",
 	"listEnvironmentVersions", "getEnvironmentVersion",
 	"listAudit", "verifyAudit", "getAuditKey",
+	"updateAccount", "listCommands",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
@@ -36,7 +37,8 @@ var Groups = map[string][]string{
 	"info":               {"getInfo"},
 	"sandboxes:read":     {"listSandboxes", "getSandbox"},
 	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox"},
-	"exec":               {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "killProcess"},
+	"exec":               {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "killProcess", "listCommands"},
+	"accounts:write":     {"updateAccount"},
 	"files:read":         {"readFile", "statFile", "listFiles"},
 	"files:write":        {"writeFile", "removeFile", "mkdir"},
 	"firewall:read":      {"getFirewall"},

@@ -49,6 +49,12 @@ type CreateRequest struct {
 	// Firewall is the sandbox's firewall policy (firewall.Policy as JSON),
 	// in force before its VM boots; default: the server's default policy.
 	Firewall json.RawMessage `json:"firewall,omitempty"`
+	// Monitoring false keeps no command history (nor other records of what
+	// runs inside) for this sandbox; default true.
+	Monitoring *bool `json:"monitoring,omitempty"`
+	// Snapshots false refuses every snapshot of this sandbox; default
+	// true. (There is no snapshot path yet.)
+	Snapshots *bool `json:"snapshots,omitempty"`
 	// NoEnv keeps every stored environment out of this sandbox.
 	NoEnv bool              `json:"no_env,omitempty"`
 	Env   map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`

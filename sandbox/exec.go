@@ -71,6 +71,24 @@ type Process struct {
 	Result *ExecResult `json:"result,omitempty"`
 }
 
+// Command is one entry of a sandbox's command history: what ran, as whom,
+// where, when, and how it ended, with its output (bounded, and dropped
+// when the account's retention says so).
+type Command struct {
+	ID        string      `json:"id"`
+	SandboxID string      `json:"sandbox_id"`
+	Kind      string      `json:"kind"` // exec, stream or background
+	Cmd       string      `json:"cmd,omitempty"`
+	Argv      []string    `json:"argv,omitempty"`
+	User      string      `json:"user,omitempty"`
+	Cwd       string      `json:"cwd,omitempty"`
+	StartedAt time.Time   `json:"started_at"`
+	EndedAt   time.Time   `json:"ended_at"`
+	Result    *ExecResult `json:"result,omitempty"`
+	// OutputPurged says the output is gone (retention, or never kept).
+	OutputPurged bool `json:"output_purged"`
+}
+
 // FileInfo describes a file in a sandbox.
 type FileInfo struct {
 	Path       string    `json:"path"`

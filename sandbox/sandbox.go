@@ -79,7 +79,11 @@ type Sandbox struct {
 	// Environment is the pinned environment as NAME@VERSION, if any.
 	Environment string `json:"environment,omitempty"`
 	// ThirdParty sandboxes get only third-party-safe environments.
-	ThirdParty bool      `json:"third_party"`
+	ThirdParty bool `json:"third_party"`
+	// Monitoring says whether command history is kept; Snapshots whether
+	// snapshots are allowed.
+	Monitoring bool      `json:"monitoring"`
+	Snapshots  bool      `json:"snapshots"`
 	Site       Site      `json:"site"`
 	CreatedAt  time.Time `json:"created_at"`
 	// ExpiresAt is when the TTL deletes the sandbox; nil means never.

@@ -23,6 +23,9 @@ type Store interface {
 	Put(ctx context.Context, scope, name string, value []byte) error
 	Get(ctx context.Context, scope, name string) ([]byte, error)
 	Delete(ctx context.Context, scope, name string) error
+	// DeleteScope deletes every secret of a scope (a sandbox's, when it
+	// is deleted).
+	DeleteScope(ctx context.Context, scope string) error
 }
 
 // Sealed encrypts values before they reach the database.
@@ -108,4 +111,9 @@ func (s *Sealed) Delete(ctx context.Context, scope, name string) error {
 		return ErrNotFound
 	}
 	return err
+}
+
+// DeleteScope implements Store.
+func (s *Sealed) DeleteScope(ctx context.Context, scope string) error {
+	return s.db.DeleteSecretScope(ctx, scope)
 }

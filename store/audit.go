@@ -80,3 +80,63 @@ func nanos(t time.Time) int64 {
 	}
 	return t.UnixNano()
 }
+
+// PutCommand implements Tx.
+func (s *SQLite) PutCommand(ctx context.Context, c *CommandRow) error {
+	_, err := s.q.ExecContext(ctx, `INSERT INTO commands (id, sandbox_id, account_id, started_at, output_purged) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT(id) DO UPDATE SET output_purged = excluded.output_purged`,
+		c.ID, c.SandboxID, c.AccountID, c.StartedAt.UnixNano(), c.OutputPurged)
+	if err != nil {
+		return fmt.Errorf("store: put command: %w", err)
+	}
+	return nil
+}
+
+func (s *SQLite) commandRows(ctx context.Context, q string, args ...any) ([]*CommandRow, error) {
+	rows, err := s.q.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list commands: %w", err)
+	}
+	defer rows.Close()
+	var out []*CommandRow
+	for rows.Next() {
+		c := &CommandRow{}
+		var started int64
+		if err := rows.Scan(&c.ID, &c.SandboxID, &c.AccountID, &started, &c.OutputPurged); err != nil {
+			return nil, fmt.Errorf("store: list commands: %w", err)
+		}
+		c.StartedAt = time.Unix(0, started).UTC()
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// ListCommands implements Tx: the newest limit entries, oldest first.
+func (s *SQLite) ListCommands(ctx context.Context, sandboxID string, limit int) ([]*CommandRow, error) {
+	if limit <= 0 || limit > 10000 {
+		limit = 10000
+	}
+	return s.commandRows(ctx, `SELECT * FROM (SELECT id, sandbox_id, account_id, started_at, output_purged FROM commands
+		WHERE sandbox_id = ? ORDER BY started_at DESC, id DESC LIMIT ?) ORDER BY started_at, id`, sandboxID, limit)
+}
+
+// OldCommands implements Tx.
+func (s *SQLite) OldCommands(ctx context.Context, accountID string, before time.Time, withOutput bool) ([]*CommandRow, error) {
+	q := `SELECT id, sandbox_id, account_id, started_at, output_purged FROM commands WHERE account_id = ? AND started_at < ?`
+	if withOutput {
+		q += ` AND output_purged = 0`
+	}
+	return s.commandRows(ctx, q+` ORDER BY started_at`, accountID, nanos(before))
+}
+
+// DeleteCommand implements Tx.
+func (s *SQLite) DeleteCommand(ctx context.Context, id string) error {
+	_, err := s.q.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id)
+	return err
+}
+
+// DeleteCommands implements Tx.
+func (s *SQLite) DeleteCommands(ctx context.Context, sandboxID string) error {
+	_, err := s.q.ExecContext(ctx, `DELETE FROM commands WHERE sandbox_id = ?`, sandboxID)
+	return err
+}

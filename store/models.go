@@ -11,6 +11,18 @@ type Account struct {
 	ID        string    `json:"id"`
 	Name      string    `json:"name"`
 	CreatedAt time.Time `json:"created_at"`
+	// Retention bounds how long command history is kept.
+	Retention Retention `json:"retention"`
+}
+
+// Retention is an account's history retention, in days; nil keeps
+// forever, 0 keeps nothing. The audit log is kept whatever it says.
+type Retention struct {
+	// HistoryDays keeps command history entries this long.
+	HistoryDays *int `json:"history_days,omitempty"`
+	// OutputDays keeps their output this long (never longer than the
+	// entries themselves).
+	OutputDays *int `json:"output_days,omitempty"`
 }
 
 // Project groups an account's sandboxes.
@@ -157,4 +169,14 @@ type AuditFilter struct {
 	From, To  time.Time
 	After     int64
 	Limit     int
+}
+
+// CommandRow indexes one command of a sandbox's history; the entry itself
+// (command, output) is sealed in the secret store.
+type CommandRow struct {
+	ID           string
+	SandboxID    string
+	AccountID    string
+	StartedAt    time.Time
+	OutputPurged bool
 }

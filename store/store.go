@@ -82,6 +82,17 @@ type Tx interface {
 	PutSecret(ctx context.Context, scope, name string, sealed []byte) error
 	GetSecret(ctx context.Context, scope, name string) ([]byte, error)
 	DeleteSecret(ctx context.Context, scope, name string) error
+	// DeleteSecretScope deletes every secret row of a scope.
+	DeleteSecretScope(ctx context.Context, scope string) error
+
+	// Command history index (the entries are sealed secrets).
+	PutCommand(ctx context.Context, c *CommandRow) error
+	ListCommands(ctx context.Context, sandboxID string, limit int) ([]*CommandRow, error)
+	// OldCommands lists an account's entries started before t, and, with
+	// withOutput, only those whose output is still kept.
+	OldCommands(ctx context.Context, accountID string, before time.Time, withOutput bool) ([]*CommandRow, error)
+	DeleteCommand(ctx context.Context, id string) error
+	DeleteCommands(ctx context.Context, sandboxID string) error
 
 	// Tenancy. Put fails with ErrConflict when the name is taken in its
 	// parent; the Get methods fail with ErrNotFound.
@@ -238,6 +249,16 @@ var migrations = []string{
 		seq    BIGINT PRIMARY KEY,
 		record TEXT NOT NULL
 	);`,
+	// Command history: an index; each entry itself is sealed in secrets.
+	`CREATE TABLE commands (
+		id            TEXT PRIMARY KEY,
+		sandbox_id    TEXT NOT NULL,
+		account_id    TEXT NOT NULL,
+		started_at    BIGINT NOT NULL,
+		output_purged INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE INDEX commands_sandbox ON commands(sandbox_id, started_at);
+	CREATE INDEX commands_account ON commands(account_id, started_at);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -438,6 +459,14 @@ func (s *SQLite) GetSecret(ctx context.Context, scope, name string) ([]byte, err
 		return nil, fmt.Errorf("store: get secret: %w", err)
 	}
 	return v, nil
+}
+
+// DeleteSecretScope implements Tx.
+func (s *SQLite) DeleteSecretScope(ctx context.Context, scope string) error {
+	if _, err := s.q.ExecContext(ctx, `DELETE FROM secrets WHERE scope = ?`, scope); err != nil {
+		return fmt.Errorf("store: delete secrets: %w", err)
+	}
+	return nil
 }
 
 // DeleteSecret implements Store.

@@ -21,6 +21,9 @@ type Service struct {
 	// AccountDeleted, if set, is called after an account is deleted (its
 	// keys revoked in the store), so a key cache can drop them.
 	AccountDeleted func(accountID string)
+	// AccountUpdated, if set, is called after an account's settings
+	// change (its retention applies at once).
+	AccountUpdated func(accountID string)
 }
 
 // New returns a service over db.
@@ -161,7 +164,7 @@ type note struct{ account, target string }
 
 // changes are the actions the audit log records.
 var changes = map[string]bool{
-	"createAccount": true, "deleteAccount": true, "createProject": true, "updateProject": true,
+	"createAccount": true, "updateAccount": true, "deleteAccount": true, "createProject": true, "updateProject": true,
 	"deleteProject": true, "createFleet": true, "deleteFleet": true,
 }
 
@@ -204,6 +207,42 @@ func (s *Service) GetAccount(ctx context.Context, ref string) (*Account, error) 
 		a, err = s.Account(ctx, tx, ref)
 		return err
 	})
+	return a, err
+}
+
+// AccountUpdate changes an account's settings; absent fields stay.
+type AccountUpdate struct {
+	Retention *store.Retention `json:"retention,omitempty"`
+}
+
+// MaxRetentionDays bounds a retention (a hundred years).
+const MaxRetentionDays = 36500
+
+// UpdateAccount changes an account's settings: the operator's, or a key's
+// own account's.
+func (s *Service) UpdateAccount(ctx context.Context, ref string, u AccountUpdate) (*Account, error) {
+	if r := u.Retention; r != nil {
+		for field, d := range map[string]*int{"retention.history_days": r.HistoryDays, "retention.output_days": r.OutputDays} {
+			if d != nil && (*d < 0 || *d > MaxRetentionDays) {
+				return nil, sandbox.Errorf(sandbox.ErrInvalid, field, "days from 0 (keep nothing) to %d; leave it out to keep forever", MaxRetentionDays)
+			}
+		}
+	}
+	var a *Account
+	n := &note{target: ref}
+	err := s.do(ctx, "updateAccount", n, func(tx store.Tx) (err error) {
+		if a, err = s.Account(ctx, tx, ref); err != nil {
+			return err
+		}
+		n.account, n.target = a.ID, a.ID
+		if u.Retention != nil {
+			a.Retention = *u.Retention
+		}
+		return tx.PutAccount(ctx, a)
+	})
+	if err == nil && s.AccountUpdated != nil {
+		s.AccountUpdated(a.ID)
+	}
 	return a, err
 }
 
