@@ -55,7 +55,12 @@ func (e *Engine) check(ctx context.Context, action, id string) error {
 // Authorize reports whether the principal in ctx may do action on sandbox
 // id, which must exist: nil, or the error the call itself would return
 // first. A server uses it to answer before it commits to a stream.
-func (e *Engine) Authorize(ctx context.Context, action, id string) error {
+func (e *Engine) Authorize(ctx context.Context, action, id string) (err error) {
+	defer func() {
+		if err != nil { // the call will not be made: record its refusal
+			e.audited(ctx, action, id, &err)
+		}
+	}()
 	if err := e.check(ctx, action, id); err != nil {
 		return err
 	}

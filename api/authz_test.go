@@ -355,6 +355,24 @@ func TestAuthorizationMatrix(t *testing.T) {
 		t.Errorf("projects seen by a key limited to default: %s", r.raw)
 	}
 
+	// Every change and content read was recorded as denied in the audit
+	// log, with the key that tried.
+	denied := map[string]bool{}
+	for _, e := range f.must(t, 200, "GET", "/v1/audit?outcome=denied&limit=1000", f.root, nil).body["entries"].([]any) {
+		m := e.(map[string]any)
+		if strings.HasPrefix(m["principal"].(string), "key_") {
+			denied[m["action"].(string)] = true
+		}
+	}
+	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "exec", "execStream", "startProcess",
+		"getProcess", "killProcess", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
+		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
+		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment"} {
+		if !denied[a] {
+			t.Errorf("no denied %s in the audit log", a)
+		}
+	}
+
 	// Nothing changed.
 	if after := snapshot(t, f, w); after != before {
 		t.Errorf("refused requests changed state:\nbefore %s\nafter  %s", before, after)
