@@ -13,6 +13,24 @@ type Account struct {
 	ID        string    `json:"id"`
 	Name      string    `json:"name"`
 	CreatedAt time.Time `json:"created_at"`
+	// Retention bounds how long the account's command history is kept.
+	Retention Retention `json:"retention"`
+}
+
+// Retention is an account's command-history retention, in days: nil keeps
+// forever, 0 keeps nothing. The audit log is kept whatever it says.
+type Retention struct {
+	// HistoryDays keeps history entries this long.
+	HistoryDays *int `json:"history_days,omitempty"`
+	// OutputDays keeps their output this long.
+	OutputDays *int `json:"output_days,omitempty"`
+}
+
+// AccountUpdate changes an account's settings; absent fields stay.
+// Retention replaces the account's retention whole (an empty one keeps
+// forever); lowering it purges at once.
+type AccountUpdate struct {
+	Retention *Retention `json:"retention,omitempty"`
 }
 
 // Project groups an account's sandboxes; every account has one named

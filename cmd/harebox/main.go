@@ -62,7 +62,8 @@ var commands = []command{
 	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code", cmdExec},
 	{"file", "write|read|list|stat|mkdir|rm ID --path PATH [flags]", "files in a sandbox", cmdFile},
 	{"firewall", "set|get ID [--body JSON | --from FILE]", "a sandbox's firewall policy", cmdFirewall},
-	{"account", "create NAME | list | get REF | delete REF", "accounts (create and delete: the operator only)", cmdAccount},
+	{"history", "ID [--limit N]", "a sandbox's command history, oldest first (kept as its account's retention says)", cmdHistory},
+	{"account", "create NAME | list | get REF | update REF [--history-days N] [--output-days N] [--keep-forever] | delete REF", "accounts and their command-history retention (create and delete: the operator only)", cmdAccount},
 	{"project", "create NAME | list | get REF | update REF --third-party-default=BOOL | delete REF [--account REF]", "an account's projects", cmdProject},
 	{"fleet", "create NAME | list | get REF | delete REF [--project REF] [--account REF]", "a project's fleets (default project: default)", cmdFleet},
 	{"env", "create NAME [flags] | set NAME [flags] | get NAME | list | versions NAME | version NAME N | delete NAME [--project REF] [--account REF]", "a project's environments: versioned variables (secrets sealed), files and credential rules that sandboxes pin", cmdEnv},
@@ -222,6 +223,8 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	image := fs.String("image", "", "image (default: the server's default)")
 	ttl := fs.Int64("ttl", 0, "delete the sandbox this many seconds after creation")
 	noEnv := fs.Bool("no-env", false, "keep every stored environment out of this sandbox")
+	noMonitoring := fs.Bool("no-monitoring", false, "keep no command history for this sandbox (harebox history then shows none)")
+	noSnapshots := fs.Bool("no-snapshots", false, "refuse every snapshot of this sandbox")
 	thirdParty := fs.Bool("third-party", false, "a sandbox handed to a third party: it may only get an environment marked third-party-safe (a project's third-party default also makes it so)")
 	project := fs.String("project", "", "the project, ID or name (default: the account's default project)")
 	fleet := fs.String("fleet", "", "a fleet of that project, ID or name")
@@ -244,6 +247,12 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 		AccountID: *account, Project: *project, Fleet: *fleet,
 		Environment: environment, ThirdParty: *thirdParty,
 		Size: sandbox.Size{Preset: *size, VCPUs: *vcpus, MemoryMB: *memory, DiskGB: *disk},
+	}
+	if *noMonitoring {
+		req.Monitoring = new(bool)
+	}
+	if *noSnapshots {
+		req.Snapshots = new(bool)
 	}
 	if len(labels) > 0 {
 		req.Labels = labels

@@ -142,15 +142,43 @@ var cmdAccount = group("account", []subcommand{
 	{"create", "NAME", "create an account with its default project (the operator only)", accountCreate},
 	{"list", "", "list the accounts (all for the operator, its own for a key)", accountList},
 	{"get", "REF", "show an account (ID or name)", accountGet},
+	{"update", "REF [--history-days N] [--output-days N] | REF --keep-forever",
+		"set an account's command-history retention, in days (0 keeps nothing; the days not given are kept forever); lowering it purges at once", accountUpdate},
 	{"delete", "REF", "delete an account without live sandboxes; its projects and fleets go, its keys are revoked (the operator only)", accountDelete},
 })
 
 func (c *cli) printAccounts(v any, as ...apiclient.Account) error {
 	var rows [][]string
 	for _, a := range as {
-		rows = append(rows, namedRow(a.ID, a.Name, a.CreatedAt))
+		rows = append(rows, append(namedRow(a.ID, a.Name, a.CreatedAt), days(a.Retention.HistoryDays), days(a.Retention.OutputDays)))
 	}
-	return c.show(v, namedHeader, rows)
+	return c.show(v, namedHeader+"\tHISTORY-DAYS\tOUTPUT-DAYS", rows)
+}
+
+// days shows a retention's days: "forever" when absent.
+func days(d *int) string {
+	if d == nil {
+		return "forever"
+	}
+	return strconv.Itoa(*d)
+}
+
+// optDays is a number of days that may be absent: 0 or more.
+type optDays struct{ v *int }
+
+func (o *optDays) String() string {
+	if o == nil || o.v == nil {
+		return ""
+	}
+	return strconv.Itoa(*o.v)
+}
+func (o *optDays) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want a whole number of days, 0 or more")
+	}
+	o.v = &n
+	return nil
 }
 
 func accountCreate(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (int, error) {
@@ -185,6 +213,29 @@ func accountGet(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (i
 	}
 	var a apiclient.Account
 	if err := c.c.Do(ctx, "GET", apiclient.Path("accounts", pos[0]), nil, nil, &a); err != nil {
+		return 0, err
+	}
+	return 0, c.printAccounts(a, a)
+}
+
+func accountUpdate(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (int, error) {
+	var history, output optDays
+	fs.Var(&history, "history-days", "keep command history entries `N` days (0: keep none; default: forever)")
+	fs.Var(&output, "output-days", "keep their output `N` days (0: keep none; default: forever)")
+	forever := fs.Bool("keep-forever", false, "clear the retention: keep history and output forever")
+	pos, err := exactly(fs, c, args, "REF")
+	if err != nil {
+		return 0, err
+	}
+	ret := &apiclient.Retention{HistoryDays: history.v, OutputDays: output.v}
+	switch {
+	case *forever && (history.v != nil || output.v != nil):
+		return 0, usageError{"--keep-forever clears the retention: give it without --history-days and --output-days"}
+	case !*forever && history.v == nil && output.v == nil:
+		return 0, usageError{"nothing to change (give --history-days, --output-days or --keep-forever)"}
+	}
+	var a apiclient.Account
+	if err := c.c.Do(ctx, "PATCH", apiclient.Path("accounts", pos[0]), nil, apiclient.AccountUpdate{Retention: ret}, &a); err != nil {
 		return 0, err
 	}
 	return 0, c.printAccounts(a, a)

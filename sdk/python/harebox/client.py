@@ -129,8 +129,8 @@ class Client:
     def create(self, *, timeout: float | None = None, **fields: Any) -> Sandbox:
         """Creates a sandbox from keyword fields of CreateRequest (name,
         size, image, ttl_seconds, labels, account_id, project, fleet,
-        environment, third_party, no_env, env); None means unset. Returns
-        once the sandbox runs."""
+        firewall, monitoring, snapshots, environment, third_party, no_env,
+        env); None means unset. Returns once the sandbox runs."""
         body = {k: v for k, v in fields.items() if v is not None}
         return Sandbox(self, self.create_sandbox(body=body, timeout=timeout))
 
@@ -298,6 +298,18 @@ class Client:
         """POST /v1/sandboxes/{id}/files/mkdir: ``query["path"]`` and its parents."""
         return cast(t.FileInfo, self._json("POST", _path("/v1/sandboxes/{}/files/mkdir", sandbox_id), query=query, timeout=timeout))
 
+    # --- command history ----------------------------------------------
+
+    @operation("listCommands")
+    def list_commands(self, sandbox_id: str, *, query: t.Query | None = None, timeout: float | None = None) -> t.CommandList:
+        """GET /v1/sandboxes/{id}/commands: the sandbox's command history,
+        oldest first (exec, exec_stream and start_process commands, with
+        their output bounded and kept as the account's retention says);
+        query ``limit`` keeps the newest N (1 to 10000, default all). A
+        sandbox created with ``monitoring=False`` has none."""
+        path = _path("/v1/sandboxes/{}/commands", sandbox_id)
+        return cast(t.CommandList, self._json("GET", path, query=query, timeout=timeout))
+
     # --- firewall -------------------------------------------------------
 
     @operation("getFirewall")
@@ -329,6 +341,15 @@ class Client:
     def get_account(self, account: str, *, timeout: float | None = None) -> t.Account:
         """GET /v1/accounts/{account}: by ID (acc_...) or name."""
         return cast(t.Account, self._json("GET", _path("/v1/accounts/{}", account), timeout=timeout))
+
+    @operation("updateAccount")
+    def update_account(self, account: str, *, body: t.Body, timeout: float | None = None) -> t.Account:
+        """PATCH /v1/accounts/{account}: changes its settings:
+        ``body={"retention": {"history_days": 30, "output_days": 7}}``
+        replaces the command-history retention (days; a field left out
+        keeps forever, 0 keeps nothing, ``{}`` keeps everything). Lowering
+        it purges at once."""
+        return cast(t.Account, self._json("PATCH", _path("/v1/accounts/{}", account), body=body, timeout=timeout))
 
     @operation("deleteAccount")
     def delete_account(self, account: str, *, timeout: float | None = None) -> None:
@@ -593,8 +614,9 @@ class Client:
         elif raw is not None:
             headers["Content-Type"] = "application/octet-stream"
         target = self._base + path
-        if query:
-            target += "?" + _encode_query(query)
+        encoded = _encode_query(query) if query else ""
+        if encoded:  # a query of only None values sends none
+            target += "?" + encoded
         conn = self._connection(timeout or self.timeout)
         try:
             conn.request(method, target, body=payload, headers=headers)

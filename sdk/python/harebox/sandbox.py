@@ -38,6 +38,8 @@ class Sandbox:
     no_env: bool
     environment: str | None
     third_party: bool
+    monitoring: bool
+    snapshots: bool
     agent: str | None
     site: t.Site
     created_at: str
@@ -64,6 +66,9 @@ class Sandbox:
         self.no_env = bool(data.get("no_env", False))
         self.environment = data.get("environment")
         self.third_party = bool(data.get("third_party", False))
+        # Both default to True, as in CreateRequest.
+        self.monitoring = bool(data.get("monitoring", True))
+        self.snapshots = bool(data.get("snapshots", True))
         self.agent = data.get("agent")
         self.site = data.get("site", {"name": "", "country": ""})
         self.created_at = data.get("created_at", "")

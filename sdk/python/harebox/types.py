@@ -46,6 +46,10 @@ class SandboxJSON(TypedDict):
     environment: NotRequired[str]
     #: A third-party sandbox gets only third_party_safe environments.
     third_party: NotRequired[bool]
+    #: Whether the sandbox keeps command history (False: none at all).
+    monitoring: NotRequired[bool]
+    #: Whether snapshots of the sandbox are allowed.
+    snapshots: NotRequired[bool]
     #: While running: the guest agent's health ("ok" or "unresponsive").
     agent: NotRequired[str]
     site: Site
@@ -95,6 +99,32 @@ class ProcessList(TypedDict):
     processes: list[Process]
 
 
+class Command(TypedDict):
+    """One entry of a sandbox's command history."""
+
+    id: str
+    sandbox_id: str
+    #: "exec" (exec), "stream" (exec_stream) or "background" (start_process).
+    kind: Literal["exec", "stream", "background"]
+    cmd: NotRequired[str]
+    argv: NotRequired[list[str]]
+    user: NotRequired[str]
+    cwd: NotRequired[str]
+    started_at: str
+    ended_at: str
+    #: Its output bounded at 64 KiB per stream (``stdout_truncated`` when cut);
+    #: empty once purged.
+    result: NotRequired[ExecResult]
+    #: The output is gone (the account's retention), or was never kept.
+    output_purged: bool
+
+
+class CommandList(TypedDict):
+    """The body of list_commands: oldest first."""
+
+    commands: list[Command]
+
+
 class FileInfo(TypedDict):
     path: str
     name: str
@@ -125,10 +155,31 @@ class FirewallPolicy(TypedDict):
     outbound: NotRequired[list[FirewallRule]]
 
 
+class Retention(TypedDict, total=False):
+    """How long an account's command history is kept, in days: a field left
+    out keeps forever, 0 keeps nothing. The audit log is kept whatever
+    this says."""
+
+    #: Entries older than this go (0 to 36500).
+    history_days: int
+    #: Output older than this is dropped from its entry (0 to 36500).
+    output_days: int
+
+
 class Account(TypedDict):
     id: str
     name: str
     created_at: str
+    #: ``{}`` keeps everything forever.
+    retention: Retention
+
+
+class AccountUpdate(TypedDict, total=False):
+    """The body of update_account; a field left out stays as it is."""
+
+    #: Replaces the account's retention (``{}`` keeps forever); lowering it
+    #: purges at once.
+    retention: Retention
 
 
 class AccountList(TypedDict):

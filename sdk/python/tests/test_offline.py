@@ -239,6 +239,60 @@ def test_sandbox_reports_its_environment() -> None:
     assert (bare.environment, bare.third_party) == (None, False)
 
 
+def test_history_and_account_update_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    command: t.Command = {
+        "id": "cmd_1", "sandbox_id": "sbx_1", "kind": "exec", "cmd": "echo hi", "user": "root", "cwd": "/tmp",
+        "started_at": "2026-11-30T12:00:00Z", "ended_at": "2026-11-30T12:00:01Z", "output_purged": False,
+        "result": {"exit_code": 0, "stdout": "hi\n", "stderr": "", "duration_ms": 3, "timed_out": False,
+                   "stdout_truncated": False, "stderr_truncated": False},
+    }
+    history: t.CommandList = {"commands": [command]}
+    account: t.Account = {"id": "acc_1", "name": "default", "created_at": "2026-11-30T12:00:00Z", "retention": {"output_days": 0}}
+    server.replies["/v1/sandboxes/sbx_1/commands"] = (200, {}, history)
+    server.replies["/v1/accounts/default"] = (200, {}, account)
+    server.replies["/v1/sandboxes"] = (201, {}, {"id": "sbx_2", "state": "running", "monitoring": False, "snapshots": False})
+    update: t.AccountUpdate = {"retention": {"history_days": 30, "output_days": 0}}
+    assert hb.list_commands("sbx_1") == history
+    hb.list_commands("sbx_1", query={"limit": 5})
+    hb.list_commands("a/b", query={"limit": None})
+    assert hb.update_account("default", body=update) == account
+    hb.update_account("acc_2", body={"retention": {}})
+    box = hb.create(monitoring=False, snapshots=False, name=None)
+    assert (box.monitoring, box.snapshots) == (False, False)
+    hb.create(monitoring=True)
+    assert server.seen == [
+        ("GET", "/v1/sandboxes/sbx_1/commands", None),
+        ("GET", "/v1/sandboxes/sbx_1/commands?limit=5", None),
+        ("GET", "/v1/sandboxes/a%2Fb/commands", None),
+        ("PATCH", "/v1/accounts/default", update),
+        ("PATCH", "/v1/accounts/acc_2", {"retention": {}}),
+        ("POST", "/v1/sandboxes", {"monitoring": False, "snapshots": False}),
+        ("POST", "/v1/sandboxes", {"monitoring": True}),
+    ]
+    with pytest.raises(ValueError):
+        hb.list_commands("")
+    with pytest.raises(ValueError):
+        hb.update_account("", body={})
+
+
+def test_sandbox_reports_monitoring_and_snapshots() -> None:
+    hb = harebox.Client(url="http://127.0.0.1:9", api_key="k")
+    data: t.SandboxJSON = {
+        "id": "sbx_1", "account_id": "acc_1", "project_id": "prj_1", "project": "default", "state": "running",
+        "image": "minimal", "size": {"vcpus": 1, "memory_mb": 512, "disk_gb": 1}, "no_env": False,
+        "monitoring": False, "snapshots": False, "site": {"name": "l", "country": ""}, "created_at": "now",
+    }
+    box = harebox.Sandbox(hb, data)
+    assert (box.monitoring, box.snapshots) == (False, False)
+    assert box.to_dict()["monitoring"] is False and box.to_dict()["snapshots"] is False
+    data["monitoring"] = True
+    assert harebox.Sandbox(hb, data).monitoring is True
+    del data["monitoring"], data["snapshots"]
+    bare = harebox.Sandbox(hb, data)  # as CreateRequest: both default to True
+    assert (bare.monitoring, bare.snapshots) == (True, True)
+
+
 def _entry(seq: int, outcome: str = "ok") -> t.AuditEntry:
     entry: t.AuditEntry = {
         "seq": seq, "time": "2026-11-30T12:00:00Z", "account_id": "acc_1", "principal": "key_1",

@@ -8,11 +8,14 @@ import type {
   Account,
   AccountList,
   AccountQuery,
+  AccountUpdate,
   AuditEntry,
   AuditKey,
   AuditList,
   AuditQuery,
   AuditReport,
+  CommandList,
+  CommandsQuery,
   CreateRequest,
   Environment,
   EnvironmentList,
@@ -387,6 +390,17 @@ export class HareBox {
     return this.#call("mkdir", [id], "json", { query: options?.query, signal: options?.signal, timeoutMs: this.#timeout(options ?? {}, 0) });
   }
 
+  /**
+   * The sandbox's command history, oldest first: exec, execStream and
+   * startProcess commands, with their output bounded and kept as the
+   * account's retention says; `query.limit` keeps the newest N (1 to
+   * 10000, default all). A sandbox created with `monitoring: false` has
+   * none.
+   */
+  async listCommands(id: string, options: CallOptions<CommandsQuery> = {}): Promise<CommandList> {
+    return this.#call("listCommands", [id], "json", this.#plain(options));
+  }
+
   /** The sandbox's firewall policy. */
   async getFirewall(id: string, options: CallOptions = {}): Promise<FirewallPolicy> {
     return this.#call("getFirewall", [id], "json", this.#plain(options));
@@ -415,6 +429,15 @@ export class HareBox {
   /** Gets an account by ID (acc_...) or name. */
   async getAccount(account: string, options: CallOptions = {}): Promise<Account> {
     return this.#call("getAccount", [account], "json", this.#plain(options));
+  }
+
+  /**
+   * Changes an account's settings: `retention` replaces its command-history
+   * retention (days; a field left out keeps forever, 0 keeps nothing, {}
+   * keeps everything). Lowering it purges at once.
+   */
+  async updateAccount(account: string, options: CallOptions<never, AccountUpdate>): Promise<Account> {
+    return this.#call("updateAccount", [account], "json", this.#withBody(options));
   }
 
   /**

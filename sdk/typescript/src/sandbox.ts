@@ -25,7 +25,7 @@ export interface WriteOptions extends RequestOptions {
   make_parents?: boolean;
 }
 
-const FIELDS = ["id", "name", "account_id", "project_id", "project", "fleet_id", "fleet", "state", "image", "size", "labels", "no_env", "environment", "third_party", "agent", "site", "created_at", "expires_at", "error"] as const;
+const FIELDS = ["id", "name", "account_id", "project_id", "project", "fleet_id", "fleet", "state", "image", "size", "labels", "no_env", "environment", "third_party", "monitoring", "snapshots", "agent", "site", "created_at", "expires_at", "error"] as const;
 
 /**
  * A sandbox: the server's description of it (every field of the Sandbox
@@ -47,6 +47,8 @@ export class Sandbox implements SandboxData {
   declare no_env: boolean;
   declare environment?: string;
   declare third_party?: boolean;
+  declare monitoring?: boolean;
+  declare snapshots?: boolean;
   declare agent?: "ok" | "unresponsive";
   declare site: Site;
   declare created_at: string;

@@ -90,6 +90,10 @@ export interface CreateRequest {
   third_party?: boolean;
   /** The sandbox's firewall policy, in force before it boots; default: the server's. */
   firewall?: FirewallPolicy;
+  /** false keeps no command history for this sandbox (default true). */
+  monitoring?: boolean;
+  /** false refuses every snapshot of this sandbox (default true; there is no snapshot path yet). */
+  snapshots?: boolean;
   /** Keep every stored environment out of this sandbox. */
   no_env?: boolean;
   env?: Record<string, string>;
@@ -117,6 +121,10 @@ export interface Sandbox {
   environment?: string;
   /** A third-party sandbox gets only third_party_safe environments. */
   third_party?: boolean;
+  /** Whether the sandbox keeps command history (false: none at all). */
+  monitoring?: boolean;
+  /** Whether snapshots of the sandbox are allowed. */
+  snapshots?: boolean;
   /** While running: the guest agent's health from the engine's checks. */
   agent?: "ok" | "unresponsive";
   site: Site;
@@ -177,6 +185,26 @@ export interface Process {
   result?: ExecResult;
 }
 
+/** One entry of a sandbox's command history. */
+export interface Command {
+  id: string;
+  sandbox_id: string;
+  /** exec, execStream or startProcess. */
+  kind: "exec" | "stream" | "background";
+  cmd?: string;
+  argv?: string[];
+  user?: string;
+  cwd?: string;
+  /** RFC 3339 date-time. */
+  started_at: string;
+  /** RFC 3339 date-time. */
+  ended_at: string;
+  /** Its output is bounded at 64 KiB per stream (stdout_truncated when cut), and empty once purged. */
+  result?: ExecResult;
+  /** The output is gone (the account's retention), or was never kept. */
+  output_purged: boolean;
+}
+
 /** A path in a sandbox. */
 export interface FileInfo {
   path: string;
@@ -216,6 +244,17 @@ export interface NameRequest {
   name: string;
 }
 
+/**
+ * How long an account's command history is kept, in days: a field left out
+ * keeps forever, 0 keeps nothing. The audit log is kept whatever this says.
+ */
+export interface Retention {
+  /** Entries older than this go (0 to 36500). */
+  history_days?: number;
+  /** Output older than this is dropped from its entry (0 to 36500). */
+  output_days?: number;
+}
+
 /** An account: it owns projects, sandboxes and keys. */
 export interface Account {
   /** e.g. "acc_01j8z3k5m6n7p8q9r0s1t2v3w4" */
@@ -223,6 +262,14 @@ export interface Account {
   name: string;
   /** RFC 3339 date-time. */
   created_at: string;
+  /** Its command-history retention; {} keeps everything forever. */
+  retention: Retention;
+}
+
+/** The body of updateAccount: the settings to change. */
+export interface AccountUpdate {
+  /** Replaces the account's retention ({} keeps forever); lowering it purges at once. */
+  retention?: Retention;
 }
 
 /** A project of an account (each account has one named "default"). */
@@ -467,6 +514,11 @@ export interface ProcessList {
   processes: Process[];
 }
 
+/** The body of listCommands: oldest first. */
+export interface CommandList {
+  commands: Command[];
+}
+
 /** The body of listFiles. */
 export interface FileList {
   entries: FileInfo[];
@@ -571,6 +623,12 @@ export interface AuditQuery {
   limit?: number;
   /** JSON pages only; auditEntries iterates every entry. */
   format?: "json";
+}
+
+/** The query of listCommands. */
+export interface CommandsQuery {
+  /** The newest this many entries (1 to 10000; default all). */
+  limit?: number;
 }
 
 export interface GetProcessQuery {

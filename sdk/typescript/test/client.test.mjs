@@ -2,7 +2,8 @@
 // checks, the API key kept out of sight, timeouts and aborts (against a
 // local HTTP server that never answers), error mapping (non-JSON answers,
 // 403 and 429 with Retry-After), the routes of every operation, the audit
-// pages auditEntries follows, and the event-stream reader.
+// pages auditEntries follows, the sandbox's fields, and the event-stream
+// reader.
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import { inspect } from "node:util";
@@ -353,6 +354,31 @@ describe("against a local HTTP server", () => {
     assert.equal(seen.length, start + 5);
   });
 
+  test("the command history and account update operations send their methods, paths, queries and bodies", async () => {
+    const hb = new HareBox({ url: url + "/echo", apiKey: KEY });
+    const start = seen.length;
+    const update = { retention: { history_days: 30, output_days: 0 } };
+    assert.deepEqual(await hb.listCommands("sbx_1"), { method: "GET", url: "/v1/sandboxes/sbx_1/commands" });
+    await hb.listCommands("sbx_1", { query: { limit: 5 } });
+    await hb.listCommands("a/b", { query: { limit: undefined } });
+    assert.deepEqual(await hb.updateAccount("default", { body: update }), { method: "PATCH", url: "/v1/accounts/default" });
+    await hb.updateAccount("acc_2", { body: { retention: {} } });
+    await hb.create({ monitoring: false, snapshots: false }).catch(() => {}); // the echo is no sandbox
+    await new Promise((resolve) => setImmediate(resolve));
+    const sent = seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim());
+    assert.deepEqual(sent, [
+      "GET /v1/sandboxes/sbx_1/commands",
+      "GET /v1/sandboxes/sbx_1/commands?limit=5",
+      "GET /v1/sandboxes/a%2Fb/commands",
+      `PATCH /v1/accounts/default ${JSON.stringify(update)}`,
+      'PATCH /v1/accounts/acc_2 {"retention":{}}',
+      'POST /v1/sandboxes {"monitoring":false,"snapshots":false}',
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
+    await assert.rejects(hb.listCommands(""), (e) => e instanceof HareBoxError && e.field === "id");
+    await assert.rejects(hb.updateAccount("", { body: {} }), (e) => e instanceof HareBoxError && e.field === "account");
+  });
+
   test("auditEntries follows next to the last page", async () => {
     const hb = new HareBox({ url: url + "/pages", apiKey: KEY });
     const start = seen.length;
@@ -401,6 +427,14 @@ describe("against a local HTTP server", () => {
     const data = { id: "sbx_x", account_id: "acc_1", project_id: "prj_1", project: "default", state: "running", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, no_env: false, environment: "prod@2", third_party: true, site: { name: "l", country: "" }, created_at: "2025-01-01T00:00:00Z" };
     const box = new Sandbox(hb, /** @type {any} */ (data));
     assert.deepEqual([box.environment, box.third_party], ["prod@2", true]);
+    assert.deepEqual(box.toJSON(), data);
+  });
+
+  test("a sandbox keeps its monitoring and snapshots fields", () => {
+    const hb = new HareBox({ url, apiKey: KEY });
+    const data = { id: "sbx_x", account_id: "acc_1", project_id: "prj_1", project: "default", state: "running", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, no_env: false, monitoring: false, snapshots: true, site: { name: "l", country: "" }, created_at: "2025-01-01T00:00:00Z" };
+    const box = new Sandbox(hb, /** @type {any} */ (data));
+    assert.deepEqual([box.monitoring, box.snapshots], [false, true]);
     assert.deepEqual(box.toJSON(), data);
   });
 

@@ -5,10 +5,11 @@
 // shared sandbox. Without HAREBOX_URL they are skipped.
 //
 // To keep boots few, one sandbox serves every test but the walkthrough
-// (which boots the server's default image, as the README's snippet does)
-// and the environment tests (one sandbox of their own, with their
-// environment). The tenancy, key and audit log tests boot nothing: they
-// are quick.
+// (which boots the server's default image, as the README's snippet does),
+// the environment tests (one sandbox of their own, with their environment)
+// and the command history tests (one sandbox of their own, while they
+// change the default account's retention). The tenancy, key and audit log
+// tests boot nothing: they are quick.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -747,5 +748,94 @@ describe("audit log", { skip }, () => {
     assert.equal(k.algorithm, "ed25519");
     assert.equal(Buffer.from(k.public_key, "base64").length, 32);
     assert.deepEqual(await scoped.getAuditKey(), k, "audit:read includes the key");
+  });
+});
+
+describe("command history and retention", { skip }, () => {
+  // One sandbox made for this run (monitoring on, as by default) runs a
+  // command kept with its output; then the default account's retention is
+  // lowered to { output_days: 0 } and the next command is kept without
+  // it. `after` sets the retention back to {} (keep forever), even when a
+  // test failed, since other tests share the server, and deletes the
+  // sandbox. The tests run in order and need the root key.
+  /** @type {HareBox} */
+  let hb;
+  /** @type {Sandbox} */
+  let box;
+  const run = randomBytes(4).toString("hex");
+  const labels = { "harebox.test/suite": "sdk-typescript-history", "harebox.test/run": run };
+  /** The one history entry of the sandbox with this command. */
+  const entry = async (cmd) => {
+    const found = (await hb.listCommands(box.id)).commands.filter((c) => c.cmd === cmd);
+    assert.equal(found.length, 1, `entries for ${cmd}: ${JSON.stringify(found)}`);
+    return found[0];
+  };
+  const reversed = (s) => [...s].reverse().join("");
+
+  before(async () => {
+    hb = new HareBox();
+    await hb.updateAccount("default", { body: { retention: {} } }); // keep forever, whatever an earlier run left
+    box = await hb.create({ image: IMAGE, labels, ttl_seconds: 1800, monitoring: true, snapshots: true });
+  });
+
+  after(async () => {
+    try {
+      await hb.updateAccount("default", { body: { retention: {} } });
+    } finally {
+      const { sandboxes } = await hb.listSandboxes({ query: { label: { "harebox.test/run": run } } });
+      for (const s of sandboxes) if (s.state !== "deleted") await hb.deleteSandbox(s.id).catch((e) => console.error(`deleting ${s.id}: ${e}`));
+    }
+  });
+
+  test("the sandbox reports monitoring and snapshots", async () => {
+    assert.deepEqual([box.monitoring, box.snapshots], [true, true]);
+    const got = await hb.getSandbox(box.id);
+    assert.deepEqual([got.monitoring, got.snapshots], [true, true]);
+    assert.equal(box.toJSON().monitoring, true);
+  });
+
+  test("an exec is kept with its output", async () => {
+    const tag = randomBytes(16).toString("hex");
+    const cmd = `echo ${tag} | rev`;
+    const r = await box.run(cmd, { user: "root", cwd: "/tmp" });
+    assert.deepEqual([r.exit_code, r.stdout], [0, `${reversed(tag)}\n`]);
+    const e = await entry(cmd);
+    assert.deepEqual([e.kind, e.sandbox_id, e.user, e.cwd, e.output_purged], ["exec", box.id, "root", "/tmp", false]);
+    assert.ok(e.id && Date.parse(e.started_at) <= Date.parse(e.ended_at), JSON.stringify(e));
+    assert.deepEqual([e.result?.exit_code, e.result?.stdout, e.result?.stdout_truncated], [0, `${reversed(tag)}\n`, false]);
+    // Oldest first; limit keeps the newest.
+    assert.deepEqual((await hb.listCommands(box.id, { query: { limit: 1 } })).commands, [e]);
+    assert.deepEqual((await hb.listCommands(box.id)).commands.at(-1), e);
+  });
+
+  test("output_days 0 keeps entries without their output", async () => {
+    const account = await hb.updateAccount("default", { body: { retention: { output_days: 0 } } });
+    assert.deepEqual([account.name, account.retention], ["default", { output_days: 0 }]);
+    assert.deepEqual((await hb.getAccount("default")).retention, { output_days: 0 });
+    const tag = randomBytes(16).toString("hex");
+    const cmd = `echo ${tag} | rev`;
+    assert.equal((await box.run(cmd)).stdout, `${reversed(tag)}\n`, "the caller still gets the output");
+    const e = await entry(cmd);
+    assert.deepEqual([e.kind, e.output_purged], ["exec", true], JSON.stringify(e));
+    assert.ok(!e.result?.stdout, JSON.stringify(e));
+    const { commands } = await hb.listCommands(box.id);
+    assert.ok(!JSON.stringify(commands).includes(reversed(tag)));
+    // Lowered: the output kept before goes too.
+    assert.ok(commands.every((c) => c.output_purged && !c.result?.stdout), JSON.stringify(commands));
+  });
+
+  test("bad requests are refused with their field", async () => {
+    await rejectsWith(hb.updateAccount("default", { body: { retention: { history_days: -1 } } }), { status: 400, code: "invalid", field: "retention.history_days" });
+    assert.deepEqual((await hb.getAccount("default")).retention, { output_days: 0 }, "unchanged");
+    await rejectsWith(hb.listCommands(box.id, { query: { limit: 0 } }), { status: 400, field: "limit" });
+    await rejectsWith(hb.listCommands("sbx_00000000000000000000000000"), { status: 404, code: "not_found" });
+  });
+
+  test("back to keep forever", async () => {
+    assert.deepEqual((await hb.updateAccount("default", { body: { retention: {} } })).retention, {});
+    assert.deepEqual((await hb.getAccount("default")).retention, {});
+    await box.run("echo kept again");
+    const e = await entry("echo kept again");
+    assert.deepEqual([e.output_purged, e.result?.stdout], [false, "kept again\n"]);
   });
 });

@@ -4,11 +4,14 @@
 import { HareBox, HareBoxError, RateLimitedError, Sandbox } from "harebox";
 import type {
   Account,
+  AccountUpdate,
   AuditEntry,
   AuditKey,
   AuditList,
   AuditQuery,
   AuditReport,
+  Command,
+  CommandList,
   CredentialRule,
   EnvFile,
   Environment,
@@ -26,6 +29,7 @@ import type {
   KeyWithSecret,
   Process,
   Project,
+  Retention,
   SandboxData,
   Scope,
 } from "harebox";
@@ -137,6 +141,23 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   if (!report.ok) console.log(report.first_bad, report.reason);
   const auditKey: AuditKey = await hb.getAuditKey();
   auditKey.algorithm satisfies "ed25519";
+  const watched: Sandbox = await hb.create({ monitoring: false, snapshots: false });
+  watched.monitoring satisfies boolean | undefined;
+  watched.snapshots satisfies boolean | undefined;
+  const history: CommandList = await hb.listCommands(watched.id, { query: { limit: 20 } });
+  const cmd: Command | undefined = history.commands[0];
+  cmd?.kind satisfies "exec" | "stream" | "background" | undefined;
+  cmd?.result?.stdout satisfies string | undefined;
+  cmd?.output_purged satisfies boolean | undefined;
+  const retention: Retention = { history_days: 30, output_days: 7 };
+  const change2: AccountUpdate = { retention };
+  const updated: Account = await hb.updateAccount("default", { body: change2 });
+  updated.retention.output_days satisfies number | undefined;
+  await hb.updateAccount(acc.id, { body: { retention: {} } });
+  // @ts-expect-error: days are numbers.
+  await hb.updateAccount("default", { body: { retention: { history_days: "30" } } });
+  // @ts-expect-error: a retention has only history_days and output_days.
+  await hb.updateAccount("default", { body: { retention: { days: 1 } } });
   // @ts-expect-error: an outcome is ok, denied or error.
   await hb.listAudit({ query: { outcome: "failed" } });
   // @ts-expect-error: listAudit reads JSON pages; auditEntries iterates.
