@@ -32,9 +32,7 @@ const (
 // credentialsOf is the network's view of a sandbox's credentials.
 func (e *Engine) credentialsOf(id string) *credproxy.Sandbox {
 	if b := e.live(id); b != nil {
-		b.amu.Lock()
-		defer b.amu.Unlock()
-		return b.creds
+		return b.creds.Load()
 	}
 	return nil
 }
@@ -106,9 +104,7 @@ func (e *Engine) loadCredentials(ctx context.Context, b *box) error {
 		}
 		sb.Rules = append(sb.Rules, r)
 	}
-	b.amu.Lock()
-	b.creds = sb
-	b.amu.Unlock()
+	b.creds.Store(sb)
 	if b.env == nil {
 		b.env = map[string]string{}
 	}
@@ -123,9 +119,7 @@ func (e *Engine) loadCredentials(ctx context.Context, b *box) error {
 // and appended to a copy of the guest's trust store that the variables
 // loadCredentials set point at.
 func (e *Engine) installCA(ctx context.Context, b *box, c *agentclient.Client) error {
-	b.amu.Lock()
-	sb := b.creds
-	b.amu.Unlock()
+	sb := b.creds.Load()
 	if sb == nil {
 		return nil
 	}

@@ -38,8 +38,9 @@ type box struct {
 	// env is what every exec gets: the pinned environment's variables
 	// (secrets as placeholders) and the create request's own env.
 	env map[string]string
-	// creds are what the credential proxy needs (under amu).
-	creds *credproxy.Sandbox
+	// creds are what the credential proxy needs; an atomic, so the proxy
+	// never waits on the agent's lock (held during a slow redial).
+	creds atomic.Pointer[credproxy.Sandbox]
 	// health is the agent's last known health (a string); misses counts
 	// the checks in a row it failed (only the health checker uses it).
 	health atomic.Value
@@ -262,12 +263,9 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 // idempotent.
 func (e *Engine) destroy(ctx context.Context, b *box) error {
 	b.closeAgent()
-	b.amu.Lock()
-	if b.creds != nil {
-		b.creds.Close()
-		b.creds = nil
+	if sb := b.creds.Swap(nil); sb != nil {
+		sb.Close()
 	}
-	b.amu.Unlock()
 	b.procs.closeAll()
 	var errs []error
 	if b.m != nil {
