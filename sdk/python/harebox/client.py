@@ -176,7 +176,9 @@ class Client:
 
     @operation("deleteSandbox")
     def delete_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
-        """DELETE /v1/sandboxes/{id}: the VM, its disks (crypto-erased) and network."""
+        """DELETE /v1/sandboxes/{id}: the VM, its disks (files removed; not yet
+        encrypted) and network; its sealed env, CA key and command history are
+        deleted."""
         return cast(
             t.SandboxJSON,
             self._json("DELETE", _path("/v1/sandboxes/{}", sandbox_id), timeout=timeout or self.lifecycle_timeout),

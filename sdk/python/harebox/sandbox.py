@@ -95,7 +95,7 @@ class Sandbox:
         return self._update(self.client.resume_sandbox(self.id))
 
     def delete(self) -> Sandbox:
-        """Deletes the VM and crypto-erases its disks (state ``deleted``)."""
+        """Deletes the VM, its disks and network (state ``deleted``)."""
         return self._update(self.client.delete_sandbox(self.id))
 
     def __enter__(self) -> Sandbox:
