@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 echo "==> building the binaries and the Debian guest image (cached after the first run)"
+export HAREBOX_NFT_TABLE=harebox_demo
 eval "$(scripts/devserver.sh)"
 cleanup() {
   # Delete whatever the walkthrough left (on failure), then stop the server.
@@ -14,6 +15,9 @@ cleanup() {
   kill "$HAREBOX_PID" 2>/dev/null || true
   wait "$HAREBOX_PID" 2>/dev/null || true
   rm -rf "$HAREBOX_DATA_DIR"
+  # The table outlives a server on purpose (running VMs keep their rules);
+  # the demo's own goes with it.
+  nft delete table inet "$HAREBOX_NFT_TABLE" 2>/dev/null || true
 }
 trap cleanup EXIT
 export PATH="$root/bin:$PATH"

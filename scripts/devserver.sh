@@ -12,8 +12,11 @@ if [ "${HAREBOX_DEFAULT_IMAGE:-1}" = 1 ]; then
 fi
 dir=$(mktemp -d /tmp/hbd.XXXXXX)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# A firewall table and address pool of its own (HAREBOX_NFT_TABLE,
+# HAREBOX_POOL), so a server that runs on this host is left alone.
 bin/hareboxd --data-dir "$dir" --listen "127.0.0.1:$port" --image-dir "$PWD/.cache/images" \
-  --plugin "$PWD/bin/harebox-plugin-qemu" >"$dir/hareboxd.log" 2>&1 &
+  --plugin "$PWD/bin/harebox-plugin-qemu" --nft-table "${HAREBOX_NFT_TABLE:-harebox_dev}" \
+  --address-pool "${HAREBOX_POOL:-10.238.0.0/24}" >"$dir/hareboxd.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do
   curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
