@@ -2,6 +2,7 @@ package harebox
 
 import (
 	"errors"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 
@@ -40,6 +41,11 @@ func hvErr(err error) error {
 	var se *sandbox.Error
 	if err == nil || errors.As(err, &se) {
 		return err
+	}
+	if strings.Contains(strings.ToLower(err.Error()), "no space left on device") {
+		// A full data directory, said by a VMM or qemu-img behind the
+		// plugin boundary, where only the message travels.
+		return &sandbox.Error{Kind: sandbox.ErrCapacity, Msg: "the data directory's disk is full", Err: err}
 	}
 	for _, m := range []struct {
 		kind, to error

@@ -224,3 +224,76 @@ func TestAgentHealth(t *testing.T) {
 	}
 	waitAgent("ok")
 }
+
+// A full data directory: creates fail at once with a clear capacity
+// error, running sandboxes keep running, nothing half-made is left, and
+// once space is freed everything works again.
+func TestDataDirFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "hbf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
+	}
+	defer exec.Command("umount", "-l", dir).Run()
+	hv := memhv.New(memhv.Options{})
+	defer hv.Close()
+	eng, err := harebox.New(ctx, harebox.Options{
+		DataDir: dir, Hypervisor: hv,
+		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
+		Capacity: harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	running, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill the disk.
+	filler, _ := os.Create(dir + "/filler")
+	for {
+		if _, err := filler.Write(make([]byte, 64<<10)); err != nil {
+			break
+		}
+	}
+	filler.Close()
+	launched := hv.Launched()
+	for range 3 {
+		_, err := eng.Create(ctx, sandbox.CreateRequest{Env: map[string]string{"A": strings.Repeat("x", 4096)}})
+		if !errors.Is(err, sandbox.ErrCapacity) || !strings.Contains(err.Error(), "disk is full") {
+			t.Fatalf("create on a full disk: %v, want a clear ErrCapacity", err)
+		}
+	}
+	if hv.Launched() != launched {
+		t.Error("a create on a full disk launched a machine")
+	}
+	if r, err := eng.Exec(ctx, running.ID, sandbox.ExecRequest{Cmd: "echo still"}); err != nil || r.Stdout != "still\n" {
+		t.Fatalf("the running sandbox on a full disk: %+v %v", r, err)
+	}
+	os.Remove(dir + "/filler")
+	after, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatalf("create once space is back: %v", err)
+	}
+	all, err := eng.List(ctx, sandbox.ListFilter{State: sandbox.StateDeleted})
+	if err != nil || len(all) != 0 {
+		t.Errorf("half-made records after the full disk: %v %v", all, err)
+	}
+	live, _ := eng.List(ctx, sandbox.ListFilter{})
+	if len(live) != 2 {
+		t.Errorf("sandboxes after the full disk: %d, want 2", len(live))
+	}
+	for _, id := range []string{running.ID, after.ID} {
+		if err := eng.Delete(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
+}

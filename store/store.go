@@ -13,9 +13,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+	"modernc.org/sqlite" // the "sqlite" database/sql driver
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/hypervisor"
@@ -144,7 +146,27 @@ type Tx interface {
 // SQLite is the embedded Store.
 type SQLite struct {
 	db *sql.DB
-	q  querier // db, or the transaction of an Update
+	q  querier // db, or the transaction of an Update (as fullAware)
+}
+
+// fullAware turns a full disk into the engine's capacity error, once for
+// every write.
+type fullAware struct{ querier }
+
+func (f fullAware) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	r, err := f.querier.ExecContext(ctx, query, args...)
+	return r, full(err)
+}
+
+// full makes SQLite's SQLITE_FULL, or ENOSPC from below it, an
+// *sandbox.Error of kind ErrCapacity: the caller gets a clear "full", and
+// nothing was written.
+func full(err error) error {
+	var se *sqlite.Error
+	if err != nil && ((errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_FULL) || errors.Is(err, syscall.ENOSPC)) {
+		return &sandbox.Error{Kind: sandbox.ErrCapacity, Msg: "the data directory's disk is full", Err: err}
+	}
+	return err
 }
 
 // querier is what *sql.DB and *sql.Tx share.
@@ -271,7 +293,7 @@ func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
 	// One writer at a time is what SQLite does anyway; a single connection
 	// avoids SQLITE_BUSY between our own connections.
 	db.SetMaxOpenConns(1)
-	s := &SQLite{db: db, q: db}
+	s := &SQLite{db: db, q: fullAware{db}}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -316,19 +338,19 @@ func (s *SQLite) Close() error { return s.db.Close() }
 // Update implements Store. SQLite runs one transaction at a time (the
 // store has one connection), so fn never conflicts and runs once.
 func (s *SQLite) Update(ctx context.Context, fn func(tx Tx) error) error {
-	if _, ok := s.q.(*sql.Tx); ok {
+	if f, ok := s.q.(fullAware); ok && isTx(f.querier) {
 		return fn(s) // already inside a transaction
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: begin: %w", err)
 	}
-	if err := fn(&SQLite{db: s.db, q: tx}); err != nil {
+	if err := fn(&SQLite{db: s.db, q: fullAware{tx}}); err != nil {
 		tx.Rollback()
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("store: commit: %w", err)
+		return fmt.Errorf("store: commit: %w", full(err))
 	}
 	return nil
 }
@@ -479,4 +501,9 @@ func (s *SQLite) DeleteSecret(ctx context.Context, scope, name string) error {
 		return ErrNotFound
 	}
 	return nil
+}
+
+func isTx(q querier) bool {
+	_, ok := q.(*sql.Tx)
+	return ok
 }
