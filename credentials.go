@@ -92,6 +92,8 @@ func (e *Engine) loadCredentials(ctx context.Context, b *box) error {
 		return err
 	}
 	sb := &credproxy.Sandbox{CA: cert, CAKey: key}
+	account, id := b.rec.AccountID, b.rec.ID
+	sb.OnMisuse = func(host string) { e.audit.RecordPlaceholder(account, id, host) }
 	for _, c := range v.Credentials {
 		value, err := e.envs.Reveal(ctx, b.rec.EnvironmentID, v.Variables[c.Secret].SecretRef)
 		if err != nil {

@@ -154,6 +154,20 @@ func (l *Log) Record(ctx context.Context, action, accountID, target string, err 
 	}
 }
 
+// RecordPlaceholder records that code in a sandbox sent one of its
+// placeholders where it is not swapped (to host): the act of the guest,
+// not of an API caller, and refused.
+func (l *Log) RecordPlaceholder(accountID, sandboxID, host string) {
+	if l == nil {
+		return
+	}
+	e := &Entry{Time: time.Now().UTC(), AccountID: accountID, Principal: "sandbox:" + sandboxID, Action: "usePlaceholder",
+		Target: host, Outcome: Denied, Error: "forbidden"}
+	if err := l.append(context.Background(), e); err != nil {
+		l.log.Error("audit: cannot append", "action", e.Action, "err", err)
+	}
+}
+
 // kindOf names an error's kind, never its message (which may quote
 // request data).
 func kindOf(err error) string {

@@ -85,3 +85,14 @@ func BenchmarkRecord(b *testing.B) {
 	slices.Sort(d)
 	b.ReportMetric(float64(d[len(d)/2].Microseconds()), "append-p50-µs")
 }
+
+// A placeholder sent where it is not swapped is the guest's act, refused.
+func TestRecordPlaceholder(t *testing.T) {
+	l, db := open(t)
+	l.RecordPlaceholder("acc_a", "sbx_s", "evil.example")
+	es, err := db.ListAudit(context.Background(), store.AuditFilter{})
+	if err != nil || len(es) != 1 || es[0].Principal != "sandbox:sbx_s" || es[0].Action != "usePlaceholder" ||
+		es[0].Target != "evil.example" || es[0].Outcome != audit.Denied || es[0].AccountID != "acc_a" {
+		t.Fatalf("%+v %v", es, err)
+	}
+}

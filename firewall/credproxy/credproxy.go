@@ -90,6 +90,9 @@ type Sandbox struct {
 	CA    *x509.Certificate
 	CAKey crypto.Signer
 	Rules []Rule
+	// OnMisuse, if set, hears of a placeholder sent where it is not
+	// swapped (the host it went to).
+	OnMisuse func(host string)
 
 	mu     sync.Mutex
 	leaves map[string]*tls.Certificate
@@ -133,6 +136,29 @@ func (s *Sandbox) Close() {
 		t.CloseIdleConnections()
 	}
 	s.transports = nil
+}
+
+// Misused reports that the guest sent one of its placeholders where no
+// rule lets it be swapped: to another host, or with a Host that is not
+// the connection's name. The engine records it in the audit log.
+func (s *Sandbox) Misused(host string) {
+	if s != nil && s.OnMisuse != nil {
+		s.OnMisuse(host)
+	}
+}
+
+// CarriedBy reports whether b (a request's head) holds one of the
+// sandbox's placeholders.
+func (s *Sandbox) CarriedBy(b []byte) bool {
+	if s == nil {
+		return false
+	}
+	for i := range s.Rules {
+		if ph := s.Rules[i].Placeholder; ph != "" && bytes.Contains(b, []byte(ph)) {
+			return true
+		}
+	}
+	return false
 }
 
 // Covers reports whether a rule covers host on port (over TLS, or plain).
@@ -292,6 +318,7 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 				if carries(pr.Out, c.Sandbox) {
 					p.log().Warn("credproxy: placeholder sent with a Host that is not the connection's name; not swapped",
 						"sni", c.Host, "host", pr.In.Host)
+					c.Sandbox.Misused(hostOnly(pr.In.Host))
 				}
 				return
 			}

@@ -286,7 +286,13 @@ func (p *Proxy) handle(down net.Conn) {
 	target, err := p.choose(ctx, src, host, dst)
 	if err == nil && host != "" && p.Credentials != nil && p.Creds != nil {
 		secure := len(head) > 0 && head[0] == 0x16
-		if sb := p.Credentials(src); sb.Covers(host, f.port, secure) {
+		sb := p.Credentials(src)
+		if !sb.Covers(host, f.port, secure) && !secure && sb.CarriedBy(head) {
+			// Plain HTTP shows its first request: a placeholder sent to a
+			// host no rule names is recorded (it goes out as it is).
+			sb.Misused(host)
+		}
+		if sb.Covers(host, f.port, secure) {
 			cancel()
 			p.mu.Lock()
 			f.host, f.addr = host, target.Addr()

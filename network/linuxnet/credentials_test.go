@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,9 +32,11 @@ func TestCredentialProxy(t *testing.T) {
 		value = "real-secret-value-9f8e7d"
 		ph    = "hbph_testplaceholder0123456789abcdefgh"
 	)
+	var misuses []string // hosts the placeholder was sent to unswapped
+	var mmu sync.Mutex
 	sb := &credproxy.Sandbox{CA: ca, CAKey: key, Rules: []credproxy.Rule{{
 		Hosts: []string{"pypi.org"}, Header: "Authorization", Format: "Bearer {value}", Placeholder: ph, Value: value,
-	}}}
+	}}, OnMisuse: func(host string) { mmu.Lock(); misuses = append(misuses, host); mmu.Unlock() }}
 	n.SetCredentials(func(id string) *credproxy.Sandbox {
 		if id == g.id {
 			return sb
@@ -96,11 +99,16 @@ func TestCredentialProxy(t *testing.T) {
 	if _, body := get(c, "https://example.com/", ""); e.saw("example.com") != "auth=Bearer "+ph+" query=" || !strings.HasPrefix(body, "server=example.com") {
 		t.Errorf("another host received %q", e.saw("example.com"))
 	}
-	// SNI pypi.org, Host example.com: not swapped.
+	// SNI pypi.org, Host example.com: not swapped, and reported.
 	get(c, "https://pypi.org/", "example.com")
 	if got := e.saw("pypi.org"); got != "auth=Bearer "+ph+" query=" {
 		t.Errorf("Host differing from SNI: %q", got)
 	}
+	mmu.Lock()
+	if len(misuses) != 1 || misuses[0] != "example.com" {
+		t.Errorf("the placeholder sent with Host example.com was reported as %v", misuses)
+	}
+	mmu.Unlock()
 	// A redirect to another host is not followed by the proxy.
 	resp, _ := get(c, "https://pypi.org/redirect", "")
 	if resp.StatusCode != http.StatusFound || e.saw("example.com") != "auth=Bearer "+ph+" query=" {
@@ -171,6 +179,27 @@ func TestCredentialProxy(t *testing.T) {
 			t.Errorf("sandbox A's placeholder sent from sandbox B: the host got %q", got)
 		}
 	}
+
+	// Plain HTTP shows its request: the placeholder sent to a host no
+	// rule names goes out as it is, and is reported.
+	if err := n.SetPolicy(context.Background(), g.id, mustPolicy(t, `{"default_outbound": "deny", "outbound": [
+		{"action": "allow", "protocol": "tcp", "ports": "80,443", "hosts": ["pypi.org", "example.com"]}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	mmu.Lock()
+	reported := len(misuses) // the HTTP/2 :authority case above is one
+	mmu.Unlock()
+	if conn, err := g.dial("tcp4", exampleIP+":80"); err == nil {
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: example.com\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", ph)
+		io.ReadAll(conn)
+		conn.Close()
+	}
+	mmu.Lock()
+	if len(misuses) != reported+1 || misuses[reported] != "example.com" {
+		t.Errorf("the placeholder sent over plain HTTP to example.com was reported as %v", misuses)
+	}
+	mmu.Unlock()
 
 	// Raw requests: absolute-form naming another host, and smuggling.
 	raw := func(req string) string {
