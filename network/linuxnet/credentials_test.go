@@ -200,6 +200,34 @@ func TestCredentialProxy(t *testing.T) {
 		t.Errorf("the placeholder sent over plain HTTP to example.com was reported as %v", misuses)
 	}
 	mmu.Unlock()
+	if got := e.saw("example.com:80"); got != "auth=Bearer "+ph {
+		t.Errorf("plain HTTP to a host without a rule carried %q", got)
+	}
+	// A rule that allows plain HTTP swaps there too; the pypi.org rule,
+	// which does not, leaves plain HTTP to pypi.org alone.
+	const plainPH, plainValue = "hbph_plainplaceholder0123456789abcdef", "plain-http-value"
+	sb.Rules = append(sb.Rules, credproxy.Rule{Hosts: []string{"example.com"}, AllowHTTP: true, Header: "Authorization",
+		Format: "Bearer {value}", Placeholder: plainPH, Value: plainValue})
+	plain := func(ip, host, ph string) {
+		t.Helper()
+		conn, err := g.dial("tcp4", ip+":80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", host, ph)
+		io.ReadAll(conn)
+	}
+	plain(exampleIP, "example.com", plainPH)
+	if got := e.saw("example.com:80"); got != "auth=Bearer "+plainValue {
+		t.Errorf("plain HTTP under an allow_http rule: the host got %q", got)
+	}
+	plain(pypiIP, "pypi.org", ph)
+	if got := e.saw("pypi.org:80"); got != "auth=Bearer "+ph {
+		t.Errorf("plain HTTP to pypi.org, whose rule does not allow it: the host got %q", got)
+	}
+	sb.Rules = sb.Rules[:1]
 
 	// Raw requests: absolute-form naming another host, and smuggling.
 	raw := func(req string) string {

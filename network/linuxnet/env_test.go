@@ -285,6 +285,12 @@ func (e *env) startServers() {
 		// Cleartext HTTP on port 80, counted as "name:80".
 		plain := &http.Server{
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				e.mu.Lock()
+				if e.seen == nil {
+					e.seen = map[string]string{}
+				}
+				e.seen[name+":80"] = "auth=" + r.Header.Get("Authorization")
+				e.mu.Unlock()
 				fmt.Fprintf(w, "server=%s host=%s", name, r.Host)
 			}),
 			ConnState: func(_ net.Conn, s http.ConnState) {
