@@ -8,13 +8,19 @@ import (
 
 func TestNaming(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "marker")
-	cmd := exec.Command("sh", "-c", "sleep 30", marker) // the marker is $0
+	// read is a shell builtin, so sh never forks a child that would
+	// briefly carry the same command line; the open stdin keeps it waiting.
+	cmd := exec.Command("sh", "-c", "read x", marker) // the marker is $0
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
 	ps := Naming(marker)
-	if len(ps) != 1 || ps[0].PID != cmd.Process.Pid || ps[0].Cmdline != "sh -c sleep 30 "+marker {
+	if len(ps) != 1 || ps[0].PID != cmd.Process.Pid || ps[0].Cmdline != "sh -c read x "+marker {
 		t.Fatalf("got %v", ps)
 	}
 	if ps[0].IsVMM() {
