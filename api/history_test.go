@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,14 @@ func TestCommandHistory(t *testing.T) {
 		t.Errorf("two days later, after a restart: %v", h)
 	}
 	f.must(t, 400, "PATCH", "/v1/accounts/default", f.root, map[string]any{"retention": map[string]any{"history_days": -1}})
+	ret := func(r reply) string { b, _ := json.Marshal(r.body["retention"]); return string(b) }
+	if r := f.must(t, 200, "GET", "/v1/accounts/default", f.root, nil); ret(r) != `{"history_days":1,"output_days":1}` {
+		t.Errorf("a refused update changed the retention: %s", ret(r))
+	}
+	// An update replaces the whole retention: output_days left out is forever.
+	if r := f.must(t, 200, "PATCH", "/v1/accounts/default", f.root, map[string]any{"retention": map[string]any{"history_days": 2}}); ret(r) != `{"history_days":2}` {
+		t.Errorf("retention after {history_days: 2}: %s", ret(r))
+	}
 	// History 0 days: nothing is kept, and a delete erases what was.
 	f.must(t, 200, "PATCH", "/v1/accounts/default", f.root, map[string]any{"retention": map[string]any{}})
 	f.must(t, 200, "POST", "/v1/sandboxes/"+box+"/exec", f.root, map[string]any{"cmd": "echo again"})
