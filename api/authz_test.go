@@ -77,7 +77,10 @@ func (f *fastAPI) open(t testing.TB, opts api.Options) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(srv)
+	// Served the way hareboxd serves, with its timeouts and limits.
+	hs := httptest.NewUnstartedServer(srv)
+	hs.Config = srv.HTTPServer()
+	hs.Start()
 	t.Cleanup(hs.Close)
 	f.url, f.root, f.eng, f.srv = hs.URL, strings.TrimSpace(string(b)), eng, srv
 }

@@ -51,7 +51,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// The engine refuses a file past its limit; the body is streamed.
-	fi, err := s.eng.WriteFile(r.Context(), r.PathValue("id"), p, r.Body, harebox.WriteOptions{
+	fi, err := s.eng.WriteFile(r.Context(), r.PathValue("id"), p, s.streamBody(w, r), harebox.WriteOptions{
 		Mode: mode, Owner: r.URL.Query().Get("owner"), MakeParents: parents,
 	})
 	if err != nil {
@@ -158,7 +158,7 @@ func (s *Server) getFirewall(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) setFirewall(w http.ResponseWriter, r *http.Request) error {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	body, err := io.ReadAll(s.jsonBody(w, r))
 	if err != nil {
 		return err
 	}

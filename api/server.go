@@ -55,6 +55,48 @@ type Options struct {
 	// TrustedProxies are the addresses whose X-Forwarded-For is believed
 	// when checking a key's CIDRs; from anyone else it is ignored.
 	TrustedProxies []netip.Prefix
+	// Timeouts bound slow clients; zero fields take the defaults.
+	Timeouts Timeouts
+}
+
+// Timeouts bound how long a client may take to send a request, so that slow
+// clients (slowloris) cannot hold connections and handlers forever.
+type Timeouts struct {
+	// Header is the time to send the request line and headers (10 s).
+	Header time.Duration
+	// Body is the time to send a whole JSON body (30 s).
+	Body time.Duration
+	// BodyIdle is the longest pause inside a streamed file upload (30 s).
+	BodyIdle time.Duration
+	// Idle is how long a keep-alive connection waits for its next
+	// request (2 min).
+	Idle time.Duration
+}
+
+// MaxHeaderBytes bounds a request's line and headers.
+const MaxHeaderBytes = 64 << 10
+
+func (t Timeouts) withDefaults() Timeouts {
+	for _, f := range []struct {
+		d   *time.Duration
+		def time.Duration
+	}{{&t.Header, 10 * time.Second}, {&t.Body, 30 * time.Second}, {&t.BodyIdle, 30 * time.Second}, {&t.Idle, 2 * time.Minute}} {
+		if *f.d <= 0 {
+			*f.d = f.def
+		}
+	}
+	return t
+}
+
+// HTTPServer returns an http.Server for s with its timeouts and limits;
+// hareboxd serves with it.
+func (s *Server) HTTPServer() *http.Server {
+	return &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: s.opts.Timeouts.Header,
+		IdleTimeout:       s.opts.Timeouts.Idle,
+		MaxHeaderBytes:    MaxHeaderBytes,
+	}
 }
 
 // Authenticator turns a request's bearer token into a principal, or fails
@@ -148,6 +190,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	opts.Timeouts = opts.Timeouts.withDefaults()
 	doc, err := Document()
 	if err != nil {
 		return nil, fmt.Errorf("api: openapi document: %w", err)
@@ -354,15 +397,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // decode reads one strict JSON value: bounded, no unknown fields, nothing
 // after it. Errors name the field.
-func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(s.jsonBody(w, r))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		var ae apiError
+		if errors.As(err, &mbe) || errors.As(err, &ae) {
 			return err
 		}
 		return badRequest("", "request body must be a single JSON value")
@@ -374,8 +418,9 @@ func jsonError(err error) error {
 	var mbe *http.MaxBytesError
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
+	var ae apiError
 	switch {
-	case errors.As(err, &mbe):
+	case errors.As(err, &mbe), errors.As(err, &ae):
 		return err
 	case errors.Is(err, io.EOF):
 		return badRequest("", "request body is empty; a JSON value is required")
@@ -416,7 +461,7 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	var req sandbox.CreateRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	box, err := s.eng.Create(r.Context(), req)
@@ -497,7 +542,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	var req sandbox.ExecRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	res, err := s.eng.Exec(r.Context(), r.PathValue("id"), req)
@@ -542,7 +587,7 @@ func (s sseStream) Write(b []byte) (int, error) {
 
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request) error {
 	var req sandbox.ExecRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	if err := req.Check(); err != nil {
@@ -574,7 +619,7 @@ func ignore(error) error { return nil }
 
 func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 	var req sandbox.ExecRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	p, err := s.eng.StartProcess(r.Context(), r.PathValue("id"), req)
@@ -635,7 +680,7 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 		Signal int `json:"signal"`
 	}
 	if r.ContentLength != 0 {
-		if err := decode(w, r, &req); err != nil {
+		if err := s.decode(w, r, &req); err != nil {
 			return err
 		}
 	}

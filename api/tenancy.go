@@ -14,7 +14,7 @@ import (
 
 func (s *Server) createAccount(w http.ResponseWriter, r *http.Request) error {
 	var req tenant.CreateRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	a, err := s.eng.Tenants().CreateAccount(r.Context(), req)
@@ -43,7 +43,7 @@ func account(r *http.Request) string { return r.URL.Query().Get("account") }
 
 func (s *Server) createProject(w http.ResponseWriter, r *http.Request) error {
 	var req tenant.CreateRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	p, err := s.eng.Tenants().CreateProject(r.Context(), account(r), req)
@@ -70,7 +70,7 @@ func (s *Server) deleteProject(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) createFleet(w http.ResponseWriter, r *http.Request) error {
 	var req tenant.CreateRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	f, err := s.eng.Tenants().CreateFleet(r.Context(), account(r), r.PathValue("project"), req)
@@ -97,7 +97,7 @@ func (s *Server) deleteFleet(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	var req apikey.CreateRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	k, err := s.eng.Keys().Create(r.Context(), req)
@@ -135,7 +135,7 @@ func reply(w http.ResponseWriter, status int, v any, err error) error {
 
 func (s *Server) updateProject(w http.ResponseWriter, r *http.Request) error {
 	var req tenant.ProjectUpdate
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	p, err := s.eng.Tenants().UpdateProject(r.Context(), account(r), r.PathValue("project"), req)
@@ -148,7 +148,7 @@ func project(r *http.Request) string { return r.URL.Query().Get("project") }
 
 func (s *Server) createEnvironment(w http.ResponseWriter, r *http.Request) error {
 	var req env.CreateRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	if p := project(r); p != "" && req.Project == "" {
@@ -170,7 +170,7 @@ func (s *Server) getEnvironment(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) updateEnvironment(w http.ResponseWriter, r *http.Request) error {
 	var req env.UpdateRequest
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	v, err := s.eng.Environments().Update(r.Context(), account(r), project(r), r.PathValue("environment"), req)
@@ -201,7 +201,7 @@ func (s *Server) getEnvironmentVersion(w http.ResponseWriter, r *http.Request) e
 
 func (s *Server) updateAccount(w http.ResponseWriter, r *http.Request) error {
 	var req tenant.AccountUpdate
-	if err := decode(w, r, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
 	a, err := s.eng.Tenants().UpdateAccount(r.Context(), r.PathValue("account"), req)

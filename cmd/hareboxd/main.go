@@ -137,7 +137,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	hs := srv.HTTPServer()
 	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(l) }()
 	go func() { errc <- hs.Serve(pipes) }()
