@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -25,32 +24,8 @@ func TestCLIHistory(t *testing.T) {
 		noLeftovers(t, dataDir)
 	}()
 
-	// cli runs harebox with key ("" for the root key).
-	cli := func(key string, args ...string) (string, string, int) {
-		t.Helper()
-		return runCLI(t, s, srv, key, args...)
-	}
-	ok := func(key string, out any, args ...string) string {
-		t.Helper()
-		o, e, code := cli(key, args...)
-		if code != 0 || e != "" {
-			t.Fatalf("harebox %s: exit %d\nstdout: %s\nstderr: %s\nserver log:\n%s", strings.Join(args, " "), code, o, e, tail(srv.log.String()))
-		}
-		if out != nil {
-			if err := json.Unmarshal([]byte(o), out); err != nil {
-				t.Fatalf("harebox %s: %v\n%s", strings.Join(args, " "), err, o)
-			}
-		}
-		return o
-	}
-	fails := func(key string, code int, want string, args ...string) string {
-		t.Helper()
-		o, e, got := cli(key, args...)
-		if got != code || o != "" || strings.Count(strings.TrimSpace(e), "\n") != 0 || !strings.HasPrefix(e, "harebox") || !strings.Contains(e, want) {
-			t.Errorf("harebox %s: exit %d, stdout %q, stderr %q; want exit %d and one line with %q", strings.Join(args, " "), got, o, e, code, want)
-		}
-		return e
-	}
+	c := &cliT{t, s, srv}
+	cli, ok, fails := c.run, c.ok, c.fails
 	type account struct {
 		ID        string         `json:"id"`
 		Name      string         `json:"name"`

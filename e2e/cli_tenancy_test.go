@@ -36,6 +36,47 @@ func runCLI(t *testing.T, s setup, srv *server, key string, args ...string) (str
 	return o.String(), e.String(), cmd.ProcessState.ExitCode()
 }
 
+// cliT runs harebox against a hareboxd for one test; ok and fails check a
+// run the way every CLI contract test does.
+type cliT struct {
+	t   *testing.T
+	s   setup
+	srv *server
+}
+
+// run runs harebox with key ("" for the root key).
+func (c *cliT) run(key string, args ...string) (string, string, int) {
+	c.t.Helper()
+	return runCLI(c.t, c.s, c.srv, key, args...)
+}
+
+// ok runs harebox, wants exit 0 and nothing on stderr, and decodes its
+// JSON output into out.
+func (c *cliT) ok(key string, out any, args ...string) string {
+	c.t.Helper()
+	o, e, code := c.run(key, args...)
+	if code != 0 || e != "" {
+		c.t.Fatalf("harebox %s: exit %d\nstdout: %s\nstderr: %s\nserver log:\n%s", strings.Join(args, " "), code, o, e, tail(c.srv.log.String()))
+	}
+	if out != nil {
+		if err := json.Unmarshal([]byte(o), out); err != nil {
+			c.t.Fatalf("harebox %s: %v\n%s", strings.Join(args, " "), err, o)
+		}
+	}
+	return o
+}
+
+// fails runs harebox and wants exit code, one line on stderr that starts
+// with "harebox" and contains want, and nothing on stdout.
+func (c *cliT) fails(key string, code int, want string, args ...string) string {
+	c.t.Helper()
+	o, e, got := c.run(key, args...)
+	if got != code || o != "" || strings.Count(strings.TrimSpace(e), "\n") != 0 || !strings.HasPrefix(e, "harebox") || !strings.Contains(e, want) {
+		c.t.Errorf("harebox %s: exit %d, stdout %q, stderr %q; want exit %d and one line with %q", strings.Join(args, " "), got, o, e, code, want)
+	}
+	return e
+}
+
 // prepareNoVM builds the binaries a hareboxd that boots no VM needs.
 func prepareNoVM(t *testing.T) setup {
 	t.Helper()
@@ -66,35 +107,8 @@ func TestCLITenancy(t *testing.T) {
 		noLeftovers(t, dataDir)
 	}()
 
-	// cli runs harebox with key ("" for the root key).
-	cli := func(key string, args ...string) (string, string, int) {
-		t.Helper()
-		return runCLI(t, s, srv, key, args...)
-	}
-	// ok runs harebox, wants exit 0 and decodes its JSON output into out.
-	ok := func(key string, out any, args ...string) string {
-		t.Helper()
-		o, e, code := cli(key, args...)
-		if code != 0 {
-			t.Fatalf("harebox %s: exit %d\nstdout: %s\nstderr: %s\nserver log:\n%s", strings.Join(args, " "), code, o, e, tail(srv.log.String()))
-		}
-		if out != nil {
-			if err := json.Unmarshal([]byte(o), out); err != nil {
-				t.Fatalf("harebox %s: %v\n%s", strings.Join(args, " "), err, o)
-			}
-		}
-		return o
-	}
-	// fails runs harebox and wants exit code, one line on stderr that
-	// starts with "harebox" and contains want, and nothing on stdout.
-	fails := func(key string, code int, want string, args ...string) string {
-		t.Helper()
-		o, e, got := cli(key, args...)
-		if got != code || o != "" || strings.Count(strings.TrimSpace(e), "\n") != 0 || !strings.HasPrefix(e, "harebox") || !strings.Contains(e, want) {
-			t.Errorf("harebox %s: exit %d, stdout %q, stderr %q; want exit %d and one line with %q", strings.Join(args, " "), got, o, e, code, want)
-		}
-		return e
-	}
+	c := &cliT{t, s, srv}
+	cli, ok, fails := c.run, c.ok, c.fails
 	type named struct {
 		ID        string `json:"id"`
 		Name      string `json:"name"`
