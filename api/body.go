@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"time"
 )
 
@@ -49,7 +48,8 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 		d.rc.SetReadDeadline(time.Now().Add(d.idle))
 	}
 	n, err := d.r.Read(p)
-	if err != nil && isTimeout(err) {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
 		// The rest of the body will not come: the connection is closed
 		// after the answer.
 		d.timedOut = true
@@ -57,9 +57,4 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 		err = errSlowBody
 	}
 	return n, err
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
