@@ -68,6 +68,9 @@ func (s *Spec) Validate() error {
 	case len(s.Disks) > 8:
 		return Errorf(ErrInvalid, "spec.disks: at most 8")
 	}
+	if err := s.ValidKeys(); err != nil {
+		return err
+	}
 	for i, d := range s.Disks {
 		if !filepath.IsAbs(d.Path) {
 			return Errorf(ErrInvalid, "spec.disks[%d].path %q: want an absolute path", i, d.Path)
@@ -84,6 +87,20 @@ func (s *Spec) Validate() error {
 		}
 		if !regexp.MustCompile(`^([0-9a-f]{2}:){5}[0-9a-f]{2}$`).MatchString(n.MAC) {
 			return Errorf(ErrInvalid, "spec.network.mac %q: want lower-case aa:bb:cc:dd:ee:ff", n.MAC)
+		}
+	}
+	return nil
+}
+
+// ValidKeys checks the lengths of a spec's keys; Validate calls it, and
+// Restore on its partial spec.
+func (s *Spec) ValidKeys() error {
+	for _, k := range []struct {
+		name string
+		key  []byte
+	}{{"data_key", s.DataKey}, {"snapshot_key", s.SnapshotKey}} {
+		if len(k.key) != 0 && len(k.key) != KeySize {
+			return Errorf(ErrInvalid, "spec.%s: %d bytes, want %d", k.name, len(k.key), KeySize)
 		}
 	}
 	return nil

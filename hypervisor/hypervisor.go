@@ -43,7 +43,11 @@ type Machine interface {
 	// Snapshot pauses the machine and writes its memory, device state and a
 	// copy of its writable disks into dir, which must not exist yet. The
 	// machine stays paused afterwards; Resume continues it.
-	Snapshot(ctx context.Context, dir string) error
+	//
+	// key is the machine's DataKey (the handle does not carry it): the
+	// snapshot is encrypted under it, and Restore needs it as SnapshotKey.
+	// It is nil exactly for a machine launched without a DataKey.
+	Snapshot(ctx context.Context, dir string, key []byte) error
 	// Shutdown asks the guest to power off and waits until the VMM exits or
 	// ctx is done; on timeout it stops the VMM.
 	Shutdown(ctx context.Context) error
@@ -64,6 +68,8 @@ type Capabilities struct {
 	Notice   string `json:"notice,omitempty"`
 	Snapshot bool   `json:"snapshot"`
 	Pause    bool   `json:"pause"`
+	// Encryption says the backend honours Spec.DataKey.
+	Encryption bool `json:"encryption"`
 	// AgentTransports lists the agent channel kinds the backend offers.
 	AgentTransports []string `json:"agent_transports"`
 	Version         string   `json:"version,omitempty"`
@@ -87,6 +93,24 @@ type Spec struct {
 	// SerialLog receives the guest console; empty means StateDir/serial.log.
 	SerialLog string            `json:"serial_log,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
+	// DataKey is the machine's own KeySize-byte key. When set, the backend
+	// encrypts every writable overlay and memory snapshot of the machine
+	// under it (a writable disk it cannot encrypt is refused), and keeps
+	// it only in memory: never in a handle, state file or snapshot.
+	// Destroying the key (the caller's job) makes all of those unreadable.
+	DataKey []byte `json:"data_key,omitempty"`
+	// SnapshotKey is, for Restore, the key the snapshot was written under
+	// (the source machine's DataKey).
+	SnapshotKey []byte `json:"snapshot_key,omitempty"`
+}
+
+// KeySize is the length of DataKey and SnapshotKey.
+const KeySize = 32
+
+// WithoutKeys returns a copy of s that carries no key, for storing.
+func (s Spec) WithoutKeys() Spec {
+	s.DataKey, s.SnapshotKey = nil, nil
+	return s
 }
 
 // Disk is a block device given to the guest.

@@ -166,7 +166,7 @@ func TestBackendLifecycle(t *testing.T) {
 	// Snapshot: the machine ends up paused, the dir holds the VMM's files,
 	// the writable disk copy and the metadata.
 	snap := filepath.Join(files.dir, "snap1")
-	if err := m.Snapshot(ctx, snap); err != nil {
+	if err := m.Snapshot(ctx, snap, nil); err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	wantState(t, m, hypervisor.StatePaused)
@@ -179,7 +179,7 @@ func TestBackendLifecycle(t *testing.T) {
 			t.Errorf("snapshot lacks %s", f)
 		}
 	}
-	if err := m.Snapshot(ctx, snap); !errors.Is(err, hypervisor.ErrExists) {
+	if err := m.Snapshot(ctx, snap, nil); !errors.Is(err, hypervisor.ErrExists) {
 		t.Errorf("Snapshot into an existing dir: %v", err)
 	}
 	if left, _ := filepath.Glob(filepath.Join(spec.StateDir, "snapshot-*")); len(left) > 0 {

@@ -58,7 +58,13 @@ type configDisk struct {
 // writable disk and metadata into dir, which must not exist. The VMM
 // writes into a staging directory inside the state dir (the one place a
 // Landlock-sandboxed VMM may write), which is then moved to dir.
-func (m *machine) Snapshot(ctx context.Context, dir string) (err error) {
+//
+// Machines here never have a data key (begin refuses one), so key must be
+// nil.
+func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err error) {
+	if len(key) > 0 {
+		return hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted snapshots are not supported by this backend yet")
+	}
 	if !filepath.IsAbs(dir) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot dir %q: want an absolute path", dir)
 	}
@@ -134,6 +140,9 @@ func (m *machine) Snapshot(ctx context.Context, dir string) (err error) {
 // its own sockets. The v53 RestoreConfig has no field for new device
 // paths, so they are rewritten in a copy of config.json.
 func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervisor.Spec) (_ hypervisor.Machine, err error) {
+	if len(spec.DataKey) > 0 || len(spec.SnapshotKey) > 0 {
+		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted disks and snapshots are not supported by this backend yet")
+	}
 	var meta snapshotMeta
 	if err := readJSON(filepath.Join(snapshotDir, snapshotMetaName), &meta); err != nil {
 		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "snapshot %s: %v", snapshotDir, err)

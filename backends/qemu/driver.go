@@ -97,6 +97,7 @@ func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, err
 		Notice:          d.notice,
 		Snapshot:        true,
 		Pause:           true,
+		Encryption:      true,
 		AgentTransports: []string{hypervisor.TransportSerial},
 		Version:         d.version,
 	}, nil
@@ -115,16 +116,28 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: %v", err)
 		}
 	}
+	keyed := len(spec.DataKey) > 0
+	for i, dk := range spec.Disks {
+		if keyed && !dk.ReadOnly && !dk.Overlay {
+			return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "qemu: disk %d is writable without an overlay and cannot be encrypted under the data key", i)
+		}
+	}
 	st, err := d.prepare(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
+	st.Encrypted = keyed
 	disks := make([]hypervisor.Disk, len(spec.Disks))
 	for i, dk := range spec.Disks {
 		disks[i] = dk
 		if dk.Overlay {
 			ov := filepath.Join(spec.StateDir, fmt.Sprintf("disk%d.qcow2", i))
-			if err := overlay.Create(ctx, d.opts.QEMUImg, dk.Path, formatOf(dk), ov, dk.SizeMB<<20); err != nil {
+			if keyed {
+				err = overlay.CreateEncrypted(ctx, d.opts.QEMUImg, dk.Path, formatOf(dk), ov, dk.SizeMB<<20, spec.DataKey, nil)
+			} else {
+				err = overlay.Create(ctx, d.opts.QEMUImg, dk.Path, formatOf(dk), ov, dk.SizeMB<<20)
+			}
+			if err != nil {
 				os.RemoveAll(spec.StateDir)
 				return nil, err
 			}
@@ -132,7 +145,7 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 		}
 	}
 	st.Disks = disks
-	m, err := d.start(ctx, st, "")
+	m, err := d.start(ctx, st, spec.DataKey, nil, "")
 	if err != nil {
 		os.RemoveAll(spec.StateDir)
 		return nil, err
@@ -159,7 +172,7 @@ func (d *Driver) prepare(ctx context.Context, spec hypervisor.Spec) (*state, err
 	}
 	// Unix socket paths are limited to 107 bytes.
 	st := &state{
-		Spec:      spec,
+		Spec:      spec.WithoutKeys(),
 		QMP:       filepath.Join(spec.StateDir, "qmp.sock"),
 		Agent:     filepath.Join(spec.StateDir, "agent.sock"),
 		PIDFile:   filepath.Join(spec.StateDir, "qemu.pid"),
@@ -174,14 +187,29 @@ func (d *Driver) prepare(ctx context.Context, spec hypervisor.Spec) (*state, err
 	return st, nil
 }
 
-// start runs QEMU daemonized for st and connects to its QMP socket. With a
-// non-empty incoming, QEMU waits for a migration stream (a restore).
-func (d *Driver) start(ctx context.Context, st *state, incoming string) (*machine, error) {
-	args := d.args(st)
+// start runs QEMU daemonized for st and connects to its QMP socket. The
+// keys reach QEMU through inherited pipes. With a non-empty incoming (a
+// memory file), QEMU loads it before it runs (a restore); snapKey opens
+// that file and the disks' encrypted backing files.
+func (d *Driver) start(ctx context.Context, st *state, dataKey, snapKey []byte, incoming string) (*machine, error) {
+	var sec overlay.Secrets
+	defer sec.Close()
+	if st.Encrypted {
+		if err := sec.Add(secretData, dataKey); err != nil {
+			return nil, err
+		}
+	}
+	if st.BackingEncrypted {
+		if err := sec.Add(secretSnapshot, snapKey); err != nil {
+			return nil, err
+		}
+	}
+	args := append(d.args(st), sec.Args()...)
 	if incoming != "" {
 		args = append(args, "-incoming", "defer")
 	}
 	cmd := exec.CommandContext(ctx, d.opts.QEMU, args...)
+	sec.Apply(cmd)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.Stdout = &stderr
@@ -210,7 +238,7 @@ func (d *Driver) start(ctx context.Context, st *state, incoming string) (*machin
 		return nil, err
 	}
 	if incoming != "" {
-		if err := m.incoming(ctx, incoming); err != nil {
+		if err := m.incoming(ctx, incoming, snapKey); err != nil {
 			p.kill(context.Background())
 			return nil, err
 		}
@@ -261,6 +289,13 @@ func (d *Driver) args(st *state) []string {
 		opt := fmt.Sprintf("file=%s,if=none,id=disk%d,format=%s,cache=unsafe", qemuEscape(dk.Path), i, formatOf(dk))
 		if dk.ReadOnly {
 			opt += ",readonly=on"
+		} else {
+			if st.Encrypted {
+				opt += ",encrypt.key-secret=" + secretData
+			}
+			if st.BackingEncrypted {
+				opt += ",backing.encrypt.key-secret=" + secretSnapshot
+			}
 		}
 		a = append(a, "-drive", opt, "-device", fmt.Sprintf("virtio-blk-device,drive=disk%d", i))
 	}
@@ -312,6 +347,23 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 	if err != nil {
 		return nil, err
 	}
+	if err := spec.ValidKeys(); err != nil {
+		return nil, err
+	}
+	switch {
+	case snap.Encrypted && len(spec.SnapshotKey) == 0:
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: the snapshot is encrypted and no snapshot key was given")
+	case snap.Encrypted && len(spec.DataKey) == 0:
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: a clone of an encrypted snapshot needs its own data key")
+	case !snap.Encrypted && len(spec.SnapshotKey) > 0:
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: the snapshot is not encrypted but a snapshot key was given")
+	}
+	if snap.Encrypted {
+		// A wrong key is refused before anything starts.
+		if err := checkMemoryKey(filepath.Join(dir, memoryFile), spec.SnapshotKey); err != nil {
+			return nil, err
+		}
+	}
 	// The clone keeps the snapshot's hardware (it must match the stream)
 	// and takes its identity from spec.
 	clone := snap.Spec
@@ -327,26 +379,42 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 	if err != nil {
 		return nil, err
 	}
+	st.Encrypted = len(spec.DataKey) > 0
+	st.BackingEncrypted = snap.Encrypted
 	st.Disks = make([]hypervisor.Disk, len(snap.Disks))
 	for i, dk := range snap.Disks {
 		st.Disks[i] = dk
 		if !dk.ReadOnly {
-			// Each clone writes to its own overlay; the snapshot stays intact.
+			// Each clone writes to its own overlay, under its own key; the
+			// snapshot stays intact.
 			ov := filepath.Join(clone.StateDir, fmt.Sprintf("disk%d.qcow2", i))
-			if err := overlay.Create(ctx, d.opts.QEMUImg, filepath.Join(dir, dk.Path), "qcow2", ov, 0); err != nil {
+			base := filepath.Join(dir, dk.Path)
+			if st.Encrypted {
+				err = overlay.CreateEncrypted(ctx, d.opts.QEMUImg, base, "qcow2", ov, 0, spec.DataKey, spec.SnapshotKey)
+			} else {
+				err = overlay.Create(ctx, d.opts.QEMUImg, base, "qcow2", ov, 0)
+			}
+			if err != nil {
 				os.RemoveAll(clone.StateDir)
 				return nil, err
 			}
 			st.Disks[i] = hypervisor.Disk{Path: ov, Format: "qcow2"}
 		}
 	}
-	m, err := d.start(ctx, st, filepath.Join(dir, memoryFile))
+	m, err := d.start(ctx, st, spec.DataKey, spec.SnapshotKey, filepath.Join(dir, memoryFile))
 	if err != nil {
 		os.RemoveAll(clone.StateDir)
 		return nil, err
 	}
 	return m, nil
 }
+
+// Secret object IDs on the VMM's command line (the values come through
+// pipes).
+const (
+	secretData     = "sec-data"
+	secretSnapshot = "sec-snapshot"
+)
 
 func diskPaths(ds []hypervisor.Disk) []string {
 	var p []string

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/internal/sealstream"
 )
 
 // machine is a handle on one QEMU process.
@@ -120,10 +122,19 @@ func (m *machine) Resume(ctx context.Context) error {
 }
 
 // Snapshot implements hypervisor.Machine: pause, stream the machine state
-// into dir/memory through migration, then copy the writable disks.
-func (m *machine) Snapshot(ctx context.Context, dir string) error {
+// through a socket into dir/memory (sealed under key when the machine is
+// encrypted), then copy the writable disks (already encrypted overlays).
+func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) error {
 	if !filepath.IsAbs(dir) || strings.ContainsAny(dir, "'\n") {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: snapshot dir %q: want an absolute path without quotes", dir)
+	}
+	switch {
+	case len(key) != 0 && len(key) != hypervisor.KeySize:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: snapshot key of %d bytes", len(key))
+	case m.st.Encrypted && len(key) == 0:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: %s is encrypted: a snapshot needs its key", m.ID())
+	case !m.st.Encrypted && len(key) != 0:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: %s is not encrypted: its disks cannot be snapshotted under a key", m.ID())
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if os.IsExist(err) {
@@ -131,25 +142,21 @@ func (m *machine) Snapshot(ctx context.Context, dir string) error {
 		}
 		return fmt.Errorf("qemu: %w", err)
 	}
-	err := m.snapshot(ctx, dir)
+	err := m.snapshot(ctx, dir, key)
 	if err != nil {
 		os.RemoveAll(dir)
 	}
 	return err
 }
 
-func (m *machine) snapshot(ctx context.Context, dir string) error {
+func (m *machine) snapshot(ctx context.Context, dir string, key []byte) error {
 	if err := m.Pause(ctx); err != nil {
 		return err
 	}
-	mem := filepath.Join(dir, memoryFile)
-	if _, err := m.exec(ctx, "migrate", map[string]any{"uri": "exec:cat > '" + mem + "'"}); err != nil {
+	if err := m.saveMemory(ctx, filepath.Join(dir, memoryFile), key); err != nil {
 		return fmt.Errorf("qemu: snapshot: %w", err)
 	}
-	if err := m.waitMigration(ctx, "query-migrate"); err != nil {
-		return fmt.Errorf("qemu: snapshot: %w", err)
-	}
-	snap := snapshot{Version: snapshotVersion, Spec: m.st.Spec, Accel: m.st.Accel, CreatedAt: time.Now().UTC()}
+	snap := snapshot{Version: snapshotVersion, Spec: m.st.Spec.WithoutKeys(), Accel: m.st.Accel, CreatedAt: time.Now().UTC(), Encrypted: len(key) > 0}
 	for i, dk := range m.st.Disks {
 		if dk.ReadOnly {
 			snap.Disks = append(snap.Disks, dk)
@@ -167,6 +174,88 @@ func (m *machine) snapshot(ctx context.Context, dir string) error {
 		return err
 	}
 	return writeFileAtomic(filepath.Join(dir, snapshotMeta), b)
+}
+
+// migrationSocket is where QEMU and this process exchange a migration
+// stream, in the machine's own state directory.
+func (m *machine) migrationSocket() string { return filepath.Join(m.st.Spec.StateDir, "mig.sock") }
+
+// saveMemory migrates the paused machine into path. QEMU writes the stream
+// to a socket this process listens on, so that it can be sealed before
+// it reaches the disk.
+func (m *machine) saveMemory(ctx context.Context, path string, key []byte) (err error) {
+	sock := m.migrationSocket()
+	os.Remove(sock)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(sock)
+	defer l.Close()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	copied := make(chan error, 1)
+	go func() {
+		conn, err := l.Accept()
+		if err != nil {
+			copied <- err
+			return
+		}
+		defer conn.Close()
+		copied <- sealTo(f, conn, key)
+	}()
+	if _, err := m.exec(ctx, "migrate", map[string]any{"uri": "unix:" + sock}); err != nil {
+		return err
+	}
+	if err := m.waitMigration(ctx, "query-migrate"); err != nil {
+		return err
+	}
+	select {
+	case err = <-copied:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// sealTo copies src to f, through a sealstream writer when key is set.
+func sealTo(f *os.File, src io.Reader, key []byte) error {
+	if len(key) == 0 {
+		_, err := io.Copy(f, src)
+		return err
+	}
+	w, err := sealstream.NewWriter(f, key)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(w, src); err != nil {
+		return err
+	}
+	return w.Close()
+}
+
+// checkMemoryKey refuses a key the memory file does not open under: the
+// first record is read, which a wrong key does not authenticate.
+func checkMemoryKey(path string, key []byte) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("qemu: %w", err)
+	}
+	defer f.Close()
+	r, err := sealstream.NewReader(f, key)
+	if err == nil {
+		_, err = r.Read(make([]byte, 1))
+	}
+	if err != nil && err != io.EOF {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: snapshot memory does not open under the snapshot key: %v", err)
+	}
+	return nil
 }
 
 // waitMigration polls until the migration completes or fails.
@@ -197,17 +286,47 @@ func (m *machine) waitMigration(ctx context.Context, query string) error {
 	}
 }
 
-// incoming loads a migration stream into a machine started with
-// -incoming defer and resumes it.
-func (m *machine) incoming(ctx context.Context, memPath string) error {
-	if strings.ContainsAny(memPath, "'\n") {
-		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: snapshot path %q has quotes", memPath)
-	}
-	if _, err := m.exec(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat '" + memPath + "'"}); err != nil {
+// incoming loads a memory file into a machine started with -incoming
+// defer and resumes it. QEMU listens on a socket this process feeds, from
+// the file opened (and authenticated) under key when it is sealed.
+func (m *machine) incoming(ctx context.Context, memPath string, key []byte) error {
+	f, err := os.Open(memPath)
+	if err != nil {
 		return fmt.Errorf("qemu: restore: %w", err)
 	}
+	defer f.Close()
+	var src io.Reader = f
+	if len(key) > 0 {
+		if src, err = sealstream.NewReader(f, key); err != nil {
+			return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: %v", err)
+		}
+	}
+	sock := m.migrationSocket()
+	os.Remove(sock)
+	defer os.Remove(sock)
+	if _, err := m.exec(ctx, "migrate-incoming", map[string]any{"uri": "unix:" + sock}); err != nil {
+		return fmt.Errorf("qemu: restore: %w", err)
+	}
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		return fmt.Errorf("qemu: restore: %w", err)
+	}
+	fed := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(conn, src)
+		// On a damaged stream QEMU sees the connection end early and
+		// fails the migration; the feed error says why.
+		conn.Close()
+		fed <- err
+	}()
 	if err := m.waitMigration(ctx, "query-migrate"); err != nil {
+		if ferr := <-fed; ferr != nil {
+			return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: snapshot memory: %v", ferr)
+		}
 		return fmt.Errorf("qemu: restore: %w", err)
+	}
+	if err := <-fed; err != nil {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: snapshot memory: %v", err)
 	}
 	// The incoming side reports "completed" and then leaves "inmigrate".
 	for {

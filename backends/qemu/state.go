@@ -22,6 +22,12 @@ type state struct {
 	Accel     string            `json:"accel"`
 	Proc      proc              `json:"proc"`
 	StartedAt time.Time         `json:"started_at"`
+	// Encrypted: the writable overlays are LUKS under the spec's DataKey.
+	// BackingEncrypted: their backing files (a snapshot's disks) are LUKS
+	// under the SnapshotKey. The keys themselves are never stored; Spec is
+	// kept WithoutKeys.
+	Encrypted        bool `json:"encrypted,omitempty"`
+	BackingEncrypted bool `json:"backing_encrypted,omitempty"`
 }
 
 func (st *state) handle() hypervisor.Handle {
@@ -41,8 +47,9 @@ func (st *state) save() error {
 const (
 	snapshotMeta = "snapshot.json"
 	memoryFile   = "memory"
-	// snapshotVersion changes when the layout does.
-	snapshotVersion = 1
+	// snapshotVersion changes when the layout does. 2: the memory file is
+	// written through a socket, sealed when Encrypted.
+	snapshotVersion = 2
 )
 
 // snapshot describes a snapshot directory. Writable disks are copied into
@@ -53,6 +60,8 @@ type snapshot struct {
 	Disks     []hypervisor.Disk `json:"disks"`
 	Accel     string            `json:"accel"`
 	CreatedAt time.Time         `json:"created_at"`
+	// Encrypted: memory and disks are under the key given to Snapshot.
+	Encrypted bool `json:"encrypted,omitempty"`
 }
 
 func loadSnapshot(dir string) (*snapshot, error) {

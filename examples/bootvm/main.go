@@ -116,7 +116,7 @@ func run(imagePath, pluginPath string) error {
 
 	step("forking the VM: snapshot, then restore into a clone")
 	snap := filepath.Join(dir, "snap")
-	if err := m.Snapshot(ctx, snap); err != nil {
+	if err := m.Snapshot(ctx, snap, nil); err != nil {
 		return err
 	}
 	if err := m.Resume(ctx); err != nil {

@@ -103,6 +103,19 @@ func testInvalid(t *testing.T, h Harness) {
 	if ents, _ := os.ReadDir(base); len(ents) != 0 {
 		t.Errorf("failed launches left files behind: %v", ents)
 	}
+	if c, err := hv.Capabilities(ctx); err == nil && !c.Encryption {
+		// A backend that cannot encrypt refuses a key rather than boot
+		// plaintext.
+		s := h.Spec(t)
+		s.ID, s.StateDir, s.DataKey = "k", filepath.Join(base, "k"), newKey()
+		if m, err := hv.Launch(ctx, s); err == nil {
+			m.Kill(ctx)
+			m.Cleanup(ctx)
+			t.Error("a backend without encryption launched with a data key")
+		} else if !errors.Is(err, hypervisor.ErrUnsupported) {
+			t.Errorf("launch with a data key: want ErrUnsupported, got %v", err)
+		}
+	}
 	_, err := hv.Attach(ctx, hypervisor.Handle{Backend: "nope", ID: "x", Data: []byte(`{}`)})
 	if !errors.Is(err, hypervisor.ErrInvalid) && !errors.Is(err, hypervisor.ErrNotFound) {
 		t.Errorf("attach bad handle: want ErrInvalid or ErrNotFound, got %v", err)
@@ -135,6 +148,14 @@ func testLifecycle(t *testing.T, h Harness) {
 	spec.ID = "conf-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
 	spec.StateDir = filepath.Join(base, "m1")
 	spec.Disks = append(spec.Disks, hypervisor.Disk{Path: data, Format: "raw", Overlay: true})
+	caps, err := hv.Capabilities(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caps.Encryption {
+		// The whole lifecycle runs encrypted, as the engine runs it.
+		spec.DataKey = newKey()
+	}
 
 	start := time.Now()
 	m, err := hv.Launch(ctx, spec)
@@ -211,16 +232,29 @@ func testLifecycle(t *testing.T, h Harness) {
 
 	t.Run("SnapshotRestore", func(t *testing.T) {
 		writeFile(t, orig, "/tmp/before-snapshot", []byte("memory state"))
+		// A canary in guest memory and on the guest's disk: with a data
+		// key, no file the backend writes may hold it in plain text.
+		canary := hex.EncodeToString(newKey())
+		writeFile(t, orig, "/tmp/canary", []byte(canary))
 		if !h.FakeGuest {
 			run(t, orig, diskWrite("A"))
+			run(t, orig, lastDisk+`; printf `+canary+` | dd of=$dev bs=1 seek=8192 conv=fsync 2>/dev/null`)
 		}
 		snapDir := filepath.Join(base, "snap")
-		if err := orig.m.Snapshot(ctx, snapDir); err != nil {
+		if err := orig.m.Snapshot(ctx, snapDir, spec.DataKey); err != nil {
 			t.Fatal("snapshot:", err)
 		}
 		wantState(t, orig.m, hypervisor.StatePaused)
-		if err := orig.m.Snapshot(ctx, snapDir); !errors.Is(err, hypervisor.ErrExists) {
+		if err := orig.m.Snapshot(ctx, snapDir, spec.DataKey); !errors.Is(err, hypervisor.ErrExists) {
 			t.Errorf("second snapshot into the same dir: want ErrExists, got %v", err)
+		}
+		if spec.DataKey != nil {
+			if err := orig.m.Snapshot(ctx, filepath.Join(base, "nokey"), nil); err == nil {
+				t.Error("an encrypted machine was snapshotted without its key")
+			}
+			if found := scanFor(t, base, canary); len(found) > 0 {
+				t.Errorf("the canary is in plain text in %v", found)
+			}
 		}
 		if err := orig.m.Resume(ctx); err != nil {
 			t.Fatal(err)
@@ -228,6 +262,24 @@ func testLifecycle(t *testing.T, h Harness) {
 		waitHealthy(t, orig, 30*time.Second)
 
 		cspec := hypervisor.Spec{ID: spec.ID + "-c", StateDir: filepath.Join(base, "m2")}
+		if spec.DataKey != nil {
+			// A wrong snapshot key is refused, not used, and leaves nothing.
+			bad := hypervisor.Spec{ID: spec.ID + "-w", StateDir: filepath.Join(base, "mw"), DataKey: newKey(), SnapshotKey: newKey()}
+			if m, err := hv.Restore(ctx, snapDir, bad); err == nil {
+				m.Kill(ctx)
+				m.Cleanup(ctx)
+				t.Error("restored under a wrong snapshot key")
+			} else if !errors.Is(err, hypervisor.ErrInvalid) {
+				t.Errorf("restore under a wrong key: want ErrInvalid, got %v", err)
+			}
+			if ents, _ := os.ReadDir(bad.StateDir); len(ents) > 0 {
+				t.Errorf("a refused restore left %v", ents)
+			}
+			if _, err := hv.Restore(ctx, snapDir, hypervisor.Spec{ID: spec.ID + "-n", StateDir: filepath.Join(base, "mn"), DataKey: newKey()}); !errors.Is(err, hypervisor.ErrInvalid) {
+				t.Errorf("restore without the snapshot key: want ErrInvalid, got %v", err)
+			}
+			cspec.DataKey, cspec.SnapshotKey = newKey(), spec.DataKey
+		}
 		start := time.Now()
 		cm, err := hv.Restore(ctx, snapDir, cspec)
 		if err != nil {
@@ -350,6 +402,35 @@ func run(t *testing.T, v *vm, shell string) agentclient.ExecResult {
 
 // The scratch disk is the last virtio disk; one byte at offset 4096 marks it.
 const lastDisk = `dev=/dev/$(ls /sys/block | grep '^vd' | sort | tail -n 1)`
+
+func newKey() []byte {
+	k := make([]byte, hypervisor.KeySize)
+	rand.Read(k)
+	return k
+}
+
+// scanFor lists the regular files under dir that contain s.
+func scanFor(t *testing.T, dir, s string) []string {
+	t.Helper()
+	var found []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, []byte(s)) {
+			found = append(found, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return found
+}
 
 func diskWrite(s string) string {
 	return lastDisk + `; printf ` + s + ` | dd of=$dev bs=1 seek=4096 conv=fsync 2>/dev/null`

@@ -39,6 +39,8 @@ type machine struct {
 	cancel   context.CancelFunc
 	ln       net.Listener
 	stopOnce sync.Once
+	// encrypted: launched with a DataKey, so snapshots must be sealed.
+	encrypted bool
 
 	mu      sync.Mutex
 	state   hypervisor.State
@@ -50,7 +52,7 @@ var _ hypervisor.Machine = (*machine)(nil)
 
 func newMachine(h *Hypervisor, spec hypervisor.Spec, sock string, fs *fsys) *machine {
 	m := &machine{
-		hv: h, spec: spec, pid: pidBase + int(pids.Add(1)), started: time.Now().UTC(), sock: sock,
+		hv: h, spec: spec.WithoutKeys(), encrypted: len(spec.DataKey) > 0, pid: pidBase + int(pids.Add(1)), started: time.Now().UTC(), sock: sock,
 		state: hypervisor.StateRunning, stopped: make(chan struct{}),
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
@@ -164,10 +166,17 @@ func (m *machine) awake(ctx context.Context) error {
 	}
 }
 
-// Snapshot pauses the machine and writes its spec and files into dir.
-func (m *machine) Snapshot(_ context.Context, dir string) error {
+// Snapshot pauses the machine and writes its spec and files into dir,
+// sealed under key (the rules on keys are the real backends').
+func (m *machine) Snapshot(_ context.Context, dir string, key []byte) error {
 	if !filepath.IsAbs(dir) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: snapshot dir %q: want an absolute path", dir)
+	}
+	switch {
+	case len(key) != 0 && len(key) != hypervisor.KeySize:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: snapshot key of %d bytes", len(key))
+	case m.encrypted != (len(key) > 0):
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: %s: a snapshot key is needed exactly for a machine launched with a data key", m.spec.ID)
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if os.IsExist(err) {
@@ -177,11 +186,7 @@ func (m *machine) Snapshot(_ context.Context, dir string) error {
 	}
 	err := m.Pause(context.Background())
 	if err == nil {
-		b, merr := json.Marshal(snapshot{Version: snapshotVersion, Spec: m.spec, Files: m.agent.fs.clone().nodes})
-		err = merr
-		if err == nil {
-			err = os.WriteFile(filepath.Join(dir, snapshotFile), b, 0o600)
-		}
+		err = writeSnapshot(dir, snapshot{Version: snapshotVersion, Spec: m.spec, Files: m.agent.fs.clone().nodes}, key)
 	}
 	if err != nil {
 		os.RemoveAll(dir)

@@ -33,9 +33,11 @@
 package memhv
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -43,6 +45,7 @@ import (
 
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/sealstream"
 )
 
 // Name is the backend's name in capabilities and handles.
@@ -54,6 +57,8 @@ const (
 	// backends do.
 	maxSocketPath = 100
 	snapshotFile  = "snapshot.json"
+	// sealedFile replaces snapshotFile for a machine with a data key.
+	sealedFile = "snapshot.sealed"
 	// snapshotVersion changes when the snapshot file's layout does.
 	snapshotVersion = 1
 )
@@ -130,6 +135,7 @@ func (h *Hypervisor) Capabilities(context.Context) (hypervisor.Capabilities, err
 		Accelerator:     "none",
 		Notice:          "in-memory fake for tests: runs no code",
 		Snapshot:        true,
+		Encryption:      true,
 		Pause:           true,
 		AgentTransports: []string{hypervisor.TransportSerial},
 		Version:         "1",
@@ -214,16 +220,12 @@ func (h *Hypervisor) Restore(ctx context.Context, dir string, spec hypervisor.Sp
 	if err := h.begin(ctx); err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(filepath.Join(dir, snapshotFile))
-	if os.IsNotExist(err) {
-		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "memhv: no snapshot in %s", dir)
+	if err := spec.ValidKeys(); err != nil {
+		return nil, err
 	}
+	snap, err := readSnapshot(dir, spec)
 	if err != nil {
-		return nil, fmt.Errorf("memhv: restore: %w", err)
-	}
-	var snap snapshot
-	if err := json.Unmarshal(b, &snap); err != nil || snap.Files["/"] == nil {
-		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: bad snapshot in %s", dir)
+		return nil, err
 	}
 	if snap.Version != snapshotVersion {
 		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "memhv: snapshot version %d, want %d", snap.Version, snapshotVersion)
@@ -300,4 +302,65 @@ func Image(dir string) images.Image {
 		}
 	}
 	return img
+}
+
+// writeSnapshot writes snap into dir, sealed under key when there is one.
+func writeSnapshot(dir string, snap snapshot, key []byte) error {
+	b, err := json.Marshal(snap)
+	if err != nil {
+		return err
+	}
+	if len(key) == 0 {
+		return os.WriteFile(filepath.Join(dir, snapshotFile), b, 0o600)
+	}
+	var buf bytes.Buffer
+	w, err := sealstream.NewWriter(&buf, key)
+	if err == nil {
+		_, err = w.Write(b)
+	}
+	if err == nil {
+		err = w.Close()
+	}
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, sealedFile), buf.Bytes(), 0o600)
+}
+
+// readSnapshot reads dir's snapshot, with the real backends' rules on
+// keys: a sealed one needs the key it was written under, and the clone a
+// data key of its own.
+func readSnapshot(dir string, spec hypervisor.Spec) (*snapshot, error) {
+	b, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+	sealed := false
+	if os.IsNotExist(err) {
+		b, err = os.ReadFile(filepath.Join(dir, sealedFile))
+		sealed = true
+	}
+	if os.IsNotExist(err) {
+		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "memhv: no snapshot in %s", dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("memhv: restore: %w", err)
+	}
+	switch {
+	case sealed && (len(spec.SnapshotKey) == 0 || len(spec.DataKey) == 0):
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: restore: the snapshot is encrypted: it needs its key, and the clone a data key")
+	case !sealed && len(spec.SnapshotKey) > 0:
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: restore: the snapshot is not encrypted but a snapshot key was given")
+	}
+	if sealed {
+		r, err := sealstream.NewReader(bytes.NewReader(b), spec.SnapshotKey)
+		if err == nil {
+			b, err = io.ReadAll(r)
+		}
+		if err != nil {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: restore: snapshot does not open under the snapshot key: %v", err)
+		}
+	}
+	var snap snapshot
+	if err := json.Unmarshal(b, &snap); err != nil || snap.Files["/"] == nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: bad snapshot in %s", dir)
+	}
+	return &snap, nil
 }

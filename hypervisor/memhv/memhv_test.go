@@ -362,7 +362,7 @@ func TestSnapshotClonesDiverge(t *testing.T) {
 	}
 	write(c, "A")
 	snap := filepath.Join(dir, "snap")
-	if err := m.Snapshot(ctx, snap); err != nil {
+	if err := m.Snapshot(ctx, snap, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Resume(ctx); err != nil {

@@ -1,5 +1,7 @@
 // Package overlay creates qcow2 copy-on-write overlays over base disk
-// images, for every backend that gives a machine its own writable layer.
+// images, plain or LUKS-encrypted under a machine's key, for every backend
+// that gives a machine its own writable layer; and hands such keys to QEMU
+// processes without writing them anywhere.
 package overlay
 
 import (
@@ -8,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"time"
@@ -38,6 +41,50 @@ func Create(ctx context.Context, qemuImg, base, baseFormat, path string, sizeByt
 		return fmt.Errorf("qemu-img create overlay of %s: %w: %s", base, err, bytes.TrimSpace(out))
 	}
 	return nil
+}
+
+// CreateEncrypted makes a LUKS-encrypted qcow2 overlay at path over base:
+// what the guest writes is encrypted under key, the base stays plain and
+// shared. baseKey opens a base that is itself encrypted (a snapshot's
+// disk), or is nil.
+//
+// The passphrase is a random 256-bit key, so PBKDF stretching adds no
+// strength: iter-time is the minimum, which keeps every open fast.
+func CreateEncrypted(ctx context.Context, qemuImg, base, baseFormat, path string, sizeBytes int64, key, baseKey []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if len(key) != hypervisor.KeySize {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "overlay: key of %d bytes", len(key))
+	}
+	// The size is given and the backing not opened (-u): an encrypted
+	// backing would need its key just to be measured.
+	baseSize, err := VirtualSize(ctx, qemuImg, base, baseFormat)
+	if err != nil {
+		return err
+	}
+	size := max(sizeBytes, baseSize)
+	for attempt := 0; ; attempt++ {
+		var sec Secrets
+		if err := sec.Add("key", key); err != nil {
+			return err
+		}
+		args := append(append([]string{"create"}, sec.Args()...), "-q", "-f", "qcow2", "-u", "-F", baseFormat, "-b", base,
+			"-o", "encrypt.format=luks,encrypt.key-secret=key,encrypt.iter-time=1", path, strconv.FormatInt(size, 10))
+		cmd := exec.CommandContext(ctx, qemuImg, args...)
+		sec.Apply(cmd)
+		out, err := cmd.CombinedOutput()
+		sec.Close()
+		if err == nil {
+			return nil
+		}
+		os.Remove(path)
+		if errors.Is(err, exec.ErrNotFound) {
+			return hypervisor.Errorf(hypervisor.ErrUnavailable, "overlay for %s: %s not found", base, qemuImg)
+		}
+		if !retryable(out) || attempt == 8 || ctx.Err() != nil {
+			return fmt.Errorf("qemu-img create encrypted overlay of %s: %w: %s", base, err, bytes.TrimSpace(out))
+		}
+	}
 }
 
 // VirtualSize is a disk image's size as the guest sees it.

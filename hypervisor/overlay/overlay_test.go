@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -39,5 +40,79 @@ func TestCreate(t *testing.T) {
 	}
 	if err := Create(ctx, qemuImg, filepath.Join(dir, "missing"), "raw", filepath.Join(dir, "x.qcow2"), 0); err == nil {
 		t.Error("an overlay of a missing base was created")
+	}
+}
+
+// qemuIO runs qemu-io on an overlay opened with its key (and its backing's
+// key, if any), the way the VMM opens it.
+func qemuIO(t *testing.T, path string, key, backingKey []byte, cmd string) ([]byte, error) {
+	t.Helper()
+	var sec Secrets
+	defer sec.Close()
+	if err := sec.Add("k", key); err != nil {
+		t.Fatal(err)
+	}
+	opts := "driver=qcow2,file.filename=" + path + ",encrypt.key-secret=k"
+	if backingKey != nil {
+		if err := sec.Add("b", backingKey); err != nil {
+			t.Fatal(err)
+		}
+		opts += ",backing.encrypt.key-secret=b"
+	}
+	c := exec.Command("qemu-io", append(sec.Args(), "--image-opts", opts, "-c", cmd)...)
+	sec.Apply(c)
+	return c.CombinedOutput()
+}
+
+func TestCreateEncrypted(t *testing.T) {
+	qemuImg, err := exec.LookPath("qemu-img")
+	if err != nil {
+		t.Skip("qemu-img is not installed (make deps installs qemu-utils)")
+	}
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make deps installs qemu-utils)")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.raw")
+	if err := os.WriteFile(base, make([]byte, 8<<20), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	key, other := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	ov := filepath.Join(dir, "ov.qcow2")
+	if err := CreateEncrypted(ctx, qemuImg, base, "raw", ov, 16<<20, key, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := VirtualSize(ctx, qemuImg, ov, "qcow2"); err != nil || got != 16<<20 {
+		t.Fatalf("virtual size %d (%v)", got, err)
+	}
+	// 0x43 is 'C': a page of it would be a run of Cs in a plain overlay.
+	if out, err := qemuIO(t, ov, key, nil, "write -P 0x43 0 1M"); err != nil {
+		t.Fatalf("write with the key: %v: %s", err, out)
+	}
+	raw, _ := os.ReadFile(ov)
+	if bytes.Contains(raw, bytes.Repeat([]byte("C"), 64)) {
+		t.Fatal("the overlay holds the guest's data in plain text")
+	}
+	if out, err := qemuIO(t, ov, key, nil, "read -P 0x43 0 1M"); err != nil {
+		t.Fatalf("read back with the key: %v: %s", err, out)
+	}
+	if out, err := qemuIO(t, ov, other, nil, "read 0 4k"); err == nil || !bytes.Contains(out, []byte("Invalid password")) {
+		t.Fatalf("a wrong key was not refused: %v: %s", err, out)
+	}
+	// A clone's overlay over the encrypted one (a snapshot's disk) is under
+	// the clone's own key and needs both keys.
+	clone := filepath.Join(dir, "clone.qcow2")
+	if err := CreateEncrypted(ctx, qemuImg, ov, "qcow2", clone, 0, other, key); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := qemuIO(t, clone, other, key, "read -P 0x43 0 1M"); err != nil {
+		t.Fatalf("clone reads its base's data: %v: %s", err, out)
+	}
+	if out, err := qemuIO(t, clone, other, other, "read 0 4k"); err == nil {
+		t.Fatalf("clone opened with a wrong backing key: %s", out)
+	}
+	if err := CreateEncrypted(ctx, qemuImg, base, "raw", filepath.Join(dir, "short.qcow2"), 0, key[:16], nil); err == nil {
+		t.Fatal("a short key was accepted")
 	}
 }

@@ -161,9 +161,9 @@ func (m *remoteMachine) Cleanup(ctx context.Context) error {
 	return m.simple(ctx, pluginpb.HypervisorClient.Cleanup)
 }
 
-func (m *remoteMachine) Snapshot(ctx context.Context, dir string) error {
+func (m *remoteMachine) Snapshot(ctx context.Context, dir string, key []byte) error {
 	return m.do(ctx, func(rpc pluginpb.HypervisorClient) error {
-		_, err := rpc.Snapshot(ctx, &pluginpb.SnapshotRequest{Id: m.id, Dir: dir})
+		_, err := rpc.Snapshot(ctx, &pluginpb.SnapshotRequest{Id: m.id, Dir: dir, Key: key})
 		return err
 	})
 }

@@ -30,8 +30,11 @@ import (
 )
 
 // Handshake is shared by the engine and every backend binary.
+//
+// Version 2: Spec carries data and snapshot keys; a version 1 plugin would
+// ignore them and write plaintext, so it is refused.
 var Handshake = goplugin.HandshakeConfig{
-	ProtocolVersion:  1,
+	ProtocolVersion:  2,
 	MagicCookieKey:   "HAREBOX_HYPERVISOR_PLUGIN",
 	MagicCookieValue: "c2b1f0e6-hypervisor",
 }

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"sync"
@@ -36,7 +37,7 @@ func (s *server) Capabilities(ctx context.Context, _ *pluginpb.Empty) (*pluginpb
 
 func (s *server) Launch(ctx context.Context, r *pluginpb.JSON) (*pluginpb.MachineRef, error) {
 	var spec hypervisor.Spec
-	if err := json.Unmarshal(r.Json, &spec); err != nil {
+	if err := strictJSON(r.Json, &spec); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "plugin: bad spec: %v", err)
 	}
 	return s.adopt(s.h.Launch(ctx, spec))
@@ -52,7 +53,7 @@ func (s *server) Attach(ctx context.Context, r *pluginpb.JSON) (*pluginpb.Machin
 
 func (s *server) Restore(ctx context.Context, r *pluginpb.RestoreRequest) (*pluginpb.MachineRef, error) {
 	var spec hypervisor.Spec
-	if err := json.Unmarshal(r.SpecJson, &spec); err != nil {
+	if err := strictJSON(r.SpecJson, &spec); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "plugin: bad spec: %v", err)
 	}
 	return s.adopt(s.h.Restore(ctx, r.SnapshotDir, spec))
@@ -119,7 +120,7 @@ func (s *server) Resume(ctx context.Context, r *pluginpb.MachineID) (*pluginpb.E
 }
 
 func (s *server) Snapshot(ctx context.Context, r *pluginpb.SnapshotRequest) (*pluginpb.Empty, error) {
-	return s.call(&pluginpb.MachineID{Id: r.Id}, func(m hypervisor.Machine) error { return m.Snapshot(ctx, r.Dir) })
+	return s.call(&pluginpb.MachineID{Id: r.Id}, func(m hypervisor.Machine) error { return m.Snapshot(ctx, r.Dir, r.Key) })
 }
 
 func (s *server) Shutdown(ctx context.Context, r *pluginpb.MachineID) (*pluginpb.Empty, error) {
@@ -150,4 +151,13 @@ func jsonMsg(v any) (*pluginpb.JSON, error) {
 		return nil, toStatus(err)
 	}
 	return &pluginpb.JSON{Json: b}, nil
+}
+
+// strictJSON decodes a spec refusing fields this plugin does not know: a
+// field it ignored could be a security property (a disk key) the engine
+// relies on.
+func strictJSON(b []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	return d.Decode(v)
 }

@@ -266,6 +266,7 @@ type SnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Dir           string                 `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	Key           []byte                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"` // what the snapshot is encrypted under; empty for none
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -314,6 +315,13 @@ func (x *SnapshotRequest) GetDir() string {
 	return ""
 }
 
+func (x *SnapshotRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
 var File_hypervisor_plugin_pluginpb_hypervisor_proto protoreflect.FileDescriptor
 
 const file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc = "" +
@@ -332,10 +340,11 @@ const file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc = "" +
 	"\rendpoint_json\x18\x03 \x01(\fR\fendpointJson\"P\n" +
 	"\x0eRestoreRequest\x12!\n" +
 	"\fsnapshot_dir\x18\x01 \x01(\tR\vsnapshotDir\x12\x1b\n" +
-	"\tspec_json\x18\x02 \x01(\fR\bspecJson\"3\n" +
+	"\tspec_json\x18\x02 \x01(\fR\bspecJson\"E\n" +
 	"\x0fSnapshotRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
-	"\x03dir\x18\x02 \x01(\tR\x03dir2\x93\a\n" +
+	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\fR\x03key2\x93\a\n" +
 	"\n" +
 	"Hypervisor\x12I\n" +
 	"\fCapabilities\x12\x1c.harebox.hypervisor.v1.Empty\x1a\x1b.harebox.hypervisor.v1.JSON\x12H\n" +
