@@ -61,3 +61,67 @@ func TestSealed(t *testing.T) {
 		t.Fatal("decrypted with the wrong master key")
 	}
 }
+
+func TestDataKeys(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s, err := NewSealed(db, filepath.Join(dir, "master.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := NewDataKey(ctx, s, "sandbox/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DataKey(ctx, s, "sandbox/a")
+	if err != nil || !bytes.Equal(got, k) {
+		t.Fatalf("DataKey = %x, %v", got, err)
+	}
+	sealed, err := Seal(k, "env", []byte("TOKEN=1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := Open(k, "env", sealed); err != nil || string(v) != "TOKEN=1" {
+		t.Fatalf("Open = %q, %v", v, err)
+	}
+	if _, err := Open(k, "history", sealed); err == nil {
+		t.Error("a value opened under another label")
+	}
+	other, _ := NewDataKey(ctx, s, "sandbox/b")
+	if _, err := Open(other, "env", sealed); err == nil {
+		t.Error("a value opened under another scope's key")
+	}
+	wrapped, err := db.GetSecret(ctx, "sandbox/a", DataKeyName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := EraseDataKey(ctx, s, "sandbox/a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DataKey(ctx, s, "sandbox/a"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("erased key: %v, want ErrNotFound", err)
+	}
+	// Erased means gone from the database's files too (secure_delete and
+	// the WAL checkpoint), not only from its rows.
+	files, _ := filepath.Glob(filepath.Join(dir, "state.db*"))
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		if bytes.Contains(b, wrapped) {
+			t.Errorf("the erased key's sealed bytes are still in %s", f)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "state.db")); !bytes.Contains(b, []byte("sandbox/b")) {
+		t.Error("the file scan would not find a row that is still there")
+	}
+	if err := EraseDataKey(ctx, s, "sandbox/a"); err != nil {
+		t.Fatalf("erasing twice: %v", err)
+	}
+	if _, err := Seal(k[:16], "env", nil); err == nil {
+		t.Error("a short key sealed")
+	}
+}

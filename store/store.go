@@ -285,7 +285,10 @@ var migrations = []string{
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
 func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)"
+	// secure_delete: a deleted row (a sandbox's data key, whose erasure
+	// is its crypto-erase) is overwritten with zeros, not left in a free
+	// page.
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)&_pragma=secure_delete(1)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
@@ -488,6 +491,19 @@ func (s *SQLite) DeleteSecretScope(ctx context.Context, scope string) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM secrets WHERE scope = ?`, scope); err != nil {
 		return fmt.Errorf("store: delete secrets: %w", err)
 	}
+	return s.scrubWAL(ctx)
+}
+
+// scrubWAL checkpoints and empties the write-ahead log after a secret is
+// deleted: the WAL still holds the page as it was before the delete. In a
+// transaction it is left to the next delete or checkpoint.
+func (s *SQLite) scrubWAL(ctx context.Context) error {
+	if isTx(s.q) {
+		return nil
+	}
+	if _, err := s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
+		return fmt.Errorf("store: checkpoint after delete: %w", err)
+	}
 	return nil
 }
 
@@ -500,7 +516,7 @@ func (s *SQLite) DeleteSecret(ctx context.Context, scope, name string) error {
 	if n, _ := res.RowsAffected(); n == 0 {
 		return ErrNotFound
 	}
-	return nil
+	return s.scrubWAL(ctx)
 }
 
 func isTx(q querier) bool {
