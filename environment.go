@@ -87,16 +87,20 @@ func (e *Engine) delivery(ctx context.Context, rec *store.Sandbox) (env.Delivery
 	return env.Deliver(v, rec.Placeholders), nil
 }
 
-// sealEnv stores the create request's env for the sandbox.
-func (e *Engine) sealEnv(ctx context.Context, id string, vars map[string]string) error {
+// sealEnv stores the create request's env for the sandbox, under its data
+// key.
+func (e *Engine) sealEnv(ctx context.Context, b *box, vars map[string]string) error {
 	if len(vars) == 0 {
 		return nil
 	}
-	b, err := json.Marshal(vars)
+	raw, err := json.Marshal(vars)
 	if err != nil {
 		return err
 	}
-	return e.sec.Put(ctx, sandboxScope(id), sandboxEnvName, b)
+	if raw, err = seal(b.key, sandboxEnvName, raw); err != nil {
+		return err
+	}
+	return e.sec.Put(ctx, sandboxScope(b.rec.ID), sandboxEnvName, raw)
 }
 
 // eraseEnv removes the sandbox's sealed env and CA key.
@@ -124,7 +128,7 @@ func (e *Engine) loadEnv(ctx context.Context, b *box) error {
 	}
 	own := b.rec.Env
 	if len(own) > 0 {
-		if err := e.sealEnv(ctx, b.rec.ID, own); err != nil {
+		if err := e.sealEnv(ctx, b, own); err != nil {
 			return err
 		}
 		b.rec.Env = nil
@@ -132,6 +136,9 @@ func (e *Engine) loadEnv(ctx context.Context, b *box) error {
 			return err
 		}
 	} else if raw, err := e.sec.Get(ctx, sandboxScope(b.rec.ID), sandboxEnvName); err == nil {
+		if raw, err = open(b.key, sandboxEnvName, raw); err != nil {
+			return fmt.Errorf("sandbox %s: sealed env: %w", b.rec.ID, err)
+		}
 		if err := json.Unmarshal(raw, &own); err != nil {
 			return fmt.Errorf("sandbox %s: sealed env: %w", b.rec.ID, err)
 		}

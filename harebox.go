@@ -90,6 +90,11 @@ type Options struct {
 	MaxFileBytes int64
 	// MaxOutputBytes bounds collected stdout and stderr, each; default 8 MiB.
 	MaxOutputBytes int
+	// PlaintextDisks accepts a hypervisor backend that cannot encrypt
+	// (Cloud Hypervisor today). Its sandboxes' disks and snapshots are
+	// then plain files, and delete removes them without a crypto-erase.
+	// Without it, New refuses such a backend.
+	PlaintextDisks bool
 
 	Logger *slog.Logger
 }
@@ -123,6 +128,9 @@ type Engine struct {
 	sec    secrets.Store
 	bill   budget.Billing
 	closer []func() error
+	// encrypt: the backend encrypts under Spec.DataKey, so every sandbox
+	// gets a data key (crypto-erase).
+	encrypt bool
 
 	tenants *tenant.Service
 	keys    *apikey.Service
@@ -210,6 +218,16 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	if err := e.startHypervisor(ctx); err != nil {
 		return nil, err
+	}
+	caps, err := e.hv.Capabilities(ctx)
+	if err != nil {
+		return nil, hvErr(err)
+	}
+	if e.encrypt = caps.Encryption; !e.encrypt {
+		if !opts.PlaintextDisks {
+			return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s cannot encrypt sandboxes' disks: set PlaintextDisks (hareboxd --plaintext-disks) to run it without crypto-erase", caps.Name)
+		}
+		e.log.Warn("sandboxes' disks and snapshots are not encrypted: delete is not a crypto-erase", "backend", caps.Name)
 	}
 	e.limit = opts.Capacity.limits(e.log, opts.DataDir)
 	if err := e.adopt(ctx); err != nil {

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -22,6 +24,7 @@ import (
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
 )
 
@@ -695,7 +698,13 @@ func TestEngineDefaultImage(t *testing.T) {
 	}
 	defer eng.Close()
 	ctx := context.Background()
-	box := create(t, eng, sandbox.CreateRequest{Image: "default", Size: sandbox.Size{Preset: "small"}, NoEnv: true, TTLSeconds: 900})
+	// A canary the sandbox holds in its env, on its disk, in a process's
+	// memory and in its command history: none of it may reach the host's
+	// files in plain text, and delete takes its key away.
+	canaryBytes := make([]byte, 32)
+	rand.Read(canaryBytes)
+	canary := hex.EncodeToString(canaryBytes)
+	box := create(t, eng, sandbox.CreateRequest{Image: "default", Size: sandbox.Size{Preset: "small"}, NoEnv: true, TTLSeconds: 900, Env: map[string]string{"HB_CANARY": canary}})
 	defer eng.Delete(ctx, box.ID)
 	job := "import os, sys\nprint('job', os.getuid(), sys.version_info[0])\n"
 	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/job.py", strings.NewReader(job), harebox.WriteOptions{}); err != nil {
@@ -735,6 +744,71 @@ func TestEngineDefaultImage(t *testing.T) {
 	if after, err := os.Stat(def.RootDisk); err != nil || !after.ModTime().Equal(baseBefore.ModTime()) {
 		t.Fatalf("the base root disk changed: %v", err)
 	}
+
+	t.Run("CryptoErase", func(t *testing.T) {
+		// (sudo drops the environment: the file gets the value itself.)
+		r := run(t, eng, box.ID, `echo "$HB_CANARY" | sudo tee /root/canary && sudo sync && sudo cat /root/canary`)
+		if r.Stdout != canary+"\n"+canary+"\n" {
+			t.Fatalf("canary: %+v", r)
+		}
+		run(t, eng, box.ID, `nohup sh -c "x=$HB_CANARY; exec sleep 600" >/dev/null 2>&1 &`)
+		if _, err := eng.Pause(ctx, box.ID); err != nil {
+			t.Fatal(err)
+		}
+		if found := filesContaining(t, v.dataDir, []byte(canary)); len(found) > 0 {
+			t.Errorf("the canary is in plain text in %v", found)
+		}
+		if _, err := eng.Resume(ctx, box.ID); err != nil {
+			t.Fatal(err)
+		}
+		db, err := store.OpenSQLite(ctx, filepath.Join(v.dataDir, "harebox.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		wrapped, err := db.GetSecret(ctx, "sandbox/"+box.ID, secrets.DataKeyName)
+		if err != nil {
+			t.Fatal("the sandbox has no data key:", err)
+		}
+		if err := eng.Delete(ctx, box.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.GetSecret(ctx, "sandbox/"+box.ID, secrets.DataKeyName); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("the data key outlived its sandbox: %v", err)
+		}
+		if found := filesContaining(t, v.dataDir, wrapped); len(found) > 0 {
+			t.Errorf("the erased key's sealed bytes are still in %v", found)
+		}
+		if _, err := os.Stat(filepath.Join(v.dataDir, "m", box.ID)); !os.IsNotExist(err) {
+			t.Errorf("the sandbox's state directory is still there: %v", err)
+		}
+	})
+}
+
+// filesContaining lists the regular files under dir that contain b.
+func filesContaining(t *testing.T, dir string, b []byte) []string {
+	t.Helper()
+	var found []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if os.IsNotExist(err) {
+			return nil // gone while walking (a temporary file)
+		}
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(data, b) {
+			found = append(found, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return found
 }
 
 // TestEngineVMExit: a VM that stops on its own (here root in the guest

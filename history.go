@@ -49,7 +49,7 @@ func (e *Engine) remember(ctx context.Context, b *box, kind string, r *sandbox.E
 	if ret.OutputDays != nil && *ret.OutputDays == 0 {
 		dropOutput(&c)
 	}
-	if err := e.putCommand(ctx, b.rec.AccountID, &c); err != nil {
+	if err := e.putCommand(ctx, b.rec.AccountID, b.key, &c); err != nil {
 		e.log.Warn("command history: cannot keep an entry", "id", b.rec.ID, "err", err)
 	}
 }
@@ -69,10 +69,13 @@ func dropOutput(c *sandbox.Command) {
 	c.OutputPurged = true
 }
 
-// putCommand seals an entry and indexes it.
-func (e *Engine) putCommand(ctx context.Context, accountID string, c *sandbox.Command) error {
+// putCommand seals an entry (under the sandbox's data key) and indexes it.
+func (e *Engine) putCommand(ctx context.Context, accountID string, key []byte, c *sandbox.Command) error {
 	b, err := json.Marshal(c)
 	if err != nil {
+		return err
+	}
+	if b, err = seal(key, historyLabel, b); err != nil {
 		return err
 	}
 	if err := e.sec.Put(ctx, historyScope(c.SandboxID), c.ID, b); err != nil {
@@ -95,18 +98,36 @@ func (e *Engine) Commands(ctx context.Context, id string, limit int) (_ []sandbo
 	if err != nil {
 		return nil, err
 	}
+	key, err := e.dataKey(ctx, id)
+	if err != nil {
+		return nil, err
+	}
 	out := []sandbox.Command{}
 	for _, row := range rows {
-		raw, err := e.sec.Get(ctx, historyScope(id), row.ID)
-		if err != nil {
-			continue // purged in between
-		}
-		var c sandbox.Command
-		if err := json.Unmarshal(raw, &c); err == nil {
-			out = append(out, c)
-		}
+		if c, err := e.getCommand(ctx, key, row); err == nil {
+			out = append(out, *c)
+		} // else purged in between
 	}
 	return out, nil
+}
+
+// historyLabel binds sealed history entries to what they are.
+const historyLabel = "history"
+
+// getCommand reads one sealed entry.
+func (e *Engine) getCommand(ctx context.Context, key []byte, row *store.CommandRow) (*sandbox.Command, error) {
+	raw, err := e.sec.Get(ctx, historyScope(row.SandboxID), row.ID)
+	if err != nil {
+		return nil, err
+	}
+	if raw, err = open(key, historyLabel, raw); err != nil {
+		return nil, err
+	}
+	var c sandbox.Command
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, err
+	}
+	return &c, nil
 }
 
 // eraseHistory removes a sandbox's history (delete).
@@ -134,13 +155,16 @@ func (e *Engine) purgeHistory(ctx context.Context) {
 		if d := ret.OutputDays; d != nil {
 			rows, _ := e.store.OldCommands(ctx, a.ID, now.Add(-time.Duration(*d)*24*time.Hour), true)
 			for _, row := range rows {
-				raw, err := e.sec.Get(ctx, historyScope(row.SandboxID), row.ID)
-				var c sandbox.Command
-				if err != nil || json.Unmarshal(raw, &c) != nil {
+				key, err := e.dataKey(ctx, row.SandboxID)
+				if err != nil {
 					continue
 				}
-				dropOutput(&c)
-				if err := e.putCommand(ctx, a.ID, &c); err != nil {
+				c, err := e.getCommand(ctx, key, row)
+				if err != nil {
+					continue
+				}
+				dropOutput(c)
+				if err := e.putCommand(ctx, a.ID, key, c); err != nil {
 					e.log.Warn("command history: cannot drop output", "id", row.SandboxID, "err", err)
 				}
 			}

@@ -47,6 +47,9 @@ type box struct {
 	misses int
 	// meterFrom is the start of the interval not yet metered.
 	meterFrom time.Time
+	// key is the sandbox's data key (see datakey.go); nil for a sandbox
+	// from before data keys.
+	key []byte
 	// deleting is closed when Delete starts, so the exit watcher knows the
 	// VM's exit is expected.
 	deleting     chan struct{}
@@ -167,7 +170,10 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 	b := &box{rec: rec, deleting: make(chan struct{})}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	err = e.sealEnv(ctx, id, req.Env)
+	err = e.newDataKey(ctx, b)
+	if err == nil {
+		err = e.sealEnv(ctx, b, req.Env)
+	}
 	if err == nil {
 		err = e.makeCA(ctx, b)
 	}
@@ -219,6 +225,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 		ID: rec.ID, VCPUs: rec.Size.VCPUs, MemoryMB: rec.Size.MemoryMB,
 		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline,
 		StateDir: rec.StateDir, SerialLog: serialLog(rec.StateDir), Labels: map[string]string{"harebox.sandbox": rec.ID},
+		DataKey: b.key,
 	}
 	if img.RootDisk != "" {
 		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(rec.Size.DiskGB) << 10}}
@@ -262,12 +269,17 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 // It is used on failed creates, deletes and stray records; it is
 // idempotent.
 func (e *Engine) destroy(ctx context.Context, b *box) error {
+	var errs []error
+	// The key goes first: whatever is left behind after this point is
+	// ciphertext without a key.
+	if err := e.eraseDataKey(ctx, b); err != nil {
+		errs = append(errs, err)
+	}
 	b.closeAgent()
 	if sb := b.creds.Swap(nil); sb != nil {
 		sb.Close()
 	}
 	b.procs.closeAll()
-	var errs []error
 	if b.m != nil {
 		if err := b.m.Kill(ctx); err != nil && !errors.Is(err, hypervisor.ErrState) {
 			errs = append(errs, err)

@@ -80,6 +80,11 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if err := e.reserveAdopted(rec.Size); err != nil {
 			e.log.Warn("adopted sandbox exceeds the admission limits", "id", rec.ID, "err", err)
 		}
+		if k, err := e.dataKey(ctx, rec.ID); err != nil {
+			e.log.Warn("cannot load the sandbox's data key", "id", rec.ID, "err", err)
+		} else {
+			b.key = k
+		}
 		if err := e.loadEnv(ctx, b); err != nil {
 			e.log.Warn("cannot load the sandbox's environment; its execs get none", "id", rec.ID, "err", err)
 		}

@@ -60,6 +60,7 @@ func run() error {
 		upstream   = flag.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
 		table      = flag.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
 		defaultFW  = flag.String("default-firewall", "public", "policy of sandboxes created without one: public (the public internet only), deny (nothing), or @FILE (a policy document)")
+		plaintext  = flag.Bool("plaintext-disks", false, "run a backend that cannot encrypt (cloud-hypervisor today): sandboxes' disks and snapshots are then plain files and delete is no crypto-erase")
 		proxies    = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
 	)
 	flag.Parse()
@@ -113,6 +114,7 @@ func run() error {
 		DefaultFirewall: fw,
 		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
+		PlaintextDisks: *plaintext,
 	})
 	if err != nil {
 		return err

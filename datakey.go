@@ -1,0 +1,67 @@
+package harebox
+
+import (
+	"context"
+	"errors"
+
+	"github.com/harebox/harebox/secrets"
+)
+
+// Crypto-erase. Every sandbox gets its own data key when it is created,
+// kept only in the secret store (sealed under the host's master key). The
+// backend encrypts the sandbox's disk overlay and memory snapshots under
+// it; the engine seals the sandbox's stored env and command history under
+// it. Delete destroys the key first, so what is left of the sandbox on the
+// host, if anything, is ciphertext without a key.
+//
+// A sandbox created before data keys existed has none (key nil): its
+// disk is plain and its env and history are sealed by the master key only.
+
+// newDataKey makes the sandbox's data key, when the backend can use one.
+func (e *Engine) newDataKey(ctx context.Context, b *box) error {
+	if !e.encrypt {
+		return nil
+	}
+	k, err := secrets.NewDataKey(ctx, e.sec, sandboxScope(b.rec.ID))
+	if err != nil {
+		return err
+	}
+	b.key = k
+	return nil
+}
+
+// dataKey returns a sandbox's data key: the live box's, or the stored
+// one; nil for a sandbox without one.
+func (e *Engine) dataKey(ctx context.Context, id string) ([]byte, error) {
+	if b := e.live(id); b != nil && b.key != nil {
+		return b.key, nil
+	}
+	k, err := secrets.DataKey(ctx, e.sec, sandboxScope(id))
+	if errors.Is(err, secrets.ErrNotFound) {
+		return nil, nil
+	}
+	return k, err
+}
+
+// eraseDataKey destroys the sandbox's data key.
+func (e *Engine) eraseDataKey(ctx context.Context, b *box) error {
+	b.key = nil
+	return secrets.EraseDataKey(ctx, e.sec, sandboxScope(b.rec.ID))
+}
+
+// seal and open protect a value of the sandbox's under its data key (label
+// says what it is); without a key the value passes as is, for the secret
+// store's master-key sealing alone.
+func seal(key []byte, label string, v []byte) ([]byte, error) {
+	if key == nil {
+		return v, nil
+	}
+	return secrets.Seal(key, label, v)
+}
+
+func open(key []byte, label string, v []byte) ([]byte, error) {
+	if key == nil {
+		return v, nil
+	}
+	return secrets.Open(key, label, v)
+}
