@@ -90,10 +90,10 @@ type Options struct {
 	MaxFileBytes int64
 	// MaxOutputBytes bounds collected stdout and stderr, each; default 8 MiB.
 	MaxOutputBytes int
-	// PlaintextDisks accepts a hypervisor backend that cannot encrypt
-	// (Cloud Hypervisor today). Its sandboxes' disks and snapshots are
-	// then plain files, and delete removes them without a crypto-erase.
-	// Without it, New refuses such a backend.
+	// PlaintextDisks turns crypto-erase off: sandboxes get no data key,
+	// their disks and snapshots are plain files and delete only removes
+	// them. A backend that cannot encrypt (Cloud Hypervisor today) needs
+	// it: New refuses such a backend without it.
 	PlaintextDisks bool
 
 	Logger *slog.Logger
@@ -223,10 +223,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, hvErr(err)
 	}
-	if e.encrypt = caps.Encryption; !e.encrypt {
-		if !opts.PlaintextDisks {
-			return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s cannot encrypt sandboxes' disks: set PlaintextDisks (hareboxd --plaintext-disks) to run it without crypto-erase", caps.Name)
-		}
+	if !caps.Encryption && !opts.PlaintextDisks {
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s cannot encrypt sandboxes' disks: set PlaintextDisks (hareboxd --plaintext-disks) to run it without crypto-erase", caps.Name)
+	}
+	e.encrypt = !opts.PlaintextDisks
+	if !e.encrypt {
 		e.log.Warn("sandboxes' disks and snapshots are not encrypted: delete is not a crypto-erase", "backend", caps.Name)
 	}
 	e.limit = opts.Capacity.limits(e.log, opts.DataDir)

@@ -60,7 +60,7 @@ func run() error {
 		upstream   = flag.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
 		table      = flag.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
 		defaultFW  = flag.String("default-firewall", "public", "policy of sandboxes created without one: public (the public internet only), deny (nothing), or @FILE (a policy document)")
-		plaintext  = flag.Bool("plaintext-disks", false, "run a backend that cannot encrypt (cloud-hypervisor today): sandboxes' disks and snapshots are then plain files and delete is no crypto-erase")
+		plaintext  = flag.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor today)")
 		proxies    = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
 	)
 	flag.Parse()
