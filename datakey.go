@@ -3,7 +3,12 @@ package harebox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 
+	"filippo.io/age"
+
+	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/secrets"
 )
 
@@ -17,7 +22,8 @@ import (
 // A sandbox created before data keys existed has none (key nil): its
 // disk is plain and its env and history are sealed by the master key only.
 
-// newDataKey makes the sandbox's data key, when the backend can use one.
+// newDataKey makes the sandbox's data key and its console identity, when
+// crypto-erase is on.
 func (e *Engine) newDataKey(ctx context.Context, b *box) error {
 	if !e.encrypt {
 		return nil
@@ -27,7 +33,61 @@ func (e *Engine) newDataKey(ctx context.Context, b *box) error {
 		return err
 	}
 	b.key = k
+	id, err := consolelog.NewIdentity()
+	if err != nil {
+		return err
+	}
+	sealed, err := seal(k, consoleKeyName, []byte(id.String()))
+	if err != nil {
+		return err
+	}
+	if err := e.sec.Put(ctx, sandboxScope(b.rec.ID), consoleKeyName, sealed); err != nil {
+		return err
+	}
+	b.console = id
 	return nil
+}
+
+// consoleKeyName is the secret holding the identity that reads the
+// sandbox's console log (the backend only gets its public recipient).
+const consoleKeyName = "console-key"
+
+// loadKeys finds an adopted sandbox's data key and console identity.
+func (e *Engine) loadKeys(ctx context.Context, b *box) error {
+	k, err := e.dataKey(ctx, b.rec.ID)
+	if err != nil || k == nil {
+		return err
+	}
+	b.key = k
+	sealed, err := e.sec.Get(ctx, sandboxScope(b.rec.ID), consoleKeyName)
+	if errors.Is(err, secrets.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	raw, err := open(k, consoleKeyName, sealed)
+	if err != nil {
+		return err
+	}
+	id, err := age.ParseX25519Identity(string(raw))
+	if err != nil {
+		return fmt.Errorf("console identity: %w", err)
+	}
+	b.console = id
+	return nil
+}
+
+// consoleTail is the end of the sandbox's console log, for error messages.
+func consoleTail(b *box) string {
+	if b.console == nil {
+		return serialTail(b.rec.StateDir)
+	}
+	out, err := consolelog.Tail(serialLog(b.rec.StateDir), b.console, 1500)
+	if err != nil {
+		return "(console log: " + err.Error() + ")"
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // dataKey returns a sandbox's data key: the live box's, or the stored
@@ -45,7 +105,7 @@ func (e *Engine) dataKey(ctx context.Context, id string) ([]byte, error) {
 
 // eraseDataKey destroys the sandbox's data key.
 func (e *Engine) eraseDataKey(ctx context.Context, b *box) error {
-	b.key = nil
+	b.key, b.console = nil, nil
 	return secrets.EraseDataKey(ctx, e.sec, sandboxScope(b.rec.ID))
 }
 

@@ -105,7 +105,7 @@ func (e *Engine) sealEnv(ctx context.Context, b *box, vars map[string]string) er
 
 // eraseEnv removes the sandbox's sealed env and CA key.
 func (e *Engine) eraseEnv(ctx context.Context, id string) error {
-	for _, name := range []string{sandboxEnvName, caKeyName} {
+	for _, name := range []string{sandboxEnvName, caKeyName, consoleKeyName} {
 		if err := e.sec.Delete(ctx, sandboxScope(id), name); err != nil && !errors.Is(err, secrets.ErrNotFound) {
 			return err
 		}

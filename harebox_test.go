@@ -17,8 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"filippo.io/age"
+
 	"github.com/harebox/harebox"
 	envs "github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
@@ -752,6 +755,28 @@ func TestEngineDefaultImage(t *testing.T) {
 			t.Fatalf("canary: %+v", r)
 		}
 		run(t, eng, box.ID, `nohup sh -c "x=$HB_CANARY; exec sleep 600" >/dev/null 2>&1 &`)
+		run(t, eng, box.ID, `echo "console:$HB_CANARY" | sudo tee /dev/ttyS0 >/dev/null`)
+		db, err := store.OpenSQLite(ctx, filepath.Join(v.dataDir, "harebox.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		// The console reaches its log, which the identity sealed under the
+		// sandbox's data key reads.
+		console := consoleIdentity(t, db, v.dataDir, box.ID)
+		logPath := filepath.Join(v.dataDir, "m", box.ID, "serial.log")
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			tail, err := consolelog.Tail(logPath, console, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Contains(tail, []byte("console:"+canary)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the canary did not reach the console log; its end: %q", tail[max(0, len(tail)-500):])
+			}
+		}
 		if _, err := eng.Pause(ctx, box.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -761,11 +786,6 @@ func TestEngineDefaultImage(t *testing.T) {
 		if _, err := eng.Resume(ctx, box.ID); err != nil {
 			t.Fatal(err)
 		}
-		db, err := store.OpenSQLite(ctx, filepath.Join(v.dataDir, "harebox.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
 		wrapped, err := db.GetSecret(ctx, "sandbox/"+box.ID, secrets.DataKeyName)
 		if err != nil {
 			t.Fatal("the sandbox has no data key:", err)
@@ -783,6 +803,34 @@ func TestEngineDefaultImage(t *testing.T) {
 			t.Errorf("the sandbox's state directory is still there: %v", err)
 		}
 	})
+}
+
+// consoleIdentity reads a sandbox's console identity as only a holder of
+// the master key and the sandbox's data key can.
+func consoleIdentity(t *testing.T, db store.Store, dataDir, id string) *age.X25519Identity {
+	t.Helper()
+	ctx := context.Background()
+	master, err := secrets.NewSealed(db, filepath.Join(dataDir, "master.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := secrets.DataKey(ctx, master, "sandbox/"+id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := master.Get(ctx, "sandbox/"+id, "console-key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := secrets.Open(key, "console-key", sealed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ident, err := age.ParseX25519Identity(string(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ident
 }
 
 // filesContaining lists the regular files under dir that contain b.

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"filippo.io/age"
+
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/firewall/credproxy"
@@ -47,9 +49,10 @@ type box struct {
 	misses int
 	// meterFrom is the start of the interval not yet metered.
 	meterFrom time.Time
-	// key is the sandbox's data key (see datakey.go); nil for a sandbox
-	// from before data keys.
-	key []byte
+	// key is the sandbox's data key and console the identity that reads
+	// its console log (see datakey.go); nil without crypto-erase.
+	key     []byte
+	console *age.X25519Identity
 	// deleting is closed when Delete starts, so the exit watcher knows the
 	// VM's exit is expected.
 	deleting     chan struct{}
@@ -227,6 +230,9 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 		StateDir: rec.StateDir, SerialLog: serialLog(rec.StateDir), Labels: map[string]string{"harebox.sandbox": rec.ID},
 		DataKey: b.key,
 	}
+	if b.console != nil {
+		spec.ConsoleRecipient = b.console.Recipient().String()
+	}
 	if img.RootDisk != "" {
 		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(rec.Size.DiskGB) << 10}}
 	}
@@ -248,7 +254,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 	defer cancel()
 	c, err := b.client(bctx, e.agentOptions())
 	if err != nil {
-		return fmt.Errorf("boot: %w (serial log: %s)", err, serialTail(rec.StateDir))
+		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b))
 	}
 	if err := c.SyncTime(bctx, time.Now()); err != nil {
 		return fmt.Errorf("boot: %w", err)

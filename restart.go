@@ -80,10 +80,8 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if err := e.reserveAdopted(rec.Size); err != nil {
 			e.log.Warn("adopted sandbox exceeds the admission limits", "id", rec.ID, "err", err)
 		}
-		if k, err := e.dataKey(ctx, rec.ID); err != nil {
+		if err := e.loadKeys(ctx, b); err != nil {
 			e.log.Warn("cannot load the sandbox's data key", "id", rec.ID, "err", err)
-		} else {
-			b.key = k
 		}
 		if err := e.loadEnv(ctx, b); err != nil {
 			e.log.Warn("cannot load the sandbox's environment; its execs get none", "id", rec.ID, "err", err)
@@ -177,7 +175,7 @@ func (e *Engine) watch(b *box) {
 		e.log.Warn("sandbox VM exited", "id", b.rec.ID)
 		e.meter(ctx, b)
 		e.release(b.rec.Size)
-		e.stopped(ctx, b, "the VM exited: "+lastLine(serialTail(b.rec.StateDir)))
+		e.stopped(ctx, b, "the VM exited: "+lastLine(consoleTail(b)))
 		e.mu.Lock()
 		delete(e.boxes, b.rec.ID)
 		e.mu.Unlock()

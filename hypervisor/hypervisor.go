@@ -102,6 +102,10 @@ type Spec struct {
 	// SnapshotKey is, for Restore, the key the snapshot was written under
 	// (the source machine's DataKey).
 	SnapshotKey []byte `json:"snapshot_key,omitempty"`
+	// ConsoleRecipient, an age X25519 public key ("age1..."), has the
+	// console stored in SerialLog only encrypted to it, in the format of
+	// hypervisor/consolelog. It is public: it may be stored.
+	ConsoleRecipient string `json:"console_recipient,omitempty"`
 }
 
 // KeySize is the length of DataKey and SnapshotKey.

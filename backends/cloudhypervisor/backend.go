@@ -188,7 +188,7 @@ func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, 
 	// Cloud Hypervisor cannot open an encrypted qcow2 itself; serving the
 	// overlay from qemu-storage-daemon is not built yet. Refusing is what
 	// keeps a caller that asked for encryption from getting plaintext.
-	if len(spec.DataKey) > 0 || len(spec.SnapshotKey) > 0 {
+	if len(spec.DataKey) > 0 || len(spec.SnapshotKey) > 0 || spec.ConsoleRecipient != "" {
 		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted disks and snapshots are not supported by this backend yet")
 		return
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/hypervisor/overlay"
 )
 
@@ -45,6 +46,8 @@ type Driver struct {
 
 	versionOnce sync.Once
 	version     string
+
+	drains drains
 }
 
 var _ hypervisor.Hypervisor = (*Driver)(nil)
@@ -155,6 +158,11 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 
 // prepare makes the machine's state directory and its state record.
 func (d *Driver) prepare(ctx context.Context, spec hypervisor.Spec) (*state, error) {
+	if spec.ConsoleRecipient != "" {
+		if _, err := consolelog.NewAppender(spec.SerialLog, spec.ConsoleRecipient, 0); err != nil {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: %v", err)
+		}
+	}
 	if strings.ContainsAny(spec.StateDir+spec.SerialLog, ",'\n") {
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: state dir and serial log paths must not contain commas, quotes or newlines")
 	}
@@ -247,6 +255,10 @@ func (d *Driver) start(ctx context.Context, st *state, dataKey, snapKey []byte, 
 		p.kill(context.Background())
 		return nil, err
 	}
+	if err := d.startDrain(m); err != nil {
+		p.kill(context.Background())
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -269,9 +281,7 @@ func (d *Driver) args(st *state) []string {
 		"-no-reboot",
 		"-kernel", s.Kernel,
 		"-append", cmdline(s.Cmdline, st.Accel),
-		// append=on: the engine truncates a log that grows too large, and
-		// QEMU's writes must then land at the new end, not past a hole.
-		"-chardev", "file,id=serial0,append=on,path=" + st.Serial,
+		"-chardev", serialChardev(st),
 		"-serial", "chardev:serial0",
 		"-qmp", "unix:" + st.QMP + ",server=on,wait=off",
 		"-pidfile", st.PIDFile,
@@ -307,6 +317,17 @@ func (d *Driver) args(st *state) []string {
 	return a
 }
 
+// serialChardev is where the console goes: a ring in QEMU's memory that
+// this process drains to an encrypted log (console.go), or a plain file.
+func serialChardev(st *state) string {
+	if st.Spec.ConsoleRecipient != "" {
+		return "ringbuf,id=serial0,size=" + strconv.Itoa(ringSize)
+	}
+	// append=on: the engine truncates a log that grows too large, and
+	// QEMU's writes must then land at the new end, not past a hole.
+	return "file,id=serial0,append=on,path=" + st.Serial
+}
+
 // cmdline adds what the guest kernel needs under TCG: the TSC rate, which
 // it cannot calibrate reliably against emulated timers on a busy host.
 func cmdline(base, accel string) string {
@@ -336,6 +357,9 @@ func (d *Driver) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.Ma
 	}
 	m := &machine{d: d, st: &st}
 	if _, err := m.exec(ctx, "query-status", nil); err != nil {
+		return nil, fmt.Errorf("qemu: attach %s: %w", h.ID, err)
+	}
+	if err := d.startDrain(m); err != nil {
 		return nil, fmt.Errorf("qemu: attach %s: %w", h.ID, err)
 	}
 	return m, nil
@@ -368,7 +392,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 	// and takes its identity from spec.
 	clone := snap.Spec
 	clone.ID, clone.StateDir, clone.SerialLog, clone.Labels = spec.ID, spec.StateDir, spec.SerialLog, spec.Labels
-	clone.Network = spec.Network
+	clone.Network, clone.ConsoleRecipient = spec.Network, spec.ConsoleRecipient
 	if (clone.Network == nil) != (snap.Spec.Network == nil) {
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: the clone must have a network exactly when the snapshot has one")
 	}

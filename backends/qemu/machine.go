@@ -384,6 +384,7 @@ func (m *machine) Cleanup(ctx context.Context) error {
 	if m.st.Proc.alive() {
 		return hypervisor.Errorf(hypervisor.ErrState, "qemu: %s is still running", m.ID())
 	}
+	m.d.stopDrain(m.ID())
 	if err := os.RemoveAll(m.st.Spec.StateDir); err != nil {
 		return fmt.Errorf("qemu: cleanup: %w", err)
 	}

@@ -21,8 +21,11 @@ import (
 	"testing"
 	"time"
 
+	"filippo.io/age"
+
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/internal/procs"
 )
 
@@ -128,10 +131,12 @@ func testInvalid(t *testing.T, h Harness) {
 
 // vm is a machine under test with its agent client.
 type vm struct {
-	m      hypervisor.Machine
-	agent  *agentclient.Client
-	spec   hypervisor.Spec
-	booted time.Duration
+	// console reads an encrypted console log (nil: a plain one).
+	console *age.X25519Identity
+	m       hypervisor.Machine
+	agent   *agentclient.Client
+	spec    hypervisor.Spec
+	booted  time.Duration
 }
 
 func testLifecycle(t *testing.T, h Harness) {
@@ -152,9 +157,12 @@ func testLifecycle(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var console *age.X25519Identity
 	if caps.Encryption {
 		// The whole lifecycle runs encrypted, as the engine runs it.
 		spec.DataKey = newKey()
+		console = newConsole(t)
+		spec.ConsoleRecipient = console.Recipient().String()
 	}
 
 	start := time.Now()
@@ -162,7 +170,7 @@ func testLifecycle(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatal("launch:", err)
 	}
-	orig := &vm{m: m, spec: spec}
+	orig := &vm{m: m, spec: spec, console: console}
 	defer forget(t, orig)
 	var clone *vm
 	defer func() {
@@ -239,6 +247,15 @@ func testLifecycle(t *testing.T, h Harness) {
 		if !h.FakeGuest {
 			run(t, orig, diskWrite("A"))
 			run(t, orig, lastDisk+`; printf `+canary+` | dd of=$dev bs=1 seek=8192 conv=fsync 2>/dev/null`)
+			run(t, orig, `printf 'console:`+canary+`\n' > /dev/ttyS0`)
+			if orig.console != nil {
+				// The console reaches its log, readable with the identity.
+				for deadline := time.Now().Add(10 * time.Second); !strings.Contains(consoleTail(orig), canary); time.Sleep(100 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("the canary did not reach the console log: %q", consoleTail(orig))
+					}
+				}
+			}
 		}
 		snapDir := filepath.Join(base, "snap")
 		if err := orig.m.Snapshot(ctx, snapDir, spec.DataKey); err != nil {
@@ -279,6 +296,7 @@ func testLifecycle(t *testing.T, h Harness) {
 				t.Errorf("restore without the snapshot key: want ErrInvalid, got %v", err)
 			}
 			cspec.DataKey, cspec.SnapshotKey = newKey(), spec.DataKey
+			cspec.ConsoleRecipient = newConsole(t).Recipient().String()
 		}
 		start := time.Now()
 		cm, err := hv.Restore(ctx, snapDir, cspec)
@@ -371,7 +389,7 @@ func connect(t *testing.T, h Harness, v *vm, start time.Time) {
 	defer cancel()
 	c, _, err := agentclient.DialReady(ctx, v.m.AgentEndpoint(), agentclient.Options{})
 	if err != nil {
-		t.Fatalf("agent of %s not healthy within %v: %v\nserial log:\n%s", v.m.ID(), h.BootTimeout, err, serialTail(v.spec))
+		t.Fatalf("agent of %s not healthy within %v: %v\nserial log:\n%s", v.m.ID(), h.BootTimeout, err, consoleTail(v))
 	}
 	v.agent = c
 	v.booted = time.Since(start)
@@ -498,10 +516,26 @@ func baseDir(t *testing.T) string {
 	return d
 }
 
-func serialTail(s hypervisor.Spec) string {
-	p := s.SerialLog
+func newConsole(t *testing.T) *age.X25519Identity {
+	id, err := consolelog.NewIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// consoleTail is the end of a machine's console log.
+func consoleTail(v *vm) string {
+	p := v.spec.SerialLog
 	if p == "" {
-		p = filepath.Join(s.StateDir, "serial.log")
+		p = filepath.Join(v.spec.StateDir, "serial.log")
+	}
+	if v.console != nil {
+		b, err := consolelog.Tail(p, v.console, 4000)
+		if err != nil {
+			return "(console log: " + err.Error() + ")"
+		}
+		return string(b)
 	}
 	f, err := os.Open(p)
 	if err != nil {
