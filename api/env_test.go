@@ -140,8 +140,8 @@ func TestEnvironments(t *testing.T) {
 	// included; it is erased with the sandbox.
 	noPlaintext(t, f.dir, secretValue)
 	noPlaintext(t, f.dir, "own-canary-value")
-	if n := countSecrets(t, f.dir, "sandbox/"+str(a, "id")); n != 3 {
-		t.Errorf("the sandbox's data key, own env and CA key: %d sealed rows, want 3", n)
+	if n := countSecrets(t, f.dir, "sandbox/"+str(a, "id")); n != 4 {
+		t.Errorf("the sandbox's data key, console key, own env and CA key: %d sealed rows, want 4", n)
 	}
 	// An environment pinned by live sandboxes stays; once they are gone it
 	// goes, with every sealed value.
@@ -175,8 +175,8 @@ func TestSandboxCA(t *testing.T) {
 	if !strings.HasPrefix(ca, "-----BEGIN CERTIFICATE-----") || !strings.Contains(bundle, ca) {
 		t.Fatalf("CA in the guest: %q, bundle %q", ca, bundle)
 	}
-	if n := countSecrets(t, f.dir, "sandbox/"+id); n != 2 {
-		t.Errorf("the sandbox's data key and CA key: %d sealed rows, want 2", n)
+	if n := countSecrets(t, f.dir, "sandbox/"+id); n != 3 {
+		t.Errorf("the sandbox's data key, console key and CA key: %d sealed rows, want 3", n)
 	}
 	noPlaintext(t, f.dir, "PRIVATE KEY")
 	// A sandbox without credential rules gets no CA.

@@ -48,6 +48,8 @@ type Driver struct {
 	version     string
 
 	drains drains
+	// templates make LUKS overlays without qemu-img's PBKDF benchmark.
+	templates *overlay.Templates
 }
 
 var _ hypervisor.Hypervisor = (*Driver)(nil)
@@ -71,7 +73,7 @@ func New(opts Options) (*Driver, error) {
 		}
 		*b.p = p
 	}
-	d := &Driver{opts: opts}
+	d := &Driver{opts: opts, templates: &overlay.Templates{QEMUImg: opts.QEMUImg}}
 	switch opts.Accel {
 	case "", AccelAuto:
 		d.accel, d.notice = accelProbe{sysRoot: "/", devKVM: "/dev/kvm"}.choose()
@@ -136,7 +138,7 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 		if dk.Overlay {
 			ov := filepath.Join(spec.StateDir, fmt.Sprintf("disk%d.qcow2", i))
 			if keyed {
-				err = overlay.CreateEncrypted(ctx, d.opts.QEMUImg, dk.Path, formatOf(dk), ov, dk.SizeMB<<20, spec.DataKey, nil)
+				err = d.templates.Create(ctx, dk.Path, formatOf(dk), ov, dk.SizeMB<<20, spec.DataKey)
 			} else {
 				err = overlay.Create(ctx, d.opts.QEMUImg, dk.Path, formatOf(dk), ov, dk.SizeMB<<20)
 			}

@@ -3,10 +3,13 @@ package overlay
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestCreate(t *testing.T) {
@@ -114,5 +117,75 @@ func TestCreateEncrypted(t *testing.T) {
 	}
 	if err := CreateEncrypted(ctx, qemuImg, base, "raw", filepath.Join(dir, "short.qcow2"), 0, key[:16], nil); err == nil {
 		t.Fatal("a short key was accepted")
+	}
+}
+
+// TestTemplates: overlays made from a template open under their own key
+// only, with QEMU's own LUKS code (qemu-io), and share nothing secret.
+func TestTemplates(t *testing.T) {
+	qemuImg, err := exec.LookPath("qemu-img")
+	if err != nil {
+		t.Skip("qemu-img is not installed (make deps installs qemu-utils)")
+	}
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make deps installs qemu-utils)")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.raw")
+	if err := os.WriteFile(base, bytes.Repeat([]byte{0x42}, 8<<20), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	tpl := &Templates{QEMUImg: qemuImg}
+	k1, k2 := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	a, b := filepath.Join(dir, "a.qcow2"), filepath.Join(dir, "b.qcow2")
+	if err := tpl.Create(ctx, base, "raw", a, 16<<20, k1); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := tpl.Create(ctx, base, "raw", b, 16<<20, k2); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("second overlay from the template in %v", time.Since(start))
+	if got, err := VirtualSize(ctx, qemuImg, b, "qcow2"); err != nil || got != 16<<20 {
+		t.Fatalf("virtual size %d (%v)", got, err)
+	}
+	for _, c := range []struct {
+		path     string
+		key, bad []byte
+	}{{a, k1, k2}, {b, k2, k1}} {
+		if out, err := qemuIO(t, c.path, c.key, nil, "read -P 0x42 0 1M"); err != nil {
+			t.Fatalf("%s: the base through the overlay: %v: %s", c.path, err, out)
+		}
+		if out, err := qemuIO(t, c.path, c.key, nil, "write -P 0x43 4M 1M"); err != nil {
+			t.Fatalf("%s: write: %v: %s", c.path, err, out)
+		}
+		if out, err := qemuIO(t, c.path, c.key, nil, "read -P 0x43 4M 1M"); err != nil {
+			t.Fatalf("%s: read back: %v: %s", c.path, err, out)
+		}
+		if out, err := qemuIO(t, c.path, c.bad, nil, "read 0 4k"); err == nil || !bytes.Contains(out, []byte("Invalid password")) {
+			t.Fatalf("%s: opened under another overlay's key: %v: %s", c.path, err, out)
+		}
+		raw, _ := os.ReadFile(c.path)
+		if bytes.Contains(raw, bytes.Repeat([]byte("C"), 64)) {
+			t.Fatalf("%s holds the guest's data in plain text", c.path)
+		}
+	}
+	// Two overlays of one template share no key material.
+	ra, _ := os.ReadFile(a)
+	rb, _ := os.ReadFile(b)
+	off, _, err := cryptoHeader(ra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot0 := off + int64(binary.BigEndian.Uint32(ra[off+208+40:]))*512
+	if bytes.Equal(ra[off+112:off+132], rb[off+112:off+132]) || bytes.Equal(ra[slot0:slot0+512], rb[slot0:slot0+512]) {
+		t.Error("two overlays share a master key digest or key material")
+	}
+	if fi, _ := os.Stat(b); fi.Size() > 64<<20 {
+		t.Errorf("the copy is %d bytes", fi.Size())
+	}
+	if _, _, err := cryptoHeader([]byte("QFI\xfb not really")); !errors.Is(err, ErrTemplate) {
+		t.Errorf("garbage: %v", err)
 	}
 }

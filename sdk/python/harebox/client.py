@@ -176,9 +176,10 @@ class Client:
 
     @operation("deleteSandbox")
     def delete_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
-        """DELETE /v1/sandboxes/{id}: the VM, its disks (files removed; not yet
-        encrypted) and network; its sealed env, CA key and command history are
-        deleted."""
+        """DELETE /v1/sandboxes/{id}: destroys the sandbox's data key first
+        (its disk, console log, env and command history are encrypted under
+        it, unless the server runs with --plaintext-disks), then its VM,
+        files and network."""
         return cast(
             t.SandboxJSON,
             self._json("DELETE", _path("/v1/sandboxes/{}", sandbox_id), timeout=timeout or self.lifecycle_timeout),

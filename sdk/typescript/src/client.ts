@@ -232,7 +232,11 @@ export class HareBox {
     return new Sandbox(this, await this.#call<SandboxData>("getSandbox", [id], "json", this.#plain(options)));
   }
 
-  /** Deletes a sandbox, its VM, disks and network; returns it, deleted. */
+  /**
+   * Deletes a sandbox: its data key first (its disk, console log, env and
+   * command history are encrypted under it, unless the server runs with
+   * --plaintext-disks), then its VM, files and network; returns it, deleted.
+   */
   async deleteSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
     return new Sandbox(this, await this.#call<SandboxData>("deleteSandbox", [id], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS)));
   }
