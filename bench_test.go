@@ -34,10 +34,15 @@ func benchEnv(b *testing.B) (*env, func()) {
 }
 
 // bareBoot launches the image with the backend alone and waits for the agent.
-func bareBoot(b *testing.B, hv hypervisor.Hypervisor, img images.Image, dir string, i int) (hypervisor.Machine, *agentclient.Client) {
+// With disks, it runs with a data key.
+func bareBoot(b *testing.B, hv hypervisor.Hypervisor, img images.Image, dir string, i int, disks ...hypervisor.Disk) (hypervisor.Machine, *agentclient.Client) {
 	spec := hypervisor.Spec{
 		ID: "bare" + strconv.Itoa(i), VCPUs: 1, MemoryMB: 512, StateDir: filepath.Join(dir, "bare"+strconv.Itoa(i)),
-		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline,
+		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline, Disks: disks,
+	}
+	if len(disks) > 0 {
+		spec.DataKey = make([]byte, hypervisor.KeySize)
+		rand.Read(spec.DataKey)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -151,7 +156,14 @@ func BenchmarkDiskEncryption(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
+	// The first encrypted overlay of a base pays qemu-img's PBKDF
+	// benchmark for the template (overlay.Templates): reported apart.
+	first := time.Now()
+	m, c := bareBoot(b, hv, v.img, v.dataDir, -1, hypervisor.Disk{Path: scratch, Format: "raw", Overlay: true})
+	firstBoot := time.Since(first)
+	bareStop(m, c)
 	var boot, write [2]time.Duration
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for enc := range 2 {
 			spec := hypervisor.Spec{
@@ -178,7 +190,7 @@ func BenchmarkDiskEncryption(b *testing.B) {
 			}
 			boot[enc] += time.Since(start)
 			start = time.Now()
-			r, err := c.Exec(ctx, agentclient.ExecRequest{Argv: []string{"sh", "-c", "dd if=/dev/zero of=$(ls /dev/vd* | tail -n 1) bs=1M count=512 conv=fsync 2>&1"}, Timeout: 5 * time.Minute}, nil)
+			r, err := c.Exec(ctx, agentclient.ExecRequest{Argv: []string{"sh", "-c", "dd if=/dev/zero of=$(ls /dev/vd* | tail -n 1) bs=1M count=512 conv=fsync 2>&1"}, User: "root", Timeout: 5 * time.Minute}, nil)
 			if err != nil || r.ExitCode != 0 {
 				b.Fatalf("dd: %+v %v", r, err)
 			}
@@ -186,6 +198,7 @@ func BenchmarkDiskEncryption(b *testing.B) {
 			bareStop(m, c)
 		}
 	}
+	b.ReportMetric(firstBoot.Seconds(), "first-enc-boot-s")
 	b.ReportMetric(boot[1].Seconds()/float64(b.N), "enc-boot-s/op")
 	b.ReportMetric(boot[0].Seconds()/float64(b.N), "plain-boot-s/op")
 	b.ReportMetric(float64(boot[1])/float64(boot[0]), "boot-enc/plain")
