@@ -47,7 +47,7 @@ func DataKey(ctx context.Context, s Store, scope string) ([]byte, error) {
 
 // EraseDataKey destroys scope's data key; a missing one is no error.
 func EraseDataKey(ctx context.Context, s Store, scope string) error {
-	if err := s.Delete(ctx, scope, DataKeyName); err != nil && !errors.Is(err, ErrNotFound) {
+	if err := s.Erase(ctx, scope, DataKeyName); err != nil && !errors.Is(err, ErrNotFound) {
 		return err
 	}
 	return nil

@@ -26,6 +26,10 @@ type Store interface {
 	// DeleteScope deletes every secret of a scope (a sandbox's, when it
 	// is deleted).
 	DeleteScope(ctx context.Context, scope string) error
+	// Erase deletes a secret so that it cannot be recovered from the
+	// store's files either (a data key: its crypto-erase). A missing
+	// secret is ErrNotFound.
+	Erase(ctx context.Context, scope, name string) error
 }
 
 // Sealed encrypts values before they reach the database.
@@ -111,6 +115,14 @@ func (s *Sealed) Delete(ctx context.Context, scope, name string) error {
 		return ErrNotFound
 	}
 	return err
+}
+
+// Erase implements Store: the row goes, then the database scrubs it.
+func (s *Sealed) Erase(ctx context.Context, scope, name string) error {
+	if err := s.Delete(ctx, scope, name); err != nil {
+		return err
+	}
+	return s.db.Scrub(ctx)
 }
 
 // DeleteScope implements Store.

@@ -60,6 +60,10 @@ type Store interface {
 	// do. fn may run more than once; it must act only through tx (on
 	// SQLite, a call on the Store inside fn would wait for fn forever).
 	Update(ctx context.Context, fn func(tx Tx) error) error
+	// Scrub makes the rows deleted so far unrecoverable from the store's
+	// own files (what a crypto-erase needs after deleting a key). It is
+	// not a transaction's: it acts on what has committed.
+	Scrub(ctx context.Context) error
 	Close() error
 }
 
@@ -491,18 +495,15 @@ func (s *SQLite) DeleteSecretScope(ctx context.Context, scope string) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM secrets WHERE scope = ?`, scope); err != nil {
 		return fmt.Errorf("store: delete secrets: %w", err)
 	}
-	return s.scrubWAL(ctx)
+	return nil
 }
 
-// scrubWAL checkpoints and empties the write-ahead log after a secret is
-// deleted: the WAL still holds the page as it was before the delete. In a
-// transaction it is left to the next delete or checkpoint.
-func (s *SQLite) scrubWAL(ctx context.Context) error {
-	if isTx(s.q) {
-		return nil
-	}
+// Scrub implements Store. secure_delete already zeroes a deleted row in
+// its page; the write-ahead log still holds the page as it was, so it is
+// checkpointed and truncated.
+func (s *SQLite) Scrub(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
-		return fmt.Errorf("store: checkpoint after delete: %w", err)
+		return fmt.Errorf("store: scrub: %w", err)
 	}
 	return nil
 }
@@ -516,7 +517,7 @@ func (s *SQLite) DeleteSecret(ctx context.Context, scope, name string) error {
 	if n, _ := res.RowsAffected(); n == 0 {
 		return ErrNotFound
 	}
-	return s.scrubWAL(ctx)
+	return nil
 }
 
 func isTx(q querier) bool {
