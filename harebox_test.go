@@ -22,6 +22,7 @@ import (
 	"github.com/harebox/harebox"
 	envs "github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/hypervisor/consolelog"
+	"github.com/harebox/harebox/hypervisor/hypervisortest"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
@@ -780,7 +781,7 @@ func TestEngineDefaultImage(t *testing.T) {
 		if _, err := eng.Pause(ctx, box.ID); err != nil {
 			t.Fatal(err)
 		}
-		if found := filesContaining(t, v.dataDir, []byte(canary)); len(found) > 0 {
+		if found := hypervisortest.FilesContaining(t, v.dataDir, []byte(canary)); len(found) > 0 {
 			t.Errorf("the canary is in plain text in %v", found)
 		}
 		if _, err := eng.Resume(ctx, box.ID); err != nil {
@@ -796,7 +797,7 @@ func TestEngineDefaultImage(t *testing.T) {
 		if _, err := db.GetSecret(ctx, "sandbox/"+box.ID, secrets.DataKeyName); !errors.Is(err, store.ErrNotFound) {
 			t.Errorf("the data key outlived its sandbox: %v", err)
 		}
-		if found := filesContaining(t, v.dataDir, wrapped); len(found) > 0 {
+		if found := hypervisortest.FilesContaining(t, v.dataDir, wrapped); len(found) > 0 {
 			t.Errorf("the erased key's sealed bytes are still in %v", found)
 		}
 		if _, err := os.Stat(filepath.Join(v.dataDir, "m", box.ID)); !os.IsNotExist(err) {
@@ -831,32 +832,6 @@ func consoleIdentity(t *testing.T, db store.Store, dataDir, id string) *age.X255
 		t.Fatal(err)
 	}
 	return ident
-}
-
-// filesContaining lists the regular files under dir that contain b.
-func filesContaining(t *testing.T, dir string, b []byte) []string {
-	t.Helper()
-	var found []string
-	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
-		}
-		data, err := os.ReadFile(p)
-		if os.IsNotExist(err) {
-			return nil // gone while walking (a temporary file)
-		}
-		if err != nil {
-			return err
-		}
-		if bytes.Contains(data, b) {
-			found = append(found, p)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return found
 }
 
 // TestEngineVMExit: a VM that stops on its own (here root in the guest

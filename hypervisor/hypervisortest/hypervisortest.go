@@ -269,7 +269,7 @@ func testLifecycle(t *testing.T, h Harness) {
 			if err := orig.m.Snapshot(ctx, filepath.Join(base, "nokey"), nil); err == nil {
 				t.Error("an encrypted machine was snapshotted without its key")
 			}
-			if found := scanFor(t, base, canary); len(found) > 0 {
+			if found := FilesContaining(t, base, []byte(canary)); len(found) > 0 {
 				t.Errorf("the canary is in plain text in %v", found)
 			}
 		}
@@ -427,19 +427,23 @@ func newKey() []byte {
 	return k
 }
 
-// scanFor lists the regular files under dir that contain s.
-func scanFor(t *testing.T, dir, s string) []string {
+// FilesContaining lists the regular files under dir that contain b (a
+// canary that must not be stored in plain text).
+func FilesContaining(t testing.TB, dir string, b []byte) []string {
 	t.Helper()
 	var found []string
 	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() {
 			return err
 		}
-		b, err := os.ReadFile(p)
+		data, err := os.ReadFile(p)
+		if os.IsNotExist(err) {
+			return nil // gone while walking (a temporary file)
+		}
 		if err != nil {
 			return err
 		}
-		if bytes.Contains(b, []byte(s)) {
+		if bytes.Contains(data, b) {
 			found = append(found, p)
 		}
 		return nil

@@ -68,13 +68,7 @@ func qemuIO(t *testing.T, path string, key, backingKey []byte, cmd string) ([]by
 }
 
 func TestCreateEncrypted(t *testing.T) {
-	qemuImg, err := exec.LookPath("qemu-img")
-	if err != nil {
-		t.Skip("qemu-img is not installed (make deps installs qemu-utils)")
-	}
-	if _, err := exec.LookPath("qemu-io"); err != nil {
-		t.Skip("qemu-io is not installed (make deps installs qemu-utils)")
-	}
+	qemuImg := needQEMUIO(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.raw")
@@ -123,13 +117,7 @@ func TestCreateEncrypted(t *testing.T) {
 // TestTemplates: overlays made from a template open under their own key
 // only, with QEMU's own LUKS code (qemu-io), and share nothing secret.
 func TestTemplates(t *testing.T) {
-	qemuImg, err := exec.LookPath("qemu-img")
-	if err != nil {
-		t.Skip("qemu-img is not installed (make deps installs qemu-utils)")
-	}
-	if _, err := exec.LookPath("qemu-io"); err != nil {
-		t.Skip("qemu-io is not installed (make deps installs qemu-utils)")
-	}
+	qemuImg := needQEMUIO(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.raw")
@@ -188,4 +176,17 @@ func TestTemplates(t *testing.T) {
 	if _, _, err := cryptoHeader([]byte("QFI\xfb not really")); !errors.Is(err, ErrTemplate) {
 		t.Errorf("garbage: %v", err)
 	}
+}
+
+// needQEMUIO skips without qemu-img and qemu-io and returns qemu-img.
+func needQEMUIO(t *testing.T) string {
+	t.Helper()
+	qemuImg, err := exec.LookPath("qemu-img")
+	if err != nil {
+		t.Skip("qemu-img is not installed (make deps installs qemu-utils)")
+	}
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (make deps installs qemu-utils)")
+	}
+	return qemuImg
 }
