@@ -78,12 +78,13 @@ func (e *Engine) loadKeys(ctx context.Context, b *box) error {
 	return nil
 }
 
-// consoleTail is the end of the sandbox's console log, for error messages.
-func consoleTail(b *box) string {
+// consoleTail is the last n bytes of the sandbox's console log, for error
+// messages.
+func consoleTail(b *box, n int) string {
 	if b.console == nil {
-		return serialTail(b.rec.StateDir)
+		return serialTail(b.rec.StateDir, n)
 	}
-	out, err := consolelog.Tail(serialLog(b.rec.StateDir), b.console, 1500)
+	out, err := consolelog.Tail(serialLog(b.rec.StateDir), b.console, n)
 	if err != nil {
 		return "(console log: " + err.Error() + ")"
 	}

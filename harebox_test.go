@@ -919,3 +919,36 @@ echo done`})
 		t.Fatalf("the guest saw the secret, or not its placeholder everywhere: %q", out)
 	}
 }
+
+// TestEngineKernelPanic: root in the guest crashes its kernel. The VM
+// stops, and the reason the sandbox gives is the panic's own last line,
+// read back from the encrypted console log (QEMU waits, stopped, until
+// the backend has drained the console's last lines).
+func TestEngineKernelPanic(t *testing.T) {
+	v := newEnv(t)
+	eng := v.open(t)
+	defer eng.Close()
+	ctx := context.Background()
+	box := create(t, eng, sandbox.CreateRequest{})
+	defer eng.Delete(ctx, box.ID)
+	eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo c > /proc/sysrq-trigger", User: "root"})
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, err := eng.Get(ctx, box.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == sandbox.StateStopped {
+			if !strings.Contains(got.Error, "Kernel panic") {
+				t.Errorf("stopped with %q, want the kernel's panic line", got.Error)
+			}
+			t.Logf("reason: %s", got.Error)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox still %s after a kernel panic", got.State)
+		}
+	}
+	if n := strayVMs(v.dataDir); n > 0 {
+		t.Errorf("%d VMMs still run after the panic", n)
+	}
+}

@@ -254,7 +254,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 	defer cancel()
 	c, err := b.client(bctx, e.agentOptions())
 	if err != nil {
-		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b))
+		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500))
 	}
 	if err := c.SyncTime(bctx, time.Now()); err != nil {
 		return fmt.Errorf("boot: %w", err)
@@ -638,17 +638,16 @@ func serialLog(stateDir string) string { return filepath.Join(stateDir, "serial.
 const MaxSerialLogBytes = 8 << 20
 
 // serialTail returns the end of a console log, reading only that.
-func serialTail(stateDir string) string {
+func serialTail(stateDir string, n int) string {
 	f, err := os.Open(serialLog(stateDir))
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
-	const n = 1500
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		f.Seek(fi.Size()-n, io.SeekStart)
+	if fi, err := f.Stat(); err == nil && fi.Size() > int64(n) {
+		f.Seek(fi.Size()-int64(n), io.SeekStart)
 	}
-	b, _ := io.ReadAll(io.LimitReader(f, n))
+	b, _ := io.ReadAll(io.LimitReader(f, int64(n)))
 	return strings.TrimSpace(string(b))
 }
 

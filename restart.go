@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -175,7 +176,7 @@ func (e *Engine) watch(b *box) {
 		e.log.Warn("sandbox VM exited", "id", b.rec.ID)
 		e.meter(ctx, b)
 		e.release(b.rec.Size)
-		e.stopped(ctx, b, "the VM exited: "+lastLine(consoleTail(b)))
+		e.stopped(ctx, b, "the VM exited: "+exitReason(consoleTail(b, 16<<10)))
 		e.mu.Lock()
 		delete(e.boxes, b.rec.ID)
 		e.mu.Unlock()
@@ -231,6 +232,20 @@ func killStrays(dir string) {
 			syscall.Kill(p.PID, syscall.SIGKILL)
 		}
 	}
+}
+
+// exitReason is what a VM's console says about its end: the kernel's
+// panic line if it panicked (the trace after it ends in register dumps),
+// else its last line.
+func exitReason(console string) string {
+	if i := strings.LastIndex(console, "Kernel panic - "); i >= 0 {
+		line := console[i:]
+		if j := strings.IndexByte(line, '\n'); j >= 0 {
+			line = line[:j]
+		}
+		return strings.TrimSpace(line)
+	}
+	return lastLine(console)
 }
 
 func lastLine(s string) string {

@@ -294,6 +294,12 @@ func (d *Driver) args(st *state) []string {
 		"-chardev", "socket,id=agent,path=" + st.Agent + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=" + hypervisor.AgentSerialName,
 	}
+	if s.ConsoleRecipient != "" {
+		// A guest that powers off (or reboots: -no-reboot) leaves QEMU
+		// stopped, not gone, until the drainer has taken the console's
+		// last lines (a panic's, say) out of the ring and quits it.
+		a = append(a, "-action", "shutdown=pause")
+	}
 	if s.Initrd != "" {
 		a = append(a, "-initrd", s.Initrd)
 	}
