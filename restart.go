@@ -5,8 +5,8 @@ import (
 	"context"
 	"errors"
 	"os"
-	"strings"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
