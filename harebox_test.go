@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -749,6 +750,25 @@ func TestEngineDefaultImage(t *testing.T) {
 		t.Fatalf("the base root disk changed: %v", err)
 	}
 
+	t.Run("MemoryExhausted", func(t *testing.T) {
+		// A job that eats the guest's memory meets the guest's OOM killer;
+		// the agent stays, and so does the sandbox.
+		hog := "python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'"
+		r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: hog, TimeoutSeconds: 180})
+		if err != nil {
+			t.Fatal("the hog's exec:", err)
+		}
+		if r.ExitCode == 0 || r.TimedOut {
+			t.Fatalf("the memory hog was not stopped by the OOM killer: %+v", r)
+		}
+		t.Logf("the hog ended with exit code %d", r.ExitCode)
+		if r := run(t, eng, box.ID, "echo alive"); r.Stdout != "alive\n" {
+			t.Fatalf("after the OOM: %+v", r)
+		}
+		if got, _ := eng.Get(ctx, box.ID); got.State != sandbox.StateRunning {
+			t.Fatalf("state after the OOM: %s", got.State)
+		}
+	})
 	t.Run("CryptoErase", func(t *testing.T) {
 		// (sudo drops the environment: the file gets the value itself.)
 		r := run(t, eng, box.ID, `echo "$HB_CANARY" | sudo tee /root/canary && sudo sync && sudo cat /root/canary`)
@@ -950,5 +970,60 @@ func TestEngineKernelPanic(t *testing.T) {
 	}
 	if n := strayVMs(v.dataDir); n > 0 {
 		t.Errorf("%d VMMs still run after the panic", n)
+	}
+}
+
+// TestGuestForkBomb: root in one sandbox runs a fork bomb. Its neighbour
+// keeps answering, the host keeps working, and delete still takes the
+// bombed sandbox down at once with nothing left behind.
+func TestGuestForkBomb(t *testing.T) {
+	v := newEnv(t)
+	eng := v.open(t)
+	defer eng.Close()
+	ctx := context.Background()
+	bomb := create(t, eng, sandbox.CreateRequest{})
+	calm := create(t, eng, sandbox.CreateRequest{})
+	defer eng.Delete(ctx, calm.ID)
+	if _, err := eng.StartProcess(ctx, bomb.ID, sandbox.ExecRequest{Cmd: `b(){ b|b& }; b`, User: "root"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // let it take the guest over
+	// The bomb is really running: the guest is full of processes, or too
+	// busy to answer.
+	r, err := eng.Exec(ctx, bomb.ID, sandbox.ExecRequest{Cmd: "ls -d /proc/[0-9]* | wc -l", TimeoutSeconds: 10})
+	if err == nil {
+		n, _ := strconv.Atoi(strings.TrimSpace(r.Stdout))
+		if n < 200 {
+			t.Fatalf("the fork bomb is not running: %d processes (%+v)", n, r)
+		}
+		t.Logf("the bombed guest runs %d processes", n)
+	} else {
+		t.Logf("the bombed guest does not answer: %v", err)
+	}
+	for i := range 3 {
+		start := time.Now()
+		r, err := eng.Exec(ctx, calm.ID, sandbox.ExecRequest{Cmd: "echo calm", TimeoutSeconds: 30})
+		if err != nil || r.Stdout != "calm\n" {
+			t.Fatalf("the neighbour, exec %d: %+v %v", i, r, err)
+		}
+		t.Logf("neighbour exec %d answered in %v", i, time.Since(start).Round(time.Millisecond))
+	}
+	got, err := eng.Get(ctx, bomb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the bombed sandbox: state %s, agent %q", got.State, got.Agent)
+	start := time.Now()
+	if err := eng.Delete(ctx, bomb.ID); err != nil {
+		t.Fatal("delete the bombed sandbox:", err)
+	}
+	t.Logf("deleted the bombed sandbox in %v", time.Since(start).Round(time.Millisecond))
+	if _, err := os.Stat(filepath.Join(v.dataDir, "m", bomb.ID)); !os.IsNotExist(err) {
+		t.Errorf("the bombed sandbox's files are still there: %v", err)
+	}
+	for _, p := range procs.Naming(filepath.Join(v.dataDir, "m", bomb.ID) + "/") {
+		if p.IsVMM() {
+			t.Errorf("the bombed sandbox's VMM %d still runs", p.PID)
+		}
 	}
 }

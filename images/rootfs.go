@@ -19,7 +19,9 @@ import (
 // dependencies, only after the journal socket and local file systems) so
 // the host reaches it before multi-user is fully up; KillMode=process keeps
 // commands it started alive across an agent restart; it is the last thing
-// the OOM killer should pick.
+// the OOM killer should pick, and a command of its the OOM killer picks
+// does not stop the service (OOMPolicy's default, stop, would restart the
+// agent and cut every session).
 const agentUnit = `[Unit]
 Description=HareBox guest agent
 DefaultDependencies=no
@@ -35,6 +37,7 @@ Restart=always
 RestartSec=1
 KillMode=process
 OOMScoreAdjust=-900
+OOMPolicy=continue
 
 [Install]
 WantedBy=multi-user.target

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,6 +130,11 @@ func (e *execution) run() error {
 		return e.sendExit(&agentpb.ExecExit{ExitCode: code, Error: err.Error()})
 	}
 	e.pgid = e.cmd.Process.Pid
+	// The agent is the OOM killer's last choice (its unit sets -900), and
+	// a child inherits that: a job that eats the guest's memory would tie
+	// with the agent. Commands go back to the default at once (before a
+	// shell has had time to fork anything, though not atomically).
+	os.WriteFile("/proc/"+strconv.Itoa(e.pgid)+"/oom_score_adj", []byte("0"), 0)
 	e.exitedCh = make(chan struct{})
 
 	var wg sync.WaitGroup
