@@ -9,7 +9,7 @@ CACHE := $(CURDIR)/.cache
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all deps build image image-default demo test test-short fuzz bench proto vet clean
+.PHONY: all deps build image image-default demo test test-short fuzz bench reliability proto vet clean
 
 all: build
 
@@ -54,6 +54,16 @@ test: deps vet
 fuzz:
 	$(GO) test ./agent/client/ -run XXX -fuzz FuzzGuestStream -fuzztime 30s
 	$(GO) test ./agent/client/ -run XXX -fuzz FuzzGuestMessages -fuzztime 30s
+	$(GO) test ./api/ -run XXX -fuzz FuzzHandlers -fuzztime 60s
+
+# The reliability suite (docs/RELIABILITY.md): the crash loop with more
+# rounds than make test runs, the guest faults, hostile clients and input.
+reliability: export HAREBOX_TEST_DEFAULT_IMAGE = 1
+reliability: export HAREBOX_CRASH_LOOP_N ?= 10
+reliability: deps
+	$(GO) test -timeout 60m -count=1 -v -run 'TestCrashLoop' ./e2e/
+	$(GO) test -timeout 20m -count=1 -v -run 'TestGuestForkBomb|TestEngineKernelPanic|TestEngineDefaultImage|TestEngineKill9|TestEngineLifecycle/(AgentRestart|PluginCrash)|TestDataDirFull' .
+	$(GO) test -timeout 10m -count=1 -v -run 'TestSlowAndMalformedClients' ./api/
 	$(GO) test ./api/ -run XXX -fuzz FuzzHandlers -fuzztime 60s
 
 bench: deps

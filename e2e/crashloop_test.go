@@ -1,0 +1,289 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor/plugin"
+	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/network/linuxnet"
+)
+
+// TestCrashLoop: several clients create sandboxes, run commands, write
+// files, change firewalls and delete sandboxes while hareboxd is killed
+// with -9 at random points, HAREBOX_CRASH_LOOP_N times (2 by default;
+// make reliability runs more). After each restart:
+//   - every sandbox the API reports running answers an exec;
+//   - every file whose write was acknowledged is there with its bytes;
+//   - every sandbox whose delete was acknowledged has no VMM, tap, nftables
+//     chain or state directory;
+//   - one hypervisor plugin runs for the data directory, no orphan;
+//   - no request sent after the restart completed gets a 5xx.
+//
+// At the end everything is deleted and nothing is left on the host.
+func TestCrashLoop(t *testing.T) {
+	s := prepare(t)
+	rounds := 2
+	if v := os.Getenv("HAREBOX_CRASH_LOOP_N"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("HAREBOX_CRASH_LOOP_N=%q: want a positive number", v)
+		}
+		rounds = n
+	}
+	dataDir, err := os.MkdirTemp("", "hbc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	const table = "harebox_crash"
+	startCrash := func() *server {
+		return launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin,
+			"--network", "linux", "--nft-table", table, "--address-pool", "10.238.0.0/24")
+	}
+	var cur atomic.Pointer[server]
+	cur.Store(startCrash())
+	defer func() {
+		if srv := cur.Load(); srv != nil && srv.cmd.ProcessState == nil {
+			srv.cmd.Process.Kill()
+			srv.cmd.Wait()
+		}
+		noLeftovers(t, dataDir)
+		exec.Command("nft", "delete", "table", "inet", table).Run()
+	}()
+
+	c := &crashClients{cur: &cur}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.work(w, stop)
+		}()
+	}
+	for round := 1; round <= rounds; round++ {
+		time.Sleep(time.Duration(4000+randN(8000)) * time.Millisecond)
+		srv := cur.Load()
+		srv.cmd.Process.Kill() // -9
+		srv.cmd.Wait()
+		t.Logf("round %d: hareboxd killed with -9", round)
+		next := startCrash()
+		cur.Store(next)
+		c.restarted.Store(time.Now().UnixNano())
+		t.Logf("round %d: hareboxd back", round)
+		c.check(t, next, dataDir, table)
+	}
+	close(stop)
+	wg.Wait()
+	srv := cur.Load()
+	c.check(t, srv, dataDir, table)
+
+	// Everything goes; nothing is left.
+	for _, state := range []string{"running", "paused", "stopped"} {
+		for _, b := range srv.sandboxes(t, state) {
+			if code, out, err := c.do(srv, "DELETE", "/v1/sandboxes/"+b["id"].(string), nil); err != nil || code != 200 {
+				t.Errorf("delete %s: %d %s %v", b["id"], code, out, err)
+			}
+		}
+	}
+	srv.stop(t)
+	cur.Store(nil)
+	if out, _ := exec.Command("nft", "list", "table", "inet", table).CombinedOutput(); bytes.Contains(out, []byte("chain o-hb")) {
+		t.Errorf("sandbox chains left in %s:\n%s", table, out)
+	}
+	t.Logf("%d rounds: %d creates, %d acknowledged writes, %d deletes, %d execs; %d 5xx after restarts",
+		rounds, c.creates.Load(), c.writes.Load(), c.deletes.Load(), c.execs.Load(), c.late5xx.Load())
+}
+
+// crashClients are the clients of the crash loop and what the server
+// acknowledged to them.
+type crashClients struct {
+	cur       *atomic.Pointer[server]
+	restarted atomic.Int64 // when the last restart completed (unix ns)
+
+	mu      sync.Mutex
+	files   map[string]map[string][]byte // sandbox -> path -> bytes (acknowledged)
+	deleted []string                     // acknowledged deletes
+
+	creates, writes, deletes, execs, late5xx atomic.Int64
+	last5xx                                  atomic.Value // string
+}
+
+// do sends one request to whichever server runs now. A 5xx answered for a
+// request sent after the last restart completed is counted.
+func (c *crashClients) do(srv *server, method, path string, body []byte) (int, []byte, error) {
+	sent := time.Now().UnixNano()
+	req, err := http.NewRequest(method, srv.url+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+srv.key)
+	if strings.Contains(path, "/files") {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	} else if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	cl := http.Client{Timeout: 3 * time.Minute}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode >= 500 && sent > c.restarted.Load() && c.cur.Load() == srv {
+		// Sent to the server that still runs: not a casualty of a kill.
+		if !serverGone(srv) {
+			c.late5xx.Add(1)
+			c.last5xx.Store(fmt.Sprintf("%s %s: %d %s", method, path, resp.StatusCode, b))
+		}
+	}
+	return resp.StatusCode, b, nil
+}
+
+// serverGone reports a server that was killed meanwhile.
+func serverGone(srv *server) bool {
+	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(srv.url, "http://"), time.Second)
+	if err != nil {
+		return true
+	}
+	conn.Close()
+	return false
+}
+
+func (c *crashClients) work(w int, stop chan struct{}) {
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		srv := c.cur.Load()
+		code, b, err := c.do(srv, "POST", "/v1/sandboxes", []byte(`{"image": "minimal", "ttl_seconds": 900}`))
+		if err != nil || code != 201 {
+			time.Sleep(500 * time.Millisecond)
+			continue
+		}
+		c.creates.Add(1)
+		var box struct{ ID string }
+		json.Unmarshal(b, &box)
+		for j := range 3 {
+			data := make([]byte, 1000+randN(5000))
+			rand.Read(data)
+			p := fmt.Sprintf("/tmp/w%d-%d-%d", w, i, j)
+			srv = c.cur.Load()
+			if code, _, err := c.do(srv, "PUT", "/v1/sandboxes/"+box.ID+"/files?path="+p, data); err == nil && code == 200 {
+				c.writes.Add(1)
+				c.mu.Lock()
+				if c.files == nil {
+					c.files = map[string]map[string][]byte{}
+				}
+				if c.files[box.ID] == nil {
+					c.files[box.ID] = map[string][]byte{}
+				}
+				c.files[box.ID][p] = data
+				c.mu.Unlock()
+			}
+			if code, _, err := c.do(c.cur.Load(), "POST", "/v1/sandboxes/"+box.ID+"/exec", []byte(`{"cmd": "echo ok", "timeout_seconds": 60}`)); err == nil && code == 200 {
+				c.execs.Add(1)
+			}
+			c.do(c.cur.Load(), "PUT", "/v1/sandboxes/"+box.ID+"/firewall", []byte(`{"default_outbound": "deny"}`))
+		}
+		if i%2 == 0 {
+			if code, _, err := c.do(c.cur.Load(), "DELETE", "/v1/sandboxes/"+box.ID, nil); err == nil && code == 200 {
+				c.deletes.Add(1)
+				c.mu.Lock()
+				c.deleted = append(c.deleted, box.ID)
+				delete(c.files, box.ID)
+				c.mu.Unlock()
+			}
+		}
+	}
+}
+
+// check asserts the invariants against a freshly restarted server.
+func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
+	t.Helper()
+	running := srv.sandboxes(t, "running")
+	for _, b := range running {
+		id := b["id"].(string)
+		code, out, err := c.do(srv, "POST", "/v1/sandboxes/"+id+"/exec", []byte(`{"cmd": "echo alive", "timeout_seconds": 60}`))
+		if err != nil || code != 200 || !bytes.Contains(out, []byte(`"stdout":"alive\n"`)) {
+			t.Errorf("running sandbox %s does not answer: %d %s %v", id, code, out, err)
+		}
+	}
+	c.mu.Lock()
+	files := map[string]map[string][]byte{}
+	for id, m := range c.files {
+		files[id] = m
+	}
+	deleted := append([]string(nil), c.deleted...)
+	c.mu.Unlock()
+	isRunning := map[string]bool{}
+	for _, b := range running {
+		isRunning[b["id"].(string)] = true
+	}
+	for id, m := range files {
+		if !isRunning[id] {
+			continue // deleted meanwhile, or expired
+		}
+		for p, want := range m {
+			code, got, err := c.do(srv, "GET", "/v1/sandboxes/"+id+"/files?path="+p, nil)
+			if err != nil || code != 200 || !bytes.Equal(got, want) {
+				t.Errorf("acknowledged write %s:%s lost: %d, %d bytes (want %d), %v", id, p, code, len(got), len(want), err)
+			}
+		}
+	}
+	nft, _ := exec.Command("nft", "list", "table", "inet", table).CombinedOutput()
+	for _, id := range deleted {
+		dir := filepath.Join(dataDir, "m", id)
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("deleted sandbox %s: state directory still there (%v)", id, err)
+		}
+		for _, p := range procs.Naming(dir + "/") {
+			if p.IsVMM() {
+				t.Errorf("deleted sandbox %s: VMM %d still runs", id, p.PID)
+			}
+		}
+		tap := linuxnet.TapName(id)
+		if _, err := net.InterfaceByName(tap); err == nil {
+			t.Errorf("deleted sandbox %s: tap %s still there", id, tap)
+		}
+		if bytes.Contains(nft, []byte("chain o-"+tap)) {
+			t.Errorf("deleted sandbox %s: nftables chain o-%s still there", id, tap)
+		}
+	}
+	plugins := 0
+	for _, p := range procs.WithEnv(plugin.OwnerEnv + "=" + dataDir) {
+		if p.IsPlugin() {
+			plugins++
+		}
+	}
+	if plugins != 1 {
+		t.Errorf("%d hypervisor plugins run for the data directory, want 1", plugins)
+	}
+	if n := c.late5xx.Load(); n > 0 {
+		t.Errorf("%d 5xx answers after a restart completed; the last: %v", n, c.last5xx.Load())
+	}
+	t.Logf("checked %d running sandboxes, %d sandboxes with acknowledged files, %d deleted", len(running), len(files), len(deleted))
+}
+
+func randN(n int64) int64 {
+	v, _ := rand.Int(rand.Reader, big.NewInt(n))
+	return v.Int64()
+}
