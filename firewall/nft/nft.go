@@ -33,6 +33,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/harebox/harebox/firewall"
@@ -67,11 +68,43 @@ func Open(cfg Config) (*Table, error) {
 	if cfg.Table == "" || !cfg.Pool.IsValid() || cfg.DNSPort == 0 || cfg.ProxyPort == 0 {
 		return nil, errors.New("nft: incomplete config")
 	}
-	c, err := nftables.New()
+	c, err := nftables.New(nftables.WithSockOptions(bigBuffers))
 	if err != nil {
 		return nil, fmt.Errorf("nft: %w", err)
 	}
 	return &Table{cfg: cfg, conn: c, t: &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyINet}}, nil
+}
+
+// socketBuffer bounds one transaction and the kernel's acknowledgements
+// of it: Reset installs every sandbox's chains at once after a restart,
+// and with the default buffers a few sandboxes' rules are too large a
+// message to send (EMSGSIZE) and their acks too many to receive (ENOBUFS),
+// so the engine could not start.
+const socketBuffer = 64 << 20
+
+// bigBuffers sets socketBuffer both ways, past net.core.{r,w}mem_max where
+// the process may (SO_*BUFFORCE, root), else as large as allowed.
+func bigBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var rerr, werr error
+	if err := rc.Control(func(fd uintptr) {
+		rerr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer)
+		werr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer)
+	}); err != nil {
+		return err
+	}
+	if rerr != nil {
+		if err := c.SetReadBuffer(socketBuffer); err != nil {
+			return err
+		}
+	}
+	if werr != nil {
+		return c.SetWriteBuffer(socketBuffer)
+	}
+	return nil
 }
 
 // Close releases the netlink connection; the rules stay in the kernel.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -98,6 +99,45 @@ func TestInstall(t *testing.T) {
 		}
 		if err := tb.Delete(); err != nil {
 			t.Error(err)
+		}
+	})
+}
+
+// TestResetMany: after a restart Reset installs every sandbox's chains in
+// one transaction; the kernel's acknowledgements of that many rules must
+// not overflow the netlink socket (they did at 6 sandboxes with the
+// default receive buffer: ENOBUFS, and the engine did not start).
+func TestResetMany(t *testing.T) {
+	inFreshNetns(t, func() {
+		tb, err := Open(Config{Table: "harebox_test", Pool: netip.MustParsePrefix("10.232.0.0/16"), DNSPort: 5353, ProxyPort: 3128})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer tb.Close()
+		p, err := firewall.Parse([]byte(`{"default_outbound":"deny","outbound":[
+		  {"action":"allow","hosts":["pypi.org","files.pythonhosted.org"],"protocol":"tcp","ports":"443"},
+		  {"action":"allow","cidrs":["10.1.0.0/16"],"protocol":"tcp","ports":"22,80-90"}]}`))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		b := firewall.Blocked(append(firewall.AlwaysInternal(), append(firewall.DefaultPrivate(), netip.MustParsePrefix("10.232.0.0/16"))...))
+		var sbs []Sandbox
+		for i := range 64 {
+			sbs = append(sbs, Sandbox{
+				Tap: "hbmany" + strconv.Itoa(i), Policy: p, Blocked: b,
+				Addr:    netip.AddrFrom4([4]byte{10, 232, byte(i), 2}),
+				Gateway: netip.AddrFrom4([4]byte{10, 232, byte(i), 1}),
+			})
+		}
+		if err := tb.Reset(sbs); err != nil {
+			t.Errorf("reset with %d sandboxes: %v", len(sbs), err)
+			return
+		}
+		out, _ := exec.Command("nft", "list", "table", "inet", "harebox_test").CombinedOutput()
+		if n := strings.Count(string(out), "chain o-hbmany"); n != len(sbs) {
+			t.Errorf("%d sandbox chains installed, want %d", n, len(sbs))
 		}
 	})
 }
