@@ -136,8 +136,8 @@ type crashClients struct {
 	deleted []string                     // acknowledged deletes
 
 	creates, writes, deletes, execs, late5xx, refusals atomic.Int64
-	last5xx                                  atomic.Value // string
-	refused                                  atomic.Value // string: the last create refused
+	last5xx                                            atomic.Value // string
+	refused                                            atomic.Value // string: the last create refused
 }
 
 // do sends one request to whichever server runs now. A 5xx answered for a
