@@ -104,9 +104,10 @@ func (e *Engine) dataKey(ctx context.Context, id string) ([]byte, error) {
 	return k, err
 }
 
-// eraseDataKey destroys the sandbox's data key.
+// eraseDataKey destroys the sandbox's stored data key. (The box's copy in
+// memory goes with the box: clearing it here would race with an exec
+// still recording its history.)
 func (e *Engine) eraseDataKey(ctx context.Context, b *box) error {
-	b.key, b.console = nil, nil
 	return secrets.EraseDataKey(ctx, e.sec, sandboxScope(b.rec.ID))
 }
 

@@ -187,6 +187,7 @@ func serverGone(srv *server) bool {
 
 func (c *crashClients) work(w int, stop chan struct{}) {
 	made := 0
+	var kept []string // this client's sandboxes left running
 	for i := 0; ; i++ {
 		select {
 		case <-stop:
@@ -198,6 +199,11 @@ func (c *crashClients) work(w int, stop chan struct{}) {
 		if err != nil || code != 201 {
 			if err == nil && code < 500 {
 				c.refused.Store(fmt.Sprintf("create: %d %s", code, b))
+			}
+			if code == 503 && len(kept) > 0 {
+				// The host is full: make room, and keep the churn going.
+				c.remove(kept[0])
+				kept = kept[1:]
 			}
 			time.Sleep(500 * time.Millisecond)
 			continue
@@ -230,14 +236,21 @@ func (c *crashClients) work(w int, stop chan struct{}) {
 		}
 		// Every other sandbox stays, so restarts find some running.
 		if made%2 == 0 {
-			if code, _, err := c.do(c.cur.Load(), "DELETE", "/v1/sandboxes/"+box.ID, nil); err == nil && code == 200 {
-				c.deletes.Add(1)
-				c.mu.Lock()
-				c.deleted = append(c.deleted, box.ID)
-				delete(c.files, box.ID)
-				c.mu.Unlock()
-			}
+			c.remove(box.ID)
+		} else {
+			kept = append(kept, box.ID)
 		}
+	}
+}
+
+// remove deletes a sandbox and notes an acknowledged delete.
+func (c *crashClients) remove(id string) {
+	if code, _, err := c.do(c.cur.Load(), "DELETE", "/v1/sandboxes/"+id, nil); err == nil && code == 200 {
+		c.deletes.Add(1)
+		c.mu.Lock()
+		c.deleted = append(c.deleted, id)
+		delete(c.files, id)
+		c.mu.Unlock()
 	}
 }
 
