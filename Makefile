@@ -60,6 +60,7 @@ fuzz:
 # rounds than make test runs, the guest faults, hostile clients and input.
 reliability: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 reliability: export HAREBOX_CRASH_LOOP_N ?= 10
+reliability: export HAREBOX_CRASH_LOOP_STRICT ?= 1
 reliability: deps
 	$(GO) test -timeout 60m -count=1 -v -run 'TestCrashLoop' ./e2e/
 	$(GO) test -timeout 20m -count=1 -v -run 'TestGuestForkBomb|TestEngineKernelPanic|TestEngineDefaultImage|TestEngineKill9|TestEngineLifecycle/(AgentRestart|PluginCrash)|TestDataDirFull' .
