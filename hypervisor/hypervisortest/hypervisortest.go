@@ -2,7 +2,11 @@
 // runs, in-process and through the plugin boundary, in the style of
 // gocloud.dev's drivertest: boot until the agent is healthy, exec and files,
 // pause and resume, re-attach from a handle, snapshot and restore into a
-// usable clone, shutdown and kill, and no leftovers afterwards.
+// usable clone, shutdown and kill, and no leftovers afterwards. A backend
+// that reports Encryption runs it all with a data key and an encrypted
+// console: a canary on the disk, in memory and on the console must not be
+// in any file in plain text, and wrong or missing keys are refused; one
+// that does not must refuse a key.
 package hypervisortest
 
 import (
