@@ -61,8 +61,9 @@ fuzz:
 reliability: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 reliability: export HAREBOX_CRASH_LOOP_N ?= 10
 reliability: export HAREBOX_CRASH_LOOP_STRICT ?= 1
+reliability: export HAREBOX_LOAD_SECONDS ?= 60
 reliability: deps
-	$(GO) test -timeout 60m -count=1 -v -run 'TestCrashLoop' ./e2e/
+	$(GO) test -timeout 60m -count=1 -v -run 'TestCrashLoop|TestLoad' ./e2e/
 	$(GO) test -timeout 20m -count=1 -v -run 'TestGuestForkBomb|TestEngineKernelPanic|TestEngineDefaultImage|TestEngineKill9|TestEngineLifecycle/(AgentRestart|PluginCrash)|TestDataDirFull' .
 	$(GO) test -timeout 10m -count=1 -v -run 'TestSlowAndMalformedClients' ./api/
 	$(GO) test ./api/ -run XXX -fuzz FuzzHandlers -fuzztime 60s
