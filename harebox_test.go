@@ -750,6 +750,39 @@ func TestEngineDefaultImage(t *testing.T) {
 		t.Fatalf("the base root disk changed: %v", err)
 	}
 
+	t.Run("DiskFull", func(t *testing.T) {
+		// A guest fills its own (1 GB) disk: its writes fail with ENOSPC
+		// inside, its agent answers, the host's copy stays within the
+		// disk's size, and delete works.
+		full := create(t, eng, sandbox.CreateRequest{Image: "default", Size: sandbox.Size{VCPUs: 1, MemoryMB: 512, DiskGB: 1}, TTLSeconds: 900})
+		defer eng.Delete(ctx, full.ID)
+		r, err := eng.Exec(ctx, full.ID, sandbox.ExecRequest{Cmd: "dd if=/dev/zero of=/home/user/fill bs=1M; rc=$?; sync; exit $rc", TimeoutSeconds: 240})
+		if err != nil {
+			t.Fatal("fill:", err)
+		}
+		if r.ExitCode == 0 || !strings.Contains(r.Stderr, "No space left") {
+			t.Fatalf("filling the disk: %+v", r)
+		}
+		if r := run(t, eng, full.ID, "echo alive"); r.Stdout != "alive\n" {
+			t.Fatalf("after the disk filled: %+v", r)
+		}
+		var overlay int64
+		filepath.WalkDir(filepath.Join(v.dataDir, "m", full.ID), func(p string, d os.DirEntry, err error) error {
+			if err == nil && strings.HasSuffix(p, ".qcow2") {
+				if fi, err := d.Info(); err == nil {
+					overlay += fi.Size()
+				}
+			}
+			return nil
+		})
+		t.Logf("the full guest's overlay takes %d MiB on the host", overlay>>20)
+		if overlay > 1<<30+128<<20 {
+			t.Errorf("the overlay of a 1 GB disk takes %d MiB on the host", overlay>>20)
+		}
+		if err := eng.Delete(ctx, full.ID); err != nil {
+			t.Fatal("delete the full sandbox:", err)
+		}
+	})
 	t.Run("MemoryExhausted", func(t *testing.T) {
 		// A job that eats the guest's memory meets the guest's OOM killer;
 		// the agent stays, and so does the sandbox.
