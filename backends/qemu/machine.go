@@ -320,6 +320,7 @@ func (m *machine) incoming(ctx context.Context, memPath string, key []byte) erro
 		fed <- err
 	}()
 	if err := m.waitMigration(ctx, "query-migrate"); err != nil {
+		conn.Close() // a feed blocked on a QEMU that stopped reading ends
 		if ferr := <-fed; ferr != nil {
 			return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: snapshot memory: %v", ferr)
 		}
