@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -321,7 +322,7 @@ func (m *machine) incoming(ctx context.Context, memPath string, key []byte) erro
 	}()
 	if err := m.waitMigration(ctx, "query-migrate"); err != nil {
 		conn.Close() // a feed blocked on a QEMU that stopped reading ends
-		if ferr := <-fed; ferr != nil {
+		if ferr := <-fed; errors.Is(ferr, sealstream.ErrAuth) {
 			return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: snapshot memory: %v", ferr)
 		}
 		return fmt.Errorf("qemu: restore: %w", err)
