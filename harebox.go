@@ -221,8 +221,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	caps, err := e.hv.Capabilities(ctx)
 	if err != nil {
-		return nil, hvErr(err)
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s: %v", opts.Backend, err)
 	}
+	e.log.Info("hypervisor ready", "backend", caps.Name, "version", caps.Version, "accelerator", caps.Accelerator, "notice", caps.Notice)
 	if !caps.Encryption && !opts.PlaintextDisks {
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s cannot encrypt sandboxes' disks: set PlaintextDisks (hareboxd --plaintext-disks) to run it without crypto-erase", caps.Name)
 	}
@@ -322,11 +323,6 @@ func (e *Engine) startHypervisor(ctx context.Context) error {
 	}
 	e.hv = p
 	e.closer = append(e.closer, p.Close)
-	caps, err := p.Capabilities(ctx)
-	if err != nil {
-		return sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor plugin %s: %v", path, err)
-	}
-	e.log.Info("hypervisor ready", "backend", caps.Name, "version", caps.Version, "accelerator", caps.Accelerator, "notice", caps.Notice)
 	return nil
 }
 

@@ -898,22 +898,8 @@ func TestEngineVMExit(t *testing.T) {
 	box := create(t, eng, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 3, MemoryMB: 512}})
 	// Fire and forget: the exec's stream dies with the VM.
 	eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "sync; poweroff -f", User: "root"})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		got, err := eng.Get(ctx, box.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.State == sandbox.StateStopped {
-			if got.Error == "" {
-				t.Error("stopped without a reason")
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox still %s after the guest powered off", got.State)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if got := waitStopped(t, eng, box.ID, "the guest powered off"); got.Error == "" {
+		t.Error("stopped without a reason")
 	}
 	_, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"})
 	wantKind(t, "exec on a stopped sandbox", err, sandbox.ErrState)
@@ -973,6 +959,24 @@ echo done`})
 	}
 }
 
+// waitStopped waits up to a minute for a sandbox to be stopped after what
+// (a guest's own doing) and returns it.
+func waitStopped(t *testing.T, eng *harebox.Engine, id, what string) *sandbox.Sandbox {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, err := eng.Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == sandbox.StateStopped {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox still %s after %s", got.State, what)
+		}
+	}
+}
+
 // TestEngineKernelPanic: root in the guest crashes its kernel. The VM
 // stops, and the reason the sandbox gives is the panic's own last line,
 // read back from the encrypted console log (QEMU waits, stopped, until
@@ -985,22 +989,11 @@ func TestEngineKernelPanic(t *testing.T) {
 	box := create(t, eng, sandbox.CreateRequest{})
 	defer eng.Delete(ctx, box.ID)
 	eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo c > /proc/sysrq-trigger", User: "root"})
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		got, err := eng.Get(ctx, box.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.State == sandbox.StateStopped {
-			if !strings.Contains(got.Error, "Kernel panic") {
-				t.Errorf("stopped with %q, want the kernel's panic line", got.Error)
-			}
-			t.Logf("reason: %s", got.Error)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox still %s after a kernel panic", got.State)
-		}
+	got := waitStopped(t, eng, box.ID, "a kernel panic")
+	if !strings.Contains(got.Error, "Kernel panic") {
+		t.Errorf("stopped with %q, want the kernel's panic line", got.Error)
 	}
+	t.Logf("reason: %s", got.Error)
 	if n := strayVMs(v.dataDir); n > 0 {
 		t.Errorf("%d VMMs still run after the panic", n)
 	}

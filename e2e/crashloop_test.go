@@ -39,14 +39,7 @@ import (
 // At the end everything is deleted and nothing is left on the host.
 func TestCrashLoop(t *testing.T) {
 	s := prepare(t)
-	rounds := 2
-	if v := os.Getenv("HAREBOX_CRASH_LOOP_N"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("HAREBOX_CRASH_LOOP_N=%q: want a positive number", v)
-		}
-		rounds = n
-	}
+	rounds := envCount(t, "HAREBOX_CRASH_LOOP_N", 2)
 	dataDir, err := os.MkdirTemp("", "hbc")
 	if err != nil {
 		t.Fatal(err)
@@ -335,6 +328,20 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 		t.Errorf("%d 5xx answers after a restart completed; the last: %v", n, c.last5xx.Load())
 	}
 	t.Logf("checked %d running sandboxes, %d sandboxes with acknowledged files, %d deleted", len(running), len(files), len(deleted))
+}
+
+// envCount is a positive number from the environment, or def.
+func envCount(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
 }
 
 func randN(n int64) int64 {

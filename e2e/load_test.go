@@ -26,14 +26,7 @@ import (
 // (Figures, not assertions on time: the machine's speed is not the test's.)
 func TestLoad(t *testing.T) {
 	s := prepare(t)
-	seconds := 10
-	if v := os.Getenv("HAREBOX_LOAD_SECONDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("HAREBOX_LOAD_SECONDS=%q: want a positive number", v)
-		}
-		seconds = n
-	}
+	seconds := envCount(t, "HAREBOX_LOAD_SECONDS", 10)
 	dataDir, err := os.MkdirTemp("", "hbl")
 	if err != nil {
 		t.Fatal(err)

@@ -11,19 +11,26 @@ import (
 	"github.com/harebox/harebox/store"
 )
 
+// openSealed opens a database (state.db) and a Sealed store over it with
+// a new master key (master.key), both in a test directory.
+func openSealed(t *testing.T) (dir string, db *store.SQLite, s *Sealed) {
+	t.Helper()
+	dir = t.TempDir()
+	db, err := store.OpenSQLite(context.Background(), filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if s, err = NewSealed(db, filepath.Join(dir, "master.key")); err != nil {
+		t.Fatal(err)
+	}
+	return dir, db, s
+}
+
 func TestSealed(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	dir, db, s := openSealed(t)
 	keyFile := filepath.Join(dir, "master.key")
-	s, err := NewSealed(db, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if fi, err := os.Stat(keyFile); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("master key file: %v %v", fi.Mode(), err)
 	}
@@ -64,16 +71,7 @@ func TestSealed(t *testing.T) {
 
 func TestDataKeys(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	s, err := NewSealed(db, filepath.Join(dir, "master.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, db, s := openSealed(t)
 	k, err := NewDataKey(ctx, s, "sandbox/a")
 	if err != nil {
 		t.Fatal(err)

@@ -75,7 +75,10 @@ func (d *Driver) startDrain(m *machine) error {
 				return
 			}
 			m.drainOnce(ctx, app)
-			if s, err := m.status(ctx); err == nil && s == "shutdown" {
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			s, err := m.status(sctx)
+			cancel()
+			if err == nil && s == "shutdown" {
 				// The guest is done (-action shutdown=pause): what it
 				// printed last is in the log now, so QEMU may go.
 				m.drainOnce(ctx, app)
