@@ -5,10 +5,10 @@ package testimage
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -109,24 +109,58 @@ func Image(t testing.TB, name string) images.Image {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	start := time.Now()
+	var log buildLog
 	img, err := images.Build(ctx, images.Options{
 		Name:      name,
 		AgentPath: agent,
 		OutDir:    filepath.Join(CacheDir(t), "images"),
-		Progress:  testWriter{t},
+		Progress:  &log,
 	})
 	if err != nil {
-		t.Fatalf("testimage: build %s image: %v", name, err)
+		t.Fatalf("testimage: build %s image: %v\n%s", name, err, log.tail())
 	}
+	t.Log(log.first())
 	if d := time.Since(start); d > time.Second {
 		t.Logf("built %s image in %v", name, d.Round(time.Millisecond))
 	}
 	return img
 }
 
-type testWriter struct{ t testing.TB }
+// buildLog keeps an image build's progress out of the test log (a
+// debootstrap prints hundreds of lines, which buried the failure that
+// mattered in CI output) but keeps its first line and its last 16 KiB for
+// a failed build.
+type buildLog struct {
+	mu    sync.Mutex
+	head  string
+	lines []string
+	size  int
+}
 
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(fmt.Sprintf("%s", b))
+func (l *buildLog) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	line := strings.TrimSpace(string(b))
+	if l.head == "" {
+		l.head = line
+	}
+	l.lines = append(l.lines, line)
+	l.size += len(line) + 1
+	for l.size > 16<<10 && len(l.lines) > 1 {
+		l.size -= len(l.lines[0]) + 1
+		l.lines = l.lines[1:]
+	}
 	return len(b), nil
+}
+
+func (l *buildLog) first() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.head
+}
+
+func (l *buildLog) tail() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
 }
