@@ -65,7 +65,7 @@ type Options struct {
 	// default firewall.Default() (the public internet only).
 	DefaultFirewall *firewall.Policy
 	Secrets         secrets.Store  // default sealed rows in the database
-	Billing         budget.Billing // default metering into the database
+	Billing         budget.Billing // optional copy of every metered interval
 	Store           store.Store    // default SQLite in DataDir/harebox.db
 
 	// Images maps image names to built images. Names not here are looked
@@ -79,9 +79,16 @@ type Options struct {
 	Capacity Capacity
 	// BootTimeout bounds create-to-ready; default 3 minutes (TCG is slow).
 	BootTimeout time.Duration
-	// Now is the engine's clock for command history and its retention;
-	// default time.Now (tests move it).
+	// Now is the engine's clock for command history, its retention and
+	// metering; default time.Now (tests move it).
 	Now func() time.Time
+	// Prices turn usage into money; default budget.DefaultPrices.
+	Prices *budget.Prices
+	// MeterInterval is how often every sandbox's usage is settled against
+	// its budgets, and what a reservation covers; default 5 s. Negative:
+	// reservations cover 5 s but nothing settles on its own (tests call
+	// Settle).
+	MeterInterval time.Duration
 	// HealthInterval is how often the agent of every running sandbox is
 	// asked for its health; default 15 s, negative never. A sandbox whose
 	// agent misses two checks in a row reports agent "unresponsive".
@@ -120,14 +127,16 @@ type Capacity struct {
 
 // Engine runs sandboxes. It is safe for concurrent use.
 type Engine struct {
-	opts   Options
-	log    *slog.Logger
-	store  store.Store
-	hv     hypervisor.Hypervisor
-	net    network.Network
-	sec    secrets.Store
-	bill   budget.Billing
-	closer []func() error
+	opts    Options
+	log     *slog.Logger
+	store   store.Store
+	hv      hypervisor.Hypervisor
+	net     network.Network
+	sec     secrets.Store
+	budgets *budget.Service
+	// wakeActions asks the meter loop to act on a budget just reached.
+	wakeActions chan struct{}
+	closer      []func() error
 	// encrypt: the backend encrypts under Spec.DataKey, so every sandbox
 	// gets a data key (crypto-erase).
 	encrypt bool
@@ -159,7 +168,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, bill: opts.Billing}
+	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, wakeActions: make(chan struct{}, 1)}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -189,9 +198,6 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		}
 		e.sec = s
 	}
-	if e.bill == nil {
-		e.bill = budget.Local{DB: e.store}
-	}
 	al, err := audit.Open(ctx, e.store, filepath.Join(opts.DataDir, "audit.key"), e.log)
 	if err != nil {
 		return nil, err
@@ -206,6 +212,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.tenants.AccountUpdated = func(string) { e.purgeHistory(e.ctx) }
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
+	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
+	e.budgets.Audit = al
+	e.budgets.Billing = opts.Billing
 	acc, err := e.tenants.EnsureDefault(ctx)
 	if err != nil {
 		return nil, err
@@ -235,8 +244,17 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.adopt(ctx); err != nil {
 		return nil, err
 	}
+	// What ran while the engine was down is charged, and budgets reached
+	// meanwhile are acted on, before anything new is admitted.
+	if err := e.Settle(ctx); err != nil {
+		e.log.Warn("metering at start failed", "err", err)
+	}
 	e.wg.Add(1)
 	go e.reapExpired()
+	if opts.MeterInterval > 0 {
+		e.wg.Add(1)
+		go e.meterLoop(opts.MeterInterval)
+	}
 	if opts.HealthInterval > 0 {
 		e.wg.Add(1)
 		go e.watchAgents(opts.HealthInterval)
@@ -269,6 +287,13 @@ func (o *Options) defaults() error {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Prices == nil {
+		p := budget.DefaultPrices
+		o.Prices = &p
+	}
+	if o.MeterInterval == 0 {
+		o.MeterInterval = 5 * time.Second
 	}
 	if o.HealthInterval == 0 {
 		o.HealthInterval = 15 * time.Second
@@ -343,6 +368,9 @@ func (e *Engine) Site() sandbox.Site { return e.opts.Site }
 func (e *Engine) Close() error {
 	e.cancel()
 	e.wg.Wait()
+	// A last checkpoint: the sandboxes keep running, and the next engine
+	// charges from here.
+	e.settleAll(context.Background())
 	if err := e.audit.Checkpoint(context.Background()); err != nil {
 		e.log.Error("audit: cannot sign the last entries", "err", err)
 	}

@@ -47,8 +47,6 @@ type box struct {
 	// the checks in a row it failed (only the health checker uses it).
 	health atomic.Value
 	misses int
-	// meterFrom is the start of the interval not yet metered.
-	meterFrom time.Time
 	// key is the sandbox's data key and console the identity that reads
 	// its console log (see datakey.go); nil without crypto-erase.
 	key     []byte
@@ -267,7 +265,6 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 	}
 	// Create stores the running state once the box is registered.
 	rec.State = sandbox.StateRunning
-	b.meterFrom = time.Now()
 	return nil
 }
 
@@ -310,6 +307,11 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		errs = append(errs, err)
 	}
 	if err := e.eraseHistory(ctx, b.rec.ID); err != nil {
+		errs = append(errs, err)
+	}
+	// What it reserved in its budgets is released (a settled sandbox has
+	// nothing left to release).
+	if err := e.releaseBudgets(ctx, b); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -430,8 +432,8 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx) // a delete that started finishes
+	e.settleFinal(ctx, b)
 	err = e.destroy(ctx, b)
-	e.meter(ctx, b)
 	if b.rec.State == sandbox.StateRunning || b.rec.State == sandbox.StatePaused {
 		e.release(b.rec.Size)
 	}
@@ -452,7 +454,13 @@ func (e *Engine) Pause(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 	if err := e.check(ctx, "pauseSandbox", id); err != nil {
 		return nil, err
 	}
-	return e.transition(ctx, id, sandbox.StatePaused, func(b *box) error { return b.m.Pause(ctx) })
+	return e.transition(ctx, id, sandbox.StatePaused, func(b *box) error {
+		if err := b.m.Pause(ctx); err != nil {
+			return err
+		}
+		e.settle(ctx, b, sandbox.StatePaused, false)
+		return nil
+	})
 }
 
 // Resume continues a paused sandbox.
@@ -461,7 +469,13 @@ func (e *Engine) Resume(ctx context.Context, id string) (_ *sandbox.Sandbox, err
 	if err := e.check(ctx, "resumeSandbox", id); err != nil {
 		return nil, err
 	}
-	box, err := e.transition(ctx, id, sandbox.StateRunning, func(b *box) error { return b.m.Resume(ctx) })
+	box, err := e.transition(ctx, id, sandbox.StateRunning, func(b *box) error {
+		// Its budgets must have room for it to run again.
+		if err := e.settle(ctx, b, sandbox.StateRunning, true); err != nil {
+			return err
+		}
+		return b.m.Resume(ctx)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -598,18 +612,6 @@ func (e *Engine) release(res sandbox.Resources) {
 	e.used.VCPUs -= res.VCPUs
 	e.used.MemoryMB -= res.MemoryMB
 	e.used.DiskGB -= res.DiskGB
-}
-
-// meter reports the unmetered interval of a sandbox's reservation.
-func (e *Engine) meter(ctx context.Context, b *box) {
-	if b.meterFrom.IsZero() {
-		return
-	}
-	u := store.Usage{SandboxID: b.rec.ID, Start: b.meterFrom.UTC(), End: time.Now().UTC(), VCPUs: b.rec.Size.VCPUs, MemoryMB: b.rec.Size.MemoryMB}
-	b.meterFrom = time.Time{}
-	if err := e.bill.Record(ctx, u); err != nil {
-		e.log.Warn("metering failed", "id", b.rec.ID, "err", err)
-	}
 }
 
 // hostMemoryMB reads MemTotal from /proc/meminfo.

@@ -90,7 +90,6 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if err := e.loadCredentials(ctx, b); err != nil {
 			e.log.Warn("cannot load the sandbox's credentials; they are not injected", "id", rec.ID, "err", err)
 		}
-		b.meterFrom = time.Now()
 		e.store.PutSandbox(ctx, rec)
 		e.boxes[rec.ID] = b
 		keep[rec.ID] = true
@@ -174,7 +173,7 @@ func (e *Engine) watch(b *box) {
 		}
 		ctx := context.WithoutCancel(e.ctx)
 		e.log.Warn("sandbox VM exited", "id", b.rec.ID)
-		e.meter(ctx, b)
+		e.settleFinal(ctx, b)
 		e.release(b.rec.Size)
 		e.stopped(ctx, b, "the VM exited: "+exitReason(consoleTail(b, 16<<10)))
 		e.mu.Lock()

@@ -104,6 +104,13 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequ
 		return sandbox.Errorf(sandbox.ErrInvalid, field, "%v", err)
 	}
 	rec.AccountID, rec.ProjectID, rec.Project = acc.ID, proj.ID, proj.Name
+	if p.KeyID != "" {
+		k, err := tx.GetKey(ctx, p.KeyID)
+		if err != nil {
+			return err
+		}
+		rec.KeyID, rec.KeyAncestors = k.ID, k.Ancestors
+	}
 	if err := e.pinEnvironment(ctx, tx, req, proj, rec); err != nil {
 		return err
 	}
@@ -131,6 +138,9 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequ
 		rec.Labels = labels
 	}
 	if err := authz.Decide(p, "createSandbox", targetOf(&rec.Sandbox)); err != nil {
+		return err
+	}
+	if err := e.admit(ctx, tx, rec); err != nil {
 		return err
 	}
 	return tx.PutSandbox(ctx, rec)

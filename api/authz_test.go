@@ -133,7 +133,7 @@ func (f *fastAPI) key(t testing.TB, parent string, req map[string]any) (id, secr
 // world is two accounts with projects, a fleet, sandboxes and files.
 type world struct {
 	accA, accB              string
-	web, fleet, env         string // in A
+	web, fleet, env, budget string // in A
 	boxA1, boxA2, boxB1     string
 	fullKeyID, fullA, fullB string
 }
@@ -146,6 +146,9 @@ func buildWorld(t testing.TB, f *fastAPI) world {
 	w.fleet = str(f.must(t, 201, "POST", "/v1/projects/web/fleets?account=alpha", f.root, map[string]string{"name": "scrapers"}), "id")
 	w.env = str(f.must(t, 201, "POST", "/v1/environments?account=alpha&project=web", f.root, map[string]any{
 		"name": "prod", "variables": map[string]any{"MODE": map[string]any{"value": "prod"}, "TOKEN": map[string]any{"value": "s3cret-token", "secret": true}},
+	}), "id")
+	w.budget = str(f.must(t, 201, "POST", "/v1/budgets?account=alpha", f.root, map[string]any{
+		"scope": map[string]any{"kind": "account"}, "period": "monthly", "limit_usd": "1000", "action": "notify",
 	}), "id")
 	w.boxA1 = str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"account_id": "alpha", "project": "web", "fleet": "scrapers", "labels": map[string]string{"team": "red"}}), "id")
 	w.boxA2 = str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"account_id": "alpha", "labels": map[string]string{"team": "blue"}}), "id")
@@ -219,6 +222,11 @@ func calls(w world) []call {
 		{"getKey", "GET", "/v1/keys/" + w.fullKeyID, nil, "key"},
 		{"revokeKey", "DELETE", "/v1/keys/" + w.fullKeyID, nil, "key"},
 		{"rotateKey", "POST", "/v1/keys/" + w.fullKeyID + "/rotate", nil, "key"},
+		{"createBudget", "POST", "/v1/budgets", map[string]any{"scope": map[string]any{"kind": "account"}, "period": "total", "limit_usd": "0.01", "action": "delete"}, "create"},
+		{"listBudgets", "GET", "/v1/budgets", nil, "list"},
+		{"getBudget", "GET", "/v1/budgets/" + w.budget, nil, "account"},
+		{"deleteBudget", "DELETE", "/v1/budgets/" + w.budget, nil, "budget"},
+		{"getUsage", "GET", "/v1/usage", nil, "list"},
 	}
 }
 
@@ -311,6 +319,11 @@ func TestAuthorizationMatrix(t *testing.T) {
 				tc{"other account", w.fullB, 404, "not_found"})
 		case "account":
 			cases = append(cases, tc{"other account", w.fullB, 404, "not_found"})
+		case "budget":
+			// An account-wide budget is out of reach of narrower keys.
+			cases = append(cases, tc{"a key limited to a project", projectKey, 403, "forbidden"},
+				tc{"a key limited to labels", labelKey, 403, "forbidden"},
+				tc{"other account", w.fullB, 404, "not_found"})
 		case "operator":
 			cases = append(cases, tc{"a key, even a full one", w.fullA, 403, "forbidden"})
 		case "create":
@@ -318,6 +331,11 @@ func TestAuthorizationMatrix(t *testing.T) {
 				// A project the key cannot see is a bad request field.
 				cases = append(cases, tc{"a project outside its scope", projectKey, 400, "invalid"},
 					tc{"other account", w.fullB, 400, "invalid"})
+			}
+			if c.op == "createBudget" {
+				cases = append(cases, tc{"a key limited to sandboxes", sandboxKey, 403, "forbidden"},
+					tc{"a key limited to a project", projectKey, 403, "forbidden"},
+					tc{"a key limited to labels", labelKey, 403, "forbidden"})
 			}
 			if c.op == "createSandbox" {
 				cases = append(cases, tc{"a key limited to sandboxes", sandboxKey, 403, "forbidden"},
@@ -370,7 +388,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "exec", "execStream", "startProcess",
 		"getProcess", "killProcess", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
-		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment"} {
+		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget"} {
 		if !denied[a] {
 			t.Errorf("no denied %s in the audit log", a)
 		}
@@ -408,6 +426,8 @@ func snapshot(t testing.TB, f *fastAPI, w world) string {
 		r := f.must(t, 200, "GET", path, f.root, nil)
 		fmt.Fprintf(&b, "%s ", r.raw)
 	}
+	// (Budgets by ID: their spend moves as the sandboxes are metered.)
+	fmt.Fprintf(&b, "budgets=%v ", ids(f.must(t, 200, "GET", "/v1/budgets?account=alpha", f.root, nil).body["budgets"]))
 	for _, id := range []string{w.boxA1, w.boxA2, w.boxB1} {
 		r := f.must(t, 200, "GET", "/v1/sandboxes/"+id, f.root, nil)
 		fmt.Fprintf(&b, "%s=%s ", id, str(r, "state"))

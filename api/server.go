@@ -179,6 +179,11 @@ func Routes() []Route {
 		{"GET", "/v1/audit", "listAudit", false, (*Server).listAudit},
 		{"GET", "/v1/audit/verify", "verifyAudit", false, (*Server).verifyAudit},
 		{"GET", "/v1/audit/key", "getAuditKey", false, (*Server).getAuditKey},
+		{"POST", "/v1/budgets", "createBudget", false, (*Server).createBudget},
+		{"GET", "/v1/budgets", "listBudgets", false, (*Server).listBudgets},
+		{"GET", "/v1/budgets/{budget}", "getBudget", false, (*Server).getBudget},
+		{"DELETE", "/v1/budgets/{budget}", "deleteBudget", false, (*Server).deleteBudget},
+		{"GET", "/v1/usage", "getUsage", false, (*Server).getUsage},
 	}
 }
 
@@ -361,6 +366,7 @@ func toAPIError(err error) apiError {
 		{sandbox.ErrUnauthenticated, http.StatusUnauthorized, "unauthorized"},
 		{sandbox.ErrForbidden, http.StatusForbidden, "forbidden"},
 		{sandbox.ErrRateLimited, http.StatusTooManyRequests, "rate_limited"},
+		{sandbox.ErrBudget, http.StatusPaymentRequired, "budget_exceeded"},
 	} {
 		if errors.Is(err, m.kind) {
 			ae := apiError{status: m.status, code: m.code, msg: msg, field: field}

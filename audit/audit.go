@@ -168,6 +168,20 @@ func (l *Log) RecordPlaceholder(accountID, sandboxID, host string) {
 	}
 }
 
+// RecordBudget records what a budget did (it was reached, crossed a
+// warning threshold, or acted on a sandbox): the act of the budget, not
+// of an API caller.
+func (l *Log) RecordBudget(accountID, budgetID, action, target string) {
+	if l == nil {
+		return
+	}
+	e := &Entry{Time: time.Now().UTC(), AccountID: accountID, Principal: "budget:" + budgetID, Action: action,
+		Target: target, Outcome: OK}
+	if err := l.append(context.Background(), e); err != nil {
+		l.log.Error("audit: cannot append", "action", e.Action, "err", err)
+	}
+}
+
 // kindOf names an error's kind, never its message (which may quote
 // request data).
 func kindOf(err error) string {
@@ -179,6 +193,7 @@ func kindOf(err error) string {
 		{sandbox.ErrExists, "conflict"}, {sandbox.ErrCapacity, "over_capacity"}, {sandbox.ErrTooLarge, "too_large"},
 		{sandbox.ErrUnavailable, "unavailable"}, {sandbox.ErrTimeout, "timeout"}, {sandbox.ErrForbidden, "forbidden"},
 		{sandbox.ErrRateLimited, "rate_limited"}, {sandbox.ErrUnauthenticated, "unauthorized"},
+		{sandbox.ErrBudget, "budget_exceeded"},
 	} {
 		if errors.Is(err, k.err) {
 			return k.name

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -28,6 +28,7 @@ var Actions = []string{
 	"listEnvironmentVersions", "getEnvironmentVersion",
 	"listAudit", "verifyAudit", "getAuditKey",
 	"updateAccount", "listCommands",
+	"createBudget", "listBudgets", "getBudget", "deleteBudget", "getUsage",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
@@ -51,6 +52,8 @@ var Groups = map[string][]string{
 	"environments:read":  {"listEnvironments", "getEnvironment", "listEnvironmentVersions", "getEnvironmentVersion"},
 	"environments:write": {"createEnvironment", "updateEnvironment", "deleteEnvironment"},
 	"audit:read":         {"listAudit", "getAuditKey"},
+	"budgets:read":       {"listBudgets", "getBudget", "getUsage"},
+	"budgets:write":      {"createBudget", "deleteBudget"},
 }
 
 // operatorOnly actions need the operator whatever a key's scope says:
@@ -74,7 +77,7 @@ type Scope struct {
 	// Rate bounds the key's requests (a token bucket).
 	Rate *Rate `json:"rate,omitempty"`
 	// Budget is a dollar limit on what the key's actions may spend.
-	Budget *budget.USD `json:"budget_usd,omitempty"`
+	Budget *money.USD `json:"budget_usd,omitempty"`
 }
 
 // Rate is a token bucket: PerSecond requests on average, Burst at once.
@@ -125,8 +128,8 @@ func (s *Scope) Validate() error {
 	if r := s.Rate; r != nil && (!(r.PerSecond > 0) || r.PerSecond > 1e6 || r.Burst < 1 || r.Burst > 1e6) {
 		return sandbox.Errorf(sandbox.ErrInvalid, "scope.rate", "per_second must be above 0 (at most 1e6) and burst 1 to 1e6")
 	}
-	if b := s.Budget; b != nil && (*b < 0 || *b > budget.MaxUSD) {
-		return sandbox.Errorf(sandbox.ErrInvalid, "scope.budget_usd", "must be 0 to %s", budget.MaxUSD)
+	if b := s.Budget; b != nil && (*b < 0 || *b > money.MaxUSD) {
+		return sandbox.Errorf(sandbox.ErrInvalid, "scope.budget_usd", "must be 0 to %s", money.MaxUSD)
 	}
 	return nil
 }

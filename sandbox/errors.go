@@ -27,6 +27,8 @@ var (
 	// ErrRateLimited: the key's request rate is spent; RetryAfter says
 	// when to try again.
 	ErrRateLimited = errors.New("rate limited") // 429
+	// ErrBudget: a budget that covers the request has no room for it.
+	ErrBudget = errors.New("budget exceeded") // 402
 )
 
 // Error is an engine error: a kind, the request field at fault (if any,

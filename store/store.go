@@ -19,7 +19,6 @@ import (
 	"modernc.org/sqlite" // the "sqlite" database/sql driver
 	sqlite3 "modernc.org/sqlite/lib"
 
-	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -48,10 +47,12 @@ type Sandbox struct {
 	// Placeholders maps the pinned version's secret variables to this
 	// sandbox's placeholders for them (what the guest sees).
 	Placeholders map[string]string `json:"placeholders,omitempty"`
+	// KeyID is the API key that created the sandbox ("" for the
+	// operator): key budgets and usage by key count it.
+	KeyID string `json:"key_id,omitempty"`
+	// KeyAncestors are the keys above KeyID: their budgets cover it too.
+	KeyAncestors []string `json:"key_ancestors,omitempty"`
 }
-
-// Usage is one metered interval of one sandbox's reservation.
-type Usage = budget.Usage
 
 // Store is the engine's state storage.
 type Store interface {
@@ -83,6 +84,23 @@ type Tx interface {
 	AddUsage(ctx context.Context, u Usage) error
 	// ListUsage returns a sandbox's intervals, oldest first.
 	ListUsage(ctx context.Context, sandboxID string) ([]Usage, error)
+	// QueryUsage returns the intervals f selects, oldest first.
+	QueryUsage(ctx context.Context, f UsageFilter) ([]Usage, error)
+
+	// Budgets, and the reservations live sandboxes hold against them.
+	// CandidateBudgets returns an account's budgets that may cover a
+	// sandbox in projectID, fleetID, created by a key of keyIDs: every
+	// account and label budget, and those whose ref is one of these (the
+	// caller matches the labels).
+	PutBudget(ctx context.Context, b *Budget) error
+	GetBudget(ctx context.Context, id string) (*Budget, error)
+	ListBudgets(ctx context.Context, accountID string) ([]*Budget, error)
+	CandidateBudgets(ctx context.Context, accountID, projectID, fleetID string, keyIDs []string) ([]*Budget, error)
+	DeleteBudget(ctx context.Context, id string) error
+	PutReservation(ctx context.Context, r *Reservation) error
+	GetReservation(ctx context.Context, sandboxID string) (*Reservation, error)
+	ListReservations(ctx context.Context) ([]*Reservation, error)
+	DeleteReservation(ctx context.Context, sandboxID string) error
 
 	// Secret rows hold values already encrypted by the caller.
 	PutSecret(ctx context.Context, scope, name string, sealed []byte) error
@@ -285,6 +303,29 @@ var migrations = []string{
 	);
 	CREATE INDEX commands_sandbox ON commands(sandbox_id, started_at);
 	CREATE INDEX commands_account ON commands(account_id, started_at);`,
+	// Budgets, reservations and priced usage.
+	`CREATE TABLE budgets (
+		id         TEXT PRIMARY KEY,
+		account_id TEXT NOT NULL,
+		scope_kind TEXT NOT NULL,
+		scope_ref  TEXT NOT NULL,
+		created_at BIGINT NOT NULL,
+		record     TEXT NOT NULL
+	);
+	CREATE INDEX budgets_scope ON budgets(account_id, scope_kind, scope_ref);
+	CREATE TABLE reservations (
+		sandbox_id TEXT PRIMARY KEY,
+		record     TEXT NOT NULL
+	);
+	ALTER TABLE usage ADD COLUMN account_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE usage ADD COLUMN project_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE usage ADD COLUMN fleet_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE usage ADD COLUMN key_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE usage ADD COLUMN labels TEXT NOT NULL DEFAULT 'null';
+	ALTER TABLE usage ADD COLUMN disk_gb INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE usage ADD COLUMN paused BOOLEAN NOT NULL DEFAULT FALSE;
+	ALTER TABLE usage ADD COLUMN cost BIGINT NOT NULL DEFAULT 0;
+	CREATE INDEX usage_account ON usage(account_id, end_ns);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -435,36 +476,6 @@ func decode(rec string) (*Sandbox, error) {
 		return nil, fmt.Errorf("store: corrupt record: %w", err)
 	}
 	return &sb, nil
-}
-
-// AddUsage implements Store.
-func (s *SQLite) AddUsage(ctx context.Context, u Usage) error {
-	_, err := s.q.ExecContext(ctx, `INSERT INTO usage (sandbox_id, start_ns, end_ns, vcpus, memory_mb) VALUES (?, ?, ?, ?, ?)`,
-		u.SandboxID, u.Start.UnixNano(), u.End.UnixNano(), u.VCPUs, u.MemoryMB)
-	if err != nil {
-		return fmt.Errorf("store: add usage: %w", err)
-	}
-	return nil
-}
-
-// ListUsage implements Store.
-func (s *SQLite) ListUsage(ctx context.Context, sandboxID string) ([]Usage, error) {
-	rows, err := s.q.QueryContext(ctx, `SELECT start_ns, end_ns, vcpus, memory_mb FROM usage WHERE sandbox_id = ? ORDER BY start_ns`, sandboxID)
-	if err != nil {
-		return nil, fmt.Errorf("store: list usage: %w", err)
-	}
-	defer rows.Close()
-	var out []Usage
-	for rows.Next() {
-		var start, end int64
-		u := Usage{SandboxID: sandboxID}
-		if err := rows.Scan(&start, &end, &u.VCPUs, &u.MemoryMB); err != nil {
-			return nil, fmt.Errorf("store: list usage: %w", err)
-		}
-		u.Start, u.End = time.Unix(0, start).UTC(), time.Unix(0, end).UTC()
-		out = append(out, u)
-	}
-	return out, rows.Err()
 }
 
 // PutSecret implements Store.

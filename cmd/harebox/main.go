@@ -69,6 +69,8 @@ var commands = []command{
 	{"env", "create NAME [flags] | set NAME [flags] | get NAME | list | versions NAME | version NAME N | delete NAME [--project REF] [--account REF]", "a project's environments: versioned variables (secrets sealed), files and credential rules that sandboxes pin", cmdEnv},
 	{"key", "create [flags] | list | get KEY_ID | revoke KEY_ID | rotate KEY_ID", "scoped API keys; a new or rotated secret is shown once", cmdKey},
 	{"audit", "list [filters] [--limit N] [--after CURSOR] | export [filters] | verify | key", "the audit log: who did what, denied attempts too; export as JSON Lines, verify its hash chain and signed checkpoints", cmdAudit},
+	{"budget", "create [flags] | list | get BUDGET_ID | delete BUDGET_ID", "dollar limits on an account, project, fleet, label or key, with an action when reached", cmdBudget},
+	{"usage", "[--from TIME] [--to TIME] [--group-by G] [--account REF]", "metered usage and its cost, grouped by account, project, fleet, key, sandbox or label:KEY", cmdUsage},
 	{"version", "", "client and server versions", cmdVersion},
 }
 

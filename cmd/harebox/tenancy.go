@@ -16,7 +16,7 @@ import (
 
 	"github.com/harebox/harebox/apiclient"
 	"github.com/harebox/harebox/authz"
-	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/budget/money"
 )
 
 // subcommand is one verb of a command group (harebox key create).
@@ -452,7 +452,7 @@ func keyCreate(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (in
 		req.Scope.Rate = r
 	}
 	if *budgetUSD != "" {
-		b, err := budget.ParseUSD(strings.TrimPrefix(*budgetUSD, "$"))
+		b, err := money.ParseUSD(strings.TrimPrefix(*budgetUSD, "$"))
 		if err != nil {
 			return 0, usageError{"--budget: " + err.Error()}
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/backends/cloudhypervisor"
 	"github.com/harebox/harebox/backends/qemu"
+	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/network/linuxnet"
@@ -61,9 +62,21 @@ func run() error {
 		table      = flag.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
 		defaultFW  = flag.String("default-firewall", "public", "policy of sandboxes created without one: public (the public internet only), deny (nothing), or @FILE (a policy document)")
 		plaintext  = flag.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor today)")
+		prices     = flag.String("prices", "", "price table, a JSON file of decimal dollar strings per hour: vcpu_hour, memory_gib_hour, paused_vcpu_hour, paused_memory_gib_hour, disk_gb_hour (default: the README's)")
+		meterEvery = flag.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
 		proxies    = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
 	)
 	flag.Parse()
+	priceTable := budget.DefaultPrices
+	if *prices != "" {
+		var err error
+		if priceTable, err = budget.LoadPrices(*prices); err != nil {
+			return fmt.Errorf("--prices: %w", err)
+		}
+	}
+	if *meterEvery < 100*time.Millisecond {
+		return fmt.Errorf("--meter-interval %v: at least 100ms", *meterEvery)
+	}
 	level := slog.LevelInfo
 	if *debug {
 		level = slog.LevelDebug
@@ -114,7 +127,7 @@ func run() error {
 		DefaultFirewall: fw,
 		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
-		PlaintextDisks: *plaintext,
+		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery,
 	})
 	if err != nil {
 		return err

@@ -1,4 +1,6 @@
-package budget
+// Package money holds amounts of money: exact micro-dollars, parsed and
+// printed as decimal strings, never floats.
+package money
 
 import (
 	"encoding/json"

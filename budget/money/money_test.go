@@ -1,4 +1,4 @@
-package budget
+package money
 
 import (
 	"encoding/json"

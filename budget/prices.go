@@ -1,0 +1,89 @@
+package budget
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"os"
+	"time"
+
+	"github.com/harebox/harebox/budget/money"
+)
+
+// Prices turn reserved resources into money. Every price is per hour, in
+// exact micro-dollars; a cost is computed with integers and rounded up
+// to the micro-dollar, so a budget never sees less than was used.
+type Prices struct {
+	// VCPUHour and MemoryGiBHour are charged while a sandbox runs.
+	VCPUHour      money.USD `json:"vcpu_hour"`
+	MemoryGiBHour money.USD `json:"memory_gib_hour"`
+	// PausedVCPUHour and PausedMemoryGiBHour are charged while it is
+	// paused (its memory is still held).
+	PausedVCPUHour      money.USD `json:"paused_vcpu_hour"`
+	PausedMemoryGiBHour money.USD `json:"paused_memory_gib_hour"`
+	// DiskGBHour is charged for the disk's reserved size while the
+	// sandbox exists, running or paused.
+	DiskGBHour money.USD `json:"disk_gb_hour"`
+}
+
+// DefaultPrices is the price table used when none is configured.
+var DefaultPrices = Prices{
+	VCPUHour:            50_400, // $0.0504
+	MemoryGiBHour:       5_600,  // $0.0056
+	PausedVCPUHour:      0,
+	PausedMemoryGiBHour: 5_600,
+	DiskGBHour:          140, // $0.00014 (about $0.10 a GB-month)
+}
+
+// LoadPrices reads a price table from a JSON file: every price as a
+// decimal dollar string, unknown keys refused, a missing key taken from
+// DefaultPrices.
+func LoadPrices(path string) (Prices, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Prices{}, fmt.Errorf("prices: %w", err)
+	}
+	p := DefaultPrices
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return Prices{}, fmt.Errorf("prices: %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// Resources are what a sandbox holds for an interval.
+type Resources struct {
+	VCPUs    int
+	MemoryMB int
+	DiskGB   int
+	Paused   bool
+}
+
+// Cost is what r costs for d, rounded up to the micro-dollar. Exact: the
+// products are big integers, never floats.
+func (p Prices) Cost(r Resources, d time.Duration) money.USD {
+	if d <= 0 {
+		return 0
+	}
+	vcpu, mem := p.VCPUHour, p.MemoryGiBHour
+	if r.Paused {
+		vcpu, mem = p.PausedVCPUHour, p.PausedMemoryGiBHour
+	}
+	// Per hour, in micro-dollars times 1024 (memory is priced per GiB and
+	// reserved in MiB).
+	rate := new(big.Int).Mul(big.NewInt(int64(r.VCPUs)), big.NewInt(int64(vcpu)*1024))
+	rate.Add(rate, new(big.Int).Mul(big.NewInt(int64(r.MemoryMB)), big.NewInt(int64(mem))))
+	rate.Add(rate, new(big.Int).Mul(big.NewInt(int64(r.DiskGB)), big.NewInt(int64(p.DiskGBHour)*1024)))
+	num := rate.Mul(rate, big.NewInt(int64(d)))
+	den := big.NewInt(int64(time.Hour) * 1024)
+	q, m := new(big.Int).QuoRem(num, den, new(big.Int))
+	if m.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if !q.IsInt64() || q.Int64() > int64(money.MaxUSD) {
+		return money.MaxUSD
+	}
+	return money.USD(q.Int64())
+}

@@ -1,0 +1,186 @@
+package harebox
+
+import (
+	"context"
+	"time"
+
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// Budgets are the engine's budgets and metered usage.
+func (e *Engine) Budgets() *budget.Service { return e.budgets }
+
+// reserveFor is how long a reservation made now covers: one metering
+// interval, or what is left of the sandbox's TTL if that is less.
+func (e *Engine) reserveFor(rec *store.Sandbox, now time.Time) time.Duration {
+	d := e.opts.MeterInterval
+	if d < 0 {
+		d = 5 * time.Second
+	}
+	if rec.ExpiresAt != nil {
+		d = max(0, min(d, rec.ExpiresAt.Sub(now)))
+	}
+	return d
+}
+
+func held(rec *store.Sandbox, state sandbox.State) budget.Resources {
+	return budget.Resources{VCPUs: rec.Size.VCPUs, MemoryMB: rec.Size.MemoryMB, DiskGB: rec.Size.DiskGB, Paused: state == sandbox.StatePaused}
+}
+
+// admit reserves a new sandbox's first interval in its budgets, inside
+// the transaction that places it.
+func (e *Engine) admit(ctx context.Context, tx store.Tx, rec *store.Sandbox) error {
+	amount := e.budgets.Prices().Cost(held(rec, sandbox.StateRunning), e.reserveFor(rec, e.opts.Now()))
+	return e.budgets.Admit(ctx, tx, rec.ID, budget.SubjectOf(rec), amount)
+}
+
+// settle charges what b held since its last settlement and reserves its
+// next interval in the state it goes to; with admit, a budget without room
+// refuses (and nothing changes). The caller holds b.mu.
+func (e *Engine) settle(ctx context.Context, b *box, next sandbox.State, admit bool) error {
+	events, err := e.budgets.Settle(ctx, budget.Meter{
+		SandboxID: b.rec.ID, Subject: budget.SubjectOf(b.rec), Held: held(b.rec, b.rec.State),
+		Next: held(b.rec, next), NextFor: e.reserveFor(b.rec, e.opts.Now()), Admit: admit,
+	})
+	if err != nil && !admit {
+		e.log.Warn("metering failed", "id", b.rec.ID, "err", err)
+	}
+	e.reached(events)
+	return err
+}
+
+// settleFinal charges what b held up to now and ends its reservation.
+func (e *Engine) settleFinal(ctx context.Context, b *box) {
+	events, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: b.rec.ID, Subject: budget.SubjectOf(b.rec), Held: held(b.rec, b.rec.State), Final: true})
+	if err != nil {
+		e.log.Warn("metering failed", "id", b.rec.ID, "err", err)
+	}
+	e.reached(events)
+}
+
+// releaseBudgets ends b's reservation without a charge: a create that
+// failed, or a VM found gone (when it stopped is not known).
+func (e *Engine) releaseBudgets(ctx context.Context, b *box) error {
+	_, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: b.rec.ID, Subject: budget.SubjectOf(b.rec), Final: true})
+	return err
+}
+
+// reached wakes the meter loop when a budget's action became due.
+func (e *Engine) reached(events []budget.Event) {
+	for _, ev := range events {
+		if ev.Reached {
+			select {
+			case e.wakeActions <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+}
+
+// Settle meters every live sandbox up to now against its budgets, then
+// does the actions of the budgets that were reached. The engine calls it
+// every MeterInterval, at start and (without the actions) at Close.
+func (e *Engine) Settle(ctx context.Context) error {
+	e.settleAll(ctx)
+	return e.act(ctx)
+}
+
+func (e *Engine) settleAll(ctx context.Context) {
+	e.mu.Lock()
+	boxes := make([]*box, 0, len(e.boxes))
+	for _, b := range e.boxes {
+		boxes = append(boxes, b)
+	}
+	e.mu.Unlock()
+	for _, b := range boxes {
+		b.mu.Lock()
+		if s := b.rec.State; s == sandbox.StateRunning || s == sandbox.StatePaused {
+			e.settle(ctx, b, s, false)
+		}
+		b.mu.Unlock()
+	}
+}
+
+// act does the pending action of every reached budget: pause or delete
+// the sandboxes it covers (deny_new and notify have nothing to do: the
+// admission refuses, the audit log has the event). A crash before Acted
+// leaves it pending, and the next start does it: pausing a paused or
+// deleting a deleted sandbox is skipped, so it happens once.
+func (e *Engine) act(ctx context.Context) error {
+	pending, err := e.budgets.Pending(ctx)
+	if err != nil {
+		return err
+	}
+	// The engine acts for the budget, not for whoever called.
+	octx := authz.WithPrincipal(context.WithoutCancel(ctx), authz.Operator)
+	for _, bg := range pending {
+		var done []string
+		if bg.Action == budget.Pause || bg.Action == budget.Delete {
+			for _, b := range e.covered(bg) {
+				var err error
+				if bg.Action == budget.Pause {
+					_, err = e.Pause(octx, b.rec.ID)
+				} else {
+					err = e.Delete(octx, b.rec.ID)
+				}
+				if err != nil {
+					e.log.Warn("budget action failed", "budget", bg.ID, "action", bg.Action, "id", b.rec.ID, "err", err)
+					continue
+				}
+				done = append(done, b.rec.ID)
+			}
+		}
+		e.log.Info("budget reached", "budget", bg.ID, "account", bg.AccountID, "action", bg.Action, "sandboxes", len(done))
+		if err := e.budgets.Acted(ctx, bg, done); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// covered lists the live sandboxes bg's action falls on.
+func (e *Engine) covered(bg *store.Budget) []*box {
+	e.mu.Lock()
+	var in []*box
+	for _, b := range e.boxes {
+		// (A sandbox's place, labels and key never change.)
+		if budget.Covers(bg, budget.SubjectOf(b.rec)) {
+			in = append(in, b)
+		}
+	}
+	e.mu.Unlock()
+	var out []*box
+	for _, b := range in {
+		b.mu.Lock()
+		s := b.rec.State
+		b.mu.Unlock()
+		if s == sandbox.StateRunning || (s == sandbox.StatePaused && bg.Action == budget.Delete) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func (e *Engine) meterLoop(every time.Duration) {
+	defer e.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+			if err := e.Settle(e.ctx); err != nil && e.ctx.Err() == nil {
+				e.log.Warn("metering failed", "err", err)
+			}
+		case <-e.wakeActions:
+			if err := e.act(e.ctx); err != nil && e.ctx.Err() == nil {
+				e.log.Warn("budget actions failed", "err", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,416 @@
+package harebox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/apikey"
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/budget/money"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
+)
+
+// clock is a controllable time for metering.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+const dollar = money.USD(1_000_000)
+
+// budgetEngine is an engine on the fake hypervisor where a vCPU costs $1
+// an hour and nothing else costs anything, metered only when the test
+// says, with reservations of one hour.
+func budgetEngine(t *testing.T) (*harebox.Engine, *clock, harebox.Options) {
+	t.Helper()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	opts.Capacity = harebox.Capacity{VCPUs: 256, MemoryMB: 256 << 10, DiskGB: 10000}
+	clk := &clock{now: time.Date(2026, 11, 10, 12, 0, 0, 0, time.UTC)}
+	opts.Now = clk.Now
+	opts.Prices = &budget.Prices{VCPUHour: dollar}
+	opts.MeterInterval = time.Hour
+	opts.HealthInterval = -1
+	eng, err := harebox.New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	return eng, clk, opts
+}
+
+var oneVCPU = sandbox.Size{VCPUs: 1, MemoryMB: 256, DiskGB: 1}
+
+func newBudget(t *testing.T, eng *harebox.Engine, ctx context.Context, r budget.CreateRequest) *store.Budget {
+	t.Helper()
+	if r.Period == "" {
+		r.Period = budget.Total
+	}
+	b, err := eng.Budgets().Create(ctx, "", r)
+	if err != nil {
+		t.Fatal("create budget:", err)
+	}
+	return b
+}
+
+func state(t *testing.T, eng *harebox.Engine, id string) sandbox.State {
+	t.Helper()
+	s, err := eng.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.State
+}
+
+// Many creates at once against a budget that fits three admit three:
+// the reservations are made in the transaction that admits each.
+func TestBudgetConcurrentCreates(t *testing.T) {
+	eng, _, _ := budgetEngine(t)
+	ctx := context.Background()
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 3 * dollar, Action: budget.DenyNew})
+	const n = 24
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU})
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case !errors.Is(err, sandbox.ErrBudget):
+			t.Errorf("a refused create: %v, want ErrBudget", err)
+		}
+	}
+	if ok != 3 {
+		t.Fatalf("%d of %d creates admitted against a budget for 3", ok, n)
+	}
+	got, err := eng.Budgets().Get(ctx, b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Reserved != 3*dollar || got.Spent != 0 {
+		t.Fatalf("budget after the creates: spent %s reserved %s, want 0 and 3.00", got.Spent, got.Reserved)
+	}
+	t.Logf("refused: %v", errs[slicesIndexFunc(errs, func(e error) bool { return e != nil })])
+}
+
+func slicesIndexFunc(errs []error, f func(error) bool) int {
+	for i, e := range errs {
+		if f(e) {
+			return i
+		}
+	}
+	return -1
+}
+
+// A label budget that pauses: when its spend and the next interval of
+// what it covers pass the limit, exactly the labelled sandboxes pause;
+// they cannot resume, no new labelled sandbox is admitted, others are.
+func TestBudgetLabelPause(t *testing.T) {
+	eng, clk, _ := budgetEngine(t)
+	ctx := context.Background()
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Name: "team-a", Scope: store.BudgetScope{Kind: budget.ScopeLabel, Labels: map[string]string{"team": "a"}},
+		Limit: 3*dollar + dollar/2, Action: budget.Pause, WarnAt: []int{50}})
+	mk := func(team string) string {
+		s, err := eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU, Labels: map[string]string{"team": team}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.ID
+	}
+	a1, a2, other := mk("a"), mk("a"), mk("b")
+	clk.advance(30 * time.Minute)
+	if err := eng.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// $1 spent, $2 reserved: fits.
+	for _, id := range []string{a1, a2, other} {
+		if s := state(t, eng, id); s != sandbox.StateRunning {
+			t.Fatalf("%s is %s before the limit", id, s)
+		}
+	}
+	clk.advance(30 * time.Minute)
+	if err := eng.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// $2 spent and $2 more reserved pass $3.50: the labelled ones pause.
+	for id, want := range map[string]sandbox.State{a1: sandbox.StatePaused, a2: sandbox.StatePaused, other: sandbox.StateRunning} {
+		if s := state(t, eng, id); s != want {
+			t.Errorf("%s is %s, want %s", id, s, want)
+		}
+	}
+	got, _ := eng.Budgets().Get(ctx, b.ID)
+	if got.Spent != 2*dollar || got.ReachedAt == nil || got.Pending {
+		t.Errorf("budget: spent %s reached %v pending %v", got.Spent, got.ReachedAt, got.Pending)
+	}
+	if _, err := eng.Resume(ctx, a1); !errors.Is(err, sandbox.ErrBudget) {
+		t.Errorf("resume over the budget: %v", err)
+	}
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU, Labels: map[string]string{"team": "a"}}); !errors.Is(err, sandbox.ErrBudget) {
+		t.Errorf("create in scope over the budget: %v", err)
+	}
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU, Labels: map[string]string{"team": "b"}}); err != nil {
+		t.Errorf("create out of scope: %v", err)
+	}
+	// Paused, they cost nothing here: the spend stays.
+	clk.advance(time.Hour)
+	eng.Settle(ctx)
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != 2*dollar {
+		t.Errorf("spent while paused: %s", got.Spent)
+	}
+	// The audit log has the warning, the event and each pause, by the budget.
+	for action, n := range map[string]int{"budgetWarning": 1, "budgetReached": 1, "budgetPause": 2} {
+		l, err := eng.Audit().List(ctx, store.AuditFilter{Action: action, Principal: "budget:" + b.ID})
+		if err != nil || len(l) != n {
+			t.Errorf("audit %s: %d entries, want %d (%v)", action, len(l), n, err)
+		}
+	}
+	// Usage by label adds up to the spend.
+	groups, err := eng.Budgets().Usage(ctx, budget.UsageQuery{GroupBy: "label:team"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	costs := map[string]money.USD{}
+	for _, g := range groups {
+		costs[g.Group] = g.Cost
+	}
+	if costs["a"] != 2*dollar || costs["b"] != 3*dollar {
+		t.Errorf("usage by team: %+v", groups)
+	}
+}
+
+// A key's budget refuses that key's creates, not another key's.
+func TestBudgetKeyScope(t *testing.T) {
+	eng, _, _ := budgetEngine(t)
+	ctx := context.Background()
+	mkKey := func() context.Context {
+		k, err := eng.Keys().Create(ctx, apikey.CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return authz.WithPrincipal(ctx, authz.Principal{AccountID: k.AccountID, KeyID: k.ID, Scope: k.Scope})
+	}
+	k1, k2 := mkKey(), mkKey()
+	newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeKey, Ref: authz.From(k1).KeyID}, Limit: dollar, Action: budget.DenyNew})
+	if _, err := eng.Create(k1, sandbox.CreateRequest{Size: oneVCPU}); err != nil {
+		t.Fatal("first create with the budgeted key:", err)
+	}
+	if _, err := eng.Create(k1, sandbox.CreateRequest{Size: oneVCPU}); !errors.Is(err, sandbox.ErrBudget) {
+		t.Fatalf("second create with the budgeted key: %v", err)
+	}
+	for range 3 {
+		if _, err := eng.Create(k2, sandbox.CreateRequest{Size: oneVCPU}); err != nil {
+			t.Fatal("create with the other key:", err)
+		}
+	}
+
+	// A key's own budget_usd is a budget on it and the keys it makes.
+	two := 2 * dollar
+	parent, err := eng.Keys().Create(ctx, apikey.CreateRequest{Scope: authz.Scope{Budget: &two}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx := authz.WithPrincipal(ctx, authz.Principal{AccountID: parent.AccountID, KeyID: parent.ID, Scope: parent.Scope})
+	child, err := eng.Keys().Create(pctx, apikey.CreateRequest{Scope: authz.Scope{Budget: &two}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx := authz.WithPrincipal(ctx, authz.Principal{AccountID: child.AccountID, KeyID: child.ID, Scope: child.Scope})
+	for range 2 {
+		if _, err := eng.Create(cctx, sandbox.CreateRequest{Size: oneVCPU}); err != nil {
+			t.Fatal("create with the child key:", err)
+		}
+	}
+	if _, err := eng.Create(pctx, sandbox.CreateRequest{Size: oneVCPU}); !errors.Is(err, sandbox.ErrBudget) {
+		t.Fatalf("create with the parent key once its child spent its budget_usd: %v", err)
+	}
+	l, err := eng.Budgets().List(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range l {
+		if b.FromKey {
+			if err := eng.Budgets().Delete(ctx, b.ID); !errors.Is(err, sandbox.ErrInvalid) {
+				t.Errorf("deleting a key's budget: %v", err)
+			}
+		}
+	}
+}
+
+// A budget reached while the engine was down is acted on at start: the
+// VMs kept running, the next engine charges that time.
+func TestBudgetRestartAtLimit(t *testing.T) {
+	eng, clk, opts := budgetEngine(t)
+	ctx := context.Background()
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 3 * dollar / 2, Action: budget.Delete})
+	s, err := eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(2 * time.Hour)
+	eng, err = harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	if st := state(t, eng, s.ID); st != sandbox.StateDeleted {
+		t.Fatalf("after a restart past the limit the sandbox is %s", st)
+	}
+	got, _ := eng.Budgets().Get(ctx, b.ID)
+	if got.Spent != 2*dollar || got.Pending || got.Reserved != 0 {
+		t.Fatalf("budget: spent %s reserved %s pending %v", got.Spent, got.Reserved, got.Pending)
+	}
+	if l, _ := eng.Audit().List(ctx, store.AuditFilter{Action: "budgetDelete", Target: s.ID}); len(l) != 1 {
+		t.Fatalf("audit of the budget's delete: %d entries", len(l))
+	}
+}
+
+// Whatever creates, pauses, resumes, deletes and clock steps of at most
+// one interval happen, the settled spend of a budget that pauses never
+// passes its limit by more than one interval of what ran, and it equals
+// the usage recorded for its scope.
+func TestBudgetNeverOverspends(t *testing.T) {
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			eng, clk, _ := budgetEngine(t)
+			ctx := context.Background()
+			r := rand.New(rand.NewPCG(seed, 7))
+			limit := money.USD(3+r.IntN(10)) * dollar / 2
+			b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeLabel, Labels: map[string]string{"team": "a"}}, Limit: limit, Action: budget.Pause})
+			var ids []string
+			running := func() money.USD { // one interval (an hour) of the labelled running set
+				var sum money.USD
+				for _, id := range ids {
+					s, _ := eng.Get(ctx, id)
+					if s.State == sandbox.StateRunning && s.Labels["team"] == "a" {
+						sum += money.USD(s.Size.VCPUs) * dollar
+					}
+				}
+				return sum
+			}
+			for step := range 60 {
+				switch op := r.IntN(6); {
+				case op <= 1:
+					team := []string{"a", "b"}[r.IntN(2)]
+					s, err := eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 1 + r.IntN(3), MemoryMB: 256, DiskGB: 1}, Labels: map[string]string{"team": team}})
+					if err == nil {
+						ids = append(ids, s.ID)
+					} else if !errors.Is(err, sandbox.ErrBudget) {
+						t.Fatal(err)
+					}
+				case op == 2 && len(ids) > 0:
+					eng.Pause(ctx, ids[r.IntN(len(ids))])
+				case op == 3 && len(ids) > 0:
+					if _, err := eng.Resume(ctx, ids[r.IntN(len(ids))]); err != nil && !errors.Is(err, sandbox.ErrBudget) && !errors.Is(err, sandbox.ErrState) && !errors.Is(err, sandbox.ErrNotFound) {
+						t.Fatal(err)
+					}
+				case op == 4 && len(ids) > 0:
+					eng.Delete(ctx, ids[r.IntN(len(ids))])
+				default:
+					slack := running()
+					clk.advance(time.Duration(1+r.IntN(60)) * time.Minute)
+					if err := eng.Settle(ctx); err != nil {
+						t.Fatal(err)
+					}
+					got, _ := eng.Budgets().Get(ctx, b.ID)
+					if got.Spent > limit+slack {
+						t.Fatalf("step %d: spent %s of %s with %s running", step, got.Spent, limit, slack)
+					}
+				}
+			}
+			eng.Settle(ctx)
+			got, _ := eng.Budgets().Get(ctx, b.ID)
+			groups, err := eng.Budgets().Usage(ctx, budget.UsageQuery{GroupBy: "label:team"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range groups {
+				if g.Group == "a" && g.Cost != got.Spent {
+					t.Fatalf("usage of team a is %s, the budget's spend %s", g.Cost, got.Spent)
+				}
+			}
+			t.Logf("limit %s spent %s reserved %s reached %v", limit, got.Spent, got.Reserved, got.ReachedAt != nil)
+		})
+	}
+}
+
+// Budgets are checked: bad requests say what is wrong, and a key limited
+// to a project cannot set a budget on the whole account (its action would
+// fall on sandboxes the key cannot see).
+func TestBudgetRequests(t *testing.T) {
+	eng, _, _ := budgetEngine(t)
+	ctx := context.Background()
+	bad := map[string]budget.CreateRequest{
+		"limit_usd":    {Scope: store.BudgetScope{Kind: "account"}, Period: "total", Action: "notify"},
+		"action":       {Scope: store.BudgetScope{Kind: "account"}, Period: "total", Action: "stop", Limit: dollar},
+		"scope.labels": {Scope: store.BudgetScope{Kind: "label"}, Period: "total", Action: "pause", Limit: dollar},
+		"scope.ref":    {Scope: store.BudgetScope{Kind: "project", Ref: "nope"}, Period: "total", Action: "pause", Limit: dollar},
+		"period":       {Scope: store.BudgetScope{Kind: "account"}, Period: "weekly", Action: "pause", Limit: dollar},
+	}
+	for field, r := range bad {
+		_, err := eng.Budgets().Create(ctx, "", r)
+		if !errors.Is(err, sandbox.ErrInvalid) || sandbox.FieldOf(err) != field {
+			t.Errorf("%s: %v (field %q)", field, err, sandbox.FieldOf(err))
+		}
+	}
+	proj, err := eng.Tenants().CreateProject(ctx, "", tenant.CreateRequest{Name: "p1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := eng.Keys().Create(ctx, apikey.CreateRequest{Scope: authz.Scope{Projects: []string{proj.ID}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx := authz.WithPrincipal(ctx, authz.Principal{AccountID: k.AccountID, KeyID: k.ID, Scope: k.Scope})
+	if _, err := eng.Budgets().Create(kctx, "", budget.CreateRequest{Scope: store.BudgetScope{Kind: "account"}, Period: "total", Action: "delete", Limit: dollar}); !errors.Is(err, sandbox.ErrForbidden) {
+		t.Errorf("a project key's account budget: %v", err)
+	}
+	pb, err := eng.Budgets().Create(kctx, "", budget.CreateRequest{Scope: store.BudgetScope{Kind: "project", Ref: "p1"}, Period: "monthly", Action: "pause", Limit: dollar})
+	if err != nil || pb.Scope.Ref != proj.ID {
+		t.Fatalf("a project key's project budget: %+v %v", pb, err)
+	}
+	acct := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: "account"}, Limit: dollar, Action: "notify"})
+	// It may read the account's budget (which limits it too), not delete it.
+	if _, err := eng.Budgets().Get(kctx, acct.ID); err != nil {
+		t.Errorf("a project key reading the account budget: %v", err)
+	}
+	if err := eng.Budgets().Delete(kctx, acct.ID); !errors.Is(err, sandbox.ErrForbidden) {
+		t.Errorf("a project key deleting the account budget: %v", err)
+	}
+	if err := eng.Budgets().Delete(ctx, acct.ID); err != nil {
+		t.Errorf("the operator deleting it: %v", err)
+	}
+}

@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCLIBudget is the CLI's contract for budgets and usage, against a
+// real hareboxd that boots no VM.
+func TestCLIBudget(t *testing.T) {
+	s := prepareNoVM(t)
+	dataDir, err := os.MkdirTemp("", "hbb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	srv := startNoVM(t, s, dataDir)
+	defer func() {
+		srv.stop(t)
+		noLeftovers(t, dataDir)
+	}()
+	c := &cliT{t, s, srv}
+	cli, ok, fails := c.run, c.ok, c.fails
+	type budget struct {
+		ID     string `json:"id"`
+		Name   string `json:"name"`
+		Limit  string `json:"limit_usd"`
+		Spent  string `json:"spent_usd"`
+		Action string `json:"action"`
+		Period string `json:"period"`
+		Scope  struct {
+			Kind   string            `json:"kind"`
+			Ref    string            `json:"ref"`
+			Labels map[string]string `json:"labels"`
+		} `json:"scope"`
+		WarnAt []int `json:"warn_at_percent"`
+	}
+	var acct, proj, lbl budget
+	ok("", &acct, "budget", "create", "--scope", "account", "--limit", "$25", "--action", "notify", "--warn", "50,80", "--name", "whole")
+	if acct.Limit != "25.00" || acct.Spent != "0.00" || acct.Period != "monthly" || len(acct.WarnAt) != 2 || acct.Name != "whole" {
+		t.Fatalf("account budget: %+v", acct)
+	}
+	ok("", &proj, "budget", "create", "--scope", "project:default", "--limit", "10.5", "--action", "pause", "--period", "total")
+	if !strings.HasPrefix(proj.Scope.Ref, "prj_") || proj.Limit != "10.50" || proj.Period != "total" {
+		t.Fatalf("project budget: %+v", proj)
+	}
+	ok("", &lbl, "budget", "create", "--scope", "label:team=red,tier=web", "--limit", "1", "--action", "delete")
+	if len(lbl.Scope.Labels) != 2 || lbl.Scope.Labels["tier"] != "web" {
+		t.Fatalf("label budget: %+v", lbl)
+	}
+	var got budget
+	ok("", &got, "budget", "get", proj.ID)
+	if got.ID != proj.ID || got.Action != "pause" {
+		t.Fatalf("get: %+v", got)
+	}
+	var l struct {
+		Budgets []budget `json:"budgets"`
+	}
+	ok("", &l, "budget", "list")
+	if len(l.Budgets) != 3 {
+		t.Fatalf("list: %+v", l)
+	}
+	table, _, code := cli("", "--output", "table", "budget", "list")
+	if code != 0 || !strings.Contains(table, "SPENT") || !strings.Contains(table, "label:") || strings.Count(table, "\n") != 4 {
+		t.Fatalf("table: %s", table)
+	}
+	// Bad input: said by the CLI (exit 2) or the server (exit 1), nothing made.
+	fails("", 2, "--scope", "budget", "create", "--scope", "galaxy", "--limit", "1", "--action", "pause")
+	fails("", 2, "--limit", "budget", "create", "--scope", "account", "--limit", "1.0000001", "--action", "pause")
+	fails("", 2, "required", "budget", "create", "--scope", "account")
+	fails("", 1, "stop is not available", "budget", "create", "--scope", "account", "--limit", "1", "--action", "stop")
+	fails("", 1, "scope.ref", "budget", "create", "--scope", "fleet:flt_nope", "--limit", "1", "--action", "pause")
+	// A key limited to a project cannot set an account-wide budget.
+	var k struct {
+		Secret string `json:"secret"`
+	}
+	ok("", &k, "key", "create", "--projects", "default")
+	fails(k.Secret, 1, "limited to some projects", "budget", "create", "--scope", "account", "--limit", "1", "--action", "delete")
+	ok("", nil, "budget", "delete", lbl.ID)
+	fails("", 1, "no budget", "budget", "get", lbl.ID)
+	var u struct {
+		Usage []map[string]any `json:"usage"`
+	}
+	ok("", &u, "usage", "--group-by", "project", "--from", "2026-01-01T00:00:00Z")
+	if u.Usage == nil {
+		t.Fatal("usage: no usage array")
+	}
+	fails("", 2, "--from", "usage", "--from", "yesterday")
+	fails("", 1, "group_by", "usage", "--group-by", "colour")
+}
+
+// TestBudgetPausesVM is the end-to-end path on a real VM: with vCPUs
+// priced at a dollar a second and metering every second, a budget pauses
+// the sandbox it covers for real; resuming it is refused with 402 until
+// the budget goes, and then it runs again.
+func TestBudgetPausesVM(t *testing.T) {
+	s := prepare(t)
+	dataDir, err := os.MkdirTemp("", "hbv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	prices := filepath.Join(dataDir, "prices.json")
+	os.WriteFile(prices, []byte(`{"vcpu_hour": "3600", "memory_gib_hour": "0", "paused_memory_gib_hour": "0", "disk_gb_hour": "0"}`), 0o600)
+	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none",
+		"--prices", prices, "--meter-interval", "1s")
+	defer func() {
+		srv.stop(t)
+		noLeftovers(t, dataDir)
+	}()
+	code, b := srv.call(t, "POST", "/v1/budgets", srv.key, map[string]any{
+		"scope": map[string]any{"kind": "label", "labels": map[string]string{"job": "metered"}}, "period": "monthly", "limit_usd": "40", "action": "pause",
+	})
+	if code != 201 {
+		t.Fatalf("budget: %d %v", code, b)
+	}
+	code, box := srv.call(t, "POST", "/v1/sandboxes", srv.key, map[string]any{"image": "minimal", "size": map[string]any{"vcpus": 1, "memory_mb": 256, "disk_gb": 1}, "labels": map[string]string{"job": "metered"}})
+	if code != 201 {
+		t.Fatalf("create: %d %v", code, box)
+	}
+	id := box["id"].(string)
+	defer srv.call(t, "DELETE", "/v1/sandboxes/"+id, srv.key, nil)
+	code, other := srv.call(t, "POST", "/v1/sandboxes", srv.key, map[string]any{"image": "minimal", "size": map[string]any{"vcpus": 1, "memory_mb": 256, "disk_gb": 1}})
+	if code != 201 {
+		t.Fatalf("create the unbudgeted one: %d %v", code, other)
+	}
+	defer srv.call(t, "DELETE", "/v1/sandboxes/"+other["id"].(string), srv.key, nil)
+	start := time.Now()
+	for {
+		_, got := srv.call(t, "GET", "/v1/sandboxes/"+id, srv.key, nil)
+		if got["state"] == "paused" {
+			break
+		}
+		if time.Since(start) > 90*time.Second {
+			t.Fatalf("the sandbox was not paused: %v\n%s", got, tail(srv.log.String()))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("paused %v after it was created", time.Since(start).Round(100*time.Millisecond))
+	_, bud := srv.call(t, "GET", "/v1/budgets/"+b["id"].(string), srv.key, nil)
+	if bud["reached_at"] == nil {
+		t.Fatalf("budget: %v", bud)
+	}
+	// A paused VM runs nothing: exec is refused, and so is resume.
+	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": "true"}); code != 409 {
+		t.Fatalf("exec in the paused sandbox: %d %v", code, r)
+	}
+	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/resume", srv.key, nil); code != 402 {
+		t.Fatalf("resume over the budget: %d %v", code, r)
+	}
+	// The other one ran on.
+	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+other["id"].(string)+"/exec", srv.key, map[string]any{"cmd": "echo on"}); code != 200 || r["stdout"] != "on\n" {
+		t.Fatalf("exec in the unbudgeted sandbox: %d %v", code, r)
+	}
+	if code, _ := srv.call(t, "DELETE", "/v1/budgets/"+b["id"].(string), srv.key, nil); code != 204 {
+		t.Fatalf("delete the budget: %d", code)
+	}
+	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/resume", srv.key, nil); code != 200 {
+		t.Fatalf("resume without the budget: %d %v", code, r)
+	}
+	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": "echo back"}); code != 200 || r["stdout"] != "back\n" {
+		t.Fatalf("exec after the resume: %d %v", code, r)
+	}
+}
