@@ -414,3 +414,71 @@ func TestBudgetRequests(t *testing.T) {
 		t.Errorf("the operator deleting it: %v", err)
 	}
 }
+
+// BenchmarkBudgetAdmission: create (admission, placement, reservation)
+// and delete on the fake hypervisor with 1,000 budgets in the account
+// (one covers the sandbox; 999 label, project and fleet budgets do not),
+// as a ratio to the same with no budgets, measured in the same run.
+func BenchmarkBudgetAdmission(b *testing.B) {
+	ctx := context.Background()
+	open := func() *harebox.Engine {
+		hv := memhv.New(memhv.Options{})
+		b.Cleanup(func() { hv.Close() })
+		opts := memhvOptions(b, hv)
+		opts.HealthInterval = -1
+		opts.MeterInterval = time.Hour
+		eng, err := harebox.New(ctx, opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { eng.Close() })
+		return eng
+	}
+	bare, budgeted := open(), open()
+	mk := func(r budget.CreateRequest) {
+		r.Period, r.Action = budget.Monthly, budget.Pause
+		if r.Limit == 0 {
+			r.Limit = 1000 * dollar
+		}
+		if _, err := budgeted.Budgets().Create(ctx, "", r); err != nil {
+			b.Fatal(err)
+		}
+	}
+	mk(budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: money.MaxUSD})
+	for i := range 333 {
+		mk(budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeLabel, Labels: map[string]string{"team": fmt.Sprint("t", i)}}})
+		p, err := budgeted.Tenants().CreateProject(ctx, "", tenant.CreateRequest{Name: fmt.Sprint("p", i)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		mk(budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeProject, Ref: p.ID}})
+		f, err := budgeted.Tenants().CreateFleet(ctx, "", p.ID, tenant.CreateRequest{Name: "f"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		mk(budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeFleet, Ref: f.ID}})
+	}
+	cycle := func(eng *harebox.Engine) time.Duration {
+		start := time.Now()
+		s, err := eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU, Labels: map[string]string{"team": "mine"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		d := time.Since(start)
+		if err := eng.Delete(ctx, s.ID); err != nil {
+			b.Fatal(err)
+		}
+		return d
+	}
+	cycle(bare)
+	cycle(budgeted)
+	var with, without time.Duration
+	b.ResetTimer()
+	for range b.N {
+		without += cycle(bare)
+		with += cycle(budgeted)
+	}
+	b.ReportMetric(float64(with.Microseconds())/float64(b.N), "budgets-us/op")
+	b.ReportMetric(float64(without.Microseconds())/float64(b.N), "none-us/op")
+	b.ReportMetric(float64(with)/float64(without), "budgets/none")
+}

@@ -22,7 +22,7 @@ import (
 // The engine end to end over the in-memory hypervisor: no VM, no QEMU, so
 // it runs in milliseconds.
 
-func memhvOptions(t *testing.T, hv *memhv.Hypervisor) harebox.Options {
+func memhvOptions(t testing.TB, hv *memhv.Hypervisor) harebox.Options {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "hbm") // short: socket paths live under it
 	if err != nil {

@@ -244,15 +244,12 @@ func (s *Service) Admit(ctx context.Context, tx store.Tx, sandboxID string, subj
 			return err
 		}
 	}
-	cands, err := tx.CandidateBudgets(ctx, subj.AccountID, subj.ProjectID, subj.FleetID, subj.Keys)
+	covering, err := coveringBudgets(ctx, tx, subj)
 	if err != nil {
 		return err
 	}
 	var ids []string
-	for _, b := range cands {
-		if !Covers(b, subj) {
-			continue
-		}
+	for _, b := range covering {
 		roll(b, now)
 		if full(b) || (refuses(b) && b.Spent+b.Reserved+amount > b.Limit) {
 			return refusal(b, amount)
@@ -264,6 +261,28 @@ func (s *Service) Admit(ctx context.Context, tx store.Tx, sandboxID string, subj
 		ids = append(ids, b.ID)
 	}
 	return tx.PutReservation(ctx, &store.Reservation{SandboxID: sandboxID, Amount: amount, Budgets: ids, From: now})
+}
+
+// coveringBudgets reads the budgets that cover subj, oldest first (so a
+// refusal names the same budget every time).
+func coveringBudgets(ctx context.Context, tx store.Tx, subj Subject) ([]*store.Budget, error) {
+	cands, err := tx.CandidateBudgets(ctx, subj.AccountID, subj.ProjectID, subj.FleetID, subj.Keys, subj.Labels)
+	if err != nil {
+		return nil, err
+	}
+	out := cands[:0]
+	for _, b := range cands {
+		if Covers(b, subj) {
+			out = append(out, b)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
 }
 
 // Meter is one settlement of one sandbox.
@@ -322,15 +341,12 @@ func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 		if !m.Final {
 			next = s.prices.Cost(m.Next, m.NextFor)
 		}
-		cands, err := tx.CandidateBudgets(ctx, m.Subject.AccountID, m.Subject.ProjectID, m.Subject.FleetID, m.Subject.Keys)
+		covering, err := coveringBudgets(ctx, tx, m.Subject)
 		if err != nil {
 			return err
 		}
 		var ids []string
-		for _, b := range cands {
-			if !Covers(b, m.Subject) {
-				continue
-			}
+		for _, b := range covering {
 			old := money.USD(0)
 			if slices.Contains(r.Budgets, b.ID) {
 				old = r.Amount

@@ -87,8 +87,25 @@ type UsageFilter struct {
 
 // PutBudget implements Tx.
 func (s *SQLite) PutBudget(ctx context.Context, b *Budget) error {
+	ref := b.Scope.Ref
+	if b.Scope.Kind == "label" {
+		ref = labelRef(b.Scope.Labels)
+	}
 	return s.put(ctx, "budgets", []string{"id", "account_id", "scope_kind", "scope_ref", "created_at"},
-		[]any{b.ID, b.AccountID, b.Scope.Kind, b.Scope.Ref, b.CreatedAt.UnixNano()}, b)
+		[]any{b.ID, b.AccountID, b.Scope.Kind, ref, b.CreatedAt.UnixNano()}, b)
+}
+
+// labelRef indexes a label budget by one of its labels (the least, as
+// KEY=VALUE): a sandbox without that label cannot match it, so an
+// admission reads only the label budgets that one of its labels names.
+func labelRef(labels map[string]string) string {
+	ref := ""
+	for k, v := range labels {
+		if kv := k + "=" + v; ref == "" || kv < ref {
+			ref = kv
+		}
+	}
+	return ref
 }
 
 // GetBudget implements Tx.
@@ -106,18 +123,28 @@ func (s *SQLite) ListBudgets(ctx context.Context, accountID string) ([]*Budget, 
 
 // CandidateBudgets implements Tx: a query on the indexed scope columns,
 // so an admission reads the few budgets that can cover it, not all.
-func (s *SQLite) CandidateBudgets(ctx context.Context, accountID, projectID, fleetID string, keyIDs []string) ([]*Budget, error) {
-	keys, args := "", []any{accountID, projectID, fleetID}
-	if len(keyIDs) > 0 {
-		keys = ` OR (scope_kind = 'key' AND scope_ref IN (?` + strings.Repeat(", ?", len(keyIDs)-1) + `))`
-		for _, k := range keyIDs {
-			args = append(args, k)
+func (s *SQLite) CandidateBudgets(ctx context.Context, accountID, projectID, fleetID string, keyIDs []string, labels map[string]string) ([]*Budget, error) {
+	q, args := `SELECT record FROM budgets WHERE account_id = ? AND scope_kind = 'account'
+		UNION ALL SELECT record FROM budgets WHERE account_id = ? AND scope_kind = 'project' AND scope_ref = ?
+		UNION ALL SELECT record FROM budgets WHERE account_id = ? AND scope_kind = 'fleet' AND scope_ref = ?`,
+		[]any{accountID, accountID, projectID, accountID, fleetID}
+	in := func(kind string, refs []string) {
+		if len(refs) == 0 {
+			return
+		}
+		q += ` UNION ALL SELECT record FROM budgets WHERE account_id = ? AND scope_kind = '` + kind + `' AND scope_ref IN (?` + strings.Repeat(", ?", len(refs)-1) + `)`
+		args = append(args, accountID)
+		for _, r := range refs {
+			args = append(args, r)
 		}
 	}
-	return list[Budget](ctx, s, `SELECT record FROM budgets WHERE account_id = ? AND (
-		scope_kind = 'account' OR scope_kind = 'label' OR
-		(scope_kind = 'project' AND scope_ref = ?) OR (scope_kind = 'fleet' AND scope_ref = ?)`+keys+`)
-		ORDER BY created_at, id`, args...)
+	in("key", keyIDs)
+	var kv []string
+	for k, v := range labels {
+		kv = append(kv, k+"="+v)
+	}
+	in("label", kv)
+	return list[Budget](ctx, s, q, args...)
 }
 
 // DeleteBudget implements Tx.

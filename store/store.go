@@ -89,13 +89,14 @@ type Tx interface {
 
 	// Budgets, and the reservations live sandboxes hold against them.
 	// CandidateBudgets returns an account's budgets that may cover a
-	// sandbox in projectID, fleetID, created by a key of keyIDs: every
-	// account and label budget, and those whose ref is one of these (the
-	// caller matches the labels).
+	// sandbox in projectID, fleetID, created by a key of keyIDs, with
+	// labels: every account budget, those whose ref is one of these, and
+	// the label budgets indexed by one of its labels (the caller matches
+	// the rest), in no particular order.
 	PutBudget(ctx context.Context, b *Budget) error
 	GetBudget(ctx context.Context, id string) (*Budget, error)
 	ListBudgets(ctx context.Context, accountID string) ([]*Budget, error)
-	CandidateBudgets(ctx context.Context, accountID, projectID, fleetID string, keyIDs []string) ([]*Budget, error)
+	CandidateBudgets(ctx context.Context, accountID, projectID, fleetID string, keyIDs []string, labels map[string]string) ([]*Budget, error)
 	DeleteBudget(ctx context.Context, id string) error
 	PutReservation(ctx context.Context, r *Reservation) error
 	GetReservation(ctx context.Context, sandboxID string) (*Reservation, error)
