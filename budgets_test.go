@@ -88,6 +88,12 @@ func state(t *testing.T, eng *harebox.Engine, id string) sandbox.State {
 // Many creates at once against a budget that fits three admit three:
 // the reservations are made in the transaction that admits each.
 func TestBudgetConcurrentCreates(t *testing.T) {
+	for round := range 8 {
+		t.Run(fmt.Sprint(round), concurrentCreates)
+	}
+}
+
+func concurrentCreates(t *testing.T) {
 	eng, _, _ := budgetEngine(t)
 	ctx := context.Background()
 	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 3 * dollar, Action: budget.DenyNew})
@@ -481,4 +487,94 @@ func BenchmarkBudgetAdmission(b *testing.B) {
 	b.ReportMetric(float64(with.Microseconds())/float64(b.N), "budgets-us/op")
 	b.ReportMetric(float64(without.Microseconds())/float64(b.N), "none-us/op")
 	b.ReportMetric(float64(with)/float64(without), "budgets/none")
+}
+
+// Each action on each scope: a budget reached by one interval of the one
+// sandbox it covers does what its action says to that sandbox, and only
+// to it; creates in scope are refused unless it only notifies.
+func TestBudgetEachActionEachScope(t *testing.T) {
+	for _, kind := range []string{budget.ScopeAccount, budget.ScopeProject, budget.ScopeFleet, budget.ScopeLabel, budget.ScopeKey} {
+		for _, action := range []string{budget.Notify, budget.DenyNew, budget.Pause, budget.Delete} {
+			t.Run(kind+"/"+action, func(t *testing.T) {
+				eng, clk, _ := budgetEngine(t)
+				ctx := context.Background()
+				// In scope: a sandbox of project "in", fleet "f", label
+				// team=in, made by key k. Out of scope: the same in
+				// another account (for the account scope) or project.
+				acc, err := eng.Tenants().CreateAccount(ctx, tenant.CreateRequest{Name: "acme"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				in, err := eng.Tenants().CreateProject(ctx, acc.ID, tenant.CreateRequest{Name: "in"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := eng.Tenants().CreateProject(ctx, acc.ID, tenant.CreateRequest{Name: "out"}); err != nil {
+					t.Fatal(err)
+				}
+				fl, err := eng.Tenants().CreateFleet(ctx, acc.ID, in.ID, tenant.CreateRequest{Name: "f"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				k, err := eng.Keys().Create(ctx, apikey.CreateRequest{AccountID: acc.ID})
+				if err != nil {
+					t.Fatal(err)
+				}
+				kctx := authz.WithPrincipal(ctx, authz.Principal{AccountID: k.AccountID, KeyID: k.ID, Scope: k.Scope})
+				scope := store.BudgetScope{Kind: kind}
+				switch kind {
+				case budget.ScopeProject:
+					scope.Ref = "in"
+				case budget.ScopeFleet:
+					scope.Ref = fl.ID
+				case budget.ScopeLabel:
+					scope.Labels = map[string]string{"team": "in"}
+				case budget.ScopeKey:
+					scope.Ref = k.ID
+				}
+				bg, err := eng.Budgets().Create(ctx, acc.ID, budget.CreateRequest{Scope: scope, Period: budget.Monthly, Limit: dollar + dollar/2, Action: action})
+				if err != nil {
+					t.Fatal(err)
+				}
+				inReq := sandbox.CreateRequest{AccountID: acc.ID, Project: "in", Fleet: "f", Size: oneVCPU, Labels: map[string]string{"team": "in"}}
+				mine, err := eng.Create(kctx, inReq)
+				if err != nil {
+					t.Fatal(err)
+				}
+				outReq := sandbox.CreateRequest{AccountID: acc.ID, Project: "out", Size: oneVCPU}
+				if kind == budget.ScopeAccount {
+					outReq.AccountID, outReq.Project = "", "" // the default account
+				}
+				other, err := eng.Create(ctx, outReq)
+				if err != nil {
+					t.Fatal(err)
+				}
+				clk.advance(2 * time.Hour) // $2 spent: past $1.50, for notify too
+				if err := eng.Settle(ctx); err != nil {
+					t.Fatal(err)
+				}
+				want := map[string]sandbox.State{budget.Notify: sandbox.StateRunning, budget.DenyNew: sandbox.StateRunning,
+					budget.Pause: sandbox.StatePaused, budget.Delete: sandbox.StateDeleted}[action]
+				if s := state(t, eng, mine.ID); s != want {
+					t.Errorf("the sandbox in scope is %s, want %s", s, want)
+				}
+				if s := state(t, eng, other.ID); s != sandbox.StateRunning {
+					t.Errorf("the sandbox out of scope is %s", s)
+				}
+				_, err = eng.Create(kctx, inReq)
+				if action == budget.Notify && err != nil {
+					t.Errorf("a create under a notify budget: %v", err)
+				}
+				if action != budget.Notify && !errors.Is(err, sandbox.ErrBudget) {
+					t.Errorf("a create in scope after the limit: %v", err)
+				}
+				if _, err := eng.Create(ctx, outReq); err != nil {
+					t.Errorf("a create out of scope: %v", err)
+				}
+				if l, _ := eng.Audit().List(ctx, store.AuditFilter{Action: "budgetReached", Target: bg.ID}); len(l) != 1 {
+					t.Errorf("budgetReached entries: %d", len(l))
+				}
+			})
+		}
+	}
 }
