@@ -6,6 +6,7 @@ import (
 
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -43,7 +44,7 @@ func (e *Engine) admit(ctx context.Context, tx store.Tx, rec *store.Sandbox) err
 func (e *Engine) settle(ctx context.Context, b *box, next sandbox.State, admit bool) error {
 	events, err := e.budgets.Settle(ctx, budget.Meter{
 		SandboxID: b.rec.ID, Subject: budget.SubjectOf(b.rec), Held: held(b.rec, b.rec.State),
-		Next: held(b.rec, next), NextFor: e.reserveFor(b.rec, e.opts.Now()), Admit: admit,
+		Next: held(b.rec, next), NextFor: e.reserveFor(b.rec, e.opts.Now()), Admit: admit, Egress: e.egress(b),
 	})
 	if err != nil && !admit {
 		e.log.Warn("metering failed", "id", b.rec.ID, "err", err)
@@ -54,11 +55,25 @@ func (e *Engine) settle(ctx context.Context, b *box, next sandbox.State, admit b
 
 // settleFinal charges what b held up to now and ends its reservation.
 func (e *Engine) settleFinal(ctx context.Context, b *box) {
-	events, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: b.rec.ID, Subject: budget.SubjectOf(b.rec), Held: held(b.rec, b.rec.State), Final: true})
+	events, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: b.rec.ID, Subject: budget.SubjectOf(b.rec), Held: held(b.rec, b.rec.State), Final: true, Egress: e.egress(b)})
 	if err != nil {
 		e.log.Warn("metering failed", "id", b.rec.ID, "err", err)
 	}
 	e.reached(events)
+}
+
+// egress reads b's egress counter, if the network counts (and the link is
+// there: a sandbox without one has sent nothing more).
+func (e *Engine) egress(b *box) *uint64 {
+	m, ok := e.net.(network.Meter)
+	if !ok {
+		return nil
+	}
+	n, err := m.EgressBytes(b.rec.ID)
+	if err != nil {
+		return nil
+	}
+	return &n
 }
 
 // releaseBudgets ends b's reservation without a charge: a create that

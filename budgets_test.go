@@ -15,6 +15,7 @@ import (
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/tenant"
@@ -576,5 +577,72 @@ func TestBudgetEachActionEachScope(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// countingNet is no network with an egress counter the test sets.
+type countingNet struct {
+	network.None
+	mu    sync.Mutex
+	bytes map[string]uint64
+}
+
+func (n *countingNet) EgressBytes(id string) (uint64, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.bytes[id], nil
+}
+
+func (n *countingNet) set(id string, v uint64) {
+	n.mu.Lock()
+	n.bytes[id] = v
+	n.mu.Unlock()
+}
+
+// Egress is charged as the link's counter grows (a counter that starts
+// again counts from zero), shows in usage, and can reach a budget.
+func TestBudgetEgress(t *testing.T) {
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	clk := &clock{now: time.Date(2026, 11, 10, 12, 0, 0, 0, time.UTC)}
+	net := &countingNet{bytes: map[string]uint64{}}
+	opts.Now, opts.Network, opts.MeterInterval, opts.HealthInterval = clk.Now, net, time.Hour, -1
+	opts.Prices = &budget.Prices{EgressGB: dollar}
+	eng, err := harebox.New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ctx := context.Background()
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 2 * dollar, Action: budget.Pause})
+	s, err := eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(counter uint64) {
+		net.set(s.ID, counter)
+		clk.advance(time.Minute)
+		if err := eng.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(500_000_000)   // +0.5 GB
+	step(1_250_000_000) // +0.75 GB
+	step(250_000_001)   // the counter started again: +0.250000001 GB
+	got, _ := eng.Budgets().Get(ctx, b.ID)
+	if want := dollar + dollar/2 + 1; got.Spent != want {
+		t.Fatalf("spent %s, want %s", got.Spent, want)
+	}
+	if st := state(t, eng, s.ID); st != sandbox.StateRunning {
+		t.Fatalf("under the limit the sandbox is %s", st)
+	}
+	groups, err := eng.Budgets().Usage(ctx, budget.UsageQuery{GroupBy: "sandbox"})
+	if err != nil || len(groups) != 1 || groups[0].EgressBytes != 1_500_000_001 {
+		t.Fatalf("usage: %+v %v", groups, err)
+	}
+	step(750_000_001) // +0.5 GB: $2.000001 spent, past $2
+	if st := state(t, eng, s.ID); st != sandbox.StatePaused {
+		t.Fatalf("past the limit by egress the sandbox is %s", st)
 	}
 }

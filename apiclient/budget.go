@@ -48,5 +48,6 @@ type UsageGroup struct {
 	VCPUSeconds      int64  `json:"vcpu_seconds"`
 	MemoryGiBSeconds int64  `json:"memory_gib_seconds"`
 	PausedSeconds    int64  `json:"paused_seconds"`
+	EgressBytes      uint64 `json:"egress_bytes"`
 	Cost             string `json:"cost_usd"`
 }

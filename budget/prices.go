@@ -25,6 +25,10 @@ type Prices struct {
 	// DiskGBHour is charged for the disk's reserved size while the
 	// sandbox exists, running or paused.
 	DiskGBHour money.USD `json:"disk_gb_hour"`
+	// EgressGB is charged per GB (10^9 bytes) the guest sends out of its
+	// network link, as it is metered (it is not known in advance, so it
+	// is not reserved).
+	EgressGB money.USD `json:"egress_gb"`
 }
 
 // DefaultPrices is the price table used when none is configured.
@@ -33,7 +37,8 @@ var DefaultPrices = Prices{
 	MemoryGiBHour:       5_600,  // $0.0056
 	PausedVCPUHour:      0,
 	PausedMemoryGiBHour: 5_600,
-	DiskGBHour:          140, // $0.00014 (about $0.10 a GB-month)
+	DiskGBHour:          140,    // $0.00014 (about $0.10 a GB-month)
+	EgressGB:            90_000, // $0.09
 }
 
 // LoadPrices reads a price table from a JSON file: every price as a
@@ -51,6 +56,20 @@ func LoadPrices(path string) (Prices, error) {
 		return Prices{}, fmt.Errorf("prices: %s: %w", path, err)
 	}
 	return p, nil
+}
+
+// EgressCost is what sending n bytes costs, rounded up to the
+// micro-dollar.
+func (p Prices) EgressCost(n uint64) money.USD {
+	num := new(big.Int).Mul(new(big.Int).SetUint64(n), big.NewInt(int64(p.EgressGB)))
+	q, m := new(big.Int).QuoRem(num, big.NewInt(1_000_000_000), new(big.Int))
+	if m.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if !q.IsInt64() || q.Int64() > int64(money.MaxUSD) {
+		return money.MaxUSD
+	}
+	return money.USD(q.Int64())
 }
 
 // Resources are what a sandbox holds for an interval.

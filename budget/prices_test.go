@@ -59,3 +59,15 @@ func TestLoadPrices(t *testing.T) {
 		}
 	}
 }
+
+func TestEgressCost(t *testing.T) {
+	p := Prices{EgressGB: 90_000}
+	for n, want := range map[uint64]money.USD{0: 0, 1: 1, 1_000_000_000: 90_000, 1_500_000_000: 135_000, 1<<64 - 1: 1_660_206_966_633_860} {
+		if got := p.EgressCost(n); got != want {
+			t.Errorf("EgressCost(%d) = %d, want %d", n, got, want)
+		}
+	}
+	if got := (Prices{EgressGB: money.MaxUSD}).EgressCost(1<<64 - 1); got != money.MaxUSD {
+		t.Errorf("a huge egress cost is %d, want the cap", got)
+	}
+}

@@ -300,6 +300,10 @@ type Meter struct {
 	// Admit refuses the renewal if a covering budget has no room for it
 	// (a resume): nothing is settled then.
 	Admit bool
+	// Egress is the sandbox's egress counter now, if its network counts
+	// (network.Meter); what it grew by since the last settlement is
+	// charged.
+	Egress *uint64
 }
 
 // Event is something a settlement made happen to a budget.
@@ -337,6 +341,15 @@ func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 			from = now // a clock that went back charges nothing, and never negative
 		}
 		cost := s.prices.Cost(m.Held, now.Sub(from))
+		egress, counter := uint64(0), r.Egress
+		if m.Egress != nil {
+			counter = *m.Egress
+			egress = counter - r.Egress
+			if counter < r.Egress {
+				egress = counter // the counter started again (a new link)
+			}
+			cost = min(money.MaxUSD, cost+s.prices.EgressCost(egress))
+		}
 		next := money.USD(0)
 		if !m.Final {
 			next = s.prices.Cost(m.Next, m.NextFor)
@@ -366,10 +379,10 @@ func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 				events = append(events, Event{Budget: b, Reached: true})
 			}
 		}
-		if now.After(from) {
+		if now.After(from) || egress > 0 {
 			u := store.Usage{SandboxID: m.SandboxID, AccountID: m.Subject.AccountID, ProjectID: m.Subject.ProjectID,
 				FleetID: m.Subject.FleetID, KeyID: first(m.Subject.Keys), Labels: m.Subject.Labels, Start: from, End: now,
-				VCPUs: m.Held.VCPUs, MemoryMB: m.Held.MemoryMB, DiskGB: m.Held.DiskGB, Paused: m.Held.Paused, Cost: cost}
+				VCPUs: m.Held.VCPUs, MemoryMB: m.Held.MemoryMB, DiskGB: m.Held.DiskGB, Paused: m.Held.Paused, EgressBytes: egress, Cost: cost}
 			if err := tx.AddUsage(ctx, u); err != nil {
 				return err
 			}
@@ -378,7 +391,7 @@ func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 		if m.Final {
 			return tx.DeleteReservation(ctx, m.SandboxID)
 		}
-		return tx.PutReservation(ctx, &store.Reservation{SandboxID: m.SandboxID, Amount: next, Budgets: ids, From: later(now, r.From)})
+		return tx.PutReservation(ctx, &store.Reservation{SandboxID: m.SandboxID, Amount: next, Budgets: ids, From: later(now, r.From), Egress: counter})
 	})
 	if err != nil {
 		return nil, err
@@ -505,6 +518,7 @@ type UsageGroup struct {
 	VCPUSeconds      int64     `json:"vcpu_seconds"`
 	MemoryGiBSeconds int64     `json:"memory_gib_seconds"`
 	PausedSeconds    int64     `json:"paused_seconds"`
+	EgressBytes      uint64    `json:"egress_bytes"`
 	Cost             money.USD `json:"cost_usd"`
 	// Sums in milliseconds (MiB-milliseconds for memory), made seconds last.
 	vcpuMs, memMiBMs, pausedMs int64
@@ -562,6 +576,7 @@ func (s *Service) Usage(ctx context.Context, q UsageQuery) ([]UsageGroup, error)
 			g.vcpuMs += d * int64(u.VCPUs)
 			g.memMiBMs += d * int64(u.MemoryMB)
 		}
+		g.EgressBytes += u.EgressBytes
 		g.Cost = min(money.MaxUSD, g.Cost+u.Cost)
 	}
 	out := make([]UsageGroup, 0, len(groups))

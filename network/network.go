@@ -28,6 +28,13 @@ type Network interface {
 	Prune(ctx context.Context, keep []string) error
 }
 
+// Meter is what a Network that counts traffic also does: the bytes a
+// sandbox's guest has sent out of its link since it was attached (a
+// counter that may restart from zero when the link is made again).
+type Meter interface {
+	EgressBytes(sandboxID string) (uint64, error)
+}
+
 // Attachment is what a VM gets: a tap device with a MAC, and kernel
 // command-line parameters that tell the guest agent its addresses.
 type Attachment struct {

@@ -65,7 +65,9 @@ type Usage struct {
 	MemoryMB  int               `json:"memory_mb"`
 	DiskGB    int               `json:"disk_gb"`
 	Paused    bool              `json:"paused,omitempty"`
-	Cost      money.USD         `json:"cost_usd"`
+	// EgressBytes is what the guest sent out of its link in the interval.
+	EgressBytes uint64    `json:"egress_bytes,omitempty"`
+	Cost        money.USD `json:"cost_usd"`
 }
 
 // Reservation is what a live sandbox holds against its budgets: Amount,
@@ -76,6 +78,8 @@ type Reservation struct {
 	Amount    money.USD `json:"amount_usd"`
 	Budgets   []string  `json:"budgets,omitempty"`
 	From      time.Time `json:"from"`
+	// Egress is the link's egress counter at From.
+	Egress uint64 `json:"egress,omitempty"`
 }
 
 // UsageFilter selects usage rows: an account's ("" for every account),
@@ -188,17 +192,17 @@ func (s *SQLite) AddUsage(ctx context.Context, u Usage) error {
 	if err != nil {
 		return fmt.Errorf("store: add usage: %w", err)
 	}
-	_, err = s.q.ExecContext(ctx, `INSERT INTO usage (sandbox_id, start_ns, end_ns, vcpus, memory_mb, account_id, project_id, fleet_id, key_id, labels, disk_gb, paused, cost)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err = s.q.ExecContext(ctx, `INSERT INTO usage (sandbox_id, start_ns, end_ns, vcpus, memory_mb, account_id, project_id, fleet_id, key_id, labels, disk_gb, paused, cost, egress_bytes)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		u.SandboxID, u.Start.UnixNano(), u.End.UnixNano(), u.VCPUs, u.MemoryMB,
-		u.AccountID, u.ProjectID, u.FleetID, u.KeyID, string(labels), u.DiskGB, u.Paused, int64(u.Cost))
+		u.AccountID, u.ProjectID, u.FleetID, u.KeyID, string(labels), u.DiskGB, u.Paused, int64(u.Cost), int64(min(u.EgressBytes, 1<<62)))
 	if err != nil {
 		return fmt.Errorf("store: add usage: %w", err)
 	}
 	return nil
 }
 
-const usageCols = `sandbox_id, start_ns, end_ns, vcpus, memory_mb, account_id, project_id, fleet_id, key_id, labels, disk_gb, paused, cost`
+const usageCols = `sandbox_id, start_ns, end_ns, vcpus, memory_mb, account_id, project_id, fleet_id, key_id, labels, disk_gb, paused, cost, egress_bytes`
 
 // ListUsage implements Tx.
 func (s *SQLite) ListUsage(ctx context.Context, sandboxID string) ([]Usage, error) {
@@ -231,13 +235,13 @@ func (s *SQLite) usage(ctx context.Context, q string, args ...any) ([]Usage, err
 	defer rows.Close()
 	var out []Usage
 	for rows.Next() {
-		var start, end, cost int64
+		var start, end, cost, egress int64
 		var labels string
 		var u Usage
-		if err := rows.Scan(&u.SandboxID, &start, &end, &u.VCPUs, &u.MemoryMB, &u.AccountID, &u.ProjectID, &u.FleetID, &u.KeyID, &labels, &u.DiskGB, &u.Paused, &cost); err != nil {
+		if err := rows.Scan(&u.SandboxID, &start, &end, &u.VCPUs, &u.MemoryMB, &u.AccountID, &u.ProjectID, &u.FleetID, &u.KeyID, &labels, &u.DiskGB, &u.Paused, &cost, &egress); err != nil {
 			return nil, fmt.Errorf("store: list usage: %w", err)
 		}
-		u.Start, u.End, u.Cost = time.Unix(0, start).UTC(), time.Unix(0, end).UTC(), money.USD(cost)
+		u.Start, u.End, u.Cost, u.EgressBytes = time.Unix(0, start).UTC(), time.Unix(0, end).UTC(), money.USD(cost), uint64(egress)
 		if err := json.Unmarshal([]byte(labels), &u.Labels); err != nil {
 			return nil, fmt.Errorf("store: corrupt usage labels: %w", err)
 		}

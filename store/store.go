@@ -326,6 +326,7 @@ var migrations = []string{
 	ALTER TABLE usage ADD COLUMN disk_gb INTEGER NOT NULL DEFAULT 0;
 	ALTER TABLE usage ADD COLUMN paused BOOLEAN NOT NULL DEFAULT FALSE;
 	ALTER TABLE usage ADD COLUMN cost BIGINT NOT NULL DEFAULT 0;
+	ALTER TABLE usage ADD COLUMN egress_bytes BIGINT NOT NULL DEFAULT 0;
 	CREATE INDEX usage_account ON usage(account_id, end_ns);`,
 }
 

@@ -378,6 +378,20 @@ func Cmdline(gw, guest netip.Addr, mac string) string {
 	return fmt.Sprintf("%s=%s/30 %s=%s %s=%s %s=%s", layout.ParamIP, guest, layout.ParamGateway, gw, layout.ParamDNS, gw, layout.ParamMAC, mac)
 }
 
+// EgressBytes implements network.Meter: what the guest sent into its tap
+// (the tap's received bytes), to the internet and to the host's services
+// alike.
+func (n *Network) EgressBytes(sandboxID string) (uint64, error) {
+	l, err := netlink.LinkByName(TapName(sandboxID))
+	if err != nil {
+		return 0, fmt.Errorf("linuxnet: egress of %s: %w", sandboxID, err)
+	}
+	if st := l.Attrs().Statistics; st != nil {
+		return st.RxBytes, nil
+	}
+	return 0, fmt.Errorf("linuxnet: egress of %s: the tap has no statistics", sandboxID)
+}
+
 // TapName derives a sandbox's tap name: "hb" and 12 characters of a hash
 // of its ID (14 < IFNAMSIZ).
 func TapName(id string) string {

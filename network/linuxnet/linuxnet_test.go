@@ -231,3 +231,57 @@ func TestDNSNeverThroughProxy(t *testing.T) {
 	}
 	mustBlocked(t, "DNS over TLS 853", err, e.count(outsideIP+":853"))
 }
+
+// EgressBytes counts what the guest sends into its link, denied traffic
+// included (it is sent all the same), and only that sandbox's.
+func TestEgressBytes(t *testing.T) {
+	e := newEnv(t)
+	n := e.newNetwork("")
+	t.Cleanup(func() { n.Destroy(context.Background()) })
+	g := e.attach(n, firewall.Default())
+	other := e.attach(n, firewall.Default())
+	// 20 datagrams of 1,000 bytes to a port the firewall drops, once the
+	// guest knows the gateway's MAC (datagrams queued while it asks are
+	// dropped by the guest's kernel: they never reach the link).
+	// (Unconnected: a connected socket would stop at the first ICMP
+	// error the firewall answers with.)
+	var c net.PacketConn
+	var err error
+	inNS(t, g.ns, func() { c, err = net.ListenPacket("udp4", ":0") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dst := &net.UDPAddr{IP: g.gw.AsSlice(), Port: 9}
+	c.WriteTo([]byte{0}, dst)
+	time.Sleep(300 * time.Millisecond)
+	before, err := n.EgressBytes(g.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherBefore, _ := n.EgressBytes(other.id)
+	for range 20 {
+		if _, err := c.WriteTo(make([]byte, 1000), dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// (The counters follow the packets through the link within moments.)
+	var after uint64
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if after, err = n.EgressBytes(g.id); err != nil {
+			t.Fatal(err)
+		}
+		if after-before >= 20_000 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if after-before < 20_000 {
+		t.Fatalf("egress grew by %d bytes, want at least 20000", after-before)
+	}
+	if o, _ := n.EgressBytes(other.id); o-otherBefore > 2_000 {
+		t.Fatalf("the other sandbox's egress grew by %d bytes", o-otherBefore)
+	}
+	if _, err := n.EgressBytes("sbx_none"); err == nil {
+		t.Fatal("egress of a sandbox without a link")
+	}
+}
