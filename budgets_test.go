@@ -646,3 +646,60 @@ func TestBudgetEgress(t *testing.T) {
 		t.Fatalf("past the limit by egress the sandbox is %s", st)
 	}
 }
+
+// Budgets go with what they are on: a fleet's with the fleet, a
+// project's (and its fleets') with the project, all with the account.
+func TestBudgetsGoWithTheirScope(t *testing.T) {
+	eng, _, _ := budgetEngine(t)
+	ctx := context.Background()
+	acc, err := eng.Tenants().CreateAccount(ctx, tenant.CreateRequest{Name: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := eng.Tenants().CreateProject(ctx, acc.ID, tenant.CreateRequest{Name: "web"})
+	f1, _ := eng.Tenants().CreateFleet(ctx, acc.ID, p.ID, tenant.CreateRequest{Name: "a"})
+	f2, _ := eng.Tenants().CreateFleet(ctx, acc.ID, p.ID, tenant.CreateRequest{Name: "b"})
+	mk := func(s store.BudgetScope) string {
+		b, err := eng.Budgets().Create(ctx, acc.ID, budget.CreateRequest{Scope: s, Period: budget.Total, Limit: dollar, Action: budget.Notify})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.ID
+	}
+	whole := mk(store.BudgetScope{Kind: budget.ScopeAccount})
+	proj := mk(store.BudgetScope{Kind: budget.ScopeProject, Ref: p.ID})
+	mk(store.BudgetScope{Kind: budget.ScopeFleet, Ref: f1.ID})
+	fleet2 := mk(store.BudgetScope{Kind: budget.ScopeFleet, Ref: f2.ID})
+	left := func() []string {
+		l, err := eng.Budgets().List(ctx, acc.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, b := range l {
+			ids = append(ids, b.ID)
+		}
+		return ids
+	}
+	if err := eng.Tenants().DeleteFleet(ctx, acc.ID, p.ID, f1.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(left()); got != fmt.Sprint([]string{whole, proj, fleet2}) {
+		t.Fatalf("after deleting a fleet: %v", got)
+	}
+	if err := eng.Tenants().DeleteProject(ctx, acc.ID, p.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(left()); got != fmt.Sprint([]string{whole}) {
+		t.Fatalf("after deleting the project: %v", got)
+	}
+	if err := eng.Tenants().DeleteAccount(ctx, acc.ID); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := eng.Budgets().List(ctx, ""); len(l) != 0 {
+		t.Fatalf("the default account's budgets: %v", l)
+	}
+	if _, err := eng.Budgets().Get(ctx, whole); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("the deleted account's budget: %v", err)
+	}
+}

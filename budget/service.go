@@ -224,7 +224,7 @@ func (s *Service) Delete(ctx context.Context, id string) (err error) {
 		}
 		account = b.AccountID
 		if b.FromKey {
-			return sandbox.Errorf(sandbox.ErrInvalid, "", "budget %s is API key %s's budget_usd: it goes when the key is revoked", id, b.Scope.Ref)
+			return sandbox.Errorf(sandbox.ErrInvalid, "", "budget %s is API key %s's budget_usd, part of the key's scope: it cannot be deleted on its own", id, b.Scope.Ref)
 		}
 		if err := within(p, b); err != nil {
 			return err

@@ -273,6 +273,10 @@ func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
 				return err
 			}
 		}
+		// Its budgets go with it (the usage it metered stays: a record).
+		if err := deleteBudgets(ctx, tx, a.ID, func(*store.Budget) bool { return true }); err != nil {
+			return err
+		}
 		keys, err := tx.ListKeys(ctx, a.ID)
 		if err != nil {
 			return err
@@ -419,7 +423,27 @@ func deleteProject(ctx context.Context, tx store.Tx, p *Project) error {
 			return err
 		}
 	}
+	// Budgets on the project or its fleets cover nothing any more.
+	if err := deleteBudgets(ctx, tx, p.AccountID, func(b *store.Budget) bool { return b.ProjectID == p.ID }); err != nil {
+		return err
+	}
 	return tx.DeleteProject(ctx, p.ID)
+}
+
+// deleteBudgets deletes an account's budgets that match.
+func deleteBudgets(ctx context.Context, tx store.Tx, accountID string, match func(*store.Budget) bool) error {
+	bs, err := tx.ListBudgets(ctx, accountID)
+	if err != nil {
+		return err
+	}
+	for _, b := range bs {
+		if match(b) {
+			if err := tx.DeleteBudget(ctx, b.ID); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // CreateFleet makes a fleet in a project.
@@ -483,6 +507,9 @@ func (s *Service) DeleteFleet(ctx context.Context, accountRef, projectRef, ref s
 		}
 		n.account, n.target = a.ID, f.ID
 		if err := noLive(ctx, tx, "fleet", f.Name, a.ID, p.ID, f.ID); err != nil {
+			return err
+		}
+		if err := deleteBudgets(ctx, tx, a.ID, func(b *store.Budget) bool { return b.Scope.Kind == "fleet" && b.Scope.Ref == f.ID }); err != nil {
 			return err
 		}
 		return tx.DeleteFleet(ctx, f.ID)

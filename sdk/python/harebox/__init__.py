@@ -12,6 +12,7 @@ The Client has one method per operation of the REST API (see
 
 from .client import DEFAULT_URL, Client, ExecEvent, ExecStream
 from .errors import (
+    BudgetExceeded,
     Conflict,
     Forbidden,
     HareBoxError,
@@ -45,6 +46,7 @@ __all__ = [
     "Conflict",
     "TooLarge",
     "RateLimited",
+    "BudgetExceeded",
     "OverCapacity",
     "Unavailable",
     "ServerTimeout",

@@ -565,6 +565,48 @@ class Client:
         the log's checkpoints."""
         return cast(t.AuditKey, self._json("GET", "/v1/audit/key", timeout=timeout))
 
+    # --- budgets and usage ------------------------------------------------
+    # Money is a decimal string ("25.00"), never a float. The operator
+    # names the account with query ``account`` (ID or name; default the
+    # default account); a key always acts in its own.
+
+    @operation("createBudget")
+    def create_budget(self, *, body: t.Body, query: t.Query | None = None, timeout: float | None = None) -> t.Budget:
+        """POST /v1/budgets: a dollar limit (``limit_usd``) per ``period``
+        ("monthly" or "total") on the sandboxes of a ``scope`` (``kind``
+        "account", "project", "fleet", "label" or "key", with its ``ref``
+        or ``labels``) and the ``action`` taken when it is reached
+        ("notify", "deny_new", "pause" or "delete"); also ``name`` and
+        ``warn_at_percent`` (see BudgetRequest). A project ``ref`` (ID or
+        name) comes back as the project's ID."""
+        return cast(t.Budget, self._json("POST", "/v1/budgets", query=query, body=body, timeout=timeout))
+
+    @operation("listBudgets")
+    def list_budgets(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.BudgetList:
+        """GET /v1/budgets: an account's budgets with their spend and reservations."""
+        return cast(t.BudgetList, self._json("GET", "/v1/budgets", query=query, timeout=timeout))
+
+    @operation("getBudget")
+    def get_budget(self, budget_id: str, *, timeout: float | None = None) -> t.Budget:
+        """GET /v1/budgets/{budget}: a budget with its spend and reservations."""
+        return cast(t.Budget, self._json("GET", _path("/v1/budgets/{}", budget_id), timeout=timeout))
+
+    @operation("deleteBudget")
+    def delete_budget(self, budget_id: str, *, timeout: float | None = None) -> None:
+        """DELETE /v1/budgets/{budget}: removes a budget and what it
+        reserved. A key's ``budget_usd`` budget (``from_key``) is refused:
+        it is part of the key's scope."""
+        self._json("DELETE", _path("/v1/budgets/{}", budget_id), timeout=timeout)
+
+    @operation("getUsage")
+    def get_usage(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.UsageList:
+        """GET /v1/usage: metered usage and its cost, one row per group,
+        sorted by group. Query ``group_by`` ("account", "project", "fleet",
+        "key", "sandbox" (the default) or "label:KEY"), ``from`` and ``to``
+        (RFC 3339; intervals that overlap the range count whole) and
+        ``account``."""
+        return cast(t.UsageList, self._json("GET", "/v1/usage", query=query, timeout=timeout))
+
     # --- transport ------------------------------------------------------
 
     def _exec_timeout(self, body: t.Body) -> float:

@@ -83,6 +83,11 @@ class RateLimited(HareBoxError):
         return super().__repr__()[:-1] + f", retry_after={self.retry_after!r})"
 
 
+class BudgetExceeded(HareBoxError):
+    """402 ``budget_exceeded``: a budget that covers the sandbox has no room
+    for it; the create or resume is refused before anything boots."""
+
+
 class OverCapacity(HareBoxError):
     """503 ``over_capacity``: the host has no room for another sandbox now."""
 
@@ -116,6 +121,7 @@ _BY_CODE: dict[str, type[HareBoxError]] = {
     "conflict": Conflict,
     "too_large": TooLarge,
     "rate_limited": RateLimited,
+    "budget_exceeded": BudgetExceeded,
     "over_capacity": OverCapacity,
     "unavailable": Unavailable,
     "timeout": ServerTimeout,
@@ -127,6 +133,7 @@ _BY_CODE: dict[str, type[HareBoxError]] = {
 _BY_STATUS: dict[int, str] = {
     400: "invalid",
     401: "unauthorized",
+    402: "budget_exceeded",
     403: "forbidden",
     404: "not_found",
     409: "conflict",
@@ -144,6 +151,7 @@ _STATUS_OF: dict[str, int] = {
     "conflict": 409,
     "too_large": 413,
     "rate_limited": 429,
+    "budget_exceeded": 402,
     "over_capacity": 503,
     "unavailable": 503,
     "timeout": 504,

@@ -405,3 +405,84 @@ class AuditKey(TypedDict):
     algorithm: Literal["ed25519"]
     #: Base64.
     public_key: str
+
+
+class BudgetScope(TypedDict):
+    """What a budget covers."""
+
+    kind: Literal["account", "project", "fleet", "label", "key"]
+    #: A project (ID or name in a request, its ID in a reply), a fleet ID
+    #: or an API key ID; none for account and label.
+    ref: NotRequired[str]
+    #: A label scope's selector: every label must match.
+    labels: NotRequired[dict[str, str]]
+
+
+class BudgetRequest(TypedDict):
+    """The body of create_budget."""
+
+    name: NotRequired[str]
+    scope: BudgetScope
+    #: monthly: calendar months in UTC; total: from creation on.
+    period: Literal["monthly", "total"]
+    #: A decimal dollar amount, at most six decimals, e.g. "25.00".
+    limit_usd: str
+    #: notify: an audit event only; deny_new: creates and resumes in scope
+    #: are refused; pause or delete: also the sandboxes in scope are paused
+    #: or deleted.
+    action: Literal["notify", "deny_new", "pause", "delete"]
+    #: Up to 4 percentages of the limit (1 to 99), announced once a period each.
+    warn_at_percent: NotRequired[list[int]]
+
+
+class Budget(TypedDict):
+    """A budget with its running account; money is a decimal string."""
+
+    id: str
+    account_id: str
+    name: NotRequired[str]
+    scope: BudgetScope
+    #: The budget an API key's budget_usd makes; it goes with its key.
+    from_key: NotRequired[bool]
+    #: The project of a project or fleet scope.
+    project_id: NotRequired[str]
+    period: Literal["monthly", "total"]
+    limit_usd: str
+    action: Literal["notify", "deny_new", "pause", "delete"]
+    warn_at_percent: NotRequired[list[int]]
+    created_at: str
+    #: The start of the current period.
+    period_start: str
+    #: Settled spend in the current period.
+    spent_usd: str
+    #: What the live sandboxes in scope hold for their next metering interval.
+    reserved_usd: str
+    #: When the period's spend reached the limit.
+    reached_at: NotRequired[str]
+    #: The action is decided but not yet done.
+    action_pending: NotRequired[bool]
+    #: The warning thresholds already announced this period.
+    warned_percent: NotRequired[list[int]]
+
+
+class BudgetList(TypedDict):
+    budgets: list[Budget]
+
+
+class UsageGroup(TypedDict):
+    """The metered usage of one group and its cost."""
+
+    #: The group's ID, or the label's value for label:KEY.
+    group: str
+    vcpu_seconds: int
+    memory_gib_seconds: int
+    paused_seconds: int
+    #: What the guests sent out of their network links, counted on the host.
+    egress_bytes: int
+    cost_usd: str
+
+
+class UsageList(TypedDict):
+    """The body of get_usage."""
+
+    usage: list[UsageGroup]

@@ -74,6 +74,14 @@ def test_forbidden_and_rate_limited_map_to_classes() -> None:
     assert error_from_body(0, {"error": {"code": "forbidden", "message": "x"}}).status == 403
 
 
+def test_budget_exceeded_maps_to_its_class() -> None:
+    err = error_from_body(402, {"error": {"code": "budget_exceeded", "message": "budget tiny has 0.00 left"}})
+    assert isinstance(err, harebox.BudgetExceeded) and not isinstance(err, harebox.InvalidRequest)
+    assert (err.status, err.code, err.message) == (402, "budget_exceeded", "budget tiny has 0.00 left")
+    assert isinstance(error_from_body(402, None), harebox.BudgetExceeded)
+    assert error_from_body(0, {"error": {"code": "budget_exceeded", "message": "x"}}).status == 402
+
+
 @pytest.mark.parametrize(
     ("header", "seconds"),
     [(None, None), ("", None), ("3", 3.0), (" 1 ", 1.0), ("0.5", 0.5), ("-1", None), ("soon", None), ("inf", None),
