@@ -14,6 +14,9 @@ import type {
   AuditList,
   AuditQuery,
   AuditReport,
+  Budget,
+  BudgetList,
+  BudgetRequest,
   CommandList,
   CommandsQuery,
   CreateRequest,
@@ -52,6 +55,8 @@ import type {
   ProjectUpdate,
   RemoveFileQuery,
   Sandbox as SandboxData,
+  UsageList,
+  UsageQuery,
   WriteFileQuery,
 } from "./types.js";
 
@@ -628,6 +633,46 @@ export class HareBox {
   /** The ed25519 public key (base64) that verifies the audit log's checkpoints. */
   async getAuditKey(options: CallOptions = {}): Promise<AuditKey> {
     return this.#call("getAuditKey", [], "json", this.#plain(options));
+  }
+
+  // Budgets and usage: query.account names the operator's account (ID or
+  // name; default the default account, but every account for getUsage); a
+  // key always acts in its own. Money is a decimal string ("25.00"), never
+  // a number. A create or resume that a covering budget has no room for
+  // throws code "budget_exceeded" (HTTP 402).
+
+  /**
+   * Creates a budget: a dollar limit on an account, project, fleet, label
+   * selector or API key, with the action taken when it is reached. A
+   * scoped key sets budgets only within what it sees.
+   */
+  async createBudget(options: CallOptions<AccountQuery, BudgetRequest>): Promise<Budget> {
+    return this.#call("createBudget", [], "json", this.#withBody(options));
+  }
+
+  /** Lists an account's budgets with their spend and reservations. */
+  async listBudgets(options: CallOptions<AccountQuery> = {}): Promise<BudgetList> {
+    return this.#call("listBudgets", [], "json", this.#plain(options));
+  }
+
+  /** Gets a budget (bgt_...) with its spend and reservations. */
+  async getBudget(budget: string, options: CallOptions = {}): Promise<Budget> {
+    return this.#call("getBudget", [budget], "json", this.#plain(options));
+  }
+
+  /** Removes a budget (an API key's budget_usd goes with its key instead). */
+  async deleteBudget(budget: string, options: CallOptions = {}): Promise<void> {
+    await this.#call("deleteBudget", [budget], "none", this.#plain(options));
+  }
+
+  /**
+   * Metered usage and its cost, one row per group (`group_by`, default
+   * sandbox), sorted by group; intervals that overlap `from`..`to` count
+   * whole. A key sees its own account's; the operator, without
+   * `query.account`, every account's.
+   */
+  async getUsage(options: CallOptions<UsageQuery> = {}): Promise<UsageList> {
+    return this.#call("getUsage", [], "json", this.#plain(options));
   }
 
   // ---- Plumbing -----------------------------------------------------

@@ -61,6 +61,7 @@ const statusOfCode: Record<string, number> = {
   conflict: 409,
   too_large: 413,
   rate_limited: 429,
+  budget_exceeded: 402,
   internal: 500,
   over_capacity: 503,
   unavailable: 503,
@@ -70,6 +71,7 @@ const statusOfCode: Record<string, number> = {
 const codeOfStatus: Record<number, string> = {
   400: "invalid",
   401: "unauthorized",
+  402: "budget_exceeded",
   403: "forbidden",
   404: "not_found",
   405: "not_found",

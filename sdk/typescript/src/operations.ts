@@ -63,6 +63,11 @@ export const OPERATIONS = {
   listAudit: { method: "GET", path: "/v1/audit" },
   verifyAudit: { method: "GET", path: "/v1/audit/verify" },
   getAuditKey: { method: "GET", path: "/v1/audit/key" },
+  createBudget: { method: "POST", path: "/v1/budgets" },
+  listBudgets: { method: "GET", path: "/v1/budgets" },
+  getBudget: { method: "GET", path: "/v1/budgets/{budget}" },
+  deleteBudget: { method: "DELETE", path: "/v1/budgets/{budget}" },
+  getUsage: { method: "GET", path: "/v1/usage" },
 } as const satisfies Record<string, Operation>;
 
 /** An OpenAPI operationId; each is a method of HareBox. */

@@ -13,6 +13,7 @@ export type ErrorCode =
   | "conflict"
   | "too_large"
   | "rate_limited"
+  | "budget_exceeded"
   | "over_capacity"
   | "unavailable"
   | "timeout"
@@ -312,7 +313,8 @@ export interface Scope {
   /**
    * operationIds, or groups: "*", info, sandboxes:read, sandboxes:write,
    * exec, files:read, files:write, firewall:read, firewall:write,
-   * accounts:read, projects:read, projects:write, keys:read, keys:write.
+   * accounts:read, projects:read, projects:write, keys:read, keys:write,
+   * budgets:read, budgets:write.
    */
   actions?: string[];
   /** The only sandbox IDs the key sees; such a key cannot create sandboxes. */
@@ -499,6 +501,89 @@ export interface AuditKey {
   public_key: string;
 }
 
+/** What a budget covers. */
+export type BudgetScopeKind = "account" | "project" | "fleet" | "label" | "key";
+
+/** The sandboxes a budget covers, in its account. */
+export interface BudgetScope {
+  kind: BudgetScopeKind;
+  /**
+   * A project (ID or name; stored as its ID), fleet (ID) or API key (ID);
+   * none for account and label.
+   */
+  ref?: string;
+  /** A label scope's selector (at most 16 labels); every label must match. */
+  labels?: Record<string, string>;
+}
+
+/** monthly: calendar months in UTC; total: from the budget's creation on. */
+export type BudgetPeriod = "monthly" | "total";
+
+/**
+ * What a budget does when it is reached. notify: an audit event only;
+ * deny_new: creates and resumes in scope are refused (budget_exceeded);
+ * pause or delete: also the sandboxes in scope are paused or deleted.
+ */
+export type BudgetAction = "notify" | "deny_new" | "pause" | "delete";
+
+/** The body of createBudget. */
+export interface BudgetRequest {
+  /** Lowercase DNS label, at most 63 characters. */
+  name?: string;
+  scope: BudgetScope;
+  period: BudgetPeriod;
+  /** A decimal dollar amount, at most six decimals, e.g. "25.00" (a string, never a number). */
+  limit_usd: string;
+  action: BudgetAction;
+  /** Percentages of the limit (1 to 99, at most 4), each announced once a period in the audit log. */
+  warn_at_percent?: number[];
+}
+
+/** A budget with its spend and reservations. Money is a decimal string. */
+export interface Budget {
+  /** e.g. "bgt_01j8z3k5m6n7p8q9r0s1t2v3w4" */
+  id: string;
+  account_id: string;
+  name?: string;
+  scope: BudgetScope;
+  /** The budget an API key's budget_usd makes (on the key and the keys it makes; total, deny_new). */
+  from_key?: boolean;
+  /** The project a project or fleet scope is in. */
+  project_id?: string;
+  period: BudgetPeriod;
+  /** e.g. "25.00" */
+  limit_usd: string;
+  action: BudgetAction;
+  warn_at_percent?: number[];
+  /** RFC 3339 date-time. */
+  created_at: string;
+  /** RFC 3339 date-time: the start of the current period. */
+  period_start: string;
+  /** Settled spend in the current period. */
+  spent_usd: string;
+  /** What the live sandboxes in scope hold for their next metering interval. */
+  reserved_usd: string;
+  /** RFC 3339 date-time: when the budget was reached this period. */
+  reached_at?: string;
+  /** The budget was reached and its action is not yet done. */
+  action_pending?: boolean;
+  /** The warning percentages announced this period. */
+  warned_percent?: number[];
+}
+
+/** The metered usage of one group, and its cost. */
+export interface UsageGroup {
+  /** The group's ID (or label value) as group_by says; "" for usage outside any (e.g. no fleet). */
+  group: string;
+  vcpu_seconds: number;
+  memory_gib_seconds: number;
+  paused_seconds: number;
+  /** What the guests sent out of their network links, counted on the host. */
+  egress_bytes: number;
+  /** A decimal dollar amount, e.g. "0.0504". */
+  cost_usd: string;
+}
+
 /** The body of getHealth. */
 export interface Health {
   status: "ok";
@@ -562,6 +647,16 @@ export interface AuditList {
   next?: string;
 }
 
+/** The body of listBudgets. */
+export interface BudgetList {
+  budgets: Budget[];
+}
+
+/** The body of getUsage: one row per group, sorted by group. */
+export interface UsageList {
+  usage: UsageGroup[];
+}
+
 /** The body of killProcess. */
 export interface KillRequest {
   /** Default SIGKILL (9). */
@@ -586,9 +681,9 @@ export interface ListSandboxesQuery {
 }
 
 /**
- * The query of the project, fleet and key operations: the operator names
- * the account (ID or name; default the default account). A key always acts
- * in its own.
+ * The query of the project, fleet, key, budget and usage operations: the
+ * operator names the account (ID or name; default the default account). A
+ * key always acts in its own.
  */
 export interface AccountQuery {
   account?: string;
@@ -623,6 +718,18 @@ export interface AuditQuery {
   limit?: number;
   /** JSON pages only; auditEntries iterates every entry. */
   format?: "json";
+}
+
+/** How getUsage groups: by account, project, fleet, key, sandbox (the default) or a label's value. */
+export type UsageGroupBy = "account" | "project" | "fleet" | "key" | "sandbox" | `label:${string}`;
+
+/** The query of getUsage (the operator without account: every account's usage). */
+export interface UsageQuery extends AccountQuery {
+  /** RFC 3339 date-time; intervals that overlap from..to count whole. */
+  from?: string;
+  /** RFC 3339 date-time, after from. */
+  to?: string;
+  group_by?: UsageGroupBy;
 }
 
 /** The query of listCommands. */

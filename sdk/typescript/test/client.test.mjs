@@ -1,16 +1,16 @@
 // Tests of the client that need no HareBox server: configuration, URL
 // checks, the API key kept out of sight, timeouts and aborts (against a
 // local HTTP server that never answers), error mapping (non-JSON answers,
-// 403 and 429 with Retry-After), the routes of every operation, the audit
-// pages auditEntries follows, the sandbox's fields, and the event-stream
-// reader.
+// 402, 403, and 429 with Retry-After), the routes of every operation, the
+// audit pages auditEntries follows, the sandbox's fields, and the
+// event-stream reader.
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import { inspect } from "node:util";
 import { after, before, describe, test } from "node:test";
 
 import { HareBox, HareBoxError, OPERATIONS, RateLimitedError, Sandbox } from "harebox";
-import { errorFromBody, parseRetryAfter } from "../dist/errors.js";
+import { errorFromBody, parseRetryAfter, statusForCode } from "../dist/errors.js";
 import { readSSE } from "../dist/sse.js";
 
 const KEY = "hbk_test_secret_do_not_print_0123456789";
@@ -95,6 +95,14 @@ describe("error mapping", () => {
     assert.equal(/** @type {RateLimitedError} */ (errorFromBody(429, "", "{}")).retryAfter, undefined);
   });
 
+  test("budget_exceeded is HTTP 402", () => {
+    const b = errorFromBody(402, "Payment Required", JSON.stringify({ error: { code: "budget_exceeded", message: "budget tight has 0.00 left" } }));
+    assert.ok(b instanceof HareBoxError && !(b instanceof RateLimitedError));
+    assert.deepEqual([b.status, b.code, b.message, b.field], [402, "budget_exceeded", "budget tight has 0.00 left", undefined]);
+    assert.equal(errorFromBody(402, "Payment Required", "<html>pay</html>").code, "budget_exceeded");
+    assert.equal(statusForCode("budget_exceeded"), 402); // an error event of execStream
+  });
+
   test("Retry-After: seconds or an HTTP date", () => {
     assert.equal(parseRetryAfter(null), undefined);
     assert.equal(parseRetryAfter(""), undefined);
@@ -140,6 +148,11 @@ describe("against a local HTTP server", () => {
       if (req.url?.startsWith("/limited/")) {
         res.writeHead(429, { "content-type": "application/json", "retry-after": "3" });
         res.end(JSON.stringify({ error: { code: "rate_limited", message: "this API key's rate is spent; retry in 2.5s" } }));
+        return;
+      }
+      if (req.url?.startsWith("/budget/")) {
+        res.writeHead(402, { "content-type": "application/json" });
+        res.end(JSON.stringify({ error: { code: "budget_exceeded", message: "budget tight (account, deny_new) has 0.00 left of 0.000001 this period and this needs 0.00007" } }));
         return;
       }
       if (req.url?.startsWith("/forbidden/")) {
@@ -377,6 +390,49 @@ describe("against a local HTTP server", () => {
     assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
     await assert.rejects(hb.listCommands(""), (e) => e instanceof HareBoxError && e.field === "id");
     await assert.rejects(hb.updateAccount("", { body: {} }), (e) => e instanceof HareBoxError && e.field === "account");
+  });
+
+  test("the budget and usage operations send their methods, paths, queries and bodies", async () => {
+    const hb = new HareBox({ url: url + "/echo", apiKey: KEY });
+    const start = seen.length;
+    const acme = { query: { account: "acme" } };
+    const budget = { name: "team-red", scope: { kind: "label", labels: { team: "red" } }, period: "monthly", limit_usd: "25.00", action: "pause", warn_at_percent: [50, 80] };
+    assert.deepEqual(await hb.createBudget({ ...acme, body: budget }), { method: "POST", url: "/v1/budgets?account=acme" });
+    await hb.createBudget({ body: { scope: { kind: "project", ref: "web" }, period: "total", limit_usd: "0.000001", action: "deny_new" } });
+    await hb.listBudgets();
+    await hb.listBudgets(acme);
+    assert.deepEqual(await hb.getBudget("bgt_1"), { method: "GET", url: "/v1/budgets/bgt_1" });
+    assert.equal(await hb.deleteBudget("bgt_1"), undefined);
+    await hb.getBudget("a/b");
+    assert.deepEqual(await hb.getUsage(), { method: "GET", url: "/v1/usage" });
+    await hb.getUsage({ query: { account: "acme", from: "2026-11-01T00:00:00Z", to: "2026-12-01T00:00:00+01:00", group_by: "label:team" } });
+    await new Promise((resolve) => setImmediate(resolve));
+    const sent = seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim());
+    assert.deepEqual(sent, [
+      `POST /v1/budgets?account=acme ${JSON.stringify(budget)}`,
+      'POST /v1/budgets {"scope":{"kind":"project","ref":"web"},"period":"total","limit_usd":"0.000001","action":"deny_new"}',
+      "GET /v1/budgets",
+      "GET /v1/budgets?account=acme",
+      "GET /v1/budgets/bgt_1",
+      "DELETE /v1/budgets/bgt_1",
+      "GET /v1/budgets/a%2Fb",
+      "GET /v1/usage",
+      "GET /v1/usage?account=acme&from=2026-11-01T00%3A00%3A00Z&to=2026-12-01T00%3A00%3A00%2B01%3A00&group_by=label%3Ateam",
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
+    await assert.rejects(hb.getBudget(""), (e) => e instanceof HareBoxError && e.field === "budget");
+    await assert.rejects(hb.deleteBudget(""), (e) => e instanceof HareBoxError && e.field === "budget");
+  });
+
+  test("a create a budget refuses throws budget_exceeded with status 402", async () => {
+    const hb = new HareBox({ url: url + "/budget", apiKey: KEY });
+    await assert.rejects(hb.create({ image: "minimal" }), (e) => {
+      assert.ok(e instanceof HareBoxError && !(e instanceof RateLimitedError), `want a HareBoxError, got ${e}`);
+      assert.deepEqual([e.status, e.code, e.field], [402, "budget_exceeded", undefined]);
+      assert.match(e.message, /^budget tight /);
+      assert.match(String(e), /\(budget_exceeded, HTTP 402\)$/);
+      return true;
+    });
   });
 
   test("auditEntries follows next to the last page", async () => {

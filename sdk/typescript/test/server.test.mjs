@@ -8,8 +8,8 @@
 // (which boots the server's default image, as the README's snippet does),
 // the environment tests (one sandbox of their own, with their environment)
 // and the command history tests (one sandbox of their own, while they
-// change the default account's retention). The tenancy, key and audit log
-// tests boot nothing: they are quick.
+// change the default account's retention). The tenancy, key, audit log
+// and budget tests boot nothing: they are quick.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -748,6 +748,144 @@ describe("audit log", { skip }, () => {
     assert.equal(k.algorithm, "ed25519");
     assert.equal(Buffer.from(k.public_key, "base64").length, 32);
     assert.deepEqual(await scoped.getAuditKey(), k, "audit:read includes the key");
+  });
+});
+
+describe("budgets and usage", { skip }, () => {
+  // One account made for this run holds a project and the budgets; no VM
+  // boots: the only creates tried are refused by a budget first. `after`
+  // deletes the account's budgets (deleting an account leaves them), any
+  // sandbox a broken refusal let through, and the account, even when a
+  // test failed. The tests run in order and need the root key.
+  /** @type {HareBox} */
+  let hb;
+  const run = randomBytes(4).toString("hex");
+  const labels = { "harebox.test/suite": "sdk-typescript-budgets", "harebox.test/run": run };
+  /** @type {import("harebox").Account} */
+  let account;
+  /** @type {import("harebox").Project} */
+  let project;
+  const mine = () => ({ query: { account: account.id } });
+  const money = /^\d+\.\d{2,6}$/;
+
+  before(async () => {
+    hb = new HareBox();
+    account = await hb.createAccount({ body: { name: `ts-sdk-budget-${run}` } });
+    project = await hb.createProject({ ...mine(), body: { name: "web" } });
+  });
+
+  after(async () => {
+    if (!account) return;
+    try {
+      for (const b of (await hb.listBudgets(mine())).budgets) await hb.deleteBudget(b.id).catch((e) => console.error(`deleting ${b.id}: ${e}`));
+      const { sandboxes } = await hb.listSandboxes(mine());
+      for (const s of sandboxes) if (s.state !== "deleted") await hb.deleteSandbox(s.id).catch((e) => console.error(`deleting ${s.id}: ${e}`));
+    } finally {
+      await hb.deleteAccount(account.id).catch((e) => console.error(`deleting ${account.id}: ${e}`));
+    }
+  });
+
+  test("account, project and label budgets: create, list, get, delete", async () => {
+    const acct = await hb.createBudget({
+      ...mine(),
+      body: { name: "monthly", scope: { kind: "account" }, period: "monthly", limit_usd: "25.00", action: "notify", warn_at_percent: [80, 50] },
+    });
+    assert.match(acct.id, /^bgt_[0-9a-z]{26}$/);
+    assert.deepEqual(
+      [acct.account_id, acct.name, acct.scope, acct.period, acct.limit_usd, acct.action, acct.warn_at_percent],
+      [account.id, "monthly", { kind: "account" }, "monthly", "25.00", "notify", [50, 80]],
+    );
+    assert.deepEqual([acct.spent_usd, acct.reserved_usd, acct.from_key, acct.reached_at, acct.action_pending], ["0.00", "0.00", undefined, undefined, undefined]);
+    assert.match(acct.period_start, /^\d{4}-\d{2}-01T00:00:00Z$/, "a monthly period starts on the 1st, UTC");
+    assert.ok(Date.parse(acct.created_at) >= Date.parse(acct.period_start), JSON.stringify(acct));
+
+    // A project by name: the scope's ref becomes its ID.
+    const prj = await hb.createBudget({ query: { account: account.name }, body: { scope: { kind: "project", ref: "web" }, period: "total", limit_usd: "100", action: "deny_new" } });
+    assert.deepEqual([prj.scope, prj.project_id, prj.name], [{ kind: "project", ref: project.id }, project.id, undefined]);
+    assert.deepEqual([prj.period, prj.limit_usd, prj.action, prj.period_start], ["total", "100.00", "deny_new", prj.created_at]);
+
+    const lbl = await hb.createBudget({ ...mine(), body: { scope: { kind: "label", labels: { team: "red" } }, period: "monthly", limit_usd: "0.5", action: "pause" } });
+    assert.deepEqual([lbl.scope, lbl.limit_usd, lbl.action, lbl.project_id], [{ kind: "label", labels: { team: "red" } }, "0.50", "pause", undefined]);
+    for (const b of [acct, prj, lbl]) assert.ok(money.test(b.spent_usd) && money.test(b.reserved_usd), JSON.stringify(b));
+
+    const { budgets } = await hb.listBudgets(mine());
+    assert.deepEqual([...budgets].sort((a, b) => a.id.localeCompare(b.id)), [acct, prj, lbl].sort((a, b) => a.id.localeCompare(b.id)));
+    assert.ok(!(await hb.listBudgets()).budgets.some((b) => b.account_id === account.id), "the default account's list shows another account's budgets");
+    assert.deepEqual(await hb.getBudget(prj.id), prj);
+    assert.deepEqual(await hb.getBudget(lbl.id), lbl);
+
+    assert.equal(await hb.deleteBudget(lbl.id), undefined);
+    await rejectsWith(hb.getBudget(lbl.id), { status: 404, code: "not_found" });
+    await rejectsWith(hb.deleteBudget(lbl.id), { status: 404, code: "not_found" });
+    assert.deepEqual((await hb.listBudgets({ query: { account: account.name } })).budgets.map((b) => b.id).sort(), [acct.id, prj.id].sort());
+  });
+
+  test("bad requests are invalid, with their field, and make nothing", async () => {
+    const before_ = (await hb.listBudgets(mine())).budgets;
+    const ok = { scope: { kind: "account" }, period: "total", limit_usd: "1", action: "notify" };
+    for (const [body, field] of [
+      [{ ...ok, limit_usd: "0" }, "limit_usd"],
+      [{ ...ok, period: "weekly" }, "period"],
+      [{ ...ok, action: "stop" }, "action"],
+      [{ ...ok, warn_at_percent: [100] }, "warn_at_percent[0]"],
+      [{ ...ok, scope: { kind: "planet" } }, "scope.kind"],
+      [{ ...ok, scope: { kind: "account", ref: "web" } }, "scope"],
+      [{ ...ok, scope: { kind: "label" } }, "scope.labels"],
+      [{ ...ok, scope: { kind: "project", ref: "no-such-project" } }, "scope.ref"],
+      [{ ...ok, bogus: 1 }, "bogus"],
+    ]) {
+      await rejectsWith(hb.createBudget({ ...mine(), body: /** @type {any} */ (body) }), { status: 400, code: "invalid", field });
+    }
+    await rejectsWith(hb.createBudget({ query: { account: `no-such-account-${run}` }, body: /** @type {any} */ (ok) }), { status: 400, field: "account" });
+    await rejectsWith(hb.getBudget("bgt_00000000000000000000000000"), { status: 404, code: "not_found" });
+    assert.deepEqual((await hb.listBudgets(mine())).budgets, before_);
+  });
+
+  test("a deny_new budget with no room refuses a create with budget_exceeded (402) before anything boots", async () => {
+    const tight = await hb.createBudget({ ...mine(), body: { name: "tight", scope: { kind: "account" }, period: "total", limit_usd: "0.000001", action: "deny_new" } });
+    assert.deepEqual([tight.limit_usd, tight.spent_usd, tight.reserved_usd], ["0.000001", "0.00", "0.00"]);
+    for (const fields of [{}, { project: project.name }]) {
+      await assert.rejects(hb.create({ account_id: account.id, image: IMAGE, labels, ttl_seconds: 60, ...fields }), (e) => {
+        assert.ok(e instanceof HareBoxError && !(e instanceof RateLimitedError), `want a HareBoxError, got ${e}`);
+        assert.deepEqual([e.status, e.code], [402, "budget_exceeded"], String(e));
+        assert.match(e.message, /budget tight/);
+        return true;
+      });
+    }
+    assert.deepEqual((await hb.listSandboxes(mine())).sandboxes, [], "a refused create left a sandbox");
+    const after_ = await hb.getBudget(tight.id);
+    assert.deepEqual([after_.spent_usd, after_.reserved_usd], ["0.00", "0.00"], "a refused create reserved nothing");
+  });
+
+  test("a key reads its own account's budgets and usage", async () => {
+    const key = await hb.createKey({ body: { account_id: account.id, scope: { actions: ["budgets:read"] } } });
+    try {
+      const reader = new HareBox({ url: URL_, apiKey: key.secret });
+      assert.deepEqual((await reader.listBudgets()).budgets, (await hb.listBudgets(mine())).budgets);
+      assert.deepEqual(await reader.getUsage(), { usage: [] });
+      await rejectsWith(reader.createBudget({ body: { scope: { kind: "account" }, period: "total", limit_usd: "1", action: "notify" } }), { status: 403, code: "forbidden" });
+    } finally {
+      await hb.revokeKey(key.id);
+    }
+  });
+
+  test("usage: one row per group, an array", async () => {
+    // Nothing ran in this account: every grouping is empty.
+    for (const group_by of /** @type {const} */ (["account", "project", "fleet", "key", "sandbox", "label:team", undefined])) {
+      const got = await hb.getUsage({ query: { account: account.id, group_by } });
+      assert.deepEqual(got, { usage: [] }, String(group_by));
+    }
+    // Every account's, for the operator: whatever ran on this server.
+    const { usage } = await hb.getUsage({ query: { group_by: "account", from: "2000-01-01T00:00:00Z", to: new Date(Date.now() + 60_000).toISOString() } });
+    assert.ok(Array.isArray(usage));
+    for (const g of usage) {
+      assert.ok(typeof g.group === "string" && money.test(g.cost_usd), JSON.stringify(g));
+      for (const n of [g.vcpu_seconds, g.memory_gib_seconds, g.paused_seconds]) assert.ok(Number.isInteger(n) && n >= 0, JSON.stringify(g));
+    }
+    assert.deepEqual(usage.map((g) => g.group), usage.map((g) => g.group).sort(), "sorted by group");
+    await rejectsWith(hb.getUsage({ query: { group_by: /** @type {any} */ ("team") } }), { status: 400, code: "invalid", field: "group_by" });
+    await rejectsWith(hb.getUsage({ query: { from: "yesterday" } }), { status: 400, field: "from" });
+    await rejectsWith(hb.getUsage({ query: { from: "2026-02-01T00:00:00Z", to: "2026-01-01T00:00:00Z" } }), { status: 400, field: "to" });
   });
 });
 

@@ -10,6 +10,9 @@ import type {
   AuditList,
   AuditQuery,
   AuditReport,
+  Budget,
+  BudgetList,
+  BudgetRequest,
   Command,
   CommandList,
   CredentialRule,
@@ -32,6 +35,8 @@ import type {
   Retention,
   SandboxData,
   Scope,
+  UsageGroup,
+  UsageQuery,
 } from "harebox";
 
 export async function walkthrough(): Promise<void> {
@@ -154,6 +159,35 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   const updated: Account = await hb.updateAccount("default", { body: change2 });
   updated.retention.output_days satisfies number | undefined;
   await hb.updateAccount(acc.id, { body: { retention: {} } });
+  const budgetReq: BudgetRequest = { name: "team-red", scope: { kind: "label", labels: { team: "red" } }, period: "monthly", limit_usd: "25.00", action: "pause", warn_at_percent: [80] };
+  const budget: Budget = await hb.createBudget({ query: { account: acc.id }, body: budgetReq });
+  budget.spent_usd satisfies string;
+  budget.reserved_usd satisfies string;
+  budget.reached_at satisfies string | undefined;
+  budget.scope.ref satisfies string | undefined;
+  await hb.createBudget({ body: { scope: { kind: "project", ref: "web" }, period: "total", limit_usd: "100", action: "deny_new" } });
+  const budgets: BudgetList = await hb.listBudgets({ query: { account: acc.name } });
+  budgets.budgets satisfies Budget[];
+  (await hb.getBudget(budget.id)).action satisfies "notify" | "deny_new" | "pause" | "delete";
+  await hb.deleteBudget(budget.id) satisfies void;
+  const usageQuery: UsageQuery = { account: acc.id, from: "2026-11-01T00:00:00Z", to: "2026-12-01T00:00:00Z", group_by: "label:team" };
+  const row: UsageGroup | undefined = (await hb.getUsage({ query: usageQuery })).usage[0];
+  row?.cost_usd satisfies string | undefined;
+  row?.vcpu_seconds satisfies number | undefined;
+  await hb.getUsage();
+  try {
+    await hb.create({ project: "web" });
+  } catch (e) {
+    if (e instanceof HareBoxError && e.code === "budget_exceeded") console.log(e.status, e.message);
+  }
+  // @ts-expect-error: money is a decimal string, never a number.
+  await hb.createBudget({ body: { scope: { kind: "account" }, period: "total", limit_usd: 25, action: "notify" } });
+  // @ts-expect-error: stop is no budget action.
+  await hb.createBudget({ body: { scope: { kind: "account" }, period: "total", limit_usd: "25", action: "stop" } });
+  // @ts-expect-error: a budget needs a scope.
+  await hb.createBudget({ body: { period: "monthly", limit_usd: "25", action: "notify" } });
+  // @ts-expect-error: usage groups by account, project, fleet, key, sandbox or label:KEY.
+  await hb.getUsage({ query: { group_by: "team" } });
   // @ts-expect-error: days are numbers.
   await hb.updateAccount("default", { body: { retention: { history_days: "30" } } });
   // @ts-expect-error: a retention has only history_days and output_days.
