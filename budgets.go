@@ -76,8 +76,8 @@ func (e *Engine) egress(b *box) *uint64 {
 	return &n
 }
 
-// releaseBudgets ends b's reservation without a charge: a create that
-// failed, or a VM found gone (when it stopped is not known).
+// releaseBudgets ends b's reservation without a charge: a create refused
+// before anything ran, or a VM found gone (when it stopped is not known).
 func (e *Engine) releaseBudgets(ctx context.Context, b *box) error {
 	_, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: b.rec.ID, Subject: budget.SubjectOf(b.rec), Final: true})
 	return err
@@ -110,29 +110,50 @@ func (e *Engine) settleAll(ctx context.Context) {
 	for _, b := range e.boxes {
 		boxes = append(boxes, b)
 	}
+	creating := make([]*store.Sandbox, 0, len(e.creating))
+	for _, rec := range e.creating {
+		creating = append(creating, rec)
+	}
 	e.mu.Unlock()
 	for _, b := range boxes {
-		b.mu.Lock()
+		// A box busy in a lifecycle call (a hung hypervisor, a long
+		// delete) is settled next round, not waited for: metering and
+		// the actions of every other sandbox go on.
+		if !b.mu.TryLock() {
+			continue
+		}
 		if s := b.rec.State; s == sandbox.StateRunning || s == sandbox.StatePaused {
 			e.settle(ctx, b, s, false)
 		}
 		b.mu.Unlock()
 	}
+	// A sandbox that is booting holds what it reserved from its admission
+	// on: it is charged as it boots (its record's place and size do not
+	// change), so a long boot cannot outrun its budgets unseen.
+	for _, rec := range creating {
+		events, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: rec.ID, Subject: budget.SubjectOf(rec), Held: held(rec, sandbox.StateRunning),
+			Next: held(rec, sandbox.StateRunning), NextFor: e.reserveFor(rec, e.opts.Now()), Reserved: true})
+		if err != nil {
+			e.log.Warn("metering failed", "id", rec.ID, "err", err)
+		}
+		e.reached(events)
+	}
 }
 
-// act does the pending action of every reached budget: pause or delete
-// the sandboxes it covers (deny_new and notify have nothing to do: the
-// admission refuses, the audit log has the event). A crash before Acted
-// leaves it pending, and the next start does it: pausing a paused or
-// deleting a deleted sandbox is skipped, so it happens once.
+// act does what the budgets whose action is due say: pause or delete the
+// sandboxes they cover (deny_new and notify have nothing to do: the
+// admission refuses, the audit log has the event). A budget that pauses
+// or deletes holds for the rest of its period, so a sandbox in scope that
+// still runs (it was booting, or an attempt failed) is acted on at the
+// next round; an action decided before a crash is done at the next start.
 func (e *Engine) act(ctx context.Context) error {
-	pending, err := e.budgets.Pending(ctx)
+	due, err := e.budgets.Enforced(ctx)
 	if err != nil {
 		return err
 	}
 	// The engine acts for the budget, not for whoever called.
 	octx := authz.WithPrincipal(context.WithoutCancel(ctx), authz.Operator)
-	for _, bg := range pending {
+	for _, bg := range due {
 		var done []string
 		if bg.Action == budget.Pause || bg.Action == budget.Delete {
 			for _, b := range e.covered(bg) {
@@ -143,14 +164,40 @@ func (e *Engine) act(ctx context.Context) error {
 					err = e.Delete(octx, b.rec.ID)
 				}
 				if err != nil {
-					e.log.Warn("budget action failed", "budget", bg.ID, "action", bg.Action, "id", b.rec.ID, "err", err)
+					e.log.Warn("budget action failed; retried next round", "budget", bg.ID, "action", bg.Action, "id", b.rec.ID, "err", err)
 					continue
 				}
 				done = append(done, b.rec.ID)
 			}
 		}
-		e.log.Info("budget reached", "budget", bg.ID, "account", bg.AccountID, "action", bg.Action, "sandboxes", len(done))
+		if bg.Pending || len(done) > 0 {
+			e.log.Info("budget reached", "budget", bg.ID, "account", bg.AccountID, "action", bg.Action, "sandboxes", len(done))
+		}
 		if err := e.budgets.Acted(ctx, bg, done); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reconcileReservations releases, at start, what sandboxes that are not
+// live still hold (a path that failed to release it): a reservation
+// nothing will settle would keep its budgets from admitting for good.
+func (e *Engine) reconcileReservations(ctx context.Context) error {
+	rs, err := e.store.ListReservations(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if e.live(r.SandboxID) != nil {
+			continue
+		}
+		rec, err := e.store.GetSandbox(ctx, r.SandboxID)
+		if err != nil {
+			rec = &store.Sandbox{Sandbox: sandbox.Sandbox{ID: r.SandboxID}}
+		}
+		e.log.Warn("releasing the budget reservation of a sandbox that is not live", "id", r.SandboxID)
+		if err := e.releaseBudgets(ctx, &box{rec: rec}); err != nil {
 			return err
 		}
 	}

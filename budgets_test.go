@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -420,6 +421,33 @@ func TestBudgetRequests(t *testing.T) {
 	if err := eng.Budgets().Delete(ctx, acct.ID); err != nil {
 		t.Errorf("the operator deleting it: %v", err)
 	}
+	// A key limited to labels neither sees nor deletes the budget of a key
+	// it did not make (nor a project's), and may set one on itself.
+	red, err := eng.Keys().Create(ctx, apikey.CreateRequest{Scope: authz.Scope{Labels: map[string]string{"team": "red"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx := authz.WithPrincipal(ctx, authz.Principal{AccountID: red.AccountID, KeyID: red.ID, Scope: red.Scope})
+	stranger, err := eng.Keys().Create(ctx, apikey.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: "key", Ref: stranger.ID}, Limit: dollar, Action: "pause"})
+	if _, err := eng.Budgets().Get(rctx, sb.ID); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("a label key reading another key's budget: %v", err)
+	}
+	if err := eng.Budgets().Delete(rctx, sb.ID); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("a label key deleting another key's budget: %v", err)
+	}
+	if _, err := eng.Budgets().Get(rctx, pb.ID); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("a label key reading a project budget: %v", err)
+	}
+	if _, err := eng.Budgets().Create(rctx, "", budget.CreateRequest{Scope: store.BudgetScope{Kind: "key", Ref: red.ID}, Period: "total", Action: "pause", Limit: dollar}); err != nil {
+		t.Errorf("a label key's budget on itself: %v", err)
+	}
+	if _, err := eng.Budgets().Create(rctx, "", budget.CreateRequest{Scope: store.BudgetScope{Kind: "label", Labels: map[string]string{"team": "blue"}}, Period: "total", Action: "pause", Limit: dollar}); !errors.Is(err, sandbox.ErrForbidden) {
+		t.Errorf("a red key's budget on blue: %v", err)
+	}
 }
 
 // BenchmarkBudgetAdmission: create (admission, placement, reservation)
@@ -679,12 +707,14 @@ func TestBudgetsGoWithTheirScope(t *testing.T) {
 		for _, b := range l {
 			ids = append(ids, b.ID)
 		}
+		slices.Sort(ids)
 		return ids
 	}
+	sorted := func(ids ...string) []string { slices.Sort(ids); return ids }
 	if err := eng.Tenants().DeleteFleet(ctx, acc.ID, p.ID, f1.ID); err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(left()); got != fmt.Sprint([]string{whole, proj, fleet2}) {
+	if got := fmt.Sprint(left()); got != fmt.Sprint(sorted(whole, proj, fleet2)) {
 		t.Fatalf("after deleting a fleet: %v", got)
 	}
 	if err := eng.Tenants().DeleteProject(ctx, acc.ID, p.ID); err != nil {
@@ -701,5 +731,99 @@ func TestBudgetsGoWithTheirScope(t *testing.T) {
 	}
 	if _, err := eng.Budgets().Get(ctx, whole); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("the deleted account's budget: %v", err)
+	}
+}
+
+// A sandbox still booting when its budget is reached is charged as it
+// boots, and paused once it runs: the action holds for the period.
+func TestBudgetBootingSandbox(t *testing.T) {
+	hv := memhv.New(memhv.Options{LaunchDelay: time.Second})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	clk := &clock{now: time.Date(2026, 11, 10, 12, 0, 0, 0, time.UTC)}
+	opts.Now, opts.MeterInterval, opts.HealthInterval = clk.Now, time.Hour, -1
+	opts.Prices = &budget.Prices{VCPUHour: dollar}
+	eng, err := harebox.New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ctx := context.Background()
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 5 * dollar / 2, Action: budget.Pause})
+	a, err := eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	booted := make(chan *sandbox.Sandbox)
+	go func() {
+		s, err := eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU})
+		if err != nil {
+			t.Error(err)
+		}
+		booted <- s
+	}()
+	time.Sleep(300 * time.Millisecond) // B is booting
+	clk.advance(2 * time.Hour)
+	if err := eng.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, eng, a.ID); st != sandbox.StatePaused {
+		t.Fatalf("A is %s", st)
+	}
+	// B was charged for its boot too: 2 h each.
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != 4*dollar {
+		t.Fatalf("spent %s, want 4.00 (the booting one charged)", got.Spent)
+	}
+	bs := <-booted
+	if bs == nil {
+		t.FailNow()
+	}
+	if st := state(t, eng, bs.ID); st != sandbox.StateRunning {
+		t.Fatalf("B after its boot is %s", st)
+	}
+	if err := eng.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, eng, bs.ID); st != sandbox.StatePaused {
+		t.Fatalf("B, running under a reached pause budget, is %s after the next round", st)
+	}
+	if l, _ := eng.Audit().List(ctx, store.AuditFilter{Action: "budgetPause", Target: bs.ID}); len(l) != 1 {
+		t.Fatalf("budgetPause entries for B: %d", len(l))
+	}
+}
+
+// A create refused after its admission (its name is taken) releases what
+// it reserved; a clock stepped back charges nothing for the step and
+// charges from there on.
+func TestBudgetLeaksNothing(t *testing.T) {
+	eng, clk, _ := budgetEngine(t)
+	ctx := context.Background()
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 100 * dollar, Action: budget.Pause})
+	x, err := eng.Create(ctx, sandbox.CreateRequest{Name: "x", Size: oneVCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := eng.Create(ctx, sandbox.CreateRequest{Name: "x", Size: oneVCPU}); !errors.Is(err, sandbox.ErrExists) {
+			t.Fatalf("a second x: %v", err)
+		}
+	}
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Reserved != dollar {
+		t.Fatalf("reserved %s after refused creates, want 1.00", got.Reserved)
+	}
+	clk.advance(time.Hour)
+	eng.Settle(ctx) // $1
+	clk.advance(-3 * time.Hour)
+	eng.Settle(ctx) // nothing
+	clk.advance(time.Hour)
+	eng.Settle(ctx) // $1 more, from the step back on
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != 2*dollar {
+		t.Fatalf("spent %s across a clock step back, want 2.00", got.Spent)
+	}
+	if err := eng.Delete(ctx, x.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Reserved != 0 {
+		t.Fatalf("reserved %s with nothing running", got.Reserved)
 	}
 }

@@ -136,7 +136,10 @@ type Engine struct {
 	budgets *budget.Service
 	// wakeActions asks the meter loop to act on a budget just reached.
 	wakeActions chan struct{}
-	closer      []func() error
+	// creating holds the records of sandboxes being created (from their
+	// placement until they are registered or fail), for metering.
+	creating map[string]*store.Sandbox
+	closer   []func() error
 	// encrypt: the backend encrypts under Spec.DataKey, so every sandbox
 	// gets a data key (crypto-erase).
 	encrypt bool
@@ -168,7 +171,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, wakeActions: make(chan struct{}, 1)}
+	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, wakeActions: make(chan struct{}, 1), creating: map[string]*store.Sandbox{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -242,6 +245,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.limit = opts.Capacity.limits(e.log, opts.DataDir)
 	if err := e.adopt(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.reconcileReservations(ctx); err != nil {
 		return nil, err
 	}
 	// What ran while the engine was down is charged, and budgets reached

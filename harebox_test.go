@@ -1021,6 +1021,9 @@ func TestGuestForkBomb(t *testing.T) {
 	switch {
 	case err != nil:
 		t.Logf("the bombed guest does not answer: %v", err)
+	case r.TimedOut:
+		// The guest is too busy to count its processes in time.
+		t.Logf("the bombed guest is too busy: the count timed out after %d ms", r.DurationMS)
 	case strings.Contains(r.Stderr+r.Error, "fork") || strings.Contains(r.Stderr+r.Error, "temporarily unavailable"):
 		// The shell, or the agent itself, could not fork (EAGAIN).
 		t.Logf("the bombed guest cannot fork: %s", strings.TrimSpace(r.Stderr+" "+r.Error))

@@ -159,13 +159,24 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 	if req.Name != "" {
 		release, err := e.claimName(rec.AccountID, req.Name)
 		if err != nil {
-			// Nothing was made: the record goes too.
+			// Nothing was made: the record and the reservation go too.
 			e.release(res)
+			e.releaseBudgets(context.WithoutCancel(ctx), &box{rec: rec})
 			e.store.DeleteSandbox(context.WithoutCancel(ctx), rec.ID)
 			return nil, err
 		}
 		defer release() // after the box (which carries the name) is registered
 	}
+	// Metered while it boots (see settleAll).
+	snap := *rec
+	e.mu.Lock()
+	e.creating[id] = &snap
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.creating, id) // (registered or failed by now)
+		e.mu.Unlock()
+	}()
 	// The box's lifecycle lock is held until the sandbox is registered and
 	// stored as running, so a Delete that races with it waits its turn.
 	b := &box{rec: rec, deleting: make(chan struct{})}
@@ -199,6 +210,8 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 	}
 	if err != nil {
 		e.log.Warn("create failed", "id", id, "err", err)
+		// What it held while it tried is charged (a failed boot ran).
+		e.settleFinal(context.WithoutCancel(ctx), b)
 		e.destroy(context.WithoutCancel(ctx), b)
 		e.release(res)
 		rec.State = sandbox.StateDeleted
@@ -458,7 +471,8 @@ func (e *Engine) Pause(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 		if err := b.m.Pause(ctx); err != nil {
 			return err
 		}
-		e.settle(ctx, b, sandbox.StatePaused, false)
+		// (It is paused whatever the caller does now: so is its meter.)
+		e.settle(context.WithoutCancel(ctx), b, sandbox.StatePaused, false)
 		return nil
 	})
 }

@@ -10,6 +10,7 @@ package budget
 import (
 	"context"
 	"fmt"
+	"math/big"
 	"slices"
 	"strings"
 	"time"
@@ -179,10 +180,10 @@ func refusal(b *store.Budget, amount money.USD) error {
 // Pending is set) and the warning thresholds crossed.
 func settle(b *store.Budget, now time.Time, oldReserved, cost, next money.USD) (reached bool, warn []int) {
 	roll(b, now)
-	b.Reserved = max(0, b.Reserved-oldReserved) + next
+	b.Reserved = min(money.MaxUSD, max(0, b.Reserved-oldReserved)+next)
 	b.Spent = min(money.MaxUSD, b.Spent+cost)
 	for _, pct := range b.WarnAt {
-		if !slices.Contains(b.Warned, pct) && int64(b.Spent)*100 >= int64(b.Limit)*int64(pct) {
+		if !slices.Contains(b.Warned, pct) && atLeastPercent(b.Spent, b.Limit, pct) {
 			b.Warned = append(b.Warned, pct)
 			warn = append(warn, pct)
 		}
@@ -196,6 +197,13 @@ func settle(b *store.Budget, now time.Time, oldReserved, cost, next money.USD) (
 		return true, warn
 	}
 	return false, warn
+}
+
+// atLeastPercent reports whether spent is at least pct percent of limit,
+// exactly (the products can pass int64).
+func atLeastPercent(spent, limit money.USD, pct int) bool {
+	l := new(big.Int).Mul(big.NewInt(int64(limit)), big.NewInt(int64(pct)))
+	return new(big.Int).Mul(big.NewInt(int64(spent)), big.NewInt(100)).Cmp(l) >= 0
 }
 
 func ref(b *store.Budget) string {

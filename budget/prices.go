@@ -92,9 +92,10 @@ func (p Prices) Cost(r Resources, d time.Duration) money.USD {
 	}
 	// Per hour, in micro-dollars times 1024 (memory is priced per GiB and
 	// reserved in MiB).
-	rate := new(big.Int).Mul(big.NewInt(int64(r.VCPUs)), big.NewInt(int64(vcpu)*1024))
+	kib := big.NewInt(1024)
+	rate := new(big.Int).Mul(big.NewInt(int64(r.VCPUs)), new(big.Int).Mul(big.NewInt(int64(vcpu)), kib))
 	rate.Add(rate, new(big.Int).Mul(big.NewInt(int64(r.MemoryMB)), big.NewInt(int64(mem))))
-	rate.Add(rate, new(big.Int).Mul(big.NewInt(int64(r.DiskGB)), big.NewInt(int64(p.DiskGBHour)*1024)))
+	rate.Add(rate, new(big.Int).Mul(big.NewInt(int64(r.DiskGB)), new(big.Int).Mul(big.NewInt(int64(p.DiskGBHour)), kib)))
 	num := rate.Mul(rate, big.NewInt(int64(d)))
 	den := big.NewInt(int64(time.Hour) * 1024)
 	q, m := new(big.Int).QuoRem(num, den, new(big.Int))

@@ -82,7 +82,9 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 				return err
 			}
 			for _, u := range used {
-				if !u.Start.Before(b.PeriodStart) && Covers(b, subjectOf(u)) {
+				// (An interval across the month's start counts whole, as in
+				// usage reports.)
+				if Covers(b, subjectOf(u)) {
 					b.Spent = min(money.MaxUSD, b.Spent+u.Cost)
 				}
 			}
@@ -165,8 +167,30 @@ func within(p authz.Principal, b *store.Budget) error {
 	return nil
 }
 
-func (s *Service) visible(p authz.Principal, b *store.Budget) bool {
-	return authz.Visible(p, authz.Target{AccountID: b.AccountID, ProjectID: b.ProjectID})
+// mayTouch refuses a budget whose action would fall on sandboxes p cannot
+// see (within), or on a key that is not p or a key p made.
+func mayTouch(ctx context.Context, tx store.Tx, p authz.Principal, b *store.Budget) error {
+	if err := within(p, b); err != nil || p.Operator || b.Scope.Kind != ScopeKey {
+		return err
+	}
+	k, err := tx.GetKey(ctx, b.Scope.Ref)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if err != nil || !authz.Visible(p, authz.Target{AccountID: k.AccountID, KeyID: k.ID, KeyAncestors: k.Ancestors}) {
+		return sandbox.Errorf(sandbox.ErrForbidden, "scope", "this API key may set budgets only on itself and the keys it made")
+	}
+	return nil
+}
+
+// visible says whether p may read b: its account's budgets that cover
+// the whole account (they limit p too), and those it may touch; a budget
+// elsewhere would tell p what sandboxes it cannot see spent.
+func (s *Service) visible(ctx context.Context, tx store.Tx, p authz.Principal, b *store.Budget) bool {
+	if !authz.Visible(p, authz.Target{AccountID: b.AccountID}) {
+		return false
+	}
+	return p.Operator || b.Scope.Kind == ScopeAccount || mayTouch(ctx, tx, p, b) == nil
 }
 
 // List returns an account's budgets that the caller may see.
@@ -184,7 +208,7 @@ func (s *Service) List(ctx context.Context, accountRef string) ([]*store.Budget,
 		l, err := tx.ListBudgets(ctx, acc.ID)
 		out = []*store.Budget{}
 		for _, b := range l {
-			if s.visible(p, b) {
+			if s.visible(ctx, tx, p, b) {
 				out = append(out, b)
 			}
 		}
@@ -200,7 +224,7 @@ func (s *Service) Get(ctx context.Context, id string) (*store.Budget, error) {
 		return nil, err
 	}
 	b, err := s.db.GetBudget(ctx, id)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && !s.visible(p, b)) {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !s.visible(ctx, s.db, p, b)) {
 		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no budget %q", id)
 	}
 	return b, err
@@ -216,7 +240,7 @@ func (s *Service) Delete(ctx context.Context, id string) (err error) {
 	}
 	return s.db.Update(ctx, func(tx store.Tx) error {
 		b, err := tx.GetBudget(ctx, id)
-		if errors.Is(err, store.ErrNotFound) || (err == nil && !s.visible(p, b)) {
+		if errors.Is(err, store.ErrNotFound) || (err == nil && !s.visible(ctx, tx, p, b)) {
 			return sandbox.Errorf(sandbox.ErrNotFound, "", "no budget %q", id)
 		}
 		if err != nil {
@@ -226,7 +250,7 @@ func (s *Service) Delete(ctx context.Context, id string) (err error) {
 		if b.FromKey {
 			return sandbox.Errorf(sandbox.ErrInvalid, "", "budget %s is API key %s's budget_usd, part of the key's scope: it cannot be deleted on its own", id, b.Scope.Ref)
 		}
-		if err := within(p, b); err != nil {
+		if err := mayTouch(ctx, tx, p, b); err != nil {
 			return err
 		}
 		return tx.DeleteBudget(ctx, id)
@@ -254,7 +278,7 @@ func (s *Service) Admit(ctx context.Context, tx store.Tx, sandboxID string, subj
 		if full(b) || (refuses(b) && b.Spent+b.Reserved+amount > b.Limit) {
 			return refusal(b, amount)
 		}
-		b.Reserved += amount
+		b.Reserved = min(money.MaxUSD, b.Reserved+amount)
 		if err := tx.PutBudget(ctx, b); err != nil {
 			return err
 		}
@@ -297,6 +321,10 @@ type Meter struct {
 	NextFor time.Duration
 	// Final ends the reservation (the sandbox is gone).
 	Final bool
+	// Reserved settles only a sandbox that holds a reservation (one
+	// being created: if it has none, its create already ended). Without
+	// it, a sandbox without one (from before budgets) gets one.
+	Reserved bool
 	// Admit refuses the renewal if a covering budget has no room for it
 	// (a resume): nothing is settled then.
 	Admit bool
@@ -320,14 +348,16 @@ type Event struct {
 // then records the events in the audit log and returns them (a reached
 // budget's action is left to the caller: see Pending).
 func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
-	now := s.now().UTC()
 	var events []Event
 	var usage *store.Usage
 	err := s.db.Update(ctx, func(tx store.Tx) error {
+		// The time is read in the transaction: settlements of a sandbox
+		// are serialized, so each starts where the one before ended.
+		now := s.now().UTC()
 		events, usage = nil, nil
 		r, err := tx.GetReservation(ctx, m.SandboxID)
 		if errors.Is(err, store.ErrNotFound) {
-			if m.Final {
+			if m.Final || m.Reserved {
 				return nil
 			}
 			// A sandbox from before budgets: metered from now on.
@@ -338,7 +368,9 @@ func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 		}
 		from := r.From
 		if now.Before(from) {
-			from = now // a clock that went back charges nothing, and never negative
+			// The clock went back: nothing is charged now, and the next
+			// settlement charges from here (not from the later time).
+			from = now
 		}
 		cost := s.prices.Cost(m.Held, now.Sub(from))
 		egress, counter := uint64(0), r.Egress
@@ -391,7 +423,7 @@ func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 		if m.Final {
 			return tx.DeleteReservation(ctx, m.SandboxID)
 		}
-		return tx.PutReservation(ctx, &store.Reservation{SandboxID: m.SandboxID, Amount: next, Budgets: ids, From: later(now, r.From), Egress: counter})
+		return tx.PutReservation(ctx, &store.Reservation{SandboxID: m.SandboxID, Amount: next, Budgets: ids, From: now, Egress: counter})
 	})
 	if err != nil {
 		return nil, err
@@ -411,32 +443,37 @@ func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 	return events, nil
 }
 
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-// Pending returns the budgets whose action is decided but not yet done.
-func (s *Service) Pending(ctx context.Context) ([]*store.Budget, error) {
+// Enforced returns the budgets whose action is due: those whose action is
+// pending, and those reached this period that pause or delete (their
+// action holds for the rest of the period: a sandbox in scope found
+// running, one that was still booting when the budget was reached or one
+// an earlier attempt failed on, is acted on too).
+func (s *Service) Enforced(ctx context.Context) ([]*store.Budget, error) {
 	all, err := s.db.ListBudgets(ctx, "")
 	if err != nil {
 		return nil, err
 	}
+	now := s.now().UTC()
 	var out []*store.Budget
 	for _, b := range all {
-		if b.Pending {
+		roll(b, now)
+		if b.Pending || (b.ReachedAt != nil && (b.Action == Pause || b.Action == Delete)) {
 			out = append(out, b)
 		}
 	}
 	return out, nil
 }
 
-// Acted records that a budget's pending action is done (in the period it
-// was decided in), with what it was done to.
+// Acted records what a budget's action was done to, and that its pending
+// action is done (in the period it was decided in).
 func (s *Service) Acted(ctx context.Context, b *store.Budget, targets []string) error {
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	for _, t := range targets {
+		s.Audit.RecordBudget(b.AccountID, b.ID, "budget"+strings.ToUpper(b.Action[:1])+b.Action[1:], t)
+	}
+	if !b.Pending {
+		return nil
+	}
+	return s.db.Update(ctx, func(tx store.Tx) error {
 		cur, err := tx.GetBudget(ctx, b.ID)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil // deleted meanwhile
@@ -450,13 +487,6 @@ func (s *Service) Acted(ctx context.Context, b *store.Budget, targets []string) 
 		cur.Pending = false
 		return tx.PutBudget(ctx, cur)
 	})
-	if err != nil {
-		return err
-	}
-	for _, t := range targets {
-		s.Audit.RecordBudget(b.AccountID, b.ID, "budget"+strings.ToUpper(b.Action[:1])+b.Action[1:], t)
-	}
-	return nil
 }
 
 // SubjectOf is what a budget matches of a sandbox's record.

@@ -13,8 +13,9 @@ import (
 // USD is an amount of money in micro-dollars: exact, never a float.
 type USD int64
 
-// MaxUSD bounds an amount (one trillion dollars), so sums of a few
-// thousand amounts cannot overflow.
+// MaxUSD bounds an amount (one trillion dollars): sums of amounts are
+// capped at it (min(MaxUSD, a+b) with both at most MaxUSD cannot
+// overflow an int64).
 const MaxUSD = USD(1_000_000_000_000 * 1_000_000)
 
 // ParseUSD parses a decimal dollar amount such as "25", "25.5" or
