@@ -901,7 +901,15 @@ func TestEngineVMExit(t *testing.T) {
 	if got := waitStopped(t, eng, box.ID, "the guest powered off"); got.Error == "" {
 		t.Error("stopped without a reason")
 	}
-	_, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"})
+	// It is an event, by the engine.
+	evs, _, err := eng.Events(ctx, harebox.EventQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(evs); n != 1 || evs[0].Action != "vmExited" || evs[0].Target != box.ID || evs[0].Principal != "engine" {
+		t.Errorf("events after the VM exited: %+v", evs)
+	}
+	_, err = eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"})
 	wantKind(t, "exec on a stopped sandbox", err, sandbox.ErrState)
 	// All 3 vCPUs were released: the same size fits again.
 	again := create(t, eng, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 3, MemoryMB: 512}})

@@ -176,6 +176,7 @@ func (e *Engine) watch(b *box) {
 		e.settleFinal(ctx, b)
 		e.release(b.rec.Size)
 		e.stopped(ctx, b, "the VM exited: "+exitReason(consoleTail(b, 16<<10)))
+		e.audit.RecordEvent("engine", b.rec.AccountID, "vmExited", b.rec.ID)
 		e.mu.Lock()
 		delete(e.boxes, b.rec.ID)
 		e.mu.Unlock()

@@ -227,6 +227,7 @@ func calls(w world) []call {
 		{"getBudget", "GET", "/v1/budgets/" + w.budget, nil, "account"},
 		{"deleteBudget", "DELETE", "/v1/budgets/" + w.budget, nil, "budget"},
 		{"getUsage", "GET", "/v1/usage", nil, "list"},
+		{"listEvents", "GET", "/v1/events", nil, "list"},
 	}
 }
 

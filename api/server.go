@@ -184,6 +184,7 @@ func Routes() []Route {
 		{"GET", "/v1/budgets/{budget}", "getBudget", false, (*Server).getBudget},
 		{"DELETE", "/v1/budgets/{budget}", "deleteBudget", false, (*Server).deleteBudget},
 		{"GET", "/v1/usage", "getUsage", false, (*Server).getUsage},
+		{"GET", "/v1/events", "listEvents", false, (*Server).listEvents},
 	}
 }
 
@@ -574,6 +575,16 @@ func (e *sse) event(name string, v any) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if _, err := fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", name, b); err != nil {
+		return err
+	}
+	return e.rc.Flush()
+}
+
+// comment writes an SSE comment line (a keepalive clients ignore).
+func (e *sse) comment(text string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, err := fmt.Fprintf(e.w, ": %s\n\n", text); err != nil {
 		return err
 	}
 	return e.rc.Flush()

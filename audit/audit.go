@@ -55,6 +55,18 @@ type Log struct {
 	seq      int64
 	last     string
 	unsigned int
+	// changed is closed (and replaced) at every append, for followers.
+	changed chan struct{}
+}
+
+// Changed returns a channel closed at the next append.
+func (l *Log) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.changed == nil {
+		l.changed = make(chan struct{})
+	}
+	return l.changed
 }
 
 // Open opens the log over db with the signing key in keyFile (created,
@@ -172,10 +184,18 @@ func (l *Log) RecordPlaceholder(accountID, sandboxID, host string) {
 // warning threshold, or acted on a sandbox): the act of the budget, not
 // of an API caller.
 func (l *Log) RecordBudget(accountID, budgetID, action, target string) {
+	l.RecordEvent("budget:"+budgetID, accountID, action, target)
+}
+
+// RecordEvent records what happened on the engine's side, not by an API
+// caller (a budget's act, a VM that stopped on its own): principal says
+// who ("budget:ID", "engine"). Such entries are the events of
+// /v1/events.
+func (l *Log) RecordEvent(principal, accountID, action, target string) {
 	if l == nil {
 		return
 	}
-	e := &Entry{Time: time.Now().UTC(), AccountID: accountID, Principal: "budget:" + budgetID, Action: action,
+	e := &Entry{Time: time.Now().UTC(), AccountID: accountID, Principal: principal, Action: action,
 		Target: target, Outcome: OK}
 	if err := l.append(context.Background(), e); err != nil {
 		l.log.Error("audit: cannot append", "action", e.Action, "err", err)
@@ -211,6 +231,10 @@ func (l *Log) append(ctx context.Context, e *Entry) error {
 		return err
 	}
 	l.seq, l.last = e.Seq, e.Hash
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
 	if l.unsigned++; l.unsigned >= CheckpointEvery {
 		return l.checkpoint(ctx)
 	}

@@ -29,6 +29,7 @@ var Actions = []string{
 	"listAudit", "verifyAudit", "getAuditKey",
 	"updateAccount", "listCommands",
 	"createBudget", "listBudgets", "getBudget", "deleteBudget", "getUsage",
+	"listEvents",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
@@ -54,6 +55,7 @@ var Groups = map[string][]string{
 	"audit:read":         {"listAudit", "getAuditKey"},
 	"budgets:read":       {"listBudgets", "getBudget", "getUsage"},
 	"budgets:write":      {"createBudget", "deleteBudget"},
+	"events:read":        {"listEvents"},
 }
 
 // operatorOnly actions need the operator whatever a key's scope says:

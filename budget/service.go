@@ -230,6 +230,13 @@ func (s *Service) Get(ctx context.Context, id string) (*store.Budget, error) {
 	return b, err
 }
 
+// Sees reports whether the principal in ctx may see budget id (its scope
+// only, whatever the key's actions): for events about it.
+func (s *Service) Sees(ctx context.Context, id string) bool {
+	b, err := s.db.GetBudget(ctx, id)
+	return err == nil && s.visible(ctx, s.db, authz.From(ctx), b)
+}
+
 // Delete removes a budget; what it reserved goes with it.
 func (s *Service) Delete(ctx context.Context, id string) (err error) {
 	account := ""

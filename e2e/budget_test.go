@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"bytes"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -123,6 +126,14 @@ func TestBudgetPausesVM(t *testing.T) {
 	}
 	id := box["id"].(string)
 	defer srv.call(t, "DELETE", "/v1/sandboxes/"+id, srv.key, nil)
+	// harebox events --follow prints the budget's acts as they happen.
+	var followed bytes.Buffer
+	follow := exec.Command(filepath.Join(s.bin, "harebox"), "events", "--follow")
+	follow.Env, follow.Stdout, follow.Stderr = srv.env(s), &followed, &followed
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { follow.Process.Kill(); follow.Wait() }()
 	code, other := srv.call(t, "POST", "/v1/sandboxes", srv.key, map[string]any{"image": "minimal", "size": map[string]any{"vcpus": 1, "memory_mb": 256, "disk_gb": 1}})
 	if code != 201 {
 		t.Fatalf("create the unbudgeted one: %d %v", code, other)
@@ -140,6 +151,27 @@ func TestBudgetPausesVM(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("paused %v after it was created", time.Since(start).Round(100*time.Millisecond))
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(followed.String(), `"budgetPause"`); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("harebox events --follow printed: %s", followed.String())
+		}
+	}
+	follow.Process.Kill()
+	follow.Wait()
+	var line struct {
+		Principal string `json:"principal"`
+		Target    string `json:"target"`
+	}
+	for _, l := range strings.Split(strings.TrimSpace(followed.String()), "\n") {
+		if strings.Contains(l, `"budgetPause"`) {
+			if err := json.Unmarshal([]byte(l), &line); err != nil || line.Target != id || !strings.HasPrefix(line.Principal, "budget:") {
+				t.Fatalf("the pause event: %s (%v)", l, err)
+			}
+		}
+	}
+	if out := run(t, srv, s, s.root, time.Minute, "harebox", "--output", "table", "events"); !strings.Contains(out, "budgetReached") || !strings.Contains(out, id) {
+		t.Fatalf("harebox events: %s", out)
+	}
 	_, bud := srv.call(t, "GET", "/v1/budgets/"+b["id"].(string), srv.key, nil)
 	if bud["reached_at"] == nil {
 		t.Fatalf("budget: %v", bud)

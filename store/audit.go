@@ -43,6 +43,9 @@ func (s *SQLite) ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, e
 			args = append(args, c.v)
 		}
 	}
+	if f.Events {
+		q += ` AND (principal LIKE 'budget:%' OR principal LIKE 'sandbox:%' OR principal = 'engine')`
+	}
 	if !f.From.IsZero() {
 		q += ` AND time >= ?`
 		args = append(args, nanos(f.From))

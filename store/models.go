@@ -169,6 +169,9 @@ type AuditFilter struct {
 	From, To  time.Time
 	After     int64
 	Limit     int
+	// Events selects only the entries of the engine's own acts (by a
+	// budget, a sandbox's guest, or the engine): /v1/events.
+	Events bool
 }
 
 // CommandRow indexes one command of a sandbox's history; the entry itself

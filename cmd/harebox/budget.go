@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net/url"
@@ -180,4 +181,39 @@ func cmdUsage(ctx context.Context, c *cli, args []string) (int, error) {
 		rows = append(rows, []string{dash(g.Group), fmt.Sprint(g.VCPUSeconds), fmt.Sprint(g.MemoryGiBSeconds), fmt.Sprint(g.PausedSeconds), fmt.Sprint(g.EgressBytes), g.Cost})
 	}
 	return 0, c.show(out, "GROUP\tVCPU_SECONDS\tMEMORY_GIB_SECONDS\tPAUSED_SECONDS\tEGRESS_BYTES\tCOST_USD", rows)
+}
+
+func cmdEvents(ctx context.Context, c *cli, args []string) (int, error) {
+	fs := flag.NewFlagSet("harebox events", flag.ContinueOnError)
+	account := fs.String("account", "", "only this account's events, ID or name (the operator only; a key sees its own account's)")
+	after := fs.Int64("after", 0, "only events after this cursor (a sequence number: the next of the last page)")
+	limit := fs.Int("limit", 100, "at most this many events, 1 to 1000 (without --follow)")
+	follow := fs.Bool("follow", false, "print events as they happen, one JSON object per line, until interrupted")
+	if _, err := exactly(fs, c, args); err != nil {
+		return 0, err
+	}
+	q := url.Values{"after": {strconv.FormatInt(*after, 10)}}
+	if *account != "" {
+		q.Set("account", *account)
+	}
+	if *follow {
+		err := c.c.FollowEvents(ctx, q, func(ev json.RawMessage) error {
+			_, err := fmt.Fprintf(c.stdout, "%s\n", ev)
+			return err
+		})
+		return 0, err
+	}
+	q.Set("limit", strconv.Itoa(*limit))
+	var out struct {
+		Events []apiclient.AuditEntry `json:"events"`
+		Next   string                 `json:"next"`
+	}
+	if err := c.c.Do(ctx, "GET", apiclient.Path("events"), q, nil, &out); err != nil {
+		return 0, err
+	}
+	var rows [][]string
+	for _, e := range out.Events {
+		rows = append(rows, []string{strconv.FormatInt(e.Seq, 10), e.Time.Format(time.RFC3339), e.Principal, e.Action, dash(e.Target)})
+	}
+	return 0, c.show(out, "SEQ\tTIME\tBY\tEVENT\tTARGET", rows)
 }

@@ -71,6 +71,7 @@ var commands = []command{
 	{"audit", "list [filters] [--limit N] [--after CURSOR] | export [filters] | verify | key", "the audit log: who did what, denied attempts too; export as JSON Lines, verify its hash chain and signed checkpoints", cmdAudit},
 	{"budget", "create [flags] | list | get BUDGET_ID | delete BUDGET_ID", "dollar limits on an account, project, fleet, label or key, with an action when reached", cmdBudget},
 	{"usage", "[--from TIME] [--to TIME] [--group-by G] [--account REF]", "metered usage and its cost, grouped by account, project, fleet, key, sandbox or label:KEY", cmdUsage},
+	{"events", "[--follow] [--after CURSOR] [--limit N] [--account REF]", "what happened on the engine's side: budget warnings and actions, guests using placeholders, VMs that stopped on their own; --follow prints them as they happen", cmdEvents},
 	{"version", "", "client and server versions", cmdVersion},
 }
 

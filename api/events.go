@@ -1,0 +1,84 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/harebox/harebox"
+)
+
+// eventKeepalive is how often a followed stream with nothing to say sends
+// a comment, so proxies and clients see it alive.
+const eventKeepalive = 15 * time.Second
+
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
+	qv := r.URL.Query()
+	q := harebox.EventQuery{Account: qv.Get("account")}
+	if v := qv.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return badRequest("after", "must be a sequence number (the next of the last page)")
+		}
+		q.After = n
+	}
+	if v := qv.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return badRequest("limit", "must be 1 to 1000")
+		}
+		q.Limit = n
+	}
+	follow, err := boolParam(qv.Get("follow"), "follow")
+	if err != nil {
+		return err
+	}
+	ctx := r.Context()
+	if !follow {
+		l, next, err := s.eng.Events(ctx, q)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"events": l, "next": strconv.FormatInt(next, 10)})
+		return nil
+	}
+	// Errors before the first byte are plain JSON errors; then events.
+	changed := s.eng.Audit().Changed()
+	l, next, err := s.eng.Events(ctx, q)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	e := &sse{w: w, rc: http.NewResponseController(w)}
+	e.rc.Flush()
+	for {
+		// A client that stops reading is cut off, not waited for.
+		e.rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		for _, ev := range l {
+			if err := e.event("event", ev); err != nil {
+				return nil
+			}
+		}
+		// The cursor moved: there may be more at once. Else wait for an
+		// append (changed was taken before the read: none is missed).
+		if next == q.After {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-changed:
+			case <-time.After(eventKeepalive):
+				if err := e.comment("keepalive"); err != nil {
+					return nil
+				}
+			}
+		}
+		q.After = next
+		changed = s.eng.Audit().Changed()
+		if l, next, err = s.eng.Events(ctx, q); err != nil {
+			ae := toAPIError(err)
+			return ignore(e.event("error", map[string]any{"error": map[string]string{"code": ae.code, "message": ae.msg}}))
+		}
+	}
+}

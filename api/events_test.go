@@ -1,0 +1,73 @@
+package api_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/api"
+)
+
+// Events over REST: a budget reached shows on a followed stream as it
+// happens, and in pages; a key limited to other labels does not see it.
+func TestEventsREST(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	f.must(t, 201, "POST", "/v1/budgets", f.root, map[string]any{
+		"scope": map[string]any{"kind": "label", "labels": map[string]string{"team": "red"}}, "period": "monthly", "limit_usd": "0.000001", "action": "notify",
+	})
+	_, blue := f.key(t, f.root, map[string]any{"scope": map[string]any{"labels": map[string]string{"team": "blue"}}})
+	_, all := f.key(t, f.root, map[string]any{"scope": map[string]any{"actions": []string{"events:read"}}})
+
+	req, _ := http.NewRequest("GET", f.url+"/v1/events?follow=true", nil)
+	req.Header.Set("Authorization", "Bearer "+all)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("follow: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	got := make(chan map[string]any, 10)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				var ev map[string]any
+				json.Unmarshal([]byte(d), &ev)
+				got <- ev
+			}
+		}
+		close(got)
+	}()
+	// A red sandbox's delete settles it: the notify budget is reached.
+	box := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"labels": map[string]string{"team": "red"}}), "id")
+	f.must(t, 200, "DELETE", "/v1/sandboxes/"+box, f.root, nil)
+	select {
+	case ev := <-got:
+		if ev["action"] != "budgetReached" || !strings.HasPrefix(ev["principal"].(string), "budget:") {
+			t.Fatalf("the first event: %v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event on the followed stream")
+	}
+	page := f.must(t, 200, "GET", "/v1/events", f.root, nil)
+	evs, _ := page.body["events"].([]any)
+	if len(evs) != 1 || str(page, "next") == "0" {
+		t.Fatalf("events: %s", page.raw)
+	}
+	if r := f.must(t, 200, "GET", "/v1/events?after="+str(page, "next"), f.root, nil); len(r.body["events"].([]any)) != 0 {
+		t.Fatalf("after the cursor: %s", r.raw)
+	}
+	if r := f.must(t, 200, "GET", "/v1/events", blue, nil); len(r.body["events"].([]any)) != 0 {
+		t.Fatalf("a blue key sees: %s", r.raw)
+	}
+	for _, q := range []string{"after=-1", "limit=0", "limit=1001", "follow=maybe", "account=nope"} {
+		if r := f.do(t, "GET", "/v1/events?"+q, f.root, nil); r.status != 400 {
+			t.Errorf("events?%s: %d %s", q, r.status, r.raw)
+		}
+	}
+}
