@@ -97,6 +97,10 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 	if err != nil {
 		return nil, err
 	}
+	if b.ReachedAt != nil {
+		// Reached at birth (its scope spent the limit this month already).
+		s.Audit.RecordBudget(b.AccountID, b.ID, "budgetReached", b.ID)
+	}
 	return b, nil
 }
 
