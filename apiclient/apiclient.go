@@ -158,8 +158,58 @@ func (c *Client) ExecStream(ctx context.Context, id string, req sandbox.ExecRequ
 		return nil, err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var res *sandbox.ExecResult
+	err = scanSSE(resp.Body, 16<<20, func(event string, data []byte) error {
+		switch event {
+		case "stdout", "stderr":
+			var chunk struct {
+				Data string `json:"data"`
+			}
+			if err := json.Unmarshal(data, &chunk); err != nil {
+				return err
+			}
+			b, err := base64.StdEncoding.DecodeString(chunk.Data)
+			if err != nil {
+				return err
+			}
+			w := stdout
+			if event == "stderr" {
+				w = stderr
+			}
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+		case "exit":
+			res = &sandbox.ExecResult{}
+			if err := json.Unmarshal(data, res); err != nil {
+				return err
+			}
+			return errStop
+		}
+		return nil
+	})
+	if errors.Is(err, errStop) {
+		return res, nil
+	}
+	if err != nil {
+		var ae *Error
+		if errors.As(err, &ae) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("exec stream: %w", err)
+	}
+	return nil, errors.New("exec stream: the server closed the stream without an exit status")
+}
+
+// errStop ends a scanSSE early without an error.
+var errStop = errors.New("stop")
+
+// scanSSE reads server-sent events (lines up to max bytes), calling fn
+// with each event's name and data; an "error" event ends it as the
+// *Error it carries. It returns fn's error, or nil when the stream ends.
+func scanSSE(r io.Reader, max int, fn func(event string, data []byte) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), max)
 	var event string
 	for sc.Scan() {
 		line := sc.Text()
@@ -168,46 +218,21 @@ func (c *Client) ExecStream(ctx context.Context, id string, req sandbox.ExecRequ
 			event = strings.TrimPrefix(line, "event: ")
 		case strings.HasPrefix(line, "data: "):
 			data := []byte(strings.TrimPrefix(line, "data: "))
-			switch event {
-			case "stdout", "stderr":
-				var chunk struct {
-					Data string `json:"data"`
-				}
-				if err := json.Unmarshal(data, &chunk); err != nil {
-					return nil, fmt.Errorf("exec stream: %w", err)
-				}
-				b, err := base64.StdEncoding.DecodeString(chunk.Data)
-				if err != nil {
-					return nil, fmt.Errorf("exec stream: %w", err)
-				}
-				w := stdout
-				if event == "stderr" {
-					w = stderr
-				}
-				if _, err := w.Write(b); err != nil {
-					return nil, err
-				}
-			case "exit":
-				var res sandbox.ExecResult
-				if err := json.Unmarshal(data, &res); err != nil {
-					return nil, fmt.Errorf("exec stream: %w", err)
-				}
-				return &res, nil
-			case "error":
+			if event == "error" {
 				var e struct {
 					Error Error `json:"error"`
 				}
 				if err := json.Unmarshal(data, &e); err != nil {
-					return nil, fmt.Errorf("exec stream: %w", err)
+					return err
 				}
-				return nil, &e.Error
+				return &e.Error
+			}
+			if err := fn(event, data); err != nil {
+				return err
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("exec stream: %w", err)
-	}
-	return nil, errors.New("exec stream: the server closed the stream without an exit status")
+	return sc.Err()
 }
 
 // SandboxPath is the API path of a sandbox, with an optional suffix.
