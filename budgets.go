@@ -69,7 +69,7 @@ func (e *Engine) egress(b *box) *uint64 {
 	if !ok {
 		return nil
 	}
-	n, err := m.EgressBytes(b.rec.ID)
+	n, _, err := m.Traffic(b.rec.ID)
 	if err != nil {
 		return nil
 	}

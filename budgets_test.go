@@ -615,10 +615,10 @@ type countingNet struct {
 	bytes map[string]uint64
 }
 
-func (n *countingNet) EgressBytes(id string) (uint64, error) {
+func (n *countingNet) Traffic(id string) (uint64, uint64, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.bytes[id], nil
+	return n.bytes[id], n.bytes[id] / 2, nil
 }
 
 func (n *countingNet) set(id string, v uint64) {

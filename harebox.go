@@ -89,6 +89,10 @@ type Options struct {
 	// reservations cover 5 s but nothing settles on its own (tests call
 	// Settle).
 	MeterInterval time.Duration
+	// MetricsInterval is how often every sandbox created with monitoring
+	// on is sampled (CPU, memory, disk, network, from the host side);
+	// default 15 s, negative never (tests call SampleMetrics).
+	MetricsInterval time.Duration
 	// HealthInterval is how often the agent of every running sandbox is
 	// asked for its health; default 15 s, negative never. A sandbox whose
 	// agent misses two checks in a row reports agent "unresponsive".
@@ -261,6 +265,10 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		e.wg.Add(1)
 		go e.meterLoop(opts.MeterInterval)
 	}
+	if opts.MetricsInterval > 0 {
+		e.wg.Add(1)
+		go e.monitorLoop(opts.MetricsInterval)
+	}
 	if opts.HealthInterval > 0 {
 		e.wg.Add(1)
 		go e.watchAgents(opts.HealthInterval)
@@ -300,6 +308,9 @@ func (o *Options) defaults() error {
 	}
 	if o.MeterInterval == 0 {
 		o.MeterInterval = 5 * time.Second
+	}
+	if o.MetricsInterval == 0 {
+		o.MetricsInterval = 15 * time.Second
 	}
 	if o.HealthInterval == 0 {
 		o.HealthInterval = 15 * time.Second

@@ -328,6 +328,22 @@ func TestEngineLifecycle(t *testing.T) {
 		}
 		t.Logf("9 MB through the emulated UART took %v", time.Since(start).Round(time.Millisecond))
 	})
+	t.Run("Metrics", func(t *testing.T) {
+		// Measured on the host: the VMM's CPU time grows by what a busy
+		// loop in the guest burns; its memory and the disk files are there.
+		eng.SampleMetrics(ctx)
+		run(t, eng, box.ID, "timeout 3 sh -c 'while :; do :; done'; true")
+		eng.SampleMetrics(ctx)
+		l, err := eng.Metrics(ctx, box.ID, harebox.MetricsQuery{})
+		if err != nil || len(l) < 2 {
+			t.Fatalf("samples: %d %v", len(l), err)
+		}
+		first, last := l[len(l)-2], l[len(l)-1]
+		t.Logf("cpu %.2f s -> %.2f s, memory %d MiB, disk %d MiB", first.CPUSeconds, last.CPUSeconds, last.MemoryBytes>>20, last.DiskBytes>>20)
+		if last.CPUSeconds-first.CPUSeconds < 2 || last.MemoryBytes < 64<<20 || last.DiskBytes <= 0 || !last.Time.After(first.Time) {
+			t.Errorf("samples: %+v then %+v", first, last)
+		}
+	})
 	t.Run("Admission", func(t *testing.T) {
 		// 1 of 3 vCPUs is taken: 3 more do not fit.
 		_, err := eng.Create(ctx, sandbox.CreateRequest{Image: "minimal", Size: sandbox.Size{VCPUs: 3, MemoryMB: 256}})

@@ -135,8 +135,9 @@ func (e *Engine) eraseHistory(ctx context.Context, id string) error {
 	return errors.Join(e.sec.DeleteScope(ctx, historyScope(id)), e.store.DeleteCommands(ctx, id))
 }
 
-// purgeHistory applies every account's retention now: entries older than
-// history_days go, output older than output_days is dropped.
+// purgeHistory applies every account's retention now: entries (and
+// monitoring samples) older than history_days go, output older than
+// output_days is dropped.
 func (e *Engine) purgeHistory(ctx context.Context) {
 	accs, err := e.store.ListAccounts(ctx)
 	if err != nil {
@@ -146,6 +147,10 @@ func (e *Engine) purgeHistory(ctx context.Context) {
 	for _, a := range accs {
 		ret := a.Retention
 		if d := ret.HistoryDays; d != nil {
+			// Monitoring samples are kept as long as history.
+			if err := e.store.PurgeMetrics(ctx, a.ID, now.Add(-time.Duration(*d)*24*time.Hour)); err != nil {
+				e.log.Warn("monitoring: cannot purge samples", "account", a.ID, "err", err)
+			}
 			rows, _ := e.store.OldCommands(ctx, a.ID, now.Add(-time.Duration(*d)*24*time.Hour), false)
 			for _, row := range rows {
 				e.sec.Delete(ctx, historyScope(row.SandboxID), row.ID)

@@ -228,6 +228,8 @@ func calls(w world) []call {
 		{"deleteBudget", "DELETE", "/v1/budgets/" + w.budget, nil, "budget"},
 		{"getUsage", "GET", "/v1/usage", nil, "list"},
 		{"listEvents", "GET", "/v1/events", nil, "list"},
+		{"getSandboxMetrics", "GET", sb + "/metrics", nil, "sandbox"},
+		{"getServerMetrics", "GET", "/metrics", nil, "server"},
 	}
 }
 
@@ -327,6 +329,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 				tc{"other account", w.fullB, 404, "not_found"})
 		case "operator":
 			cases = append(cases, tc{"a key, even a full one", w.fullA, 403, "forbidden"})
+		case "server":
+			cases = append(cases, tc{"a full key that does not name it", w.fullA, 403, "forbidden"})
 		case "create":
 			if c.op == "createEnvironment" {
 				// A project the key cannot see is a bad request field.

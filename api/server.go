@@ -113,6 +113,7 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	openapi []byte
+	metrics http.Handler
 }
 
 // Route is one API route: the router and the OpenAPI document must agree
@@ -185,6 +186,8 @@ func Routes() []Route {
 		{"DELETE", "/v1/budgets/{budget}", "deleteBudget", false, (*Server).deleteBudget},
 		{"GET", "/v1/usage", "getUsage", false, (*Server).getUsage},
 		{"GET", "/v1/events", "listEvents", false, (*Server).listEvents},
+		{"GET", "/v1/sandboxes/{id}/metrics", "getSandboxMetrics", false, (*Server).getSandboxMetrics},
+		{"GET", "/metrics", "getServerMetrics", false, (*Server).getServerMetrics},
 	}
 }
 
@@ -205,7 +208,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b}
+	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine)}
 	for _, rt := range Routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}

@@ -29,7 +29,7 @@ var Actions = []string{
 	"listAudit", "verifyAudit", "getAuditKey",
 	"updateAccount", "listCommands",
 	"createBudget", "listBudgets", "getBudget", "deleteBudget", "getUsage",
-	"listEvents",
+	"listEvents", "getSandboxMetrics", "getServerMetrics",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
@@ -37,7 +37,7 @@ var Actions = []string{
 var Groups = map[string][]string{
 	"*":                  Actions,
 	"info":               {"getInfo"},
-	"sandboxes:read":     {"listSandboxes", "getSandbox"},
+	"sandboxes:read":     {"listSandboxes", "getSandbox", "getSandboxMetrics"},
 	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox"},
 	"exec":               {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "killProcess", "listCommands"},
 	"accounts:write":     {"updateAccount"},
@@ -56,6 +56,7 @@ var Groups = map[string][]string{
 	"budgets:read":       {"listBudgets", "getBudget", "getUsage"},
 	"budgets:write":      {"createBudget", "deleteBudget"},
 	"events:read":        {"listEvents"},
+	"metrics:read":       {"getServerMetrics"},
 }
 
 // operatorOnly actions need the operator whatever a key's scope says:

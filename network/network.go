@@ -29,10 +29,11 @@ type Network interface {
 }
 
 // Meter is what a Network that counts traffic also does: the bytes a
-// sandbox's guest has sent out of its link since it was attached (a
-// counter that may restart from zero when the link is made again).
+// sandbox's guest has sent out of its link, and received on it, since it
+// was attached (counters that may restart from zero when the link is made
+// again).
 type Meter interface {
-	EgressBytes(sandboxID string) (uint64, error)
+	Traffic(sandboxID string) (sent, received uint64, err error)
 }
 
 // Attachment is what a VM gets: a tap device with a MAC, and kernel

@@ -98,6 +98,11 @@ type Tx interface {
 	ListBudgets(ctx context.Context, accountID string) ([]*Budget, error)
 	CandidateBudgets(ctx context.Context, accountID, projectID, fleetID string, keyIDs []string, labels map[string]string) ([]*Budget, error)
 	DeleteBudget(ctx context.Context, id string) error
+	// Monitoring samples. ListMetrics returns a sandbox's from from (at or
+	// after) to to (before; zero: unbounded), oldest first, at most limit.
+	PutMetrics(ctx context.Context, m *MetricSample) error
+	ListMetrics(ctx context.Context, sandboxID string, from, to time.Time, limit int) ([]*MetricSample, error)
+	PurgeMetrics(ctx context.Context, accountID string, before time.Time) error
 	PutReservation(ctx context.Context, r *Reservation) error
 	GetReservation(ctx context.Context, sandboxID string) (*Reservation, error)
 	ListReservations(ctx context.Context) ([]*Reservation, error)
@@ -328,6 +333,16 @@ var migrations = []string{
 	ALTER TABLE usage ADD COLUMN cost BIGINT NOT NULL DEFAULT 0;
 	ALTER TABLE usage ADD COLUMN egress_bytes BIGINT NOT NULL DEFAULT 0;
 	CREATE INDEX usage_account ON usage(account_id, end_ns);`,
+	// Monitoring samples, kept per the account's history retention.
+	`CREATE TABLE metrics (
+		id         TEXT PRIMARY KEY,
+		sandbox_id TEXT NOT NULL,
+		account_id TEXT NOT NULL,
+		time_ns    BIGINT NOT NULL,
+		record     TEXT NOT NULL
+	);
+	CREATE INDEX metrics_sandbox ON metrics(sandbox_id, time_ns);
+	CREATE INDEX metrics_account ON metrics(account_id, time_ns);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -378,18 +378,18 @@ func Cmdline(gw, guest netip.Addr, mac string) string {
 	return fmt.Sprintf("%s=%s/30 %s=%s %s=%s %s=%s", layout.ParamIP, guest, layout.ParamGateway, gw, layout.ParamDNS, gw, layout.ParamMAC, mac)
 }
 
-// EgressBytes implements network.Meter: what the guest sent into its tap
-// (the tap's received bytes), to the internet and to the host's services
-// alike.
-func (n *Network) EgressBytes(sandboxID string) (uint64, error) {
+// Traffic implements network.Meter from the tap's counters: what the
+// guest sent is what the tap received (to the internet and to the host's
+// services alike, denied packets too), and the other way round.
+func (n *Network) Traffic(sandboxID string) (sent, received uint64, err error) {
 	l, err := netlink.LinkByName(TapName(sandboxID))
 	if err != nil {
-		return 0, fmt.Errorf("linuxnet: egress of %s: %w", sandboxID, err)
+		return 0, 0, fmt.Errorf("linuxnet: traffic of %s: %w", sandboxID, err)
 	}
 	if st := l.Attrs().Statistics; st != nil {
-		return st.RxBytes, nil
+		return st.RxBytes, st.TxBytes, nil
 	}
-	return 0, fmt.Errorf("linuxnet: egress of %s: the tap has no statistics", sandboxID)
+	return 0, 0, fmt.Errorf("linuxnet: traffic of %s: the tap has no statistics", sandboxID)
 }
 
 // TapName derives a sandbox's tap name: "hb" and 12 characters of a hash

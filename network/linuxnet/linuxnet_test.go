@@ -232,9 +232,9 @@ func TestDNSNeverThroughProxy(t *testing.T) {
 	mustBlocked(t, "DNS over TLS 853", err, e.count(outsideIP+":853"))
 }
 
-// EgressBytes counts what the guest sends into its link, denied traffic
+// Traffic counts what the guest sends into its link, denied traffic
 // included (it is sent all the same), and only that sandbox's.
-func TestEgressBytes(t *testing.T) {
+func TestTraffic(t *testing.T) {
 	e := newEnv(t)
 	n := e.newNetwork("")
 	t.Cleanup(func() { n.Destroy(context.Background()) })
@@ -255,11 +255,11 @@ func TestEgressBytes(t *testing.T) {
 	dst := &net.UDPAddr{IP: g.gw.AsSlice(), Port: 9}
 	c.WriteTo([]byte{0}, dst)
 	time.Sleep(300 * time.Millisecond)
-	before, err := n.EgressBytes(g.id)
+	before, _, err := n.Traffic(g.id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherBefore, _ := n.EgressBytes(other.id)
+	otherBefore, _, _ := n.Traffic(other.id)
 	for range 20 {
 		if _, err := c.WriteTo(make([]byte, 1000), dst); err != nil {
 			t.Fatal(err)
@@ -268,7 +268,7 @@ func TestEgressBytes(t *testing.T) {
 	// (The counters follow the packets through the link within moments.)
 	var after uint64
 	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if after, err = n.EgressBytes(g.id); err != nil {
+		if after, _, err = n.Traffic(g.id); err != nil {
 			t.Fatal(err)
 		}
 		if after-before >= 20_000 || time.Now().After(deadline) {
@@ -278,10 +278,14 @@ func TestEgressBytes(t *testing.T) {
 	if after-before < 20_000 {
 		t.Fatalf("egress grew by %d bytes, want at least 20000", after-before)
 	}
-	if o, _ := n.EgressBytes(other.id); o-otherBefore > 2_000 {
+	if o, _, _ := n.Traffic(other.id); o-otherBefore > 2_000 {
 		t.Fatalf("the other sandbox's egress grew by %d bytes", o-otherBefore)
 	}
-	if _, err := n.EgressBytes("sbx_none"); err == nil {
+	// The host answered (the gateway's ARP reply at least): received too.
+	if _, received, _ := n.Traffic(g.id); received == 0 {
+		t.Fatal("the guest received nothing")
+	}
+	if _, _, err := n.Traffic("sbx_none"); err == nil {
 		t.Fatal("egress of a sandbox without a link")
 	}
 }

@@ -19,7 +19,7 @@ import http.client
 import json
 import os
 import ssl
-from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, Union, cast
+from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Protocol, TypeVar, Union, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 from . import types as t
@@ -565,6 +565,53 @@ class Client:
         the log's checkpoints."""
         return cast(t.AuditKey, self._json("GET", "/v1/audit/key", timeout=timeout))
 
+    # --- events -----------------------------------------------------------
+    # What happened on the engine's side rather than by a caller: a budget's
+    # warnings, its being reached and what it did (principal "budget:ID"),
+    # a guest using a placeholder where it is not swapped ("sandbox:ID"), a
+    # VM that stopped on its own ("engine"). They are audit entries; a key
+    # sees those of the sandboxes and budgets it may see.
+
+    @operation("listEvents")
+    def list_events(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.EventList:
+        """GET /v1/events: one page of events, oldest first. Query ``after``
+        (the cursor: a sequence number), ``limit`` (1 to 1000, default 100)
+        and ``account`` (the operator only). ``next`` is always there: the
+        ``after`` of the next page (an empty page keeps it). events()
+        follows the stream, or the pages."""
+        if query and query.get("follow"):
+            raise ValueError("list_events reads one page; events(query) follows the stream")
+        return cast(t.EventList, self._json("GET", "/v1/events", query=query, timeout=timeout))
+
+    def events(
+        self, query: t.Query | None = None, *, follow: bool = True, timeout: float | None = None
+    ) -> Iterator[t.AuditEntry]:
+        """Yields events (AuditEntry dicts) that match ``query``
+        (list_events's), oldest first. With ``follow`` (GET /v1/events
+        with follow=true) it never ends: each event comes as the server
+        appends it; an ``error`` event raises its HareBoxError, and a
+        stream the server ends raises TransportError (resume with
+        ``after`` = the last event's ``seq``). ``timeout`` bounds the wait
+        for any byte, so keep it above the server's 15 s keepalive.
+        Without ``follow`` it reads every page so far, following ``next``.
+        A generator: nothing is sent before the first event is asked for,
+        errors raise as it runs, and closing it (or leaving its loop)
+        closes the connection."""
+        if not follow:
+            q: dict[str, t.QueryValue] = {"limit": 1000, **(query or {}), "follow": None}
+            while True:
+                page = self.list_events(query=q, timeout=timeout)
+                yield from page["events"]
+                if int(page["next"]) <= int(str(q.get("after") or 0)):
+                    return  # the cursor stands still: nothing newer
+                q["after"] = page["next"]
+        conn, resp = self._send("GET", "/v1/events", query={**(query or {}), "follow": True}, timeout=timeout)
+        try:
+            while True:
+                yield _next_streamed_event(resp)
+        finally:
+            _close(conn, resp)
+
     # --- budgets and usage ------------------------------------------------
     # Money is a decimal string ("25.00"), never a float. The operator
     # names the account with query ``account`` (ID or name; default the
@@ -707,11 +754,11 @@ class ExecStream:
     def close(self) -> None:
         """Stops reading and closes the connection."""
         self._done = True
-        self._conn.close()
+        _close(self._conn, self._resp)
 
     def __del__(self) -> None:
         # A loop that breaks early leaves the stream open: close it quietly.
-        self._conn.close()
+        _close(self._conn, self._resp)
 
     def __next__(self) -> ExecEvent:
         if self._done:
@@ -738,29 +785,72 @@ class ExecStream:
             raise TransportError(f"exec stream: {type(e).__name__}: {e}") from None
 
     def _read_event(self) -> tuple[str, str]:
-        """Reads one server-sent event: its name and its (joined) data."""
-        name = "message"
-        data: list[str] = []
+        event = _read_sse_event(self._resp, "exec stream")
+        if event is None:
+            raise TransportError("exec stream ended before the exit event")
+        return event
+
+
+class _LineReader(Protocol):
+    def readline(self, limit: int = -1, /) -> bytes: ...
+
+
+def _read_sse_event(resp: _LineReader, what: str) -> tuple[str, str] | None:
+    """Reads one server-sent event: its name and its (joined) data; None
+    when the stream ends (an event cut off by the end is dropped).
+    Comments (": keepalive") and fields other than event and data are
+    skipped."""
+    name = "message"
+    data: list[str] = []
+    while True:
+        line = resp.readline(_MAX_EVENT_LINE)
+        if not line:
+            return None
+        if not line.endswith(b"\n"):
+            raise TransportError(f"{what}: an event line is too long or cut short")
+        text = line.decode().rstrip("\r\n")
+        if not text:
+            if data:
+                return name, "\n".join(data)
+            name = "message"
+            continue
+        if text.startswith(":"):
+            continue
+        key, _, value = text.partition(":")
+        value = value.removeprefix(" ")
+        if key == "event":
+            name = value
+        elif key == "data":
+            data.append(value)
+
+
+def _next_streamed_event(resp: http.client.HTTPResponse) -> t.AuditEntry:
+    """The next ``event`` of a followed /v1/events stream; an ``error``
+    event raises its HareBoxError, the stream's end TransportError."""
+    try:
         while True:
-            line = self._resp.readline(_MAX_EVENT_LINE)
-            if not line:
-                raise TransportError("exec stream ended before the exit event")
-            if not line.endswith(b"\n"):
-                raise TransportError("exec stream: an event line is too long or cut short")
-            text = line.decode().rstrip("\r\n")
-            if not text:
-                if data:
-                    return name, "\n".join(data)
-                name = "message"
-                continue
-            if text.startswith(":"):
-                continue
-            key, _, value = text.partition(":")
-            value = value.removeprefix(" ")
-            if key == "event":
-                name = value
-            elif key == "data":
-                data.append(value)
+            event = _read_sse_event(resp, "events stream")
+            if event is None:
+                raise TransportError("events stream: the server ended the stream")
+            name, data = event
+            if name == "event":
+                return cast(t.AuditEntry, json.loads(data))
+            if name == "error":
+                raise error_from_body(0, json.loads(data))
+            # Unknown events are for newer clients: skip them.
+    except HareBoxError:
+        raise
+    except TimeoutError:
+        raise RequestTimeout("events stream: no byte within the timeout (not even the keepalive)") from None
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        raise TransportError(f"events stream: {type(e).__name__}: {e}") from None
+
+
+def _close(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+    """Closes a stream: the response too, which holds the socket when the
+    server said it closes the connection (HTTP/1.0 or Connection: close)."""
+    resp.close()
+    conn.close()
 
 
 def _seconds(value: Any, default: float) -> float:

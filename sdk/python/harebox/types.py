@@ -362,11 +362,13 @@ class AuditEntry(TypedDict):
     seq: int
     time: str
     account_id: NotRequired[str]
-    #: A key ID, or "operator".
+    #: A key ID, or "operator"; for an event (list_events) "budget:ID",
+    #: "sandbox:ID" or "engine".
     principal: str
     #: The caller's address.
     source: NotRequired[str]
-    #: An operationId.
+    #: An operationId; for an event budgetWarning, budgetReached,
+    #: budgetPause, budgetDelete, usePlaceholder or vmExited.
     action: str
     target: NotRequired[str]
     outcome: Literal["ok", "denied", "error"]
@@ -386,6 +388,15 @@ class AuditList(TypedDict):
     entries: list[AuditEntry]
     #: The cursor (``after``) of the next page; present when this one is full.
     next: NotRequired[str]
+
+
+class EventList(TypedDict):
+    """The body of list_events: audit entries of the engine's own acts."""
+
+    events: list[AuditEntry]
+    #: The cursor (``after``) of the next page: the sequence number of the
+    #: last entry looked at, as a string; an empty page keeps it.
+    next: str
 
 
 class AuditReport(TypedDict):

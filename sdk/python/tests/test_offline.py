@@ -4,6 +4,7 @@ the client covers the OpenAPI document kept in this repository."""
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import re
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 import harebox
 from harebox import types as t
+from harebox.client import _read_sse_event
 from harebox.errors import error_from_body, parse_retry_after
 
 REPO_OPENAPI = Path(__file__).resolve().parents[3] / "api" / "openapi.yaml"
@@ -107,7 +109,8 @@ def test_unreachable_server_is_a_transport_error() -> None:
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """Answers every request from ``replies`` by path (with its query
-    first, then without), and records it."""
+    first, then without), and records it. A bytes reply is sent as it is
+    (give its Content-Type in the headers)."""
 
     seen: list[tuple[str, str, Any]] = []
     replies: dict[str, tuple[int, dict[str, str], Any]] = {}
@@ -117,7 +120,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length)) if length else None
         self.seen.append((self.command, self.path, body))
         status, headers, reply = self.replies.get(self.path) or self.replies.get(self.path.split("?")[0], (200, {}, {"ok": True}))
-        data = b"" if reply is None else json.dumps(reply).encode()
+        data = reply if isinstance(reply, bytes) else b"" if reply is None else json.dumps(reply).encode()
         self.send_response(status)
         for k, v in {"Content-Type": "application/json", **headers}.items():
             self.send_header(k, v)
@@ -381,3 +384,111 @@ def test_rate_limited_reply_carries_retry_after(recorder: tuple[harebox.Client, 
     with pytest.raises(harebox.Forbidden) as forbidden:
         hb.create_key(body={"scope": {"actions": ["*"]}})
     assert (forbidden.value.status, forbidden.value.field) == (403, "scope.actions")
+
+
+def _event(seq: int, action: str = "budgetReached") -> t.AuditEntry:
+    return {"seq": seq, "time": "2026-11-30T12:00:00Z", "account_id": "acc_1", "principal": "budget:bgt_1",
+            "action": action, "target": "bgt_1", "outcome": "ok", "prev": f"h{seq - 1}", "hash": f"h{seq}"}
+
+
+def _sse(*blocks: str) -> bytes:
+    return "".join(block + "\n\n" for block in blocks).encode()
+
+
+STREAM_ERROR = {"error": {"code": "invalid", "message": "no account acme", "field": "account"}}
+
+#: A followed /v1/events stream: a keepalive, two events, an unknown event
+#: (for a newer client), then the error that ends it.
+EVENTS_STREAM = _sse(
+    ": keepalive",
+    "event: event\ndata: " + json.dumps(_event(7, "budgetWarning")),
+    ": keepalive\r\nevent: event\r\ndata: " + json.dumps(_event(8)) + "\r",
+    "event: hello\ndata: {}",
+    "event: error\ndata: " + json.dumps(STREAM_ERROR),
+)
+
+
+def test_sse_parser_skips_comments_and_joins_data() -> None:
+    stream = io.BytesIO(EVENTS_STREAM + b"event: two\ndata: a\ndata:b\nid: 3\n\n\n\ndata: plain\n\nevent: cut\ndata: x\n")
+    read = [_read_sse_event(stream, "test") for _ in range(8)]
+    assert read[:2] == [("event", json.dumps(_event(7, "budgetWarning"))), ("event", json.dumps(_event(8)))]
+    assert read[2:4] == [("hello", "{}"), ("error", json.dumps(STREAM_ERROR))]
+    assert read[4:] == [("two", "a\nb"), ("message", "plain"), None, None]  # an event cut off by the end is dropped
+    with pytest.raises(harebox.TransportError, match="test: an event line is too long or cut short"):
+        _read_sse_event(io.BytesIO(b"data: no newline"), "test")
+
+
+def test_events_follow_the_stream(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    stream = {"Content-Type": "text/event-stream"}
+    server.replies["/v1/events?account=acme&after=6&follow=true"] = (200, stream, EVENTS_STREAM)
+    events = hb.events({"account": "acme", "after": 6, "follow": False}, timeout=5)
+    assert server.seen == []  # a generator: nothing is sent before the first event is asked for
+    assert next(events) == _event(7, "budgetWarning")
+    assert next(events) == _event(8)
+    with pytest.raises(harebox.InvalidRequest) as err:
+        next(events)  # the unknown event is skipped; the error ends the stream
+    assert (err.value.status, err.value.code, err.value.field) == (400, "invalid", "account")
+    assert list(events) == []
+    assert [path for _, path, _ in server.seen] == ["/v1/events?account=acme&after=6&follow=true"]
+    # A stream the server ends without an error is not a quiet end.
+    server.replies["/v1/events?follow=true"] = (200, stream, _sse("event: event\ndata: " + json.dumps(_event(9))))
+    followed = hb.events()
+    assert next(followed)["seq"] == 9
+    with pytest.raises(harebox.TransportError, match="ended the stream"):
+        next(followed)
+    # Errors before the stream are the API's, as for any call.
+    server.replies["/v1/events?limit=0&follow=true"] = (
+        400, {}, {"error": {"code": "invalid", "message": "must be 1 to 1000", "field": "limit"}})
+    with pytest.raises(harebox.InvalidRequest) as bad:
+        next(hb.events({"limit": 0}))
+    assert bad.value.field == "limit"
+    # A data line that is not JSON is not the API talking.
+    server.replies["/v1/events?follow=true"] = (200, stream, _sse("event: event\ndata: {oops"))
+    with pytest.raises(harebox.TransportError, match="events stream: JSONDecodeError"):
+        next(hb.events())
+
+
+def test_list_events_and_its_pages(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    first: t.EventList = {"events": [_event(3), _event(5)], "next": "6"}
+    server.replies["/v1/events"] = (200, {}, first)
+    assert hb.list_events() == first
+    hb.list_events(query={"account": "acme", "after": "6", "limit": 10})
+    with pytest.raises(ValueError, match="events"):
+        hb.list_events(query={"follow": True})
+    # Without follow, events reads pages until the cursor stands still (a
+    # page can be empty of what a key may see and still move it).
+    server.replies["/v1/events?limit=2&account=acme"] = (200, {}, first)
+    server.replies["/v1/events?limit=2&account=acme&after=6"] = (200, {}, {"events": [], "next": "8"})
+    server.replies["/v1/events?limit=2&account=acme&after=8"] = (200, {}, {"events": [_event(9)], "next": "9"})
+    server.replies["/v1/events?limit=2&account=acme&after=9"] = (200, {}, {"events": [], "next": "9"})
+    server.seen.clear()
+    assert [e["seq"] for e in hb.events({"limit": 2, "account": "acme", "follow": True}, follow=False)] == [3, 5, 9]
+    assert [path for _, path, _ in server.seen] == [
+        "/v1/events?limit=2&account=acme",
+        "/v1/events?limit=2&account=acme&after=6",
+        "/v1/events?limit=2&account=acme&after=8",
+        "/v1/events?limit=2&account=acme&after=9",
+    ]
+    server.seen.clear()
+    server.replies["/v1/events?limit=1000&after=20"] = (200, {}, {"events": [], "next": "20"})
+    assert list(hb.events({"after": 20}, follow=False)) == []
+    assert [path for _, path, _ in server.seen] == ["/v1/events?limit=1000&after=20"]
+
+
+def test_exec_stream_reads_its_events(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    """The exec stream shares the parser with the events stream."""
+    hb, server = recorder
+    result = {"exit_code": 0, "stdout": "", "stderr": "", "duration_ms": 1, "timed_out": False}
+    server.replies["/v1/sandboxes/sbx_1/exec/stream"] = (200, {"Content-Type": "text/event-stream"}, _sse(
+        'event: stdout\ndata: {"data": "aGk="}', ": keepalive", 'event: stderr\ndata: {"data": "IQ=="}',
+        "event: exit\ndata: " + json.dumps(result)))
+    events = list(hb.exec_stream("sbx_1", body={"cmd": "echo hi"}))
+    assert events == [("stdout", b"hi"), ("stderr", b"!"), ("exit", result)]
+    server.replies["/v1/sandboxes/sbx_2/exec/stream"] = (200, {"Content-Type": "text/event-stream"}, _sse(
+        'event: stdout\ndata: {"data": "aGk="}'))
+    stream = hb.exec_stream("sbx_2", body={"cmd": "echo hi"})
+    assert next(stream) == ("stdout", b"hi")
+    with pytest.raises(harebox.TransportError, match="exec stream ended before the exit event"):
+        next(stream)
