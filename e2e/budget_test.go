@@ -109,7 +109,7 @@ func TestBudgetPausesVM(t *testing.T) {
 	prices := filepath.Join(dataDir, "prices.json")
 	os.WriteFile(prices, []byte(`{"vcpu_hour": "3600", "memory_gib_hour": "0", "paused_memory_gib_hour": "0", "disk_gb_hour": "0"}`), 0o600)
 	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none",
-		"--prices", prices, "--meter-interval", "1s")
+		"--prices", prices, "--meter-interval", "1s", "--metrics-interval", "1s")
 	defer func() {
 		srv.stop(t)
 		noLeftovers(t, dataDir)
@@ -186,6 +186,21 @@ func TestBudgetPausesVM(t *testing.T) {
 	// The other one ran on.
 	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+other["id"].(string)+"/exec", srv.key, map[string]any{"cmd": "echo on"}); code != 200 || r["stdout"] != "on\n" {
 		t.Fatalf("exec in the unbudgeted sandbox: %d %v", code, r)
+	}
+	// (The same server samples every second: harebox metrics shows the
+	// unbudgeted sandbox's VMM, and the server's Prometheus text.)
+	var samples struct {
+		Samples []struct {
+			CPUSeconds  float64 `json:"cpu_seconds"`
+			MemoryBytes int64   `json:"memory_bytes"`
+		} `json:"samples"`
+	}
+	if err := json.Unmarshal([]byte(run(t, srv, s, s.root, time.Minute, "harebox", "metrics", other["id"].(string))), &samples); err != nil || len(samples.Samples) == 0 ||
+		samples.Samples[len(samples.Samples)-1].CPUSeconds <= 0 || samples.Samples[len(samples.Samples)-1].MemoryBytes <= 0 {
+		t.Fatalf("harebox metrics: %+v %v", samples, err)
+	}
+	if out := run(t, srv, s, s.root, time.Minute, "harebox", "metrics", "--server"); !strings.Contains(out, `harebox_sandboxes{state="paused"} 1`) {
+		t.Fatalf("harebox metrics --server: %.3000s", out)
 	}
 	if code, _ := srv.call(t, "DELETE", "/v1/budgets/"+b["id"].(string), srv.key, nil); code != 204 {
 		t.Fatalf("delete the budget: %d", code)

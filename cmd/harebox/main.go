@@ -72,6 +72,7 @@ var commands = []command{
 	{"budget", "create [flags] | list | get BUDGET_ID | delete BUDGET_ID", "dollar limits on an account, project, fleet, label or key, with an action when reached", cmdBudget},
 	{"usage", "[--from TIME] [--to TIME] [--group-by G] [--account REF]", "metered usage and its cost, grouped by account, project, fleet, key, sandbox or label:KEY", cmdUsage},
 	{"events", "[--follow] [--after CURSOR] [--limit N] [--account REF]", "what happened on the engine's side: budget warnings and actions, guests using placeholders, VMs that stopped on their own; --follow prints them as they happen", cmdEvents},
+	{"metrics", "ID [--from TIME] [--to TIME] [--limit N] | --server", "a sandbox's monitoring samples (CPU, memory, disk, network, measured on the host), or the server's metrics in the Prometheus text format", cmdMetrics},
 	{"version", "", "client and server versions", cmdVersion},
 }
 

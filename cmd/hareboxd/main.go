@@ -48,23 +48,24 @@ func main() {
 
 func run() error {
 	var (
-		dataDir    = flag.String("data-dir", "/var/lib/harebox", "data directory: database, images, machines, keys")
-		listen     = flag.String("listen", "127.0.0.1:7070", "address: host:port (loopback) or unix:PATH")
-		backend    = flag.String("hypervisor", "qemu", "hypervisor backend plugin: qemu or cloud-hypervisor")
-		pluginPath = flag.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
-		imageDir   = flag.String("image-dir", "", "built images (default DATA_DIR/images)")
-		site       = flag.String("site", "local", "the site this host is in, e.g. fr-par-1")
-		country    = flag.String("country", "", "the site's country code, e.g. FR")
-		debug      = flag.Bool("debug", false, "log every request")
-		netKind    = flag.String("network", "linux", "sandbox network: linux (tap, host firewall, DNS, egress proxy) or none")
-		pool       = flag.String("address-pool", "10.231.0.0/16", "where sandbox addresses come from (a /30 each)")
-		upstream   = flag.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
-		table      = flag.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
-		defaultFW  = flag.String("default-firewall", "public", "policy of sandboxes created without one: public (the public internet only), deny (nothing), or @FILE (a policy document)")
-		plaintext  = flag.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor today)")
-		prices     = flag.String("prices", "", "price table, a JSON file of decimal dollar strings per hour: vcpu_hour, memory_gib_hour, paused_vcpu_hour, paused_memory_gib_hour, disk_gb_hour, and egress_gb per GB (default: the README's)")
-		meterEvery = flag.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
-		proxies    = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
+		dataDir      = flag.String("data-dir", "/var/lib/harebox", "data directory: database, images, machines, keys")
+		listen       = flag.String("listen", "127.0.0.1:7070", "address: host:port (loopback) or unix:PATH")
+		backend      = flag.String("hypervisor", "qemu", "hypervisor backend plugin: qemu or cloud-hypervisor")
+		pluginPath   = flag.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
+		imageDir     = flag.String("image-dir", "", "built images (default DATA_DIR/images)")
+		site         = flag.String("site", "local", "the site this host is in, e.g. fr-par-1")
+		country      = flag.String("country", "", "the site's country code, e.g. FR")
+		debug        = flag.Bool("debug", false, "log every request")
+		netKind      = flag.String("network", "linux", "sandbox network: linux (tap, host firewall, DNS, egress proxy) or none")
+		pool         = flag.String("address-pool", "10.231.0.0/16", "where sandbox addresses come from (a /30 each)")
+		upstream     = flag.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
+		table        = flag.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
+		defaultFW    = flag.String("default-firewall", "public", "policy of sandboxes created without one: public (the public internet only), deny (nothing), or @FILE (a policy document)")
+		plaintext    = flag.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor today)")
+		prices       = flag.String("prices", "", "price table, a JSON file of decimal dollar strings per hour: vcpu_hour, memory_gib_hour, paused_vcpu_hour, paused_memory_gib_hour, disk_gb_hour, and egress_gb per GB (default: the README's)")
+		meterEvery   = flag.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
+		metricsEvery = flag.Duration("metrics-interval", 15*time.Second, "how often every sandbox created with monitoring on is sampled (CPU, memory, disk, network, from the host side)")
+		proxies      = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
 	)
 	flag.Parse()
 	priceTable := budget.DefaultPrices
@@ -76,6 +77,9 @@ func run() error {
 	}
 	if *meterEvery < 100*time.Millisecond {
 		return fmt.Errorf("--meter-interval %v: at least 100ms", *meterEvery)
+	}
+	if *metricsEvery < time.Second {
+		return fmt.Errorf("--metrics-interval %v: at least 1s", *metricsEvery)
 	}
 	level := slog.LevelInfo
 	if *debug {
@@ -127,7 +131,7 @@ func run() error {
 		DefaultFirewall: fw,
 		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
-		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery,
+		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery,
 	})
 	if err != nil {
 		return err
