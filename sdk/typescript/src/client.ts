@@ -27,6 +27,8 @@ import type {
   EnvironmentUpdate,
   EnvironmentVersion,
   EnvironmentVersionList,
+  EventList,
+  EventQuery,
   ExecEvent,
   ExecRequest,
   ExecResult,
@@ -112,6 +114,8 @@ const FILE_TIMEOUT_MS = 300_000;
 const EXEC_MARGIN_MS = 30_000;
 const DEFAULT_EXEC_TIMEOUT_S = 300;
 const DEFAULT_WAIT_TIMEOUT_S = 60;
+/** How long a followed event stream may say nothing (it sends a keepalive every 15 s). */
+const FOLLOW_IDLE_MS = 60_000;
 
 type Kind = "json" | "bytes" | "none";
 
@@ -120,6 +124,8 @@ interface Send {
   /** A JSON value, or raw bytes for writeFile. */
   json?: unknown;
   raw?: FileData;
+  /** The Accept header, when not the operation's usual one. */
+  accept?: string;
   signal?: AbortSignal | undefined;
   timeoutMs: number;
 }
@@ -289,30 +295,21 @@ export class HareBox {
         switch (msg.event) {
           case "stdout":
           case "stderr": {
-            const v = parseEvent(msg.event, msg.data) as { data?: unknown };
-            if (typeof v?.data !== "string") throw malformed(msg.event);
+            const v = parseEvent("execStream", msg.event, msg.data) as { data?: unknown };
+            if (typeof v?.data !== "string") throw malformed("execStream", msg.event);
             yield { type: msg.event, data: fromBase64(v.data) };
             break;
           }
           case "exit": {
-            const v = parseEvent(msg.event, msg.data) as ExecResult;
-            if (!v || typeof v !== "object" || typeof v.exit_code !== "number") throw malformed(msg.event);
+            const v = parseEvent("execStream", msg.event, msg.data) as ExecResult;
+            if (!v || typeof v !== "object" || typeof v.exit_code !== "number") throw malformed("execStream", msg.event);
             ended = true;
             yield { type: "exit", result: v };
             return;
           }
-          case "error": {
-            const v = parseEvent(msg.event, msg.data) as { error?: { code?: unknown; message?: unknown; field?: unknown } };
-            const e = v?.error;
-            const code = typeof e?.code === "string" ? e.code : "internal";
+          case "error":
             ended = true;
-            throw new HareBoxError(
-              statusForCode(code),
-              code,
-              typeof e?.message === "string" ? e.message : "the command failed",
-              typeof e?.field === "string" ? e.field : undefined,
-            );
-          }
+            throw streamError("execStream", msg.data, "the command failed");
           default:
           // An event this client does not know: skip it.
         }
@@ -675,6 +672,100 @@ export class HareBox {
     return this.#call("getUsage", [], "json", this.#plain(options));
   }
 
+  // Events: the engine's own acts, as audit entries: a budget's warnings,
+  // its being reached and each sandbox it paused or deleted (principal
+  // budget:ID), a guest using a placeholder where it is not swapped
+  // (sandbox:ID), a VM that stopped on its own (engine). A key sees those
+  // of the sandboxes and budgets it may see; the operator every account's,
+  // or query.account's.
+
+  /**
+   * A page of events, oldest first. `next` is always there: the cursor to
+   * pass as `after` (it moves past entries the caller may not see too).
+   * {@link HareBox.followEvents} streams them as they come.
+   */
+  async listEvents(options: CallOptions<EventQuery> = {}): Promise<EventList> {
+    const follow: unknown = (options.query as { follow?: unknown } | undefined)?.follow;
+    if (follow !== undefined && follow !== false && follow !== "false") {
+      throw new HareBoxError(0, "invalid", "listEvents reads JSON pages; followEvents() streams them", "follow");
+    }
+    return this.#call("listEvents", [], "json", this.#plain(options));
+  }
+
+  /**
+   * Every event after `query.after` (default: all), oldest first, then
+   * each one as it is appended: listEvents with follow=true, read as
+   * server-sent events. It goes on until the caller's signal aborts (then
+   * it rejects with the signal's reason) or the loop is left (the request
+   * is then cancelled). An `error` event throws a HareBoxError with the
+   * server's code; a stream the server ends throws code "network": to go
+   * on, follow again with `after` the last entry's `seq`. `timeoutMs`
+   * bounds silence here, not the stream: the server sends a keepalive
+   * every 15 s, and nothing at all for `timeoutMs` (default 60 s; 0: no
+   * bound) throws code "timeout". The time the loop's body takes does not
+   * count.
+   *
+   *     for await (const e of hb.followEvents({ query: { after: "120" }, signal })) { ... }
+   */
+  async *followEvents(options: CallOptions<EventQuery> = {}): AsyncGenerator<AuditEntry, void, undefined> {
+    const idleMs = this.#timeout(options, FOLLOW_IDLE_MS);
+    // The watchdog: aborts the request, with a timeout error as its reason,
+    // when nothing (an event, a keepalive) came for idleMs. It is off while
+    // the caller holds an entry (busy): that time is not the server's.
+    const idle = new AbortController();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let busy = false;
+    const touch = (): void => {
+      clearTimeout(timer);
+      if (idleMs <= 0 || busy) return;
+      timer = setTimeout(() => {
+        idle.abort(new HareBoxError(0, "timeout", `followEvents: nothing from ${this.url} for ${idleMs / 1000} s`));
+      }, idleMs);
+      timer.unref?.();
+    };
+    const signal = options.signal ? AbortSignal.any([options.signal, idle.signal]) : idle.signal;
+    try {
+      touch();
+      const { res, fail } = await this.#send("listEvents", [], {
+        query: { ...options.query, follow: true },
+        accept: "text/event-stream",
+        signal,
+        timeoutMs: 0,
+      });
+      if (!res.body) throw new HareBoxError(0, "network", "followEvents: the response has no body");
+      const body = res.body.pipeThrough(
+        new TransformStream<Uint8Array, Uint8Array>({
+          transform(chunk, out) {
+            touch();
+            out.enqueue(chunk);
+          },
+        }),
+      );
+      try {
+        for await (const msg of readSSE(body)) {
+          if (msg.event === "event") {
+            const v = parseEvent("followEvents", msg.event, msg.data) as AuditEntry | null;
+            if (!v || typeof v !== "object" || typeof v.seq !== "number") throw malformed("followEvents", msg.event);
+            busy = true;
+            clearTimeout(timer);
+            yield v;
+            busy = false;
+            touch();
+          } else if (msg.event === "error") {
+            throw streamError("followEvents", msg.data, "the event stream failed");
+          }
+          // An event this client does not know: skip it.
+        }
+      } catch (err) {
+        throw fail(err);
+      }
+      throw new HareBoxError(0, "network", "followEvents: the server ended the stream");
+    } finally {
+      clearTimeout(timer);
+      idle.abort(); // the request too, whatever ended the loop
+    }
+  }
+
   // ---- Plumbing -----------------------------------------------------
 
   /** A call with a JSON body ({} when the caller gave none: the server says what is missing). */
@@ -735,7 +826,7 @@ export class HareBox {
     const url = this.url + path + queryString(send.query);
 
     const headers: Record<string, string> = {
-      accept: op === "execStream" ? "text/event-stream" : op === "readFile" ? "application/octet-stream" : "application/json",
+      accept: send.accept ?? (op === "execStream" ? "text/event-stream" : op === "readFile" ? "application/octet-stream" : "application/json"),
       "user-agent": `harebox-typescript/${VERSION}`,
     };
     if (this.#apiKey && !("public" in spec && spec.public)) headers.authorization = `Bearer ${this.#apiKey}`;
@@ -811,16 +902,33 @@ function execTimeoutMs(body: ExecRequest): number {
   return t * 1000 + EXEC_MARGIN_MS;
 }
 
-function parseEvent(event: string, data: string): unknown {
+function parseEvent(op: OperationId | "followEvents", event: string, data: string): unknown {
   try {
     return JSON.parse(data);
   } catch {
-    throw malformed(event);
+    throw malformed(op, event);
   }
 }
 
-function malformed(event: string): HareBoxError {
-  return new HareBoxError(0, "network", `execStream: malformed ${event} event`);
+function malformed(op: OperationId | "followEvents", event: string): HareBoxError {
+  return new HareBoxError(0, "network", `${op}: malformed ${event} event`);
+}
+
+/**
+ * The HareBoxError an event stream's `error` event stands for (its data is
+ * an error body: {"error": {"code", "message", "field"}}); its status is
+ * the one the code has in a response.
+ */
+function streamError(op: OperationId | "followEvents", data: string, fallback: string): HareBoxError {
+  const v = parseEvent(op, "error", data) as { error?: { code?: unknown; message?: unknown; field?: unknown } } | null;
+  const e = v?.error;
+  const code = typeof e?.code === "string" ? e.code : "internal";
+  return new HareBoxError(
+    statusForCode(code),
+    code,
+    typeof e?.message === "string" ? e.message : fallback,
+    typeof e?.field === "string" ? e.field : undefined,
+  );
 }
 
 export function toBase64(b: Uint8Array): string {

@@ -68,6 +68,7 @@ export const OPERATIONS = {
   getBudget: { method: "GET", path: "/v1/budgets/{budget}" },
   deleteBudget: { method: "DELETE", path: "/v1/budgets/{budget}" },
   getUsage: { method: "GET", path: "/v1/usage" },
+  listEvents: { method: "GET", path: "/v1/events" },
 } as const satisfies Record<string, Operation>;
 
 /** An OpenAPI operationId; each is a method of HareBox. */

@@ -461,12 +461,15 @@ export type AuditOutcome = "ok" | "denied" | "error";
 
 /** One entry of the audit log: who did what to what, and how it ended (never request data). */
 export interface AuditEntry {
-  /** From 1, without gaps; the cursor of listAudit's `after`. */
+  /** From 1, without gaps; the cursor of listAudit's and listEvents' `after`. */
   seq: number;
   /** RFC 3339 date-time. */
   time: string;
   account_id?: string;
-  /** A key ID, or "operator". */
+  /**
+   * A key ID, or "operator"; an event's is the engine's: "budget:ID",
+   * "sandbox:ID" or "engine".
+   */
   principal: string;
   /** The caller's address. */
   source?: string;
@@ -647,6 +650,20 @@ export interface AuditList {
   next?: string;
 }
 
+/**
+ * The body of listEvents: a page of events (audit entries of the engine's
+ * own acts), oldest first.
+ */
+export interface EventList {
+  events: AuditEntry[];
+  /**
+   * The cursor (a sequence number) to pass as `after`: the last entry the
+   * page looked at, shown or not. Always present; `after` itself when
+   * nothing is new.
+   */
+  next: string;
+}
+
 /** The body of listBudgets. */
 export interface BudgetList {
   budgets: Budget[];
@@ -718,6 +735,19 @@ export interface AuditQuery {
   limit?: number;
   /** JSON pages only; auditEntries iterates every entry. */
   format?: "json";
+}
+
+/** The query of listEvents and followEvents. */
+export interface EventQuery {
+  /** The cursor: events after this sequence number (a page's `next`, or an entry's `seq`). */
+  after?: number | string;
+  /** 1 to 1000; default 100 (followEvents: each read of the stream). */
+  limit?: number;
+  /**
+   * The operator's filter by account (ID or name); without it, every
+   * account's. A key sees its own account's events.
+   */
+  account?: string;
 }
 
 /** How getUsage groups: by account, project, fleet, key, sandbox (the default) or a label's value. */

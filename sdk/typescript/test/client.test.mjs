@@ -2,8 +2,9 @@
 // checks, the API key kept out of sight, timeouts and aborts (against a
 // local HTTP server that never answers), error mapping (non-JSON answers,
 // 402, 403, and 429 with Retry-After), the routes of every operation, the
-// audit pages auditEntries follows, the sandbox's fields, and the
-// event-stream reader.
+// audit pages auditEntries follows, followed events (canned streams: their
+// keepalives, entries, error event, end, silence and cancellation), the
+// sandbox's fields, and the event-stream reader.
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import { inspect } from "node:util";
@@ -121,12 +122,64 @@ describe("against a local HTTP server", () => {
   let server;
   let url = "";
   const seen = [];
+  /** The URLs of the followed event streams whose connection closed. */
+  const closed = [];
+  /** An event of the audit log, as /v1/events sends it. */
+  const entry = (seq, action) => ({
+    seq,
+    time: "2026-11-30T23:00:00Z",
+    account_id: "acc_1",
+    principal: "budget:bgt_1",
+    action,
+    target: "bgt_1",
+    outcome: "ok",
+    prev: `h${seq - 1}`,
+    hash: `h${seq}`,
+  });
+  const sse = (e) => `event: event\ndata: ${JSON.stringify(e)}\n\n`;
   before(async () => {
     server = createServer((req, res) => {
       let body = "";
       req.on("data", (d) => (body += d));
-      req.on("end", () => seen.push({ method: req.method, url: req.url, auth: req.headers.authorization, body }));
+      req.on("end", () => seen.push({ method: req.method, url: req.url, auth: req.headers.authorization, accept: req.headers.accept, body }));
       if (req.url?.startsWith("/hang")) return; // never answers
+      if (req.url?.startsWith("/events-")) {
+        // Followed events: canned streams, by the prefix.
+        const timers = [];
+        const later = (ms, fn) => timers.push(setTimeout(fn, ms));
+        res.on("close", () => {
+          timers.forEach(clearTimeout);
+          closed.push(req.url);
+        });
+        res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-store" });
+        res.flushHeaders();
+        if (req.url.startsWith("/events-canned/")) {
+          // A keepalive, two events (the second split across writes and with
+          // CRLF endings), then an error event that ends the stream.
+          res.write(": keepalive\n\n");
+          later(20, () => res.write(sse(entry(3, "budgetWarning"))));
+          later(40, () => res.write(`event: event\r\ndata: ${JSON.stringify(entry(4, "budgetReached")).slice(0, 30)}`));
+          later(60, () => res.write(`${JSON.stringify(entry(4, "budgetReached")).slice(30)}\r\n\r\n: keepalive\n\n`));
+          later(80, () => res.end('event: error\ndata: {"error":{"code":"unavailable","message":"the audit log is closed"}}\n\n'));
+        } else if (req.url.startsWith("/events-end/")) {
+          res.end(sse(entry(1, "vmExited")));
+        } else if (req.url.startsWith("/events-alive/")) {
+          // Keepalives only, every 100 ms for 700 ms, then one event and the end.
+          for (let t = 100; t <= 700; t += 100) later(t, () => res.write(": keepalive\n\n"));
+          later(750, () => res.end(sse(entry(7, "budgetReached"))));
+        } else if (req.url.startsWith("/events-two/")) {
+          // An event, keepalives at 100 and 200 ms, another event at 500 ms, then silence.
+          res.write(sse(entry(1, "budgetWarning")));
+          later(100, () => res.write(": keepalive\n\n"));
+          later(200, () => res.write(": keepalive\n\n"));
+          later(500, () => res.write(sse(entry(2, "budgetReached"))));
+        } else if (req.url.startsWith("/events-forever/")) {
+          res.write(sse(entry(1, "budgetWarning")));
+          const tick = setInterval(() => res.write(": keepalive\n\n"), 50);
+          res.on("close", () => clearInterval(tick));
+        } // else /events-quiet/: nothing after the headers
+        return;
+      }
       if (req.url?.startsWith("/echo/")) {
         // Answers the method and path it was sent, minus the /echo prefix.
         res.writeHead(req.method === "DELETE" ? 204 : 200, { "content-type": "application/json" });
@@ -365,6 +418,120 @@ describe("against a local HTTP server", () => {
     // JSON Lines are for auditEntries to replace, not for listAudit to parse.
     await assert.rejects(hb.listAudit({ query: /** @type {any} */ ({ format: "jsonl" }) }), (e) => e instanceof HareBoxError && e.field === "format");
     assert.equal(seen.length, start + 5);
+  });
+
+  test("listEvents sends its method, path and query", async () => {
+    const hb = new HareBox({ url: url + "/echo", apiKey: KEY });
+    const start = seen.length;
+    assert.deepEqual(await hb.listEvents(), { method: "GET", url: "/v1/events" });
+    assert.deepEqual(await hb.listEvents({ query: { after: 120, limit: 5, account: "acme" } }), {
+      method: "GET",
+      url: "/v1/events?after=120&limit=5&account=acme",
+    });
+    await hb.listEvents({ query: { after: "7", account: "acc_1" } });
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.accept} ${s.body}`.trim()), [
+      "GET /v1/events application/json",
+      "GET /v1/events?after=120&limit=5&account=acme application/json",
+      "GET /v1/events?after=7&account=acc_1 application/json",
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
+    // A stream is for followEvents to read, not for listEvents to parse.
+    await assert.rejects(hb.listEvents({ query: /** @type {any} */ ({ follow: true }) }), (e) => e instanceof HareBoxError && e.field === "follow");
+    assert.equal(seen.length, start + 3);
+  });
+
+  test("followEvents reads a followed stream: keepalives skipped, entries in order, an error event throws", async () => {
+    const hb = new HareBox({ url: url + "/events-canned", apiKey: KEY });
+    const start = seen.length;
+    const got = [];
+    await assert.rejects(
+      (async () => {
+        for await (const e of hb.followEvents({ query: { after: 2, account: "acme" } })) got.push(e);
+      })(),
+      (e) => {
+        assert.ok(e instanceof HareBoxError && !(e instanceof RateLimitedError), `want a HareBoxError, got ${e}`);
+        assert.deepEqual([e.status, e.code, e.message, e.field], [503, "unavailable", "the audit log is closed", undefined]);
+        return true;
+      },
+    );
+    assert.deepEqual(got, [entry(3, "budgetWarning"), entry(4, "budgetReached")]);
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => [s.method, s.url, s.accept, s.auth]), [
+      ["GET", "/events-canned/v1/events?after=2&account=acme&follow=true", "text/event-stream", `Bearer ${KEY}`],
+    ]);
+  });
+
+  test("followEvents: a stream the server ends throws network; errors before it throw as a call's", async () => {
+    const hb = new HareBox({ url: url + "/events-end", apiKey: KEY });
+    const got = [];
+    await assert.rejects(
+      (async () => {
+        for await (const e of hb.followEvents()) got.push(e.seq);
+      })(),
+      (e) => e instanceof HareBoxError && e.code === "network" && e.status === 0 && /ended the stream/.test(e.message),
+    );
+    assert.deepEqual(got, [1]);
+    assert.equal(seen.at(-1)?.url, "/events-end/v1/events?follow=true");
+    const denied = new HareBox({ url: url + "/forbidden", apiKey: KEY }).followEvents();
+    await assert.rejects(denied.next(), (e) => e instanceof HareBoxError && e.status === 403 && e.code === "forbidden");
+  });
+
+  test("followEvents: silence past timeoutMs throws timeout; keepalives and the loop's own time do not count", async () => {
+    const t0 = Date.now();
+    const quiet = new HareBox({ url: url + "/events-quiet", apiKey: KEY }).followEvents({ timeoutMs: 300 });
+    await assert.rejects(quiet.next(), (e) => e instanceof HareBoxError && e.code === "timeout" && e.status === 0 && /nothing from/.test(e.message));
+    assert.ok(Date.now() - t0 < 5000);
+    // Keepalives every 100 ms hold a 300 ms bound for 750 ms, to the event.
+    const alive = [];
+    await assert.rejects(
+      (async () => {
+        for await (const e of new HareBox({ url: url + "/events-alive", apiKey: KEY }).followEvents({ timeoutMs: 300 })) alive.push(e.seq);
+      })(),
+      (e) => e instanceof HareBoxError && e.code === "network",
+    );
+    assert.deepEqual(alive, [7]);
+    // A loop body slower than the bound (800 ms on the first entry) loses
+    // nothing, though keepalives and the next event came meanwhile; then
+    // the silence times out.
+    const two = [];
+    await assert.rejects(
+      (async () => {
+        for await (const e of new HareBox({ url: url + "/events-two", apiKey: KEY }).followEvents({ timeoutMs: 300 })) {
+          two.push(e.seq);
+          if (e.seq === 1) await new Promise((resolve) => setTimeout(resolve, 800));
+        }
+      })(),
+      (e) => e instanceof HareBoxError && e.code === "timeout",
+    );
+    assert.deepEqual(two, [1, 2]);
+  });
+
+  test("followEvents: breaking out closes the stream; the caller's signal rejects with its reason", async () => {
+    const hb = new HareBox({ url: url + "/events-forever", apiKey: KEY });
+    const waitClosed = async (n) => {
+      for (let i = 0; i < 200 && closed.filter((u) => u.startsWith("/events-forever/")).length < n; i++) await new Promise((resolve) => setTimeout(resolve, 10));
+      assert.equal(closed.filter((u) => u.startsWith("/events-forever/")).length, n, "the server saw the stream close");
+    };
+    const before_ = closed.filter((u) => u.startsWith("/events-forever/")).length;
+    for await (const e of hb.followEvents()) {
+      assert.equal(e.seq, 1);
+      break;
+    }
+    await waitClosed(before_ + 1);
+    const ac = new AbortController();
+    const got = [];
+    await assert.rejects(
+      (async () => {
+        for await (const e of hb.followEvents({ signal: ac.signal })) {
+          got.push(e.seq);
+          setTimeout(() => ac.abort(), 120); // during the keepalives
+        }
+      })(),
+      (e) => e instanceof Error && e.name === "AbortError" && !(e instanceof HareBoxError),
+    );
+    assert.deepEqual(got, [1]);
+    await waitClosed(before_ + 2);
   });
 
   test("the command history and account update operations send their methods, paths, queries and bodies", async () => {

@@ -7,9 +7,10 @@
 // To keep boots few, one sandbox serves every test but the walkthrough
 // (which boots the server's default image, as the README's snippet does),
 // the environment tests (one sandbox of their own, with their environment)
-// and the command history tests (one sandbox of their own, while they
-// change the default account's retention). The tenancy, key, audit log
-// and budget tests boot nothing: they are quick.
+// the command history tests (one sandbox of their own, while they
+// change the default account's retention) and the events tests (one
+// sandbox of their own, created and deleted to reach a budget). The
+// tenancy, key, audit log and budget tests boot nothing: they are quick.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -55,8 +56,9 @@ describe("the API document", { skip }, () => {
     }
     assert.ok(documented.size > 20, `only ${documented.size} operations documented`);
     const methods = Object.getOwnPropertyNames(HareBox.prototype).filter(
-      // The conveniences: create is createSandbox, auditEntries pages listAudit.
-      (m) => typeof HareBox.prototype[m] === "function" && !["constructor", "create", "auditEntries", "toJSON"].includes(m),
+      // The conveniences: create is createSandbox, auditEntries pages
+      // listAudit, followEvents is listEvents with follow=true.
+      (m) => typeof HareBox.prototype[m] === "function" && !["constructor", "create", "auditEntries", "followEvents", "toJSON"].includes(m),
     );
     assert.deepEqual([...methods].sort(), [...documented.keys()].sort(), "HareBox methods vs operationIds");
     assert.deepEqual(Object.keys(OPERATIONS).sort(), [...documented.keys()].sort(), "route table vs operationIds");
@@ -886,6 +888,112 @@ describe("budgets and usage", { skip }, () => {
     await rejectsWith(hb.getUsage({ query: { group_by: /** @type {any} */ ("team") } }), { status: 400, code: "invalid", field: "group_by" });
     await rejectsWith(hb.getUsage({ query: { from: "yesterday" } }), { status: 400, field: "from" });
     await rejectsWith(hb.getUsage({ query: { from: "2026-02-01T00:00:00Z", to: "2026-01-01T00:00:00Z" } }), { status: 400, field: "to" });
+  });
+});
+
+describe("events", { skip }, () => {
+  // The operator's pages boot nothing. Then one account made for this run
+  // gets a notify budget of "0.000001" on the whole account, and one
+  // sandbox (the one boot) created and deleted in it reaches the budget:
+  // its budgetReached event shows on a followed stream of the account's
+  // events and in its pages. `after` deletes the budget, any sandbox left
+  // and the account, even when a test failed. The tests need the root key.
+  /** @type {HareBox} */
+  let hb;
+  const run = randomBytes(4).toString("hex");
+  const labels = { "harebox.test/suite": "sdk-typescript-events", "harebox.test/run": run };
+  /** @type {import("harebox").Account} */
+  let account;
+  const mine = () => ({ query: { account: account.id } });
+  const principals = /^(budget:bgt_[0-9a-z]{26}|sandbox:sbx_[0-9a-z]{26}|engine)$/;
+
+  before(async () => {
+    hb = new HareBox();
+    account = await hb.createAccount({ body: { name: `ts-sdk-events-${run}` } });
+  });
+
+  after(async () => {
+    if (!account) return;
+    try {
+      for (const b of (await hb.listBudgets(mine())).budgets) await hb.deleteBudget(b.id).catch((e) => console.error(`deleting ${b.id}: ${e}`));
+      const { sandboxes } = await hb.listSandboxes(mine());
+      for (const s of sandboxes) if (s.state !== "deleted") await hb.deleteSandbox(s.id).catch((e) => console.error(`deleting ${s.id}: ${e}`));
+    } finally {
+      await hb.deleteAccount(account.id).catch((e) => console.error(`deleting ${account.id}: ${e}`));
+    }
+  });
+
+  test("listEvents: the operator's page, its cursor, and a bad limit", async () => {
+    const page = await hb.listEvents();
+    assert.deepEqual(Object.keys(page).sort(), ["events", "next"]);
+    assert.ok(Array.isArray(page.events));
+    assert.match(page.next, /^\d+$/);
+    for (const e of page.events) {
+      assert.ok(Number.isInteger(e.seq) && e.seq > 0 && e.seq <= Number(page.next), JSON.stringify(e));
+      assert.match(e.principal, principals, JSON.stringify(e));
+      assert.ok(typeof e.action === "string" && typeof e.time === "string" && typeof e.hash === "string", JSON.stringify(e));
+    }
+    assert.deepEqual(page.events.map((e) => e.seq), page.events.map((e) => e.seq).sort((a, b) => a - b), "oldest first");
+    // Past the cursor: nothing at or before it, and the cursor never goes back.
+    const rest = await hb.listEvents({ query: { after: page.next } });
+    assert.ok(rest.events.every((e) => e.seq > Number(page.next)), JSON.stringify(rest));
+    assert.ok(Number(rest.next) >= Number(page.next), JSON.stringify(rest));
+    assert.ok((await hb.listEvents({ query: { limit: 1 } })).events.length <= 1);
+    // A fresh account has none; its cursor stays where it was asked to.
+    assert.deepEqual(await hb.listEvents({ query: { account: account.id, after: 0 } }), { events: [], next: "0" });
+    for (const limit of [0, 1001]) {
+      await rejectsWith(hb.listEvents({ query: { limit } }), { status: 400, code: "invalid", field: "limit" });
+    }
+    await rejectsWith(hb.listEvents({ query: { after: -1 } }), { status: 400, code: "invalid", field: "after" });
+    await rejectsWith(hb.listEvents({ query: { account: `no-such-account-${run}` } }), { status: 400, code: "invalid", field: "account" });
+  });
+
+  test("a notify budget reached by a sandbox shows on the followed stream and in the account's pages", async () => {
+    const start = await hb.listEvents(mine());
+    assert.deepEqual(start.events, []);
+    const budget = await hb.createBudget({ ...mine(), body: { name: "tiny", scope: { kind: "account" }, period: "total", limit_usd: "0.000001", action: "notify" } });
+    assert.deepEqual([budget.limit_usd, budget.action, budget.reached_at], ["0.000001", "notify", undefined]);
+
+    // Follow the account's events from the cursor on, until budgetReached;
+    // the signal ends the stream whatever happens (at the latest 20 s after
+    // the delete).
+    const ac = new AbortController();
+    const got = [];
+    const following = (async () => {
+      for await (const e of hb.followEvents({ query: { account: account.id, after: start.next }, signal: ac.signal })) {
+        got.push(e);
+        if (e.action === "budgetReached") return e;
+      }
+    })();
+    following.catch(() => {}); // awaited below
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let bound;
+    try {
+      // notify refuses nothing: the create goes on, and its spend (settled
+      // at the latest by the delete) passes the limit.
+      const box = await hb.create({ account_id: account.id, image: IMAGE, labels, ttl_seconds: 600 });
+      assert.equal(box.account_id, account.id);
+      assert.equal((await hb.deleteSandbox(box.id)).state, "deleted");
+      bound = setTimeout(() => ac.abort(new Error(`no budgetReached event within 20 s of the delete; got ${JSON.stringify(got)}`)), 20_000);
+      const reached = await following;
+      assert.ok(reached, `the stream ended without budgetReached: ${JSON.stringify(got)}`);
+      assert.deepEqual(
+        [reached.principal, reached.action, reached.target, reached.account_id, reached.outcome],
+        [`budget:${budget.id}`, "budgetReached", budget.id, account.id, "ok"],
+      );
+      for (const e of got) assert.equal(e.account_id, account.id, JSON.stringify(e));
+
+      // The account's pages show it too, by ID or by name.
+      const page = await hb.listEvents(mine());
+      assert.deepEqual(page.events.filter((e) => e.action === "budgetReached"), [reached]);
+      assert.ok(Number(page.next) >= reached.seq, JSON.stringify(page));
+      assert.deepEqual(await hb.listEvents({ query: { account: account.name } }), page);
+      assert.deepEqual(await hb.listEvents({ query: { account: account.id, after: page.next } }), { events: [], next: page.next });
+      assert.ok((await hb.getBudget(budget.id)).reached_at, "the budget says it was reached");
+    } finally {
+      clearTimeout(bound);
+      ac.abort();
+    }
   });
 });
 

@@ -22,6 +22,8 @@ import type {
   EnvironmentUpdate,
   EnvironmentVersion,
   EnvVar,
+  EventList,
+  EventQuery,
   ExecEvent,
   ExecResult,
   FileInfo,
@@ -146,6 +148,16 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   if (!report.ok) console.log(report.first_bad, report.reason);
   const auditKey: AuditKey = await hb.getAuditKey();
   auditKey.algorithm satisfies "ed25519";
+  const eventQuery: EventQuery = { after: "120", limit: 1000, account: acc.name };
+  const events: EventList = await hb.listEvents({ query: eventQuery });
+  events.next satisfies string;
+  const event: AuditEntry | undefined = events.events[0];
+  event?.principal satisfies string | undefined;
+  await hb.listEvents({ query: { after: 120 } });
+  for await (const e of hb.followEvents({ query: { after: events.next, account: acc.id }, signal: AbortSignal.timeout(20_000), timeoutMs: 0 })) {
+    e.seq satisfies number;
+    if (e.action === "budgetReached") break;
+  }
   const watched: Sandbox = await hb.create({ monitoring: false, snapshots: false });
   watched.monitoring satisfies boolean | undefined;
   watched.snapshots satisfies boolean | undefined;
@@ -196,6 +208,10 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   await hb.listAudit({ query: { outcome: "failed" } });
   // @ts-expect-error: listAudit reads JSON pages; auditEntries iterates.
   await hb.listAudit({ query: { format: "jsonl" } });
+  // @ts-expect-error: listEvents reads JSON pages; followEvents streams.
+  await hb.listEvents({ query: { follow: true } });
+  // @ts-expect-error: a limit is a number.
+  await hb.listEvents({ query: { limit: "10" } });
   // @ts-expect-error: an environment needs a name.
   await hb.createEnvironment({ body: { variables: {} } });
   // @ts-expect-error: a file needs its content.
