@@ -313,6 +313,37 @@ class Client:
         path = _path("/v1/sandboxes/{}/commands", sandbox_id)
         return cast(t.CommandList, self._json("GET", path, query=query, timeout=timeout))
 
+    # --- monitoring -----------------------------------------------------
+
+    @operation("getSandboxMetrics")
+    def get_sandbox_metrics(
+        self, sandbox_id: str, *, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.MetricSampleList:
+        """GET /v1/sandboxes/{id}/metrics: the sandbox's monitoring samples,
+        oldest first: its VMM's CPU time and resident memory, its disk
+        files' size and its link's traffic, measured on the host every
+        15 s (hareboxd --metrics-interval) while it runs or is paused.
+        Query ``from`` (at or after) and ``to`` (before), RFC 3339, and
+        ``limit`` (1 to 10000, default 1000). A sandbox created with
+        ``monitoring=False`` has none. Kept as the account's
+        ``history_days`` says, after the sandbox is deleted too."""
+        path = _path("/v1/sandboxes/{}/metrics", sandbox_id)
+        return cast(t.MetricSampleList, self._json("GET", path, query=query, timeout=timeout))
+
+    @operation("getServerMetrics")
+    def get_server_metrics(self, *, timeout: float | None = None) -> str:
+        """GET /metrics: the server's metrics in the Prometheus text format
+        (sandboxes by state, what admission reserved and allows, the
+        process and the Go runtime), as text. They are the host's, across
+        accounts: the root key, or a key whose scope's actions name
+        ``getServerMetrics`` or ``metrics:read`` (else Forbidden)."""
+        conn, resp = self._send("GET", "/metrics", accept="text/plain", timeout=timeout)
+        try:
+            data = _read(resp)
+        finally:
+            conn.close()
+        return data.decode("utf-8", errors="replace")
+
     # --- firewall -------------------------------------------------------
 
     @operation("getFirewall")
@@ -692,11 +723,12 @@ class Client:
         query: t.Query | None = None,
         body: t.Body | None = None,
         raw: bytes | IO[bytes] | None = None,
+        accept: str = "application/json",
         timeout: float | None = None,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Sends a request; returns the open connection and a 2xx response
         whose body is still unread, or raises the API's error."""
-        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        headers = {"User-Agent": USER_AGENT, "Accept": accept}
         if self._api_key:
             headers["Authorization"] = "Bearer " + self._api_key
         payload: bytes | IO[bytes] | None = raw

@@ -125,6 +125,30 @@ class CommandList(TypedDict):
     commands: list[Command]
 
 
+class MetricSample(TypedDict):
+    """One monitoring sample of a sandbox, measured on the host (never
+    asked of the guest)."""
+
+    sandbox_id: str
+    time: str
+    #: The VMM's CPU time (user and system) since it started, in seconds
+    #: (a whole number may come as an int).
+    cpu_seconds: float
+    #: The VMM's resident memory.
+    memory_bytes: int
+    #: What the sandbox's own files take on the host's disk.
+    disk_bytes: int
+    #: What the guest sent on its link since it was made (0 without a network).
+    net_sent_bytes: int
+    net_received_bytes: int
+
+
+class MetricSampleList(TypedDict):
+    """The body of get_sandbox_metrics: oldest first."""
+
+    samples: list[MetricSample]
+
+
 class FileInfo(TypedDict):
     path: str
     name: str

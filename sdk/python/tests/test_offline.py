@@ -113,12 +113,15 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     (give its Content-Type in the headers)."""
 
     seen: list[tuple[str, str, Any]] = []
+    #: The Accept header of each request, in order.
+    accepts: list[str] = []
     replies: dict[str, tuple[int, dict[str, str], Any]] = {}
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         self.seen.append((self.command, self.path, body))
+        self.accepts.append(self.headers.get("Accept", ""))
         status, headers, reply = self.replies.get(self.path) or self.replies.get(self.path.split("?")[0], (200, {}, {"ok": True}))
         data = reply if isinstance(reply, bytes) else b"" if reply is None else json.dumps(reply).encode()
         self.send_response(status)
@@ -137,7 +140,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def recorder() -> Iterator[tuple[harebox.Client, type[_Recorder]]]:
     """A client of a local HTTP server that records what it is sent."""
-    handler = type("Recorder", (_Recorder,), {"seen": [], "replies": {}})
+    handler = type("Recorder", (_Recorder,), {"seen": [], "accepts": [], "replies": {}})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -492,3 +495,47 @@ def test_exec_stream_reads_its_events(recorder: tuple[harebox.Client, type[_Reco
     assert next(stream) == ("stdout", b"hi")
     with pytest.raises(harebox.TransportError, match="exec stream ended before the exit event"):
         next(stream)
+
+
+PROMETHEUS_TEXT = (
+    b'# HELP harebox_sandboxes Live sandboxes by state.\n# TYPE harebox_sandboxes gauge\n'
+    b'harebox_sandboxes{state="running"} 1\n# TYPE go_goroutines gauge\ngo_goroutines 12\n'
+)
+
+
+def test_metrics_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    sample: t.MetricSample = {
+        "sandbox_id": "sbx_1", "time": "2026-11-30T12:00:15Z", "cpu_seconds": 1.25, "memory_bytes": 104857600,
+        "disk_bytes": 52428800, "net_sent_bytes": 0, "net_received_bytes": 1234,
+    }
+    samples: t.MetricSampleList = {"samples": [sample]}
+    server.replies["/v1/sandboxes/sbx_1/metrics"] = (200, {}, samples)
+    server.replies["/metrics"] = (200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}, PROMETHEUS_TEXT)
+    assert hb.get_sandbox_metrics("sbx_1") == samples
+    hb.get_sandbox_metrics("sbx_1", query={"from": "2026-11-30T12:00:00Z", "to": "2026-12-01T00:00:00+01:00", "limit": 10})
+    hb.get_sandbox_metrics("a/b", query={"limit": None})
+    text = hb.get_server_metrics()
+    assert isinstance(text, str) and text == PROMETHEUS_TEXT.decode()
+    assert 'harebox_sandboxes{state="running"} 1' in text.splitlines()
+    assert hb.get_server_metrics() == text
+    assert server.seen == [
+        ("GET", "/v1/sandboxes/sbx_1/metrics", None),
+        ("GET", "/v1/sandboxes/sbx_1/metrics?from=2026-11-30T12%3A00%3A00Z&to=2026-12-01T00%3A00%3A00%2B01%3A00&limit=10", None),
+        ("GET", "/v1/sandboxes/a%2Fb/metrics", None),
+        ("GET", "/metrics", None),
+        ("GET", "/metrics", None),
+    ]
+    # The Prometheus text is asked for as text; the JSON calls ask for JSON.
+    assert server.accepts == ["application/json"] * 3 + ["text/plain"] * 2
+    with pytest.raises(ValueError):
+        hb.get_sandbox_metrics("")
+    # Errors are the API's JSON, as for any call.
+    server.replies["/metrics"] = (403, {}, {"error": {"code": "forbidden", "message": "a key needs getServerMetrics"}})
+    with pytest.raises(harebox.Forbidden):
+        hb.get_server_metrics()
+    server.replies["/v1/sandboxes/sbx_1/metrics?limit=0"] = (
+        400, {}, {"error": {"code": "invalid", "message": "must be 1 to 10000", "field": "limit"}})
+    with pytest.raises(harebox.InvalidRequest) as bad:
+        hb.get_sandbox_metrics("sbx_1", query={"limit": 0})
+    assert bad.value.field == "limit"
