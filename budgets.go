@@ -155,12 +155,15 @@ func (e *Engine) act(ctx context.Context) error {
 	octx := authz.WithPrincipal(context.WithoutCancel(ctx), authz.Operator)
 	for _, bg := range due {
 		var done []string
-		if bg.Action == budget.Pause || bg.Action == budget.Delete {
+		if bg.Action == budget.Pause || bg.Action == budget.Stop || bg.Action == budget.Delete {
 			for _, b := range e.covered(bg) {
 				var err error
-				if bg.Action == budget.Pause {
+				switch bg.Action {
+				case budget.Pause:
 					_, err = e.Pause(octx, b.rec.ID)
-				} else {
+				case budget.Stop:
+					_, err = e.Stop(octx, b.rec.ID)
+				default:
 					err = e.Delete(octx, b.rec.ID)
 				}
 				if err != nil {
@@ -220,7 +223,7 @@ func (e *Engine) covered(bg *store.Budget) []*box {
 		b.mu.Lock()
 		s := b.rec.State
 		b.mu.Unlock()
-		if s == sandbox.StateRunning || (s == sandbox.StatePaused && bg.Action == budget.Delete) {
+		if s == sandbox.StateRunning || (s == sandbox.StatePaused && bg.Action != budget.Pause) {
 			out = append(out, b)
 		}
 	}

@@ -383,7 +383,7 @@ func TestBudgetRequests(t *testing.T) {
 	ctx := context.Background()
 	bad := map[string]budget.CreateRequest{
 		"limit_usd":    {Scope: store.BudgetScope{Kind: "account"}, Period: "total", Action: "notify"},
-		"action":       {Scope: store.BudgetScope{Kind: "account"}, Period: "total", Action: "stop", Limit: dollar},
+		"action":       {Scope: store.BudgetScope{Kind: "account"}, Period: "total", Action: "explode", Limit: dollar},
 		"scope.labels": {Scope: store.BudgetScope{Kind: "label"}, Period: "total", Action: "pause", Limit: dollar},
 		"scope.ref":    {Scope: store.BudgetScope{Kind: "project", Ref: "nope"}, Period: "total", Action: "pause", Limit: dollar},
 		"period":       {Scope: store.BudgetScope{Kind: "account"}, Period: "weekly", Action: "pause", Limit: dollar},

@@ -147,6 +147,8 @@ type Engine struct {
 	// encrypt: the backend encrypts under Spec.DataKey, so every sandbox
 	// gets a data key (crypto-erase).
 	encrypt bool
+	// reuse: the backend boots a machine again on its disks (Stop/Start).
+	reuse bool
 
 	tenants *tenant.Service
 	keys    *apikey.Service
@@ -244,6 +246,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s cannot encrypt sandboxes' disks: set PlaintextDisks (hareboxd --plaintext-disks) to run it without crypto-erase", caps.Name)
 	}
 	e.encrypt = !opts.PlaintextDisks
+	e.reuse = caps.Reuse
 	if !e.encrypt {
 		e.log.Warn("sandboxes' disks and snapshots are not encrypted: delete is not a crypto-erase", "backend", caps.Name)
 	}

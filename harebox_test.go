@@ -818,6 +818,28 @@ func TestEngineDefaultImage(t *testing.T) {
 			t.Fatalf("state after the OOM: %s", got.State)
 		}
 	})
+	t.Run("StopStart", func(t *testing.T) {
+		// Stop keeps the disk: a file written before is there after Start;
+		// a process that ran is not (the guest booted again).
+		run(t, eng, box.ID, "echo kept > /home/user/kept && sync")
+		run(t, eng, box.ID, "nohup sleep 3600 >/dev/null 2>&1 &")
+		start := time.Now()
+		if s, err := eng.Stop(ctx, box.ID); err != nil || s.State != sandbox.StateStopped {
+			t.Fatalf("stop: %+v %v", s, err)
+		}
+		t.Logf("stopped in %v", time.Since(start).Round(time.Millisecond))
+		if strayVMs(v.dataDir) != 0 {
+			t.Fatal("a VMM still runs after stop")
+		}
+		start = time.Now()
+		if s, err := eng.Start(ctx, box.ID); err != nil || s.State != sandbox.StateRunning {
+			t.Fatalf("start: %+v %v", s, err)
+		}
+		t.Logf("started in %v", time.Since(start).Round(time.Millisecond))
+		if r := run(t, eng, box.ID, "cat /home/user/kept; pgrep -x sleep || echo no-sleep"); r.Stdout != "kept\nno-sleep\n" {
+			t.Fatalf("after stop and start: %+v", r)
+		}
+	})
 	t.Run("CryptoErase", func(t *testing.T) {
 		// (sudo drops the environment: the file gets the value itself.)
 		r := run(t, eng, box.ID, `echo "$HB_CANARY" | sudo tee /root/canary && sudo sync && sudo cat /root/canary`)

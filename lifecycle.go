@@ -140,6 +140,7 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 			Monitoring: req.Monitoring == nil || *req.Monitoring, Snapshots: req.Snapshots == nil || *req.Snapshots,
 		},
 		StateDir: filepath.Join(e.machinesDir(), id),
+		ImageDir: img.Dir,
 	}
 	if req.TTLSeconds > 0 {
 		exp := now.Add(time.Duration(req.TTLSeconds) * time.Second)
@@ -196,7 +197,7 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 		err = e.loadCredentials(ctx, b)
 	}
 	if err == nil {
-		err = e.boot(ctx, b, img)
+		err = e.boot(ctx, b, img, false)
 	}
 	if err == nil {
 		e.mu.Lock()
@@ -225,7 +226,8 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 }
 
 // boot attaches the network, launches the VM and waits for its agent.
-func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
+// With reuse, the machine boots again on the disk it left (Start).
+func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool) error {
 	rec := b.rec
 	policy, err := policyOf(rec.Extra[policyKey])
 	if err != nil {
@@ -239,7 +241,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image) error {
 		ID: rec.ID, VCPUs: rec.Size.VCPUs, MemoryMB: rec.Size.MemoryMB,
 		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline,
 		StateDir: rec.StateDir, SerialLog: serialLog(rec.StateDir), Labels: map[string]string{"harebox.sandbox": rec.ID},
-		DataKey: b.key,
+		DataKey: b.key, Reuse: reuse,
 	}
 	if b.console != nil {
 		spec.ConsoleRecipient = b.console.Recipient().String()

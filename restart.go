@@ -38,7 +38,8 @@ func (e *Engine) adopt(ctx context.Context) error {
 		case sandbox.StateDeleted:
 			continue
 		case sandbox.StateStopped:
-			keep[rec.ID] = false
+			// One stopped by Stop keeps its disk for Start.
+			keep[rec.ID] = rec.Kept
 			continue
 		case sandbox.StateCreating:
 			e.log.Warn("cleaning up a sandbox whose create was interrupted", "id", rec.ID)
@@ -129,7 +130,7 @@ func (e *Engine) reserveAdopted(res sandbox.Resources) error {
 // stopped records that a sandbox's VM is gone and removes its leftovers.
 func (e *Engine) stopped(ctx context.Context, b *box, why string) {
 	e.destroy(ctx, b)
-	b.rec.State, b.rec.Error = sandbox.StateStopped, why
+	b.rec.State, b.rec.Error, b.rec.Kept = sandbox.StateStopped, why, false
 	e.store.PutSandbox(ctx, b.rec)
 }
 
@@ -194,6 +195,7 @@ func (e *Engine) reapExpired() {
 		if tick%60 == 0 {
 			// Retention holds across restarts: at start, then each minute.
 			e.purgeHistory(e.ctx)
+			e.reapStopped(e.ctx)
 		}
 		now := time.Now()
 		e.mu.Lock()
@@ -215,6 +217,25 @@ func (e *Engine) reapExpired() {
 		case <-e.ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// reapStopped deletes the stopped sandboxes whose TTL has passed (they are
+// not live, so the reaper's every-second look at the live ones misses
+// them).
+func (e *Engine) reapStopped(ctx context.Context) {
+	recs, err := e.store.ListSandboxes(ctx)
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for _, r := range recs {
+		if r.State == sandbox.StateStopped && r.Kept && r.ExpiresAt != nil && !r.ExpiresAt.After(now) {
+			e.log.Info("stopped sandbox TTL expired", "id", r.ID)
+			if err := e.Delete(ctx, r.ID); err != nil && !errors.Is(err, sandbox.ErrState) {
+				e.log.Warn("TTL delete failed", "id", r.ID, "err", err)
+			}
 		}
 	}
 }

@@ -178,6 +178,8 @@ func calls(w world) []call {
 		{"deleteSandbox", "DELETE", sb, nil, "sandbox"},
 		{"pauseSandbox", "POST", sb + "/pause", nil, "sandbox"},
 		{"resumeSandbox", "POST", sb + "/resume", nil, "sandbox"},
+		{"stopSandbox", "POST", sb + "/stop", nil, "sandbox"},
+		{"startSandbox", "POST", sb + "/start", nil, "sandbox"},
 		{"exec", "POST", sb + "/exec", map[string]any{"cmd": "echo hi"}, "sandbox"},
 		{"execStream", "POST", sb + "/exec/stream", map[string]any{"cmd": "echo hi"}, "sandbox"},
 		{"startProcess", "POST", sb + "/processes", map[string]any{"cmd": "sleep 5"}, "sandbox"},
@@ -390,7 +392,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 			denied[m["action"].(string)] = true
 		}
 	}
-	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "exec", "execStream", "startProcess",
+	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "exec", "execStream", "startProcess",
 		"getProcess", "killProcess", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget"} {

@@ -136,6 +136,8 @@ func Routes() []Route {
 		{"DELETE", "/v1/sandboxes/{id}", "deleteSandbox", false, (*Server).delete},
 		{"POST", "/v1/sandboxes/{id}/pause", "pauseSandbox", false, (*Server).pause},
 		{"POST", "/v1/sandboxes/{id}/resume", "resumeSandbox", false, (*Server).resume},
+		{"POST", "/v1/sandboxes/{id}/stop", "stopSandbox", false, (*Server).stop},
+		{"POST", "/v1/sandboxes/{id}/start", "startSandbox", false, (*Server).start},
 		{"POST", "/v1/sandboxes/{id}/exec", "exec", false, (*Server).exec},
 		{"POST", "/v1/sandboxes/{id}/exec/stream", "execStream", false, (*Server).execStream},
 		{"POST", "/v1/sandboxes/{id}/processes", "startProcess", false, (*Server).startProcess},
@@ -530,6 +532,16 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, box)
 	return nil
+}
+
+func (s *Server) stop(w http.ResponseWriter, r *http.Request) error {
+	box, err := s.eng.Stop(r.Context(), r.PathValue("id"))
+	return reply(w, http.StatusOK, box, err)
+}
+
+func (s *Server) start(w http.ResponseWriter, r *http.Request) error {
+	box, err := s.eng.Start(r.Context(), r.PathValue("id"))
+	return reply(w, http.StatusOK, box, err)
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {

@@ -16,7 +16,7 @@ import (
 // the api package checks that its routes and this list agree.
 var Actions = []string{
 	"getInfo",
-	"createSandbox", "listSandboxes", "getSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox",
+	"createSandbox", "listSandboxes", "getSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox",
 	"exec", "execStream", "startProcess", "listProcesses", "getProcess", "killProcess",
 	"writeFile", "readFile", "removeFile", "statFile", "listFiles", "mkdir",
 	"getFirewall", "setFirewall",
@@ -38,7 +38,7 @@ var Groups = map[string][]string{
 	"*":                  Actions,
 	"info":               {"getInfo"},
 	"sandboxes:read":     {"listSandboxes", "getSandbox", "getSandboxMetrics"},
-	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox"},
+	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox"},
 	"exec":               {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "killProcess", "listCommands"},
 	"accounts:write":     {"updateAccount"},
 	"files:read":         {"readFile", "statFile", "listFiles"},

@@ -52,6 +52,9 @@ const (
 	// Pause pauses the running sandboxes in scope, and refuses creates
 	// and resumes.
 	Pause = "pause"
+	// Stop stops the sandboxes in scope (they keep their disks, and cost
+	// nothing stopped), and refuses creates, resumes and starts.
+	Stop = "stop"
 	// Delete deletes the sandboxes in scope, and refuses creates and
 	// resumes.
 	Delete = "delete"
@@ -80,9 +83,6 @@ func (r *CreateRequest) Check() error {
 	}
 	if r.Limit <= 0 || r.Limit > money.MaxUSD {
 		return sandbox.Errorf(sandbox.ErrInvalid, "limit_usd", "must be more than 0 and at most %s", money.MaxUSD)
-	}
-	if r.Action == "stop" {
-		return sandbox.Errorf(sandbox.ErrInvalid, "action", "stop is not available yet (a stopped sandbox cannot be started again); use pause or delete")
 	}
 	switch r.Scope.Kind {
 	case ScopeAccount:

@@ -468,7 +468,7 @@ func (s *Service) Enforced(ctx context.Context) ([]*store.Budget, error) {
 	var out []*store.Budget
 	for _, b := range all {
 		roll(b, now)
-		if b.Pending || (b.ReachedAt != nil && (b.Action == Pause || b.Action == Delete)) {
+		if b.Pending || (b.ReachedAt != nil && (b.Action == Pause || b.Action == Stop || b.Action == Delete)) {
 			out = append(out, b)
 		}
 	}

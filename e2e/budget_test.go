@@ -74,7 +74,7 @@ func TestCLIBudget(t *testing.T) {
 	fails("", 2, "--scope", "budget", "create", "--scope", "galaxy", "--limit", "1", "--action", "pause")
 	fails("", 2, "--limit", "budget", "create", "--scope", "account", "--limit", "1.0000001", "--action", "pause")
 	fails("", 2, "required", "budget", "create", "--scope", "account")
-	fails("", 1, "stop is not available", "budget", "create", "--scope", "account", "--limit", "1", "--action", "stop")
+	fails("", 1, "action", "budget", "create", "--scope", "account", "--limit", "1", "--action", "explode")
 	fails("", 1, "scope.ref", "budget", "create", "--scope", "fleet:flt_nope", "--limit", "1", "--action", "pause")
 	// A key limited to a project cannot set an account-wide budget.
 	var k struct {

@@ -70,6 +70,9 @@ type Capabilities struct {
 	Pause    bool   `json:"pause"`
 	// Encryption says the backend honours Spec.DataKey.
 	Encryption bool `json:"encryption"`
+	// Reuse says the backend honours Spec.Reuse (a machine can be launched
+	// again on the disks it left: stop and start).
+	Reuse bool `json:"reuse"`
 	// AgentTransports lists the agent channel kinds the backend offers.
 	AgentTransports []string `json:"agent_transports"`
 	Version         string   `json:"version,omitempty"`
@@ -106,6 +109,11 @@ type Spec struct {
 	// console stored in SerialLog only encrypted to it, in the format of
 	// hypervisor/consolelog. It is public: it may be stored.
 	ConsoleRecipient string `json:"console_recipient,omitempty"`
+	// Reuse launches the machine again on the disks an earlier launch of
+	// it left in StateDir (it was shut down or killed, not cleaned up):
+	// its overlays are opened as they are, under the same DataKey, not
+	// made anew. Without them the launch fails with ErrNotFound.
+	Reuse bool `json:"reuse,omitempty"`
 }
 
 // KeySize is the length of DataKey and SnapshotKey.

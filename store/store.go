@@ -52,6 +52,13 @@ type Sandbox struct {
 	KeyID string `json:"key_id,omitempty"`
 	// KeyAncestors are the keys above KeyID: their budgets cover it too.
 	KeyAncestors []string `json:"key_ancestors,omitempty"`
+	// ImageDir is the image build the sandbox was created from: Start
+	// boots it again on that build (its disk's base).
+	ImageDir string `json:"image_dir,omitempty"`
+	// Kept marks a sandbox stopped by a call: its disk, data key and
+	// record stay, and Start boots it again (one that stopped on its own
+	// lost them).
+	Kept bool `json:"kept,omitempty"`
 }
 
 // Store is the engine's state storage.

@@ -192,6 +192,10 @@ func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, 
 		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted disks and snapshots are not supported by this backend yet")
 		return
 	}
+	if spec.Reuse {
+		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: launching again on an earlier launch's disks (stop and start) is not built for this backend yet")
+		return
+	}
 	if bin, ver, err = b.binary(ctx); err != nil {
 		return
 	}

@@ -32,6 +32,7 @@ type drains struct {
 type drainer struct {
 	cancel context.CancelFunc
 	done   chan struct{}
+	proc   proc // the VMM it drains
 }
 
 // startDrain drains m's console until its VMM exits or stopDrain.
@@ -48,11 +49,16 @@ func (d *Driver) startDrain(m *machine) error {
 	if d.drains.m == nil {
 		d.drains.m = map[string]*drainer{}
 	}
-	if _, ok := d.drains.m[m.ID()]; ok {
-		return nil
+	if old, ok := d.drains.m[m.ID()]; ok {
+		if old.proc == m.st.Proc {
+			return nil // (already draining this VMM)
+		}
+		// An earlier VMM of this machine (launched again on its disks):
+		// its drainer ends with it; this one's starts now.
+		old.cancel()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	dr := &drainer{cancel: cancel, done: make(chan struct{})}
+	dr := &drainer{cancel: cancel, done: make(chan struct{}), proc: m.st.Proc}
 	d.drains.m[m.ID()] = dr
 	go func() {
 		defer close(dr.done)

@@ -103,6 +103,7 @@ func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, err
 		Snapshot:        true,
 		Pause:           true,
 		Encryption:      true,
+		Reuse:           true,
 		AgentTransports: []string{hypervisor.TransportSerial},
 		Version:         d.version,
 	}, nil
@@ -131,19 +132,33 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 	if err != nil {
 		return nil, err
 	}
+	// A failed launch removes what it made: never the disks an earlier
+	// launch left (Reuse).
+	cleanup := func() {
+		if !spec.Reuse {
+			os.RemoveAll(spec.StateDir)
+		}
+	}
 	st.Encrypted = keyed
 	disks := make([]hypervisor.Disk, len(spec.Disks))
 	for i, dk := range spec.Disks {
 		disks[i] = dk
 		if dk.Overlay {
 			ov := filepath.Join(spec.StateDir, fmt.Sprintf("disk%d.qcow2", i))
+			if spec.Reuse {
+				if _, err := os.Stat(ov); err != nil {
+					return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "qemu: reuse: disk %d of an earlier launch: %v", i, err)
+				}
+				disks[i] = hypervisor.Disk{Path: ov, Format: "qcow2", ReadOnly: dk.ReadOnly}
+				continue
+			}
 			if keyed {
 				err = d.templates.Create(ctx, dk.Path, formatOf(dk), ov, dk.SizeMB<<20, spec.DataKey)
 			} else {
 				err = overlay.Create(ctx, d.opts.QEMUImg, dk.Path, formatOf(dk), ov, dk.SizeMB<<20)
 			}
 			if err != nil {
-				os.RemoveAll(spec.StateDir)
+				cleanup()
 				return nil, err
 			}
 			disks[i] = hypervisor.Disk{Path: ov, Format: "qcow2", ReadOnly: dk.ReadOnly}
@@ -152,7 +167,7 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 	st.Disks = disks
 	m, err := d.start(ctx, st, spec.DataKey, nil, "")
 	if err != nil {
-		os.RemoveAll(spec.StateDir)
+		cleanup()
 		return nil, err
 	}
 	return m, nil
@@ -168,9 +183,22 @@ func (d *Driver) prepare(ctx context.Context, spec hypervisor.Spec) (*state, err
 	if strings.ContainsAny(spec.StateDir+spec.SerialLog, ",'\n") {
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: state dir and serial log paths must not contain commas, quotes or newlines")
 	}
-	if _, err := os.Stat(spec.StateDir); err == nil {
+	if _, err := os.Stat(spec.StateDir); err == nil && !spec.Reuse {
 		if ents, _ := os.ReadDir(spec.StateDir); len(ents) > 0 {
 			return nil, hypervisor.Errorf(hypervisor.ErrExists, "qemu: state dir %s is not empty", spec.StateDir)
+		}
+	}
+	if spec.Reuse {
+		// The earlier VMM must be gone: two on one disk would corrupt it.
+		if b, err := os.ReadFile(filepath.Join(spec.StateDir, "qemu.pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				if _, err := identify(pid, filepath.Join(spec.StateDir, "qmp.sock")); err == nil {
+					return nil, hypervisor.Errorf(hypervisor.ErrExists, "qemu: reuse: the earlier VMM of %s (pid %d) still runs", spec.ID, pid)
+				}
+			}
+		}
+		for _, f := range []string{"qmp.sock", "agent.sock", "qemu.pid", "mig.sock"} {
+			os.Remove(filepath.Join(spec.StateDir, f))
 		}
 	}
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {

@@ -360,10 +360,21 @@ func (m *machine) Shutdown(ctx context.Context) error {
 		// A paused guest cannot see the button.
 		m.Resume(grace)
 	}
-	if _, err := m.exec(grace, "system_powerdown", nil); err == nil {
-		if err := m.st.Proc.wait(grace); err == nil {
+	// The button is pressed again every few seconds: a guest that had not
+	// yet watched it (one that just booted) misses a press.
+	for grace.Err() == nil {
+		if _, err := m.exec(grace, "system_powerdown", nil); err != nil {
+			break
+		}
+		press, cancel := context.WithTimeout(grace, 5*time.Second)
+		err := m.st.Proc.wait(press)
+		cancel()
+		if err == nil {
 			return nil
 		}
+	}
+	if !m.st.Proc.alive() {
+		return nil // it went as the last press was sent
 	}
 	if err := m.Kill(context.Background()); err != nil {
 		return err

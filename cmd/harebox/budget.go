@@ -18,7 +18,7 @@ import (
 )
 
 var cmdBudget = group("budget", []subcommand{
-	{"create", "--scope account|project:REF|fleet:ID|key:ID|label:K=V[,K=V] --limit USD --action notify|deny_new|pause|delete [--period monthly|total] [--warn PERCENT] [--name NAME] [--account REF]",
+	{"create", "--scope account|project:REF|fleet:ID|key:ID|label:K=V[,K=V] --limit USD --action notify|deny_new|pause|stop|delete [--period monthly|total] [--warn PERCENT] [--name NAME] [--account REF]",
 		"set a dollar limit and what happens when it is reached", budgetCreate},
 	{"list", "[--account REF]", "list the budgets with what they spent and reserved", budgetList},
 	{"get", "BUDGET_ID", "show a budget", budgetCmd("GET")},
@@ -78,7 +78,7 @@ func budgetCreate(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 	scope := fs.String("scope", "", "what it covers: account, project:REF, fleet:ID, key:ID or label:KEY=VALUE[,KEY=VALUE]")
 	limit := fs.String("limit", "", "the dollar limit, e.g. 25.00")
 	period := fs.String("period", "monthly", "monthly (calendar months, UTC) or total")
-	action := fs.String("action", "", "when reached: notify, deny_new, pause or delete")
+	action := fs.String("action", "", "when reached: notify, deny_new, pause, stop or delete")
 	var warn list
 	fs.Var(&warn, "warn", "announce in the audit log when spend reaches PERCENT of the limit (comma-separated or repeated)")
 	if _, err := exactly(fs, c, args); err != nil {

@@ -59,6 +59,8 @@ var commands = []command{
 	{"delete", "ID", "delete a sandbox", cmdDelete},
 	{"pause", "ID", "pause a sandbox", cmdPause},
 	{"resume", "ID", "resume a sandbox", cmdResume},
+	{"stop", "ID", "shut a sandbox down and keep its disk (start boots it again; what ran is gone)", cmdStop},
+	{"start", "ID", "boot a stopped sandbox again on its disk", cmdStart},
 	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code", cmdExec},
 	{"file", "write|read|list|stat|mkdir|rm ID --path PATH [flags]", "files in a sandbox", cmdFile},
 	{"firewall", "set|get ID [--body JSON | --from FILE]", "a sandbox's firewall policy", cmdFirewall},
@@ -314,6 +316,8 @@ var (
 	cmdDelete = sandboxCmd("DELETE", "")
 	cmdPause  = sandboxCmd("POST", "/pause")
 	cmdResume = sandboxCmd("POST", "/resume")
+	cmdStop   = sandboxCmd("POST", "/stop")
+	cmdStart  = sandboxCmd("POST", "/start")
 )
 
 func cmdList(ctx context.Context, c *cli, args []string) (int, error) {

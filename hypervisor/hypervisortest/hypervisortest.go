@@ -339,6 +339,56 @@ func testLifecycle(t *testing.T, h Harness) {
 			t.Errorf("clone machine-id %q, want %q", got, hex.EncodeToString(id))
 		}
 	})
+	t.Run("Reuse", func(t *testing.T) {
+		if !caps.Reuse {
+			t.Skip("the backend cannot launch a machine again on its disks")
+		}
+		// A marker written to the data disk (its overlay) outlives a
+		// shutdown: the machine launched again on its disks reads it.
+		marker := []byte("harebox reuse marker " + strconv.FormatInt(time.Now().UnixNano(), 36))
+		dev := "/dev/vd" + string(rune('a'+len(spec.Disks)-1))
+		if h.FakeGuest {
+			writeFile(t, orig, dev, marker)
+		} else {
+			// (The agent writes files by rename: a device gets a shell.)
+			if r := run(t, orig, "printf '%s' '"+string(marker)+"' > "+dev+" && sync"); r.ExitCode != 0 {
+				t.Fatalf("write the marker: %+v", r)
+			}
+		}
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if err := orig.m.Shutdown(sctx); err != nil {
+			t.Fatalf("shutdown: %v\nconsole:\n%s", err, consoleTail(orig))
+		}
+		if err := orig.m.Wait(sctx); err != nil {
+			t.Fatal("wait:", err)
+		}
+		orig.agent.Close()
+		again := spec
+		again.Reuse = true
+		start := time.Now()
+		m, err := hv.Launch(ctx, again)
+		if err != nil {
+			t.Fatal("launch again:", err)
+		}
+		orig.m = m
+		connect(t, h, orig, start)
+		// (The agent reads regular files only: the device through cat.)
+		if got := run(t, orig, "cat "+dev).Stdout; !bytes.HasPrefix(got, marker) {
+			t.Fatalf("the data disk after a launch again starts %q, want %q", got[:min(len(got), len(marker))], marker)
+		}
+		// A fresh launch on a directory without disks is refused.
+		none := spec
+		none.ID, none.StateDir, none.Reuse = spec.ID+"-none", filepath.Join(base, "none"), true
+		if m, err := hv.Launch(ctx, none); !errors.Is(err, hypervisor.ErrNotFound) {
+			if err == nil {
+				m.Kill(ctx)
+				m.Cleanup(ctx)
+			}
+			t.Errorf("launch again without disks: %v, want ErrNotFound", err)
+		}
+		os.RemoveAll(none.StateDir)
+	})
 	t.Run("Shutdown", func(t *testing.T) {
 		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()

@@ -1,6 +1,7 @@
 package memhv
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -41,6 +42,9 @@ type machine struct {
 	stopOnce sync.Once
 	// encrypted: launched with a DataKey, so snapshots must be sealed.
 	encrypted bool
+	// diskKey seals the files kept when the machine stops (its "disk",
+	// which a launch with Reuse opens again).
+	diskKey []byte
 
 	mu      sync.Mutex
 	state   hypervisor.State
@@ -52,7 +56,7 @@ var _ hypervisor.Machine = (*machine)(nil)
 
 func newMachine(h *Hypervisor, spec hypervisor.Spec, sock string, fs *fsys) *machine {
 	m := &machine{
-		hv: h, spec: spec.WithoutKeys(), encrypted: len(spec.DataKey) > 0, pid: pidBase + int(pids.Add(1)), started: time.Now().UTC(), sock: sock,
+		hv: h, spec: spec.WithoutKeys(), encrypted: len(spec.DataKey) > 0, diskKey: bytes.Clone(spec.DataKey), pid: pidBase + int(pids.Add(1)), started: time.Now().UTC(), sock: sock,
 		state: hypervisor.StateRunning, stopped: make(chan struct{}),
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
@@ -238,6 +242,11 @@ func (m *machine) stop(why string) {
 		m.ln.Close()
 		m.hv.forget(m)
 		m.logf("memhv: machine %s %s", m.spec.ID, why)
+		// The files stay on the machine's "disk", as a real disk would.
+		disk := filepath.Join(m.spec.StateDir, diskDir)
+		if err := os.MkdirAll(disk, 0o700); err == nil {
+			writeSnapshot(disk, snapshot{Version: snapshotVersion, Spec: m.spec, Files: m.agent.fs.clone().nodes}, m.diskKey)
+		}
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.state = hypervisor.StateStopped

@@ -136,6 +136,7 @@ func (h *Hypervisor) Capabilities(context.Context) (hypervisor.Capabilities, err
 		Notice:          "in-memory fake for tests: runs no code",
 		Snapshot:        true,
 		Encryption:      true,
+		Reuse:           true,
 		Pause:           true,
 		AgentTransports: []string{hypervisor.TransportSerial},
 		Version:         "1",
@@ -180,8 +181,29 @@ func (h *Hypervisor) Launch(ctx context.Context, spec hypervisor.Spec) (hypervis
 			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: %v", err)
 		}
 	}
-	return h.start(spec, newFS())
+	if !spec.Reuse {
+		// Block devices are files, /dev/vda on, in the order of the disks.
+		fs := newFS()
+		now := time.Now()
+		fs.nodes["/dev"] = &node{Dir: true, Mode: 0o755, MTime: now}
+		for i := range spec.Disks {
+			fs.nodes["/dev/vd"+string(rune('a'+i))] = &node{Mode: 0o660, MTime: now}
+		}
+		return h.start(spec, fs)
+	}
+	// The disk an earlier launch left, under the same key.
+	open := spec
+	open.SnapshotKey = spec.DataKey
+	snap, err := readSnapshot(filepath.Join(spec.StateDir, diskDir), open)
+	if err != nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "memhv: reuse: the disk of an earlier launch: %v", err)
+	}
+	os.Remove(filepath.Join(spec.StateDir, agentSocket))
+	return h.start(spec, &fsys{nodes: snap.Files})
 }
+
+// diskDir is where a stopped machine's files stay (its "disk").
+const diskDir = "disk"
 
 // handleData is a Handle's Data: the fake pid tells a machine from an
 // earlier one with the same ID.
@@ -250,7 +272,7 @@ func (h *Hypervisor) start(spec hypervisor.Spec, fs *fsys) (*machine, error) {
 	if len(sock) > maxSocketPath {
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: state dir %s is too long for Unix socket paths", spec.StateDir)
 	}
-	if ents, _ := os.ReadDir(spec.StateDir); len(ents) > 0 {
+	if ents, _ := os.ReadDir(spec.StateDir); len(ents) > 0 && !spec.Reuse {
 		return nil, hypervisor.Errorf(hypervisor.ErrExists, "memhv: state dir %s is not empty", spec.StateDir)
 	}
 	m := newMachine(h, spec, sock, fs)

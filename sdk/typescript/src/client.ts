@@ -47,6 +47,8 @@ import type {
   KeyWithSecret,
   KillRequest,
   ListSandboxesQuery,
+  MetricSampleList,
+  MetricsQuery,
   MkdirQuery,
   NameRequest,
   PathQuery,
@@ -117,7 +119,7 @@ const DEFAULT_WAIT_TIMEOUT_S = 60;
 /** How long a followed event stream may say nothing (it sends a keepalive every 15 s). */
 const FOLLOW_IDLE_MS = 60_000;
 
-type Kind = "json" | "bytes" | "none";
+type Kind = "json" | "bytes" | "text" | "none";
 
 interface Send {
   query?: unknown;
@@ -766,6 +768,32 @@ export class HareBox {
     }
   }
 
+  // Monitoring.
+
+  /**
+   * A sandbox's monitoring samples, oldest first: its VMM's CPU time and
+   * resident memory, its disk files' size and its link's traffic, measured
+   * on the host every 15 s (hareboxd --metrics-interval) while it runs or
+   * is paused. `from` (at or after) and `to` (before) are RFC 3339;
+   * `limit` is 1 to 10000 (default 1000). A sandbox created with
+   * `monitoring: false` has none. They are kept as the account's
+   * `history_days` says, after the sandbox is deleted too.
+   */
+  async getSandboxMetrics(id: string, options: CallOptions<MetricsQuery> = {}): Promise<MetricSampleList> {
+    return this.#call("getSandboxMetrics", [id], "json", this.#plain(options));
+  }
+
+  /**
+   * The server's metrics in the Prometheus text format, as the text it
+   * sent: sandboxes by state, what admission reserved and allows, this
+   * process and the Go runtime. They are the host's, across accounts: for
+   * the root key, or a key whose scope's actions name `getServerMetrics`
+   * (or `metrics:read`); any other key, `*` too, gets `forbidden`.
+   */
+  async getServerMetrics(options: CallOptions = {}): Promise<string> {
+    return this.#call("getServerMetrics", [], "text", { ...this.#plain(options), accept: "text/plain" });
+  }
+
   // ---- Plumbing -----------------------------------------------------
 
   /** A call with a JSON body ({} when the caller gave none: the server says what is missing). */
@@ -799,6 +827,7 @@ export class HareBox {
       }
       if (kind === "bytes") return new Uint8Array(await res.arrayBuffer()) as T;
       const text = await res.text();
+      if (kind === "text") return text as T;
       try {
         return JSON.parse(text) as T;
       } catch {

@@ -69,6 +69,8 @@ export const OPERATIONS = {
   deleteBudget: { method: "DELETE", path: "/v1/budgets/{budget}" },
   getUsage: { method: "GET", path: "/v1/usage" },
   listEvents: { method: "GET", path: "/v1/events" },
+  getSandboxMetrics: { method: "GET", path: "/v1/sandboxes/{id}/metrics" },
+  getServerMetrics: { method: "GET", path: "/metrics" },
 } as const satisfies Record<string, Operation>;
 
 /** An OpenAPI operationId; each is a method of HareBox. */

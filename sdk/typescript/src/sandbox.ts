@@ -7,6 +7,8 @@ import type {
   FileInfo,
   FileList,
   FirewallPolicy,
+  MetricSampleList,
+  MetricsQuery,
   Process,
   Resources,
   Sandbox as SandboxData,
@@ -155,6 +157,12 @@ export class Sandbox implements SandboxData {
   /** Replaces the firewall policy. */
   setFirewall(policy: FirewallPolicy, options: RequestOptions = {}): Promise<FirewallPolicy> {
     return this.#client.setFirewall(this.id, { ...options, body: policy });
+  }
+
+  /** Its monitoring samples, oldest first (see HareBox.getSandboxMetrics). */
+  metrics(options: RequestOptions & MetricsQuery = {}): Promise<MetricSampleList> {
+    const { signal, timeoutMs, ...query } = options;
+    return this.#client.getSandboxMetrics(this.id, { query, ...opt(signal, timeoutMs) });
   }
 
   /** Re-reads the sandbox from the server; returns this, updated. */

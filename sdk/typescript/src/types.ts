@@ -587,6 +587,27 @@ export interface UsageGroup {
   cost_usd: string;
 }
 
+/**
+ * One monitoring sample of a sandbox, measured on the host (never asked of
+ * the guest) every 15 s (hareboxd --metrics-interval) while it runs or is
+ * paused.
+ */
+export interface MetricSample {
+  sandbox_id: string;
+  /** RFC 3339 date-time of the sample. */
+  time: string;
+  /** The VMM's CPU time (user and system) since it started. */
+  cpu_seconds: number;
+  /** The VMM's resident memory. */
+  memory_bytes: number;
+  /** What the sandbox's own files take on the host's disk. */
+  disk_bytes: number;
+  /** What the guest sent on its link since it was made (0 without a network). */
+  net_sent_bytes: number;
+  /** What the guest received on its link since it was made (0 without a network). */
+  net_received_bytes: number;
+}
+
 /** The body of getHealth. */
 export interface Health {
   status: "ok";
@@ -672,6 +693,14 @@ export interface BudgetList {
 /** The body of getUsage: one row per group, sorted by group. */
 export interface UsageList {
   usage: UsageGroup[];
+}
+
+/**
+ * The body of getSandboxMetrics: oldest first; none for a sandbox created
+ * with `monitoring: false`.
+ */
+export interface MetricSampleList {
+  samples: MetricSample[];
 }
 
 /** The body of killProcess. */
@@ -765,6 +794,16 @@ export interface UsageQuery extends AccountQuery {
 /** The query of listCommands. */
 export interface CommandsQuery {
   /** The newest this many entries (1 to 10000; default all). */
+  limit?: number;
+}
+
+/** The query of getSandboxMetrics (and Sandbox.metrics). */
+export interface MetricsQuery {
+  /** RFC 3339 date-time: samples at or after it. */
+  from?: string;
+  /** RFC 3339 date-time: samples before it. */
+  to?: string;
+  /** At most this many samples (1 to 10000; default 1000). */
   limit?: number;
 }
 

@@ -2,9 +2,10 @@
 // checks, the API key kept out of sight, timeouts and aborts (against a
 // local HTTP server that never answers), error mapping (non-JSON answers,
 // 402, 403, and 429 with Retry-After), the routes of every operation, the
-// audit pages auditEntries follows, followed events (canned streams: their
-// keepalives, entries, error event, end, silence and cancellation), the
-// sandbox's fields, and the event-stream reader.
+// server's metrics read as text, the audit pages auditEntries follows,
+// followed events (canned streams: their keepalives, entries, error event,
+// end, silence and cancellation), the sandbox's fields, and the
+// event-stream reader.
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import { inspect } from "node:util";
@@ -137,6 +138,7 @@ describe("against a local HTTP server", () => {
     hash: `h${seq}`,
   });
   const sse = (e) => `event: event\ndata: ${JSON.stringify(e)}\n\n`;
+  const PROM = '# HELP harebox_sandboxes Live sandboxes by state.\n# TYPE harebox_sandboxes gauge\nharebox_sandboxes{state="running"} 1\n# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge\ngo_goroutines 12\n';
   before(async () => {
     server = createServer((req, res) => {
       let body = "";
@@ -184,6 +186,12 @@ describe("against a local HTTP server", () => {
         // Answers the method and path it was sent, minus the /echo prefix.
         res.writeHead(req.method === "DELETE" ? 204 : 200, { "content-type": "application/json" });
         res.end(req.method === "DELETE" ? "" : JSON.stringify({ method: req.method, url: req.url.slice(5) }));
+        return;
+      }
+      if (req.url === "/prom/metrics") {
+        // getServerMetrics: the Prometheus text format, as promhttp sends it.
+        res.writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" });
+        res.end(PROM);
         return;
       }
       if (req.url?.startsWith("/pages/v1/audit?")) {
@@ -439,6 +447,41 @@ describe("against a local HTTP server", () => {
     // A stream is for followEvents to read, not for listEvents to parse.
     await assert.rejects(hb.listEvents({ query: /** @type {any} */ ({ follow: true }) }), (e) => e instanceof HareBoxError && e.field === "follow");
     assert.equal(seen.length, start + 3);
+  });
+
+  test("the monitoring operations send their methods, paths and queries; getServerMetrics returns the text", async () => {
+    const hb = new HareBox({ url: url + "/echo", apiKey: KEY });
+    const start = seen.length;
+    assert.deepEqual(await hb.getSandboxMetrics("sbx_1"), { method: "GET", url: "/v1/sandboxes/sbx_1/metrics" });
+    assert.deepEqual(await hb.getSandboxMetrics("sbx_1", { query: { from: "2026-11-30T00:00:00Z", to: "2026-12-01T00:00:00+01:00", limit: 10 } }), {
+      method: "GET",
+      url: "/v1/sandboxes/sbx_1/metrics?from=2026-11-30T00%3A00%3A00Z&to=2026-12-01T00%3A00%3A00%2B01%3A00&limit=10",
+    });
+    await hb.getSandboxMetrics("a/b", { query: { limit: undefined } });
+    // The Sandbox's convenience: its query fields, without signal and timeoutMs.
+    const box = new Sandbox(hb, /** @type {any} */ ({ id: "sbx_2", state: "running" }));
+    assert.deepEqual(await box.metrics(), { method: "GET", url: "/v1/sandboxes/sbx_2/metrics" });
+    await box.metrics({ limit: 1, timeoutMs: 5000, signal: AbortSignal.timeout(5000) });
+    // The server's metrics: the text as it came, with the key, asking for text.
+    const prom = new HareBox({ url: url + "/prom", apiKey: KEY });
+    const text = await prom.getServerMetrics();
+    assert.equal(typeof text, "string");
+    assert.equal(text, PROM);
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.replace(/^\/(echo|prom)/, "")} ${s.accept} ${s.body}`.trim()), [
+      "GET /v1/sandboxes/sbx_1/metrics application/json",
+      "GET /v1/sandboxes/sbx_1/metrics?from=2026-11-30T00%3A00%3A00Z&to=2026-12-01T00%3A00%3A00%2B01%3A00&limit=10 application/json",
+      "GET /v1/sandboxes/a%2Fb/metrics application/json",
+      "GET /v1/sandboxes/sbx_2/metrics application/json",
+      "GET /v1/sandboxes/sbx_2/metrics?limit=1 application/json",
+      "GET /metrics text/plain",
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`), "the key goes to /metrics too");
+    await assert.rejects(hb.getSandboxMetrics(""), (e) => e instanceof HareBoxError && e.field === "id");
+    // A JSON error (a key without metrics:read) is a HareBoxError, not text.
+    const forbidden = new HareBox({ url: url + "/forbidden", apiKey: KEY });
+    await assert.rejects(forbidden.getServerMetrics(), (e) => e instanceof HareBoxError && e.status === 403 && e.code === "forbidden");
+    assert.equal(seen.length, start + 7);
   });
 
   test("followEvents reads a followed stream: keepalives skipped, entries in order, an error event throws", async () => {

@@ -8,9 +8,11 @@
 // (which boots the server's default image, as the README's snippet does),
 // the environment tests (one sandbox of their own, with their environment)
 // the command history tests (one sandbox of their own, while they
-// change the default account's retention) and the events tests (one
-// sandbox of their own, created and deleted to reach a budget). The
-// tenancy, key, audit log and budget tests boot nothing: they are quick.
+// change the default account's retention), the events tests (one
+// sandbox of their own, created and deleted to reach a budget) and the
+// monitoring tests (one sandbox of their own, monitored, to be sampled).
+// The tenancy, key, audit log and budget tests boot nothing: they are
+// quick.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -1083,5 +1085,124 @@ describe("command history and retention", { skip }, () => {
     await box.run("echo kept again");
     const e = await entry("echo kept again");
     assert.deepEqual([e.output_purged, e.result?.stdout], [false, "kept again\n"]);
+  });
+});
+
+describe("monitoring metrics", { skip }, () => {
+  // One sandbox made for this run with monitoring on (the one boot) gets
+  // the server's samples (every 15 s, hareboxd --metrics-interval); the
+  // server's Prometheus text is read with the root key, and with keys of
+  // one account made for this run: only a key whose actions name
+  // getServerMetrics or metrics:read may read it. `after` deletes the
+  // sandbox and the account (its keys with it), even when a test failed.
+  // The tests need the root key.
+  /** @type {HareBox} */
+  let hb;
+  /** @type {Sandbox} */
+  let box;
+  /** @type {import("harebox").Account | undefined} */
+  let account;
+  const run = randomBytes(4).toString("hex");
+  const labels = { "harebox.test/suite": "sdk-typescript-metrics", "harebox.test/run": run };
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+  /** A client with a new key of this run's account, with these actions ([]: every action). */
+  const keyWith = async (actions) => {
+    account ??= await hb.createAccount({ body: { name: `ts-sdk-metrics-${run}` } });
+    const key = await hb.createKey({ body: { account_id: account.id, description: "sdk-typescript metrics", scope: { actions } } });
+    return new HareBox({ url: URL_, apiKey: key.secret });
+  };
+  /** A gauge's value in the Prometheus text (the sum of its series that match). */
+  const gauge = (text, series) =>
+    text
+      .split("\n")
+      .filter((l) => l.startsWith(series + " "))
+      .reduce((sum, l) => sum + Number(l.slice(series.length + 1)), 0);
+
+  before(async () => {
+    hb = new HareBox();
+    box = await hb.create({ image: IMAGE, labels, ttl_seconds: 1800, monitoring: true });
+  });
+
+  after(async () => {
+    try {
+      const { sandboxes } = await hb.listSandboxes({ query: { label: { "harebox.test/run": run } } });
+      for (const s of sandboxes) if (s.state !== "deleted") await hb.deleteSandbox(s.id).catch((e) => console.error(`deleting ${s.id}: ${e}`));
+    } finally {
+      if (account) await hb.deleteAccount(account.id).catch((e) => console.error(`deleting ${account?.id}: ${e}`));
+    }
+  });
+
+  test("a monitored sandbox gets samples of its CPU, memory, disk and traffic", async () => {
+    assert.equal(box.monitoring, true);
+    // The server samples every 15 s: poll every 2 s, for at most 40 s.
+    const deadline = Date.now() + 40_000;
+    /** @type {import("harebox").MetricSample[]} */
+    let samples = [];
+    for (;;) {
+      ({ samples } = await hb.getSandboxMetrics(box.id));
+      if (samples.length > 0 || Date.now() > deadline) break;
+      await sleep(2000);
+    }
+    assert.ok(samples.length > 0, "no sample within 40 s");
+    const created = Date.parse(box.created_at);
+    for (const s of samples) {
+      assert.deepEqual(Object.keys(s).sort(), ["cpu_seconds", "disk_bytes", "memory_bytes", "net_received_bytes", "net_sent_bytes", "sandbox_id", "time"], JSON.stringify(s));
+      assert.equal(s.sandbox_id, box.id);
+      const t = Date.parse(s.time);
+      assert.ok(t >= created - 1000 && t <= Date.now() + 1000, `sample time ${s.time}, created ${box.created_at}`);
+      assert.ok(s.cpu_seconds > 0, `cpu_seconds ${s.cpu_seconds}`);
+      assert.ok(s.memory_bytes > 0, `memory_bytes ${s.memory_bytes}`);
+      for (const f of ["disk_bytes", "net_sent_bytes", "net_received_bytes"]) assert.ok(Number.isSafeInteger(s[f]) && s[f] >= 0, `${f} ${s[f]}`);
+    }
+    assert.deepEqual(samples.map((s) => s.time), samples.map((s) => s.time).sort((a, b) => Date.parse(a) - Date.parse(b)), "oldest first");
+
+    // The query: limit, from and to; the Sandbox's convenience is the same call.
+    const first = samples[0];
+    assert.deepEqual((await hb.getSandboxMetrics(box.id, { query: { limit: 1 } })).samples.length, 1);
+    assert.ok((await hb.getSandboxMetrics(box.id, { query: { from: first.time } })).samples.some((s) => s.time === first.time), "from is inclusive");
+    assert.ok(!(await hb.getSandboxMetrics(box.id, { query: { to: first.time } })).samples.some((s) => s.time === first.time), "to is exclusive");
+    assert.deepEqual(await hb.getSandboxMetrics(box.id, { query: { to: box.created_at } }), { samples: [] });
+    assert.deepEqual(await hb.getSandboxMetrics(box.id, { query: { from: "2999-01-01T00:00:00Z" } }), { samples: [] });
+    assert.deepEqual((await box.metrics({ to: first.time, limit: 10 })).samples, (await hb.getSandboxMetrics(box.id, { query: { to: first.time, limit: 10 } })).samples);
+    assert.ok((await box.metrics()).samples.some((s) => s.time === first.time));
+  });
+
+  test("bad queries are refused with their field", async () => {
+    for (const limit of [0, 10001]) {
+      await rejectsWith(hb.getSandboxMetrics(box.id, { query: { limit } }), { status: 400, code: "invalid", field: "limit" });
+    }
+    await rejectsWith(box.metrics({ limit: 0 }), { status: 400, code: "invalid", field: "limit" });
+    await rejectsWith(hb.getSandboxMetrics(box.id, { query: { from: "yesterday" } }), { status: 400, code: "invalid", field: "from" });
+    await rejectsWith(hb.getSandboxMetrics(box.id, { query: { to: "2026-13-01" } }), { status: 400, code: "invalid", field: "to" });
+    await rejectsWith(hb.getSandboxMetrics("sbx_00000000000000000000000000"), { status: 404, code: "not_found" });
+  });
+
+  test("getServerMetrics: the Prometheus text, for the root key", async () => {
+    const text = await hb.getServerMetrics();
+    assert.equal(typeof text, "string");
+    assert.ok(text.includes("harebox_sandboxes{"), text.slice(0, 2000));
+    assert.ok(text.includes("go_goroutines"), text.slice(0, 2000));
+    assert.match(text, /^# HELP harebox_sandboxes /m);
+    assert.match(text, /^# TYPE harebox_sandboxes gauge$/m);
+    for (const state of ["creating", "running", "paused", "stopped"]) assert.match(text, new RegExp(`^harebox_sandboxes\\{state="${state}"\\} \\d+$`, "m"), state);
+    for (const r of ["vcpus", "memory_mb", "disk_gb"]) assert.match(text, new RegExp(`^harebox_admission_limit\\{resource="${r}"\\} `, "m"), r);
+    // This run's sandbox is running (or being sampled just then: busy).
+    assert.ok(gauge(text, 'harebox_sandboxes{state="running"}') + gauge(text, "harebox_sandboxes_busy") >= 1, text.slice(0, 2000));
+    assert.ok(gauge(text, 'harebox_reserved{resource="vcpus"}') >= 1);
+  });
+
+  test("getServerMetrics: a key needs getServerMetrics or metrics:read named in its actions", async () => {
+    const reader = await keyWith(["sandboxes:read"]);
+    await rejectsWith(reader.getServerMetrics(), { status: 403, code: "forbidden" });
+    // A key of another account does not see this run's sandbox or its samples.
+    await rejectsWith(reader.getSandboxMetrics(box.id), { status: 404, code: "not_found" });
+    // A full key is still its account's: the host's numbers are not.
+    for (const actions of [["*"], []]) {
+      await rejectsWith((await keyWith(actions)).getServerMetrics(), { status: 403, code: "forbidden" });
+    }
+    for (const actions of [["metrics:read"], ["getServerMetrics"]]) {
+      const text = await (await keyWith(actions)).getServerMetrics();
+      assert.ok(text.includes("harebox_sandboxes{") && text.includes("go_goroutines"), String(actions));
+    }
   });
 });

@@ -32,6 +32,9 @@ import type {
   Info,
   Key,
   KeyWithSecret,
+  MetricSample,
+  MetricSampleList,
+  MetricsQuery,
   Process,
   Project,
   Retention,
@@ -166,6 +169,17 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   cmd?.kind satisfies "exec" | "stream" | "background" | undefined;
   cmd?.result?.stdout satisfies string | undefined;
   cmd?.output_purged satisfies boolean | undefined;
+  const metricsQuery: MetricsQuery = { from: "2026-11-30T00:00:00Z", to: "2026-12-01T00:00:00Z", limit: 100 };
+  const samples: MetricSampleList = await hb.getSandboxMetrics(watched.id, { query: metricsQuery });
+  const sample: MetricSample | undefined = samples.samples[0];
+  sample?.cpu_seconds satisfies number | undefined;
+  sample?.memory_bytes satisfies number | undefined;
+  sample?.net_received_bytes satisfies number | undefined;
+  sample?.time satisfies string | undefined;
+  (await watched.metrics({ limit: 1, signal: AbortSignal.timeout(1000) })).samples satisfies MetricSample[];
+  await hb.getSandboxMetrics(watched.id);
+  const exposition: string = await hb.getServerMetrics();
+  void exposition;
   const retention: Retention = { history_days: 30, output_days: 7 };
   const change2: AccountUpdate = { retention };
   const updated: Account = await hb.updateAccount("default", { body: change2 });
@@ -200,6 +214,12 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   await hb.createBudget({ body: { period: "monthly", limit_usd: "25", action: "notify" } });
   // @ts-expect-error: usage groups by account, project, fleet, key, sandbox or label:KEY.
   await hb.getUsage({ query: { group_by: "team" } });
+  // @ts-expect-error: a limit is a number.
+  await hb.getSandboxMetrics(id, { query: { limit: "10" } });
+  // @ts-expect-error: getServerMetrics returns the text, not an object.
+  (await hb.getServerMetrics()).samples;
+  // @ts-expect-error: getServerMetrics takes no query.
+  await hb.getServerMetrics({ query: { format: "json" } });
   // @ts-expect-error: days are numbers.
   await hb.updateAccount("default", { body: { retention: { history_days: "30" } } });
   // @ts-expect-error: a retention has only history_days and output_days.

@@ -1,0 +1,168 @@
+package harebox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// Stop shuts a running or paused sandbox down and keeps its disk, its data
+// key and its record; Start boots it again on that disk. What ran in it
+// (processes, memory) is gone; its network is given up and made again at
+// Start. A stopped sandbox holds no host capacity and is not charged.
+func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
+	defer e.audited(ctx, "stopSandbox", id, &err)
+	if err := e.check(ctx, "stopSandbox", id); err != nil {
+		return nil, err
+	}
+	if !e.reuse {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "", "this hypervisor backend cannot boot a sandbox again on its disk: stop is not available (pause or delete it)")
+	}
+	b, err := e.liveOrErr(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := sandbox.CanTransition(b.rec.State, sandbox.StateStopped); err != nil {
+		return nil, err
+	}
+	ctx = context.WithoutCancel(ctx) // a stop that started finishes
+	if b.rec.State == sandbox.StateRunning {
+		// The guest's writes reach its disk first (best effort: a guest
+		// that does not answer is powered off all the same).
+		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		if c, err := b.client(sctx, e.agentOptions()); err == nil {
+			c.Exec(sctx, agentclient.ExecRequest{Argv: []string{"sync"}, User: "root", Timeout: 10 * time.Second}, nil)
+		}
+		cancel()
+	}
+	e.settleFinal(ctx, b)
+	sctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	if err := b.m.Shutdown(sctx); err != nil {
+		// Shutdown stops the VMM itself when the guest does not power off.
+		e.log.Warn("stop: the guest did not power off in time; its VMM was stopped", "id", id, "err", err)
+	}
+	if err := b.m.Wait(sctx); err != nil {
+		b.m.Kill(ctx)
+		if err := b.m.Wait(ctx); err != nil {
+			return nil, hvErr(err)
+		}
+	}
+	b.closeAgent()
+	if err := e.net.Detach(ctx, id); err != nil {
+		e.log.Warn("stop: cannot give up the sandbox's network", "id", id, "err", err)
+	}
+	e.release(b.rec.Size)
+	b.rec.State, b.rec.Error, b.rec.Kept, b.rec.Handle = sandbox.StateStopped, "", true, nil
+	e.mu.Lock()
+	delete(e.boxes, id)
+	e.mu.Unlock()
+	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+		return nil, err
+	}
+	e.log.Info("sandbox stopped", "id", id)
+	return b.view(), nil
+}
+
+// Start boots a sandbox that Stop stopped, on the disk it kept, with its
+// environment, credentials and firewall policy; it is admitted again (host
+// capacity, budgets) as a create is.
+func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
+	defer e.audited(ctx, "startSandbox", id, &err)
+	if err := e.check(ctx, "startSandbox", id); err != nil {
+		return nil, err
+	}
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if rec.State != sandbox.StateStopped {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s; only a stopped sandbox starts", id, rec.State)
+	}
+	if !rec.Kept {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s stopped on its own (%s): its disk is gone; delete it", id, rec.Error)
+	}
+	img, err := e.imageOf(rec)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.reserve(rec.Size); err != nil {
+		return nil, err
+	}
+	b := &box{rec: rec, deleting: make(chan struct{})}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// Only one Start at a time, and never beside a Delete: the box is
+	// registered while it boots, in state creating.
+	e.mu.Lock()
+	if e.boxes[id] != nil {
+		e.mu.Unlock()
+		e.release(rec.Size)
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being started", id)
+	}
+	rec.State = sandbox.StateCreating
+	e.boxes[id] = b
+	e.mu.Unlock()
+	fail := func(err error) (*sandbox.Sandbox, error) {
+		e.log.Warn("start failed", "id", id, "err", err)
+		if b.m != nil {
+			b.m.Kill(context.WithoutCancel(ctx))
+			b.m.Wait(context.WithoutCancel(ctx))
+		}
+		b.closeAgent()
+		e.settleFinal(context.WithoutCancel(ctx), b)
+		e.net.Detach(context.WithoutCancel(ctx), id)
+		e.release(rec.Size)
+		rec.State, rec.Handle, rec.Kept = sandbox.StateStopped, nil, true
+		e.mu.Lock()
+		delete(e.boxes, id)
+		e.mu.Unlock()
+		return nil, err
+	}
+	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.admit(ctx, tx, rec) }); err != nil {
+		return fail(err)
+	}
+	if err := e.loadKeys(ctx, b); err != nil {
+		return fail(err)
+	}
+	if err := e.loadEnv(ctx, b); err != nil {
+		return fail(err)
+	}
+	if err := e.loadCredentials(ctx, b); err != nil {
+		return fail(err)
+	}
+	if err := e.boot(ctx, b, img, true); err != nil {
+		return fail(err)
+	}
+	rec.Kept = false // running: Stop keeps it again
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return fail(err)
+	}
+	e.watch(b)
+	e.log.Info("sandbox started", "id", id)
+	return b.view(), nil
+}
+
+// imageOf is the image build a sandbox was created from (for records from
+// before builds were recorded: the newest build of its image's name).
+func (e *Engine) imageOf(rec *store.Sandbox) (images.Image, error) {
+	if rec.ImageDir == "" {
+		return e.image(rec.Image)
+	}
+	if img, ok := e.opts.Images[rec.Image]; ok && img.Dir == rec.ImageDir {
+		return img, nil // (an image the embedder gave by name)
+	}
+	img, err := images.Load(rec.ImageDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return images.Image{}, sandbox.Errorf(sandbox.ErrState, "", "the image build %s the sandbox was created from is gone", rec.ImageDir)
+	}
+	return img, err
+}
