@@ -201,6 +201,28 @@ class Client:
             self._json("POST", _path("/v1/sandboxes/{}/resume", sandbox_id), timeout=timeout or self.lifecycle_timeout),
         )
 
+    @operation("stopSandbox")
+    def stop_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
+        """POST /v1/sandboxes/{id}/stop: shuts a running or paused sandbox
+        down, keeping its disk, data key and record (state ``stopped``);
+        start_sandbox boots it again on that disk. What ran in it is gone.
+        A stopped sandbox holds no host capacity and is not charged."""
+        return cast(
+            t.SandboxJSON,
+            self._json("POST", _path("/v1/sandboxes/{}/stop", sandbox_id), timeout=timeout or self.lifecycle_timeout),
+        )
+
+    @operation("startSandbox")
+    def start_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
+        """POST /v1/sandboxes/{id}/start: boots a stopped sandbox again on
+        its disk; admitted as a create is (host capacity, budgets:
+        BudgetExceeded). Conflict for a sandbox that is not stopped, or
+        that stopped on its own (its VM exited: its disk is gone)."""
+        return cast(
+            t.SandboxJSON,
+            self._json("POST", _path("/v1/sandboxes/{}/start", sandbox_id), timeout=timeout or self.lifecycle_timeout),
+        )
+
     # --- exec and processes --------------------------------------------
 
     @operation("exec")
@@ -654,9 +676,9 @@ class Client:
         ("monthly" or "total") on the sandboxes of a ``scope`` (``kind``
         "account", "project", "fleet", "label" or "key", with its ``ref``
         or ``labels``) and the ``action`` taken when it is reached
-        ("notify", "deny_new", "pause" or "delete"); also ``name`` and
-        ``warn_at_percent`` (see BudgetRequest). A project ``ref`` (ID or
-        name) comes back as the project's ID."""
+        ("notify", "deny_new", "pause", "stop" or "delete"); also ``name``
+        and ``warn_at_percent`` (see BudgetRequest). A project ``ref`` (ID
+        or name) comes back as the project's ID."""
         return cast(t.Budget, self._json("POST", "/v1/budgets", query=query, body=body, timeout=timeout))
 
     @operation("listBudgets")

@@ -85,7 +85,7 @@ class RateLimited(HareBoxError):
 
 class BudgetExceeded(HareBoxError):
     """402 ``budget_exceeded``: a budget that covers the sandbox has no room
-    for it; the create or resume is refused before anything boots."""
+    for it; the create, resume or start is refused before anything boots."""
 
 
 class OverCapacity(HareBoxError):

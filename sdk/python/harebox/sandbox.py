@@ -94,6 +94,14 @@ class Sandbox:
         """Continues a paused VM (state ``running``)."""
         return self._update(self.client.resume_sandbox(self.id))
 
+    def stop(self) -> Sandbox:
+        """Shuts the VM down, keeping its disk (state ``stopped``)."""
+        return self._update(self.client.stop_sandbox(self.id))
+
+    def boot(self) -> Sandbox:
+        """Boots a stopped VM again on its disk (state ``running``)."""
+        return self._update(self.client.start_sandbox(self.id))
+
     def delete(self) -> Sandbox:
         """Deletes the VM, its disks and network (state ``deleted``)."""
         return self._update(self.client.delete_sandbox(self.id))
@@ -125,7 +133,8 @@ class Sandbox:
         return self.client.exec_stream(self.id, body=_exec_body(cmd, timeout, options))
 
     def start(self, cmd: str | Sequence[str], timeout: float | None = None, **options: Any) -> t.Process:
-        """Starts a command in the background; see Client.get_process."""
+        """Starts a command in the background; see Client.get_process.
+        (``boot()`` starts a stopped sandbox.)"""
         return self.client.start_process(self.id, body=_exec_body(cmd, timeout, options))
 
     # --- files ----------------------------------------------------------

@@ -392,7 +392,7 @@ class AuditEntry(TypedDict):
     #: The caller's address.
     source: NotRequired[str]
     #: An operationId; for an event budgetWarning, budgetReached,
-    #: budgetPause, budgetDelete, usePlaceholder or vmExited.
+    #: budgetPause, budgetStop, budgetDelete, usePlaceholder or vmExited.
     action: str
     target: NotRequired[str]
     outcome: Literal["ok", "denied", "error"]
@@ -462,10 +462,10 @@ class BudgetRequest(TypedDict):
     period: Literal["monthly", "total"]
     #: A decimal dollar amount, at most six decimals, e.g. "25.00".
     limit_usd: str
-    #: notify: an audit event only; deny_new: creates and resumes in scope
-    #: are refused; pause or delete: also the sandboxes in scope are paused
-    #: or deleted.
-    action: Literal["notify", "deny_new", "pause", "delete"]
+    #: notify: an audit event only; deny_new: creates, resumes and starts
+    #: in scope are refused; pause, stop or delete: also the sandboxes in
+    #: scope are paused, stopped or deleted.
+    action: Literal["notify", "deny_new", "pause", "stop", "delete"]
     #: Up to 4 percentages of the limit (1 to 99), announced once a period each.
     warn_at_percent: NotRequired[list[int]]
 
@@ -483,7 +483,7 @@ class Budget(TypedDict):
     project_id: NotRequired[str]
     period: Literal["monthly", "total"]
     limit_usd: str
-    action: Literal["notify", "deny_new", "pause", "delete"]
+    action: Literal["notify", "deny_new", "pause", "stop", "delete"]
     warn_at_percent: NotRequired[list[int]]
     created_at: str
     #: The start of the current period.
