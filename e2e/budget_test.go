@@ -211,4 +211,21 @@ func TestBudgetPausesVM(t *testing.T) {
 	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": "echo back"}); code != 200 || r["stdout"] != "back\n" {
 		t.Fatalf("exec after the resume: %d %v", code, r)
 	}
+	// harebox stop and start: the sandbox boots again (a new boot: the
+	// minimal image's uptime starts over).
+	var st struct {
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(run(t, srv, s, s.root, 2*time.Minute, "harebox", "stop", id)), &st); err != nil || st.State != "stopped" {
+		t.Fatalf("harebox stop: %+v %v", st, err)
+	}
+	if code, _ := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": "true"}); code != 409 {
+		t.Fatalf("exec in the stopped sandbox: %d", code)
+	}
+	if err := json.Unmarshal([]byte(run(t, srv, s, s.root, 3*time.Minute, "harebox", "start", id)), &st); err != nil || st.State != "running" {
+		t.Fatalf("harebox start: %+v %v", st, err)
+	}
+	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": "echo again"}); code != 200 || r["stdout"] != "again\n" {
+		t.Fatalf("exec after the start: %d %v", code, r)
+	}
 }
