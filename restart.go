@@ -38,8 +38,12 @@ func (e *Engine) adopt(ctx context.Context) error {
 		case sandbox.StateDeleted:
 			continue
 		case sandbox.StateStopped:
-			// One stopped by Stop keeps its disk for Start.
+			// One stopped by Stop keeps its disk for Start; a VMM on it is
+			// one a Start launched before the engine died.
 			keep[rec.ID] = rec.Kept
+			if rec.Kept {
+				killStrays(rec.StateDir)
+			}
 			continue
 		case sandbox.StateCreating:
 			e.log.Warn("cleaning up a sandbox whose create was interrupted", "id", rec.ID)

@@ -101,14 +101,15 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	// Only one Start at a time, and never beside a Delete: the box is
-	// registered while it boots, in state creating.
+	// registered while it boots. Its record stays stopped until it runs
+	// (boot stores the new handle): an engine that dies meanwhile finds it
+	// stopped, its disk kept, and stops the VMM it had launched.
 	e.mu.Lock()
 	if e.boxes[id] != nil {
 		e.mu.Unlock()
 		e.release(rec.Size)
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being started", id)
 	}
-	rec.State = sandbox.StateCreating
 	e.boxes[id] = b
 	e.mu.Unlock()
 	fail := func(err error) (*sandbox.Sandbox, error) {
@@ -122,6 +123,7 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 		e.net.Detach(context.WithoutCancel(ctx), id)
 		e.release(rec.Size)
 		rec.State, rec.Handle, rec.Kept = sandbox.StateStopped, nil, true
+		e.store.PutSandbox(context.WithoutCancel(ctx), rec)
 		e.mu.Lock()
 		delete(e.boxes, id)
 		e.mu.Unlock()

@@ -86,8 +86,9 @@ def test_a_budget_on_each_scope(hb: harebox.Client, tenant: Tenant) -> None:
                               "limit_usd": "0.000001", "action": "delete"})
     assert red["scope"] == {"kind": "label", "labels": {"team": "red", "tier": "batch"}} and red["limit_usd"] == "0.000001"
 
+    # stop: the sandboxes in scope are stopped (they keep their disks).
     by_key = create(hb, tenant, {"scope": {"kind": "key", "ref": key["id"]}, "period": "total", "limit_usd": "7",
-                                 "action": "deny_new"})
+                                 "action": "stop"})
     assert by_key["scope"] == {"kind": "key", "ref": key["id"]}
 
     made = [account, web, workers, red, by_key]
@@ -111,7 +112,7 @@ def test_a_budget_on_each_scope(hb: harebox.Client, tenant: Tenant) -> None:
     ("change", "field"),
     [
         ({"period": "weekly"}, "period"),
-        ({"action": "stop"}, "action"),
+        ({"action": "explode"}, "action"),
         ({"limit_usd": "0"}, "limit_usd"),
         ({"scope": {"kind": "account", "ref": "web"}}, "scope"),
         ({"scope": {"kind": "label"}}, "scope.labels"),
