@@ -27,7 +27,11 @@ func (e *Engine) reserveFor(rec *store.Sandbox, now time.Time) time.Duration {
 	return d
 }
 
+// held is what a sandbox in state holds: a stopped one only its disk.
 func held(rec *store.Sandbox, state sandbox.State) budget.Resources {
+	if state == sandbox.StateStopped {
+		return budget.Resources{DiskGB: rec.Size.DiskGB}
+	}
 	return budget.Resources{VCPUs: rec.Size.VCPUs, MemoryMB: rec.Size.MemoryMB, DiskGB: rec.Size.DiskGB, Paused: state == sandbox.StatePaused}
 }
 
@@ -114,6 +118,10 @@ func (e *Engine) settleAll(ctx context.Context) {
 	for _, rec := range e.creating {
 		creating = append(creating, rec)
 	}
+	stopped := make([]*store.Sandbox, 0, len(e.kept))
+	for _, rec := range e.kept {
+		stopped = append(stopped, rec)
+	}
 	e.mu.Unlock()
 	for _, b := range boxes {
 		// A box busy in a lifecycle call (a hung hypervisor, a long
@@ -133,6 +141,15 @@ func (e *Engine) settleAll(ctx context.Context) {
 	for _, rec := range creating {
 		events, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: rec.ID, Subject: budget.SubjectOf(rec), Held: held(rec, sandbox.StateRunning),
 			Next: held(rec, sandbox.StateRunning), NextFor: e.reserveFor(rec, e.opts.Now()), Reserved: true})
+		if err != nil {
+			e.log.Warn("metering failed", "id", rec.ID, "err", err)
+		}
+		e.reached(events)
+	}
+	// A stopped sandbox keeps its disk: that is charged (disk GB-hours).
+	for _, rec := range stopped {
+		events, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: rec.ID, Subject: budget.SubjectOf(rec), Held: held(rec, sandbox.StateStopped),
+			Next: held(rec, sandbox.StateStopped), NextFor: e.reserveFor(rec, e.opts.Now()), Reserved: true})
 		if err != nil {
 			e.log.Warn("metering failed", "id", rec.ID, "err", err)
 		}
@@ -183,8 +200,8 @@ func (e *Engine) act(ctx context.Context) error {
 	return nil
 }
 
-// reconcileReservations releases, at start, what sandboxes that are not
-// live still hold (a path that failed to release it): a reservation
+// reconcileReservations releases, at start, what sandboxes that are
+// neither live nor stopped with their disks still hold (a path that failed to release it): a reservation
 // nothing will settle would keep its budgets from admitting for good.
 func (e *Engine) reconcileReservations(ctx context.Context) error {
 	rs, err := e.store.ListReservations(ctx)
@@ -192,8 +209,11 @@ func (e *Engine) reconcileReservations(ctx context.Context) error {
 		return err
 	}
 	for _, r := range rs {
-		if e.live(r.SandboxID) != nil {
-			continue
+		e.mu.Lock()
+		_, kept := e.kept[r.SandboxID]
+		e.mu.Unlock()
+		if kept || e.live(r.SandboxID) != nil {
+			continue // (a stopped sandbox's disk is metered)
 		}
 		rec, err := e.store.GetSandbox(ctx, r.SandboxID)
 		if err != nil {

@@ -43,9 +43,9 @@ func (c *clock) advance(d time.Duration) {
 const dollar = money.USD(1_000_000)
 
 // budgetEngine is an engine on the fake hypervisor where a vCPU costs $1
-// an hour and nothing else costs anything, metered only when the test
-// says, with reservations of one hour.
-func budgetEngine(t *testing.T) (*harebox.Engine, *clock, harebox.Options) {
+// an hour and nothing else costs anything (or prices, if given), metered
+// only when the test says, with reservations of one hour.
+func budgetEngine(t *testing.T, prices ...budget.Prices) (*harebox.Engine, *clock, harebox.Options) {
 	t.Helper()
 	hv := memhv.New(memhv.Options{})
 	t.Cleanup(func() { hv.Close() })
@@ -54,6 +54,9 @@ func budgetEngine(t *testing.T) (*harebox.Engine, *clock, harebox.Options) {
 	clk := &clock{now: time.Date(2026, 11, 10, 12, 0, 0, 0, time.UTC)}
 	opts.Now = clk.Now
 	opts.Prices = &budget.Prices{VCPUHour: dollar}
+	if len(prices) > 0 {
+		opts.Prices = &prices[0]
+	}
 	opts.MeterInterval = time.Hour
 	opts.HealthInterval = -1
 	eng, err := harebox.New(context.Background(), opts)

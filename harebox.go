@@ -143,6 +143,9 @@ type Engine struct {
 	// creating holds the records of sandboxes being created (from their
 	// placement until they are registered or fail), for metering.
 	creating map[string]*store.Sandbox
+	// kept holds the records of sandboxes stopped by Stop: their disks
+	// are metered.
+	kept map[string]*store.Sandbox
 	closer   []func() error
 	// encrypt: the backend encrypts under Spec.DataKey, so every sandbox
 	// gets a data key (crypto-erase).
@@ -177,7 +180,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, wakeActions: make(chan struct{}, 1), creating: map[string]*store.Sandbox{}}
+	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, wakeActions: make(chan struct{}, 1), creating: map[string]*store.Sandbox{}, kept: map[string]*store.Sandbox{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {

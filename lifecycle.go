@@ -455,6 +455,7 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 	b.rec.State = sandbox.StateDeleted
 	e.mu.Lock()
 	delete(e.boxes, id)
+	delete(e.kept, id)
 	e.mu.Unlock()
 	if perr := e.store.PutSandbox(ctx, b.rec); perr != nil {
 		err = errors.Join(err, perr)

@@ -43,6 +43,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 			keep[rec.ID] = rec.Kept
 			if rec.Kept {
 				killStrays(rec.StateDir)
+				e.kept[rec.ID] = rec
 			}
 			continue
 		case sandbox.StateCreating:

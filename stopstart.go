@@ -7,6 +7,7 @@ import (
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -15,7 +16,7 @@ import (
 // Stop shuts a running or paused sandbox down and keeps its disk, its data
 // key and its record; Start boots it again on that disk. What ran in it
 // (processes, memory) is gone; its network is given up and made again at
-// Start. A stopped sandbox holds no host capacity and is not charged.
+// Start. A stopped sandbox holds no host capacity and is charged for its disk only.
 func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
 	defer e.audited(ctx, "stopSandbox", id, &err)
 	if err := e.check(ctx, "stopSandbox", id); err != nil {
@@ -43,7 +44,8 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 		}
 		cancel()
 	}
-	e.settleFinal(ctx, b)
+	// What ran is charged up to now; from now on, its disk.
+	e.settle(ctx, b, sandbox.StateStopped, false)
 	sctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()
 	if err := b.m.Shutdown(sctx); err != nil {
@@ -62,8 +64,10 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 	}
 	e.release(b.rec.Size)
 	b.rec.State, b.rec.Error, b.rec.Kept, b.rec.Handle = sandbox.StateStopped, "", true, nil
+	snap := *b.rec
 	e.mu.Lock()
 	delete(e.boxes, id)
+	e.kept[id] = &snap
 	e.mu.Unlock()
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
 		return nil, err
@@ -111,7 +115,10 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being started", id)
 	}
 	e.boxes[id] = b
+	delete(e.kept, id)
 	e.mu.Unlock()
+	// Its disk is charged up to now; the start is admitted afresh.
+	e.settleFinal(ctx, b)
 	fail := func(err error) (*sandbox.Sandbox, error) {
 		e.log.Warn("start failed", "id", id, "err", err)
 		if b.m != nil {
@@ -124,9 +131,15 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 		e.release(rec.Size)
 		rec.State, rec.Handle, rec.Kept = sandbox.StateStopped, nil, true
 		e.store.PutSandbox(context.WithoutCancel(ctx), rec)
+		// Stopped again: its disk is metered again, from a fresh
+		// reservation.
+		snap := *rec
 		e.mu.Lock()
 		delete(e.boxes, id)
+		e.kept[id] = &snap
 		e.mu.Unlock()
+		e.budgets.Settle(context.WithoutCancel(ctx), budget.Meter{SandboxID: id, Subject: budget.SubjectOf(rec),
+			Held: held(rec, sandbox.StateStopped), Next: held(rec, sandbox.StateStopped), NextFor: e.reserveFor(rec, e.opts.Now())})
 		return nil, err
 	}
 	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.admit(ctx, tx, rec) }); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -149,5 +150,50 @@ func TestBudgetStop(t *testing.T) {
 	}
 	if _, err := eng.Start(ctx, s.ID); err != nil {
 		t.Fatal("start once the budget is gone:", err)
+	}
+}
+
+// A stopped sandbox's disk is charged (its vCPUs and memory are not),
+// across an engine restart too, until it is deleted.
+func TestStoppedDiskCharged(t *testing.T) {
+	eng, clk, opts := budgetEngine(t, budget.Prices{VCPUHour: dollar, DiskGBHour: 1000})
+	ctx := context.Background()
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 1000 * dollar, Action: budget.Notify})
+	s, err := eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 1, MemoryMB: 256, DiskGB: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Hour) // 1 vCPU-hour and 10 GB-hours: $1.01
+	if _, err := eng.Stop(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	spentAt := func() money.USD {
+		got, _ := eng.Budgets().Get(ctx, b.ID)
+		return got.Spent
+	}
+	if got := spentAt(); got != dollar+10_000 {
+		t.Fatalf("spent %s when stopped, want 1.01", got)
+	}
+	// Disk is $0.001 per GB-hour here: 10 GB for 2 hours is $0.02.
+	if err := eng.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Hour)
+	if eng, err = harebox.New(ctx, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	clk.advance(time.Hour)
+	eng.Settle(ctx)
+	if got := spentAt(); got != dollar+30_000 {
+		t.Fatalf("spent %s after 2 h stopped, want 1.03", got)
+	}
+	if err := eng.Delete(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Hour)
+	eng.Settle(ctx)
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != dollar+30_000 || got.Reserved != 0 {
+		t.Fatalf("after delete: spent %s reserved %s", got.Spent, got.Reserved)
 	}
 }
