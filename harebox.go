@@ -145,8 +145,8 @@ type Engine struct {
 	creating map[string]*store.Sandbox
 	// kept holds the records of sandboxes stopped by Stop: their disks
 	// are metered.
-	kept map[string]*store.Sandbox
-	closer   []func() error
+	kept   map[string]*store.Sandbox
+	closer []func() error
 	// encrypt: the backend encrypts under Spec.DataKey, so every sandbox
 	// gets a data key (crypto-erase).
 	encrypt bool
