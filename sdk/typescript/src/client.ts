@@ -264,6 +264,26 @@ export class HareBox {
     return new Sandbox(this, await this.#call<SandboxData>("resumeSandbox", [id], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS)));
   }
 
+  /**
+   * Shuts a running or paused sandbox down, keeping its disk, data key and
+   * record (state "stopped"): startSandbox boots it again on that disk;
+   * what ran in it (processes, memory) is gone. A stopped sandbox holds no
+   * host capacity and is charged for its disk only.
+   */
+  async stopSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
+    return new Sandbox(this, await this.#call<SandboxData>("stopSandbox", [id], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS)));
+  }
+
+  /**
+   * Boots a stopped sandbox again on its disk, admitted as a create is: a
+   * full host throws over_capacity (503), a budget with no room
+   * budget_exceeded (402). A sandbox that is not stopped, or that stopped
+   * on its own (its VM exited), throws conflict (409).
+   */
+  async startSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
+    return new Sandbox(this, await this.#call<SandboxData>("startSandbox", [id], "json", this.#plain(options, CREATE_TIMEOUT_MS)));
+  }
+
   /** Runs a command and waits for it. A non-zero exit is a result, not an error. */
   async exec(id: string, options: CallOptions<never, ExecRequest>): Promise<ExecResult> {
     const body = options?.body ?? {};
@@ -637,8 +657,8 @@ export class HareBox {
   // Budgets and usage: query.account names the operator's account (ID or
   // name; default the default account, but every account for getUsage); a
   // key always acts in its own. Money is a decimal string ("25.00"), never
-  // a number. A create or resume that a covering budget has no room for
-  // throws code "budget_exceeded" (HTTP 402).
+  // a number. A create, resume or start that a covering budget has no room
+  // for throws code "budget_exceeded" (HTTP 402).
 
   /**
    * Creates a budget: a dollar limit on an account, project, fleet, label

@@ -19,6 +19,8 @@ export const OPERATIONS = {
   deleteSandbox: { method: "DELETE", path: "/v1/sandboxes/{id}" },
   pauseSandbox: { method: "POST", path: "/v1/sandboxes/{id}/pause" },
   resumeSandbox: { method: "POST", path: "/v1/sandboxes/{id}/resume" },
+  stopSandbox: { method: "POST", path: "/v1/sandboxes/{id}/stop" },
+  startSandbox: { method: "POST", path: "/v1/sandboxes/{id}/start" },
   exec: { method: "POST", path: "/v1/sandboxes/{id}/exec" },
   execStream: { method: "POST", path: "/v1/sandboxes/{id}/exec/stream" },
   startProcess: { method: "POST", path: "/v1/sandboxes/{id}/processes" },

@@ -105,7 +105,7 @@ export class Sandbox implements SandboxData {
     return this.#client.execStream(this.id, { body: { ...req, ...command(cmd) }, ...opt(signal, timeoutMs) });
   }
 
-  /** Starts a command in the background. */
+  /** Starts a command in the background ({@link Sandbox.boot} starts a stopped sandbox). */
   start(cmd: string | string[], options: RunOptions = {}): Promise<Process> {
     const { signal, timeoutMs, ...req } = options;
     return this.#client.startProcess(this.id, { body: { ...req, ...command(cmd) }, ...opt(signal, timeoutMs) });
@@ -178,6 +178,23 @@ export class Sandbox implements SandboxData {
   /** Continues the sandbox; returns this, updated. */
   async resume(options: RequestOptions = {}): Promise<this> {
     return this.#update(await this.#client.resumeSandbox(this.id, options));
+  }
+
+  /**
+   * Shuts the sandbox down, keeping its disk (state "stopped"); returns
+   * this, updated. {@link Sandbox.boot} starts it again.
+   */
+  async stop(options: RequestOptions = {}): Promise<this> {
+    return this.#update(await this.#client.stopSandbox(this.id, options));
+  }
+
+  /**
+   * Boots a stopped sandbox again on its disk (HareBox.startSandbox; named
+   * boot because {@link Sandbox.start} starts a background command);
+   * returns this, updated.
+   */
+  async boot(options: RequestOptions = {}): Promise<this> {
+    return this.#update(await this.#client.startSandbox(this.id, options));
   }
 
   /** Deletes the sandbox (VM, disks, network); returns this, updated. */

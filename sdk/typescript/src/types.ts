@@ -524,10 +524,11 @@ export type BudgetPeriod = "monthly" | "total";
 
 /**
  * What a budget does when it is reached. notify: an audit event only;
- * deny_new: creates and resumes in scope are refused (budget_exceeded);
- * pause or delete: also the sandboxes in scope are paused or deleted.
+ * deny_new: creates, resumes and starts in scope are refused
+ * (budget_exceeded); pause, stop or delete: also the sandboxes in scope are
+ * paused, stopped or deleted.
  */
-export type BudgetAction = "notify" | "deny_new" | "pause" | "delete";
+export type BudgetAction = "notify" | "deny_new" | "pause" | "stop" | "delete";
 
 /** The body of createBudget. */
 export interface BudgetRequest {

@@ -138,6 +138,8 @@ describe("against a local HTTP server", () => {
     hash: `h${seq}`,
   });
   const sse = (e) => `event: event\ndata: ${JSON.stringify(e)}\n\n`;
+  /** A sandbox, as the server describes one. */
+  const SANDBOX = { id: "sbx_1", account_id: "acc_1", project_id: "prj_1", project: "default", state: "running", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, no_env: false, site: { name: "l", country: "" }, created_at: "2025-01-01T00:00:00Z" };
   const PROM = '# HELP harebox_sandboxes Live sandboxes by state.\n# TYPE harebox_sandboxes gauge\nharebox_sandboxes{state="running"} 1\n# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge\ngo_goroutines 12\n';
   before(async () => {
     server = createServer((req, res) => {
@@ -186,6 +188,23 @@ describe("against a local HTTP server", () => {
         // Answers the method and path it was sent, minus the /echo prefix.
         res.writeHead(req.method === "DELETE" ? 204 : 200, { "content-type": "application/json" });
         res.end(req.method === "DELETE" ? "" : JSON.stringify({ method: req.method, url: req.url.slice(5) }));
+        return;
+      }
+      if (req.url?.startsWith("/box/")) {
+        // stopSandbox and startSandbox: the sandbox, stopped or running.
+        const m = /^\/box\/v1\/sandboxes\/([^/?]+)\/(stop|start)$/.exec(req.url);
+        if (req.method !== "POST" || !m) {
+          res.writeHead(404, { "content-type": "application/json" });
+          res.end(JSON.stringify({ error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }));
+          return;
+        }
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify({ ...SANDBOX, id: decodeURIComponent(m[1]), state: m[2] === "stop" ? "stopped" : "running" }));
+        return;
+      }
+      if (req.url?.startsWith("/conflict/")) {
+        res.writeHead(409, { "content-type": "application/json" });
+        res.end(JSON.stringify({ error: { code: "conflict", message: "sandbox sbx_1 is running; only a stopped sandbox starts" } }));
         return;
       }
       if (req.url === "/prom/metrics") {
@@ -632,6 +651,43 @@ describe("against a local HTTP server", () => {
     assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
     await assert.rejects(hb.getBudget(""), (e) => e instanceof HareBoxError && e.field === "budget");
     await assert.rejects(hb.deleteBudget(""), (e) => e instanceof HareBoxError && e.field === "budget");
+  });
+
+  test("stopSandbox and startSandbox send POST .../stop and .../start with no body; Sandbox.stop and boot update it", async () => {
+    const hb = new HareBox({ url: url + "/box", apiKey: KEY });
+    const start = seen.length;
+    const stopped = await hb.stopSandbox("sbx_1");
+    assert.ok(stopped instanceof Sandbox);
+    assert.deepEqual([stopped.id, stopped.state], ["sbx_1", "stopped"]);
+    assert.equal(stopped.client, hb);
+    const started = await hb.startSandbox("sbx_1", { timeoutMs: 5000 });
+    assert.ok(started instanceof Sandbox);
+    assert.deepEqual([started.id, started.state], ["sbx_1", "running"]);
+    assert.equal((await hb.stopSandbox("a/b", { signal: AbortSignal.timeout(5000) })).id, "a/b");
+    // The Sandbox's methods: the same requests, and this, updated.
+    const box = new Sandbox(hb, /** @type {any} */ ({ ...SANDBOX, id: "sbx_2" }));
+    const same = await box.stop();
+    assert.equal(same, box);
+    assert.equal(box.state, "stopped");
+    assert.equal(await box.boot(), box);
+    assert.equal(box.state, "running");
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.slice(4)} ${s.body}`.trim()), [
+      "POST /v1/sandboxes/sbx_1/stop",
+      "POST /v1/sandboxes/sbx_1/start",
+      "POST /v1/sandboxes/a%2Fb/stop",
+      "POST /v1/sandboxes/sbx_2/stop",
+      "POST /v1/sandboxes/sbx_2/start",
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
+    await assert.rejects(hb.stopSandbox(""), (e) => e instanceof HareBoxError && e.field === "id");
+    await assert.rejects(hb.startSandbox(""), (e) => e instanceof HareBoxError && e.field === "id");
+    assert.equal(seen.length, start + 5, "a bad id sends nothing");
+    // A start that is refused: a conflict (409) leaves the Sandbox as it was; a budget with no room is 402.
+    const refused = new Sandbox(new HareBox({ url: url + "/conflict", apiKey: KEY }), /** @type {any} */ ({ ...SANDBOX }));
+    await assert.rejects(refused.boot(), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict" && /only a stopped sandbox starts/.test(e.message));
+    assert.equal(refused.state, "running");
+    await assert.rejects(new HareBox({ url: url + "/budget", apiKey: KEY }).startSandbox("sbx_1"), (e) => e instanceof HareBoxError && e.status === 402 && e.code === "budget_exceeded");
   });
 
   test("a create a budget refuses throws budget_exceeded with status 402", async () => {

@@ -7,10 +7,12 @@
 // To keep boots few, one sandbox serves every test but the walkthrough
 // (which boots the server's default image, as the README's snippet does),
 // the environment tests (one sandbox of their own, with their environment)
-// the command history tests (one sandbox of their own, while they
-// change the default account's retention), the events tests (one
-// sandbox of their own, created and deleted to reach a budget) and the
-// monitoring tests (one sandbox of their own, monitored, to be sampled).
+// the stop and start tests (one sandbox of their own, stopped and
+// booted again), the command history tests (one sandbox of their own,
+// while they change the default account's retention), the events tests
+// (one sandbox of their own, created and deleted to reach a budget) and
+// the monitoring tests (one sandbox of their own, monitored, to be
+// sampled).
 // The tenancy, key, audit log and budget tests boot nothing: they are
 // quick.
 import assert from "node:assert/strict";
@@ -360,6 +362,94 @@ describe("hareboxd", { skip }, () => {
     assert.match(stdout, /read \/etc\/shadow: denied/);
     assert.ok(!(stdout + stderr).includes(process.env.HAREBOX_API_KEY || "\0"), "the API key was printed");
     assert.deepEqual(left, [], "the walkthrough left its sandbox behind");
+  });
+});
+
+describe("stop and start", { skip }, () => {
+  // One sandbox of its own: it runs a background sleep and is stopped (it
+  // keeps its record, state stopped, and refuses commands and a second
+  // stop), then booted again on its disk (it runs commands, refuses a
+  // second start, and the sleep is gone). The minimal image's root is in
+  // memory, so no file is checked across the boot. `after` deletes the
+  // sandbox even when a test failed. The tests run in order; they need a
+  // backend that boots a sandbox again on its disk (qemu, not Cloud
+  // Hypervisor).
+  /** @type {HareBox} */
+  let hb;
+  /** @type {Sandbox} */
+  let box;
+  const run = randomBytes(4).toString("hex");
+  const labels = { "harebox.test/suite": "sdk-typescript-stop-start", "harebox.test/run": run };
+  /** The background command: a duration no other test uses. */
+  const SLEEPER = ["sleep", "617"];
+  /** Counts the processes whose command line is SLEEPER (the pattern does not match this shell's own). */
+  const COUNT = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <\"$f\"; echo; done 2>/dev/null | grep -c '^sleep 61[7] $'";
+  const sleepers = async () => {
+    const r = await box.run(COUNT);
+    assert.match(r.stdout, /^\d+\n$/, JSON.stringify(r));
+    return Number(r.stdout);
+  };
+  const bootID = async () => (await box.run("cat /proc/sys/kernel/random/boot_id")).stdout.trim();
+  /** The boot before the stop, and the sleep started then. */
+  let firstBoot = "";
+  /** @type {import("harebox").Process} */
+  let sleeper;
+
+  before(async () => {
+    hb = new HareBox();
+    box = await hb.create({ image: IMAGE, labels, ttl_seconds: 1800 });
+  });
+
+  after(async () => {
+    const { sandboxes } = await hb.listSandboxes({ query: { label: { "harebox.test/run": run } } });
+    for (const s of sandboxes) if (s.state !== "deleted") await hb.deleteSandbox(s.id).catch((e) => console.error(`deleting ${s.id}: ${e}`));
+    if (box) assert.equal((await hb.getSandbox(box.id)).state, "deleted");
+  });
+
+  test("stop: the sandbox is stopped and keeps its record", async () => {
+    assert.equal(box.state, "running");
+    firstBoot = await bootID();
+    assert.match(firstBoot, /^[0-9a-f-]{36}$/);
+    sleeper = await box.start(SLEEPER);
+    assert.equal(sleeper.running, true);
+    assert.equal(await sleepers(), 1);
+
+    assert.equal(await box.stop(), box, "stop returns the sandbox, updated");
+    assert.equal(box.state, "stopped");
+    const got = await hb.getSandbox(box.id);
+    assert.deepEqual([got.id, got.state, got.image, got.labels, got.error], [box.id, "stopped", IMAGE, labels, undefined]);
+    const stopped = await hb.listSandboxes({ query: { label: labels, state: "stopped" } });
+    assert.deepEqual(stopped.sandboxes.map((s) => s.id), [box.id]);
+    assert.deepEqual((await hb.listSandboxes({ query: { label: labels, state: "running" } })).sandboxes, []);
+  });
+
+  test("a stopped sandbox refuses commands and a second stop (conflict)", async () => {
+    await rejectsWith(box.run("echo no"), { status: 409, code: "conflict" });
+    await rejectsWith(hb.exec(box.id, { body: { cmd: "true" } }), { status: 409, code: "conflict" });
+    await rejectsWith(box.stop(), { status: 409, code: "conflict" });
+    await rejectsWith(hb.stopSandbox(box.id), { status: 409, code: "conflict" });
+    assert.equal(box.state, "stopped", "a refused stop changes nothing");
+    assert.equal((await box.refresh()).state, "stopped");
+  });
+
+  test("start: running again on its disk; a second start is a conflict", async () => {
+    assert.equal(await box.boot(), box, "boot (startSandbox) returns the sandbox, updated");
+    assert.deepEqual([box.state, box.image, box.labels], ["running", IMAGE, labels]);
+    const got = await hb.getSandbox(box.id);
+    assert.ok(got instanceof Sandbox);
+    assert.deepEqual([got.id, got.state], [box.id, "running"]);
+    assert.equal((await box.run("echo back")).stdout, "back\n");
+    await rejectsWith(hb.startSandbox(box.id), { status: 409, code: "conflict", message: /only a stopped sandbox starts/ });
+    await rejectsWith(box.boot(), { status: 409, code: "conflict" });
+    assert.equal((await hb.getSandbox(box.id)).state, "running");
+  });
+
+  test("what ran before the stop is gone: a new boot, no sleep", async () => {
+    const now = await bootID();
+    assert.match(now, /^[0-9a-f-]{36}$/);
+    assert.notEqual(now, firstBoot, "start booted the sandbox again");
+    assert.equal(await sleepers(), 0);
+    assert.ok(!(await hb.listProcesses(box.id)).processes.some((p) => p.id === sleeper.id && p.running), "the sleep still runs");
   });
 });
 
@@ -810,6 +900,10 @@ describe("budgets and usage", { skip }, () => {
 
     const lbl = await hb.createBudget({ ...mine(), body: { scope: { kind: "label", labels: { team: "red" } }, period: "monthly", limit_usd: "0.5", action: "pause" } });
     assert.deepEqual([lbl.scope, lbl.limit_usd, lbl.action, lbl.project_id], [{ kind: "label", labels: { team: "red" } }, "0.50", "pause", undefined]);
+    // A stop budget: its sandboxes are stopped when it is reached.
+    const stp = await hb.createBudget({ ...mine(), body: { scope: { kind: "project", ref: project.id }, period: "monthly", limit_usd: "1", action: "stop" } });
+    assert.deepEqual([stp.action, stp.limit_usd, stp.project_id], ["stop", "1.00", project.id]);
+    assert.equal(await hb.deleteBudget(stp.id), undefined);
     for (const b of [acct, prj, lbl]) assert.ok(money.test(b.spent_usd) && money.test(b.reserved_usd), JSON.stringify(b));
 
     const { budgets } = await hb.listBudgets(mine());
@@ -830,7 +924,7 @@ describe("budgets and usage", { skip }, () => {
     for (const [body, field] of [
       [{ ...ok, limit_usd: "0" }, "limit_usd"],
       [{ ...ok, period: "weekly" }, "period"],
-      [{ ...ok, action: "stop" }, "action"],
+      [{ ...ok, action: "explode" }, "action"],
       [{ ...ok, warn_at_percent: [100] }, "warn_at_percent[0]"],
       [{ ...ok, scope: { kind: "planet" } }, "scope.kind"],
       [{ ...ok, scope: { kind: "account", ref: "web" } }, "scope"],

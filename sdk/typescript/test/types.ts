@@ -39,6 +39,7 @@ import type {
   Project,
   Retention,
   SandboxData,
+  State,
   Scope,
   UsageGroup,
   UsageQuery,
@@ -78,6 +79,13 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   await box.writeFile("/tmp/y", bytes, { make_parents: true });
   await box.pause();
   await box.resume();
+  const stopped: Sandbox = await box.stop();
+  stopped.state satisfies State;
+  await box.boot({ timeoutMs: 600_000 });
+  (await hb.stopSandbox(id)).state satisfies State;
+  (await hb.startSandbox(id, { signal: AbortSignal.timeout(1000) })) satisfies Sandbox;
+  // @ts-expect-error: a sandbox's start runs a command; boot starts the sandbox.
+  await box.start();
   await box.refresh();
   await box.delete();
   try {
@@ -194,7 +202,7 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   await hb.createBudget({ body: { scope: { kind: "project", ref: "web" }, period: "total", limit_usd: "100", action: "deny_new" } });
   const budgets: BudgetList = await hb.listBudgets({ query: { account: acc.name } });
   budgets.budgets satisfies Budget[];
-  (await hb.getBudget(budget.id)).action satisfies "notify" | "deny_new" | "pause" | "delete";
+  (await hb.getBudget(budget.id)).action satisfies "notify" | "deny_new" | "pause" | "stop" | "delete";
   await hb.deleteBudget(budget.id) satisfies void;
   const usageQuery: UsageQuery = { account: acc.id, from: "2026-11-01T00:00:00Z", to: "2026-12-01T00:00:00Z", group_by: "label:team" };
   const row: UsageGroup | undefined = (await hb.getUsage({ query: usageQuery })).usage[0];
@@ -208,8 +216,9 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   }
   // @ts-expect-error: money is a decimal string, never a number.
   await hb.createBudget({ body: { scope: { kind: "account" }, period: "total", limit_usd: 25, action: "notify" } });
-  // @ts-expect-error: stop is no budget action.
   await hb.createBudget({ body: { scope: { kind: "account" }, period: "total", limit_usd: "25", action: "stop" } });
+  // @ts-expect-error: explode is no budget action.
+  await hb.createBudget({ body: { scope: { kind: "account" }, period: "total", limit_usd: "25", action: "explode" } });
   // @ts-expect-error: a budget needs a scope.
   await hb.createBudget({ body: { period: "monthly", limit_usd: "25", action: "notify" } });
   // @ts-expect-error: usage groups by account, project, fleet, key, sandbox or label:KEY.
