@@ -243,8 +243,9 @@ func (m *machine) stop(why string) {
 		m.hv.forget(m)
 		m.logf("memhv: machine %s %s", m.spec.ID, why)
 		// The files stay on the machine's "disk", as a real disk would.
+		// (Not when the state directory is gone: nothing is made again.)
 		disk := filepath.Join(m.spec.StateDir, diskDir)
-		if err := os.MkdirAll(disk, 0o700); err == nil {
+		if err := os.Mkdir(disk, 0o700); err == nil || os.IsExist(err) {
 			writeSnapshot(disk, snapshot{Version: snapshotVersion, Spec: m.spec, Files: m.agent.fs.clone().nodes}, m.diskKey)
 		}
 		m.mu.Lock()
