@@ -1070,6 +1070,9 @@ func TestGuestForkBomb(t *testing.T) {
 	case r.TimedOut:
 		// The guest is too busy to count its processes in time.
 		t.Logf("the bombed guest is too busy: the count timed out after %d ms", r.DurationMS)
+	case strings.Count(r.Stderr, "No such file") >= 5:
+		// Processes come and go faster than ls can look at them.
+		t.Logf("the bombed guest churns: %d processes vanished while they were listed", strings.Count(r.Stderr, "No such file"))
 	case strings.Contains(r.Stderr+r.Error, "fork") || strings.Contains(r.Stderr+r.Error, "temporarily unavailable"):
 		// The shell, or the agent itself, could not fork (EAGAIN).
 		t.Logf("the bombed guest cannot fork: %s", strings.TrimSpace(r.Stderr+" "+r.Error))
