@@ -2,6 +2,7 @@ package harebox
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/harebox/harebox/authz"
@@ -173,22 +174,42 @@ func (e *Engine) act(ctx context.Context) error {
 	for _, bg := range due {
 		var done []string
 		if bg.Action == budget.Pause || bg.Action == budget.Stop || bg.Action == budget.Delete {
+			// At most 8 at once: a stop or delete takes seconds (a guest
+			// may ignore its power button for 45 s), and one budget's
+			// sandboxes must not hold up the others' metering for long.
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, 8)
 			for _, b := range e.covered(bg) {
-				var err error
-				switch bg.Action {
-				case budget.Pause:
-					_, err = e.Pause(octx, b.rec.ID)
-				case budget.Stop:
-					_, err = e.Stop(octx, b.rec.ID)
-				default:
-					err = e.Delete(octx, b.rec.ID)
-				}
-				if err != nil {
-					e.log.Warn("budget action failed; retried next round", "budget", bg.ID, "action", bg.Action, "id", b.rec.ID, "err", err)
-					continue
-				}
-				done = append(done, b.rec.ID)
+				wg.Add(1)
+				sem <- struct{}{}
+				go func() {
+					defer func() { <-sem; wg.Done() }()
+					var err error
+					switch bg.Action {
+					case budget.Pause:
+						_, err = e.Pause(octx, b.rec.ID)
+					case budget.Stop:
+						if e.reuse {
+							_, err = e.Stop(octx, b.rec.ID)
+						} else {
+							// A backend that cannot start a sandbox again
+							// cannot stop one: it is paused instead.
+							_, err = e.Pause(octx, b.rec.ID)
+						}
+					default:
+						err = e.Delete(octx, b.rec.ID)
+					}
+					if err != nil {
+						e.log.Warn("budget action failed; retried next round", "budget", bg.ID, "action", bg.Action, "id", b.rec.ID, "err", err)
+						return
+					}
+					mu.Lock()
+					done = append(done, b.rec.ID)
+					mu.Unlock()
+				}()
 			}
+			wg.Wait()
 		}
 		if bg.Pending || len(done) > 0 {
 			e.log.Info("budget reached", "budget", bg.ID, "account", bg.AccountID, "action", bg.Action, "sandboxes", len(done))
@@ -243,7 +264,7 @@ func (e *Engine) covered(bg *store.Budget) []*box {
 		b.mu.Lock()
 		s := b.rec.State
 		b.mu.Unlock()
-		if s == sandbox.StateRunning || (s == sandbox.StatePaused && bg.Action != budget.Pause) {
+		if s == sandbox.StateRunning || (s == sandbox.StatePaused && bg.Action != budget.Pause && (bg.Action != budget.Stop || e.reuse)) {
 			out = append(out, b)
 		}
 	}

@@ -49,14 +49,25 @@ func (e *Engine) Events(ctx context.Context, q EventQuery) (events []*audit.Entr
 		}
 		f.AccountID = acc.ID
 	}
+	// Up to the log's head as it is now: a short page means everything up
+	// to it was looked at, so the cursor moves there, and a follower does
+	// not scan the same stretch again.
+	head := q.After
+	if last, err := e.store.LastAudit(ctx); err == nil {
+		head = max(head, last.Seq)
+	}
+	f.Through = head
 	l, err := e.store.ListAudit(ctx, f)
 	if err != nil {
 		return nil, 0, err
 	}
 	next = q.After
+	if len(l) < q.Limit {
+		next = head
+	}
 	events = []*audit.Entry{}
 	for _, ev := range l {
-		next = ev.Seq
+		next = max(next, ev.Seq)
 		if p.Operator || e.eventVisible(ctx, p, ev) {
 			events = append(events, ev)
 		}

@@ -437,8 +437,16 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 			// creates are cleaned up at start).
 			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being created; delete it once it is running", id)
 		}
-		// A stopped sandbox: nothing runs, but clean up what is left.
-		b = &box{rec: rec, deleting: make(chan struct{})}
+		// A stopped sandbox: nothing runs, but clean up what is left. Its
+		// box is registered while it goes, so a Start (or a second
+		// Delete) waits for it instead of racing it.
+		nb := &box{rec: rec, deleting: make(chan struct{})}
+		e.mu.Lock()
+		if b = e.boxes[id]; b == nil {
+			b = nb
+			e.boxes[id] = b
+		}
+		e.mu.Unlock()
 	}
 	b.deletingOnce.Do(func() { close(b.deleting) })
 	b.mu.Lock()

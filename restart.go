@@ -58,6 +58,18 @@ func (e *Engine) adopt(ctx context.Context) error {
 			continue
 		}
 		m, err := e.hv.Attach(ctx, *rec.Handle)
+		if errors.Is(err, hypervisor.ErrNotFound) && rec.Kept {
+			// A Stop the engine died in: the sandbox is stopped, and keeps
+			// its disk and key as asked.
+			e.log.Warn("finishing a stop the engine died in", "id", rec.ID)
+			killStrays(rec.StateDir)
+			e.net.Detach(ctx, rec.ID)
+			rec.State, rec.Handle, rec.Error = sandbox.StateStopped, nil, ""
+			e.store.PutSandbox(ctx, rec)
+			keep[rec.ID] = true
+			e.kept[rec.ID] = rec
+			continue
+		}
 		if errors.Is(err, hypervisor.ErrNotFound) {
 			e.log.Warn("sandbox VM is gone", "id", rec.ID, "err", err)
 			e.stopped(ctx, b, "the VM stopped while the engine was not running")
@@ -72,6 +84,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 			continue
 		}
 		b.m = m
+		rec.Kept = false // (a stop that did not get as far as the VM: it runs)
 		// The host resolver and egress proxy live in this process: give
 		// them the sandbox's policy again (the tap and nftables persist).
 		policy, err := policyOf(rec.Extra[policyKey])

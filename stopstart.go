@@ -44,8 +44,12 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 		}
 		cancel()
 	}
-	// What ran is charged up to now; from now on, its disk.
-	e.settle(ctx, b, sandbox.StateStopped, false)
+	// A crash from here on finds it kept: its disk and key stay.
+	b.rec.Kept = true
+	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+		b.rec.Kept = false
+		return nil, err
+	}
 	sctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()
 	if err := b.m.Shutdown(sctx); err != nil {
@@ -59,6 +63,9 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 		}
 	}
 	b.closeAgent()
+	// What ran is charged up to now (its link's traffic too, before the
+	// link goes); from now on, its disk.
+	e.settle(ctx, b, sandbox.StateStopped, false)
 	if err := e.net.Detach(ctx, id); err != nil {
 		e.log.Warn("stop: cannot give up the sandbox's network", "id", id, "err", err)
 	}
@@ -115,8 +122,20 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being started", id)
 	}
 	e.boxes[id] = b
+	prev := e.kept[id]
 	delete(e.kept, id)
 	e.mu.Unlock()
+	// A Delete may have finished between the record read and the claim.
+	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != sandbox.StateStopped || !cur.Kept {
+		e.mu.Lock()
+		delete(e.boxes, id)
+		if prev != nil && err == nil && cur.State == sandbox.StateStopped {
+			e.kept[id] = prev
+		}
+		e.mu.Unlock()
+		e.release(rec.Size)
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer stopped", id)
+	}
 	// Its disk is charged up to now; the start is admitted afresh.
 	e.settleFinal(ctx, b)
 	fail := func(err error) (*sandbox.Sandbox, error) {

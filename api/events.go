@@ -68,6 +68,8 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 			case <-ctx.Done():
 				return nil
 			case <-changed:
+				// (Appends come in bursts: one look for a burst.)
+				time.Sleep(100 * time.Millisecond)
 			case <-time.After(eventKeepalive):
 				if err := e.comment("keepalive"); err != nil {
 					return nil

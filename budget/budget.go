@@ -52,8 +52,9 @@ const (
 	// Pause pauses the running sandboxes in scope, and refuses creates
 	// and resumes.
 	Pause = "pause"
-	// Stop stops the sandboxes in scope (they keep their disks, and cost
-	// nothing stopped), and refuses creates, resumes and starts.
+	// Stop stops the sandboxes in scope (they keep their disks, which
+	// cost disk_gb_hour stopped), and refuses creates, resumes and starts.
+	// On a backend that cannot start them again they are paused instead.
 	Stop = "stop"
 	// Delete deletes the sandboxes in scope, and refuses creates and
 	// resumes.

@@ -43,6 +43,10 @@ func (s *SQLite) ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, e
 			args = append(args, c.v)
 		}
 	}
+	if f.Through > 0 {
+		q += ` AND seq <= ?`
+		args = append(args, f.Through)
+	}
 	if f.Events {
 		q += ` AND (principal LIKE 'budget:%' OR principal LIKE 'sandbox:%' OR principal = 'engine')`
 	}

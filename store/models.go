@@ -172,6 +172,8 @@ type AuditFilter struct {
 	// Events selects only the entries of the engine's own acts (by a
 	// budget, a sandbox's guest, or the engine): /v1/events.
 	Events bool
+	// Through, if set, is the last sequence number looked at.
+	Through int64
 }
 
 // CommandRow indexes one command of a sandbox's history; the entry itself
