@@ -197,3 +197,44 @@ func TestStoppedDiskCharged(t *testing.T) {
 		t.Fatalf("after delete: spent %s reserved %s", got.Spent, got.Reserved)
 	}
 }
+
+// Start and Delete of a stopped sandbox at once: whichever comes first,
+// the sandbox ends deleted and nothing of it is metered or kept.
+func TestStartDeleteRace(t *testing.T) {
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	opts.HealthInterval = -1
+	ctx := context.Background()
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	for round := range 20 {
+		s, err := eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 1, MemoryMB: 256, DiskGB: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := eng.Stop(ctx, s.ID); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := eng.Start(ctx, s.ID); done <- err }()
+		if err := eng.Delete(ctx, s.ID); err != nil {
+			t.Fatalf("round %d: delete: %v", round, err)
+		}
+		if err := <-done; err != nil && !errors.Is(err, sandbox.ErrState) {
+			t.Fatalf("round %d: start: %v", round, err)
+		}
+		if got, _ := eng.Get(ctx, s.ID); got.State != sandbox.StateDeleted {
+			t.Fatalf("round %d: after start and delete at once the sandbox is %s", round, got.State)
+		}
+		if _, err := os.Stat(filepath.Join(opts.DataDir, "m", s.ID)); !os.IsNotExist(err) {
+			t.Fatalf("round %d: its files: %v", round, err)
+		}
+	}
+	if st, err := eng.Stats(ctx); err != nil || st.Sandboxes[sandbox.StateStopped] != 0 {
+		t.Fatalf("stopped sandboxes left: %+v %v", st, err)
+	}
+}
