@@ -577,6 +577,12 @@ func (e *Engine) claimName(accountID, name string) (release func(), err error) {
 			return nil, sandbox.Errorf(sandbox.ErrExists, "name", "sandbox %s is already named %q", b.rec.ID, name)
 		}
 	}
+	// A stopped sandbox keeps its name: it starts again under it.
+	for _, r := range e.kept {
+		if r.AccountID == accountID && r.Name == name {
+			return nil, sandbox.Errorf(sandbox.ErrExists, "name", "sandbox %s (stopped) is already named %q", r.ID, name)
+		}
+	}
 	claim := accountID + "/" + name
 	if e.claimed[claim] {
 		return nil, sandbox.Errorf(sandbox.ErrExists, "name", "a sandbox named %q is being created", name)

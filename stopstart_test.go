@@ -34,7 +34,7 @@ func TestStopStart(t *testing.T) {
 	}
 	defer func() { eng.Close() }()
 	two := sandbox.Size{VCPUs: 2, MemoryMB: 512, DiskGB: 1}
-	box, err := eng.Create(ctx, sandbox.CreateRequest{Size: two})
+	box, err := eng.Create(ctx, sandbox.CreateRequest{Name: "kept", Size: two})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,6 +53,10 @@ func TestStopStart(t *testing.T) {
 	}
 	if _, err := eng.Stop(ctx, box.ID); !errors.Is(err, sandbox.ErrState) {
 		t.Fatalf("stop a stopped sandbox: %v", err)
+	}
+	// It keeps its name while stopped.
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Name: "kept", Size: sandbox.Size{VCPUs: 1, MemoryMB: 256, DiskGB: 1}}); !errors.Is(err, sandbox.ErrExists) {
+		t.Fatalf("a second sandbox named as a stopped one: %v", err)
 	}
 	// Its 2 vCPUs are free: another sandbox of that size fits, and then
 	// the stopped one does not start until it goes.
