@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -51,12 +52,14 @@ func (e *Engine) SampleMetrics(ctx context.Context) {
 		if !b.mu.TryLock() {
 			continue
 		}
-		var m *store.MetricSample
-		if s := b.rec.State; b.rec.Monitoring && (s == sandbox.StateRunning || s == sandbox.StatePaused) {
-			m = e.sample(ctx, b)
-		}
+		s, monitored, vm, rec := b.rec.State, b.rec.Monitoring, b.m, *b.rec
 		b.mu.Unlock()
-		if m != nil {
+		if !monitored || (s != sandbox.StateRunning && s != sandbox.StatePaused) || vm == nil {
+			continue
+		}
+		// (Measured outside the box's lock: a slow plugin call holds up
+		// no lifecycle call.)
+		if m := e.sample(ctx, vm, &rec); m != nil {
 			if err := e.store.PutMetrics(ctx, m); err != nil {
 				e.log.Warn("monitoring: cannot store a sample", "id", m.SandboxID, "err", err)
 			}
@@ -66,16 +69,16 @@ func (e *Engine) SampleMetrics(ctx context.Context) {
 
 // sample measures a sandbox from the host: its VMM process, its disk
 // files, its link. What cannot be read stays zero.
-func (e *Engine) sample(ctx context.Context, b *box) *store.MetricSample {
-	m := &store.MetricSample{SandboxID: b.rec.ID, AccountID: b.rec.AccountID, Time: e.opts.Now().UTC()}
+func (e *Engine) sample(ctx context.Context, vm hypervisor.Machine, rec *store.Sandbox) *store.MetricSample {
+	m := &store.MetricSample{SandboxID: rec.ID, AccountID: rec.AccountID, Time: e.opts.Now().UTC()}
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if info, err := b.m.Info(ictx); err == nil && info.PID > 0 {
+	if info, err := vm.Info(ictx); err == nil && info.PID > 0 {
 		m.CPUSeconds, m.MemoryBytes = processUse(info.PID)
 	}
-	m.DiskBytes = diskUse(b.rec.StateDir)
+	m.DiskBytes = diskUse(rec.StateDir)
 	if nm, ok := e.net.(network.Meter); ok {
-		m.NetSentBytes, m.NetReceivedBytes, _ = nm.Traffic(b.rec.ID)
+		m.NetSentBytes, m.NetReceivedBytes, _ = nm.Traffic(rec.ID)
 	}
 	return m
 }
