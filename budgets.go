@@ -110,21 +110,25 @@ func (e *Engine) Settle(ctx context.Context) error {
 }
 
 func (e *Engine) settleAll(ctx context.Context) {
+	// Sandboxes without a box to lock, by what they hold: one that is
+	// booting holds what it reserved from its admission on (it is charged
+	// as it boots, so a long boot cannot outrun its budgets unseen); one
+	// that is stopped keeps its disk (disk GB-hours). Their records'
+	// place and size do not change.
+	type unboxed struct {
+		rec   *store.Sandbox
+		state sandbox.State
+	}
+	var recs []unboxed
 	e.mu.Lock()
-	boxes := make([]*box, 0, len(e.boxes))
-	for _, b := range e.boxes {
-		boxes = append(boxes, b)
-	}
-	creating := make([]*store.Sandbox, 0, len(e.creating))
 	for _, rec := range e.creating {
-		creating = append(creating, rec)
+		recs = append(recs, unboxed{rec, sandbox.StateRunning})
 	}
-	stopped := make([]*store.Sandbox, 0, len(e.kept))
 	for _, rec := range e.kept {
-		stopped = append(stopped, rec)
+		recs = append(recs, unboxed{rec, sandbox.StateStopped})
 	}
 	e.mu.Unlock()
-	for _, b := range boxes {
+	for _, b := range e.liveBoxes() {
 		// A box busy in a lifecycle call (a hung hypervisor, a long
 		// delete) is settled next round, not waited for: metering and
 		// the actions of every other sandbox go on.
@@ -136,23 +140,11 @@ func (e *Engine) settleAll(ctx context.Context) {
 		}
 		b.mu.Unlock()
 	}
-	// A sandbox that is booting holds what it reserved from its admission
-	// on: it is charged as it boots (its record's place and size do not
-	// change), so a long boot cannot outrun its budgets unseen.
-	for _, rec := range creating {
-		events, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: rec.ID, Subject: budget.SubjectOf(rec), Held: held(rec, sandbox.StateRunning),
-			Next: held(rec, sandbox.StateRunning), NextFor: e.reserveFor(rec, e.opts.Now()), Reserved: true})
+	for _, u := range recs {
+		events, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: u.rec.ID, Subject: budget.SubjectOf(u.rec), Held: held(u.rec, u.state),
+			Next: held(u.rec, u.state), NextFor: e.reserveFor(u.rec, e.opts.Now()), Reserved: true})
 		if err != nil {
-			e.log.Warn("metering failed", "id", rec.ID, "err", err)
-		}
-		e.reached(events)
-	}
-	// A stopped sandbox keeps its disk: that is charged (disk GB-hours).
-	for _, rec := range stopped {
-		events, err := e.budgets.Settle(ctx, budget.Meter{SandboxID: rec.ID, Subject: budget.SubjectOf(rec), Held: held(rec, sandbox.StateStopped),
-			Next: held(rec, sandbox.StateStopped), NextFor: e.reserveFor(rec, e.opts.Now()), Reserved: true})
-		if err != nil {
-			e.log.Warn("metering failed", "id", rec.ID, "err", err)
+			e.log.Warn("metering failed", "id", u.rec.ID, "err", err)
 		}
 		e.reached(events)
 	}
@@ -250,17 +242,12 @@ func (e *Engine) reconcileReservations(ctx context.Context) error {
 
 // covered lists the live sandboxes bg's action falls on.
 func (e *Engine) covered(bg *store.Budget) []*box {
-	e.mu.Lock()
-	var in []*box
-	for _, b := range e.boxes {
-		// (A sandbox's place, labels and key never change.)
-		if budget.Covers(bg, budget.SubjectOf(b.rec)) {
-			in = append(in, b)
-		}
-	}
-	e.mu.Unlock()
 	var out []*box
-	for _, b := range in {
+	for _, b := range e.liveBoxes() {
+		// (A sandbox's place, labels and key never change.)
+		if !budget.Covers(bg, budget.SubjectOf(b.rec)) {
+			continue
+		}
 		b.mu.Lock()
 		s := b.rec.State
 		b.mu.Unlock()

@@ -33,12 +33,7 @@ func (e *Engine) watchAgents(interval time.Duration) {
 			return
 		case <-t.C:
 		}
-		e.mu.Lock()
-		var boxes []*box
-		for _, b := range e.boxes {
-			boxes = append(boxes, b)
-		}
-		e.mu.Unlock()
+		boxes := e.liveBoxes()
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, maxHealthChecks)
 		for _, b := range boxes {

@@ -543,6 +543,18 @@ func (e *Engine) live(id string) *box {
 	return e.boxes[id]
 }
 
+// liveBoxes returns the live boxes now, for a loop that must not hold
+// e.mu while it takes each box's lock (the order is box, then engine).
+func (e *Engine) liveBoxes() []*box {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	boxes := make([]*box, 0, len(e.boxes))
+	for _, b := range e.boxes {
+		boxes = append(boxes, b)
+	}
+	return boxes
+}
+
 // liveOrErr returns a live box or the error that explains why there is none.
 func (e *Engine) liveOrErr(ctx context.Context, id string) (*box, error) {
 	if b := e.live(id); b != nil {

@@ -41,13 +41,7 @@ func (e *Engine) monitorLoop(every time.Duration) {
 // SampleMetrics takes one monitoring sample of every live sandbox created
 // with monitoring on; the engine calls it every MetricsInterval.
 func (e *Engine) SampleMetrics(ctx context.Context) {
-	e.mu.Lock()
-	boxes := make([]*box, 0, len(e.boxes))
-	for _, b := range e.boxes {
-		boxes = append(boxes, b)
-	}
-	e.mu.Unlock()
-	for _, b := range boxes {
+	for _, b := range e.liveBoxes() {
 		// A box busy in a lifecycle call is sampled next round.
 		if !b.mu.TryLock() {
 			continue
