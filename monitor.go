@@ -195,6 +195,12 @@ func (e *Engine) Stats(ctx context.Context) (Stats, error) {
 	return st, nil
 }
 
+// MayReadServerMetrics says whether the principal in ctx may read the
+// server's metrics (what Stats checks), without counting anything.
+func (e *Engine) MayReadServerMetrics(ctx context.Context) error {
+	return mayReadServerMetrics(authz.From(ctx))
+}
+
 // mayReadServerMetrics: host-wide numbers are for the operator, and for a
 // key whose scope names them (not one that may do "everything" in its
 // own account).

@@ -95,7 +95,7 @@ func metricsHandler(eng *harebox.Engine) http.Handler {
 }
 
 func (s *Server) getServerMetrics(w http.ResponseWriter, r *http.Request) error {
-	if _, err := s.eng.Stats(r.Context()); err != nil {
+	if err := s.eng.MayReadServerMetrics(r.Context()); err != nil {
 		return err
 	}
 	s.metrics.ServeHTTP(w, r)
