@@ -26,6 +26,8 @@ type Hypervisor interface {
 	// Restore boots a new machine from a snapshot directory written by
 	// Machine.Snapshot. spec gives the clone's own identity: its ID, state
 	// directory, network and labels; sizes and disks come from the snapshot.
+	// Once it returns, the clone needs nothing of the snapshot (neither its
+	// files nor SnapshotKey): the snapshot may be deleted while it runs.
 	Restore(ctx context.Context, snapshotDir string, spec Spec) (Machine, error)
 }
 

@@ -1616,6 +1616,52 @@ func (x *ReseedResponse) GetMachineId() string {
 	return ""
 }
 
+type SetNetworkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The network parameters in kernel command-line form, exactly as a
+	// machine booted fresh gets them (harebox.ip=... harebox.gw=...); at most 1 KiB.
+	Cmdline       string `protobuf:"bytes,1,opt,name=cmdline,proto3" json:"cmdline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNetworkRequest) Reset() {
+	*x = SetNetworkRequest{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNetworkRequest) ProtoMessage() {}
+
+func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
+func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SetNetworkRequest) GetCmdline() string {
+	if x != nil {
+		return x.Cmdline
+	}
+	return ""
+}
+
 type ShutdownRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Reboot instead of power off.
@@ -1626,7 +1672,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1684,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1697,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ShutdownRequest) GetReboot() bool {
@@ -1767,7 +1813,9 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\"/\n" +
 	"\x0eReseedResponse\x12\x1d\n" +
 	"\n" +
-	"machine_id\x18\x01 \x01(\tR\tmachineId\")\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\"-\n" +
+	"\x11SetNetworkRequest\x12\x18\n" +
+	"\acmdline\x18\x01 \x01(\tR\acmdline\")\n" +
 	"\x0fShutdownRequest\x12\x16\n" +
 	"\x06reboot\x18\x01 \x01(\bR\x06reboot*\x81\x01\n" +
 	"\bFileType\x12\x19\n" +
@@ -1775,7 +1823,7 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x11FILE_TYPE_REGULAR\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042\xbd\a\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x042\x89\b\n" +
 	"\x05Agent\x12K\n" +
 	"\x06Health\x12\x1f.harebox.agent.v1.HealthRequest\x1a .harebox.agent.v1.HealthResponse\x12I\n" +
 	"\x04Exec\x12\x1d.harebox.agent.v1.ExecRequest\x1a\x1e.harebox.agent.v1.ExecResponse(\x010\x01\x12M\n" +
@@ -1788,7 +1836,9 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x05Chmod\x12\x1e.harebox.agent.v1.ChmodRequest\x1a\x17.harebox.agent.v1.Empty\x12@\n" +
 	"\x05Chown\x12\x1e.harebox.agent.v1.ChownRequest\x1a\x17.harebox.agent.v1.Empty\x12F\n" +
 	"\bSyncTime\x12!.harebox.agent.v1.SyncTimeRequest\x1a\x17.harebox.agent.v1.Empty\x12K\n" +
-	"\x06Reseed\x12\x1f.harebox.agent.v1.ReseedRequest\x1a .harebox.agent.v1.ReseedResponse\x12F\n" +
+	"\x06Reseed\x12\x1f.harebox.agent.v1.ReseedRequest\x1a .harebox.agent.v1.ReseedResponse\x12J\n" +
+	"\n" +
+	"SetNetwork\x12#.harebox.agent.v1.SetNetworkRequest\x1a\x17.harebox.agent.v1.Empty\x12F\n" +
 	"\bShutdown\x12!.harebox.agent.v1.ShutdownRequest\x1a\x17.harebox.agent.v1.EmptyB*Z(github.com/harebox/harebox/agent/agentpbb\x06proto3"
 
 var (
@@ -1804,33 +1854,34 @@ func file_agent_agentpb_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_agentpb_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agent_agentpb_agent_proto_goTypes = []any{
-	(FileType)(0),            // 0: harebox.agent.v1.FileType
-	(*Empty)(nil),            // 1: harebox.agent.v1.Empty
-	(*HealthRequest)(nil),    // 2: harebox.agent.v1.HealthRequest
-	(*HealthResponse)(nil),   // 3: harebox.agent.v1.HealthResponse
-	(*ExecStart)(nil),        // 4: harebox.agent.v1.ExecStart
-	(*ExecRequest)(nil),      // 5: harebox.agent.v1.ExecRequest
-	(*Resize)(nil),           // 6: harebox.agent.v1.Resize
-	(*ExecExit)(nil),         // 7: harebox.agent.v1.ExecExit
-	(*ExecResponse)(nil),     // 8: harebox.agent.v1.ExecResponse
-	(*WriteFileHeader)(nil),  // 9: harebox.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil), // 10: harebox.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),  // 11: harebox.agent.v1.ReadFileRequest
-	(*ReadFileChunk)(nil),    // 12: harebox.agent.v1.ReadFileChunk
-	(*PathRequest)(nil),      // 13: harebox.agent.v1.PathRequest
-	(*FileInfo)(nil),         // 14: harebox.agent.v1.FileInfo
-	(*ListDirRequest)(nil),   // 15: harebox.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),  // 16: harebox.agent.v1.ListDirResponse
-	(*MkdirRequest)(nil),     // 17: harebox.agent.v1.MkdirRequest
-	(*RemoveRequest)(nil),    // 18: harebox.agent.v1.RemoveRequest
-	(*ChmodRequest)(nil),     // 19: harebox.agent.v1.ChmodRequest
-	(*ChownRequest)(nil),     // 20: harebox.agent.v1.ChownRequest
-	(*SyncTimeRequest)(nil),  // 21: harebox.agent.v1.SyncTimeRequest
-	(*ReseedRequest)(nil),    // 22: harebox.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),   // 23: harebox.agent.v1.ReseedResponse
-	(*ShutdownRequest)(nil),  // 24: harebox.agent.v1.ShutdownRequest
+	(FileType)(0),             // 0: harebox.agent.v1.FileType
+	(*Empty)(nil),             // 1: harebox.agent.v1.Empty
+	(*HealthRequest)(nil),     // 2: harebox.agent.v1.HealthRequest
+	(*HealthResponse)(nil),    // 3: harebox.agent.v1.HealthResponse
+	(*ExecStart)(nil),         // 4: harebox.agent.v1.ExecStart
+	(*ExecRequest)(nil),       // 5: harebox.agent.v1.ExecRequest
+	(*Resize)(nil),            // 6: harebox.agent.v1.Resize
+	(*ExecExit)(nil),          // 7: harebox.agent.v1.ExecExit
+	(*ExecResponse)(nil),      // 8: harebox.agent.v1.ExecResponse
+	(*WriteFileHeader)(nil),   // 9: harebox.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),  // 10: harebox.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),   // 11: harebox.agent.v1.ReadFileRequest
+	(*ReadFileChunk)(nil),     // 12: harebox.agent.v1.ReadFileChunk
+	(*PathRequest)(nil),       // 13: harebox.agent.v1.PathRequest
+	(*FileInfo)(nil),          // 14: harebox.agent.v1.FileInfo
+	(*ListDirRequest)(nil),    // 15: harebox.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),   // 16: harebox.agent.v1.ListDirResponse
+	(*MkdirRequest)(nil),      // 17: harebox.agent.v1.MkdirRequest
+	(*RemoveRequest)(nil),     // 18: harebox.agent.v1.RemoveRequest
+	(*ChmodRequest)(nil),      // 19: harebox.agent.v1.ChmodRequest
+	(*ChownRequest)(nil),      // 20: harebox.agent.v1.ChownRequest
+	(*SyncTimeRequest)(nil),   // 21: harebox.agent.v1.SyncTimeRequest
+	(*ReseedRequest)(nil),     // 22: harebox.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),    // 23: harebox.agent.v1.ReseedResponse
+	(*SetNetworkRequest)(nil), // 24: harebox.agent.v1.SetNetworkRequest
+	(*ShutdownRequest)(nil),   // 25: harebox.agent.v1.ShutdownRequest
 }
 var file_agent_agentpb_agent_proto_depIdxs = []int32{
 	4,  // 0: harebox.agent.v1.ExecRequest.start:type_name -> harebox.agent.v1.ExecStart
@@ -1851,22 +1902,24 @@ var file_agent_agentpb_agent_proto_depIdxs = []int32{
 	20, // 15: harebox.agent.v1.Agent.Chown:input_type -> harebox.agent.v1.ChownRequest
 	21, // 16: harebox.agent.v1.Agent.SyncTime:input_type -> harebox.agent.v1.SyncTimeRequest
 	22, // 17: harebox.agent.v1.Agent.Reseed:input_type -> harebox.agent.v1.ReseedRequest
-	24, // 18: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
-	3,  // 19: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
-	8,  // 20: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
-	14, // 21: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
-	12, // 22: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
-	14, // 23: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
-	16, // 24: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
-	14, // 25: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
-	1,  // 26: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
-	1,  // 27: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
-	1,  // 28: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
-	1,  // 29: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
-	23, // 30: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
-	1,  // 31: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
-	19, // [19:32] is the sub-list for method output_type
-	6,  // [6:19] is the sub-list for method input_type
+	24, // 18: harebox.agent.v1.Agent.SetNetwork:input_type -> harebox.agent.v1.SetNetworkRequest
+	25, // 19: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
+	3,  // 20: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
+	8,  // 21: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
+	14, // 22: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
+	12, // 23: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
+	14, // 24: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
+	16, // 25: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
+	14, // 26: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
+	1,  // 27: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
+	1,  // 28: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
+	1,  // 29: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
+	1,  // 30: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
+	23, // 31: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
+	1,  // 32: harebox.agent.v1.Agent.SetNetwork:output_type -> harebox.agent.v1.Empty
+	1,  // 33: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
+	20, // [20:34] is the sub-list for method output_type
+	6,  // [6:20] is the sub-list for method input_type
 	6,  // [6:6] is the sub-list for extension type_name
 	6,  // [6:6] is the sub-list for extension extendee
 	0,  // [0:6] is the sub-list for field type_name
@@ -1900,7 +1953,7 @@ func file_agent_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_agentpb_agent_proto_rawDesc), len(file_agent_agentpb_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

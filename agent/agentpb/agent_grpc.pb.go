@@ -24,19 +24,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Agent_Health_FullMethodName    = "/harebox.agent.v1.Agent/Health"
-	Agent_Exec_FullMethodName      = "/harebox.agent.v1.Agent/Exec"
-	Agent_WriteFile_FullMethodName = "/harebox.agent.v1.Agent/WriteFile"
-	Agent_ReadFile_FullMethodName  = "/harebox.agent.v1.Agent/ReadFile"
-	Agent_Stat_FullMethodName      = "/harebox.agent.v1.Agent/Stat"
-	Agent_ListDir_FullMethodName   = "/harebox.agent.v1.Agent/ListDir"
-	Agent_Mkdir_FullMethodName     = "/harebox.agent.v1.Agent/Mkdir"
-	Agent_Remove_FullMethodName    = "/harebox.agent.v1.Agent/Remove"
-	Agent_Chmod_FullMethodName     = "/harebox.agent.v1.Agent/Chmod"
-	Agent_Chown_FullMethodName     = "/harebox.agent.v1.Agent/Chown"
-	Agent_SyncTime_FullMethodName  = "/harebox.agent.v1.Agent/SyncTime"
-	Agent_Reseed_FullMethodName    = "/harebox.agent.v1.Agent/Reseed"
-	Agent_Shutdown_FullMethodName  = "/harebox.agent.v1.Agent/Shutdown"
+	Agent_Health_FullMethodName     = "/harebox.agent.v1.Agent/Health"
+	Agent_Exec_FullMethodName       = "/harebox.agent.v1.Agent/Exec"
+	Agent_WriteFile_FullMethodName  = "/harebox.agent.v1.Agent/WriteFile"
+	Agent_ReadFile_FullMethodName   = "/harebox.agent.v1.Agent/ReadFile"
+	Agent_Stat_FullMethodName       = "/harebox.agent.v1.Agent/Stat"
+	Agent_ListDir_FullMethodName    = "/harebox.agent.v1.Agent/ListDir"
+	Agent_Mkdir_FullMethodName      = "/harebox.agent.v1.Agent/Mkdir"
+	Agent_Remove_FullMethodName     = "/harebox.agent.v1.Agent/Remove"
+	Agent_Chmod_FullMethodName      = "/harebox.agent.v1.Agent/Chmod"
+	Agent_Chown_FullMethodName      = "/harebox.agent.v1.Agent/Chown"
+	Agent_SyncTime_FullMethodName   = "/harebox.agent.v1.Agent/SyncTime"
+	Agent_Reseed_FullMethodName     = "/harebox.agent.v1.Agent/Reseed"
+	Agent_SetNetwork_FullMethodName = "/harebox.agent.v1.Agent/SetNetwork"
+	Agent_Shutdown_FullMethodName   = "/harebox.agent.v1.Agent/Shutdown"
 )
 
 // AgentClient is the client API for Agent service.
@@ -67,6 +68,10 @@ type AgentClient interface {
 	// Reseed is called after a clone: it adds entropy (RNDADDENTROPY), forces
 	// a CRNG reseed (RNDRESEEDCRNG) and writes a new /etc/machine-id.
 	Reseed(ctx context.Context, in *ReseedRequest, opts ...grpc.CallOption) (*ReseedResponse, error)
+	// SetNetwork moves the guest's interface to a new address, gateway, DNS
+	// server and MAC: a clone's, in place of the source's it was restored
+	// with.
+	SetNetwork(ctx context.Context, in *SetNetworkRequest, opts ...grpc.CallOption) (*Empty, error)
 	// Shutdown syncs and powers the guest off.
 	Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*Empty, error)
 }
@@ -214,6 +219,16 @@ func (c *agentClient) Reseed(ctx context.Context, in *ReseedRequest, opts ...grp
 	return out, nil
 }
 
+func (c *agentClient) SetNetwork(ctx context.Context, in *SetNetworkRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Agent_SetNetwork_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *agentClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Empty)
@@ -252,6 +267,10 @@ type AgentServer interface {
 	// Reseed is called after a clone: it adds entropy (RNDADDENTROPY), forces
 	// a CRNG reseed (RNDRESEEDCRNG) and writes a new /etc/machine-id.
 	Reseed(context.Context, *ReseedRequest) (*ReseedResponse, error)
+	// SetNetwork moves the guest's interface to a new address, gateway, DNS
+	// server and MAC: a clone's, in place of the source's it was restored
+	// with.
+	SetNetwork(context.Context, *SetNetworkRequest) (*Empty, error)
 	// Shutdown syncs and powers the guest off.
 	Shutdown(context.Context, *ShutdownRequest) (*Empty, error)
 	mustEmbedUnimplementedAgentServer()
@@ -299,6 +318,9 @@ func (UnimplementedAgentServer) SyncTime(context.Context, *SyncTimeRequest) (*Em
 }
 func (UnimplementedAgentServer) Reseed(context.Context, *ReseedRequest) (*ReseedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reseed not implemented")
+}
+func (UnimplementedAgentServer) SetNetwork(context.Context, *SetNetworkRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetNetwork not implemented")
 }
 func (UnimplementedAgentServer) Shutdown(context.Context, *ShutdownRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method Shutdown not implemented")
@@ -511,6 +533,24 @@ func _Agent_Reseed_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_SetNetwork_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetNetworkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).SetNetwork(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_SetNetwork_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).SetNetwork(ctx, req.(*SetNetworkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Agent_Shutdown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ShutdownRequest)
 	if err := dec(in); err != nil {
@@ -571,6 +611,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reseed",
 			Handler:    _Agent_Reseed_Handler,
+		},
+		{
+			MethodName: "SetNetwork",
+			Handler:    _Agent_SetNetwork_Handler,
 		},
 		{
 			MethodName: "Shutdown",

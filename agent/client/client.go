@@ -215,6 +215,17 @@ func (c *Client) Reseed(ctx context.Context, entropy []byte, machineID, hostname
 	return nil
 }
 
+// SetNetwork moves the guest's interface to the network that cmdline
+// (kernel command-line parameters, as a fresh boot gets them) names.
+func (c *Client) SetNetwork(ctx context.Context, cmdline string) error {
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	if _, err := c.rpc.SetNetwork(ctx, &agentpb.SetNetworkRequest{Cmdline: cmdline}); err != nil {
+		return c.wrap("set network", err)
+	}
+	return nil
+}
+
 // Shutdown asks the guest to power off (or reboot).
 func (c *Client) Shutdown(ctx context.Context, reboot bool) error {
 	ctx, cancel := c.ctx(ctx)

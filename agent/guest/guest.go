@@ -47,6 +47,8 @@ type Options struct {
 	SetClock    func(t time.Time) error
 	AddEntropy  func(b []byte) error
 	PowerOff    func(reboot bool) error
+	// SetNetwork moves the interface to cfg (a clone's network).
+	SetNetwork func(ctx context.Context, cfg *NetworkConfig) error
 }
 
 // Server implements agentpb.AgentServer.
@@ -82,6 +84,10 @@ func New(opts Options) *Server {
 	}
 	if opts.AddEntropy == nil {
 		opts.AddEntropy = addEntropy
+	}
+	if opts.SetNetwork == nil {
+		root := opts.Root
+		opts.SetNetwork = func(ctx context.Context, cfg *NetworkConfig) error { return MoveNetwork(ctx, cfg, root) }
 	}
 	if opts.PowerOff == nil {
 		mode := opts.Mode
@@ -163,6 +169,28 @@ func (s *Server) Reseed(_ context.Context, req *agentpb.ReseedRequest) (*agentpb
 		}
 	}
 	return &agentpb.ReseedResponse{MachineId: req.GetMachineId()}, nil
+}
+
+// maxNetworkCmdline bounds SetNetwork's parameters.
+const maxNetworkCmdline = 1024
+
+// SetNetwork gives the interface a clone's own address, gateway, DNS
+// server and MAC.
+func (s *Server) SetNetwork(ctx context.Context, req *agentpb.SetNetworkRequest) (*agentpb.Empty, error) {
+	if len(req.GetCmdline()) > maxNetworkCmdline {
+		return nil, status.Errorf(codes.InvalidArgument, "cmdline longer than %d bytes", maxNetworkCmdline)
+	}
+	cfg, err := ParseNetworkConfig(req.GetCmdline())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if cfg == nil {
+		return nil, status.Error(codes.InvalidArgument, "cmdline names no network")
+	}
+	if err := s.opts.SetNetwork(ctx, cfg); err != nil {
+		return nil, status.Errorf(codes.Internal, "set network: %v", err)
+	}
+	return &agentpb.Empty{}, nil
 }
 
 func (s *Server) writeMachineID(id string) error {

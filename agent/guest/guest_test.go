@@ -31,6 +31,7 @@ type env struct {
 
 	mu        sync.Mutex
 	hostnames []string
+	networks  []*NetworkConfig
 	entropy   [][]byte
 	clock     []time.Time
 	powerOff  chan bool
@@ -87,6 +88,12 @@ func newEnv(t *testing.T) *env {
 		},
 		PowerOff: func(reboot bool) error {
 			e.powerOff <- reboot
+			return nil
+		},
+		SetNetwork: func(_ context.Context, cfg *NetworkConfig) error {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.networks = append(e.networks, cfg)
 			return nil
 		},
 	})
@@ -219,6 +226,31 @@ func TestSyncTimeAndShutdown(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("shutdown did not power off")
+	}
+}
+
+func TestSetNetwork(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	for _, bad := range []string{
+		"", // no network
+		"harebox.ip=10.0.0.6 harebox.gw=10.0.0.5",    // no prefix
+		"harebox.ip=10.0.0.6/30 harebox.gw=10.9.0.5", // gateway outside
+		"harebox.ip=10.0.0.6/30 harebox.gw=10.0.0.5 harebox.mac=zz",
+		"harebox.ip=10.0.0.6/30 harebox.gw=10.0.0.5 " + strings.Repeat("x", 1100),
+	} {
+		_, err := e.client.SetNetwork(ctx, &agentpb.SetNetworkRequest{Cmdline: bad})
+		wantCode(t, err, codes.InvalidArgument)
+	}
+	if len(e.networks) != 0 {
+		t.Fatalf("invalid requests reached the interface: %v", e.networks)
+	}
+	good := "harebox.ip=10.0.0.6/30 harebox.gw=10.0.0.5 harebox.dns=10.0.0.5 harebox.mac=02:00:0a:00:00:06"
+	if _, err := e.client.SetNetwork(ctx, &agentpb.SetNetworkRequest{Cmdline: good}); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.networks) != 1 || e.networks[0].Addr.String() != "10.0.0.6/30" || e.networks[0].MAC.String() != "02:00:0a:00:00:06" {
+		t.Fatalf("applied %+v", e.networks)
 	}
 }
 

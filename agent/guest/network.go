@@ -130,6 +130,35 @@ func SetupNetwork(ctx context.Context, cfg *NetworkConfig, root string) error {
 	return nil
 }
 
+// MoveNetwork moves the guest's interface from the network it has (its
+// source's, in a clone) to cfg: the new MAC, only the new address, the new
+// default route and resolver.
+func MoveNetwork(ctx context.Context, cfg *NetworkConfig, root string) error {
+	link, err := findLink(nil)
+	if err != nil {
+		return err
+	}
+	if cfg.MAC != nil && link.Attrs().HardwareAddr.String() != cfg.MAC.String() {
+		if err := netlink.LinkSetHardwareAddr(link, cfg.MAC); err != nil {
+			return fmt.Errorf("mac of %s: %w", link.Attrs().Name, err)
+		}
+	}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return err
+	}
+	for _, a := range addrs {
+		if a.IP.Equal(cfg.Addr.Addr().AsSlice()) {
+			continue
+		}
+		// (The old address's routes go with it.)
+		if err := netlink.AddrDel(link, &a); err != nil {
+			return fmt.Errorf("drop %s: %w", a.IPNet, err)
+		}
+	}
+	return SetupNetwork(ctx, cfg, root)
+}
+
 // findLink returns the interface with mac, or the first Ethernet device.
 func findLink(mac net.HardwareAddr) (netlink.Link, error) {
 	links, err := netlink.LinkList()

@@ -466,6 +466,11 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 		os.RemoveAll(clone.StateDir)
 		return nil, err
 	}
+	if err := m.detach(ctx); err != nil {
+		m.Kill(context.Background())
+		m.Cleanup(context.Background())
+		return nil, fmt.Errorf("qemu: restore: %w", err)
+	}
 	return m, nil
 }
 

@@ -434,3 +434,101 @@ func (d *Driver) copyOverlay(ctx context.Context, dk hypervisor.Disk, dst string
 	}
 	return ctx.Err()
 }
+
+// detach makes a restored machine's writable overlays self-contained over
+// their plain base: QEMU streams into each what it still reads from the
+// snapshot's disk copy (block-stream, while the guest runs), then points
+// it at the base. After that the clone needs neither the snapshot nor its
+// key, so a snapshot can be deleted while its clones live, and a clone can
+// be stopped, started and snapshotted like any machine.
+func (m *machine) detach(ctx context.Context) error {
+	out, err := m.exec(ctx, "query-block", nil)
+	if err != nil {
+		return err
+	}
+	type image struct {
+		Filename string `json:"filename"`
+		Backing  *image `json:"backing-image"`
+	}
+	var devs []struct {
+		Device   string `json:"device"`
+		Inserted *struct {
+			Image image `json:"image"`
+		} `json:"inserted"`
+	}
+	if err := json.Unmarshal(out, &devs); err != nil {
+		return fmt.Errorf("query-block: %w", err)
+	}
+	for i, dk := range m.st.Disks {
+		if dk.ReadOnly {
+			continue
+		}
+		dev := fmt.Sprintf("disk%d", i)
+		var chain []string
+		for _, d := range devs {
+			if d.Device == dev && d.Inserted != nil {
+				for im := &d.Inserted.Image; im != nil && len(chain) < 8; im = im.Backing {
+					chain = append(chain, im.Filename)
+				}
+			}
+		}
+		if len(chain) < 2 {
+			continue // nothing below the overlay
+		}
+		job := "stream-" + dev
+		args := map[string]any{"job-id": job, "device": dev, "auto-dismiss": false}
+		if len(chain) >= 3 {
+			// Keep the base the snapshot's copy was made over.
+			args["base"] = chain[2]
+		}
+		if _, err := m.exec(ctx, "block-stream", args); err != nil {
+			return fmt.Errorf("stream %s: %w", dev, err)
+		}
+		if err := m.waitJob(ctx, job); err != nil {
+			return fmt.Errorf("stream %s: %w", dev, err)
+		}
+	}
+	m.st.BackingEncrypted = false
+	return m.st.save()
+}
+
+// waitJob polls a block job started with auto-dismiss off until it
+// concludes, dismisses it and returns its error.
+func (m *machine) waitJob(ctx context.Context, id string) error {
+	for {
+		out, err := m.exec(ctx, "query-jobs", nil)
+		if err != nil {
+			return err
+		}
+		var jobs []struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+			Error  string `json:"error"`
+		}
+		if err := json.Unmarshal(out, &jobs); err != nil {
+			return fmt.Errorf("query-jobs: %w", err)
+		}
+		found := false
+		for _, j := range jobs {
+			if j.ID != id {
+				continue
+			}
+			found = true
+			if j.Status == "concluded" {
+				m.exec(ctx, "job-dismiss", map[string]any{"id": id})
+				if j.Error != "" {
+					return errors.New(j.Error)
+				}
+				return nil
+			}
+		}
+		if !found {
+			return fmt.Errorf("job %s is gone", id)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

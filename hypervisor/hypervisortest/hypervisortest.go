@@ -339,6 +339,49 @@ func testLifecycle(t *testing.T, h Harness) {
 			t.Errorf("clone machine-id %q, want %q", got, hex.EncodeToString(id))
 		}
 	})
+	t.Run("SnapshotOfClone", func(t *testing.T) {
+		if clone == nil {
+			t.Skip("no clone")
+		}
+		// A clone needs nothing of the snapshot it came from once Restore
+		// has returned: with the snapshot gone, a snapshot of the clone
+		// (under the clone's own key alone) restores, with the clone's
+		// writes and what it inherited.
+		if err := os.RemoveAll(filepath.Join(base, "snap")); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, clone, "/tmp/in-clone", []byte("clone state"))
+		snap2 := filepath.Join(base, "snap2")
+		if err := clone.m.Snapshot(ctx, snap2, clone.spec.DataKey); err != nil {
+			t.Fatal("snapshot of the clone:", err)
+		}
+		if err := clone.m.Resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+		gspec := hypervisor.Spec{ID: spec.ID + "-g", StateDir: filepath.Join(base, "m3")}
+		if clone.spec.DataKey != nil {
+			gspec.DataKey, gspec.SnapshotKey = newKey(), clone.spec.DataKey
+		}
+		start := time.Now()
+		gm, err := hv.Restore(ctx, snap2, gspec)
+		if err != nil {
+			t.Fatal("restore of the clone's snapshot:", err)
+		}
+		g := &vm{m: gm, spec: gspec}
+		defer forget(t, g)
+		connect(t, h, g, start)
+		for path, want := range map[string]string{"/tmp/in-clone": "clone state", "/tmp/before-snapshot": "memory state"} {
+			if got := readFile(t, g, path); string(got) != want {
+				t.Errorf("grand-clone %s = %q, want %q", path, got, want)
+			}
+		}
+		if !h.FakeGuest {
+			if got := run(t, g, diskRead()).Stdout; string(got) != "B" {
+				t.Errorf("grand-clone disk: %q, want B (the clone's)", got)
+			}
+		}
+		os.RemoveAll(snap2)
+	})
 	t.Run("Reuse", func(t *testing.T) {
 		if !caps.Reuse {
 			t.Skip("the backend cannot launch a machine again on its disks")
