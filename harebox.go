@@ -152,6 +152,8 @@ type Engine struct {
 	encrypt bool
 	// reuse: the backend boots a machine again on its disks (Stop/Start).
 	reuse bool
+	// snapshots: the backend snapshots and restores machines.
+	snapshots bool
 
 	tenants *tenant.Service
 	keys    *apikey.Service
@@ -166,6 +168,9 @@ type Engine struct {
 	mu      sync.Mutex
 	boxes   map[string]*box
 	claimed map[string]bool // names of sandboxes being created
+	// snapUse counts the creates restoring from each snapshot; -1 marks
+	// one being deleted.
+	snapUse map[string]int
 	used    sandbox.Resources
 
 	ctx    context.Context // lives until Close
@@ -250,6 +255,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.encrypt = !opts.PlaintextDisks
 	e.reuse = caps.Reuse
+	e.snapshots = caps.Snapshot
 	if !e.encrypt {
 		e.log.Warn("sandboxes' disks and snapshots are not encrypted: delete is not a crypto-erase", "backend", caps.Name)
 	}
@@ -259,6 +265,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	if err := e.reconcileReservations(ctx); err != nil {
 		return nil, err
+	}
+	if err := e.pruneSnapshotDirs(ctx); err != nil {
+		e.log.Warn("snapshot directories: prune failed", "err", err)
 	}
 	// What ran while the engine was down is charged, and budgets reached
 	// meanwhile are acted on, before anything new is admitted.

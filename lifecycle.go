@@ -120,12 +120,29 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 	if err := mayCreate(authz.From(ctx)); err != nil {
 		return nil, err
 	}
+	var o *origin
+	if req.Snapshot != "" {
+		if o, err = e.openSnapshot(ctx, &req); err != nil {
+			return nil, err
+		}
+		defer o.done()
+	}
+	return e.create(ctx, req, o)
+}
+
+// create makes a sandbox: booted from its image, or restored from o.
+func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origin) (*sandbox.Sandbox, error) {
 	res, imgName, err := req.Resolve()
 	if err != nil {
 		return nil, err
 	}
-	img, err := e.image(imgName)
-	if err != nil {
+	var img images.Image
+	if o != nil {
+		res, imgName = o.snap.Size, o.snap.Image
+		if img, err = e.imageOf(&store.Sandbox{Sandbox: sandbox.Sandbox{Image: o.snap.Image}, ImageDir: o.snap.ImageDir}); err != nil {
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "the image build under snapshot %s is gone: %v", o.snap.ID, err)
+		}
+	} else if img, err = e.image(imgName); err != nil {
 		return nil, err
 	}
 	if err := e.reserve(res); err != nil {
@@ -153,7 +170,15 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 	// The record exists before anything is made, so a crash half way is
 	// cleaned up on the next start; it is placed in its project in the
 	// same transaction.
-	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.place(ctx, tx, &req, rec) }); err != nil {
+	if err := e.store.Update(ctx, func(tx store.Tx) error {
+		if err := e.place(ctx, tx, &req, rec); err != nil {
+			return err
+		}
+		if o != nil && rec.AccountID != o.snap.AccountID {
+			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s belongs to another account", o.snap.ID)
+		}
+		return nil
+	}); err != nil {
 		e.release(res)
 		return nil, err
 	}
@@ -185,7 +210,11 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 	defer b.mu.Unlock()
 	err = e.newDataKey(ctx, b)
 	if err == nil {
-		err = e.sealEnv(ctx, b, req.Env)
+		vars := req.Env
+		if vars == nil && o != nil {
+			vars = o.env // the source's own
+		}
+		err = e.sealEnv(ctx, b, vars)
 	}
 	if err == nil {
 		err = e.makeCA(ctx, b)
@@ -197,7 +226,7 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 		err = e.loadCredentials(ctx, b)
 	}
 	if err == nil {
-		err = e.boot(ctx, b, img, false)
+		err = e.boot(ctx, b, img, false, o)
 	}
 	if err == nil {
 		e.mu.Lock()
@@ -221,13 +250,18 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 		return nil, err
 	}
 	e.watch(b)
-	e.log.Info("sandbox created", "id", id, "name", req.Name, "image", imgName, "vcpus", res.VCPUs, "memory_mb", res.MemoryMB)
+	if o != nil {
+		e.log.Info("sandbox created from a snapshot", "id", id, "name", req.Name, "snapshot", o.snap.ID, "source", o.snap.SandboxID)
+	} else {
+		e.log.Info("sandbox created", "id", id, "name", req.Name, "image", imgName, "vcpus", res.VCPUs, "memory_mb", res.MemoryMB)
+	}
 	return b.view(), nil
 }
 
 // boot attaches the network, launches the VM and waits for its agent.
-// With reuse, the machine boots again on the disk it left (Start).
-func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool) error {
+// With reuse, the machine boots again on the disk it left (Start); with
+// o, it is restored from a snapshot and given its own identity.
+func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool, o *origin) error {
 	rec := b.rec
 	policy, err := policyOf(rec.Extra[policyKey])
 	if err != nil {
@@ -253,8 +287,14 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool)
 		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
 		spec.Cmdline = strings.TrimSpace(spec.Cmdline + " " + att.Cmdline)
 	}
-	m, err := e.hv.Launch(ctx, spec)
-	if err != nil {
+	var m hypervisor.Machine
+	if o != nil {
+		spec.SnapshotKey = o.key
+		m, err = e.hv.Restore(ctx, o.snap.Dir, spec)
+		if err != nil {
+			return hvErr(fmt.Errorf("restore: %w", err))
+		}
+	} else if m, err = e.hv.Launch(ctx, spec); err != nil {
 		return hvErr(fmt.Errorf("launch: %w", err))
 	}
 	b.m = m
@@ -268,6 +308,11 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool)
 	c, err := b.client(bctx, e.agentOptions())
 	if err != nil {
 		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500))
+	}
+	if o != nil {
+		if err := e.newIdentity(bctx, c, att); err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
 	}
 	if err := c.SyncTime(bctx, time.Now()); err != nil {
 		return fmt.Errorf("boot: %w", err)

@@ -173,7 +173,7 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 	if err := e.loadCredentials(ctx, b); err != nil {
 		return fail(err)
 	}
-	if err := e.boot(ctx, b, img, true); err != nil {
+	if err := e.boot(ctx, b, img, true, nil); err != nil {
 		return fail(err)
 	}
 	rec.Kept = false // running: Stop keeps it again

@@ -132,10 +132,10 @@ func (f *fastAPI) key(t testing.TB, parent string, req map[string]any) (id, secr
 
 // world is two accounts with projects, a fleet, sandboxes and files.
 type world struct {
-	accA, accB              string
-	web, fleet, env, budget string // in A
-	boxA1, boxA2, boxB1     string
-	fullKeyID, fullA, fullB string
+	accA, accB                    string
+	web, fleet, env, budget, snap string // in A
+	boxA1, boxA2, boxB1           string
+	fullKeyID, fullA, fullB       string
 }
 
 func buildWorld(t testing.TB, f *fastAPI) world {
@@ -154,6 +154,7 @@ func buildWorld(t testing.TB, f *fastAPI) world {
 	w.boxA2 = str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"account_id": "alpha", "labels": map[string]string{"team": "blue"}}), "id")
 	w.boxB1 = str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"account_id": "beta"}), "id")
 	f.must(t, 200, "PUT", "/v1/sandboxes/"+w.boxA1+"/files?path=/tmp/keep", f.root, "precious")
+	w.snap = str(f.must(t, 201, "POST", "/v1/sandboxes/"+w.boxA1+"/snapshots", f.root, map[string]any{"name": "keep"}), "id")
 	w.fullKeyID, w.fullA = f.key(t, f.root, map[string]any{"account_id": "alpha", "description": "full"})
 	_, w.fullB = f.key(t, f.root, map[string]any{"account_id": "beta"})
 	return w
@@ -180,6 +181,11 @@ func calls(w world) []call {
 		{"resumeSandbox", "POST", sb + "/resume", nil, "sandbox"},
 		{"stopSandbox", "POST", sb + "/stop", nil, "sandbox"},
 		{"startSandbox", "POST", sb + "/start", nil, "sandbox"},
+		{"forkSandbox", "POST", sb + "/fork", nil, "sandbox"},
+		{"createSnapshot", "POST", sb + "/snapshots", nil, "sandbox"},
+		{"listSnapshots", "GET", "/v1/snapshots", nil, "list"},
+		{"getSnapshot", "GET", "/v1/snapshots/" + w.snap, nil, "sandbox"},
+		{"deleteSnapshot", "DELETE", "/v1/snapshots/" + w.snap, nil, "sandbox"},
 		{"exec", "POST", sb + "/exec", map[string]any{"cmd": "echo hi"}, "sandbox"},
 		{"execStream", "POST", sb + "/exec/stream", map[string]any{"cmd": "echo hi"}, "sandbox"},
 		{"startProcess", "POST", sb + "/processes", map[string]any{"cmd": "sleep 5"}, "sandbox"},
@@ -392,7 +398,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 			denied[m["action"].(string)] = true
 		}
 	}
-	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "exec", "execStream", "startProcess",
+	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "createSnapshot", "deleteSnapshot", "exec", "execStream", "startProcess",
 		"getProcess", "killProcess", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget"} {

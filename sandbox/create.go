@@ -52,9 +52,14 @@ type CreateRequest struct {
 	// Monitoring false keeps no command history (nor other records of what
 	// runs inside) for this sandbox; default true.
 	Monitoring *bool `json:"monitoring,omitempty"`
-	// Snapshots false refuses every snapshot of this sandbox; default
-	// true. (There is no snapshot path yet.)
+	// Snapshots false refuses every snapshot and fork of this sandbox;
+	// default true.
 	Snapshots *bool `json:"snapshots,omitempty"`
+	// Snapshot makes the sandbox from a snapshot (its ID) instead of
+	// booting the image: memory, processes and disk as they were. Image
+	// and size come from the snapshot (a request that names others is
+	// refused); the network policy defaults to the snapshot's source's.
+	Snapshot string `json:"snapshot,omitempty" validate:"max=64"`
 	// NoEnv keeps every stored environment out of this sandbox.
 	NoEnv bool              `json:"no_env,omitempty"`
 	Env   map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`

@@ -32,6 +32,19 @@ func NewDataKey(ctx context.Context, s Store, scope string) ([]byte, error) {
 	return k, nil
 }
 
+// KeepDataKey keeps a copy of an existing data key as scope's own (a
+// snapshot's key, which starts as its source's): erasing either scope's
+// leaves the other's.
+func KeepDataKey(ctx context.Context, s Store, scope string, key []byte) error {
+	if len(key) != DataKeySize {
+		return fmt.Errorf("secrets: a data key is %d bytes, not %d", DataKeySize, len(key))
+	}
+	if err := s.Put(ctx, scope, DataKeyName, key); err != nil {
+		return fmt.Errorf("secrets: keep data key: %w", err)
+	}
+	return nil
+}
+
 // DataKey returns scope's data key, or ErrNotFound if it has none (it
 // predates data keys, or it was erased).
 func DataKey(ctx context.Context, s Store, scope string) ([]byte, error) {

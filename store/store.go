@@ -110,6 +110,11 @@ type Tx interface {
 	PutMetrics(ctx context.Context, m *MetricSample) error
 	ListMetrics(ctx context.Context, sandboxID string, from, to time.Time, limit int) ([]*MetricSample, error)
 	PurgeMetrics(ctx context.Context, accountID string, before time.Time) error
+	// Snapshots, oldest first.
+	PutSnapshot(ctx context.Context, s *Snapshot) error
+	GetSnapshot(ctx context.Context, id string) (*Snapshot, error)
+	ListSnapshots(ctx context.Context) ([]*Snapshot, error)
+	DeleteSnapshot(ctx context.Context, id string) error
 	PutReservation(ctx context.Context, r *Reservation) error
 	GetReservation(ctx context.Context, sandboxID string) (*Reservation, error)
 	ListReservations(ctx context.Context) ([]*Reservation, error)
@@ -350,6 +355,14 @@ var migrations = []string{
 	);
 	CREATE INDEX metrics_sandbox ON metrics(sandbox_id, time_ns);
 	CREATE INDEX metrics_account ON metrics(account_id, time_ns);`,
+	`CREATE TABLE snapshots (
+		id         TEXT PRIMARY KEY,
+		account_id TEXT NOT NULL,
+		sandbox_id TEXT NOT NULL,
+		created_at BIGINT NOT NULL,
+		record     TEXT NOT NULL
+	);
+	CREATE INDEX snapshots_account ON snapshots(account_id, created_at);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -214,6 +214,14 @@ func (x *execution) run(ctx context.Context, st *agentpb.ExecStart, cwd string) 
 			code = 0
 		case "cat":
 			code = x.cat(out, stderr, cwd, args[1:])
+		case "printenv":
+			code = 1
+			for _, kv := range st.GetEnv() {
+				if k, v, _ := strings.Cut(kv, "="); len(args) > 1 && k == args[1] {
+					fmt.Fprintln(out, v)
+					code = 0
+				}
+			}
 		case "true":
 			code = 0
 		case "false":

@@ -12,6 +12,7 @@
 //	cat PATH...   prints files (relative paths from cwd, default the home)
 //	true, false   exit 0, exit 1
 //	exit [N]      ends the exec with N (default: the last command's code)
+//	printenv NAME prints the exec's variable NAME (exit 1 without it)
 //	sleep SECS    waits; the request's timeout (timed_out, signal 9), a
 //	              signal or the caller going away end it
 //
@@ -19,7 +20,7 @@
 // exits 127. Argv is one command. A shell string is split into commands on
 // ';' and newlines, and each on whitespace: no quoting, variables, pipes or
 // globs; a trailing ">&2" sends a command's output to stderr. Stdin is
-// dropped, the environment ignored; the users are root, user (the default)
+// dropped; the environment is only read by "printenv NAME"; the users are root, user (the default)
 // and numeric ids.
 //
 // As in the real backends: specs are validated and errors carry the

@@ -1,0 +1,47 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/harebox/harebox/sandbox"
+)
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
+	var req sandbox.SnapshotRequest
+	if r.ContentLength != 0 {
+		if err := s.decode(w, r, &req); err != nil {
+			return err
+		}
+	}
+	sn, err := s.eng.Snapshot(r.Context(), r.PathValue("id"), req)
+	return reply(w, http.StatusCreated, sn, err)
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
+	l, err := s.eng.ListSnapshots(r.Context(), r.URL.Query().Get("sandbox"))
+	return reply(w, http.StatusOK, map[string]any{"snapshots": l}, err)
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
+	sn, err := s.eng.GetSnapshot(r.Context(), r.PathValue("snapshot"))
+	return reply(w, http.StatusOK, sn, err)
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
+	if err := s.eng.DeleteSnapshot(r.Context(), r.PathValue("snapshot")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
+	var req sandbox.ForkRequest
+	if r.ContentLength != 0 {
+		if err := s.decode(w, r, &req); err != nil {
+			return err
+		}
+	}
+	l, err := s.eng.Fork(r.Context(), r.PathValue("id"), req)
+	return reply(w, http.StatusCreated, map[string]any{"sandboxes": l}, err)
+}

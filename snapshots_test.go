@@ -1,0 +1,186 @@
+package harebox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/store"
+)
+
+func readString(t *testing.T, eng *harebox.Engine, id, path string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	if _, err := eng.ReadFile(context.Background(), id, path, &buf); err != nil {
+		t.Fatalf("read %s in %s: %v", path, id, err)
+	}
+	return buf.String()
+}
+
+// TestSnapshotsAndFork: a fork's clones carry the source's state at the
+// moment of the fork and nothing after; a named snapshot outlives its
+// source, a create from it works afterwards, and its delete erases its
+// key; snapshots:false and bad requests are refused before anything is
+// made; a failed clone takes its siblings with it. (Entropy, machine-id,
+// network and disk run on real VMs in the e2e suite.)
+func TestSnapshotsAndFork(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { eng.Close() }()
+
+	src, err := eng.Create(ctx, sandbox.CreateRequest{Labels: map[string]string{"team": "red"}, Env: map[string]string{"OWN": "source-env"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.WriteFile(ctx, src.ID, "/tmp/state", strings.NewReader("before"), harebox.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Refusals first: none reaches the hypervisor.
+	launched := hv.Launched()
+	off := false
+	noSnaps, err := eng.Create(ctx, sandbox.CreateRequest{Snapshots: &off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	launched++
+	var se *sandbox.Error
+	if _, err := eng.Fork(ctx, noSnaps.ID, sandbox.ForkRequest{}); !errors.As(err, &se) || se.Kind != sandbox.ErrInvalid || se.Field != "snapshots" {
+		t.Errorf("fork of a sandbox with snapshots off: %v", err)
+	}
+	if _, err := eng.Snapshot(ctx, noSnaps.ID, sandbox.SnapshotRequest{}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("snapshot of a sandbox with snapshots off: %v", err)
+	}
+	if _, err := eng.Fork(ctx, src.ID, sandbox.ForkRequest{Count: sandbox.MaxFork + 1}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("fork of %d: %v", sandbox.MaxFork+1, err)
+	}
+	if _, err := eng.Snapshot(ctx, src.ID, sandbox.SnapshotRequest{Name: "Not A Name"}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("snapshot with a bad name: %v", err)
+	}
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Snapshot: "snap_01jzzzzzzzzzzzzzzzzzzzzzzz"}); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("create from a missing snapshot: %v", err)
+	}
+	if n := hv.Launched(); n != launched {
+		t.Fatalf("refused requests launched %d machines", n-launched)
+	}
+
+	// Fork: two clones with the source's files and labels, their own IDs.
+	clones, err := eng.Fork(ctx, src.ID, sandbox.ForkRequest{Count: 2, Name: "kid", Labels: map[string]string{"fork": "yes"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(clones) != 2 || clones[0].ID == clones[1].ID || clones[0].ID == src.ID {
+		t.Fatalf("clones %+v", clones)
+	}
+	if _, err := eng.WriteFile(ctx, src.ID, "/tmp/state", strings.NewReader("after"), harebox.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range clones {
+		if c.State != sandbox.StateRunning || c.Name != "kid-"+string(rune('1'+i)) || c.Labels["team"] != "red" || c.Labels["fork"] != "yes" {
+			t.Errorf("clone %d: %+v", i, c)
+		}
+		if got := readString(t, eng, c.ID, "/tmp/state"); got != "before" {
+			t.Errorf("clone %d has %q, want the state at the fork", i, got)
+		}
+		r, err := eng.Exec(ctx, c.ID, sandbox.ExecRequest{Cmd: "printenv OWN"})
+		if err != nil || r.Stdout != "source-env\n" {
+			t.Errorf("clone %d env: %+v, %v", i, r, err)
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(opts.DataDir, "snapshots")); len(ents) != 0 {
+		t.Errorf("a fork left snapshot files: %v", ents)
+	}
+	if l, _ := eng.ListSnapshots(ctx, ""); len(l) != 0 {
+		t.Errorf("a fork left snapshots: %+v", l)
+	}
+
+	// A failed clone takes its siblings with it.
+	before, _ := eng.List(ctx, sandbox.ListFilter{})
+	hv.FailNextLaunch(errors.New("boom"))
+	if _, err := eng.Fork(ctx, src.ID, sandbox.ForkRequest{Count: 2}); err == nil {
+		t.Error("a fork with a failed clone succeeded")
+	}
+	if after, _ := eng.List(ctx, sandbox.ListFilter{}); len(after) != len(before) {
+		t.Errorf("a failed fork left %d sandboxes", len(after)-len(before))
+	}
+
+	// A named snapshot outlives its source.
+	snap, err := eng.Snapshot(ctx, src.ID, sandbox.SnapshotRequest{Name: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.SandboxID != src.ID || snap.Bytes <= 0 || snap.Labels["team"] != "red" {
+		t.Errorf("snapshot %+v", snap)
+	}
+	if _, err := eng.Snapshot(ctx, src.ID, sandbox.SnapshotRequest{Name: "base"}); !errors.Is(err, sandbox.ErrExists) {
+		t.Errorf("a second snapshot named base: %v", err)
+	}
+	if s, err := eng.Get(ctx, src.ID); err != nil || s.State != sandbox.StateRunning {
+		t.Fatalf("the source after its snapshot: %+v, %v", s, err)
+	}
+	if err := eng.Delete(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Snapshot: snap.ID, Size: sandbox.Size{Preset: "large"}}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("create from a snapshot with a size: %v", err)
+	}
+	late, err := eng.Create(ctx, sandbox.CreateRequest{Snapshot: snap.ID})
+	if err != nil {
+		t.Fatal("create from the snapshot of a deleted sandbox:", err)
+	}
+	if got := readString(t, eng, late.ID, "/tmp/state"); got != "after" {
+		t.Errorf("made from the snapshot: %q", got)
+	}
+	if late.Size != src.Size || late.Image != src.Image {
+		t.Errorf("made from the snapshot: %+v", late)
+	}
+	// The snapshot goes; its clone stays.
+	if err := eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.GetSnapshot(ctx, snap.ID); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("a deleted snapshot: %v", err)
+	}
+	if err := eng.DeleteSnapshot(ctx, snap.ID); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("a second delete: %v", err)
+	}
+	if _, err := eng.Exec(ctx, late.ID, sandbox.ExecRequest{Cmd: "true"}); err != nil {
+		t.Errorf("the clone after its snapshot's delete: %v", err)
+	}
+	eng.Close()
+
+	// Its key is gone from the secret store, and its files from the disk.
+	db, err := store.OpenSQLite(ctx, filepath.Join(opts.DataDir, "harebox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	master, err := secrets.NewSealed(db, filepath.Join(opts.DataDir, "master.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := secrets.DataKey(ctx, master, "snapshot/"+snap.ID); !errors.Is(err, secrets.ErrNotFound) {
+		t.Errorf("the deleted snapshot's key: %v", err)
+	}
+	db.Close()
+	if ents, _ := os.ReadDir(filepath.Join(opts.DataDir, "snapshots")); len(ents) != 0 {
+		t.Errorf("snapshot files left: %v", ents)
+	}
+	eng, err = harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
