@@ -101,6 +101,17 @@ func TestSnapshotsAndFork(t *testing.T) {
 			t.Errorf("clone %d env: %+v, %v", i, r, err)
 		}
 	}
+	// A clone forks like any sandbox.
+	grand, err := eng.Fork(ctx, clones[0].ID, sandbox.ForkRequest{})
+	if err != nil {
+		t.Fatal("fork of a clone:", err)
+	}
+	if got := readString(t, eng, grand[0].ID, "/tmp/state"); got != "before" {
+		t.Errorf("the clone's clone has %q", got)
+	}
+	if err := eng.Delete(ctx, grand[0].ID); err != nil {
+		t.Fatal(err)
+	}
 	if ents, _ := os.ReadDir(filepath.Join(opts.DataDir, "snapshots")); len(ents) != 0 {
 		t.Errorf("a fork left snapshot files: %v", ents)
 	}

@@ -414,6 +414,20 @@ func deleteProject(ctx context.Context, tx store.Tx, p *Project) error {
 	if len(envs) > 0 {
 		return sandbox.Errorf(sandbox.ErrState, "", "project %q has %d environments; delete them first", p.Name, len(envs))
 	}
+	// So do snapshots (a copy of their source's data key).
+	snaps, err := tx.ListSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, sn := range snaps {
+		if sn.ProjectID == p.ID {
+			n++
+		}
+	}
+	if n > 0 {
+		return sandbox.Errorf(sandbox.ErrState, "", "project %q has %d snapshots; delete them first", p.Name, n)
+	}
 	fleets, err := tx.ListFleets(ctx, p.ID)
 	if err != nil {
 		return err

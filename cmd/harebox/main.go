@@ -61,6 +61,8 @@ var commands = []command{
 	{"resume", "ID", "resume a sandbox", cmdResume},
 	{"stop", "ID", "shut a sandbox down and keep its disk (start boots it again; what ran is gone)", cmdStop},
 	{"start", "ID", "boot a stopped sandbox again on its disk", cmdStart},
+	{"fork", "ID [--count N] [--name NAME] [--label K=V] [--ttl SECS]", "make N clones of a running or paused sandbox, each with its own ID, keys, machine-id, entropy and network", cmdFork},
+	{"snapshot", "create ID [--name NAME] | list [--sandbox ID] | get SNAPSHOT_ID | delete SNAPSHOT_ID", "snapshots of sandboxes; harebox new --snapshot SNAPSHOT_ID makes a sandbox from one", cmdSnapshot},
 	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code", cmdExec},
 	{"file", "write|read|list|stat|mkdir|rm ID --path PATH [flags]", "files in a sandbox", cmdFile},
 	{"firewall", "set|get ID [--body JSON | --from FILE]", "a sandbox's firewall policy", cmdFirewall},
@@ -230,12 +232,13 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	ttl := fs.Int64("ttl", 0, "delete the sandbox this many seconds after creation")
 	noEnv := fs.Bool("no-env", false, "keep every stored environment out of this sandbox")
 	noMonitoring := fs.Bool("no-monitoring", false, "keep no command history for this sandbox (harebox history then shows none)")
-	noSnapshots := fs.Bool("no-snapshots", false, "refuse every snapshot of this sandbox")
+	noSnapshots := fs.Bool("no-snapshots", false, "refuse every snapshot and fork of this sandbox")
 	thirdParty := fs.Bool("third-party", false, "a sandbox handed to a third party: it may only get an environment marked third-party-safe (a project's third-party default also makes it so)")
 	project := fs.String("project", "", "the project, ID or name (default: the account's default project)")
 	fleet := fs.String("fleet", "", "a fleet of that project, ID or name")
 	account := fs.String("account", "", "the account, ID or name (the operator only; default: the default account, or the key's own)")
 	fw := fs.String("firewall", "", "the firewall policy, in force before the VM boots: JSON, or @FILE (default: the server's default policy)")
+	fromSnap := fs.String("snapshot", "", "make the sandbox from this snapshot (memory, processes and disk as they were; its image and size)")
 	labels, env := kv{}, &envFlag{vars: kv{}}
 	fs.Var(labels, "label", "label KEY=VALUE (repeatable)")
 	fs.Var(env, "env", "KEY=VALUE: an environment variable of this sandbox only (repeatable);\n"+
@@ -251,7 +254,7 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	req := sandbox.CreateRequest{
 		Name: *name, Image: *image, TTLSeconds: *ttl, NoEnv: *noEnv,
 		AccountID: *account, Project: *project, Fleet: *fleet,
-		Environment: environment, ThirdParty: *thirdParty,
+		Environment: environment, ThirdParty: *thirdParty, Snapshot: *fromSnap,
 		Size: sandbox.Size{Preset: *size, VCPUs: *vcpus, MemoryMB: *memory, DiskGB: *disk},
 	}
 	if *noMonitoring {
