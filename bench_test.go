@@ -3,16 +3,20 @@ package harebox_test
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox"
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/backends/qemu"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -205,4 +209,73 @@ func BenchmarkDiskEncryption(b *testing.B) {
 	b.ReportMetric(512/(write[1].Seconds()/float64(b.N)), "enc-write-MiB/s")
 	b.ReportMetric(512/(write[0].Seconds()/float64(b.N)), "plain-write-MiB/s")
 	b.ReportMetric(float64(write[1])/float64(write[0]), "write-enc/plain")
+}
+
+// BenchmarkFork: a fork of a running Debian sandbox to the first exec in
+// its clone, next to a cold create of the same image to its first exec;
+// and the host memory (the VMM's resident set) an idle clone adds.
+func BenchmarkFork(b *testing.B) {
+	v, done := benchEnv(b)
+	defer done()
+	opts := v.options()
+	opts.Images["default"] = testimage.Image(b, "default")
+	eng, err := harebox.New(context.Background(), opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eng.Close()
+	ctx := context.Background()
+	firstExec := func(id string) {
+		if _, err := eng.Exec(ctx, id, sandbox.ExecRequest{Cmd: "true"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var cold, fork time.Duration
+	var rss int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		src, err := eng.Create(ctx, sandbox.CreateRequest{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		firstExec(src.ID)
+		cold += time.Since(start)
+
+		start = time.Now()
+		clones, err := eng.Fork(ctx, src.ID, sandbox.ForkRequest{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		firstExec(clones[0].ID)
+		fork += time.Since(start)
+		time.Sleep(2 * time.Second) // idle
+		rss += vmmRSS(filepath.Join(v.dataDir, "m", clones[0].ID) + "/")
+		eng.Delete(ctx, clones[0].ID)
+		eng.Delete(ctx, src.ID)
+	}
+	b.ReportMetric(cold.Seconds()/float64(b.N), "cold-s/op")
+	b.ReportMetric(fork.Seconds()/float64(b.N), "fork-s/op")
+	b.ReportMetric(float64(fork)/float64(cold), "fork/cold")
+	b.ReportMetric(float64(rss)/float64(b.N)/(1<<20), "clone-rss-MiB")
+}
+
+// vmmRSS is the resident set of the VMM whose command line names dir.
+func vmmRSS(dir string) int64 {
+	for _, p := range procs.Naming(dir) {
+		if !p.IsVMM() {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }
