@@ -28,9 +28,10 @@ func (e *Engine) reserveFor(rec *store.Sandbox, now time.Time) time.Duration {
 	return d
 }
 
-// held is what a sandbox in state holds: a stopped one only its disk.
+// held is what a sandbox in state holds: a stopped or hibernated one only
+// its disk.
 func held(rec *store.Sandbox, state sandbox.State) budget.Resources {
-	if state == sandbox.StateStopped {
+	if state == sandbox.StateStopped || state == sandbox.StateHibernated {
 		return budget.Resources{DiskGB: rec.Size.DiskGB}
 	}
 	return budget.Resources{VCPUs: rec.Size.VCPUs, MemoryMB: rec.Size.MemoryMB, DiskGB: rec.Size.DiskGB, Paused: state == sandbox.StatePaused}

@@ -266,6 +266,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.reconcileReservations(ctx); err != nil {
 		return nil, err
 	}
+	if err := e.pruneHibernateDirs(ctx); err != nil {
+		e.log.Warn("hibernation files: prune failed", "err", err)
+	}
 	if err := e.pruneSnapshotDirs(ctx); err != nil {
 		e.log.Warn("snapshot directories: prune failed", "err", err)
 	}

@@ -310,7 +310,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500))
 	}
 	if o != nil {
-		if err := e.newIdentity(bctx, c, att); err != nil {
+		if err := e.newIdentity(bctx, c, att, o.wake); err != nil {
 			return fmt.Errorf("restore: %w", err)
 		}
 	}
@@ -358,6 +358,9 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	}
 	killStrays(b.rec.StateDir)
 	if err := os.RemoveAll(b.rec.StateDir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(e.hibernateDir(b.rec.ID)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := e.net.Detach(ctx, b.rec.ID); err != nil {
@@ -538,6 +541,11 @@ func (e *Engine) Resume(ctx context.Context, id string) (_ *sandbox.Sandbox, err
 	defer e.audited(ctx, "resumeSandbox", id, &err)
 	if err := e.check(ctx, "resumeSandbox", id); err != nil {
 		return nil, err
+	}
+	if e.live(id) == nil {
+		if rec, err := e.record(ctx, id); err == nil && rec.State == sandbox.StateHibernated {
+			return e.wake(ctx, rec)
+		}
 	}
 	box, err := e.transition(ctx, id, sandbox.StateRunning, func(b *box) error {
 		// Its budgets must have room for it to run again.

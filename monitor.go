@@ -181,7 +181,9 @@ func (e *Engine) Stats(ctx context.Context) (Stats, error) {
 	}
 	st.Reserved, st.Limit = e.used, e.limit
 	st.Sandboxes[sandbox.StateCreating] = len(e.creating)
-	st.Sandboxes[sandbox.StateStopped] = len(e.kept)
+	for _, r := range e.kept {
+		st.Sandboxes[r.State]++ // stopped or hibernated
+	}
 	e.mu.Unlock()
 	for _, b := range boxes {
 		// One in a lifecycle call is counted as busy, not waited for.

@@ -46,6 +46,14 @@ func (e *Engine) adopt(ctx context.Context) error {
 				e.kept[rec.ID] = rec
 			}
 			continue
+		case sandbox.StateHibernated:
+			// Its memory and disk are in its hibernation files; a VMM on its
+			// directory is the one a hibernate (or a resume) left behind
+			// when the engine died.
+			e.finishHibernate(ctx, rec)
+			keep[rec.ID] = true
+			e.kept[rec.ID] = rec
+			continue
 		case sandbox.StateCreating:
 			e.log.Warn("cleaning up a sandbox whose create was interrupted", "id", rec.ID)
 			e.destroy(ctx, b)
@@ -187,8 +195,8 @@ func (e *Engine) watch(b *box) {
 		}
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		if b.rec.State == sandbox.StateDeleted || b.rec.State == sandbox.StateStopped {
-			return
+		if b.rec.State == sandbox.StateDeleted || b.rec.State == sandbox.StateStopped || b.rec.State == sandbox.StateHibernated {
+			return // (a call stopped it)
 		}
 		ctx := context.WithoutCancel(e.ctx)
 		e.log.Warn("sandbox VM exited", "id", b.rec.ID)
@@ -249,7 +257,7 @@ func (e *Engine) reapStopped(ctx context.Context) {
 	}
 	now := time.Now()
 	for _, r := range recs {
-		if r.State == sandbox.StateStopped && r.Kept && r.ExpiresAt != nil && !r.ExpiresAt.After(now) {
+		if (r.State == sandbox.StateStopped || r.State == sandbox.StateHibernated) && r.Kept && r.ExpiresAt != nil && !r.ExpiresAt.After(now) {
 			e.log.Info("stopped sandbox TTL expired", "id", r.ID)
 			if err := e.Delete(ctx, r.ID); err != nil && !errors.Is(err, sandbox.ErrState) {
 				e.log.Warn("TTL delete failed", "id", r.ID, "err", err)

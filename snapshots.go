@@ -43,6 +43,9 @@ type origin struct {
 	key  []byte            // the snapshot's key (nil without crypto-erase)
 	env  map[string]string // the source's own env
 	done func()            // ends the snapshot's use
+	// wake: the sandbox's own hibernation, not a clone: it keeps its
+	// machine-id and gets only its new network.
+	wake bool
 }
 
 func snapshotScope(id string) string { return "snapshot/" + id }
@@ -183,8 +186,15 @@ func (e *Engine) snapshotRecord(ctx context.Context, id string) (*store.Snapshot
 }
 
 // newIdentity gives a restored guest what must differ from its source's:
-// fresh kernel entropy, a new machine-id and its own network.
-func (e *Engine) newIdentity(ctx context.Context, c *agentclient.Client, att *network.Attachment) error {
+// fresh kernel entropy, a new machine-id and its own network. A woken
+// sandbox (wake) is its own source: it gets only its network.
+func (e *Engine) newIdentity(ctx context.Context, c *agentclient.Client, att *network.Attachment, wake bool) error {
+	if wake {
+		if att != nil && att.Cmdline != "" {
+			return c.SetNetwork(ctx, att.Cmdline)
+		}
+		return nil
+	}
 	entropy := make([]byte, 64)
 	id := make([]byte, 16)
 	if _, err := rand.Read(entropy); err != nil {
@@ -226,15 +236,9 @@ func (e *Engine) takeSnapshot(ctx context.Context, b *box, id, name, dir string)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return nil, err
 	}
+	// (No sync first: memory, page cache included, and disk are taken at
+	// the same paused instant, so they agree.)
 	wasRunning := b.rec.State == sandbox.StateRunning
-	if wasRunning {
-		// The guest's writes reach its disk first.
-		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		if c, err := b.client(sctx, e.agentOptions()); err == nil {
-			c.Exec(sctx, agentclient.ExecRequest{Argv: []string{"sync"}, User: "root", Timeout: 10 * time.Second}, nil)
-		}
-		cancel()
-	}
 	err := b.m.Snapshot(ctx, dir, b.key)
 	if wasRunning {
 		if rerr := b.m.Resume(context.WithoutCancel(ctx)); rerr != nil && err == nil {

@@ -195,3 +195,95 @@ func TestSnapshotsAndFork(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHibernate: a hibernated sandbox holds no machine and no host
+// capacity, refuses what needs one, survives an engine restart with every
+// machine gone, and resumes with its files; a delete takes its hibernation
+// files; snapshots:false refuses it.
+func TestHibernate(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { eng.Close() }()
+	box, err := eng.Create(ctx, sandbox.CreateRequest{Name: "sleepy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.WriteFile(ctx, box.ID, "/tmp/state", strings.NewReader("kept"), harebox.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := eng.Hibernate(ctx, box.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.State != sandbox.StateHibernated {
+		t.Fatalf("hibernated: %+v", s)
+	}
+	if _, ok := hv.Machine(box.ID); ok {
+		t.Error("a hibernated sandbox's machine still runs")
+	}
+	if st, err := eng.Stats(ctx); err != nil || st.Reserved.MemoryMB != 0 || st.Sandboxes[sandbox.StateHibernated] != 1 {
+		t.Errorf("stats while hibernated: %+v, %v", st, err)
+	}
+	for name, f := range map[string]func() error{
+		"exec":      func() error { _, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"}); return err },
+		"pause":     func() error { _, err := eng.Pause(ctx, box.ID); return err },
+		"hibernate": func() error { _, err := eng.Hibernate(ctx, box.ID); return err },
+		"fork":      func() error { _, err := eng.Fork(ctx, box.ID, sandbox.ForkRequest{}); return err },
+	} {
+		if err := f(); !errors.Is(err, sandbox.ErrState) {
+			t.Errorf("%s of a hibernated sandbox: %v, want ErrState", name, err)
+		}
+	}
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Name: "sleepy"}); !errors.Is(err, sandbox.ErrExists) {
+		t.Errorf("a hibernated sandbox's name was free: %v", err)
+	}
+
+	// The engine restarts with no machine left at all.
+	eng.Close()
+	hv.Close()
+	hv = memhv.New(memhv.Options{})
+	opts.Hypervisor = hv
+	if eng, err = harebox.New(ctx, opts); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := eng.Get(ctx, box.ID); err != nil || s.State != sandbox.StateHibernated {
+		t.Fatalf("after a restart: %+v, %v", s, err)
+	}
+	s, err = eng.Resume(ctx, box.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.State != sandbox.StateRunning || s.Name != "sleepy" {
+		t.Fatalf("resumed: %+v", s)
+	}
+	if got := readString(t, eng, box.ID, "/tmp/state"); got != "kept" {
+		t.Errorf("after the resume: %q", got)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(opts.DataDir, "hibernated")); len(ents) != 0 {
+		t.Errorf("a resume left hibernation files: %v", ents)
+	}
+	// Hibernated again, then deleted: nothing is left.
+	if _, err := eng.Hibernate(ctx, box.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Delete(ctx, box.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(opts.DataDir, "hibernated")); len(ents) != 0 {
+		t.Errorf("a delete left hibernation files: %v", ents)
+	}
+	off := false
+	ns, err := eng.Create(ctx, sandbox.CreateRequest{Snapshots: &off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Hibernate(ctx, ns.ID); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("hibernate with snapshots off: %v", err)
+	}
+}

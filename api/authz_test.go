@@ -182,6 +182,7 @@ func calls(w world) []call {
 		{"stopSandbox", "POST", sb + "/stop", nil, "sandbox"},
 		{"startSandbox", "POST", sb + "/start", nil, "sandbox"},
 		{"forkSandbox", "POST", sb + "/fork", nil, "sandbox"},
+		{"hibernateSandbox", "POST", sb + "/hibernate", nil, "sandbox"},
 		{"createSnapshot", "POST", sb + "/snapshots", nil, "sandbox"},
 		{"listSnapshots", "GET", "/v1/snapshots", nil, "list"},
 		{"getSnapshot", "GET", "/v1/snapshots/" + w.snap, nil, "sandbox"},
@@ -398,7 +399,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 			denied[m["action"].(string)] = true
 		}
 	}
-	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "createSnapshot", "deleteSnapshot", "exec", "execStream", "startProcess",
+	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "createSnapshot", "deleteSnapshot", "exec", "execStream", "startProcess",
 		"getProcess", "killProcess", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget"} {
@@ -602,6 +603,11 @@ func TestTenancy(t *testing.T) {
 	f.must(t, 200, "DELETE", "/v1/sandboxes/"+w.boxA1, w.fullA, nil)
 	f.must(t, 204, "DELETE", "/v1/projects/web/fleets/scrapers?account=alpha", f.root, nil)
 	f.must(t, 204, "DELETE", "/v1/environments/prod?account=alpha&project=web", f.root, nil)
+	// A snapshot (a copy of its source's key) holds its project.
+	if r := f.must(t, 409, "DELETE", "/v1/projects/web?account=alpha", f.root, nil); !strings.Contains(string(r.raw), "snapshots") {
+		t.Errorf("delete of a project with a snapshot: %s", r.raw)
+	}
+	f.must(t, 204, "DELETE", "/v1/snapshots/"+w.snap, w.fullA, nil)
 	f.must(t, 204, "DELETE", "/v1/projects/web?account=alpha", f.root, nil)
 	f.must(t, 404, "GET", "/v1/projects/web?account=alpha", f.root, nil)
 	// The operator lists another account's sandboxes, and finds its

@@ -139,6 +139,7 @@ func Routes() []Route {
 		{"POST", "/v1/sandboxes/{id}/stop", "stopSandbox", false, (*Server).stop},
 		{"POST", "/v1/sandboxes/{id}/start", "startSandbox", false, (*Server).start},
 		{"POST", "/v1/sandboxes/{id}/fork", "forkSandbox", false, (*Server).fork},
+		{"POST", "/v1/sandboxes/{id}/hibernate", "hibernateSandbox", false, (*Server).hibernate},
 		{"POST", "/v1/sandboxes/{id}/snapshots", "createSnapshot", false, (*Server).createSnapshot},
 		{"GET", "/v1/snapshots", "listSnapshots", false, (*Server).listSnapshots},
 		{"GET", "/v1/snapshots/{snapshot}", "getSnapshot", false, (*Server).getSnapshot},

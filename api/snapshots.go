@@ -35,6 +35,11 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) error {
+	box, err := s.eng.Hibernate(r.Context(), r.PathValue("id"))
+	return reply(w, http.StatusOK, box, err)
+}
+
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	var req sandbox.ForkRequest
 	if r.ContentLength != 0 {

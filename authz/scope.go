@@ -17,7 +17,7 @@ import (
 var Actions = []string{
 	"getInfo",
 	"createSandbox", "listSandboxes", "getSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox",
-	"forkSandbox", "createSnapshot", "listSnapshots", "getSnapshot", "deleteSnapshot",
+	"forkSandbox", "hibernateSandbox", "createSnapshot", "listSnapshots", "getSnapshot", "deleteSnapshot",
 	"exec", "execStream", "startProcess", "listProcesses", "getProcess", "killProcess",
 	"writeFile", "readFile", "removeFile", "statFile", "listFiles", "mkdir",
 	"getFirewall", "setFirewall",
@@ -39,7 +39,7 @@ var Groups = map[string][]string{
 	"*":                  Actions,
 	"info":               {"getInfo"},
 	"sandboxes:read":     {"listSandboxes", "getSandbox", "getSandboxMetrics"},
-	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox"},
+	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox"},
 	"snapshots:read":     {"listSnapshots", "getSnapshot"},
 	"snapshots:write":    {"createSnapshot", "deleteSnapshot"},
 	"exec":               {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "killProcess", "listCommands"},

@@ -19,16 +19,20 @@ const (
 	StateRunning  State = "running"
 	StatePaused   State = "paused"
 	StateStopped  State = "stopped"
-	StateDeleted  State = "deleted"
+	// StateHibernated: its memory is in an encrypted file on the host's
+	// disk and no VMM runs; resume restores it.
+	StateHibernated State = "hibernated"
+	StateDeleted    State = "deleted"
 )
 
 // transitions lists the allowed moves; deleting is allowed from any state
 // but deleted.
 var transitions = map[State][]State{
-	StateCreating: {StateRunning, StateStopped, StateDeleted},
-	StateRunning:  {StatePaused, StateStopped, StateDeleted},
-	StatePaused:   {StateRunning, StateStopped, StateDeleted},
-	StateStopped:  {StateDeleted},
+	StateCreating:   {StateRunning, StateStopped, StateDeleted},
+	StateRunning:    {StatePaused, StateStopped, StateHibernated, StateDeleted},
+	StatePaused:     {StateRunning, StateStopped, StateHibernated, StateDeleted},
+	StateStopped:    {StateDeleted},
+	StateHibernated: {StateRunning, StateDeleted},
 }
 
 // CanTransition reports an ErrState error if from cannot become to.

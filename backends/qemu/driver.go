@@ -339,6 +339,9 @@ func (d *Driver) args(st *state) []string {
 			if st.Encrypted {
 				opt += ",encrypt.key-secret=" + secretData
 			}
+			if b := st.Backing[i]; b != "" {
+				opt += ",backing.driver=qcow2,backing.file.filename=" + qemuEscape(b)
+			}
 			if st.BackingEncrypted {
 				opt += ",backing.encrypt.key-secret=" + secretSnapshot
 			}
@@ -449,7 +452,16 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 			// snapshot stays intact.
 			ov := filepath.Join(clone.StateDir, fmt.Sprintf("disk%d.qcow2", i))
 			base := filepath.Join(dir, dk.Path)
-			if st.Encrypted {
+			if src := sourceDisk(snap, i); st.Encrypted && src != nil {
+				// Made from the template over the plain base (no PBKDF
+				// benchmark), and opened over the snapshot's disk in its
+				// place until detach has streamed that disk into it.
+				err = d.templates.Create(ctx, src.Path, formatOf(*src), ov, src.SizeMB<<20, spec.DataKey)
+				if st.Backing == nil {
+					st.Backing = map[int]string{}
+				}
+				st.Backing[i] = base
+			} else if st.Encrypted {
 				err = overlay.CreateEncrypted(ctx, d.opts.QEMUImg, base, "qcow2", ov, 0, spec.DataKey, spec.SnapshotKey)
 			} else {
 				err = overlay.Create(ctx, d.opts.QEMUImg, base, "qcow2", ov, 0)
@@ -472,6 +484,15 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 		return nil, fmt.Errorf("qemu: restore: %w", err)
 	}
 	return m, nil
+}
+
+// sourceDisk is the disk spec a snapshot's writable disk i was made from
+// as an overlay (its plain base and size), or nil.
+func sourceDisk(snap *snapshot, i int) *hypervisor.Disk {
+	if i >= len(snap.Spec.Disks) || !snap.Spec.Disks[i].Overlay || snap.Spec.Disks[i].ReadOnly {
+		return nil
+	}
+	return &snap.Spec.Disks[i]
 }
 
 // Secret object IDs on the VMM's command line (the values come through

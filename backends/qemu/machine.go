@@ -488,7 +488,7 @@ func (m *machine) detach(ctx context.Context) error {
 			return fmt.Errorf("stream %s: %w", dev, err)
 		}
 	}
-	m.st.BackingEncrypted = false
+	m.st.BackingEncrypted, m.st.Backing = false, nil
 	return m.st.save()
 }
 

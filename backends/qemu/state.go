@@ -28,6 +28,10 @@ type state struct {
 	// kept WithoutKeys.
 	Encrypted        bool `json:"encrypted,omitempty"`
 	BackingEncrypted bool `json:"backing_encrypted,omitempty"`
+	// Backing names, by disk, the file QEMU opens as the overlay's backing
+	// in place of the one in its header (a restore's snapshot disk, until
+	// detach has streamed it in).
+	Backing map[int]string `json:"backing,omitempty"`
 }
 
 func (st *state) handle() hypervisor.Handle {

@@ -58,9 +58,10 @@ var commands = []command{
 	{"list", "[flags]", "list sandboxes", cmdList},
 	{"delete", "ID", "delete a sandbox", cmdDelete},
 	{"pause", "ID", "pause a sandbox", cmdPause},
-	{"resume", "ID", "resume a sandbox", cmdResume},
+	{"resume", "ID", "resume a paused or hibernated sandbox", cmdResume},
 	{"stop", "ID", "shut a sandbox down and keep its disk (start boots it again; what ran is gone)", cmdStop},
 	{"start", "ID", "boot a stopped sandbox again on its disk", cmdStart},
+	{"hibernate", "ID", "write a sandbox's memory to disk and free its host RAM (resume restores it, after a restart or reboot too)", cmdHibernate},
 	{"fork", "ID [--count N] [--name NAME] [--label K=V] [--ttl SECS]", "make N clones of a running or paused sandbox, each with its own ID, keys, machine-id, entropy and network", cmdFork},
 	{"snapshot", "create ID [--name NAME] | list [--sandbox ID] | get SNAPSHOT_ID | delete SNAPSHOT_ID", "snapshots of sandboxes; harebox new --snapshot SNAPSHOT_ID makes a sandbox from one", cmdSnapshot},
 	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code", cmdExec},
@@ -315,12 +316,13 @@ func sandboxCmd(method, suffix string) func(ctx context.Context, c *cli, args []
 }
 
 var (
-	cmdGet    = sandboxCmd("GET", "")
-	cmdDelete = sandboxCmd("DELETE", "")
-	cmdPause  = sandboxCmd("POST", "/pause")
-	cmdResume = sandboxCmd("POST", "/resume")
-	cmdStop   = sandboxCmd("POST", "/stop")
-	cmdStart  = sandboxCmd("POST", "/start")
+	cmdGet       = sandboxCmd("GET", "")
+	cmdDelete    = sandboxCmd("DELETE", "")
+	cmdPause     = sandboxCmd("POST", "/pause")
+	cmdResume    = sandboxCmd("POST", "/resume")
+	cmdStop      = sandboxCmd("POST", "/stop")
+	cmdHibernate = sandboxCmd("POST", "/hibernate")
+	cmdStart     = sandboxCmd("POST", "/start")
 )
 
 func cmdList(ctx context.Context, c *cli, args []string) (int, error) {

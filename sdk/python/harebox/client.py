@@ -72,9 +72,9 @@ class Client:
 
     ``url`` and ``api_key`` default to $HAREBOX_URL and $HAREBOX_API_KEY.
     Every request has a timeout: ``timeout`` for quick calls,
-    ``lifecycle_timeout`` for calls that boot, stop or freeze a VM, move
-    a whole file or verify the whole audit log, and for
-    exec the command's own timeout plus ``exec_margin``. Each operation
+    ``lifecycle_timeout`` for calls that boot, stop, hibernate or freeze a
+    VM, move a whole file or verify the whole audit log, and for exec the
+    command's own timeout plus ``exec_margin``. Each operation
     also takes ``timeout=`` to override it for one call.
     """
 
@@ -129,14 +129,24 @@ class Client:
     def create(self, *, timeout: float | None = None, **fields: Any) -> Sandbox:
         """Creates a sandbox from keyword fields of CreateRequest (name,
         size, image, ttl_seconds, labels, account_id, project, fleet,
-        firewall, monitoring, snapshots, environment, third_party, no_env,
-        env); None means unset. Returns once the sandbox runs."""
+        firewall, monitoring, snapshots, snapshot, environment,
+        third_party, no_env, env); None means unset. Returns once the
+        sandbox runs. ``snapshot="snap_..."`` makes it from that snapshot
+        (memory, processes and disk as they were) instead of booting the
+        image: image and size come from the snapshot (give neither), and
+        project, fleet, environment pin, firewall policy, labels and the
+        source's own env default to the source's."""
         body = {k: v for k, v in fields.items() if v is not None}
         return Sandbox(self, self.create_sandbox(body=body, timeout=timeout))
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         """Fetches an existing sandbox as a Sandbox object."""
         return Sandbox(self, self.get_sandbox(sandbox_id))
+
+    def snapshots(self, sandbox: str | None = None, *, timeout: float | None = None) -> list[t.Snapshot]:
+        """The snapshots the caller sees, oldest first (list_snapshots);
+        with ``sandbox`` (an ID), only that source sandbox's."""
+        return self.list_snapshots(query={"sandbox": sandbox}, timeout=timeout)["snapshots"]
 
     # --- server -------------------------------------------------------
 
@@ -195,7 +205,9 @@ class Client:
 
     @operation("resumeSandbox")
     def resume_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
-        """POST /v1/sandboxes/{id}/resume: continues a paused sandbox."""
+        """POST /v1/sandboxes/{id}/resume: continues a paused sandbox, or
+        restores a hibernated one from its files (admitted again as a
+        create is: host capacity, budgets)."""
         return cast(
             t.SandboxJSON,
             self._json("POST", _path("/v1/sandboxes/{}/resume", sandbox_id), timeout=timeout or self.lifecycle_timeout),
@@ -206,7 +218,8 @@ class Client:
         """POST /v1/sandboxes/{id}/stop: shuts a running or paused sandbox
         down, keeping its disk, data key and record (state ``stopped``);
         start_sandbox boots it again on that disk. What ran in it is gone.
-        A stopped sandbox holds no host capacity and is not charged."""
+        A stopped sandbox holds no host capacity and is charged for its
+        disk only."""
         return cast(
             t.SandboxJSON,
             self._json("POST", _path("/v1/sandboxes/{}/stop", sandbox_id), timeout=timeout or self.lifecycle_timeout),
@@ -222,6 +235,67 @@ class Client:
             t.SandboxJSON,
             self._json("POST", _path("/v1/sandboxes/{}/start", sandbox_id), timeout=timeout or self.lifecycle_timeout),
         )
+
+    @operation("hibernateSandbox")
+    def hibernate_sandbox(self, sandbox_id: str, *, timeout: float | None = None) -> t.SandboxJSON:
+        """POST /v1/sandboxes/{id}/hibernate: writes a running or paused
+        sandbox's memory, device state and disk to encrypted files on the
+        host's disk (under its data key), stops its VMM and gives up its
+        network (state ``hibernated``): it holds no host RAM and is charged
+        for its disk only. resume_sandbox restores it, also after hareboxd
+        restarts or the host reboots. Refused for a sandbox created with
+        ``snapshots=False``."""
+        return cast(
+            t.SandboxJSON,
+            self._json("POST", _path("/v1/sandboxes/{}/hibernate", sandbox_id), timeout=timeout or self.lifecycle_timeout),
+        )
+
+    # --- forks and snapshots --------------------------------------------
+    # A sandbox created with ``snapshots=False`` refuses both.
+
+    @operation("forkSandbox")
+    def fork_sandbox(self, sandbox_id: str, *, body: t.Body | None = None, timeout: float | None = None) -> t.SandboxList:
+        """POST /v1/sandboxes/{id}/fork: makes ``count`` new sandboxes
+        (default 1) from a running or paused sandbox. It is paused only
+        while one snapshot is written, then each clone is restored from it
+        with its own ID, data key, machine-id, fresh kernel entropy,
+        network (the source's firewall policy copied), placeholders and CA.
+        Every clone is made or none is; the reply lists them, running.
+        ``body`` (optional): ``count``, ``name`` (the clones are named
+        NAME-1 ... NAME-count), ``labels`` (added to the source's) and
+        ``ttl_seconds``; see ForkRequest."""
+        path = _path("/v1/sandboxes/{}/fork", sandbox_id)
+        return cast(t.SandboxList, self._json("POST", path, body=body, timeout=timeout or self.lifecycle_timeout))
+
+    @operation("createSnapshot")
+    def create_snapshot(self, sandbox_id: str, *, body: t.Body | None = None, timeout: float | None = None) -> t.Snapshot:
+        """POST /v1/sandboxes/{id}/snapshots: snapshots a running or paused
+        sandbox (memory, device state, its disk's writes); it is paused
+        only while the snapshot is written. ``body={"name": ...}`` (unique
+        in the account) is optional. The snapshot is kept under its own
+        stored copy of the sandbox's data key and outlives the sandbox;
+        ``create(snapshot=ID)`` makes a sandbox from it."""
+        path = _path("/v1/sandboxes/{}/snapshots", sandbox_id)
+        return cast(t.Snapshot, self._json("POST", path, body=body, timeout=timeout or self.lifecycle_timeout))
+
+    @operation("listSnapshots")
+    def list_snapshots(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.SnapshotList:
+        """GET /v1/snapshots: the snapshots the caller sees, oldest first;
+        query ``sandbox`` keeps only that source sandbox's."""
+        return cast(t.SnapshotList, self._json("GET", "/v1/snapshots", query=query, timeout=timeout))
+
+    @operation("getSnapshot")
+    def get_snapshot(self, snapshot_id: str, *, timeout: float | None = None) -> t.Snapshot:
+        """GET /v1/snapshots/{snapshot}: a snapshot (snap_...)."""
+        return cast(t.Snapshot, self._json("GET", _path("/v1/snapshots/{}", snapshot_id), timeout=timeout))
+
+    @operation("deleteSnapshot")
+    def delete_snapshot(self, snapshot_id: str, *, timeout: float | None = None) -> None:
+        """DELETE /v1/snapshots/{snapshot}: erases the snapshot's key, then
+        removes its files. Sandboxes made from it keep running (they need
+        nothing of it); a create from it in flight makes this fail
+        (Conflict)."""
+        self._json("DELETE", _path("/v1/snapshots/{}", snapshot_id), timeout=timeout)
 
     # --- exec and processes --------------------------------------------
 

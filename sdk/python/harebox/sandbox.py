@@ -91,7 +91,8 @@ class Sandbox:
         return self._update(self.client.pause_sandbox(self.id))
 
     def resume(self) -> Sandbox:
-        """Continues a paused VM (state ``running``)."""
+        """Continues a paused VM, or restores a hibernated one from its
+        files (state ``running``)."""
         return self._update(self.client.resume_sandbox(self.id))
 
     def stop(self) -> Sandbox:
@@ -102,9 +103,41 @@ class Sandbox:
         """Boots a stopped VM again on its disk (state ``running``)."""
         return self._update(self.client.start_sandbox(self.id))
 
+    def hibernate(self) -> Sandbox:
+        """Writes the VM's memory, device state and disk to encrypted files
+        on the host and stops its VMM (state ``hibernated``; see
+        Client.hibernate_sandbox); ``resume()`` restores it."""
+        return self._update(self.client.hibernate_sandbox(self.id))
+
     def delete(self) -> Sandbox:
         """Deletes the VM, its disks and network (state ``deleted``)."""
         return self._update(self.client.delete_sandbox(self.id))
+
+    def fork(
+        self,
+        count: int | None = None,
+        *,
+        name: str | None = None,
+        labels: dict[str, str] | None = None,
+        ttl_seconds: int | None = None,
+    ) -> list[Sandbox]:
+        """Makes ``count`` new sandboxes from this running or paused one
+        (default 1; see Client.fork_sandbox) and returns them, running:
+        each is restored from one snapshot of this sandbox, with its own
+        ID, data key, machine-id and network. ``name`` names them NAME-1
+        ... NAME-count, ``labels`` are added to this sandbox's; None means
+        unset. Every clone is made or none is."""
+        fields = {"count": count, "name": name, "labels": labels, "ttl_seconds": ttl_seconds}
+        body = {k: v for k, v in fields.items() if v is not None}
+        clones = self.client.fork_sandbox(self.id, body=body)["sandboxes"]
+        return [Sandbox(self.client, data) for data in clones]
+
+    def snapshot(self, name: str | None = None) -> t.Snapshot:
+        """Snapshots this running or paused sandbox (memory, device state,
+        its disk's writes; see Client.create_snapshot); it is paused only
+        while the snapshot is written. Returns the Snapshot dict;
+        ``client.create(snapshot=snap["id"])`` makes a sandbox from it."""
+        return self.client.create_snapshot(self.id, body={} if name is None else {"name": name})
 
     def __enter__(self) -> Sandbox:
         return self

@@ -37,7 +37,7 @@ class SandboxJSON(TypedDict):
     project: str
     fleet_id: NotRequired[str]
     fleet: NotRequired[str]
-    state: Literal["creating", "running", "paused", "stopped", "deleted"]
+    state: Literal["creating", "running", "paused", "stopped", "hibernated", "deleted"]
     image: str
     size: Resources
     labels: NotRequired[dict[str, str]]
@@ -48,7 +48,7 @@ class SandboxJSON(TypedDict):
     third_party: NotRequired[bool]
     #: Whether the sandbox keeps command history (False: none at all).
     monitoring: NotRequired[bool]
-    #: Whether snapshots of the sandbox are allowed.
+    #: Whether snapshots and forks of the sandbox are allowed.
     snapshots: NotRequired[bool]
     #: While running: the guest agent's health ("ok" or "unresponsive").
     agent: NotRequired[str]
@@ -59,7 +59,54 @@ class SandboxJSON(TypedDict):
 
 
 class SandboxList(TypedDict):
+    """The body of list_sandboxes, and of fork_sandbox (the clones)."""
+
     sandboxes: list[SandboxJSON]
+
+
+class ForkRequest(TypedDict, total=False):
+    """The body of fork_sandbox; every field is optional."""
+
+    #: How many clones (at most 16; default 1).
+    count: int
+    #: Names the clones NAME-1 ... NAME-count (a DNS label, at most 60 characters).
+    name: str
+    #: Added to the source's labels.
+    labels: dict[str, str]
+    #: Deletes each clone this many seconds after it is made.
+    ttl_seconds: int
+
+
+class SnapshotRequest(TypedDict, total=False):
+    """The body of create_snapshot."""
+
+    #: A DNS label, at most 63 characters; unique in the account.
+    name: str
+
+
+class Snapshot(TypedDict):
+    """A snapshot of a sandbox: its memory, device state and its disk's
+    writes. Create a sandbox from it with ``create(snapshot=ID)``."""
+
+    #: e.g. "snap_01j8z3k5m6n7p8q9r0s1t2v3w4"
+    id: str
+    name: NotRequired[str]
+    account_id: str
+    project_id: str
+    #: The source sandbox (it may since be deleted).
+    sandbox_id: str
+    image: str
+    size: Resources
+    labels: NotRequired[dict[str, str]]
+    #: What the snapshot's files take on the host.
+    bytes: int
+    created_at: str
+
+
+class SnapshotList(TypedDict):
+    """The body of list_snapshots: oldest first."""
+
+    snapshots: list[Snapshot]
 
 
 class Health(TypedDict):

@@ -541,7 +541,7 @@ def test_metrics_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> Non
     assert bad.value.field == "limit"
 
 
-def _sandbox_json(state: Literal["running", "stopped"]) -> t.SandboxJSON:
+def _sandbox_json(state: Literal["running", "stopped", "hibernated"]) -> t.SandboxJSON:
     return {
         "id": "sbx_1", "account_id": "acc_1", "project_id": "prj_1", "project": "default", "state": state,
         "image": "minimal", "size": {"vcpus": 1, "memory_mb": 512, "disk_gb": 1}, "no_env": False,
@@ -596,6 +596,187 @@ def test_stop_and_start_errors(recorder: tuple[harebox.Client, type[_Recorder]])
     with pytest.raises(harebox.BudgetExceeded) as refused:
         hb.start_sandbox("sbx_2")
     assert (refused.value.status, refused.value.code, refused.value.message) == (402, "budget_exceeded", "budget tiny has 0.00 left")
+
+
+def test_hibernate_and_resume_routes(recorder: tuple[harebox.Client, type[_Recorder]], monkeypatch: pytest.MonkeyPatch) -> None:
+    hb, server = recorder
+    server.replies["/v1/sandboxes/sbx_1/hibernate"] = (200, {}, _sandbox_json("hibernated"))
+    server.replies["/v1/sandboxes/sbx_1/resume"] = (200, {}, _sandbox_json("running"))
+    # Both are lifecycle calls: lifecycle_timeout unless the call gives its own.
+    timeouts: list[float | None] = []
+    send = hb._json
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        timeouts.append(kwargs.get("timeout"))
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(hb, "_json", spy)
+    hb.lifecycle_timeout = 123.0
+    hibernated = hb.hibernate_sandbox("sbx_1")
+    assert (hibernated["id"], hibernated["state"]) == ("sbx_1", "hibernated")
+    assert hb.resume_sandbox("sbx_1")["state"] == "running"
+    hb.hibernate_sandbox("a/b", timeout=5)
+    assert timeouts == [123.0, 123.0, 5]
+    # The Sandbox's conveniences take the state from the reply.
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    assert box.hibernate() is box and box.state == "hibernated"
+    assert box.resume() is box and box.state == "running"
+    assert server.seen == [
+        ("POST", "/v1/sandboxes/sbx_1/hibernate", None),
+        ("POST", "/v1/sandboxes/sbx_1/resume", None),
+        ("POST", "/v1/sandboxes/a%2Fb/hibernate", None),
+        ("POST", "/v1/sandboxes/sbx_1/hibernate", None),
+        ("POST", "/v1/sandboxes/sbx_1/resume", None),
+    ]
+    assert harebox.Client.operations()["hibernateSandbox"] == "hibernate_sandbox"
+    assert harebox.Client.operations()["resumeSandbox"] == "resume_sandbox"
+    with pytest.raises(ValueError):
+        hb.hibernate_sandbox("")
+    assert len(server.seen) == 5
+
+
+def test_hibernate_and_resume_errors(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/sandboxes/sbx_1/hibernate"] = (
+        400, {}, {"error": {"code": "invalid", "message": "sandbox sbx_1 was created with snapshots off", "field": "snapshots"}})
+    server.replies["/v1/sandboxes/sbx_2/resume"] = (
+        402, {}, {"error": {"code": "budget_exceeded", "message": "budget tiny has 0.00 left"}})
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    with pytest.raises(harebox.InvalidRequest) as off:
+        box.hibernate()
+    assert (off.value.status, off.value.field) == (400, "snapshots")
+    assert box.state == "running"  # a refused call leaves the fields as they were
+    with pytest.raises(harebox.BudgetExceeded) as refused:
+        hb.resume_sandbox("sbx_2")
+    assert (refused.value.status, refused.value.code) == (402, "budget_exceeded")
+
+
+def test_sandbox_states_match_the_repository_document() -> None:
+    """The SandboxJSON state Literal lists the document's State enum."""
+    if not REPO_OPENAPI.is_file():
+        pytest.skip("api/openapi.yaml is not beside this SDK")
+    found = re.search(r"^    State:\n      type: string\n      enum: \[([^\]]*)\]", REPO_OPENAPI.read_text(), re.M)
+    assert found, "no State schema in api/openapi.yaml"
+    documented = tuple(re.split(r",\s*", found.group(1).strip()))
+    assert "hibernated" in documented
+    assert get_args(get_type_hints(t.SandboxJSON)["state"]) == documented
+
+
+def _snapshot_json(snapshot_id: str = "snap_1") -> t.Snapshot:
+    return {
+        "id": snapshot_id, "name": "base", "account_id": "acc_1", "project_id": "prj_1", "sandbox_id": "sbx_1",
+        "image": "minimal", "size": {"vcpus": 1, "memory_mb": 512, "disk_gb": 1}, "labels": {"role": "web"},
+        "bytes": 536870912, "created_at": "2026-11-30T12:00:00Z",
+    }
+
+
+def _clone_json(sandbox_id: str, name: str) -> t.SandboxJSON:
+    clone = _sandbox_json("running")
+    clone["id"], clone["name"], clone["labels"] = sandbox_id, name, {"role": "web", "fork": "yes"}
+    return clone
+
+
+def test_fork_and_snapshot_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    clones: t.SandboxList = {"sandboxes": [_clone_json("sbx_2", "w-1"), _clone_json("sbx_3", "w-2")]}
+    snap = _snapshot_json()
+    listed: t.SnapshotList = {"snapshots": [snap, _snapshot_json("snap_2")]}
+    server.replies["/v1/sandboxes/sbx_1/fork"] = (201, {}, clones)
+    server.replies["/v1/sandboxes/sbx_1/snapshots"] = (201, {}, snap)
+    server.replies["/v1/snapshots"] = (200, {}, listed)
+    server.replies["/v1/snapshots/snap_1"] = (200, {}, snap)
+    server.replies["/v1/snapshots/snap_2"] = (204, {}, None)
+    server.replies["/v1/sandboxes"] = (201, {}, _clone_json("sbx_4", "restored"))
+    fork: t.ForkRequest = {"count": 2, "name": "w", "labels": {"fork": "yes"}, "ttl_seconds": 600}
+    assert hb.fork_sandbox("sbx_1", body=fork) == clones
+    hb.fork_sandbox("a/b")
+    named: t.SnapshotRequest = {"name": "base"}
+    assert hb.create_snapshot("sbx_1", body=named) == snap
+    hb.create_snapshot("a/b", timeout=5)
+    assert hb.list_snapshots() == listed
+    hb.list_snapshots(query={"sandbox": "sbx_1"})
+    assert hb.get_snapshot("snap_1") == snap
+    hb.get_snapshot("a/b")
+    assert hb.delete_snapshot("snap_2") is None
+    # The conveniences: the list itself, and a sandbox made from a snapshot.
+    assert hb.snapshots() == listed["snapshots"]
+    assert [s["id"] for s in hb.snapshots("sbx_1")] == ["snap_1", "snap_2"]
+    box = hb.create(snapshot="snap_1", name="restored", image=None, size=None)
+    assert isinstance(box, harebox.Sandbox) and (box.id, box.name) == ("sbx_4", "restored")
+    assert server.seen == [
+        ("POST", "/v1/sandboxes/sbx_1/fork", fork),
+        ("POST", "/v1/sandboxes/a%2Fb/fork", None),
+        ("POST", "/v1/sandboxes/sbx_1/snapshots", {"name": "base"}),
+        ("POST", "/v1/sandboxes/a%2Fb/snapshots", None),
+        ("GET", "/v1/snapshots", None),
+        ("GET", "/v1/snapshots?sandbox=sbx_1", None),
+        ("GET", "/v1/snapshots/snap_1", None),
+        ("GET", "/v1/snapshots/a%2Fb", None),
+        ("DELETE", "/v1/snapshots/snap_2", None),
+        ("GET", "/v1/snapshots", None),
+        ("GET", "/v1/snapshots?sandbox=sbx_1", None),
+        ("POST", "/v1/sandboxes", {"snapshot": "snap_1", "name": "restored"}),
+    ]
+    operations = harebox.Client.operations()
+    assert {op: operations[op] for op in ("forkSandbox", "createSnapshot", "listSnapshots", "getSnapshot", "deleteSnapshot")} == {
+        "forkSandbox": "fork_sandbox", "createSnapshot": "create_snapshot", "listSnapshots": "list_snapshots",
+        "getSnapshot": "get_snapshot", "deleteSnapshot": "delete_snapshot",
+    }
+    for call in (hb.fork_sandbox, hb.create_snapshot, hb.get_snapshot, hb.delete_snapshot):
+        with pytest.raises(ValueError):
+            call("")
+    assert len(server.seen) == 12
+
+
+def test_sandbox_fork_and_snapshot(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/sandboxes/sbx_1/fork"] = (201, {}, {"sandboxes": [_clone_json("sbx_2", "w-1"), _clone_json("sbx_3", "w-2")]})
+    server.replies["/v1/sandboxes/sbx_1/snapshots"] = (201, {}, _snapshot_json())
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    clones = box.fork(2, name="w", labels={"fork": "yes"}, ttl_seconds=600)
+    assert all(isinstance(c, harebox.Sandbox) and c.client is hb for c in clones)
+    assert [(c.id, c.name, c.state, c.labels) for c in clones] == [
+        ("sbx_2", "w-1", "running", {"role": "web", "fork": "yes"}),
+        ("sbx_3", "w-2", "running", {"role": "web", "fork": "yes"}),
+    ]
+    assert (box.id, box.state) == ("sbx_1", "running")  # the source is left as it was
+    box.fork()
+    box.fork(1, name=None)
+    snap = box.snapshot("base")
+    assert (snap["id"], snap["sandbox_id"], snap["bytes"], snap["size"]["memory_mb"]) == ("snap_1", "sbx_1", 536870912, 512)
+    box.snapshot()
+    assert server.seen == [
+        ("POST", "/v1/sandboxes/sbx_1/fork", {"count": 2, "name": "w", "labels": {"fork": "yes"}, "ttl_seconds": 600}),
+        ("POST", "/v1/sandboxes/sbx_1/fork", {}),
+        ("POST", "/v1/sandboxes/sbx_1/fork", {"count": 1}),
+        ("POST", "/v1/sandboxes/sbx_1/snapshots", {"name": "base"}),
+        ("POST", "/v1/sandboxes/sbx_1/snapshots", {}),
+    ]
+
+
+def test_fork_and_snapshot_errors(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/sandboxes/sbx_1/fork"] = (400, {}, {"error": {
+        "code": "invalid", "message": "sandbox sbx_1 was created with snapshots off", "field": "snapshots"}})
+    server.replies["/v1/sandboxes/sbx_1/snapshots"] = (409, {}, {"error": {
+        "code": "conflict", "message": "sandbox sbx_1 is stopped: only a running or paused sandbox can be snapshotted"}})
+    server.replies["/v1/snapshots/snap_1"] = (409, {}, {"error": {"code": "conflict", "message": "a create from snap_1 is in flight"}})
+    server.replies["/v1/snapshots/snap_9"] = (404, {}, {"error": {"code": "not_found", "message": "no snapshot snap_9"}})
+    server.replies["/v1/sandboxes"] = (400, {}, {"error": {
+        "code": "invalid", "message": "a sandbox made from a snapshot has the snapshot's image and size", "field": "image"}})
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    with pytest.raises(harebox.InvalidRequest) as off:
+        box.fork(3)
+    assert (off.value.status, off.value.field) == (400, "snapshots")
+    with pytest.raises(harebox.Conflict):
+        box.snapshot()
+    with pytest.raises(harebox.Conflict):
+        hb.delete_snapshot("snap_1")
+    with pytest.raises(harebox.NotFound):
+        hb.get_snapshot("snap_9")
+    with pytest.raises(harebox.InvalidRequest) as both:
+        hb.create(snapshot="snap_1", image="minimal")
+    assert both.value.field == "image"
 
 
 def test_budget_actions_match_the_repository_document() -> None:

@@ -38,6 +38,7 @@ import type {
   FirewallPolicy,
   Fleet,
   FleetList,
+  ForkRequest,
   GetProcessQuery,
   Health,
   Info,
@@ -59,6 +60,10 @@ import type {
   ProjectUpdate,
   RemoveFileQuery,
   Sandbox as SandboxData,
+  Snapshot,
+  SnapshotList,
+  SnapshotRequest,
+  SnapshotsQuery,
   UsageList,
   UsageQuery,
   WriteFileQuery,
@@ -259,9 +264,12 @@ export class HareBox {
     return new Sandbox(this, await this.#call<SandboxData>("pauseSandbox", [id], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS)));
   }
 
-  /** Continues a paused sandbox. */
+  /**
+   * Continues a paused sandbox, or restores a hibernated one from its files
+   * (admitted again as a create is: host capacity, budgets).
+   */
   async resumeSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
-    return new Sandbox(this, await this.#call<SandboxData>("resumeSandbox", [id], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS)));
+    return new Sandbox(this, await this.#call<SandboxData>("resumeSandbox", [id], "json", this.#plain(options, CREATE_TIMEOUT_MS)));
   }
 
   /**
@@ -282,6 +290,71 @@ export class HareBox {
    */
   async startSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
     return new Sandbox(this, await this.#call<SandboxData>("startSandbox", [id], "json", this.#plain(options, CREATE_TIMEOUT_MS)));
+  }
+
+  /**
+   * Writes a running or paused sandbox's memory, device state and disk to
+   * encrypted files on the host's disk (under its data key), stops its VMM
+   * and gives up its network (state "hibernated"): it holds no host RAM and
+   * is charged for its disk only. resumeSandbox restores it, also after
+   * hareboxd restarts or the host reboots. Refused for a sandbox created
+   * with `snapshots: false`.
+   */
+  async hibernateSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
+    return new Sandbox(this, await this.#call<SandboxData>("hibernateSandbox", [id], "json", this.#plain(options, CREATE_TIMEOUT_MS)));
+  }
+
+  // Forks and snapshots. A sandbox created with `snapshots: false` refuses both.
+
+  /**
+   * Makes `count` new sandboxes (default 1) from a running or paused
+   * sandbox: it is paused only while one snapshot is written, then each
+   * clone is restored from it with its own ID, data key, machine-id, fresh
+   * kernel entropy, network (the source's firewall policy copied),
+   * placeholders and CA. Every clone is made or none is; returns them,
+   * running, as {@link Sandbox} objects. `body.name` names the clones
+   * NAME-1 ... NAME-count; `body.labels` are added to the source's.
+   */
+  async forkSandbox(id: string, options: CallOptions<never, ForkRequest> = {}): Promise<SandboxList> {
+    const res = await this.#call<{ sandboxes?: SandboxData[] }>("forkSandbox", [id], "json", {
+      json: options.body,
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, CREATE_TIMEOUT_MS),
+    });
+    return { sandboxes: (res.sandboxes ?? []).map((d) => new Sandbox(this, d)) };
+  }
+
+  /**
+   * Snapshots a running or paused sandbox (memory, device state, its disk's
+   * writes); it is paused only while the snapshot is written. The snapshot
+   * is kept under its own stored copy of the sandbox's data key and
+   * outlives the sandbox; `create({ snapshot: id })` makes a sandbox from it.
+   */
+  async createSnapshot(id: string, options: CallOptions<never, SnapshotRequest> = {}): Promise<Snapshot> {
+    return this.#call("createSnapshot", [id], "json", {
+      json: options.body,
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, CREATE_TIMEOUT_MS),
+    });
+  }
+
+  /** Lists the snapshots the caller sees, oldest first; `query.sandbox` keeps one source sandbox's. */
+  async listSnapshots(options: CallOptions<SnapshotsQuery> = {}): Promise<SnapshotList> {
+    return this.#call("listSnapshots", [], "json", this.#plain(options));
+  }
+
+  /** Gets a snapshot (snap_...). */
+  async getSnapshot(snapshot: string, options: CallOptions = {}): Promise<Snapshot> {
+    return this.#call("getSnapshot", [snapshot], "json", this.#plain(options));
+  }
+
+  /**
+   * Erases a snapshot's key, then removes its files. Sandboxes made from it
+   * keep running (they need nothing of it); a create from it in flight
+   * makes this throw conflict (409).
+   */
+  async deleteSnapshot(snapshot: string, options: CallOptions = {}): Promise<void> {
+    await this.#call("deleteSnapshot", [snapshot], "none", this.#plain(options));
   }
 
   /** Runs a command and waits for it. A non-zero exit is a result, not an error. */

@@ -7,12 +7,15 @@ import type {
   FileInfo,
   FileList,
   FirewallPolicy,
+  ForkRequest,
   MetricSampleList,
   MetricsQuery,
   Process,
   Resources,
   Sandbox as SandboxData,
   Site,
+  Snapshot,
+  SnapshotRequest,
   State,
 } from "./types.js";
 
@@ -175,7 +178,7 @@ export class Sandbox implements SandboxData {
     return this.#update(await this.#client.pauseSandbox(this.id, options));
   }
 
-  /** Continues the sandbox; returns this, updated. */
+  /** Continues a paused sandbox, or restores a hibernated one; returns this, updated. */
   async resume(options: RequestOptions = {}): Promise<this> {
     return this.#update(await this.#client.resumeSandbox(this.id, options));
   }
@@ -197,9 +200,42 @@ export class Sandbox implements SandboxData {
     return this.#update(await this.#client.startSandbox(this.id, options));
   }
 
+  /**
+   * Writes the sandbox's memory, device state and disk to encrypted files on
+   * the host and stops its VMM (state "hibernated"; see
+   * HareBox.hibernateSandbox); returns this, updated. {@link Sandbox.resume}
+   * restores it.
+   */
+  async hibernate(options: RequestOptions = {}): Promise<this> {
+    return this.#update(await this.#client.hibernateSandbox(this.id, options));
+  }
+
   /** Deletes the sandbox (VM, disks, network); returns this, updated. */
   async delete(options: RequestOptions = {}): Promise<this> {
     return this.#update(await this.#client.deleteSandbox(this.id, options));
+  }
+
+  /**
+   * Makes `count` new sandboxes from this running or paused one (default 1;
+   * see HareBox.forkSandbox) and returns them, running: each is restored
+   * from one snapshot of this sandbox, with its own ID, data key,
+   * machine-id and network. `name` names them NAME-1 ... NAME-count;
+   * `labels` are added to this sandbox's. Every clone is made or none is.
+   */
+  async fork(options: RequestOptions & ForkRequest = {}): Promise<Sandbox[]> {
+    const { signal, timeoutMs, ...body } = options;
+    return (await this.#client.forkSandbox(this.id, { body, ...opt(signal, timeoutMs) })).sandboxes;
+  }
+
+  /**
+   * Snapshots this running or paused sandbox (memory, device state, its
+   * disk's writes; see HareBox.createSnapshot); it is paused only while the
+   * snapshot is written. `create({ snapshot: snap.id })` makes a sandbox
+   * from it.
+   */
+  snapshot(options: RequestOptions & SnapshotRequest = {}): Promise<Snapshot> {
+    const { signal, timeoutMs, ...body } = options;
+    return this.#client.createSnapshot(this.id, { body, ...opt(signal, timeoutMs) });
   }
 }
 

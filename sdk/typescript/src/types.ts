@@ -2,7 +2,7 @@
 // the names the document gives them. Field names are the wire names.
 
 /** A sandbox's lifecycle state. */
-export type State = "creating" | "running" | "paused" | "stopped" | "deleted";
+export type State = "creating" | "running" | "paused" | "stopped" | "hibernated" | "deleted";
 
 /** The error codes the server uses. */
 export type ErrorCode =
@@ -93,8 +93,17 @@ export interface CreateRequest {
   firewall?: FirewallPolicy;
   /** false keeps no command history for this sandbox (default true). */
   monitoring?: boolean;
-  /** false refuses every snapshot of this sandbox (default true; there is no snapshot path yet). */
+  /** false refuses every snapshot and fork of this sandbox (default true). */
   snapshots?: boolean;
+  /**
+   * Make the sandbox from this snapshot (snap_...: memory, processes and
+   * disk as they were) instead of booting the image. Image and size come
+   * from the snapshot (give neither); project, fleet, environment pin,
+   * firewall policy, labels and the source's own env default to the
+   * source's. The new sandbox gets its own data key, machine-id, kernel
+   * entropy, network, placeholders and CA.
+   */
+  snapshot?: string;
   /** Keep every stored environment out of this sandbox. */
   no_env?: boolean;
   env?: Record<string, string>;
@@ -124,7 +133,7 @@ export interface Sandbox {
   third_party?: boolean;
   /** Whether the sandbox keeps command history (false: none at all). */
   monitoring?: boolean;
-  /** Whether snapshots of the sandbox are allowed. */
+  /** Whether snapshots and forks of the sandbox are allowed. */
   snapshots?: boolean;
   /** While running: the guest agent's health from the engine's checks. */
   agent?: "ok" | "unresponsive";
@@ -134,6 +143,45 @@ export interface Sandbox {
   /** RFC 3339 date-time. */
   expires_at?: string;
   error?: string;
+}
+
+/** The body of forkSandbox; every field is optional. */
+export interface ForkRequest {
+  /** How many clones (at most 16; default 1). */
+  count?: number;
+  /** Names the clones NAME-1 ... NAME-count (a DNS label, at most 60 characters). */
+  name?: string;
+  /** Added to the source's labels. */
+  labels?: Record<string, string>;
+  /** Deletes each clone this many seconds after it is made. */
+  ttl_seconds?: number;
+}
+
+/** The body of createSnapshot. */
+export interface SnapshotRequest {
+  /** A DNS label, at most 63 characters; unique in the account. */
+  name?: string;
+}
+
+/**
+ * A snapshot of a sandbox: its memory, device state and its disk's writes.
+ * Create a sandbox from it with `create({ snapshot: id })`.
+ */
+export interface Snapshot {
+  /** e.g. "snap_01j8z3k5m6n7p8q9r0s1t2v3w4" */
+  id: string;
+  name?: string;
+  account_id: string;
+  project_id: string;
+  /** The source sandbox (it may since be deleted). */
+  sandbox_id: string;
+  image: string;
+  size: Resources;
+  labels?: Record<string, string>;
+  /** What the snapshot's files take on the host. */
+  bytes: number;
+  /** RFC 3339 date-time. */
+  created_at: string;
 }
 
 /** A command to run: exactly one of cmd (a shell string) and argv. */
@@ -619,6 +667,11 @@ export interface SandboxList {
   sandboxes: Sandbox[];
 }
 
+/** The body of listSnapshots: oldest first. */
+export interface SnapshotList {
+  snapshots: Snapshot[];
+}
+
 /** The body of listProcesses. */
 export interface ProcessList {
   processes: Process[];
@@ -725,6 +778,12 @@ export interface ListSandboxesQuery {
   project?: string;
   /** A fleet ID or name (in the project, default the default project). */
   fleet?: string;
+}
+
+/** The query of listSnapshots. */
+export interface SnapshotsQuery {
+  /** Only the snapshots of this source sandbox (its ID). */
+  sandbox?: string;
 }
 
 /**

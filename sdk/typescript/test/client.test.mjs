@@ -1,5 +1,6 @@
 // Tests of the client that need no HareBox server: configuration, URL
-// checks, the API key kept out of sight, timeouts and aborts (against a
+// checks, the API key kept out of sight, the operations against the
+// repository's api/openapi.yaml, timeouts and aborts (against a
 // local HTTP server that never answers), error mapping (non-JSON answers,
 // 402, 403, and 429 with Retry-After), the routes of every operation, the
 // server's metrics read as text, the audit pages auditEntries follows,
@@ -7,7 +8,9 @@
 // end, silence and cancellation), the sandbox's fields, and the
 // event-stream reader.
 import assert from "node:assert/strict";
+import { existsSync, readFileSync } from "node:fs";
 import { createServer } from "node:http";
+import { fileURLToPath } from "node:url";
 import { inspect } from "node:util";
 import { after, before, describe, test } from "node:test";
 
@@ -16,6 +19,7 @@ import { errorFromBody, parseRetryAfter, statusForCode } from "../dist/errors.js
 import { readSSE } from "../dist/sse.js";
 
 const KEY = "hbk_test_secret_do_not_print_0123456789";
+const REPO_OPENAPI = fileURLToPath(new URL("../../../api/openapi.yaml", import.meta.url));
 
 describe("configuration", () => {
   test("refuses URLs that are not http or https", () => {
@@ -69,6 +73,32 @@ describe("configuration", () => {
 
   test("every operation is a method", () => {
     for (const op of Object.keys(OPERATIONS)) assert.equal(typeof HareBox.prototype[op], "function", op);
+  });
+
+  test("every operationId in the repository's api/openapi.yaml is a HareBox method and a route, and vice versa", { skip: existsSync(REPO_OPENAPI) ? false : "api/openapi.yaml is not beside this SDK" }, () => {
+    // The server test's check against /openapi.json, on the document in
+    // the repository, so a new route shows up without a server. The
+    // document's paths are at two spaces, their methods at four and
+    // each operationId at six.
+    const documented = new Map();
+    let path = "";
+    let method = "";
+    for (const line of readFileSync(REPO_OPENAPI, "utf8").split("\n")) {
+      let m;
+      if ((m = /^  (\/\S*):\s*$/.exec(line))) [path, method] = [m[1], ""];
+      else if (/^\S/.test(line)) [path, method] = ["", ""];
+      else if ((m = /^    (get|put|post|delete|patch):\s*$/.exec(line))) method = m[1].toUpperCase();
+      else if ((m = /^      operationId:\s*(\w+)\s*$/.exec(line)) && path && method) documented.set(m[1], { method, path });
+    }
+    assert.equal(documented.size, (readFileSync(REPO_OPENAPI, "utf8").match(/^\s*operationId:/gm) ?? []).length, "every operationId is under a path and a method");
+    const methods = Object.getOwnPropertyNames(HareBox.prototype).filter(
+      (m) => typeof HareBox.prototype[m] === "function" && !["constructor", "create", "auditEntries", "followEvents", "toJSON"].includes(m),
+    );
+    assert.deepEqual([...methods].sort(), [...documented.keys()].sort(), "HareBox methods vs operationIds");
+    assert.deepEqual(Object.keys(OPERATIONS).sort(), [...documented.keys()].sort(), "route table vs operationIds");
+    for (const [id, want] of documented) {
+      assert.deepEqual({ method: OPERATIONS[id].method, path: OPERATIONS[id].path }, want, id);
+    }
   });
 
   test("path parameters must be non-empty strings", async () => {
@@ -140,6 +170,13 @@ describe("against a local HTTP server", () => {
   const sse = (e) => `event: event\ndata: ${JSON.stringify(e)}\n\n`;
   /** A sandbox, as the server describes one. */
   const SANDBOX = { id: "sbx_1", account_id: "acc_1", project_id: "prj_1", project: "default", state: "running", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, no_env: false, site: { name: "l", country: "" }, created_at: "2025-01-01T00:00:00Z" };
+  /** A snapshot of sbx_1, as the server describes one. */
+  const SNAPSHOT = { id: "snap_1", name: "base", account_id: "acc_1", project_id: "prj_1", sandbox_id: "sbx_1", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, labels: { role: "web" }, bytes: 536870912, created_at: "2026-11-30T12:00:00Z" };
+  /** The clones a fork of sbx_1 makes. */
+  const CLONES = [
+    { ...SANDBOX, id: "sbx_2", name: "w-1", labels: { role: "web", fork: "yes" } },
+    { ...SANDBOX, id: "sbx_3", name: "w-2", labels: { role: "web", fork: "yes" } },
+  ];
   const PROM = '# HELP harebox_sandboxes Live sandboxes by state.\n# TYPE harebox_sandboxes gauge\nharebox_sandboxes{state="running"} 1\n# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge\ngo_goroutines 12\n';
   before(async () => {
     server = createServer((req, res) => {
@@ -191,15 +228,32 @@ describe("against a local HTTP server", () => {
         return;
       }
       if (req.url?.startsWith("/box/")) {
-        // stopSandbox and startSandbox: the sandbox, stopped or running.
-        const m = /^\/box\/v1\/sandboxes\/([^/?]+)\/(stop|start)$/.exec(req.url);
+        // stopSandbox, startSandbox, hibernateSandbox and resumeSandbox: the sandbox, in the state each leaves it in.
+        const m = /^\/box\/v1\/sandboxes\/([^/?]+)\/(stop|start|hibernate|resume)$/.exec(req.url);
         if (req.method !== "POST" || !m) {
           res.writeHead(404, { "content-type": "application/json" });
           res.end(JSON.stringify({ error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }));
           return;
         }
         res.writeHead(200, { "content-type": "application/json" });
-        res.end(JSON.stringify({ ...SANDBOX, id: decodeURIComponent(m[1]), state: m[2] === "stop" ? "stopped" : "running" }));
+        const state = { stop: "stopped", hibernate: "hibernated" }[m[2]] ?? "running";
+        res.end(JSON.stringify({ ...SANDBOX, id: decodeURIComponent(m[1]), state }));
+        return;
+      }
+      if (req.url?.startsWith("/snap/")) {
+        // forkSandbox, the snapshot operations and a create from a snapshot.
+        const path = req.url.slice(5).split("?")[0];
+        const route = `${req.method} ${path.replace(/^(\/v1\/(?:sandboxes|snapshots))\/[^/]+/, "$1/X")}`;
+        const answer = {
+          "POST /v1/sandboxes/X/fork": [201, { sandboxes: CLONES }],
+          "POST /v1/sandboxes/X/snapshots": [201, SNAPSHOT],
+          "GET /v1/snapshots": [200, { snapshots: [SNAPSHOT] }],
+          "GET /v1/snapshots/X": [200, SNAPSHOT],
+          "DELETE /v1/snapshots/X": [204, undefined],
+          "POST /v1/sandboxes": [201, { ...SANDBOX, id: "sbx_4", name: "restored" }],
+        }[route] ?? [404, { error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }];
+        res.writeHead(answer[0], { "content-type": "application/json" });
+        res.end(answer[1] === undefined ? "" : JSON.stringify(answer[1]));
         return;
       }
       if (req.url?.startsWith("/conflict/")) {
@@ -688,6 +742,108 @@ describe("against a local HTTP server", () => {
     await assert.rejects(refused.boot(), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict" && /only a stopped sandbox starts/.test(e.message));
     assert.equal(refused.state, "running");
     await assert.rejects(new HareBox({ url: url + "/budget", apiKey: KEY }).startSandbox("sbx_1"), (e) => e instanceof HareBoxError && e.status === 402 && e.code === "budget_exceeded");
+  });
+
+  test("hibernateSandbox and resumeSandbox send POST .../hibernate and .../resume with no body; Sandbox.hibernate and resume update it", async () => {
+    const hb = new HareBox({ url: url + "/box", apiKey: KEY });
+    const start = seen.length;
+    const hibernated = await hb.hibernateSandbox("sbx_1");
+    assert.ok(hibernated instanceof Sandbox);
+    assert.deepEqual([hibernated.id, hibernated.state], ["sbx_1", "hibernated"]);
+    assert.equal(hibernated.client, hb);
+    const resumed = await hb.resumeSandbox("sbx_1", { timeoutMs: 5000 });
+    assert.ok(resumed instanceof Sandbox);
+    assert.deepEqual([resumed.id, resumed.state], ["sbx_1", "running"]);
+    assert.equal((await hb.hibernateSandbox("a/b", { signal: AbortSignal.timeout(5000) })).id, "a/b");
+    // The Sandbox's methods: the same requests, and this, updated.
+    const box = new Sandbox(hb, /** @type {any} */ ({ ...SANDBOX, id: "sbx_2" }));
+    assert.equal(await box.hibernate(), box);
+    assert.equal(box.state, "hibernated");
+    assert.equal(await box.resume({ timeoutMs: 5000 }), box);
+    assert.equal(box.state, "running");
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.slice(4)} ${s.body}`.trim()), [
+      "POST /v1/sandboxes/sbx_1/hibernate",
+      "POST /v1/sandboxes/sbx_1/resume",
+      "POST /v1/sandboxes/a%2Fb/hibernate",
+      "POST /v1/sandboxes/sbx_2/hibernate",
+      "POST /v1/sandboxes/sbx_2/resume",
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
+    assert.deepEqual(OPERATIONS.hibernateSandbox, { method: "POST", path: "/v1/sandboxes/{id}/hibernate" });
+    await assert.rejects(hb.hibernateSandbox(""), (e) => e instanceof HareBoxError && e.field === "id");
+    assert.equal(seen.length, start + 5, "a bad id sends nothing");
+    // A refused hibernate leaves the Sandbox as it was; a resume a budget has no room for is 402.
+    const refused = new Sandbox(new HareBox({ url: url + "/conflict", apiKey: KEY }), /** @type {any} */ ({ ...SANDBOX }));
+    await assert.rejects(refused.hibernate(), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict");
+    assert.equal(refused.state, "running");
+    await assert.rejects(new HareBox({ url: url + "/budget", apiKey: KEY }).resumeSandbox("sbx_1"), (e) => e instanceof HareBoxError && e.status === 402 && e.code === "budget_exceeded");
+  });
+
+  test("the State type lists the repository's api/openapi.yaml State enum", { skip: existsSync(REPO_OPENAPI) ? false : "api/openapi.yaml is not beside this SDK" }, () => {
+    const doc = /^    State:\n      type: string\n      enum: \[([^\]]*)\]/m.exec(readFileSync(REPO_OPENAPI, "utf8"));
+    assert.ok(doc, "no State schema in api/openapi.yaml");
+    const src = /^export type State = ([^;]*);/m.exec(readFileSync(fileURLToPath(new URL("../src/types.ts", import.meta.url)), "utf8"));
+    assert.ok(src, "no State type in src/types.ts");
+    const documented = doc[1].split(",").map((s) => s.trim());
+    assert.ok(documented.includes("hibernated"));
+    assert.deepEqual(src[1].split("|").map((s) => JSON.parse(s.trim())), documented);
+  });
+
+  test("forkSandbox and the snapshot operations send their methods, paths, queries and bodies; Sandbox.fork and snapshot", async () => {
+    const hb = new HareBox({ url: url + "/snap", apiKey: KEY });
+    const start = seen.length;
+    const fork = { count: 2, name: "w", labels: { fork: "yes" }, ttl_seconds: 600 };
+    const { sandboxes } = await hb.forkSandbox("sbx_1", { body: fork });
+    assert.ok(sandboxes.every((s) => s instanceof Sandbox && s.client === hb));
+    assert.deepEqual(sandboxes.map((s) => s.toJSON()), CLONES);
+    assert.deepEqual((await hb.forkSandbox("a/b", { timeoutMs: 5000 })).sandboxes.map((s) => s.id), ["sbx_2", "sbx_3"]);
+    assert.deepEqual(await hb.createSnapshot("sbx_1", { body: { name: "base" } }), SNAPSHOT);
+    await hb.createSnapshot("a/b", { signal: AbortSignal.timeout(5000) });
+    assert.deepEqual(await hb.listSnapshots(), { snapshots: [SNAPSHOT] });
+    await hb.listSnapshots({ query: { sandbox: "sbx_1" } });
+    await hb.listSnapshots({ query: { sandbox: undefined } });
+    assert.deepEqual(await hb.getSnapshot("snap_1"), SNAPSHOT);
+    await hb.getSnapshot("a/b");
+    assert.equal(await hb.deleteSnapshot("snap_1"), undefined);
+    const restored = await hb.create({ snapshot: "snap_1", name: "restored" });
+    assert.ok(restored instanceof Sandbox);
+    assert.deepEqual([restored.id, restored.name], ["sbx_4", "restored"]);
+    // The Sandbox's methods: the clones as Sandbox objects, the source left as it was.
+    const box = new Sandbox(hb, /** @type {any} */ ({ ...SANDBOX }));
+    const clones = await box.fork({ count: 2, name: "w", signal: AbortSignal.timeout(5000) });
+    assert.ok(clones.every((c) => c instanceof Sandbox && c.client === hb));
+    assert.deepEqual(clones.map((c) => [c.id, c.name, c.state]), [["sbx_2", "w-1", "running"], ["sbx_3", "w-2", "running"]]);
+    assert.deepEqual(box.toJSON(), SANDBOX);
+    await box.fork();
+    assert.deepEqual(await box.snapshot({ name: "base", timeoutMs: 5000 }), SNAPSHOT);
+    await box.snapshot();
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim()), [
+      `POST /v1/sandboxes/sbx_1/fork ${JSON.stringify(fork)}`,
+      "POST /v1/sandboxes/a%2Fb/fork",
+      'POST /v1/sandboxes/sbx_1/snapshots {"name":"base"}',
+      "POST /v1/sandboxes/a%2Fb/snapshots",
+      "GET /v1/snapshots",
+      "GET /v1/snapshots?sandbox=sbx_1",
+      "GET /v1/snapshots",
+      "GET /v1/snapshots/snap_1",
+      "GET /v1/snapshots/a%2Fb",
+      "DELETE /v1/snapshots/snap_1",
+      'POST /v1/sandboxes {"snapshot":"snap_1","name":"restored"}',
+      'POST /v1/sandboxes/sbx_1/fork {"count":2,"name":"w"}',
+      "POST /v1/sandboxes/sbx_1/fork {}",
+      'POST /v1/sandboxes/sbx_1/snapshots {"name":"base"}',
+      "POST /v1/sandboxes/sbx_1/snapshots {}",
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
+    await assert.rejects(hb.forkSandbox(""), (e) => e instanceof HareBoxError && e.field === "id");
+    await assert.rejects(hb.createSnapshot(""), (e) => e instanceof HareBoxError && e.field === "id");
+    await assert.rejects(hb.getSnapshot(""), (e) => e instanceof HareBoxError && e.field === "snapshot");
+    await assert.rejects(hb.deleteSnapshot(""), (e) => e instanceof HareBoxError && e.field === "snapshot");
+    assert.equal(seen.length, start + 15, "a bad id sends nothing");
+    // A delete while a create from the snapshot is in flight is a conflict.
+    await assert.rejects(new HareBox({ url: url + "/conflict", apiKey: KEY }).deleteSnapshot("snap_1"), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict");
   });
 
   test("a create a budget refuses throws budget_exceeded with status 402", async () => {

@@ -29,6 +29,7 @@ import type {
   FileInfo,
   FirewallPolicy,
   Fleet,
+  ForkRequest,
   Info,
   Key,
   KeyWithSecret,
@@ -39,6 +40,10 @@ import type {
   Project,
   Retention,
   SandboxData,
+  Snapshot,
+  SnapshotList,
+  SnapshotRequest,
+  SnapshotsQuery,
   State,
   Scope,
   UsageGroup,
@@ -84,9 +89,41 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   await box.boot({ timeoutMs: 600_000 });
   (await hb.stopSandbox(id)).state satisfies State;
   (await hb.startSandbox(id, { signal: AbortSignal.timeout(1000) })) satisfies Sandbox;
+  const hibernated: Sandbox = await box.hibernate({ timeoutMs: 600_000 });
+  hibernated.state satisfies State;
+  "hibernated" satisfies State;
+  (await hb.hibernateSandbox(id, { signal: AbortSignal.timeout(1000) })) satisfies Sandbox;
+  await hb.listSandboxes({ query: { state: "hibernated" } });
+  // @ts-expect-error: "hibernating" is not a state.
+  "hibernating" satisfies State;
   // @ts-expect-error: a sandbox's start runs a command; boot starts the sandbox.
   await box.start();
   await box.refresh();
+  const forkReq: ForkRequest = { count: 2, name: "worker", labels: { role: "worker" }, ttl_seconds: 900 };
+  const clones: Sandbox[] = (await hb.forkSandbox(id, { body: forkReq, timeoutMs: 600_000 })).sandboxes;
+  (await box.fork({ count: 3, signal: AbortSignal.timeout(1000) })) satisfies Sandbox[];
+  await box.fork();
+  const snapReq: SnapshotRequest = { name: "warm" };
+  const snap: Snapshot = await hb.createSnapshot(id, { body: snapReq });
+  (await box.snapshot({ name: "warm-2", timeoutMs: 600_000 })).bytes satisfies number;
+  await box.snapshot();
+  snap.sandbox_id satisfies string;
+  snap.size satisfies { vcpus: number; memory_mb: number; disk_gb: number };
+  snap.name satisfies string | undefined;
+  const snapQuery: SnapshotsQuery = { sandbox: id };
+  const snaps: SnapshotList = await hb.listSnapshots({ query: snapQuery });
+  snaps.snapshots satisfies Snapshot[];
+  await hb.listSnapshots();
+  (await hb.getSnapshot(snap.id)).created_at satisfies string;
+  const restored: Sandbox = await hb.create({ snapshot: snap.id, name: "restored", labels: { from: "warm" } });
+  await hb.deleteSnapshot(snap.id) satisfies void;
+  void [clones, restored];
+  // @ts-expect-error: a fork's count is a number.
+  await box.fork({ count: "2" });
+  // @ts-expect-error: a snapshot has only a name.
+  await hb.createSnapshot(id, { body: { image: "minimal" } });
+  // @ts-expect-error: listSnapshots filters by sandbox only.
+  await hb.listSnapshots({ query: { state: "running" } });
   await box.delete();
   try {
     await hb.getSandbox("nope");

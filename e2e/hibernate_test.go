@@ -1,0 +1,94 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/internal/procs"
+)
+
+// TestHibernate, on a real Debian VM through the CLI: hibernate frees the
+// VMM; then hareboxd is killed with -9 and every process that names the
+// data directory with it, as a host reboot would; a new hareboxd resumes
+// the sandbox with a file on its disk and a background process still
+// counting.
+func TestHibernate(t *testing.T) {
+	s := prepare(t)
+	dataDir, err := os.MkdirTemp("", "hbh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	srv := start(t, s, dataDir)
+	defer func() {
+		srv.stop(t)
+		noLeftovers(t, dataDir)
+		if out, err := exec.Command("nft", "delete", "table", "inet", "harebox_e2e").CombinedOutput(); err != nil {
+			t.Logf("nft delete table: %v %s", err, out)
+		}
+	}()
+	hb := func(args ...string) string {
+		t.Helper()
+		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)
+	}
+	var box struct{ ID, State string }
+	if err := json.Unmarshal([]byte(hb("new", "--label", "e2e=hibernate")), &box); err != nil || box.ID == "" {
+		t.Fatalf("new: %v", err)
+	}
+	defer func() { srv.call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.key, nil) }()
+	hb("exec", box.ID, "-c", "echo sleepy > /var/tmp/mark && sync")
+	hb("exec", box.ID, "-c", "setsid sh -c 'n=0; while :; do n=$((n+1)); echo $n > /dev/shm/counter; sleep 0.2; done' >/dev/null 2>&1 &")
+	counter := func() int {
+		t.Helper()
+		// (The loop may not have written its first line yet.)
+		out := hb("exec", box.ID, "-c", "for i in $(seq 50); do [ -s /dev/shm/counter ] && break; sleep 0.2; done; cat /dev/shm/counter")
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		return n
+	}
+	before := counter()
+
+	began := time.Now()
+	if err := json.Unmarshal([]byte(hb("hibernate", box.ID)), &box); err != nil || box.State != "hibernated" {
+		t.Fatalf("hibernate: %v %+v", err, box)
+	}
+	t.Logf("hibernate took %v", time.Since(began).Round(100*time.Millisecond))
+	for _, p := range procs.Naming(dataDir + "/") {
+		if p.IsVMM() {
+			t.Errorf("a VMM runs after hibernate: %s", p)
+		}
+	}
+
+	// As a host reboot would: hareboxd and everything of the data dir go.
+	srv.cmd.Process.Kill()
+	srv.cmd.Wait()
+	for _, p := range procs.Naming(dataDir) {
+		syscall.Kill(p.PID, syscall.SIGKILL)
+	}
+	srv = start(t, s, dataDir)
+	if out := hb("get", box.ID); !strings.Contains(out, `"state": "hibernated"`) {
+		t.Fatalf("after the restart: %s", out)
+	}
+	began = time.Now()
+	if err := json.Unmarshal([]byte(hb("resume", box.ID)), &box); err != nil || box.State != "running" {
+		t.Fatalf("resume: %v %+v", err, box)
+	}
+	t.Logf("resume took %v", time.Since(began).Round(100*time.Millisecond))
+	if got := hb("exec", box.ID, "--", "cat", "/var/tmp/mark"); got != "sleepy\n" {
+		t.Errorf("the file after the resume: %q", got)
+	}
+	n1 := counter()
+	time.Sleep(1500 * time.Millisecond)
+	n2 := counter()
+	if n1 < before || n2 <= n1 {
+		t.Errorf("the counter: %d before, then %d and %d after the resume", before, n1, n2)
+	}
+	if ents, _ := os.ReadDir(dataDir + "/hibernated"); len(ents) != 0 {
+		t.Errorf("hibernation files left after the resume: %v", ents)
+	}
+}

@@ -1,0 +1,233 @@
+package harebox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// Hibernation. Hibernate writes a running or paused sandbox's memory,
+// device state and disk into DATA_DIR/hibernated/<id> (a snapshot under
+// its own data key), then stops its VMM and gives up its network: it holds
+// no host RAM and is charged for its disk only. Resume restores it from
+// those files, under the same ID, key and machine-id, on a fresh network
+// attachment (the guest's interface is moved to it), and removes them.
+// Nothing of this lives in a process: a hibernated sandbox resumes after
+// hareboxd restarts and after the host reboots.
+
+func (e *Engine) hibernateDir(id string) string {
+	return filepath.Join(e.opts.DataDir, "hibernated", id)
+}
+
+// Hibernate writes a sandbox's memory to disk and frees its host RAM.
+func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
+	defer e.audited(ctx, "hibernateSandbox", id, &err)
+	if err := e.check(ctx, "hibernateSandbox", id); err != nil {
+		return nil, err
+	}
+	b, err := e.liveOrErr(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := sandbox.CanTransition(b.rec.State, sandbox.StateHibernated); err != nil {
+		return nil, err
+	}
+	if err := e.mayClone(b); err != nil {
+		return nil, err
+	}
+	ctx = context.WithoutCancel(ctx) // a hibernate that started finishes
+	dir := e.hibernateDir(id)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return nil, err
+	}
+	os.RemoveAll(dir) // (a hibernate that failed before)
+	// Snapshot leaves the machine paused: nothing runs after this point.
+	if err := b.m.Snapshot(ctx, dir, b.key); err != nil {
+		os.RemoveAll(dir)
+		if s, serr := b.m.Info(ctx); serr == nil && s.State == hypervisor.StatePaused && b.rec.State == sandbox.StateRunning {
+			b.m.Resume(ctx)
+		}
+		return nil, hvErr(fmt.Errorf("hibernate: %w", err))
+	}
+	// Charged up to now as it ran; from now on, its disk.
+	e.settle(ctx, b, sandbox.StateHibernated, false)
+	// The record says hibernated before the VMM goes: an engine that dies
+	// from here on finishes the job (finishHibernate).
+	prev := b.rec.State
+	b.rec.State, b.rec.Kept, b.rec.Error = sandbox.StateHibernated, true, ""
+	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+		b.rec.State, b.rec.Kept = prev, false
+		os.RemoveAll(dir)
+		if prev == sandbox.StateRunning {
+			b.m.Resume(ctx)
+		}
+		return nil, err
+	}
+	b.closeAgent()
+	if err := b.m.Kill(ctx); err != nil {
+		e.log.Warn("hibernate: stopping the VMM", "id", id, "err", err)
+	}
+	b.m.Wait(ctx)
+	if err := b.m.Cleanup(ctx); err != nil {
+		e.log.Warn("hibernate: cleaning up the VMM's files", "id", id, "err", err)
+	}
+	killStrays(b.rec.StateDir)
+	if err := e.net.Detach(ctx, id); err != nil {
+		e.log.Warn("hibernate: cannot give up the sandbox's network", "id", id, "err", err)
+	}
+	e.release(b.rec.Size)
+	b.rec.Handle = nil
+	snap := *b.rec
+	e.mu.Lock()
+	delete(e.boxes, id)
+	e.kept[id] = &snap
+	e.mu.Unlock()
+	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+		return nil, err
+	}
+	e.log.Info("sandbox hibernated", "id", id, "bytes", diskUse(dir))
+	return b.view(), nil
+}
+
+// finishHibernate, at start, stops a VMM that a hibernated sandbox's
+// record still names: one a hibernate did not get to stop, or one a
+// resume had launched when the engine died. Its files stay.
+func (e *Engine) finishHibernate(ctx context.Context, rec *store.Sandbox) {
+	if rec.Handle != nil {
+		e.log.Warn("finishing a hibernate (or a resume) the engine died in", "id", rec.ID)
+		if m, err := e.hv.Attach(ctx, *rec.Handle); err == nil {
+			m.Kill(ctx)
+			m.Wait(ctx)
+			m.Cleanup(ctx)
+		}
+		rec.Handle = nil
+		e.store.PutSandbox(ctx, rec)
+	}
+	killStrays(rec.StateDir)
+	os.RemoveAll(rec.StateDir)
+	e.net.Detach(ctx, rec.ID)
+}
+
+// wake resumes a hibernated sandbox: admitted again (host capacity,
+// budgets) as a create is, then restored from its hibernation files.
+func (e *Engine) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox, error) {
+	id := rec.ID
+	img, err := e.imageOf(rec)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.reserve(rec.Size); err != nil {
+		return nil, err
+	}
+	b := &box{rec: rec, deleting: make(chan struct{})}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// As in Start: one at a time, never beside a Delete.
+	e.mu.Lock()
+	if e.boxes[id] != nil {
+		e.mu.Unlock()
+		e.release(rec.Size)
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being resumed", id)
+	}
+	e.boxes[id] = b
+	prev := e.kept[id]
+	delete(e.kept, id)
+	e.mu.Unlock()
+	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != sandbox.StateHibernated {
+		e.mu.Lock()
+		delete(e.boxes, id)
+		if prev != nil && err == nil && cur.State == sandbox.StateHibernated {
+			e.kept[id] = prev
+		}
+		e.mu.Unlock()
+		e.release(rec.Size)
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer hibernated", id)
+	}
+	e.settleFinal(ctx, b)
+	fail := func(err error) (*sandbox.Sandbox, error) {
+		e.log.Warn("resume from hibernation failed", "id", id, "err", err)
+		bctx := context.WithoutCancel(ctx)
+		if b.m != nil {
+			b.m.Kill(bctx)
+			b.m.Wait(bctx)
+			b.m.Cleanup(bctx)
+		}
+		b.closeAgent()
+		e.settleFinal(bctx, b)
+		e.net.Detach(bctx, id)
+		e.release(rec.Size)
+		rec.State, rec.Handle, rec.Kept = sandbox.StateHibernated, nil, true
+		e.store.PutSandbox(bctx, rec)
+		snap := *rec
+		e.mu.Lock()
+		delete(e.boxes, id)
+		e.kept[id] = &snap
+		e.mu.Unlock()
+		e.budgets.Settle(bctx, budget.Meter{SandboxID: id, Subject: budget.SubjectOf(rec),
+			Held: held(rec, sandbox.StateHibernated), Next: held(rec, sandbox.StateHibernated), NextFor: e.reserveFor(rec, e.opts.Now())})
+		return nil, err
+	}
+	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.admit(ctx, tx, rec) }); err != nil {
+		return fail(err)
+	}
+	if err := e.loadKeys(ctx, b); err != nil {
+		return fail(err)
+	}
+	if err := e.loadEnv(ctx, b); err != nil {
+		return fail(err)
+	}
+	if err := e.loadCredentials(ctx, b); err != nil {
+		return fail(err)
+	}
+	dir := e.hibernateDir(id)
+	if _, err := os.Stat(dir); err != nil {
+		return fail(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s: its hibernation files are gone: %v", id, err))
+	}
+	// A stale directory from the VMM it had is in the way of the restore.
+	killStrays(rec.StateDir)
+	os.RemoveAll(rec.StateDir)
+	o := &origin{snap: &store.Snapshot{Dir: dir}, key: b.key, wake: true}
+	if err := e.boot(ctx, b, img, false, o); err != nil {
+		return fail(err)
+	}
+	rec.Kept = false
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return fail(err)
+	}
+	os.RemoveAll(dir)
+	e.watch(b)
+	e.log.Info("sandbox resumed from hibernation", "id", id)
+	return b.view(), nil
+}
+
+// pruneHibernateDirs removes hibernation files whose sandbox is not
+// hibernated (a hibernate that failed, or that a crash cut short before
+// its record said so).
+func (e *Engine) pruneHibernateDirs(ctx context.Context) error {
+	root := filepath.Join(e.opts.DataDir, "hibernated")
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, d := range ents {
+		rec, err := e.store.GetSandbox(ctx, d.Name())
+		if errors.Is(err, store.ErrNotFound) || (err == nil && rec.State != sandbox.StateHibernated) {
+			e.log.Info("removing hibernation files of a sandbox that is not hibernated", "id", d.Name())
+			os.RemoveAll(filepath.Join(root, d.Name()))
+		}
+	}
+	return nil
+}
