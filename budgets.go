@@ -28,11 +28,14 @@ func (e *Engine) reserveFor(rec *store.Sandbox, now time.Time) time.Duration {
 	return d
 }
 
-// held is what a sandbox in state holds: a stopped or hibernated one only
-// its disk.
+// held is what a sandbox in state holds: a stopped one only its disk, a
+// hibernated one its disk and its hibernation files (snapshot storage).
 func held(rec *store.Sandbox, state sandbox.State) budget.Resources {
-	if state == sandbox.StateStopped || state == sandbox.StateHibernated {
+	switch state {
+	case sandbox.StateStopped:
 		return budget.Resources{DiskGB: rec.Size.DiskGB}
+	case sandbox.StateHibernated:
+		return budget.Resources{DiskGB: rec.Size.DiskGB, SnapshotBytes: rec.HibernatedBytes}
 	}
 	return budget.Resources{VCPUs: rec.Size.VCPUs, MemoryMB: rec.Size.MemoryMB, DiskGB: rec.Size.DiskGB, Paused: state == sandbox.StatePaused}
 }
@@ -126,7 +129,7 @@ func (e *Engine) settleAll(ctx context.Context) {
 		recs = append(recs, unboxed{rec, sandbox.StateRunning})
 	}
 	for _, rec := range e.kept {
-		recs = append(recs, unboxed{rec, sandbox.StateStopped})
+		recs = append(recs, unboxed{rec, rec.State}) // stopped or hibernated
 	}
 	e.mu.Unlock()
 	for _, b := range e.liveBoxes() {
@@ -149,6 +152,37 @@ func (e *Engine) settleAll(ctx context.Context) {
 		}
 		e.reached(events)
 	}
+	e.settleSnapshots(ctx)
+}
+
+// settleSnapshots meters the stored snapshots' storage, each under its
+// own ID, against the budgets that cover its source.
+func (e *Engine) settleSnapshots(ctx context.Context) {
+	snaps, err := e.store.ListSnapshots(ctx)
+	if err != nil {
+		e.log.Warn("metering snapshots failed", "err", err)
+		return
+	}
+	for _, s := range snaps {
+		if _, err := e.settleSnapshot(ctx, s, false, false); err != nil {
+			e.log.Warn("metering failed", "snapshot", s.ID, "err", err)
+		}
+	}
+}
+
+// settleSnapshot charges a snapshot's storage up to now and reserves its
+// next interval: with admit, a budget without room refuses; final ends it.
+func (e *Engine) settleSnapshot(ctx context.Context, s *store.Snapshot, admit, final bool) ([]budget.Event, error) {
+	rec := &store.Sandbox{Sandbox: sandbox.Sandbox{ID: s.ID, AccountID: s.AccountID, ProjectID: s.ProjectID, FleetID: s.Source.FleetID, Labels: s.Labels},
+		KeyID: s.KeyID, KeyAncestors: s.KeyAncestors}
+	r := budget.Resources{SnapshotBytes: s.Bytes}
+	m := budget.Meter{SandboxID: s.ID, Subject: budget.SubjectOf(rec), Held: r, Admit: admit, Final: final}
+	if !final {
+		m.Next, m.NextFor = r, e.reserveFor(rec, e.opts.Now())
+	}
+	events, err := e.budgets.Settle(ctx, m)
+	e.reached(events)
+	return events, err
 }
 
 // act does what the budgets whose action is due say: pause or delete the
@@ -228,6 +262,11 @@ func (e *Engine) reconcileReservations(ctx context.Context) error {
 		e.mu.Unlock()
 		if kept || e.live(r.SandboxID) != nil {
 			continue // (a stopped sandbox's disk is metered)
+		}
+		if sandbox.ValidSnapshotID(r.SandboxID) {
+			if _, err := e.store.GetSnapshot(ctx, r.SandboxID); err == nil {
+				continue // (a snapshot's storage is metered)
+			}
 		}
 		rec, err := e.store.GetSandbox(ctx, r.SandboxID)
 		if err != nil {

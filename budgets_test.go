@@ -830,3 +830,81 @@ func TestBudgetLeaksNothing(t *testing.T) {
 		t.Fatalf("reserved %s with nothing running", got.Reserved)
 	}
 }
+
+// Snapshot storage is metered against the budgets of the snapshot's
+// source, admitted like a create (a snapshot that does not fit is
+// refused), and so is a hibernated sandbox's; usage reports it.
+func TestBudgetSnapshotStorage(t *testing.T) {
+	prices := budget.Prices{SnapshotGBHour: 1_000_000 * dollar} // so that a few KiB count
+	eng, clk, _ := budgetEngine(t, prices)
+	ctx := context.Background()
+	s, err := eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tight := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 1, Action: budget.DenyNew})
+	if _, err := eng.Snapshot(ctx, s.ID, sandbox.SnapshotRequest{}); !errors.Is(err, sandbox.ErrBudget) {
+		t.Fatalf("a snapshot past the budget: %v", err)
+	}
+	if l, _ := eng.ListSnapshots(ctx, ""); len(l) != 0 {
+		t.Fatalf("a refused snapshot was kept: %+v", l)
+	}
+	if err := eng.Budgets().Delete(ctx, tight.ID); err != nil {
+		t.Fatal(err)
+	}
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 1_000_000 * dollar, Action: budget.Notify})
+	snap, err := eng.Snapshot(ctx, s.ID, sandbox.SnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	perHour := prices.Cost(budget.Resources{SnapshotBytes: snap.Bytes}, time.Hour)
+	clk.advance(time.Hour)
+	if err := eng.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != perHour {
+		t.Errorf("after an hour of a %d-byte snapshot: spent %s, want %s", snap.Bytes, got.Spent, perHour)
+	}
+	if err := eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Hour)
+	eng.Settle(ctx)
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != perHour || got.Reserved != 0 {
+		t.Errorf("a deleted snapshot is still charged: spent %s, reserved %s", got.Spent, got.Reserved)
+	}
+	groups, err := eng.Budgets().Usage(ctx, budget.UsageQuery{GroupBy: "sandbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, g := range groups {
+		if g.Group == snap.ID {
+			found = g.Cost == perHour
+		}
+	}
+	if !found {
+		t.Errorf("usage has no row for the snapshot: %+v", groups)
+	}
+
+	// Hibernated: the disk is free here, the files are not.
+	before, _ := eng.Budgets().Get(ctx, b.ID)
+	if _, err := eng.Hibernate(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Hour)
+	eng.Settle(ctx)
+	after, _ := eng.Budgets().Get(ctx, b.ID)
+	if after.Spent <= before.Spent {
+		t.Errorf("an hour hibernated cost nothing: %s then %s", before.Spent, after.Spent)
+	}
+	if _, err := eng.Resume(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	resumed, _ := eng.Budgets().Get(ctx, b.ID)
+	clk.advance(time.Hour)
+	eng.Settle(ctx)
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != resumed.Spent {
+		t.Errorf("running again, it is still charged for its hibernation files: %s then %s", resumed.Spent, got.Spent)
+	}
+}

@@ -869,6 +869,12 @@ func TestEngineDefaultImage(t *testing.T) {
 				t.Fatalf("the canary did not reach the console log; its end: %q", tail[max(0, len(tail)-500):])
 			}
 		}
+		// A snapshot's files (memory, disk writes) are under the data dir
+		// too, and under a key.
+		snap, err := eng.Snapshot(ctx, box.ID, sandbox.SnapshotRequest{Name: "canary"})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if _, err := eng.Pause(ctx, box.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -893,6 +899,24 @@ func TestEngineDefaultImage(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(v.dataDir, "m", box.ID)); !os.IsNotExist(err) {
 			t.Errorf("the sandbox's state directory is still there: %v", err)
+		}
+		// The snapshot outlived it, under its own key copy; its delete
+		// erases that too.
+		snapWrapped, err := db.GetSecret(ctx, "snapshot/"+snap.ID, secrets.DataKeyName)
+		if err != nil {
+			t.Fatal("the snapshot has no key:", err)
+		}
+		if err := eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.GetSecret(ctx, "snapshot/"+snap.ID, secrets.DataKeyName); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("the snapshot's key outlived it: %v", err)
+		}
+		if found := hypervisortest.FilesContaining(t, v.dataDir, snapWrapped); len(found) > 0 {
+			t.Errorf("the snapshot's erased key's sealed bytes are still in %v", found)
+		}
+		if ents, _ := os.ReadDir(filepath.Join(v.dataDir, "snapshots")); len(ents) != 0 {
+			t.Errorf("snapshot files are still there: %v", ents)
 		}
 	})
 }

@@ -59,7 +59,8 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 		}
 		return nil, hvErr(fmt.Errorf("hibernate: %w", err))
 	}
-	// Charged up to now as it ran; from now on, its disk.
+	// Charged up to now as it ran; from now on, its disk and these files.
+	b.rec.HibernatedBytes = diskUse(dir)
 	e.settle(ctx, b, sandbox.StateHibernated, false)
 	// The record says hibernated before the VMM goes: an engine that dies
 	// from here on finishes the job (finishHibernate).
@@ -200,7 +201,7 @@ func (e *Engine) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox
 	if err := e.boot(ctx, b, img, false, o); err != nil {
 		return fail(err)
 	}
-	rec.Kept = false
+	rec.Kept, rec.HibernatedBytes = false, 0
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		return fail(err)
 	}

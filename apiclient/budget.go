@@ -49,5 +49,7 @@ type UsageGroup struct {
 	MemoryGiBSeconds int64  `json:"memory_gib_seconds"`
 	PausedSeconds    int64  `json:"paused_seconds"`
 	EgressBytes      uint64 `json:"egress_bytes"`
-	Cost             string `json:"cost_usd"`
+	// SnapshotGBSeconds is snapshot storage (10^9 bytes) held, in seconds.
+	SnapshotGBSeconds int64  `json:"snapshot_gb_seconds"`
+	Cost              string `json:"cost_usd"`
 }

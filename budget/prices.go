@@ -25,6 +25,9 @@ type Prices struct {
 	// DiskGBHour is charged for the disk's reserved size while the
 	// sandbox exists, running or paused.
 	DiskGBHour money.USD `json:"disk_gb_hour"`
+	// SnapshotGBHour is charged per GB (10^9 bytes) of snapshot storage:
+	// a snapshot's files, and a hibernated sandbox's.
+	SnapshotGBHour money.USD `json:"snapshot_gb_hour"`
 	// EgressGB is charged per GB (10^9 bytes) the guest sends out of its
 	// network link, as it is metered (it is not known in advance, so it
 	// is not reserved).
@@ -38,6 +41,7 @@ var DefaultPrices = Prices{
 	PausedVCPUHour:      0,
 	PausedMemoryGiBHour: 5_600,
 	DiskGBHour:          140,    // $0.00014 (about $0.10 a GB-month)
+	SnapshotGBHour:      70,     // $0.00007 (about $0.05 a GB-month)
 	EgressGB:            90_000, // $0.09
 }
 
@@ -78,6 +82,8 @@ type Resources struct {
 	MemoryMB int
 	DiskGB   int
 	Paused   bool
+	// SnapshotBytes is snapshot storage held.
+	SnapshotBytes int64
 }
 
 // Cost is what r costs for d, rounded up to the micro-dollar. Exact: the
@@ -96,8 +102,13 @@ func (p Prices) Cost(r Resources, d time.Duration) money.USD {
 	rate := new(big.Int).Mul(big.NewInt(int64(r.VCPUs)), new(big.Int).Mul(big.NewInt(int64(vcpu)), kib))
 	rate.Add(rate, new(big.Int).Mul(big.NewInt(int64(r.MemoryMB)), big.NewInt(int64(mem))))
 	rate.Add(rate, new(big.Int).Mul(big.NewInt(int64(r.DiskGB)), new(big.Int).Mul(big.NewInt(int64(p.DiskGBHour)), kib)))
+	// Snapshot storage is per 10^9 bytes: everything over a common
+	// denominator of an hour, 1024 and 10^9.
+	giga := big.NewInt(1_000_000_000)
+	rate.Mul(rate, giga)
+	rate.Add(rate, new(big.Int).Mul(big.NewInt(r.SnapshotBytes), new(big.Int).Mul(big.NewInt(int64(p.SnapshotGBHour)), kib)))
 	num := rate.Mul(rate, big.NewInt(int64(d)))
-	den := big.NewInt(int64(time.Hour) * 1024)
+	den := new(big.Int).Mul(big.NewInt(int64(time.Hour)*1024), giga)
 	q, m := new(big.Int).QuoRem(num, den, new(big.Int))
 	if m.Sign() > 0 {
 		q.Add(q, big.NewInt(1))

@@ -11,7 +11,7 @@ import (
 )
 
 func TestCost(t *testing.T) {
-	p := Prices{VCPUHour: 50_400, MemoryGiBHour: 5_600, PausedMemoryGiBHour: 1_000, DiskGBHour: 140}
+	p := Prices{VCPUHour: 50_400, MemoryGiBHour: 5_600, PausedMemoryGiBHour: 1_000, DiskGBHour: 140, SnapshotGBHour: 70}
 	for _, c := range []struct {
 		r    Resources
 		d    time.Duration
@@ -27,6 +27,10 @@ func TestCost(t *testing.T) {
 		{Resources{MemoryMB: 512}, time.Hour, 2_800},
 		// Paused: only the paused prices (and the disk).
 		{Resources{VCPUs: 4, MemoryMB: 1024, DiskGB: 1, Paused: true}, time.Hour, 1_000 + 140},
+		// Snapshot storage, per 10^9 bytes, exact and rounded up.
+		{Resources{SnapshotBytes: 3_000_000_000}, time.Hour, 210},
+		{Resources{DiskGB: 1, SnapshotBytes: 500_000_000}, time.Hour, 140 + 35},
+		{Resources{SnapshotBytes: 1}, time.Second, 1},
 		{Resources{VCPUs: 1}, 0, 0},
 		{Resources{VCPUs: 1}, -time.Hour, 0},
 		// A century of a huge machine does not overflow: it is capped.

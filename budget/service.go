@@ -425,7 +425,8 @@ func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 		if now.After(from) || egress > 0 {
 			u := store.Usage{SandboxID: m.SandboxID, AccountID: m.Subject.AccountID, ProjectID: m.Subject.ProjectID,
 				FleetID: m.Subject.FleetID, KeyID: first(m.Subject.Keys), Labels: m.Subject.Labels, Start: from, End: now,
-				VCPUs: m.Held.VCPUs, MemoryMB: m.Held.MemoryMB, DiskGB: m.Held.DiskGB, Paused: m.Held.Paused, EgressBytes: egress, Cost: cost}
+				VCPUs: m.Held.VCPUs, MemoryMB: m.Held.MemoryMB, DiskGB: m.Held.DiskGB, Paused: m.Held.Paused, EgressBytes: egress,
+				SnapshotBytes: m.Held.SnapshotBytes, Cost: cost}
 			if err := tx.AddUsage(ctx, u); err != nil {
 				return err
 			}
@@ -555,14 +556,17 @@ type UsageQuery struct {
 
 // UsageGroup is the usage of one group.
 type UsageGroup struct {
-	Group            string    `json:"group"`
-	VCPUSeconds      int64     `json:"vcpu_seconds"`
-	MemoryGiBSeconds int64     `json:"memory_gib_seconds"`
-	PausedSeconds    int64     `json:"paused_seconds"`
-	EgressBytes      uint64    `json:"egress_bytes"`
-	Cost             money.USD `json:"cost_usd"`
+	Group            string `json:"group"`
+	VCPUSeconds      int64  `json:"vcpu_seconds"`
+	MemoryGiBSeconds int64  `json:"memory_gib_seconds"`
+	PausedSeconds    int64  `json:"paused_seconds"`
+	EgressBytes      uint64 `json:"egress_bytes"`
+	// SnapshotGBSeconds is snapshot storage (10^9 bytes) held, in seconds.
+	SnapshotGBSeconds int64     `json:"snapshot_gb_seconds"`
+	Cost              money.USD `json:"cost_usd"`
 	// Sums in milliseconds (MiB-milliseconds for memory), made seconds last.
 	vcpuMs, memMiBMs, pausedMs int64
+	snapMBMs                   int64 // 10^6-byte milliseconds
 }
 
 // Usage reports metered usage grouped as q says, sorted by group.
@@ -618,12 +622,14 @@ func (s *Service) Usage(ctx context.Context, q UsageQuery) ([]UsageGroup, error)
 			g.memMiBMs += d * int64(u.MemoryMB)
 		}
 		g.EgressBytes += u.EgressBytes
+		g.snapMBMs += d * (u.SnapshotBytes / 1_000_000)
 		g.Cost = min(money.MaxUSD, g.Cost+u.Cost)
 	}
 	out := make([]UsageGroup, 0, len(groups))
 	for _, g := range groups {
 		g.VCPUSeconds, g.PausedSeconds = g.vcpuMs/1000, g.pausedMs/1000
 		g.MemoryGiBSeconds = g.memMiBMs / 1024 / 1000
+		g.SnapshotGBSeconds = g.snapMBMs / 1000 / 1000
 		out = append(out, *g)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })

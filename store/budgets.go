@@ -66,8 +66,11 @@ type Usage struct {
 	DiskGB    int               `json:"disk_gb"`
 	Paused    bool              `json:"paused,omitempty"`
 	// EgressBytes is what the guest sent out of its link in the interval.
-	EgressBytes uint64    `json:"egress_bytes,omitempty"`
-	Cost        money.USD `json:"cost_usd"`
+	EgressBytes uint64 `json:"egress_bytes,omitempty"`
+	// SnapshotBytes is the snapshot storage held (a snapshot's files, or a
+	// hibernated sandbox's).
+	SnapshotBytes int64     `json:"snapshot_bytes,omitempty"`
+	Cost          money.USD `json:"cost_usd"`
 }
 
 // Reservation is what a live sandbox holds against its budgets: Amount,
@@ -192,17 +195,17 @@ func (s *SQLite) AddUsage(ctx context.Context, u Usage) error {
 	if err != nil {
 		return fmt.Errorf("store: add usage: %w", err)
 	}
-	_, err = s.q.ExecContext(ctx, `INSERT INTO usage (sandbox_id, start_ns, end_ns, vcpus, memory_mb, account_id, project_id, fleet_id, key_id, labels, disk_gb, paused, cost, egress_bytes)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err = s.q.ExecContext(ctx, `INSERT INTO usage (sandbox_id, start_ns, end_ns, vcpus, memory_mb, account_id, project_id, fleet_id, key_id, labels, disk_gb, paused, cost, egress_bytes, snapshot_bytes)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		u.SandboxID, u.Start.UnixNano(), u.End.UnixNano(), u.VCPUs, u.MemoryMB,
-		u.AccountID, u.ProjectID, u.FleetID, u.KeyID, string(labels), u.DiskGB, u.Paused, int64(u.Cost), int64(min(u.EgressBytes, 1<<62)))
+		u.AccountID, u.ProjectID, u.FleetID, u.KeyID, string(labels), u.DiskGB, u.Paused, int64(u.Cost), int64(min(u.EgressBytes, 1<<62)), u.SnapshotBytes)
 	if err != nil {
 		return fmt.Errorf("store: add usage: %w", err)
 	}
 	return nil
 }
 
-const usageCols = `sandbox_id, start_ns, end_ns, vcpus, memory_mb, account_id, project_id, fleet_id, key_id, labels, disk_gb, paused, cost, egress_bytes`
+const usageCols = `sandbox_id, start_ns, end_ns, vcpus, memory_mb, account_id, project_id, fleet_id, key_id, labels, disk_gb, paused, cost, egress_bytes, snapshot_bytes`
 
 // ListUsage implements Tx.
 func (s *SQLite) ListUsage(ctx context.Context, sandboxID string) ([]Usage, error) {
@@ -238,7 +241,7 @@ func (s *SQLite) usage(ctx context.Context, q string, args ...any) ([]Usage, err
 		var start, end, cost, egress int64
 		var labels string
 		var u Usage
-		if err := rows.Scan(&u.SandboxID, &start, &end, &u.VCPUs, &u.MemoryMB, &u.AccountID, &u.ProjectID, &u.FleetID, &u.KeyID, &labels, &u.DiskGB, &u.Paused, &cost, &egress); err != nil {
+		if err := rows.Scan(&u.SandboxID, &start, &end, &u.VCPUs, &u.MemoryMB, &u.AccountID, &u.ProjectID, &u.FleetID, &u.KeyID, &labels, &u.DiskGB, &u.Paused, &cost, &egress, &u.SnapshotBytes); err != nil {
 			return nil, fmt.Errorf("store: list usage: %w", err)
 		}
 		u.Start, u.End, u.Cost, u.EgressBytes = time.Unix(0, start).UTC(), time.Unix(0, end).UTC(), money.USD(cost), uint64(egress)

@@ -20,6 +20,10 @@ type Snapshot struct {
 	// Source is what a clone takes from the source sandbox by default:
 	// its project, fleet, environment pin, policy and flags.
 	Source SnapshotSource `json:"source"`
+	// KeyID and KeyAncestors are the source's creating key and the keys
+	// above it: their budgets cover the snapshot's storage too.
+	KeyID        string   `json:"key_id,omitempty"`
+	KeyAncestors []string `json:"key_ancestors,omitempty"`
 }
 
 // SnapshotSource is the source sandbox's settings at snapshot time.

@@ -59,6 +59,9 @@ type Sandbox struct {
 	// record stay, and Start boots it again (one that stopped on its own
 	// lost them).
 	Kept bool `json:"kept,omitempty"`
+	// HibernatedBytes is what its hibernation files take, while it is
+	// hibernated (metered as snapshot storage).
+	HibernatedBytes int64 `json:"hibernated_bytes,omitempty"`
 }
 
 // Store is the engine's state storage.
@@ -363,6 +366,7 @@ var migrations = []string{
 		record     TEXT NOT NULL
 	);
 	CREATE INDEX snapshots_account ON snapshots(account_id, created_at);`,
+	`ALTER TABLE usage ADD COLUMN snapshot_bytes BIGINT NOT NULL DEFAULT 0;`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -561,6 +561,9 @@ class UsageGroup(TypedDict):
     paused_seconds: int
     #: What the guests sent out of their network links, counted on the host.
     egress_bytes: int
+    #: Snapshot storage held (10^9 bytes), in seconds: a snapshot's files,
+    #: or a hibernated sandbox's.
+    snapshot_gb_seconds: int
     cost_usd: str
 
 

@@ -632,6 +632,8 @@ export interface UsageGroup {
   paused_seconds: number;
   /** What the guests sent out of their network links, counted on the host. */
   egress_bytes: number;
+  /** Snapshot storage held (10^9 bytes), in seconds: a snapshot's files, or a hibernated sandbox's. */
+  snapshot_gb_seconds: number;
   /** A decimal dollar amount, e.g. "0.0504". */
   cost_usd: string;
 }
