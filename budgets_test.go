@@ -908,3 +908,32 @@ func TestBudgetSnapshotStorage(t *testing.T) {
 		t.Errorf("running again, it is still charged for its hibernation files: %s then %s", resumed.Spent, got.Spent)
 	}
 }
+
+// A monthly key budget made mid-month starts from what the key and the
+// keys it made already spent this month.
+func TestBudgetKeyStartsWithChildSpend(t *testing.T) {
+	eng, clk, _ := budgetEngine(t)
+	ctx := context.Background()
+	parent, err := eng.Keys().Create(ctx, apikey.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx := authz.WithPrincipal(ctx, authz.Principal{AccountID: parent.AccountID, KeyID: parent.ID, Scope: parent.Scope})
+	child, err := eng.Keys().Create(pctx, apikey.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx := authz.WithPrincipal(ctx, authz.Principal{AccountID: child.AccountID, KeyID: child.ID, Scope: child.Scope})
+	s, err := eng.Create(cctx, sandbox.CreateRequest{Size: oneVCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Hour)
+	if err := eng.Delete(ctx, s.ID); err != nil { // settled: one vCPU-hour, $1
+		t.Fatal(err)
+	}
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeKey, Ref: parent.ID}, Period: budget.Monthly, Limit: 10 * dollar, Action: budget.Notify})
+	if b.Spent != dollar {
+		t.Errorf("a parent key's new monthly budget starts at %s, want the child's $1", b.Spent)
+	}
+}

@@ -467,6 +467,8 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 	if err := e.check(ctx, "forkSandbox", id); err != nil {
 		return nil, err
 	}
+	// The clones are creates: the caller must be allowed those too
+	// (checked again, with their place, as each is admitted).
 	if err := mayCreate(authz.From(ctx)); err != nil {
 		return nil, err
 	}

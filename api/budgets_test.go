@@ -31,7 +31,9 @@ func TestBudgetsREST(t *testing.T) {
 		body  any
 		field string
 	}{
-		{map[string]any{"scope": map[string]any{"kind": "account"}, "period": "monthly", "limit_usd": "-1", "action": "pause"}, ""},
+		{map[string]any{"scope": map[string]any{"kind": "account"}, "period": "monthly", "limit_usd": "-1", "action": "pause"}, "limit_usd"},
+		{map[string]any{"scope": map[string]any{"kind": "account"}, "period": "monthly", "limit_usd": "ten", "action": "pause"}, "limit_usd"},
+		{map[string]any{"scope": map[string]any{"kind": "account"}, "period": "monthly", "limit_usd": "1.0000001", "action": "pause"}, "limit_usd"},
 		{map[string]any{"scope": map[string]any{"kind": "account"}, "period": "monthly", "limit_usd": "1", "action": "explode"}, "action"},
 		{map[string]any{"scope": map[string]any{"kind": "fleet", "ref": "flt_nope"}, "period": "monthly", "limit_usd": "1", "action": "pause"}, "scope.ref"},
 		{map[string]any{"scope": map[string]any{"kind": "account"}, "period": "monthly", "limit_usd": "1", "action": "pause", "extra": 1}, ""},

@@ -16,6 +16,7 @@ import (
 	"math"
 	"net/http"
 	"net/netip"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -444,6 +446,8 @@ func jsonError(err error) error {
 		return badRequest("", "request body is empty; a JSON value is required")
 	case errors.As(err, &se):
 		return badRequest("", "invalid JSON at byte %d: %v", se.Offset, err)
+	case errors.As(err, &te) && te.Type == reflect.TypeFor[money.USD]():
+		return badRequest(te.Field, "%s must be a decimal dollar amount such as \"25.00\" (at most 6 decimals), not %s", te.Field, te.Value)
 	case errors.As(err, &te):
 		return badRequest(te.Field, "%s must be %s, not %s", te.Field, te.Type, te.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):

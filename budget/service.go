@@ -81,10 +81,25 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 			if err != nil {
 				return err
 			}
+			// A usage row names the key that created its sandbox; the keys
+			// above that one are looked up (a key budget covers the keys
+			// its key made).
+			ancestors := map[string][]string{}
 			for _, u := range used {
+				sub := subjectOf(u)
+				if b.Scope.Kind == ScopeKey && u.KeyID != "" {
+					a, ok := ancestors[u.KeyID]
+					if !ok {
+						if k, err := tx.GetKey(ctx, u.KeyID); err == nil {
+							a = k.Ancestors
+						}
+						ancestors[u.KeyID] = a
+					}
+					sub.Keys = append(sub.Keys, a...)
+				}
 				// (An interval across the month's start counts whole, as in
 				// usage reports.)
-				if Covers(b, subjectOf(u)) {
+				if Covers(b, sub) {
 					b.Spent = min(money.MaxUSD, b.Spent+u.Cost)
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 )
@@ -66,7 +67,8 @@ func (u *USD) UnmarshalJSON(b []byte) error {
 	s := strings.Trim(string(b), `"`)
 	v, err := ParseUSD(s)
 	if err != nil {
-		return err
+		// A type error, so that the decoder names the field.
+		return &json.UnmarshalTypeError{Value: string(b), Type: reflect.TypeFor[USD]()}
 	}
 	*u = v
 	return nil

@@ -381,6 +381,31 @@ func testLifecycle(t *testing.T, h Harness) {
 			}
 		}
 		os.RemoveAll(snap2)
+		if !caps.Reuse || h.FakeGuest {
+			return
+		}
+		// A clone is launched again on its own disks like any machine
+		// (stop and start): under its own key, without the snapshot.
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if err := g.m.Shutdown(sctx); err != nil {
+			t.Fatal("shutdown of the grand-clone:", err)
+		}
+		g.m.Wait(sctx)
+		g.agent.Close()
+		again := spec
+		again.ID, again.StateDir, again.DataKey, again.Reuse = gspec.ID, gspec.StateDir, gspec.DataKey, true
+		again.SerialLog, again.ConsoleRecipient = "", ""
+		start = time.Now()
+		m, err := hv.Launch(ctx, again)
+		if err != nil {
+			t.Fatal("launch the grand-clone again:", err)
+		}
+		g.m = m
+		connect(t, h, g, start)
+		if got := run(t, g, diskRead()).Stdout; string(got) != "B" {
+			t.Errorf("the grand-clone's disk after a launch again: %q, want B", got)
+		}
 	})
 	t.Run("Reuse", func(t *testing.T) {
 		if !caps.Reuse {
