@@ -26,9 +26,9 @@ import (
 //
 // A snapshot is the backend's files (memory, device state, a copy of the
 // disk's own writes) under DataDir/snapshots/<id>, written under the
-// source's data key; the snapshot keeps its own stored copy of that key
-// (and of the source's own env, sealed under it), so it lives on when its
-// source is deleted, and deleting it erases its key copy first. A
+// snapshot's own random key, kept in the secret store with the source's
+// own env sealed under it: it lives on when its source is deleted (whose
+// key opens none of it), and deleting it erases its key first. A
 // sandbox made from a snapshot (create with Snapshot, or Fork) gets its
 // own data key: its disk is re-made under it when it is restored (the
 // backend copies the snapshot's writes into the clone's own overlay), so a
@@ -229,10 +229,10 @@ func (e *Engine) mayClone(b *box) error {
 	return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s: only a running or paused sandbox can be snapshotted", b.rec.ID, b.rec.State)
 }
 
-// takeSnapshot writes b's snapshot into dir and returns its record (not
-// stored) and key. A running sandbox is paused only while the backend
-// writes; the caller holds b.mu.
-func (e *Engine) takeSnapshot(ctx context.Context, b *box, id, name, dir string) (*store.Snapshot, error) {
+// takeSnapshot writes b's snapshot into dir under key (nil exactly when
+// b has no data key) and returns its record (not stored). A running
+// sandbox is paused only while the backend writes; the caller holds b.mu.
+func (e *Engine) takeSnapshot(ctx context.Context, b *box, id, name, dir string, key []byte) (*store.Snapshot, error) {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return nil, err
 	}
@@ -248,7 +248,7 @@ func (e *Engine) takeSnapshot(ctx context.Context, b *box, id, name, dir string)
 		}
 		cancel()
 	}
-	err := b.m.Snapshot(ctx, dir, b.key)
+	err := b.m.Snapshot(ctx, dir, key)
 	if wasRunning {
 		if rerr := b.m.Resume(context.WithoutCancel(ctx)); rerr != nil && err == nil {
 			err = rerr
@@ -279,14 +279,27 @@ func (e *Engine) takeSnapshot(ctx context.Context, b *box, id, name, dir string)
 	return s, nil
 }
 
-// sourceEnv is the source's own env as stored (sealed under its key,
-// which the snapshot's key copies), or nil.
-func (e *Engine) sourceEnv(ctx context.Context, sandboxID string) ([]byte, error) {
-	raw, err := e.sec.Get(ctx, sandboxScope(sandboxID), sandboxEnvName)
+// sourceEnv is the source's own env, opened, or nil.
+func (e *Engine) sourceEnv(ctx context.Context, b *box) ([]byte, error) {
+	raw, err := e.sec.Get(ctx, sandboxScope(b.rec.ID), sandboxEnvName)
 	if errors.Is(err, secrets.ErrNotFound) {
 		return nil, nil
 	}
-	return raw, err
+	if err != nil {
+		return nil, err
+	}
+	return open(b.key, sandboxEnvName, raw)
+}
+
+// snapshotKey is a new snapshot's own key: random, or nil for a source
+// without a data key (crypto-erase off).
+func snapshotKey(b *box) ([]byte, error) {
+	if b.key == nil {
+		return nil, nil
+	}
+	k := make([]byte, secrets.DataKeySize)
+	_, err := rand.Read(k)
+	return k, err
 }
 
 // Snapshot takes a snapshot of a running or paused sandbox; a running
@@ -321,7 +334,11 @@ func (e *Engine) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRe
 	}
 	sid := sandbox.NewSnapshotID()
 	ctx = context.WithoutCancel(ctx) // a snapshot that started finishes
-	s, err := e.takeSnapshot(ctx, b, sid, req.Name, filepath.Join(e.snapshotsDir(), sid))
+	key, err := snapshotKey(b)
+	if err != nil {
+		return nil, err
+	}
+	s, err := e.takeSnapshot(ctx, b, sid, req.Name, filepath.Join(e.snapshotsDir(), sid), key)
 	if err != nil {
 		return nil, err
 	}
@@ -331,7 +348,7 @@ func (e *Engine) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRe
 		os.RemoveAll(s.Dir)
 		return nil, err
 	}
-	if err := e.keepSnapshot(ctx, s, b); err != nil {
+	if err := e.keepSnapshot(ctx, s, b, key); err != nil {
 		e.dropSnapshot(ctx, s)
 		return nil, err
 	}
@@ -339,21 +356,23 @@ func (e *Engine) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRe
 	return &s.Snapshot, nil
 }
 
-// keepSnapshot stores a snapshot's key copy, its source's env and then
-// its record.
-func (e *Engine) keepSnapshot(ctx context.Context, s *store.Snapshot, b *box) error {
+// keepSnapshot stores a snapshot's key, its source's env sealed under it
+// and then its record.
+func (e *Engine) keepSnapshot(ctx context.Context, s *store.Snapshot, b *box, key []byte) error {
 	scope := snapshotScope(s.ID)
-	if b.key != nil {
-		if err := secrets.KeepDataKey(ctx, e.sec, scope, b.key); err != nil {
+	if key != nil {
+		if err := secrets.KeepDataKey(ctx, e.sec, scope, key); err != nil {
 			return err
 		}
 	}
-	raw, err := e.sourceEnv(ctx, b.rec.ID)
+	raw, err := e.sourceEnv(ctx, b)
 	if err != nil {
 		return err
 	}
 	if raw != nil {
-		// Sealed under the source's key, which the snapshot's copies.
+		if raw, err = seal(key, sandboxEnvName, raw); err != nil {
+			return err
+		}
 		if err := e.sec.Put(ctx, scope, sandboxEnvName, raw); err != nil {
 			return err
 		}
@@ -486,6 +505,7 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 	dir := filepath.Join(e.snapshotsDir(), sid)
 	var (
 		s      *store.Snapshot
+		key    []byte
 		srcEnv []byte
 	)
 	err = func() error {
@@ -495,26 +515,26 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 			return err
 		}
 		var err error
-		if s, err = e.takeSnapshot(context.WithoutCancel(ctx), b, sid, "", dir); err != nil {
+		if key, err = snapshotKey(b); err != nil {
 			return err
 		}
-		srcEnv, err = e.sourceEnv(ctx, b.rec.ID)
+		if s, err = e.takeSnapshot(context.WithoutCancel(ctx), b, sid, "", dir, key); err != nil {
+			return err
+		}
+		srcEnv, err = e.sourceEnv(ctx, b)
 		return err
 	}()
 	if err != nil {
 		return nil, err
 	}
-	// The fork's snapshot is never stored: the clones need nothing of it
-	// once they run, and a crash leaves only its files (removed at start).
+	// The fork's snapshot is never stored, nor its key: the clones need
+	// nothing of it once they run, and a crash leaves only its files
+	// (removed at start), which no key opens any more.
 	defer os.RemoveAll(dir)
-	o := &origin{snap: s, key: b.key, done: func() {}}
+	o := &origin{snap: s, key: key, done: func() {}}
 	if srcEnv != nil {
-		raw, err := open(o.key, sandboxEnvName, srcEnv)
-		if err == nil {
-			err = json.Unmarshal(raw, &o.env)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("sandbox %s: sealed env: %w", id, err)
+		if err := json.Unmarshal(srcEnv, &o.env); err != nil {
+			return nil, fmt.Errorf("sandbox %s: env: %w", id, err)
 		}
 	}
 	type result struct {

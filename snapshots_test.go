@@ -143,6 +143,23 @@ func TestSnapshotsAndFork(t *testing.T) {
 	if s, err := eng.Get(ctx, src.ID); err != nil || s.State != sandbox.StateRunning {
 		t.Fatalf("the source after its snapshot: %+v, %v", s, err)
 	}
+	// The snapshot has its own key, not a copy of its source's.
+	func() {
+		db, err := store.OpenSQLite(ctx, filepath.Join(opts.DataDir, "harebox.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		master, err := secrets.NewSealed(db, filepath.Join(opts.DataDir, "master.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sk, err1 := secrets.DataKey(ctx, master, "snapshot/"+snap.ID)
+		bk, err2 := secrets.DataKey(ctx, master, "sandbox/"+src.ID)
+		if err1 != nil || err2 != nil || bytes.Equal(sk, bk) {
+			t.Errorf("snapshot key %x (%v), source key %x (%v): want two different keys", sk, err1, bk, err2)
+		}
+	}()
 	if err := eng.Delete(ctx, src.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -46,9 +46,10 @@ type Machine interface {
 	// copy of its writable disks into dir, which must not exist yet. The
 	// machine stays paused afterwards; Resume continues it.
 	//
-	// key is the machine's DataKey (the handle does not carry it): the
-	// snapshot is encrypted under it, and Restore needs it as SnapshotKey.
-	// It is nil exactly for a machine launched without a DataKey.
+	// key is the snapshot's own key, any KeySize key (the machine's
+	// DataKey, or a new one): memory and disks are written under it, and
+	// Restore needs it as SnapshotKey. It is nil exactly for a machine
+	// launched without a DataKey.
 	Snapshot(ctx context.Context, dir string, key []byte) error
 	// Shutdown asks the guest to power off and waits until the VMM exits or
 	// ctx is done; on timeout it stops the VMM.
@@ -105,7 +106,7 @@ type Spec struct {
 	// Destroying the key (the caller's job) makes all of those unreadable.
 	DataKey []byte `json:"data_key,omitempty"`
 	// SnapshotKey is, for Restore, the key the snapshot was written under
-	// (the source machine's DataKey).
+	// (the key given to Snapshot).
 	SnapshotKey []byte `json:"snapshot_key,omitempty"`
 	// ConsoleRecipient, an age X25519 public key ("age1..."), has the
 	// console stored in SerialLog only encrypted to it, in the format of

@@ -32,9 +32,8 @@ func NewDataKey(ctx context.Context, s Store, scope string) ([]byte, error) {
 	return k, nil
 }
 
-// KeepDataKey keeps a copy of an existing data key as scope's own (a
-// snapshot's key, which starts as its source's): erasing either scope's
-// leaves the other's.
+// KeepDataKey keeps a data key the caller made as scope's own (a
+// snapshot's, whose files were written under it).
 func KeepDataKey(ctx context.Context, s Store, scope string, key []byte) error {
 	if len(key) != DataKeySize {
 		return fmt.Errorf("secrets: a data key is %d bytes, not %d", DataKeySize, len(key))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
 	"github.com/harebox/harebox/internal/sealstream"
 )
 
@@ -124,7 +125,9 @@ func (m *machine) Resume(ctx context.Context) error {
 
 // Snapshot implements hypervisor.Machine: pause, stream the machine state
 // through a socket into dir/memory (sealed under key when the machine is
-// encrypted), then copy the writable disks (already encrypted overlays).
+// encrypted), then copy the writable disks' own writes: an encrypted one
+// by QEMU itself into a new overlay under key (so the snapshot opens with
+// its own key alone), a plain one as a file.
 func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) error {
 	if !filepath.IsAbs(dir) || strings.ContainsAny(dir, "'\n") {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: snapshot dir %q: want an absolute path without quotes", dir)
@@ -165,7 +168,13 @@ func (m *machine) snapshot(ctx context.Context, dir string, key []byte) error {
 		}
 		// The machine is stopped, so its disks are flushed and quiet.
 		name := fmt.Sprintf("disk%d.qcow2", i)
-		if err := m.d.copyOverlay(ctx, dk, filepath.Join(dir, name)); err != nil {
+		var err error
+		if m.st.Encrypted {
+			err = m.copyUnder(ctx, i, filepath.Join(dir, name), key)
+		} else {
+			err = m.d.copyOverlay(ctx, dk, filepath.Join(dir, name))
+		}
+		if err != nil {
 			return err
 		}
 		snap.Disks = append(snap.Disks, hypervisor.Disk{Path: name, Format: "qcow2"})
@@ -531,4 +540,41 @@ func (m *machine) waitJob(ctx context.Context, id string) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// copyUnder copies what the machine wrote to its disk i (the top layer of
+// its overlay) into a new overlay at dst, over the same plain base, under
+// key. QEMU does the copy (blockdev-backup, sync top) with the machine's
+// key it holds; the new key reaches it through QMP for the copy only.
+func (m *machine) copyUnder(ctx context.Context, i int, dst string, key []byte) error {
+	if i >= len(m.st.Spec.Disks) || !m.st.Spec.Disks[i].Overlay {
+		return hypervisor.Errorf(hypervisor.ErrUnsupported, "qemu: snapshot of writable disk %d: it is not an overlay", i)
+	}
+	src := m.st.Spec.Disks[i]
+	if err := m.d.templates.Create(ctx, src.Path, formatOf(src), dst, src.SizeMB<<20, key); err != nil {
+		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
+	}
+	secret, node, job := fmt.Sprintf("sec-copy%d", i), fmt.Sprintf("copy%d", i), fmt.Sprintf("copy-disk%d", i)
+	bg := context.WithoutCancel(ctx)
+	if _, err := m.exec(ctx, "object-add", map[string]any{"qom-type": "secret", "id": secret, "data": overlay.Passphrase(key), "format": "raw"}); err != nil {
+		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
+	}
+	defer m.exec(bg, "object-del", map[string]any{"id": secret})
+	if _, err := m.exec(ctx, "blockdev-add", map[string]any{
+		"driver": "qcow2", "node-name": node,
+		"file":    map[string]any{"driver": "file", "filename": dst},
+		"encrypt": map[string]any{"format": "luks", "key-secret": secret},
+	}); err != nil {
+		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
+	}
+	defer m.exec(bg, "blockdev-del", map[string]any{"node-name": node})
+	if _, err := m.exec(ctx, "blockdev-backup", map[string]any{
+		"job-id": job, "device": fmt.Sprintf("disk%d", i), "target": node, "sync": "top", "auto-dismiss": false,
+	}); err != nil {
+		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
+	}
+	if err := m.waitJob(ctx, job); err != nil {
+		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
+	}
+	return nil
 }

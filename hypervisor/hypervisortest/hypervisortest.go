@@ -262,11 +262,16 @@ func testLifecycle(t *testing.T, h Harness) {
 			}
 		}
 		snapDir := filepath.Join(base, "snap")
-		if err := orig.m.Snapshot(ctx, snapDir, spec.DataKey); err != nil {
+		// A snapshot has its own key: the machine's does not open it.
+		var snapKey []byte
+		if spec.DataKey != nil {
+			snapKey = newKey()
+		}
+		if err := orig.m.Snapshot(ctx, snapDir, snapKey); err != nil {
 			t.Fatal("snapshot:", err)
 		}
 		wantState(t, orig.m, hypervisor.StatePaused)
-		if err := orig.m.Snapshot(ctx, snapDir, spec.DataKey); !errors.Is(err, hypervisor.ErrExists) {
+		if err := orig.m.Snapshot(ctx, snapDir, snapKey); !errors.Is(err, hypervisor.ErrExists) {
 			t.Errorf("second snapshot into the same dir: want ErrExists, got %v", err)
 		}
 		if spec.DataKey != nil {
@@ -299,7 +304,15 @@ func testLifecycle(t *testing.T, h Harness) {
 			if _, err := hv.Restore(ctx, snapDir, hypervisor.Spec{ID: spec.ID + "-n", StateDir: filepath.Join(base, "mn"), DataKey: newKey()}); !errors.Is(err, hypervisor.ErrInvalid) {
 				t.Errorf("restore without the snapshot key: want ErrInvalid, got %v", err)
 			}
-			cspec.DataKey, cspec.SnapshotKey = newKey(), spec.DataKey
+			// Nor does the source machine's key.
+			mk := hypervisor.Spec{ID: spec.ID + "-k", StateDir: filepath.Join(base, "mk"), DataKey: newKey(), SnapshotKey: spec.DataKey}
+			if m, err := hv.Restore(ctx, snapDir, mk); err == nil {
+				m.Kill(ctx)
+				m.Cleanup(ctx)
+				t.Error("restored under the source machine's key, not the snapshot's")
+			}
+			os.RemoveAll(mk.StateDir)
+			cspec.DataKey, cspec.SnapshotKey = newKey(), snapKey
 			cspec.ConsoleRecipient = newConsole(t).Recipient().String()
 		}
 		start := time.Now()
@@ -352,7 +365,11 @@ func testLifecycle(t *testing.T, h Harness) {
 		}
 		writeFile(t, clone, "/tmp/in-clone", []byte("clone state"))
 		snap2 := filepath.Join(base, "snap2")
-		if err := clone.m.Snapshot(ctx, snap2, clone.spec.DataKey); err != nil {
+		var snap2Key []byte
+		if clone.spec.DataKey != nil {
+			snap2Key = newKey()
+		}
+		if err := clone.m.Snapshot(ctx, snap2, snap2Key); err != nil {
 			t.Fatal("snapshot of the clone:", err)
 		}
 		if err := clone.m.Resume(ctx); err != nil {
@@ -360,7 +377,7 @@ func testLifecycle(t *testing.T, h Harness) {
 		}
 		gspec := hypervisor.Spec{ID: spec.ID + "-g", StateDir: filepath.Join(base, "m3")}
 		if clone.spec.DataKey != nil {
-			gspec.DataKey, gspec.SnapshotKey = newKey(), clone.spec.DataKey
+			gspec.DataKey, gspec.SnapshotKey = newKey(), snap2Key
 		}
 		start := time.Now()
 		gm, err := hv.Restore(ctx, snap2, gspec)

@@ -272,9 +272,9 @@ class Client:
         """POST /v1/sandboxes/{id}/snapshots: snapshots a running or paused
         sandbox (memory, device state, its disk's writes); it is paused
         only while the snapshot is written. ``body={"name": ...}`` (unique
-        in the account) is optional. The snapshot is kept under its own
-        stored copy of the sandbox's data key and outlives the sandbox;
-        ``create(snapshot=ID)`` makes a sandbox from it."""
+        in the account) is optional. The snapshot is written under a random
+        key of its own (the sandbox's key does not open it) and outlives
+        the sandbox; ``create(snapshot=ID)`` makes a sandbox from it."""
         path = _path("/v1/sandboxes/{}/snapshots", sandbox_id)
         return cast(t.Snapshot, self._json("POST", path, body=body, timeout=timeout or self.lifecycle_timeout))
 

@@ -327,8 +327,9 @@ export class HareBox {
   /**
    * Snapshots a running or paused sandbox (memory, device state, its disk's
    * writes); it is paused only while the snapshot is written. The snapshot
-   * is kept under its own stored copy of the sandbox's data key and
-   * outlives the sandbox; `create({ snapshot: id })` makes a sandbox from it.
+   * is written under a random key of its own (the sandbox's key does not
+   * open it) and outlives the sandbox; `create({ snapshot: id })` makes a
+   * sandbox from it.
    */
   async createSnapshot(id: string, options: CallOptions<never, SnapshotRequest> = {}): Promise<Snapshot> {
     return this.#call("createSnapshot", [id], "json", {
