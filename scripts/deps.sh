@@ -10,6 +10,7 @@ pkgs=(
   debootstrap e2fsprogs        # the default image (Debian 12 root disk)
   iproute2 nftables jq         # host networking, firewall, the CLI walkthrough
   python3 python3-pytest       # the Python client and its tests
+  gcc libc6-dev                # cgo, for the race detector in make test
   ca-certificates
 )
 missing=()
