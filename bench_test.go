@@ -279,3 +279,60 @@ func vmmRSS(dir string) int64 {
 	}
 	return 0
 }
+
+// BenchmarkGoldenCreate: a create of the Debian image restored from its
+// golden snapshot to its first exec, next to cold creates (boots) of the
+// same image and size to their first exec, in one run.
+func BenchmarkGoldenCreate(b *testing.B) {
+	v, done := benchEnv(b)
+	defer done()
+	opts := v.options()
+	opts.Images["default"] = testimage.Image(b, "default")
+	opts.GoldenSnapshots = true
+	eng, err := harebox.New(context.Background(), opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eng.Close()
+	ctx := context.Background()
+	createExec := func() (*sandbox.Sandbox, time.Duration) {
+		start := time.Now()
+		s, err := eng.Create(ctx, sandbox.CreateRequest{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := eng.Exec(ctx, s.ID, sandbox.ExecRequest{Cmd: "true"}); err != nil {
+			b.Fatal(err)
+		}
+		return s, time.Since(start)
+	}
+	// Cold creates until the golden snapshot (started by the first) is
+	// ready.
+	var cold time.Duration
+	colds := 0
+	for deadline := time.Now().Add(5 * time.Minute); ; {
+		s, d := createExec()
+		eng.Delete(ctx, s.ID)
+		if s.Served == "snapshot" {
+			break
+		}
+		cold += d
+		colds++
+		if time.Now().After(deadline) {
+			b.Fatal("no golden snapshot after 5 minutes")
+		}
+	}
+	var warm time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s, d := createExec()
+		if s.Served != "snapshot" {
+			b.Fatalf("served by %s", s.Served)
+		}
+		warm += d
+		eng.Delete(ctx, s.ID)
+	}
+	b.ReportMetric(cold.Seconds()/float64(colds), "cold-s/op")
+	b.ReportMetric(warm.Seconds()/float64(b.N), "golden-s/op")
+	b.ReportMetric(float64(warm)/float64(b.N)/(float64(cold)/float64(colds)), "golden/cold")
+}

@@ -89,6 +89,10 @@ type Options struct {
 	// reservations cover 5 s but nothing settles on its own (tests call
 	// Settle).
 	MeterInterval time.Duration
+	// GoldenSnapshots makes creates restore from a golden snapshot of
+	// their image and size (booted once, in the background, on the first
+	// create of each) instead of booting, once there is one (golden.go).
+	GoldenSnapshots bool
 	// MetricsInterval is how often every sandbox created with monitoring
 	// on is sampled (CPU, memory, disk, network, from the host side);
 	// default 15 s, negative never (tests call SampleMetrics).
@@ -171,6 +175,8 @@ type Engine struct {
 	// snapUse counts the creates restoring from each snapshot; -1 marks
 	// one being deleted.
 	snapUse map[string]int
+	// goldens are the golden snapshots, by image build and size.
+	goldens map[string]*golden
 	used    sandbox.Resources
 
 	ctx    context.Context // lives until Close
@@ -266,6 +272,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.reconcileReservations(ctx); err != nil {
 		return nil, err
 	}
+	e.dropGoldens() // (a crashed engine's: no key opens them)
 	if err := e.pruneHibernateDirs(ctx); err != nil {
 		e.log.Warn("hibernation files: prune failed", "err", err)
 	}
@@ -403,6 +410,7 @@ func (e *Engine) Site() sandbox.Site { return e.opts.Site }
 func (e *Engine) Close() error {
 	e.cancel()
 	e.wg.Wait()
+	e.dropGoldens()
 	// A last checkpoint: the sandboxes keep running, and the next engine
 	// charges from here.
 	e.settleAll(context.Background())

@@ -144,6 +144,8 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		}
 	} else if img, err = e.image(imgName); err != nil {
 		return nil, err
+	} else {
+		o = e.goldenFor(img, res) // nil: it boots
 	}
 	if err := e.reserve(res); err != nil {
 		return nil, err
@@ -163,6 +165,10 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		exp := now.Add(time.Duration(req.TTLSeconds) * time.Second)
 		rec.ExpiresAt = &exp
 	}
+	rec.Served = "boot"
+	if o != nil {
+		rec.Served = "snapshot"
+	}
 	if err := e.initialPolicy(&req, rec); err != nil {
 		e.release(res)
 		return nil, err
@@ -174,7 +180,7 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		if err := e.place(ctx, tx, &req, rec); err != nil {
 			return err
 		}
-		if o != nil && rec.AccountID != o.snap.AccountID {
+		if o != nil && !o.golden && rec.AccountID != o.snap.AccountID {
 			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s belongs to another account", o.snap.ID)
 		}
 		return nil
@@ -251,7 +257,7 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 	}
 	e.watch(b)
 	if o != nil {
-		e.log.Info("sandbox created from a snapshot", "id", id, "name", req.Name, "snapshot", o.snap.ID, "source", o.snap.SandboxID)
+		e.log.Info("sandbox created from a snapshot", "id", id, "name", req.Name, "snapshot", o.snap.ID, "source", o.snap.SandboxID, "took", time.Since(now).Round(time.Millisecond))
 	} else {
 		e.log.Info("sandbox created", "id", id, "name", req.Name, "image", imgName, "vcpus", res.VCPUs, "memory_mb", res.MemoryMB)
 	}

@@ -46,6 +46,8 @@ type origin struct {
 	// wake: the sandbox's own hibernation, not a clone: it keeps its
 	// machine-id and gets only its new network.
 	wake bool
+	// golden: an engine's golden snapshot, of no account.
+	golden bool
 }
 
 func snapshotScope(id string) string { return "snapshot/" + id }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/hypervisor/memhv"
@@ -302,5 +304,71 @@ func TestHibernate(t *testing.T) {
 	}
 	if _, err := eng.Hibernate(ctx, ns.ID); !errors.Is(err, sandbox.ErrInvalid) {
 		t.Errorf("hibernate with snapshots off: %v", err)
+	}
+}
+
+// TestGoldenSnapshots: with GoldenSnapshots, the first create boots and
+// makes a golden snapshot in the background; later creates restore from
+// it, each its own sandbox (none of another's files, its own env); Close
+// removes the golden files.
+func TestGoldenSnapshots(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	opts.GoldenSnapshots = true
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { eng.Close() }()
+	first, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Served != "boot" {
+		t.Fatalf("the first create was served by %q", first.Served)
+	}
+	if _, err := eng.WriteFile(ctx, first.ID, "/tmp/mine", strings.NewReader("first's"), harebox.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *sandbox.Sandbox
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		s, err := eng.Create(ctx, sandbox.CreateRequest{Env: map[string]string{"WHO": "second"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Served == "snapshot" {
+			got = s
+			break
+		}
+		eng.Delete(ctx, s.ID)
+		if time.Now().After(deadline) {
+			t.Fatal("no create was served from a golden snapshot")
+		}
+	}
+	if got.ID == first.ID || got.State != sandbox.StateRunning {
+		t.Fatalf("served from the golden snapshot: %+v", got)
+	}
+	if _, err := eng.ReadFile(ctx, got.ID, "/tmp/mine", io.Discard); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("another sandbox's file in a golden clone: %v", err)
+	}
+	if r, err := eng.Exec(ctx, got.ID, sandbox.ExecRequest{Cmd: "printenv WHO"}); err != nil || r.Stdout != "second\n" {
+		t.Errorf("a golden clone's own env: %+v %v", r, err)
+	}
+	// Another size has none yet: it boots.
+	other, err := eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{Preset: "medium"}})
+	if err != nil || other.Served != "boot" {
+		t.Fatalf("another size: %+v %v", other, err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(opts.DataDir, "golden")); len(ents) == 0 {
+		t.Error("no golden files while the engine runs")
+	}
+	eng.Close()
+	if _, err := os.Stat(filepath.Join(opts.DataDir, "golden")); !os.IsNotExist(err) {
+		t.Errorf("golden files outlived the engine: %v", err)
+	}
+	if eng, err = harebox.New(ctx, opts); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -14,7 +14,8 @@ import (
 // a background process is forked twice; each clone has the file and the
 // process still counting, and its own machine-id, kernel entropy, address
 // and MAC. A named snapshot outlives the use it is put to: a sandbox made
-// from it after it is taken keeps running once it is deleted.
+// from it after it is taken keeps running once it is deleted. With golden
+// snapshots on, later creates are restored, each with its own identity.
 func TestFork(t *testing.T) {
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbf")
@@ -22,7 +23,8 @@ func TestFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := start(t, s, dataDir)
+	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--golden-snapshots",
+		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24")
 	defer func() {
 		srv.stop(t)
 		noLeftovers(t, dataDir)
@@ -116,5 +118,38 @@ func TestFork(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dataDir + "/snapshots"); len(ents) != 0 {
 		t.Errorf("snapshot files left: %v", ents)
+	}
+
+	// The first create (src) started the golden snapshot of the minimal
+	// image at its size; once it is ready, creates are restored from it.
+	for deadline := time.Now().Add(3 * time.Minute); !strings.Contains(srv.log.String(), "golden snapshot ready"); time.Sleep(500 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no golden snapshot:\n%s", tail(srv.log.String()))
+		}
+	}
+	golden := map[string]map[string]string{}
+	for range 2 {
+		began := time.Now()
+		var g struct{ ID, Served string }
+		if err := json.Unmarshal([]byte(hb("new", "--image", "minimal", "--label", "e2e=fork")), &g); err != nil || g.Served != "snapshot" {
+			t.Fatalf("new with a golden snapshot: %v %+v", err, g)
+		}
+		defer srv.call(t, "DELETE", "/v1/sandboxes/"+g.ID, srv.key, nil)
+		id := ident(g.ID)
+		t.Logf("golden create to first exec: %v", time.Since(began).Round(10*time.Millisecond))
+		if len(id["machine-id"]) != 32 || !strings.HasPrefix(id["address"], "10.239.0.") {
+			t.Errorf("golden clone %s identity %v", g.ID, id)
+		}
+		if got := hb("exec", g.ID, "-c", "cat /tmp/mark 2>/dev/null || echo none"); got != "none\n" {
+			t.Errorf("a golden clone has another sandbox's file: %q", got)
+		}
+		for other, oid := range golden {
+			for k, v := range id {
+				if oid[k] == v {
+					t.Errorf("golden clone %s has the same %s as %s: %s", g.ID, k, other, v)
+				}
+			}
+		}
+		golden[g.ID] = id
 	}
 }

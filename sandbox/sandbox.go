@@ -86,10 +86,14 @@ type Sandbox struct {
 	ThirdParty bool `json:"third_party"`
 	// Monitoring says whether command history is kept; Snapshots whether
 	// snapshots are allowed.
-	Monitoring bool      `json:"monitoring"`
-	Snapshots  bool      `json:"snapshots"`
-	Site       Site      `json:"site"`
-	CreatedAt  time.Time `json:"created_at"`
+	Monitoring bool `json:"monitoring"`
+	Snapshots  bool `json:"snapshots"`
+	// Served says how its create was served: "boot" (its image booted)
+	// or "snapshot" (restored from a snapshot: a golden one, a fork's or
+	// a named one).
+	Served    string    `json:"served,omitempty"`
+	Site      Site      `json:"site"`
+	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt is when the TTL deletes the sandbox; nil means never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// Agent is the guest agent's health while the sandbox runs: "ok", or

@@ -1,0 +1,174 @@
+package harebox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// Golden snapshots (Options.GoldenSnapshots). The first create of an image
+// build at a size boots cold, and starts, in the background, a golden
+// boot of that image and size: a machine of no tenant that boots, waits
+// for its agent and for systemd (where there is one) to settle, and is
+// snapshotted under a random key held in memory only, then stopped. Later
+// creates of that image and size restore from it as a fork's clones do,
+// each with its own data key, machine-id, kernel entropy and network, and
+// fall back to a cold boot while there is none. The files are removed at
+// Close and at start: without their key they are of no use.
+
+// golden is one image build's golden snapshot at one size.
+type golden struct {
+	snap  *store.Snapshot
+	key   []byte
+	ready chan struct{} // closed once built or failed
+	err   error
+}
+
+func (e *Engine) goldenDir() string { return filepath.Join(e.opts.DataDir, "golden") }
+
+func goldenID(img images.Image, res sandbox.Resources) string {
+	return fmt.Sprintf("%s|%d|%d|%d", img.Dir, res.VCPUs, res.MemoryMB, res.DiskGB)
+}
+
+// goldenFor returns the ready golden snapshot of img at res, or nil; with
+// none made yet, it starts making one in the background.
+func (e *Engine) goldenFor(img images.Image, res sandbox.Resources) *origin {
+	if !e.opts.GoldenSnapshots || !e.snapshots {
+		return nil
+	}
+	id := goldenID(img, res)
+	e.mu.Lock()
+	g := e.goldens[id]
+	if g == nil {
+		if e.goldens == nil {
+			e.goldens = map[string]*golden{}
+		}
+		g = &golden{ready: make(chan struct{})}
+		e.goldens[id] = g
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.buildGolden(g, img, res)
+		}()
+	}
+	e.mu.Unlock()
+	select {
+	case <-g.ready:
+		if g.err != nil {
+			return nil
+		}
+		return &origin{snap: g.snap, key: g.key, golden: true, done: func() {}}
+	default:
+		return nil // being made: this create boots
+	}
+}
+
+// buildGolden boots img at res, lets it settle and snapshots it. A build
+// that fails is not retried until the engine restarts (creates boot).
+func (e *Engine) buildGolden(g *golden, img images.Image, res sandbox.Resources) {
+	defer close(g.ready)
+	start := time.Now()
+	g.err = e.makeGolden(e.ctx, g, img, res)
+	if g.err != nil {
+		e.log.Warn("golden snapshot failed; creates of this image and size boot", "image", img.Name, "size", res, "err", g.err)
+		return
+	}
+	e.log.Info("golden snapshot ready", "image", img.Name, "size", res, "took", time.Since(start).Round(time.Millisecond), "bytes", diskUse(g.snap.Dir))
+}
+
+func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, res sandbox.Resources) (err error) {
+	// It holds host capacity while it boots, as a sandbox would.
+	if err := e.reserve(res); err != nil {
+		return err
+	}
+	defer e.release(res)
+	raw := make([]byte, 6)
+	rand.Read(raw)
+	id := "golden-" + hex.EncodeToString(raw)
+	dir := filepath.Join(e.goldenDir(), id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	if e.encrypt {
+		g.key = make([]byte, hypervisor.KeySize)
+		rand.Read(g.key)
+	}
+	// No traffic at all: nothing it does is anyone's.
+	att, err := e.net.Attach(ctx, id, &firewall.Policy{DefaultOutbound: firewall.Deny})
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	defer e.net.Detach(context.WithoutCancel(ctx), id)
+	spec := hypervisor.Spec{
+		ID: id, VCPUs: res.VCPUs, MemoryMB: res.MemoryMB,
+		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline,
+		StateDir: filepath.Join(dir, "m"), Labels: map[string]string{"harebox.golden": img.Name},
+		DataKey: g.key,
+	}
+	if img.RootDisk != "" {
+		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(res.DiskGB) << 10}}
+	}
+	if att != nil {
+		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
+		spec.Cmdline = strings.TrimSpace(spec.Cmdline + " " + att.Cmdline)
+	}
+	m, err := e.hv.Launch(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("launch: %w", err)
+	}
+	defer func() {
+		bg := context.WithoutCancel(ctx)
+		m.Kill(bg)
+		m.Wait(bg)
+		m.Cleanup(bg)
+	}()
+	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
+	defer cancel()
+	c, _, err := agentclient.DialReady(bctx, m.AgentEndpoint(), e.agentOptions())
+	if err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	defer c.Close()
+	// Settled: systemd's boot jobs done (where there is a systemd), the
+	// page cache flushed, so that no clone starts with their work.
+	settle := `if command -v systemctl >/dev/null; then systemctl is-system-running --wait >/dev/null 2>&1; fi; sync`
+	if _, err := c.Exec(bctx, agentclient.ExecRequest{Shell: settle, User: "root", Timeout: 2 * time.Minute}, nil); err != nil {
+		return fmt.Errorf("settle: %w", err)
+	}
+	snapDir := filepath.Join(dir, "snap")
+	if err := m.Snapshot(ctx, snapDir, g.key); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	g.snap = &store.Snapshot{
+		Snapshot: sandbox.Snapshot{ID: id, Image: img.Name, Size: res, CreatedAt: time.Now().UTC()},
+		Dir:      snapDir, ImageDir: img.Dir,
+		Source: store.SnapshotSource{Monitoring: true},
+	}
+	return nil
+}
+
+// dropGoldens removes every golden snapshot's files (at Close, after the
+// builds ended, and at start).
+func (e *Engine) dropGoldens() {
+	e.mu.Lock()
+	e.goldens = nil
+	e.mu.Unlock()
+	os.RemoveAll(e.goldenDir())
+}
