@@ -2,6 +2,7 @@ package harebox
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -28,15 +29,24 @@ func (e *Engine) newDataKey(ctx context.Context, b *box) error {
 	if !e.encrypt {
 		return nil
 	}
-	k, err := secrets.NewDataKey(ctx, e.sec, sandboxScope(b.rec.ID))
-	if err != nil {
+	k := make([]byte, secrets.DataKeySize)
+	if _, err := rand.Read(k); err != nil {
 		return err
 	}
-	b.key = k
 	id, err := consolelog.NewIdentity()
 	if err != nil {
 		return err
 	}
+	return e.keepKeys(ctx, b, k, id)
+}
+
+// keepKeys stores k as the sandbox's data key and id, sealed under it, as
+// its console identity (a pool member's were made before it was claimed).
+func (e *Engine) keepKeys(ctx context.Context, b *box, k []byte, id *age.X25519Identity) error {
+	if err := secrets.KeepDataKey(ctx, e.sec, sandboxScope(b.rec.ID), k); err != nil {
+		return err
+	}
+	b.key = k
 	sealed, err := seal(k, consoleKeyName, []byte(id.String()))
 	if err != nil {
 		return err

@@ -93,6 +93,10 @@ type Options struct {
 	// their image and size (booted once, in the background, on the first
 	// create of each) instead of booting, once there is one (golden.go).
 	GoldenSnapshots bool
+	// Pool keeps that many sandboxes restored from the golden snapshot
+	// idle and ready for each "IMAGE:PRESET" (pool.go): a create of that
+	// image and size claims one. A pool implies GoldenSnapshots.
+	Pool map[string]int
 	// MetricsInterval is how often every sandbox created with monitoring
 	// on is sampled (CPU, memory, disk, network, from the host side);
 	// default 15 s, negative never (tests call SampleMetrics).
@@ -177,7 +181,11 @@ type Engine struct {
 	snapUse map[string]int
 	// goldens are the golden snapshots, by image build and size.
 	goldens map[string]*golden
-	used    sandbox.Resources
+	// pool holds the idle pool members by image build and size; refill
+	// asks the pool loop to fill it up.
+	pool   map[string][]*member
+	refill chan struct{}
+	used   sandbox.Resources
 
 	ctx    context.Context // lives until Close
 	cancel context.CancelFunc
@@ -191,7 +199,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, wakeActions: make(chan struct{}, 1), creating: map[string]*store.Sandbox{}, kept: map[string]*store.Sandbox{}}
+	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, wakeActions: make(chan struct{}, 1), creating: map[string]*store.Sandbox{}, kept: map[string]*store.Sandbox{},
+		pool: map[string][]*member{}, refill: make(chan struct{}, 1)}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -294,6 +303,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		e.wg.Add(1)
 		go e.monitorLoop(opts.MetricsInterval)
 	}
+	if len(opts.Pool) > 0 {
+		entries, _ := parsePool(opts.Pool) // (checked by defaults)
+		e.wg.Add(1)
+		go e.poolLoop(entries)
+	}
 	if opts.HealthInterval > 0 {
 		e.wg.Add(1)
 		go e.watchAgents(opts.HealthInterval)
@@ -303,6 +317,12 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 }
 
 func (o *Options) defaults() error {
+	if _, err := parsePool(o.Pool); err != nil {
+		return err
+	}
+	if len(o.Pool) > 0 {
+		o.GoldenSnapshots = true
+	}
 	if o.DataDir == "" {
 		o.DataDir = "/var/lib/harebox"
 	}
@@ -410,6 +430,7 @@ func (e *Engine) Site() sandbox.Site { return e.opts.Site }
 func (e *Engine) Close() error {
 	e.cancel()
 	e.wg.Wait()
+	e.drainPool()
 	e.dropGoldens()
 	// A last checkpoint: the sandboxes keep running, and the next engine
 	// charges from here.

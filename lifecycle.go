@@ -137,6 +137,7 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		return nil, err
 	}
 	var img images.Image
+	var pm *member // a pool member this create claims
 	if o != nil {
 		res, imgName = o.snap.Size, o.snap.Image
 		if img, err = e.imageOf(&store.Sandbox{Sandbox: sandbox.Sandbox{Image: o.snap.Image}, ImageDir: o.snap.ImageDir}); err != nil {
@@ -144,14 +145,26 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		}
 	} else if img, err = e.image(imgName); err != nil {
 		return nil, err
-	} else {
+	} else if pm = e.claimMember(img, res); pm == nil {
 		o = e.goldenFor(img, res) // nil: it boots
 	}
-	if err := e.reserve(res); err != nil {
+	claimed := false // the box owns the member's machine
+	if pm != nil {
+		// Its host capacity passes to this create; until the box owns
+		// its machine, a failure stops it.
+		defer func() {
+			if !claimed {
+				e.discard(pm)
+			}
+		}()
+	} else if err := e.reserve(res); err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()
 	id := sandbox.NewID()
+	if pm != nil {
+		id = pm.id
+	}
 	rec := &store.Sandbox{
 		Sandbox: sandbox.Sandbox{
 			ID: id, Name: req.Name, State: sandbox.StateCreating, Image: imgName, Size: res,
@@ -166,7 +179,10 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		rec.ExpiresAt = &exp
 	}
 	rec.Served = "boot"
-	if o != nil {
+	switch {
+	case pm != nil:
+		rec.Served = "pool"
+	case o != nil:
 		rec.Served = "snapshot"
 	}
 	if err := e.initialPolicy(&req, rec); err != nil {
@@ -214,7 +230,11 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 	b := &box{rec: rec, deleting: make(chan struct{})}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	err = e.newDataKey(ctx, b)
+	if pm != nil && pm.key != nil {
+		err = e.keepKeys(ctx, b, pm.key, pm.console)
+	} else {
+		err = e.newDataKey(ctx, b)
+	}
 	if err == nil {
 		vars := req.Env
 		if vars == nil && o != nil {
@@ -231,7 +251,10 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 	if err == nil {
 		err = e.loadCredentials(ctx, b)
 	}
-	if err == nil {
+	if err == nil && pm != nil {
+		claimed = true
+		err = e.claimBoot(ctx, b, pm)
+	} else if err == nil {
 		err = e.boot(ctx, b, img, false, o)
 	}
 	if err == nil {
@@ -256,7 +279,9 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		return nil, err
 	}
 	e.watch(b)
-	if o != nil {
+	if pm != nil {
+		e.log.Info("sandbox created from the pool", "id", id, "name", req.Name, "image", imgName, "took", time.Since(now).Round(time.Millisecond))
+	} else if o != nil {
 		e.log.Info("sandbox created from a snapshot", "id", id, "name", req.Name, "snapshot", o.snap.ID, "source", o.snap.SandboxID, "took", time.Since(now).Round(time.Millisecond))
 	} else {
 		e.log.Info("sandbox created", "id", id, "name", req.Name, "image", imgName, "vcpus", res.VCPUs, "memory_mb", res.MemoryMB)

@@ -164,6 +164,9 @@ type Stats struct {
 	// Reserved is what admitted sandboxes hold; Limit what admission
 	// allows on this host.
 	Reserved, Limit sandbox.Resources
+	// Pool is how many idle pool members are ready (their host capacity
+	// is in Reserved).
+	Pool int
 }
 
 // Stats returns the engine's counts now (the operator's, or a key's that
@@ -183,6 +186,9 @@ func (e *Engine) Stats(ctx context.Context) (Stats, error) {
 	st.Sandboxes[sandbox.StateCreating] = len(e.creating)
 	for _, r := range e.kept {
 		st.Sandboxes[r.State]++ // stopped or hibernated
+	}
+	for _, l := range e.pool {
+		st.Pool += len(l)
 	}
 	e.mu.Unlock()
 	for _, b := range boxes {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -370,5 +371,72 @@ func TestGoldenSnapshots(t *testing.T) {
 	}
 	if eng, err = harebox.New(ctx, opts); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPool: the pool fills up to its size without charging anyone; a
+// create of its image and size claims a member (a new sandbox with its own
+// env, admitted and charged from then on) and the pool refills; Close
+// stops the idle members and leaves the claimed sandbox running.
+func TestPool(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	opts.Pool = map[string]int{"default:small": 2}
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { eng.Close() }()
+	poolOf := func() int {
+		st, err := eng.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Pool
+	}
+	waitPool := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); poolOf() != n; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the pool holds %d, want %d", poolOf(), n)
+			}
+		}
+	}
+	// The first golden boot is started by the pool itself.
+	waitPool(2)
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 1000 * dollar, Action: budget.Notify})
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Reserved != 0 {
+		t.Errorf("idle pool members are charged: %s reserved", got.Reserved)
+	}
+	s, err := eng.Create(ctx, sandbox.CreateRequest{Name: "warm", Env: map[string]string{"WHO": "claimer"}, Labels: map[string]string{"team": "blue"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Served != "pool" || s.State != sandbox.StateRunning || s.Name != "warm" || s.Labels["team"] != "blue" {
+		t.Fatalf("claimed: %+v", s)
+	}
+	if r, err := eng.Exec(ctx, s.ID, sandbox.ExecRequest{Cmd: "printenv WHO"}); err != nil || r.Stdout != "claimer\n" {
+		t.Errorf("the claimed sandbox's env: %+v %v", r, err)
+	}
+	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Reserved == 0 {
+		t.Error("a claimed sandbox is not charged")
+	}
+	waitPool(2) // refilled
+	// Another size is not in the pool: it boots.
+	if o, err := eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{Preset: "medium"}}); err != nil || o.Served == "pool" {
+		t.Errorf("another size: %+v %v", o, err)
+	}
+	eng.Close()
+	ents, _ := os.ReadDir(filepath.Join(opts.DataDir, "m"))
+	if len(ents) != 2 { // the claimed one and the medium one
+		t.Errorf("machine directories after Close: %d, want the 2 sandboxes'", len(ents))
+	}
+	if eng, err = harebox.New(ctx, opts); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := eng.Get(ctx, s.ID); err != nil || got.State != sandbox.StateRunning {
+		t.Errorf("the claimed sandbox after a restart: %+v %v", got, err)
 	}
 }

@@ -88,9 +88,9 @@ type Sandbox struct {
 	// snapshots are allowed.
 	Monitoring bool `json:"monitoring"`
 	Snapshots  bool `json:"snapshots"`
-	// Served says how its create was served: "boot" (its image booted)
-	// or "snapshot" (restored from a snapshot: a golden one, a fork's or
-	// a named one).
+	// Served says how its create was served: "boot" (its image booted),
+	// "snapshot" (restored from a snapshot: a golden one, a fork's or a
+	// named one) or "pool" (claimed from the warm pool).
 	Served    string    `json:"served,omitempty"`
 	Site      Site      `json:"site"`
 	CreatedAt time.Time `json:"created_at"`

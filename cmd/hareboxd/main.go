@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -64,6 +65,7 @@ func run() error {
 		plaintext    = flag.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor today)")
 		prices       = flag.String("prices", "", "price table, a JSON file of decimal dollar strings per hour: vcpu_hour, memory_gib_hour, paused_vcpu_hour, paused_memory_gib_hour, disk_gb_hour, snapshot_gb_hour, and egress_gb per GB (default: the README's)")
 		meterEvery   = flag.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
+		poolFlag     = flag.String("pool", "", "keep that many sandboxes restored from the golden snapshot idle and ready for each image and size, claimed by creates: IMAGE:PRESET=N[,IMAGE:PRESET=N...], e.g. default:small=4 (implies --golden-snapshots)")
 		golden       = flag.Bool("golden-snapshots", false, "restore creates from a golden snapshot of their image and size (booted once, in the background, on the first create of each) instead of booting them")
 		metricsEvery = flag.Duration("metrics-interval", 15*time.Second, "how often every sandbox created with monitoring on is sampled (CPU, memory, disk, network, from the host side)")
 		proxies      = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
@@ -128,11 +130,15 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	warm, err := parsePool(*poolFlag)
+	if err != nil {
+		return err
+	}
 	eng, err := harebox.New(ctx, harebox.Options{
 		DefaultFirewall: fw,
 		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
-		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden,
+		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
 	})
 	if err != nil {
 		return err
@@ -245,4 +251,21 @@ func doctor(w io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// parsePool reads --pool: IMAGE:PRESET=N[,IMAGE:PRESET=N...].
+func parsePool(s string) (map[string]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]int{}
+	for _, part := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("--pool %q: want IMAGE:PRESET=N[,IMAGE:PRESET=N...]", part)
+		}
+		out[k] = n
+	}
+	return out, nil
 }

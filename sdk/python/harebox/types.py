@@ -50,9 +50,10 @@ class SandboxJSON(TypedDict):
     monitoring: NotRequired[bool]
     #: Whether snapshots and forks of the sandbox are allowed.
     snapshots: NotRequired[bool]
-    #: How its create was served: "boot" (its image booted) or "snapshot"
-    #: (restored from a snapshot: a golden one, a fork's or a named one).
-    served: NotRequired[Literal["boot", "snapshot"]]
+    #: How its create was served: "boot" (its image booted), "snapshot"
+    #: (restored from a snapshot: a golden one, a fork's or a named one) or
+    #: "pool" (claimed from the warm pool).
+    served: NotRequired[Literal["boot", "snapshot", "pool"]]
     #: While running: the guest agent's health ("ok" or "unresponsive").
     agent: NotRequired[str]
     site: Site

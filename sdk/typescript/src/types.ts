@@ -135,8 +135,8 @@ export interface Sandbox {
   monitoring?: boolean;
   /** Whether snapshots and forks of the sandbox are allowed. */
   snapshots?: boolean;
-  /** How its create was served: its image booted, or restored from a snapshot (a golden one, a fork's or a named one). */
-  served?: "boot" | "snapshot";
+  /** How its create was served: its image booted, restored from a snapshot (a golden one, a fork's or a named one), or claimed from the warm pool. */
+  served?: "boot" | "snapshot" | "pool";
   /** While running: the guest agent's health from the engine's checks. */
   agent?: "ok" | "unresponsive";
   site: Site;

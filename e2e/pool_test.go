@@ -1,0 +1,70 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPool, on real VMs through the CLI: hareboxd keeps two minimal
+// sandboxes restored and idle; two creates claim them, each with its own
+// machine-id, kernel entropy and address, its labels and env, and the
+// firewall policy it asked for in force.
+func TestPool(t *testing.T) {
+	s := prepare(t)
+	dataDir, err := os.MkdirTemp("", "hbp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--pool", "minimal:small=2",
+		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24")
+	defer func() {
+		srv.stop(t)
+		noLeftovers(t, dataDir)
+		if out, err := exec.Command("nft", "delete", "table", "inet", "harebox_e2e").CombinedOutput(); err != nil {
+			t.Logf("nft delete table: %v %s", err, out)
+		}
+	}()
+	hb := func(args ...string) string {
+		t.Helper()
+		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)
+	}
+	for deadline := time.Now().Add(4 * time.Minute); strings.Count(srv.log.String(), "pool member ready") < 2; time.Sleep(500 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not fill:\n%s", tail(srv.log.String()))
+		}
+	}
+	seen := map[string]string{}
+	for i := range 2 {
+		began := time.Now()
+		var box struct {
+			ID, Served string
+			Labels     map[string]string
+		}
+		out := hb("new", "--image", "minimal", "--label", "e2e=pool", "--env", "WHO=claimer",
+			"--firewall", `{"default_outbound":"deny"}`)
+		if err := json.Unmarshal([]byte(out), &box); err != nil || box.Served != "pool" || box.Labels["e2e"] != "pool" {
+			t.Fatalf("new %d: %v %s", i, err, out)
+		}
+		defer srv.call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.key, nil)
+		got := hb("exec", box.ID, "-c", `printf '%s\n' "$WHO" "$(cat /etc/machine-id)" "$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')" "$(ip -4 -o addr show eth0 | awk '{print $4}')"`)
+		t.Logf("pool create to first exec: %v", time.Since(began).Round(10*time.Millisecond))
+		l := strings.Split(strings.TrimRight(got, "\n"), "\n")
+		if len(l) != 4 || l[0] != "claimer" || len(l[1]) != 32 || !strings.HasPrefix(l[3], "10.239.0.") {
+			t.Fatalf("claimed sandbox %s: %q", box.ID, got)
+		}
+		for _, v := range l[1:] {
+			if other, dup := seen[v]; dup {
+				t.Errorf("sandbox %s shares %q with %s", box.ID, v, other)
+			}
+			seen[v] = box.ID
+		}
+		if out := hb("firewall", "get", box.ID); !strings.Contains(out, `"deny"`) {
+			t.Errorf("the claimed sandbox's policy: %s", out)
+		}
+	}
+}
