@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -81,6 +82,15 @@ func (e *Engine) buildGolden(g *golden, img images.Image, res sandbox.Resources)
 	defer close(g.ready)
 	start := time.Now()
 	g.err = e.makeGolden(e.ctx, g, img, res)
+	if errors.Is(g.err, sandbox.ErrCapacity) {
+		// The host was full: a later create tries again.
+		e.mu.Lock()
+		if e.goldens[goldenID(img, res)] == g {
+			delete(e.goldens, goldenID(img, res))
+		}
+		e.mu.Unlock()
+		return
+	}
 	if g.err != nil {
 		e.log.Warn("golden snapshot failed; creates of this image and size boot", "image", img.Name, "size", res, "err", g.err)
 		return

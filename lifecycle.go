@@ -145,8 +145,8 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		}
 	} else if img, err = e.image(imgName); err != nil {
 		return nil, err
-	} else if pm = e.claimMember(img, res); pm == nil {
-		o = e.goldenFor(img, res) // nil: it boots
+	} else {
+		pm = e.claimMember(img, res)
 	}
 	claimed := false // the box owns the member's machine
 	if pm != nil {
@@ -157,8 +157,12 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 				e.discard(pm)
 			}
 		}()
-	} else if err := e.reserve(res); err != nil {
+	} else if err := e.reserveEvicting(res); err != nil {
 		return nil, err
+	} else if o == nil {
+		// (After the reservation: a golden boot that this starts comes
+		// after the create.)
+		o = e.goldenFor(img, res) // nil: it boots
 	}
 	now := time.Now().UTC()
 	id := sandbox.NewID()

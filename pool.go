@@ -3,6 +3,7 @@ package harebox
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sort"
@@ -85,6 +86,38 @@ func (e *Engine) claimMember(img images.Image, res sandbox.Resources) *member {
 	default:
 	}
 	return pm
+}
+
+// reserveEvicting reserves res, stopping idle pool members while the host
+// is too full for it: creates come before the pool.
+func (e *Engine) reserveEvicting(res sandbox.Resources) error {
+	for {
+		err := e.reserve(res)
+		if err == nil || !errors.Is(err, sandbox.ErrCapacity) {
+			return err
+		}
+		pm := e.takeAnyMember()
+		if pm == nil {
+			return err
+		}
+		e.log.Info("pool: stopping an idle member to make room for a create", "id", pm.id)
+		e.discard(pm)
+		e.release(pm.res)
+	}
+}
+
+// takeAnyMember takes an idle member of any image and size out of the
+// pool, or returns nil.
+func (e *Engine) takeAnyMember() *member {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, l := range e.pool {
+		if len(l) > 0 {
+			e.pool[k] = l[1:]
+			return l[0]
+		}
+	}
+	return nil
 }
 
 // discard stops a member's machine and gives up what it had on the host
