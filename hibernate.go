@@ -8,8 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -123,92 +123,30 @@ func (e *Engine) finishHibernate(ctx context.Context, rec *store.Sandbox) {
 // budgets) as a create is, then restored from its hibernation files.
 func (e *Engine) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox, error) {
 	id := rec.ID
-	img, err := e.imageOf(rec)
+	dir := e.hibernateDir(id)
+	out, err := e.bringBack(ctx, rec, "resumed", func(b *box, img images.Image) error {
+		if _, err := os.Stat(dir); err != nil {
+			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s: its hibernation files are gone: %v", id, err)
+		}
+		// What a VMM it had left is in the way of the restore.
+		killStrays(rec.StateDir)
+		os.RemoveAll(rec.StateDir)
+		err := e.boot(ctx, b, img, false, &origin{snap: &store.Snapshot{Dir: dir}, key: b.key, wake: true})
+		if err != nil && b.m != nil {
+			// The hibernation files stay what it is made from.
+			bg := context.WithoutCancel(ctx)
+			b.m.Kill(bg)
+			b.m.Wait(bg)
+			b.m.Cleanup(bg)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	if err := e.reserve(rec.Size); err != nil {
-		return nil, err
-	}
-	b := &box{rec: rec, deleting: make(chan struct{})}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	// As in Start: one at a time, never beside a Delete.
-	e.mu.Lock()
-	if e.boxes[id] != nil {
-		e.mu.Unlock()
-		e.release(rec.Size)
-		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being resumed", id)
-	}
-	e.boxes[id] = b
-	prev := e.kept[id]
-	delete(e.kept, id)
-	e.mu.Unlock()
-	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != sandbox.StateHibernated {
-		e.mu.Lock()
-		delete(e.boxes, id)
-		if prev != nil && err == nil && cur.State == sandbox.StateHibernated {
-			e.kept[id] = prev
-		}
-		e.mu.Unlock()
-		e.release(rec.Size)
-		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer hibernated", id)
-	}
-	e.settleFinal(ctx, b)
-	fail := func(err error) (*sandbox.Sandbox, error) {
-		e.log.Warn("resume from hibernation failed", "id", id, "err", err)
-		bctx := context.WithoutCancel(ctx)
-		if b.m != nil {
-			b.m.Kill(bctx)
-			b.m.Wait(bctx)
-			b.m.Cleanup(bctx)
-		}
-		b.closeAgent()
-		e.settleFinal(bctx, b)
-		e.net.Detach(bctx, id)
-		e.release(rec.Size)
-		rec.State, rec.Handle, rec.Kept = sandbox.StateHibernated, nil, true
-		e.store.PutSandbox(bctx, rec)
-		snap := *rec
-		e.mu.Lock()
-		delete(e.boxes, id)
-		e.kept[id] = &snap
-		e.mu.Unlock()
-		e.budgets.Settle(bctx, budget.Meter{SandboxID: id, Subject: budget.SubjectOf(rec),
-			Held: held(rec, sandbox.StateHibernated), Next: held(rec, sandbox.StateHibernated), NextFor: e.reserveFor(rec, e.opts.Now())})
-		return nil, err
-	}
-	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.admit(ctx, tx, rec) }); err != nil {
-		return fail(err)
-	}
-	if err := e.loadKeys(ctx, b); err != nil {
-		return fail(err)
-	}
-	if err := e.loadEnv(ctx, b); err != nil {
-		return fail(err)
-	}
-	if err := e.loadCredentials(ctx, b); err != nil {
-		return fail(err)
-	}
-	dir := e.hibernateDir(id)
-	if _, err := os.Stat(dir); err != nil {
-		return fail(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s: its hibernation files are gone: %v", id, err))
-	}
-	// A stale directory from the VMM it had is in the way of the restore.
-	killStrays(rec.StateDir)
-	os.RemoveAll(rec.StateDir)
-	o := &origin{snap: &store.Snapshot{Dir: dir}, key: b.key, wake: true}
-	if err := e.boot(ctx, b, img, false, o); err != nil {
-		return fail(err)
-	}
-	rec.Kept, rec.HibernatedBytes = false, 0
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
-		return fail(err)
-	}
 	os.RemoveAll(dir)
-	e.watch(b)
 	e.log.Info("sandbox resumed from hibernation", "id", id)
-	return b.view(), nil
+	return out, nil
 }
 
 // pruneHibernateDirs removes hibernation files whose sandbox is not

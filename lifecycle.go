@@ -349,18 +349,24 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 			return fmt.Errorf("restore: %w", err)
 		}
 	}
-	if err := c.SyncTime(bctx, time.Now()); err != nil {
-		return fmt.Errorf("boot: %w", err)
-	}
-	if err := e.deliverFiles(bctx, b, c); err != nil {
-		return fmt.Errorf("boot: %w", err)
-	}
-	if err := e.installCA(bctx, b, c); err != nil {
+	if err := e.provision(bctx, b, c); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
 	// Create stores the running state once the box is registered.
 	rec.State = sandbox.StateRunning
 	return nil
+}
+
+// provision gives a guest that answers what every boot gives it: the
+// host's clock, its environment's files and its credentials CA.
+func (e *Engine) provision(ctx context.Context, b *box, c *agentclient.Client) error {
+	if err := c.SyncTime(ctx, time.Now()); err != nil {
+		return err
+	}
+	if err := e.deliverFiles(ctx, b, c); err != nil {
+		return err
+	}
+	return e.installCA(ctx, b, c)
 }
 
 // destroy stops the VM and removes everything the sandbox had on the host.

@@ -268,13 +268,7 @@ func (e *Engine) claimBoot(ctx context.Context, b *box, pm *member) error {
 	if err := e.newIdentity(bctx, c, nil, false); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
-	if err := c.SyncTime(bctx, time.Now()); err != nil {
-		return fmt.Errorf("claim: %w", err)
-	}
-	if err := e.deliverFiles(bctx, b, c); err != nil {
-		return fmt.Errorf("claim: %w", err)
-	}
-	if err := e.installCA(bctx, b, c); err != nil {
+	if err := e.provision(bctx, b, c); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
 	rec.State = sandbox.StateRunning

@@ -101,6 +101,21 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 	if !rec.Kept {
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s stopped on its own (%s): its disk is gone; delete it", id, rec.Error)
 	}
+	out, err := e.bringBack(ctx, rec, "started", func(b *box, img images.Image) error {
+		return e.boot(ctx, b, img, true, nil)
+	})
+	if err == nil {
+		e.log.Info("sandbox started", "id", id)
+	}
+	return out, err
+}
+
+// bringBack boots a kept sandbox (stopped by Stop, or hibernated) again:
+// admitted as a create is (host capacity, budgets), with its keys, env,
+// credentials and firewall policy; run launches its machine. On failure it
+// is kept as it was, in the state it had.
+func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string, run func(*box, images.Image) error) (*sandbox.Sandbox, error) {
+	id, from := rec.ID, rec.State
 	img, err := e.imageOf(rec)
 	if err != nil {
 		return nil, err
@@ -111,54 +126,55 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 	b := &box{rec: rec, deleting: make(chan struct{})}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	// Only one Start at a time, and never beside a Delete: the box is
-	// registered while it boots. Its record stays stopped until it runs
+	// Only one at a time, and never beside a Delete: the box is
+	// registered while it boots. Its record keeps its state until it runs
 	// (boot stores the new handle): an engine that dies meanwhile finds it
-	// stopped, its disk kept, and stops the VMM it had launched.
+	// kept, and stops the VMM it had launched.
 	e.mu.Lock()
 	if e.boxes[id] != nil {
 		e.mu.Unlock()
 		e.release(rec.Size)
-		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being started", id)
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being %s", id, verb)
 	}
 	e.boxes[id] = b
 	prev := e.kept[id]
 	delete(e.kept, id)
 	e.mu.Unlock()
 	// A Delete may have finished between the record read and the claim.
-	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != sandbox.StateStopped || !cur.Kept {
+	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != from || !cur.Kept {
 		e.mu.Lock()
 		delete(e.boxes, id)
-		if prev != nil && err == nil && cur.State == sandbox.StateStopped {
+		if prev != nil && err == nil && cur.State == from {
 			e.kept[id] = prev
 		}
 		e.mu.Unlock()
 		e.release(rec.Size)
-		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer stopped", id)
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer %s", id, from)
 	}
-	// Its disk is charged up to now; the start is admitted afresh.
+	// What it kept is charged up to now; it is admitted afresh.
 	e.settleFinal(ctx, b)
 	fail := func(err error) (*sandbox.Sandbox, error) {
-		e.log.Warn("start failed", "id", id, "err", err)
+		e.log.Warn("sandbox not "+verb, "id", id, "err", err)
+		bg := context.WithoutCancel(ctx)
 		if b.m != nil {
-			b.m.Kill(context.WithoutCancel(ctx))
-			b.m.Wait(context.WithoutCancel(ctx))
+			b.m.Kill(bg)
+			b.m.Wait(bg)
 		}
 		b.closeAgent()
-		e.settleFinal(context.WithoutCancel(ctx), b)
-		e.net.Detach(context.WithoutCancel(ctx), id)
+		e.settleFinal(bg, b)
+		e.net.Detach(bg, id)
 		e.release(rec.Size)
-		rec.State, rec.Handle, rec.Kept = sandbox.StateStopped, nil, true
-		e.store.PutSandbox(context.WithoutCancel(ctx), rec)
-		// Stopped again: its disk is metered again, from a fresh
+		rec.State, rec.Handle, rec.Kept = from, nil, true
+		e.store.PutSandbox(bg, rec)
+		// Kept again: what it keeps is metered again, from a fresh
 		// reservation.
 		snap := *rec
 		e.mu.Lock()
 		delete(e.boxes, id)
 		e.kept[id] = &snap
 		e.mu.Unlock()
-		e.budgets.Settle(context.WithoutCancel(ctx), budget.Meter{SandboxID: id, Subject: budget.SubjectOf(rec),
-			Held: held(rec, sandbox.StateStopped), Next: held(rec, sandbox.StateStopped), NextFor: e.reserveFor(rec, e.opts.Now())})
+		e.budgets.Settle(bg, budget.Meter{SandboxID: id, Subject: budget.SubjectOf(rec),
+			Held: held(rec, from), Next: held(rec, from), NextFor: e.reserveFor(rec, e.opts.Now())})
 		return nil, err
 	}
 	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.admit(ctx, tx, rec) }); err != nil {
@@ -173,15 +189,14 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 	if err := e.loadCredentials(ctx, b); err != nil {
 		return fail(err)
 	}
-	if err := e.boot(ctx, b, img, true, nil); err != nil {
+	if err := run(b, img); err != nil {
 		return fail(err)
 	}
-	rec.Kept = false // running: Stop keeps it again
+	rec.Kept, rec.HibernatedBytes = false, 0 // running: Stop or Hibernate keep it again
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		return fail(err)
 	}
 	e.watch(b)
-	e.log.Info("sandbox started", "id", id)
 	return b.view(), nil
 }
 
