@@ -185,7 +185,9 @@ type Engine struct {
 	// asks the pool loop to fill it up.
 	pool   map[string][]*member
 	refill chan struct{}
-	used   sandbox.Resources
+	// creates sums the creates' timings by how they were served.
+	creates createStats
+	used    sandbox.Resources
 
 	ctx    context.Context // lives until Close
 	cancel context.CancelFunc

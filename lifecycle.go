@@ -55,6 +55,8 @@ type box struct {
 	// VM's exit is expected.
 	deleting     chan struct{}
 	deletingOnce sync.Once
+	// phases times a create's steps (nil otherwise).
+	phases *phases
 }
 
 func (b *box) view() *sandbox.Sandbox {
@@ -132,6 +134,7 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 
 // create makes a sandbox: booted from its image, or restored from o.
 func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origin) (*sandbox.Sandbox, error) {
+	began := time.Now()
 	res, imgName, err := req.Resolve()
 	if err != nil {
 		return nil, err
@@ -231,9 +234,10 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 	}()
 	// The box's lifecycle lock is held until the sandbox is registered and
 	// stored as running, so a Delete that races with it waits its turn.
-	b := &box{rec: rec, deleting: make(chan struct{})}
+	b := &box{rec: rec, deleting: make(chan struct{}), phases: newPhases(began)}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.phases.mark("admit")
 	if pm != nil && pm.key != nil {
 		err = e.keepKeys(ctx, b, pm.key, pm.console)
 	} else {
@@ -255,11 +259,18 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 	if err == nil {
 		err = e.loadCredentials(ctx, b)
 	}
+	b.phases.mark("prepare")
 	if err == nil && pm != nil {
 		claimed = true
 		err = e.claimBoot(ctx, b, pm)
 	} else if err == nil {
 		err = e.boot(ctx, b, img, false, o)
+	}
+	var took time.Duration
+	if err == nil {
+		took = time.Since(began)
+		rec.CreatePhases = b.phases.ms
+		rec.CreatePhases["total"] = float64(took.Microseconds()) / 1000
 	}
 	if err == nil {
 		e.mu.Lock()
@@ -283,6 +294,8 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		return nil, err
 	}
 	e.watch(b)
+	e.creates.add(rec.Served, took, b.phases)
+	b.phases = nil
 	if pm != nil {
 		e.log.Info("sandbox created from the pool", "id", id, "name", req.Name, "image", imgName, "took", time.Since(now).Round(time.Millisecond))
 	} else if o != nil {
@@ -332,6 +345,11 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	} else if m, err = e.hv.Launch(ctx, spec); err != nil {
 		return hvErr(fmt.Errorf("launch: %w", err))
 	}
+	if o != nil {
+		b.phases.mark("restore")
+	} else {
+		b.phases.mark("launch")
+	}
 	b.m = m
 	h := m.Handle()
 	rec.Handle = &h
@@ -344,14 +362,17 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	if err != nil {
 		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500))
 	}
+	b.phases.mark("agent")
 	if o != nil {
 		if err := e.newIdentity(bctx, c, att, o.wake); err != nil {
 			return fmt.Errorf("restore: %w", err)
 		}
+		b.phases.mark("identity")
 	}
 	if err := e.provision(bctx, b, c); err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
+	b.phases.mark("provision")
 	// Create stores the running state once the box is registered.
 	rec.State = sandbox.StateRunning
 	return nil

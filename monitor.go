@@ -167,6 +167,9 @@ type Stats struct {
 	// Pool is how many idle pool members are ready (their host capacity
 	// is in Reserved).
 	Pool int
+	// Creates sums the creates since the engine started, by how they were
+	// served (boot, snapshot, pool).
+	Creates map[string]CreateStats
 }
 
 // Stats returns the engine's counts now (the operator's, or a key's that
@@ -191,6 +194,7 @@ func (e *Engine) Stats(ctx context.Context) (Stats, error) {
 		st.Pool += len(l)
 	}
 	e.mu.Unlock()
+	st.Creates = e.creates.snapshot()
 	for _, b := range boxes {
 		// One in a lifecycle call is counted as busy, not waited for.
 		if !b.mu.TryLock() {

@@ -259,6 +259,7 @@ func (e *Engine) claimBoot(ctx context.Context, b *box, pm *member) error {
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		return err
 	}
+	b.phases.mark("claim")
 	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
 	defer cancel()
 	c, err := b.client(bctx, e.agentOptions())
@@ -268,9 +269,11 @@ func (e *Engine) claimBoot(ctx context.Context, b *box, pm *member) error {
 	if err := e.newIdentity(bctx, c, nil, false); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
+	b.phases.mark("identity")
 	if err := e.provision(bctx, b, c); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
+	b.phases.mark("provision")
 	rec.State = sandbox.StateRunning
 	return nil
 }

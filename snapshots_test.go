@@ -351,6 +351,9 @@ func TestGoldenSnapshots(t *testing.T) {
 	if got.ID == first.ID || got.State != sandbox.StateRunning {
 		t.Fatalf("served from the golden snapshot: %+v", got)
 	}
+	if p := got.CreatePhases; p["restore"] <= 0 || p["launch"] != 0 || first.CreatePhases["launch"] <= 0 {
+		t.Errorf("steps: restored %v, booted %v", p, first.CreatePhases)
+	}
 	if _, err := eng.ReadFile(ctx, got.ID, "/tmp/mine", io.Discard); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("another sandbox's file in a golden clone: %v", err)
 	}
@@ -418,6 +421,9 @@ func TestPool(t *testing.T) {
 	}
 	if s.Served != "pool" || s.State != sandbox.StateRunning || s.Name != "warm" || s.Labels["team"] != "blue" {
 		t.Fatalf("claimed: %+v", s)
+	}
+	if p := s.CreatePhases; p["claim"] <= 0 || p["identity"] <= 0 || p["total"] < p["claim"] || p["launch"] != 0 {
+		t.Errorf("a claim's steps: %v", p)
 	}
 	if r, err := eng.Exec(ctx, s.ID, sandbox.ExecRequest{Cmd: "printenv WHO"}); err != nil || r.Stdout != "claimer\n" {
 		t.Errorf("the claimed sandbox's env: %+v %v", r, err)

@@ -42,6 +42,7 @@ func (s *Server) getSandboxMetrics(w http.ResponseWriter, r *http.Request) error
 type engineCollector struct {
 	eng                              *harebox.Engine
 	sandboxes, busy, reserved, limit *prometheus.Desc
+	pool, creates, phases            *prometheus.Desc
 }
 
 func newEngineCollector(eng *harebox.Engine) *engineCollector {
@@ -51,6 +52,9 @@ func newEngineCollector(eng *harebox.Engine) *engineCollector {
 		busy:      prometheus.NewDesc("harebox_sandboxes_busy", "Live sandboxes in a lifecycle call when sampled.", nil, nil),
 		reserved:  prometheus.NewDesc("harebox_reserved", "What admitted sandboxes reserve on this host.", []string{"resource"}, nil),
 		limit:     prometheus.NewDesc("harebox_admission_limit", "What admission allows on this host.", []string{"resource"}, nil),
+		pool:      prometheus.NewDesc("harebox_pool_idle", "Idle warm-pool sandboxes ready to be claimed.", nil, nil),
+		creates:   prometheus.NewDesc("harebox_create_seconds", "Creates since the server started and how long they took, by how they were served (boot, snapshot, pool).", []string{"served"}, nil),
+		phases:    prometheus.NewDesc("harebox_create_phase_seconds_total", "Time the creates spent in each step, by how they were served.", []string{"served", "phase"}, nil),
 	}
 }
 
@@ -59,6 +63,9 @@ func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.busy
 	ch <- c.reserved
 	ch <- c.limit
+	ch <- c.pool
+	ch <- c.creates
+	ch <- c.phases
 }
 
 func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
@@ -69,10 +76,17 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.sandboxes, err)
 		return
 	}
-	for _, state := range []sandbox.State{sandbox.StateCreating, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateStopped} {
+	for _, state := range []sandbox.State{sandbox.StateCreating, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateStopped, sandbox.StateHibernated} {
 		ch <- prometheus.MustNewConstMetric(c.sandboxes, prometheus.GaugeValue, float64(st.Sandboxes[state]), string(state))
 	}
 	ch <- prometheus.MustNewConstMetric(c.busy, prometheus.GaugeValue, float64(st.Busy))
+	ch <- prometheus.MustNewConstMetric(c.pool, prometheus.GaugeValue, float64(st.Pool))
+	for served, cs := range st.Creates {
+		ch <- prometheus.MustNewConstSummary(c.creates, uint64(cs.Count), cs.Seconds, nil, served)
+		for phase, secs := range cs.Phases {
+			ch <- prometheus.MustNewConstMetric(c.phases, prometheus.CounterValue, secs, served, phase)
+		}
+	}
 	for _, r := range []struct {
 		name       string
 		used, most int

@@ -47,6 +47,12 @@ func TestMetricsREST(t *testing.T) {
 	if !strings.Contains(string(r.raw), `harebox_sandboxes{state="running"} 2`) || !strings.Contains(string(r.raw), "go_goroutines") {
 		t.Fatalf("/metrics: %.2000s", r.raw)
 	}
+	// The creates so far, and their steps.
+	for _, want := range []string{`harebox_create_seconds_count{served="boot"} 2`, `harebox_create_phase_seconds_total{phase="launch",served="boot"}`, "harebox_pool_idle 0"} {
+		if !strings.Contains(string(r.raw), want) {
+			t.Errorf("/metrics has no %s", want)
+		}
+	}
 	_, reader := f.key(t, f.root, map[string]any{"scope": map[string]any{"actions": []string{"metrics:read"}}})
 	f.must(t, 200, "GET", "/metrics", reader, nil)
 	_, full := f.key(t, f.root, map[string]any{})

@@ -91,9 +91,12 @@ type Sandbox struct {
 	// Served says how its create was served: "boot" (its image booted),
 	// "snapshot" (restored from a snapshot: a golden one, a fork's or a
 	// named one) or "pool" (claimed from the warm pool).
-	Served    string    `json:"served,omitempty"`
-	Site      Site      `json:"site"`
-	CreatedAt time.Time `json:"created_at"`
+	Served string `json:"served,omitempty"`
+	// CreatePhases is how long each step of its create took, in
+	// milliseconds ("total" the whole).
+	CreatePhases map[string]float64 `json:"create_phases_ms,omitempty"`
+	Site         Site               `json:"site"`
+	CreatedAt    time.Time          `json:"created_at"`
 	// ExpiresAt is when the TTL deletes the sandbox; nil means never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// Agent is the guest agent's health while the sandbox runs: "ok", or

@@ -54,6 +54,9 @@ class SandboxJSON(TypedDict):
     #: (restored from a snapshot: a golden one, a fork's or a named one) or
     #: "pool" (claimed from the warm pool).
     served: NotRequired[Literal["boot", "snapshot", "pool"]]
+    #: How long each step of its create took, in milliseconds ("total" the
+    #: whole).
+    create_phases_ms: NotRequired[dict[str, float]]
     #: While running: the guest agent's health ("ok" or "unresponsive").
     agent: NotRequired[str]
     site: Site

@@ -137,6 +137,8 @@ export interface Sandbox {
   snapshots?: boolean;
   /** How its create was served: its image booted, restored from a snapshot (a golden one, a fork's or a named one), or claimed from the warm pool. */
   served?: "boot" | "snapshot" | "pool";
+  /** How long each step of its create took, in milliseconds ("total" the whole). */
+  create_phases_ms?: Record<string, number>;
   /** While running: the guest agent's health from the engine's checks. */
   agent?: "ok" | "unresponsive";
   site: Site;
