@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -335,4 +336,112 @@ func BenchmarkGoldenCreate(b *testing.B) {
 	b.ReportMetric(cold.Seconds()/float64(colds), "cold-s/op")
 	b.ReportMetric(warm.Seconds()/float64(b.N), "golden-s/op")
 	b.ReportMetric(float64(warm)/float64(b.N)/(float64(cold)/float64(colds)), "golden/cold")
+}
+
+// BenchmarkCreatePaths: create to first exec, p50 and p99 over 20 creates
+// each, of the minimal image: a cold boot, a restore from the golden
+// snapshot and a claim from the warm pool; against one exec round trip
+// measured in the same run. Also an idle pool member's resident memory
+// and the time from a claim until the pool is full again. (b.N is
+// ignored: one pass takes minutes.)
+func BenchmarkCreatePaths(b *testing.B) {
+	const n = 20
+	v, done := benchEnv(b)
+	defer done()
+	ctx := context.Background()
+	open := func(mod func(*harebox.Options)) *harebox.Engine {
+		opts := v.options()
+		mod(&opts)
+		eng, err := harebox.New(ctx, opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return eng
+	}
+	createExec := func(eng *harebox.Engine) (*sandbox.Sandbox, time.Duration) {
+		start := time.Now()
+		s, err := eng.Create(ctx, sandbox.CreateRequest{Image: "minimal"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := eng.Exec(ctx, s.ID, sandbox.ExecRequest{Cmd: "true"}); err != nil {
+			b.Fatal(err)
+		}
+		return s, time.Since(start)
+	}
+	pct := func(d []time.Duration, p float64) float64 {
+		s := append([]time.Duration(nil), d...)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		return s[min(len(s)-1, int(p*float64(len(s))))].Seconds() * 1000
+	}
+	b.ResetTimer()
+	// Cold boots, and exec round trips on them.
+	eng := open(func(o *harebox.Options) {})
+	var cold, golden, rtt []time.Duration
+	for len(cold) < n {
+		s, d := createExec(eng)
+		cold = append(cold, d)
+		for range 3 {
+			start := time.Now()
+			eng.Exec(ctx, s.ID, sandbox.ExecRequest{Cmd: "true"})
+			rtt = append(rtt, time.Since(start))
+		}
+		eng.Delete(ctx, s.ID)
+	}
+	eng.Close()
+	// Golden restores, once the first create made the golden snapshot.
+	eng = open(func(o *harebox.Options) { o.GoldenSnapshots = true })
+	for deadline := time.Now().Add(10 * time.Minute); len(golden) < n; {
+		s, d := createExec(eng)
+		eng.Delete(ctx, s.ID)
+		if s.Served == "snapshot" {
+			golden = append(golden, d)
+		} else if time.Now().After(deadline) {
+			b.Fatal("no golden snapshot")
+		} else {
+			time.Sleep(time.Second) // (the golden snapshot is being made)
+		}
+	}
+	eng.Close()
+	// Pool claims: each claim waits for the refill before the next.
+	eng = open(func(o *harebox.Options) { o.Pool = map[string]int{"minimal:small": 1} })
+	defer eng.Close()
+	poolIdle := func() int {
+		st, _ := eng.Stats(ctx)
+		return st.Pool
+	}
+	var pool, refill []time.Duration
+	var rss int64
+	for len(pool) < n {
+		for deadline := time.Now().Add(3 * time.Minute); poolIdle() == 0; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				b.Fatal("the pool did not fill")
+			}
+		}
+		if rss == 0 {
+			rss = vmmRSS(v.dataDir + "/m/") // (the idle member's: the only VM)
+		}
+		claimed := time.Now()
+		s, d := createExec(eng)
+		if s.Served != "pool" {
+			b.Fatalf("served by %s", s.Served)
+		}
+		pool = append(pool, d)
+		eng.Delete(ctx, s.ID)
+		for poolIdle() == 0 && time.Since(claimed) < 3*time.Minute {
+			time.Sleep(20 * time.Millisecond)
+		}
+		refill = append(refill, time.Since(claimed))
+	}
+	b.ReportMetric(pct(cold, 0.5), "cold-p50-ms")
+	b.ReportMetric(pct(cold, 0.99), "cold-p99-ms")
+	b.ReportMetric(pct(golden, 0.5), "snapshot-p50-ms")
+	b.ReportMetric(pct(golden, 0.99), "snapshot-p99-ms")
+	b.ReportMetric(pct(pool, 0.5), "pool-p50-ms")
+	b.ReportMetric(pct(pool, 0.99), "pool-p99-ms")
+	b.ReportMetric(pct(rtt, 0.5), "exec-rtt-p50-ms")
+	b.ReportMetric(pct(golden, 0.5)/pct(cold, 0.5), "snapshot/cold")
+	b.ReportMetric(pct(pool, 0.5)/pct(rtt, 0.5), "pool/exec-rtt")
+	b.ReportMetric(float64(rss)/(1<<20), "pool-member-rss-MiB")
+	b.ReportMetric(pct(refill, 0.5), "claim-to-refilled-p50-ms")
 }

@@ -447,7 +447,7 @@ func jsonError(err error) error {
 	case errors.As(err, &se):
 		return badRequest("", "invalid JSON at byte %d: %v", se.Offset, err)
 	case errors.As(err, &te) && te.Type == reflect.TypeFor[money.USD]():
-		return badRequest(te.Field, "%s must be a decimal dollar amount such as \"25.00\" (at most 6 decimals), not %s", te.Field, te.Value)
+		return badRequest(te.Field, "%s: %s, such as \"25.00\"", te.Field, te.Value)
 	case errors.As(err, &te):
 		return badRequest(te.Field, "%s must be %s, not %s", te.Field, te.Type, te.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):

@@ -67,8 +67,9 @@ func (u *USD) UnmarshalJSON(b []byte) error {
 	s := strings.Trim(string(b), `"`)
 	v, err := ParseUSD(s)
 	if err != nil {
-		// A type error, so that the decoder names the field.
-		return &json.UnmarshalTypeError{Value: string(b), Type: reflect.TypeFor[USD]()}
+		// A type error, so that the decoder names the field; Value says
+		// why.
+		return &json.UnmarshalTypeError{Value: err.Error(), Type: reflect.TypeFor[USD]()}
 	}
 	*u = v
 	return nil
