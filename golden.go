@@ -162,6 +162,18 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 	if _, err := c.Exec(bctx, agentclient.ExecRequest{Shell: settle, User: "root", Timeout: 2 * time.Minute}, nil); err != nil {
 		return fmt.Errorf("settle: %w", err)
 	}
+	// The host hangs up first, and the guest's agent sees it (its port
+	// reads end of file within a few hundred ms) and waits for the next
+	// host: every clone then starts a fresh agent session at once when
+	// its host connects. Snapshotted mid-session, a clone's agent would
+	// answer its new host only after that host gave up on a stale session
+	// (5 s, measured with create_phases_ms).
+	c.Close()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Second):
+	}
 	snapDir := filepath.Join(dir, "snap")
 	if err := m.Snapshot(ctx, snapDir, g.key); err != nil {
 		return fmt.Errorf("snapshot: %w", err)

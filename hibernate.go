@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
@@ -51,6 +52,10 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 		return nil, err
 	}
 	os.RemoveAll(dir) // (a hibernate that failed before)
+	// The host hangs up first, so that the resumed guest's agent starts a
+	// fresh session at once (see makeGolden).
+	b.closeAgent()
+	time.Sleep(time.Second)
 	// Snapshot leaves the machine paused: nothing runs after this point.
 	if err := b.m.Snapshot(ctx, dir, b.key); err != nil {
 		os.RemoveAll(dir)
