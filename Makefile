@@ -50,7 +50,7 @@ test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 test: deps vet
 	$(GO) test -timeout 20m -count=1 ./...
 	@# The engine's concurrency tests again, several times, under the race detector.
-	$(GO) test -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' .
+	CGO_ENABLED=1 $(GO) test -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' .
 
 # Each fuzz target for a short while (go test -fuzz takes one target at a time).
 fuzz:
