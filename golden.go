@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
@@ -126,19 +125,8 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 		return fmt.Errorf("network: %w", err)
 	}
 	defer e.net.Detach(context.WithoutCancel(ctx), id)
-	spec := hypervisor.Spec{
-		ID: id, VCPUs: res.VCPUs, MemoryMB: res.MemoryMB,
-		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline,
-		StateDir: filepath.Join(dir, "m"), Labels: map[string]string{"harebox.golden": img.Name},
-		DataKey: g.key,
-	}
-	if img.RootDisk != "" {
-		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(res.DiskGB) << 10}}
-	}
-	if att != nil {
-		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
-		spec.Cmdline = strings.TrimSpace(spec.Cmdline + " " + att.Cmdline)
-	}
+	spec := imageSpec(id, filepath.Join(dir, "m"), img, res, att)
+	spec.Labels, spec.DataKey = map[string]string{"harebox.golden": img.Name}, g.key
 	m, err := e.hv.Launch(ctx, spec)
 	if err != nil {
 		return fmt.Errorf("launch: %w", err)

@@ -22,6 +22,7 @@ import (
 	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -319,21 +320,11 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
-	spec := hypervisor.Spec{
-		ID: rec.ID, VCPUs: rec.Size.VCPUs, MemoryMB: rec.Size.MemoryMB,
-		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline,
-		StateDir: rec.StateDir, SerialLog: serialLog(rec.StateDir), Labels: map[string]string{"harebox.sandbox": rec.ID},
-		DataKey: b.key, Reuse: reuse,
-	}
+	spec := imageSpec(rec.ID, rec.StateDir, img, rec.Size, att)
+	spec.SerialLog, spec.Labels = serialLog(rec.StateDir), map[string]string{"harebox.sandbox": rec.ID}
+	spec.DataKey, spec.Reuse = b.key, reuse
 	if b.console != nil {
 		spec.ConsoleRecipient = b.console.Recipient().String()
-	}
-	if img.RootDisk != "" {
-		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(rec.Size.DiskGB) << 10}}
-	}
-	if att != nil {
-		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
-		spec.Cmdline = strings.TrimSpace(spec.Cmdline + " " + att.Cmdline)
 	}
 	var m hypervisor.Machine
 	if o != nil {
@@ -376,6 +367,23 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	// Create stores the running state once the box is registered.
 	rec.State = sandbox.StateRunning
 	return nil
+}
+
+// imageSpec is the spec of a machine that boots img at res, on its own
+// overlay of the image's root disk, attached to att (if any).
+func imageSpec(id, stateDir string, img images.Image, res sandbox.Resources, att *network.Attachment) hypervisor.Spec {
+	spec := hypervisor.Spec{
+		ID: id, VCPUs: res.VCPUs, MemoryMB: res.MemoryMB,
+		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline, StateDir: stateDir,
+	}
+	if img.RootDisk != "" {
+		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(res.DiskGB) << 10}}
+	}
+	if att != nil {
+		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
+		spec.Cmdline = strings.TrimSpace(spec.Cmdline + " " + att.Cmdline)
+	}
+	return spec
 }
 
 // provision gives a guest that answers what every boot gives it: the

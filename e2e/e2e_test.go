@@ -53,11 +53,22 @@ func prepare(t *testing.T) setup {
 	return s
 }
 
-func start(t *testing.T, s setup, dataDir string) *server {
+func start(t *testing.T, s setup, dataDir string, extra ...string) *server {
 	t.Helper()
-	return launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
+	return launch(t, s, dataDir, append([]string{"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
 		// The host firewall is on, in a table and pool of this test's own.
-		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24")
+		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24"}, extra...)...)
+}
+
+// finish stops a server that start started, checks that it left no VM
+// or machine directory, and removes the test's firewall table (which
+// outlives hareboxd on purpose: running VMs keep their rules).
+func finish(t *testing.T, srv *server, dataDir string) {
+	srv.stop(t)
+	noLeftovers(t, dataDir)
+	if out, err := exec.Command("nft", "delete", "table", "inet", "harebox_e2e").CombinedOutput(); err != nil {
+		t.Logf("nft delete table: %v %s", err, out)
+	}
 }
 
 // launch starts hareboxd on dataDir and a free loopback port with args,
@@ -184,15 +195,7 @@ func TestWalkthrough(t *testing.T) {
 	}
 	defer os.RemoveAll(dataDir)
 	srv := start(t, s, dataDir)
-	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
-		// The firewall table outlives hareboxd on purpose (running VMs keep
-		// their rules); this test's table goes with the test.
-		if out, err := exec.Command("nft", "delete", "table", "inet", "harebox_e2e").CombinedOutput(); err != nil {
-			t.Logf("nft delete table: %v %s", err, out)
-		}
-	}()
+	defer func() { finish(t, srv, dataDir) }()
 	examples := filepath.Join(s.root, "examples", "untrusted")
 
 	t.Run("CLI", func(t *testing.T) {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,13 +25,7 @@ func TestHibernate(t *testing.T) {
 	}
 	defer os.RemoveAll(dataDir)
 	srv := start(t, s, dataDir)
-	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
-		if out, err := exec.Command("nft", "delete", "table", "inet", "harebox_e2e").CombinedOutput(); err != nil {
-			t.Logf("nft delete table: %v %s", err, out)
-		}
-	}()
+	defer func() { finish(t, srv, dataDir) }()
 	hb := func(args ...string) string {
 		t.Helper()
 		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)

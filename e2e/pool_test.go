@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -20,15 +19,8 @@ func TestPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--pool", "minimal:small=2",
-		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24")
-	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
-		if out, err := exec.Command("nft", "delete", "table", "inet", "harebox_e2e").CombinedOutput(); err != nil {
-			t.Logf("nft delete table: %v %s", err, out)
-		}
-	}()
+	srv := start(t, s, dataDir, "--pool", "minimal:small=2")
+	defer func() { finish(t, srv, dataDir) }()
 	hb := func(args ...string) string {
 		t.Helper()
 		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)
