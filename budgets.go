@@ -136,7 +136,7 @@ func (e *Engine) settleAll(ctx context.Context) {
 		// A box busy in a lifecycle call (a hung hypervisor, a long
 		// delete) is settled next round, not waited for: metering and
 		// the actions of every other sandbox go on.
-		if !b.mu.TryLock() {
+		if !b.lockWithin(roundLockWait) {
 			continue
 		}
 		if s := b.rec.State; s == sandbox.StateRunning || s == sandbox.StatePaused {

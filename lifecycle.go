@@ -96,6 +96,25 @@ func (b *box) client(ctx context.Context, opts agentclient.Options) (*agentclien
 	return c, nil
 }
 
+// roundLockWait is how long a background round waits for a busy box.
+const roundLockWait = 500 * time.Millisecond
+
+// lockWithin locks the box if it can within d. Background rounds
+// (metering, monitoring) use it: a short hold (the other round's store
+// write) is waited out, so two rounds on the same tick do not keep
+// skipping each other, while a long lifecycle call (a hung hypervisor, a
+// delete) makes the round move on.
+func (b *box) lockWithin(d time.Duration) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		if b.mu.TryLock() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 func (b *box) closeAgent() {
 	b.amu.Lock()
 	defer b.amu.Unlock()

@@ -43,7 +43,7 @@ func (e *Engine) monitorLoop(every time.Duration) {
 func (e *Engine) SampleMetrics(ctx context.Context) {
 	for _, b := range e.liveBoxes() {
 		// A box busy in a lifecycle call is sampled next round.
-		if !b.mu.TryLock() {
+		if !b.lockWithin(roundLockWait) {
 			continue
 		}
 		s, monitored, vm, rec := b.rec.State, b.rec.Monitoring, b.m, *b.rec
