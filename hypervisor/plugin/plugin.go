@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,6 +133,9 @@ func (p *Process) start() error {
 	cmd.Env = append(os.Environ(), ParentEnv+"="+strconv.Itoa(os.Getpid()))
 	if p.owner != "" {
 		cmd.Env = append(cmd.Env, OwnerEnv+"="+p.owner)
+		if dir, ok := socketDir(p.owner); ok {
+			cmd.Env = append(cmd.Env, goplugin.EnvUnixSocketDir+"="+dir)
+		}
 	}
 	pc := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  Handshake,
@@ -154,6 +158,21 @@ func (p *Process) start() error {
 	}
 	p.pc, p.client = pc, raw.(*Client)
 	return nil
+}
+
+// socketDir makes the directory under the engine's data directory that
+// the plugin puts its socket in. go-plugin's default is a file in /tmp,
+// which a killed plugin leaves there; this one is emptied whenever a plugin
+// starts, since no other plugin of the data directory runs then (a stale
+// one is killed before the first start, a crashed one has exited). Not
+// used when the socket's path would be too long for a Unix socket.
+func socketDir(owner string) (string, bool) {
+	dir := filepath.Join(owner, "plugin")
+	if len(dir)+len("/plugin1234567890") >= 108 {
+		return "", false
+	}
+	os.RemoveAll(dir)
+	return dir, os.Mkdir(dir, 0o700) == nil
 }
 
 // current returns the live plugin, starting it again if it has exited.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -60,16 +61,16 @@ func containsState(stat string, s byte) bool {
 // the next call starts it again.
 func TestPluginCrashAndRestart(t *testing.T) {
 	t.Setenv("MEMPLUGIN_LAUNCH_DELAY", "5s") // the plugin inherits it
-	p, err := plugin.Launch(context.Background(), memplugin(t), nil, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	dir, err := os.MkdirTemp("", "hbp")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
+	p, err := plugin.Launch(context.Background(), memplugin(t), nil, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
 	img := memhv.Image(dir)
 	spec := hypervisor.Spec{ID: "m1", VCPUs: 1, MemoryMB: 128, Kernel: img.Kernel, Initrd: img.Initrd, StateDir: dir + "/m1"}
 	first := p.Pid()
@@ -95,6 +96,11 @@ func TestPluginCrashAndRestart(t *testing.T) {
 	}
 	if second := p.Pid(); second == 0 || second == first {
 		t.Fatalf("plugin pid %d after the restart (was %d)", second, first)
+	}
+	// The plugin's socket is in the data directory, and the killed one's
+	// is gone (go-plugin's default, a file in /tmp, stays after a kill).
+	if socks, err := os.ReadDir(filepath.Join(dir, "plugin")); err != nil || len(socks) != 1 {
+		t.Fatalf("the data directory's plugin sockets: %v %v, want the live plugin's alone", socks, err)
 	}
 	// A plugin that cannot start again is retried with backoff, each call
 	// failing at once in between.
