@@ -802,6 +802,13 @@ func TestEngineDefaultImage(t *testing.T) {
 	t.Run("MemoryExhausted", func(t *testing.T) {
 		// A job that eats the guest's memory meets the guest's OOM killer;
 		// the agent stays, and so does the sandbox.
+		// The agent's pages are locked in RAM: reclaim would otherwise
+		// take its code first and stall it past the host's keepalives.
+		var lockedKB int
+		fmt.Sscanf(run(t, eng, box.ID, "grep VmLck /proc/$(pidof harebox-agent)/status").Stdout, "VmLck: %d kB", &lockedKB)
+		if lockedKB < 1024 {
+			t.Errorf("the agent has %d KiB locked in memory", lockedKB)
+		}
 		hog := "python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'"
 		r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: hog, TimeoutSeconds: 180})
 		if err != nil {

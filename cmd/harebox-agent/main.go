@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/mdlayher/vsock"
+	"golang.org/x/sys/unix"
 
 	"github.com/harebox/harebox/agent/guest"
 	"github.com/harebox/harebox/agent/initproc"
@@ -99,6 +100,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) int {
 		guest.ServeListener(ctx, l, srv, log.Printf)
 		return 0
 	}
+	lockMemory()
 	if *useVsock {
 		go serveVsock(ctx, srv)
 	}
@@ -107,6 +109,18 @@ func serve(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	<-ctx.Done()
 	return 0
+}
+
+// lockMemory keeps the agent's pages in RAM as they are touched. A guest
+// short of memory reclaims file-backed pages first, the agent's code among
+// them, long before its OOM killer acts: the agent would then stall for
+// seconds on page faults, miss the host's keepalives and lose its session
+// while the job that ate the memory is still being killed. (ONFAULT: locked
+// when touched, nothing faulted in up front; children do not inherit it.)
+func lockMemory() {
+	if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE | unix.MCL_ONFAULT); err != nil {
+		log.Printf("cannot lock the agent's memory (%v); it may stall when the guest runs short", err)
+	}
 }
 
 // serveVsock serves on vsock where the VM has it (Cloud Hypervisor); QEMU
