@@ -15,9 +15,11 @@ and of the event stream.
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import json
 import os
+import re
 import ssl
 from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Protocol, TypeVar, Union, cast
 from urllib.parse import quote, urlencode, urlsplit
@@ -76,6 +78,17 @@ class Client:
     VM, move a whole file or verify the whole audit log, and for exec the
     command's own timeout plus ``exec_margin``. Each operation
     also takes ``timeout=`` to override it for one call.
+
+    ``ca`` (default $HAREBOX_CA) sets whom an https:// server is trusted
+    as; it is ignored for http:// URLs. It is either the path of a PEM
+    file of CA certificates, which then are the only roots trusted (the
+    host name is still verified), or ``"sha256:"`` and the SHA-256
+    fingerprint of the server's certificate (64 hex digits, any case,
+    ``:`` between bytes allowed), which the certificate must match on
+    every connection; the chain and host name are then not checked.
+    Unset or empty, the system's trust store is used. A bad value raises
+    ValueError here; a server that is not trusted fails its request with
+    TransportError, before the request (and its API key) is sent.
     """
 
     def __init__(
@@ -86,6 +99,7 @@ class Client:
         timeout: float = 60.0,
         lifecycle_timeout: float = 600.0,
         exec_margin: float = 30.0,
+        ca: str | None = None,
     ) -> None:
         url = url or os.environ.get("HAREBOX_URL") or DEFAULT_URL
         api_key = api_key if api_key is not None else os.environ.get("HAREBOX_API_KEY")
@@ -109,10 +123,20 @@ class Client:
         self.timeout = timeout
         self.lifecycle_timeout = lifecycle_timeout
         self.exec_margin = exec_margin
+        self._ca: str | None = None  # the trust in force, for repr and errors
+        self._ca_name = "ca"
+        self._pin: bytes | None = None
+        self._tls: ssl.SSLContext | None = None
+        if self._https:
+            self._ca_name = "ca" if ca is not None else "HAREBOX_CA"
+            self._ca = (ca if ca is not None else os.environ.get("HAREBOX_CA")) or None
+            self._tls, self._pin = _trust(self._ca, self._ca_name)
 
     def __repr__(self) -> str:
-        # Never the key: reprs end up in logs and tracebacks.
-        return f"Client(url={self.url!r}, api_key={'<set>' if self._api_key else None})"
+        # Never the key: reprs end up in logs and tracebacks. The CA file
+        # or fingerprint is no secret.
+        ca = f", ca={self._ca!r}" if self._ca else ""
+        return f"Client(url={self.url!r}, api_key={'<set>' if self._api_key else None}{ca})"
 
     @classmethod
     def operations(cls) -> dict[str, str]:
@@ -849,15 +873,100 @@ class Client:
         except TimeoutError:
             conn.close()
             raise RequestTimeout(f"{method} {path}: no answer within {timeout or self.timeout:g} s") from None
+        except _PinMismatch as e:
+            conn.close()
+            raise TransportError(f"{method} {path}: {e}") from None
+        except ssl.SSLCertVerificationError as e:
+            conn.close()
+            trusted = f"the CAs in {self._ca} ({self._ca_name})" if self._ca else "the system's CAs"
+            why = e.verify_message or str(e)
+            raise TransportError(f"{method} {path}: the server's certificate was not trusted ({why}; trusting {trusted})") from None
         except (OSError, http.client.HTTPException) as e:
             conn.close()
             raise TransportError(f"{method} {path}: {type(e).__name__}: {e}") from None
         return conn, resp
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=ssl.create_default_context())
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        """Every request's connection is made here, streams' too."""
+        if not self._https:
+            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        assert self._tls is not None
+        if self._pin is not None:
+            return _PinnedHTTPSConnection(
+                self._host, self._port, timeout=timeout, context=self._tls, pin=self._pin, source=self._ca_name
+            )
+        return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
+
+
+_PIN_PREFIX = "sha256:"
+_PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+
+
+def _trust(ca: str | None, name: str) -> tuple[ssl.SSLContext, bytes | None]:
+    """The TLS context for an https server and, for a fingerprint, the
+    pinned SHA-256 (the certificate's DER). ``ca`` is HAREBOX_CA's value
+    (``name`` says which of the option and the variable gave it); None
+    is the system's trust store. A bad value raises ValueError."""
+    if ca is None:
+        ctx = ssl.create_default_context()
+        pin = None
+    elif ca.startswith(_PIN_PREFIX):
+        digits = ca[len(_PIN_PREFIX):].strip().replace(":", "")
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", digits):
+            raise ValueError(f"{name} {ca!r}: a fingerprint is sha256: and 64 hex digits (':' between bytes allowed)")
+        # The pin replaces the chain and name checks, made after the
+        # handshake by _PinnedHTTPSConnection.connect.
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        pin = bytes.fromhex(digits)
+    else:
+        try:
+            with open(ca, "rb") as f:
+                pem = f.read()
+        except OSError as e:
+            raise ValueError(f"{name}: cannot read the CA file {ca!r}: {e.strerror or e}") from None
+        if _PEM_CERTIFICATE not in pem:
+            raise ValueError(f"{name} {ca!r}: no PEM certificate in it (no {_PEM_CERTIFICATE.decode()} line)")
+        try:
+            ctx = ssl.create_default_context(cafile=ca)
+        except ssl.SSLError as e:
+            raise ValueError(f"{name} {ca!r}: not a usable PEM certificate: {e.reason or e}") from None
+        pin = None
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx, pin
+
+
+class _PinMismatch(OSError):
+    """The server's certificate is not the pinned one."""
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """An HTTPS connection that, right after each TLS handshake and before
+    any request is written, checks the SHA-256 of the server's certificate
+    against the pin; on a mismatch it closes the socket and raises
+    _PinMismatch. http.client reconnects through connect() too, so no
+    connection skips the check."""
+
+    def __init__(self, host: str, port: int | None, *, timeout: float, context: ssl.SSLContext, pin: bytes, source: str) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._pin = pin
+        self._pin_source = source
+
+    def connect(self) -> None:
+        super().connect()
+        sock = cast(ssl.SSLSocket, self.sock)
+        der = sock.getpeercert(binary_form=True)
+        got = hashlib.sha256(der).digest() if der else None
+        if got != self._pin:
+            self.sock = None
+            sock.close()
+            seen = f"its fingerprint sha256:{got.hex()}" if got else "it presented none"
+            raise _PinMismatch(
+                f"the server's certificate was not trusted: it did not match the pinned fingerprint "
+                f"sha256:{self._pin.hex()} ({self._pin_source}); {seen}"
+            )
 
 
 class ExecStream:
