@@ -47,19 +47,48 @@ type Client struct {
 	http *http.Client
 }
 
-// New returns a client for url ("http://127.0.0.1:7070" or "unix:/path").
-// Empty url and key come from HAREBOX_URL and HAREBOX_API_KEY.
+// New returns a client for url ("http://127.0.0.1:7070",
+// "https://host:7443" or "unix:/path"). Empty url and key come from
+// HAREBOX_URL and HAREBOX_API_KEY; an https server is trusted as
+// HAREBOX_CA says (see TLSConfig).
 func New(rawURL, key string) (*Client, error) {
+	return Open(Options{URL: rawURL, Key: key})
+}
+
+// Options configure a client. Empty fields come from the environment.
+type Options struct {
+	// URL is the server (HAREBOX_URL, else http://127.0.0.1:7070).
+	URL string
+	// Key is the API key (HAREBOX_API_KEY).
+	Key string
+	// CA is how an https server is trusted (HAREBOX_CA): a PEM file of CA
+	// certificates or a "sha256:" fingerprint pin (see TLSConfig).
+	CA string
+}
+
+// Open returns a client as o says.
+func Open(o Options) (*Client, error) {
+	rawURL, key, ca := o.URL, o.Key, o.CA
 	if rawURL == "" {
 		rawURL = os.Getenv("HAREBOX_URL")
 	}
 	if key == "" {
 		key = os.Getenv("HAREBOX_API_KEY")
 	}
+	if ca == "" {
+		ca = os.Getenv("HAREBOX_CA")
+	}
 	if rawURL == "" {
 		rawURL = "http://127.0.0.1:7070"
 	}
-	tr := &http.Transport{ResponseHeaderTimeout: 0, MaxIdleConnsPerHost: 4}
+	tr := &http.Transport{ResponseHeaderTimeout: 0, MaxIdleConnsPerHost: 4, ForceAttemptHTTP2: true}
+	if strings.HasPrefix(rawURL, "https:") {
+		cfg, err := TLSConfig(ca)
+		if err != nil {
+			return nil, err
+		}
+		tr.TLSClientConfig = cfg
+	}
 	if path, ok := strings.CutPrefix(rawURL, "unix:"); ok {
 		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer

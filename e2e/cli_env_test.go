@@ -74,7 +74,7 @@ func TestCLIEnv(t *testing.T) {
 		t.Helper()
 		req, _ := http.NewRequest("GET", srv.url+path, nil)
 		req.Header.Set("Authorization", "Bearer "+srv.key)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := srv.http.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

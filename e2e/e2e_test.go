@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox/apiclient"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 )
@@ -27,6 +28,10 @@ type server struct {
 	url, key string
 	dataDir  string
 	log      *bytes.Buffer
+	// ca is what clients trust an https server with (HAREBOX_CA), and
+	// http a Go client that does.
+	ca   string
+	http *http.Client
 }
 
 type setup struct {
@@ -81,7 +86,16 @@ func launch(t *testing.T, s setup, dataDir string, args ...string) *server {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	srv := &server{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}}
+	srv := &server{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}, http: &http.Client{}}
+	for i, a := range args {
+		// An https server: clients trust its certificate as the CA.
+		switch {
+		case a == "--tls-self-signed":
+			srv.ca = filepath.Join(dataDir, "tls", "cert.pem")
+		case a == "--tls-cert" && i+1 < len(args):
+			srv.ca = args[i+1]
+		}
+	}
 	srv.cmd = exec.Command(s.hareboxd, append([]string{"--data-dir", dataDir, "--listen", addr}, args...)...)
 	srv.cmd.Stdout, srv.cmd.Stderr = srv.log, srv.log
 	if err := srv.cmd.Start(); err != nil {
@@ -89,7 +103,14 @@ func launch(t *testing.T, s setup, dataDir string, args ...string) *server {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get(srv.url + "/health")
+		if srv.ca != "" && srv.http.Transport == nil {
+			// (The self-signed certificate exists once the server made it.)
+			if cfg, err := apiclient.TLSConfig(srv.ca); err == nil {
+				srv.url = "https://" + addr
+				srv.http.Transport = &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
+			}
+		}
+		resp, err := srv.http.Get(srv.url + "/health")
 		if err == nil {
 			resp.Body.Close()
 			break
@@ -126,8 +147,12 @@ func (srv *server) stop(t *testing.T) {
 }
 
 func (srv *server) env(s setup) []string {
-	return append(os.Environ(), "HAREBOX_URL="+srv.url, "HAREBOX_API_KEY="+srv.key,
+	env := append(os.Environ(), "HAREBOX_URL="+srv.url, "HAREBOX_API_KEY="+srv.key,
 		"PATH="+s.bin+":"+os.Getenv("PATH"))
+	if srv.ca != "" {
+		env = append(env, "HAREBOX_CA="+srv.ca)
+	}
+	return env
 }
 
 // run runs a command with the server's environment and returns its output.
@@ -159,7 +184,7 @@ func (srv *server) sandboxes(t *testing.T, state string) []map[string]any {
 	t.Helper()
 	req, _ := http.NewRequest("GET", srv.url+"/v1/sandboxes?state="+state, nil)
 	req.Header.Set("Authorization", "Bearer "+srv.key)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := srv.http.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

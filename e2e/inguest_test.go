@@ -22,7 +22,7 @@ func (srv *server) call(t *testing.T, method, path, key string, body any) (int, 
 	}
 	req, _ := http.NewRequest(method, srv.url+path, rd)
 	req.Header.Set("Authorization", "Bearer "+key)
-	client := &http.Client{Timeout: 5 * time.Minute}
+	client := &http.Client{Timeout: 5 * time.Minute, Transport: srv.http.Transport}
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -90,9 +90,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	global.SetOutput(stderr)
 	urlFlag := global.String("url", "", "server URL (default $HAREBOX_URL, else http://127.0.0.1:7070; unix:/path for a socket)")
 	keyFlag := global.String("api-key", "", "API key (default $HAREBOX_API_KEY)")
+	caFlag := global.String("ca", "", "how an https server is trusted (default $HAREBOX_CA): a PEM file of CA certificates, or sha256:FINGERPRINT of the server's certificate")
 	output := global.String("output", "json", "output format: json or table")
 	global.Usage = func() {
-		fmt.Fprintf(stderr, "usage: harebox [--url URL] [--api-key KEY] [--output json|table] COMMAND ...\n\ncommands:\n")
+		fmt.Fprintf(stderr, "usage: harebox [--url URL] [--api-key KEY] [--ca FILE|sha256:FP] [--output json|table] COMMAND ...\n\ncommands:\n")
 		for _, c := range commands {
 			fmt.Fprintf(stderr, "  %-9s %s\n            %s\n", c.name, c.args, c.help)
 		}
@@ -123,7 +124,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "harebox: unknown command %q (see harebox --help)\n", name)
 		return 2
 	}
-	c, err := apiclient.New(*urlFlag, *keyFlag)
+	c, err := apiclient.Open(apiclient.Options{URL: *urlFlag, Key: *keyFlag, CA: *caFlag})
 	if err != nil {
 		fmt.Fprintln(stderr, "harebox:", err)
 		return 2
@@ -163,7 +164,7 @@ func hoistGlobals(args []string) []string {
 			break
 		}
 		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if strings.HasPrefix(a, "-") && (name == "url" || name == "api-key" || name == "output") {
+		if strings.HasPrefix(a, "-") && (name == "url" || name == "api-key" || name == "ca" || name == "output") {
 			globals = append(globals, a)
 			if !hasValue && i+1 < len(args) {
 				globals = append(globals, args[i+1])

@@ -3,6 +3,7 @@
 //
 //	hareboxd --data-dir /var/lib/harebox --listen 127.0.0.1:7070
 //	hareboxd --data-dir /var/lib/harebox --listen unix:/run/harebox.sock
+//	hareboxd --data-dir /var/lib/harebox --listen 0.0.0.0:7443 --tls-cert C --tls-key K
 package main
 
 import (
@@ -32,6 +33,7 @@ import (
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/network/linuxnet"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/servertls"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -69,6 +71,9 @@ func run() error {
 		golden       = flag.Bool("golden-snapshots", false, "restore creates from a golden snapshot of their image and size (booted once, in the background, on the first create of each) instead of booting them")
 		metricsEvery = flag.Duration("metrics-interval", 15*time.Second, "how often every sandbox created with monitoring on is sampled (CPU, memory, disk, network, from the host side)")
 		proxies      = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
+		tlsCert      = flag.String("tls-cert", "", "serve HTTPS with this certificate chain (PEM; read again when it changes, and on SIGHUP)")
+		tlsKey       = flag.String("tls-key", "", "the private key of --tls-cert (PEM)")
+		selfSigned   = flag.Bool("tls-self-signed", false, "serve HTTPS with a self-signed certificate made on first start and kept in DATA_DIR/tls (clients trust it with HAREBOX_CA=DATA_DIR/tls/cert.pem or the fingerprint in DATA_DIR/tls/fingerprint)")
 	)
 	flag.Parse()
 	priceTable := budget.DefaultPrices
@@ -159,15 +164,29 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	l, err := listener(*listen)
+	certs, err := serverTLS(ctx, *listen, *tlsCert, *tlsKey, *selfSigned, *dataDir, log)
+	if err != nil {
+		return err
+	}
+	l, err := listener(*listen, certs != nil)
 	if err != nil {
 		return err
 	}
 	hs := srv.HTTPServer()
+	// (The in-process connections from sandboxes stay plain HTTP: they
+	// never leave the host.)
+	plain := srv.HTTPServer()
 	errc := make(chan error, 2)
-	go func() { errc <- hs.Serve(l) }()
-	go func() { errc <- hs.Serve(pipes) }()
-	log.Info("hareboxd listening", "addr", *listen, "version", version, "root_key", keyPath)
+	scheme := "http"
+	if certs != nil {
+		scheme = "https"
+		hs.TLSConfig = servertls.Config(certs)
+		go func() { errc <- hs.ServeTLS(l, "", "") }()
+	} else {
+		go func() { errc <- hs.Serve(l) }()
+	}
+	go func() { errc <- plain.Serve(pipes) }()
+	log.Info("hareboxd listening", "addr", *listen, "scheme", scheme, "version", version, "root_key", keyPath)
 	select {
 	case err := <-errc:
 		return err
@@ -176,10 +195,65 @@ func run() error {
 	log.Info("shutting down; sandboxes keep running")
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	plain.Shutdown(sctx)
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
+}
+
+// serverTLS sets up the listener's certificate: from --tls-cert and
+// --tls-key (watched for changes, and read again on SIGHUP), or made once
+// with --tls-self-signed. It is nil for plain HTTP.
+func serverTLS(ctx context.Context, listen, certFile, keyFile string, selfSigned bool, dataDir string, log *slog.Logger) (*servertls.Source, error) {
+	switch {
+	case selfSigned && (certFile != "" || keyFile != ""):
+		return nil, errors.New("--tls-self-signed and --tls-cert/--tls-key: choose one")
+	case (certFile == "") != (keyFile == ""):
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	case certFile == "" && !selfSigned:
+		return nil, nil
+	case strings.HasPrefix(listen, "unix:"):
+		return nil, fmt.Errorf("--listen %s: TLS is for a TCP address (a Unix socket is reached on this host only)", listen)
+	}
+	if selfSigned {
+		host, _, _ := net.SplitHostPort(listen)
+		var created bool
+		var err error
+		certFile, keyFile, created, err = servertls.SelfSigned(filepath.Join(dataDir, "tls"), []string{host})
+		if err != nil {
+			return nil, fmt.Errorf("--tls-self-signed: %w", err)
+		}
+		if created {
+			log.Info("made a self-signed TLS certificate", "file", certFile)
+		}
+	}
+	src, err := servertls.Load(certFile, keyFile, log)
+	if err != nil {
+		return nil, err
+	}
+	if selfSigned {
+		// What a client pins (HAREBOX_CA=sha256:...), said at every start.
+		log.Info("TLS certificate fingerprint", "fingerprint", servertls.Fingerprint(src.Leaf().Raw), "ca_file", certFile)
+	} else {
+		go src.Watch(ctx, 2*time.Second)
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				if err := src.Reload(); err != nil {
+					log.Warn("SIGHUP: TLS certificate not reloaded; the previous one stays", "err", err)
+				}
+			}
+		}
+	}()
+	return src, nil
 }
 
 // defaultFirewall reads --default-firewall.
@@ -203,10 +277,10 @@ func defaultFirewall(v string) (*firewall.Policy, error) {
 	return nil, fmt.Errorf("--default-firewall %q: want public, deny or @FILE", v)
 }
 
-// listener opens a Unix socket (mode 0600) or a loopback TCP address. The
-// API holds the keys to every sandbox: it is not offered beyond this host
-// unless a proxy in front of it does so deliberately.
-func listener(addr string) (net.Listener, error) {
+// listener opens a Unix socket (mode 0600) or a TCP address: loopback for
+// plain HTTP, any with TLS. The API holds the keys to every sandbox: it is
+// not offered in clear text beyond this host.
+func listener(addr string, tls bool) (net.Listener, error) {
 	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
 		os.Remove(path)
 		l, err := net.Listen("unix", path)
@@ -219,8 +293,8 @@ func listener(addr string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--listen %q: %w", addr, err)
 	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return nil, fmt.Errorf("--listen %q: only loopback addresses or unix:PATH", addr)
+	if ip := net.ParseIP(host); !tls && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("--listen %q: plain HTTP only on loopback or unix:PATH; for other addresses give --tls-cert and --tls-key, or --tls-self-signed", addr)
 	}
 	return net.Listen("tcp", addr)
 }

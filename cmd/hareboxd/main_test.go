@@ -30,20 +30,28 @@ func TestDoctor(t *testing.T) {
 	}
 }
 
-func TestListenerLoopbackOnly(t *testing.T) {
+func TestListenerLoopbackOnlyWithoutTLS(t *testing.T) {
 	for _, addr := range []string{"0.0.0.0:7070", "10.1.2.3:7070", ":7070", "example.com:7070"} {
-		if l, err := listener(addr); err == nil {
+		if l, err := listener(addr, false); err == nil {
 			l.Close()
-			t.Errorf("%s: listening beyond loopback", addr)
+			t.Errorf("%s: listening beyond loopback in plain HTTP", addr)
+		} else if !strings.Contains(err.Error(), "--tls-self-signed") {
+			t.Errorf("%s: the refusal does not say how to serve there: %v", addr, err)
 		}
 	}
-	l, err := listener("127.0.0.1:0")
+	// With TLS, any address.
+	l, err := listener("0.0.0.0:0", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	l, err = listener("127.0.0.1:0", false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
 	sock := filepath.Join(t.TempDir(), "s.sock")
-	l, err = listener("unix:" + sock)
+	l, err = listener("unix:"+sock, false)
 	if err != nil {
 		t.Fatal(err)
 	}
