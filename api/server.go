@@ -130,6 +130,7 @@ type Route struct {
 func Routes() []Route {
 	return []Route{
 		{"GET", "/health", "getHealth", true, (*Server).health},
+		{"GET", "/ready", "getReady", true, (*Server).ready},
 		{"GET", "/openapi.json", "getOpenAPI", true, (*Server).openAPI},
 		{"GET", "/v1/info", "getInfo", false, (*Server).info},
 		{"POST", "/v1/sandboxes", "createSandbox", false, (*Server).create},
@@ -459,6 +460,25 @@ func jsonError(err error) error {
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
+
+// ready answers whether the server can serve requests now (for load
+// balancers and service managers): each part "ok" or "unavailable", and
+// 503 unless all are ok. Why a part is unavailable goes to the log only:
+// the route needs no key.
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
+	checks := map[string]string{"database": "ok", "hypervisor": "ok"}
+	notReady := s.eng.Ready(r.Context())
+	for part, err := range notReady {
+		checks[part] = "unavailable"
+		s.log.Warn("not ready", "part", part, "err", err)
+	}
+	if len(notReady) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not_ready", "checks": checks})
+		return nil
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "checks": checks})
 	return nil
 }
 

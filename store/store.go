@@ -75,6 +75,8 @@ type Store interface {
 	// own files (what a crypto-erase needs after deleting a key). It is
 	// not a transaction's: it acts on what has committed.
 	Scrub(ctx context.Context) error
+	// Ping checks that the database answers a read.
+	Ping(ctx context.Context) error
 	Close() error
 }
 
@@ -423,6 +425,12 @@ func (s *SQLite) migrate(ctx context.Context) error {
 
 // Close closes the database.
 func (s *SQLite) Close() error { return s.db.Close() }
+
+// Ping implements Store.
+func (s *SQLite) Ping(ctx context.Context) error {
+	var n int
+	return s.db.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n)
+}
 
 // Update implements Store. SQLite runs one transaction at a time (the
 // store has one connection), so fn never conflicts and runs once.

@@ -179,6 +179,14 @@ class Client:
         """GET /health: liveness; needs no key."""
         return cast(t.Health, self._json("GET", "/health", timeout=timeout))
 
+    @operation("getReady")
+    def get_ready(self, *, timeout: float | None = None) -> t.Readiness:
+        """GET /ready: whether the server can serve now; needs no key.
+        ``status`` is ``ready`` or ``not_ready`` (the server answered 503),
+        and ``checks`` gives each part (``database``, ``hypervisor``) as
+        ``ok`` or ``unavailable``."""
+        return cast(t.Readiness, self._json("GET", "/ready", timeout=timeout, ok=(503,)))
+
     @operation("getOpenAPI")
     def get_open_api(self, *, timeout: float | None = None) -> dict[str, Any]:
         """GET /openapi.json: the API's contract; needs no key."""
@@ -821,9 +829,11 @@ class Client:
         body: t.Body | None = None,
         raw: bytes | IO[bytes] | None = None,
         timeout: float | None = None,
+        ok: tuple[int, ...] = (),
     ) -> Any:
-        """Sends a request and returns its JSON reply (None for 204)."""
-        conn, resp = self._send(method, path, query=query, body=body, raw=raw, timeout=timeout)
+        """Sends a request and returns its JSON reply (None for 204); a
+        status in ``ok`` is returned like a 2xx."""
+        conn, resp = self._send(method, path, query=query, body=body, raw=raw, timeout=timeout, ok=ok)
         try:
             data = _read(resp)
         finally:
@@ -845,9 +855,11 @@ class Client:
         raw: bytes | IO[bytes] | None = None,
         accept: str = "application/json",
         timeout: float | None = None,
+        ok: tuple[int, ...] = (),
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Sends a request; returns the open connection and a 2xx response
-        whose body is still unread, or raises the API's error."""
+        (or one whose status is in ``ok``) whose body is still unread, or
+        raises the API's error."""
         headers = {"User-Agent": USER_AGENT, "Accept": accept}
         if self._api_key:
             headers["Authorization"] = "Bearer " + self._api_key
@@ -865,7 +877,7 @@ class Client:
         try:
             conn.request(method, target, body=payload, headers=headers)
             resp = conn.getresponse()
-            if resp.status >= 300:
+            if resp.status >= 300 and resp.status not in ok:
                 raise _error_reply(resp)
         except HareBoxError:
             conn.close()

@@ -120,6 +120,11 @@ class Health(TypedDict):
     status: str
 
 
+class Readiness(TypedDict):
+    status: str
+    checks: dict[str, str]
+
+
 class Info(TypedDict):
     version: str
     backend: dict[str, str]

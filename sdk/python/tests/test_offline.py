@@ -789,3 +789,18 @@ def test_budget_actions_match_the_repository_document() -> None:
     assert "stop" in documented
     for typed in (t.BudgetRequest, t.Budget):
         assert get_args(get_type_hints(typed)["action"]) == documented, typed.__name__
+
+
+def test_ready_returns_a_not_ready_answer(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, handler = recorder
+    handler.replies["/ready"] = (200, {}, {"status": "ready", "checks": {"database": "ok", "hypervisor": "ok"}})
+    assert hb.get_ready()["status"] == "ready"
+    # 503 is an answer here, not an error: it says which part is not ready.
+    down = {"status": "not_ready", "checks": {"database": "ok", "hypervisor": "unavailable"}}
+    handler.replies["/ready"] = (503, {}, down)
+    assert hb.get_ready() == down
+    # Any other failure still raises.
+    handler.replies["/ready"] = (500, {}, {"code": "internal", "message": "boom"})
+    with pytest.raises(harebox.HareBoxError):
+        hb.get_ready()
+    assert [p for _, p, _ in handler.seen] == ["/ready"] * 3
