@@ -4,6 +4,7 @@ import { HareBoxError, errorFromBody, statusForCode } from "./errors.js";
 import { OPERATIONS, type OperationId } from "./operations.js";
 import { Sandbox } from "./sandbox.js";
 import { readSSE } from "./sse.js";
+import { PIN_MISMATCH, certificateError, describeTrust, parseTrust, trustingFetch, type Trust } from "./tls.js";
 import type {
   Account,
   AccountList,
@@ -84,8 +85,29 @@ export interface HareBoxOptions {
    * own timeout plus a margin, file transfers 300 s.
    */
   timeoutMs?: number;
-  /** The fetch to use (default: the global fetch). */
+  /**
+   * The fetch to use (default: the global fetch). It cannot be combined
+   * with `ca`; when it is given, HAREBOX_CA is not read.
+   */
   fetch?: typeof fetch;
+  /**
+   * How an https server is trusted. Default (also when empty):
+   * $HAREBOX_CA; without either, the CA certificates Node trusts by
+   * default, host name verified. Either:
+   * - the path of a PEM file of one or more CA certificates: they are the
+   *   roots trusted instead of Node's default ones, and the host name is verified;
+   * - `sha256:` and the server certificate's SHA-256 fingerprint (64 hex
+   *   digits, any case, `:` between bytes allowed): every connection must
+   *   present exactly that certificate; the chain and the host name are
+   *   then not checked.
+   *
+   * It is checked when the client is constructed (a missing or unreadable
+   * file, no PEM certificate in it, or a malformed fingerprint throws
+   * HareBoxError code "invalid", field "ca"), and ignored for an http URL.
+   * The requests then go through the `undici` package's fetch, not the
+   * global one.
+   */
+  ca?: string;
 }
 
 /** Options every call takes. */
@@ -148,6 +170,8 @@ export class HareBox {
   readonly timeoutMs: number;
   readonly #apiKey: string;
   readonly #fetch: typeof fetch;
+  /** How the server's certificate is trusted, as an error message says it. */
+  readonly #trustNote: string;
 
   constructor(options: HareBoxOptions = {}) {
     const raw = options.url ?? process.env.HAREBOX_URL ?? "";
@@ -180,7 +204,17 @@ export class HareBox {
       throw new HareBoxError(0, "invalid", "timeoutMs must be a number of milliseconds, 0 or more", "timeoutMs");
     }
     this.timeoutMs = t;
-    const f = options.fetch ?? globalThis.fetch;
+    if (options.ca !== undefined && typeof options.ca !== "string") {
+      throw new HareBoxError(0, "invalid", "ca must be a string: a CA file's path or sha256:FINGERPRINT", "ca");
+    }
+    if (options.fetch !== undefined && options.ca) {
+      throw new HareBoxError(0, "invalid", "pass either fetch or ca, not both: the ca option sets up a fetch of its own", "ca");
+    }
+    // The option wins over the environment; a fetch of the caller's wins over both.
+    const [ca, source] = options.ca ? [options.ca, "the ca option"] : [options.fetch === undefined ? process.env.HAREBOX_CA ?? "" : "", "HAREBOX_CA"];
+    const trust: Trust | undefined = ca && u.protocol === "https:" ? parseTrust(ca, source) : undefined;
+    this.#trustNote = options.fetch === undefined ? ` ${describeTrust(trust)}` : "";
+    const f = options.fetch ?? (trust ? trustingFetch(trust) : globalThis.fetch);
     if (typeof f !== "function") {
       throw new HareBoxError(0, "invalid", "no fetch: HareBox needs Node 20 or later", "fetch");
     }
@@ -972,6 +1006,12 @@ export class HareBox {
       if (send.signal?.aborted) return send.signal.reason ?? err;
       if (timer?.aborted) {
         return new HareBoxError(0, "timeout", `${op}: no answer from ${this.url} within ${send.timeoutMs / 1000} s`, undefined, { cause: err });
+      }
+      const cert = certificateError(err);
+      if (cert) {
+        // A pin's own error says it all; Node's verification errors say only what failed.
+        const why = (cert as { code?: unknown }).code === PIN_MISMATCH ? cert.message : `the server's certificate was not trusted${this.#trustNote}: ${cert.message}`;
+        return new HareBoxError(0, "network", `${op}: ${why} (${this.url})`, undefined, { cause: err });
       }
       return new HareBoxError(0, "network", `${op}: ${describe(err)} (${this.url})`, undefined, { cause: err });
     };

@@ -295,3 +295,12 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   // @ts-expect-error: a policy needs default_outbound.
   await hb.setFirewall(id, { body: { outbound: [] } });
 }
+
+export function trust(): void {
+  // README, "TLS".
+  const hb = new HareBox({ url: "https://hb.example:7443", ca: "/etc/harebox/ca.pem" });
+  const pinned = new HareBox({ url: "https://10.0.0.5:7443", ca: "sha256:3f1c...e9a0" });
+  void [hb, pinned];
+  // @ts-expect-error: ca is a path or a sha256: fingerprint, a string.
+  new HareBox({ ca: Buffer.from("") });
+}
