@@ -42,6 +42,7 @@ import type {
   ForkRequest,
   GetProcessQuery,
   Health,
+  Readiness,
   Info,
   Key,
   KeyList,
@@ -157,6 +158,8 @@ interface Send {
   accept?: string;
   signal?: AbortSignal | undefined;
   timeoutMs: number;
+  /** Statuses besides 2xx that are answers, not errors. */
+  ok?: number[];
 }
 
 /**
@@ -242,6 +245,16 @@ export class HareBox {
   /** Liveness of the server (no key needed). */
   async getHealth(options: CallOptions = {}): Promise<Health> {
     return this.#call("getHealth", [], "json", this.#plain(options));
+  }
+
+  /**
+   * Whether the server can serve now (no key needed): `status` is `ready`,
+   * or `not_ready` (the server answered 503, returned here rather than
+   * thrown), and `checks` gives each part (`database`, `hypervisor`) as
+   * `ok` or `unavailable`.
+   */
+  async getReady(options: CallOptions = {}): Promise<Readiness> {
+    return this.#call("getReady", [], "json", { ...this.#plain(options), ok: [503] });
   }
 
   /** The server's OpenAPI document (no key needed). */
@@ -1025,7 +1038,7 @@ export class HareBox {
     } catch (err) {
       throw fail(err);
     }
-    if (!res.ok) {
+    if (!res.ok && !send.ok?.includes(res.status)) {
       let text = "";
       try {
         text = await res.text();

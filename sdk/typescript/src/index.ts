@@ -66,6 +66,7 @@ export type {
   UsageGroup,
   MetricSample,
   Health,
+  Readiness,
   SnapshotList,
   ProcessList,
   CommandList,

@@ -11,6 +11,7 @@ export interface Operation {
 
 export const OPERATIONS = {
   getHealth: { method: "GET", path: "/health", public: true },
+  getReady: { method: "GET", path: "/ready", public: true },
   getOpenAPI: { method: "GET", path: "/openapi.json", public: true },
   getInfo: { method: "GET", path: "/v1/info" },
   createSandbox: { method: "POST", path: "/v1/sandboxes" },

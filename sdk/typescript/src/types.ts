@@ -668,6 +668,13 @@ export interface Health {
   status: "ok";
 }
 
+/** The body of getReady. */
+export interface Readiness {
+  status: "ready" | "not_ready";
+  /** Each part (database, hypervisor): ok or unavailable. */
+  checks: Record<string, "ok" | "unavailable">;
+}
+
 /** The body of listSandboxes. */
 export interface SandboxList {
   sandboxes: Sandbox[];

@@ -304,6 +304,16 @@ describe("against a local HTTP server", () => {
         res.end("not json");
         return;
       }
+      if (req.url === "/ready") {
+        res.writeHead(503, { "content-type": "application/json" });
+        res.end(JSON.stringify({ status: "not_ready", checks: { database: "ok", hypervisor: "unavailable" } }));
+        return;
+      }
+      if (req.url === "/down/ready") {
+        res.writeHead(500, { "content-type": "application/json" });
+        res.end(JSON.stringify({ error: { code: "internal", message: "boom" } }));
+        return;
+      }
       res.writeHead(404, { "content-type": "application/json" });
       res.end(JSON.stringify({ error: { code: "not_found", message: "no such thing", field: "id" } }));
     });
@@ -342,6 +352,12 @@ describe("against a local HTTP server", () => {
     const hb = new HareBox({ url, apiKey: KEY });
     await assert.rejects(hb.getInfo(), (e) => e instanceof HareBoxError && e.status === 502 && /Bad gateway/.test(e.message));
     await assert.rejects(hb.getHealth(), (e) => e instanceof HareBoxError && e.code === "network");
+  });
+
+  test("getReady returns a 503 not_ready answer; other failures still throw", async () => {
+    const hb = new HareBox({ url, apiKey: KEY });
+    assert.deepEqual(await hb.getReady(), { status: "not_ready", checks: { database: "ok", hypervisor: "unavailable" } });
+    await assert.rejects(new HareBox({ url: url + "/down", apiKey: KEY }).getReady(), (e) => e instanceof HareBoxError && e.status === 500);
   });
 
   test("a JSON error maps to status, code, message and field; the key goes only to /v1", async () => {

@@ -93,6 +93,7 @@ describe("hareboxd", { skip }, () => {
 
   test("health and info", async () => {
     assert.deepEqual(await hb.getHealth(), { status: "ok" });
+    assert.deepEqual(await hb.getReady(), { status: "ready", checks: { database: "ok", hypervisor: "ok" } });
     const info = await hb.getInfo();
     assert.equal(typeof info.version, "string");
     assert.equal(typeof info.backend.name, "string");
