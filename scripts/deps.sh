@@ -37,7 +37,9 @@ if ! command -v go >/dev/null; then
 fi
 go mod download
 
-# The TypeScript client's build tools (typescript, @types/node), from its lock file.
-if [ ! -d sdk/typescript/node_modules ]; then
+# The TypeScript client's dependency (undici) and build tools (typescript,
+# @types/node), from its lock file: again whenever the lock file changed.
+if [ ! -f sdk/typescript/node_modules/.package-lock.json ] ||
+  [ sdk/typescript/package-lock.json -nt sdk/typescript/node_modules/.package-lock.json ]; then
   (cd sdk/typescript && npm ci --no-audit --no-fund --loglevel=error)
 fi
