@@ -219,7 +219,9 @@ func TestWalkthrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := start(t, s, dataDir)
+	// Over HTTPS: every client (CLI, Python, TypeScript) trusts the
+	// server's self-signed certificate through HAREBOX_CA.
+	srv := start(t, s, dataDir, "--tls-self-signed")
 	defer func() { finish(t, srv, dataDir) }()
 	examples := filepath.Join(s.root, "examples", "untrusted")
 
@@ -289,7 +291,7 @@ func TestWalkthrough(t *testing.T) {
 		policy := `{"default_outbound":"deny","outbound":[{"action":"allow","protocol":"tcp","ports":"443","hosts":["pypi.org"]}]}`
 		run(t, srv, s, s.root, time.Minute, "harebox", "firewall", "set", box.ID, "--body", policy)
 		srv.stop(t)
-		srv = start(t, s, dataDir) // the deferred stop stops this one
+		srv = start(t, s, dataDir, "--tls-self-signed") // the deferred stop stops this one
 		out = run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "--", "cat", "/tmp/mark")
 		if out != "survived\n" {
 			t.Fatalf("after a restart: %q", out)
