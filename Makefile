@@ -9,7 +9,7 @@ CACHE := $(CURDIR)/.cache
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all deps build image image-default demo test test-short fuzz bench reliability proto vet clean
+.PHONY: all deps build install image image-default demo test test-short fuzz bench reliability proto vet clean
 
 all: build
 
@@ -24,6 +24,11 @@ build:
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-demo ./examples/bootvm
 	$(GO) build $(GOFLAGS_BUILD) -ldflags="-X main.version=$(VERSION)" -o $(BIN)/hareboxd ./cmd/hareboxd
 	$(GO) build $(GOFLAGS_BUILD) -ldflags="-X main.version=$(VERSION)" -o $(BIN)/harebox ./cmd/harebox
+
+# Binaries, the guest agent, the systemd unit and a first config file
+# (PREFIX=/usr/local, DESTDIR= for a staging root); see the README's Deploy.
+install: build
+	@./scripts/install.sh
 
 # Guest images, cached under .cache/images and rebuilt only when an input changes.
 image: deps build

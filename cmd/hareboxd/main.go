@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
+
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/backends/cloudhypervisor"
@@ -40,42 +42,80 @@ import (
 var version = "dev"
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "doctor" {
+	args := os.Args[1:]
+	switch {
+	case len(args) > 0 && args[0] == "doctor":
 		os.Exit(doctor(os.Stdout))
+	case len(args) > 0 && args[0] == "config":
+		os.Exit(configCheck(args[1:], os.Stdout, os.Stderr))
 	}
-	if err := run(); err != nil {
+	if err := run(args, false); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
 		fmt.Fprintln(os.Stderr, "hareboxd:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+// configCheck is "hareboxd config check FILE": the file's settings checked
+// as a start would check them, without starting.
+func configCheck(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 2 || args[0] != "check" {
+		fmt.Fprintln(stderr, "usage: hareboxd config check FILE")
+		return 2
+	}
+	if err := run([]string{"--config", args[1]}, true); err != nil {
+		fmt.Fprintln(stderr, "hareboxd:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: ok\n", args[1])
+	return 0
+}
+
+// run starts the server as args (flags, and the --config file under them)
+// say. Every setting is checked before anything is touched; with check,
+// that is all it does.
+func run(args []string, check bool) error {
+	fs := flag.NewFlagSet("hareboxd", flag.ContinueOnError)
 	var (
-		dataDir      = flag.String("data-dir", "/var/lib/harebox", "data directory: database, images, machines, keys")
-		listen       = flag.String("listen", "127.0.0.1:7070", "address: host:port (loopback) or unix:PATH")
-		backend      = flag.String("hypervisor", "qemu", "hypervisor backend plugin: qemu or cloud-hypervisor")
-		pluginPath   = flag.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
-		imageDir     = flag.String("image-dir", "", "built images (default DATA_DIR/images)")
-		site         = flag.String("site", "local", "the site this host is in, e.g. fr-par-1")
-		country      = flag.String("country", "", "the site's country code, e.g. FR")
-		debug        = flag.Bool("debug", false, "log every request")
-		netKind      = flag.String("network", "linux", "sandbox network: linux (tap, host firewall, DNS, egress proxy) or none")
-		pool         = flag.String("address-pool", "10.231.0.0/16", "where sandbox addresses come from (a /30 each)")
-		upstream     = flag.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
-		table        = flag.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
-		defaultFW    = flag.String("default-firewall", "public", "policy of sandboxes created without one: public (the public internet only), deny (nothing), or @FILE (a policy document)")
-		plaintext    = flag.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor today)")
-		prices       = flag.String("prices", "", "price table, a JSON file of decimal dollar strings per hour: vcpu_hour, memory_gib_hour, paused_vcpu_hour, paused_memory_gib_hour, disk_gb_hour, snapshot_gb_hour, and egress_gb per GB (default: the README's)")
-		meterEvery   = flag.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
-		poolFlag     = flag.String("pool", "", "keep that many sandboxes restored from the golden snapshot idle and ready for each image and size, claimed by creates: IMAGE:PRESET=N[,IMAGE:PRESET=N...], e.g. default:small=4 (implies --golden-snapshots)")
-		golden       = flag.Bool("golden-snapshots", false, "restore creates from a golden snapshot of their image and size (booted once, in the background, on the first create of each) instead of booting them")
-		metricsEvery = flag.Duration("metrics-interval", 15*time.Second, "how often every sandbox created with monitoring on is sampled (CPU, memory, disk, network, from the host side)")
-		proxies      = flag.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
-		tlsCert      = flag.String("tls-cert", "", "serve HTTPS with this certificate chain (PEM; read again when it changes, and on SIGHUP)")
-		tlsKey       = flag.String("tls-key", "", "the private key of --tls-cert (PEM)")
-		selfSigned   = flag.Bool("tls-self-signed", false, "serve HTTPS with a self-signed certificate made on first start and kept in DATA_DIR/tls (clients trust it with HAREBOX_CA=DATA_DIR/tls/cert.pem or the fingerprint in DATA_DIR/tls/fingerprint)")
+		dataDir      = fs.String("data-dir", "/var/lib/harebox", "data directory: database, images, machines, keys")
+		listen       = fs.String("listen", "127.0.0.1:7070", "address: host:port (loopback) or unix:PATH")
+		backend      = fs.String("hypervisor", "qemu", "hypervisor backend plugin: qemu or cloud-hypervisor")
+		pluginPath   = fs.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
+		imageDir     = fs.String("image-dir", "", "built images (default DATA_DIR/images)")
+		site         = fs.String("site", "local", "the site this host is in, e.g. fr-par-1")
+		country      = fs.String("country", "", "the site's country code, e.g. FR")
+		debug        = fs.Bool("debug", false, "log every request")
+		netKind      = fs.String("network", "linux", "sandbox network: linux (tap, host firewall, DNS, egress proxy) or none")
+		pool         = fs.String("address-pool", "10.231.0.0/16", "where sandbox addresses come from (a /30 each)")
+		upstream     = fs.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
+		table        = fs.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
+		defaultFW    = fs.String("default-firewall", "public", "policy of sandboxes created without one: public (the public internet only), deny (nothing), or @FILE (a policy document)")
+		plaintext    = fs.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor today)")
+		prices       = fs.String("prices", "", "price table, a JSON file of decimal dollar strings per hour: vcpu_hour, memory_gib_hour, paused_vcpu_hour, paused_memory_gib_hour, disk_gb_hour, snapshot_gb_hour, and egress_gb per GB (default: the README's)")
+		meterEvery   = fs.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
+		poolFlag     = fs.String("pool", "", "keep that many sandboxes restored from the golden snapshot idle and ready for each image and size, claimed by creates: IMAGE:PRESET=N[,IMAGE:PRESET=N...], e.g. default:small=4 (implies --golden-snapshots)")
+		golden       = fs.Bool("golden-snapshots", false, "restore creates from a golden snapshot of their image and size (booted once, in the background, on the first create of each) instead of booting them")
+		metricsEvery = fs.Duration("metrics-interval", 15*time.Second, "how often every sandbox created with monitoring on is sampled (CPU, memory, disk, network, from the host side)")
+		proxies      = fs.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
+		tlsCert      = fs.String("tls-cert", "", "serve HTTPS with this certificate chain (PEM; read again when it changes, and on SIGHUP)")
+		tlsKey       = fs.String("tls-key", "", "the private key of --tls-cert (PEM)")
+		selfSigned   = fs.Bool("tls-self-signed", false, "serve HTTPS with a self-signed certificate made on first start and kept in DATA_DIR/tls (clients trust it with HAREBOX_CA=DATA_DIR/tls/cert.pem or the fingerprint in DATA_DIR/tls/fingerprint)")
+		logFormat    = fs.String("log-format", "text", "log lines on stderr: text (key=value) or json (one object per line)")
+		configFile   = fs.String("config", "", "a YAML file of settings: each key a flag's name, e.g. \"listen: 0.0.0.0:7443\"; flags given on the command line win")
 	)
-	flag.Parse()
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *configFile != "" {
+		if err := applyConfig(fs, *configFile); err != nil {
+			return err
+		}
+	}
 	priceTable := budget.DefaultPrices
 	if *prices != "" {
 		var err error
@@ -89,11 +129,61 @@ func run() error {
 	if *metricsEvery < time.Second {
 		return fmt.Errorf("--metrics-interval %v: at least 1s", *metricsEvery)
 	}
+	var prefix netip.Prefix
+	switch *netKind {
+	case "linux":
+		var err error
+		if prefix, err = netip.ParsePrefix(*pool); err != nil {
+			return fmt.Errorf("--address-pool: %w", err)
+		}
+	case "none":
+	default:
+		return fmt.Errorf("--network %q: want linux or none", *netKind)
+	}
+	if *logFormat != "text" && *logFormat != "json" {
+		return fmt.Errorf("--log-format %q: want text or json", *logFormat)
+	}
+	if *backend != "qemu" && *backend != "cloud-hypervisor" {
+		return fmt.Errorf("--hypervisor %q: want qemu or cloud-hypervisor", *backend)
+	}
+	fw, err := defaultFirewall(*defaultFW)
+	if err != nil {
+		return err
+	}
+	warm, err := parsePool(*poolFlag)
+	if err != nil {
+		return err
+	}
+	var trusted []netip.Prefix
+	for _, c := range strings.Split(*proxies, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return fmt.Errorf("--trusted-proxy %q: %w", c, err)
+		}
+		trusted = append(trusted, p)
+	}
+	useTLS, err := checkTLS(*listen, *tlsCert, *tlsKey, *selfSigned)
+	if err != nil {
+		return err
+	}
+	if err := checkListen(*listen, useTLS); err != nil {
+		return err
+	}
+	if check {
+		return nil
+	}
 	level := slog.LevelInfo
 	if *debug {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	var handler slog.Handler = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+	if *logFormat == "json" {
+		handler = slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+	}
+	log := slog.New(handler)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -113,10 +203,6 @@ func run() error {
 	var sandboxNet network.Network = network.None{}
 	switch *netKind {
 	case "linux":
-		prefix, err := netip.ParsePrefix(*pool)
-		if err != nil {
-			return fmt.Errorf("--address-pool: %w", err)
-		}
 		ln, err := linuxnet.New(ctx, linuxnet.Options{
 			StateDir: filepath.Join(*dataDir, "net"), Pool: prefix, Upstream: *upstream, Table: *table, Logger: log,
 			API: pipes.Dial,
@@ -128,16 +214,6 @@ func run() error {
 		sandboxNet = ln
 	case "none":
 		log.Warn("sandboxes get no network (--network none)")
-	default:
-		return fmt.Errorf("--network %q: want linux or none", *netKind)
-	}
-	fw, err := defaultFirewall(*defaultFW)
-	if err != nil {
-		return err
-	}
-	warm, err := parsePool(*poolFlag)
-	if err != nil {
-		return err
 	}
 	eng, err := harebox.New(ctx, harebox.Options{
 		DefaultFirewall: fw,
@@ -149,26 +225,17 @@ func run() error {
 		return err
 	}
 	defer eng.Close() // sandboxes keep running
-	var trusted []netip.Prefix
-	for _, c := range strings.Split(*proxies, ",") {
-		if c = strings.TrimSpace(c); c == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(c)
-		if err != nil {
-			return fmt.Errorf("--trusted-proxy %q: %w", c, err)
-		}
-		trusted = append(trusted, p)
-	}
 	srv, err := api.New(api.Options{Engine: eng, Auth: key, Version: version, Logger: log, TrustedProxies: trusted})
 	if err != nil {
 		return err
 	}
-	certs, err := serverTLS(ctx, *listen, *tlsCert, *tlsKey, *selfSigned, *dataDir, log)
-	if err != nil {
-		return err
+	var certs *servertls.Source
+	if useTLS {
+		if certs, err = serverTLS(ctx, *listen, *tlsCert, *tlsKey, *selfSigned, *dataDir, log); err != nil {
+			return err
+		}
 	}
-	l, err := listener(*listen, certs != nil)
+	l, err := listener(*listen, useTLS)
 	if err != nil {
 		return err
 	}
@@ -187,11 +254,16 @@ func run() error {
 	}
 	go func() { errc <- plain.Serve(pipes) }()
 	log.Info("hareboxd listening", "addr", *listen, "scheme", scheme, "version", version, "root_key", keyPath)
+	// Under systemd (Type=notify): ready now, not when the process began.
+	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+		log.Warn("cannot tell systemd that the server is ready", "err", err)
+	}
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
+	daemon.SdNotify(false, daemon.SdNotifyStopping)
 	log.Info("shutting down; sandboxes keep running")
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -202,20 +274,30 @@ func run() error {
 	return nil
 }
 
-// serverTLS sets up the listener's certificate: from --tls-cert and
-// --tls-key (watched for changes, and read again on SIGHUP), or made once
-// with --tls-self-signed. It is nil for plain HTTP.
-func serverTLS(ctx context.Context, listen, certFile, keyFile string, selfSigned bool, dataDir string, log *slog.Logger) (*servertls.Source, error) {
+// checkTLS checks the TLS flags and says whether they ask for TLS.
+func checkTLS(listen, certFile, keyFile string, selfSigned bool) (bool, error) {
 	switch {
 	case selfSigned && (certFile != "" || keyFile != ""):
-		return nil, errors.New("--tls-self-signed and --tls-cert/--tls-key: choose one")
+		return false, errors.New("--tls-self-signed and --tls-cert/--tls-key: choose one")
 	case (certFile == "") != (keyFile == ""):
-		return nil, errors.New("--tls-cert and --tls-key go together")
+		return false, errors.New("--tls-cert and --tls-key go together")
 	case certFile == "" && !selfSigned:
-		return nil, nil
+		return false, nil
 	case strings.HasPrefix(listen, "unix:"):
-		return nil, fmt.Errorf("--listen %s: TLS is for a TCP address (a Unix socket is reached on this host only)", listen)
+		return false, fmt.Errorf("--listen %s: TLS is for a TCP address (a Unix socket is reached on this host only)", listen)
 	}
+	for _, f := range []string{certFile, keyFile} {
+		if _, err := os.Stat(f); f != "" && err != nil {
+			return false, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+	}
+	return true, nil
+}
+
+// serverTLS sets up the listener's certificate: from --tls-cert and
+// --tls-key (watched for changes, and read again on SIGHUP), or made once
+// with --tls-self-signed.
+func serverTLS(ctx context.Context, listen, certFile, keyFile string, selfSigned bool, dataDir string, log *slog.Logger) (*servertls.Source, error) {
 	if selfSigned {
 		host, _, _ := net.SplitHostPort(listen)
 		var created bool
@@ -281,6 +363,9 @@ func defaultFirewall(v string) (*firewall.Policy, error) {
 // plain HTTP, any with TLS. The API holds the keys to every sandbox: it is
 // not offered in clear text beyond this host.
 func listener(addr string, tls bool) (net.Listener, error) {
+	if err := checkListen(addr, tls); err != nil {
+		return nil, err
+	}
 	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
 		os.Remove(path)
 		l, err := net.Listen("unix", path)
@@ -289,14 +374,23 @@ func listener(addr string, tls bool) (net.Listener, error) {
 		}
 		return l, os.Chmod(path, 0o600)
 	}
+	return net.Listen("tcp", addr)
+}
+
+// checkListen checks --listen: plain HTTP on loopback or a Unix socket
+// only.
+func checkListen(addr string, tls bool) error {
+	if strings.HasPrefix(addr, "unix:") {
+		return nil
+	}
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("--listen %q: %w", addr, err)
+		return fmt.Errorf("--listen %q: %w", addr, err)
 	}
 	if ip := net.ParseIP(host); !tls && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return nil, fmt.Errorf("--listen %q: plain HTTP only on loopback or unix:PATH; for other addresses give --tls-cert and --tls-key, or --tls-self-signed", addr)
+		return fmt.Errorf("--listen %q: plain HTTP only on loopback or unix:PATH; for other addresses give --tls-cert and --tls-key, or --tls-self-signed", addr)
 	}
-	return net.Listen("tcp", addr)
+	return nil
 }
 
 // doctor prints, one line each, which hypervisor backends can run on this

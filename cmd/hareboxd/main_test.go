@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDoctor(t *testing.T) {
@@ -75,5 +77,81 @@ func TestDefaultFirewallFlag(t *testing.T) {
 		if _, err := defaultFirewall(v); err == nil {
 			t.Errorf("%q accepted", v)
 		}
+	}
+}
+
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string) string {
+		p := filepath.Join(dir, "hareboxd.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	newFlags := func() (*flag.FlagSet, *string, *time.Duration, *bool) {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		return fs, fs.String("listen", "127.0.0.1:7070", ""), fs.Duration("meter-interval", 5*time.Second, ""), fs.Bool("debug", false, "")
+	}
+	fs, listen, meter, debug := newFlags()
+	fs.Parse([]string{"--listen", "127.0.0.1:9"})
+	if err := applyConfig(fs, write("# settings\nlisten: 0.0.0.0:7443\nmeter-interval: 10s\ndebug: true\n")); err != nil {
+		t.Fatal(err)
+	}
+	if *listen != "127.0.0.1:9" || *meter != 10*time.Second || !*debug {
+		t.Fatalf("listen %s (the command line wins), meter %v, debug %v", *listen, *meter, *debug)
+	}
+	for body, want := range map[string]string{
+		"listne: 0.0.0.0:7443\n":              `line 1: "listne": unknown setting`,
+		"debug: true\nmeter-interval: fast\n": `line 2: "meter-interval": invalid value "fast"`,
+		"listen:\n  host: x\n":                `line 1: "listen": want one value`,
+		"debug: true\ndebug: false\n":         `line 2: "debug": given twice`,
+		"config: other.yaml\n":                `"config": a config file cannot name another`,
+		"- listen\n":                          "want a mapping",
+		"listen: [\n":                         "yaml",
+	} {
+		fs, _, _, _ := newFlags()
+		fs.String("config", "", "")
+		if err := applyConfig(fs, write(body)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", body, err, want)
+		}
+	}
+	if err := applyConfig(flag.NewFlagSet("t", flag.ContinueOnError), write("")); err != nil {
+		t.Errorf("an empty file: %v", err)
+	}
+}
+
+func TestConfigCheck(t *testing.T) {
+	dir := t.TempDir()
+	check := func(body string) (int, string) {
+		p := filepath.Join(dir, "c.yaml")
+		os.WriteFile(p, []byte(body), 0o644)
+		var out, errOut strings.Builder
+		code := configCheck([]string{"check", p}, &out, &errOut)
+		return code, out.String() + errOut.String()
+	}
+	good := "data-dir: " + filepath.Join(dir, "data") + "\nlisten: 0.0.0.0:7443\ntls-self-signed: true\nnetwork: none\npool: minimal:small=2\nmetrics-interval: 30s\n"
+	if code, out := check(good); code != 0 || !strings.Contains(out, ": ok") {
+		t.Fatalf("a good file: %d %s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); err == nil {
+		t.Error("config check made the data directory")
+	}
+	for body, want := range map[string]string{
+		"listen: 0.0.0.0:7443\n":                        "plain HTTP only on loopback",
+		"network: bridge\n":                             `--network "bridge"`,
+		"metrics-interval: 100ms\n":                     "--metrics-interval 100ms: at least 1s",
+		"tls-cert: /nonexistent.pem\ntls-key: /k.pem\n": "--tls-cert/--tls-key",
+		"tls-cert: /c.pem\n":                            "go together",
+		"address-pool: 10.0.0.0/33\n":                   "--address-pool",
+		"hypervisor: xen\n":                             `--hypervisor "xen"`,
+	} {
+		if code, out := check(body); code != 1 || !strings.Contains(out, want) {
+			t.Errorf("%q: exit %d %q, want %q", body, code, out, want)
+		}
+	}
+	var out strings.Builder
+	if code := configCheck([]string{"check"}, &out, &out); code != 2 || !strings.Contains(out.String(), "usage") {
+		t.Errorf("no file: %d %s", code, out.String())
 	}
 }
