@@ -17,6 +17,9 @@ import (
 
 // agentErr classifies an agent failure for the API.
 func agentErr(err error) error {
+	if errors.Is(err, agentclient.ErrAgentTooOld) {
+		return &sandbox.Error{Kind: sandbox.ErrState, Msg: "the sandbox's agent is too old for this server: make the sandbox again from an image built with this release", Err: err}
+	}
 	if errors.Is(err, transport.ErrAgentReplaced) {
 		return &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the sandbox's agent restarted during the call; its outcome is unknown", Err: err}
 	}
@@ -29,6 +32,10 @@ func agentErr(err error) error {
 		return &sandbox.Error{Kind: sandbox.ErrExists, Msg: "already exists in the sandbox", Err: err}
 	case codes.PermissionDenied, codes.FailedPrecondition:
 		return &sandbox.Error{Kind: sandbox.ErrState, Msg: "the sandbox refused the request", Err: err}
+	case codes.Unimplemented:
+		// An agent from an older image, which a sandbox keeps across
+		// server upgrades.
+		return &sandbox.Error{Kind: sandbox.ErrInvalid, Msg: "the sandbox's agent is older than this server and cannot do this: make the sandbox from an image built with this release", Err: err}
 	case codes.DeadlineExceeded:
 		return &sandbox.Error{Kind: sandbox.ErrTimeout, Msg: "the sandbox did not answer in time", Err: err}
 	}

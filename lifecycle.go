@@ -89,6 +89,9 @@ func (b *box) client(ctx context.Context, opts agentclient.Options) (*agentclien
 	}
 	defer cancel()
 	c, _, err := agentclient.DialReady(dctx, b.m.AgentEndpoint(), opts)
+	if errors.Is(err, agentclient.ErrAgentTooOld) {
+		return nil, agentErr(err)
+	}
 	if err != nil {
 		return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the sandbox's agent does not answer", Err: err}
 	}

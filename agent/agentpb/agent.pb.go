@@ -159,8 +159,11 @@ type HealthResponse struct {
 	// Seconds since the agent started.
 	UptimeSeconds float64 `protobuf:"fixed64,2,opt,name=uptime_seconds,json=uptimeSeconds,proto3" json:"uptime_seconds,omitempty"`
 	// "init" when the agent is PID 1, "service" otherwise.
-	Mode          string `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"`
-	Kernel        string `protobuf:"bytes,4,opt,name=kernel,proto3" json:"kernel,omitempty"`
+	Mode   string `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Kernel string `protobuf:"bytes,4,opt,name=kernel,proto3" json:"kernel,omitempty"`
+	// The protocol level the agent speaks (agent/layout.Protocol); agents
+	// that predate the field send 0.
+	Protocol      uint32 `protobuf:"varint,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -221,6 +224,13 @@ func (x *HealthResponse) GetKernel() string {
 		return x.Kernel
 	}
 	return ""
+}
+
+func (x *HealthResponse) GetProtocol() uint32 {
+	if x != nil {
+		return x.Protocol
+	}
+	return 0
 }
 
 type ExecStart struct {
@@ -1713,12 +1723,13 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x19agent/agentpb/agent.proto\x12\x10harebox.agent.v1\"\a\n" +
 	"\x05Empty\"\x0f\n" +
-	"\rHealthRequest\"}\n" +
+	"\rHealthRequest\"\x99\x01\n" +
 	"\x0eHealthResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12%\n" +
 	"\x0euptime_seconds\x18\x02 \x01(\x01R\ruptimeSeconds\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\tR\x04mode\x12\x16\n" +
-	"\x06kernel\x18\x04 \x01(\tR\x06kernel\"\xea\x01\n" +
+	"\x06kernel\x18\x04 \x01(\tR\x06kernel\x12\x1a\n" +
+	"\bprotocol\x18\x05 \x01(\rR\bprotocol\"\xea\x01\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x14\n" +
 	"\x05shell\x18\x02 \x01(\tR\x05shell\x12\x10\n" +

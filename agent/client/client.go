@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/harebox/harebox/agent/agentpb"
+	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/agent/transport"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/hvsock"
@@ -43,12 +44,20 @@ const (
 // hostile. Check with errors.Is.
 var ErrGuest = errors.New("invalid reply from guest agent")
 
+// ErrAgentTooOld is DialReady's refusal of an agent older than
+// layout.MinProtocol: the sandbox was made from an image this host no
+// longer talks to.
+var ErrAgentTooOld = errors.New("the guest agent is too old for this host")
+
 // Options configures a client.
 type Options struct {
 	// CallTimeout is the deadline for calls whose context has none.
 	CallTimeout time.Duration
 	// MaxOutput caps the stdout and stderr Exec collects, each.
 	MaxOutput int
+	// MinProtocol is the oldest agent protocol level DialReady accepts;
+	// below layout.MinProtocol counts as layout.MinProtocol.
+	MinProtocol uint32
 }
 
 // Client talks to one guest agent over one byte stream.
@@ -157,6 +166,9 @@ type Health struct {
 	UptimeSeconds float64 `json:"uptime_seconds"`
 	Mode          string  `json:"mode"`
 	Kernel        string  `json:"kernel"`
+	// Protocol is the agent's protocol level (layout.Protocol; 0 for
+	// agents that predate it).
+	Protocol uint32 `json:"protocol"`
 }
 
 // Health checks that the agent answers.
@@ -167,7 +179,7 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	if err != nil {
 		return Health{}, c.wrap("health", err)
 	}
-	h := Health{Version: r.Version, UptimeSeconds: r.UptimeSeconds, Mode: r.Mode, Kernel: r.Kernel}
+	h := Health{Version: r.Version, UptimeSeconds: r.UptimeSeconds, Mode: r.Mode, Kernel: r.Kernel, Protocol: r.Protocol}
 	if !printable(h.Version, 128) || !printable(h.Mode, 16) || !printable(h.Kernel, 128) || !(h.UptimeSeconds >= 0) {
 		return Health{}, fmt.Errorf("%w: health: bad fields", ErrGuest)
 	}
@@ -279,6 +291,11 @@ func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (
 			hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			h, herr := c.WaitReady(hctx)
 			cancel()
+			if least := max(opts.MinProtocol, layout.MinProtocol); herr == nil && h.Protocol < least {
+				c.Close()
+				return nil, Health{}, fmt.Errorf("%w: it speaks protocol %d (version %q), this host needs %d or later",
+					ErrAgentTooOld, h.Protocol, h.Version, least)
+			}
 			if herr == nil {
 				return c, h, nil
 			}

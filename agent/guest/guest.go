@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/harebox/harebox/agent/agentpb"
+	"github.com/harebox/harebox/agent/layout"
 )
 
 // Version is the agent's version, set at build time with
@@ -109,6 +110,7 @@ func (s *Server) Health(context.Context, *agentpb.HealthRequest) (*agentpb.Healt
 	}
 	return &agentpb.HealthResponse{
 		Version:       Version,
+		Protocol:      layout.Protocol,
 		UptimeSeconds: time.Since(s.start).Seconds(),
 		Mode:          s.opts.Mode,
 		Kernel:        kernel,

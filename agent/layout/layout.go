@@ -3,6 +3,21 @@
 // kernel command-line parameters the agent's init reads.
 package layout
 
+// Levels of the host-agent protocol (agentpb). The agent reports its level
+// in Health. A host talks to agents of MinProtocol or later (a sandbox
+// keeps the agent of the image it was made from, across host upgrades) and
+// refuses an older one with an error that says so; a call an older agent
+// lacks fails with an error that says that. Raise Protocol with every
+// change to agentpb's calls; raise MinProtocol only for a change an older
+// agent cannot be talked around.
+//
+//	0: agents from before the level was reported
+//	1: Health reports the level
+const (
+	Protocol    = 1
+	MinProtocol = 0
+)
+
 const (
 	// InitPath is the agent binary inside the initramfs; it runs as PID 1.
 	InitPath = "/init"
