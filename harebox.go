@@ -424,19 +424,19 @@ func (e *Engine) Capabilities(ctx context.Context) (hypervisor.Capabilities, err
 	return caps, hvErr(err)
 }
 
-// Ready says whether the engine can serve, by part: "database" (it
-// answers a read) and "hypervisor" (the backend answers; a crashed plugin
-// is started again by this check). A part that is ready has no entry.
-// It needs no principal: it tells no more than whether the host works.
+// Ready says whether the engine can serve, part by part (nil: ready):
+// "database" (it answers a read), "hypervisor" (the backend answers; a
+// crashed plugin is started again by this check) and, with a Network that
+// can tell (network.Checker), "network" (every attached sandbox's firewall
+// in the kernel). It needs no principal: it tells
+// no more than whether the host works.
 func (e *Engine) Ready(ctx context.Context) map[string]error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	out := map[string]error{}
-	if err := e.store.Ping(ctx); err != nil {
-		out["database"] = err
-	}
-	if _, err := e.hv.Capabilities(ctx); err != nil {
-		out["hypervisor"] = err
+	out := map[string]error{"database": e.store.Ping(ctx)}
+	_, out["hypervisor"] = e.hv.Capabilities(ctx)
+	if c, ok := e.net.(network.Checker); ok {
+		out["network"] = c.Check(ctx)
 	}
 	return out
 }

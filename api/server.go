@@ -468,13 +468,16 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 // 503 unless all are ok. Why a part is unavailable goes to the log only:
 // the route needs no key.
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
-	checks := map[string]string{"database": "ok", "hypervisor": "ok"}
-	notReady := s.eng.Ready(r.Context())
-	for part, err := range notReady {
-		checks[part] = "unavailable"
-		s.log.Warn("not ready", "part", part, "err", err)
+	checks := map[string]string{}
+	ready := true
+	for part, err := range s.eng.Ready(r.Context()) {
+		checks[part] = "ok"
+		if err != nil {
+			checks[part], ready = "unavailable", false
+			s.log.Warn("not ready", "part", part, "err", err)
+		}
 	}
-	if len(notReady) > 0 {
+	if !ready {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not_ready", "checks": checks})
 		return nil
 	}

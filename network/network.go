@@ -28,6 +28,13 @@ type Network interface {
 	Prune(ctx context.Context, keep []string) error
 }
 
+// Checker is what a Network that can tell whether it works also does: its
+// firewall in force for every attached sandbox, its services up. The
+// server's readiness asks it.
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
 // Meter is what a Network that counts traffic also does: the bytes a
 // sandbox's guest has sent out of its link, and received on it, since it
 // was attached (counters that may restart from zero when the link is made

@@ -123,6 +123,26 @@ func (t *Table) exists() (bool, error) {
 	return false, nil
 }
 
+// Check says whether the table is in the kernel with a chain for every
+// tap in taps: something on the host (nft flush ruleset, a restart of
+// another firewall) can remove them, and then those sandboxes' policies
+// are not in force.
+func (t *Table) Check(taps []string) error {
+	have, err := t.Taps()
+	if err != nil {
+		return err
+	}
+	if ok, err := t.exists(); err != nil || !ok {
+		return fmt.Errorf("nft: table inet %s is missing", t.cfg.Table)
+	}
+	for _, tap := range taps {
+		if _, found := slices.BinarySearch(have, tap); !found {
+			return fmt.Errorf("nft: table inet %s has no chains for %s", t.cfg.Table, tap)
+		}
+	}
+	return nil
+}
+
 // Reset replaces the whole table with one holding sbs, in one transaction.
 func (t *Table) Reset(sbs []Sandbox) error {
 	ok, err := t.exists()

@@ -202,6 +202,21 @@ func New(ctx context.Context, opts Options) (*Network, error) {
 	return n, nil
 }
 
+var _ network.Checker = (*Network)(nil)
+
+// Check implements network.Checker: the table holds the chains of every
+// attached sandbox. (The resolver and the proxy run until Close; the
+// table is what the host's other tools can take away.)
+func (n *Network) Check(ctx context.Context) error {
+	n.mu.Lock()
+	taps := make([]string, 0, len(n.boxes))
+	for id := range n.boxes {
+		taps = append(taps, TapName(id))
+	}
+	n.mu.Unlock()
+	return n.table.Check(taps)
+}
+
 // Close stops the resolver and proxy (cutting proxied connections). Taps
 // and nftables rules stay in force for running VMs.
 func (n *Network) Close() error {

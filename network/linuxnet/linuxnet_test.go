@@ -289,3 +289,36 @@ func TestTraffic(t *testing.T) {
 		t.Fatal("egress of a sandbox without a link")
 	}
 }
+
+// TestCheck: the network is ready while every attached sandbox's chains
+// are in the kernel and the resolver and proxy answer; a sandbox's chains
+// removed behind its back (nft by hand, another firewall's reload), or the
+// whole table, make it not ready; putting the policy back makes it ready.
+func TestCheck(t *testing.T) {
+	e := newEnv(t)
+	n := e.newNetwork("")
+	ctx := context.Background()
+	g := e.attach(n, firewall.Default())
+	if err := n.Check(ctx); err != nil {
+		t.Fatalf("a working network: %v", err)
+	}
+	table := "harebox_t" + e.id
+	// (Every rule first: the base chains jump to the sandbox's chains.)
+	sh(t, "nft", "flush", "table", "inet", table)
+	for _, prefix := range []string{"o-", "h-", "i-", "p-"} {
+		sh(t, "nft", "delete", "chain", "inet", table, prefix+TapName(g.id))
+	}
+	if err := n.Check(ctx); err == nil || !strings.Contains(err.Error(), TapName(g.id)) {
+		t.Fatalf("a sandbox without its chains: %v", err)
+	}
+	if err := n.SetPolicy(ctx, g.id, firewall.Default()); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Check(ctx); err != nil {
+		t.Fatalf("after the policy is put back: %v", err)
+	}
+	sh(t, "nft", "delete", "table", "inet", table)
+	if err := n.Check(ctx); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("without the table: %v", err)
+	}
+}
