@@ -28,8 +28,6 @@ import (
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/api"
-	"github.com/harebox/harebox/backends/cloudhypervisor"
-	"github.com/harebox/harebox/backends/qemu"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/network"
@@ -45,11 +43,11 @@ func main() {
 	args := os.Args[1:]
 	switch {
 	case len(args) > 0 && args[0] == "doctor":
-		os.Exit(doctor(os.Stdout))
+		os.Exit(doctorCmd(args[1:], os.Stdout, os.Stderr))
 	case len(args) > 0 && args[0] == "config":
 		os.Exit(configCheck(args[1:], os.Stdout, os.Stderr))
 	}
-	if err := run(args, false); err != nil {
+	if err := run(args, nil); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
@@ -65,7 +63,7 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: hareboxd config check FILE")
 		return 2
 	}
-	if err := run([]string{"--config", args[1]}, true); err != nil {
+	if err := run([]string{"--config", args[1]}, func(settings) error { return nil }); err != nil {
 		fmt.Fprintln(stderr, "hareboxd:", err)
 		return 1
 	}
@@ -73,10 +71,15 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// settings is what doctor needs of the checked settings.
+type settings struct {
+	dataDir, imageDir, backend, network string
+}
+
 // run starts the server as args (flags, and the --config file under them)
-// say. Every setting is checked before anything is touched; with check,
-// that is all it does.
-func run(args []string, check bool) error {
+// say. Every setting is checked before anything is touched. With instead,
+// run calls it with the checked settings rather than start the server.
+func run(args []string, instead func(settings) error) error {
 	fs := flag.NewFlagSet("hareboxd", flag.ContinueOnError)
 	var (
 		dataDir      = fs.String("data-dir", "/var/lib/harebox", "data directory: database, images, machines, keys")
@@ -172,8 +175,8 @@ func run(args []string, check bool) error {
 	if err := checkListen(*listen, useTLS); err != nil {
 		return err
 	}
-	if check {
-		return nil
+	if instead != nil {
+		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind})
 	}
 	level := slog.LevelInfo
 	if *debug {
@@ -391,34 +394,6 @@ func checkListen(addr string, tls bool) error {
 		return fmt.Errorf("--listen %q: plain HTTP only on loopback or unix:PATH; for other addresses give --tls-cert and --tls-key, or --tls-self-signed", addr)
 	}
 	return nil
-}
-
-// doctor prints, one line each, which hypervisor backends can run on this
-// host and why not where one cannot. It exits 0 if at least one can.
-func doctor(w io.Writer) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	usable := 0
-	if caps, err := qemu.Probe(ctx, qemu.Options{}); err != nil {
-		fmt.Fprintf(w, "qemu: cannot run: %v\n", err)
-	} else {
-		usable++
-		line := fmt.Sprintf("qemu: ok: QEMU %s with %s", caps.Version, caps.Accelerator)
-		if caps.Notice != "" {
-			line += " (" + caps.Notice + ")"
-		}
-		fmt.Fprintln(w, line)
-	}
-	if r := cloudhypervisor.Probe(ctx, cloudhypervisor.Config{}); r.Usable {
-		usable++
-		fmt.Fprintf(w, "cloud-hypervisor: ok: %s %s (landlock %v)\n", r.Binary, r.Version, r.Landlock)
-	} else {
-		fmt.Fprintf(w, "cloud-hypervisor: cannot run: %s\n", r.Reason)
-	}
-	if usable == 0 {
-		return 1
-	}
-	return 0
 }
 
 // parsePool reads --pool: IMAGE:PRESET=N[,IMAGE:PRESET=N...].
