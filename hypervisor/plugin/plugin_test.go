@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -191,5 +192,20 @@ func TestPluginWithoutItsEngineExits(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		cmd.Process.Kill()
 		t.Fatal("a plugin whose engine is gone kept running")
+	}
+}
+
+// A plugin of another protocol version (an install whose plugin and engine
+// do not match) is refused at launch with an error that says so, before a
+// call could garble anything.
+func TestPluginProtocolMismatch(t *testing.T) {
+	t.Setenv("MEMPLUGIN_PROTOCOL", strconv.Itoa(int(plugin.Handshake.ProtocolVersion)+1))
+	p, err := plugin.Launch(context.Background(), memplugin(t), nil, "", nil)
+	if err == nil {
+		p.Close()
+		t.Fatal("a plugin of another protocol version was accepted")
+	}
+	if !errors.Is(err, hypervisor.ErrUnavailable) || !strings.Contains(err.Error(), "incompatible API version") {
+		t.Errorf("the refusal: %v", err)
 	}
 }
