@@ -81,6 +81,493 @@ func (FileType) EnumDescriptor() ([]byte, []int) {
 	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{0}
 }
 
+type StartRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's ID for the command: 1 to 64 of [A-Za-z0-9_-], unique
+	// among the commands the agent keeps.
+	Id   string     `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Exec *ExecStart `protobuf:"bytes,2,opt,name=exec,proto3" json:"exec,omitempty"`
+	// Bytes given to the command's stdin, then end of file (exec.stdin must
+	// be set for them to be used; without them stdin is /dev/null).
+	Stdin []byte `protobuf:"bytes,3,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// Each stream's ring size; 0 means the agent's default (4 MiB).
+	RingBytes     uint32 `protobuf:"varint,4,opt,name=ring_bytes,json=ringBytes,proto3" json:"ring_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRequest) Reset() {
+	*x = StartRequest{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRequest) ProtoMessage() {}
+
+func (x *StartRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
+func (*StartRequest) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *StartRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *StartRequest) GetExec() *ExecStart {
+	if x != nil {
+		return x.Exec
+	}
+	return nil
+}
+
+func (x *StartRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *StartRequest) GetRingBytes() uint32 {
+	if x != nil {
+		return x.RingBytes
+	}
+	return 0
+}
+
+type CommandInfo struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Pid     int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	Running bool                   `protobuf:"varint,3,opt,name=running,proto3" json:"running,omitempty"`
+	// Set once the command has finished.
+	Exit          *ExecExit `protobuf:"bytes,4,opt,name=exit,proto3" json:"exit,omitempty"`
+	StartedUnixMs int64     `protobuf:"varint,5,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	// Bytes each stream has produced in all (what a ring no longer holds
+	// included).
+	StdoutBytes   uint64 `protobuf:"varint,6,opt,name=stdout_bytes,json=stdoutBytes,proto3" json:"stdout_bytes,omitempty"`
+	StderrBytes   uint64 `protobuf:"varint,7,opt,name=stderr_bytes,json=stderrBytes,proto3" json:"stderr_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandInfo) Reset() {
+	*x = CommandInfo{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandInfo) ProtoMessage() {}
+
+func (x *CommandInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandInfo.ProtoReflect.Descriptor instead.
+func (*CommandInfo) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CommandInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CommandInfo) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *CommandInfo) GetRunning() bool {
+	if x != nil {
+		return x.Running
+	}
+	return false
+}
+
+func (x *CommandInfo) GetExit() *ExecExit {
+	if x != nil {
+		return x.Exit
+	}
+	return nil
+}
+
+func (x *CommandInfo) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+func (x *CommandInfo) GetStdoutBytes() uint64 {
+	if x != nil {
+		return x.StdoutBytes
+	}
+	return 0
+}
+
+func (x *CommandInfo) GetStderrBytes() uint64 {
+	if x != nil {
+		return x.StderrBytes
+	}
+	return 0
+}
+
+type CommandList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Commands      []*CommandInfo         `protobuf:"bytes,1,rep,name=commands,proto3" json:"commands,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandList) Reset() {
+	*x = CommandList{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandList) ProtoMessage() {}
+
+func (x *CommandList) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandList.ProtoReflect.Descriptor instead.
+func (*CommandList) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CommandList) GetCommands() []*CommandInfo {
+	if x != nil {
+		return x.Commands
+	}
+	return nil
+}
+
+type AttachRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Where to start in each stream, in bytes since the command started.
+	StdoutOffset  uint64 `protobuf:"varint,2,opt,name=stdout_offset,json=stdoutOffset,proto3" json:"stdout_offset,omitempty"`
+	StderrOffset  uint64 `protobuf:"varint,3,opt,name=stderr_offset,json=stderrOffset,proto3" json:"stderr_offset,omitempty"`
+	Follow        bool   `protobuf:"varint,4,opt,name=follow,proto3" json:"follow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachRequest) Reset() {
+	*x = AttachRequest{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachRequest) ProtoMessage() {}
+
+func (x *AttachRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
+func (*AttachRequest) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AttachRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AttachRequest) GetStdoutOffset() uint64 {
+	if x != nil {
+		return x.StdoutOffset
+	}
+	return 0
+}
+
+func (x *AttachRequest) GetStderrOffset() uint64 {
+	if x != nil {
+		return x.StderrOffset
+	}
+	return 0
+}
+
+func (x *AttachRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+type AttachChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*AttachChunk_Stdout
+	//	*AttachChunk_Stderr
+	//	*AttachChunk_Exit
+	Msg           isAttachChunk_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachChunk) Reset() {
+	*x = AttachChunk{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachChunk) ProtoMessage() {}
+
+func (x *AttachChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachChunk.ProtoReflect.Descriptor instead.
+func (*AttachChunk) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *AttachChunk) GetMsg() isAttachChunk_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *AttachChunk) GetStdout() *OutputChunk {
+	if x != nil {
+		if x, ok := x.Msg.(*AttachChunk_Stdout); ok {
+			return x.Stdout
+		}
+	}
+	return nil
+}
+
+func (x *AttachChunk) GetStderr() *OutputChunk {
+	if x != nil {
+		if x, ok := x.Msg.(*AttachChunk_Stderr); ok {
+			return x.Stderr
+		}
+	}
+	return nil
+}
+
+func (x *AttachChunk) GetExit() *ExecExit {
+	if x != nil {
+		if x, ok := x.Msg.(*AttachChunk_Exit); ok {
+			return x.Exit
+		}
+	}
+	return nil
+}
+
+type isAttachChunk_Msg interface {
+	isAttachChunk_Msg()
+}
+
+type AttachChunk_Stdout struct {
+	Stdout *OutputChunk `protobuf:"bytes,1,opt,name=stdout,proto3,oneof"`
+}
+
+type AttachChunk_Stderr struct {
+	Stderr *OutputChunk `protobuf:"bytes,2,opt,name=stderr,proto3,oneof"`
+}
+
+type AttachChunk_Exit struct {
+	// Last: the command finished (absent when the stream ends without
+	// follow while the command runs).
+	Exit *ExecExit `protobuf:"bytes,3,opt,name=exit,proto3,oneof"`
+}
+
+func (*AttachChunk_Stdout) isAttachChunk_Msg() {}
+
+func (*AttachChunk_Stderr) isAttachChunk_Msg() {}
+
+func (*AttachChunk_Exit) isAttachChunk_Msg() {}
+
+type OutputChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where data starts in its stream. Greater than the offset asked for when
+	// the ring no longer held the bytes between: those were dropped.
+	Offset        uint64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputChunk) Reset() {
+	*x = OutputChunk{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputChunk) ProtoMessage() {}
+
+func (x *OutputChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
+func (*OutputChunk) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *OutputChunk) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *OutputChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type SignalRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Signal        int32                  `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalRequest) Reset() {
+	*x = SignalRequest{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalRequest) ProtoMessage() {}
+
+func (x *SignalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
+func (*SignalRequest) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SignalRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SignalRequest) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
 type Empty struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -89,7 +576,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -101,7 +588,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -114,7 +601,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 type HealthRequest struct {
@@ -125,7 +612,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -137,7 +624,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -150,7 +637,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 type HealthResponse struct {
@@ -170,7 +657,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -182,7 +669,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -195,7 +682,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HealthResponse) GetVersion() string {
@@ -259,7 +746,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -271,7 +758,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -284,7 +771,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -373,7 +860,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +872,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +885,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -498,7 +985,7 @@ type Resize struct {
 
 func (x *Resize) Reset() {
 	*x = Resize{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +997,7 @@ func (x *Resize) String() string {
 func (*Resize) ProtoMessage() {}
 
 func (x *Resize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +1010,7 @@ func (x *Resize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resize.ProtoReflect.Descriptor instead.
 func (*Resize) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Resize) GetRows() uint32 {
@@ -555,7 +1042,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -567,7 +1054,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -580,7 +1067,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -633,7 +1120,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +1132,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +1145,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -750,7 +1237,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +1249,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +1262,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -826,7 +1313,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +1325,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +1338,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -907,7 +1394,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1406,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1419,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -965,7 +1452,7 @@ type ReadFileChunk struct {
 
 func (x *ReadFileChunk) Reset() {
 	*x = ReadFileChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1464,7 @@ func (x *ReadFileChunk) String() string {
 func (*ReadFileChunk) ProtoMessage() {}
 
 func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1477,7 @@ func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileChunk.ProtoReflect.Descriptor instead.
 func (*ReadFileChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadFileChunk) GetData() []byte {
@@ -1009,7 +1496,7 @@ type PathRequest struct {
 
 func (x *PathRequest) Reset() {
 	*x = PathRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1508,7 @@ func (x *PathRequest) String() string {
 func (*PathRequest) ProtoMessage() {}
 
 func (x *PathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1521,7 @@ func (x *PathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathRequest.ProtoReflect.Descriptor instead.
 func (*PathRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PathRequest) GetPath() string {
@@ -1062,7 +1549,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1561,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1574,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1164,7 +1651,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1663,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1676,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListDirRequest) GetPath() string {
@@ -1216,7 +1703,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1715,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1728,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -1269,7 +1756,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1768,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1781,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1328,7 +1815,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1827,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1840,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1380,7 +1867,7 @@ type ChmodRequest struct {
 
 func (x *ChmodRequest) Reset() {
 	*x = ChmodRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1879,7 @@ func (x *ChmodRequest) String() string {
 func (*ChmodRequest) ProtoMessage() {}
 
 func (x *ChmodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1892,7 @@ func (x *ChmodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChmodRequest.ProtoReflect.Descriptor instead.
 func (*ChmodRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ChmodRequest) GetPath() string {
@@ -1433,7 +1920,7 @@ type ChownRequest struct {
 
 func (x *ChownRequest) Reset() {
 	*x = ChownRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1932,7 @@ func (x *ChownRequest) String() string {
 func (*ChownRequest) ProtoMessage() {}
 
 func (x *ChownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1945,7 @@ func (x *ChownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChownRequest.ProtoReflect.Descriptor instead.
 func (*ChownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ChownRequest) GetPath() string {
@@ -1484,7 +1971,7 @@ type SyncTimeRequest struct {
 
 func (x *SyncTimeRequest) Reset() {
 	*x = SyncTimeRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1983,7 @@ func (x *SyncTimeRequest) String() string {
 func (*SyncTimeRequest) ProtoMessage() {}
 
 func (x *SyncTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1996,7 @@ func (x *SyncTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTimeRequest.ProtoReflect.Descriptor instead.
 func (*SyncTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SyncTimeRequest) GetUnixNano() int64 {
@@ -1533,7 +2020,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +2032,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +2045,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -1591,7 +2078,7 @@ type ReseedResponse struct {
 
 func (x *ReseedResponse) Reset() {
 	*x = ReseedResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +2090,7 @@ func (x *ReseedResponse) String() string {
 func (*ReseedResponse) ProtoMessage() {}
 
 func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +2103,7 @@ func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedResponse.ProtoReflect.Descriptor instead.
 func (*ReseedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReseedResponse) GetMachineId() string {
@@ -1637,7 +2124,7 @@ type SetNetworkRequest struct {
 
 func (x *SetNetworkRequest) Reset() {
 	*x = SetNetworkRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +2136,7 @@ func (x *SetNetworkRequest) String() string {
 func (*SetNetworkRequest) ProtoMessage() {}
 
 func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +2149,7 @@ func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetNetworkRequest) GetCmdline() string {
@@ -1682,7 +2169,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +2181,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +2194,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ShutdownRequest) GetReboot() bool {
@@ -1721,7 +2208,39 @@ var File_agent_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x19agent/agentpb/agent.proto\x12\x10harebox.agent.v1\"\a\n" +
+	"\x19agent/agentpb/agent.proto\x12\x10harebox.agent.v1\"\x84\x01\n" +
+	"\fStartRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12/\n" +
+	"\x04exec\x18\x02 \x01(\v2\x1b.harebox.agent.v1.ExecStartR\x04exec\x12\x14\n" +
+	"\x05stdin\x18\x03 \x01(\fR\x05stdin\x12\x1d\n" +
+	"\n" +
+	"ring_bytes\x18\x04 \x01(\rR\tringBytes\"\xe7\x01\n" +
+	"\vCommandInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x18\n" +
+	"\arunning\x18\x03 \x01(\bR\arunning\x12.\n" +
+	"\x04exit\x18\x04 \x01(\v2\x1a.harebox.agent.v1.ExecExitR\x04exit\x12&\n" +
+	"\x0fstarted_unix_ms\x18\x05 \x01(\x03R\rstartedUnixMs\x12!\n" +
+	"\fstdout_bytes\x18\x06 \x01(\x04R\vstdoutBytes\x12!\n" +
+	"\fstderr_bytes\x18\a \x01(\x04R\vstderrBytes\"H\n" +
+	"\vCommandList\x129\n" +
+	"\bcommands\x18\x01 \x03(\v2\x1d.harebox.agent.v1.CommandInfoR\bcommands\"\x81\x01\n" +
+	"\rAttachRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
+	"\rstdout_offset\x18\x02 \x01(\x04R\fstdoutOffset\x12#\n" +
+	"\rstderr_offset\x18\x03 \x01(\x04R\fstderrOffset\x12\x16\n" +
+	"\x06follow\x18\x04 \x01(\bR\x06follow\"\xb8\x01\n" +
+	"\vAttachChunk\x127\n" +
+	"\x06stdout\x18\x01 \x01(\v2\x1d.harebox.agent.v1.OutputChunkH\x00R\x06stdout\x127\n" +
+	"\x06stderr\x18\x02 \x01(\v2\x1d.harebox.agent.v1.OutputChunkH\x00R\x06stderr\x120\n" +
+	"\x04exit\x18\x03 \x01(\v2\x1a.harebox.agent.v1.ExecExitH\x00R\x04exitB\x05\n" +
+	"\x03msg\"9\n" +
+	"\vOutputChunk\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"7\n" +
+	"\rSignalRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\x05R\x06signal\"\a\n" +
 	"\x05Empty\"\x0f\n" +
 	"\rHealthRequest\"\x99\x01\n" +
 	"\x0eHealthResponse\x12\x18\n" +
@@ -1834,7 +2353,8 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x11FILE_TYPE_REGULAR\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042\x89\b\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x042\xa5\n" +
+	"\n" +
 	"\x05Agent\x12K\n" +
 	"\x06Health\x12\x1f.harebox.agent.v1.HealthRequest\x1a .harebox.agent.v1.HealthResponse\x12I\n" +
 	"\x04Exec\x12\x1d.harebox.agent.v1.ExecRequest\x1a\x1e.harebox.agent.v1.ExecResponse(\x010\x01\x12M\n" +
@@ -1850,7 +2370,11 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x06Reseed\x12\x1f.harebox.agent.v1.ReseedRequest\x1a .harebox.agent.v1.ReseedResponse\x12J\n" +
 	"\n" +
 	"SetNetwork\x12#.harebox.agent.v1.SetNetworkRequest\x1a\x17.harebox.agent.v1.Empty\x12F\n" +
-	"\bShutdown\x12!.harebox.agent.v1.ShutdownRequest\x1a\x17.harebox.agent.v1.EmptyB*Z(github.com/harebox/harebox/agent/agentpbb\x06proto3"
+	"\bShutdown\x12!.harebox.agent.v1.ShutdownRequest\x1a\x17.harebox.agent.v1.Empty\x12F\n" +
+	"\x05Start\x12\x1e.harebox.agent.v1.StartRequest\x1a\x1d.harebox.agent.v1.CommandInfo\x12J\n" +
+	"\x06Attach\x12\x1f.harebox.agent.v1.AttachRequest\x1a\x1d.harebox.agent.v1.AttachChunk0\x01\x12B\n" +
+	"\x06Signal\x12\x1f.harebox.agent.v1.SignalRequest\x1a\x17.harebox.agent.v1.Empty\x12B\n" +
+	"\bCommands\x12\x17.harebox.agent.v1.Empty\x1a\x1d.harebox.agent.v1.CommandListB*Z(github.com/harebox/harebox/agent/agentpbb\x06proto3"
 
 var (
 	file_agent_agentpb_agent_proto_rawDescOnce sync.Once
@@ -1865,75 +2389,96 @@ func file_agent_agentpb_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_agentpb_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_agent_agentpb_agent_proto_goTypes = []any{
 	(FileType)(0),             // 0: harebox.agent.v1.FileType
-	(*Empty)(nil),             // 1: harebox.agent.v1.Empty
-	(*HealthRequest)(nil),     // 2: harebox.agent.v1.HealthRequest
-	(*HealthResponse)(nil),    // 3: harebox.agent.v1.HealthResponse
-	(*ExecStart)(nil),         // 4: harebox.agent.v1.ExecStart
-	(*ExecRequest)(nil),       // 5: harebox.agent.v1.ExecRequest
-	(*Resize)(nil),            // 6: harebox.agent.v1.Resize
-	(*ExecExit)(nil),          // 7: harebox.agent.v1.ExecExit
-	(*ExecResponse)(nil),      // 8: harebox.agent.v1.ExecResponse
-	(*WriteFileHeader)(nil),   // 9: harebox.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),  // 10: harebox.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),   // 11: harebox.agent.v1.ReadFileRequest
-	(*ReadFileChunk)(nil),     // 12: harebox.agent.v1.ReadFileChunk
-	(*PathRequest)(nil),       // 13: harebox.agent.v1.PathRequest
-	(*FileInfo)(nil),          // 14: harebox.agent.v1.FileInfo
-	(*ListDirRequest)(nil),    // 15: harebox.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),   // 16: harebox.agent.v1.ListDirResponse
-	(*MkdirRequest)(nil),      // 17: harebox.agent.v1.MkdirRequest
-	(*RemoveRequest)(nil),     // 18: harebox.agent.v1.RemoveRequest
-	(*ChmodRequest)(nil),      // 19: harebox.agent.v1.ChmodRequest
-	(*ChownRequest)(nil),      // 20: harebox.agent.v1.ChownRequest
-	(*SyncTimeRequest)(nil),   // 21: harebox.agent.v1.SyncTimeRequest
-	(*ReseedRequest)(nil),     // 22: harebox.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),    // 23: harebox.agent.v1.ReseedResponse
-	(*SetNetworkRequest)(nil), // 24: harebox.agent.v1.SetNetworkRequest
-	(*ShutdownRequest)(nil),   // 25: harebox.agent.v1.ShutdownRequest
+	(*StartRequest)(nil),      // 1: harebox.agent.v1.StartRequest
+	(*CommandInfo)(nil),       // 2: harebox.agent.v1.CommandInfo
+	(*CommandList)(nil),       // 3: harebox.agent.v1.CommandList
+	(*AttachRequest)(nil),     // 4: harebox.agent.v1.AttachRequest
+	(*AttachChunk)(nil),       // 5: harebox.agent.v1.AttachChunk
+	(*OutputChunk)(nil),       // 6: harebox.agent.v1.OutputChunk
+	(*SignalRequest)(nil),     // 7: harebox.agent.v1.SignalRequest
+	(*Empty)(nil),             // 8: harebox.agent.v1.Empty
+	(*HealthRequest)(nil),     // 9: harebox.agent.v1.HealthRequest
+	(*HealthResponse)(nil),    // 10: harebox.agent.v1.HealthResponse
+	(*ExecStart)(nil),         // 11: harebox.agent.v1.ExecStart
+	(*ExecRequest)(nil),       // 12: harebox.agent.v1.ExecRequest
+	(*Resize)(nil),            // 13: harebox.agent.v1.Resize
+	(*ExecExit)(nil),          // 14: harebox.agent.v1.ExecExit
+	(*ExecResponse)(nil),      // 15: harebox.agent.v1.ExecResponse
+	(*WriteFileHeader)(nil),   // 16: harebox.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),  // 17: harebox.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),   // 18: harebox.agent.v1.ReadFileRequest
+	(*ReadFileChunk)(nil),     // 19: harebox.agent.v1.ReadFileChunk
+	(*PathRequest)(nil),       // 20: harebox.agent.v1.PathRequest
+	(*FileInfo)(nil),          // 21: harebox.agent.v1.FileInfo
+	(*ListDirRequest)(nil),    // 22: harebox.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),   // 23: harebox.agent.v1.ListDirResponse
+	(*MkdirRequest)(nil),      // 24: harebox.agent.v1.MkdirRequest
+	(*RemoveRequest)(nil),     // 25: harebox.agent.v1.RemoveRequest
+	(*ChmodRequest)(nil),      // 26: harebox.agent.v1.ChmodRequest
+	(*ChownRequest)(nil),      // 27: harebox.agent.v1.ChownRequest
+	(*SyncTimeRequest)(nil),   // 28: harebox.agent.v1.SyncTimeRequest
+	(*ReseedRequest)(nil),     // 29: harebox.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),    // 30: harebox.agent.v1.ReseedResponse
+	(*SetNetworkRequest)(nil), // 31: harebox.agent.v1.SetNetworkRequest
+	(*ShutdownRequest)(nil),   // 32: harebox.agent.v1.ShutdownRequest
 }
 var file_agent_agentpb_agent_proto_depIdxs = []int32{
-	4,  // 0: harebox.agent.v1.ExecRequest.start:type_name -> harebox.agent.v1.ExecStart
-	6,  // 1: harebox.agent.v1.ExecRequest.resize:type_name -> harebox.agent.v1.Resize
-	7,  // 2: harebox.agent.v1.ExecResponse.exit:type_name -> harebox.agent.v1.ExecExit
-	9,  // 3: harebox.agent.v1.WriteFileRequest.header:type_name -> harebox.agent.v1.WriteFileHeader
-	0,  // 4: harebox.agent.v1.FileInfo.type:type_name -> harebox.agent.v1.FileType
-	14, // 5: harebox.agent.v1.ListDirResponse.entries:type_name -> harebox.agent.v1.FileInfo
-	2,  // 6: harebox.agent.v1.Agent.Health:input_type -> harebox.agent.v1.HealthRequest
-	5,  // 7: harebox.agent.v1.Agent.Exec:input_type -> harebox.agent.v1.ExecRequest
-	10, // 8: harebox.agent.v1.Agent.WriteFile:input_type -> harebox.agent.v1.WriteFileRequest
-	11, // 9: harebox.agent.v1.Agent.ReadFile:input_type -> harebox.agent.v1.ReadFileRequest
-	13, // 10: harebox.agent.v1.Agent.Stat:input_type -> harebox.agent.v1.PathRequest
-	15, // 11: harebox.agent.v1.Agent.ListDir:input_type -> harebox.agent.v1.ListDirRequest
-	17, // 12: harebox.agent.v1.Agent.Mkdir:input_type -> harebox.agent.v1.MkdirRequest
-	18, // 13: harebox.agent.v1.Agent.Remove:input_type -> harebox.agent.v1.RemoveRequest
-	19, // 14: harebox.agent.v1.Agent.Chmod:input_type -> harebox.agent.v1.ChmodRequest
-	20, // 15: harebox.agent.v1.Agent.Chown:input_type -> harebox.agent.v1.ChownRequest
-	21, // 16: harebox.agent.v1.Agent.SyncTime:input_type -> harebox.agent.v1.SyncTimeRequest
-	22, // 17: harebox.agent.v1.Agent.Reseed:input_type -> harebox.agent.v1.ReseedRequest
-	24, // 18: harebox.agent.v1.Agent.SetNetwork:input_type -> harebox.agent.v1.SetNetworkRequest
-	25, // 19: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
-	3,  // 20: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
-	8,  // 21: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
-	14, // 22: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
-	12, // 23: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
-	14, // 24: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
-	16, // 25: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
-	14, // 26: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
-	1,  // 27: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
-	1,  // 28: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
-	1,  // 29: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
-	1,  // 30: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
-	23, // 31: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
-	1,  // 32: harebox.agent.v1.Agent.SetNetwork:output_type -> harebox.agent.v1.Empty
-	1,  // 33: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
-	20, // [20:34] is the sub-list for method output_type
-	6,  // [6:20] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	11, // 0: harebox.agent.v1.StartRequest.exec:type_name -> harebox.agent.v1.ExecStart
+	14, // 1: harebox.agent.v1.CommandInfo.exit:type_name -> harebox.agent.v1.ExecExit
+	2,  // 2: harebox.agent.v1.CommandList.commands:type_name -> harebox.agent.v1.CommandInfo
+	6,  // 3: harebox.agent.v1.AttachChunk.stdout:type_name -> harebox.agent.v1.OutputChunk
+	6,  // 4: harebox.agent.v1.AttachChunk.stderr:type_name -> harebox.agent.v1.OutputChunk
+	14, // 5: harebox.agent.v1.AttachChunk.exit:type_name -> harebox.agent.v1.ExecExit
+	11, // 6: harebox.agent.v1.ExecRequest.start:type_name -> harebox.agent.v1.ExecStart
+	13, // 7: harebox.agent.v1.ExecRequest.resize:type_name -> harebox.agent.v1.Resize
+	14, // 8: harebox.agent.v1.ExecResponse.exit:type_name -> harebox.agent.v1.ExecExit
+	16, // 9: harebox.agent.v1.WriteFileRequest.header:type_name -> harebox.agent.v1.WriteFileHeader
+	0,  // 10: harebox.agent.v1.FileInfo.type:type_name -> harebox.agent.v1.FileType
+	21, // 11: harebox.agent.v1.ListDirResponse.entries:type_name -> harebox.agent.v1.FileInfo
+	9,  // 12: harebox.agent.v1.Agent.Health:input_type -> harebox.agent.v1.HealthRequest
+	12, // 13: harebox.agent.v1.Agent.Exec:input_type -> harebox.agent.v1.ExecRequest
+	17, // 14: harebox.agent.v1.Agent.WriteFile:input_type -> harebox.agent.v1.WriteFileRequest
+	18, // 15: harebox.agent.v1.Agent.ReadFile:input_type -> harebox.agent.v1.ReadFileRequest
+	20, // 16: harebox.agent.v1.Agent.Stat:input_type -> harebox.agent.v1.PathRequest
+	22, // 17: harebox.agent.v1.Agent.ListDir:input_type -> harebox.agent.v1.ListDirRequest
+	24, // 18: harebox.agent.v1.Agent.Mkdir:input_type -> harebox.agent.v1.MkdirRequest
+	25, // 19: harebox.agent.v1.Agent.Remove:input_type -> harebox.agent.v1.RemoveRequest
+	26, // 20: harebox.agent.v1.Agent.Chmod:input_type -> harebox.agent.v1.ChmodRequest
+	27, // 21: harebox.agent.v1.Agent.Chown:input_type -> harebox.agent.v1.ChownRequest
+	28, // 22: harebox.agent.v1.Agent.SyncTime:input_type -> harebox.agent.v1.SyncTimeRequest
+	29, // 23: harebox.agent.v1.Agent.Reseed:input_type -> harebox.agent.v1.ReseedRequest
+	31, // 24: harebox.agent.v1.Agent.SetNetwork:input_type -> harebox.agent.v1.SetNetworkRequest
+	32, // 25: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
+	1,  // 26: harebox.agent.v1.Agent.Start:input_type -> harebox.agent.v1.StartRequest
+	4,  // 27: harebox.agent.v1.Agent.Attach:input_type -> harebox.agent.v1.AttachRequest
+	7,  // 28: harebox.agent.v1.Agent.Signal:input_type -> harebox.agent.v1.SignalRequest
+	8,  // 29: harebox.agent.v1.Agent.Commands:input_type -> harebox.agent.v1.Empty
+	10, // 30: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
+	15, // 31: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
+	21, // 32: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
+	19, // 33: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
+	21, // 34: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
+	23, // 35: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
+	21, // 36: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
+	8,  // 37: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
+	8,  // 38: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
+	8,  // 39: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
+	8,  // 40: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
+	30, // 41: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
+	8,  // 42: harebox.agent.v1.Agent.SetNetwork:output_type -> harebox.agent.v1.Empty
+	8,  // 43: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
+	2,  // 44: harebox.agent.v1.Agent.Start:output_type -> harebox.agent.v1.CommandInfo
+	5,  // 45: harebox.agent.v1.Agent.Attach:output_type -> harebox.agent.v1.AttachChunk
+	8,  // 46: harebox.agent.v1.Agent.Signal:output_type -> harebox.agent.v1.Empty
+	3,  // 47: harebox.agent.v1.Agent.Commands:output_type -> harebox.agent.v1.CommandList
+	30, // [30:48] is the sub-list for method output_type
+	12, // [12:30] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_agent_agentpb_agent_proto_init() }
@@ -1942,19 +2487,24 @@ func file_agent_agentpb_agent_proto_init() {
 		return
 	}
 	file_agent_agentpb_agent_proto_msgTypes[4].OneofWrappers = []any{
+		(*AttachChunk_Stdout)(nil),
+		(*AttachChunk_Stderr)(nil),
+		(*AttachChunk_Exit)(nil),
+	}
+	file_agent_agentpb_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_StdinEof)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[7].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*ExecResponse_StartedPid)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[9].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[16].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -1964,7 +2514,7 @@ func file_agent_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_agentpb_agent_proto_rawDesc), len(file_agent_agentpb_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

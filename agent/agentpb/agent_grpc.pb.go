@@ -38,6 +38,10 @@ const (
 	Agent_Reseed_FullMethodName     = "/harebox.agent.v1.Agent/Reseed"
 	Agent_SetNetwork_FullMethodName = "/harebox.agent.v1.Agent/SetNetwork"
 	Agent_Shutdown_FullMethodName   = "/harebox.agent.v1.Agent/Shutdown"
+	Agent_Start_FullMethodName      = "/harebox.agent.v1.Agent/Start"
+	Agent_Attach_FullMethodName     = "/harebox.agent.v1.Agent/Attach"
+	Agent_Signal_FullMethodName     = "/harebox.agent.v1.Agent/Signal"
+	Agent_Commands_FullMethodName   = "/harebox.agent.v1.Agent/Commands"
 )
 
 // AgentClient is the client API for Agent service.
@@ -74,6 +78,22 @@ type AgentClient interface {
 	SetNetwork(ctx context.Context, in *SetNetworkRequest, opts ...grpc.CallOption) (*Empty, error)
 	// Shutdown syncs and powers the guest off.
 	Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*Empty, error)
+	// Commands the agent owns (protocol 2): they run on when the caller's
+	// session ends (a host restart), and keep their output in a ring per
+	// stream and their exit until the agent forgets them (the oldest finished
+	// ones go first once too many are kept).
+	//
+	// Start runs a command detached from the call and answers once it has
+	// started (or failed to: then it is already finished, with Exit.error).
+	Start(ctx context.Context, in *StartRequest, opts ...grpc.CallOption) (*CommandInfo, error)
+	// Attach streams a command's output from the given offsets: what the
+	// rings still hold, then, with follow, what comes, and ends with the
+	// command's exit (or, without follow, with what there is now).
+	Attach(ctx context.Context, in *AttachRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AttachChunk], error)
+	// Signal delivers a signal to a command's process group.
+	Signal(ctx context.Context, in *SignalRequest, opts ...grpc.CallOption) (*Empty, error)
+	// Commands lists the commands the agent keeps, oldest first.
+	Commands(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*CommandList, error)
 }
 
 type agentClient struct {
@@ -239,6 +259,55 @@ func (c *agentClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts ..
 	return out, nil
 }
 
+func (c *agentClient) Start(ctx context.Context, in *StartRequest, opts ...grpc.CallOption) (*CommandInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommandInfo)
+	err := c.cc.Invoke(ctx, Agent_Start_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) Attach(ctx context.Context, in *AttachRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AttachChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[3], Agent_Attach_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AttachRequest, AttachChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_AttachClient = grpc.ServerStreamingClient[AttachChunk]
+
+func (c *agentClient) Signal(ctx context.Context, in *SignalRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Agent_Signal_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) Commands(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*CommandList, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommandList)
+	err := c.cc.Invoke(ctx, Agent_Commands_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -273,6 +342,22 @@ type AgentServer interface {
 	SetNetwork(context.Context, *SetNetworkRequest) (*Empty, error)
 	// Shutdown syncs and powers the guest off.
 	Shutdown(context.Context, *ShutdownRequest) (*Empty, error)
+	// Commands the agent owns (protocol 2): they run on when the caller's
+	// session ends (a host restart), and keep their output in a ring per
+	// stream and their exit until the agent forgets them (the oldest finished
+	// ones go first once too many are kept).
+	//
+	// Start runs a command detached from the call and answers once it has
+	// started (or failed to: then it is already finished, with Exit.error).
+	Start(context.Context, *StartRequest) (*CommandInfo, error)
+	// Attach streams a command's output from the given offsets: what the
+	// rings still hold, then, with follow, what comes, and ends with the
+	// command's exit (or, without follow, with what there is now).
+	Attach(*AttachRequest, grpc.ServerStreamingServer[AttachChunk]) error
+	// Signal delivers a signal to a command's process group.
+	Signal(context.Context, *SignalRequest) (*Empty, error)
+	// Commands lists the commands the agent keeps, oldest first.
+	Commands(context.Context, *Empty) (*CommandList, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -324,6 +409,18 @@ func (UnimplementedAgentServer) SetNetwork(context.Context, *SetNetworkRequest) 
 }
 func (UnimplementedAgentServer) Shutdown(context.Context, *ShutdownRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method Shutdown not implemented")
+}
+func (UnimplementedAgentServer) Start(context.Context, *StartRequest) (*CommandInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method Start not implemented")
+}
+func (UnimplementedAgentServer) Attach(*AttachRequest, grpc.ServerStreamingServer[AttachChunk]) error {
+	return status.Error(codes.Unimplemented, "method Attach not implemented")
+}
+func (UnimplementedAgentServer) Signal(context.Context, *SignalRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method Signal not implemented")
+}
+func (UnimplementedAgentServer) Commands(context.Context, *Empty) (*CommandList, error) {
+	return nil, status.Error(codes.Unimplemented, "method Commands not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -569,6 +666,71 @@ func _Agent_Shutdown_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_Start_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Start(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Start_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Start(ctx, req.(*StartRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_Attach_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(AttachRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).Attach(m, &grpc.GenericServerStream[AttachRequest, AttachChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_AttachServer = grpc.ServerStreamingServer[AttachChunk]
+
+func _Agent_Signal_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SignalRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Signal(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Signal_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Signal(ctx, req.(*SignalRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_Commands_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(Empty)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Commands(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Commands_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Commands(ctx, req.(*Empty))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -620,6 +782,18 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Shutdown",
 			Handler:    _Agent_Shutdown_Handler,
 		},
+		{
+			MethodName: "Start",
+			Handler:    _Agent_Start_Handler,
+		},
+		{
+			MethodName: "Signal",
+			Handler:    _Agent_Signal_Handler,
+		},
+		{
+			MethodName: "Commands",
+			Handler:    _Agent_Commands_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -636,6 +810,11 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ReadFile",
 			Handler:       _Agent_ReadFile_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Attach",
+			Handler:       _Agent_Attach_Handler,
 			ServerStreams: true,
 		},
 	},

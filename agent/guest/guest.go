@@ -61,6 +61,9 @@ type Server struct {
 	// etcMu serialises writes under /etc (machine-id) so concurrent Reseed
 	// calls cannot interleave their temp files.
 	etcMu sync.Mutex
+
+	// cmds are the commands the agent owns (Start).
+	cmds commandTable
 }
 
 // New returns a Server with opts' defaults filled in.

@@ -28,6 +28,7 @@ type env struct {
 	root   string // fake filesystem root holding etc/
 	home   string // the default user's home
 	client agentpb.AgentClient
+	srv    *Server
 
 	mu        sync.Mutex
 	hostnames []string
@@ -97,6 +98,7 @@ func newEnv(t *testing.T) *env {
 			return nil
 		},
 	})
+	e.srv = srv
 	e.client = dialAgent(t, srv)
 	return e
 }

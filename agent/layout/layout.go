@@ -13,8 +13,9 @@ package layout
 //
 //	0: agents from before the level was reported
 //	1: Health reports the level
+//	2: commands the agent owns (Start, Attach, Signal, Commands)
 const (
-	Protocol    = 1
+	Protocol    = 2
 	MinProtocol = 0
 )
 
