@@ -132,11 +132,13 @@ func (e *Engine) settleAll(ctx context.Context) {
 		recs = append(recs, unboxed{rec, rec.State}) // stopped or hibernated
 	}
 	e.mu.Unlock()
+	deadline := time.Now().Add(roundLockWait)
 	for _, b := range e.liveBoxes() {
 		// A box busy in a lifecycle call (a hung hypervisor, a long
-		// delete) is settled next round, not waited for: metering and
-		// the actions of every other sandbox go on.
-		if !b.lockWithin(roundLockWait) {
+		// delete) is settled next round: the round waits roundLockWait
+		// at most for all of them, and metering and the actions of every
+		// other sandbox go on.
+		if !b.lockBy(deadline) {
 			continue
 		}
 		if s := b.rec.State; s == sandbox.StateRunning || s == sandbox.StatePaused {

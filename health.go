@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -32,6 +33,11 @@ func (e *Engine) watchAgents(interval time.Duration) {
 		case <-e.ctx.Done():
 			return
 		case <-t.C:
+		}
+		if c, ok := e.net.(network.Checker); ok {
+			// A firewall altered on the host is put back within an
+			// interval, whether or not anyone asks /ready.
+			c.Check(e.ctx)
 		}
 		boxes := e.liveBoxes()
 		var wg sync.WaitGroup

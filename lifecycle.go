@@ -99,16 +99,17 @@ func (b *box) client(ctx context.Context, opts agentclient.Options) (*agentclien
 	return c, nil
 }
 
-// roundLockWait is how long a background round waits for a busy box.
+// roundLockWait is how long a background round waits for busy boxes, in
+// all.
 const roundLockWait = 500 * time.Millisecond
 
-// lockWithin locks the box if it can within d. Background rounds
-// (metering, monitoring) use it: a short hold (the other round's store
-// write) is waited out, so two rounds on the same tick do not keep
-// skipping each other, while a long lifecycle call (a hung hypervisor, a
-// delete) makes the round move on.
-func (b *box) lockWithin(d time.Duration) bool {
-	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+// lockBy locks the box if it can by deadline (one per round, shared by its
+// boxes). Background rounds (metering, monitoring) use it: a short hold
+// (the other round's store write) is waited out, so two rounds on the same
+// tick do not keep skipping each other, while long lifecycle calls (a hung
+// hypervisor, a delete) hold the round up by roundLockWait at most.
+func (b *box) lockBy(deadline time.Time) bool {
+	for ; ; time.Sleep(5 * time.Millisecond) {
 		if b.mu.TryLock() {
 			return true
 		}

@@ -41,9 +41,10 @@ func (e *Engine) monitorLoop(every time.Duration) {
 // SampleMetrics takes one monitoring sample of every live sandbox created
 // with monitoring on; the engine calls it every MetricsInterval.
 func (e *Engine) SampleMetrics(ctx context.Context) {
+	deadline := time.Now().Add(roundLockWait)
 	for _, b := range e.liveBoxes() {
 		// A box busy in a lifecycle call is sampled next round.
-		if !b.lockWithin(roundLockWait) {
+		if !b.lockBy(deadline) {
 			continue
 		}
 		s, monitored, vm, rec := b.rec.State, b.rec.Monitoring, b.m, *b.rec

@@ -110,12 +110,17 @@ type Authenticator interface {
 
 // Server serves the API.
 type Server struct {
-	opts    Options
-	eng     *harebox.Engine
-	log     *slog.Logger
-	mux     *http.ServeMux
-	openapi []byte
-	metrics http.Handler
+	opts Options
+	eng  *harebox.Engine
+	// The last readiness answer (readiness).
+	readyMu     sync.Mutex
+	readyAt     time.Time
+	readyChecks map[string]string
+	readyOK     bool
+	log         *slog.Logger
+	mux         *http.ServeMux
+	openapi     []byte
+	metrics     http.Handler
 }
 
 // Route is one API route: the router and the OpenAPI document must agree
@@ -468,21 +473,39 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 // 503 unless all are ok. Why a part is unavailable goes to the log only:
 // the route needs no key.
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
-	checks := map[string]string{}
-	ready := true
-	for part, err := range s.eng.Ready(r.Context()) {
-		checks[part] = "ok"
-		if err != nil {
-			checks[part], ready = "unavailable", false
-			s.log.Warn("not ready", "part", part, "err", err)
-		}
-	}
+	checks, ready := s.readiness(r.Context())
 	if !ready {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not_ready", "checks": checks})
 		return nil
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "checks": checks})
 	return nil
+}
+
+// readyFor is how long a readiness answer is reused: the route needs no
+// key, and each check asks the database, the plugin and the kernel.
+const readyFor = time.Second
+
+// readiness checks the engine's parts, at most once per readyFor; a part
+// that is not ready is logged when it changes, not on every request.
+func (s *Server) readiness(ctx context.Context) (map[string]string, bool) {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	if time.Since(s.readyAt) < readyFor {
+		return s.readyChecks, s.readyOK
+	}
+	checks, ok := map[string]string{}, true
+	for part, err := range s.eng.Ready(ctx) {
+		checks[part] = "ok"
+		if err != nil {
+			checks[part], ok = "unavailable", false
+			if s.readyChecks[part] != "unavailable" {
+				s.log.Warn("not ready", "part", part, "err", err)
+			}
+		}
+	}
+	s.readyChecks, s.readyOK, s.readyAt = checks, ok, time.Now()
+	return checks, ok
 }
 
 func (s *Server) openAPI(w http.ResponseWriter, r *http.Request) error {

@@ -82,7 +82,7 @@ func Open(o Options) (*Client, error) {
 		rawURL = "http://127.0.0.1:7070"
 	}
 	tr := &http.Transport{ResponseHeaderTimeout: 0, MaxIdleConnsPerHost: 4, ForceAttemptHTTP2: true}
-	if strings.HasPrefix(rawURL, "https:") {
+	if u, err := url.Parse(rawURL); err == nil && u.Scheme == "https" { // (Parse lower-cases it)
 		cfg, err := TLSConfig(ca)
 		if err != nil {
 			return nil, err

@@ -94,6 +94,10 @@ func TestTrust(t *testing.T) {
 	if err := get(Options{CA: otherFile}); err == nil {
 		t.Error("the option did not override the environment")
 	}
+	// Whatever the case of the scheme, https is verified as asked.
+	if _, err := Open(Options{URL: "HTTPS://127.0.0.1:1", CA: "sha256:bad"}); err == nil {
+		t.Error("HTTPS:// in capitals skipped HAREBOX_CA")
+	}
 	// Plain HTTP ignores it.
 	t.Setenv("HAREBOX_CA", "sha256:bad")
 	if _, err := Open(Options{URL: "http://127.0.0.1:1"}); err != nil {

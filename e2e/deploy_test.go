@@ -121,14 +121,16 @@ func TestDeploy(t *testing.T) {
 		t.Fatalf("/ready after READY=1: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	if !strings.Contains(log.String(), "level=DEBUG") {
-		t.Error("the config's debug: true was not applied")
-	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if m := message(); m != "STOPPING=1" {
 		t.Errorf("on SIGTERM: %q", m)
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("hareboxd: %v\n%s", err, log.String())
+	}
+	// (Read once it has exited: a request's line is written after its
+	// answer.)
+	if !strings.Contains(log.String(), "level=DEBUG") {
+		t.Errorf("the config's debug: true was not applied:\n%s", log.String())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -42,6 +43,13 @@ func TestReady(t *testing.T) {
 	}
 	if code, body := get("/ready"); code != 200 || body["status"] != "ready" {
 		t.Fatalf("/ready: %d %v", code, body)
+	}
+	// A reload (systemctl reload: SIGHUP) of a server without TLS files
+	// leaves it running; Go's default would end it.
+	srv.cmd.Process.Signal(syscall.SIGHUP)
+	time.Sleep(300 * time.Millisecond)
+	if code, _ := get("/health"); code != 200 || !strings.Contains(srv.log.String(), "SIGHUP: nothing to reload") {
+		t.Fatalf("after SIGHUP: %d\n%s", code, srv.log.String())
 	}
 	os.Chmod(pluginCopy, 0o644)
 	for _, p := range procs.WithEnv(plugin.OwnerEnv + "=" + dataDir) {

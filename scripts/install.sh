@@ -19,11 +19,13 @@ for b in harebox hareboxd harebox-plugin-qemu harebox-plugin-cloud-hypervisor ha
 done
 # The agent goes into guest images: harebox-image build --agent $PREFIX/lib/harebox/harebox-agent
 install -m 0755 "$BIN/harebox-agent" "$DESTDIR$PREFIX/lib/harebox/harebox-agent"
+# The unit is replaced on every install: local changes belong in a drop-in
+# (systemctl edit hareboxd).
 sed "s|@PREFIX@|$PREFIX|g" cmd/hareboxd/dist/hareboxd.service > "$DESTDIR/etc/systemd/system/hareboxd.service.tmp"
 chmod 0644 "$DESTDIR/etc/systemd/system/hareboxd.service.tmp"
 mv "$DESTDIR/etc/systemd/system/hareboxd.service.tmp" "$DESTDIR/etc/systemd/system/hareboxd.service"
 # An operator's config is theirs: written only when there is none.
-if [ ! -e "$DESTDIR/etc/harebox/hareboxd.yaml" ]; then
+if [ ! -e "$DESTDIR/etc/harebox/hareboxd.yaml" ] && [ ! -L "$DESTDIR/etc/harebox/hareboxd.yaml" ]; then
   install -m 0644 cmd/hareboxd/dist/hareboxd.yaml "$DESTDIR/etc/harebox/hareboxd.yaml"
 fi
 if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ]; then

@@ -44,10 +44,16 @@ type Source struct {
 	certFile, keyFile string
 	log               *slog.Logger
 
+	// reload serialises Reload (the watcher's and SIGHUP's).
+	reload sync.Mutex
+
 	mu      sync.Mutex
 	cert    *tls.Certificate
 	certMod time.Time
 	keyMod  time.Time
+	// failed says the last reload failed: Watch tries again every round
+	// (a file rewritten within one mtime tick would not change it again).
+	failed bool
 }
 
 // Load reads a certificate chain and its key (PEM files). The first
@@ -66,19 +72,14 @@ func Load(certFile, keyFile string, log *slog.Logger) (*Source, error) {
 // Reload reads the files again. On an error (a half-written file, a key
 // that does not match) the certificate in use stays.
 func (s *Source) Reload() error {
+	s.reload.Lock()
+	defer s.reload.Unlock()
 	certMod, keyMod := modTime(s.certFile), modTime(s.keyFile)
-	if err := s.load(); err != nil {
-		// Seen, so Watch waits for the next change (the other file may
-		// be on its way) instead of failing every round.
-		s.mu.Lock()
-		s.certMod, s.keyMod = certMod, keyMod
-		s.mu.Unlock()
-		return err
-	}
+	err := s.load()
 	s.mu.Lock()
-	s.certMod, s.keyMod = certMod, keyMod
+	s.certMod, s.keyMod, s.failed = certMod, keyMod, err != nil
 	s.mu.Unlock()
-	return nil
+	return err
 }
 
 func (s *Source) load() error {
@@ -114,11 +115,13 @@ func (s *Source) Watch(ctx context.Context, every time.Duration) {
 		}
 		s.mu.Lock()
 		same := modTime(s.certFile).Equal(s.certMod) && modTime(s.keyFile).Equal(s.keyMod)
+		failed := s.failed
 		s.mu.Unlock()
-		if same {
+		if same && !failed {
 			continue
 		}
-		if err := s.Reload(); err != nil {
+		if err := s.Reload(); err != nil && !failed {
+			// (Said once; tried again every round until it loads.)
 			s.log.Warn("TLS certificate not reloaded; the previous one stays", "err", err)
 		}
 	}

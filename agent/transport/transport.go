@@ -25,7 +25,7 @@ func Config() *yamux.Config {
 	c.AcceptBacklog = 64
 	c.EnableKeepAlive = true
 	c.KeepAliveInterval = 5 * time.Second
-	c.ConnectionWriteTimeout = 10 * time.Second
+	c.ConnectionWriteTimeout = PingTimeout
 	c.StreamOpenTimeout = 10 * time.Second
 	c.StreamCloseTimeout = 10 * time.Second
 	c.MaxStreamWindowSize = MaxStreamWindow
@@ -33,20 +33,21 @@ func Config() *yamux.Config {
 	return c
 }
 
-// HostPingTimeout is how long the host waits for the guest to answer a
-// keepalive before it ends the session. A guest short of memory stalls for
-// many seconds under software emulation while its OOM killer works, and
-// ending the session then would kill the commands in flight (the agent
-// stops a command whose caller is gone); a restarted agent is told by its
-// hello and an exited VM by the hypervisor, so waiting longer costs little.
-const HostPingTimeout = 30 * time.Second
+// PingTimeout is how long either end waits for the other to answer a
+// keepalive (yamux's ConnectionWriteTimeout, which also bounds a write)
+// before it ends the session. A guest short of memory stalls for many
+// seconds under software emulation while its OOM killer works, and ending
+// the session then would kill the commands in flight (the agent stops a
+// command whose caller is gone) — from the host's side, or from the
+// guest's, whose own ping timer is overdue when it wakes. A restarted
+// agent is told by its hello and an exited VM by the hypervisor, so
+// waiting longer costs little.
+const PingTimeout = 30 * time.Second
 
 // Client starts the host side of a session over conn. The guest is not
 // trusted: its frames pass through a guard against ping floods.
 func Client(conn io.ReadWriteCloser) (*yamux.Session, error) {
-	c := Config()
-	c.ConnectionWriteTimeout = HostPingTimeout // (yamux's ping timeout)
-	return yamux.Client(guarded{Reader: &pingGuard{r: conn}, WriteCloser: conn}, c)
+	return yamux.Client(guarded{Reader: &pingGuard{r: conn}, WriteCloser: conn}, Config())
 }
 
 // Server starts the guest side of a session over conn. The session is a

@@ -111,14 +111,15 @@ func serve(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
-// lockMemory keeps the agent's pages in RAM as they are touched. A guest
-// short of memory reclaims file-backed pages first, the agent's code among
-// them, long before its OOM killer acts: the agent would then stall for
-// seconds on page faults, miss the host's keepalives and lose its session
-// while the job that ate the memory is still being killed. (ONFAULT: locked
-// when touched, nothing faulted in up front; children do not inherit it.)
+// lockMemory keeps the agent's mapped pages in RAM as they are touched. A
+// guest short of memory reclaims file-backed pages first, the agent's code
+// among them, long before its OOM killer acts: the agent would then stall
+// for seconds on page faults, miss keepalives and lose its session while
+// the job that ate the memory is still being killed. (ONFAULT: locked when
+// touched, nothing faulted in up front. Not FUTURE: the Go heap could then
+// never give memory back. Children do not inherit it.)
 func lockMemory() {
-	if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE | unix.MCL_ONFAULT); err != nil {
+	if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_ONFAULT); err != nil {
 		log.Printf("cannot lock the agent's memory (%v); it may stall when the guest runs short", err)
 	}
 }

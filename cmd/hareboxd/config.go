@@ -31,12 +31,16 @@ func applyConfig(fs *flag.FlagSet, path string) error {
 	if len(b) > maxConfig {
 		return fmt.Errorf("config %s: larger than %d bytes", path, maxConfig)
 	}
-	var doc yaml.Node
-	if err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc); err != nil {
+	var doc, more yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil // an empty file sets nothing
 		}
 		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config %s line %d: one document only (a second one starts here)", path, more.Line)
 	}
 	if len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
 		return fmt.Errorf("config %s: want a mapping of settings (key: value)", path)

@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -190,6 +191,7 @@ func run(args []string, instead func(settings) error) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	hup := catchHangup(ctx, log)
 	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
 		return err
 	}
@@ -237,6 +239,7 @@ func run(args []string, instead func(settings) error) error {
 		if certs, err = serverTLS(ctx, *listen, *tlsCert, *tlsKey, *selfSigned, *dataDir, log); err != nil {
 			return err
 		}
+		hup.certs.Store(certs)
 	}
 	l, err := listener(*listen, useTLS)
 	if err != nil {
@@ -270,8 +273,12 @@ func run(args []string, instead func(settings) error) error {
 	log.Info("shutting down; sandboxes keep running")
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	plain.Shutdown(sctx)
-	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	// Both drain at once, within the same 30 s.
+	plainDone := make(chan struct{})
+	go func() { plain.Shutdown(sctx); close(plainDone) }()
+	err = hs.Shutdown(sctx)
+	<-plainDone
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
@@ -323,22 +330,39 @@ func serverTLS(ctx context.Context, listen, certFile, keyFile string, selfSigned
 	} else {
 		go src.Watch(ctx, 2*time.Second)
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+	return src, nil
+}
+
+// onHangup handles SIGHUP (systemctl reload) for the server's life: the
+// TLS certificate files are read again, if there are any. Caught from the
+// start, so that a reload never ends the server (Go's default for SIGHUP).
+type onHangup struct {
+	ch    chan os.Signal
+	certs atomic.Pointer[servertls.Source]
+}
+
+func catchHangup(ctx context.Context, log *slog.Logger) *onHangup {
+	h := &onHangup{ch: make(chan os.Signal, 1)}
+	signal.Notify(h.ch, syscall.SIGHUP)
 	go func() {
-		defer signal.Stop(hup)
+		defer signal.Stop(h.ch)
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-hup:
-				if err := src.Reload(); err != nil {
-					log.Warn("SIGHUP: TLS certificate not reloaded; the previous one stays", "err", err)
-				}
+			case <-h.ch:
+			}
+			src := h.certs.Load()
+			if src == nil {
+				log.Info("SIGHUP: nothing to reload (no TLS certificate files)")
+				continue
+			}
+			if err := src.Reload(); err != nil {
+				log.Warn("SIGHUP: TLS certificate not reloaded; the previous one stays", "err", err)
 			}
 		}
 	}()
-	return src, nil
+	return h
 }
 
 // defaultFirewall reads --default-firewall.

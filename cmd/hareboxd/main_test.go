@@ -117,13 +117,14 @@ func TestConfigFile(t *testing.T) {
 		t.Fatalf("listen %s (the command line wins), meter %v, debug %v", *listen, *meter, *debug)
 	}
 	for body, want := range map[string]string{
-		"listne: 0.0.0.0:7443\n":              `line 1: "listne": unknown setting`,
-		"debug: true\nmeter-interval: fast\n": `line 2: "meter-interval": invalid value "fast"`,
-		"listen:\n  host: x\n":                `line 1: "listen": want one value`,
-		"debug: true\ndebug: false\n":         `line 2: "debug": given twice`,
-		"config: other.yaml\n":                `"config": a config file cannot name another`,
-		"- listen\n":                          "want a mapping",
-		"listen: [\n":                         "yaml",
+		"listne: 0.0.0.0:7443\n":                `line 1: "listne": unknown setting`,
+		"debug: true\nmeter-interval: fast\n":   `line 2: "meter-interval": invalid value "fast"`,
+		"listen:\n  host: x\n":                  `line 1: "listen": want one value`,
+		"debug: true\ndebug: false\n":           `line 2: "debug": given twice`,
+		"config: other.yaml\n":                  `"config": a config file cannot name another`,
+		"- listen\n":                            "want a mapping",
+		"listen: [\n":                           "yaml",
+		"debug: true\n---\nlisten: 0.0.0.0:1\n": "one document only",
 	} {
 		fs, _, _, _ := newFlags()
 		fs.String("config", "", "")

@@ -123,21 +123,37 @@ func (t *Table) exists() (bool, error) {
 	return false, nil
 }
 
-// Check says whether the table is in the kernel with a chain for every
-// tap in taps: something on the host (nft flush ruleset, a restart of
-// another firewall) can remove them, and then those sandboxes' policies
-// are not in force.
+// Check says whether the firewall of every tap in taps is in force: the
+// table is in the kernel, its base chains jump to each tap's chains (five
+// jumps, tagged with the tap), and each tap's outbound chain has its
+// rules. Something on the host (nft flush ruleset, another firewall's
+// reload) can take any of it away; the base chains accept by default, so
+// a sandbox whose jumps are gone is not filtered at all.
 func (t *Table) Check(taps []string) error {
-	have, err := t.Taps()
-	if err != nil {
+	if ok, err := t.exists(); err != nil {
 		return err
-	}
-	if ok, err := t.exists(); err != nil || !ok {
+	} else if !ok {
 		return fmt.Errorf("nft: table inet %s is missing", t.cfg.Table)
 	}
+	jumps := map[string]int{}
+	b := t.baseChains()
+	for _, c := range []*nftables.Chain{b.forward, b.input, b.output, b.prerouting} {
+		rules, err := t.conn.GetRules(t.t, c)
+		if err != nil {
+			return fmt.Errorf("nft: table inet %s, chain %s: %w", t.cfg.Table, c.Name, err)
+		}
+		for _, r := range rules {
+			jumps[string(r.UserData)]++
+		}
+	}
 	for _, tap := range taps {
-		if _, found := slices.BinarySearch(have, tap); !found {
-			return fmt.Errorf("nft: table inet %s has no chains for %s", t.cfg.Table, tap)
+		if jumps[tap] < 5 {
+			return fmt.Errorf("nft: table inet %s: the jumps to %s's chains are gone", t.cfg.Table, tap)
+		}
+		o, _, _, _ := chainNames(tap)
+		rules, err := t.conn.GetRules(t.t, &nftables.Chain{Name: o, Table: t.t})
+		if err != nil || len(rules) == 0 {
+			return fmt.Errorf("nft: table inet %s: chain %s is gone or empty", t.cfg.Table, o)
 		}
 	}
 	return nil

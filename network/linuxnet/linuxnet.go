@@ -204,17 +204,26 @@ func New(ctx context.Context, opts Options) (*Network, error) {
 
 var _ network.Checker = (*Network)(nil)
 
-// Check implements network.Checker: the table holds the chains of every
-// attached sandbox. (The resolver and the proxy run until Close; the
-// table is what the host's other tools can take away.)
+// Check implements network.Checker: every attached sandbox's firewall is
+// in force in the kernel. When it is not (the table, a chain or a jump
+// removed on the host), Check puts the whole table back as it should be
+// and still reports what it found, so the gap is seen.
 func (n *Network) Check(ctx context.Context) error {
-	n.mu.Lock()
+	n.mu.Lock() // (no attach or detach meanwhile)
+	defer n.mu.Unlock()
 	taps := make([]string, 0, len(n.boxes))
-	for id := range n.boxes {
-		taps = append(taps, TapName(id))
+	for _, b := range n.boxes {
+		taps = append(taps, b.Tap)
 	}
-	n.mu.Unlock()
-	return n.table.Check(taps)
+	err := n.table.Check(taps)
+	if err == nil {
+		return nil
+	}
+	n.log.Warn("the sandboxes' firewall was altered on the host; putting it back", "err", err)
+	if rerr := n.table.Reset(n.sandboxes()); rerr != nil {
+		return fmt.Errorf("linuxnet: %w; putting it back failed: %w", err, rerr)
+	}
+	return fmt.Errorf("linuxnet: %w (put back)", err)
 }
 
 // Close stops the resolver and proxy (cutting proxied connections). Taps

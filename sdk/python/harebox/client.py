@@ -183,8 +183,9 @@ class Client:
     def get_ready(self, *, timeout: float | None = None) -> t.Readiness:
         """GET /ready: whether the server can serve now; needs no key.
         ``status`` is ``ready`` or ``not_ready`` (the server answered 503),
-        and ``checks`` gives each part (``database``, ``hypervisor``) as
-        ``ok`` or ``unavailable``."""
+        and ``checks`` gives each part (``database``, ``hypervisor``, and
+        ``network`` where the server has a sandbox network) as ``ok`` or
+        ``unavailable``."""
         return cast(t.Readiness, self._json("GET", "/ready", timeout=timeout, ok=(503,)))
 
     @operation("getOpenAPI")

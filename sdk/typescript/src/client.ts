@@ -250,8 +250,9 @@ export class HareBox {
   /**
    * Whether the server can serve now (no key needed): `status` is `ready`,
    * or `not_ready` (the server answered 503, returned here rather than
-   * thrown), and `checks` gives each part (`database`, `hypervisor`) as
-   * `ok` or `unavailable`.
+   * thrown), and `checks` gives each part (`database`, `hypervisor`, and
+   * `network` where the server has a sandbox network) as `ok` or
+   * `unavailable`.
    */
   async getReady(options: CallOptions = {}): Promise<Readiness> {
     return this.#call("getReady", [], "json", { ...this.#plain(options), ok: [503] });

@@ -671,7 +671,7 @@ export interface Health {
 /** The body of getReady. */
 export interface Readiness {
   status: "ready" | "not_ready";
-  /** Each part (database, hypervisor): ok or unavailable. */
+  /** Each part (database, hypervisor, network where there is one): ok or unavailable. */
   checks: Record<string, "ok" | "unavailable">;
 }
 
