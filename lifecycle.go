@@ -37,7 +37,7 @@ type box struct {
 	amu   sync.Mutex
 	agent *agentclient.Client
 
-	procs procTable
+	procs procNotes
 	// env is what every exec gets: the pinned environment's variables
 	// (secrets as placeholders) and the create request's own env.
 	env map[string]string
@@ -435,7 +435,6 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	if sb := b.creds.Swap(nil); sb != nil {
 		sb.Close()
 	}
-	b.procs.closeAll()
 	if b.m != nil {
 		if err := b.m.Kill(ctx); err != nil && !errors.Is(err, hypervisor.ErrState) {
 			errs = append(errs, err)

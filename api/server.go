@@ -157,6 +157,7 @@ func Routes() []Route {
 		{"POST", "/v1/sandboxes/{id}/processes", "startProcess", false, (*Server).startProcess},
 		{"GET", "/v1/sandboxes/{id}/processes", "listProcesses", false, (*Server).listProcesses},
 		{"GET", "/v1/sandboxes/{id}/processes/{pid}", "getProcess", false, (*Server).getProcess},
+		{"GET", "/v1/sandboxes/{id}/processes/{pid}/output", "getProcessOutput", false, (*Server).processOutput},
 		{"POST", "/v1/sandboxes/{id}/processes/{pid}/kill", "killProcess", false, (*Server).killProcess},
 		{"PUT", "/v1/sandboxes/{id}/files", "writeFile", false, (*Server).writeFile},
 		{"GET", "/v1/sandboxes/{id}/files", "readFile", false, (*Server).readFile},
@@ -761,6 +762,90 @@ func (s *Server) getProcess(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, p)
 	return nil
+}
+
+// processOutput streams a background process's output as server-sent
+// events: stdout and stderr ({"offset", "data": base64}), then exit (the
+// result without output) once it has ended; error if the stream breaks.
+// Errors found before the first event are plain JSON errors.
+func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	follow, err := boolParam(q.Get("follow"), "follow")
+	if err != nil {
+		return err
+	}
+	var offsets [2]uint64
+	for i, name := range []string{"stdout_offset", "stderr_offset"} {
+		if v := q.Get(name); v != "" {
+			if offsets[i], err = strconv.ParseUint(v, 10, 62); err != nil {
+				return badRequest(name, "must be a byte offset (a whole number from 0)")
+			}
+		}
+	}
+	e := &sse{w: w, rc: http.NewResponseController(w)}
+	var hmu sync.Mutex
+	sent := false // the event stream's header
+	begin := func() bool {
+		hmu.Lock()
+		defer hmu.Unlock()
+		was := sent
+		if !sent {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Cache-Control", "no-store")
+			w.WriteHeader(http.StatusOK)
+			sent = true
+		}
+		return was
+	}
+	stop := make(chan struct{})
+	var keepalive sync.WaitGroup
+	if follow {
+		// A quiet process's stream stays open through proxies.
+		keepalive.Add(1)
+		go func() {
+			defer keepalive.Done()
+			t := time.NewTicker(15 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					begin()
+					e.comment("keepalive")
+				}
+			}
+		}()
+	}
+	res, err := s.eng.ProcessOutput(r.Context(), r.PathValue("id"), r.PathValue("pid"), offsets, follow, func(stderr bool, offset uint64, data []byte) error {
+		begin()
+		name := "stdout"
+		if stderr {
+			name = "stderr"
+		}
+		return e.event(name, map[string]any{"offset": offset, "data": base64.StdEncoding.EncodeToString(data)})
+	})
+	close(stop)
+	keepalive.Wait()
+	hmu.Lock()
+	wasSent := sent
+	hmu.Unlock()
+	if err != nil && !wasSent {
+		return err // nothing sent yet: a plain JSON error
+	}
+	begin()
+	if err != nil {
+		ae := toAPIError(err)
+		body := map[string]any{"code": ae.code, "message": ae.msg}
+		if ae.field != "" {
+			body["field"] = ae.field
+		}
+		return ignore(e.event("error", map[string]any{"error": body}))
+	}
+	if res != nil {
+		return ignore(e.event("exit", res))
+	}
+	return ignore(e.rc.Flush())
 }
 
 func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {

@@ -128,6 +128,21 @@ func (d *detached) Send(m *agentpb.ExecResponse) error {
 	return nil
 }
 
+// finish records an exit for a command whose Exec returned without one.
+func (d *detached) finish(err error) {
+	d.c.mu.Lock()
+	done := d.c.exit != nil
+	d.c.mu.Unlock()
+	if done {
+		return
+	}
+	msg := "the command ended without an exit status"
+	if err != nil {
+		msg = err.Error()
+	}
+	d.Send(&agentpb.ExecResponse{Msg: &agentpb.ExecResponse_Exit{Exit: &agentpb.ExecExit{ExitCode: exitStartFailed, Error: msg}}})
+}
+
 func (c *command) info() *agentpb.CommandInfo {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -135,6 +150,23 @@ func (c *command) info() *agentpb.CommandInfo {
 		Id: c.id, Pid: int32(c.pid), Running: c.exit == nil, Exit: c.exit,
 		StartedUnixMs: c.started.UnixMilli(), StdoutBytes: c.out[0].total(), StderrBytes: c.out[1].total(),
 	}
+}
+
+// Commands implements the agent's owned commands (Start, Attach, Signal,
+// Commands) over any Exec implementation: each command runs as an Exec
+// call whose stream is the command itself. The real agent and the test
+// hypervisor's fake one share it.
+type Commands struct {
+	exec func(agentpb.Agent_ExecServer) error
+	// validate refuses a start before it is kept (nil: accept).
+	validate func(*agentpb.ExecStart) error
+	table    commandTable
+}
+
+// NewCommands returns the commands of an agent whose Exec is exec;
+// validate (may be nil) refuses what that Exec would refuse.
+func NewCommands(exec func(agentpb.Agent_ExecServer) error, validate func(*agentpb.ExecStart) error) *Commands {
+	return &Commands{exec: exec, validate: validate}
 }
 
 // commandTable is the commands the agent keeps.
@@ -193,8 +225,8 @@ func (t *commandTable) list() []*command {
 	return l
 }
 
-// Start implements agentpb.AgentServer.
-func (s *Server) Start(ctx context.Context, req *agentpb.StartRequest) (*agentpb.CommandInfo, error) {
+// Start runs a command the agent owns (agentpb.AgentServer's Start).
+func (s *Commands) Start(ctx context.Context, req *agentpb.StartRequest) (*agentpb.CommandInfo, error) {
 	if !commandID.MatchString(req.GetId()) {
 		return nil, status.Error(codes.InvalidArgument, "id must be 1 to 64 of A-Z, a-z, 0-9, _ and -")
 	}
@@ -202,8 +234,10 @@ func (s *Server) Start(ctx context.Context, req *agentpb.StartRequest) (*agentpb
 	if st == nil {
 		return nil, status.Error(codes.InvalidArgument, "exec is required")
 	}
-	if err := validateStart(st); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+	if s.validate != nil {
+		if err := s.validate(st); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
 	}
 	size := int(req.GetRingBytes())
 	if size == 0 {
@@ -220,19 +254,25 @@ func (s *Server) Start(ctx context.Context, req *agentpb.StartRequest) (*agentpb
 		changed: make(chan struct{}), begun: make(chan struct{}),
 	}
 	c.out[0].size, c.out[1].size = size, size
+	c.input <- &agentpb.ExecRequest{Msg: &agentpb.ExecRequest_Start{Start: st}}
 	if st.GetStdin() {
 		if len(req.GetStdin()) > 0 {
 			c.input <- &agentpb.ExecRequest{Msg: &agentpb.ExecRequest_Stdin{Stdin: req.GetStdin()}}
 		}
 		c.input <- &agentpb.ExecRequest{Msg: &agentpb.ExecRequest_StdinEof{StdinEof: true}}
 	}
-	if err := s.cmds.add(c); err != nil {
+	if err := s.table.add(c); err != nil {
 		return nil, err
 	}
 	var dctx context.Context
 	dctx, c.cancel = context.WithCancel(context.Background())
-	e := &execution{s: s, stream: &detached{c: c, ctx: dctx}, req: st, began: c.started}
-	go e.run()
+	go func() {
+		d := &detached{c: c, ctx: dctx}
+		err := s.exec(d)
+		// An Exec that ended without an exit (it refused the start) ends
+		// the command all the same.
+		d.finish(err)
+	}()
 	select {
 	case <-c.begun:
 	case <-ctx.Done():
@@ -242,9 +282,9 @@ func (s *Server) Start(ctx context.Context, req *agentpb.StartRequest) (*agentpb
 	return c.info(), nil
 }
 
-// Attach implements agentpb.AgentServer.
-func (s *Server) Attach(req *agentpb.AttachRequest, stream agentpb.Agent_AttachServer) error {
-	c, err := s.cmds.get(req.GetId())
+// Attach streams a command's output (agentpb.AgentServer's Attach).
+func (s *Commands) Attach(req *agentpb.AttachRequest, stream agentpb.Agent_AttachServer) error {
+	c, err := s.table.get(req.GetId())
 	if err != nil {
 		return err
 	}
@@ -288,9 +328,9 @@ func (s *Server) Attach(req *agentpb.AttachRequest, stream agentpb.Agent_AttachS
 	}
 }
 
-// Signal implements agentpb.AgentServer.
-func (s *Server) Signal(_ context.Context, req *agentpb.SignalRequest) (*agentpb.Empty, error) {
-	c, err := s.cmds.get(req.GetId())
+// Signal signals a command (agentpb.AgentServer's Signal).
+func (s *Commands) Signal(_ context.Context, req *agentpb.SignalRequest) (*agentpb.Empty, error) {
+	c, err := s.table.get(req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -311,11 +351,33 @@ func (s *Server) Signal(_ context.Context, req *agentpb.SignalRequest) (*agentpb
 	}
 }
 
-// Commands implements agentpb.AgentServer.
-func (s *Server) Commands(context.Context, *agentpb.Empty) (*agentpb.CommandList, error) {
+// List lists the commands kept (agentpb.AgentServer's Commands).
+func (s *Commands) List(context.Context, *agentpb.Empty) (*agentpb.CommandList, error) {
 	l := &agentpb.CommandList{}
-	for _, c := range s.cmds.list() {
+	for _, c := range s.table.list() {
 		l.Commands = append(l.Commands, c.info())
 	}
 	return l, nil
+}
+
+// The real agent's commands run through its own Exec.
+
+// Start implements agentpb.AgentServer.
+func (s *Server) Start(ctx context.Context, req *agentpb.StartRequest) (*agentpb.CommandInfo, error) {
+	return s.cmds.Start(ctx, req)
+}
+
+// Attach implements agentpb.AgentServer.
+func (s *Server) Attach(req *agentpb.AttachRequest, stream agentpb.Agent_AttachServer) error {
+	return s.cmds.Attach(req, stream)
+}
+
+// Signal implements agentpb.AgentServer.
+func (s *Server) Signal(ctx context.Context, req *agentpb.SignalRequest) (*agentpb.Empty, error) {
+	return s.cmds.Signal(ctx, req)
+}
+
+// Commands implements agentpb.AgentServer.
+func (s *Server) Commands(ctx context.Context, req *agentpb.Empty) (*agentpb.CommandList, error) {
+	return s.cmds.List(ctx, req)
 }

@@ -63,7 +63,7 @@ type Server struct {
 	etcMu sync.Mutex
 
 	// cmds are the commands the agent owns (Start).
-	cmds commandTable
+	cmds *Commands
 }
 
 // New returns a Server with opts' defaults filled in.
@@ -97,7 +97,9 @@ func New(opts Options) *Server {
 		mode := opts.Mode
 		opts.PowerOff = func(reboot bool) error { return powerOff(mode, reboot) }
 	}
-	return &Server{opts: opts, start: time.Now()}
+	s := &Server{opts: opts, start: time.Now()}
+	s.cmds = NewCommands(s.Exec, validateStart)
+	return s
 }
 
 func (s *Server) etcPath(name string) string {

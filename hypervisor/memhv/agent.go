@@ -18,6 +18,7 @@ import (
 
 	"github.com/harebox/harebox/agent/agentpb"
 	"github.com/harebox/harebox/agent/guest"
+	"github.com/harebox/harebox/agent/layout"
 )
 
 const (
@@ -46,6 +47,47 @@ type agent struct {
 	m    *machine
 	fs   *fsys
 	pids atomic.Int32
+	// cmds are its background commands, each run by Exec as the real
+	// agent runs them.
+	cmdsOnce sync.Once
+	cmds     *guest.Commands
+}
+
+func (a *agent) commands() *guest.Commands {
+	a.cmdsOnce.Do(func() { a.cmds = guest.NewCommands(a.Exec, checkStart) })
+	return a.cmds
+}
+
+// Start implements agentpb.AgentServer.
+func (a *agent) Start(ctx context.Context, req *agentpb.StartRequest) (*agentpb.CommandInfo, error) {
+	if err := a.m.awake(ctx); err != nil {
+		return nil, err
+	}
+	return a.commands().Start(ctx, req)
+}
+
+// Attach implements agentpb.AgentServer.
+func (a *agent) Attach(req *agentpb.AttachRequest, stream agentpb.Agent_AttachServer) error {
+	if err := a.m.awake(stream.Context()); err != nil {
+		return err
+	}
+	return a.commands().Attach(req, stream)
+}
+
+// Signal implements agentpb.AgentServer.
+func (a *agent) Signal(ctx context.Context, req *agentpb.SignalRequest) (*agentpb.Empty, error) {
+	if err := a.m.awake(ctx); err != nil {
+		return nil, err
+	}
+	return a.commands().Signal(ctx, req)
+}
+
+// Commands implements agentpb.AgentServer.
+func (a *agent) Commands(ctx context.Context, req *agentpb.Empty) (*agentpb.CommandList, error) {
+	if err := a.m.awake(ctx); err != nil {
+		return nil, err
+	}
+	return a.commands().List(ctx, req)
 }
 
 func (a *agent) Health(ctx context.Context, _ *agentpb.HealthRequest) (*agentpb.HealthResponse, error) {
@@ -53,7 +95,7 @@ func (a *agent) Health(ctx context.Context, _ *agentpb.HealthRequest) (*agentpb.
 		return nil, err
 	}
 	return &agentpb.HealthResponse{
-		Version: guest.Version, UptimeSeconds: time.Since(a.m.started).Seconds(), Mode: "fake", Kernel: Name,
+		Version: guest.Version, Protocol: layout.Protocol, UptimeSeconds: time.Since(a.m.started).Seconds(), Mode: "fake", Kernel: Name,
 	}, nil
 }
 
