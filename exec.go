@@ -131,4 +131,3 @@ func result(r agentclient.ExecResult) *sandbox.ExecResult {
 		DurationMS: r.Duration.Milliseconds(),
 	}
 }
-
