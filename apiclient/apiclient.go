@@ -181,6 +181,67 @@ func (c *Client) send(ctx context.Context, method, path string, query url.Values
 
 // ExecStream runs a command and writes its output as the server streams
 // it; it returns the final result.
+// ProcessOutput writes a background process's output from offsets
+// (bytes of stdout and stderr already seen) to stdout and stderr: what
+// the guest still keeps, then, with follow, what comes until it ends. It
+// returns the process's result once it has ended (nil before: no follow,
+// or a broken stream) and the offsets reached, to go on from after a
+// broken stream. An offset that jumps means the guest dropped bytes.
+func (c *Client) ProcessOutput(ctx context.Context, id, pid string, offsets [2]uint64, follow bool, stdout, stderr io.Writer) (*sandbox.ExecResult, [2]uint64, error) {
+	q := url.Values{"stdout_offset": {strconv.FormatUint(offsets[0], 10)}, "stderr_offset": {strconv.FormatUint(offsets[1], 10)}}
+	if follow {
+		q.Set("follow", "true")
+	}
+	resp, err := c.send(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/processes/"+url.PathEscape(pid)+"/output", q, nil)
+	if err != nil {
+		return nil, offsets, err
+	}
+	defer resp.Body.Close()
+	var res *sandbox.ExecResult
+	err = scanSSE(resp.Body, 16<<20, func(event string, data []byte) error {
+		switch event {
+		case "stdout", "stderr":
+			var chunk struct {
+				Offset uint64 `json:"offset"`
+				Data   string `json:"data"`
+			}
+			if err := json.Unmarshal(data, &chunk); err != nil {
+				return err
+			}
+			b, err := base64.StdEncoding.DecodeString(chunk.Data)
+			if err != nil {
+				return err
+			}
+			i, w := 0, stdout
+			if event == "stderr" {
+				i, w = 1, stderr
+			}
+			if chunk.Offset < offsets[i] {
+				return fmt.Errorf("process output: %s went back from %d to %d", event, offsets[i], chunk.Offset)
+			}
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+			offsets[i] = chunk.Offset + uint64(len(b))
+		case "exit":
+			res = &sandbox.ExecResult{}
+			if err := json.Unmarshal(data, res); err != nil {
+				return err
+			}
+			return errStop
+		}
+		return nil
+	})
+	if errors.Is(err, errStop) || err == nil {
+		return res, offsets, nil
+	}
+	var ae *Error
+	if errors.As(err, &ae) {
+		return nil, offsets, err
+	}
+	return nil, offsets, fmt.Errorf("process output: %w", err)
+}
+
 func (c *Client) ExecStream(ctx context.Context, id string, req sandbox.ExecRequest, stdout, stderr io.Writer) (*sandbox.ExecResult, error) {
 	resp, err := c.send(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/exec/stream", nil, req)
 	if err != nil {

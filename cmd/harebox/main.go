@@ -64,7 +64,10 @@ var commands = []command{
 	{"hibernate", "ID", "write a sandbox's memory to disk and free its host RAM (resume restores it, after a restart or reboot too)", cmdHibernate},
 	{"fork", "ID [--count N] [--name NAME] [--label K=V] [--ttl SECS]", "make N clones of a running or paused sandbox, each with its own ID, keys, machine-id, entropy and network", cmdFork},
 	{"snapshot", "create ID [--name NAME] | list [--sandbox ID] | get SNAPSHOT_ID | delete SNAPSHOT_ID", "snapshots of sandboxes; harebox new --snapshot SNAPSHOT_ID makes a sandbox from one", cmdSnapshot},
-	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code", cmdExec},
+	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code (--background: start it and print its process)", cmdExec},
+	{"ps", "ID", "a sandbox's background processes (they run on when the client or the server goes away)", cmdPs},
+	{"attach", "ID PROC [--no-follow] [--stdout-offset N] [--stderr-offset N]", "a background process's output, kept in the guest, then (unless --no-follow) what comes until it ends; exits with its exit code", cmdAttach},
+	{"kill", "ID PROC [--signal N]", "signal a background process's process group (default SIGKILL)", cmdKill},
 	{"file", "write|read|list|stat|mkdir|rm ID --path PATH [flags]", "files in a sandbox", cmdFile},
 	{"firewall", "set|get ID [--body JSON | --from FILE]", "a sandbox's firewall policy", cmdFirewall},
 	{"history", "ID [--limit N]", "a sandbox's command history, oldest first (kept as its account's retention says)", cmdHistory},
@@ -373,6 +376,7 @@ func cmdExec(ctx context.Context, c *cli, args []string) (int, error) {
 	shell := fs.String("c", "", "run this shell string instead of COMMAND ARG...")
 	env := kv{}
 	fs.Var(env, "env", "environment variable KEY=VALUE (repeatable)")
+	background := fs.Bool("background", false, "start the command as a background process and print it (its output: harebox attach ID PROC)")
 	pos, err := parse(fs, c, args, 1)
 	if err != nil {
 		return 0, err
@@ -401,21 +405,35 @@ func cmdExec(ctx context.Context, c *cli, args []string) (int, error) {
 			req.Stdin = b
 		}
 	}
+	if *background {
+		var p sandbox.Process
+		if err := c.c.Do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/processes", nil, req, &p); err != nil {
+			return 0, err
+		}
+		return 0, c.json(p)
+	}
 	res, err := c.c.ExecStream(ctx, id, req, c.stdout, c.stderr)
 	if err != nil {
 		return 0, err
 	}
+	return c.exitCode("exec", res), nil
+}
+
+// exitCode is a command's result as this program's exit code, as a shell
+// gives it (124 on timeout, 127 when it could not start, 128+N for a
+// signal), with a line on stderr for the first two.
+func (c *cli) exitCode(name string, res *sandbox.ExecResult) int {
 	switch {
 	case res.Error != "":
-		fmt.Fprintf(c.stderr, "harebox exec: %s\n", oneLine(res.Error))
-		return 127, nil
+		fmt.Fprintf(c.stderr, "harebox %s: %s\n", name, oneLine(res.Error))
+		return 127
 	case res.TimedOut:
-		fmt.Fprintf(c.stderr, "harebox exec: timed out after %.0f s; the command's process group was killed\n", float64(res.DurationMS)/1000)
-		return 124, nil
+		fmt.Fprintf(c.stderr, "harebox %s: timed out after %.0f s; the command's process group was killed\n", name, float64(res.DurationMS)/1000)
+		return 124
 	case res.Signal != 0:
-		return 128 + res.Signal, nil
+		return 128 + res.Signal
 	}
-	return res.ExitCode, nil
+	return res.ExitCode
 }
 
 func isTerminal(f *os.File) bool {
