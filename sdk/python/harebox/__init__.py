@@ -10,7 +10,7 @@ The Client has one method per operation of the REST API (see
 /openapi.json); errors raise HareBoxError and its subclasses.
 """
 
-from .client import DEFAULT_URL, Client, ExecEvent, ExecStream
+from .client import DEFAULT_URL, Client, ExecEvent, ExecStream, ProcessOutputStream
 from .errors import (
     BudgetExceeded,
     Conflict,
@@ -37,6 +37,7 @@ __all__ = [
     "Sandbox",
     "ExecEvent",
     "ExecStream",
+    "ProcessOutputStream",
     "DEFAULT_URL",
     "HareBoxError",
     "InvalidRequest",

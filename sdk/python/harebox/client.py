@@ -21,14 +21,14 @@ import json
 import os
 import re
 import ssl
-from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Protocol, TypeVar, Union, cast
+from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Protocol, Self, TypeVar, Union, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 from . import types as t
 from .errors import HareBoxError, RequestTimeout, TransportError, error_from_body, parse_retry_after
 from .sandbox import Sandbox
 
-__all__ = ["Client", "ExecEvent", "ExecStream", "DEFAULT_URL"]
+__all__ = ["Client", "ExecEvent", "ExecStream", "ProcessOutputStream", "DEFAULT_URL"]
 
 #: Where the client goes when neither ``url`` nor HAREBOX_URL says.
 DEFAULT_URL = "http://127.0.0.1:7070"
@@ -63,7 +63,8 @@ def operation(operation_id: str) -> Callable[[F], F]:
 
 class ExecEvent(NamedTuple):
     """One event of exec_stream: ``("stdout", bytes)``, ``("stderr",
-    bytes)`` or, last, ``("exit", ExecResult)``."""
+    bytes)`` or, last, ``("exit", ExecResult)``; of get_process_output:
+    the same with an OutputChunk (offset, data) in place of the bytes."""
 
     name: str
     payload: Any
@@ -372,6 +373,32 @@ class Client:
             timeout = _seconds(query.get("timeout_seconds"), _DEFAULT_WAIT_SECONDS) + self.exec_margin
         path = _path("/v1/sandboxes/{}/processes/{}", sandbox_id, process_id)
         return cast(t.Process, self._json("GET", path, query=query, timeout=timeout))
+
+    @operation("getProcessOutput")
+    def get_process_output(
+        self, sandbox_id: str, process_id: str, *, query: t.Query | None = None, timeout: float | None = None
+    ) -> ProcessOutputStream:
+        """GET /v1/sandboxes/{id}/processes/{pid}/output: a background
+        process's output as the guest's agent keeps it (the last 4 MiB of
+        each stream), from query ``stdout_offset`` and ``stderr_offset``
+        (bytes already seen, default 0) on. Yields ExecEvent(name,
+        payload) tuples: ``stdout`` and ``stderr`` with an OutputChunk
+        (offset, data), then ``exit`` with the ExecResult (stdout and
+        stderr empty) once the process has ended. An ``error`` event
+        raises its HareBoxError. Without query ``follow`` the stream ends
+        when what is kept has been sent (no ``exit`` while the process
+        runs); with ``follow`` true it goes on until the process ends, and
+        a stream that ends before the ``exit`` raises TransportError
+        (resume from the stream's ``stdout_offset`` and
+        ``stderr_offset``). ``timeout`` (default the client's) bounds each
+        wait for a byte; while following, the server sends a keepalive
+        every 15 s. Errors before the stream (no such sandbox or process,
+        a bad offset) raise here, not on the first iteration."""
+        q = query or {}
+        path = _path("/v1/sandboxes/{}/processes/{}/output", sandbox_id, process_id)
+        conn, resp = self._send("GET", path, query=query, accept="text/event-stream", timeout=timeout)
+        offsets = (_offset(q.get("stdout_offset")), _offset(q.get("stderr_offset")))
+        return ProcessOutputStream(conn, resp, follow=_query_true(q.get("follow")), offsets=offsets)
 
     @operation("killProcess")
     def kill_process(
@@ -982,10 +1009,14 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
             )
 
 
-class ExecStream:
-    """The events of one exec_stream call; iterate it, or use it as a
-    context manager to close the connection early. It closes itself after
-    the ``exit`` event."""
+class _EventStream:
+    """The events of one streamed reply: iterate it, or use it as a
+    context manager to close the connection early. Subclasses decode the
+    events; an ``error`` event raises its HareBoxError, events of other
+    names are skipped (they are for newer clients)."""
+
+    #: Names the stream in errors.
+    _what = "event stream"
 
     def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
         self._conn = conn
@@ -995,7 +1026,7 @@ class ExecStream:
     def __iter__(self) -> Iterator[ExecEvent]:
         return self
 
-    def __enter__(self) -> ExecStream:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -1015,30 +1046,95 @@ class ExecStream:
             raise StopIteration
         try:
             while True:
-                name, data = self._read_event()
-                if name in ("stdout", "stderr"):
-                    return ExecEvent(name, base64.b64decode(json.loads(data)["data"]))
-                if name == "exit":
+                event = _read_sse_event(self._resp, self._what)
+                if event is None:
+                    self._ended()
                     self.close()
-                    return ExecEvent("exit", cast(t.ExecResult, json.loads(data)))
+                    raise StopIteration
+                name, data = event
                 if name == "error":
                     raise error_from_body(0, json.loads(data))
+                if name == "exit":
+                    result = json.loads(data)
+                    if not isinstance(result, dict):
+                        raise TransportError(f"{self._what}: the exit event is not a JSON object")
+                    self.close()
+                    return ExecEvent("exit", cast(t.ExecResult, result))
+                if name in ("stdout", "stderr"):
+                    return ExecEvent(name, self._output(name, json.loads(data)))
                 # Unknown events are for newer clients: skip them.
         except HareBoxError:
             self.close()
             raise
         except TimeoutError:
             self.close()
-            raise RequestTimeout("exec stream: no event within the timeout") from None
+            raise RequestTimeout(f"{self._what}: no event within the timeout") from None
         except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as e:
             self.close()
-            raise TransportError(f"exec stream: {type(e).__name__}: {e}") from None
+            raise TransportError(f"{self._what}: {type(e).__name__}: {e}") from None
 
-    def _read_event(self) -> tuple[str, str]:
-        event = _read_sse_event(self._resp, "exec stream")
-        if event is None:
-            raise TransportError("exec stream ended before the exit event")
-        return event
+    def _output(self, name: str, data: Any) -> Any:
+        """The payload of a stdout or stderr event's JSON ``data``."""
+        raise NotImplementedError
+
+    def _ended(self) -> None:
+        """Called when the stream ends before an exit event; raises if that
+        is not a normal end."""
+        raise TransportError(f"{self._what} ended before the exit event")
+
+
+class ExecStream(_EventStream):
+    """The events of one exec_stream call; iterate it, or use it as a
+    context manager to close the connection early. It closes itself after
+    the ``exit`` event."""
+
+    _what = "exec stream"
+
+    def _output(self, name: str, data: Any) -> bytes:
+        return base64.b64decode(data["data"])
+
+
+class ProcessOutputStream(_EventStream):
+    """The events of one get_process_output call: ``("stdout",
+    OutputChunk)`` and ``("stderr", OutputChunk)``, then ``("exit",
+    ExecResult)`` once the process has ended. Iterate it, or use it as a
+    context manager to close the connection early; it closes itself after
+    the ``exit`` event and at the end of the stream.
+
+    ``stdout_offset`` and ``stderr_offset`` are where each stream stands:
+    the offsets asked for, then the ``end`` of the last chunk read of that
+    stream; asking again from them gets only what came since. A chunk
+    whose offset goes back before that is not the API talking: it raises
+    TransportError."""
+
+    _what = "process output"
+
+    def __init__(
+        self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, *, follow: bool, offsets: tuple[int, int]
+    ) -> None:
+        super().__init__(conn, resp)
+        self._follow = follow
+        self.stdout_offset, self.stderr_offset = offsets
+
+    def _output(self, name: str, data: Any) -> t.OutputChunk:
+        offset = data["offset"]
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise TransportError(f"{self._what}: a {name} chunk's offset is not a byte offset: {offset!r}")
+        position = self.stdout_offset if name == "stdout" else self.stderr_offset
+        if offset < position:
+            raise TransportError(f"{self._what}: a {name} chunk at offset {offset} goes back before {position}")
+        chunk = t.OutputChunk(offset, base64.b64decode(data["data"], validate=True))
+        if name == "stdout":
+            self.stdout_offset = chunk.end
+        else:
+            self.stderr_offset = chunk.end
+        return chunk
+
+    def _ended(self) -> None:
+        # Without follow the stream ends with what the agent keeps; with
+        # follow only the exit (or an error) ends it.
+        if self._follow:
+            raise TransportError(f"{self._what}: the stream ended before the exit event")
 
 
 class _LineReader(Protocol):
@@ -1110,6 +1206,24 @@ def _seconds(value: Any, default: float) -> float:
         return float(value) or default
     except (TypeError, ValueError):
         return default
+
+
+def _offset(value: Any) -> int:
+    """A byte offset from a query, as the server read it (which refuses
+    anything but a whole number from 0 before the stream starts); 0 when
+    unset."""
+    try:
+        return max(0, int(str(value))) if value is not None else 0
+    except ValueError:
+        return 0
+
+
+def _query_true(value: Any) -> bool:
+    """Whether a query's boolean parameter says true, as the server reads
+    it (Go's strconv.ParseBool)."""
+    if isinstance(value, bool):
+        return value
+    return value is not None and str(value) in ("1", "t", "T", "true", "TRUE", "True")
 
 
 def _path(template: str, *params: str) -> str:

@@ -15,7 +15,7 @@ from . import types as t
 from .errors import Conflict
 
 if TYPE_CHECKING:
-    from .client import Client, ExecStream, FileData
+    from .client import Client, ExecStream, FileData, ProcessOutputStream
 
 
 @dataclass(init=False, eq=False)
@@ -166,9 +166,32 @@ class Sandbox:
         return self.client.exec_stream(self.id, body=_exec_body(cmd, timeout, options))
 
     def start(self, cmd: str | Sequence[str], timeout: float | None = None, **options: Any) -> t.Process:
-        """Starts a command in the background; see Client.get_process.
-        (``boot()`` starts a stopped sandbox.)"""
+        """Starts a command in the background; see Client.get_process, and
+        process_output for its output. (``boot()`` starts a stopped
+        sandbox.)"""
         return self.client.start_process(self.id, body=_exec_body(cmd, timeout, options))
+
+    def process_output(
+        self,
+        process_id: str,
+        *,
+        follow: bool = True,
+        stdout_offset: int = 0,
+        stderr_offset: int = 0,
+        timeout: float | None = None,
+    ) -> ProcessOutputStream:
+        """A background process's output (see Client.get_process_output)
+        from the given offsets: ("stdout"|"stderr", OutputChunk) as the
+        agent keeps it and, with ``follow`` (the default), as it comes
+        until the process ends; then ("exit", ExecResult) if it has
+        ended. ``process_id`` is the Process's ``id``; ``timeout`` bounds
+        each wait for a byte."""
+        query: dict[str, t.QueryValue] = {
+            "follow": True if follow else None,
+            "stdout_offset": stdout_offset or None,
+            "stderr_offset": stderr_offset or None,
+        }
+        return self.client.get_process_output(self.id, process_id, query=query, timeout=timeout)
 
     # --- files ----------------------------------------------------------
 

@@ -7,7 +7,7 @@ plain dicts: fields the server adds later pass through untouched.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, NotRequired, TypedDict, Union
+from typing import Any, Literal, Mapping, NamedTuple, NotRequired, TypedDict, Union
 
 #: A query string: values are str, int, float, bool or a list of them
 #: (a list repeats the parameter, as ``label`` needs); None is left out.
@@ -156,6 +156,24 @@ class Process(TypedDict):
 
 class ProcessList(TypedDict):
     processes: list[Process]
+
+
+class OutputChunk(NamedTuple):
+    """One piece of a background process's stdout or stderr, as
+    get_process_output yields it: ``offset`` is how many bytes of that
+    stream came before ``data``. An offset past the previous chunk's
+    ``end`` (or, for the first chunk, past the offset asked for) means
+    the guest's agent dropped the bytes between: it keeps the last 4 MiB
+    of each stream."""
+
+    offset: int
+    data: bytes
+
+    @property
+    def end(self) -> int:
+        """The offset just past this chunk: where the next read of its
+        stream starts (``stdout_offset`` or ``stderr_offset``)."""
+        return self.offset + len(self.data)
 
 
 class Command(TypedDict):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
+import time
+import uuid
 
 import pytest
 
 import harebox
+from harebox import types as t
 
 
 def test_exec_reports_stdout_stderr_and_exit_code(hb: harebox.Client, box: harebox.Sandbox) -> None:
@@ -85,6 +88,64 @@ def test_background_process_kill(hb: harebox.Client, box: harebox.Sandbox) -> No
     hb.kill_process(box.id, other["id"])  # no body: SIGKILL
     ended = hb.get_process(box.id, other["id"], query={"wait": True, "timeout_seconds": 30})
     assert ended["result"].get("signal") == 9
+
+
+def _split(events: list[harebox.ExecEvent], offsets: tuple[int, int] = (0, 0)) -> tuple[bytes, bytes, list[t.ExecResult]]:
+    """Joins a process output stream's chunks per stream, checking that
+    each starts where the one before ended (nothing dropped), from
+    ``offsets``; and lists its exit events."""
+    joined = {"stdout": b"", "stderr": b""}
+    at = dict(zip(("stdout", "stderr"), offsets))
+    for name, payload in events:
+        if name in joined:
+            assert isinstance(payload, t.OutputChunk) and payload.offset == at[name], (name, payload, at)
+            joined[name] += payload.data
+            at[name] = payload.end
+    return joined["stdout"], joined["stderr"], [p for n, p in events if n == "exit"]
+
+
+def test_background_process_output_from_offsets(hb: harebox.Client, box: harebox.Sandbox) -> None:
+    go = f"/tmp/harebox-output-{uuid.uuid4().hex[:8]}"
+    proc = box.start(f"echo one; echo two >&2; while [ ! -e {go} ]; do sleep 0.1; done; echo three; sleep 0.5; echo four >&2; exit 5")
+    # Without follow: what the agent keeps so far, and no exit (the
+    # process waits for the file). Asked until the first lines are there.
+    deadline = time.monotonic() + 30
+    while True:
+        with hb.get_process_output(box.id, proc["id"]) as first:
+            out, err, exits = _split(list(first))
+        if (out, err) == (b"one\n", b"two\n") or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert (out, err, exits) == (b"one\n", b"two\n", [])
+    assert (first.stdout_offset, first.stderr_offset) == (4, 4)
+    assert hb.get_process(box.id, proc["id"])["running"] is True
+
+    # Following from those offsets: only the rest, then the exit.
+    hb.start_process(box.id, body={"cmd": f"sleep 1; touch {go}"})
+    rest = box.process_output(proc["id"], stdout_offset=first.stdout_offset, stderr_offset=first.stderr_offset)
+    events = list(rest)
+    out, err, exits = _split(events, (4, 4))
+    assert (out, err) == (b"three\n", b"four\n")
+    assert events[-1].name == "exit" and len(exits) == 1
+    assert (exits[0]["exit_code"], exits[0]["stdout"], exits[0]["stderr"], exits[0]["timed_out"]) == (5, "", "", False)
+    assert (rest.stdout_offset, rest.stderr_offset) == (10, 9)
+
+    # After the end, from 0: everything and the exit, with follow or without.
+    for follow in (False, True):
+        out, err, exits = _split(list(box.process_output(proc["id"], follow=follow)))
+        assert (out, err) == (b"one\nthree\n", b"two\nfour\n")
+        assert [r["exit_code"] for r in exits] == [5]
+    assert hb.get_process(box.id, proc["id"])["running"] is False
+    box.run(["rm", "-f", go])
+
+
+def test_process_output_errors_before_the_stream(hb: harebox.Client, box: harebox.Sandbox) -> None:
+    with pytest.raises(harebox.NotFound):
+        hb.get_process_output(box.id, "proc_missing")
+    proc = box.start("true")
+    with pytest.raises(harebox.InvalidRequest) as bad:
+        hb.get_process_output(box.id, proc["id"], query={"stdout_offset": -1})
+    assert bad.value.field == "stdout_offset"
 
 
 def test_missing_process_is_not_found(hb: harebox.Client, box: harebox.Sandbox) -> None:

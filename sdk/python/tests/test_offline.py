@@ -3,6 +3,7 @@ the client covers the OpenAPI document kept in this repository."""
 
 from __future__ import annotations
 
+import base64
 import http.server
 import io
 import json
@@ -804,3 +805,142 @@ def test_ready_returns_a_not_ready_answer(recorder: tuple[harebox.Client, type[_
     with pytest.raises(harebox.HareBoxError):
         hb.get_ready()
     assert [p for _, p, _ in handler.seen] == ["/ready"] * 3
+
+
+PROCESS_EXIT = {"exit_code": 5, "stdout": "", "stderr": "", "duration_ms": 1204, "timed_out": False,
+                "stdout_truncated": False, "stderr_truncated": False}
+
+
+def _chunk(name: str, offset: int, data: bytes) -> str:
+    return f"event: {name}\ndata: " + json.dumps({"offset": offset, "data": base64.b64encode(data).decode()})
+
+
+def test_process_output_reads_chunks_offsets_and_exit(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    sse = {"Content-Type": "text/event-stream"}
+    # A followed stream from stdout_offset=3: a keepalive, chunks of both
+    # streams (stdout skips from 6 to 10: the agent dropped 4 bytes), an
+    # event for a newer client, then the exit.
+    server.replies["/v1/sandboxes/sbx_1/processes/proc_1/output"] = (200, sse, _sse(
+        ": keepalive",
+        _chunk("stdout", 3, b"lo\n"),
+        _chunk("stderr", 0, b"err\n"),
+        _chunk("stdout", 10, b"\xff\x00"),
+        "event: hello\ndata: {}",
+        "event: exit\ndata: " + json.dumps(PROCESS_EXIT),
+    ))
+    stream = hb.get_process_output("sbx_1", "proc_1", query={"follow": True, "stdout_offset": 3, "stderr_offset": 0})
+    assert (stream.stdout_offset, stream.stderr_offset) == (3, 0)
+    events = list(stream)
+    assert events == [
+        ("stdout", t.OutputChunk(3, b"lo\n")),
+        ("stderr", t.OutputChunk(0, b"err\n")),
+        ("stdout", t.OutputChunk(10, b"\xff\x00")),
+        ("exit", PROCESS_EXIT),
+    ]
+    assert all(isinstance(e, harebox.ExecEvent) for e in events)
+    assert [e.payload.end for e in events[:3]] == [6, 4, 12]
+    assert events[2].payload.offset - events[0].payload.end == 4  # the bytes dropped between
+    assert (stream.stdout_offset, stream.stderr_offset) == (12, 4)  # where to resume
+    assert list(stream) == []  # closed after the exit
+    assert server.seen == [("GET", "/v1/sandboxes/sbx_1/processes/proc_1/output?follow=true&stdout_offset=3&stderr_offset=0", None)]
+    assert server.accepts == ["text/event-stream"]
+
+    # Path parameters are escaped; query values are encoded as any query's.
+    server.replies["/v1/sandboxes/a%2Fb/processes/p%3F1/output"] = (200, sse, b"")
+    assert list(hb.get_process_output("a/b", "p?1", query={"follow": False, "stdout_offset": None, "stderr_offset": "7"})) == []
+    assert server.seen[-1] == ("GET", "/v1/sandboxes/a%2Fb/processes/p%3F1/output?follow=false&stderr_offset=7", None)
+    with pytest.raises(ValueError):
+        hb.get_process_output("sbx_1", "")
+    assert harebox.Client.operations()["getProcessOutput"] == "get_process_output"
+
+
+def test_process_output_without_follow_ends_with_what_is_kept(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    sse = {"Content-Type": "text/event-stream"}
+    partial = _sse(_chunk("stdout", 0, b"one\n"), _chunk("stderr", 0, b"two\n"))
+    server.replies["/v1/sandboxes/sbx_1/processes/proc_1/output"] = (200, sse, partial)
+    # Without follow, a stream that ends without an exit is the process
+    # still running: a quiet end.
+    with hb.get_process_output("sbx_1", "proc_1") as stream:
+        assert list(stream) == [("stdout", t.OutputChunk(0, b"one\n")), ("stderr", t.OutputChunk(0, b"two\n"))]
+    assert (stream.stdout_offset, stream.stderr_offset) == (4, 4)
+    # With follow, only the exit or an error ends it: the end is an error.
+    followed = hb.get_process_output("sbx_1", "proc_1", query={"follow": "true"})
+    assert next(followed) == ("stdout", t.OutputChunk(0, b"one\n"))
+    assert next(followed).name == "stderr"
+    with pytest.raises(harebox.TransportError, match="process output: the stream ended before the exit event"):
+        next(followed)
+    assert list(followed) == []
+    # The Sandbox's convenience follows by default and sends only the
+    # offsets it is given.
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    with box.process_output("proc_1") as conv:
+        with pytest.raises(harebox.TransportError, match="ended before the exit event"):
+            list(conv)
+    with box.process_output("proc_1", follow=False, stdout_offset=4, stderr_offset=2, timeout=5) as conv:
+        assert (conv.stdout_offset, conv.stderr_offset) == (4, 2)
+        # A chunk never starts before the offset asked for (the server
+        # sends from there on): one that does is not the API talking.
+        with pytest.raises(harebox.TransportError, match="a stdout chunk at offset 0 goes back before 4"):
+            next(conv)
+    assert [path for _, path, _ in server.seen] == [
+        "/v1/sandboxes/sbx_1/processes/proc_1/output",
+        "/v1/sandboxes/sbx_1/processes/proc_1/output?follow=true",
+        "/v1/sandboxes/sbx_1/processes/proc_1/output?follow=true",
+        "/v1/sandboxes/sbx_1/processes/proc_1/output?stdout_offset=4&stderr_offset=2",
+    ]
+
+
+def test_process_output_errors(recorder: tuple[harebox.Client, type[_Recorder]], monkeypatch: pytest.MonkeyPatch) -> None:
+    hb, server = recorder
+    sse = {"Content-Type": "text/event-stream"}
+    base = "/v1/sandboxes/sbx_1/processes/proc_1/output"
+    # An error after the stream began is an error event: it raises its
+    # HareBoxError after the chunks before it.
+    server.replies[base] = (200, sse, _sse(
+        _chunk("stdout", 0, b"partial\n"),
+        'event: error\ndata: {"error": {"code": "unavailable", "message": "the agent went away"}}',
+    ))
+    stream = hb.get_process_output("sbx_1", "proc_1", query={"follow": True})
+    assert next(stream) == ("stdout", t.OutputChunk(0, b"partial\n"))
+    with pytest.raises(harebox.Unavailable) as broke:
+        next(stream)
+    assert (broke.value.status, broke.value.code, broke.value.message) == (503, "unavailable", "the agent went away")
+    assert list(stream) == []
+    # Errors before the stream are the API's JSON replies, raised by the call.
+    server.replies["/v1/sandboxes/sbx_1/processes/proc_9/output"] = (
+        404, {}, {"error": {"code": "not_found", "message": "no process proc_9"}})
+    with pytest.raises(harebox.NotFound):
+        hb.get_process_output("sbx_1", "proc_9")
+    server.replies[base + "?stdout_offset=-1"] = (
+        400, {}, {"error": {"code": "invalid", "message": "must be a byte offset", "field": "stdout_offset"}})
+    with pytest.raises(harebox.InvalidRequest) as bad:
+        hb.get_process_output("sbx_1", "proc_1", query={"stdout_offset": -1})
+    assert bad.value.field == "stdout_offset"
+    server.replies[base + "?follow=yes"] = (403, {}, {"error": {"code": "forbidden", "message": "may not getProcessOutput"}})
+    with pytest.raises(harebox.Forbidden):
+        hb.get_process_output("sbx_1", "proc_1", query={"follow": "yes"})
+    # Chunks that are not the API's raise TransportError and close the stream.
+    hostile = [
+        ('event: stdout\ndata: {"offset": -1, "data": ""}', "offset is not a byte offset"),
+        ('event: stdout\ndata: {"offset": true, "data": ""}', "offset is not a byte offset"),
+        ('event: stderr\ndata: {"offset": "0", "data": ""}', "offset is not a byte offset"),
+        ('event: stdout\ndata: {"data": "aGk="}', "KeyError"),
+        ('event: stdout\ndata: {"offset": 0, "data": "not base64!"}', "process output: Error"),
+        (_chunk("stdout", 5, b"ab") + "\n\n" + _chunk("stdout", 6, b"c"), "a stdout chunk at offset 6 goes back before 7"),
+        ("event: exit\ndata: [1]", "the exit event is not a JSON object"),
+        ("event: stdout\ndata: {oops", "JSONDecodeError"),
+    ]
+    for block, message in hostile:
+        server.replies[base] = (200, sse, _sse(block))
+        stream = hb.get_process_output("sbx_1", "proc_1", query={"follow": True})
+        with pytest.raises(harebox.TransportError, match=message):
+            list(stream)
+        assert list(stream) == []
+    # What is read is bounded as in every stream: an event line past the
+    # limit (16 MiB, made small here) raises rather than grows.
+    monkeypatch.setattr(harebox.client, "_MAX_EVENT_LINE", 64)
+    server.replies[base] = (200, sse, _sse(_chunk("stdout", 0, b"x" * 100)))
+    with pytest.raises(harebox.TransportError, match="process output: an event line is too long or cut short"):
+        list(hb.get_process_output("sbx_1", "proc_1"))

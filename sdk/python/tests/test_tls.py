@@ -287,6 +287,8 @@ def test_streams_and_transfers_check_the_pin(pki: PKI, tls: Served) -> None:
     pinned = "did not match the pinned fingerprint"
     with pytest.raises(harebox.TransportError, match=pinned):
         bad.exec_stream("sbx_1", body={"cmd": "echo hi"})
+    with pytest.raises(harebox.TransportError, match=pinned):
+        bad.get_process_output("sbx_1", "proc_1", query={"follow": True})
     events = bad.events({"after": 1})
     with pytest.raises(harebox.TransportError, match=pinned):
         next(events)
