@@ -193,6 +193,7 @@ func calls(w world) []call {
 		{"listProcesses", "GET", sb + "/processes", nil, "sandbox"},
 		{"getProcess", "GET", sb + "/processes/proc_x", nil, "sandbox"},
 		{"getProcessOutput", "GET", sb + "/processes/proc_x/output", nil, "sandbox"},
+		{"openPty", "GET", sb + "/pty", nil, "sandbox"},
 		{"killProcess", "POST", sb + "/processes/proc_x/kill", nil, "sandbox"},
 		{"writeFile", "PUT", sb + "/files?path=/tmp/side-effect", "x", "sandbox"},
 		{"readFile", "GET", sb + "/files?path=/tmp/keep", nil, "sandbox"},
@@ -401,7 +402,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		}
 	}
 	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "createSnapshot", "deleteSnapshot", "exec", "execStream", "startProcess",
-		"getProcess", "getProcessOutput", "killProcess", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
+		"getProcess", "getProcessOutput", "killProcess", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget"} {
 		if !denied[a] {

@@ -73,6 +73,9 @@ type Timeouts struct {
 	// Idle is how long a keep-alive connection waits for its next
 	// request (2 min).
 	Idle time.Duration
+	// Terminal is how long a terminal session's client may leave one
+	// message unread before the session ends (30 s).
+	Terminal time.Duration
 }
 
 // MaxHeaderBytes bounds a request's line and headers.
@@ -82,7 +85,7 @@ func (t Timeouts) withDefaults() Timeouts {
 	for _, f := range []struct {
 		d   *time.Duration
 		def time.Duration
-	}{{&t.Header, 10 * time.Second}, {&t.Body, 30 * time.Second}, {&t.BodyIdle, 30 * time.Second}, {&t.Idle, 2 * time.Minute}} {
+	}{{&t.Header, 10 * time.Second}, {&t.Body, 30 * time.Second}, {&t.BodyIdle, 30 * time.Second}, {&t.Idle, 2 * time.Minute}, {&t.Terminal, 30 * time.Second}} {
 		if *f.d <= 0 {
 			*f.d = f.def
 		}
@@ -158,6 +161,7 @@ func Routes() []Route {
 		{"GET", "/v1/sandboxes/{id}/processes", "listProcesses", false, (*Server).listProcesses},
 		{"GET", "/v1/sandboxes/{id}/processes/{pid}", "getProcess", false, (*Server).getProcess},
 		{"GET", "/v1/sandboxes/{id}/processes/{pid}/output", "getProcessOutput", false, (*Server).processOutput},
+		{"GET", "/v1/sandboxes/{id}/pty", "openPty", false, (*Server).pty},
 		{"POST", "/v1/sandboxes/{id}/processes/{pid}/kill", "killProcess", false, (*Server).killProcess},
 		{"PUT", "/v1/sandboxes/{id}/files", "writeFile", false, (*Server).writeFile},
 		{"GET", "/v1/sandboxes/{id}/files", "readFile", false, (*Server).readFile},

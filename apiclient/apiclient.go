@@ -20,6 +20,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -179,8 +181,35 @@ func (c *Client) send(ctx context.Context, method, path string, query url.Values
 	return resp, nil
 }
 
-// ExecStream runs a command and writes its output as the server streams
-// it; it returns the final result.
+// DialPty opens a terminal session in a sandbox (the API's openPty:
+// rows, cols, cmd, user, cwd and timeout_seconds in query), over this
+// client's connection settings (TLS trust, Unix socket). A refusal before
+// the session is an *Error.
+func (c *Client) DialPty(ctx context.Context, id string, query url.Values) (*websocket.Conn, error) {
+	u := c.base + "/v1/sandboxes/" + url.PathEscape(id) + "/pty"
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	h := http.Header{}
+	if c.key != "" {
+		h.Set("Authorization", "Bearer "+c.key)
+	}
+	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: c.http, HTTPHeader: h, CompressionMode: websocket.CompressionDisabled})
+	if err == nil {
+		return conn, nil
+	}
+	if resp != nil && resp.StatusCode >= 300 {
+		var e struct {
+			Error Error `json:"error"`
+		}
+		if b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20)); rerr == nil && json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+			e.Error.Status = resp.StatusCode
+			return nil, &e.Error
+		}
+	}
+	return nil, fmt.Errorf("terminal: %w", err)
+}
+
 // ProcessOutput writes a background process's output from offsets
 // (bytes of stdout and stderr already seen) to stdout and stderr: what
 // the guest still keeps, then, with follow, what comes until it ends. It
@@ -242,6 +271,8 @@ func (c *Client) ProcessOutput(ctx context.Context, id, pid string, offsets [2]u
 	return nil, offsets, fmt.Errorf("process output: %w", err)
 }
 
+// ExecStream runs a command and writes its output as the server streams
+// it; it returns the final result.
 func (c *Client) ExecStream(ctx context.Context, id string, req sandbox.ExecRequest, stdout, stderr io.Writer) (*sandbox.ExecResult, error) {
 	resp, err := c.send(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/exec/stream", nil, req)
 	if err != nil {

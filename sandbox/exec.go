@@ -77,7 +77,7 @@ type Process struct {
 type Command struct {
 	ID        string      `json:"id"`
 	SandboxID string      `json:"sandbox_id"`
-	Kind      string      `json:"kind"` // exec, stream or background
+	Kind      string      `json:"kind"` // exec, stream, background or shell
 	Cmd       string      `json:"cmd,omitempty"`
 	Argv      []string    `json:"argv,omitempty"`
 	User      string      `json:"user,omitempty"`

@@ -11,7 +11,10 @@ pkgs=(
   iproute2 nftables jq         # host networking, firewall, the CLI walkthrough
   python3 python3-pytest       # the Python client and its tests
   gcc libc6-dev                # cgo, for the race detector in make test
-  ca-certificates
+  ca-certificates openssl      # TLS, and the SDKs' test certificates
+  tmux                         # drives harebox shell in a real terminal (tests)
+  systemd                      # systemd-analyze verify of the unit (tests)
+  git                          # the upgrade test builds the previous release
 )
 missing=()
 for p in "${pkgs[@]}"; do

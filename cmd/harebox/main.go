@@ -65,6 +65,7 @@ var commands = []command{
 	{"fork", "ID [--count N] [--name NAME] [--label K=V] [--ttl SECS]", "make N clones of a running or paused sandbox, each with its own ID, keys, machine-id, entropy and network", cmdFork},
 	{"snapshot", "create ID [--name NAME] | list [--sandbox ID] | get SNAPSHOT_ID | delete SNAPSHOT_ID", "snapshots of sandboxes; harebox new --snapshot SNAPSHOT_ID makes a sandbox from one", cmdSnapshot},
 	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code (--background: start it and print its process)", cmdExec},
+	{"shell", "ID [-c CMD] [--user U] [--cwd DIR]", "an interactive terminal in the sandbox (the local one in raw mode until it ends); exits with the shell's exit code", cmdShell},
 	{"ps", "ID", "a sandbox's background processes (they run on when the client or the server goes away)", cmdPs},
 	{"attach", "ID PROC [--no-follow] [--stdout-offset N] [--stderr-offset N]", "a background process's output, kept in the guest, then (unless --no-follow) what comes until it ends; exits with its exit code", cmdAttach},
 	{"kill", "ID PROC [--signal N]", "signal a background process's process group (default SIGKILL)", cmdKill},

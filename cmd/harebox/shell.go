@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/coder/websocket"
+	"golang.org/x/term"
+
+	"github.com/harebox/harebox/sandbox"
+)
+
+// cmdShell is "harebox shell ID": an interactive terminal in the sandbox.
+// The local terminal is put in raw mode (every key, ^C included, goes to
+// the sandbox) and restored when the session ends, however it ends; its
+// size follows the local window.
+func cmdShell(ctx context.Context, c *cli, args []string) (int, error) {
+	fs := flag.NewFlagSet("harebox shell", flag.ContinueOnError)
+	cmd := fs.String("c", "", "run this shell string on the terminal instead of the login shell")
+	user := fs.String("user", "", `user to run as (default "user"; "root" for root)`)
+	cwd := fs.String("cwd", "", "working directory")
+	pos, err := parse(fs, c, args, 1)
+	if err != nil {
+		return 0, err
+	}
+	in, _ := c.stdin.(*os.File)
+	tty := in != nil && term.IsTerminal(int(in.Fd()))
+	q := url.Values{}
+	for k, v := range map[string]string{"cmd": *cmd, "user": *user, "cwd": *cwd} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if tty {
+		if w, h, err := term.GetSize(int(in.Fd())); err == nil {
+			q.Set("rows", strconv.Itoa(h))
+			q.Set("cols", strconv.Itoa(w))
+		}
+	}
+	conn, err := c.c.DialPty(ctx, pos[0], q)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.CloseNow()
+	if tty {
+		old, err := term.MakeRaw(int(in.Fd()))
+		if err != nil {
+			return 0, fmt.Errorf("raw mode: %w", err)
+		}
+		defer term.Restore(int(in.Fd()), old)
+		// The window's size, as it changes.
+		winch := make(chan os.Signal, 1)
+		signal.Notify(winch, syscall.SIGWINCH)
+		defer signal.Stop(winch)
+		go func() {
+			for range winch {
+				if w, h, err := term.GetSize(int(in.Fd())); err == nil {
+					b, _ := json.Marshal(map[string]any{"type": "resize", "rows": h, "cols": w})
+					conn.Write(ctx, websocket.MessageText, b)
+				}
+			}
+		}()
+	}
+	// What is typed goes to the terminal; the input's end is ^D there.
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := c.stdin.Read(buf)
+			if n > 0 {
+				if conn.Write(ctx, websocket.MessageBinary, buf[:n]) != nil {
+					return
+				}
+			}
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					conn.Write(ctx, websocket.MessageText, []byte(`{"type":"eof"}`))
+				}
+				return
+			}
+		}
+	}()
+	for {
+		typ, b, err := conn.Read(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("the terminal session ended: %w", err)
+		}
+		if typ == websocket.MessageBinary {
+			if _, err := c.stdout.Write(b); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		var last struct {
+			Type   string              `json:"type"`
+			Result *sandbox.ExecResult `json:"result"`
+			Error  *struct {
+				Code    string `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(b, &last); err != nil {
+			return 0, fmt.Errorf("the server sent a bad message: %w", err)
+		}
+		conn.Close(websocket.StatusNormalClosure, "")
+		switch {
+		case last.Type == "exit" && last.Result != nil:
+			if tty {
+				// (Raw mode is undone by the deferred restore; the
+				// next line starts at the left edge.)
+				defer fmt.Fprint(c.stderr, "\r")
+			}
+			return c.exitCode("shell", last.Result), nil
+		case last.Type == "error" && last.Error != nil:
+			return 0, errors.New(last.Error.Message)
+		}
+		return 0, fmt.Errorf("the server sent an unknown message %q", last.Type)
+	}
+}
