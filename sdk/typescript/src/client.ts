@@ -3,7 +3,7 @@ import { Buffer } from "node:buffer";
 import { HareBoxError, errorFromBody, statusForCode } from "./errors.js";
 import { OPERATIONS, type OperationId } from "./operations.js";
 import { Sandbox } from "./sandbox.js";
-import { readSSE } from "./sse.js";
+import { readSSE, type SSEMessage } from "./sse.js";
 import { PIN_MISMATCH, certificateError, describeTrust, parseTrust, trustingFetch, type Trust } from "./tls.js";
 import type {
   Account,
@@ -57,6 +57,8 @@ import type {
   PathQuery,
   Process,
   ProcessList,
+  ProcessOutputEvent,
+  ProcessOutputQuery,
   Project,
   ProjectList,
   ProjectUpdate,
@@ -489,6 +491,73 @@ export class HareBox {
     });
   }
 
+  /**
+   * A background process's output, as the guest's agent keeps it (the last
+   * 4 MiB of each stream), from `query.stdout_offset` and
+   * `query.stderr_offset` (bytes already seen; default 0) on: `stdout` and
+   * `stderr` events with their `offset` (the bytes of that stream before
+   * `data`) and bytes, then `{ event: "exit", result }` once the process
+   * has ended (its result, stdout and stderr empty). An offset past the
+   * end of the stream's previous chunk, or past the offset asked for, means
+   * the guest dropped the bytes between. Without `query.follow` the
+   * iteration ends once what is kept has been sent, with no exit event if
+   * the process still runs; with it, it goes on until the exit event, and
+   * a stream that ends before it throws code "network": to go on, call
+   * again with the offsets reached (each chunk's offset plus its length).
+   * An `error` event throws a HareBoxError with the server's code; an
+   * offset that goes back, or a malformed event, throws code "network".
+   * Errors before the stream (not_found, forbidden, a bad offset) throw
+   * as any call's. Leaving the loop cancels the request.
+   *
+   * `timeoutMs` bounds silence, not the stream: nothing from the server
+   * for that long (default: the client's timeout, and with follow at least
+   * 60 s; a following server sends a keepalive every 15 s; 0: no bound)
+   * throws code "timeout". The time the loop's body takes does not count.
+   *
+   *     for await (const ev of hb.getProcessOutput(id, pid, { query: { follow: true } })) { ... }
+   */
+  async *getProcessOutput(id: string, pid: string, options: CallOptions<ProcessOutputQuery> = {}): AsyncGenerator<ProcessOutputEvent, void, undefined> {
+    const query = options.query ?? {};
+    if (query.follow !== undefined && typeof query.follow !== "boolean") {
+      throw new HareBoxError(0, "invalid", "getProcessOutput: follow must be true or false", "follow");
+    }
+    const follow = query.follow === true;
+    // Where each stream has got to: the offset asked for (the server
+    // judges the values it is sent), then each chunk's end.
+    const at = { stdout: startOffset(query.stdout_offset), stderr: startOffset(query.stderr_offset) };
+    const idleMs = this.#timeout(options, follow ? FOLLOW_IDLE_MS : 0);
+    for await (const msg of this.#events("getProcessOutput", "getProcessOutput", [id, pid], query, options.signal, idleMs)) {
+      switch (msg.event) {
+        case "stdout":
+        case "stderr": {
+          const v = parseEvent("getProcessOutput", msg.event, msg.data) as { offset?: unknown; data?: unknown } | null;
+          const offset = v?.offset;
+          if (typeof v?.data !== "string" || typeof offset !== "number" || !Number.isSafeInteger(offset) || offset < 0) {
+            throw malformed("getProcessOutput", msg.event);
+          }
+          if (offset < at[msg.event]) {
+            throw new HareBoxError(0, "network", `getProcessOutput: ${msg.event} went back from offset ${at[msg.event]} to ${offset}`);
+          }
+          const data = fromBase64(v.data);
+          at[msg.event] = offset + data.length;
+          yield { event: msg.event, offset, data };
+          break;
+        }
+        case "exit": {
+          const v = parseEvent("getProcessOutput", msg.event, msg.data) as ExecResult | null;
+          if (!v || typeof v !== "object" || typeof v.exit_code !== "number") throw malformed("getProcessOutput", msg.event);
+          yield { event: "exit", result: v };
+          return;
+        }
+        case "error":
+          throw streamError("getProcessOutput", msg.data, "the process's output could not be read");
+        default:
+        // An event this client does not know: skip it.
+      }
+    }
+    if (follow) throw new HareBoxError(0, "network", "getProcessOutput: the stream ended before the exit event");
+  }
+
   /** Signals a background process's process group (default SIGKILL). */
   async killProcess(id: string, pid: string, options: CallOptions<never, KillRequest> = {}): Promise<void> {
     await this.#call("killProcess", [id, pid], "none", {
@@ -853,61 +922,17 @@ export class HareBox {
    */
   async *followEvents(options: CallOptions<EventQuery> = {}): AsyncGenerator<AuditEntry, void, undefined> {
     const idleMs = this.#timeout(options, FOLLOW_IDLE_MS);
-    // The watchdog: aborts the request, with a timeout error as its reason,
-    // when nothing (an event, a keepalive) came for idleMs. It is off while
-    // the caller holds an entry (busy): that time is not the server's.
-    const idle = new AbortController();
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    let busy = false;
-    const touch = (): void => {
-      clearTimeout(timer);
-      if (idleMs <= 0 || busy) return;
-      timer = setTimeout(() => {
-        idle.abort(new HareBoxError(0, "timeout", `followEvents: nothing from ${this.url} for ${idleMs / 1000} s`));
-      }, idleMs);
-      timer.unref?.();
-    };
-    const signal = options.signal ? AbortSignal.any([options.signal, idle.signal]) : idle.signal;
-    try {
-      touch();
-      const { res, fail } = await this.#send("listEvents", [], {
-        query: { ...options.query, follow: true },
-        accept: "text/event-stream",
-        signal,
-        timeoutMs: 0,
-      });
-      if (!res.body) throw new HareBoxError(0, "network", "followEvents: the response has no body");
-      const body = res.body.pipeThrough(
-        new TransformStream<Uint8Array, Uint8Array>({
-          transform(chunk, out) {
-            touch();
-            out.enqueue(chunk);
-          },
-        }),
-      );
-      try {
-        for await (const msg of readSSE(body)) {
-          if (msg.event === "event") {
-            const v = parseEvent("followEvents", msg.event, msg.data) as AuditEntry | null;
-            if (!v || typeof v !== "object" || typeof v.seq !== "number") throw malformed("followEvents", msg.event);
-            busy = true;
-            clearTimeout(timer);
-            yield v;
-            busy = false;
-            touch();
-          } else if (msg.event === "error") {
-            throw streamError("followEvents", msg.data, "the event stream failed");
-          }
-          // An event this client does not know: skip it.
-        }
-      } catch (err) {
-        throw fail(err);
+    for await (const msg of this.#events("followEvents", "listEvents", [], { ...options.query, follow: true }, options.signal, idleMs)) {
+      if (msg.event === "event") {
+        const v = parseEvent("followEvents", msg.event, msg.data) as AuditEntry | null;
+        if (!v || typeof v !== "object" || typeof v.seq !== "number") throw malformed("followEvents", msg.event);
+        yield v;
+      } else if (msg.event === "error") {
+        throw streamError("followEvents", msg.data, "the event stream failed");
       }
-      throw new HareBoxError(0, "network", "followEvents: the server ended the stream");
-    } finally {
-      clearTimeout(timer);
-      idle.abort(); // the request too, whatever ended the loop
+      // An event this client does not know: skip it.
     }
+    throw new HareBoxError(0, "network", "followEvents: the server ended the stream");
   }
 
   // Monitoring.
@@ -958,6 +983,54 @@ export class HareBox {
     }
     if (this.timeoutMs === 0) return 0;
     return Math.max(this.timeoutMs, atLeastMs);
+  }
+
+  /**
+   * Sends a GET answered with server-sent events and yields them. A
+   * watchdog aborts it, with a timeout error, when nothing (an event, a
+   * keepalive) came for idleMs (0: no bound); the time the caller holds an
+   * event is not counted. Leaving the loop cancels the request.
+   */
+  async *#events(name: string, op: OperationId, params: string[], query: unknown, callerSignal: AbortSignal | undefined, idleMs: number): AsyncGenerator<SSEMessage, void, undefined> {
+    const idle = new AbortController();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let busy = false;
+    const touch = (): void => {
+      clearTimeout(timer);
+      if (idleMs <= 0 || busy) return;
+      timer = setTimeout(() => {
+        idle.abort(new HareBoxError(0, "timeout", `${name}: nothing from ${this.url} for ${idleMs / 1000} s`));
+      }, idleMs);
+      timer.unref?.();
+    };
+    const signal = callerSignal ? AbortSignal.any([callerSignal, idle.signal]) : idle.signal;
+    try {
+      touch();
+      const { res, fail } = await this.#send(op, params, { query, accept: "text/event-stream", signal, timeoutMs: 0 });
+      if (!res.body) throw new HareBoxError(0, "network", `${name}: the response has no body`);
+      const body = res.body.pipeThrough(
+        new TransformStream<Uint8Array, Uint8Array>({
+          transform(chunk, out) {
+            touch();
+            out.enqueue(chunk);
+          },
+        }),
+      );
+      try {
+        for await (const msg of readSSE(body)) {
+          busy = true;
+          clearTimeout(timer);
+          yield msg;
+          busy = false;
+          touch();
+        }
+      } catch (err) {
+        throw fail(err);
+      }
+    } finally {
+      clearTimeout(timer);
+      idle.abort(); // the request too, whatever ended the loop
+    }
   }
 
   async #call<T>(op: OperationId, params: string[], kind: Kind, send: Send): Promise<T> {
@@ -1066,6 +1139,11 @@ function queryString(query: unknown): string {
   }
   const s = p.toString();
   return s ? `?${s}` : "";
+}
+
+/** The offset a stream starts at: the one asked for, if it is one. */
+function startOffset(v: unknown): number {
+  return typeof v === "number" && Number.isSafeInteger(v) && v > 0 ? v : 0;
 }
 
 /** An ExecRequest as JSON: stdin bytes become base64. */

@@ -94,10 +94,12 @@ export type {
   CommandsQuery,
   MetricsQuery,
   GetProcessQuery,
+  ProcessOutputQuery,
   PathQuery,
   WriteFileQuery,
   RemoveFileQuery,
   MkdirQuery,
   FileData,
   ExecEvent,
+  ProcessOutputEvent,
 } from "./types.js";

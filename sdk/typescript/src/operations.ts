@@ -33,6 +33,7 @@ export const OPERATIONS = {
   startProcess: { method: "POST", path: "/v1/sandboxes/{id}/processes" },
   listProcesses: { method: "GET", path: "/v1/sandboxes/{id}/processes" },
   getProcess: { method: "GET", path: "/v1/sandboxes/{id}/processes/{pid}" },
+  getProcessOutput: { method: "GET", path: "/v1/sandboxes/{id}/processes/{pid}/output" },
   killProcess: { method: "POST", path: "/v1/sandboxes/{id}/processes/{pid}/kill" },
   writeFile: { method: "PUT", path: "/v1/sandboxes/{id}/files" },
   readFile: { method: "GET", path: "/v1/sandboxes/{id}/files" },

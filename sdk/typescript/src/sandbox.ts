@@ -11,6 +11,8 @@ import type {
   MetricSampleList,
   MetricsQuery,
   Process,
+  ProcessOutputEvent,
+  ProcessOutputQuery,
   Resources,
   Sandbox as SandboxData,
   Site,
@@ -112,6 +114,18 @@ export class Sandbox implements SandboxData {
   start(cmd: string | string[], options: RunOptions = {}): Promise<Process> {
     const { signal, timeoutMs, ...req } = options;
     return this.#client.startProcess(this.id, { body: { ...req, ...command(cmd) }, ...opt(signal, timeoutMs) });
+  }
+
+  /**
+   * A background process's output from the given offsets (default 0),
+   * then, with `follow`, what comes until it ends (see
+   * HareBox.getProcessOutput).
+   *
+   *     for await (const ev of box.processOutput(p.id, { follow: true })) { ... }
+   */
+  processOutput(pid: string, options: RequestOptions & ProcessOutputQuery = {}): AsyncGenerator<ProcessOutputEvent, void, undefined> {
+    const { signal, timeoutMs, ...query } = options;
+    return this.#client.getProcessOutput(this.id, pid, { query, ...opt(signal, timeoutMs) });
   }
 
   /** Writes a file (bytes; a string is UTF-8). */

@@ -887,6 +887,16 @@ export interface GetProcessQuery {
   timeout_seconds?: number;
 }
 
+/** The query of getProcessOutput (and Sandbox.processOutput). */
+export interface ProcessOutputQuery {
+  /** After what the guest keeps, go on with what comes until the process ends. */
+  follow?: boolean;
+  /** Bytes of stdout already seen (default 0). */
+  stdout_offset?: number;
+  /** Bytes of stderr already seen (default 0). */
+  stderr_offset?: number;
+}
+
 export interface PathQuery {
   /** An absolute, clean path in the sandbox. */
   path: string;
@@ -916,3 +926,15 @@ export type ExecEvent =
   | { type: "stdout"; data: Uint8Array }
   | { type: "stderr"; data: Uint8Array }
   | { type: "exit"; result: ExecResult };
+
+/**
+ * One event of getProcessOutput. `offset` is the number of bytes of that
+ * stream before `data`; an offset past the end of the stream's previous
+ * chunk (or past the offset asked for) means the guest dropped the bytes
+ * between. "exit" comes once the process has ended: its result, with
+ * stdout and stderr empty.
+ */
+export type ProcessOutputEvent =
+  | { event: "stdout"; offset: number; data: Uint8Array }
+  | { event: "stderr"; offset: number; data: Uint8Array }
+  | { event: "exit"; result: ExecResult };

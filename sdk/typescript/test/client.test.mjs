@@ -5,8 +5,9 @@
 // 402, 403, and 429 with Retry-After), the routes of every operation, the
 // server's metrics read as text, the audit pages auditEntries follows,
 // followed events (canned streams: their keepalives, entries, error event,
-// end, silence and cancellation), the sandbox's fields, and the
-// event-stream reader.
+// end, silence and cancellation), a background process's output (a fake
+// ring of chunks read from offsets: gaps, exit, error events, errors
+// before the stream), the sandbox's fields, and the event-stream reader.
 import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
 import { createServer } from "node:http";
@@ -177,6 +178,17 @@ describe("against a local HTTP server", () => {
     { ...SANDBOX, id: "sbx_2", name: "w-1", labels: { role: "web", fork: "yes" } },
     { ...SANDBOX, id: "sbx_3", name: "w-2", labels: { role: "web", fork: "yes" } },
   ];
+  /**
+   * What the fake agent keeps of a background process: its chunks, in the
+   * order it sends them (stdout's bytes 8 to 20 dropped), and its exit.
+   */
+  const KEPT = [
+    ["stdout", 0, "one\n"],
+    ["stderr", 0, "oops\n"],
+    ["stdout", 4, "two\n"],
+    ["stdout", 20, "five\n"],
+  ];
+  const EXIT = { exit_code: 3, stdout: "", stderr: "", duration_ms: 1500, timed_out: false, stdout_truncated: false, stderr_truncated: false };
   const PROM = '# HELP harebox_sandboxes Live sandboxes by state.\n# TYPE harebox_sandboxes gauge\nharebox_sandboxes{state="running"} 1\n# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge\ngo_goroutines 12\n';
   before(async () => {
     server = createServer((req, res) => {
@@ -219,6 +231,67 @@ describe("against a local HTTP server", () => {
           const tick = setInterval(() => res.write(": keepalive\n\n"), 50);
           res.on("close", () => clearInterval(tick));
         } // else /events-quiet/: nothing after the headers
+        return;
+      }
+      if (req.url?.startsWith("/procout/")) {
+        // getProcessOutput. The process is by its ID: done (exits 3),
+        // running (no exit: a followed stream just ends), broken (an error
+        // event after a chunk), back (a chunk before the offset asked for),
+        // garbled (a chunk without a number for its offset), quiet
+        // (nothing), slow (keepalives for 700 ms, then its exit); any other
+        // is not found. Offsets must be whole numbers, as the server says.
+        const u = new URL(req.url, "http://x");
+        const m = /^\/procout\/v1\/sandboxes\/([^/]+)\/processes\/([^/]+)\/output$/.exec(u.pathname);
+        const json = (status, body) => {
+          res.writeHead(status, { "content-type": "application/json" });
+          res.end(JSON.stringify(body));
+        };
+        if (req.method !== "GET" || !m) return json(404, { error: { code: "not_found", message: `no route ${req.method} ${req.url}` } });
+        const pid = decodeURIComponent(m[2]);
+        if (!["done", "running", "broken", "back", "garbled", "quiet", "slow"].includes(pid)) return json(404, { error: { code: "not_found", message: `no process ${pid}` } });
+        const offsets = {};
+        for (const name of ["stdout", "stderr"]) {
+          const v = u.searchParams.get(`${name}_offset`) ?? "0";
+          if (!/^[0-9]+$/.test(v)) return json(400, { error: { code: "invalid", message: "must be a byte offset (a whole number from 0)", field: `${name}_offset` } });
+          offsets[name] = Number(v);
+        }
+        const follow = u.searchParams.get("follow") === "true";
+        const timers = [];
+        res.on("close", () => timers.forEach(clearTimeout));
+        res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-store" });
+        res.flushHeaders();
+        const ev = (name, data) => res.write(`event: ${name}\r\ndata: ${JSON.stringify(data)}\r\n\r\n`);
+        const chunk = (name, offset, text) => ev(name, { offset, data: Buffer.from(text).toString("base64") });
+        if (pid === "quiet") return;
+        if (pid === "slow") {
+          for (let t = 100; t <= 700; t += 100) timers.push(setTimeout(() => res.write(": keepalive\n\n"), t));
+          timers.push(setTimeout(() => res.end(`event: exit\ndata: ${JSON.stringify(EXIT)}\n\n`), 750));
+          return;
+        }
+        if (pid === "back") {
+          chunk("stdout", 0, "one\n");
+          return res.end();
+        }
+        if (pid === "garbled") {
+          ev("stdout", { offset: "0", data: "b25lCg==" });
+          return res.end();
+        }
+        res.write(": keepalive\n\n");
+        ev("hello", { unknown: true }); // an event this client does not know
+        // What is kept from the offsets on: a chunk the offset falls in is cut there.
+        for (const [name, offset, text] of KEPT) {
+          const end = offset + text.length;
+          if (end <= offsets[name]) continue;
+          const from = Math.max(offset, offsets[name]);
+          chunk(name, from, text.slice(from - offset));
+          if (pid === "broken") {
+            res.end('event: error\ndata: {"error":{"code":"unavailable","message":"the sandbox\'s agent went away"}}\n\n');
+            return;
+          }
+        }
+        if (pid === "done") ev("exit", EXIT);
+        if (pid === "done" && follow) ev("stdout", { offset: 25, data: "bm90IHJlYWQ=" }); // past the exit: never read
+        res.end();
         return;
       }
       if (req.url?.startsWith("/echo/")) {
@@ -664,6 +737,110 @@ describe("against a local HTTP server", () => {
     );
     assert.deepEqual(got, [1]);
     await waitClosed(before_ + 2);
+  });
+
+  /** getProcessOutput's events, their bytes as text. */
+  const outputOf = async (iter) => {
+    const got = [];
+    for await (const ev of iter) got.push(ev.event === "exit" ? ev : { event: ev.event, offset: ev.offset, text: new TextDecoder().decode(ev.data) });
+    return got;
+  };
+
+  test("getProcessOutput: GET .../processes/{pid}/output with its query; stdout, stderr and exit decoded, with their offsets", async () => {
+    const hb = new HareBox({ url: url + "/procout", apiKey: KEY });
+    const start = seen.length;
+    // Everything kept: the gap in stdout shows as an offset past the previous chunk's end.
+    const all = await outputOf(hb.getProcessOutput("sbx_1", "done"));
+    assert.deepEqual(all, [
+      { event: "stdout", offset: 0, text: "one\n" },
+      { event: "stderr", offset: 0, text: "oops\n" },
+      { event: "stdout", offset: 4, text: "two\n" },
+      { event: "stdout", offset: 20, text: "five\n" },
+      { event: "exit", result: EXIT },
+    ]);
+    // From offsets, following: the rest, then the exit; the iteration ends there.
+    const rest = await outputOf(hb.getProcessOutput("sbx_1", "done", { query: { follow: true, stdout_offset: 6, stderr_offset: 5 } }));
+    assert.deepEqual(rest, [
+      { event: "stdout", offset: 6, text: "o\n" },
+      { event: "stdout", offset: 20, text: "five\n" },
+      { event: "exit", result: EXIT },
+    ]);
+    // The bytes are bytes (a Uint8Array of their own).
+    for await (const ev of hb.getProcessOutput("sbx_1", "done", { query: { stderr_offset: 0 } })) {
+      if (ev.event === "stderr") {
+        assert.ok(ev.data instanceof Uint8Array);
+        assert.deepEqual([...ev.data], [...Buffer.from("oops\n")]);
+        break;
+      }
+    }
+    // The Sandbox form, with a pid that needs escaping (not found here).
+    const box = new Sandbox(hb, SANDBOX);
+    assert.deepEqual((await outputOf(box.processOutput("done", { follow: false, stdout_offset: 8, stderr_offset: 5 }))).map((e) => e.event), ["stdout", "exit"]);
+    await assert.rejects(outputOf(box.processOutput("a/b")), (e) => e instanceof HareBoxError && e.status === 404 && e.code === "not_found");
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => [s.method, s.url, s.accept, s.auth]), [
+      ["GET", "/procout/v1/sandboxes/sbx_1/processes/done/output", "text/event-stream", `Bearer ${KEY}`],
+      ["GET", "/procout/v1/sandboxes/sbx_1/processes/done/output?follow=true&stdout_offset=6&stderr_offset=5", "text/event-stream", `Bearer ${KEY}`],
+      ["GET", "/procout/v1/sandboxes/sbx_1/processes/done/output?stderr_offset=0", "text/event-stream", `Bearer ${KEY}`],
+      ["GET", "/procout/v1/sandboxes/sbx_1/processes/done/output?follow=false&stdout_offset=8&stderr_offset=5", "text/event-stream", `Bearer ${KEY}`],
+      ["GET", "/procout/v1/sandboxes/sbx_1/processes/a%2Fb/output", "text/event-stream", `Bearer ${KEY}`],
+    ]);
+  });
+
+  test("getProcessOutput: without follow a running process's output just ends; with follow that end throws network", async () => {
+    const hb = new HareBox({ url: url + "/procout", apiKey: KEY });
+    const partial = await outputOf(hb.getProcessOutput("sbx_1", "running", { query: { stdout_offset: 4 } }));
+    assert.deepEqual(partial, [
+      { event: "stderr", offset: 0, text: "oops\n" },
+      { event: "stdout", offset: 4, text: "two\n" },
+      { event: "stdout", offset: 20, text: "five\n" },
+    ]);
+    const got = [];
+    await assert.rejects(
+      (async () => {
+        for await (const ev of hb.getProcessOutput("sbx_1", "running", { query: { follow: true, stdout_offset: 25, stderr_offset: 5 } })) got.push(ev);
+      })(),
+      (e) => e instanceof HareBoxError && e.status === 0 && e.code === "network" && /ended before the exit event/.test(e.message),
+    );
+    assert.deepEqual(got, []);
+  });
+
+  test("getProcessOutput: an error event throws its code after the chunks before it; errors before the stream throw as a call's", async () => {
+    const hb = new HareBox({ url: url + "/procout", apiKey: KEY });
+    const got = [];
+    await assert.rejects(
+      (async () => {
+        for await (const ev of hb.getProcessOutput("sbx_1", "broken", { query: { follow: true } })) got.push(ev.event);
+      })(),
+      (e) => {
+        assert.ok(e instanceof HareBoxError, `want a HareBoxError, got ${e}`);
+        assert.deepEqual([e.status, e.code, e.message, e.field], [503, "unavailable", "the sandbox's agent went away", undefined]);
+        return true;
+      },
+    );
+    assert.deepEqual(got, ["stdout"]);
+    // 404 and 400 are plain JSON answers: the first next() throws them.
+    await assert.rejects(hb.getProcessOutput("sbx_1", "nope", { query: { follow: true } }).next(), (e) => e instanceof HareBoxError && e.status === 404 && e.code === "not_found" && /no process nope/.test(e.message));
+    await assert.rejects(
+      hb.getProcessOutput("sbx_1", "done", { query: { stdout_offset: -1 } }).next(),
+      (e) => e instanceof HareBoxError && e.status === 400 && e.code === "invalid" && e.field === "stdout_offset",
+    );
+    await assert.rejects(hb.getProcessOutput("sbx_1", "done", { query: { follow: /** @type {any} */ ("yes") } }).next(), (e) => e instanceof HareBoxError && e.status === 0 && e.field === "follow");
+    await assert.rejects(hb.getProcessOutput("sbx_1", "").next(), (e) => e instanceof HareBoxError && e.field === "pid");
+    // A chunk before the offset asked for, or one without a numeric offset, is the server's fault.
+    await assert.rejects(outputOf(hb.getProcessOutput("sbx_1", "back", { query: { stdout_offset: 4 } })), (e) => e instanceof HareBoxError && e.code === "network" && /went back from offset 4 to 0/.test(e.message));
+    await assert.rejects(outputOf(hb.getProcessOutput("sbx_1", "garbled")), (e) => e instanceof HareBoxError && e.code === "network" && /malformed stdout event/.test(e.message));
+  });
+
+  test("getProcessOutput: timeoutMs bounds silence, not the stream", async () => {
+    const hb = new HareBox({ url: url + "/procout", apiKey: KEY });
+    const t0 = Date.now();
+    await assert.rejects(hb.getProcessOutput("sbx_1", "quiet", { query: { follow: true }, timeoutMs: 300 }).next(), (e) => e instanceof HareBoxError && e.code === "timeout" && /getProcessOutput: nothing from/.test(e.message));
+    assert.ok(Date.now() - t0 < 5000);
+    // Keepalives every 100 ms hold a 300 ms bound for the 750 ms the stream takes.
+    assert.deepEqual(await outputOf(hb.getProcessOutput("sbx_1", "slow", { query: { follow: true }, timeoutMs: 300 })), [{ event: "exit", result: EXIT }]);
+    // The caller's signal rejects with its own reason.
+    await assert.rejects(hb.getProcessOutput("sbx_1", "quiet", { query: { follow: true }, signal: AbortSignal.timeout(100) }).next(), (e) => e instanceof Error && e.name === "TimeoutError" && !(e instanceof HareBoxError));
   });
 
   test("the command history and account update operations send their methods, paths, queries and bodies", async () => {

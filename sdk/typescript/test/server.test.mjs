@@ -249,6 +249,55 @@ describe("hareboxd", { skip }, () => {
     await rejectsWith(hb.killProcess(box.id, long.id, { body: { signal: 99 } }), { status: 400 });
   });
 
+  test("background processes: output without follow (what there is, no exit), then followed from the offsets seen, then all of it after the exit", async () => {
+    /**
+     * Reads getProcessOutput's events from offsets: each stream's text,
+     * whether it ended with exit, and the offsets reached. A chunk starts
+     * where the one before it ended (nothing here is dropped).
+     */
+    const read = async (iter, from = { stdout: 0, stderr: 0 }) => {
+      const got = { stdout: "", stderr: "", exit: undefined, at: { ...from } };
+      for await (const ev of iter) {
+        assert.equal(got.exit, undefined, "an event after exit");
+        if (ev.event === "exit") got.exit = ev.result;
+        else {
+          assert.equal(ev.offset, got.at[ev.event], `${ev.event} offset`);
+          got[ev.event] += dec(ev.data);
+          got.at[ev.event] += ev.data.length;
+        }
+      }
+      return got;
+    };
+    const p = await box.start("echo one; echo e1 >&2; sleep 4; echo two; echo e2 >&2; sleep 1; echo three; exit 5");
+
+    // Without follow: what is kept now, no exit (it sleeps). Read again
+    // until the first lines are there.
+    let first;
+    for (let i = 0; i < 30; i++) {
+      first = await read(hb.getProcessOutput(box.id, p.id));
+      if (first.stdout && first.stderr) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    assert.deepEqual([first?.stdout, first?.stderr, first?.exit], ["one\n", "e1\n", undefined]);
+    assert.deepEqual(first?.at, { stdout: 4, stderr: 3 });
+
+    // Followed from there: the rest, then the exit.
+    const rest = await read(hb.getProcessOutput(box.id, p.id, { query: { follow: true, stdout_offset: 4, stderr_offset: 3 } }), { stdout: 4, stderr: 3 });
+    assert.deepEqual([rest.stdout, rest.stderr], ["two\nthree\n", "e2\n"]);
+    assert.equal(rest.exit?.exit_code, 5);
+    assert.deepEqual([rest.exit?.stdout, rest.exit?.stderr, rest.exit?.timed_out], ["", "", false]);
+    assert.equal(typeof rest.exit?.duration_ms, "number");
+
+    // After the exit, from 0 (the Sandbox form, without follow): everything, and the exit.
+    const all = await read(box.processOutput(p.id, { stdout_offset: 0, stderr_offset: 0 }));
+    assert.deepEqual([all.stdout, all.stderr, all.exit?.exit_code], ["one\ntwo\nthree\n", "e1\ne2\n", 5]);
+    assert.deepEqual(all.at, { stdout: 14, stderr: 6 });
+
+    // Errors before the stream are plain answers.
+    await rejectsWith(hb.getProcessOutput(box.id, "no-such-process").next(), { status: 404, code: "not_found" });
+    await rejectsWith(hb.getProcessOutput(box.id, p.id, { query: { stdout_offset: -1 } }).next(), { status: 400, code: "invalid", field: "stdout_offset" });
+  });
+
   test("files: binary round trip, stat, list, mkdir, remove", async () => {
     const dir = `/tmp/ts-sdk-${run}`;
     const made = await hb.mkdir(box.id, { query: { path: `${dir}/sub/deeper`, mode: "0750" } });

@@ -37,6 +37,8 @@ import type {
   MetricSampleList,
   MetricsQuery,
   Process,
+  ProcessOutputEvent,
+  ProcessOutputQuery,
   Project,
   Retention,
   SandboxData,
@@ -75,6 +77,16 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   const p: Process = await hb.startProcess(id, { body: { cmd: "sleep 1" } });
   await hb.getProcess(id, p.id, { query: { wait: true, timeout_seconds: 5 } });
   await hb.killProcess(id, p.id, { body: { signal: 15 } });
+  const from: ProcessOutputQuery = { follow: true, stdout_offset: 0, stderr_offset: 12 };
+  for await (const ev of hb.getProcessOutput(id, p.id, { query: from, signal: AbortSignal.timeout(10), timeoutMs: 0 })) {
+    const e: ProcessOutputEvent = ev;
+    if (ev.event === "exit") ev.result.exit_code satisfies number;
+    else [ev.offset, ev.data] satisfies [number, Uint8Array];
+    void e;
+  }
+  for await (const ev of (await hb.getSandbox(id)).processOutput(p.id, { follow: false, stdout_offset: 4, timeoutMs: 1000 })) void ev;
+  // @ts-expect-error: follow is a boolean.
+  hb.getProcessOutput(id, p.id, { query: { follow: "yes" } });
   const fi: FileInfo = await hb.writeFile(id, { query: { path: "/tmp/x", mode: "0600" }, body: "text" });
   const bytes: Uint8Array = await hb.readFile(id, { query: { path: "/tmp/x" } });
   await hb.removeFile(id, { query: { path: "/tmp/x", recursive: true } });
