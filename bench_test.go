@@ -141,6 +141,48 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 	b.ReportMetric(float64(engine)/float64(direct), "engine/direct")
 }
 
+// BenchmarkReattach: reading a finished background process's output
+// again (its whole output, kept in the guest, and its exit) next to one
+// exec round trip, in one run: re-attach/exec.
+func BenchmarkReattach(b *testing.B) {
+	v, done := benchEnv(b)
+	defer done()
+	eng := v.open(b)
+	defer eng.Close()
+	ctx := context.Background()
+	box, err := eng.Create(ctx, sandbox.CreateRequest{Image: "minimal"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eng.Delete(ctx, box.ID)
+	p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "seq 1 1000"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := eng.WaitProcess(ctx, box.ID, p.ID); err != nil {
+		b.Fatal(err)
+	}
+	var exec, attach time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if _, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Argv: []string{"true"}}); err != nil {
+			b.Fatal(err)
+		}
+		exec += time.Since(start)
+		start = time.Now()
+		n := 0
+		res, err := eng.ProcessOutput(ctx, box.ID, p.ID, [2]uint64{}, true, func(_ bool, _ uint64, d []byte) error { n += len(d); return nil })
+		if err != nil || res == nil || n != 3893 {
+			b.Fatalf("re-attach: %v %v, %d bytes", res, err, n)
+		}
+		attach += time.Since(start)
+	}
+	b.ReportMetric(float64(exec.Microseconds())/float64(b.N), "exec-us/op")
+	b.ReportMetric(float64(attach.Microseconds())/float64(b.N), "reattach-us/op")
+	b.ReportMetric(float64(attach)/float64(exec), "reattach/exec")
+}
+
 // BenchmarkDiskEncryption: the cost of crypto-erase, in one run. The same
 // image with a 1 GiB scratch disk is launched with the backend alone, with
 // a data key (a LUKS overlay) and without (a plain overlay): launch to a
