@@ -18,15 +18,22 @@ type Terminal struct {
 	Signals <-chan int
 }
 
-// Shell runs r on a pseudo-terminal in the sandbox, as an interactive
-// session: stdin is typed into the terminal (its end is ^D), out receives
-// what the terminal shows (output and echo, stdout and stderr together).
-// Without r.Cmd or r.Argv it runs the user's login shell. The session has
-// no timeout unless r asks for one; it ends when its process exits or ctx
-// is done (which kills it).
-func (e *Engine) Shell(ctx context.Context, id string, r sandbox.ExecRequest, term Terminal, stdin io.Reader, out io.Writer) (_ *sandbox.ExecResult, err error) {
+// Shell runs r as an interactive session whose input streams: stdin goes
+// to the command as it comes, until its end.
+//
+// With a terminal (term not nil), r runs on a pseudo-terminal: stdin is
+// typed into it (its end is ^D) and stdout receives what it shows (output
+// and echo, stdout and stderr together; stderr is not used). Without r.Cmd
+// or r.Argv it runs the user's login shell, and it has no timeout unless r
+// asks for one.
+//
+// Without a terminal, r runs as an exec does (its timeout included), with
+// stdin as its standard input and its two outputs apart.
+//
+// It ends when the command exits or ctx is done (which kills it).
+func (e *Engine) Shell(ctx context.Context, id string, r sandbox.ExecRequest, term *Terminal, stdin io.Reader, stdout, stderr io.Writer) (_ *sandbox.ExecResult, err error) {
 	defer e.audited(ctx, "openPty", id, &err)
-	if r.Cmd == "" && len(r.Argv) == 0 {
+	if term != nil && r.Cmd == "" && len(r.Argv) == 0 {
 		r.Cmd = `exec "${SHELL:-/bin/sh}" -l`
 	}
 	b, c, err := e.execTarget(ctx, "openPty", id, &r)
@@ -34,17 +41,23 @@ func (e *Engine) Shell(ctx context.Context, id string, r sandbox.ExecRequest, te
 		return nil, err
 	}
 	ar := b.agentRequest(&r)
-	ar.Timeout = 0
-	if r.TimeoutSeconds > 0 {
-		ar.Timeout = r.Timeout()
+	eio := agentclient.ExecIO{Stdin: stdin, Stdout: stdout, Stderr: stderr}
+	kind := "stream"
+	if term != nil {
+		kind = "shell"
+		ar.Timeout = 0
+		if r.TimeoutSeconds > 0 {
+			ar.Timeout = r.Timeout()
+		}
+		ar.PTY, ar.Rows, ar.Cols = true, term.Rows, term.Cols
+		eio.Stderr, eio.Resize, eio.Signals = stdout, term.Resize, term.Signals
 	}
-	ar.PTY, ar.Rows, ar.Cols = true, term.Rows, term.Cols
 	started := e.opts.Now()
-	st, err := c.ExecStream(ctx, ar, agentclient.ExecIO{Stdin: stdin, Stdout: out, Stderr: out, Resize: term.Resize, Signals: term.Signals})
+	st, err := c.ExecStream(ctx, ar, eio)
 	if err != nil {
 		return nil, agentErr(err)
 	}
 	res := result(agentclient.ExecResult{ExitStatus: st})
-	e.remember(ctx, b, "shell", &r, started, res)
+	e.remember(ctx, b, kind, &r, started, res)
 	return res, nil
 }

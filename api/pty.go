@@ -18,7 +18,10 @@ import (
 	"github.com/harebox/harebox/sandbox"
 )
 
-// The terminal's WebSocket protocol (GET /v1/sandboxes/{id}/pty):
+// The terminal's WebSocket protocol (GET /v1/sandboxes/{id}/pty; with
+// tty=false, a command without a terminal whose input streams, and whose
+// output messages start with a byte that names their stream: 1 stdout,
+// 2 stderr):
 //   - client to server: binary messages are typed into the terminal; text
 //     messages are JSON controls: {"type": "resize", "rows": R, "cols": C},
 //     {"type": "signal", "signal": N}, {"type": "eof"} (^D, the input's end);
@@ -78,7 +81,16 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	tty := true
+	if v := q.Get("tty"); v != "" {
+		if tty, err = strconv.ParseBool(v); err != nil {
+			return badRequest("tty", "must be true or false")
+		}
+	}
 	req := sandbox.ExecRequest{Cmd: q.Get("cmd"), User: q.Get("user"), Cwd: q.Get("cwd")}
+	if !tty && req.Cmd == "" {
+		return badRequest("cmd", "is required without a terminal")
+	}
 	if t := q.Get("timeout_seconds"); t != "" {
 		v, err := strconv.ParseFloat(t, 64)
 		if err != nil || v < 0 {
@@ -147,8 +159,17 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}()
-	out := &ptyWriter{ctx: ctx, conn: conn, timeout: s.opts.Timeouts.Terminal}
-	res, err := s.eng.Shell(ctx, id, req, harebox.Terminal{Rows: uint16(rows), Cols: uint16(cols), Resize: resize, Signals: signals}, stdin, out)
+	var res *sandbox.ExecResult
+	if tty {
+		out := &ptyWriter{ctx: ctx, conn: conn, timeout: s.opts.Timeouts.Terminal}
+		res, err = s.eng.Shell(ctx, id, req, &harebox.Terminal{Rows: uint16(rows), Cols: uint16(cols), Resize: resize, Signals: signals}, stdin, out, nil)
+	} else {
+		// Each output message starts with its stream: 1 stdout, 2 stderr.
+		var mu sync.Mutex // (one message at a time on the connection)
+		out := &ptyWriter{ctx: ctx, conn: conn, timeout: s.opts.Timeouts.Terminal, tag: 1, mu: &mu}
+		errOut := &ptyWriter{ctx: ctx, conn: conn, timeout: s.opts.Timeouts.Terminal, tag: 2, mu: &mu}
+		res, err = s.eng.Shell(ctx, id, req, nil, stdin, out, errOut)
+	}
 	stdin.Close()
 	if ctx.Err() != nil {
 		// The client left, broke the protocol or stopped reading.
@@ -175,18 +196,27 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// ptyWriter sends what the terminal shows, one binary message per write;
-// a client that does not take one within timeout ends the session.
+// ptyWriter sends what the terminal shows (or, with a tag, one of the
+// command's outputs, the tag first), one binary message per write; a
+// client that does not take one within timeout ends the session.
 type ptyWriter struct {
 	ctx     context.Context
 	conn    *websocket.Conn
 	timeout time.Duration
+	tag     byte
+	mu      *sync.Mutex
 }
 
 func (p *ptyWriter) Write(b []byte) (int, error) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
 	defer cancel()
-	if err := p.conn.Write(ctx, websocket.MessageBinary, b); err != nil {
+	msg := b
+	if p.tag != 0 {
+		msg = append([]byte{p.tag}, b...)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+	}
+	if err := p.conn.Write(ctx, websocket.MessageBinary, msg); err != nil {
 		return 0, errors.Join(errors.New("the terminal's client does not read"), err)
 	}
 	return len(b), nil

@@ -111,6 +111,25 @@ func TestPtyProtocol(t *testing.T) {
 	}
 	f.must(t, 200, "GET", "/v1/sandboxes/"+id, f.root, nil)
 
+	// Without a terminal: each output message names its stream.
+	c = dialPty(t, f, id, "tty=false&cmd=echo+out%3B+echo+err+%3E%262")
+	var streams [3]strings.Builder
+	for {
+		typ, b, err := c.Read(ctx)
+		if err != nil {
+			break
+		}
+		if typ == websocket.MessageBinary {
+			if len(b) == 0 || b[0] < 1 || b[0] > 2 {
+				t.Fatalf("an output message without its stream: %q", b)
+			}
+			streams[b[0]].Write(b[1:])
+		}
+	}
+	if streams[1].String() != "out\n" || streams[2].String() != "err\n" {
+		t.Fatalf("tty=false: stdout %q, stderr %q", streams[1].String(), streams[2].String())
+	}
+
 	// Before the upgrade: JSON errors.
 	for _, c := range []struct {
 		path string

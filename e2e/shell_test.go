@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -98,4 +101,91 @@ func TestShellInTmux(t *testing.T) {
 	if lines[len(lines)-1] != "icanon" {
 		t.Fatalf("the local terminal after the session:\n%s", screen())
 	}
+}
+
+// TestExecStreamsStdin: `harebox exec` with piped stdin sends it as it
+// comes. A command that does not read stdin ends at once although the
+// pipe stays open and idle (it waited for the pipe's end before); `cat`
+// echoes a line before the pipe ends, and the end closes its stdin; stdout
+// and stderr stay apart.
+func TestExecStreamsStdin(t *testing.T) {
+	s := prepare(t)
+	dataDir, err := os.MkdirTemp("", "hbsi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none", "--tls-self-signed")
+	defer func() {
+		srv.stop(t)
+		noLeftovers(t, dataDir)
+	}()
+	var box struct{ ID string }
+	if err := json.Unmarshal([]byte(run(t, srv, s, s.root, 3*time.Minute, "harebox", "new", "--image", "minimal")), &box); err != nil || box.ID == "" {
+		t.Fatalf("new: %v", err)
+	}
+	defer run(t, srv, s, s.root, time.Minute, "harebox", "delete", box.ID)
+	exe := func(args ...string) (*exec.Cmd, io.WriteCloser, *syncBuffer, *syncBuffer) {
+		cmd := exec.Command(filepath.Join(s.bin, "harebox"), append([]string{"exec", box.ID}, args...)...)
+		cmd.Env = srv.env(s)
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, errOut := &syncBuffer{}, &syncBuffer{}
+		cmd.Stdout, cmd.Stderr = out, errOut
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, in, out, errOut
+	}
+	wait := func(cmd *exec.Cmd, within time.Duration) error {
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(within):
+			cmd.Process.Kill()
+			return fmt.Errorf("still running after %v", within)
+		}
+	}
+
+	// The pipe stays open and idle; the command does not read it.
+	cmd, in, out, errOut := exe("-c", "echo out; echo err >&2; exit 5")
+	defer in.Close()
+	if err := wait(cmd, 30*time.Second); cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 5 || out.String() != "out\n" || errOut.String() != "err\n" {
+		t.Fatalf("with an idle open stdin: %v, stdout %q, stderr %q", err, out.String(), errOut.String())
+	}
+	// cat: a line is echoed before the pipe ends; the end ends cat.
+	cmd, in, out, _ = exe("--", "cat")
+	io.WriteString(in, "first line\n")
+	for deadline := time.Now().Add(20 * time.Second); out.String() != "first line\n"; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first line did not come back before the input ended: %q", out.String())
+		}
+	}
+	io.WriteString(in, "second\n")
+	in.Close()
+	if err := wait(cmd, 30*time.Second); err != nil || out.String() != "first line\nsecond\n" {
+		t.Fatalf("cat after the end of its input: %v %q", err, out.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a command writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

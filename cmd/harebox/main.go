@@ -393,8 +393,11 @@ func cmdExec(ctx context.Context, c *cli, args []string) (int, error) {
 	if len(env) > 0 {
 		req.Env = env
 	}
-	// Piped stdin is forwarded; a terminal is not read.
-	if f, ok := c.stdin.(*os.File); !ok || !isTerminal(f) {
+	// Piped stdin streams to the command as it comes (its end closes the
+	// command's stdin); a terminal is not read.
+	f, isFile := c.stdin.(*os.File)
+	piped := !isFile || !isTerminal(f)
+	if *background && piped {
 		b, err := io.ReadAll(io.LimitReader(c.stdin, maxStdin+1))
 		if err != nil {
 			return 0, err
@@ -405,6 +408,9 @@ func cmdExec(ctx context.Context, c *cli, args []string) (int, error) {
 		if len(b) > 0 {
 			req.Stdin = b
 		}
+	}
+	if piped && !*background {
+		return execStreamingStdin(ctx, c, id, req)
 	}
 	if *background {
 		var p sandbox.Process

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/coder/websocket"
@@ -124,4 +125,97 @@ func cmdShell(ctx context.Context, c *cli, args []string) (int, error) {
 		}
 		return 0, fmt.Errorf("the server sent an unknown message %q", last.Type)
 	}
+}
+
+// execStreamingStdin runs req with the CLI's stdin streaming to it (the
+// terminal endpoint without a terminal): input goes as it comes, so a
+// command that does not read an idle, open pipe is not held up by it, and
+// the pipe's end closes the command's stdin.
+func execStreamingStdin(ctx context.Context, c *cli, id string, req sandbox.ExecRequest) (int, error) {
+	q := url.Values{"tty": {"false"}}
+	cmd := req.Cmd
+	if cmd == "" {
+		cmd = shellQuote(req.Argv)
+	}
+	q.Set("cmd", cmd)
+	for k, v := range map[string]string{"user": req.User, "cwd": req.Cwd} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if req.TimeoutSeconds > 0 {
+		q.Set("timeout_seconds", strconv.FormatFloat(req.TimeoutSeconds, 'f', -1, 64))
+	}
+	if len(req.Env) > 0 {
+		// (The endpoint takes no environment: it is set in the command.)
+		var pre []string
+		for k, v := range req.Env {
+			pre = append(pre, "export "+k+"="+shellQuote([]string{v})+";")
+		}
+		q.Set("cmd", strings.Join(pre, " ")+" "+q.Get("cmd"))
+	}
+	conn, err := c.c.DialPty(ctx, id, q)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.CloseNow()
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := c.stdin.Read(buf)
+			if n > 0 && conn.Write(ctx, websocket.MessageBinary, buf[:n]) != nil {
+				return
+			}
+			if err != nil {
+				conn.Write(ctx, websocket.MessageText, []byte(`{"type":"eof"}`))
+				return
+			}
+		}
+	}()
+	for {
+		typ, b, err := conn.Read(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("the command's stream ended: %w", err)
+		}
+		if typ == websocket.MessageBinary {
+			if len(b) == 0 {
+				continue
+			}
+			w := c.stdout
+			if b[0] == 2 {
+				w = c.stderr
+			}
+			if _, err := w.Write(b[1:]); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		var last struct {
+			Type   string              `json:"type"`
+			Result *sandbox.ExecResult `json:"result"`
+			Error  *struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(b, &last); err != nil {
+			return 0, fmt.Errorf("the server sent a bad message: %w", err)
+		}
+		conn.Close(websocket.StatusNormalClosure, "")
+		switch {
+		case last.Type == "exit" && last.Result != nil:
+			return c.exitCode("exec", last.Result), nil
+		case last.Type == "error" && last.Error != nil:
+			return 0, errors.New(last.Error.Message)
+		}
+		return 0, fmt.Errorf("the server sent an unknown message %q", last.Type)
+	}
+}
+
+// shellQuote joins argv as one /bin/sh command line, each word quoted.
+func shellQuote(argv []string) string {
+	q := make([]string, len(argv))
+	for i, a := range argv {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
 }
