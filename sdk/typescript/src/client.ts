@@ -4,7 +4,8 @@ import { HareBoxError, errorFromBody, statusForCode } from "./errors.js";
 import { OPERATIONS, type OperationId } from "./operations.js";
 import { Sandbox } from "./sandbox.js";
 import { readSSE, type SSEMessage } from "./sse.js";
-import { PIN_MISMATCH, certificateError, describeTrust, parseTrust, trustingFetch, type Trust } from "./tls.js";
+import { dialPty, type Pty } from "./pty.js";
+import { PIN_MISMATCH, certificateError, describeTrust, parseTrust, trustingAgent, trustingFetch, type Trust } from "./tls.js";
 import type {
   Account,
   AccountList,
@@ -62,6 +63,7 @@ import type {
   Project,
   ProjectList,
   ProjectUpdate,
+  PtyQuery,
   RemoveFileQuery,
   Sandbox as SandboxData,
   Snapshot,
@@ -90,7 +92,8 @@ export interface HareBoxOptions {
   timeoutMs?: number;
   /**
    * The fetch to use (default: the global fetch). It cannot be combined
-   * with `ca`; when it is given, HAREBOX_CA is not read.
+   * with `ca`; when it is given, HAREBOX_CA is not read. openPty does not
+   * use it (its WebSocket connects through undici's global dispatcher).
    */
   fetch?: typeof fetch;
   /**
@@ -108,7 +111,8 @@ export interface HareBoxOptions {
    * file, no PEM certificate in it, or a malformed fingerprint throws
    * HareBoxError code "invalid", field "ca"), and ignored for an http URL.
    * The requests then go through the `undici` package's fetch, not the
-   * global one.
+   * global one, with an Agent of the client's own, which openPty's
+   * WebSocket uses too.
    */
   ca?: string;
 }
@@ -175,6 +179,8 @@ export class HareBox {
   readonly timeoutMs: number;
   readonly #apiKey: string;
   readonly #fetch: typeof fetch;
+  /** The Agent of a client with `ca`, which openPty's WebSocket uses too. */
+  readonly #agent: (() => Promise<import("undici").Agent>) | undefined;
   /** How the server's certificate is trusted, as an error message says it. */
   readonly #trustNote: string;
 
@@ -219,7 +225,8 @@ export class HareBox {
     const [ca, source] = options.ca ? [options.ca, "the ca option"] : [options.fetch === undefined ? process.env.HAREBOX_CA ?? "" : "", "HAREBOX_CA"];
     const trust: Trust | undefined = ca && u.protocol === "https:" ? parseTrust(ca, source) : undefined;
     this.#trustNote = options.fetch === undefined ? ` ${describeTrust(trust)}` : "";
-    const f = options.fetch ?? (trust ? trustingFetch(trust) : globalThis.fetch);
+    this.#agent = options.fetch === undefined && trust ? trustingAgent(trust) : undefined;
+    const f = options.fetch ?? (this.#agent && trust ? trustingFetch(trust, this.#agent) : globalThis.fetch);
     if (typeof f !== "function") {
       throw new HareBoxError(0, "invalid", "no fetch: HareBox needs Node 20 or later", "fetch");
     }
@@ -556,6 +563,45 @@ export class HareBox {
       }
     }
     if (follow) throw new HareBoxError(0, "network", "getProcessOutput: the stream ended before the exit event");
+  }
+
+  /**
+   * Opens an interactive terminal in the sandbox, over a WebSocket (ws://
+   * or wss:// at the client's URL): the user's login shell, or
+   * `query.cmd`, on a pseudo-terminal of `query.rows` by `query.cols`
+   * (default 24 by 80). Resolves once the server has accepted the session,
+   * with a {@link Pty}: iterate it for what the terminal shows; write()
+   * types, resize(), signal() and eof() control, close() ends it, and
+   * `result` is the command's ExecResult.
+   *
+   * The upgrade request carries the API key and goes through the client's
+   * TLS trust (`ca` or HAREBOX_CA) as its other requests do; without
+   * either, and with a `fetch` given in the options (which is not used
+   * here), it connects through undici's global dispatcher. An error answer before
+   * the upgrade (not_found, forbidden, a bad query) throws a HareBoxError
+   * as any call's does. `timeoutMs` bounds the opening only (default: the
+   * client's timeout); the session lasts until the command exits, the
+   * server's `timeout_seconds` ends it, or it is closed. The caller's
+   * `signal` aborts the opening and, once open, closes the session.
+   *
+   *     const pty = await hb.openPty(id, { query: { rows: 30, cols: 90 } });
+   *     pty.write("ls; exit\n");
+   *     for await (const chunk of pty) process.stdout.write(chunk);
+   *     const { exit_code } = await pty.result;
+   */
+  async openPty(id: string, options: CallOptions<PtyQuery> = {}): Promise<Pty> {
+    const url = this.#url("openPty", [id], options.query);
+    const timeoutMs = this.#timeout(options, 0);
+    const headers: Record<string, string> = { "user-agent": `harebox-typescript/${VERSION}` };
+    if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
+    return dialPty({
+      url,
+      headers,
+      dispatcher: this.#agent ? await this.#agent() : undefined,
+      signal: options.signal,
+      timeoutMs,
+      networkError: (err) => this.#networkError("openPty", err),
+    });
   }
 
   /** Signals a background process's process group (default SIGKILL). */
@@ -1053,21 +1099,36 @@ export class HareBox {
     }
   }
 
-  /**
-   * Sends one request and returns a 2xx response, with a function that
-   * turns an error met while reading its body into the one to throw.
-   */
-  async #send(op: OperationId, params: string[], send: Send): Promise<{ res: Response; fail: (err: unknown) => unknown }> {
-    const spec = OPERATIONS[op];
-    // Path parameters, in the order the path names them.
-    const path = spec.path.replace(/\{(\w+)\}/g, (_, name: string) => {
+  /** The error a request that met err on the way (no answer, an untrusted certificate) throws. */
+  #networkError(op: OperationId, err: unknown): HareBoxError {
+    const cert = certificateError(err);
+    if (cert) {
+      // A pin's own error says it all; Node's verification errors say only what failed.
+      const why = (cert as { code?: unknown }).code === PIN_MISMATCH ? cert.message : `the server's certificate was not trusted${this.#trustNote}: ${cert.message}`;
+      return new HareBoxError(0, "network", `${op}: ${why} (${this.url})`, undefined, { cause: err });
+    }
+    return new HareBoxError(0, "network", `${op}: ${describe(err)} (${this.url})`, undefined, { cause: err });
+  }
+
+  /** An operation's URL: its path with the parameters in order, and the query. */
+  #url(op: OperationId, params: string[], query: unknown): string {
+    const path = OPERATIONS[op].path.replace(/\{(\w+)\}/g, (_, name: string) => {
       const v = params.shift();
       if (typeof v !== "string" || v === "") {
         throw new HareBoxError(0, "invalid", `${op}: the ${name} path parameter must be a non-empty string`, name);
       }
       return encodeURIComponent(v);
     });
-    const url = this.url + path + queryString(send.query);
+    return this.url + path + queryString(query);
+  }
+
+  /**
+   * Sends one request and returns a 2xx response, with a function that
+   * turns an error met while reading its body into the one to throw.
+   */
+  async #send(op: OperationId, params: string[], send: Send): Promise<{ res: Response; fail: (err: unknown) => unknown }> {
+    const spec = OPERATIONS[op];
+    const url = this.#url(op, params, send.query);
 
     const headers: Record<string, string> = {
       accept: send.accept ?? (op === "execStream" ? "text/event-stream" : op === "readFile" ? "application/octet-stream" : "application/json"),
@@ -1094,13 +1155,7 @@ export class HareBox {
       if (timer?.aborted) {
         return new HareBoxError(0, "timeout", `${op}: no answer from ${this.url} within ${send.timeoutMs / 1000} s`, undefined, { cause: err });
       }
-      const cert = certificateError(err);
-      if (cert) {
-        // A pin's own error says it all; Node's verification errors say only what failed.
-        const why = (cert as { code?: unknown }).code === PIN_MISMATCH ? cert.message : `the server's certificate was not trusted${this.#trustNote}: ${cert.message}`;
-        return new HareBoxError(0, "network", `${op}: ${why} (${this.url})`, undefined, { cause: err });
-      }
-      return new HareBoxError(0, "network", `${op}: ${describe(err)} (${this.url})`, undefined, { cause: err });
+      return this.#networkError(op, err);
     };
 
     let res: Response;

@@ -10,7 +10,8 @@ export { HareBox, VERSION } from "./client.js";
 export type { HareBoxOptions, RequestOptions, CallOptions, PathCallOptions, SandboxList } from "./client.js";
 export { HareBoxError, RateLimitedError } from "./errors.js";
 export { Sandbox } from "./sandbox.js";
-export type { RunOptions, WriteOptions } from "./sandbox.js";
+export type { RunOptions, WriteOptions, PtyOptions } from "./sandbox.js";
+export { Pty } from "./pty.js";
 export { OPERATIONS } from "./operations.js";
 export type { Operation, OperationId } from "./operations.js";
 export type {
@@ -95,6 +96,7 @@ export type {
   MetricsQuery,
   GetProcessQuery,
   ProcessOutputQuery,
+  PtyQuery,
   PathQuery,
   WriteFileQuery,
   RemoveFileQuery,

@@ -34,6 +34,7 @@ export const OPERATIONS = {
   listProcesses: { method: "GET", path: "/v1/sandboxes/{id}/processes" },
   getProcess: { method: "GET", path: "/v1/sandboxes/{id}/processes/{pid}" },
   getProcessOutput: { method: "GET", path: "/v1/sandboxes/{id}/processes/{pid}/output" },
+  openPty: { method: "GET", path: "/v1/sandboxes/{id}/pty" },
   killProcess: { method: "POST", path: "/v1/sandboxes/{id}/processes/{pid}/kill" },
   writeFile: { method: "PUT", path: "/v1/sandboxes/{id}/files" },
   readFile: { method: "GET", path: "/v1/sandboxes/{id}/files" },

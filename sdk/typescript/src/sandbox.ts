@@ -1,4 +1,5 @@
 import type { HareBox, RequestOptions } from "./client.js";
+import type { Pty } from "./pty.js";
 import type {
   ExecEvent,
   ExecRequest,
@@ -13,6 +14,7 @@ import type {
   Process,
   ProcessOutputEvent,
   ProcessOutputQuery,
+  PtyQuery,
   Resources,
   Sandbox as SandboxData,
   Site,
@@ -31,6 +33,9 @@ export interface WriteOptions extends RequestOptions {
   owner?: string;
   make_parents?: boolean;
 }
+
+/** Options of {@link Sandbox.pty}: openPty's query, and the call's options. */
+export type PtyOptions = PtyQuery & RequestOptions;
 
 const FIELDS = ["id", "name", "account_id", "project_id", "project", "fleet_id", "fleet", "state", "image", "size", "labels", "no_env", "environment", "third_party", "monitoring", "snapshots", "agent", "site", "created_at", "expires_at", "error"] as const;
 
@@ -126,6 +131,17 @@ export class Sandbox implements SandboxData {
   processOutput(pid: string, options: RequestOptions & ProcessOutputQuery = {}): AsyncGenerator<ProcessOutputEvent, void, undefined> {
     const { signal, timeoutMs, ...query } = options;
     return this.#client.getProcessOutput(this.id, pid, { query, ...opt(signal, timeoutMs) });
+  }
+
+  /**
+   * Opens an interactive terminal in the sandbox (see HareBox.openPty):
+   * the login shell, or `cmd`, on a terminal of `rows` by `cols`.
+   *
+   *     const pty = await box.pty({ rows: 30, cols: 90, cmd: "top" });
+   */
+  pty(options: PtyOptions = {}): Promise<Pty> {
+    const { signal, timeoutMs, ...query } = options;
+    return this.#client.openPty(this.id, { query, ...opt(signal, timeoutMs) });
   }
 
   /** Writes a file (bytes; a string is UTF-8). */

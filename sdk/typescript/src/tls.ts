@@ -1,7 +1,8 @@
 // How the client trusts an https server (HAREBOX_CA or the `ca` option):
 // a PEM file of CA certificates, or a "sha256:" pin of the server's
 // certificate. Node's global fetch takes neither, so such a client sends
-// its requests with the undici package's fetch and an Agent of its own.
+// its requests with the undici package's fetch and an Agent of its own;
+// its terminal sessions (openPty: undici's WebSocket) use the same Agent.
 
 import { X509Certificate } from "node:crypto";
 import { readFileSync } from "node:fs";
@@ -73,18 +74,18 @@ export function describeTrust(trust: Trust | undefined): string {
 }
 
 /**
- * A fetch that sends every request through an undici Agent whose
- * connections trust as `trust` says: with a CA file, Node's verification
- * against those roots (host name included); with a pin, no chain or host
- * name check, but each connection's peer certificate must have the pinned
- * SHA-256 fingerprint, else the socket is destroyed before any request is
- * written on it. undici is loaded on the first request.
+ * The undici Agent whose connections trust as `trust` says: with a CA
+ * file, Node's verification against those roots (host name included);
+ * with a pin, no chain or host name check, but each connection's peer
+ * certificate must have the pinned SHA-256 fingerprint, else the socket is
+ * destroyed before any request is written on it. It is made (and undici
+ * loaded) on the first call of the returned function; later calls return
+ * the same Agent.
  */
-export function trustingFetch(trust: Trust): typeof fetch {
-  let ready: Promise<{ fetch: typeof Undici.fetch; agent: Undici.Agent }> | undefined;
-  const load = async () => {
+export function trustingAgent(trust: Trust): () => Promise<Undici.Agent> {
+  let ready: Promise<Undici.Agent> | undefined;
+  const load = async (): Promise<Undici.Agent> => {
     const undici = await import("undici");
-    let agent: Undici.Agent;
     if (trust.pin) {
       const pin = trust.pin;
       // The pin is the trust: no session resumption, so that every
@@ -112,17 +113,22 @@ export function trustingFetch(trust: Trust): typeof fetch {
           callback(null, socket);
         });
       };
-      agent = new undici.Agent({ connect });
-    } else {
-      agent = new undici.Agent({ connect: { ca: trust.caPem ?? "", rejectUnauthorized: true } });
+      return new undici.Agent({ connect });
     }
-    return { fetch: undici.fetch, agent };
+    return new undici.Agent({ connect: { ca: trust.caPem ?? "", rejectUnauthorized: true } });
   };
+  return () => (ready ??= load());
+}
+
+/**
+ * A fetch that sends every request through `agent` (by default a
+ * {@link trustingAgent} of `trust`'s own): undici's fetch, which takes the
+ * global fetch's arguments plus the dispatcher.
+ */
+export function trustingFetch(trust: Trust, agent: () => Promise<Undici.Agent> = trustingAgent(trust)): typeof fetch {
   return (async (input: Parameters<typeof fetch>[0], init?: RequestInit) => {
-    ready ??= load();
-    const { fetch: send, agent } = await ready;
-    // undici's fetch takes the same arguments as the global one, plus the dispatcher.
-    return (await send(input as Parameters<typeof Undici.fetch>[0], { ...(init as Undici.RequestInit), dispatcher: agent })) as unknown as Response;
+    const [undici, dispatcher] = await Promise.all([import("undici"), agent()]);
+    return (await undici.fetch(input as Parameters<typeof Undici.fetch>[0], { ...(init as Undici.RequestInit), dispatcher })) as unknown as Response;
   }) as typeof fetch;
 }
 

@@ -897,6 +897,21 @@ export interface ProcessOutputQuery {
   stderr_offset?: number;
 }
 
+/** The query of openPty (and Sandbox.pty). */
+export interface PtyQuery {
+  /** The terminal's rows, 1 to 1000 (default 24). */
+  rows?: number;
+  /** The terminal's columns, 1 to 1000 (default 80). */
+  cols?: number;
+  /** A shell string to run instead of the user's login shell. */
+  cmd?: string;
+  /** Default "user" (uid 1000); "root" for root. */
+  user?: string;
+  cwd?: string;
+  /** Ends the session after this many seconds (default: none). */
+  timeout_seconds?: number;
+}
+
 export interface PathQuery {
   /** An absolute, clean path in the sandbox. */
   path: string;

@@ -385,6 +385,74 @@ describe("hareboxd", { skip }, () => {
     assert.deepEqual(sandboxes.map((s) => s.id), [box.id]);
   });
 
+  test("openPty: a terminal of the size asked for, typed input, the exit code; a resize; a signal; errors before the upgrade", async () => {
+    /** Collects a pty's output as it comes, in the background. */
+    const screen = (pty) => {
+      const t = { text: "", ended: undefined };
+      t.ended = (async () => {
+        for await (const chunk of pty) t.text += dec(chunk);
+      })();
+      t.ended.catch(() => {});
+      return t;
+    };
+    /** Waits until the screen shows want. */
+    const waitFor = async (t, want, ms = 30_000) => {
+      for (const end = Date.now() + ms; !t.text.includes(want); await new Promise((resolve) => setTimeout(resolve, 50))) {
+        if (Date.now() > end) assert.fail(`${JSON.stringify(want)} not shown after ${ms / 1000} s: ${JSON.stringify(t.text)}`);
+      }
+    };
+
+    const pty = await hb.openPty(box.id, { query: { cmd: "stty size; read x; echo got-$x; exit 4", rows: 30, cols: 90, timeout_seconds: 120 } });
+    try {
+      const t = screen(pty);
+      await waitFor(t, "30 90");
+      assert.equal(pty.write("hi\n"), true);
+      await waitFor(t, "got-hi");
+      const r = await pty.result;
+      assert.equal(r.exit_code, 4);
+      await t.ended;
+    } finally {
+      pty.close();
+    }
+
+    // A resize reaches the terminal: each line typed runs stty size.
+    const sh = await box.pty({ cmd: "while read l; do stty size; done", rows: 24, cols: 80, timeout_seconds: 120 });
+    try {
+      const t = screen(sh);
+      sh.write("\n");
+      await waitFor(t, "24 80");
+      assert.equal(sh.resize(40, 120), true);
+      // (The size and the typed line travel apart: type until the new size shows.)
+      for (let i = 0; !t.text.includes("40 120"); i++) {
+        if (i === 20) assert.fail(`the new size did not show: ${JSON.stringify(t.text)}`);
+        sh.write("\n");
+        await new Promise((resolve) => setTimeout(resolve, 500));
+      }
+      assert.equal(sh.eof(), true);
+      assert.equal((await sh.result).exit_code, 0);
+    } finally {
+      sh.close();
+    }
+
+    // A signal reaches the session's process group.
+    const sleeper = await box.pty({ cmd: "echo sleeping; sleep 100", timeout_seconds: 120 });
+    try {
+      const t = screen(sleeper);
+      await waitFor(t, "sleeping");
+      const t0 = Date.now();
+      assert.equal(sleeper.signal(9), true);
+      const r = await sleeper.result;
+      assert.ok(r.signal === 9 || r.exit_code !== 0, JSON.stringify(r));
+      assert.ok(Date.now() - t0 < 30_000);
+    } finally {
+      sleeper.close();
+    }
+
+    await rejectsWith(hb.openPty("sbx_00000000000000000000000000"), { status: 404, code: "not_found" });
+    await rejectsWith(hb.openPty(box.id, { query: { rows: 0 } }), { status: 400, code: "invalid", field: "rows" });
+    await rejectsWith(new HareBox({ url: URL_, apiKey: "hbk_wrong" }).openPty(box.id), { status: 401, code: "unauthorized" });
+  });
+
   test("delete", async () => {
     const gone = await box.delete();
     assert.equal(gone.state, "deleted");

@@ -1,8 +1,8 @@
 // Tests of how the client trusts an https server (HAREBOX_CA or the ca
 // option), offline: throwaway certificates made with /usr/bin/openssl in a
 // temporary directory and a local node:https server on 127.0.0.1 that
-// answers getHealth, the file calls, execStream and followed events (and
-// never answers under /hang/).
+// answers getHealth, the file calls, execStream, followed events and a
+// terminal session's WebSocket upgrade (and never answers under /hang/).
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { X509Certificate } from "node:crypto";
@@ -14,6 +14,8 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
 import { HareBox, HareBoxError } from "harebox";
+
+import { accept } from "./ws-server.mjs";
 
 const OPENSSL = "/usr/bin/openssl";
 const KEY = "hbk_test_secret_do_not_print_0123456789";
@@ -74,6 +76,16 @@ describe("TLS trust (HAREBOX_CA, ca)", { skip: haveOpenSSL ? false : `${OPENSSL}
   let wrongName; // a certificate for another host name only
   /** Requests the https server got, by path. */
   let seen = [];
+  /** WebSocket upgrades the https server got, by path. */
+  const upgrades = [];
+  /** A terminal session: "ok", then the exit and a normal close. */
+  const upgrade = (req, socket, head) => {
+    upgrades.push(req.url);
+    const c = accept(req, socket, head);
+    c.sendBinary("ok\r\n");
+    c.sendText({ type: "exit", result: { exit_code: 0, stdout: "", stderr: "", duration_ms: 1 } });
+    c.close(1000);
+  };
   before(async () => {
     dir = mkdtempSync(join(tmpdir(), "harebox-tls-"));
     srv = makeCert(dir, "server", "DNS:localhost,IP:127.0.0.1");
@@ -109,6 +121,7 @@ describe("TLS trust (HAREBOX_CA, ca)", { skip: haveOpenSSL ? false : `${OPENSSL}
       });
     };
     server = createServer({ cert: srv.pem, key: srv.keyPem, minVersion: "TLSv1.3" }, handler);
+    server.on("upgrade", upgrade);
     await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
     url = `https://127.0.0.1:${server.address().port}`;
     plain = createHttpServer(handler);
@@ -220,6 +233,28 @@ describe("TLS trust (HAREBOX_CA, ca)", { skip: haveOpenSSL ? false : `${OPENSSL}
       await assert.rejects(bad.readFile("sbx_1", { query: { path: "/tmp/f" } }), untrusted);
     }
     assert.equal(seen.length, before, "the server saw no request");
+  });
+
+  test("a terminal session (openPty, wss://) goes through the same trust: its pin or CA file, or HAREBOX_CA", async () => {
+    const session = async (hb) => {
+      const pty = await hb.openPty("sbx_1");
+      let text = "";
+      for await (const chunk of pty) text += new TextDecoder().decode(chunk);
+      assert.equal(text, "ok\r\n");
+      assert.equal((await pty.result).exit_code, 0);
+    };
+    await withEnv({ HAREBOX_CA: undefined }, async () => {
+      await session(client({ ca: `sha256:${srv.fp}` }));
+      await session(client({ ca: srv.cert }));
+      const before = upgrades.length;
+      for (const bad of [client({ ca: `sha256:${other.fp}` }), client({ ca: other.cert }), client()]) {
+        await assert.rejects(bad.openPty("sbx_1"), (e) => untrusted(e) && /^openPty: /.test(e.message));
+      }
+      assert.equal(upgrades.length, before, "the server saw no upgrade");
+    });
+    await withEnv({ HAREBOX_CA: `sha256:${srv.fp}` }, () => session(client()));
+    await withEnv({ HAREBOX_CA: `sha256:${other.fp}` }, () => assert.rejects(client().openPty("sbx_1"), (e) => untrusted(e) && /HAREBOX_CA/.test(e.message)));
+    assert.equal(new URL(upgrades.at(-1), "https://x").pathname, "/v1/sandboxes/sbx_1/pty");
   });
 
   test("timeouts and the caller's signal work as with the global fetch", async () => {

@@ -1,7 +1,7 @@
 // Compiled (never run) by `npm run check`: the README's TypeScript
 // walkthrough, verbatim, and the rest of the public API's types, as a user
 // of the published package sees them.
-import { HareBox, HareBoxError, RateLimitedError, Sandbox } from "harebox";
+import { HareBox, HareBoxError, Pty, RateLimitedError, Sandbox } from "harebox";
 import type {
   Account,
   AccountUpdate,
@@ -40,6 +40,8 @@ import type {
   ProcessOutputEvent,
   ProcessOutputQuery,
   Project,
+  PtyOptions,
+  PtyQuery,
   Retention,
   SandboxData,
   Snapshot,
@@ -87,6 +89,21 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   for await (const ev of (await hb.getSandbox(id)).processOutput(p.id, { follow: false, stdout_offset: 4, timeoutMs: 1000 })) void ev;
   // @ts-expect-error: follow is a boolean.
   hb.getProcessOutput(id, p.id, { query: { follow: "yes" } });
+  const size: PtyQuery = { rows: 30, cols: 90, cmd: "top", user: "root", cwd: "/tmp", timeout_seconds: 60 };
+  const pty: Pty = await hb.openPty(id, { query: size, signal: AbortSignal.timeout(1000), timeoutMs: 500 });
+  pty.write("ls\n") satisfies boolean;
+  pty.write(new Uint8Array([3]));
+  pty.resize(40, 120);
+  pty.signal(2);
+  pty.eof();
+  for await (const chunk of pty) chunk satisfies Uint8Array;
+  (await pty.result).exit_code satisfies number;
+  pty.open satisfies boolean;
+  pty.close();
+  const opts: PtyOptions = { rows: 24, cols: 80, signal: AbortSignal.timeout(10) };
+  (await box.pty(opts)).close();
+  // @ts-expect-error: rows is a number.
+  hb.openPty(id, { query: { rows: "30" } });
   const fi: FileInfo = await hb.writeFile(id, { query: { path: "/tmp/x", mode: "0600" }, body: "text" });
   const bytes: Uint8Array = await hb.readFile(id, { query: { path: "/tmp/x" } });
   await hb.removeFile(id, { query: { path: "/tmp/x", recursive: true } });
