@@ -28,6 +28,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
+from .pty import Pty
 from .sandbox import Sandbox
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "ExecEvent",
     "ExecStream",
     "ProcessOutputStream",
+    "Pty",
     "DEFAULT_URL",
     "HareBoxError",
     "InvalidRequest",

@@ -20,15 +20,17 @@ import http.client
 import json
 import os
 import re
+import socket
 import ssl
 from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Protocol, Self, TypeVar, Union, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 from . import types as t
 from .errors import HareBoxError, RequestTimeout, TransportError, error_from_body, parse_retry_after
+from .pty import Pty, UpgradeResponse, check_upgrade, new_key, upgrade_headers
 from .sandbox import Sandbox
 
-__all__ = ["Client", "ExecEvent", "ExecStream", "ProcessOutputStream", "DEFAULT_URL"]
+__all__ = ["Client", "ExecEvent", "ExecStream", "ProcessOutputStream", "Pty", "DEFAULT_URL"]
 
 #: Where the client goes when neither ``url`` nor HAREBOX_URL says.
 DEFAULT_URL = "http://127.0.0.1:7070"
@@ -399,6 +401,36 @@ class Client:
         conn, resp = self._send("GET", path, query=query, accept="text/event-stream", timeout=timeout)
         offsets = (_offset(q.get("stdout_offset")), _offset(q.get("stderr_offset")))
         return ProcessOutputStream(conn, resp, follow=_query_true(q.get("follow")), offsets=offsets)
+
+    @operation("openPty")
+    def open_pty(self, sandbox_id: str, *, query: t.Query | None = None, timeout: float | None = None) -> Pty:
+        """GET /v1/sandboxes/{id}/pty: an interactive terminal in the
+        sandbox, over a WebSocket: the user's login shell, or query
+        ``cmd`` (a shell string), on a pseudo-terminal of query ``rows``
+        by ``cols`` (1 to 1000; default 24 by 80); also ``user``, ``cwd``
+        and ``timeout_seconds`` (ends the session after that long; default
+        none). Returns a Pty to write to and read from (see Pty). Errors
+        before the session (no such sandbox, a bad size, a key that may
+        not) raise here. ``timeout`` (default the client's) bounds
+        connecting, the server's answer to the upgrade and each later
+        write; reads wait as Pty.read says."""
+        path = _path("/v1/sandboxes/{}/pty", sandbox_id)
+        deadline = timeout or self.timeout
+        key = new_key()
+        conn, resp = self._send(
+            "GET", path, query=query, timeout=deadline, extra_headers=upgrade_headers(key), response_class=UpgradeResponse
+        )
+        try:
+            check_upgrade(resp, key, f"GET {path}")
+        except HareBoxError:
+            _close(conn, resp)
+            raise
+        # The WebSocket owns the socket now, with what came after the reply.
+        sock = cast(socket.socket, conn.sock)
+        conn.sock = None
+        buffered = bytes(cast(UpgradeResponse, resp).reader.buffer)
+        resp.close()
+        return Pty(sock, buffered, timeout=deadline, what=f"terminal of {sandbox_id}")
 
     @operation("killProcess")
     def kill_process(
@@ -884,11 +916,14 @@ class Client:
         accept: str = "application/json",
         timeout: float | None = None,
         ok: tuple[int, ...] = (),
+        extra_headers: Mapping[str, str] | None = None,
+        response_class: type[http.client.HTTPResponse] | None = None,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Sends a request; returns the open connection and a 2xx response
-        (or one whose status is in ``ok``) whose body is still unread, or
-        raises the API's error."""
-        headers = {"User-Agent": USER_AGENT, "Accept": accept}
+        """Sends a request; returns the open connection and a 1xx or 2xx
+        response (or one whose status is in ``ok``) whose body is still
+        unread, or raises the API's error. ``response_class`` replaces
+        http.client's for reading the reply."""
+        headers = {"User-Agent": USER_AGENT, "Accept": accept, **(extra_headers or {})}
         if self._api_key:
             headers["Authorization"] = "Bearer " + self._api_key
         payload: bytes | IO[bytes] | None = raw
@@ -902,6 +937,8 @@ class Client:
         if encoded:  # a query of only None values sends none
             target += "?" + encoded
         conn = self._connection(timeout or self.timeout)
+        if response_class is not None:
+            conn.response_class = response_class
         try:
             conn.request(method, target, body=payload, headers=headers)
             resp = conn.getresponse()

@@ -16,6 +16,7 @@ from .errors import Conflict
 
 if TYPE_CHECKING:
     from .client import Client, ExecStream, FileData, ProcessOutputStream
+    from .pty import Pty
 
 
 @dataclass(init=False, eq=False)
@@ -192,6 +193,27 @@ class Sandbox:
             "stderr_offset": stderr_offset or None,
         }
         return self.client.get_process_output(self.id, process_id, query=query, timeout=timeout)
+
+    def pty(
+        self,
+        cmd: str | None = None,
+        *,
+        rows: int | None = None,
+        cols: int | None = None,
+        user: str | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> Pty:
+        """Opens an interactive terminal in the sandbox (see
+        Client.open_pty): the user's login shell, or ``cmd`` (a shell
+        string), on a terminal of ``rows`` by ``cols`` (default 24 by 80).
+        ``timeout`` ends the session after that many seconds (default
+        none); None means unset. Returns a Pty; use it in a ``with``
+        block."""
+        query: dict[str, t.QueryValue] = {
+            "cmd": cmd, "rows": rows, "cols": cols, "user": user, "cwd": cwd, "timeout_seconds": timeout,
+        }
+        return self.client.open_pty(self.id, query=query)
 
     # --- files ----------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Commands in the shared sandbox: exec, exec_stream and background processes."""
+"""Commands in the shared sandbox: exec, exec_stream, background processes
+and terminals."""
 
 from __future__ import annotations
 
@@ -156,3 +157,62 @@ def test_missing_process_is_not_found(hb: harebox.Client, box: harebox.Sandbox) 
 def test_a_command_that_cannot_start_says_why(box: harebox.Sandbox) -> None:
     res = box.run(["/no/such/program"])
     assert res["exit_code"] != 0 and "no such file" in res.get("error", "")
+
+
+# --- terminals ------------------------------------------------------------------
+
+
+def _shown_until(pty: harebox.Pty, want: bytes, seconds: float = 60) -> bytes:
+    """What the terminal shows until ``want`` is in it."""
+    shown = b""
+    deadline = time.monotonic() + seconds
+    while want not in shown:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {want!r} within {seconds:g} s: {shown!r}"
+        chunk = pty.read(timeout=left)
+        assert chunk is not None, f"the session ended before {want!r}: {shown!r}"
+        shown += chunk
+    return shown
+
+
+def _shown_to_the_end(pty: harebox.Pty, seconds: float = 60) -> bytes:
+    shown = b""
+    deadline = time.monotonic() + seconds
+    while (chunk := pty.read(timeout=max(0.0, deadline - time.monotonic()))) is not None:
+        assert time.monotonic() < deadline, f"the session did not end within {seconds:g} s: {shown!r}"
+        shown += chunk
+    return shown
+
+
+def test_pty_runs_a_command_on_a_sized_terminal(hb: harebox.Client, box: harebox.Sandbox) -> None:
+    query = {"cmd": "stty size; read x; echo got-$x; exit 4", "rows": 30, "cols": 90}
+    with hb.open_pty(box.id, query=query) as pty:
+        _shown_until(pty, b"30 90")
+        pty.write(b"hi\n")
+        _shown_until(pty, b"got-hi")
+        _shown_to_the_end(pty)
+        assert pty.ended and pty.error is None
+    assert pty.result is not None and pty.result["exit_code"] == 4
+
+
+def test_pty_resize_shows_in_stty(box: harebox.Sandbox) -> None:
+    with box.pty("stty size; while read x; do stty size; done", rows=24, cols=80) as pty:
+        _shown_until(pty, b"24 80")
+        pty.resize(50, 120)
+        # The new size and the typed lines travel apart: ask until it shows.
+        shown = b""
+        deadline = time.monotonic() + 60
+        while b"50 120" not in shown:
+            assert time.monotonic() < deadline, f"no 50 120: {shown!r}"
+            pty.write(b"\n")
+            while chunk := pty.read(timeout=1):  # until a second passes without output
+                shown += chunk
+            assert chunk is not None, f"the session ended: {shown!r}"
+        pty.eof()  # ends the loop's read
+        _shown_to_the_end(pty)
+    assert pty.result is not None and pty.result["exit_code"] == 0
+
+
+def test_pty_of_a_missing_sandbox_is_not_found(hb: harebox.Client) -> None:
+    with pytest.raises(harebox.NotFound):
+        hb.open_pty("sbx_" + "0" * 26)
