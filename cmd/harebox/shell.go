@@ -100,31 +100,40 @@ func cmdShell(ctx context.Context, c *cli, args []string) (int, error) {
 			}
 			continue
 		}
-		var last struct {
-			Type   string              `json:"type"`
-			Result *sandbox.ExecResult `json:"result"`
-			Error  *struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
+		res, err := lastMessage(conn, b)
+		if err != nil {
+			return 0, err
 		}
-		if err := json.Unmarshal(b, &last); err != nil {
-			return 0, fmt.Errorf("the server sent a bad message: %w", err)
+		if tty {
+			// (Raw mode is undone by the deferred restore; the next
+			// line starts at the left edge.)
+			defer fmt.Fprint(c.stderr, "\r")
 		}
-		conn.Close(websocket.StatusNormalClosure, "")
-		switch {
-		case last.Type == "exit" && last.Result != nil:
-			if tty {
-				// (Raw mode is undone by the deferred restore; the
-				// next line starts at the left edge.)
-				defer fmt.Fprint(c.stderr, "\r")
-			}
-			return c.exitCode("shell", last.Result), nil
-		case last.Type == "error" && last.Error != nil:
-			return 0, errors.New(last.Error.Message)
-		}
-		return 0, fmt.Errorf("the server sent an unknown message %q", last.Type)
+		return c.exitCode("shell", res), nil
 	}
+}
+
+// lastMessage reads a session's closing text message (the exit, or the
+// server's error) and closes the session.
+func lastMessage(conn *websocket.Conn, b []byte) (*sandbox.ExecResult, error) {
+	var last struct {
+		Type   string              `json:"type"`
+		Result *sandbox.ExecResult `json:"result"`
+		Error  *struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &last); err != nil {
+		return nil, fmt.Errorf("the server sent a bad message: %w", err)
+	}
+	conn.Close(websocket.StatusNormalClosure, "")
+	switch {
+	case last.Type == "exit" && last.Result != nil:
+		return last.Result, nil
+	case last.Type == "error" && last.Error != nil:
+		return nil, errors.New(last.Error.Message)
+	}
+	return nil, fmt.Errorf("the server sent an unknown message %q", last.Type)
 }
 
 // execStreamingStdin runs req with the CLI's stdin streaming to it (the
@@ -190,24 +199,11 @@ func execStreamingStdin(ctx context.Context, c *cli, id string, req sandbox.Exec
 			}
 			continue
 		}
-		var last struct {
-			Type   string              `json:"type"`
-			Result *sandbox.ExecResult `json:"result"`
-			Error  *struct {
-				Message string `json:"message"`
-			} `json:"error"`
+		res, err := lastMessage(conn, b)
+		if err != nil {
+			return 0, err
 		}
-		if err := json.Unmarshal(b, &last); err != nil {
-			return 0, fmt.Errorf("the server sent a bad message: %w", err)
-		}
-		conn.Close(websocket.StatusNormalClosure, "")
-		switch {
-		case last.Type == "exit" && last.Result != nil:
-			return c.exitCode("exec", last.Result), nil
-		case last.Type == "error" && last.Error != nil:
-			return 0, errors.New(last.Error.Message)
-		}
-		return 0, fmt.Errorf("the server sent an unknown message %q", last.Type)
+		return c.exitCode("exec", res), nil
 	}
 }
 
