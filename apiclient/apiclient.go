@@ -230,14 +230,7 @@ func (c *Client) ProcessOutput(ctx context.Context, id, pid string, offsets [2]u
 	err = scanSSE(resp.Body, 16<<20, func(event string, data []byte) error {
 		switch event {
 		case "stdout", "stderr":
-			var chunk struct {
-				Offset uint64 `json:"offset"`
-				Data   string `json:"data"`
-			}
-			if err := json.Unmarshal(data, &chunk); err != nil {
-				return err
-			}
-			b, err := base64.StdEncoding.DecodeString(chunk.Data)
+			offset, b, err := outputChunk(data)
 			if err != nil {
 				return err
 			}
@@ -245,13 +238,13 @@ func (c *Client) ProcessOutput(ctx context.Context, id, pid string, offsets [2]u
 			if event == "stderr" {
 				i, w = 1, stderr
 			}
-			if chunk.Offset < offsets[i] {
-				return fmt.Errorf("process output: %s went back from %d to %d", event, offsets[i], chunk.Offset)
+			if offset < offsets[i] {
+				return fmt.Errorf("process output: %s went back from %d to %d", event, offsets[i], offset)
 			}
 			if _, err := w.Write(b); err != nil {
 				return err
 			}
-			offsets[i] = chunk.Offset + uint64(len(b))
+			offsets[i] = offset + uint64(len(b))
 		case "exit":
 			res = &sandbox.ExecResult{}
 			if err := json.Unmarshal(data, res); err != nil {
@@ -271,6 +264,20 @@ func (c *Client) ProcessOutput(ctx context.Context, id, pid string, offsets [2]u
 	return nil, offsets, fmt.Errorf("process output: %w", err)
 }
 
+// outputChunk decodes a stdout or stderr event: its offset in its stream
+// (0 where the event has none) and its bytes.
+func outputChunk(data []byte) (uint64, []byte, error) {
+	var chunk struct {
+		Offset uint64 `json:"offset"`
+		Data   string `json:"data"`
+	}
+	if err := json.Unmarshal(data, &chunk); err != nil {
+		return 0, nil, err
+	}
+	b, err := base64.StdEncoding.DecodeString(chunk.Data)
+	return chunk.Offset, b, err
+}
+
 // ExecStream runs a command and writes its output as the server streams
 // it; it returns the final result.
 func (c *Client) ExecStream(ctx context.Context, id string, req sandbox.ExecRequest, stdout, stderr io.Writer) (*sandbox.ExecResult, error) {
@@ -283,13 +290,7 @@ func (c *Client) ExecStream(ctx context.Context, id string, req sandbox.ExecRequ
 	err = scanSSE(resp.Body, 16<<20, func(event string, data []byte) error {
 		switch event {
 		case "stdout", "stderr":
-			var chunk struct {
-				Data string `json:"data"`
-			}
-			if err := json.Unmarshal(data, &chunk); err != nil {
-				return err
-			}
-			b, err := base64.StdEncoding.DecodeString(chunk.Data)
+			_, b, err := outputChunk(data)
 			if err != nil {
 				return err
 			}
