@@ -5,6 +5,7 @@ package network
 
 import (
 	"context"
+	"net"
 
 	"github.com/harebox/harebox/firewall"
 )
@@ -68,4 +69,17 @@ func validate(p *firewall.Policy) error {
 		return nil
 	}
 	return p.Validate()
+}
+
+// Ingress is what a Network that lets the host's ingress reach guests
+// also does. Inbound traffic stays denied except connections the ingress
+// makes with DialGuest, to the ports it asked for.
+type Ingress interface {
+	// DialGuest connects to a TCP port of the sandbox's guest, opening
+	// that port to the host's ingress (and to nothing else) first if it
+	// is not open yet. It fails when the sandbox is not attached.
+	DialGuest(ctx context.Context, sandboxID string, port uint16) (net.Conn, error)
+	// ClosePorts closes ports to the ingress again; connections already
+	// made are the ingress's to close.
+	ClosePorts(ctx context.Context, sandboxID string, ports ...uint16) error
 }

@@ -181,6 +181,13 @@ type Tx interface {
 	PutAuditCheckpoint(ctx context.Context, c *AuditCheckpoint) error
 	ListAuditCheckpoints(ctx context.Context) ([]*AuditCheckpoint, error)
 
+	// Published ports (the ingress's URLs). PutURL fails with ErrConflict
+	// when the sandbox's port has a URL already.
+	PutURL(ctx context.Context, u *URL) error
+	GetURL(ctx context.Context, id string) (*URL, error)
+	ListURLs(ctx context.Context, sandboxID string) ([]*URL, error)
+	DeleteURL(ctx context.Context, id string) error
+
 	// API keys, with the hash of their secret.
 	PutKey(ctx context.Context, k *Key) error
 	GetKey(ctx context.Context, id string) (*Key, error)
@@ -369,6 +376,14 @@ var migrations = []string{
 	);
 	CREATE INDEX snapshots_account ON snapshots(account_id, created_at);`,
 	`ALTER TABLE usage ADD COLUMN snapshot_bytes BIGINT NOT NULL DEFAULT 0;`,
+	`CREATE TABLE urls (
+		id         TEXT PRIMARY KEY,
+		sandbox_id TEXT NOT NULL,
+		port       INTEGER NOT NULL,
+		created_at BIGINT NOT NULL,
+		record     TEXT NOT NULL,
+		UNIQUE (sandbox_id, port)
+	);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

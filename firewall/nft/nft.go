@@ -13,7 +13,8 @@
 //	reject      TCP reset, else ICMP admin-prohibited
 //	o-TAP       the sandbox's outbound policy (forwarded traffic)
 //	h-TAP       what the sandbox may send to the host: DNS and the proxy
-//	i-TAP       inbound: replies only
+//	i-TAP       inbound: replies only, and new TCP connections to the
+//	            sandbox's exposed ports from the host's ingress (its mark)
 //	p-TAP       DNS to the gateway -> resolver; hostname-ruled TCP -> proxy
 //
 // Hostname rules never match in o-TAP (a packet carries no name): their
@@ -45,6 +46,9 @@ type Config struct {
 	Pool      netip.Prefix // all sandbox addresses
 	DNSPort   uint16       // the host resolver's port on the gateway addresses
 	ProxyPort uint16       // the egress proxy's port
+	// IngressMark is the socket mark (SO_MARK) of the host ingress's
+	// connections to guests; 0 lets nothing in.
+	IngressMark uint32
 }
 
 // Sandbox is one sandbox's network identity and policy.
@@ -54,6 +58,8 @@ type Sandbox struct {
 	Gateway netip.Addr // the host end; also the guest's DNS server
 	Policy  *firewall.Policy
 	Blocked firewall.Blocked
+	// Exposed are the guest's TCP ports the host ingress may connect to.
+	Exposed []uint16
 }
 
 // Table manages the HareBox table through one netlink connection.
@@ -356,8 +362,17 @@ func (t *Table) addSandbox(b baseChains, sb Sandbox) error {
 	drop := verdict(expr.VerdictDrop)
 	accept := verdict(expr.VerdictAccept)
 
-	// Inbound: replies only.
+	// Inbound: replies only, and the host ingress to exposed ports. The
+	// mark is set on the ingress's own sockets; packets from the wire or
+	// another sandbox carry none.
 	t.rule(i, nil, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
+	if t.cfg.IngressMark != 0 && len(sb.Exposed) > 0 {
+		var spans []firewall.PortSpan
+		for _, p := range sb.Exposed {
+			spans = append(spans, firewall.PortSpan{Lo: p, Hi: p})
+		}
+		t.rule(i, nil, markCmp(t.cfg.IngressMark), ipv4(), addrCmp(16, sb.Addr, expr.CmpOpEq), l4(unix.IPPROTO_TCP), t.portSet(spans), accept)
+	}
 	t.rule(i, nil, drop)
 
 	// To the host: DNS and the proxy, reached only through p- redirects,
@@ -527,6 +542,13 @@ func prefixCmp(off uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
 		&expr.Cmp{Op: op, Register: 1, Data: a[:]},
+	}
+}
+
+func markCmp(mark uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(mark)},
 	}
 }
 

@@ -64,6 +64,9 @@ type Options struct {
 	ListenAddr netip.Addr
 	// DNSPort and ProxyPort; 0 picks free ports.
 	DNSPort, ProxyPort uint16
+	// IngressMark marks the ingress's connections to guests (DialGuest);
+	// 0 means DefaultIngressMark. Nothing else on the host should use it.
+	IngressMark uint32
 	// API connects a sandbox (by its guest address) to the HareBox API,
 	// which it then reaches as http://api.harebox.internal/ when its
 	// policy names that host (firewall.APIHost). Nil: never.
@@ -112,6 +115,8 @@ type box struct {
 	Tap    string           `json:"tap"`
 	MAC    string           `json:"mac"`
 	Policy *firewall.Policy `json:"policy"`
+	// Exposed are the guest ports open to the host's ingress.
+	Exposed []uint16 `json:"exposed,omitempty"`
 }
 
 // New starts the resolver and proxy and installs the table for the
@@ -142,6 +147,9 @@ func New(ctx context.Context, opts Options) (*Network, error) {
 			return nil, err
 		}
 		opts.Upstream = up
+	}
+	if opts.IngressMark == 0 {
+		opts.IngressMark = DefaultIngressMark
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -182,7 +190,7 @@ func New(ctx context.Context, opts Options) (*Network, error) {
 		// resolves to the gateway and the proxy takes the connection.
 		n.resolver.Internal = func(src netip.Addr) (netip.Addr, bool) { return src.Prev(), true }
 	}
-	n.table, err = nft.Open(nft.Config{Table: opts.Table, Pool: opts.Pool, DNSPort: dnsPort, ProxyPort: proxyPort})
+	n.table, err = nft.Open(nft.Config{Table: opts.Table, Pool: opts.Pool, DNSPort: dnsPort, ProxyPort: proxyPort, IngressMark: opts.IngressMark})
 	if err == nil {
 		err = n.table.Reset(n.sandboxes())
 	}
@@ -473,7 +481,7 @@ func (n *Network) freeSlot() (int, error) {
 
 func (n *Network) sandbox(b *box) nft.Sandbox {
 	gw, guest := n.addrs(b.Slot)
-	return nft.Sandbox{Tap: b.Tap, Addr: guest, Gateway: gw, Policy: b.Policy, Blocked: n.blockedNow(true)}
+	return nft.Sandbox{Tap: b.Tap, Addr: guest, Gateway: gw, Policy: b.Policy, Blocked: n.blockedNow(true), Exposed: b.Exposed}
 }
 
 func (n *Network) sandboxes() []nft.Sandbox {

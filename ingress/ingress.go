@@ -1,0 +1,700 @@
+// Package ingress publishes sandboxes' TCP ports as URLs behind an auth
+// mode, served by the host's reverse proxy: the only way in to a guest.
+//
+// A URL has two forms on the ingress's listener: the host form
+// https://PORT-ULID.DOMAIN/ (ULID: the sandbox ID without "sbx_"), and
+// the path form https://DOMAIN/s/SANDBOX/PORT/ for hosts without wildcard
+// DNS. Every request is authorized before it is proxied, and the
+// credential used is taken off it: the guest never sees it.
+//
+// Token rotation is atomic. The token's hash is checked and the request
+// registered under one lock; Rotate swaps the hash under that lock and,
+// before it returns, cuts what the old token opened: requests and streams
+// in flight (their writes fail from then on), WebSockets, and HTTP/1
+// connections it was used on (closed with a reset, so nothing buffered
+// goes out). A request sent after Rotate returns is checked against the
+// new token only.
+package ingress
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/harebox/harebox/network"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// TokenPrefix starts every URL token.
+const TokenPrefix = "hburl_"
+
+// Credential names: a header, the cookie a link's token is swapped for,
+// and the link's query parameter.
+const (
+	TokenHeader = "X-HareBox-Token"
+	CookieName  = "harebox_token"
+	QueryParam  = "harebox_token"
+)
+
+// Options configure the service.
+type Options struct {
+	Store store.Store
+	// Guests dials guest ports; nil: no port can be published.
+	Guests network.Ingress
+	// Base is the ingress's public address (https://HOST[:PORT]): path
+	// forms are under it, host forms are PORT-ULID.HOST[:PORT]. Nil: no
+	// ingress listens, and no port can be published.
+	Base *url.URL
+	// Record records an access decision for the audit log: the URL, who
+	// (the auth mode) and whether it was allowed. Grants are recorded
+	// once per connection and URL, refusals at most once a second per
+	// URL. Nil: nothing is recorded.
+	Record func(u *sandbox.URL, allowed bool)
+	Log    *slog.Logger
+	Now    func() time.Time
+}
+
+// Service keeps the published URLs, in the store and in memory (where the
+// proxy checks them), and serves the ingress.
+type Service struct {
+	opts      Options
+	transport *http.Transport
+	proxy     *httputil.ReverseProxy
+
+	mu     sync.RWMutex
+	byID   map[string]*entry
+	byPort map[target]*entry
+	conns  sync.Map // net.Conn -> *conn, while open
+}
+
+// target is a guest port.
+type target struct {
+	sandboxID string
+	port      int
+}
+
+// entry is one URL in memory, with what was opened with its token.
+type entry struct {
+	id      string
+	t       target // never changes
+	mu      sync.Mutex
+	rec     store.URL
+	hash    [sha256.Size]byte
+	gone    bool
+	streams map[*stream]struct{}
+	conns   map[*conn]struct{}
+	denied  time.Time // the last refusal recorded
+}
+
+// New loads the published URLs.
+func New(ctx context.Context, opts Options) (*Service, error) {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Service{opts: opts, byID: map[string]*entry{}, byPort: map[target]*entry{}}
+	recs, err := opts.Store.ListURLs(ctx, "")
+	if err != nil {
+		return nil, fmt.Errorf("ingress: %w", err)
+	}
+	for _, r := range recs {
+		if _, err := s.add(r); err != nil {
+			opts.Log.Error("ingress: stored URL is unusable", "id", r.ID, "err", err)
+		}
+	}
+	s.transport = &http.Transport{
+		DialContext:         s.dial,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     60 * time.Second,
+		// The guest's answer may take long; its headers not.
+		ResponseHeaderTimeout: 0,
+	}
+	s.proxy = &httputil.ReverseProxy{
+		Rewrite:       s.rewrite,
+		Transport:     s.transport,
+		FlushInterval: -1, // stream as the guest writes: SSE, long polls
+		ErrorHandler:  s.proxyError,
+		ErrorLog:      slog.NewLogLogger(opts.Log.Handler(), slog.LevelDebug),
+	}
+	return s, nil
+}
+
+func (s *Service) add(r *store.URL) (*entry, error) {
+	h, err := hex.DecodeString(r.TokenHash)
+	if err != nil || len(h) != sha256.Size {
+		return nil, errors.New("bad token hash")
+	}
+	e := &entry{id: r.ID, t: target{r.SandboxID, r.Port}, rec: *r, streams: map[*stream]struct{}{}, conns: map[*conn]struct{}{}}
+	copy(e.hash[:], h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.byID[r.ID] = e
+	s.byPort[target{r.SandboxID, r.Port}] = e
+	return e, nil
+}
+
+// Enabled says whether ports can be published here.
+func (s *Service) Enabled() bool { return s.opts.Base != nil && s.opts.Guests != nil }
+
+func newToken() (string, string) {
+	b := make([]byte, 32)
+	rand.Read(b)
+	tok := TokenPrefix + base64.RawURLEncoding.EncodeToString(b)
+	h := sha256.Sum256([]byte(tok))
+	return tok, hex.EncodeToString(h[:])
+}
+
+// Create publishes a sandbox's port. The result carries the token, which
+// is not kept.
+func (s *Service) Create(ctx context.Context, sandboxID, accountID string, req sandbox.URLRequest) (*sandbox.URL, error) {
+	if err := sandbox.Validate(&req); err != nil {
+		return nil, err
+	}
+	if !s.Enabled() {
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "this server has no ingress (start hareboxd with --ingress-listen)")
+	}
+	if req.Auth == "" {
+		req.Auth = sandbox.URLAuthToken
+	}
+	tok, hash := newToken()
+	rec := &store.URL{URL: sandbox.URL{ID: sandbox.NewURLID(), SandboxID: sandboxID, AccountID: accountID,
+		Port: req.Port, Auth: req.Auth, CreatedAt: s.opts.Now().UTC()}, TokenHash: hash}
+	if err := s.opts.Store.PutURL(ctx, rec); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return nil, sandbox.Errorf(sandbox.ErrExists, "port", "port %d of %s is published already", req.Port, sandboxID)
+		}
+		return nil, err
+	}
+	if _, err := s.add(rec); err != nil {
+		return nil, err
+	}
+	return s.view(rec, tok), nil
+}
+
+// view is a record as the API shows it; tok, when set, is shown once.
+func (s *Service) view(r *store.URL, tok string) *sandbox.URL {
+	u := r.URL
+	if s.opts.Base != nil {
+		b := *s.opts.Base
+		u.PathURL = b.JoinPath("s", r.SandboxID, strconv.Itoa(r.Port)).String() + "/"
+		u.URL = u.PathURL
+		if net.ParseIP(b.Hostname()) == nil { // no host form under an address
+			b.Host = strconv.Itoa(r.Port) + "-" + strings.TrimPrefix(r.SandboxID, sandbox.IDPrefix) + "." + b.Host
+			b.Path = "/"
+			u.URL = b.String()
+		}
+	}
+	if tok != "" {
+		u.Token = tok
+		u.Link = u.URL + "?" + QueryParam + "=" + url.QueryEscape(tok)
+	}
+	return &u
+}
+
+// List returns a sandbox's URLs, oldest first.
+func (s *Service) List(ctx context.Context, sandboxID string) ([]*sandbox.URL, error) {
+	recs, err := s.opts.Store.ListURLs(ctx, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	out := []*sandbox.URL{}
+	for _, r := range recs {
+		out = append(out, s.view(r, ""))
+	}
+	return out, nil
+}
+
+func (s *Service) entry(sandboxID, id string) (*entry, error) {
+	s.mu.RLock()
+	e := s.byID[id]
+	s.mu.RUnlock()
+	if e == nil || e.t.sandboxID != sandboxID {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no URL %q on sandbox %s", id, sandboxID)
+	}
+	return e, nil
+}
+
+// Get returns one URL of a sandbox.
+func (s *Service) Get(ctx context.Context, sandboxID, id string) (*sandbox.URL, error) {
+	e, err := s.entry(sandboxID, id)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return s.view(&e.rec, ""), nil
+}
+
+// Rotate replaces a URL's token. When it returns, the new token works and
+// the old one is refused, and everything the old one opened is cut.
+func (s *Service) Rotate(ctx context.Context, sandboxID, id string) (*sandbox.URL, error) {
+	e, err := s.entry(sandboxID, id)
+	if err != nil {
+		return nil, err
+	}
+	tok, hash := newToken()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gone {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no URL %q on sandbox %s", id, sandboxID)
+	}
+	rec := e.rec
+	now := s.opts.Now().UTC()
+	rec.TokenHash, rec.RotatedAt = hash, &now
+	// Stored first: once the new token is in force here, it is the one a
+	// restart loads.
+	if err := s.opts.Store.PutURL(ctx, &rec); err != nil {
+		return nil, err
+	}
+	e.rec = rec
+	h, _ := hex.DecodeString(hash)
+	copy(e.hash[:], h)
+	e.cutLocked()
+	return s.view(&rec, tok), nil
+}
+
+// Delete unpublishes a URL: its port is closed to the ingress and what
+// its token opened is cut.
+func (s *Service) Delete(ctx context.Context, sandboxID, id string) error {
+	e, err := s.entry(sandboxID, id)
+	if err != nil {
+		return err
+	}
+	if err := s.opts.Store.DeleteURL(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	s.drop(e)
+	if s.opts.Guests != nil {
+		if err := s.opts.Guests.ClosePorts(ctx, sandboxID, uint16(e.t.port)); err != nil {
+			s.opts.Log.Warn("ingress: cannot close port", "sandbox", sandboxID, "port", e.t.port, "err", err)
+		}
+	}
+	return nil
+}
+
+func (s *Service) drop(e *entry) {
+	s.mu.Lock()
+	delete(s.byID, e.id)
+	delete(s.byPort, e.t)
+	s.mu.Unlock()
+	e.mu.Lock()
+	e.gone = true
+	e.cutLocked()
+	e.mu.Unlock()
+}
+
+// Forget unpublishes every URL of a sandbox that is being deleted (its
+// network goes with it).
+func (s *Service) Forget(ctx context.Context, sandboxID string) error {
+	recs, err := s.opts.Store.ListURLs(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range recs {
+		if err := s.opts.Store.DeleteURL(ctx, r.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+			errs = append(errs, err)
+		}
+		s.mu.RLock()
+		e := s.byID[r.ID]
+		s.mu.RUnlock()
+		if e != nil {
+			s.drop(e)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cutLocked ends what the current token opened. The caller holds e.mu.
+func (e *entry) cutLocked() {
+	for st := range e.streams {
+		st.cut()
+	}
+	for c := range e.conns {
+		c.kill()
+	}
+	clear(e.streams)
+	clear(e.conns)
+}
+
+// Serve serves the ingress on ln, with TLS when tc is set (HTTP/2 then
+// too), until ln is closed or ctx ends.
+func (s *Service) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) error {
+	srv := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.opts.Log.Handler(), slog.LevelDebug),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			cn := &conn{c: c}
+			s.conns.Store(c, cn)
+			return context.WithValue(ctx, connKey{}, cn)
+		},
+		ConnState: func(c net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				if cn, ok := s.conns.LoadAndDelete(c); ok && st == http.StateClosed {
+					cn.(*conn).forget()
+				}
+			}
+		},
+		BaseContext: func(net.Listener) context.Context { return ctx },
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+		srv.Close()
+	}()
+	var err error
+	if tc != nil {
+		srv.TLSConfig = tc.Clone()
+		srv.TLSConfig.NextProtos = []string{"h2", "http/1.1"}
+		err = srv.ServeTLS(ln, "", "")
+	} else {
+		err = srv.Serve(ln)
+	}
+	s.transport.CloseIdleConnections()
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// conn is a client connection of the ingress.
+type conn struct {
+	c  net.Conn
+	mu sync.Mutex
+	// entries are the URLs whose token was used on the connection (and
+	// whose grant on it is recorded).
+	entries map[*entry]bool
+}
+
+type connKey struct{}
+
+// kill closes the connection with a reset: what is still buffered for
+// the client is dropped, not sent.
+func (c *conn) kill() {
+	raw := c.c
+	if tc, ok := raw.(*tls.Conn); ok {
+		raw = tc.NetConn()
+	}
+	if tcp, ok := raw.(*net.TCPConn); ok {
+		tcp.SetLinger(0)
+	}
+	raw.Close()
+}
+
+// firstGrant notes that e's token was used on c and says whether that is
+// new (its grant not recorded yet).
+func (c *conn) firstGrant(e *entry) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.entries[e] {
+		return false
+	}
+	if c.entries == nil {
+		c.entries = map[*entry]bool{}
+	}
+	c.entries[e] = true
+	return true
+}
+
+// forget takes a closed connection off the URLs it was used for.
+func (c *conn) forget() {
+	c.mu.Lock()
+	es := c.entries
+	c.entries = nil
+	c.mu.Unlock()
+	for e := range es {
+		e.mu.Lock()
+		delete(e.conns, c)
+		e.mu.Unlock()
+	}
+}
+
+var hostLabel = regexp.MustCompile(`^([0-9]{1,5})-([0-9a-z]{26})$`)
+
+// route finds the URL a request is for, the path to send to the guest
+// (escaped) and the path the credential cookie is scoped to.
+func (s *Service) route(r *http.Request) (e *entry, path, cookiePath string, ok bool) {
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	base := s.opts.Base.Hostname()
+	var t target
+	path = r.URL.EscapedPath()
+	cookiePath = "/"
+	if label, ok := strings.CutSuffix(strings.ToLower(host), "."+base); ok {
+		m := hostLabel.FindStringSubmatch(label)
+		if m == nil {
+			return nil, "", "", false
+		}
+		t.port, _ = strconv.Atoi(m[1])
+		t.sandboxID = sandbox.IDPrefix + m[2]
+	} else {
+		rest, ok := strings.CutPrefix(path, "/s/")
+		if !ok {
+			return nil, "", "", false
+		}
+		parts := strings.SplitN(rest, "/", 3)
+		if len(parts) < 2 || !sandbox.ValidID(parts[0]) {
+			return nil, "", "", false
+		}
+		port, err := strconv.Atoi(parts[1])
+		if err != nil || port < 1 || port > 65535 || parts[1] != strconv.Itoa(port) {
+			return nil, "", "", false
+		}
+		t = target{parts[0], port}
+		cookiePath = "/s/" + parts[0] + "/" + parts[1] + "/"
+		path = "/"
+		if len(parts) == 3 {
+			path += parts[2]
+		} else {
+			path = "" // redirect to the trailing slash
+		}
+	}
+	s.mu.RLock()
+	e = s.byPort[t]
+	s.mu.RUnlock()
+	return e, path, cookiePath, e != nil
+}
+
+// credential is the token a request presents, if any.
+func credential(r *http.Request) string {
+	if v := r.Header.Get(TokenHeader); v != "" {
+		return v
+	}
+	if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && strings.HasPrefix(v, TokenPrefix) {
+		return v
+	}
+	if c, err := r.Cookie(CookieName); err == nil {
+		return c.Value
+	}
+	return ""
+}
+
+// valid checks tok against e's hash; the caller holds e.mu.
+func (e *entry) valid(tok string) bool {
+	h := sha256.Sum256([]byte(tok))
+	return !e.gone && subtle.ConstantTimeCompare(h[:], e.hash[:]) == 1
+}
+
+// stream is one authorized request in flight.
+type stream struct {
+	mu     sync.Mutex
+	dead   bool
+	cancel context.CancelFunc
+}
+
+func (st *stream) cut() {
+	st.mu.Lock()
+	st.dead = true
+	st.mu.Unlock()
+	st.cancel()
+}
+
+type routeKey struct{}
+
+// routed is what rewrite needs of a request.
+type routed struct {
+	sandboxID string
+	port      int
+	path      string
+}
+
+// ServeHTTP is the ingress.
+func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	e, path, cookiePath, ok := s.route(r)
+	if !ok {
+		http.Error(w, "no such URL", http.StatusNotFound)
+		return
+	}
+	if path == "" {
+		http.Redirect(w, r, r.URL.EscapedPath()+"/", http.StatusMovedPermanently)
+		return
+	}
+	if q := r.URL.Query(); q.Has(QueryParam) {
+		s.exchange(w, r, e, q, cookiePath)
+		return
+	}
+	c, _ := r.Context().Value(connKey{}).(*conn)
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	st := &stream{cancel: cancel}
+	e.mu.Lock()
+	if !e.valid(credential(r)) {
+		e.mu.Unlock()
+		s.refuse(w, e)
+		return
+	}
+	e.streams[st] = struct{}{}
+	if c != nil && r.ProtoMajor == 1 {
+		e.conns[c] = struct{}{}
+	}
+	view := e.rec.URL
+	e.mu.Unlock()
+	upgrade := r.Header.Get("Upgrade") != ""
+	defer func() {
+		e.mu.Lock()
+		delete(e.streams, st)
+		if upgrade && c != nil {
+			delete(e.conns, c) // the proxy hijacked it and has closed it
+		}
+		e.mu.Unlock()
+	}()
+	if (c == nil || c.firstGrant(e)) && s.opts.Record != nil {
+		s.opts.Record(&view, true)
+	}
+	ctx = context.WithValue(ctx, routeKey{}, &routed{view.SandboxID, view.Port, path})
+	s.proxy.ServeHTTP(&cutWriter{ResponseWriter: w, st: st}, r.WithContext(ctx))
+}
+
+// exchange swaps a link's token for a cookie and sends the browser on
+// to the same URL without it.
+func (s *Service) exchange(w http.ResponseWriter, r *http.Request, e *entry, q url.Values, cookiePath string) {
+	tok := q.Get(QueryParam)
+	e.mu.Lock()
+	ok := e.valid(tok)
+	view := e.rec.URL
+	e.mu.Unlock()
+	if !ok {
+		s.refuse(w, e)
+		return
+	}
+	if s.opts.Record != nil {
+		s.opts.Record(&view, true)
+	}
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: tok, Path: cookiePath, HttpOnly: true,
+		Secure: true, SameSite: http.SameSiteLaxMode})
+	q.Del(QueryParam)
+	u := url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
+	w.Header().Set("Cache-Control", "no-store")
+	http.Redirect(w, r, u.String(), http.StatusSeeOther)
+}
+
+func (s *Service) refuse(w http.ResponseWriter, e *entry) {
+	e.mu.Lock()
+	now := s.opts.Now()
+	record := now.Sub(e.denied) >= time.Second
+	if record {
+		e.denied = now
+	}
+	view := e.rec.URL
+	e.mu.Unlock()
+	if record && s.opts.Record != nil {
+		s.opts.Record(&view, false)
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="harebox"`)
+	http.Error(w, "this URL needs its token", http.StatusUnauthorized)
+}
+
+// rewrite makes the request the guest gets: its path, the original Host,
+// X-Forwarded-*, and no HareBox credential.
+func (s *Service) rewrite(pr *httputil.ProxyRequest) {
+	rt := pr.In.Context().Value(routeKey{}).(*routed)
+	out := pr.Out
+	out.URL.Scheme = "http"
+	out.URL.Host = rt.sandboxID + ":" + strconv.Itoa(rt.port) // the dial key
+	out.URL.RawPath = rt.path
+	out.URL.Path, _ = url.PathUnescape(rt.path)
+	if out.URL.Path == rt.path {
+		out.URL.RawPath = ""
+	}
+	out.Host = pr.In.Host
+	pr.SetXForwarded()
+	out.Header.Del(TokenHeader)
+	if v := out.Header.Get("Authorization"); strings.HasPrefix(v, "Bearer "+TokenPrefix) {
+		out.Header.Del("Authorization")
+	}
+	var keep []string
+	for _, c := range out.Cookies() {
+		if c.Name != CookieName {
+			keep = append(keep, c.String())
+		}
+	}
+	out.Header.Del("Cookie")
+	if len(keep) > 0 {
+		out.Header.Set("Cookie", strings.Join(keep, "; "))
+	}
+}
+
+func (s *Service) dial(ctx context.Context, _, addr string) (net.Conn, error) {
+	id, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 1 || port > 65535 {
+		return nil, fmt.Errorf("ingress: bad port %q", p)
+	}
+	return s.opts.Guests.DialGuest(ctx, id, uint16(port))
+}
+
+func (s *Service) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // cut (rotated, deleted) or the client went away
+	}
+	rt := r.Context().Value(routeKey{}).(*routed)
+	s.opts.Log.Debug("ingress: guest does not answer", "sandbox", rt.sandboxID, "port", rt.port, "err", err)
+	http.Error(w, fmt.Sprintf("sandbox %s does not answer on port %d", rt.sandboxID, rt.port), http.StatusBadGateway)
+}
+
+// cutWriter fails every write once its stream is cut: nothing reaches the
+// client of a rotated token after Rotate returns.
+type cutWriter struct {
+	http.ResponseWriter
+	st *stream
+}
+
+var errCut = errors.New("ingress: the URL's token was rotated")
+
+func (w *cutWriter) Write(p []byte) (int, error) {
+	w.st.mu.Lock()
+	defer w.st.mu.Unlock()
+	if w.st.dead {
+		return 0, errCut
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *cutWriter) WriteHeader(code int) {
+	w.st.mu.Lock()
+	defer w.st.mu.Unlock()
+	if !w.st.dead {
+		w.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (w *cutWriter) Flush() {
+	w.st.mu.Lock()
+	defer w.st.mu.Unlock()
+	if !w.st.dead {
+		http.NewResponseController(w.ResponseWriter).Flush()
+	}
+}
+
+// Unwrap lets the proxy hijack the connection for a WebSocket: the
+// stream's cancel, and the connection's kill, still end it.
+func (w *cutWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,516 @@
+package ingress
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/servertls"
+	"github.com/harebox/harebox/store"
+)
+
+// loopGuests stands in for the network: every guest port is one real
+// HTTP server on loopback (the network's side is tested in linuxnet,
+// and the whole path on a real VM in e2e).
+type loopGuests struct {
+	addr   string
+	mu     sync.Mutex
+	closed []uint16
+}
+
+func (g *loopGuests) DialGuest(ctx context.Context, _ string, _ uint16) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", g.addr)
+}
+
+func (g *loopGuests) ClosePorts(_ context.Context, _ string, ports ...uint16) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = append(g.closed, ports...)
+	return nil
+}
+
+// upstream is the guest's app: /echo answers with what it received,
+// /sse streams events, /ws echoes WebSocket messages.
+func upstream(t *testing.T) string {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "query": r.URL.RawQuery, "host": r.Host, "header": r.Header})
+	})
+	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; ; i++ {
+			if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		for {
+			typ, b, err := c.Read(r.Context())
+			if err != nil {
+				return
+			}
+			if err := c.Write(r.Context(), typ, b); err != nil {
+				return
+			}
+		}
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+type fixture struct {
+	svc     *Service
+	base    string // the ingress's address, http(s)://127.0.0.1:PORT
+	guests  *loopGuests
+	records chan string
+	client  *http.Client // trusts the ingress's certificate (TLS fixtures)
+	tls     *tls.Config
+}
+
+// newFixture serves an ingress on loopback, with TLS (and HTTP/2) or
+// without.
+func newFixture(t *testing.T, withTLS bool) *fixture {
+	ctx, cancel := context.WithCancel(context.Background())
+	db, err := store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{guests: &loopGuests{addr: upstream(t)}, records: make(chan string, 1000), client: &http.Client{}}
+	scheme := "http"
+	var tc *tls.Config
+	if withTLS {
+		scheme = "https"
+		dir := t.TempDir()
+		cert, key, _, err := servertls.SelfSigned(dir, []string{"localhost", "127.0.0.1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := servertls.Load(cert, key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc = servertls.Config(src)
+		f.tls = &tls.Config{RootCAs: certPool(src), ServerName: "localhost"}
+		f.client.Transport = &http.Transport{TLSClientConfig: f.tls, ForceAttemptHTTP2: true}
+	}
+	base, _ := url.Parse(scheme + "://harebox.test:" + fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
+	f.base = scheme + "://" + ln.Addr().String()
+	f.svc, err = New(ctx, Options{Store: db, Guests: f.guests, Base: base, Record: func(u *sandbox.URL, ok bool) {
+		f.records <- fmt.Sprintf("%s %v", u.ID, ok)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { f.svc.Serve(ctx, ln, tc); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; db.Close() })
+	return f
+}
+
+var sbxID = sandbox.NewID()
+
+func (f *fixture) publish(t *testing.T, port int) *sandbox.URL {
+	t.Helper()
+	u, err := f.svc.Create(context.Background(), sbxID, "acc_1", sandbox.URLRequest{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// get sends a request to the ingress with the Host of a URL's host form.
+func (f *fixture) get(t *testing.T, u *sandbox.URL, path string, h http.Header) (*http.Response, map[string]any) {
+	t.Helper()
+	pu, _ := url.Parse(u.URL)
+	req, _ := http.NewRequest("GET", f.base+path, nil)
+	req.Host = pu.Host
+	for k, v := range h {
+		req.Header[k] = v
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body map[string]any
+	if resp.StatusCode == 200 {
+		json.NewDecoder(resp.Body).Decode(&body)
+	}
+	return resp, body
+}
+
+// TestToken: each way of presenting the token is accepted and taken off
+// the request; anything else is refused and recorded.
+func TestToken(t *testing.T) {
+	f := newFixture(t, false)
+	u := f.publish(t, 8080)
+	if !strings.HasPrefix(u.Token, TokenPrefix) || u.URL != "http://8080-"+strings.TrimPrefix(sbxID, "sbx_")+".harebox.test:"+strings.Split(f.base, ":")[2]+"/" {
+		t.Fatalf("created %+v", u)
+	}
+	if _, err := f.svc.Create(context.Background(), sbxID, "acc_1", sandbox.URLRequest{Port: 8080}); err == nil {
+		t.Error("a second URL for the same port was created")
+	}
+	if _, err := f.svc.Create(context.Background(), sbxID, "acc_1", sandbox.URLRequest{Port: 70000}); err == nil {
+		t.Error("port 70000 accepted")
+	}
+
+	for name, h := range map[string]http.Header{
+		"none":         nil,
+		"wrong header": {TokenHeader: {u.Token + "x"}},
+		"basic":        {"Authorization": {"Basic " + u.Token}},
+		"wrong cookie": {"Cookie": {CookieName + "=hburl_nope"}},
+	} {
+		resp, _ := f.get(t, u, "/x", h)
+		if resp.StatusCode != 401 {
+			t.Errorf("%s: status %d, want 401", name, resp.StatusCode)
+		}
+	}
+	if got := <-f.records; got != u.ID+" false" {
+		t.Errorf("recorded %q", got)
+	}
+
+	for name, h := range map[string]http.Header{
+		"header": {TokenHeader: {u.Token}},
+		"bearer": {"Authorization": {"Bearer " + u.Token}},
+		"cookie": {"Cookie": {"app=1; " + CookieName + "=" + u.Token + "; other=2"}},
+	} {
+		resp, body := f.get(t, u, "/x/y?a=1", h)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d", name, resp.StatusCode)
+		}
+		got, _ := json.Marshal(body)
+		if strings.Contains(string(got), u.Token) || strings.Contains(string(got), CookieName) {
+			t.Errorf("%s: the guest saw the credential: %s", name, got)
+		}
+		if body["path"] != "/x/y" || body["query"] != "a=1" {
+			t.Errorf("%s: the guest got %v?%v", name, body["path"], body["query"])
+		}
+		if name == "cookie" {
+			if c := body["header"].(map[string]any)["Cookie"]; fmt.Sprint(c) != "[app=1; other=2]" {
+				t.Errorf("the app's own cookies: %v", c)
+			}
+		}
+	}
+	if got := <-f.records; got != u.ID+" true" {
+		t.Errorf("recorded %q", got)
+	}
+
+	// Another port of the same sandbox, and another sandbox: not found.
+	other := *u
+	other.URL = strings.Replace(u.URL, "8080-", "8081-", 1)
+	if resp, _ := f.get(t, &other, "/", http.Header{TokenHeader: {u.Token}}); resp.StatusCode != 404 {
+		t.Errorf("unpublished port: %d", resp.StatusCode)
+	}
+}
+
+// TestLink: a shared link's token is swapped for a cookie scoped to the
+// URL (host form and path form), and the browser goes on without it.
+func TestLink(t *testing.T) {
+	f := newFixture(t, false)
+	u := f.publish(t, 3000)
+	for _, form := range []string{"path", "host"} {
+		jar, _ := cookiejar.New(nil)
+		c := &http.Client{Jar: jar}
+		var link string
+		if form == "path" {
+			link = f.base + "/s/" + sbxID + "/3000/app/page?x=1&" + QueryParam + "=" + u.Token
+		} else {
+			link = f.base + "/app/page?x=1&" + QueryParam + "=" + u.Token
+		}
+		req, _ := http.NewRequest("GET", link, nil)
+		if form == "host" {
+			pu, _ := url.Parse(u.URL)
+			req.Host = pu.Host
+			// The jar keys cookies by the request URL's host, not Host.
+			c.Jar = nil
+		}
+		c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		loc := resp.Header.Get("Location")
+		if resp.StatusCode != http.StatusSeeOther || strings.Contains(loc, u.Token) || !strings.HasSuffix(loc, "/app/page?x=1") {
+			t.Fatalf("%s: %d to %q", form, resp.StatusCode, loc)
+		}
+		ck := resp.Cookies()
+		wantPath := "/"
+		if form == "path" {
+			wantPath = "/s/" + sbxID + "/3000/"
+		}
+		if len(ck) != 1 || ck[0].Value != u.Token || !ck[0].HttpOnly || !ck[0].Secure || ck[0].SameSite != http.SameSiteLaxMode || ck[0].Path != wantPath {
+			t.Fatalf("%s: cookie %+v", form, ck)
+		}
+		if form == "path" {
+			// The jar does not send Secure cookies over http; as the
+			// browser would over https, send it by hand.
+			req, _ := http.NewRequest("GET", f.base+loc, nil)
+			req.AddCookie(&http.Cookie{Name: CookieName, Value: u.Token})
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body map[string]any
+			json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || body["path"] != "/app/page" {
+				t.Errorf("after the link: %d %v", resp.StatusCode, body)
+			}
+		}
+	}
+	// A wrong link is refused and sets nothing.
+	resp, err := http.Get(f.base + "/s/" + sbxID + "/3000/?" + QueryParam + "=hburl_wrong")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 || len(resp.Cookies()) != 0 {
+		t.Errorf("wrong link: %d %v", resp.StatusCode, resp.Cookies())
+	}
+	// The path form without its trailing slash is sent to it.
+	resp, err = (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Get(f.base + "/s/" + sbxID + "/3000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 301 || resp.Header.Get("Location") != "/s/"+sbxID+"/3000/" {
+		t.Errorf("no slash: %d %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
+
+// TestDelete: a deleted URL is refused at once, its open streams are cut
+// and its port closed to the ingress.
+func TestDelete(t *testing.T) {
+	f := newFixture(t, false)
+	u := f.publish(t, 8080)
+	ev := f.openSSE(t, u, u.Token)
+	if err := f.svc.Delete(context.Background(), sbxID, u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := ev.after(); n != 0 {
+		t.Errorf("%d events after delete", n)
+	}
+	if resp, _ := f.get(t, u, "/", http.Header{TokenHeader: {u.Token}}); resp.StatusCode != 404 {
+		t.Errorf("after delete: %d", resp.StatusCode)
+	}
+	if len(f.guests.closed) != 1 || f.guests.closed[0] != 8080 {
+		t.Errorf("closed ports %v", f.guests.closed)
+	}
+	if l, _ := f.svc.List(context.Background(), sbxID); len(l) != 0 {
+		t.Errorf("listed %v", l)
+	}
+}
+
+// sse is an event stream opened through the ingress.
+type sse struct {
+	r      *bufio.Reader
+	resp   *http.Response
+	events atomic.Int64
+	ended  chan struct{}
+	// mark is the event count when after was called.
+	mark atomic.Int64
+}
+
+func (f *fixture) openSSE(t *testing.T, u *sandbox.URL, tok string) *sse {
+	t.Helper()
+	pu, _ := url.Parse(u.URL)
+	req, _ := http.NewRequest("GET", f.base+"/sse", nil)
+	req.Host = pu.Host
+	req.Header.Set(TokenHeader, tok)
+	resp, err := f.client.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("sse: %v %v", resp, err)
+	}
+	s := &sse{r: bufio.NewReader(resp.Body), resp: resp, ended: make(chan struct{})}
+	s.mark.Store(-1)
+	go func() {
+		defer close(s.ended)
+		for {
+			line, err := s.r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if strings.HasPrefix(line, "data:") {
+				s.events.Add(1)
+			}
+		}
+	}()
+	t.Cleanup(func() { resp.Body.Close() })
+	for s.events.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	return s
+}
+
+// after counts the events that arrive from now on, until the stream
+// ends (it must end within a second).
+func (s *sse) after() int64 {
+	n := s.events.Load()
+	select {
+	case <-s.ended:
+	case <-time.After(time.Second):
+		s.resp.Body.Close()
+		<-s.ended
+		return 1 << 30 // still open
+	}
+	return s.events.Load() - n
+}
+
+// TestRotation rotates a URL's token again and again while clients use
+// the old and the new one over keep-alive connections, HTTP/2 streams,
+// event streams and WebSockets: after Rotate returns, no request sent with
+// the old token succeeds and no stream it opened gets another byte, and
+// every request with the new token succeeds.
+func TestRotation(t *testing.T) {
+	for _, withTLS := range []bool{false, true} {
+		t.Run(map[bool]string{false: "http1", true: "h2"}[withTLS], func(t *testing.T) {
+			f := newFixture(t, withTLS)
+			u := f.publish(t, 8080)
+			pu, _ := url.Parse(u.URL)
+			tok := u.Token
+			for round := 0; round < 15; round++ {
+				// Streams opened with the current token.
+				ev := f.openSSE(t, u, tok)
+				ws := f.openWS(t, pu.Host, tok)
+
+				// A loop on the current token, on one keep-alive client.
+				var stop atomic.Bool
+				var okAfter, sentAfter atomic.Int64
+				var rotated atomic.Bool
+				var wg sync.WaitGroup
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for !stop.Load() {
+						after := rotated.Load() // read before the request is sent
+						req, _ := http.NewRequest("GET", f.base+"/loop", nil)
+						req.Host = pu.Host
+						req.Header.Set(TokenHeader, tok)
+						resp, err := f.client.Do(req)
+						if after {
+							sentAfter.Add(1)
+						}
+						if err == nil {
+							io.Copy(io.Discard, resp.Body)
+							resp.Body.Close()
+							if after && resp.StatusCode == 200 {
+								okAfter.Add(1)
+							}
+						}
+					}
+				}()
+				time.Sleep(20 * time.Millisecond)
+				nu, err := f.svc.Rotate(context.Background(), sbxID, u.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rotated.Store(true)
+				// The old streams are cut: no event, no echo.
+				if n := ev.after(); n != 0 {
+					t.Errorf("round %d: %d events on the old token's stream after rotate", round, n)
+				}
+				wctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				err = ws.Write(wctx, websocket.MessageText, []byte("hi"))
+				if err == nil {
+					_, _, err = ws.Read(wctx)
+				}
+				cancel()
+				if err == nil {
+					t.Errorf("round %d: the old token's WebSocket still echoes", round)
+				}
+				// The new token works at once, many times.
+				for i := 0; i < 20; i++ {
+					resp, _ := f.get(t, u, "/new", http.Header{TokenHeader: {nu.Token}})
+					if resp.StatusCode != 200 {
+						t.Fatalf("round %d: new token refused: %d", round, resp.StatusCode)
+					}
+					if withTLS && resp.ProtoMajor != 2 {
+						t.Fatalf("over TLS the client speaks %s, want HTTP/2", resp.Proto)
+					}
+				}
+				time.Sleep(10 * time.Millisecond)
+				stop.Store(true)
+				wg.Wait()
+				if okAfter.Load() != 0 {
+					t.Fatalf("round %d: %d of %d requests sent with the old token after rotate succeeded", round, okAfter.Load(), sentAfter.Load())
+				}
+				if sentAfter.Load() == 0 {
+					t.Fatalf("round %d: the old-token loop sent nothing after rotate", round)
+				}
+				tok = nu.Token
+			}
+		})
+	}
+}
+
+func (f *fixture) openWS(t *testing.T, host, tok string) *websocket.Conn {
+	t.Helper()
+	h := http.Header{TokenHeader: {tok}}
+	hc := &http.Client{}
+	if f.tls != nil {
+		// WebSockets go over HTTP/1.1.
+		hc.Transport = &http.Transport{TLSClientConfig: f.tls}
+	}
+	wsURL := strings.Replace(f.base, "http", "ws", 1) + "/ws"
+	c, _, err := websocket.Dial(context.Background(), wsURL, &websocket.DialOptions{HTTPHeader: h, HTTPClient: hc, Host: host})
+	if err != nil {
+		t.Fatalf("websocket: %v", err)
+	}
+	t.Cleanup(func() { c.CloseNow() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := c.Read(ctx); err != nil || string(b) != "ping" {
+		t.Fatalf("websocket echo: %q %v", b, err)
+	}
+	return c
+}
+
+func certPool(src *servertls.Source) *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(src.Leaf())
+	return p
+}
