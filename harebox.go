@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -34,6 +35,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
@@ -61,6 +63,11 @@ type Options struct {
 	PluginArgs []string
 
 	Network network.Network // default network.None
+	// Ingress is the public base URL (https://HOST[:PORT]) of the ingress
+	// that serves published ports (URLs(), served by the caller); nil:
+	// ports cannot be published. The Network must implement
+	// network.Ingress.
+	Ingress *url.URL
 	// DefaultFirewall is the policy of sandboxes created without one;
 	// default firewall.Default() (the public internet only).
 	DefaultFirewall *firewall.Policy
@@ -167,6 +174,7 @@ type Engine struct {
 	keys    *apikey.Service
 	envs    *env.Service
 	audit   *audit.Log
+	urls    *ingress.Service
 	// defaultAcc is where the operator's sandboxes go when no account is
 	// named, and where records from before tenancy are placed.
 	defaultAcc *tenant.Account
@@ -246,6 +254,12 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.tenants.AccountUpdated = func(string) { e.purgeHistory(e.ctx) }
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
+	guests, _ := e.net.(network.Ingress)
+	e.urls, err = ingress.New(ctx, ingress.Options{Store: e.store, Guests: guests, Base: opts.Ingress,
+		Record: al.RecordURLAccess, Log: e.log, Now: opts.Now})
+	if err != nil {
+		return nil, err
+	}
 	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
 	e.budgets.Audit = al
 	e.budgets.Billing = opts.Billing

@@ -455,6 +455,9 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	if err := os.RemoveAll(e.hibernateDir(b.rec.ID)); err != nil {
 		errs = append(errs, err)
 	}
+	if err := e.urls.Forget(ctx, b.rec.ID); err != nil {
+		errs = append(errs, err)
+	}
 	if err := e.net.Detach(ctx, b.rec.ID); err != nil {
 		errs = append(errs, err)
 	}

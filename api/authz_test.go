@@ -185,6 +185,11 @@ func calls(w world) []call {
 		{"hibernateSandbox", "POST", sb + "/hibernate", nil, "sandbox"},
 		{"createSnapshot", "POST", sb + "/snapshots", nil, "sandbox"},
 		{"listSnapshots", "GET", "/v1/snapshots", nil, "list"},
+		{"createURL", "POST", sb + "/urls", map[string]any{"port": 8080}, "sandbox"},
+		{"listURLs", "GET", sb + "/urls", nil, "sandbox"},
+		{"getURL", "GET", sb + "/urls/url_01jx0000000000000000000000", nil, "sandbox"},
+		{"rotateURL", "POST", sb + "/urls/url_01jx0000000000000000000000/rotate", nil, "sandbox"},
+		{"deleteURL", "DELETE", sb + "/urls/url_01jx0000000000000000000000", nil, "sandbox"},
 		{"getSnapshot", "GET", "/v1/snapshots/" + w.snap, nil, "sandbox"},
 		{"deleteSnapshot", "DELETE", "/v1/snapshots/" + w.snap, nil, "sandbox"},
 		{"exec", "POST", sb + "/exec", map[string]any{"cmd": "echo hi"}, "sandbox"},
@@ -404,7 +409,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "createSnapshot", "deleteSnapshot", "exec", "execStream", "startProcess",
 		"getProcess", "getProcessOutput", "killProcess", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
-		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget"} {
+		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget",
+		"createURL", "rotateURL", "deleteURL"} {
 		if !denied[a] {
 			t.Errorf("no denied %s in the audit log", a)
 		}

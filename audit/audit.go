@@ -180,6 +180,22 @@ func (l *Log) RecordPlaceholder(accountID, sandboxID, host string) {
 	}
 }
 
+// RecordURLAccess records an access decision of the ingress on a
+// published URL: the act of whoever holds (or lacks) its credential.
+func (l *Log) RecordURLAccess(u *sandbox.URL, allowed bool) {
+	if l == nil {
+		return
+	}
+	e := &Entry{Time: time.Now().UTC(), AccountID: u.AccountID, Principal: "url:" + u.Auth, Action: "accessURL",
+		Target: u.ID, Outcome: OK}
+	if !allowed {
+		e.Outcome, e.Error = Denied, "unauthenticated"
+	}
+	if err := l.append(context.Background(), e); err != nil {
+		l.log.Error("audit: cannot append", "action", e.Action, "err", err)
+	}
+}
+
 // RecordBudget records what a budget did (it was reached, crossed a
 // warning threshold, or acted on a sandbox): the act of the budget, not
 // of an API caller.

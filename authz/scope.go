@@ -31,6 +31,7 @@ var Actions = []string{
 	"updateAccount", "listCommands",
 	"createBudget", "listBudgets", "getBudget", "deleteBudget", "getUsage",
 	"listEvents", "getSandboxMetrics", "getServerMetrics",
+	"createURL", "listURLs", "getURL", "rotateURL", "deleteURL",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
@@ -60,6 +61,8 @@ var Groups = map[string][]string{
 	"budgets:write":      {"createBudget", "deleteBudget"},
 	"events:read":        {"listEvents"},
 	"metrics:read":       {"getServerMetrics"},
+	"urls:read":          {"listURLs", "getURL"},
+	"urls:write":         {"createURL", "rotateURL", "deleteURL"},
 }
 
 // operatorOnly actions need the operator whatever a key's scope says:

@@ -591,6 +591,7 @@ func (s *Service) exchange(w http.ResponseWriter, r *http.Request, e *entry, q u
 	q.Del(QueryParam)
 	u := url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Referrer-Policy", "no-referrer") // the next request must not name the link
 	http.Redirect(w, r, u.String(), http.StatusSeeOther)
 }
 
@@ -627,6 +628,14 @@ func (s *Service) rewrite(pr *httputil.ProxyRequest) {
 	out.Header.Del(TokenHeader)
 	if v := out.Header.Get("Authorization"); strings.HasPrefix(v, "Bearer "+TokenPrefix) {
 		out.Header.Del("Authorization")
+	}
+	// A browser following a link's redirect may name the link, token and
+	// all, as the Referer.
+	if ref, err := url.Parse(out.Header.Get("Referer")); err == nil && ref.Query().Has(QueryParam) {
+		q := ref.Query()
+		q.Del(QueryParam)
+		ref.RawQuery = q.Encode()
+		out.Header.Set("Referer", ref.String())
 	}
 	var keep []string
 	for _, c := range out.Cookies() {

@@ -210,9 +210,10 @@ func TestToken(t *testing.T) {
 	}
 
 	for name, h := range map[string]http.Header{
-		"header": {TokenHeader: {u.Token}},
-		"bearer": {"Authorization": {"Bearer " + u.Token}},
-		"cookie": {"Cookie": {"app=1; " + CookieName + "=" + u.Token + "; other=2"}},
+		"header":  {TokenHeader: {u.Token}},
+		"bearer":  {"Authorization": {"Bearer " + u.Token}},
+		"cookie":  {"Cookie": {"app=1; " + CookieName + "=" + u.Token + "; other=2"}},
+		"referer": {TokenHeader: {u.Token}, "Referer": {"https://x.test/p?a=b&" + QueryParam + "=" + u.Token}},
 	} {
 		resp, body := f.get(t, u, "/x/y?a=1", h)
 		if resp.StatusCode != 200 {
@@ -224,6 +225,11 @@ func TestToken(t *testing.T) {
 		}
 		if body["path"] != "/x/y" || body["query"] != "a=1" {
 			t.Errorf("%s: the guest got %v?%v", name, body["path"], body["query"])
+		}
+		if name == "referer" {
+			if r := body["header"].(map[string]any)["Referer"]; fmt.Sprint(r) != "[https://x.test/p?a=b]" {
+				t.Errorf("referer: %v", r)
+			}
 		}
 		if name == "cookie" {
 			if c := body["header"].(map[string]any)["Cookie"]; fmt.Sprint(c) != "[app=1; other=2]" {
@@ -271,7 +277,7 @@ func TestLink(t *testing.T) {
 		}
 		resp.Body.Close()
 		loc := resp.Header.Get("Location")
-		if resp.StatusCode != http.StatusSeeOther || strings.Contains(loc, u.Token) || !strings.HasSuffix(loc, "/app/page?x=1") {
+		if resp.StatusCode != http.StatusSeeOther || strings.Contains(loc, u.Token) || !strings.HasSuffix(loc, "/app/page?x=1") || resp.Header.Get("Referrer-Policy") != "no-referrer" {
 			t.Fatalf("%s: %d to %q", form, resp.StatusCode, loc)
 		}
 		ck := resp.Cookies()

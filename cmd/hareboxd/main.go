@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -107,6 +109,10 @@ func run(args []string, instead func(settings) error) error {
 		tlsKey       = fs.String("tls-key", "", "the private key of --tls-cert (PEM)")
 		selfSigned   = fs.Bool("tls-self-signed", false, "serve HTTPS with a self-signed certificate made on first start and kept in DATA_DIR/tls (clients trust it with HAREBOX_CA=DATA_DIR/tls/cert.pem or the fingerprint in DATA_DIR/tls/fingerprint)")
 		logFormat    = fs.String("log-format", "text", "log lines on stderr: text (key=value) or json (one object per line)")
+		ingressAddr  = fs.String("ingress-listen", "", "serve sandboxes' published ports (URLs) on this address, host:port, over HTTPS; empty: no ingress, and ports cannot be published")
+		ingressURL   = fs.String("ingress-url", "", "the ingress's public base URL, https://HOST[:PORT]: URLs are https://PORT-ID.HOST/ and https://HOST/s/ID/PORT/ (default https://localhost:PORT; *.localhost is loopback to browsers)")
+		ingressCert  = fs.String("ingress-tls-cert", "", "the ingress's certificate chain (PEM), for HOST and *.HOST; default: a self-signed one made on first start in DATA_DIR/ingress-tls")
+		ingressKey   = fs.String("ingress-tls-key", "", "the private key of --ingress-tls-cert (PEM)")
 		configFile   = fs.String("config", "", "a YAML file of settings: each key a flag's name, e.g. \"listen: 0.0.0.0:7443\"; flags given on the command line win")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -176,6 +182,10 @@ func run(args []string, instead func(settings) error) error {
 	if err := checkListen(*listen, useTLS); err != nil {
 		return err
 	}
+	ingressBase, err := checkIngress(*ingressAddr, *ingressURL, *ingressCert, *ingressKey)
+	if err != nil {
+		return err
+	}
 	if instead != nil {
 		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind})
 	}
@@ -225,6 +235,7 @@ func run(args []string, instead func(settings) error) error {
 		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
+		Ingress: ingressBase,
 	})
 	if err != nil {
 		return err
@@ -249,7 +260,15 @@ func run(args []string, instead func(settings) error) error {
 	// (The in-process connections from sandboxes stay plain HTTP: they
 	// never leave the host.)
 	plain := srv.HTTPServer()
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	if ingressBase != nil {
+		il, tc, err := ingressListener(ctx, *ingressAddr, ingressBase, *ingressCert, *ingressKey, *dataDir, log)
+		if err != nil {
+			return err
+		}
+		go func() { errc <- eng.URLs().Serve(ctx, il, tc) }()
+		log.Info("ingress listening", "addr", *ingressAddr, "url", ingressBase.String())
+	}
 	scheme := "http"
 	if certs != nil {
 		scheme = "https"
@@ -282,6 +301,63 @@ func run(args []string, instead func(settings) error) error {
 		return err
 	}
 	return nil
+}
+
+// checkIngress checks the ingress flags and returns its public base URL
+// (nil: no ingress).
+func checkIngress(addr, base, certFile, keyFile string) (*url.URL, error) {
+	if addr == "" {
+		if base != "" || certFile != "" || keyFile != "" {
+			return nil, errors.New("--ingress-url and --ingress-tls-*: give --ingress-listen too")
+		}
+		return nil, nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("--ingress-listen %q: want host:port", addr)
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("--ingress-tls-cert and --ingress-tls-key go together")
+	}
+	if base == "" {
+		base = "https://localhost:" + port
+	}
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+		return nil, fmt.Errorf("--ingress-url %q: want https://HOST[:PORT]", base)
+	}
+	u.Path = ""
+	return u, nil
+}
+
+// ingressListener listens for the ingress, with its certificate (from
+// files, watched, or self-signed for the base's host and its subdomains).
+func ingressListener(ctx context.Context, addr string, base *url.URL, certFile, keyFile, dataDir string, log *slog.Logger) (net.Listener, *tls.Config, error) {
+	if certFile == "" {
+		hosts := []string{base.Hostname()}
+		if net.ParseIP(hosts[0]) == nil {
+			hosts = append(hosts, "*."+hosts[0])
+		}
+		var err error
+		var created bool
+		certFile, keyFile, created, err = servertls.SelfSigned(filepath.Join(dataDir, "ingress-tls"), hosts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("ingress: %w", err)
+		}
+		if created {
+			log.Info("made a self-signed certificate for the ingress", "file", certFile)
+		}
+	}
+	src, err := servertls.Load(certFile, keyFile, log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ingress: %w", err)
+	}
+	go src.Watch(ctx, 2*time.Second)
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--ingress-listen: %w", err)
+	}
+	return l, servertls.Config(src), nil
 }
 
 // checkTLS checks the TLS flags and says whether they ask for TLS.

@@ -171,3 +171,28 @@ func TestConfigCheck(t *testing.T) {
 		t.Errorf("no file: %d %s", code, out.String())
 	}
 }
+
+func TestIngressFlags(t *testing.T) {
+	for _, c := range []struct{ addr, base, cert, key, want string }{
+		{"", "", "", "", ""},
+		{"127.0.0.1:8443", "", "", "", "https://localhost:8443"},
+		{"0.0.0.0:443", "https://apps.example.com", "c.pem", "k.pem", "https://apps.example.com"},
+		{"0.0.0.0:443", "https://apps.example.com/", "", "", "https://apps.example.com"},
+	} {
+		u, err := checkIngress(c.addr, c.base, c.cert, c.key)
+		if err != nil || (u == nil) != (c.want == "") || (u != nil && u.String() != c.want) {
+			t.Errorf("%+v: %v %v", c, u, err)
+		}
+	}
+	for _, c := range [][4]string{
+		{"", "https://x", "", ""},          // no listener
+		{"8443", "", "", ""},               // not host:port
+		{":8443", "http://x", "", ""},      // not https
+		{":8443", "https://x/app", "", ""}, // a path
+		{":8443", "", "c.pem", ""},         // a cert without its key
+	} {
+		if u, err := checkIngress(c[0], c[1], c[2], c[3]); err == nil {
+			t.Errorf("%q accepted: %v", c, u)
+		}
+	}
+}

@@ -333,6 +333,53 @@ class Client:
         (Conflict)."""
         self._json("DELETE", _path("/v1/snapshots/{}", snapshot_id), timeout=timeout)
 
+    # --- published ports (URLs) ------------------------------------------
+    # A port is published on the server's ingress behind a token (``hburl_...``),
+    # which a client sends in the ``X-HareBox-Token`` header or as
+    # ``Authorization: Bearer``, or gets as a cookie by visiting the URL's
+    # ``link``. The ingress takes it off every request before it reaches the
+    # guest. The token is in the create_url and rotate_url replies only.
+
+    @operation("createURL")
+    def create_url(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> t.URL:
+        """POST /v1/sandboxes/{id}/urls: publishes a TCP port of the sandbox
+        as a URL on the server's ingress, behind a token (``body={"port":
+        8080}``, 1 to 65535; ``"auth": "token"`` is the default and only
+        mode; see URLRequest). The guest's port is reached only through the
+        ingress. Returns the URL with its ``token`` and ``link``, shown only
+        here and by rotate_url. A port published already is Conflict; a
+        server without an ingress answers Unavailable."""
+        path = _path("/v1/sandboxes/{}/urls", sandbox_id)
+        return cast(t.URL, self._json("POST", path, body=body, timeout=timeout))
+
+    @operation("listURLs")
+    def list_urls(self, sandbox_id: str, *, timeout: float | None = None) -> t.URLList:
+        """GET /v1/sandboxes/{id}/urls: the sandbox's URLs, oldest first
+        (without tokens)."""
+        return cast(t.URLList, self._json("GET", _path("/v1/sandboxes/{}/urls", sandbox_id), timeout=timeout))
+
+    @operation("getURL")
+    def get_url(self, sandbox_id: str, url_id: str, *, timeout: float | None = None) -> t.URL:
+        """GET /v1/sandboxes/{id}/urls/{url}: a URL (url_...), without its token."""
+        return cast(t.URL, self._json("GET", _path("/v1/sandboxes/{}/urls/{}", sandbox_id, url_id), timeout=timeout))
+
+    @operation("rotateURL")
+    def rotate_url(self, sandbox_id: str, url_id: str, *, timeout: float | None = None) -> t.URL:
+        """POST /v1/sandboxes/{id}/urls/{url}/rotate: gives the URL a new
+        token, atomically: when this returns, the new token works, every
+        request sent with the old one is refused, and requests, event
+        streams, WebSockets and HTTP/1.1 keep-alive connections opened with the old
+        one are cut. Returns the URL with its new ``token`` and ``link``."""
+        path = _path("/v1/sandboxes/{}/urls/{}/rotate", sandbox_id, url_id)
+        return cast(t.URL, self._json("POST", path, timeout=timeout))
+
+    @operation("deleteURL")
+    def delete_url(self, sandbox_id: str, url_id: str, *, timeout: float | None = None) -> None:
+        """DELETE /v1/sandboxes/{id}/urls/{url}: unpublishes the URL: its
+        port is closed to the ingress again, and requests, streams and
+        WebSockets its token opened are cut."""
+        self._json("DELETE", _path("/v1/sandboxes/{}/urls/{}", sandbox_id, url_id), timeout=timeout)
+
     # --- exec and processes --------------------------------------------
 
     @operation("exec")

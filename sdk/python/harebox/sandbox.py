@@ -230,6 +230,38 @@ class Sandbox:
         """Reads a whole file."""
         return self.client.read_file(self.id, query={"path": path})
 
+    # --- published ports (URLs) ---------------------------------------
+
+    def create_url(self, port: int, auth: str | None = None) -> t.URL:
+        """Publishes this sandbox's TCP ``port`` (1 to 65535) as a URL on
+        the server's ingress, behind a token (see Client.create_url);
+        ``auth`` None means the server's default, ``"token"``. Returns the
+        URL dict; its ``token`` and ``link`` are shown only here and by
+        rotate_url."""
+        body: dict[str, Any] = {"port": port}
+        if auth is not None:
+            body["auth"] = auth
+        return self.client.create_url(self.id, body=body)
+
+    def list_urls(self) -> t.URLList:
+        """This sandbox's URLs, oldest first, without tokens (see
+        Client.list_urls)."""
+        return self.client.list_urls(self.id)
+
+    def get_url(self, url_id: str) -> t.URL:
+        """One of this sandbox's URLs (url_...), without its token."""
+        return self.client.get_url(self.id, url_id)
+
+    def rotate_url(self, url_id: str) -> t.URL:
+        """Gives the URL a new token (see Client.rotate_url): when this
+        returns, the old token is refused and what it opened is cut.
+        Returns the URL with its new ``token`` and ``link``."""
+        return self.client.rotate_url(self.id, url_id)
+
+    def delete_url(self, url_id: str) -> None:
+        """Unpublishes the URL (see Client.delete_url)."""
+        self.client.delete_url(self.id, url_id)
+
 
 def _exec_body(cmd: str | Sequence[str], timeout: float | None, options: dict[str, Any]) -> dict[str, Any]:
     """Builds an ExecRequest: a str is a shell command, a sequence an argv."""

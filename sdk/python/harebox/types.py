@@ -116,6 +116,53 @@ class SnapshotList(TypedDict):
     snapshots: list[Snapshot]
 
 
+class URLRequest(TypedDict):
+    """The body of create_url."""
+
+    #: The guest's TCP port, 1 to 65535 (plain HTTP in the guest; the
+    #: ingress speaks TLS to clients).
+    port: int
+    #: How a client proves access; "token" (the default) is the only mode.
+    auth: NotRequired[Literal["token"]]
+
+
+class URL(TypedDict):
+    """A sandbox's TCP port published on the server's ingress, behind a
+    token. The token goes in the ``X-HareBox-Token`` header or as
+    ``Authorization: Bearer hburl_...``; a visit to ``link`` swaps it for
+    a cookie. The ingress takes it off every request before the guest
+    sees it."""
+
+    #: e.g. "url_01j8z3k5m6n7p8q9r0s1t2v3w4"
+    id: str
+    sandbox_id: str
+    account_id: str
+    port: int
+    #: "token"
+    auth: str
+    #: The host form, https://PORT-ULID.HOST/ (the path form when the
+    #: ingress's host is an address).
+    url: str
+    #: The path form, https://HOST/s/SANDBOX/PORT/, for hosts without
+    #: wildcard DNS.
+    path_url: str
+    #: The token (``hburl_...``): in the create_url and rotate_url replies only.
+    token: NotRequired[str]
+    #: ``url`` with the token as the ``harebox_token`` query parameter, to
+    #: share: the first visit swaps it for an HttpOnly, Secure,
+    #: SameSite=Lax cookie. Only with ``token``.
+    link: NotRequired[str]
+    created_at: str
+    #: When the token was last rotated.
+    rotated_at: NotRequired[str]
+
+
+class URLList(TypedDict):
+    """The body of list_urls: oldest first, without tokens."""
+
+    urls: list[URL]
+
+
 class Health(TypedDict):
     status: str
 

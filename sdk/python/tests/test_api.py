@@ -11,8 +11,10 @@ import harebox
 
 
 def snake(operation_id: str) -> str:
-    """getOpenAPI -> get_open_api, listSandboxes -> list_sandboxes."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", operation_id).lower()
+    """getOpenAPI -> get_open_api, listSandboxes -> list_sandboxes,
+    listURLs -> list_urls (an acronym's plural s stays with it)."""
+    name = re.sub(r"([A-Z]{2,})s(?=[A-Z]|$)", lambda m: m.group(1).capitalize() + "s", operation_id)
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 def test_every_operation_has_a_method_and_no_more(hb: harebox.Client) -> None:

@@ -780,6 +780,124 @@ def test_fork_and_snapshot_errors(recorder: tuple[harebox.Client, type[_Recorder
     assert both.value.field == "image"
 
 
+def _url_json(url_id: str = "url_1", port: int = 8080, token: str | None = None) -> t.URL:
+    """A URL of sbx_1 as the server shows it: with ``token`` (and its
+    link) as create_url and rotate_url return it, else without."""
+    host = f"https://{port}-1.ingress.example/"
+    url: t.URL = {
+        "id": url_id, "sandbox_id": "sbx_1", "account_id": "acc_1", "port": port, "auth": "token",
+        "url": host, "path_url": f"https://ingress.example/s/sbx_1/{port}/", "created_at": "2026-11-30T12:00:00Z",
+    }
+    if token is not None:
+        url["token"], url["link"] = token, f"{host}?harebox_token={token}"
+        if token != "hburl_first":
+            url["rotated_at"] = "2026-11-30T13:00:00Z"
+    return url
+
+
+def test_url_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    created = _url_json(token="hburl_first")
+    listed: t.URLList = {"urls": [_url_json(), _url_json("url_2", 3000)]}
+    rotated = _url_json(token="hburl_second")
+    server.replies["/v1/sandboxes/sbx_1/urls"] = (201, {}, created)
+    server.replies["/v1/sandboxes/sbx_2/urls"] = (200, {}, listed)
+    server.replies["/v1/sandboxes/sbx_1/urls/url_1"] = (200, {}, _url_json())
+    server.replies["/v1/sandboxes/sbx_1/urls/url_1/rotate"] = (200, {}, rotated)
+    server.replies["/v1/sandboxes/sbx_1/urls/url_9"] = (204, {}, None)
+    request: t.URLRequest = {"port": 8080, "auth": "token"}
+    url = hb.create_url("sbx_1", body=request)
+    assert url == created
+    assert (url["id"], url["port"], url["token"]) == ("url_1", 8080, "hburl_first")
+    assert url["link"] == "https://8080-1.ingress.example/?harebox_token=hburl_first"
+    hb.create_url("a/b", body={"port": 22}, timeout=5)
+    urls = hb.list_urls("sbx_2")
+    assert urls == listed
+    assert [(u["id"], u["port"], "token" in u, "link" in u) for u in urls["urls"]] == [
+        ("url_1", 8080, False, False), ("url_2", 3000, False, False)]
+    got = hb.get_url("sbx_1", "url_1")
+    assert got == _url_json() and "token" not in got
+    again = hb.rotate_url("sbx_1", "url_1")
+    assert again == rotated
+    assert (again["token"], again["rotated_at"]) == ("hburl_second", "2026-11-30T13:00:00Z")
+    assert again["link"].endswith("?harebox_token=hburl_second")
+    hb.rotate_url("a/b", "url_1")
+    assert hb.delete_url("sbx_1", "url_9") is None
+    hb.delete_url("sbx_1", "../url_1")
+    assert server.seen == [
+        ("POST", "/v1/sandboxes/sbx_1/urls", {"port": 8080, "auth": "token"}),
+        ("POST", "/v1/sandboxes/a%2Fb/urls", {"port": 22}),
+        ("GET", "/v1/sandboxes/sbx_2/urls", None),
+        ("GET", "/v1/sandboxes/sbx_1/urls/url_1", None),
+        ("POST", "/v1/sandboxes/sbx_1/urls/url_1/rotate", None),
+        ("POST", "/v1/sandboxes/a%2Fb/urls/url_1/rotate", None),
+        ("DELETE", "/v1/sandboxes/sbx_1/urls/url_9", None),
+        ("DELETE", "/v1/sandboxes/sbx_1/urls/..%2Furl_1", None),
+    ]
+    operations = harebox.Client.operations()
+    assert {op: operations[op] for op in ("createURL", "listURLs", "getURL", "rotateURL", "deleteURL")} == {
+        "createURL": "create_url", "listURLs": "list_urls", "getURL": "get_url", "rotateURL": "rotate_url",
+        "deleteURL": "delete_url",
+    }
+    with pytest.raises(ValueError):
+        hb.create_url("", body={"port": 8080})
+    with pytest.raises(ValueError):
+        hb.list_urls("")
+    for call in (hb.get_url, hb.rotate_url, hb.delete_url):
+        with pytest.raises(ValueError):
+            call("sbx_1", "")
+        with pytest.raises(ValueError):
+            call("", "url_1")
+    assert len(server.seen) == 8
+
+
+def test_sandbox_urls(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/sandboxes/sbx_1/urls"] = (201, {}, _url_json(token="hburl_first"))
+    server.replies["/v1/sandboxes/sbx_1/urls/url_1/rotate"] = (200, {}, _url_json(token="hburl_second"))
+    server.replies["/v1/sandboxes/sbx_1/urls/url_1"] = (204, {}, None)
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    url = box.create_url(8080)
+    assert (url["port"], url["token"], url["path_url"]) == (8080, "hburl_first", "https://ingress.example/s/sbx_1/8080/")
+    box.create_url(8080, auth="token")
+    server.replies["/v1/sandboxes/sbx_1/urls"] = (200, {}, {"urls": [_url_json()]})
+    assert [u["id"] for u in box.list_urls()["urls"]] == ["url_1"]
+    assert box.rotate_url("url_1")["token"] == "hburl_second"
+    assert box.delete_url("url_1") is None
+    server.replies["/v1/sandboxes/sbx_1/urls/url_1"] = (200, {}, _url_json())
+    assert box.get_url("url_1")["url"] == "https://8080-1.ingress.example/"
+    assert server.seen == [
+        ("POST", "/v1/sandboxes/sbx_1/urls", {"port": 8080}),
+        ("POST", "/v1/sandboxes/sbx_1/urls", {"port": 8080, "auth": "token"}),
+        ("GET", "/v1/sandboxes/sbx_1/urls", None),
+        ("POST", "/v1/sandboxes/sbx_1/urls/url_1/rotate", None),
+        ("DELETE", "/v1/sandboxes/sbx_1/urls/url_1", None),
+        ("GET", "/v1/sandboxes/sbx_1/urls/url_1", None),
+    ]
+
+
+def test_url_errors(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/sandboxes/sbx_1/urls"] = (409, {}, {"error": {
+        "code": "conflict", "message": "port 8080 of sbx_1 is published already", "field": "port"}})
+    server.replies["/v1/sandboxes/sbx_2/urls"] = (400, {}, {"error": {
+        "code": "invalid", "message": "must be at most 65535", "field": "port"}})
+    server.replies["/v1/sandboxes/sbx_3/urls"] = (503, {}, {"error": {
+        "code": "unavailable", "message": "this server has no ingress (start hareboxd with --ingress-listen)"}})
+    server.replies["/v1/sandboxes/sbx_1/urls/url_9/rotate"] = (404, {}, {"error": {
+        "code": "not_found", "message": 'no URL "url_9" on sandbox sbx_1'}})
+    with pytest.raises(harebox.Conflict) as taken:
+        harebox.Sandbox(hb, _sandbox_json("running")).create_url(8080)
+    assert (taken.value.status, taken.value.field) == (409, "port")
+    with pytest.raises(harebox.InvalidRequest) as bad:
+        hb.create_url("sbx_2", body={"port": 65536})
+    assert bad.value.field == "port"
+    with pytest.raises(harebox.Unavailable):
+        hb.create_url("sbx_3", body={"port": 8080})
+    with pytest.raises(harebox.NotFound):
+        hb.rotate_url("sbx_1", "url_9")
+
+
 def test_budget_actions_match_the_repository_document() -> None:
     """The Budget and BudgetRequest action Literals list the document's enum."""
     if not REPO_OPENAPI.is_file():

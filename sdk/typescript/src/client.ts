@@ -66,10 +66,13 @@ import type {
   PtyQuery,
   RemoveFileQuery,
   Sandbox as SandboxData,
+  SandboxURL,
   Snapshot,
   SnapshotList,
   SnapshotRequest,
   SnapshotsQuery,
+  URLList,
+  URLRequest,
   UsageList,
   UsageQuery,
   WriteFileQuery,
@@ -413,6 +416,52 @@ export class HareBox {
    */
   async deleteSnapshot(snapshot: string, options: CallOptions = {}): Promise<void> {
     await this.#call("deleteSnapshot", [snapshot], "none", this.#plain(options));
+  }
+
+  // Published ports: a port is published on the server's ingress behind a
+  // token (hburl_...), which a client sends in the X-HareBox-Token header
+  // or as `Authorization: Bearer`, or gets as a cookie by visiting the
+  // URL's `link`. The ingress takes it off every request before it reaches
+  // the guest. The token is only in the answers of createURL and rotateURL.
+
+  /**
+   * Publishes a TCP port of the sandbox (`body.port`, 1 to 65535) as a URL
+   * on the server's ingress, behind a token (`body.auth`: "token", the
+   * default and only mode). The guest's port is reached only through the
+   * ingress. Returns the URL with its `token` and `link`, shown only here
+   * and by rotateURL. A port published already throws conflict (409); a
+   * server without an ingress, unavailable (503).
+   */
+  async createURL(id: string, options: CallOptions<never, URLRequest>): Promise<SandboxURL> {
+    return this.#call("createURL", [id], "json", this.#withBody(options));
+  }
+
+  /** Lists the sandbox's URLs, oldest first (without tokens). */
+  async listURLs(id: string, options: CallOptions = {}): Promise<URLList> {
+    return this.#call("listURLs", [id], "json", this.#plain(options));
+  }
+
+  /** Gets a URL (url_...) of the sandbox, without its token. */
+  async getURL(id: string, url: string, options: CallOptions = {}): Promise<SandboxURL> {
+    return this.#call("getURL", [id, url], "json", this.#plain(options));
+  }
+
+  /**
+   * Gives a URL a new token, atomically: when this returns, the new token
+   * works, every request sent with the old one is refused, and requests,
+   * event streams, WebSockets and HTTP/1.1 keep-alive connections opened with the
+   * old one are cut. Returns the URL with its new `token` and `link`.
+   */
+  async rotateURL(id: string, url: string, options: CallOptions = {}): Promise<SandboxURL> {
+    return this.#call("rotateURL", [id, url], "json", this.#plain(options));
+  }
+
+  /**
+   * Unpublishes a URL: its port is closed to the ingress again, and
+   * requests, streams and WebSockets its token opened are cut.
+   */
+  async deleteURL(id: string, url: string, options: CallOptions = {}): Promise<void> {
+    await this.#call("deleteURL", [id, url], "none", this.#plain(options));
   }
 
   /** Runs a command and waits for it. A non-zero exit is a result, not an error. */

@@ -17,10 +17,13 @@ import type {
   PtyQuery,
   Resources,
   Sandbox as SandboxData,
+  SandboxURL,
   Site,
   Snapshot,
   SnapshotRequest,
   State,
+  URLList,
+  URLRequest,
 } from "./types.js";
 
 /** Options of {@link Sandbox.run}: an ExecRequest without the command. */
@@ -190,6 +193,41 @@ export class Sandbox implements SandboxData {
   /** Replaces the firewall policy. */
   setFirewall(policy: FirewallPolicy, options: RequestOptions = {}): Promise<FirewallPolicy> {
     return this.#client.setFirewall(this.id, { ...options, body: policy });
+  }
+
+  /**
+   * Publishes this sandbox's TCP `port` (1 to 65535) as a URL on the
+   * server's ingress, behind a token (see HareBox.createURL); `auth` is
+   * "token", the default. Its `token` and `link` are shown only here and by
+   * {@link Sandbox.rotateURL}.
+   */
+  createURL(port: number, options: RequestOptions & Omit<URLRequest, "port"> = {}): Promise<SandboxURL> {
+    const { signal, timeoutMs, ...rest } = options;
+    return this.#client.createURL(this.id, { body: { ...rest, port }, ...opt(signal, timeoutMs) });
+  }
+
+  /** This sandbox's URLs, oldest first, without tokens (see HareBox.listURLs). */
+  listURLs(options: RequestOptions = {}): Promise<URLList> {
+    return this.#client.listURLs(this.id, options);
+  }
+
+  /** One of this sandbox's URLs (url_...), without its token. */
+  getURL(url: string, options: RequestOptions = {}): Promise<SandboxURL> {
+    return this.#client.getURL(this.id, url, options);
+  }
+
+  /**
+   * Gives the URL a new token (see HareBox.rotateURL): when this returns,
+   * the old token is refused and what it opened is cut. Returns the URL
+   * with its new `token` and `link`.
+   */
+  rotateURL(url: string, options: RequestOptions = {}): Promise<SandboxURL> {
+    return this.#client.rotateURL(this.id, url, options);
+  }
+
+  /** Unpublishes the URL (see HareBox.deleteURL). */
+  deleteURL(url: string, options: RequestOptions = {}): Promise<void> {
+    return this.#client.deleteURL(this.id, url, options);
   }
 
   /** Its monitoring samples, oldest first (see HareBox.getSandboxMetrics). */

@@ -188,6 +188,47 @@ export interface Snapshot {
   created_at: string;
 }
 
+/** The body of createURL. */
+export interface URLRequest {
+  /** The guest's TCP port, 1 to 65535 (plain HTTP in the guest; the ingress speaks TLS to clients). */
+  port: number;
+  /** How a client proves access: "token" (the default and only mode). */
+  auth?: "token";
+}
+
+/**
+ * A sandbox's TCP port published on the server's ingress, behind a token
+ * (the URL schema; named so as not to shadow the global URL class). A
+ * client sends the token in the X-HareBox-Token header or as
+ * `Authorization: Bearer hburl_...`, or visits `link` once to swap it for
+ * a cookie; the ingress takes it off every request before the guest sees it.
+ */
+export interface SandboxURL {
+  /** e.g. "url_01j8z3k5m6n7p8q9r0s1t2v3w4" */
+  id: string;
+  sandbox_id: string;
+  account_id: string;
+  port: number;
+  /** "token" */
+  auth: string;
+  /** The host form, https://PORT-ULID.HOST/ (the path form when the ingress's host is an address). */
+  url: string;
+  /** The path form, https://HOST/s/SANDBOX/PORT/, for hosts without wildcard DNS. */
+  path_url: string;
+  /** The token (hburl_...): only in the answers of createURL and rotateURL. */
+  token?: string;
+  /**
+   * `url` with the token as the harebox_token query parameter, to share: the
+   * first visit swaps it for an HttpOnly, Secure, SameSite=Lax cookie. Only
+   * with `token`.
+   */
+  link?: string;
+  /** RFC 3339 date-time. */
+  created_at: string;
+  /** RFC 3339 date-time: when the token was last rotated. */
+  rotated_at?: string;
+}
+
 /** A command to run: exactly one of cmd (a shell string) and argv. */
 export interface ExecRequest {
   /** A shell string, run with /bin/sh -c. */
@@ -683,6 +724,11 @@ export interface SandboxList {
 /** The body of listSnapshots: oldest first. */
 export interface SnapshotList {
   snapshots: Snapshot[];
+}
+
+/** The body of listURLs: oldest first, without tokens. */
+export interface URLList {
+  urls: SandboxURL[];
 }
 
 /** The body of listProcesses. */

@@ -173,6 +173,13 @@ describe("against a local HTTP server", () => {
   const SANDBOX = { id: "sbx_1", account_id: "acc_1", project_id: "prj_1", project: "default", state: "running", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, no_env: false, site: { name: "l", country: "" }, created_at: "2025-01-01T00:00:00Z" };
   /** A snapshot of sbx_1, as the server describes one. */
   const SNAPSHOT = { id: "snap_1", name: "base", account_id: "acc_1", project_id: "prj_1", sandbox_id: "sbx_1", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, labels: { role: "web" }, bytes: 536870912, created_at: "2026-11-30T12:00:00Z" };
+  /** A URL of sbx_1 without its token, as listURLs and getURL show it. */
+  const URL1 = { id: "url_1", sandbox_id: "sbx_1", account_id: "acc_1", port: 8080, auth: "token", url: "https://8080-1.ingress.example/", path_url: "https://ingress.example/s/sbx_1/8080/", created_at: "2026-11-30T12:00:00Z" };
+  const URL2 = { ...URL1, id: "url_2", port: 3000, url: "https://3000-1.ingress.example/", path_url: "https://ingress.example/s/sbx_1/3000/" };
+  /** URL1 as createURL returns it: with its token and link. */
+  const CREATED = { ...URL1, token: "hburl_first", link: "https://8080-1.ingress.example/?harebox_token=hburl_first" };
+  /** URL1 as rotateURL returns it: with the new token. */
+  const ROTATED = { ...URL1, token: "hburl_second", link: "https://8080-1.ingress.example/?harebox_token=hburl_second", rotated_at: "2026-11-30T13:00:00Z" };
   /** The clones a fork of sbx_1 makes. */
   const CLONES = [
     { ...SANDBOX, id: "sbx_2", name: "w-1", labels: { role: "web", fork: "yes" } },
@@ -311,6 +318,23 @@ describe("against a local HTTP server", () => {
         res.writeHead(200, { "content-type": "application/json" });
         const state = { stop: "stopped", hibernate: "hibernated" }[m[2]] ?? "running";
         res.end(JSON.stringify({ ...SANDBOX, id: decodeURIComponent(m[1]), state }));
+        return;
+      }
+      if (req.url?.startsWith("/urls/")) {
+        // The URL operations. Sandbox sbx_taken has port 8080 published already.
+        const path = req.url.slice(5).split("?")[0];
+        const route = `${req.method} ${path.replace(/^\/v1\/sandboxes\/[^/]+/, "/v1/sandboxes/X").replace(/\/urls\/[^/]+/, "/urls/Y")}`;
+        const answer = path.startsWith("/v1/sandboxes/sbx_taken/")
+          ? [409, { error: { code: "conflict", message: "port 8080 of sbx_taken is published already", field: "port" } }]
+          : {
+              "POST /v1/sandboxes/X/urls": [201, CREATED],
+              "GET /v1/sandboxes/X/urls": [200, { urls: [URL1, URL2] }],
+              "GET /v1/sandboxes/X/urls/Y": [200, URL1],
+              "POST /v1/sandboxes/X/urls/Y/rotate": [200, ROTATED],
+              "DELETE /v1/sandboxes/X/urls/Y": [204, undefined],
+            }[route] ?? [404, { error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }];
+        res.writeHead(answer[0], { "content-type": "application/json" });
+        res.end(answer[1] === undefined ? "" : JSON.stringify(answer[1]));
         return;
       }
       if (req.url?.startsWith("/snap/")) {
@@ -1037,6 +1061,62 @@ describe("against a local HTTP server", () => {
     assert.equal(seen.length, start + 15, "a bad id sends nothing");
     // A delete while a create from the snapshot is in flight is a conflict.
     await assert.rejects(new HareBox({ url: url + "/conflict", apiKey: KEY }).deleteSnapshot("snap_1"), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict");
+  });
+
+  test("the URL operations send their methods, paths and bodies and return the URLs; the Sandbox's URL methods", async () => {
+    const hb = new HareBox({ url: url + "/urls", apiKey: KEY });
+    const start = seen.length;
+    const created = await hb.createURL("sbx_1", { body: { port: 8080, auth: "token" } });
+    assert.deepEqual(created, CREATED);
+    assert.deepEqual([created.id, created.port, created.token, created.link], ["url_1", 8080, "hburl_first", "https://8080-1.ingress.example/?harebox_token=hburl_first"]);
+    await hb.createURL("a/b", { body: { port: 22 }, timeoutMs: 5000 });
+    const listed = await hb.listURLs("sbx_1");
+    assert.deepEqual(listed, { urls: [URL1, URL2] });
+    assert.ok(listed.urls.every((u) => u.token === undefined && u.link === undefined));
+    assert.deepEqual(await hb.getURL("sbx_1", "url_1"), URL1);
+    const rotated = await hb.rotateURL("sbx_1", "url_1", { signal: AbortSignal.timeout(5000) });
+    assert.deepEqual(rotated, ROTATED);
+    assert.deepEqual([rotated.token, rotated.rotated_at], ["hburl_second", "2026-11-30T13:00:00Z"]);
+    await hb.rotateURL("a/b", "url_1");
+    assert.equal(await hb.deleteURL("sbx_1", "url_1"), undefined);
+    await hb.deleteURL("sbx_1", "../url_1");
+    // The Sandbox's methods.
+    const box = new Sandbox(hb, /** @type {any} */ ({ ...SANDBOX }));
+    assert.deepEqual(await box.createURL(8080), CREATED);
+    await box.createURL(8080, { auth: "token", timeoutMs: 5000 });
+    assert.deepEqual((await box.listURLs()).urls.map((u) => u.id), ["url_1", "url_2"]);
+    assert.deepEqual(await box.getURL("url_1"), URL1);
+    assert.equal((await box.rotateURL("url_1")).token, "hburl_second");
+    assert.equal(await box.deleteURL("url_1"), undefined);
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim()), [
+      'POST /v1/sandboxes/sbx_1/urls {"port":8080,"auth":"token"}',
+      'POST /v1/sandboxes/a%2Fb/urls {"port":22}',
+      "GET /v1/sandboxes/sbx_1/urls",
+      "GET /v1/sandboxes/sbx_1/urls/url_1",
+      "POST /v1/sandboxes/sbx_1/urls/url_1/rotate",
+      "POST /v1/sandboxes/a%2Fb/urls/url_1/rotate",
+      "DELETE /v1/sandboxes/sbx_1/urls/url_1",
+      "DELETE /v1/sandboxes/sbx_1/urls/..%2Furl_1",
+      'POST /v1/sandboxes/sbx_1/urls {"port":8080}',
+      'POST /v1/sandboxes/sbx_1/urls {"auth":"token","port":8080}',
+      "GET /v1/sandboxes/sbx_1/urls",
+      "GET /v1/sandboxes/sbx_1/urls/url_1",
+      "POST /v1/sandboxes/sbx_1/urls/url_1/rotate",
+      "DELETE /v1/sandboxes/sbx_1/urls/url_1",
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
+    assert.ok(seen.slice(start).filter((s) => s.body).every((s) => s.method === "POST"));
+    for (const op of ["createURL", "listURLs", "getURL", "rotateURL", "deleteURL"]) assert.equal(typeof HareBox.prototype[op], "function", op);
+    assert.deepEqual(OPERATIONS.rotateURL, { method: "POST", path: "/v1/sandboxes/{id}/urls/{url}/rotate" });
+    await assert.rejects(hb.createURL("", { body: { port: 8080 } }), (e) => e instanceof HareBoxError && e.field === "id");
+    await assert.rejects(hb.listURLs(""), (e) => e instanceof HareBoxError && e.field === "id");
+    await assert.rejects(hb.getURL("sbx_1", ""), (e) => e instanceof HareBoxError && e.field === "url");
+    await assert.rejects(hb.rotateURL("sbx_1", ""), (e) => e instanceof HareBoxError && e.field === "url");
+    await assert.rejects(hb.deleteURL("", "url_1"), (e) => e instanceof HareBoxError && e.field === "id");
+    assert.equal(seen.length, start + 14, "a bad id sends nothing");
+    // A port published already is a conflict, with its field.
+    await assert.rejects(hb.createURL("sbx_taken", { body: { port: 8080 } }), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict" && e.field === "port");
   });
 
   test("a create a budget refuses throws budget_exceeded with status 402", async () => {

@@ -44,12 +44,15 @@ import type {
   PtyQuery,
   Retention,
   SandboxData,
+  SandboxURL,
   Snapshot,
   SnapshotList,
   SnapshotRequest,
   SnapshotsQuery,
   State,
   Scope,
+  URLList,
+  URLRequest,
   UsageGroup,
   UsageQuery,
 } from "harebox";
@@ -153,6 +156,27 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   await hb.createSnapshot(id, { body: { image: "minimal" } });
   // @ts-expect-error: listSnapshots filters by sandbox only.
   await hb.listSnapshots({ query: { state: "running" } });
+  const urlReq: URLRequest = { port: 8080, auth: "token" };
+  const published: SandboxURL = await hb.createURL(id, { body: urlReq });
+  published.token satisfies string | undefined;
+  published.link satisfies string | undefined;
+  [published.url, published.path_url, published.created_at] satisfies string[];
+  (await box.createURL(3000, { auth: "token", timeoutMs: 1000 })).port satisfies number;
+  const urls: URLList = await hb.listURLs(id);
+  urls.urls satisfies SandboxURL[];
+  (await box.listURLs()).urls satisfies SandboxURL[];
+  (await hb.getURL(id, published.id)).rotated_at satisfies string | undefined;
+  await box.getURL(published.id, { signal: AbortSignal.timeout(1000) });
+  (await hb.rotateURL(id, published.id)).token satisfies string | undefined;
+  await box.rotateURL(published.id);
+  await hb.deleteURL(id, published.id) satisfies void;
+  await box.deleteURL(published.id) satisfies void;
+  // @ts-expect-error: createURL needs its body (the port).
+  await hb.createURL(id);
+  // @ts-expect-error: a port is a number.
+  await hb.createURL(id, { body: { port: "8080" } });
+  // @ts-expect-error: "token" is the only auth mode.
+  await box.createURL(8080, { auth: "basic" });
   await box.delete();
   try {
     await hb.getSandbox("nope");

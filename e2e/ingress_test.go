@@ -1,0 +1,248 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// TestIngress publishes a port of a real VM through hareboxd's ingress:
+// the guest's web app answers through the host form and the path form,
+// only with the token (header, bearer, or a link's cookie), never sees
+// it, and streams and WebSockets pass through. Rotating with the CLI cuts
+// what the old token opened by the time the command returns; deleting
+// the URL shuts the port again. Every decision is in the audit log.
+func TestIngress(t *testing.T) {
+	s := prepare(t)
+	web := testimage.Package(t, "./e2e/testdata/guestweb", "guestweb")
+	dataDir, err := os.MkdirTemp("", "hbing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ingressAddr := l.Addr().String()
+	l.Close()
+	srv := start(t, s, dataDir, "--ingress-listen", ingressAddr)
+	defer finish(t, srv, dataDir)
+	hb := func(args ...string) string {
+		t.Helper()
+		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)
+	}
+	var box struct{ ID string }
+	if err := json.Unmarshal([]byte(hb("new", "--image", "minimal", "--label", "e2e=ingress")), &box); err != nil || box.ID == "" {
+		t.Fatalf("new: %v", err)
+	}
+	defer hb("delete", box.ID)
+	hb("file", "write", box.ID, "--path", "/tmp/guestweb", "--mode", "0755", "--from", web)
+	hb("exec", box.ID, "--background", "--", "/tmp/guestweb", "-listen", ":8080")
+
+	var u sandbox.URL
+	if err := json.Unmarshal([]byte(hb("url", "create", box.ID, "--port", "8080")), &u); err != nil || u.Token == "" {
+		t.Fatalf("url create: %v", err)
+	}
+	_, port, _ := net.SplitHostPort(ingressAddr)
+	wantHost := "8080-" + strings.TrimPrefix(box.ID, "sbx_") + ".localhost:" + port
+	if u.URL != "https://"+wantHost+"/" || u.PathURL != "https://localhost:"+port+"/s/"+box.ID+"/8080/" {
+		t.Fatalf("url create: %+v", u)
+	}
+
+	// A client that trusts the ingress's certificate and sends every
+	// host name to the ingress's address (no wildcard DNS here).
+	cfg, err := apiclient.TLSConfig(filepath.Join(dataDir, "ingress-tls", "cert.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, ingressAddr)
+	}
+	tr := &http.Transport{TLSClientConfig: cfg, DialContext: dial, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: time.Minute}
+	get := func(rawURL string, h http.Header) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", rawURL, nil)
+		for k, v := range h {
+			req.Header[k] = v
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", rawURL, err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		if resp.StatusCode == 200 {
+			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || body["from"] != "guest" {
+				t.Fatalf("GET %s: %v %v", rawURL, body, err)
+			}
+		}
+		return resp.StatusCode, body
+	}
+
+	// Refused without the token, or with a wrong one.
+	if code, _ := get(u.URL, nil); code != 401 {
+		t.Errorf("no token: %d", code)
+	}
+	if code, _ := get(u.URL, http.Header{"X-Harebox-Token": {u.Token + "x"}}); code != 401 {
+		t.Errorf("wrong token: %d", code)
+	}
+	// The guest starts its app in the background: wait for it.
+	deadline := time.Now().Add(time.Minute)
+	var code int
+	var body map[string]any
+	for {
+		code, body = get(u.URL+"a/b?q=1", http.Header{"X-Harebox-Token": {u.Token}})
+		if code == 200 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if code != 200 {
+		t.Fatalf("through the ingress: %d", code)
+	}
+	seen, _ := json.Marshal(body)
+	if strings.Contains(string(seen), u.Token) || body["path"] != "/a/b" || body["query"] != "q=1" || body["host"] != wantHost {
+		t.Errorf("the guest got %s", seen)
+	}
+	if code, body := get(u.PathURL+"p", http.Header{"Authorization": {"Bearer " + u.Token}}); code != 200 || body["path"] != "/p" {
+		t.Errorf("path form with a bearer token: %d %v", code, body)
+	} else if seen, _ := json.Marshal(body); strings.Contains(string(seen), u.Token) {
+		t.Errorf("the guest saw the bearer token: %s", seen)
+	}
+
+	// A shared link: the token becomes a cookie, the browser goes on.
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Transport: tr, Jar: jar, Timeout: time.Minute}
+	resp, err := browser.Get(u.Link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.Contains(string(b), u.Token) || resp.Request.URL.RawQuery != "" {
+		t.Errorf("link: %d at %s: %s", resp.StatusCode, resp.Request.URL, b)
+	}
+
+	// Streams opened with the token, then the CLI rotates it.
+	sseReq, _ := http.NewRequest("GET", u.URL+"sse", nil)
+	sseReq.Header.Set("X-Harebox-Token", u.Token)
+	sse, err := client.Do(sseReq)
+	if err != nil || sse.StatusCode != 200 {
+		t.Fatalf("sse: %v %v", sse, err)
+	}
+	defer sse.Body.Close()
+	events := bufio.NewReader(sse.Body)
+	if line, err := events.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("sse: %q %v", line, err)
+	}
+	ws := openWS(t, cfg, dial, u.URL, u.Token)
+	var nu sandbox.URL
+	if err := json.Unmarshal([]byte(hb("url", "rotate", box.ID, u.ID)), &nu); err != nil || nu.Token == "" || nu.Token == u.Token {
+		t.Fatalf("url rotate: %+v %v", nu, err)
+	}
+	// The stream ends (what was already on its way when rotate cut it may
+	// still be read first).
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := events.ReadString('\n'); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Error("the old token's event stream still runs after rotate")
+	}
+	sse.Body.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err = ws.Write(ctx, websocket.MessageText, []byte("after"))
+	if err == nil {
+		_, _, err = ws.Read(ctx)
+	}
+	cancel()
+	if err == nil {
+		t.Error("the old token's WebSocket still echoes after rotate")
+	}
+	if code, _ := get(u.URL, http.Header{"X-Harebox-Token": {u.Token}}); code != 401 {
+		t.Errorf("old token after rotate: %d", code)
+	}
+	if code, _ := get(u.URL, http.Header{"X-Harebox-Token": {nu.Token}}); code != 200 {
+		t.Errorf("new token after rotate: %d", code)
+	}
+	ws = openWS(t, cfg, dial, u.URL, nu.Token)
+
+	// Delete: refused at once, the WebSocket is cut.
+	hb("url", "delete", box.ID, u.ID)
+	if code, _ := get(u.URL, http.Header{"X-Harebox-Token": {nu.Token}}); code != 404 {
+		t.Errorf("after delete: %d", code)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	_, _, err = ws.Read(ctx)
+	cancel()
+	if err == nil {
+		t.Error("the WebSocket outlived its URL")
+	}
+	if out := hb("url", "list", box.ID); !strings.Contains(out, `"urls": []`) && !strings.Contains(out, `"urls":[]`) {
+		t.Errorf("url list after delete: %s", out)
+	}
+
+	// The audit log has the ingress's decisions.
+	_, audit := srv.call(t, "GET", "/v1/audit?action=accessURL&limit=100", srv.key, nil)
+	outcomes := map[string]bool{}
+	for _, e := range audit["entries"].([]any) {
+		m := e.(map[string]any)
+		if m["target"] == u.ID {
+			outcomes[m["outcome"].(string)] = true
+		}
+	}
+	if !outcomes["ok"] || !outcomes["denied"] {
+		t.Errorf("audit outcomes for the URL: %v (%v)", outcomes, audit)
+	}
+}
+
+// openWS opens a WebSocket to the guest's /ws through the ingress and
+// checks that it echoes.
+func openWS(t *testing.T, cfg *tls.Config, dial func(context.Context, string, string) (net.Conn, error), base, tok string) *websocket.Conn {
+	t.Helper()
+	pu, _ := url.Parse(base)
+	wsURL := "wss://" + pu.Host + "/ws"
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, DialContext: dial}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPClient: hc, HTTPHeader: http.Header{"X-Harebox-Token": {tok}}})
+	if err != nil {
+		t.Fatalf("websocket: %v", err)
+	}
+	t.Cleanup(func() { c.CloseNow() })
+	if err := c.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := c.Read(ctx); err != nil || string(b) != "ping" {
+		t.Fatalf("websocket echo: %q %v", b, err)
+	}
+	return c
+}
