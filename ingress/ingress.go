@@ -131,7 +131,11 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite:       s.rewrite,
 		Transport:     s.transport,
-		FlushInterval: -1, // stream as the guest writes: SSE, long polls
+		// Bodies of unknown length (chunked: long polls, streams) and
+		// event streams are flushed as the guest writes them (the
+		// proxy's rule); sized ones are copied in large writes.
+		FlushInterval: 0,
+		BufferPool:    bufferPool{},
 		ErrorHandler:  s.proxyError,
 		ErrorLog:      slog.NewLogLogger(opts.Log.Handler(), slog.LevelDebug),
 	}
@@ -669,6 +673,14 @@ func (s *Service) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	s.opts.Log.Debug("ingress: guest does not answer", "sandbox", rt.sandboxID, "port", rt.port, "err", err)
 	http.Error(w, fmt.Sprintf("sandbox %s does not answer on port %d", rt.sandboxID, rt.port), http.StatusBadGateway)
 }
+
+// bufferPool reuses the proxy's copy buffers.
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 
 // cutWriter fails every write once its stream is cut: nothing reaches the
 // client of a rotated token after Rotate returns.

@@ -39,6 +39,7 @@ import (
 
 	guestagent "github.com/harebox/harebox/agent/guest"
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/sandbox"
 )
 
 const (
@@ -474,7 +475,7 @@ type guest struct {
 
 func (e *env) attach(n *Network, policy *firewall.Policy) *guest {
 	t := e.t
-	id := "sbx_" + suffix() + suffix()
+	id := sandbox.NewID()
 	att, err := n.Attach(context.Background(), id, policy)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,6 @@
 // Command guestweb is a web app for tests to run in a guest: / answers
-// with the request it got (path, Host, headers) as JSON, /sse streams
-// events, /ws echoes WebSocket messages.
+// with the request it got (path, Host, headers) as JSON, /big with 8 MiB,
+// /sse streams events, /ws echoes WebSocket messages.
 package main
 
 import (
@@ -22,6 +22,8 @@ func main() {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "query": r.URL.RawQuery, "host": r.Host, "header": r.Header, "from": "guest"})
 	})
+	big := make([]byte, 8<<20)
+	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) { w.Write(big) })
 	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := 0; ; i++ {
