@@ -129,8 +129,8 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		ResponseHeaderTimeout: 0,
 	}
 	s.proxy = &httputil.ReverseProxy{
-		Rewrite:       s.rewrite,
-		Transport:     s.transport,
+		Rewrite:   s.rewrite,
+		Transport: s.transport,
 		// Bodies of unknown length (chunked: long polls, streams) and
 		// event streams are flushed as the guest writes them (the
 		// proxy's rule); sized ones are copied in large writes.
