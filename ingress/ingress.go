@@ -125,8 +125,9 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		DialContext:         s.dial,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     60 * time.Second,
-		// The guest's answer may take long; its headers not.
-		ResponseHeaderTimeout: 0,
+		// The guest is hostile: its headers are bounded (its body is
+		// the client's to read, at the client's pace).
+		MaxResponseHeaderBytes: 256 << 10,
 	}
 	s.proxy = &httputil.ReverseProxy{
 		Rewrite:   s.rewrite,
@@ -134,10 +135,11 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		// Bodies of unknown length (chunked: long polls, streams) and
 		// event streams are flushed as the guest writes them (the
 		// proxy's rule); sized ones are copied in large writes.
-		FlushInterval: 0,
-		BufferPool:    bufferPool{},
-		ErrorHandler:  s.proxyError,
-		ErrorLog:      slog.NewLogLogger(opts.Log.Handler(), slog.LevelDebug),
+		FlushInterval:  0,
+		BufferPool:     bufferPool{},
+		ErrorHandler:   s.proxyError,
+		ModifyResponse: dropTokenCookies,
+		ErrorLog:       slog.NewLogLogger(opts.Log.Handler(), slog.LevelDebug),
 	}
 	return s, nil
 }
@@ -672,6 +674,23 @@ func (s *Service) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	rt := r.Context().Value(routeKey{}).(*routed)
 	s.opts.Log.Debug("ingress: guest does not answer", "sandbox", rt.sandboxID, "port", rt.port, "err", err)
 	http.Error(w, fmt.Sprintf("sandbox %s does not answer on port %d", rt.sandboxID, rt.port), http.StatusBadGateway)
+}
+
+// dropTokenCookies takes off a guest's response any cookie named like the
+// ingress's: a guest must not replace (or, with a Domain, shadow on other
+// sandboxes' URLs) the credential a browser holds.
+func dropTokenCookies(resp *http.Response) error {
+	sc := resp.Header.Values("Set-Cookie")
+	if len(sc) == 0 {
+		return nil
+	}
+	resp.Header.Del("Set-Cookie")
+	for _, v := range sc {
+		if c, err := http.ParseSetCookie(v); err == nil && !strings.EqualFold(c.Name, CookieName) {
+			resp.Header.Add("Set-Cookie", v)
+		}
+	}
+	return nil
 }
 
 // bufferPool reuses the proxy's copy buffers.

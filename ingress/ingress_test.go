@@ -54,6 +54,11 @@ func upstream(t *testing.T) string {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "query": r.URL.RawQuery, "host": r.Host, "header": r.Header})
 	})
+	mux.HandleFunc("/setcookie", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Add("Set-Cookie", CookieName+"=hburl_guest; Domain=harebox.test; Path=/")
+		w.Header().Add("Set-Cookie", "app=1; Path=/")
+		w.Header().Add("Set-Cookie", "HAREBOX_TOKEN=x")
+	})
 	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := 0; ; i++ {
@@ -239,6 +244,12 @@ func TestToken(t *testing.T) {
 	}
 	if got := <-f.records; got != u.ID+" true" {
 		t.Errorf("recorded %q", got)
+	}
+
+	// The guest cannot set (or shadow) the ingress's cookie.
+	resp, _ := f.get(t, u, "/setcookie", http.Header{TokenHeader: {u.Token}})
+	if sc := resp.Header.Values("Set-Cookie"); len(sc) != 1 || sc[0] != "app=1; Path=/" {
+		t.Errorf("the guest's cookies reached the client as %q", sc)
 	}
 
 	// Another port of the same sandbox, and another sandbox: not found.
