@@ -2,15 +2,22 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
+	"image/png"
 	"io"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -144,6 +151,9 @@ func TestIngress(t *testing.T) {
 		t.Errorf("link: %d at %s: %s", resp.StatusCode, resp.Request.URL, b)
 	}
 
+	// A real browser follows the link, keeps the cookie and shows the page.
+	t.Run("browser", func(t *testing.T) { browse(t, filepath.Join(dataDir, "ingress-tls", "cert.pem"), u) })
+
 	// Streams opened with the token, then the CLI rotates it.
 	sseReq, _ := http.NewRequest("GET", u.URL+"sse", nil)
 	sseReq.Header.Set("X-Harebox-Token", u.Token)
@@ -245,4 +255,76 @@ func openWS(t *testing.T, cfg *tls.Config, dial func(context.Context, string, st
 		t.Fatalf("websocket echo: %q %v", b, err)
 	}
 	return c
+}
+
+// browse opens a URL's link to its /page in headless Chromium, trusting
+// the ingress's certificate by its key: the link's token becomes a cookie,
+// the guest's page renders (a screenshot is blue where the page is, with
+// its heading drawn), and the guest saw no token. Without the link, the
+// browser gets the ingress's refusal.
+func browse(t *testing.T, certFile string, u sandbox.URL) {
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Skip("chromium is not installed (make deps installs it)")
+	}
+	blk, _ := pem.Decode(read(t, certFile))
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spki := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	dir := t.TempDir()
+	chrome := func(args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, append([]string{"--headless=new", "--no-sandbox", "--disable-gpu",
+			"--no-first-run", "--user-data-dir=" + filepath.Join(dir, "profile"), "--window-size=800,600",
+			"--ignore-certificate-errors-spki-list=" + base64.StdEncoding.EncodeToString(spki[:])}, args...)...)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("chromium %v: %v\n%s", args, err, errOut.String())
+		}
+		return out.String()
+	}
+	page := u.URL + "page"
+	link := page + "?harebox_token=" + url.QueryEscape(u.Token)
+	if dom := chrome("--dump-dom", page); !strings.Contains(dom, "needs its token") || strings.Contains(dom, "served by the guest") {
+		t.Errorf("without the link the browser got: %s", dom)
+	}
+	dom := chrome("--dump-dom", link)
+	if !strings.Contains(dom, "served by the guest") || strings.Contains(dom, u.Token) || strings.Contains(dom, "harebox_token") {
+		t.Errorf("through the link the browser got: %s", dom)
+	}
+	shot := filepath.Join(dir, "shot.png")
+	chrome("--screenshot="+shot, link)
+	f, err := os.Open(shot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := img.Bounds()
+	blue := func(x, y int) bool {
+		r, g, bl, _ := img.At(x, y).RGBA()
+		return r>>8 < 60 && g>>8 > 120 && g>>8 < 170 && bl>>8 > 230
+	}
+	if !blue(b.Dx()/2, b.Dy()*3/4) {
+		t.Errorf("the screenshot is not the guest's blue page: %v at the centre", img.At(b.Dx()/2, b.Dy()*3/4))
+	}
+	drawn := 0 // the heading's dark pixels on the blue
+	for y := 0; y < min(b.Dy(), 80); y++ {
+		for x := 0; x < min(b.Dx(), 400); x++ {
+			if r, g, bl, _ := img.At(x, y).RGBA(); r>>8 < 40 && g>>8 < 40 && bl>>8 < 80 {
+				drawn++
+			}
+		}
+	}
+	if drawn < 200 {
+		t.Errorf("the heading is not drawn (%d dark pixels)", drawn)
+	}
 }

@@ -15,6 +15,7 @@ pkgs=(
   tmux                         # drives harebox shell in a real terminal (tests)
   systemd                      # systemd-analyze verify of the unit (tests)
   git                          # the upgrade test builds the previous release
+  chromium                     # a real browser opens a published URL (tests)
 )
 missing=()
 for p in "${pkgs[@]}"; do
