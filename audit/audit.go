@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"strings"
 	"time"
 
 	"github.com/harebox/harebox/authz"
@@ -181,15 +182,19 @@ func (l *Log) RecordPlaceholder(accountID, sandboxID, host string) {
 }
 
 // RecordURLAccess records an access decision of the ingress on a
-// published URL: the act of whoever holds (or lacks) its credential.
-func (l *Log) RecordURLAccess(u *sandbox.URL, allowed bool) {
+// published URL: the act of whoever holds (or lacks) its credential, who
+// ("token", "oidc", or "oidc:" and the ID token's subject).
+func (l *Log) RecordURLAccess(u *sandbox.URL, who string, allowed bool) {
 	if l == nil {
 		return
 	}
-	e := &Entry{Time: time.Now().UTC(), AccountID: u.AccountID, Principal: "url:" + u.Auth, Action: "accessURL",
+	e := &Entry{Time: time.Now().UTC(), AccountID: u.AccountID, Principal: "url:" + who, Action: "accessURL",
 		Target: u.ID, Outcome: OK}
 	if !allowed {
 		e.Outcome, e.Error = Denied, "unauthenticated"
+		if strings.Contains(who, ":") { // a valid credential the URL does not allow
+			e.Error = "forbidden"
+		}
 	}
 	if err := l.append(context.Background(), e); err != nil {
 		l.log.Error("audit: cannot append", "action", e.Action, "err", err)

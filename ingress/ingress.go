@@ -63,12 +63,15 @@ type Options struct {
 	// ingress listens, and no port can be published.
 	Base *url.URL
 	// Record records an access decision for the audit log: the URL, who
-	// (the auth mode) and whether it was allowed. Grants are recorded
-	// once per connection and URL, refusals at most once a second per
-	// URL. Nil: nothing is recorded.
-	Record func(u *sandbox.URL, allowed bool)
-	Log    *slog.Logger
-	Now    func() time.Time
+	// ("token", or "oidc:" and the token's subject) and whether it was
+	// allowed. Grants are recorded once per connection and URL, refusals
+	// at most once a second per URL. Nil: nothing is recorded.
+	Record func(u *sandbox.URL, who string, allowed bool)
+	// HTTPClient asks OpenID Connect issuers for their configuration and
+	// keys; nil: one with the system's roots and a 10 s timeout.
+	HTTPClient *http.Client
+	Log        *slog.Logger
+	Now        func() time.Time
 }
 
 // Service keeps the published URLs, in the store and in memory (where the
@@ -82,6 +85,10 @@ type Service struct {
 	byID   map[string]*entry
 	byPort map[target]*entry
 	conns  sync.Map // net.Conn -> *conn, while open
+
+	bg      context.Context // outlives calls: issuers' key fetches
+	client  *http.Client    // to OpenID Connect issuers
+	issuers issuers
 }
 
 // target is a guest port.
@@ -92,8 +99,11 @@ type target struct {
 
 // entry is one URL in memory, with what was opened with its token.
 type entry struct {
-	id      string
-	t       target // never changes
+	id   string
+	t    target // never changes, nor do auth and rule
+	auth string
+	rule *sandbox.OIDCRule
+
 	mu      sync.Mutex
 	rec     store.URL
 	hash    [sha256.Size]byte
@@ -111,7 +121,11 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	s := &Service{opts: opts, byID: map[string]*entry{}, byPort: map[target]*entry{}}
+	s := &Service{opts: opts, byID: map[string]*entry{}, byPort: map[target]*entry{},
+		bg: context.WithoutCancel(ctx), client: opts.HTTPClient}
+	if s.client == nil {
+		s.client = &http.Client{Timeout: 10 * time.Second}
+	}
 	recs, err := opts.Store.ListURLs(ctx, "")
 	if err != nil {
 		return nil, fmt.Errorf("ingress: %w", err)
@@ -145,12 +159,22 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 }
 
 func (s *Service) add(r *store.URL) (*entry, error) {
-	h, err := hex.DecodeString(r.TokenHash)
-	if err != nil || len(h) != sha256.Size {
-		return nil, errors.New("bad token hash")
+	e := &entry{id: r.ID, t: target{r.SandboxID, r.Port}, auth: r.Auth, rule: r.OIDC, rec: *r,
+		streams: map[*stream]struct{}{}, conns: map[*conn]struct{}{}}
+	switch r.Auth {
+	case sandbox.URLAuthToken:
+		h, err := hex.DecodeString(r.TokenHash)
+		if err != nil || len(h) != sha256.Size {
+			return nil, errors.New("bad token hash")
+		}
+		copy(e.hash[:], h)
+	case sandbox.URLAuthOIDC:
+		if r.OIDC == nil {
+			return nil, errors.New("no OIDC rule")
+		}
+	default:
+		return nil, fmt.Errorf("unknown auth %q", r.Auth)
 	}
-	e := &entry{id: r.ID, t: target{r.SandboxID, r.Port}, rec: *r, streams: map[*stream]struct{}{}, conns: map[*conn]struct{}{}}
-	copy(e.hash[:], h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.byID[r.ID] = e
@@ -181,9 +205,20 @@ func (s *Service) Create(ctx context.Context, sandboxID, accountID string, req s
 	if req.Auth == "" {
 		req.Auth = sandbox.URLAuthToken
 	}
-	tok, hash := newToken()
+	var tok, hash string
+	switch req.Auth {
+	case sandbox.URLAuthToken:
+		if req.OIDC != nil {
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "oidc", "is for auth oidc only")
+		}
+		tok, hash = newToken()
+	case sandbox.URLAuthOIDC:
+		if err := checkRule(req.OIDC); err != nil {
+			return nil, err
+		}
+	}
 	rec := &store.URL{URL: sandbox.URL{ID: sandbox.NewURLID(), SandboxID: sandboxID, AccountID: accountID,
-		Port: req.Port, Auth: req.Auth, CreatedAt: s.opts.Now().UTC()}, TokenHash: hash}
+		Port: req.Port, Auth: req.Auth, OIDC: req.OIDC, CreatedAt: s.opts.Now().UTC()}, TokenHash: hash}
 	if err := s.opts.Store.PutURL(ctx, rec); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, sandbox.Errorf(sandbox.ErrExists, "port", "port %d of %s is published already", req.Port, sandboxID)
@@ -256,6 +291,9 @@ func (s *Service) Rotate(ctx context.Context, sandboxID, id string) (*sandbox.UR
 	e, err := s.entry(sandboxID, id)
 	if err != nil {
 		return nil, err
+	}
+	if e.auth != sandbox.URLAuthToken {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "", "URL %s has no token to rotate (auth %s)", id, e.auth)
 	}
 	tok, hash := newToken()
 	e.mu.Lock()
@@ -504,7 +542,7 @@ func credential(r *http.Request) string {
 // valid checks tok against e's hash; the caller holds e.mu.
 func (e *entry) valid(tok string) bool {
 	h := sha256.Sum256([]byte(tok))
-	return !e.gone && subtle.ConstantTimeCompare(h[:], e.hash[:]) == 1
+	return !e.gone && e.auth == sandbox.URLAuthToken && subtle.ConstantTimeCompare(h[:], e.hash[:]) == 1
 }
 
 // stream is one authorized request in flight.
@@ -528,6 +566,8 @@ type routed struct {
 	sandboxID string
 	port      int
 	path      string
+	// bearer: the Authorization header was the credential (oidc).
+	bearer bool
 }
 
 // ServeHTTP is the ingress.
@@ -541,7 +581,14 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, r.URL.EscapedPath()+"/", http.StatusMovedPermanently)
 		return
 	}
-	if q := r.URL.Query(); q.Has(QueryParam) {
+	who := e.auth
+	if e.auth == sandbox.URLAuthOIDC {
+		var status int
+		if who, status = s.checkOIDC(r, e); status != 0 {
+			s.refuse(w, e, who, status)
+			return
+		}
+	} else if q := r.URL.Query(); q.Has(QueryParam) {
 		s.exchange(w, r, e, q, cookiePath)
 		return
 	}
@@ -550,9 +597,9 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	st := &stream{cancel: cancel}
 	e.mu.Lock()
-	if !e.valid(credential(r)) {
+	if e.gone || (e.auth == sandbox.URLAuthToken && !e.valid(credential(r))) {
 		e.mu.Unlock()
-		s.refuse(w, e)
+		s.refuse(w, e, who, http.StatusUnauthorized)
 		return
 	}
 	e.streams[st] = struct{}{}
@@ -571,9 +618,9 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.mu.Unlock()
 	}()
 	if (c == nil || c.firstGrant(e)) && s.opts.Record != nil {
-		s.opts.Record(&view, true)
+		s.opts.Record(&view, who, true)
 	}
-	ctx = context.WithValue(ctx, routeKey{}, &routed{view.SandboxID, view.Port, path})
+	ctx = context.WithValue(ctx, routeKey{}, &routed{view.SandboxID, view.Port, path, e.auth == sandbox.URLAuthOIDC})
 	s.proxy.ServeHTTP(&cutWriter{ResponseWriter: w, st: st}, r.WithContext(ctx))
 }
 
@@ -586,11 +633,11 @@ func (s *Service) exchange(w http.ResponseWriter, r *http.Request, e *entry, q u
 	view := e.rec.URL
 	e.mu.Unlock()
 	if !ok {
-		s.refuse(w, e)
+		s.refuse(w, e, e.auth, http.StatusUnauthorized)
 		return
 	}
 	if s.opts.Record != nil {
-		s.opts.Record(&view, true)
+		s.opts.Record(&view, e.auth, true)
 	}
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: tok, Path: cookiePath, HttpOnly: true,
 		Secure: true, SameSite: http.SameSiteLaxMode})
@@ -601,7 +648,10 @@ func (s *Service) exchange(w http.ResponseWriter, r *http.Request, e *entry, q u
 	http.Redirect(w, r, u.String(), http.StatusSeeOther)
 }
 
-func (s *Service) refuse(w http.ResponseWriter, e *entry) {
+// refuse answers a request the URL's auth does not let through: 401
+// without a valid credential, 403 with one that the rule does not allow,
+// 503 when the issuer cannot be asked.
+func (s *Service) refuse(w http.ResponseWriter, e *entry, who string, status int) {
 	e.mu.Lock()
 	now := s.opts.Now()
 	record := now.Sub(e.denied) >= time.Second
@@ -610,11 +660,22 @@ func (s *Service) refuse(w http.ResponseWriter, e *entry) {
 	}
 	view := e.rec.URL
 	e.mu.Unlock()
-	if record && s.opts.Record != nil {
-		s.opts.Record(&view, false)
+	if record && s.opts.Record != nil && status != http.StatusServiceUnavailable {
+		s.opts.Record(&view, who, false)
 	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="harebox"`)
-	http.Error(w, "this URL needs its token", http.StatusUnauthorized)
+	msg := "this URL needs its token"
+	switch {
+	case status == http.StatusServiceUnavailable:
+		msg = "this URL's OpenID Connect issuer cannot be reached"
+	case status == http.StatusForbidden:
+		msg = "this URL does not allow you"
+	case e.auth == sandbox.URLAuthOIDC:
+		msg = "this URL needs an OpenID Connect ID token from its issuer (Authorization: Bearer)"
+	}
+	if status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="harebox"`)
+	}
+	http.Error(w, msg, status)
 }
 
 // rewrite makes the request the guest gets: its path, the original Host,
@@ -632,7 +693,7 @@ func (s *Service) rewrite(pr *httputil.ProxyRequest) {
 	out.Host = pr.In.Host
 	pr.SetXForwarded()
 	out.Header.Del(TokenHeader)
-	if v := out.Header.Get("Authorization"); strings.HasPrefix(v, "Bearer "+TokenPrefix) {
+	if v := out.Header.Get("Authorization"); strings.HasPrefix(v, "Bearer "+TokenPrefix) || (rt.bearer && strings.HasPrefix(v, "Bearer ")) {
 		out.Header.Del("Authorization")
 	}
 	// A browser following a link's redirect may name the link, token and

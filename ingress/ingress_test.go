@@ -13,6 +13,7 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,8 +62,9 @@ func upstream(t *testing.T) string {
 	})
 	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		for i := 0; ; i++ {
-			if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil {
+		for {
+			// Each event says when the guest wrote it.
+			if _, err := fmt.Fprintf(w, "data: %d\n\n", time.Now().UnixNano()); err != nil {
 				return
 			}
 			w.(http.Flusher).Flush()
@@ -140,7 +142,7 @@ func newFixture(t *testing.T, withTLS bool) *fixture {
 	}
 	base, _ := url.Parse(scheme + "://harebox.test:" + fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
 	f.base = scheme + "://" + ln.Addr().String()
-	f.svc, err = New(ctx, Options{Store: db, Guests: f.guests, Base: base, Record: func(u *sandbox.URL, ok bool) {
+	f.svc, err = New(ctx, Options{Store: db, Guests: f.guests, Base: base, Record: func(u *sandbox.URL, who string, ok bool) {
 		f.records <- fmt.Sprintf("%s %v", u.ID, ok)
 	}})
 	if err != nil {
@@ -345,7 +347,7 @@ func TestDelete(t *testing.T) {
 	if err := f.svc.Delete(context.Background(), sbxID, u.ID); err != nil {
 		t.Fatal(err)
 	}
-	if n := ev.after(); n != 0 {
+	if n := ev.after(time.Now()); n != 0 {
 		t.Errorf("%d events after delete", n)
 	}
 	if resp, _ := f.get(t, u, "/", http.Header{TokenHeader: {u.Token}}); resp.StatusCode != 404 {
@@ -365,8 +367,8 @@ type sse struct {
 	resp   *http.Response
 	events atomic.Int64
 	ended  chan struct{}
-	// mark is the event count when after was called.
-	mark atomic.Int64
+	mu     sync.Mutex
+	stamps []int64 // when the guest wrote each event
 }
 
 func (f *fixture) openSSE(t *testing.T, u *sandbox.URL, tok string) *sse {
@@ -380,7 +382,6 @@ func (f *fixture) openSSE(t *testing.T, u *sandbox.URL, tok string) *sse {
 		t.Fatalf("sse: %v %v", resp, err)
 	}
 	s := &sse{r: bufio.NewReader(resp.Body), resp: resp, ended: make(chan struct{})}
-	s.mark.Store(-1)
 	go func() {
 		defer close(s.ended)
 		for {
@@ -388,7 +389,11 @@ func (f *fixture) openSSE(t *testing.T, u *sandbox.URL, tok string) *sse {
 			if err != nil {
 				return
 			}
-			if strings.HasPrefix(line, "data:") {
+			if v, ok := strings.CutPrefix(line, "data: "); ok {
+				ns, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				s.mu.Lock()
+				s.stamps = append(s.stamps, ns)
+				s.mu.Unlock()
 				s.events.Add(1)
 			}
 		}
@@ -400,10 +405,10 @@ func (f *fixture) openSSE(t *testing.T, u *sandbox.URL, tok string) *sse {
 	return s
 }
 
-// after counts the events that arrive from now on, until the stream
-// ends (it must end within a second).
-func (s *sse) after() int64 {
-	n := s.events.Load()
+// after waits for the stream to end (it must, within a second) and counts
+// the events it got that the guest wrote after t. (Events written before
+// t may still arrive after it: they were on their way.)
+func (s *sse) after(t time.Time) int64 {
 	select {
 	case <-s.ended:
 	case <-time.After(time.Second):
@@ -411,7 +416,15 @@ func (s *sse) after() int64 {
 		<-s.ended
 		return 1 << 30 // still open
 	}
-	return s.events.Load() - n
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, ns := range s.stamps {
+		if ns > t.UnixNano() {
+			n++
+		}
+	}
+	return n
 }
 
 // TestRotation rotates a URL's token again and again while clients use
@@ -463,8 +476,10 @@ func TestRotation(t *testing.T) {
 					t.Fatal(err)
 				}
 				rotated.Store(true)
-				// The old streams are cut: no event, no echo.
-				if n := ev.after(); n != 0 {
+				returned := time.Now()
+				// The old streams are cut: no event written from then on
+				// reaches the client, no echo.
+				if n := ev.after(returned); n != 0 {
 					t.Errorf("round %d: %d events on the old token's stream after rotate", round, n)
 				}
 				wctx, cancel := context.WithTimeout(context.Background(), time.Second)

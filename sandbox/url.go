@@ -13,7 +13,22 @@ const (
 	// URLAuthToken: a random bearer token, in a header or exchanged once
 	// from a link's query parameter for a cookie.
 	URLAuthToken = "token"
+	// URLAuthOIDC: an OpenID Connect ID token from an issuer, for a
+	// subject, email or group the URL allows, as a bearer token.
+	URLAuthOIDC = "oidc"
 )
+
+// OIDCRule says whose OpenID Connect tokens a URL accepts: signed by the
+// issuer (checked against its published keys), for the audience, not
+// expired, and naming one of the subjects, one of the emails (verified,
+// when the token says), or one of the groups (its "groups" claim).
+type OIDCRule struct {
+	Issuer   string   `json:"issuer" validate:"required,url,startswith=https://,max=512"`
+	Audience string   `json:"audience" validate:"required,max=256"`
+	Subjects []string `json:"subjects,omitempty" validate:"max=100,dive,required,max=256"`
+	Emails   []string `json:"emails,omitempty" validate:"max=100,dive,required,max=256"`
+	Groups   []string `json:"groups,omitempty" validate:"max=100,dive,required,max=256"`
+}
 
 // URL is a sandbox's TCP port published through the host's ingress
 // behind an auth mode. The guest's port is reached only through it.
@@ -23,6 +38,8 @@ type URL struct {
 	AccountID string `json:"account_id"`
 	Port      int    `json:"port"`
 	Auth      string `json:"auth"`
+	// OIDC is the rule of an oidc URL.
+	OIDC *OIDCRule `json:"oidc,omitempty"`
 	// URL is the host form (https://PORT-ID.DOMAIN/), HostURL's path
 	// form (https://INGRESS/s/SANDBOX/PORT/) for hosts without wildcard
 	// DNS. Both serve the same port.
@@ -41,7 +58,9 @@ type URL struct {
 // URLRequest publishes a port.
 type URLRequest struct {
 	Port int    `json:"port" validate:"required,min=1,max=65535"`
-	Auth string `json:"auth,omitempty" validate:"omitempty,oneof=token"`
+	Auth string `json:"auth,omitempty" validate:"omitempty,oneof=token oidc"`
+	// OIDC is required with auth oidc, and refused otherwise.
+	OIDC *OIDCRule `json:"oidc,omitempty"`
 }
 
 // URLIDPrefix starts every URL ID.
