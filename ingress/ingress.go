@@ -32,9 +32,11 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/harebox/harebox/network"
@@ -104,6 +106,9 @@ type entry struct {
 	auth string
 	rule *sandbox.OIDCRule
 
+	// rot serializes the changes of a URL (rotate, delete) with their
+	// store writes; mu guards what requests check, held only briefly.
+	rot     sync.Mutex
 	mu      sync.Mutex
 	rec     store.URL
 	hash    [sha256.Size]byte
@@ -152,7 +157,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		FlushInterval:  0,
 		BufferPool:     bufferPool{},
 		ErrorHandler:   s.proxyError,
-		ModifyResponse: dropTokenCookies,
+		ModifyResponse: guestResponse,
 		ErrorLog:       slog.NewLogLogger(opts.Log.Handler(), slog.LevelDebug),
 	}
 	return s, nil
@@ -251,16 +256,29 @@ func (s *Service) view(r *store.URL, tok string) *sandbox.URL {
 	return &u
 }
 
-// List returns a sandbox's URLs, oldest first.
+// List returns a sandbox's URLs, oldest first: those the ingress serves,
+// as Get, Rotate and Delete see them.
 func (s *Service) List(ctx context.Context, sandboxID string) ([]*sandbox.URL, error) {
-	recs, err := s.opts.Store.ListURLs(ctx, sandboxID)
-	if err != nil {
-		return nil, err
+	s.mu.RLock()
+	var es []*entry
+	for _, e := range s.byID {
+		if e.t.sandboxID == sandboxID {
+			es = append(es, e)
+		}
 	}
+	s.mu.RUnlock()
 	out := []*sandbox.URL{}
-	for _, r := range recs {
-		out = append(out, s.view(r, ""))
+	for _, e := range es {
+		e.mu.Lock()
+		out = append(out, s.view(&e.rec, ""))
+		e.mu.Unlock()
 	}
+	slices.SortFunc(out, func(a, b *sandbox.URL) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
 	return out, nil
 }
 
@@ -296,23 +314,30 @@ func (s *Service) Rotate(ctx context.Context, sandboxID, id string) (*sandbox.UR
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "", "URL %s has no token to rotate (auth %s)", id, e.auth)
 	}
 	tok, hash := newToken()
+	e.rot.Lock()
+	defer e.rot.Unlock()
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.gone {
+	rec, gone := e.rec, e.gone
+	e.mu.Unlock()
+	if gone {
 		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no URL %q on sandbox %s", id, sandboxID)
 	}
-	rec := e.rec
 	now := s.opts.Now().UTC()
 	rec.TokenHash, rec.RotatedAt = hash, &now
 	// Stored first: once the new token is in force here, it is the one a
-	// restart loads.
+	// restart loads. (Delete, which also holds rot, cannot run between.)
 	if err := s.opts.Store.PutURL(ctx, &rec); err != nil {
 		return nil, err
 	}
+	e.mu.Lock()
 	e.rec = rec
 	h, _ := hex.DecodeString(hash)
 	copy(e.hash[:], h)
-	e.cutLocked()
+	streams, conns := e.takeLocked()
+	e.mu.Unlock()
+	// From here no request can register with the old token; what it
+	// registered is cut before Rotate returns.
+	cut(streams, conns)
 	return s.view(&rec, tok), nil
 }
 
@@ -323,10 +348,9 @@ func (s *Service) Delete(ctx context.Context, sandboxID, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.opts.Store.DeleteURL(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := s.drop(ctx, e); err != nil {
 		return err
 	}
-	s.drop(e)
 	if s.opts.Guests != nil {
 		if err := s.opts.Guests.ClosePorts(ctx, sandboxID, uint16(e.t.port)); err != nil {
 			s.opts.Log.Warn("ingress: cannot close port", "sandbox", sandboxID, "port", e.t.port, "err", err)
@@ -335,15 +359,26 @@ func (s *Service) Delete(ctx context.Context, sandboxID, id string) error {
 	return nil
 }
 
-func (s *Service) drop(e *entry) {
+// drop deletes a URL's record and takes it out of service: refused from
+// now on, and what it opened cut.
+func (s *Service) drop(ctx context.Context, e *entry) error {
+	e.rot.Lock()
+	defer e.rot.Unlock()
+	if err := s.opts.Store.DeleteURL(ctx, e.id); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
 	s.mu.Lock()
-	delete(s.byID, e.id)
-	delete(s.byPort, e.t)
+	if s.byID[e.id] == e {
+		delete(s.byID, e.id)
+		delete(s.byPort, e.t)
+	}
 	s.mu.Unlock()
 	e.mu.Lock()
 	e.gone = true
-	e.cutLocked()
+	streams, conns := e.takeLocked()
 	e.mu.Unlock()
+	cut(streams, conns)
+	return nil
 }
 
 // Forget unpublishes every URL of a sandbox that is being deleted (its
@@ -355,29 +390,42 @@ func (s *Service) Forget(ctx context.Context, sandboxID string) error {
 	}
 	var errs []error
 	for _, r := range recs {
-		if err := s.opts.Store.DeleteURL(ctx, r.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-			errs = append(errs, err)
-		}
 		s.mu.RLock()
 		e := s.byID[r.ID]
 		s.mu.RUnlock()
+		var err error
 		if e != nil {
-			s.drop(e)
+			err = s.drop(ctx, e)
+		} else if err = s.opts.Store.DeleteURL(ctx, r.ID); errors.Is(err, store.ErrNotFound) {
+			err = nil
+		}
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// cutLocked ends what the current token opened. The caller holds e.mu.
-func (e *entry) cutLocked() {
-	for st := range e.streams {
-		st.cut()
-	}
-	for c := range e.conns {
+// takeLocked takes what the current credential opened, to cut. The
+// caller holds e.mu.
+func (e *entry) takeLocked() (map[*stream]struct{}, map[*conn]struct{}) {
+	streams, conns := e.streams, e.conns
+	e.streams, e.conns = map[*stream]struct{}{}, map[*conn]struct{}{}
+	return streams, conns
+}
+
+// cut ends streams and connections: HTTP/1 connections are reset first
+// (a write in progress fails at once, nothing buffered goes out), then
+// every stream is marked dead (its writes fail from now on), its HTTP/2
+// stream reset and its request cancelled (which ends the guest's side).
+// None of it waits for a client.
+func cut(streams map[*stream]struct{}, conns map[*conn]struct{}) {
+	for c := range conns {
 		c.kill()
 	}
-	clear(e.streams)
-	clear(e.conns)
+	for st := range streams {
+		st.cut()
+	}
 }
 
 // Serve serves the ingress on ln, with TLS when tc is set (HTTP/2 then
@@ -486,7 +534,7 @@ func (s *Service) route(r *http.Request) (e *entry, path, cookiePath string, ok 
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	base := s.opts.Base.Hostname()
+	base := strings.ToLower(s.opts.Base.Hostname())
 	var t target
 	path = r.URL.EscapedPath()
 	cookiePath = "/"
@@ -525,18 +573,31 @@ func (s *Service) route(r *http.Request) (e *entry, path, cookiePath string, ok 
 	return e, path, cookiePath, e != nil
 }
 
-// credential is the token a request presents, if any.
-func credential(r *http.Request) string {
+// credential is the token a request presents, if any, and whether it
+// came in the cookie (which a browser sends by itself).
+func credential(r *http.Request) (string, bool) {
 	if v := r.Header.Get(TokenHeader); v != "" {
-		return v
+		return v, false
 	}
 	if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && strings.HasPrefix(v, TokenPrefix) {
-		return v
+		return v, false
 	}
 	if c, err := r.Cookie(CookieName); err == nil {
-		return c.Value
+		return c.Value, true
 	}
-	return ""
+	return "", false
+}
+
+// crossSite says whether a browser sent the request for a page of another
+// origin, other than by navigating to it: the host forms of all URLs are
+// one site, so a page of one sandbox could otherwise act on another's app
+// with the cookie the browser holds for it.
+func crossSite(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "cross-site", "same-site":
+		return !(r.Header.Get("Sec-Fetch-Mode") == "navigate" && (r.Method == http.MethodGet || r.Method == http.MethodHead))
+	}
+	return false
 }
 
 // valid checks tok against e's hash; the caller holds e.mu.
@@ -547,16 +608,31 @@ func (e *entry) valid(tok string) bool {
 
 // stream is one authorized request in flight.
 type stream struct {
-	mu     sync.Mutex
-	dead   bool
+	dead   atomic.Bool
 	cancel context.CancelFunc
+	// h2 is the HTTP/2 stream's writer, whose write deadline cut puts in
+	// the past (which resets the stream); nil for HTTP/1. It may be used
+	// only until the handler returns (done), under mu.
+	mu   sync.Mutex
+	h2   http.ResponseWriter
+	done bool
 }
 
 func (st *stream) cut() {
+	st.dead.Store(true)
 	st.mu.Lock()
-	st.dead = true
+	if st.h2 != nil && !st.done {
+		http.NewResponseController(st.h2).SetWriteDeadline(time.Unix(1, 0))
+	}
 	st.mu.Unlock()
 	st.cancel()
+}
+
+// finish marks the handler done: its writer is not to be used again.
+func (st *stream) finish() {
+	st.mu.Lock()
+	st.done = true
+	st.mu.Unlock()
 }
 
 type routeKey struct{}
@@ -566,6 +642,8 @@ type routed struct {
 	sandboxID string
 	port      int
 	path      string
+	// cookiePath is where the URL's cookies live ("/" in the host form).
+	cookiePath string
 	// bearer: the Authorization header was the credential (oidc).
 	bearer bool
 }
@@ -578,7 +656,17 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if path == "" {
-		http.Redirect(w, r, r.URL.EscapedPath()+"/", http.StatusMovedPermanently)
+		to := r.URL.EscapedPath() + "/"
+		if r.URL.RawQuery != "" {
+			to += "?" + r.URL.RawQuery
+		}
+		http.Redirect(w, r, to, http.StatusPermanentRedirect)
+		return
+	}
+	if cookiePath != "/" && r.Header.Get("Service-Worker") != "" {
+		// Path-form URLs share one origin: a service worker of one
+		// could see the others' requests, links and tokens included.
+		http.Error(w, "service workers are refused on path-form URLs; use the host form", http.StatusForbidden)
 		return
 	}
 	who := e.auth
@@ -596,8 +684,16 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	st := &stream{cancel: cancel}
+	if r.ProtoMajor == 2 {
+		st.h2 = w
+	}
+	tok, fromCookie := credential(r)
+	if fromCookie && crossSite(r) {
+		s.refuse(w, e, who, http.StatusForbidden)
+		return
+	}
 	e.mu.Lock()
-	if e.gone || (e.auth == sandbox.URLAuthToken && !e.valid(credential(r))) {
+	if e.gone || (e.auth == sandbox.URLAuthToken && !e.valid(tok)) {
 		e.mu.Unlock()
 		s.refuse(w, e, who, http.StatusUnauthorized)
 		return
@@ -610,18 +706,24 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.mu.Unlock()
 	upgrade := r.Header.Get("Upgrade") != ""
 	defer func() {
+		st.finish()
 		e.mu.Lock()
 		delete(e.streams, st)
-		if upgrade && c != nil {
-			delete(e.conns, c) // the proxy hijacked it and has closed it
-		}
 		e.mu.Unlock()
+		if upgrade && c != nil {
+			c.forget() // the proxy hijacked it, and has closed it
+		}
 	}()
 	if (c == nil || c.firstGrant(e)) && s.opts.Record != nil {
 		s.opts.Record(&view, who, true)
 	}
-	ctx = context.WithValue(ctx, routeKey{}, &routed{view.SandboxID, view.Port, path, e.auth == sandbox.URLAuthOIDC})
+	ctx = context.WithValue(ctx, routeKey{}, &routed{view.SandboxID, view.Port, path, cookiePath, e.auth == sandbox.URLAuthOIDC})
 	s.proxy.ServeHTTP(&cutWriter{ResponseWriter: w, st: st}, r.WithContext(ctx))
+	if st.dead.Load() {
+		// Cut: end the response as broken, never as a complete (empty)
+		// one, which HTTP/2 would otherwise send.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // exchange swaps a link's token for a cookie and sends the browser on
@@ -643,6 +745,10 @@ func (s *Service) exchange(w http.ResponseWriter, r *http.Request, e *entry, q u
 		Secure: true, SameSite: http.SameSiteLaxMode})
 	q.Del(QueryParam)
 	u := url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
+	if p := u.EscapedPath(); len(p) > 1 && (p[1] == '/' || p[1] == '\\') {
+		// "//host/..." would send the browser to another host.
+		u = url.URL{Path: "/." + u.Path, RawQuery: u.RawQuery}
+	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Referrer-Policy", "no-referrer") // the next request must not name the link
 	http.Redirect(w, r, u.String(), http.StatusSeeOther)
@@ -737,18 +843,40 @@ func (s *Service) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	http.Error(w, fmt.Sprintf("sandbox %s does not answer on port %d", rt.sandboxID, rt.port), http.StatusBadGateway)
 }
 
-// dropTokenCookies takes off a guest's response any cookie named like the
-// ingress's: a guest must not replace (or, with a Domain, shadow on other
-// sandboxes' URLs) the credential a browser holds.
-func dropTokenCookies(resp *http.Response) error {
+// guestResponse keeps a guest's response to its own URL. Its cookies are
+// the URL's only: one named like the ingress's is dropped (a guest must
+// not replace the credential a browser holds), a Domain is taken off (it
+// would reach every sandbox's host-form URL), and in the path form the
+// Path is put under the URL's. In the path form, Service-Worker-Allowed is
+// dropped (a worker's scope must not cover other URLs).
+func guestResponse(resp *http.Response) error {
+	rt, _ := resp.Request.Context().Value(routeKey{}).(*routed)
+	if rt == nil {
+		return nil
+	}
+	if rt.cookiePath != "/" {
+		resp.Header.Del("Service-Worker-Allowed")
+	}
 	sc := resp.Header.Values("Set-Cookie")
 	if len(sc) == 0 {
 		return nil
 	}
 	resp.Header.Del("Set-Cookie")
 	for _, v := range sc {
-		if c, err := http.ParseSetCookie(v); err == nil && !strings.EqualFold(c.Name, CookieName) {
-			resp.Header.Add("Set-Cookie", v)
+		c, err := http.ParseSetCookie(v)
+		if err != nil || strings.EqualFold(c.Name, CookieName) {
+			continue
+		}
+		if c.Domain == "" && (rt.cookiePath == "/" || strings.HasPrefix(c.Path, rt.cookiePath)) {
+			resp.Header.Add("Set-Cookie", v) // as the guest wrote it
+			continue
+		}
+		c.Domain = ""
+		if rt.cookiePath != "/" && !strings.HasPrefix(c.Path, rt.cookiePath) {
+			c.Path = rt.cookiePath + strings.TrimPrefix(c.Path, "/")
+		}
+		if s := c.String(); s != "" {
+			resp.Header.Add("Set-Cookie", s)
 		}
 	}
 	return nil
@@ -772,26 +900,20 @@ type cutWriter struct {
 var errCut = errors.New("ingress: the URL's token was rotated")
 
 func (w *cutWriter) Write(p []byte) (int, error) {
-	w.st.mu.Lock()
-	defer w.st.mu.Unlock()
-	if w.st.dead {
+	if w.st.dead.Load() {
 		return 0, errCut
 	}
 	return w.ResponseWriter.Write(p)
 }
 
 func (w *cutWriter) WriteHeader(code int) {
-	w.st.mu.Lock()
-	defer w.st.mu.Unlock()
-	if !w.st.dead {
+	if !w.st.dead.Load() {
 		w.ResponseWriter.WriteHeader(code)
 	}
 }
 
 func (w *cutWriter) Flush() {
-	w.st.mu.Lock()
-	defer w.st.mu.Unlock()
-	if !w.st.dead {
+	if !w.st.dead.Load() {
 		http.NewResponseController(w.ResponseWriter).Flush()
 	}
 }

@@ -59,6 +59,8 @@ func upstream(t *testing.T) string {
 		w.Header().Add("Set-Cookie", CookieName+"=hburl_guest; Domain=harebox.test; Path=/")
 		w.Header().Add("Set-Cookie", "app=1; Path=/")
 		w.Header().Add("Set-Cookie", "HAREBOX_TOKEN=x")
+		w.Header().Add("Set-Cookie", "wide=1; Domain=harebox.test; Path=/")
+		w.Header().Set("Service-Worker-Allowed", "/")
 	})
 	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -73,6 +75,21 @@ func upstream(t *testing.T) string {
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
+		}
+	})
+	mux.HandleFunc("/flood", func(w http.ResponseWriter, r *http.Request) {
+		chunk := make([]byte, 64<<10)
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(2 * time.Second):
+			io.WriteString(w, "late")
 		}
 	})
 	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
@@ -250,8 +267,44 @@ func TestToken(t *testing.T) {
 
 	// The guest cannot set (or shadow) the ingress's cookie.
 	resp, _ := f.get(t, u, "/setcookie", http.Header{TokenHeader: {u.Token}})
-	if sc := resp.Header.Values("Set-Cookie"); len(sc) != 1 || sc[0] != "app=1; Path=/" {
+	if sc := resp.Header.Values("Set-Cookie"); len(sc) != 2 || sc[0] != "app=1; Path=/" || sc[1] != "wide=1; Path=/" {
 		t.Errorf("the guest's cookies reached the client as %q", sc)
+	}
+	// In the path form its cookies stay under the URL's path, and it
+	// cannot widen a service worker's scope or register one.
+	req, _ := http.NewRequest("GET", f.base+"/s/"+sbxID+"/8080/setcookie", nil)
+	req.Header.Set(TokenHeader, u.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	want := []string{"app=1; Path=/s/" + sbxID + "/8080/", "wide=1; Path=/s/" + sbxID + "/8080/"}
+	if sc := resp.Header.Values("Set-Cookie"); fmt.Sprint(sc) != fmt.Sprint(want) || resp.Header.Get("Service-Worker-Allowed") != "" {
+		t.Errorf("path form: cookies %q, Service-Worker-Allowed %q", sc, resp.Header.Get("Service-Worker-Allowed"))
+	}
+	req.Header.Set("Service-Worker", "script")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 403 {
+		t.Errorf("a service worker's script in the path form: %v %v", resp, err)
+	}
+
+	// The cookie does not act for a page of another site (another
+	// sandbox's host form is the same site), except in a navigation.
+	ck := http.Header{"Cookie": {CookieName + "=" + u.Token}}
+	for _, c := range []struct {
+		site, mode string
+		want       int
+	}{{"same-site", "cors", 403}, {"cross-site", "no-cors", 403}, {"same-site", "navigate", 200}, {"same-origin", "cors", 200}, {"none", "navigate", 200}} {
+		h := ck.Clone()
+		h.Set("Sec-Fetch-Site", c.site)
+		h.Set("Sec-Fetch-Mode", c.mode)
+		if resp, _ := f.get(t, u, "/x", h); resp.StatusCode != c.want {
+			t.Errorf("cookie from %s (%s): %d, want %d", c.site, c.mode, resp.StatusCode, c.want)
+		}
+	}
+	h := http.Header{TokenHeader: {u.Token}, "Sec-Fetch-Site": {"cross-site"}, "Sec-Fetch-Mode": {"cors"}}
+	if resp, _ := f.get(t, u, "/x", h); resp.StatusCode != 200 {
+		t.Errorf("a header token from another site (no cookie, so no forgery): %d", resp.StatusCode)
 	}
 
 	// Another port of the same sandbox, and another sandbox: not found.
@@ -318,8 +371,20 @@ func TestLink(t *testing.T) {
 			}
 		}
 	}
+	// A link whose path names another host keeps the browser here.
+	pu, _ := url.Parse(u.URL)
+	req, _ := http.NewRequest("GET", f.base+"//evil.test/x?"+QueryParam+"="+u.Token, nil)
+	req.Host = pu.Host
+	resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if loc := resp.Header.Get("Location"); resp.StatusCode != 303 || !strings.HasPrefix(loc, "/") || strings.HasPrefix(loc, "//") {
+		t.Errorf("redirected to %q", loc)
+	}
 	// A wrong link is refused and sets nothing.
-	resp, err := http.Get(f.base + "/s/" + sbxID + "/3000/?" + QueryParam + "=hburl_wrong")
+	resp, err = http.Get(f.base + "/s/" + sbxID + "/3000/?" + QueryParam + "=hburl_wrong")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,12 +393,12 @@ func TestLink(t *testing.T) {
 		t.Errorf("wrong link: %d %v", resp.StatusCode, resp.Cookies())
 	}
 	// The path form without its trailing slash is sent to it.
-	resp, err = (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Get(f.base + "/s/" + sbxID + "/3000")
+	resp, err = (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Get(f.base + "/s/" + sbxID + "/3000?" + QueryParam + "=x")
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 301 || resp.Header.Get("Location") != "/s/"+sbxID+"/3000/" {
+	if resp.StatusCode != 308 || resp.Header.Get("Location") != "/s/"+sbxID+"/3000/?"+QueryParam+"=x" {
 		t.Errorf("no slash: %d %q", resp.StatusCode, resp.Header.Get("Location"))
 	}
 }
@@ -545,4 +610,80 @@ func certPool(src *servertls.Source) *x509.CertPool {
 	p := x509.NewCertPool()
 	p.AddCert(src.Leaf())
 	return p
+}
+
+// TestRotateUnblocked: a client that stops reading (its socket full, or
+// its HTTP/2 window spent) does not hold Rotate or the URL's other calls,
+// and a request cut before the guest answered is never a success.
+func TestRotateUnblocked(t *testing.T) {
+	for _, withTLS := range []bool{false, true} {
+		t.Run(map[bool]string{false: "http1", true: "h2"}[withTLS], func(t *testing.T) {
+			f := newFixture(t, withTLS)
+			u := f.publish(t, 8080)
+			pu, _ := url.Parse(u.URL)
+			req, _ := http.NewRequest("GET", f.base+"/flood", nil)
+			req.Host = pu.Host
+			req.Header.Set(TokenHeader, u.Token)
+			resp, err := f.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close() // never read
+			time.Sleep(500 * time.Millisecond)
+
+			slow := make(chan int, 1)
+			go func() {
+				req, _ := http.NewRequest("GET", f.base+"/slow", nil)
+				req.Host = pu.Host
+				req.Header.Set(TokenHeader, u.Token)
+				r, err := f.client.Do(req)
+				if err != nil {
+					slow <- 0
+					return
+				}
+				io.Copy(io.Discard, r.Body)
+				r.Body.Close()
+				slow <- r.StatusCode
+			}()
+			time.Sleep(200 * time.Millisecond)
+
+			done := make(chan error, 1)
+			go func() { _, err := f.svc.Rotate(context.Background(), sbxID, u.ID); done <- err }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Rotate is held by a client that does not read")
+			}
+			if _, err := f.svc.Get(context.Background(), sbxID, u.ID); err != nil {
+				t.Fatal(err)
+			}
+			if code := <-slow; code == 200 {
+				t.Error("a request cut by rotate before the guest answered got 200")
+			}
+		})
+	}
+}
+
+// TestRotateDeleteRace: a rotation racing a delete never brings the URL
+// back (in memory or in the store, for the next start).
+func TestRotateDeleteRace(t *testing.T) {
+	f := newFixture(t, false)
+	ctx := context.Background()
+	for i := range 30 {
+		u := f.publish(t, 10000+i)
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); f.svc.Rotate(ctx, sbxID, u.ID) }()
+		go func() { defer wg.Done(); f.svc.Delete(ctx, sbxID, u.ID) }()
+		wg.Wait()
+		if _, err := f.svc.opts.Store.GetURL(ctx, u.ID); err == nil {
+			t.Fatalf("round %d: the deleted URL is back in the store", i)
+		}
+		if _, err := f.svc.Get(ctx, sbxID, u.ID); err == nil {
+			t.Fatalf("round %d: the deleted URL is still served", i)
+		}
+	}
 }

@@ -337,18 +337,27 @@ class Client:
     # A port is published on the server's ingress behind a token (``hburl_...``),
     # which a client sends in the ``X-HareBox-Token`` header or as
     # ``Authorization: Bearer``, or gets as a cookie by visiting the URL's
-    # ``link``. The ingress takes it off every request before it reaches the
-    # guest. The token is in the create_url and rotate_url replies only.
+    # ``link``; or behind OpenID Connect (auth "oidc"): an ID token its rule
+    # allows, as ``Authorization: Bearer``. The ingress takes the credential
+    # off every request before it reaches the guest. The token is in the
+    # create_url and rotate_url replies only.
 
     @operation("createURL")
     def create_url(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> t.URL:
         """POST /v1/sandboxes/{id}/urls: publishes a TCP port of the sandbox
-        as a URL on the server's ingress, behind a token (``body={"port":
-        8080}``, 1 to 65535; ``"auth": "token"`` is the default and only
-        mode; see URLRequest). The guest's port is reached only through the
-        ingress. Returns the URL with its ``token`` and ``link``, shown only
-        here and by rotate_url. A port published already is Conflict; a
-        server without an ingress answers Unavailable."""
+        as a URL on the server's ingress (``body={"port": 8080}``, 1 to
+        65535; see URLRequest). The guest's port is reached only through the
+        ingress. ``"auth": "token"`` (the default) puts it behind a token:
+        the URL is returned with its ``token`` and ``link``, shown only here
+        and by rotate_url. ``"auth": "oidc"`` with ``"oidc": {"issuer",
+        "audience", "subjects", "emails", "groups"}`` (an https issuer and
+        at least one of the last three; see OIDCRule) puts it behind
+        OpenID Connect: the ingress takes an ID token as ``Authorization:
+        Bearer`` (an invalid one is refused with 401, one the rule does not
+        allow with 403, and 503 when the issuer cannot be reached); the URL
+        has no token and no link. A rule without auth oidc, or a missing or
+        bad one with it, is InvalidRequest. A port published already is
+        Conflict; a server without an ingress answers Unavailable."""
         path = _path("/v1/sandboxes/{}/urls", sandbox_id)
         return cast(t.URL, self._json("POST", path, body=body, timeout=timeout))
 
@@ -365,11 +374,12 @@ class Client:
 
     @operation("rotateURL")
     def rotate_url(self, sandbox_id: str, url_id: str, *, timeout: float | None = None) -> t.URL:
-        """POST /v1/sandboxes/{id}/urls/{url}/rotate: gives the URL a new
-        token, atomically: when this returns, the new token works, every
+        """POST /v1/sandboxes/{id}/urls/{url}/rotate: gives a token URL a
+        new token, atomically: when this returns, the new token works, every
         request sent with the old one is refused, and requests, event
         streams, WebSockets and HTTP/1.1 keep-alive connections opened with the old
-        one are cut. Returns the URL with its new ``token`` and ``link``."""
+        one are cut. Returns the URL with its new ``token`` and ``link``. An
+        oidc URL has no token: InvalidRequest (400)."""
         path = _path("/v1/sandboxes/{}/urls/{}/rotate", sandbox_id, url_id)
         return cast(t.URL, self._json("POST", path, timeout=timeout))
 

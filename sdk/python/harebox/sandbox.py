@@ -232,15 +232,22 @@ class Sandbox:
 
     # --- published ports (URLs) ---------------------------------------
 
-    def create_url(self, port: int, auth: str | None = None) -> t.URL:
+    def create_url(self, port: int, auth: str | None = None, oidc: t.OIDCRule | None = None) -> t.URL:
         """Publishes this sandbox's TCP ``port`` (1 to 65535) as a URL on
-        the server's ingress, behind a token (see Client.create_url);
-        ``auth`` None means the server's default, ``"token"``. Returns the
-        URL dict; its ``token`` and ``link`` are shown only here and by
-        rotate_url."""
+        the server's ingress (see Client.create_url). ``auth`` None means
+        the server's default, ``"token"``: the URL's ``token`` and ``link``
+        are shown only here and by rotate_url. With ``auth="oidc"``,
+        ``oidc`` is the rule (``{"issuer", "audience", "subjects",
+        "emails", "groups"}``, at least one of the last three) whose
+        OpenID Connect ID tokens the ingress accepts as ``Authorization:
+        Bearer``; such a URL has no token and no link. ``oidc`` is sent
+        when given; the server refuses it without ``auth="oidc"``
+        (InvalidRequest). Returns the URL dict."""
         body: dict[str, Any] = {"port": port}
         if auth is not None:
             body["auth"] = auth
+        if oidc is not None:
+            body["oidc"] = oidc
         return self.client.create_url(self.id, body=body)
 
     def list_urls(self) -> t.URLList:
@@ -253,9 +260,10 @@ class Sandbox:
         return self.client.get_url(self.id, url_id)
 
     def rotate_url(self, url_id: str) -> t.URL:
-        """Gives the URL a new token (see Client.rotate_url): when this
+        """Gives a token URL a new token (see Client.rotate_url): when this
         returns, the old token is refused and what it opened is cut.
-        Returns the URL with its new ``token`` and ``link``."""
+        Returns the URL with its new ``token`` and ``link``. An oidc URL
+        has no token: InvalidRequest (400)."""
         return self.client.rotate_url(self.id, url_id)
 
     def delete_url(self, url_id: str) -> None:

@@ -116,30 +116,56 @@ class SnapshotList(TypedDict):
     snapshots: list[Snapshot]
 
 
+class OIDCRule(TypedDict):
+    """Whose OpenID Connect ID tokens an ``oidc`` URL accepts: signed by
+    ``issuer`` (checked against its published keys, which the server
+    fetches and caches), for ``audience``, not expired, and naming one of
+    the ``subjects``, one of the ``emails`` (unless the token's
+    ``email_verified`` is false), or one of the ``groups`` (its ``groups``
+    claim). At least one of subjects, emails and groups is required
+    (InvalidRequest otherwise)."""
+
+    #: The issuer, an https URL (without query or fragment).
+    issuer: str
+    #: The ``aud`` the tokens must carry (the client ID).
+    audience: str
+    subjects: NotRequired[list[str]]
+    #: Compared without case.
+    emails: NotRequired[list[str]]
+    groups: NotRequired[list[str]]
+
+
 class URLRequest(TypedDict):
     """The body of create_url."""
 
     #: The guest's TCP port, 1 to 65535 (plain HTTP in the guest; the
     #: ingress speaks TLS to clients).
     port: int
-    #: How a client proves access; "token" (the default) is the only mode.
-    auth: NotRequired[Literal["token"]]
+    #: How a client proves access: "token" (the default; a bearer token,
+    #: or a link that swaps it for a cookie), or "oidc" (an OpenID Connect
+    #: ID token from ``oidc["issuer"]`` as ``Authorization: Bearer``).
+    auth: NotRequired[Literal["token", "oidc"]]
+    #: Required with auth "oidc", refused otherwise.
+    oidc: NotRequired[OIDCRule]
 
 
 class URL(TypedDict):
     """A sandbox's TCP port published on the server's ingress, behind a
-    token. The token goes in the ``X-HareBox-Token`` header or as
-    ``Authorization: Bearer hburl_...``; a visit to ``link`` swaps it for
-    a cookie. The ingress takes it off every request before the guest
-    sees it."""
+    token or OpenID Connect. A token goes in the ``X-HareBox-Token`` header
+    or as ``Authorization: Bearer hburl_...``; a visit to ``link`` swaps
+    it for a cookie. An ``oidc`` URL takes an ID token its rule allows as
+    ``Authorization: Bearer``. The ingress takes the credential off every
+    request before the guest sees it."""
 
     #: e.g. "url_01j8z3k5m6n7p8q9r0s1t2v3w4"
     id: str
     sandbox_id: str
     account_id: str
     port: int
-    #: "token"
+    #: "token" or "oidc"
     auth: str
+    #: The rule of an "oidc" URL (which has no ``token`` and no ``link``).
+    oidc: NotRequired[OIDCRule]
     #: The host form, https://PORT-ULID.HOST/ (the path form when the
     #: ingress's host is an address).
     url: str

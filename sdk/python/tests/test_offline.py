@@ -795,6 +795,19 @@ def _url_json(url_id: str = "url_1", port: int = 8080, token: str | None = None)
     return url
 
 
+#: An oidc URL's rule.
+_RULE: t.OIDCRule = {"issuer": "https://issuer.example", "audience": "harebox-web",
+                     "emails": ["ada@example.com"], "groups": ["eng"]}
+
+
+def _oidc_url_json(url_id: str = "url_3", port: int = 9000) -> t.URL:
+    """An oidc URL of sbx_1 as the server shows it: with its rule, never a
+    token or link."""
+    url = _url_json(url_id, port)
+    url["auth"], url["oidc"] = "oidc", _RULE
+    return url
+
+
 def test_url_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
     hb, server = recorder
     created = _url_json(token="hburl_first")
@@ -824,6 +837,20 @@ def test_url_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
     hb.rotate_url("a/b", "url_1")
     assert hb.delete_url("sbx_1", "url_9") is None
     hb.delete_url("sbx_1", "../url_1")
+    # An oidc URL: the rule goes in the body and comes back with the URL,
+    # which has no token to show or rotate.
+    server.replies["/v1/sandboxes/sbx_3/urls"] = (201, {}, _oidc_url_json())
+    server.replies["/v1/sandboxes/sbx_3/urls/url_3"] = (200, {}, _oidc_url_json())
+    server.replies["/v1/sandboxes/sbx_3/urls/url_3/rotate"] = (400, {}, {"error": {
+        "code": "invalid", "message": "URL url_3 has no token to rotate (auth oidc)"}})
+    oidc_request: t.URLRequest = {"port": 9000, "auth": "oidc", "oidc": _RULE}
+    oidc = hb.create_url("sbx_3", body=oidc_request)
+    assert oidc == _oidc_url_json()
+    assert (oidc["auth"], oidc["oidc"], "token" in oidc, "link" in oidc) == ("oidc", _RULE, False, False)
+    assert hb.get_url("sbx_3", "url_3")["oidc"]["emails"] == ["ada@example.com"]
+    with pytest.raises(harebox.InvalidRequest) as no_token:
+        hb.rotate_url("sbx_3", "url_3")
+    assert no_token.value.status == 400
     assert server.seen == [
         ("POST", "/v1/sandboxes/sbx_1/urls", {"port": 8080, "auth": "token"}),
         ("POST", "/v1/sandboxes/a%2Fb/urls", {"port": 22}),
@@ -833,6 +860,11 @@ def test_url_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
         ("POST", "/v1/sandboxes/a%2Fb/urls/url_1/rotate", None),
         ("DELETE", "/v1/sandboxes/sbx_1/urls/url_9", None),
         ("DELETE", "/v1/sandboxes/sbx_1/urls/..%2Furl_1", None),
+        ("POST", "/v1/sandboxes/sbx_3/urls", {"port": 9000, "auth": "oidc", "oidc": {
+            "issuer": "https://issuer.example", "audience": "harebox-web",
+            "emails": ["ada@example.com"], "groups": ["eng"]}}),
+        ("GET", "/v1/sandboxes/sbx_3/urls/url_3", None),
+        ("POST", "/v1/sandboxes/sbx_3/urls/url_3/rotate", None),
     ]
     operations = harebox.Client.operations()
     assert {op: operations[op] for op in ("createURL", "listURLs", "getURL", "rotateURL", "deleteURL")} == {
@@ -848,7 +880,7 @@ def test_url_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
             call("sbx_1", "")
         with pytest.raises(ValueError):
             call("", "url_1")
-    assert len(server.seen) == 8
+    assert len(server.seen) == 11
 
 
 def test_sandbox_urls(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
@@ -860,8 +892,12 @@ def test_sandbox_urls(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
     url = box.create_url(8080)
     assert (url["port"], url["token"], url["path_url"]) == (8080, "hburl_first", "https://ingress.example/s/sbx_1/8080/")
     box.create_url(8080, auth="token")
-    server.replies["/v1/sandboxes/sbx_1/urls"] = (200, {}, {"urls": [_url_json()]})
-    assert [u["id"] for u in box.list_urls()["urls"]] == ["url_1"]
+    server.replies["/v1/sandboxes/sbx_1/urls"] = (201, {}, _oidc_url_json())
+    oidc = box.create_url(9000, auth="oidc", oidc=_RULE)
+    assert (oidc["auth"], oidc["oidc"], oidc.get("token"), oidc.get("link")) == ("oidc", _RULE, None, None)
+    server.replies["/v1/sandboxes/sbx_1/urls"] = (200, {}, {"urls": [_url_json(), _oidc_url_json()]})
+    assert [(u["id"], u["auth"], u.get("oidc")) for u in box.list_urls()["urls"]] == [
+        ("url_1", "token", None), ("url_3", "oidc", _RULE)]
     assert box.rotate_url("url_1")["token"] == "hburl_second"
     assert box.delete_url("url_1") is None
     server.replies["/v1/sandboxes/sbx_1/urls/url_1"] = (200, {}, _url_json())
@@ -869,6 +905,7 @@ def test_sandbox_urls(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
     assert server.seen == [
         ("POST", "/v1/sandboxes/sbx_1/urls", {"port": 8080}),
         ("POST", "/v1/sandboxes/sbx_1/urls", {"port": 8080, "auth": "token"}),
+        ("POST", "/v1/sandboxes/sbx_1/urls", {"port": 9000, "auth": "oidc", "oidc": _RULE}),
         ("GET", "/v1/sandboxes/sbx_1/urls", None),
         ("POST", "/v1/sandboxes/sbx_1/urls/url_1/rotate", None),
         ("DELETE", "/v1/sandboxes/sbx_1/urls/url_1", None),

@@ -421,16 +421,24 @@ export class HareBox {
   // Published ports: a port is published on the server's ingress behind a
   // token (hburl_...), which a client sends in the X-HareBox-Token header
   // or as `Authorization: Bearer`, or gets as a cookie by visiting the
-  // URL's `link`. The ingress takes it off every request before it reaches
-  // the guest. The token is only in the answers of createURL and rotateURL.
+  // URL's `link`; or behind OpenID Connect (auth "oidc"): an ID token its
+  // rule allows, as `Authorization: Bearer`. The ingress takes the
+  // credential off every request before it reaches the guest. The token is
+  // only in the answers of createURL and rotateURL.
 
   /**
    * Publishes a TCP port of the sandbox (`body.port`, 1 to 65535) as a URL
-   * on the server's ingress, behind a token (`body.auth`: "token", the
-   * default and only mode). The guest's port is reached only through the
-   * ingress. Returns the URL with its `token` and `link`, shown only here
-   * and by rotateURL. A port published already throws conflict (409); a
-   * server without an ingress, unavailable (503).
+   * on the server's ingress. The guest's port is reached only through the
+   * ingress. `body.auth` "token" (the default) puts it behind a token: the
+   * URL is returned with its `token` and `link`, shown only here and by
+   * rotateURL. `body.auth` "oidc" with `body.oidc` (an `OIDCRule`: an
+   * https issuer, an audience, and at least one of subjects, emails and
+   * groups) puts it behind OpenID Connect: the ingress takes an ID token as
+   * `Authorization: Bearer` (an invalid one gets 401, one the rule does not
+   * allow 403, and 503 when the issuer cannot be reached); the URL has no
+   * token and no link. A rule without auth "oidc", or a missing or bad one
+   * with it, throws invalid (400). A port published already throws conflict
+   * (409); a server without an ingress, unavailable (503).
    */
   async createURL(id: string, options: CallOptions<never, URLRequest>): Promise<SandboxURL> {
     return this.#call("createURL", [id], "json", this.#withBody(options));
@@ -447,10 +455,11 @@ export class HareBox {
   }
 
   /**
-   * Gives a URL a new token, atomically: when this returns, the new token
-   * works, every request sent with the old one is refused, and requests,
+   * Gives a token URL a new token, atomically: when this returns, the new
+   * token works, every request sent with the old one is refused, and requests,
    * event streams, WebSockets and HTTP/1.1 keep-alive connections opened with the
-   * old one are cut. Returns the URL with its new `token` and `link`.
+   * old one are cut. Returns the URL with its new `token` and `link`. An oidc
+   * URL has no token: invalid (400).
    */
   async rotateURL(id: string, url: string, options: CallOptions = {}): Promise<SandboxURL> {
     return this.#call("rotateURL", [id, url], "json", this.#plain(options));

@@ -29,6 +29,7 @@ export type {
   SnapshotRequest,
   Snapshot,
   URLRequest,
+  OIDCRule,
   SandboxURL,
   ExecRequest,
   ExecResult,

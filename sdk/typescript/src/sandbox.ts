@@ -197,9 +197,13 @@ export class Sandbox implements SandboxData {
 
   /**
    * Publishes this sandbox's TCP `port` (1 to 65535) as a URL on the
-   * server's ingress, behind a token (see HareBox.createURL); `auth` is
-   * "token", the default. Its `token` and `link` are shown only here and by
-   * {@link Sandbox.rotateURL}.
+   * server's ingress (see HareBox.createURL). `auth` "token" (the default)
+   * puts it behind a token: its `token` and `link` are shown only here and
+   * by {@link Sandbox.rotateURL}. `auth` "oidc" with `oidc` (the
+   * `OIDCRule`: issuer, audience, and at least one of subjects,
+   * emails and groups) puts it behind OpenID Connect ID tokens, taken as
+   * `Authorization: Bearer`; such a URL has no token and no link. `oidc` is
+   * sent when given; the server refuses it without auth "oidc" (400).
    */
   createURL(port: number, options: RequestOptions & Omit<URLRequest, "port"> = {}): Promise<SandboxURL> {
     const { signal, timeoutMs, ...rest } = options;
@@ -217,9 +221,10 @@ export class Sandbox implements SandboxData {
   }
 
   /**
-   * Gives the URL a new token (see HareBox.rotateURL): when this returns,
-   * the old token is refused and what it opened is cut. Returns the URL
-   * with its new `token` and `link`.
+   * Gives a token URL a new token (see HareBox.rotateURL): when this
+   * returns, the old token is refused and what it opened is cut. Returns the
+   * URL with its new `token` and `link`. An oidc URL has no token: invalid
+   * (400).
    */
   rotateURL(url: string, options: RequestOptions = {}): Promise<SandboxURL> {
     return this.#client.rotateURL(this.id, url, options);

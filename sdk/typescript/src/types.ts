@@ -188,20 +188,47 @@ export interface Snapshot {
   created_at: string;
 }
 
+/**
+ * Whose OpenID Connect ID tokens an oidc URL accepts: signed by `issuer`
+ * (checked against its published keys, which the server fetches and
+ * caches), for `audience`, not expired, and naming one of the `subjects`,
+ * one of the `emails` (unless the token's email_verified is false), or one
+ * of the `groups` (its groups claim). At least one of subjects, emails and
+ * groups is required (invalid, 400, otherwise).
+ */
+export interface OIDCRule {
+  /** The issuer, an https URL (without query or fragment). */
+  issuer: string;
+  /** The aud the tokens must carry (the client ID). */
+  audience: string;
+  subjects?: string[];
+  /** Compared without case. */
+  emails?: string[];
+  groups?: string[];
+}
+
 /** The body of createURL. */
 export interface URLRequest {
   /** The guest's TCP port, 1 to 65535 (plain HTTP in the guest; the ingress speaks TLS to clients). */
   port: number;
-  /** How a client proves access: "token" (the default and only mode). */
-  auth?: "token";
+  /**
+   * How a client proves access: "token" (the default; a bearer token, or a
+   * link that swaps it for a cookie), or "oidc" (an OpenID Connect ID token
+   * from `oidc.issuer` as `Authorization: Bearer`).
+   */
+  auth?: "token" | "oidc";
+  /** Required with auth "oidc", refused otherwise. */
+  oidc?: OIDCRule;
 }
 
 /**
- * A sandbox's TCP port published on the server's ingress, behind a token
- * (the URL schema; named so as not to shadow the global URL class). A
- * client sends the token in the X-HareBox-Token header or as
+ * A sandbox's TCP port published on the server's ingress, behind a token or
+ * OpenID Connect (the URL schema; named so as not to shadow the global URL
+ * class). A client sends a token in the X-HareBox-Token header or as
  * `Authorization: Bearer hburl_...`, or visits `link` once to swap it for
- * a cookie; the ingress takes it off every request before the guest sees it.
+ * a cookie; an oidc URL takes an ID token its rule allows as
+ * `Authorization: Bearer`. The ingress takes the credential off every
+ * request before the guest sees it.
  */
 export interface SandboxURL {
   /** e.g. "url_01j8z3k5m6n7p8q9r0s1t2v3w4" */
@@ -209,8 +236,10 @@ export interface SandboxURL {
   sandbox_id: string;
   account_id: string;
   port: number;
-  /** "token" */
+  /** "token" or "oidc" */
   auth: string;
+  /** The rule of an oidc URL (which has no `token` and no `link`). */
+  oidc?: OIDCRule;
   /** The host form, https://PORT-ULID.HOST/ (the path form when the ingress's host is an address). */
   url: string;
   /** The path form, https://HOST/s/SANDBOX/PORT/, for hosts without wildcard DNS. */

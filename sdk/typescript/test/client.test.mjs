@@ -180,6 +180,10 @@ describe("against a local HTTP server", () => {
   const CREATED = { ...URL1, token: "hburl_first", link: "https://8080-1.ingress.example/?harebox_token=hburl_first" };
   /** URL1 as rotateURL returns it: with the new token. */
   const ROTATED = { ...URL1, token: "hburl_second", link: "https://8080-1.ingress.example/?harebox_token=hburl_second", rotated_at: "2026-11-30T13:00:00Z" };
+  /** An oidc URL's rule. */
+  const RULE = { issuer: "https://issuer.example", audience: "harebox-web", emails: ["ada@example.com"], groups: ["eng"] };
+  /** An oidc URL of sbx_oidc, as every URL operation shows it: with its rule, never a token or link. */
+  const OIDC_URL = { ...URL1, id: "url_3", sandbox_id: "sbx_oidc", port: 9000, auth: "oidc", oidc: RULE, url: "https://9000-oidc.ingress.example/", path_url: "https://ingress.example/s/sbx_oidc/9000/" };
   /** The clones a fork of sbx_1 makes. */
   const CLONES = [
     { ...SANDBOX, id: "sbx_2", name: "w-1", labels: { role: "web", fork: "yes" } },
@@ -326,6 +330,13 @@ describe("against a local HTTP server", () => {
         const route = `${req.method} ${path.replace(/^\/v1\/sandboxes\/[^/]+/, "/v1/sandboxes/X").replace(/\/urls\/[^/]+/, "/urls/Y")}`;
         const answer = path.startsWith("/v1/sandboxes/sbx_taken/")
           ? [409, { error: { code: "conflict", message: "port 8080 of sbx_taken is published already", field: "port" } }]
+          : path.startsWith("/v1/sandboxes/sbx_oidc/") // Its URLs are oidc URLs: no token to rotate.
+          ? {
+              "POST /v1/sandboxes/X/urls": [201, OIDC_URL],
+              "GET /v1/sandboxes/X/urls": [200, { urls: [OIDC_URL] }],
+              "GET /v1/sandboxes/X/urls/Y": [200, OIDC_URL],
+              "POST /v1/sandboxes/X/urls/Y/rotate": [400, { error: { code: "invalid", message: "URL url_3 has no token to rotate (auth oidc)" } }],
+            }[route] ?? [404, { error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }]
           : {
               "POST /v1/sandboxes/X/urls": [201, CREATED],
               "GET /v1/sandboxes/X/urls": [200, { urls: [URL1, URL2] }],
@@ -1117,6 +1128,29 @@ describe("against a local HTTP server", () => {
     assert.equal(seen.length, start + 14, "a bad id sends nothing");
     // A port published already is a conflict, with its field.
     await assert.rejects(hb.createURL("sbx_taken", { body: { port: 8080 } }), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict" && e.field === "port");
+    // An oidc URL: its rule goes in the body and comes back with the URL, which has no token to show or rotate.
+    const before = seen.length;
+    const oidc = await hb.createURL("sbx_oidc", { body: { port: 9000, auth: "oidc", oidc: RULE } });
+    assert.deepEqual(oidc, OIDC_URL);
+    assert.deepEqual([oidc.auth, oidc.oidc, oidc.token, oidc.link], ["oidc", RULE, undefined, undefined]);
+    assert.deepEqual((await hb.getURL("sbx_oidc", "url_3")).oidc, RULE);
+    await assert.rejects(hb.rotateURL("sbx_oidc", "url_3"), (e) => e instanceof HareBoxError && e.status === 400 && e.code === "invalid");
+    const oidcBox = new Sandbox(hb, /** @type {any} */ ({ ...SANDBOX, id: "sbx_oidc" }));
+    assert.deepEqual(await oidcBox.createURL(9000, { auth: "oidc", oidc: RULE, timeoutMs: 5000 }), OIDC_URL);
+    assert.deepEqual((await oidcBox.listURLs()).urls.map((u) => [u.auth, u.oidc]), [["oidc", RULE]]);
+    await new Promise((resolve) => setImmediate(resolve));
+    const body = '{"port":9000,"auth":"oidc","oidc":{"issuer":"https://issuer.example","audience":"harebox-web","emails":["ada@example.com"],"groups":["eng"]}}';
+    assert.deepEqual(seen.slice(before).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim()), [
+      `POST /v1/sandboxes/sbx_oidc/urls ${body}`,
+      "GET /v1/sandboxes/sbx_oidc/urls/url_3",
+      "POST /v1/sandboxes/sbx_oidc/urls/url_3/rotate",
+      'POST /v1/sandboxes/sbx_oidc/urls {"auth":"oidc","oidc":{"issuer":"https://issuer.example","audience":"harebox-web","emails":["ada@example.com"],"groups":["eng"]},"port":9000}',
+      "GET /v1/sandboxes/sbx_oidc/urls",
+    ]);
+    assert.deepEqual(seen.slice(before).filter((s) => s.body).map((s) => JSON.parse(s.body)), [
+      { port: 9000, auth: "oidc", oidc: RULE },
+      { port: 9000, auth: "oidc", oidc: RULE },
+    ]);
   });
 
   test("a create a budget refuses throws budget_exceeded with status 402", async () => {

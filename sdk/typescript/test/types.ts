@@ -36,6 +36,7 @@ import type {
   MetricSample,
   MetricSampleList,
   MetricsQuery,
+  OIDCRule,
   Process,
   ProcessOutputEvent,
   ProcessOutputQuery,
@@ -175,8 +176,19 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   await hb.createURL(id);
   // @ts-expect-error: a port is a number.
   await hb.createURL(id, { body: { port: "8080" } });
-  // @ts-expect-error: "token" is the only auth mode.
+  // @ts-expect-error: the auth modes are "token" and "oidc".
   await box.createURL(8080, { auth: "basic" });
+  const oidcRule: OIDCRule = { issuer: "https://accounts.google.com", audience: "my-client-id", emails: ["ada@example.com"] };
+  const oidcReq: URLRequest = { port: 8080, auth: "oidc", oidc: oidcRule };
+  const app: SandboxURL = await hb.createURL(id, { body: oidcReq });
+  app.oidc satisfies OIDCRule | undefined;
+  [app.oidc?.issuer, app.oidc?.audience] satisfies (string | undefined)[];
+  app.oidc?.subjects satisfies string[] | undefined;
+  (await box.createURL(3000, { auth: "oidc", oidc: { issuer: "https://issuer.example", audience: "web", groups: ["eng"] }, timeoutMs: 1000 })).oidc?.groups satisfies string[] | undefined;
+  // @ts-expect-error: a rule needs its audience.
+  await box.createURL(8080, { auth: "oidc", oidc: { issuer: "https://issuer.example", emails: ["ada@example.com"] } });
+  // @ts-expect-error: a rule's emails are a list.
+  await box.createURL(8080, { auth: "oidc", oidc: { issuer: "https://issuer.example", audience: "web", emails: "ada@example.com" } });
   await box.delete();
   try {
     await hb.getSandbox("nope");
