@@ -323,10 +323,11 @@ func checkIngress(addr, base, certFile, keyFile string) (*url.URL, error) {
 		base = "https://localhost:" + port
 	}
 	u, err := url.Parse(base)
-	if err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
 		return nil, fmt.Errorf("--ingress-url %q: want https://HOST[:PORT]", base)
 	}
 	u.Path = ""
+	u.Host = strings.ToLower(u.Host) // host names are compared without case
 	return u, nil
 }
 

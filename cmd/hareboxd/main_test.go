@@ -178,6 +178,7 @@ func TestIngressFlags(t *testing.T) {
 		{"127.0.0.1:8443", "", "", "", "https://localhost:8443"},
 		{"0.0.0.0:443", "https://apps.example.com", "c.pem", "k.pem", "https://apps.example.com"},
 		{"0.0.0.0:443", "https://apps.example.com/", "", "", "https://apps.example.com"},
+		{"0.0.0.0:443", "https://Apps.Example.com:8443", "", "", "https://apps.example.com:8443"},
 	} {
 		u, err := checkIngress(c.addr, c.base, c.cert, c.key)
 		if err != nil || (u == nil) != (c.want == "") || (u != nil && u.String() != c.want) {
@@ -190,6 +191,7 @@ func TestIngressFlags(t *testing.T) {
 		{":8443", "http://x", "", ""},      // not https
 		{":8443", "https://x/app", "", ""}, // a path
 		{":8443", "", "c.pem", ""},         // a cert without its key
+		{":8443", "https://x#f", "", ""},   // a fragment
 	} {
 		if u, err := checkIngress(c[0], c[1], c[2], c[3]); err == nil {
 			t.Errorf("%q accepted: %v", c, u)

@@ -6,8 +6,11 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"sync"
 	"syscall"
+	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/harebox/harebox/network"
@@ -39,7 +42,7 @@ func (n *Network) DialGuest(ctx context.Context, id string, port uint16) (net.Co
 	}
 	_, guest := n.addrs(b.Slot)
 	n.mu.Unlock()
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+	d := net.Dialer{Timeout: 10 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
 		var err error
 		if cerr := c.Control(func(fd uintptr) {
 			err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(n.opts.IngressMark))
@@ -48,7 +51,59 @@ func (n *Network) DialGuest(ctx context.Context, id string, port uint16) (net.Co
 		}
 		return err
 	}}
-	return d.DialContext(ctx, "tcp4", netip.AddrPortFrom(guest, port).String())
+	c, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(guest, port).String())
+	if err != nil {
+		return nil, err
+	}
+	gc := &guestConn{Conn: c, b: b}
+	b.dmu.Lock()
+	defer b.dmu.Unlock()
+	if b.closed { // detached while dialing
+		c.Close()
+		return nil, fmt.Errorf("linuxnet: sandbox %s is not attached", id)
+	}
+	if b.dialed == nil {
+		b.dialed = map[*guestConn]struct{}{}
+	}
+	b.dialed[gc] = struct{}{}
+	return gc, nil
+}
+
+// guestConn is a connection of the ingress to a guest.
+type guestConn struct {
+	net.Conn
+	b    *box
+	once sync.Once
+}
+
+func (c *guestConn) Close() error {
+	c.once.Do(func() {
+		c.b.dmu.Lock()
+		delete(c.b.dialed, c)
+		c.b.dmu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// closeDialed closes the ingress's connections to a box being detached,
+// and any it makes from now on.
+func (b *box) closeDialed() {
+	b.dmu.Lock()
+	b.closed = true
+	conns := b.dialed
+	b.dialed = nil
+	b.dmu.Unlock()
+	for c := range conns {
+		c.Conn.Close()
+	}
+}
+
+// toGuest matches the conntrack flows from the host to a guest address.
+type toGuest netip.Addr
+
+func (g toGuest) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
+	dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
+	return dst == netip.Addr(g)
 }
 
 // ClosePorts implements network.Ingress.

@@ -88,4 +88,20 @@ func TestIngress(t *testing.T) {
 	if b := n.boxes[g.id]; len(b.Exposed) != 1 || b.Exposed[0] != 8081 {
 		t.Errorf("exposed = %v, want [8081]", b.Exposed)
 	}
+
+	// Detaching closes the ingress's open connections to the guest: its
+	// address goes to the next sandbox attached.
+	if c, err = n.DialGuest(ctx, g.id, 8081); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echo(c, "before"); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Detach(ctx, g.id); err != nil {
+		t.Fatal(err)
+	}
+	if err := echo(c, "after"); err == nil {
+		t.Error("an ingress connection outlived the guest's detach")
+	}
 }

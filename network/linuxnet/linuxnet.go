@@ -117,6 +117,13 @@ type box struct {
 	Policy *firewall.Policy `json:"policy"`
 	// Exposed are the guest ports open to the host's ingress.
 	Exposed []uint16 `json:"exposed,omitempty"`
+
+	// dialed are the ingress's open connections to the guest: closed
+	// when the box is detached, since its address goes to the next
+	// sandbox attached.
+	dmu    sync.Mutex
+	dialed map[*guestConn]struct{}
+	closed bool
 }
 
 // New starts the resolver and proxy and installs the table for the
@@ -356,6 +363,9 @@ func (n *Network) detach(id string) error {
 		n.pmu.Unlock()
 		n.proxy.Recheck(guest) // no policy: cuts everything
 		deleteFlows(guest, func(netlink.ConntrackFlow) bool { return true })
+		// And the host's own connections to it (the ingress's).
+		b.closeDialed()
+		netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, toGuest(guest))
 	}
 	if err := os.Remove(n.statePath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
