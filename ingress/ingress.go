@@ -91,6 +91,7 @@ type Service struct {
 	bg      context.Context // outlives calls: issuers' key fetches
 	client  *http.Client    // to OpenID Connect issuers
 	issuers issuers
+	signIns signIns
 }
 
 // target is a guest port.
@@ -529,6 +530,15 @@ var hostLabel = regexp.MustCompile(`^([0-9]{1,5})-([0-9a-z]{26})$`)
 
 // route finds the URL a request is for, the path to send to the guest
 // (escaped) and the path the credential cookie is scoped to.
+// isBase says whether host (with or without a port) is the ingress's
+// own host, not a URL's.
+func (s *Service) isBase(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.EqualFold(host, s.opts.Base.Hostname())
+}
+
 func (s *Service) route(r *http.Request) (e *entry, path, cookiePath string, ok bool) {
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -650,6 +660,10 @@ type routed struct {
 
 // ServeHTTP is the ingress.
 func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == CallbackPath && s.isBase(r.Host) {
+		s.callback(w, r)
+		return
+	}
 	e, path, cookiePath, ok := s.route(r)
 	if !ok {
 		http.Error(w, "no such URL", http.StatusNotFound)
@@ -670,9 +684,24 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	who := e.auth
+	tok, fromCookie := credential(r)
 	if e.auth == sandbox.URLAuthOIDC {
 		var status int
-		if who, status = s.checkOIDC(r, e); status != 0 {
+		if path == SessionPath {
+			s.takeTicket(w, r, e, cookiePath)
+			return
+		}
+		if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+			who, status = s.checkOIDC(r, e)
+			fromCookie = false
+		} else if who, fromCookie = s.sessionOf(r, e); !fromCookie {
+			if wantsPage(r) {
+				s.signIn(w, r, e, "https://"+r.Host+cookiePath+strings.TrimPrefix(SessionPath, "/"))
+				return
+			}
+			who, status = "oidc", http.StatusUnauthorized
+		}
+		if status != 0 {
 			s.refuse(w, e, who, status)
 			return
 		}
@@ -687,7 +716,6 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ProtoMajor == 2 {
 		st.h2 = w
 	}
-	tok, fromCookie := credential(r)
 	if fromCookie && crossSite(r) {
 		s.refuse(w, e, who, http.StatusForbidden)
 		return
@@ -804,7 +832,9 @@ func (s *Service) rewrite(pr *httputil.ProxyRequest) {
 	}
 	// A browser following a link's redirect may name the link, token and
 	// all, as the Referer.
-	if ref, err := url.Parse(out.Header.Get("Referer")); err == nil && ref.Query().Has(QueryParam) {
+	if ref, err := url.Parse(out.Header.Get("Referer")); err == nil && strings.Contains(ref.Path, "/.harebox/") {
+		out.Header.Del("Referer") // the ingress's own pages (a sign-in's ticket)
+	} else if err == nil && ref.Query().Has(QueryParam) {
 		q := ref.Query()
 		q.Del(QueryParam)
 		ref.RawQuery = q.Encode()
@@ -812,7 +842,7 @@ func (s *Service) rewrite(pr *httputil.ProxyRequest) {
 	}
 	var keep []string
 	for _, c := range out.Cookies() {
-		if c.Name != CookieName {
+		if c.Name != CookieName && c.Name != SessionCookie {
 			keep = append(keep, c.String())
 		}
 	}
@@ -864,7 +894,7 @@ func guestResponse(resp *http.Response) error {
 	resp.Header.Del("Set-Cookie")
 	for _, v := range sc {
 		c, err := http.ParseSetCookie(v)
-		if err != nil || strings.EqualFold(c.Name, CookieName) {
+		if err != nil || strings.EqualFold(c.Name, CookieName) || strings.EqualFold(c.Name, SessionCookie) {
 			continue
 		}
 		if c.Domain == "" && (rt.cookiePath == "/" || strings.HasPrefix(c.Path, rt.cookiePath)) {

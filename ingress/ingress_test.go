@@ -129,7 +129,11 @@ type fixture struct {
 
 // newFixture serves an ingress on loopback, with TLS (and HTTP/2) or
 // without.
-func newFixture(t *testing.T, withTLS bool) *fixture {
+func newFixture(t *testing.T, withTLS bool) *fixture { return newFixtureOn(t, withTLS, "harebox.test") }
+
+// newFixtureOn serves an ingress whose base host is host (its
+// certificate, with TLS, is for host and *.host too).
+func newFixtureOn(t *testing.T, withTLS bool, host string) *fixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	db, err := store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "db"))
 	if err != nil {
@@ -145,7 +149,7 @@ func newFixture(t *testing.T, withTLS bool) *fixture {
 	if withTLS {
 		scheme = "https"
 		dir := t.TempDir()
-		cert, key, _, err := servertls.SelfSigned(dir, []string{"localhost", "127.0.0.1"})
+		cert, key, _, err := servertls.SelfSigned(dir, []string{"localhost", "127.0.0.1", host, "*." + host})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +161,7 @@ func newFixture(t *testing.T, withTLS bool) *fixture {
 		f.tls = &tls.Config{RootCAs: certPool(src), ServerName: "localhost"}
 		f.client.Transport = &http.Transport{TLSClientConfig: f.tls, ForceAttemptHTTP2: true}
 	}
-	base, _ := url.Parse(scheme + "://harebox.test:" + fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
+	base, _ := url.Parse(scheme + "://" + host + ":" + fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
 	f.base = scheme + "://" + ln.Addr().String()
 	f.svc, err = New(ctx, Options{Store: db, Guests: f.guests, Base: base, Record: func(u *sandbox.URL, who string, ok bool) {
 		f.records <- fmt.Sprintf("%s %v", u.ID, ok)

@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -52,6 +53,16 @@ type issuers struct {
 const retryDiscovery = 10 * time.Second
 
 func (s *Service) verifier(rule *sandbox.OIDCRule) (*oidc.IDTokenVerifier, error) {
+	p, err := s.provider(rule)
+	if err != nil {
+		return nil, err
+	}
+	return p.Verifier(&oidc.Config{ClientID: rule.Audience, Now: s.opts.Now}), nil
+}
+
+// provider returns the rule's issuer's provider, discovering it on first
+// use.
+func (s *Service) provider(rule *sandbox.OIDCRule) (*oidc.Provider, error) {
 	s.issuers.mu.Lock()
 	if s.issuers.m == nil {
 		s.issuers.m = map[string]*issuer{}
@@ -77,7 +88,7 @@ func (s *Service) verifier(rule *sandbox.OIDCRule) (*oidc.IDTokenVerifier, error
 		}
 		is.p, is.err = p, nil
 	}
-	return is.p.Verifier(&oidc.Config{ClientID: rule.Audience, Now: s.opts.Now}), nil
+	return is.p, nil
 }
 
 // claims are what a rule looks at besides the subject.
@@ -94,21 +105,31 @@ func (s *Service) checkOIDC(r *http.Request, e *entry) (string, int) {
 	if !ok || raw == "" || len(raw) > 16<<10 {
 		return "oidc", http.StatusUnauthorized
 	}
+	who, _, status := s.checkIDToken(r.Context(), e, raw, "")
+	return who, status
+}
+
+// checkIDToken checks a raw ID token (and its nonce, when one is
+// expected) against e's rule.
+func (s *Service) checkIDToken(ctx context.Context, e *entry, raw, nonce string) (string, time.Time, int) {
 	v, err := s.verifier(e.rule)
 	if err != nil {
 		s.opts.Log.Warn("ingress: OpenID Connect discovery failed", "issuer", e.rule.Issuer, "err", err)
-		return "oidc", http.StatusServiceUnavailable
+		return "oidc", time.Time{}, http.StatusServiceUnavailable
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	tok, err := v.Verify(ctx, raw)
+	if err == nil && nonce != "" && tok.Nonce != nonce {
+		err = errors.New("wrong nonce")
+	}
 	if err != nil {
 		s.opts.Log.Debug("ingress: ID token refused", "url", e.id, "err", err)
-		return "oidc", http.StatusUnauthorized
+		return "oidc", time.Time{}, http.StatusUnauthorized
 	}
 	var c claims
 	if err := tok.Claims(&c); err != nil {
-		return "oidc", http.StatusUnauthorized
+		return "oidc", time.Time{}, http.StatusUnauthorized
 	}
 	sub := tok.Subject
 	if len(sub) > 255 {
@@ -116,9 +137,9 @@ func (s *Service) checkOIDC(r *http.Request, e *entry) (string, int) {
 	}
 	who := "oidc:" + sub
 	if allows(e.rule, tok.Subject, c) {
-		return who, 0
+		return who, tok.Expiry, 0
 	}
-	return who, http.StatusForbidden
+	return who, tok.Expiry, http.StatusForbidden
 }
 
 // allows says whether a rule lets a verified token's holder in.

@@ -5,15 +5,22 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
 	"net/http"
+	"net/http/cookiejar"
 	"net/http/httptest"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"golang.org/x/oauth2"
 
 	"github.com/harebox/harebox/sandbox"
 )
@@ -25,10 +32,18 @@ type testIssuer struct {
 	mu   sync.Mutex
 	keys map[string]*ecdsa.PrivateKey // published
 	down bool
+	// The sign-in: who the next browser signs in as (its claims), and
+	// the codes given out, with what the token request must match.
+	user  map[string]any
+	codes map[string]authCode
+}
+
+type authCode struct {
+	clientID, redirectURI, challenge, nonce string
 }
 
 func newIssuer(t *testing.T) *testIssuer {
-	is := &testIssuer{keys: map[string]*ecdsa.PrivateKey{}}
+	is := &testIssuer{keys: map[string]*ecdsa.PrivateKey{}, codes: map[string]authCode{}}
 	is.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		is.mu.Lock()
 		defer is.mu.Unlock()
@@ -43,6 +58,37 @@ func newIssuer(t *testing.T) *testIssuer {
 				"authorization_endpoint": is.srv.URL + "/auth", "token_endpoint": is.srv.URL + "/token",
 				"id_token_signing_alg_values_supported": []string{"ES256"},
 			})
+		case "/auth":
+			// A user who is signed in already: straight back with a code.
+			q := r.URL.Query()
+			if q.Get("response_type") != "code" || q.Get("code_challenge_method") != "S256" || q.Get("code_challenge") == "" {
+				http.Error(w, "bad authorization request", 400)
+				return
+			}
+			code := random()
+			is.codes[code] = authCode{q.Get("client_id"), q.Get("redirect_uri"), q.Get("code_challenge"), q.Get("nonce")}
+			http.Redirect(w, r, q.Get("redirect_uri")+"?code="+code+"&state="+url.QueryEscape(q.Get("state")), http.StatusFound)
+		case "/token":
+			r.ParseForm()
+			c, ok := is.codes[r.PostForm.Get("code")]
+			delete(is.codes, r.PostForm.Get("code"))
+			if !ok || r.PostForm.Get("grant_type") != "authorization_code" || r.PostForm.Get("client_id") != c.clientID ||
+				r.PostForm.Get("redirect_uri") != c.redirectURI || oauth2.S256ChallengeFromVerifier(r.PostForm.Get("code_verifier")) != c.challenge {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(400)
+				io.WriteString(w, `{"error":"invalid_grant"}`)
+				return
+			}
+			claims := map[string]any{"aud": c.clientID, "nonce": c.nonce}
+			for k, v := range is.user {
+				claims[k] = v
+			}
+			var kid string
+			for kid = range is.keys {
+			}
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(map[string]any{"access_token": "at", "token_type": "Bearer", "expires_in": 3600,
+				"id_token": signWith(is.keys[kid], kid, is.srv.URL, claims)})
 		case "/keys":
 			var set jose.JSONWebKeySet
 			for id, k := range is.keys {
@@ -76,6 +122,10 @@ func (is *testIssuer) drop(id string) {
 // audience "app", sub "alice", valid for an hour).
 func sign(t *testing.T, k *ecdsa.PrivateKey, kid string, iss string, over map[string]any) string {
 	t.Helper()
+	return signWith(k, kid, iss, over)
+}
+
+func signWith(k *ecdsa.PrivateKey, kid string, iss string, over map[string]any) string {
 	c := map[string]any{"iss": iss, "aud": "app", "sub": "alice", "iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix()}
 	for n, v := range over {
 		if v == nil {
@@ -87,12 +137,12 @@ func sign(t *testing.T, k *ecdsa.PrivateKey, kid string, iss string, over map[st
 	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: k, KeyID: kid}},
 		(&jose.SignerOptions{}).WithType("JWT"))
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
 	payload, _ := json.Marshal(c)
 	obj, err := signer.Sign(payload)
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
 	s, _ := obj.CompactSerialize()
 	return s
@@ -205,5 +255,117 @@ func TestOIDCIssuerDown(t *testing.T) {
 	now = now.Add(retryDiscovery)
 	if resp, _ := f.get(t, u, "/", tok); resp.StatusCode != 200 {
 		t.Errorf("issuer back: %d", resp.StatusCode)
+	}
+}
+
+// TestOIDCSignIn: a browser opens an oidc URL, is sent to the issuer,
+// comes back through the one callback on the ingress's host, gets its
+// session cookie on the URL's own host and sees the guest's page; the
+// guest sees no cookie of the ingress's. A user the rule does not allow
+// is refused; a replayed or forged callback is refused; the session opens
+// no other URL.
+func TestOIDCSignIn(t *testing.T) {
+	is := newIssuer(t)
+	is.key("k1")
+	f := newFixtureOn(t, true, "localhost")
+	f.svc.client = is.srv.Client()
+	ctx := context.Background()
+	rule := &sandbox.OIDCRule{Issuer: is.srv.URL, Audience: "app", Emails: []string{"ana@example.com"}}
+	u, err := f.svc.Create(ctx, sbxID, "acc_1", sandbox.URLRequest{Port: 9000, Auth: "oidc", OIDC: rule})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.svc.Create(ctx, sbxID, "acc_1", sandbox.URLRequest{Port: 9001, Auth: "oidc", OIDC: rule})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ingressAddr := strings.TrimPrefix(f.base, "https://")
+	roots := f.tls.RootCAs.Clone()
+	roots.AddCert(is.srv.Certificate())
+	browser := func() *http.Client {
+		jar, _ := cookiejar.New(nil)
+		return &http.Client{Jar: jar, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: roots},
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if h, _, _ := net.SplitHostPort(addr); h == "localhost" || strings.HasSuffix(h, ".localhost") {
+					addr = ingressAddr
+				}
+				var d net.Dialer
+				return d.DialContext(ctx, network, addr)
+			}}}
+	}
+	open := func(c *http.Client, rawURL string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", rawURL, nil)
+		req.Header.Set("Accept", "text/html")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+
+	is.user = map[string]any{"sub": "ana-1", "email": "ana@example.com", "email_verified": true}
+	for _, form := range []string{u.URL + "app?x=1", u.PathURL + "app?x=1"} {
+		b := browser()
+		resp, body := open(b, form)
+		if resp.StatusCode != 200 || resp.Request.URL.String() != form {
+			t.Fatalf("%s: %d at %s: %s", form, resp.StatusCode, resp.Request.URL, body)
+		}
+		var got map[string]any
+		json.Unmarshal([]byte(body), &got)
+		if got["path"] != "/app" || strings.Contains(body, SessionCookie) || strings.Contains(body, "ticket") {
+			t.Errorf("%s: the guest got %s", form, body)
+		}
+		// The session works again without the issuer, and only here.
+		if resp, _ := open(b, form); resp.StatusCode != 200 || resp.Request.URL.String() != form {
+			t.Errorf("%s: again: %d at %s", form, resp.StatusCode, resp.Request.URL)
+		}
+		b.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		if resp, _ := open(b, other.URL); resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), is.srv.URL) {
+			t.Errorf("the session opened another URL: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+		}
+	}
+
+	// A script without a session gets 401, not the issuer's page.
+	req, _ := http.NewRequest("GET", u.URL, nil)
+	req.Header.Set("Sec-Fetch-Mode", "cors")
+	if resp, err := browser().Do(req); err != nil || resp.StatusCode != 401 {
+		t.Errorf("a script: %v %v", resp, err)
+	}
+
+	// Someone the rule does not allow signs in: refused.
+	is.user = map[string]any{"sub": "eve", "email": "eve@example.com"}
+	if resp, _ := open(browser(), u.URL); resp.StatusCode != 403 {
+		t.Errorf("a user not allowed: %d", resp.StatusCode)
+	}
+
+	// A callback with a state the ingress did not give, or used twice.
+	is.user = map[string]any{"sub": "ana-1", "email": "ana@example.com"}
+	b := browser()
+	var cb string
+	b.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if req.URL.Path == CallbackPath {
+			cb = req.URL.String()
+			return http.ErrUseLastResponse
+		}
+		return nil
+	}
+	open(b, u.URL)
+	if cb == "" {
+		t.Fatal("no callback")
+	}
+	b.CheckRedirect = nil
+	if resp, _ := open(b, cb); resp.StatusCode != 200 {
+		t.Fatalf("the callback: %d", resp.StatusCode)
+	}
+	if resp, _ := open(browser(), cb); resp.StatusCode != 400 {
+		t.Errorf("a replayed callback: %d", resp.StatusCode)
+	}
+	forged := strings.Replace(cb, "state=", "state=x", 1)
+	if resp, _ := open(browser(), forged); resp.StatusCode != 400 {
+		t.Errorf("a forged state: %d", resp.StatusCode)
 	}
 }
