@@ -24,8 +24,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/harebox/harebox/authz"

@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -202,6 +203,18 @@ func TestIngress(t *testing.T) {
 	}
 	if code, _ := get(u.URL, http.Header{"X-Harebox-Token": {nu.Token}}); code != 200 {
 		t.Errorf("new token after rotate: %d", code)
+	}
+	// hareboxd killed and started again: the URL, its new token and the
+	// guest's opened port are all still there.
+	srv.cmd.Process.Signal(syscall.SIGKILL)
+	srv.cmd.Wait()
+	relaunch(t, srv)
+	tr.CloseIdleConnections()
+	if code, _ := get(u.URL, http.Header{"X-Harebox-Token": {nu.Token}}); code != 200 {
+		t.Errorf("new token after a restart: %d", code)
+	}
+	if code, _ := get(u.URL, http.Header{"X-Harebox-Token": {u.Token}}); code != 401 {
+		t.Errorf("old token after a restart: %d", code)
 	}
 	ws = openWS(t, cfg, dial, u.URL, nu.Token)
 
