@@ -528,8 +528,6 @@ func (c *conn) forget() {
 
 var hostLabel = regexp.MustCompile(`^([0-9]{1,5})-([0-9a-z]{26})$`)
 
-// route finds the URL a request is for, the path to send to the guest
-// (escaped) and the path the credential cookie is scoped to.
 // isBase says whether host (with or without a port) is the ingress's
 // own host, not a URL's.
 func (s *Service) isBase(host string) bool {
@@ -539,6 +537,8 @@ func (s *Service) isBase(host string) bool {
 	return strings.EqualFold(host, s.opts.Base.Hostname())
 }
 
+// route finds the URL a request is for, the path to send to the guest
+// (escaped) and the path the credential cookie is scoped to.
 func (s *Service) route(r *http.Request) (e *entry, path, cookiePath string, ok bool) {
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -920,8 +920,8 @@ var buffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }
 func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
 func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 
-// cutWriter fails every write once its stream is cut: nothing reaches the
-// client of a rotated token after Rotate returns.
+// cutWriter fails every write that starts once its stream is cut: nothing
+// the guest writes after Rotate returns reaches a client of the old token.
 type cutWriter struct {
 	http.ResponseWriter
 	st *stream
