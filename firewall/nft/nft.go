@@ -371,7 +371,10 @@ func (t *Table) addSandbox(b baseChains, sb Sandbox) error {
 		for _, p := range sb.Exposed {
 			spans = append(spans, firewall.PortSpan{Lo: p, Hi: p})
 		}
-		t.rule(i, nil, markCmp(t.cfg.IngressMark), ipv4(), addrCmp(16, sb.Addr, expr.CmpOpEq), l4(unix.IPPROTO_TCP), t.portSet(spans), accept)
+		// New connections only, from an address of the host itself (the
+		// chain is also jumped to for forwarded packets).
+		t.rule(i, nil, markCmp(t.cfg.IngressMark), ctState(expr.CtStateBitNEW), ipv4(), localSource(),
+			addrCmp(16, sb.Addr, expr.CmpOpEq), l4(unix.IPPROTO_TCP), t.portSet(spans), accept)
 	}
 	t.rule(i, nil, drop)
 
@@ -542,6 +545,14 @@ func prefixCmp(off uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
 		&expr.Cmp{Op: op, Register: 1, Data: a[:]},
+	}
+}
+
+// localSource matches packets whose source address is one of the host's.
+func localSource() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
 	}
 }
 
