@@ -611,6 +611,11 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 	if perr := e.store.PutSandbox(ctx, b.rec); perr != nil {
 		err = errors.Join(err, perr)
 	}
+	// A URL published while the sandbox was being destroyed (CreateURL
+	// checks the state again after its own write) goes too.
+	if ferr := e.urls.Forget(ctx, id); ferr != nil {
+		err = errors.Join(err, ferr)
+	}
 	e.log.Info("sandbox deleted", "id", id)
 	return err
 }

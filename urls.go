@@ -29,7 +29,18 @@ func (e *Engine) CreateURL(ctx context.Context, id string, req sandbox.URLReques
 	if rec.State == sandbox.StateDeleted {
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is deleted", id)
 	}
-	return e.urls.Create(ctx, id, rec.AccountID, req)
+	u, err := e.urls.Create(ctx, id, rec.AccountID, req)
+	if err != nil {
+		return nil, err
+	}
+	// A Delete that ran meanwhile marks the sandbox deleted before its
+	// last sweep of URLs: either that sweep saw this one, or this check
+	// sees the mark.
+	if rec, err := e.record(ctx, id); err == nil && rec.State == sandbox.StateDeleted {
+		e.urls.Delete(context.WithoutCancel(ctx), id, u.ID)
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is deleted", id)
+	}
+	return u, nil
 }
 
 // ListURLs lists a sandbox's URLs, oldest first.
