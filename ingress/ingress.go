@@ -205,8 +205,11 @@ func (s *Service) Create(ctx context.Context, sandboxID, accountID string, req s
 	if err := sandbox.Validate(&req); err != nil {
 		return nil, err
 	}
-	if !s.Enabled() {
+	switch {
+	case s.opts.Base == nil:
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "this server has no ingress (start hareboxd with --ingress-listen)")
+	case s.opts.Guests == nil:
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "this server's sandbox network cannot let its ingress in (hareboxd --network none)")
 	}
 	if req.Auth == "" {
 		req.Auth = sandbox.URLAuthToken
