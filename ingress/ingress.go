@@ -188,9 +188,6 @@ func (s *Service) add(r *store.URL) (*entry, error) {
 	return e, nil
 }
 
-// Enabled says whether ports can be published here.
-func (s *Service) Enabled() bool { return s.opts.Base != nil && s.opts.Guests != nil }
-
 func newToken() (string, string) {
 	b := make([]byte, 32)
 	rand.Read(b)

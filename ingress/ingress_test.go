@@ -22,6 +22,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/harebox/harebox/internal/testweb"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/servertls"
 	"github.com/harebox/harebox/store"
@@ -48,34 +49,16 @@ func (g *loopGuests) ClosePorts(_ context.Context, _ string, ports ...uint16) er
 	return nil
 }
 
-// upstream is the guest's app: /echo answers with what it received,
-// /sse streams events, /ws echoes WebSocket messages.
+// upstream is the guest's app: internal/testweb's (events every 5 ms),
+// and routes that set cookies, flood, or answer late.
 func upstream(t *testing.T) string {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "query": r.URL.RawQuery, "host": r.Host, "header": r.Header})
-	})
+	mux := testweb.NewMux(5 * time.Millisecond)
 	mux.HandleFunc("/setcookie", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Add("Set-Cookie", CookieName+"=hburl_guest; Domain=harebox.test; Path=/")
 		w.Header().Add("Set-Cookie", "app=1; Path=/")
 		w.Header().Add("Set-Cookie", "HAREBOX_TOKEN=x")
 		w.Header().Add("Set-Cookie", "wide=1; Domain=harebox.test; Path=/")
 		w.Header().Set("Service-Worker-Allowed", "/")
-	})
-	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		for {
-			// Each event says when the guest wrote it.
-			if _, err := fmt.Fprintf(w, "data: %d\n\n", time.Now().UnixNano()); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
 	})
 	mux.HandleFunc("/flood", func(w http.ResponseWriter, r *http.Request) {
 		chunk := make([]byte, 64<<10)
@@ -90,22 +73,6 @@ func upstream(t *testing.T) string {
 		case <-r.Context().Done():
 		case <-time.After(2 * time.Second):
 			io.WriteString(w, "late")
-		}
-	})
-	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer c.CloseNow()
-		for {
-			typ, b, err := c.Read(r.Context())
-			if err != nil {
-				return
-			}
-			if err := c.Write(r.Context(), typ, b); err != nil {
-				return
-			}
 		}
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -42,15 +42,7 @@ func (n *Network) DialGuest(ctx context.Context, id string, port uint16) (net.Co
 	}
 	_, guest := n.addrs(b.Slot)
 	n.mu.Unlock()
-	d := net.Dialer{Timeout: 10 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
-		var err error
-		if cerr := c.Control(func(fd uintptr) {
-			err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(n.opts.IngressMark))
-		}); cerr != nil {
-			return cerr
-		}
-		return err
-	}}
+	d := net.Dialer{Timeout: 10 * time.Second, Control: markSocket(n.opts.IngressMark)}
 	c, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(guest, port).String())
 	if err != nil {
 		return nil, err
@@ -104,6 +96,19 @@ type toGuest netip.Addr
 func (g toGuest) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 	dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
 	return dst == netip.Addr(g)
+}
+
+// markSocket is a dialer's Control that marks its socket (SO_MARK).
+func markSocket(mark uint32) func(_, _ string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if cerr := c.Control(func(fd uintptr) {
+			err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(mark))
+		}); cerr != nil {
+			return cerr
+		}
+		return err
+	}
 }
 
 // ClosePorts implements network.Ingress.

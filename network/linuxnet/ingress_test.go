@@ -3,22 +3,15 @@ package linuxnet
 import (
 	"context"
 	"net"
-	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/harebox/harebox/firewall"
 )
 
 // markedDial connects from the host with a socket mark, as DialGuest does.
-func markedDial(addr string, mark int) (net.Conn, error) {
-	d := net.Dialer{Timeout: 700 * time.Millisecond, Control: func(_, _ string, c syscall.RawConn) error {
-		var err error
-		c.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, mark) })
-		return err
-	}}
+func markedDial(addr string, mark uint32) (net.Conn, error) {
+	d := net.Dialer{Timeout: 700 * time.Millisecond, Control: markSocket(mark)}
 	return d.Dial("tcp4", addr)
 }
 
