@@ -4,6 +4,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestNaming(t *testing.T) {
@@ -19,7 +20,15 @@ func TestNaming(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
-	ps := Naming(marker)
+	// Start returns once the child has switched to its new image, which
+	// is a moment before the kernel records where its arguments are: until
+	// then its cmdline reads empty. Naming is a snapshot, so wait for it.
+	var ps []Proc
+	for deadline := time.Now().Add(10 * time.Second); len(ps) == 0 && time.Now().Before(deadline); {
+		if ps = Naming(marker); len(ps) == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	if len(ps) != 1 || ps[0].PID != cmd.Process.Pid || ps[0].Cmdline != "sh -c read x "+marker {
 		t.Fatalf("got %v", ps)
 	}
