@@ -255,7 +255,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
 	guests, _ := e.net.(network.Ingress)
-	e.urls, err = ingress.New(ctx, ingress.Options{Store: e.store, Guests: guests, Base: opts.Ingress,
+	e.urls, err = ingress.New(ctx, ingress.Options{Store: e.store, Secrets: e.sec, Guests: guests, Base: opts.Ingress,
 		Record: al.RecordURLAccess, Log: e.log, Now: opts.Now})
 	if err != nil {
 		return nil, err

@@ -41,6 +41,7 @@ import (
 
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
 )
 
@@ -58,6 +59,9 @@ const (
 // Options configure the service.
 type Options struct {
 	Store store.Store
+	// Secrets keeps the keys of the URL CAs made here; nil: CAs can
+	// only be uploaded.
+	Secrets secrets.Store
 	// Guests dials guest ports; nil: no port can be published.
 	Guests network.Ingress
 	// Base is the ingress's public address (https://HOST[:PORT]): path
@@ -92,6 +96,13 @@ type Service struct {
 	client  *http.Client    // to OpenID Connect issuers
 	issuers issuers
 	signIns signIns
+
+	// caChange serializes the changes of URL CAs and certificates with
+	// their store writes; caMu guards cas, the projects' CAs as requests
+	// check them (loaded on first use).
+	caChange sync.Mutex
+	caMu     sync.Mutex
+	cas      map[string]*authority
 }
 
 // target is a guest port.
@@ -102,10 +113,11 @@ type target struct {
 
 // entry is one URL in memory, with what was opened with its token.
 type entry struct {
-	id   string
-	t    target // never changes, nor do auth and rule
-	auth string
-	rule *sandbox.OIDCRule
+	id      string
+	t       target // never changes, nor do auth, rule and project
+	auth    string
+	rule    *sandbox.OIDCRule
+	project string
 
 	// rot serializes the changes of a URL (rotate, delete) with their
 	// store writes; mu guards what requests check, held only briefly.
@@ -115,8 +127,8 @@ type entry struct {
 	hash    [sha256.Size]byte
 	gone    bool
 	streams map[*stream]struct{}
-	conns   map[*conn]struct{}
-	denied  time.Time // the last refusal recorded
+	conns   map[*conn]string // to the serial of the certificate they have (mtls)
+	denied  time.Time        // the last refusal recorded
 }
 
 // New loads the published URLs.
@@ -128,7 +140,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		opts.Now = time.Now
 	}
 	s := &Service{opts: opts, byID: map[string]*entry{}, byPort: map[target]*entry{},
-		bg: context.WithoutCancel(ctx), client: opts.HTTPClient}
+		bg: context.WithoutCancel(ctx), client: opts.HTTPClient, cas: map[string]*authority{}}
 	if s.client == nil {
 		s.client = &http.Client{Timeout: 10 * time.Second}
 	}
@@ -165,8 +177,8 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 }
 
 func (s *Service) add(r *store.URL) (*entry, error) {
-	e := &entry{id: r.ID, t: target{r.SandboxID, r.Port}, auth: r.Auth, rule: r.OIDC, rec: *r,
-		streams: map[*stream]struct{}{}, conns: map[*conn]struct{}{}}
+	e := &entry{id: r.ID, t: target{r.SandboxID, r.Port}, auth: r.Auth, rule: r.OIDC, project: r.ProjectID, rec: *r,
+		streams: map[*stream]struct{}{}, conns: map[*conn]string{}}
 	switch r.Auth {
 	case sandbox.URLAuthToken:
 		h, err := hex.DecodeString(r.TokenHash)
@@ -177,6 +189,10 @@ func (s *Service) add(r *store.URL) (*entry, error) {
 	case sandbox.URLAuthOIDC:
 		if r.OIDC == nil {
 			return nil, errors.New("no OIDC rule")
+		}
+	case sandbox.URLAuthMTLS:
+		if r.ProjectID == "" {
+			return nil, errors.New("no project")
 		}
 	default:
 		return nil, fmt.Errorf("unknown auth %q", r.Auth)
@@ -196,9 +212,12 @@ func newToken() (string, string) {
 	return tok, hex.EncodeToString(h[:])
 }
 
+// Owner is the sandbox whose port is published, and where it belongs.
+type Owner struct{ SandboxID, AccountID, ProjectID string }
+
 // Create publishes a sandbox's port. The result carries the token, which
 // is not kept.
-func (s *Service) Create(ctx context.Context, sandboxID, accountID string, req sandbox.URLRequest) (*sandbox.URL, error) {
+func (s *Service) Create(ctx context.Context, owner Owner, req sandbox.URLRequest) (*sandbox.URL, error) {
 	if err := sandbox.Validate(&req); err != nil {
 		return nil, err
 	}
@@ -222,8 +241,20 @@ func (s *Service) Create(ctx context.Context, sandboxID, accountID string, req s
 		if err := checkRule(req.OIDC); err != nil {
 			return nil, err
 		}
+	case sandbox.URLAuthMTLS:
+		switch {
+		case req.OIDC != nil:
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "oidc", "is for auth oidc only")
+		case s.opts.Base.Scheme != "https":
+			return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "this server's ingress has no TLS, which client certificates need")
+		case net.ParseIP(s.opts.Base.Hostname()) != nil:
+			return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "client certificates need a URL's host form, and this server's ingress is at an address (start hareboxd with an --ingress-url whose host is a name with wildcard DNS)")
+		case owner.ProjectID == "":
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "auth", "the sandbox has no project, whose CA client certificates are checked against")
+		}
 	}
-	rec := &store.URL{URL: sandbox.URL{ID: sandbox.NewURLID(), SandboxID: sandboxID, AccountID: accountID,
+	sandboxID := owner.SandboxID
+	rec := &store.URL{URL: sandbox.URL{ID: sandbox.NewURLID(), SandboxID: sandboxID, AccountID: owner.AccountID, ProjectID: owner.ProjectID,
 		Port: req.Port, Auth: req.Auth, OIDC: req.OIDC, CreatedAt: s.opts.Now().UTC()}, TokenHash: hash}
 	if err := s.opts.Store.PutURL(ctx, rec); err != nil {
 		if errors.Is(err, store.ErrConflict) {
@@ -410,8 +441,11 @@ func (s *Service) Forget(ctx context.Context, sandboxID string) error {
 // takeLocked takes what the current credential opened, to cut. The
 // caller holds e.mu.
 func (e *entry) takeLocked() (map[*stream]struct{}, map[*conn]struct{}) {
-	streams, conns := e.streams, e.conns
-	e.streams, e.conns = map[*stream]struct{}{}, map[*conn]struct{}{}
+	streams, conns := e.streams, map[*conn]struct{}{}
+	for c := range e.conns {
+		conns[c] = struct{}{}
+	}
+	e.streams, e.conns = map[*stream]struct{}{}, map[*conn]string{}
 	return streams, conns
 }
 
@@ -463,6 +497,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) er
 	if tc != nil {
 		srv.TLSConfig = tc.Clone()
 		srv.TLSConfig.NextProtos = []string{"h2", "http/1.1"}
+		srv.TLSConfig.GetConfigForClient = s.clientTLS(srv.TLSConfig)
 		err = srv.ServeTLS(ln, "", "")
 	} else {
 		err = srv.Serve(ln)
@@ -528,6 +563,16 @@ func (c *conn) forget() {
 
 var hostLabel = regexp.MustCompile(`^([0-9]{1,5})-([0-9a-z]{26})$`)
 
+// hostTarget is the guest port a host form's first label names.
+func hostTarget(label string) (target, bool) {
+	m := hostLabel.FindStringSubmatch(label)
+	if m == nil {
+		return target{}, false
+	}
+	port, _ := strconv.Atoi(m[1])
+	return target{sandbox.IDPrefix + m[2], port}, true
+}
+
 // isBase says whether host (with or without a port) is the ingress's
 // own host, not a URL's.
 func (s *Service) isBase(host string) bool {
@@ -549,12 +594,9 @@ func (s *Service) route(r *http.Request) (e *entry, path, cookiePath string, ok 
 	path = r.URL.EscapedPath()
 	cookiePath = "/"
 	if label, ok := strings.CutSuffix(strings.ToLower(host), "."+base); ok {
-		m := hostLabel.FindStringSubmatch(label)
-		if m == nil {
+		if t, ok = hostTarget(label); !ok {
 			return nil, "", "", false
 		}
-		t.port, _ = strconv.Atoi(m[1])
-		t.sandboxID = sandbox.IDPrefix + m[2]
 	} else {
 		rest, ok := strings.CutPrefix(path, "/s/")
 		if !ok {
@@ -620,6 +662,7 @@ func (e *entry) valid(tok string) bool {
 type stream struct {
 	dead   atomic.Bool
 	cancel context.CancelFunc
+	serial string // of the client certificate it was let in with (mtls)
 	// h2 is the HTTP/2 stream's writer, whose write deadline cut puts in
 	// the past (which resets the stream); nil for HTTP/1. It may be used
 	// only until the handler returns (done), under mu.
@@ -685,6 +728,8 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	who := e.auth
 	tok, fromCookie := credential(r)
+	var serial string // mtls: the client certificate's
+	var ca *authority // and the CA it was checked against
 	if e.auth == sandbox.URLAuthOIDC {
 		var status int
 		if path == SessionPath {
@@ -705,6 +750,14 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.refuse(w, e, who, status)
 			return
 		}
+	} else if e.auth == sandbox.URLAuthMTLS {
+		var status int
+		var msg string
+		if who, serial, ca, status, msg = s.checkCert(r, e, cookiePath); status != 0 {
+			s.refuseWith(w, e, who, status, msg)
+			return
+		}
+		fromCookie = false
 	} else if q := r.URL.Query(); q.Has(QueryParam) {
 		s.exchange(w, r, e, q, cookiePath)
 		return
@@ -726,9 +779,15 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, e, who, http.StatusUnauthorized)
 		return
 	}
+	if e.auth == sandbox.URLAuthMTLS && !s.stillGood(e, ca, serial) {
+		e.mu.Unlock()
+		s.refuseWith(w, e, who, http.StatusForbidden, "this URL does not accept your client certificate")
+		return
+	}
+	st.serial = serial
 	e.streams[st] = struct{}{}
 	if c != nil && r.ProtoMajor == 1 {
-		e.conns[c] = struct{}{}
+		e.conns[c] = serial
 	}
 	view := e.rec.URL
 	e.mu.Unlock()
@@ -786,17 +845,6 @@ func (s *Service) exchange(w http.ResponseWriter, r *http.Request, e *entry, q u
 // without a valid credential, 403 with one that the rule does not allow,
 // 503 when the issuer cannot be asked.
 func (s *Service) refuse(w http.ResponseWriter, e *entry, who string, status int) {
-	e.mu.Lock()
-	now := s.opts.Now()
-	record := now.Sub(e.denied) >= time.Second
-	if record {
-		e.denied = now
-	}
-	view := e.rec.URL
-	e.mu.Unlock()
-	if record && s.opts.Record != nil && status != http.StatusServiceUnavailable {
-		s.opts.Record(&view, who, false)
-	}
 	msg := "this URL needs its token"
 	switch {
 	case status == http.StatusServiceUnavailable:
@@ -805,6 +853,23 @@ func (s *Service) refuse(w http.ResponseWriter, e *entry, who string, status int
 		msg = "this URL does not allow you"
 	case e.auth == sandbox.URLAuthOIDC:
 		msg = "this URL needs an OpenID Connect ID token from its issuer (Authorization: Bearer)"
+	}
+	s.refuseWith(w, e, who, status, msg)
+}
+
+// refuseWith answers with status and msg, and records the refusal (a
+// 503 or 421 is the server's or the connection's, not the client's).
+func (s *Service) refuseWith(w http.ResponseWriter, e *entry, who string, status int, msg string) {
+	e.mu.Lock()
+	now := s.opts.Now()
+	record := now.Sub(e.denied) >= time.Second
+	if record {
+		e.denied = now
+	}
+	view := e.rec.URL
+	e.mu.Unlock()
+	if record && s.opts.Record != nil && status != http.StatusServiceUnavailable && status != http.StatusMisdirectedRequest {
+		s.opts.Record(&view, who, false)
 	}
 	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="harebox"`)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/harebox/harebox/internal/testweb"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/servertls"
 	"github.com/harebox/harebox/store"
 )
@@ -90,6 +91,7 @@ type fixture struct {
 	base    string // the ingress's address, http(s)://127.0.0.1:PORT
 	guests  *loopGuests
 	records chan string
+	who     chan string  // mtls decisions: who and whether allowed
 	client  *http.Client // trusts the ingress's certificate (TLS fixtures)
 	tls     *tls.Config
 }
@@ -110,7 +112,7 @@ func newFixtureOn(t *testing.T, withTLS bool, host string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{guests: &loopGuests{addr: upstream(t)}, records: make(chan string, 1000), client: &http.Client{}}
+	f := &fixture{guests: &loopGuests{addr: upstream(t)}, records: make(chan string, 1000), who: make(chan string, 1000), client: &http.Client{}}
 	scheme := "http"
 	var tc *tls.Config
 	if withTLS {
@@ -130,8 +132,15 @@ func newFixtureOn(t *testing.T, withTLS bool, host string) *fixture {
 	}
 	base, _ := url.Parse(scheme + "://" + host + ":" + fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
 	f.base = scheme + "://" + ln.Addr().String()
-	f.svc, err = New(ctx, Options{Store: db, Guests: f.guests, Base: base, Record: func(u *sandbox.URL, who string, ok bool) {
+	sec, err := secrets.NewSealed(db, filepath.Join(t.TempDir(), "master.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.svc, err = New(ctx, Options{Store: db, Secrets: sec, Guests: f.guests, Base: base, Record: func(u *sandbox.URL, who string, ok bool) {
 		f.records <- fmt.Sprintf("%s %v", u.ID, ok)
+		if strings.HasPrefix(who, "mtls") {
+			f.who <- fmt.Sprintf("%s %v", who, ok)
+		}
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -144,9 +153,12 @@ func newFixtureOn(t *testing.T, withTLS bool, host string) *fixture {
 
 var sbxID = sandbox.NewID()
 
+// owner is the sandbox the tests publish ports of.
+var owner = Owner{SandboxID: sbxID, AccountID: "acc_1", ProjectID: "prj_1"}
+
 func (f *fixture) publish(t *testing.T, port int) *sandbox.URL {
 	t.Helper()
-	u, err := f.svc.Create(context.Background(), sbxID, "acc_1", sandbox.URLRequest{Port: port})
+	u, err := f.svc.Create(context.Background(), owner, sandbox.URLRequest{Port: port})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,10 +194,10 @@ func TestToken(t *testing.T) {
 	if !strings.HasPrefix(u.Token, TokenPrefix) || u.URL != "http://8080-"+strings.TrimPrefix(sbxID, "sbx_")+".harebox.test:"+strings.Split(f.base, ":")[2]+"/" {
 		t.Fatalf("created %+v", u)
 	}
-	if _, err := f.svc.Create(context.Background(), sbxID, "acc_1", sandbox.URLRequest{Port: 8080}); err == nil {
+	if _, err := f.svc.Create(context.Background(), owner, sandbox.URLRequest{Port: 8080}); err == nil {
 		t.Error("a second URL for the same port was created")
 	}
-	if _, err := f.svc.Create(context.Background(), sbxID, "acc_1", sandbox.URLRequest{Port: 70000}); err == nil {
+	if _, err := f.svc.Create(context.Background(), owner, sandbox.URLRequest{Port: 70000}); err == nil {
 		t.Error("port 70000 accepted")
 	}
 

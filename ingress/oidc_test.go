@@ -165,13 +165,13 @@ func TestOIDC(t *testing.T) {
 		{Port: 9000, Auth: "oidc", OIDC: &sandbox.OIDCRule{Issuer: is.srv.URL, Subjects: []string{"a"}}},
 		{Port: 9000, OIDC: &sandbox.OIDCRule{Issuer: is.srv.URL, Audience: "app", Subjects: []string{"a"}}},
 	} {
-		if _, err := f.svc.Create(ctx, sbxID, "acc_1", bad); !errors.Is(err, sandbox.ErrInvalid) {
+		if _, err := f.svc.Create(ctx, owner, bad); !errors.Is(err, sandbox.ErrInvalid) {
 			t.Errorf("%+v: %v", bad.OIDC, err)
 		}
 	}
 	rule := &sandbox.OIDCRule{Issuer: is.srv.URL, Audience: "app", Subjects: []string{"alice"},
 		Emails: []string{"bob@example.com"}, Groups: []string{"ops"}}
-	u, err := f.svc.Create(ctx, sbxID, "acc_1", sandbox.URLRequest{Port: 9000, Auth: "oidc", OIDC: rule})
+	u, err := f.svc.Create(ctx, owner, sandbox.URLRequest{Port: 9000, Auth: "oidc", OIDC: rule})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestOIDCIssuerDown(t *testing.T) {
 	now := time.Now()
 	f.svc.opts.Now = func() time.Time { return now }
 	is.down = true
-	u, err := f.svc.Create(context.Background(), sbxID, "acc_1", sandbox.URLRequest{Port: 9000, Auth: "oidc",
+	u, err := f.svc.Create(context.Background(), owner, sandbox.URLRequest{Port: 9000, Auth: "oidc",
 		OIDC: &sandbox.OIDCRule{Issuer: is.srv.URL, Audience: "app", Subjects: []string{"alice"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -271,11 +271,11 @@ func TestOIDCSignIn(t *testing.T) {
 	f.svc.client = is.srv.Client()
 	ctx := context.Background()
 	rule := &sandbox.OIDCRule{Issuer: is.srv.URL, Audience: "app", Emails: []string{"ana@example.com"}}
-	u, err := f.svc.Create(ctx, sbxID, "acc_1", sandbox.URLRequest{Port: 9000, Auth: "oidc", OIDC: rule})
+	u, err := f.svc.Create(ctx, owner, sandbox.URLRequest{Port: 9000, Auth: "oidc", OIDC: rule})
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := f.svc.Create(ctx, sbxID, "acc_1", sandbox.URLRequest{Port: 9001, Auth: "oidc", OIDC: rule})
+	other, err := f.svc.Create(ctx, owner, sandbox.URLRequest{Port: 9001, Auth: "oidc", OIDC: rule})
 	if err != nil {
 		t.Fatal(err)
 	}

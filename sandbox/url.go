@@ -16,6 +16,9 @@ const (
 	// URLAuthOIDC: an OpenID Connect ID token from an issuer, for a
 	// subject, email or group the URL allows, as a bearer token.
 	URLAuthOIDC = "oidc"
+	// URLAuthMTLS: a TLS client certificate from the project's URL
+	// certificate authority (URLCA), not revoked; host form only.
+	URLAuthMTLS = "mtls"
 )
 
 // OIDCRule says whose OpenID Connect tokens a URL accepts: signed by the
@@ -36,6 +39,7 @@ type URL struct {
 	ID        string `json:"id"`
 	SandboxID string `json:"sandbox_id"`
 	AccountID string `json:"account_id"`
+	ProjectID string `json:"project_id"`
 	Port      int    `json:"port"`
 	Auth      string `json:"auth"`
 	// OIDC is the rule of an oidc URL.
@@ -58,7 +62,7 @@ type URL struct {
 // URLRequest publishes a port.
 type URLRequest struct {
 	Port int    `json:"port" validate:"required,min=1,max=65535"`
-	Auth string `json:"auth,omitempty" validate:"omitempty,oneof=token oidc"`
+	Auth string `json:"auth,omitempty" validate:"omitempty,oneof=token oidc mtls"`
 	// OIDC is required with auth oidc, and refused otherwise.
 	OIDC *OIDCRule `json:"oidc,omitempty"`
 }
@@ -69,4 +73,49 @@ const URLIDPrefix = "url_"
 // NewURLID returns a new URL ID: the prefix and a lower-case ULID.
 func NewURLID() string {
 	return URLIDPrefix + strings.ToLower(ulid.MustNew(ulid.Now(), rand.Reader).String())
+}
+
+// URLCA is the certificate authority that a project's mtls URLs check
+// client certificates against: one the host made (and issues client
+// certificates from) or one the user uploaded (and issues from itself).
+type URLCA struct {
+	ProjectID string `json:"project_id"`
+	// Certificate is the CA's certificate, PEM.
+	Certificate string    `json:"certificate"`
+	Uploaded    bool      `json:"uploaded"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// URLCARequest sets a project's URL certificate authority: Certificate
+// (PEM, a CA certificate) to upload one, none for the host to make a new
+// one. Either way the old one, and what it signed, stops working.
+type URLCARequest struct {
+	Certificate string `json:"certificate,omitempty" validate:"max=65536"`
+}
+
+// ClientCertRequest issues a client certificate from a project's CA.
+type ClientCertRequest struct {
+	// Name is the certificate's subject common name (who holds it).
+	Name string `json:"name" validate:"required,max=64,printascii"`
+	// TTL is how long it is valid, a Go duration ("720h"); default
+	// 2160h (90 days), at most 8760h.
+	TTL string `json:"ttl,omitempty" validate:"max=32"`
+}
+
+// ClientCert is a client certificate a project issued, or a serial it
+// revoked.
+type ClientCert struct {
+	ProjectID string `json:"project_id"`
+	// Serial is the certificate's serial number, lower-case hex.
+	Serial string `json:"serial"`
+	Name   string `json:"name,omitempty"`
+	// Issued: by the host, from the project's CA (else only revoked).
+	Issued    bool       `json:"issued"`
+	NotAfter  *time.Time `json:"not_after,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	// Certificate and PrivateKey (PEM) are returned by issue only: the
+	// host does not keep the key.
+	Certificate string `json:"certificate,omitempty"`
+	PrivateKey  string `json:"private_key,omitempty"`
 }

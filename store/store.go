@@ -187,6 +187,14 @@ type Tx interface {
 	GetURL(ctx context.Context, id string) (*URL, error)
 	ListURLs(ctx context.Context, sandboxID string) ([]*URL, error)
 	DeleteURL(ctx context.Context, id string) error
+	// The certificate authorities of projects' mtls URLs, and the
+	// client certificates a project issued or revoked.
+	PutURLCA(ctx context.Context, ca *URLCA) error
+	GetURLCA(ctx context.Context, projectID string) (*URLCA, error)
+	DeleteURLCA(ctx context.Context, projectID string) error
+	PutClientCert(ctx context.Context, c *sandbox.ClientCert) error
+	GetClientCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error)
+	ListClientCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error)
 
 	// API keys, with the hash of their secret.
 	PutKey(ctx context.Context, k *Key) error
@@ -384,6 +392,17 @@ var migrations = []string{
 		record     TEXT NOT NULL,
 		UNIQUE (sandbox_id, port)
 	);`,
+	`CREATE TABLE url_cas (
+		project_id TEXT PRIMARY KEY,
+		record     TEXT NOT NULL
+	);
+	CREATE TABLE url_certs (
+		id         TEXT PRIMARY KEY,
+		project_id TEXT NOT NULL,
+		created_at BIGINT NOT NULL,
+		record     TEXT NOT NULL
+	);
+	CREATE INDEX url_certs_project ON url_certs(project_id, created_at);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

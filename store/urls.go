@@ -46,3 +46,54 @@ func (s *SQLite) DeleteURL(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// URLCA is a project's stored URL certificate authority. The private key
+// of one the host made is in the secret store.
+type URLCA struct {
+	sandbox.URLCA
+	AccountID string `json:"account_id"`
+}
+
+// PutURLCA implements Tx: sets the project's CA.
+func (s *SQLite) PutURLCA(ctx context.Context, ca *URLCA) error {
+	return s.put(ctx, "url_cas", []string{"project_id"}, []any{ca.ProjectID}, ca)
+}
+
+// GetURLCA implements Tx.
+func (s *SQLite) GetURLCA(ctx context.Context, projectID string) (*URLCA, error) {
+	return get[URLCA](ctx, s, `SELECT record FROM url_cas WHERE project_id = ?`, projectID)
+}
+
+// DeleteURLCA implements Tx: the project's CA and its certificates'
+// records.
+func (s *SQLite) DeleteURLCA(ctx context.Context, projectID string) error {
+	if _, err := s.q.ExecContext(ctx, `DELETE FROM url_certs WHERE project_id = ?`, projectID); err != nil {
+		return fmt.Errorf("store: delete url certs: %w", err)
+	}
+	res, err := s.q.ExecContext(ctx, `DELETE FROM url_cas WHERE project_id = ?`, projectID)
+	if err != nil {
+		return fmt.Errorf("store: delete url ca: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// PutClientCert implements Tx (certificate and key are never stored).
+func (s *SQLite) PutClientCert(ctx context.Context, c *sandbox.ClientCert) error {
+	r := *c
+	r.Certificate, r.PrivateKey = "", ""
+	return s.put(ctx, "url_certs", []string{"id", "project_id", "created_at"},
+		[]any{c.ProjectID + "/" + c.Serial, c.ProjectID, nanos(c.CreatedAt)}, &r)
+}
+
+// GetClientCert implements Tx.
+func (s *SQLite) GetClientCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error) {
+	return get[sandbox.ClientCert](ctx, s, `SELECT record FROM url_certs WHERE id = ?`, projectID+"/"+serial)
+}
+
+// ListClientCerts implements Tx: a project's, oldest first.
+func (s *SQLite) ListClientCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error) {
+	return list[sandbox.ClientCert](ctx, s, `SELECT record FROM url_certs WHERE project_id = ? ORDER BY created_at, id`, projectID)
+}

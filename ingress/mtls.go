@@ -1,0 +1,521 @@
+package ingress
+
+// Client certificates (auth mtls). A project has at most one URL
+// certificate authority: one the service made, whose key is sealed in the
+// secret store and which issues client certificates, or one the user
+// uploaded. The TLS handshake of an mtls URL's host asks for a client
+// certificate; each request is then checked against the project's CA as
+// it is at that moment (chain, client-auth usage, expiry, serial not
+// revoked), so a revocation or a new CA takes effect on the next request
+// of a connection that is already open, and what the certificate opened
+// is cut like what a rotated token opened.
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/store"
+)
+
+// Client certificates' lifetimes.
+const (
+	DefaultCertTTL = 90 * 24 * time.Hour
+	MaxCertTTL     = 365 * 24 * time.Hour
+	caLifetime     = 10 * 365 * 24 * time.Hour
+)
+
+// caScope is where a project's CA key is sealed.
+func caScope(projectID string) string { return "urlca/" + projectID }
+
+const caKeyName = "key"
+
+// authority is a project's CA as requests check it. It is never changed:
+// a change makes a new one, so a request that verified against one can
+// tell, under its URL's lock, whether it is still the project's.
+type authority struct {
+	roots   *x509.CertPool // nil: the project has no CA
+	revoked map[string]bool
+}
+
+// authorityOf returns the project's CA, loaded from the store once.
+func (s *Service) authorityOf(ctx context.Context, projectID string) (*authority, error) {
+	s.caMu.Lock()
+	defer s.caMu.Unlock()
+	if a := s.cas[projectID]; a != nil {
+		return a, nil
+	}
+	a, err := s.loadAuthority(ctx, projectID)
+	if err != nil {
+		return nil, err
+	}
+	s.cas[projectID] = a
+	return a, nil
+}
+
+// current is the project's CA now (nil if not loaded); caMu is taken
+// briefly, so it may be called under an entry's lock.
+func (s *Service) current(projectID string) *authority {
+	s.caMu.Lock()
+	defer s.caMu.Unlock()
+	return s.cas[projectID]
+}
+
+func (s *Service) loadAuthority(ctx context.Context, projectID string) (*authority, error) {
+	a := &authority{revoked: map[string]bool{}}
+	ca, err := s.opts.Store.GetURLCA(ctx, projectID)
+	if errors.Is(err, store.ErrNotFound) {
+		return a, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	certs, err := parseCerts(ca.Certificate)
+	if err != nil {
+		return nil, fmt.Errorf("ingress: project %s's stored CA: %w", projectID, err)
+	}
+	a.roots = x509.NewCertPool()
+	for _, c := range certs {
+		a.roots.AddCert(c)
+	}
+	recs, err := s.opts.Store.ListClientCerts(ctx, projectID)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range recs {
+		if r.RevokedAt != nil {
+			a.revoked[r.Serial] = true
+		}
+	}
+	return a, nil
+}
+
+// changed reloads the project's CA after a change to its records and cuts
+// what the certificates it no longer accepts opened: those with serial,
+// or all of them when serial is "". The caller holds caChange.
+func (s *Service) changed(ctx context.Context, projectID, serial string) error {
+	a, err := s.loadAuthority(ctx, projectID)
+	s.caMu.Lock()
+	if old := s.cas[projectID]; err == nil && serial != "" && old != nil && old.roots != nil {
+		// A revocation: the CA is the same, and so are the requests
+		// that checked against it but for the serial.
+		a.roots = old.roots
+	}
+	if err != nil {
+		delete(s.cas, projectID) // loaded again by the next request
+	} else {
+		s.cas[projectID] = a
+	}
+	s.caMu.Unlock()
+	s.mu.RLock()
+	var es []*entry
+	for _, e := range s.byID {
+		if e.auth == sandbox.URLAuthMTLS && e.project == projectID {
+			es = append(es, e)
+		}
+	}
+	s.mu.RUnlock()
+	for _, e := range es {
+		e.mu.Lock()
+		streams, conns := e.takeSerial(serial)
+		e.mu.Unlock()
+		cut(streams, conns)
+	}
+	return err
+}
+
+// takeSerial takes what the certificate with serial opened ("": every
+// certificate); the caller holds e.mu.
+func (e *entry) takeSerial(serial string) (map[*stream]struct{}, map[*conn]struct{}) {
+	if serial == "" {
+		return e.takeLocked()
+	}
+	streams, conns := map[*stream]struct{}{}, map[*conn]struct{}{}
+	for st := range e.streams {
+		if st.serial == serial {
+			streams[st] = struct{}{}
+			delete(e.streams, st)
+		}
+	}
+	for c, sn := range e.conns {
+		if sn == serial {
+			conns[c] = struct{}{}
+			delete(e.conns, c)
+		}
+	}
+	return streams, conns
+}
+
+func parseCerts(p string) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	rest := []byte(p)
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("a PEM block of type %q, not CERTIFICATE", b.Type)
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no PEM certificate")
+	}
+	return out, nil
+}
+
+func pemCert(der []byte) string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+// serialText is a serial as the API shows it: lower-case hex.
+func serialText(n *big.Int) string { return n.Text(16) }
+
+// normalSerial reads a serial as a user may write it (hex, any case,
+// colons, leading zeros).
+func normalSerial(s string) (string, error) {
+	h := strings.ReplaceAll(s, ":", "")
+	n, ok := new(big.Int).SetString(h, 16)
+	if !ok || h == "" || len(h) > 64 || n.Sign() < 0 {
+		return "", sandbox.Errorf(sandbox.ErrInvalid, "serial", "want a certificate serial number in hex, got %q", s)
+	}
+	return serialText(n), nil
+}
+
+// CA returns the project's URL certificate authority.
+func (s *Service) CA(ctx context.Context, projectID string) (*sandbox.URLCA, error) {
+	ca, err := s.opts.Store.GetURLCA(ctx, projectID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "project %s has no URL CA (set one: PUT /v1/url-ca)", projectID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &ca.URLCA, nil
+}
+
+// SetCA gives the project a new CA: the certificates of req (uploaded), or
+// one made here whose key is sealed in the secret store. The old one, and
+// what it signed, stop working; what they opened is cut.
+func (s *Service) SetCA(ctx context.Context, projectID, accountID string, req sandbox.URLCARequest) (*sandbox.URLCA, error) {
+	if err := sandbox.Validate(&req); err != nil {
+		return nil, err
+	}
+	now := s.opts.Now().UTC()
+	ca := &store.URLCA{URLCA: sandbox.URLCA{ProjectID: projectID, CreatedAt: now}, AccountID: accountID}
+	var key []byte
+	if req.Certificate != "" {
+		certs, err := parseCerts(req.Certificate)
+		if err != nil {
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "certificate", "%v", err)
+		}
+		var out strings.Builder
+		for _, c := range certs {
+			if !c.IsCA || !c.BasicConstraintsValid {
+				return nil, sandbox.Errorf(sandbox.ErrInvalid, "certificate", "%q is not a CA certificate (basic constraints CA:TRUE)", c.Subject.CommonName)
+			}
+			if now.After(c.NotAfter) {
+				return nil, sandbox.Errorf(sandbox.ErrInvalid, "certificate", "%q expired at %s", c.Subject.CommonName, c.NotAfter.Format(time.RFC3339))
+			}
+			out.WriteString(pemCert(c.Raw))
+		}
+		ca.Certificate, ca.Uploaded = out.String(), true
+	} else {
+		if s.opts.Secrets == nil {
+			return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "this server has no secret store to keep a CA's key in; upload a CA certificate instead")
+		}
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return nil, err
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber:          randomSerial(),
+			Subject:               pkix.Name{CommonName: "HareBox URL CA " + projectID, Organization: []string{"HareBox"}},
+			NotBefore:             now.Add(-time.Minute),
+			NotAfter:              now.Add(caLifetime),
+			KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+			BasicConstraintsValid: true,
+			IsCA:                  true,
+			MaxPathLenZero:        true,
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+		if err != nil {
+			return nil, err
+		}
+		if key, err = x509.MarshalPKCS8PrivateKey(k); err != nil {
+			return nil, err
+		}
+		ca.Certificate = pemCert(der)
+	}
+	s.caChange.Lock()
+	defer s.caChange.Unlock()
+	// The old CA's records go first, then its key: a CA is never left
+	// with another's key.
+	if err := s.opts.Store.DeleteURLCA(ctx, projectID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	if s.opts.Secrets != nil {
+		if err := s.opts.Secrets.Delete(ctx, caScope(projectID), caKeyName); err != nil && !isNotFound(err) {
+			return nil, err
+		}
+	}
+	if key != nil {
+		if err := s.opts.Secrets.Put(ctx, caScope(projectID), caKeyName, key); err != nil {
+			return nil, errors.Join(err, s.changed(ctx, projectID, ""))
+		}
+	}
+	if err := s.opts.Store.PutURLCA(ctx, ca); err != nil {
+		return nil, errors.Join(err, s.changed(ctx, projectID, ""))
+	}
+	if err := s.changed(ctx, projectID, ""); err != nil {
+		return nil, err
+	}
+	return &ca.URLCA, nil
+}
+
+func isNotFound(err error) bool {
+	return errors.Is(err, secrets.ErrNotFound) || errors.Is(err, store.ErrNotFound)
+}
+
+// DeleteCA deletes the project's CA, its key and its certificates'
+// records: its mtls URLs refuse every client until it has another.
+func (s *Service) DeleteCA(ctx context.Context, projectID string) error {
+	s.caChange.Lock()
+	defer s.caChange.Unlock()
+	err := s.opts.Store.DeleteURLCA(ctx, projectID)
+	if errors.Is(err, store.ErrNotFound) {
+		return sandbox.Errorf(sandbox.ErrNotFound, "", "project %s has no URL CA", projectID)
+	}
+	if err != nil {
+		return err
+	}
+	if s.opts.Secrets != nil {
+		if err := s.opts.Secrets.Delete(ctx, caScope(projectID), caKeyName); err != nil && !isNotFound(err) {
+			return errors.Join(err, s.changed(ctx, projectID, ""))
+		}
+	}
+	return s.changed(ctx, projectID, "")
+}
+
+func randomSerial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	return n.Add(n, big.NewInt(1)) // positive, at most 128 bits
+}
+
+// IssueCert issues a client certificate from the project's CA, which must
+// be one made here. Its key is returned, not kept.
+func (s *Service) IssueCert(ctx context.Context, projectID string, req sandbox.ClientCertRequest) (*sandbox.ClientCert, error) {
+	if err := sandbox.Validate(&req); err != nil {
+		return nil, err
+	}
+	ttl := DefaultCertTTL
+	if req.TTL != "" {
+		d, err := time.ParseDuration(req.TTL)
+		if err != nil || d < time.Minute || d > MaxCertTTL {
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "ttl", "want a duration from 1m to %v, got %q", MaxCertTTL, req.TTL)
+		}
+		ttl = d
+	}
+	s.caChange.Lock()
+	defer s.caChange.Unlock()
+	ca, err := s.CA(ctx, projectID)
+	if err != nil {
+		return nil, err
+	}
+	if ca.Uploaded {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "", "project %s's URL CA was uploaded: issue its certificates where its key is", projectID)
+	}
+	certs, err := parseCerts(ca.Certificate)
+	if err != nil {
+		return nil, err
+	}
+	der, err := s.opts.Secrets.Get(ctx, caScope(projectID), caKeyName)
+	if err != nil {
+		return nil, fmt.Errorf("ingress: project %s's CA key: %w", projectID, err)
+	}
+	caKey, err := x509.ParsePKCS8PrivateKey(der)
+	if err != nil {
+		return nil, fmt.Errorf("ingress: project %s's CA key: %w", projectID, err)
+	}
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := s.opts.Now().UTC()
+	notAfter := now.Add(ttl)
+	if notAfter.After(certs[0].NotAfter) {
+		notAfter = certs[0].NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: randomSerial(),
+		Subject:      pkix.Name{CommonName: req.Name},
+		NotBefore:    now.Add(-time.Minute),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	cert, err := x509.CreateCertificate(rand.Reader, tmpl, certs[0], &k.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	kd, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		return nil, err
+	}
+	rec := &sandbox.ClientCert{ProjectID: projectID, Serial: serialText(tmpl.SerialNumber), Name: req.Name,
+		Issued: true, NotAfter: &notAfter, CreatedAt: now}
+	if err := s.opts.Store.PutClientCert(ctx, rec); err != nil {
+		return nil, err
+	}
+	out := *rec
+	out.Certificate = pemCert(cert)
+	out.PrivateKey = string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kd}))
+	return &out, nil
+}
+
+// ListCerts lists the certificates the project issued and the serials it
+// revoked, oldest first.
+func (s *Service) ListCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error) {
+	l, err := s.opts.Store.ListClientCerts(ctx, projectID)
+	if l == nil {
+		l = []*sandbox.ClientCert{}
+	}
+	return l, err
+}
+
+// RevokeCert revokes a certificate of the project's CA by serial (one
+// issued here or by an uploaded CA). When it returns, the project's mtls
+// URLs refuse it and what it opened is cut.
+func (s *Service) RevokeCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error) {
+	serial, err := normalSerial(serial)
+	if err != nil {
+		return nil, err
+	}
+	s.caChange.Lock()
+	defer s.caChange.Unlock()
+	if _, err := s.CA(ctx, projectID); err != nil {
+		return nil, err
+	}
+	rec, err := s.opts.Store.GetClientCert(ctx, projectID, serial)
+	if errors.Is(err, store.ErrNotFound) {
+		rec, err = &sandbox.ClientCert{ProjectID: projectID, Serial: serial, CreatedAt: s.opts.Now().UTC()}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec.RevokedAt == nil {
+		now := s.opts.Now().UTC()
+		rec.RevokedAt = &now
+		if err := s.opts.Store.PutClientCert(ctx, rec); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.changed(ctx, projectID, serial); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// clientTLS asks for a client certificate in the handshakes of mtls URLs'
+// hosts (checked per request, in checkCert); other hosts do not ask.
+func (s *Service) clientTLS(base *tls.Config) func(*tls.ClientHelloInfo) (*tls.Config, error) {
+	withCert := base.Clone()
+	withCert.ClientAuth = tls.RequireAnyClientCert
+	withCert.GetConfigForClient = nil
+	return func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		if e := s.hostEntry(h.ServerName); e != nil && e.auth == sandbox.URLAuthMTLS {
+			return withCert, nil
+		}
+		return nil, nil
+	}
+}
+
+// hostEntry is the URL whose host form is host, if any.
+func (s *Service) hostEntry(host string) *entry {
+	label, ok := strings.CutSuffix(strings.ToLower(host), "."+strings.ToLower(s.opts.Base.Hostname()))
+	if !ok {
+		return nil
+	}
+	t, ok := hostTarget(label)
+	if !ok {
+		return nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.byPort[t]
+}
+
+// checkCert checks the client certificate of a request to an mtls URL
+// against its project's CA, but for revocation (which the caller checks
+// under e.mu with stillGood). It returns who it is ("mtls:" and its
+// subject's common name), its serial, the CA it was checked against,
+// and the status to refuse with (0: allowed).
+func (s *Service) checkCert(r *http.Request, e *entry, cookiePath string) (who, serial string, a *authority, status int, msg string) {
+	who = "mtls"
+	if cookiePath != "/" {
+		return who, "", nil, http.StatusForbidden, "this URL takes client certificates in its host form only: " + s.view(&e.rec, "").URL
+	}
+	if r.TLS == nil {
+		return who, "", nil, http.StatusForbidden, "this URL needs TLS with a client certificate"
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if !strings.EqualFold(r.TLS.ServerName, host) {
+		// A connection made for another host (HTTP/2 reuses them) did
+		// not ask for a certificate: the client is to connect anew.
+		return who, "", nil, http.StatusMisdirectedRequest, "connect to this URL's host anew to present a client certificate"
+	}
+	if len(r.TLS.PeerCertificates) == 0 {
+		return who, "", nil, http.StatusUnauthorized, "this URL needs a client certificate"
+	}
+	leaf := r.TLS.PeerCertificates[0]
+	who, serial = "mtls:"+leaf.Subject.CommonName, serialText(leaf.SerialNumber)
+	a, err := s.authorityOf(r.Context(), e.project)
+	if err != nil {
+		s.opts.Log.Error("ingress: cannot load a project's CA", "project", e.project, "err", err)
+		return who, serial, nil, http.StatusServiceUnavailable, "this URL's certificate authority cannot be read"
+	}
+	if a.roots == nil {
+		return who, serial, nil, http.StatusForbidden, "this URL's project has no certificate authority"
+	}
+	inter := x509.NewCertPool()
+	for _, c := range r.TLS.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: a.roots, Intermediates: inter, CurrentTime: s.opts.Now(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return who, serial, nil, http.StatusForbidden, "this URL does not accept your client certificate"
+	}
+	return who, serial, a, 0, ""
+}
+
+// stillGood says whether a certificate checked against a is still
+// accepted: the project's CA is a's and serial is not revoked. The caller
+// holds e.mu, which every change takes after it puts its new CA in force
+// (so a request either sees the change here or is cut by it).
+func (s *Service) stillGood(e *entry, a *authority, serial string) bool {
+	cur := s.current(e.project)
+	return cur != nil && cur.roots != nil && cur.roots == a.roots && !cur.revoked[serial]
+}

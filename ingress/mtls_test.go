@@ -1,0 +1,426 @@
+package ingress
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/harebox/harebox/sandbox"
+)
+
+// mtlsClient talks to the fixture's ingress with cert (none: nil), by the
+// URL's real host name (so its TLS handshake names it), over HTTP/2 or
+// HTTP/1.1. asked reports whether a handshake asked for a certificate.
+func (f *fixture) mtlsClient(cert *tls.Certificate, h2 bool, asked *bool) *http.Client {
+	tc := &tls.Config{RootCAs: f.tls.RootCAs, GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if asked != nil {
+			*asked = true
+		}
+		if cert == nil {
+			return &tls.Certificate{}, nil
+		}
+		return cert, nil
+	}}
+	addr := strings.TrimPrefix(f.base, "https://")
+	tr := &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: h2,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		}}
+	if !h2 {
+		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	}
+	return &http.Client{Transport: tr}
+}
+
+// status sends GET path to u's host form with c: the status, or 0 when
+// the request failed (the handshake, say).
+func status(t *testing.T, c *http.Client, u *sandbox.URL, path string) int {
+	t.Helper()
+	resp, err := c.Get(strings.TrimSuffix(u.URL, "/") + path)
+	if err != nil {
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func keyPair(t *testing.T, c *sandbox.ClientCert) *tls.Certificate {
+	t.Helper()
+	kp, err := tls.X509KeyPair([]byte(c.Certificate), []byte(c.PrivateKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kp
+}
+
+// ownCA is a CA a user keeps, and a client certificate it signs.
+func ownCA(t *testing.T) (caPEM string, sign func(name string) (*tls.Certificate, string)) {
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "user CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(der)
+	serial := int64(1000)
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})), func(name string) (*tls.Certificate, string) {
+		serial++
+		ck, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		ct := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+		cd, err := x509.CreateCertificate(rand.Reader, ct, ca, &ck.PublicKey, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &tls.Certificate{Certificate: [][]byte{cd}, PrivateKey: ck}, big.NewInt(serial).Text(16)
+	}
+}
+
+// openStream opens an event stream on u with c and reports when it ends.
+func openStream(t *testing.T, c *http.Client, u *sandbox.URL) (ended chan struct{}) {
+	t.Helper()
+	resp, err := c.Get(strings.TrimSuffix(u.URL, "/") + "/sse")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("sse: %v %v", resp, err)
+	}
+	ended = make(chan struct{})
+	r := bufio.NewReader(resp.Body)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(ended)
+		for {
+			if _, err := r.ReadString('\n'); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { resp.Body.Close() })
+	return ended
+}
+
+func isEnded(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-time.After(time.Second):
+		return false
+	}
+}
+
+// TestMTLS: an mtls URL's handshake asks for a client certificate (a
+// token URL's does not); each request is checked against the project's
+// CA as it is then; a revocation cuts what the serial opened and nothing
+// else; a new CA (uploaded) cuts what the old one's certificates opened.
+func TestMTLS(t *testing.T) {
+	f := newFixture(t, true)
+	ctx := context.Background()
+	u, err := f.svc.Create(ctx, owner, sandbox.URLRequest{Port: 9443, Auth: sandbox.URLAuthMTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Token != "" || u.ProjectID != "prj_1" {
+		t.Fatalf("created %+v", u)
+	}
+	if _, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "alice"}); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("issue without a CA: %v", err)
+	}
+	// No client certificate: the handshake fails.
+	var asked bool
+	if got := status(t, f.mtlsClient(nil, true, &asked), u, "/"); got != 0 || !asked {
+		t.Fatalf("no certificate: status %d, asked %v", got, asked)
+	}
+	// A token URL's handshake does not ask.
+	tu := f.publish(t, 8080)
+	asked = false
+	if got := status(t, f.mtlsClient(nil, true, &asked), tu, "/"); got != http.StatusUnauthorized || asked {
+		t.Fatalf("token URL: status %d, asked for a certificate: %v", got, asked)
+	}
+
+	ca, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{})
+	if err != nil || ca.Uploaded || !strings.Contains(ca.Certificate, "BEGIN CERTIFICATE") {
+		t.Fatalf("make a CA: %+v %v", ca, err)
+	}
+	for _, bad := range []sandbox.ClientCertRequest{{}, {Name: "x", TTL: "forever"}, {Name: "x", TTL: "9000h"}, {Name: "x", TTL: "1s"}} {
+		if _, err := f.svc.IssueCert(ctx, "prj_1", bad); !errors.Is(err, sandbox.ErrInvalid) {
+			t.Errorf("issue %+v: %v", bad, err)
+		}
+	}
+	alice, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "alice", TTL: "1h"})
+	if err != nil || alice.PrivateKey == "" || alice.NotAfter.Sub(time.Now()) > time.Hour {
+		t.Fatalf("issue: %+v %v", alice, err)
+	}
+	bob, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aliceKP, bobKP := keyPair(t, alice), keyPair(t, bob)
+	if got := status(t, f.mtlsClient(aliceKP, true, nil), u, "/"); got != 200 {
+		t.Fatalf("alice: %d", got)
+	}
+	if w := <-f.who; w != "mtls:alice true" {
+		t.Errorf("recorded %q", w)
+	}
+	// Another project's CA does not vouch for this one's URLs.
+	if _, err := f.svc.SetCA(ctx, "prj_2", "acc_1", sandbox.URLCARequest{}); err != nil {
+		t.Fatal(err)
+	}
+	eve, err := f.svc.IssueCert(ctx, "prj_2", sandbox.ClientCertRequest{Name: "eve"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := status(t, f.mtlsClient(keyPair(t, eve), false, nil), u, "/"); got != http.StatusForbidden {
+		t.Errorf("another project's certificate: %d", got)
+	}
+	// The path form and a connection made for another host get no answer
+	// from the guest.
+	pc := f.mtlsClient(aliceKP, true, nil)
+	if resp, err := pc.Get(strings.Replace(u.PathURL, "harebox.test", "localhost", 1)); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("path form: %v %v", resp, err)
+	}
+	pu, _ := url.Parse(u.URL)
+	req, _ := http.NewRequest("GET", f.base+"/", nil)
+	req.Host = pu.Host
+	if resp, err := f.client.Do(req); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("a connection for another host: %v %v", resp, err)
+	}
+
+	// Open streams with both certificates, over HTTP/2, HTTP/1.1 and a
+	// WebSocket; revoke alice's.
+	aliceH2, aliceH1 := f.mtlsClient(aliceKP, true, nil), f.mtlsClient(aliceKP, false, nil)
+	a2, a1 := openStream(t, aliceH2, u), openStream(t, aliceH1, u)
+	ws := f.mtlsWS(t, u, aliceKP)
+	bobH2 := f.mtlsClient(bobKP, true, nil)
+	b2 := openStream(t, bobH2, u)
+	rev, err := f.svc.RevokeCert(ctx, "prj_1", strings.ToUpper(alice.Serial))
+	if err != nil || rev.RevokedAt == nil || rev.Serial != alice.Serial || !rev.Issued {
+		t.Fatalf("revoke: %+v %v", rev, err)
+	}
+	if !isEnded(a2) || !isEnded(a1) {
+		t.Error("alice's streams were not cut")
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	if err := ws.Write(wctx, websocket.MessageText, []byte("hi")); err == nil {
+		if _, _, err := ws.Read(wctx); err == nil {
+			t.Error("alice's WebSocket still echoes")
+		}
+	}
+	cancel()
+	for _, c := range []*http.Client{aliceH2, aliceH1, f.mtlsClient(aliceKP, true, nil)} {
+		if got := status(t, c, u, "/"); got != http.StatusForbidden {
+			t.Errorf("alice after revocation: %d", got)
+		}
+	}
+	select {
+	case <-b2:
+		t.Error("bob's stream was cut by alice's revocation")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if got := status(t, bobH2, u, "/"); got != 200 {
+		t.Errorf("bob after alice's revocation: %d", got)
+	}
+
+	// An uploaded CA replaces the one made here: bob's stream is cut and
+	// his certificate refused, the new CA's are let in, and the project
+	// can no longer issue.
+	caPEM, sign := ownCA(t)
+	if _, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{Certificate: bob.Certificate}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("a leaf uploaded as a CA: %v", err)
+	}
+	if got, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{Certificate: caPEM}); err != nil || !got.Uploaded {
+		t.Fatalf("upload: %+v %v", got, err)
+	}
+	if !isEnded(b2) {
+		t.Error("bob's stream outlived his CA")
+	}
+	if got := status(t, bobH2, u, "/"); got != http.StatusForbidden {
+		t.Errorf("bob after a new CA: %d", got)
+	}
+	carol, carolSerial := sign("carol")
+	if got := status(t, f.mtlsClient(carol, true, nil), u, "/"); got != 200 {
+		t.Errorf("carol: %d", got)
+	}
+	if _, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "x"}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("issue from an uploaded CA: %v", err)
+	}
+	if _, err := f.svc.RevokeCert(ctx, "prj_1", "xyz"); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("revoke a bad serial: %v", err)
+	}
+	if _, err := f.svc.RevokeCert(ctx, "prj_1", "00:"+carolSerial); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(t, f.mtlsClient(carol, true, nil), u, "/"); got != http.StatusForbidden {
+		t.Errorf("carol after revocation: %d", got)
+	}
+	l, err := f.svc.ListCerts(ctx, "prj_1")
+	if err != nil || len(l) != 1 || l[0].Serial != carolSerial || l[0].Issued || l[0].RevokedAt == nil {
+		t.Errorf("list after a new CA: %+v %v", l, err)
+	}
+
+	// A second ingress on the same store (a restart) keeps the CA and its
+	// revocations.
+	again, err := New(ctx, Options{Store: f.svc.opts.Store, Secrets: f.svc.opts.Secrets, Guests: f.guests, Base: f.svc.opts.Base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dave, _ := sign("dave")
+	for _, c := range []struct {
+		cert *tls.Certificate
+		want int
+	}{{dave, 200}, {carol, http.StatusForbidden}} {
+		r := httpsRequest(u, c.cert)
+		w := &recorder{header: http.Header{}}
+		again.ServeHTTP(w, r)
+		if w.code != c.want {
+			t.Errorf("after a restart, %s: %d, want %d", c.cert.Leaf.Subject.CommonName, w.code, c.want)
+		}
+	}
+
+	if err := f.svc.DeleteCA(ctx, "prj_1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(t, f.mtlsClient(dave, true, nil), u, "/"); got != http.StatusForbidden {
+		t.Errorf("after the CA's delete: %d", got)
+	}
+	if _, err := f.svc.CA(ctx, "prj_1"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("CA after delete: %v", err)
+	}
+}
+
+// httpsRequest is a request to u's host form as the ingress's server
+// hands it over after a handshake with cert.
+func httpsRequest(u *sandbox.URL, cert *tls.Certificate) *http.Request {
+	pu, _ := url.Parse(u.URL)
+	r, _ := http.NewRequest("GET", "/", nil)
+	r.Host = pu.Host
+	leaf, _ := x509.ParseCertificate(cert.Certificate[0])
+	cert.Leaf = leaf
+	r.TLS = &tls.ConnectionState{ServerName: pu.Hostname(), PeerCertificates: []*x509.Certificate{leaf}}
+	return r
+}
+
+type recorder struct {
+	header http.Header
+	code   int
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = 200
+	}
+	return len(b), nil
+}
+func (r *recorder) WriteHeader(c int) {
+	if r.code == 0 {
+		r.code = c
+	}
+}
+
+func (f *fixture) mtlsWS(t *testing.T, u *sandbox.URL, cert *tls.Certificate) *websocket.Conn {
+	t.Helper()
+	wsURL := strings.Replace(u.URL, "https", "wss", 1) + "ws"
+	c, _, err := websocket.Dial(context.Background(), wsURL, &websocket.DialOptions{HTTPClient: f.mtlsClient(cert, false, nil)})
+	if err != nil {
+		t.Fatalf("websocket: %v", err)
+	}
+	t.Cleanup(func() { c.CloseNow() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Write(ctx, websocket.MessageText, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := c.Read(ctx); err != nil || string(b) != "ping" {
+		t.Fatalf("websocket echo: %q %v", b, err)
+	}
+	return c
+}
+
+// TestRevokeUnderLoad: a client loops on a certificate, over one HTTP/2
+// connection and one HTTP/1.1 keep-alive connection, while it is revoked:
+// no request sent after RevokeCert returns succeeds, and another
+// certificate's loop never fails.
+func TestRevokeUnderLoad(t *testing.T) {
+	f := newFixture(t, true)
+	ctx := context.Background()
+	u, err := f.svc.Create(ctx, owner, sandbox.URLRequest{Port: 9443, Auth: sandbox.URLAuthMTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherKP := keyPair(t, other)
+	for round := 0; round < 10; round++ {
+		c, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "loop"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp := keyPair(t, c)
+		var revoked atomic.Bool
+		var okAfter, sentAfter, otherFailed atomic.Int64
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		loop := func(cl *http.Client, counts bool) {
+			defer wg.Done()
+			for !stop.Load() {
+				after := revoked.Load()
+				got := status(t, cl, u, "/")
+				switch {
+				case !counts && got != 200:
+					otherFailed.Add(1)
+				case counts && after:
+					sentAfter.Add(1)
+					if got == 200 {
+						okAfter.Add(1)
+					}
+				}
+			}
+		}
+		wg.Add(3)
+		go loop(f.mtlsClient(kp, true, nil), true)
+		go loop(f.mtlsClient(kp, false, nil), true)
+		go loop(f.mtlsClient(otherKP, true, nil), false)
+		time.Sleep(20 * time.Millisecond)
+		if _, err := f.svc.RevokeCert(ctx, "prj_1", c.Serial); err != nil {
+			t.Fatal(err)
+		}
+		revoked.Store(true)
+		time.Sleep(20 * time.Millisecond)
+		stop.Store(true)
+		wg.Wait()
+		if okAfter.Load() != 0 || sentAfter.Load() == 0 || otherFailed.Load() != 0 {
+			t.Fatalf("round %d: %d of %d requests after the revocation succeeded; the other certificate failed %d times",
+				round, okAfter.Load(), sentAfter.Load(), otherFailed.Load())
+		}
+	}
+}
