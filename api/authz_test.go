@@ -190,6 +190,12 @@ func calls(w world) []call {
 		{"getURL", "GET", sb + "/urls/url_01jx0000000000000000000000", nil, "sandbox"},
 		{"rotateURL", "POST", sb + "/urls/url_01jx0000000000000000000000/rotate", nil, "sandbox"},
 		{"deleteURL", "DELETE", sb + "/urls/url_01jx0000000000000000000000", nil, "sandbox"},
+		{"getURLCA", "GET", "/v1/url-ca?project=" + w.web, nil, "project"},
+		{"setURLCA", "PUT", "/v1/url-ca?project=" + w.web, map[string]any{}, "project"},
+		{"deleteURLCA", "DELETE", "/v1/url-ca?project=" + w.web, nil, "project"},
+		{"issueClientCert", "POST", "/v1/url-ca/certs?project=" + w.web, map[string]any{"name": "alice"}, "project"},
+		{"listClientCerts", "GET", "/v1/url-ca/certs?project=" + w.web, nil, "project"},
+		{"revokeClientCert", "POST", "/v1/url-ca/certs/1f/revoke?project=" + w.web, nil, "project"},
 		{"getSnapshot", "GET", "/v1/snapshots/" + w.snap, nil, "sandbox"},
 		{"deleteSnapshot", "DELETE", "/v1/snapshots/" + w.snap, nil, "sandbox"},
 		{"exec", "POST", sb + "/exec", map[string]any{"cmd": "echo hi"}, "sandbox"},
@@ -333,6 +339,12 @@ func TestAuthorizationMatrix(t *testing.T) {
 		case "project":
 			cases = append(cases, tc{"other project", projectKey, 404, "not_found"},
 				tc{"other account", w.fullB, 404, "not_found"})
+			switch c.op {
+			case "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert":
+				// A project's CA opens all its mtls URLs.
+				cases = append(cases, tc{"a key limited to sandboxes", sandboxKey, 403, "forbidden"},
+					tc{"a key limited to labels", labelKey, 403, "forbidden"})
+			}
 		case "key":
 			cases = append(cases, tc{"a key it did not create", sandboxKey, 404, "not_found"},
 				tc{"other account", w.fullB, 404, "not_found"})
@@ -410,7 +422,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		"getProcess", "getProcessOutput", "killProcess", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget",
-		"createURL", "rotateURL", "deleteURL"} {
+		"createURL", "rotateURL", "deleteURL", "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert"} {
 		if !denied[a] {
 			t.Errorf("no denied %s in the audit log", a)
 		}

@@ -37,3 +37,47 @@ func (s *Server) deleteURL(w http.ResponseWriter, r *http.Request) error {
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
+
+func (s *Server) getURLCA(w http.ResponseWriter, r *http.Request) error {
+	ca, err := s.eng.URLCA(r.Context(), account(r), project(r))
+	return reply(w, http.StatusOK, ca, err)
+}
+
+func (s *Server) setURLCA(w http.ResponseWriter, r *http.Request) error {
+	var req sandbox.URLCARequest
+	if err := s.decode(w, r, &req); err != nil {
+		return err
+	}
+	ca, err := s.eng.SetURLCA(r.Context(), account(r), project(r), req)
+	return reply(w, http.StatusOK, ca, err)
+}
+
+func (s *Server) deleteURLCA(w http.ResponseWriter, r *http.Request) error {
+	if err := s.eng.DeleteURLCA(r.Context(), account(r), project(r)); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) issueClientCert(w http.ResponseWriter, r *http.Request) error {
+	var req sandbox.ClientCertRequest
+	if err := s.decode(w, r, &req); err != nil {
+		return err
+	}
+	c, err := s.eng.IssueClientCert(r.Context(), account(r), project(r), req)
+	if err == nil {
+		w.Header().Set("Cache-Control", "no-store") // it carries a private key
+	}
+	return reply(w, http.StatusCreated, c, err)
+}
+
+func (s *Server) listClientCerts(w http.ResponseWriter, r *http.Request) error {
+	l, err := s.eng.ListClientCerts(r.Context(), account(r), project(r))
+	return reply(w, http.StatusOK, map[string]any{"certs": l}, err)
+}
+
+func (s *Server) revokeClientCert(w http.ResponseWriter, r *http.Request) error {
+	c, err := s.eng.RevokeClientCert(r.Context(), account(r), project(r), r.PathValue("serial"))
+	return reply(w, http.StatusOK, c, err)
+}

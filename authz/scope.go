@@ -32,6 +32,7 @@ var Actions = []string{
 	"createBudget", "listBudgets", "getBudget", "deleteBudget", "getUsage",
 	"listEvents", "getSandboxMetrics", "getServerMetrics",
 	"createURL", "listURLs", "getURL", "rotateURL", "deleteURL",
+	"getURLCA", "setURLCA", "deleteURLCA", "issueClientCert", "listClientCerts", "revokeClientCert",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
@@ -61,8 +62,8 @@ var Groups = map[string][]string{
 	"budgets:write":      {"createBudget", "deleteBudget"},
 	"events:read":        {"listEvents"},
 	"metrics:read":       {"getServerMetrics"},
-	"urls:read":          {"listURLs", "getURL"},
-	"urls:write":         {"createURL", "rotateURL", "deleteURL"},
+	"urls:read":          {"listURLs", "getURL", "getURLCA", "listClientCerts"},
+	"urls:write":         {"createURL", "rotateURL", "deleteURL", "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert"},
 }
 
 // operatorOnly actions need the operator whatever a key's scope says:

@@ -204,6 +204,66 @@ func TestIngress(t *testing.T) {
 	if code, _ := get(u.URL, http.Header{"X-Harebox-Token": {nu.Token}}); code != 200 {
 		t.Errorf("new token after rotate: %d", code)
 	}
+	// Client certificates: the CLI makes the default project's CA and
+	// issues two from it; the guest's second port is published with mtls.
+	hb("exec", box.ID, "--background", "--", "/tmp/guestweb", "-listen", ":8081")
+	hb("url", "ca", "create")
+	certDir := t.TempDir()
+	var alice, bob sandbox.ClientCert
+	for name, c := range map[string]*sandbox.ClientCert{"alice": &alice, "bob": &bob} {
+		if err := json.Unmarshal([]byte(hb("url", "cert", "issue", name, "--ttl", "1h", "--out", filepath.Join(certDir, name))), c); err != nil || c.Serial == "" {
+			t.Fatalf("url cert issue %s: %+v %v", name, c, err)
+		}
+	}
+	var mu sandbox.URL
+	if err := json.Unmarshal([]byte(hb("url", "create", box.ID, "--port", "8081", "--auth", "mtls")), &mu); err != nil || mu.Token != "" || mu.Auth != "mtls" {
+		t.Fatalf("url create --auth mtls: %+v %v", mu, err)
+	}
+	certClient := func(name string) *http.Client {
+		c := cfg.Clone()
+		if name != "" {
+			kp, err := tls.LoadX509KeyPair(filepath.Join(certDir, name+".crt"), filepath.Join(certDir, name+".key"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Certificates = []tls.Certificate{kp}
+		}
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: c, DialContext: dial, ForceAttemptHTTP2: true}, Timeout: time.Minute}
+	}
+	certGet := func(c *http.Client, rawURL string) int {
+		t.Helper()
+		resp, err := c.Get(rawURL)
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode == 200 && (strings.Contains(string(b), "alice") || strings.Contains(string(b), "BEGIN")) {
+			t.Errorf("the guest saw the client certificate: %s", b)
+		}
+		return resp.StatusCode
+	}
+	aliceC, bobC := certClient("alice"), certClient("bob")
+	for deadline := time.Now().Add(time.Minute); certGet(aliceC, mu.URL) != 200; {
+		if time.Now().After(deadline) {
+			t.Fatal("mtls: alice's certificate never got through")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if code := certGet(certClient(""), mu.URL); code != 0 {
+		t.Errorf("mtls without a certificate: %d", code)
+	}
+	if code := certGet(aliceC, mu.PathURL); code != 403 {
+		t.Errorf("mtls in the path form: %d", code)
+	}
+	hb("url", "cert", "revoke", alice.Serial)
+	if code := certGet(aliceC, mu.URL); code != 403 {
+		t.Errorf("alice after revoke, on her open connection: %d", code)
+	}
+	if code := certGet(bobC, mu.URL); code != 200 {
+		t.Errorf("bob after alice's revoke: %d", code)
+	}
+
 	// hareboxd killed and started again: the URL, its new token and the
 	// guest's opened port are all still there.
 	srv.cmd.Process.Signal(syscall.SIGKILL)
@@ -217,6 +277,13 @@ func TestIngress(t *testing.T) {
 		t.Errorf("old token after a restart: %d", code)
 	}
 	ws = openWS(t, cfg, dial, u.URL, nu.Token)
+	// And so are the CA, the mtls URL and the revocation.
+	if code := certGet(certClient("bob"), mu.URL); code != 200 {
+		t.Errorf("bob after a restart: %d", code)
+	}
+	if code := certGet(certClient("alice"), mu.URL); code != 403 {
+		t.Errorf("alice after a restart: %d", code)
+	}
 
 	// Delete: refused at once, the WebSocket is cut.
 	hb("url", "delete", box.ID, u.ID)
@@ -229,7 +296,7 @@ func TestIngress(t *testing.T) {
 	if err == nil {
 		t.Error("the WebSocket outlived its URL")
 	}
-	if out := hb("url", "list", box.ID); !strings.Contains(out, `"urls": []`) && !strings.Contains(out, `"urls":[]`) {
+	if out := hb("url", "list", box.ID); strings.Contains(out, u.ID) || !strings.Contains(out, mu.ID) {
 		t.Errorf("url list after delete: %s", out)
 	}
 

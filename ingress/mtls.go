@@ -491,7 +491,9 @@ func (s *Service) checkCert(r *http.Request, e *entry, cookiePath string) (who, 
 		return who, "", nil, http.StatusUnauthorized, "this URL needs a client certificate"
 	}
 	leaf := r.TLS.PeerCertificates[0]
-	who, serial = "mtls:"+leaf.Subject.CommonName, serialText(leaf.SerialNumber)
+	// Anyone can present a certificate naming anything: the name goes
+	// to the audit log bounded and printable.
+	who, serial = "mtls:"+printable(leaf.Subject.CommonName, 64), serialText(leaf.SerialNumber)
 	a, err := s.authorityOf(r.Context(), e.project)
 	if err != nil {
 		s.opts.Log.Error("ingress: cannot load a project's CA", "project", e.project, "err", err)
@@ -518,4 +520,18 @@ func (s *Service) checkCert(r *http.Request, e *entry, cookiePath string) (who, 
 func (s *Service) stillGood(e *entry, a *authority, serial string) bool {
 	cur := s.current(e.project)
 	return cur != nil && cur.roots != nil && cur.roots == a.roots && !cur.revoked[serial]
+}
+
+// printable is s with what is not printable ASCII replaced, cut to max.
+func printable(s string, max int) string {
+	b := []byte(s)
+	if len(b) > max {
+		b = b[:max]
+	}
+	for i, c := range b {
+		if c < 0x20 || c > 0x7e {
+			b[i] = '?'
+		}
+	}
+	return string(b)
 }

@@ -59,12 +59,22 @@ func group(name string, subs []subcommand) func(ctx context.Context, c *cli, arg
 			}
 			fs := flag.NewFlagSet(strings.TrimSpace("harebox "+name+" "+s.name+" "+s.args), flag.ContinueOnError)
 			code, err := s.run(ctx, c, fs, args[1:])
-			if err != nil {
+			if inner, ok := err.(subError); ok { // a nested group's (harebox url ca get)
+				err = subError{s.name + " " + inner.sub, inner.args, inner.err}
+			} else if err != nil {
 				err = subError{s.name, s.args, err}
 			}
 			return code, err
 		}
 		return 0, usageError{fmt.Sprintf("unknown %s subcommand %q (want %s)", name, args[0], strings.Join(names, ", "))}
+	}
+}
+
+// nested makes a group a subcommand of another: harebox url ca get runs
+// group("url ca", ...)'s get.
+func nested(g func(ctx context.Context, c *cli, args []string) (int, error)) func(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (int, error) {
+	return func(ctx context.Context, c *cli, _ *flag.FlagSet, args []string) (int, error) {
+		return g(ctx, c, args)
 	}
 }
 

@@ -75,7 +75,7 @@ func BenchmarkIngress(b *testing.B) {
 	done := make(chan struct{})
 	go func() { svc.Serve(ctx, il, servertls.Config(src)); close(done) }()
 	b.Cleanup(func() { cancel(); <-done; db.Close() })
-	u, err := svc.Create(ctx, g.id, "acc", sandbox.URLRequest{Port: 8080})
+	u, err := svc.Create(ctx, ingress.Owner{SandboxID: g.id, AccountID: "acc"}, sandbox.URLRequest{Port: 8080})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,8 +3,10 @@
 Each operation method is named after its operationId in snake_case, takes
 the path parameters positionally and the query string and body as the
 ``query=`` and ``body=`` keywords, so the OpenAPI document doubles as the
-reference for this client. ``Client.create`` and the ``Sandbox`` object
-are the conveniences on top.
+reference for this client. The URL CA methods (get_url_ca, set_url_ca,
+delete_url_ca, issue_client_cert, list_client_certs, revoke_client_cert)
+take their few query parameters and body fields as keywords instead.
+``Client.create`` and the ``Sandbox`` object are the conveniences on top.
 
 It speaks HTTP with http.client directly, not urllib: no redirects to
 follow (a redirect would carry the API key to another host), no proxy
@@ -338,9 +340,11 @@ class Client:
     # which a client sends in the ``X-HareBox-Token`` header or as
     # ``Authorization: Bearer``, or gets as a cookie by visiting the URL's
     # ``link``; or behind OpenID Connect (auth "oidc"): an ID token its rule
-    # allows, as ``Authorization: Bearer``. The ingress takes the credential
-    # off every request before it reaches the guest. The token is in the
-    # create_url and rotate_url replies only.
+    # allows, as ``Authorization: Bearer``; or behind client certificates
+    # (auth "mtls"): a TLS client certificate signed by the project's URL CA
+    # and not revoked. The ingress takes a token or ID token off every
+    # request before it reaches the guest. The token is in the create_url
+    # and rotate_url replies only.
 
     @operation("createURL")
     def create_url(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> t.URL:
@@ -356,7 +360,10 @@ class Client:
         Bearer`` (an invalid one is refused with 401, one the rule does not
         allow with 403, and 503 when the issuer cannot be reached); the URL
         has no token and no link. A rule without auth oidc, or a missing or
-        bad one with it, is InvalidRequest. A port published already is
+        bad one with it, is InvalidRequest. ``"auth": "mtls"`` puts it
+        behind TLS client certificates: the ingress takes one signed by the
+        project's URL CA (set_url_ca) and not revoked; host form only, so
+        the ingress's host must be a name. A port published already is
         Conflict; a server without an ingress answers Unavailable."""
         path = _path("/v1/sandboxes/{}/urls", sandbox_id)
         return cast(t.URL, self._json("POST", path, body=body, timeout=timeout))
@@ -389,6 +396,100 @@ class Client:
         port is closed to the ingress again, and requests, streams and
         WebSockets its token opened are cut."""
         self._json("DELETE", _path("/v1/sandboxes/{}/urls/{}", sandbox_id, url_id), timeout=timeout)
+
+    # --- the URL certificate authority and client certificates ----------
+    # An ``mtls`` URL takes a TLS client certificate signed by its project's
+    # URL CA and not revoked. These methods name the project and, for the
+    # operator, the account as keywords (sent as the query's ``project``
+    # and ``account``; None: the account's default project, and the default
+    # account or the key's own), and the body's fields as arguments.
+
+    @operation("getURLCA")
+    def get_url_ca(self, *, project: str | None = None, account: str | None = None, timeout: float | None = None) -> t.URLCA:
+        """GET /v1/url-ca: the project's URL certificate authority, the CA
+        its mtls URLs check client certificates against: its
+        ``certificate`` (PEM) and whether it was ``uploaded``. NotFound
+        when the project has none."""
+        return cast(t.URLCA, self._json("GET", "/v1/url-ca", query=_project_query(project, account), timeout=timeout))
+
+    @operation("setURLCA")
+    def set_url_ca(
+        self,
+        certificate: str | None = None,
+        *,
+        project: str | None = None,
+        account: str | None = None,
+        timeout: float | None = None,
+    ) -> t.URLCA:
+        """PUT /v1/url-ca: sets the project's URL certificate authority.
+        ``certificate`` (a CA certificate, PEM) uploads it: you issue its
+        client certificates yourself. None sends no certificate: the server
+        makes a new CA (ECDSA P-256, its key sealed in the server's secret
+        store) that issue_client_cert issues from. Either way the old CA,
+        and every certificate it signed, stops working: requests and
+        connections they opened are cut. An empty ``certificate`` raises
+        ValueError, so that it is never taken for none. Returns the CA."""
+        body: dict[str, Any] = {}
+        if certificate is not None:
+            if not isinstance(certificate, str) or not certificate.strip():
+                raise ValueError("set_url_ca: certificate must be a CA certificate (PEM text), or None for the server to make a new CA")
+            body["certificate"] = certificate
+        query = _project_query(project, account)
+        return cast(t.URLCA, self._json("PUT", "/v1/url-ca", query=query, body=body, timeout=timeout))
+
+    @operation("deleteURLCA")
+    def delete_url_ca(self, *, project: str | None = None, account: str | None = None, timeout: float | None = None) -> None:
+        """DELETE /v1/url-ca: deletes the project's URL certificate
+        authority, its key and the records of its certificates: its mtls
+        URLs refuse every client until a new one is set."""
+        self._json("DELETE", "/v1/url-ca", query=_project_query(project, account), timeout=timeout)
+
+    @operation("issueClientCert")
+    def issue_client_cert(
+        self,
+        name: str,
+        *,
+        ttl: str | None = None,
+        project: str | None = None,
+        account: str | None = None,
+        timeout: float | None = None,
+    ) -> t.ClientCert:
+        """POST /v1/url-ca/certs: issues a client certificate (ECDSA P-256,
+        extended key usage clientAuth) from the project's CA, which the
+        server made (an uploaded CA: InvalidRequest). ``name`` is its
+        subject's common name (up to 64 characters), ``ttl`` how long it is
+        valid, a Go duration such as ``"720h"`` (None: the server's
+        default, 2160h; at most 8760h). Returns it with its ``serial``,
+        ``certificate`` and ``private_key`` (PEM, PKCS#8): the key is in
+        this reply only, the server does not keep it."""
+        body: dict[str, Any] = {"name": name}
+        if ttl is not None:
+            body["ttl"] = ttl
+        query = _project_query(project, account)
+        return cast(t.ClientCert, self._json("POST", "/v1/url-ca/certs", query=query, body=body, timeout=timeout))
+
+    @operation("listClientCerts")
+    def list_client_certs(
+        self, *, project: str | None = None, account: str | None = None, timeout: float | None = None
+    ) -> list[t.ClientCert]:
+        """GET /v1/url-ca/certs: the certificates the project issued and
+        the serials it revoked, oldest first, without keys (the list under
+        the reply's ``certs``; empty when there are none)."""
+        query = _project_query(project, account)
+        reply = cast(t.ClientCertList, self._json("GET", "/v1/url-ca/certs", query=query, timeout=timeout))
+        return reply.get("certs") or []
+
+    @operation("revokeClientCert")
+    def revoke_client_cert(
+        self, serial: str, *, project: str | None = None, account: str | None = None, timeout: float | None = None
+    ) -> t.ClientCert:
+        """POST /v1/url-ca/certs/{serial}/revoke: revokes a client
+        certificate by its serial number (hex, issued here or by an
+        uploaded CA): when this returns, the project's mtls URLs refuse it,
+        and requests, streams, WebSockets and HTTP/1.1 connections it
+        opened are cut. Returns the revoked certificate's record."""
+        path = _path("/v1/url-ca/certs/{}/revoke", serial)
+        return cast(t.ClientCert, self._json("POST", path, query=_project_query(project, account), timeout=timeout))
 
     # --- exec and processes --------------------------------------------
 
@@ -1327,6 +1428,11 @@ def _path(template: str, *params: str) -> str:
         if not isinstance(p, str) or not p:
             raise ValueError(f"path parameter must be a non-empty string, not {p!r}")
     return template.format(*(quote(p, safe="") for p in params))
+
+
+def _project_query(project: str | None, account: str | None) -> dict[str, t.QueryValue]:
+    """The query naming a project and an account; None is left out."""
+    return {"project": project, "account": account}
 
 
 def _encode_query(query: t.Query) -> str:

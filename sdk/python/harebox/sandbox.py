@@ -242,7 +242,9 @@ class Sandbox:
         OpenID Connect ID tokens the ingress accepts as ``Authorization:
         Bearer``; such a URL has no token and no link. ``oidc`` is sent
         when given; the server refuses it without ``auth="oidc"``
-        (InvalidRequest). Returns the URL dict."""
+        (InvalidRequest). With ``auth="mtls"`` the ingress takes a TLS
+        client certificate signed by the project's URL CA (see
+        Client.set_url_ca) and not revoked. Returns the URL dict."""
         body: dict[str, Any] = {"port": port}
         if auth is not None:
             body["auth"] = auth

@@ -142,27 +142,33 @@ class URLRequest(TypedDict):
     #: ingress speaks TLS to clients).
     port: int
     #: How a client proves access: "token" (the default; a bearer token,
-    #: or a link that swaps it for a cookie), or "oidc" (an OpenID Connect
-    #: ID token from ``oidc["issuer"]`` as ``Authorization: Bearer``).
-    auth: NotRequired[Literal["token", "oidc"]]
+    #: or a link that swaps it for a cookie), "oidc" (an OpenID Connect ID
+    #: token from ``oidc["issuer"]`` as ``Authorization: Bearer``), or
+    #: "mtls" (a TLS client certificate signed by the project's URL CA and
+    #: not revoked; host form only, so the ingress's host must be a name).
+    auth: NotRequired[Literal["token", "oidc", "mtls"]]
     #: Required with auth "oidc", refused otherwise.
     oidc: NotRequired[OIDCRule]
 
 
 class URL(TypedDict):
     """A sandbox's TCP port published on the server's ingress, behind a
-    token or OpenID Connect. A token goes in the ``X-HareBox-Token`` header
-    or as ``Authorization: Bearer hburl_...``; a visit to ``link`` swaps
-    it for a cookie. An ``oidc`` URL takes an ID token its rule allows as
-    ``Authorization: Bearer``. The ingress takes the credential off every
-    request before the guest sees it."""
+    token, OpenID Connect or client certificates. A token goes in the
+    ``X-HareBox-Token`` header or as ``Authorization: Bearer hburl_...``;
+    a visit to ``link`` swaps it for a cookie. An ``oidc`` URL takes an ID
+    token its rule allows as ``Authorization: Bearer``; an ``mtls`` URL a
+    TLS client certificate from its project's URL CA, not revoked. The
+    ingress takes a token or ID token off every request before the guest
+    sees it."""
 
     #: e.g. "url_01j8z3k5m6n7p8q9r0s1t2v3w4"
     id: str
     sandbox_id: str
     account_id: str
+    #: The sandbox's project, whose URL CA an "mtls" URL checks clients against.
+    project_id: str
     port: int
-    #: "token" or "oidc"
+    #: "token", "oidc" or "mtls"
     auth: str
     #: The rule of an "oidc" URL (which has no ``token`` and no ``link``).
     oidc: NotRequired[OIDCRule]
@@ -187,6 +193,46 @@ class URLList(TypedDict):
     """The body of list_urls: oldest first, without tokens."""
 
     urls: list[URL]
+
+
+class URLCA(TypedDict):
+    """A project's URL certificate authority: the CA its ``mtls`` URLs
+    check client certificates against (get_url_ca, set_url_ca)."""
+
+    project_id: str
+    #: The CA's certificate, PEM.
+    certificate: str
+    #: Uploaded by the user (who issues its certificates), not made by the server.
+    uploaded: bool
+    created_at: str
+
+
+class ClientCert(TypedDict):
+    """A client certificate the project issued, or the serial of one it
+    revoked (issue_client_cert, list_client_certs, revoke_client_cert)."""
+
+    project_id: str
+    #: The serial number, lower-case hex.
+    serial: str
+    #: The subject's common name: who holds it.
+    name: NotRequired[str]
+    #: Issued by the server (False: a serial of an uploaded CA's
+    #: certificate, recorded when revoked).
+    issued: bool
+    not_after: NotRequired[str]
+    created_at: str
+    revoked_at: NotRequired[str]
+    #: The certificate (PEM): in the issue_client_cert reply only.
+    certificate: NotRequired[str]
+    #: Its private key (PEM, PKCS#8): in the issue_client_cert reply only;
+    #: the server does not keep it.
+    private_key: NotRequired[str]
+
+
+class ClientCertList(TypedDict):
+    """The body of GET /v1/url-ca/certs: oldest first, without keys."""
+
+    certs: list[ClientCert]
 
 
 class Health(TypedDict):

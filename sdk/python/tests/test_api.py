@@ -10,9 +10,16 @@ import pytest
 import harebox
 
 
+#: Acronyms that run together in an operationId, split where they meet.
+JOINED = {"URLCA": "UrlCa"}
+
+
 def snake(operation_id: str) -> str:
     """getOpenAPI -> get_open_api, listSandboxes -> list_sandboxes,
-    listURLs -> list_urls (an acronym's plural s stays with it)."""
+    listURLs -> list_urls (an acronym's plural s stays with it), getURLCA
+    -> get_url_ca (two acronyms, JOINED)."""
+    for joined, split in JOINED.items():
+        operation_id = operation_id.replace(joined, split)
     name = re.sub(r"([A-Z]{2,})s(?=[A-Z]|$)", lambda m: m.group(1).capitalize() + "s", operation_id)
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
@@ -86,3 +93,23 @@ def test_bad_ttl_is_invalid_with_its_field(hb: harebox.Client, test_image: str) 
     with pytest.raises(harebox.InvalidRequest) as err:
         hb.create(image=test_image, ttl_seconds=-1)
     assert err.value.field == "ttl_seconds"
+
+
+def test_url_ca_issue_list_revoke(hb: harebox.Client) -> None:
+    hb.create_project(body={"name": "urlca-sdk"})
+    ca = hb.set_url_ca(project="urlca-sdk")
+    assert ca["uploaded"] is False and "BEGIN CERTIFICATE" in ca["certificate"]
+    assert hb.get_url_ca(project="urlca-sdk")["certificate"] == ca["certificate"]
+    cert = hb.issue_client_cert("alice", ttl="1h", project="urlca-sdk")
+    assert "PRIVATE KEY" in cert["private_key"] and cert["issued"] is True
+    listed = hb.list_client_certs(project="urlca-sdk")
+    assert [c["serial"] for c in listed] == [cert["serial"]]
+    assert "private_key" not in listed[0]
+    revoked = hb.revoke_client_cert(cert["serial"], project="urlca-sdk")
+    assert revoked["revoked_at"]
+    with pytest.raises(harebox.InvalidRequest):
+        hb.issue_client_cert("bob", ttl="forever", project="urlca-sdk")
+    hb.delete_url_ca(project="urlca-sdk")
+    with pytest.raises(harebox.NotFound):
+        hb.get_url_ca(project="urlca-sdk")
+    hb.delete_project("urlca-sdk")

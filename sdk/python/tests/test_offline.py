@@ -19,6 +19,8 @@ from harebox import types as t
 from harebox.client import _read_sse_event
 from harebox.errors import error_from_body, parse_retry_after
 
+from test_api import snake
+
 REPO_OPENAPI = Path(__file__).resolve().parents[3] / "api" / "openapi.yaml"
 
 
@@ -101,6 +103,8 @@ def test_client_covers_the_repository_document() -> None:
         pytest.skip("api/openapi.yaml is not beside this SDK")
     documented = set(re.findall(r"^\s*operationId:\s*(\w+)\s*$", REPO_OPENAPI.read_text(), re.M))
     assert documented == set(harebox.Client.operations())
+    for operation_id, name in harebox.Client.operations().items():
+        assert name == snake(operation_id), operation_id
 
 
 def test_unreachable_server_is_a_transport_error() -> None:
@@ -785,7 +789,7 @@ def _url_json(url_id: str = "url_1", port: int = 8080, token: str | None = None)
     link) as create_url and rotate_url return it, else without."""
     host = f"https://{port}-1.ingress.example/"
     url: t.URL = {
-        "id": url_id, "sandbox_id": "sbx_1", "account_id": "acc_1", "port": port, "auth": "token",
+        "id": url_id, "sandbox_id": "sbx_1", "account_id": "acc_1", "project_id": "prj_1", "port": port, "auth": "token",
         "url": host, "path_url": f"https://ingress.example/s/sbx_1/{port}/", "created_at": "2026-11-30T12:00:00Z",
     }
     if token is not None:
@@ -933,6 +937,144 @@ def test_url_errors(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
         hb.create_url("sbx_3", body={"port": 8080})
     with pytest.raises(harebox.NotFound):
         hb.rotate_url("sbx_1", "url_9")
+
+
+#: A CA certificate, as PEM text (its bytes do not matter here).
+_CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBcaCA\n-----END CERTIFICATE-----\n"
+
+
+def _ca_json(uploaded: bool = False) -> t.URLCA:
+    """The URL CA of prj_1 as the server shows it."""
+    return {"project_id": "prj_1", "certificate": _CA_PEM, "uploaded": uploaded, "created_at": "2026-11-30T12:00:00Z"}
+
+
+def _cert_json(serial: str = "0a1b", *, issued: bool = True, key: bool = False, revoked: bool = False) -> t.ClientCert:
+    """A client certificate's record as the server shows it: with its PEM
+    and key (``key``) as issue_client_cert returns it, else without."""
+    cert: t.ClientCert = {"project_id": "prj_1", "serial": serial, "issued": issued, "created_at": "2026-11-30T12:00:00Z"}
+    if issued:
+        cert["name"], cert["not_after"] = "ada", "2027-02-28T12:00:00Z"
+    if key:
+        cert["certificate"] = "-----BEGIN CERTIFICATE-----\nMIIBada\n-----END CERTIFICATE-----\n"
+        cert["private_key"] = "-----BEGIN PRIVATE KEY-----\nMIGHada\n-----END PRIVATE KEY-----\n"
+    if revoked:
+        cert["revoked_at"] = "2026-12-01T09:00:00Z"
+    return cert
+
+
+def test_url_ca_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/url-ca"] = (200, {}, _ca_json())
+    server.replies["/v1/url-ca?project=old"] = (204, {}, None)
+    ca = hb.get_url_ca()
+    assert ca == _ca_json()
+    assert (ca["certificate"], ca["uploaded"]) == (_CA_PEM, False)
+    hb.get_url_ca(project="web", account="acme")
+    assert hb.set_url_ca(project="web") == _ca_json()  # no certificate: the server makes a new CA
+    server.replies["/v1/url-ca"] = (200, {}, _ca_json(uploaded=True))
+    assert hb.set_url_ca(_CA_PEM, project="web", account="acme")["uploaded"] is True
+    hb.set_url_ca(certificate=_CA_PEM, timeout=5)
+    assert hb.delete_url_ca(project="old") is None
+    # Issue: the key is in this reply only.
+    issued = _cert_json(key=True)
+    server.replies["/v1/url-ca/certs"] = (201, {}, issued)
+    cert = hb.issue_client_cert("ada", ttl="720h", project="web")
+    assert cert == issued
+    assert (cert["serial"], cert["name"], cert["issued"]) == ("0a1b", "ada", True)
+    assert cert["private_key"].startswith("-----BEGIN PRIVATE KEY-----")
+    hb.issue_client_cert("ada", account="acme")
+    # List: the records, without keys, as a list.
+    listed: t.ClientCertList = {"certs": [_cert_json(), _cert_json("ff", issued=False, revoked=True)]}
+    server.replies["/v1/url-ca/certs"] = (200, {}, listed)
+    certs = hb.list_client_certs(project="web")
+    assert certs == listed["certs"]
+    assert [(c["serial"], c["issued"], c.get("revoked_at"), "private_key" in c) for c in certs] == [
+        ("0a1b", True, None, False), ("ff", False, "2026-12-01T09:00:00Z", False)]
+    server.replies["/v1/url-ca/certs"] = (200, {}, {"certs": None})
+    assert hb.list_client_certs() == []
+    server.replies["/v1/url-ca/certs/0a1b/revoke"] = (200, {}, _cert_json(revoked=True))
+    revoked = hb.revoke_client_cert("0a1b", project="web", account="acme")
+    assert revoked == _cert_json(revoked=True) and revoked["revoked_at"] == "2026-12-01T09:00:00Z"
+    hb.revoke_client_cert("0a:1b")
+    hb.revoke_client_cert("../0a1b")
+    assert server.seen == [
+        ("GET", "/v1/url-ca", None),
+        ("GET", "/v1/url-ca?project=web&account=acme", None),
+        ("PUT", "/v1/url-ca?project=web", {}),
+        ("PUT", "/v1/url-ca?project=web&account=acme", {"certificate": _CA_PEM}),
+        ("PUT", "/v1/url-ca", {"certificate": _CA_PEM}),
+        ("DELETE", "/v1/url-ca?project=old", None),
+        ("POST", "/v1/url-ca/certs?project=web", {"name": "ada", "ttl": "720h"}),
+        ("POST", "/v1/url-ca/certs?account=acme", {"name": "ada"}),
+        ("GET", "/v1/url-ca/certs?project=web", None),
+        ("GET", "/v1/url-ca/certs", None),
+        ("POST", "/v1/url-ca/certs/0a1b/revoke?project=web&account=acme", None),
+        ("POST", "/v1/url-ca/certs/0a%3A1b/revoke", None),
+        ("POST", "/v1/url-ca/certs/..%2F0a1b/revoke", None),
+    ]
+    operations = harebox.Client.operations()
+    names = ("getURLCA", "setURLCA", "deleteURLCA", "issueClientCert", "listClientCerts", "revokeClientCert")
+    assert {op: operations[op] for op in names} == {
+        "getURLCA": "get_url_ca", "setURLCA": "set_url_ca", "deleteURLCA": "delete_url_ca",
+        "issueClientCert": "issue_client_cert", "listClientCerts": "list_client_certs",
+        "revokeClientCert": "revoke_client_cert",
+    }
+    # An empty certificate is never sent: the server would take it for
+    # none and make a new CA. Nor is an empty serial.
+    for bad in ("", " \n"):
+        with pytest.raises(ValueError):
+            hb.set_url_ca(bad)
+    with pytest.raises(ValueError):
+        hb.revoke_client_cert("")
+    assert len(server.seen) == 13
+
+
+def test_url_ca_errors(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/url-ca?project=none"] = (404, {}, {"error": {
+        "code": "not_found", "message": "project none has no URL CA"}})
+    server.replies["/v1/url-ca/certs?project=uploaded"] = (400, {}, {"error": {
+        "code": "invalid", "message": "the project's URL CA was uploaded: issue its certificates yourself"}})
+    server.replies["/v1/url-ca/certs?project=web"] = (400, {}, {"error": {
+        "code": "invalid", "message": "at most 8760h", "field": "ttl"}})
+    server.replies["/v1/url-ca/certs/dead/revoke"] = (404, {}, {"error": {
+        "code": "not_found", "message": "project default has no URL CA"}})
+    with pytest.raises(harebox.NotFound):
+        hb.get_url_ca(project="none")
+    with pytest.raises(harebox.NotFound):
+        hb.delete_url_ca(project="none")
+    with pytest.raises(harebox.InvalidRequest) as uploaded:
+        hb.issue_client_cert("ada", project="uploaded")
+    assert uploaded.value.status == 400
+    with pytest.raises(harebox.InvalidRequest) as too_long:
+        hb.issue_client_cert("ada", ttl="9000h", project="web")
+    assert too_long.value.field == "ttl"
+    with pytest.raises(harebox.NotFound):
+        hb.revoke_client_cert("dead")
+
+
+def test_mtls_urls(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    mtls = _url_json("url_4", 8443)
+    mtls["auth"] = "mtls"
+    server.replies["/v1/sandboxes/sbx_1/urls"] = (201, {}, mtls)
+    request: t.URLRequest = {"port": 8443, "auth": "mtls"}
+    assert hb.create_url("sbx_1", body=request) == mtls
+    url = harebox.Sandbox(hb, _sandbox_json("running")).create_url(8443, auth="mtls")
+    assert (url["auth"], url["project_id"]) == ("mtls", "prj_1")
+    assert server.seen == [
+        ("POST", "/v1/sandboxes/sbx_1/urls", {"port": 8443, "auth": "mtls"}),
+        ("POST", "/v1/sandboxes/sbx_1/urls", {"port": 8443, "auth": "mtls"}),
+    ]
+
+
+def test_url_auth_matches_the_repository_document() -> None:
+    """The URLRequest auth Literal lists the document's enum."""
+    if not REPO_OPENAPI.is_file():
+        pytest.skip("api/openapi.yaml is not beside this SDK")
+    found = re.search(r"^    URLRequest:\n(?:      .*\n)*?        auth: \{type: string, enum: \[([^\]]*)\]", REPO_OPENAPI.read_text(), re.M)
+    assert found, "no URLRequest auth enum in api/openapi.yaml"
+    assert get_args(get_type_hints(t.URLRequest)["auth"]) == tuple(re.split(r",\s*", found.group(1).strip()))
 
 
 def test_budget_actions_match_the_repository_document() -> None:

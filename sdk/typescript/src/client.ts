@@ -19,6 +19,9 @@ import type {
   Budget,
   BudgetList,
   BudgetRequest,
+  ClientCert,
+  ClientCertList,
+  ClientCertRequest,
   CommandList,
   CommandsQuery,
   CreateRequest,
@@ -71,6 +74,9 @@ import type {
   SnapshotList,
   SnapshotRequest,
   SnapshotsQuery,
+  URLCA,
+  URLCAQuery,
+  URLCARequest,
   URLList,
   URLRequest,
   UsageList,
@@ -422,9 +428,11 @@ export class HareBox {
   // token (hburl_...), which a client sends in the X-HareBox-Token header
   // or as `Authorization: Bearer`, or gets as a cookie by visiting the
   // URL's `link`; or behind OpenID Connect (auth "oidc"): an ID token its
-  // rule allows, as `Authorization: Bearer`. The ingress takes the
-  // credential off every request before it reaches the guest. The token is
-  // only in the answers of createURL and rotateURL.
+  // rule allows, as `Authorization: Bearer`; or behind client certificates
+  // (auth "mtls"): a TLS client certificate signed by the project's URL CA
+  // and not revoked. The ingress takes a token or ID token off every
+  // request before it reaches the guest. The token is only in the answers
+  // of createURL and rotateURL.
 
   /**
    * Publishes a TCP port of the sandbox (`body.port`, 1 to 65535) as a URL
@@ -437,8 +445,11 @@ export class HareBox {
    * `Authorization: Bearer` (an invalid one gets 401, one the rule does not
    * allow 403, and 503 when the issuer cannot be reached); the URL has no
    * token and no link. A rule without auth "oidc", or a missing or bad one
-   * with it, throws invalid (400). A port published already throws conflict
-   * (409); a server without an ingress, unavailable (503).
+   * with it, throws invalid (400). `body.auth` "mtls" puts it behind TLS
+   * client certificates: the ingress takes one signed by the project's URL
+   * CA (setURLCA) and not revoked; host form only, so the ingress's host
+   * must be a name. A port published already throws conflict (409); a
+   * server without an ingress, unavailable (503).
    */
   async createURL(id: string, options: CallOptions<never, URLRequest>): Promise<SandboxURL> {
     return this.#call("createURL", [id], "json", this.#withBody(options));
@@ -471,6 +482,70 @@ export class HareBox {
    */
   async deleteURL(id: string, url: string, options: CallOptions = {}): Promise<void> {
     await this.#call("deleteURL", [id, url], "none", this.#plain(options));
+  }
+
+  // The URL certificate authority and client certificates: an mtls URL
+  // takes a TLS client certificate signed by its project's URL CA and not
+  // revoked. query.project names the project (ID or name; default the
+  // account's default project), query.account the operator's account.
+
+  /** Gets the project's URL CA: its certificate (PEM) and whether it was uploaded. Throws not_found (404) when it has none. */
+  async getURLCA(options: CallOptions<URLCAQuery> = {}): Promise<URLCA> {
+    return this.#call("getURLCA", [], "json", this.#plain(options));
+  }
+
+  /**
+   * Sets the project's URL CA: `body.certificate` (a CA certificate, PEM)
+   * uploads it, and you issue its client certificates yourself; no body, or
+   * one without a certificate, has the server make a new CA (ECDSA P-256,
+   * its key sealed in the server's secret store) that issueClientCert
+   * issues from. Either way the old CA, and every certificate it signed,
+   * stops working: requests and connections they opened are cut. An empty
+   * `body.certificate` throws invalid here, so that it is never taken for
+   * none.
+   */
+  async setURLCA(options: CallOptions<URLCAQuery, URLCARequest> = {}): Promise<URLCA> {
+    const certificate: unknown = options.body?.certificate;
+    if (certificate !== undefined && (typeof certificate !== "string" || certificate.trim() === "")) {
+      throw new HareBoxError(0, "invalid", "setURLCA: body.certificate must be a CA certificate (PEM text); leave it out for the server to make a new CA", "certificate");
+    }
+    return this.#call("setURLCA", [], "json", this.#withBody(options));
+  }
+
+  /**
+   * Deletes the project's URL CA, its key and the records of its
+   * certificates: its mtls URLs refuse every client until a new one is set.
+   */
+  async deleteURLCA(options: CallOptions<URLCAQuery> = {}): Promise<void> {
+    await this.#call("deleteURLCA", [], "none", this.#plain(options));
+  }
+
+  /**
+   * Issues a client certificate (ECDSA P-256, extended key usage
+   * clientAuth) for `body.name` (its subject's common name), valid for
+   * `body.ttl` (a Go duration, default 2160h, at most 8760h), from the
+   * project's CA, which the server made (an uploaded CA: invalid, 400).
+   * Returns it with its `certificate` and `private_key` (PEM, PKCS#8): the
+   * key is in this answer only, the server does not keep it.
+   */
+  async issueClientCert(options: CallOptions<URLCAQuery, ClientCertRequest>): Promise<ClientCert> {
+    return this.#call("issueClientCert", [], "json", this.#withBody(options));
+  }
+
+  /** Lists the certificates the project issued and the serials it revoked, oldest first, without keys. */
+  async listClientCerts(options: CallOptions<URLCAQuery> = {}): Promise<ClientCertList> {
+    const list = await this.#call<ClientCertList>("listClientCerts", [], "json", this.#plain(options));
+    return { ...list, certs: list.certs ?? [] };
+  }
+
+  /**
+   * Revokes a client certificate by its serial number (hex; issued here or
+   * by an uploaded CA): when this returns, the project's mtls URLs refuse
+   * it, and requests, streams, WebSockets and HTTP/1.1 connections it
+   * opened are cut. Returns the revoked certificate's record.
+   */
+  async revokeClientCert(serial: string, options: CallOptions<URLCAQuery> = {}): Promise<ClientCert> {
+    return this.#call("revokeClientCert", [serial], "json", this.#plain(options));
   }
 
   /** Runs a command and waits for it. A non-zero exit is a result, not an error. */

@@ -204,6 +204,8 @@ export class Sandbox implements SandboxData {
    * emails and groups) puts it behind OpenID Connect ID tokens, taken as
    * `Authorization: Bearer`; such a URL has no token and no link. `oidc` is
    * sent when given; the server refuses it without auth "oidc" (400).
+   * `auth` "mtls" puts it behind TLS client certificates signed by the
+   * project's URL CA (see HareBox.setURLCA) and not revoked.
    */
   createURL(port: number, options: RequestOptions & Omit<URLRequest, "port"> = {}): Promise<SandboxURL> {
     const { signal, timeoutMs, ...rest } = options;

@@ -213,30 +213,35 @@ export interface URLRequest {
   port: number;
   /**
    * How a client proves access: "token" (the default; a bearer token, or a
-   * link that swaps it for a cookie), or "oidc" (an OpenID Connect ID token
-   * from `oidc.issuer` as `Authorization: Bearer`).
+   * link that swaps it for a cookie), "oidc" (an OpenID Connect ID token
+   * from `oidc.issuer` as `Authorization: Bearer`), or "mtls" (a TLS client
+   * certificate signed by the project's URL CA and not revoked; host form
+   * only, so the ingress's host must be a name).
    */
-  auth?: "token" | "oidc";
+  auth?: "token" | "oidc" | "mtls";
   /** Required with auth "oidc", refused otherwise. */
   oidc?: OIDCRule;
 }
 
 /**
- * A sandbox's TCP port published on the server's ingress, behind a token or
- * OpenID Connect (the URL schema; named so as not to shadow the global URL
- * class). A client sends a token in the X-HareBox-Token header or as
- * `Authorization: Bearer hburl_...`, or visits `link` once to swap it for
- * a cookie; an oidc URL takes an ID token its rule allows as
- * `Authorization: Bearer`. The ingress takes the credential off every
- * request before the guest sees it.
+ * A sandbox's TCP port published on the server's ingress, behind a token,
+ * OpenID Connect or client certificates (the URL schema; named so as not
+ * to shadow the global URL class). A client sends a token in the
+ * X-HareBox-Token header or as `Authorization: Bearer hburl_...`, or visits
+ * `link` once to swap it for a cookie; an oidc URL takes an ID token its
+ * rule allows as `Authorization: Bearer`; an mtls URL a TLS client
+ * certificate from its project's URL CA, not revoked. The ingress takes a
+ * token or ID token off every request before the guest sees it.
  */
 export interface SandboxURL {
   /** e.g. "url_01j8z3k5m6n7p8q9r0s1t2v3w4" */
   id: string;
   sandbox_id: string;
   account_id: string;
+  /** The sandbox's project, whose URL CA an mtls URL checks clients against. */
+  project_id: string;
   port: number;
-  /** "token" or "oidc" */
+  /** "token", "oidc" or "mtls" */
   auth: string;
   /** The rule of an oidc URL (which has no `token` and no `link`). */
   oidc?: OIDCRule;
@@ -256,6 +261,57 @@ export interface SandboxURL {
   created_at: string;
   /** RFC 3339 date-time: when the token was last rotated. */
   rotated_at?: string;
+}
+
+/**
+ * The body of setURLCA: a CA certificate (PEM) to upload, or none (no
+ * `certificate`) for the server to make a new CA.
+ */
+export interface URLCARequest {
+  /** A CA certificate, PEM (at most 64 KiB). */
+  certificate?: string;
+}
+
+/**
+ * A project's URL certificate authority: the CA its mtls URLs check client
+ * certificates against.
+ */
+export interface URLCA {
+  project_id: string;
+  /** The CA's certificate, PEM. */
+  certificate: string;
+  /** Uploaded by the user (who issues its certificates), not made by the server. */
+  uploaded: boolean;
+  /** RFC 3339 date-time. */
+  created_at: string;
+}
+
+/** The body of issueClientCert. */
+export interface ClientCertRequest {
+  /** The certificate's subject common name (up to 64 characters): who holds it. */
+  name: string;
+  /** How long it is valid, a Go duration ("720h"); default 2160h, at most 8760h. */
+  ttl?: string;
+}
+
+/** A client certificate a project issued, or the serial of one it revoked. */
+export interface ClientCert {
+  project_id: string;
+  /** The serial number, lower-case hex. */
+  serial: string;
+  name?: string;
+  /** Issued by the server (false: a serial of an uploaded CA's certificate, recorded when revoked). */
+  issued: boolean;
+  /** RFC 3339 date-time. */
+  not_after?: string;
+  /** RFC 3339 date-time. */
+  created_at: string;
+  /** RFC 3339 date-time. */
+  revoked_at?: string;
+  /** The certificate (PEM): in the answer of issueClientCert only. */
+  certificate?: string;
+  /** Its private key (PEM, PKCS#8): in the answer of issueClientCert only; the server does not keep it. */
+  private_key?: string;
 }
 
 /** A command to run: exactly one of cmd (a shell string) and argv. */
@@ -760,6 +816,11 @@ export interface URLList {
   urls: SandboxURL[];
 }
 
+/** The answer of listClientCerts: oldest first, without keys. */
+export interface ClientCertList {
+  certs: ClientCert[];
+}
+
 /** The body of listProcesses. */
 export interface ProcessList {
   processes: Process[];
@@ -889,6 +950,15 @@ export interface AccountQuery {
  * account.
  */
 export interface EnvironmentQuery extends AccountQuery {
+  project?: string;
+}
+
+/**
+ * The query of the URL CA and client certificate operations: the project
+ * (ID or name; default the account's default project) and, for the
+ * operator, the account.
+ */
+export interface URLCAQuery extends AccountQuery {
   project?: string;
 }
 

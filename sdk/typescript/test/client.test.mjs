@@ -174,7 +174,7 @@ describe("against a local HTTP server", () => {
   /** A snapshot of sbx_1, as the server describes one. */
   const SNAPSHOT = { id: "snap_1", name: "base", account_id: "acc_1", project_id: "prj_1", sandbox_id: "sbx_1", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, labels: { role: "web" }, bytes: 536870912, created_at: "2026-11-30T12:00:00Z" };
   /** A URL of sbx_1 without its token, as listURLs and getURL show it. */
-  const URL1 = { id: "url_1", sandbox_id: "sbx_1", account_id: "acc_1", port: 8080, auth: "token", url: "https://8080-1.ingress.example/", path_url: "https://ingress.example/s/sbx_1/8080/", created_at: "2026-11-30T12:00:00Z" };
+  const URL1 = { id: "url_1", sandbox_id: "sbx_1", account_id: "acc_1", project_id: "prj_1", port: 8080, auth: "token", url: "https://8080-1.ingress.example/", path_url: "https://ingress.example/s/sbx_1/8080/", created_at: "2026-11-30T12:00:00Z" };
   const URL2 = { ...URL1, id: "url_2", port: 3000, url: "https://3000-1.ingress.example/", path_url: "https://ingress.example/s/sbx_1/3000/" };
   /** URL1 as createURL returns it: with its token and link. */
   const CREATED = { ...URL1, token: "hburl_first", link: "https://8080-1.ingress.example/?harebox_token=hburl_first" };
@@ -184,6 +184,18 @@ describe("against a local HTTP server", () => {
   const RULE = { issuer: "https://issuer.example", audience: "harebox-web", emails: ["ada@example.com"], groups: ["eng"] };
   /** An oidc URL of sbx_oidc, as every URL operation shows it: with its rule, never a token or link. */
   const OIDC_URL = { ...URL1, id: "url_3", sandbox_id: "sbx_oidc", port: 9000, auth: "oidc", oidc: RULE, url: "https://9000-oidc.ingress.example/", path_url: "https://ingress.example/s/sbx_oidc/9000/" };
+  /** An mtls URL of sbx_mtls: behind client certificates from its project's URL CA. */
+  const MTLS_URL = { ...URL1, id: "url_4", sandbox_id: "sbx_mtls", port: 8443, auth: "mtls", url: "https://8443-mtls.ingress.example/", path_url: "https://ingress.example/s/sbx_mtls/8443/" };
+  /** A CA certificate, as PEM text (its bytes do not matter here). */
+  const CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBcaCA\n-----END CERTIFICATE-----\n";
+  /** The URL CA of prj_1, as the server shows it. */
+  const CA = { project_id: "prj_1", certificate: CA_PEM, uploaded: false, created_at: "2026-11-30T12:00:00Z" };
+  /** A client certificate's record, as listClientCerts shows it: without its PEM and key. */
+  const CERT = { project_id: "prj_1", serial: "0a1b", name: "ada", issued: true, not_after: "2027-02-28T12:00:00Z", created_at: "2026-11-30T12:00:00Z" };
+  /** CERT as issueClientCert returns it: with its PEM and key. */
+  const ISSUED = { ...CERT, certificate: "-----BEGIN CERTIFICATE-----\nMIIBada\n-----END CERTIFICATE-----\n", private_key: "-----BEGIN PRIVATE KEY-----\nMIGHada\n-----END PRIVATE KEY-----\n" };
+  /** A serial of an uploaded CA's certificate, recorded when it was revoked. */
+  const REVOKED_SERIAL = { project_id: "prj_1", serial: "ff", issued: false, created_at: "2026-12-01T09:00:00Z", revoked_at: "2026-12-01T09:00:00Z" };
   /** The clones a fork of sbx_1 makes. */
   const CLONES = [
     { ...SANDBOX, id: "sbx_2", name: "w-1", labels: { role: "web", fork: "yes" } },
@@ -330,6 +342,8 @@ describe("against a local HTTP server", () => {
         const route = `${req.method} ${path.replace(/^\/v1\/sandboxes\/[^/]+/, "/v1/sandboxes/X").replace(/\/urls\/[^/]+/, "/urls/Y")}`;
         const answer = path.startsWith("/v1/sandboxes/sbx_taken/")
           ? [409, { error: { code: "conflict", message: "port 8080 of sbx_taken is published already", field: "port" } }]
+          : path.startsWith("/v1/sandboxes/sbx_mtls/") // Its URLs are mtls URLs.
+          ? { "POST /v1/sandboxes/X/urls": [201, MTLS_URL] }[route] ?? [404, { error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }]
           : path.startsWith("/v1/sandboxes/sbx_oidc/") // Its URLs are oidc URLs: no token to rotate.
           ? {
               "POST /v1/sandboxes/X/urls": [201, OIDC_URL],
@@ -343,6 +357,32 @@ describe("against a local HTTP server", () => {
               "GET /v1/sandboxes/X/urls/Y": [200, URL1],
               "POST /v1/sandboxes/X/urls/Y/rotate": [200, ROTATED],
               "DELETE /v1/sandboxes/X/urls/Y": [204, undefined],
+            }[route] ?? [404, { error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }];
+        res.writeHead(answer[0], { "content-type": "application/json" });
+        res.end(answer[1] === undefined ? "" : JSON.stringify(answer[1]));
+        return;
+      }
+      if (req.url?.startsWith("/urlca/")) {
+        // The URL CA and client certificate operations, by the query's
+        // project: none has no CA, uploaded's CA was uploaded (the server
+        // issues nothing from it), empty has no certificates (and answers
+        // null for them).
+        const u = new URL(req.url.slice(6), "http://x");
+        const project = u.searchParams.get("project");
+        const route = `${req.method} ${u.pathname.replace(/\/certs\/[^/]+\/revoke$/, "/certs/S/revoke")}`;
+        const answer = project === "none"
+          ? [404, { error: { code: "not_found", message: "project none has no URL CA" } }]
+          : project === "uploaded" && route === "POST /v1/url-ca/certs"
+          ? [400, { error: { code: "invalid", message: "the project's URL CA was uploaded: issue its certificates yourself" } }]
+          : project === "empty" && route === "GET /v1/url-ca/certs"
+          ? [200, { certs: null }]
+          : {
+              "GET /v1/url-ca": [200, CA],
+              "PUT /v1/url-ca": [200, CA],
+              "DELETE /v1/url-ca": [204, undefined],
+              "POST /v1/url-ca/certs": [201, ISSUED],
+              "GET /v1/url-ca/certs": [200, { certs: [CERT, REVOKED_SERIAL] }],
+              "POST /v1/url-ca/certs/S/revoke": [200, { ...CERT, revoked_at: "2026-12-01T09:00:00Z" }],
             }[route] ?? [404, { error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }];
         res.writeHead(answer[0], { "content-type": "application/json" });
         res.end(answer[1] === undefined ? "" : JSON.stringify(answer[1]));
@@ -1018,6 +1058,16 @@ describe("against a local HTTP server", () => {
     assert.deepEqual(src[1].split("|").map((s) => JSON.parse(s.trim())), documented);
   });
 
+  test("the URLRequest auth type lists the repository's api/openapi.yaml URLRequest auth enum", { skip: existsSync(REPO_OPENAPI) ? false : "api/openapi.yaml is not beside this SDK" }, () => {
+    const doc = /^    URLRequest:\n(?:      .*\n)*?        auth: \{type: string, enum: \[([^\]]*)\]/m.exec(readFileSync(REPO_OPENAPI, "utf8"));
+    assert.ok(doc, "no URLRequest auth enum in api/openapi.yaml");
+    const src = /^export interface URLRequest \{[^}]*?\n  auth\?: ([^;]*);/m.exec(readFileSync(fileURLToPath(new URL("../src/types.ts", import.meta.url)), "utf8"));
+    assert.ok(src, "no URLRequest auth in src/types.ts");
+    const documented = doc[1].split(",").map((s) => s.trim());
+    assert.ok(documented.includes("mtls"));
+    assert.deepEqual(src[1].split("|").map((s) => JSON.parse(s.trim())), documented);
+  });
+
   test("forkSandbox and the snapshot operations send their methods, paths, queries and bodies; Sandbox.fork and snapshot", async () => {
     const hb = new HareBox({ url: url + "/snap", apiKey: KEY });
     const start = seen.length;
@@ -1151,6 +1201,93 @@ describe("against a local HTTP server", () => {
       { port: 9000, auth: "oidc", oidc: RULE },
       { port: 9000, auth: "oidc", oidc: RULE },
     ]);
+  });
+
+  test("an mtls URL: createURL and Sandbox.createURL send auth mtls", async () => {
+    const hb = new HareBox({ url: url + "/urls", apiKey: KEY });
+    const start = seen.length;
+    const mtls = await hb.createURL("sbx_mtls", { body: { port: 8443, auth: "mtls" } });
+    assert.deepEqual(mtls, MTLS_URL);
+    assert.deepEqual([mtls.auth, mtls.project_id], ["mtls", "prj_1"]);
+    const box = new Sandbox(hb, /** @type {any} */ ({ ...SANDBOX, id: "sbx_mtls" }));
+    assert.deepEqual(await box.createURL(8443, { auth: "mtls" }), MTLS_URL);
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim()), [
+      'POST /v1/sandboxes/sbx_mtls/urls {"port":8443,"auth":"mtls"}',
+      'POST /v1/sandboxes/sbx_mtls/urls {"auth":"mtls","port":8443}',
+    ]);
+  });
+
+  test("the URL CA and client certificate operations send their methods, paths, queries and bodies", async () => {
+    const hb = new HareBox({ url: url + "/urlca", apiKey: KEY });
+    const web = { query: { project: "web", account: "acme" } };
+    const start = seen.length;
+    const ca = await hb.getURLCA();
+    assert.deepEqual(ca, CA);
+    assert.deepEqual([ca.certificate, ca.uploaded], [CA_PEM, false]);
+    await hb.getURLCA(web);
+    // No certificate: the server makes a new CA. A certificate: it is uploaded.
+    assert.deepEqual(await hb.setURLCA({ query: { project: "web" } }), CA);
+    await hb.setURLCA();
+    await hb.setURLCA({ ...web, body: { certificate: CA_PEM }, timeoutMs: 5000 });
+    assert.equal(await hb.deleteURLCA({ query: { project: "old" } }), undefined);
+    // The key is in issueClientCert's answer only.
+    const issued = await hb.issueClientCert({ query: { project: "web" }, body: { name: "ada", ttl: "720h" } });
+    assert.deepEqual(issued, ISSUED);
+    assert.deepEqual([issued.serial, issued.name, issued.issued], ["0a1b", "ada", true]);
+    assert.match(issued.private_key ?? "", /^-----BEGIN PRIVATE KEY-----/);
+    await hb.issueClientCert({ query: { account: "acme" }, body: { name: "ada" }, signal: AbortSignal.timeout(5000) });
+    const listed = await hb.listClientCerts({ query: { project: "web" } });
+    assert.deepEqual(listed, { certs: [CERT, REVOKED_SERIAL] });
+    assert.deepEqual(listed.certs.map((c) => [c.serial, c.issued, c.revoked_at, c.private_key]), [
+      ["0a1b", true, undefined, undefined],
+      ["ff", false, "2026-12-01T09:00:00Z", undefined],
+    ]);
+    assert.deepEqual(await hb.listClientCerts({ query: { project: "empty" } }), { certs: [] });
+    const revoked = await hb.revokeClientCert("0a1b", web);
+    assert.deepEqual(revoked, { ...CERT, revoked_at: "2026-12-01T09:00:00Z" });
+    await hb.revokeClientCert("0a:1b");
+    await hb.revokeClientCert("../0a1b");
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.slice(6)} ${s.body}`.trim()), [
+      "GET /v1/url-ca",
+      "GET /v1/url-ca?project=web&account=acme",
+      "PUT /v1/url-ca?project=web {}",
+      "PUT /v1/url-ca {}",
+      `PUT /v1/url-ca?project=web&account=acme ${JSON.stringify({ certificate: CA_PEM })}`,
+      "DELETE /v1/url-ca?project=old",
+      'POST /v1/url-ca/certs?project=web {"name":"ada","ttl":"720h"}',
+      'POST /v1/url-ca/certs?account=acme {"name":"ada"}',
+      "GET /v1/url-ca/certs?project=web",
+      "GET /v1/url-ca/certs?project=empty",
+      "POST /v1/url-ca/certs/0a1b/revoke?project=web&account=acme",
+      "POST /v1/url-ca/certs/0a%3A1b/revoke",
+      "POST /v1/url-ca/certs/..%2F0a1b/revoke",
+    ]);
+    assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
+    assert.deepEqual(
+      ["getURLCA", "setURLCA", "deleteURLCA", "issueClientCert", "listClientCerts", "revokeClientCert"].map((op) => [typeof HareBox.prototype[op], OPERATIONS[op].method, OPERATIONS[op].path]),
+      [
+        ["function", "GET", "/v1/url-ca"],
+        ["function", "PUT", "/v1/url-ca"],
+        ["function", "DELETE", "/v1/url-ca"],
+        ["function", "POST", "/v1/url-ca/certs"],
+        ["function", "GET", "/v1/url-ca/certs"],
+        ["function", "POST", "/v1/url-ca/certs/{serial}/revoke"],
+      ],
+    );
+    // An empty certificate is never sent (the server would take it for
+    // none and make a new CA); nor is an empty serial.
+    for (const certificate of ["", " \n", /** @type {any} */ (42)]) {
+      await assert.rejects(hb.setURLCA({ body: { certificate } }), (e) => e instanceof HareBoxError && e.code === "invalid" && e.field === "certificate");
+    }
+    await assert.rejects(hb.revokeClientCert(""), (e) => e instanceof HareBoxError && e.field === "serial");
+    assert.equal(seen.length, start + 13, "a bad certificate or serial sends nothing");
+    // The server's refusals, with their codes.
+    await assert.rejects(hb.getURLCA({ query: { project: "none" } }), (e) => e instanceof HareBoxError && e.status === 404 && e.code === "not_found");
+    await assert.rejects(hb.deleteURLCA({ query: { project: "none" } }), (e) => e instanceof HareBoxError && e.status === 404);
+    await assert.rejects(hb.issueClientCert({ query: { project: "uploaded" }, body: { name: "ada" } }), (e) => e instanceof HareBoxError && e.status === 400 && e.code === "invalid");
+    await assert.rejects(hb.revokeClientCert("0a1b", { query: { project: "none" } }), (e) => e instanceof HareBoxError && e.status === 404);
   });
 
   test("a create a budget refuses throws budget_exceeded with status 402", async () => {

@@ -13,6 +13,9 @@ import type {
   Budget,
   BudgetList,
   BudgetRequest,
+  ClientCert,
+  ClientCertList,
+  ClientCertRequest,
   Command,
   CommandList,
   CredentialRule,
@@ -52,11 +55,15 @@ import type {
   SnapshotsQuery,
   State,
   Scope,
+  URLCA,
+  URLCAQuery,
+  URLCARequest,
   URLList,
   URLRequest,
   UsageGroup,
   UsageQuery,
 } from "harebox";
+import { Agent, fetch as undiciFetch } from "undici";
 
 export async function walkthrough(): Promise<void> {
   const hb = new HareBox();
@@ -176,8 +183,39 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   await hb.createURL(id);
   // @ts-expect-error: a port is a number.
   await hb.createURL(id, { body: { port: "8080" } });
-  // @ts-expect-error: the auth modes are "token" and "oidc".
+  // @ts-expect-error: the auth modes are "token", "oidc" and "mtls".
   await box.createURL(8080, { auth: "basic" });
+  const mtlsReq: URLRequest = { port: 8443, auth: "mtls" };
+  (await hb.createURL(id, { body: mtlsReq })).project_id satisfies string;
+  (await box.createURL(8443, { auth: "mtls", timeoutMs: 1000 })).auth satisfies string;
+  // The project's URL CA and its client certificates.
+  const caQuery: URLCAQuery = { project: "web", account: "acme" };
+  const ca: URLCA = await hb.getURLCA({ query: caQuery });
+  [ca.project_id, ca.certificate, ca.created_at] satisfies string[];
+  ca.uploaded satisfies boolean;
+  await hb.getURLCA();
+  await hb.setURLCA() satisfies URLCA;
+  const upload: URLCARequest = { certificate: ca.certificate };
+  (await hb.setURLCA({ query: { project: "web" }, body: upload })).uploaded satisfies boolean;
+  await hb.deleteURLCA({ query: caQuery }) satisfies void;
+  const certReq: ClientCertRequest = { name: "ada", ttl: "720h" };
+  const cert: ClientCert = await hb.issueClientCert({ query: { project: "web" }, body: certReq });
+  [cert.serial, cert.project_id, cert.created_at] satisfies string[];
+  [cert.name, cert.not_after, cert.revoked_at, cert.certificate, cert.private_key] satisfies (string | undefined)[];
+  cert.issued satisfies boolean;
+  const certs: ClientCertList = await hb.listClientCerts({ query: caQuery });
+  certs.certs satisfies ClientCert[];
+  (await hb.listClientCerts()).certs satisfies ClientCert[];
+  (await hb.revokeClientCert(cert.serial, { query: { project: "web" } })).revoked_at satisfies string | undefined;
+  await hb.revokeClientCert(cert.serial);
+  // @ts-expect-error: issueClientCert needs its body (the name).
+  await hb.issueClientCert();
+  // @ts-expect-error: a certificate's name is required.
+  await hb.issueClientCert({ body: { ttl: "720h" } });
+  // @ts-expect-error: the query names a project and an account only.
+  await hb.getURLCA({ query: { sandbox: id } });
+  // @ts-expect-error: a CA is uploaded as PEM text.
+  await hb.setURLCA({ body: { certificate: new Uint8Array() } });
   const oidcRule: OIDCRule = { issuer: "https://accounts.google.com", audience: "my-client-id", emails: ["ada@example.com"] };
   const oidcReq: URLRequest = { port: 8080, auth: "oidc", oidc: oidcRule };
   const app: SandboxURL = await hb.createURL(id, { body: oidcReq });
@@ -368,4 +406,16 @@ export function trust(): void {
   void [hb, pinned];
   // @ts-expect-error: ca is a path or a sha256: fingerprint, a string.
   new HareBox({ ca: Buffer.from("") });
+}
+
+export async function mtls(hb: HareBox): Promise<void> {
+  // README, auth "mtls" (undici's fetch imported as undiciFetch).
+  const web = { query: { project: "web" } };
+  await hb.setURLCA(web);
+  const cert = await hb.issueClientCert({ ...web, body: { name: "ada", ttl: "720h" } });
+  const box = await hb.create({ project: "web" });
+  const app = await box.createURL(8080, { auth: "mtls" });
+  const dispatcher = new Agent({ connect: { cert: cert.certificate, key: cert.private_key } });
+  await undiciFetch(app.url, { dispatcher });
+  await hb.revokeClientCert(cert.serial, web);
 }
