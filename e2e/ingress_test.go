@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -15,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -25,6 +29,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/go-jose/go-jose/v4"
 
 	"github.com/harebox/harebox/apiclient"
 	"github.com/harebox/harebox/internal/testimage"
@@ -36,7 +41,9 @@ import (
 // only with the token (header, bearer, or a link's cookie), never sees
 // it, and streams and WebSockets pass through. Rotating with the CLI cuts
 // what the old token opened by the time the command returns; deleting
-// the URL shuts the port again. Every decision is in the audit log.
+// the URL shuts the port again. An oidc URL takes ID tokens of a real
+// issuer the test stands up, an mtls URL client certificates the CLI
+// issued, until it revokes them. Every decision is in the audit log.
 func TestIngress(t *testing.T) {
 	s := prepare(t)
 	web := testimage.Package(t, "./e2e/testdata/guestweb", "guestweb")
@@ -51,6 +58,9 @@ func TestIngress(t *testing.T) {
 	}
 	ingressAddr := l.Addr().String()
 	l.Close()
+	// hareboxd trusts the test's OpenID Connect issuer as its system roots.
+	iss := newIssuer(t)
+	t.Setenv("SSL_CERT_FILE", iss.certFile)
 	srv := start(t, s, dataDir, "--ingress-listen", ingressAddr)
 	defer finish(t, srv, dataDir)
 	hb := func(args ...string) string {
@@ -264,6 +274,43 @@ func TestIngress(t *testing.T) {
 		t.Errorf("bob after alice's revoke: %d", code)
 	}
 
+	// OpenID Connect: ID tokens of the issuer, for the audience, naming an
+	// allowed subject; the token never reaches the guest.
+	hb("exec", box.ID, "--background", "--", "/tmp/guestweb", "-listen", ":8082")
+	var ou sandbox.URL
+	if err := json.Unmarshal([]byte(hb("url", "create", box.ID, "--port", "8082", "--auth", "oidc", "--issuer", iss.url,
+		"--audience", "app", "--subjects", "alice")), &ou); err != nil || ou.Auth != "oidc" || ou.Token != "" {
+		t.Fatalf("url create --auth oidc: %+v %v", ou, err)
+	}
+	aliceTok := iss.sign(map[string]any{"sub": "alice"})
+	bearer := func(tok string) http.Header { return http.Header{"Authorization": {"Bearer " + tok}} }
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		code, body := get(ou.URL, bearer(aliceTok))
+		if code == 200 {
+			if seen, _ := json.Marshal(body); strings.Contains(string(seen), aliceTok) {
+				t.Errorf("the guest saw the ID token: %s", seen)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("oidc: alice's ID token never got through: %d", code)
+		}
+	}
+	for name, c := range map[string]struct {
+		h    http.Header
+		want int
+	}{
+		"none":           {nil, 401},
+		"not allowed":    {bearer(iss.sign(map[string]any{"sub": "mallory"})), 403},
+		"wrong audience": {bearer(iss.sign(map[string]any{"aud": "other"})), 401},
+		"expired":        {bearer(iss.sign(map[string]any{"exp": time.Now().Add(-time.Hour).Unix()})), 401},
+		"a URL token":    {http.Header{"X-Harebox-Token": {nu.Token}}, 401},
+	} {
+		if code, _ := get(ou.URL, c.h); code != c.want {
+			t.Errorf("oidc, %s: %d, want %d", name, code, c.want)
+		}
+	}
+
 	// hareboxd killed and started again: the URL, its new token and the
 	// guest's opened port are all still there.
 	srv.cmd.Process.Signal(syscall.SIGKILL)
@@ -407,4 +454,56 @@ func browse(t *testing.T, certFile string, u sandbox.URL) {
 	if drawn < 200 {
 		t.Errorf("the heading is not drawn (%d dark pixels)", drawn)
 	}
+}
+
+// testIssuer is an OpenID Connect issuer on loopback (TLS): its
+// discovery document and one signing key.
+type testIssuer struct {
+	url, certFile string
+	key           *ecdsa.PrivateKey
+}
+
+func newIssuer(t *testing.T) *testIssuer {
+	is := &testIssuer{}
+	is.key, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/.well-known/openid-configuration":
+			json.NewEncoder(w).Encode(map[string]any{"issuer": is.url, "jwks_uri": is.url + "/keys",
+				"authorization_endpoint": is.url + "/auth", "token_endpoint": is.url + "/token",
+				"id_token_signing_alg_values_supported": []string{"ES256"}})
+		case "/keys":
+			json.NewEncoder(w).Encode(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &is.key.PublicKey, KeyID: "k1", Algorithm: "ES256", Use: "sig"}}})
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	is.url = srv.URL
+	is.certFile = filepath.Join(t.TempDir(), "issuer.pem")
+	if err := os.WriteFile(is.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return is
+}
+
+// sign makes an ID token: this issuer, audience "app", subject "alice",
+// valid for an hour, with over's claims over those.
+func (is *testIssuer) sign(over map[string]any) string {
+	c := map[string]any{"iss": is.url, "aud": "app", "sub": "alice", "iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix()}
+	for k, v := range over {
+		c[k] = v
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: is.key, KeyID: "k1"}},
+		(&jose.SignerOptions{}).WithType("JWT"))
+	if err != nil {
+		panic(err)
+	}
+	payload, _ := json.Marshal(c)
+	sig, err := signer.Sign(payload)
+	if err != nil {
+		panic(err)
+	}
+	tok, _ := sig.CompactSerialize()
+	return tok
 }
