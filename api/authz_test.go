@@ -24,6 +24,7 @@ import (
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
 )
 
 // These tests run a real server and real keys over the in-memory
@@ -37,6 +38,8 @@ type fastAPI struct {
 	hv        *memhv.Hypervisor
 	dir       string
 	srv       *api.Server
+	// store, if set, is the engine's (else SQLite in dir).
+	store store.Store
 }
 
 func newFastAPI(t testing.TB, opts api.Options) *fastAPI {
@@ -59,7 +62,7 @@ func (f *fastAPI) open(t testing.TB, opts api.Options) {
 	t.Helper()
 	eng, err := harebox.New(context.Background(), harebox.Options{
 		DataDir: f.dir, Hypervisor: f.hv,
-		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(f.dir)},
+		Images: map[string]images.Image{sandbox.DefaultImage: memhv.Image(f.dir)}, Store: f.store,
 		Capacity: harebox.Capacity{VCPUs: 64, MemoryMB: 65536, DiskGB: 1000},
 		Now:      func() time.Time { return time.Now().Add(time.Duration(f.skew.Load())) },
 	})
@@ -275,8 +278,30 @@ func TestMatrixCoversEveryRoute(t *testing.T) {
 
 // The authorization matrix: every route, with a key that lacks one thing
 // each, gets the right status, and nothing changes.
-func TestAuthorizationMatrix(t *testing.T) {
-	f := newFastAPI(t, api.Options{})
+func TestAuthorizationMatrix(t *testing.T) { authorizationMatrix(t, newFastAPI(t, api.Options{})) }
+
+// The same on PostgreSQL: every domain's reads, writes and transactions
+// (tenancy, keys, environments, budgets, audit, URLs) on a real server.
+func TestAuthorizationMatrixPostgres(t *testing.T) {
+	dsn := postgresDatabase(t)
+	db, err := store.OpenPostgres(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	dir, err := os.MkdirTemp("", "hbz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	f := &fastAPI{hv: hv, dir: dir, store: db}
+	f.open(t, api.Options{})
+	authorizationMatrix(t, f)
+}
+
+func authorizationMatrix(t *testing.T, f *fastAPI) {
 	w := buildWorld(t, f)
 	before := snapshot(t, f, w)
 	launched := f.hv.Launched()

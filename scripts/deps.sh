@@ -16,6 +16,7 @@ pkgs=(
   systemd                      # systemd-analyze verify of the unit (tests)
   git                          # the upgrade test builds the previous release
   chromium                     # a real browser opens a published URL (tests)
+  postgresql                   # the PostgreSQL store (its tests run their own server)
 )
 missing=()
 for p in "${pkgs[@]}"; do

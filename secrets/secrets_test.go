@@ -13,7 +13,7 @@ import (
 
 // openSealed opens a database (state.db) and a Sealed store over it with
 // a new master key (master.key), both in a test directory.
-func openSealed(t *testing.T) (dir string, db *store.SQLite, s *Sealed) {
+func openSealed(t *testing.T) (dir string, db *store.DB, s *Sealed) {
 	t.Helper()
 	dir = t.TempDir()
 	db, err := store.OpenSQLite(context.Background(), filepath.Join(dir, "state.db"))

@@ -5,12 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 )
 
 // AppendAudit implements Tx.
-func (s *SQLite) AppendAudit(ctx context.Context, e *AuditEntry) error {
+func (s *DB) AppendAudit(ctx context.Context, e *AuditEntry) error {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
@@ -18,7 +17,7 @@ func (s *SQLite) AppendAudit(ctx context.Context, e *AuditEntry) error {
 	_, err = s.q.ExecContext(ctx, `INSERT INTO audit_log (seq, time, account_id, principal, action, target, outcome, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
 		e.Seq, e.Time.UnixNano(), e.AccountID, e.Principal, e.Action, e.Target, e.Outcome, string(b))
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+		if isUnique(err) {
 			return ErrConflict
 		}
 		return fmt.Errorf("store: append audit: %w", err)
@@ -27,12 +26,12 @@ func (s *SQLite) AppendAudit(ctx context.Context, e *AuditEntry) error {
 }
 
 // LastAudit implements Tx.
-func (s *SQLite) LastAudit(ctx context.Context) (*AuditEntry, error) {
+func (s *DB) LastAudit(ctx context.Context) (*AuditEntry, error) {
 	return get[AuditEntry](ctx, s, `SELECT record FROM audit_log ORDER BY seq DESC LIMIT 1`)
 }
 
 // ListAudit implements Tx.
-func (s *SQLite) ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, error) {
+func (s *DB) ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, error) {
 	q := `SELECT record FROM audit_log WHERE seq > ?`
 	args := []any{f.After}
 	for _, c := range []struct{ col, v string }{
@@ -67,12 +66,12 @@ func (s *SQLite) ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, e
 }
 
 // PutAuditCheckpoint implements Tx.
-func (s *SQLite) PutAuditCheckpoint(ctx context.Context, c *AuditCheckpoint) error {
+func (s *DB) PutAuditCheckpoint(ctx context.Context, c *AuditCheckpoint) error {
 	return s.put(ctx, "audit_checkpoints", []string{"seq"}, []any{c.Seq}, c)
 }
 
 // ListAuditCheckpoints implements Tx, oldest first.
-func (s *SQLite) ListAuditCheckpoints(ctx context.Context) ([]*AuditCheckpoint, error) {
+func (s *DB) ListAuditCheckpoints(ctx context.Context) ([]*AuditCheckpoint, error) {
 	return list[AuditCheckpoint](ctx, s, `SELECT record FROM audit_checkpoints ORDER BY seq`)
 }
 
@@ -89,17 +88,17 @@ func nanos(t time.Time) int64 {
 }
 
 // PutCommand implements Tx.
-func (s *SQLite) PutCommand(ctx context.Context, c *CommandRow) error {
+func (s *DB) PutCommand(ctx context.Context, c *CommandRow) error {
 	_, err := s.q.ExecContext(ctx, `INSERT INTO commands (id, sandbox_id, account_id, started_at, output_purged) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT(id) DO UPDATE SET output_purged = excluded.output_purged`,
-		c.ID, c.SandboxID, c.AccountID, c.StartedAt.UnixNano(), c.OutputPurged)
+		c.ID, c.SandboxID, c.AccountID, c.StartedAt.UnixNano(), boolInt(c.OutputPurged))
 	if err != nil {
 		return fmt.Errorf("store: put command: %w", err)
 	}
 	return nil
 }
 
-func (s *SQLite) commandRows(ctx context.Context, q string, args ...any) ([]*CommandRow, error) {
+func (s *DB) commandRows(ctx context.Context, q string, args ...any) ([]*CommandRow, error) {
 	rows, err := s.q.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: list commands: %w", err)
@@ -108,10 +107,11 @@ func (s *SQLite) commandRows(ctx context.Context, q string, args ...any) ([]*Com
 	var out []*CommandRow
 	for rows.Next() {
 		c := &CommandRow{}
-		var started int64
-		if err := rows.Scan(&c.ID, &c.SandboxID, &c.AccountID, &started, &c.OutputPurged); err != nil {
+		var started, purged int64
+		if err := rows.Scan(&c.ID, &c.SandboxID, &c.AccountID, &started, &purged); err != nil {
 			return nil, fmt.Errorf("store: list commands: %w", err)
 		}
+		c.OutputPurged = purged != 0
 		c.StartedAt = time.Unix(0, started).UTC()
 		out = append(out, c)
 	}
@@ -119,16 +119,16 @@ func (s *SQLite) commandRows(ctx context.Context, q string, args ...any) ([]*Com
 }
 
 // ListCommands implements Tx: the newest limit entries, oldest first.
-func (s *SQLite) ListCommands(ctx context.Context, sandboxID string, limit int) ([]*CommandRow, error) {
+func (s *DB) ListCommands(ctx context.Context, sandboxID string, limit int) ([]*CommandRow, error) {
 	if limit <= 0 || limit > 10000 {
 		limit = 10000
 	}
 	return s.commandRows(ctx, `SELECT * FROM (SELECT id, sandbox_id, account_id, started_at, output_purged FROM commands
-		WHERE sandbox_id = ? ORDER BY started_at DESC, id DESC LIMIT ?) ORDER BY started_at, id`, sandboxID, limit)
+		WHERE sandbox_id = ? ORDER BY started_at DESC, id DESC LIMIT ?) AS newest ORDER BY started_at, id`, sandboxID, limit)
 }
 
 // OldCommands implements Tx.
-func (s *SQLite) OldCommands(ctx context.Context, accountID string, before time.Time, withOutput bool) ([]*CommandRow, error) {
+func (s *DB) OldCommands(ctx context.Context, accountID string, before time.Time, withOutput bool) ([]*CommandRow, error) {
 	q := `SELECT id, sandbox_id, account_id, started_at, output_purged FROM commands WHERE account_id = ? AND started_at < ?`
 	if withOutput {
 		q += ` AND output_purged = 0`
@@ -137,13 +137,21 @@ func (s *SQLite) OldCommands(ctx context.Context, accountID string, before time.
 }
 
 // DeleteCommand implements Tx.
-func (s *SQLite) DeleteCommand(ctx context.Context, id string) error {
+func (s *DB) DeleteCommand(ctx context.Context, id string) error {
 	_, err := s.q.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id)
 	return err
 }
 
 // DeleteCommands implements Tx.
-func (s *SQLite) DeleteCommands(ctx context.Context, sandboxID string) error {
+func (s *DB) DeleteCommands(ctx context.Context, sandboxID string) error {
 	_, err := s.q.ExecContext(ctx, `DELETE FROM commands WHERE sandbox_id = ?`, sandboxID)
 	return err
+}
+
+// boolInt is b as the integer column (0 or 1) both databases take.
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -93,7 +93,7 @@ type UsageFilter struct {
 }
 
 // PutBudget implements Tx.
-func (s *SQLite) PutBudget(ctx context.Context, b *Budget) error {
+func (s *DB) PutBudget(ctx context.Context, b *Budget) error {
 	ref := b.Scope.Ref
 	if b.Scope.Kind == "label" {
 		ref = labelRef(b.Scope.Labels)
@@ -116,12 +116,12 @@ func labelRef(labels map[string]string) string {
 }
 
 // GetBudget implements Tx.
-func (s *SQLite) GetBudget(ctx context.Context, id string) (*Budget, error) {
+func (s *DB) GetBudget(ctx context.Context, id string) (*Budget, error) {
 	return get[Budget](ctx, s, `SELECT record FROM budgets WHERE id = ?`, id)
 }
 
 // ListBudgets implements Tx.
-func (s *SQLite) ListBudgets(ctx context.Context, accountID string) ([]*Budget, error) {
+func (s *DB) ListBudgets(ctx context.Context, accountID string) ([]*Budget, error) {
 	if accountID == "" {
 		return list[Budget](ctx, s, `SELECT record FROM budgets ORDER BY created_at, id`)
 	}
@@ -130,7 +130,7 @@ func (s *SQLite) ListBudgets(ctx context.Context, accountID string) ([]*Budget, 
 
 // CandidateBudgets implements Tx: a query on the indexed scope columns,
 // so an admission reads the few budgets that can cover it, not all.
-func (s *SQLite) CandidateBudgets(ctx context.Context, accountID, projectID, fleetID string, keyIDs []string, labels map[string]string) ([]*Budget, error) {
+func (s *DB) CandidateBudgets(ctx context.Context, accountID, projectID, fleetID string, keyIDs []string, labels map[string]string) ([]*Budget, error) {
 	q, args := `SELECT record FROM budgets WHERE account_id = ? AND scope_kind = 'account'
 		UNION ALL SELECT record FROM budgets WHERE account_id = ? AND scope_kind = 'project' AND scope_ref = ?
 		UNION ALL SELECT record FROM budgets WHERE account_id = ? AND scope_kind = 'fleet' AND scope_ref = ?`,
@@ -155,7 +155,7 @@ func (s *SQLite) CandidateBudgets(ctx context.Context, accountID, projectID, fle
 }
 
 // DeleteBudget implements Tx.
-func (s *SQLite) DeleteBudget(ctx context.Context, id string) error {
+func (s *DB) DeleteBudget(ctx context.Context, id string) error {
 	res, err := s.q.ExecContext(ctx, `DELETE FROM budgets WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("store: delete budget: %w", err)
@@ -167,22 +167,22 @@ func (s *SQLite) DeleteBudget(ctx context.Context, id string) error {
 }
 
 // PutReservation implements Tx.
-func (s *SQLite) PutReservation(ctx context.Context, r *Reservation) error {
+func (s *DB) PutReservation(ctx context.Context, r *Reservation) error {
 	return s.put(ctx, "reservations", []string{"sandbox_id"}, []any{r.SandboxID}, r)
 }
 
 // GetReservation implements Tx.
-func (s *SQLite) GetReservation(ctx context.Context, sandboxID string) (*Reservation, error) {
+func (s *DB) GetReservation(ctx context.Context, sandboxID string) (*Reservation, error) {
 	return get[Reservation](ctx, s, `SELECT record FROM reservations WHERE sandbox_id = ?`, sandboxID)
 }
 
 // ListReservations implements Tx.
-func (s *SQLite) ListReservations(ctx context.Context) ([]*Reservation, error) {
+func (s *DB) ListReservations(ctx context.Context) ([]*Reservation, error) {
 	return list[Reservation](ctx, s, `SELECT record FROM reservations ORDER BY sandbox_id`)
 }
 
 // DeleteReservation implements Tx.
-func (s *SQLite) DeleteReservation(ctx context.Context, sandboxID string) error {
+func (s *DB) DeleteReservation(ctx context.Context, sandboxID string) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM reservations WHERE sandbox_id = ?`, sandboxID); err != nil {
 		return fmt.Errorf("store: delete reservation: %w", err)
 	}
@@ -190,7 +190,7 @@ func (s *SQLite) DeleteReservation(ctx context.Context, sandboxID string) error 
 }
 
 // AddUsage implements Tx.
-func (s *SQLite) AddUsage(ctx context.Context, u Usage) error {
+func (s *DB) AddUsage(ctx context.Context, u Usage) error {
 	labels, err := json.Marshal(u.Labels)
 	if err != nil {
 		return fmt.Errorf("store: add usage: %w", err)
@@ -208,12 +208,12 @@ func (s *SQLite) AddUsage(ctx context.Context, u Usage) error {
 const usageCols = `sandbox_id, start_ns, end_ns, vcpus, memory_mb, account_id, project_id, fleet_id, key_id, labels, disk_gb, paused, cost, egress_bytes, snapshot_bytes`
 
 // ListUsage implements Tx.
-func (s *SQLite) ListUsage(ctx context.Context, sandboxID string) ([]Usage, error) {
+func (s *DB) ListUsage(ctx context.Context, sandboxID string) ([]Usage, error) {
 	return s.usage(ctx, `SELECT `+usageCols+` FROM usage WHERE sandbox_id = ? ORDER BY start_ns`, sandboxID)
 }
 
 // QueryUsage implements Tx.
-func (s *SQLite) QueryUsage(ctx context.Context, f UsageFilter) ([]Usage, error) {
+func (s *DB) QueryUsage(ctx context.Context, f UsageFilter) ([]Usage, error) {
 	q, args := `SELECT `+usageCols+` FROM usage WHERE 1 = 1`, []any{}
 	if f.AccountID != "" {
 		q += ` AND account_id = ?`
@@ -230,7 +230,7 @@ func (s *SQLite) QueryUsage(ctx context.Context, f UsageFilter) ([]Usage, error)
 	return s.usage(ctx, q+` ORDER BY start_ns`, args...)
 }
 
-func (s *SQLite) usage(ctx context.Context, q string, args ...any) ([]Usage, error) {
+func (s *DB) usage(ctx context.Context, q string, args ...any) ([]Usage, error) {
 	rows, err := s.q.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: list usage: %w", err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sort"
 	"testing"
 	"time"
@@ -13,13 +12,10 @@ import (
 // CandidateBudgets reads what may cover a sandbox through the indexed
 // columns: the account's budgets, its project's, fleet's and keys', and the
 // label budgets one of its labels indexes; never another account's.
-func TestCandidateBudgets(t *testing.T) {
+func TestCandidateBudgets(t *testing.T) { forEachStore(t, testCandidateBudgets) }
+
+func testCandidateBudgets(t *testing.T, s *DB, _ func() *DB) {
 	ctx := context.Background()
-	s, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	now := time.Now().UTC()
 	put := func(id, account, kind, ref string, labels map[string]string) {
 		t.Helper()

@@ -27,13 +27,13 @@ type MetricSample struct {
 }
 
 // PutMetrics implements Tx.
-func (s *SQLite) PutMetrics(ctx context.Context, m *MetricSample) error {
+func (s *DB) PutMetrics(ctx context.Context, m *MetricSample) error {
 	return s.put(ctx, "metrics", []string{"id", "sandbox_id", "account_id", "time_ns"},
 		[]any{fmt.Sprintf("%s/%d", m.SandboxID, m.Time.UnixNano()), m.SandboxID, m.AccountID, m.Time.UnixNano()}, m)
 }
 
 // ListMetrics implements Tx.
-func (s *SQLite) ListMetrics(ctx context.Context, sandboxID string, from, to time.Time, limit int) ([]*MetricSample, error) {
+func (s *DB) ListMetrics(ctx context.Context, sandboxID string, from, to time.Time, limit int) ([]*MetricSample, error) {
 	q, args := `SELECT record FROM metrics WHERE sandbox_id = ?`, []any{sandboxID}
 	if !from.IsZero() {
 		q += ` AND time_ns >= ?`
@@ -50,7 +50,7 @@ func (s *SQLite) ListMetrics(ctx context.Context, sandboxID string, from, to tim
 }
 
 // PurgeMetrics implements Tx.
-func (s *SQLite) PurgeMetrics(ctx context.Context, accountID string, before time.Time) error {
+func (s *DB) PurgeMetrics(ctx context.Context, accountID string, before time.Time) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM metrics WHERE account_id = ? AND time_ns < ?`, accountID, nanos(before)); err != nil {
 		return fmt.Errorf("store: purge metrics: %w", err)
 	}

@@ -38,23 +38,23 @@ type SnapshotSource struct {
 }
 
 // PutSnapshot implements Tx.
-func (s *SQLite) PutSnapshot(ctx context.Context, sn *Snapshot) error {
+func (s *DB) PutSnapshot(ctx context.Context, sn *Snapshot) error {
 	return s.put(ctx, "snapshots", []string{"id", "account_id", "sandbox_id", "created_at"},
 		[]any{sn.ID, sn.AccountID, sn.SandboxID, nanos(sn.CreatedAt)}, sn)
 }
 
 // GetSnapshot implements Tx.
-func (s *SQLite) GetSnapshot(ctx context.Context, id string) (*Snapshot, error) {
+func (s *DB) GetSnapshot(ctx context.Context, id string) (*Snapshot, error) {
 	return get[Snapshot](ctx, s, `SELECT record FROM snapshots WHERE id = ?`, id)
 }
 
 // ListSnapshots implements Tx.
-func (s *SQLite) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
+func (s *DB) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 	return list[Snapshot](ctx, s, `SELECT record FROM snapshots ORDER BY created_at, id`)
 }
 
 // DeleteSnapshot implements Tx.
-func (s *SQLite) DeleteSnapshot(ctx context.Context, id string) error {
+func (s *DB) DeleteSnapshot(ctx context.Context, id string) error {
 	res, err := s.q.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("store: delete snapshot: %w", err)

@@ -13,6 +13,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
+	"strings"
 	"syscall"
 	"time"
 
@@ -203,10 +205,26 @@ type Tx interface {
 	ListKeys(ctx context.Context, accountID string) ([]*Key, error)
 }
 
-// SQLite is the embedded Store.
-type SQLite struct {
-	db *sql.DB
-	q  querier // db, or the transaction of an Update (as fullAware)
+// DB is a Store on SQL: SQLite (OpenSQLite, embedded, one host) or
+// PostgreSQL (OpenPostgres, shared by hosts). Both run the same tables and
+// queries (written with ? placeholders, which the PostgreSQL querier
+// numbers); where they differ, pg says which.
+type DB struct {
+	db   *sql.DB
+	q    querier // db, or the transaction of an Update (wrapped: see wrap)
+	pg   bool
+	inTx bool
+	// owner holds PostgreSQL's owner lock (see OpenPostgres).
+	owner *sql.Conn
+}
+
+// wrap is q as the store uses it: placeholders numbered for PostgreSQL,
+// and a full disk turned into the engine's capacity error.
+func (s *DB) wrap(q querier) querier {
+	if s.pg {
+		return fullAware{pgQuerier{q}}
+	}
+	return fullAware{q}
 }
 
 // fullAware turns a full disk into the engine's capacity error, once for
@@ -218,15 +236,20 @@ func (f fullAware) ExecContext(ctx context.Context, query string, args ...any) (
 	return r, full(err)
 }
 
-// full makes SQLite's SQLITE_FULL, or ENOSPC from below it, an
-// *sandbox.Error of kind ErrCapacity: the caller gets a clear "full", and
-// nothing was written.
+// full makes SQLite's SQLITE_FULL, PostgreSQL's disk_full, or ENOSPC from
+// below them, an *sandbox.Error of kind ErrCapacity: the caller gets a
+// clear "full", and nothing was written.
 func full(err error) error {
 	var se *sqlite.Error
-	if err != nil && ((errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_FULL) || errors.Is(err, syscall.ENOSPC)) {
-		return &sandbox.Error{Kind: sandbox.ErrCapacity, Msg: "the data directory's disk is full", Err: err}
+	if err != nil && ((errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_FULL) || pgCode(err) == "53100" || errors.Is(err, syscall.ENOSPC)) {
+		return &sandbox.Error{Kind: sandbox.ErrCapacity, Msg: "the database's disk is full", Err: err}
 	}
 	return err
+}
+
+// isUnique reports whether err is a unique constraint's violation.
+func isUnique(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "UNIQUE constraint failed") || pgCode(err) == "23505")
 }
 
 // querier is what *sql.DB and *sql.Tx share.
@@ -236,7 +259,7 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-var _ Store = (*SQLite)(nil)
+var _ Store = (*DB)(nil)
 
 // migrations run in order, once each; append, never edit.
 var migrations = []string{
@@ -406,7 +429,7 @@ var migrations = []string{
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
-func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
+func OpenSQLite(ctx context.Context, path string) (*DB, error) {
 	// secure_delete: a deleted row (a sandbox's data key, whose erasure
 	// is its crypto-erase) is overwritten with zeros, not left in a free
 	// page.
@@ -418,7 +441,8 @@ func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
 	// One writer at a time is what SQLite does anyway; a single connection
 	// avoids SQLITE_BUSY between our own connections.
 	db.SetMaxOpenConns(1)
-	s := &SQLite{db: db, q: fullAware{db}}
+	s := &DB{db: db}
+	s.q = s.wrap(db)
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -426,57 +450,126 @@ func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
 	return s, nil
 }
 
-func (s *SQLite) migrate(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
-	}
-	var have int
-	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
-	}
-	if have > len(migrations) {
-		return fmt.Errorf("store: database schema version %d is newer than this binary's %d", have, len(migrations))
-	}
-	for v := have + 1; v <= len(migrations); v++ {
-		tx, err := s.db.BeginTx(ctx, nil)
-		if err != nil {
+// migrate runs the migrations this database has not had, each in its
+// own transaction. On PostgreSQL the transactions take an advisory lock
+// first, so hosts starting together migrate one at a time.
+func (s *DB) migrate(ctx context.Context) error {
+	for {
+		done, err := s.migrateOne(ctx)
+		if err != nil || done {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("store: migration %d: %w", v, err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`, v, time.Now().Unix()); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("store: migration %d: %w", v, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("store: migration %d: %w", v, err)
-		}
 	}
-	return nil
 }
 
-// Close closes the database.
-func (s *SQLite) Close() error { return s.db.Close() }
+// pgMigrationLock is the advisory lock the migrations of a PostgreSQL
+// database take ("HBMI").
+const pgMigrationLock = 0x48424d49
+
+func (s *DB) migrateOne(ctx context.Context) (done bool, err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("store: migrate: %w", err)
+	}
+	defer tx.Rollback()
+	q := s.wrap(tx)
+	if s.pg {
+		if _, err := q.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, pgMigrationLock); err != nil {
+			return false, fmt.Errorf("store: migrate: %w", err)
+		}
+	}
+	if _, err := q.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)`); err != nil {
+		return false, fmt.Errorf("store: migrate: %w", err)
+	}
+	var have int
+	if err := q.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
+		return false, fmt.Errorf("store: migrate: %w", err)
+	}
+	if have > len(migrations) {
+		return false, fmt.Errorf("store: database schema version %d is newer than this binary's %d", have, len(migrations))
+	}
+	if have == len(migrations) {
+		return true, tx.Commit()
+	}
+	v := have + 1
+	for _, stmt := range s.statements(migrations[v-1]) {
+		if _, err := q.ExecContext(ctx, stmt); err != nil {
+			return false, fmt.Errorf("store: migration %d: %w", v, err)
+		}
+	}
+	if _, err := q.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`, v, time.Now().Unix()); err != nil {
+		return false, fmt.Errorf("store: migration %d: %w", v, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("store: migration %d: %w", v, err)
+	}
+	return false, nil
+}
+
+// statements is a migration as this database runs it. SQLite takes it
+// whole. PostgreSQL takes one statement at a time, with its own names for
+// two types: INTEGER is 32 bits there (the columns hold nanoseconds), and
+// bytes are BYTEA.
+func (s *DB) statements(m string) []string {
+	if !s.pg {
+		return []string{m}
+	}
+	m = strings.NewReplacer(" INTEGER", " BIGINT", " BLOB", " BYTEA").Replace(m)
+	var out []string
+	for _, st := range strings.Split(m, ";") {
+		if st = strings.TrimSpace(st); st != "" {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// Close closes the database (and lets another store hold it).
+func (s *DB) Close() error {
+	if s.owner != nil {
+		s.owner.Close()
+	}
+	return s.db.Close()
+}
 
 // Ping implements Store.
-func (s *SQLite) Ping(ctx context.Context) error {
+func (s *DB) Ping(ctx context.Context) error {
 	var n int
-	return s.db.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n)
+	return s.db.QueryRowContext(ctx, "SELECT 1").Scan(&n)
 }
 
 // Update implements Store. SQLite runs one transaction at a time (the
 // store has one connection), so fn never conflicts and runs once.
-func (s *SQLite) Update(ctx context.Context, fn func(tx Tx) error) error {
-	if f, ok := s.q.(fullAware); ok && isTx(f.querier) {
+// PostgreSQL runs it serializable, and again (up to 20 times, after a short
+// random wait) when the database aborts it for a conflict with another
+// transaction; fn acts only through its Tx, so running it again is safe.
+func (s *DB) Update(ctx context.Context, fn func(tx Tx) error) error {
+	if s.inTx {
 		return fn(s) // already inside a transaction
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	var opts *sql.TxOptions
+	if s.pg {
+		opts = &sql.TxOptions{Isolation: sql.LevelSerializable}
+	}
+	for attempt := 1; ; attempt++ {
+		err := s.update(ctx, opts, fn)
+		if !s.pg || !retryable(err) || attempt == 20 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * time.Duration(1+mathrand.IntN(5)) * time.Millisecond):
+		}
+	}
+}
+
+func (s *DB) update(ctx context.Context, opts *sql.TxOptions, fn func(tx Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("store: begin: %w", err)
 	}
-	if err := fn(&SQLite{db: s.db, q: fullAware{tx}}); err != nil {
+	if err := fn(&DB{db: s.db, q: s.wrap(tx), pg: s.pg, inTx: true}); err != nil {
 		tx.Rollback()
 		return err
 	}
@@ -487,7 +580,7 @@ func (s *SQLite) Update(ctx context.Context, fn func(tx Tx) error) error {
 }
 
 // PutSandbox implements Store.
-func (s *SQLite) PutSandbox(ctx context.Context, sb *Sandbox) error {
+func (s *DB) PutSandbox(ctx context.Context, sb *Sandbox) error {
 	b, err := json.Marshal(sb)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
@@ -507,7 +600,7 @@ func (s *SQLite) PutSandbox(ctx context.Context, sb *Sandbox) error {
 }
 
 // GetSandbox implements Store.
-func (s *SQLite) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+func (s *DB) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	var rec string
 	err := s.q.QueryRowContext(ctx, `SELECT record FROM sandboxes WHERE id = ?`, id).Scan(&rec)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -520,7 +613,7 @@ func (s *SQLite) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 }
 
 // ListSandboxes implements Store.
-func (s *SQLite) ListSandboxes(ctx context.Context) ([]*Sandbox, error) {
+func (s *DB) ListSandboxes(ctx context.Context) ([]*Sandbox, error) {
 	rows, err := s.q.QueryContext(ctx, `SELECT record FROM sandboxes ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("store: list: %w", err)
@@ -542,7 +635,7 @@ func (s *SQLite) ListSandboxes(ctx context.Context) ([]*Sandbox, error) {
 }
 
 // DeleteSandbox implements Store.
-func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
+func (s *DB) DeleteSandbox(ctx context.Context, id string) error {
 	res, err := s.q.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("store: delete %s: %w", id, err)
@@ -562,7 +655,7 @@ func decode(rec string) (*Sandbox, error) {
 }
 
 // PutSecret implements Store.
-func (s *SQLite) PutSecret(ctx context.Context, scope, name string, sealed []byte) error {
+func (s *DB) PutSecret(ctx context.Context, scope, name string, sealed []byte) error {
 	_, err := s.q.ExecContext(ctx, `INSERT INTO secrets (scope, name, value) VALUES (?, ?, ?)
 		ON CONFLICT(scope, name) DO UPDATE SET value = excluded.value`, scope, name, sealed)
 	if err != nil {
@@ -572,7 +665,7 @@ func (s *SQLite) PutSecret(ctx context.Context, scope, name string, sealed []byt
 }
 
 // GetSecret implements Store.
-func (s *SQLite) GetSecret(ctx context.Context, scope, name string) ([]byte, error) {
+func (s *DB) GetSecret(ctx context.Context, scope, name string) ([]byte, error) {
 	var v []byte
 	err := s.q.QueryRowContext(ctx, `SELECT value FROM secrets WHERE scope = ? AND name = ?`, scope, name).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -585,7 +678,7 @@ func (s *SQLite) GetSecret(ctx context.Context, scope, name string) ([]byte, err
 }
 
 // DeleteSecretScope implements Tx.
-func (s *SQLite) DeleteSecretScope(ctx context.Context, scope string) error {
+func (s *DB) DeleteSecretScope(ctx context.Context, scope string) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM secrets WHERE scope = ?`, scope); err != nil {
 		return fmt.Errorf("store: delete secrets: %w", err)
 	}
@@ -597,7 +690,18 @@ func (s *SQLite) DeleteSecretScope(ctx context.Context, scope string) error {
 // checkpointed and truncated. A checkpoint that a reader in another
 // process keeps from completing reports busy rather than failing, and a
 // scrub that did not happen must not pass for one.
-func (s *SQLite) Scrub(ctx context.Context) error {
+//
+// PostgreSQL: the secrets table is rewritten (VACUUM FULL), so the deleted
+// rows' tuples are no longer in its files; the server's write-ahead log
+// (and any backup or replica) keeps them until it is recycled, which this
+// cannot reach.
+func (s *DB) Scrub(ctx context.Context) error {
+	if s.pg {
+		if _, err := s.db.ExecContext(ctx, `VACUUM FULL secrets`); err != nil {
+			return fmt.Errorf("store: scrub: %w", err)
+		}
+		return nil
+	}
 	var busy, logFrames, done int
 	for attempt := 0; ; attempt++ {
 		if err := s.db.QueryRowContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`).Scan(&busy, &logFrames, &done); err != nil {
@@ -618,7 +722,7 @@ func (s *SQLite) Scrub(ctx context.Context) error {
 }
 
 // DeleteSecret implements Store.
-func (s *SQLite) DeleteSecret(ctx context.Context, scope, name string) error {
+func (s *DB) DeleteSecret(ctx context.Context, scope, name string) error {
 	res, err := s.q.ExecContext(ctx, `DELETE FROM secrets WHERE scope = ? AND name = ?`, scope, name)
 	if err != nil {
 		return fmt.Errorf("store: delete secret: %w", err)
@@ -627,9 +731,4 @@ func (s *SQLite) DeleteSecret(ctx context.Context, scope, name string) error {
 		return ErrNotFound
 	}
 	return nil
-}
-
-func isTx(q querier) bool {
-	_, ok := q.(*sql.Tx)
-	return ok
 }

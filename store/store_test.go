@@ -12,13 +12,10 @@ import (
 	"github.com/harebox/harebox/sandbox"
 )
 
-func TestSQLiteRoundTripAndReopen(t *testing.T) {
+func TestRoundTripAndReopen(t *testing.T) { forEachStore(t, testRoundTripAndReopen) }
+
+func testRoundTripAndReopen(t *testing.T, s *DB, reopen func() *DB) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "state.db")
-	s, err := OpenSQLite(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	exp := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
 	a := &Sandbox{
 		Sandbox:  sandbox.Sandbox{ID: sandbox.NewID(), State: sandbox.StateRunning, CreatedAt: time.Now().UTC(), ExpiresAt: &exp, Labels: map[string]string{"k": "v"}},
@@ -38,11 +35,7 @@ func TestSQLiteRoundTripAndReopen(t *testing.T) {
 	s.Close()
 
 	// A reopened database keeps everything and does not re-run migrations.
-	s, err = OpenSQLite(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s = reopen()
 	got, err := s.GetSandbox(ctx, a.ID)
 	if err != nil {
 		t.Fatal(err)

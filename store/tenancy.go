@@ -10,7 +10,7 @@ import (
 )
 
 // CountLive implements Tx.
-func (s *SQLite) CountLive(ctx context.Context, accountID, projectID, fleetID string) (int, error) {
+func (s *DB) CountLive(ctx context.Context, accountID, projectID, fleetID string) (int, error) {
 	q := `SELECT COUNT(*) FROM sandboxes WHERE account_id = ? AND state != 'deleted'`
 	args := []any{accountID}
 	if projectID != "" {
@@ -29,7 +29,7 @@ func (s *SQLite) CountLive(ctx context.Context, accountID, projectID, fleetID st
 }
 
 // put inserts or replaces one JSON record with its columns.
-func (s *SQLite) put(ctx context.Context, table string, cols []string, vals []any, rec any) error {
+func (s *DB) put(ctx context.Context, table string, cols []string, vals []any, rec any) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
@@ -43,7 +43,7 @@ func (s *SQLite) put(ctx context.Context, table string, cols []string, vals []an
 	q := fmt.Sprintf(`INSERT INTO %s (%s) VALUES (?%s) ON CONFLICT(%s) DO UPDATE SET %s`,
 		table, strings.Join(cols, ", "), strings.Repeat(", ?", len(cols)-1), cols[0], strings.Join(set, ", "))
 	if _, err := s.q.ExecContext(ctx, q, vals...); err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+		if isUnique(err) {
 			return ErrConflict
 		}
 		return fmt.Errorf("store: put %s: %w", table, err)
@@ -52,7 +52,7 @@ func (s *SQLite) put(ctx context.Context, table string, cols []string, vals []an
 }
 
 // get decodes the one record a query selects.
-func get[T any](ctx context.Context, s *SQLite, q string, args ...any) (*T, error) {
+func get[T any](ctx context.Context, s *DB, q string, args ...any) (*T, error) {
 	var rec string
 	err := s.q.QueryRowContext(ctx, q, args...).Scan(&rec)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -69,7 +69,7 @@ func get[T any](ctx context.Context, s *SQLite, q string, args ...any) (*T, erro
 }
 
 // list decodes every record a query selects.
-func list[T any](ctx context.Context, s *SQLite, q string, args ...any) ([]*T, error) {
+func list[T any](ctx context.Context, s *DB, q string, args ...any) ([]*T, error) {
 	rows, err := s.q.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: list: %w", err)
@@ -90,7 +90,7 @@ func list[T any](ctx context.Context, s *SQLite, q string, args ...any) ([]*T, e
 	return out, rows.Err()
 }
 
-func (s *SQLite) del(ctx context.Context, table, id string) error {
+func (s *DB) del(ctx context.Context, table, id string) error {
 	res, err := s.q.ExecContext(ctx, `DELETE FROM `+table+` WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("store: delete from %s: %w", table, err)
@@ -102,77 +102,77 @@ func (s *SQLite) del(ctx context.Context, table, id string) error {
 }
 
 // PutAccount implements Tx.
-func (s *SQLite) PutAccount(ctx context.Context, a *Account) error {
+func (s *DB) PutAccount(ctx context.Context, a *Account) error {
 	return s.put(ctx, "accounts", []string{"id", "name", "created_at"}, []any{a.ID, a.Name, a.CreatedAt.UnixNano()}, a)
 }
 
 // GetAccount implements Tx.
-func (s *SQLite) GetAccount(ctx context.Context, id string) (*Account, error) {
+func (s *DB) GetAccount(ctx context.Context, id string) (*Account, error) {
 	return get[Account](ctx, s, `SELECT record FROM accounts WHERE id = ?`, id)
 }
 
 // AccountByName implements Tx.
-func (s *SQLite) AccountByName(ctx context.Context, name string) (*Account, error) {
+func (s *DB) AccountByName(ctx context.Context, name string) (*Account, error) {
 	return get[Account](ctx, s, `SELECT record FROM accounts WHERE name = ?`, name)
 }
 
 // ListAccounts implements Tx.
-func (s *SQLite) ListAccounts(ctx context.Context) ([]*Account, error) {
+func (s *DB) ListAccounts(ctx context.Context) ([]*Account, error) {
 	return list[Account](ctx, s, `SELECT record FROM accounts ORDER BY created_at, id`)
 }
 
 // DeleteAccount implements Tx.
-func (s *SQLite) DeleteAccount(ctx context.Context, id string) error {
+func (s *DB) DeleteAccount(ctx context.Context, id string) error {
 	return s.del(ctx, "accounts", id)
 }
 
 // PutProject implements Tx.
-func (s *SQLite) PutProject(ctx context.Context, p *Project) error {
+func (s *DB) PutProject(ctx context.Context, p *Project) error {
 	return s.put(ctx, "projects", []string{"id", "account_id", "name", "created_at"}, []any{p.ID, p.AccountID, p.Name, p.CreatedAt.UnixNano()}, p)
 }
 
 // GetProject implements Tx.
-func (s *SQLite) GetProject(ctx context.Context, id string) (*Project, error) {
+func (s *DB) GetProject(ctx context.Context, id string) (*Project, error) {
 	return get[Project](ctx, s, `SELECT record FROM projects WHERE id = ?`, id)
 }
 
 // ProjectByName implements Tx.
-func (s *SQLite) ProjectByName(ctx context.Context, accountID, name string) (*Project, error) {
+func (s *DB) ProjectByName(ctx context.Context, accountID, name string) (*Project, error) {
 	return get[Project](ctx, s, `SELECT record FROM projects WHERE account_id = ? AND name = ?`, accountID, name)
 }
 
 // ListProjects implements Tx.
-func (s *SQLite) ListProjects(ctx context.Context, accountID string) ([]*Project, error) {
+func (s *DB) ListProjects(ctx context.Context, accountID string) ([]*Project, error) {
 	return list[Project](ctx, s, `SELECT record FROM projects WHERE account_id = ? ORDER BY created_at, id`, accountID)
 }
 
 // DeleteProject implements Tx.
-func (s *SQLite) DeleteProject(ctx context.Context, id string) error {
+func (s *DB) DeleteProject(ctx context.Context, id string) error {
 	return s.del(ctx, "projects", id)
 }
 
 // PutFleet implements Tx.
-func (s *SQLite) PutFleet(ctx context.Context, f *Fleet) error {
+func (s *DB) PutFleet(ctx context.Context, f *Fleet) error {
 	return s.put(ctx, "fleets", []string{"id", "project_id", "name", "created_at"}, []any{f.ID, f.ProjectID, f.Name, f.CreatedAt.UnixNano()}, f)
 }
 
 // GetFleet implements Tx.
-func (s *SQLite) GetFleet(ctx context.Context, id string) (*Fleet, error) {
+func (s *DB) GetFleet(ctx context.Context, id string) (*Fleet, error) {
 	return get[Fleet](ctx, s, `SELECT record FROM fleets WHERE id = ?`, id)
 }
 
 // FleetByName implements Tx.
-func (s *SQLite) FleetByName(ctx context.Context, projectID, name string) (*Fleet, error) {
+func (s *DB) FleetByName(ctx context.Context, projectID, name string) (*Fleet, error) {
 	return get[Fleet](ctx, s, `SELECT record FROM fleets WHERE project_id = ? AND name = ?`, projectID, name)
 }
 
 // ListFleets implements Tx.
-func (s *SQLite) ListFleets(ctx context.Context, projectID string) ([]*Fleet, error) {
+func (s *DB) ListFleets(ctx context.Context, projectID string) ([]*Fleet, error) {
 	return list[Fleet](ctx, s, `SELECT record FROM fleets WHERE project_id = ? ORDER BY created_at, id`, projectID)
 }
 
 // DeleteFleet implements Tx.
-func (s *SQLite) DeleteFleet(ctx context.Context, id string) error {
+func (s *DB) DeleteFleet(ctx context.Context, id string) error {
 	return s.del(ctx, "fleets", id)
 }
 
@@ -183,12 +183,12 @@ type keyRecord struct {
 }
 
 // PutKey implements Tx.
-func (s *SQLite) PutKey(ctx context.Context, k *Key) error {
+func (s *DB) PutKey(ctx context.Context, k *Key) error {
 	return s.put(ctx, "api_keys", []string{"id", "account_id", "hash", "created_at"}, []any{k.ID, k.AccountID, k.Hash, k.CreatedAt.UnixNano()}, keyRecord{*k, k.Hash})
 }
 
 // GetKey implements Tx.
-func (s *SQLite) GetKey(ctx context.Context, id string) (*Key, error) {
+func (s *DB) GetKey(ctx context.Context, id string) (*Key, error) {
 	r, err := get[keyRecord](ctx, s, `SELECT record FROM api_keys WHERE id = ?`, id)
 	if err != nil {
 		return nil, err
@@ -198,7 +198,7 @@ func (s *SQLite) GetKey(ctx context.Context, id string) (*Key, error) {
 }
 
 // ListKeys implements Tx.
-func (s *SQLite) ListKeys(ctx context.Context, accountID string) ([]*Key, error) {
+func (s *DB) ListKeys(ctx context.Context, accountID string) ([]*Key, error) {
 	q, args := `SELECT record FROM api_keys ORDER BY created_at, id`, []any{}
 	if accountID != "" {
 		q, args = `SELECT record FROM api_keys WHERE account_id = ? ORDER BY created_at, id`, []any{accountID}
@@ -216,27 +216,27 @@ func (s *SQLite) ListKeys(ctx context.Context, accountID string) ([]*Key, error)
 }
 
 // PutEnvironment implements Tx.
-func (s *SQLite) PutEnvironment(ctx context.Context, e *Environment) error {
+func (s *DB) PutEnvironment(ctx context.Context, e *Environment) error {
 	return s.put(ctx, "environments", []string{"id", "project_id", "name", "created_at"}, []any{e.ID, e.ProjectID, e.Name, e.CreatedAt.UnixNano()}, e)
 }
 
 // GetEnvironment implements Tx.
-func (s *SQLite) GetEnvironment(ctx context.Context, id string) (*Environment, error) {
+func (s *DB) GetEnvironment(ctx context.Context, id string) (*Environment, error) {
 	return get[Environment](ctx, s, `SELECT record FROM environments WHERE id = ?`, id)
 }
 
 // EnvironmentByName implements Tx.
-func (s *SQLite) EnvironmentByName(ctx context.Context, projectID, name string) (*Environment, error) {
+func (s *DB) EnvironmentByName(ctx context.Context, projectID, name string) (*Environment, error) {
 	return get[Environment](ctx, s, `SELECT record FROM environments WHERE project_id = ? AND name = ?`, projectID, name)
 }
 
 // ListEnvironments implements Tx.
-func (s *SQLite) ListEnvironments(ctx context.Context, projectID string) ([]*Environment, error) {
+func (s *DB) ListEnvironments(ctx context.Context, projectID string) ([]*Environment, error) {
 	return list[Environment](ctx, s, `SELECT record FROM environments WHERE project_id = ? ORDER BY created_at, id`, projectID)
 }
 
 // DeleteEnvironment implements Tx: the environment and its versions.
-func (s *SQLite) DeleteEnvironment(ctx context.Context, id string) error {
+func (s *DB) DeleteEnvironment(ctx context.Context, id string) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM env_versions WHERE environment_id = ?`, id); err != nil {
 		return fmt.Errorf("store: delete versions: %w", err)
 	}
@@ -245,7 +245,7 @@ func (s *SQLite) DeleteEnvironment(ctx context.Context, id string) error {
 
 // PutEnvVersion implements Tx. Versions are immutable: inserting one that
 // exists is ErrConflict.
-func (s *SQLite) PutEnvVersion(ctx context.Context, v *EnvVersion) error {
+func (s *DB) PutEnvVersion(ctx context.Context, v *EnvVersion) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
@@ -253,7 +253,7 @@ func (s *SQLite) PutEnvVersion(ctx context.Context, v *EnvVersion) error {
 	_, err = s.q.ExecContext(ctx, `INSERT INTO env_versions (environment_id, version, created_at, record) VALUES (?, ?, ?, ?)`,
 		v.EnvironmentID, v.Version, v.CreatedAt.UnixNano(), string(b))
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+		if isUnique(err) {
 			return ErrConflict
 		}
 		return fmt.Errorf("store: put version: %w", err)
@@ -262,17 +262,17 @@ func (s *SQLite) PutEnvVersion(ctx context.Context, v *EnvVersion) error {
 }
 
 // GetEnvVersion implements Tx.
-func (s *SQLite) GetEnvVersion(ctx context.Context, environmentID string, version int) (*EnvVersion, error) {
+func (s *DB) GetEnvVersion(ctx context.Context, environmentID string, version int) (*EnvVersion, error) {
 	return get[EnvVersion](ctx, s, `SELECT record FROM env_versions WHERE environment_id = ? AND version = ?`, environmentID, version)
 }
 
 // ListEnvVersions implements Tx, oldest first.
-func (s *SQLite) ListEnvVersions(ctx context.Context, environmentID string) ([]*EnvVersion, error) {
+func (s *DB) ListEnvVersions(ctx context.Context, environmentID string) ([]*EnvVersion, error) {
 	return list[EnvVersion](ctx, s, `SELECT record FROM env_versions WHERE environment_id = ? ORDER BY version`, environmentID)
 }
 
 // CountLiveWithEnvironment implements Tx.
-func (s *SQLite) CountLiveWithEnvironment(ctx context.Context, environmentID string) (int, error) {
+func (s *DB) CountLiveWithEnvironment(ctx context.Context, environmentID string) (int, error) {
 	var n int
 	err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE environment_id = ? AND state != 'deleted'`, environmentID).Scan(&n)
 	if err != nil {

@@ -3,7 +3,7 @@ package store
 import (
 	"context"
 	"errors"
-	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -13,16 +13,13 @@ import (
 
 // Update commits all of fn's writes or none; names are unique in their
 // parent; live sandboxes are counted per account, project and fleet.
-func TestUpdateAndTenancy(t *testing.T) {
+func TestUpdateAndTenancy(t *testing.T) { forEachStore(t, testUpdateAndTenancy) }
+
+func testUpdateAndTenancy(t *testing.T, s *DB, _ func() *DB) {
 	ctx := context.Background()
-	s, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	now := time.Now().UTC()
 	boom := errors.New("boom")
-	err = s.Update(ctx, func(tx Tx) error {
+	err := s.Update(ctx, func(tx Tx) error {
 		if err := tx.PutAccount(ctx, &Account{ID: "acc_1", Name: "a", CreatedAt: now}); err != nil {
 			return err
 		}
@@ -84,4 +81,90 @@ func TestUpdateAndTenancy(t *testing.T) {
 	if l, err := s.ListKeys(ctx, "acc_2"); err != nil || len(l) != 0 {
 		t.Fatalf("another account's keys: %v %v", l, err)
 	}
+}
+
+// Updates that read and write the same row at once all count: SQLite runs
+// them one at a time, PostgreSQL aborts the conflicting ones and Update
+// runs them again.
+func TestConcurrentUpdates(t *testing.T) { forEachStore(t, testConcurrentUpdates) }
+
+func testConcurrentUpdates(t *testing.T, s *DB, _ func() *DB) {
+	ctx := context.Background()
+	if err := s.PutSecret(ctx, "c", "n", []byte("0")); err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 4, 25
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		go func() {
+			for i := 0; i < each; i++ {
+				err := s.Update(ctx, func(tx Tx) error {
+					v, err := tx.GetSecret(ctx, "c", "n")
+					if err != nil {
+						return err
+					}
+					n, _ := strconv.Atoi(string(v))
+					return tx.PutSecret(ctx, "c", "n", []byte(strconv.Itoa(n+1)))
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for w := 0; w < workers; w++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := s.GetSecret(ctx, "c", "n")
+	if err != nil || string(v) != strconv.Itoa(workers*each) {
+		t.Fatalf("counter %s %v, want %d", v, err, workers*each)
+	}
+}
+
+// Scrub runs on both stores once secrets were deleted.
+func TestScrub(t *testing.T) { forEachStore(t, testScrub) }
+
+func testScrub(t *testing.T, s *DB, _ func() *DB) {
+	ctx := context.Background()
+	if err := s.PutSecret(ctx, "sandbox/x", "key", []byte("k")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSecret(ctx, "sandbox/x", "key"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Scrub(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetSecret(ctx, "sandbox/x", "key"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after scrub: %v", err)
+	}
+}
+
+// One engine holds a PostgreSQL database until it closes it.
+func TestPostgresHeldByOne(t *testing.T) {
+	if pg == nil {
+		t.Skip(pgErr)
+	}
+	ctx := context.Background()
+	dsn, err := pg.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenPostgres(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenPostgres(ctx, dsn); !errors.Is(err, ErrInUse) {
+		t.Fatalf("a second store on the database: %v", err)
+	}
+	s.Close()
+	s, err = OpenPostgres(ctx, dsn)
+	if err != nil {
+		t.Fatalf("after the first closed: %v", err)
+	}
+	s.Close()
 }

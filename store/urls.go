@@ -17,18 +17,18 @@ type URL struct {
 
 // PutURL implements Tx; a second URL for the same sandbox and port is
 // ErrConflict.
-func (s *SQLite) PutURL(ctx context.Context, u *URL) error {
+func (s *DB) PutURL(ctx context.Context, u *URL) error {
 	return s.put(ctx, "urls", []string{"id", "sandbox_id", "port", "created_at"},
 		[]any{u.ID, u.SandboxID, u.Port, nanos(u.CreatedAt)}, u)
 }
 
 // GetURL implements Tx.
-func (s *SQLite) GetURL(ctx context.Context, id string) (*URL, error) {
+func (s *DB) GetURL(ctx context.Context, id string) (*URL, error) {
 	return get[URL](ctx, s, `SELECT record FROM urls WHERE id = ?`, id)
 }
 
 // ListURLs implements Tx: a sandbox's ("" for every sandbox's).
-func (s *SQLite) ListURLs(ctx context.Context, sandboxID string) ([]*URL, error) {
+func (s *DB) ListURLs(ctx context.Context, sandboxID string) ([]*URL, error) {
 	if sandboxID == "" {
 		return list[URL](ctx, s, `SELECT record FROM urls ORDER BY created_at, id`)
 	}
@@ -36,7 +36,7 @@ func (s *SQLite) ListURLs(ctx context.Context, sandboxID string) ([]*URL, error)
 }
 
 // DeleteURL implements Tx.
-func (s *SQLite) DeleteURL(ctx context.Context, id string) error {
+func (s *DB) DeleteURL(ctx context.Context, id string) error {
 	res, err := s.q.ExecContext(ctx, `DELETE FROM urls WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("store: delete url: %w", err)
@@ -55,18 +55,18 @@ type URLCA struct {
 }
 
 // PutURLCA implements Tx: sets the project's CA.
-func (s *SQLite) PutURLCA(ctx context.Context, ca *URLCA) error {
+func (s *DB) PutURLCA(ctx context.Context, ca *URLCA) error {
 	return s.put(ctx, "url_cas", []string{"project_id"}, []any{ca.ProjectID}, ca)
 }
 
 // GetURLCA implements Tx.
-func (s *SQLite) GetURLCA(ctx context.Context, projectID string) (*URLCA, error) {
+func (s *DB) GetURLCA(ctx context.Context, projectID string) (*URLCA, error) {
 	return get[URLCA](ctx, s, `SELECT record FROM url_cas WHERE project_id = ?`, projectID)
 }
 
 // DeleteURLCA implements Tx: the project's CA and its certificates'
 // records.
-func (s *SQLite) DeleteURLCA(ctx context.Context, projectID string) error {
+func (s *DB) DeleteURLCA(ctx context.Context, projectID string) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM url_certs WHERE project_id = ?`, projectID); err != nil {
 		return fmt.Errorf("store: delete url certs: %w", err)
 	}
@@ -81,7 +81,7 @@ func (s *SQLite) DeleteURLCA(ctx context.Context, projectID string) error {
 }
 
 // PutClientCert implements Tx (certificate and key are never stored).
-func (s *SQLite) PutClientCert(ctx context.Context, c *sandbox.ClientCert) error {
+func (s *DB) PutClientCert(ctx context.Context, c *sandbox.ClientCert) error {
 	r := *c
 	r.Certificate, r.PrivateKey = "", ""
 	return s.put(ctx, "url_certs", []string{"id", "project_id", "created_at"},
@@ -89,11 +89,11 @@ func (s *SQLite) PutClientCert(ctx context.Context, c *sandbox.ClientCert) error
 }
 
 // GetClientCert implements Tx.
-func (s *SQLite) GetClientCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error) {
+func (s *DB) GetClientCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error) {
 	return get[sandbox.ClientCert](ctx, s, `SELECT record FROM url_certs WHERE id = ?`, projectID+"/"+serial)
 }
 
 // ListClientCerts implements Tx: a project's, oldest first.
-func (s *SQLite) ListClientCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error) {
+func (s *DB) ListClientCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error) {
 	return list[sandbox.ClientCert](ctx, s, `SELECT record FROM url_certs WHERE project_id = ? ORDER BY created_at, id`, projectID)
 }

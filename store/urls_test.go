@@ -3,20 +3,16 @@ package store
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/harebox/harebox/sandbox"
 )
 
-func TestURLs(t *testing.T) {
+func TestURLs(t *testing.T) { forEachStore(t, testURLs) }
+
+func testURLs(t *testing.T, s *DB, _ func() *DB) {
 	ctx := context.Background()
-	s, err := OpenSQLite(ctx, filepath.Join(t.TempDir(), "db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	u := &URL{URL: sandbox.URL{ID: sandbox.NewURLID(), SandboxID: "sbx_a", Port: 8080, Auth: "token", CreatedAt: time.Now()}, TokenHash: "ab"}
 	if err := s.PutURL(ctx, u); err != nil {
 		t.Fatal(err)

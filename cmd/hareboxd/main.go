@@ -37,6 +37,7 @@ import (
 	"github.com/harebox/harebox/network/linuxnet"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/servertls"
+	"github.com/harebox/harebox/store"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -113,6 +114,7 @@ func run(args []string, instead func(settings) error) error {
 		ingressURL   = fs.String("ingress-url", "", "the ingress's public base URL, https://HOST[:PORT]: URLs are https://PORT-ID.HOST/ and https://HOST/s/ID/PORT/ (default https://localhost:PORT; *.localhost is loopback to browsers)")
 		ingressCert  = fs.String("ingress-tls-cert", "", "the ingress's certificate chain (PEM), for HOST and *.HOST; default: a self-signed one made on first start in DATA_DIR/ingress-tls")
 		ingressKey   = fs.String("ingress-tls-key", "", "the private key of --ingress-tls-cert (PEM)")
+		storeURL     = fs.String("store", "", "the state database: empty for SQLite in DATA_DIR/harebox.db, or a PostgreSQL URL (postgres://USER@HOST/DB?sslmode=verify-full), which one hareboxd holds at a time for now")
 		configFile   = fs.String("config", "", "a YAML file of settings: each key a flag's name, e.g. \"listen: 0.0.0.0:7443\"; flags given on the command line win")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -212,6 +214,20 @@ func run(args []string, instead func(settings) error) error {
 	if created {
 		log.Info("created the root API key", "path", keyPath)
 	}
+	var st store.Store
+	switch {
+	case *storeURL == "":
+	case strings.HasPrefix(*storeURL, "postgres://"), strings.HasPrefix(*storeURL, "postgresql://"):
+		db, err := store.OpenPostgres(ctx, *storeURL)
+		if err != nil {
+			return fmt.Errorf("--store: %w", err)
+		}
+		defer db.Close()
+		st = db
+		log.Info("state in PostgreSQL", "host", pgHost(*storeURL))
+	default:
+		return fmt.Errorf("--store: want a postgres:// URL (or nothing, for SQLite in the data directory)")
+	}
 	// Sandboxes whose policy names api.harebox.internal reach the API
 	// through the egress proxy, over in-process connections.
 	pipes := api.NewPipes()
@@ -235,7 +251,7 @@ func run(args []string, instead func(settings) error) error {
 		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
-		Ingress: ingressBase,
+		Ingress: ingressBase, Store: st,
 	})
 	if err != nil {
 		return err
@@ -512,4 +528,13 @@ func parsePool(s string) (map[string]int, error) {
 		out[k] = n
 	}
 	return out, nil
+}
+
+// pgHost is a PostgreSQL URL's host, for the log (never its password).
+func pgHost(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "?"
+	}
+	return u.Host
 }
