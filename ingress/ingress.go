@@ -103,6 +103,7 @@ type Service struct {
 	caChange sync.Mutex
 	caMu     sync.Mutex
 	cas      map[string]*authority
+	caGen    uint64 // counts changes, so a load never undoes one
 }
 
 // target is a guest port.
@@ -127,7 +128,7 @@ type entry struct {
 	hash    [sha256.Size]byte
 	gone    bool
 	streams map[*stream]struct{}
-	conns   map[*conn]string // to the serial of the certificate they have (mtls)
+	conns   map[*conn]string // to the certificate they have (mtls: its revocation key)
 	denied  time.Time        // the last refusal recorded
 }
 
@@ -662,7 +663,7 @@ func (e *entry) valid(tok string) bool {
 type stream struct {
 	dead   atomic.Bool
 	cancel context.CancelFunc
-	serial string // of the client certificate it was let in with (mtls)
+	cert   string // the client certificate it was let in with (mtls: its revocation key)
 	// h2 is the HTTP/2 stream's writer, whose write deadline cut puts in
 	// the past (which resets the stream); nil for HTTP/1. It may be used
 	// only until the handler returns (done), under mu.
@@ -728,8 +729,7 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	who := e.auth
 	tok, fromCookie := credential(r)
-	var serial string // mtls: the client certificate's
-	var ca *authority // and the CA it was checked against
+	var ck checked // mtls: the client certificate
 	if e.auth == sandbox.URLAuthOIDC {
 		var status int
 		if path == SessionPath {
@@ -753,11 +753,13 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else if e.auth == sandbox.URLAuthMTLS {
 		var status int
 		var msg string
-		if who, serial, ca, status, msg = s.checkCert(r, e, cookiePath); status != 0 {
-			s.refuseWith(w, e, who, status, msg)
+		if ck, status, msg = s.checkCert(r, e, cookiePath); status != 0 {
+			s.refuseWith(w, e, ck.who, status, msg)
 			return
 		}
-		fromCookie = false
+		// A browser presents its certificate by itself, as it sends a
+		// cookie: the same cross-site rule holds.
+		who, fromCookie = ck.who, true
 	} else if q := r.URL.Query(); q.Has(QueryParam) {
 		s.exchange(w, r, e, q, cookiePath)
 		return
@@ -779,19 +781,24 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, e, who, http.StatusUnauthorized)
 		return
 	}
-	if e.auth == sandbox.URLAuthMTLS && !s.stillGood(e, ca, serial) {
+	if e.auth == sandbox.URLAuthMTLS && !s.stillGood(e, ck) {
 		e.mu.Unlock()
 		s.refuseWith(w, e, who, http.StatusForbidden, "this URL does not accept your client certificate")
 		return
 	}
-	st.serial = serial
+	st.cert = ck.cert
 	e.streams[st] = struct{}{}
 	if c != nil && r.ProtoMajor == 1 {
-		e.conns[c] = serial
+		e.conns[c] = ck.cert
 	}
 	view := e.rec.URL
 	e.mu.Unlock()
 	upgrade := r.Header.Get("Upgrade") != ""
+	if e.auth == sandbox.URLAuthMTLS {
+		// A stream (a WebSocket, events) ends when its certificate does.
+		expire := time.AfterFunc(ck.notAfter.Sub(s.opts.Now()), st.cut)
+		defer expire.Stop()
+	}
 	defer func() {
 		st.finish()
 		e.mu.Lock()

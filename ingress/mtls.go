@@ -15,15 +15,18 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,29 +45,49 @@ const (
 // caScope is where a project's CA key is sealed.
 func caScope(projectID string) string { return "urlca/" + projectID }
 
-const caKeyName = "key"
-
 // authority is a project's CA as requests check it. It is never changed:
 // a change makes a new one, so a request that verified against one can
 // tell, under its URL's lock, whether it is still the project's.
 type authority struct {
-	roots   *x509.CertPool // nil: the project has no CA
+	roots *x509.CertPool // nil: the project has no CA
+	// revoked holds "ISSUER_KEY/SERIAL" (see revocationKey).
 	revoked map[string]bool
 }
 
-// authorityOf returns the project's CA, loaded from the store once.
+// revocationKey names a certificate by its issuer's public key and its
+// serial: what a revocation holds for.
+func revocationKey(issuerKey, serial string) string { return issuerKey + "/" + serial }
+
+// keyHash is a certificate's public key's SHA-256, hex.
+func keyHash(c *x509.Certificate) string {
+	h := sha256.Sum256(c.RawSubjectPublicKeyInfo)
+	return hex.EncodeToString(h[:])
+}
+
+// authorityOf returns the project's CA, loaded from the store once. The
+// load runs outside caMu (a slow store stalls this project only); a
+// change made meanwhile wins over what it read.
 func (s *Service) authorityOf(ctx context.Context, projectID string) (*authority, error) {
-	s.caMu.Lock()
-	defer s.caMu.Unlock()
-	if a := s.cas[projectID]; a != nil {
-		return a, nil
+	for {
+		s.caMu.Lock()
+		a, gen := s.cas[projectID], s.caGen
+		s.caMu.Unlock()
+		if a != nil {
+			return a, nil
+		}
+		a, err := s.loadAuthority(ctx, projectID)
+		if err != nil {
+			return nil, err
+		}
+		s.caMu.Lock()
+		if s.caGen == gen {
+			s.cas[projectID] = a
+		}
+		s.caMu.Unlock()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 	}
-	a, err := s.loadAuthority(ctx, projectID)
-	if err != nil {
-		return nil, err
-	}
-	s.cas[projectID] = a
-	return a, nil
 }
 
 // current is the project's CA now (nil if not loaded); caMu is taken
@@ -77,6 +100,17 @@ func (s *Service) current(projectID string) *authority {
 
 func (s *Service) loadAuthority(ctx context.Context, projectID string) (*authority, error) {
 	a := &authority{revoked: map[string]bool{}}
+	recs, err := s.opts.Store.ListClientCerts(ctx, projectID)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range recs {
+		if r.RevokedAt != nil {
+			for _, k := range r.IssuerKeys {
+				a.revoked[revocationKey(k, r.Serial)] = true
+			}
+		}
+	}
 	ca, err := s.opts.Store.GetURLCA(ctx, projectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return a, nil
@@ -92,30 +126,24 @@ func (s *Service) loadAuthority(ctx context.Context, projectID string) (*authori
 	for _, c := range certs {
 		a.roots.AddCert(c)
 	}
-	recs, err := s.opts.Store.ListClientCerts(ctx, projectID)
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range recs {
-		if r.RevokedAt != nil {
-			a.revoked[r.Serial] = true
-		}
-	}
 	return a, nil
 }
 
 // changed reloads the project's CA after a change to its records and cuts
-// what the certificates it no longer accepts opened: those with serial,
-// or all of them when serial is "". The caller holds caChange.
-func (s *Service) changed(ctx context.Context, projectID, serial string) error {
+// what the certificates it no longer accepts opened: those of keys
+// (revocation keys), or all of them when keys is nil. The caller holds
+// caChange.
+func (s *Service) changed(ctx context.Context, projectID string, keys map[string]bool) {
 	a, err := s.loadAuthority(ctx, projectID)
 	s.caMu.Lock()
-	if old := s.cas[projectID]; err == nil && serial != "" && old != nil && old.roots != nil {
+	s.caGen++
+	if old := s.cas[projectID]; err == nil && keys != nil && old != nil && old.roots != nil {
 		// A revocation: the CA is the same, and so are the requests
-		// that checked against it but for the serial.
+		// that checked against it but for the revoked.
 		a.roots = old.roots
 	}
 	if err != nil {
+		s.opts.Log.Error("ingress: cannot load a project's CA; its mtls URLs refuse until it can", "project", projectID, "err", err)
 		delete(s.cas, projectID) // loaded again by the next request
 	} else {
 		s.cas[projectID] = a
@@ -131,28 +159,27 @@ func (s *Service) changed(ctx context.Context, projectID, serial string) error {
 	s.mu.RUnlock()
 	for _, e := range es {
 		e.mu.Lock()
-		streams, conns := e.takeSerial(serial)
+		streams, conns := e.takeCerts(keys)
 		e.mu.Unlock()
 		cut(streams, conns)
 	}
-	return err
 }
 
-// takeSerial takes what the certificate with serial opened ("": every
+// takeCerts takes what the certificates of keys opened (nil: every
 // certificate); the caller holds e.mu.
-func (e *entry) takeSerial(serial string) (map[*stream]struct{}, map[*conn]struct{}) {
-	if serial == "" {
+func (e *entry) takeCerts(keys map[string]bool) (map[*stream]struct{}, map[*conn]struct{}) {
+	if keys == nil {
 		return e.takeLocked()
 	}
 	streams, conns := map[*stream]struct{}{}, map[*conn]struct{}{}
 	for st := range e.streams {
-		if st.serial == serial {
+		if keys[st.cert] {
 			streams[st] = struct{}{}
 			delete(e.streams, st)
 		}
 	}
-	for c, sn := range e.conns {
-		if sn == serial {
+	for c, k := range e.conns {
+		if keys[k] {
 			conns[c] = struct{}{}
 			delete(e.conns, c)
 		}
@@ -216,7 +243,8 @@ func (s *Service) CA(ctx context.Context, projectID string) (*sandbox.URLCA, err
 
 // SetCA gives the project a new CA: the certificates of req (uploaded), or
 // one made here whose key is sealed in the secret store. The old one, and
-// what it signed, stop working; what they opened is cut.
+// what it signed, stop working; what they opened is cut. Revocations stay:
+// they hold for a CA's key, whichever certificate carries it.
 func (s *Service) SetCA(ctx context.Context, projectID, accountID string, req sandbox.URLCARequest) (*sandbox.URLCA, error) {
 	if err := sandbox.Validate(&req); err != nil {
 		return nil, err
@@ -232,10 +260,10 @@ func (s *Service) SetCA(ctx context.Context, projectID, accountID string, req sa
 		var out strings.Builder
 		for _, c := range certs {
 			if !c.IsCA || !c.BasicConstraintsValid {
-				return nil, sandbox.Errorf(sandbox.ErrInvalid, "certificate", "%q is not a CA certificate (basic constraints CA:TRUE)", c.Subject.CommonName)
+				return nil, sandbox.Errorf(sandbox.ErrInvalid, "certificate", "%q is not a CA certificate (basic constraints CA:TRUE)", printable(c.Subject.CommonName, 64))
 			}
 			if now.After(c.NotAfter) {
-				return nil, sandbox.Errorf(sandbox.ErrInvalid, "certificate", "%q expired at %s", c.Subject.CommonName, c.NotAfter.Format(time.RFC3339))
+				return nil, sandbox.Errorf(sandbox.ErrInvalid, "certificate", "%q expired at %s", printable(c.Subject.CommonName, 64), c.NotAfter.Format(time.RFC3339))
 			}
 			out.WriteString(pemCert(c.Raw))
 		}
@@ -266,55 +294,71 @@ func (s *Service) SetCA(ctx context.Context, projectID, accountID string, req sa
 			return nil, err
 		}
 		ca.Certificate = pemCert(der)
+		ca.KeyName = "key-" + serialText(randomSerial())
 	}
 	s.caChange.Lock()
 	defer s.caChange.Unlock()
-	// The old CA's records go first, then its key: a CA is never left
-	// with another's key.
-	if err := s.opts.Store.DeleteURLCA(ctx, projectID); err != nil && !errors.Is(err, store.ErrNotFound) {
+	old, err := s.opts.Store.GetURLCA(ctx, projectID)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
-	if s.opts.Secrets != nil {
-		if err := s.opts.Secrets.Delete(ctx, caScope(projectID), caKeyName); err != nil && !isNotFound(err) {
+	if key != nil {
+		// Under a name of its own: until the record names it, no CA
+		// uses it.
+		if err := s.opts.Secrets.Put(ctx, caScope(projectID), ca.KeyName, key); err != nil {
 			return nil, err
 		}
 	}
-	if key != nil {
-		if err := s.opts.Secrets.Put(ctx, caScope(projectID), caKeyName, key); err != nil {
-			return nil, errors.Join(err, s.changed(ctx, projectID, ""))
-		}
-	}
+	// One write replaces the old CA with the new: it fails whole or
+	// takes effect whole.
 	if err := s.opts.Store.PutURLCA(ctx, ca); err != nil {
-		return nil, errors.Join(err, s.changed(ctx, projectID, ""))
-	}
-	if err := s.changed(ctx, projectID, ""); err != nil {
+		if key != nil {
+			s.eraseKey(projectID, ca.KeyName)
+		}
 		return nil, err
 	}
+	s.changed(ctx, projectID, nil)
+	if old != nil && old.KeyName != "" {
+		s.eraseKey(projectID, old.KeyName)
+	}
 	return &ca.URLCA, nil
+}
+
+// eraseKey erases a CA's key that no record names any more. A failure is
+// logged: the project's delete sweeps what is left.
+func (s *Service) eraseKey(projectID, name string) {
+	if s.opts.Secrets == nil {
+		return
+	}
+	if err := s.opts.Secrets.Erase(context.WithoutCancel(context.Background()), caScope(projectID), name); err != nil && !isNotFound(err) {
+		s.opts.Log.Error("ingress: cannot erase an old URL CA key (the project's delete will)", "project", projectID, "err", err)
+	}
 }
 
 func isNotFound(err error) bool {
 	return errors.Is(err, secrets.ErrNotFound) || errors.Is(err, store.ErrNotFound)
 }
 
-// DeleteCA deletes the project's CA, its key and its certificates'
-// records: its mtls URLs refuse every client until it has another.
+// DeleteCA deletes the project's CA and its key: its mtls URLs refuse
+// every client until it has another. Revocations stay.
 func (s *Service) DeleteCA(ctx context.Context, projectID string) error {
 	s.caChange.Lock()
 	defer s.caChange.Unlock()
-	err := s.opts.Store.DeleteURLCA(ctx, projectID)
+	old, err := s.opts.Store.GetURLCA(ctx, projectID)
+	if err == nil {
+		err = s.opts.Store.DeleteURLCA(ctx, projectID)
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return sandbox.Errorf(sandbox.ErrNotFound, "", "project %s has no URL CA", projectID)
 	}
 	if err != nil {
 		return err
 	}
-	if s.opts.Secrets != nil {
-		if err := s.opts.Secrets.Delete(ctx, caScope(projectID), caKeyName); err != nil && !isNotFound(err) {
-			return errors.Join(err, s.changed(ctx, projectID, ""))
-		}
+	s.changed(ctx, projectID, nil)
+	if old.KeyName != "" {
+		s.eraseKey(projectID, old.KeyName)
 	}
-	return s.changed(ctx, projectID, "")
+	return nil
 }
 
 func randomSerial() *big.Int {
@@ -338,18 +382,24 @@ func (s *Service) IssueCert(ctx context.Context, projectID string, req sandbox.C
 	}
 	s.caChange.Lock()
 	defer s.caChange.Unlock()
-	ca, err := s.CA(ctx, projectID)
+	ca, err := s.opts.Store.GetURLCA(ctx, projectID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "project %s has no URL CA (set one: PUT /v1/url-ca)", projectID)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if ca.Uploaded {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "", "project %s's URL CA was uploaded: issue its certificates where its key is", projectID)
+	if ca.Uploaded || ca.KeyName == "" {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "project %s's URL CA was uploaded: issue its certificates where its key is", projectID)
+	}
+	if s.opts.Secrets == nil {
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "this server has no secret store, where CA keys are")
 	}
 	certs, err := parseCerts(ca.Certificate)
 	if err != nil {
 		return nil, err
 	}
-	der, err := s.opts.Secrets.Get(ctx, caScope(projectID), caKeyName)
+	der, err := s.opts.Secrets.Get(ctx, caScope(projectID), ca.KeyName)
 	if err != nil {
 		return nil, fmt.Errorf("ingress: project %s's CA key: %w", projectID, err)
 	}
@@ -383,7 +433,7 @@ func (s *Service) IssueCert(ctx context.Context, projectID string, req sandbox.C
 		return nil, err
 	}
 	rec := &sandbox.ClientCert{ProjectID: projectID, Serial: serialText(tmpl.SerialNumber), Name: req.Name,
-		Issued: true, NotAfter: &notAfter, CreatedAt: now}
+		Issued: true, IssuerKeys: []string{keyHash(certs[0])}, NotAfter: &notAfter, CreatedAt: now}
 	if err := s.opts.Store.PutClientCert(ctx, rec); err != nil {
 		return nil, err
 	}
@@ -403,9 +453,9 @@ func (s *Service) ListCerts(ctx context.Context, projectID string) ([]*sandbox.C
 	return l, err
 }
 
-// RevokeCert revokes a certificate of the project's CA by serial (one
-// issued here or by an uploaded CA). When it returns, the project's mtls
-// URLs refuse it and what it opened is cut.
+// RevokeCert revokes a certificate by serial, for the project's CA as it
+// is (one made here or uploaded; the revocation holds for its keys). When
+// it returns, the project's mtls URLs refuse it and what it opened is cut.
 func (s *Service) RevokeCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error) {
 	serial, err := normalSerial(serial)
 	if err != nil {
@@ -413,7 +463,12 @@ func (s *Service) RevokeCert(ctx context.Context, projectID, serial string) (*sa
 	}
 	s.caChange.Lock()
 	defer s.caChange.Unlock()
-	if _, err := s.CA(ctx, projectID); err != nil {
+	ca, err := s.CA(ctx, projectID)
+	if err != nil {
+		return nil, err
+	}
+	certs, err := parseCerts(ca.Certificate)
+	if err != nil {
 		return nil, err
 	}
 	rec, err := s.opts.Store.GetClientCert(ctx, projectID, serial)
@@ -423,18 +478,31 @@ func (s *Service) RevokeCert(ctx context.Context, projectID, serial string) (*sa
 	if err != nil {
 		return nil, err
 	}
+	keys := map[string]bool{}
+	for _, c := range certs {
+		k := keyHash(c)
+		keys[revocationKey(k, serial)] = true
+		if !slices.Contains(rec.IssuerKeys, k) {
+			rec.IssuerKeys = append(rec.IssuerKeys, k)
+		}
+	}
 	if rec.RevokedAt == nil {
 		now := s.opts.Now().UTC()
 		rec.RevokedAt = &now
-		if err := s.opts.Store.PutClientCert(ctx, rec); err != nil {
-			return nil, err
-		}
 	}
-	if err := s.changed(ctx, projectID, serial); err != nil {
+	if err := s.opts.Store.PutClientCert(ctx, rec); err != nil {
 		return nil, err
 	}
+	s.changed(ctx, projectID, keys)
 	return rec, nil
 }
+
+// maxClientChain bounds what a client's certificate chain may hold before
+// anything is verified: anyone can send one.
+const (
+	maxClientChain      = 4
+	maxClientChainBytes = 32 << 10
+)
 
 // clientTLS asks for a client certificate in the handshakes of mtls URLs'
 // hosts (checked per request, in checkCert); other hosts do not ask.
@@ -442,6 +510,16 @@ func (s *Service) clientTLS(base *tls.Config) func(*tls.ClientHelloInfo) (*tls.C
 	withCert := base.Clone()
 	withCert.ClientAuth = tls.RequireAnyClientCert
 	withCert.GetConfigForClient = nil
+	withCert.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+		n := 0
+		for _, c := range raw {
+			n += len(c)
+		}
+		if len(raw) > maxClientChain || n > maxClientChainBytes {
+			return fmt.Errorf("ingress: a client certificate chain of %d certificates, %d bytes (at most %d, %d)", len(raw), n, maxClientChain, maxClientChainBytes)
+		}
+		return nil // checked per request, against the project's CA then
+	}
 	return func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 		if e := s.hostEntry(h.ServerName); e != nil && e.auth == sandbox.URLAuthMTLS {
 			return withCert, nil
@@ -465,18 +543,27 @@ func (s *Service) hostEntry(host string) *entry {
 	return s.byPort[t]
 }
 
+// checked is what checkCert found of a request's client certificate.
+type checked struct {
+	who string // "mtls", and once verified ":NAME:SERIAL"
+	// cert is its revocation key; ca the CA it was verified against;
+	// notAfter the chain's earliest expiry.
+	cert     string
+	ca       *authority
+	notAfter time.Time
+}
+
 // checkCert checks the client certificate of a request to an mtls URL
 // against its project's CA, but for revocation (which the caller checks
-// under e.mu with stillGood). It returns who it is ("mtls:" and its
-// subject's common name), its serial, the CA it was checked against,
-// and the status to refuse with (0: allowed).
-func (s *Service) checkCert(r *http.Request, e *entry, cookiePath string) (who, serial string, a *authority, status int, msg string) {
-	who = "mtls"
+// under e.mu with stillGood). It returns the status to refuse with (0:
+// allowed) and why.
+func (s *Service) checkCert(r *http.Request, e *entry, cookiePath string) (ck checked, status int, msg string) {
+	ck.who = "mtls"
 	if cookiePath != "/" {
-		return who, "", nil, http.StatusForbidden, "this URL takes client certificates in its host form only: " + s.view(&e.rec, "").URL
+		return ck, http.StatusForbidden, "this URL takes client certificates in its host form only: " + s.view(&e.rec, "").URL
 	}
 	if r.TLS == nil {
-		return who, "", nil, http.StatusForbidden, "this URL needs TLS with a client certificate"
+		return ck, http.StatusForbidden, "this URL needs TLS with a client certificate"
 	}
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -485,41 +572,52 @@ func (s *Service) checkCert(r *http.Request, e *entry, cookiePath string) (who, 
 	if !strings.EqualFold(r.TLS.ServerName, host) {
 		// A connection made for another host (HTTP/2 reuses them) did
 		// not ask for a certificate: the client is to connect anew.
-		return who, "", nil, http.StatusMisdirectedRequest, "connect to this URL's host anew to present a client certificate"
+		return ck, http.StatusMisdirectedRequest, "connect to this URL's host anew to present a client certificate"
 	}
 	if len(r.TLS.PeerCertificates) == 0 {
-		return who, "", nil, http.StatusUnauthorized, "this URL needs a client certificate"
+		return ck, http.StatusUnauthorized, "this URL needs a client certificate"
 	}
-	leaf := r.TLS.PeerCertificates[0]
-	// Anyone can present a certificate naming anything: the name goes
-	// to the audit log bounded and printable.
-	who, serial = "mtls:"+printable(leaf.Subject.CommonName, 64), serialText(leaf.SerialNumber)
 	a, err := s.authorityOf(r.Context(), e.project)
 	if err != nil {
 		s.opts.Log.Error("ingress: cannot load a project's CA", "project", e.project, "err", err)
-		return who, serial, nil, http.StatusServiceUnavailable, "this URL's certificate authority cannot be read"
+		return ck, http.StatusServiceUnavailable, "this URL's certificate authority cannot be read"
 	}
 	if a.roots == nil {
-		return who, serial, nil, http.StatusForbidden, "this URL's project has no certificate authority"
+		return ck, http.StatusForbidden, "this URL's project has no certificate authority"
 	}
+	leaf := r.TLS.PeerCertificates[0]
 	inter := x509.NewCertPool()
 	for _, c := range r.TLS.PeerCertificates[1:] {
 		inter.AddCert(c)
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: a.roots, Intermediates: inter, CurrentTime: s.opts.Now(),
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return who, serial, nil, http.StatusForbidden, "this URL does not accept your client certificate"
+	chains, err := leaf.Verify(x509.VerifyOptions{Roots: a.roots, Intermediates: inter, CurrentTime: s.opts.Now(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	if err != nil || len(chains) == 0 {
+		return ck, http.StatusForbidden, "this URL does not accept your client certificate"
 	}
-	return who, serial, a, 0, ""
+	chain := chains[0]
+	issuer := chain[0]
+	if len(chain) > 1 {
+		issuer = chain[1]
+	}
+	serial := serialText(leaf.SerialNumber)
+	ck = checked{who: "mtls:" + printable(leaf.Subject.CommonName, 64) + ":" + serial,
+		cert: revocationKey(keyHash(issuer), serial), ca: a, notAfter: leaf.NotAfter}
+	for _, c := range chain {
+		if c.NotAfter.Before(ck.notAfter) {
+			ck.notAfter = c.NotAfter
+		}
+	}
+	return ck, 0, ""
 }
 
-// stillGood says whether a certificate checked against a is still
-// accepted: the project's CA is a's and serial is not revoked. The caller
-// holds e.mu, which every change takes after it puts its new CA in force
-// (so a request either sees the change here or is cut by it).
-func (s *Service) stillGood(e *entry, a *authority, serial string) bool {
+// stillGood says whether a certificate checked against its CA is still
+// accepted: the project's CA is the same and the certificate not revoked.
+// The caller holds e.mu, which every change takes after it puts its new
+// CA in force (so a request either sees the change here or is cut by it).
+func (s *Service) stillGood(e *entry, ck checked) bool {
 	cur := s.current(e.project)
-	return cur != nil && cur.roots != nil && cur.roots == a.roots && !cur.revoked[serial]
+	return cur != nil && cur.roots != nil && cur.roots == ck.ca.roots && !cur.revoked[ck.cert]
 }
 
 // printable is s with what is not printable ASCII replaced, cut to max.

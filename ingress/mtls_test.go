@@ -16,6 +16,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +27,8 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/store"
 )
 
 // mtlsClient talks to the fixture's ingress with cert (none: nil), by the
@@ -183,7 +187,7 @@ func TestMTLS(t *testing.T) {
 	if got := status(t, f.mtlsClient(aliceKP, true, nil), u, "/"); got != 200 {
 		t.Fatalf("alice: %d", got)
 	}
-	if w := <-f.who; w != "mtls:alice true" {
+	if w := <-f.who; w != "mtls:alice:"+alice.Serial+" true" {
 		t.Errorf("recorded %q", w)
 	}
 	// Another project's CA does not vouch for this one's URLs.
@@ -265,7 +269,7 @@ func TestMTLS(t *testing.T) {
 	if got := status(t, f.mtlsClient(carol, true, nil), u, "/"); got != 200 {
 		t.Errorf("carol: %d", got)
 	}
-	if _, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "x"}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "x"}); !errors.Is(err, sandbox.ErrState) {
 		t.Errorf("issue from an uploaded CA: %v", err)
 	}
 	if _, err := f.svc.RevokeCert(ctx, "prj_1", "xyz"); !errors.Is(err, sandbox.ErrInvalid) {
@@ -278,8 +282,62 @@ func TestMTLS(t *testing.T) {
 		t.Errorf("carol after revocation: %d", got)
 	}
 	l, err := f.svc.ListCerts(ctx, "prj_1")
-	if err != nil || len(l) != 1 || l[0].Serial != carolSerial || l[0].Issued || l[0].RevokedAt == nil {
+	if err != nil || len(l) != 3 || l[2].Serial != carolSerial || l[2].Issued || l[2].RevokedAt == nil || l[0].Serial != alice.Serial || l[0].RevokedAt == nil {
 		t.Errorf("list after a new CA: %+v %v", l, err)
+	}
+	// The same CA uploaded again (or renewed with its key) keeps its
+	// revocations.
+	if _, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{Certificate: caPEM}); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(t, f.mtlsClient(carol, true, nil), u, "/"); got != http.StatusForbidden {
+		t.Errorf("carol after her CA was uploaded again: %d", got)
+	}
+	// A browser presents its certificate by itself: a request another
+	// site's page makes with it is refused, a navigation is not.
+	erin, _ := sign("erin")
+	ec := f.mtlsClient(erin, true, nil)
+	for _, c := range []struct {
+		method, site, mode string
+		want               int
+	}{{"POST", "cross-site", "cors", 403}, {"POST", "same-site", "navigate", 403}, {"GET", "same-site", "navigate", 200}, {"POST", "same-origin", "cors", 200}} {
+		req, _ := http.NewRequest(c.method, u.URL, nil)
+		req.Header.Set("Sec-Fetch-Site", c.site)
+		req.Header.Set("Sec-Fetch-Mode", c.mode)
+		resp, err := ec.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s from %s (%s): %d, want %d", c.method, c.site, c.mode, resp.StatusCode, c.want)
+		}
+	}
+	// Anyone's self-signed certificate is refused and recorded as
+	// unauthenticated, whatever name it carries.
+	mallory, _ := ownCAAndLeaf(t, "alice")
+	for len(f.who) > 0 {
+		<-f.who
+	}
+	time.Sleep(1100 * time.Millisecond) // refusals are recorded once a second per URL
+	if got := status(t, f.mtlsClient(mallory, true, nil), u, "/"); got != http.StatusForbidden {
+		t.Errorf("a self-signed alice: %d", got)
+	}
+	select {
+	case w := <-f.who:
+		if w != "mtls false" {
+			t.Errorf("a self-signed alice recorded as %q", w)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("a self-signed alice's refusal was not recorded")
+	}
+	// A chain too long to verify for anyone is refused in the handshake.
+	long := *erin
+	for i := 0; i < maxClientChain; i++ {
+		long.Certificate = append(long.Certificate, erin.Certificate[0])
+	}
+	if got := status(t, f.mtlsClient(&long, true, nil), u, "/"); got != 0 {
+		t.Errorf("a chain of %d certificates: %d", len(long.Certificate), got)
 	}
 
 	// A second ingress on the same store (a restart) keeps the CA and its
@@ -422,5 +480,179 @@ func TestRevokeUnderLoad(t *testing.T) {
 			t.Fatalf("round %d: %d of %d requests after the revocation succeeded; the other certificate failed %d times",
 				round, okAfter.Load(), sentAfter.Load(), otherFailed.Load())
 		}
+	}
+}
+
+// ownCAAndLeaf is a certificate for name signed by a CA nobody uploaded.
+func ownCAAndLeaf(t *testing.T, name string) (*tls.Certificate, string) {
+	_, sign := ownCA(t)
+	return sign(name)
+}
+
+// TestSetCAUnderLoad: clients loop on a certificate of the project's CA
+// while the CA is replaced: no request sent after SetCA returns succeeds.
+func TestSetCAUnderLoad(t *testing.T) {
+	f := newFixture(t, true)
+	ctx := context.Background()
+	u, err := f.svc.Create(ctx, owner, sandbox.URLRequest{Port: 9443, Auth: sandbox.URLAuthMTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 5; round++ {
+		if _, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "loop"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp := keyPair(t, c)
+		var replaced, stop atomic.Bool
+		var okBefore, okAfter, sentAfter atomic.Int64
+		var wg sync.WaitGroup
+		loop := func(cl *http.Client) {
+			defer wg.Done()
+			for !stop.Load() {
+				after := replaced.Load()
+				got := status(t, cl, u, "/")
+				switch {
+				case after:
+					sentAfter.Add(1)
+					if got == 200 {
+						okAfter.Add(1)
+					}
+				case got == 200:
+					okBefore.Add(1)
+				}
+			}
+		}
+		wg.Add(2)
+		go loop(f.mtlsClient(kp, true, nil))
+		go loop(f.mtlsClient(kp, false, nil))
+		time.Sleep(30 * time.Millisecond)
+		if _, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err != nil {
+			t.Fatal(err)
+		}
+		replaced.Store(true)
+		time.Sleep(30 * time.Millisecond)
+		stop.Store(true)
+		wg.Wait()
+		if okBefore.Load() == 0 || okAfter.Load() != 0 || sentAfter.Load() == 0 {
+			t.Fatalf("round %d: %d successes before the new CA, %d of %d after", round, okBefore.Load(), okAfter.Load(), sentAfter.Load())
+		}
+	}
+}
+
+// failingStore fails PutURLCA when told to.
+type failingStore struct {
+	*store.DB
+	fail atomic.Bool
+}
+
+func (s *failingStore) PutURLCA(ctx context.Context, ca *store.URLCA) error {
+	if s.fail.Load() {
+		return errors.New("disk on fire")
+	}
+	return s.DB.PutURLCA(ctx, ca)
+}
+
+// failingSecrets fails Erase when told to, and counts what is put and
+// erased.
+type failingSecrets struct {
+	*secrets.Sealed
+	fail       atomic.Bool
+	mu         sync.Mutex
+	put, erase []string
+}
+
+func (s *failingSecrets) Put(ctx context.Context, scope, name string, v []byte) error {
+	s.mu.Lock()
+	s.put = append(s.put, name)
+	s.mu.Unlock()
+	return s.Sealed.Put(ctx, scope, name, v)
+}
+
+func (s *failingSecrets) Erase(ctx context.Context, scope, name string) error {
+	if s.fail.Load() {
+		return errors.New("secret store on fire")
+	}
+	s.mu.Lock()
+	s.erase = append(s.erase, name)
+	s.mu.Unlock()
+	return s.Sealed.Erase(ctx, scope, name)
+}
+
+// TestSetCAFailures: a CA change that fails leaves the old CA whole (its
+// certificates work, it can issue, nothing half-made stays); one whose
+// old key cannot be erased still takes effect.
+func TestSetCAFailures(t *testing.T) {
+	ctx := context.Background()
+	db, err := store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	sealed, err := secrets.NewSealed(db, filepath.Join(t.TempDir(), "master.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, sec := &failingStore{DB: db}, &failingSecrets{Sealed: sealed}
+	base, _ := url.Parse("https://harebox.test")
+	svc, err := New(ctx, Options{Store: st, Secrets: sec, Guests: &loopGuests{addr: upstream(t)}, Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := svc.Create(ctx, owner, sandbox.URLRequest{Port: 9443, Auth: sandbox.URLAuthMTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, err := svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := func(c *sandbox.ClientCert) int {
+		w := &recorder{header: http.Header{}}
+		svc.ServeHTTP(w, httpsRequest(u, keyPair(t, c)))
+		return w.code
+	}
+	if got := code(alice); got != 200 {
+		t.Fatalf("alice: %d", got)
+	}
+
+	st.fail.Store(true)
+	if _, err := svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err == nil {
+		t.Fatal("SetCA succeeded on a failing store")
+	}
+	st.fail.Store(false)
+	if ca, err := svc.CA(ctx, "prj_1"); err != nil || ca.Certificate != first.Certificate {
+		t.Errorf("after a failed change the CA is %+v %v", ca, err)
+	}
+	if got := code(alice); got != 200 {
+		t.Errorf("alice after a failed change: %d", got)
+	}
+	if _, err := svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "bob"}); err != nil {
+		t.Errorf("issue after a failed change: %v", err)
+	}
+	sec.mu.Lock()
+	made := sec.put[len(sec.put)-1]
+	erased := slices.Contains(sec.erase, made)
+	sec.mu.Unlock()
+	if !erased {
+		t.Error("the failed change's key was left in the secret store")
+	}
+
+	sec.fail.Store(true)
+	if _, err := svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err != nil {
+		t.Fatalf("a change whose old key cannot be erased: %v", err)
+	}
+	if got := code(alice); got != http.StatusForbidden {
+		t.Errorf("alice after her CA was replaced: %d", got)
+	}
+	if _, err := svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "carol"}); err != nil {
+		t.Errorf("the new CA cannot issue: %v", err)
 	}
 }

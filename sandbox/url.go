@@ -110,10 +110,16 @@ type ClientCert struct {
 	Serial string `json:"serial"`
 	Name   string `json:"name,omitempty"`
 	// Issued: by the host, from the project's CA (else only revoked).
-	Issued    bool       `json:"issued"`
-	NotAfter  *time.Time `json:"not_after,omitempty"`
-	CreatedAt time.Time  `json:"created_at"`
-	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	Issued bool `json:"issued"`
+	// IssuerKeys are the SHA-256 hashes (hex) of the public keys of the
+	// CAs the serial is theirs of: the one that issued it, or those the
+	// project had when it was revoked. A revocation holds for those CAs,
+	// whatever certificate carries their key (the same CA set again, or
+	// renewed).
+	IssuerKeys []string   `json:"issuer_keys,omitempty"`
+	NotAfter   *time.Time `json:"not_after,omitempty"`
+	CreatedAt  time.Time  `json:"created_at"`
+	RevokedAt  *time.Time `json:"revoked_at,omitempty"`
 	// Certificate and PrivateKey (PEM) are returned by issue only: the
 	// host does not keep the key.
 	Certificate string `json:"certificate,omitempty"`

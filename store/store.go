@@ -194,6 +194,7 @@ type Tx interface {
 	PutURLCA(ctx context.Context, ca *URLCA) error
 	GetURLCA(ctx context.Context, projectID string) (*URLCA, error)
 	DeleteURLCA(ctx context.Context, projectID string) error
+	DeleteClientCerts(ctx context.Context, projectID string) error
 	PutClientCert(ctx context.Context, c *sandbox.ClientCert) error
 	GetClientCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error)
 	ListClientCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error)

@@ -48,13 +48,15 @@ func (s *DB) DeleteURL(ctx context.Context, id string) error {
 }
 
 // URLCA is a project's stored URL certificate authority. The private key
-// of one the host made is in the secret store.
+// of one the host made is in the secret store, under KeyName (a new name
+// for each CA, so a failed change never pairs a CA with another's key).
 type URLCA struct {
 	sandbox.URLCA
 	AccountID string `json:"account_id"`
+	KeyName   string `json:"key_name,omitempty"`
 }
 
-// PutURLCA implements Tx: sets the project's CA.
+// PutURLCA implements Tx: sets the project's CA, replacing any other.
 func (s *DB) PutURLCA(ctx context.Context, ca *URLCA) error {
 	return s.put(ctx, "url_cas", []string{"project_id"}, []any{ca.ProjectID}, ca)
 }
@@ -64,18 +66,23 @@ func (s *DB) GetURLCA(ctx context.Context, projectID string) (*URLCA, error) {
 	return get[URLCA](ctx, s, `SELECT record FROM url_cas WHERE project_id = ?`, projectID)
 }
 
-// DeleteURLCA implements Tx: the project's CA and its certificates'
-// records.
+// DeleteURLCA implements Tx: the project's CA. Its certificates' records
+// (revocations) stay: the same CA may be set again.
 func (s *DB) DeleteURLCA(ctx context.Context, projectID string) error {
-	if _, err := s.q.ExecContext(ctx, `DELETE FROM url_certs WHERE project_id = ?`, projectID); err != nil {
-		return fmt.Errorf("store: delete url certs: %w", err)
-	}
 	res, err := s.q.ExecContext(ctx, `DELETE FROM url_cas WHERE project_id = ?`, projectID)
 	if err != nil {
 		return fmt.Errorf("store: delete url ca: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return ErrNotFound
+	}
+	return nil
+}
+
+// DeleteClientCerts implements Tx: a project's certificate records.
+func (s *DB) DeleteClientCerts(ctx context.Context, projectID string) error {
+	if _, err := s.q.ExecContext(ctx, `DELETE FROM url_certs WHERE project_id = ?`, projectID); err != nil {
+		return fmt.Errorf("store: delete url certs: %w", err)
 	}
 	return nil
 }

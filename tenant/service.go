@@ -414,10 +414,17 @@ func deleteProject(ctx context.Context, tx store.Tx, p *Project) error {
 	if len(envs) > 0 {
 		return sandbox.Errorf(sandbox.ErrState, "", "project %q has %d environments; delete them first", p.Name, len(envs))
 	}
-	// So does a URL CA (its key).
+	// So does a URL CA (its key). Its certificates' records go with the
+	// project, and any key a failed change left behind.
 	if _, err := tx.GetURLCA(ctx, p.ID); err == nil {
 		return sandbox.Errorf(sandbox.ErrState, "", "project %q has a URL CA; delete it first (DELETE /v1/url-ca)", p.Name)
 	} else if !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if err := tx.DeleteClientCerts(ctx, p.ID); err != nil {
+		return err
+	}
+	if err := tx.DeleteSecretScope(ctx, "urlca/"+p.ID); err != nil { // ingress's scope of CA keys
 		return err
 	}
 	// So do snapshots (a copy of their source's data key).

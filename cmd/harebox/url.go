@@ -33,12 +33,12 @@ var cmdURLCA = group("url ca", []subcommand{
 	{"get", "[--project REF] [--account REF]", "show the project's URL CA: its certificate (PEM), and whether it was uploaded (not found when the project has none)", urlCAGet},
 	{"create", "[--project REF] [--account REF]",
 		"make the project a new URL CA in the server (ECDSA P-256, its key sealed there) that url cert issue issues from; " +
-			"the old CA, and every certificate it signed, stops working and what they opened is cut", urlCASet(false)},
+			"the old CA's certificates stop working unless the new CA has its key, and what they opened is cut; revocations stay", urlCASet(false)},
 	{"upload", "FILE [--project REF] [--account REF]",
 		"set the project's URL CA to the CA certificate in FILE (PEM; you issue its client certificates yourself); " +
-			"the old CA, and every certificate it signed, stops working and what they opened is cut", urlCASet(true)},
+			"the old CA's certificates stop working unless the new CA has its key, and what they opened is cut; revocations stay", urlCASet(true)},
 	{"delete", "[--project REF] [--account REF]",
-		"delete the project's URL CA, its key and the records of its certificates: its mtls URLs refuse every client until a new CA is set", urlCADelete},
+		"delete the project's URL CA and its key: its mtls URLs refuse every client until a new CA is set (revocations stay)", urlCADelete},
 })
 
 var cmdURLCert = group("url cert", []subcommand{

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -98,8 +99,9 @@ func Start() (*Server, error) {
 
 func (s *Server) data() string { return filepath.Join(s.dir, "data") }
 
+// dsn is a database's URL: the cluster's socket directory as its host.
 func (s *Server) dsn(db string) string {
-	return fmt.Sprintf("host=%s user=harebox dbname=%s sslmode=disable", s.dir, db)
+	return "postgres://harebox@/" + db + "?host=" + url.QueryEscape(s.dir) + "&sslmode=disable"
 }
 
 func (s *Server) run(name string, args ...string) error {
@@ -118,7 +120,8 @@ func (s *Server) run(name string, args ...string) error {
 	return nil
 }
 
-// NewDatabase creates an empty database and returns its DSN.
+// NewDatabase creates an empty database and returns its URL
+// (postgres://harebox@/NAME?host=SOCKET_DIR).
 func (s *Server) NewDatabase() (string, error) {
 	name := fmt.Sprintf("t%d_%d", os.Getpid(), s.next.Add(1))
 	if _, err := s.admin.Exec("CREATE DATABASE " + name); err != nil {

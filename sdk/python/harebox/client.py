@@ -425,9 +425,9 @@ class Client:
         ``certificate`` (a CA certificate, PEM) uploads it: you issue its
         client certificates yourself. None sends no certificate: the server
         makes a new CA (ECDSA P-256, its key sealed in the server's secret
-        store) that issue_client_cert issues from. Either way the old CA,
-        and every certificate it signed, stops working: requests and
-        connections they opened are cut. An empty ``certificate`` raises
+        store) that issue_client_cert issues from. The old CA's
+        certificates stop working unless the new CA has its key, and
+        requests and connections they opened are cut; revocations stay. An empty ``certificate`` raises
         ValueError, so that it is never taken for none. Returns the CA."""
         body: dict[str, Any] = {}
         if certificate is not None:
@@ -440,8 +440,8 @@ class Client:
     @operation("deleteURLCA")
     def delete_url_ca(self, *, project: str | None = None, account: str | None = None, timeout: float | None = None) -> None:
         """DELETE /v1/url-ca: deletes the project's URL certificate
-        authority, its key and the records of its certificates: its mtls
-        URLs refuse every client until a new one is set."""
+        authority and its key: its mtls URLs refuse every client until a
+        new one is set. Revocations stay."""
         self._json("DELETE", "/v1/url-ca", query=_project_query(project, account), timeout=timeout)
 
     @operation("issueClientCert")
@@ -456,7 +456,7 @@ class Client:
     ) -> t.ClientCert:
         """POST /v1/url-ca/certs: issues a client certificate (ECDSA P-256,
         extended key usage clientAuth) from the project's CA, which the
-        server made (an uploaded CA: InvalidRequest). ``name`` is its
+        server made (an uploaded CA: Conflict). ``name`` is its
         subject's common name (up to 64 characters), ``ttl`` how long it is
         valid, a Go duration such as ``"720h"`` (None: the server's
         default, 2160h; at most 8760h). Returns it with its ``serial``,

@@ -219,6 +219,9 @@ class ClientCert(TypedDict):
     #: Issued by the server (False: a serial of an uploaded CA's
     #: certificate, recorded when revoked).
     issued: bool
+    #: SHA-256 (hex) of the public keys of the CAs the serial is of: a
+    #: revocation holds for these keys.
+    issuer_keys: NotRequired[list[str]]
     not_after: NotRequired[str]
     created_at: str
     revoked_at: NotRequired[str]

@@ -1033,8 +1033,8 @@ def test_url_ca_errors(recorder: tuple[harebox.Client, type[_Recorder]]) -> None
     hb, server = recorder
     server.replies["/v1/url-ca?project=none"] = (404, {}, {"error": {
         "code": "not_found", "message": "project none has no URL CA"}})
-    server.replies["/v1/url-ca/certs?project=uploaded"] = (400, {}, {"error": {
-        "code": "invalid", "message": "the project's URL CA was uploaded: issue its certificates yourself"}})
+    server.replies["/v1/url-ca/certs?project=uploaded"] = (409, {}, {"error": {
+        "code": "conflict", "message": "the project's URL CA was uploaded: issue its certificates yourself"}})
     server.replies["/v1/url-ca/certs?project=web"] = (400, {}, {"error": {
         "code": "invalid", "message": "at most 8760h", "field": "ttl"}})
     server.replies["/v1/url-ca/certs/dead/revoke"] = (404, {}, {"error": {
@@ -1043,9 +1043,9 @@ def test_url_ca_errors(recorder: tuple[harebox.Client, type[_Recorder]]) -> None
         hb.get_url_ca(project="none")
     with pytest.raises(harebox.NotFound):
         hb.delete_url_ca(project="none")
-    with pytest.raises(harebox.InvalidRequest) as uploaded:
+    with pytest.raises(harebox.Conflict) as uploaded:
         hb.issue_client_cert("ada", project="uploaded")
-    assert uploaded.value.status == 400
+    assert uploaded.value.status == 409
     with pytest.raises(harebox.InvalidRequest) as too_long:
         hb.issue_client_cert("ada", ttl="9000h", project="web")
     assert too_long.value.field == "ttl"

@@ -499,8 +499,9 @@ export class HareBox {
    * uploads it, and you issue its client certificates yourself; no body, or
    * one without a certificate, has the server make a new CA (ECDSA P-256,
    * its key sealed in the server's secret store) that issueClientCert
-   * issues from. Either way the old CA, and every certificate it signed,
-   * stops working: requests and connections they opened are cut. An empty
+   * issues from. The old CA's certificates stop working unless the new CA
+   * has its key, and requests and connections they opened are cut;
+   * revocations stay. An empty
    * `body.certificate` throws invalid here, so that it is never taken for
    * none.
    */
@@ -513,8 +514,8 @@ export class HareBox {
   }
 
   /**
-   * Deletes the project's URL CA, its key and the records of its
-   * certificates: its mtls URLs refuse every client until a new one is set.
+   * Deletes the project's URL CA and its key: its mtls URLs refuse every
+   * client until a new one is set. Revocations stay.
    */
   async deleteURLCA(options: CallOptions<URLCAQuery> = {}): Promise<void> {
     await this.#call("deleteURLCA", [], "none", this.#plain(options));

@@ -302,6 +302,8 @@ export interface ClientCert {
   name?: string;
   /** Issued by the server (false: a serial of an uploaded CA's certificate, recorded when revoked). */
   issued: boolean;
+  /** SHA-256 (hex) of the public keys of the CAs the serial is of: a revocation holds for these keys. */
+  issuer_keys?: string[];
   /** RFC 3339 date-time. */
   not_after?: string;
   /** RFC 3339 date-time. */

@@ -373,7 +373,7 @@ describe("against a local HTTP server", () => {
         const answer = project === "none"
           ? [404, { error: { code: "not_found", message: "project none has no URL CA" } }]
           : project === "uploaded" && route === "POST /v1/url-ca/certs"
-          ? [400, { error: { code: "invalid", message: "the project's URL CA was uploaded: issue its certificates yourself" } }]
+          ? [409, { error: { code: "conflict", message: "the project's URL CA was uploaded: issue its certificates yourself" } }]
           : project === "empty" && route === "GET /v1/url-ca/certs"
           ? [200, { certs: null }]
           : {
@@ -1286,7 +1286,7 @@ describe("against a local HTTP server", () => {
     // The server's refusals, with their codes.
     await assert.rejects(hb.getURLCA({ query: { project: "none" } }), (e) => e instanceof HareBoxError && e.status === 404 && e.code === "not_found");
     await assert.rejects(hb.deleteURLCA({ query: { project: "none" } }), (e) => e instanceof HareBoxError && e.status === 404);
-    await assert.rejects(hb.issueClientCert({ query: { project: "uploaded" }, body: { name: "ada" } }), (e) => e instanceof HareBoxError && e.status === 400 && e.code === "invalid");
+    await assert.rejects(hb.issueClientCert({ query: { project: "uploaded" }, body: { name: "ada" } }), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict");
     await assert.rejects(hb.revokeClientCert("0a1b", { query: { project: "none" } }), (e) => e instanceof HareBoxError && e.status === 404);
   });
 
