@@ -60,7 +60,14 @@ func prepare(t *testing.T) setup {
 
 func start(t *testing.T, s setup, dataDir string, extra ...string) *server {
 	t.Helper()
-	return launch(t, s, dataDir, append([]string{"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
+	return startEnv(t, s, dataDir, nil, extra...)
+}
+
+// startEnv is start with env added to hareboxd's environment (and only
+// its: this process's stays as it is).
+func startEnv(t *testing.T, s setup, dataDir string, env []string, extra ...string) *server {
+	t.Helper()
+	return launchEnv(t, s, dataDir, env, append([]string{"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
 		// The host firewall is on, in a table and pool of this test's own.
 		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24"}, extra...)...)
 }
@@ -80,6 +87,11 @@ func finish(t *testing.T, srv *server, dataDir string) {
 // and waits until it answers.
 func launch(t *testing.T, s setup, dataDir string, args ...string) *server {
 	t.Helper()
+	return launchEnv(t, s, dataDir, nil, args...)
+}
+
+func launchEnv(t *testing.T, s setup, dataDir string, env []string, args ...string) *server {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -97,11 +109,17 @@ func launch(t *testing.T, s setup, dataDir string, args ...string) *server {
 		}
 	}
 	srv.cmd = exec.Command(s.hareboxd, append([]string{"--data-dir", dataDir, "--listen", addr}, args...)...)
+	if env != nil {
+		srv.cmd.Env = append(os.Environ(), env...)
+	}
 	srv.cmd.Stdout, srv.cmd.Stderr = srv.log, srv.log
 	if err := srv.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	// (A loaded 2-core host, every test package at once, has taken
+	// half a minute to start it.)
+	started := time.Now()
+	deadline := started.Add(60 * time.Second)
 	for {
 		if srv.ca != "" && srv.http.Transport == nil {
 			// (The self-signed certificate exists once the server made it.)
@@ -118,7 +136,7 @@ func launch(t *testing.T, s setup, dataDir string, args ...string) *server {
 		if time.Now().After(deadline) {
 			srv.cmd.Process.Kill()
 			srv.cmd.Wait()
-			t.Fatalf("hareboxd did not start: %s", srv.log)
+			t.Fatalf("hareboxd did not answer within %v of its start (%s): %s", time.Since(started).Round(time.Millisecond), started.Format(time.RFC3339Nano), srv.log)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

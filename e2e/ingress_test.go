@@ -58,10 +58,10 @@ func TestIngress(t *testing.T) {
 	}
 	ingressAddr := l.Addr().String()
 	l.Close()
-	// hareboxd trusts the test's OpenID Connect issuer as its system roots.
+	// hareboxd trusts the test's OpenID Connect issuer as its system roots
+	// (its environment only: this process's roots stay the system's).
 	iss := newIssuer(t)
-	t.Setenv("SSL_CERT_FILE", iss.certFile)
-	srv := start(t, s, dataDir, "--ingress-listen", ingressAddr)
+	srv := startEnv(t, s, dataDir, []string{"SSL_CERT_FILE=" + iss.certFile}, "--ingress-listen", ingressAddr)
 	defer finish(t, srv, dataDir)
 	hb := func(args ...string) string {
 		t.Helper()

@@ -18,7 +18,9 @@ import (
 // and data directory, and waits until it answers.
 func relaunch(t *testing.T, srv *server) {
 	t.Helper()
+	env := srv.cmd.Env
 	srv.cmd = exec.Command(srv.cmd.Path, srv.cmd.Args[1:]...)
+	srv.cmd.Env = env
 	srv.cmd.Stdout, srv.cmd.Stderr = srv.log, srv.log
 	if err := srv.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -81,7 +81,15 @@ func (s *Service) authorityOf(ctx context.Context, projectID string) (*authority
 		}
 		s.caMu.Lock()
 		if s.caGen == gen {
-			s.cas[projectID] = a
+			// Another request may have loaded it meanwhile: one
+			// authority per state, or its requests would not match.
+			if cur := s.cas[projectID]; cur != nil {
+				a = cur
+			} else {
+				s.cas[projectID] = a
+			}
+			s.caMu.Unlock()
+			return a, nil
 		}
 		s.caMu.Unlock()
 		if ctx.Err() != nil {

@@ -83,6 +83,7 @@ var commands = []command{
 	{"usage", "[--from TIME] [--to TIME] [--group-by G] [--account REF]", "metered usage and its cost, grouped by account, project, fleet, key, sandbox or label:KEY", cmdUsage},
 	{"events", "[--follow] [--after CURSOR] [--limit N] [--account REF]", "what happened on the engine's side: budget warnings and actions, guests using placeholders, VMs that stopped on their own; --follow prints them as they happen", cmdEvents},
 	{"metrics", "ID [--from TIME] [--to TIME] [--limit N] | --server", "a sandbox's monitoring samples (CPU, memory, disk, network, measured on the host), or the server's metrics in the Prometheus text format", cmdMetrics},
+	{"mcp", "", "serve the Model Context Protocol on stdin/stdout for an agent framework: tools to create, list and delete sandboxes, run commands and read and write files, each called with this CLI's key", cmdMCP},
 	{"version", "", "client and server versions", cmdVersion},
 }
 

@@ -1,0 +1,291 @@
+// Package mcpserver serves HareBox to agent frameworks over the Model
+// Context Protocol (the official Go SDK): tools to create a sandbox (with
+// a firewall policy), run a command, read and write files, list and
+// delete. Every tool calls the REST API with the client's key, so an
+// agent can do only what that key allows (a scoped key limits it to its
+// actions, projects, labels and sandboxes).
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"time"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// MaxReadBytes is the most read_file returns: a model's context is no
+// place for more.
+const MaxReadBytes = 1 << 20
+
+// New returns an MCP server whose tools call the API through c.
+func New(c *apiclient.Client, version string) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "harebox", Title: "HareBox sandboxes", Version: version},
+		&mcp.ServerOptions{Instructions: "Each sandbox is a virtual machine with its own kernel. Create one, run commands and move files in it, and delete it when done. Outbound network is what its firewall policy allows."})
+	t := &tools{c: c}
+	mcp.AddTool(s, &mcp.Tool{Name: "create_sandbox", Description: "Create a sandbox (a virtual machine) and wait until it runs. Returns its id."}, t.create)
+	mcp.AddTool(s, &mcp.Tool{Name: "run_command", Description: "Run a shell command in a sandbox and wait for it: its exit code, stdout and stderr (each capped by the server)."}, t.run)
+	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: fmt.Sprintf("Read a file of a sandbox (at most %d bytes): UTF-8 text as is, anything else base64.", MaxReadBytes)}, t.read)
+	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a file in a sandbox, creating or replacing it."}, t.write)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_sandboxes", Description: "List the sandboxes this key can see."}, t.list)
+	mcp.AddTool(s, &mcp.Tool{Name: "delete_sandbox", Description: "Delete a sandbox: its VM stops and its disk's key is destroyed."}, t.delete)
+	return s
+}
+
+type tools struct{ c *apiclient.Client }
+
+// Rule is an outbound firewall rule.
+type Rule struct {
+	Action string   `json:"action" jsonschema:"allow or deny"`
+	Hosts  []string `json:"hosts,omitempty" jsonschema:"host names (*.example.com for its subdomains)"`
+	CIDRs  []string `json:"cidrs,omitempty" jsonschema:"address ranges"`
+	Ports  string   `json:"ports,omitempty" jsonschema:"ports: 443, 80,443 or 8000-9000; all when empty"`
+}
+
+// Firewall is a sandbox's outbound policy.
+type Firewall struct {
+	DefaultOutbound string `json:"default_outbound" jsonschema:"allow or deny: what no rule matches"`
+	Outbound        []Rule `json:"outbound,omitempty" jsonschema:"rules tried in order; the first match wins"`
+}
+
+// CreateInput is create_sandbox's arguments.
+type CreateInput struct {
+	Image      string            `json:"image,omitempty" jsonschema:"the guest image (default: the server's default image)"`
+	Size       string            `json:"size,omitempty" jsonschema:"small, medium or large (default small)"`
+	TTLSeconds int64             `json:"ttl_seconds,omitempty" jsonschema:"delete it after this many seconds (0: the server's default)"`
+	Labels     map[string]string `json:"labels,omitempty" jsonschema:"labels to find it by"`
+	Firewall   *Firewall         `json:"firewall,omitempty" jsonschema:"its outbound firewall policy (default: the server's)"`
+}
+
+// Sandbox is a sandbox as the tools show it.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	State     string            `json:"state"`
+	Image     string            `json:"image"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+}
+
+func view(s *sandbox.Sandbox) Sandbox {
+	return Sandbox{ID: s.ID, State: string(s.State), Image: s.Image, Labels: s.Labels, CreatedAt: s.CreatedAt}
+}
+
+func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, Sandbox, error) {
+	req := sandbox.CreateRequest{Image: in.Image, Size: sandbox.Size{Preset: in.Size}, TTLSeconds: in.TTLSeconds, Labels: in.Labels}
+	if in.Firewall != nil {
+		b, err := json.Marshal(in.Firewall)
+		if err != nil {
+			return nil, Sandbox{}, err
+		}
+		req.Firewall = b
+	}
+	var s sandbox.Sandbox
+	if err := t.c.Do(ctx, "POST", "/v1/sandboxes", nil, req, &s); err != nil {
+		return nil, Sandbox{}, explain(err)
+	}
+	return nil, view(&s), nil
+}
+
+// RunInput is run_command's arguments.
+type RunInput struct {
+	SandboxID      string `json:"sandbox_id" jsonschema:"the sandbox"`
+	Command        string `json:"command" jsonschema:"a shell command line, run with /bin/sh -c"`
+	Stdin          string `json:"stdin,omitempty" jsonschema:"what the command reads on its standard input"`
+	Cwd            string `json:"cwd,omitempty" jsonschema:"the directory it runs in"`
+	TimeoutSeconds int    `json:"timeout_seconds,omitempty" jsonschema:"kill it after this many seconds (0: the server's default)"`
+}
+
+// RunOutput is what a command did.
+type RunOutput struct {
+	ExitCode  int    `json:"exit_code"`
+	Stdout    string `json:"stdout"`
+	Stderr    string `json:"stderr"`
+	TimedOut  bool   `json:"timed_out,omitempty"`
+	Truncated bool   `json:"truncated,omitempty" jsonschema:"output beyond the server's cap was dropped"`
+	Error     string `json:"error,omitempty" jsonschema:"why it could not start"`
+}
+
+func (t *tools) run(ctx context.Context, _ *mcp.CallToolRequest, in RunInput) (*mcp.CallToolResult, RunOutput, error) {
+	if in.SandboxID == "" || in.Command == "" {
+		return nil, RunOutput{}, errors.New("sandbox_id and command are required")
+	}
+	req := sandbox.ExecRequest{Cmd: in.Command, Cwd: in.Cwd, TimeoutSeconds: float64(in.TimeoutSeconds)}
+	if in.Stdin != "" {
+		req.Stdin = []byte(in.Stdin)
+	}
+	if in.TimeoutSeconds > 0 {
+		// The call waits for the command: longer than the client's
+		// default wait, when the command may run longer.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(in.TimeoutSeconds)*time.Second+time.Minute)
+		defer cancel()
+	}
+	var r sandbox.ExecResult
+	if err := t.c.Do(ctx, "POST", apiclient.SandboxPath(in.SandboxID, "/exec"), nil, req, &r); err != nil {
+		return nil, RunOutput{}, explain(err)
+	}
+	return nil, RunOutput{ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, TimedOut: r.TimedOut,
+		Truncated: r.StdoutTruncated || r.StderrTruncated, Error: r.Error}, nil
+}
+
+// ReadInput is read_file's arguments.
+type ReadInput struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox"`
+	Path      string `json:"path" jsonschema:"the file's absolute path"`
+}
+
+// FileContent is a file's content.
+type FileContent struct {
+	Content  string `json:"content"`
+	Encoding string `json:"encoding" jsonschema:"utf-8 or base64"`
+	Bytes    int    `json:"bytes"`
+}
+
+func (t *tools) read(ctx context.Context, _ *mcp.CallToolRequest, in ReadInput) (*mcp.CallToolResult, FileContent, error) {
+	if in.SandboxID == "" || in.Path == "" {
+		return nil, FileContent{}, errors.New("sandbox_id and path are required")
+	}
+	var stat sandbox.FileInfo
+	q := url.Values{"path": {in.Path}}
+	if err := t.c.Do(ctx, "GET", apiclient.SandboxPath(in.SandboxID, "/files/stat"), q, nil, &stat); err != nil {
+		return nil, FileContent{}, explain(err)
+	}
+	if stat.Size > MaxReadBytes {
+		return nil, FileContent{}, fmt.Errorf("%s has %d bytes, more than read_file returns (%d): read part of it with run_command (head, tail, sed -n)", in.Path, stat.Size, MaxReadBytes)
+	}
+	var buf bytes.Buffer
+	if err := t.c.Do(ctx, "GET", apiclient.SandboxPath(in.SandboxID, "/files"), q, nil, &limited{w: &buf, n: MaxReadBytes}); err != nil {
+		return nil, FileContent{}, explain(err)
+	}
+	b := buf.Bytes()
+	if utf8.Valid(b) {
+		return nil, FileContent{Content: string(b), Encoding: "utf-8", Bytes: len(b)}, nil
+	}
+	return nil, FileContent{Content: base64.StdEncoding.EncodeToString(b), Encoding: "base64", Bytes: len(b)}, nil
+}
+
+// limited takes at most n bytes, and fails past them (the file grew).
+type limited struct {
+	w io.Writer
+	n int
+}
+
+func (l *limited) Write(p []byte) (int, error) {
+	if len(p) > l.n {
+		return 0, fmt.Errorf("the file is longer than %d bytes", MaxReadBytes)
+	}
+	l.n -= len(p)
+	return l.w.Write(p)
+}
+
+// WriteInput is write_file's arguments.
+type WriteInput struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox"`
+	Path      string `json:"path" jsonschema:"the file's absolute path"`
+	Content   string `json:"content" jsonschema:"what to write"`
+	Encoding  string `json:"encoding,omitempty" jsonschema:"utf-8 (default) or base64"`
+	Mode      string `json:"mode,omitempty" jsonschema:"octal permissions, e.g. 0755 (default 0644)"`
+}
+
+// Written is what write_file wrote.
+type Written struct {
+	Path  string `json:"path"`
+	Bytes int    `json:"bytes"`
+}
+
+func (t *tools) write(ctx context.Context, _ *mcp.CallToolRequest, in WriteInput) (*mcp.CallToolResult, Written, error) {
+	if in.SandboxID == "" || in.Path == "" {
+		return nil, Written{}, errors.New("sandbox_id and path are required")
+	}
+	b := []byte(in.Content)
+	switch in.Encoding {
+	case "", "utf-8":
+	case "base64":
+		var err error
+		if b, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
+			return nil, Written{}, fmt.Errorf("content is not base64: %w", err)
+		}
+	default:
+		return nil, Written{}, fmt.Errorf("encoding %q: want utf-8 or base64", in.Encoding)
+	}
+	q := url.Values{"path": {in.Path}}
+	if in.Mode != "" {
+		q.Set("mode", in.Mode)
+	}
+	if err := t.c.Do(ctx, "PUT", apiclient.SandboxPath(in.SandboxID, "/files"), q, bytes.NewReader(b), nil); err != nil {
+		return nil, Written{}, explain(err)
+	}
+	return nil, Written{Path: in.Path, Bytes: len(b)}, nil
+}
+
+// ListInput is list_sandboxes's arguments.
+type ListInput struct {
+	Label string `json:"label,omitempty" jsonschema:"only those with this label, KEY=VALUE"`
+}
+
+// List is the sandboxes a key sees.
+type List struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+func (t *tools) list(ctx context.Context, _ *mcp.CallToolRequest, in ListInput) (*mcp.CallToolResult, List, error) {
+	var q url.Values
+	if in.Label != "" {
+		q = url.Values{"label": {in.Label}}
+	}
+	var l struct {
+		Sandboxes []*sandbox.Sandbox `json:"sandboxes"`
+	}
+	if err := t.c.Do(ctx, "GET", "/v1/sandboxes", q, nil, &l); err != nil {
+		return nil, List{}, explain(err)
+	}
+	out := List{Sandboxes: []Sandbox{}}
+	for _, s := range l.Sandboxes {
+		out.Sandboxes = append(out.Sandboxes, view(s))
+	}
+	return nil, out, nil
+}
+
+// DeleteInput is delete_sandbox's arguments.
+type DeleteInput struct {
+	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox"`
+}
+
+// Deleted says which sandbox was deleted.
+type Deleted struct {
+	ID      string `json:"id"`
+	Deleted bool   `json:"deleted"`
+}
+
+func (t *tools) delete(ctx context.Context, _ *mcp.CallToolRequest, in DeleteInput) (*mcp.CallToolResult, Deleted, error) {
+	if in.SandboxID == "" {
+		return nil, Deleted{}, errors.New("sandbox_id is required")
+	}
+	if err := t.c.Do(ctx, "DELETE", apiclient.SandboxPath(in.SandboxID), nil, nil, nil); err != nil {
+		return nil, Deleted{}, explain(err)
+	}
+	return nil, Deleted{ID: in.SandboxID, Deleted: true}, nil
+}
+
+// explain is an API error as a tool error a model can act on: the
+// server's code and message.
+func explain(err error) error {
+	var e *apiclient.Error
+	if errors.As(err, &e) {
+		if e.Field != "" {
+			return fmt.Errorf("%s (%d %s, field %s)", e.Message, e.Status, e.Code, e.Field)
+		}
+		return fmt.Errorf("%s (%d %s)", e.Message, e.Status, e.Code)
+	}
+	return err
+}

@@ -1,0 +1,174 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/api"
+	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// server is hareboxd's API on the fake hypervisor (its guest agent runs
+// echo, exit and files; real VMs are e2e/TestMCP's), and its root key.
+func server(t *testing.T) (string, string) {
+	dir := t.TempDir()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	eng, err := harebox.New(context.Background(), harebox.Options{DataDir: dir, Hypervisor: hv,
+		Images: map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	key, _, _, err := api.LoadOrCreateRootKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := api.New(api.Options{Engine: eng, Auth: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	b, _ := os.ReadFile(filepath.Join(dir, "root.key"))
+	return hs.URL, strings.TrimSpace(string(b))
+}
+
+// session connects an MCP client to a server of the tools, with key.
+func session(t *testing.T, base, key string) *mcp.ClientSession {
+	c, err := apiclient.New(base, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, st := mcp.NewInMemoryTransports()
+	ctx := context.Background()
+	ss, err := New(c, "test").Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// call calls a tool: its structured result into out, or its error text.
+func call(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any, out any) (string, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	var text string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			text += tc.Text
+		}
+	}
+	if !res.IsError && out != nil {
+		b, _ := json.Marshal(res.StructuredContent)
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return text, res.IsError
+}
+
+func TestTools(t *testing.T) {
+	base, root := server(t)
+	cs := session(t, base, root)
+	var box Sandbox
+	if msg, isErr := call(t, cs, "create_sandbox", map[string]any{"labels": map[string]string{"t": "mcp"},
+		"firewall": map[string]any{"default_outbound": "deny", "outbound": []any{map[string]any{"action": "allow", "hosts": []string{"example.com"}, "ports": "443"}}}}, &box); isErr || box.ID == "" {
+		t.Fatalf("create_sandbox: %s", msg)
+	}
+	var ran RunOutput
+	if msg, isErr := call(t, cs, "run_command", map[string]any{"sandbox_id": box.ID, "command": "echo hi; echo oops >&2; exit 3"}, &ran); isErr ||
+		ran.ExitCode != 3 || ran.Stdout != "hi\n" || ran.Stderr != "oops\n" {
+		t.Errorf("run_command: %+v %s", ran, msg)
+	}
+	call(t, cs, "write_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/a.txt", "content": "text\n"}, nil)
+	var f FileContent
+	if msg, isErr := call(t, cs, "read_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/a.txt"}, &f); isErr || f.Content != "text\n" || f.Encoding != "utf-8" {
+		t.Errorf("read_file: %+v %s", f, msg)
+	}
+	blob := []byte{0xff, 0, 0xfe}
+	call(t, cs, "write_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/b", "content": base64.StdEncoding.EncodeToString(blob), "encoding": "base64"}, nil)
+	if _, isErr := call(t, cs, "read_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/b"}, &f); isErr || f.Encoding != "base64" || f.Content != base64.StdEncoding.EncodeToString(blob) {
+		t.Errorf("read_file of bytes: %+v", f)
+	}
+	// Too big for a model's context: refused, with what to do instead.
+	big := strings.Repeat("x", MaxReadBytes+1)
+	call(t, cs, "write_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/big", "content": big}, nil)
+	if msg, isErr := call(t, cs, "read_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/big"}, nil); !isErr || !strings.Contains(msg, "run_command") {
+		t.Errorf("read_file of a big file: %v %s", isErr, msg)
+	}
+	for _, bad := range []struct {
+		tool string
+		args map[string]any
+		want string
+	}{
+		{"run_command", map[string]any{"sandbox_id": box.ID}, "required"},
+		{"run_command", map[string]any{"sandbox_id": "sbx_nope", "command": "true"}, "not_found"},
+		{"write_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/c", "content": "!!", "encoding": "base64"}, "base64"},
+		{"write_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/c", "content": "x", "encoding": "rot13"}, "encoding"},
+		{"write_file", map[string]any{"sandbox_id": box.ID, "path": "relative", "content": "x"}, "invalid"},
+		{"read_file", map[string]any{"sandbox_id": box.ID, "path": "/no/such"}, "not_found"},
+		{"create_sandbox", map[string]any{"size": "huge"}, "invalid"},
+		{"create_sandbox", map[string]any{"firewall": map[string]any{"default_outbound": "maybe"}}, "firewall"},
+		{"delete_sandbox", map[string]any{}, "required"},
+		{"list_sandboxes", map[string]any{"extra": 1}, ""},
+	} {
+		msg, isErr := call(t, cs, bad.tool, bad.args, nil)
+		if !isErr || !strings.Contains(msg, bad.want) {
+			t.Errorf("%s %v: error %v %q, want one naming %q", bad.tool, bad.args, isErr, msg, bad.want)
+		}
+	}
+
+	// A key for commands only: the tools it may not use answer forbidden.
+	c, _ := apiclient.New(base, root)
+	var k struct{ Secret string }
+	if err := c.Do(context.Background(), "POST", "/v1/keys", nil, map[string]any{"scope": map[string]any{"actions": []string{"exec", "listSandboxes"}}}, &k); err != nil {
+		t.Fatal(err)
+	}
+	limited := session(t, base, k.Secret)
+	for _, tool := range []struct {
+		name string
+		args map[string]any
+	}{{"create_sandbox", map[string]any{}}, {"delete_sandbox", map[string]any{"sandbox_id": box.ID}}, {"write_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/x", "content": "x"}}} {
+		if msg, isErr := call(t, limited, tool.name, tool.args, nil); !isErr || !strings.Contains(msg, "forbidden") {
+			t.Errorf("%s with a key for commands: %v %s", tool.name, isErr, msg)
+		}
+	}
+	if _, isErr := call(t, limited, "run_command", map[string]any{"sandbox_id": box.ID, "command": "echo ok"}, &ran); isErr || ran.Stdout != "ok\n" {
+		t.Errorf("run_command with a key for commands: %+v", ran)
+	}
+
+	var l List
+	call(t, cs, "list_sandboxes", map[string]any{"label": "t=mcp"}, &l)
+	if len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != box.ID || l.Sandboxes[0].Labels["t"] != "mcp" {
+		t.Errorf("list_sandboxes: %+v", l)
+	}
+	var d Deleted
+	if msg, isErr := call(t, cs, "delete_sandbox", map[string]any{"sandbox_id": box.ID}, &d); isErr || !d.Deleted {
+		t.Errorf("delete_sandbox: %s", msg)
+	}
+}
