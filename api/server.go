@@ -244,6 +244,7 @@ func New(opts Options) (*Server, error) {
 	for _, rt := range Routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
+	s.mux.Handle(MCPPath, s.mcpHandler())
 	// Anything else is a JSON 404 (or 405), like every other error.
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiError{status: http.StatusNotFound, code: "not_found", msg: "no route " + r.Method + " " + r.URL.Path})

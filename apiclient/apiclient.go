@@ -66,6 +66,9 @@ type Options struct {
 	// CA is how an https server is trusted (HAREBOX_CA): a PEM file of CA
 	// certificates or a "sha256:" fingerprint pin (see TLSConfig).
 	CA string
+	// Transport, if set, carries the requests instead of a connection to
+	// URL (a server's own handler, in process); CA is then unused.
+	Transport http.RoundTripper
 }
 
 // Open returns a client as o says.
@@ -102,7 +105,11 @@ func Open(o Options) (*Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("server URL %q: want http(s)://host:port or unix:/path", rawURL)
 	}
-	return &Client{base: strings.TrimRight(rawURL, "/"), key: key, http: &http.Client{Transport: tr}}, nil
+	var rt http.RoundTripper = tr
+	if o.Transport != nil {
+		rt = o.Transport
+	}
+	return &Client{base: strings.TrimRight(rawURL, "/"), key: key, http: &http.Client{Transport: rt}}, nil
 }
 
 // Do sends a JSON request (body may be nil, []byte, an io.Reader or a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -140,6 +141,18 @@ func TestMCP(t *testing.T) {
 		t.Errorf("run_command with a key for commands: %+v", ran)
 	}
 
+	// The same tools over streamable HTTP on hareboxd itself.
+	hs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "v1"}, nil).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: srv.url + "/mcp", HTTPClient: &http.Client{Transport: bearerKey(srv.key)}, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hs.Close()
+	call(hs, "run_command", map[string]any{"sandbox_id": box.ID, "command": "uname -s"}, &ran, false)
+	if ran.Stdout != "Linux\n" {
+		t.Errorf("run_command over HTTP: %+v", ran)
+	}
+
 	var l struct {
 		Sandboxes []struct{ ID string }
 	}
@@ -154,4 +167,13 @@ func TestMCP(t *testing.T) {
 			t.Errorf("list_sandboxes after delete: %+v", l)
 		}
 	}
+}
+
+// bearerKey sends every request with an API key.
+type bearerKey string
+
+func (k bearerKey) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(k))
+	return http.DefaultTransport.RoundTrip(r)
 }

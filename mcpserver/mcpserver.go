@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -24,9 +25,13 @@ import (
 	"github.com/harebox/harebox/sandbox"
 )
 
-// MaxReadBytes is the most read_file returns: a model's context is no
-// place for more.
-const MaxReadBytes = 1 << 20
+// MaxReadBytes is the most read_file returns, and MaxOutputBytes the most
+// of each stream run_command returns: a model's context is no place for
+// more.
+const (
+	MaxReadBytes   = 1 << 20
+	MaxOutputBytes = 256 << 10
+)
 
 // New returns an MCP server whose tools call the API through c.
 func New(c *apiclient.Client, version string) *mcp.Server {
@@ -34,7 +39,7 @@ func New(c *apiclient.Client, version string) *mcp.Server {
 		&mcp.ServerOptions{Instructions: "Each sandbox is a virtual machine with its own kernel. Create one, run commands and move files in it, and delete it when done. Outbound network is what its firewall policy allows."})
 	t := &tools{c: c}
 	mcp.AddTool(s, &mcp.Tool{Name: "create_sandbox", Description: "Create a sandbox (a virtual machine) and wait until it runs. Returns its id."}, t.create)
-	mcp.AddTool(s, &mcp.Tool{Name: "run_command", Description: "Run a shell command in a sandbox and wait for it: its exit code, stdout and stderr (each capped by the server)."}, t.run)
+	mcp.AddTool(s, &mcp.Tool{Name: "run_command", Description: "Run a shell command in a sandbox and wait for it: its exit code, stdout and stderr (the first 256 KiB of each)."}, t.run)
 	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: fmt.Sprintf("Read a file of a sandbox (at most %d bytes): UTF-8 text as is, anything else base64.", MaxReadBytes)}, t.read)
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a file in a sandbox, creating or replacing it."}, t.write)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_sandboxes", Description: "List the sandboxes this key can see."}, t.list)
@@ -111,7 +116,7 @@ type RunOutput struct {
 	Stdout    string `json:"stdout"`
 	Stderr    string `json:"stderr"`
 	TimedOut  bool   `json:"timed_out,omitempty"`
-	Truncated bool   `json:"truncated,omitempty" jsonschema:"output beyond the server's cap was dropped"`
+	Truncated bool   `json:"truncated,omitempty" jsonschema:"output beyond 256 KiB a stream (or the server's cap) was dropped"`
 	Error     string `json:"error,omitempty" jsonschema:"why it could not start"`
 }
 
@@ -134,8 +139,14 @@ func (t *tools) run(ctx context.Context, _ *mcp.CallToolRequest, in RunInput) (*
 	if err := t.c.Do(ctx, "POST", apiclient.SandboxPath(in.SandboxID, "/exec"), nil, req, &r); err != nil {
 		return nil, RunOutput{}, explain(err)
 	}
-	return nil, RunOutput{ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, TimedOut: r.TimedOut,
-		Truncated: r.StdoutTruncated || r.StderrTruncated, Error: r.Error}, nil
+	out := RunOutput{ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, TimedOut: r.TimedOut,
+		Truncated: r.StdoutTruncated || r.StderrTruncated, Error: r.Error}
+	for _, s := range []*string{&out.Stdout, &out.Stderr} {
+		if len(*s) > MaxOutputBytes {
+			*s, out.Truncated = strings.ToValidUTF8((*s)[:MaxOutputBytes], ""), true
+		}
+	}
+	return nil, out, nil
 }
 
 // ReadInput is read_file's arguments.

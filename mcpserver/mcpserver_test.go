@@ -1,9 +1,10 @@
-package mcpserver
+package mcpserver_test
 
 import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/harebox/harebox/apiclient"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/mcpserver"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -55,7 +57,7 @@ func session(t *testing.T, base, key string) *mcp.ClientSession {
 	}
 	ct, st := mcp.NewInMemoryTransports()
 	ctx := context.Background()
-	ss, err := New(c, "test").Connect(ctx, st, nil)
+	ss, err := mcpserver.New(c, "test").Connect(ctx, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,18 +97,18 @@ func call(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any,
 func TestTools(t *testing.T) {
 	base, root := server(t)
 	cs := session(t, base, root)
-	var box Sandbox
+	var box mcpserver.Sandbox
 	if msg, isErr := call(t, cs, "create_sandbox", map[string]any{"labels": map[string]string{"t": "mcp"},
 		"firewall": map[string]any{"default_outbound": "deny", "outbound": []any{map[string]any{"action": "allow", "hosts": []string{"example.com"}, "ports": "443"}}}}, &box); isErr || box.ID == "" {
 		t.Fatalf("create_sandbox: %s", msg)
 	}
-	var ran RunOutput
+	var ran mcpserver.RunOutput
 	if msg, isErr := call(t, cs, "run_command", map[string]any{"sandbox_id": box.ID, "command": "echo hi; echo oops >&2; exit 3"}, &ran); isErr ||
 		ran.ExitCode != 3 || ran.Stdout != "hi\n" || ran.Stderr != "oops\n" {
 		t.Errorf("run_command: %+v %s", ran, msg)
 	}
 	call(t, cs, "write_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/a.txt", "content": "text\n"}, nil)
-	var f FileContent
+	var f mcpserver.FileContent
 	if msg, isErr := call(t, cs, "read_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/a.txt"}, &f); isErr || f.Content != "text\n" || f.Encoding != "utf-8" {
 		t.Errorf("read_file: %+v %s", f, msg)
 	}
@@ -116,7 +118,7 @@ func TestTools(t *testing.T) {
 		t.Errorf("read_file of bytes: %+v", f)
 	}
 	// Too big for a model's context: refused, with what to do instead.
-	big := strings.Repeat("x", MaxReadBytes+1)
+	big := strings.Repeat("x", mcpserver.MaxReadBytes+1)
 	call(t, cs, "write_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/big", "content": big}, nil)
 	if msg, isErr := call(t, cs, "read_file", map[string]any{"sandbox_id": box.ID, "path": "/tmp/big"}, nil); !isErr || !strings.Contains(msg, "run_command") {
 		t.Errorf("read_file of a big file: %v %s", isErr, msg)
@@ -162,13 +164,95 @@ func TestTools(t *testing.T) {
 		t.Errorf("run_command with a key for commands: %+v", ran)
 	}
 
-	var l List
+	var l mcpserver.List
 	call(t, cs, "list_sandboxes", map[string]any{"label": "t=mcp"}, &l)
 	if len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != box.ID || l.Sandboxes[0].Labels["t"] != "mcp" {
 		t.Errorf("list_sandboxes: %+v", l)
 	}
-	var d Deleted
+	var d mcpserver.Deleted
 	if msg, isErr := call(t, cs, "delete_sandbox", map[string]any{"sandbox_id": box.ID}, &d); isErr || !d.Deleted {
 		t.Errorf("delete_sandbox: %s", msg)
+	}
+}
+
+// withKey sends every request with key.
+type withKey struct{ key string }
+
+func (k withKey) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	if k.key != "" {
+		r.Header.Set("Authorization", "Bearer "+k.key)
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func httpSession(base, key string) (*mcp.ClientSession, error) {
+	t := &mcp.StreamableClientTransport{Endpoint: base + api.MCPPath, HTTPClient: &http.Client{Transport: withKey{key}},
+		MaxRetries: -1, DisableStandaloneSSE: true}
+	return mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v1"}, nil).Connect(context.Background(), t, nil)
+}
+
+// TestStreamableHTTP: hareboxd's /mcp serves the same tools to agents that
+// reach the server, each request authenticated by its own key: none or a
+// wrong one is refused before any MCP, a key from the wrong address too,
+// and a scoped key gets tool errors for what it may not do.
+func TestStreamableHTTP(t *testing.T) {
+	base, root := server(t)
+	if _, err := httpSession(base, ""); err == nil {
+		t.Error("an MCP session without a key")
+	}
+	if _, err := httpSession(base, "hbk_nope"); err == nil {
+		t.Error("an MCP session with a wrong key")
+	}
+	c, _ := apiclient.New(base, root)
+	key := func(scope map[string]any) string {
+		var k struct{ Secret string }
+		if err := c.Do(context.Background(), "POST", "/v1/keys", nil, map[string]any{"scope": scope}, &k); err != nil {
+			t.Fatal(err)
+		}
+		return k.Secret
+	}
+	if _, err := httpSession(base, key(map[string]any{"cidrs": []string{"192.0.2.0/24"}})); err == nil {
+		t.Error("an MCP session with a key from the wrong address")
+	}
+	cs, err := httpSession(base, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	var box mcpserver.Sandbox
+	if msg, isErr := call(t, cs, "create_sandbox", map[string]any{"labels": map[string]string{"t": "http"}}, &box); isErr || box.ID == "" {
+		t.Fatalf("create_sandbox over HTTP: %s", msg)
+	}
+	var ran mcpserver.RunOutput
+	if msg, isErr := call(t, cs, "run_command", map[string]any{"sandbox_id": box.ID, "command": "echo over-http"}, &ran); isErr || ran.Stdout != "over-http\n" {
+		t.Errorf("run_command over HTTP: %+v %s", ran, msg)
+	}
+	limited, err := httpSession(base, key(map[string]any{"actions": []string{"exec", "listSandboxes"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer limited.Close()
+	if msg, isErr := call(t, limited, "delete_sandbox", map[string]any{"sandbox_id": box.ID}, nil); !isErr || !strings.Contains(msg, "forbidden") {
+		t.Errorf("delete_sandbox over HTTP with a key for commands: %v %s", isErr, msg)
+	}
+	if _, isErr := call(t, limited, "run_command", map[string]any{"sandbox_id": box.ID, "command": "echo limited"}, &ran); isErr || ran.Stdout != "limited\n" {
+		t.Errorf("run_command over HTTP with a key for commands: %+v", ran)
+	}
+	// The audit log names the key that acted through MCP.
+	var a struct {
+		Entries []struct{ Action, Principal string }
+	}
+	if err := c.Do(context.Background(), "GET", "/v1/audit", nil, nil, &a); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range a.Entries {
+		if e.Action == "exec" && strings.HasPrefix(e.Principal, "key_") {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Errorf("no exec by the scoped key in the audit log: %+v", a.Entries)
 	}
 }
