@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	_ "modernc.org/sqlite"
 
@@ -218,4 +219,29 @@ func jsonEqualRaw(a []byte, b string) bool {
 	json.Unmarshal(a, &x)
 	json.Unmarshal([]byte(b), &y)
 	return jsonEqual(x, y)
+}
+
+// A secret set by an update is sealed like one set at create, and the
+// update returns (it hung the store once: the secret store writes through
+// the store, which the update's transaction held).
+func TestEnvironmentSecretUpdate(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	f.must(t, 201, "POST", "/v1/environments", f.root, map[string]any{"name": "app", "variables": map[string]any{"MODE": map[string]any{"value": "x"}}})
+	const canary = "sekrit-canary-4411"
+	done := make(chan reply, 1)
+	go func() {
+		done <- f.do(t, "PATCH", "/v1/environments/app", f.root, map[string]any{"set": map[string]any{"TOKEN": map[string]any{"value": canary, "secret": true}}})
+	}()
+	select {
+	case r := <-done:
+		if r.status != 200 || r.body["latest"] != float64(2) || strings.Contains(string(r.raw), canary) {
+			t.Fatalf("update with a secret: %d %s", r.status, r.raw)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("an update with a secret hangs")
+	}
+	noPlaintext(t, f.dir, canary)
+	if n := countSecrets(t, f.dir, "env/"); n != 1 {
+		t.Errorf("%d sealed values, want 1", n)
+	}
 }

@@ -3,10 +3,13 @@ package api
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -28,13 +31,26 @@ func (s *Server) mcpHandler() http.Handler {
 			return nil // (authenticated below first: never the process's own key)
 		}
 		c, err := apiclient.Open(apiclient.Options{URL: "http://harebox.internal", Key: bearer(r),
-			Transport: inProcess{s: s, remote: r.RemoteAddr, forwarded: r.Header.Values("X-Forwarded-For")}})
+			Transport: inProcess{s: s, remote: r.RemoteAddr, forwarded: r.Header.Values("X-Forwarded-For"),
+				requestID: r.Header.Get("X-Request-ID")}})
 		if err != nil {
 			return nil
 		}
 		return mcpserver.New(c, s.opts.Version)
-	}, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+	}, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true, MaxRequestBodyBytes: 32 << 20,
+		// A key is required on every request and no cookie is ever
+		// used: DNS rebinding gains a page nothing here, and the check
+		// refuses a reverse proxy on the same host.
+		DisableLocalhostProtection: true})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// One request ID for the MCP request and the API calls its tools
+		// make: the audit log ties them together.
+		rid := r.Header.Get("X-Request-ID")
+		if !requestIDRE.MatchString(rid) {
+			rid = newRequestID()
+		}
+		r.Header.Set("X-Request-ID", rid)
+		w.Header().Set("X-Request-ID", rid)
 		if _, err := s.authenticate(r); err != nil {
 			ae := toAPIError(err)
 			if ae.status == http.StatusUnauthorized {
@@ -43,7 +59,8 @@ func (s *Server) mcpHandler() http.Handler {
 			writeError(w, ae)
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, 32<<20)
+		// The body in time, as a REST call's.
+		http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.opts.Timeouts.Body))
 		h.ServeHTTP(w, r)
 	})
 }
@@ -59,20 +76,33 @@ type inProcess struct {
 	s         *Server
 	remote    string
 	forwarded []string
+	requestID string
 }
 
-func (t inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t inProcess) RoundTrip(req *http.Request) (resp *http.Response, err error) {
 	r := req.Clone(req.Context())
 	r.RemoteAddr, r.RequestURI = t.remote, req.URL.RequestURI()
 	r.Header.Del("X-Forwarded-For")
 	for _, f := range t.forwarded {
 		r.Header.Add("X-Forwarded-For", f)
 	}
+	r.Header.Set("X-Request-ID", t.requestID)
 	if r.Body == nil {
 		r.Body = http.NoBody
 	}
 	w := &buffered{header: http.Header{}}
+	// A REST handler's panic ends its request (net/http recovers it);
+	// here it would end the process.
+	defer func() {
+		if p := recover(); p != nil {
+			t.s.log.Error("api: a route called by an MCP tool panicked", "path", r.URL.Path, "panic", p, "stack", string(debug.Stack()))
+			resp, err = nil, fmt.Errorf("api: %s failed", r.URL.Path)
+		}
+	}()
 	t.s.ServeHTTP(w, r)
+	if w.over {
+		return nil, errTooBig
+	}
 	if w.code == 0 {
 		w.code = http.StatusOK
 	}
@@ -93,6 +123,7 @@ type buffered struct {
 	header http.Header
 	code   int
 	body   bytes.Buffer
+	over   bool // more than maxBuffered was written
 }
 
 func (b *buffered) Header() http.Header { return b.header }
@@ -105,7 +136,8 @@ func (b *buffered) Write(p []byte) (int, error) {
 	if b.code == 0 {
 		b.code = http.StatusOK
 	}
-	if b.body.Len()+len(p) > maxBuffered {
+	if b.over || b.body.Len()+len(p) > maxBuffered {
+		b.over = true
 		return 0, errTooBig
 	}
 	return b.body.Write(p)

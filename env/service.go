@@ -243,14 +243,34 @@ func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string
 	if len(r.Set) == 0 && len(r.Unset) == 0 && r.Files == nil && r.Credentials == nil && r.ThirdPartySafe == nil {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "", "nothing to change: give set, unset, files, credentials or third_party_safe")
 	}
-	var made []string
+	// The new values are sealed before the transaction: the secret store
+	// writes through the store itself, which a transaction holds (SQLite
+	// has one connection), and a PostgreSQL transaction may run again.
 	var envID string
+	err = s.db.Update(ctx, func(tx store.Tx) error {
+		e, _, err := s.find(ctx, tx, "updateEnvironment", accountRef, projectRef, ref)
+		if err == nil {
+			envID = e.ID
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	set := map[string]store.EnvVar{}
+	made, err := s.seal(ctx, envID, r.Set, set)
+	if err != nil {
+		s.unseal(envID, made)
+		return nil, err
+	}
 	err = s.db.Update(ctx, func(tx store.Tx) error {
 		e, proj, err := s.find(ctx, tx, "updateEnvironment", accountRef, projectRef, ref)
 		if err != nil {
 			return err
 		}
-		envID = e.ID
+		if e.ID != envID {
+			return sandbox.Errorf(sandbox.ErrState, "", "environment %q was replaced meanwhile; try again", ref)
+		}
 		last, err := tx.GetEnvVersion(ctx, e.ID, e.Latest)
 		if err != nil {
 			return err
@@ -264,12 +284,8 @@ func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string
 			}
 			delete(v.Variables, k)
 		}
-		// fn may run again after a conflict: drop what a run before sealed.
 		// Unchanged secrets keep their sealed values (versions share them).
-		s.unseal(e.ID, made)
-		if made, err = s.seal(ctx, e.ID, r.Set, v.Variables); err != nil {
-			return err
-		}
+		maps.Copy(v.Variables, set)
 		if r.Files != nil {
 			v.Files = orEmpty(*r.Files)
 		}

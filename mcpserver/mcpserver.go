@@ -113,6 +113,7 @@ type RunInput struct {
 // RunOutput is what a command did.
 type RunOutput struct {
 	ExitCode  int    `json:"exit_code"`
+	Signal    int    `json:"signal,omitempty" jsonschema:"the signal that ended it, if one did"`
 	Stdout    string `json:"stdout"`
 	Stderr    string `json:"stderr"`
 	TimedOut  bool   `json:"timed_out,omitempty"`
@@ -128,18 +129,22 @@ func (t *tools) run(ctx context.Context, _ *mcp.CallToolRequest, in RunInput) (*
 	if in.Stdin != "" {
 		req.Stdin = []byte(in.Stdin)
 	}
-	if in.TimeoutSeconds > 0 {
-		// The call waits for the command: longer than the client's
-		// default wait, when the command may run longer.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(in.TimeoutSeconds)*time.Second+time.Minute)
-		defer cancel()
+	if in.TimeoutSeconds < 0 || in.TimeoutSeconds > 86400 {
+		return nil, RunOutput{}, errors.New("timeout_seconds: from 0 (the server's default) to 86400")
 	}
+	// The call waits for the command, and a minute more: the server's
+	// timeout ends it first, with its output and timed_out.
+	timeout := sandbox.DefaultExecTimeout
+	if in.TimeoutSeconds > 0 {
+		timeout = time.Duration(in.TimeoutSeconds) * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout+time.Minute)
+	defer cancel()
 	var r sandbox.ExecResult
 	if err := t.c.Do(ctx, "POST", apiclient.SandboxPath(in.SandboxID, "/exec"), nil, req, &r); err != nil {
 		return nil, RunOutput{}, explain(err)
 	}
-	out := RunOutput{ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, TimedOut: r.TimedOut,
+	out := RunOutput{ExitCode: r.ExitCode, Signal: r.Signal, Stdout: r.Stdout, Stderr: r.Stderr, TimedOut: r.TimedOut,
 		Truncated: r.StdoutTruncated || r.StderrTruncated, Error: r.Error}
 	for _, s := range []*string{&out.Stdout, &out.Stderr} {
 		if len(*s) > MaxOutputBytes {

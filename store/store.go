@@ -15,6 +15,7 @@ import (
 	"fmt"
 	mathrand "math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -215,15 +216,21 @@ type DB struct {
 	q    querier // db, or the transaction of an Update (wrapped: see wrap)
 	pg   bool
 	inTx bool
-	// owner holds PostgreSQL's owner lock (see OpenPostgres).
-	owner *sql.Conn
+	// owner holds PostgreSQL's owner lock (see OpenPostgres), kept by
+	// keep until stop; lost is closed if another store took it.
+	owner            *sql.Conn
+	lost, stop, kept chan struct{}
 }
 
 // wrap is q as the store uses it: placeholders numbered for PostgreSQL,
 // and a full disk turned into the engine's capacity error.
-func (s *DB) wrap(q querier) querier {
+func (s *DB) wrap(q querier) querier { return s.wrapTx(q, nil) }
+
+// wrapTx is wrap for a transaction, whose conflicts PostgreSQL notes in
+// conflict.
+func (s *DB) wrapTx(q querier, conflict *atomic.Bool) querier {
 	if s.pg {
-		return fullAware{pgQuerier{q}}
+		return fullAware{pgQuerier{q, conflict}}
 	}
 	return fullAware{q}
 }
@@ -527,8 +534,16 @@ func (s *DB) statements(m string) []string {
 
 // Close closes the database (and lets another store hold it).
 func (s *DB) Close() error {
-	if s.owner != nil {
-		s.owner.Close()
+	if s.stop != nil {
+		select {
+		case <-s.stop:
+		default:
+			close(s.stop)
+		}
+		<-s.kept // keep uses owner until it returns
+	}
+	if s.pg && !s.inTx {
+		s.retire()
 	}
 	return s.db.Close()
 }
@@ -553,9 +568,12 @@ func (s *DB) Update(ctx context.Context, fn func(tx Tx) error) error {
 		opts = &sql.TxOptions{Isolation: sql.LevelSerializable}
 	}
 	for attempt := 1; ; attempt++ {
-		err := s.update(ctx, opts, fn)
-		if !s.pg || !retryable(err) || attempt == 20 {
+		conflict, err := s.update(ctx, opts, fn)
+		if !s.pg || err == nil || !(conflict || retryable(err)) {
 			return err
+		}
+		if attempt == 20 {
+			return &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the database is busy with conflicting changes; try again", Err: err}
 		}
 		select {
 		case <-ctx.Done():
@@ -565,19 +583,22 @@ func (s *DB) Update(ctx context.Context, fn func(tx Tx) error) error {
 	}
 }
 
-func (s *DB) update(ctx context.Context, opts *sql.TxOptions, fn func(tx Tx) error) error {
+// update runs fn in one transaction; conflict says whether PostgreSQL
+// aborted it for a conflict, whatever fn made of the error.
+func (s *DB) update(ctx context.Context, opts *sql.TxOptions, fn func(tx Tx) error) (conflict bool, err error) {
 	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
-		return fmt.Errorf("store: begin: %w", err)
+		return false, fmt.Errorf("store: begin: %w", err)
 	}
-	if err := fn(&DB{db: s.db, q: s.wrap(tx), pg: s.pg, inTx: true}); err != nil {
+	var c atomic.Bool
+	if err := fn(&DB{db: s.db, q: s.wrapTx(tx, &c), pg: s.pg, inTx: true}); err != nil {
 		tx.Rollback()
-		return err
+		return c.Load(), err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("store: commit: %w", full(err))
+		return c.Load() || retryable(err), fmt.Errorf("store: commit: %w", full(err))
 	}
-	return nil
+	return false, nil
 }
 
 // PutSandbox implements Store.

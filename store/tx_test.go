@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strconv"
 	"testing"
@@ -167,4 +168,90 @@ func TestPostgresHeldByOne(t *testing.T) {
 		t.Fatalf("after the first closed: %v", err)
 	}
 	s.Close()
+}
+
+// Text any request can carry (invalid UTF-8, NUL) is stored: PostgreSQL
+// refuses it in TEXT columns as sent, SQLite keeps it.
+func TestRawText(t *testing.T) { forEachStore(t, testRawText) }
+
+func testRawText(t *testing.T, s *DB, _ func() *DB) {
+	ctx := context.Background()
+	e := &AuditEntry{Seq: 1, Time: time.Now().UTC(), Principal: "key_x", Action: "getSandbox", Target: "sbx_\xff\x00../x", Outcome: "denied"}
+	if err := s.AppendAudit(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.ListAudit(ctx, AuditFilter{Limit: 10})
+	if err != nil || len(l) != 1 || l[0].Action != "getSandbox" {
+		t.Fatalf("ListAudit: %+v %v", l, err)
+	}
+	if _, err := s.GetAccount(ctx, "acc_\xff\x00"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a lookup by a raw name: %v", err)
+	}
+}
+
+// A store whose owner connection dies takes the lock again; if another
+// store took it meanwhile, Lost says so.
+func TestPostgresOwnerKept(t *testing.T) {
+	if pg == nil {
+		t.Skip(pgErr)
+	}
+	defer func(d time.Duration) { pgHeartbeat = d }(pgHeartbeat)
+	pgHeartbeat = 20 * time.Millisecond
+	ctx := context.Background()
+	dsn, err := pg.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenPostgres(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	admin, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	holder := func() int {
+		var pid int
+		admin.QueryRowContext(ctx, `SELECT COALESCE(MAX(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND granted`, pgOwnerLock).Scan(&pid)
+		return pid
+	}
+	first := holder()
+	if first == 0 {
+		t.Fatal("nobody holds the lock")
+	}
+	if _, err := admin.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, first); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for holder() == 0 || holder() == first {
+		if time.Now().After(deadline) {
+			t.Fatal("the store did not take its lock again")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case <-s.Lost():
+		t.Fatal("lost after taking the lock again")
+	default:
+	}
+	// Its connection killed again, and another store quicker to take it.
+	var other *DB
+	for try := 0; other == nil && try < 50; try++ {
+		admin.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, holder())
+		other, err = OpenPostgres(ctx, dsn)
+		if err != nil && !errors.Is(err, ErrInUse) {
+			t.Fatal(err)
+		}
+	}
+	if other == nil {
+		t.Fatal("no other store got the lock")
+	}
+	defer other.Close()
+	select {
+	case <-s.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first store did not notice it lost the database")
+	}
 }

@@ -215,6 +215,7 @@ func run(args []string, instead func(settings) error) error {
 		log.Info("created the root API key", "path", keyPath)
 	}
 	var st store.Store
+	var lost <-chan struct{} // never, but for a PostgreSQL database another took
 	switch {
 	case *storeURL == "":
 	case strings.HasPrefix(*storeURL, "postgres://"), strings.HasPrefix(*storeURL, "postgresql://"):
@@ -223,7 +224,7 @@ func run(args []string, instead func(settings) error) error {
 			return fmt.Errorf("--store: %w", err)
 		}
 		defer db.Close()
-		st = db
+		st, lost = db, db.Lost()
 		log.Info("state in PostgreSQL", "host", pgHost(*storeURL))
 	default:
 		return fmt.Errorf("--store: want a postgres:// URL (or nothing, for SQLite in the data directory)")
@@ -302,6 +303,8 @@ func run(args []string, instead func(settings) error) error {
 	select {
 	case err := <-errc:
 		return err
+	case <-lost:
+		return errors.New("another hareboxd took the PostgreSQL database (this one's connection to it was lost): stopping, so that one engine takes its sandboxes")
 	case <-ctx.Done():
 	}
 	daemon.SdNotify(false, daemon.SdNotifyStopping)
