@@ -573,7 +573,14 @@ func (f *fixture) openWS(t *testing.T, host, tok string) *websocket.Conn {
 		hc.Transport = &http.Transport{TLSClientConfig: f.tls}
 	}
 	wsURL := strings.Replace(f.base, "http", "ws", 1) + "/ws"
-	c, _, err := websocket.Dial(context.Background(), wsURL, &websocket.DialOptions{HTTPHeader: h, HTTPClient: hc, Host: host})
+	return dialWS(t, wsURL, &websocket.DialOptions{HTTPHeader: h, HTTPClient: hc, Host: host})
+}
+
+// dialWS opens a WebSocket to the guest's echo through the ingress and
+// checks that it echoes.
+func dialWS(t *testing.T, wsURL string, opts *websocket.DialOptions) *websocket.Conn {
+	t.Helper()
+	c, _, err := websocket.Dial(context.Background(), wsURL, opts)
 	if err != nil {
 		t.Fatalf("websocket: %v", err)
 	}
