@@ -8,12 +8,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -328,6 +330,72 @@ func TestEngineLifecycle(t *testing.T) {
 		}
 		t.Logf("9 MB through the emulated UART took %v", time.Since(start).Round(time.Millisecond))
 	})
+	t.Run("OutputFloodBounded", func(t *testing.T) {
+		// A command floods its output far past every bound, three ways: a
+		// synchronous exec (collected up to MaxOutputBytes), a streaming
+		// exec whose client stops reading, and a background process no one
+		// attaches to. The host's memory (this process, which holds the
+		// engine, and the VMM) must not follow the flood.
+		const bound = 80 << 20 // what a process may grow by: 8 MiB kept per stream, copies, the GC's slack
+		before := map[int]int64{os.Getpid(): resetPeakRSS(t, os.Getpid())}
+		for _, p := range procs.Naming(v.dataDir + "/") {
+			if p.IsVMM() { // (the agent's channel is the VMM's socket; the plugin is not on the path)
+				before[p.PID] = resetPeakRSS(t, p.PID)
+			}
+		}
+		if len(before) != 2 {
+			t.Fatalf("want this process and one VMM, have %v", before)
+		}
+		flooded := int64(0)
+
+		start := time.Now()
+		r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "dd if=/dev/zero bs=65536 count=1536; echo end >&2", TimeoutSeconds: 120})
+		if err != nil || r.ExitCode != 0 || !r.StdoutTruncated || int64(len(r.Stdout)) > 8<<20 || !strings.HasSuffix(r.Stderr, "end\n") {
+			t.Fatalf("sync flood: exit %d truncated %v, %d bytes kept, stderr %q, %v", r.ExitCode, r.StdoutTruncated, len(r.Stdout), r.Stderr, err)
+		}
+		flooded += 1536 * 65536
+		t.Logf("synchronous: %v", time.Since(start).Round(time.Millisecond))
+		start = time.Now()
+
+		// A client that stops reading: its writer blocks for 8 s while the
+		// command goes on writing, then drains.
+		release := make(chan struct{})
+		time.AfterFunc(8*time.Second, func() { close(release) })
+		sw := &stallWriter{release: release}
+		r, err = eng.ExecStream(ctx, box.ID, sandbox.ExecRequest{Cmd: "timeout 14 cat /dev/zero; true", TimeoutSeconds: 120}, nil, sw, io.Discard)
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("streaming flood: %+v %v", r, err)
+		}
+		flooded += sw.n.Load()
+		t.Logf("streaming: %v", time.Since(start).Round(time.Millisecond))
+		start = time.Now()
+
+		// A background process no one attaches to: its output stays in the
+		// guest's ring; the engine keeps only its first MaxOutputBytes.
+		p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "dd if=/dev/zero bs=65536 count=2048 2>/dev/null"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		pd, err := eng.WaitProcess(wctx, box.ID, p.ID)
+		if err != nil || pd.Result == nil || pd.Result.ExitCode != 0 || len(pd.Result.Stdout) > 8<<20 {
+			t.Fatalf("background flood: %+v %v", pd, err)
+		}
+		flooded += 2048 * 65536
+		t.Logf("background: %v", time.Since(start).Round(time.Millisecond))
+
+		for pid, rss := range before {
+			peak := peakRSS(t, pid)
+			t.Logf("pid %d: resident %d MiB before, peak %d MiB during %d MiB of output", pid, rss>>20, peak>>20, flooded>>20)
+			if peak-rss > bound {
+				t.Errorf("pid %d grew by %d MiB while %d MiB of output went by", pid, (peak-rss)>>20, flooded>>20)
+			}
+		}
+		if flooded < 3*bound {
+			t.Errorf("only %d MiB flooded; the check needs far more than its bound", flooded>>20)
+		}
+	})
 	t.Run("Metrics", func(t *testing.T) {
 		// Measured on the host: the VMM's CPU time grows by what a busy
 		// loop in the guest burns; its memory and the disk files are there.
@@ -492,6 +560,49 @@ func TestEngineLifecycle(t *testing.T) {
 type chunk struct {
 	at   time.Time
 	data string
+}
+
+// stallWriter blocks its first write until release is closed (a client
+// that stops reading), then counts and drops what it is given.
+type stallWriter struct {
+	release chan struct{}
+	n       atomic.Int64
+}
+
+func (w *stallWriter) Write(b []byte) (int, error) {
+	<-w.release
+	w.n.Add(int64(len(b)))
+	return len(b), nil
+}
+
+// resetPeakRSS resets pid's peak resident size (clear_refs 5) and returns
+// its resident size now.
+func resetPeakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		t.Fatal(err)
+	}
+	return procStatusBytes(t, pid, "VmRSS:")
+}
+
+// peakRSS returns pid's peak resident size since the last reset.
+func peakRSS(t *testing.T, pid int) int64 { return procStatusBytes(t, pid, "VmHWM:") }
+
+func procStatusBytes(t *testing.T, pid int, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, field); ok {
+			var kb int64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), &kb)
+			return kb << 10
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
 }
 
 type stampWriter struct {
@@ -765,6 +876,23 @@ func TestEngineDefaultImage(t *testing.T) {
 	if after, err := os.Stat(def.RootDisk); err != nil || !after.ModTime().Equal(baseBefore.ModTime()) {
 		t.Fatalf("the base root disk changed: %v", err)
 	}
+
+	t.Run("Tools", func(t *testing.T) {
+		// What the code run in a sandbox expects of the image, used as
+		// the unprivileged user: a C toolchain and make, git, curl, pip, venv.
+		// (pip and venv installing from an index: linuxnet's TestVMPipInstall.)
+		r := run(t, eng, box.ID, `set -e; mkdir -p /tmp/tools && cd /tmp/tools
+printf '#include <stdio.h>\nint main(void){puts("built here");return 0;}\n' > hello.c
+printf 'hello: hello.c\n\tcc -O2 -o $@ $<\n' > Makefile
+make -s && ./hello
+git init -q && git add . && git -c user.name=u -c user.email=u@x commit -qm one && git log --format=%s
+curl --version | head -n 1 | cut -d' ' -f1
+python3 -m pip --version | cut -d' ' -f1
+python3 -m venv --without-pip v && v/bin/python -c 'import sys; print("venv", sys.prefix != sys.base_prefix)'`)
+		if r.ExitCode != 0 || r.Stdout != "built here\none\ncurl\npip\nvenv True\n" {
+			t.Fatalf("tools: %+v", r)
+		}
+	})
 
 	t.Run("DiskFull", func(t *testing.T) {
 		// A guest fills its own (1 GB) disk: its writes fail with ENOSPC

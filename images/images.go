@@ -164,10 +164,13 @@ var DefaultModules = []string{
 // DefaultPackages are installed (debootstrap --include) into the default
 // image on top of the minbase variant. udev is there so systemd sees devices
 // (device units, /dev/virtio-ports); without it mounts wait for devices
-// forever.
+// forever. The rest is what the code people run in a sandbox expects:
+// pip and venv, curl, git and a C toolchain (for wheels built from
+// source). debootstrap installs no Recommends, so each is named.
 var DefaultPackages = []string{
 	"systemd", "systemd-sysv", "udev", "dbus", "sudo", "python3",
 	"ca-certificates", "iproute2",
+	"python3-pip", "python3-venv", "python3-dev", "curl", "git", "build-essential",
 }
 
 // DefaultMirror and DefaultSuite are the default image's Debian source.

@@ -430,7 +430,9 @@ func TestDefaultImage(t *testing.T) {
 	if s := debugfs("ls /var/cache/apt/archives"); strings.Contains(s, ".deb") {
 		t.Errorf("apt cache not cleaned:\n%s", s)
 	}
-	for _, bin := range []string{"/usr/bin/sudo", "/usr/bin/python3", "/usr/sbin/ip", "/usr/bin/dbus-daemon"} {
+	for _, bin := range []string{"/usr/bin/sudo", "/usr/bin/python3", "/usr/sbin/ip", "/usr/bin/dbus-daemon",
+		"/usr/bin/pip3", "/usr/lib/python3.11/ensurepip/__init__.py", "/usr/include/python3.11/Python.h",
+		"/usr/bin/curl", "/usr/bin/git", "/usr/bin/gcc", "/usr/bin/make", "/etc/ssl/certs/ca-certificates.crt"} {
 		if s := debugfs("stat " + bin); !strings.Contains(s, "Inode:") {
 			t.Errorf("%s missing", bin)
 		}

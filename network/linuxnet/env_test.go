@@ -156,6 +156,24 @@ type env struct {
 	seen map[string]string
 	// pems are the test hosts' certificates, for a guest's trust store.
 	pems []byte
+	// files are documents the HTTPS test hosts serve, by "host/path"
+	// (a package index, a wheel); see serve.
+	files map[string]served
+}
+
+type served struct {
+	contentType string
+	body        []byte
+}
+
+// serve makes the HTTPS test host name answer GET path with body.
+func (e *env) serve(name, path, contentType string, body []byte) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.files == nil {
+		e.files = map[string]served{}
+	}
+	e.files[name+path] = served{contentType, body}
 }
 
 // saw returns what the named HTTPS test host last received.
@@ -307,6 +325,14 @@ func (e *env) startServers() {
 		ln := listen("tcp4", ip+":443")
 		srv := &http.Server{
 			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				e.mu.Lock()
+				f, ok := e.files[name+r.URL.Path]
+				e.mu.Unlock()
+				if ok {
+					w.Header().Set("Content-Type", f.contentType)
+					w.Write(f.body)
+					return
+				}
 				if r.URL.Path == "/big" {
 					w.Header().Set("Content-Length", fmt.Sprint(bigSize))
 					w.Write(bigBody)

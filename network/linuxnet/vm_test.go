@@ -221,3 +221,73 @@ for host in ("pypi.org", "example.com"):
 		t.Errorf("example.com (no rule) received %q", got)
 	}
 }
+
+// TestVMPolicyFromBoot boots the minimal image (its agent is the guest's
+// first process and configures its network) under a deny policy given
+// before the VM exists, as a create-time policy is, and makes the guest's
+// very first command try connections: the denied address sees nothing,
+// while an address the policy allows by CIDR answers at the same moment
+// (so the probe itself works then). The log says how long after the
+// guest's first process started the probe ran (about 2 s under TCG, the
+// agent's own start).
+func TestVMPolicyFromBoot(t *testing.T) {
+	requireRoot(t)
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
+	}
+	img := testimage.Image(t, "minimal")
+	e := newEnv(t)
+	n := e.newNetworkWith("", nil) // real taps
+	t.Cleanup(func() { n.Destroy(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := "sbx_fs" + suffix()
+	att, err := n.Attach(ctx, id, mustPolicy(t, `{"default_outbound":"deny","outbound":[
+	  {"action":"allow","protocol":"tcp","cidrs":["`+pypiIP+`/32"],"ports":"80"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hv, err := qemu.New(qemu.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	launched := time.Now()
+	m, err := hv.Launch(ctx, hypervisor.Spec{
+		ID: id, VCPUs: 1, MemoryMB: 256, Kernel: img.Kernel, Initrd: img.Initrd,
+		Cmdline:  strings.TrimSpace(img.Cmdline + " " + att.Cmdline),
+		StateDir: t.TempDir(),
+		Network:  &hypervisor.Network{Tap: att.Tap, MAC: att.MAC},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		m.Kill(context.Background())
+		m.Cleanup(context.Background())
+	})
+	c, _, err := client.DialReady(ctx, m.AgentEndpoint(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	denied, allowed := e.count("example.com:80"), e.count("pypi.org:80")
+	// The same request to each address, as fast as the guest can:
+	// example.com's first, so it is the earliest packet of all.
+	probe := `cut -d' ' -f1 /proc/uptime
+for ip in ` + exampleIP + ` ` + pypiIP + `; do
+  printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | nc -w 3 $ip 80 | tail -n 1; echo " <- $ip"
+done
+dmesg | grep -m1 'Run .* as init process'`
+	r, err := c.Exec(ctx, client.ExecRequest{Shell: probe, User: "root", Timeout: 30 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(r.Stdout)
+	t.Logf("%v after launch; the guest's uptime, what each address answered, when its first process started:\n%s%s", time.Since(launched).Round(time.Millisecond), out, r.Stderr)
+	if strings.Contains(out, "server=example.com") || denied.get() != 0 {
+		t.Errorf("the denied address was reached (%d connections)", denied.get())
+	}
+	if !strings.Contains(out, "server=pypi.org host=x <- "+pypiIP) || allowed.get() == 0 {
+		t.Errorf("the allowed address did not answer: the probe proves nothing")
+	}
+}
