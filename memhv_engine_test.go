@@ -297,3 +297,36 @@ func TestDataDirFull(t *testing.T) {
 		}
 	}
 }
+
+// TestProcessTimeoutBackstop: a background process whose agent does not
+// enforce its timeout (memhv's "stubborn") is killed by the host once it
+// outlives the timeout by the grace.
+func TestProcessTimeoutBackstop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	eng, err := harebox.New(ctx, memhvOptions(t, hv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	box, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "stubborn 600", TimeoutSeconds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	done, err := eng.WaitProcess(wctx, box.ID, p.ID)
+	if err != nil || done.Result == nil || done.Result.Signal != 9 {
+		t.Fatalf("after %v: %+v %v", time.Since(start), done, err)
+	}
+	if d := time.Since(start); d < 10*time.Second {
+		t.Fatalf("killed after %v, before the grace", d)
+	}
+}

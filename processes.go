@@ -62,11 +62,26 @@ func (e *Engine) StartProcess(ctx context.Context, id string, r sandbox.ExecRequ
 	return e.processView(ctx, b, c, cmd, false)
 }
 
+// processGrace is how long past its timeout a background process may run
+// before the host kills it.
+const processGrace = 10 * time.Second
+
 // recordProcess follows a process this engine started to its end, for the
 // sandbox's command history (kept with the output's first MaxOutputBytes).
 // One that ends while no engine runs is not recorded.
 func (e *Engine) recordProcess(b *box, c *agentclient.Client, procID string, r sandbox.ExecRequest) {
 	started := time.Now()
+	// The agent enforces the timeout; the host kills what outlives it by
+	// processGrace anyway (an agent that is wedged or was replaced by root
+	// in the guest), as a synchronous exec stops waiting.
+	backstop := time.AfterFunc(r.Timeout()+processGrace, func() {
+		ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+		defer cancel()
+		if err := c.Signal(ctx, procID, 9); err == nil {
+			e.log.Warn("background process outlived its timeout; killed by the host", "sandbox", b.rec.ID, "process", procID, "timeout", r.Timeout())
+		}
+	})
+	defer backstop.Stop()
 	out, errw := agentclient.NewCapBuffer(e.opts.MaxOutputBytes), agentclient.NewCapBuffer(e.opts.MaxOutputBytes)
 	st, err := c.Attach(e.ctx, procID, [2]uint64{}, true, func(stderr bool, _ uint64, data []byte) error {
 		if stderr {

@@ -39,8 +39,9 @@ func relaunch(t *testing.T, srv *server) {
 // TestProcessOutlivesServer: a background process started through the
 // CLI runs on while hareboxd is killed with -9 and started again; a
 // `harebox attach` that was following it reconnects by itself and prints
-// every line once, in order, and exits with the process's exit code; the
-// output is still there to read from the start afterwards.
+// every line once, in order, and exits with the process's exit code; a
+// client killed with -9 while following changes nothing; the output is
+// still there to read from the start afterwards.
 func TestProcessOutlivesServer(t *testing.T) {
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbpo")
@@ -81,7 +82,17 @@ func TestProcessOutlivesServer(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- attach.Wait() }()
-	time.Sleep(2500 * time.Millisecond)
+	// A second client, killed with -9 while it follows: the process does
+	// not notice, and a later attach reads everything (below).
+	victim := exec.Command(filepath.Join(s.bin, "harebox"), "attach", box.ID, proc.ID)
+	victim.Env = srv.env(s)
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	victim.Process.Kill()
+	victim.Wait()
+	time.Sleep(time.Second)
 	srv.cmd.Process.Signal(syscall.SIGKILL)
 	srv.cmd.Wait()
 	time.Sleep(time.Second)

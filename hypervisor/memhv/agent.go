@@ -278,7 +278,7 @@ func (x *execution) run(ctx context.Context, st *agentpb.ExecStart, cwd string) 
 				code = n
 			}
 			return &agentpb.ExecExit{ExitCode: int32(code & 0xff)}
-		case "sleep":
+		case "sleep", "stubborn":
 			secs, err := math.NaN(), error(nil)
 			if len(args) == 2 {
 				secs, err = strconv.ParseFloat(args[1], 64)
@@ -289,6 +289,10 @@ func (x *execution) run(ctx context.Context, st *agentpb.ExecStart, cwd string) 
 				continue
 			}
 			t := time.NewTimer(time.Duration(secs * float64(time.Second)))
+			timeout := timeout
+			if args[0] == "stubborn" {
+				timeout = nil // an agent that does not enforce timeouts
+			}
 			select {
 			case <-t.C:
 				code = 0

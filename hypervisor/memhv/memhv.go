@@ -15,6 +15,8 @@
 //	printenv NAME prints the exec's variable NAME (exit 1 without it)
 //	sleep SECS    waits; the request's timeout (timed_out, signal 9), a
 //	              signal or the caller going away end it
+//	stubborn SECS sleep, but the timeout does not end it (an agent that
+//	              does not enforce timeouts, for the host's backstop)
 //
 // Anything else writes "fake agent: command not found: NAME" to stderr and
 // exits 127. Argv is one command. A shell string is split into commands on
