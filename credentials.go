@@ -12,6 +12,7 @@ import (
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/firewall/credproxy"
+	"google.golang.org/grpc/codes"
 )
 
 // A sandbox whose environment has credential rules gets its own CA: the
@@ -23,8 +24,12 @@ const (
 	caCertKey  = "ca_cert" // in the record's Extra, PEM
 	caPath     = "/etc/harebox/ca.pem"
 	bundlePath = "/etc/harebox/ca-bundle.pem"
-	// systemBundle is the guest's own trust store, kept in the bundle.
+	// systemBundle is the guest's own trust store (Debian's and Ubuntu's
+	// OpenSSL, Go and pip read it): the CA is added to it, after caMarker,
+	// and to localCA, so the guest's own update-ca-certificates keeps it.
 	systemBundle = "/etc/ssl/certs/ca-certificates.crt"
+	localCA      = "/usr/local/share/ca-certificates/harebox-sandbox.crt"
+	caMarker     = "# HareBox sandbox CA (the host's credentials proxy)"
 	// maxBundle bounds what is read of the guest's trust store.
 	maxBundle = 4 << 20
 )
@@ -118,24 +123,60 @@ func (e *Engine) loadCredentials(ctx context.Context, b *box) error {
 }
 
 // installCA puts the sandbox's CA certificate in the guest: on its own,
-// and appended to a copy of the guest's trust store that the variables
-// loadCredentials set point at.
+// in the guest's trust store (replacing a CA installed before, a fork's
+// source's), and in a copy of that store the variables loadCredentials
+// sets point at. A trust store that exists but cannot be read whole is
+// left alone.
 func (e *Engine) installCA(ctx context.Context, b *box, c *agentclient.Client) error {
 	sb := b.creds.Load()
 	if sb == nil {
 		return nil
 	}
 	caPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: sb.CA.Raw}))
+	files := map[string]string{caPath: caPEM, localCA: caPEM}
 	var system strings.Builder
-	if fi, err := c.Stat(ctx, systemBundle); err == nil && fi.Type == "file" && fi.Size <= maxBundle {
-		if _, err := c.ReadFile(ctx, systemBundle, &system, 0, maxBundle); err != nil {
-			system.Reset()
-		}
+	fi, err := c.Stat(ctx, systemBundle)
+	readable := agentclient.Code(err) == codes.NotFound // none: the CA is the whole store
+	if err == nil && fi.Type == "file" && fi.Size <= maxBundle {
+		_, err = c.ReadFile(ctx, systemBundle, &system, 0, maxBundle)
+		readable = err == nil
 	}
-	for path, content := range map[string]string{caPath: caPEM, bundlePath: system.String() + "\n" + caPEM} {
+	if !readable {
+		system.Reset()
+	}
+	bundle := withoutSandboxCA(system.String()) + caMarker + "\n" + caPEM
+	files[bundlePath] = bundle
+	if readable {
+		files[systemBundle] = bundle
+	}
+	for path, content := range files {
 		if _, err := c.WriteFile(ctx, path, io.Reader(strings.NewReader(content)), agentclient.WriteOptions{Mode: 0o644, Owner: "root", MakeParents: true}); err != nil {
 			return fmt.Errorf("CA %s: %w", path, agentErr(err))
 		}
 	}
 	return nil
+}
+
+// withoutSandboxCA returns a trust store without the certificate after
+// each caMarker line, ending in a newline unless empty.
+func withoutSandboxCA(store string) string {
+	var out strings.Builder
+	skipping := false
+	for _, line := range strings.SplitAfter(store, "\n") {
+		switch {
+		case strings.TrimSpace(line) == caMarker:
+			skipping = true
+		case skipping:
+			if strings.TrimSpace(line) == "-----END CERTIFICATE-----" {
+				skipping = false
+			}
+		default:
+			out.WriteString(line)
+		}
+	}
+	s := out.String()
+	if s != "" && !strings.HasSuffix(s, "\n") {
+		s += "\n"
+	}
+	return s
 }

@@ -836,7 +836,14 @@ func TestEngineDefaultImage(t *testing.T) {
 	canaryBytes := make([]byte, 32)
 	rand.Read(canaryBytes)
 	canary := hex.EncodeToString(canaryBytes)
-	box := create(t, eng, sandbox.CreateRequest{Image: "default", Size: sandbox.Size{Preset: "small"}, NoEnv: true, TTLSeconds: 900, Env: map[string]string{"HB_CANARY": canary}})
+	// An environment with a credential rule: the sandbox gets its own CA.
+	if _, err := eng.Environments().Create(ctx, "", envs.CreateRequest{Name: "api",
+		Variables:   map[string]envs.Var{"API_KEY": {Value: "sk-default-image-test", Secret: true}},
+		Credentials: []store.CredentialRule{{Secret: "API_KEY", Hosts: []string{"api.example.test"}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	box := create(t, eng, sandbox.CreateRequest{Image: "default", Size: sandbox.Size{Preset: "small"}, Environment: "api", TTLSeconds: 900, Env: map[string]string{"HB_CANARY": canary}})
 	defer eng.Delete(ctx, box.ID)
 	job := "import os, sys\nprint('job', os.getuid(), sys.version_info[0])\n"
 	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/job.py", strings.NewReader(job), harebox.WriteOptions{}); err != nil {
@@ -891,6 +898,18 @@ python3 -m pip --version | cut -d' ' -f1
 python3 -m venv --without-pip v && v/bin/python -c 'import sys; print("venv", sys.prefix != sys.base_prefix)'`)
 		if r.ExitCode != 0 || r.Stdout != "built here\none\ncurl\npip\nvenv True\n" {
 			t.Fatalf("tools: %+v", r)
+		}
+	})
+
+	t.Run("TrustStore", func(t *testing.T) {
+		// The sandbox's CA is in the image's own trust store, beside
+		// Debian's CAs, for programs that read no variable.
+		r := run(t, eng, box.ID, `env -u SSL_CERT_FILE -u REQUESTS_CA_BUNDLE python3 -c '
+import ssl
+certs = ssl.create_default_context().get_ca_certs(binary_form=True)
+print(len(certs) > 100, ssl.PEM_cert_to_DER_cert(open("/etc/harebox/ca.pem").read()) in certs)'`)
+		if r.ExitCode != 0 || r.Stdout != "True True\n" {
+			t.Fatalf("trust store: %+v", r)
 		}
 	})
 

@@ -176,6 +176,29 @@ func TestSandboxCA(t *testing.T) {
 	if !strings.HasPrefix(ca, "-----BEGIN CERTIFICATE-----") || !strings.Contains(bundle, ca) {
 		t.Fatalf("CA in the guest: %q, bundle %q", ca, bundle)
 	}
+	// In the guest's trust store too (this fake guest has none: the CA is
+	// all of it), and where update-ca-certificates finds it.
+	store := func(id string) string {
+		return string(f.must(t, 200, "GET", "/v1/sandboxes/"+id+"/files?path=/etc/ssl/certs/ca-certificates.crt", f.root, nil).raw)
+	}
+	if got := store(id); got != bundle || strings.Count(got, "BEGIN CERTIFICATE") != 1 {
+		t.Fatalf("trust store %q, want the bundle %q", got, bundle)
+	}
+	if got := string(f.must(t, 200, "GET", "/v1/sandboxes/"+id+"/files?path=/usr/local/share/ca-certificates/harebox-sandbox.crt", f.root, nil).raw); got != ca {
+		t.Fatalf("local CA %q", got)
+	}
+	// A fork's clone trusts its own CA instead of its source's, and keeps
+	// the rest of the store.
+	other := "# another CA\n-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+	f.must(t, 200, "PUT", "/v1/sandboxes/"+id+"/files?path=/etc/ssl/certs/ca-certificates.crt", f.root, other+bundle)
+	clones := f.must(t, 201, "POST", "/v1/sandboxes/"+id+"/fork", f.root, map[string]any{"count": 1}).body["sandboxes"].([]any)
+	clone := clones[0].(map[string]any)["id"].(string)
+	cloneCA := string(f.must(t, 200, "GET", "/v1/sandboxes/"+clone+"/files?path=/etc/harebox/ca.pem", f.root, nil).raw)
+	if got := store(clone); cloneCA == ca || strings.Contains(got, ca) || !strings.HasPrefix(got, other) || !strings.HasSuffix(got, cloneCA) ||
+		strings.Count(got, "BEGIN CERTIFICATE") != 2 {
+		t.Fatalf("the clone's trust store %q (its CA %q, the source's %q)", got, cloneCA, ca)
+	}
+	f.must(t, 200, "DELETE", "/v1/sandboxes/"+clone, f.root, nil)
 	if n := countSecrets(t, f.dir, "sandbox/"+id); n != 3 {
 		t.Errorf("the sandbox's data key, console key and CA key: %d sealed rows, want 3", n)
 	}
