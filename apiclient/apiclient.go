@@ -1,6 +1,8 @@
-// Package apiclient is a Go client of HareBox's REST API. The CLI uses it;
-// Go programs on the same host can use the engine (package harebox)
-// directly instead.
+// Package apiclient is the Go client of HareBox's REST API: the way a Go
+// program reaches a remote server (the CLI and the MCP server use it). Its
+// sandbox methods have the names and shapes of the engine's (package
+// harebox), which a program on the sandbox host can use directly instead;
+// every other route is Do.
 package apiclient
 
 import (

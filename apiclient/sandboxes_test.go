@@ -1,0 +1,185 @@
+package apiclient_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/api"
+	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// client is a client of hareboxd's API on the fake hypervisor (its agent
+// runs echo, sleep, exit and files; real VMs are the e2e suite's).
+func client(t *testing.T) *apiclient.Client {
+	dir := t.TempDir()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	eng, err := harebox.New(context.Background(), harebox.Options{DataDir: dir, Hypervisor: hv,
+		Images: map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	key, _, _, err := api.LoadOrCreateRootKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := api.New(api.Options{Engine: eng, Auth: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	b, _ := os.ReadFile(filepath.Join(dir, "root.key"))
+	c, err := apiclient.New(hs.URL, strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestSandboxMethods: the walkthrough and the rest of a sandbox's life
+// through the typed methods.
+func TestSandboxMethods(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	box, err := c.Create(ctx, sandbox.CreateRequest{Name: "untrusted", NoEnv: true, TTLSeconds: 900, Labels: map[string]string{"job": "w"}})
+	if err != nil || box.ID == "" || box.State != sandbox.StateRunning {
+		t.Fatalf("create: %+v %v", box, err)
+	}
+	policy, err := firewall.Parse([]byte(`{"default_outbound": "deny", "outbound": [{"action": "allow", "protocol": "tcp", "ports": "443", "hosts": ["pypi.org", "files.pythonhosted.org"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetFirewall(ctx, box.ID, policy); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Firewall(ctx, box.ID); err != nil || !reflect.DeepEqual(got, policy) {
+		t.Fatalf("firewall: %+v %v, want %+v", got, err, policy)
+	}
+	if fi, err := c.WriteFile(ctx, box.ID, "/home/user/job/job.py", bytes.NewBufferString("print('hi')\n"), apiclient.WriteOptions{Mode: 0o600, MakeParents: true}); err != nil || fi.Size != 12 {
+		t.Fatalf("write: %+v %v", fi, err)
+	}
+	if fi, err := c.StatFile(ctx, box.ID, "/home/user/job/job.py"); err != nil || fi.Mode&0o777 != 0o600 || fi.Size != 12 {
+		t.Fatalf("stat: %+v %v", fi, err)
+	}
+	var buf bytes.Buffer
+	if n, err := c.ReadFile(ctx, box.ID, "/home/user/job/job.py", &buf); err != nil || n != 12 || buf.String() != "print('hi')\n" {
+		t.Fatalf("read: %d %q %v", n, buf.String(), err)
+	}
+	if r, err := c.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo out; echo err >&2; exit 3"}); err != nil || r.Stdout != "out\n" || r.Stderr != "err\n" || r.ExitCode != 3 {
+		t.Fatalf("exec: %+v %v", r, err)
+	}
+
+	done, err := c.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 0.2; echo done"})
+	if err != nil || !done.Running {
+		t.Fatalf("start process: %+v %v", done, err)
+	}
+	long, err := c.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 600"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if p, err := c.WaitProcess(wctx, box.ID, done.ID); err != nil || p.Running || p.Result == nil || p.Result.Stdout != "done\n" {
+		t.Fatalf("wait: %+v %v", p, err)
+	}
+	if err := c.KillProcess(ctx, box.ID, long.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := c.WaitProcess(wctx, box.ID, long.ID); err != nil || p.Result == nil || p.Result.Signal != 9 {
+		t.Fatalf("killed: %+v %v", p, err)
+	}
+	if l, err := c.ListProcesses(ctx, box.ID); err != nil || len(l) != 2 {
+		t.Fatalf("processes: %+v %v", l, err)
+	}
+	if p, err := c.GetProcess(ctx, box.ID, done.ID); err != nil || p.Result == nil || p.Result.ExitCode != 0 {
+		t.Fatalf("get process: %+v %v", p, err)
+	}
+
+	for _, step := range []struct {
+		call func(context.Context, string) (*sandbox.Sandbox, error)
+		want sandbox.State
+	}{{c.Pause, sandbox.StatePaused}, {c.Resume, sandbox.StateRunning}, {c.Stop, sandbox.StateStopped}, {c.Start, sandbox.StateRunning}} {
+		if got, err := step.call(ctx, box.ID); err != nil || got.State != step.want {
+			t.Fatalf("want %s: %+v %v", step.want, got, err)
+		}
+	}
+	snap, err := c.Snapshot(ctx, box.ID, sandbox.SnapshotRequest{Name: "base"})
+	if err != nil || snap.ID == "" {
+		t.Fatalf("snapshot: %+v %v", snap, err)
+	}
+	clones, err := c.Fork(ctx, box.ID, sandbox.ForkRequest{Count: 2})
+	if err != nil || len(clones) != 2 || clones[0].ID == box.ID {
+		t.Fatalf("fork: %+v %v", clones, err)
+	}
+	if l, err := c.List(ctx, sandbox.ListFilter{Labels: map[string]string{"job": "w"}, State: sandbox.StateRunning}); err != nil || len(l) != 3 {
+		t.Fatalf("list by label: %d %v", len(l), err)
+	}
+	if l, err := c.List(ctx, sandbox.ListFilter{Labels: map[string]string{"job": "other"}}); err != nil || len(l) != 0 {
+		t.Fatalf("list by another label: %d %v", len(l), err)
+	}
+	if err := c.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range append(clones, box) {
+		if err := c.Delete(ctx, b.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := c.Get(ctx, box.ID); err == nil && got.State != sandbox.StateDeleted {
+		t.Fatalf("after delete: %+v", got)
+	}
+	// Errors are *Error, with the API's status and code.
+	_, err = c.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"})
+	var ae *apiclient.Error
+	if !errors.As(err, &ae) || (ae.Status != 404 && ae.Status != 409) {
+		t.Fatalf("exec in a deleted sandbox: %v", err)
+	}
+	if _, err := c.Get(ctx, "sbx_nosuch"); !errors.As(err, &ae) || ae.Status != 404 || ae.Code != "not_found" {
+		t.Fatalf("get of no sandbox: %v", err)
+	}
+}
+
+// TestSameNamesAsTheLibrary: every sandbox method of the client is a
+// method of the engine with the same name and as many arguments and
+// results, so code moves between the two by changing its receiver.
+func TestSameNamesAsTheLibrary(t *testing.T) {
+	ct, et := reflect.TypeFor[*apiclient.Client](), reflect.TypeFor[*harebox.Engine]()
+	shared := 0
+	for _, name := range []string{"Create", "Get", "List", "Delete", "Pause", "Resume", "Stop", "Start", "Hibernate", "Fork",
+		"Snapshot", "DeleteSnapshot", "Exec", "StartProcess", "ListProcesses", "GetProcess", "WaitProcess", "KillProcess",
+		"WriteFile", "ReadFile", "StatFile", "Firewall", "SetFirewall"} {
+		cm, ok1 := ct.MethodByName(name)
+		em, ok2 := et.MethodByName(name)
+		if !ok1 || !ok2 {
+			t.Errorf("%s: on the client %v, on the engine %v", name, ok1, ok2)
+			continue
+		}
+		if cm.Type.NumIn() != em.Type.NumIn() || cm.Type.NumOut() != em.Type.NumOut() {
+			t.Errorf("%s: client %v, engine %v", name, cm.Type, em.Type)
+		}
+		for i := 1; i < cm.Type.NumIn(); i++ {
+			if a, b := cm.Type.In(i), em.Type.In(i); a != b && a.Name() != b.Name() {
+				t.Errorf("%s: argument %d is %v on the client, %v on the engine", name, i, a, b)
+			}
+		}
+		shared++
+	}
+	if shared == 0 {
+		t.Fatal("no shared method checked")
+	}
+}
