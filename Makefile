@@ -9,7 +9,7 @@ CACHE := $(CURDIR)/.cache
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all deps build install image image-default demo test test-short fuzz bench reliability proto vet clean
+.PHONY: all deps build install image image-default demo test test-short fuzz bench reliability proto vet lint-openapi clean
 
 all: build
 
@@ -51,8 +51,17 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l . | tee /dev/stderr)" || { echo "gofmt: files above need formatting"; exit 1; }
 
+# The OpenAPI document against Redocly's recommended rules: no error and
+# no warning (api/.redocly.lint-ignore.yaml says which three it waives and
+# why). No telemetry, no update check.
+REDOCLY := REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true ../scripts/openapi-lint/node_modules/.bin/redocly
+lint-openapi: deps
+	@cd api && $(REDOCLY) lint openapi.yaml --format=json 2>/dev/null | jq -e '.totals.errors == 0 and .totals.warnings == 0' >/dev/null || \
+		{ $(REDOCLY) lint openapi.yaml; echo "lint-openapi: api/openapi.yaml has errors or warnings (above)"; exit 1; }
+	@echo "lint-openapi: api/openapi.yaml passes Redocly's recommended rules"
+
 test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
-test: deps vet
+test: deps vet lint-openapi
 	$(GO) test -timeout 20m -count=1 ./...
 	@# The engine's concurrency tests again, several times, under the race detector.
 	CGO_ENABLED=1 $(GO) test -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' .

@@ -21,17 +21,17 @@ func (s *Server) listURLs(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getURL(w http.ResponseWriter, r *http.Request) error {
-	u, err := s.eng.GetURL(r.Context(), r.PathValue("id"), r.PathValue("url"))
+	u, err := s.eng.GetURL(r.Context(), r.PathValue("id"), r.PathValue("url_id"))
 	return reply(w, http.StatusOK, u, err)
 }
 
 func (s *Server) rotateURL(w http.ResponseWriter, r *http.Request) error {
-	u, err := s.eng.RotateURL(r.Context(), r.PathValue("id"), r.PathValue("url"))
+	u, err := s.eng.RotateURL(r.Context(), r.PathValue("id"), r.PathValue("url_id"))
 	return reply(w, http.StatusOK, u, err)
 }
 
 func (s *Server) deleteURL(w http.ResponseWriter, r *http.Request) error {
-	if err := s.eng.DeleteURL(r.Context(), r.PathValue("id"), r.PathValue("url")); err != nil {
+	if err := s.eng.DeleteURL(r.Context(), r.PathValue("id"), r.PathValue("url_id")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -266,6 +266,17 @@ func TestWalkthrough(t *testing.T) {
 			t.Fatalf("walkthrough output:\n%s", out)
 		}
 	})
+	t.Run("GeneratedClient", func(t *testing.T) {
+		// A client generated from the OpenAPI document by a maintained
+		// generator (oapi-codegen, a tool of this module) compiles and runs
+		// the walkthrough (e2e/testdata/genwalk).
+		run(t, srv, s, s.root, 5*time.Minute, "go", "tool", "oapi-codegen", "-generate", "types,client", "-package", "gen",
+			"-o", "e2e/testdata/genwalk/gen/client.gen.go", "api/openapi.yaml")
+		out := run(t, srv, s, s.root, 10*time.Minute, "go", "run", "./e2e/testdata/genwalk")
+		if !strings.HasPrefix(out, "0 "+jobOutput) {
+			t.Fatalf("walkthrough on the generated client:\n%s", out)
+		}
+	})
 	// The SDK suites cover every route; each also runs its walkthrough
 	// (examples/untrusted/walkthrough.py and walkthrough.mjs) on the Debian
 	// image. Their other tests use the minimal image to boot fast.
@@ -276,9 +287,24 @@ func TestWalkthrough(t *testing.T) {
 		if !fileExists(py) {
 			py = "python3"
 		}
+		// The package as users get it: a wheel built from a copy of the
+		// source (setuptools builds in place), installed into a fresh
+		// directory, which the suite imports instead of the source tree.
+		work := t.TempDir()
+		if err := os.CopyFS(filepath.Join(work, "src"), os.DirFS(filepath.Join(s.root, "sdk", "python"))); err != nil {
+			t.Fatal(err)
+		}
+		run(t, srv, s, work, 5*time.Minute, py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", "dist", "./src")
+		wheels, _ := filepath.Glob(filepath.Join(work, "dist", "harebox-*-py3-none-any.whl"))
+		if len(wheels) != 1 {
+			t.Fatalf("built wheels: %v", wheels)
+		}
+		run(t, srv, s, work, 5*time.Minute, py, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", "site", wheels[0])
 		// (The stop/start test checks files on the Debian image, whose root
 		// is on its disk.)
-		out := run(t, srv, s, s.root, 10*time.Minute, "env", "HAREBOX_TEST_IMAGE=minimal", "HAREBOX_TEST_DEFAULT_IMAGE_NAME=default", py, "-m", "pytest", "sdk/python", "-q", "-p", "no:cacheprovider")
+		out := run(t, srv, s, work, 10*time.Minute, "env", "HAREBOX_TEST_IMAGE=minimal", "HAREBOX_TEST_DEFAULT_IMAGE_NAME=default",
+			"HAREBOX_TEST_INSTALLED=1", "PYTHONPATH="+filepath.Join(work, "site"), "PIP_ROOT_USER_ACTION=ignore",
+			py, "-m", "pytest", filepath.Join(s.root, "sdk", "python"), "-q", "-p", "no:cacheprovider")
 		t.Log(lastLines(out, 3))
 		if !strings.Contains(out, " passed") || strings.Contains(out, " failed") || strings.Contains(out, " skipped") {
 			t.Fatalf("pytest:\n%s", out)
@@ -289,7 +315,28 @@ func TestWalkthrough(t *testing.T) {
 		if !fileExists(filepath.Join(dir, "node_modules")) {
 			run(t, srv, s, dir, 5*time.Minute, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
 		}
-		out := run(t, srv, s, dir, 10*time.Minute, "env", "HAREBOX_TEST_IMAGE=minimal", "npm", "test")
+		// The package as users get it: packed, installed into a fresh
+		// project (offline: make deps put undici in npm's cache), and the
+		// walkthrough run from there, importing "harebox".
+		work := t.TempDir()
+		tgz := strings.TrimSpace(lastLines(run(t, srv, s, dir, 5*time.Minute, "npm", "pack", "--pack-destination", work, "--loglevel=error"), 1))
+		app := filepath.Join(work, "app")
+		os.MkdirAll(app, 0o755)
+		os.WriteFile(filepath.Join(app, "package.json"), []byte(`{"name": "walkthrough", "private": true, "type": "module"}`), 0o644)
+		run(t, srv, s, app, 5*time.Minute, "npm", "install", "--offline", "--no-audit", "--no-fund", "--loglevel=error", filepath.Join(work, tgz))
+		src, err := os.ReadFile(filepath.Join(s.root, "examples", "untrusted", "walkthrough.mjs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		walk := strings.Replace(string(src), `from "../../sdk/typescript/dist/index.js"`, `from "harebox"`, 1)
+		if walk == string(src) {
+			t.Fatal("walkthrough.mjs: its import of the client moved; update this test")
+		}
+		os.WriteFile(filepath.Join(app, "walkthrough.mjs"), []byte(walk), 0o644)
+		if job, err := os.ReadFile(filepath.Join(s.root, "examples", "untrusted", "job.py")); err != nil || os.WriteFile(filepath.Join(app, "job.py"), job, 0o644) != nil {
+			t.Fatal("job.py:", err)
+		}
+		out := run(t, srv, s, dir, 10*time.Minute, "env", "HAREBOX_TEST_IMAGE=minimal", "HAREBOX_TEST_WALKTHROUGH="+filepath.Join(app, "walkthrough.mjs"), "npm", "test")
 		t.Log(lastLines(out, 12))
 		if !strings.Contains(out, "# fail 0") || strings.Contains(out, "# pass 0") {
 			t.Fatalf("npm test:\n%s", out)

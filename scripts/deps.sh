@@ -10,6 +10,7 @@ pkgs=(
   debootstrap e2fsprogs        # the default image (Debian 12 root disk)
   iproute2 nftables jq         # host networking, firewall, the CLI walkthrough
   python3 python3-pytest       # the Python client and its tests
+  python3-pip python3-setuptools python3-wheel  # its wheel, built and installed by the tests
   gcc libc6-dev                # cgo, for the race detector in make test
   ca-certificates openssl      # TLS, and the SDKs' test certificates
   tmux                         # drives harebox shell in a real terminal (tests)
@@ -46,5 +47,15 @@ go mod download
 # @types/node), from its lock file: again whenever the lock file changed.
 if [ ! -f sdk/typescript/node_modules/.package-lock.json ] ||
   [ sdk/typescript/package-lock.json -nt sdk/typescript/node_modules/.package-lock.json ]; then
-  (cd sdk/typescript && npm ci --no-audit --no-fund --loglevel=error)
+  (cd sdk/typescript && npm ci --no-audit --no-fund --loglevel=error &&
+    # The e2e suite installs the packed client into a fresh project
+    # offline: npm needs undici's metadata in its cache for that.
+    npm cache add "undici@$(node -p 'require("./package.json").dependencies.undici')" --loglevel=error)
+fi
+
+# Redocly CLI (pinned, scripts/openapi-lint), for make test's lint of the
+# OpenAPI document: again whenever its lock file changed.
+if [ ! -f scripts/openapi-lint/node_modules/.package-lock.json ] ||
+  [ scripts/openapi-lint/package-lock.json -nt scripts/openapi-lint/node_modules/.package-lock.json ]; then
+  (cd scripts/openapi-lint && npm ci --no-audit --no-fund --loglevel=error)
 fi

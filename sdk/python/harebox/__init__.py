@@ -31,7 +31,7 @@ from .errors import (
 from .pty import Pty
 from .sandbox import Sandbox
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 __all__ = [
     "Client",

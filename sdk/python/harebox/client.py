@@ -37,7 +37,7 @@ __all__ = ["Client", "ExecEvent", "ExecStream", "ProcessOutputStream", "Pty", "D
 #: Where the client goes when neither ``url`` nor HAREBOX_URL says.
 DEFAULT_URL = "http://127.0.0.1:7070"
 
-USER_AGENT = "harebox-python/0.1.0"
+USER_AGENT = "harebox-python/1.0.0"
 
 #: The server's default command timeout (ExecRequest.timeout_seconds).
 _DEFAULT_EXEC_SECONDS = 300.0
@@ -376,12 +376,12 @@ class Client:
 
     @operation("getURL")
     def get_url(self, sandbox_id: str, url_id: str, *, timeout: float | None = None) -> t.URL:
-        """GET /v1/sandboxes/{id}/urls/{url}: a URL (url_...), without its token."""
+        """GET /v1/sandboxes/{id}/urls/{url_id}: a URL (url_...), without its token."""
         return cast(t.URL, self._json("GET", _path("/v1/sandboxes/{}/urls/{}", sandbox_id, url_id), timeout=timeout))
 
     @operation("rotateURL")
     def rotate_url(self, sandbox_id: str, url_id: str, *, timeout: float | None = None) -> t.URL:
-        """POST /v1/sandboxes/{id}/urls/{url}/rotate: gives a token URL a
+        """POST /v1/sandboxes/{id}/urls/{url_id}/rotate: gives a token URL a
         new token, atomically: when this returns, the new token works, every
         request sent with the old one is refused, and requests, event
         streams, WebSockets and HTTP/1.1 keep-alive connections opened with the old
@@ -392,7 +392,7 @@ class Client:
 
     @operation("deleteURL")
     def delete_url(self, sandbox_id: str, url_id: str, *, timeout: float | None = None) -> None:
-        """DELETE /v1/sandboxes/{id}/urls/{url}: unpublishes the URL: its
+        """DELETE /v1/sandboxes/{id}/urls/{url_id}: unpublishes the URL: its
         port is closed to the ingress again, and requests, streams and
         WebSockets its token opened are cut."""
         self._json("DELETE", _path("/v1/sandboxes/{}/urls/{}", sandbox_id, url_id), timeout=timeout)

@@ -1,6 +1,8 @@
 """Fixtures for tests against a real hareboxd with real VMs.
 
-The client is imported from the source tree, so the tests need no install.
+The client is imported from the source tree, so the tests need no install;
+with HAREBOX_TEST_INSTALLED=1 it is imported as installed (the e2e suite
+installs the built wheel into a fresh directory and runs them on that).
 Tests that need a server take the ``hb`` fixture, which skips them all with
 one reason when HAREBOX_URL is unset. Sandboxes are few (each boot is ~10 s
 under software emulation) and always deleted, even when a test fails.
@@ -17,9 +19,14 @@ from typing import Iterator
 import pytest
 
 SDK_DIR = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(SDK_DIR))
+INSTALLED = os.environ.get("HAREBOX_TEST_INSTALLED") == "1"
+if not INSTALLED:
+    sys.path.insert(0, str(SDK_DIR))
 
 import harebox  # noqa: E402
+
+if INSTALLED and Path(harebox.__file__).resolve().is_relative_to(SDK_DIR):
+    raise RuntimeError(f"HAREBOX_TEST_INSTALLED=1, but harebox comes from the source tree ({harebox.__file__})")
 
 NO_SERVER = "HAREBOX_URL is not set: these tests need a running hareboxd (eval \"$(scripts/devserver.sh)\")"
 

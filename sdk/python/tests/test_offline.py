@@ -107,6 +107,21 @@ def test_client_covers_the_repository_document() -> None:
         assert name == snake(operation_id), operation_id
 
 
+def test_versions_follow_the_api() -> None:
+    """Both clients' versions are the API version the document states."""
+    if not REPO_OPENAPI.is_file():
+        pytest.skip("api/openapi.yaml is not beside this SDK")
+    repo = REPO_OPENAPI.parents[1]
+    api = re.search(r"^info:\n(?:  .*\n)*?  version: (\S+)$", REPO_OPENAPI.read_text(), re.M)
+    assert api, "no info.version in api/openapi.yaml"
+    pyproject = re.search(r'^version = "([^"]+)"$', (repo / "sdk/python/pyproject.toml").read_text(), re.M)
+    package = json.loads((repo / "sdk/typescript/package.json").read_text())["version"]
+    ts = re.search(r'^export const VERSION = "([^"]+)";$', (repo / "sdk/typescript/src/client.ts").read_text(), re.M)
+    assert pyproject and ts
+    assert {harebox.__version__, pyproject[1], package, ts[1]} == {api[1]}
+    assert harebox.client.USER_AGENT == "harebox-python/" + api[1]
+
+
 def test_unreachable_server_is_a_transport_error() -> None:
     with pytest.raises(harebox.TransportError):
         harebox.Client(url="http://127.0.0.1:9", api_key="k", timeout=5).get_health()

@@ -85,7 +85,7 @@ import type {
 } from "./types.js";
 
 /** The version of this client. */
-export const VERSION = "0.1.0";
+export const VERSION = "1.0.0";
 
 /** How a client reaches the server. */
 export interface HareBoxOptions {

@@ -1169,11 +1169,11 @@ describe("against a local HTTP server", () => {
     assert.ok(seen.slice(start).every((s) => s.auth === `Bearer ${KEY}`));
     assert.ok(seen.slice(start).filter((s) => s.body).every((s) => s.method === "POST"));
     for (const op of ["createURL", "listURLs", "getURL", "rotateURL", "deleteURL"]) assert.equal(typeof HareBox.prototype[op], "function", op);
-    assert.deepEqual(OPERATIONS.rotateURL, { method: "POST", path: "/v1/sandboxes/{id}/urls/{url}/rotate" });
+    assert.deepEqual(OPERATIONS.rotateURL, { method: "POST", path: "/v1/sandboxes/{id}/urls/{url_id}/rotate" });
     await assert.rejects(hb.createURL("", { body: { port: 8080 } }), (e) => e instanceof HareBoxError && e.field === "id");
     await assert.rejects(hb.listURLs(""), (e) => e instanceof HareBoxError && e.field === "id");
-    await assert.rejects(hb.getURL("sbx_1", ""), (e) => e instanceof HareBoxError && e.field === "url");
-    await assert.rejects(hb.rotateURL("sbx_1", ""), (e) => e instanceof HareBoxError && e.field === "url");
+    await assert.rejects(hb.getURL("sbx_1", ""), (e) => e instanceof HareBoxError && e.field === "url_id");
+    await assert.rejects(hb.rotateURL("sbx_1", ""), (e) => e instanceof HareBoxError && e.field === "url_id");
     await assert.rejects(hb.deleteURL("", "url_1"), (e) => e instanceof HareBoxError && e.field === "id");
     assert.equal(seen.length, start + 14, "a bad id sends nothing");
     // A port published already is a conflict, with its field.

@@ -26,7 +26,9 @@ import { HareBox, HareBoxError, OPERATIONS, RateLimitedError, Sandbox } from "ha
 const URL_ = process.env.HAREBOX_URL;
 const IMAGE = process.env.HAREBOX_TEST_IMAGE || "minimal";
 const skip = URL_ ? false : 'HAREBOX_URL is not set: these tests need a running hareboxd (eval "$(scripts/devserver.sh)" from the repository root)';
-const WALKTHROUGH = fileURLToPath(new URL("../../../examples/untrusted/walkthrough.mjs", import.meta.url));
+// HAREBOX_TEST_WALKTHROUGH: a copy of it in a project that installed the
+// packed package (the e2e suite makes one), to run it as users would.
+const WALKTHROUGH = process.env.HAREBOX_TEST_WALKTHROUGH || fileURLToPath(new URL("../../../examples/untrusted/walkthrough.mjs", import.meta.url));
 
 const dec = (b) => new TextDecoder().decode(b);
 const b64 = (s) => Buffer.from(s).toString("base64");
