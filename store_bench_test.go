@@ -2,7 +2,6 @@ package harebox
 
 import (
 	"context"
-	"errors"
 	"os"
 	"testing"
 	"time"
@@ -20,14 +19,7 @@ import (
 // postgres/sqlite and each one's time per call.
 func BenchmarkStores(b *testing.B) {
 	ctx := context.Background()
-	pg, err := testpg.Start()
-	if errors.Is(err, testpg.ErrMissing) {
-		b.Skip(err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { pg.Stop() })
+	dsn := testpg.ForTest(b)
 	open := func(st store.Store) *Engine {
 		dir, err := os.MkdirTemp("", "hbm")
 		if err != nil {
@@ -44,10 +36,6 @@ func BenchmarkStores(b *testing.B) {
 		}
 		b.Cleanup(func() { eng.Close() })
 		return eng
-	}
-	dsn, err := pg.NewDatabase()
-	if err != nil {
-		b.Fatal(err)
 	}
 	db, err := store.OpenPostgres(ctx, dsn)
 	if err != nil {

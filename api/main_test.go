@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -32,15 +31,5 @@ func TestMain(m *testing.M) {
 func postgresDatabase(t *testing.T) string {
 	t.Helper()
 	pgOnce.Do(func() { pg, pgErr = testpg.Start() })
-	if errors.Is(pgErr, testpg.ErrMissing) {
-		t.Skip(pgErr)
-	}
-	if pgErr != nil {
-		t.Fatal(pgErr)
-	}
-	dsn, err := pg.NewDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dsn
+	return testpg.Database(t, pg, pgErr)
 }

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -21,18 +20,7 @@ import (
 // it.
 func TestPostgresStore(t *testing.T) {
 	s := prepare(t)
-	pg, err := testpg.Start()
-	if errors.Is(err, testpg.ErrMissing) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Stop()
-	dsn, err := pg.NewDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn := testpg.ForTest(t)
 	dataDir, err := os.MkdirTemp("", "hbpgd")
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -48,16 +47,7 @@ func forEachStore(t *testing.T, test func(t *testing.T, s *DB, reopen func() *DB
 		test(t, open(), open)
 	})
 	t.Run("postgres", func(t *testing.T) {
-		if errors.Is(pgErr, testpg.ErrMissing) {
-			t.Skip(pgErr)
-		}
-		if pgErr != nil {
-			t.Fatal(pgErr)
-		}
-		dsn, err := pg.NewDatabase()
-		if err != nil {
-			t.Fatal(err)
-		}
+		dsn := testpg.Database(t, pg, pgErr)
 		open := func() *DB {
 			t.Helper()
 			s, err := OpenPostgres(ctx, dsn)

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"github.com/harebox/harebox/internal/testpg"
+
 	"context"
 	"database/sql"
 	"errors"
@@ -147,14 +149,8 @@ func testScrub(t *testing.T, s *DB, _ func() *DB) {
 
 // One engine holds a PostgreSQL database until it closes it.
 func TestPostgresHeldByOne(t *testing.T) {
-	if pg == nil {
-		t.Skip(pgErr)
-	}
 	ctx := context.Background()
-	dsn, err := pg.NewDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn := testpg.Database(t, pg, pgErr)
 	s, err := OpenPostgres(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -192,16 +188,10 @@ func testRawText(t *testing.T, s *DB, _ func() *DB) {
 // A store whose owner connection dies takes the lock again; if another
 // store took it meanwhile, Lost says so.
 func TestPostgresOwnerKept(t *testing.T) {
-	if pg == nil {
-		t.Skip(pgErr)
-	}
+	dsn := testpg.Database(t, pg, pgErr)
 	defer func(d time.Duration) { pgHeartbeat = d }(pgHeartbeat)
 	pgHeartbeat = 20 * time.Millisecond
 	ctx := context.Background()
-	dsn, err := pg.NewDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
 	s, err := OpenPostgres(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)

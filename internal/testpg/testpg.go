@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"syscall"
+	"testing"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
@@ -128,6 +129,35 @@ func (s *Server) NewDatabase() (string, error) {
 		return "", fmt.Errorf("testpg: %w", err)
 	}
 	return s.dsn(name), nil
+}
+
+// Database returns a new database of s, a server its test package
+// started once (err is what Start returned): it skips tb where PostgreSQL
+// is not installed and fails it on any other error.
+func Database(tb testing.TB, s *Server, err error) string {
+	tb.Helper()
+	if errors.Is(err, ErrMissing) {
+		tb.Skip(err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dsn, err := s.NewDatabase()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return dsn
+}
+
+// ForTest starts a server for one test or benchmark, stopped when it
+// ends, and returns a new database of it, as Database would.
+func ForTest(tb testing.TB) string {
+	tb.Helper()
+	s, err := Start()
+	if s != nil {
+		tb.Cleanup(func() { s.Stop() })
+	}
+	return Database(tb, s, err)
 }
 
 // Stop stops the server (fast: its connections are ended) and removes
