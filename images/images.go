@@ -31,8 +31,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/harebox/harebox/agent/layout"
 )
 
 // BuilderVersion is part of every input hash: bump it whenever the builder
@@ -90,6 +95,9 @@ type Image struct {
 	// Suite and Mirror record where the root disk came from (default image).
 	Suite  string `json:"suite,omitempty"`
 	Mirror string `json:"mirror,omitempty"`
+	// From and Digest record the OCI image it was built from (Options.From).
+	From   string `json:"from,omitempty"`
+	Digest string `json:"digest,omitempty"`
 
 	// Dir is the image directory (not stored).
 	Dir string `json:"-"`
@@ -97,8 +105,15 @@ type Image struct {
 
 // Options say what to build. Only Name, AgentPath and OutDir are required.
 type Options struct {
-	// Name is Minimal or Default.
+	// Name is Minimal or Default, or the name of an image built From an
+	// OCI image (lower-case letters, digits and dashes).
 	Name string
+	// From, if set, builds the root disk from an OCI image instead:
+	// "oci:DIR" (an OCI image layout) or "docker-archive:FILE" (a docker
+	// save tarball). See oci.go.
+	From string
+	// fromDigest is From's image digest, an input of the build.
+	fromDigest string
 	// AgentPath is the static harebox-agent binary.
 	AgentPath string
 	// OutDir is the cache directory; the image goes to OutDir/<name>-<hash>/.
@@ -182,12 +197,16 @@ const (
 )
 
 func (o *Options) setDefaults() error {
-	switch o.Name {
-	case Minimal, Default:
-	case "":
+	switch {
+	case o.From != "":
+		if !imageName.MatchString(o.Name) || o.Name == Minimal || o.Name == Default {
+			return fmt.Errorf("images: an image built from an OCI image needs a name of its own (lower-case letters, digits, dashes), not %q", o.Name)
+		}
+	case o.Name == Minimal, o.Name == Default:
+	case o.Name == "":
 		return errors.New("images: Name is required (minimal or default)")
 	default:
-		return fmt.Errorf("images: unknown image %q (want minimal or default)", o.Name)
+		return fmt.Errorf("images: unknown image %q (want minimal or default, or From an OCI image)", o.Name)
 	}
 	if o.AgentPath == "" {
 		return errors.New("images: AgentPath is required")
@@ -215,6 +234,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.Hostname == "" {
 		o.Hostname = DefaultHostname
+	}
+	if o.Headroom <= 0 {
+		o.Headroom = DefaultHeadroom
 	}
 	if o.Name != Default {
 		return nil
@@ -251,6 +273,8 @@ func (o *Options) setDefaults() error {
 	return nil
 }
 
+var imageName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
 const (
 	ubuntuKeyring      = "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
 	debootstrapScripts = "/usr/share/debootstrap/scripts"
@@ -268,6 +292,17 @@ func Build(ctx context.Context, o Options) (Image, error) {
 	kver, kernel, err := findKernel(o.BootDir, o.ModulesDir, o.KernelVersion)
 	if err != nil {
 		return Image{}, err
+	}
+	var from v1.Image
+	if o.From != "" {
+		if from, err = ociImage(o.From); err != nil {
+			return Image{}, err
+		}
+		d, err := from.Digest()
+		if err != nil {
+			return Image{}, fmt.Errorf("images: %s: %w", o.From, err)
+		}
+		o.fromDigest = d.String()
 	}
 	mods, err := resolveModules(filepath.Join(o.ModulesDir, kver), o.Modules)
 	if err != nil {
@@ -325,6 +360,19 @@ func Build(ctx context.Context, o Options) (Image, error) {
 	lg.step("writing initramfs")
 	if err := writeInitramfs(ctx, filepath.Join(tmp, InitrdFile), &o, kver, mods); err != nil {
 		return Image{}, fmt.Errorf("images: initramfs: %w", err)
+	}
+	if from != nil {
+		systemd, err := buildOCIRootDisk(ctx, lg, &o, from, tmp, filepath.Join(tmp, RootDiskFile))
+		if err != nil {
+			return Image{}, fmt.Errorf("images: root disk: %w", err)
+		}
+		img.RootDisk = filepath.Join(final, RootDiskFile)
+		img.RootDiskFormat = "raw"
+		img.Cmdline += " harebox.root=/dev/vda"
+		if !systemd {
+			img.Cmdline += " harebox.init=" + layout.AgentPath
+		}
+		img.From, img.Digest = o.From, o.fromDigest
 	}
 	if o.Name == Default {
 		if err := buildRootDisk(ctx, lg, &o, tmp, filepath.Join(tmp, RootDiskFile)); err != nil {
@@ -458,6 +506,10 @@ func inputHash(ctx context.Context, o *Options, kver, kernel string, mods []modu
 	}
 	field("hostname", o.Hostname)
 	field("extra_cmdline", o.ExtraCmdline)
+	if o.From != "" {
+		// By digest, not by path: the same image anywhere is the same build.
+		field("from", o.fromDigest, fmt.Sprint(o.Headroom))
+	}
 	if o.Name == Default {
 		field("suite", o.Suite)
 		field("mirror", o.Mirror)

@@ -60,7 +60,9 @@ func Run(opts Options) error {
 		logf("read /proc/cmdline: %v", err)
 	}
 	params := ParseCmdline(string(cmdline))
-	if dev := params[layout.ParamRoot]; dev != "" {
+	// An image whose init is the agent itself (an OCI image without
+	// systemd) comes back here after the switch, on the root disk: stay.
+	if dev := params[layout.ParamRoot]; dev != "" && inInitramfs() {
 		init := params[layout.ParamInit]
 		if init == "" {
 			init = layout.DefaultInit
@@ -69,6 +71,16 @@ func Run(opts Options) error {
 		logf("switch to %s failed: %v; staying init", dev, err)
 	}
 	return supervise(opts)
+}
+
+// inInitramfs reports whether / is still the initramfs (a ramfs or
+// tmpfs), not a root disk switched to.
+func inInitramfs() bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/", &st); err != nil {
+		return true
+	}
+	return st.Type == unix.RAMFS_MAGIC || st.Type == unix.TMPFS_MAGIC
 }
 
 type mountSpec struct {

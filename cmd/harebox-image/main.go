@@ -41,7 +41,8 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var components, packages, modules string
 	var headroomMiB int64
 	var quiet bool
-	fs.StringVar(&o.Name, "name", images.Minimal, "image: minimal or default")
+	fs.StringVar(&o.Name, "name", images.Minimal, "image: minimal or default, or the name of an image built --from an OCI image")
+	fs.StringVar(&o.From, "from", "", "build the root disk from an OCI image: oci:DIR (an OCI image layout) or docker-archive:FILE (docker save)")
 	fs.StringVar(&o.AgentPath, "agent", "", "static harebox-agent binary (required)")
 	fs.StringVar(&o.OutDir, "out", "", "output (cache) directory (required)")
 	fs.StringVar(&o.KernelVersion, "kernel-version", "", "kernel version (default: newest in /boot with /lib/modules)")
