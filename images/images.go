@@ -109,8 +109,8 @@ type Options struct {
 	// OCI image (lower-case letters, digits and dashes).
 	Name string
 	// From, if set, builds the root disk from an OCI image instead:
-	// "oci:DIR" (an OCI image layout) or "docker-archive:FILE" (a docker
-	// save tarball). See oci.go.
+	// "oci:DIR" (an OCI image layout), "docker-archive:FILE" (a docker
+	// save tarball) or "registry:REF" (pulled). See oci.go.
 	From string
 	// fromDigest is From's image digest, an input of the build.
 	fromDigest string
@@ -295,7 +295,7 @@ func Build(ctx context.Context, o Options) (Image, error) {
 	}
 	var from v1.Image
 	if o.From != "" {
-		if from, err = ociImage(o.From); err != nil {
+		if from, err = OpenOCI(ctx, o.From); err != nil {
 			return Image{}, err
 		}
 		d, err := from.Digest()

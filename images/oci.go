@@ -12,9 +12,12 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	ocilayout "github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/harebox/harebox/agent/layout"
@@ -36,15 +39,28 @@ const (
 	MaxOCIBytes     = 32 << 30
 )
 
-// ociImage opens the image From names: "oci:DIR" (an OCI image layout, the
-// only or the linux/amd64 image of its index) or "docker-archive:FILE" (a
-// docker save tarball).
-func ociImage(from string) (v1.Image, error) {
+// OpenOCI opens the image an Options.From names: "oci:DIR" (an OCI image layout, the
+// only or the linux/amd64 image of its index), "docker-archive:FILE" (a
+// docker save tarball) or "registry:REF" (pulled from a registry the host
+// reaches, with the credentials of the docker config if any; plain HTTP
+// only for localhost).
+func OpenOCI(ctx context.Context, from string) (v1.Image, error) {
 	kind, p, ok := strings.Cut(from, ":")
 	if !ok || p == "" {
-		return nil, fmt.Errorf("images: From %q: want oci:DIR or docker-archive:FILE", from)
+		return nil, fmt.Errorf("images: From %q: want oci:DIR, docker-archive:FILE or registry:REF", from)
 	}
 	switch kind {
+	case "registry":
+		ref, err := name.ParseReference(p)
+		if err != nil {
+			return nil, fmt.Errorf("images: registry reference %q: %w", p, err)
+		}
+		img, err := remote.Image(ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain),
+			remote.WithPlatform(v1.Platform{OS: "linux", Architecture: "amd64"}))
+		if err != nil {
+			return nil, fmt.Errorf("images: pull %s: %w", ref, err)
+		}
+		return img, nil
 	case "oci":
 		idx, err := ocilayout.ImageIndexFromPath(p)
 		if err != nil {
@@ -78,7 +94,7 @@ func ociImage(from string) (v1.Image, error) {
 		}
 		return img, nil
 	}
-	return nil, fmt.Errorf("images: From %q: want oci:DIR or docker-archive:FILE", from)
+	return nil, fmt.Errorf("images: From %q: want oci:DIR, docker-archive:FILE or registry:REF", from)
 }
 
 // buildOCIRootDisk unpacks img under work, adds what the guest needs and

@@ -133,10 +133,10 @@ func TestOCIName(t *testing.T) {
 			t.Errorf("name %q accepted", name)
 		}
 	}
-	if _, err := ociImage("tar:/x"); err == nil || !strings.Contains(err.Error(), "oci:DIR") {
+	if _, err := OpenOCI(context.Background(), "tar:/x"); err == nil || !strings.Contains(err.Error(), "oci:DIR") {
 		t.Errorf("unknown source kind: %v", err)
 	}
-	if _, err := ociImage("oci:" + t.TempDir()); err == nil {
+	if _, err := OpenOCI(context.Background(), "oci:"+t.TempDir()); err == nil {
 		t.Error("an empty directory opened as an OCI layout")
 	}
 }

@@ -42,7 +42,7 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var headroomMiB int64
 	var quiet bool
 	fs.StringVar(&o.Name, "name", images.Minimal, "image: minimal or default, or the name of an image built --from an OCI image")
-	fs.StringVar(&o.From, "from", "", "build the root disk from an OCI image: oci:DIR (an OCI image layout) or docker-archive:FILE (docker save)")
+	fs.StringVar(&o.From, "from", "", "build the root disk from an OCI image: oci:DIR (an OCI image layout), docker-archive:FILE (docker save) or registry:REF (pulled)")
 	fs.StringVar(&o.AgentPath, "agent", "", "static harebox-agent binary (required)")
 	fs.StringVar(&o.OutDir, "out", "", "output (cache) directory (required)")
 	fs.StringVar(&o.KernelVersion, "kernel-version", "", "kernel version (default: newest in /boot with /lib/modules)")
