@@ -79,6 +79,9 @@ type Options struct {
 	// up in ImageDir (default DataDir/images), as built by harebox-image.
 	Images   map[string]images.Image
 	ImageDir string
+	// AgentPath is the static harebox-agent binary images are built with
+	// (BuildImage); empty means this engine builds no images.
+	AgentPath string
 
 	// Site is where this host runs, reported on every sandbox.
 	Site sandbox.Site
@@ -146,6 +149,9 @@ type Capacity struct {
 
 // Engine runs sandboxes. It is safe for concurrent use.
 type Engine struct {
+	// imageMu serialises image builds and deletes (a build takes the
+	// host's disk and CPU for minutes; one at a time is enough).
+	imageMu sync.Mutex
 	opts    Options
 	log     *slog.Logger
 	store   store.Store

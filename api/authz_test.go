@@ -40,9 +40,16 @@ type fastAPI struct {
 	srv       *api.Server
 	// store, if set, is the engine's (else SQLite in dir).
 	store store.Store
+	// tweak, if set, changes the engine's options.
+	tweak func(*harebox.Options)
 }
 
 func newFastAPI(t testing.TB, opts api.Options) *fastAPI {
+	return newFastAPIWith(t, opts, nil)
+}
+
+// newFastAPIWith is newFastAPI with engine options tweak changes.
+func newFastAPIWith(t testing.TB, opts api.Options, tweak func(*harebox.Options)) *fastAPI {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "hbz")
 	if err != nil {
@@ -51,7 +58,7 @@ func newFastAPI(t testing.TB, opts api.Options) *fastAPI {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	hv := memhv.New(memhv.Options{})
 	t.Cleanup(func() { hv.Close() })
-	f := &fastAPI{hv: hv, dir: dir}
+	f := &fastAPI{hv: hv, dir: dir, tweak: tweak}
 	f.open(t, opts)
 	return f
 }
@@ -60,12 +67,16 @@ func newFastAPI(t testing.TB, opts api.Options) *fastAPI {
 // restart).
 func (f *fastAPI) open(t testing.TB, opts api.Options) {
 	t.Helper()
-	eng, err := harebox.New(context.Background(), harebox.Options{
+	eo := harebox.Options{
 		DataDir: f.dir, Hypervisor: f.hv,
 		Images: map[string]images.Image{sandbox.DefaultImage: memhv.Image(f.dir)}, Store: f.store,
 		Capacity: harebox.Capacity{VCPUs: 64, MemoryMB: 65536, DiskGB: 1000},
 		Now:      func() time.Time { return time.Now().Add(time.Duration(f.skew.Load())) },
-	})
+	}
+	if f.tweak != nil {
+		f.tweak(&eo)
+	}
+	eng, err := harebox.New(context.Background(), eo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,6 +266,9 @@ func calls(w world) []call {
 		{"listEvents", "GET", "/v1/events", nil, "list"},
 		{"getSandboxMetrics", "GET", sb + "/metrics", nil, "sandbox"},
 		{"getServerMetrics", "GET", "/metrics", nil, "server"},
+		{"listImages", "GET", "/v1/images", nil, ""},
+		{"buildImage", "POST", "/v1/images", map[string]any{"name": "mine", "from": "registry:127.0.0.1:9/mine:1"}, "operator"},
+		{"deleteImage", "DELETE", "/v1/images/mine", nil, "operator"},
 	}
 }
 
@@ -447,7 +461,8 @@ func authorizationMatrix(t *testing.T, f *fastAPI) {
 		"getProcess", "getProcessOutput", "killProcess", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget",
-		"createURL", "rotateURL", "deleteURL", "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert"} {
+		"createURL", "rotateURL", "deleteURL", "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert",
+		"buildImage", "deleteImage"} {
 		if !denied[a] {
 			t.Errorf("no denied %s in the audit log", a)
 		}

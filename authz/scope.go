@@ -33,6 +33,7 @@ var Actions = []string{
 	"listEvents", "getSandboxMetrics", "getServerMetrics",
 	"createURL", "listURLs", "getURL", "rotateURL", "deleteURL",
 	"getURLCA", "setURLCA", "deleteURLCA", "issueClientCert", "listClientCerts", "revokeClientCert",
+	"listImages", "buildImage", "deleteImage",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
@@ -64,11 +65,14 @@ var Groups = map[string][]string{
 	"metrics:read":       {"getServerMetrics"},
 	"urls:read":          {"listURLs", "getURL", "getURLCA", "listClientCerts"},
 	"urls:write":         {"createURL", "rotateURL", "deleteURL", "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert"},
+	"images:read":        {"listImages"},
+	"images:write":       {"buildImage", "deleteImage"},
 }
 
 // operatorOnly actions need the operator whatever a key's scope says:
 // a key belongs to one account and cannot make or end accounts.
-var operatorOnly = map[string]bool{"createAccount": true, "deleteAccount": true, "verifyAudit": true}
+var operatorOnly = map[string]bool{"createAccount": true, "deleteAccount": true, "verifyAudit": true,
+	"buildImage": true, "deleteImage": true}
 
 // Scope limits a key. Every field is optional (empty means no limit on that
 // dimension) and they combine with AND.

@@ -2,6 +2,8 @@ package images_test
 
 import (
 	"context"
+	"io"
+	"log"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -18,7 +20,7 @@ import (
 // on loopback, in this process) by tag and by digest, the same image the
 // layout gives; an unknown tag is a clear error.
 func TestOCIFromRegistry(t *testing.T) {
-	reg := httptest.NewServer(registry.New())
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
 	host := strings.TrimPrefix(reg.URL, "http://")
 	img := testimage.OCIBusybox(t)

@@ -65,6 +65,7 @@ var commands = []command{
 	{"fork", "ID [--count N] [--name NAME] [--label K=V] [--ttl SECS]", "make N clones of a running or paused sandbox, each with its own ID, keys, machine-id, entropy and network", cmdFork},
 	{"url", "create ID --port PORT [--auth token|oidc|mtls] | list ID | get ID URL_ID | rotate ID URL_ID | delete ID URL_ID | ca get|create|upload FILE|delete | cert issue NAME|list|revoke SERIAL", "publish a sandbox's port on the server's ingress, behind a token, OpenID Connect or client certificates; a project's URL CA and its client certificates", cmdURL},
 	{"snapshot", "create ID [--name NAME] | list [--sandbox ID] | get SNAPSHOT_ID | delete SNAPSHOT_ID", "snapshots of sandboxes; harebox new --snapshot SNAPSHOT_ID makes a sandbox from one", cmdSnapshot},
+	{"image", "list | build NAME --from registry:REF | delete NAME", "the images sandboxes are made from (harebox new --image NAME)", cmdImage},
 	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code (--background: start it and print its process)", cmdExec},
 	{"shell", "ID [-c CMD] [--user U] [--cwd DIR]", "an interactive terminal in the sandbox (the local one in raw mode until it ends); exits with the shell's exit code", cmdShell},
 	{"ps", "ID", "a sandbox's background processes (they run on when the client or the server goes away)", cmdPs},

@@ -91,6 +91,7 @@ func run(args []string, instead func(settings) error) error {
 		backend      = fs.String("hypervisor", "qemu", "hypervisor backend plugin: qemu or cloud-hypervisor")
 		pluginPath   = fs.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
 		imageDir     = fs.String("image-dir", "", "built images (default DATA_DIR/images)")
+		agentPath    = fs.String("agent", "", "the static harebox-agent binary POST /v1/images builds images with (default: beside hareboxd, or PREFIX/lib/harebox)")
 		site         = fs.String("site", "local", "the site this host is in, e.g. fr-par-1")
 		country      = fs.String("country", "", "the site's country code, e.g. FR")
 		debug        = fs.Bool("debug", false, "log every request")
@@ -252,7 +253,7 @@ func run(args []string, instead func(settings) error) error {
 		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
-		Ingress: ingressBase, Store: st,
+		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
 	})
 	if err != nil {
 		return err
@@ -540,4 +541,23 @@ func pgHost(raw string) string {
 		return "?"
 	}
 	return u.Host
+}
+
+// agentBinary is --agent, or the harebox-agent where make build (beside
+// this binary) or make install (PREFIX/lib/harebox) puts it, or none.
+func agentBinary(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	dir := filepath.Dir(self)
+	for _, p := range []string{filepath.Join(dir, "harebox-agent"), filepath.Join(dir, "..", "lib", "harebox", "harebox-agent")} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p
+		}
+	}
+	return ""
 }

@@ -335,6 +335,29 @@ class Client:
         (Conflict)."""
         self._json("DELETE", _path("/v1/snapshots/{}", snapshot_id), timeout=timeout)
 
+    # --- images --------------------------------------------------------------
+
+    @operation("listImages")
+    def list_images(self, *, timeout: float | None = None) -> t.ImageList:
+        """GET /v1/images: the images sandboxes can be created from (each
+        name's newest build), by name."""
+        return cast(t.ImageList, self._json("GET", "/v1/images", timeout=timeout))
+
+    @operation("buildImage")
+    def build_image(self, *, body: t.ImageBuildRequest, timeout: float | None = None) -> t.Image:
+        """POST /v1/images (the operator only): builds an image from an OCI
+        image in a registry, ``body={"name": "myimg", "from":
+        "registry:REF"}``, and returns it once built (minutes for a large
+        image; the default timeout is 30 minutes)."""
+        return cast(t.Image, self._json("POST", "/v1/images", body=cast(t.Body, body), timeout=timeout or 1800))
+
+    @operation("deleteImage")
+    def delete_image(self, name: str, *, timeout: float | None = None) -> None:
+        """DELETE /v1/images/{name} (the operator only): removes every build
+        of an image; Conflict while a sandbox or snapshot uses it, and for
+        the built-in images."""
+        self._json("DELETE", _path("/v1/images/{}", name), timeout=timeout)
+
     # --- published ports (URLs) ------------------------------------------
     # A port is published on the server's ingress behind a token (``hburl_...``),
     # which a client sends in the ``X-HareBox-Token`` header or as

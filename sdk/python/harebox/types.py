@@ -116,6 +116,34 @@ class SnapshotList(TypedDict):
     snapshots: list[Snapshot]
 
 
+# A guest image sandboxes can be created from (``create(image=...)``).
+# (Its "from" key is a Python keyword: hence the functional form.)
+Image = TypedDict("Image", {
+    "name": str,
+    # The OCI image it was built from (oci:DIR, docker-archive:FILE or registry:REF), if any.
+    "from": NotRequired[str],
+    # That OCI image's digest.
+    "digest": NotRequired[str],
+    "kernel_version": str,
+    # RFC 3339 date-time.
+    "built_at": str,
+    # Whether it boots from a root disk (every image but minimal).
+    "root_disk": bool,
+})
+
+
+class ImageList(TypedDict):
+    """The body of list_images: by name."""
+
+    images: list[Image]
+
+
+# The body of build_image: name (lower-case letters, digits and dashes;
+# not minimal or default) and from ("registry:REF", e.g.
+# "registry:ghcr.io/org/app:1").
+ImageBuildRequest = TypedDict("ImageBuildRequest", {"name": str, "from": str})
+
+
 class OIDCRule(TypedDict):
     """Whose OpenID Connect ID tokens an ``oidc`` URL accepts: signed by
     ``issuer`` (checked against its published keys, which the server

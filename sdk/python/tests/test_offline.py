@@ -217,6 +217,21 @@ def test_tenancy_and_key_routes(recorder: tuple[harebox.Client, type[_Recorder]]
         hb.get_fleet("web", "")
 
 
+def test_image_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    server.replies["/v1/images/my%2Fimg"] = (204, {}, None)
+    hb.list_images()
+    hb.build_image(body={"name": "myimg", "from": "registry:ghcr.io/org/app:1"})
+    assert hb.delete_image("my/img") is None
+    assert server.seen == [
+        ("GET", "/v1/images", None),
+        ("POST", "/v1/images", {"name": "myimg", "from": "registry:ghcr.io/org/app:1"}),
+        ("DELETE", "/v1/images/my%2Fimg", None),
+    ]
+    with pytest.raises(ValueError):
+        hb.delete_image("")
+
+
 def test_environment_and_project_update_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
     hb, server = recorder
     server.replies["/v1/environments/prod"] = (204, {}, None)

@@ -72,6 +72,9 @@ import type {
   SandboxURL,
   Snapshot,
   SnapshotList,
+  Image,
+  ImageBuildRequest,
+  ImageList,
   SnapshotRequest,
   SnapshotsQuery,
   URLCA,
@@ -422,6 +425,32 @@ export class HareBox {
    */
   async deleteSnapshot(snapshot: string, options: CallOptions = {}): Promise<void> {
     await this.#call("deleteSnapshot", [snapshot], "none", this.#plain(options));
+  }
+
+  /** Lists the images sandboxes can be created from (each name's newest build), by name. */
+  async listImages(options: CallOptions = {}): Promise<ImageList> {
+    return this.#call("listImages", [], "json", this.#plain(options));
+  }
+
+  /**
+   * Builds an image from an OCI image in a registry (the operator only):
+   * `body: { name: "myimg", from: "registry:REF" }`. Resolves once it is
+   * built (minutes for a large image; the default timeout is 30 minutes).
+   */
+  async buildImage(options: CallOptions<never, ImageBuildRequest> & { body: ImageBuildRequest }): Promise<Image> {
+    return this.#call("buildImage", [], "json", {
+      json: options.body,
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, 1_800_000),
+    });
+  }
+
+  /**
+   * Removes every build of an image (the operator only); throws conflict
+   * (409) while a sandbox or snapshot uses it, and for the built-in images.
+   */
+  async deleteImage(name: string, options: CallOptions = {}): Promise<void> {
+    await this.#call("deleteImage", [name], "none", this.#plain(options));
   }
 
   // Published ports: a port is published on the server's ingress behind a

@@ -813,6 +813,33 @@ export interface SnapshotList {
   snapshots: Snapshot[];
 }
 
+/** A guest image sandboxes can be created from (`create({ image })`). */
+export interface Image {
+  name: string;
+  /** The OCI image it was built from (oci:DIR, docker-archive:FILE or registry:REF), if any. */
+  from?: string;
+  /** That OCI image's digest. */
+  digest?: string;
+  kernel_version: string;
+  /** RFC 3339 date-time. */
+  built_at: string;
+  /** Whether it boots from a root disk (every image but minimal). */
+  root_disk: boolean;
+}
+
+/** The body of listImages: by name. */
+export interface ImageList {
+  images: Image[];
+}
+
+/** The body of buildImage. */
+export interface ImageBuildRequest {
+  /** Lower-case letters, digits and dashes; not minimal or default. */
+  name: string;
+  /** "registry:REF", e.g. "registry:ghcr.io/org/app:1". */
+  from: string;
+}
+
 /** The body of listURLs: oldest first, without tokens. */
 export interface URLList {
   urls: SandboxURL[];

@@ -171,6 +171,8 @@ describe("against a local HTTP server", () => {
   const sse = (e) => `event: event\ndata: ${JSON.stringify(e)}\n\n`;
   /** A sandbox, as the server describes one. */
   const SANDBOX = { id: "sbx_1", account_id: "acc_1", project_id: "prj_1", project: "default", state: "running", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, no_env: false, site: { name: "l", country: "" }, created_at: "2025-01-01T00:00:00Z" };
+  /** An image built from a registry, as the server describes one. */
+  const IMAGE = { name: "myimg", from: "registry:ghcr.io/org/app:1", digest: "sha256:ab", kernel_version: "6.1.0", built_at: "2026-12-01T12:00:00Z", root_disk: true };
   /** A snapshot of sbx_1, as the server describes one. */
   const SNAPSHOT = { id: "snap_1", name: "base", account_id: "acc_1", project_id: "prj_1", sandbox_id: "sbx_1", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, labels: { role: "web" }, bytes: 536870912, created_at: "2026-11-30T12:00:00Z" };
   /** A URL of sbx_1 without its token, as listURLs and getURL show it. */
@@ -399,6 +401,9 @@ describe("against a local HTTP server", () => {
           "GET /v1/snapshots/X": [200, SNAPSHOT],
           "DELETE /v1/snapshots/X": [204, undefined],
           "POST /v1/sandboxes": [201, { ...SANDBOX, id: "sbx_4", name: "restored" }],
+          "GET /v1/images": [200, { images: [IMAGE] }],
+          "POST /v1/images": [201, IMAGE],
+          "DELETE /v1/images/my%2Fimg": [204, undefined],
         }[route] ?? [404, { error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }];
         res.writeHead(answer[0], { "content-type": "application/json" });
         res.end(answer[1] === undefined ? "" : JSON.stringify(answer[1]));
@@ -1122,6 +1127,21 @@ describe("against a local HTTP server", () => {
     assert.equal(seen.length, start + 15, "a bad id sends nothing");
     // A delete while a create from the snapshot is in flight is a conflict.
     await assert.rejects(new HareBox({ url: url + "/conflict", apiKey: KEY }).deleteSnapshot("snap_1"), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict");
+  });
+
+  test("the image operations send their methods, paths and bodies", async () => {
+    const hb = new HareBox({ url: url + "/snap", apiKey: KEY });
+    const start = seen.length;
+    assert.deepEqual(await hb.listImages(), { images: [IMAGE] });
+    assert.deepEqual(await hb.buildImage({ body: { name: "myimg", from: "registry:ghcr.io/org/app:1" } }), IMAGE);
+    assert.equal(await hb.deleteImage("my/img"), undefined);
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim()), [
+      "GET /v1/images",
+      'POST /v1/images {"name":"myimg","from":"registry:ghcr.io/org/app:1"}',
+      "DELETE /v1/images/my%2Fimg",
+    ]);
+    await assert.rejects(hb.deleteImage(""), (e) => e instanceof HareBoxError && e.field === "name");
+    assert.equal(seen.length, start + 3, "a bad name sends nothing");
   });
 
   test("the URL operations send their methods, paths and bodies and return the URLs; the Sandbox's URL methods", async () => {

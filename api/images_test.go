@@ -1,0 +1,84 @@
+package api_test
+
+import (
+	"io"
+	"log"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/api"
+	"github.com/harebox/harebox/internal/testimage"
+)
+
+// TestImages: the operator builds an image from a registry (one on
+// loopback, in this process), it is listed, sandboxes are made from it,
+// and it cannot be deleted while one uses it; bad builds are refused
+// clearly. (The fake hypervisor runs the sandboxes; images/
+// TestOCIImageBoots boots such an image on a real VM.)
+func TestImages(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("building an image needs root (mkfs.ext4 -d keeps the image's owners)")
+	}
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	ref, _ := name.ParseReference(host + "/harebox/bbox:1")
+	img := testimage.OCIBusybox(t)
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	agent := testimage.Binary(t, "harebox-agent")
+	f := newFastAPIWith(t, api.Options{}, func(o *harebox.Options) { o.AgentPath = agent })
+
+	for _, bad := range []struct {
+		body       map[string]any
+		status     int
+		code, what string
+	}{
+		{map[string]any{"name": "mine", "from": "oci:/etc"}, 400, "invalid", "registry:REF"},
+		{map[string]any{"name": "mine"}, 400, "invalid", "from"},
+		{map[string]any{"name": "default", "from": "registry:" + host + "/harebox/bbox:1"}, 409, "conflict", "built-in"},
+		{map[string]any{"name": "mine", "from": "registry:" + host + "/harebox/bbox:nope"}, 400, "invalid", "pull"},
+	} {
+		r := f.do(t, "POST", "/v1/images", f.root, bad.body)
+		code, _, msg := errField(r)
+		if r.status != bad.status || code != bad.code || !strings.Contains(msg, bad.what) {
+			t.Errorf("build %v: %d %s", bad.body, r.status, r.raw)
+		}
+	}
+	built := f.must(t, 201, "POST", "/v1/images", f.root, map[string]any{"name": "mine", "from": "registry:" + host + "/harebox/bbox:1"})
+	digest, _ := img.Digest()
+	if str(built, "name") != "mine" || str(built, "digest") != digest.String() || built.body["root_disk"] != true {
+		t.Fatalf("built: %s", built.raw)
+	}
+	if l := f.must(t, 200, "GET", "/v1/images", f.root, nil); !strings.Contains(string(l.raw), `"name":"mine"`) || !strings.Contains(string(l.raw), `"name":"default"`) {
+		t.Fatalf("list: %s", l.raw)
+	}
+	box := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"image": "mine"}), "id")
+	r := f.do(t, "DELETE", "/v1/images/mine", f.root, nil)
+	if code, _, msg := errField(r); r.status != 409 || code != "conflict" || !strings.Contains(msg, box) {
+		t.Fatalf("delete while in use: %d %s", r.status, r.raw)
+	}
+	f.must(t, 409, "DELETE", "/v1/images/default", f.root, nil)
+	f.must(t, 200, "DELETE", "/v1/sandboxes/"+box, f.root, nil)
+	f.must(t, 204, "DELETE", "/v1/images/mine", f.root, nil)
+	f.must(t, 404, "DELETE", "/v1/images/mine", f.root, nil)
+	if l := f.must(t, 200, "GET", "/v1/images", f.root, nil); strings.Contains(string(l.raw), `"name":"mine"`) {
+		t.Fatalf("listed after its delete: %s", l.raw)
+	}
+	f.must(t, 400, "POST", "/v1/sandboxes", f.root, map[string]any{"image": "mine"})
+
+	// A server with no agent binary builds nothing, and says why.
+	g := newFastAPI(t, api.Options{})
+	r = g.do(t, "POST", "/v1/images", g.root, map[string]any{"name": "mine", "from": "registry:" + host + "/harebox/bbox:1"})
+	if code, _, msg := errField(r); r.status != 503 || code != "unavailable" || !strings.Contains(msg, "--agent") {
+		t.Fatalf("build without an agent: %d %s", r.status, r.raw)
+	}
+}
