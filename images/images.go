@@ -109,8 +109,9 @@ type Options struct {
 	// OCI image (lower-case letters, digits and dashes).
 	Name string
 	// From, if set, builds the root disk from an OCI image instead:
-	// "oci:DIR" (an OCI image layout), "docker-archive:FILE" (a docker
-	// save tarball) or "registry:REF" (pulled). See oci.go.
+	// "oci:DIR" (an OCI image layout), "oci-archive:FILE" (a tar of one),
+	// "docker-archive:FILE" (a docker save tarball) or "registry:REF"
+	// (pulled). See oci.go.
 	From string
 	// fromDigest is From's image digest, an input of the build.
 	fromDigest string
@@ -295,9 +296,11 @@ func Build(ctx context.Context, o Options) (Image, error) {
 	}
 	var from v1.Image
 	if o.From != "" {
-		if from, err = OpenOCI(ctx, o.From); err != nil {
+		var closeFrom func()
+		if from, closeFrom, err = OpenOCI(ctx, o.From); err != nil {
 			return Image{}, err
 		}
+		defer closeFrom()
 		d, err := from.Digest()
 		if err != nil {
 			return Image{}, fmt.Errorf("images: %s: %w", o.From, err)

@@ -40,61 +40,90 @@ const (
 )
 
 // OpenOCI opens the image an Options.From names: "oci:DIR" (an OCI image layout, the
-// only or the linux/amd64 image of its index), "docker-archive:FILE" (a
-// docker save tarball) or "registry:REF" (pulled from a registry the host
+// only or the linux/amd64 image of its index), "oci-archive:FILE" (a tar
+// of one), "docker-archive:FILE" (a docker save tarball) or "registry:REF" (pulled from a registry the host
 // reaches, with the credentials of the docker config if any; plain HTTP
 // only for localhost).
-func OpenOCI(ctx context.Context, from string) (v1.Image, error) {
+//
+// release frees what opening took (an unpacked archive's directory); call
+// it once the image has been read. It is never nil.
+func OpenOCI(ctx context.Context, from string) (img v1.Image, release func(), err error) {
+	release = func() {}
 	kind, p, ok := strings.Cut(from, ":")
 	if !ok || p == "" {
-		return nil, fmt.Errorf("images: From %q: want oci:DIR, docker-archive:FILE or registry:REF", from)
+		return nil, release, fmt.Errorf("images: From %q: want oci:DIR, oci-archive:FILE, docker-archive:FILE or registry:REF", from)
 	}
 	switch kind {
 	case "registry":
 		ref, err := name.ParseReference(p)
 		if err != nil {
-			return nil, fmt.Errorf("images: registry reference %q: %w", p, err)
+			return nil, release, fmt.Errorf("images: registry reference %q: %w", p, err)
 		}
 		img, err := remote.Image(ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain),
 			remote.WithPlatform(v1.Platform{OS: "linux", Architecture: "amd64"}))
 		if err != nil {
-			return nil, fmt.Errorf("images: pull %s: %w", ref, err)
+			return nil, release, fmt.Errorf("images: pull %s: %w", ref, err)
 		}
-		return img, nil
+		return img, release, nil
 	case "oci":
 		idx, err := ocilayout.ImageIndexFromPath(p)
 		if err != nil {
-			return nil, fmt.Errorf("images: OCI layout %s: %w", p, err)
+			return nil, release, fmt.Errorf("images: OCI layout %s: %w", p, err)
 		}
 		m, err := idx.IndexManifest()
 		if err != nil {
-			return nil, fmt.Errorf("images: OCI layout %s: %w", p, err)
+			return nil, release, fmt.Errorf("images: OCI layout %s: %w", p, err)
 		}
 		var pick *v1.Descriptor
 		for i, d := range m.Manifests {
 			if d.Platform == nil || (d.Platform.OS == "linux" && d.Platform.Architecture == "amd64") {
 				if pick != nil {
-					return nil, fmt.Errorf("images: OCI layout %s holds more than one linux/amd64 image", p)
+					return nil, release, fmt.Errorf("images: OCI layout %s holds more than one linux/amd64 image", p)
 				}
 				pick = &m.Manifests[i]
 			}
 		}
 		if pick == nil {
-			return nil, fmt.Errorf("images: OCI layout %s has no linux/amd64 image", p)
+			return nil, release, fmt.Errorf("images: OCI layout %s has no linux/amd64 image", p)
 		}
 		img, err := idx.Image(pick.Digest)
 		if err != nil {
-			return nil, fmt.Errorf("images: OCI layout %s: %w", p, err)
+			return nil, release, fmt.Errorf("images: OCI layout %s: %w", p, err)
 		}
-		return img, nil
+		return img, release, nil
+	case "oci-archive":
+		// A tar of an OCI image layout: unpacked (with the same care as a
+		// layer) into a directory of its own, read as a layout from there.
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, release, fmt.Errorf("images: OCI archive %s: %w", p, err)
+		}
+		defer f.Close()
+		dir, err := os.MkdirTemp("", "hb-oci-archive-")
+		if err != nil {
+			return nil, release, err
+		}
+		// (The layout's blobs are read lazily: the directory stays until
+		// close.)
+		remove := func() { safeRemoveAll(dir) }
+		if _, err := unpack(ctx, f, dir, MaxOCIFileBytes, MaxOCIBytes, nil); err != nil {
+			remove()
+			return nil, release, fmt.Errorf("images: OCI archive %s: %w", p, err)
+		}
+		img, _, err := OpenOCI(ctx, "oci:"+dir)
+		if err != nil {
+			remove()
+			return nil, release, err
+		}
+		return img, remove, nil
 	case "docker-archive":
 		img, err := tarball.ImageFromPath(p, nil)
 		if err != nil {
-			return nil, fmt.Errorf("images: docker archive %s: %w", p, err)
+			return nil, release, fmt.Errorf("images: docker archive %s: %w", p, err)
 		}
-		return img, nil
+		return img, release, nil
 	}
-	return nil, fmt.Errorf("images: From %q: want oci:DIR, docker-archive:FILE or registry:REF", from)
+	return nil, release, fmt.Errorf("images: From %q: want oci:DIR, oci-archive:FILE, docker-archive:FILE or registry:REF", from)
 }
 
 // buildOCIRootDisk unpacks img under work, adds what the guest needs and
@@ -114,7 +143,7 @@ func buildOCIRootDisk(ctx context.Context, lg *logger, o *Options, img v1.Image,
 	lg.step("unpacking %d layers", len(layers))
 	rd := mutate.Extract(img)
 	defer rd.Close()
-	n, err := unpack(ctx, rd, root, MaxOCIFileBytes, MaxOCIBytes)
+	n, err := unpack(ctx, rd, root, MaxOCIFileBytes, MaxOCIBytes, func(n int64) { lg.step("unpacked %d MiB", n>>20) })
 	if err != nil {
 		return false, err
 	}
@@ -126,8 +155,9 @@ func buildOCIRootDisk(ctx context.Context, lg *logger, o *Options, img v1.Image,
 }
 
 // unpack writes the tar stream into dir, confined to it, and returns the
-// bytes of file content written.
-func unpack(ctx context.Context, r io.Reader, dir string, maxFile, maxTotal int64) (int64, error) {
+// bytes of file content written; progress (if not nil) hears of every
+// 256 MiB.
+func unpack(ctx context.Context, r io.Reader, dir string, maxFile, maxTotal int64, progress func(int64)) (int64, error) {
 	rt, err := os.OpenRoot(dir)
 	if err != nil {
 		return 0, err
@@ -178,6 +208,9 @@ func unpack(ctx context.Context, r io.Reader, dir string, maxFile, maxTotal int6
 				return total, fail(err)
 			}
 			n, err := io.Copy(f, io.LimitReader(tr, h.Size))
+			if progress != nil && (total+n)>>28 > total>>28 {
+				progress(total + n)
+			}
 			total += n
 			if cerr := f.Close(); err == nil {
 				err = cerr

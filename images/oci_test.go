@@ -56,7 +56,7 @@ func TestUnpack(t *testing.T) {
 		entry{name: "etc/abs", typ: tar.TypeSymlink, link: "/etc/hello"},
 		entry{name: "etc/again", typ: tar.TypeLink, link: "etc/hello"},
 		entry{name: "etc/hello", typ: tar.TypeReg, body: "replaced\n"},
-	), dir, 1<<20, 1<<20)
+	), dir, 1<<20, 1<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestUnpackHostile(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "rootfs")
 			os.Mkdir(dir, 0o755)
-			_, err := unpack(context.Background(), tarOf(t, tc.entries...), dir, 1024, 1024)
+			_, err := unpack(context.Background(), tarOf(t, tc.entries...), dir, 1024, 1024, nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error with %q", err, tc.want)
 			}
@@ -133,10 +133,10 @@ func TestOCIName(t *testing.T) {
 			t.Errorf("name %q accepted", name)
 		}
 	}
-	if _, err := OpenOCI(context.Background(), "tar:/x"); err == nil || !strings.Contains(err.Error(), "oci:DIR") {
+	if _, _, err := OpenOCI(context.Background(), "tar:/x"); err == nil || !strings.Contains(err.Error(), "oci:DIR") {
 		t.Errorf("unknown source kind: %v", err)
 	}
-	if _, err := OpenOCI(context.Background(), "oci:"+t.TempDir()); err == nil {
+	if _, _, err := OpenOCI(context.Background(), "oci:"+t.TempDir()); err == nil {
 		t.Error("an empty directory opened as an OCI layout")
 	}
 }

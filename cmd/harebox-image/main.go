@@ -1,8 +1,11 @@
 // Command harebox-image builds HareBox guest images and prints the image
-// manifest as JSON on stdout (progress goes to stderr):
+// manifest as JSON on stdout (progress goes to stderr when it is a
+// terminal, or with --progress):
 //
 //	harebox-image build --name minimal|default --agent PATH --out DIR \
 //	    [--suite bookworm --mirror URL --components main --kernel-version VER]
+//	harebox-image build --name myimg --from oci:DIR|oci-archive:FILE|docker-archive:FILE|registry:REF \
+//	    --agent PATH --out DIR
 //
 // A build with the same inputs as an earlier one returns the cached image.
 package main
@@ -17,6 +20,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"golang.org/x/term"
 
 	"github.com/harebox/harebox/images"
 )
@@ -42,7 +47,7 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var headroomMiB int64
 	var quiet bool
 	fs.StringVar(&o.Name, "name", images.Minimal, "image: minimal or default, or the name of an image built --from an OCI image")
-	fs.StringVar(&o.From, "from", "", "build the root disk from an OCI image: oci:DIR (an OCI image layout), docker-archive:FILE (docker save) or registry:REF (pulled)")
+	fs.StringVar(&o.From, "from", "", "build the root disk from an OCI image: oci:DIR (an OCI image layout), oci-archive:FILE (a tar of one), docker-archive:FILE (docker save) or registry:REF (pulled)")
 	fs.StringVar(&o.AgentPath, "agent", "", "static harebox-agent binary (required)")
 	fs.StringVar(&o.OutDir, "out", "", "output (cache) directory (required)")
 	fs.StringVar(&o.KernelVersion, "kernel-version", "", "kernel version (default: newest in /boot with /lib/modules)")
@@ -58,7 +63,9 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.Script, "script", "", "default image: debootstrap script (e.g. gutsy)")
 	fs.Int64Var(&headroomMiB, "headroom-mib", 0, "default image: free space in the root disk, MiB (default 512)")
 	fs.BoolVar(&o.Force, "force", false, "rebuild even if cached")
+	var progress bool
 	fs.BoolVar(&quiet, "quiet", false, "no progress output")
+	fs.BoolVar(&progress, "progress", false, "progress output even when stderr is not a terminal (by default a CI log or a pipe gets none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -76,7 +83,9 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	o.Components, o.Packages, o.Modules = split(components), split(packages), split(modules)
 	o.Headroom = headroomMiB << 20
-	if !quiet {
+	// Progress (build steps, layers and bytes, debootstrap's stages) is
+	// for a person at a terminal; the manifest on stdout is the output.
+	if !quiet && (progress || isTerminal(stderr)) {
 		o.Progress = stderr
 	}
 	img, err := images.Build(ctx, o)
@@ -86,4 +95,9 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(img)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
