@@ -14,6 +14,7 @@ import (
 // TestCLIBudget is the CLI's contract for budgets and usage, against a
 // real hareboxd that boots no VM.
 func TestCLIBudget(t *testing.T) {
+	t.Parallel()
 	s := prepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbb")
 	if err != nil {
@@ -100,6 +101,7 @@ func TestCLIBudget(t *testing.T) {
 // the sandbox it covers for real; resuming it is refused with 402 until
 // the budget goes, and then it runs again.
 func TestBudgetPausesVM(t *testing.T) {
+	t.Parallel()
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbv")
 	if err != nil {

@@ -7,12 +7,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -32,6 +34,9 @@ type server struct {
 	// http a Go client that does.
 	ca   string
 	http *http.Client
+	// table and pool are the firewall table and the address pool's first
+	// three octets ("10.239.N.") of a server start started.
+	table, pool string
 }
 
 type setup struct {
@@ -67,9 +72,34 @@ func start(t *testing.T, s setup, dataDir string, extra ...string) *server {
 // its: this process's stays as it is).
 func startEnv(t *testing.T, s setup, dataDir string, env []string, extra ...string) *server {
 	t.Helper()
-	return launchEnv(t, s, dataDir, env, append([]string{"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
-		// The host firewall is on, in a table and pool of this test's own.
-		"--network", "linux", "--nft-table", "harebox_e2e", "--address-pool", "10.239.0.0/24"}, extra...)...)
+	table, pool := networkOf(dataDir)
+	srv := launchEnv(t, s, dataDir, env, append([]string{"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
+		// The host firewall is on, in a table and pool of this data
+		// directory's own (tests run in parallel; a restart keeps them).
+		"--network", "linux", "--nft-table", table, "--address-pool", pool + "0/24"}, extra...)...)
+	srv.table, srv.pool = table, pool
+	return srv
+}
+
+var networks struct {
+	sync.Mutex
+	of map[string]int
+}
+
+// networkOf is the nftables table and the address pool's first three
+// octets ("10.239.N.") of the servers on dataDir.
+func networkOf(dataDir string) (table, pool string) {
+	networks.Lock()
+	defer networks.Unlock()
+	if networks.of == nil {
+		networks.of = map[string]int{}
+	}
+	n, ok := networks.of[dataDir]
+	if !ok {
+		n = len(networks.of)
+		networks.of[dataDir] = n
+	}
+	return fmt.Sprintf("harebox_e2e_%d", n), fmt.Sprintf("10.239.%d.", n)
 }
 
 // finish stops a server that start started, checks that it left no VM
@@ -78,7 +108,15 @@ func startEnv(t *testing.T, s setup, dataDir string, env []string, extra ...stri
 func finish(t *testing.T, srv *server, dataDir string) {
 	srv.stop(t)
 	noLeftovers(t, dataDir)
-	if out, err := exec.Command("nft", "delete", "table", "inet", "harebox_e2e").CombinedOutput(); err != nil {
+	srv.dropTable(t)
+}
+
+// dropTable removes the firewall table of a server that start started.
+func (srv *server) dropTable(t *testing.T) {
+	if srv.table == "" {
+		return
+	}
+	if out, err := exec.Command("nft", "delete", "table", "inet", srv.table).CombinedOutput(); err != nil {
 		t.Logf("nft delete table: %v %s", err, out)
 	}
 }
@@ -231,6 +269,7 @@ func noLeftovers(t *testing.T, dataDir string) {
 const jobOutput = "hello from user (uid 1000)"
 
 func TestWalkthrough(t *testing.T) {
+	t.Parallel()
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbw")
 	if err != nil {
@@ -350,7 +389,7 @@ func TestWalkthrough(t *testing.T) {
 		}
 		run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "-c", "echo survived > /tmp/mark")
 		// The guest got its address from the server's pool, from the host.
-		if out := run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "-c", "ip -4 -o addr show eth0"); !strings.Contains(out, "10.239.0.") {
+		if out := run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "-c", "ip -4 -o addr show eth0"); !strings.Contains(out, srv.pool) {
 			t.Fatalf("guest address: %q", out)
 		}
 		policy := `{"default_outbound":"deny","outbound":[{"action":"allow","protocol":"tcp","ports":"443","hosts":["pypi.org"]}]}`

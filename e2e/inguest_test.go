@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +62,7 @@ for name, method, path, body in [
 // A key limited to one sandbox, given to the code inside it, runs exec on
 // that sandbox through api.harebox.internal, and nothing else.
 func TestKeyInsideSandbox(t *testing.T) {
+	t.Parallel()
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbk")
 	if err != nil {
@@ -73,7 +73,7 @@ func TestKeyInsideSandbox(t *testing.T) {
 	defer func() {
 		srv.stop(t)
 		noLeftovers(t, dataDir)
-		exec.Command("nft", "delete", "table", "inet", "harebox_e2e").Run()
+		srv.dropTable(t)
 	}()
 	status, me := srv.call(t, "POST", "/v1/sandboxes", srv.key, map[string]any{"name": "me", "ttl_seconds": 600})
 	if status != 201 {
