@@ -2,6 +2,7 @@ package harebox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -75,8 +76,11 @@ func (e *Engine) BuildImage(ctx context.Context, req sandbox.ImageBuildRequest) 
 	e.imageMu.Lock()
 	defer e.imageMu.Unlock()
 	img, err := images.Build(ctx, images.Options{Name: req.Name, From: req.From, AgentPath: e.opts.AgentPath, OutDir: e.opts.ImageDir})
+	if errors.Is(err, images.ErrBadImage) {
+		return nil, &sandbox.Error{Kind: sandbox.ErrInvalid, Field: "from", Msg: err.Error(), Err: err}
+	}
 	if err != nil {
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, "from", "%v", err)
+		return nil, fmt.Errorf("build image %s: %w", req.Name, err)
 	}
 	e.log.Info("image built", "name", img.Name, "from", img.From, "digest", img.Digest)
 	v := imageView(img.Name, img)

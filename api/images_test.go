@@ -1,6 +1,8 @@
 package api_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -10,7 +12,11 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/api"
@@ -53,6 +59,24 @@ func TestImages(t *testing.T) {
 			t.Errorf("build %v: %d %s", bad.body, r.status, r.raw)
 		}
 	}
+	// A hostile layer is the image's fault: 400, naming the entry.
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	tw.WriteHeader(&tar.Header{Name: "dev/kmem", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 2, Mode: 0o600})
+	tw.Close()
+	bad, err := mutate.AppendLayers(empty.Image, static.NewLayer(layer.Bytes(), types.DockerLayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	badRef, _ := name.ParseReference(host + "/harebox/bad:1")
+	if err := remote.Write(badRef, bad); err != nil {
+		t.Fatal(err)
+	}
+	r := f.do(t, "POST", "/v1/images", f.root, map[string]any{"name": "bad", "from": "registry:" + host + "/harebox/bad:1"})
+	if code, field, msg := errField(r); r.status != 400 || code != "invalid" || field != "from" || !strings.Contains(msg, "dev/kmem") {
+		t.Errorf("a hostile layer: %d %s", r.status, r.raw)
+	}
+
 	built := f.must(t, 201, "POST", "/v1/images", f.root, map[string]any{"name": "mine", "from": "registry:" + host + "/harebox/bbox:1"})
 	digest, _ := img.Digest()
 	if str(built, "name") != "mine" || str(built, "digest") != digest.String() || built.body["root_disk"] != true {
@@ -62,7 +86,7 @@ func TestImages(t *testing.T) {
 		t.Fatalf("list: %s", l.raw)
 	}
 	box := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"image": "mine"}), "id")
-	r := f.do(t, "DELETE", "/v1/images/mine", f.root, nil)
+	r = f.do(t, "DELETE", "/v1/images/mine", f.root, nil)
 	if code, _, msg := errField(r); r.status != 409 || code != "conflict" || !strings.Contains(msg, box) {
 		t.Fatalf("delete while in use: %d %s", r.status, r.raw)
 	}

@@ -298,12 +298,12 @@ func Build(ctx context.Context, o Options) (Image, error) {
 	if o.From != "" {
 		var closeFrom func()
 		if from, closeFrom, err = OpenOCI(ctx, o.From); err != nil {
-			return Image{}, err
+			return Image{}, badImage(ctx, err)
 		}
 		defer closeFrom()
 		d, err := from.Digest()
 		if err != nil {
-			return Image{}, fmt.Errorf("images: %s: %w", o.From, err)
+			return Image{}, badImage(ctx, fmt.Errorf("images: %s: %w", o.From, err))
 		}
 		o.fromDigest = d.String()
 	}

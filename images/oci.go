@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -31,6 +32,20 @@ import (
 // every write goes through an os.Root of the tree (nothing is written
 // outside it, symlinks included), and device nodes, FIFOs and oversized
 // files are refused with an error that names the entry.
+
+// ErrBadImage marks a build that failed because of the OCI image itself
+// (it cannot be opened or pulled, or a layer or its tree is refused), not
+// because of the host.
+var ErrBadImage = errors.New("the OCI image cannot be used")
+
+// badImage marks err as the image's fault, unless the host ran out of
+// space or the build was cancelled.
+func badImage(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() != nil || errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrBadImage, err)
+}
 
 // MaxOCIFileBytes and MaxOCIBytes bound what an OCI image may unpack: one
 // file, and all of them.
@@ -145,11 +160,11 @@ func buildOCIRootDisk(ctx context.Context, lg *logger, o *Options, img v1.Image,
 	defer rd.Close()
 	n, err := unpack(ctx, rd, root, MaxOCIFileBytes, MaxOCIBytes, func(n int64) { lg.step("unpacked %d MiB", n>>20) })
 	if err != nil {
-		return false, err
+		return false, badImage(ctx, err)
 	}
 	lg.step("unpacked %d MiB", n>>20)
 	if systemd, err = configureOCIRoot(ctx, o, root); err != nil {
-		return false, err
+		return false, badImage(ctx, err)
 	}
 	return systemd, makeExt4(ctx, lg, o, root, dst)
 }
