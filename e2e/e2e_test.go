@@ -278,7 +278,9 @@ func TestWalkthrough(t *testing.T) {
 	defer os.RemoveAll(dataDir)
 	// Over HTTPS: every client (CLI, Python, TypeScript) trusts the
 	// server's self-signed certificate through HAREBOX_CA.
-	srv := start(t, s, dataDir, "--tls-self-signed")
+	// Golden snapshots: the first create of each image boots, later ones
+	// (the clients' suites make dozens) restore, as a server run so would.
+	srv := start(t, s, dataDir, "--tls-self-signed", "--golden-snapshots")
 	defer func() { finish(t, srv, dataDir) }()
 	examples := filepath.Join(s.root, "examples", "untrusted")
 
@@ -395,7 +397,7 @@ func TestWalkthrough(t *testing.T) {
 		policy := `{"default_outbound":"deny","outbound":[{"action":"allow","protocol":"tcp","ports":"443","hosts":["pypi.org"]}]}`
 		run(t, srv, s, s.root, time.Minute, "harebox", "firewall", "set", box.ID, "--body", policy)
 		srv.stop(t)
-		srv = start(t, s, dataDir, "--tls-self-signed") // the deferred stop stops this one
+		srv = start(t, s, dataDir, "--tls-self-signed", "--golden-snapshots") // the deferred stop stops this one
 		out = run(t, srv, s, s.root, time.Minute, "harebox", "exec", box.ID, "--", "cat", "/tmp/mark")
 		if out != "survived\n" {
 			t.Fatalf("after a restart: %q", out)
