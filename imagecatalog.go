@@ -88,8 +88,8 @@ func (e *Engine) BuildImage(ctx context.Context, req sandbox.ImageBuildRequest) 
 }
 
 // DeleteImage removes every build of an image from ImageDir (operator
-// only), unless a sandbox or a snapshot that is not deleted uses it: a
-// running sandbox keeps its image.
+// only), unless a sandbox or a snapshot that is not deleted, the warm
+// pool or a golden snapshot uses it: a running sandbox keeps its image.
 func (e *Engine) DeleteImage(ctx context.Context, name string) (err error) {
 	defer func() { e.audit.Record(ctx, "deleteImage", "", name, err) }()
 	if err := authz.Allowed(authz.From(ctx), "deleteImage"); err != nil {
@@ -121,7 +121,22 @@ func (e *Engine) DeleteImage(ctx context.Context, name string) (err error) {
 			return sandbox.Errorf(sandbox.ErrState, "", "image %q is in use by snapshot %s", name, s.ID)
 		}
 	}
+	for spec := range e.opts.Pool {
+		if img, _, _ := strings.Cut(spec, ":"); img == name {
+			return sandbox.Errorf(sandbox.ErrState, "", "image %q has a warm pool (hareboxd --pool %s)", name, spec)
+		}
+	}
 	dirs, _ := filepath.Glob(filepath.Join(e.opts.ImageDir, name+"-*", images.ManifestFile))
+	e.mu.Lock()
+	for id := range e.goldens {
+		for _, m := range dirs {
+			if d, err := filepath.Abs(filepath.Dir(m)); err == nil && strings.HasPrefix(id, d+"|") {
+				e.mu.Unlock()
+				return sandbox.Errorf(sandbox.ErrState, "", "image %q has a golden snapshot in this server (golden snapshots live until hareboxd restarts)", name)
+			}
+		}
+	}
+	e.mu.Unlock()
 	for _, m := range dirs {
 		if img, err := images.Load(filepath.Dir(m)); err == nil && img.Name == name {
 			if err := os.RemoveAll(filepath.Dir(m)); err != nil {

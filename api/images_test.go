@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -98,6 +99,29 @@ func TestImages(t *testing.T) {
 		t.Fatalf("listed after its delete: %s", l.raw)
 	}
 	f.must(t, 400, "POST", "/v1/sandboxes", f.root, map[string]any{"image": "mine"})
+
+	// With golden snapshots, an image whose golden snapshot exists is kept
+	// (its restores need the base); so is one with a warm pool.
+	h := newFastAPIWith(t, api.Options{}, func(o *harebox.Options) {
+		o.AgentPath, o.GoldenSnapshots, o.Pool = agent, true, map[string]int{"pooled:small": 0}
+	})
+	h.must(t, 201, "POST", "/v1/images", h.root, map[string]any{"name": "mine", "from": "registry:" + host + "/harebox/bbox:1"})
+	h.must(t, 201, "POST", "/v1/images", h.root, map[string]any{"name": "pooled", "from": "registry:" + host + "/harebox/bbox:1"})
+	box = str(h.must(t, 201, "POST", "/v1/sandboxes", h.root, map[string]any{"image": "mine"}), "id")
+	h.must(t, 200, "DELETE", "/v1/sandboxes/"+box, h.root, nil)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		r := h.do(t, "DELETE", "/v1/images/mine", h.root, nil)
+		if code, _, msg := errField(r); r.status == 409 && code == "conflict" && strings.Contains(msg, "golden") {
+			break
+		}
+		if r.status == 204 || time.Now().After(deadline) {
+			t.Fatalf("delete of an image with a golden snapshot: %d %s", r.status, r.raw)
+		}
+	}
+	r = h.do(t, "DELETE", "/v1/images/pooled", h.root, nil)
+	if code, _, msg := errField(r); r.status != 409 || code != "conflict" || !strings.Contains(msg, "pool") {
+		t.Fatalf("delete of an image with a warm pool: %d %s", r.status, r.raw)
+	}
 
 	// A server with no agent binary builds nothing, and says why.
 	g := newFastAPI(t, api.Options{})
