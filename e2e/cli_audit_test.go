@@ -22,7 +22,6 @@ import (
 // export; then the log is edited in the database while the server is
 // stopped, and verify names the entry.
 func TestCLIAudit(t *testing.T) {
-	t.Parallel()
 	s := prepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hba")
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 // --env NAME / --third-party, against a real hareboxd that boots no VM. A
 // secret given with --secret-from-env must appear in no output and no
 // answer, nor in plain text in the data directory.
-func TestCLIEnv(t *testing.T) { // (not parallel: t.Setenv)
+func TestCLIEnv(t *testing.T) {
 	s := prepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbe")
 	if err != nil {

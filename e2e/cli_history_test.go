@@ -12,7 +12,6 @@ import (
 // missing sandbox), against a real hareboxd that boots no VM. The history
 // itself is read on real VMs by the SDK suites.
 func TestCLIHistory(t *testing.T) {
-	t.Parallel()
 	s := prepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbh")
 	if err != nil {

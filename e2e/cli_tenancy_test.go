@@ -95,7 +95,6 @@ func prepareNoVM(t *testing.T) setup {
 // TestCLITenancy is the CLI's contract for accounts, projects, fleets and
 // scoped keys, against a real hareboxd that boots no VM.
 func TestCLITenancy(t *testing.T) {
-	t.Parallel()
 	s := prepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbt")
 	if err != nil {

@@ -22,7 +22,6 @@ import (
 // installed hareboxd with it as systemd would for Type=notify: READY=1
 // once it answers, STOPPING=1 on SIGTERM.
 func TestDeploy(t *testing.T) {
-	t.Parallel()
 	s := prepareNoVM(t)
 	for _, name := range []string{"harebox-plugin-cloud-hypervisor", "harebox-image", "harebox-agent"} {
 		testimage.Binary(t, name)

@@ -75,7 +75,7 @@ func startEnv(t *testing.T, s setup, dataDir string, env []string, extra ...stri
 	table, pool := networkOf(dataDir)
 	srv := launchEnv(t, s, dataDir, env, append([]string{"--image-dir", s.imageDir, "--plugin", s.plugin, "--site", "fr-par-1", "--country", "FR",
 		// The host firewall is on, in a table and pool of this data
-		// directory's own (tests run in parallel; a restart keeps them).
+		// directory's own (a restart on it keeps them).
 		"--network", "linux", "--nft-table", table, "--address-pool", pool + "0/24"}, extra...)...)
 	srv.table, srv.pool = table, pool
 	return srv
@@ -269,7 +269,6 @@ func noLeftovers(t *testing.T, dataDir string) {
 const jobOutput = "hello from user (uid 1000)"
 
 func TestWalkthrough(t *testing.T) {
-	t.Parallel()
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbw")
 	if err != nil {

@@ -18,7 +18,6 @@ import (
 // the sandbox with a file on its disk and a background process still
 // counting.
 func TestHibernate(t *testing.T) {
-	t.Parallel()
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbh")
 	if err != nil {

@@ -22,7 +22,6 @@ import (
 // bytes), list, delete. A key scoped to commands only gets tool errors
 // for what it may not do, and runs commands.
 func TestMCP(t *testing.T) {
-	t.Parallel()
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbmcp")
 	if err != nil {

@@ -13,7 +13,6 @@ import (
 // machine-id, kernel entropy and address, its labels and env, and the
 // firewall policy it asked for in force.
 func TestPool(t *testing.T) {
-	t.Parallel()
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbp")
 	if err != nil {

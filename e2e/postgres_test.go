@@ -19,7 +19,6 @@ import (
 // second hareboxd on the same database is refused while the first holds
 // it.
 func TestPostgresStore(t *testing.T) {
-	t.Parallel()
 	s := prepare(t)
 	dsn := testpg.ForTest(t)
 	dataDir, err := os.MkdirTemp("", "hbpgd")

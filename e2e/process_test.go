@@ -43,7 +43,6 @@ func relaunch(t *testing.T, srv *server) {
 // client killed with -9 while following changes nothing; the output is
 // still there to read from the start afterwards.
 func TestProcessOutlivesServer(t *testing.T) {
-	t.Parallel()
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbpo")
 	if err != nil {

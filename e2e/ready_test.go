@@ -18,7 +18,6 @@ import (
 // the server stays alive and is not ready (503, the hypervisor named);
 // once the plugin can start, it is ready again by itself.
 func TestReady(t *testing.T) {
-	t.Parallel()
 	s := prepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbrd")
 	if err != nil {

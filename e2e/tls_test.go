@@ -22,7 +22,7 @@ import (
 // fingerprint (HAREBOX_CA) and by nothing else; only TLS 1.3, with
 // HTTP/2. A server on certificate files reloads them on SIGHUP while a
 // request loop runs, and no request fails.
-func TestTLS(t *testing.T) { // (not parallel: t.Setenv)
+func TestTLS(t *testing.T) {
 	s := prepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbtls")
 	if err != nil {

@@ -18,7 +18,6 @@ import (
 // old hareboxd is then refused with a clear error: the database is newer
 // than it.
 func TestUpgrade(t *testing.T) {
-	t.Parallel()
 	s := prepare(t)
 	base := previousRelease(t, s.root)
 	t.Logf("upgrading from %s", base)
