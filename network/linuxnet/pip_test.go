@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/agent/client"
-	"github.com/harebox/harebox/backends/qemu"
-	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/internal/testimage"
 )
 
@@ -51,29 +49,7 @@ func TestVMPipInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hv, err := qemu.New(qemu.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := hv.Launch(ctx, hypervisor.Spec{
-		ID: id, VCPUs: 1, MemoryMB: 768, Kernel: img.Kernel, Initrd: img.Initrd,
-		Cmdline:  strings.TrimSpace(img.Cmdline + " " + att.Cmdline),
-		StateDir: t.TempDir(),
-		Disks:    []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true}},
-		Network:  &hypervisor.Network{Tap: att.Tap, MAC: att.MAC},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		m.Kill(context.Background())
-		m.Cleanup(context.Background())
-	})
-	c, _, err := client.DialReady(ctx, m.AgentEndpoint(), client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := bootVM(t, ctx, id, img, att, 768)
 	// The test hosts' CA, trusted for this test only, the way the engine
 	// installs a sandbox's own CA (a bundle and the variables naming it).
 	const bundle = "/etc/harebox/test-ca.pem"

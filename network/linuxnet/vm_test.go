@@ -13,7 +13,9 @@ import (
 	"github.com/harebox/harebox/backends/qemu"
 	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/network"
 )
 
 // TestVMEndToEnd boots the minimal image under QEMU on a real tap: the
@@ -40,28 +42,7 @@ func TestVMEndToEnd(t *testing.T) {
 	}
 	guestAddr, gw, _ := n.Addr(id)
 
-	hv, err := qemu.New(qemu.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := hv.Launch(ctx, hypervisor.Spec{
-		ID: id, VCPUs: 1, MemoryMB: 256, Kernel: img.Kernel, Initrd: img.Initrd,
-		Cmdline:  strings.TrimSpace(img.Cmdline + " " + att.Cmdline),
-		StateDir: t.TempDir(),
-		Network:  &hypervisor.Network{Tap: att.Tap, MAC: att.MAC},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		m.Kill(context.Background())
-		m.Cleanup(context.Background())
-	})
-	c, _, err := client.DialReady(ctx, m.AgentEndpoint(), client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := bootVM(t, ctx, id, img, att, 256)
 	run := func(cmd string) (string, int) {
 		t.Helper()
 		r, err := c.Exec(ctx, client.ExecRequest{Shell: cmd, User: "root", Timeout: 30 * time.Second}, nil)
@@ -169,29 +150,7 @@ func TestVMCredentials(t *testing.T) {
 		return &credproxy.Sandbox{CA: ca, CAKey: key, Rules: []credproxy.Rule{{
 			Hosts: []string{"pypi.org"}, Header: "Authorization", Format: "Bearer {value}", Placeholder: ph, Value: value}}}
 	})
-	hv, err := qemu.New(qemu.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := hv.Launch(ctx, hypervisor.Spec{
-		ID: id, VCPUs: 1, MemoryMB: 768, Kernel: img.Kernel, Initrd: img.Initrd,
-		Cmdline:  strings.TrimSpace(img.Cmdline + " " + att.Cmdline),
-		StateDir: t.TempDir(),
-		Disks:    []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true}},
-		Network:  &hypervisor.Network{Tap: att.Tap, MAC: att.MAC},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		m.Kill(context.Background())
-		m.Cleanup(context.Background())
-	})
-	c, _, err := client.DialReady(ctx, m.AgentEndpoint(), client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := bootVM(t, ctx, id, img, att, 768)
 	// The engine installs the sandbox CA the same way (harebox.installCA).
 	bundle := string(e.pems) + string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw}))
 	if _, err := c.WriteFile(ctx, "/etc/harebox/ca-bundle.pem", strings.NewReader(bundle), client.WriteOptions{Mode: 0o644, MakeParents: true}); err != nil {
@@ -247,29 +206,8 @@ func TestVMPolicyFromBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hv, err := qemu.New(qemu.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	launched := time.Now()
-	m, err := hv.Launch(ctx, hypervisor.Spec{
-		ID: id, VCPUs: 1, MemoryMB: 256, Kernel: img.Kernel, Initrd: img.Initrd,
-		Cmdline:  strings.TrimSpace(img.Cmdline + " " + att.Cmdline),
-		StateDir: t.TempDir(),
-		Network:  &hypervisor.Network{Tap: att.Tap, MAC: att.MAC},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		m.Kill(context.Background())
-		m.Cleanup(context.Background())
-	})
-	c, _, err := client.DialReady(ctx, m.AgentEndpoint(), client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := bootVM(t, ctx, id, img, att, 256)
 	denied, allowed := e.count("example.com:80"), e.count("pypi.org:80")
 	// The same request to each address, as fast as the guest can:
 	// example.com's first, so it is the earliest packet of all.
@@ -290,4 +228,38 @@ dmesg | grep -m1 'Run .* as init process'`
 	if !strings.Contains(out, "server=pypi.org host=x <- "+pypiIP) || allowed.get() == 0 {
 		t.Errorf("the allowed address did not answer: the probe proves nothing")
 	}
+}
+
+// bootVM boots img under QEMU (one vCPU, memMB) on a real tap of att, its
+// root disk (if it has one) behind an overlay, waits for its agent and
+// returns a client of it; the VM goes when the test ends.
+func bootVM(t *testing.T, ctx context.Context, id string, img images.Image, att *network.Attachment, memMB int) *client.Client {
+	t.Helper()
+	hv, err := qemu.New(qemu.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := hypervisor.Spec{
+		ID: id, VCPUs: 1, MemoryMB: memMB, Kernel: img.Kernel, Initrd: img.Initrd,
+		Cmdline:  strings.TrimSpace(img.Cmdline + " " + att.Cmdline),
+		StateDir: t.TempDir(),
+		Network:  &hypervisor.Network{Tap: att.Tap, MAC: att.MAC},
+	}
+	if img.RootDisk != "" {
+		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true}}
+	}
+	m, err := hv.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		m.Kill(context.Background())
+		m.Cleanup(context.Background())
+	})
+	c, _, err := client.DialReady(ctx, m.AgentEndpoint(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
