@@ -4,47 +4,20 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"reflect"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/harebox/harebox"
-	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/apiclient"
 	"github.com/harebox/harebox/firewall"
-	"github.com/harebox/harebox/hypervisor/memhv"
-	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/testapi"
 	"github.com/harebox/harebox/sandbox"
 )
 
-// client is a client of hareboxd's API on the fake hypervisor (its agent
-// runs echo, sleep, exit and files; real VMs are the e2e suite's).
+// client is a client of hareboxd's API on the fake hypervisor.
 func client(t *testing.T) *apiclient.Client {
-	dir := t.TempDir()
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	eng, err := harebox.New(context.Background(), harebox.Options{DataDir: dir, Hypervisor: hv,
-		Images: map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	key, _, _, err := api.LoadOrCreateRootKey(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := api.New(api.Options{Engine: eng, Auth: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv)
-	t.Cleanup(hs.Close)
-	b, _ := os.ReadFile(filepath.Join(dir, "root.key"))
-	c, err := apiclient.New(hs.URL, strings.TrimSpace(string(b)))
+	c, err := apiclient.New(testapi.Server(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,49 +5,20 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/apiclient"
-	"github.com/harebox/harebox/hypervisor/memhv"
-	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/testapi"
 	"github.com/harebox/harebox/mcpserver"
-	"github.com/harebox/harebox/sandbox"
 )
 
-// server is hareboxd's API on the fake hypervisor (its guest agent runs
-// echo, exit and files; real VMs are e2e/TestMCP's), and its root key.
-func server(t *testing.T) (string, string) {
-	dir := t.TempDir()
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	eng, err := harebox.New(context.Background(), harebox.Options{DataDir: dir, Hypervisor: hv,
-		Images: map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	key, _, _, err := api.LoadOrCreateRootKey(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := api.New(api.Options{Engine: eng, Auth: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv)
-	t.Cleanup(hs.Close)
-	b, _ := os.ReadFile(filepath.Join(dir, "root.key"))
-	return hs.URL, strings.TrimSpace(string(b))
-}
+// server is hareboxd's API on the fake hypervisor, and its root key.
+func server(t *testing.T) (string, string) { return testapi.Server(t) }
 
 // session connects an MCP client to a server of the tools, with key.
 func session(t *testing.T, base, key string) *mcp.ClientSession {
