@@ -403,14 +403,31 @@ func TestEngineLifecycle(t *testing.T) {
 	t.Run("Metrics", func(t *testing.T) {
 		// Measured on the host: the VMM's CPU time grows by what a busy
 		// loop in the guest burns; its memory and the disk files are there.
-		eng.SampleMetrics(ctx)
-		run(t, eng, box.ID, "timeout 3 sh -c 'while :; do :; done'; true")
-		eng.SampleMetrics(ctx)
-		l, err := eng.Metrics(ctx, box.ID, harebox.MetricsQuery{})
-		if err != nil || len(l) < 2 {
-			t.Fatalf("samples: %d %v", len(l), err)
+		// A round skips a box another call holds and the background
+		// round may add samples of its own: take the last sample before
+		// the loop and the first after it.
+		sampleSince := func(from time.Time) []*store.MetricSample {
+			for range 20 {
+				eng.SampleMetrics(ctx)
+				l, err := eng.Metrics(ctx, box.ID, harebox.MetricsQuery{From: from})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(l) > 0 {
+					return l
+				}
+			}
+			t.Fatal("no sample taken in 20 rounds")
+			return nil
 		}
-		first, last := l[len(l)-2], l[len(l)-1]
+		l := sampleSince(time.Now())
+		first := l[len(l)-1]
+		loop := time.Now()
+		run(t, eng, box.ID, "timeout 3 sh -c 'while :; do :; done'; true")
+		if took := time.Since(loop); took < 3*time.Second {
+			t.Fatalf("the 3 s loop took %v", took)
+		}
+		last := sampleSince(time.Now())[0]
 		t.Logf("cpu %.2f s -> %.2f s, memory %d MiB, disk %d MiB", first.CPUSeconds, last.CPUSeconds, last.MemoryBytes>>20, last.DiskBytes>>20)
 		if last.CPUSeconds-first.CPUSeconds < 2 || last.MemoryBytes < 64<<20 || last.DiskBytes <= 0 || !last.Time.After(first.Time) {
 			t.Errorf("samples: %+v then %+v", first, last)
