@@ -199,6 +199,9 @@ type Engine struct {
 	// asks the pool loop to fill it up.
 	pool   map[string][]*member
 	refill chan struct{}
+	// lastClaim is when a member was last claimed (under mu): refills
+	// wait until the pool has been quiet for poolQuiet.
+	lastClaim time.Time
 	// creates sums the creates' timings by how they were served.
 	creates createStats
 	used    sandbox.Resources

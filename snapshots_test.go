@@ -415,12 +415,20 @@ func TestPool(t *testing.T) {
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Reserved != 0 {
 		t.Errorf("idle pool members are charged: %s reserved", got.Reserved)
 	}
+	claimed := time.Now()
 	s, err := eng.Create(ctx, sandbox.CreateRequest{Name: "warm", Env: map[string]string{"WHO": "claimer"}, Labels: map[string]string{"team": "blue"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Served != "pool" || s.State != sandbox.StateRunning || s.Name != "warm" || s.Labels["team"] != "blue" {
 		t.Fatalf("claimed: %+v", s)
+	}
+	// The refill waits for a second without claims (the claimed
+	// sandbox's first commands come before restores).
+	for ; time.Since(claimed) < 800*time.Millisecond; time.Sleep(20 * time.Millisecond) {
+		if n := poolOf(); n != 1 {
+			t.Fatalf("the pool holds %d %v after a claim", n, time.Since(claimed))
+		}
 	}
 	if p := s.CreatePhases; p["claim"] <= 0 || p["identity"] <= 0 || p["total"] < p["claim"] || p["launch"] != 0 {
 		t.Errorf("a claim's steps: %v", p)
