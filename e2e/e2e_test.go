@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -41,6 +42,9 @@ type server struct {
 
 type setup struct {
 	root, bin, imageDir, plugin, hareboxd string
+	// flags come first on every server's command line (its args can
+	// override them).
+	flags []string
 }
 
 func prepare(t *testing.T) setup {
@@ -51,7 +55,10 @@ func prepare(t *testing.T) setup {
 	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
 		t.Skip("the walkthrough needs the Debian image: set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does)")
 	}
-	s := setup{root: testimage.Root(t)}
+	// Golden snapshots are on by default; a golden boot in the
+	// background of every test would share the 2 cores with it, so only
+	// the tests that ask for them get them.
+	s := setup{root: testimage.Root(t), flags: []string{"--golden-snapshots=false"}}
 	for _, name := range []string{"harebox", "hareboxd", "harebox-plugin-qemu"} {
 		s.bin = filepath.Dir(testimage.Binary(t, name))
 	}
@@ -146,7 +153,7 @@ func launchEnv(t *testing.T, s setup, dataDir string, env []string, args ...stri
 			srv.ca = args[i+1]
 		}
 	}
-	srv.cmd = exec.Command(s.hareboxd, append([]string{"--data-dir", dataDir, "--listen", addr}, args...)...)
+	srv.cmd = exec.Command(s.hareboxd, slices.Concat([]string{"--data-dir", dataDir, "--listen", addr}, s.flags, args)...)
 	if env != nil {
 		srv.cmd.Env = append(os.Environ(), env...)
 	}

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 root=$PWD
 echo "==> building the binaries and the Debian guest image (cached after the first run)"
 export HAREBOX_NFT_TABLE=harebox_demo
-eval "$(scripts/devserver.sh)"
+# (One sandbox: a golden boot beside it would only share the cores.)
+eval "$(scripts/devserver.sh --golden-snapshots=false)"
 cleanup() {
   # Delete whatever the walkthrough left (on failure), then stop the server.
   for id in $(bin/harebox list 2>/dev/null | jq -r '.sandboxes[].id' 2>/dev/null); do

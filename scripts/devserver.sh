@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts hareboxd on a fresh temporary data directory, with the images
 # built under .cache/images, and prints the URL, the key and the pid as
-# shell variables: eval "$(scripts/devserver.sh)". Stop it with
+# shell variables: eval "$(scripts/devserver.sh [HAREBOXD FLAGS...])". Stop it with
 # kill $HAREBOX_PID (sandboxes keep running; delete them first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 # HAREBOX_POOL), so a server that runs on this host is left alone.
 bin/hareboxd --data-dir "$dir" --listen "127.0.0.1:$port" --image-dir "$PWD/.cache/images" \
   --plugin "$PWD/bin/harebox-plugin-qemu" --nft-table "${HAREBOX_NFT_TABLE:-harebox_dev}" \
-  --address-pool "${HAREBOX_POOL:-10.238.0.0/24}" >"$dir/hareboxd.log" 2>&1 &
+  --address-pool "${HAREBOX_POOL:-10.238.0.0/24}" "$@" >"$dir/hareboxd.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do
   curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break

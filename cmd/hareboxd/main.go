@@ -78,6 +78,7 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 // settings is what doctor needs of the checked settings.
 type settings struct {
 	dataDir, imageDir, backend, network string
+	golden                              bool
 }
 
 // run starts the server as args (flags, and the --config file under them)
@@ -104,7 +105,7 @@ func run(args []string, instead func(settings) error) error {
 		prices       = fs.String("prices", "", "price table, a JSON file of decimal dollar strings per hour: vcpu_hour, memory_gib_hour, paused_vcpu_hour, paused_memory_gib_hour, disk_gb_hour, snapshot_gb_hour, and egress_gb per GB (default: the README's)")
 		meterEvery   = fs.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
 		poolFlag     = fs.String("pool", "", "keep that many sandboxes restored from the golden snapshot idle and ready for each image and size, claimed by creates: IMAGE:PRESET=N[,IMAGE:PRESET=N...], e.g. default:small=4 (implies --golden-snapshots)")
-		golden       = fs.Bool("golden-snapshots", false, "restore creates from a golden snapshot of their image and size (booted once, in the background, on the first create of each) instead of booting them")
+		golden       = fs.Bool("golden-snapshots", true, "restore creates from a golden snapshot of their image and size (booted once, in the background, on the first create of each) instead of booting them; --golden-snapshots=false boots every create")
 		metricsEvery = fs.Duration("metrics-interval", 15*time.Second, "how often every sandbox created with monitoring on is sampled (CPU, memory, disk, network, from the host side)")
 		proxies      = fs.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
 		tlsCert      = fs.String("tls-cert", "", "serve HTTPS with this certificate chain (PEM; read again when it changes, and on SIGHUP)")
@@ -190,7 +191,7 @@ func run(args []string, instead func(settings) error) error {
 		return err
 	}
 	if instead != nil {
-		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind})
+		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind, golden: *golden})
 	}
 	level := slog.LevelInfo
 	if *debug {

@@ -198,3 +198,23 @@ func TestIngressFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestGoldenByDefault: the server restores creates from golden snapshots
+// unless told not to, on the command line or in its config file.
+func TestGoldenByDefault(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "c.yaml")
+	os.WriteFile(conf, []byte("golden-snapshots: false\n"), 0o644)
+	for want, args := range map[bool][][]string{
+		true:  {{}, {"--golden-snapshots"}, {"--golden-snapshots=false", "--golden-snapshots"}},
+		false: {{"--golden-snapshots=false"}, {"--config", conf}},
+	} {
+		for _, a := range args {
+			var got settings
+			err := run(append([]string{"--data-dir", filepath.Join(dir, "data"), "--network", "none"}, a...), func(s settings) error { got = s; return nil })
+			if err != nil || got.golden != want {
+				t.Errorf("%q: golden %v %v, want %v", a, got.golden, err, want)
+			}
+		}
+	}
+}
