@@ -1,0 +1,302 @@
+// Package vhostblk serves a machine's disks to its VMM as vhost-user-blk
+// sockets from qemu-storage-daemon, for VMMs that cannot open an
+// encrypted qcow2 overlay themselves (Cloud Hypervisor): the daemon opens
+// the overlay with the machine's key and the VMM sees a plain block
+// device. The keys reach the daemon through inherited pipes (overlay
+// Secrets), never argv, the environment or a file.
+//
+// The daemon outlives the process that started it, like the VMM it serves:
+// Find re-attaches to it by its directory after a restart.
+package vhostblk
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
+)
+
+// Disk is one disk to serve.
+type Disk struct {
+	// Path is the image the guest reads and writes; Format is "qcow2" or
+	// "raw".
+	Path   string
+	Format string
+	// Encrypted: Path is a LUKS-encrypted qcow2, opened with
+	// Options.DataKey.
+	Encrypted bool
+	// Backing is Path's backing file (a qcow2 overlay's base), opened
+	// read-only, in BackingFormat; BackingEncrypted: it is an encrypted
+	// qcow2 opened with Options.BackingKey (a snapshot's disk).
+	Backing          string
+	BackingFormat    string
+	BackingEncrypted bool
+	ReadOnly         bool
+}
+
+// Options says what one daemon serves.
+type Options struct {
+	// Binary is qemu-storage-daemon's path (default: on PATH).
+	Binary string
+	// Dir holds the daemon's pid file and sockets; it is created (0700).
+	// A socket path must fit in 107 bytes, so keep it short.
+	Dir   string
+	Disks []Disk
+	// DataKey opens the encrypted disks, BackingKey their encrypted
+	// backing files.
+	DataKey, BackingKey []byte
+}
+
+// Server is a running qemu-storage-daemon.
+type Server struct {
+	PID int
+	Dir string
+	// Sockets are the vhost-user-blk sockets, one per disk, in order.
+	Sockets []string
+}
+
+const (
+	pidFile      = "qsd.pid"
+	secretData   = "sec-data"
+	secretBackup = "sec-backing"
+	// maxSocketPath is sun_path's size less the terminating NUL.
+	maxSocketPath = 107
+)
+
+// Start starts a daemon serving o.Disks and returns once every socket
+// accepts a VMM: qemu-storage-daemon --daemonize exits only then.
+func Start(ctx context.Context, o Options) (*Server, error) {
+	if len(o.Disks) == 0 {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: no disks")
+	}
+	bin := o.Binary
+	if bin == "" {
+		bin = "qemu-storage-daemon"
+	}
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("vhostblk: %w", err)
+	}
+	dir, err := filepath.Abs(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if s, err := Find(dir); err == nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrExists, "vhostblk: a daemon (pid %d) already serves %s", s.PID, dir)
+	}
+	var sec overlay.Secrets
+	defer sec.Close()
+	needData, needBacking := false, false
+	for _, d := range o.Disks {
+		needData = needData || d.Encrypted
+		needBacking = needBacking || d.BackingEncrypted
+	}
+	if needData {
+		if len(o.DataKey) != hypervisor.KeySize {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: encrypted disks need a %d-byte data key", hypervisor.KeySize)
+		}
+		if err := sec.Add(secretData, o.DataKey); err != nil {
+			return nil, err
+		}
+	}
+	if needBacking {
+		if len(o.BackingKey) != hypervisor.KeySize {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: encrypted backing files need a %d-byte key", hypervisor.KeySize)
+		}
+		if err := sec.Add(secretBackup, o.BackingKey); err != nil {
+			return nil, err
+		}
+	}
+	s := &Server{Dir: dir}
+	args := []string{"--daemonize", "--pidfile", filepath.Join(dir, pidFile)}
+	args = append(args, sec.Args()...)
+	for i, d := range o.Disks {
+		sock := filepath.Join(dir, fmt.Sprintf("disk%d.sock", i))
+		if len(sock) > maxSocketPath {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: socket path %s is longer than %d bytes", sock, maxSocketPath)
+		}
+		os.Remove(sock) // (a stale one from a daemon that died)
+		node, err := blockdev(d, fmt.Sprintf("disk%d", i))
+		if err != nil {
+			return nil, err
+		}
+		export, _ := json.Marshal(map[string]any{
+			"type": "vhost-user-blk", "id": fmt.Sprintf("exp%d", i), "node-name": fmt.Sprintf("disk%d", i),
+			"addr":     map[string]any{"type": "unix", "path": sock},
+			"writable": !d.ReadOnly,
+		})
+		args = append(args, "--blockdev", node, "--export", string(export))
+		s.Sockets = append(s.Sockets, sock)
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	sec.Apply(cmd)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	// (Its own session: a signal to the starter's group does not reach it.)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return nil, hypervisor.Errorf(hypervisor.ErrUnavailable, "vhostblk: %s not found (Debian: apt-get install qemu-system-x86 or qemu-utils)", bin)
+		}
+		return nil, fmt.Errorf("vhostblk: %s: %w: %s", bin, err, lastLine(out.String()))
+	}
+	found, err := Find(dir)
+	if err != nil {
+		return nil, fmt.Errorf("vhostblk: the daemon started but %w", err)
+	}
+	s.PID = found.PID
+	return s, nil
+}
+
+// blockdev is the daemon's --blockdev for d, in JSON (a path may hold a
+// comma, which the key=value form would split on).
+func blockdev(d Disk, node string) (string, error) {
+	file := func(path string, ro bool) map[string]any {
+		return map[string]any{"driver": "file", "filename": path, "read-only": ro}
+	}
+	format := func(f string) (string, error) {
+		switch f {
+		case "", "raw":
+			return "raw", nil
+		case "qcow2":
+			return "qcow2", nil
+		}
+		return "", hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: format %q: want raw or qcow2", f)
+	}
+	f, err := format(d.Format)
+	if err != nil {
+		return "", err
+	}
+	n := map[string]any{"driver": f, "node-name": node, "file": file(d.Path, d.ReadOnly), "read-only": d.ReadOnly}
+	if d.Encrypted {
+		if f != "qcow2" {
+			return "", hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: %s: only a qcow2 can be encrypted", d.Path)
+		}
+		n["encrypt"] = map[string]any{"format": "luks", "key-secret": secretData}
+	}
+	if d.Backing != "" {
+		if f != "qcow2" {
+			return "", hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: %s: only a qcow2 has a backing file", d.Path)
+		}
+		bf, err := format(d.BackingFormat)
+		if err != nil {
+			return "", err
+		}
+		b := map[string]any{"driver": bf, "file": file(d.Backing, true), "read-only": true}
+		if d.BackingEncrypted {
+			if bf != "qcow2" {
+				return "", hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: %s: only a qcow2 can be encrypted", d.Backing)
+			}
+			b["encrypt"] = map[string]any{"format": "luks", "key-secret": secretBackup}
+		}
+		n["backing"] = b
+	} else if d.BackingEncrypted {
+		return "", hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: %s: an encrypted backing file needs Backing", d.Path)
+	}
+	j, err := json.Marshal(n)
+	return string(j), err
+}
+
+// ErrNotRunning is Find's answer when no daemon serves the directory.
+var ErrNotRunning = errors.New("no qemu-storage-daemon serves this directory")
+
+// Find returns the daemon serving dir (its pid file names it, and that
+// process is a qemu-storage-daemon whose pid file is there: a recycled
+// pid is not taken for it), or ErrNotRunning.
+func Find(dir string) (*Server, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, pidFile))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotRunning, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return nil, fmt.Errorf("%w: bad pid file", ErrNotRunning)
+	}
+	if !serves(pid, dir) {
+		return nil, fmt.Errorf("%w: pid %d is not its daemon", ErrNotRunning, pid)
+	}
+	s := &Server{PID: pid, Dir: dir}
+	socks, _ := filepath.Glob(filepath.Join(dir, "disk*.sock"))
+	for i := range socks {
+		s.Sockets = append(s.Sockets, filepath.Join(dir, fmt.Sprintf("disk%d.sock", i)))
+	}
+	return s, nil
+}
+
+// serves reports whether pid is a live (not zombie) qemu-storage-daemon
+// with dir's pid file on its command line.
+func serves(pid int, dir string) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' {
+		return false
+	}
+	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	argv := strings.Split(string(cmd), "\x00")
+	if len(argv) == 0 || filepath.Base(argv[0]) != "qemu-storage-daemon" {
+		return false
+	}
+	for i, a := range argv {
+		if a == "--pidfile" && i+1 < len(argv) && argv[i+1] == filepath.Join(dir, pidFile) {
+			return true
+		}
+	}
+	return false
+}
+
+// Stop ends the daemon: SIGTERM (it flushes its images and exits), then
+// SIGKILL after 10 s or when ctx ends; it returns once the process is
+// gone (a zombie has closed its files) and its sockets and pid file are
+// removed. Stopping a daemon that is gone is not an error.
+func (s *Server) Stop(ctx context.Context) error {
+	// (A pid that is not this directory's daemon any more, recycled, is
+	// left alone.)
+	if serves(s.PID, s.Dir) {
+		syscall.Kill(s.PID, syscall.SIGTERM)
+	}
+	kill := time.Now().Add(10 * time.Second)
+	killed := false
+	for end := kill.Add(5 * time.Second); serves(s.PID, s.Dir); time.Sleep(10 * time.Millisecond) {
+		if !killed && (time.Now().After(kill) || ctx.Err() != nil) {
+			syscall.Kill(s.PID, syscall.SIGKILL)
+			killed = true
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("vhostblk: daemon %d did not exit", s.PID)
+		}
+	}
+	for _, sock := range s.Sockets {
+		os.Remove(sock)
+	}
+	os.Remove(filepath.Join(s.Dir, pidFile))
+	return nil
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}

@@ -1,0 +1,240 @@
+package vhostblk_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
+	"github.com/harebox/harebox/hypervisor/vhostblk"
+	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/internal/testimage"
+)
+
+func need(t *testing.T, bins ...string) {
+	t.Helper()
+	for _, b := range bins {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("%s is not installed (make deps installs it)", b)
+		}
+	}
+}
+
+func newKey() []byte {
+	k := make([]byte, hypervisor.KeySize)
+	rand.Read(k)
+	return k
+}
+
+// plainBytes reads the disk at path (an encrypted qcow2 over its base)
+// as the guest sees it, through qemu-img with key.
+func plainBytes(t *testing.T, path string, key []byte) []byte {
+	t.Helper()
+	var sec overlay.Secrets
+	defer sec.Close()
+	if err := sec.Add("k", key); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "plain.raw")
+	args := append([]string{"convert"}, sec.Args()...)
+	args = append(args, "--image-opts", "driver=qcow2,file.filename="+path+",encrypt.key-secret=k", "-O", "raw", out)
+	cmd := exec.Command("qemu-img", args...)
+	sec.Apply(cmd)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img convert: %v %s", err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// frontend boots the minimal image under QEMU (TCG) with the sockets as
+// vhost-user-blk disks, the way a VMM that cannot open the overlay uses
+// them (guest memory shared with the daemon), and returns its agent.
+func frontend(t *testing.T, dir string, sockets []string) *agentclient.Client {
+	t.Helper()
+	img := testimage.Image(t, "minimal")
+	agentSock := filepath.Join(dir, "agent.sock")
+	pidFile := filepath.Join(dir, "qemu.pid")
+	args := []string{
+		"-M", "microvm,isa-serial=on,rtc=on,pcie=on,memory-backend=mem", "-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "512",
+		"-object", "memory-backend-memfd,id=mem,size=512M,share=on",
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-kernel", img.Kernel, "-initrd", img.Initrd, "-append", img.Cmdline + tscHint(t),
+		"-serial", "file:" + filepath.Join(dir, "serial.log"),
+		"-pidfile", pidFile, "-daemonize",
+		// (The agent's first random bytes wait for the guest's CRNG.)
+		"-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-device,rng=rng0",
+		"-device", "virtio-serial-device,max_ports=2",
+		"-chardev", "socket,id=agent,path=" + agentSock + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=" + hypervisor.AgentSerialName,
+	}
+	for i, s := range sockets {
+		id := "vb" + string(rune('0'+i))
+		// (PCI, as Cloud Hypervisor's disks are: QEMU's virtio-mmio
+		// kicks a vhost-user device only under KVM.)
+		args = append(args, "-chardev", "socket,id="+id+",path="+s, "-device", "vhost-user-blk-pci,chardev="+id)
+	}
+	if out, err := exec.Command("qemu-system-x86_64", args...).CombinedOutput(); err != nil {
+		t.Fatalf("qemu: %v %s", err, out)
+	}
+	t.Cleanup(func() {
+		for _, p := range procs.Naming(pidFile) {
+			syscall.Kill(p.PID, syscall.SIGKILL)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, _, err := agentclient.DialReady(ctx, hypervisor.AgentEndpoint{Transport: hypervisor.TransportSerial, Path: agentSock}, agentclient.Options{})
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "serial.log"))
+		t.Fatalf("agent: %v\n%s", err, log)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// tscHint gives a TCG guest the host's TSC rate, which its own
+// calibration cannot measure on microvm (the QEMU backend measures it;
+// the host's cpuinfo is close enough for a test).
+func tscHint(t *testing.T) string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
+			if mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && mhz > 0 {
+				return " tsc_early_khz=" + strconv.Itoa(int(mhz*1000))
+			}
+		}
+	}
+	t.Skip("no cpu MHz in /proc/cpuinfo")
+	return ""
+}
+
+func guest(t *testing.T, c *agentclient.Client, script string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := c.Exec(ctx, agentclient.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, User: "root", Timeout: 50 * time.Second}, nil)
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("%q: %v %d %s %s", script, err, r.ExitCode, r.Stdout, r.Stderr)
+	}
+	return string(r.Stdout)
+}
+
+// TestServeEncryptedOverlay: a guest writes through a vhost-user-blk
+// socket served from a LUKS overlay; on the host the overlay holds only
+// ciphertext and the base is untouched; the key reads the guest's bytes
+// back; another key opens nothing; the daemon is found again by its
+// directory, and Stop leaves no process and no socket.
+func TestServeEncryptedOverlay(t *testing.T) {
+	need(t, "qemu-storage-daemon", "qemu-img", "qemu-system-x86_64")
+	dir, err := os.MkdirTemp("", "hbv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	base := filepath.Join(dir, "base.raw")
+	baseData := bytes.Repeat([]byte("base-block"), (8<<20)/10+1)
+	if err := os.WriteFile(base, baseData[:8<<20], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := newKey()
+	ov := filepath.Join(dir, "ov.qcow2")
+	if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", ov, 16<<20, key, nil); err != nil {
+		t.Fatal(err)
+	}
+	disk := vhostblk.Disk{Path: ov, Format: "qcow2", Encrypted: true, Backing: base, BackingFormat: "raw"}
+
+	// Another key: the daemon cannot open the overlay and nothing runs.
+	if _, err := vhostblk.Start(ctx, vhostblk.Options{Dir: filepath.Join(dir, "wrong"), Disks: []vhostblk.Disk{disk}, DataKey: newKey()}); err == nil || !strings.Contains(err.Error(), "Invalid password") {
+		t.Errorf("another key: %v", err)
+	}
+	if _, err := vhostblk.Find(filepath.Join(dir, "wrong")); !errors.Is(err, vhostblk.ErrNotRunning) {
+		t.Errorf("a daemon runs after a failed start: %v", err)
+	}
+
+	srv, err := vhostblk.Start(ctx, vhostblk.Options{Dir: filepath.Join(dir, "d"), Disks: []vhostblk.Disk{disk}, DataKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop(ctx)
+	if again, err := vhostblk.Start(ctx, vhostblk.Options{Dir: filepath.Join(dir, "d"), Disks: []vhostblk.Disk{disk}, DataKey: key}); !errors.Is(err, hypervisor.ErrExists) {
+		t.Errorf("a second daemon on the directory: %+v %v", again, err)
+	}
+	if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(srv.PID) + "/cmdline"); bytes.Contains(cmdline, []byte(overlay.Passphrase(key))) {
+		t.Error("the key is on the daemon's command line")
+	}
+
+	c := frontend(t, dir, srv.Sockets)
+	const marker = "harebox-vhost-user-marker"
+	got := guest(t, c, `printf `+marker+` | dd of=/dev/vda bs=512 seek=2048 conv=fsync 2>/dev/null && dd if=/dev/vda bs=512 skip=2048 count=1 2>/dev/null | head -c 25; echo; dd if=/dev/vda bs=10 count=1 2>/dev/null`)
+	if got != marker+"\nbase-block" {
+		t.Fatalf("the guest reads %q", got)
+	}
+
+	found, err := vhostblk.Find(srv.Dir)
+	if err != nil || found.PID != srv.PID || len(found.Sockets) != 1 || found.Sockets[0] != srv.Sockets[0] {
+		t.Fatalf("found %+v %v, started %+v", found, err, srv)
+	}
+	if err := found.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vhostblk.Find(srv.Dir); !errors.Is(err, vhostblk.ErrNotRunning) {
+		t.Errorf("after Stop: %v", err)
+	}
+	if _, err := os.Stat(srv.Sockets[0]); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket is left: %v", err)
+	}
+
+	raw, err := os.ReadFile(ov)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(raw, []byte(marker)) {
+		t.Error("the guest's bytes are in the overlay in plain text")
+	}
+	if b, _ := os.ReadFile(base); !bytes.Equal(b, baseData[:8<<20]) {
+		t.Error("the base changed")
+	}
+	plain := plainBytes(t, ov, key)
+	if !bytes.HasPrefix(plain[2048*512:], []byte(marker)) || !bytes.HasPrefix(plain, []byte("base-block")) {
+		t.Errorf("the key reads back %q at the marker", plain[2048*512:2048*512+32])
+	}
+}
+
+// TestStartRefuses: what cannot be served is refused before a daemon
+// starts, with the reason.
+func TestStartRefuses(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	qcow := vhostblk.Disk{Path: "/x.qcow2", Format: "qcow2", Encrypted: true}
+	for name, o := range map[string]vhostblk.Options{
+		"no disks":                {Dir: dir},
+		"no data key":             {Dir: dir, Disks: []vhostblk.Disk{qcow}},
+		"short data key":          {Dir: dir, Disks: []vhostblk.Disk{qcow}, DataKey: []byte("short")},
+		"no backing key":          {Dir: dir, Disks: []vhostblk.Disk{{Path: "/x", Format: "qcow2", Backing: "/b", BackingFormat: "qcow2", BackingEncrypted: true}}},
+		"encrypted raw":           {Dir: dir, Disks: []vhostblk.Disk{{Path: "/x", Format: "raw", Encrypted: true}}, DataKey: newKey()},
+		"unknown format":          {Dir: dir, Disks: []vhostblk.Disk{{Path: "/x", Format: "vmdk"}}},
+		"raw with a backing file": {Dir: dir, Disks: []vhostblk.Disk{{Path: "/x", Format: "raw", Backing: "/b"}}},
+		"encrypted raw backing":   {Dir: dir, Disks: []vhostblk.Disk{{Path: "/x", Format: "qcow2", Backing: "/b", BackingFormat: "raw", BackingEncrypted: true}}, BackingKey: newKey()},
+		"socket path too long":    {Dir: filepath.Join(dir, strings.Repeat("d", 100)), Disks: []vhostblk.Disk{{Path: "/x", Format: "raw"}}},
+	} {
+		if s, err := vhostblk.Start(ctx, o); !errors.Is(err, hypervisor.ErrInvalid) {
+			t.Errorf("%s: %+v %v", name, s, err)
+		}
+	}
+}
