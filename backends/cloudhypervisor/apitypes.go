@@ -109,6 +109,10 @@ type DiskConfig struct {
 	// since v51, so a guest-written header cannot point at host files).
 	BackingFiles bool      `json:"backing_files,omitempty"`
 	ImageType    ImageType `json:"image_type,omitempty"`
+	// VhostUser: the disk is served on VhostSocket by a vhost-user-blk
+	// backend (then Path is empty and guest memory must be shared).
+	VhostUser   bool   `json:"vhost_user,omitempty"`
+	VhostSocket string `json:"vhost_socket,omitempty"`
 }
 
 // NetConfig is one virtio-net device on a host tap.

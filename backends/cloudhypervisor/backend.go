@@ -15,6 +15,7 @@ import (
 
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/overlay"
+	"github.com/harebox/harebox/hypervisor/vhostblk"
 )
 
 // Name is the backend name in Capabilities and Handles.
@@ -31,6 +32,8 @@ const (
 	vmmLogName      = "vmm.log"
 	serialLogName   = "serial.log"
 	restoreDirName  = "restore"
+	// blockDirName holds the storage daemon's sockets and pid file.
+	blockDirName = "blk"
 )
 
 // maxSocketPath is the longest usable Unix socket path (sun_path less NUL).
@@ -47,6 +50,9 @@ type Config struct {
 	Binary string
 	// QemuImg creates qcow2 overlays ("qemu-img" on PATH if empty).
 	QemuImg string
+	// StorageDaemon serves encrypted overlays to the VMM
+	// ("qemu-storage-daemon" on PATH if empty).
+	StorageDaemon string
 	// DisableLandlock keeps the VMM from sandboxing itself with Landlock
 	// even where the binary and kernel support it.
 	DisableLandlock bool
@@ -185,12 +191,20 @@ func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, 
 	if err = spec.Validate(); err != nil {
 		return
 	}
-	// Cloud Hypervisor cannot open an encrypted qcow2 itself; serving the
-	// overlay from qemu-storage-daemon is not built yet. Refusing is what
-	// keeps a caller that asked for encryption from getting plaintext.
-	if len(spec.DataKey) > 0 || len(spec.SnapshotKey) > 0 || spec.ConsoleRecipient != "" {
-		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted disks and snapshots are not supported by this backend yet")
+	// Encrypted disks are served from qemu-storage-daemon (prepareDisks);
+	// encrypted snapshots and console logs are not built yet. Refusing is
+	// what keeps a caller that asked for them from getting plaintext.
+	if len(spec.SnapshotKey) > 0 || spec.ConsoleRecipient != "" {
+		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted snapshots and console logs are not supported by this backend yet")
 		return
+	}
+	if len(spec.DataKey) > 0 {
+		for i, d := range spec.Disks {
+			if !d.Overlay && !d.ReadOnly {
+				err = hypervisor.Errorf(hypervisor.ErrInvalid, "disk %d: a writable disk without an overlay cannot be encrypted", i)
+				return
+			}
+		}
 	}
 	if spec.Reuse {
 		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: launching again on an earlier launch's disks (stop and start) is not built for this backend yet")
@@ -219,7 +233,7 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 		}
 	}()
 
-	disks, bases, err := b.prepareDisks(ctx, spec, p)
+	disks, bases, blk, err := b.prepareDisks(ctx, spec, p)
 	if err != nil {
 		return nil, err
 	}
@@ -227,6 +241,9 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 
 	if m, err = b.start(ctx, bin, ver, spec.ID, p); err != nil {
 		return nil, err
+	}
+	if blk != nil {
+		m.data.BlockDir = blk.Dir
 	}
 	if err := m.api.CreateVM(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("vm.create: %w%s", err, m.logHint())
@@ -244,6 +261,7 @@ func (b *Backend) abandon(m *machine, p machinePaths, created bool) {
 		killAndWait(m.proc)
 		m.proc.close()
 	}
+	stopBlock(filepath.Join(p.stateDir, blockDirName))
 	if created {
 		os.RemoveAll(p.stateDir)
 		return
@@ -260,10 +278,16 @@ func (b *Backend) abandon(m *machine, p machinePaths, created bool) {
 
 // prepareDisks turns spec disks into DiskConfigs, creating qcow2 overlays
 // in the state dir where asked. It also returns the overlays' base images,
-// which the VMM must be allowed to read.
-func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p machinePaths) ([]DiskConfig, []string, error) {
+// which the VMM must be allowed to read. With a data key the overlays are
+// LUKS-encrypted under it and served to the VMM as vhost-user-blk sockets
+// by a storage daemon (returned), since the VMM cannot open them itself;
+// disks given as they are stay the VMM's own (read-only: begin refuses
+// others).
+func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p machinePaths) (_ []DiskConfig, _ []string, _ *vhostblk.Server, err error) {
 	var disks []DiskConfig
 	var bases []string
+	var served []vhostblk.Disk
+	var at []int // disks[at[j]] is served[j]
 	for i, d := range spec.Disks {
 		format := d.Format
 		if format == "" {
@@ -274,15 +298,42 @@ func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p mach
 			continue
 		}
 		ov := filepath.Join(p.stateDir, fmt.Sprintf("disk-%d.qcow2", i))
-		if err := b.createOverlay(ctx, d.Path, format, ov, d.SizeMB<<20); err != nil {
-			return nil, nil, err
+		if err := b.createOverlay(ctx, d.Path, format, ov, d.SizeMB<<20, spec.DataKey); err != nil {
+			return nil, nil, nil, err
+		}
+		if len(spec.DataKey) > 0 {
+			served = append(served, vhostblk.Disk{Path: ov, Format: "qcow2", Encrypted: true, Backing: d.Path, BackingFormat: format, ReadOnly: d.ReadOnly})
+			at = append(at, len(disks))
+			disks = append(disks, DiskConfig{})
+			continue
 		}
 		// The overlay's backing file is ours, so backing files are allowed
 		// for it; images given as is keep them off.
 		disks = append(disks, DiskConfig{Path: ov, Readonly: d.ReadOnly, ImageType: ImageTypeQcow2, BackingFiles: true})
 		bases = append(bases, d.Path)
 	}
-	return disks, bases, nil
+	if len(served) == 0 {
+		return disks, bases, nil, nil
+	}
+	srv, err := vhostblk.Start(ctx, vhostblk.Options{Binary: b.cfg.StorageDaemon, Dir: filepath.Join(p.stateDir, blockDirName), Disks: served, DataKey: spec.DataKey})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for j, i := range at {
+		disks[i] = DiskConfig{VhostUser: true, VhostSocket: srv.Sockets[j], Readonly: served[j].ReadOnly}
+	}
+	return disks, bases, srv, nil
+}
+
+// stopBlock stops the storage daemon serving dir, if one does.
+func stopBlock(dir string) error {
+	s, err := vhostblk.Find(dir)
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return s.Stop(ctx)
 }
 
 func imageType(format string) ImageType {
@@ -292,7 +343,7 @@ func imageType(format string) ImageType {
 	return ImageTypeRaw
 }
 
-func (b *Backend) createOverlay(ctx context.Context, base, format, path string, sizeBytes int64) error {
+func (b *Backend) createOverlay(ctx context.Context, base, format, path string, sizeBytes int64, key []byte) error {
 	tool := b.cfg.QemuImg
 	if tool == "" {
 		tool = "qemu-img"
@@ -301,6 +352,9 @@ func (b *Backend) createOverlay(ctx context.Context, base, format, path string, 
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "disk %s: %v", base, err)
 	}
 	os.Remove(path)
+	if len(key) > 0 {
+		return overlay.CreateEncrypted(ctx, tool, base, format, path, sizeBytes, key, nil)
+	}
 	return overlay.Create(ctx, tool, base, format, path, sizeBytes)
 }
 
@@ -321,13 +375,19 @@ func (b *Backend) landlockRules(v Version, p machinePaths, bases []string) []Lan
 // buildVmConfig maps a spec onto the VMM's VM config.
 func buildVmConfig(spec hypervisor.Spec, p machinePaths, disks []DiskConfig, landlock []LandlockConfig) VmConfig {
 	nested := false
+	// A vhost-user backend (the storage daemon) reads and writes the
+	// guest's buffers itself: guest memory must be shared with it.
+	shared := false
+	for _, d := range disks {
+		shared = shared || d.VhostUser
+	}
 	cmdline := spec.Cmdline
 	if cmdline == "" {
 		cmdline = defaultCmdline
 	}
 	cfg := VmConfig{
 		Cpus:    &CpusConfig{BootVcpus: spec.VCPUs, MaxVcpus: spec.VCPUs, Nested: &nested},
-		Memory:  &MemoryConfig{Size: int64(spec.MemoryMB) << 20},
+		Memory:  &MemoryConfig{Size: int64(spec.MemoryMB) << 20, Shared: shared},
 		Payload: PayloadConfig{Kernel: spec.Kernel, Initramfs: spec.Initrd, Cmdline: cmdline},
 		Disks:   disks,
 		Rng:     &RngConfig{Src: "/dev/urandom"},

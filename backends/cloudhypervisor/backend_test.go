@@ -2,6 +2,7 @@ package cloudhypervisor
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor/hvsock"
+	"github.com/harebox/harebox/hypervisor/vhostblk"
 
 	"github.com/harebox/harebox/hypervisor"
 )
@@ -131,7 +133,7 @@ func TestBackendLifecycle(t *testing.T) {
 	}
 	echoThrough(t, m.AgentEndpoint())
 	if overlay {
-		out, err := exec.Command("qemu-img", "info", "--output=json", filepath.Join(spec.StateDir, "disk-0.qcow2")).Output()
+		out, err := exec.Command("qemu-img", "info", "-U", "--output=json", filepath.Join(spec.StateDir, "disk-0.qcow2")).Output()
 		if err != nil || !strings.Contains(string(out), files.base) {
 			t.Fatalf("overlay: %s, %v", out, err)
 		}
@@ -365,5 +367,98 @@ func TestCapabilities(t *testing.T) {
 	caps, err = b.Capabilities(testCtx(t))
 	if !errors.Is(err, hypervisor.ErrUnavailable) || !strings.Contains(caps.Notice, "PVM-only") {
 		t.Fatalf("caps on PVM = %+v, %v", caps, err)
+	}
+}
+
+// TestEncryptedDisks: with a data key, a machine's overlay is a LUKS
+// qcow2 served to the VMM by qemu-storage-daemon as a vhost-user-blk
+// socket (the VMM cannot open it itself), with guest memory shared; the
+// daemon goes when the machine is killed, and with it every file; what
+// is not built yet (encrypted snapshots and console logs, a writable disk
+// without an overlay) is refused, not served in plain text.
+func TestEncryptedDisks(t *testing.T) {
+	for _, bin := range []string{"qemu-img", "qemu-storage-daemon"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+	b := stubBackend(t)
+	ctx := testCtx(t)
+	files := newTestFiles(t)
+	key := make([]byte, hypervisor.KeySize)
+	rand.Read(key)
+	spec := files.spec("enc", true)
+	spec.DataKey = key
+	m, err := b.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, m)
+	vi, err := m.(*machine).api.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vi.Config.Disks) != 2 || !vi.Config.Disks[0].VhostUser || vi.Config.Disks[0].Path != "" || vi.Config.Disks[1].VhostUser || !vi.Config.Memory.Shared {
+		t.Fatalf("the VMM's config: %+v memory %+v", vi.Config.Disks, vi.Config.Memory)
+	}
+	srv, err := vhostblk.Find(filepath.Join(spec.StateDir, blockDirName))
+	if err != nil || len(srv.Sockets) != 1 || srv.Sockets[0] != vi.Config.Disks[0].VhostSocket {
+		t.Fatalf("the storage daemon: %+v %v", srv, err)
+	}
+	out, err := exec.Command("qemu-img", "info", "-U", "--output=json", filepath.Join(spec.StateDir, "disk-0.qcow2")).Output()
+	var info struct {
+		Encrypted bool `json:"encrypted"`
+	}
+	if err != nil || json.Unmarshal(out, &info) != nil || !info.Encrypted {
+		t.Errorf("the overlay is not encrypted: %v %s", err, out)
+	}
+	if err := m.Snapshot(ctx, filepath.Join(files.dir, "snap"), nil); !errors.Is(err, hypervisor.ErrUnsupported) {
+		t.Errorf("snapshot of an encrypted machine: %v", err)
+	}
+	// Re-attached (a restarted plugin), it still stops its daemon.
+	again, err := b.Attach(ctx, m.Handle())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vhostblk.Find(srv.Dir); !errors.Is(err, vhostblk.ErrNotRunning) {
+		t.Errorf("the daemon outlived its VMM: %v", err)
+	}
+	if err := again.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(spec.StateDir); !os.IsNotExist(err) {
+		t.Errorf("state dir after Cleanup: %v", err)
+	}
+
+	for name, mod := range map[string]func(*hypervisor.Spec){
+		"console recipient": func(s *hypervisor.Spec) { s.ConsoleRecipient = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p" },
+		"snapshot key":      func(s *hypervisor.Spec) { s.SnapshotKey = key },
+	} {
+		s := files.spec("refused", true)
+		s.DataKey = key
+		mod(&s)
+		if _, err := b.Launch(ctx, s); !errors.Is(err, hypervisor.ErrUnsupported) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	s := files.spec("writable", false)
+	s.Disks[0].ReadOnly = false
+	s.DataKey = key
+	if _, err := b.Launch(ctx, s); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Errorf("a writable disk without an overlay: %v", err)
+	}
+	// A daemon that cannot start (no such binary) fails the launch and
+	// leaves nothing.
+	nb := New(Config{Binary: b.cfg.Binary, StartTimeout: b.cfg.StartTimeout, StorageDaemon: "/nonexistent/qemu-storage-daemon"})
+	s = files.spec("nodaemon", true)
+	s.DataKey = key
+	if _, err := nb.Launch(ctx, s); !errors.Is(err, hypervisor.ErrUnavailable) {
+		t.Errorf("without the daemon: %v", err)
+	}
+	if _, err := os.Stat(s.StateDir); !os.IsNotExist(err) {
+		t.Errorf("a failed launch left %s: %v", s.StateDir, err)
 	}
 }

@@ -20,6 +20,9 @@ type handleData struct {
 	VMMLog      string    `json:"vmm_log"`
 	Started     time.Time `json:"started"`
 	Version     string    `json:"version,omitempty"`
+	// BlockDir is where the storage daemon serving the machine's
+	// encrypted disks keeps its sockets; empty without one.
+	BlockDir string `json:"block_dir,omitempty"`
 }
 
 // machine is one VMM process and its VM.
@@ -103,12 +106,12 @@ func (m *machine) Shutdown(ctx context.Context) error {
 	step(m.api.ShutdownVM)
 	step(m.api.ShutdownVMM)
 	if m.proc.wait(ctx) == nil {
-		return nil
+		return m.stopBlock()
 	}
 	if err := killAndWait(m.proc); err != nil {
 		return fmt.Errorf("machine %s: shutdown: %w", m.id, err)
 	}
-	return nil
+	return m.stopBlock()
 }
 
 func (m *machine) Kill(ctx context.Context) error {
@@ -117,6 +120,18 @@ func (m *machine) Kill(ctx context.Context) error {
 	}
 	if err := m.proc.wait(ctx); err != nil {
 		return fmt.Errorf("machine %s: kill: %w", m.id, err)
+	}
+	return m.stopBlock()
+}
+
+// stopBlock stops the storage daemon of a machine whose VMM has exited
+// (it would hold the disks open for no one).
+func (m *machine) stopBlock() error {
+	if m.data.BlockDir == "" {
+		return nil
+	}
+	if err := stopBlock(m.data.BlockDir); err != nil {
+		return fmt.Errorf("machine %s: %w", m.id, err)
 	}
 	return nil
 }
@@ -135,6 +150,10 @@ func (m *machine) Cleanup(ctx context.Context) error {
 		return hypervisor.Errorf(hypervisor.ErrState, "machine %s: cleanup: the VMM is still running", m.id)
 	}
 	m.proc.close()
+	// (A VMM that died on its own left its daemon running.)
+	if err := m.stopBlock(); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(m.data.StateDir); err != nil {
 		return fmt.Errorf("machine %s: cleanup: %w", m.id, err)
 	}

@@ -59,11 +59,11 @@ type configDisk struct {
 // writes into a staging directory inside the state dir (the one place a
 // Landlock-sandboxed VMM may write), which is then moved to dir.
 //
-// Machines here never have a data key (begin refuses one), so key must be
-// nil.
+// Snapshots are not encrypted yet: key must be nil, and a machine whose
+// disks are encrypted (served by the storage daemon) is refused.
 func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err error) {
-	if len(key) > 0 {
-		return hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted snapshots are not supported by this backend yet")
+	if len(key) > 0 || m.data.BlockDir != "" {
+		return hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: snapshots of encrypted machines are not supported by this backend yet")
 	}
 	if !filepath.IsAbs(dir) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot dir %q: want an absolute path", dir)
@@ -141,7 +141,7 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 // paths, so they are rewritten in a copy of config.json.
 func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervisor.Spec) (_ hypervisor.Machine, err error) {
 	if len(spec.DataKey) > 0 || len(spec.SnapshotKey) > 0 {
-		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted disks and snapshots are not supported by this backend yet")
+		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: restoring encrypted machines is not supported by this backend yet")
 	}
 	var meta snapshotMeta
 	if err := readJSON(filepath.Join(snapshotDir, snapshotMetaName), &meta); err != nil {

@@ -279,6 +279,22 @@ func (s *stubVMM) handle(op string, body []byte) (int, []byte) {
 		if err != nil {
 			return http.StatusBadRequest, []byte(err.Error())
 		}
+		// The VMM connects to a vhost-user disk's backend as it creates
+		// the device, and fails when nothing serves the socket.
+		disks, _ := cfg["disks"].([]any)
+		for _, d := range disks {
+			if d, _ := d.(map[string]any); d["vhost_user"] == true {
+				sock, _ := d["vhost_socket"].(string)
+				c, err := net.DialTimeout("unix", sock, 2*time.Second)
+				if err != nil {
+					return http.StatusInternalServerError, []byte("vhost-user-blk: " + err.Error())
+				}
+				c.Close()
+				if m, _ := cfg["memory"].(map[string]any); m["shared"] != true {
+					return http.StatusInternalServerError, []byte("vhost-user devices need shared memory")
+				}
+			}
+		}
 		s.config, s.state = cfg, VmStateCreated
 		return http.StatusNoContent, nil
 	case "/vm.boot":

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,8 +148,8 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	// (Its own session: a signal to the starter's group does not reach it.)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return nil, hypervisor.Errorf(hypervisor.ErrUnavailable, "vhostblk: %s not found (Debian: apt-get install qemu-system-x86 or qemu-utils)", bin)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return nil, hypervisor.Errorf(hypervisor.ErrUnavailable, "vhostblk: %s not found (Debian: apt-get install qemu-system-common)", bin)
 		}
 		return nil, fmt.Errorf("vhostblk: %s: %w: %s", bin, err, lastLine(out.String()))
 	}
