@@ -434,8 +434,10 @@ func TestEncryptedDisks(t *testing.T) {
 	}
 
 	for name, mod := range map[string]func(*hypervisor.Spec){
-		"console recipient": func(s *hypervisor.Spec) { s.ConsoleRecipient = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p" },
-		"snapshot key":      func(s *hypervisor.Spec) { s.SnapshotKey = key },
+		"console recipient": func(s *hypervisor.Spec) {
+			s.ConsoleRecipient = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
+		},
+		"snapshot key": func(s *hypervisor.Spec) { s.SnapshotKey = key },
 	} {
 		s := files.spec("refused", true)
 		s.DataKey = key
