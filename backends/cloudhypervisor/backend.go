@@ -27,11 +27,12 @@ const GuestCID = 3
 
 // File names inside a machine's StateDir.
 const (
-	apiSocketName   = "api.sock"
-	vsockSocketName = "vsock.sock"
-	vmmLogName      = "vmm.log"
-	serialLogName   = "serial.log"
-	restoreDirName  = "restore"
+	apiSocketName    = "api.sock"
+	vsockSocketName  = "vsock.sock"
+	vmmLogName       = "vmm.log"
+	serialLogName    = "serial.log"
+	serialSocketName = "serial.sock"
+	restoreDirName   = "restore"
 	// blockDirName holds the storage daemon's sockets and pid file.
 	blockDirName = "blk"
 )
@@ -70,6 +71,7 @@ type Backend struct {
 
 	mu       sync.Mutex
 	versions map[string]Version // binary path -> version, run once
+	drains   drains
 }
 
 var _ hypervisor.Hypervisor = (*Backend)(nil)
@@ -134,7 +136,7 @@ func (b *Backend) landlock(v Version) bool {
 
 // machinePaths are the files of one machine.
 type machinePaths struct {
-	stateDir, apiSocket, vsockSocket, vmmLog, serialLog string
+	stateDir, apiSocket, vsockSocket, vmmLog, serialLog, serialSocket string
 }
 
 func newPaths(stateDir, serialLog string) (machinePaths, error) {
@@ -144,6 +146,8 @@ func newPaths(stateDir, serialLog string) (machinePaths, error) {
 		vsockSocket: filepath.Join(stateDir, vsockSocketName),
 		vmmLog:      filepath.Join(stateDir, vmmLogName),
 		serialLog:   serialLog,
+		// (The encrypted console's: the VMM serves the serial port there.)
+		serialSocket: filepath.Join(stateDir, serialSocketName),
 	}
 	if p.serialLog == "" {
 		p.serialLog = filepath.Join(stateDir, serialLogName)
@@ -151,7 +155,7 @@ func newPaths(stateDir, serialLog string) (machinePaths, error) {
 	if !filepath.IsAbs(p.serialLog) {
 		return p, hypervisor.Errorf(hypervisor.ErrInvalid, "serial log %q: want an absolute path", serialLog)
 	}
-	if len(p.vsockSocket) > maxSocketPath || len(p.apiSocket) > maxSocketPath {
+	if len(p.vsockSocket) > maxSocketPath || len(p.apiSocket) > maxSocketPath || len(p.serialSocket) > maxSocketPath {
 		return p, hypervisor.Errorf(hypervisor.ErrInvalid, "state dir %q is too long for Unix socket paths (max %d bytes)", stateDir, maxSocketPath-len(vsockSocketName)-1)
 	}
 	return p, nil
@@ -191,11 +195,12 @@ func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, 
 	if err = spec.Validate(); err != nil {
 		return
 	}
-	// Encrypted disks are served from qemu-storage-daemon (prepareDisks);
-	// encrypted snapshots and console logs are not built yet. Refusing is
-	// what keeps a caller that asked for them from getting plaintext.
-	if len(spec.SnapshotKey) > 0 || spec.ConsoleRecipient != "" {
-		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted snapshots and console logs are not supported by this backend yet")
+	// Encrypted disks are served from qemu-storage-daemon (prepareDisks),
+	// encrypted console logs drained from a socket (console.go); encrypted
+	// snapshots are not built yet. Refusing is what keeps a caller that
+	// asked for them from getting plaintext.
+	if len(spec.SnapshotKey) > 0 {
+		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted snapshots are not supported by this backend yet")
 		return
 	}
 	if len(spec.DataKey) > 0 {
@@ -245,11 +250,17 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 	if blk != nil {
 		m.data.BlockDir = blk.Dir
 	}
+	if spec.ConsoleRecipient != "" {
+		m.data.ConsoleRecipient, m.data.SerialSocket = spec.ConsoleRecipient, p.serialSocket
+	}
 	if err := m.api.CreateVM(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("vm.create: %w%s", err, m.logHint())
 	}
 	if err := m.api.BootVM(ctx); err != nil {
 		return nil, fmt.Errorf("vm.boot: %w%s", err, m.logHint())
+	}
+	if err := b.startDrain(m); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -258,6 +269,7 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 // what was created for it.
 func (b *Backend) abandon(m *machine, p machinePaths, created bool) {
 	if m != nil {
+		m.endDrain()
 		killAndWait(m.proc)
 		m.proc.close()
 	}
@@ -385,13 +397,17 @@ func buildVmConfig(spec hypervisor.Spec, p machinePaths, disks []DiskConfig, lan
 	if cmdline == "" {
 		cmdline = defaultCmdline
 	}
+	serial := &SerialConfig{Mode: ConsoleModeFile, File: p.serialLog}
+	if spec.ConsoleRecipient != "" {
+		serial = &SerialConfig{Mode: ConsoleModeSocket, Socket: p.serialSocket}
+	}
 	cfg := VmConfig{
 		Cpus:    &CpusConfig{BootVcpus: spec.VCPUs, MaxVcpus: spec.VCPUs, Nested: &nested},
 		Memory:  &MemoryConfig{Size: int64(spec.MemoryMB) << 20, Shared: shared},
 		Payload: PayloadConfig{Kernel: spec.Kernel, Initramfs: spec.Initrd, Cmdline: cmdline},
 		Disks:   disks,
 		Rng:     &RngConfig{Src: "/dev/urandom"},
-		Serial:  &SerialConfig{Mode: ConsoleModeFile, File: p.serialLog},
+		Serial:  serial,
 		Console: &ConsoleConfig{Mode: ConsoleModeOff},
 		Vsock:   &VsockConfig{Cid: GuestCID, Socket: p.vsockSocket},
 	}
@@ -467,6 +483,14 @@ func (b *Backend) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.M
 	if _, err := m.api.Ping(pctx); err != nil {
 		proc.close()
 		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "VMM for %s does not answer: %v", h.ID, err)
+	}
+	if d.ConsoleRecipient != "" && !filepath.IsAbs(d.SerialSocket) {
+		proc.close()
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "handle data for %q: an encrypted console without its socket", h.ID)
+	}
+	if err := b.startDrain(m); err != nil {
+		proc.close()
+		return nil, err
 	}
 	return m, nil
 }

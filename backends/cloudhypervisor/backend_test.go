@@ -1,6 +1,7 @@
 package cloudhypervisor
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/hypervisor/hvsock"
 	"github.com/harebox/harebox/hypervisor/vhostblk"
 
@@ -374,8 +376,8 @@ func TestCapabilities(t *testing.T) {
 // qcow2 served to the VMM by qemu-storage-daemon as a vhost-user-blk
 // socket (the VMM cannot open it itself), with guest memory shared; the
 // daemon goes when the machine is killed, and with it every file; what
-// is not built yet (encrypted snapshots and console logs, a writable disk
-// without an overlay) is refused, not served in plain text.
+// is not built yet (encrypted snapshots, a writable disk without an
+// overlay) is refused, not served in plain text.
 func TestEncryptedDisks(t *testing.T) {
 	for _, bin := range []string{"qemu-img", "qemu-storage-daemon"} {
 		if _, err := exec.LookPath(bin); err != nil {
@@ -433,20 +435,15 @@ func TestEncryptedDisks(t *testing.T) {
 		t.Errorf("state dir after Cleanup: %v", err)
 	}
 
-	for name, mod := range map[string]func(*hypervisor.Spec){
-		"console recipient": func(s *hypervisor.Spec) {
-			s.ConsoleRecipient = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
-		},
-		"snapshot key": func(s *hypervisor.Spec) { s.SnapshotKey = key },
-	} {
-		s := files.spec("refused", true)
-		s.DataKey = key
-		mod(&s)
-		if _, err := b.Launch(ctx, s); !errors.Is(err, hypervisor.ErrUnsupported) {
-			t.Errorf("%s: %v", name, err)
+	s := files.spec("refused", true)
+	s.DataKey, s.SnapshotKey = key, key
+	if m, err := b.Launch(ctx, s); !errors.Is(err, hypervisor.ErrUnsupported) {
+		if m != nil {
+			reap(t, m)
 		}
+		t.Errorf("a snapshot key: %v", err)
 	}
-	s := files.spec("writable", false)
+	s = files.spec("writable", false)
 	s.Disks[0].ReadOnly = false
 	s.DataKey = key
 	if _, err := b.Launch(ctx, s); !errors.Is(err, hypervisor.ErrInvalid) {
@@ -462,5 +459,73 @@ func TestEncryptedDisks(t *testing.T) {
 	}
 	if _, err := os.Stat(s.StateDir); !os.IsNotExist(err) {
 		t.Errorf("a failed launch left %s: %v", s.StateDir, err)
+	}
+}
+
+// TestEncryptedConsole: with a console recipient the VMM serves the serial
+// port on a socket and the backend drains it into the encrypted log: the
+// guest's line is in the log, readable with the identity, and not in any
+// file in plain text; a re-attached machine (a restarted plugin) is
+// drained again; snapshots and restores of such machines are refused.
+func TestEncryptedConsole(t *testing.T) {
+	b := stubBackend(t)
+	ctx := testCtx(t)
+	files := newTestFiles(t)
+	id, err := consolelog.NewIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := files.spec("con", false)
+	spec.ConsoleRecipient = id.Recipient().String()
+	spec.SerialLog = filepath.Join(files.dir, "con.log")
+	m, err := b.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, m)
+	line := strings.TrimSpace(stubSerialLine)
+	waitLines := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			got, err := consolelog.Tail(spec.SerialLog, id, 1<<16)
+			if err == nil && strings.Count(string(got), line) >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the console log holds %q (%v), want %d of %q", got, err, n, line)
+			}
+		}
+	}
+	waitLines(1)
+	filepath.Walk(files.dir, func(path string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			if b, _ := os.ReadFile(path); bytes.Contains(b, []byte("console canary")) {
+				t.Errorf("%s holds the console in plain text", path)
+			}
+		}
+		return nil
+	})
+	// A restarted plugin: this process's drain stops, another's starts.
+	m.(*machine).endDrain()
+	again, err := New(b.cfg).Attach(ctx, m.Handle())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLines(2)
+	if err := again.Snapshot(ctx, filepath.Join(files.dir, "snap"), nil); !errors.Is(err, hypervisor.ErrUnsupported) {
+		t.Errorf("snapshot of a machine with an encrypted console: %v", err)
+	}
+	if _, err := b.Restore(ctx, files.dir, spec); !errors.Is(err, hypervisor.ErrUnsupported) {
+		t.Errorf("restore with a console recipient: %v", err)
+	}
+	if err := again.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { again.Cleanup(ctx); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Cleanup hangs on the console drain")
 	}
 }

@@ -23,6 +23,9 @@ type handleData struct {
 	// BlockDir is where the storage daemon serving the machine's
 	// encrypted disks keeps its sockets; empty without one.
 	BlockDir string `json:"block_dir,omitempty"`
+	// ConsoleRecipient encrypts the console log, read from SerialSocket.
+	ConsoleRecipient string `json:"console_recipient,omitempty"`
+	SerialSocket     string `json:"serial_socket,omitempty"`
 }
 
 // machine is one VMM process and its VM.
@@ -31,6 +34,8 @@ type machine struct {
 	data handleData
 	api  API
 	proc *pidFD
+	// stopDrain stops draining the console, if this machine's is drained.
+	stopDrain func()
 }
 
 var _ hypervisor.Machine = (*machine)(nil)
@@ -149,6 +154,7 @@ func (m *machine) Cleanup(ctx context.Context) error {
 	if !m.proc.exited() {
 		return hypervisor.Errorf(hypervisor.ErrState, "machine %s: cleanup: the VMM is still running", m.id)
 	}
+	m.endDrain()
 	m.proc.close()
 	// (A VMM that died on its own left its daemon running.)
 	if err := m.stopBlock(); err != nil {
@@ -158,6 +164,13 @@ func (m *machine) Cleanup(ctx context.Context) error {
 		return fmt.Errorf("machine %s: cleanup: %w", m.id, err)
 	}
 	return nil
+}
+
+// endDrain stops draining the console, if it is drained.
+func (m *machine) endDrain() {
+	if m.stopDrain != nil {
+		m.stopDrain()
+	}
 }
 
 // logHint is the tail of the VMM log, for errors.

@@ -60,9 +60,9 @@ type configDisk struct {
 // Landlock-sandboxed VMM may write), which is then moved to dir.
 //
 // Snapshots are not encrypted yet: key must be nil, and a machine whose
-// disks are encrypted (served by the storage daemon) is refused.
+// disks or console are encrypted is refused.
 func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err error) {
-	if len(key) > 0 || m.data.BlockDir != "" {
+	if len(key) > 0 || m.data.BlockDir != "" || m.data.ConsoleRecipient != "" {
 		return hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: snapshots of encrypted machines are not supported by this backend yet")
 	}
 	if !filepath.IsAbs(dir) {
@@ -140,7 +140,7 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 // its own sockets. The v53 RestoreConfig has no field for new device
 // paths, so they are rewritten in a copy of config.json.
 func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervisor.Spec) (_ hypervisor.Machine, err error) {
-	if len(spec.DataKey) > 0 || len(spec.SnapshotKey) > 0 {
+	if len(spec.DataKey) > 0 || len(spec.SnapshotKey) > 0 || spec.ConsoleRecipient != "" {
 		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: restoring encrypted machines is not supported by this backend yet")
 	}
 	var meta snapshotMeta

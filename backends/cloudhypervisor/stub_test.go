@@ -305,6 +305,9 @@ func (s *stubVMM) handle(op string, body []byte) (int, []byte) {
 			if err := s.startVsockLocked(); err != nil {
 				return http.StatusInternalServerError, []byte(err.Error())
 			}
+			if err := s.startSerialLocked(); err != nil {
+				return http.StatusInternalServerError, []byte(err.Error())
+			}
 			s.state = VmStateRunning
 			return http.StatusNoContent, nil
 		}
@@ -446,6 +449,35 @@ func decodeNumbers(b []byte) (map[string]any, error) {
 	var m map[string]any
 	err := dec.Decode(&m)
 	return m, err
+}
+
+// stubSerialLine is what the stub's guest prints on its serial port, once
+// to every client of a Socket-mode serial port.
+const stubSerialLine = "stub guest: console canary 5f1c9e\n"
+
+// startSerialLocked serves a Socket-mode serial port, as the VMM does.
+func (s *stubVMM) startSerialLocked() error {
+	c, _ := s.config["serial"].(map[string]any)
+	if c["mode"] != string(ConsoleModeSocket) {
+		return nil
+	}
+	path, _ := c["socket"].(string)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	go func() {
+		var held []net.Conn // (open, as a VMM holds its client, until it exits)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Write([]byte(stubSerialLine))
+			held = append(held, conn)
+		}
+	}()
+	return nil
 }
 
 // startVsockLocked binds the VM's hybrid vsock socket, as the VMM does.
