@@ -29,7 +29,7 @@ import (
 // keys are stored, its firewall policy is put in force, and the guest gets
 // a new machine-id and fresh entropy before the create returns. The pool
 // is refilled in the background within admission limits, once a second
-// has passed without a claim, and each member is warmed (it runs a
+// has passed without a claim (5 s at most), and each member is warmed (it runs a
 // claim's calls and a command once) before it joins. Members are not
 // kept across restarts: at start their leftovers are pruned like any
 // machine without a record, and Close stops them.
@@ -193,15 +193,20 @@ func (e *Engine) fillPool(entries []poolEntry) {
 // poolQuiet is how long after a claim the pool waits before restoring
 // members: a restore takes the host's CPUs for a while (under TCG most of
 // a second of both cores), and a claimed sandbox's first commands come
-// first.
-const poolQuiet = time.Second
+// first. Under a stream of claims it waits poolQuietMax at most, or it
+// would never refill when it is needed most.
+const (
+	poolQuiet    = time.Second
+	poolQuietMax = 5 * time.Second
+)
 
-// waitPoolQuiet waits until no member was claimed for poolQuiet; false
-// when the engine closes.
+// waitPoolQuiet waits until no member was claimed for poolQuiet, or
+// poolQuietMax; false when the engine closes.
 func (e *Engine) waitPoolQuiet() bool {
+	latest := time.Now().Add(poolQuietMax)
 	for {
 		e.mu.Lock()
-		d := time.Until(e.lastClaim.Add(poolQuiet))
+		d := min(time.Until(e.lastClaim.Add(poolQuiet)), time.Until(latest))
 		e.mu.Unlock()
 		if d <= 0 {
 			return e.ctx.Err() == nil

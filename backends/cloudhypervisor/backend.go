@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"filippo.io/age"
+
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/overlay"
 	"github.com/harebox/harebox/hypervisor/vhostblk"
@@ -155,7 +157,7 @@ func newPaths(stateDir, serialLog string) (machinePaths, error) {
 	if !filepath.IsAbs(p.serialLog) {
 		return p, hypervisor.Errorf(hypervisor.ErrInvalid, "serial log %q: want an absolute path", serialLog)
 	}
-	if len(p.vsockSocket) > maxSocketPath || len(p.apiSocket) > maxSocketPath || len(p.serialSocket) > maxSocketPath {
+	if len(p.vsockSocket) > maxSocketPath || len(p.apiSocket) > maxSocketPath {
 		return p, hypervisor.Errorf(hypervisor.ErrInvalid, "state dir %q is too long for Unix socket paths (max %d bytes)", stateDir, maxSocketPath-len(vsockSocketName)-1)
 	}
 	return p, nil
@@ -210,6 +212,21 @@ func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, 
 				return
 			}
 		}
+		// (The daemon's sockets: blk/diskN.sock.)
+		if sock := filepath.Join(spec.StateDir, blockDirName, fmt.Sprintf("disk%d.sock", len(spec.Disks))); len(sock) > maxSocketPath {
+			err = hypervisor.Errorf(hypervisor.ErrInvalid, "state dir %q is too long for the storage daemon's socket paths (max %d bytes)", spec.StateDir, maxSocketPath)
+			return
+		}
+	}
+	if r := spec.ConsoleRecipient; r != "" {
+		if _, perr := age.ParseX25519Recipient(r); perr != nil {
+			err = hypervisor.Errorf(hypervisor.ErrInvalid, "console recipient: %v", perr)
+			return
+		}
+		if sock := filepath.Join(spec.StateDir, serialSocketName); len(sock) > maxSocketPath {
+			err = hypervisor.Errorf(hypervisor.ErrInvalid, "state dir %q is too long for the serial socket's path (max %d bytes)", spec.StateDir, maxSocketPath)
+			return
+		}
 	}
 	if spec.Reuse {
 		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: launching again on an earlier launch's disks (stop and start) is not built for this backend yet")
@@ -252,15 +269,17 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 	}
 	if spec.ConsoleRecipient != "" {
 		m.data.ConsoleRecipient, m.data.SerialSocket = spec.ConsoleRecipient, p.serialSocket
+		// (Draining before the boot: it connects as soon as the VMM
+		// serves the port.)
+		if err := b.startDrain(m); err != nil {
+			return nil, err
+		}
 	}
 	if err := m.api.CreateVM(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("vm.create: %w%s", err, m.logHint())
 	}
 	if err := m.api.BootVM(ctx); err != nil {
 		return nil, fmt.Errorf("vm.boot: %w%s", err, m.logHint())
-	}
-	if err := b.startDrain(m); err != nil {
-		return nil, err
 	}
 	return m, nil
 }
@@ -475,6 +494,11 @@ func (b *Backend) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.M
 	}
 	proc, err := adoptPid(d.PID, d.APISocket)
 	if err != nil {
+		// (The VMM died while nobody watched: its storage daemon, if
+		// any, has no one left to serve.)
+		if d.BlockDir != "" && filepath.IsAbs(d.BlockDir) {
+			stopBlock(d.BlockDir)
+		}
 		return nil, err
 	}
 	m := &machine{id: h.ID, data: d, api: b.newAPI(d.APISocket), proc: proc}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -433,6 +434,35 @@ func TestEncryptedDisks(t *testing.T) {
 	}
 	if _, err := os.Stat(spec.StateDir); !os.IsNotExist(err) {
 		t.Errorf("state dir after Cleanup: %v", err)
+	}
+
+	// A VMM that dies while no plugin watches: the Attach that finds it
+	// gone stops its daemon. A Shutdown stops it too.
+	for _, kill := range []bool{true, false} {
+		s := files.spec("dies", true)
+		s.DataKey = key
+		m, err := b.Launch(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reap(t, m)
+		dir := filepath.Join(s.StateDir, blockDirName)
+		if kill {
+			info, _ := m.Info(ctx)
+			syscall.Kill(info.PID, syscall.SIGKILL)
+			m.Wait(ctx)
+			if _, err := New(b.cfg).Attach(ctx, m.Handle()); !errors.Is(err, hypervisor.ErrNotFound) {
+				t.Errorf("attach of a dead VMM: %v", err)
+			}
+		} else if err := m.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := vhostblk.Find(dir); !errors.Is(err, vhostblk.ErrNotRunning) {
+			t.Errorf("the daemon outlived its VMM (killed %v): %v", kill, err)
+		}
+		if err := m.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	s := files.spec("refused", true)

@@ -48,11 +48,18 @@ func (b *Backend) startDrain(m *machine) error {
 		b.drains.m = map[string]*drainer{}
 	}
 	if old := b.drains.m[m.id]; old != nil {
-		if old.pid == m.data.PID {
-			m.stopDrain = b.stopper(m.id, old)
-			return nil // (already draining this VMM)
+		select {
+		case <-old.done:
+		default:
+			if old.pid == m.data.PID {
+				m.stopDrain = b.stopper(m.id, old)
+				return nil // (already draining this VMM)
+			}
+			// An earlier VMM's: it ends before this one's starts, so
+			// two never append to the log at once.
+			old.cancel()
+			<-old.done
 		}
-		old.cancel()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	dr := &drainer{pid: m.data.PID, cancel: cancel, done: make(chan struct{})}
@@ -68,7 +75,7 @@ func (b *Backend) startDrain(m *machine) error {
 				// (Not served yet, or the VMM is going.)
 				select {
 				case <-ctx.Done():
-				case <-time.After(100 * time.Millisecond):
+				case <-time.After(20 * time.Millisecond):
 				}
 				continue
 			}

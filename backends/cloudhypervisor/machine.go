@@ -96,7 +96,7 @@ func (m *machine) Resume(ctx context.Context) error {
 // and only the process exiting counts.
 func (m *machine) Shutdown(ctx context.Context) error {
 	if m.proc.exited() {
-		return nil
+		return m.stopBlock()
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

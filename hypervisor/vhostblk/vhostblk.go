@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/overlay"
 )
@@ -145,11 +147,21 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	sec.Apply(cmd)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	// (A daemon that hangs before it is ready holds the output open.)
+	cmd.WaitDelay = 5 * time.Second
 	// (Its own session: a signal to the starter's group does not reach it.)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
 			return nil, hypervisor.Errorf(hypervisor.ErrUnavailable, "vhostblk: %s not found (Debian: apt-get install qemu-system-common)", bin)
+		}
+		// A daemon whose starter was killed (the timeout) may still
+		// come up: it is stopped, not left holding the key.
+		for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if s, ferr := Find(dir); ferr == nil {
+				s.Stop(context.Background())
+				break
+			}
 		}
 		return nil, fmt.Errorf("vhostblk: %s: %w: %s", bin, err, lastLine(out.String()))
 	}
@@ -240,8 +252,9 @@ func Find(dir string) (*Server, error) {
 	return s, nil
 }
 
-// serves reports whether pid is a live (not zombie) qemu-storage-daemon
-// with dir's pid file on its command line.
+// serves reports whether pid is a live (not zombie) process with dir's
+// pid file on its command line: the daemon, whatever its binary is
+// called.
 func serves(pid int, dir string) bool {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -255,9 +268,6 @@ func serves(pid int, dir string) bool {
 		return false
 	}
 	argv := strings.Split(string(cmd), "\x00")
-	if len(argv) == 0 || filepath.Base(argv[0]) != "qemu-storage-daemon" {
-		return false
-	}
 	for i, a := range argv {
 		if a == "--pidfile" && i+1 < len(argv) && argv[i+1] == filepath.Join(dir, pidFile) {
 			return true
@@ -271,20 +281,25 @@ func serves(pid int, dir string) bool {
 // gone (a zombie has closed its files) and its sockets and pid file are
 // removed. Stopping a daemon that is gone is not an error.
 func (s *Server) Stop(ctx context.Context) error {
-	// (A pid that is not this directory's daemon any more, recycled, is
-	// left alone.)
-	if serves(s.PID, s.Dir) {
-		syscall.Kill(s.PID, syscall.SIGTERM)
-	}
-	kill := time.Now().Add(10 * time.Second)
-	killed := false
-	for end := kill.Add(5 * time.Second); serves(s.PID, s.Dir); time.Sleep(10 * time.Millisecond) {
-		if !killed && (time.Now().After(kill) || ctx.Err() != nil) {
-			syscall.Kill(s.PID, syscall.SIGKILL)
-			killed = true
-		}
-		if time.Now().After(end) {
-			return fmt.Errorf("vhostblk: daemon %d did not exit", s.PID)
+	// A pidfd taken before the check: the signals reach this process
+	// even if the pid is recycled after it (and a recycled pid that is
+	// not this directory's daemon is left alone).
+	fd, err := unix.PidfdOpen(s.PID, 0)
+	if err == nil {
+		defer unix.Close(fd)
+		if serves(s.PID, s.Dir) {
+			unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0)
+			kill := time.Now().Add(10 * time.Second)
+			killed := false
+			for end := kill.Add(5 * time.Second); !exited(fd); {
+				if !killed && (time.Now().After(kill) || ctx.Err() != nil) {
+					unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+					killed = true
+				}
+				if time.Now().After(end) {
+					return fmt.Errorf("vhostblk: daemon %d did not exit", s.PID)
+				}
+			}
 		}
 	}
 	for _, sock := range s.Sockets {
@@ -292,6 +307,14 @@ func (s *Server) Stop(ctx context.Context) error {
 	}
 	os.Remove(filepath.Join(s.Dir, pidFile))
 	return nil
+}
+
+// exited waits up to 10 ms for the process of fd to exit (a pidfd is
+// readable once it has: a zombie has closed its files).
+func exited(fd int) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(p, 10)
+	return err == nil && n > 0
 }
 
 func lastLine(s string) string {

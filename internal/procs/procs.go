@@ -20,10 +20,12 @@ type Proc struct {
 	Exe     string // the executable's path, if readable
 }
 
-// IsVMM reports whether p runs a virtual machine monitor.
+// IsVMM reports whether p runs a virtual machine monitor, or the storage
+// daemon that serves one's encrypted disks (both hold a machine's data
+// and outlive the engine).
 func (p Proc) IsVMM() bool {
 	base := filepath.Base(p.Exe)
-	return strings.HasPrefix(base, "qemu-system") || base == "cloud-hypervisor"
+	return strings.HasPrefix(base, "qemu-system") || base == "cloud-hypervisor" || base == "qemu-storage-daemon"
 }
 
 // IsPlugin reports whether p runs a HareBox hypervisor plugin.
