@@ -96,12 +96,22 @@ type Output func(stderr bool, offset uint64, data []byte) error
 // command ends. It returns the exit once the command has ended, and nil
 // when it stops earlier (no follow, while the command runs). The caller's
 // ctx bounds it (no default deadline: a follow may last as long as the
-// command).
+// command); when ctx ends first, the error is ctx's.
+//
+// The host keeps ctx's deadline to itself. Sent along (gRPC's timeout
+// header), it is measured on the guest's clock, and a guest whose clock
+// runs ahead (a restored guest catching up, under TCG and load) ended a
+// bounded wait early with Canceled, which the caller could not tell from
+// a failure.
 func (c *Client) Attach(ctx context.Context, id string, offsets [2]uint64, follow bool, out Output) (*ExitStatus, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	s, err := c.rpc.Attach(ctx, &agentpb.AttachRequest{Id: id, StdoutOffset: offsets[0], StderrOffset: offsets[1], Follow: follow})
+	defer context.AfterFunc(ctx, cancel)()
+	s, err := c.rpc.Attach(sctx, &agentpb.AttachRequest{Id: id, StdoutOffset: offsets[0], StderrOffset: offsets[1], Follow: follow})
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, c.wrap("attach", err)
 	}
 	for {
@@ -110,6 +120,9 @@ func (c *Client) Attach(ctx context.Context, id string, offsets [2]uint64, follo
 			return nil, nil
 		}
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 			return nil, c.wrap("attach", err)
 		}
 		var oc *agentpb.OutputChunk

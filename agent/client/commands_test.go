@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/harebox/harebox/agent/agentpb"
 	"github.com/harebox/harebox/agent/guest"
 )
@@ -143,5 +146,51 @@ func TestCommandsThroughTheClient(t *testing.T) {
 	l, err := second.Commands(ctx)
 	if err != nil || len(l) != 1 || l[0].Running || l[0].Exit.ExitCode != 3 || l[0].StdoutBytes != 2 {
 		t.Fatalf("commands: %+v %v", l, err)
+	}
+}
+
+// fastClock is an agent whose clock runs ahead of the host's: a deadline
+// it is told of expires at once, as gRPC's server would end the stream
+// when its own timer fires.
+type fastClock struct {
+	agentpb.UnimplementedAgentServer
+	sawDeadline chan bool
+}
+
+func (f *fastClock) Health(context.Context, *agentpb.HealthRequest) (*agentpb.HealthResponse, error) {
+	return &agentpb.HealthResponse{Version: "x", Mode: "service", Protocol: 2}, nil
+}
+
+func (f *fastClock) Attach(_ *agentpb.AttachRequest, s agentpb.Agent_AttachServer) error {
+	_, has := s.Context().Deadline()
+	f.sawDeadline <- has
+	if has {
+		return status.Error(codes.Canceled, "the guest's timer fired")
+	}
+	<-s.Context().Done()
+	return s.Context().Err()
+}
+
+// TestAttachKeepsTheDeadline: a bounded follow ends when the host's
+// deadline does, with the deadline's error; the guest is not told the
+// deadline, so a guest clock that runs ahead cannot end it early.
+func TestAttachKeepsTheDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	f := &fastClock{sawDeadline: make(chan bool, 1)}
+	c, _, err := DialReady(ctx, serveAgent(t, f), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer wcancel()
+	start := time.Now()
+	_, err = c.Attach(wctx, "c", [2]uint64{}, true, func(bool, uint64, []byte) error { return nil })
+	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took < 300*time.Millisecond {
+		t.Errorf("attach ended after %v with %v, want the host's deadline after 300ms", took, err)
+	}
+	if <-f.sawDeadline {
+		t.Error("the guest was told the host's deadline")
 	}
 }
