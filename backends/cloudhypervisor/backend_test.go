@@ -390,13 +390,19 @@ func TestEncryptedDisks(t *testing.T) {
 	files := newTestFiles(t)
 	key := make([]byte, hypervisor.KeySize)
 	rand.Read(key)
-	spec := files.spec("enc", true)
-	spec.DataKey = key
-	m, err := b.Launch(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
+	// launch starts a machine with an overlay under key.
+	launch := func(id string) (hypervisor.Machine, hypervisor.Spec) {
+		t.Helper()
+		spec := files.spec(id, true)
+		spec.DataKey = key
+		m, err := b.Launch(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reap(t, m)
+		return m, spec
 	}
-	reap(t, m)
+	m, spec := launch("enc")
 	vi, err := m.(*machine).api.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -439,13 +445,7 @@ func TestEncryptedDisks(t *testing.T) {
 	// A VMM that dies while no plugin watches: the Attach that finds it
 	// gone stops its daemon. A Shutdown stops it too.
 	for _, kill := range []bool{true, false} {
-		s := files.spec("dies", true)
-		s.DataKey = key
-		m, err := b.Launch(ctx, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		reap(t, m)
+		m, s := launch("dies")
 		dir := filepath.Join(s.StateDir, blockDirName)
 		if kill {
 			info, _ := m.Info(ctx)
