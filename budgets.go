@@ -274,6 +274,9 @@ func (e *Engine) reconcileReservations(ctx context.Context) error {
 		if err != nil {
 			rec = &store.Sandbox{Sandbox: sandbox.Sandbox{ID: r.SandboxID}}
 		}
+		if e.elsewhere(rec) {
+			continue // (another host's sandbox: that host settles it)
+		}
 		e.log.Warn("releasing the budget reservation of a sandbox that is not live", "id", r.SandboxID)
 		if err := e.releaseBudgets(ctx, &box{rec: rec}); err != nil {
 			return err

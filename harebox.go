@@ -29,6 +29,7 @@ import (
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/firewall/credproxy"
@@ -87,6 +88,8 @@ type Options struct {
 	Site sandbox.Site
 	// Capacity bounds what Create admits.
 	Capacity Capacity
+	// Host names this host among those that share the Store.
+	Host HostOptions
 	// BootTimeout bounds create-to-ready; default 3 minutes (TCG is slow).
 	BootTimeout time.Duration
 	// Now is the engine's clock for command history, its retention and
@@ -181,6 +184,9 @@ type Engine struct {
 	envs    *env.Service
 	audit   *audit.Log
 	urls    *ingress.Service
+	hosts   *cluster.Registry
+	// shared: other hosts share the store (see elsewhere).
+	shared bool
 	// defaultAcc is where the operator's sandboxes go when no account is
 	// named, and where records from before tenancy are placed.
 	defaultAcc *tenant.Account
@@ -277,6 +283,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.defaultAcc = acc
+	// Changes made through the other hosts that share the store.
+	e.store.Listen(e.ctx, e.notice)
 	if n, ok := e.net.(interface {
 		SetCredentials(func(sandboxID string) *credproxy.Sandbox)
 	}); ok {
@@ -300,6 +308,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		e.log.Warn("sandboxes' disks and snapshots are not encrypted: delete is not a crypto-erase", "backend", caps.Name)
 	}
 	e.limit = opts.Capacity.limits(e.log, opts.DataDir)
+	if err := e.registerHost(ctx); err != nil {
+		return nil, err
+	}
 	if err := e.adopt(ctx); err != nil {
 		return nil, err
 	}
@@ -318,7 +329,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.Settle(ctx); err != nil {
 		e.log.Warn("metering at start failed", "err", err)
 	}
-	e.wg.Add(1)
+	e.wg.Add(2)
+	go func() { defer e.wg.Done(); e.hosts.Run(e.ctx) }()
 	go e.reapExpired()
 	if opts.MeterInterval > 0 {
 		e.wg.Add(1)

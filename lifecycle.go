@@ -199,7 +199,7 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 	rec := &store.Sandbox{
 		Sandbox: sandbox.Sandbox{
 			ID: id, Name: req.Name, State: sandbox.StateCreating, Image: imgName, Size: res,
-			Labels: req.Labels, NoEnv: req.NoEnv, Site: e.opts.Site, CreatedAt: now,
+			Labels: req.Labels, NoEnv: req.NoEnv, Site: e.opts.Site, Host: e.hosts.Name(), CreatedAt: now,
 			Monitoring: req.Monitoring == nil || *req.Monitoring, Snapshots: req.Snapshots == nil || *req.Snapshots,
 		},
 		StateDir: filepath.Join(e.machinesDir(), id),

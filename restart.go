@@ -26,6 +26,15 @@ func (e *Engine) adopt(ctx context.Context) error {
 	keep := map[string]bool{}
 	var live []string
 	for _, rec := range recs {
+		if e.elsewhere(rec) {
+			continue // (another host's)
+		}
+		if rec.Host != e.hosts.Name() && rec.State != sandbox.StateDeleted {
+			// A record from before hosts (or, on SQLite, from before the
+			// machine was renamed): this host runs it.
+			rec.Host = e.hosts.Name()
+			e.store.PutSandbox(ctx, rec)
+		}
 		if rec.AccountID == "" {
 			// A record from before tenancy: it belongs to the default
 			// account's default project.
@@ -93,6 +102,10 @@ func (e *Engine) adopt(ctx context.Context) error {
 		}
 		b.m = m
 		rec.Kept = false // (a stop that did not get as far as the VM: it runs)
+		// Lost: the other hosts marked it while this one was down.
+		if rec.State == sandbox.StateLost {
+			rec.State, rec.Error = sandbox.StateRunning, ""
+		}
 		// The host resolver and egress proxy live in this process: give
 		// them the sandbox's policy again (the tap and nftables persist).
 		policy, err := policyOf(rec.Extra[policyKey])
@@ -257,6 +270,9 @@ func (e *Engine) reapStopped(ctx context.Context) {
 	}
 	now := time.Now()
 	for _, r := range recs {
+		if e.elsewhere(r) {
+			continue
+		}
 		if (r.State == sandbox.StateStopped || r.State == sandbox.StateHibernated) && r.Kept && r.ExpiresAt != nil && !r.ExpiresAt.After(now) {
 			e.log.Info("stopped sandbox TTL expired", "id", r.ID)
 			if err := e.Delete(ctx, r.ID); err != nil && !errors.Is(err, sandbox.ErrState) {

@@ -164,6 +164,22 @@ func (s *Service) ForgetAccount(accountID string) {
 	}
 }
 
+// NoticeTopic is the store notice of a key's change (revoked, rotated):
+// every host that shares the store drops the key from its cache (Changed).
+const NoticeTopic = "key"
+
+// Changed drops a key changed by another host from the cache, or every
+// key when id is "" (changes may have been missed).
+func (s *Service) Changed(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id == "" {
+		clear(s.keys)
+		return
+	}
+	delete(s.keys, id)
+}
+
 // forget drops keys from the cache after a change.
 func (s *Service) forget(ids ...string) {
 	s.mu.Lock()
@@ -329,6 +345,9 @@ func (s *Service) Revoke(ctx context.Context, id string) (out *Key, err error) {
 				if err := tx.PutKey(ctx, c); err != nil {
 					return err
 				}
+				if err := tx.Notify(ctx, NoticeTopic, c.ID); err != nil {
+					return err
+				}
 				gone = append(gone, c.ID)
 				if c.ID == k.ID {
 					k = c
@@ -369,7 +388,10 @@ func (s *Service) Rotate(ctx context.Context, id string) (out *Created, err erro
 		now := s.now().UTC()
 		k.Hash, k.Hint, k.RotatedAt = hash, hint(secret), &now
 		out = &Created{Key: k, Secret: secret}
-		return tx.PutKey(ctx, k)
+		if err := tx.PutKey(ctx, k); err != nil {
+			return err
+		}
+		return tx.Notify(ctx, NoticeTopic, k.ID)
 	})
 	s.forget(id)
 	return out, err

@@ -60,6 +60,24 @@ type Log struct {
 	changed chan struct{}
 }
 
+// NoticeTopic is the store notice of every append (store.Notify): a host
+// that gets it from another calls Appended.
+const NoticeTopic = "audit"
+
+// Appended tells followers that another host appended (see NoticeTopic).
+func (l *Log) Appended() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.wake()
+}
+
+func (l *Log) wake() {
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
+}
+
 // Changed returns a channel closed at the next append.
 func (l *Log) Changed() <-chan struct{} {
 	l.mu.Lock()
@@ -246,16 +264,36 @@ func kindOf(err error) string {
 func (l *Log) append(ctx context.Context, e *Entry) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e.Seq, e.Prev = l.seq+1, l.last
-	e.Hash = Hash(e)
-	if err := l.db.AppendAudit(ctx, e); err != nil {
-		return err
+	// The chain's end is read in the append's transaction: the hosts
+	// that share a store append to one chain. Two that take the same
+	// place conflict, and the loser goes again after the winner.
+	for attempt := 1; ; attempt++ {
+		err := l.db.Update(ctx, func(tx store.Tx) error {
+			last, err := tx.LastAudit(ctx)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				e.Seq, e.Prev = 1, ""
+			case err != nil:
+				return err
+			default:
+				e.Seq, e.Prev = last.Seq+1, last.Hash
+			}
+			e.Hash = Hash(e)
+			if err := tx.AppendAudit(ctx, e); err != nil {
+				return err
+			}
+			return tx.Notify(ctx, NoticeTopic, "")
+		})
+		if errors.Is(err, store.ErrConflict) && attempt < 20 {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		break
 	}
 	l.seq, l.last = e.Seq, e.Hash
-	if l.changed != nil {
-		close(l.changed)
-		l.changed = nil
-	}
+	l.wake()
 	if l.unsigned++; l.unsigned >= CheckpointEvery {
 		return l.checkpoint(ctx)
 	}

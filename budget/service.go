@@ -369,6 +369,10 @@ type Event struct {
 	Warn int
 }
 
+// NoticeTopic is the store notice of a budget reached (store.Notify):
+// every host that shares the store acts on its sandboxes in its scope.
+const NoticeTopic = "budget"
+
 // Settle charges a sandbox's usage since its last settlement to every
 // budget that covers it and renews its reservation, in one transaction,
 // then records the events in the audit log and returns them (a reached
@@ -435,6 +439,10 @@ func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 			}
 			if reached {
 				events = append(events, Event{Budget: b, Reached: true})
+				// Every host acts on its own sandboxes in its scope.
+				if err := tx.Notify(ctx, NoticeTopic, b.ID); err != nil {
+					return err
+				}
 			}
 		}
 		if now.After(from) || egress > 0 {

@@ -52,7 +52,7 @@ func TestPostgresStore(t *testing.T) {
 	defer os.RemoveAll(other)
 	out, err := exec.Command(s.hareboxd, "--data-dir", other, "--listen", "127.0.0.1:0", "--network", "none",
 		"--image-dir", s.imageDir, "--plugin", s.plugin, "--store", dsn).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "another hareboxd uses this PostgreSQL database") {
+	if err == nil || !strings.Contains(string(out), "another hareboxd runs as this host") {
 		t.Errorf("a second hareboxd on the database: %v\n%s", err, out)
 	}
 

@@ -23,6 +23,10 @@ const (
 	// disk and no VMM runs; resume restores it.
 	StateHibernated State = "hibernated"
 	StateDeleted    State = "deleted"
+	// StateLost: the host that runs it stopped renewing its lease (it
+	// crashed, or lost the database). Nothing can be done with it until
+	// the host is back and takes it again.
+	StateLost State = "lost"
 )
 
 // transitions lists the allowed moves; deleting is allowed from any state
@@ -96,7 +100,9 @@ type Sandbox struct {
 	// milliseconds ("total" the whole).
 	CreatePhases map[string]float64 `json:"create_phases_ms,omitempty"`
 	Site         Site               `json:"site"`
-	CreatedAt    time.Time          `json:"created_at"`
+	// Host is the hareboxd that runs it.
+	Host      string    `json:"host,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt is when the TTL deletes the sandbox; nil means never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// Agent is the guest agent's health while the sandbox runs: "ok", or

@@ -17,13 +17,10 @@ import (
 )
 
 // OpenPostgres connects to the PostgreSQL database at dsn (a postgres://
-// URL or key=value settings, as libpq takes them) and migrates it. The
-// store is written for several hosts (Update is serializable and retried
-// on conflicts, migrations run one host at a time), but an engine still
-// takes every sandbox in its store for its own: until hosts register and
-// own their sandboxes, one DB holds the database, by a session advisory
-// lock it keeps until Close; a second OpenPostgres of the same database
-// fails with ErrInUse.
+// URL or key=value settings, as libpq takes them) and migrates it. Several
+// hosts share one database: Update is serializable and retried on
+// conflicts, migrations run one host at a time, and each host holds its
+// name (Claim) while it runs.
 func OpenPostgres(ctx context.Context, dsn string) (*DB, error) {
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
@@ -37,24 +34,44 @@ func OpenPostgres(ctx context.Context, dsn string) (*DB, error) {
 	}
 	s := &DB{db: db, pg: true}
 	s.q = s.wrap(db)
-	if err := s.hold(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
-	s.lost, s.stop, s.kept = make(chan struct{}), make(chan struct{}), make(chan struct{})
-	go s.keep()
 	return s, nil
 }
 
-// pgHeartbeat is how often a store checks that it still holds its
-// PostgreSQL database.
+// Claim makes this store the only one of its database that runs as host
+// (two engines by the same name would take the same sandboxes for their
+// own): on PostgreSQL it holds a session advisory lock on the name until
+// Close, and fails with ErrInUse if another store holds it. It can be
+// claimed once. On SQLite (one host, one process) it does nothing.
+func (s *DB) Claim(ctx context.Context, host string) error {
+	if !s.pg {
+		return nil
+	}
+	if s.host != "" {
+		return fmt.Errorf("store: claimed as host %q already", s.host)
+	}
+	s.host = host
+	if err := s.hold(ctx); err != nil {
+		s.host = ""
+		return err
+	}
+	s.lost, s.stop, s.kept = make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go s.keep()
+	return nil
+}
+
+// Shared reports whether several hosts may share the store (PostgreSQL);
+// a SQLite file is one host's.
+func (s *DB) Shared() bool { return s.pg }
+
+// pgHeartbeat is how often a store checks that it still holds its host's
+// name.
 var pgHeartbeat = 5 * time.Second
 
-// keep checks, until Close, that the owner lock is still held (its
+// keep checks, until Close, that the host lock is still held (its
 // connection may die: a server restart, a dropped connection) and takes
 // it again on a new connection if nobody else did. If another store did,
 // Lost is closed: its holder must stop.
@@ -71,7 +88,8 @@ func (s *DB) keep() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		held, err := false, error(nil)
 		if s.owner != nil { // (nil: the last try to take it again failed)
-			err = s.owner.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND pid = pg_backend_pid() AND granted)`, pgOwnerLock).Scan(&held)
+			err = s.owner.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 AND pid = pg_backend_pid() AND granted)`,
+				pgHostLock, hostLockID(s.host)).Scan(&held)
 		}
 		if err != nil || !held {
 			s.retire()
@@ -87,20 +105,31 @@ func (s *DB) keep() {
 	}
 }
 
-// Lost is closed when another store took the PostgreSQL database this one
-// held (its holder must stop: two engines would take the same sandboxes
-// for their own); never for SQLite.
+// Lost is closed when another store took the host name this one claimed
+// (its holder must stop: two engines would take the same sandboxes for
+// their own); never for SQLite, nor before Claim.
 func (s *DB) Lost() <-chan struct{} { return s.lost }
 
-// ErrInUse is returned by OpenPostgres when another store holds the
-// database.
-var ErrInUse = errors.New("store: another hareboxd uses this PostgreSQL database (one host per database until several hosts are supported)")
+// ErrInUse is returned by Claim when another store holds the host name.
+var ErrInUse = errors.New("store: another hareboxd runs as this host on this PostgreSQL database (give each host its own name)")
 
-// pgOwnerLock is the session advisory lock of the store that holds a
-// PostgreSQL database ("HBOW").
-const pgOwnerLock = 0x48424f57
+// pgHostLock is the class of the session advisory locks that hold host
+// names ("HBOW"); the lock's other key is hostLockID of the name.
+const pgHostLock = 0x48424f57
 
-// hold takes the owner lock on a connection of its own, kept until Close.
+// hostLockID is a host name's 31-bit lock key (pg_locks shows it as an
+// oid, so it stays positive): FNV-1a (two names with the same key would
+// only keep each other from running at once).
+func hostLockID(name string) int32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(name); i++ {
+		h ^= uint32(name[i])
+		h *= 16777619
+	}
+	return int32(h & 0x7fffffff)
+}
+
+// hold takes the host lock on a connection of its own, kept until Close.
 func (s *DB) hold(ctx context.Context) error {
 	c, err := s.db.Conn(ctx)
 	if err != nil {
@@ -117,7 +146,7 @@ func (s *DB) hold(ctx context.Context) error {
 		}
 	}
 	var ok bool
-	if err := c.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, pgOwnerLock).Scan(&ok); err != nil {
+	if err := c.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, $2)`, pgHostLock, hostLockID(s.host)).Scan(&ok); err != nil {
 		c.Close()
 		return fmt.Errorf("store: postgres: %w", err)
 	}
@@ -216,7 +245,7 @@ func (s *DB) retire() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	s.owner.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, pgOwnerLock)
+	s.owner.ExecContext(ctx, `SELECT pg_advisory_unlock($1, $2)`, pgHostLock, hostLockID(s.host))
 	cancel()
 	s.owner.Raw(func(any) error { return driver.ErrBadConn })
 	s.owner.Close()

@@ -80,6 +80,11 @@ type Store interface {
 	Scrub(ctx context.Context) error
 	// Ping checks that the database answers a read.
 	Ping(ctx context.Context) error
+	// Listen calls fn, one call at a time, with every change notified
+	// (Notify) from then until ctx ends. When changes may have been missed
+	// (the connection that listens was lost), fn gets topic "": whatever
+	// it caches may be stale.
+	Listen(ctx context.Context, fn func(topic, payload string))
 	Close() error
 }
 
@@ -205,6 +210,19 @@ type Tx interface {
 	GetKey(ctx context.Context, id string) (*Key, error)
 	// ListKeys lists an account's keys ("" for every account), oldest first.
 	ListKeys(ctx context.Context, accountID string) ([]*Key, error)
+
+	// The hosts of a deployment that shares the store.
+	PutHost(ctx context.Context, h *Host) error
+	GetHost(ctx context.Context, name string) (*Host, error)
+	ListHosts(ctx context.Context) ([]*Host, error)
+	// SandboxesOn returns the records of a host's sandboxes, oldest first:
+	// those in one of states, or all of them.
+	SandboxesOn(ctx context.Context, host string, states ...sandbox.State) ([]*Sandbox, error)
+
+	// Notify tells every host that shares the store, this one included,
+	// of a change (topic and payload, together at most 4000 bytes) once the
+	// transaction commits; never if it does not.
+	Notify(ctx context.Context, topic, payload string) error
 }
 
 // DB is a Store on SQL: SQLite (OpenSQLite, embedded, one host) or
@@ -216,10 +234,15 @@ type DB struct {
 	q    querier // db, or the transaction of an Update (wrapped: see wrap)
 	pg   bool
 	inTx bool
-	// owner holds PostgreSQL's owner lock (see OpenPostgres), kept by
-	// keep until stop; lost is closed if another store took it.
+	// owner holds PostgreSQL's lock on the host name (see Claim), kept
+	// by keep until stop; lost is closed if another store took it.
+	host             string
 	owner            *sql.Conn
 	lost, stop, kept chan struct{}
+	// hub delivers SQLite's notices; pending holds those of a SQLite
+	// transaction until it commits.
+	hub     *hub
+	pending *[]notice
 }
 
 // wrap is q as the store uses it: placeholders numbered for PostgreSQL,
@@ -434,6 +457,14 @@ var migrations = []string{
 		record     TEXT NOT NULL
 	);
 	CREATE INDEX url_certs_project ON url_certs(project_id, created_at);`,
+	// Several hosts: the hosts' leases, and which host runs a sandbox.
+	`CREATE TABLE hosts (
+		name        TEXT PRIMARY KEY,
+		lease_until BIGINT NOT NULL,
+		record      TEXT NOT NULL
+	);
+	ALTER TABLE sandboxes ADD COLUMN host TEXT NOT NULL DEFAULT '';
+	CREATE INDEX sandboxes_host ON sandboxes(host, state);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -449,7 +480,7 @@ func OpenSQLite(ctx context.Context, path string) (*DB, error) {
 	// One writer at a time is what SQLite does anyway; a single connection
 	// avoids SQLITE_BUSY between our own connections.
 	db.SetMaxOpenConns(1)
-	s := &DB{db: db}
+	s := &DB{db: db, hub: &hub{listeners: map[*listener]bool{}}}
 	s.q = s.wrap(db)
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
@@ -591,12 +622,16 @@ func (s *DB) update(ctx context.Context, opts *sql.TxOptions, fn func(tx Tx) err
 		return false, fmt.Errorf("store: begin: %w", err)
 	}
 	var c atomic.Bool
-	if err := fn(&DB{db: s.db, q: s.wrapTx(tx, &c), pg: s.pg, inTx: true}); err != nil {
+	var pending []notice
+	if err := fn(&DB{db: s.db, q: s.wrapTx(tx, &c), pg: s.pg, inTx: true, hub: s.hub, pending: &pending}); err != nil {
 		tx.Rollback()
 		return c.Load(), err
 	}
 	if err := tx.Commit(); err != nil {
 		return c.Load() || retryable(err), fmt.Errorf("store: commit: %w", full(err))
+	}
+	if len(pending) > 0 {
+		s.hub.publish(pending)
 	}
 	return false, nil
 }
@@ -611,10 +646,10 @@ func (s *DB) PutSandbox(ctx context.Context, sb *Sandbox) error {
 	if sb.ExpiresAt != nil {
 		exp = sql.NullInt64{Int64: sb.ExpiresAt.UnixNano(), Valid: true}
 	}
-	_, err = s.q.ExecContext(ctx, `INSERT INTO sandboxes (id, state, created_at, expires_at, record, account_id, project_id, fleet_id, environment_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+	_, err = s.q.ExecContext(ctx, `INSERT INTO sandboxes (id, state, created_at, expires_at, record, account_id, project_id, fleet_id, environment_id, host) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT(id) DO UPDATE SET state = excluded.state, expires_at = excluded.expires_at, record = excluded.record,
-			account_id = excluded.account_id, project_id = excluded.project_id, fleet_id = excluded.fleet_id, environment_id = excluded.environment_id`,
-		sb.ID, string(sb.State), sb.CreatedAt.UnixNano(), exp, string(b), sb.AccountID, sb.ProjectID, sb.FleetID, sb.EnvironmentID)
+			account_id = excluded.account_id, project_id = excluded.project_id, fleet_id = excluded.fleet_id, environment_id = excluded.environment_id, host = excluded.host`,
+		sb.ID, string(sb.State), sb.CreatedAt.UnixNano(), exp, string(b), sb.AccountID, sb.ProjectID, sb.FleetID, sb.EnvironmentID, sb.Host)
 	if err != nil {
 		return fmt.Errorf("store: put %s: %w", sb.ID, err)
 	}

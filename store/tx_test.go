@@ -147,23 +147,34 @@ func testScrub(t *testing.T, s *DB, _ func() *DB) {
 	}
 }
 
-// One engine holds a PostgreSQL database until it closes it.
-func TestPostgresHeldByOne(t *testing.T) {
+// One store holds a host's name on a PostgreSQL database until it closes;
+// other hosts share the database.
+func TestPostgresHostHeldByOne(t *testing.T) {
 	ctx := context.Background()
 	dsn := testpg.Database(t, pg, pgErr)
-	s, err := OpenPostgres(ctx, dsn)
-	if err != nil {
+	open := func() *DB {
+		s, err := OpenPostgres(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, b, other := open(), open(), open()
+	defer other.Close()
+	if err := a.Claim(ctx, "host-a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenPostgres(ctx, dsn); !errors.Is(err, ErrInUse) {
-		t.Fatalf("a second store on the database: %v", err)
+	if err := b.Claim(ctx, "host-a"); !errors.Is(err, ErrInUse) {
+		t.Fatalf("a second store as the same host: %v", err)
 	}
-	s.Close()
-	s, err = OpenPostgres(ctx, dsn)
-	if err != nil {
+	if err := other.Claim(ctx, "host-b"); err != nil {
+		t.Fatalf("another host on the database: %v", err)
+	}
+	a.Close()
+	if err := b.Claim(ctx, "host-a"); err != nil {
 		t.Fatalf("after the first closed: %v", err)
 	}
-	s.Close()
+	b.Close()
 }
 
 // Text any request can carry (invalid UTF-8, NUL) is stored: PostgreSQL
@@ -192,7 +203,18 @@ func TestPostgresOwnerKept(t *testing.T) {
 	defer func(d time.Duration) { pgHeartbeat = d }(pgHeartbeat)
 	pgHeartbeat = 20 * time.Millisecond
 	ctx := context.Background()
-	s, err := OpenPostgres(ctx, dsn)
+	claim := func() (*DB, error) {
+		s, err := OpenPostgres(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Claim(ctx, "host-a"); err != nil {
+			s.Close()
+			return nil, err
+		}
+		return s, nil
+	}
+	s, err := claim()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +226,7 @@ func TestPostgresOwnerKept(t *testing.T) {
 	defer admin.Close()
 	holder := func() int {
 		var pid int
-		admin.QueryRowContext(ctx, `SELECT COALESCE(MAX(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND granted`, pgOwnerLock).Scan(&pid)
+		admin.QueryRowContext(ctx, `SELECT COALESCE(MAX(pid), 0) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 AND granted`, pgHostLock, hostLockID("host-a")).Scan(&pid)
 		return pid
 	}
 	first := holder()
@@ -230,7 +252,7 @@ func TestPostgresOwnerKept(t *testing.T) {
 	var other *DB
 	for try := 0; other == nil && try < 50; try++ {
 		admin.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, holder())
-		other, err = OpenPostgres(ctx, dsn)
+		other, err = claim()
 		if err != nil && !errors.Is(err, ErrInUse) {
 			t.Fatal(err)
 		}

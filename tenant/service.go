@@ -288,6 +288,10 @@ func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
 				if err := tx.PutKey(ctx, k); err != nil {
 					return err
 				}
+				// (Every host drops it from its cache: apikey.NoticeTopic.)
+				if err := tx.Notify(ctx, "key", k.ID); err != nil {
+					return err
+				}
 			}
 		}
 		return tx.DeleteAccount(ctx, a.ID)

@@ -37,7 +37,9 @@ class SandboxJSON(TypedDict):
     project: str
     fleet_id: NotRequired[str]
     fleet: NotRequired[str]
-    state: Literal["creating", "running", "paused", "stopped", "hibernated", "deleted"]
+    #: "lost": the host that runs it stopped renewing its lease; it is
+    #: "running" again when that host is back.
+    state: Literal["creating", "running", "paused", "stopped", "hibernated", "deleted", "lost"]
     image: str
     size: Resources
     labels: NotRequired[dict[str, str]]
@@ -60,6 +62,9 @@ class SandboxJSON(TypedDict):
     #: While running: the guest agent's health ("ok" or "unresponsive").
     agent: NotRequired[str]
     site: Site
+    #: The hareboxd that runs it (hosts that share a store each run their
+    #: own; any of them answers for all).
+    host: NotRequired[str]
     created_at: str
     expires_at: NotRequired[str]
     error: NotRequired[str]

@@ -2,7 +2,8 @@
 // the names the document gives them. Field names are the wire names.
 
 /** A sandbox's lifecycle state. */
-export type State = "creating" | "running" | "paused" | "stopped" | "hibernated" | "deleted";
+/** "lost": the host that runs it stopped renewing its lease; it is "running" again when that host is back. */
+export type State = "creating" | "running" | "paused" | "stopped" | "hibernated" | "deleted" | "lost";
 
 /** The error codes the server uses. */
 export type ErrorCode =
@@ -142,6 +143,8 @@ export interface Sandbox {
   /** While running: the guest agent's health from the engine's checks. */
   agent?: "ok" | "unresponsive";
   site: Site;
+  /** The hareboxd that runs it (hosts that share a store each run their own; any of them answers for all). */
+  host?: string;
   /** RFC 3339 date-time. */
   created_at: string;
   /** RFC 3339 date-time. */

@@ -1,0 +1,247 @@
+// Package cluster holds what the hosts of one deployment share: the
+// registry of hosts in the store (leases, down hosts and their lost
+// sandboxes, placement), the deployment's certificate authority, and the
+// forwarding of a request to the host that runs its sandbox over mutual
+// TLS.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// Host is a host as the registry holds it.
+type Host = store.Host
+
+// Options configure a Registry.
+type Options struct {
+	Store store.Store
+	// Name is this host's name in the deployment (unique among them).
+	Name string
+	Site string
+	// Address is this host's internal endpoint (https://HOST:PORT); ""
+	// when it has none (then no other host can reach its sandboxes).
+	Address  string
+	Capacity sandbox.Resources
+	// Used reports what this host's sandboxes reserve now.
+	Used func() sandbox.Resources
+	// Lease is how long the host stays up without renewing (default
+	// 15 s); it renews every third of it.
+	Lease time.Duration
+	// Revived is called when this host finds that the others marked it
+	// down (and its sandboxes lost) while it ran: its sandboxes' records
+	// must be written again.
+	Revived func(ctx context.Context)
+	Now     func() time.Time
+	Log     *slog.Logger
+}
+
+// Registry keeps this host's lease in the store and marks the hosts
+// whose lease lapsed down.
+type Registry struct {
+	opts Options
+}
+
+// Register claims this host's name in the store (store.ErrInUse if another
+// process runs by it) and marks the host up.
+func Register(ctx context.Context, opts Options) (*Registry, error) {
+	if opts.Name == "" {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "host", "a host needs a name")
+	}
+	if opts.Lease <= 0 {
+		opts.Lease = 15 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Used == nil {
+		opts.Used = func() sandbox.Resources { return sandbox.Resources{} }
+	}
+	if c, ok := opts.Store.(interface {
+		Claim(ctx context.Context, host string) error
+	}); ok {
+		if err := c.Claim(ctx, opts.Name); err != nil {
+			return nil, err
+		}
+	}
+	r := &Registry{opts: opts}
+	if _, err := r.renew(ctx, true); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Name is this host's name.
+func (r *Registry) Name() string { return r.opts.Name }
+
+// Lease is how long a host stays up without renewing.
+func (r *Registry) Lease() time.Duration { return r.opts.Lease }
+
+// renew writes this host's row: up, with a new lease. revived says
+// whether it was marked down meanwhile.
+func (r *Registry) renew(ctx context.Context, start bool) (revived bool, err error) {
+	now := r.opts.Now().UTC()
+	err = r.opts.Store.Update(ctx, func(tx store.Tx) error {
+		h, err := tx.GetHost(ctx, r.opts.Name)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			h = &Host{Name: r.opts.Name}
+		case err != nil:
+			return err
+		}
+		revived = !start && !h.Up
+		if start || !h.Up {
+			h.StartedAt = now
+		}
+		h.Site, h.Address, h.Capacity, h.Used = r.opts.Site, r.opts.Address, r.opts.Capacity, r.opts.Used()
+		h.Up, h.RenewedAt, h.LeaseUntil = true, now, now.Add(r.opts.Lease)
+		return tx.PutHost(ctx, h)
+	})
+	if err != nil {
+		return false, fmt.Errorf("cluster: renew the lease of host %s: %w", r.opts.Name, err)
+	}
+	return revived, nil
+}
+
+// Run renews this host's lease and marks the hosts whose lease lapsed
+// down, every third of the lease, until ctx ends.
+func (r *Registry) Run(ctx context.Context) {
+	t := time.NewTicker(r.opts.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		revived, err := r.renew(ctx, false)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.opts.Log.Warn("cannot renew this host's lease", "err", err)
+			}
+			continue
+		}
+		if revived {
+			r.opts.Log.Warn("this host was marked down while it ran; its sandboxes are written again")
+			if r.opts.Revived != nil {
+				r.opts.Revived(ctx)
+			}
+		}
+		if err := r.Sweep(ctx); err != nil && ctx.Err() == nil {
+			r.opts.Log.Warn("cannot check the other hosts' leases", "err", err)
+		}
+	}
+}
+
+// Sweep marks every other host whose lease lapsed down, and its running
+// and paused sandboxes lost (not deleted: its VMs may run still, and the
+// host takes them again when it is back).
+func (r *Registry) Sweep(ctx context.Context) error {
+	hosts, err := r.opts.Store.ListHosts(ctx)
+	if err != nil {
+		return err
+	}
+	now := r.opts.Now()
+	for _, h := range hosts {
+		if h.Name == r.opts.Name || !h.Up || now.Before(h.LeaseUntil) {
+			continue
+		}
+		n := 0
+		err := r.opts.Store.Update(ctx, func(tx store.Tx) error {
+			n = 0
+			cur, err := tx.GetHost(ctx, h.Name)
+			if err != nil {
+				return err
+			}
+			if !cur.Up || now.Before(cur.LeaseUntil) { // (renewed, or marked, meanwhile)
+				return nil
+			}
+			cur.Up = false
+			if err := tx.PutHost(ctx, cur); err != nil {
+				return err
+			}
+			recs, err := tx.SandboxesOn(ctx, h.Name, sandbox.StateRunning, sandbox.StatePaused)
+			if err != nil {
+				return err
+			}
+			for _, rec := range recs {
+				rec.State = sandbox.StateLost
+				rec.Error = fmt.Sprintf("its host %s stopped renewing its lease at %s", h.Name, cur.LeaseUntil.UTC().Format(time.RFC3339))
+				if err := tx.PutSandbox(ctx, rec); err != nil {
+					return err
+				}
+				n++
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		r.opts.Log.Warn("a host's lease lapsed: it is down, its sandboxes lost", "host", h.Name, "sandboxes", n)
+	}
+	return nil
+}
+
+// Get returns a host's row.
+func (r *Registry) Get(ctx context.Context, name string) (*Host, error) {
+	return r.opts.Store.GetHost(ctx, name)
+}
+
+// Hosts lists every host, up or down.
+func (r *Registry) Hosts(ctx context.Context) ([]*Host, error) {
+	return r.opts.Store.ListHosts(ctx)
+}
+
+// Place picks the host a new sandbox of size goes to: among the hosts of
+// this host's site that are up, can be reached (this one, or one with an
+// address) and have room for it, the least loaded (the larger of its CPU
+// and memory shares in use); this host on a tie. It returns
+// ErrCapacity when none has room.
+func (r *Registry) Place(ctx context.Context, size sandbox.Resources) (*Host, error) {
+	hosts, err := r.opts.Store.ListHosts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := r.opts.Now()
+	var best *Host
+	bestLoad := 0.0
+	for _, h := range hosts {
+		self := h.Name == r.opts.Name
+		if self {
+			h.Used, h.Capacity = r.opts.Used(), r.opts.Capacity // (fresher than its row)
+		}
+		if h.Site != r.opts.Site || !h.Up || !now.Before(h.LeaseUntil) || (!self && h.Address == "") || !fits(h, size) {
+			continue
+		}
+		l := load(h, size)
+		if best == nil || l < bestLoad || (l == bestLoad && self) {
+			best, bestLoad = h, l
+		}
+	}
+	if best == nil {
+		return nil, sandbox.Errorf(sandbox.ErrCapacity, "", "no host of site %s has room for %d vCPUs and %d MB", r.opts.Site, size.VCPUs, size.MemoryMB)
+	}
+	return best, nil
+}
+
+func fits(h *Host, s sandbox.Resources) bool {
+	return h.Used.VCPUs+s.VCPUs <= h.Capacity.VCPUs && h.Used.MemoryMB+s.MemoryMB <= h.Capacity.MemoryMB &&
+		h.Used.DiskGB+s.DiskGB <= h.Capacity.DiskGB
+}
+
+// load is the share of a host's CPU or memory (the larger) in use once
+// a sandbox of size s is there.
+func load(h *Host, s sandbox.Resources) float64 {
+	cpu := float64(h.Used.VCPUs+s.VCPUs) / float64(max(h.Capacity.VCPUs, 1))
+	mem := float64(h.Used.MemoryMB+s.MemoryMB) / float64(max(h.Capacity.MemoryMB, 1))
+	return max(cpu, mem)
+}

@@ -1,0 +1,151 @@
+package harebox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	"github.com/harebox/harebox/apikey"
+	"github.com/harebox/harebox/audit"
+	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// HostOptions name this host among the hosts that share a store (a
+// PostgreSQL database). Each engine runs the sandboxes it created and
+// takes only those again at start; the others' it sees in lists.
+type HostOptions struct {
+	// Name is this host's name in the deployment; default the machine's
+	// host name. Two engines on one store never run by the same name.
+	Name string
+	// Address is this host's internal endpoint (https://HOST:PORT) where
+	// the other hosts' servers forward requests for its sandboxes; ""
+	// (one host, or a library engine) places every create here.
+	Address string
+	// Lease is how long the host stays up in the store without renewing
+	// it (default 15 s; renewed every third). When it lapses, another
+	// host marks it down and its running sandboxes lost.
+	Lease time.Duration
+}
+
+// registerHost claims this host's name in the store and marks it up.
+func (e *Engine) registerHost(ctx context.Context) error {
+	name := e.opts.Host.Name
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return sandbox.Errorf(sandbox.ErrInvalid, "host", "no host name given, and the machine's: %v", err)
+		}
+		name = h
+	}
+	reg, err := cluster.Register(ctx, cluster.Options{
+		Store: e.store, Name: name, Site: e.opts.Site.Name, Address: e.opts.Host.Address,
+		Capacity: e.limit, Lease: e.opts.Host.Lease, Log: e.log,
+		Used: func() sandbox.Resources {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return e.used
+		},
+		Revived: e.rewriteRecords,
+	})
+	if err != nil {
+		return err
+	}
+	e.hosts = reg
+	sh, ok := e.store.(interface{ Shared() bool })
+	e.shared = ok && sh.Shared()
+	return nil
+}
+
+// HostName is the name of the host this engine runs as.
+func (e *Engine) HostName() string { return e.hosts.Name() }
+
+// Hosts lists the hosts that share the store, up or down.
+func (e *Engine) Hosts(ctx context.Context) ([]*cluster.Host, error) { return e.hosts.Hosts(ctx) }
+
+// Elsewhere says where a sandbox of another host runs: its host's row,
+// or nil for a sandbox of this host or one that does not exist (the
+// engine answers for those itself).
+func (e *Engine) Elsewhere(ctx context.Context, id string) (*cluster.Host, error) {
+	if e.live(id) != nil || !sandbox.ValidID(id) {
+		return nil, nil
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !e.elsewhere(rec) {
+		return nil, nil
+	}
+	h, err := e.hosts.Get(ctx, rec.Host)
+	if errors.Is(err, store.ErrNotFound) {
+		return &cluster.Host{Name: rec.Host}, nil // (a host that never registered: down)
+	}
+	return h, err
+}
+
+// Place picks the host a create of size goes to (see cluster.Place):
+// this one, or another to forward the create to.
+func (e *Engine) Place(ctx context.Context, size sandbox.Resources) (*cluster.Host, error) {
+	return e.hosts.Place(ctx, size)
+}
+
+// elsewhere reports whether a record belongs to another host. Records
+// from before hosts existed have none: the host that opens the store
+// first takes them. A store that is not shared (SQLite) is one host's,
+// whatever its name was when it wrote them (a renamed machine keeps its
+// sandboxes).
+func (e *Engine) elsewhere(rec *store.Sandbox) bool {
+	return e.shared && rec.Host != "" && rec.Host != e.hosts.Name()
+}
+
+// notice acts on a change another host made (store.Notify): caches drop
+// what changed, or everything when changes may have been missed.
+func (e *Engine) notice(topic, payload string) {
+	switch topic {
+	case apikey.NoticeTopic:
+		e.keys.Changed(payload)
+	case audit.NoticeTopic:
+		e.audit.Appended()
+	case budget.NoticeTopic:
+		e.reached([]budget.Event{{Reached: true}})
+	case "":
+		e.keys.Changed("")
+		e.audit.Appended()
+		e.reached([]budget.Event{{Reached: true}})
+	}
+}
+
+// rewriteRecords writes this host's live sandboxes' records again, as they
+// are: another host marked them lost while this one ran (its lease
+// lapsed: the database was out of reach, or the host stalled).
+func (e *Engine) rewriteRecords(ctx context.Context) {
+	for _, b := range e.liveBoxes() {
+		b.mu.Lock()
+		rec := *b.rec
+		b.mu.Unlock()
+		if err := e.store.PutSandbox(ctx, &rec); err != nil {
+			e.log.Warn("cannot write a sandbox's record again", "id", rec.ID, "err", err)
+		}
+	}
+}
+
+// SnapshotElsewhere says where a snapshot's files are when another host
+// has them (the host of the sandbox it was taken of), as Elsewhere does
+// for a sandbox: restores and deletes of it go there.
+func (e *Engine) SnapshotElsewhere(ctx context.Context, id string) (*cluster.Host, error) {
+	snap, err := e.store.GetSnapshot(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return e.Elsewhere(ctx, snap.SandboxID)
+}

@@ -1,0 +1,243 @@
+package harebox_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/apikey"
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/internal/testpg"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// Two hosts share a PostgreSQL store (the in-memory hypervisor stands for
+// their VMs): each runs its own sandboxes and sees the other's, a key
+// revoked through one is refused by the other at once, a host whose
+// lease lapses is down and its sandboxes lost until it is back, and
+// creates go to the least loaded host.
+// engineHost is one host of a test deployment: its engine, store and
+// (in-memory) hypervisor; start starts it (again, on its directory).
+type engineHost struct {
+	eng *harebox.Engine
+	db  *store.DB
+	hv  *memhv.Hypervisor
+	dir string
+}
+
+// hostsOn returns start and stop for hosts on the PostgreSQL database
+// dsn; tweak, if set, changes every host's options.
+func hostsOn(t *testing.T, dsn string, lease time.Duration, tweak func(*harebox.Options)) (start func(name string, h *engineHost), stop func(h *engineHost)) {
+	ctx := context.Background()
+	start = func(name string, h *engineHost) {
+		t.Helper()
+		if h.hv == nil {
+			h.hv = memhv.New(memhv.Options{})
+			t.Cleanup(func() { h.hv.Close() })
+		}
+		opts := memhvOptions(t, h.hv)
+		if h.dir != "" {
+			os.RemoveAll(opts.DataDir)
+			opts.DataDir = h.dir
+		}
+		h.dir = opts.DataDir
+		db, err := store.OpenPostgres(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Store = db
+		opts.Host = harebox.HostOptions{Name: name, Address: "https://" + name + ".hosts.invalid:7443", Lease: lease}
+		if tweak != nil {
+			tweak(&opts)
+		}
+		eng, err := harebox.New(ctx, opts)
+		if err != nil {
+			db.Close()
+			t.Fatal(err)
+		}
+		h.eng, h.db = eng, db
+	}
+	stop = func(h *engineHost) {
+		h.eng.Close()
+		h.db.Close()
+	}
+	return start, stop
+}
+
+func TestHostsShareAStore(t *testing.T) {
+	dsn := testpg.ForTest(t)
+	ctx := context.Background()
+	const lease = 900 * time.Millisecond
+	start, stop := hostsOn(t, dsn, lease, nil)
+	a, b := &engineHost{}, &engineHost{}
+	start("a", a)
+	defer func() { stop(a) }()
+	start("b", b)
+	defer func() { stop(b) }()
+
+	// A second engine by a name in use is refused.
+	db, err := store.OpenPostgres(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := memhvOptions(t, memhv.New(memhv.Options{}))
+	opts.Store, opts.Host = db, harebox.HostOptions{Name: "b"}
+	if _, err := harebox.New(ctx, opts); !errors.Is(err, store.ErrInUse) {
+		t.Fatalf("a second host b: %v", err)
+	}
+	db.Close()
+
+	box, err := b.eng.Create(ctx, sandbox.CreateRequest{Name: "on-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if box.Host != "b" {
+		t.Fatalf("created on b: host %q", box.Host)
+	}
+	l, err := a.eng.List(ctx, sandbox.ListFilter{})
+	if err != nil || len(l) != 1 || l[0].ID != box.ID || l[0].Host != "b" || l[0].State != sandbox.StateRunning {
+		t.Fatalf("a lists %+v %v", l, err)
+	}
+	if h, err := a.eng.Elsewhere(ctx, box.ID); err != nil || h == nil || h.Name != "b" || !h.Up || h.Address != "https://b.hosts.invalid:7443" {
+		t.Fatalf("a: where is it? %+v %v", h, err)
+	}
+	if h, err := b.eng.Elsewhere(ctx, box.ID); err != nil || h != nil {
+		t.Fatalf("b: where is it? %+v %v", h, err)
+	}
+
+	// A key revoked through a is refused by b within a second (b had it
+	// in its cache).
+	ctxOp := authz.WithPrincipal(ctx, authz.Operator)
+	k, err := a.eng.Keys().Create(ctxOp, apikey.CreateRequest{Scope: authz.Scope{Actions: []string{"getSandbox"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.eng.Keys().Authenticate(ctx, k.Secret); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.eng.Keys().Revoke(ctxOp, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	for {
+		if _, err := b.eng.Keys().Authenticate(ctx, k.Secret); errors.Is(err, sandbox.ErrUnauthenticated) {
+			break
+		}
+		if time.Since(revoked) > time.Second {
+			t.Fatal("b still takes a key revoked through a a second ago")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// b dies (its engine and its connection to the store go; its VM runs
+	// on): within its lease and a renewal, a marks it down and the
+	// sandbox lost.
+	stop(b)
+	died := time.Now()
+	for {
+		s, err := a.eng.Get(ctx, box.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.State == sandbox.StateLost {
+			t.Logf("lost %v after b died (lease %v): %s", time.Since(died).Round(time.Millisecond), lease, s.Error)
+			break
+		}
+		if time.Since(died) > lease+lease/3+2*time.Second {
+			t.Fatalf("b's sandbox is %s %v after b died", s.State, time.Since(died))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if hs, _ := a.eng.Hosts(ctx); len(hs) != 2 || hs[1].Name != "b" || hs[1].Up {
+		t.Fatalf("hosts after b died: %+v", hs)
+	}
+	// (Nothing is placed on a host that is down.)
+	if h, err := a.eng.Place(ctx, sandbox.Presets["small"]); err != nil || h.Name != "a" {
+		t.Fatalf("placed on %+v %v with b down", h, err)
+	}
+
+	// b is back: it takes its sandbox again.
+	start("b", b)
+	if s, err := a.eng.Get(ctx, box.ID); err != nil || s.State != sandbox.StateRunning || s.Error != "" {
+		t.Fatalf("after b is back, a sees %+v %v", s, err)
+	}
+	if res, err := b.eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo back"}); err != nil || res.Stdout != "back\n" {
+		t.Fatalf("exec on b after it is back: %+v %v", res, err)
+	}
+
+	// Placement: b runs one small sandbox, a none: a goes first; with two
+	// on a, b is the least loaded (as its next renewal tells).
+	if h, err := a.eng.Place(ctx, sandbox.Presets["small"]); err != nil || h.Name != "a" {
+		t.Fatalf("placed on %+v %v, want a", h, err)
+	}
+	for range 2 {
+		if _, err := a.eng.Create(ctx, sandbox.CreateRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(2 * lease)
+	for {
+		h, err := a.eng.Place(ctx, sandbox.Presets["small"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name == "b" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("placed on %s with 2 sandboxes there and 1 on b", h.Name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := a.eng.Place(ctx, sandbox.Resources{VCPUs: 64, MemoryMB: 512, DiskGB: 1}); !errors.Is(err, sandbox.ErrCapacity) {
+		t.Fatalf("placing what no host has room for: %v", err)
+	}
+}
+
+// A budget reached through the sandboxes of one host acts at once on
+// those of the other (which meters only once an hour here).
+func TestBudgetReachedOnEveryHost(t *testing.T) {
+	dsn := testpg.ForTest(t)
+	ctx := context.Background()
+	clk := &clock{now: time.Date(2026, 11, 10, 12, 0, 0, 0, time.UTC)}
+	start, stop := hostsOn(t, dsn, time.Minute, func(o *harebox.Options) {
+		o.Now, o.Prices, o.MeterInterval, o.HealthInterval = clk.Now, &budget.Prices{VCPUHour: dollar}, time.Hour, -1
+	})
+	a, b := &engineHost{}, &engineHost{}
+	start("a", a)
+	defer func() { stop(a) }()
+	start("b", b)
+	defer func() { stop(b) }()
+	newBudget(t, a.eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: "account"}, Action: budget.Pause, Limit: 5 * dollar / 2})
+	onB, err := b.eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	onA, err := a.eng.Create(ctx, sandbox.CreateRequest{Size: oneVCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An hour on: a's sandbox spent $1, and both reserve $1 for the next
+	// hour: $3 of $2.50.
+	clk.advance(time.Hour)
+	if err := a.eng.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := state(t, a.eng, onA.ID); got != sandbox.StatePaused {
+		t.Fatalf("a's sandbox is %s", got)
+	}
+	settled := time.Now()
+	for state(t, b.eng, onB.ID) != sandbox.StatePaused {
+		if time.Since(settled) > time.Second {
+			t.Fatal("b's sandbox still runs a second after the budget was reached through a")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("b paused its sandbox %v after a reached the budget", time.Since(settled).Round(time.Millisecond))
+}

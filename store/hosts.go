@@ -1,0 +1,56 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/harebox/harebox/sandbox"
+)
+
+// Host is one hareboxd of a deployment whose hosts share the store. It
+// holds its row by renewing a lease; a host whose lease lapsed is down.
+type Host struct {
+	Name string `json:"name"`
+	Site string `json:"site"`
+	// Address is its internal endpoint (https://HOST:PORT), where the
+	// other hosts forward the requests for its sandboxes.
+	Address  string            `json:"address,omitempty"`
+	Capacity sandbox.Resources `json:"capacity"`
+	// Used is what its sandboxes reserve, as of its last renewal.
+	Used       sandbox.Resources `json:"used"`
+	Up         bool              `json:"up"`
+	StartedAt  time.Time         `json:"started_at"`
+	RenewedAt  time.Time         `json:"renewed_at"`
+	LeaseUntil time.Time         `json:"lease_until"`
+}
+
+// PutHost implements Tx.
+func (s *DB) PutHost(ctx context.Context, h *Host) error {
+	return s.put(ctx, "hosts", []string{"name", "lease_until"}, []any{h.Name, h.LeaseUntil.UnixNano()}, h)
+}
+
+// GetHost implements Tx.
+func (s *DB) GetHost(ctx context.Context, name string) (*Host, error) {
+	return get[Host](ctx, s, `SELECT record FROM hosts WHERE name = ?`, name)
+}
+
+// ListHosts implements Tx.
+func (s *DB) ListHosts(ctx context.Context) ([]*Host, error) {
+	return list[Host](ctx, s, `SELECT record FROM hosts ORDER BY name`)
+}
+
+// SandboxesOn implements Tx.
+func (s *DB) SandboxesOn(ctx context.Context, host string, states ...sandbox.State) ([]*Sandbox, error) {
+	q, args := `SELECT record FROM sandboxes WHERE host = ?`, []any{host}
+	if len(states) > 0 {
+		q += ` AND state IN (?`
+		for i := 1; i < len(states); i++ {
+			q += `, ?`
+		}
+		q += `)`
+		for _, st := range states {
+			args = append(args, string(st))
+		}
+	}
+	return list[Sandbox](ctx, s, q+` ORDER BY created_at, id`, args...)
+}
