@@ -28,6 +28,7 @@ import (
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget/money"
+	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -59,6 +60,10 @@ type Options struct {
 	TrustedProxies []netip.Prefix
 	// Timeouts bound slow clients; zero fields take the defaults.
 	Timeouts Timeouts
+	// Cluster, when several hosts share the engine's store, is this host's
+	// side of their mutual TLS: requests for other hosts' sandboxes are
+	// forwarded to them with it (nil: every request is served here).
+	Cluster *cluster.TLS
 }
 
 // Timeouts bound how long a client may take to send a request, so that slow
@@ -124,7 +129,13 @@ type Server struct {
 	mux         *http.ServeMux
 	openapi     []byte
 	metrics     http.Handler
+	fwd         *cluster.Forwarder
 }
+
+// Internal is the handler of this host's internal endpoint, where the
+// other hosts of the deployment forward requests (served over TLS with
+// Options.Cluster.Server: only they get through).
+func (s *Server) Internal() http.Handler { return cluster.Internal(s) }
 
 // Route is one API route: the router and the OpenAPI document must agree
 // on the set of them (a test checks it).
@@ -244,6 +255,12 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine)}
+	if opts.Cluster != nil {
+		s.fwd = cluster.NewForwarder(opts.Engine.HostName(), opts.Cluster, func(w http.ResponseWriter, r *http.Request, err error) {
+			s.log.Warn("cannot forward a request to its host", "path", r.URL.Path, "err", err)
+			writeError(w, apiError{status: http.StatusBadGateway, code: "unavailable", msg: err.Error()})
+		})
+	}
 	for _, rt := range Routes() {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
@@ -269,6 +286,14 @@ func (s *Server) wrap(rt Route) http.Handler {
 		}
 		w.Header().Set("X-Request-ID", rid)
 		r = r.WithContext(audit.WithRequestID(r.Context(), rid))
+		if !cluster.FromHost(r) { // (only hosts say who forwarded, and for whom)
+			r.Header.Del(cluster.HeaderForwardedBy)
+			r.Header.Del(cluster.HeaderClient)
+		}
+		r.Header.Set("X-Request-ID", rid) // (a host it is forwarded to goes on with it)
+		if s.forward(w, r, rt) {
+			return
+		}
 		if !rt.Public {
 			ctx, err := s.authenticate(r)
 			if err != nil {
@@ -324,6 +349,9 @@ func (s *Server) authenticate(r *http.Request) (context.Context, error) {
 // source is the caller's address: the socket's peer, or, when the peer is
 // a trusted proxy, the last address in X-Forwarded-For that is not one.
 func (s *Server) source(r *http.Request) (netip.Addr, bool) {
+	if cluster.FromHost(r) { // (the host that forwarded it saw the caller)
+		return fromHost(r)
+	}
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		return netip.Addr{}, false // a Unix socket: no address
@@ -564,7 +592,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	f := sandbox.ListFilter{State: sandbox.State(q.Get("state")), Account: q.Get("account"), Project: q.Get("project"), Fleet: q.Get("fleet")}
 	switch f.State {
-	case "", sandbox.StateCreating, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateStopped, sandbox.StateDeleted:
+	case "", sandbox.StateCreating, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateStopped, sandbox.StateDeleted, sandbox.StateHibernated, sandbox.StateLost:
 	default:
 		return badRequest("state", "unknown state %q", f.State)
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/network/linuxnet"
@@ -50,6 +51,8 @@ func main() {
 		os.Exit(doctorCmd(args[1:], os.Stdout, os.Stderr))
 	case len(args) > 0 && args[0] == "config":
 		os.Exit(configCheck(args[1:], os.Stdout, os.Stderr))
+	case len(args) > 0 && args[0] == "cluster-cert":
+		os.Exit(clusterCert(args[1:], os.Stdout, os.Stderr))
 	}
 	if err := run(args, nil); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -116,7 +119,14 @@ func run(args []string, instead func(settings) error) error {
 		ingressURL   = fs.String("ingress-url", "", "the ingress's public base URL, https://HOST[:PORT]: URLs are https://PORT-ID.HOST/ and https://HOST/s/ID/PORT/ (default https://localhost:PORT; *.localhost is loopback to browsers)")
 		ingressCert  = fs.String("ingress-tls-cert", "", "the ingress's certificate chain (PEM), for HOST and *.HOST; default: a self-signed one made on first start in DATA_DIR/ingress-tls")
 		ingressKey   = fs.String("ingress-tls-key", "", "the private key of --ingress-tls-cert (PEM)")
-		storeURL     = fs.String("store", "", "the state database: empty for SQLite in DATA_DIR/harebox.db, or a PostgreSQL URL (postgres://USER@HOST/DB?sslmode=verify-full), which one hareboxd holds at a time for now")
+		storeURL     = fs.String("store", "", "the state database: empty for SQLite in DATA_DIR/harebox.db, or a PostgreSQL URL (postgres://USER@HOST/DB?sslmode=verify-full) that several hosts may share")
+		hostName     = fs.String("host-name", "", "this host's name among the hosts that share the store (default: the machine's host name)")
+		hostLease    = fs.Duration("host-lease", 15*time.Second, "how long this host stays up in the store without renewing; when it lapses, the other hosts mark it down and its sandboxes lost")
+		internalAddr = fs.String("internal-listen", "", "serve the other hosts of the deployment on this address, host:port (mutual TLS with --cluster-*): they forward requests for this host's sandboxes here; empty: one host")
+		internalURL  = fs.String("internal-url", "", "this host's internal endpoint as the other hosts reach it, https://HOST:PORT (default https://INTERNAL_LISTEN)")
+		clusterCA    = fs.String("cluster-ca", "", "the deployment CA's certificate (PEM; hareboxd cluster-cert makes it)")
+		clusterCert  = fs.String("cluster-cert", "", "this host's certificate of the deployment CA (PEM)")
+		clusterKey   = fs.String("cluster-key", "", "the private key of --cluster-cert (PEM)")
 		configFile   = fs.String("config", "", "a YAML file of settings: each key a flag's name, e.g. \"listen: 0.0.0.0:7443\"; flags given on the command line win")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -190,6 +200,16 @@ func run(args []string, instead func(settings) error) error {
 	if err != nil {
 		return err
 	}
+	clusterTLS, advertised, err := checkCluster(*internalAddr, *internalURL, *clusterCA, *clusterCert, *clusterKey, *storeURL)
+	if err != nil {
+		return err
+	}
+	if *hostName != "" && !cluster.ValidHostName(*hostName) {
+		return fmt.Errorf("--host-name %q: lower-case letters, digits, dots and dashes", *hostName)
+	}
+	if *hostLease < time.Second {
+		return fmt.Errorf("--host-lease %v: at least 1s", *hostLease)
+	}
 	if instead != nil {
 		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind, golden: *golden})
 	}
@@ -217,7 +237,7 @@ func run(args []string, instead func(settings) error) error {
 		log.Info("created the root API key", "path", keyPath)
 	}
 	var st store.Store
-	var lost <-chan struct{} // never, but for a PostgreSQL database another took
+	var pgdb *store.DB
 	switch {
 	case *storeURL == "":
 	case strings.HasPrefix(*storeURL, "postgres://"), strings.HasPrefix(*storeURL, "postgresql://"):
@@ -226,7 +246,7 @@ func run(args []string, instead func(settings) error) error {
 			return fmt.Errorf("--store: %w", err)
 		}
 		defer db.Close()
-		st, lost = db, db.Lost()
+		st, pgdb = db, db
 		log.Info("state in PostgreSQL", "host", pgHost(*storeURL))
 	default:
 		return fmt.Errorf("--store: want a postgres:// URL (or nothing, for SQLite in the data directory)")
@@ -255,12 +275,17 @@ func run(args []string, instead func(settings) error) error {
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
+		Host: harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease},
 	})
 	if err != nil {
 		return err
 	}
-	defer eng.Close() // sandboxes keep running
-	srv, err := api.New(api.Options{Engine: eng, Auth: key, Version: version, Logger: log, TrustedProxies: trusted})
+	defer eng.Close()        // sandboxes keep running
+	var lost <-chan struct{} // never, but when another process took this host's name
+	if pgdb != nil {
+		lost = pgdb.Lost()
+	}
+	srv, err := api.New(api.Options{Engine: eng, Auth: key, Version: version, Logger: log, TrustedProxies: trusted, Cluster: clusterTLS})
 	if err != nil {
 		return err
 	}
@@ -297,6 +322,17 @@ func run(args []string, instead func(settings) error) error {
 		go func() { errc <- hs.Serve(l) }()
 	}
 	go func() { errc <- plain.Serve(pipes) }()
+	var internal *http.Server
+	if clusterTLS != nil {
+		il, err := net.Listen("tcp", *internalAddr)
+		if err != nil {
+			return fmt.Errorf("--internal-listen: %w", err)
+		}
+		internal = srv.HTTPServer()
+		internal.Handler = srv.Internal()
+		go func() { errc <- internal.Serve(tls.NewListener(il, clusterTLS.Server)) }()
+		log.Info("internal endpoint listening", "addr", *internalAddr, "url", advertised, "host", eng.HostName())
+	}
 	log.Info("hareboxd listening", "addr", *listen, "scheme", scheme, "version", version, "root_key", keyPath)
 	// Under systemd (Type=notify): ready now, not when the process began.
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
@@ -306,7 +342,7 @@ func run(args []string, instead func(settings) error) error {
 	case err := <-errc:
 		return err
 	case <-lost:
-		return errors.New("another hareboxd took the PostgreSQL database (this one's connection to it was lost): stopping, so that one engine takes its sandboxes")
+		return errors.New("another hareboxd took this host's name in the PostgreSQL database (this one's connection to it was lost): stopping, so that one engine runs this host's sandboxes")
 	case <-ctx.Done():
 	}
 	daemon.SdNotify(false, daemon.SdNotifyStopping)
@@ -315,13 +351,81 @@ func run(args []string, instead func(settings) error) error {
 	defer cancel()
 	// Both drain at once, within the same 30 s.
 	plainDone := make(chan struct{})
-	go func() { plain.Shutdown(sctx); close(plainDone) }()
+	go func() {
+		plain.Shutdown(sctx)
+		if internal != nil {
+			internal.Shutdown(sctx)
+		}
+		close(plainDone)
+	}()
 	err = hs.Shutdown(sctx)
 	<-plainDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
+}
+
+// checkCluster checks the flags of the internal endpoint and returns its
+// TLS and the address the other hosts reach it at (nil, "": none).
+func checkCluster(addr, advertised, caFile, certFile, keyFile, storeURL string) (*cluster.TLS, string, error) {
+	if addr == "" {
+		if advertised != "" || caFile != "" || certFile != "" || keyFile != "" {
+			return nil, "", errors.New("--internal-url and --cluster-*: give --internal-listen too")
+		}
+		return nil, "", nil
+	}
+	if storeURL == "" {
+		return nil, "", errors.New("--internal-listen: hosts share state through a PostgreSQL --store")
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, "", fmt.Errorf("--internal-listen %q: want host:port", addr)
+	}
+	if caFile == "" || certFile == "" || keyFile == "" {
+		return nil, "", errors.New("--internal-listen needs --cluster-ca, --cluster-cert and --cluster-key (hareboxd cluster-cert makes them)")
+	}
+	t, err := cluster.LoadTLS(caFile, certFile, keyFile)
+	if err != nil {
+		return nil, "", err
+	}
+	if advertised == "" {
+		advertised = "https://" + addr
+	}
+	u, err := url.Parse(advertised)
+	if err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return nil, "", fmt.Errorf("--internal-url %q: want https://HOST:PORT", advertised)
+	}
+	return t, "https://" + u.Host, nil
+}
+
+// clusterCert is "hareboxd cluster-cert": the deployment CA (made in DIR
+// the first time) signs a host's certificate.
+func clusterCert(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("hareboxd cluster-cert", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "", "where the deployment CA is (made there the first time: ca.pem, ca.key) and the host's files go (NAME.pem, NAME.key)")
+	host := fs.String("host", "", "the host's name (its --host-name)")
+	addrs := fs.String("addr", "", "comma-separated IPs or DNS names the other hosts reach it at")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *dir == "" || *host == "" || *addrs == "" {
+		fmt.Fprintln(stderr, "usage: hareboxd cluster-cert --dir DIR --host NAME --addr IP[,IP...]")
+		return 2
+	}
+	made, err := cluster.MakeCA(*dir)
+	if err == nil && made {
+		fmt.Fprintf(stdout, "made the deployment CA: %s (keep ca.key off the hosts)\n", filepath.Join(*dir, "ca.pem"))
+	}
+	if err == nil {
+		err = cluster.IssueHost(*dir, *host, strings.Split(*addrs, ","))
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "hareboxd:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s\n%s\n", filepath.Join(*dir, *host+".pem"), filepath.Join(*dir, *host+".key"))
+	return 0
 }
 
 // checkIngress checks the ingress flags and returns its public base URL

@@ -218,3 +218,39 @@ func TestGoldenByDefault(t *testing.T) {
 		}
 	}
 }
+
+// The internal endpoint's flags: refused with a reason unless whole; a
+// host certificate made by cluster-cert loads.
+func TestClusterFlags(t *testing.T) {
+	dir := t.TempDir()
+	var out, errOut bytes.Buffer
+	if code := clusterCert([]string{"--dir", dir, "--host", "a", "--addr", "127.0.0.1"}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "made the deployment CA") {
+		t.Fatalf("cluster-cert: %d %s %s", code, out.String(), errOut.String())
+	}
+	if code := clusterCert([]string{"--dir", dir, "--host", "B/../x", "--addr", "127.0.0.1"}, &out, &errOut); code != 1 {
+		t.Fatalf("cluster-cert with a bad name: %d", code)
+	}
+	ca, cert, key := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "a.pem"), filepath.Join(dir, "a.key")
+	const pg = "postgres://x@db/h"
+	for _, c := range []struct {
+		addr, url, ca, cert, key, store, want string
+	}{
+		{"", "https://x:1", "", "", "", pg, "give --internal-listen"},
+		{"127.0.0.1:7443", "", ca, cert, key, "", "PostgreSQL --store"},
+		{"127.0.0.1:7443", "", "", cert, key, pg, "--cluster-ca"},
+		{"7443", "", ca, cert, key, pg, "host:port"},
+		{"127.0.0.1:7443", "http://x:1", ca, cert, key, pg, "--internal-url"},
+		{"127.0.0.1:7443", "", ca, key, cert, pg, "cluster"},
+	} {
+		if _, _, err := checkCluster(c.addr, c.url, c.ca, c.cert, c.key, c.store); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c, err, c.want)
+		}
+	}
+	tc, adv, err := checkCluster("127.0.0.1:7443", "", ca, cert, key, pg)
+	if err != nil || tc == nil || adv != "https://127.0.0.1:7443" {
+		t.Fatalf("whole flags: %v %q %v", tc, adv, err)
+	}
+	if tc, adv, err := checkCluster("", "", "", "", "", pg); tc != nil || adv != "" || err != nil {
+		t.Fatalf("no internal endpoint: %v %q %v", tc, adv, err)
+	}
+}

@@ -1,0 +1,107 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// Several hosts: a request for a sandbox another host runs goes to that
+// host (Options.Forward), before authentication (the host that serves it
+// authenticates it, once), and a create goes to the host placement picks.
+
+// forward sends r to the host that must serve it, and reports whether it
+// did (or answered with an error). A request that came from another host
+// is served here, never sent on.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) bool {
+	if s.fwd == nil || rt.Public {
+		return false
+	}
+	if cluster.FromHost(r) {
+		return false
+	}
+	h, err := s.forwardTo(w, r, rt)
+	if err != nil {
+		writeError(w, toAPIError(err))
+		return true
+	}
+	if h == nil || h.Name == s.eng.HostName() {
+		return false
+	}
+	if !h.Up {
+		writeError(w, apiError{status: http.StatusServiceUnavailable, code: "unavailable",
+			msg: fmt.Sprintf("host %s, which runs it, is down (its lease lapsed at %s); it is served again when the host is back", h.Name, h.LeaseUntil.UTC().Format(time.RFC3339))})
+		return true
+	}
+	client := ""
+	if a, ok := s.source(r); ok {
+		client = a.String()
+	}
+	w.Header().Del("X-Request-ID") // (the other host's answer has it)
+	s.fwd.Forward(w, r, h, client)
+	return true
+}
+
+// forwardTo is the host that must serve r, or nil for this one.
+func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, rt Route) (*cluster.Host, error) {
+	ctx := r.Context()
+	switch {
+	case rt.OperationID == "createSandbox":
+		return s.placement(w, r)
+	case rt.OperationID == "deleteSnapshot":
+		return s.eng.SnapshotElsewhere(ctx, r.PathValue("snapshot"))
+	case rt.OperationID == "getSandbox":
+		// From the store, as a list shows it: what its host last wrote
+		// (lost, if the host is down).
+		return nil, nil
+	case strings.HasPrefix(rt.Path, "/v1/sandboxes/{id}"):
+		return s.eng.Elsewhere(ctx, r.PathValue("id"))
+	}
+	return nil, nil
+}
+
+// placement is where a create goes: a restore to the host that has the
+// snapshot, anything else to the least loaded host with room. A body this
+// host cannot read is left to the create here, which says what is wrong
+// with it.
+func (s *Server) placement(w http.ResponseWriter, r *http.Request) (*cluster.Host, error) {
+	http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.opts.Timeouts.Body))
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxJSONBody+1))
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+	if err != nil || len(body) > MaxJSONBody {
+		return nil, nil
+	}
+	var req sandbox.CreateRequest
+	if json.Unmarshal(body, &req) != nil {
+		return nil, nil
+	}
+	if req.Snapshot != "" {
+		return s.eng.SnapshotElsewhere(r.Context(), req.Snapshot)
+	}
+	size, _, err := req.Resolve()
+	if err != nil {
+		return nil, nil
+	}
+	h, err := s.eng.Place(r.Context(), size)
+	if err != nil {
+		return nil, nil // (no host has room: the create here says so)
+	}
+	return h, nil
+}
+
+// fromHost reads what a forwarding host said of the caller: its address.
+func fromHost(r *http.Request) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(r.Header.Get(cluster.HeaderClient))
+	return a, err == nil
+}

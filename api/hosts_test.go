@@ -1,0 +1,236 @@
+package api_test
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/api"
+	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/store"
+)
+
+// twoHosts starts hosts a and b on one PostgreSQL database (the in-memory
+// hypervisor stands for their VMs), each with its public API and its
+// internal endpoint (mutual TLS with a deployment CA made here). They share
+// the root key, as a deployment's hosts do.
+// kill stops a host as a crash would for the others: its internal
+// endpoint, its engine and its store go.
+func twoHosts(t *testing.T, lease time.Duration) (a, b *fastAPI, kill func(*fastAPI)) {
+	t.Helper()
+	internal := map[*fastAPI]*http.Server{}
+	dsn := postgresDatabase(t)
+	caDir := t.TempDir()
+	if _, err := cluster.MakeCA(caDir); err != nil {
+		t.Fatal(err)
+	}
+	var root []byte
+	host := func(name string) *fastAPI {
+		if err := cluster.IssueHost(caDir, name, []string{"127.0.0.1"}); err != nil {
+			t.Fatal(err)
+		}
+		ct, err := cluster.LoadTLS(filepath.Join(caDir, "ca.pem"), filepath.Join(caDir, name+".pem"), filepath.Join(caDir, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir, err := os.MkdirTemp("", "hbh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if root != nil {
+			os.WriteFile(filepath.Join(dir, "root.key"), root, 0o600)
+		}
+		db, err := store.OpenPostgres(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		hv := memhv.New(memhv.Options{})
+		t.Cleanup(func() { hv.Close() })
+		f := &fastAPI{hv: hv, dir: dir, store: db, tweak: func(o *harebox.Options) {
+			o.Host = harebox.HostOptions{Name: name, Address: "https://" + ln.Addr().String(), Lease: lease}
+			o.Capacity = harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100}
+		}}
+		f.open(t, api.Options{Cluster: ct})
+		root, _ = os.ReadFile(filepath.Join(dir, "root.key"))
+		in := f.srv.HTTPServer()
+		in.Handler = f.srv.Internal()
+		go in.Serve(tls.NewListener(ln, ct.Server))
+		t.Cleanup(func() { in.Close() })
+		internal[f] = in
+		return f
+	}
+	return host("a"), host("b"), func(f *fastAPI) {
+		internal[f].Close()
+		f.eng.Close()
+		f.store.Close()
+	}
+}
+
+// Any host answers for every sandbox: requests for b's sandbox through a
+// are served by b (streams and files included), creates go to the least
+// loaded host, only hosts may say they forwarded, and a host that is down
+// gets a clear 503.
+func TestForwardToTheOwningHost(t *testing.T) {
+	a, b, _ := twoHosts(t, 900*time.Millisecond)
+	if a.root != b.root {
+		t.Fatal("the hosts do not share the root key")
+	}
+	box := b.must(t, 201, "POST", "/v1/sandboxes", b.root, map[string]any{"name": "on-b"})
+	id := str(box, "id")
+	if str(box, "host") != "b" {
+		t.Fatalf("created through b on %q", str(box, "host"))
+	}
+	// Through a: get (from the store), exec, a streamed exec, files, list.
+	if g := a.must(t, 200, "GET", "/v1/sandboxes/"+id, a.root, nil); str(g, "host") != "b" || str(g, "state") != "running" {
+		t.Fatalf("get through a: %s", g.raw)
+	}
+	if r := a.must(t, 200, "POST", "/v1/sandboxes/"+id+"/exec", a.root, map[string]any{"cmd": "echo via-a"}); str(r, "stdout") != "via-a\n" {
+		t.Fatalf("exec through a: %s", r.raw)
+	}
+	if r := a.must(t, 200, "POST", "/v1/sandboxes/"+id+"/exec/stream", a.root, map[string]any{"cmd": "echo streamed"}); !strings.Contains(string(r.raw), base64.StdEncoding.EncodeToString([]byte("streamed\n"))) || !strings.Contains(string(r.raw), "event: exit") {
+		t.Fatalf("streamed exec through a: %s", r.raw)
+	}
+	a.must(t, 200, "PUT", "/v1/sandboxes/"+id+"/files?path=/tmp/f", a.root, "written through a")
+	if r := b.must(t, 200, "GET", "/v1/sandboxes/"+id+"/files?path=/tmp/f", b.root, nil); string(r.raw) != "written through a" {
+		t.Fatalf("read on b: %q", r.raw)
+	}
+	for _, f := range []*fastAPI{a, b} {
+		l := f.must(t, 200, "GET", "/v1/sandboxes", f.root, nil)
+		if got := ids(l.body["sandboxes"]); len(got) != 1 || got[0] != id {
+			t.Fatalf("list: %s", l.raw)
+		}
+	}
+	// The request ID is the caller's, end to end, once.
+	req, _ := http.NewRequest("GET", a.url+"/v1/sandboxes/"+id, nil)
+	req.Header.Set("Authorization", "Bearer "+a.root)
+	req.Header.Set("X-Request-ID", "req_0123456789abcdef01234567")
+	// A caller cannot pass for a host: a says who forwarded, not the caller.
+	req.Header.Set(cluster.HeaderForwardedBy, "b")
+	req.Header.Set(cluster.HeaderClient, "10.9.9.9")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(resp.Header.Values("X-Request-ID")) != 1 || resp.Header.Get("X-Request-ID") != "req_0123456789abcdef01234567" {
+		t.Fatalf("forwarded get: %d, request IDs %q", resp.StatusCode, resp.Header.Values("X-Request-ID"))
+	}
+	// Without a key, b refuses it (a forwards before authenticating: b
+	// authenticates, once).
+	if r := a.do(t, "GET", "/v1/sandboxes/"+id, "", nil); r.status != 401 {
+		t.Fatalf("no key, through a: %d %s", r.status, r.raw)
+	}
+
+	// The internal endpoint takes only the deployment's hosts.
+	host := strings.TrimPrefix(hostAddress(t, b), "https://")
+	if _, err := tls.Dial("tcp", host, &tls.Config{InsecureSkipVerify: true}); err == nil {
+		// (TLS 1.3: the refusal may come with the first read.)
+		c, _ := tls.Dial("tcp", host, &tls.Config{InsecureSkipVerify: true})
+		c.Write([]byte("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\n\r\n"))
+		if n, err := c.Read(make([]byte, 64)); err == nil {
+			t.Fatalf("the internal endpoint answered a client without a certificate (%d bytes)", n)
+		}
+		c.Close()
+	}
+
+	// Placement: b runs one sandbox, a none: a create through b goes to
+	// a, and the next, through a, to b... once each has one, a tie stays
+	// where it is asked.
+	if r := b.must(t, 201, "POST", "/v1/sandboxes", b.root, map[string]any{}); str(r, "host") != "a" {
+		t.Fatalf("a create through b, with one sandbox on b and none on a, went to %q", str(r, "host"))
+	}
+	// (a knows what b runs as of b's last renewal.)
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		hs, _ := a.eng.Hosts(context.Background())
+		if len(hs) == 2 && hs[1].Used.VCPUs == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b's row never showed its sandbox: %+v", hs)
+		}
+	}
+	if r := a.must(t, 201, "POST", "/v1/sandboxes", a.root, map[string]any{}); str(r, "host") != "a" {
+		t.Fatalf("a tie, through a, went to %q", str(r, "host"))
+	}
+	// A bad create is refused by whoever gets it, with the usual error.
+	if r := a.do(t, "POST", "/v1/sandboxes", a.root, `{"size": {"preset": "huge"}}`); r.status != 400 {
+		t.Fatalf("a bad create: %d %s", r.status, r.raw)
+	}
+
+	// Delete through a.
+	a.must(t, 200, "DELETE", "/v1/sandboxes/"+id, a.root, nil)
+	if g := b.must(t, 200, "GET", "/v1/sandboxes/"+id, b.root, nil); str(g, "state") != "deleted" {
+		t.Fatalf("after a delete through a: %s", g.raw)
+	}
+}
+
+// A host that is down: until its lease lapses requests for its sandboxes
+// get a 502 (it cannot be reached), then their state is lost and requests
+// get a 503 that says so.
+func TestForwardToAHostThatIsDown(t *testing.T) {
+	const lease = 600 * time.Millisecond
+	a, b, kill := twoHosts(t, lease)
+	id := str(b.must(t, 201, "POST", "/v1/sandboxes", b.root, map[string]any{}), "id")
+	kill(b)
+	deadline := time.Now().Add(lease + 3*time.Second)
+	for {
+		r := a.do(t, "POST", "/v1/sandboxes/"+id+"/exec", a.root, map[string]any{"cmd": "true"})
+		if r.status == 503 {
+			if code, _, msg := errField(r); code != "unavailable" || !strings.Contains(msg, "host b") || !strings.Contains(msg, "down") {
+				t.Fatalf("503: %s", r.raw)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec through a in a sandbox of a dead host: %d %s", r.status, r.raw)
+		}
+		if r.status != 502 { // (until its lease lapses: it cannot be reached)
+			t.Fatalf("exec through a in a sandbox of a dead host: %d %s", r.status, r.raw)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if g := a.must(t, 200, "GET", "/v1/sandboxes/"+id, a.root, nil); str(g, "state") != "lost" || !strings.Contains(str(g, "error"), "host b") {
+		t.Fatalf("get through a: %s", g.raw)
+	}
+	l := a.must(t, 200, "GET", "/v1/sandboxes?state=lost", a.root, nil)
+	if got := ids(l.body["sandboxes"]); len(got) != 1 || got[0] != id {
+		t.Fatalf("lost sandboxes: %s", l.raw)
+	}
+	// New sandboxes go to a.
+	if r := a.must(t, 201, "POST", "/v1/sandboxes", a.root, map[string]any{}); str(r, "host") != "a" {
+		t.Fatalf("created on %q with b down", str(r, "host"))
+	}
+}
+
+// hostAddress is a host's internal endpoint as it registered it.
+func hostAddress(t *testing.T, f *fastAPI) string {
+	t.Helper()
+	hs, err := f.eng.Hosts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hs {
+		if h.Name == f.eng.HostName() {
+			return h.Address
+		}
+	}
+	t.Fatal("not registered")
+	return ""
+}

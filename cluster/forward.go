@@ -1,0 +1,102 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+)
+
+// Headers a forwarded request carries. A host believes them only on its
+// internal endpoint (mutual TLS); its public one drops them.
+const (
+	// HeaderForwardedBy names the host that forwarded the request: the
+	// receiver serves it itself, never forwards it again.
+	HeaderForwardedBy = "X-Harebox-Forwarded-By"
+	// HeaderClient is the caller's address as the forwarding host saw it
+	// (for keys limited by address).
+	HeaderClient = "X-Harebox-Client"
+)
+
+// Forwarder sends requests to the host that runs their sandbox, over the
+// deployment's mutual TLS, streaming both ways (server-sent events, file
+// transfers and WebSocket upgrades pass as they come).
+type Forwarder struct {
+	self  string
+	tr    *http.Transport
+	onErr func(w http.ResponseWriter, r *http.Request, err error)
+}
+
+// NewForwarder returns a Forwarder for host self. onErr answers a request
+// whose host could not be reached.
+func NewForwarder(self string, t *TLS, onErr func(w http.ResponseWriter, r *http.Request, err error)) *Forwarder {
+	tr := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:       t.Client.Clone(),
+		TLSHandshakeTimeout:   5 * time.Second,
+		MaxIdleConnsPerHost:   32,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	return &Forwarder{self: self, tr: tr, onErr: onErr}
+}
+
+// Forward sends r to host h and copies its answer to w; client is the
+// caller's address as this host saw it ("" if unknown).
+func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, h *Host, client string) {
+	target, err := url.Parse(h.Address)
+	if err != nil || target.Scheme != "https" || target.Host == "" {
+		f.onErr(w, r, fmt.Errorf("host %s has no usable internal address (%q)", h.Name, h.Address))
+		return
+	}
+	p := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = target.Host
+			pr.Out.Header.Set(HeaderForwardedBy, f.self)
+			pr.Out.Header.Del(HeaderClient)
+			if client != "" {
+				pr.Out.Header.Set(HeaderClient, client)
+			}
+		},
+		Transport:     f.tr,
+		FlushInterval: -1, // (events and output as they come)
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // (the caller went)
+			}
+			f.onErr(w, r, fmt.Errorf("host %s (%s) cannot be reached: %w", h.Name, h.Address, err))
+		},
+	}
+	p.ServeHTTP(w, r)
+}
+
+// Close drops the idle connections to other hosts.
+func (f *Forwarder) Close() { f.tr.CloseIdleConnections() }
+
+// Internal wraps the handler of a host's internal endpoint: only a
+// request whose client showed a deployment certificate gets through
+// (the TLS config asks for one; this checks the connection had it), with
+// ctx marked so the API believes its forwarding headers.
+func Internal(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			http.Error(w, "a deployment certificate is required", http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), internalKey{}, r.TLS)))
+	})
+}
+
+type internalKey struct{}
+
+// FromHost reports whether r came over a host's internal endpoint from
+// another host of the deployment.
+func FromHost(r *http.Request) bool {
+	c, _ := r.Context().Value(internalKey{}).(*tls.ConnectionState)
+	return c != nil
+}

@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/internal/testpg"
+)
+
+// TestSeveralHosts: two hareboxd on this machine (their own data
+// directories, address pools and nftables tables) share one real
+// PostgreSQL server (--store), each with its internal endpoint (mutual
+// TLS, certificates from hareboxd cluster-cert). Through host a, the CLI
+// creates a sandbox that placement puts on host b (a runs one already),
+// and runs commands (streamed, with stdin), a terminal and file transfers
+// in it; list and get agree on both hosts. A key revoked through a is
+// refused by b within a second. b killed with -9: its sandbox is lost
+// within b's lease, and running again when b restarts and takes it back.
+// A third hareboxd by b's name is refused.
+func TestSeveralHosts(t *testing.T) {
+	s := prepare(t)
+	dsn := testpg.ForTest(t)
+	certs := t.TempDir()
+	const lease = "3s"
+	type host struct {
+		name, dir string
+		srv       *server
+	}
+	var hosts []*host
+	startHost := func(name string) *host {
+		t.Helper()
+		dir, err := os.MkdirTemp("", "hbh"+name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if out, err := exec.Command(s.hareboxd, "cluster-cert", "--dir", certs, "--host", name, "--addr", "127.0.0.1").CombinedOutput(); err != nil {
+			t.Fatalf("cluster-cert: %v %s", err, out)
+		}
+		if len(hosts) > 0 {
+			// The deployment's hosts share the root key, the master key and
+			// the audit signing key (README: Several hosts).
+			for _, f := range []string{"root.key", "master.key", "audit.key"} {
+				b, err := os.ReadFile(filepath.Join(hosts[0].dir, f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				os.WriteFile(filepath.Join(dir, f), b, 0o600)
+			}
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		internal := l.Addr().String()
+		l.Close()
+		h := &host{name: name, dir: dir}
+		h.srv = start(t, s, dir, "--store", dsn, "--host-name", name, "--host-lease", lease, "--internal-listen", internal,
+			"--cluster-ca", filepath.Join(certs, "ca.pem"), "--cluster-cert", filepath.Join(certs, name+".pem"), "--cluster-key", filepath.Join(certs, name+".key"))
+		hosts = append(hosts, h)
+		return h
+	}
+	a := startHost("a")
+	defer finish(t, a.srv, a.dir)
+	b := startHost("b")
+	defer finish(t, b.srv, b.dir)
+	if a.srv.key != b.srv.key {
+		t.Fatal("the hosts do not share the root key")
+	}
+	viaA := func(args ...string) string {
+		t.Helper()
+		return run(t, a.srv, s, s.root, 3*time.Minute, "harebox", args...)
+	}
+	viaB := func(args ...string) string {
+		t.Helper()
+		return run(t, b.srv, s, s.root, 3*time.Minute, "harebox", args...)
+	}
+	type box struct{ ID, State, Host, Error string }
+	decode := func(out string) box {
+		t.Helper()
+		var x box
+		if err := json.Unmarshal([]byte(out), &x); err != nil || x.ID == "" {
+			t.Fatalf("not a sandbox: %v\n%s", err, out)
+		}
+		return x
+	}
+	// a runs one: the next create through a goes to b.
+	onA := decode(viaA("new", "--image", "minimal", "--label", "e2e=hosts"))
+	defer viaA("delete", onA.ID)
+	onB := decode(viaA("new", "--image", "minimal", "--label", "e2e=hosts"))
+	defer viaA("delete", onB.ID)
+	if onA.Host != "a" || onB.Host != "b" {
+		t.Fatalf("placed on %q and %q, want a then b", onA.Host, onB.Host)
+	}
+	// Through a, in b's sandbox: a streamed exec with stdin, a terminal,
+	// files both ways.
+	cmd := exec.Command(filepath.Join(s.bin, "harebox"), "exec", onB.ID, "--", "sh", "-c", "cat; hostname")
+	cmd.Env, cmd.Stdin = a.srv.env(s), strings.NewReader("through a\n")
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "through a\n") {
+		t.Fatalf("exec with stdin through a: %v %s", err, out)
+	}
+	if out := viaA("shell", onB.ID, "-c", "echo from-the-terminal"); !strings.Contains(out, "from-the-terminal") {
+		t.Fatalf("terminal through a: %q", out)
+	}
+	up := filepath.Join(t.TempDir(), "up")
+	os.WriteFile(up, []byte("uploaded through a\n"), 0o644)
+	viaA("file", "write", onB.ID, "--path", "/tmp/up", "--from", up)
+	if out := viaB("exec", onB.ID, "--", "cat", "/tmp/up"); out != "uploaded through a\n" {
+		t.Fatalf("the file b's guest has: %q", out)
+	}
+	if out := viaA("file", "read", onB.ID, "--path", "/tmp/up"); out != "uploaded through a\n" {
+		t.Fatalf("read through a: %q", out)
+	}
+	// list and get agree.
+	for _, id := range []string{onA.ID, onB.ID} {
+		if ga, gb := decode(viaA("get", id)), decode(viaB("get", id)); ga != gb || ga.State != "running" {
+			t.Fatalf("get %s: %+v through a, %+v through b", id, ga, gb)
+		}
+	}
+	for _, hb := range []func(...string) string{viaA, viaB} {
+		l := hb("list", "--label", "e2e=hosts")
+		if !strings.Contains(l, onA.ID) || !strings.Contains(l, onB.ID) {
+			t.Fatalf("list: %s", l)
+		}
+	}
+
+	// A key revoked through a is refused by b within a second.
+	var k struct{ ID, Secret string }
+	if err := json.Unmarshal([]byte(viaA("key", "create", "--actions", "sandboxes:read")), &k); err != nil || k.Secret == "" {
+		t.Fatalf("key create: %v", err)
+	}
+	status := func(srv *server, key string) int {
+		req, _ := http.NewRequest("GET", srv.url+"/v1/sandboxes", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := srv.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := status(b.srv, k.Secret); st != 200 {
+		t.Fatalf("the new key on b: %d", st)
+	}
+	viaA("key", "revoke", k.ID)
+	revoked := time.Now()
+	for status(b.srv, k.Secret) != 401 {
+		if time.Since(revoked) > time.Second {
+			t.Fatal("b takes a key revoked through a a second ago")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("b refused the revoked key %v after the revoke returned", time.Since(revoked).Round(time.Millisecond))
+
+	// A third hareboxd by b's name is refused.
+	other, err := os.MkdirTemp("", "hbh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(other)
+	out, err := exec.Command(s.hareboxd, "--data-dir", other, "--listen", "127.0.0.1:0", "--network", "none",
+		"--image-dir", s.imageDir, "--plugin", s.plugin, "--store", dsn, "--host-name", "b").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another hareboxd runs as this host") {
+		t.Errorf("a second hareboxd as b: %v\n%s", err, out)
+	}
+
+	// b killed: its sandbox is lost within its lease (and a renewal).
+	b.srv.cmd.Process.Signal(syscall.SIGKILL)
+	b.srv.cmd.Wait()
+	killed := time.Now()
+	for {
+		g := decode(viaA("get", onB.ID))
+		if g.State == "lost" {
+			t.Logf("lost %v after b was killed (lease %s): %s", time.Since(killed).Round(time.Millisecond), lease, g.Error)
+			break
+		}
+		if time.Since(killed) > 10*time.Second {
+			t.Fatalf("b's sandbox is %s %v after b was killed", g.State, time.Since(killed))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// b is back: its sandbox runs again, through a too.
+	relaunch(t, b.srv)
+	if g := decode(viaA("get", onB.ID)); g.State != "running" || g.Error != "" {
+		t.Fatalf("after b is back: %+v", g)
+	}
+	if out := viaA("exec", onB.ID, "--", "cat", "/tmp/up"); out != "uploaded through a\n" {
+		t.Fatalf("exec through a after b is back: %q", out)
+	}
+}
