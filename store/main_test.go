@@ -1,18 +1,15 @@
 package store
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/harebox/harebox/internal/testpg"
 )
 
-// The store suite runs on both stores: SQLite in a temporary file, and a
-// real PostgreSQL server (Debian's) in a temporary directory, one
-// database per test.
+// A real PostgreSQL server (Debian's) in a temporary directory, for the
+// conformance suite (conformance_test.go) and PostgreSQL's own tests.
 var (
 	pg    *testpg.Server
 	pgErr error
@@ -29,34 +26,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// forEachStore runs test on a new SQLite store and a new PostgreSQL one;
-// reopen opens the same database again (a restart).
-func forEachStore(t *testing.T, test func(t *testing.T, s *DB, reopen func() *DB)) {
-	ctx := context.Background()
-	t.Run("sqlite", func(t *testing.T) {
-		path := filepath.Join(t.TempDir(), "state.db")
-		open := func() *DB {
-			t.Helper()
-			s, err := OpenSQLite(ctx, path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}
-		test(t, open(), open)
-	})
-	t.Run("postgres", func(t *testing.T) {
-		dsn := testpg.Database(t, pg, pgErr)
-		open := func() *DB {
-			t.Helper()
-			s, err := OpenPostgres(ctx, dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}
-		test(t, open(), open)
-	})
-}
+// PostgresForTests is the test PostgreSQL server (for the conformance suite,
+// in package store_test).
+func PostgresForTests() (*testpg.Server, error) { return pg, pgErr }

@@ -113,6 +113,10 @@ func (s *DB) Lost() <-chan struct{} { return s.lost }
 // ErrInUse is returned by Claim when another store holds the host name.
 var ErrInUse = errors.New("store: another hareboxd runs as this host on this PostgreSQL database (give each host its own name)")
 
+// ErrOlderHost is returned by Claim when a hareboxd from before several
+// hosts (which holds a database alone) runs on the database.
+var ErrOlderHost = errors.New("store: an older hareboxd, which holds a PostgreSQL database alone, runs on this database: stop it first")
+
 // pgHostLock is the class of the session advisory locks that hold host
 // names ("HBOW"); the lock's other key is hostLockID of the name.
 const pgHostLock = 0x48424f57
@@ -145,12 +149,20 @@ func (s *DB) hold(ctx context.Context) error {
 			return fmt.Errorf("store: postgres: %w", err)
 		}
 	}
-	var ok bool
-	if err := c.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, $2)`, pgHostLock, hostLockID(s.host)).Scan(&ok); err != nil {
+	var ok, shared bool
+	if err := c.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1, $2), pg_try_advisory_lock_shared($3::bigint)`, pgHostLock, hostLockID(s.host), int64(pgHostLock)).Scan(&ok, &shared); err != nil {
 		c.Close()
 		return fmt.Errorf("store: postgres: %w", err)
 	}
+	if !shared {
+		// A hareboxd from before several hosts holds the database
+		// alone (its lock: this key, exclusive); hosts share it.
+		c.Raw(func(any) error { return driver.ErrBadConn })
+		c.Close()
+		return ErrOlderHost
+	}
 	if !ok {
+		c.Raw(func(any) error { return driver.ErrBadConn })
 		c.Close()
 		return ErrInUse
 	}

@@ -2,61 +2,10 @@ package store
 
 import (
 	"context"
-	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/harebox/harebox/hypervisor"
-	"github.com/harebox/harebox/sandbox"
 )
-
-func TestRoundTripAndReopen(t *testing.T) { forEachStore(t, testRoundTripAndReopen) }
-
-func testRoundTripAndReopen(t *testing.T, s *DB, reopen func() *DB) {
-	ctx := context.Background()
-	exp := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
-	a := &Sandbox{
-		Sandbox:  sandbox.Sandbox{ID: sandbox.NewID(), State: sandbox.StateRunning, CreatedAt: time.Now().UTC(), ExpiresAt: &exp, Labels: map[string]string{"k": "v"}},
-		Handle:   &hypervisor.Handle{Backend: "qemu", ID: "m", Data: []byte(`{"pid":1}`)},
-		StateDir: "/x",
-	}
-	b := &Sandbox{Sandbox: sandbox.Sandbox{ID: sandbox.NewID(), State: sandbox.StateCreating, CreatedAt: time.Now().UTC().Add(time.Second)}}
-	for _, sb := range []*Sandbox{a, b} {
-		if err := s.PutSandbox(ctx, sb); err != nil {
-			t.Fatal(err)
-		}
-	}
-	a.State = sandbox.StatePaused
-	if err := s.PutSandbox(ctx, a); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-
-	// A reopened database keeps everything and does not re-run migrations.
-	s = reopen()
-	got, err := s.GetSandbox(ctx, a.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.State != sandbox.StatePaused || got.Handle == nil || string(got.Handle.Data) != `{"pid":1}` || !got.ExpiresAt.Equal(exp) || got.Labels["k"] != "v" {
-		t.Fatalf("round trip lost data: %+v", got)
-	}
-	all, err := s.ListSandboxes(ctx)
-	if err != nil || len(all) != 2 || all[0].ID != a.ID || all[1].ID != b.ID {
-		t.Fatalf("list: %v %v", all, err)
-	}
-	if err := s.DeleteSandbox(ctx, a.ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.GetSandbox(ctx, a.ID); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("get deleted: %v", err)
-	}
-	if err := s.DeleteSandbox(ctx, a.ID); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("delete twice: %v", err)
-	}
-}
 
 func TestSQLiteRefusesNewerSchema(t *testing.T) {
 	ctx := context.Background()

@@ -6,146 +6,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strconv"
 	"testing"
 	"time"
-
-	"github.com/harebox/harebox/authz"
-	"github.com/harebox/harebox/sandbox"
 )
-
-// Update commits all of fn's writes or none; names are unique in their
-// parent; live sandboxes are counted per account, project and fleet.
-func TestUpdateAndTenancy(t *testing.T) { forEachStore(t, testUpdateAndTenancy) }
-
-func testUpdateAndTenancy(t *testing.T, s *DB, _ func() *DB) {
-	ctx := context.Background()
-	now := time.Now().UTC()
-	boom := errors.New("boom")
-	err := s.Update(ctx, func(tx Tx) error {
-		if err := tx.PutAccount(ctx, &Account{ID: "acc_1", Name: "a", CreatedAt: now}); err != nil {
-			return err
-		}
-		if err := tx.PutProject(ctx, &Project{ID: "prj_1", AccountID: "acc_1", Name: "web", CreatedAt: now}); err != nil {
-			return err
-		}
-		return boom
-	})
-	if !errors.Is(err, boom) {
-		t.Fatal(err)
-	}
-	if _, err := s.GetAccount(ctx, "acc_1"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("a rolled-back account exists: %v", err)
-	}
-	if _, err := s.GetProject(ctx, "prj_1"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("a rolled-back project exists: %v", err)
-	}
-	err = s.Update(ctx, func(tx Tx) error {
-		if err := tx.PutAccount(ctx, &Account{ID: "acc_1", Name: "a", CreatedAt: now}); err != nil {
-			return err
-		}
-		return tx.PutProject(ctx, &Project{ID: "prj_1", AccountID: "acc_1", Name: "web", CreatedAt: now})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.PutAccount(ctx, &Account{ID: "acc_2", Name: "a", CreatedAt: now}); !errors.Is(err, ErrConflict) {
-		t.Fatalf("a second account named a: %v", err)
-	}
-	if err := s.PutProject(ctx, &Project{ID: "prj_2", AccountID: "acc_1", Name: "web", CreatedAt: now}); !errors.Is(err, ErrConflict) {
-		t.Fatalf("a second project named web: %v", err)
-	}
-	if p, err := s.ProjectByName(ctx, "acc_1", "web"); err != nil || p.ID != "prj_1" {
-		t.Fatalf("project by name: %+v %v", p, err)
-	}
-	for i, st := range []sandbox.State{sandbox.StateRunning, sandbox.StatePaused, sandbox.StateDeleted} {
-		sb := &Sandbox{Sandbox: sandbox.Sandbox{ID: sandbox.NewID(), State: st, AccountID: "acc_1", ProjectID: "prj_1", FleetID: map[bool]string{true: "flt_1"}[i == 0], CreatedAt: now}}
-		if err := s.PutSandbox(ctx, sb); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, c := range []struct {
-		acc, prj, flt string
-		want          int
-	}{{"acc_1", "", "", 2}, {"acc_1", "prj_1", "", 2}, {"acc_1", "prj_1", "flt_1", 1}, {"acc_2", "", "", 0}} {
-		if n, err := s.CountLive(ctx, c.acc, c.prj, c.flt); err != nil || n != c.want {
-			t.Errorf("CountLive(%q, %q, %q) = %d %v, want %d", c.acc, c.prj, c.flt, n, err, c.want)
-		}
-	}
-	// A key keeps its hash, which its JSON never shows.
-	k := &Key{ID: "key_1", AccountID: "acc_1", Scope: authz.Scope{Actions: []string{"exec"}}, CreatedAt: now, Hash: []byte{1, 2, 3}}
-	if err := s.PutKey(ctx, k); err != nil {
-		t.Fatal(err)
-	}
-	got, err := s.GetKey(ctx, "key_1")
-	if err != nil || string(got.Hash) != "\x01\x02\x03" || got.Scope.Actions[0] != "exec" {
-		t.Fatalf("key: %+v %v", got, err)
-	}
-	if l, err := s.ListKeys(ctx, "acc_2"); err != nil || len(l) != 0 {
-		t.Fatalf("another account's keys: %v %v", l, err)
-	}
-}
-
-// Updates that read and write the same row at once all count: SQLite runs
-// them one at a time, PostgreSQL aborts the conflicting ones and Update
-// runs them again.
-func TestConcurrentUpdates(t *testing.T) { forEachStore(t, testConcurrentUpdates) }
-
-func testConcurrentUpdates(t *testing.T, s *DB, _ func() *DB) {
-	ctx := context.Background()
-	if err := s.PutSecret(ctx, "c", "n", []byte("0")); err != nil {
-		t.Fatal(err)
-	}
-	const workers, each = 4, 25
-	errs := make(chan error, workers)
-	for w := 0; w < workers; w++ {
-		go func() {
-			for i := 0; i < each; i++ {
-				err := s.Update(ctx, func(tx Tx) error {
-					v, err := tx.GetSecret(ctx, "c", "n")
-					if err != nil {
-						return err
-					}
-					n, _ := strconv.Atoi(string(v))
-					return tx.PutSecret(ctx, "c", "n", []byte(strconv.Itoa(n+1)))
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	for w := 0; w < workers; w++ {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	v, err := s.GetSecret(ctx, "c", "n")
-	if err != nil || string(v) != strconv.Itoa(workers*each) {
-		t.Fatalf("counter %s %v, want %d", v, err, workers*each)
-	}
-}
-
-// Scrub runs on both stores once secrets were deleted.
-func TestScrub(t *testing.T) { forEachStore(t, testScrub) }
-
-func testScrub(t *testing.T, s *DB, _ func() *DB) {
-	ctx := context.Background()
-	if err := s.PutSecret(ctx, "sandbox/x", "key", []byte("k")); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.DeleteSecret(ctx, "sandbox/x", "key"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Scrub(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.GetSecret(ctx, "sandbox/x", "key"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("after scrub: %v", err)
-	}
-}
 
 // One store holds a host's name on a PostgreSQL database until it closes;
 // other hosts share the database.
@@ -175,24 +38,36 @@ func TestPostgresHostHeldByOne(t *testing.T) {
 		t.Fatalf("after the first closed: %v", err)
 	}
 	b.Close()
-}
-
-// Text any request can carry (invalid UTF-8, NUL) is stored: PostgreSQL
-// refuses it in TEXT columns as sent, SQLite keeps it.
-func TestRawText(t *testing.T) { forEachStore(t, testRawText) }
-
-func testRawText(t *testing.T, s *DB, _ func() *DB) {
-	ctx := context.Background()
-	e := &AuditEntry{Seq: 1, Time: time.Now().UTC(), Principal: "key_x", Action: "getSandbox", Target: "sbx_\xff\x00../x", Outcome: "denied"}
-	if err := s.AppendAudit(ctx, e); err != nil {
+	// A hareboxd from before several hosts held a database alone, by an
+	// exclusive lock on pgHostLock: it does not start beside hosts, and no
+	// host starts beside it.
+	old, err := sql.Open("pgx", dsn)
+	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := s.ListAudit(ctx, AuditFilter{Limit: 10})
-	if err != nil || len(l) != 1 || l[0].Action != "getSandbox" {
-		t.Fatalf("ListAudit: %+v %v", l, err)
+	defer old.Close()
+	conn, err := old.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := s.GetAccount(ctx, "acc_\xff\x00"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("a lookup by a raw name: %v", err)
+	defer conn.Close()
+	tryOld := func() (ok bool) {
+		if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, pgHostLock).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if tryOld() {
+		t.Fatal("an older hareboxd took the database beside host-b")
+	}
+	other.Close()
+	if !tryOld() {
+		t.Fatal("an older hareboxd could not take the database once the hosts stopped")
+	}
+	c := open()
+	defer c.Close()
+	if err := c.Claim(ctx, "host-c"); !errors.Is(err, ErrOlderHost) {
+		t.Fatalf("beside an older hareboxd: %v", err)
 	}
 }
 
