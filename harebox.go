@@ -230,6 +230,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	ok := false
 	defer func() {
 		if !ok {
+			e.cancel() // (the store's listener, if it started)
 			e.closeParts()
 		}
 	}()
@@ -329,8 +330,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.Settle(ctx); err != nil {
 		e.log.Warn("metering at start failed", "err", err)
 	}
-	e.wg.Add(2)
-	go func() { defer e.wg.Done(); e.hosts.Run(e.ctx) }()
+	if e.shared { // (one host on SQLite: no lease to keep)
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); e.hosts.Run(e.ctx) }()
+	}
+	e.wg.Add(1)
 	go e.reapExpired()
 	if opts.MeterInterval > 0 {
 		e.wg.Add(1)

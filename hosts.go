@@ -60,6 +60,15 @@ func (e *Engine) registerHost(ctx context.Context) error {
 	return nil
 }
 
+// usedChanged tells the other hosts (through this host's row) what this
+// host reserves now; before the host registered (adopt), its first
+// renewal does.
+func (e *Engine) usedChanged() {
+	if e.hosts != nil {
+		e.hosts.Changed()
+	}
+}
+
 // HostName is the name of the host this engine runs as.
 func (e *Engine) HostName() string { return e.hosts.Name() }
 
@@ -127,12 +136,13 @@ func (e *Engine) notice(topic, payload string) {
 // lapsed: the database was out of reach, or the host stalled).
 func (e *Engine) rewriteRecords(ctx context.Context) {
 	for _, b := range e.liveBoxes() {
+		// (Under its lock: a change that writes it meanwhile is not
+		// overwritten with what it was.)
 		b.mu.Lock()
-		rec := *b.rec
-		b.mu.Unlock()
-		if err := e.store.PutSandbox(ctx, &rec); err != nil {
-			e.log.Warn("cannot write a sandbox's record again", "id", rec.ID, "err", err)
+		if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+			e.log.Warn("cannot write a sandbox's record again", "id", b.rec.ID, "err", err)
 		}
+		b.mu.Unlock()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,6 +111,16 @@ func TestHostsShareAStore(t *testing.T) {
 	if h, err := b.eng.Elsewhere(ctx, box.ID); err != nil || h != nil {
 		t.Fatalf("b: where is it? %+v %v", h, err)
 	}
+	// a never acts on it (its VM, disk and key are b's): only reads.
+	if err := a.eng.Delete(ctx, box.ID); !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "host b") {
+		t.Fatalf("a deletes b's sandbox: %v", err)
+	}
+	if _, err := a.eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"}); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Fatalf("a runs a command in b's sandbox: %v", err)
+	}
+	if s, err := a.eng.Get(ctx, box.ID); err != nil || s.State != sandbox.StateRunning {
+		t.Fatalf("a reads b's sandbox: %+v %v", s, err)
+	}
 
 	// A key revoked through a is refused by b within a second (b had it
 	// in its cache).
@@ -162,8 +173,19 @@ func TestHostsShareAStore(t *testing.T) {
 		t.Fatalf("placed on %+v %v with b down", h, err)
 	}
 
+	// A record from before hosts whose machine is not on b (another
+	// host's, not started yet): b leaves it alone when it starts.
+	orphan := &store.Sandbox{Sandbox: sandbox.Sandbox{ID: sandbox.NewID(), State: sandbox.StateRunning, AccountID: box.AccountID, ProjectID: box.ProjectID, CreatedAt: time.Now()},
+		StateDir: "/nonexistent/m/x"}
+	if err := a.db.PutSandbox(ctx, orphan); err != nil {
+		t.Fatal(err)
+	}
 	// b is back: it takes its sandbox again.
 	start("b", b)
+	if got, err := a.db.GetSandbox(ctx, orphan.ID); err != nil || got.Host != "" || got.State != sandbox.StateRunning {
+		t.Fatalf("b took a record from before hosts whose machine is elsewhere: %+v %v", got, err)
+	}
+	a.db.DeleteSandbox(ctx, orphan.ID)
 	if s, err := a.eng.Get(ctx, box.ID); err != nil || s.State != sandbox.StateRunning || s.Error != "" {
 		t.Fatalf("after b is back, a sees %+v %v", s, err)
 	}

@@ -152,6 +152,13 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 			return nil, err
 		}
 		defer o.done()
+		// (Its files are on the host of the sandbox it was taken of.)
+		if h, err := e.SnapshotElsewhere(ctx, req.Snapshot); err != nil || h != nil {
+			if err != nil {
+				return nil, err
+			}
+			return nil, elsewhereErr("snapshot "+req.Snapshot, h.Name)
+		}
 	}
 	return e.create(ctx, req, o)
 }
@@ -799,6 +806,7 @@ func (e *Engine) reserve(res sandbox.Resources) error {
 	e.used.VCPUs += res.VCPUs
 	e.used.MemoryMB += res.MemoryMB
 	e.used.DiskGB += res.DiskGB
+	e.usedChanged()
 	return nil
 }
 
@@ -808,6 +816,7 @@ func (e *Engine) release(res sandbox.Resources) {
 	e.used.VCPUs -= res.VCPUs
 	e.used.MemoryMB -= res.MemoryMB
 	e.used.DiskGB -= res.DiskGB
+	e.usedChanged()
 }
 
 // hostMemoryMB reads MemTotal from /proc/meminfo.

@@ -29,6 +29,11 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if e.elsewhere(rec) {
 			continue // (another host's)
 		}
+		if e.shared && rec.Host == "" && !fileExists(rec.StateDir) {
+			// From before hosts, and nothing of it on this machine:
+			// another host's (it takes it when it starts).
+			continue
+		}
 		if rec.Host != e.hosts.Name() && rec.State != sandbox.StateDeleted {
 			// A record from before hosts (or, on SQLite, from before the
 			// machine was renamed): this host runs it.

@@ -458,6 +458,12 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, id string) (err error) {
 	if err := authz.Decide(p, "deleteSnapshot", snapshotTarget(&s.Snapshot)); err != nil {
 		return err
 	}
+	if h, err := e.SnapshotElsewhere(ctx, id); err != nil || h != nil {
+		if err != nil {
+			return err
+		}
+		return elsewhereErr("snapshot "+id, h.Name)
+	}
 	e.mu.Lock()
 	if e.snapUse[id] != 0 {
 		e.mu.Unlock()

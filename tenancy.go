@@ -28,6 +28,13 @@ func targetOf(s *sandbox.Sandbox) authz.Target {
 // sandbox the principal may not see is ErrNotFound, exactly like a missing
 // one. The operator passes without a lookup.
 func (e *Engine) check(ctx context.Context, action, id string) error {
+	if err := e.allowed(ctx, action, id); err != nil {
+		return err
+	}
+	return e.here(ctx, action, id)
+}
+
+func (e *Engine) allowed(ctx context.Context, action, id string) error {
 	p := authz.From(ctx)
 	if p.Operator {
 		return nil
@@ -50,6 +57,24 @@ func (e *Engine) check(ctx context.Context, action, id string) error {
 		return sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
 	}
 	return nil
+}
+
+// here refuses to act on another host's sandbox (its VM, disk and files
+// are there): a get reads its record, anything else goes to its host (a
+// REST server forwards it there).
+func (e *Engine) here(ctx context.Context, action, id string) error {
+	if !e.shared || action == "getSandbox" || e.live(id) != nil {
+		return nil
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if err != nil || !e.elsewhere(rec) {
+		return nil
+	}
+	return elsewhereErr("sandbox "+id, rec.Host)
+}
+
+func elsewhereErr(what, host string) error {
+	return sandbox.Errorf(sandbox.ErrUnavailable, "", "%s is on host %s: ask that host (a hareboxd with an internal endpoint forwards it there)", what, host)
 }
 
 // Authorize reports whether the principal in ctx may do action on sandbox

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,6 +29,11 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) bool 
 	if cluster.FromHost(r) {
 		return false
 	}
+	// Without a key nothing is looked up or sent on: the refusal is
+	// made here.
+	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); !ok || strings.TrimSpace(tok) == "" {
+		return false
+	}
 	h, err := s.forwardTo(w, r, rt)
 	if err != nil {
 		writeError(w, toAPIError(err))
@@ -37,6 +43,18 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) bool 
 		return false
 	}
 	if !h.Up {
+		// Said only to a caller who may see the sandbox (else it is the
+		// usual refusal).
+		ctx, err := s.authenticate(r)
+		if err == nil && r.PathValue("id") != "" {
+			if err = s.eng.Authorize(ctx, rt.OperationID, r.PathValue("id")); errors.Is(err, sandbox.ErrUnavailable) {
+				err = nil
+			}
+		}
+		if err != nil {
+			writeError(w, toAPIError(err))
+			return true
+		}
 		writeError(w, apiError{status: http.StatusServiceUnavailable, code: "unavailable",
 			msg: fmt.Sprintf("host %s, which runs it, is down (its lease lapsed at %s); it is served again when the host is back", h.Name, h.LeaseUntil.UTC().Format(time.RFC3339))})
 		return true

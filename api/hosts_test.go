@@ -116,13 +116,13 @@ func TestForwardToTheOwningHost(t *testing.T) {
 			t.Fatalf("list: %s", l.raw)
 		}
 	}
-	// The request ID is the caller's, end to end, once.
-	req, _ := http.NewRequest("GET", a.url+"/v1/sandboxes/"+id, nil)
+	// The request ID is the caller's, end to end, once; a caller cannot
+	// pass for a host (a says who forwarded and for whom, not the caller).
+	fw := "/v1/sandboxes/" + id + "/firewall" // (forwarded; a get is not)
+	req, _ := http.NewRequest("GET", a.url+fw, nil)
 	req.Header.Set("Authorization", "Bearer "+a.root)
 	req.Header.Set("X-Request-ID", "req_0123456789abcdef01234567")
-	// A caller cannot pass for a host: a says who forwarded, not the caller.
 	req.Header.Set(cluster.HeaderForwardedBy, "b")
-	req.Header.Set(cluster.HeaderClient, "10.9.9.9")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -130,12 +130,29 @@ func TestForwardToTheOwningHost(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 || len(resp.Header.Values("X-Request-ID")) != 1 || resp.Header.Get("X-Request-ID") != "req_0123456789abcdef01234567" {
-		t.Fatalf("forwarded get: %d, request IDs %q", resp.StatusCode, resp.Header.Values("X-Request-ID"))
+		t.Fatalf("forwarded request: %d, request IDs %q", resp.StatusCode, resp.Header.Values("X-Request-ID"))
 	}
-	// Without a key, b refuses it (a forwards before authenticating: b
-	// authenticates, once).
-	if r := a.do(t, "GET", "/v1/sandboxes/"+id, "", nil); r.status != 401 {
+	// A key limited to an address: b checks the caller's address as a saw
+	// it, whatever the caller claims.
+	limited := func(cidr string) string {
+		r := a.must(t, 201, "POST", "/v1/keys", a.root, map[string]any{"scope": map[string]any{"cidrs": []string{cidr}}})
+		return str(r, "secret")
+	}
+	here, there := limited("127.0.0.1/32"), limited("10.9.9.9/32")
+	a.must(t, 200, "GET", fw, here, nil)
+	req, _ = http.NewRequest("GET", a.url+fw, nil)
+	req.Header.Set("Authorization", "Bearer "+there)
+	req.Header.Set(cluster.HeaderClient, "10.9.9.9")
+	req.Header.Set("X-Forwarded-For", "10.9.9.9")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 403 {
+		t.Fatalf("a key for 10.9.9.9 from 127.0.0.1, claiming 10.9.9.9, through a: %v %v", resp.StatusCode, err)
+	}
+	// Without a key, a refuses it itself; with a wrong one, b does (once).
+	if r := a.do(t, "GET", fw, "", nil); r.status != 401 {
 		t.Fatalf("no key, through a: %d %s", r.status, r.raw)
+	}
+	if r := a.do(t, "GET", fw, "hbk_wrong", nil); r.status != 401 {
+		t.Fatalf("a wrong key, through a: %d %s", r.status, r.raw)
 	}
 
 	// The internal endpoint takes only the deployment's hosts.

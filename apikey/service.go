@@ -49,6 +49,9 @@ type Service struct {
 	mu       sync.Mutex
 	keys     map[string]*Key
 	limiters map[string]*rate.Limiter
+	// gen counts the cache's invalidations: a key read from the store
+	// before one is not cached (it may be what was revoked meanwhile).
+	gen uint64
 }
 
 // New returns a key service over db.
@@ -137,7 +140,7 @@ func (s *Service) spend(ctx context.Context, k *Key) error {
 // cached returns a key from the cache, loading it on a miss.
 func (s *Service) cached(ctx context.Context, id string) (*Key, error) {
 	s.mu.Lock()
-	k := s.keys[id]
+	k, gen := s.keys[id], s.gen
 	s.mu.Unlock()
 	if k != nil {
 		return k, nil
@@ -147,7 +150,9 @@ func (s *Service) cached(ctx context.Context, id string) (*Key, error) {
 		return nil, err
 	}
 	s.mu.Lock()
-	s.keys[id] = k
+	if s.gen == gen {
+		s.keys[id] = k
+	}
 	s.mu.Unlock()
 	return k, nil
 }
@@ -157,6 +162,7 @@ func (s *Service) cached(ctx context.Context, id string) (*Key, error) {
 func (s *Service) ForgetAccount(accountID string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.gen++
 	for id, k := range s.keys {
 		if k.AccountID == accountID {
 			delete(s.keys, id)
@@ -173,6 +179,7 @@ const NoticeTopic = "key"
 func (s *Service) Changed(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.gen++
 	if id == "" {
 		clear(s.keys)
 		return
@@ -184,6 +191,7 @@ func (s *Service) Changed(id string) {
 func (s *Service) forget(ids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.gen++
 	for _, id := range ids {
 		delete(s.keys, id)
 	}

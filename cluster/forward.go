@@ -56,7 +56,9 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, h *Host, cli
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
-			pr.Out.Host = target.Host
+			// The Host the caller asked for (a WebSocket's origin check on
+			// the other host compares it); TLS checks the target's name.
+			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Set(HeaderForwardedBy, f.self)
 			pr.Out.Header.Del(HeaderClient)
 			if client != "" {

@@ -45,7 +45,8 @@ type Options struct {
 // Registry keeps this host's lease in the store and marks the hosts
 // whose lease lapsed down.
 type Registry struct {
-	opts Options
+	opts  Options
+	nudge chan struct{}
 }
 
 // Register claims this host's name in the store (store.ErrInUse if another
@@ -73,7 +74,7 @@ func Register(ctx context.Context, opts Options) (*Registry, error) {
 			return nil, err
 		}
 	}
-	r := &Registry{opts: opts}
+	r := &Registry{opts: opts, nudge: make(chan struct{}, 1)}
 	if _, err := r.renew(ctx, true); err != nil {
 		return nil, err
 	}
@@ -112,16 +113,30 @@ func (r *Registry) renew(ctx context.Context, start bool) (revived bool, err err
 	return revived, nil
 }
 
+// Changed tells the registry that what this host's sandboxes reserve
+// changed: Run writes it (with a renewal) at once, so that the other
+// hosts place creates on what it runs now.
+func (r *Registry) Changed() {
+	select {
+	case r.nudge <- struct{}{}:
+	default:
+	}
+}
+
 // Run renews this host's lease and marks the hosts whose lease lapsed
-// down, every third of the lease, until ctx ends.
+// down, every third of the lease, until ctx ends; it renews at once when
+// told that what this host runs Changed.
 func (r *Registry) Run(ctx context.Context) {
 	t := time.NewTicker(r.opts.Lease / 3)
 	defer t.Stop()
 	for {
+		sweep := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			sweep = true
+		case <-r.nudge:
 		}
 		revived, err := r.renew(ctx, false)
 		if err != nil {
@@ -135,6 +150,9 @@ func (r *Registry) Run(ctx context.Context) {
 			if r.opts.Revived != nil {
 				r.opts.Revived(ctx)
 			}
+		}
+		if !sweep {
+			continue
 		}
 		if err := r.Sweep(ctx); err != nil && ctx.Err() == nil {
 			r.opts.Log.Warn("cannot check the other hosts' leases", "err", err)
@@ -216,8 +234,8 @@ func (r *Registry) Place(ctx context.Context, size sandbox.Resources) (*Host, er
 	bestLoad := 0.0
 	for _, h := range hosts {
 		self := h.Name == r.opts.Name
-		if self {
-			h.Used, h.Capacity = r.opts.Used(), r.opts.Capacity // (fresher than its row)
+		if self { // (fresher than its row, and up: it is asking)
+			h.Used, h.Capacity, h.Up, h.LeaseUntil = r.opts.Used(), r.opts.Capacity, true, now.Add(time.Hour)
 		}
 		if h.Site != r.opts.Site || !h.Up || !now.Before(h.LeaseUntil) || (!self && h.Address == "") || !fits(h, size) {
 			continue

@@ -19,9 +19,10 @@ import (
 // directories, address pools and nftables tables) share one real
 // PostgreSQL server (--store), each with its internal endpoint (mutual
 // TLS, certificates from hareboxd cluster-cert). Through host a, the CLI
-// creates a sandbox that placement puts on host b (a runs one already),
-// and runs commands (streamed, with stdin), a terminal and file transfers
-// in it; list and get agree on both hosts. A key revoked through a is
+// walkthrough runs on a sandbox that placement puts on host b (a runs one
+// already); then another such sandbox gets commands (streamed, with
+// stdin), a terminal and file transfers through a; list and get agree on
+// both hosts. A key revoked through a is
 // refused by b within a second. b killed with -9: its sandbox is lost
 // within b's lease, and running again when b restarts and takes it back.
 // A third hareboxd by b's name is refused.
@@ -92,9 +93,18 @@ func TestSeveralHosts(t *testing.T) {
 		}
 		return x
 	}
-	// a runs one: the next create through a goes to b.
+	// a runs one: the next create through a goes to b. The walkthrough
+	// through a runs on b (its firewall set in b's nftables table), and
+	// deletes its sandbox; then one more for the rest of the test.
 	onA := decode(viaA("new", "--image", "minimal", "--label", "e2e=hosts"))
 	defer viaA("delete", onA.ID)
+	walk := run(t, a.srv, s, filepath.Join(s.root, "examples", "untrusted"), 5*time.Minute, "bash", "walkthrough.sh")
+	if !strings.Contains(walk, jobOutput) || !strings.Contains(walk, `"state": "deleted"`) || !strings.Contains(walk, `"host": "b"`) {
+		t.Fatalf("the walkthrough through a, on b:\n%s", walk)
+	}
+	// (b's row says what it runs as of its last write: at once after a
+	// change, and every second with a 3 s lease.)
+	time.Sleep(1200 * time.Millisecond)
 	onB := decode(viaA("new", "--image", "minimal", "--label", "e2e=hosts"))
 	defer viaA("delete", onB.ID)
 	if onA.Host != "a" || onB.Host != "b" {

@@ -37,6 +37,8 @@ var transitions = map[State][]State{
 	StatePaused:     {StateRunning, StateStopped, StateHibernated, StateDeleted},
 	StateStopped:    {StateDeleted},
 	StateHibernated: {StateRunning, StateDeleted},
+	// (Its host takes it back as it was; deleted once back.)
+	StateLost: {StateRunning, StatePaused, StateDeleted},
 }
 
 // CanTransition reports an ErrState error if from cannot become to.
