@@ -118,13 +118,22 @@ func finish(t *testing.T, srv *server, dataDir string) {
 	srv.dropTable(t)
 }
 
-// dropTable removes the firewall table of a server that start started.
+// dropTable removes the firewall table of a server that start started,
+// and any tap left with an address of its pool (a test that failed after
+// killing its server leaves its VMs' taps).
 func (srv *server) dropTable(t *testing.T) {
 	if srv.table == "" {
 		return
 	}
 	if out, err := exec.Command("nft", "delete", "table", "inet", srv.table).CombinedOutput(); err != nil {
 		t.Logf("nft delete table: %v %s", err, out)
+	}
+	out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) >= 4 && strings.HasPrefix(f[1], "hb") && strings.HasPrefix(f[3], srv.pool) {
+			t.Logf("removing a tap left in the server's pool: %s", f[1])
+			exec.Command("ip", "link", "del", f[1]).Run()
+		}
 	}
 }
 
