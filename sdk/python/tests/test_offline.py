@@ -162,7 +162,9 @@ def recorder() -> Iterator[tuple[harebox.Client, type[_Recorder]]]:
     """A client of a local HTTP server that records what it is sent."""
     handler = type("Recorder", (_Recorder,), {"seen": [], "accepts": [], "replies": {}})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # (shutdown waits for serve_forever's next poll: at the default 0.5 s
+    # that was half a second per test.)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield harebox.Client(url=f"http://127.0.0.1:{server.server_address[1]}", api_key="hbk_test"), handler
