@@ -34,8 +34,10 @@ KEPT_DATA = f"written before the stop {uuid.uuid4().hex}\n"
 #: The background command, with a duration no other test uses.
 SLEEPER = ["sleep", "613"]
 #: Counts the processes whose command line is SLEEPER (the pattern does
-#: not match this shell's own command line).
-COUNT_SLEEPERS = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <\"$f\"; echo; done 2>/dev/null | grep -c '^sleep 61[3] $'"
+#: not match this shell's own command line). One grep reads every
+#: command line, a line each behind its file's name: a tr per process took
+#: 5 s on the Debian image, 11 s just after its boot, under emulation.
+COUNT_SLEEPERS = "grep -asH '' /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -c '^/proc/[0-9]*/cmdline:sleep 61[3] $'"
 
 
 @pytest.fixture(scope="module")

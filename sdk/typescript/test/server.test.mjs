@@ -505,8 +505,8 @@ describe("stop and start", { skip }, () => {
   const labels = { "harebox.test/suite": "sdk-typescript-stop-start", "harebox.test/run": run };
   /** The background command: a duration no other test uses. */
   const SLEEPER = ["sleep", "617"];
-  /** Counts the processes whose command line is SLEEPER (the pattern does not match this shell's own). */
-  const COUNT = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <\"$f\"; echo; done 2>/dev/null | grep -c '^sleep 61[7] $'";
+  /** Counts the processes whose command line is SLEEPER (the pattern does not match this shell's own): one grep reads them all, not a tr per process. */
+  const COUNT = "grep -asH '' /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -c '^/proc/[0-9]*/cmdline:sleep 61[7] $'";
   const sleepers = async () => {
     const r = await box.run(COUNT);
     assert.match(r.stdout, /^\d+\n$/, JSON.stringify(r));
