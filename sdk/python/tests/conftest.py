@@ -38,6 +38,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(NO_SERVER)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Runs the modules that need no server (no test of theirs takes ``hb``)
+    first, then the others; each keeps its tests' order. The shared
+    sandbox is created before the first test (``box_first``): the quick
+    tests that boot nothing then give the golden boot it starts time to
+    end before the next create."""
+    server: dict[object, bool] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        server[module] = server.get(module, False) or "hb" in getattr(item, "fixturenames", ())
+    items.sort(key=lambda item: server[getattr(item, "module", None)])
+
+
 @pytest.fixture(scope="session")
 def hb() -> harebox.Client:
     """A client of the server under test, from HAREBOX_URL and HAREBOX_API_KEY."""
@@ -58,12 +71,33 @@ def run_label() -> str:
 
 @pytest.fixture(scope="session")
 def box(hb: harebox.Client, test_image: str, run_label: str) -> Iterator[harebox.Sandbox]:
-    """One running sandbox shared by the exec, files and firewall tests."""
-    sandbox = hb.create(image=test_image, ttl_seconds=1800, labels={"sdk-python-test": run_label, "role": "shared"})
+    """One running sandbox shared by the exec, files, firewall and
+    monitoring tests, created with monitoring on (the default, asked for)."""
+    sandbox = hb.create(
+        image=test_image, ttl_seconds=1800, monitoring=True, labels={"sdk-python-test": run_label, "role": "shared"},
+    )
     try:
         yield sandbox
     finally:
         delete_quietly(hb, sandbox.id)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def box_first(request: pytest.FixtureRequest) -> None:
+    """Creates the shared sandbox before the first test, when a test of the
+    run uses it. It is then the run's first create of its image, which
+    boots and starts the server's golden boot of that image in the
+    background (a few seconds longer than the create); the tests that boot
+    nothing come next (pytest_collection_modifyitems) and give that time
+    to end, so later creates restore from it rather than boot too (a create
+    that comes while it runs boots). And the monitoring tests find the
+    sandbox sampled already rather than wait up to a sampling interval."""
+    if not os.environ.get("HAREBOX_URL") or not any("box" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        return
+    try:
+        request.getfixturevalue("box")
+    except Exception:  # noqa: BLE001 - each test that uses box gets the error
+        pass
 
 
 def delete_quietly(hb: harebox.Client, sandbox_id: str) -> None:

@@ -1,12 +1,13 @@
 """Monitoring: a sandbox's samples and the server's Prometheus metrics.
 
-They need the root key in HAREBOX_API_KEY. One sandbox, created with
-monitoring on, waits for the server's sampler (every 15 s on the dev
-server, hareboxd --metrics-interval) to record it. A sandbox created
-with monitoring off has no samples; that takes a second VM, so it is
-left to the Go tests. The keys that read /metrics live in an account
-made for the run. The sandbox and the account are deleted at the end,
-even when a test fails.
+They need the root key in HAREBOX_API_KEY. The shared sandbox
+(conftest's ``box``), created with monitoring on before the first test of
+the run, has its samples from the server's sampler (every 15 s on the dev
+server, hareboxd --metrics-interval); the tests wait for the first if
+there is none yet. A sandbox created with monitoring off has no samples;
+that takes a second VM, so it is left to the Go tests. The keys that read
+/metrics live in an account made for the run, deleted at the end, even
+when a test fails.
 """
 
 from __future__ import annotations
@@ -20,23 +21,16 @@ import pytest
 import harebox
 from harebox import types as t
 
-from conftest import delete_quietly
-
 #: How long the first sample may take: two sampling intervals and a margin.
 FIRST_SAMPLE_SECONDS = 40
 POLL_SECONDS = 2
 
 
 @pytest.fixture(scope="module")
-def metrics_box(hb: harebox.Client, test_image: str, run_label: str) -> Iterator[harebox.Sandbox]:
-    """The one sandbox of this file, monitored."""
-    sandbox = hb.create(
-        image=test_image, ttl_seconds=1800, monitoring=True, labels={"sdk-python-test": run_label, "role": "metrics"},
-    )
-    try:
-        yield sandbox
-    finally:
-        delete_quietly(hb, sandbox.id)
+def metrics_box(box: harebox.Sandbox) -> harebox.Sandbox:
+    """The monitored sandbox: the shared one, sampled since the run began
+    (a sandbox of this file's own waited up to 15 s for its first sample)."""
+    return box
 
 
 @pytest.fixture(scope="module")
