@@ -12,7 +12,7 @@
 // while they change the default account's retention), the events tests
 // (one sandbox of their own, created and deleted to reach a budget) and
 // the monitoring tests (one sandbox of their own, monitored, to be
-// sampled).
+// sampled; made early, while the first suites run).
 // The tenancy, key, audit log and budget tests boot nothing: they are
 // quick.
 import assert from "node:assert/strict";
@@ -42,6 +42,24 @@ const rejectsWith = (p, want) =>
     }
     return true;
   });
+
+// The monitoring tests' sandbox. Its create is started early (by the
+// hareboxd suite's before, once that suite's own sandbox is up) and awaited
+// by the monitoring suite, the last: by then the server's sampler (every
+// 15 s) has sampled it, where a sandbox made there waited up to 15 s for
+// its first sample. The monitoring suite's after deletes it (by its run
+// label).
+const monitoringRun = randomBytes(4).toString("hex");
+const monitoringLabels = { "harebox.test/suite": "sdk-typescript-metrics", "harebox.test/run": monitoringRun };
+/** @type {Promise<Sandbox> | undefined} */
+let monitoredCreate;
+const monitoredBox = () => {
+  if (!monitoredCreate) {
+    monitoredCreate = new HareBox().create({ image: IMAGE, labels: monitoringLabels, ttl_seconds: 1800, monitoring: true });
+    monitoredCreate.catch(() => {}); // awaited (and its error thrown) by the monitoring suite
+  }
+  return monitoredCreate;
+};
 
 describe("the API document", { skip }, () => {
   // Boots nothing: it runs without a VM (and before the suite that boots one).
@@ -85,6 +103,7 @@ describe("hareboxd", { skip }, () => {
   before(async () => {
     hb = new HareBox();
     box = await hb.create({ name: `ts-sdk-${run}`, image: IMAGE, labels, ttl_seconds: 1800 });
+    monitoredBox(); // not awaited: it is made while these tests run
   });
 
   after(async () => {
@@ -1309,21 +1328,20 @@ describe("command history and retention", { skip }, () => {
 });
 
 describe("monitoring metrics", { skip }, () => {
-  // One sandbox made for this run with monitoring on (the one boot) gets
-  // the server's samples (every 15 s, hareboxd --metrics-interval); the
-  // server's Prometheus text is read with the root key, and with keys of
-  // one account made for this run: only a key whose actions name
-  // getServerMetrics or metrics:read may read it. `after` deletes the
-  // sandbox and the account (its keys with it), even when a test failed.
-  // The tests need the root key.
+  // One sandbox made for this run with monitoring on (the one boot, started
+  // early: monitoredBox) gets the server's samples (every 15 s, hareboxd
+  // --metrics-interval); the server's Prometheus text is read with the root
+  // key, and with keys of one account made for this run: only a key whose
+  // actions name getServerMetrics or metrics:read may read it. `after`
+  // deletes the sandbox and the account (its keys with it), even when a
+  // test failed. The tests need the root key.
   /** @type {HareBox} */
   let hb;
   /** @type {Sandbox} */
   let box;
   /** @type {import("harebox").Account | undefined} */
   let account;
-  const run = randomBytes(4).toString("hex");
-  const labels = { "harebox.test/suite": "sdk-typescript-metrics", "harebox.test/run": run };
+  const run = monitoringRun;
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
   /** A client with a new key of this run's account, with these actions ([]: every action). */
   const keyWith = async (actions) => {
@@ -1340,7 +1358,7 @@ describe("monitoring metrics", { skip }, () => {
 
   before(async () => {
     hb = new HareBox();
-    box = await hb.create({ image: IMAGE, labels, ttl_seconds: 1800, monitoring: true });
+    box = await monitoredBox();
   });
 
   after(async () => {
