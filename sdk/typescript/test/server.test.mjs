@@ -289,9 +289,12 @@ describe("hareboxd", { skip }, () => {
       }
       return got;
     };
-    const p = await box.start("echo one; echo e1 >&2; sleep 4; echo two; echo e2 >&2; sleep 1; echo three; exit 5");
+    // It waits for a file between its first lines and the rest (a fixed
+    // sleep there made the test wait 4 s, and fail had the reads taken longer).
+    const go = `/tmp/harebox-output-${randomBytes(4).toString("hex")}`;
+    const p = await box.start(`echo one; echo e1 >&2; while [ ! -e ${go} ]; do sleep 0.1; done; echo two; echo e2 >&2; sleep 1; echo three; exit 5`);
 
-    // Without follow: what is kept now, no exit (it sleeps). Read again
+    // Without follow: what is kept now, no exit (it waits). Read again
     // until the first lines are there.
     let first;
     for (let i = 0; i < 30; i++) {
@@ -302,7 +305,9 @@ describe("hareboxd", { skip }, () => {
     assert.deepEqual([first?.stdout, first?.stderr, first?.exit], ["one\n", "e1\n", undefined]);
     assert.deepEqual(first?.at, { stdout: 4, stderr: 3 });
 
-    // Followed from there: the rest, then the exit.
+    // Followed from there: the rest (the file comes a second after the
+    // follow began), then the exit.
+    await hb.startProcess(box.id, { body: { cmd: `sleep 1; touch ${go}` } });
     const rest = await read(hb.getProcessOutput(box.id, p.id, { query: { follow: true, stdout_offset: 4, stderr_offset: 3 } }), { stdout: 4, stderr: 3 });
     assert.deepEqual([rest.stdout, rest.stderr], ["two\nthree\n", "e2\n"]);
     assert.equal(rest.exit?.exit_code, 5);
@@ -317,6 +322,7 @@ describe("hareboxd", { skip }, () => {
     // Errors before the stream are plain answers.
     await rejectsWith(hb.getProcessOutput(box.id, "no-such-process").next(), { status: 404, code: "not_found" });
     await rejectsWith(hb.getProcessOutput(box.id, p.id, { query: { stdout_offset: -1 } }).next(), { status: 400, code: "invalid", field: "stdout_offset" });
+    await box.run(["rm", "-f", go]);
   });
 
   test("files: binary round trip, stat, list, mkdir, remove", async () => {
