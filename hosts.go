@@ -8,6 +8,7 @@ import (
 
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/audit"
+	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/sandbox"
@@ -72,8 +73,14 @@ func (e *Engine) usedChanged() {
 // HostName is the name of the host this engine runs as.
 func (e *Engine) HostName() string { return e.hosts.Name() }
 
-// Hosts lists the hosts that share the store, up or down.
-func (e *Engine) Hosts(ctx context.Context) ([]*cluster.Host, error) { return e.hosts.Hosts(ctx) }
+// Hosts lists the hosts that share the store, up or down (the operator
+// only: hosts are the deployment's, not an account's).
+func (e *Engine) Hosts(ctx context.Context) ([]*cluster.Host, error) {
+	if err := authz.Allowed(authz.From(ctx), "listHosts"); err != nil {
+		return nil, err
+	}
+	return e.hosts.Hosts(ctx)
+}
 
 // Elsewhere says where a sandbox of another host runs: its host's row,
 // or nil for a sandbox of this host or one that does not exist (the

@@ -269,6 +269,7 @@ func calls(w world) []call {
 		{"listImages", "GET", "/v1/images", nil, ""},
 		{"buildImage", "POST", "/v1/images", map[string]any{"name": "mine", "from": "registry:127.0.0.1:9/mine:1"}, "operator"},
 		{"deleteImage", "DELETE", "/v1/images/mine", nil, "operator"},
+		{"listHosts", "GET", "/v1/hosts", nil, "operator"},
 	}
 }
 

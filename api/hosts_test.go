@@ -110,6 +110,11 @@ func TestForwardToTheOwningHost(t *testing.T) {
 	if r := b.must(t, 200, "GET", "/v1/sandboxes/"+id+"/files?path=/tmp/f", b.root, nil); string(r.raw) != "written through a" {
 		t.Fatalf("read on b: %q", r.raw)
 	}
+	hs := a.must(t, 200, "GET", "/v1/hosts", a.root, nil)
+	if l, _ := hs.body["hosts"].([]any); len(l) != 2 || l[0].(map[string]any)["name"] != "a" || l[1].(map[string]any)["up"] != true ||
+		l[1].(map[string]any)["address"] != hostAddress(t, b) {
+		t.Fatalf("hosts: %s", hs.raw)
+	}
 	for _, f := range []*fastAPI{a, b} {
 		l := f.must(t, 200, "GET", "/v1/sandboxes", f.root, nil)
 		if got := ids(l.body["sandboxes"]); len(got) != 1 || got[0] != id {

@@ -234,6 +234,7 @@ func Routes() []Route {
 		{"GET", "/v1/events", "listEvents", false, (*Server).listEvents},
 		{"GET", "/v1/sandboxes/{id}/metrics", "getSandboxMetrics", false, (*Server).getSandboxMetrics},
 		{"GET", "/metrics", "getServerMetrics", false, (*Server).getServerMetrics},
+		{"GET", "/v1/hosts", "listHosts", false, (*Server).listHosts},
 	}
 }
 

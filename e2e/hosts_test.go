@@ -197,6 +197,15 @@ func TestSeveralHosts(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	var listed struct {
+		Hosts []struct {
+			Name string
+			Up   bool
+		}
+	}
+	if err := json.Unmarshal([]byte(viaA("hosts")), &listed); err != nil || len(listed.Hosts) != 2 || listed.Hosts[1].Name != "b" || listed.Hosts[1].Up || !listed.Hosts[0].Up {
+		t.Fatalf("harebox hosts with b down: %+v %v", listed, err)
+	}
 	// b is back: its sandbox runs again, through a too.
 	relaunch(t, b.srv)
 	if g := decode(viaA("get", onB.ID)); g.State != "running" || g.Error != "" {

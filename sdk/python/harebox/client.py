@@ -335,6 +335,15 @@ class Client:
         (Conflict)."""
         self._json("DELETE", _path("/v1/snapshots/{}", snapshot_id), timeout=timeout)
 
+    # --- hosts ---------------------------------------------------------------
+
+    @operation("listHosts")
+    def list_hosts(self, *, timeout: float | None = None) -> t.HostList:
+        """GET /v1/hosts (the operator only): the hosts of the deployment
+        (hareboxd that share a PostgreSQL store), up or down, with what they
+        run and their leases."""
+        return cast(t.HostList, self._json("GET", "/v1/hosts", timeout=timeout))
+
     # --- images --------------------------------------------------------------
 
     @operation("listImages")

@@ -143,6 +143,31 @@ class ImageList(TypedDict):
     images: list[Image]
 
 
+class Host(TypedDict):
+    """A host of the deployment (a hareboxd that shares the store)."""
+
+    name: str
+    site: str
+    #: Its internal endpoint (https://HOST:PORT), where the other hosts
+    #: forward requests for its sandboxes; absent when it has none.
+    address: NotRequired[str]
+    capacity: Resources
+    #: What its sandboxes reserve, as of its last write.
+    used: Resources
+    #: False once another host found its lease lapsed (its running
+    #: sandboxes are then "lost").
+    up: bool
+    started_at: str
+    renewed_at: str
+    lease_until: str
+
+
+class HostList(TypedDict):
+    """The body of list_hosts: by name."""
+
+    hosts: list[Host]
+
+
 # The body of build_image: name (lower-case letters, digits and dashes;
 # not minimal or default) and from ("registry:REF", e.g.
 # "registry:ghcr.io/org/app:1").

@@ -75,6 +75,7 @@ import type {
   Image,
   ImageBuildRequest,
   ImageList,
+  HostList,
   SnapshotRequest,
   SnapshotsQuery,
   URLCA,
@@ -425,6 +426,11 @@ export class HareBox {
    */
   async deleteSnapshot(snapshot: string, options: CallOptions = {}): Promise<void> {
     await this.#call("deleteSnapshot", [snapshot], "none", this.#plain(options));
+  }
+
+  /** Lists the hosts of the deployment (hareboxd that share a PostgreSQL store), up or down, with what they run and their leases: the operator only. */
+  async listHosts(options: CallOptions = {}): Promise<HostList> {
+    return this.#call("listHosts", [], "json", this.#plain(options));
   }
 
   /** Lists the images sandboxes can be created from (each name's newest build), by name. */

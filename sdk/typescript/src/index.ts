@@ -78,6 +78,8 @@ export type {
   SnapshotList,
   Image,
   ImageList,
+  Host,
+  HostList,
   ImageBuildRequest,
   URLList,
   ClientCertList,

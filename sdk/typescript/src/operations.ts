@@ -29,6 +29,7 @@ export const OPERATIONS = {
   getSnapshot: { method: "GET", path: "/v1/snapshots/{snapshot}" },
   deleteSnapshot: { method: "DELETE", path: "/v1/snapshots/{snapshot}" },
   listImages: { method: "GET", path: "/v1/images" },
+  listHosts: { method: "GET", path: "/v1/hosts" },
   buildImage: { method: "POST", path: "/v1/images" },
   deleteImage: { method: "DELETE", path: "/v1/images/{name}" },
   createURL: { method: "POST", path: "/v1/sandboxes/{id}/urls" },

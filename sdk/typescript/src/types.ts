@@ -835,6 +835,30 @@ export interface ImageList {
   images: Image[];
 }
 
+/** A host of the deployment (a hareboxd that shares the store). */
+export interface Host {
+  name: string;
+  site: string;
+  /** Its internal endpoint (https://HOST:PORT), where the other hosts forward requests for its sandboxes; absent when it has none. */
+  address?: string;
+  capacity: Resources;
+  /** What its sandboxes reserve, as of its last write. */
+  used: Resources;
+  /** False once another host found its lease lapsed (its running sandboxes are then "lost"). */
+  up: boolean;
+  /** RFC 3339 date-time. */
+  started_at: string;
+  /** RFC 3339 date-time. */
+  renewed_at: string;
+  /** RFC 3339 date-time. */
+  lease_until: string;
+}
+
+/** The body of listHosts: by name. */
+export interface HostList {
+  hosts: Host[];
+}
+
 /** The body of buildImage. */
 export interface ImageBuildRequest {
   /** Lower-case letters, digits and dashes; not minimal or default. */
