@@ -263,3 +263,41 @@ func TestBudgetReachedOnEveryHost(t *testing.T) {
 	}
 	t.Logf("b paused its sandbox %v after a reached the budget", time.Since(settled).Round(time.Millisecond))
 }
+
+// Creates at once on two hosts: each one's record, reservation and audit
+// entry commit together, and the hosts' entries make one unbroken chain.
+func TestConcurrentCreatesOnTwoHosts(t *testing.T) {
+	dsn := testpg.ForTest(t)
+	ctx := context.Background()
+	start, stop := hostsOn(t, dsn, time.Minute, nil)
+	a, b := &engineHost{}, &engineHost{}
+	start("a", a)
+	defer func() { stop(a) }()
+	start("b", b)
+	defer func() { stop(b) }()
+	const each = 4
+	errs := make(chan error, 2*each*2)
+	for _, h := range []*engineHost{a, b} {
+		for range each {
+			go func() {
+				for range 2 {
+					_, err := h.eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 1, MemoryMB: 128, DiskGB: 1}})
+					errs <- err
+				}
+			}()
+		}
+	}
+	for range 2 * each * 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := a.eng.Audit().Verify(ctx)
+	if err != nil || !r.OK {
+		t.Fatalf("verify: %+v %v", r, err)
+	}
+	l, err := a.eng.Audit().List(ctx, store.AuditFilter{Action: "createSandbox", Limit: 100})
+	if err != nil || len(l) != 2*each*2 {
+		t.Fatalf("%d createSandbox entries, want %d: %v", len(l), 2*each*2, err)
+	}
+}

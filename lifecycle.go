@@ -134,12 +134,11 @@ func (e *Engine) agentOptions() agentclient.Options {
 
 // Create boots a new sandbox and returns it once its agent answers.
 func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sandbox.Sandbox, err error) {
+	created := false // (then create recorded it)
 	defer func() {
-		id := ""
-		if out != nil {
-			id = out.ID
+		if !created {
+			e.audited(ctx, "createSandbox", "", &err)
 		}
-		e.audited(ctx, "createSandbox", id, &err)
 	}()
 	// Rights first: a key that may not create learns nothing from the
 	// request's validation (which images exist, ...).
@@ -160,11 +159,21 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 			return nil, elsewhereErr("snapshot "+req.Snapshot, h.Name)
 		}
 	}
+	created = true
 	return e.create(ctx, req, o)
 }
 
-// create makes a sandbox: booted from its image, or restored from o.
-func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origin) (*sandbox.Sandbox, error) {
+// create makes a sandbox: booted from its image, or restored from o. The
+// audit log's entry of the create commits with its admission (the record,
+// its budgets' reservation); one that fails after that gets a second
+// entry, which says how it failed.
+func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origin) (_ *sandbox.Sandbox, err error) {
+	admitted := "" // the sandbox's ID once its admission committed
+	defer func() {
+		if err != nil {
+			e.audited(ctx, "createSandbox", admitted, &err)
+		}
+	}()
 	began := time.Now()
 	res, imgName, err := req.Resolve()
 	if err != nil {
@@ -237,11 +246,12 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 		if o != nil && !o.golden && rec.AccountID != o.snap.AccountID {
 			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s belongs to another account", o.snap.ID)
 		}
-		return nil
+		return e.audit.RecordIn(ctx, tx, "createSandbox", rec.AccountID, rec.ID, nil)
 	}); err != nil {
 		e.release(res)
 		return nil, err
 	}
+	admitted = rec.ID
 	if req.Name != "" {
 		release, err := e.claimName(rec.AccountID, req.Name)
 		if err != nil {

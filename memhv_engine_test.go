@@ -6,17 +6,21 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/testimage"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
 )
 
 // The engine end to end over the in-memory hypervisor: no VM, no QEMU, so
@@ -328,5 +332,92 @@ func TestProcessTimeoutBackstop(t *testing.T) {
 	}
 	if d := time.Since(start); d < 10*time.Second {
 		t.Fatalf("killed after %v, before the grace", d)
+	}
+}
+
+// auditFails is a store whose audit appends fail while fail is set, in a
+// transaction or not.
+type auditFails struct {
+	store.Store
+	fail atomic.Bool
+}
+
+func (s *auditFails) Update(ctx context.Context, fn func(tx store.Tx) error) error {
+	return s.Store.Update(ctx, func(tx store.Tx) error { return fn(auditFailsTx{tx, s}) })
+}
+
+func (s *auditFails) AppendAudit(ctx context.Context, e *store.AuditEntry) error {
+	return auditFailsTx{s.Store, s}.AppendAudit(ctx, e)
+}
+
+type auditFailsTx struct {
+	store.Tx
+	s *auditFails
+}
+
+func (t auditFailsTx) AppendAudit(ctx context.Context, e *store.AuditEntry) error {
+	if t.s.fail.Load() {
+		return errors.New("the audit log's disk is gone")
+	}
+	return t.Tx.AppendAudit(ctx, e)
+}
+
+// A create's record, its budgets' reservation and its audit entry commit
+// together or not at all; one that fails after that has a second entry
+// that says so.
+func TestCreateCommitsWithItsAuditEntry(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	db, err := store.OpenSQLite(ctx, filepath.Join(opts.DataDir, "harebox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st := &auditFails{Store: db}
+	opts.Store = st
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	entries := func() []*audit.Entry {
+		l, err := eng.Audit().List(ctx, store.AuditFilter{Action: "createSandbox", Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+
+	st.fail.Store(true)
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Name: "unaudited"}); err == nil {
+		t.Fatal("a create whose audit entry cannot be written was made")
+	}
+	st.fail.Store(false)
+	if recs, _ := db.ListSandboxes(ctx); len(recs) != 0 {
+		t.Fatalf("records of a create that did not commit: %+v", recs)
+	}
+	if rs, _ := db.ListReservations(ctx); len(rs) != 0 {
+		t.Fatalf("reservations of a create that did not commit: %+v", rs)
+	}
+	if n := hv.Launched(); n != 0 {
+		t.Fatalf("a create that did not commit launched %d machines", n)
+	}
+
+	box, err := eng.Create(ctx, sandbox.CreateRequest{Name: "audited"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := entries(); len(l) != 1 || l[0].Target != box.ID || l[0].Outcome != audit.OK {
+		t.Fatalf("entries of a create: %+v", l)
+	}
+	hv.FailNextLaunch(errors.New("no room on the hypervisor"))
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Name: "fails"}); err == nil {
+		t.Fatal("the launch failure was not reported")
+	}
+	l := entries()
+	if len(l) != 3 || l[1].Outcome != audit.OK || l[2].Outcome != audit.Failed || l[1].Target == "" || l[2].Target != l[1].Target {
+		t.Fatalf("entries of a create that failed after its admission: %+v", l)
 	}
 }

@@ -572,13 +572,7 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			sb, err := e.create(ctx, creq, o)
-			cerr := err
-			id := ""
-			if sb != nil {
-				id = sb.ID
-			}
-			e.audited(ctx, "createSandbox", id, &cerr)
+			sb, err := e.create(ctx, creq, o) // (it records itself)
 			results[i] = result{sb, err}
 		}()
 	}

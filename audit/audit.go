@@ -64,6 +64,25 @@ type Log struct {
 // that gets it from another calls Appended.
 const NoticeTopic = "audit"
 
+// appendIn chains e to the end of the log in tx (every host that shares
+// the store is told once it commits).
+func appendIn(ctx context.Context, tx store.Tx, e *Entry) error {
+	last, err := tx.LastAudit(ctx)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		e.Seq, e.Prev = 1, ""
+	case err != nil:
+		return err
+	default:
+		e.Seq, e.Prev = last.Seq+1, last.Hash
+	}
+	e.Hash = Hash(e)
+	if err := tx.AppendAudit(ctx, e); err != nil {
+		return err
+	}
+	return tx.Notify(ctx, NoticeTopic, "")
+}
+
 // Appended tells followers that another host appended (see NoticeTopic).
 func (l *Log) Appended() {
 	l.mu.Lock()
@@ -163,6 +182,24 @@ func (l *Log) Record(ctx context.Context, action, accountID, target string, err 
 	if l == nil {
 		return
 	}
+	e := entry(ctx, action, accountID, target, err)
+	if aerr := l.append(context.WithoutCancel(ctx), e); aerr != nil {
+		l.log.Error("audit: cannot append", "action", action, "target", target, "err", aerr)
+	}
+}
+
+// RecordIn is Record in the caller's transaction: the entry commits with
+// what the transaction does, or neither does (an error here fails it).
+func (l *Log) RecordIn(ctx context.Context, tx store.Tx, action, accountID, target string, err error) error {
+	if l == nil {
+		return nil
+	}
+	return appendIn(ctx, tx, entry(ctx, action, accountID, target, err))
+}
+
+// entry is what the principal in ctx did: action on target, ending with
+// err.
+func entry(ctx context.Context, action, accountID, target string, err error) *Entry {
 	p := authz.From(ctx)
 	e := &Entry{Time: time.Now().UTC(), AccountID: accountID, Principal: "operator", Action: action, Target: target, Outcome: OK}
 	if !p.Operator {
@@ -180,9 +217,7 @@ func (l *Log) Record(ctx context.Context, action, accountID, target string, err 
 			e.Outcome = Denied
 		}
 	}
-	if aerr := l.append(context.WithoutCancel(ctx), e); aerr != nil {
-		l.log.Error("audit: cannot append", "action", action, "target", target, "err", aerr)
-	}
+	return e
 }
 
 // RecordPlaceholder records that code in a sandbox sent one of its
@@ -268,22 +303,7 @@ func (l *Log) append(ctx context.Context, e *Entry) error {
 	// that share a store append to one chain. Two that take the same
 	// place conflict, and the loser goes again after the winner.
 	for attempt := 1; ; attempt++ {
-		err := l.db.Update(ctx, func(tx store.Tx) error {
-			last, err := tx.LastAudit(ctx)
-			switch {
-			case errors.Is(err, store.ErrNotFound):
-				e.Seq, e.Prev = 1, ""
-			case err != nil:
-				return err
-			default:
-				e.Seq, e.Prev = last.Seq+1, last.Hash
-			}
-			e.Hash = Hash(e)
-			if err := tx.AppendAudit(ctx, e); err != nil {
-				return err
-			}
-			return tx.Notify(ctx, NoticeTopic, "")
-		})
+		err := l.db.Update(ctx, func(tx store.Tx) error { return appendIn(ctx, tx, e) })
 		if errors.Is(err, store.ErrConflict) && attempt < 20 {
 			continue
 		}

@@ -18,7 +18,9 @@ func (s *DB) AppendAudit(ctx context.Context, e *AuditEntry) error {
 		e.Seq, e.Time.UnixNano(), e.AccountID, e.Principal, e.Action, e.Target, e.Outcome, string(b))
 	if err != nil {
 		if isUnique(err) {
-			return ErrConflict
+			// Another host appended at this place meanwhile: the
+			// transaction goes again (it reads the chain's new end).
+			return fmt.Errorf("store: append audit at %d: %w (%w)", e.Seq, ErrConflict, errRetry)
 		}
 		return fmt.Errorf("store: append audit: %w", err)
 	}

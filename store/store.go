@@ -32,6 +32,11 @@ var ErrNotFound = errors.New("store: not found")
 // ErrConflict is returned when a unique name is taken.
 var ErrConflict = errors.New("store: conflict")
 
+// errRetry marks an error of a statement that lost a race with another
+// transaction where PostgreSQL does not say so itself (a unique key taken
+// meanwhile): Update runs the transaction again.
+var errRetry = errors.New("lost a race with another transaction")
+
 // Sandbox is a sandbox's stored record: the API view plus what the engine
 // needs to re-adopt and clean it up.
 type Sandbox struct {
@@ -600,7 +605,7 @@ func (s *DB) Update(ctx context.Context, fn func(tx Tx) error) error {
 	}
 	for attempt := 1; ; attempt++ {
 		conflict, err := s.update(ctx, opts, fn)
-		if !s.pg || err == nil || !(conflict || retryable(err)) {
+		if !s.pg || err == nil || !(conflict || retryable(err) || errors.Is(err, errRetry)) {
 			return err
 		}
 		if attempt == 20 {
