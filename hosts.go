@@ -3,6 +3,7 @@ package harebox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -165,4 +166,86 @@ func (e *Engine) SnapshotElsewhere(ctx context.Context, id string) (*cluster.Hos
 		return nil, err
 	}
 	return e.Elsewhere(ctx, snap.SandboxID)
+}
+
+// RemoveHost takes a host that is down out of the deployment for good
+// (the operator only): its sandboxes that are not deleted become deleted,
+// their data keys erased (what is left on its disks is ciphertext without
+// a key), their URLs, environment, history and budget reservations gone;
+// snapshots of its sandboxes go too (their files were on it). It returns
+// the sandboxes it deleted. A host that is up, or whose lease has not
+// lapsed yet, is refused: stop it first. If the host starts again, it
+// finds its sandboxes deleted and removes what is left of them.
+func (e *Engine) RemoveHost(ctx context.Context, name string) (deleted []string, err error) {
+	defer func() { e.audit.Record(ctx, "deleteHost", "", name, err) }()
+	if err := authz.Allowed(authz.From(ctx), "deleteHost"); err != nil {
+		return nil, err
+	}
+	if name == e.hosts.Name() {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "host %s is this one", name)
+	}
+	h, err := e.hosts.Get(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no host %q", name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if h.Up || time.Now().Before(h.LeaseUntil) {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "host %s is up (its lease runs until %s): stop it first", name, h.LeaseUntil.UTC().Format(time.RFC3339))
+	}
+	recs, err := e.store.SandboxesOn(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	octx := authz.WithPrincipal(context.WithoutCancel(ctx), authz.Operator)
+	var errs []error
+	for _, rec := range recs {
+		if rec.State == sandbox.StateDeleted {
+			continue
+		}
+		b := &box{rec: rec}
+		errs = append(errs, e.eraseDataKey(octx, b), e.urls.Forget(octx, rec.ID), e.eraseEnv(octx, rec.ID),
+			e.eraseHistory(octx, rec.ID), e.releaseBudgets(octx, b))
+		rec.State, rec.Handle, rec.Kept = sandbox.StateDeleted, nil, false
+		rec.Error = fmt.Sprintf("its host %s was removed from the deployment", name)
+		if err := e.store.PutSandbox(octx, rec); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		deleted = append(deleted, rec.ID)
+	}
+	errs = append(errs, e.forgetSnapshotsOf(octx, recs))
+	if err := errors.Join(errs...); err != nil {
+		return deleted, err // (the host stays: removing it again finishes)
+	}
+	if err := e.store.Scrub(octx); err != nil {
+		e.log.Warn("scrub after removing a host failed", "host", name, "err", err)
+	}
+	if err := e.store.DeleteHost(octx, name); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return deleted, err
+	}
+	return deleted, nil
+}
+
+// forgetSnapshotsOf drops the snapshots of recs' sandboxes from the store
+// and the secret store (their files were on a host that is gone).
+func (e *Engine) forgetSnapshotsOf(ctx context.Context, recs []*store.Sandbox) error {
+	of := map[string]bool{}
+	for _, r := range recs {
+		of[r.ID] = true
+	}
+	all, err := e.store.ListSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, s := range all {
+		if of[s.SandboxID] {
+			c := *s
+			c.Dir = "" // (not on this host)
+			errs = append(errs, e.dropSnapshot(ctx, &c))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -270,6 +270,7 @@ func calls(w world) []call {
 		{"buildImage", "POST", "/v1/images", map[string]any{"name": "mine", "from": "registry:127.0.0.1:9/mine:1"}, "operator"},
 		{"deleteImage", "DELETE", "/v1/images/mine", nil, "operator"},
 		{"listHosts", "GET", "/v1/hosts", nil, "operator"},
+		{"deleteHost", "DELETE", "/v1/hosts/gone", nil, "operator"},
 	}
 }
 

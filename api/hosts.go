@@ -12,3 +12,18 @@ func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, map[string]any{"hosts": hosts})
 	return nil
 }
+
+// deleteHost takes a host that is down out of the deployment for good:
+// the operator only.
+func (s *Server) deleteHost(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	deleted, err := s.eng.RemoveHost(r.Context(), name)
+	if err != nil {
+		return err
+	}
+	if deleted == nil {
+		deleted = []string{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"host": name, "deleted_sandboxes": deleted})
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/base64"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
 )
 
@@ -210,6 +212,20 @@ func TestForwardToAHostThatIsDown(t *testing.T) {
 	const lease = 600 * time.Millisecond
 	a, b, kill := twoHosts(t, lease)
 	id := str(b.must(t, 201, "POST", "/v1/sandboxes", b.root, map[string]any{}), "id")
+	// (It has a data key, in the shared store.)
+	if _, err := a.store.GetSecret(context.Background(), "sandbox/"+id, secrets.DataKeyName); err != nil {
+		t.Fatalf("its data key: %v", err)
+	}
+	// A host that is up is not removed; neither is this one, nor one that
+	// does not exist.
+	for _, c := range []struct {
+		name string
+		want int
+	}{{"b", 409}, {"a", 409}, {"nope", 404}} {
+		if r := a.do(t, "DELETE", "/v1/hosts/"+c.name, a.root, nil); r.status != c.want {
+			t.Fatalf("remove host %s: %d %s, want %d", c.name, r.status, r.raw, c.want)
+		}
+	}
 	kill(b)
 	deadline := time.Now().Add(lease + 3*time.Second)
 	for {
@@ -239,6 +255,26 @@ func TestForwardToAHostThatIsDown(t *testing.T) {
 	if r := a.must(t, 201, "POST", "/v1/sandboxes", a.root, map[string]any{}); str(r, "host") != "a" {
 		t.Fatalf("created on %q with b down", str(r, "host"))
 	}
+	// b is gone for good: removed, its sandbox is deleted and its data key
+	// erased; a key may not remove a host.
+	k := a.must(t, 201, "POST", "/v1/keys", a.root, map[string]any{"scope": map[string]any{}})
+	if r := a.do(t, "DELETE", "/v1/hosts/b", str(k, "secret"), nil); r.status != 403 {
+		t.Fatalf("a key removes a host: %d %s", r.status, r.raw)
+	}
+	r := a.must(t, 200, "DELETE", "/v1/hosts/b", a.root, nil)
+	if got := r.body["deleted_sandboxes"].([]any); len(got) != 1 || got[0] != id {
+		t.Fatalf("remove host b: %s", r.raw)
+	}
+	if g := a.must(t, 200, "GET", "/v1/sandboxes/"+id, a.root, nil); str(g, "state") != "deleted" || !strings.Contains(str(g, "error"), "host b was removed") {
+		t.Fatalf("b's sandbox after b was removed: %s", g.raw)
+	}
+	if _, err := a.store.GetSecret(context.Background(), "sandbox/"+id, secrets.DataKeyName); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("its data key after b was removed: %v", err)
+	}
+	if l := a.must(t, 200, "GET", "/v1/hosts", a.root, nil); len(l.body["hosts"].([]any)) != 1 {
+		t.Fatalf("hosts after b was removed: %s", l.raw)
+	}
+	a.must(t, 404, "DELETE", "/v1/hosts/b", a.root, nil)
 }
 
 // hostAddress is a host's internal endpoint as it registered it.

@@ -235,6 +235,7 @@ func Routes() []Route {
 		{"GET", "/v1/sandboxes/{id}/metrics", "getSandboxMetrics", false, (*Server).getSandboxMetrics},
 		{"GET", "/metrics", "getServerMetrics", false, (*Server).getServerMetrics},
 		{"GET", "/v1/hosts", "listHosts", false, (*Server).listHosts},
+		{"DELETE", "/v1/hosts/{name}", "deleteHost", false, (*Server).deleteHost},
 	}
 }
 

@@ -106,7 +106,12 @@ func TestSeveralHosts(t *testing.T) {
 	// change, and every second with a 3 s lease.)
 	time.Sleep(1200 * time.Millisecond)
 	onB := decode(viaA("new", "--image", "minimal", "--label", "e2e=hosts"))
-	defer viaA("delete", onB.ID)
+	removed := false // (then b's sandbox went with b)
+	defer func() {
+		if !removed {
+			viaA("delete", onB.ID)
+		}
+	}()
 	if onA.Host != "a" || onB.Host != "b" {
 		t.Fatalf("placed on %q and %q, want a then b", onA.Host, onB.Host)
 	}
@@ -214,4 +219,29 @@ func TestSeveralHosts(t *testing.T) {
 	if out := viaA("exec", onB.ID, "--", "cat", "/tmp/up"); out != "uploaded through a\n" {
 		t.Fatalf("exec through a after b is back: %q", out)
 	}
+
+	// b gone for good: killed again, then removed through a once it is
+	// down; its sandbox is deleted. When b starts again after all, it
+	// finds it deleted and removes its VM (finish checks none is left).
+	b.srv.cmd.Process.Signal(syscall.SIGKILL)
+	b.srv.cmd.Wait()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if g := decode(viaA("get", onB.ID)); g.State == "lost" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("b's sandbox never became lost")
+		}
+	}
+	var rm struct {
+		Deleted []string `json:"deleted_sandboxes"`
+	}
+	if err := json.Unmarshal([]byte(viaA("hosts", "remove", "b")), &rm); err != nil || len(rm.Deleted) != 1 || rm.Deleted[0] != onB.ID {
+		t.Fatalf("harebox hosts remove b: %+v %v", rm, err)
+	}
+	removed = true
+	if g := decode(viaA("get", onB.ID)); g.State != "deleted" {
+		t.Fatalf("b's sandbox after b was removed: %+v", g)
+	}
+	relaunch(t, b.srv)
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/harebox/harebox/sandbox"
@@ -32,6 +33,18 @@ func (s *DB) PutHost(ctx context.Context, h *Host) error {
 // GetHost implements Tx.
 func (s *DB) GetHost(ctx context.Context, name string) (*Host, error) {
 	return get[Host](ctx, s, `SELECT record FROM hosts WHERE name = ?`, name)
+}
+
+// DeleteHost implements Tx.
+func (s *DB) DeleteHost(ctx context.Context, name string) error {
+	res, err := s.q.ExecContext(ctx, `DELETE FROM hosts WHERE name = ?`, name)
+	if err != nil {
+		return fmt.Errorf("store: delete host: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrNotFound
+	}
+	return nil
 }
 
 // ListHosts implements Tx.

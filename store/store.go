@@ -220,6 +220,7 @@ type Tx interface {
 	PutHost(ctx context.Context, h *Host) error
 	GetHost(ctx context.Context, name string) (*Host, error)
 	ListHosts(ctx context.Context) ([]*Host, error)
+	DeleteHost(ctx context.Context, name string) error
 	// SandboxesOn returns the records of a host's sandboxes, oldest first:
 	// those in one of states, or all of them.
 	SandboxesOn(ctx context.Context, host string, states ...sandbox.State) ([]*Sandbox, error)

@@ -85,7 +85,7 @@ var commands = []command{
 	{"events", "[--follow] [--after CURSOR] [--limit N] [--account REF]", "what happened on the engine's side: budget warnings and actions, guests using placeholders, VMs that stopped on their own; --follow prints them as they happen", cmdEvents},
 	{"metrics", "ID [--from TIME] [--to TIME] [--limit N] | --server", "a sandbox's monitoring samples (CPU, memory, disk, network, measured on the host), or the server's metrics in the Prometheus text format", cmdMetrics},
 	{"mcp", "", "serve the Model Context Protocol on stdin/stdout for an agent framework: tools to create, list and delete sandboxes, run commands and read and write files, each called with this CLI's key", cmdMCP},
-	{"hosts", "", "the hosts of the deployment (hareboxd that share a PostgreSQL store), up or down, with what they run and their leases (the operator only)", cmdHosts},
+	{"hosts", "[list] | remove NAME", "the hosts of the deployment (hareboxd that share a PostgreSQL store), up or down, with what they run and their leases; remove takes one that is down out for good, deleting its sandboxes (the operator only)", cmdHosts},
 	{"version", "", "client and server versions", cmdVersion},
 }
 
@@ -588,13 +588,18 @@ func cmdFirewall(ctx context.Context, c *cli, args []string) (int, error) {
 }
 
 func cmdHosts(ctx context.Context, c *cli, args []string) (int, error) {
-	fs := flag.NewFlagSet("harebox hosts", flag.ContinueOnError)
-	if _, err := parse(fs, c, args, 0); err != nil {
-		return 0, err
-	}
 	var out json.RawMessage
-	if err := c.c.Do(ctx, "GET", "/v1/hosts", nil, nil, &out); err != nil {
-		return 0, err
+	switch {
+	case len(args) == 0 || (len(args) == 1 && args[0] == "list"):
+		if err := c.c.Do(ctx, "GET", "/v1/hosts", nil, nil, &out); err != nil {
+			return 0, err
+		}
+	case len(args) == 2 && args[0] == "remove":
+		if err := c.c.Do(ctx, "DELETE", "/v1/hosts/"+url.PathEscape(args[1]), nil, nil, &out); err != nil {
+			return 0, err
+		}
+	default:
+		return 2, errors.New("usage: harebox hosts [list] | remove NAME")
 	}
 	return 0, c.json(out)
 }

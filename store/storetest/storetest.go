@@ -386,6 +386,15 @@ func hosts(t *testing.T, s store.Store, reopen func() store.Store) {
 	if all, err := s.SandboxesOn(ctx, "a"); err != nil || len(all) != 3 {
 		t.Fatalf("SandboxesOn(a): %d %v", len(all), err)
 	}
+	if err := s.DeleteHost(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteHost(ctx, "b"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("DeleteHost twice: %v", err)
+	}
+	if l, _ := s.ListHosts(ctx); len(l) != 1 || l[0].Name != "a" {
+		t.Fatalf("after DeleteHost: %+v", l)
+	}
 	// A sandbox moves with its record.
 	on[0].Host = "b"
 	s.PutSandbox(ctx, on[0])

@@ -344,6 +344,14 @@ class Client:
         run and their leases."""
         return cast(t.HostList, self._json("GET", "/v1/hosts", timeout=timeout))
 
+    @operation("deleteHost")
+    def delete_host(self, name: str, *, timeout: float | None = None) -> t.HostRemoval:
+        """DELETE /v1/hosts/{name} (the operator only): takes a host that is
+        down out of the deployment for good; its sandboxes that are not
+        deleted become deleted (data keys erased) and snapshots of them go.
+        Conflict while the host is up or its lease has not lapsed."""
+        return cast(t.HostRemoval, self._json("DELETE", _path("/v1/hosts/{}", name), timeout=timeout))
+
     # --- images --------------------------------------------------------------
 
     @operation("listImages")

@@ -168,6 +168,13 @@ class HostList(TypedDict):
     hosts: list[Host]
 
 
+class HostRemoval(TypedDict):
+    """The body of delete_host: the sandboxes it deleted."""
+
+    host: str
+    deleted_sandboxes: list[str]
+
+
 # The body of build_image: name (lower-case letters, digits and dashes;
 # not minimal or default) and from ("registry:REF", e.g.
 # "registry:ghcr.io/org/app:1").

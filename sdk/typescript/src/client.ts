@@ -76,6 +76,7 @@ import type {
   ImageBuildRequest,
   ImageList,
   HostList,
+  HostRemoval,
   SnapshotRequest,
   SnapshotsQuery,
   URLCA,
@@ -431,6 +432,11 @@ export class HareBox {
   /** Lists the hosts of the deployment (hareboxd that share a PostgreSQL store), up or down, with what they run and their leases: the operator only. */
   async listHosts(options: CallOptions = {}): Promise<HostList> {
     return this.#call("listHosts", [], "json", this.#plain(options));
+  }
+
+  /** Takes a host that is down out of the deployment for good (the operator only): its sandboxes that are not deleted become deleted (data keys erased) and snapshots of them go. Conflict while the host is up or its lease has not lapsed. */
+  async deleteHost(name: string, options: CallOptions = {}): Promise<HostRemoval> {
+    return this.#call("deleteHost", [name], "json", this.#plain(options));
   }
 
   /** Lists the images sandboxes can be created from (each name's newest build), by name. */

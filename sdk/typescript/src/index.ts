@@ -80,6 +80,7 @@ export type {
   ImageList,
   Host,
   HostList,
+  HostRemoval,
   ImageBuildRequest,
   URLList,
   ClientCertList,

@@ -30,6 +30,7 @@ export const OPERATIONS = {
   deleteSnapshot: { method: "DELETE", path: "/v1/snapshots/{snapshot}" },
   listImages: { method: "GET", path: "/v1/images" },
   listHosts: { method: "GET", path: "/v1/hosts" },
+  deleteHost: { method: "DELETE", path: "/v1/hosts/{name}" },
   buildImage: { method: "POST", path: "/v1/images" },
   deleteImage: { method: "DELETE", path: "/v1/images/{name}" },
   createURL: { method: "POST", path: "/v1/sandboxes/{id}/urls" },

@@ -859,6 +859,12 @@ export interface HostList {
   hosts: Host[];
 }
 
+/** The body of deleteHost: the sandboxes it deleted. */
+export interface HostRemoval {
+  host: string;
+  deleted_sandboxes: string[];
+}
+
 /** The body of buildImage. */
 export interface ImageBuildRequest {
   /** Lower-case letters, digits and dashes; not minimal or default. */
