@@ -59,6 +59,7 @@ func (e *Engine) registerHost(ctx context.Context) error {
 	e.hosts = reg
 	sh, ok := e.store.(interface{ Shared() bool })
 	e.shared = ok && sh.Shared()
+	e.keys.Shared = e.shared
 	return nil
 }
 

@@ -146,6 +146,21 @@ func TestHostsShareAStore(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
+	// A key's rate is the deployment's, not each host's: two requests at
+	// once through a, and the third, through b, is refused.
+	rk, err := a.eng.Keys().Create(ctxOp, apikey.CreateRequest{Scope: authz.Scope{Rate: &authz.Rate{PerSecond: 0.001, Burst: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := a.eng.Keys().Authenticate(ctx, rk.Secret); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.eng.Keys().Authenticate(ctx, rk.Secret); !errors.Is(err, sandbox.ErrRateLimited) {
+		t.Fatalf("the third request, through b: %v, want ErrRateLimited", err)
+	}
+
 	// b dies (its engine and its connection to the store go; its VM runs
 	// on): within its lease and a renewal, a marks it down and the
 	// sandbox lost.

@@ -44,6 +44,9 @@ type Service struct {
 	tenants *tenant.Service
 	// Audit, if set, records every change.
 	Audit *audit.Log
+	// Shared: hosts share the store, and rate limits are counted there
+	// (one bucket per key for the whole deployment) rather than in memory.
+	Shared bool
 	now   func() time.Time
 
 	mu       sync.Mutex
@@ -107,6 +110,9 @@ func (s *Service) spend(ctx context.Context, k *Key) error {
 		chain = append(chain, a)
 	}
 	now := s.now()
+	if s.Shared {
+		return s.spendShared(ctx, chain, now)
+	}
 	var taken []*rate.Reservation
 	var wait time.Duration
 	s.mu.Lock()
@@ -133,6 +139,27 @@ func (s *Service) spend(ctx context.Context, k *Key) error {
 	s.mu.Unlock()
 	if wait > 0 {
 		return &sandbox.Error{Kind: sandbox.ErrRateLimited, Msg: fmt.Sprintf("this API key's rate is spent; retry in %v", wait.Round(time.Millisecond)), RetryAfter: wait}
+	}
+	return nil
+}
+
+// spendShared takes from buckets in the store that every host of the
+// deployment shares, the top key's first: a key limited there takes
+// nothing from those below it. (One limited below its ancestors has
+// taken from theirs: they count a request that was refused.)
+func (s *Service) spendShared(ctx context.Context, chain []*Key, now time.Time) error {
+	for i := len(chain) - 1; i >= 0; i-- {
+		c := chain[i]
+		if c.Scope.Rate == nil {
+			continue
+		}
+		wait, err := s.db.TakeToken(ctx, c.ID, c.Scope.Rate.PerSecond, c.Scope.Rate.Burst, now)
+		if err != nil {
+			return &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the rate limit cannot be read from the database; try again", Err: err}
+		}
+		if wait > 0 {
+			return &sandbox.Error{Kind: sandbox.ErrRateLimited, Msg: fmt.Sprintf("this API key's rate is spent; retry in %v", wait.Round(time.Millisecond)), RetryAfter: wait}
+		}
 	}
 	return nil
 }

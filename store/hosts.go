@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -66,4 +68,37 @@ func (s *DB) SandboxesOn(ctx context.Context, host string, states ...sandbox.Sta
 		}
 	}
 	return list[Sandbox](ctx, s, q+` ORDER BY created_at, id`, args...)
+}
+
+// TakeToken implements Store: one atomic statement, so hosts that share
+// the database take from one bucket without a transaction to retry. The
+// bucket fills at perSecond up to burst; a clock that went back adds
+// nothing.
+func (s *DB) TakeToken(ctx context.Context, key string, perSecond float64, burst int, now time.Time) (time.Duration, error) {
+	least, greatest := "LEAST", "GREATEST"
+	if !s.pg {
+		least, greatest = "MIN", "MAX"
+	}
+	refilled := least + `(excluded.burst, key_buckets.tokens + ` + greatest + `(excluded.updated_ns - key_buckets.updated_ns, 0) * excluded.rate / 1e9)`
+	q := `INSERT INTO key_buckets (key_id, tokens, updated_ns, rate, burst) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (key_id) DO UPDATE SET tokens = ` + refilled + ` - 1,
+			updated_ns = ` + greatest + `(excluded.updated_ns, key_buckets.updated_ns), rate = excluded.rate, burst = excluded.burst
+		WHERE ` + refilled + ` >= 1
+		RETURNING tokens`
+	var left float64
+	err := s.q.QueryRowContext(ctx, q, key, float64(burst-1), now.UnixNano(), perSecond, float64(burst)).Scan(&left)
+	if err == nil {
+		return 0, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("store: take a token: %w", err)
+	}
+	// Spent: how long until it holds one again.
+	var tokens float64
+	var updated int64
+	if err := s.q.QueryRowContext(ctx, `SELECT tokens, updated_ns FROM key_buckets WHERE key_id = ?`, key).Scan(&tokens, &updated); err != nil {
+		return 0, fmt.Errorf("store: take a token: %w", err)
+	}
+	have := min(float64(burst), tokens+float64(max(now.UnixNano()-updated, 0))*perSecond/1e9)
+	return time.Duration((1 - have) / perSecond * float64(time.Second)), nil
 }

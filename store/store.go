@@ -85,6 +85,10 @@ type Store interface {
 	Scrub(ctx context.Context) error
 	// Ping checks that the database answers a read.
 	Ping(ctx context.Context) error
+	// TakeToken takes one request from a rate limit's token bucket shared
+	// by the hosts (filling at perSecond, up to burst), or says how long
+	// until it has one.
+	TakeToken(ctx context.Context, key string, perSecond float64, burst int, now time.Time) (wait time.Duration, err error)
 	// Listen calls fn, one call at a time, with every change notified
 	// (Notify) from then until ctx ends. When changes may have been missed
 	// (the connection that listens was lost), fn gets topic "": whatever
@@ -471,6 +475,14 @@ var migrations = []string{
 	);
 	ALTER TABLE sandboxes ADD COLUMN host TEXT NOT NULL DEFAULT '';
 	CREATE INDEX sandboxes_host ON sandboxes(host, state);`,
+	// Rate limits' token buckets, shared by the hosts.
+	`CREATE TABLE key_buckets (
+		key_id     TEXT PRIMARY KEY,
+		tokens     DOUBLE PRECISION NOT NULL,
+		updated_ns BIGINT NOT NULL,
+		rate       DOUBLE PRECISION NOT NULL,
+		burst      DOUBLE PRECISION NOT NULL
+	);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -39,6 +39,7 @@ func Run(t *testing.T, open Open) {
 		{"URLs", urls},
 		{"Hosts", hosts},
 		{"Notify", notify},
+		{"TokenBucket", tokenBucket},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s, reopen := open(t)
@@ -448,5 +449,51 @@ func notify(t *testing.T, s store.Store, _ func() store.Store) {
 	case g := <-c:
 		t.Fatalf("unexpected notice %+v", g)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// A shared token bucket: burst requests at once, then one per 1/rate;
+// a clock that went back adds nothing; buckets are per key.
+func tokenBucket(t *testing.T, s store.Store, reopen func() store.Store) {
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	take := func(st store.Store, key string, at time.Time) time.Duration {
+		t.Helper()
+		wait, err := st.TakeToken(ctx, key, 2, 3, at) // (2 a second, 3 at once)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return wait
+	}
+	for i := range 3 {
+		if w := take(s, "k", t0); w != 0 {
+			t.Fatalf("take %d of the burst: wait %v", i+1, w)
+		}
+	}
+	if w := take(s, "k", t0); w < 490*time.Millisecond || w > 500*time.Millisecond {
+		t.Fatalf("the 4th at once: wait %v, want 500ms", w)
+	}
+	if w := take(s, "other", t0); w != 0 {
+		t.Fatalf("another key's bucket: wait %v", w)
+	}
+	if w := take(s, "k", t0.Add(-time.Hour)); w == 0 {
+		t.Fatal("a clock that went back filled the bucket")
+	}
+	// Half a second on: one more; then none. The bucket is the store's
+	// (a second store on the database sees it).
+	if w := take(reopen(), "k", t0.Add(500*time.Millisecond)); w != 0 {
+		t.Fatalf("half a second on: wait %v", w)
+	}
+	if w := take(s, "k", t0.Add(500*time.Millisecond)); w == 0 {
+		t.Fatal("two taken from one token")
+	}
+	// Long idle: full again, never more than the burst.
+	for i := range 3 {
+		if w := take(s, "k", t0.Add(time.Hour)); w != 0 {
+			t.Fatalf("after an hour, take %d: wait %v", i+1, w)
+		}
+	}
+	if w := take(s, "k", t0.Add(time.Hour)); w == 0 {
+		t.Fatal("the bucket held more than its burst")
 	}
 }
