@@ -47,7 +47,7 @@ type Service struct {
 	// Shared: hosts share the store, and rate limits are counted there
 	// (one bucket per key for the whole deployment) rather than in memory.
 	Shared bool
-	now   func() time.Time
+	now    func() time.Time
 
 	mu       sync.Mutex
 	keys     map[string]*Key
