@@ -257,7 +257,7 @@ func (s *DB) retire() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	s.owner.ExecContext(ctx, `SELECT pg_advisory_unlock($1, $2)`, pgHostLock, hostLockID(s.host))
+	s.owner.ExecContext(ctx, `SELECT pg_advisory_unlock($1, $2), pg_advisory_unlock_shared($3::bigint)`, pgHostLock, hostLockID(s.host), int64(pgHostLock))
 	cancel()
 	s.owner.Raw(func(any) error { return driver.ErrBadConn })
 	s.owner.Close()

@@ -61,6 +61,7 @@ func TestPostgresHostHeldByOne(t *testing.T) {
 		t.Fatal("an older hareboxd took the database beside host-b")
 	}
 	other.Close()
+	// (Close lets its locks go before it ends its session.)
 	if !tryOld() {
 		t.Fatal("an older hareboxd could not take the database once the hosts stopped")
 	}
