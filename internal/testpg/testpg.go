@@ -56,8 +56,15 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	reapStale(bin)
 	dir, err := os.MkdirTemp("", "hbpg")
 	if err != nil {
+		return nil, err
+	}
+	// The test process that owns it: a later Start stops a server whose
+	// owner is gone (killed by a timeout before it could).
+	if err := os.WriteFile(filepath.Join(dir, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
 	s := &Server{dir: dir, bin: bin}
@@ -99,6 +106,31 @@ func Start() (*Server, error) {
 }
 
 func (s *Server) data() string { return filepath.Join(s.dir, "data") }
+
+// reapStale stops the servers (and removes the directories) that Start
+// made for test processes that are gone.
+func reapStale(bin string) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "hbpg*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, "owner"))
+		if err != nil {
+			continue // (not one of ours, or being made)
+		}
+		pid, err := strconv.Atoi(string(b))
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		st, err := os.Stat(dir)
+		if err != nil {
+			continue
+		}
+		s := &Server{dir: dir, bin: bin}
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 && sys.Uid != 0 {
+			s.cred = &syscall.Credential{Uid: sys.Uid, Gid: sys.Gid}
+		}
+		s.Stop()
+	}
+}
 
 // dsn is a database's URL: the cluster's socket directory as its host.
 func (s *Server) dsn(db string) string {
