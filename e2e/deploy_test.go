@@ -86,9 +86,7 @@ func TestDeploy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer notify.Close()
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	// The flags win over the config's data directory, address and network.
 	cmd := exec.Command(hareboxd, "--config", config, "--data-dir", dataDir, "--listen", addr, "--network", "none", "--image-dir", filepath.Join(dataDir, "no-images"))
 	var log bytes.Buffer

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -118,6 +119,23 @@ func finish(t *testing.T, srv *server, dataDir string) {
 	srv.dropTable(t)
 }
 
+// freeAddr is a loopback address for a server to listen on: a free port
+// below the kernel's ephemeral range (32768 up, ip_local_port_range), so
+// that no connection's own port takes it between this check and the
+// server's bind.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	for range 200 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+mathrand.IntN(12000))
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return addr
+		}
+	}
+	t.Fatal("no free port below the ephemeral range")
+	return ""
+}
+
 // dropTable removes the firewall table of a server that start started,
 // and any tap left with an address of its pool (a test that failed after
 // killing its server leaves its VMs' taps).
@@ -146,12 +164,7 @@ func launch(t *testing.T, s setup, dataDir string, args ...string) *server {
 
 func launchEnv(t *testing.T, s setup, dataDir string, env []string, args ...string) *server {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	srv := &server{url: "http://" + addr, dataDir: dataDir, log: &bytes.Buffer{}, http: &http.Client{}}
 	for i, a := range args {
 		// An https server: clients trust its certificate as the CA.

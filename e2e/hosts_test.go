@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -57,12 +56,7 @@ func TestSeveralHosts(t *testing.T) {
 				os.WriteFile(filepath.Join(dir, f), b, 0o600)
 			}
 		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		internal := l.Addr().String()
-		l.Close()
+		internal := freeAddr(t)
 		h := &host{name: name, dir: dir}
 		h.srv = start(t, s, dir, "--store", dsn, "--host-name", name, "--host-lease", lease, "--internal-listen", internal,
 			"--cluster-ca", filepath.Join(certs, "ca.pem"), "--cluster-cert", filepath.Join(certs, name+".pem"), "--cluster-key", filepath.Join(certs, name+".key"))

@@ -52,12 +52,7 @@ func TestIngress(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ingressAddr := l.Addr().String()
-	l.Close()
+	ingressAddr := freeAddr(t)
 	// hareboxd trusts the test's OpenID Connect issuer as its system roots
 	// (its environment only: this process's roots stay the system's).
 	iss := newIssuer(t)
