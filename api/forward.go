@@ -16,7 +16,7 @@ import (
 )
 
 // Several hosts: a request for a sandbox another host runs goes to that
-// host (Options.Forward), before authentication (the host that serves it
+// host (Options.Cluster), before authentication (the host that serves it
 // authenticates it, once), and a create goes to the host placement picks.
 
 // forward sends r to the host that must serve it, and reports whether it
