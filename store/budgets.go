@@ -156,14 +156,7 @@ func (s *DB) CandidateBudgets(ctx context.Context, accountID, projectID, fleetID
 
 // DeleteBudget implements Tx.
 func (s *DB) DeleteBudget(ctx context.Context, id string) error {
-	res, err := s.q.ExecContext(ctx, `DELETE FROM budgets WHERE id = ?`, id)
-	if err != nil {
-		return fmt.Errorf("store: delete budget: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return ErrNotFound
-	}
-	return nil
+	return s.del(ctx, "budgets", id)
 }
 
 // PutReservation implements Tx.

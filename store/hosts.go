@@ -39,14 +39,7 @@ func (s *DB) GetHost(ctx context.Context, name string) (*Host, error) {
 
 // DeleteHost implements Tx.
 func (s *DB) DeleteHost(ctx context.Context, name string) error {
-	res, err := s.q.ExecContext(ctx, `DELETE FROM hosts WHERE name = ?`, name)
-	if err != nil {
-		return fmt.Errorf("store: delete host: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return ErrNotFound
-	}
-	return nil
+	return s.delBy(ctx, "hosts", "name", name)
 }
 
 // ListHosts implements Tx.

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 
 	"github.com/harebox/harebox/sandbox"
 )
@@ -55,12 +54,5 @@ func (s *DB) ListSnapshots(ctx context.Context) ([]*Snapshot, error) {
 
 // DeleteSnapshot implements Tx.
 func (s *DB) DeleteSnapshot(ctx context.Context, id string) error {
-	res, err := s.q.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
-	if err != nil {
-		return fmt.Errorf("store: delete snapshot: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return ErrNotFound
-	}
-	return nil
+	return s.del(ctx, "snapshots", id)
 }

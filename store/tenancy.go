@@ -90,8 +90,12 @@ func list[T any](ctx context.Context, s *DB, q string, args ...any) ([]*T, error
 	return out, rows.Err()
 }
 
-func (s *DB) del(ctx context.Context, table, id string) error {
-	res, err := s.q.ExecContext(ctx, `DELETE FROM `+table+` WHERE id = ?`, id)
+// del deletes a table's row by its id: ErrNotFound if there is none.
+func (s *DB) del(ctx context.Context, table, id string) error { return s.delBy(ctx, table, "id", id) }
+
+// delBy deletes a table's row whose key column col is key.
+func (s *DB) delBy(ctx context.Context, table, col, key string) error {
+	res, err := s.q.ExecContext(ctx, `DELETE FROM `+table+` WHERE `+col+` = ?`, key)
 	if err != nil {
 		return fmt.Errorf("store: delete from %s: %w", table, err)
 	}
