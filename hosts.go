@@ -206,8 +206,7 @@ func (e *Engine) RemoveHost(ctx context.Context, name string) (deleted []string,
 			continue
 		}
 		b := &box{rec: rec}
-		errs = append(errs, e.eraseDataKey(octx, b), e.urls.Forget(octx, rec.ID), e.eraseEnv(octx, rec.ID),
-			e.eraseHistory(octx, rec.ID), e.releaseBudgets(octx, b))
+		errs = append(errs, e.eraseDataKey(octx, b), e.forgetStored(octx, b))
 		rec.State, rec.Handle, rec.Kept = sandbox.StateDeleted, nil, false
 		rec.Error = fmt.Sprintf("its host %s was removed from the deployment", name)
 		if err := e.store.PutSandbox(octx, rec); err != nil {

@@ -472,24 +472,20 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	if err := os.RemoveAll(e.hibernateDir(b.rec.ID)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := e.urls.Forget(ctx, b.rec.ID); err != nil {
-		errs = append(errs, err)
-	}
 	if err := e.net.Detach(ctx, b.rec.ID); err != nil {
 		errs = append(errs, err)
 	}
-	if err := e.eraseEnv(ctx, b.rec.ID); err != nil {
-		errs = append(errs, err)
-	}
-	if err := e.eraseHistory(ctx, b.rec.ID); err != nil {
-		errs = append(errs, err)
-	}
-	// What it reserved in its budgets is released (a settled sandbox has
-	// nothing left to release).
-	if err := e.releaseBudgets(ctx, b); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, e.forgetStored(ctx, b))
 	return errors.Join(errs...)
+}
+
+// forgetStored removes what a sandbox keeps in the store and the secret
+// store, its data key aside (erased first, by the caller): its URLs,
+// environment, command history, and what it reserved in its budgets (a
+// settled sandbox has nothing left to release).
+func (e *Engine) forgetStored(ctx context.Context, b *box) error {
+	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.eraseEnv(ctx, b.rec.ID), e.eraseHistory(ctx, b.rec.ID),
+		e.releaseBudgets(ctx, b))
 }
 
 // Get returns a sandbox, including deleted ones.
