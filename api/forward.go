@@ -31,7 +31,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) bool 
 	}
 	// Without a key nothing is looked up or sent on: the refusal is
 	// made here.
-	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); !ok || strings.TrimSpace(tok) == "" {
+	if bearer(r) == "" {
 		return false
 	}
 	h, err := s.forwardTo(w, r, rt)

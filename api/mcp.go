@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -63,11 +62,6 @@ func (s *Server) mcpHandler() http.Handler {
 		http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.opts.Timeouts.Body))
 		h.ServeHTTP(w, r)
 	})
-}
-
-func bearer(r *http.Request) string {
-	t, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return strings.TrimSpace(t)
 }
 
 // inProcess carries a tool's API request to the server's own handler, as

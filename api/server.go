@@ -334,9 +334,8 @@ func (s *Server) authenticate(r *http.Request) (context.Context, error) {
 	if addr, ok := s.source(r); ok {
 		ctx = authz.WithSource(ctx, addr)
 	}
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	token = strings.TrimSpace(token)
-	if !ok || token == "" {
+	token := bearer(r)
+	if token == "" {
 		return nil, sandbox.Errorf(sandbox.ErrUnauthenticated, "", "an API key is required (Authorization: Bearer <key>)")
 	}
 	p, err := s.opts.Auth.Authenticate(ctx, token)
@@ -346,6 +345,15 @@ func (s *Server) authenticate(r *http.Request) (context.Context, error) {
 		}
 	}
 	return authz.WithPrincipal(ctx, p), nil
+}
+
+// bearer is the request's API key (Authorization: Bearer <key>), or "".
+func bearer(r *http.Request) string {
+	t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return ""
+	}
+	return strings.TrimSpace(t)
 }
 
 // source is the caller's address: the socket's peer, or, when the peer is
