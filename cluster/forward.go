@@ -77,9 +77,6 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, h *Host, cli
 	p.ServeHTTP(w, r)
 }
 
-// Close drops the idle connections to other hosts.
-func (f *Forwarder) Close() { f.tr.CloseIdleConnections() }
-
 // Internal wraps the handler of a host's internal endpoint: only a
 // request whose client showed a deployment certificate gets through
 // (the TLS config asks for one; this checks the connection had it), with

@@ -84,9 +84,6 @@ func Register(ctx context.Context, opts Options) (*Registry, error) {
 // Name is this host's name.
 func (r *Registry) Name() string { return r.opts.Name }
 
-// Lease is how long a host stays up without renewing.
-func (r *Registry) Lease() time.Duration { return r.opts.Lease }
-
 // renew writes this host's row: up, with a new lease. revived says
 // whether it was marked down meanwhile.
 func (r *Registry) renew(ctx context.Context, start bool) (revived bool, err error) {
