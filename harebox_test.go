@@ -376,7 +376,7 @@ func TestEngineLifecycle(t *testing.T) {
 
 		// A background process no one attaches to: its output is kept in
 		// the guest's ring; the engine keeps only its first MaxOutputBytes.
-		p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "dd if=/dev/zero bs=65536 count=2048 2>/dev/null"})
+		p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "dd if=/dev/zero bs=65536 count=1024 2>/dev/null"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -386,7 +386,7 @@ func TestEngineLifecycle(t *testing.T) {
 		if err != nil || pd.Result == nil || pd.Result.ExitCode != 0 || len(pd.Result.Stdout) > 8<<20 {
 			t.Fatalf("background flood: %+v %v", pd, err)
 		}
-		flooded += 2048 * 65536
+		flooded += 1024 * 65536
 		t.Logf("background: %v", time.Since(start).Round(time.Millisecond))
 
 		for pid, rss := range before {
@@ -429,7 +429,10 @@ func TestEngineLifecycle(t *testing.T) {
 		}
 		last := sampleSince(time.Now())[0]
 		t.Logf("cpu %.2f s -> %.2f s, memory %d MiB, disk %d MiB", first.CPUSeconds, last.CPUSeconds, last.MemoryBytes>>20, last.DiskBytes>>20)
-		if last.CPUSeconds-first.CPUSeconds < 2 || last.MemoryBytes < 64<<20 || last.DiskBytes <= 0 || !last.Time.After(first.Time) {
+		// At least a third of the loop: on 2 cores shared with other VMs
+		// the VMM gets well under a whole core (1.9 s was seen), while an
+		// idle guest burns a small fraction of that.
+		if last.CPUSeconds-first.CPUSeconds < 1 || last.MemoryBytes < 64<<20 || last.DiskBytes <= 0 || !last.Time.After(first.Time) {
 			t.Errorf("samples: %+v then %+v", first, last)
 		}
 	})
@@ -908,7 +911,7 @@ func TestEngineDefaultImage(t *testing.T) {
 	t.Run("Tools", func(t *testing.T) {
 		// What the code run in a sandbox expects of the image, used as
 		// the unprivileged user: a C toolchain and make, git, curl, pip, venv.
-		// (pip and venv installing from an index: linuxnet's TestVMPipInstall.)
+		// (pip and venv installing from an index: linuxnet's TestVMDebian/PipInstall.)
 		r := run(t, eng, box.ID, `set -e; mkdir -p /tmp/tools && cd /tmp/tools
 printf '#include <stdio.h>\nint main(void){puts("built here");return 0;}\n' > hello.c
 printf 'hello: hello.c\n\tcc -O2 -o $@ $<\n' > Makefile

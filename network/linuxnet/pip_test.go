@@ -18,38 +18,47 @@ import (
 	"github.com/harebox/harebox/internal/testimage"
 )
 
-// TestVMPipInstall proves the walkthrough's policy does what it is for:
-// the Debian image boots under exactly that policy, and pip, as the
-// unprivileged user with its default index, installs a wheel from
-// the test internet's pypi.org (the index) and files.pythonhosted.org
-// (the file), both over TLS. Under a deny-all policy the same install
-// fails and neither host sees a connection.
-func TestVMPipInstall(t *testing.T) {
+// TestVMDebian boots the Debian image once on a real tap and runs, one
+// after the other on that VM (a Debian boot is half a minute and more
+// under TCG), the tests that need its python3 and pip.
+func TestVMDebian(t *testing.T) {
 	requireRoot(t)
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
 	}
 	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
-		t.Skip("needs the Debian image (pip, venv): set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does)")
+		t.Skip("needs the Debian image (python3, pip): set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does)")
 	}
 	img := testimage.Image(t, "default")
 	e := newEnv(t)
-	wheel, sum := testWheel(t, "hbdemo", "1.0", "GREETING = 'installed from the test index'\n")
-	file := "/packages/hb/demo/hbdemo-1.0-py3-none-any.whl"
-	e.serve("files.pythonhosted.org", file, "application/octet-stream", wheel)
-	e.serve("pypi.org", "/simple/hbdemo/", "text/html", []byte(fmt.Sprintf(
-		`<!DOCTYPE html><html><body><a href="https://files.pythonhosted.org%s#sha256=%s">hbdemo-1.0-py3-none-any.whl</a></body></html>`, file, sum)))
-
 	n := e.newNetworkWith("", nil) // real taps
 	t.Cleanup(func() { n.Destroy(context.Background()) })
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	id := "sbx_pip" + suffix()
+	id := "sbx_deb" + suffix()
 	att, err := n.Attach(ctx, id, mustPolicy(t, walkthrough))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := bootVM(t, ctx, id, img, att, 768)
+	t.Run("PipInstall", func(t *testing.T) { vmPipInstall(t, ctx, e, n, id, c) })
+	t.Run("Credentials", func(t *testing.T) { vmCredentials(t, ctx, e, n, id, c) })
+}
+
+// vmPipInstall proves the walkthrough's policy does what it is for: pip,
+// as the unprivileged user with its default index, installs a wheel from
+// the test internet's pypi.org (the index) and files.pythonhosted.org
+// (the file), both over TLS. Under a deny-all policy the same install
+// fails and neither host sees a connection.
+func vmPipInstall(t *testing.T, ctx context.Context, e *env, n *Network, id string, c *client.Client) {
+	wheel, sum := testWheel(t, "hbdemo", "1.0", "GREETING = 'installed from the test index'\n")
+	file := "/packages/hb/demo/hbdemo-1.0-py3-none-any.whl"
+	e.serve("files.pythonhosted.org", file, "application/octet-stream", wheel)
+	e.serve("pypi.org", "/simple/hbdemo/", "text/html", []byte(fmt.Sprintf(
+		`<!DOCTYPE html><html><body><a href="https://files.pythonhosted.org%s#sha256=%s">hbdemo-1.0-py3-none-any.whl</a></body></html>`, file, sum)))
+	if err := n.SetPolicy(ctx, id, mustPolicy(t, walkthrough)); err != nil {
+		t.Fatal(err)
+	}
 	// The test hosts' CA, trusted for this test only, the way the engine
 	// installs a sandbox's own CA (a bundle and the variables naming it).
 	const bundle = "/etc/harebox/test-ca.pem"

@@ -3,7 +3,6 @@ package linuxnet
 import (
 	"context"
 	"encoding/pem"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -111,28 +110,13 @@ func TestVMEndToEnd(t *testing.T) {
 	}
 }
 
-// TestVMCredentials boots the Debian image on a real tap with a credential
-// rule for pypi.org: python3 in the guest, as root, sends its placeholder
-// and the test host receives the real value, while another host receives
-// the placeholder and the guest never sees the value.
-func TestVMCredentials(t *testing.T) {
-	requireRoot(t)
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
-	}
-	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
-		t.Skip("needs the Debian image (python3): set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does)")
-	}
-	img := testimage.Image(t, "default")
-	e := newEnv(t)
-	n := e.newNetworkWith("", nil) // real taps
-	t.Cleanup(func() { n.Destroy(context.Background()) })
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	id := "sbx_vc" + suffix()
-	att, err := n.Attach(ctx, id, mustPolicy(t, `{"default_outbound":"deny","outbound":[
-	  {"action":"allow","protocol":"tcp","hosts":["pypi.org","example.com"],"ports":"443"}]}`))
-	if err != nil {
+// vmCredentials gives the Debian VM a credential rule for pypi.org:
+// python3 in the guest, as root, sends its placeholder and the test host
+// receives the real value, while another host receives the placeholder
+// and the guest never sees the value.
+func vmCredentials(t *testing.T, ctx context.Context, e *env, n *Network, id string, c *client.Client) {
+	if err := n.SetPolicy(ctx, id, mustPolicy(t, `{"default_outbound":"deny","outbound":[
+	  {"action":"allow","protocol":"tcp","hosts":["pypi.org","example.com"],"ports":"443"}]}`)); err != nil {
 		t.Fatal(err)
 	}
 	ca, key, err := credproxy.NewCA("HareBox sandbox " + id)
@@ -150,7 +134,7 @@ func TestVMCredentials(t *testing.T) {
 		return &credproxy.Sandbox{CA: ca, CAKey: key, Rules: []credproxy.Rule{{
 			Hosts: []string{"pypi.org"}, Header: "Authorization", Format: "Bearer {value}", Placeholder: ph, Value: value}}}
 	})
-	c := bootVM(t, ctx, id, img, att, 768)
+	t.Cleanup(func() { n.SetCredentials(func(string) *credproxy.Sandbox { return nil }) })
 	// The engine installs the sandbox CA the same way (harebox.installCA).
 	bundle := string(e.pems) + string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw}))
 	if _, err := c.WriteFile(ctx, "/etc/harebox/ca-bundle.pem", strings.NewReader(bundle), client.WriteOptions{Mode: 0o644, MakeParents: true}); err != nil {
