@@ -33,7 +33,9 @@ func TestLoad(t *testing.T) {
 	}
 	defer os.RemoveAll(dataDir)
 	var cur atomic.Pointer[server]
-	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none")
+	// Golden snapshots, as hareboxd runs by default: the first create
+	// boots, the others restore.
+	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none", "--golden-snapshots")
 	cur.Store(srv)
 	c := &crashClients{cur: &cur}
 	var ids []string
