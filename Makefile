@@ -62,7 +62,9 @@ lint-openapi: deps
 
 test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 test: deps vet lint-openapi
-	$(GO) test -timeout 24m -count=1 ./...
+	@# e2e first: it is the longest package, and go test starts packages in
+	@# the order given, two at a time on two cores.
+	$(GO) test -timeout 24m -count=1 ./e2e/ . ./...
 	@# The engine's concurrency tests again, several times, under the race detector.
 	CGO_ENABLED=1 $(GO) test -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' .
 
