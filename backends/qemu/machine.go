@@ -15,6 +15,7 @@ import (
 
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/overlay"
+	"github.com/harebox/harebox/hypervisor/qmp"
 	"github.com/harebox/harebox/internal/sealstream"
 )
 
@@ -44,7 +45,7 @@ func (m *machine) exec(ctx context.Context, cmd string, args any) (json.RawMessa
 	if !m.st.Proc.alive() {
 		return nil, hypervisor.Errorf(hypervisor.ErrState, "qemu: %s: %v", m.ID(), errStopped)
 	}
-	q, err := dialQMP(ctx, m.st.QMP)
+	q, err := qmp.Dial(ctx, m.st.QMP)
 	if err != nil {
 		return nil, err
 	}
@@ -501,45 +502,9 @@ func (m *machine) detach(ctx context.Context) error {
 	return m.st.save()
 }
 
-// waitJob polls a block job started with auto-dismiss off until it
-// concludes, dismisses it and returns its error.
+// waitJob waits for a block job of the machine's (qmp.WaitJob).
 func (m *machine) waitJob(ctx context.Context, id string) error {
-	for {
-		out, err := m.exec(ctx, "query-jobs", nil)
-		if err != nil {
-			return err
-		}
-		var jobs []struct {
-			ID     string `json:"id"`
-			Status string `json:"status"`
-			Error  string `json:"error"`
-		}
-		if err := json.Unmarshal(out, &jobs); err != nil {
-			return fmt.Errorf("query-jobs: %w", err)
-		}
-		found := false
-		for _, j := range jobs {
-			if j.ID != id {
-				continue
-			}
-			found = true
-			if j.Status == "concluded" {
-				m.exec(ctx, "job-dismiss", map[string]any{"id": id})
-				if j.Error != "" {
-					return errors.New(j.Error)
-				}
-				return nil
-			}
-		}
-		if !found {
-			return fmt.Errorf("job %s is gone", id)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return qmp.WaitJob(ctx, m.exec, id)
 }
 
 // copyUnder copies what the machine wrote to its disk i (the top layer of

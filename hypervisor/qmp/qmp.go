@@ -1,4 +1,7 @@
-package qemu
+// Package qmp is a minimal client of the QEMU Machine Protocol, spoken by
+// QEMU itself and by qemu-storage-daemon: one command at a time, each
+// bounded by its context, and block-job polling.
+package qmp
 
 import (
 	"bufio"
@@ -11,42 +14,43 @@ import (
 	"time"
 )
 
-// qmpMaxLine bounds one QMP message. QEMU is ours, but a bound keeps a
+// MaxLine bounds one QMP message. QEMU is ours, but a bound keeps a
 // confused VMM from making us buffer without limit.
-const qmpMaxLine = 1 << 20
+const MaxLine = 1 << 20
 
-// qmp is a minimal QMP client: one command at a time, every call bounded by
+// Client is a QMP connection: one command at a time, every call bounded by
 // its context. Asynchronous events are read and dropped.
-type qmp struct {
+type Client struct {
 	mu   sync.Mutex
 	conn net.Conn
 	r    *bufio.Reader
 }
 
-type qmpError struct {
+// Error is an error QMP returned for a command.
+type Error struct {
 	Class string `json:"class"`
 	Desc  string `json:"desc"`
 }
 
-func (e *qmpError) Error() string { return "qmp: " + e.Class + ": " + e.Desc }
+func (e *Error) Error() string { return "qmp: " + e.Class + ": " + e.Desc }
 
-type qmpReply struct {
+type reply struct {
 	Return json.RawMessage `json:"return"`
-	Error  *qmpError       `json:"error"`
+	Error  *Error          `json:"error"`
 	Event  string          `json:"event"`
 	QMP    json.RawMessage `json:"QMP"`
 }
 
-// dialQMP connects to a QMP socket and negotiates capabilities.
-func dialQMP(ctx context.Context, path string) (*qmp, error) {
+// Dial connects to a QMP socket and negotiates capabilities.
+func Dial(ctx context.Context, path string) (*Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("qmp: dial %s: %w", path, err)
 	}
-	q := &qmp{conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
+	q := &Client{conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
 	if err := q.withDeadline(ctx, func() error {
-		var greet qmpReply
+		var greet reply
 		if err := q.read(&greet); err != nil {
 			return err
 		}
@@ -65,10 +69,10 @@ func dialQMP(ctx context.Context, path string) (*qmp, error) {
 	return q, nil
 }
 
-func (q *qmp) Close() error { return q.conn.Close() }
+func (q *Client) Close() error { return q.conn.Close() }
 
 // Execute runs one command and returns its "return" value.
-func (q *qmp) Execute(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+func (q *Client) Execute(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	req := map[string]any{"execute": cmd}
@@ -85,7 +89,7 @@ func (q *qmp) Execute(ctx context.Context, cmd string, args any) (json.RawMessag
 			return fmt.Errorf("qmp: write %s: %w", cmd, err)
 		}
 		for {
-			var rep qmpReply
+			var rep reply
 			if err := q.read(&rep); err != nil {
 				return fmt.Errorf("qmp: %s: %w", cmd, err)
 			}
@@ -103,7 +107,7 @@ func (q *qmp) Execute(ctx context.Context, cmd string, args any) (json.RawMessag
 	return out, err
 }
 
-func (q *qmp) withDeadline(ctx context.Context, f func() error) error {
+func (q *Client) withDeadline(ctx context.Context, f func() error) error {
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Now().Add(30 * time.Second)
@@ -126,7 +130,7 @@ func (q *qmp) withDeadline(ctx context.Context, f func() error) error {
 	return err
 }
 
-func (q *qmp) read(v *qmpReply) error {
+func (q *Client) read(v *reply) error {
 	var line []byte
 	for {
 		chunk, isPrefix, err := q.r.ReadLine()
@@ -134,7 +138,7 @@ func (q *qmp) read(v *qmpReply) error {
 			return err
 		}
 		line = append(line, chunk...)
-		if len(line) > qmpMaxLine {
+		if len(line) > MaxLine {
 			return errors.New("qmp: message too long")
 		}
 		if !isPrefix {
@@ -142,4 +146,48 @@ func (q *qmp) read(v *qmpReply) error {
 		}
 	}
 	return json.Unmarshal(line, v)
+}
+
+// Exec runs one QMP command.
+type Exec func(ctx context.Context, cmd string, args any) (json.RawMessage, error)
+
+// WaitJob polls a block job started with auto-dismiss off until it
+// concludes, dismisses it and returns its error.
+func WaitJob(ctx context.Context, exec Exec, id string) error {
+	for {
+		out, err := exec(ctx, "query-jobs", nil)
+		if err != nil {
+			return err
+		}
+		var jobs []struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+			Error  string `json:"error"`
+		}
+		if err := json.Unmarshal(out, &jobs); err != nil {
+			return fmt.Errorf("query-jobs: %w", err)
+		}
+		found := false
+		for _, j := range jobs {
+			if j.ID != id {
+				continue
+			}
+			found = true
+			if j.Status == "concluded" {
+				exec(ctx, "job-dismiss", map[string]any{"id": id})
+				if j.Error != "" {
+					return errors.New(j.Error)
+				}
+				return nil
+			}
+		}
+		if !found {
+			return fmt.Errorf("job %s is gone", id)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

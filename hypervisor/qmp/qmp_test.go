@@ -1,4 +1,4 @@
-package qemu
+package qmp
 
 import (
 	"bufio"
@@ -49,7 +49,7 @@ func TestQMPEventsAndErrors(t *testing.T) {
 		`{"error": {"class": "GenericError", "desc": "nope"}}`+"\n",
 	)
 	ctx := context.Background()
-	q, err := dialQMP(ctx, sock)
+	q, err := Dial(ctx, sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestQMPEventsAndErrors(t *testing.T) {
 		t.Fatalf("got %s, %v; want the reply after the event", out, err)
 	}
 	_, err = q.Execute(ctx, "stop", nil)
-	var qe *qmpError
+	var qe *Error
 	if !errors.As(err, &qe) || qe.Desc != "nope" {
 		t.Fatalf("got %v, want the QMP error", err)
 	}
@@ -67,7 +67,7 @@ func TestQMPEventsAndErrors(t *testing.T) {
 
 func TestQMPDeadline(t *testing.T) {
 	sock := qmpPeer(t, greet, `{"return": {}}`+"\n") // then never answers
-	q, err := dialQMP(context.Background(), sock)
+	q, err := Dial(context.Background(), sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,11 +83,11 @@ func TestQMPDeadline(t *testing.T) {
 
 func TestQMPNoGreeting(t *testing.T) {
 	sock := qmpPeer(t, `{"hello": 1}`+"\n")
-	if _, err := dialQMP(context.Background(), sock); err == nil {
+	if _, err := Dial(context.Background(), sock); err == nil {
 		t.Fatal("want an error for a peer that is not QMP")
 	}
-	long := qmpPeer(t, strings.Repeat("x", qmpMaxLine+10)+"\n")
-	if _, err := dialQMP(context.Background(), long); err == nil {
+	long := qmpPeer(t, strings.Repeat("x", MaxLine+10)+"\n")
+	if _, err := Dial(context.Background(), long); err == nil {
 		t.Fatal("want an error for an oversized line")
 	}
 }
