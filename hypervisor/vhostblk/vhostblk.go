@@ -6,7 +6,9 @@
 // Secrets), never argv, the environment or a file.
 //
 // The daemon outlives the process that started it, like the VMM it serves:
-// Find re-attaches to it by its directory after a restart.
+// Find re-attaches to it by its directory after a restart. Its QMP monitor
+// (a socket in the same directory) lets Backup copy a disk's writes under
+// another key, for a snapshot.
 package vhostblk
 
 import (
@@ -28,6 +30,7 @@ import (
 
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/overlay"
+	"github.com/harebox/harebox/hypervisor/qmp"
 )
 
 // Disk is one disk to serve.
@@ -71,6 +74,7 @@ type Server struct {
 
 const (
 	pidFile      = "qsd.pid"
+	qmpSocket    = "qmp.sock"
 	secretData   = "sec-data"
 	secretBackup = "sec-backing"
 	// maxSocketPath is sun_path's size less the terminating NUL.
@@ -121,7 +125,15 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		}
 	}
 	s := &Server{Dir: dir}
-	args := []string{"--daemonize", "--pidfile", filepath.Join(dir, pidFile)}
+	monitor := filepath.Join(dir, qmpSocket)
+	if len(monitor) > maxSocketPath {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: socket path %s is longer than %d bytes", monitor, maxSocketPath)
+	}
+	os.Remove(monitor)
+	args := []string{"--daemonize", "--pidfile", filepath.Join(dir, pidFile),
+		// (A comma in the key=value form is written twice.)
+		"--chardev", "socket,id=qmp,server=on,wait=off,path=" + strings.ReplaceAll(monitor, ",", ",,"),
+		"--monitor", "chardev=qmp"}
 	args = append(args, sec.Args()...)
 	for i, d := range o.Disks {
 		sock := filepath.Join(dir, fmt.Sprintf("disk%d.sock", i))
@@ -305,7 +317,54 @@ func (s *Server) Stop(ctx context.Context) error {
 	for _, sock := range s.Sockets {
 		os.Remove(sock)
 	}
+	os.Remove(filepath.Join(s.Dir, qmpSocket))
 	os.Remove(filepath.Join(s.Dir, pidFile))
+	return nil
+}
+
+// Backup copies what the guest wrote to disk i (the top layer of its
+// overlay) into dst, under key: dst is an encrypted qcow2 made for it over
+// the same base (overlay.CreateEncrypted), so that it reads as the whole
+// disk did when the copy started. The daemon does the copy with the disk's
+// own key, which it holds; key reaches it over QMP for the copy only and
+// is dropped after. Pause the guest first for a copy that matches its
+// memory.
+func (s *Server) Backup(ctx context.Context, i int, dst string, key []byte) error {
+	if i < 0 || i >= len(s.Sockets) {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: backup of disk %d: the daemon serves %d", i, len(s.Sockets))
+	}
+	if len(key) != hypervisor.KeySize {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: backup needs a %d-byte key", hypervisor.KeySize)
+	}
+	q, err := qmp.Dial(ctx, filepath.Join(s.Dir, qmpSocket))
+	if err != nil {
+		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
+	}
+	defer q.Close()
+	secret, node, job := fmt.Sprintf("sec-copy%d", i), fmt.Sprintf("copy%d", i), fmt.Sprintf("copy-disk%d", i)
+	bg := context.WithoutCancel(ctx)
+	if _, err := q.Execute(ctx, "object-add", map[string]any{"qom-type": "secret", "id": secret, "data": overlay.Passphrase(key), "format": "raw"}); err != nil {
+		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
+	}
+	defer q.Execute(bg, "object-del", map[string]any{"id": secret})
+	if _, err := q.Execute(ctx, "blockdev-add", map[string]any{
+		"driver": "qcow2", "node-name": node,
+		"file":    map[string]any{"driver": "file", "filename": dst},
+		"encrypt": map[string]any{"format": "luks", "key-secret": secret},
+	}); err != nil {
+		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
+	}
+	defer q.Execute(bg, "blockdev-del", map[string]any{"node-name": node})
+	if _, err := q.Execute(ctx, "blockdev-backup", map[string]any{
+		"job-id": job, "device": fmt.Sprintf("disk%d", i), "target": node, "sync": "top", "auto-dismiss": false,
+	}); err != nil {
+		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
+	}
+	if err := qmp.WaitJob(ctx, q.Execute, job); err != nil {
+		// (Best effort: a copy left running holds the target open.)
+		q.Execute(bg, "job-cancel", map[string]any{"id": job})
+		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +42,15 @@ func newKey() []byte {
 // as the guest sees it, through qemu-img with key.
 func plainBytes(t *testing.T, path string, key []byte) []byte {
 	t.Helper()
+	b, err := readPlain(t, path, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func readPlain(t *testing.T, path string, key []byte) ([]byte, error) {
+	t.Helper()
 	var sec overlay.Secrets
 	defer sec.Close()
 	if err := sec.Add("k", key); err != nil {
@@ -52,13 +62,9 @@ func plainBytes(t *testing.T, path string, key []byte) []byte {
 	cmd := exec.Command("qemu-img", args...)
 	sec.Apply(cmd)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img convert: %v %s", err, b)
+		return nil, fmt.Errorf("qemu-img convert: %v %s", err, b)
 	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return os.ReadFile(out)
 }
 
 // frontend boots the minimal image under QEMU (TCG) with the sockets as
@@ -138,7 +144,8 @@ func guest(t *testing.T, c *agentclient.Client, script string) string {
 // socket served from a LUKS overlay; on the host the overlay holds only
 // ciphertext and the base is untouched; the key reads the guest's bytes
 // back; another key opens nothing; the daemon is found again by its
-// directory, and Stop leaves no process and no socket.
+// directory and copies the disk's writes under a snapshot's key; Stop
+// leaves no process and no socket.
 func TestServeEncryptedOverlay(t *testing.T) {
 	need(t, "qemu-storage-daemon", "qemu-img", "qemu-system-x86_64")
 	dir, err := os.MkdirTemp("", "hbv")
@@ -190,14 +197,44 @@ func TestServeEncryptedOverlay(t *testing.T) {
 	if err != nil || found.PID != srv.PID || len(found.Sockets) != 1 || found.Sockets[0] != srv.Sockets[0] {
 		t.Fatalf("found %+v %v, started %+v", found, err, srv)
 	}
+
+	// A snapshot's copy of the disk, by the daemon found again (as after
+	// a restart), under a key of its own: ciphertext only; the snapshot's
+	// key reads the guest's bytes over the base, the disk's key opens
+	// nothing, and the disk itself is as it was.
+	snapKey := newKey()
+	snap := filepath.Join(dir, "snap.qcow2")
+	if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", snap, 16<<20, snapKey, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := found.Backup(ctx, 0, snap, snapKey); err != nil {
+		t.Fatal(err)
+	}
+	if err := found.Backup(ctx, 1, snap, snapKey); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Errorf("a backup of a disk it does not serve: %v", err)
+	}
+	if raw, _ := os.ReadFile(snap); len(raw) == 0 || bytes.Contains(raw, []byte(marker)) {
+		t.Errorf("the copy holds the guest's bytes in plain text (or nothing: %d bytes)", len(raw))
+	}
+	if plain := plainBytes(t, snap, snapKey); !bytes.HasPrefix(plain[2048*512:], []byte(marker)) || !bytes.HasPrefix(plain, []byte("base-block")) {
+		t.Errorf("the snapshot key reads back %q at the marker", plain[2048*512:2048*512+32])
+	}
+	if _, err := readPlain(t, snap, key); err == nil || !strings.Contains(err.Error(), "Invalid password") {
+		t.Errorf("the disk's key opens the copy: %v", err)
+	}
+	if got := guest(t, c, `dd if=/dev/vda bs=512 skip=2048 count=1 2>/dev/null | head -c 25`); got != marker {
+		t.Errorf("after the copy the guest reads %q", got)
+	}
 	if err := found.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := vhostblk.Find(srv.Dir); !errors.Is(err, vhostblk.ErrNotRunning) {
 		t.Errorf("after Stop: %v", err)
 	}
-	if _, err := os.Stat(srv.Sockets[0]); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the socket is left: %v", err)
+	for _, sock := range []string{srv.Sockets[0], filepath.Join(srv.Dir, "qmp.sock")} {
+		if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the socket %s is left: %v", sock, err)
+		}
 	}
 
 	raw, err := os.ReadFile(ov)
