@@ -14,9 +14,9 @@ import (
 	"time"
 )
 
-// MaxLine bounds one QMP message. QEMU is ours, but a bound keeps a
+// maxLine bounds one QMP message. QEMU is ours, but a bound keeps a
 // confused VMM from making us buffer without limit.
-const MaxLine = 1 << 20
+const maxLine = 1 << 20
 
 // Client is a QMP connection: one command at a time, every call bounded by
 // its context. Asynchronous events are read and dropped.
@@ -138,7 +138,7 @@ func (q *Client) read(v *reply) error {
 			return err
 		}
 		line = append(line, chunk...)
-		if len(line) > MaxLine {
+		if len(line) > maxLine {
 			return errors.New("qmp: message too long")
 		}
 		if !isPrefix {
@@ -150,6 +150,9 @@ func (q *Client) read(v *reply) error {
 
 // Exec runs one QMP command.
 type Exec func(ctx context.Context, cmd string, args any) (json.RawMessage, error)
+
+// ErrNoJob: WaitJob's job is not (or no longer) there.
+var ErrNoJob = errors.New("qmp: no such job")
 
 // WaitJob polls a block job started with auto-dismiss off until it
 // concludes, dismisses it and returns its error.
@@ -165,7 +168,7 @@ func WaitJob(ctx context.Context, exec Exec, id string) error {
 			Error  string `json:"error"`
 		}
 		if err := json.Unmarshal(out, &jobs); err != nil {
-			return fmt.Errorf("query-jobs: %w", err)
+			return fmt.Errorf("qmp: query-jobs: %w", err)
 		}
 		found := false
 		for _, j := range jobs {
@@ -174,15 +177,18 @@ func WaitJob(ctx context.Context, exec Exec, id string) error {
 			}
 			found = true
 			if j.Status == "concluded" {
-				exec(ctx, "job-dismiss", map[string]any{"id": id})
+				// (A job left undismissed keeps its ID taken.)
+				if _, err := exec(ctx, "job-dismiss", map[string]any{"id": id}); err != nil {
+					return fmt.Errorf("qmp: job %s: %w", id, err)
+				}
 				if j.Error != "" {
-					return errors.New(j.Error)
+					return fmt.Errorf("qmp: job %s: %s", id, j.Error)
 				}
 				return nil
 			}
 		}
 		if !found {
-			return fmt.Errorf("job %s is gone", id)
+			return fmt.Errorf("%w: %s", ErrNoJob, id)
 		}
 		select {
 		case <-ctx.Done():

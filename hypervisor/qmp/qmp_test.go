@@ -3,6 +3,7 @@ package qmp
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"path/filepath"
@@ -86,8 +87,39 @@ func TestQMPNoGreeting(t *testing.T) {
 	if _, err := Dial(context.Background(), sock); err == nil {
 		t.Fatal("want an error for a peer that is not QMP")
 	}
-	long := qmpPeer(t, strings.Repeat("x", MaxLine+10)+"\n")
+	long := qmpPeer(t, strings.Repeat("x", maxLine+10)+"\n")
 	if _, err := Dial(context.Background(), long); err == nil {
 		t.Fatal("want an error for an oversized line")
+	}
+}
+
+func TestWaitJob(t *testing.T) {
+	running := `{"return": [{"id": "j", "status": "running"}]}` + "\n"
+	sock := qmpPeer(t, greet,
+		`{"return": {}}`+"\n", // qmp_capabilities
+		running, running,
+		`{"return": [{"id": "j", "status": "concluded", "error": "disk full"}]}`+"\n",
+		`{"return": {}}`+"\n", // job-dismiss
+		`{"return": []}`+"\n",
+	)
+	ctx := context.Background()
+	q, err := Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	var sent []string
+	exec := func(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+		sent = append(sent, cmd)
+		return q.Execute(ctx, cmd, args)
+	}
+	if err := WaitJob(ctx, exec, "j"); err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Errorf("a job that ended in an error: %v", err)
+	}
+	if strings.Join(sent, " ") != "query-jobs query-jobs query-jobs job-dismiss" {
+		t.Errorf("sent %v, want polls until it concluded, then its dismissal", sent)
+	}
+	if err := WaitJob(ctx, exec, "j"); !errors.Is(err, ErrNoJob) {
+		t.Errorf("a job that is gone: %v", err)
 	}
 }

@@ -2,8 +2,9 @@
 // sockets from qemu-storage-daemon, for VMMs that cannot open an
 // encrypted qcow2 overlay themselves (Cloud Hypervisor): the daemon opens
 // the overlay with the machine's key and the VMM sees a plain block
-// device. The keys reach the daemon through inherited pipes (overlay
-// Secrets), never argv, the environment or a file.
+// device. The disks' keys reach the daemon through inherited pipes
+// (overlay Secrets), never argv, the environment or a file; a snapshot's
+// key reaches it over its QMP socket (0700 directory) for one copy only.
 //
 // The daemon outlives the process that started it, like the VMM it serves:
 // Find re-attaches to it by its directory after a restart. Its QMP monitor
@@ -175,6 +176,11 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 				break
 			}
 		}
+		// (A daemon that failed on a disk has made its monitor's socket.)
+		os.Remove(monitor)
+		for _, sock := range s.Sockets {
+			os.Remove(sock)
+		}
 		return nil, fmt.Errorf("vhostblk: %s: %w: %s", bin, err, lastLine(out.String()))
 	}
 	found, err := Find(dir)
@@ -325,28 +331,62 @@ func (s *Server) Stop(ctx context.Context) error {
 // Backup copies what the guest wrote to disk i (the top layer of its
 // overlay) into dst, under key: dst is an encrypted qcow2 made for it over
 // the same base (overlay.CreateEncrypted), so that it reads as the whole
-// disk did when the copy started. The daemon does the copy with the disk's
-// own key, which it holds; key reaches it over QMP for the copy only and
-// is dropped after. Pause the guest first for a copy that matches its
-// memory.
-func (s *Server) Backup(ctx context.Context, i int, dst string, key []byte) error {
+// disk did when the copy started. Disk i must be an overlay over a plain
+// base (not yet a restored snapshot's disk, whose backing is encrypted).
+// The daemon does the copy with the disk's own key, which it holds; key
+// reaches it over QMP for the copy only, and Backup removes it, the
+// target and the job again, also after a failure (an error says if it
+// could not). Pause the guest first for a copy that matches its memory.
+func (s *Server) Backup(ctx context.Context, i int, dst string, key []byte) (err error) {
 	if i < 0 || i >= len(s.Sockets) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: backup of disk %d: the daemon serves %d", i, len(s.Sockets))
 	}
 	if len(key) != hypervisor.KeySize {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: backup needs a %d-byte key", hypervisor.KeySize)
 	}
-	q, err := qmp.Dial(ctx, filepath.Join(s.Dir, qmpSocket))
+	monitor := filepath.Join(s.Dir, qmpSocket)
+	q, err := qmp.Dial(ctx, monitor)
 	if err != nil {
 		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
 	}
 	defer q.Close()
 	secret, node, job := fmt.Sprintf("sec-copy%d", i), fmt.Sprintf("copy%d", i), fmt.Sprintf("copy-disk%d", i)
-	bg := context.WithoutCancel(ctx)
+	started := false
+	defer func() {
+		// On a connection of its own (a call that timed out leaves its
+		// answer unread on q), bounded, whatever ctx has left: the job
+		// (ended and dismissed), then the target, then the key. Removing
+		// what was never added is harmless. (The monitor serves one
+		// client at a time: q goes first.)
+		q.Close()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		c, derr := qmp.Dial(cctx, monitor)
+		if derr != nil {
+			err = errors.Join(err, fmt.Errorf("vhostblk: backup of disk %d: clean up: %w", i, derr))
+			return
+		}
+		defer c.Close()
+		var errs []error
+		if started && err != nil {
+			c.Execute(cctx, "job-cancel", map[string]any{"id": job})
+			if werr := qmp.WaitJob(cctx, c.Execute, job); werr != nil && !errors.Is(werr, qmp.ErrNoJob) {
+				errs = append(errs, werr)
+			}
+		}
+		if _, derr := c.Execute(cctx, "blockdev-del", map[string]any{"node-name": node}); derr != nil && !notFound(derr) {
+			errs = append(errs, derr)
+		}
+		if _, derr := c.Execute(cctx, "object-del", map[string]any{"id": secret}); derr != nil && !notFound(derr) {
+			errs = append(errs, derr)
+		}
+		if len(errs) > 0 {
+			err = errors.Join(err, fmt.Errorf("vhostblk: backup of disk %d: clean up: %w", i, errors.Join(errs...)))
+		}
+	}()
 	if _, err := q.Execute(ctx, "object-add", map[string]any{"qom-type": "secret", "id": secret, "data": overlay.Passphrase(key), "format": "raw"}); err != nil {
 		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
 	}
-	defer q.Execute(bg, "object-del", map[string]any{"id": secret})
 	if _, err := q.Execute(ctx, "blockdev-add", map[string]any{
 		"driver": "qcow2", "node-name": node,
 		"file":    map[string]any{"driver": "file", "filename": dst},
@@ -354,18 +394,22 @@ func (s *Server) Backup(ctx context.Context, i int, dst string, key []byte) erro
 	}); err != nil {
 		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
 	}
-	defer q.Execute(bg, "blockdev-del", map[string]any{"node-name": node})
+	started = true // (if the command timed out, it may have)
 	if _, err := q.Execute(ctx, "blockdev-backup", map[string]any{
 		"job-id": job, "device": fmt.Sprintf("disk%d", i), "target": node, "sync": "top", "auto-dismiss": false,
 	}); err != nil {
 		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
 	}
 	if err := qmp.WaitJob(ctx, q.Execute, job); err != nil {
-		// (Best effort: a copy left running holds the target open.)
-		q.Execute(bg, "job-cancel", map[string]any{"id": job})
 		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
 	}
 	return nil
+}
+
+// notFound: QMP's answer for a node or object that is not there.
+func notFound(err error) bool {
+	var qe *qmp.Error
+	return errors.As(err, &qe) && (qe.Class == "DeviceNotFound" || strings.Contains(qe.Desc, "not found") || strings.Contains(qe.Desc, "find node"))
 }
 
 // exited waits up to 10 ms for the process of fd to exit (a pidfd is

@@ -173,6 +173,9 @@ func TestServeEncryptedOverlay(t *testing.T) {
 	if _, err := vhostblk.Find(filepath.Join(dir, "wrong")); !errors.Is(err, vhostblk.ErrNotRunning) {
 		t.Errorf("a daemon runs after a failed start: %v", err)
 	}
+	if socks, _ := filepath.Glob(filepath.Join(dir, "wrong", "*.sock")); len(socks) != 0 {
+		t.Errorf("a failed start left sockets: %v", socks)
+	}
 
 	srv, err := vhostblk.Start(ctx, vhostblk.Options{Dir: filepath.Join(dir, "d"), Disks: []vhostblk.Disk{disk}, DataKey: key})
 	if err != nil {
@@ -202,13 +205,22 @@ func TestServeEncryptedOverlay(t *testing.T) {
 	// a restart), under a key of its own: ciphertext only; the snapshot's
 	// key reads the guest's bytes over the base, the disk's key opens
 	// nothing, and the disk itself is as it was.
+	// A copy that fails (no target file) cleans up after itself, and so
+	// does one that works: the copies after each work too (the key's
+	// secret, the target and the job have the same names every time).
 	snapKey := newKey()
-	snap := filepath.Join(dir, "snap.qcow2")
-	if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", snap, 16<<20, snapKey, nil); err != nil {
-		t.Fatal(err)
+	if err := found.Backup(ctx, 0, filepath.Join(dir, "missing.qcow2"), snapKey); err == nil || strings.Contains(err.Error(), "clean up") {
+		t.Errorf("a copy into a file that is not there: %v", err)
 	}
-	if err := found.Backup(ctx, 0, snap, snapKey); err != nil {
-		t.Fatal(err)
+	var snap string
+	for _, name := range []string{"snap1.qcow2", "snap.qcow2"} {
+		snap = filepath.Join(dir, name)
+		if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", snap, 16<<20, snapKey, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := found.Backup(ctx, 0, snap, snapKey); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := found.Backup(ctx, 1, snap, snapKey); !errors.Is(err, hypervisor.ErrInvalid) {
 		t.Errorf("a backup of a disk it does not serve: %v", err)
