@@ -376,7 +376,7 @@ func TestEngineLifecycle(t *testing.T) {
 
 		// A background process no one attaches to: its output is kept in
 		// the guest's ring; the engine keeps only its first MaxOutputBytes.
-		p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "dd if=/dev/zero bs=65536 count=1024 2>/dev/null"})
+		p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "dd if=/dev/zero bs=65536 count=2048 2>/dev/null"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -386,7 +386,7 @@ func TestEngineLifecycle(t *testing.T) {
 		if err != nil || pd.Result == nil || pd.Result.ExitCode != 0 || len(pd.Result.Stdout) > 8<<20 {
 			t.Fatalf("background flood: %+v %v", pd, err)
 		}
-		flooded += 1024 * 65536
+		flooded += 2048 * 65536
 		t.Logf("background: %v", time.Since(start).Round(time.Millisecond))
 
 		for pid, rss := range before {

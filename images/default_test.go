@@ -20,8 +20,11 @@ import (
 // one in the test cache (.cache/images), which whichever package asks
 // first builds with debootstrap against the Debian mirror (about three
 // minutes), so a fresh machine (CI) runs debootstrap once, not once more
-// here. The cache is keyed by everything the image is made of (the
-// recipe, kernel, modules, agent), so what it holds is this code's build.
+// here. The cache is keyed by the image's inputs (the package list and
+// script, the files written into it, kernel, modules, agent) and by
+// images.BuilderVersion: a change to the builder's own steps must bump
+// BuilderVersion, or a machine with a warm cache goes on checking the
+// old build (a fresh machine, as in CI, always builds).
 // Set HAREBOX_TEST_DEFAULT_IMAGE=1 to run it.
 func TestDefaultImage(t *testing.T) {
 	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
@@ -38,7 +41,7 @@ func TestDefaultImage(t *testing.T) {
 	start := time.Now()
 	img := testimage.Image(t, images.Default)
 	took := time.Since(start)
-	agent := filepath.Join(testimage.CacheDir(t), "bin", "harebox-agent")
+	agent := testimage.Binary(t, "harebox-agent") // (the same, reproducible build)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if img.RootDisk == "" || img.RootDiskFormat != "raw" || !strings.Contains(img.Cmdline, layout.ParamRoot+"=/dev/vda") {
