@@ -511,7 +511,7 @@ func (m *machine) waitJob(ctx context.Context, id string) error {
 // its overlay) into a new overlay at dst, over the same plain base, under
 // key. QEMU does the copy (blockdev-backup, sync top) with the machine's
 // key it holds; the new key reaches it through QMP for the copy only.
-func (m *machine) copyUnder(ctx context.Context, i int, dst string, key []byte) (err error) {
+func (m *machine) copyUnder(ctx context.Context, i int, dst string, key []byte) error {
 	if i >= len(m.st.Spec.Disks) || !m.st.Spec.Disks[i].Overlay {
 		return hypervisor.Errorf(hypervisor.ErrUnsupported, "qemu: snapshot of writable disk %d: it is not an overlay", i)
 	}
@@ -519,38 +519,7 @@ func (m *machine) copyUnder(ctx context.Context, i int, dst string, key []byte) 
 	if err := m.d.templates.Create(ctx, src.Path, formatOf(src), dst, src.SizeMB<<20, key); err != nil {
 		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
 	}
-	secret, node, job := fmt.Sprintf("sec-copy%d", i), fmt.Sprintf("copy%d", i), fmt.Sprintf("copy-disk%d", i)
-	started := false
-	defer func() {
-		// Bounded, whatever ctx has left: a job a failure left (ended
-		// and dismissed, or its ID stays taken), the target, the key.
-		// Removing what was never added is harmless.
-		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if started && err != nil {
-			m.exec(bg, "job-cancel", map[string]any{"id": job})
-			m.waitJob(bg, job)
-		}
-		m.exec(bg, "blockdev-del", map[string]any{"node-name": node})
-		m.exec(bg, "object-del", map[string]any{"id": secret})
-	}()
-	if _, err := m.exec(ctx, "object-add", map[string]any{"qom-type": "secret", "id": secret, "data": overlay.Passphrase(key), "format": "raw"}); err != nil {
-		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
-	}
-	if _, err := m.exec(ctx, "blockdev-add", map[string]any{
-		"driver": "qcow2", "node-name": node,
-		"file":    map[string]any{"driver": "file", "filename": dst},
-		"encrypt": map[string]any{"format": "luks", "key-secret": secret},
-	}); err != nil {
-		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
-	}
-	started = true // (if the command timed out, it may have)
-	if _, err := m.exec(ctx, "blockdev-backup", map[string]any{
-		"job-id": job, "device": fmt.Sprintf("disk%d", i), "target": node, "sync": "top", "auto-dismiss": false,
-	}); err != nil {
-		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
-	}
-	if err := m.waitJob(ctx, job); err != nil {
+	if err := qmp.CopyTop(ctx, m.exec, fmt.Sprintf("disk%d", i), dst, overlay.Passphrase(key), fmt.Sprintf("copy%d", i)); err != nil {
 		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
 	}
 	return nil

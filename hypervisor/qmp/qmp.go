@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 )
@@ -196,4 +197,61 @@ func WaitJob(ctx context.Context, exec Exec, id string) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// CopyTop copies what the block node device holds in its top layer
+// (blockdev-backup, sync top) into dst, an encrypted qcow2 made for it
+// over the same backing file, opened with passphrase: a LUKS secret that
+// reaches the process for this copy only. It removes the job, the target
+// node and the secret again, also after a failure (bounded, whatever ctx
+// has left), and reports what it could not remove. tag names them (one
+// copy per tag at a time). exec should dial a connection per command: a
+// command that timed out leaves its answer unread on its connection.
+func CopyTop(ctx context.Context, exec Exec, device, dst, passphrase, tag string) (err error) {
+	secret, node, job := "sec-"+tag, tag, "job-"+tag
+	started := false
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		var errs []error
+		if started && err != nil {
+			exec(cctx, "job-cancel", map[string]any{"id": job})
+			if werr := WaitJob(cctx, exec, job); werr != nil && !errors.Is(werr, ErrNoJob) {
+				errs = append(errs, werr)
+			}
+		}
+		// (Removing what was never added is harmless.)
+		if _, derr := exec(cctx, "blockdev-del", map[string]any{"node-name": node}); derr != nil && !notFound(derr) {
+			errs = append(errs, derr)
+		}
+		if _, derr := exec(cctx, "object-del", map[string]any{"id": secret}); derr != nil && !notFound(derr) {
+			errs = append(errs, derr)
+		}
+		if len(errs) > 0 {
+			err = errors.Join(err, fmt.Errorf("qmp: clean up after the copy: %w", errors.Join(errs...)))
+		}
+	}()
+	if _, err := exec(ctx, "object-add", map[string]any{"qom-type": "secret", "id": secret, "data": passphrase, "format": "raw"}); err != nil {
+		return err
+	}
+	if _, err := exec(ctx, "blockdev-add", map[string]any{
+		"driver": "qcow2", "node-name": node,
+		"file":    map[string]any{"driver": "file", "filename": dst},
+		"encrypt": map[string]any{"format": "luks", "key-secret": secret},
+	}); err != nil {
+		return err
+	}
+	started = true // (if the command timed out, it may have)
+	if _, err := exec(ctx, "blockdev-backup", map[string]any{
+		"job-id": job, "device": device, "target": node, "sync": "top", "auto-dismiss": false,
+	}); err != nil {
+		return err
+	}
+	return WaitJob(ctx, exec, job)
+}
+
+// notFound: QMP's answer for a node or object that is not there.
+func notFound(err error) bool {
+	var qe *Error
+	return errors.As(err, &qe) && (qe.Class == "DeviceNotFound" || strings.Contains(qe.Desc, "not found") || strings.Contains(qe.Desc, "find node"))
 }

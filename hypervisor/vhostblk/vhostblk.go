@@ -337,79 +337,29 @@ func (s *Server) Stop(ctx context.Context) error {
 // reaches it over QMP for the copy only, and Backup removes it, the
 // target and the job again, also after a failure (an error says if it
 // could not). Pause the guest first for a copy that matches its memory.
-func (s *Server) Backup(ctx context.Context, i int, dst string, key []byte) (err error) {
+func (s *Server) Backup(ctx context.Context, i int, dst string, key []byte) error {
 	if i < 0 || i >= len(s.Sockets) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: backup of disk %d: the daemon serves %d", i, len(s.Sockets))
 	}
 	if len(key) != hypervisor.KeySize {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: backup needs a %d-byte key", hypervisor.KeySize)
 	}
-	monitor := filepath.Join(s.Dir, qmpSocket)
-	q, err := qmp.Dial(ctx, monitor)
-	if err != nil {
-		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
-	}
-	defer q.Close()
-	secret, node, job := fmt.Sprintf("sec-copy%d", i), fmt.Sprintf("copy%d", i), fmt.Sprintf("copy-disk%d", i)
-	started := false
-	defer func() {
-		// On a connection of its own (a call that timed out leaves its
-		// answer unread on q), bounded, whatever ctx has left: the job
-		// (ended and dismissed), then the target, then the key. Removing
-		// what was never added is harmless. (The monitor serves one
-		// client at a time: q goes first.)
-		q.Close()
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		c, derr := qmp.Dial(cctx, monitor)
-		if derr != nil {
-			err = errors.Join(err, fmt.Errorf("vhostblk: backup of disk %d: clean up: %w", i, derr))
-			return
-		}
-		defer c.Close()
-		var errs []error
-		if started && err != nil {
-			c.Execute(cctx, "job-cancel", map[string]any{"id": job})
-			if werr := qmp.WaitJob(cctx, c.Execute, job); werr != nil && !errors.Is(werr, qmp.ErrNoJob) {
-				errs = append(errs, werr)
-			}
-		}
-		if _, derr := c.Execute(cctx, "blockdev-del", map[string]any{"node-name": node}); derr != nil && !notFound(derr) {
-			errs = append(errs, derr)
-		}
-		if _, derr := c.Execute(cctx, "object-del", map[string]any{"id": secret}); derr != nil && !notFound(derr) {
-			errs = append(errs, derr)
-		}
-		if len(errs) > 0 {
-			err = errors.Join(err, fmt.Errorf("vhostblk: backup of disk %d: clean up: %w", i, errors.Join(errs...)))
-		}
-	}()
-	if _, err := q.Execute(ctx, "object-add", map[string]any{"qom-type": "secret", "id": secret, "data": overlay.Passphrase(key), "format": "raw"}); err != nil {
-		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
-	}
-	if _, err := q.Execute(ctx, "blockdev-add", map[string]any{
-		"driver": "qcow2", "node-name": node,
-		"file":    map[string]any{"driver": "file", "filename": dst},
-		"encrypt": map[string]any{"format": "luks", "key-secret": secret},
-	}); err != nil {
-		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
-	}
-	started = true // (if the command timed out, it may have)
-	if _, err := q.Execute(ctx, "blockdev-backup", map[string]any{
-		"job-id": job, "device": fmt.Sprintf("disk%d", i), "target": node, "sync": "top", "auto-dismiss": false,
-	}); err != nil {
-		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
-	}
-	if err := qmp.WaitJob(ctx, q.Execute, job); err != nil {
+	if err := qmp.CopyTop(ctx, s.exec, fmt.Sprintf("disk%d", i), dst, overlay.Passphrase(key), fmt.Sprintf("copy%d", i)); err != nil {
 		return fmt.Errorf("vhostblk: backup of disk %d: %w", i, err)
 	}
 	return nil
 }
 
-// notFound: QMP's answer for a node or object that is not there.
-func notFound(err error) bool {
-	var qe *qmp.Error
-	return errors.As(err, &qe) && (qe.Class == "DeviceNotFound" || strings.Contains(qe.Desc, "not found") || strings.Contains(qe.Desc, "find node"))
+// exec runs one QMP command on a connection of its own: the monitor
+// serves one client at a time, and a command that timed out leaves its
+// answer unread on its connection.
+func (s *Server) exec(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	q, err := qmp.Dial(ctx, filepath.Join(s.Dir, qmpSocket))
+	if err != nil {
+		return nil, err
+	}
+	defer q.Close()
+	return q.Execute(ctx, cmd, args)
 }
 
 // exited waits up to 10 ms for the process of fd to exit (a pidfd is
