@@ -40,7 +40,7 @@ func (e *Engine) connect(ctx context.Context, id string) (*box, *agentclient.Cli
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := b.client(ctx, e.agentOptions())
+	c, err := b.client(ctx, e)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -64,7 +64,7 @@ func (e *Engine) checkAgent(b *box, timeout time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, timeout)
 	defer cancel()
-	c, err := b.client(ctx, e.agentOptions())
+	c, err := b.client(ctx, e)
 	if err == nil {
 		_, err = c.Health(ctx)
 	}

@@ -70,12 +70,15 @@ func (b *box) view() *sandbox.Sandbox {
 
 // client returns a live agent connection, redialling when the last one
 // died (agent restart, VM restore, keepalive timeout).
-func (b *box) client(ctx context.Context, opts agentclient.Options) (*agentclient.Client, error) {
+func (b *box) client(ctx context.Context, e *Engine) (*agentclient.Client, error) {
 	b.amu.Lock()
 	defer b.amu.Unlock()
 	if b.agent != nil {
 		select {
 		case <-b.agent.Done():
+			// (Why, for the record: a session's end is rare, and its
+			// cause otherwise lost; one line per session.)
+			e.log.Info("agent session ended; redialling", "sandbox", b.m.ID(), "reason", b.agent.EndReason())
 			b.agent.Close()
 			b.agent = nil
 		default:
@@ -88,7 +91,7 @@ func (b *box) client(ctx context.Context, opts agentclient.Options) (*agentclien
 		dctx, cancel = context.WithTimeout(ctx, 30*time.Second)
 	}
 	defer cancel()
-	c, _, err := agentclient.DialReady(dctx, b.m.AgentEndpoint(), opts)
+	c, _, err := agentclient.DialReady(dctx, b.m.AgentEndpoint(), e.agentOptions())
 	if errors.Is(err, agentclient.ErrAgentTooOld) {
 		return nil, agentErr(err)
 	}
@@ -389,7 +392,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	}
 	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
 	defer cancel()
-	c, err := b.client(bctx, e.agentOptions())
+	c, err := b.client(bctx, e)
 	if err != nil {
 		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500))
 	}
@@ -675,7 +678,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (_ *sandbox.Sandbox, err
 	if b := e.live(id); b != nil {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if c, err := b.client(sctx, e.agentOptions()); err == nil {
+		if c, err := b.client(sctx, e); err == nil {
 			c.SyncTime(sctx, time.Now())
 		}
 	}

@@ -307,7 +307,7 @@ func (e *Engine) claimBoot(ctx context.Context, b *box, pm *member) error {
 	b.phases.mark("claim")
 	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
 	defer cancel()
-	c, err := b.client(bctx, e.agentOptions())
+	c, err := b.client(bctx, e)
 	if err != nil {
 		return err
 	}

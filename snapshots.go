@@ -245,7 +245,7 @@ func (e *Engine) takeSnapshot(ctx context.Context, b *box, id, name, dir string,
 		// measured in BenchmarkFork). Memory and disk are taken at the
 		// same paused instant either way, so they agree.
 		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		if c, err := b.client(sctx, e.agentOptions()); err == nil {
+		if c, err := b.client(sctx, e); err == nil {
 			c.Exec(sctx, agentclient.ExecRequest{Argv: []string{"sync"}, User: "root", Timeout: 10 * time.Second}, nil)
 		}
 		cancel()

@@ -39,7 +39,7 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 		// The guest's writes reach its disk first (best effort: a guest
 		// that does not answer is powered off all the same).
 		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		if c, err := b.client(sctx, e.agentOptions()); err == nil {
+		if c, err := b.client(sctx, e); err == nil {
 			c.Exec(sctx, agentclient.ExecRequest{Argv: []string{"sync"}, User: "root", Timeout: 10 * time.Second}, nil)
 		}
 		cancel()

@@ -283,7 +283,7 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 			continue
 		}
 		if code == 503 {
-			t.Logf("the server's log of it: %s", lastMatch(srv.log.String(), "request failed"))
+			t.Logf("the server's log of it: %s; and of its agent: %s", lastMatch(srv.log.String(), "request failed"), lastMatch(srv.log.String(), "agent session ended"))
 		}
 		if code == 503 && !c.strict {
 			// Known and open: now and then the first exec to an adopted

@@ -71,6 +71,8 @@ type Client struct {
 	closeOnce sync.Once
 	mu        sync.Mutex
 	ended     error // why the guest's side ended the session, if it did
+	endedBy   error // why the session ended, whoever ended it
+	watched   chan struct{}
 }
 
 // Dial connects to the agent endpoint a backend reports.
@@ -116,16 +118,21 @@ func New(conn io.ReadWriteCloser, opts Options) (*Client, error) {
 		conn.Close()
 		return nil, fmt.Errorf("agent: grpc: %w", err)
 	}
-	c := &Client{opts: opts, conn: conn, sess: sess, cc: cc, rpc: agentpb.NewAgentClient(cc)}
+	c := &Client{opts: opts, conn: conn, sess: sess, cc: cc, rpc: agentpb.NewAgentClient(cc), watched: make(chan struct{})}
 	go func() {
+		defer close(c.watched)
 		// A restarted agent announces itself on this session: end it, so
 		// calls in flight fail now and the next one redials.
-		if err := transport.WatchHellos(sess); err != nil {
-			c.mu.Lock()
-			c.ended = err
+		err := transport.WatchHellos(sess)
+		c.mu.Lock()
+		if errors.Is(err, transport.ErrSessionEnded) {
+			c.endedBy = err
 			c.mu.Unlock()
-			c.Close()
+			return
 		}
+		c.ended, c.endedBy = err, err
+		c.mu.Unlock()
+		c.Close()
 	}()
 	return c, nil
 }
@@ -150,6 +157,26 @@ func (c *Client) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.ended
+}
+
+// EndReason says why the session ended: ErrAgentReplaced, ErrBadHello, or
+// ErrSessionEnded wrapping the session's own reason (Close, the link
+// closed, unanswered keepalives, a protocol error). It waits, up to a
+// second, for the session's end to be recorded once Done is closed, and
+// returns nil while the session lives.
+func (c *Client) EndReason() error {
+	select {
+	case <-c.sess.CloseChan():
+	default:
+		return nil
+	}
+	select {
+	case <-c.watched:
+	case <-time.After(time.Second):
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.endedBy
 }
 
 // ctx applies the default deadline when the caller set none.

@@ -79,6 +79,9 @@ func TestAgentRestartOnSerial(t *testing.T) {
 	if _, err := c.Health(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.EndReason(); err != nil {
+		t.Errorf("a live session has an end reason: %v", err)
+	}
 	inflight := make(chan error, 1)
 	go func() {
 		_, err := c.Stat(context.Background(), "/etc") // 30 s default deadline
@@ -111,6 +114,37 @@ func TestAgentRestartOnSerial(t *testing.T) {
 		// the session as a protocol error instead; both are a restart.
 		t.Logf("session ended without a recorded reason (%v)", err)
 	}
+	if err := c.EndReason(); !errors.Is(err, transport.ErrAgentReplaced) && !errors.Is(err, transport.ErrSessionEnded) {
+		t.Errorf("the end reason: %v", err)
+	}
+}
+
+// The link closes under a session (the VM went, or the host's side was
+// closed): the session ends, and says why, without a hello involved.
+func TestSessionEndReason(t *testing.T) {
+	host, g := net.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go guest.ServeConn(ctx, &serialPort{Conn: g}, stuckAgent{})
+	c, err := New(host, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Health(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session outlived its link")
+	}
+	err = c.EndReason()
+	if !errors.Is(err, transport.ErrSessionEnded) || errors.Is(err, transport.ErrAgentReplaced) || c.Err() != nil {
+		t.Errorf("end reason %v (Err %v), want the session's own", err, c.Err())
+	}
+	t.Logf("end reason: %v", err)
 }
 
 // A guest may open no stream but its one hello.

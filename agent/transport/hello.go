@@ -33,6 +33,11 @@ const (
 // announced itself: the agent restarted (killed, crashed, OOM-killed).
 var ErrAgentReplaced = errors.New("the guest agent restarted")
 
+// ErrSessionEnded is WatchHellos' answer when the session ended for a
+// reason other than a hello: it wraps the session's own (the host closed
+// it, the link closed, keepalives went unanswered, a protocol error).
+var ErrSessionEnded = errors.New("the agent session ended")
+
 // ErrBadHello ends a host session whose guest opened a stream that is not
 // a well-formed hello: the guest may open no other streams.
 var ErrBadHello = errors.New("the guest opened a stream that is not a hello")
@@ -61,15 +66,16 @@ func SendHello(s *yamux.Session) error {
 // the session ends. The first well-formed hello is the agent's; anything
 // after it (a second hello, any other stream) is a reason to end the
 // session, which WatchHellos returns (ErrAgentReplaced or ErrBadHello) for
-// the caller to record before it closes the session. It returns nil when
-// the session ended for another reason. Guests that predate the hello send
-// none, which is allowed.
+// the caller to record before it closes the session. When the session
+// ended for another reason it returns ErrSessionEnded wrapping the
+// session's own. Guests that predate the hello send none, which is
+// allowed.
 func WatchHellos(s *yamux.Session) error {
 	seen := false
 	for {
 		st, err := s.Accept()
 		if err != nil {
-			return nil // the session is over
+			return fmt.Errorf("%w: %w", ErrSessionEnded, err)
 		}
 		ok := readHello(st)
 		st.Close()
