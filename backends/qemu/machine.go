@@ -45,12 +45,7 @@ func (m *machine) exec(ctx context.Context, cmd string, args any) (json.RawMessa
 	if !m.st.Proc.alive() {
 		return nil, hypervisor.Errorf(hypervisor.ErrState, "qemu: %s: %v", m.ID(), errStopped)
 	}
-	q, err := qmp.Dial(ctx, m.st.QMP)
-	if err != nil {
-		return nil, err
-	}
-	defer q.Close()
-	return q.Execute(ctx, cmd, args)
+	return qmp.Run(ctx, m.st.QMP, cmd, args)
 }
 
 // waitQMP waits until a freshly started QEMU answers on its QMP socket.
@@ -494,17 +489,12 @@ func (m *machine) detach(ctx context.Context) error {
 		if _, err := m.exec(ctx, "block-stream", args); err != nil {
 			return fmt.Errorf("stream %s: %w", dev, err)
 		}
-		if err := m.waitJob(ctx, job); err != nil {
+		if err := qmp.WaitJob(ctx, m.exec, job); err != nil {
 			return fmt.Errorf("stream %s: %w", dev, err)
 		}
 	}
 	m.st.BackingEncrypted, m.st.Backing = false, nil
 	return m.st.save()
-}
-
-// waitJob waits for a block job of the machine's (qmp.WaitJob).
-func (m *machine) waitJob(ctx context.Context, id string) error {
-	return qmp.WaitJob(ctx, m.exec, id)
 }
 
 // copyUnder copies what the machine wrote to its disk i (the top layer of

@@ -72,6 +72,19 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 
 func (q *Client) Close() error { return q.conn.Close() }
 
+// Run runs one command on a connection of its own. QEMU and the storage
+// daemon serve one QMP client at a time, so a held connection would lock
+// out every other user; and a command that timed out leaves its answer
+// unread on its connection, which is then closed with it.
+func Run(ctx context.Context, path, cmd string, args any) (json.RawMessage, error) {
+	q, err := Dial(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	defer q.Close()
+	return q.Execute(ctx, cmd, args)
+}
+
 // Execute runs one command and returns its "return" value.
 func (q *Client) Execute(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
 	q.mu.Lock()

@@ -350,16 +350,9 @@ func (s *Server) Backup(ctx context.Context, i int, dst string, key []byte) erro
 	return nil
 }
 
-// exec runs one QMP command on a connection of its own: the monitor
-// serves one client at a time, and a command that timed out leaves its
-// answer unread on its connection.
+// exec runs one command on the daemon's monitor (qmp.Run).
 func (s *Server) exec(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
-	q, err := qmp.Dial(ctx, filepath.Join(s.Dir, qmpSocket))
-	if err != nil {
-		return nil, err
-	}
-	defer q.Close()
-	return q.Execute(ctx, cmd, args)
+	return qmp.Run(ctx, filepath.Join(s.Dir, qmpSocket), cmd, args)
 }
 
 // exited waits up to 10 ms for the process of fd to exit (a pidfd is
