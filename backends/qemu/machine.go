@@ -480,16 +480,12 @@ func (m *machine) detach(ctx context.Context) error {
 		if len(chain) < 2 {
 			continue // nothing below the overlay
 		}
-		job := "stream-" + dev
-		args := map[string]any{"job-id": job, "device": dev, "auto-dismiss": false}
+		base := ""
 		if len(chain) >= 3 {
 			// Keep the base the snapshot's copy was made over.
-			args["base"] = chain[2]
+			base = chain[2]
 		}
-		if _, err := m.exec(ctx, "block-stream", args); err != nil {
-			return fmt.Errorf("stream %s: %w", dev, err)
-		}
-		if err := qmp.WaitJob(ctx, m.exec, job); err != nil {
+		if err := qmp.Stream(ctx, m.exec, dev, base, "stream-"+dev); err != nil {
 			return fmt.Errorf("stream %s: %w", dev, err)
 		}
 	}

@@ -56,7 +56,7 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 			return err
 		}
 		if greet.QMP == nil {
-			return errors.New("qmp: no greeting")
+			return fmt.Errorf("qmp: no greeting: %+v", greet)
 		}
 		return nil
 	}); err != nil {
@@ -234,10 +234,10 @@ func CopyTop(ctx context.Context, exec Exec, device, dst, passphrase, tag string
 			}
 		}
 		// (Removing what was never added is harmless.)
-		if _, derr := exec(cctx, "blockdev-del", map[string]any{"node-name": node}); derr != nil && !notFound(derr) {
+		if _, derr := exec(cctx, "blockdev-del", map[string]any{"node-name": node}); derr != nil && !IsNotFound(derr) {
 			errs = append(errs, derr)
 		}
-		if _, derr := exec(cctx, "object-del", map[string]any{"id": secret}); derr != nil && !notFound(derr) {
+		if _, derr := exec(cctx, "object-del", map[string]any{"id": secret}); derr != nil && !IsNotFound(derr) {
 			errs = append(errs, derr)
 		}
 		if len(errs) > 0 {
@@ -263,8 +263,32 @@ func CopyTop(ctx context.Context, exec Exec, device, dst, passphrase, tag string
 	return WaitJob(ctx, exec, job)
 }
 
-// notFound: QMP's answer for a node or object that is not there.
-func notFound(err error) bool {
+// Stream copies into the block node device what it reads from the
+// layers below it down to base (a backing file's name, kept as the new
+// backing file; empty: every layer), then drops those layers
+// (block-stream, while the guest runs). job names the job; a stream that
+// fails is cancelled and dismissed, so the name is free again.
+func Stream(ctx context.Context, exec Exec, device, base, job string) (err error) {
+	args := map[string]any{"job-id": job, "device": device, "auto-dismiss": false}
+	if base != "" {
+		args["base"] = base
+	}
+	if _, err := exec(ctx, "block-stream", args); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil && !errors.Is(err, ErrNoJob) {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			exec(cctx, "job-cancel", map[string]any{"id": job})
+			WaitJob(cctx, exec, job)
+		}
+	}()
+	return WaitJob(ctx, exec, job)
+}
+
+// IsNotFound: QMP's answer for a node or object that is not there.
+func IsNotFound(err error) bool {
 	var qe *Error
 	return errors.As(err, &qe) && (qe.Class == "DeviceNotFound" || strings.Contains(qe.Desc, "not found") || strings.Contains(qe.Desc, "find node"))
 }

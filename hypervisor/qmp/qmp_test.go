@@ -123,3 +123,59 @@ func TestWaitJob(t *testing.T) {
 		t.Errorf("a job that is gone: %v", err)
 	}
 }
+
+// TestStream: a stream that ends in an error reports it and leaves no job
+// behind (it was dismissed); one cut short by its context is cancelled and
+// dismissed, so the job's name is free again.
+func TestStream(t *testing.T) {
+	type step struct{ cmd, reply string }
+	run := func(t *testing.T, ctx context.Context, script []step) ([]string, error) {
+		var sent []string
+		exec := func(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+			sent = append(sent, cmd)
+			if len(sent) > len(script) || script[len(sent)-1].cmd != cmd {
+				t.Fatalf("sent %v, want %v", sent, script)
+			}
+			return json.RawMessage(script[len(sent)-1].reply), nil
+		}
+		err := Stream(ctx, exec, "disk0", "/base", "s0")
+		if len(sent) != len(script) {
+			t.Errorf("sent %v, want %v", sent, script)
+		}
+		return sent, err
+	}
+	failed := `[{"id": "s0", "status": "concluded", "error": "I/O error"}]`
+	_, err := run(t, context.Background(), []step{
+		{"block-stream", `{}`},
+		{"query-jobs", failed},
+		{"job-dismiss", `{}`},
+		// (The job is gone: the cleanup finds nothing to cancel.)
+		{"job-cancel", `{}`},
+		{"query-jobs", `[]`},
+	})
+	if err == nil || !strings.Contains(err.Error(), "I/O error") {
+		t.Errorf("a stream that failed: %v", err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = run(t, ctx, []step{
+		{"block-stream", `{}`},
+		{"query-jobs", `[{"id": "s0", "status": "running"}]`},
+		{"job-cancel", `{}`},
+		{"query-jobs", `[{"id": "s0", "status": "concluded", "error": "cancelled"}]`},
+		{"job-dismiss", `{}`},
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("a stream whose context ended: %v", err)
+	}
+
+	_, err = run(t, context.Background(), []step{
+		{"block-stream", `{}`},
+		{"query-jobs", `[{"id": "s0", "status": "concluded"}]`},
+		{"job-dismiss", `{}`},
+	})
+	if err != nil {
+		t.Errorf("a stream that worked: %v", err)
+	}
+}

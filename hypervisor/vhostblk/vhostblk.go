@@ -350,6 +350,28 @@ func (s *Server) Backup(ctx context.Context, i int, dst string, key []byte) erro
 	return nil
 }
 
+// Detach makes disks served over an encrypted backing file (a restored
+// snapshot's disk, Disk.BackingEncrypted) self-contained: for each index
+// in bases, the daemon streams into the disk what it still reads from that
+// backing file, keeping the plain base below it (bases[i], the backing
+// file's own backing file, which the disk was made over); then it forgets
+// the backing key. After that the disks need neither the snapshot's files
+// nor its key.
+func (s *Server) Detach(ctx context.Context, bases map[int]string) error {
+	for i, base := range bases {
+		if i < 0 || i >= len(s.Sockets) {
+			return hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: detach disk %d: the daemon serves %d", i, len(s.Sockets))
+		}
+		if err := qmp.Stream(ctx, s.exec, fmt.Sprintf("disk%d", i), base, fmt.Sprintf("stream%d", i)); err != nil {
+			return fmt.Errorf("vhostblk: detach disk %d: %w", i, err)
+		}
+	}
+	if _, err := s.exec(ctx, "object-del", map[string]any{"id": secretBackup}); err != nil && !qmp.IsNotFound(err) {
+		return fmt.Errorf("vhostblk: forget the backing key: %w", err)
+	}
+	return nil
+}
+
 // exec runs one command on the daemon's monitor (qmp.Run).
 func (s *Server) exec(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
 	return qmp.Run(ctx, filepath.Join(s.Dir, qmpSocket), cmd, args)

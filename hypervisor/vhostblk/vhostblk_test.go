@@ -58,7 +58,8 @@ func readPlain(t *testing.T, path string, key []byte) ([]byte, error) {
 	}
 	out := filepath.Join(t.TempDir(), "plain.raw")
 	args := append([]string{"convert"}, sec.Args()...)
-	args = append(args, "--image-opts", "driver=qcow2,file.filename="+path+",encrypt.key-secret=k", "-O", "raw", out)
+	// (-U: the daemon may hold the image open.)
+	args = append(args, "-U", "--image-opts", "driver=qcow2,file.filename="+path+",encrypt.key-secret=k", "-O", "raw", out)
 	cmd := exec.Command("qemu-img", args...)
 	sec.Apply(cmd)
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -236,6 +237,46 @@ func TestServeEncryptedOverlay(t *testing.T) {
 	}
 	if got := guest(t, c, `dd if=/dev/vda bs=512 skip=2048 count=1 2>/dev/null | head -c 25`); got != marker {
 		t.Errorf("after the copy the guest reads %q", got)
+	}
+
+	// A clone of the snapshot: its own overlay over the plain base, under
+	// its own key, served over the snapshot's copy until Detach streams
+	// that copy in; then the clone needs neither the copy nor its key.
+	cloneKey := newKey()
+	clone := filepath.Join(dir, "clone.qcow2")
+	if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", clone, 16<<20, cloneKey, nil); err != nil {
+		t.Fatal(err)
+	}
+	csrv, err := vhostblk.Start(ctx, vhostblk.Options{Dir: filepath.Join(dir, "c"), DataKey: cloneKey, BackingKey: snapKey,
+		Disks: []vhostblk.Disk{{Path: clone, Format: "qcow2", Encrypted: true, Backing: snap, BackingFormat: "qcow2", BackingEncrypted: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer csrv.Stop(ctx)
+	if plain := plainBytes(t, clone, cloneKey); bytes.HasPrefix(plain[2048*512:], []byte(marker)) {
+		t.Fatal("the clone's overlay holds the guest's bytes before Detach")
+	}
+	if err := csrv.Detach(ctx, map[int]string{1: base}); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Errorf("detach of a disk it does not serve: %v", err)
+	}
+	if err := csrv.Detach(ctx, map[int]string{0: base}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(snap); err != nil {
+		t.Fatal(err)
+	}
+	// (Stopped first: the daemon flushes the overlay's metadata then.)
+	if err := csrv.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if plain := plainBytes(t, clone, cloneKey); !bytes.HasPrefix(plain[2048*512:], []byte(marker)) || !bytes.HasPrefix(plain, []byte("base-block")) {
+		t.Errorf("after Detach the clone's key reads %q at the marker", plain[2048*512:2048*512+32])
+	}
+	if raw, _ := os.ReadFile(clone); bytes.Contains(raw, []byte(marker)) {
+		t.Error("the clone's overlay holds the guest's bytes in plain text")
+	}
+	if _, err := readPlain(t, clone, snapKey); err == nil {
+		t.Error("the snapshot's key opens the clone's overlay")
 	}
 	if err := found.Stop(ctx); err != nil {
 		t.Fatal(err)
