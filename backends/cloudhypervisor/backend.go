@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"time"
@@ -106,7 +107,23 @@ func (b *Backend) Capabilities(ctx context.Context) (hypervisor.Capabilities, er
 		caps.Notice = r.Reason
 		return caps, hypervisor.Errorf(hypervisor.ErrUnavailable, "cloud-hypervisor: %s", r.Reason)
 	}
+	caps.Encryption = b.canEncrypt()
 	return caps, nil
+}
+
+// canEncrypt: the tools that encrypt disks and snapshots are here
+// (qemu-img makes the overlays, the storage daemon opens them).
+func (b *Backend) canEncrypt() bool {
+	daemon := b.cfg.StorageDaemon
+	if daemon == "" {
+		daemon = "qemu-storage-daemon"
+	}
+	for _, bin := range []string{daemon, b.qemuImg()} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // binary resolves the VMM binary and checks its version once.
@@ -198,13 +215,8 @@ func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, 
 		return
 	}
 	// Encrypted disks are served from qemu-storage-daemon (prepareDisks),
-	// encrypted console logs drained from a socket (console.go); encrypted
-	// snapshots are not built yet. Refusing is what keeps a caller that
-	// asked for them from getting plaintext.
-	if len(spec.SnapshotKey) > 0 {
-		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: encrypted snapshots are not supported by this backend yet")
-		return
-	}
+	// encrypted console logs drained from a socket (console.go), encrypted
+	// snapshots sealed (snapshot.go).
 	if len(spec.DataKey) > 0 {
 		for i, d := range spec.Disks {
 			if !d.Overlay && !d.ReadOnly {
@@ -244,6 +256,9 @@ func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, 
 
 // Launch boots a new machine.
 func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hypervisor.Machine, err error) {
+	if len(spec.SnapshotKey) > 0 {
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "cloud-hypervisor: a snapshot key is for Restore; Launch boots no snapshot")
+	}
 	bin, ver, p, created, err := b.begin(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -255,7 +270,7 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 		}
 	}()
 
-	disks, bases, blk, err := b.prepareDisks(ctx, spec, p)
+	disks, bases, blk, served, err := b.prepareDisks(ctx, spec, p)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +280,7 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 		return nil, err
 	}
 	if blk != nil {
-		m.data.BlockDir = blk.Dir
+		m.data.BlockDir, m.data.Served = blk.Dir, served
 	}
 	if spec.ConsoleRecipient != "" {
 		m.data.ConsoleRecipient, m.data.SerialSocket = spec.ConsoleRecipient, p.serialSocket
@@ -293,11 +308,13 @@ func (b *Backend) abandon(m *machine, p machinePaths, created bool) {
 		m.proc.close()
 	}
 	stopBlock(filepath.Join(p.stateDir, blockDirName))
+	// (A tmpfs left mounted would keep RemoveAll from the state dir.)
+	removeStages(p.stateDir)
 	if created {
 		os.RemoveAll(p.stateDir)
 		return
 	}
-	for _, f := range []string{p.apiSocket, p.vsockSocket, filepath.Join(p.stateDir, restoreDirName)} {
+	for _, f := range []string{p.apiSocket, p.vsockSocket} {
 		os.RemoveAll(f)
 	}
 	if matches, _ := filepath.Glob(filepath.Join(p.stateDir, "disk-*")); matches != nil {
@@ -314,11 +331,11 @@ func (b *Backend) abandon(m *machine, p machinePaths, created bool) {
 // by a storage daemon (returned), since the VMM cannot open them itself;
 // disks given as they are stay the VMM's own (read-only: begin refuses
 // others).
-func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p machinePaths) (_ []DiskConfig, _ []string, _ *vhostblk.Server, err error) {
+func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p machinePaths) (_ []DiskConfig, _ []string, _ *vhostblk.Server, _ []servedDisk, err error) {
 	var disks []DiskConfig
 	var bases []string
 	var served []vhostblk.Disk
-	var at []int // disks[at[j]] is served[j]
+	var info []servedDisk // info[j] is served[j]'s, at disks[info[j].Index]
 	for i, d := range spec.Disks {
 		format := d.Format
 		if format == "" {
@@ -330,11 +347,11 @@ func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p mach
 		}
 		ov := filepath.Join(p.stateDir, fmt.Sprintf("disk-%d.qcow2", i))
 		if err := b.createOverlay(ctx, d.Path, format, ov, d.SizeMB<<20, spec.DataKey); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		if len(spec.DataKey) > 0 {
 			served = append(served, vhostblk.Disk{Path: ov, Format: "qcow2", Encrypted: true, Backing: d.Path, BackingFormat: format, ReadOnly: d.ReadOnly})
-			at = append(at, len(disks))
+			info = append(info, servedDisk{Index: len(disks), Base: d.Path, BaseFormat: format, SizeBytes: d.SizeMB << 20})
 			disks = append(disks, DiskConfig{})
 			continue
 		}
@@ -344,16 +361,21 @@ func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p mach
 		bases = append(bases, d.Path)
 	}
 	if len(served) == 0 {
-		return disks, bases, nil, nil
+		return disks, bases, nil, nil, nil
 	}
-	srv, err := vhostblk.Start(ctx, vhostblk.Options{Binary: b.cfg.StorageDaemon, Dir: filepath.Join(p.stateDir, blockDirName), Disks: served, DataKey: spec.DataKey})
+	srv, err := b.serve(ctx, p, served, spec.DataKey, nil)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
-	for j, i := range at {
-		disks[i] = DiskConfig{VhostUser: true, VhostSocket: srv.Sockets[j], Readonly: served[j].ReadOnly}
+	for j, d := range info {
+		disks[d.Index] = DiskConfig{VhostUser: true, VhostSocket: srv.Sockets[j], Readonly: served[j].ReadOnly}
 	}
-	return disks, bases, srv, nil
+	return disks, bases, srv, info, nil
+}
+
+// serve starts the machine's storage daemon.
+func (b *Backend) serve(ctx context.Context, p machinePaths, disks []vhostblk.Disk, key, backingKey []byte) (*vhostblk.Server, error) {
+	return vhostblk.Start(ctx, vhostblk.Options{Binary: b.cfg.StorageDaemon, Dir: filepath.Join(p.stateDir, blockDirName), Disks: disks, DataKey: key, BackingKey: backingKey})
 }
 
 // stopBlock stops the storage daemon serving dir, if one does.
@@ -374,11 +396,15 @@ func imageType(format string) ImageType {
 	return ImageTypeRaw
 }
 
-func (b *Backend) createOverlay(ctx context.Context, base, format, path string, sizeBytes int64, key []byte) error {
-	tool := b.cfg.QemuImg
-	if tool == "" {
-		tool = "qemu-img"
+func (b *Backend) qemuImg() string {
+	if b.cfg.QemuImg == "" {
+		return "qemu-img"
 	}
+	return b.cfg.QemuImg
+}
+
+func (b *Backend) createOverlay(ctx context.Context, base, format, path string, sizeBytes int64, key []byte) error {
+	tool := b.qemuImg()
 	if _, err := os.Stat(base); err != nil {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "disk %s: %v", base, err)
 	}
@@ -448,9 +474,10 @@ func (b *Backend) start(ctx context.Context, bin string, ver Version, id string,
 		return nil, err
 	}
 	m := &machine{
-		id:   id,
-		api:  b.newAPI(p.apiSocket),
-		proc: proc.pidfd,
+		id:      id,
+		api:     b.newAPI(p.apiSocket),
+		proc:    proc.pidfd,
+		qemuImg: b.qemuImg(),
 		data: handleData{
 			PID:         proc.pid,
 			APISocket:   p.apiSocket,
@@ -501,7 +528,7 @@ func (b *Backend) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.M
 		}
 		return nil, err
 	}
-	m := &machine{id: h.ID, data: d, api: b.newAPI(d.APISocket), proc: proc}
+	m := &machine{id: h.ID, data: d, api: b.newAPI(d.APISocket), proc: proc, qemuImg: b.qemuImg()}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := m.api.Ping(pctx); err != nil {

@@ -26,6 +26,20 @@ type handleData struct {
 	// ConsoleRecipient encrypts the console log, read from SerialSocket.
 	ConsoleRecipient string `json:"console_recipient,omitempty"`
 	SerialSocket     string `json:"serial_socket,omitempty"`
+	// Served are the disks the storage daemon serves, in its order: what
+	// a snapshot needs to copy them.
+	Served []servedDisk `json:"served,omitempty"`
+}
+
+// servedDisk is an encrypted overlay the storage daemon serves.
+type servedDisk struct {
+	// Index is the disk's place in the VM config.
+	Index int `json:"index"`
+	// Base is the plain image the overlay was made over; SizeBytes the
+	// overlay's size asked for (0: the base's).
+	Base       string `json:"base"`
+	BaseFormat string `json:"base_format"`
+	SizeBytes  int64  `json:"size_bytes,omitempty"`
 }
 
 // machine is one VMM process and its VM.
@@ -34,6 +48,8 @@ type machine struct {
 	data handleData
 	api  API
 	proc *pidFD
+	// qemuImg makes the overlays a snapshot's disk copies go into.
+	qemuImg string
 	// stopDrain stops draining the console, if this machine's is drained.
 	stopDrain func()
 }
@@ -159,6 +175,9 @@ func (m *machine) Cleanup(ctx context.Context) error {
 	// (A VMM that died on its own left its daemon running.)
 	if err := m.stopBlock(); err != nil {
 		return err
+	}
+	if err := removeStages(m.data.StateDir); err != nil {
+		return fmt.Errorf("machine %s: cleanup: %w", m.id, err)
 	}
 	if err := os.RemoveAll(m.data.StateDir); err != nil {
 		return fmt.Errorf("machine %s: cleanup: %w", m.id, err)

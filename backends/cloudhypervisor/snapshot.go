@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
+	"github.com/harebox/harebox/hypervisor/vhostblk"
+	"github.com/harebox/harebox/internal/sealstream"
 )
 
 // Files in a snapshot directory besides the VMM's own (config.json,
@@ -23,6 +26,8 @@ const (
 	snapshotMetaName = "harebox-snapshot.json"
 	vmConfigName     = "config.json"
 	snapshotFormat   = 1
+	// stagePrefix names the staging dirs of snapshots in a state dir.
+	stagePrefix = "snapshot-"
 	// maxConfigBytes caps config.json and the metadata when read back: a
 	// snapshot directory may come from elsewhere.
 	maxConfigBytes = 4 << 20
@@ -37,6 +42,9 @@ type snapshotMeta struct {
 	VMMVersion string         `json:"vmm_version,omitempty"`
 	StateDir   string         `json:"state_dir"` // the source's, rewritten on restore
 	Disks      []snapshotDisk `json:"disks"`
+	// Encrypted: the VMM's files are sealed (name.sealed) under the
+	// snapshot's key, and so are the disk copies.
+	Encrypted bool `json:"encrypted,omitempty"`
 }
 
 // snapshotDisk is one disk of the snapshotted VM, by config.json index.
@@ -46,24 +54,44 @@ type snapshotDisk struct {
 	// Path is the disk the VM used; read-only disks are used from there.
 	Path     string `json:"path"`
 	ReadOnly bool   `json:"read_only"`
+	// Encrypted: File is an overlay under the snapshot's key over the
+	// plain Base (a disk the storage daemon served); a clone's overlay is
+	// made over Base too, with SizeBytes.
+	Encrypted  bool   `json:"encrypted,omitempty"`
+	Base       string `json:"base,omitempty"`
+	BaseFormat string `json:"base_format,omitempty"`
+	SizeBytes  int64  `json:"size_bytes,omitempty"`
 }
 
 // configDisk is what we read of a disk in the VMM's config.json.
 type configDisk struct {
-	Path     string `json:"path"`
-	Readonly bool   `json:"readonly"`
+	Path      string `json:"path"`
+	Readonly  bool   `json:"readonly"`
+	VhostUser bool   `json:"vhost_user"`
 }
 
 // Snapshot pauses the VM and writes memory, device state, a copy of each
 // writable disk and metadata into dir, which must not exist. The VMM
 // writes into a staging directory inside the state dir (the one place a
-// Landlock-sandboxed VMM may write), which is then moved to dir.
+// Landlock-sandboxed VMM may write).
 //
-// Snapshots are not encrypted yet: key must be nil, and a machine whose
-// disks or console are encrypted is refused.
+// An encrypted machine (its disks served by the storage daemon) needs
+// key: the staging directory is then a tmpfs, its files are sealed into
+// dir under key (sealed.go), and the daemon copies each disk's writes
+// into a new overlay under key; nothing of the snapshot reaches the disk
+// in plain text. A plain machine's snapshot is the VMM's files as they
+// are, moved into dir, with plain copies of its writable disks.
 func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err error) {
-	if len(key) > 0 || m.data.BlockDir != "" || m.data.ConsoleRecipient != "" {
-		return hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: snapshots of encrypted machines are not supported by this backend yet")
+	encrypted := m.data.BlockDir != ""
+	switch {
+	case len(key) != 0 && len(key) != hypervisor.KeySize:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot key of %d bytes, want %d", len(key), hypervisor.KeySize)
+	case encrypted && len(key) == 0:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "machine %s is encrypted: a snapshot needs its key", m.id)
+	case !encrypted && len(key) != 0:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "machine %s is not encrypted: it cannot be snapshotted under a key", m.id)
+	case encrypted && len(m.data.Served) == 0:
+		return hypervisor.Errorf(hypervisor.ErrUnsupported, "machine %s was launched by an earlier version that did not record its disks: it cannot be snapshotted", m.id)
 	}
 	if !filepath.IsAbs(dir) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot dir %q: want an absolute path", dir)
@@ -88,15 +116,32 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 		return hypervisor.Errorf(hypervisor.ErrState, "machine %s: snapshot: VM is %s", m.id, state)
 	}
 
-	stage, err := os.MkdirTemp(m.data.StateDir, "snapshot-")
+	stage, err := os.MkdirTemp(m.data.StateDir, stagePrefix)
 	if err != nil {
 		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
 	}
+	// out receives the snapshot: the stage itself, moved to dir at the
+	// end, or dir, for sealed files and encrypted disk copies.
+	out, made := stage, false
 	defer func() {
-		if err != nil {
-			os.RemoveAll(stage)
+		if err != nil || encrypted {
+			if rerr := removeStage(stage); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("machine %s: snapshot: %w", m.id, rerr))
+			}
+		}
+		if err != nil && made {
+			os.RemoveAll(dir)
 		}
 	}()
+	if encrypted {
+		if err := mountStage(stage); err != nil {
+			return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+		}
+		out, made = dir, true
+	}
 	if err := m.api.Snapshot(ctx, VmSnapshotConfig{DestinationURL: "file://" + stage}); err != nil {
 		return fmt.Errorf("machine %s: snapshot: %w%s", m.id, err, m.logHint())
 	}
@@ -114,35 +159,78 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 		Created:    time.Now().UTC(),
 		VMMVersion: m.data.Version,
 		StateDir:   m.data.StateDir,
+		Encrypted:  encrypted,
 	}
 	for i, d := range cfg.Disks {
-		sd := snapshotDisk{Path: d.Path, ReadOnly: d.Readonly}
-		if !d.Readonly {
-			// The VM is paused, so the disk matches the memory image.
-			sd.File = fmt.Sprintf("disk-%d%s", i, diskExt(d.Path))
-			if err := copyFile(ctx, d.Path, filepath.Join(stage, sd.File)); err != nil {
-				return fmt.Errorf("machine %s: snapshot disk %d: %w", m.id, i, err)
-			}
+		sd, err := m.snapshotDisk(ctx, i, d, out, key)
+		if err != nil {
+			return fmt.Errorf("machine %s: snapshot disk %d: %w", m.id, i, err)
 		}
 		meta.Disks = append(meta.Disks, sd)
 	}
-	if err := writeJSON(filepath.Join(stage, snapshotMetaName), meta); err != nil {
+	if encrypted {
+		if err := sealFiles(ctx, stage, dir, key); err != nil {
+			return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+		}
+	}
+	if err := writeJSON(filepath.Join(out, snapshotMetaName), meta); err != nil {
 		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
 	}
-	if err := moveDir(ctx, stage, dir); err != nil {
-		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+	if !encrypted {
+		if err := moveDir(ctx, stage, dir); err != nil {
+			return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
+		}
 	}
 	return nil
+}
+
+// snapshotDisk copies disk i (as the VM config has it) into out, if it is
+// writable: the VM is paused, so the copy matches the memory image. A
+// disk the storage daemon serves is copied by the daemon, under key, into
+// a new overlay over the same plain base.
+func (m *machine) snapshotDisk(ctx context.Context, i int, d configDisk, out string, key []byte) (snapshotDisk, error) {
+	if d.VhostUser {
+		for j, s := range m.data.Served {
+			if s.Index != i {
+				continue
+			}
+			sd := snapshotDisk{File: fmt.Sprintf("disk-%d.qcow2", i), Encrypted: true, Base: s.Base, BaseFormat: s.BaseFormat, SizeBytes: s.SizeBytes}
+			dst := filepath.Join(out, sd.File)
+			if err := overlay.CreateEncrypted(ctx, m.qemuImg, s.Base, s.BaseFormat, dst, s.SizeBytes, key, nil); err != nil {
+				return sd, err
+			}
+			srv, err := vhostblk.Find(m.data.BlockDir)
+			if err != nil {
+				return sd, fmt.Errorf("the storage daemon: %w", err)
+			}
+			return sd, srv.Backup(ctx, j, dst, key)
+		}
+		return snapshotDisk{}, fmt.Errorf("a vhost-user disk the storage daemon does not serve")
+	}
+	sd := snapshotDisk{Path: d.Path, ReadOnly: d.Readonly}
+	if d.Readonly {
+		return sd, nil
+	}
+	if len(key) > 0 {
+		// (begin refuses writable disks it cannot encrypt.)
+		return sd, fmt.Errorf("a writable disk the storage daemon does not serve in an encrypted machine")
+	}
+	sd.File = fmt.Sprintf("disk-%d%s", i, diskExt(d.Path))
+	return sd, copyFile(ctx, d.Path, filepath.Join(out, sd.File))
 }
 
 // Restore boots a clone from a snapshot: a new VMM restores the snapshot's
 // memory and device state, with its own copies of the writable disks and
 // its own sockets. The v53 RestoreConfig has no field for new device
 // paths, so they are rewritten in a copy of config.json.
+//
+// An encrypted snapshot needs its key (SnapshotKey) and a data key for
+// the clone: the VMM's files are unsealed into a tmpfs, and each disk the
+// source's storage daemon served becomes the clone's own overlay over the
+// plain base, under the clone's key, served by the clone's own daemon over
+// the snapshot's copy until the daemon has streamed that copy in
+// (vhostblk Detach). Then the clone needs neither the snapshot nor its key.
 func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervisor.Spec) (_ hypervisor.Machine, err error) {
-	if len(spec.DataKey) > 0 || len(spec.SnapshotKey) > 0 || spec.ConsoleRecipient != "" {
-		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: restoring encrypted machines is not supported by this backend yet")
-	}
 	var meta snapshotMeta
 	if err := readJSON(filepath.Join(snapshotDir, snapshotMetaName), &meta); err != nil {
 		return nil, hypervisor.Errorf(hypervisor.ErrNotFound, "snapshot %s: %v", snapshotDir, err)
@@ -154,8 +242,36 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 		if d.File != "" && (filepath.Base(d.File) != d.File || !strings.HasPrefix(d.File, "disk-")) {
 			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: disk %d file %q", snapshotDir, i, d.File)
 		}
+		if d.Encrypted && (d.File == "" || !filepath.IsAbs(d.Base) || !meta.Encrypted) {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: encrypted disk %d without its file or base", snapshotDir, i)
+		}
+		if meta.Encrypted && d.File != "" && !d.Encrypted {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: disk %d of an encrypted snapshot is not encrypted", snapshotDir, i)
+		}
 	}
-	cfg, err := readConfig(filepath.Join(snapshotDir, vmConfigName))
+	if err := spec.ValidKeys(); err != nil {
+		return nil, err
+	}
+	switch {
+	case meta.Encrypted && len(spec.SnapshotKey) == 0:
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "restore: the snapshot is encrypted and no snapshot key was given")
+	case meta.Encrypted && len(spec.DataKey) == 0:
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "restore: a clone of an encrypted snapshot needs its own data key")
+	case !meta.Encrypted && len(spec.SnapshotKey) > 0:
+		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "restore: the snapshot is not encrypted but a snapshot key was given")
+	case !meta.Encrypted && len(spec.DataKey) > 0:
+		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "restore: this backend does not encrypt a clone of a plain snapshot")
+	}
+	var cfg map[string]any
+	if meta.Encrypted {
+		// (A wrong key is refused here, before anything starts.)
+		if err := checkSealed(snapshotDir, spec.SnapshotKey); err != nil {
+			return nil, err
+		}
+		cfg, err = readSealedConfig(filepath.Join(snapshotDir, vmConfigName+sealedExt), spec.SnapshotKey)
+	} else {
+		cfg, err = readConfig(filepath.Join(snapshotDir, vmConfigName))
+	}
 	if err != nil {
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: %v", snapshotDir, err)
 	}
@@ -174,28 +290,61 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 	}()
 
 	stage := filepath.Join(p.stateDir, restoreDirName)
-	os.RemoveAll(stage)
+	if err := removeStage(stage); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
 	if err := os.Mkdir(stage, 0o700); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	if err := stageSnapshotFiles(ctx, snapshotDir, stage); err != nil {
+	if meta.Encrypted {
+		if err := mountStage(stage); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		err = unsealFiles(ctx, snapshotDir, stage, spec.SnapshotKey)
+	} else {
+		err = stageSnapshotFiles(ctx, snapshotDir, stage)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	diskPaths := make([]string, len(meta.Disks))
+	sockets := make([]string, len(meta.Disks))
+	var served []vhostblk.Disk
+	var info []servedDisk
 	for i, d := range meta.Disks {
 		diskPaths[i] = d.Path
-		if d.File != "" {
+		switch {
+		case d.Encrypted:
+			ov := filepath.Join(p.stateDir, fmt.Sprintf("disk-%d.qcow2", i))
+			if err := b.createOverlay(ctx, d.Base, d.BaseFormat, ov, d.SizeBytes, spec.DataKey); err != nil {
+				return nil, fmt.Errorf("restore disk %d: %w", i, err)
+			}
+			served = append(served, vhostblk.Disk{Path: ov, Format: "qcow2", Encrypted: true,
+				Backing: filepath.Join(snapshotDir, d.File), BackingFormat: "qcow2", BackingEncrypted: true})
+			info = append(info, servedDisk{Index: i, Base: d.Base, BaseFormat: d.BaseFormat, SizeBytes: d.SizeBytes})
+		case d.File != "":
 			diskPaths[i] = filepath.Join(p.stateDir, d.File)
 			if err := copyFile(ctx, filepath.Join(snapshotDir, d.File), diskPaths[i]); err != nil {
 				return nil, fmt.Errorf("restore disk %d: %w", i, err)
 			}
 		}
 	}
+	var blk *vhostblk.Server
+	if len(served) > 0 {
+		if blk, err = b.serve(ctx, p, served, spec.DataKey, spec.SnapshotKey); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		for j, d := range info {
+			sockets[d.Index] = blk.Sockets[j]
+		}
+	}
 	if err := rewriteConfig(cfg, rewrite{
 		oldStateDir: meta.StateDir,
 		paths:       p,
 		disks:       diskPaths,
+		sockets:     sockets,
 		network:     spec.Network,
+		console:     spec.ConsoleRecipient != "",
 		landlock:    b.landlock(ver),
 	}); err != nil {
 		return nil, err
@@ -207,15 +356,35 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 	if m, err = b.start(ctx, bin, ver, spec.ID, p); err != nil {
 		return nil, err
 	}
+	if blk != nil {
+		m.data.BlockDir, m.data.Served = blk.Dir, info
+	}
+	if spec.ConsoleRecipient != "" {
+		m.data.ConsoleRecipient, m.data.SerialSocket = spec.ConsoleRecipient, p.serialSocket
+		if err := b.startDrain(m); err != nil {
+			return nil, err
+		}
+	}
 	if err := m.api.Restore(ctx, RestoreConfig{SourceURL: "file://" + stage}); err != nil {
 		return nil, fmt.Errorf("vm.restore: %w%s", err, m.logHint())
+	}
+	// Memory was copied into the guest (the default Copy restore mode), so
+	// the staged files are no longer needed.
+	if err := removeStage(stage); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
 	}
 	if err := m.api.ResumeVM(ctx); err != nil {
 		return nil, fmt.Errorf("vm.resume after restore: %w%s", err, m.logHint())
 	}
-	// Memory was copied into the guest (the default Copy restore mode), so
-	// the staged files are no longer needed.
-	os.RemoveAll(stage)
+	if blk != nil {
+		bases := map[int]string{}
+		for j, d := range info {
+			bases[j] = d.Base
+		}
+		if err := blk.Detach(ctx, bases); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+	}
 	return m, nil
 }
 
@@ -242,9 +411,14 @@ func fillSpecFromConfig(spec *hypervisor.Spec, cfg map[string]any) error {
 type rewrite struct {
 	oldStateDir string
 	paths       machinePaths
-	disks       []string
-	network     *hypervisor.Network
-	landlock    bool
+	// disks are the clone's disk paths, or for a vhost-user disk its
+	// socket in sockets (same index; empty where not).
+	disks, sockets []string
+	network        *hypervisor.Network
+	// console: the clone's console is encrypted (the VMM serves it on
+	// paths.serialSocket); it must be exactly when the snapshot's was.
+	console  bool
+	landlock bool
 }
 
 // rewriteConfig edits a config.json decoded with UseNumber, keeping every
@@ -255,8 +429,14 @@ func rewriteConfig(cfg map[string]any, rw rewrite) error {
 	} else {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot config has no vsock device")
 	}
-	if s, ok := cfg["serial"].(map[string]any); ok && s["mode"] == string(ConsoleModeFile) {
-		s["file"] = rw.paths.serialLog
+	serial, _ := cfg["serial"].(map[string]any)
+	switch mode := serial["mode"]; {
+	case mode == string(ConsoleModeSocket) && rw.console:
+		serial["socket"] = rw.paths.serialSocket
+	case mode == string(ConsoleModeSocket) || rw.console:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "the clone's console must be encrypted exactly when the snapshot's was")
+	case mode == string(ConsoleModeFile):
+		serial["file"] = rw.paths.serialLog
 	}
 	disks, _ := cfg["disks"].([]any)
 	if len(disks) != len(rw.disks) {
@@ -266,6 +446,13 @@ func rewriteConfig(cfg map[string]any, rw rewrite) error {
 		dm, ok := d.(map[string]any)
 		if !ok {
 			return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot config disk %d is not an object", i)
+		}
+		if dm["vhost_user"] == true {
+			if i >= len(rw.sockets) || rw.sockets[i] == "" {
+				return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot config disk %d is a vhost-user disk the snapshot has no copy of", i)
+			}
+			dm["vhost_socket"] = rw.sockets[i]
+			continue
 		}
 		dm["path"] = rw.disks[i]
 	}
@@ -392,6 +579,31 @@ func readConfig(path string) (map[string]any, error) {
 	if err != nil {
 		return nil, err
 	}
+	return decodeConfig(path, b)
+}
+
+// readSealedConfig reads a config.json sealed under key.
+func readSealedConfig(path string, key []byte) (map[string]any, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r, err := sealstream.NewReader(f, key)
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(io.LimitReader(r, maxConfigBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(b) > maxConfigBytes {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxConfigBytes)
+	}
+	return decodeConfig(path, b)
+}
+
+func decodeConfig(path string, b []byte) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var cfg map[string]any

@@ -378,7 +378,7 @@ func (s *stubVMM) handle(op string, body []byte) (int, []byte) {
 		files := map[string][]byte{
 			"config.json":   jsonBody(s.config),
 			"state.json":    []byte(`{"stub":true}`),
-			"memory-ranges": bytes.Repeat([]byte{0xAB}, 4096),
+			"memory-ranges": stubMemory(),
 		}
 		for name, data := range files {
 			if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
@@ -423,10 +423,23 @@ func (s *stubVMM) restoreLocked(rc RestoreConfig) (int, []byte) {
 			return http.StatusInternalServerError, []byte("snapshot lacks " + name)
 		}
 	}
+	// The guest's memory must come back as the snapshot wrote it.
+	if mem, _ := os.ReadFile(filepath.Join(dir, "memory-ranges")); !bytes.Equal(mem, stubMemory()) {
+		return http.StatusInternalServerError, []byte("memory-ranges is not the memory the snapshot saved")
+	}
 	cfg, _ := decodeNumbers(raw)
 	var c VmConfig
 	json.Unmarshal(raw, &c)
 	for _, d := range c.Disks {
+		if d.VhostUser {
+			// (Its backend must serve the socket, as on create.)
+			conn, err := net.DialTimeout("unix", d.VhostSocket, 2*time.Second)
+			if err != nil {
+				return http.StatusInternalServerError, []byte("vhost-user-blk: " + err.Error())
+			}
+			conn.Close()
+			continue
+		}
 		if _, err := os.Stat(d.Path); err != nil {
 			return http.StatusInternalServerError, []byte("disk: " + err.Error())
 		}
@@ -435,6 +448,11 @@ func (s *stubVMM) restoreLocked(rc RestoreConfig) (int, []byte) {
 	if err := s.startVsockLocked(); err != nil {
 		s.config = nil
 		return http.StatusInternalServerError, []byte("restore vsock: " + err.Error())
+	}
+	if err := s.startSerialLocked(); err != nil {
+		s.closeVsockLocked()
+		s.config = nil
+		return http.StatusInternalServerError, []byte("restore serial: " + err.Error())
 	}
 	s.state = VmStatePaused
 	if rc.Resume {
@@ -449,6 +467,16 @@ func decodeNumbers(b []byte) (map[string]any, error) {
 	var m map[string]any
 	err := dec.Decode(&m)
 	return m, err
+}
+
+// stubMemoryLine fills the stub guest's memory image: a canary tests
+// look for in plain text on the host.
+const stubMemoryLine = "stub guest: memory canary 0c7d41\n"
+
+// stubMemory is the stub guest's memory image, larger than one sealed
+// record.
+func stubMemory() []byte {
+	return bytes.Repeat([]byte(stubMemoryLine), (600<<10)/len(stubMemoryLine))
 }
 
 // stubSerialLine is what the stub's guest prints on its serial port, once

@@ -1,0 +1,265 @@
+package cloudhypervisor
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
+	"github.com/harebox/harebox/hypervisor/qmp"
+	"github.com/harebox/harebox/hypervisor/vhostblk"
+)
+
+// TestEncryptedSnapshot: an encrypted machine's snapshot is sealed. The
+// stub guest's memory canary is in no file under the test's directory
+// (a plain snapshot shows it, which proves the search), and the disk copy
+// is an overlay under the snapshot's key that the disk's key does not
+// open. A restore with a wrong key, or without keys, is refused before
+// anything starts. With the right keys the clone's VMM gets the memory
+// back byte for byte (the stub compares), and its disk is its own overlay
+// under its own key over the plain base, served by its own daemon, which
+// no longer opens the snapshot's copy: the snapshot can be deleted, and
+// the clone is snapshotted and restored in turn. No tmpfs stays mounted.
+func TestEncryptedSnapshot(t *testing.T) {
+	for _, bin := range []string{"qemu-img", "qemu-storage-daemon"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+	b := stubBackend(t)
+	ctx := testCtx(t)
+	files := newTestFiles(t)
+	newKey := func() []byte {
+		k := make([]byte, hypervisor.KeySize)
+		rand.Read(k)
+		return k
+	}
+	canary := []byte(strings.TrimSpace(stubMemoryLine))
+	// plainCanaries lists the files under the test's directory that hold
+	// the stub guest's memory in plain text.
+	plainCanaries := func() []string {
+		var found []string
+		filepath.Walk(files.dir, func(path string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				if b, _ := os.ReadFile(path); bytes.Contains(b, canary) {
+					found = append(found, path)
+				}
+			}
+			return nil
+		})
+		return found
+	}
+
+	// A plain machine's snapshot holds the canary: the search works.
+	plain, err := b.Launch(ctx, files.spec("plain", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, plain)
+	if err := plain.Snapshot(ctx, filepath.Join(files.dir, "plainsnap"), newKey()); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Errorf("a plain machine snapshotted under a key: %v", err)
+	}
+	if err := plain.Snapshot(ctx, filepath.Join(files.dir, "plainsnap"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if found := plainCanaries(); len(found) != 1 || filepath.Base(found[0]) != "memory-ranges" {
+		t.Fatalf("the plain snapshot's memory canary is found in %v", found)
+	}
+	if err := os.RemoveAll(filepath.Join(files.dir, "plainsnap")); err != nil {
+		t.Fatal(err)
+	}
+
+	key, snapKey := newKey(), newKey()
+	spec := files.spec("enc", true)
+	spec.DataKey = key
+	m, err := b.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, m)
+	snap := filepath.Join(files.dir, "snap")
+	if err := m.Snapshot(ctx, snap, nil); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Errorf("an encrypted machine snapshotted without a key: %v", err)
+	}
+	if err := m.Snapshot(ctx, snap, snapKey); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, m, hypervisor.StatePaused)
+	if found := plainCanaries(); len(found) != 0 {
+		t.Errorf("the encrypted machine's memory is in plain text in %v", found)
+	}
+	for _, name := range []string{"memory-ranges", "state.json", "config.json"} {
+		if _, err := os.Stat(filepath.Join(snap, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the snapshot holds %s unsealed: %v", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(snap, name+sealedExt)); err != nil {
+			t.Errorf("the snapshot lacks %s sealed: %v", name, err)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(spec.StateDir, stagePrefix+"*")); len(left) > 0 {
+		t.Errorf("staging left behind: %v", left)
+	}
+	snapDisk := filepath.Join(snap, "disk-0.qcow2")
+	if info := imageInfo(t, snapDisk); !info.Encrypted || info.Backing != files.base {
+		t.Errorf("the snapshot's disk copy: %+v", info)
+	}
+	if err := opensWith(snapDisk, snapKey); err != nil {
+		t.Errorf("the snapshot's key does not open its disk copy: %v", err)
+	}
+	if err := opensWith(snapDisk, key); err == nil {
+		t.Error("the machine's key opens the snapshot's disk copy")
+	}
+	if err := m.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Refused before anything starts: no state dir is made.
+	cspec := hypervisor.Spec{ID: "clone", StateDir: filepath.Join(files.dir, "clone"),
+		Network: &hypervisor.Network{Tap: "hbx-clone", MAC: "52:54:00:00:00:02"}}
+	for name, keys := range map[string][2][]byte{
+		"a wrong key":     {newKey(), newKey()},
+		"no snapshot key": {newKey(), nil},
+		"no data key":     {nil, snapKey},
+	} {
+		s := cspec
+		s.DataKey, s.SnapshotKey = keys[0], keys[1]
+		if c, err := b.Restore(ctx, snap, s); !errors.Is(err, hypervisor.ErrInvalid) {
+			if c != nil {
+				reap(t, c)
+			}
+			t.Errorf("restore with %s: %v", name, err)
+		}
+		if _, err := os.Stat(cspec.StateDir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("restore with %s left %s: %v", name, cspec.StateDir, err)
+		}
+	}
+
+	cloneKey := newKey()
+	cspec.DataKey, cspec.SnapshotKey = cloneKey, snapKey
+	clone, err := b.Restore(ctx, snap, cspec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, clone)
+	wantState(t, clone, hypervisor.StateRunning)
+	echoThrough(t, clone.AgentEndpoint())
+	cinfo, err := clone.(*machine).api.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csrv, err := vhostblk.Find(filepath.Join(cspec.StateDir, blockDirName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cinfo.Config.Disks[0]; !d.VhostUser || d.VhostSocket != csrv.Sockets[0] {
+		t.Fatalf("the clone's disk: %+v, its daemon %+v", d, csrv)
+	}
+	nodes, err := qmp.Run(ctx, filepath.Join(csrv.Dir, "qmp.sock"), "query-named-block-nodes", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(nodes, []byte(snap)) {
+		t.Errorf("the clone's daemon still opens the snapshot: %s", nodes)
+	}
+	cdisk := filepath.Join(cspec.StateDir, "disk-0.qcow2")
+	if info := imageInfo(t, cdisk); !info.Encrypted || info.Backing != files.base {
+		t.Errorf("the clone's disk: %+v", info)
+	}
+	if err := opensWith(cdisk, cloneKey); err != nil {
+		t.Errorf("the clone's key does not open its disk: %v", err)
+	}
+	if err := os.RemoveAll(snap); err != nil {
+		t.Fatal(err)
+	}
+	if found := plainCanaries(); len(found) != 0 {
+		t.Errorf("after the restore the memory is in plain text in %v", found)
+	}
+
+	// The clone, on its own now, is snapshotted and restored in turn.
+	snap2, snapKey2 := filepath.Join(files.dir, "snap2"), newKey()
+	if err := clone.Snapshot(ctx, snap2, snapKey2); err != nil {
+		t.Fatal(err)
+	}
+	c2spec := hypervisor.Spec{ID: "clone2", StateDir: filepath.Join(files.dir, "clone2"), DataKey: newKey(), SnapshotKey: snapKey2,
+		Network: &hypervisor.Network{Tap: "hbx-clone2", MAC: "52:54:00:00:00:03"}}
+	clone2, err := b.Restore(ctx, snap2, c2spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, clone2)
+	wantState(t, clone2, hypervisor.StateRunning)
+
+	// A snapshot that fails half-way (the source's daemon is gone) leaves
+	// no snapshot dir, no staging and no mount.
+	srv, err := vhostblk.Find(filepath.Join(spec.StateDir, blockDirName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	failed := filepath.Join(files.dir, "failed")
+	if err := m.Snapshot(ctx, failed, newKey()); err == nil {
+		t.Error("a snapshot without the storage daemon worked")
+	}
+	if _, err := os.Stat(failed); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed snapshot left its dir: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(spec.StateDir, stagePrefix+"*")); len(left) > 0 {
+		t.Errorf("a failed snapshot left staging: %v", left)
+	}
+
+	for _, c := range []hypervisor.Machine{m, clone, clone2} {
+		if err := c.Kill(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); bytes.Contains(mounts, []byte(files.dir)) {
+		t.Errorf("mounts left under %s:\n%s", files.dir, mounts)
+	}
+}
+
+type diskInfo struct {
+	Encrypted bool   `json:"encrypted"`
+	Backing   string `json:"backing-filename"`
+}
+
+func imageInfo(t *testing.T, path string) diskInfo {
+	t.Helper()
+	out, err := exec.Command("qemu-img", "info", "-U", "--output=json", path).Output()
+	var info diskInfo
+	if err != nil || json.Unmarshal(out, &info) != nil {
+		t.Fatalf("qemu-img info %s: %v %s", path, err, out)
+	}
+	return info
+}
+
+// opensWith reads the encrypted qcow2 at path (over its plain backing
+// file) with key.
+func opensWith(path string, key []byte) error {
+	var sec overlay.Secrets
+	defer sec.Close()
+	if err := sec.Add("k", key); err != nil {
+		return err
+	}
+	out := path + ".read"
+	defer os.Remove(out)
+	args := append([]string{"convert"}, sec.Args()...)
+	args = append(args, "-U", "--image-opts", "driver=qcow2,file.filename="+path+",encrypt.key-secret=k", "-O", "raw", out)
+	cmd := exec.Command("qemu-img", args...)
+	sec.Apply(cmd)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return errors.New(strings.TrimSpace(string(out)))
+	}
+	return nil
+}
