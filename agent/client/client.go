@@ -10,6 +10,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,6 +76,13 @@ type Client struct {
 	ended     error // why the guest's side ended the session, if it did
 	endedBy   error // why the session ended, whoever ended it
 	watched   chan struct{}
+	// hello is closed when the agent's session announced itself (its
+	// first hello, taken). unannounced: calls began before that; a hello
+	// after them ends the session (firstHello).
+	hello       chan struct{}
+	announced   bool
+	unannounced bool
+	closedAt    string // where Close was called from
 }
 
 // Dial connects to the agent endpoint a backend reports.
@@ -118,12 +128,12 @@ func New(conn io.ReadWriteCloser, opts Options) (*Client, error) {
 		conn.Close()
 		return nil, fmt.Errorf("agent: grpc: %w", err)
 	}
-	c := &Client{opts: opts, conn: conn, sess: sess, cc: cc, rpc: agentpb.NewAgentClient(cc), watched: make(chan struct{})}
+	c := &Client{opts: opts, conn: conn, sess: sess, cc: cc, rpc: agentpb.NewAgentClient(cc), watched: make(chan struct{}), hello: make(chan struct{})}
 	go func() {
 		defer close(c.watched)
 		// A restarted agent announces itself on this session: end it, so
 		// calls in flight fail now and the next one redials.
-		err := transport.WatchHellos(sess)
+		err := transport.WatchHellos(sess, c.firstHello)
 		c.mu.Lock()
 		if errors.Is(err, transport.ErrSessionEnded) {
 			c.endedBy = err
@@ -137,14 +147,61 @@ func New(conn io.ReadWriteCloser, opts Options) (*Client, error) {
 	return c, nil
 }
 
+// firstHello takes the session's first hello unless calls began before
+// it: then the hello comes from an agent session that started after them,
+// and they went to another.
+func (c *Client) firstHello() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.unannounced {
+		return false
+	}
+	c.announced = true
+	close(c.hello)
+	return true
+}
+
+// beginUnannounced records that calls begin on this session before its
+// agent announced it, unless it has: it reports whether it has.
+func (c *Client) beginUnannounced() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.announced {
+		c.unannounced = true
+	}
+	return c.announced
+}
+
 // Close tears down the connection.
 func (c *Client) Close() error {
+	// (Who closed it, for the error of a call it cut short.)
+	at := callers(3)
 	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closedAt = at
+		c.mu.Unlock()
 		c.cc.Close()
 		c.sess.Close()
 		c.conn.Close()
 	})
 	return nil
+}
+
+// callers names the n calls above its caller's, nearest first
+// ("file.go:12 < other.go:34").
+func callers(n int) string {
+	pcs := make([]uintptr, n)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	var at []string
+	for {
+		f, more := frames.Next()
+		if f.File != "" {
+			at = append(at, fmt.Sprintf("%s:%d", filepath.Base(f.File), f.Line))
+		}
+		if !more {
+			return strings.Join(at, " < ")
+		}
+	}
 }
 
 // Done is closed when the underlying session has died.
@@ -283,6 +340,12 @@ func (c *Client) wrap(call string, err error) error {
 	if why := c.Err(); why != nil {
 		return fmt.Errorf("agent %s: %w: %w", call, why, err)
 	}
+	if Code(err) == codes.Canceled && strings.Contains(err.Error(), "client connection is closing") {
+		c.mu.Lock()
+		at := c.closedAt
+		c.mu.Unlock()
+		return fmt.Errorf("agent %s: %w (this host closed the connection, at %s)", call, err, at)
+	}
 	return fmt.Errorf("agent %s: %w", call, err)
 }
 
@@ -308,16 +371,33 @@ func printable(s string, n int) bool {
 	return true
 }
 
+// HelloWait bounds how long DialReady waits for a new session's hello
+// before it asks the agent's health anyway (an agent that sends none).
+const HelloWait = 5 * time.Second
+
+// errStaleSession: the agent answered on a new connection without a hello
+// of its own, so its session began before this connection did.
+var errStaleSession = errors.New("the agent answered on a session that predates this connection")
+
 // DialReady dials ep until the agent answers a health check or ctx is done.
 // A VM that is still booting refuses or ignores the first attempts.
+//
+// Each agent session starts with a hello, when the host connects. On a
+// virtio-serial port an agent session can outlive the host connection
+// it began on (the guest missed the host's close), and answer the next
+// one; its streams are not the new host's, and it dies of that, or of its
+// own unanswered keepalives, under the new host's calls. So DialReady
+// waits for the session's hello before it calls, and an agent that
+// answers without one (protocol 3 and later always sends one) is dropped
+// and dialled again, after a pause long enough for the guest to see the
+// host gone and start afresh.
 func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (*Client, Health, error) {
 	var lastErr error
 	for {
+		pause := 100 * time.Millisecond
 		c, err := Dial(ctx, ep, opts)
 		if err == nil {
-			hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			h, herr := c.WaitReady(hctx)
-			cancel()
+			h, herr := c.ready(ctx)
 			if least := max(opts.MinProtocol, layout.MinProtocol); herr == nil && h.Protocol < least {
 				c.Close()
 				return nil, Health{}, fmt.Errorf("%w: it speaks protocol %d (version %q), this host needs %d or later",
@@ -328,12 +408,41 @@ func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (
 			}
 			c.Close()
 			err = herr
+			if errors.Is(err, errStaleSession) {
+				pause = time.Second
+			}
 		}
 		lastErr = err
 		select {
 		case <-ctx.Done():
 			return nil, Health{}, fmt.Errorf("agent not ready: %w (last error: %v)", ctx.Err(), lastErr)
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(pause):
 		}
 	}
+}
+
+// ready waits for the session's hello (up to HelloWait), then for the
+// agent's health (up to 5 s). An agent of layout.HelloProtocol or later
+// that answered without a hello is on a stale session: errStaleSession.
+func (c *Client) ready(ctx context.Context) (Health, error) {
+	wait := time.NewTimer(HelloWait)
+	defer wait.Stop()
+	select {
+	case <-c.hello:
+	case <-wait.C:
+	case <-c.Done():
+	case <-ctx.Done():
+		return Health{}, ctx.Err()
+	}
+	announced := c.beginUnannounced()
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	h, err := c.WaitReady(hctx)
+	if err != nil {
+		return h, err
+	}
+	if !announced && h.Protocol >= layout.HelloProtocol {
+		return h, errStaleSession
+	}
+	return h, nil
 }

@@ -3,14 +3,20 @@ package client
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"path/filepath"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/harebox/harebox/agent/agentpb"
 	"github.com/harebox/harebox/agent/guest"
+	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/agent/transport"
+	"github.com/harebox/harebox/hypervisor"
 )
 
 // serialPort stands for the guest end of a virtio-serial port: an agent
@@ -174,5 +180,181 @@ func TestGuestOpensStrayStream(t *testing.T) {
 	}
 	if !errors.Is(c.Err(), transport.ErrBadHello) {
 		t.Fatalf("Err() = %v, want ErrBadHello", c.Err())
+	}
+}
+
+// virtioPort emulates a virtio-serial port behind a host socket: one
+// channel to the guest, host connections that come and go on a Unix
+// socket, a guest agent that starts a session when a host connects, and
+// what the guest sends while no host is connected is dropped. When
+// missClose is set, the guest misses the next host's close (both port
+// events reach it before it reads): its session lives on and answers the
+// next host, which is the stale session DialReady must not settle on.
+type virtioPort struct {
+	t         *testing.T
+	ctx       context.Context
+	guestEnd  net.Conn
+	portEnd   net.Conn
+	mu        sync.Mutex
+	host      net.Conn    // the connected host, if any
+	session   *serialPort // the guest's live session, if any
+	ended     chan struct{}
+	missClose bool
+	sessions  int // guest sessions started
+}
+
+func newVirtioPort(t *testing.T) (*virtioPort, hypervisor.AgentEndpoint) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &virtioPort{t: t, ctx: ctx}
+	p.guestEnd, p.portEnd = net.Pipe()
+	path := filepath.Join(t.TempDir(), "port.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); l.Close(); p.guestEnd.Close(); p.portEnd.Close() })
+	// Guest to host: to the connected host, or dropped.
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := p.portEnd.Read(buf)
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			h := p.host
+			p.mu.Unlock()
+			if h != nil {
+				h.Write(buf[:n])
+			}
+		}
+	}()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.connect(c)
+		}
+	}()
+	return p, hypervisor.AgentEndpoint{Transport: hypervisor.TransportSerial, Path: path}
+}
+
+// connect serves one host connection until it closes.
+func (p *virtioPort) connect(c net.Conn) {
+	p.mu.Lock()
+	p.host = c
+	if p.session == nil {
+		if p.ended != nil {
+			<-p.ended // (the last session has stopped reading)
+		}
+		p.guestEnd.SetReadDeadline(time.Time{})
+		p.session, p.ended = &serialPort{Conn: p.guestEnd}, make(chan struct{})
+		p.sessions++
+		go func(port *serialPort, ended chan struct{}) {
+			guest.ServeConn(p.ctx, port, guest.New(guest.Options{}))
+			close(ended)
+		}(p.session, p.ended)
+	}
+	p.mu.Unlock()
+	go func() {
+		io.Copy(p.portEnd, c)
+		c.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.host = nil
+		if p.missClose {
+			p.missClose = false
+			return
+		}
+		// The guest reads EOF: its session ends.
+		p.session.kill()
+		p.session = nil
+	}()
+}
+
+// A host that reconnects to a port whose agent session outlived the last
+// host (it missed the close) does not settle on that session: it drops
+// it and dials again, and gets a session that announced itself to it.
+func TestStaleSessionOnSerial(t *testing.T) {
+	port, ep := newVirtioPort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The last host: it took the agent's hello and was killed (its
+	// streams are gone with it; it held none open here, so the stale
+	// session answers the next host's calls).
+	conn, err := net.Dial("unix", ep.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := transport.Client(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello := make(chan struct{})
+	go transport.WatchHellos(sess, func() bool { close(hello); return true })
+	select {
+	case <-hello:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no hello from the agent")
+	}
+	port.mu.Lock()
+	port.missClose = true
+	port.mu.Unlock()
+	conn.Close()
+
+	start := time.Now()
+	c, h, err := DialReady(ctx, ep, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !c.beginUnannounced() {
+		t.Errorf("DialReady settled on a session that did not announce itself to it (after %v)", time.Since(start))
+	}
+	if h.Protocol < layout.HelloProtocol {
+		t.Errorf("health %+v", h)
+	}
+	if _, err := c.Health(ctx); err != nil {
+		t.Errorf("a call on the new session: %v", err)
+	}
+	port.mu.Lock()
+	defer port.mu.Unlock()
+	if port.sessions < 2 {
+		t.Errorf("%d guest sessions: the stale one was used", port.sessions)
+	}
+	t.Logf("a fresh session after %v (%d guest sessions)", time.Since(start), port.sessions)
+}
+
+// A call that this host's own Close cuts short says where Close was
+// called: the one clue to who ended a session the guest did not end.
+func TestClosedByHost(t *testing.T) {
+	host, g := net.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go guest.ServeConn(ctx, &serialPort{Conn: g}, stuckAgent{})
+	c, err := New(host, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Health(ctx); err != nil {
+		t.Fatal(err)
+	}
+	inflight := make(chan error, 1)
+	go func() {
+		_, err := c.Stat(context.Background(), "/etc")
+		inflight <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the call reaches the agent
+	c.Close()
+	select {
+	case err := <-inflight:
+		if err == nil || !strings.Contains(err.Error(), "this host closed the connection, at replaced_test.go:") {
+			t.Errorf("the call cut short by Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call outlived Close")
 	}
 }

@@ -14,9 +14,13 @@ package layout
 //	0: agents from before the level was reported
 //	1: Health reports the level
 //	2: commands the agent owns (Start, Attach, Signal, Commands)
+//	3: every agent session starts with a hello (agent/transport)
 const (
-	Protocol    = 2
+	Protocol    = 3
 	MinProtocol = 0
+	// HelloProtocol is the first level whose sessions all start with a
+	// hello: the host drops one that answers without.
+	HelloProtocol = 3
 )
 
 const (

@@ -63,14 +63,16 @@ func SendHello(s *yamux.Session) error {
 }
 
 // WatchHellos accepts the streams the guest opens on a host session until
-// the session ends. The first well-formed hello is the agent's; anything
-// after it (a second hello, any other stream) is a reason to end the
-// session, which WatchHellos returns (ErrAgentReplaced or ErrBadHello) for
-// the caller to record before it closes the session. When the session
-// ended for another reason it returns ErrSessionEnded wrapping the
-// session's own. Guests that predate the hello send none, which is
-// allowed.
-func WatchHellos(s *yamux.Session) error {
+// the session ends. The first well-formed hello is the agent's, if first
+// (nil: always) takes it: first says no when the host already used the
+// session, whose streams then belong to an agent session that began
+// before it (see client.DialReady). Anything after it (a second hello,
+// any other stream) is a reason to end the session, which WatchHellos
+// returns (ErrAgentReplaced or ErrBadHello) for the caller to record
+// before it closes the session. When the session ended for another reason
+// it returns ErrSessionEnded wrapping the session's own. Guests that
+// predate the hello send none, which is allowed.
+func WatchHellos(s *yamux.Session, first func() bool) error {
 	seen := false
 	for {
 		st, err := s.Accept()
@@ -82,7 +84,7 @@ func WatchHellos(s *yamux.Session) error {
 		switch {
 		case !ok:
 			return ErrBadHello
-		case seen:
+		case seen || (first != nil && !first()):
 			return ErrAgentReplaced
 		}
 		seen = true
