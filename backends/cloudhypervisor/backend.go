@@ -100,6 +100,7 @@ func (b *Backend) Capabilities(ctx context.Context) (hypervisor.Capabilities, er
 		Accelerator:     "kvm",
 		Snapshot:        true,
 		Pause:           true,
+		Reuse:           true,
 		AgentTransports: []string{hypervisor.TransportHybridVsock},
 		Version:         r.Version,
 	}
@@ -240,10 +241,6 @@ func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, 
 			return
 		}
 	}
-	if spec.Reuse {
-		err = hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: launching again on an earlier launch's disks (stop and start) is not built for this backend yet")
-		return
-	}
 	if bin, ver, err = b.binary(ctx); err != nil {
 		return
 	}
@@ -266,7 +263,8 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 	var m *machine
 	defer func() {
 		if err != nil {
-			b.abandon(m, p, created)
+			// (A launch again keeps the disks it came for.)
+			b.abandon(m, p, created, spec.Reuse)
 		}
 	}()
 
@@ -300,8 +298,8 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 }
 
 // abandon undoes a failed Launch or Restore: stops the VMM and removes
-// what was created for it.
-func (b *Backend) abandon(m *machine, p machinePaths, created bool) {
+// what was created for it (the disks too, unless keepDisks).
+func (b *Backend) abandon(m *machine, p machinePaths, created, keepDisks bool) {
 	if m != nil {
 		m.endDrain()
 		killAndWait(m.proc)
@@ -316,6 +314,9 @@ func (b *Backend) abandon(m *machine, p machinePaths, created bool) {
 	}
 	for _, f := range []string{p.apiSocket, p.vsockSocket} {
 		os.RemoveAll(f)
+	}
+	if keepDisks {
+		return
 	}
 	if matches, _ := filepath.Glob(filepath.Join(p.stateDir, "disk-*")); matches != nil {
 		for _, f := range matches {
@@ -346,7 +347,12 @@ func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p mach
 			continue
 		}
 		ov := filepath.Join(p.stateDir, fmt.Sprintf("disk-%d.qcow2", i))
-		if err := b.createOverlay(ctx, d.Path, format, ov, d.SizeMB<<20, spec.DataKey); err != nil {
+		if spec.Reuse {
+			// The overlay an earlier launch left, opened as it is.
+			if st, err := os.Stat(ov); err != nil || !st.Mode().IsRegular() {
+				return nil, nil, nil, nil, hypervisor.Errorf(hypervisor.ErrNotFound, "disk %d: no overlay of an earlier launch at %s", i, ov)
+			}
+		} else if err := b.createOverlay(ctx, d.Path, format, ov, d.SizeMB<<20, spec.DataKey); err != nil {
 			return nil, nil, nil, nil, err
 		}
 		if len(spec.DataKey) > 0 {
@@ -362,6 +368,12 @@ func (b *Backend) prepareDisks(ctx context.Context, spec hypervisor.Spec, p mach
 	}
 	if len(served) == 0 {
 		return disks, bases, nil, nil, nil
+	}
+	if spec.Reuse {
+		// (A daemon of the last launch whose VMM died unwatched.)
+		if err := stopBlock(filepath.Join(p.stateDir, blockDirName)); err != nil {
+			return nil, nil, nil, nil, err
+		}
 	}
 	srv, err := b.serve(ctx, p, served, spec.DataKey, nil)
 	if err != nil {

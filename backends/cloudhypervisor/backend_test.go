@@ -361,7 +361,7 @@ func TestCapabilities(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if caps.Name != "cloud-hypervisor" || caps.Accelerator != "kvm" || !caps.Snapshot || !caps.Pause ||
+	if caps.Name != "cloud-hypervisor" || caps.Accelerator != "kvm" || !caps.Snapshot || !caps.Pause || !caps.Reuse ||
 		len(caps.AgentTransports) != 1 || caps.AgentTransports[0] != hypervisor.TransportHybridVsock || caps.Version != "v53.0.0" {
 		t.Fatalf("caps = %+v", caps)
 	}

@@ -285,7 +285,7 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 	var m *machine
 	defer func() {
 		if err != nil {
-			b.abandon(m, p, created)
+			b.abandon(m, p, created, false)
 		}
 	}()
 

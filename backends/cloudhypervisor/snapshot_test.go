@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -262,4 +263,95 @@ func opensWith(path string, key []byte) error {
 		return errors.New(strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// TestReuse: a machine launched again with Reuse (stop and start) runs on
+// the overlay its last launch left, as it was (a pattern written into it
+// while the machine was down is still there), encrypted ones served by a
+// new daemon under the same key. Without an overlay it is ErrNotFound; a
+// wrong key fails; neither failure removes the disk it came for.
+func TestReuse(t *testing.T) {
+	for _, bin := range []string{"qemu-img", "qemu-io", "qemu-storage-daemon"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+	b := stubBackend(t)
+	ctx := testCtx(t)
+	files := newTestFiles(t)
+	key := make([]byte, hypervisor.KeySize)
+	rand.Read(key)
+	// qemuIO runs one qemu-io command on the overlay, opened with key.
+	qemuIO := func(path string, key []byte, cmd string) error {
+		var sec overlay.Secrets
+		defer sec.Close()
+		args := []string{"-c", cmd}
+		opts := "driver=qcow2,file.filename=" + path
+		if key != nil {
+			if err := sec.Add("k", key); err != nil {
+				return err
+			}
+			args = append(args, sec.Args()...)
+			opts += ",encrypt.key-secret=k"
+		}
+		c := exec.Command("qemu-io", append(args, "--image-opts", opts)...)
+		sec.Apply(c)
+		out, err := c.CombinedOutput()
+		if err != nil || bytes.Contains(out, []byte("fail")) || bytes.Contains(out, []byte("rror")) {
+			return fmt.Errorf("qemu-io %q: %v %s", cmd, err, out)
+		}
+		return nil
+	}
+	for _, k := range [][]byte{nil, key} {
+		name := map[bool]string{false: "plain", true: "encrypted"}[k != nil]
+		t.Run(name, func(t *testing.T) {
+			spec := files.spec(name, true)
+			spec.DataKey = k
+			m, err := b.Launch(ctx, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+			ov := filepath.Join(spec.StateDir, "disk-0.qcow2")
+			if err := qemuIO(ov, k, "write -P 0x5a 0 4k"); err != nil {
+				t.Fatal(err)
+			}
+			if k != nil {
+				bad := spec
+				bad.Reuse, bad.DataKey = true, make([]byte, hypervisor.KeySize)
+				if m, err := b.Launch(ctx, bad); err == nil {
+					reap(t, m)
+					t.Fatal("a launch again under another key worked")
+				}
+			}
+			spec.Reuse = true
+			again, err := b.Launch(ctx, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reap(t, again)
+			wantState(t, again, hypervisor.StateRunning)
+			info, err := again.(*machine).api.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := info.Config.Disks[0]; d.VhostUser != (k != nil) || (k == nil && d.Path != ov) {
+				t.Errorf("the disk launched again: %+v", d)
+			}
+			if err := again.Kill(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := qemuIO(ov, k, "read -P 0x5a 0 4k"); err != nil {
+				t.Errorf("the overlay was not the one left: %v", err)
+			}
+			if err := again.Cleanup(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Launch(ctx, spec); !errors.Is(err, hypervisor.ErrNotFound) {
+				t.Errorf("a launch again without its overlay: %v", err)
+			}
+		})
+	}
 }
