@@ -17,6 +17,11 @@ import (
 
 // agentErr classifies an agent failure for the API.
 func agentErr(err error) error {
+	// (The engine's own reason for a call it cut short: closeAgent.)
+	var se *sandbox.Error
+	if errors.As(err, &se) {
+		return se
+	}
 	if errors.Is(err, agentclient.ErrAgentTooOld) {
 		return &sandbox.Error{Kind: sandbox.ErrState, Msg: "the sandbox's agent is too old for this server: make the sandbox again from an image built with this release", Err: err}
 	}

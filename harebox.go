@@ -499,7 +499,7 @@ func (e *Engine) Close() error {
 	}
 	e.mu.Lock()
 	for _, b := range e.boxes {
-		b.closeAgent()
+		b.closeAgent(sandbox.Errorf(sandbox.ErrUnavailable, "", "the server is shutting down"))
 	}
 	e.mu.Unlock()
 	return e.closeParts()

@@ -54,7 +54,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	os.RemoveAll(dir) // (a hibernate that failed before)
 	// The host hangs up first, so that the resumed guest's agent starts a
 	// fresh session at once (see makeGolden).
-	b.closeAgent()
+	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was hibernated during the call", id))
 	time.Sleep(time.Second)
 	// Snapshot leaves the machine paused: nothing runs after this point.
 	if err := b.m.Snapshot(ctx, dir, b.key); err != nil {
@@ -79,7 +79,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 		}
 		return nil, err
 	}
-	b.closeAgent()
+	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was hibernated during the call", id))
 	if err := b.m.Kill(ctx); err != nil {
 		e.log.Warn("hibernate: stopping the VMM", "id", id, "err", err)
 	}

@@ -122,11 +122,13 @@ func (b *box) lockBy(deadline time.Time) bool {
 	}
 }
 
-func (b *box) closeAgent() {
+// closeAgent hangs up on the sandbox's agent; a call it cuts short fails
+// with why (a sandbox error).
+func (b *box) closeAgent(why error) {
 	b.amu.Lock()
 	defer b.amu.Unlock()
 	if b.agent != nil {
-		b.agent.Close()
+		b.agent.CloseFor(why)
 		b.agent = nil
 	}
 }
@@ -451,7 +453,7 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	if err := e.eraseDataKey(ctx, b); err != nil {
 		errs = append(errs, err)
 	}
-	b.closeAgent()
+	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was deleted during the call", b.rec.ID))
 	if sb := b.creds.Swap(nil); sb != nil {
 		sb.Close()
 	}

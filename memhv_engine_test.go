@@ -421,3 +421,39 @@ func TestCreateCommitsWithItsAuditEntry(t *testing.T) {
 		t.Fatalf("entries of a create that failed after its admission: %+v", l)
 	}
 }
+
+// TestCallCutByDelete: a command in flight when its sandbox is deleted
+// fails as a conflict that says so (409), not as an agent failure (503).
+func TestCallCutByDelete(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	eng, err := harebox.New(ctx, memhvOptions(t, hv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	box, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 20"})
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the command runs
+	if err := eng.Delete(ctx, box.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		// (The first kind on the chain is the one the API answers with.)
+		var se *sandbox.Error
+		if !errors.As(err, &se) || se.Kind != sandbox.ErrState || !strings.Contains(err.Error(), "was deleted during the call") {
+			t.Errorf("the exec cut short by the delete: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exec outlived its sandbox's delete")
+	}
+}

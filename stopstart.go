@@ -62,7 +62,7 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 			return nil, hvErr(err)
 		}
 	}
-	b.closeAgent()
+	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was stopped during the call", id))
 	// What ran is charged up to now (its link's traffic too, before the
 	// link goes); from now on, its disk.
 	e.settle(ctx, b, sandbox.StateStopped, false)
@@ -160,7 +160,7 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 			b.m.Kill(bg)
 			b.m.Wait(bg)
 		}
-		b.closeAgent()
+		b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was stopped during the call", id))
 		e.settleFinal(bg, b)
 		e.net.Detach(bg, id)
 		e.release(rec.Size)

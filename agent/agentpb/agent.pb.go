@@ -650,7 +650,11 @@ type HealthResponse struct {
 	Kernel string `protobuf:"bytes,4,opt,name=kernel,proto3" json:"kernel,omitempty"`
 	// The protocol level the agent speaks (agent/layout.Protocol); agents
 	// that predate the field send 0.
-	Protocol      uint32 `protobuf:"varint,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Protocol uint32 `protobuf:"varint,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// The nonce of the hello that began the session answering
+	// (agent/transport), so the host knows the session that answers is the
+	// one that announced itself on its connection. Empty before protocol 3.
+	Session       []byte `protobuf:"bytes,6,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -718,6 +722,13 @@ func (x *HealthResponse) GetProtocol() uint32 {
 		return x.Protocol
 	}
 	return 0
+}
+
+func (x *HealthResponse) GetSession() []byte {
+	if x != nil {
+		return x.Session
+	}
+	return nil
 }
 
 type ExecStart struct {
@@ -2242,13 +2253,14 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\x05R\x06signal\"\a\n" +
 	"\x05Empty\"\x0f\n" +
-	"\rHealthRequest\"\x99\x01\n" +
+	"\rHealthRequest\"\xb3\x01\n" +
 	"\x0eHealthResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12%\n" +
 	"\x0euptime_seconds\x18\x02 \x01(\x01R\ruptimeSeconds\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\tR\x04mode\x12\x16\n" +
 	"\x06kernel\x18\x04 \x01(\tR\x06kernel\x12\x1a\n" +
-	"\bprotocol\x18\x05 \x01(\rR\bprotocol\"\xea\x01\n" +
+	"\bprotocol\x18\x05 \x01(\rR\bprotocol\x12\x18\n" +
+	"\asession\x18\x06 \x01(\fR\asession\"\xea\x01\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x14\n" +
 	"\x05shell\x18\x02 \x01(\tR\x05shell\x12\x10\n" +

@@ -5,6 +5,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -77,12 +78,14 @@ type Client struct {
 	endedBy   error // why the session ended, whoever ended it
 	watched   chan struct{}
 	// hello is closed when the agent's session announced itself (its
-	// first hello, taken). unannounced: calls began before that; a hello
-	// after them ends the session (firstHello).
+	// first hello, taken), with nonce. unannounced: the host settled on
+	// an agent that sends no hello; a hello after that is a new agent,
+	// and ends the session (firstHello).
 	hello       chan struct{}
-	announced   bool
+	nonce       []byte
 	unannounced bool
 	closedAt    string // where Close was called from
+	closedFor   error  // and why, if the caller said
 }
 
 // Dial connects to the agent endpoint a backend reports.
@@ -147,38 +150,49 @@ func New(conn io.ReadWriteCloser, opts Options) (*Client, error) {
 	return c, nil
 }
 
-// firstHello takes the session's first hello unless calls began before
-// it: then the hello comes from an agent session that started after them,
-// and they went to another.
-func (c *Client) firstHello() bool {
+// firstHello takes the session's first hello, unless the host settled on
+// an agent that sends none: then the hello is a new agent's.
+func (c *Client) firstHello(nonce []byte) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.unannounced {
 		return false
 	}
-	c.announced = true
+	c.nonce = nonce
 	close(c.hello)
 	return true
 }
 
-// beginUnannounced records that calls begin on this session before its
-// agent announced it, unless it has: it reports whether it has.
-func (c *Client) beginUnannounced() bool {
+// announcedAs reports the nonce the session's agent announced itself with
+// (nil: none yet).
+func (c *Client) announcedAs() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.announced {
-		c.unannounced = true
-	}
-	return c.announced
+	return c.nonce
 }
 
-// Close tears down the connection.
-func (c *Client) Close() error {
-	// (Who closed it, for the error of a call it cut short.)
-	at := callers(3)
+// settleUnannounced records that the host uses this session with an
+// agent that sends no hello, unless one came meanwhile.
+func (c *Client) settleUnannounced() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nonce == nil {
+		c.unannounced = true
+	}
+}
+
+// Close tears down the connection. A call it cuts short says where it
+// was called from.
+func (c *Client) Close() error { return c.close(callers(3), nil) }
+
+// CloseFor is Close with the reason a call it cuts short fails with
+// (wrapped): why the caller ended the connection.
+func (c *Client) CloseFor(why error) error { return c.close(callers(3), why) }
+
+func (c *Client) close(at string, why error) error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
-		c.closedAt = at
+		c.closedAt, c.closedFor = at, why
 		c.mu.Unlock()
 		c.cc.Close()
 		c.sess.Close()
@@ -253,6 +267,9 @@ type Health struct {
 	// Protocol is the agent's protocol level (layout.Protocol; 0 for
 	// agents that predate it).
 	Protocol uint32 `json:"protocol"`
+	// Session is the nonce of the answering session's hello (protocol 3
+	// and later; DialReady checks it).
+	Session []byte `json:"-"`
 }
 
 // Health checks that the agent answers.
@@ -263,8 +280,8 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	if err != nil {
 		return Health{}, c.wrap("health", err)
 	}
-	h := Health{Version: r.Version, UptimeSeconds: r.UptimeSeconds, Mode: r.Mode, Kernel: r.Kernel, Protocol: r.Protocol}
-	if !printable(h.Version, 128) || !printable(h.Mode, 16) || !printable(h.Kernel, 128) || !(h.UptimeSeconds >= 0) {
+	h := Health{Version: r.Version, UptimeSeconds: r.UptimeSeconds, Mode: r.Mode, Kernel: r.Kernel, Protocol: r.Protocol, Session: r.Session}
+	if !printable(h.Version, 128) || !printable(h.Mode, 16) || !printable(h.Kernel, 128) || !(h.UptimeSeconds >= 0) || len(h.Session) > 64 {
 		return Health{}, fmt.Errorf("%w: health: bad fields", ErrGuest)
 	}
 	return h, nil
@@ -342,8 +359,11 @@ func (c *Client) wrap(call string, err error) error {
 	}
 	if Code(err) == codes.Canceled && strings.Contains(err.Error(), "client connection is closing") {
 		c.mu.Lock()
-		at := c.closedAt
+		at, why := c.closedAt, c.closedFor
 		c.mu.Unlock()
+		if why != nil {
+			return fmt.Errorf("agent %s: %w (%v)", call, why, err)
+		}
 		return fmt.Errorf("agent %s: %w (this host closed the connection, at %s)", call, err, at)
 	}
 	return fmt.Errorf("agent %s: %w", call, err)
@@ -372,25 +392,26 @@ func printable(s string, n int) bool {
 }
 
 // HelloWait bounds how long DialReady waits for a new session's hello
-// before it asks the agent's health anyway (an agent that sends none).
+// before it asks the agent's health anyway (a booting guest's agent, or
+// one that sends no hello).
 const HelloWait = 5 * time.Second
 
-// errStaleSession: the agent answered on a new connection without a hello
-// of its own, so its session began before this connection did.
+// errStaleSession: the agent session that answered is not the one that
+// announced itself on this connection: it began before the connection.
 var errStaleSession = errors.New("the agent answered on a session that predates this connection")
 
 // DialReady dials ep until the agent answers a health check or ctx is done.
 // A VM that is still booting refuses or ignores the first attempts.
 //
-// Each agent session starts with a hello, when the host connects. On a
-// virtio-serial port an agent session can outlive the host connection
-// it began on (the guest missed the host's close), and answer the next
-// one; its streams are not the new host's, and it dies of that, or of its
-// own unanswered keepalives, under the new host's calls. So DialReady
-// waits for the session's hello before it calls, and an agent that
-// answers without one (protocol 3 and later always sends one) is dropped
-// and dialled again, after a pause long enough for the guest to see the
-// host gone and start afresh.
+// Each agent session starts with a hello, when the host connects, and
+// (protocol 3 and later) names it in Health. On a virtio-serial port an
+// agent session can outlive the host connection it began on (the guest
+// missed the host's close) and answer the next one; its streams are not
+// the new host's, and it dies of that, or of its own unanswered
+// keepalives, under the new host's calls. So DialReady settles only on
+// the session that announced itself on its connection: one that answers
+// under another name, or none, is dropped and dialled again, after a
+// pause long enough for the guest to see the host gone and start afresh.
 func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (*Client, Health, error) {
 	var lastErr error
 	for {
@@ -422,27 +443,49 @@ func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (
 }
 
 // ready waits for the session's hello (up to HelloWait), then for the
-// agent's health (up to 5 s). An agent of layout.HelloProtocol or later
-// that answered without a hello is on a stale session: errStaleSession.
+// agent's health (up to 5 s), which must come from the session that said
+// hello: errStaleSession if not. An agent that names no session (before
+// protocol 3) is taken as it is.
 func (c *Client) ready(ctx context.Context) (Health, error) {
-	wait := time.NewTimer(HelloWait)
-	defer wait.Stop()
-	select {
-	case <-c.hello:
-	case <-wait.C:
-	case <-c.Done():
-	case <-ctx.Done():
-		return Health{}, ctx.Err()
+	if err := c.waitHello(ctx, HelloWait); err != nil {
+		return Health{}, err
 	}
-	announced := c.beginUnannounced()
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	h, err := c.WaitReady(hctx)
 	if err != nil {
 		return h, err
 	}
-	if !announced && h.Protocol >= layout.HelloProtocol {
+	if len(h.Session) == 0 {
+		if h.Protocol >= layout.HelloProtocol {
+			return h, fmt.Errorf("%w: health: an agent of protocol %d names no session", ErrGuest, h.Protocol)
+		}
+		// An older agent: a hello from now on is a new agent's.
+		c.settleUnannounced()
+		return h, nil
+	}
+	// (The session's hello precedes its answers on the wire, but is read
+	// by another goroutine: give it a moment.)
+	if err := c.waitHello(ctx, time.Second); err != nil {
+		return h, err
+	}
+	if !bytes.Equal(c.announcedAs(), h.Session) {
 		return h, errStaleSession
 	}
 	return h, nil
+}
+
+// waitHello waits up to d for the session's hello; only ctx ending is an
+// error.
+func (c *Client) waitHello(ctx context.Context, d time.Duration) error {
+	wait := time.NewTimer(d)
+	defer wait.Stop()
+	select {
+	case <-c.hello:
+	case <-wait.C:
+	case <-c.Done():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }

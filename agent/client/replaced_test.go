@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -294,7 +295,7 @@ func TestStaleSessionOnSerial(t *testing.T) {
 		t.Fatal(err)
 	}
 	hello := make(chan struct{})
-	go transport.WatchHellos(sess, func() bool { close(hello); return true })
+	go transport.WatchHellos(sess, func([]byte) bool { close(hello); return true })
 	select {
 	case <-hello:
 	case <-time.After(5 * time.Second):
@@ -311,7 +312,7 @@ func TestStaleSessionOnSerial(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if !c.beginUnannounced() {
+	if n := c.announcedAs(); n == nil || !bytes.Equal(n, h.Session) {
 		t.Errorf("DialReady settled on a session that did not announce itself to it (after %v)", time.Since(start))
 	}
 	if h.Protocol < layout.HelloProtocol {
@@ -357,4 +358,28 @@ func TestClosedByHost(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the call outlived Close")
 	}
+
+	// CloseFor: the call cut short fails with the reason given.
+	c2, err := New(host2(t, ctx), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_, err := c2.Stat(context.Background(), "/etc")
+		inflight <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	why := errors.New("the sandbox was deleted")
+	c2.CloseFor(why)
+	if err := <-inflight; !errors.Is(err, why) {
+		t.Errorf("the call cut short by CloseFor: %v", err)
+	}
+}
+
+// host2 is the host end of a new channel to a stuck agent.
+func host2(t *testing.T, ctx context.Context) net.Conn {
+	host, g := net.Pipe()
+	t.Cleanup(func() { host.Close(); g.Close() })
+	go guest.ServeConn(ctx, &serialPort{Conn: g}, stuckAgent{})
+	return host
 }

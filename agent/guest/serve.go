@@ -49,9 +49,12 @@ func ServeConn(ctx context.Context, conn io.ReadWriteCloser, srv agentpb.AgentSe
 		return fmt.Errorf("start session: %w", err)
 	}
 	// Announce this session, so a host still talking to a previous agent
-	// session on this channel notices at once and reconnects.
-	go transport.SendHello(sess)
-	gs := NewGRPCServer(srv)
+	// session on this channel notices at once and reconnects; Health
+	// names it, so a host knows the session that answers is the one that
+	// announced itself to it.
+	nonce := transport.NewNonce()
+	go transport.SendHello(sess, nonce)
+	gs := NewGRPCServer(sessionServer{AgentServer: srv, nonce: nonce})
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
 	// A session that died of an error gRPC takes for temporary (a read
@@ -65,6 +68,20 @@ func ServeConn(ctx context.Context, conn io.ReadWriteCloser, srv agentpb.AgentSe
 		return ctx.Err()
 	}
 	return err
+}
+
+// sessionServer is srv on one session: its Health names the session.
+type sessionServer struct {
+	agentpb.AgentServer
+	nonce []byte
+}
+
+func (s sessionServer) Health(ctx context.Context, r *agentpb.HealthRequest) (*agentpb.HealthResponse, error) {
+	h, err := s.AgentServer.Health(ctx, r)
+	if h != nil {
+		h.Session = s.nonce
+	}
+	return h, err
 }
 
 // ServeOptions configure the long-running serve loops.

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -42,13 +43,21 @@ var ErrSessionEnded = errors.New("the agent session ended")
 // a well-formed hello: the guest may open no other streams.
 var ErrBadHello = errors.New("the guest opened a stream that is not a hello")
 
+// NewNonce makes a session's hello nonce.
+func NewNonce() []byte {
+	n := make([]byte, HelloSize-len(helloMagic))
+	rand.Read(n)
+	return n
+}
+
 // SendHello opens the agent's hello stream on a new guest session and
-// writes the hello. Call it once per session, right after Server.
-func SendHello(s *yamux.Session) error {
+// writes the hello with the session's nonce (NewNonce). Call it once per
+// session, right after Server.
+func SendHello(s *yamux.Session, nonce []byte) error {
 	var b [HelloSize]byte
 	copy(b[:], helloMagic)
-	if _, err := rand.Read(b[len(helloMagic):]); err != nil {
-		return err
+	if copy(b[len(helloMagic):], nonce) != HelloSize-len(helloMagic) {
+		return fmt.Errorf("hello: a nonce of %d bytes", len(nonce))
 	}
 	st, err := s.Open()
 	if err != nil {
@@ -64,38 +73,42 @@ func SendHello(s *yamux.Session) error {
 
 // WatchHellos accepts the streams the guest opens on a host session until
 // the session ends. The first well-formed hello is the agent's, if first
-// (nil: always) takes it: first says no when the host already used the
-// session, whose streams then belong to an agent session that began
-// before it (see client.DialReady). Anything after it (a second hello,
-// any other stream) is a reason to end the session, which WatchHellos
-// returns (ErrAgentReplaced or ErrBadHello) for the caller to record
-// before it closes the session. When the session ended for another reason
-// it returns ErrSessionEnded wrapping the session's own. Guests that
-// predate the hello send none, which is allowed.
-func WatchHellos(s *yamux.Session, first func() bool) error {
+// (nil: always) takes it, given the hello's nonce: first says no when the
+// host already used the session with an agent that sends no hello, so a
+// hello means a new agent (see client.DialReady). Anything after it (a
+// second hello, any other stream) is a reason to end the session, which
+// WatchHellos returns (ErrAgentReplaced or ErrBadHello) for the caller to
+// record before it closes the session. When the session ended for another
+// reason it returns ErrSessionEnded wrapping the session's own. Guests
+// that predate the hello send none, which is allowed.
+func WatchHellos(s *yamux.Session, first func(nonce []byte) bool) error {
 	seen := false
 	for {
 		st, err := s.Accept()
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrSessionEnded, err)
 		}
-		ok := readHello(st)
+		nonce, ok := readHello(st)
 		st.Close()
 		switch {
 		case !ok:
 			return ErrBadHello
-		case seen || (first != nil && !first()):
+		case seen || (first != nil && !first(nonce)):
 			return ErrAgentReplaced
 		}
 		seen = true
 	}
 }
 
-// readHello reads exactly one hello from st, bounded in size and time.
-func readHello(st net.Conn) bool {
+// readHello reads exactly one hello from st, bounded in size and time,
+// and returns its nonce.
+func readHello(st net.Conn) ([]byte, bool) {
 	st.SetReadDeadline(time.Now().Add(HelloTimeout))
 	var b [HelloSize + 1]byte
 	n, err := io.ReadFull(st, b[:])
 	// Exactly HelloSize bytes, then EOF.
-	return n == HelloSize && errors.Is(err, io.ErrUnexpectedEOF) && string(b[:len(helloMagic)]) == helloMagic
+	if n != HelloSize || !errors.Is(err, io.ErrUnexpectedEOF) || string(b[:len(helloMagic)]) != helloMagic {
+		return nil, false
+	}
+	return bytes.Clone(b[len(helloMagic):HelloSize]), true
 }
