@@ -116,7 +116,7 @@ func TestDataKeys(t *testing.T) {
 }
 
 // noEncryption is memhv reporting that it cannot encrypt, as Cloud
-// Hypervisor does without qemu-img and qemu-storage-daemon.
+// Hypervisor does without root, qemu-img or qemu-storage-daemon.
 type noEncryption struct{ *memhv.Hypervisor }
 
 func (n noEncryption) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {

@@ -124,8 +124,8 @@ type Options struct {
 	MaxOutputBytes int
 	// PlaintextDisks turns crypto-erase off: sandboxes get no data key,
 	// their disks and snapshots are plain files and delete only removes
-	// them. A backend that cannot encrypt (Cloud Hypervisor without
-	// qemu-img and qemu-storage-daemon) needs it: New refuses such a
+	// them. A backend that cannot encrypt (Cloud Hypervisor without root,
+	// qemu-img or qemu-storage-daemon) needs it: New refuses such a
 	// backend without it.
 	PlaintextDisks bool
 

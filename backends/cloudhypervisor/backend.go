@@ -113,8 +113,12 @@ func (b *Backend) Capabilities(ctx context.Context) (hypervisor.Capabilities, er
 }
 
 // canEncrypt: the tools that encrypt disks and snapshots are here
-// (qemu-img makes the overlays, the storage daemon opens them).
+// (qemu-img makes the overlays, the storage daemon opens them), and this
+// process is root, which mounts the tmpfs snapshots are staged on.
 func (b *Backend) canEncrypt() bool {
+	if os.Geteuid() != 0 {
+		return false
+	}
 	daemon := b.cfg.StorageDaemon
 	if daemon == "" {
 		daemon = "qemu-storage-daemon"
@@ -247,7 +251,11 @@ func (b *Backend) begin(ctx context.Context, spec hypervisor.Spec) (bin string, 
 	if p, err = newPaths(spec.StateDir, spec.SerialLog); err != nil {
 		return
 	}
-	created, err = b.prepareStateDir(ctx, p)
+	if created, err = b.prepareStateDir(ctx, p); err != nil {
+		return
+	}
+	// (A snapshot or restore cut short by a crash left its tmpfs.)
+	err = removeStages(p.stateDir)
 	return
 }
 
@@ -280,6 +288,7 @@ func (b *Backend) Launch(ctx context.Context, spec hypervisor.Spec) (_ hyperviso
 	if blk != nil {
 		m.data.BlockDir, m.data.Served = blk.Dir, served
 	}
+	m.data.Encrypted = len(spec.DataKey) > 0
 	if spec.ConsoleRecipient != "" {
 		m.data.ConsoleRecipient, m.data.SerialSocket = spec.ConsoleRecipient, p.serialSocket
 		// (Draining before the boot: it connects as soon as the VMM
@@ -552,6 +561,13 @@ func (b *Backend) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.M
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "handle data for %q: an encrypted console without its socket", h.ID)
 	}
 	if err := b.startDrain(m); err != nil {
+		proc.close()
+		return nil, err
+	}
+	// A snapshot or restore the last process was killed in left its tmpfs
+	// (plain guest memory): nothing of this process uses it.
+	if err := removeStages(d.StateDir); err != nil {
+		m.endDrain()
 		proc.close()
 		return nil, err
 	}

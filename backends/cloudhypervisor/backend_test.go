@@ -554,27 +554,49 @@ func TestEncryptedConsole(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitLines(2)
-	// A clone's console is encrypted as its source's was, to its own
-	// recipient, drained from its own socket; a clone whose console would
-	// be plain is refused.
+	// A clone's console is its own, whatever its source's was: encrypted
+	// to its recipient and drained from its own socket, or a plain file.
+	// (Golden snapshots are taken with a plain console and restored into
+	// encrypted ones.)
+	restore := func(snap, id string, recipient string) *VmConfig {
+		t.Helper()
+		cspec := hypervisor.Spec{ID: id, StateDir: filepath.Join(files.dir, id), ConsoleRecipient: recipient,
+			Network: &hypervisor.Network{Tap: "hbx-" + id, MAC: "52:54:00:00:00:02"}}
+		clone, err := b.Restore(ctx, snap, cspec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reap(t, clone)
+		info, err := clone.(*machine).api.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &info.Config
+	}
 	snap := filepath.Join(files.dir, "snap")
 	if err := again.Snapshot(ctx, snap, nil); err != nil {
 		t.Fatal(err)
 	}
-	cspec := hypervisor.Spec{ID: "conclone", StateDir: filepath.Join(files.dir, "conclone"), ConsoleRecipient: spec.ConsoleRecipient,
-		Network: &hypervisor.Network{Tap: "hbx-conclone", MAC: "52:54:00:00:00:02"}}
-	if c, err := b.Restore(ctx, snap, hypervisor.Spec{ID: cspec.ID, StateDir: cspec.StateDir, Network: cspec.Network}); !errors.Is(err, hypervisor.ErrInvalid) {
-		if c != nil {
-			reap(t, c)
-		}
-		t.Errorf("a clone with a plain console: %v", err)
+	if c := restore(snap, "c1", spec.ConsoleRecipient); c.Serial.Mode != ConsoleModeSocket || c.Serial.File != "" {
+		t.Errorf("an encrypted clone's serial: %+v", c.Serial)
 	}
-	clone, err := b.Restore(ctx, snap, cspec)
+	waitLog(filepath.Join(files.dir, "c1", serialLogName), 1)
+	if c := restore(snap, "c2", ""); c.Serial.Mode != ConsoleModeFile || c.Serial.File != filepath.Join(files.dir, "c2", serialLogName) || c.Serial.Socket != "" {
+		t.Errorf("a plain clone's serial: %+v", c.Serial)
+	}
+	plain, err := b.Launch(ctx, files.spec("plaincon", false))
 	if err != nil {
 		t.Fatal(err)
 	}
-	reap(t, clone)
-	waitLog(filepath.Join(cspec.StateDir, serialLogName), 1)
+	reap(t, plain)
+	psnap := filepath.Join(files.dir, "psnap")
+	if err := plain.Snapshot(ctx, psnap, nil); err != nil {
+		t.Fatal(err)
+	}
+	if c := restore(psnap, "c3", spec.ConsoleRecipient); c.Serial.Mode != ConsoleModeSocket {
+		t.Errorf("an encrypted clone of a plain console's snapshot: %+v", c.Serial)
+	}
+	waitLog(filepath.Join(files.dir, "c3", serialLogName), 1)
 	if err := again.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,9 @@ type handleData struct {
 	// Served are the disks the storage daemon serves, in its order: what
 	// a snapshot needs to copy them.
 	Served []servedDisk `json:"served,omitempty"`
+	// Encrypted: launched with a data key, so its snapshots are sealed
+	// (with or without disks to serve).
+	Encrypted bool `json:"encrypted,omitempty"`
 }
 
 // servedDisk is an encrypted overlay the storage daemon serves.

@@ -25,11 +25,21 @@ import (
 // sealedExt marks a VMM file sealed under the snapshot's key.
 const sealedExt = ".sealed"
 
-// mountStage mounts a private tmpfs on the empty directory dir for plain
-// snapshot files. A host where this process may not mount refuses the
-// encrypted snapshot rather than write plain memory to the disk.
-func mountStage(dir string) error {
-	if err := unix.Mount("harebox-stage", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700"); err != nil {
+// stageSlack is what a staging tmpfs holds beyond the guest's memory:
+// the device state and config.
+const stageSlack = 64 << 20
+
+// mountStage mounts a tmpfs on the empty directory dir for the plain
+// snapshot files of a guest with memory bytes of RAM (0: unknown, the
+// kernel's default cap of half the host's RAM). A host where this process
+// may not mount refuses the encrypted snapshot rather than write plain
+// memory to the disk.
+func mountStage(dir string, memory int64) error {
+	opts := "mode=0700"
+	if memory > 0 {
+		opts += fmt.Sprintf(",size=%d", memory+stageSlack)
+	}
+	if err := unix.Mount("harebox-stage", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
 		return hypervisor.Errorf(hypervisor.ErrUnavailable, "mount a tmpfs for the snapshot's plain files at %s: %v", dir, err)
 	}
 	return nil
@@ -114,7 +124,7 @@ func unsealFiles(ctx context.Context, src, dst string, key []byte) error {
 			return err
 		}
 		name, ok := strings.CutSuffix(e.Name(), sealedExt)
-		if !ok || !e.Type().IsRegular() {
+		if !ok || !e.Type().IsRegular() || name == snapshotMetaName {
 			continue
 		}
 		if err := unsealFile(filepath.Join(src, e.Name()), filepath.Join(dst, name), key); err != nil {
@@ -125,7 +135,7 @@ func unsealFiles(ctx context.Context, src, dst string, key []byte) error {
 }
 
 func unsealFile(src, dst string, key []byte) error {
-	in, err := os.Open(src)
+	in, err := openRegular(src)
 	if err != nil {
 		return err
 	}
@@ -145,10 +155,51 @@ func unsealFile(src, dst string, key []byte) error {
 	return out.Close()
 }
 
+// writeFileSealed writes b to path (0600), for sealFiles to seal.
+func writeFileSealed(path string, b []byte) error {
+	return os.WriteFile(path, b, 0o600)
+}
+
+// readSealed reads the regular file path, sealed under key, whole: at
+// most max bytes.
+func readSealed(path string, key []byte, max int) ([]byte, error) {
+	f, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r, err := sealstream.NewReader(f, key)
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(io.LimitReader(r, int64(max)+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(b) > max {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, max)
+	}
+	return b, nil
+}
+
+// openRegular opens path for reading if it is a regular file (a FIFO or
+// a device put in a snapshot dir would block or mislead a restore).
+func openRegular(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	return f, nil
+}
+
 // checkSealed reads the first record of a snapshot's sealed config under
 // key: a wrong key is refused before anything starts.
 func checkSealed(dir string, key []byte) error {
-	f, err := os.Open(filepath.Join(dir, vmConfigName+sealedExt))
+	f, err := openRegular(filepath.Join(dir, vmConfigName+sealedExt))
 	if err != nil {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: %v", dir, err)
 	}

@@ -17,7 +17,6 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/overlay"
 	"github.com/harebox/harebox/hypervisor/vhostblk"
-	"github.com/harebox/harebox/internal/sealstream"
 )
 
 // Files in a snapshot directory besides the VMM's own (config.json,
@@ -75,14 +74,17 @@ type configDisk struct {
 // writes into a staging directory inside the state dir (the one place a
 // Landlock-sandboxed VMM may write).
 //
-// An encrypted machine (its disks served by the storage daemon) needs
-// key: the staging directory is then a tmpfs, its files are sealed into
-// dir under key (sealed.go), and the daemon copies each disk's writes
-// into a new overlay under key; nothing of the snapshot reaches the disk
-// in plain text. A plain machine's snapshot is the VMM's files as they
-// are, moved into dir, with plain copies of its writable disks.
+// An encrypted machine (launched with a data key) needs key: the staging
+// directory is then a tmpfs, its files and the metadata are sealed into
+// dir under key (sealed.go), and the storage daemon copies each disk's
+// writes into a new overlay under key. What reaches the disk in plain
+// text is only a metadata stub saying what the snapshot is (and whatever
+// the host swaps out of the tmpfs). A plain machine's snapshot is the
+// VMM's files as they are, moved into dir, with plain copies of its
+// writable disks.
 func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err error) {
-	encrypted := m.data.BlockDir != ""
+	// (Handles from before the flag: a served disk means a data key.)
+	encrypted := m.data.Encrypted || m.data.BlockDir != ""
 	switch {
 	case len(key) != 0 && len(key) != hypervisor.KeySize:
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot key of %d bytes, want %d", len(key), hypervisor.KeySize)
@@ -90,7 +92,7 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "machine %s is encrypted: a snapshot needs its key", m.id)
 	case !encrypted && len(key) != 0:
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "machine %s is not encrypted: it cannot be snapshotted under a key", m.id)
-	case encrypted && len(m.data.Served) == 0:
+	case m.data.BlockDir != "" && len(m.data.Served) == 0:
 		return hypervisor.Errorf(hypervisor.ErrUnsupported, "machine %s was launched by an earlier version that did not record its disks: it cannot be snapshotted", m.id)
 	}
 	if !filepath.IsAbs(dir) {
@@ -102,11 +104,15 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 	if st, err := os.Stat(filepath.Dir(dir)); err != nil || !st.IsDir() {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot dir %s: parent is not a directory", dir)
 	}
-	state, err := m.vmState(ctx)
+	vi, err := m.api.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
 	}
-	switch state {
+	var memory int64
+	if vi.Config.Memory != nil {
+		memory = vi.Config.Memory.Size
+	}
+	switch state := vi.State; state {
 	case VmStateRunning:
 		if err := m.Pause(ctx); err != nil {
 			return err
@@ -134,7 +140,7 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 		}
 	}()
 	if encrypted {
-		if err := mountStage(stage); err != nil {
+		if err := mountStage(stage, memory); err != nil {
 			return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
 		}
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -169,9 +175,20 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 		meta.Disks = append(meta.Disks, sd)
 	}
 	if encrypted {
-		if err := sealFiles(ctx, stage, dir, key); err != nil {
+		// The metadata names the files a restore opens (bases, disks): it
+		// is sealed with the rest, so only what this backend wrote under
+		// the key is believed; the plain copy says only what it is.
+		b, err := json.Marshal(meta)
+		if err == nil {
+			err = writeFileSealed(filepath.Join(stage, snapshotMetaName), b)
+		}
+		if err == nil {
+			err = sealFiles(ctx, stage, dir, key)
+		}
+		if err != nil {
 			return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
 		}
+		meta = snapshotMeta{Format: meta.Format, Backend: meta.Backend, Encrypted: true, Created: meta.Created}
 	}
 	if err := writeJSON(filepath.Join(out, snapshotMetaName), meta); err != nil {
 		return fmt.Errorf("machine %s: snapshot: %w", m.id, err)
@@ -238,17 +255,6 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 	if meta.Format != snapshotFormat || meta.Backend != Name {
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: format %d of %q, want %d of %q", snapshotDir, meta.Format, meta.Backend, snapshotFormat, Name)
 	}
-	for i, d := range meta.Disks {
-		if d.File != "" && (filepath.Base(d.File) != d.File || !strings.HasPrefix(d.File, "disk-")) {
-			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: disk %d file %q", snapshotDir, i, d.File)
-		}
-		if d.Encrypted && (d.File == "" || !filepath.IsAbs(d.Base) || !meta.Encrypted) {
-			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: encrypted disk %d without its file or base", snapshotDir, i)
-		}
-		if meta.Encrypted && d.File != "" && !d.Encrypted {
-			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: disk %d of an encrypted snapshot is not encrypted", snapshotDir, i)
-		}
-	}
 	if err := spec.ValidKeys(); err != nil {
 		return nil, err
 	}
@@ -262,12 +268,34 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 	case !meta.Encrypted && len(spec.DataKey) > 0:
 		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "restore: this backend does not encrypt a clone of a plain snapshot")
 	}
-	var cfg map[string]any
 	if meta.Encrypted {
 		// (A wrong key is refused here, before anything starts.)
 		if err := checkSealed(snapshotDir, spec.SnapshotKey); err != nil {
 			return nil, err
 		}
+		// What the sealed metadata says, not the plain copy.
+		b, err := readSealed(filepath.Join(snapshotDir, snapshotMetaName+sealedExt), spec.SnapshotKey, maxConfigBytes)
+		if err != nil {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: metadata: %v", snapshotDir, err)
+		}
+		meta = snapshotMeta{}
+		if err := json.Unmarshal(b, &meta); err != nil || !meta.Encrypted || meta.Format != snapshotFormat || meta.Backend != Name {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: sealed metadata: %v", snapshotDir, err)
+		}
+	}
+	for i, d := range meta.Disks {
+		if d.File != "" && (filepath.Base(d.File) != d.File || !strings.HasPrefix(d.File, "disk-")) {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: disk %d file %q", snapshotDir, i, d.File)
+		}
+		if d.Encrypted && (d.File == "" || !filepath.IsAbs(d.Base) || !meta.Encrypted) {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: encrypted disk %d without its file or base", snapshotDir, i)
+		}
+		if meta.Encrypted && d.File != "" && !d.Encrypted {
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: disk %d of an encrypted snapshot is not encrypted", snapshotDir, i)
+		}
+	}
+	var cfg map[string]any
+	if meta.Encrypted {
 		cfg, err = readSealedConfig(filepath.Join(snapshotDir, vmConfigName+sealedExt), spec.SnapshotKey)
 	} else {
 		cfg, err = readConfig(filepath.Join(snapshotDir, vmConfigName))
@@ -297,7 +325,7 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	if meta.Encrypted {
-		if err := mountStage(stage); err != nil {
+		if err := mountStage(stage, int64(spec.MemoryMB)<<20); err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
 		}
 		err = unsealFiles(ctx, snapshotDir, stage, spec.SnapshotKey)
@@ -319,8 +347,11 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 			if err := b.createOverlay(ctx, d.Base, d.BaseFormat, ov, d.SizeBytes, spec.DataKey); err != nil {
 				return nil, fmt.Errorf("restore disk %d: %w", i, err)
 			}
+			// (The copy's own backing file is named here, not taken from
+			// its header, which its key does not cover.)
 			served = append(served, vhostblk.Disk{Path: ov, Format: "qcow2", Encrypted: true,
-				Backing: filepath.Join(snapshotDir, d.File), BackingFormat: "qcow2", BackingEncrypted: true})
+				Backing: filepath.Join(snapshotDir, d.File), BackingFormat: "qcow2", BackingEncrypted: true,
+				BackingBase: d.Base, BackingBaseFormat: d.BaseFormat})
 			info = append(info, servedDisk{Index: i, Base: d.Base, BaseFormat: d.BaseFormat, SizeBytes: d.SizeBytes})
 		case d.File != "":
 			diskPaths[i] = filepath.Join(p.stateDir, d.File)
@@ -359,6 +390,7 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 	if blk != nil {
 		m.data.BlockDir, m.data.Served = blk.Dir, info
 	}
+	m.data.Encrypted = meta.Encrypted
 	if spec.ConsoleRecipient != "" {
 		m.data.ConsoleRecipient, m.data.SerialSocket = spec.ConsoleRecipient, p.serialSocket
 		if err := b.startDrain(m); err != nil {
@@ -416,7 +448,7 @@ type rewrite struct {
 	disks, sockets []string
 	network        *hypervisor.Network
 	// console: the clone's console is encrypted (the VMM serves it on
-	// paths.serialSocket); it must be exactly when the snapshot's was.
+	// paths.serialSocket), else a file.
 	console  bool
 	landlock bool
 }
@@ -429,14 +461,20 @@ func rewriteConfig(cfg map[string]any, rw rewrite) error {
 	} else {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot config has no vsock device")
 	}
-	serial, _ := cfg["serial"].(map[string]any)
-	switch mode := serial["mode"]; {
-	case mode == string(ConsoleModeSocket) && rw.console:
-		serial["socket"] = rw.paths.serialSocket
-	case mode == string(ConsoleModeSocket) || rw.console:
-		return hypervisor.Errorf(hypervisor.ErrInvalid, "the clone's console must be encrypted exactly when the snapshot's was")
-	case mode == string(ConsoleModeFile):
-		serial["file"] = rw.paths.serialLog
+	// The clone's console is its own: a socket drained into its
+	// encrypted log, or a plain file, whatever the source's was (the
+	// serial device's state does not depend on where its output goes).
+	if serial, ok := cfg["serial"].(map[string]any); ok {
+		switch mode := serial["mode"]; {
+		case mode != string(ConsoleModeFile) && mode != string(ConsoleModeSocket):
+			// (Off, Null, Tty: nothing to move.)
+		case rw.console:
+			delete(serial, "file")
+			serial["mode"], serial["socket"] = string(ConsoleModeSocket), rw.paths.serialSocket
+		default:
+			delete(serial, "socket")
+			serial["mode"], serial["file"] = string(ConsoleModeFile), rw.paths.serialLog
+		}
 	}
 	disks, _ := cfg["disks"].([]any)
 	if len(disks) != len(rw.disks) {
@@ -584,21 +622,9 @@ func readConfig(path string) (map[string]any, error) {
 
 // readSealedConfig reads a config.json sealed under key.
 func readSealedConfig(path string, key []byte) (map[string]any, error) {
-	f, err := os.Open(path)
+	b, err := readSealed(path, key, maxConfigBytes)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	r, err := sealstream.NewReader(f, key)
-	if err != nil {
-		return nil, err
-	}
-	b, err := io.ReadAll(io.LimitReader(r, maxConfigBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if len(b) > maxConfigBytes {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxConfigBytes)
 	}
 	return decodeConfig(path, b)
 }

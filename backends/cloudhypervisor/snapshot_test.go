@@ -2,6 +2,7 @@ package cloudhypervisor
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/overlay"
@@ -29,13 +31,16 @@ import (
 // no longer opens the snapshot's copy: the snapshot can be deleted, and
 // the clone is snapshotted and restored in turn. No tmpfs stays mounted.
 func TestEncryptedSnapshot(t *testing.T) {
-	for _, bin := range []string{"qemu-img", "qemu-storage-daemon"} {
+	for _, bin := range []string{"qemu-img", "qemu-io", "qemu-storage-daemon"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Skipf("%s is not installed", bin)
 		}
 	}
 	b := stubBackend(t)
-	ctx := testCtx(t)
+	// (Many steps, each with real qemu-img and daemons: more than
+	// testCtx's 20 s on a busy host.)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	files := newTestFiles(t)
 	newKey := func() []byte {
 		k := make([]byte, hypervisor.KeySize)
@@ -80,6 +85,20 @@ func TestEncryptedSnapshot(t *testing.T) {
 	key, snapKey := newKey(), newKey()
 	spec := files.spec("enc", true)
 	spec.DataKey = key
+	first, err := b.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The guest's writes, stood in for by a pattern written into the
+	// overlay while the machine is down; the machine then runs on it
+	// again (Reuse).
+	if err := first.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := qemuIO(filepath.Join(spec.StateDir, "disk-0.qcow2"), key, "write -P 0x5a 64k 4k"); err != nil {
+		t.Fatal(err)
+	}
+	spec.Reuse = true
 	m, err := b.Launch(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -117,9 +136,34 @@ func TestEncryptedSnapshot(t *testing.T) {
 	if err := opensWith(snapDisk, key); err == nil {
 		t.Error("the machine's key opens the snapshot's disk copy")
 	}
+	if err := qemuIO(snapDisk, snapKey, "read -P 0x5a 64k 4k"); err != nil {
+		t.Errorf("the snapshot's disk copy lacks the guest's writes: %v", err)
+	}
+	// The plain metadata names no file; the sealed one is believed, and a
+	// sealed one that was altered is refused.
+	if plainMeta, _ := os.ReadFile(filepath.Join(snap, snapshotMetaName)); len(plainMeta) == 0 || bytes.Contains(plainMeta, []byte(files.dir)) {
+		t.Errorf("the plain metadata of an encrypted snapshot: %s", plainMeta)
+	}
 	if err := m.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
+	sealedMeta := filepath.Join(snap, snapshotMetaName+sealedExt)
+	good, err := os.ReadFile(sealedMeta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := bytes.Clone(good)
+	bad[len(bad)-5] ^= 1
+	os.WriteFile(sealedMeta, bad, 0o600)
+	tspec := hypervisor.Spec{ID: "tampered", StateDir: filepath.Join(files.dir, "tampered"), DataKey: newKey(), SnapshotKey: snapKey,
+		Network: &hypervisor.Network{Tap: "hbx-tampered", MAC: "52:54:00:00:00:05"}}
+	if c, err := b.Restore(ctx, snap, tspec); !errors.Is(err, hypervisor.ErrInvalid) {
+		if c != nil {
+			reap(t, c)
+		}
+		t.Errorf("restore with altered metadata: %v", err)
+	}
+	os.WriteFile(sealedMeta, good, 0o600)
 
 	// Refused before anything starts: no state dir is made.
 	cspec := hypervisor.Spec{ID: "clone", StateDir: filepath.Join(files.dir, "clone"),
@@ -217,10 +261,57 @@ func TestEncryptedSnapshot(t *testing.T) {
 		t.Errorf("a failed snapshot left staging: %v", left)
 	}
 
-	for _, c := range []hypervisor.Machine{m, clone, clone2} {
-		if err := c.Kill(ctx); err != nil {
+	// Each clone's own overlay, under its own key alone, holds the
+	// guest's writes (streamed in from the snapshot, which is gone).
+	for _, c := range []struct {
+		m   hypervisor.Machine
+		key []byte
+	}{{m, nil}, {clone, cloneKey}, {clone2, c2spec.DataKey}} {
+		if err := c.m.Kill(ctx); err != nil {
 			t.Fatal(err)
 		}
+		if c.key != nil {
+			ov := filepath.Join(c.m.(*machine).data.StateDir, "disk-0.qcow2")
+			if err := qemuIO(ov, c.key, "read -P 0x5a 64k 4k"); err != nil {
+				t.Errorf("%s's disk lacks the guest's writes: %v", c.m.ID(), err)
+			}
+		}
+		if err := c.m.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A machine with a key but no disk to serve (an image whose root is
+	// in memory): its snapshot is sealed all the same, and restores.
+	nspec := files.spec("nodisk", false)
+	nspec.DataKey = newKey()
+	nd, err := b.Launch(ctx, nspec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, nd)
+	nsnap, nkey := filepath.Join(files.dir, "nsnap"), newKey()
+	if err := nd.Snapshot(ctx, nsnap, nil); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Errorf("a diskless encrypted machine snapshotted without a key: %v", err)
+	}
+	if err := nd.Snapshot(ctx, nsnap, nkey); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(nsnap, "memory-ranges"+sealedExt)); err != nil {
+		t.Errorf("the diskless machine's memory is not sealed: %v", err)
+	}
+	nc, err := b.Restore(ctx, nsnap, hypervisor.Spec{ID: "nclone", StateDir: filepath.Join(files.dir, "nclone"), DataKey: newKey(), SnapshotKey: nkey,
+		Network: &hypervisor.Network{Tap: "hbx-nclone", MAC: "52:54:00:00:00:04"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, nc)
+	wantState(t, nc, hypervisor.StateRunning)
+	if found := plainCanaries(); len(found) != 0 {
+		t.Errorf("the memory is in plain text in %v", found)
+	}
+	for _, c := range []hypervisor.Machine{nd, nc} {
+		c.Kill(ctx)
 		if err := c.Cleanup(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -281,27 +372,6 @@ func TestReuse(t *testing.T) {
 	files := newTestFiles(t)
 	key := make([]byte, hypervisor.KeySize)
 	rand.Read(key)
-	// qemuIO runs one qemu-io command on the overlay, opened with key.
-	qemuIO := func(path string, key []byte, cmd string) error {
-		var sec overlay.Secrets
-		defer sec.Close()
-		args := []string{"-c", cmd}
-		opts := "driver=qcow2,file.filename=" + path
-		if key != nil {
-			if err := sec.Add("k", key); err != nil {
-				return err
-			}
-			args = append(args, sec.Args()...)
-			opts += ",encrypt.key-secret=k"
-		}
-		c := exec.Command("qemu-io", append(args, "--image-opts", opts)...)
-		sec.Apply(c)
-		out, err := c.CombinedOutput()
-		if err != nil || bytes.Contains(out, []byte("fail")) || bytes.Contains(out, []byte("rror")) {
-			return fmt.Errorf("qemu-io %q: %v %s", cmd, err, out)
-		}
-		return nil
-	}
 	for _, k := range [][]byte{nil, key} {
 		name := map[bool]string{false: "plain", true: "encrypted"}[k != nil]
 		t.Run(name, func(t *testing.T) {
@@ -353,5 +423,85 @@ func TestReuse(t *testing.T) {
 				t.Errorf("a launch again without its overlay: %v", err)
 			}
 		})
+	}
+}
+
+// qemuIO runs one qemu-io command on the qcow2 at path (over its plain
+// backing file), opened with key if it is encrypted.
+func qemuIO(path string, key []byte, cmd string) error {
+	var sec overlay.Secrets
+	defer sec.Close()
+	args := []string{"-c", cmd}
+	opts := "driver=qcow2,file.filename=" + path
+	if key != nil {
+		if err := sec.Add("k", key); err != nil {
+			return err
+		}
+		args = append(args, sec.Args()...)
+		opts += ",encrypt.key-secret=k"
+	}
+	c := exec.Command("qemu-io", append(args, "--image-opts", opts)...)
+	sec.Apply(c)
+	out, err := c.CombinedOutput()
+	if err != nil || bytes.Contains(out, []byte("fail")) || bytes.Contains(out, []byte("rror")) {
+		return fmt.Errorf("qemu-io %q: %v %s", cmd, err, out)
+	}
+	return nil
+}
+
+// TestStaleStageRemoved: a snapshot's tmpfs that a killed process left
+// mounted (plain guest memory) is removed when the machine is attached
+// again, and when the state dir is launched in again.
+func TestStaleStageRemoved(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	b := stubBackend(t)
+	ctx := testCtx(t)
+	files := newTestFiles(t)
+	spec := files.spec("stage", false)
+	m, err := b.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, m)
+	leave := func() string {
+		t.Helper()
+		stage, err := os.MkdirTemp(spec.StateDir, stagePrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := mountStage(stage, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(stage, "memory-ranges"), []byte(stubMemoryLine), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return stage
+	}
+	mounted := func(dir string) bool {
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		return bytes.Contains(b, []byte(" "+dir+" "))
+	}
+	stage := leave()
+	again, err := New(b.cfg).Attach(ctx, m.Handle())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stage); !errors.Is(err, os.ErrNotExist) || mounted(stage) {
+		t.Errorf("after Attach the stale stage is there (%v) or mounted (%v)", err, mounted(stage))
+	}
+	if err := again.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stage = leave()
+	spec.Reuse = true
+	relaunched, err := b.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, relaunched)
+	if _, err := os.Stat(stage); !errors.Is(err, os.ErrNotExist) || mounted(stage) {
+		t.Errorf("after a launch again the stale stage is there (%v) or mounted (%v)", err, mounted(stage))
 	}
 }

@@ -104,7 +104,7 @@ func run(args []string, instead func(settings) error) error {
 		upstream     = fs.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
 		table        = fs.String("nft-table", "harebox", "the nftables table (family inet) that holds the sandboxes' firewall")
 		defaultFW    = fs.String("default-firewall", "public", "policy of sandboxes created without one: public (the public internet only), deny (nothing), or @FILE (a policy document)")
-		plaintext    = fs.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor without qemu-img and qemu-storage-daemon)")
+		plaintext    = fs.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor without root, qemu-img or qemu-storage-daemon)")
 		prices       = fs.String("prices", "", "price table, a JSON file of decimal dollar strings per hour: vcpu_hour, memory_gib_hour, paused_vcpu_hour, paused_memory_gib_hour, disk_gb_hour, snapshot_gb_hour, and egress_gb per GB (default: the README's)")
 		meterEvery   = fs.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
 		poolFlag     = fs.String("pool", "", "keep that many sandboxes restored from the golden snapshot idle and ready for each image and size, claimed by creates: IMAGE:PRESET=N[,IMAGE:PRESET=N...], e.g. default:small=4 (implies --golden-snapshots)")

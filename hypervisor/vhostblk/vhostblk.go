@@ -49,7 +49,12 @@ type Disk struct {
 	Backing          string
 	BackingFormat    string
 	BackingEncrypted bool
-	ReadOnly         bool
+	// BackingBase, in BackingBaseFormat, is Backing's own backing file,
+	// named here rather than taken from Backing's header (an encrypted
+	// qcow2's header is not covered by its key).
+	BackingBase       string
+	BackingBaseFormat string
+	ReadOnly          bool
 }
 
 // Options says what one daemon serves.
@@ -231,6 +236,16 @@ func blockdev(d Disk, node string) (string, error) {
 				return "", hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: %s: only a qcow2 can be encrypted", d.Backing)
 			}
 			b["encrypt"] = map[string]any{"format": "luks", "key-secret": secretBackup}
+		}
+		if d.BackingBase != "" {
+			if bf != "qcow2" {
+				return "", hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: %s: only a qcow2 has a backing file", d.Backing)
+			}
+			bbf, err := format(d.BackingBaseFormat)
+			if err != nil {
+				return "", err
+			}
+			b["backing"] = map[string]any{"driver": bbf, "file": file(d.BackingBase, true), "read-only": true}
 		}
 		n["backing"] = b
 	} else if d.BackingEncrypted {

@@ -248,7 +248,8 @@ func TestServeEncryptedOverlay(t *testing.T) {
 		t.Fatal(err)
 	}
 	csrv, err := vhostblk.Start(ctx, vhostblk.Options{Dir: filepath.Join(dir, "c"), DataKey: cloneKey, BackingKey: snapKey,
-		Disks: []vhostblk.Disk{{Path: clone, Format: "qcow2", Encrypted: true, Backing: snap, BackingFormat: "qcow2", BackingEncrypted: true}}})
+		Disks: []vhostblk.Disk{{Path: clone, Format: "qcow2", Encrypted: true, Backing: snap, BackingFormat: "qcow2", BackingEncrypted: true,
+			BackingBase: base, BackingBaseFormat: "raw"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
