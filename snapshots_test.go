@@ -7,12 +7,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -81,13 +83,34 @@ func TestSnapshotsAndFork(t *testing.T) {
 		t.Fatalf("refused requests launched %d machines", n-launched)
 	}
 
-	// Fork: two clones with the source's files and labels, their own IDs.
+	// Fork: two clones with the source's files, labels and firewall
+	// policy, their own IDs and data keys.
+	policy, err := firewall.Parse([]byte(`{"default_outbound":"deny","outbound":[{"action":"allow","protocol":"tcp","ports":"443","cidrs":["192.0.2.0/24"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.SetFirewall(ctx, src.ID, policy); err != nil {
+		t.Fatal(err)
+	}
 	clones, err := eng.Fork(ctx, src.ID, sandbox.ForkRequest{Count: 2, Name: "kid", Labels: map[string]string{"fork": "yes"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(clones) != 2 || clones[0].ID == clones[1].ID || clones[0].ID == src.ID {
 		t.Fatalf("clones %+v", clones)
+	}
+	srcSpec, _ := hv.Spec(src.ID)
+	keys := map[string]bool{string(srcSpec.DataKey): true}
+	for i, c := range clones {
+		got, err := eng.Firewall(ctx, c.ID)
+		if err != nil || !reflect.DeepEqual(got, policy) {
+			t.Errorf("clone %d's firewall: %+v, %v; want the source's %+v", i, got, err, policy)
+		}
+		spec, ok := hv.Spec(c.ID)
+		if !ok || len(spec.DataKey) == 0 || keys[string(spec.DataKey)] {
+			t.Errorf("clone %d's data key is missing or not its own (%v, %d bytes; source %d bytes)", i, ok, len(spec.DataKey), len(srcSpec.DataKey))
+		}
+		keys[string(spec.DataKey)] = true
 	}
 	if _, err := eng.WriteFile(ctx, src.ID, "/tmp/state", strings.NewReader("after"), harebox.WriteOptions{}); err != nil {
 		t.Fatal(err)

@@ -198,6 +198,13 @@ func TestSandboxCA(t *testing.T) {
 		strings.Count(got, "BEGIN CERTIFICATE") != 2 {
 		t.Fatalf("the clone's trust store %q (its CA %q, the source's %q)", got, cloneCA, ca)
 	}
+	// And its own placeholder: the source's is worth nothing in it.
+	token := func(id string) string {
+		return str(f.must(t, 200, "POST", "/v1/sandboxes/"+id+"/exec", f.root, map[string]any{"cmd": "printenv TOKEN"}), "stdout")
+	}
+	if a, c := token(id), token(clone); !strings.HasPrefix(a, "hbph_") || !strings.HasPrefix(c, "hbph_") || a == c {
+		t.Errorf("placeholders: the source's %q, the clone's %q", a, c)
+	}
 	f.must(t, 200, "DELETE", "/v1/sandboxes/"+clone, f.root, nil)
 	if n := countSecrets(t, f.dir, "sandbox/"+id); n != 3 {
 		t.Errorf("the sandbox's data key, console key and CA key: %d sealed rows, want 3", n)

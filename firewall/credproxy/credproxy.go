@@ -239,6 +239,8 @@ type Proxy struct {
 	// Roots verify the real hosts; nil means the host's system roots.
 	Roots *x509.CertPool
 	Log   *slog.Logger
+
+	buffers bufferPool
 }
 
 // Conn is one intercepted connection, as the egress proxy hands it over.
@@ -311,7 +313,8 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 		hostport = net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))
 	}
 	rp := &httputil.ReverseProxy{
-		Transport: tr,
+		Transport:  tr,
+		BufferPool: &p.buffers,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = scheme, hostport, hostport
 			if !strings.EqualFold(hostOnly(pr.In.Host), c.Host) {
@@ -337,6 +340,20 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 		rp.ServeHTTP(&batchFlush{ResponseWriter: w}, r)
 	})
 }
+
+// bufferPool holds ReverseProxy's body copy buffers: larger than its
+// default 32 KiB, so a download moves in fewer writes (and TLS records
+// and syscalls) to the guest. The zero value is ready.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 256<<10)
+}
+
+func (b *bufferPool) Put(s []byte) { b.p.Put(&s) }
 
 // batchFlush coalesces the flushes ReverseProxy makes after every write of
 // a body of unknown length (a scrubbed body has one): at most one every

@@ -102,3 +102,55 @@ func TestStrictFraming(t *testing.T) {
 		}
 	}
 }
+
+// sized returns its data in reads of random sizes up to max.
+type sized struct {
+	b   []byte
+	rnd *rand.Rand
+	max int
+}
+
+func (c *sized) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, c.b[:min(1+c.rnd.IntN(c.max), len(c.b))])
+	c.b = c.b[n:]
+	return n, nil
+}
+
+func (c *sized) Close() error { return nil }
+
+// A large body with values anywhere, read in pieces of any size on both
+// sides, comes out as strings.Replacer makes it.
+func TestScrubberLarge(t *testing.T) {
+	pairs := []string{"sk-SECRET-value-1", "PH1", "tok-2", "PLACEHOLDER-2", "ab", "X"}
+	for seed := range uint64(20) {
+		rnd := rand.New(rand.NewPCG(seed, 2))
+		var body strings.Builder
+		for body.Len() < 1<<20 {
+			if rnd.IntN(50) == 0 {
+				body.WriteString(pairs[2*rnd.IntN(3)])
+			} else {
+				body.WriteByte("abcxyz-k"[rnd.IntN(8)])
+			}
+		}
+		want := strings.NewReplacer(pairs...).Replace(body.String())
+		s := newScrubber(&sized{b: []byte(body.String()), rnd: rnd, max: 1 + rnd.IntN(300<<10)}, pairs)
+		var got strings.Builder
+		buf := make([]byte, 1+rnd.IntN(70<<10))
+		for {
+			n, err := s.Read(buf[:1+rnd.IntN(len(buf))])
+			got.Write(buf[:n])
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got.String() != want {
+			t.Fatalf("seed %d: %d bytes out, want %d", seed, got.Len(), len(want))
+		}
+	}
+}

@@ -10,17 +10,25 @@ import (
 
 // scrubber replaces values by placeholders in a stream. It holds back the
 // last len(longest value)-1 bytes of what it read, so a value split
-// between two reads is still found.
+// between two reads is still found. What holds no value (nearly always)
+// is passed on from the buffer it was read into: one copy per byte.
 type scrubber struct {
-	src     io.ReadCloser
-	rep     *strings.Replacer
-	olds    [][]byte
-	keep    int
-	pending []byte
+	src  io.ReadCloser
+	rep  *strings.Replacer
+	olds [][]byte
+	keep int
+	// buf[:n] is read and not yet passed on; ready is what Read passes
+	// on next: buf[:cut] (aliased: the rest moves to the front once it
+	// has gone) or a replaced copy.
 	buf     []byte
-	out     bytes.Buffer
+	n, cut  int
+	ready   []byte
+	aliased bool
 	err     error
 }
+
+// scrubBuf is how much a scrubber reads at a time.
+const scrubBuf = 256 << 10
 
 func newScrubber(src io.ReadCloser, pairs []string) *scrubber {
 	s := &scrubber{src: src, rep: strings.NewReplacer(pairs...)}
@@ -32,46 +40,75 @@ func newScrubber(src io.ReadCloser, pairs []string) *scrubber {
 }
 
 func (s *scrubber) Read(p []byte) (int, error) {
-	for s.out.Len() == 0 && s.err == nil {
-		if s.buf == nil {
-			s.buf = make([]byte, 64<<10)
+	for len(s.ready) == 0 {
+		if s.n == 0 && s.err != nil {
+			return 0, s.err
 		}
-		n, err := s.src.Read(s.buf)
-		s.pending = append(s.pending, s.buf[:n]...)
-		s.err = err
-		cut := len(s.pending)
-		if err == nil {
-			cut = max(len(s.pending)-s.keep, 0)
-			// Never cut through a value (moving the cut back can put it
-			// inside another one: repeat until it stays).
-			for moved := true; moved; {
-				moved = false
-				for _, old := range s.olds {
-					for i := 0; ; {
-						j := bytes.Index(s.pending[i:], old)
-						if j < 0 {
-							break
-						}
-						start := i + j
-						if start < cut && start+len(old) > cut {
-							cut, moved = start, true
-						}
-						i = start + 1
-					}
+		if s.err == nil {
+			if s.buf == nil {
+				s.buf = make([]byte, scrubBuf+s.keep)
+			}
+			if s.n == len(s.buf) {
+				// (Values that overlap the cut hold it back: rare.)
+				s.buf = append(s.buf, make([]byte, scrubBuf)...)
+			}
+			m, err := s.src.Read(s.buf[s.n:])
+			s.n += m
+			s.err = err
+		}
+		s.cut = s.cutAt()
+		if s.cut == 0 {
+			continue
+		}
+		if s.holds(s.buf[:s.cut]) {
+			s.ready = []byte(s.rep.Replace(string(s.buf[:s.cut])))
+			s.shift()
+		} else {
+			s.ready, s.aliased = s.buf[:s.cut], true // the common case
+		}
+	}
+	k := copy(p, s.ready)
+	s.ready = s.ready[k:]
+	if len(s.ready) == 0 && s.aliased {
+		s.aliased = false
+		s.shift()
+	}
+	return k, nil
+}
+
+// shift drops buf[:cut], which has been passed on.
+func (s *scrubber) shift() {
+	s.n = copy(s.buf, s.buf[s.cut:s.n])
+	s.cut = 0
+}
+
+// cutAt is how much of buf[:n] may be passed on: all of it at the end of
+// the stream, else all but the last keep bytes, and never through a value
+// (moving the cut back can put it inside another one: repeat until it
+// stays).
+func (s *scrubber) cutAt() int {
+	b := s.buf[:s.n]
+	if s.err != nil {
+		return len(b)
+	}
+	cut := max(len(b)-s.keep, 0)
+	for moved := true; moved; {
+		moved = false
+		for _, old := range s.olds {
+			for i := max(cut-len(old)+1, 0); i < cut; {
+				j := bytes.Index(b[i:], old)
+				if j < 0 {
+					break
 				}
+				start := i + j
+				if start < cut && start+len(old) > cut {
+					cut, moved = start, true
+				}
+				i = start + 1
 			}
 		}
-		if s.holds(s.pending[:cut]) {
-			s.out.WriteString(s.rep.Replace(string(s.pending[:cut])))
-		} else {
-			s.out.Write(s.pending[:cut]) // the common case: nothing to replace
-		}
-		s.pending = append(s.pending[:0], s.pending[cut:]...)
 	}
-	if s.out.Len() > 0 {
-		return s.out.Read(p)
-	}
-	return 0, s.err
+	return cut
 }
 
 // holds reports whether b contains a value.

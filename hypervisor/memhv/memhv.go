@@ -116,6 +116,20 @@ func (h *Hypervisor) Machine(id string) (hypervisor.Machine, bool) {
 	return m, ok
 }
 
+// Spec returns the spec the machine with this ID runs with, keys
+// included, so a test can check what the engine gave it.
+func (h *Hypervisor) Spec(id string) (hypervisor.Spec, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m, ok := h.machines[id]
+	if !ok {
+		return hypervisor.Spec{}, false
+	}
+	spec := m.spec
+	spec.DataKey = bytes.Clone(m.diskKey)
+	return spec, true
+}
+
 // Close kills every machine still running or paused. Their files stay until
 // Cleanup.
 func (h *Hypervisor) Close() error {

@@ -19,7 +19,7 @@ import (
 // address, a CIDR rule listed first), from the same guest to identical
 // servers in the same run. Metrics:
 //
-//	throughput-ratio  proxied MB/s / direct MB/s for an 8 MiB download
+//	throughput-ratio  proxied MB/s / direct MB/s for a 100 MiB download
 //	latency-ratio     proxied / direct time for connect + TLS + small GET
 //	added-ms          the difference in that time, in milliseconds
 func BenchmarkEgressProxy(b *testing.B) {
@@ -85,7 +85,7 @@ func (g *guest) fetch(t target, path string) (time.Duration, error) {
 // with the sandbox's CA, the placeholder swapped, TLS to the host).
 // Metrics: the p50 of connect + TLS + a small GET with the placeholder in
 // Authorization (ms, and the credential path's added ms over direct), and
-// the throughput of an 8 MiB download as a ratio to direct.
+// the throughput of a 100 MiB download as a ratio to direct.
 func BenchmarkCredentialProxy(b *testing.B) {
 	e := newEnv(b)
 	n := e.newNetwork("")
