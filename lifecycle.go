@@ -458,10 +458,12 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		sb.Close()
 	}
 	if b.m != nil {
-		if err := b.m.Kill(ctx); err != nil && !errors.Is(err, hypervisor.ErrState) {
+		// (A machine that is gone, with the plugin it lived in or on its
+		// own, is what a delete wants; its files go below.)
+		if err := b.m.Kill(ctx); err != nil && !errors.Is(err, hypervisor.ErrState) && !errors.Is(err, hypervisor.ErrNotFound) {
 			errs = append(errs, err)
 		}
-		if err := b.m.Cleanup(ctx); err != nil {
+		if err := b.m.Cleanup(ctx); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
 			errs = append(errs, err)
 		}
 	} else if b.rec.Handle != nil {

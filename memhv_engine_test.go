@@ -18,6 +18,7 @@ import (
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -455,5 +456,84 @@ func TestCallCutByDelete(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the exec outlived its sandbox's delete")
+	}
+}
+
+// TestPluginKilledInFlight: the hypervisor plugin killed while a create
+// and while a delete are in flight. The create fails at once with a
+// retryable error and leaves no sandbox; the delete ends with the sandbox
+// deleted and its files gone; the relaunched plugin serves the next
+// create.
+func TestPluginKilledInFlight(t *testing.T) {
+	bin := testimage.Package(t, "./hypervisor/plugin/testdata/memplugin", "harebox-plugin-memtest")
+	t.Setenv("MEMPLUGIN_LAUNCH_DELAY", "3s")
+	dir, err := os.MkdirTemp("", "hbk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	eng, err := harebox.New(ctx, harebox.Options{
+		DataDir: dir, PluginPath: bin,
+		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
+		Capacity: harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	killPlugin := func() {
+		t.Helper()
+		n := 0
+		for _, p := range procs.WithEnv(plugin.OwnerEnv + "=" + dir) {
+			if p.IsPlugin() {
+				syscall.Kill(p.PID, syscall.SIGKILL)
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("killed %d plugins, want 1", n)
+		}
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := eng.Create(ctx, sandbox.CreateRequest{Name: "cut"})
+		done <- err
+	}()
+	time.Sleep(time.Second) // the launch is in the plugin
+	killPlugin()
+	select {
+	case err := <-done:
+		var se *sandbox.Error
+		if !errors.As(err, &se) || se.Kind != sandbox.ErrUnavailable {
+			t.Errorf("the create the plugin died in: %v, want a retryable (unavailable) error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the create hangs after its plugin died")
+	}
+	if l, _ := eng.List(ctx, sandbox.ListFilter{}); len(l) != 0 {
+		t.Errorf("the failed create left %+v", l)
+	}
+
+	box, err := eng.Create(ctx, sandbox.CreateRequest{Name: "next"})
+	if err != nil {
+		t.Fatalf("a create on the relaunched plugin: %v", err)
+	}
+	go func() { done <- eng.Delete(ctx, box.ID) }()
+	killPlugin()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("the delete the plugin died in: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the delete hangs after its plugin died")
+	}
+	if s, err := eng.Get(ctx, box.ID); err != nil || s.State != sandbox.StateDeleted {
+		t.Errorf("after the delete: %+v %v", s, err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "m")); len(ents) != 0 {
+		t.Errorf("machine directories left: %v", ents)
 	}
 }

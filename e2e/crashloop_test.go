@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/rand"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +23,8 @@ import (
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/network/linuxnet"
+
+	_ "modernc.org/sqlite" // (the data directory's database, read by the checks)
 )
 
 // TestCrashLoop: two clients create sandboxes, run commands, write
@@ -307,7 +310,26 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 		}
 	}
 	nft, _ := exec.Command("nft", "list", "table", "inet", table).CombinedOutput()
+	scopes := secretScopes(t, dataDir)
+	sealed := func(id string) int {
+		n := 0
+		for scope, k := range scopes {
+			if scope == "sandbox/"+id || strings.HasPrefix(scope, "sandbox/"+id+"/") {
+				n += k
+			}
+		}
+		return n
+	}
+	for _, b := range running {
+		// (Which also shows the check reads the server's database.)
+		if id := b["id"].(string); sealed(id) == 0 && !c.gone(srv, id) {
+			t.Errorf("running sandbox %s has no sealed data key", id)
+		}
+	}
 	for _, id := range deleted {
+		if n := sealed(id); n > 0 {
+			t.Errorf("deleted sandbox %s: %d sealed secrets (its data key among them) still there", id, n)
+		}
 		dir := filepath.Join(dataDir, "m", id)
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("deleted sandbox %s: state directory still there (%v)", id, err)
@@ -325,6 +347,34 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 			t.Errorf("deleted sandbox %s: nftables chain o-%s still there", id, tap)
 		}
 	}
+	// No VMM runs for a sandbox that is not live. The processes are read
+	// before the list, so a VMM of a create in flight is in it; one whose
+	// sandbox a client deleted meanwhile gets a moment to go.
+	var vmms []procs.Proc
+	for _, p := range procs.Naming(filepath.Join(dataDir, "m") + "/") {
+		if p.IsVMM() {
+			vmms = append(vmms, p)
+		}
+	}
+	owner := func(p procs.Proc) bool {
+		for _, b := range srv.sandboxes(t, "") {
+			if strings.Contains(p.Cmdline, filepath.Join(dataDir, "m", b["id"].(string))+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, p := range vmms {
+		for end := time.Now().Add(15 * time.Second); !owner(p); time.Sleep(500 * time.Millisecond) {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", p.PID)); err != nil {
+				break // gone
+			}
+			if time.Now().After(end) {
+				t.Errorf("VMM %s runs for no live sandbox", p)
+				break
+			}
+		}
+	}
 	plugins := 0
 	for _, p := range procs.WithEnv(plugin.OwnerEnv + "=" + dataDir) {
 		if p.IsPlugin() {
@@ -338,6 +388,36 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 		t.Errorf("%d 5xx answers after a restart completed; the last: %v", n, c.last5xx.Load())
 	}
 	t.Logf("checked %d running sandboxes, %d sandboxes with acknowledged files, %d deleted", len(running), len(files), len(deleted))
+}
+
+// secretScopes counts the sealed secrets in the data directory's
+// database by scope ("sandbox/ID" holds a sandbox's data key), read
+// while the server runs (the database allows readers beside it).
+func secretScopes(t *testing.T, dataDir string) map[string]int {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dataDir, "harebox.db")+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query(`SELECT scope, COUNT(*) FROM secrets GROUP BY scope`)
+	if err != nil {
+		t.Fatalf("secrets: %v", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var scope string
+		var n int
+		if err := rows.Scan(&scope, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[scope] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // envCount is a positive number from the environment, or def.

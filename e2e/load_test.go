@@ -18,9 +18,10 @@ import (
 )
 
 // TestLoad: as many small sandboxes as admission allows on this machine,
-// then get and exec traffic from four clients for HAREBOX_LOAD_SECONDS
-// (10 by default; make reliability runs 60). It reports the sandboxes
-// held, requests per second, p50/p99 of get and exec, host memory per
+// then get, exec and file (write, then read back and compared) traffic
+// from four clients for HAREBOX_LOAD_SECONDS (10 by default; make
+// reliability runs 60). It reports the sandboxes held, requests per
+// second, p50/p99 of each kind of request, host memory per
 // sandbox and the errors; it fails on any error other than admission
 // refusals, and on a refusal that is not a clear 503 over_capacity.
 // (Figures, not assertions on time: the machine's speed is not the test's.)
@@ -97,17 +98,32 @@ func TestLoad(t *testing.T) {
 			defer wg.Done()
 			for i := 0; time.Now().Before(deadline); i++ {
 				id := ids[(w+i)%len(ids)]
+				// get, exec, a file write, and that file read back from the
+				// same sandbox, in turn (each client has its own file).
+				var content []byte
 				op, method, path, body := "get", "GET", "/v1/sandboxes/"+id, []byte(nil)
-				if i%2 == 1 {
+				switch i % 4 {
+				case 1:
 					op, method, path, body = "exec", "POST", "/v1/sandboxes/"+id+"/exec", []byte(`{"cmd": "echo x", "timeout_seconds": 30}`)
+				case 2:
+					content = []byte(fmt.Sprintf("client %d request %d\n", w, i))
+					op, method, path, body = "write", "PUT", fmt.Sprintf("/v1/sandboxes/%s/files?path=/tmp/load-%d", id, w), content
+				case 3:
+					prev := ids[(w+i-1)%len(ids)]
+					content = []byte(fmt.Sprintf("client %d request %d\n", w, i-1))
+					op, method, path = "read", "GET", fmt.Sprintf("/v1/sandboxes/%s/files?path=/tmp/load-%d", prev, w)
 				}
 				start := time.Now()
 				code, b, err := c.do(srv, method, path, body)
 				d := time.Since(start)
 				mu.Lock()
-				if err != nil || code != 200 {
+				switch {
+				case err != nil || code != 200:
 					errs = append(errs, fmt.Sprintf("%s %s: %d %s %v", method, path, code, b, err))
-				} else {
+				case op == "read" && !bytes.Equal(b, content):
+					// (The write of the turn before, by this client alone.)
+					errs = append(errs, fmt.Sprintf("%s %s: read %q, wrote %q", method, path, b, content))
+				default:
 					samples = append(samples, sample{op, d})
 				}
 				mu.Unlock()
@@ -134,10 +150,12 @@ func TestLoad(t *testing.T) {
 			rss += vmRSS(p.PID)
 		}
 	}
-	t.Logf("%d requests in %d s from 4 clients: %.0f/s; get p50 %v p99 %v; exec p50 %v p99 %v; %d errors; host memory %d MiB per sandbox (VMM RSS)",
+	t.Logf("%d requests in %d s from 4 clients: %.0f/s; get p50 %v p99 %v; exec p50 %v p99 %v; file write p50 %v p99 %v; read p50 %v p99 %v; %d errors; host memory %d MiB per sandbox (VMM RSS)",
 		len(samples)+len(errs), seconds, float64(len(samples)+len(errs))/float64(seconds),
 		pct("get", 0.5).Round(time.Microsecond), pct("get", 0.99).Round(time.Microsecond),
 		pct("exec", 0.5).Round(time.Microsecond), pct("exec", 0.99).Round(time.Microsecond),
+		pct("write", 0.5).Round(time.Microsecond), pct("write", 0.99).Round(time.Microsecond),
+		pct("read", 0.5).Round(time.Microsecond), pct("read", 0.99).Round(time.Microsecond),
 		len(errs), rss>>20/int64(len(ids)))
 	for i, e := range errs {
 		if i == 5 {
