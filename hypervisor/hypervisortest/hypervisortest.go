@@ -13,9 +13,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -184,6 +186,25 @@ func testLifecycle(t *testing.T, h Harness) {
 	}()
 	connect(t, h, orig, start)
 	t.Logf("booted to a healthy agent in %v", orig.booted.Round(time.Millisecond))
+	if spec.DataKey != nil {
+		// The key reaches the VMM by no command line and no environment,
+		// in no form (raw, hex, base64 as the LUKS passphrase).
+		info, err := m.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"cmdline", "environ"} {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/%s", info.PID, f))
+			if len(b) == 0 {
+				t.Errorf("the VMM's %s cannot be read", f)
+			}
+			for _, form := range []string{string(spec.DataKey), hex.EncodeToString(spec.DataKey), base64.StdEncoding.EncodeToString(spec.DataKey)} {
+				if bytes.Contains(b, []byte(form)) {
+					t.Errorf("the data key is in the VMM's %s", f)
+				}
+			}
+		}
+	}
 
 	// The data disk must be pristine afterwards: writes go to the overlay.
 	t.Run("Exec", func(t *testing.T) {
