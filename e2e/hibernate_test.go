@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,9 +18,11 @@ import (
 
 // TestHibernate, on a real Debian VM through the CLI: hibernate frees the
 // VMM; then hareboxd is killed with -9 and every process that names the
-// data directory with it, as a host reboot would; a new hareboxd resumes
-// the sandbox with a file on its disk and a background process still
-// counting.
+// data directory with it, and the host firewall's table and taps are
+// removed, as a host reboot would; a canary in the guest's memory and on
+// its disk is in no file of the data directory in plain text; a new
+// hareboxd resumes the sandbox with the files and a background process
+// still counting.
 func TestHibernate(t *testing.T) {
 	s := prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbh")
@@ -36,6 +42,12 @@ func TestHibernate(t *testing.T) {
 	}
 	defer func() { srv.call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.key, nil) }()
 	hb("exec", box.ID, "-c", "echo sleepy > /var/tmp/mark && sync")
+	// A canary in the guest's memory (a tmpfs) and on its disk: in no
+	// file of the host in plain text while the sandbox is hibernated.
+	canary := make([]byte, 16)
+	rand.Read(canary)
+	mark := hex.EncodeToString(canary)
+	hb("exec", box.ID, "-c", "echo "+mark+" > /dev/shm/canary; echo "+mark+" > /var/tmp/canary; sync")
 	hb("exec", box.ID, "-c", "setsid sh -c 'n=0; while :; do n=$((n+1)); echo $n > /dev/shm/counter; sleep 0.2; done' >/dev/null 2>&1 &")
 	counter := func() int {
 		t.Helper()
@@ -57,12 +69,22 @@ func TestHibernate(t *testing.T) {
 		}
 	}
 
-	// As a host reboot would: hareboxd and everything of the data dir go.
+	// As a host reboot would: hareboxd and everything of the data dir go,
+	// and so do the host firewall's table and the taps.
 	srv.cmd.Process.Kill()
 	srv.cmd.Wait()
 	for _, p := range procs.Naming(dataDir) {
 		syscall.Kill(p.PID, syscall.SIGKILL)
 	}
+	srv.dropTable(t)
+	filepath.Walk(dataDir, func(path string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			if b, _ := os.ReadFile(path); bytes.Contains(b, []byte(mark)) {
+				t.Errorf("the canary is in plain text in %s", path)
+			}
+		}
+		return nil
+	})
 	srv = start(t, s, dataDir)
 	if out := hb("get", box.ID); !strings.Contains(out, `"state": "hibernated"`) {
 		t.Fatalf("after the restart: %s", out)
@@ -74,6 +96,9 @@ func TestHibernate(t *testing.T) {
 	t.Logf("resume took %v", time.Since(began).Round(100*time.Millisecond))
 	if got := hb("exec", box.ID, "--", "cat", "/var/tmp/mark"); got != "sleepy\n" {
 		t.Errorf("the file after the resume: %q", got)
+	}
+	if got := hb("exec", box.ID, "--", "cat", "/dev/shm/canary", "/var/tmp/canary"); got != mark+"\n"+mark+"\n" {
+		t.Errorf("the canaries after the resume: %q", got)
 	}
 	n1 := counter()
 	time.Sleep(1500 * time.Millisecond)
