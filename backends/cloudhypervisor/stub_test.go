@@ -23,10 +23,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +37,9 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
+	"github.com/harebox/harebox/agent/agentpb"
+	"github.com/harebox/harebox/agent/guest"
+	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/hypervisor"
 )
 
@@ -46,6 +51,7 @@ const (
 	stubFailEnv    = "HAREBOX_CH_STUB_FAIL"     // "1": exit at once
 	stubStubborn   = "HAREBOX_CH_STUB_STUBBORN" // "1": ignore vmm.shutdown
 	stubSpecEnv    = "HAREBOX_CH_STUB_SPEC"     // absolute path of the spec
+	stubAgentEnv   = "HAREBOX_CH_STUB_AGENT"    // "1": the vsock port serves an agent
 
 	stubHostPort = 1073741824 // the "OK <port>" a hybrid vsock peer reports
 )
@@ -559,9 +565,62 @@ func serveHybridVsock(ln net.Listener, ports map[uint32]bool) {
 				return
 			}
 			fmt.Fprintf(c, "OK %d\n", stubHostPort)
+			if os.Getenv(stubAgentEnv) == "1" {
+				serveStubAgent(c)
+				return
+			}
 			io.Copy(c, c)
 		}()
 	}
+}
+
+// The stub guest's agent (HAREBOX_CH_STUB_AGENT=1): the real agent
+// transport (a session, its hello, Health naming it) over each vsock
+// connection, with calls that answer at once (Health) or never (Stat).
+// SIGUSR1 kills it: every connection closes, as the VMM closes a vsock
+// connection whose guest end is gone.
+var (
+	agentMu    sync.Mutex
+	agentConns = map[net.Conn]bool{}
+	agentKill  sync.Once
+)
+
+type stubAgent struct {
+	agentpb.UnimplementedAgentServer
+}
+
+func (stubAgent) Health(context.Context, *agentpb.HealthRequest) (*agentpb.HealthResponse, error) {
+	return &agentpb.HealthResponse{Version: "stub", Mode: "service", Protocol: layout.Protocol}, nil
+}
+
+func (stubAgent) Stat(ctx context.Context, _ *agentpb.PathRequest) (*agentpb.FileInfo, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func serveStubAgent(c net.Conn) {
+	agentKill.Do(func() {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGUSR1)
+		go func() {
+			for range sig {
+				agentMu.Lock()
+				for conn := range agentConns {
+					conn.Close()
+				}
+				agentMu.Unlock()
+			}
+		}()
+	})
+	agentMu.Lock()
+	agentConns[c] = true
+	agentMu.Unlock()
+	defer func() {
+		agentMu.Lock()
+		delete(agentConns, c)
+		agentMu.Unlock()
+	}()
+	guest.ServeConn(context.Background(), c, stubAgent{})
 }
 
 // stubProcessMain runs the stub as a stand-in cloud-hypervisor binary. It
