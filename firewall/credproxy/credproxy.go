@@ -45,6 +45,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -426,14 +427,21 @@ func (p *Proxy) swap(r *http.Request, c Conn) {
 
 // scrub replaces values by placeholders in a response's headers and body.
 func scrub(r *http.Response, sb *Sandbox) {
-	var pairs []string
+	var rules []*Rule
 	for i := range sb.Rules {
-		if v := sb.Rules[i].Value; v != "" {
-			pairs = append(pairs, v, sb.Rules[i].Placeholder)
+		if sb.Rules[i].Value != "" {
+			rules = append(rules, &sb.Rules[i])
 		}
 	}
-	if len(pairs) == 0 {
+	if len(rules) == 0 {
 		return
+	}
+	// Longest value first: where one value begins another, the longer one
+	// is replaced whole (a Replacer takes the first pair that matches).
+	sort.SliceStable(rules, func(i, j int) bool { return len(rules[i].Value) > len(rules[j].Value) })
+	var pairs []string
+	for _, r := range rules {
+		pairs = append(pairs, r.Value, r.Placeholder)
 	}
 	rep := strings.NewReplacer(pairs...)
 	for k, vs := range r.Header {

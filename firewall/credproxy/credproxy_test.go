@@ -3,6 +3,7 @@ package credproxy
 import (
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -152,5 +153,24 @@ func TestScrubberLarge(t *testing.T) {
 		if got.String() != want {
 			t.Fatalf("seed %d: %d bytes out, want %d", seed, got.Len(), len(want))
 		}
+	}
+}
+
+// Where one value begins another, the longer one is replaced whole: no
+// part of it reaches the guest.
+func TestScrubPrefixValues(t *testing.T) {
+	sb := &Sandbox{Rules: []Rule{
+		{Value: "sk-abc", Placeholder: "PH_SHORT"},
+		{Value: "sk-abcdef", Placeholder: "PH_LONG"},
+	}}
+	r := &http.Response{StatusCode: 200, Header: http.Header{"X-Echo": {"sk-abcdef sk-abc"}},
+		Body: io.NopCloser(strings.NewReader("a sk-abcdef b sk-abc c"))}
+	scrub(r, sb)
+	body, _ := io.ReadAll(r.Body)
+	if got := string(body); got != "a PH_LONG b PH_SHORT c" {
+		t.Errorf("body %q", got)
+	}
+	if got := r.Header.Get("X-Echo"); got != "PH_LONG PH_SHORT" {
+		t.Errorf("header %q", got)
 	}
 }
