@@ -54,7 +54,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	os.RemoveAll(dir) // (a hibernate that failed before)
 	// The host hangs up first, so that the resumed guest's agent starts a
 	// fresh session at once (see makeGolden).
-	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was hibernated during the call", id))
+	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
 	time.Sleep(time.Second)
 	// Snapshot leaves the machine paused: nothing runs after this point.
 	if err := b.m.Snapshot(ctx, dir, b.key); err != nil {
@@ -62,6 +62,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 		if s, serr := b.m.Info(ctx); serr == nil && s.State == hypervisor.StatePaused && b.rec.State == sandbox.StateRunning {
 			b.m.Resume(ctx)
 		}
+		b.useMachine(b.m) // (it runs on: its agent may be called again)
 		return nil, hvErr(fmt.Errorf("hibernate: %w", err))
 	}
 	// Charged up to now as it ran; from now on, its disk and these files.
@@ -77,9 +78,10 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 		if prev == sandbox.StateRunning {
 			b.m.Resume(ctx)
 		}
+		b.useMachine(b.m)
 		return nil, err
 	}
-	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was hibernated during the call", id))
+	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
 	if err := b.m.Kill(ctx); err != nil {
 		e.log.Warn("hibernate: stopping the VMM", "id", id, "err", err)
 	}

@@ -49,8 +49,19 @@ func (e *Engine) remember(ctx context.Context, b *box, kind string, r *sandbox.E
 	if ret.OutputDays != nil && *ret.OutputDays == 0 {
 		dropOutput(&c)
 	}
+	if b.isDeleting() {
+		return
+	}
 	if err := e.putCommand(ctx, b.rec.AccountID, b.key, &c); err != nil {
 		e.log.Warn("command history: cannot keep an entry", "id", b.rec.ID, "err", err)
+	}
+	// A delete that began meanwhile may have erased the history before
+	// this entry: it goes too (a delete closes deleting before it erases,
+	// so one that begins after this check erases the entry itself).
+	if b.isDeleting() {
+		if err := e.eraseHistory(ctx, b.rec.ID); err != nil {
+			e.log.Warn("command history: cannot erase an entry kept during a delete", "id", b.rec.ID, "err", err)
+		}
 	}
 }
 

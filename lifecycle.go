@@ -36,6 +36,10 @@ type box struct {
 
 	amu   sync.Mutex
 	agent *agentclient.Client
+	// hangup is why the host hung up on the agent for good (a delete,
+	// stop or hibernate under way): no call dials it again until a new
+	// machine runs (useMachine).
+	hangup error
 
 	procs procNotes
 	// env is what every exec gets: the pinned environment's variables
@@ -73,6 +77,9 @@ func (b *box) view() *sandbox.Sandbox {
 func (b *box) client(ctx context.Context, e *Engine) (*agentclient.Client, error) {
 	b.amu.Lock()
 	defer b.amu.Unlock()
+	if b.hangup != nil {
+		return nil, b.hangup
+	}
 	if b.agent != nil {
 		select {
 		case <-b.agent.Done():
@@ -122,15 +129,34 @@ func (b *box) lockBy(deadline time.Time) bool {
 	}
 }
 
-// closeAgent hangs up on the sandbox's agent; a call it cuts short fails
-// with why (a sandbox error).
+// closeAgent hangs up on the sandbox's agent for good: a call it cuts
+// short, and any call after it, fails with why (a sandbox error).
 func (b *box) closeAgent(why error) {
 	b.amu.Lock()
 	defer b.amu.Unlock()
+	b.hangup = why
 	if b.agent != nil {
 		b.agent.CloseFor(why)
 		b.agent = nil
 	}
+}
+
+// isDeleting reports whether a Delete of the box has begun.
+func (b *box) isDeleting() bool {
+	select {
+	case <-b.deleting:
+		return true
+	default:
+		return false
+	}
+}
+
+// useMachine makes m the box's machine; its agent may be called.
+func (b *box) useMachine(m hypervisor.Machine) {
+	b.m = m
+	b.amu.Lock()
+	b.hangup = nil
+	b.amu.Unlock()
 }
 
 func (e *Engine) agentOptions() agentclient.Options {
@@ -386,7 +412,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	} else {
 		b.phases.mark("launch")
 	}
-	b.m = m
+	b.useMachine(m)
 	h := m.Handle()
 	rec.Handle = &h
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
@@ -459,11 +485,12 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	}
 	if b.m != nil {
 		// (A machine that is gone, with the plugin it lived in or on its
-		// own, is what a delete wants; its files go below.)
-		if err := b.m.Kill(ctx); err != nil && !errors.Is(err, hypervisor.ErrState) && !errors.Is(err, hypervisor.ErrNotFound) {
+		// own, is what a delete wants; its files go below. A plugin that
+		// just died is relaunched: the call is tried again for a while.)
+		if err := retryUnavailable(ctx, func() error { return b.m.Kill(ctx) }); err != nil && !errors.Is(err, hypervisor.ErrState) && !errors.Is(err, hypervisor.ErrNotFound) {
 			errs = append(errs, err)
 		}
-		if err := b.m.Cleanup(ctx); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
+		if err := retryUnavailable(ctx, func() error { return b.m.Cleanup(ctx) }); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
 			errs = append(errs, err)
 		}
 	} else if b.rec.Handle != nil {
@@ -484,6 +511,19 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	}
 	errs = append(errs, e.forgetStored(ctx, b))
 	return errors.Join(errs...)
+}
+
+// retryUnavailable calls f until it fails for another reason than an
+// unavailable hypervisor (a plugin being relaunched), for up to 10 s.
+func retryUnavailable(ctx context.Context, f func() error) error {
+	end := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if !errors.Is(err, hypervisor.ErrUnavailable) || time.Now().After(end) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // forgetStored removes what a sandbox keeps in the store and the secret

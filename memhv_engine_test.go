@@ -520,8 +520,10 @@ func TestPluginKilledInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a create on the relaunched plugin: %v", err)
 	}
-	go func() { done <- eng.Delete(ctx, box.ID) }()
+	// (Killed first: the delete's calls reach a plugin that is dead or
+	// being relaunched.)
 	killPlugin()
+	go func() { done <- eng.Delete(ctx, box.ID) }()
 	select {
 	case err := <-done:
 		if err != nil {

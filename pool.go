@@ -287,7 +287,7 @@ func (e *Engine) newMember(ctx context.Context, o *origin, img images.Image, res
 func (e *Engine) claimBoot(ctx context.Context, b *box, pm *member) error {
 	rec := b.rec
 	// The box owns the machine from here: a failure destroys it.
-	b.m = pm.m
+	b.useMachine(pm.m)
 	b.amu.Lock()
 	b.agent = pm.c
 	b.amu.Unlock()

@@ -105,7 +105,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 			live = append(live, rec.ID)
 			continue
 		}
-		b.m = m
+		b.useMachine(m)
 		rec.Kept = false // (a stop that did not get as far as the VM: it runs)
 		// Lost: the other hosts marked it while this one was down.
 		if rec.State == sandbox.StateLost {

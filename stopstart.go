@@ -50,6 +50,8 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 		b.rec.Kept = false
 		return nil, err
 	}
+	// Calls in flight end here, saying why (the guest is about to go).
+	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being stopped", id))
 	sctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()
 	if err := b.m.Shutdown(sctx); err != nil {
@@ -62,7 +64,6 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 			return nil, hvErr(err)
 		}
 	}
-	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was stopped during the call", id))
 	// What ran is charged up to now (its link's traffic too, before the
 	// link goes); from now on, its disk.
 	e.settle(ctx, b, sandbox.StateStopped, false)
@@ -160,7 +161,7 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 			b.m.Kill(bg)
 			b.m.Wait(bg)
 		}
-		b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was stopped during the call", id))
+		b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s did not start", id))
 		e.settleFinal(bg, b)
 		e.net.Detach(bg, id)
 		e.release(rec.Size)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -310,19 +311,20 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 		}
 	}
 	nft, _ := exec.Command("nft", "list", "table", "inet", table).CombinedOutput()
-	scopes := secretScopes(t, dataDir)
+	secrets := sealedSecrets(t, dataDir)
 	sealed := func(id string) int {
 		n := 0
-		for scope, k := range scopes {
-			if scope == "sandbox/"+id || strings.HasPrefix(scope, "sandbox/"+id+"/") {
-				n += k
+		for _, s := range secrets {
+			if s.scope == "sandbox/"+id || strings.HasPrefix(s.scope, "sandbox/"+id+"/") || s.scope == "history/"+id {
+				n++
 			}
 		}
 		return n
 	}
 	for _, b := range running {
 		// (Which also shows the check reads the server's database.)
-		if id := b["id"].(string); sealed(id) == 0 && !c.gone(srv, id) {
+		id := b["id"].(string)
+		if !slices.Contains(secrets, sealedSecret{"sandbox/" + id, "data-key"}) && !c.gone(srv, id) {
 			t.Errorf("running sandbox %s has no sealed data key", id)
 		}
 	}
@@ -358,8 +360,11 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 	}
 	owner := func(p procs.Proc) bool {
 		for _, b := range srv.sandboxes(t, "") {
-			if strings.Contains(p.Cmdline, filepath.Join(dataDir, "m", b["id"].(string))+"/") {
-				return true
+			switch b["state"] {
+			case "creating", "running", "paused":
+				if strings.Contains(p.Cmdline, filepath.Join(dataDir, "m", b["id"].(string))+"/") {
+					return true
+				}
 			}
 		}
 		return false
@@ -390,29 +395,31 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 	t.Logf("checked %d running sandboxes, %d sandboxes with acknowledged files, %d deleted", len(running), len(files), len(deleted))
 }
 
-// secretScopes counts the sealed secrets in the data directory's
-// database by scope ("sandbox/ID" holds a sandbox's data key), read
-// while the server runs (the database allows readers beside it).
-func secretScopes(t *testing.T, dataDir string) map[string]int {
+type sealedSecret struct{ scope, name string }
+
+// sealedSecrets lists the sealed secrets in the data directory's database
+// ("sandbox/ID" holds a sandbox's data key as "data-key", "history/ID"
+// its command history's), read while the server runs (the database
+// allows readers beside it).
+func sealedSecrets(t *testing.T, dataDir string) []sealedSecret {
 	t.Helper()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(dataDir, "harebox.db")+"?mode=ro")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	rows, err := db.Query(`SELECT scope, COUNT(*) FROM secrets GROUP BY scope`)
+	rows, err := db.Query(`SELECT scope, name FROM secrets`)
 	if err != nil {
 		t.Fatalf("secrets: %v", err)
 	}
 	defer rows.Close()
-	out := map[string]int{}
+	var out []sealedSecret
 	for rows.Next() {
-		var scope string
-		var n int
-		if err := rows.Scan(&scope, &n); err != nil {
+		var s sealedSecret
+		if err := rows.Scan(&s.scope, &s.name); err != nil {
 			t.Fatal(err)
 		}
-		out[scope] = n
+		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)

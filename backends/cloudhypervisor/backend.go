@@ -547,6 +547,10 @@ func (b *Backend) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.M
 		if d.BlockDir != "" && filepath.IsAbs(d.BlockDir) {
 			stopBlock(d.BlockDir)
 		}
+		// (Nor any tmpfs a snapshot it died in left: plain memory.)
+		if filepath.IsAbs(d.StateDir) {
+			removeStages(d.StateDir)
+		}
 		return nil, err
 	}
 	m := &machine{id: h.ID, data: d, api: b.newAPI(d.APISocket), proc: proc, qemuImg: b.qemuImg()}

@@ -504,4 +504,16 @@ func TestStaleStageRemoved(t *testing.T) {
 	if _, err := os.Stat(stage); !errors.Is(err, os.ErrNotExist) || mounted(stage) {
 		t.Errorf("after a launch again the stale stage is there (%v) or mounted (%v)", err, mounted(stage))
 	}
+	// A VMM that died with its stage mounted: the Attach that finds it
+	// gone removes the stage.
+	stage = leave()
+	if err := relaunched.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(b.cfg).Attach(ctx, relaunched.Handle()); !errors.Is(err, hypervisor.ErrNotFound) {
+		t.Errorf("attach of a dead VMM: %v", err)
+	}
+	if _, err := os.Stat(stage); !errors.Is(err, os.ErrNotExist) || mounted(stage) {
+		t.Errorf("after the Attach of a dead VMM the stale stage is there (%v) or mounted (%v)", err, mounted(stage))
+	}
 }

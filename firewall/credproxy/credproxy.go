@@ -344,14 +344,15 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 
 // bufferPool holds ReverseProxy's body copy buffers: larger than its
 // default 32 KiB, so a download moves in fewer writes (and TLS records
-// and syscalls) to the guest. The zero value is ready.
+// and syscalls) to the guest, and small enough that a guest holding many
+// responses open pins little memory. The zero value is ready.
 type bufferPool struct{ p sync.Pool }
 
 func (b *bufferPool) Get() []byte {
 	if v, ok := b.p.Get().(*[]byte); ok {
 		return *v
 	}
-	return make([]byte, 256<<10)
+	return make([]byte, 128<<10)
 }
 
 func (b *bufferPool) Put(s []byte) { b.p.Put(&s) }

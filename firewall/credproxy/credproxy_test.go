@@ -1,6 +1,7 @@
 package credproxy
 
 import (
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -172,5 +173,20 @@ func TestScrubPrefixValues(t *testing.T) {
 	}
 	if got := r.Header.Get("X-Echo"); got != "PH_LONG PH_SHORT" {
 		t.Errorf("header %q", got)
+	}
+}
+
+// A value that overlaps itself at every cut (a response made of it) is
+// held back at most maxHold, then the response is cut off: the proxy
+// does not buffer without end, and no part of a value is let through.
+func TestScrubberHoldBound(t *testing.T) {
+	body := strings.Repeat("a", 3*maxHold)
+	s := newScrubber(io.NopCloser(strings.NewReader(body)), []string{strings.Repeat("a", 100), "PH"})
+	n, err := io.Copy(io.Discard, s)
+	if err != nil && !errors.Is(err, errHold) {
+		t.Fatalf("%d bytes, %v", n, err)
+	}
+	if len(s.buf) > maxHold+scrubBuf {
+		t.Errorf("held %d bytes", len(s.buf))
 	}
 }

@@ -2,6 +2,7 @@ package credproxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"log"
 	"log/slog"
@@ -27,8 +28,16 @@ type scrubber struct {
 	err     error
 }
 
-// scrubBuf is how much a scrubber reads at a time.
-const scrubBuf = 256 << 10
+// scrubBuf is how much a scrubber reads at a time; maxHold bounds what it
+// holds back (values that overlap the cut, again and again: a response
+// built to make it buffer without end is cut off instead).
+const (
+	scrubBuf = 64 << 10
+	maxHold  = 1 << 20
+)
+
+// errHold ends a response whose values would hold back more than maxHold.
+var errHold = errors.New("credproxy: a response holds back more than 1 MiB around secret values; cut off")
 
 func newScrubber(src io.ReadCloser, pairs []string) *scrubber {
 	s := &scrubber{src: src, rep: strings.NewReplacer(pairs...)}
@@ -50,6 +59,10 @@ func (s *scrubber) Read(p []byte) (int, error) {
 			}
 			if s.n == len(s.buf) {
 				// (Values that overlap the cut hold it back: rare.)
+				if len(s.buf) >= maxHold {
+					s.err, s.n = errHold, 0
+					return 0, s.err
+				}
 				s.buf = append(s.buf, make([]byte, scrubBuf)...)
 			}
 			m, err := s.src.Read(s.buf[s.n:])
