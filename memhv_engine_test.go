@@ -423,8 +423,9 @@ func TestCreateCommitsWithItsAuditEntry(t *testing.T) {
 	}
 }
 
-// TestCallCutByDelete: a command in flight when its sandbox is deleted
-// fails as a conflict that says so (409), not as an agent failure (503).
+// TestCallCutByDelete: a command in flight when its sandbox is deleted or
+// stopped fails as a conflict that says so (409), not as an agent failure
+// (503).
 func TestCallCutByDelete(t *testing.T) {
 	ctx := context.Background()
 	hv := memhv.New(memhv.Options{})
@@ -456,6 +457,29 @@ func TestCallCutByDelete(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the exec outlived its sandbox's delete")
+	}
+
+	// Likewise a stop.
+	box, err = eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 20"})
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if _, err := eng.Stop(ctx, box.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		var se *sandbox.Error
+		if !errors.As(err, &se) || se.Kind != sandbox.ErrState || !strings.Contains(err.Error(), "is being stopped") {
+			t.Errorf("the exec cut short by the stop: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exec outlived its sandbox's stop")
 	}
 }
 
