@@ -194,9 +194,12 @@ func testLifecycle(t *testing.T, h Harness) {
 			t.Fatal(err)
 		}
 		for _, f := range []string{"cmdline", "environ"} {
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/%s", info.PID, f))
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", info.PID, f))
+			if errors.Is(err, os.ErrNotExist) {
+				break // (no process: an in-memory backend)
+			}
 			if len(b) == 0 {
-				t.Errorf("the VMM's %s cannot be read", f)
+				t.Errorf("the VMM's %s cannot be read: %v", f, err)
 			}
 			for _, form := range []string{string(spec.DataKey), hex.EncodeToString(spec.DataKey), base64.StdEncoding.EncodeToString(spec.DataKey)} {
 				if bytes.Contains(b, []byte(form)) {
