@@ -735,6 +735,77 @@ func TestEngineRestart(t *testing.T) {
 	}
 }
 
+// TestEngineDataDirFull is TestDataDirFull on a real VM (QEMU, the minimal
+// image): the data directory is a 256 MiB tmpfs, filled while a sandbox
+// runs. Creates fail with a clear capacity error and launch nothing, the
+// running sandbox keeps answering, no half-made sandbox is left, and once
+// space is freed a create works again.
+func TestEngineDataDirFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	v := newEnv(t)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", v.dataDir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
+	}
+	// (Runs before newEnv's cleanup, which checks for VMs and removes
+	// the directory.)
+	t.Cleanup(func() { exec.Command("umount", "-l", v.dataDir).Run() })
+	ctx := context.Background()
+	eng := v.open(t)
+	defer eng.Close()
+	running := create(t, eng, sandbox.CreateRequest{})
+	defer eng.Delete(ctx, running.ID)
+
+	filler, err := os.Create(filepath.Join(v.dataDir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := filler.Write(make([]byte, 1<<20)); err != nil {
+			break
+		}
+	}
+	filler.Close()
+	vms := liveVMs(v.dataDir)
+	for range 2 {
+		_, err := eng.Create(ctx, sandbox.CreateRequest{Image: "minimal"})
+		if !errors.Is(err, sandbox.ErrCapacity) || !strings.Contains(err.Error(), "disk is full") {
+			t.Fatalf("create on a full disk: %v, want a clear ErrCapacity", err)
+		}
+	}
+	if n := liveVMs(v.dataDir); n != vms || n != 1 {
+		t.Errorf("%d VMs after creates on a full disk, want the running one (%d before)", n, vms)
+	}
+	if r := run(t, eng, running.ID, "echo still"); r.Stdout != "still\n" {
+		t.Fatalf("the running sandbox on a full disk: %+v", r)
+	}
+	if err := os.Remove(filepath.Join(v.dataDir, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	after := create(t, eng, sandbox.CreateRequest{})
+	if l, err := eng.List(ctx, sandbox.ListFilter{}); err != nil || len(l) != 2 {
+		t.Errorf("sandboxes after the full disk: %v %v, want the 2 that were created", l, err)
+	}
+	for _, id := range []string{running.ID, after.ID} {
+		if err := eng.Delete(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// liveVMs counts the VMM processes that use dir (strayVMs, which kills
+// them, is for the end).
+func liveVMs(dir string) int {
+	n := 0
+	for _, p := range procs.Naming(dir + "/") {
+		if p.IsVMM() {
+			n++
+		}
+	}
+	return n
+}
+
 // TestEngineKill9 runs an engine in a child process, kills it with -9 once
 // a sandbox runs and again while another is being created, and checks that
 // a new engine re-adopts the first, cleans up the second, and leaks nothing.
