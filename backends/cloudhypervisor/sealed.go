@@ -155,11 +155,6 @@ func unsealFile(src, dst string, key []byte) error {
 	return out.Close()
 }
 
-// writeFileSealed writes b to path (0600), for sealFiles to seal.
-func writeFileSealed(path string, b []byte) error {
-	return os.WriteFile(path, b, 0o600)
-}
-
 // readSealed reads the regular file path, sealed under key, whole: at
 // most max bytes.
 func readSealed(path string, key []byte, max int) ([]byte, error) {
@@ -194,22 +189,4 @@ func openRegular(path string) (*os.File, error) {
 		return nil, fmt.Errorf("%s is not a regular file", path)
 	}
 	return f, nil
-}
-
-// checkSealed reads the first record of a snapshot's sealed config under
-// key: a wrong key is refused before anything starts.
-func checkSealed(dir string, key []byte) error {
-	f, err := openRegular(filepath.Join(dir, vmConfigName+sealedExt))
-	if err != nil {
-		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: %v", dir, err)
-	}
-	defer f.Close()
-	r, err := sealstream.NewReader(f, key)
-	if err == nil {
-		_, err = r.Read(make([]byte, 1))
-	}
-	if err != nil && err != io.EOF {
-		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s does not open under the snapshot key: %v", dir, err)
-	}
-	return nil
 }

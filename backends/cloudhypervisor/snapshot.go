@@ -180,7 +180,7 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 		// the key is believed; the plain copy says only what it is.
 		b, err := json.Marshal(meta)
 		if err == nil {
-			err = writeFileSealed(filepath.Join(stage, snapshotMetaName), b)
+			err = os.WriteFile(filepath.Join(stage, snapshotMetaName), b, 0o600)
 		}
 		if err == nil {
 			err = sealFiles(ctx, stage, dir, key)
@@ -269,14 +269,11 @@ func (b *Backend) Restore(ctx context.Context, snapshotDir string, spec hypervis
 		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "restore: this backend does not encrypt a clone of a plain snapshot")
 	}
 	if meta.Encrypted {
-		// (A wrong key is refused here, before anything starts.)
-		if err := checkSealed(snapshotDir, spec.SnapshotKey); err != nil {
-			return nil, err
-		}
-		// What the sealed metadata says, not the plain copy.
+		// What the sealed metadata says, not the plain copy. (A wrong key
+		// is refused here, before anything starts.)
 		b, err := readSealed(filepath.Join(snapshotDir, snapshotMetaName+sealedExt), spec.SnapshotKey, maxConfigBytes)
 		if err != nil {
-			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s: metadata: %v", snapshotDir, err)
+			return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot %s does not open under the snapshot key: metadata: %v", snapshotDir, err)
 		}
 		meta = snapshotMeta{}
 		if err := json.Unmarshal(b, &meta); err != nil || !meta.Encrypted || meta.Format != snapshotFormat || meta.Backend != Name {
