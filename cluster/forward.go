@@ -53,6 +53,17 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, h *Host, cli
 		f.onErr(w, r, fmt.Errorf("host %s has no usable internal address (%q)", h.Name, h.Address))
 		return
 	}
+	// The other host may answer before this one's transport is done with
+	// the request body: a stream that answers at once, or a read of the
+	// body's end that the transport makes after sending it. HTTP/1 would
+	// then consume and close the caller's body as the answer began, that
+	// read would fail, and the transport would drop the connection under
+	// the answer (golang/go#40747): the other host saw its caller go, and
+	// cut the command. Full duplex leaves the body to the transport;
+	// closing it when done waits out a read still in flight
+	// (golang/go#68560). (HTTP/2 is full duplex already.)
+	http.NewResponseController(w).EnableFullDuplex()
+	defer r.Body.Close()
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
