@@ -30,6 +30,12 @@ import (
 // endpoint, its engine and its store go.
 func twoHosts(t *testing.T, lease time.Duration) (a, b *fastAPI, kill func(*fastAPI)) {
 	t.Helper()
+	return twoHostsWith(t, lease, memhv.Options{}, api.Timeouts{})
+}
+
+// twoHostsWith is twoHosts with these hypervisor options and API timeouts.
+func twoHostsWith(t *testing.T, lease time.Duration, hvo memhv.Options, to api.Timeouts) (a, b *fastAPI, kill func(*fastAPI)) {
+	t.Helper()
 	internal := map[*fastAPI]*http.Server{}
 	dsn := postgresDatabase(t)
 	caDir := t.TempDir()
@@ -62,13 +68,13 @@ func twoHosts(t *testing.T, lease time.Duration) (a, b *fastAPI, kill func(*fast
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { db.Close() })
-		hv := memhv.New(memhv.Options{})
+		hv := memhv.New(hvo)
 		t.Cleanup(func() { hv.Close() })
 		f := &fastAPI{hv: hv, dir: dir, store: db, tweak: func(o *harebox.Options) {
 			o.Host = harebox.HostOptions{Name: name, Address: "https://" + ln.Addr().String(), Lease: lease}
 			o.Capacity = harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100}
 		}}
-		f.open(t, api.Options{Cluster: ct})
+		f.open(t, api.Options{Cluster: ct, Timeouts: to})
 		root, _ = os.ReadFile(filepath.Join(dir, "root.key"))
 		in := f.srv.HTTPServer()
 		in.Handler = f.srv.Internal()
@@ -291,4 +297,28 @@ func hostAddress(t *testing.T, f *fastAPI) string {
 	}
 	t.Fatal("not registered")
 	return ""
+}
+
+// A create that takes longer than the body's timeout (Timeouts.Body) is
+// not cut by it. With several hosts, placement reads a create's body
+// before the create does; the deadline the create's decode then set came
+// after the body's end, stayed on net/http's watch of the connection, and
+// cancelled the create when it fired (and every later request on that
+// connection). Through a: one create served there, one forwarded to b,
+// then calls on the same connections.
+func TestSlowCreateOutlivesTheBodyTimeout(t *testing.T) {
+	a, _, _ := twoHostsWith(t, 900*time.Millisecond, memhv.Options{LaunchDelay: 1500 * time.Millisecond},
+		api.Timeouts{Body: 500 * time.Millisecond, BodyIdle: 500 * time.Millisecond})
+	for _, want := range []string{"a", "b"} {
+		box := a.must(t, 201, "POST", "/v1/sandboxes", a.root, map[string]any{"name": "slow-on-" + want})
+		if str(box, "host") != want {
+			t.Fatalf("placed on %q, want %s", str(box, "host"), want)
+		}
+		id := str(box, "id")
+		a.must(t, 200, "PUT", "/v1/sandboxes/"+id+"/firewall", a.root, map[string]any{"default_outbound": "deny"})
+		a.must(t, 200, "PUT", "/v1/sandboxes/"+id+"/files?path=/tmp/f", a.root, "written through a")
+		if r := a.must(t, 200, "POST", "/v1/sandboxes/"+id+"/exec", a.root, map[string]any{"cmd": "sleep 1"}); !strings.Contains(string(r.raw), `"exit_code":0`) {
+			t.Fatalf("exec: %s", r.raw)
+		}
+	}
 }

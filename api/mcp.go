@@ -58,8 +58,12 @@ func (s *Server) mcpHandler() http.Handler {
 			writeError(w, ae)
 			return
 		}
-		// The body in time, as a REST call's.
-		http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.opts.Timeouts.Body))
+		// The body in time, as a REST call's (and no deadline left on a
+		// stream's connection once it is read: body.go).
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{&deadlineReader{r: r.Body, w: w, rc: http.NewResponseController(w), whole: time.Now().Add(s.opts.Timeouts.Body)}, r.Body}
 		h.ServeHTTP(w, r)
 	})
 }
