@@ -87,8 +87,7 @@ func (s *Server) exportAudit(w http.ResponseWriter, r *http.Request, f store.Aud
 			}
 			// The stream already began: end it with the error, so a
 			// partial export never looks complete.
-			ae := toAPIError(err)
-			enc.Encode(map[string]any{"error": map[string]string{"code": ae.code, "message": ae.msg}})
+			enc.Encode(map[string]any{"error": s.streamError("listAudit", err)})
 			return nil
 		}
 		if first {

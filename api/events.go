@@ -79,8 +79,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 		q.After = next
 		changed = s.eng.Audit().Changed()
 		if l, next, err = s.eng.Events(ctx, q); err != nil {
-			ae := toAPIError(err)
-			return ignore(e.event("error", map[string]any{"error": map[string]string{"code": ae.code, "message": ae.msg}}))
+			return ignore(e.event("error", map[string]any{"error": s.streamError("listEvents", err)}))
 		}
 	}
 }

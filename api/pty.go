@@ -178,12 +178,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	}
 	var last any
 	if err != nil {
-		ae := toAPIError(err)
-		body := map[string]any{"code": ae.code, "message": ae.msg}
-		if ae.field != "" {
-			body["field"] = ae.field
-		}
-		last = map[string]any{"type": "error", "error": body}
+		last = map[string]any{"type": "error", "error": s.streamError("openPty", err)}
 	} else {
 		last = map[string]any{"type": "exit", "result": res}
 	}

@@ -408,6 +408,22 @@ func badRequest(field, format string, args ...any) error {
 	return apiError{status: http.StatusBadRequest, code: "invalid", msg: fmt.Sprintf(format, args...), field: field}
 }
 
+// streamError is the body of an error sent inside a stream that already
+// began (an event, a WebSocket message, an NDJSON line). A server-side
+// failure is logged with its cause, as a request that failed before its
+// answer began is (wrap): the client gets only the summary.
+func (s *Server) streamError(op string, err error) map[string]any {
+	ae := toAPIError(err)
+	if ae.status >= 500 {
+		s.log.Warn("request failed", "op", op, "err", err)
+	}
+	body := map[string]any{"code": ae.code, "message": ae.msg}
+	if ae.field != "" {
+		body["field"] = ae.field
+	}
+	return body
+}
+
 // toAPIError maps engine errors to statuses and codes.
 func toAPIError(err error) apiError {
 	var ae apiError
@@ -750,12 +766,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) error {
 	e.rc.Flush()
 	res, err := s.eng.ExecStream(r.Context(), r.PathValue("id"), req, nil, sseStream{e, "stdout"}, sseStream{e, "stderr"})
 	if err != nil {
-		ae := toAPIError(err)
-		body := map[string]any{"code": ae.code, "message": ae.msg}
-		if ae.field != "" {
-			body["field"] = ae.field
-		}
-		return ignore(e.event("error", map[string]any{"error": body}))
+		return ignore(e.event("error", map[string]any{"error": s.streamError("execStream", err)}))
 	}
 	return ignore(e.event("exit", res))
 }
@@ -892,12 +903,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) error {
 	}
 	begin()
 	if err != nil {
-		ae := toAPIError(err)
-		body := map[string]any{"code": ae.code, "message": ae.msg}
-		if ae.field != "" {
-			body["field"] = ae.field
-		}
-		return ignore(e.event("error", map[string]any{"error": body}))
+		return ignore(e.event("error", map[string]any{"error": s.streamError("getProcessOutput", err)}))
 	}
 	if res != nil {
 		return ignore(e.event("exit", res))

@@ -61,6 +61,13 @@ func TestSeveralHosts(t *testing.T) {
 		h.srv = start(t, s, dir, "--store", dsn, "--host-name", name, "--host-lease", lease, "--internal-listen", internal,
 			"--cluster-ca", filepath.Join(certs, "ca.pem"), "--cluster-cert", filepath.Join(certs, name+".pem"), "--cluster-key", filepath.Join(certs, name+".key"))
 		hosts = append(hosts, h)
+		// (A call through one host may fail on the other: run's failure
+		// shows only the first's log.)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("host %s's log:\n%s", name, tail(h.srv.log.String()))
+			}
+		})
 		return h
 	}
 	a := startHost("a")
