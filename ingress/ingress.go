@@ -812,6 +812,16 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.opts.Record(&view, who, true)
 	}
 	ctx = context.WithValue(ctx, routeKey{}, &routed{view.SandboxID, view.Port, path, cookiePath, e.auth == sandbox.URLAuthOIDC})
+	// The guest's app may answer before it has read the request's body
+	// (an early refusal, a stream): HTTP/1 would then consume and close
+	// the body under the proxy's transport, which drops the connection
+	// and the answer with it (golang/go#40747). Full duplex leaves the
+	// body to the transport; closing it when done waits out a read still
+	// in flight (golang/go#68560).
+	http.NewResponseController(w).EnableFullDuplex()
+	if r.Body != nil { // (a request made for ServeHTTP by hand may have none)
+		defer r.Body.Close()
+	}
 	s.proxy.ServeHTTP(&cutWriter{ResponseWriter: w, st: st}, r.WithContext(ctx))
 	if st.dead.Load() {
 		// Cut: end the response as broken, never as a complete (empty)

@@ -300,6 +300,25 @@ func TestToken(t *testing.T) {
 
 // TestLink: a shared link's token is swapped for a cookie scoped to the
 // URL (host form and path form), and the browser goes on without it.
+// A request's body and its answer stream at once, over HTTP/1 and
+// HTTP/2: the guest's app answers before it reads the body, and the body
+// still reaches it whole.
+func TestFullDuplex(t *testing.T) {
+	for _, withTLS := range []bool{false, true} {
+		f := newFixture(t, withTLS)
+		u := f.publish(t, 8080)
+		pu, _ := url.Parse(u.URL)
+		if err := testweb.CheckDuplex(func(body io.Reader) (*http.Response, error) {
+			req, _ := http.NewRequest("POST", f.base+"/echo", body)
+			req.Host = pu.Host
+			req.Header.Set(TokenHeader, u.Token)
+			return f.client.Do(req)
+		}); err != nil {
+			t.Errorf("TLS %v: %v", withTLS, err)
+		}
+	}
+}
+
 func TestLink(t *testing.T) {
 	f := newFixture(t, false)
 	u := f.publish(t, 3000)

@@ -16,8 +16,8 @@ import (
 // NewMux serves: / the request it got (path, query, Host, headers) as
 // JSON; /page an HTML page for a browser (blue, naming the request's
 // headers); /big 8 MiB; /sse an event every sseEvery, each saying when it
-// was written (Unix nanoseconds); /ws a WebSocket echo. Callers add their
-// own routes.
+// was written (Unix nanoseconds); /ws a WebSocket echo; /echo Echo.
+// Callers add their own routes.
 func NewMux(sseEvery time.Duration) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -46,6 +46,7 @@ func NewMux(sseEvery time.Duration) *http.ServeMux {
 			}
 		}
 	})
+	mux.HandleFunc("/echo", Echo)
 	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
 		c, err := websocket.Accept(w, r, nil)
 		if err != nil {
