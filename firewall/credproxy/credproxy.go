@@ -338,7 +338,15 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rp.ServeHTTP(&batchFlush{ResponseWriter: w}, r)
+		// The upstream may answer before it has read the body: HTTP/1
+		// would then close the body under the transport, which drops the
+		// connection and the answer (golang/go#40747). Closing it when
+		// done waits out a read in flight (golang/go#68560).
+		http.NewResponseController(w).EnableFullDuplex()
+		defer r.Body.Close()
+		bf := &batchFlush{ResponseWriter: w}
+		defer bf.stop()
+		rp.ServeHTTP(bf, r)
 	})
 }
 
@@ -360,20 +368,64 @@ func (b *bufferPool) Put(s []byte) { b.p.Put(&s) }
 // batchFlush coalesces the flushes ReverseProxy makes after every write of
 // a body of unknown length (a scrubbed body has one): at most one every
 // flushEvery, except for event streams, which flush at once. Without it a
-// large download becomes one TLS record and one syscall per 32 KiB.
+// large download becomes one TLS record and one syscall per 32 KiB. A
+// flush it skips is made flushEvery after the last, so bytes of a stream
+// that then falls quiet (a line of NDJSON) are not held back.
 type batchFlush struct {
 	http.ResponseWriter
-	last time.Time
+	mu      sync.Mutex // (the made-up flush runs beside ReverseProxy's writes)
+	last    time.Time
+	pending *time.Timer
+	done    bool
 }
 
 const flushEvery = 20 * time.Millisecond
 
+func (b *batchFlush) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ResponseWriter.Write(p)
+}
+
 func (b *batchFlush) Flush() {
-	if time.Since(b.last) < flushEvery && !strings.HasPrefix(b.Header().Get("Content-Type"), "text/event-stream") {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	wait := flushEvery - time.Since(b.last)
+	if wait <= 0 || strings.HasPrefix(b.Header().Get("Content-Type"), "text/event-stream") {
+		b.flushLocked()
 		return
+	}
+	if b.pending == nil {
+		b.pending = time.AfterFunc(wait, func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if !b.done && b.pending != nil {
+				b.flushLocked()
+			}
+		})
+	}
+}
+
+// flushLocked flushes now; b.mu is held.
+func (b *batchFlush) flushLocked() {
+	if b.pending != nil {
+		b.pending.Stop()
+		b.pending = nil
 	}
 	b.last = time.Now()
 	http.NewResponseController(b.ResponseWriter).Flush()
+}
+
+// stop ends the made-up flushes: the response is done (net/http flushes
+// what is left).
+func (b *batchFlush) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.done = true
+	if b.pending != nil {
+		b.pending.Stop()
+		b.pending = nil
+	}
 }
 
 func (b *batchFlush) Unwrap() http.ResponseWriter { return b.ResponseWriter }

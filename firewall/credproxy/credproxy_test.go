@@ -190,3 +190,27 @@ func TestScrubberHoldBound(t *testing.T) {
 		t.Errorf("held %d bytes", len(s.buf))
 	}
 }
+
+// A stream's message is passed on as it is read, not when the next one
+// comes: only an end that could begin a value waits for more.
+func TestScrubberPassesMessagesWhole(t *testing.T) {
+	src, feed := io.Pipe()
+	s := newScrubber(src, []string{"sk-SECRET-1", "PH1"})
+	next := func(send, want string) {
+		t.Helper()
+		go feed.Write([]byte(send))
+		got := make([]byte, 64)
+		n, err := s.Read(got)
+		if err != nil || string(got[:n]) != want {
+			t.Fatalf("sent %q: read %q %v, want %q", send, got[:n], err, want)
+		}
+	}
+	next("data: one\n\n", "data: one\n\n")
+	next("data: two sk-SEC", "data: two ")
+	next("RET-1 three\n", "PH1 three\n")
+	// (An end that could begin a value waits for more, or the end.)
+	go func() { feed.Write([]byte("s")); feed.Close() }()
+	if rest, err := io.ReadAll(s); err != nil || string(rest) != "s" {
+		t.Fatalf("at the end: %q %v", rest, err)
+	}
+}

@@ -10,9 +10,12 @@ import (
 )
 
 // scrubber replaces values by placeholders in a stream. It holds back the
-// last len(longest value)-1 bytes of what it read, so a value split
-// between two reads is still found. What holds no value (nearly always)
-// is passed on from the buffer it was read into: one copy per byte.
+// end of what it read that a value could begin with (at most
+// len(longest value)-1 bytes), so a value split between two reads is
+// still found, and nothing else: a stream's message is passed on whole
+// as it comes, not when the next one pushes it out. What holds no value
+// (nearly always) is passed on from the buffer it was read into: one
+// copy per byte.
 type scrubber struct {
 	src  io.ReadCloser
 	rep  *strings.Replacer
@@ -96,15 +99,15 @@ func (s *scrubber) shift() {
 }
 
 // cutAt is how much of buf[:n] may be passed on: all of it at the end of
-// the stream, else all but the last keep bytes, and never through a value
-// (moving the cut back can put it inside another one: repeat until it
-// stays).
+// the stream, else all but its longest end that begins a value, and never
+// through a value (moving the cut back can put it inside another one:
+// repeat until it stays).
 func (s *scrubber) cutAt() int {
 	b := s.buf[:s.n]
 	if s.err != nil {
 		return len(b)
 	}
-	cut := max(len(b)-s.keep, 0)
+	cut := len(b) - s.partial(b)
 	for moved := true; moved; {
 		moved = false
 		for _, old := range s.olds {
@@ -122,6 +125,19 @@ func (s *scrubber) cutAt() int {
 		}
 	}
 	return cut
+}
+
+// partial is the length of b's longest end that is the beginning of a
+// value (and not a whole one).
+func (s *scrubber) partial(b []byte) int {
+	for k := min(s.keep, len(b)); k > 0; k-- {
+		for _, old := range s.olds {
+			if k < len(old) && bytes.HasPrefix(old, b[len(b)-k:]) {
+				return k
+			}
+		}
+	}
+	return 0
 }
 
 // holds reports whether b contains a value.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/firewall/credproxy"
+	"github.com/harebox/harebox/internal/testweb"
 )
 
 // The credential proxy on real nftables, with a guest namespace and test
@@ -93,6 +94,13 @@ func TestCredentialProxy(t *testing.T) {
 		if resp.TLS == nil || resp.TLS.PeerCertificates[0].Issuer.CommonName != "test sandbox CA" {
 			t.Errorf("h2=%v: the connection was not intercepted", h2)
 		}
+	}
+	// A body and its answer stream at once through the interception
+	// (the test host answers before it reads the body).
+	if err := testweb.CheckDuplex(func(body io.Reader) (*http.Response, error) {
+		return client(false).Post("https://pypi.org/echo", "text/plain", body)
+	}); err != nil {
+		t.Errorf("full duplex: %v", err)
 	}
 	c := client(false)
 	// Another host (no rule): passthrough, the placeholder stays.

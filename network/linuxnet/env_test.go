@@ -19,6 +19,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"github.com/harebox/harebox/internal/testweb"
 	"io"
 	"log/slog"
 	"math/big"
@@ -331,6 +332,10 @@ func (e *env) startServers() {
 				if ok {
 					w.Header().Set("Content-Type", f.contentType)
 					w.Write(f.body)
+					return
+				}
+				if r.URL.Path == "/echo" {
+					testweb.Echo(w, r)
 					return
 				}
 				if r.URL.Path == "/big" {
