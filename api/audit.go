@@ -87,7 +87,7 @@ func (s *Server) exportAudit(w http.ResponseWriter, r *http.Request, f store.Aud
 			}
 			// The stream already began: end it with the error, so a
 			// partial export never looks complete.
-			enc.Encode(map[string]any{"error": s.streamError("listAudit", err)})
+			enc.Encode(map[string]any{"error": s.streamError(r.Context(), "listAudit", err)})
 			return nil
 		}
 		if first {

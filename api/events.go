@@ -79,7 +79,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 		q.After = next
 		changed = s.eng.Audit().Changed()
 		if l, next, err = s.eng.Events(ctx, q); err != nil {
-			return ignore(e.event("error", map[string]any{"error": s.streamError("listEvents", err)}))
+			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listEvents", err)}))
 		}
 	}
 }

@@ -178,7 +178,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	}
 	var last any
 	if err != nil {
-		last = map[string]any{"type": "error", "error": s.streamError("openPty", err)}
+		last = map[string]any{"type": "error", "error": s.streamError(ctx, "openPty", err)}
 	} else {
 		last = map[string]any{"type": "exit", "result": res}
 	}

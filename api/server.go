@@ -411,10 +411,11 @@ func badRequest(field, format string, args ...any) error {
 // streamError is the body of an error sent inside a stream that already
 // began (an event, a WebSocket message, an NDJSON line). A server-side
 // failure is logged with its cause, as a request that failed before its
-// answer began is (wrap): the client gets only the summary.
-func (s *Server) streamError(op string, err error) map[string]any {
+// answer began is (wrap): the client gets only the summary. One that
+// failed because the client went (ctx done) is not.
+func (s *Server) streamError(ctx context.Context, op string, err error) map[string]any {
 	ae := toAPIError(err)
-	if ae.status >= 500 {
+	if ae.status >= 500 && ctx.Err() == nil {
 		s.log.Warn("request failed", "op", op, "err", err)
 	}
 	body := map[string]any{"code": ae.code, "message": ae.msg}
@@ -766,7 +767,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) error {
 	e.rc.Flush()
 	res, err := s.eng.ExecStream(r.Context(), r.PathValue("id"), req, nil, sseStream{e, "stdout"}, sseStream{e, "stderr"})
 	if err != nil {
-		return ignore(e.event("error", map[string]any{"error": s.streamError("execStream", err)}))
+		return ignore(e.event("error", map[string]any{"error": s.streamError(r.Context(), "execStream", err)}))
 	}
 	return ignore(e.event("exit", res))
 }
@@ -903,7 +904,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) error {
 	}
 	begin()
 	if err != nil {
-		return ignore(e.event("error", map[string]any{"error": s.streamError("getProcessOutput", err)}))
+		return ignore(e.event("error", map[string]any{"error": s.streamError(r.Context(), "getProcessOutput", err)}))
 	}
 	if res != nil {
 		return ignore(e.event("exit", res))

@@ -49,9 +49,15 @@ func TestForwardFullDuplex(t *testing.T) {
 		fwd.Forward(w, r, host, "")
 	}))
 	defer a.Close()
-	if err := testweb.CheckDuplex(func(body io.Reader) (*http.Response, error) {
-		return http.Post(a.URL, "text/plain", body)
-	}); err != nil {
-		t.Fatal(err)
+	// Chunked, and with a Content-Length (the transport's read after the
+	// body's end is the one that failed).
+	for _, length := range []int64{-1, int64(len("first\nsecond\n"))} {
+		if err := testweb.CheckDuplex(func(body io.Reader) (*http.Response, error) {
+			req, _ := http.NewRequest("POST", a.URL, body)
+			req.ContentLength = length
+			return http.DefaultClient.Do(req)
+		}); err != nil {
+			t.Errorf("length %d: %v", length, err)
+		}
 	}
 }

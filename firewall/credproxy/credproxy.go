@@ -330,6 +330,13 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 		},
 		ModifyResponse: func(r *http.Response) error {
 			scrub(r, c.Sandbox)
+			if bf, ok := r.Request.Context().Value(batchKey{}).(*batchFlush); ok && r.StatusCode != http.StatusSwitchingProtocols {
+				// Coalescing ends with the body: ReverseProxy then writes
+				// trailers into the header map, which a late made-up
+				// flush (HTTP/2) would read at the same time. (An
+				// upgrade's body is the connection, left as it is.)
+				r.Body = &bodyEnd{ReadCloser: r.Body, end: bf.stop}
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -346,7 +353,7 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 		defer r.Body.Close()
 		bf := &batchFlush{ResponseWriter: w}
 		defer bf.stop()
-		rp.ServeHTTP(bf, r)
+		rp.ServeHTTP(bf, r.WithContext(context.WithValue(r.Context(), batchKey{}, bf)))
 	})
 }
 
@@ -377,6 +384,7 @@ type batchFlush struct {
 	last    time.Time
 	pending *time.Timer
 	done    bool
+	every   time.Duration // flushEvery if 0 (tests)
 }
 
 const flushEvery = 20 * time.Millisecond
@@ -390,8 +398,12 @@ func (b *batchFlush) Write(p []byte) (int, error) {
 func (b *batchFlush) Flush() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	wait := flushEvery - time.Since(b.last)
-	if wait <= 0 || strings.HasPrefix(b.Header().Get("Content-Type"), "text/event-stream") {
+	every := b.every
+	if every == 0 {
+		every = flushEvery
+	}
+	wait := every - time.Since(b.last)
+	if wait <= 0 || b.done || strings.HasPrefix(b.Header().Get("Content-Type"), "text/event-stream") {
 		b.flushLocked()
 		return
 	}
@@ -416,8 +428,27 @@ func (b *batchFlush) flushLocked() {
 	http.NewResponseController(b.ResponseWriter).Flush()
 }
 
-// stop ends the made-up flushes: the response is done (net/http flushes
-// what is left).
+// batchKey carries a request's batchFlush to ModifyResponse.
+type batchKey struct{}
+
+// bodyEnd calls end once its body's read fails (its end, or an error).
+type bodyEnd struct {
+	io.ReadCloser
+	end  func()
+	once sync.Once
+}
+
+func (e *bodyEnd) Read(p []byte) (int, error) {
+	n, err := e.ReadCloser.Read(p)
+	if err != nil {
+		e.once.Do(e.end)
+	}
+	return n, err
+}
+
+// stop ends coalescing, and the made-up flushes: the body has been
+// copied (a flush after it is made at once) or the response is done
+// (net/http flushes what is left).
 func (b *batchFlush) stop() {
 	b.mu.Lock()
 	defer b.mu.Unlock()

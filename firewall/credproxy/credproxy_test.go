@@ -5,8 +5,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // chunky returns its data a few bytes at a time.
@@ -199,10 +202,23 @@ func TestScrubberPassesMessagesWhole(t *testing.T) {
 	next := func(send, want string) {
 		t.Helper()
 		go feed.Write([]byte(send))
-		got := make([]byte, 64)
-		n, err := s.Read(got)
-		if err != nil || string(got[:n]) != want {
-			t.Fatalf("sent %q: read %q %v, want %q", send, got[:n], err, want)
+		type read struct {
+			b   []byte
+			err error
+		}
+		done := make(chan read, 1)
+		go func() {
+			got := make([]byte, 64)
+			n, err := s.Read(got)
+			done <- read{got[:n], err}
+		}()
+		select {
+		case r := <-done:
+			if r.err != nil || string(r.b) != want {
+				t.Fatalf("sent %q: read %q %v, want %q", send, r.b, r.err, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("sent %q: nothing passed on", send)
 		}
 	}
 	next("data: one\n\n", "data: one\n\n")
@@ -212,5 +228,58 @@ func TestScrubberPassesMessagesWhole(t *testing.T) {
 	go func() { feed.Write([]byte("s")); feed.Close() }()
 	if rest, err := io.ReadAll(s); err != nil || string(rest) != "s" {
 		t.Fatalf("at the end: %q %v", rest, err)
+	}
+}
+
+// flushCount is a ResponseWriter that counts its flushes.
+type flushCount struct {
+	http.ResponseWriter
+	mu sync.Mutex
+	n  int
+}
+
+func (f *flushCount) Flush() { f.mu.Lock(); f.n++; f.mu.Unlock() }
+
+func (f *flushCount) count() int { f.mu.Lock(); defer f.mu.Unlock(); return f.n }
+
+// A flush batchFlush skips is made up later; once the body has been read
+// to its end, flushes are made at once and none is made up later
+// (ReverseProxy then writes trailers into the header map).
+func TestBatchFlush(t *testing.T) {
+	fc := &flushCount{ResponseWriter: httptest.NewRecorder()}
+	bf := &batchFlush{ResponseWriter: fc, every: time.Hour}
+	bf.Write([]byte("a"))
+	bf.Flush() // the first: at once
+	bf.Write([]byte("b"))
+	bf.Flush() // skipped, to be made up in an hour
+	if n := fc.count(); n != 1 {
+		t.Fatalf("%d flushes, want 1", n)
+	}
+	body := &bodyEnd{ReadCloser: io.NopCloser(strings.NewReader("")), end: bf.stop}
+	if _, err := body.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatal(err)
+	}
+	bf.mu.Lock()
+	pending := bf.pending
+	bf.mu.Unlock()
+	if pending != nil {
+		t.Fatal("a flush is still to be made after the body's end")
+	}
+	bf.Flush() // after the body: at once
+	if n := fc.count(); n != 2 {
+		t.Fatalf("%d flushes after the body's end, want 2", n)
+	}
+
+	fc = &flushCount{ResponseWriter: httptest.NewRecorder()}
+	bf = &batchFlush{ResponseWriter: fc, every: 10 * time.Millisecond}
+	defer bf.stop()
+	bf.Write([]byte("a"))
+	bf.Flush()
+	bf.Write([]byte("b"))
+	bf.Flush() // skipped (or made at once, if 10 ms went by), then made up
+	for deadline := time.Now().Add(5 * time.Second); fc.count() < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the skipped flush was never made")
+		}
 	}
 }

@@ -78,8 +78,18 @@ func CheckDuplex(send func(body io.Reader) (*http.Response, error)) error {
 			go func() { feed.Write([]byte("second\n")); feed.Close() }()
 		}
 	}
-	if rest, err := io.ReadAll(lines); err != nil || len(rest) != 0 {
-		return fmt.Errorf("after the body: %q, %v", rest, err)
+	end := make(chan error, 1)
+	go func() {
+		rest, err := io.ReadAll(lines)
+		if err == nil && len(rest) != 0 {
+			err = fmt.Errorf("%q after the body", rest)
+		}
+		end <- err
+	}()
+	select {
+	case err := <-end:
+		return err
+	case <-time.After(wait):
+		return errors.New("the answer did not end after the body")
 	}
-	return nil
 }
