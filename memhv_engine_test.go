@@ -435,51 +435,36 @@ func TestCallCutByDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	box, err := eng.Create(ctx, sandbox.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 20"})
-		done <- err
-	}()
-	time.Sleep(300 * time.Millisecond) // the command runs
-	if err := eng.Delete(ctx, box.ID); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		// (The first kind on the chain is the one the API answers with.)
-		var se *sandbox.Error
-		if !errors.As(err, &se) || se.Kind != sandbox.ErrState || !strings.Contains(err.Error(), "was deleted during the call") {
-			t.Errorf("the exec cut short by the delete: %v", err)
+	for _, c := range []struct {
+		name, want string
+		cut        func(id string) error
+	}{
+		{"delete", "was deleted during the call", func(id string) error { return eng.Delete(ctx, id) }},
+		{"stop", "is being stopped", func(id string) error { _, err := eng.Stop(ctx, id); return err }},
+	} {
+		box, err := eng.Create(ctx, sandbox.CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the exec outlived its sandbox's delete")
-	}
-
-	// Likewise a stop.
-	box, err = eng.Create(ctx, sandbox.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 20"})
-		done <- err
-	}()
-	time.Sleep(300 * time.Millisecond)
-	if _, err := eng.Stop(ctx, box.ID); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		var se *sandbox.Error
-		if !errors.As(err, &se) || se.Kind != sandbox.ErrState || !strings.Contains(err.Error(), "is being stopped") {
-			t.Errorf("the exec cut short by the stop: %v", err)
+		done := make(chan error, 1)
+		go func() {
+			_, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 20"})
+			done <- err
+		}()
+		time.Sleep(300 * time.Millisecond) // the command runs
+		if err := c.cut(box.ID); err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the exec outlived its sandbox's stop")
+		select {
+		case err := <-done:
+			// (The first kind on the chain is the one the API answers with.)
+			var se *sandbox.Error
+			if !errors.As(err, &se) || se.Kind != sandbox.ErrState || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("the exec cut short by the %s: %v", c.name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the exec outlived its sandbox's %s", c.name)
+		}
 	}
 }
 
