@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"filippo.io/age"
+	"github.com/cenkalti/backoff/v4"
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/authz"
@@ -516,14 +517,16 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 // retryUnavailable calls f until it fails for another reason than an
 // unavailable hypervisor (a plugin being relaunched), for up to 10 s.
 func retryUnavailable(ctx context.Context, f func() error) error {
-	end := time.Now().Add(10 * time.Second)
-	for {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.Multiplier, bo.RandomizationFactor = 200*time.Millisecond, 200*time.Millisecond, 1, 0
+	bo.MaxElapsedTime = 10 * time.Second
+	return backoff.Retry(func() error {
 		err := f()
-		if !errors.Is(err, hypervisor.ErrUnavailable) || time.Now().After(end) || ctx.Err() != nil {
+		if errors.Is(err, hypervisor.ErrUnavailable) && ctx.Err() == nil {
 			return err
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return backoff.Permanent(err) // (nil: done)
+	}, bo)
 }
 
 // forgetStored removes what a sandbox keeps in the store and the secret
