@@ -57,7 +57,7 @@ func (e *Engine) Events(ctx context.Context, q EventQuery) (events []*audit.Entr
 		head = max(head, last.Seq)
 	}
 	f.Through = head
-	l, err := e.store.ListAudit(ctx, f)
+	l, err := e.audit.Read(ctx, f)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -129,6 +129,14 @@ type Options struct {
 	// backend without it.
 	PlaintextDisks bool
 
+	// AuditAnchor also keeps every checkpoint of the audit log, outside
+	// the database (audit.Anchor); default audit.None. The caller closes
+	// it after the engine.
+	AuditAnchor audit.Anchor
+	// AuditCheckpointInterval is how long an audit entry waits for its
+	// signed checkpoint at most; default audit.CheckpointInterval.
+	AuditCheckpointInterval time.Duration
+
 	Logger *slog.Logger
 }
 
@@ -257,11 +265,14 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		}
 		e.sec = s
 	}
-	al, err := audit.Open(ctx, e.store, filepath.Join(opts.DataDir, "audit.key"), e.log)
+	al, err := audit.Open(ctx, e.store, audit.Options{KeyFile: filepath.Join(opts.DataDir, "audit.key"), Log: e.log,
+		Anchor: opts.AuditAnchor, Interval: opts.AuditCheckpointInterval})
 	if err != nil {
 		return nil, err
 	}
 	e.audit = al
+	// (Before the store closes: its time-bound checkpoint stops.)
+	e.closer = append(e.closer, func() error { return al.Close(context.Background()) })
 	e.tenants = tenant.New(e.store)
 	e.tenants.Audit = al
 	e.keys = apikey.New(e.store, e.tenants)
@@ -494,7 +505,7 @@ func (e *Engine) Close() error {
 	// A last checkpoint: the sandboxes keep running, and the next engine
 	// charges from here.
 	e.settleAll(context.Background())
-	if err := e.audit.Checkpoint(context.Background()); err != nil {
+	if err := e.audit.Close(context.Background()); err != nil {
 		e.log.Error("audit: cannot sign the last entries", "err", err)
 	}
 	e.mu.Lock()

@@ -189,8 +189,9 @@ func TestAuditTampering(t *testing.T) {
 	}, 5)
 	// The last entries are signed when the log closes: a cut tail shows.
 	check("the tail cut", func(db *sql.DB) { exec(db, `DELETE FROM audit_log WHERE seq > 6`) }, 7)
-	// A consistent rewrite shows against the signed checkpoint; it is
-	// placed after the last checkpoint that agrees (here, none).
+	// A consistent rewrite (the columns too) shows against the signed
+	// checkpoint; it is placed after the last checkpoint that agrees
+	// (here, none).
 	check("rewritten with a recomputed chain", func(db *sql.DB) {
 		rows, _ := db.Query(`SELECT record FROM audit_log ORDER BY seq`)
 		var es []store.AuditEntry
@@ -211,7 +212,7 @@ func TestAuditTampering(t *testing.T) {
 			es[i].Hash = audit.Hash(&es[i])
 			prev = es[i].Hash
 			b, _ := json.Marshal(es[i])
-			exec(db, `UPDATE audit_log SET record = ? WHERE seq = ?`, string(b), es[i].Seq)
+			exec(db, `UPDATE audit_log SET record = ?, principal = ? WHERE seq = ?`, string(b), es[i].Principal, es[i].Seq)
 		}
 	}, 1)
 }

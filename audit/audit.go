@@ -1,10 +1,14 @@
 // Package audit is the append-only, hash-chained audit log. Every entry
 // commits (SHA-256) to its own fields and to the hash of the entry before
-// it; every CheckpointEvery entries, and when the log closes, the newest
-// hash is signed with an ed25519 key kept in the data directory, so that
-// rewriting the log needs the key as well as the database. Verify walks the
-// chain and the checkpoints and names the first entry that was altered,
-// removed or reordered.
+// it; every CheckpointEvery entries, at most a CheckpointInterval after
+// an entry, and when the log closes, the newest hash is signed with an
+// ed25519 key kept in the data directory, so that rewriting the log needs
+// the key as well as the database. Each checkpoint is also kept by an
+// Anchor outside the database, so that cutting the tail of the log with
+// its checkpoints shows too. Verify walks the chain, the checkpoints and
+// the anchor, checks every row's columns against the record the chain
+// hashes, and names the first entry that was altered, removed or
+// reordered; a read (List, Read) refuses a row it finds altered.
 //
 // The library records (Record) every state-changing action and every read
 // of sandbox contents, denied attempts included: who (the principal: a key
@@ -39,6 +43,11 @@ type Entry = store.AuditEntry
 // CheckpointEvery is how many entries a checkpoint signs at most.
 const CheckpointEvery = 256
 
+// CheckpointInterval is how long an entry waits for its checkpoint at
+// most, by default: what a crash (kill -9) leaves unanchored is at most
+// this much time, or CheckpointEvery entries, of the log.
+const CheckpointInterval = 30 * time.Second
+
 // Outcomes.
 const (
 	OK     = "ok"
@@ -46,16 +55,32 @@ const (
 	Failed = "error"
 )
 
+// Options configure Open.
+type Options struct {
+	// KeyFile holds the signing key (created, mode 0600, if missing).
+	KeyFile string
+	Log     *slog.Logger
+	// Anchor also keeps every checkpoint; default None.
+	Anchor Anchor
+	// Interval is how long an entry waits for its checkpoint at most;
+	// default CheckpointInterval.
+	Interval time.Duration
+}
+
 // Log appends to and verifies the audit log.
 type Log struct {
-	db  store.Store
-	key ed25519.PrivateKey
-	log *slog.Logger
+	db       store.Store
+	key      ed25519.PrivateKey
+	log      *slog.Logger
+	anchor   Anchor
+	interval time.Duration
 
 	mu       sync.Mutex
 	seq      int64
 	last     string
 	unsigned int
+	timer    *time.Timer // the time-bound checkpoint, while one is due
+	closed   bool
 	// changed is closed (and replaced) at every append, for followers.
 	changed chan struct{}
 }
@@ -107,14 +132,22 @@ func (l *Log) Changed() <-chan struct{} {
 	return l.changed
 }
 
-// Open opens the log over db with the signing key in keyFile (created,
-// mode 0600, if missing).
-func Open(ctx context.Context, db store.Store, keyFile string, log *slog.Logger) (*Log, error) {
-	key, err := loadKey(keyFile)
+// Open opens the log over db. Close signs the last entries.
+func Open(ctx context.Context, db store.Store, opts Options) (*Log, error) {
+	key, err := loadKey(opts.KeyFile)
 	if err != nil {
 		return nil, err
 	}
-	l := &Log{db: db, key: key, log: log}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Anchor == nil {
+		opts.Anchor = None
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = CheckpointInterval
+	}
+	l := &Log{db: db, key: key, log: opts.Log, anchor: opts.Anchor, interval: opts.Interval}
 	last, err := db.LastAudit(ctx)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -122,6 +155,14 @@ func Open(ctx context.Context, db store.Store, keyFile string, log *slog.Logger)
 		return nil, err
 	default:
 		l.seq, l.last = last.Seq, last.Hash
+	}
+	// A log cut back behind its anchor is said at once (verify says it
+	// too, and where).
+	if cps, err := l.anchor.Checkpoints(ctx); err != nil {
+		l.log.Error("audit: cannot read the anchor", "anchor", l.anchor, "err", err)
+	} else if n := len(cps); n > 0 && cps[n-1].Seq > l.seq {
+		l.log.Error("audit: the log ends before its anchor says it reached: entries were removed (run harebox audit verify)",
+			"anchor", l.anchor, "anchored", cps[n-1].Seq, "last", l.seq)
 	}
 	return l, nil
 }
@@ -317,7 +358,23 @@ func (l *Log) append(ctx context.Context, e *Entry) error {
 	if l.unsigned++; l.unsigned >= CheckpointEvery {
 		return l.checkpoint(ctx)
 	}
+	if l.timer == nil && !l.closed {
+		l.timer = time.AfterFunc(l.interval, l.due)
+	}
 	return nil
+}
+
+// due makes the checkpoint an entry waited for for the interval.
+func (l *Log) due() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.timer = nil
+	if l.closed {
+		return
+	}
+	if err := l.checkpoint(context.Background()); err != nil {
+		l.log.Error("audit: cannot sign the last entries", "err", err)
+	}
 }
 
 // Checkpoint signs the newest entry now.
@@ -327,6 +384,22 @@ func (l *Log) Checkpoint(ctx context.Context) error {
 	return l.checkpoint(ctx)
 }
 
+// Close signs the last entries and stops the time-bound checkpoints
+// (entries appended later wait for the next Open's log to sign them). It
+// leaves the store and the anchor open: they are the caller's.
+func (l *Log) Close(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	return l.checkpoint(ctx)
+}
+
+// checkpoint signs the newest entry, in the database and in the anchor.
+// If the anchor fails, the next append (or due time) signs again.
 func (l *Log) checkpoint(ctx context.Context) error {
 	if l.seq == 0 || l.unsigned == 0 {
 		return nil
@@ -334,9 +407,16 @@ func (l *Log) checkpoint(ctx context.Context) error {
 	c := &store.AuditCheckpoint{Seq: l.seq, Hash: l.last, Time: time.Now().UTC()}
 	c.Sig = ed25519.Sign(l.key, checkpointMsg(c.Seq, c.Hash))
 	if err := l.db.PutAuditCheckpoint(ctx, c); err != nil {
-		return err
+		return fmt.Errorf("audit: checkpoint %d: %w", c.Seq, err)
+	}
+	if err := l.anchor.Put(ctx, c); err != nil {
+		return fmt.Errorf("audit: anchor checkpoint %d: %w", c.Seq, err)
 	}
 	l.unsigned = 0
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
 	return nil
 }
 
@@ -354,11 +434,34 @@ func (l *Log) List(ctx context.Context, f store.AuditFilter) ([]*Entry, error) {
 	if !p.Operator {
 		f.AccountID = p.AccountID
 	}
-	out, err := l.db.ListAudit(ctx, f)
+	out, err := l.Read(ctx, f)
 	if out == nil {
 		out = []*Entry{}
 	}
 	return out, err
+}
+
+// ErrAltered is what a read returns when an entry it met was altered in
+// the database: its hash does not match its record, or a column that
+// filters match disagrees with the record (which would move the entry out
+// of, or into, the view). Verify says which entries, and how.
+var ErrAltered = errors.New("audit: the log was altered in the database (harebox audit verify says where)")
+
+// Read returns the entries that match f, oldest first, with no check of
+// who asks (the caller's), each checked against the record the chain
+// hashes.
+func (l *Log) Read(ctx context.Context, f store.AuditFilter) ([]*Entry, error) {
+	out, err := l.db.ListAudit(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range out {
+		if len(e.Mismatch) > 0 || Hash(e) != e.Hash {
+			l.log.Error("audit: an altered entry refused", "seq", e.Seq, "columns", e.Mismatch)
+			return nil, fmt.Errorf("entry %d: %w", e.Seq, ErrAltered)
+		}
+	}
+	return out, nil
 }
 
 // Verify checks the chain and the checkpoints (the operator only: it reads
@@ -367,7 +470,7 @@ func (l *Log) Verify(ctx context.Context) (*Report, error) {
 	if err := authz.Allowed(authz.From(ctx), "verifyAudit"); err != nil {
 		return nil, err
 	}
-	return Verify(ctx, l.db, l.PublicKey())
+	return VerifyAnchored(ctx, l.db, l.PublicKey(), l.anchor)
 }
 
 // MayReadKey says whether the principal in ctx may read the public key.

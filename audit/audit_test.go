@@ -23,7 +23,7 @@ func open(t testing.TB) (*audit.Log, store.Store) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	l, err := audit.Open(context.Background(), db, filepath.Join(dir, "audit.key"), slog.New(slog.DiscardHandler))
+	l, err := audit.Open(context.Background(), db, audit.Options{KeyFile: filepath.Join(dir, "audit.key"), Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestHostsAppendToOneChain(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { db.Close() })
-		l, err := audit.Open(ctx, db, keyFile, slog.New(slog.DiscardHandler))
+		l, err := audit.Open(ctx, db, audit.Options{KeyFile: keyFile, Log: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // AppendAudit implements Tx.
@@ -29,12 +31,79 @@ func (s *DB) AppendAudit(ctx context.Context, e *AuditEntry) error {
 
 // LastAudit implements Tx.
 func (s *DB) LastAudit(ctx context.Context) (*AuditEntry, error) {
-	return get[AuditEntry](ctx, s, `SELECT record FROM audit_log ORDER BY seq DESC LIMIT 1`)
+	l, err := s.auditRows(ctx, `SELECT `+auditCols+` FROM audit_log ORDER BY seq DESC LIMIT 1`)
+	if err != nil {
+		return nil, err
+	}
+	if len(l) == 0 {
+		return nil, ErrNotFound
+	}
+	return l[0], nil
+}
+
+// auditCols are what an audit row is read as: the columns that queries
+// match, and the record (which the chain hashes) that they index. Each
+// entry read names the columns that disagree with its record (Mismatch),
+// for the audit package to refuse and report.
+const auditCols = `seq, time, account_id, principal, action, target, outcome, record`
+
+func (s *DB) auditRows(ctx context.Context, q string, args ...any) ([]*AuditEntry, error) {
+	rows, err := s.q.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list audit: %w", err)
+	}
+	defer rows.Close()
+	var out []*AuditEntry
+	for rows.Next() {
+		var (
+			seq, at                                             int64
+			account, principal, action, target, outcome, record string
+		)
+		if err := rows.Scan(&seq, &at, &account, &principal, &action, &target, &outcome, &record); err != nil {
+			return nil, fmt.Errorf("store: list audit: %w", err)
+		}
+		e := &AuditEntry{}
+		if err := json.Unmarshal([]byte(record), e); err != nil {
+			// Named by its place, so that verify can say which.
+			out = append(out, &AuditEntry{Seq: seq, Mismatch: []string{"record"}})
+			continue
+		}
+		for _, c := range []struct {
+			name string
+			same bool
+		}{
+			{"seq", seq == e.Seq}, {"time", at == e.Time.UnixNano()}, {"account_id", sameText(account, e.AccountID)},
+			{"principal", sameText(principal, e.Principal)}, {"action", sameText(action, e.Action)},
+			{"target", sameText(target, e.Target)}, {"outcome", sameText(outcome, e.Outcome)},
+		} {
+			if !c.same {
+				e.Mismatch = append(e.Mismatch, c.name)
+			}
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// sameText says whether a column holds a record's text: as the record's
+// JSON has it (invalid UTF-8 made U+FFFD) and as PostgreSQL keeps it (NUL
+// made U+FFFD too, see text), which SQLite's column does not.
+func sameText(col, field string) bool {
+	return col == field || storedText(col) == storedText(field)
+}
+
+func storedText(s string) string {
+	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	b, _ := json.Marshal(s)
+	json.Unmarshal(b, &s)
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }
 
 // ListAudit implements Tx.
 func (s *DB) ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, error) {
-	q := `SELECT record FROM audit_log WHERE seq > ?`
+	q := `SELECT ` + auditCols + ` FROM audit_log WHERE seq > ?`
 	args := []any{f.After}
 	for _, c := range []struct{ col, v string }{
 		{"account_id", f.AccountID}, {"principal", f.Principal}, {"target", f.Target}, {"action", f.Action}, {"outcome", f.Outcome},
@@ -64,7 +133,7 @@ func (s *DB) ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, error
 		limit = 10000
 	}
 	q += fmt.Sprintf(` ORDER BY seq LIMIT %d`, limit)
-	return list[AuditEntry](ctx, s, q, args...)
+	return s.auditRows(ctx, q, args...)
 }
 
 // PutAuditCheckpoint implements Tx.

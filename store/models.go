@@ -148,6 +148,12 @@ type AuditEntry struct {
 	RequestID string `json:"request_id,omitempty"`
 	Prev      string `json:"prev"`
 	Hash      string `json:"hash"`
+	// Mismatch, on an entry read back, names the row's columns that
+	// disagree with its record, which the chain hashes ("record" if the
+	// record does not decode): the columns are what filters match, so a
+	// changed one moves the entry out of (or into) a view. Not part of
+	// the record.
+	Mismatch []string `json:"-"`
 }
 
 // AuditCheckpoint is a signature over the log's hash at Seq.

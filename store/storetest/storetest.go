@@ -233,6 +233,11 @@ func rawText(t *testing.T, s store.Store, _ func() store.Store) {
 	if err != nil || len(l) != 1 || l[0].Action != "getSandbox" {
 		t.Fatalf("ListAudit: %+v %v", l, err)
 	}
+	// The columns it is found by agree with the record, as each database
+	// keeps such text.
+	if len(l[0].Mismatch) != 0 {
+		t.Fatalf("ListAudit: columns %v disagree with the record", l[0].Mismatch)
+	}
 	if _, err := s.GetAccount(ctx, "acc_\xff\x00"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a lookup by a raw name: %v", err)
 	}
