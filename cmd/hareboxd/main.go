@@ -31,6 +31,7 @@ import (
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/api"
+	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/firewall"
@@ -127,6 +128,8 @@ func run(args []string, instead func(settings) error) error {
 		clusterCA    = fs.String("cluster-ca", "", "the deployment CA's certificate (PEM; hareboxd cluster-cert makes it)")
 		clusterCert  = fs.String("cluster-cert", "", "this host's certificate of the deployment CA (PEM)")
 		clusterKey   = fs.String("cluster-key", "", "the private key of --cluster-cert (PEM)")
+		auditAnchor  = fs.String("audit-anchor", "", "where each signed checkpoint of the audit log is also kept, outside the database, so that a cut tail shows: file:/ABSOLUTE/PATH (an append-only file: chattr +a it, or ship it off the host) or none (default file:DATA_DIR/audit.anchor)")
+		auditEvery   = fs.Duration("audit-checkpoint-interval", audit.CheckpointInterval, "how long an audit entry waits for its signed checkpoint at most (and every 256 entries, and at shutdown): what a crash leaves unanchored")
 		configFile   = fs.String("config", "", "a YAML file of settings: each key a flag's name, e.g. \"listen: 0.0.0.0:7443\"; flags given on the command line win")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -210,6 +213,13 @@ func run(args []string, instead func(settings) error) error {
 	if *hostLease < time.Second {
 		return fmt.Errorf("--host-lease %v: at least 1s", *hostLease)
 	}
+	anchorSetting, err := checkAuditAnchor(*auditAnchor, *dataDir)
+	if err != nil {
+		return err
+	}
+	if *auditEvery < time.Second {
+		return fmt.Errorf("--audit-checkpoint-interval %v: at least 1s", *auditEvery)
+	}
 	if instead != nil {
 		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind, golden: *golden})
 	}
@@ -269,13 +279,21 @@ func run(args []string, instead func(settings) error) error {
 	case "none":
 		log.Warn("sandboxes get no network (--network none)")
 	}
+	anchor, err := audit.ParseAnchor(anchorSetting)
+	if err != nil {
+		return fmt.Errorf("--audit-anchor: %w", err)
+	}
+	if c, ok := anchor.(io.Closer); ok {
+		defer c.Close() // after the engine, which signs into it as it closes
+	}
 	eng, err := harebox.New(ctx, harebox.Options{
 		DefaultFirewall: fw,
 		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
-		Host: harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease},
+		Host:        harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease},
+		AuditAnchor: anchor, AuditCheckpointInterval: *auditEvery,
 	})
 	if err != nil {
 		return err
@@ -665,4 +683,20 @@ func agentBinary(flag string) string {
 		}
 	}
 	return ""
+}
+
+// checkAuditAnchor checks --audit-anchor, and says what it is once the
+// default is filled in (a file in the data directory).
+func checkAuditAnchor(v, dataDir string) (string, error) {
+	if v == "" {
+		dir, err := filepath.Abs(dataDir)
+		if err != nil {
+			return "", fmt.Errorf("--data-dir: %w", err)
+		}
+		return "file:" + filepath.Join(dir, "audit.anchor"), nil
+	}
+	if path, ok := strings.CutPrefix(v, "file:"); v != "none" && (!ok || !filepath.IsAbs(path) || strings.HasSuffix(path, "/")) {
+		return "", fmt.Errorf("--audit-anchor %q: want file:/ABSOLUTE/PATH or none", v)
+	}
+	return v, nil
 }

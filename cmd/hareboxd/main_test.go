@@ -254,3 +254,30 @@ func TestClusterFlags(t *testing.T) {
 		t.Fatalf("no internal endpoint: %v %q %v", tc, adv, err)
 	}
 }
+
+// --audit-anchor: a file in the data directory by default, an absolute
+// file or none if given; anything else refused before the server starts.
+func TestAuditAnchorFlag(t *testing.T) {
+	for v, want := range map[string]string{
+		"":                      "file:/var/lib/harebox/audit.anchor",
+		"none":                  "none",
+		"file:/var/log/a.jsonl": "file:/var/log/a.jsonl",
+	} {
+		if got, err := checkAuditAnchor(v, "/var/lib/harebox"); err != nil || got != want {
+			t.Errorf("%q: %q %v, want %q", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"file:relative", "file:", "file:/var/log/", "journal", "/var/log/a"} {
+		if got, err := checkAuditAnchor(v, "/x"); err == nil {
+			t.Errorf("%q accepted: %q", v, got)
+		}
+	}
+	dir := t.TempDir()
+	if err := run([]string{"--data-dir", dir, "--network", "none", "--audit-anchor", "file:x"}, func(settings) error { return nil }); err == nil ||
+		!strings.Contains(err.Error(), "--audit-anchor") {
+		t.Errorf("a relative anchor: %v", err)
+	}
+	if err := run([]string{"--data-dir", dir, "--network", "none", "--audit-checkpoint-interval", "10ms"}, func(settings) error { return nil }); err == nil {
+		t.Error("a 10ms checkpoint interval accepted")
+	}
+}
