@@ -42,6 +42,11 @@ type AuditReport struct {
 	Checkpoints int    `json:"checkpoints"`
 	FirstBad    int64  `json:"first_bad,omitempty"`
 	Reason      string `json:"reason,omitempty"`
+	// Anchor is where the checkpoints are also kept ("none" if nowhere),
+	// Anchored the newest entry it vouches for, Unanchored how many follow.
+	Anchor     string `json:"anchor"`
+	Anchored   int64  `json:"anchored"`
+	Unanchored int64  `json:"unanchored"`
 }
 
 // AuditKey is the public key that verifies the log's signed checkpoints.

@@ -20,7 +20,7 @@ var cmdAudit = group("audit", []subcommand{
 		"a page of audit entries, oldest first (JSON with the next page's cursor, or a table)", auditList},
 	{"export", auditFilters + " [--after CURSOR]",
 		"every matching entry as JSON Lines on stdout, streamed (for a SIEM)", auditExport},
-	{"verify", "", "check the hash chain and the signed checkpoints (the operator only); exit 1 if the log was tampered with", auditVerify},
+	{"verify", "", "check the hash chain, every entry's columns, and the signed checkpoints in the database and in the anchor (the operator only); exit 1 if the log was tampered with or its tail cut", auditVerify},
 	{"key", "", "the ed25519 public key that verifies the signed checkpoints", auditKey},
 })
 
@@ -116,8 +116,9 @@ func auditVerify(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (
 	if r.FirstBad != 0 {
 		first = strconv.FormatInt(r.FirstBad, 10)
 	}
-	if err := c.show(r, "OK\tENTRIES\tCHECKPOINTS\tFIRST-BAD\tREASON",
-		[][]string{{yesNo(r.OK), strconv.FormatInt(r.Entries, 10), strconv.Itoa(r.Checkpoints), first, dash(r.Reason)}}); err != nil {
+	if err := c.show(r, "OK\tENTRIES\tCHECKPOINTS\tFIRST-BAD\tANCHORED\tUNANCHORED\tANCHOR\tREASON",
+		[][]string{{yesNo(r.OK), strconv.FormatInt(r.Entries, 10), strconv.Itoa(r.Checkpoints), first,
+			strconv.FormatInt(r.Anchored, 10), strconv.FormatInt(r.Unanchored, 10), dash(r.Anchor), dash(r.Reason)}}); err != nil {
 		return 0, err
 	}
 	if !r.OK {
