@@ -99,6 +99,7 @@ func (e *Engine) loadCredentials(ctx context.Context, b *box) error {
 	sb := &credproxy.Sandbox{CA: cert, CAKey: key}
 	account, id := b.rec.AccountID, b.rec.ID
 	sb.OnMisuse = func(host string) { e.audit.RecordPlaceholder(account, id, host) }
+	sb.OnRefused = func(host, _ string) { e.audit.RecordRefusedAnswer(account, id, host) } // (the proxy logs why)
 	for _, c := range v.Credentials {
 		value, err := e.envs.Reveal(ctx, b.rec.EnvironmentID, v.Variables[c.Secret].SecretRef)
 		if err != nil {

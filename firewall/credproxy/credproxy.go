@@ -21,11 +21,18 @@
 //     to its format, and the placeholder is replaced wherever it appears.
 //   - Plain HTTP is intercepted only for rules that allow it.
 //   - Redirects are never followed: each request is judged on its own.
-//   - Responses are scrubbed: a value echoed in a header or an identity-
-//     encoded body reaches the guest as the placeholder. Requests carrying
-//     a placeholder ask for identity encoding, so the body can be read.
+//   - Answers are scrubbed on every path back to the guest (answer.go
+//     lists them): a value echoed in a header, a trailer, a 1xx head, a
+//     body in any content-coding the proxy can undo, or a WebSocket
+//     message reaches the guest as the placeholder; an answer the proxy
+//     cannot read (an unknown coding, another upgrade, a WebSocket
+//     extension) is refused with a 502 and reported. Requests ask for
+//     identity coding and no WebSocket extension; one carrying the value
+//     asks for the whole answer (no Range). A value the upstream
+//     transforms (hashes, re-encodes) is not seen.
 //   - WebSocket upgrades get the swap on the handshake only: after it the
-//     bytes are spliced.
+//     guest's frames go up as they are.
+//   - CONNECT is refused: a tunnel would carry bytes the proxy cannot read.
 package credproxy
 
 import (
@@ -45,7 +52,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,6 +100,9 @@ type Sandbox struct {
 	// OnMisuse, if set, hears of a placeholder sent where it is not
 	// swapped (the host it went to).
 	OnMisuse func(host string)
+	// OnRefused, if set, hears of an answer from host that the proxy
+	// refused to pass on, since it could not scrub it (and why).
+	OnRefused func(host, reason string)
 
 	mu     sync.Mutex
 	leaves map[string]*tls.Certificate
@@ -117,10 +126,11 @@ func (s *Sandbox) transport(host string, port uint16, roots *x509.CertPool, dial
 		TLSClientConfig: &tls.Config{
 			RootCAs: roots, ServerName: host, MinVersion: tls.VersionTLS12,
 		},
-		ForceAttemptHTTP2:     true,
-		MaxIdleConnsPerHost:   8,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 5 * time.Minute,
+		ForceAttemptHTTP2:      true,
+		MaxResponseHeaderBytes: maxAnswerHead,
+		MaxIdleConnsPerHost:    8,
+		IdleConnTimeout:        90 * time.Second,
+		ResponseHeaderTimeout:  5 * time.Minute,
 	}
 	if s.transports == nil {
 		s.transports = map[string]*http.Transport{}
@@ -145,6 +155,13 @@ func (s *Sandbox) Close() {
 func (s *Sandbox) Misused(host string) {
 	if s != nil && s.OnMisuse != nil {
 		s.OnMisuse(host)
+	}
+}
+
+// Refused reports an answer from host that was not passed on.
+func (s *Sandbox) Refused(host, reason string) {
+	if s != nil && s.OnRefused != nil {
+		s.OnRefused(host, reason)
 	}
 }
 
@@ -269,7 +286,8 @@ func (p *Proxy) Serve(c Conn) {
 	down := net.Conn(&replayConn{Conn: c.Down, r: io.MultiReader(bytes.NewReader(c.Head), c.Down)})
 	tr := c.Sandbox.transport(c.Host, c.Port, p.Roots, c.Dial)
 	if !c.Secure {
-		tr = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.Dial(ctx) }}
+		tr = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.Dial(ctx) },
+			MaxResponseHeaderBytes: maxAnswerHead}
 		defer tr.CloseIdleConnections()
 	}
 	handler := p.handler(c, tr)
@@ -304,6 +322,9 @@ func (p *Proxy) Serve(c Conn) {
 	srv.Serve(&oneConn{c: &strictConn{Conn: tc}})
 }
 
+// maxAnswerHead bounds an upstream answer's head (and each 1xx head).
+const maxAnswerHead = 1 << 20
+
 func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 	scheme, defPort := "https", uint16(443)
 	if !c.Secure {
@@ -313,11 +334,23 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 	if c.Port != defPort {
 		hostport = net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))
 	}
+	var vals *values
+	if pairs := c.Sandbox.pairs(); len(pairs) > 0 {
+		vals = newValues(pairs)
+	}
+	refused := func(reason string) {
+		p.log().Warn("credproxy: answer refused", "host", c.Host, "reason", reason)
+		c.Sandbox.Refused(c.Host, reason)
+	}
 	rp := &httputil.ReverseProxy{
 		Transport:  tr,
 		BufferPool: &p.buffers,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = scheme, hostport, hostport
+			// Every answer is scrubbed, so it is asked for as it can be
+			// read: no content-coding, no WebSocket extension.
+			pr.Out.Header.Set("Accept-Encoding", "identity")
+			pr.Out.Header.Del("Sec-WebSocket-Extensions")
 			if !strings.EqualFold(hostOnly(pr.In.Host), c.Host) {
 				if carries(pr.Out, c.Sandbox) {
 					p.log().Warn("credproxy: placeholder sent with a Host that is not the connection's name; not swapped",
@@ -329,7 +362,9 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 			p.swap(pr.Out, c)
 		},
 		ModifyResponse: func(r *http.Response) error {
-			scrub(r, c.Sandbox)
+			if err := scrub(r, vals, refused); err != nil {
+				return err
+			}
 			if bf, ok := r.Request.Context().Value(batchKey{}).(*batchFlush); ok && r.StatusCode != http.StatusSwitchingProtocols {
 				// Coalescing ends with the body: ReverseProxy then writes
 				// trailers into the header map, which a late made-up
@@ -340,20 +375,35 @@ func (p *Proxy) handler(c Conn, tr http.RoundTripper) http.Handler {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if rf, ok := errors.AsType[*refusal](err); ok {
+				refused(rf.reason)
+				http.Error(w, rf.Error(), http.StatusBadGateway)
+				return
+			}
 			p.log().Info("credproxy: upstream failed", "host", c.Host, "err", err)
 			w.WriteHeader(http.StatusBadGateway)
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodConnect {
+			// A tunnel inside the connection would carry bytes the proxy
+			// cannot read (HTTP/2's extended CONNECT included).
+			http.Error(w, "credproxy: CONNECT is not served on an intercepted connection", http.StatusMethodNotAllowed)
+			return
+		}
 		// The upstream may answer before it has read the body: HTTP/1
 		// would then close the body under the transport, which drops the
 		// connection and the answer (golang/go#40747). Closing it when
 		// done waits out a read in flight (golang/go#68560).
 		http.NewResponseController(w).EnableFullDuplex()
 		defer r.Body.Close()
-		bf := &batchFlush{ResponseWriter: w}
+		bf := &batchFlush{ResponseWriter: w, vals: vals}
 		defer bf.stop()
 		rp.ServeHTTP(bf, r.WithContext(context.WithValue(r.Context(), batchKey{}, bf)))
+		// Trailers are written from the header map once the handler
+		// returns: ReverseProxy has put the upstream's there.
+		bf.stop()
+		scrubHeader(w.Header(), vals)
 	})
 }
 
@@ -385,6 +435,7 @@ type batchFlush struct {
 	pending *time.Timer
 	done    bool
 	every   time.Duration // flushEvery if 0 (tests)
+	vals    *values       // scrubbed from every head written (a 1xx's too)
 }
 
 const flushEvery = 20 * time.Millisecond
@@ -393,6 +444,15 @@ func (b *batchFlush) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.ResponseWriter.Write(p)
+}
+
+// WriteHeader scrubs the head first: ReverseProxy writes a 1xx answer's
+// (103 Early Hints) straight from the upstream, past ModifyResponse.
+func (b *batchFlush) WriteHeader(code int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	scrubHeader(b.Header(), b.vals)
+	b.ResponseWriter.WriteHeader(code)
 }
 
 func (b *batchFlush) Flush() {
@@ -505,40 +565,12 @@ func (p *Proxy) swap(r *http.Request, c Conn) {
 		if rule.Header != "" {
 			r.Header.Set(rule.Header, strings.ReplaceAll(rule.Format, "{value}", rule.Value))
 		}
-		r.Header.Set("Accept-Encoding", "identity")
+		// A part of an answer could hold a part of the value, which no
+		// scrub would find: an answer to a request with the value in it
+		// comes whole.
+		r.Header.Del("Range")
+		r.Header.Del("If-Range")
 	}
-}
-
-// scrub replaces values by placeholders in a response's headers and body.
-func scrub(r *http.Response, sb *Sandbox) {
-	var rules []*Rule
-	for i := range sb.Rules {
-		if sb.Rules[i].Value != "" {
-			rules = append(rules, &sb.Rules[i])
-		}
-	}
-	if len(rules) == 0 {
-		return
-	}
-	// Longest value first: where one value begins another, the longer one
-	// is replaced whole (a Replacer takes the first pair that matches).
-	sort.SliceStable(rules, func(i, j int) bool { return len(rules[i].Value) > len(rules[j].Value) })
-	var pairs []string
-	for _, r := range rules {
-		pairs = append(pairs, r.Value, r.Placeholder)
-	}
-	rep := strings.NewReplacer(pairs...)
-	for k, vs := range r.Header {
-		for j, v := range vs {
-			r.Header[k][j] = rep.Replace(v)
-		}
-	}
-	if r.StatusCode == http.StatusSwitchingProtocols || r.Body == nil {
-		return
-	}
-	r.Body = newScrubber(r.Body, pairs)
-	r.ContentLength = -1
-	r.Header.Del("Content-Length")
 }
 
 func hostOnly(h string) string {

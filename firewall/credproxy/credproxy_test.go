@@ -169,7 +169,9 @@ func TestScrubPrefixValues(t *testing.T) {
 	}}
 	r := &http.Response{StatusCode: 200, Header: http.Header{"X-Echo": {"sk-abcdef sk-abc"}},
 		Body: io.NopCloser(strings.NewReader("a sk-abcdef b sk-abc c"))}
-	scrub(r, sb)
+	if err := scrub(r, newValues(sb.pairs()), nil); err != nil {
+		t.Fatal(err)
+	}
 	body, _ := io.ReadAll(r.Body)
 	if got := string(body); got != "a PH_LONG b PH_SHORT c" {
 		t.Errorf("body %q", got)

@@ -17,10 +17,8 @@ import (
 // (nearly always) is passed on from the buffer it was read into: one
 // copy per byte.
 type scrubber struct {
-	src  io.ReadCloser
-	rep  *strings.Replacer
-	olds [][]byte
-	keep int
+	src io.ReadCloser
+	*values
 	// buf[:n] is read and not yet passed on; ready is what Read passes
 	// on next: buf[:cut] (aliased: the rest moves to the front once it
 	// has gone) or a replaced copy.
@@ -42,13 +40,26 @@ const (
 // errHold ends a response whose values would hold back more than maxHold.
 var errHold = errors.New("credproxy: a response holds back more than 1 MiB around secret values; cut off")
 
-func newScrubber(src io.ReadCloser, pairs []string) *scrubber {
-	s := &scrubber{src: src, rep: strings.NewReplacer(pairs...)}
+// values is what a scrubber looks for: the secret values (longest
+// first, see scrub) and the replacer that puts placeholders for them.
+type values struct {
+	rep  *strings.Replacer
+	olds [][]byte
+	keep int // the longest value's length - 1
+}
+
+// newValues takes value, placeholder pairs.
+func newValues(pairs []string) *values {
+	v := &values{rep: strings.NewReplacer(pairs...)}
 	for i := 0; i < len(pairs); i += 2 {
-		s.olds = append(s.olds, []byte(pairs[i]))
-		s.keep = max(s.keep, len(pairs[i])-1)
+		v.olds = append(v.olds, []byte(pairs[i]))
+		v.keep = max(v.keep, len(pairs[i])-1)
 	}
-	return s
+	return v
+}
+
+func newScrubber(src io.ReadCloser, pairs []string) *scrubber {
+	return &scrubber{src: src, values: newValues(pairs)}
 }
 
 func (s *scrubber) Read(p []byte) (int, error) {
@@ -72,7 +83,7 @@ func (s *scrubber) Read(p []byte) (int, error) {
 			s.n += m
 			s.err = err
 		}
-		s.cut = s.cutAt()
+		s.cut = s.cutAt(s.buf[:s.n], s.err != nil)
 		if s.cut == 0 {
 			continue
 		}
@@ -98,19 +109,18 @@ func (s *scrubber) shift() {
 	s.cut = 0
 }
 
-// cutAt is how much of buf[:n] may be passed on: all of it at the end of
-// the stream, else all but its longest end that begins a value, and never
+// cutAt is how much of b may be passed on: all of it at the end of the
+// stream, else all but its longest end that begins a value, and never
 // through a value (moving the cut back can put it inside another one:
 // repeat until it stays).
-func (s *scrubber) cutAt() int {
-	b := s.buf[:s.n]
-	if s.err != nil {
+func (v *values) cutAt(b []byte, end bool) int {
+	if end {
 		return len(b)
 	}
-	cut := len(b) - s.partial(b)
+	cut := len(b) - v.partial(b)
 	for moved := true; moved; {
 		moved = false
-		for _, old := range s.olds {
+		for _, old := range v.olds {
 			for i := max(cut-len(old)+1, 0); i < cut; {
 				j := bytes.Index(b[i:], old)
 				if j < 0 {
@@ -129,9 +139,9 @@ func (s *scrubber) cutAt() int {
 
 // partial is the length of b's longest end that is the beginning of a
 // value (and not a whole one).
-func (s *scrubber) partial(b []byte) int {
-	for k := min(s.keep, len(b)); k > 0; k-- {
-		for _, old := range s.olds {
+func (v *values) partial(b []byte) int {
+	for k := min(v.keep, len(b)); k > 0; k-- {
+		for _, old := range v.olds {
 			if k < len(old) && bytes.HasPrefix(old, b[len(b)-k:]) {
 				return k
 			}
@@ -141,13 +151,49 @@ func (s *scrubber) partial(b []byte) int {
 }
 
 // holds reports whether b contains a value.
-func (s *scrubber) holds(b []byte) bool {
-	for _, old := range s.olds {
+func (v *values) holds(b []byte) bool {
+	for _, old := range v.olds {
 		if bytes.Contains(b, old) {
 			return true
 		}
 	}
 	return false
+}
+
+// holdsFold reports whether s contains a value in any letter case (a
+// header name: net/http changes its case).
+func (v *values) holdsFold(s string) bool {
+	s = strings.ToLower(s)
+	for _, old := range v.olds {
+		if strings.Contains(s, strings.ToLower(string(old))) {
+			return true
+		}
+	}
+	return false
+}
+
+// stream is a scrubber that is pushed to rather than read from (a
+// WebSocket message's frames): push passes on what may go now and holds
+// back an end that could begin a value, until more comes or the end.
+type stream struct {
+	*values
+	held []byte
+}
+
+func (s *stream) push(b []byte, end bool) ([]byte, error) {
+	s.held = append(s.held, b...)
+	cut := s.cutAt(s.held, end)
+	var out []byte
+	if s.holds(s.held[:cut]) {
+		out = []byte(s.rep.Replace(string(s.held[:cut])))
+	} else {
+		out = bytes.Clone(s.held[:cut])
+	}
+	s.held = s.held[:copy(s.held, s.held[cut:])]
+	if len(s.held) > maxHold {
+		return nil, errHold
+	}
+	return out, nil
 }
 
 func (s *scrubber) Close() error { return s.src.Close() }

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/internal/testweb"
 )
@@ -129,31 +131,26 @@ func TestCredentialProxy(t *testing.T) {
 		t.Errorf("HTTP/2 :authority example.com on SNI pypi.org (%s): %q", resp.Proto, e.saw("pypi.org"))
 	}
 
-	// A WebSocket upgrade gets the value on its handshake only: what
-	// follows is spliced, placeholder and all.
+	// A WebSocket upgrade gets the value on its handshake only: the
+	// guest's frames go up as they are, placeholder and all.
 	{
-		conn, err := g.dial("tcp4", pypiIP+":443")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ws, _, err := websocket.Dial(ctx, "wss://pypi.org/ws", &websocket.DialOptions{
+			HTTPClient: client(false), HTTPHeader: http.Header{"Authorization": {"Bearer " + ph}}})
 		if err != nil {
-			t.Fatal(err)
-		}
-		conn.SetDeadline(time.Now().Add(5 * time.Second))
-		tc := tls.Client(conn, &tls.Config{ServerName: "pypi.org", RootCAs: roots, NextProtos: []string{"http/1.1"}})
-		fmt.Fprintf(tc, "GET /ws HTTP/1.1\r\nHost: pypi.org\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nAuthorization: Bearer %s\r\n\r\n", ph)
-		br := bufio.NewReader(tc)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-			t.Fatalf("upgrade: %v %v", resp, err)
+			t.Fatalf("upgrade: %v", err)
 		}
 		if got := e.saw("pypi.org"); got != "auth=Bearer "+value+" query=" {
 			t.Errorf("the handshake carried %q", got)
 		}
-		msg := "frame with " + ph + "\n"
-		fmt.Fprint(tc, msg)
-		echo, err := br.ReadString('\n')
-		if err != nil || echo != msg {
-			t.Errorf("after the upgrade the host got %q (%v), want the bytes as sent", echo, err)
+		msg := "frame with " + ph
+		ws.Write(ctx, websocket.MessageText, []byte(msg))
+		_, echo, err := ws.Read(ctx)
+		if err != nil || string(echo) != msg || e.saw("pypi.org ws") != msg {
+			t.Errorf("after the upgrade the host got %q and the guest %q (%v), want the message as sent", e.saw("pypi.org ws"), echo, err)
 		}
-		conn.Close()
+		ws.CloseNow()
+		cancel()
 	}
 
 	// Another sandbox's placeholder is worthless here: only this

@@ -19,6 +19,8 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"github.com/coder/websocket"
+
 	"github.com/harebox/harebox/internal/testweb"
 	"io"
 	"log/slog"
@@ -338,6 +340,10 @@ func (e *env) startServers() {
 					testweb.Echo(w, r)
 					return
 				}
+				if strings.HasPrefix(r.URL.Path, "/answer/") {
+					answerHost(w, r)
+					return
+				}
 				if r.URL.Path == "/big" {
 					w.Header().Set("Content-Length", fmt.Sprint(bigSize))
 					for range bigSize / len(bigChunk) {
@@ -359,16 +365,23 @@ func (e *env) startServers() {
 					return
 				}
 				if r.URL.Path == "/ws" && r.Header.Get("Upgrade") == "websocket" {
-					// A bare upgrade: 101, then echo every byte back.
-					c, rw, err := http.NewResponseController(w).Hijack()
+					// A WebSocket: each message is noted (as "name ws")
+					// and sent back.
+					c, err := websocket.Accept(w, r, nil)
 					if err != nil {
 						return
 					}
-					defer c.Close()
-					fmt.Fprintf(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-					rw.Flush()
-					io.Copy(c, rw)
-					return
+					defer c.CloseNow()
+					for {
+						typ, m, err := c.Read(r.Context())
+						if err != nil {
+							return
+						}
+						e.mu.Lock()
+						e.seen[name+" ws"] = string(m)
+						e.mu.Unlock()
+						c.Write(r.Context(), typ, m)
+					}
 				}
 				w.Header().Set("X-Echo", r.Header.Get("Authorization"))
 				fmt.Fprintf(w, "server=%s host=%s %s", name, r.Host, got)
@@ -383,6 +396,13 @@ func (e *env) startServers() {
 		closers = append(closers, srv)
 		go srv.ServeTLS(ln, "", "")
 	}
+	// The same answers over HTTP/1 only (the proxy's leg to 443 is
+	// HTTP/2), where a test host can write raw bytes.
+	h1 := &http.Server{Handler: http.HandlerFunc(answerHost),
+		TLSConfig:    &tls.Config{Certificates: []tls.Certificate{e.cert("pypi.org")}},
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){}}
+	closers = append(closers, h1)
+	go h1.ServeTLS(listen("tcp4", pypiIP+":9443"), "", "")
 	// Plain TCP listeners that count connections (and echo).
 	for _, addr := range []string{pypiIP + ":8443", exampleIP + ":7", outsideIP + ":853", metaIP + ":80", exampleIP + ":22"} {
 		ln := listen("tcp4", addr)
