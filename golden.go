@@ -26,7 +26,10 @@ import (
 // creates of that image and size restore from it as a fork's clones do,
 // each with its own data key, machine-id, kernel entropy and network, and
 // fall back to a cold boot while there is none. The files are removed at
-// Close and at start: without their key they are of no use.
+// Close and at start: without their key they are of no use. A golden
+// machine a crash left running (the engine died during a golden boot: it
+// has no record, and its key died with the engine) is stopped at start,
+// before its files go.
 
 // golden is one image build's golden snapshot at one size.
 type golden struct {
@@ -37,6 +40,10 @@ type golden struct {
 }
 
 func (e *Engine) goldenDir() string { return filepath.Join(e.opts.DataDir, "golden") }
+
+// goldenMachine is the golden machine's own state directory in its golden
+// directory (beside "snap", the snapshot).
+const goldenMachine = "m"
 
 func goldenID(img images.Image, res sandbox.Resources) string {
 	return fmt.Sprintf("%s|%d|%d|%d", img.Dir, res.VCPUs, res.MemoryMB, res.DiskGB)
@@ -125,12 +132,14 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 		return fmt.Errorf("network: %w", err)
 	}
 	defer e.net.Detach(context.WithoutCancel(ctx), id)
-	spec := imageSpec(id, filepath.Join(dir, "m"), img, res, att)
+	spec := imageSpec(id, filepath.Join(dir, goldenMachine), img, res, att)
 	spec.Labels, spec.DataKey = map[string]string{"harebox.golden": img.Name}, g.key
+	atStep("golden-launch", dir)
 	m, err := e.hv.Launch(ctx, spec)
 	if err != nil {
 		return fmt.Errorf("launch: %w", err)
 	}
+	atStep("golden-booting", dir)
 	defer func() {
 		bg := context.WithoutCancel(ctx)
 		m.Kill(bg)
@@ -150,6 +159,7 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 	if _, err := c.Exec(bctx, agentclient.ExecRequest{Shell: settle, User: "root", Timeout: 2 * time.Minute}, nil); err != nil {
 		return fmt.Errorf("settle: %w", err)
 	}
+	atStep("golden-settled", dir)
 	// The host hangs up first, and the guest's agent sees it (its port
 	// reads end of file within a few hundred ms) and waits for the next
 	// host: every clone then starts a fresh agent session at once when
@@ -163,9 +173,11 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 	case <-time.After(time.Second):
 	}
 	snapDir := filepath.Join(dir, "snap")
+	atStep("golden-snapshot", snapDir)
 	if err := m.Snapshot(ctx, snapDir, g.key); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
+	atStep("golden-written", dir)
 	g.snap = &store.Snapshot{
 		Snapshot: sandbox.Snapshot{ID: id, Image: img.Name, Size: res, CreatedAt: time.Now().UTC()},
 		Dir:      snapDir, ImageDir: img.Dir,
@@ -175,10 +187,33 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 }
 
 // dropGoldens removes every golden snapshot's files (at Close, after the
-// builds ended, and at start).
+// builds ended, and at start), and stops any golden machine still running
+// on them: at start, one whose boot the engine died in.
 func (e *Engine) dropGoldens() {
 	e.mu.Lock()
 	e.goldens = nil
 	e.mu.Unlock()
+	ents, _ := os.ReadDir(e.goldenDir())
+	for _, ent := range ents {
+		// Its own machine directory only: a sandbox restored from the
+		// golden snapshot names the snapshot's disk on its command line
+		// (the backing of its overlay), and lives on.
+		dir := filepath.Join(e.goldenDir(), ent.Name(), goldenMachine)
+		if n := killStrays(dir); n > 0 {
+			e.log.Warn("stopped a golden machine left running", "dir", dir, "vmms", n)
+		}
+	}
 	os.RemoveAll(e.goldenDir())
+}
+
+// stepHook, set by tests only (export_test.go), is called at each step of
+// a golden boot and of a pool refill with the directory it concerns: a
+// crash test holds the engine there, or watches that directory, to kill
+// it at that step.
+var stepHook func(step, dir string)
+
+func atStep(step, dir string) {
+	if stepHook != nil {
+		stepHook(step, dir)
+	}
 }

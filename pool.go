@@ -185,6 +185,7 @@ func (e *Engine) fillPool(entries []poolEntry) {
 			k := poolKey(img, pe.size)
 			e.pool[k] = append(e.pool[k], pm)
 			e.mu.Unlock()
+			atStep("pool-idle", filepath.Join(e.machinesDir(), pm.id))
 			e.log.Info("pool member ready", "id", pm.id, "image", img.Name, "took", time.Since(start).Round(time.Millisecond))
 		}
 	}
@@ -245,10 +246,12 @@ func (e *Engine) newMember(ctx context.Context, o *origin, img images.Image, res
 	if att != nil {
 		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
 	}
+	atStep("pool-restore", stateDir)
 	if pm.m, err = e.hv.Restore(ctx, o.snap.Dir, spec); err != nil {
 		e.net.Detach(context.WithoutCancel(ctx), pm.id)
 		return nil, fmt.Errorf("restore: %w", err)
 	}
+	atStep("pool-restored", stateDir)
 	defer func() {
 		if err != nil {
 			e.discard(pm)
@@ -278,6 +281,7 @@ func (e *Engine) newMember(ctx context.Context, o *origin, img images.Image, res
 	}
 	// (Best effort: an image without a shell is still served.)
 	pm.c.Exec(bctx, agentclient.ExecRequest{Argv: []string{"/bin/sh", "-c", "true"}, Timeout: 10 * time.Second}, nil)
+	atStep("pool-warm", stateDir)
 	return pm, nil
 }
 
