@@ -224,9 +224,14 @@ func TestCLIAudit(t *testing.T) {
 		Checkpoints int    `json:"checkpoints"`
 		FirstBad    int64  `json:"first_bad"`
 		Reason      string `json:"reason"`
+		Anchor      string `json:"anchor"`
+		Anchored    int64  `json:"anchored"`
+		Unanchored  int64  `json:"unanchored"`
 	}
 	var rep report
-	if ok("", &rep, "audit", "verify"); !rep.OK || rep.Entries != last.Seq || rep.FirstBad != 0 || rep.Reason != "" {
+	anchor := "file:" + filepath.Join(dataDir, "audit.anchor") // (hareboxd's default)
+	if ok("", &rep, "audit", "verify"); !rep.OK || rep.Entries != last.Seq || rep.FirstBad != 0 || rep.Reason != "" ||
+		rep.Anchor != anchor || rep.Anchored+rep.Unanchored != rep.Entries {
 		t.Errorf("audit verify: %+v", rep)
 	}
 	if o := ok("", nil, "--output", "table", "audit", "verify"); !strings.HasPrefix(o, "OK ") || !strings.Contains(o, "\nyes ") {
@@ -278,11 +283,44 @@ func TestCLIAudit(t *testing.T) {
 		}
 	}
 
-	// An entry edited in the database while the server is stopped: verify
-	// names it, prints the report and exits 1.
+	// The tail cut while the server is stopped, its checkpoints with it:
+	// the anchor (a file in the data directory) remembers where the log
+	// ended, and verify exits 1. The data directory is put back after.
 	srv.stop(t)
 	running = false
+	saved := t.TempDir()
+	keep := []string{"harebox.db", "harebox.db-wal", "harebox.db-shm", "audit.anchor"}
+	copyFiles(t, dataDir, saved, keep)
 	db, err := sql.Open("sqlite", filepath.Join(dataDir, "harebox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var end int64
+	if err := db.QueryRow(`SELECT MAX(seq) FROM audit_log`).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{`DELETE FROM audit_log WHERE seq > ?`, `DELETE FROM audit_checkpoints WHERE seq > ?`} {
+		if _, err := db.Exec(q, end-2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	srv = startNoVM(t, s, dataDir)
+	c.srv = srv
+	running = true
+	o, e, code := cli("", "audit", "verify")
+	rep = report{}
+	if err := json.Unmarshal([]byte(o), &rep); err != nil || rep.OK || !strings.Contains(rep.Reason, "anchor") || rep.Anchor != anchor || code != 1 ||
+		!strings.Contains(e, "anchor") {
+		t.Errorf("audit verify of a log cut with its checkpoints: exit %d %v %+v\n%s%s", code, err, rep, o, e)
+	}
+	srv.stop(t)
+	running = false
+	copyFiles(t, saved, dataDir, keep)
+
+	// An entry edited in the database while the server is stopped: verify
+	// names it, prints the report and exits 1.
+	db, err = sql.Open("sqlite", filepath.Join(dataDir, "harebox.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +332,7 @@ func TestCLIAudit(t *testing.T) {
 	srv = startNoVM(t, s, dataDir)
 	c.srv = srv
 	running = true
-	o, e, code := cli("", "audit", "verify")
+	o, e, code = cli("", "audit", "verify")
 	rep = report{}
 	if err := json.Unmarshal([]byte(o), &rep); err != nil || rep.OK || rep.FirstBad != 2 || rep.Reason == "" {
 		t.Errorf("audit verify of an edited log: %v %+v\n%s", err, rep, o)
@@ -306,5 +344,24 @@ func TestCLIAudit(t *testing.T) {
 	o, _, code = cli("", "--output", "table", "audit", "verify")
 	if f := strings.Fields(strings.Split(o, "\n")[1]); code != 1 || len(f) < 4 || f[0] != "no" || f[3] != "2" {
 		t.Errorf("audit verify table of an edited log: exit %d\n%s", code, o)
+	}
+}
+
+// copyFiles copies the named files that exist from one directory to
+// another (a file missing in from is removed from to).
+func copyFiles(t *testing.T, from, to string, names []string) {
+	t.Helper()
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(from, n))
+		if os.IsNotExist(err) {
+			os.Remove(filepath.Join(to, n))
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, n), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
