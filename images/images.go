@@ -11,8 +11,9 @@
 // systemd, which then runs the agent as a service.
 //
 // Builds are cached: each image goes to OUT/<name>-<short input hash>/, where
-// the hash covers every input (agent, kernel, modules, busybox, suite, mirror,
-// packages, builder version). A build happens in a temporary directory that is
+// the hash covers every input by content, never by path (agent, kernel,
+// modules, busybox, suite, mirror, packages, builder version). GC removes
+// the builds nothing uses (gc.go). A build happens in a temporary directory that is
 // renamed into place only when complete, so a crashed build never looks done,
 // and a second Build with the same inputs just loads manifest.json.
 //
@@ -33,6 +34,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -320,7 +322,7 @@ func Build(ctx context.Context, o Options) (Image, error) {
 	}
 	final := filepath.Join(o.OutDir, o.Name+"-"+hash[:12])
 	if !o.Force {
-		if img, err := Load(final); err == nil && img.InputHash == hash {
+		if img, ok := cached(o.OutDir, final, hash); ok {
 			lg.step("cached: %s", final)
 			return img, nil
 		}
@@ -401,11 +403,17 @@ func Build(ctx context.Context, o Options) (Image, error) {
 		return Image{}, err
 	}
 
-	// Move into place. If an identical build finished meanwhile, use it
-	// (it may be in use already). Any other directory with that name is an
-	// incomplete or forced-over build: move it aside first, then drop it.
+	// Move into place, under the cache's shared lock (GC holds it
+	// exclusively while it picks and moves out unused builds). If an
+	// identical build finished meanwhile, use it (it may be in use
+	// already). Any other directory with that name is an incomplete or
+	// forced-over build: move it aside first, then drop it.
+	if unlock, err := lockCache(o.OutDir, syscall.LOCK_SH); err == nil {
+		defer unlock()
+	}
 	if img2, err := Load(final); err == nil && img2.InputHash == hash && !o.Force {
 		lg.step("an identical build finished first: %s", final)
+		touch(final)
 		return img2, nil
 	}
 	if _, err := os.Lstat(final); err == nil {
@@ -418,6 +426,7 @@ func Build(ctx context.Context, o Options) (Image, error) {
 	if err := os.Rename(tmp, final); err != nil {
 		// Lost a race with an identical concurrent build: use its result.
 		if img2, lerr := Load(final); lerr == nil && img2.InputHash == hash {
+			touch(final)
 			return img2, nil
 		}
 		return Image{}, err
@@ -426,6 +435,20 @@ func Build(ctx context.Context, o Options) (Image, error) {
 	syncDir(o.OutDir)
 	lg.step("done in %s: %s", time.Since(start).Round(100*time.Millisecond), final)
 	return img, nil
+}
+
+// cached returns the complete build in final if it has the input hash,
+// marked as just used (see GC), under the cache's shared lock.
+func cached(out, final, hash string) (Image, bool) {
+	if unlock, err := lockCache(out, syscall.LOCK_SH); err == nil {
+		defer unlock()
+	} // (else a cache GC cannot write to either)
+	img, err := Load(final)
+	if err != nil || img.InputHash != hash {
+		return Image{}, false
+	}
+	touch(final)
+	return img, true
 }
 
 // Load reads the image manifest in dir. Paths in the result point into dir.
@@ -464,7 +487,10 @@ func Load(dir string) (Image, error) {
 	return img, nil
 }
 
-// inputHash hashes everything the image is made of.
+// inputHash hashes everything the image is made of, by content: no path
+// is an input (the agent, kernel, modules, busybox or keyring at another
+// place, or another OutDir, is the same image), so one agent built in two
+// checkouts shares one build.
 func inputHash(ctx context.Context, o *Options, kver, kernel string, mods []module) (string, error) {
 	h := sha256.New()
 	field := func(k string, v ...string) {
@@ -483,7 +509,7 @@ func inputHash(ctx context.Context, o *Options, kver, kernel string, mods []modu
 		if _, err := io.Copy(fh, f); err != nil {
 			return fmt.Errorf("images: %s: %w", k, err)
 		}
-		field(k, path, hex.EncodeToString(fh.Sum(nil)))
+		field(k, hex.EncodeToString(fh.Sum(nil)))
 		return nil
 	}
 	field("builder", BuilderVersion)
@@ -503,6 +529,9 @@ func inputHash(ctx context.Context, o *Options, kver, kernel string, mods []modu
 	}
 	field("modules_requested", o.Modules...)
 	for _, m := range mods {
+		// Its place in the guest (relative to the kernel's modules
+		// directory) and its bytes; not where the host keeps it.
+		field("module_path", m.rel)
 		if err := file("module", m.hostPath); err != nil {
 			return "", err
 		}
@@ -518,7 +547,15 @@ func inputHash(ctx context.Context, o *Options, kver, kernel string, mods []modu
 		field("mirror", o.Mirror)
 		field("components", o.Components...)
 		field("packages", o.Packages...)
-		field("script", o.Script)
+		// A script by name is debootstrap's own (as the suite's is); one
+		// given by path counts by its bytes.
+		if strings.Contains(o.Script, "/") {
+			if err := file("script", o.Script); err != nil {
+				return "", err
+			}
+		} else {
+			field("script", o.Script)
+		}
 		field("headroom", fmt.Sprint(o.Headroom))
 		if o.Keyring != "" {
 			if err := file("keyring", o.Keyring); err != nil {

@@ -108,14 +108,18 @@ func debootstrap(ctx context.Context, lg *logger, o *Options, root string) error
 	}
 	args = append(args, o.Suite, root, o.Mirror)
 	if o.Script != "" {
-		s := o.Script
-		if !strings.Contains(s, "/") {
-			s = filepath.Join(debootstrapScripts, s)
-		}
-		args = append(args, s)
+		args = append(args, scriptPath(o.Script))
 	}
 	lg.step("debootstrap %s", strings.Join(args, " "))
 	return run(ctx, lg, "debootstrap: ", bin, args...)
+}
+
+// scriptPath is the file of a debootstrap script given by name or path.
+func scriptPath(s string) string {
+	if !strings.Contains(s, "/") {
+		return filepath.Join(debootstrapScripts, s)
+	}
+	return s
 }
 
 // run runs a command in its own process group (killed whole on cancel),
