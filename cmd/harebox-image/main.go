@@ -6,13 +6,20 @@
 //	    [--suite bookworm --mirror URL --components main --kernel-version VER]
 //	harebox-image build --name myimg --from oci:DIR|oci-archive:FILE|docker-archive:FILE|registry:REF \
 //	    --agent PATH --out DIR
+//	harebox-image gc --out DIR [--dry-run] [--in-use DIR,...]
 //
-// A build with the same inputs as an earlier one returns the cached image.
+// A build with the same inputs as an earlier one returns the cached image;
+// the inputs count by content, not by path. gc removes the builds in DIR
+// that nothing uses and prints what it removed and kept as JSON: it keeps
+// the newest build of each name, those an engine (hareboxd) using DIR
+// lists in DIR/.refs/ or --in-use names, and any built, used or superseded
+// lately (see package images, GC).
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -27,13 +34,14 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] != "build" {
-		fmt.Fprintln(os.Stderr, "usage: harebox-image build --name minimal|default --agent PATH --out DIR [flags]\n       harebox-image build -h for the flags")
+	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{"build": build, "gc": gc}
+	if len(os.Args) < 2 || cmds[os.Args[1]] == nil {
+		fmt.Fprintln(os.Stderr, "usage: harebox-image build --name minimal|default --agent PATH --out DIR [flags]\n       harebox-image gc --out DIR [--dry-run]\n       harebox-image build|gc -h for the flags")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := build(ctx, os.Args[2:], os.Stdout, os.Stderr); err != nil {
+	if err := cmds[os.Args[1]](ctx, os.Args[2:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "harebox-image:", err)
 		os.Exit(1)
 	}
@@ -95,6 +103,38 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(img)
+}
+
+// gc is "harebox-image gc": images.GC on --out, its report on stdout.
+func gc(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("harebox-image gc", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o images.GCOptions
+	var out, inUse string
+	fs.StringVar(&out, "out", "", "the cache directory (required): what harebox-image build --out and hareboxd --image-dir name")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "say what would be removed, remove nothing")
+	fs.StringVar(&inUse, "in-use", "", "comma-separated builds to keep besides those the engines' reference files name")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if out == "" {
+		return errors.New("--out is required")
+	}
+	for _, d := range strings.Split(inUse, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			o.InUse = append(o.InUse, d)
+		}
+	}
+	r, err := images.GC(ctx, out, o)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
 }
 
 func isTerminal(w io.Writer) bool {
