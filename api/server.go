@@ -29,6 +29,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -445,26 +446,9 @@ func toAPIError(err error) apiError {
 			msg = se.Msg
 		}
 	}
-	for _, m := range []struct {
-		kind   error
-		status int
-		code   string
-	}{
-		{sandbox.ErrInvalid, http.StatusBadRequest, "invalid"},
-		{sandbox.ErrNotFound, http.StatusNotFound, "not_found"},
-		{sandbox.ErrState, http.StatusConflict, "conflict"},
-		{sandbox.ErrExists, http.StatusConflict, "conflict"},
-		{sandbox.ErrTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
-		{sandbox.ErrCapacity, http.StatusServiceUnavailable, "over_capacity"},
-		{sandbox.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
-		{sandbox.ErrTimeout, http.StatusGatewayTimeout, "timeout"},
-		{sandbox.ErrUnauthenticated, http.StatusUnauthorized, "unauthorized"},
-		{sandbox.ErrForbidden, http.StatusForbidden, "forbidden"},
-		{sandbox.ErrRateLimited, http.StatusTooManyRequests, "rate_limited"},
-		{sandbox.ErrBudget, http.StatusPaymentRequired, "budget_exceeded"},
-	} {
-		if errors.Is(err, m.kind) {
-			ae := apiError{status: m.status, code: m.code, msg: msg, field: field}
+	for _, k := range model.Kinds {
+		if errors.Is(err, k.Kind) {
+			ae := apiError{status: k.Status, code: k.Code, msg: msg, field: field}
 			if se != nil {
 				ae.retryAfter = se.RetryAfter
 			}
@@ -474,7 +458,7 @@ func toAPIError(err error) apiError {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return apiError{status: http.StatusGatewayTimeout, code: "timeout", msg: err.Error()}
 	}
-	return apiError{status: http.StatusInternalServerError, code: "internal", msg: "internal error (see the server's log)"}
+	return apiError{status: http.StatusInternalServerError, code: model.CodeInternal, msg: "internal error (see the server's log)"}
 }
 
 func writeError(w http.ResponseWriter, e apiError) {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -42,6 +43,14 @@ func (e *Error) Error() string {
 		return e.Message + " (field " + e.Field + ")"
 	}
 	return e.Message
+}
+
+// Is matches the error kinds of package model by the server's code, so a
+// Go client checks an answer as the engine does:
+// errors.Is(err, model.ErrNotFound). (ErrState and ErrExists share the
+// code "conflict": either matches a conflict.)
+func (e *Error) Is(target error) bool {
+	return target != nil && model.Code(target) == e.Code && e.Code != model.CodeInternal
 }
 
 // Client talks to one HareBox server.

@@ -1,74 +1,31 @@
 package sandbox
 
-import (
-	"errors"
-	"fmt"
-	"time"
-)
+import "github.com/harebox/harebox/model"
 
-// Error kinds the engine returns; check with errors.Is. The REST server maps
-// each to one HTTP status.
+// The error kinds, from the one vocabulary (package model); check with
+// errors.Is. These names remain for the engine's callers.
 var (
-	ErrInvalid     = errors.New("invalid")        // 400
-	ErrNotFound    = errors.New("not found")      // 404
-	ErrState       = errors.New("invalid state")  // 409
-	ErrExists      = errors.New("already exists") // 409
-	ErrCapacity    = errors.New("over capacity")  // 503 (or 429)
-	ErrTooLarge    = errors.New("too large")      // 413
-	ErrUnavailable = errors.New("unavailable")    // 503
-	ErrTimeout     = errors.New("timed out")      // 504
-	// ErrUnauthenticated: no valid credential (a missing, wrong, expired
-	// or revoked key).
-	ErrUnauthenticated = errors.New("unauthenticated") // 401
-	// ErrForbidden: the caller's key does not allow the action. An object
-	// the key may not see is ErrNotFound instead, so a denial never
-	// confirms that it exists.
-	ErrForbidden = errors.New("forbidden") // 403
-	// ErrRateLimited: the key's request rate is spent; RetryAfter says
-	// when to try again.
-	ErrRateLimited = errors.New("rate limited") // 429
-	// ErrBudget: a budget that covers the request has no room for it.
-	ErrBudget = errors.New("budget exceeded") // 402
+	ErrInvalid         = model.ErrInvalid
+	ErrNotFound        = model.ErrNotFound
+	ErrState           = model.ErrState
+	ErrExists          = model.ErrExists
+	ErrCapacity        = model.ErrCapacity
+	ErrTooLarge        = model.ErrTooLarge
+	ErrUnavailable     = model.ErrUnavailable
+	ErrTimeout         = model.ErrTimeout
+	ErrUnauthenticated = model.ErrUnauthenticated
+	ErrForbidden       = model.ErrForbidden
+	ErrRateLimited     = model.ErrRateLimited
+	ErrBudget          = model.ErrBudget
 )
 
-// Error is an engine error: a kind, the request field at fault (if any,
-// as a JSON path such as "size.vcpus") and a message for people.
-type Error struct {
-	Kind  error
-	Field string
-	Msg   string
-	Err   error // the underlying cause, if any
-	// RetryAfter, for ErrRateLimited, is how long to wait.
-	RetryAfter time.Duration
-}
-
-func (e *Error) Error() string {
-	msg := e.Msg
-	if e.Field != "" {
-		msg = e.Field + ": " + msg
-	}
-	if e.Err != nil {
-		msg += ": " + e.Err.Error()
-	}
-	return msg
-}
-
-// Is matches the kind.
-func (e *Error) Is(target error) bool { return target == e.Kind }
-
-// Unwrap exposes the cause.
-func (e *Error) Unwrap() error { return e.Err }
+// Error is an error of a kind (model.Error).
+type Error = model.Error
 
 // Errorf builds an *Error of kind for field.
 func Errorf(kind error, field, format string, args ...any) error {
-	return &Error{Kind: kind, Field: field, Msg: fmt.Sprintf(format, args...)}
+	return model.Errorf(kind, field, format, args...)
 }
 
 // FieldOf returns the field an error names, or "".
-func FieldOf(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Field
-	}
-	return ""
-}
+func FieldOf(err error) string { return model.FieldOf(err) }
