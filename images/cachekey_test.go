@@ -159,9 +159,13 @@ func TestGCBuilds(t *testing.T) {
 	if len(r.Removed) != 0 || !exists(a.Dir) {
 		t.Fatalf("a build a cache hit just used was removed: %+v", r)
 	}
-	// After the grace: removed, b (the newest) kept, and it still loads.
+	// After the grace: removed, b (the newest) kept, and it still loads;
+	// only once told that no engine uses the cache (none wrote there).
 	later := func() time.Time { return time.Now().Add(GCGrace + time.Minute) }
-	if r, err = GC(ctx, out, GCOptions{Now: later}); err != nil {
+	if _, err = GC(ctx, out, GCOptions{Now: later}); err == nil || !exists(a.Dir) {
+		t.Fatalf("GC removed builds where no engine wrote its references: %v", err)
+	}
+	if r, err = GC(ctx, out, GCOptions{Now: later, NoEngine: true}); err != nil {
 		t.Fatal(err)
 	}
 	if len(r.Removed) != 1 || r.Removed[0].Dir != a.Dir || exists(a.Dir) || r.FreedBytes < 1<<20 {

@@ -110,6 +110,11 @@ type GCOptions struct {
 	InUse []string
 	// DryRun reports what GC would remove, and removes nothing.
 	DryRun bool
+	// NoEngine says no engine uses the cache. Without it GC removes no
+	// build from a cache where no engine ever wrote its references: an
+	// engine of before reference files (or one that never ran since) may
+	// have sandboxes on any build.
+	NoEngine bool
 	// Grace is GCGrace by default.
 	Grace time.Duration
 	// Now is time.Now by default.
@@ -207,6 +212,13 @@ func GC(ctx context.Context, dir string, o GCOptions) (GCReport, error) {
 		return GCReport{}, err
 	}
 	reasons := plan(builds, inUse, r.Horizon)
+	if len(refs) == 0 && !o.NoEngine && !o.DryRun {
+		for _, why := range reasons {
+			if why == ReasonUnused {
+				return GCReport{}, fmt.Errorf("images: gc: no engine wrote its references in %s (hareboxd does while it runs, in %s): start hareboxd once, or say that no engine uses this cache", dir, RefsDir)
+			}
+		}
+	}
 
 	var doomed []string // moved aside, to remove once unlocked
 	drop := func(b GCBuild) error {

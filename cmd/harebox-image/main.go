@@ -6,14 +6,15 @@
 //	    [--suite bookworm --mirror URL --components main --kernel-version VER]
 //	harebox-image build --name myimg --from oci:DIR|oci-archive:FILE|docker-archive:FILE|registry:REF \
 //	    --agent PATH --out DIR
-//	harebox-image gc --out DIR [--dry-run] [--in-use DIR,...]
+//	harebox-image gc --out DIR [--dry-run] [--in-use DIR,...] [--no-engine]
 //
 // A build with the same inputs as an earlier one returns the cached image;
 // the inputs count by content, not by path. gc removes the builds in DIR
 // that nothing uses and prints what it removed and kept as JSON: it keeps
 // the newest build of each name, those an engine (hareboxd) using DIR
 // lists in DIR/.refs/ or --in-use names, and any built, used or superseded
-// lately (see package images, GC).
+// lately (see package images, GC). In a cache no engine ever wrote its
+// references to it removes no build unless --no-engine says none uses it.
 package main
 
 import (
@@ -114,6 +115,7 @@ func gc(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&out, "out", "", "the cache directory (required): what harebox-image build --out and hareboxd --image-dir name")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "say what would be removed, remove nothing")
 	fs.StringVar(&inUse, "in-use", "", "comma-separated builds to keep besides those the engines' reference files name")
+	fs.BoolVar(&o.NoEngine, "no-engine", false, "no hareboxd uses this cache: remove builds even though no engine wrote its references in DIR/.refs")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -59,7 +59,12 @@ func TestGCCommand(t *testing.T) {
 	if _, err := os.Stat(a); err != nil {
 		t.Fatalf("the dry run removed %s", a)
 	}
-	r = run("--out", out, "--in-use", kept)
+	// No engine wrote its references there: removes nothing unless told
+	// that none uses the cache.
+	if err := gc(context.Background(), []string{"--out", out}, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
+		t.Fatal("gc removed builds from a cache no engine wrote its references to")
+	}
+	r = run("--out", out, "--in-use", kept, "--no-engine")
 	if len(r.Removed) != 1 || r.Removed[0].Dir != a {
 		t.Fatalf("gc: %+v", r)
 	}
