@@ -64,9 +64,13 @@ test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 test: deps vet lint-openapi
 	@# e2e first: it is the longest package, and go test starts packages in
 	@# the order given, two at a time on two cores.
-	$(GO) test -timeout 24m -count=1 ./e2e/ . ./...
+	@# testlog prints what go test would (results, failures' output) and
+	@# keeps each test's time: the run ends with the 10 slowest tests.
+	@mkdir -p $(CACHE) && rm -f $(CACHE)/test-times.tsv && $(GO) build -o $(BIN)/testlog ./internal/cmd/testlog
+	set -o pipefail; $(GO) test -json -timeout 24m -count=1 ./e2e/ . ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv
 	@# The engine's concurrency tests again, several times, under the race detector.
-	CGO_ENABLED=1 $(GO) test -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' .
+	set -o pipefail; CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
+		$(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10
 
 # Each fuzz target for a short while (go test -fuzz takes one target at a time).
 fuzz:
