@@ -79,8 +79,11 @@ type Log struct {
 	seq      int64
 	last     string
 	unsigned int
-	timer    *time.Timer // the time-bound checkpoint, while one is due
-	closed   bool
+	// tmu guards the time-bound checkpoint (taken after mu, never
+	// before: RecordIn arms it inside a transaction, without mu).
+	tmu    sync.Mutex
+	timer  *time.Timer // while a checkpoint is due
+	closed bool
 	// changed is closed (and replaced) at every append, for followers.
 	changed chan struct{}
 }
@@ -235,7 +238,11 @@ func (l *Log) RecordIn(ctx context.Context, tx store.Tx, action, accountID, targ
 	if l == nil {
 		return nil
 	}
-	return appendIn(ctx, tx, entry(ctx, action, accountID, target, err))
+	if err := appendIn(ctx, tx, entry(ctx, action, accountID, target, err)); err != nil {
+		return err
+	}
+	l.arm() // (the checkpoint finds the entry in the database, if it commits)
+	return nil
 }
 
 // entry is what the principal in ctx did: action on target, ending with
@@ -356,22 +363,47 @@ func (l *Log) append(ctx context.Context, e *Entry) error {
 	l.seq, l.last = e.Seq, e.Hash
 	l.wake()
 	if l.unsigned++; l.unsigned >= CheckpointEvery {
-		return l.checkpoint(ctx)
+		// The entry is in; a checkpoint that fails is tried again at
+		// the next append.
+		if err := l.checkpoint(ctx); err != nil {
+			l.log.Error("audit: cannot sign the last entries", "err", err)
+		}
+		return nil
 	}
+	l.arm()
+	return nil
+}
+
+// arm makes a checkpoint due in the interval, unless one is already.
+func (l *Log) arm() {
+	l.tmu.Lock()
+	defer l.tmu.Unlock()
 	if l.timer == nil && !l.closed {
 		l.timer = time.AfterFunc(l.interval, l.due)
 	}
-	return nil
+}
+
+// disarm stops the due checkpoint (one was just made).
+func (l *Log) disarm() {
+	l.tmu.Lock()
+	defer l.tmu.Unlock()
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
 }
 
 // due makes the checkpoint an entry waited for for the interval.
 func (l *Log) due() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.tmu.Lock()
 	l.timer = nil
-	if l.closed {
+	closed := l.closed
+	l.tmu.Unlock()
+	if closed {
 		return
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if err := l.checkpoint(context.Background()); err != nil {
 		l.log.Error("audit: cannot sign the last entries", "err", err)
 	}
@@ -388,19 +420,19 @@ func (l *Log) Checkpoint(ctx context.Context) error {
 // (entries appended later wait for the next Open's log to sign them). It
 // leaves the store and the anchor open: they are the caller's.
 func (l *Log) Close(ctx context.Context) error {
+	l.tmu.Lock()
+	l.closed = true
+	l.tmu.Unlock()
+	l.disarm()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.closed = true
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
 	return l.checkpoint(ctx)
 }
 
 // checkpoint signs the newest entry, in the database and in the anchor.
 // If the anchor fails, the next append (or due time) signs again.
 func (l *Log) checkpoint(ctx context.Context) error {
+	l.advance(ctx)
 	if l.seq == 0 || l.unsigned == 0 {
 		return nil
 	}
@@ -413,11 +445,34 @@ func (l *Log) checkpoint(ctx context.Context) error {
 		return fmt.Errorf("audit: anchor checkpoint %d: %w", c.Seq, err)
 	}
 	l.unsigned = 0
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
+	l.disarm()
 	return nil
+}
+
+// advance moves the end this log signs to the database's, over the
+// entries appended since that it did not append itself (RecordIn's, and
+// other hosts'), as far as they chain from the end it knows: a tail
+// rewritten in the database meanwhile is not signed.
+func (l *Log) advance(ctx context.Context) {
+	for {
+		page, err := l.db.ListAudit(ctx, store.AuditFilter{After: l.seq, Limit: 1000})
+		if err != nil {
+			l.log.Error("audit: cannot read the log's end", "err", err)
+			return
+		}
+		for _, e := range page {
+			if e.Seq != l.seq+1 || e.Prev != l.last || len(e.Mismatch) > 0 || Hash(e) != e.Hash {
+				l.log.Error("audit: the log's end does not chain from the last entry this host knows: not signed (run harebox audit verify)",
+					"seq", e.Seq, "known", l.seq)
+				return
+			}
+			l.seq, l.last = e.Seq, e.Hash
+			l.unsigned++
+		}
+		if len(page) < 1000 {
+			return
+		}
+	}
 }
 
 func checkpointMsg(seq int64, hash string) []byte {

@@ -96,3 +96,56 @@ func TestRecordPlaceholder(t *testing.T) {
 		t.Fatalf("%+v %v", es, err)
 	}
 }
+
+// An entry appended in the caller's transaction (RecordIn) is signed like
+// any other: within the interval, and at close, in the database and in
+// the anchor. (The log learns of it from the database, as far as it
+// chains from the end the log knows.)
+func TestCheckpointCoversRecordIn(t *testing.T) {
+	dir := t.TempDir()
+	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
+	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "h.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	a, err := audit.OpenFileAnchor(filepath.Join(dir, "audit.anchor"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	l, err := audit.Open(ctx, db, audit.Options{KeyFile: filepath.Join(dir, "audit.key"), Anchor: a, Interval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := func() {
+		t.Helper()
+		if err := db.Update(ctx, func(tx store.Tx) error { return l.RecordIn(ctx, tx, "createSandbox", "acc_a", "sbx_a", nil) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	anchored := func() int64 {
+		cps, err := a.Checkpoints(ctx)
+		if err != nil || len(cps) == 0 {
+			return 0
+		}
+		return cps[len(cps)-1].Seq
+	}
+	in()
+	for deadline := time.Now().Add(5 * time.Second); anchored() != 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("entry 1 (RecordIn) not anchored within the interval: %d", anchored())
+		}
+	}
+	l.Record(ctx, "exec", "", "sbx_a", nil)
+	in()
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := anchored(); got != 3 {
+		t.Fatalf("anchored at close: %d, want 3", got)
+	}
+	if r, err := l.Verify(ctx); err != nil || !r.OK || r.Anchored != 3 || r.Unanchored != 0 || r.Checkpoints != 2 {
+		t.Fatalf("verify: %+v %v", r, err)
+	}
+}
