@@ -286,6 +286,11 @@ func run(args []string, instead func(settings) error) error {
 	if c, ok := anchor.(io.Closer); ok {
 		defer c.Close() // after the engine, which signs into it as it closes
 	}
+	if anchor == audit.None {
+		log.Warn("audit checkpoints are kept in the database only (--audit-anchor none): a tail cut with its checkpoints does not show")
+	} else {
+		log.Info("audit checkpoints also kept outside the database", "anchor", anchor.String())
+	}
 	eng, err := harebox.New(ctx, harebox.Options{
 		DefaultFirewall: fw,
 		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
