@@ -348,6 +348,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.wg.Add(1)
 	go e.reapExpired()
+	e.wg.Add(1)
+	go e.imageRefsLoop()
 	if opts.MeterInterval > 0 {
 		e.wg.Add(1)
 		go e.meterLoop(opts.MeterInterval)

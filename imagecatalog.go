@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/images"
@@ -145,4 +146,109 @@ func (e *Engine) DeleteImage(ctx context.Context, name string) (err error) {
 		}
 	}
 	return nil
+}
+
+// imageRefsInterval is how often the engine writes which image builds it
+// uses into their cache directories (images.WriteRefs), for a GC run on
+// its own (harebox-image gc). Between two writes the engine can only
+// start using the newest build of a name, which GC keeps anyway.
+const imageRefsInterval = time.Minute
+
+// imageRefsLoop writes the engine's image references at start and every
+// imageRefsInterval until Close.
+func (e *Engine) imageRefsLoop() {
+	defer e.wg.Done()
+	t := time.NewTicker(imageRefsInterval)
+	defer t.Stop()
+	for {
+		if err := e.writeImageRefs(e.ctx); err != nil && e.ctx.Err() == nil {
+			e.log.Warn("image references: cannot write them; harebox-image gc may keep builds no one uses, or refuse", "err", err)
+		}
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// writeImageRefs writes the builds in use (imagesInUse) into ImageDir's
+// references, and into those of every other directory holding one of
+// them, under the engine's data directory as owner.
+func (e *Engine) writeImageRefs(ctx context.Context) error {
+	now := time.Now() // (before reading: what starts to be used after is the newest)
+	dirs, err := e.imagesInUse(ctx)
+	if err != nil {
+		return err
+	}
+	caches := map[string]bool{e.opts.ImageDir: true}
+	for _, d := range dirs {
+		caches[filepath.Dir(d)] = true
+	}
+	var errs []error
+	for c := range caches {
+		if fi, err := os.Stat(c); err != nil || !fi.IsDir() {
+			continue // (another host's, or gone)
+		}
+		if err := images.WriteRefs(c, e.opts.DataDir, dirs, now); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// imagesInUse lists the image builds the engine uses: Options.Images',
+// those under the sandboxes not deleted and under the snapshots (of every
+// host sharing the store: a path of another host's may be the same
+// here, which only keeps more), and those of its golden snapshots and
+// pool members.
+func (e *Engine) imagesInUse(ctx context.Context) ([]string, error) {
+	set := map[string]bool{}
+	for _, img := range e.opts.Images {
+		set[img.Dir] = true
+	}
+	boxes, err := e.store.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range boxes {
+		if b.State != sandbox.StateDeleted {
+			set[b.ImageDir] = true
+		}
+	}
+	snaps, err := e.store.ListSnapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range snaps {
+		set[s.ImageDir] = true
+	}
+	e.mu.Lock()
+	for id := range e.goldens {
+		set[goldenImageDir(id)] = true
+	}
+	for _, ms := range e.pool {
+		for _, m := range ms {
+			set[m.img.Dir] = true
+		}
+	}
+	e.mu.Unlock()
+	delete(set, "")
+	out := make([]string, 0, len(set))
+	for d := range set {
+		out = append(out, d)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// goldenImageDir is the image build of a golden snapshot's ID (goldenID:
+// the build's directory, then three numbers).
+func goldenImageDir(id string) string {
+	for range 3 {
+		if i := strings.LastIndexByte(id, '|'); i >= 0 {
+			id = id[:i]
+		}
+	}
+	return id
 }
