@@ -397,13 +397,17 @@ func (l *Log) disarm() {
 func (l *Log) due() {
 	l.tmu.Lock()
 	l.timer = nil
+	l.tmu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// (Looked at once mu is held: Close may have signed, and the store
+	// closed, while this waited.)
+	l.tmu.Lock()
 	closed := l.closed
 	l.tmu.Unlock()
 	if closed {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	if err := l.checkpoint(context.Background()); err != nil {
 		l.log.Error("audit: cannot sign the last entries", "err", err)
 	}

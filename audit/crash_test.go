@@ -23,8 +23,9 @@ import (
 // kills: it appends to the log in that directory, says "ready", and waits.
 const crashDirEnv = "HAREBOX_AUDIT_CRASH_DIR"
 
-// The time bound of the checkpoints in the killed process.
-const crashInterval = 200 * time.Millisecond
+// The time bound of the checkpoints in the killed process: longer than
+// its first appends take, shorter than the test's patience.
+const crashInterval = 2 * time.Second
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(crashDirEnv); dir != "" {
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 
 // crashChild appends CheckpointEvery+10 entries (a checkpoint by count),
 // waits for the time bound to sign the 10 more, and appends 3 that no
-// checkpoint covers when it is killed.
+// checkpoint covers when it is killed (well before the time bound).
 func crashChild(dir string) error {
 	ctx := context.Background()
 	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "h.db"))
@@ -59,7 +60,19 @@ func crashChild(dir string) error {
 	for i := range audit.CheckpointEvery + 10 {
 		l.Record(op, "createProject", "", fmt.Sprintf("prj_%d", i), nil)
 	}
-	time.Sleep(5 * crashInterval)
+	// The time bound signs the 10 past the count's checkpoint.
+	for deadline := time.Now().Add(5 * crashInterval); ; time.Sleep(20 * time.Millisecond) {
+		cps, err := a.Checkpoints(ctx)
+		if err != nil {
+			return err
+		}
+		if n := len(cps); n > 0 && cps[n-1].Seq == audit.CheckpointEvery+10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no checkpoint of entry %d within %v: %d lines", audit.CheckpointEvery+10, 5*crashInterval, len(cps))
+		}
+	}
 	for i := range 3 {
 		l.Record(op, "deleteProject", "", fmt.Sprintf("prj_%d", i), nil)
 	}
