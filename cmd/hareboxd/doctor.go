@@ -89,6 +89,9 @@ func doctor(w io.Writer, s settings) error {
 	}
 	names, err := imageNames(imageDir)
 	line("images", err, strings.Join(names, ", ")+" in "+imageDir, true)
+	if fi, err := os.Stat(imageDir); err == nil && fi.IsDir() {
+		imageCache(ctx, w, imageDir)
+	}
 
 	// The host firewall and the sandboxes' links (--network linux).
 	if s.network == "linux" {
@@ -131,6 +134,43 @@ func checkDataDir(dir string) error {
 		return fmt.Errorf("%s is not writable: %v", d, err)
 	}
 	return nil
+}
+
+// imageCache reports what the image cache's builds take on disk, by
+// name, and which of them harebox-image gc would remove (a dry run).
+func imageCache(ctx context.Context, w io.Writer, dir string) {
+	r, err := images.GC(ctx, dir, images.GCOptions{DryRun: true})
+	if err != nil {
+		fmt.Fprintf(w, "image-cache: cannot run: %v\n", err)
+		return
+	}
+	var builds, unused int
+	for _, u := range r.ByName() {
+		builds += u.Builds
+		unused += u.Unused
+		name := u.Name
+		if name == "" {
+			name = "(left by crashed builds)"
+		}
+		fmt.Fprintf(w, "image-cache: %s: builds %d, %s; unused %d, %s reclaimable\n",
+			name, u.Builds, gib(u.Bytes), u.Unused, gib(u.ReclaimableBytes))
+	}
+	msg := fmt.Sprintf("builds %d, %s in %s; unused %d, %s reclaimable", builds, gib(r.KeptBytes+r.FreedBytes), dir, unused, gib(r.FreedBytes))
+	if unused > 0 {
+		msg += ": harebox-image gc --out " + dir
+		if len(r.References) == 0 {
+			msg += " --no-engine (no hareboxd wrote which builds it uses here: with none using them)"
+		}
+	}
+	fmt.Fprintf(w, "image-cache: ok: %s\n", msg)
+}
+
+// gib is n bytes in GiB with one decimal, or in MiB (rounded) below one GiB.
+func gib(n int64) string {
+	if n < 1<<30 {
+		return fmt.Sprintf("%d MiB", (n+1<<19)>>20)
+	}
+	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 }
 
 // imageNames lists the images built into dir.
