@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -236,5 +237,47 @@ func TestGCCache(t *testing.T) {
 	}
 	if _, err := GC(ctx, out, GCOptions{}); err == nil || !strings.Contains(err.Error(), "bad.json") {
 		t.Errorf("GC with an unreadable reference file: %v", err)
+	}
+}
+
+// TestGCLockHoldsCacheHits: while GC holds the cache's lock (picking and
+// moving builds aside), a build's cache look-up waits, and the build it
+// then finds is marked used, so the next GC keeps it.
+func TestGCLockHoldsCacheHits(t *testing.T) {
+	out := t.TempDir()
+	old := time.Now().Add(-72 * time.Hour)
+	a := fakeBuild(t, out, "minimal", "1", old, 4096)
+	fakeBuild(t, out, "minimal", "2", old.Add(time.Hour), 4096) // a is superseded
+	img, err := Load(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := lockCache(out, syscall.LOCK_EX)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := make(chan bool)
+	go func() {
+		_, ok := cached(out, a, img.InputHash)
+		found <- ok
+	}()
+	select {
+	case <-found:
+		t.Fatal("a cache look-up went ahead while GC held the lock")
+	case <-time.After(200 * time.Millisecond):
+	}
+	unlock()
+	if !<-found {
+		t.Fatal("the cached build was not found")
+	}
+	if err := WriteRefs(out, t.TempDir(), nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := GC(context.Background(), out, GCOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Removed) != 0 || !exists(a) {
+		t.Errorf("GC removed the build a cache hit just returned: %+v", r)
 	}
 }
