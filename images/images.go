@@ -677,7 +677,7 @@ func cleanStale(out string, lg *logger) {
 			continue
 		}
 		fi, err := e.Info()
-		if err != nil || time.Since(fi.ModTime()) < 24*time.Hour {
+		if err != nil || time.Since(fi.ModTime()) < staleLeftover {
 			continue
 		}
 		if err := safeRemoveAll(filepath.Join(out, e.Name())); err != nil {
