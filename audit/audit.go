@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -326,23 +327,7 @@ func (l *Log) RecordEvent(principal, accountID, action, target string) {
 
 // kindOf names an error's kind, never its message (which may quote
 // request data).
-func kindOf(err error) string {
-	for _, k := range []struct {
-		err  error
-		name string
-	}{
-		{sandbox.ErrInvalid, "invalid"}, {sandbox.ErrNotFound, "not_found"}, {sandbox.ErrState, "conflict"},
-		{sandbox.ErrExists, "conflict"}, {sandbox.ErrCapacity, "over_capacity"}, {sandbox.ErrTooLarge, "too_large"},
-		{sandbox.ErrUnavailable, "unavailable"}, {sandbox.ErrTimeout, "timeout"}, {sandbox.ErrForbidden, "forbidden"},
-		{sandbox.ErrRateLimited, "rate_limited"}, {sandbox.ErrUnauthenticated, "unauthorized"},
-		{sandbox.ErrBudget, "budget_exceeded"},
-	} {
-		if errors.Is(err, k.err) {
-			return k.name
-		}
-	}
-	return "internal"
-}
+func kindOf(err error) string { return model.Code(err) }
 
 func (l *Log) append(ctx context.Context, e *Entry) error {
 	l.mu.Lock()
