@@ -194,6 +194,10 @@ type Engine struct {
 	audit   *audit.Log
 	urls    *ingress.Service
 	hosts   *cluster.Registry
+
+	// urlCalls answer the calls on urls, for a principal.
+	urlCalls *ingress.Calls
+
 	// shared: other hosts share the store (see elsewhere).
 	shared bool
 	// defaultAcc is where the operator's sandboxes go when no account is
@@ -288,6 +292,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	e.urlCalls = ingress.NewCalls(e.urls, urlSandboxes{e}, e.tenants, al)
 	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
 	e.budgets.Audit = al
 	e.budgets.Billing = opts.Billing

@@ -188,13 +188,19 @@ func (e *Engine) placeDefault(ctx context.Context, rec *store.Sandbox) error {
 // audited records, when a call ends, what the principal in ctx did to
 // sandbox id (and how it ended) in the audit log.
 func (e *Engine) audited(ctx context.Context, action, id string, err *error) {
-	acc := ""
+	e.audit.Record(ctx, action, e.accountOf(ctx, id), id, *err)
+}
+
+// accountOf is the account of sandbox id for its audit entries ("" when
+// there is no such sandbox).
+func (e *Engine) accountOf(ctx context.Context, id string) string {
 	if b := e.live(id); b != nil {
-		acc = b.rec.AccountID
-	} else if rec, rerr := e.store.GetSandbox(ctx, id); rerr == nil && sandbox.ValidID(id) {
-		acc = rec.AccountID
+		return b.rec.AccountID
 	}
-	e.audit.Record(ctx, action, acc, id, *err)
+	if rec, err := e.store.GetSandbox(ctx, id); err == nil && sandbox.ValidID(id) {
+		return rec.AccountID
+	}
+	return ""
 }
 
 // Audit is the engine's audit log.

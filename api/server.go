@@ -29,6 +29,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -121,6 +122,8 @@ type Authenticator interface {
 type Server struct {
 	opts Options
 	eng  *harebox.Engine
+	// urls answers the URL and URL CA calls (the engine's ingress.Calls).
+	urls *ingress.Calls
 	// The last readiness answer (readiness).
 	readyMu     sync.Mutex
 	readyAt     time.Time
@@ -257,7 +260,8 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine)}
+	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine),
+		urls: opts.Engine.URLCalls()}
 	if opts.Cluster != nil {
 		s.fwd = cluster.NewForwarder(opts.Engine.HostName(), opts.Cluster, func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("cannot forward a request to its host", "path", r.URL.Path, "err", err)
