@@ -296,7 +296,9 @@ func TestCrashGoldenPoolChild(t *testing.T) {
 // a VMM left running in a golden snapshot's machine directory, and the
 // VMM of a pool member or sandbox directory without a record; it leaves
 // alone a VMM that only names the golden snapshot (a sandbox restored from
-// it names its disk) and a process there that is no VMM. The "VMMs" are
+// it names its disk) and a process there that is no VMM. A snapshot's
+// staging tmpfs left mounted in those directories is unmounted (as root)
+// and the directories are removed. The "VMMs" are
 // shells under a VMM's name, so that the check is by name and command
 // line, as for a real one.
 func TestGoldenStrayStopped(t *testing.T) {
@@ -307,6 +309,24 @@ func TestGoldenStrayStopped(t *testing.T) {
 	member := filepath.Join(opts.DataDir, "m", sandbox.NewID())
 	for _, d := range []string{filepath.Join(golden, "m"), filepath.Join(golden, "snap"), member} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A backend's snapshot staging tmpfs a crash left mounted (Cloud
+	// Hypervisor's, holding plain guest memory), in each machine directory.
+	var stages []string
+	if os.Geteuid() == 0 {
+		stages = []string{filepath.Join(golden, "m", "snapshot-1"), filepath.Join(member, "restore")}
+	}
+	for _, d := range stages {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", d, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { syscall.Unmount(d, syscall.MNT_DETACH) })
+		if err := os.WriteFile(filepath.Join(d, "memory"), []byte("plain guest memory"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -356,6 +376,15 @@ func TestGoldenStrayStopped(t *testing.T) {
 	for _, d := range []string{golden, member} {
 		if fileExists(d) {
 			t.Errorf("%s is still there", d)
+		}
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range stages {
+		if strings.Contains(string(mounts), " "+d+" ") {
+			t.Errorf("%s is still mounted", d)
 		}
 	}
 }

@@ -202,6 +202,9 @@ func (e *Engine) dropGoldens() {
 		if n := killStrays(dir); n > 0 {
 			e.log.Warn("stopped a golden machine left running", "dir", dir, "vmms", n)
 		}
+		if err := removeMachineDir(filepath.Dir(dir)); err != nil {
+			e.log.Warn("cannot remove a golden snapshot's files", "dir", filepath.Dir(dir), "err", err)
+		}
 	}
 	os.RemoveAll(e.goldenDir())
 }

@@ -501,7 +501,7 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		}
 	}
 	killStrays(b.rec.StateDir)
-	if err := os.RemoveAll(b.rec.StateDir); err != nil {
+	if err := removeMachineDir(b.rec.StateDir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(e.hibernateDir(b.rec.ID)); err != nil {
