@@ -6,6 +6,7 @@ import (
 	"io"
 
 	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -94,7 +95,7 @@ func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (_ 
 		return nil, agentErr(err)
 	}
 	out := result(res)
-	e.remember(ctx, b, "exec", &r, started, out)
+	e.history.Record(ctx, b.historyRef(), "exec", &r, started, out)
 	return out, nil
 }
 
@@ -110,7 +111,7 @@ func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecReques
 		stdin = bytes.NewReader(r.Stdin)
 	}
 	started := e.opts.Now()
-	ho, he, stdout, stderr := historyWriters(stdout, stderr)
+	ho, he, stdout, stderr := history.Writers(stdout, stderr)
 	st, err := c.ExecStream(ctx, b.agentRequest(&r), agentclient.ExecIO{Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return nil, agentErr(err)
@@ -119,7 +120,7 @@ func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecReques
 	kept := *out
 	kept.Stdout, kept.StdoutTruncated = string(ho.Bytes()), ho.Truncated()
 	kept.Stderr, kept.StderrTruncated = string(he.Bytes()), he.Truncated()
-	e.remember(ctx, b, "stream", &r, started, &kept)
+	e.history.Record(ctx, b.historyRef(), "stream", &r, started, &kept)
 	return out, nil
 }
 
@@ -130,4 +131,10 @@ func result(r agentclient.ExecResult) *sandbox.ExecResult {
 		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated,
 		DurationMS: r.Duration.Milliseconds(),
 	}
+}
+
+// historyRef is what the command history needs of the box (read without
+// its lock: these are set before the box runs commands).
+func (b *box) historyRef() history.Sandbox {
+	return history.Sandbox{ID: b.rec.ID, AccountID: b.rec.AccountID, Monitoring: b.rec.Monitoring, Key: b.key, Deleting: b.isDeleting}
 }

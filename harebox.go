@@ -33,6 +33,7 @@ import (
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/firewall/credproxy"
+	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
@@ -191,6 +192,7 @@ type Engine struct {
 	tenants *tenant.Service
 	keys    *apikey.Service
 	envs    *env.Service
+	history *history.Service
 	audit   *audit.Log
 	urls    *ingress.Service
 	hosts   *cluster.Registry
@@ -282,8 +284,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.keys = apikey.New(e.store, e.tenants)
 	e.keys.Audit = al
 	e.tenants.AccountDeleted = e.keys.ForgetAccount
+	e.history = history.New(history.Options{Store: e.store, Secrets: e.sec, Key: e.dataKey, Now: opts.Now, Log: e.log})
 	// Lowering an account's retention purges at once.
-	e.tenants.AccountUpdated = func(string) { e.purgeHistory(e.ctx) }
+	e.tenants.AccountUpdated = func(string) { e.purgeRetention(e.ctx) }
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
 	guests, _ := e.net.(network.Ingress)

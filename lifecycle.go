@@ -534,7 +534,7 @@ func retryUnavailable(ctx context.Context, f func() error) error {
 // environment, command history, and what it reserved in its budgets (a
 // settled sandbox has nothing left to release).
 func (e *Engine) forgetStored(ctx context.Context, b *box) error {
-	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.eraseEnv(ctx, b.rec.ID), e.eraseHistory(ctx, b.rec.ID),
+	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.eraseEnv(ctx, b.rec.ID), e.history.Erase(ctx, b.rec.ID),
 		e.releaseBudgets(ctx, b))
 }
 

@@ -229,3 +229,19 @@ func mayReadServerMetrics(p authz.Principal) error {
 	}
 	return nil
 }
+
+// purgeRetention applies every account's retention now: its command
+// history, and its monitoring samples, kept as long as history.
+func (e *Engine) purgeRetention(ctx context.Context) {
+	if accs, err := e.store.ListAccounts(ctx); err == nil {
+		now := e.opts.Now()
+		for _, a := range accs {
+			if d := a.Retention.HistoryDays; d != nil {
+				if err := e.store.PurgeMetrics(ctx, a.ID, now.Add(-time.Duration(*d)*24*time.Hour)); err != nil {
+					e.log.Warn("monitoring: cannot purge samples", "account", a.ID, "err", err)
+				}
+			}
+		}
+	}
+	e.history.Purge(ctx)
+}

@@ -96,7 +96,7 @@ func (e *Engine) recordProcess(b *box, c *agentclient.Client, procID string, r s
 	}
 	res := result(agentclient.ExecResult{ExitStatus: *st, Stdout: out.Bytes(), Stderr: errw.Bytes(),
 		StdoutTruncated: out.Truncated(), StderrTruncated: errw.Truncated()})
-	e.remember(context.Background(), b, "background", &r, started, res)
+	e.history.Record(context.Background(), b.historyRef(), "background", &r, started, res)
 }
 
 // processView is a process as the API shows it; withOutput reads its

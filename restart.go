@@ -244,7 +244,7 @@ func (e *Engine) reapExpired() {
 	for tick := 0; ; tick++ {
 		if tick%60 == 0 {
 			// Retention holds across restarts: at start, then each minute.
-			e.purgeHistory(e.ctx)
+			e.purgeRetention(e.ctx)
 			e.reapStopped(e.ctx)
 		}
 		now := time.Now()

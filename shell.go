@@ -58,6 +58,6 @@ func (e *Engine) Shell(ctx context.Context, id string, r sandbox.ExecRequest, te
 		return nil, agentErr(err)
 	}
 	res := result(agentclient.ExecResult{ExitStatus: st})
-	e.remember(ctx, b, kind, &r, started, res)
+	e.history.Record(ctx, b.historyRef(), kind, &r, started, res)
 	return res, nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/tenant"
@@ -201,6 +202,35 @@ func (e *Engine) accountOf(ctx context.Context, id string) string {
 		return rec.AccountID
 	}
 	return ""
+}
+
+// OnSandbox authorizes action on sandbox id, which must exist, for the
+// principal in ctx, then calls call, and records the action and how it
+// ended in the audit log: a domain's service called directly (by the REST
+// layer) on a sandbox is checked and audited as the engine's own calls are.
+func (e *Engine) OnSandbox(ctx context.Context, action, id string, call func(context.Context) error) (err error) {
+	defer e.audited(ctx, action, id, &err)
+	if err := e.check(ctx, action, id); err != nil {
+		return err
+	}
+	if _, err := e.record(ctx, id); err != nil && e.live(id) == nil {
+		return err
+	}
+	return call(ctx)
+}
+
+// History is the sandboxes' command history; a list on it goes through
+// OnSandbox with action listCommands.
+func (e *Engine) History() *history.Service { return e.history }
+
+// Commands returns a sandbox's command history (history.Service.List),
+// for the principal in ctx.
+func (e *Engine) Commands(ctx context.Context, id string, limit int) (l []sandbox.Command, err error) {
+	err = e.OnSandbox(ctx, "listCommands", id, func(ctx context.Context) (err error) {
+		l, err = e.history.List(ctx, id, limit)
+		return err
+	})
+	return l, err
 }
 
 // Audit is the engine's audit log.

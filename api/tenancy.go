@@ -1,11 +1,13 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/tenant"
 )
 
@@ -217,6 +219,11 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
 		}
 		limit = n
 	}
-	l, err := s.eng.Commands(r.Context(), r.PathValue("id"), limit)
+	id := r.PathValue("id")
+	var l []sandbox.Command
+	err := s.eng.OnSandbox(r.Context(), "listCommands", id, func(ctx context.Context) (err error) {
+		l, err = s.eng.History().List(ctx, id, limit)
+		return err
+	})
 	return reply(w, http.StatusOK, map[string]any{"commands": l}, err)
 }
