@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -149,25 +150,14 @@ func (c *rwc) Close() error                { return nil }
 
 // frame is one WebSocket frame as a server sends it, or (masked) a client.
 func frame(fin bool, rsv, op byte, payload []byte, masked bool) []byte {
-	b := appendFrame(nil, fin, op, nil)
+	b := appendFrame(nil, fin, op, payload)
 	b[0] |= rsv
-	n := len(payload)
-	b = b[:1]
-	switch {
-	case n <= 125:
-		b = append(b, byte(n))
-	case n <= 0xffff:
-		b = append(b, 126)
-		b = binary.BigEndian.AppendUint16(b, uint16(n))
-	default:
-		b = append(b, 127)
-		b = binary.BigEndian.AppendUint64(b, uint64(n))
-	}
-	if masked {
+	if masked { // (the payload is left as it is: the proxy refuses it unread)
+		head := len(b) - len(payload)
 		b[1] |= 0x80
-		b = append(b, 1, 2, 3, 4)
+		b = slices.Concat(b[:head], []byte{1, 2, 3, 4}, payload)
 	}
-	return append(b, payload...)
+	return b
 }
 
 // wsFrame is a frame the guest read.
