@@ -14,6 +14,7 @@ import (
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/mounts"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -202,7 +203,7 @@ func (e *Engine) dropGoldens() {
 		if n := killStrays(dir); n > 0 {
 			e.log.Warn("stopped a golden machine left running", "dir", dir, "vmms", n)
 		}
-		if err := removeMachineDir(filepath.Dir(dir)); err != nil {
+		if err := mounts.RemoveAll(filepath.Dir(dir)); err != nil {
 			e.log.Warn("cannot remove a golden snapshot's files", "dir", filepath.Dir(dir), "err", err)
 		}
 	}

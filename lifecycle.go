@@ -23,6 +23,7 @@ import (
 	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/mounts"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -501,7 +502,7 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		}
 	}
 	killStrays(b.rec.StateDir)
-	if err := removeMachineDir(b.rec.StateDir); err != nil {
+	if err := mounts.RemoveAll(b.rec.StateDir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(e.hibernateDir(b.rec.ID)); err != nil {

@@ -7,14 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/internal/mounts"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -155,7 +154,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 			dir := filepath.Join(e.machinesDir(), ent.Name())
 			e.log.Warn("removing leftover machine directory", "dir", dir)
 			killStrays(dir)
-			if err := removeMachineDir(dir); err != nil {
+			if err := mounts.RemoveAll(dir); err != nil {
 				e.log.Warn("cannot remove a leftover machine directory", "dir", dir, "err", err)
 			}
 		}
@@ -342,57 +341,6 @@ func killVMM(pid int, marker string) bool {
 		}
 	}
 	return true
-}
-
-// removeMachineDir removes the directory of a machine whose VMM is gone,
-// unmounting first what is mounted under it: a backend that stages a
-// snapshot's plain files on a tmpfs in the machine's directory (Cloud
-// Hypervisor) leaves it mounted when its process dies mid-way, and
-// RemoveAll can neither remove a mount point nor free the guest memory the
-// tmpfs holds.
-func removeMachineDir(dir string) error {
-	var errs []error
-	for _, mp := range mountsUnder(dir) {
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
-		}
-	}
-	return errors.Join(append(errs, os.RemoveAll(dir))...)
-}
-
-// mountsUnder lists the mount points in dir or below it, deepest first.
-func mountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		// (Field 5 is the mount point, with space, tab, newline and
-		// backslash written in octal.)
-		if f := strings.Fields(l); len(f) > 4 {
-			if mp := unescapeMount(f[4]); strings.HasPrefix(mp, dir+"/") {
-				out = append(out, mp)
-			}
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out
-}
-
-func unescapeMount(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // exitReason is what a VM's console says about its end: the kernel's

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/harebox/harebox/internal/mounts"
 )
 
 // Garbage collection of an image cache (an OutDir). A build is removed
@@ -273,7 +275,7 @@ func GC(ctx context.Context, dir string, o GCOptions) (GCReport, error) {
 	// The moved-aside builds are no one's now: remove them, unlocked (a
 	// crash here leaves .gc-* directories, which the next GC removes).
 	for _, d := range doomed {
-		if err := safeRemoveAll(d); err != nil {
+		if err := mounts.RemoveAll(d); err != nil {
 			return r, fmt.Errorf("images: gc: %w", err)
 		}
 	}

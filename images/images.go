@@ -40,6 +40,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/harebox/harebox/agent/layout"
+	"github.com/harebox/harebox/internal/mounts"
 )
 
 // BuilderVersion is part of every input hash: bump it whenever the builder
@@ -336,7 +337,7 @@ func Build(ctx context.Context, o Options) (Image, error) {
 	}
 	defer func() {
 		if tmp != "" {
-			if err := safeRemoveAll(tmp); err != nil {
+			if err := mounts.RemoveAll(tmp); err != nil {
 				lg.step("warning: cleaning %s: %v", tmp, err)
 			}
 		}
@@ -421,7 +422,7 @@ func Build(ctx context.Context, o Options) (Image, error) {
 		if err := os.Rename(final, old); err != nil {
 			return Image{}, err
 		}
-		defer safeRemoveAll(old)
+		defer mounts.RemoveAll(old)
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		// Lost a race with an identical concurrent build: use its result.
@@ -680,7 +681,7 @@ func cleanStale(out string, lg *logger) {
 		if err != nil || time.Since(fi.ModTime()) < staleLeftover {
 			continue
 		}
-		if err := safeRemoveAll(filepath.Join(out, e.Name())); err != nil {
+		if err := mounts.RemoveAll(filepath.Join(out, e.Name())); err != nil {
 			lg.step("warning: stale %s: %v", e.Name(), err)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/harebox/harebox/agent/layout"
+	"github.com/harebox/harebox/internal/mounts"
 )
 
 // An image built From an OCI image: the image's layers flattened (later
@@ -120,7 +121,7 @@ func OpenOCI(ctx context.Context, from string) (img v1.Image, release func(), er
 		}
 		// (The layout's blobs are read lazily: the directory stays until
 		// close.)
-		remove := func() { safeRemoveAll(dir) }
+		remove := func() { mounts.RemoveAll(dir) }
 		if _, err := unpack(ctx, f, dir, MaxOCIFileBytes, MaxOCIBytes, nil); err != nil {
 			remove()
 			return nil, release, fmt.Errorf("images: OCI archive %s: %w", p, err)
@@ -150,7 +151,7 @@ func buildOCIRootDisk(ctx context.Context, lg *logger, o *Options, img v1.Image,
 		return false, err
 	}
 	defer func() {
-		if err := safeRemoveAll(root); err != nil {
+		if err := mounts.RemoveAll(root); err != nil {
 			lg.step("warning: cleaning %s: %v", root, err)
 		}
 	}()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/agent/layout"
+	"github.com/harebox/harebox/internal/mounts"
 )
 
 // agentUnit is layout.AgentUnit. The agent starts early (no default
@@ -67,7 +68,7 @@ var maskedUnits = []string{
 func buildRootDisk(ctx context.Context, lg *logger, o *Options, work, dst string) error {
 	root := filepath.Join(work, "rootfs")
 	defer func() {
-		if err := safeRemoveAll(root); err != nil {
+		if err := mounts.RemoveAll(root); err != nil {
 			lg.step("warning: cleaning %s: %v", root, err)
 		}
 	}()

@@ -1,4 +1,9 @@
-package images
+// Package mounts removes a directory that may have something mounted in
+// it: what an interrupted debootstrap left (/proc, /sys, a bound /dev), or
+// a backend's staging tmpfs in a dead machine's directory. Removing
+// through a bind mount would damage the host, and RemoveAll can neither
+// remove a mount point nor free what a tmpfs holds.
+package mounts
 
 import (
 	"bufio"
@@ -11,11 +16,10 @@ import (
 	"syscall"
 )
 
-// safeRemoveAll removes dir, first detaching anything mounted below it
-// (an interrupted debootstrap can leave /proc, /sys or a bound /dev in its
-// target; removing through those would damage the host). If a mount cannot
-// be detached it removes nothing and says so.
-func safeRemoveAll(dir string) error {
+// RemoveAll removes dir, first detaching everything mounted at or below
+// it, deepest first. If a mount cannot be detached it removes nothing and
+// says so.
+func RemoveAll(dir string) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -23,18 +27,17 @@ func safeRemoveAll(dir string) error {
 	if _, err := os.Lstat(abs); os.IsNotExist(err) {
 		return nil
 	}
-	mounts, err := mountsUnder(abs)
+	mounts, err := Under(abs)
 	if err != nil {
 		return err
 	}
-	// Deepest first.
 	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
 	for _, m := range mounts {
 		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && err != syscall.EINVAL && err != syscall.ENOENT {
 			return fmt.Errorf("unmount %s: %w; not removing %s", m, err, abs)
 		}
 	}
-	if left, err := mountsUnder(abs); err != nil {
+	if left, err := Under(abs); err != nil {
 		return err
 	} else if len(left) > 0 {
 		return fmt.Errorf("still mounted under %s: %v; not removing it", abs, left)
@@ -42,8 +45,8 @@ func safeRemoveAll(dir string) error {
 	return os.RemoveAll(abs)
 }
 
-// mountsUnder lists the mount points at or below dir.
-func mountsUnder(dir string) ([]string, error) {
+// Under lists the mount points at or below dir (an absolute path).
+func Under(dir string) ([]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -57,7 +60,7 @@ func mountsUnder(dir string) ([]string, error) {
 		if len(fields) < 5 {
 			continue
 		}
-		mp := unescapeMount(fields[4])
+		mp := unescape(fields[4])
 		if mp == dir || strings.HasPrefix(mp, dir+"/") {
 			out = append(out, mp)
 		}
@@ -65,8 +68,8 @@ func mountsUnder(dir string) ([]string, error) {
 	return out, sc.Err()
 }
 
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
+// unescape undoes mountinfo's octal escapes (\040 for a space).
+func unescape(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}
