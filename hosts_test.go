@@ -269,10 +269,12 @@ func TestBudgetReachedOnEveryHost(t *testing.T) {
 	if got := state(t, a.eng, onA.ID); got != sandbox.StatePaused {
 		t.Fatalf("a's sandbox is %s", got)
 	}
+	// (b meters once an hour: a pause within the minute is the notice's.
+	// The bound is loose for a loaded machine, not a measure.)
 	settled := time.Now()
 	for state(t, b.eng, onB.ID) != sandbox.StatePaused {
-		if time.Since(settled) > time.Second {
-			t.Fatal("b's sandbox still runs a second after the budget was reached through a")
+		if time.Since(settled) > 30*time.Second {
+			t.Fatal("b's sandbox still runs 30 s after the budget was reached through a")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

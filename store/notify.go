@@ -79,7 +79,9 @@ func (s *DB) Notify(ctx context.Context, topic, payload string) error {
 // Listen implements Store.
 func (s *DB) Listen(ctx context.Context, fn func(topic, payload string)) {
 	if s.pg {
-		go s.pgListen(ctx, fn)
+		ready := make(chan struct{})
+		go s.pgListen(ctx, ready, fn)
+		<-ready
 		return
 	}
 	l := &listener{c: make(chan notice, 256), missed: make(chan struct{}, 1)}
@@ -107,14 +109,20 @@ func (s *DB) Listen(ctx context.Context, fn func(topic, payload string)) {
 
 // pgListen LISTENs on a connection of its own until ctx ends, and on a
 // new one after it loses one (telling fn that changes may have been
-// missed meanwhile).
-func (s *DB) pgListen(ctx context.Context, fn func(topic, payload string)) {
+// missed meanwhile). It closes ready once the first try LISTENs or
+// fails: a notice committed after Listen returned is then not missed
+// unseen (a host that has just started pauses for a budget another one
+// reached, however soon after).
+func (s *DB) pgListen(ctx context.Context, ready chan struct{}, fn func(topic, payload string)) {
+	var once sync.Once
 	for lost := false; ; lost = true {
 		err := s.pgListenOnce(ctx, func() {
+			once.Do(func() { close(ready) })
 			if lost {
 				fn("", "")
 			}
 		}, fn)
+		once.Do(func() { close(ready) })
 		if ctx.Err() != nil {
 			return
 		}

@@ -92,7 +92,9 @@ type Store interface {
 	// Listen calls fn, one call at a time, with every change notified
 	// (Notify) from then until ctx ends. When changes may have been missed
 	// (the connection that listens was lost), fn gets topic "": whatever
-	// it caches may be stale.
+	// it caches may be stale. It returns once it listens: a change
+	// notified after it returned reaches fn (a first try that failed
+	// counts as a lost connection).
 	Listen(ctx context.Context, fn func(topic, payload string))
 	Close() error
 }

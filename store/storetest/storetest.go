@@ -418,7 +418,6 @@ func notify(t *testing.T, s store.Store, _ func() store.Store) {
 	type got struct{ topic, payload string }
 	c := make(chan got, 16)
 	s.Listen(ctx, func(topic, payload string) { c <- got{topic, payload} })
-	time.Sleep(200 * time.Millisecond) // (a LISTEN may be on its way)
 	if err := s.Update(ctx, func(tx store.Tx) error { return tx.Notify(ctx, "key", "committed") }); err != nil {
 		t.Fatal(err)
 	}
