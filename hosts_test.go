@@ -122,8 +122,9 @@ func TestHostsShareAStore(t *testing.T) {
 		t.Fatalf("a reads b's sandbox: %+v %v", s, err)
 	}
 
-	// A key revoked through a is refused by b within a second (b had it
-	// in its cache).
+	// A key revoked through a is refused by b at once (b had it in its
+	// cache, which only the notice clears; the bound is loose for a
+	// loaded machine, not a measure).
 	ctxOp := authz.WithPrincipal(ctx, authz.Operator)
 	k, err := a.eng.Keys().Create(ctxOp, apikey.CreateRequest{Scope: authz.Scope{Actions: []string{"getSandbox"}}})
 	if err != nil {
@@ -140,8 +141,8 @@ func TestHostsShareAStore(t *testing.T) {
 		if _, err := b.eng.Keys().Authenticate(ctx, k.Secret); errors.Is(err, sandbox.ErrUnauthenticated) {
 			break
 		}
-		if time.Since(revoked) > time.Second {
-			t.Fatal("b still takes a key revoked through a a second ago")
+		if time.Since(revoked) > 20*time.Second {
+			t.Fatal("b still takes a key revoked through a 20 s ago")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
