@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -825,26 +824,6 @@ func (e *Engine) claimName(accountID, name string) (release func(), err error) {
 		delete(e.claimed, claim)
 		e.mu.Unlock()
 	}, nil
-}
-
-// image finds a built image by name: Options.Images first, then the newest
-// build of that name in ImageDir.
-func (e *Engine) image(name string) (images.Image, error) {
-	if img, ok := e.opts.Images[name]; ok {
-		return img, nil
-	}
-	dirs, _ := filepath.Glob(filepath.Join(e.opts.ImageDir, name+"-*", "manifest.json"))
-	var found []images.Image
-	for _, m := range dirs {
-		if img, err := images.Load(filepath.Dir(m)); err == nil && img.Name == name {
-			found = append(found, img)
-		}
-	}
-	if len(found) == 0 {
-		return images.Image{}, sandbox.Errorf(sandbox.ErrInvalid, "image", "unknown image %q (the server's administrator builds it with harebox-image build --name %s)", name, name)
-	}
-	sort.Slice(found, func(i, j int) bool { return found[i].BuiltAt.After(found[j].BuiltAt) })
-	return found[0], nil
 }
 
 // reserve admits res against the host's limits.
