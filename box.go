@@ -1,0 +1,198 @@
+package harebox
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+
+	"filippo.io/age"
+	"github.com/harebox/harebox/firewall/credproxy"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// The box: a live sandbox's handle (its record, machine and agent
+// connection, under its own lock), and the engine's table of them.
+
+// box is a live sandbox: its record, its machine and its agent connection.
+type box struct {
+	// mu serialises lifecycle changes (pause, resume, delete) of one box.
+	mu  sync.Mutex
+	rec *store.Sandbox
+	m   hypervisor.Machine
+
+	amu   sync.Mutex
+	agent *agentclient.Client
+	// hangup is why the host hung up on the agent for good (a delete,
+	// stop or hibernate under way): no call dials it again until a new
+	// machine runs (useMachine).
+	hangup error
+
+	procs procNotes
+	// env is what every exec gets: the pinned environment's variables
+	// (secrets as placeholders) and the create request's own env.
+	env map[string]string
+	// creds are what the credential proxy needs; an atomic, so the proxy
+	// never waits on the agent's lock (held during a slow redial).
+	creds atomic.Pointer[credproxy.Sandbox]
+	// health is the agent's last known health (a string); misses counts
+	// the checks in a row it failed (only the health checker uses it).
+	health atomic.Value
+	misses int
+	// key is the sandbox's data key and console the identity that reads
+	// its console log (see datakey.go); nil without crypto-erase.
+	key     []byte
+	console *age.X25519Identity
+	// deleting is closed when Delete starts, so the exit watcher knows the
+	// VM's exit is expected.
+	deleting     chan struct{}
+	deletingOnce sync.Once
+	// phases times a create's steps (nil otherwise).
+	phases *phases
+}
+
+func (b *box) view() *sandbox.Sandbox {
+	s := b.rec.Sandbox
+	if h, ok := b.health.Load().(string); ok && s.State == sandbox.StateRunning {
+		s.Agent = h
+	}
+	return &s
+}
+
+// client returns a live agent connection, redialling when the last one
+// died (agent restart, VM restore, keepalive timeout).
+func (b *box) client(ctx context.Context, e *Engine) (*agentclient.Client, error) {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	if b.hangup != nil {
+		return nil, b.hangup
+	}
+	if b.agent != nil {
+		select {
+		case <-b.agent.Done():
+			// (Why, for the record: a session's end is rare, and its
+			// cause otherwise lost; one line per session.)
+			e.log.Info("agent session ended; redialling", "sandbox", b.m.ID(), "reason", b.agent.EndReason())
+			b.agent.Close()
+			b.agent = nil
+		default:
+			return b.agent, nil
+		}
+	}
+	// A boot passes its own (long) deadline; other callers get 30 s.
+	dctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		dctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	}
+	defer cancel()
+	c, _, err := agentclient.DialReady(dctx, b.m.AgentEndpoint(), e.agentOptions())
+	if errors.Is(err, agentclient.ErrAgentTooOld) {
+		return nil, agentErr(err)
+	}
+	if err != nil {
+		return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the sandbox's agent does not answer", Err: err}
+	}
+	b.agent = c
+	return c, nil
+}
+
+// useMachine makes m the box's machine; its agent may be called.
+func (b *box) useMachine(m hypervisor.Machine) {
+	b.m = m
+	b.amu.Lock()
+	b.hangup = nil
+	b.amu.Unlock()
+}
+
+// closeAgent hangs up on the sandbox's agent for good: a call it cuts
+// short, and any call after it, fails with why (a sandbox error).
+func (b *box) closeAgent(why error) {
+	b.amu.Lock()
+	defer b.amu.Unlock()
+	b.hangup = why
+	if b.agent != nil {
+		b.agent.CloseFor(why)
+		b.agent = nil
+	}
+}
+
+// isDeleting reports whether a Delete of the box has begun.
+func (b *box) isDeleting() bool {
+	select {
+	case <-b.deleting:
+		return true
+	default:
+		return false
+	}
+}
+
+// roundLockWait is how long a background round waits for busy boxes, in
+// all.
+const roundLockWait = 500 * time.Millisecond
+
+// lockBy locks the box if it can by deadline (one per round, shared by its
+// boxes). Background rounds (metering, monitoring) use it: a short hold
+// (the other round's store write) is waited out, so two rounds on the same
+// tick do not keep skipping each other, while long lifecycle calls (a hung
+// hypervisor, a delete) hold the round up by roundLockWait at most.
+func (b *box) lockBy(deadline time.Time) bool {
+	for ; ; time.Sleep(5 * time.Millisecond) {
+		if b.mu.TryLock() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+func (e *Engine) agentOptions() agentclient.Options {
+	return agentclient.Options{MaxOutput: e.opts.MaxOutputBytes}
+}
+
+// live returns the live box for id, or nil.
+func (e *Engine) live(id string) *box {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.boxes[id]
+}
+
+// liveBoxes returns the live boxes now, for a loop that must not hold
+// e.mu while it takes each box's lock (the order is box, then engine).
+func (e *Engine) liveBoxes() []*box {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	boxes := make([]*box, 0, len(e.boxes))
+	for _, b := range e.boxes {
+		boxes = append(boxes, b)
+	}
+	return boxes
+}
+
+// liveOrErr returns a live box or the error that explains why there is none.
+func (e *Engine) liveOrErr(ctx context.Context, id string) (*box, error) {
+	if b := e.live(id); b != nil {
+		return b, nil
+	}
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s", id, rec.State)
+}
+
+func (e *Engine) record(ctx context.Context, id string) (*store.Sandbox, error) {
+	if !sandbox.ValidID(id) {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
+	}
+	return rec, err
+}

@@ -1,0 +1,142 @@
+package harebox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/internal/mounts"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// Delete destroys a sandbox: its VM, disks and network. Deleting a deleted
+// sandbox is an error; the record stays, with state deleted.
+func (e *Engine) Delete(ctx context.Context, id string) (err error) {
+	defer e.audited(ctx, "deleteSandbox", id, &err)
+	if err := e.check(ctx, "deleteSandbox", id); err != nil {
+		return err
+	}
+	b := e.live(id)
+	if b == nil {
+		rec, err := e.record(ctx, id)
+		if err != nil {
+			return err
+		}
+		switch rec.State {
+		case sandbox.StateDeleted:
+			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is already deleted", id)
+		case sandbox.StateCreating:
+			// Its Create is in flight in this engine (a crashed engine's
+			// creates are cleaned up at start).
+			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being created; delete it once it is running", id)
+		}
+		// A stopped sandbox: nothing runs, but clean up what is left. Its
+		// box is registered while it goes, so a Start (or a second
+		// Delete) waits for it instead of racing it.
+		nb := &box{rec: rec, deleting: make(chan struct{})}
+		e.mu.Lock()
+		if b = e.boxes[id]; b == nil {
+			b = nb
+			e.boxes[id] = b
+		}
+		e.mu.Unlock()
+	}
+	b.deletingOnce.Do(func() { close(b.deleting) })
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := sandbox.CanTransition(b.rec.State, sandbox.StateDeleted); err != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx) // a delete that started finishes
+	e.settleFinal(ctx, b)
+	err = e.destroy(ctx, b)
+	if b.rec.State == sandbox.StateRunning || b.rec.State == sandbox.StatePaused {
+		e.release(b.rec.Size)
+	}
+	b.rec.State = sandbox.StateDeleted
+	e.mu.Lock()
+	delete(e.boxes, id)
+	delete(e.kept, id)
+	e.mu.Unlock()
+	if perr := e.store.PutSandbox(ctx, b.rec); perr != nil {
+		err = errors.Join(err, perr)
+	}
+	// A URL published while the sandbox was being destroyed (CreateURL
+	// checks the state again after its own write) goes too.
+	if ferr := e.urls.Forget(ctx, id); ferr != nil {
+		err = errors.Join(err, ferr)
+	}
+	e.log.Info("sandbox deleted", "id", id)
+	return err
+}
+
+// destroy stops the VM and removes everything the sandbox had on the host.
+// It is used on failed creates, deletes and stray records; it is
+// idempotent.
+func (e *Engine) destroy(ctx context.Context, b *box) error {
+	var errs []error
+	// The key goes first: whatever is left behind after this point is
+	// ciphertext without a key.
+	if err := e.eraseDataKey(ctx, b); err != nil {
+		errs = append(errs, err)
+	}
+	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was deleted during the call", b.rec.ID))
+	if sb := b.creds.Swap(nil); sb != nil {
+		sb.Close()
+	}
+	if b.m != nil {
+		// (A machine that is gone, with the plugin it lived in or on its
+		// own, is what a delete wants; its files go below. A plugin that
+		// just died is relaunched: the call is tried again for a while.)
+		if err := retryUnavailable(ctx, func() error { return b.m.Kill(ctx) }); err != nil && !errors.Is(err, hypervisor.ErrState) && !errors.Is(err, hypervisor.ErrNotFound) {
+			errs = append(errs, err)
+		}
+		if err := retryUnavailable(ctx, func() error { return b.m.Cleanup(ctx) }); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	} else if b.rec.Handle != nil {
+		if m, err := e.hv.Attach(ctx, *b.rec.Handle); err == nil {
+			m.Kill(ctx)
+			m.Cleanup(ctx)
+		}
+	}
+	killStrays(b.rec.StateDir)
+	if err := mounts.RemoveAll(b.rec.StateDir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(e.hibernateDir(b.rec.ID)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := e.net.Detach(ctx, b.rec.ID); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, e.forgetStored(ctx, b))
+	return errors.Join(errs...)
+}
+
+// retryUnavailable calls f until it fails for another reason than an
+// unavailable hypervisor (a plugin being relaunched), for up to 10 s.
+func retryUnavailable(ctx context.Context, f func() error) error {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.Multiplier, bo.RandomizationFactor = 200*time.Millisecond, 200*time.Millisecond, 1, 0
+	bo.MaxElapsedTime = 10 * time.Second
+	return backoff.Retry(func() error {
+		err := f()
+		if errors.Is(err, hypervisor.ErrUnavailable) && ctx.Err() == nil {
+			return err
+		}
+		return backoff.Permanent(err) // (nil: done)
+	}, bo)
+}
+
+// forgetStored removes what a sandbox keeps in the store and the secret
+// store, its data key aside (erased first, by the caller): its URLs,
+// environment, command history, and what it reserved in its budgets (a
+// settled sandbox has nothing left to release).
+func (e *Engine) forgetStored(ctx context.Context, b *box) error {
+	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.eraseEnv(ctx, b.rec.ID), e.history.Erase(ctx, b.rec.ID),
+		e.releaseBudgets(ctx, b))
+}

@@ -1,0 +1,45 @@
+package harebox
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// serialLog is where a sandbox's console goes (the engine names it, so it
+// can bound it).
+func serialLog(stateDir string) string { return filepath.Join(stateDir, "serial.log") }
+
+// MaxSerialLogBytes bounds a console log: the guest writes to its serial
+// port as fast as it likes, for as long as it lives.
+const MaxSerialLogBytes = 8 << 20
+
+// serialTail returns the end of a console log, reading only that.
+func serialTail(stateDir string, n int) string {
+	f, err := os.Open(serialLog(stateDir))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > int64(n) {
+		f.Seek(fi.Size()-int64(n), io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, int64(n)))
+	return strings.TrimSpace(string(b))
+}
+
+// boundSerialLogs truncates console logs that grew past the bound.
+func (e *Engine) boundSerialLogs() {
+	e.mu.Lock()
+	dirs := make([]string, 0, len(e.boxes))
+	for _, b := range e.boxes {
+		dirs = append(dirs, b.rec.StateDir)
+	}
+	e.mu.Unlock()
+	for _, d := range dirs {
+		if fi, err := os.Stat(serialLog(d)); err == nil && fi.Size() > MaxSerialLogBytes {
+			os.Truncate(serialLog(d), 0)
+		}
+	}
+}
