@@ -2,16 +2,11 @@ package harebox
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
-	"strings"
 	"time"
 
-	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/authz"
-	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
-	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -47,63 +42,156 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 	return e.create(ctx, req, o)
 }
 
-// create makes a sandbox: booted from its image, or restored from o. The
+// create makes a sandbox: booted from its image, or restored from o. It
+// runs createSteps in order; when one fails, the undos of those before it
+// run in reverse (firecracker-go-sdk's handler lists are the model). The
 // audit log's entry of the create commits with its admission (the record,
 // its budgets' reservation); one that fails after that gets a second
 // entry, which says how it failed.
 func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origin) (_ *sandbox.Sandbox, err error) {
-	admitted := "" // the sandbox's ID once its admission committed
+	c := &creation{req: req, o: o, phases: newPhases(time.Now())}
 	defer func() {
 		if err != nil {
-			e.audited(ctx, "createSandbox", admitted, &err)
+			e.audited(ctx, "createSandbox", c.admitted, &err)
 		}
 	}()
-	began := time.Now()
-	res, imgName, err := req.Resolve()
-	if err != nil {
-		return nil, err
-	}
-	var img images.Image
-	var pm *member // a pool member this create claims
-	if o != nil {
-		res, imgName = o.snap.Size, o.snap.Image
-		if img, err = e.imageOf(&store.Sandbox{Sandbox: sandbox.Sandbox{Image: o.snap.Image}, ImageDir: o.snap.ImageDir}); err != nil {
-			return nil, sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "the image build under snapshot %s is gone: %v", o.snap.ID, err)
-		}
-	} else if img, err = e.image(imgName); err != nil {
-		return nil, err
-	} else {
-		pm = e.claimMember(img, res)
-	}
-	claimed := false // the box owns the member's machine
-	if pm != nil {
-		// Its host capacity passes to this create; until the box owns
-		// its machine, a failure stops it.
-		defer func() {
-			if !claimed {
-				e.discard(pm)
+	defer c.finish()
+	steps := e.createSteps()
+	for i, s := range steps {
+		if err = s.do(ctx, c); err != nil {
+			if c.rec != nil {
+				e.log.Warn("create failed", "id", c.rec.ID, "step", s.name, "err", err)
 			}
-		}()
-	} else if err := e.reserveEvicting(res); err != nil {
-		return nil, err
-	} else if o == nil {
+			undo := context.WithoutCancel(ctx)
+			for j := i - 1; j >= 0; j-- {
+				if steps[j].undo != nil {
+					steps[j].undo(undo, c, err)
+				}
+			}
+			return nil, err
+		}
+		if s.phase != "" {
+			c.phases.mark(s.phase)
+		}
+	}
+	return e.created(c), nil
+}
+
+// creation is one create in flight: what its steps share.
+type creation struct {
+	req sandbox.CreateRequest
+	// o is the snapshot it restores from (a golden one included), pm the
+	// pool member it claims; without either, it boots.
+	o       *origin
+	pm      *member
+	claimed bool // the box owns pm's machine
+	res     sandbox.Resources
+	imgName string
+	img     images.Image
+	rec     *store.Sandbox
+	// admitted is the sandbox's ID once its admission committed.
+	admitted string
+	b        *box
+	phases   *phases
+	took     time.Duration // from its start until it was booted
+	// finally ends what lasts until the create is over, whatever became
+	// of it (a name claim, the box's lock), last first.
+	finally []func()
+}
+
+func (c *creation) finish() {
+	for i := len(c.finally) - 1; i >= 0; i-- {
+		c.finally[i]()
+	}
+}
+
+// createStep is one step of a create. Its phase, if set, is the step of
+// the create's timing (sandbox.CreatePhases) its time adds to; the boot
+// marks its own. undo takes back what do did, when a later step fails.
+type createStep struct {
+	name, phase string
+	do          func(context.Context, *creation) error
+	undo        func(context.Context, *creation, error)
+}
+
+func (e *Engine) createSteps() []createStep {
+	return []createStep{
+		{name: "resolve", phase: "admit", do: e.resolveCreate, undo: e.unclaimMember},
+		{name: "reserve", phase: "admit", do: e.reserveCreate, undo: func(_ context.Context, c *creation, _ error) { e.release(c.res) }},
+		{name: "admit", phase: "admit", do: e.admitCreate, undo: e.unadmit},
+		{name: "name", phase: "admit", do: e.claimCreateName},
+		{name: "box", phase: "admit", do: e.makeBox, undo: e.unmakeBox},
+		{name: "keys", phase: "prepare", do: e.createKeys},
+		{name: "environment", phase: "prepare", do: e.createEnv},
+		{name: "credentials", phase: "prepare", do: e.createCredentials},
+		{name: "boot", do: e.bootCreate},
+		{name: "register", do: e.register},
+	}
+}
+
+// resolveCreate finds the image and size, and claims an idle pool member
+// of them if there is one.
+func (e *Engine) resolveCreate(_ context.Context, c *creation) (err error) {
+	if c.res, c.imgName, err = c.req.Resolve(); err != nil {
+		return err
+	}
+	if o := c.o; o != nil {
+		c.res, c.imgName = o.snap.Size, o.snap.Image
+		if c.img, err = e.imageOf(&store.Sandbox{Sandbox: sandbox.Sandbox{Image: o.snap.Image}, ImageDir: o.snap.ImageDir}); err != nil {
+			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "the image build under snapshot %s is gone: %v", o.snap.ID, err)
+		}
+		return nil
+	}
+	if c.img, err = e.image(c.imgName); err != nil {
+		return err
+	}
+	c.pm = e.claimMember(c.img, c.res)
+	return nil
+}
+
+// unclaimMember stops a claimed member whose machine no box owns yet.
+func (e *Engine) unclaimMember(_ context.Context, c *creation, _ error) {
+	if c.pm != nil && !c.claimed {
+		e.discard(c.pm)
+	}
+}
+
+// reserveCreate reserves the host capacity (a member's passes to the
+// create), and picks a golden snapshot to restore from if there is one.
+func (e *Engine) reserveCreate(_ context.Context, c *creation) error {
+	if c.pm != nil {
+		return nil
+	}
+	if err := e.reserveEvicting(c.res); err != nil {
+		return err
+	}
+	if c.o == nil {
 		// (After the reservation: a golden boot that this starts comes
 		// after the create.)
-		o = e.goldenFor(img, res) // nil: it boots
+		c.o = e.goldenFor(c.img, c.res) // nil: it boots
 	}
+	return nil
+}
+
+// admitCreate writes the sandbox's record before anything is made, so a
+// crash half way is cleaned up on the next start; it is placed in its
+// project (budgets reserved, environment pinned) and audited in the same
+// transaction.
+func (e *Engine) admitCreate(ctx context.Context, c *creation) error {
 	now := time.Now().UTC()
 	id := sandbox.NewID()
-	if pm != nil {
-		id = pm.id
+	if c.pm != nil {
+		id = c.pm.id
 	}
+	req := &c.req
 	rec := &store.Sandbox{
 		Sandbox: sandbox.Sandbox{
-			ID: id, Name: req.Name, State: sandbox.StateCreating, Image: imgName, Size: res,
+			ID: id, Name: req.Name, State: sandbox.StateCreating, Image: c.imgName, Size: c.res,
 			Labels: req.Labels, NoEnv: req.NoEnv, Site: e.opts.Site, Host: e.hosts.Name(), CreatedAt: now,
 			Monitoring: req.Monitoring == nil || *req.Monitoring, Snapshots: req.Snapshots == nil || *req.Snapshots,
 		},
 		StateDir: filepath.Join(e.machinesDir(), id),
-		ImageDir: img.Dir,
+		ImageDir: c.img.Dir,
 	}
 	if req.TTLSeconds > 0 {
 		exp := now.Add(time.Duration(req.TTLSeconds) * time.Second)
@@ -111,213 +199,157 @@ func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origi
 	}
 	rec.Served = "boot"
 	switch {
-	case pm != nil:
+	case c.pm != nil:
 		rec.Served = "pool"
-	case o != nil:
+	case c.o != nil:
 		rec.Served = "snapshot"
 	}
-	if err := e.initialPolicy(&req, rec); err != nil {
-		e.release(res)
-		return nil, err
+	if err := e.initialPolicy(req, rec); err != nil {
+		return err
 	}
-	// The record exists before anything is made, so a crash half way is
-	// cleaned up on the next start; it is placed in its project in the
-	// same transaction.
 	if err := e.store.Update(ctx, func(tx store.Tx) error {
-		if err := e.place(ctx, tx, &req, rec); err != nil {
+		if err := e.place(ctx, tx, req, rec); err != nil {
 			return err
 		}
-		if o != nil && !o.golden && rec.AccountID != o.snap.AccountID {
-			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s belongs to another account", o.snap.ID)
+		if c.o != nil && !c.o.golden && rec.AccountID != c.o.snap.AccountID {
+			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s belongs to another account", c.o.snap.ID)
 		}
 		return e.audit.RecordIn(ctx, tx, "createSandbox", rec.AccountID, rec.ID, nil)
 	}); err != nil {
-		e.release(res)
-		return nil, err
-	}
-	admitted = rec.ID
-	if req.Name != "" {
-		release, err := e.claimName(rec.AccountID, req.Name)
-		if err != nil {
-			// Nothing was made: the record and the reservation go too.
-			e.release(res)
-			e.releaseBudgets(context.WithoutCancel(ctx), &box{rec: rec})
-			e.store.DeleteSandbox(context.WithoutCancel(ctx), rec.ID)
-			return nil, err
-		}
-		defer release() // after the box (which carries the name) is registered
-	}
-	// Metered while it boots (see settleAll).
-	snap := *rec
-	e.mu.Lock()
-	e.creating[id] = &snap
-	e.mu.Unlock()
-	defer func() {
-		e.mu.Lock()
-		delete(e.creating, id) // (registered or failed by now)
-		e.mu.Unlock()
-	}()
-	// The box's lifecycle lock is held until the sandbox is registered and
-	// stored as running, so a Delete that races with it waits its turn.
-	b := &box{rec: rec, deleting: make(chan struct{}), phases: newPhases(began)}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.phases.mark("admit")
-	if pm != nil && pm.key != nil {
-		err = e.keepKeys(ctx, b, pm.key, pm.console)
-	} else {
-		err = e.newDataKey(ctx, b)
-	}
-	if err == nil {
-		vars := req.Env
-		if vars == nil && o != nil {
-			vars = o.env // the source's own
-		}
-		err = e.sealEnv(ctx, b, vars)
-	}
-	if err == nil {
-		err = e.makeCA(ctx, b)
-	}
-	if err == nil {
-		err = e.loadEnv(ctx, b)
-	}
-	if err == nil {
-		err = e.loadCredentials(ctx, b)
-	}
-	b.phases.mark("prepare")
-	if err == nil && pm != nil {
-		claimed = true
-		err = e.claimBoot(ctx, b, pm)
-	} else if err == nil {
-		err = e.boot(ctx, b, img, false, o)
-	}
-	var took time.Duration
-	if err == nil {
-		took = time.Since(began)
-		rec.CreatePhases = b.phases.ms
-		rec.CreatePhases["total"] = float64(took.Microseconds()) / 1000
-	}
-	if err == nil {
-		e.mu.Lock()
-		e.boxes[id] = b
-		e.mu.Unlock()
-		if err = e.store.PutSandbox(ctx, rec); err != nil {
-			e.mu.Lock()
-			delete(e.boxes, id)
-			e.mu.Unlock()
-		}
-	}
-	if err != nil {
-		e.log.Warn("create failed", "id", id, "err", err)
-		// What it held while it tried is charged (a failed boot ran).
-		e.settleFinal(context.WithoutCancel(ctx), b)
-		e.destroy(context.WithoutCancel(ctx), b)
-		e.release(res)
-		rec.State = sandbox.StateDeleted
-		rec.Error = err.Error()
-		e.store.PutSandbox(context.WithoutCancel(ctx), rec)
-		return nil, err
-	}
-	e.watch(b)
-	e.creates.add(rec.Served, took, b.phases)
-	b.phases = nil
-	if pm != nil {
-		e.log.Info("sandbox created from the pool", "id", id, "name", req.Name, "image", imgName, "took", time.Since(now).Round(time.Millisecond))
-	} else if o != nil {
-		e.log.Info("sandbox created from a snapshot", "id", id, "name", req.Name, "snapshot", o.snap.ID, "source", o.snap.SandboxID, "took", time.Since(now).Round(time.Millisecond))
-	} else {
-		e.log.Info("sandbox created", "id", id, "name", req.Name, "image", imgName, "vcpus", res.VCPUs, "memory_mb", res.MemoryMB)
-	}
-	return b.view(), nil
-}
-
-// boot attaches the network, launches the VM and waits for its agent.
-// With reuse, the machine boots again on the disk it left (Start); with
-// o, it is restored from a snapshot and given its own identity.
-func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool, o *origin) error {
-	rec := b.rec
-	policy, err := policyOf(rec.Extra[policyKey])
-	if err != nil {
 		return err
 	}
-	att, err := e.net.Attach(ctx, rec.ID, policy)
-	if err != nil {
-		return fmt.Errorf("network: %w", err)
-	}
-	spec := imageSpec(rec.ID, rec.StateDir, img, rec.Size, att)
-	spec.SerialLog, spec.Labels = serialLog(rec.StateDir), map[string]string{"harebox.sandbox": rec.ID}
-	spec.DataKey, spec.Reuse = b.key, reuse
-	if b.console != nil {
-		spec.ConsoleRecipient = b.console.Recipient().String()
-	}
-	var m hypervisor.Machine
-	if o != nil {
-		spec.SnapshotKey = o.key
-		m, err = e.hv.Restore(ctx, o.snap.Dir, spec)
-		if err != nil {
-			return hvErr(fmt.Errorf("restore: %w", err))
-		}
-	} else if m, err = e.hv.Launch(ctx, spec); err != nil {
-		return hvErr(fmt.Errorf("launch: %w", err))
-	}
-	if o != nil {
-		b.phases.mark("restore")
-	} else {
-		b.phases.mark("launch")
-	}
-	b.useMachine(m)
-	h := m.Handle()
-	rec.Handle = &h
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
-		return err
-	}
-	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
-	defer cancel()
-	c, err := b.client(bctx, e)
-	if err != nil {
-		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500))
-	}
-	b.phases.mark("agent")
-	if o != nil {
-		if err := e.newIdentity(bctx, c, att, o.wake); err != nil {
-			return fmt.Errorf("restore: %w", err)
-		}
-		b.phases.mark("identity")
-	}
-	if err := e.provision(bctx, b, c); err != nil {
-		return fmt.Errorf("boot: %w", err)
-	}
-	b.phases.mark("provision")
-	// Create stores the running state once the box is registered.
-	rec.State = sandbox.StateRunning
+	c.rec, c.admitted = rec, rec.ID
 	return nil
 }
 
-// imageSpec is the spec of a machine that boots img at res, on its own
-// overlay of the image's root disk, attached to att (if any).
-func imageSpec(id, stateDir string, img images.Image, res sandbox.Resources, att *network.Attachment) hypervisor.Spec {
-	spec := hypervisor.Spec{
-		ID: id, VCPUs: res.VCPUs, MemoryMB: res.MemoryMB,
-		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline, StateDir: stateDir,
+// unadmit takes back an admission nothing was made for: the record and
+// what its budgets reserved go. Once a box was made, its record stays,
+// deleted, with why (unmakeBox).
+func (e *Engine) unadmit(ctx context.Context, c *creation, _ error) {
+	if c.b != nil {
+		return
 	}
-	if img.RootDisk != "" {
-		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(res.DiskGB) << 10}}
-	}
-	if att != nil {
-		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
-		spec.Cmdline = strings.TrimSpace(spec.Cmdline + " " + att.Cmdline)
-	}
-	return spec
+	e.releaseBudgets(ctx, &box{rec: c.rec})
+	e.store.DeleteSandbox(ctx, c.rec.ID)
 }
 
-// provision gives a guest that answers what every boot gives it: the
-// host's clock, its environment's files and its credentials CA.
-func (e *Engine) provision(ctx context.Context, b *box, c *agentclient.Client) error {
-	if err := c.SyncTime(ctx, time.Now()); err != nil {
+// claimCreateName claims the sandbox's name in its account until the box
+// (which carries the name) is registered.
+func (e *Engine) claimCreateName(_ context.Context, c *creation) error {
+	if c.req.Name == "" {
+		return nil
+	}
+	release, err := e.claimName(c.rec.AccountID, c.req.Name)
+	if err != nil {
 		return err
 	}
-	if err := e.deliverFiles(ctx, b, c); err != nil {
+	c.finally = append(c.finally, release)
+	return nil
+}
+
+// makeBox makes the sandbox's box, locked until the create is over (so a
+// Delete that races with it waits its turn), and meters the sandbox while
+// it boots (see settleAll).
+func (e *Engine) makeBox(_ context.Context, c *creation) error {
+	id := c.rec.ID
+	snap := *c.rec
+	e.mu.Lock()
+	e.creating[id] = &snap
+	e.mu.Unlock()
+	b := &box{rec: c.rec, deleting: make(chan struct{}), phases: c.phases}
+	b.mu.Lock()
+	c.b = b
+	c.finally = append(c.finally, func() {
+		e.mu.Lock()
+		delete(e.creating, id) // (registered or failed by now)
+		e.mu.Unlock()
+	}, b.mu.Unlock)
+	return nil
+}
+
+// unmakeBox destroys what the create made on the host; what it held while
+// it tried is charged (a failed boot ran). The record stays, deleted,
+// with why.
+func (e *Engine) unmakeBox(ctx context.Context, c *creation, why error) {
+	e.settleFinal(ctx, c.b)
+	e.destroy(ctx, c.b)
+	c.rec.State = sandbox.StateDeleted
+	c.rec.Error = why.Error()
+	e.store.PutSandbox(ctx, c.rec)
+}
+
+// createKeys gives the sandbox its data key (a claimed member keeps its
+// own: its disk is written under it).
+func (e *Engine) createKeys(ctx context.Context, c *creation) error {
+	if c.pm != nil && c.pm.key != nil {
+		return e.keepKeys(ctx, c.b, c.pm.key, c.pm.console)
+	}
+	return e.newDataKey(ctx, c.b)
+}
+
+// createEnv seals the request's variables (or, restored, the source's
+// own) and loads the pinned environment's.
+func (e *Engine) createEnv(ctx context.Context, c *creation) error {
+	vars := c.req.Env
+	if vars == nil && c.o != nil {
+		vars = c.o.env
+	}
+	if err := e.sealEnv(ctx, c.b, vars); err != nil {
 		return err
 	}
-	return e.installCA(ctx, b, c)
+	return e.loadEnv(ctx, c.b)
+}
+
+// createCredentials makes the sandbox's CA and loads its credential rules
+// for the proxy.
+func (e *Engine) createCredentials(ctx context.Context, c *creation) error {
+	if err := e.makeCA(ctx, c.b); err != nil {
+		return err
+	}
+	return e.loadCredentials(ctx, c.b)
+}
+
+// bootCreate boots the machine, restores it from c.o, or takes over the
+// claimed member's.
+func (e *Engine) bootCreate(ctx context.Context, c *creation) error {
+	if c.pm != nil {
+		c.claimed = true
+		return e.claimBoot(ctx, c.b, c.pm)
+	}
+	return e.boot(ctx, c.b, c.img, false, c.o)
+}
+
+// register makes the box live and stores its record as running.
+func (e *Engine) register(ctx context.Context, c *creation) error {
+	c.took = time.Since(c.phases.began)
+	c.rec.CreatePhases = c.phases.ms
+	c.rec.CreatePhases["total"] = float64(c.took.Microseconds()) / 1000
+	e.mu.Lock()
+	e.boxes[c.rec.ID] = c.b
+	e.mu.Unlock()
+	if err := e.store.PutSandbox(ctx, c.rec); err != nil {
+		e.mu.Lock()
+		delete(e.boxes, c.rec.ID)
+		e.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// created watches the new sandbox's machine and counts its create.
+func (e *Engine) created(c *creation) *sandbox.Sandbox {
+	b, rec := c.b, c.rec
+	e.watch(b)
+	took := c.took
+	e.creates.add(rec.Served, took, c.phases)
+	b.phases = nil
+	switch {
+	case c.pm != nil:
+		e.log.Info("sandbox created from the pool", "id", rec.ID, "name", rec.Name, "image", rec.Image, "took", took.Round(time.Millisecond))
+	case c.o != nil:
+		e.log.Info("sandbox created from a snapshot", "id", rec.ID, "name", rec.Name, "snapshot", c.o.snap.ID, "source", c.o.snap.SandboxID, "took", took.Round(time.Millisecond))
+	default:
+		e.log.Info("sandbox created", "id", rec.ID, "name", rec.Name, "image", rec.Image, "vcpus", rec.Size.VCPUs, "memory_mb", rec.Size.MemoryMB)
+	}
+	return b.view()
 }

@@ -9,11 +9,13 @@ import (
 // phases times the steps of one create, for its result and the server's
 // metrics. A nil *phases records nothing (Start, resume).
 type phases struct {
-	last time.Time
-	ms   map[string]float64
+	began, last time.Time
+	ms          map[string]float64
 }
 
-func newPhases(start time.Time) *phases { return &phases{last: start, ms: map[string]float64{}} }
+func newPhases(start time.Time) *phases {
+	return &phases{began: start, last: start, ms: map[string]float64{}}
+}
 
 // mark ends the step name: the time since the last mark is its.
 func (p *phases) mark(name string) {

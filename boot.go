@@ -1,0 +1,105 @@
+package harebox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/network"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// boot attaches the network, launches the VM and waits for its agent.
+// With reuse, the machine boots again on the disk it left (Start); with
+// o, it is restored from a snapshot and given its own identity.
+func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool, o *origin) error {
+	rec := b.rec
+	policy, err := policyOf(rec.Extra[policyKey])
+	if err != nil {
+		return err
+	}
+	att, err := e.net.Attach(ctx, rec.ID, policy)
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	spec := imageSpec(rec.ID, rec.StateDir, img, rec.Size, att)
+	spec.SerialLog, spec.Labels = serialLog(rec.StateDir), map[string]string{"harebox.sandbox": rec.ID}
+	spec.DataKey, spec.Reuse = b.key, reuse
+	if b.console != nil {
+		spec.ConsoleRecipient = b.console.Recipient().String()
+	}
+	var m hypervisor.Machine
+	if o != nil {
+		spec.SnapshotKey = o.key
+		m, err = e.hv.Restore(ctx, o.snap.Dir, spec)
+		if err != nil {
+			return hvErr(fmt.Errorf("restore: %w", err))
+		}
+	} else if m, err = e.hv.Launch(ctx, spec); err != nil {
+		return hvErr(fmt.Errorf("launch: %w", err))
+	}
+	if o != nil {
+		b.phases.mark("restore")
+	} else {
+		b.phases.mark("launch")
+	}
+	b.useMachine(m)
+	h := m.Handle()
+	rec.Handle = &h
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return err
+	}
+	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
+	defer cancel()
+	c, err := b.client(bctx, e)
+	if err != nil {
+		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500))
+	}
+	b.phases.mark("agent")
+	if o != nil {
+		if err := e.newIdentity(bctx, c, att, o.wake); err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		b.phases.mark("identity")
+	}
+	if err := e.provision(bctx, b, c); err != nil {
+		return fmt.Errorf("boot: %w", err)
+	}
+	b.phases.mark("provision")
+	// Create stores the running state once the box is registered.
+	rec.State = sandbox.StateRunning
+	return nil
+}
+
+// imageSpec is the spec of a machine that boots img at res, on its own
+// overlay of the image's root disk, attached to att (if any).
+func imageSpec(id, stateDir string, img images.Image, res sandbox.Resources, att *network.Attachment) hypervisor.Spec {
+	spec := hypervisor.Spec{
+		ID: id, VCPUs: res.VCPUs, MemoryMB: res.MemoryMB,
+		Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline, StateDir: stateDir,
+	}
+	if img.RootDisk != "" {
+		spec.Disks = []hypervisor.Disk{{Path: img.RootDisk, Format: img.RootDiskFormat, Overlay: true, SizeMB: int64(res.DiskGB) << 10}}
+	}
+	if att != nil {
+		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
+		spec.Cmdline = strings.TrimSpace(spec.Cmdline + " " + att.Cmdline)
+	}
+	return spec
+}
+
+// provision gives a guest that answers what every boot gives it: the
+// host's clock, its environment's files and its credentials CA.
+func (e *Engine) provision(ctx context.Context, b *box, c *agentclient.Client) error {
+	if err := c.SyncTime(ctx, time.Now()); err != nil {
+		return err
+	}
+	if err := e.deliverFiles(ctx, b, c); err != nil {
+		return err
+	}
+	return e.installCA(ctx, b, c)
+}
