@@ -3,7 +3,6 @@ package harebox
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,18 +10,16 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/authz"
-	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
 )
 
-// Snapshots and forks.
+// Snapshots (forks are in fork.go, restores in restore.go).
 //
 // A snapshot is the backend's files (memory, device state, a copy of the
 // disk's own writes) under DataDir/snapshots/<id>, written under the
@@ -37,183 +34,12 @@ import (
 // kernel entropy, its own network (address, MAC, firewall chain with the
 // source's policy), its own placeholders and credentials CA.
 
-// origin is what a sandbox is restored from.
-type origin struct {
-	snap *store.Snapshot
-	key  []byte            // the snapshot's key (nil without crypto-erase)
-	env  map[string]string // the source's own env
-	done func()            // ends the snapshot's use
-	// wake: the sandbox's own hibernation, not a clone: it keeps its
-	// machine-id and gets only its new network.
-	wake bool
-	// golden: an engine's golden snapshot, of no account.
-	golden bool
-}
-
 func snapshotScope(id string) string { return "snapshot/" + id }
 
 func (e *Engine) snapshotsDir() string { return filepath.Join(e.opts.DataDir, "snapshots") }
 
 func snapshotTarget(s *sandbox.Snapshot) authz.Target {
 	return authz.Target{AccountID: s.AccountID, ProjectID: s.ProjectID, SandboxID: s.SandboxID, Labels: s.Labels}
-}
-
-// useSnapshot marks a snapshot in use by a create, so that a delete
-// waits its turn; it fails when the snapshot is being deleted.
-func (e *Engine) useSnapshot(id string) (func(), error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.snapUse == nil {
-		e.snapUse = map[string]int{}
-	}
-	if e.snapUse[id] < 0 {
-		return nil, sandbox.Errorf(sandbox.ErrNotFound, "snapshot", "no snapshot %q", id)
-	}
-	e.snapUse[id]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			if e.snapUse[id]--; e.snapUse[id] == 0 {
-				delete(e.snapUse, id)
-			}
-		})
-	}, nil
-}
-
-// openSnapshot finds the snapshot a create names, checks that the caller
-// sees it and fills the request's defaults from its source.
-func (e *Engine) openSnapshot(ctx context.Context, req *sandbox.CreateRequest) (*origin, error) {
-	if req.Image != "" || req.Size != (sandbox.Size{}) {
-		field := "image"
-		if req.Size != (sandbox.Size{}) {
-			field = "size"
-		}
-		return nil, sandbox.Errorf(sandbox.ErrInvalid, field, "a sandbox made from a snapshot has the snapshot's image and size")
-	}
-	snap, err := e.snapshotRecord(ctx, req.Snapshot)
-	if err != nil {
-		var se *sandbox.Error
-		if errors.As(err, &se) && se.Kind == sandbox.ErrNotFound {
-			se.Field = "snapshot"
-		}
-		return nil, err
-	}
-	done, err := e.useSnapshot(snap.ID)
-	if err != nil {
-		return nil, err
-	}
-	o := &origin{snap: snap, done: done}
-	if err := e.loadOrigin(ctx, o); err != nil {
-		done()
-		return nil, err
-	}
-	src := snap.Source
-	if req.Project == "" {
-		req.Project = snap.ProjectID
-	}
-	if req.AccountID == "" && authz.From(ctx).Operator {
-		req.AccountID = snap.AccountID
-	}
-	if req.Fleet == "" {
-		req.Fleet = src.FleetID
-	}
-	if req.Environment == "" && !req.NoEnv {
-		req.Environment = src.Environment
-	}
-	req.ThirdParty = req.ThirdParty || src.ThirdParty
-	req.NoEnv = req.NoEnv || src.NoEnv
-	if req.Firewall == nil && src.Policy != nil {
-		req.Firewall = src.Policy
-	}
-	if req.Monitoring == nil {
-		req.Monitoring = &src.Monitoring
-	}
-	labels := map[string]string{}
-	for k, v := range snap.Labels {
-		labels[k] = v
-	}
-	for k, v := range req.Labels {
-		labels[k] = v
-	}
-	if len(labels) > 0 {
-		req.Labels = labels
-	}
-	return o, nil
-}
-
-// loadOrigin reads a snapshot's key and its source's own env.
-func (e *Engine) loadOrigin(ctx context.Context, o *origin) error {
-	k, err := secrets.DataKey(ctx, e.sec, snapshotScope(o.snap.ID))
-	switch {
-	case errors.Is(err, secrets.ErrNotFound):
-		if e.encrypt {
-			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s has no key (it was not encrypted)", o.snap.ID)
-		}
-	case err != nil:
-		return err
-	default:
-		o.key = k
-	}
-	raw, err := e.sec.Get(ctx, snapshotScope(o.snap.ID), sandboxEnvName)
-	if errors.Is(err, secrets.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if raw, err = open(o.key, sandboxEnvName, raw); err != nil {
-		return fmt.Errorf("snapshot %s: sealed env: %w", o.snap.ID, err)
-	}
-	return json.Unmarshal(raw, &o.env)
-}
-
-// snapshotRecord returns a snapshot the caller may see, or ErrNotFound.
-func (e *Engine) snapshotRecord(ctx context.Context, id string) (*store.Snapshot, error) {
-	if !sandbox.ValidSnapshotID(id) {
-		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no snapshot %q", id)
-	}
-	s, err := e.store.GetSnapshot(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no snapshot %q", id)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if p := authz.From(ctx); !p.Operator && !authz.Visible(p, snapshotTarget(&s.Snapshot)) {
-		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no snapshot %q", id)
-	}
-	return s, nil
-}
-
-// newIdentity gives a restored guest what must differ from its source's:
-// fresh kernel entropy, a new machine-id and its own network. A woken
-// sandbox (wake) is its own source: it gets only its network.
-func (e *Engine) newIdentity(ctx context.Context, c *agentclient.Client, att *network.Attachment, wake bool) error {
-	if wake {
-		if att != nil && att.Cmdline != "" {
-			return c.SetNetwork(ctx, att.Cmdline)
-		}
-		return nil
-	}
-	entropy := make([]byte, 64)
-	id := make([]byte, 16)
-	if _, err := rand.Read(entropy); err != nil {
-		return err
-	}
-	if _, err := rand.Read(id); err != nil {
-		return err
-	}
-	if err := c.Reseed(ctx, entropy, hex.EncodeToString(id), ""); err != nil {
-		return err
-	}
-	if att != nil && att.Cmdline != "" {
-		if err := c.SetNetwork(ctx, att.Cmdline); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // mayClone refuses a snapshot of a sandbox that must not have one.
@@ -484,135 +310,6 @@ func (e *Engine) DeleteSnapshot(ctx context.Context, id string) (err error) {
 	}
 	e.log.Info("snapshot deleted", "id", id)
 	return nil
-}
-
-// Fork makes req.Count new sandboxes from a running or paused sandbox: one
-// snapshot (the source is paused only while it is written), then a clone
-// restored from it for each. Either every clone is made or none is.
-func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (out []*sandbox.Sandbox, err error) {
-	defer e.audited(ctx, "forkSandbox", id, &err)
-	if err := e.check(ctx, "forkSandbox", id); err != nil {
-		return nil, err
-	}
-	// The clones are creates: the caller must be allowed those too
-	// (checked again, with their place, as each is admitted).
-	if err := mayCreate(authz.From(ctx)); err != nil {
-		return nil, err
-	}
-	if err := sandbox.Validate(&req); err != nil {
-		return nil, err
-	}
-	if req.Count == 0 {
-		req.Count = 1
-	}
-	b, err := e.liveOrErr(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	sid := sandbox.NewSnapshotID()
-	dir := filepath.Join(e.snapshotsDir(), sid)
-	var (
-		s      *store.Snapshot
-		key    []byte
-		srcEnv []byte
-	)
-	err = func() error {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if err := e.mayClone(b); err != nil {
-			return err
-		}
-		var err error
-		if key, err = snapshotKey(b); err != nil {
-			return err
-		}
-		if s, err = e.takeSnapshot(context.WithoutCancel(ctx), b, sid, "", dir, key); err != nil {
-			return err
-		}
-		srcEnv, err = e.sourceEnv(ctx, b)
-		return err
-	}()
-	if err != nil {
-		return nil, err
-	}
-	// The fork's snapshot is never stored, nor its key: the clones need
-	// nothing of it once they run, and a crash leaves only its files
-	// (removed at start), which no key opens any more.
-	defer os.RemoveAll(dir)
-	o := &origin{snap: s, key: key, done: func() {}}
-	if srcEnv != nil {
-		if err := json.Unmarshal(srcEnv, &o.env); err != nil {
-			return nil, fmt.Errorf("sandbox %s: env: %w", id, err)
-		}
-	}
-	type result struct {
-		sb  *sandbox.Sandbox
-		err error
-	}
-	results := make([]result, req.Count)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, forkParallel)
-	for i := range req.Count {
-		creq := sandbox.CreateRequest{
-			Project: s.ProjectID, Fleet: s.Source.FleetID, Environment: s.Source.Environment,
-			ThirdParty: s.Source.ThirdParty, NoEnv: s.Source.NoEnv, Firewall: s.Source.Policy,
-			Monitoring: &s.Source.Monitoring, TTLSeconds: req.TTLSeconds, Labels: mergeLabels(s.Labels, req.Labels),
-		}
-		if creq.NoEnv {
-			creq.Environment = ""
-		}
-		if authz.From(ctx).Operator {
-			creq.AccountID = s.AccountID
-		}
-		if req.Name != "" {
-			creq.Name = fmt.Sprintf("%s-%d", req.Name, i+1)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			sb, err := e.create(ctx, creq, o) // (it records itself)
-			results[i] = result{sb, err}
-		}()
-	}
-	wg.Wait()
-	var errs []error
-	for _, r := range results {
-		if r.err != nil {
-			errs = append(errs, r.err)
-		} else {
-			out = append(out, r.sb)
-		}
-	}
-	if len(errs) > 0 {
-		// All or nothing: the clones that were made go again.
-		for _, sb := range out {
-			if derr := e.Delete(context.WithoutCancel(ctx), sb.ID); derr != nil {
-				e.log.Warn("fork: delete of a clone after a failed sibling", "id", sb.ID, "err", derr)
-			}
-		}
-		return nil, errs[0]
-	}
-	e.log.Info("sandbox forked", "id", id, "clones", len(out))
-	return out, nil
-}
-
-// forkParallel bounds the clones of one fork restored at once.
-const forkParallel = 4
-
-func mergeLabels(a, b map[string]string) map[string]string {
-	if len(a)+len(b) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(a)+len(b))
-	for k, v := range a {
-		out[k] = v
-	}
-	for k, v := range b {
-		out[k] = v
-	}
-	return out
 }
 
 // pruneSnapshotDirs removes snapshot directories without a record: a
