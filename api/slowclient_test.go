@@ -26,13 +26,15 @@ func TestSlowAndMalformedClients(t *testing.T) {
 	// server's answer, or "" for a connection closed without one.
 	dial := func(t *testing.T, send string) (status int, body string, took time.Duration) {
 		t.Helper()
+		// The server's clock starts when it accepts, which may come
+		// before Dial returns: start ours before dialing.
+		start := time.Now()
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(20 * step)) // the test's own bound
-		start := time.Now()
 		if _, err := io.WriteString(c, send); err != nil {
 			t.Fatal(err)
 		}
