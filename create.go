@@ -142,7 +142,7 @@ func (e *Engine) resolveCreate(_ context.Context, c *creation) (err error) {
 		}
 		return nil
 	}
-	if c.img, err = e.image(c.imgName); err != nil {
+	if c.img, err = e.catalog.Lookup(c.imgName); err != nil {
 		return err
 	}
 	c.pm = e.claimMember(c.img, c.res)

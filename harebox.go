@@ -37,6 +37,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/network"
@@ -82,7 +83,7 @@ type Options struct {
 	Images   map[string]images.Image
 	ImageDir string
 	// AgentPath is the static harebox-agent binary images are built with
-	// (BuildImage); empty means this engine builds no images.
+	// (Images().Build); empty means this engine builds no images.
 	AgentPath string
 
 	// Site is where this host runs, reported on every sandbox.
@@ -162,9 +163,6 @@ type Capacity struct {
 
 // Engine runs sandboxes. It is safe for concurrent use.
 type Engine struct {
-	// imageMu serialises image builds and deletes (a build takes the
-	// host's disk and CPU for minutes; one at a time is enough).
-	imageMu sync.Mutex
 	opts    Options
 	log     *slog.Logger
 	store   store.Store
@@ -193,6 +191,7 @@ type Engine struct {
 	keys    *apikey.Service
 	envs    *env.Service
 	history *history.Service
+	catalog *catalog.Catalog
 	audit   *audit.Log
 	urls    *ingress.Service
 	hosts   *cluster.Registry
@@ -287,6 +286,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.history = history.New(history.Options{Store: e.store, Secrets: e.sec, Key: e.dataKey, Now: opts.Now, Log: e.log})
 	// Lowering an account's retention purges at once.
 	e.tenants.AccountUpdated = func(string) { e.purgeRetention(e.ctx) }
+	e.catalog = catalog.New(catalog.Options{Images: opts.Images, Dir: opts.ImageDir, AgentPath: opts.AgentPath, Owner: opts.DataDir,
+		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Audit: al, Log: e.log})
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
 	guests, _ := e.net.(network.Ingress)
@@ -357,7 +358,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.wg.Add(1)
 	go e.reapExpired()
 	e.wg.Add(1)
-	go e.imageRefsLoop()
+	go func() { defer e.wg.Done(); e.catalog.Run(e.ctx) }()
 	if opts.MeterInterval > 0 {
 		e.wg.Add(1)
 		go e.meterLoop(opts.MeterInterval)

@@ -71,7 +71,7 @@ func TestImageGCInUse(t *testing.T) {
 	// must be there after it, those in gone not.
 	gc := func(step string, want, gone []string) {
 		t.Helper()
-		if err := eng.writeImageRefs(ctx); err != nil {
+		if err := eng.catalog.WriteRefs(ctx); err != nil {
 			t.Fatal(err)
 		}
 		r, err := images.GC(ctx, cache, images.GCOptions{})

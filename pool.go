@@ -156,7 +156,7 @@ func (e *Engine) poolLoop(entries []poolEntry) {
 
 func (e *Engine) fillPool(entries []poolEntry) {
 	for _, pe := range entries {
-		img, err := e.image(pe.image)
+		img, err := e.catalog.Lookup(pe.image)
 		if err != nil {
 			continue
 		}

@@ -205,7 +205,7 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 // before builds were recorded: the newest build of its image's name).
 func (e *Engine) imageOf(rec *store.Sandbox) (images.Image, error) {
 	if rec.ImageDir == "" {
-		return e.image(rec.Image)
+		return e.catalog.Lookup(rec.Image)
 	}
 	if img, ok := e.opts.Images[rec.Image]; ok && img.Dir == rec.ImageDir {
 		return img, nil // (an image the embedder gave by name)

@@ -7,7 +7,7 @@ import (
 )
 
 func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
-	l, err := s.eng.ListImages(r.Context())
+	l, err := s.images.List(r.Context())
 	return reply(w, http.StatusOK, map[string]any{"images": l}, err)
 }
 
@@ -17,12 +17,12 @@ func (s *Server) buildImage(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
-	img, err := s.eng.BuildImage(r.Context(), req)
+	img, err := s.images.Build(r.Context(), req)
 	return reply(w, http.StatusCreated, img, err)
 }
 
 func (s *Server) deleteImage(w http.ResponseWriter, r *http.Request) error {
-	if err := s.eng.DeleteImage(r.Context(), r.PathValue("name")); err != nil {
+	if err := s.images.Delete(r.Context(), r.PathValue("name")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -29,6 +29,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/sandbox"
@@ -122,8 +123,10 @@ type Authenticator interface {
 type Server struct {
 	opts Options
 	eng  *harebox.Engine
-	// urls answers the URL and URL CA calls (the engine's ingress.Calls).
-	urls *ingress.Calls
+	// urls answers the URL and URL CA calls (the engine's ingress.Calls),
+	// images the image calls (its catalog).
+	urls   *ingress.Calls
+	images *catalog.Catalog
 	// The last readiness answer (readiness).
 	readyMu     sync.Mutex
 	readyAt     time.Time
@@ -261,7 +264,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine),
-		urls: opts.Engine.URLCalls()}
+		urls: opts.Engine.URLCalls(), images: opts.Engine.Images()}
 	if opts.Cluster != nil {
 		s.fwd = cluster.NewForwarder(opts.Engine.HostName(), opts.Cluster, func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("cannot forward a request to its host", "path", r.URL.Path, "err", err)
