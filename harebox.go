@@ -40,6 +40,7 @@ import (
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -114,7 +115,7 @@ type Options struct {
 	Pool map[string]int
 	// MetricsInterval is how often every sandbox created with monitoring
 	// on is sampled (CPU, memory, disk, network, from the host side);
-	// default 15 s, negative never (tests call SampleMetrics).
+	// default 15 s, negative never (tests call Monitor().Sample).
 	MetricsInterval time.Duration
 	// HealthInterval is how often the agent of every running sandbox is
 	// asked for its health; default 15 s, negative never. A sandbox whose
@@ -192,6 +193,7 @@ type Engine struct {
 	envs    *env.Service
 	history *history.Service
 	catalog *catalog.Catalog
+	monitor *monitor.Service
 	audit   *audit.Log
 	urls    *ingress.Service
 	hosts   *cluster.Registry
@@ -286,6 +288,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.history = history.New(history.Options{Store: e.store, Secrets: e.sec, Key: e.dataKey, Now: opts.Now, Log: e.log})
 	// Lowering an account's retention purges at once.
 	e.tenants.AccountUpdated = func(string) { e.purgeRetention(e.ctx) }
+	meter, _ := e.net.(network.Meter)
+	e.monitor = monitor.New(monitor.Options{Store: e.store, Sandboxes: sandboxView{e}, Meter: meter, Now: opts.Now, Log: e.log})
 	e.catalog = catalog.New(catalog.Options{Images: opts.Images, Dir: opts.ImageDir, AgentPath: opts.AgentPath, Owner: opts.DataDir,
 		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Audit: al, Log: e.log})
 	e.envs = env.New(e.store, e.tenants, e.sec)
@@ -296,7 +300,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.urlCalls = ingress.NewCalls(e.urls, urlSandboxes{e}, e.tenants, al)
+	e.urlCalls = ingress.NewCalls(e.urls, sandboxView{e}, e.tenants, al)
 	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
 	e.budgets.Audit = al
 	e.budgets.Billing = opts.Billing
@@ -365,7 +369,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	if opts.MetricsInterval > 0 {
 		e.wg.Add(1)
-		go e.monitorLoop(opts.MetricsInterval)
+		go func() { defer e.wg.Done(); e.monitor.Run(e.ctx, opts.MetricsInterval) }()
 	}
 	if len(opts.Pool) > 0 {
 		entries, _ := parsePool(opts.Pool) // (checked by defaults)

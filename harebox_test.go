@@ -30,6 +30,7 @@ import (
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
@@ -408,8 +409,8 @@ func TestEngineLifecycle(t *testing.T) {
 		// the loop and the first after it.
 		sampleSince := func(from time.Time) []*store.MetricSample {
 			for range 20 {
-				eng.SampleMetrics(ctx)
-				l, err := eng.Metrics(ctx, box.ID, harebox.MetricsQuery{From: from})
+				eng.Monitor().Sample(ctx)
+				l, err := eng.Monitor().Metrics(ctx, box.ID, monitor.Query{From: from})
 				if err != nil {
 					t.Fatal(err)
 				}

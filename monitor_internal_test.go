@@ -56,14 +56,14 @@ func TestSampleWaitsOutShortHolds(t *testing.T) {
 	}
 
 	hold(50 * time.Millisecond) // a store write's worth
-	eng.SampleMetrics(ctx)
+	eng.Monitor().Sample(ctx)
 	if n := samples(); n != 1 {
 		t.Fatalf("a box held for 50 ms: %d samples, want 1", n)
 	}
 
 	hold(3 * roundLockWait) // a lifecycle call
 	start := time.Now()
-	eng.SampleMetrics(ctx)
+	eng.Monitor().Sample(ctx)
 	if took := time.Since(start); took > 2*roundLockWait {
 		t.Fatalf("the round waited %v for a busy box", took)
 	}

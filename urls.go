@@ -9,7 +9,7 @@ import (
 
 // Published ports. The ingress package keeps the URLs, serves them and
 // answers the calls on them (ingress.Calls: authorized on the sandbox or
-// project, audited); the engine gives it its sandboxes (urlSandboxes) and
+// project, audited); the engine gives it its sandboxes (sandboxView) and
 // unpublishes a sandbox's URLs when it is destroyed.
 
 // URLs is the engine's ingress: the caller serves it on its own listener
@@ -20,14 +20,16 @@ func (e *Engine) URLs() *ingress.Service { return e.urls }
 // (authz.WithPrincipal; none is the operator), as the REST API makes them.
 func (e *Engine) URLCalls() *ingress.Calls { return e.urlCalls }
 
-// urlSandboxes is what ingress.Calls needs of the engine.
-type urlSandboxes struct{ e *Engine }
+// sandboxView is what the domain services need of the engine's
+// sandboxes: ingress.Calls' Sandboxes, and monitor.Sandboxes (with
+// Monitored, in monitor.go).
+type sandboxView struct{ e *Engine }
 
-func (s urlSandboxes) Check(ctx context.Context, action, id string) error {
+func (s sandboxView) Check(ctx context.Context, action, id string) error {
 	return s.e.check(ctx, action, id)
 }
 
-func (s urlSandboxes) Sandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+func (s sandboxView) Sandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 	rec, err := s.e.record(ctx, id)
 	if err != nil {
 		return nil, err
@@ -35,7 +37,7 @@ func (s urlSandboxes) Sandbox(ctx context.Context, id string) (*sandbox.Sandbox,
 	return &rec.Sandbox, nil
 }
 
-func (s urlSandboxes) AccountOf(ctx context.Context, id string) string { return s.e.accountOf(ctx, id) }
+func (s sandboxView) AccountOf(ctx context.Context, id string) string { return s.e.accountOf(ctx, id) }
 
 // CreateURL publishes a port of a sandbox (URLCalls().Create).
 func (e *Engine) CreateURL(ctx context.Context, id string, req sandbox.URLRequest) (*sandbox.URL, error) {

@@ -12,12 +12,13 @@ import (
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
 )
 
 func (s *Server) getSandboxMetrics(w http.ResponseWriter, r *http.Request) error {
 	qv := r.URL.Query()
-	var q harebox.MetricsQuery
+	var q monitor.Query
 	for name, into := range map[string]*time.Time{"from": &q.From, "to": &q.To} {
 		if v := qv.Get(name); v != "" {
 			t, err := time.Parse(time.RFC3339, v)
@@ -34,7 +35,7 @@ func (s *Server) getSandboxMetrics(w http.ResponseWriter, r *http.Request) error
 		}
 		q.Limit = n
 	}
-	l, err := s.eng.Metrics(r.Context(), r.PathValue("id"), q)
+	l, err := s.monitor.Metrics(r.Context(), r.PathValue("id"), q)
 	return reply(w, http.StatusOK, map[string]any{"samples": l}, err)
 }
 
@@ -109,7 +110,7 @@ func metricsHandler(eng *harebox.Engine) http.Handler {
 }
 
 func (s *Server) getServerMetrics(w http.ResponseWriter, r *http.Request) error {
-	if err := s.eng.MayReadServerMetrics(r.Context()); err != nil {
+	if err := monitor.MayReadServer(authz.From(r.Context())); err != nil {
 		return err
 	}
 	s.metrics.ServeHTTP(w, r)

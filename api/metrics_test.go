@@ -15,8 +15,8 @@ func TestMetricsREST(t *testing.T) {
 	f := newFastAPI(t, api.Options{})
 	on := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"labels": map[string]string{"team": "red"}}), "id")
 	off := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"monitoring": false}), "id")
-	f.eng.SampleMetrics(context.Background())
-	f.eng.SampleMetrics(context.Background())
+	f.eng.Monitor().Sample(context.Background())
+	f.eng.Monitor().Sample(context.Background())
 	samples := func(id, key string) []any {
 		t.Helper()
 		l, _ := f.must(t, 200, "GET", "/v1/sandboxes/"+id+"/metrics", key, nil).body["samples"].([]any)

@@ -32,6 +32,7 @@ import (
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/model"
+	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -124,9 +125,11 @@ type Server struct {
 	opts Options
 	eng  *harebox.Engine
 	// urls answers the URL and URL CA calls (the engine's ingress.Calls),
-	// images the image calls (its catalog).
-	urls   *ingress.Calls
-	images *catalog.Catalog
+	// images the image calls (its catalog), monitor the sandboxes'
+	// metrics (its monitoring).
+	urls    *ingress.Calls
+	images  *catalog.Catalog
+	monitor *monitor.Service
 	// The last readiness answer (readiness).
 	readyMu     sync.Mutex
 	readyAt     time.Time
@@ -264,7 +267,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine),
-		urls: opts.Engine.URLCalls(), images: opts.Engine.Images()}
+		urls: opts.Engine.URLCalls(), images: opts.Engine.Images(), monitor: opts.Engine.Monitor()}
 	if opts.Cluster != nil {
 		s.fwd = cluster.NewForwarder(opts.Engine.HostName(), opts.Cluster, func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("cannot forward a request to its host", "path", r.URL.Path, "err", err)
