@@ -67,7 +67,9 @@ test: deps vet lint-openapi
 	@# testlog prints what go test would (results, failures' output) and
 	@# keeps each test's time: the run ends with the 10 slowest tests.
 	@mkdir -p $(CACHE) && rm -f $(CACHE)/test-times.tsv && $(GO) build -o $(BIN)/testlog ./internal/cmd/testlog
-	set -o pipefail; $(GO) test -json -timeout 24m -count=1 ./e2e/ . ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv
+	@# A failed run still ends with the slowest tests (read from the file).
+	set -o pipefail; $(GO) test -json -timeout 24m -count=1 ./e2e/ . ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv || \
+		{ $(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10 </dev/null; exit 1; }
 	@# The engine's concurrency tests again, several times, under the race detector.
 	set -o pipefail; CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
 		$(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10
