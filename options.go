@@ -1,0 +1,227 @@
+package harebox
+
+import (
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/harebox/harebox/audit"
+	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/network"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/store"
+	"golang.org/x/sys/unix"
+)
+
+// Options configure an Engine. The zero value works on one Linux host.
+type Options struct {
+	// DataDir holds the database, images, machine state and keys.
+	// Default /var/lib/harebox. Keep it short: Unix socket paths under it
+	// are limited to 107 bytes.
+	DataDir string
+
+	// Hypervisor is an in-process backend. If nil, the engine starts the
+	// Backend plugin binary.
+	Hypervisor hypervisor.Hypervisor
+	// Backend names the plugin: "qemu" (default) or "cloud-hypervisor".
+	Backend string
+	// PluginPath is the plugin binary; default harebox-plugin-<Backend>
+	// beside the executable, else on PATH.
+	PluginPath string
+	// PluginArgs are passed to the plugin binary.
+	PluginArgs []string
+
+	Network network.Network // default network.None
+	// Ingress is the public base URL (https://HOST[:PORT]) of the ingress
+	// that serves published ports (URLs(), served by the caller); nil:
+	// ports cannot be published. The Network must implement
+	// network.Ingress.
+	Ingress *url.URL
+	// DefaultFirewall is the policy of sandboxes created without one;
+	// default firewall.Default() (the public internet only).
+	DefaultFirewall *firewall.Policy
+	Secrets         secrets.Store  // default sealed rows in the database
+	Billing         budget.Billing // optional copy of every metered interval
+	Store           store.Store    // default SQLite in DataDir/harebox.db
+
+	// Images maps image names to built images. Names not here are looked
+	// up in ImageDir (default DataDir/images), as built by harebox-image.
+	Images   map[string]images.Image
+	ImageDir string
+	// AgentPath is the static harebox-agent binary images are built with
+	// (Images().Build); empty means this engine builds no images.
+	AgentPath string
+
+	// Site is where this host runs, reported on every sandbox.
+	Site sandbox.Site
+	// Capacity bounds what Create admits.
+	Capacity Capacity
+	// Host names this host among those that share the Store.
+	Host HostOptions
+	// BootTimeout bounds create-to-ready; default 3 minutes (TCG is slow).
+	BootTimeout time.Duration
+	// Now is the engine's clock for command history, its retention and
+	// metering; default time.Now (tests move it).
+	Now func() time.Time
+	// Prices turn usage into money; default budget.DefaultPrices.
+	Prices *budget.Prices
+	// MeterInterval is how often every sandbox's usage is settled against
+	// its budgets, and what a reservation covers; default 5 s. Negative:
+	// reservations cover 5 s but nothing settles on its own (tests call
+	// Settle).
+	MeterInterval time.Duration
+	// GoldenSnapshots makes creates restore from a golden snapshot of
+	// their image and size (booted once, in the background, on the first
+	// create of each) instead of booting, once there is one (golden.go).
+	GoldenSnapshots bool
+	// Pool keeps that many sandboxes restored from the golden snapshot
+	// idle and ready for each "IMAGE:PRESET" (pool.go): a create of that
+	// image and size claims one. A pool implies GoldenSnapshots.
+	Pool map[string]int
+	// MetricsInterval is how often every sandbox created with monitoring
+	// on is sampled (CPU, memory, disk, network, from the host side);
+	// default 15 s, negative never (tests call Monitor().Sample).
+	MetricsInterval time.Duration
+	// HealthInterval is how often the agent of every running sandbox is
+	// asked for its health; default 15 s, negative never. A sandbox whose
+	// agent misses two checks in a row reports agent "unresponsive".
+	HealthInterval time.Duration
+	// MaxFileBytes bounds one file written or read; default 256 MiB.
+	MaxFileBytes int64
+	// MaxOutputBytes bounds collected stdout and stderr, each; default 8 MiB.
+	MaxOutputBytes int
+	// PlaintextDisks turns crypto-erase off: sandboxes get no data key,
+	// their disks and snapshots are plain files and delete only removes
+	// them. A backend that cannot encrypt (Cloud Hypervisor without root,
+	// qemu-img or qemu-storage-daemon) needs it: New refuses such a
+	// backend without it.
+	PlaintextDisks bool
+
+	// AuditAnchor also keeps every checkpoint of the audit log, outside
+	// the database (audit.Anchor); default audit.None. The caller closes
+	// it after the engine.
+	AuditAnchor audit.Anchor
+	// AuditCheckpointInterval is how long an audit entry waits for its
+	// signed checkpoint at most; default audit.CheckpointInterval.
+	AuditCheckpointInterval time.Duration
+
+	Logger *slog.Logger
+}
+
+// Capacity bounds the resources sandboxes may reserve on this host.
+type Capacity struct {
+	// CPUOvercommit multiplies the host's cores (default 4).
+	CPUOvercommit float64
+	// MemoryOvercommit multiplies the host's memory (default 1: never more
+	// guest memory than the host has, so the host does not swap).
+	MemoryOvercommit float64
+	// ReserveMB is kept for the host itself (default 1024).
+	ReserveMB int
+	// DiskOvercommit multiplies the size of the data directory's filesystem
+	// for the sandboxes' disks (default 1: a guest that fills its disk
+	// cannot fill the host's).
+	DiskOvercommit float64
+	// VCPUs, MemoryMB and DiskGB, when set, replace the computed limits.
+	VCPUs    int
+	MemoryMB int
+	DiskGB   int
+}
+
+func (o *Options) defaults() error {
+	if _, err := parsePool(o.Pool); err != nil {
+		return err
+	}
+	if len(o.Pool) > 0 {
+		o.GoldenSnapshots = true
+	}
+	if o.DataDir == "" {
+		o.DataDir = "/var/lib/harebox"
+	}
+	abs, err := filepath.Abs(o.DataDir)
+	if err != nil {
+		return err
+	}
+	o.DataDir = abs
+	// DataDir/m/<sandbox id>/agent.sock must fit a Unix socket path.
+	if len(o.DataDir) > 60 {
+		return sandbox.Errorf(sandbox.ErrInvalid, "data_dir", "%q is longer than 60 bytes; Unix socket paths under it would not fit", o.DataDir)
+	}
+	if o.Backend == "" {
+		o.Backend = "qemu"
+	}
+	if o.ImageDir == "" {
+		o.ImageDir = filepath.Join(o.DataDir, "images")
+	}
+	if o.Network == nil {
+		o.Network = network.None{}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Prices == nil {
+		p := budget.DefaultPrices
+		o.Prices = &p
+	}
+	if o.MeterInterval == 0 {
+		o.MeterInterval = 5 * time.Second
+	}
+	if o.MetricsInterval == 0 {
+		o.MetricsInterval = 15 * time.Second
+	}
+	if o.HealthInterval == 0 {
+		o.HealthInterval = 15 * time.Second
+	}
+	if o.BootTimeout == 0 {
+		o.BootTimeout = 3 * time.Minute
+	}
+	if o.MaxFileBytes == 0 {
+		o.MaxFileBytes = 256 << 20
+	}
+	if o.MaxOutputBytes == 0 {
+		o.MaxOutputBytes = 8 << 20
+	}
+	if o.Site.Name == "" {
+		o.Site = sandbox.Site{Name: "local", Country: ""}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// limits computes admission limits from the host's size.
+func (c Capacity) limits(log *slog.Logger, dataDir string) sandbox.Resources {
+	if c.CPUOvercommit == 0 {
+		c.CPUOvercommit = 4
+	}
+	if c.MemoryOvercommit == 0 {
+		c.MemoryOvercommit = 1
+	}
+	if c.ReserveMB == 0 {
+		c.ReserveMB = 1024
+	}
+	if c.DiskOvercommit == 0 {
+		c.DiskOvercommit = 1
+	}
+	r := sandbox.Resources{VCPUs: c.VCPUs, MemoryMB: c.MemoryMB, DiskGB: c.DiskGB}
+	if r.DiskGB == 0 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dataDir, &st); err == nil {
+			r.DiskGB = int(float64(st.Blocks*uint64(st.Bsize)>>30) * c.DiskOvercommit)
+		}
+	}
+	if r.VCPUs == 0 {
+		r.VCPUs = int(float64(runtime.NumCPU()) * c.CPUOvercommit)
+	}
+	if r.MemoryMB == 0 {
+		r.MemoryMB = int(float64(hostMemoryMB())*c.MemoryOvercommit) - c.ReserveMB
+	}
+	log.Info("admission limits", "vcpus", r.VCPUs, "memory_mb", r.MemoryMB, "disk_gb", r.DiskGB)
+	return r
+}
