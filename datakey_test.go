@@ -72,7 +72,7 @@ func TestDataKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { eng.Close() }()
-	cmds, err := eng.Commands(ctx, box.ID, 0)
+	cmds, err := eng.History().List(ctx, box.ID, 0)
 	if err != nil || len(cmds) != 1 || cmds[0].Result == nil || cmds[0].Result.Stdout != value+"\n" {
 		t.Fatalf("history after a restart: %+v %v", cmds, err)
 	}

@@ -86,7 +86,7 @@ func BenchmarkIngressVM(b *testing.B) {
 	if _, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Argv: []string{"/tmp/guestweb", "-listen", ":8080"}}); err != nil {
 		b.Fatal(err)
 	}
-	u, err := eng.CreateURL(ctx, box.ID, sandbox.URLRequest{Port: 8080})
+	u, err := eng.URLCalls().Create(ctx, box.ID, sandbox.URLRequest{Port: 8080})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -223,15 +223,5 @@ func (e *Engine) OnSandbox(ctx context.Context, action, id string, call func(con
 // OnSandbox with action listCommands.
 func (e *Engine) History() *history.Service { return e.history }
 
-// Commands returns a sandbox's command history (history.Service.List),
-// for the principal in ctx.
-func (e *Engine) Commands(ctx context.Context, id string, limit int) (l []sandbox.Command, err error) {
-	err = e.OnSandbox(ctx, "listCommands", id, func(ctx context.Context) (err error) {
-		l, err = e.history.List(ctx, id, limit)
-		return err
-	})
-	return l, err
-}
-
 // Audit is the engine's audit log.
 func (e *Engine) Audit() *audit.Log { return e.audit }

@@ -38,28 +38,3 @@ func (s sandboxView) Sandbox(ctx context.Context, id string) (*sandbox.Sandbox, 
 }
 
 func (s sandboxView) AccountOf(ctx context.Context, id string) string { return s.e.accountOf(ctx, id) }
-
-// CreateURL publishes a port of a sandbox (URLCalls().Create).
-func (e *Engine) CreateURL(ctx context.Context, id string, req sandbox.URLRequest) (*sandbox.URL, error) {
-	return e.urlCalls.Create(ctx, id, req)
-}
-
-// ListURLs lists a sandbox's URLs, oldest first (URLCalls().List).
-func (e *Engine) ListURLs(ctx context.Context, id string) ([]*sandbox.URL, error) {
-	return e.urlCalls.List(ctx, id)
-}
-
-// GetURL returns one URL of a sandbox (URLCalls().Get).
-func (e *Engine) GetURL(ctx context.Context, id, urlID string) (*sandbox.URL, error) {
-	return e.urlCalls.Get(ctx, id, urlID)
-}
-
-// RotateURL gives a URL a new token (URLCalls().Rotate).
-func (e *Engine) RotateURL(ctx context.Context, id, urlID string) (*sandbox.URL, error) {
-	return e.urlCalls.Rotate(ctx, id, urlID)
-}
-
-// DeleteURL unpublishes a URL (URLCalls().Delete).
-func (e *Engine) DeleteURL(ctx context.Context, id, urlID string) error {
-	return e.urlCalls.Delete(ctx, id, urlID)
-}

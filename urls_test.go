@@ -41,7 +41,7 @@ func TestURLs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eng.CreateURL(ctx, box.ID, sandbox.URLRequest{Port: 80}); !errors.Is(err, sandbox.ErrUnavailable) {
+	if _, err := eng.URLCalls().Create(ctx, box.ID, sandbox.URLRequest{Port: 80}); !errors.Is(err, sandbox.ErrUnavailable) {
 		t.Errorf("no ingress: %v", err)
 	}
 	eng.Delete(ctx, box.ID)
@@ -60,7 +60,7 @@ func TestURLs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := eng.CreateURL(ctx, box.ID, sandbox.URLRequest{Port: 8080})
+	u, err := eng.URLCalls().Create(ctx, box.ID, sandbox.URLRequest{Port: 8080})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,22 +68,22 @@ func TestURLs(t *testing.T) {
 		t.Errorf("created %+v", u)
 	}
 	for _, bad := range []sandbox.URLRequest{{Port: 0}, {Port: 65536}, {Port: 80, Auth: "magic"}} {
-		if _, err := eng.CreateURL(ctx, box.ID, bad); !errors.Is(err, sandbox.ErrInvalid) {
+		if _, err := eng.URLCalls().Create(ctx, box.ID, bad); !errors.Is(err, sandbox.ErrInvalid) {
 			t.Errorf("%+v: %v", bad, err)
 		}
 	}
-	if _, err := eng.CreateURL(ctx, box.ID, sandbox.URLRequest{Port: 8080}); !errors.Is(err, sandbox.ErrExists) {
+	if _, err := eng.URLCalls().Create(ctx, box.ID, sandbox.URLRequest{Port: 8080}); !errors.Is(err, sandbox.ErrExists) {
 		t.Errorf("the same port again: %v", err)
 	}
-	if got, err := eng.GetURL(ctx, box.ID, u.ID); err != nil || got.Token != "" {
+	if got, err := eng.URLCalls().Get(ctx, box.ID, u.ID); err != nil || got.Token != "" {
 		t.Errorf("get shows %+v, %v", got, err)
 	}
 	// A key of another account sees nothing.
 	other := authz.WithPrincipal(ctx, authz.Principal{AccountID: "acc_other", Scope: authz.Scope{Actions: []string{"*"}}})
-	if _, err := eng.ListURLs(other, box.ID); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := eng.URLCalls().List(other, box.ID); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("another account lists: %v", err)
 	}
-	if _, err := eng.RotateURL(other, box.ID, u.ID); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := eng.URLCalls().Rotate(other, box.ID, u.ID); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("another account rotates: %v", err)
 	}
 
@@ -94,7 +94,7 @@ func TestURLs(t *testing.T) {
 	if l, err := eng.URLs().List(ctx, box.ID); err != nil || len(l) != 0 {
 		t.Errorf("after delete: %v %v", l, err)
 	}
-	if _, err := eng.CreateURL(ctx, box.ID, sandbox.URLRequest{Port: 9090}); !errors.Is(err, sandbox.ErrState) {
+	if _, err := eng.URLCalls().Create(ctx, box.ID, sandbox.URLRequest{Port: 9090}); !errors.Is(err, sandbox.ErrState) {
 		t.Errorf("publishing on a deleted sandbox: %v", err)
 	}
 }
