@@ -46,7 +46,7 @@ func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy)
 		return nil, err
 	}
 	if err := p.Validate(); err != nil {
-		return nil, firewallErr(err)
+		return nil, firewall.Invalid(err)
 	}
 	b, err := e.liveOrErr(ctx, id)
 	if err != nil {
@@ -60,7 +60,7 @@ func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy)
 	if err := e.net.SetPolicy(ctx, id, p); err != nil {
 		var fe *firewall.Error
 		if errors.As(err, &fe) {
-			return nil, firewallErr(err)
+			return nil, firewall.Invalid(err)
 		}
 		return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the firewall could not be updated; the old policy stays in force", Err: err}
 	}
@@ -106,23 +106,4 @@ func (e *Engine) initialPolicy(req *sandbox.CreateRequest, rec *store.Sandbox) e
 	}
 	rec.Extra = withExtra(rec.Extra, policyKey, json.RawMessage(raw))
 	return nil
-}
-
-// firewallErr turns a policy validation error into an engine error that
-// names the field.
-func firewallErr(err error) error {
-	var fe *firewall.Error
-	if errors.As(err, &fe) {
-		return sandbox.Errorf(sandbox.ErrInvalid, fe.Field, "%s", fe.Msg)
-	}
-	return &sandbox.Error{Kind: sandbox.ErrInvalid, Msg: "invalid firewall policy", Err: err}
-}
-
-// ParseFirewall decodes and validates a policy document (strict JSON).
-func ParseFirewall(data []byte) (*firewall.Policy, error) {
-	p, err := firewall.Parse(data)
-	if err != nil {
-		return nil, firewallErr(err)
-	}
-	return p, nil
 }

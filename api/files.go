@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/firewall"
 )
 
 // pathParam returns the required absolute, clean path query parameter.
@@ -162,9 +163,9 @@ func (s *Server) setFirewall(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p, err := harebox.ParseFirewall(body)
+	p, err := firewall.Parse(body)
 	if err != nil {
-		return err
+		return firewall.Invalid(err)
 	}
 	p, err = s.eng.SetFirewall(r.Context(), r.PathValue("id"), p)
 	if err != nil {

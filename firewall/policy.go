@@ -40,6 +40,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/harebox/harebox/model"
 )
 
 // Limits on a policy's size. They bound the nftables rules, the DNS and
@@ -104,6 +106,17 @@ func (e *Error) Error() string {
 		return "firewall: " + e.Msg
 	}
 	return "firewall: " + e.Field + ": " + e.Msg
+}
+
+// Invalid is err as the vocabulary's invalid-request error
+// (model.ErrInvalid, naming the field at fault), for a policy that came
+// in a request.
+func Invalid(err error) error {
+	var fe *Error
+	if errors.As(err, &fe) {
+		return model.Errorf(model.ErrInvalid, fe.Field, "%s", fe.Msg)
+	}
+	return &model.Error{Kind: model.ErrInvalid, Msg: "invalid firewall policy", Err: err}
 }
 
 func errorf(field, format string, args ...any) *Error {
