@@ -10,24 +10,13 @@ import (
 	"github.com/harebox/harebox/store"
 )
 
-// EventQuery pages through events.
-type EventQuery struct {
-	// Account (ID or name) narrows the operator's events to one account;
-	// a key reads its own account's.
-	Account string
-	// After is the cursor: events after this sequence number.
-	After int64
-	// Limit bounds one page (default 100, at most 1000).
-	Limit int
-}
-
 // Events returns what happened on the engine's side, oldest first: a
 // budget's warnings, its being reached and what it did, a guest using a
 // placeholder where it is not swapped, a VM that stopped on its own. They
 // are audit entries (by principal budget:ID, sandbox:ID or engine); a key
 // sees those of the sandboxes and budgets it may see. next is the cursor
 // of the next page (the last entry looked at, shown or not).
-func (e *Engine) Events(ctx context.Context, q EventQuery) (events []*audit.Entry, next int64, err error) {
+func (e *Engine) Events(ctx context.Context, q sandbox.EventQuery) (events []*audit.Entry, next int64, err error) {
 	p := authz.From(ctx)
 	if err := authz.Allowed(p, "listEvents"); err != nil {
 		return nil, 0, err

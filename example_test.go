@@ -27,7 +27,7 @@ func Example() {
 	defer eng.Delete(ctx, box.ID)
 
 	job := strings.NewReader("print(sum(range(10)))\n")
-	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/job.py", job, harebox.WriteOptions{}); err != nil {
+	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/job.py", job, sandbox.WriteOptions{}); err != nil {
 		log.Fatal(err)
 	}
 	res, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "python3 /home/user/job.py", TimeoutSeconds: 60})

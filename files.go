@@ -9,16 +9,6 @@ import (
 	"github.com/harebox/harebox/sandbox"
 )
 
-// WriteOptions tune WriteFile.
-type WriteOptions struct {
-	// Mode is the file's permission bits; 0 means 0644.
-	Mode uint32
-	// Owner is "user", "root" or "name:group"; empty means the default user.
-	Owner string
-	// MakeParents creates missing parent directories.
-	MakeParents bool
-}
-
 // errTooLarge is returned by limitReader past its limit.
 var errTooLarge = errors.New("too large")
 
@@ -46,7 +36,7 @@ func (l *limitReader) Read(p []byte) (int, error) {
 
 // WriteFile streams r into path in the sandbox. The file appears whole or
 // not at all; a file larger than the engine's limit is refused.
-func (e *Engine) WriteFile(ctx context.Context, id, path string, r io.Reader, o WriteOptions) (_ *sandbox.FileInfo, err error) {
+func (e *Engine) WriteFile(ctx context.Context, id, path string, r io.Reader, o sandbox.WriteOptions) (_ *sandbox.FileInfo, err error) {
 	defer e.audited(ctx, "writeFile", id, &err)
 	if o.Mode > 0o7777 {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "mode", "must be at most 07777")

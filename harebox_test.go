@@ -270,7 +270,7 @@ func TestEngineLifecycle(t *testing.T) {
 	})
 	t.Run("Files", func(t *testing.T) {
 		payload := bytes.Repeat([]byte{0, 1, 2, 0xff}, 256<<10) // 1 MiB
-		fi, err := eng.WriteFile(ctx, box.ID, "/home/user/dir/data.bin", bytes.NewReader(payload), harebox.WriteOptions{Mode: 0o600, MakeParents: true})
+		fi, err := eng.WriteFile(ctx, box.ID, "/home/user/dir/data.bin", bytes.NewReader(payload), sandbox.WriteOptions{Mode: 0o600, MakeParents: true})
 		if err != nil || fi.Size != int64(len(payload)) || fi.Mode != 0o600 || fi.UID != 1000 {
 			t.Fatalf("write: %+v %v", fi, err)
 		}
@@ -299,7 +299,7 @@ func TestEngineLifecycle(t *testing.T) {
 		wantKind(t, "stat removed", err, sandbox.ErrNotFound)
 
 		// Oversized: refused, and nothing is left behind.
-		_, err = eng.WriteFile(ctx, box.ID, "/home/user/big", bytes.NewReader(make([]byte, 5<<20)), harebox.WriteOptions{})
+		_, err = eng.WriteFile(ctx, box.ID, "/home/user/big", bytes.NewReader(make([]byte, 5<<20)), sandbox.WriteOptions{})
 		wantKind(t, "oversized write", err, sandbox.ErrTooLarge)
 		_, err = eng.StatFile(ctx, box.ID, "/home/user/big")
 		wantKind(t, "oversized file after refusal", err, sandbox.ErrNotFound)
@@ -942,7 +942,7 @@ func TestEngineDefaultImage(t *testing.T) {
 	box := create(t, eng, sandbox.CreateRequest{Image: "default", Size: sandbox.Size{Preset: "small"}, Environment: "api", TTLSeconds: 900, Env: map[string]string{"HB_CANARY": canary}})
 	defer eng.Delete(ctx, box.ID)
 	job := "import os, sys\nprint('job', os.getuid(), sys.version_info[0])\n"
-	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/job.py", strings.NewReader(job), harebox.WriteOptions{}); err != nil {
+	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/job.py", strings.NewReader(job), sandbox.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "python3 /home/user/job.py", TimeoutSeconds: 300})
@@ -1214,7 +1214,7 @@ func TestEngineVMExit(t *testing.T) {
 		t.Error("stopped without a reason")
 	}
 	// It is an event, by the engine.
-	evs, _, err := eng.Events(ctx, harebox.EventQuery{})
+	evs, _, err := eng.Events(ctx, sandbox.EventQuery{})
 	if err != nil {
 		t.Fatal(err)
 	}

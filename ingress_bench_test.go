@@ -80,7 +80,7 @@ func BenchmarkIngressVM(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer web.Close()
-	if _, err := eng.WriteFile(ctx, box.ID, "/tmp/guestweb", web, harebox.WriteOptions{Mode: 0o755}); err != nil {
+	if _, err := eng.WriteFile(ctx, box.ID, "/tmp/guestweb", web, sandbox.WriteOptions{Mode: 0o755}); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Argv: []string{"/tmp/guestweb", "-listen", ":8080"}}); err != nil {

@@ -77,7 +77,7 @@ func TestMemHVEngine(t *testing.T) {
 	}
 
 	payload := "hello from memhv\n"
-	if _, err := eng.WriteFile(ctx, box.ID, "/tmp/greeting", strings.NewReader(payload), harebox.WriteOptions{}); err != nil {
+	if _, err := eng.WriteFile(ctx, box.ID, "/tmp/greeting", strings.NewReader(payload), sandbox.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer

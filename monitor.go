@@ -50,30 +50,13 @@ func (e *Engine) purgeRetention(ctx context.Context) {
 	e.history.Purge(ctx)
 }
 
-// Stats is the engine at a glance, for the server's /metrics.
-type Stats struct {
-	// Sandboxes counts the live sandboxes by state; Busy those in a
-	// lifecycle call just then (their state is changing).
-	Sandboxes map[sandbox.State]int
-	Busy      int
-	// Reserved is what admitted sandboxes hold; Limit what admission
-	// allows on this host.
-	Reserved, Limit sandbox.Resources
-	// Pool is how many idle pool members are ready (their host capacity
-	// is in Reserved).
-	Pool int
-	// Creates sums the creates since the engine started, by how they were
-	// served (boot, snapshot, pool).
-	Creates map[string]CreateStats
-}
-
 // Stats returns the engine's counts now (for a principal that
 // monitor.MayReadServer allows: they are the host's, across accounts).
-func (e *Engine) Stats(ctx context.Context) (Stats, error) {
+func (e *Engine) Stats(ctx context.Context) (monitor.Stats, error) {
 	if err := monitor.MayReadServer(authz.From(ctx)); err != nil {
-		return Stats{}, err
+		return monitor.Stats{}, err
 	}
-	st := Stats{Sandboxes: map[sandbox.State]int{}}
+	st := monitor.Stats{Sandboxes: map[sandbox.State]int{}}
 	e.mu.Lock()
 	boxes := make([]*box, 0, len(e.boxes))
 	for _, b := range e.boxes {

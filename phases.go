@@ -4,6 +4,8 @@ import (
 	"maps"
 	"sync"
 	"time"
+
+	"github.com/harebox/harebox/monitor"
 )
 
 // phases times the steps of one create, for its result and the server's
@@ -27,29 +29,21 @@ func (p *phases) mark(name string) {
 	p.last = now
 }
 
-// CreateStats sums the creates served one way: how many, and how long
-// they and each of their steps took, in seconds.
-type CreateStats struct {
-	Count   int
-	Seconds float64
-	Phases  map[string]float64
-}
-
 // createStats accumulates CreateStats by how creates were served.
 type createStats struct {
 	mu sync.Mutex
-	m  map[string]*CreateStats
+	m  map[string]*monitor.CreateStats
 }
 
 func (s *createStats) add(served string, total time.Duration, p *phases) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
-		s.m = map[string]*CreateStats{}
+		s.m = map[string]*monitor.CreateStats{}
 	}
 	c := s.m[served]
 	if c == nil {
-		c = &CreateStats{Phases: map[string]float64{}}
+		c = &monitor.CreateStats{Phases: map[string]float64{}}
 		s.m[served] = c
 	}
 	c.Count++
@@ -61,12 +55,12 @@ func (s *createStats) add(served string, total time.Duration, p *phases) {
 	}
 }
 
-func (s *createStats) snapshot() map[string]CreateStats {
+func (s *createStats) snapshot() map[string]monitor.CreateStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[string]CreateStats{}
+	out := map[string]monitor.CreateStats{}
 	for k, c := range s.m {
-		out[k] = CreateStats{Count: c.Count, Seconds: c.Seconds, Phases: maps.Clone(c.Phases)}
+		out[k] = monitor.CreateStats{Count: c.Count, Seconds: c.Seconds, Phases: maps.Clone(c.Phases)}
 	}
 	return out
 }

@@ -8,16 +8,6 @@ import (
 	"github.com/harebox/harebox/sandbox"
 )
 
-// Terminal is an interactive session's terminal: its size at the start,
-// and what changes it while the session runs.
-type Terminal struct {
-	Rows, Cols uint16
-	// Resize delivers new sizes (rows, cols); Signals signals for the
-	// session's process group. Either may be nil.
-	Resize  <-chan [2]uint16
-	Signals <-chan int
-}
-
 // Shell runs r as an interactive session whose input streams: stdin goes
 // to the command as it comes, until its end.
 //
@@ -31,7 +21,7 @@ type Terminal struct {
 // stdin as its standard input and its two outputs apart.
 //
 // It ends when the command exits or ctx is done (which kills it).
-func (e *Engine) Shell(ctx context.Context, id string, r sandbox.ExecRequest, term *Terminal, stdin io.Reader, stdout, stderr io.Writer) (_ *sandbox.ExecResult, err error) {
+func (e *Engine) Shell(ctx context.Context, id string, r sandbox.ExecRequest, term *sandbox.Terminal, stdin io.Reader, stdout, stderr io.Writer) (_ *sandbox.ExecResult, err error) {
 	defer e.audited(ctx, "openPty", id, &err)
 	if term != nil && r.Cmd == "" && len(r.Argv) == 0 {
 		r.Cmd = `exec "${SHELL:-/bin/sh}" -l`

@@ -51,7 +51,7 @@ func TestSnapshotsAndFork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eng.WriteFile(ctx, src.ID, "/tmp/state", strings.NewReader("before"), harebox.WriteOptions{}); err != nil {
+	if _, err := eng.WriteFile(ctx, src.ID, "/tmp/state", strings.NewReader("before"), sandbox.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -112,7 +112,7 @@ func TestSnapshotsAndFork(t *testing.T) {
 		}
 		keys[string(spec.DataKey)] = true
 	}
-	if _, err := eng.WriteFile(ctx, src.ID, "/tmp/state", strings.NewReader("after"), harebox.WriteOptions{}); err != nil {
+	if _, err := eng.WriteFile(ctx, src.ID, "/tmp/state", strings.NewReader("after"), sandbox.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for i, c := range clones {
@@ -257,7 +257,7 @@ func TestHibernate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eng.WriteFile(ctx, box.ID, "/tmp/state", strings.NewReader("kept"), harebox.WriteOptions{}); err != nil {
+	if _, err := eng.WriteFile(ctx, box.ID, "/tmp/state", strings.NewReader("kept"), sandbox.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := eng.Hibernate(ctx, box.ID)
@@ -353,7 +353,7 @@ func TestGoldenSnapshots(t *testing.T) {
 	if first.Served != "boot" {
 		t.Fatalf("the first create was served by %q", first.Served)
 	}
-	if _, err := eng.WriteFile(ctx, first.ID, "/tmp/mine", strings.NewReader("first's"), harebox.WriteOptions{}); err != nil {
+	if _, err := eng.WriteFile(ctx, first.ID, "/tmp/mine", strings.NewReader("first's"), sandbox.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var got *sandbox.Sandbox

@@ -38,7 +38,7 @@ func TestStopStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/keep", strings.NewReader("kept"), harebox.WriteOptions{}); err != nil {
+	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/keep", strings.NewReader("kept"), sandbox.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := eng.Start(ctx, box.ID); !errors.Is(err, sandbox.ErrState) {

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/sandbox"
 )
 
 // eventKeepalive is how often a followed stream with nothing to say sends
@@ -14,7 +14,7 @@ const eventKeepalive = 15 * time.Second
 
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	qv := r.URL.Query()
-	q := harebox.EventQuery{Account: qv.Get("account")}
+	q := sandbox.EventQuery{Account: qv.Get("account")}
 	if v := qv.Get("after"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {

@@ -7,8 +7,8 @@ import (
 	"path"
 	"strconv"
 
-	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/sandbox"
 )
 
 // pathParam returns the required absolute, clean path query parameter.
@@ -52,7 +52,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// The engine refuses a file past its limit; the body is streamed.
-	fi, err := s.eng.WriteFile(r.Context(), r.PathValue("id"), p, s.streamBody(w, r), harebox.WriteOptions{
+	fi, err := s.eng.WriteFile(r.Context(), r.PathValue("id"), p, s.streamBody(w, r), sandbox.WriteOptions{
 		Mode: mode, Owner: r.URL.Query().Get("owner"), MakeParents: parents,
 	})
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
@@ -41,12 +40,12 @@ func (s *Server) getSandboxMetrics(w http.ResponseWriter, r *http.Request) error
 
 // engineCollector exposes the engine's counts to Prometheus.
 type engineCollector struct {
-	eng                              *harebox.Engine
+	eng                              Engine
 	sandboxes, busy, reserved, limit *prometheus.Desc
 	pool, creates, phases            *prometheus.Desc
 }
 
-func newEngineCollector(eng *harebox.Engine) *engineCollector {
+func newEngineCollector(eng Engine) *engineCollector {
 	return &engineCollector{
 		eng:       eng,
 		sandboxes: prometheus.NewDesc("harebox_sandboxes", "Live sandboxes by state.", []string{"state"}, nil),
@@ -103,7 +102,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 
 // metricsHandler serves the Prometheus text format: the engine's counts,
 // and this process's and the Go runtime's.
-func metricsHandler(eng *harebox.Engine) http.Handler {
+func metricsHandler(eng Engine) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newEngineCollector(eng), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})

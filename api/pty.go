@@ -14,7 +14,6 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -162,7 +161,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	var res *sandbox.ExecResult
 	if tty {
 		out := &ptyWriter{ctx: ctx, conn: conn, timeout: s.opts.Timeouts.Terminal}
-		res, err = s.eng.Shell(ctx, id, req, &harebox.Terminal{Rows: uint16(rows), Cols: uint16(cols), Resize: resize, Signals: signals}, stdin, out, nil)
+		res, err = s.eng.Shell(ctx, id, req, &sandbox.Terminal{Rows: uint16(rows), Cols: uint16(cols), Resize: resize, Signals: signals}, stdin, out, nil)
 	} else {
 		// Each output message starts with its stream: 1 stdout, 2 stderr.
 		var mu sync.Mutex // (one message at a time on the connection)

@@ -24,7 +24,6 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
-	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget/money"
@@ -53,7 +52,8 @@ const MaxJSONBody = 1 << 20
 
 // Options configure a Server.
 type Options struct {
-	Engine *harebox.Engine
+	// Engine is the engine served (*harebox.Engine).
+	Engine Engine
 	// Auth authenticates the operator (the root key). Other keys are the
 	// engine's scoped keys (Engine.Keys).
 	Auth    Authenticator
@@ -123,7 +123,7 @@ type Authenticator interface {
 // Server serves the API.
 type Server struct {
 	opts Options
-	eng  *harebox.Engine
+	eng  Engine
 	// urls answers the URL and URL CA calls (the engine's ingress.Calls),
 	// images the image calls (its catalog), monitor the sandboxes'
 	// metrics (its monitoring).

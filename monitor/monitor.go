@@ -221,3 +221,28 @@ func MayReadServer(p authz.Principal) error {
 	}
 	return nil
 }
+
+// Stats is the engine at a glance (its runtime's counts), for the server's /metrics.
+type Stats struct {
+	// Sandboxes counts the live sandboxes by state; Busy those in a
+	// lifecycle call just then (their state is changing).
+	Sandboxes map[sandbox.State]int
+	Busy      int
+	// Reserved is what admitted sandboxes hold; Limit what admission
+	// allows on this host.
+	Reserved, Limit sandbox.Resources
+	// Pool is how many idle pool members are ready (their host capacity
+	// is in Reserved).
+	Pool int
+	// Creates sums the creates since the engine started, by how they were
+	// served (boot, snapshot, pool).
+	Creates map[string]CreateStats
+}
+
+// CreateStats sums the creates served one way: how many, and how long
+// they and each of their steps took, in seconds.
+type CreateStats struct {
+	Count   int
+	Seconds float64
+	Phases  map[string]float64
+}

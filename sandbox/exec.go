@@ -101,3 +101,23 @@ type FileInfo struct {
 	ModTime    time.Time `json:"mtime"`
 	LinkTarget string    `json:"link_target,omitempty"`
 }
+
+// WriteOptions tune WriteFile.
+type WriteOptions struct {
+	// Mode is the file's permission bits; 0 means 0644.
+	Mode uint32
+	// Owner is "user", "root" or "name:group"; empty means the default user.
+	Owner string
+	// MakeParents creates missing parent directories.
+	MakeParents bool
+}
+
+// Terminal is an interactive session's terminal: its size at the start,
+// and what changes it while the session runs.
+type Terminal struct {
+	Rows, Cols uint16
+	// Resize delivers new sizes (rows, cols); Signals signals for the
+	// session's process group. Either may be nil.
+	Resize  <-chan [2]uint16
+	Signals <-chan int
+}

@@ -51,7 +51,7 @@ func main() {
 	defer eng.Delete(context.WithoutCancel(ctx), box.ID)
 	fmt.Printf("sandbox %s is %s at %s\n", box.ID, box.State, box.Site.Name)
 
-	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/job.py", bytes.NewReader(job), harebox.WriteOptions{}); err != nil {
+	if _, err := eng.WriteFile(ctx, box.ID, "/home/user/job.py", bytes.NewReader(job), sandbox.WriteOptions{}); err != nil {
 		log.Fatal(err)
 	}
 	res, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "python3 /home/user/job.py", TimeoutSeconds: 300})

@@ -1,0 +1,127 @@
+package api
+
+import (
+	"context"
+	"io"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/apikey"
+	"github.com/harebox/harebox/audit"
+	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/history"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images/catalog"
+	"github.com/harebox/harebox/ingress"
+	"github.com/harebox/harebox/monitor"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/tenant"
+)
+
+// The engine as the REST layer sees it: the sandbox runtime's calls, in
+// small interfaces by job, and the domain services it hands out.
+// *harebox.Engine implements Engine; the API does not import the root
+// package, so the dependency points one way (cmd/hareboxd composes the
+// two).
+
+// Engine is everything the server calls.
+type Engine interface {
+	Sandboxes
+	Commands
+	Files
+	Snapshots
+	Firewalls
+	Hosts
+	Domains
+	Control
+}
+
+// Sandboxes are the calls on a sandbox's lifecycle.
+type Sandboxes interface {
+	Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error)
+	Get(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error)
+	Delete(ctx context.Context, id string) error
+	Pause(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	Resume(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	Stop(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	Start(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	Hibernate(ctx context.Context, id string) (*sandbox.Sandbox, error)
+}
+
+// Commands run commands in a sandbox.
+type Commands interface {
+	Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error)
+	ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error)
+	Shell(ctx context.Context, id string, r sandbox.ExecRequest, term *sandbox.Terminal, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error)
+	StartProcess(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.Process, error)
+	ListProcesses(ctx context.Context, id string) ([]sandbox.Process, error)
+	GetProcess(ctx context.Context, id, procID string) (*sandbox.Process, error)
+	WaitProcess(ctx context.Context, id, procID string) (*sandbox.Process, error)
+	KillProcess(ctx context.Context, id, procID string, signal int) error
+	ProcessOutput(ctx context.Context, id, procID string, offsets [2]uint64, follow bool, out agentclient.Output) (*sandbox.ExecResult, error)
+}
+
+// Files are the calls on a sandbox's files.
+type Files interface {
+	ReadFile(ctx context.Context, id, path string, w io.Writer) (int64, error)
+	WriteFile(ctx context.Context, id, path string, r io.Reader, o sandbox.WriteOptions) (*sandbox.FileInfo, error)
+	StatFile(ctx context.Context, id, path string) (*sandbox.FileInfo, error)
+	ListFiles(ctx context.Context, id, path string) ([]sandbox.FileInfo, bool, error)
+	Mkdir(ctx context.Context, id, path string, mode uint32) (*sandbox.FileInfo, error)
+	RemoveFile(ctx context.Context, id, path string, recursive bool) error
+}
+
+// Snapshots take, list and remove snapshots, and fork sandboxes.
+type Snapshots interface {
+	Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (*sandbox.Snapshot, error)
+	ListSnapshots(ctx context.Context, sandboxID string) ([]*sandbox.Snapshot, error)
+	GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, id string) error
+	Fork(ctx context.Context, id string, req sandbox.ForkRequest) ([]*sandbox.Sandbox, error)
+}
+
+// Firewalls read and replace a sandbox's firewall policy.
+type Firewalls interface {
+	Firewall(ctx context.Context, id string) (*firewall.Policy, error)
+	SetFirewall(ctx context.Context, id string, p *firewall.Policy) (*firewall.Policy, error)
+}
+
+// Hosts are the deployment's hosts: where a sandbox is, where a new one goes.
+type Hosts interface {
+	HostName() string
+	Hosts(ctx context.Context) ([]*cluster.Host, error)
+	Elsewhere(ctx context.Context, id string) (*cluster.Host, error)
+	SnapshotElsewhere(ctx context.Context, id string) (*cluster.Host, error)
+	Place(ctx context.Context, size sandbox.Resources) (*cluster.Host, error)
+	RemoveHost(ctx context.Context, name string) ([]string, error)
+}
+
+// Domains are the domain services the REST layer calls directly for
+// their own calls.
+type Domains interface {
+	Tenants() *tenant.Service
+	Keys() *apikey.Service
+	Environments() *env.Service
+	Budgets() *budget.Service
+	Audit() *audit.Log
+	History() *history.Service
+	Monitor() *monitor.Service
+	URLCalls() *ingress.Calls
+	Images() *catalog.Catalog
+}
+
+// Control is the engine as a whole: authorization, events, counts and
+// readiness.
+type Control interface {
+	Authorize(ctx context.Context, action, id string) error
+	OnSandbox(ctx context.Context, action, id string, call func(context.Context) error) error
+	Events(ctx context.Context, q sandbox.EventQuery) ([]*audit.Entry, int64, error)
+	Stats(ctx context.Context) (monitor.Stats, error)
+	Ready(ctx context.Context) map[string]error
+	Capabilities(ctx context.Context) (hypervisor.Capabilities, error)
+	Site() sandbox.Site
+	Close() error
+}
