@@ -161,7 +161,7 @@ func TestBudgetLabelPause(t *testing.T) {
 	}
 	a1, a2, other := mk("a"), mk("a"), mk("b")
 	clk.advance(30 * time.Minute)
-	if err := eng.Settle(ctx); err != nil {
+	if err := eng.Meter().Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// $1 spent, $2 reserved: fits.
@@ -171,7 +171,7 @@ func TestBudgetLabelPause(t *testing.T) {
 		}
 	}
 	clk.advance(30 * time.Minute)
-	if err := eng.Settle(ctx); err != nil {
+	if err := eng.Meter().Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// $2 spent and $2 more reserved pass $3.50: the labelled ones pause.
@@ -195,7 +195,7 @@ func TestBudgetLabelPause(t *testing.T) {
 	}
 	// Paused, they cost nothing here: the spend stays.
 	clk.advance(time.Hour)
-	eng.Settle(ctx)
+	eng.Meter().Settle(ctx)
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != 2*dollar {
 		t.Errorf("spent while paused: %s", got.Spent)
 	}
@@ -353,7 +353,7 @@ func TestBudgetNeverOverspends(t *testing.T) {
 				default:
 					slack := running()
 					clk.advance(time.Duration(1+r.IntN(60)) * time.Minute)
-					if err := eng.Settle(ctx); err != nil {
+					if err := eng.Meter().Settle(ctx); err != nil {
 						t.Fatal(err)
 					}
 					got, _ := eng.Budgets().Get(ctx, b.ID)
@@ -362,7 +362,7 @@ func TestBudgetNeverOverspends(t *testing.T) {
 					}
 				}
 			}
-			eng.Settle(ctx)
+			eng.Meter().Settle(ctx)
 			got, _ := eng.Budgets().Get(ctx, b.ID)
 			groups, err := eng.Budgets().Usage(ctx, budget.UsageQuery{GroupBy: "label:team"})
 			if err != nil {
@@ -582,7 +582,7 @@ func TestBudgetEachActionEachScope(t *testing.T) {
 					t.Fatal(err)
 				}
 				clk.advance(2 * time.Hour) // $2 spent: past $1.50, for notify too
-				if err := eng.Settle(ctx); err != nil {
+				if err := eng.Meter().Settle(ctx); err != nil {
 					t.Fatal(err)
 				}
 				want := map[string]sandbox.State{budget.Notify: sandbox.StateRunning, budget.DenyNew: sandbox.StateRunning,
@@ -654,7 +654,7 @@ func TestBudgetEgress(t *testing.T) {
 	step := func(counter uint64) {
 		net.set(s.ID, counter)
 		clk.advance(time.Minute)
-		if err := eng.Settle(ctx); err != nil {
+		if err := eng.Meter().Settle(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -767,7 +767,7 @@ func TestBudgetBootingSandbox(t *testing.T) {
 	}()
 	time.Sleep(300 * time.Millisecond) // B is booting
 	clk.advance(2 * time.Hour)
-	if err := eng.Settle(ctx); err != nil {
+	if err := eng.Meter().Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if st := state(t, eng, a.ID); st != sandbox.StatePaused {
@@ -784,7 +784,7 @@ func TestBudgetBootingSandbox(t *testing.T) {
 	if st := state(t, eng, bs.ID); st != sandbox.StateRunning {
 		t.Fatalf("B after its boot is %s", st)
 	}
-	if err := eng.Settle(ctx); err != nil {
+	if err := eng.Meter().Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if st := state(t, eng, bs.ID); st != sandbox.StatePaused {
@@ -815,11 +815,11 @@ func TestBudgetLeaksNothing(t *testing.T) {
 		t.Fatalf("reserved %s after refused creates, want 1.00", got.Reserved)
 	}
 	clk.advance(time.Hour)
-	eng.Settle(ctx) // $1
+	eng.Meter().Settle(ctx) // $1
 	clk.advance(-3 * time.Hour)
-	eng.Settle(ctx) // nothing
+	eng.Meter().Settle(ctx) // nothing
 	clk.advance(time.Hour)
-	eng.Settle(ctx) // $1 more, from the step back on
+	eng.Meter().Settle(ctx) // $1 more, from the step back on
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != 2*dollar {
 		t.Fatalf("spent %s across a clock step back, want 2.00", got.Spent)
 	}
@@ -859,7 +859,7 @@ func TestBudgetSnapshotStorage(t *testing.T) {
 	}
 	perHour := prices.Cost(budget.Resources{SnapshotBytes: snap.Bytes}, time.Hour)
 	clk.advance(time.Hour)
-	if err := eng.Settle(ctx); err != nil {
+	if err := eng.Meter().Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != perHour {
@@ -869,7 +869,7 @@ func TestBudgetSnapshotStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.advance(time.Hour)
-	eng.Settle(ctx)
+	eng.Meter().Settle(ctx)
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != perHour || got.Reserved != 0 {
 		t.Errorf("a deleted snapshot is still charged: spent %s, reserved %s", got.Spent, got.Reserved)
 	}
@@ -893,7 +893,7 @@ func TestBudgetSnapshotStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.advance(time.Hour)
-	eng.Settle(ctx)
+	eng.Meter().Settle(ctx)
 	after, _ := eng.Budgets().Get(ctx, b.ID)
 	if after.Spent <= before.Spent {
 		t.Errorf("an hour hibernated cost nothing: %s then %s", before.Spent, after.Spent)
@@ -903,7 +903,7 @@ func TestBudgetSnapshotStorage(t *testing.T) {
 	}
 	resumed, _ := eng.Budgets().Get(ctx, b.ID)
 	clk.advance(time.Hour)
-	eng.Settle(ctx)
+	eng.Meter().Settle(ctx)
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != resumed.Spent {
 		t.Errorf("running again, it is still charged for its hibernation files: %s then %s", resumed.Spent, got.Spent)
 	}

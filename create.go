@@ -229,7 +229,7 @@ func (e *Engine) unadmit(ctx context.Context, c *creation, _ error) {
 	if c.b != nil {
 		return
 	}
-	e.releaseBudgets(ctx, &box{rec: c.rec})
+	e.meter.Release(ctx, c.rec)
 	e.store.DeleteSandbox(ctx, c.rec.ID)
 }
 
@@ -249,7 +249,7 @@ func (e *Engine) claimCreateName(_ context.Context, c *creation) error {
 
 // makeBox makes the sandbox's box, locked until the create is over (so a
 // Delete that races with it waits its turn), and meters the sandbox while
-// it boots (see settleAll).
+// it boots (see meter.Service.SettleAll).
 func (e *Engine) makeBox(_ context.Context, c *creation) error {
 	id := c.rec.ID
 	snap := *c.rec
@@ -271,7 +271,7 @@ func (e *Engine) makeBox(_ context.Context, c *creation) error {
 // it tried is charged (a failed boot ran). The record stays, deleted,
 // with why.
 func (e *Engine) unmakeBox(ctx context.Context, c *creation, why error) {
-	e.settleFinal(ctx, c.b)
+	e.meter.Final(ctx, c.b.rec)
 	e.destroy(ctx, c.b)
 	c.rec.State = sandbox.StateDeleted
 	c.rec.Error = why.Error()

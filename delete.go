@@ -51,7 +51,7 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx) // a delete that started finishes
-	e.settleFinal(ctx, b)
+	e.meter.Final(ctx, b.rec)
 	err = e.destroy(ctx, b)
 	if b.rec.State == sandbox.StateRunning || b.rec.State == sandbox.StatePaused {
 		e.release(b.rec.Size)
@@ -138,5 +138,5 @@ func retryUnavailable(ctx context.Context, f func() error) error {
 // settled sandbox has nothing left to release).
 func (e *Engine) forgetStored(ctx context.Context, b *box) error {
 	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.eraseEnv(ctx, b.rec.ID), e.history.Erase(ctx, b.rec.ID),
-		e.releaseBudgets(ctx, b))
+		e.meter.Release(ctx, b.rec))
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/budget/meter"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/firewall/credproxy"
@@ -51,8 +52,7 @@ type Engine struct {
 	net     network.Network
 	sec     secrets.Store
 	budgets *budget.Service
-	// wakeActions asks the meter loop to act on a budget just reached.
-	wakeActions chan struct{}
+	meter   *meter.Service
 	// creating holds the records of sandboxes being created (from their
 	// placement until they are registered or fail), for metering.
 	creating map[string]*store.Sandbox
@@ -120,7 +120,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, wakeActions: make(chan struct{}, 1), creating: map[string]*store.Sandbox{}, kept: map[string]*store.Sandbox{},
+	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, creating: map[string]*store.Sandbox{}, kept: map[string]*store.Sandbox{},
 		pool: map[string][]*member{}, refill: make(chan struct{}, 1)}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	ok := false
@@ -168,8 +168,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.history = history.New(history.Options{Store: e.store, Secrets: e.sec, Key: e.dataKey, Now: opts.Now, Log: e.log})
 	// Lowering an account's retention purges at once.
 	e.tenants.AccountUpdated = func(string) { e.purgeRetention(e.ctx) }
-	meter, _ := e.net.(network.Meter)
-	e.monitor = monitor.New(monitor.Options{Store: e.store, Sandboxes: sandboxView{e}, Meter: meter, Now: opts.Now, Log: e.log})
+	traffic, _ := e.net.(network.Meter)
+	e.monitor = monitor.New(monitor.Options{Store: e.store, Sandboxes: sandboxView{e}, Meter: traffic, Now: opts.Now, Log: e.log})
 	e.catalog = catalog.New(catalog.Options{Images: opts.Images, Dir: opts.ImageDir, AgentPath: opts.AgentPath, Owner: opts.DataDir,
 		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Audit: al, Log: e.log})
 	e.envs = env.New(e.store, e.tenants, e.sec)
@@ -184,6 +184,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
 	e.budgets.Audit = al
 	e.budgets.Billing = opts.Billing
+	e.meter = meter.New(meter.Options{Budgets: e.budgets, Store: e.store, Sandboxes: sandboxView{e}, Traffic: traffic,
+		Interval: opts.MeterInterval, Now: opts.Now, Log: e.log})
 	acc, err := e.tenants.EnsureDefault(ctx)
 	if err != nil {
 		return nil, err
@@ -220,7 +222,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.adopt(ctx); err != nil {
 		return nil, err
 	}
-	if err := e.reconcileReservations(ctx); err != nil {
+	if err := e.meter.Reconcile(ctx); err != nil {
 		return nil, err
 	}
 	e.dropGoldens() // (a crashed engine's: no key opens them)
@@ -232,7 +234,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	// What ran while the engine was down is charged, and budgets reached
 	// meanwhile are acted on, before anything new is admitted.
-	if err := e.Settle(ctx); err != nil {
+	if err := e.meter.Settle(ctx); err != nil {
 		e.log.Warn("metering at start failed", "err", err)
 	}
 	if e.shared { // (one host on SQLite: no lease to keep)
@@ -245,7 +247,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	go func() { defer e.wg.Done(); e.catalog.Run(e.ctx) }()
 	if opts.MeterInterval > 0 {
 		e.wg.Add(1)
-		go e.meterLoop(opts.MeterInterval)
+		go func() { defer e.wg.Done(); e.meter.Run(e.ctx, opts.MeterInterval) }()
 	}
 	if opts.MetricsInterval > 0 {
 		e.wg.Add(1)
@@ -337,7 +339,7 @@ func (e *Engine) Close() error {
 	e.dropGoldens()
 	// A last checkpoint: the sandboxes keep running, and the next engine
 	// charges from here.
-	e.settleAll(context.Background())
+	e.meter.SettleAll(context.Background())
 	if err := e.audit.Close(context.Background()); err != nil {
 		e.log.Error("audit: cannot sign the last entries", "err", err)
 	}

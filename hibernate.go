@@ -67,7 +67,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	}
 	// Charged up to now as it ran; from now on, its disk and these files.
 	b.rec.HibernatedBytes = diskUse(dir)
-	e.settle(ctx, b, sandbox.StateHibernated, false)
+	e.meter.Transition(ctx, b.rec, sandbox.StateHibernated, false)
 	// The record says hibernated before the VMM goes: an engine that dies
 	// from here on finishes the job (finishHibernate).
 	prev := b.rec.State

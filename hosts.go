@@ -132,11 +132,11 @@ func (e *Engine) notice(topic, payload string) {
 	case audit.NoticeTopic:
 		e.audit.Appended()
 	case budget.NoticeTopic:
-		e.reached([]budget.Event{{Reached: true}})
+		e.meter.Wake()
 	case "":
 		e.keys.Changed("")
 		e.audit.Appended()
-		e.reached([]budget.Event{{Reached: true}})
+		e.meter.Wake()
 	}
 }
 

@@ -264,7 +264,7 @@ func TestBudgetReachedOnEveryHost(t *testing.T) {
 	// An hour on: a's sandbox spent $1, and both reserve $1 for the next
 	// hour: $3 of $2.50.
 	clk.advance(time.Hour)
-	if err := a.eng.Settle(ctx); err != nil {
+	if err := a.eng.Meter().Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := state(t, a.eng, onA.ID); got != sandbox.StatePaused {

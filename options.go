@@ -74,7 +74,7 @@ type Options struct {
 	// MeterInterval is how often every sandbox's usage is settled against
 	// its budgets, and what a reservation covers; default 5 s. Negative:
 	// reservations cover 5 s but nothing settles on its own (tests call
-	// Settle).
+	// Meter().Settle).
 	MeterInterval time.Duration
 	// GoldenSnapshots makes creates restore from a golden snapshot of
 	// their image and size (booted once, in the background, on the first

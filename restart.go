@@ -223,7 +223,7 @@ func (e *Engine) watch(b *box) {
 		}
 		ctx := context.WithoutCancel(e.ctx)
 		e.log.Warn("sandbox VM exited", "id", b.rec.ID)
-		e.settleFinal(ctx, b)
+		e.meter.Final(ctx, b.rec)
 		e.release(b.rec.Size)
 		e.stopped(ctx, b, "the VM exited: "+exitReason(consoleTail(b, 16<<10)))
 		e.audit.RecordEvent("engine", b.rec.AccountID, "vmExited", b.rec.ID)

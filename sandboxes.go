@@ -104,7 +104,7 @@ func (e *Engine) Pause(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 			return err
 		}
 		// (It is paused whatever the caller does now: so is its meter.)
-		e.settle(context.WithoutCancel(ctx), b, sandbox.StatePaused, false)
+		e.meter.Transition(context.WithoutCancel(ctx), b.rec, sandbox.StatePaused, false)
 		return nil
 	})
 }
@@ -122,7 +122,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (_ *sandbox.Sandbox, err
 	}
 	box, err := e.transition(ctx, id, sandbox.StateRunning, func(b *box) error {
 		// Its budgets must have room for it to run again.
-		if err := e.settle(ctx, b, sandbox.StateRunning, true); err != nil {
+		if err := e.meter.Transition(ctx, b.rec, sandbox.StateRunning, true); err != nil {
 			return err
 		}
 		return b.m.Resume(ctx)

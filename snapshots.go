@@ -172,7 +172,7 @@ func (e *Engine) Snapshot(ctx context.Context, id string, req sandbox.SnapshotRe
 	}
 	s.KeyID, s.KeyAncestors = b.rec.KeyID, b.rec.KeyAncestors
 	// Its storage is admitted against its source's budgets, as a create.
-	if _, err := e.settleSnapshot(ctx, s, true, false); err != nil {
+	if err := e.meter.Snapshot(ctx, s, true, false); err != nil {
 		os.RemoveAll(s.Dir)
 		return nil, err
 	}
@@ -225,7 +225,7 @@ func (e *Engine) dropSnapshot(ctx context.Context, s *store.Snapshot) error {
 		errs = append(errs, err)
 	}
 	// Its storage is charged up to now, and its reservation ends.
-	if _, err := e.settleSnapshot(ctx, s, false, true); err != nil {
+	if err := e.meter.Snapshot(ctx, s, false, true); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

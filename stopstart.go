@@ -7,7 +7,6 @@ import (
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
-	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -66,7 +65,7 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 	}
 	// What ran is charged up to now (its link's traffic too, before the
 	// link goes); from now on, its disk.
-	e.settle(ctx, b, sandbox.StateStopped, false)
+	e.meter.Transition(ctx, b.rec, sandbox.StateStopped, false)
 	if err := e.net.Detach(ctx, id); err != nil {
 		e.log.Warn("stop: cannot give up the sandbox's network", "id", id, "err", err)
 	}
@@ -153,7 +152,7 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer %s", id, from)
 	}
 	// What it kept is charged up to now; it is admitted afresh.
-	e.settleFinal(ctx, b)
+	e.meter.Final(ctx, b.rec)
 	fail := func(err error) (*sandbox.Sandbox, error) {
 		e.log.Warn("sandbox not "+verb, "id", id, "err", err)
 		bg := context.WithoutCancel(ctx)
@@ -162,7 +161,7 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 			b.m.Wait(bg)
 		}
 		b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s did not start", id))
-		e.settleFinal(bg, b)
+		e.meter.Final(bg, b.rec)
 		e.net.Detach(bg, id)
 		e.release(rec.Size)
 		rec.State, rec.Handle, rec.Kept = from, nil, true
@@ -174,11 +173,10 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 		delete(e.boxes, id)
 		e.kept[id] = &snap
 		e.mu.Unlock()
-		e.budgets.Settle(bg, budget.Meter{SandboxID: id, Subject: budget.SubjectOf(rec),
-			Held: held(rec, from), Next: held(rec, from), NextFor: e.reserveFor(rec, e.opts.Now())})
+		e.meter.Keep(bg, rec, from)
 		return nil, err
 	}
-	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.admit(ctx, tx, rec) }); err != nil {
+	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.meter.Admit(ctx, tx, rec) }); err != nil {
 		return fail(err)
 	}
 	if err := e.loadKeys(ctx, b); err != nil {

@@ -132,14 +132,14 @@ func TestBudgetStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.advance(time.Hour)
-	if err := eng.Settle(ctx); err != nil {
+	if err := eng.Meter().Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if st := state(t, eng, s.ID); st != sandbox.StateStopped {
 		t.Fatalf("under a reached stop budget the sandbox is %s", st)
 	}
 	clk.advance(time.Hour)
-	eng.Settle(ctx)
+	eng.Meter().Settle(ctx)
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != dollar || got.Reserved != 0 {
 		t.Fatalf("spent %s reserved %s: a stopped sandbox costs nothing", got.Spent, got.Reserved)
 	}
@@ -188,7 +188,7 @@ func TestStoppedDiskCharged(t *testing.T) {
 	}
 	defer eng.Close()
 	clk.advance(time.Hour)
-	eng.Settle(ctx)
+	eng.Meter().Settle(ctx)
 	if got := spentAt(); got != dollar+30_000 {
 		t.Fatalf("spent %s after 2 h stopped, want 1.03", got)
 	}
@@ -196,7 +196,7 @@ func TestStoppedDiskCharged(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.advance(time.Hour)
-	eng.Settle(ctx)
+	eng.Meter().Settle(ctx)
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != dollar+30_000 || got.Reserved != 0 {
 		t.Fatalf("after delete: spent %s reserved %s", got.Spent, got.Reserved)
 	}

@@ -166,7 +166,7 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequ
 	if err := authz.Decide(p, "createSandbox", targetOf(&rec.Sandbox)); err != nil {
 		return err
 	}
-	if err := e.admit(ctx, tx, rec); err != nil {
+	if err := e.meter.Admit(ctx, tx, rec); err != nil {
 		return err
 	}
 	return tx.PutSandbox(ctx, rec)

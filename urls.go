@@ -21,8 +21,8 @@ func (e *Engine) URLs() *ingress.Service { return e.urls }
 func (e *Engine) URLCalls() *ingress.Calls { return e.urlCalls }
 
 // sandboxView is what the domain services need of the engine's
-// sandboxes: ingress.Calls' Sandboxes, and monitor.Sandboxes (with
-// Monitored, in monitor.go).
+// sandboxes: ingress.Calls' Sandboxes, monitor.Sandboxes (with
+// Monitored, in monitor.go) and meter.Sandboxes (in budgets.go).
 type sandboxView struct{ e *Engine }
 
 func (s sandboxView) Check(ctx context.Context, action, id string) error {

@@ -3,8 +3,8 @@
 // or API key under a dollar limit. Admitting a sandbox reserves the cost
 // of its next metering interval in every budget that covers it, in the
 // store transaction that admits it; metering settles the reservation into
-// spend and renews it. The engine meters and acts; the records live in
-// the store.
+// spend and renews it. Package budget/meter meters the engine's sandboxes
+// and acts on reached budgets; the records live in the store.
 package budget
 
 import (
