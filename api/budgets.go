@@ -12,22 +12,22 @@ func (s *Server) createBudget(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
-	b, err := s.eng.Budgets().Create(r.Context(), account(r), req)
+	b, err := s.budgets.Create(r.Context(), account(r), req)
 	return reply(w, http.StatusCreated, b, err)
 }
 
 func (s *Server) listBudgets(w http.ResponseWriter, r *http.Request) error {
-	l, err := s.eng.Budgets().List(r.Context(), account(r))
+	l, err := s.budgets.List(r.Context(), account(r))
 	return reply(w, http.StatusOK, map[string]any{"budgets": l}, err)
 }
 
 func (s *Server) getBudget(w http.ResponseWriter, r *http.Request) error {
-	b, err := s.eng.Budgets().Get(r.Context(), r.PathValue("budget"))
+	b, err := s.budgets.Get(r.Context(), r.PathValue("budget"))
 	return reply(w, http.StatusOK, b, err)
 }
 
 func (s *Server) deleteBudget(w http.ResponseWriter, r *http.Request) error {
-	if err := s.eng.Budgets().Delete(r.Context(), r.PathValue("budget")); err != nil {
+	if err := s.budgets.Delete(r.Context(), r.PathValue("budget")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -46,6 +46,6 @@ func (s *Server) getUsage(w http.ResponseWriter, r *http.Request) error {
 			*into = t
 		}
 	}
-	l, err := s.eng.Budgets().Usage(r.Context(), uq)
+	l, err := s.budgets.Usage(r.Context(), uq)
 	return reply(w, http.StatusOK, map[string]any{"usage": l}, err)
 }

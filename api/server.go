@@ -26,6 +26,7 @@ import (
 
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/images/catalog"
@@ -126,10 +127,12 @@ type Server struct {
 	eng  Engine
 	// urls answers the URL and URL CA calls (the engine's ingress.Calls),
 	// images the image calls (its catalog), monitor the sandboxes'
-	// metrics (its monitoring).
+	// metrics (its monitoring), budgets the budget and usage calls (its
+	// budgets).
 	urls    *ingress.Calls
 	images  *catalog.Catalog
 	monitor *monitor.Service
+	budgets *budget.Service
 	// The last readiness answer (readiness).
 	readyMu     sync.Mutex
 	readyAt     time.Time
@@ -267,7 +270,8 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine),
-		urls: opts.Engine.URLCalls(), images: opts.Engine.Images(), monitor: opts.Engine.Monitor()}
+		urls: opts.Engine.URLCalls(), images: opts.Engine.Images(), monitor: opts.Engine.Monitor(),
+		budgets: opts.Engine.Budgets()}
 	if opts.Cluster != nil {
 		s.fwd = cluster.NewForwarder(opts.Engine.HostName(), opts.Cluster, func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("cannot forward a request to its host", "path", r.URL.Path, "err", err)
