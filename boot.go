@@ -98,8 +98,5 @@ func (e *Engine) provision(ctx context.Context, b *box, c *agentclient.Client) e
 	if err := c.SyncTime(ctx, time.Now()); err != nil {
 		return err
 	}
-	if err := e.deliverFiles(ctx, b, c); err != nil {
-		return err
-	}
-	return e.installCA(ctx, b, c)
+	return e.guests.Deliver(ctx, b.guest(), guestAgent{c})
 }

@@ -10,7 +10,7 @@ import (
 	agentclient "github.com/harebox/harebox/agent/client"
 
 	"filippo.io/age"
-	"github.com/harebox/harebox/firewall/credproxy"
+	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -34,12 +34,9 @@ type box struct {
 	hangup error
 
 	procs procNotes
-	// env is what every exec gets: the pinned environment's variables
-	// (secrets as placeholders) and the create request's own env.
-	env map[string]string
-	// creds are what the credential proxy needs; an atomic, so the proxy
-	// never waits on the agent's lock (held during a slow redial).
-	creds atomic.Pointer[credproxy.Sandbox]
+	// given is what the sandbox is given (package guestenv): the
+	// variables every exec gets, what the credential proxy needs.
+	given guestenv.Guest
 	// health is the agent's last known health (a string); misses counts
 	// the checks in a row it failed (only the health checker uses it).
 	health atomic.Value

@@ -294,19 +294,13 @@ func (e *Engine) createEnv(ctx context.Context, c *creation) error {
 	if vars == nil && c.o != nil {
 		vars = c.o.env
 	}
-	if err := e.sealEnv(ctx, c.b, vars); err != nil {
-		return err
-	}
-	return e.loadEnv(ctx, c.b)
+	return e.guests.PrepareEnv(ctx, c.b.guest(), vars)
 }
 
 // createCredentials makes the sandbox's CA and loads its credential rules
 // for the proxy.
 func (e *Engine) createCredentials(ctx context.Context, c *creation) error {
-	if err := e.makeCA(ctx, c.b); err != nil {
-		return err
-	}
-	return e.loadCredentials(ctx, c.b)
+	return e.guests.PrepareCredentials(ctx, c.b.guest())
 }
 
 // bootCreate boots the machine, restores it from c.o, or takes over the

@@ -9,6 +9,7 @@ import (
 
 	"filippo.io/age"
 
+	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/secrets"
 )
@@ -43,7 +44,7 @@ func (e *Engine) newDataKey(ctx context.Context, b *box) error {
 // keepKeys stores k as the sandbox's data key and id, sealed under it, as
 // its console identity (a pool member's were made before it was claimed).
 func (e *Engine) keepKeys(ctx context.Context, b *box, k []byte, id *age.X25519Identity) error {
-	if err := secrets.KeepDataKey(ctx, e.sec, sandboxScope(b.rec.ID), k); err != nil {
+	if err := secrets.KeepDataKey(ctx, e.sec, guestenv.Scope(b.rec.ID), k); err != nil {
 		return err
 	}
 	b.key = k
@@ -51,7 +52,7 @@ func (e *Engine) keepKeys(ctx context.Context, b *box, k []byte, id *age.X25519I
 	if err != nil {
 		return err
 	}
-	if err := e.sec.Put(ctx, sandboxScope(b.rec.ID), consoleKeyName, sealed); err != nil {
+	if err := e.sec.Put(ctx, guestenv.Scope(b.rec.ID), consoleKeyName, sealed); err != nil {
 		return err
 	}
 	b.console = id
@@ -62,6 +63,15 @@ func (e *Engine) keepKeys(ctx context.Context, b *box, k []byte, id *age.X25519I
 // sandbox's console log (the backend only gets its public recipient).
 const consoleKeyName = "console-key"
 
+// eraseConsoleKey removes the sandbox's stored console identity (sealed
+// under its data key, erased before it).
+func (e *Engine) eraseConsoleKey(ctx context.Context, id string) error {
+	if err := e.sec.Delete(ctx, guestenv.Scope(id), consoleKeyName); err != nil && !errors.Is(err, secrets.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
 // loadKeys finds an adopted sandbox's data key and console identity.
 func (e *Engine) loadKeys(ctx context.Context, b *box) error {
 	k, err := e.dataKey(ctx, b.rec.ID)
@@ -69,7 +79,7 @@ func (e *Engine) loadKeys(ctx context.Context, b *box) error {
 		return err
 	}
 	b.key = k
-	sealed, err := e.sec.Get(ctx, sandboxScope(b.rec.ID), consoleKeyName)
+	sealed, err := e.sec.Get(ctx, guestenv.Scope(b.rec.ID), consoleKeyName)
 	if errors.Is(err, secrets.ErrNotFound) {
 		return nil
 	}
@@ -107,7 +117,7 @@ func (e *Engine) dataKey(ctx context.Context, id string) ([]byte, error) {
 	if b := e.live(id); b != nil && b.key != nil {
 		return b.key, nil
 	}
-	k, err := secrets.DataKey(ctx, e.sec, sandboxScope(id))
+	k, err := secrets.DataKey(ctx, e.sec, guestenv.Scope(id))
 	if errors.Is(err, secrets.ErrNotFound) {
 		return nil, nil
 	}
@@ -118,7 +128,7 @@ func (e *Engine) dataKey(ctx context.Context, id string) ([]byte, error) {
 // memory goes with the box: clearing it here would race with an exec
 // still recording its history.)
 func (e *Engine) eraseDataKey(ctx context.Context, b *box) error {
-	return secrets.EraseDataKey(ctx, e.sec, sandboxScope(b.rec.ID))
+	return secrets.EraseDataKey(ctx, e.sec, guestenv.Scope(b.rec.ID))
 }
 
 // seal and open protect a value of the sandbox's under its data key (label

@@ -84,9 +84,7 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		errs = append(errs, err)
 	}
 	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was deleted during the call", b.rec.ID))
-	if sb := b.creds.Swap(nil); sb != nil {
-		sb.Close()
-	}
+	b.given.Close()
 	if b.m != nil {
 		// (A machine that is gone, with the plugin it lived in or on its
 		// own, is what a delete wants; its files go below. A plugin that
@@ -134,9 +132,9 @@ func retryUnavailable(ctx context.Context, f func() error) error {
 
 // forgetStored removes what a sandbox keeps in the store and the secret
 // store, its data key aside (erased first, by the caller): its URLs,
-// environment, command history, and what it reserved in its budgets (a
-// settled sandbox has nothing left to release).
+// environment and CA key, console identity, command history, and what it
+// reserved in its budgets (a settled sandbox has nothing left to release).
 func (e *Engine) forgetStored(ctx context.Context, b *box) error {
-	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.eraseEnv(ctx, b.rec.ID), e.history.Erase(ctx, b.rec.ID),
+	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.guests.Erase(ctx, b.rec.ID), e.eraseConsoleKey(ctx, b.rec.ID), e.history.Erase(ctx, b.rec.ID),
 		e.meter.Release(ctx, b.rec))
 }

@@ -62,7 +62,7 @@ func (e *Engine) execTarget(ctx context.Context, action, id string, r *sandbox.E
 // agentRequest merges the sandbox's environment under the request's.
 func (b *box) agentRequest(r *sandbox.ExecRequest) agentclient.ExecRequest {
 	env := map[string]string{}
-	for k, v := range b.env {
+	for k, v := range b.given.Env() {
 		env[k] = v
 	}
 	for k, v := range r.Env {

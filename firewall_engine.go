@@ -13,6 +13,15 @@ import (
 // policyKey is where a sandbox record keeps its firewall policy.
 const policyKey = "firewall"
 
+func withExtra(m map[string]json.RawMessage, k string, v any) map[string]json.RawMessage {
+	if m == nil {
+		m = map[string]json.RawMessage{}
+	}
+	b, _ := json.Marshal(v)
+	m[k] = b
+	return m
+}
+
 // Firewall returns a sandbox's firewall policy.
 func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, error) {
 	if err := e.check(ctx, "getFirewall", id); err != nil {

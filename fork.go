@@ -56,7 +56,7 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 		if s, err = e.takeSnapshot(context.WithoutCancel(ctx), b, sid, "", dir, key); err != nil {
 			return err
 		}
-		srcEnv, err = e.sourceEnv(ctx, b)
+		srcEnv, err = e.guests.OwnEnv(ctx, b.rec.ID, b.key)
 		return err
 	}()
 	if err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/firewall/credproxy"
+	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/plugin"
@@ -71,6 +72,7 @@ type Engine struct {
 	tenants *tenant.Service
 	keys    *apikey.Service
 	envs    *env.Service
+	guests  *guestenv.Service
 	history *history.Service
 	catalog *catalog.Catalog
 	monitor *monitor.Service
@@ -174,6 +176,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Audit: al, Log: e.log})
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
+	e.guests = guestenv.New(guestenv.Options{Store: e.store, Secrets: e.sec, Environments: e.envs, Audit: al, Sandboxes: sandboxView{e}})
 	guests, _ := e.net.(network.Ingress)
 	e.urls, err = ingress.New(ctx, ingress.Options{Store: e.store, Secrets: e.sec, Guests: guests, Base: opts.Ingress,
 		Record: al.RecordURLAccess, Log: e.log, Now: opts.Now})
@@ -196,7 +199,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if n, ok := e.net.(interface {
 		SetCredentials(func(sandboxID string) *credproxy.Sandbox)
 	}); ok {
-		n.SetCredentials(e.credentialsOf)
+		n.SetCredentials(e.guests.Credentials)
 	}
 	if err := e.startHypervisor(ctx); err != nil {
 		return nil, err

@@ -132,10 +132,10 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if err := e.loadKeys(ctx, b); err != nil {
 			e.log.Warn("cannot load the sandbox's data key", "id", rec.ID, "err", err)
 		}
-		if err := e.loadEnv(ctx, b); err != nil {
+		if err := e.guests.LoadEnv(ctx, b.guest()); err != nil {
 			e.log.Warn("cannot load the sandbox's environment; its execs get none", "id", rec.ID, "err", err)
 		}
-		if err := e.loadCredentials(ctx, b); err != nil {
+		if err := e.guests.LoadCredentials(ctx, b.guest()); err != nil {
 			e.log.Warn("cannot load the sandbox's credentials; they are not injected", "id", rec.ID, "err", err)
 		}
 		e.store.PutSandbox(ctx, rec)

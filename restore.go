@@ -128,14 +128,14 @@ func (e *Engine) loadOrigin(ctx context.Context, o *origin) error {
 	default:
 		o.key = k
 	}
-	raw, err := e.sec.Get(ctx, snapshotScope(o.snap.ID), sandboxEnvName)
+	raw, err := e.sec.Get(ctx, snapshotScope(o.snap.ID), snapshotEnvName)
 	if errors.Is(err, secrets.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if raw, err = open(o.key, sandboxEnvName, raw); err != nil {
+	if raw, err = open(o.key, snapshotEnvName, raw); err != nil {
 		return fmt.Errorf("snapshot %s: sealed env: %w", o.snap.ID, err)
 	}
 	return json.Unmarshal(raw, &o.env)

@@ -3,7 +3,6 @@ package harebox
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,6 +13,7 @@ import (
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
@@ -99,25 +99,16 @@ func (e *Engine) takeSnapshot(ctx context.Context, b *box, id, name, dir string,
 		},
 	}
 	if r.EnvironmentID != "" {
-		var v int
-		if err := json.Unmarshal(r.Extra[envVersionKey], &v); err == nil {
+		if v, err := guestenv.Version(r); err == nil {
 			s.Source.Environment = r.EnvironmentID + "@" + strconv.Itoa(v)
 		}
 	}
 	return s, nil
 }
 
-// sourceEnv is the source's own env, opened, or nil.
-func (e *Engine) sourceEnv(ctx context.Context, b *box) ([]byte, error) {
-	raw, err := e.sec.Get(ctx, sandboxScope(b.rec.ID), sandboxEnvName)
-	if errors.Is(err, secrets.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return open(b.key, sandboxEnvName, raw)
-}
+// snapshotEnvName is the secret a snapshot keeps its source's own env
+// under, in its own scope, sealed under its own key.
+const snapshotEnvName = "env"
 
 // snapshotKey is a new snapshot's own key: random, or nil for a source
 // without a data key (crypto-erase off).
@@ -193,15 +184,15 @@ func (e *Engine) keepSnapshot(ctx context.Context, s *store.Snapshot, b *box, ke
 			return err
 		}
 	}
-	raw, err := e.sourceEnv(ctx, b)
+	raw, err := e.guests.OwnEnv(ctx, b.rec.ID, b.key)
 	if err != nil {
 		return err
 	}
 	if raw != nil {
-		if raw, err = seal(key, sandboxEnvName, raw); err != nil {
+		if raw, err = seal(key, snapshotEnvName, raw); err != nil {
 			return err
 		}
-		if err := e.sec.Put(ctx, scope, sandboxEnvName, raw); err != nil {
+		if err := e.sec.Put(ctx, scope, snapshotEnvName, raw); err != nil {
 			return err
 		}
 	}
@@ -215,7 +206,7 @@ func (e *Engine) dropSnapshot(ctx context.Context, s *store.Snapshot) error {
 	if err := secrets.EraseDataKey(ctx, e.sec, scope); err != nil {
 		errs = append(errs, err)
 	}
-	if err := e.sec.Delete(ctx, scope, sandboxEnvName); err != nil && !errors.Is(err, secrets.ErrNotFound) {
+	if err := e.sec.Delete(ctx, scope, snapshotEnvName); err != nil && !errors.Is(err, secrets.ErrNotFound) {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(s.Dir); err != nil {

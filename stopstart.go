@@ -182,10 +182,10 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 	if err := e.loadKeys(ctx, b); err != nil {
 		return fail(err)
 	}
-	if err := e.loadEnv(ctx, b); err != nil {
+	if err := e.guests.LoadEnv(ctx, b.guest()); err != nil {
 		return fail(err)
 	}
-	if err := e.loadCredentials(ctx, b); err != nil {
+	if err := e.guests.LoadCredentials(ctx, b.guest()); err != nil {
 		return fail(err)
 	}
 	if err := run(b, img); err != nil {

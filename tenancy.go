@@ -137,7 +137,7 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequ
 		}
 		rec.KeyID, rec.KeyAncestors = k.ID, k.Ancestors
 	}
-	if err := e.pinEnvironment(ctx, tx, req, proj, rec); err != nil {
+	if err := e.guests.Pin(ctx, tx, req, proj, rec); err != nil {
 		return err
 	}
 	if req.Fleet != "" {

@@ -1,4 +1,4 @@
-package harebox
+package guestenv
 
 import (
 	"context"
@@ -34,22 +34,32 @@ const (
 	maxBundle = 4 << 20
 )
 
-// credentialsOf is the network's view of a sandbox's credentials.
-func (e *Engine) credentialsOf(id string) *credproxy.Sandbox {
-	if b := e.live(id); b != nil {
-		return b.creds.Load()
+// Credentials is the network's view of a sandbox's credentials: what the
+// credentials proxy needs for live sandbox id, or nil.
+func (s *Service) Credentials(id string) *credproxy.Sandbox {
+	if g := s.o.Sandboxes.Guest(id); g != nil {
+		return g.Credentials()
 	}
 	return nil
 }
 
+// PrepareCredentials makes a new sandbox's CA and loads its credential
+// rules for the proxy.
+func (s *Service) PrepareCredentials(ctx context.Context, sb Sandbox) error {
+	if err := s.makeCA(ctx, sb); err != nil {
+		return err
+	}
+	return s.LoadCredentials(ctx, sb)
+}
+
 // makeCA gives a new sandbox its CA when its environment has credential
 // rules.
-func (e *Engine) makeCA(ctx context.Context, b *box) error {
-	v, err := e.pinned(ctx, b.rec)
+func (s *Service) makeCA(ctx context.Context, sb Sandbox) error {
+	v, err := s.pinned(ctx, sb.Rec)
 	if err != nil || v == nil || len(v.Credentials) == 0 {
 		return err
 	}
-	cert, key, err := credproxy.NewCA("HareBox sandbox " + b.rec.ID)
+	cert, key, err := credproxy.NewCA("HareBox sandbox " + sb.Rec.ID)
 	if err != nil {
 		return err
 	}
@@ -57,18 +67,20 @@ func (e *Engine) makeCA(ctx context.Context, b *box) error {
 	if err != nil {
 		return err
 	}
-	if err := e.sec.Put(ctx, sandboxScope(b.rec.ID), caKeyName, der); err != nil {
+	if err := s.o.Secrets.Put(ctx, Scope(sb.Rec.ID), caKeyName, der); err != nil {
 		return err
 	}
-	b.rec.Extra = withExtra(b.rec.Extra, caCertKey, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})))
-	return e.store.PutSandbox(ctx, b.rec)
+	sb.Rec.Extra = withExtra(sb.Rec.Extra, caCertKey, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})))
+	return s.o.Store.PutSandbox(ctx, sb.Rec)
 }
 
-// loadCredentials builds what the credential proxy needs for the sandbox
+// LoadCredentials builds what the credential proxy needs for the sandbox
 // (its CA, and each rule with its placeholder and value, in host memory
 // only) and the variables that point the guest's TLS clients at the CA.
-func (e *Engine) loadCredentials(ctx context.Context, b *box) error {
-	raw, ok := b.rec.Extra[caCertKey]
+// It runs after LoadEnv, whose variables it adds to.
+func (s *Service) LoadCredentials(ctx context.Context, sb Sandbox) error {
+	rec, g := sb.Rec, sb.Guest
+	raw, ok := rec.Extra[caCertKey]
 	if !ok {
 		return nil
 	}
@@ -78,68 +90,68 @@ func (e *Engine) loadCredentials(ctx context.Context, b *box) error {
 	}
 	blk, _ := pem.Decode([]byte(certPEM))
 	if blk == nil {
-		return fmt.Errorf("sandbox %s: bad CA certificate", b.rec.ID)
+		return fmt.Errorf("sandbox %s: bad CA certificate", rec.ID)
 	}
 	cert, err := x509.ParseCertificate(blk.Bytes)
 	if err != nil {
 		return err
 	}
-	der, err := e.sec.Get(ctx, sandboxScope(b.rec.ID), caKeyName)
+	der, err := s.o.Secrets.Get(ctx, Scope(rec.ID), caKeyName)
 	if err != nil {
-		return fmt.Errorf("sandbox %s: CA key: %w", b.rec.ID, err)
+		return fmt.Errorf("sandbox %s: CA key: %w", rec.ID, err)
 	}
 	key, err := x509.ParseECPrivateKey(der)
 	if err != nil {
 		return err
 	}
-	v, err := e.pinned(ctx, b.rec)
+	v, err := s.pinned(ctx, rec)
 	if err != nil || v == nil {
 		return err
 	}
-	sb := &credproxy.Sandbox{CA: cert, CAKey: key}
-	account, id := b.rec.AccountID, b.rec.ID
-	sb.OnMisuse = func(host string) { e.audit.RecordPlaceholder(account, id, host) }
-	sb.OnRefused = func(host, _ string) { e.audit.RecordRefusedAnswer(account, id, host) } // (the proxy logs why)
+	cs := &credproxy.Sandbox{CA: cert, CAKey: key}
+	account, id := rec.AccountID, rec.ID
+	cs.OnMisuse = func(host string) { s.o.Audit.RecordPlaceholder(account, id, host) }
+	cs.OnRefused = func(host, _ string) { s.o.Audit.RecordRefusedAnswer(account, id, host) } // (the proxy logs why)
 	for _, c := range v.Credentials {
-		value, err := e.envs.Reveal(ctx, b.rec.EnvironmentID, v.Variables[c.Secret].SecretRef)
+		value, err := s.o.Environments.Reveal(ctx, rec.EnvironmentID, v.Variables[c.Secret].SecretRef)
 		if err != nil {
-			return fmt.Errorf("sandbox %s: secret %s: %w", b.rec.ID, c.Secret, err)
+			return fmt.Errorf("sandbox %s: secret %s: %w", rec.ID, c.Secret, err)
 		}
 		r := credproxy.Rule{Hosts: c.Hosts, Header: c.Header, Format: c.Format, AllowHTTP: c.AllowHTTP,
-			Placeholder: b.rec.Placeholders[c.Secret], Value: value}
+			Placeholder: rec.Placeholders[c.Secret], Value: value}
 		if c.Ports != "" {
 			r.Ports, _ = firewall.ParsePorts(c.Ports)
 		}
-		sb.Rules = append(sb.Rules, r)
+		cs.Rules = append(cs.Rules, r)
 	}
-	b.creds.Store(sb)
-	if b.env == nil {
-		b.env = map[string]string{}
+	g.creds.Store(cs)
+	if g.env == nil {
+		g.env = map[string]string{}
 	}
 	for _, k := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"} {
-		b.env[k] = bundlePath
+		g.env[k] = bundlePath
 	}
-	b.env["NODE_EXTRA_CA_CERTS"] = caPath
+	g.env["NODE_EXTRA_CA_CERTS"] = caPath
 	return nil
 }
 
 // installCA puts the sandbox's CA certificate in the guest: on its own,
 // in the guest's trust store (replacing a CA installed before, a fork's
-// source's), and in a copy of that store the variables loadCredentials
+// source's), and in a copy of that store the variables LoadCredentials
 // sets point at. A trust store that exists but cannot be read whole is
 // left alone.
-func (e *Engine) installCA(ctx context.Context, b *box, c *agentclient.Client) error {
-	sb := b.creds.Load()
+func installCA(ctx context.Context, g *Guest, a Agent) error {
+	sb := g.creds.Load()
 	if sb == nil {
 		return nil
 	}
 	caPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: sb.CA.Raw}))
 	files := map[string]string{caPath: caPEM, localCA: caPEM}
 	var system strings.Builder
-	fi, err := c.Stat(ctx, systemBundle)
+	fi, err := a.Stat(ctx, systemBundle)
 	readable := agentclient.Code(err) == codes.NotFound // none: the CA is the whole store
 	if err == nil && fi.Type == "file" && fi.Size <= maxBundle {
-		_, err = c.ReadFile(ctx, systemBundle, &system, 0, maxBundle)
+		_, err = a.ReadFile(ctx, systemBundle, &system, 0, maxBundle)
 		readable = err == nil
 	}
 	if !readable {
@@ -151,8 +163,8 @@ func (e *Engine) installCA(ctx context.Context, b *box, c *agentclient.Client) e
 		files[systemBundle] = bundle
 	}
 	for path, content := range files {
-		if _, err := c.WriteFile(ctx, path, io.Reader(strings.NewReader(content)), agentclient.WriteOptions{Mode: 0o644, Owner: "root", MakeParents: true}); err != nil {
-			return fmt.Errorf("CA %s: %w", path, agentErr(err))
+		if _, err := a.WriteFile(ctx, path, io.Reader(strings.NewReader(content)), agentclient.WriteOptions{Mode: 0o644, Owner: "root", MakeParents: true}); err != nil {
+			return fmt.Errorf("CA %s: %w", path, err)
 		}
 	}
 	return nil
