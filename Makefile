@@ -62,13 +62,14 @@ lint-openapi: deps
 
 test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 test: deps vet lint-openapi
-	@# e2e first: it is the longest package, and go test starts packages in
-	@# the order given, two at a time on two cores.
+	@# The longest packages first (the engine's, then the two end-to-end
+	@# ones, each a few minutes): go test starts packages in the order
+	@# given, two at a time on two cores.
 	@# testlog prints what go test would (results, failures' output) and
 	@# keeps each test's time: the run ends with the 10 slowest tests.
 	@mkdir -p $(CACHE) && rm -f $(CACHE)/test-times.tsv && $(GO) build -o $(BIN)/testlog ./internal/cmd/testlog
 	@# A failed run still ends with the slowest tests (read from the file).
-	set -o pipefail; $(GO) test -json -timeout 24m -count=1 ./e2e/ . ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv || \
+	set -o pipefail; $(GO) test -json -timeout 24m -count=1 . ./e2e/ ./e2e/host/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv || \
 		{ $(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10 </dev/null; exit 1; }
 	@# The engine's concurrency tests again, several times, under the race detector.
 	set -o pipefail; CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
@@ -86,7 +87,7 @@ reliability: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 reliability: export HAREBOX_CRASH_LOOP_N ?= 10
 reliability: export HAREBOX_LOAD_SECONDS ?= 60
 reliability: deps
-	$(GO) test -timeout 60m -count=1 -v -run 'TestCrashLoop|TestLoad' ./e2e/
+	$(GO) test -timeout 60m -count=1 -v -run 'TestCrashLoop|TestLoad' ./e2e/host/
 	$(GO) test -timeout 20m -count=1 -v -run 'TestGuestForkBomb|TestEngineKernelPanic|TestEngineDefaultImage|TestEngineKill9|TestEngineLifecycle/(AgentRestart|PluginCrash)|TestDataDirFull' .
 	$(GO) test -timeout 10m -count=1 -v -run 'TestSlowAndMalformedClients' ./api/
 	$(GO) test ./api/ -run XXX -fuzz FuzzHandlers -fuzztime 60s

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/harebox/harebox/internal/testserver"
 	_ "modernc.org/sqlite" // the "sqlite" driver, to tamper with the log
 )
 
@@ -22,23 +23,23 @@ import (
 // export; then the log is edited in the database while the server is
 // stopped, and verify names the entry.
 func TestCLIAudit(t *testing.T) {
-	s := prepareNoVM(t)
+	s := testserver.PrepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hba")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := startNoVM(t, s, dataDir)
+	srv := testserver.StartNoVM(t, s, dataDir)
 	running := true
 	defer func() {
 		if running {
-			srv.stop(t)
+			srv.Stop(t)
 		}
-		noLeftovers(t, dataDir)
+		testserver.NoLeftovers(t, dataDir)
 	}()
 
-	c := &cliT{t, s, srv}
-	cli, ok, fails := c.run, c.ok, c.fails
+	c := &testserver.CLI{T: t, S: s, Srv: srv}
+	cli, ok, fails := c.Run, c.OK, c.Fails
 	type entry struct {
 		Seq       int64  `json:"seq"`
 		Time      string `json:"time"`
@@ -286,7 +287,7 @@ func TestCLIAudit(t *testing.T) {
 	// The tail cut while the server is stopped, its checkpoints with it:
 	// the anchor (a file in the data directory) remembers where the log
 	// ended, and verify exits 1. The data directory is put back after.
-	srv.stop(t)
+	srv.Stop(t)
 	running = false
 	saved := t.TempDir()
 	keep := []string{"harebox.db", "harebox.db-wal", "harebox.db-shm", "audit.anchor"}
@@ -305,8 +306,8 @@ func TestCLIAudit(t *testing.T) {
 		}
 	}
 	db.Close()
-	srv = startNoVM(t, s, dataDir)
-	c.srv = srv
+	srv = testserver.StartNoVM(t, s, dataDir)
+	c.Srv = srv
 	running = true
 	o, e, code := cli("", "audit", "verify")
 	rep = report{}
@@ -314,7 +315,7 @@ func TestCLIAudit(t *testing.T) {
 		!strings.Contains(e, "anchor") {
 		t.Errorf("audit verify of a log cut with its checkpoints: exit %d %v %+v\n%s%s", code, err, rep, o, e)
 	}
-	srv.stop(t)
+	srv.Stop(t)
 	running = false
 	copyFiles(t, saved, dataDir, keep)
 
@@ -329,8 +330,8 @@ func TestCLIAudit(t *testing.T) {
 		t.Fatalf("tampering: %v (%d rows)", err, n)
 	}
 	db.Close()
-	srv = startNoVM(t, s, dataDir)
-	c.srv = srv
+	srv = testserver.StartNoVM(t, s, dataDir)
+	c.Srv = srv
 	running = true
 	o, e, code = cli("", "audit", "verify")
 	rep = report{}

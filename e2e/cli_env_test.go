@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestCLIEnv is the CLI's contract for environments (harebox env), the
@@ -21,16 +22,16 @@ import (
 // secret given with --secret-from-env must appear in no output and no
 // answer, nor in plain text in the data directory.
 func TestCLIEnv(t *testing.T) {
-	s := prepareNoVM(t)
+	s := testserver.PrepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbe")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := startNoVM(t, s, dataDir)
+	srv := testserver.StartNoVM(t, s, dataDir)
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
 
 	// The secret is only in the CLI's own environment, as TOKEN.
@@ -38,8 +39,8 @@ func TestCLIEnv(t *testing.T) {
 	var seen strings.Builder // every output of the CLI, and every answer
 	cli := func(args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(s.bin, "harebox"), args...)
-		cmd.Env = append(srv.env(s), "TOKEN="+canary)
+		cmd := exec.Command(filepath.Join(s.Bin, "harebox"), args...)
+		cmd.Env = append(srv.Env(s), "TOKEN="+canary)
 		var o, e bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &o, &e
 		if err := cmd.Run(); err != nil && cmd.ProcessState == nil {
@@ -52,7 +53,7 @@ func TestCLIEnv(t *testing.T) {
 		t.Helper()
 		o, e, code := cli(args...)
 		if code != 0 {
-			t.Fatalf("harebox %s: exit %d\nstdout: %s\nstderr: %s\nserver log:\n%s", strings.Join(args, " "), code, o, e, tail(srv.log.String()))
+			t.Fatalf("harebox %s: exit %d\nstdout: %s\nstderr: %s\nserver log:\n%s", strings.Join(args, " "), code, o, e, testserver.Tail(srv.Log.String()))
 		}
 		if out != nil {
 			if err := json.Unmarshal([]byte(o), out); err != nil {
@@ -72,9 +73,9 @@ func TestCLIEnv(t *testing.T) {
 	// api GETs a path with the root key and returns the raw answer.
 	api := func(path string) string {
 		t.Helper()
-		req, _ := http.NewRequest("GET", srv.url+path, nil)
-		req.Header.Set("Authorization", "Bearer "+srv.key)
-		resp, err := srv.http.Do(req)
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+srv.Key)
+		resp, err := srv.HTTP.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

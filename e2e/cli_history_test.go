@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestCLIHistory is the CLI's contract for an account's command-history
@@ -12,20 +14,20 @@ import (
 // missing sandbox), against a real hareboxd that boots no VM. The history
 // itself is read on real VMs by the SDK suites.
 func TestCLIHistory(t *testing.T) {
-	s := prepareNoVM(t)
+	s := testserver.PrepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbh")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := startNoVM(t, s, dataDir)
+	srv := testserver.StartNoVM(t, s, dataDir)
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
 
-	c := &cliT{t, s, srv}
-	cli, ok, fails := c.run, c.ok, c.fails
+	c := &testserver.CLI{T: t, S: s, Srv: srv}
+	cli, ok, fails := c.Run, c.OK, c.Fails
 	type account struct {
 		ID        string         `json:"id"`
 		Name      string         `json:"name"`

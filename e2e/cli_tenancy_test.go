@@ -1,114 +1,31 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/internal/testserver"
 )
-
-// startNoVM starts hareboxd without a network or images: the tenancy and
-// key routes boot no VM. hareboxd still needs its backend plugin to start.
-func startNoVM(t *testing.T, s setup, dataDir string) *server {
-	t.Helper()
-	return launch(t, s, dataDir, "--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", s.plugin, "--network", "none")
-}
-
-// runCLI runs harebox against srv with key ("" for the root key) and
-// returns its stdout, stderr and exit code.
-func runCLI(t *testing.T, s setup, srv *server, key string, args ...string) (string, string, int) {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(s.bin, "harebox"), args...)
-	cmd.Env = srv.env(s)
-	if key != "" {
-		cmd.Env = append(cmd.Env, "HAREBOX_API_KEY="+key)
-	}
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	if err := cmd.Run(); err != nil && cmd.ProcessState == nil {
-		t.Fatal(err)
-	}
-	return o.String(), e.String(), cmd.ProcessState.ExitCode()
-}
-
-// cliT runs harebox against a hareboxd for one test; ok and fails check a
-// run the way every CLI contract test does.
-type cliT struct {
-	t   *testing.T
-	s   setup
-	srv *server
-}
-
-// run runs harebox with key ("" for the root key).
-func (c *cliT) run(key string, args ...string) (string, string, int) {
-	c.t.Helper()
-	return runCLI(c.t, c.s, c.srv, key, args...)
-}
-
-// ok runs harebox, wants exit 0 and nothing on stderr, and decodes its
-// JSON output into out.
-func (c *cliT) ok(key string, out any, args ...string) string {
-	c.t.Helper()
-	o, e, code := c.run(key, args...)
-	if code != 0 || e != "" {
-		c.t.Fatalf("harebox %s: exit %d\nstdout: %s\nstderr: %s\nserver log:\n%s", strings.Join(args, " "), code, o, e, tail(c.srv.log.String()))
-	}
-	if out != nil {
-		if err := json.Unmarshal([]byte(o), out); err != nil {
-			c.t.Fatalf("harebox %s: %v\n%s", strings.Join(args, " "), err, o)
-		}
-	}
-	return o
-}
-
-// fails runs harebox and wants exit code, one line on stderr that starts
-// with "harebox" and contains want, and nothing on stdout.
-func (c *cliT) fails(key string, code int, want string, args ...string) string {
-	c.t.Helper()
-	o, e, got := c.run(key, args...)
-	if got != code || o != "" || strings.Count(strings.TrimSpace(e), "\n") != 0 || !strings.HasPrefix(e, "harebox") || !strings.Contains(e, want) {
-		c.t.Errorf("harebox %s: exit %d, stdout %q, stderr %q; want exit %d and one line with %q", strings.Join(args, " "), got, o, e, code, want)
-	}
-	return e
-}
-
-// prepareNoVM builds the binaries a hareboxd that boots no VM needs.
-func prepareNoVM(t *testing.T) setup {
-	t.Helper()
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86_64 is not installed (make deps installs it); hareboxd needs its plugin to start")
-	}
-	s := setup{root: testimage.Root(t)}
-	for _, name := range []string{"harebox", "hareboxd", "harebox-plugin-qemu"} {
-		s.bin = filepath.Dir(testimage.Binary(t, name))
-	}
-	s.plugin = filepath.Join(s.bin, "harebox-plugin-qemu")
-	s.hareboxd = filepath.Join(s.bin, "hareboxd")
-	return s
-}
 
 // TestCLITenancy is the CLI's contract for accounts, projects, fleets and
 // scoped keys, against a real hareboxd that boots no VM.
 func TestCLITenancy(t *testing.T) {
-	s := prepareNoVM(t)
+	s := testserver.PrepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbt")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := startNoVM(t, s, dataDir)
+	srv := testserver.StartNoVM(t, s, dataDir)
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
 
-	c := &cliT{t, s, srv}
-	cli, ok, fails := c.run, c.ok, c.fails
+	c := &testserver.CLI{T: t, S: s, Srv: srv}
+	cli, ok, fails := c.Run, c.OK, c.Fails
 	type named struct {
 		ID        string `json:"id"`
 		Name      string `json:"name"`

@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestImageFromRegistry: the operator builds an image from an OCI image in
@@ -25,7 +26,7 @@ import (
 // the image's files; the image cannot be deleted while the sandbox uses
 // it, and can after.
 func TestImageFromRegistry(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()
 	ref := strings.TrimPrefix(reg.URL, "http://") + "/harebox/bbox:1"
@@ -40,14 +41,14 @@ func TestImageFromRegistry(t *testing.T) {
 	defer os.RemoveAll(dataDir)
 	// Its own image directory: the build lands there (hareboxd finds the
 	// agent binary beside itself).
-	srv := launch(t, s, dataDir, "--image-dir", filepath.Join(dataDir, "images"), "--plugin", s.plugin, "--network", "none")
+	srv := testserver.Launch(t, s, dataDir, "--image-dir", filepath.Join(dataDir, "images"), "--plugin", s.Plugin, "--network", "none")
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
 	hb := func(args ...string) string {
 		t.Helper()
-		return run(t, srv, s, s.root, 5*time.Minute, "harebox", args...)
+		return testserver.Run(t, srv, s, s.Root, 5*time.Minute, "harebox", args...)
 	}
 	var img struct{ Name, Digest, From string }
 	if err := json.Unmarshal([]byte(hb("image", "build", "bbox", "--from", "registry:"+ref)), &img); err != nil || img.Name != "bbox" || !strings.HasPrefix(img.Digest, "sha256:") {
@@ -63,8 +64,8 @@ func TestImageFromRegistry(t *testing.T) {
 	if out := hb("exec", box.ID, "-c", "id -un; cat /etc/hello /etc/hello2; test -e /etc/gone || echo gone"); out != "user\nlayer one\nlayer two\ngone\n" {
 		t.Fatalf("in the sandbox: %q", out)
 	}
-	cmd := exec.Command(filepath.Join(s.bin, "harebox"), "image", "delete", "bbox")
-	cmd.Env = srv.env(s)
+	cmd := exec.Command(filepath.Join(s.Bin, "harebox"), "image", "delete", "bbox")
+	cmd.Env = srv.Env(s)
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), box.ID) {
 		t.Fatalf("delete of an image in use: %v %s", err, out)
 	}

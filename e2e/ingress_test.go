@@ -33,6 +33,7 @@ import (
 
 	"github.com/harebox/harebox/apiclient"
 	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/internal/testserver"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -45,22 +46,22 @@ import (
 // issuer the test stands up, an mtls URL client certificates the CLI
 // issued, until it revokes them. Every decision is in the audit log.
 func TestIngress(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	web := testimage.Package(t, "./e2e/testdata/guestweb", "guestweb")
 	dataDir, err := os.MkdirTemp("", "hbing")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	ingressAddr := freeAddr(t)
+	ingressAddr := testserver.FreeAddr(t)
 	// hareboxd trusts the test's OpenID Connect issuer as its system roots
 	// (its environment only: this process's roots stay the system's).
 	iss := newIssuer(t)
-	srv := startEnv(t, s, dataDir, []string{"SSL_CERT_FILE=" + iss.certFile}, "--ingress-listen", ingressAddr)
-	defer finish(t, srv, dataDir)
+	srv := testserver.StartEnv(t, s, dataDir, []string{"SSL_CERT_FILE=" + iss.certFile}, "--ingress-listen", ingressAddr)
+	defer testserver.Finish(t, srv, dataDir)
 	hb := func(args ...string) string {
 		t.Helper()
-		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)
+		return testserver.Run(t, srv, s, s.Root, 3*time.Minute, "harebox", args...)
 	}
 	var box struct{ ID string }
 	if err := json.Unmarshal([]byte(hb("new", "--image", "minimal", "--label", "e2e=ingress")), &box); err != nil || box.ID == "" {
@@ -308,9 +309,9 @@ func TestIngress(t *testing.T) {
 
 	// hareboxd killed and started again: the URL, its new token and the
 	// guest's opened port are all still there.
-	srv.cmd.Process.Signal(syscall.SIGKILL)
-	srv.cmd.Wait()
-	relaunch(t, srv)
+	srv.Cmd.Process.Signal(syscall.SIGKILL)
+	srv.Cmd.Wait()
+	testserver.Relaunch(t, srv)
 	tr.CloseIdleConnections()
 	if code, _ := get(u.URL, http.Header{"X-Harebox-Token": {nu.Token}}); code != 200 {
 		t.Errorf("new token after a restart: %d", code)
@@ -343,7 +344,7 @@ func TestIngress(t *testing.T) {
 	}
 
 	// The audit log has the ingress's decisions.
-	_, audit := srv.call(t, "GET", "/v1/audit?action=accessURL&limit=100", srv.key, nil)
+	_, audit := srv.Call(t, "GET", "/v1/audit?action=accessURL&limit=100", srv.Key, nil)
 	outcomes := map[string]bool{}
 	for _, e := range audit["entries"].([]any) {
 		m := e.(map[string]any)
@@ -389,7 +390,7 @@ func browse(t *testing.T, certFile string, u sandbox.URL) {
 	if err != nil {
 		t.Skip("chromium is not installed (make deps installs it)")
 	}
-	blk, _ := pem.Decode(read(t, certFile))
+	blk, _ := pem.Decode(testserver.ReadFile(t, certFile))
 	cert, err := x509.ParseCertificate(blk.Bytes)
 	if err != nil {
 		t.Fatal(err)

@@ -1,36 +1,12 @@
 package e2e
 
 import (
-	"bytes"
-	"encoding/json"
-	"io"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
-	"time"
-)
 
-// call makes one API request with key and decodes the JSON reply.
-func (srv *server) call(t *testing.T, method, path, key string, body any) (int, map[string]any) {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, srv.url+path, rd)
-	req.Header.Set("Authorization", "Bearer "+key)
-	client := &http.Client{Timeout: 5 * time.Minute, Transport: srv.http.Transport}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out map[string]any
-	json.NewDecoder(resp.Body).Decode(&out)
-	return resp.StatusCode, out
-}
+	"github.com/harebox/harebox/internal/testserver"
+)
 
 // inGuest calls the API from inside the guest, as a program there would:
 // python3's urllib to http://api.harebox.internal, with the key from the
@@ -62,43 +38,43 @@ for name, method, path, body in [
 // A key limited to one sandbox, given to the code inside it, runs exec on
 // that sandbox through api.harebox.internal, and nothing else.
 func TestKeyInsideSandbox(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbk")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := start(t, s, dataDir)
+	srv := testserver.Start(t, s, dataDir)
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
-		srv.dropTable(t)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
+		srv.DropTable(t)
 	}()
-	status, me := srv.call(t, "POST", "/v1/sandboxes", srv.key, map[string]any{"name": "me", "ttl_seconds": 600})
+	status, me := srv.Call(t, "POST", "/v1/sandboxes", srv.Key, map[string]any{"name": "me", "ttl_seconds": 600})
 	if status != 201 {
 		t.Fatalf("create: %d %v", status, me)
 	}
 	meID := me["id"].(string)
-	defer srv.call(t, "DELETE", "/v1/sandboxes/"+meID, srv.key, nil)
-	status, other := srv.call(t, "POST", "/v1/sandboxes", srv.key, map[string]any{"name": "other", "image": "minimal", "ttl_seconds": 600})
+	defer srv.Call(t, "DELETE", "/v1/sandboxes/"+meID, srv.Key, nil)
+	status, other := srv.Call(t, "POST", "/v1/sandboxes", srv.Key, map[string]any{"name": "other", "image": "minimal", "ttl_seconds": 600})
 	if status != 201 {
 		t.Fatalf("create: %d %v", status, other)
 	}
 	otherID := other["id"].(string)
-	defer srv.call(t, "DELETE", "/v1/sandboxes/"+otherID, srv.key, nil)
+	defer srv.Call(t, "DELETE", "/v1/sandboxes/"+otherID, srv.Key, nil)
 	policy := map[string]any{"default_outbound": "deny", "outbound": []any{
 		map[string]any{"action": "allow", "protocol": "tcp", "ports": "80", "hosts": []string{"api.harebox.internal"}}}}
-	if status, body := srv.call(t, "PUT", "/v1/sandboxes/"+meID+"/firewall", srv.key, policy); status != 200 {
+	if status, body := srv.Call(t, "PUT", "/v1/sandboxes/"+meID+"/firewall", srv.Key, policy); status != 200 {
 		t.Fatalf("firewall: %d %v", status, body)
 	}
-	status, key := srv.call(t, "POST", "/v1/keys", srv.key, map[string]any{
+	status, key := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{
 		"description": "for the code inside " + meID,
 		"scope":       map[string]any{"sandboxes": []string{meID}, "actions": []string{"exec", "sandboxes:read"}},
 	})
 	if status != 201 {
 		t.Fatalf("key: %d %v", status, key)
 	}
-	status, res := srv.call(t, "POST", "/v1/sandboxes/"+meID+"/exec", srv.key, map[string]any{
+	status, res := srv.Call(t, "POST", "/v1/sandboxes/"+meID+"/exec", srv.Key, map[string]any{
 		"argv": []string{"python3", "-c", inGuest}, "timeout_seconds": 240,
 		"env": map[string]string{"KEY": key["secret"].(string), "ME": meID, "OTHER": otherID},
 	})
@@ -128,10 +104,10 @@ func TestKeyInsideSandbox(t *testing.T) {
 		t.Errorf("no answer for %s", name)
 	}
 	// The other sandbox ran nothing, and the firewall is as it was.
-	if status, body := srv.call(t, "GET", "/v1/sandboxes/"+meID+"/firewall", srv.key, nil); status != 200 || body["default_outbound"] != "deny" {
+	if status, body := srv.Call(t, "GET", "/v1/sandboxes/"+meID+"/firewall", srv.Key, nil); status != 200 || body["default_outbound"] != "deny" {
 		t.Errorf("firewall after the attempts: %d %v", status, body)
 	}
-	if l := srv.sandboxes(t, ""); len(l) != 2 {
+	if l := srv.Sandboxes(t, ""); len(l) != 2 {
 		t.Errorf("sandboxes after the attempts: %d", len(l))
 	}
 }

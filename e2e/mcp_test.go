@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox/internal/testserver"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -22,21 +23,21 @@ import (
 // bytes), list, delete. A key scoped to commands only gets tool errors
 // for what it may not do, and runs commands.
 func TestMCP(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbmcp")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := start(t, s, dataDir)
-	defer finish(t, srv, dataDir)
+	srv := testserver.Start(t, s, dataDir)
+	defer testserver.Finish(t, srv, dataDir)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
 	connect := func(key string) *mcp.ClientSession {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(s.bin, "harebox"), "mcp")
-		cmd.Env = append(srv.env(s), "HAREBOX_API_KEY="+key)
+		cmd := exec.Command(filepath.Join(s.Bin, "harebox"), "mcp")
+		cmd.Env = append(srv.Env(s), "HAREBOX_API_KEY="+key)
 		cmd.Stderr = os.Stderr
 		c := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "v1"}, nil)
 		cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
@@ -72,7 +73,7 @@ func TestMCP(t *testing.T) {
 		return text
 	}
 
-	cs := connect(srv.key)
+	cs := connect(srv.Key)
 	tools, err := cs.ListTools(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +95,7 @@ func TestMCP(t *testing.T) {
 	if box.ID == "" || box.State != "running" {
 		t.Fatalf("create_sandbox: %+v", box)
 	}
-	defer srv.call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.key, nil)
+	defer srv.Call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.Key, nil)
 	var ran struct {
 		ExitCode       int `json:"exit_code"`
 		Stdout, Stderr string
@@ -128,7 +129,7 @@ func TestMCP(t *testing.T) {
 	}
 
 	// A key for commands and reads only.
-	_, k := srv.call(t, "POST", "/v1/keys", srv.key, map[string]any{"scope": map[string]any{"actions": []string{"exec", "listSandboxes", "getSandbox"}}})
+	_, k := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"scope": map[string]any{"actions": []string{"exec", "listSandboxes", "getSandbox"}}})
 	limited := connect(k["secret"].(string))
 	if msg := call(limited, "create_sandbox", map[string]any{"image": "minimal"}, nil, true); !strings.Contains(msg, "forbidden") {
 		t.Errorf("create_sandbox with a key for commands only: %s", msg)
@@ -143,7 +144,7 @@ func TestMCP(t *testing.T) {
 
 	// The same tools over streamable HTTP on hareboxd itself.
 	hs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "v1"}, nil).Connect(ctx,
-		&mcp.StreamableClientTransport{Endpoint: srv.url + "/mcp", HTTPClient: &http.Client{Transport: bearerKey(srv.key)}, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+		&mcp.StreamableClientTransport{Endpoint: srv.URL + "/mcp", HTTPClient: &http.Client{Transport: bearerKey(srv.Key)}, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

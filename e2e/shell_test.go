@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestShellInTmux drives `harebox shell` in a real terminal: tmux runs it,
@@ -23,35 +25,35 @@ func TestShellInTmux(t *testing.T) {
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("tmux is not installed (make deps installs it)")
 	}
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbsh")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none")
+	srv := testserver.Launch(t, s, dataDir, "--image-dir", s.ImageDir, "--plugin", s.Plugin, "--network", "none")
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
 	var box struct{ ID string }
-	if err := json.Unmarshal([]byte(run(t, srv, s, s.root, 3*time.Minute, "harebox", "new", "--image", "minimal")), &box); err != nil || box.ID == "" {
+	if err := json.Unmarshal([]byte(testserver.Run(t, srv, s, s.Root, 3*time.Minute, "harebox", "new", "--image", "minimal")), &box); err != nil || box.ID == "" {
 		t.Fatalf("new: %v", err)
 	}
-	defer run(t, srv, s, s.root, time.Minute, "harebox", "delete", box.ID)
+	defer testserver.Run(t, srv, s, s.Root, time.Minute, "harebox", "delete", box.ID)
 
 	sock := fmt.Sprintf("hbtest%d", os.Getpid())
 	tmux := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command("tmux", append([]string{"-u", "-L", sock, "-f", "/dev/null"}, args...)...)
-		cmd.Env = append(srv.env(s), "LANG=C.UTF-8")
+		cmd.Env = append(srv.Env(s), "LANG=C.UTF-8")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("tmux %v: %v\n%s", args, err, out)
 		}
 		return string(out)
 	}
-	session := filepath.Join(s.bin, "harebox") + " shell " + box.ID +
+	session := filepath.Join(s.Bin, "harebox") + " shell " + box.ID +
 		"; echo EXIT=$?; stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e -icanon; sleep 120"
 	tmux("new-session", "-d", "-s", "t", "-x", "100", "-y", "30", session)
 	defer exec.Command("tmux", "-L", sock, "kill-server").Run()
@@ -64,7 +66,7 @@ func TestShellInTmux(t *testing.T) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%q not on the screen after 30 s:\n%s\nserver log:\n%s", want, screen(), tail(srv.log.String()))
+				t.Fatalf("%q not on the screen after 30 s:\n%s\nserver log:\n%s", want, screen(), testserver.Tail(srv.Log.String()))
 			}
 		}
 	}
@@ -109,25 +111,25 @@ func TestShellInTmux(t *testing.T) {
 // echoes a line before the pipe ends, and the end closes its stdin; stdout
 // and stderr stay apart.
 func TestExecStreamsStdin(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbsi")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none", "--tls-self-signed")
+	srv := testserver.Launch(t, s, dataDir, "--image-dir", s.ImageDir, "--plugin", s.Plugin, "--network", "none", "--tls-self-signed")
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
 	var box struct{ ID string }
-	if err := json.Unmarshal([]byte(run(t, srv, s, s.root, 3*time.Minute, "harebox", "new", "--image", "minimal")), &box); err != nil || box.ID == "" {
+	if err := json.Unmarshal([]byte(testserver.Run(t, srv, s, s.Root, 3*time.Minute, "harebox", "new", "--image", "minimal")), &box); err != nil || box.ID == "" {
 		t.Fatalf("new: %v", err)
 	}
-	defer run(t, srv, s, s.root, time.Minute, "harebox", "delete", box.ID)
+	defer testserver.Run(t, srv, s, s.Root, time.Minute, "harebox", "delete", box.ID)
 	exe := func(args ...string) (*exec.Cmd, io.WriteCloser, *syncBuffer, *syncBuffer) {
-		cmd := exec.Command(filepath.Join(s.bin, "harebox"), append([]string{"exec", box.ID}, args...)...)
-		cmd.Env = srv.env(s)
+		cmd := exec.Command(filepath.Join(s.Bin, "harebox"), append([]string{"exec", box.ID}, args...)...)
+		cmd.Env = srv.Env(s)
 		in, err := cmd.StdinPipe()
 		if err != nil {
 			t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/internal/testserver"
 	"github.com/harebox/harebox/servertls"
 )
 
@@ -23,30 +24,30 @@ import (
 // HTTP/2. A server on certificate files reloads them on SIGHUP while a
 // request loop runs, and no request fails.
 func TestTLS(t *testing.T) {
-	s := prepareNoVM(t)
+	s := testserver.PrepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbtls")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	noVM := []string{"--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", s.plugin, "--network", "none"}
-	srv := launch(t, s, dataDir, append(noVM, "--tls-self-signed")...)
-	if !strings.HasPrefix(srv.url, "https://") {
-		t.Fatalf("server URL %s", srv.url)
+	noVM := []string{"--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", s.Plugin, "--network", "none"}
+	srv := testserver.Launch(t, s, dataDir, append(noVM, "--tls-self-signed")...)
+	if !strings.HasPrefix(srv.URL, "https://") {
+		t.Fatalf("server URL %s", srv.URL)
 	}
 	fp, err := os.ReadFile(filepath.Join(dataDir, "tls", "fingerprint"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	pin := strings.TrimSpace(string(fp))
-	if !strings.Contains(srv.log.String(), pin) {
+	if !strings.Contains(srv.Log.String(), pin) {
 		t.Errorf("the log does not give the fingerprint %s", pin)
 	}
 	cli := func(ca string) (string, string, int) {
 		t.Helper()
-		return runCLI(t, s, srv, "", "--ca", ca, "list")
+		return testserver.RunCLI(t, s, srv, "", "--ca", ca, "list")
 	}
-	for _, ca := range []string{srv.ca, pin, strings.ToUpper(strings.TrimPrefix(pin, "sha256:"))} {
+	for _, ca := range []string{srv.CA, pin, strings.ToUpper(strings.TrimPrefix(pin, "sha256:"))} {
 		if !strings.HasPrefix(ca, "sha256:") && !strings.HasPrefix(ca, "/") {
 			ca = "sha256:" + ca
 		}
@@ -56,31 +57,31 @@ func TestTLS(t *testing.T) {
 	}
 	// Not trusted: the system's roots, a wrong pin. No fallback to plain
 	// or unverified.
-	if _, errOut, code := runCLI(t, s, srv, "", "--ca", "sha256:"+strings.Repeat("ab", 32), "list"); code == 0 || !strings.Contains(errOut, "pins") {
+	if _, errOut, code := testserver.RunCLI(t, s, srv, "", "--ca", "sha256:"+strings.Repeat("ab", 32), "list"); code == 0 || !strings.Contains(errOut, "pins") {
 		t.Errorf("a wrong pin: exit %d: %s", code, errOut)
 	}
 	t.Setenv("HAREBOX_CA", "")
-	c, err := apiclient.Open(apiclient.Options{URL: srv.url, Key: srv.key, CA: "-"})
+	c, err := apiclient.Open(apiclient.Options{URL: srv.URL, Key: srv.Key, CA: "-"})
 	if err == nil {
 		t.Errorf("a CA file that does not exist was accepted: %v", c)
 	}
-	c, _ = apiclient.Open(apiclient.Options{URL: srv.url, Key: srv.key, CA: ""})
+	c, _ = apiclient.Open(apiclient.Options{URL: srv.URL, Key: srv.Key, CA: ""})
 	if err := c.Do(t.Context(), "GET", "/v1/sandboxes", nil, nil, nil); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("trusting the system's roots: %v", err)
 	}
 	// TLS 1.3 with HTTP/2; TLS 1.2 is refused; plain HTTP is not served.
-	resp, err := srv.http.Get(srv.url + "/health")
+	resp, err := srv.HTTP.Get(srv.URL + "/health")
 	if err != nil || resp.ProtoMajor != 2 || resp.TLS.Version != tls.VersionTLS13 {
 		t.Errorf("health: %v %+v", err, resp)
 	} else {
 		resp.Body.Close()
 	}
-	old, _ := apiclient.TLSConfig(srv.ca)
+	old, _ := apiclient.TLSConfig(srv.CA)
 	old.MaxVersion = tls.VersionTLS12
-	if _, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: old}}).Get(srv.url + "/health"); err == nil {
+	if _, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: old}}).Get(srv.URL + "/health"); err == nil {
 		t.Error("a TLS 1.2 client was served")
 	}
-	if resp, err := http.Get("http://" + strings.TrimPrefix(srv.url, "https://") + "/health"); err == nil {
+	if resp, err := http.Get("http://" + strings.TrimPrefix(srv.URL, "https://") + "/health"); err == nil {
 		// (Go's TLS server answers a plain request with this 400.)
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -89,12 +90,12 @@ func TestTLS(t *testing.T) {
 		}
 	}
 	// A restart keeps the certificate: a pin stays good.
-	srv.stop(t)
-	srv = launch(t, s, dataDir, append(noVM, "--tls-self-signed")...)
-	if _, errOut, code := runCLI(t, s, srv, "", "--ca", pin, "list"); code != 0 {
+	srv.Stop(t)
+	srv = testserver.Launch(t, s, dataDir, append(noVM, "--tls-self-signed")...)
+	if _, errOut, code := testserver.RunCLI(t, s, srv, "", "--ca", pin, "list"); code != 0 {
 		t.Errorf("the pin after a restart: %s", errOut)
 	}
-	srv.stop(t)
+	srv.Stop(t)
 
 	// Certificate files, replaced and reloaded on SIGHUP under load.
 	certs := t.TempDir()
@@ -107,31 +108,31 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	both := filepath.Join(certs, "both.pem")
-	os.WriteFile(both, append(read(t, a), read(t, b)...), 0o644)
+	os.WriteFile(both, append(testserver.ReadFile(t, a), testserver.ReadFile(t, b)...), 0o644)
 	certFile, keyFile := filepath.Join(certs, "cert.pem"), filepath.Join(certs, "key.pem")
-	copyFile(t, a, certFile)
-	copyFile(t, strings.Replace(a, "cert.pem", "key.pem", 1), keyFile)
+	testserver.CopyFile(t, a, certFile)
+	testserver.CopyFile(t, strings.Replace(a, "cert.pem", "key.pem", 1), keyFile)
 	dataDir2, err := os.MkdirTemp("", "hbtls")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir2)
-	srv = launch(t, s, dataDir2, "--image-dir", filepath.Join(dataDir2, "no-images"), "--plugin", s.plugin, "--network", "none",
+	srv = testserver.Launch(t, s, dataDir2, "--image-dir", filepath.Join(dataDir2, "no-images"), "--plugin", s.Plugin, "--network", "none",
 		"--tls-cert", certFile, "--tls-key", keyFile)
-	defer srv.stop(t)
+	defer srv.Stop(t)
 	cfg, err := apiclient.TLSConfig(both)
 	if err != nil {
 		t.Fatal(err)
 	}
 	served := func() string {
-		conn, err := tls.Dial("tcp", strings.TrimPrefix(srv.url, "https://"), cfg)
+		conn, err := tls.Dial("tcp", strings.TrimPrefix(srv.URL, "https://"), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close()
 		return servertls.Fingerprint(conn.ConnectionState().PeerCertificates[0].Raw)
 	}
-	fpA, fpB := strings.TrimSpace(string(read(t, filepath.Join(certs, "a", "fingerprint")))), strings.TrimSpace(string(read(t, filepath.Join(certs, "b", "fingerprint"))))
+	fpA, fpB := strings.TrimSpace(string(testserver.ReadFile(t, filepath.Join(certs, "a", "fingerprint")))), strings.TrimSpace(string(testserver.ReadFile(t, filepath.Join(certs, "b", "fingerprint"))))
 	if got := served(); got != fpA {
 		t.Fatalf("serving %s, want %s", got, fpA)
 	}
@@ -150,8 +151,8 @@ func TestTLS(t *testing.T) {
 					return
 				default:
 				}
-				req, _ := http.NewRequest("GET", srv.url+"/v1/sandboxes", nil)
-				req.Header.Set("Authorization", "Bearer "+srv.key)
+				req, _ := http.NewRequest("GET", srv.URL+"/v1/sandboxes", nil)
+				req.Header.Set("Authorization", "Bearer "+srv.Key)
 				resp, err := hc.Do(req)
 				if err == nil {
 					resp.Body.Close()
@@ -172,15 +173,15 @@ func TestTLS(t *testing.T) {
 	// The new pair, with the old files' times: only the signal tells.
 	ci, _ := os.Stat(certFile)
 	ki, _ := os.Stat(keyFile)
-	copyFile(t, b, certFile)
-	copyFile(t, strings.Replace(b, "cert.pem", "key.pem", 1), keyFile)
+	testserver.CopyFile(t, b, certFile)
+	testserver.CopyFile(t, strings.Replace(b, "cert.pem", "key.pem", 1), keyFile)
 	os.Chtimes(certFile, ci.ModTime(), ci.ModTime())
 	os.Chtimes(keyFile, ki.ModTime(), ki.ModTime())
-	srv.cmd.Process.Signal(syscall.SIGHUP)
+	srv.Cmd.Process.Signal(syscall.SIGHUP)
 	deadline := time.Now().Add(5 * time.Second)
 	for served() != fpB {
 		if time.Now().After(deadline) {
-			t.Fatalf("SIGHUP: still serving the old certificate after 5 s\n%s", tail(srv.log.String()))
+			t.Fatalf("SIGHUP: still serving the old certificate after 5 s\n%s", testserver.Tail(srv.Log.String()))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -191,20 +192,4 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("%d requests failed across the reload (first: %v), %d succeeded", failed.Load(), firstErr.Load(), ok.Load())
 	}
 	t.Logf("%d requests across the reload, none failed", ok.Load())
-}
-
-func read(t *testing.T, path string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	if err := os.WriteFile(to, read(t, from), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }

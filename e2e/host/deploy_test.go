@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestDeploy installs HareBox into a staging root the way an operator
@@ -22,15 +23,15 @@ import (
 // installed hareboxd with it as systemd would for Type=notify: READY=1
 // once it answers, STOPPING=1 on SIGTERM.
 func TestDeploy(t *testing.T) {
-	s := prepareNoVM(t)
+	s := testserver.PrepareNoVM(t)
 	for _, name := range []string{"harebox-plugin-cloud-hypervisor", "harebox-image", "harebox-agent"} {
 		testimage.Binary(t, name)
 	}
 	root := t.TempDir()
 	install := func() {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(s.root, "scripts", "install.sh"))
-		cmd.Env = append(os.Environ(), "DESTDIR="+root, "PREFIX=/usr/local", "BIN="+s.bin)
+		cmd := exec.Command(filepath.Join(s.Root, "scripts", "install.sh"))
+		cmd.Env = append(os.Environ(), "DESTDIR="+root, "PREFIX=/usr/local", "BIN="+s.Bin)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("install.sh: %v\n%s", err, out)
 		}
@@ -46,13 +47,13 @@ func TestDeploy(t *testing.T) {
 		}
 	}
 	config := filepath.Join(root, "etc/harebox/hareboxd.yaml")
-	edited := append(read(t, config), []byte("debug: true\n")...)
+	edited := append(testserver.ReadFile(t, config), []byte("debug: true\n")...)
 	os.WriteFile(config, edited, 0o644)
 	install()
-	if !bytes.Equal(read(t, config), edited) {
+	if !bytes.Equal(testserver.ReadFile(t, config), edited) {
 		t.Error("a second install overwrote the operator's config")
 	}
-	unit := string(read(t, filepath.Join(root, "etc/systemd/system/hareboxd.service")))
+	unit := string(testserver.ReadFile(t, filepath.Join(root, "etc/systemd/system/hareboxd.service")))
 	for _, want := range []string{"Type=notify", "KillMode=process", "ExecStart=/usr/local/bin/hareboxd --config /etc/harebox/hareboxd.yaml", "ExecReload=/bin/kill -HUP $MAINPID", "StateDirectory=harebox"} {
 		if !strings.Contains(unit, want+"\n") {
 			t.Errorf("the unit lacks %q", want)
@@ -86,7 +87,7 @@ func TestDeploy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer notify.Close()
-	addr := freeAddr(t)
+	addr := testserver.FreeAddr(t)
 	// The flags win over the config's data directory, address and network.
 	cmd := exec.Command(hareboxd, "--config", config, "--data-dir", dataDir, "--listen", addr, "--network", "none", "--image-dir", filepath.Join(dataDir, "no-images"))
 	var log bytes.Buffer

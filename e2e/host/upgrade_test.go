@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestUpgrade: a sandbox started by the previous release's hareboxd (built
@@ -18,25 +20,25 @@ import (
 // old hareboxd is then refused with a clear error: the database is newer
 // than it.
 func TestUpgrade(t *testing.T) {
-	s := prepare(t)
-	base := previousRelease(t, s.root)
+	s := testserver.Prepare(t)
+	base := previousRelease(t, s.Root)
 	t.Logf("upgrading from %s", base)
 	work := t.TempDir()
 	tree := filepath.Join(work, "src")
-	git(t, s.root, "worktree", "prune") // (one a killed run left)
-	git(t, s.root, "worktree", "add", "--detach", tree, base)
-	defer git(t, s.root, "worktree", "remove", "--force", tree)
-	old := setup{root: tree, bin: filepath.Join(work, "bin"), imageDir: filepath.Join(work, "images")}
+	git(t, s.Root, "worktree", "prune") // (one a killed run left)
+	git(t, s.Root, "worktree", "add", "--detach", tree, base)
+	defer git(t, s.Root, "worktree", "remove", "--force", tree)
+	old := testserver.Setup{Root: tree, Bin: filepath.Join(work, "bin"), ImageDir: filepath.Join(work, "images")}
 	for _, name := range []string{"hareboxd", "harebox-plugin-qemu", "harebox-image", "harebox-agent"} {
-		cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", filepath.Join(old.bin, name), "./cmd/"+name)
+		cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", filepath.Join(old.Bin, name), "./cmd/"+name)
 		cmd.Dir, cmd.Env = tree, append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("building the old %s: %v\n%s", name, err, out)
 		}
 	}
-	old.hareboxd, old.plugin = filepath.Join(old.bin, "hareboxd"), filepath.Join(old.bin, "harebox-plugin-qemu")
-	if out, err := exec.Command(filepath.Join(old.bin, "harebox-image"), "build", "--name", "minimal",
-		"--agent", filepath.Join(old.bin, "harebox-agent"), "--out", old.imageDir).CombinedOutput(); err != nil {
+	old.Hareboxd, old.Plugin = filepath.Join(old.Bin, "hareboxd"), filepath.Join(old.Bin, "harebox-plugin-qemu")
+	if out, err := exec.Command(filepath.Join(old.Bin, "harebox-image"), "build", "--name", "minimal",
+		"--agent", filepath.Join(old.Bin, "harebox-agent"), "--out", old.ImageDir).CombinedOutput(); err != nil {
 		t.Fatalf("the old image: %v\n%s", err, out)
 	}
 
@@ -45,54 +47,54 @@ func TestUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	args := func(s setup) []string {
+	args := func(s testserver.Setup) []string {
 		// The old image, for both: a sandbox keeps its image's agent.
-		return []string{"--image-dir", old.imageDir, "--plugin", s.plugin, "--network", "none"}
+		return []string{"--image-dir", old.ImageDir, "--plugin", s.Plugin, "--network", "none"}
 	}
-	srv := launch(t, old, dataDir, args(old)...)
-	code, box := srv.call(t, "POST", "/v1/sandboxes", srv.key, map[string]any{"image": "minimal", "ttl_seconds": 900})
+	srv := testserver.Launch(t, old, dataDir, args(old)...)
+	code, box := srv.Call(t, "POST", "/v1/sandboxes", srv.Key, map[string]any{"image": "minimal", "ttl_seconds": 900})
 	id, _ := box["id"].(string)
 	if code != 201 || id == "" {
-		t.Fatalf("create on the old server: %d %v\n%s", code, box, tail(srv.log.String()))
+		t.Fatalf("create on the old server: %d %v\n%s", code, box, testserver.Tail(srv.Log.String()))
 	}
-	exec1 := func(srv *server, cmd string) string {
+	exec1 := func(srv *testserver.Server, cmd string) string {
 		t.Helper()
-		code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": cmd})
+		code, r := srv.Call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.Key, map[string]any{"cmd": cmd})
 		if code != 200 || r["exit_code"] != float64(0) {
-			t.Fatalf("exec %q: %d %v\n%s", cmd, code, r, tail(srv.log.String()))
+			t.Fatalf("exec %q: %d %v\n%s", cmd, code, r, testserver.Tail(srv.Log.String()))
 		}
 		return r["stdout"].(string)
 	}
 	exec1(srv, "echo before the upgrade > /tmp/mark")
-	srv.stop(t) // sandboxes keep running
+	srv.Stop(t) // sandboxes keep running
 
 	// The upgrade in place: the new server on the same data directory.
-	srv = launch(t, s, dataDir, args(s)...)
+	srv = testserver.Launch(t, s, dataDir, args(s)...)
 	if got := exec1(srv, "cat /tmp/mark"); got != "before the upgrade\n" {
 		t.Fatalf("after the upgrade: %q", got)
 	}
-	if code, r := srv.call(t, "GET", "/v1/sandboxes/"+id, srv.key, nil); code != 200 || r["state"] != "running" {
+	if code, r := srv.Call(t, "GET", "/v1/sandboxes/"+id, srv.Key, nil); code != 200 || r["state"] != "running" {
 		t.Fatalf("get after the upgrade: %d %v", code, r)
 	}
-	srv.stop(t)
+	srv.Stop(t)
 
 	// Back to the old server: refused, and it says why.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var log bytes.Buffer
-	cmd := exec.CommandContext(ctx, old.hareboxd, append([]string{"--data-dir", dataDir, "--listen", "127.0.0.1:0"}, args(old)...)...)
+	cmd := exec.CommandContext(ctx, old.Hareboxd, append([]string{"--data-dir", dataDir, "--listen", "127.0.0.1:0"}, args(old)...)...)
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Run(); err == nil || !strings.Contains(log.String(), "is newer than this binary") {
 		t.Errorf("the old server on the upgraded database: %v\n%s", err, log.String())
 	}
 
 	// The new server still has it, and deletes it.
-	srv = launch(t, s, dataDir, args(s)...)
-	if code, r := srv.call(t, "DELETE", "/v1/sandboxes/"+id, srv.key, nil); code != 200 {
+	srv = testserver.Launch(t, s, dataDir, args(s)...)
+	if code, r := srv.Call(t, "DELETE", "/v1/sandboxes/"+id, srv.Key, nil); code != 200 {
 		t.Errorf("delete: %d %v", code, r)
 	}
-	srv.stop(t)
-	noLeftovers(t, dataDir)
+	srv.Stop(t)
+	testserver.NoLeftovers(t, dataDir)
 }
 
 // previousRelease is the commit before the one that added the newest

@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"encoding/json"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestPool, on real VMs through the CLI: hareboxd keeps two minimal
@@ -13,21 +15,21 @@ import (
 // machine-id, kernel entropy and address, its labels and env, and the
 // firewall policy it asked for in force.
 func TestPool(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbp")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := start(t, s, dataDir, "--pool", "minimal:small=2")
-	defer func() { finish(t, srv, dataDir) }()
+	srv := testserver.Start(t, s, dataDir, "--pool", "minimal:small=2")
+	defer func() { testserver.Finish(t, srv, dataDir) }()
 	hb := func(args ...string) string {
 		t.Helper()
-		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)
+		return testserver.Run(t, srv, s, s.Root, 3*time.Minute, "harebox", args...)
 	}
-	for deadline := time.Now().Add(4 * time.Minute); strings.Count(srv.log.String(), "pool member ready") < 2; time.Sleep(500 * time.Millisecond) {
+	for deadline := time.Now().Add(4 * time.Minute); strings.Count(srv.Log.String(), "pool member ready") < 2; time.Sleep(500 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the pool did not fill:\n%s", tail(srv.log.String()))
+			t.Fatalf("the pool did not fill:\n%s", testserver.Tail(srv.Log.String()))
 		}
 	}
 	seen := map[string]string{}
@@ -42,11 +44,11 @@ func TestPool(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &box); err != nil || box.Served != "pool" || box.Labels["e2e"] != "pool" {
 			t.Fatalf("new %d: %v %s", i, err, out)
 		}
-		defer srv.call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.key, nil)
+		defer srv.Call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.Key, nil)
 		got := hb("exec", box.ID, "-c", `printf '%s\n' "$WHO" "$(cat /etc/machine-id)" "$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')" "$(ip -4 -o addr show eth0 | awk '{print $4}')"`)
 		t.Logf("pool create to first exec: %v", time.Since(began).Round(10*time.Millisecond))
 		l := strings.Split(strings.TrimRight(got, "\n"), "\n")
-		if len(l) != 4 || l[0] != "claimer" || len(l[1]) != 32 || !strings.HasPrefix(l[3], srv.pool) {
+		if len(l) != 4 || l[0] != "claimer" || len(l[1]) != 32 || !strings.HasPrefix(l[3], srv.Pool) {
 			t.Fatalf("claimed sandbox %s: %q", box.ID, got)
 		}
 		for _, v := range l[1:] {

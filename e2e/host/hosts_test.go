@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/internal/testpg"
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestSeveralHosts: two hareboxd on this machine (their own data
@@ -26,13 +27,13 @@ import (
 // within b's lease, and running again when b restarts and takes it back.
 // A third hareboxd by b's name is refused.
 func TestSeveralHosts(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dsn := testpg.ForTest(t)
 	certs := t.TempDir()
 	const lease = "3s"
 	type host struct {
 		name, dir string
-		srv       *server
+		srv       *testserver.Server
 	}
 	var hosts []*host
 	startHost := func(name string) *host {
@@ -42,7 +43,7 @@ func TestSeveralHosts(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
-		if out, err := exec.Command(s.hareboxd, "cluster-cert", "--dir", certs, "--host", name, "--addr", "127.0.0.1").CombinedOutput(); err != nil {
+		if out, err := exec.Command(s.Hareboxd, "cluster-cert", "--dir", certs, "--host", name, "--addr", "127.0.0.1").CombinedOutput(); err != nil {
 			t.Fatalf("cluster-cert: %v %s", err, out)
 		}
 		if len(hosts) > 0 {
@@ -56,34 +57,34 @@ func TestSeveralHosts(t *testing.T) {
 				os.WriteFile(filepath.Join(dir, f), b, 0o600)
 			}
 		}
-		internal := freeAddr(t)
+		internal := testserver.FreeAddr(t)
 		h := &host{name: name, dir: dir}
-		h.srv = start(t, s, dir, "--store", dsn, "--host-name", name, "--host-lease", lease, "--internal-listen", internal,
+		h.srv = testserver.Start(t, s, dir, "--store", dsn, "--host-name", name, "--host-lease", lease, "--internal-listen", internal,
 			"--cluster-ca", filepath.Join(certs, "ca.pem"), "--cluster-cert", filepath.Join(certs, name+".pem"), "--cluster-key", filepath.Join(certs, name+".key"))
 		hosts = append(hosts, h)
 		// (A call through one host may fail on the other: run's failure
 		// shows only the first's log.)
 		t.Cleanup(func() {
 			if t.Failed() {
-				t.Logf("host %s's log:\n%s", name, tail(h.srv.log.String()))
+				t.Logf("host %s's log:\n%s", name, testserver.Tail(h.srv.Log.String()))
 			}
 		})
 		return h
 	}
 	a := startHost("a")
-	defer finish(t, a.srv, a.dir)
+	defer testserver.Finish(t, a.srv, a.dir)
 	b := startHost("b")
-	defer finish(t, b.srv, b.dir)
-	if a.srv.key != b.srv.key {
+	defer testserver.Finish(t, b.srv, b.dir)
+	if a.srv.Key != b.srv.Key {
 		t.Fatal("the hosts do not share the root key")
 	}
 	viaA := func(args ...string) string {
 		t.Helper()
-		return run(t, a.srv, s, s.root, 3*time.Minute, "harebox", args...)
+		return testserver.Run(t, a.srv, s, s.Root, 3*time.Minute, "harebox", args...)
 	}
 	viaB := func(args ...string) string {
 		t.Helper()
-		return run(t, b.srv, s, s.root, 3*time.Minute, "harebox", args...)
+		return testserver.Run(t, b.srv, s, s.Root, 3*time.Minute, "harebox", args...)
 	}
 	type box struct{ ID, State, Host, Error string }
 	decode := func(out string) box {
@@ -99,8 +100,8 @@ func TestSeveralHosts(t *testing.T) {
 	// deletes its sandbox; then one more for the rest of the test.
 	onA := decode(viaA("new", "--image", "minimal", "--label", "e2e=hosts"))
 	defer viaA("delete", onA.ID)
-	walk := run(t, a.srv, s, filepath.Join(s.root, "examples", "untrusted"), 5*time.Minute, "bash", "walkthrough.sh")
-	if !strings.Contains(walk, jobOutput) || !strings.Contains(walk, `"state": "deleted"`) || !strings.Contains(walk, `"host": "b"`) {
+	walk := testserver.Run(t, a.srv, s, filepath.Join(s.Root, "examples", "untrusted"), 5*time.Minute, "bash", "walkthrough.sh")
+	if !strings.Contains(walk, testserver.JobOutput) || !strings.Contains(walk, `"state": "deleted"`) || !strings.Contains(walk, `"host": "b"`) {
 		t.Fatalf("the walkthrough through a, on b:\n%s", walk)
 	}
 	// (b's row says what it runs as of its last write: at once after a
@@ -118,8 +119,8 @@ func TestSeveralHosts(t *testing.T) {
 	}
 	// Through a, in b's sandbox: a streamed exec with stdin, a terminal,
 	// files both ways.
-	cmd := exec.Command(filepath.Join(s.bin, "harebox"), "exec", onB.ID, "--", "sh", "-c", "cat; hostname")
-	cmd.Env, cmd.Stdin = a.srv.env(s), strings.NewReader("through a\n")
+	cmd := exec.Command(filepath.Join(s.Bin, "harebox"), "exec", onB.ID, "--", "sh", "-c", "cat; hostname")
+	cmd.Env, cmd.Stdin = a.srv.Env(s), strings.NewReader("through a\n")
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "through a\n") {
 		t.Fatalf("exec with stdin through a: %v %s", err, out)
 	}
@@ -153,10 +154,10 @@ func TestSeveralHosts(t *testing.T) {
 	if err := json.Unmarshal([]byte(viaA("key", "create", "--actions", "sandboxes:read")), &k); err != nil || k.Secret == "" {
 		t.Fatalf("key create: %v", err)
 	}
-	status := func(srv *server, key string) int {
-		req, _ := http.NewRequest("GET", srv.url+"/v1/sandboxes", nil)
+	status := func(srv *testserver.Server, key string) int {
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/sandboxes", nil)
 		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := srv.http.Do(req)
+		resp, err := srv.HTTP.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,15 +183,15 @@ func TestSeveralHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(other)
-	out, err := exec.Command(s.hareboxd, "--data-dir", other, "--listen", "127.0.0.1:0", "--network", "none",
-		"--image-dir", s.imageDir, "--plugin", s.plugin, "--store", dsn, "--host-name", "b").CombinedOutput()
+	out, err := exec.Command(s.Hareboxd, "--data-dir", other, "--listen", "127.0.0.1:0", "--network", "none",
+		"--image-dir", s.ImageDir, "--plugin", s.Plugin, "--store", dsn, "--host-name", "b").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "another hareboxd runs as this host") {
 		t.Errorf("a second hareboxd as b: %v\n%s", err, out)
 	}
 
 	// b killed: its sandbox is lost within its lease (and a renewal).
-	b.srv.cmd.Process.Signal(syscall.SIGKILL)
-	b.srv.cmd.Wait()
+	b.srv.Cmd.Process.Signal(syscall.SIGKILL)
+	b.srv.Cmd.Wait()
 	killed := time.Now()
 	for {
 		g := decode(viaA("get", onB.ID))
@@ -213,7 +214,7 @@ func TestSeveralHosts(t *testing.T) {
 		t.Fatalf("harebox hosts with b down: %+v %v", listed, err)
 	}
 	// b is back: its sandbox runs again, through a too.
-	relaunch(t, b.srv)
+	testserver.Relaunch(t, b.srv)
 	if g := decode(viaA("get", onB.ID)); g.State != "running" || g.Error != "" {
 		t.Fatalf("after b is back: %+v", g)
 	}
@@ -224,8 +225,8 @@ func TestSeveralHosts(t *testing.T) {
 	// b gone for good: killed again, then removed through a once it is
 	// down; its sandbox is deleted. When b starts again after all, it
 	// finds it deleted and removes its VM (finish checks none is left).
-	b.srv.cmd.Process.Signal(syscall.SIGKILL)
-	b.srv.cmd.Wait()
+	b.srv.Cmd.Process.Signal(syscall.SIGKILL)
+	b.srv.Cmd.Wait()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		if g := decode(viaA("get", onB.ID)); g.State == "lost" {
 			break
@@ -244,5 +245,5 @@ func TestSeveralHosts(t *testing.T) {
 	if g := decode(viaA("get", onB.ID)); g.State != "deleted" {
 		t.Fatalf("b's sandbox after b was removed: %+v", g)
 	}
-	relaunch(t, b.srv)
+	testserver.Relaunch(t, b.srv)
 }

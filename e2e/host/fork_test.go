@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"encoding/json"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestFork, on real VMs through the CLI: a running sandbox with a file and
@@ -16,23 +18,23 @@ import (
 // from it after it is taken keeps running once it is deleted. With golden
 // snapshots on, later creates are restored, each with its own identity.
 func TestFork(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbf")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := start(t, s, dataDir, "--golden-snapshots")
-	defer func() { finish(t, srv, dataDir) }()
+	srv := testserver.Start(t, s, dataDir, "--golden-snapshots")
+	defer func() { testserver.Finish(t, srv, dataDir) }()
 	hb := func(args ...string) string {
 		t.Helper()
-		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)
+		return testserver.Run(t, srv, s, s.Root, 3*time.Minute, "harebox", args...)
 	}
 	var src struct{ ID string }
 	if err := json.Unmarshal([]byte(hb("new", "--image", "minimal", "--label", "e2e=fork")), &src); err != nil || src.ID == "" {
 		t.Fatalf("new: %v", err)
 	}
-	defer srv.call(t, "DELETE", "/v1/sandboxes/"+src.ID, srv.key, nil)
+	defer srv.Call(t, "DELETE", "/v1/sandboxes/"+src.ID, srv.Key, nil)
 	hb("exec", src.ID, "-c", "echo forked > /tmp/mark")
 	hb("exec", src.ID, "-c", "setsid sh -c 'n=0; while :; do n=$((n+1)); echo $n > /tmp/counter; sleep 0.2; done' >/dev/null 2>&1 &")
 	ident := func(id string) map[string]string {
@@ -53,7 +55,7 @@ func TestFork(t *testing.T) {
 	}
 	t.Logf("fork of 2 took %v", time.Since(start).Round(100*time.Millisecond))
 	for _, c := range clones {
-		defer srv.call(t, "DELETE", "/v1/sandboxes/"+c.ID, srv.key, nil)
+		defer srv.Call(t, "DELETE", "/v1/sandboxes/"+c.ID, srv.Key, nil)
 	}
 	seen := map[string]map[string]string{src.ID: srcID}
 	for _, c := range clones {
@@ -71,7 +73,7 @@ func TestFork(t *testing.T) {
 			t.Errorf("clone %s: the counter went %d then %d", c.ID, n1, n2)
 		}
 		id := ident(c.ID)
-		if len(id["machine-id"]) != 32 || !strings.HasPrefix(id["address"], srv.pool) {
+		if len(id["machine-id"]) != 32 || !strings.HasPrefix(id["address"], srv.Pool) {
 			t.Errorf("clone %s identity %v", c.ID, id)
 		}
 		for other, oid := range seen {
@@ -100,12 +102,12 @@ func TestFork(t *testing.T) {
 	if err := json.Unmarshal([]byte(hb("new", "--snapshot", snap.ID)), &late); err != nil || late.ID == "" {
 		t.Fatalf("new --snapshot: %v", err)
 	}
-	defer srv.call(t, "DELETE", "/v1/sandboxes/"+late.ID, srv.key, nil)
+	defer srv.Call(t, "DELETE", "/v1/sandboxes/"+late.ID, srv.Key, nil)
 	hb("snapshot", "delete", snap.ID)
 	if got := hb("exec", late.ID, "--", "cat", "/tmp/mark"); got != "forked\n" {
 		t.Errorf("made from the deleted snapshot: %q", got)
 	}
-	if code, _ := srv.call(t, "GET", "/v1/snapshots/"+snap.ID, srv.key, nil); code != 404 {
+	if code, _ := srv.Call(t, "GET", "/v1/snapshots/"+snap.ID, srv.Key, nil); code != 404 {
 		t.Errorf("the deleted snapshot: %d", code)
 	}
 	if ents, _ := os.ReadDir(dataDir + "/snapshots"); len(ents) != 0 {
@@ -114,9 +116,9 @@ func TestFork(t *testing.T) {
 
 	// The first create (src) started the golden snapshot of the minimal
 	// image at its size; once it is ready, creates are restored from it.
-	for deadline := time.Now().Add(3 * time.Minute); !strings.Contains(srv.log.String(), "golden snapshot ready"); time.Sleep(500 * time.Millisecond) {
+	for deadline := time.Now().Add(3 * time.Minute); !strings.Contains(srv.Log.String(), "golden snapshot ready"); time.Sleep(500 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no golden snapshot:\n%s", tail(srv.log.String()))
+			t.Fatalf("no golden snapshot:\n%s", testserver.Tail(srv.Log.String()))
 		}
 	}
 	golden := map[string]map[string]string{}
@@ -126,10 +128,10 @@ func TestFork(t *testing.T) {
 		if err := json.Unmarshal([]byte(hb("new", "--image", "minimal", "--label", "e2e=fork")), &g); err != nil || g.Served != "snapshot" {
 			t.Fatalf("new with a golden snapshot: %v %+v", err, g)
 		}
-		defer srv.call(t, "DELETE", "/v1/sandboxes/"+g.ID, srv.key, nil)
+		defer srv.Call(t, "DELETE", "/v1/sandboxes/"+g.ID, srv.Key, nil)
 		id := ident(g.ID)
 		t.Logf("golden create to first exec: %v", time.Since(began).Round(10*time.Millisecond))
-		if len(id["machine-id"]) != 32 || !strings.HasPrefix(id["address"], srv.pool) {
+		if len(id["machine-id"]) != 32 || !strings.HasPrefix(id["address"], srv.Pool) {
 			t.Errorf("golden clone %s identity %v", g.ID, id)
 		}
 		if got := hb("exec", g.ID, "-c", "cat /tmp/mark 2>/dev/null || echo none"); got != "none\n" {

@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestReady: /health says the process is alive; /ready says whether it
@@ -18,7 +19,7 @@ import (
 // the server stays alive and is not ready (503, the hypervisor named);
 // once the plugin can start, it is ready again by itself.
 func TestReady(t *testing.T) {
-	s := prepareNoVM(t)
+	s := testserver.PrepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbrd")
 	if err != nil {
 		t.Fatal(err)
@@ -26,13 +27,13 @@ func TestReady(t *testing.T) {
 	defer os.RemoveAll(dataDir)
 	// A plugin binary of this test's own, to make unrunnable.
 	pluginCopy := filepath.Join(dataDir, "harebox-plugin-qemu")
-	copyFile(t, s.plugin, pluginCopy)
+	testserver.CopyFile(t, s.Plugin, pluginCopy)
 	os.Chmod(pluginCopy, 0o755)
-	srv := launch(t, s, dataDir, "--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", pluginCopy, "--network", "none")
-	defer srv.stop(t)
+	srv := testserver.Launch(t, s, dataDir, "--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", pluginCopy, "--network", "none")
+	defer srv.Stop(t)
 	get := func(path string) (int, map[string]any) {
 		t.Helper()
-		resp, err := srv.http.Get(srv.url + path)
+		resp, err := srv.HTTP.Get(srv.URL + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,10 +47,10 @@ func TestReady(t *testing.T) {
 	}
 	// A reload (systemctl reload: SIGHUP) of a server without TLS files
 	// leaves it running; Go's default would end it.
-	srv.cmd.Process.Signal(syscall.SIGHUP)
+	srv.Cmd.Process.Signal(syscall.SIGHUP)
 	time.Sleep(300 * time.Millisecond)
-	if code, _ := get("/health"); code != 200 || !strings.Contains(srv.log.String(), "SIGHUP: nothing to reload") {
-		t.Fatalf("after SIGHUP: %d\n%s", code, srv.log.String())
+	if code, _ := get("/health"); code != 200 || !strings.Contains(srv.Log.String(), "SIGHUP: nothing to reload") {
+		t.Fatalf("after SIGHUP: %d\n%s", code, srv.Log.String())
 	}
 	os.Chmod(pluginCopy, 0o644)
 	for _, p := range procs.WithEnv(plugin.OwnerEnv + "=" + dataDir) {

@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"bytes"
@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/internal/testserver"
 	"github.com/harebox/harebox/network/linuxnet"
 
 	_ "modernc.org/sqlite" // (the data directory's database, read by the checks)
@@ -42,24 +42,24 @@ import (
 //
 // At the end everything is deleted and nothing is left on the host.
 func TestCrashLoop(t *testing.T) {
-	s := prepare(t)
-	rounds := envCount(t, "HAREBOX_CRASH_LOOP_N", 2)
+	s := testserver.Prepare(t)
+	rounds := testserver.EnvCount(t, "HAREBOX_CRASH_LOOP_N", 2)
 	dataDir, err := os.MkdirTemp("", "hbc")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
 	const table = "harebox_crash"
-	startCrash := func() *server {
-		return launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin,
+	startCrash := func() *testserver.Server {
+		return testserver.Launch(t, s, dataDir, "--image-dir", s.ImageDir, "--plugin", s.Plugin,
 			"--network", "linux", "--nft-table", table, "--address-pool", "10.238.0.0/24")
 	}
-	var cur atomic.Pointer[server]
+	var cur atomic.Pointer[testserver.Server]
 	cur.Store(startCrash())
 	defer func() {
-		if srv := cur.Load(); srv != nil && srv.cmd.ProcessState == nil {
-			srv.cmd.Process.Kill()
-			srv.cmd.Wait()
+		if srv := cur.Load(); srv != nil && srv.Cmd.ProcessState == nil {
+			srv.Cmd.Process.Kill()
+			srv.Cmd.Wait()
 		}
 		// A server that could not come back leaves its sandboxes' taps:
 		// they go too (noLeftovers reports the machines).
@@ -67,7 +67,7 @@ func TestCrashLoop(t *testing.T) {
 		for _, e := range ents {
 			exec.Command("ip", "link", "del", linuxnet.TapName(e.Name())).Run()
 		}
-		noLeftovers(t, dataDir)
+		testserver.NoLeftovers(t, dataDir)
 		exec.Command("nft", "delete", "table", "inet", table).Run()
 	}()
 
@@ -86,8 +86,8 @@ func TestCrashLoop(t *testing.T) {
 		// finish now and then, short enough to land in the middle of many.
 		time.Sleep(time.Duration(10000+randN(15000)) * time.Millisecond)
 		srv := cur.Load()
-		srv.cmd.Process.Kill() // -9
-		srv.cmd.Wait()
+		srv.Cmd.Process.Kill() // -9
+		srv.Cmd.Wait()
 		t.Logf("round %d: hareboxd killed with -9", round)
 		next := startCrash()
 		cur.Store(next)
@@ -104,13 +104,13 @@ func TestCrashLoop(t *testing.T) {
 
 	// Everything goes; nothing is left.
 	for _, state := range []string{"running", "paused", "stopped"} {
-		for _, b := range srv.sandboxes(t, state) {
+		for _, b := range srv.Sandboxes(t, state) {
 			if code, out, err := c.do(srv, "DELETE", "/v1/sandboxes/"+b["id"].(string), nil); err != nil || code != 200 {
 				t.Errorf("delete %s: %d %s %v", b["id"], code, out, err)
 			}
 		}
 	}
-	srv.stop(t)
+	srv.Stop(t)
 	cur.Store(nil)
 	if out, _ := exec.Command("nft", "list", "table", "inet", table).CombinedOutput(); bytes.Contains(out, []byte("chain o-hb")) {
 		t.Errorf("sandbox chains left in %s:\n%s", table, out)
@@ -125,7 +125,7 @@ func TestCrashLoop(t *testing.T) {
 // crashClients are the clients of the crash loop and what the server
 // acknowledged to them.
 type crashClients struct {
-	cur       *atomic.Pointer[server]
+	cur       *atomic.Pointer[testserver.Server]
 	restarted atomic.Int64 // when the last restart completed (unix ns)
 
 	mu      sync.Mutex
@@ -139,13 +139,13 @@ type crashClients struct {
 
 // do sends one request to whichever server runs now. A 5xx answered for a
 // request sent after the last restart completed is counted.
-func (c *crashClients) do(srv *server, method, path string, body []byte) (int, []byte, error) {
+func (c *crashClients) do(srv *testserver.Server, method, path string, body []byte) (int, []byte, error) {
 	sent := time.Now().UnixNano()
-	req, err := http.NewRequest(method, srv.url+path, bytes.NewReader(body))
+	req, err := http.NewRequest(method, srv.URL+path, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+srv.key)
+	req.Header.Set("Authorization", "Bearer "+srv.Key)
 	if strings.Contains(path, "/files") {
 		req.Header.Set("Content-Type", "application/octet-stream")
 	} else if body != nil {
@@ -174,7 +174,7 @@ func (c *crashClients) do(srv *server, method, path string, body []byte) (int, [
 
 // gone reports whether the sandbox is no longer running (deleted by a
 // client meanwhile).
-func (c *crashClients) gone(srv *server, id string) bool {
+func (c *crashClients) gone(srv *testserver.Server, id string) bool {
 	code, b, err := c.do(srv, "GET", "/v1/sandboxes/"+id, nil)
 	return err == nil && (code == 404 || code == 200 && !bytes.Contains(b, []byte(`"state":"running"`)))
 }
@@ -191,8 +191,8 @@ func lastMatch(log, s string) string {
 }
 
 // serverGone reports a server that was killed meanwhile.
-func serverGone(srv *server) bool {
-	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(srv.url, "http://"), time.Second)
+func serverGone(srv *testserver.Server) bool {
+	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(srv.URL, "http://"), time.Second)
 	if err != nil {
 		return true
 	}
@@ -270,9 +270,9 @@ func (c *crashClients) remove(id string) {
 }
 
 // check asserts the invariants against a freshly restarted server.
-func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
+func (c *crashClients) check(t *testing.T, srv *testserver.Server, dataDir, table string) {
 	t.Helper()
-	running := srv.sandboxes(t, "running")
+	running := srv.Sandboxes(t, "running")
 	for _, b := range running {
 		id := b["id"].(string)
 		code, out, err := c.do(srv, "POST", "/v1/sandboxes/"+id+"/exec", []byte(`{"cmd": "echo alive", "timeout_seconds": 60}`))
@@ -282,7 +282,7 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 			continue
 		}
 		if code == 503 {
-			t.Logf("the server's log of it: %s; and of its agent: %s", lastMatch(srv.log.String(), "request failed"), lastMatch(srv.log.String(), "agent session ended"))
+			t.Logf("the server's log of it: %s; and of its agent: %s", lastMatch(srv.Log.String(), "request failed"), lastMatch(srv.Log.String(), "agent session ended"))
 		}
 		if err != nil || code != 200 || !bytes.Contains(out, []byte(`"stdout":"alive\n"`)) {
 			t.Errorf("running sandbox %s does not answer: %d %s %v", id, code, out, err)
@@ -359,7 +359,7 @@ func (c *crashClients) check(t *testing.T, srv *server, dataDir, table string) {
 		}
 	}
 	owner := func(p procs.Proc) bool {
-		for _, b := range srv.sandboxes(t, "") {
+		for _, b := range srv.Sandboxes(t, "") {
 			switch b["state"] {
 			case "creating", "running", "paused":
 				if strings.Contains(p.Cmdline, filepath.Join(dataDir, "m", b["id"].(string))+"/") {
@@ -425,20 +425,6 @@ func sealedSecrets(t *testing.T, dataDir string) []sealedSecret {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// envCount is a positive number from the environment, or def.
-func envCount(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive number", name, v)
-	}
-	return n
 }
 
 func randN(n int64) int64 {

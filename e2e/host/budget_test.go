@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"bytes"
@@ -9,24 +9,26 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestCLIBudget is the CLI's contract for budgets and usage, against a
 // real hareboxd that boots no VM.
 func TestCLIBudget(t *testing.T) {
-	s := prepareNoVM(t)
+	s := testserver.PrepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hbb")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := startNoVM(t, s, dataDir)
+	srv := testserver.StartNoVM(t, s, dataDir)
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
-	c := &cliT{t, s, srv}
-	cli, ok, fails := c.run, c.ok, c.fails
+	c := &testserver.CLI{T: t, S: s, Srv: srv}
+	cli, ok, fails := c.Run, c.OK, c.Fails
 	type budget struct {
 		ID     string `json:"id"`
 		Name   string `json:"name"`
@@ -100,7 +102,7 @@ func TestCLIBudget(t *testing.T) {
 // the sandbox it covers for real; resuming it is refused with 402 until
 // the budget goes, and then it runs again.
 func TestBudgetPausesVM(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbv")
 	if err != nil {
 		t.Fatal(err)
@@ -108,45 +110,45 @@ func TestBudgetPausesVM(t *testing.T) {
 	defer os.RemoveAll(dataDir)
 	prices := filepath.Join(dataDir, "prices.json")
 	os.WriteFile(prices, []byte(`{"vcpu_hour": "3600", "memory_gib_hour": "0", "paused_memory_gib_hour": "0", "disk_gb_hour": "0"}`), 0o600)
-	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none",
+	srv := testserver.Launch(t, s, dataDir, "--image-dir", s.ImageDir, "--plugin", s.Plugin, "--network", "none",
 		"--prices", prices, "--meter-interval", "1s", "--metrics-interval", "1s")
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
-	code, b := srv.call(t, "POST", "/v1/budgets", srv.key, map[string]any{
+	code, b := srv.Call(t, "POST", "/v1/budgets", srv.Key, map[string]any{
 		"scope": map[string]any{"kind": "label", "labels": map[string]string{"job": "metered"}}, "period": "monthly", "limit_usd": "40", "action": "pause",
 	})
 	if code != 201 {
 		t.Fatalf("budget: %d %v", code, b)
 	}
-	code, box := srv.call(t, "POST", "/v1/sandboxes", srv.key, map[string]any{"image": "minimal", "size": map[string]any{"vcpus": 1, "memory_mb": 256, "disk_gb": 1}, "labels": map[string]string{"job": "metered"}})
+	code, box := srv.Call(t, "POST", "/v1/sandboxes", srv.Key, map[string]any{"image": "minimal", "size": map[string]any{"vcpus": 1, "memory_mb": 256, "disk_gb": 1}, "labels": map[string]string{"job": "metered"}})
 	if code != 201 {
 		t.Fatalf("create: %d %v", code, box)
 	}
 	id := box["id"].(string)
-	defer srv.call(t, "DELETE", "/v1/sandboxes/"+id, srv.key, nil)
+	defer srv.Call(t, "DELETE", "/v1/sandboxes/"+id, srv.Key, nil)
 	// harebox events --follow prints the budget's acts as they happen.
 	var followed bytes.Buffer
-	follow := exec.Command(filepath.Join(s.bin, "harebox"), "events", "--follow")
-	follow.Env, follow.Stdout, follow.Stderr = srv.env(s), &followed, &followed
+	follow := exec.Command(filepath.Join(s.Bin, "harebox"), "events", "--follow")
+	follow.Env, follow.Stdout, follow.Stderr = srv.Env(s), &followed, &followed
 	if err := follow.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { follow.Process.Kill(); follow.Wait() }()
-	code, other := srv.call(t, "POST", "/v1/sandboxes", srv.key, map[string]any{"image": "minimal", "size": map[string]any{"vcpus": 1, "memory_mb": 256, "disk_gb": 1}})
+	code, other := srv.Call(t, "POST", "/v1/sandboxes", srv.Key, map[string]any{"image": "minimal", "size": map[string]any{"vcpus": 1, "memory_mb": 256, "disk_gb": 1}})
 	if code != 201 {
 		t.Fatalf("create the unbudgeted one: %d %v", code, other)
 	}
-	defer srv.call(t, "DELETE", "/v1/sandboxes/"+other["id"].(string), srv.key, nil)
+	defer srv.Call(t, "DELETE", "/v1/sandboxes/"+other["id"].(string), srv.Key, nil)
 	start := time.Now()
 	for {
-		_, got := srv.call(t, "GET", "/v1/sandboxes/"+id, srv.key, nil)
+		_, got := srv.Call(t, "GET", "/v1/sandboxes/"+id, srv.Key, nil)
 		if got["state"] == "paused" {
 			break
 		}
 		if time.Since(start) > 90*time.Second {
-			t.Fatalf("the sandbox was not paused: %v\n%s", got, tail(srv.log.String()))
+			t.Fatalf("the sandbox was not paused: %v\n%s", got, testserver.Tail(srv.Log.String()))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -169,22 +171,22 @@ func TestBudgetPausesVM(t *testing.T) {
 			}
 		}
 	}
-	if out := run(t, srv, s, s.root, time.Minute, "harebox", "--output", "table", "events"); !strings.Contains(out, "budgetReached") || !strings.Contains(out, id) {
+	if out := testserver.Run(t, srv, s, s.Root, time.Minute, "harebox", "--output", "table", "events"); !strings.Contains(out, "budgetReached") || !strings.Contains(out, id) {
 		t.Fatalf("harebox events: %s", out)
 	}
-	_, bud := srv.call(t, "GET", "/v1/budgets/"+b["id"].(string), srv.key, nil)
+	_, bud := srv.Call(t, "GET", "/v1/budgets/"+b["id"].(string), srv.Key, nil)
 	if bud["reached_at"] == nil {
 		t.Fatalf("budget: %v", bud)
 	}
 	// A paused VM runs nothing: exec is refused, and so is resume.
-	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": "true"}); code != 409 {
+	if code, r := srv.Call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.Key, map[string]any{"cmd": "true"}); code != 409 {
 		t.Fatalf("exec in the paused sandbox: %d %v", code, r)
 	}
-	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/resume", srv.key, nil); code != 402 {
+	if code, r := srv.Call(t, "POST", "/v1/sandboxes/"+id+"/resume", srv.Key, nil); code != 402 {
 		t.Fatalf("resume over the budget: %d %v", code, r)
 	}
 	// The other one ran on.
-	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+other["id"].(string)+"/exec", srv.key, map[string]any{"cmd": "echo on"}); code != 200 || r["stdout"] != "on\n" {
+	if code, r := srv.Call(t, "POST", "/v1/sandboxes/"+other["id"].(string)+"/exec", srv.Key, map[string]any{"cmd": "echo on"}); code != 200 || r["stdout"] != "on\n" {
 		t.Fatalf("exec in the unbudgeted sandbox: %d %v", code, r)
 	}
 	// (The same server samples every second: harebox metrics shows the
@@ -197,7 +199,7 @@ func TestBudgetPausesVM(t *testing.T) {
 	}
 	// (Its first sample can take a few rounds on a loaded host.)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
-		err := json.Unmarshal([]byte(run(t, srv, s, s.root, time.Minute, "harebox", "metrics", other["id"].(string))), &samples)
+		err := json.Unmarshal([]byte(testserver.Run(t, srv, s, s.Root, time.Minute, "harebox", "metrics", other["id"].(string))), &samples)
 		if err == nil && len(samples.Samples) > 0 && samples.Samples[len(samples.Samples)-1].CPUSeconds > 0 && samples.Samples[len(samples.Samples)-1].MemoryBytes > 0 {
 			break
 		}
@@ -205,16 +207,16 @@ func TestBudgetPausesVM(t *testing.T) {
 			t.Fatalf("harebox metrics: %+v %v", samples, err)
 		}
 	}
-	if out := run(t, srv, s, s.root, time.Minute, "harebox", "metrics", "--server"); !strings.Contains(out, `harebox_sandboxes{state="paused"} 1`) {
+	if out := testserver.Run(t, srv, s, s.Root, time.Minute, "harebox", "metrics", "--server"); !strings.Contains(out, `harebox_sandboxes{state="paused"} 1`) {
 		t.Fatalf("harebox metrics --server: %.3000s", out)
 	}
-	if code, _ := srv.call(t, "DELETE", "/v1/budgets/"+b["id"].(string), srv.key, nil); code != 204 {
+	if code, _ := srv.Call(t, "DELETE", "/v1/budgets/"+b["id"].(string), srv.Key, nil); code != 204 {
 		t.Fatalf("delete the budget: %d", code)
 	}
-	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/resume", srv.key, nil); code != 200 {
+	if code, r := srv.Call(t, "POST", "/v1/sandboxes/"+id+"/resume", srv.Key, nil); code != 200 {
 		t.Fatalf("resume without the budget: %d %v", code, r)
 	}
-	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": "echo back"}); code != 200 || r["stdout"] != "back\n" {
+	if code, r := srv.Call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.Key, map[string]any{"cmd": "echo back"}); code != 200 || r["stdout"] != "back\n" {
 		t.Fatalf("exec after the resume: %d %v", code, r)
 	}
 	// harebox stop and start: the sandbox boots again (a new boot: the
@@ -222,16 +224,16 @@ func TestBudgetPausesVM(t *testing.T) {
 	var st struct {
 		State string `json:"state"`
 	}
-	if err := json.Unmarshal([]byte(run(t, srv, s, s.root, 2*time.Minute, "harebox", "stop", id)), &st); err != nil || st.State != "stopped" {
+	if err := json.Unmarshal([]byte(testserver.Run(t, srv, s, s.Root, 2*time.Minute, "harebox", "stop", id)), &st); err != nil || st.State != "stopped" {
 		t.Fatalf("harebox stop: %+v %v", st, err)
 	}
-	if code, _ := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": "true"}); code != 409 {
+	if code, _ := srv.Call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.Key, map[string]any{"cmd": "true"}); code != 409 {
 		t.Fatalf("exec in the stopped sandbox: %d", code)
 	}
-	if err := json.Unmarshal([]byte(run(t, srv, s, s.root, 3*time.Minute, "harebox", "start", id)), &st); err != nil || st.State != "running" {
+	if err := json.Unmarshal([]byte(testserver.Run(t, srv, s, s.Root, 3*time.Minute, "harebox", "start", id)), &st); err != nil || st.State != "running" {
 		t.Fatalf("harebox start: %+v %v", st, err)
 	}
-	if code, r := srv.call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.key, map[string]any{"cmd": "echo again"}); code != 200 || r["stdout"] != "again\n" {
+	if code, r := srv.Call(t, "POST", "/v1/sandboxes/"+id+"/exec", srv.Key, map[string]any{"cmd": "echo again"}); code != 200 || r["stdout"] != "again\n" {
 		t.Fatalf("exec after the start: %d %v", code, r)
 	}
 }

@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestLoad: as many small sandboxes as admission allows on this machine,
@@ -26,17 +27,17 @@ import (
 // refusals, and on a refusal that is not a clear 503 over_capacity.
 // (Figures, not assertions on time: the machine's speed is not the test's.)
 func TestLoad(t *testing.T) {
-	s := prepare(t)
-	seconds := envCount(t, "HAREBOX_LOAD_SECONDS", 10)
+	s := testserver.Prepare(t)
+	seconds := testserver.EnvCount(t, "HAREBOX_LOAD_SECONDS", 10)
 	dataDir, err := os.MkdirTemp("", "hbl")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	var cur atomic.Pointer[server]
+	var cur atomic.Pointer[testserver.Server]
 	// Golden snapshots, as hareboxd runs by default: the first create
 	// boots, the others restore.
-	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none", "--golden-snapshots")
+	srv := testserver.Launch(t, s, dataDir, "--image-dir", s.ImageDir, "--plugin", s.Plugin, "--network", "none", "--golden-snapshots")
 	cur.Store(srv)
 	c := &crashClients{cur: &cur}
 	var ids []string
@@ -44,8 +45,8 @@ func TestLoad(t *testing.T) {
 		for _, id := range ids {
 			c.do(srv, "DELETE", "/v1/sandboxes/"+id, nil)
 		}
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
 
 	// Fill the host, two creates at a time, until admission says no.

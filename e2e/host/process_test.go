@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"bytes"
@@ -12,29 +12,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-// relaunch starts hareboxd again as srv was started, on the same address
-// and data directory, and waits until it answers.
-func relaunch(t *testing.T, srv *server) {
-	t.Helper()
-	env := srv.cmd.Env
-	srv.cmd = exec.Command(srv.cmd.Path, srv.cmd.Args[1:]...)
-	srv.cmd.Env = env
-	srv.cmd.Stdout, srv.cmd.Stderr = srv.log, srv.log
-	if err := srv.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if resp, err := srv.http.Get(srv.url + "/health"); err == nil {
-			resp.Body.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("hareboxd did not start again: %s", tail(srv.log.String()))
-		}
-	}
-}
+	"github.com/harebox/harebox/internal/testserver"
+)
 
 // TestProcessOutlivesServer: a background process started through the
 // CLI runs on while hareboxd is killed with -9 and started again; a
@@ -43,20 +23,20 @@ func relaunch(t *testing.T, srv *server) {
 // client killed with -9 while following changes nothing; the output is
 // still there to read from the start afterwards.
 func TestProcessOutlivesServer(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbpo")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := launch(t, s, dataDir, "--image-dir", s.imageDir, "--plugin", s.plugin, "--network", "none")
+	srv := testserver.Launch(t, s, dataDir, "--image-dir", s.ImageDir, "--plugin", s.Plugin, "--network", "none")
 	defer func() {
-		srv.stop(t)
-		noLeftovers(t, dataDir)
+		srv.Stop(t)
+		testserver.NoLeftovers(t, dataDir)
 	}()
 	cli := func(args ...string) string {
 		t.Helper()
-		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)
+		return testserver.Run(t, srv, s, s.Root, 3*time.Minute, "harebox", args...)
 	}
 	var box struct{ ID string }
 	if err := json.Unmarshal([]byte(cli("new", "--image", "minimal")), &box); err != nil || box.ID == "" {
@@ -73,8 +53,8 @@ func TestProcessOutlivesServer(t *testing.T) {
 	}
 
 	// A follower, started before the crash.
-	attach := exec.Command(filepath.Join(s.bin, "harebox"), "attach", box.ID, proc.ID)
-	attach.Env = srv.env(s)
+	attach := exec.Command(filepath.Join(s.Bin, "harebox"), "attach", box.ID, proc.ID)
+	attach.Env = srv.Env(s)
 	var out, errOut bytes.Buffer
 	attach.Stdout, attach.Stderr = &out, &errOut
 	if err := attach.Start(); err != nil {
@@ -84,8 +64,8 @@ func TestProcessOutlivesServer(t *testing.T) {
 	go func() { done <- attach.Wait() }()
 	// A second client, killed with -9 while it follows: the process does
 	// not notice, and a later attach reads everything (below).
-	victim := exec.Command(filepath.Join(s.bin, "harebox"), "attach", box.ID, proc.ID)
-	victim.Env = srv.env(s)
+	victim := exec.Command(filepath.Join(s.Bin, "harebox"), "attach", box.ID, proc.ID)
+	victim.Env = srv.Env(s)
 	if err := victim.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -93,10 +73,10 @@ func TestProcessOutlivesServer(t *testing.T) {
 	victim.Process.Kill()
 	victim.Wait()
 	time.Sleep(time.Second)
-	srv.cmd.Process.Signal(syscall.SIGKILL)
-	srv.cmd.Wait()
+	srv.Cmd.Process.Signal(syscall.SIGKILL)
+	srv.Cmd.Wait()
 	time.Sleep(time.Second)
-	relaunch(t, srv)
+	testserver.Relaunch(t, srv)
 
 	select {
 	case err := <-done:
@@ -107,11 +87,11 @@ func TestProcessOutlivesServer(t *testing.T) {
 		wantOut := want.String()
 		if attach.ProcessState.ExitCode() != 7 || out.String() != wantOut || errOut.String() != "done\n" {
 			t.Fatalf("attach across the crash: %v (exit %d)\nstdout %q\nstderr %q\nserver log:\n%s",
-				err, attach.ProcessState.ExitCode(), out.String(), errOut.String(), tail(srv.log.String()))
+				err, attach.ProcessState.ExitCode(), out.String(), errOut.String(), testserver.Tail(srv.Log.String()))
 		}
 	case <-time.After(2 * time.Minute):
 		attach.Process.Kill()
-		t.Fatalf("attach still waiting 2 min after the restart; so far %q\n%s", out.String(), tail(srv.log.String()))
+		t.Fatalf("attach still waiting 2 min after the restart; so far %q\n%s", out.String(), testserver.Tail(srv.Log.String()))
 	}
 
 	// Afterwards: listed as exited, and its output is there from the start.
@@ -126,16 +106,16 @@ func TestProcessOutlivesServer(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli("ps", box.ID)), &list); err != nil || len(list.Processes) != 1 || list.Processes[0].Result == nil || list.Processes[0].Result.ExitCode != 7 {
 		t.Fatalf("ps: %+v %v", list, err)
 	}
-	again := exec.Command(filepath.Join(s.bin, "harebox"), "attach", box.ID, proc.ID, "--no-follow", "--stdout-offset", "7")
-	again.Env = srv.env(s)
+	again := exec.Command(filepath.Join(s.Bin, "harebox"), "attach", box.ID, proc.ID, "--no-follow", "--stdout-offset", "7")
+	again.Env = srv.Env(s)
 	b, _ := again.Output()
 	if again.ProcessState.ExitCode() != 7 || !strings.HasPrefix(string(b), "line 2\n") || !strings.HasSuffix(string(b), "line 10\n") {
 		t.Fatalf("attach --no-follow from offset 7: exit %d, %q", again.ProcessState.ExitCode(), b)
 	}
 	// An unknown process is a clear 404 before any output.
-	req, _ := http.NewRequest("GET", srv.url+"/v1/sandboxes/"+box.ID+"/processes/proc_nope/output", nil)
-	req.Header.Set("Authorization", "Bearer "+srv.key)
-	resp, err := srv.http.Do(req)
+	req, _ := http.NewRequest("GET", srv.URL+"/v1/sandboxes/"+box.ID+"/processes/proc_nope/output", nil)
+	req.Header.Set("Authorization", "Bearer "+srv.Key)
+	resp, err := srv.HTTP.Do(req)
 	if err != nil || resp.StatusCode != 404 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 		t.Fatalf("output of no process: %v %+v", err, resp)
 	}

@@ -1,4 +1,4 @@
-package e2e
+package host
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // TestHibernate, on a real Debian VM through the CLI: hibernate frees the
@@ -24,23 +25,23 @@ import (
 // hareboxd resumes the sandbox with the files and a background process
 // still counting.
 func TestHibernate(t *testing.T) {
-	s := prepare(t)
+	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbh")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := start(t, s, dataDir)
-	defer func() { finish(t, srv, dataDir) }()
+	srv := testserver.Start(t, s, dataDir)
+	defer func() { testserver.Finish(t, srv, dataDir) }()
 	hb := func(args ...string) string {
 		t.Helper()
-		return run(t, srv, s, s.root, 3*time.Minute, "harebox", args...)
+		return testserver.Run(t, srv, s, s.Root, 3*time.Minute, "harebox", args...)
 	}
 	var box struct{ ID, State string }
 	if err := json.Unmarshal([]byte(hb("new", "--label", "e2e=hibernate")), &box); err != nil || box.ID == "" {
 		t.Fatalf("new: %v", err)
 	}
-	defer func() { srv.call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.key, nil) }()
+	defer func() { srv.Call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.Key, nil) }()
 	hb("exec", box.ID, "-c", "echo sleepy > /var/tmp/mark && sync")
 	// A canary in the guest's memory (a tmpfs) and on its disk: in no
 	// file of the host in plain text while the sandbox is hibernated.
@@ -71,12 +72,12 @@ func TestHibernate(t *testing.T) {
 
 	// As a host reboot would: hareboxd and everything of the data dir go,
 	// and so do the host firewall's table and the taps.
-	srv.cmd.Process.Kill()
-	srv.cmd.Wait()
+	srv.Cmd.Process.Kill()
+	srv.Cmd.Wait()
 	for _, p := range procs.Naming(dataDir) {
 		syscall.Kill(p.PID, syscall.SIGKILL)
 	}
-	srv.dropTable(t)
+	srv.DropTable(t)
 	filepath.Walk(dataDir, func(path string, fi os.FileInfo, err error) error {
 		if err == nil && fi.Mode().IsRegular() {
 			if b, _ := os.ReadFile(path); bytes.Contains(b, []byte(mark)) {
@@ -85,7 +86,7 @@ func TestHibernate(t *testing.T) {
 		}
 		return nil
 	})
-	srv = start(t, s, dataDir)
+	srv = testserver.Start(t, s, dataDir)
 	if out := hb("get", box.ID); !strings.Contains(out, `"state": "hibernated"`) {
 		t.Fatalf("after the restart: %s", out)
 	}

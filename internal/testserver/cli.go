@@ -1,0 +1,92 @@
+package testserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/harebox/harebox/internal/testimage"
+)
+
+// StartNoVM starts hareboxd without a network or images: the tenancy and
+// key routes boot no VM. hareboxd still needs its backend plugin to start.
+func StartNoVM(t *testing.T, s Setup, dataDir string) *Server {
+	t.Helper()
+	return Launch(t, s, dataDir, "--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", s.Plugin, "--network", "none")
+}
+
+// RunCLI runs harebox against srv with key ("" for the root key) and
+// returns its stdout, stderr and exit code.
+func RunCLI(t *testing.T, s Setup, srv *Server, key string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(s.Bin, "harebox"), args...)
+	cmd.Env = srv.Env(s)
+	if key != "" {
+		cmd.Env = append(cmd.Env, "HAREBOX_API_KEY="+key)
+	}
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if err := cmd.Run(); err != nil && cmd.ProcessState == nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), cmd.ProcessState.ExitCode()
+}
+
+// CLI runs harebox against a hareboxd for one test; OK and Fails check a
+// run the way every CLI contract test does.
+type CLI struct {
+	T   *testing.T
+	S   Setup
+	Srv *Server
+}
+
+// Run runs harebox with key ("" for the root key).
+func (c *CLI) Run(key string, args ...string) (string, string, int) {
+	c.T.Helper()
+	return RunCLI(c.T, c.S, c.Srv, key, args...)
+}
+
+// OK runs harebox, wants exit 0 and nothing on stderr, and decodes its
+// JSON output into out.
+func (c *CLI) OK(key string, out any, args ...string) string {
+	c.T.Helper()
+	o, e, code := c.Run(key, args...)
+	if code != 0 || e != "" {
+		c.T.Fatalf("harebox %s: exit %d\nstdout: %s\nstderr: %s\nserver log:\n%s", strings.Join(args, " "), code, o, e, Tail(c.Srv.Log.String()))
+	}
+	if out != nil {
+		if err := json.Unmarshal([]byte(o), out); err != nil {
+			c.T.Fatalf("harebox %s: %v\n%s", strings.Join(args, " "), err, o)
+		}
+	}
+	return o
+}
+
+// Fails runs harebox and wants exit code, one line on stderr that starts
+// with "harebox" and contains want, and nothing on stdout.
+func (c *CLI) Fails(key string, code int, want string, args ...string) string {
+	c.T.Helper()
+	o, e, got := c.Run(key, args...)
+	if got != code || o != "" || strings.Count(strings.TrimSpace(e), "\n") != 0 || !strings.HasPrefix(e, "harebox") || !strings.Contains(e, want) {
+		c.T.Errorf("harebox %s: exit %d, stdout %q, stderr %q; want exit %d and one line with %q", strings.Join(args, " "), got, o, e, code, want)
+	}
+	return e
+}
+
+// PrepareNoVM builds the binaries a hareboxd that boots no VM needs.
+func PrepareNoVM(t *testing.T) Setup {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 is not installed (make deps installs it); hareboxd needs its plugin to start")
+	}
+	s := Setup{Root: testimage.Root(t)}
+	for _, name := range []string{"harebox", "hareboxd", "harebox-plugin-qemu"} {
+		s.Bin = filepath.Dir(testimage.Binary(t, name))
+	}
+	s.Plugin = filepath.Join(s.Bin, "harebox-plugin-qemu")
+	s.Hareboxd = filepath.Join(s.Bin, "hareboxd")
+	return s
+}

@@ -1,0 +1,340 @@
+// Package testserver starts hareboxd for end-to-end tests (the binaries
+// and images built into the test cache, the host firewall in a table and
+// address pool of the test's own), drives it with the CLI and the REST API,
+// and checks that it left nothing behind: the e2e packages share it.
+package testserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	mathrand "math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/internal/testimage"
+)
+
+// Server is a running hareboxd.
+type Server struct {
+	Cmd      *exec.Cmd
+	URL, Key string
+	DataDir  string
+	Log      *bytes.Buffer
+	// CA is what clients trust an https server with (HAREBOX_CA), and
+	// HTTP a Go client that does.
+	CA   string
+	HTTP *http.Client
+	// Table and Pool are the firewall table and the address pool's first
+	// three octets ("10.239.N.") of a server Start started.
+	Table, Pool string
+}
+
+type Setup struct {
+	Root, Bin, ImageDir, Plugin, Hareboxd string
+	// Flags come first on every server's command line (its args can
+	// override them).
+	Flags []string
+}
+
+func Prepare(t *testing.T) Setup {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
+	}
+	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
+		t.Skip("the walkthrough needs the Debian image: set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does)")
+	}
+	// Golden snapshots are on by default; a golden boot in the
+	// background of every test would share the 2 cores with it, so only
+	// the tests that ask for them get them.
+	s := Setup{Root: testimage.Root(t), Flags: []string{"--golden-snapshots=false"}}
+	for _, name := range []string{"harebox", "hareboxd", "harebox-plugin-qemu"} {
+		s.Bin = filepath.Dir(testimage.Binary(t, name))
+	}
+	s.Plugin = filepath.Join(s.Bin, "harebox-plugin-qemu")
+	s.Hareboxd = filepath.Join(s.Bin, "hareboxd")
+	img := testimage.Image(t, "default")
+	testimage.Image(t, "minimal")
+	s.ImageDir = filepath.Dir(img.Dir)
+	return s
+}
+
+func Start(t *testing.T, s Setup, dataDir string, extra ...string) *Server {
+	t.Helper()
+	return StartEnv(t, s, dataDir, nil, extra...)
+}
+
+// StartEnv is Start with env added to hareboxd's environment (and only
+// its: this process's stays as it is).
+func StartEnv(t *testing.T, s Setup, dataDir string, env []string, extra ...string) *Server {
+	t.Helper()
+	table, pool := networkOf(t, dataDir)
+	srv := LaunchEnv(t, s, dataDir, env, append([]string{"--image-dir", s.ImageDir, "--plugin", s.Plugin, "--site", "fr-par-1", "--country", "FR",
+		// The host firewall is on, in a table and pool of this data
+		// directory's own (a restart on it keeps them).
+		"--network", "linux", "--nft-table", table, "--address-pool", pool + "0/24"}, extra...)...)
+	srv.Table, srv.Pool = table, pool
+	return srv
+}
+
+// networks holds the network number N of each data directory, claimed
+// across processes (the e2e packages run at the same time) by a lock on
+// a file per number, held until this process exits (however it exits).
+var networks struct {
+	sync.Mutex
+	of    map[string]int
+	locks []*os.File
+}
+
+// networkOf is the nftables table and the address pool's first three
+// octets ("10.239.N.") of the servers on dataDir: the same for every
+// server on it, and no other live test process's.
+func networkOf(t *testing.T, dataDir string) (table, pool string) {
+	t.Helper()
+	networks.Lock()
+	defer networks.Unlock()
+	if networks.of == nil {
+		networks.of = map[string]int{}
+	}
+	n, ok := networks.of[dataDir]
+	if !ok {
+		n = claimNetwork(t)
+		networks.of[dataDir] = n
+	}
+	return fmt.Sprintf("harebox_e2e_%d", n), fmt.Sprintf("10.239.%d.", n)
+}
+
+// claimNetwork locks the first free network number (a lock this process
+// holds on another open file of the same number also refuses it).
+func claimNetwork(t *testing.T) int {
+	dir := filepath.Join(os.TempDir(), "harebox-e2e-networks")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for n := range 256 {
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(n)), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			continue
+		}
+		networks.locks = append(networks.locks, f)
+		return n
+	}
+	t.Fatal("all 256 test networks (10.239.0-255.0/24) are taken")
+	return 0
+}
+
+// Finish stops a server that Start started, checks that it left no VM
+// or machine directory, and removes the test's firewall table (which
+// outlives hareboxd on purpose: running VMs keep their rules).
+func Finish(t *testing.T, srv *Server, dataDir string) {
+	srv.Stop(t)
+	NoLeftovers(t, dataDir)
+	srv.DropTable(t)
+}
+
+// FreeAddr is a loopback address for a server to listen on: a free port
+// below the kernel's ephemeral range (32768 up, ip_local_port_range), so
+// that no connection's own port takes it between this check and the
+// server's bind.
+func FreeAddr(t *testing.T) string {
+	t.Helper()
+	for range 200 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+mathrand.IntN(12000))
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return addr
+		}
+	}
+	t.Fatal("no free port below the ephemeral range")
+	return ""
+}
+
+// DropTable removes the firewall table of a server that Start started,
+// and any tap left with an address of its pool (a test that failed after
+// killing its server leaves its VMs' taps).
+func (srv *Server) DropTable(t *testing.T) {
+	if srv.Table == "" {
+		return
+	}
+	if out, err := exec.Command("nft", "delete", "table", "inet", srv.Table).CombinedOutput(); err != nil {
+		t.Logf("nft delete table: %v %s", err, out)
+	}
+	out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) >= 4 && strings.HasPrefix(f[1], "hb") && strings.HasPrefix(f[3], srv.Pool) {
+			t.Logf("removing a tap left in the server's pool: %s", f[1])
+			exec.Command("ip", "link", "del", f[1]).Run()
+		}
+	}
+}
+
+// Launch starts hareboxd on dataDir and a free loopback port with args,
+// and waits until it answers.
+func Launch(t *testing.T, s Setup, dataDir string, args ...string) *Server {
+	t.Helper()
+	return LaunchEnv(t, s, dataDir, nil, args...)
+}
+
+func LaunchEnv(t *testing.T, s Setup, dataDir string, env []string, args ...string) *Server {
+	t.Helper()
+	addr := FreeAddr(t)
+	srv := &Server{URL: "http://" + addr, DataDir: dataDir, Log: &bytes.Buffer{}, HTTP: &http.Client{}}
+	for i, a := range args {
+		// An https server: clients trust its certificate as the CA.
+		switch {
+		case a == "--tls-self-signed":
+			srv.CA = filepath.Join(dataDir, "tls", "cert.pem")
+		case a == "--tls-cert" && i+1 < len(args):
+			srv.CA = args[i+1]
+		}
+	}
+	srv.Cmd = exec.Command(s.Hareboxd, slices.Concat([]string{"--data-dir", dataDir, "--listen", addr}, s.Flags, args)...)
+	if env != nil {
+		srv.Cmd.Env = append(os.Environ(), env...)
+	}
+	srv.Cmd.Stdout, srv.Cmd.Stderr = srv.Log, srv.Log
+	if err := srv.Cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// (A loaded 2-core host, every test package at once, has taken
+	// half a minute to start it.)
+	started := time.Now()
+	deadline := started.Add(60 * time.Second)
+	for {
+		if srv.CA != "" && srv.HTTP.Transport == nil {
+			// (The self-signed certificate exists once the server made it.)
+			if cfg, err := apiclient.TLSConfig(srv.CA); err == nil {
+				srv.URL = "https://" + addr
+				srv.HTTP.Transport = &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
+			}
+		}
+		resp, err := srv.HTTP.Get(srv.URL + "/health")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			srv.Cmd.Process.Kill()
+			srv.Cmd.Wait()
+			t.Fatalf("hareboxd did not answer within %v of its start (%s): %s", time.Since(started).Round(time.Millisecond), started.Format(time.RFC3339Nano), srv.Log)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	key, err := os.ReadFile(filepath.Join(dataDir, "root.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Key = strings.TrimSpace(string(key))
+	return srv
+}
+
+// Stop sends SIGTERM and waits: a graceful shutdown.
+func (srv *Server) Stop(t *testing.T) {
+	srv.Cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- srv.Cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("hareboxd exited with %v:\n%s", err, srv.Log)
+		}
+	case <-time.After(60 * time.Second):
+		srv.Cmd.Process.Kill()
+		t.Errorf("hareboxd did not stop within 60 s")
+	}
+}
+
+func (srv *Server) Env(s Setup) []string {
+	env := append(os.Environ(), "HAREBOX_URL="+srv.URL, "HAREBOX_API_KEY="+srv.Key,
+		"PATH="+s.Bin+":"+os.Getenv("PATH"))
+	if srv.CA != "" {
+		env = append(env, "HAREBOX_CA="+srv.CA)
+	}
+	return env
+}
+
+// Run runs a command with the server's environment and returns its output.
+func Run(t *testing.T, srv *Server, s Setup, dir string, timeout time.Duration, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	// exec resolves names with this process's PATH: use ours explicitly.
+	if p := filepath.Join(s.Bin, name); FileExists(p) {
+		name = p
+	}
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir, cmd.Env = dir, srv.Env(s)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s\nserver log:\n%s", name, strings.Join(args, " "), err, out, Tail(srv.Log.String()))
+	}
+	return string(out)
+}
+
+func Tail(s string) string {
+	if len(s) > 3000 {
+		return s[len(s)-3000:]
+	}
+	return s
+}
+
+func (srv *Server) Sandboxes(t *testing.T, state string) []map[string]any {
+	t.Helper()
+	req, _ := http.NewRequest("GET", srv.URL+"/v1/sandboxes?state="+state, nil)
+	req.Header.Set("Authorization", "Bearer "+srv.Key)
+	resp, err := srv.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Sandboxes []map[string]any `json:"sandboxes"`
+	}
+	json.NewDecoder(resp.Body).Decode(&out)
+	return out.Sandboxes
+}
+
+// NoLeftovers fails if the server's data dir still has machines or VMs.
+func NoLeftovers(t *testing.T, dataDir string) {
+	t.Helper()
+	if ents, _ := os.ReadDir(filepath.Join(dataDir, "m")); len(ents) != 0 {
+		t.Errorf("machine directories left: %v", ents)
+	}
+	for _, p := range procs.Naming(dataDir + "/") {
+		if p.IsVMM() {
+			syscall.Kill(p.PID, syscall.SIGKILL)
+			t.Errorf("VM left running: %s", p)
+		}
+	}
+}
+
+func FileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func LastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
