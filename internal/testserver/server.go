@@ -214,6 +214,14 @@ func LaunchEnv(t *testing.T, s Setup, dataDir string, env []string, args ...stri
 	if err := srv.Cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// A failed test ends with what the server said (a guest's console
+	// is in it where a boot failed or a VM exited).
+	t.Cleanup(func() {
+		if t.Failed() {
+			log := srv.Log.String()
+			t.Logf("hareboxd on %s, the end of its log:\n%s", dataDir, log[max(0, len(log)-16<<10):])
+		}
+	})
 	// (A loaded 2-core host, every test package at once, has taken
 	// half a minute to start it.)
 	started := time.Now()
