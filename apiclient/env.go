@@ -3,6 +3,8 @@ package apiclient
 import (
 	"net/url"
 	"time"
+
+	"github.com/harebox/harebox/model"
 )
 
 // EnvVar is an environment's variable. In answers a secret has no value:
@@ -12,29 +14,11 @@ type EnvVar struct {
 	Secret bool   `json:"secret,omitempty"`
 }
 
-// EnvFile is a file an environment puts in the guest. A template's
-// {{NAME}} references are replaced by the variables' values (a secret's by
-// the sandbox's placeholder).
-type EnvFile struct {
-	Path     string `json:"path"`
-	Mode     uint32 `json:"mode,omitempty"`
-	Owner    string `json:"owner,omitempty"`
-	Content  string `json:"content"`
-	Template bool   `json:"template,omitempty"`
-}
+// EnvFile is model.EnvFile.
+type EnvFile = model.EnvFile
 
-// CredentialRule binds a secret variable to the hosts (and ports) where it
-// may be used, and to how the host puts it in requests: Header set to
-// Format ("Bearer {value}"), or without Header the placeholder replaced
-// where it appears.
-type CredentialRule struct {
-	Secret    string   `json:"secret"`
-	Hosts     []string `json:"hosts"`
-	Ports     string   `json:"ports,omitempty"`
-	Header    string   `json:"header,omitempty"`
-	Format    string   `json:"format,omitempty"`
-	AllowHTTP bool     `json:"allow_http,omitempty"`
-}
+// CredentialRule is model.CredentialRule.
+type CredentialRule = model.CredentialRule
 
 // EnvironmentRequest creates an environment and its version 1.
 type EnvironmentRequest struct {

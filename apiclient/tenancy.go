@@ -6,25 +6,14 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/model"
 )
 
-// Account owns projects, sandboxes and keys.
-type Account struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	CreatedAt time.Time `json:"created_at"`
-	// Retention bounds how long the account's command history is kept.
-	Retention Retention `json:"retention"`
-}
+// Account is model.Account.
+type Account = model.Account
 
-// Retention is an account's command-history retention, in days: nil keeps
-// forever, 0 keeps nothing. The audit log is kept whatever it says.
-type Retention struct {
-	// HistoryDays keeps history entries this long.
-	HistoryDays *int `json:"history_days,omitempty"`
-	// OutputDays keeps their output this long.
-	OutputDays *int `json:"output_days,omitempty"`
-}
+// Retention is model.Retention.
+type Retention = model.Retention
 
 // AccountUpdate changes an account's settings; absent fields stay.
 // Retention replaces the account's retention whole (an empty one keeps
@@ -33,31 +22,16 @@ type AccountUpdate struct {
 	Retention *Retention `json:"retention,omitempty"`
 }
 
-// Project groups an account's sandboxes; every account has one named
-// "default".
-type Project struct {
-	ID        string    `json:"id"`
-	AccountID string    `json:"account_id"`
-	Name      string    `json:"name"`
-	CreatedAt time.Time `json:"created_at"`
-	// ThirdPartyDefault makes the project's new sandboxes third-party:
-	// they get only environments marked third_party_safe.
-	ThirdPartyDefault bool `json:"third_party_default"`
-}
+// Project is model.Project.
+type Project = model.Project
 
 // ProjectUpdate changes a project's settings; absent fields stay.
 type ProjectUpdate struct {
 	ThirdPartyDefault *bool `json:"third_party_default,omitempty"`
 }
 
-// Fleet is a named group of sandboxes in a project.
-type Fleet struct {
-	ID        string    `json:"id"`
-	AccountID string    `json:"account_id"`
-	ProjectID string    `json:"project_id"`
-	Name      string    `json:"name"`
-	CreatedAt time.Time `json:"created_at"`
-}
+// Fleet is model.Fleet.
+type Fleet = model.Fleet
 
 // NameRequest creates an account, project or fleet.
 type NameRequest struct {

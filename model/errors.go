@@ -1,7 +1,8 @@
 // Package model is HareBox's one vocabulary: the error kinds every layer
 // speaks (the engine, the domains, the store's callers, the REST API and
-// its Go client). It imports nothing of HareBox, so anything may import
-// it. An error is translated into a kind once, where it enters (the
+// its Go client), and the domain records that the store keeps and the API
+// returns as they are (records.go). It imports nothing of HareBox, so
+// anything may import it. An error is translated into a kind once, where it enters (the
 // hypervisor, the agent, the store, a request), and checked with
 // errors.Is everywhere after.
 package model

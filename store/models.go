@@ -4,46 +4,20 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/model"
 )
 
-// Account owns projects, sandboxes and keys (package tenant has the rules).
-type Account struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	CreatedAt time.Time `json:"created_at"`
-	// Retention bounds how long command history is kept.
-	Retention Retention `json:"retention"`
-}
+// Account is model.Account.
+type Account = model.Account
 
-// Retention is an account's history retention, in days; nil keeps
-// forever, 0 keeps nothing. The audit log is kept whatever it says.
-type Retention struct {
-	// HistoryDays keeps command history entries this long.
-	HistoryDays *int `json:"history_days,omitempty"`
-	// OutputDays keeps their output this long (never longer than the
-	// entries themselves).
-	OutputDays *int `json:"output_days,omitempty"`
-}
+// Retention is model.Retention.
+type Retention = model.Retention
 
-// Project groups an account's sandboxes.
-type Project struct {
-	ID        string    `json:"id"`
-	AccountID string    `json:"account_id"`
-	Name      string    `json:"name"`
-	CreatedAt time.Time `json:"created_at"`
-	// ThirdPartyDefault makes every sandbox created in the project a
-	// third-party one (only third-party-safe environments).
-	ThirdPartyDefault bool `json:"third_party_default"`
-}
+// Project is model.Project.
+type Project = model.Project
 
-// Fleet is a named group of sandboxes in a project.
-type Fleet struct {
-	ID        string    `json:"id"`
-	AccountID string    `json:"account_id"`
-	ProjectID string    `json:"project_id"`
-	Name      string    `json:"name"`
-	CreatedAt time.Time `json:"created_at"`
-}
+// Fleet is model.Fleet.
+type Fleet = model.Fleet
 
 // Key is a stored API key, never its secret (package apikey has the
 // rules).
@@ -106,30 +80,11 @@ type EnvVar struct {
 	SecretRef string `json:"secret_ref,omitempty"`
 }
 
-// EnvFile is a file the environment puts in the guest. A template's
-// {{NAME}} references are replaced by the variables' values (a secret's by
-// the sandbox's placeholder).
-type EnvFile struct {
-	Path     string `json:"path"`
-	Mode     uint32 `json:"mode,omitempty"`
-	Owner    string `json:"owner,omitempty"`
-	Content  string `json:"content"`
-	Template bool   `json:"template,omitempty"`
-}
+// EnvFile is model.EnvFile.
+type EnvFile = model.EnvFile
 
-// CredentialRule binds a secret variable to where it may be used: the
-// destination hosts and ports, and how the host puts it in requests.
-type CredentialRule struct {
-	Secret string   `json:"secret"`
-	Hosts  []string `json:"hosts"`
-	Ports  string   `json:"ports,omitempty"`
-	// Header, if set, is set on matching requests to Format with {value}
-	// replaced; otherwise the placeholder is replaced wherever it appears
-	// in the request's headers or URL.
-	Header    string `json:"header,omitempty"`
-	Format    string `json:"format,omitempty"`
-	AllowHTTP bool   `json:"allow_http,omitempty"`
-}
+// CredentialRule is model.CredentialRule.
+type CredentialRule = model.CredentialRule
 
 // AuditEntry is one record of the audit log (package audit has the rules):
 // who did what to what, from where, and how it ended. Hash commits to the
