@@ -36,11 +36,29 @@ type Created struct {
 	Secret string `json:"secret"`
 }
 
+// Tx is what the key calls need of a store transaction.
+type Tx interface {
+	tenant.Resolver
+	GetKey(ctx context.Context, id string) (*store.Key, error)
+	PutKey(ctx context.Context, k *store.Key) error
+	ListKeys(ctx context.Context, accountID string) ([]*store.Key, error)
+	Notify(ctx context.Context, topic, payload string) error
+}
+
+// Store is what the key service needs of the store (store.Narrow gives it
+// one): transactions over Tx, a key read outside one, and the shared rate
+// limits.
+type Store interface {
+	Update(ctx context.Context, fn func(tx Tx) error) error
+	GetKey(ctx context.Context, id string) (*store.Key, error)
+	TakeToken(ctx context.Context, id string, perSecond float64, burst int, now time.Time) (time.Duration, error)
+}
+
 // Service manages keys for the principal in the context. It caches keys in
 // memory so that Authenticate costs a map lookup and a hash; every change
 // goes through it, so the cache stays true on one host.
 type Service struct {
-	db      store.Store
+	db      Store
 	tenants *tenant.Service
 	// Audit, if set, records every change.
 	Audit *audit.Log
@@ -58,7 +76,7 @@ type Service struct {
 }
 
 // New returns a key service over db.
-func New(db store.Store, tenants *tenant.Service) *Service {
+func New(db Store, tenants *tenant.Service) *Service {
 	return &Service{db: db, tenants: tenants, now: time.Now, keys: map[string]*Key{}, limiters: map[string]*rate.Limiter{}}
 }
 
@@ -255,7 +273,7 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (out *Created, er
 		return nil, err
 	}
 	k.Hash, k.Hint = hash, hint(secret)
-	err = s.db.Update(ctx, func(tx store.Tx) error {
+	err = s.db.Update(ctx, func(tx Tx) error {
 		acc, err := s.tenants.Account(ctx, tx, r.AccountID)
 		if err != nil {
 			return err
@@ -309,7 +327,7 @@ func target(k *Key) authz.Target {
 }
 
 // visible loads a key the principal may act on with action.
-func (s *Service) visible(ctx context.Context, tx store.Tx, action, id string) (*Key, error) {
+func (s *Service) visible(ctx context.Context, tx Tx, action, id string) (*Key, error) {
 	if err := authz.Allowed(authz.From(ctx), action); err != nil {
 		return nil, err
 	}
@@ -328,7 +346,7 @@ func (s *Service) List(ctx context.Context, accountRef string) ([]*Key, error) {
 		return nil, err
 	}
 	out := []*Key{}
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err := s.db.Update(ctx, func(tx Tx) error {
 		acc := ""
 		if accountRef != "" || !p.Operator {
 			a, err := s.tenants.Account(ctx, tx, accountRef)
@@ -351,7 +369,7 @@ func (s *Service) List(ctx context.Context, accountRef string) ([]*Key, error) {
 // Get returns a key.
 func (s *Service) Get(ctx context.Context, id string) (*Key, error) {
 	var k *Key
-	err := s.db.Update(ctx, func(tx store.Tx) (err error) {
+	err := s.db.Update(ctx, func(tx Tx) (err error) {
 		k, err = s.visible(ctx, tx, "getKey", id)
 		return err
 	})
@@ -363,7 +381,7 @@ func (s *Service) Revoke(ctx context.Context, id string) (out *Key, err error) {
 	defer func() { s.Audit.Record(ctx, "revokeKey", accountOf(out), id, err) }()
 	var k *Key
 	var gone []string
-	err = s.db.Update(ctx, func(tx store.Tx) (err error) {
+	err = s.db.Update(ctx, func(tx Tx) (err error) {
 		k, err = s.visible(ctx, tx, "revokeKey", id)
 		if err != nil {
 			return err
@@ -408,7 +426,7 @@ func (s *Service) Rotate(ctx context.Context, id string) (out *Created, err erro
 		}
 		s.Audit.Record(ctx, "rotateKey", accountOf(k), id, err)
 	}()
-	err = s.db.Update(ctx, func(tx store.Tx) error {
+	err = s.db.Update(ctx, func(tx Tx) error {
 		k, err := s.visible(ctx, tx, "rotateKey", id)
 		if err != nil {
 			return err

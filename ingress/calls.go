@@ -6,6 +6,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
 )
 
 // Sandboxes is what the URL calls need of the sandboxes (the engine).
@@ -23,7 +24,7 @@ type Sandboxes interface {
 
 // Projects resolves the project a URL CA call names (the tenant service).
 type Projects interface {
-	ProjectIn(ctx context.Context, tx store.Tx, accountRef, ref string) (*store.Account, *store.Project, error)
+	ProjectIn(ctx context.Context, tx tenant.Resolver, accountRef, ref string) (*store.Account, *store.Project, error)
 }
 
 // Auditor records a call, and how it ended, in the audit log.

@@ -69,9 +69,21 @@ func notFound(what, ref string) error {
 	return sandbox.Errorf(sandbox.ErrNotFound, "", "no %s %q", what, ref)
 }
 
+// Resolver is what resolving a reference to an account, project or fleet
+// reads (a store.Tx has it); a domain that resolves references in its own
+// transactions includes it in its Tx.
+type Resolver interface {
+	GetAccount(ctx context.Context, id string) (*store.Account, error)
+	AccountByName(ctx context.Context, name string) (*store.Account, error)
+	GetProject(ctx context.Context, id string) (*store.Project, error)
+	ProjectByName(ctx context.Context, accountID, name string) (*store.Project, error)
+	GetFleet(ctx context.Context, id string) (*store.Fleet, error)
+	FleetByName(ctx context.Context, projectID, name string) (*store.Fleet, error)
+}
+
 // Account resolves an account reference (ID or name) for the principal in
 // ctx: "" is the key's own account, or the default one for the operator.
-func (s *Service) Account(ctx context.Context, tx store.Tx, ref string) (*Account, error) {
+func (s *Service) Account(ctx context.Context, tx Resolver, ref string) (*Account, error) {
 	p := authz.From(ctx)
 	var a *Account
 	var err error
@@ -93,7 +105,7 @@ func (s *Service) Account(ctx context.Context, tx store.Tx, ref string) (*Accoun
 
 // Project resolves a project reference in an account; "" is the default
 // project. The principal's project scope applies.
-func (s *Service) Project(ctx context.Context, tx store.Tx, acc *Account, ref string) (*Project, error) {
+func (s *Service) Project(ctx context.Context, tx Resolver, acc *Account, ref string) (*Project, error) {
 	var p *Project
 	var err error
 	switch {
@@ -117,7 +129,7 @@ func (s *Service) Project(ctx context.Context, tx store.Tx, acc *Account, ref st
 // ProjectIn resolves an account and a project reference together. A
 // project ID names its account by itself (when accountRef is empty), so
 // the operator needs no ?account= for another account's project by ID.
-func (s *Service) ProjectIn(ctx context.Context, tx store.Tx, accountRef, ref string) (*Account, *Project, error) {
+func (s *Service) ProjectIn(ctx context.Context, tx Resolver, accountRef, ref string) (*Account, *Project, error) {
 	if accountRef == "" && ValidID(ProjectPrefix, ref) {
 		if p, err := tx.GetProject(ctx, ref); err == nil {
 			accountRef = p.AccountID
@@ -132,7 +144,7 @@ func (s *Service) ProjectIn(ctx context.Context, tx store.Tx, accountRef, ref st
 }
 
 // Fleet resolves a fleet reference in a project.
-func (s *Service) Fleet(ctx context.Context, tx store.Tx, p *Project, ref string) (*Fleet, error) {
+func (s *Service) Fleet(ctx context.Context, tx Resolver, p *Project, ref string) (*Fleet, error) {
 	var f *Fleet
 	var err error
 	if ValidID(FleetPrefix, ref) {
