@@ -164,7 +164,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.closer = append(e.closer, func() error { return al.Close(context.Background()) })
 	e.tenants = tenant.New(e.store)
 	e.tenants.Audit = al
-	e.keys = apikey.New(store.Narrow(e.store, func(tx store.Tx) apikey.Tx { return tx }), e.tenants)
+	e.keys = apikey.New(e.store, e.tenants)
 	e.keys.Audit = al
 	e.tenants.AccountDeleted = e.keys.ForgetAccount
 	e.history = history.New(history.Options{Store: e.store, Secrets: e.sec, Key: e.dataKey, Now: opts.Now, Log: e.log})

@@ -45,9 +45,8 @@ type Tx interface {
 	Notify(ctx context.Context, topic, payload string) error
 }
 
-// Store is what the key service needs of the store (store.Narrow gives it
-// one): transactions over Tx, a key read outside one, and the shared rate
-// limits.
+// Store is what the key service needs of the store: transactions over
+// Tx, a key read outside one, and the shared rate limits.
 type Store interface {
 	Update(ctx context.Context, fn func(tx Tx) error) error
 	GetKey(ctx context.Context, id string) (*store.Key, error)
@@ -76,8 +75,8 @@ type Service struct {
 }
 
 // New returns a key service over db.
-func New(db Store, tenants *tenant.Service) *Service {
-	return &Service{db: db, tenants: tenants, now: time.Now, keys: map[string]*Key{}, limiters: map[string]*rate.Limiter{}}
+func New(db store.Store, tenants *tenant.Service) *Service {
+	return &Service{db: store.Narrow(db, func(tx store.Tx) Tx { return tx }), tenants: tenants, now: time.Now, keys: map[string]*Key{}, limiters: map[string]*rate.Limiter{}}
 }
 
 var errBadKey = sandbox.Errorf(sandbox.ErrUnauthenticated, "", "invalid, expired or revoked API key")

@@ -68,9 +68,31 @@ type Options struct {
 	Interval time.Duration
 }
 
+// Tx is what appending needs of a store transaction.
+type Tx interface {
+	AppendAudit(ctx context.Context, e *store.AuditEntry) error
+	LastAudit(ctx context.Context) (*store.AuditEntry, error)
+	Notify(ctx context.Context, topic, payload string) error
+}
+
+// Reader is what reading and verifying the log needs of the store.
+type Reader interface {
+	LastAudit(ctx context.Context) (*store.AuditEntry, error)
+	ListAudit(ctx context.Context, f store.AuditFilter) ([]*store.AuditEntry, error)
+	ListAuditCheckpoints(ctx context.Context) ([]*store.AuditCheckpoint, error)
+}
+
+// Store is what the log needs of the store: appends in transactions over
+// Tx, its checkpoints, and reads.
+type Store interface {
+	Reader
+	Update(ctx context.Context, fn func(tx Tx) error) error
+	PutAuditCheckpoint(ctx context.Context, c *store.AuditCheckpoint) error
+}
+
 // Log appends to and verifies the audit log.
 type Log struct {
-	db       store.Store
+	db       Store
 	key      ed25519.PrivateKey
 	log      *slog.Logger
 	anchor   Anchor
@@ -95,7 +117,7 @@ const NoticeTopic = "audit"
 
 // appendIn chains e to the end of the log in tx (every host that shares
 // the store is told once it commits).
-func appendIn(ctx context.Context, tx store.Tx, e *Entry) error {
+func appendIn(ctx context.Context, tx Tx, e *Entry) error {
 	last, err := tx.LastAudit(ctx)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -151,7 +173,7 @@ func Open(ctx context.Context, db store.Store, opts Options) (*Log, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = CheckpointInterval
 	}
-	l := &Log{db: db, key: key, log: opts.Log, anchor: opts.Anchor, interval: opts.Interval}
+	l := &Log{db: store.Narrow(db, func(tx store.Tx) Tx { return tx }), key: key, log: opts.Log, anchor: opts.Anchor, interval: opts.Interval}
 	last, err := db.LastAudit(ctx)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -235,7 +257,7 @@ func (l *Log) Record(ctx context.Context, action, accountID, target string, err 
 
 // RecordIn is Record in the caller's transaction: the entry commits with
 // what the transaction does, or neither does (an error here fails it).
-func (l *Log) RecordIn(ctx context.Context, tx store.Tx, action, accountID, target string, err error) error {
+func (l *Log) RecordIn(ctx context.Context, tx Tx, action, accountID, target string, err error) error {
 	if l == nil {
 		return nil
 	}
@@ -336,7 +358,7 @@ func (l *Log) append(ctx context.Context, e *Entry) error {
 	// that share a store append to one chain. Two that take the same
 	// place conflict, and the loser goes again after the winner.
 	for attempt := 1; ; attempt++ {
-		err := l.db.Update(ctx, func(tx store.Tx) error { return appendIn(ctx, tx, e) })
+		err := l.db.Update(ctx, func(tx Tx) error { return appendIn(ctx, tx, e) })
 		if errors.Is(err, store.ErrConflict) && attempt < 20 {
 			continue
 		}

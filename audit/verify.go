@@ -30,7 +30,7 @@ type Report struct {
 
 // Verify checks the whole chain and every checkpoint against pub, with
 // no anchor.
-func Verify(ctx context.Context, db store.Store, pub ed25519.PublicKey) (*Report, error) {
+func Verify(ctx context.Context, db Reader, pub ed25519.PublicKey) (*Report, error) {
 	return VerifyAnchored(ctx, db, pub, None)
 }
 
@@ -38,7 +38,7 @@ func Verify(ctx context.Context, db store.Store, pub ed25519.PublicKey) (*Report
 // record, each record against its hash, each hash against the next
 // entry's, and every checkpoint (the database's, then the anchor's)
 // against pub and against the chain, which must reach the newest one.
-func VerifyAnchored(ctx context.Context, db store.Store, pub ed25519.PublicKey, anchor Anchor) (*Report, error) {
+func VerifyAnchored(ctx context.Context, db Reader, pub ed25519.PublicKey, anchor Anchor) (*Report, error) {
 	r := &Report{Anchor: anchor.String()}
 	hashes := map[int64]string{}
 	prev, want := "", int64(1)

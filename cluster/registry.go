@@ -46,7 +46,23 @@ type Options struct {
 // whose lease lapsed down.
 type Registry struct {
 	opts  Options
+	db    Store
 	nudge chan struct{}
+}
+
+// Tx is what the registry needs of a store transaction.
+type Tx interface {
+	GetHost(ctx context.Context, name string) (*store.Host, error)
+	PutHost(ctx context.Context, h *store.Host) error
+	PutSandbox(ctx context.Context, s *store.Sandbox) error
+	SandboxesOn(ctx context.Context, host string, states ...sandbox.State) ([]*store.Sandbox, error)
+}
+
+// Store is what the registry needs of the store.
+type Store interface {
+	Update(ctx context.Context, fn func(tx Tx) error) error
+	GetHost(ctx context.Context, name string) (*store.Host, error)
+	ListHosts(ctx context.Context) ([]*store.Host, error)
 }
 
 // Register claims this host's name in the store (store.ErrInUse if another
@@ -74,7 +90,7 @@ func Register(ctx context.Context, opts Options) (*Registry, error) {
 			return nil, err
 		}
 	}
-	r := &Registry{opts: opts, nudge: make(chan struct{}, 1)}
+	r := &Registry{opts: opts, db: store.Narrow(opts.Store, func(tx store.Tx) Tx { return tx }), nudge: make(chan struct{}, 1)}
 	if _, err := r.renew(ctx, true); err != nil {
 		return nil, err
 	}
@@ -88,7 +104,7 @@ func (r *Registry) Name() string { return r.opts.Name }
 // whether it was marked down meanwhile.
 func (r *Registry) renew(ctx context.Context, start bool) (revived bool, err error) {
 	now := r.opts.Now().UTC()
-	err = r.opts.Store.Update(ctx, func(tx store.Tx) error {
+	err = r.db.Update(ctx, func(tx Tx) error {
 		h, err := tx.GetHost(ctx, r.opts.Name)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
@@ -161,7 +177,7 @@ func (r *Registry) Run(ctx context.Context) {
 // and paused sandboxes lost (not deleted: its VMs may run still, and the
 // host takes them again when it is back).
 func (r *Registry) Sweep(ctx context.Context) error {
-	hosts, err := r.opts.Store.ListHosts(ctx)
+	hosts, err := r.db.ListHosts(ctx)
 	if err != nil {
 		return err
 	}
@@ -171,7 +187,7 @@ func (r *Registry) Sweep(ctx context.Context) error {
 			continue
 		}
 		n := 0
-		err := r.opts.Store.Update(ctx, func(tx store.Tx) error {
+		err := r.db.Update(ctx, func(tx Tx) error {
 			n = 0
 			cur, err := tx.GetHost(ctx, h.Name)
 			if err != nil {
@@ -208,12 +224,12 @@ func (r *Registry) Sweep(ctx context.Context) error {
 
 // Get returns a host's row.
 func (r *Registry) Get(ctx context.Context, name string) (*Host, error) {
-	return r.opts.Store.GetHost(ctx, name)
+	return r.db.GetHost(ctx, name)
 }
 
 // Hosts lists every host, up or down.
 func (r *Registry) Hosts(ctx context.Context) ([]*Host, error) {
-	return r.opts.Store.ListHosts(ctx)
+	return r.db.ListHosts(ctx)
 }
 
 // Place picks the host a new sandbox of size goes to: among the hosts of
@@ -222,7 +238,7 @@ func (r *Registry) Hosts(ctx context.Context) ([]*Host, error) {
 // and memory shares in use); this host on a tie. It returns
 // ErrCapacity when none has room.
 func (r *Registry) Place(ctx context.Context, size sandbox.Resources) (*Host, error) {
-	hosts, err := r.opts.Store.ListHosts(ctx)
+	hosts, err := r.db.ListHosts(ctx)
 	if err != nil {
 		return nil, err
 	}

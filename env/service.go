@@ -19,18 +19,34 @@ import (
 	"github.com/harebox/harebox/tenant"
 )
 
+// Tx is what the environment calls need of a store transaction.
+type Tx interface {
+	tenant.Resolver
+	CountLiveWithEnvironment(ctx context.Context, environmentID string) (int, error)
+	DeleteEnvironment(ctx context.Context, id string) error
+	EnvironmentByName(ctx context.Context, projectID, name string) (*store.Environment, error)
+	GetEnvVersion(ctx context.Context, environmentID string, version int) (*store.EnvVersion, error)
+	GetEnvironment(ctx context.Context, id string) (*store.Environment, error)
+	ListEnvVersions(ctx context.Context, environmentID string) ([]*store.EnvVersion, error)
+	ListEnvironments(ctx context.Context, projectID string) ([]*store.Environment, error)
+	PutEnvVersion(ctx context.Context, v *store.EnvVersion) error
+	PutEnvironment(ctx context.Context, e *store.Environment) error
+}
+
 // Service manages environments for the principal in the context.
 type Service struct {
 	// Audit, if set, records every change.
-	Audit   *audit.Log
-	db      store.Store
+	Audit *audit.Log
+	db    interface {
+		Update(ctx context.Context, fn func(tx Tx) error) error
+	}
 	tenants *tenant.Service
 	secrets secrets.Store
 }
 
 // New returns a service; secret values go to sec.
 func New(db store.Store, tenants *tenant.Service, sec secrets.Store) *Service {
-	return &Service{db: db, tenants: tenants, secrets: sec}
+	return &Service{db: store.Narrow(db, func(tx store.Tx) Tx { return tx }), tenants: tenants, secrets: sec}
 }
 
 // View is an environment with its latest version; secret values never
@@ -123,7 +139,7 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 	}
 	var proj *store.Project
 	if err == nil {
-		err = s.db.Update(ctx, func(tx store.Tx) error {
+		err = s.db.Update(ctx, func(tx Tx) error {
 			var err error
 			_, proj, err = s.tenants.ProjectIn(ctx, tx, accountRef, r.Project)
 			if err != nil {
@@ -155,7 +171,7 @@ func orEmpty[T any](s []T) []T {
 
 // find resolves an environment reference (ID, or name in the project) for
 // action, with its project.
-func (s *Service) find(ctx context.Context, tx store.Tx, action, accountRef, projectRef, ref string) (*store.Environment, *store.Project, error) {
+func (s *Service) find(ctx context.Context, tx Tx, action, accountRef, projectRef, ref string) (*store.Environment, *store.Project, error) {
 	if err := authz.Allowed(authz.From(ctx), action); err != nil {
 		return nil, nil, err
 	}
@@ -185,7 +201,7 @@ func (s *Service) List(ctx context.Context, accountRef, projectRef string) ([]*V
 		return nil, err
 	}
 	out := []*View{}
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err := s.db.Update(ctx, func(tx Tx) error {
 		_, proj, err := s.tenants.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
@@ -209,7 +225,7 @@ func (s *Service) List(ctx context.Context, accountRef, projectRef string) ([]*V
 // Get returns an environment with its latest version.
 func (s *Service) Get(ctx context.Context, accountRef, projectRef, ref string) (*View, error) {
 	var out *View
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err := s.db.Update(ctx, func(tx Tx) error {
 		e, proj, err := s.find(ctx, tx, "getEnvironment", accountRef, projectRef, ref)
 		if err != nil {
 			return err
@@ -247,7 +263,7 @@ func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string
 	// writes through the store itself, which a transaction holds (SQLite
 	// has one connection), and a PostgreSQL transaction may run again.
 	var envID string
-	err = s.db.Update(ctx, func(tx store.Tx) error {
+	err = s.db.Update(ctx, func(tx Tx) error {
 		e, _, err := s.find(ctx, tx, "updateEnvironment", accountRef, projectRef, ref)
 		if err == nil {
 			envID = e.ID
@@ -263,7 +279,7 @@ func (s *Service) Update(ctx context.Context, accountRef, projectRef, ref string
 		s.unseal(envID, made)
 		return nil, err
 	}
-	err = s.db.Update(ctx, func(tx store.Tx) error {
+	err = s.db.Update(ctx, func(tx Tx) error {
 		e, proj, err := s.find(ctx, tx, "updateEnvironment", accountRef, projectRef, ref)
 		if err != nil {
 			return err
@@ -327,7 +343,7 @@ func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string
 		s.Audit.Record(ctx, "deleteEnvironment", account, target, err)
 	}()
 	var refs []string
-	err = s.db.Update(ctx, func(tx store.Tx) error {
+	err = s.db.Update(ctx, func(tx Tx) error {
 		e, _, err := s.find(ctx, tx, "deleteEnvironment", accountRef, projectRef, ref)
 		if err != nil {
 			return err
@@ -363,7 +379,7 @@ func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string
 // Versions lists an environment's versions, oldest first.
 func (s *Service) Versions(ctx context.Context, accountRef, projectRef, ref string) ([]*store.EnvVersion, error) {
 	out := []*store.EnvVersion{}
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err := s.db.Update(ctx, func(tx Tx) error {
 		e, _, err := s.find(ctx, tx, "listEnvironmentVersions", accountRef, projectRef, ref)
 		if err != nil {
 			return err
@@ -380,7 +396,7 @@ func (s *Service) Versions(ctx context.Context, accountRef, projectRef, ref stri
 // Version returns one version.
 func (s *Service) Version(ctx context.Context, accountRef, projectRef, ref string, n int) (*store.EnvVersion, error) {
 	var out *store.EnvVersion
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err := s.db.Update(ctx, func(tx Tx) error {
 		e, _, err := s.find(ctx, tx, "getEnvironmentVersion", accountRef, projectRef, ref)
 		if err != nil {
 			return err
@@ -400,7 +416,7 @@ func (s *Service) Version(ctx context.Context, accountRef, projectRef, ref strin
 // Pin resolves NAME[@VERSION] (or ID[@VERSION]) in proj for a new sandbox:
 // the latest version unless one is named. A third-party sandbox gets only
 // a version marked third_party_safe.
-func (s *Service) Pin(ctx context.Context, tx store.Tx, proj *store.Project, ref string, thirdParty bool) (*store.Environment, *store.EnvVersion, error) {
+func (s *Service) Pin(ctx context.Context, tx Tx, proj *store.Project, ref string, thirdParty bool) (*store.Environment, *store.EnvVersion, error) {
 	name, ver, hasVer := strings.Cut(ref, "@")
 	var e *store.Environment
 	var err error

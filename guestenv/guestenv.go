@@ -49,7 +49,7 @@ type Secrets interface {
 type Environments interface {
 	// Pin resolves ref in proj for a new sandbox, in the create's
 	// transaction.
-	Pin(ctx context.Context, tx store.Tx, proj *store.Project, ref string, thirdParty bool) (*store.Environment, *store.EnvVersion, error)
+	Pin(ctx context.Context, tx env.Tx, proj *store.Project, ref string, thirdParty bool) (*store.Environment, *store.EnvVersion, error)
 	// Reveal returns a secret's value, for the credentials proxy only.
 	Reveal(ctx context.Context, envID, secretRef string) (string, error)
 }
@@ -142,7 +142,7 @@ const envVersionKey = "environment_version"
 // Pin puts the request's environment on a new record, in the create's
 // transaction: the version (latest unless named), a placeholder per
 // secret, and the third-party check.
-func (s *Service) Pin(ctx context.Context, tx store.Tx, req *sandbox.CreateRequest, proj *store.Project, rec *store.Sandbox) error {
+func (s *Service) Pin(ctx context.Context, tx env.Tx, req *sandbox.CreateRequest, proj *store.Project, rec *store.Sandbox) error {
 	rec.ThirdParty = req.ThirdParty || proj.ThirdPartyDefault
 	if req.Environment == "" {
 		return nil

@@ -38,7 +38,7 @@ type Auditor interface {
 type Calls struct {
 	svc   *Service
 	store interface {
-		Update(ctx context.Context, fn func(tx store.Tx) error) error
+		Update(ctx context.Context, fn func(tx tenant.Resolver) error) error
 	}
 	sandboxes Sandboxes
 	projects  Projects
@@ -47,7 +47,7 @@ type Calls struct {
 
 // NewCalls returns the calls over svc: the store is svc's.
 func NewCalls(svc *Service, sandboxes Sandboxes, projects Projects, audit Auditor) *Calls {
-	return &Calls{svc: svc, store: svc.opts.Store, sandboxes: sandboxes, projects: projects, audit: audit}
+	return &Calls{svc: svc, store: store.Narrow(svc.opts.Store, func(tx store.Tx) tenant.Resolver { return tx }), sandboxes: sandboxes, projects: projects, audit: audit}
 }
 
 // audited records, when a call ends, what the principal in ctx did to
@@ -136,7 +136,7 @@ func (c *Calls) project(ctx context.Context, action, accountRef, projectRef stri
 		return nil, sandbox.Errorf(sandbox.ErrForbidden, "", "this API key is limited to some sandboxes; a project's URL CA vouches for all of its URLs")
 	}
 	var proj *store.Project
-	err := c.store.Update(ctx, func(tx store.Tx) error {
+	err := c.store.Update(ctx, func(tx tenant.Resolver) error {
 		var err error
 		_, proj, err = c.projects.ProjectIn(ctx, tx, accountRef, projectRef)
 		return err

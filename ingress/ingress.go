@@ -56,6 +56,20 @@ const (
 	QueryParam  = "harebox_token"
 )
 
+// Store is what the service needs of the store: its URLs, URL CAs and
+// client certificates.
+type Store interface {
+	ListURLs(ctx context.Context, sandboxID string) ([]*store.URL, error)
+	PutURL(ctx context.Context, u *store.URL) error
+	DeleteURL(ctx context.Context, id string) error
+	GetURLCA(ctx context.Context, projectID string) (*store.URLCA, error)
+	PutURLCA(ctx context.Context, ca *store.URLCA) error
+	DeleteURLCA(ctx context.Context, projectID string) error
+	ListClientCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error)
+	GetClientCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error)
+	PutClientCert(ctx context.Context, c *sandbox.ClientCert) error
+}
+
 // Options configure the service.
 type Options struct {
 	Store store.Store
@@ -84,6 +98,7 @@ type Options struct {
 // proxy checks them), and serves the ingress.
 type Service struct {
 	opts      Options
+	db        Store
 	transport *http.Transport
 	proxy     *httputil.ReverseProxy
 
@@ -140,7 +155,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	s := &Service{opts: opts, byID: map[string]*entry{}, byPort: map[target]*entry{},
+	s := &Service{opts: opts, db: opts.Store, byID: map[string]*entry{}, byPort: map[target]*entry{},
 		bg: context.WithoutCancel(ctx), client: opts.HTTPClient, cas: map[string]*authority{}}
 	if s.client == nil {
 		s.client = &http.Client{Timeout: 10 * time.Second}
@@ -257,7 +272,7 @@ func (s *Service) Create(ctx context.Context, owner Owner, req sandbox.URLReques
 	sandboxID := owner.SandboxID
 	rec := &store.URL{URL: sandbox.URL{ID: sandbox.NewURLID(), SandboxID: sandboxID, AccountID: owner.AccountID, ProjectID: owner.ProjectID,
 		Port: req.Port, Auth: req.Auth, OIDC: req.OIDC, CreatedAt: s.opts.Now().UTC()}, TokenHash: hash}
-	if err := s.opts.Store.PutURL(ctx, rec); err != nil {
+	if err := s.db.PutURL(ctx, rec); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, sandbox.Errorf(sandbox.ErrExists, "port", "port %d of %s is published already", req.Port, sandboxID)
 		}
@@ -359,7 +374,7 @@ func (s *Service) Rotate(ctx context.Context, sandboxID, id string) (*sandbox.UR
 	rec.TokenHash, rec.RotatedAt = hash, &now
 	// Stored first: once the new token is in force here, it is the one a
 	// restart loads. (Delete, which also holds rot, cannot run between.)
-	if err := s.opts.Store.PutURL(ctx, &rec); err != nil {
+	if err := s.db.PutURL(ctx, &rec); err != nil {
 		return nil, err
 	}
 	e.mu.Lock()
@@ -397,7 +412,7 @@ func (s *Service) Delete(ctx context.Context, sandboxID, id string) error {
 func (s *Service) drop(ctx context.Context, e *entry) error {
 	e.rot.Lock()
 	defer e.rot.Unlock()
-	if err := s.opts.Store.DeleteURL(ctx, e.id); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := s.db.DeleteURL(ctx, e.id); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
 	s.mu.Lock()
@@ -417,7 +432,7 @@ func (s *Service) drop(ctx context.Context, e *entry) error {
 // Forget unpublishes every URL of a sandbox that is being deleted (its
 // network goes with it).
 func (s *Service) Forget(ctx context.Context, sandboxID string) error {
-	recs, err := s.opts.Store.ListURLs(ctx, sandboxID)
+	recs, err := s.db.ListURLs(ctx, sandboxID)
 	if err != nil {
 		return err
 	}
@@ -429,7 +444,7 @@ func (s *Service) Forget(ctx context.Context, sandboxID string) error {
 		var err error
 		if e != nil {
 			err = s.drop(ctx, e)
-		} else if err = s.opts.Store.DeleteURL(ctx, r.ID); errors.Is(err, store.ErrNotFound) {
+		} else if err = s.db.DeleteURL(ctx, r.ID); errors.Is(err, store.ErrNotFound) {
 			err = nil
 		}
 		if err != nil {

@@ -108,7 +108,7 @@ func (s *Service) current(projectID string) *authority {
 
 func (s *Service) loadAuthority(ctx context.Context, projectID string) (*authority, error) {
 	a := &authority{revoked: map[string]bool{}}
-	recs, err := s.opts.Store.ListClientCerts(ctx, projectID)
+	recs, err := s.db.ListClientCerts(ctx, projectID)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +119,7 @@ func (s *Service) loadAuthority(ctx context.Context, projectID string) (*authori
 			}
 		}
 	}
-	ca, err := s.opts.Store.GetURLCA(ctx, projectID)
+	ca, err := s.db.GetURLCA(ctx, projectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return a, nil
 	}
@@ -239,7 +239,7 @@ func normalSerial(s string) (string, error) {
 
 // CA returns the project's URL certificate authority.
 func (s *Service) CA(ctx context.Context, projectID string) (*sandbox.URLCA, error) {
-	ca, err := s.opts.Store.GetURLCA(ctx, projectID)
+	ca, err := s.db.GetURLCA(ctx, projectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "project %s has no URL CA (set one: PUT /v1/url-ca)", projectID)
 	}
@@ -306,7 +306,7 @@ func (s *Service) SetCA(ctx context.Context, projectID, accountID string, req sa
 	}
 	s.caChange.Lock()
 	defer s.caChange.Unlock()
-	old, err := s.opts.Store.GetURLCA(ctx, projectID)
+	old, err := s.db.GetURLCA(ctx, projectID)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
@@ -319,7 +319,7 @@ func (s *Service) SetCA(ctx context.Context, projectID, accountID string, req sa
 	}
 	// One write replaces the old CA with the new: it fails whole or
 	// takes effect whole.
-	if err := s.opts.Store.PutURLCA(ctx, ca); err != nil {
+	if err := s.db.PutURLCA(ctx, ca); err != nil {
 		if key != nil {
 			s.eraseKey(projectID, ca.KeyName)
 		}
@@ -352,9 +352,9 @@ func isNotFound(err error) bool {
 func (s *Service) DeleteCA(ctx context.Context, projectID string) error {
 	s.caChange.Lock()
 	defer s.caChange.Unlock()
-	old, err := s.opts.Store.GetURLCA(ctx, projectID)
+	old, err := s.db.GetURLCA(ctx, projectID)
 	if err == nil {
-		err = s.opts.Store.DeleteURLCA(ctx, projectID)
+		err = s.db.DeleteURLCA(ctx, projectID)
 	}
 	if errors.Is(err, store.ErrNotFound) {
 		return sandbox.Errorf(sandbox.ErrNotFound, "", "project %s has no URL CA", projectID)
@@ -390,7 +390,7 @@ func (s *Service) IssueCert(ctx context.Context, projectID string, req sandbox.C
 	}
 	s.caChange.Lock()
 	defer s.caChange.Unlock()
-	ca, err := s.opts.Store.GetURLCA(ctx, projectID)
+	ca, err := s.db.GetURLCA(ctx, projectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "project %s has no URL CA (set one: PUT /v1/url-ca)", projectID)
 	}
@@ -442,7 +442,7 @@ func (s *Service) IssueCert(ctx context.Context, projectID string, req sandbox.C
 	}
 	rec := &sandbox.ClientCert{ProjectID: projectID, Serial: serialText(tmpl.SerialNumber), Name: req.Name,
 		Issued: true, IssuerKeys: []string{keyHash(certs[0])}, NotAfter: &notAfter, CreatedAt: now}
-	if err := s.opts.Store.PutClientCert(ctx, rec); err != nil {
+	if err := s.db.PutClientCert(ctx, rec); err != nil {
 		return nil, err
 	}
 	out := *rec
@@ -454,7 +454,7 @@ func (s *Service) IssueCert(ctx context.Context, projectID string, req sandbox.C
 // ListCerts lists the certificates the project issued and the serials it
 // revoked, oldest first.
 func (s *Service) ListCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error) {
-	l, err := s.opts.Store.ListClientCerts(ctx, projectID)
+	l, err := s.db.ListClientCerts(ctx, projectID)
 	if l == nil {
 		l = []*sandbox.ClientCert{}
 	}
@@ -479,7 +479,7 @@ func (s *Service) RevokeCert(ctx context.Context, projectID, serial string) (*sa
 	if err != nil {
 		return nil, err
 	}
-	rec, err := s.opts.Store.GetClientCert(ctx, projectID, serial)
+	rec, err := s.db.GetClientCert(ctx, projectID, serial)
 	if errors.Is(err, store.ErrNotFound) {
 		rec, err = &sandbox.ClientCert{ProjectID: projectID, Serial: serial, CreatedAt: s.opts.Now().UTC()}, nil
 	}
@@ -498,7 +498,7 @@ func (s *Service) RevokeCert(ctx context.Context, projectID, serial string) (*sa
 		now := s.opts.Now().UTC()
 		rec.RevokedAt = &now
 	}
-	if err := s.opts.Store.PutClientCert(ctx, rec); err != nil {
+	if err := s.db.PutClientCert(ctx, rec); err != nil {
 		return nil, err
 	}
 	s.changed(ctx, projectID, keys)

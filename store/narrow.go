@@ -4,8 +4,8 @@ import "context"
 
 // Narrowed is the store as one domain sees it: its transactions offer only
 // T, the methods of Tx the domain declares it needs (its own Tx
-// interface), and the rest of the Store is there as it is. A domain takes
-// its own narrow Store interface; the composition passes Narrow's result.
+// interface), and the rest of the Store is there as it is. A domain keeps
+// its store as its own narrow Store interface, filled by Narrow.
 type Narrowed[T any] struct {
 	Store
 	as func(Tx) T
