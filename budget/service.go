@@ -25,9 +25,41 @@ type Service struct {
 	// Billing, if set, gets a copy of every metered interval.
 	Billing Billing
 	prices  Prices
-	db      store.Store
+	db      Store
 	tenants *tenant.Service
 	now     func() time.Time
+}
+
+// Tx is what budgets, their reservations and the ledger need of a store
+// transaction.
+type Tx interface {
+	tenant.Resolver
+	AddUsage(ctx context.Context, u store.Usage) error
+	CandidateBudgets(ctx context.Context, accountID, projectID, fleetID string, keyIDs []string, labels map[string]string) ([]*store.Budget, error)
+	DeleteBudget(ctx context.Context, id string) error
+	DeleteReservation(ctx context.Context, sandboxID string) error
+	GetBudget(ctx context.Context, id string) (*store.Budget, error)
+	GetKey(ctx context.Context, id string) (*store.Key, error)
+	GetReservation(ctx context.Context, sandboxID string) (*store.Reservation, error)
+	ListBudgets(ctx context.Context, accountID string) ([]*store.Budget, error)
+	Notify(ctx context.Context, topic, payload string) error
+	PutBudget(ctx context.Context, b *store.Budget) error
+	PutReservation(ctx context.Context, r *store.Reservation) error
+	QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Usage, error)
+}
+
+// keys is what checking a key's budget reads, in a transaction or not.
+type keys interface {
+	GetKey(ctx context.Context, id string) (*store.Key, error)
+}
+
+// Store is what the budget service needs of the store.
+type Store interface {
+	keys
+	Update(ctx context.Context, fn func(tx Tx) error) error
+	GetBudget(ctx context.Context, id string) (*store.Budget, error)
+	ListBudgets(ctx context.Context, accountID string) ([]*store.Budget, error)
+	QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Usage, error)
 }
 
 // New returns a service pricing usage with prices; now is its clock.
@@ -35,7 +67,7 @@ func New(db store.Store, tenants *tenant.Service, prices Prices, now func() time
 	if now == nil {
 		now = time.Now
 	}
-	return &Service{db: db, tenants: tenants, prices: prices, now: now}
+	return &Service{db: store.Narrow(db, func(tx store.Tx) Tx { return tx }), tenants: tenants, prices: prices, now: now}
 }
 
 // Prices is the service's price table.
@@ -61,7 +93,7 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 	b := &store.Budget{ID: tenant.NewID(IDPrefix), Name: r.Name, Scope: r.Scope, Period: r.Period, Limit: r.Limit,
 		Action: r.Action, WarnAt: slices.Compact(slices.Sorted(slices.Values(r.WarnAt))), CreatedAt: now}
 	b.Scope.Labels = maps.Clone(r.Scope.Labels)
-	err = s.db.Update(ctx, func(tx store.Tx) error {
+	err = s.db.Update(ctx, func(tx Tx) error {
 		acc, err := s.tenants.Account(ctx, tx, accountRef)
 		if err != nil {
 			return sandbox.Errorf(sandbox.ErrInvalid, "account", "%v", err)
@@ -120,7 +152,7 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 }
 
 // resolve turns the scope's reference into an ID of the account.
-func (s *Service) resolve(ctx context.Context, tx store.Tx, acc *store.Account, b *store.Budget) error {
+func (s *Service) resolve(ctx context.Context, tx Tx, acc *store.Account, b *store.Budget) error {
 	switch b.Scope.Kind {
 	case ScopeProject:
 		proj, err := s.tenants.Project(ctx, tx, acc, b.Scope.Ref)
@@ -188,7 +220,7 @@ func within(p authz.Principal, b *store.Budget) error {
 
 // mayTouch refuses a budget whose action would fall on sandboxes p cannot
 // see (within), or on a key that is not p or a key p made.
-func mayTouch(ctx context.Context, tx store.Tx, p authz.Principal, b *store.Budget) error {
+func mayTouch(ctx context.Context, tx keys, p authz.Principal, b *store.Budget) error {
 	if err := within(p, b); err != nil || p.Operator || b.Scope.Kind != ScopeKey {
 		return err
 	}
@@ -205,7 +237,7 @@ func mayTouch(ctx context.Context, tx store.Tx, p authz.Principal, b *store.Budg
 // visible says whether p may read b: its account's budgets that cover
 // the whole account (they limit p too), and those it may touch; a budget
 // elsewhere would tell p what sandboxes it cannot see spent.
-func (s *Service) visible(ctx context.Context, tx store.Tx, p authz.Principal, b *store.Budget) bool {
+func (s *Service) visible(ctx context.Context, tx keys, p authz.Principal, b *store.Budget) bool {
 	if !authz.Visible(p, authz.Target{AccountID: b.AccountID}) {
 		return false
 	}
@@ -219,7 +251,7 @@ func (s *Service) List(ctx context.Context, accountRef string) ([]*store.Budget,
 		return nil, err
 	}
 	var out []*store.Budget
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err := s.db.Update(ctx, func(tx Tx) error {
 		acc, err := s.tenants.Account(ctx, tx, accountRef)
 		if err != nil {
 			return sandbox.Errorf(sandbox.ErrInvalid, "account", "%v", err)
@@ -264,7 +296,7 @@ func (s *Service) Delete(ctx context.Context, id string) (err error) {
 	if err := authz.Allowed(p, "deleteBudget"); err != nil {
 		return err
 	}
-	return s.db.Update(ctx, func(tx store.Tx) error {
+	return s.db.Update(ctx, func(tx Tx) error {
 		b, err := tx.GetBudget(ctx, id)
 		if errors.Is(err, store.ErrNotFound) || (err == nil && !s.visible(ctx, tx, p, b)) {
 			return sandbox.Errorf(sandbox.ErrNotFound, "", "no budget %q", id)
@@ -287,7 +319,7 @@ func (s *Service) Delete(ctx context.Context, id string) (err error) {
 // interval, in every budget that covers it, inside tx (the transaction
 // that admits the sandbox): a budget it would pass refuses with an error
 // of kind sandbox.ErrBudget, and then nothing is reserved anywhere.
-func (s *Service) Admit(ctx context.Context, tx store.Tx, sandboxID string, subj Subject, amount money.USD) error {
+func (s *Service) Admit(ctx context.Context, tx Tx, sandboxID string, subj Subject, amount money.USD) error {
 	now := s.now().UTC()
 	for _, k := range subj.Keys {
 		if err := keyBudget(ctx, tx, k); err != nil {
@@ -315,7 +347,7 @@ func (s *Service) Admit(ctx context.Context, tx store.Tx, sandboxID string, subj
 
 // coveringBudgets reads the budgets that cover subj, oldest first (so a
 // refusal names the same budget every time).
-func coveringBudgets(ctx context.Context, tx store.Tx, subj Subject) ([]*store.Budget, error) {
+func coveringBudgets(ctx context.Context, tx Tx, subj Subject) ([]*store.Budget, error) {
 	cands, err := tx.CandidateBudgets(ctx, subj.AccountID, subj.ProjectID, subj.FleetID, subj.Keys, subj.Labels)
 	if err != nil {
 		return nil, err
@@ -380,7 +412,7 @@ const NoticeTopic = "budget"
 func (s *Service) Settle(ctx context.Context, m Meter) ([]Event, error) {
 	var events []Event
 	var usage *store.Usage
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err := s.db.Update(ctx, func(tx Tx) error {
 		// The time is read in the transaction: settlements of a sandbox
 		// are serialized, so each starts where the one before ended.
 		now := s.now().UTC()
@@ -508,7 +540,7 @@ func (s *Service) Acted(ctx context.Context, b *store.Budget, targets []string) 
 	if !b.Pending {
 		return nil
 	}
-	return s.db.Update(ctx, func(tx store.Tx) error {
+	return s.db.Update(ctx, func(tx Tx) error {
 		cur, err := tx.GetBudget(ctx, b.ID)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil // deleted meanwhile
@@ -553,7 +585,7 @@ func first(s []string) string {
 // keyBudget makes the budget of an API key's budget_usd, the first time
 // the key (or a key it made) spends: a total for the key's life that
 // refuses what would pass it (deny_new). It has the key's ULID.
-func keyBudget(ctx context.Context, tx store.Tx, keyID string) error {
+func keyBudget(ctx context.Context, tx Tx, keyID string) error {
 	id := IDPrefix + strings.TrimPrefix(keyID, "key_")
 	if _, err := tx.GetBudget(ctx, id); !errors.Is(err, store.ErrNotFound) {
 		return err
@@ -610,7 +642,7 @@ func (s *Service) Usage(ctx context.Context, q UsageQuery) ([]UsageGroup, error)
 	}
 	var accountID string
 	if q.Account != "" || !p.Operator {
-		err := s.db.Update(ctx, func(tx store.Tx) error {
+		err := s.db.Update(ctx, func(tx Tx) error {
 			acc, err := s.tenants.Account(ctx, tx, q.Account)
 			if err != nil {
 				return sandbox.Errorf(sandbox.ErrInvalid, "account", "%v", err)

@@ -15,7 +15,9 @@ import (
 // for the principal in the context. Objects the principal may not see are
 // ErrNotFound, exactly like missing ones.
 type Service struct {
-	db store.Store
+	db interface {
+		Update(ctx context.Context, fn func(tx Tx) error) error
+	}
 	// Audit, if set, records every change.
 	Audit *audit.Log
 	// AccountDeleted, if set, is called after an account is deleted (its
@@ -26,15 +28,44 @@ type Service struct {
 	AccountUpdated func(accountID string)
 }
 
+// Tx is what the tenancy calls need of a store transaction: resolving
+// references, and making and deleting accounts, projects and fleets with
+// what they hold.
+type Tx interface {
+	Resolver
+	CountLive(ctx context.Context, accountID, projectID, fleetID string) (int, error)
+	DeleteAccount(ctx context.Context, id string) error
+	DeleteBudget(ctx context.Context, id string) error
+	DeleteClientCerts(ctx context.Context, projectID string) error
+	DeleteFleet(ctx context.Context, id string) error
+	DeleteProject(ctx context.Context, id string) error
+	DeleteSecretScope(ctx context.Context, scope string) error
+	ListAccounts(ctx context.Context) ([]*store.Account, error)
+	ListBudgets(ctx context.Context, accountID string) ([]*store.Budget, error)
+	ListEnvironments(ctx context.Context, projectID string) ([]*store.Environment, error)
+	ListFleets(ctx context.Context, projectID string) ([]*store.Fleet, error)
+	ListKeys(ctx context.Context, accountID string) ([]*store.Key, error)
+	ListProjects(ctx context.Context, accountID string) ([]*store.Project, error)
+	ListSnapshots(ctx context.Context) ([]*store.Snapshot, error)
+	Notify(ctx context.Context, topic, payload string) error
+	PutAccount(ctx context.Context, a *store.Account) error
+	PutFleet(ctx context.Context, f *store.Fleet) error
+	PutKey(ctx context.Context, k *store.Key) error
+	PutProject(ctx context.Context, p *store.Project) error
+	GetURLCA(ctx context.Context, projectID string) (*store.URLCA, error)
+}
+
 // New returns a service over db.
-func New(db store.Store) *Service { return &Service{db: db} }
+func New(db store.Store) *Service {
+	return &Service{db: store.Narrow(db, func(tx store.Tx) Tx { return tx })}
+}
 
 // EnsureDefault makes the default account and its default project if they
 // do not exist yet, and returns the account. The operator's requests that
 // name no account land there, so a single-tenant host needs no setup.
 func (s *Service) EnsureDefault(ctx context.Context) (*Account, error) {
 	var acc *Account
-	err := s.db.Update(ctx, func(tx store.Tx) error {
+	err := s.db.Update(ctx, func(tx Tx) error {
 		a, err := tx.AccountByName(ctx, DefaultName)
 		if errors.Is(err, store.ErrNotFound) {
 			a, err = createAccount(ctx, tx, DefaultName)
@@ -45,7 +76,7 @@ func (s *Service) EnsureDefault(ctx context.Context) (*Account, error) {
 	return acc, err
 }
 
-func createAccount(ctx context.Context, tx store.Tx, name string) (*Account, error) {
+func createAccount(ctx context.Context, tx Tx, name string) (*Account, error) {
 	now := time.Now().UTC()
 	a := &Account{ID: NewID(AccountPrefix), Name: name, CreatedAt: now}
 	if err := tx.PutAccount(ctx, a); err != nil {
@@ -160,7 +191,7 @@ func (s *Service) Fleet(ctx context.Context, tx Resolver, p *Project, ref string
 
 // do runs fn in a transaction after checking the action is allowed, and
 // records a change (target names what it is on) in the audit log.
-func (s *Service) do(ctx context.Context, action string, n *note, fn func(tx store.Tx) error) (err error) {
+func (s *Service) do(ctx context.Context, action string, n *note, fn func(tx Tx) error) (err error) {
 	if changes[action] {
 		defer func() { s.Audit.Record(ctx, action, n.account, n.target, err) }()
 	}
@@ -187,7 +218,7 @@ func (s *Service) CreateAccount(ctx context.Context, r CreateRequest) (*Account,
 	}
 	var a *Account
 	n := &note{target: r.Name}
-	err := s.do(ctx, "createAccount", n, func(tx store.Tx) (err error) {
+	err := s.do(ctx, "createAccount", n, func(tx Tx) (err error) {
 		if a, err = createAccount(ctx, tx, r.Name); err == nil {
 			n.account, n.target = a.ID, a.ID
 		}
@@ -200,7 +231,7 @@ func (s *Service) CreateAccount(ctx context.Context, r CreateRequest) (*Account,
 // operator, its own for a key.
 func (s *Service) ListAccounts(ctx context.Context) ([]*Account, error) {
 	out := []*Account{}
-	err := s.do(ctx, "listAccounts", &note{}, func(tx store.Tx) error {
+	err := s.do(ctx, "listAccounts", &note{}, func(tx Tx) error {
 		all, err := tx.ListAccounts(ctx)
 		for _, a := range all {
 			if authz.Visible(authz.From(ctx), authz.Target{AccountID: a.ID}) {
@@ -215,7 +246,7 @@ func (s *Service) ListAccounts(ctx context.Context) ([]*Account, error) {
 // GetAccount returns an account by ID or name.
 func (s *Service) GetAccount(ctx context.Context, ref string) (*Account, error) {
 	var a *Account
-	err := s.do(ctx, "getAccount", &note{}, func(tx store.Tx) (err error) {
+	err := s.do(ctx, "getAccount", &note{}, func(tx Tx) (err error) {
 		a, err = s.Account(ctx, tx, ref)
 		return err
 	})
@@ -242,7 +273,7 @@ func (s *Service) UpdateAccount(ctx context.Context, ref string, u AccountUpdate
 	}
 	var a *Account
 	n := &note{target: ref}
-	err := s.do(ctx, "updateAccount", n, func(tx store.Tx) (err error) {
+	err := s.do(ctx, "updateAccount", n, func(tx Tx) (err error) {
 		if a, err = s.Account(ctx, tx, ref); err != nil {
 			return err
 		}
@@ -263,7 +294,7 @@ func (s *Service) UpdateAccount(ctx context.Context, ref string, u AccountUpdate
 func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
 	var deleted string
 	n := &note{target: ref}
-	err := s.do(ctx, "deleteAccount", n, func(tx store.Tx) error {
+	err := s.do(ctx, "deleteAccount", n, func(tx Tx) error {
 		a, err := s.Account(ctx, tx, ref)
 		if err != nil {
 			return err
@@ -315,7 +346,7 @@ func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
 }
 
 // noLive refuses to delete a container that still has live sandboxes.
-func noLive(ctx context.Context, tx store.Tx, what, name, accountID, projectID, fleetID string) error {
+func noLive(ctx context.Context, tx Tx, what, name, accountID, projectID, fleetID string) error {
 	n, err := tx.CountLive(ctx, accountID, projectID, fleetID)
 	if err != nil {
 		return err
@@ -333,7 +364,7 @@ func (s *Service) CreateProject(ctx context.Context, accountRef string, r Create
 	}
 	var p *Project
 	n := &note{target: r.Name}
-	err := s.do(ctx, "createProject", n, func(tx store.Tx) error {
+	err := s.do(ctx, "createProject", n, func(tx Tx) error {
 		a, err := s.Account(ctx, tx, accountRef)
 		if err != nil {
 			return err
@@ -352,7 +383,7 @@ func (s *Service) CreateProject(ctx context.Context, accountRef string, r Create
 // ListProjects lists an account's projects the principal sees.
 func (s *Service) ListProjects(ctx context.Context, accountRef string) ([]*Project, error) {
 	out := []*Project{}
-	err := s.do(ctx, "listProjects", &note{}, func(tx store.Tx) error {
+	err := s.do(ctx, "listProjects", &note{}, func(tx Tx) error {
 		a, err := s.Account(ctx, tx, accountRef)
 		if err != nil {
 			return err
@@ -371,7 +402,7 @@ func (s *Service) ListProjects(ctx context.Context, accountRef string) ([]*Proje
 // GetProject returns a project by ID or name.
 func (s *Service) GetProject(ctx context.Context, accountRef, ref string) (*Project, error) {
 	var p *Project
-	err := s.do(ctx, "getProject", &note{}, func(tx store.Tx) (err error) {
+	err := s.do(ctx, "getProject", &note{}, func(tx Tx) (err error) {
 		_, p, err = s.ProjectIn(ctx, tx, accountRef, ref)
 		return err
 	})
@@ -388,7 +419,7 @@ type ProjectUpdate struct {
 func (s *Service) UpdateProject(ctx context.Context, accountRef, ref string, u ProjectUpdate) (*Project, error) {
 	var p *Project
 	n := &note{target: ref}
-	err := s.do(ctx, "updateProject", n, func(tx store.Tx) (err error) {
+	err := s.do(ctx, "updateProject", n, func(tx Tx) (err error) {
 		if _, p, err = s.ProjectIn(ctx, tx, accountRef, ref); err != nil {
 			return err
 		}
@@ -405,7 +436,7 @@ func (s *Service) UpdateProject(ctx context.Context, accountRef, ref string, u P
 // The default project stays.
 func (s *Service) DeleteProject(ctx context.Context, accountRef, ref string) error {
 	n := &note{target: ref}
-	return s.do(ctx, "deleteProject", n, func(tx store.Tx) error {
+	return s.do(ctx, "deleteProject", n, func(tx Tx) error {
 		a, p, err := s.ProjectIn(ctx, tx, accountRef, ref)
 		if err != nil {
 			return err
@@ -421,7 +452,7 @@ func (s *Service) DeleteProject(ctx context.Context, accountRef, ref string) err
 	})
 }
 
-func deleteProject(ctx context.Context, tx store.Tx, p *Project) error {
+func deleteProject(ctx context.Context, tx Tx, p *Project) error {
 	// Environments hold sealed values only their own delete erases.
 	envs, err := tx.ListEnvironments(ctx, p.ID)
 	if err != nil {
@@ -474,7 +505,7 @@ func deleteProject(ctx context.Context, tx store.Tx, p *Project) error {
 }
 
 // deleteBudgets deletes an account's budgets that match.
-func deleteBudgets(ctx context.Context, tx store.Tx, accountID string, match func(*store.Budget) bool) error {
+func deleteBudgets(ctx context.Context, tx Tx, accountID string, match func(*store.Budget) bool) error {
 	bs, err := tx.ListBudgets(ctx, accountID)
 	if err != nil {
 		return err
@@ -496,7 +527,7 @@ func (s *Service) CreateFleet(ctx context.Context, accountRef, projectRef string
 	}
 	var f *Fleet
 	n := &note{target: projectRef + "/" + r.Name}
-	err := s.do(ctx, "createFleet", n, func(tx store.Tx) error {
+	err := s.do(ctx, "createFleet", n, func(tx Tx) error {
 		a, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
@@ -511,7 +542,7 @@ func (s *Service) CreateFleet(ctx context.Context, accountRef, projectRef string
 // ListFleets lists a project's fleets.
 func (s *Service) ListFleets(ctx context.Context, accountRef, projectRef string) ([]*Fleet, error) {
 	out := []*Fleet{}
-	err := s.do(ctx, "listFleets", &note{}, func(tx store.Tx) error {
+	err := s.do(ctx, "listFleets", &note{}, func(tx Tx) error {
 		_, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
@@ -526,7 +557,7 @@ func (s *Service) ListFleets(ctx context.Context, accountRef, projectRef string)
 // GetFleet returns a fleet by ID or name.
 func (s *Service) GetFleet(ctx context.Context, accountRef, projectRef, ref string) (*Fleet, error) {
 	var f *Fleet
-	err := s.do(ctx, "getFleet", &note{}, func(tx store.Tx) error {
+	err := s.do(ctx, "getFleet", &note{}, func(tx Tx) error {
 		_, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err == nil {
 			f, err = s.Fleet(ctx, tx, p, ref)
@@ -539,7 +570,7 @@ func (s *Service) GetFleet(ctx context.Context, accountRef, projectRef, ref stri
 // DeleteFleet deletes a fleet with no live sandboxes.
 func (s *Service) DeleteFleet(ctx context.Context, accountRef, projectRef, ref string) error {
 	n := &note{target: projectRef + "/" + ref}
-	return s.do(ctx, "deleteFleet", n, func(tx store.Tx) error {
+	return s.do(ctx, "deleteFleet", n, func(tx Tx) error {
 		a, p, err := s.ProjectIn(ctx, tx, accountRef, projectRef)
 		if err != nil {
 			return err
