@@ -2,6 +2,7 @@ package harebox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -24,7 +25,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	}
 	att, err := e.net.Attach(ctx, rec.ID, policy)
 	if err != nil {
-		return fmt.Errorf("network: %w", err)
+		return bootFailed("the sandbox's network could not be set up", err)
 	}
 	spec := imageSpec(rec.ID, rec.StateDir, img, rec.Size, att)
 	spec.SerialLog, spec.Labels = serialLog(rec.StateDir), map[string]string{"harebox.sandbox": rec.ID}
@@ -57,17 +58,17 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	defer cancel()
 	c, err := b.client(bctx, e)
 	if err != nil {
-		return fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500))
+		return bootFailed("the sandbox's agent does not answer", fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500)))
 	}
 	b.phases.mark("agent")
 	if o != nil {
 		if err := e.newIdentity(bctx, c, att, o.wake); err != nil {
-			return fmt.Errorf("restore: %w", err)
+			return bootFailed("the restored sandbox could not be given its own identity", fmt.Errorf("restore: %w", err))
 		}
 		b.phases.mark("identity")
 	}
 	if err := e.provision(bctx, b, c); err != nil {
-		return fmt.Errorf("boot: %w", err)
+		return bootFailed("the sandbox could not be provisioned", fmt.Errorf("boot: %w", err))
 	}
 	b.phases.mark("provision")
 	// Create stores the running state once the box is registered.
@@ -99,4 +100,20 @@ func (e *Engine) provision(ctx context.Context, b *box, c *agentclient.Client) e
 		return err
 	}
 	return e.guests.Deliver(ctx, b.guest(), guestAgent{c})
+}
+
+// bootFailed gives a failed boot step its kind: unavailable, or timed out
+// past the boot's deadline, never a server fault (500). An error with a
+// kind already keeps it. msg is what the client is told; the cause, which
+// can name host paths, goes to the log.
+func bootFailed(msg string, err error) error {
+	var se *sandbox.Error
+	if errors.As(err, &se) {
+		return fmt.Errorf("%s: %w", msg, err)
+	}
+	kind := sandbox.ErrUnavailable
+	if errors.Is(err, context.DeadlineExceeded) {
+		kind = sandbox.ErrTimeout
+	}
+	return &sandbox.Error{Kind: kind, Msg: msg, Err: err}
 }

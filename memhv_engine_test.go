@@ -15,11 +15,14 @@ import (
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/audit"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/model"
+	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -546,5 +549,52 @@ func TestPluginKilledInFlight(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(dir, "m")); len(ents) != 0 {
 		t.Errorf("machine directories left: %v", ents)
+	}
+}
+
+// unattachable is a host network that cannot set a sandbox up (its
+// address pool is used up, say).
+type unattachable struct{ network.None }
+
+func (unattachable) Attach(context.Context, string, *firewall.Policy) (*network.Attachment, error) {
+	return nil, errors.New("linuxnet: no address left in 10.0.0.0/30")
+}
+
+// TestBootFailuresHaveKinds: a create whose network, hypervisor or agent
+// fails gets an error of a kind (503), never a server fault, and its
+// message names the step, not host paths.
+func TestBootFailuresHaveKinds(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		set  func(*harebox.Options, *memhv.Hypervisor)
+		kind error
+		msg  string
+	}{
+		{"network", func(o *harebox.Options, _ *memhv.Hypervisor) { o.Network = unattachable{} }, sandbox.ErrUnavailable, "the sandbox's network could not be set up"},
+		{"launch", func(_ *harebox.Options, hv *memhv.Hypervisor) {
+			hv.FailNextLaunch(errors.New("qemu: /var/lib/x: boom"))
+		}, sandbox.ErrUnavailable, "the hypervisor failed"},
+		{"agent", func(o *harebox.Options, _ *memhv.Hypervisor) { o.BootTimeout = time.Nanosecond }, sandbox.ErrUnavailable, "the sandbox's agent does not answer"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			hv := memhv.New(memhv.Options{})
+			t.Cleanup(func() { hv.Close() })
+			opts := memhvOptions(t, hv)
+			c.set(&opts, hv)
+			eng, err := harebox.New(ctx, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer eng.Close()
+			_, err = eng.Create(ctx, sandbox.CreateRequest{})
+			var se *sandbox.Error
+			if !errors.Is(err, c.kind) || !errors.As(err, &se) || se.Msg != c.msg {
+				t.Fatalf("create: %v (kind %s), want %q of kind %v", err, model.Code(err), c.msg, c.kind)
+			}
+			if l, _ := eng.List(ctx, sandbox.ListFilter{}); len(l) != 0 {
+				t.Fatalf("the failed create left %+v", l)
+			}
+		})
 	}
 }
