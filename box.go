@@ -1,8 +1,10 @@
 package harebox
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,7 +19,8 @@ import (
 )
 
 // The box: a live sandbox's handle (its record, machine and agent
-// connection, under its own lock), and the engine's table of them.
+// connection, under its own lock), the watcher of its VM's exit beside
+// it, and the engine's table of them.
 
 // box is a live sandbox: its record, its machine and its agent connection.
 type box struct {
@@ -192,4 +195,82 @@ func (e *Engine) record(ctx context.Context, id string) (*store.Sandbox, error) 
 		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
 	}
 	return rec, err
+}
+
+// stopped records that a sandbox's VM is gone and removes its leftovers.
+func (e *Engine) stopped(ctx context.Context, b *box, why string) {
+	e.destroy(ctx, b)
+	b.rec.State, b.rec.Error, b.rec.Kept = sandbox.StateStopped, why, false
+	e.store.PutSandbox(ctx, b.rec)
+}
+
+// watch notices a VM that exits on its own (guest poweroff, crash, OOM
+// kill) and marks its sandbox stopped.
+func (e *Engine) watch(b *box) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		for {
+			err := b.m.Wait(e.ctx)
+			if e.ctx.Err() != nil {
+				return // the engine is closing; the VM keeps running
+			}
+			select {
+			case <-b.deleting:
+				return
+			default:
+			}
+			if err == nil {
+				break
+			}
+			// Wait itself failed (a plugin problem): trust Info, not Wait,
+			// and keep watching while the VM runs.
+			if info, ierr := b.m.Info(e.ctx); ierr == nil && info.State == hypervisor.StateStopped {
+				break
+			}
+			e.log.Warn("watching sandbox VM failed; retrying", "id", b.rec.ID, "err", err)
+			select {
+			case <-e.ctx.Done():
+				return
+			case <-b.deleting:
+				return
+			case <-time.After(5 * time.Second):
+			}
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.rec.State == sandbox.StateDeleted || b.rec.State == sandbox.StateStopped || b.rec.State == sandbox.StateHibernated {
+			return // (a call stopped it)
+		}
+		ctx := context.WithoutCancel(e.ctx)
+		e.log.Warn("sandbox VM exited", "id", b.rec.ID)
+		e.meter.Final(ctx, b.rec)
+		e.release(b.rec.Size)
+		e.stopped(ctx, b, "the VM exited: "+exitReason(consoleTail(b, 16<<10)))
+		e.audit.RecordEvent("engine", b.rec.AccountID, "vmExited", b.rec.ID)
+		e.mu.Lock()
+		delete(e.boxes, b.rec.ID)
+		e.mu.Unlock()
+	}()
+}
+
+// exitReason is what a VM's console says about its end: the kernel's
+// panic line if it panicked (the trace after it ends in register dumps),
+// else its last line.
+func exitReason(console string) string {
+	if i := strings.LastIndex(console, "Kernel panic - "); i >= 0 {
+		line := console[i:]
+		if j := strings.IndexByte(line, '\n'); j >= 0 {
+			line = line[:j]
+		}
+		return strings.TrimSpace(line)
+	}
+	return lastLine(console)
+}
+
+func lastLine(s string) string {
+	if i := bytes.LastIndexByte([]byte(s), '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
 }

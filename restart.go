@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -176,122 +175,6 @@ func (e *Engine) reserveAdopted(res sandbox.Resources) error {
 	return err
 }
 
-// stopped records that a sandbox's VM is gone and removes its leftovers.
-func (e *Engine) stopped(ctx context.Context, b *box, why string) {
-	e.destroy(ctx, b)
-	b.rec.State, b.rec.Error, b.rec.Kept = sandbox.StateStopped, why, false
-	e.store.PutSandbox(ctx, b.rec)
-}
-
-// watch notices a VM that exits on its own (guest poweroff, crash, OOM
-// kill) and marks its sandbox stopped.
-func (e *Engine) watch(b *box) {
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		for {
-			err := b.m.Wait(e.ctx)
-			if e.ctx.Err() != nil {
-				return // the engine is closing; the VM keeps running
-			}
-			select {
-			case <-b.deleting:
-				return
-			default:
-			}
-			if err == nil {
-				break
-			}
-			// Wait itself failed (a plugin problem): trust Info, not Wait,
-			// and keep watching while the VM runs.
-			if info, ierr := b.m.Info(e.ctx); ierr == nil && info.State == hypervisor.StateStopped {
-				break
-			}
-			e.log.Warn("watching sandbox VM failed; retrying", "id", b.rec.ID, "err", err)
-			select {
-			case <-e.ctx.Done():
-				return
-			case <-b.deleting:
-				return
-			case <-time.After(5 * time.Second):
-			}
-		}
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if b.rec.State == sandbox.StateDeleted || b.rec.State == sandbox.StateStopped || b.rec.State == sandbox.StateHibernated {
-			return // (a call stopped it)
-		}
-		ctx := context.WithoutCancel(e.ctx)
-		e.log.Warn("sandbox VM exited", "id", b.rec.ID)
-		e.meter.Final(ctx, b.rec)
-		e.release(b.rec.Size)
-		e.stopped(ctx, b, "the VM exited: "+exitReason(consoleTail(b, 16<<10)))
-		e.audit.RecordEvent("engine", b.rec.AccountID, "vmExited", b.rec.ID)
-		e.mu.Lock()
-		delete(e.boxes, b.rec.ID)
-		e.mu.Unlock()
-	}()
-}
-
-// reapExpired deletes sandboxes whose TTL has passed (expiry is stored, so
-// a sandbox that expired while the engine was down goes at the next start),
-// keeps console logs bounded, and applies history retention every minute.
-func (e *Engine) reapExpired() {
-	defer e.wg.Done()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for tick := 0; ; tick++ {
-		if tick%60 == 0 {
-			// Retention holds across restarts: at start, then each minute.
-			e.purgeRetention(e.ctx)
-			e.reapStopped(e.ctx)
-		}
-		now := time.Now()
-		e.mu.Lock()
-		var due []string
-		for id, b := range e.boxes {
-			if exp := b.rec.ExpiresAt; exp != nil && !exp.After(now) {
-				due = append(due, id)
-			}
-		}
-		e.mu.Unlock()
-		for _, id := range due {
-			e.log.Info("sandbox TTL expired", "id", id)
-			if err := e.Delete(e.ctx, id); err != nil && !errors.Is(err, sandbox.ErrState) {
-				e.log.Warn("TTL delete failed", "id", id, "err", err)
-			}
-		}
-		e.boundSerialLogs()
-		select {
-		case <-e.ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// reapStopped deletes the stopped sandboxes whose TTL has passed (they are
-// not live, so the reaper's every-second look at the live ones misses
-// them).
-func (e *Engine) reapStopped(ctx context.Context) {
-	recs, err := e.store.ListSandboxes(ctx)
-	if err != nil {
-		return
-	}
-	now := time.Now()
-	for _, r := range recs {
-		if e.elsewhere(r) {
-			continue
-		}
-		if (r.State == sandbox.StateStopped || r.State == sandbox.StateHibernated) && r.Kept && r.ExpiresAt != nil && !r.ExpiresAt.After(now) {
-			e.log.Info("stopped sandbox TTL expired", "id", r.ID)
-			if err := e.Delete(ctx, r.ID); err != nil && !errors.Is(err, sandbox.ErrState) {
-				e.log.Warn("TTL delete failed", "id", r.ID, "err", err)
-			}
-		}
-	}
-}
-
 // killStrays SIGKILLs the VMM processes that name dir on their command
 // line, and waits (briefly) until they are gone: a VMM whose handle was
 // never recorded because the engine died right after launching it, or one
@@ -341,25 +224,4 @@ func killVMM(pid int, marker string) bool {
 		}
 	}
 	return true
-}
-
-// exitReason is what a VM's console says about its end: the kernel's
-// panic line if it panicked (the trace after it ends in register dumps),
-// else its last line.
-func exitReason(console string) string {
-	if i := strings.LastIndex(console, "Kernel panic - "); i >= 0 {
-		line := console[i:]
-		if j := strings.IndexByte(line, '\n'); j >= 0 {
-			line = line[:j]
-		}
-		return strings.TrimSpace(line)
-	}
-	return lastLine(console)
-}
-
-func lastLine(s string) string {
-	if i := bytes.LastIndexByte([]byte(s), '\n'); i >= 0 {
-		return s[i+1:]
-	}
-	return s
 }

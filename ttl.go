@@ -1,0 +1,68 @@
+package harebox
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/harebox/harebox/sandbox"
+)
+
+// reapExpired deletes sandboxes whose TTL has passed (expiry is stored, so
+// a sandbox that expired while the engine was down goes at the next start),
+// keeps console logs bounded, and applies history retention every minute.
+func (e *Engine) reapExpired() {
+	defer e.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for tick := 0; ; tick++ {
+		if tick%60 == 0 {
+			// Retention holds across restarts: at start, then each minute.
+			e.purgeRetention(e.ctx)
+			e.reapStopped(e.ctx)
+		}
+		now := time.Now()
+		e.mu.Lock()
+		var due []string
+		for id, b := range e.boxes {
+			if exp := b.rec.ExpiresAt; exp != nil && !exp.After(now) {
+				due = append(due, id)
+			}
+		}
+		e.mu.Unlock()
+		for _, id := range due {
+			e.log.Info("sandbox TTL expired", "id", id)
+			if err := e.Delete(e.ctx, id); err != nil && !errors.Is(err, sandbox.ErrState) {
+				e.log.Warn("TTL delete failed", "id", id, "err", err)
+			}
+		}
+		e.boundSerialLogs()
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reapStopped deletes the stopped sandboxes whose TTL has passed (they are
+// not live, so the reaper's every-second look at the live ones misses
+// them).
+func (e *Engine) reapStopped(ctx context.Context) {
+	recs, err := e.store.ListSandboxes(ctx)
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for _, r := range recs {
+		if e.elsewhere(r) {
+			continue
+		}
+		if (r.State == sandbox.StateStopped || r.State == sandbox.StateHibernated) && r.Kept && r.ExpiresAt != nil && !r.ExpiresAt.After(now) {
+			e.log.Info("stopped sandbox TTL expired", "id", r.ID)
+			if err := e.Delete(ctx, r.ID); err != nil && !errors.Is(err, sandbox.ErrState) {
+				e.log.Warn("TTL delete failed", "id", r.ID, "err", err)
+			}
+		}
+	}
+}
