@@ -28,6 +28,7 @@ import (
 	"github.com/harebox/harebox/budget/meter"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/events"
 	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/history"
@@ -82,6 +83,7 @@ type Engine struct {
 
 	// urlCalls answer the calls on urls, for a principal.
 	urlCalls *ingress.Calls
+	events   *events.Service
 
 	// shared: other hosts share the store (see elsewhere).
 	shared bool
@@ -187,6 +189,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
 	e.budgets.Audit = al
 	e.budgets.Billing = opts.Billing
+	e.events = events.New(events.Options{Log: al, Store: e.store, Budgets: e.budgets, Accounts: e.tenants})
 	e.meter = meter.New(meter.Options{Budgets: e.budgets, Store: e.store, Sandboxes: sandboxView{e}, Traffic: traffic,
 		Interval: opts.MeterInterval, Now: opts.Now, Log: e.log})
 	acc, err := e.tenants.EnsureDefault(ctx)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/harebox/harebox"
 	envs "github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/events"
 	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/hypervisor/hypervisortest"
 	"github.com/harebox/harebox/hypervisor/plugin"
@@ -1214,7 +1215,7 @@ func TestEngineVMExit(t *testing.T) {
 		t.Error("stopped without a reason")
 	}
 	// It is an event, by the engine.
-	evs, _, err := eng.Events(ctx, sandbox.EventQuery{})
+	evs, _, err := eng.Events().List(ctx, events.Query{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.San
 			continue
 		}
 		if (accountID != "" && s.AccountID != accountID) || (projectID != "" && s.ProjectID != projectID) ||
-			(fleetID != "" && s.FleetID != fleetID) || !authz.Visible(p, targetOf(s)) {
+			(fleetID != "" && s.FleetID != fleetID) || !authz.Visible(p, authz.TargetOf(s)) {
 			continue
 		}
 		if f.Match(s) {

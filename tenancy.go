@@ -21,10 +21,6 @@ func (e *Engine) Tenants() *tenant.Service { return e.tenants }
 // Keys manages scoped API keys and authenticates them.
 func (e *Engine) Keys() *apikey.Service { return e.keys }
 
-func targetOf(s *sandbox.Sandbox) authz.Target {
-	return authz.Target{AccountID: s.AccountID, ProjectID: s.ProjectID, SandboxID: s.ID, Labels: s.Labels}
-}
-
 // check authorizes action on sandbox id for the principal in ctx. A
 // sandbox the principal may not see is ErrNotFound, exactly like a missing
 // one. The operator passes without a lookup.
@@ -54,7 +50,7 @@ func (e *Engine) allowed(ctx context.Context, action, id string) error {
 		}
 		s = &rec.Sandbox
 	}
-	if !authz.Visible(p, targetOf(s)) {
+	if !authz.Visible(p, authz.TargetOf(s)) {
 		return sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
 	}
 	return nil
@@ -163,7 +159,7 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequ
 		}
 		rec.Labels = labels
 	}
-	if err := authz.Decide(p, "createSandbox", targetOf(&rec.Sandbox)); err != nil {
+	if err := authz.Decide(p, "createSandbox", authz.TargetOf(&rec.Sandbox)); err != nil {
 		return err
 	}
 	if err := e.meter.Admit(ctx, tx, rec); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/events"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/hypervisor"
@@ -111,6 +112,7 @@ type Domains interface {
 	Monitor() *monitor.Service
 	URLCalls() *ingress.Calls
 	Images() *catalog.Catalog
+	Events() *events.Service
 }
 
 // Control is the engine as a whole: authorization, events, counts and
@@ -118,7 +120,6 @@ type Domains interface {
 type Control interface {
 	Authorize(ctx context.Context, action, id string) error
 	OnSandbox(ctx context.Context, action, id string, call func(context.Context) error) error
-	Events(ctx context.Context, q sandbox.EventQuery) ([]*audit.Entry, int64, error)
 	Stats(ctx context.Context) (monitor.Stats, error)
 	Ready(ctx context.Context) map[string]error
 	Capabilities(ctx context.Context) (hypervisor.Capabilities, error)

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/events"
 )
 
 // eventKeepalive is how often a followed stream with nothing to say sends
@@ -14,7 +14,7 @@ const eventKeepalive = 15 * time.Second
 
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	qv := r.URL.Query()
-	q := sandbox.EventQuery{Account: qv.Get("account")}
+	q := events.Query{Account: qv.Get("account")}
 	if v := qv.Get("after"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
@@ -35,7 +35,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	if !follow {
-		l, next, err := s.eng.Events(ctx, q)
+		l, next, err := s.eng.Events().List(ctx, q)
 		if err != nil {
 			return err
 		}
@@ -44,7 +44,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 	// Errors before the first byte are plain JSON errors; then events.
 	changed := s.eng.Audit().Changed()
-	l, next, err := s.eng.Events(ctx, q)
+	l, next, err := s.eng.Events().List(ctx, q)
 	if err != nil {
 		return err
 	}
@@ -78,7 +78,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 		}
 		q.After = next
 		changed = s.eng.Audit().Changed()
-		if l, next, err = s.eng.Events(ctx, q); err != nil {
+		if l, next, err = s.eng.Events().List(ctx, q); err != nil {
 			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listEvents", err)}))
 		}
 	}

@@ -75,6 +75,11 @@ type Target struct {
 	KeyAncestors []string
 }
 
+// TargetOf is a sandbox as the target of an action on it.
+func TargetOf(s *sandbox.Sandbox) Target {
+	return Target{AccountID: s.AccountID, ProjectID: s.ProjectID, SandboxID: s.ID, Labels: s.Labels}
+}
+
 // Decide reports whether p may do action on t: nil, or an *sandbox.Error of
 // kind ErrForbidden or ErrNotFound.
 func Decide(p Principal, action string, t Target) error {
