@@ -163,15 +163,8 @@ func (c *Client) KillProcess(ctx context.Context, id, procID string, signal int)
 	return c.Do(ctx, http.MethodPost, SandboxPath(id, "/processes/"+url.PathEscape(procID)+"/kill"), nil, map[string]int{"signal": signal}, nil)
 }
 
-// WriteOptions are a file write's options, as the library's.
-type WriteOptions struct {
-	// Mode is the file's permission bits; 0 means 0644.
-	Mode uint32
-	// Owner is "user", "root" or "name:group"; empty means the default user.
-	Owner string
-	// MakeParents creates missing parent directories.
-	MakeParents bool
-}
+// WriteOptions are a file write's options: the library's.
+type WriteOptions = sandbox.WriteOptions
 
 // WriteFile writes r to path in the sandbox (streamed; bounded by the
 // server's file limit).
