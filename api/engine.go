@@ -115,7 +115,7 @@ type Domains interface {
 	Events() *events.Service
 }
 
-// Control is the engine as a whole: authorization, events, counts and
+// Control is the engine as a whole: authorization, counts and
 // readiness.
 type Control interface {
 	Authorize(ctx context.Context, action, id string) error
