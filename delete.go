@@ -9,6 +9,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/internal/mounts"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -101,7 +102,7 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 			m.Cleanup(ctx)
 		}
 	}
-	killStrays(b.rec.StateDir)
+	procs.KillVMMs(b.rec.StateDir)
 	if err := mounts.RemoveAll(b.rec.StateDir); err != nil {
 		errs = append(errs, err)
 	}

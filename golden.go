@@ -15,6 +15,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/mounts"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -200,7 +201,7 @@ func (e *Engine) dropGoldens() {
 		// golden snapshot names the snapshot's disk on its command line
 		// (the backing of its overlay), and lives on.
 		dir := filepath.Join(e.goldenDir(), ent.Name(), goldenMachine)
-		if n := killStrays(dir); n > 0 {
+		if n := procs.KillVMMs(dir); n > 0 {
 			e.log.Warn("stopped a golden machine left running", "dir", dir, "vmms", n)
 		}
 		if err := mounts.RemoveAll(filepath.Dir(dir)); err != nil {

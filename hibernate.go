@@ -11,6 +11,7 @@ import (
 
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -89,7 +90,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	if err := b.m.Cleanup(ctx); err != nil {
 		e.log.Warn("hibernate: cleaning up the VMM's files", "id", id, "err", err)
 	}
-	killStrays(b.rec.StateDir)
+	procs.KillVMMs(b.rec.StateDir)
 	if err := e.net.Detach(ctx, id); err != nil {
 		e.log.Warn("hibernate: cannot give up the sandbox's network", "id", id, "err", err)
 	}
@@ -121,7 +122,7 @@ func (e *Engine) finishHibernate(ctx context.Context, rec *store.Sandbox) {
 		rec.Handle = nil
 		e.store.PutSandbox(ctx, rec)
 	}
-	killStrays(rec.StateDir)
+	procs.KillVMMs(rec.StateDir)
 	os.RemoveAll(rec.StateDir)
 	e.net.Detach(ctx, rec.ID)
 }
@@ -136,7 +137,7 @@ func (e *Engine) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox
 			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s: its hibernation files are gone: %v", id, err)
 		}
 		// What a VMM it had left is in the way of the restore.
-		killStrays(rec.StateDir)
+		procs.KillVMMs(rec.StateDir)
 		os.RemoveAll(rec.StateDir)
 		err := e.boot(ctx, b, img, false, &origin{snap: &store.Snapshot{Dir: dir}, key: b.key, wake: true})
 		if err != nil && b.m != nil {

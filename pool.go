@@ -17,6 +17,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -133,7 +134,7 @@ func (e *Engine) discard(pm *member) {
 	pm.m.Kill(ctx)
 	pm.m.Wait(ctx)
 	pm.m.Cleanup(ctx)
-	killStrays(filepath.Join(e.machinesDir(), pm.id))
+	procs.KillVMMs(filepath.Join(e.machinesDir(), pm.id))
 	e.net.Detach(ctx, pm.id)
 }
 
