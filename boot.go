@@ -8,6 +8,7 @@ import (
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/network"
@@ -62,7 +63,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	}
 	b.phases.mark("agent")
 	if o != nil {
-		if err := e.newIdentity(bctx, c, att, o.wake); err != nil {
+		if err := clone.NewIdentity(bctx, c, att, o.wake); err != nil {
 			return bootFailed("the restored sandbox could not be given its own identity", fmt.Errorf("restore: %w", err))
 		}
 		b.phases.mark("identity")

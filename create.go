@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -83,7 +84,7 @@ type creation struct {
 	// o is the snapshot it restores from (a golden one included), pm the
 	// pool member it claims; without either, it boots.
 	o       *origin
-	pm      *member
+	pm      *clone.Member
 	claimed bool // the box owns pm's machine
 	res     sandbox.Resources
 	imgName string
@@ -145,14 +146,14 @@ func (e *Engine) resolveCreate(_ context.Context, c *creation) (err error) {
 	if c.img, err = e.catalog.Lookup(c.imgName); err != nil {
 		return err
 	}
-	c.pm = e.claimMember(c.img, c.res)
+	c.pm = e.clones.Claim(c.img, c.res)
 	return nil
 }
 
 // unclaimMember stops a claimed member whose machine no box owns yet.
 func (e *Engine) unclaimMember(_ context.Context, c *creation, _ error) {
 	if c.pm != nil && !c.claimed {
-		e.discard(c.pm)
+		e.clones.Discard(c.pm)
 	}
 }
 
@@ -162,7 +163,7 @@ func (e *Engine) reserveCreate(_ context.Context, c *creation) error {
 	if c.pm != nil {
 		return nil
 	}
-	if err := e.reserveEvicting(c.res); err != nil {
+	if err := e.clones.Reserve(c.res); err != nil {
 		return err
 	}
 	if c.o == nil {
@@ -181,7 +182,7 @@ func (e *Engine) admitCreate(ctx context.Context, c *creation) error {
 	now := time.Now().UTC()
 	id := sandbox.NewID()
 	if c.pm != nil {
-		id = c.pm.id
+		id = c.pm.ID
 	}
 	req := &c.req
 	rec := &store.Sandbox{
@@ -281,8 +282,8 @@ func (e *Engine) unmakeBox(ctx context.Context, c *creation, why error) {
 // createKeys gives the sandbox its data key (a claimed member keeps its
 // own: its disk is written under it).
 func (e *Engine) createKeys(ctx context.Context, c *creation) error {
-	if c.pm != nil && c.pm.key != nil {
-		return e.keepKeys(ctx, c.b, c.pm.key, c.pm.console)
+	if c.pm != nil && c.pm.Key != nil {
+		return e.keepKeys(ctx, c.b, c.pm.Key, c.pm.Console)
 	}
 	return e.newDataKey(ctx, c.b)
 }

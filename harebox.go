@@ -26,6 +26,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/budget/meter"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/events"
@@ -76,6 +77,7 @@ type Engine struct {
 	guests  *guestenv.Service
 	history *history.Service
 	catalog *catalog.Catalog
+	clones  *clone.Service
 	monitor *monitor.Service
 	audit   *audit.Log
 	urls    *ingress.Service
@@ -99,15 +101,6 @@ type Engine struct {
 	// snapUse counts the creates restoring from each snapshot; -1 marks
 	// one being deleted.
 	snapUse map[string]int
-	// goldens are the golden snapshots, by image build and size.
-	goldens map[string]*golden
-	// pool holds the idle pool members by image build and size; refill
-	// asks the pool loop to fill it up.
-	pool   map[string][]*member
-	refill chan struct{}
-	// lastClaim is when a member was last claimed (under mu): refills
-	// wait until the pool has been quiet for poolQuiet.
-	lastClaim time.Time
 	// creates sums the creates' timings by how they were served.
 	creates createStats
 	used    sandbox.Resources
@@ -124,8 +117,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, creating: map[string]*store.Sandbox{}, kept: map[string]*store.Sandbox{},
-		pool: map[string][]*member{}, refill: make(chan struct{}, 1)}
+	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, creating: map[string]*store.Sandbox{}, kept: map[string]*store.Sandbox{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -222,6 +214,10 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		e.log.Warn("sandboxes' disks and snapshots are not encrypted: delete is not a crypto-erase", "backend", caps.Name)
 	}
 	e.limit = opts.Capacity.limits(e.log, opts.DataDir)
+	pool, _ := clone.ParsePool(opts.Pool) // (checked by defaults)
+	e.clones = clone.New(e.ctx, clone.Options{Hypervisor: e.hv, Network: e.net, Images: e.catalog, Host: cloneHost{e},
+		Dir: filepath.Join(opts.DataDir, "golden"), Golden: opts.GoldenSnapshots && e.snapshots, Encrypt: e.encrypt, Pool: pool,
+		BootTimeout: opts.BootTimeout, Agent: e.agentOptions(), Step: atStep, Log: e.log})
 	if err := e.registerHost(ctx); err != nil {
 		return nil, err
 	}
@@ -231,7 +227,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.meter.Reconcile(ctx); err != nil {
 		return nil, err
 	}
-	e.dropGoldens() // (a crashed engine's: no key opens them)
+	e.clones.DropGoldens() // (a crashed engine's: no key opens them)
 	if err := e.pruneHibernateDirs(ctx); err != nil {
 		e.log.Warn("hibernation files: prune failed", "err", err)
 	}
@@ -260,9 +256,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		go func() { defer e.wg.Done(); e.monitor.Run(e.ctx, opts.MetricsInterval) }()
 	}
 	if len(opts.Pool) > 0 {
-		entries, _ := parsePool(opts.Pool) // (checked by defaults)
 		e.wg.Add(1)
-		go e.poolLoop(entries)
+		go func() { defer e.wg.Done(); e.clones.Run(e.ctx) }()
 	}
 	if opts.HealthInterval > 0 {
 		e.wg.Add(1)
@@ -341,8 +336,7 @@ func (e *Engine) Site() sandbox.Site { return e.opts.Site }
 func (e *Engine) Close() error {
 	e.cancel()
 	e.wg.Wait()
-	e.drainPool()
-	e.dropGoldens()
+	e.clones.Close()
 	// A last checkpoint: the sandboxes keep running, and the next engine
 	// charges from here.
 	e.meter.SettleAll(context.Background())

@@ -54,7 +54,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	}
 	os.RemoveAll(dir) // (a hibernate that failed before)
 	// The host hangs up first, so that the resumed guest's agent starts a
-	// fresh session at once (see makeGolden).
+	// fresh session at once (see clone.Service.makeGolden).
 	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
 	time.Sleep(time.Second)
 	// Snapshot leaves the machine paused: nothing runs after this point.

@@ -92,17 +92,7 @@ func TestImageGCInUse(t *testing.T) {
 	waitGolden := func(dir string) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			ready := false
-			eng.mu.Lock()
-			for id, g := range eng.goldens {
-				select {
-				case <-g.ready:
-					ready = ready || (g.err == nil && goldenImageDir(id) == dir)
-				default:
-				}
-			}
-			eng.mu.Unlock()
-			if ready {
+			if eng.clones.Ready(dir) {
 				return
 			}
 			if time.Now().After(deadline) {

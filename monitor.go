@@ -67,9 +67,7 @@ func (e *Engine) Stats(ctx context.Context) (monitor.Stats, error) {
 	for _, r := range e.kept {
 		st.Sandboxes[r.State]++ // stopped or hibernated
 	}
-	for _, l := range e.pool {
-		st.Pool += len(l)
-	}
+	st.Pool = e.clones.Idle()
 	e.mu.Unlock()
 	st.Creates = e.creates.snapshot()
 	for _, b := range boxes {

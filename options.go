@@ -9,6 +9,7 @@ import (
 
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
@@ -78,11 +79,12 @@ type Options struct {
 	MeterInterval time.Duration
 	// GoldenSnapshots makes creates restore from a golden snapshot of
 	// their image and size (booted once, in the background, on the first
-	// create of each) instead of booting, once there is one (golden.go).
+	// create of each) instead of booting, once there is one (package
+	// clone).
 	GoldenSnapshots bool
 	// Pool keeps that many sandboxes restored from the golden snapshot
-	// idle and ready for each "IMAGE:PRESET" (pool.go): a create of that
-	// image and size claims one. A pool implies GoldenSnapshots.
+	// idle and ready for each "IMAGE:PRESET" (package clone): a create of
+	// that image and size claims one. A pool implies GoldenSnapshots.
 	Pool map[string]int
 	// MetricsInterval is how often every sandbox created with monitoring
 	// on is sampled (CPU, memory, disk, network, from the host side);
@@ -134,7 +136,7 @@ type Capacity struct {
 }
 
 func (o *Options) defaults() error {
-	if _, err := parsePool(o.Pool); err != nil {
+	if _, err := clone.ParsePool(o.Pool); err != nil {
 		return err
 	}
 	if len(o.Pool) > 0 {

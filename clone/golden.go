@@ -1,4 +1,4 @@
-package harebox
+package clone
 
 import (
 	"context"
@@ -16,32 +16,32 @@ import (
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/mounts"
 	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
 
-// Golden snapshots (Options.GoldenSnapshots). The first create of an image
-// build at a size boots cold, and starts, in the background, a golden
-// boot of that image and size: a machine of no tenant that boots, waits
-// for its agent and for systemd (where there is one) to settle, and is
-// snapshotted under a random key held in memory only, then stopped. Later
-// creates of that image and size restore from it as a fork's clones do,
-// each with its own data key, machine-id, kernel entropy and network, and
-// fall back to a cold boot while there is none. The files are removed at
-// Close and at start: without their key they are of no use. A golden
-// machine a crash left running (the engine died during a golden boot: it
-// has no record, and its key died with the engine) is stopped at start,
-// before its files go.
+// Golden snapshots (the engine's Options.GoldenSnapshots). The first
+// create of an image build at a size boots cold, and starts, in the
+// background, a golden boot of that image and size: a machine of no
+// tenant that boots, waits for its agent and for systemd (where there is
+// one) to settle, and is snapshotted under a random key held in memory
+// only, then stopped. Later creates of that image and size restore from
+// it as a fork's clones do, each with its own data key, machine-id,
+// kernel entropy and network, and fall back to a cold boot while there is
+// none. The files are removed at Close and at start: without their key
+// they are of no use. A golden machine a crash left running (the engine
+// died during a golden boot: it has no record, and its key died with the
+// engine) is stopped at start, before its files go.
 
 // golden is one image build's golden snapshot at one size.
 type golden struct {
-	snap  *store.Snapshot
-	key   []byte
-	ready chan struct{} // closed once built or failed
-	err   error
+	imageDir string
+	snap     *store.Snapshot
+	key      []byte
+	ready    chan struct{} // closed once built or failed
+	err      error
 }
-
-func (e *Engine) goldenDir() string { return filepath.Join(e.opts.DataDir, "golden") }
 
 // goldenMachine is the golden machine's own state directory in its golden
 // directory (beside "snap", the snapshot).
@@ -51,71 +51,85 @@ func goldenID(img images.Image, res sandbox.Resources) string {
 	return fmt.Sprintf("%s|%d|%d|%d", img.Dir, res.VCPUs, res.MemoryMB, res.DiskGB)
 }
 
-// goldenFor returns the ready golden snapshot of img at res, or nil; with
-// none made yet, it starts making one in the background.
-func (e *Engine) goldenFor(img images.Image, res sandbox.Resources) *origin {
-	if !e.opts.GoldenSnapshots || !e.snapshots {
-		return nil
+// Golden returns the ready golden snapshot of img at res and its key, or
+// nil; with none made yet, it starts making one in the background.
+func (s *Service) Golden(img images.Image, res sandbox.Resources) (*store.Snapshot, []byte) {
+	if !s.o.Golden {
+		return nil, nil
 	}
 	id := goldenID(img, res)
-	e.mu.Lock()
-	g := e.goldens[id]
+	s.mu.Lock()
+	g := s.goldens[id]
 	if g == nil {
-		if e.goldens == nil {
-			e.goldens = map[string]*golden{}
-		}
-		g = &golden{ready: make(chan struct{})}
-		e.goldens[id] = g
-		e.wg.Add(1)
+		g = &golden{imageDir: img.Dir, ready: make(chan struct{})}
+		s.goldens[id] = g
+		s.wg.Add(1)
 		go func() {
-			defer e.wg.Done()
-			e.buildGolden(g, img, res)
+			defer s.wg.Done()
+			s.buildGolden(g, img, res)
 		}()
 	}
-	e.mu.Unlock()
+	s.mu.Unlock()
 	select {
 	case <-g.ready:
 		if g.err != nil {
-			return nil
+			return nil, nil
 		}
-		return &origin{snap: g.snap, key: g.key, golden: true, done: func() {}}
+		return g.snap, g.key
 	default:
-		return nil // being made: this create boots
+		return nil, nil // being made: this create boots
 	}
+}
+
+// Ready reports whether a golden snapshot of the image build in imageDir
+// is ready, at any size (without starting one).
+func (s *Service) Ready(imageDir string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.goldens {
+		select {
+		case <-g.ready:
+			if g.err == nil && g.imageDir == imageDir {
+				return true
+			}
+		default:
+		}
+	}
+	return false
 }
 
 // buildGolden boots img at res, lets it settle and snapshots it. A build
 // that fails is not retried until the engine restarts (creates boot).
-func (e *Engine) buildGolden(g *golden, img images.Image, res sandbox.Resources) {
+func (s *Service) buildGolden(g *golden, img images.Image, res sandbox.Resources) {
 	defer close(g.ready)
 	start := time.Now()
-	g.err = e.makeGolden(e.ctx, g, img, res)
+	g.err = s.makeGolden(s.ctx, g, img, res)
 	if errors.Is(g.err, sandbox.ErrCapacity) {
 		// The host was full: a later create tries again.
-		e.mu.Lock()
-		if e.goldens[goldenID(img, res)] == g {
-			delete(e.goldens, goldenID(img, res))
+		s.mu.Lock()
+		if s.goldens[goldenID(img, res)] == g {
+			delete(s.goldens, goldenID(img, res))
 		}
-		e.mu.Unlock()
+		s.mu.Unlock()
 		return
 	}
 	if g.err != nil {
-		e.log.Warn("golden snapshot failed; creates of this image and size boot", "image", img.Name, "size", res, "err", g.err)
+		s.o.Log.Warn("golden snapshot failed; creates of this image and size boot", "image", img.Name, "size", res, "err", g.err)
 		return
 	}
-	e.log.Info("golden snapshot ready", "image", img.Name, "size", res, "took", time.Since(start).Round(time.Millisecond), "bytes", diskUse(g.snap.Dir))
+	s.o.Log.Info("golden snapshot ready", "image", img.Name, "size", res, "took", time.Since(start).Round(time.Millisecond), "bytes", monitor.DiskUse(g.snap.Dir))
 }
 
-func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, res sandbox.Resources) (err error) {
+func (s *Service) makeGolden(ctx context.Context, g *golden, img images.Image, res sandbox.Resources) (err error) {
 	// It holds host capacity while it boots, as a sandbox would.
-	if err := e.reserve(res); err != nil {
+	if err := s.o.Host.Reserve(res); err != nil {
 		return err
 	}
-	defer e.release(res)
+	defer s.o.Host.Release(res)
 	raw := make([]byte, 6)
 	rand.Read(raw)
 	id := "golden-" + hex.EncodeToString(raw)
-	dir := filepath.Join(e.goldenDir(), id)
+	dir := filepath.Join(s.o.Dir, id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -124,33 +138,33 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 			os.RemoveAll(dir)
 		}
 	}()
-	if e.encrypt {
+	if s.o.Encrypt {
 		g.key = make([]byte, hypervisor.KeySize)
 		rand.Read(g.key)
 	}
 	// No traffic at all: nothing it does is anyone's.
-	att, err := e.net.Attach(ctx, id, &firewall.Policy{DefaultOutbound: firewall.Deny})
+	att, err := s.o.Network.Attach(ctx, id, &firewall.Policy{DefaultOutbound: firewall.Deny})
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
-	defer e.net.Detach(context.WithoutCancel(ctx), id)
-	spec := imageSpec(id, filepath.Join(dir, goldenMachine), img, res, att)
+	defer s.o.Network.Detach(context.WithoutCancel(ctx), id)
+	spec := s.o.Host.BootSpec(id, filepath.Join(dir, goldenMachine), img, res, att)
 	spec.Labels, spec.DataKey = map[string]string{"harebox.golden": img.Name}, g.key
-	atStep("golden-launch", dir)
-	m, err := e.hv.Launch(ctx, spec)
+	s.step("golden-launch", dir)
+	m, err := s.o.Hypervisor.Launch(ctx, spec)
 	if err != nil {
 		return fmt.Errorf("launch: %w", err)
 	}
-	atStep("golden-booting", dir)
+	s.step("golden-booting", dir)
 	defer func() {
 		bg := context.WithoutCancel(ctx)
 		m.Kill(bg)
 		m.Wait(bg)
 		m.Cleanup(bg)
 	}()
-	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
+	bctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
 	defer cancel()
-	c, _, err := agentclient.DialReady(bctx, m.AgentEndpoint(), e.agentOptions())
+	c, _, err := agentclient.DialReady(bctx, m.AgentEndpoint(), s.o.Agent)
 	if err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
@@ -161,7 +175,7 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 	if _, err := c.Exec(bctx, agentclient.ExecRequest{Shell: settle, User: "root", Timeout: 2 * time.Minute}, nil); err != nil {
 		return fmt.Errorf("settle: %w", err)
 	}
-	atStep("golden-settled", dir)
+	s.step("golden-settled", dir)
 	// The host hangs up first, and the guest's agent sees it (its port
 	// reads end of file within a few hundred ms) and waits for the next
 	// host: every clone then starts a fresh agent session at once when
@@ -175,11 +189,11 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 	case <-time.After(time.Second):
 	}
 	snapDir := filepath.Join(dir, "snap")
-	atStep("golden-snapshot", snapDir)
+	s.step("golden-snapshot", snapDir)
 	if err := m.Snapshot(ctx, snapDir, g.key); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	atStep("golden-written", dir)
+	s.step("golden-written", dir)
 	g.snap = &store.Snapshot{
 		Snapshot: sandbox.Snapshot{ID: id, Image: img.Name, Size: res, CreatedAt: time.Now().UTC()},
 		Dir:      snapDir, ImageDir: img.Dir,
@@ -188,37 +202,25 @@ func (e *Engine) makeGolden(ctx context.Context, g *golden, img images.Image, re
 	return nil
 }
 
-// dropGoldens removes every golden snapshot's files (at Close, after the
+// DropGoldens removes every golden snapshot's files (at Close, after the
 // builds ended, and at start), and stops any golden machine still running
 // on them: at start, one whose boot the engine died in.
-func (e *Engine) dropGoldens() {
-	e.mu.Lock()
-	e.goldens = nil
-	e.mu.Unlock()
-	ents, _ := os.ReadDir(e.goldenDir())
+func (s *Service) DropGoldens() {
+	s.mu.Lock()
+	s.goldens = map[string]*golden{}
+	s.mu.Unlock()
+	ents, _ := os.ReadDir(s.o.Dir)
 	for _, ent := range ents {
 		// Its own machine directory only: a sandbox restored from the
 		// golden snapshot names the snapshot's disk on its command line
 		// (the backing of its overlay), and lives on.
-		dir := filepath.Join(e.goldenDir(), ent.Name(), goldenMachine)
+		dir := filepath.Join(s.o.Dir, ent.Name(), goldenMachine)
 		if n := procs.KillVMMs(dir); n > 0 {
-			e.log.Warn("stopped a golden machine left running", "dir", dir, "vmms", n)
+			s.o.Log.Warn("stopped a golden machine left running", "dir", dir, "vmms", n)
 		}
 		if err := mounts.RemoveAll(filepath.Dir(dir)); err != nil {
-			e.log.Warn("cannot remove a golden snapshot's files", "dir", filepath.Dir(dir), "err", err)
+			s.o.Log.Warn("cannot remove a golden snapshot's files", "dir", filepath.Dir(dir), "err", err)
 		}
 	}
-	os.RemoveAll(e.goldenDir())
-}
-
-// stepHook, set by tests only (export_test.go), is called at each step of
-// a golden boot and of a pool refill with the directory it concerns: a
-// crash test holds the engine there, or watches that directory, to kill
-// it at that step.
-var stepHook func(step, dir string)
-
-func atStep(step, dir string) {
-	if stepHook != nil {
-		stepHook(step, dir)
-	}
+	os.RemoveAll(s.o.Dir)
 }

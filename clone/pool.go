@@ -1,0 +1,306 @@
+package clone
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"filippo.io/age"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/consolelog"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// The warm pool (the engine's Options.Pool). For each image and size it
+// names, the pool keeps that many sandboxes restored from the golden
+// snapshot, idle and ready: a machine with its sandbox ID, data key,
+// console identity and network (traffic denied) already made, but no
+// record, no tenant and no budget. A create of that image and size claims
+// one: it is placed and admitted as any create (its host capacity passes
+// to it), its keys are stored, its firewall policy is put in force, and
+// the guest gets a new machine-id and fresh entropy before the create
+// returns (the engine does all that). The pool is refilled in the
+// background within admission limits, once a second has passed without a
+// claim (5 s at most), and each member is warmed (it runs a claim's calls
+// and a command once) before it joins. Members are not kept across
+// restarts: at start their leftovers are pruned like any machine without
+// a record, and Close stops them.
+
+// Member is an idle pool sandbox, and what a create that claims it takes
+// over: its sandbox ID, machine, agent connection and keys.
+type Member struct {
+	ID      string
+	Machine hypervisor.Machine
+	Agent   *agentclient.Client
+	Key     []byte              // its data key (nil without crypto-erase)
+	Console *age.X25519Identity // its console identity (nil likewise)
+
+	stateDir string
+	img      images.Image
+	res      sandbox.Resources
+}
+
+// PoolEntry is one image and size the pool keeps warm.
+type PoolEntry struct {
+	Image string
+	Size  sandbox.Resources
+	N     int
+}
+
+// ParsePool reads the engine's Options.Pool: "IMAGE:PRESET" -> count.
+func ParsePool(p map[string]int) ([]PoolEntry, error) {
+	var out []PoolEntry
+	for k, n := range p {
+		img, preset, ok := strings.Cut(k, ":")
+		res, known := sandbox.Presets[preset]
+		if !ok || img == "" || !known || n < 0 || n > 64 {
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "pool", "%q=%d: want IMAGE:PRESET (small, medium or large) = 0 to 64", k, n)
+		}
+		out = append(out, PoolEntry{Image: img, Size: res, N: n})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Image+fmt.Sprint(out[i].Size) < out[j].Image+fmt.Sprint(out[j].Size)
+	})
+	return out, nil
+}
+
+func poolKey(img images.Image, res sandbox.Resources) string { return goldenID(img, res) }
+
+// Claim takes an idle member of img at res out of the pool, or returns
+// nil. Its host capacity passes to the caller, and so does its machine:
+// the caller discards it (Discard) if it does not take it over.
+func (s *Service) Claim(img images.Image, res sandbox.Resources) *Member {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := poolKey(img, res)
+	l := s.pool[k]
+	if len(l) == 0 {
+		return nil
+	}
+	pm := l[0]
+	s.pool[k] = l[1:]
+	s.lastClaim = time.Now()
+	select {
+	case s.refill <- struct{}{}:
+	default:
+	}
+	return pm
+}
+
+// Reserve reserves res on the host, stopping idle members while the host
+// is too full for it: creates come before the pool.
+func (s *Service) Reserve(res sandbox.Resources) error {
+	for {
+		err := s.o.Host.Reserve(res)
+		if err == nil || !errors.Is(err, sandbox.ErrCapacity) {
+			return err
+		}
+		pm := s.takeAny()
+		if pm == nil {
+			return err
+		}
+		s.o.Log.Info("pool: stopping an idle member to make room for a create", "id", pm.ID)
+		s.Discard(pm)
+		s.o.Host.Release(pm.res)
+	}
+}
+
+// takeAny takes an idle member of any image and size out of the pool, or
+// returns nil.
+func (s *Service) takeAny() *Member {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, l := range s.pool {
+		if len(l) > 0 {
+			s.pool[k] = l[1:]
+			return l[0]
+		}
+	}
+	return nil
+}
+
+// Discard stops a member's machine and gives up what it had on the host
+// (not its host capacity: whoever holds it releases that).
+func (s *Service) Discard(pm *Member) {
+	ctx := context.Background()
+	if pm.Agent != nil {
+		pm.Agent.Close()
+	}
+	pm.Machine.Kill(ctx)
+	pm.Machine.Wait(ctx)
+	pm.Machine.Cleanup(ctx)
+	procs.KillVMMs(pm.stateDir)
+	s.o.Network.Detach(ctx, pm.ID)
+}
+
+// Run keeps the pool full until ctx ends: at start, after every claim,
+// and every few seconds (capacity freed, a golden snapshot that became
+// ready).
+func (s *Service) Run(ctx context.Context) {
+	t := time.NewTicker(3 * time.Second)
+	defer t.Stop()
+	for {
+		s.fill(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.refill:
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Service) fill(ctx context.Context) {
+	for _, pe := range s.o.Pool {
+		img, err := s.o.Images.Lookup(pe.Image)
+		if err != nil {
+			continue
+		}
+		snap, key := s.Golden(img, pe.Size) // (started if none: ready later)
+		if snap == nil {
+			continue
+		}
+		for s.waitQuiet(ctx) {
+			s.mu.Lock()
+			have := len(s.pool[poolKey(img, pe.Size)])
+			s.mu.Unlock()
+			if have >= pe.N {
+				break
+			}
+			if err := s.o.Host.Reserve(pe.Size); err != nil {
+				break // full: creates come first
+			}
+			start := time.Now()
+			pm, err := s.newMember(ctx, snap, key, img, pe.Size)
+			if err != nil {
+				s.o.Host.Release(pe.Size)
+				s.o.Log.Warn("pool: making a member failed", "image", img.Name, "err", err)
+				break
+			}
+			s.mu.Lock()
+			k := poolKey(img, pe.Size)
+			s.pool[k] = append(s.pool[k], pm)
+			s.mu.Unlock()
+			s.step("pool-idle", pm.stateDir)
+			s.o.Log.Info("pool member ready", "id", pm.ID, "image", img.Name, "took", time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
+// poolQuiet is how long after a claim the pool waits before restoring
+// members: a restore takes the host's CPUs for a while (under TCG most of
+// a second of both cores), and a claimed sandbox's first commands come
+// first. Under a stream of claims it waits poolQuietMax at most, or it
+// would never refill when it is needed most.
+const (
+	poolQuiet    = time.Second
+	poolQuietMax = 5 * time.Second
+)
+
+// waitQuiet waits until no member was claimed for poolQuiet, or
+// poolQuietMax; false when ctx ends.
+func (s *Service) waitQuiet(ctx context.Context) bool {
+	latest := time.Now().Add(poolQuietMax)
+	for {
+		s.mu.Lock()
+		d := min(time.Until(s.lastClaim.Add(poolQuiet)), time.Until(latest))
+		s.mu.Unlock()
+		if d <= 0 {
+			return ctx.Err() == nil
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+		}
+	}
+}
+
+// newMember restores a machine from the golden snapshot snap (under key)
+// with a new sandbox ID, its own keys and network, and waits for its
+// agent.
+func (s *Service) newMember(ctx context.Context, snap *store.Snapshot, key []byte, img images.Image, res sandbox.Resources) (_ *Member, err error) {
+	pm := &Member{ID: sandbox.NewID(), img: img, res: res}
+	if s.o.Encrypt {
+		pm.Key = make([]byte, hypervisor.KeySize)
+		rand.Read(pm.Key)
+		if pm.Console, err = consolelog.NewIdentity(); err != nil {
+			return nil, err
+		}
+	}
+	att, err := s.o.Network.Attach(ctx, pm.ID, &firewall.Policy{DefaultOutbound: firewall.Deny})
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	spec := s.o.Host.SandboxSpec(pm.ID)
+	spec.DataKey, spec.SnapshotKey = pm.Key, key
+	pm.stateDir = spec.StateDir
+	if pm.Console != nil {
+		spec.ConsoleRecipient = pm.Console.Recipient().String()
+	}
+	if att != nil {
+		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
+	}
+	s.step("pool-restore", pm.stateDir)
+	if pm.Machine, err = s.o.Hypervisor.Restore(ctx, snap.Dir, spec); err != nil {
+		s.o.Network.Detach(context.WithoutCancel(ctx), pm.ID)
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	s.step("pool-restored", pm.stateDir)
+	defer func() {
+		if err != nil {
+			s.Discard(pm)
+		}
+	}()
+	bctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
+	defer cancel()
+	if pm.Agent, _, err = agentclient.DialReady(bctx, pm.Machine.AgentEndpoint(), s.o.Agent); err != nil {
+		return nil, err
+	}
+	// Its own address now; its own machine-id and entropy when claimed.
+	if att != nil && att.Cmdline != "" {
+		if err := pm.Agent.SetNetwork(bctx, att.Cmdline); err != nil {
+			return nil, err
+		}
+	}
+	// Warm it: a restored guest runs every code path cold the first time
+	// (under TCG each is translated again: a claim's reseed and first
+	// command took 120 and 250 ms, warm 20 and 15 ms). A member goes
+	// through a claim's calls once, and gets a machine-id and entropy of
+	// its own on the way (a claim gives it new ones again).
+	if err := NewIdentity(bctx, pm.Agent, nil, false); err != nil {
+		return nil, err
+	}
+	if err := pm.Agent.SyncTime(bctx, time.Now()); err != nil {
+		return nil, err
+	}
+	// (Best effort: an image without a shell is still served.)
+	pm.Agent.Exec(bctx, agentclient.ExecRequest{Argv: []string{"/bin/sh", "-c", "true"}, Timeout: 10 * time.Second}, nil)
+	s.step("pool-warm", pm.stateDir)
+	return pm, nil
+}
+
+// drain stops every idle member and releases its host capacity.
+func (s *Service) drain() {
+	s.mu.Lock()
+	var all []*Member
+	for _, l := range s.pool {
+		all = append(all, l...)
+	}
+	s.pool = map[string][]*Member{}
+	s.mu.Unlock()
+	for _, pm := range all {
+		s.Discard(pm)
+		s.o.Host.Release(pm.res)
+	}
+}

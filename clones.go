@@ -1,0 +1,99 @@
+package harebox
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/harebox/harebox/clone"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/network"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// Golden snapshots and the warm pool are package clone's: a create asks
+// it for a golden snapshot to restore from (goldenFor), or claims an idle
+// member (resolveCreate) and takes its machine over (claimBoot); its
+// reservation goes through the pool, which gives up idle members for it
+// (reserveCreate). The engine gives it the host's capacity and its naming
+// of machines (cloneHost).
+
+// cloneHost implements clone.Host.
+type cloneHost struct{ e *Engine }
+
+func (h cloneHost) Reserve(res sandbox.Resources) error { return h.e.reserve(res) }
+func (h cloneHost) Release(res sandbox.Resources)       { h.e.release(res) }
+
+func (h cloneHost) BootSpec(id, stateDir string, img images.Image, res sandbox.Resources, att *network.Attachment) hypervisor.Spec {
+	return imageSpec(id, stateDir, img, res, att)
+}
+
+func (h cloneHost) SandboxSpec(id string) hypervisor.Spec {
+	dir := filepath.Join(h.e.machinesDir(), id)
+	return hypervisor.Spec{ID: id, StateDir: dir, SerialLog: serialLog(dir), Labels: map[string]string{"harebox.sandbox": id}}
+}
+
+// goldenFor returns the ready golden snapshot of img at res to restore
+// from, or nil (the create boots); with none made yet, one is started.
+func (e *Engine) goldenFor(img images.Image, res sandbox.Resources) *origin {
+	snap, key := e.clones.Golden(img, res)
+	if snap == nil {
+		return nil
+	}
+	return &origin{snap: snap, key: key, golden: true, done: func() {}}
+}
+
+// claimBoot makes a claimed member the sandbox b: b's firewall policy in
+// force, the machine and agent connection taken over, a new machine-id
+// and fresh entropy, the clock, files and CA as a boot gives them.
+func (e *Engine) claimBoot(ctx context.Context, b *box, pm *clone.Member) error {
+	rec := b.rec
+	// The box owns the machine from here: a failure destroys it.
+	b.useMachine(pm.Machine)
+	b.amu.Lock()
+	b.agent = pm.Agent
+	b.amu.Unlock()
+	policy, err := policyOf(rec.Extra[policyKey])
+	if err != nil {
+		return err
+	}
+	// (Its attachment exists: this puts the policy in force.)
+	if _, err := e.net.Attach(ctx, rec.ID, policy); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	h := pm.Machine.Handle()
+	rec.Handle = &h
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return err
+	}
+	b.phases.mark("claim")
+	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
+	defer cancel()
+	c, err := b.client(bctx, e)
+	if err != nil {
+		return err
+	}
+	if err := clone.NewIdentity(bctx, c, nil, false); err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	b.phases.mark("identity")
+	if err := e.provision(bctx, b, c); err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	b.phases.mark("provision")
+	rec.State = sandbox.StateRunning
+	return nil
+}
+
+// stepHook, set by tests only (export_test.go), is called at each step of
+// a golden boot and of a pool refill with the directory it concerns: a
+// crash test holds the engine there, or watches that directory, to kill
+// it at that step.
+var stepHook func(step, dir string)
+
+func atStep(step, dir string) {
+	if stepHook != nil {
+		stepHook(step, dir)
+	}
+}
