@@ -18,7 +18,7 @@ import (
 // boot attaches the network, launches the VM and waits for its agent.
 // With reuse, the machine boots again on the disk it left (Start); with
 // o, it is restored from a snapshot and given its own identity.
-func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool, o *origin) error {
+func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool, o *clone.Origin) error {
 	rec := b.rec
 	policy, err := policyOf(rec.Extra[policyKey])
 	if err != nil {
@@ -36,8 +36,8 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	}
 	var m hypervisor.Machine
 	if o != nil {
-		spec.SnapshotKey = o.key
-		m, err = e.hv.Restore(ctx, o.snap.Dir, spec)
+		spec.SnapshotKey = o.Key
+		m, err = e.hv.Restore(ctx, o.Snap.Dir, spec)
 		if err != nil {
 			return hvErr(fmt.Errorf("restore: %w", err))
 		}
@@ -63,7 +63,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	}
 	b.phases.mark("agent")
 	if o != nil {
-		if err := clone.NewIdentity(bctx, c, att, o.wake); err != nil {
+		if err := clone.NewIdentity(bctx, c, att, o.Wake); err != nil {
 			return bootFailed("the restored sandbox could not be given its own identity", fmt.Errorf("restore: %w", err))
 		}
 		b.phases.mark("identity")

@@ -36,12 +36,12 @@ func (h cloneHost) SandboxSpec(id string) hypervisor.Spec {
 
 // goldenFor returns the ready golden snapshot of img at res to restore
 // from, or nil (the create boots); with none made yet, one is started.
-func (e *Engine) goldenFor(img images.Image, res sandbox.Resources) *origin {
+func (e *Engine) goldenFor(img images.Image, res sandbox.Resources) *clone.Origin {
 	snap, key := e.clones.Golden(img, res)
 	if snap == nil {
 		return nil
 	}
-	return &origin{snap: snap, key: key, golden: true, done: func() {}}
+	return &clone.Origin{Snap: snap, Key: key, Golden: true, Done: func() {}}
 }
 
 // claimBoot makes a claimed member the sandbox b: b's firewall policy in

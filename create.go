@@ -25,12 +25,12 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 	if err := mayCreate(authz.From(ctx)); err != nil {
 		return nil, err
 	}
-	var o *origin
+	var o *clone.Origin
 	if req.Snapshot != "" {
-		if o, err = e.openSnapshot(ctx, &req); err != nil {
+		if o, err = e.snaps.Open(ctx, &req); err != nil {
 			return nil, err
 		}
-		defer o.done()
+		defer o.Done()
 		// (Its files are on the host of the sandbox it was taken of.)
 		if h, err := e.SnapshotElsewhere(ctx, req.Snapshot); err != nil || h != nil {
 			if err != nil {
@@ -49,7 +49,7 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 // audit log's entry of the create commits with its admission (the record,
 // its budgets' reservation); one that fails after that gets a second
 // entry, which says how it failed.
-func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *origin) (_ *sandbox.Sandbox, err error) {
+func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *clone.Origin) (_ *sandbox.Sandbox, err error) {
 	c := &creation{req: req, o: o, phases: newPhases(time.Now())}
 	defer func() {
 		if err != nil {
@@ -83,7 +83,7 @@ type creation struct {
 	req sandbox.CreateRequest
 	// o is the snapshot it restores from (a golden one included), pm the
 	// pool member it claims; without either, it boots.
-	o       *origin
+	o       *clone.Origin
 	pm      *clone.Member
 	claimed bool // the box owns pm's machine
 	res     sandbox.Resources
@@ -137,9 +137,9 @@ func (e *Engine) resolveCreate(_ context.Context, c *creation) (err error) {
 		return err
 	}
 	if o := c.o; o != nil {
-		c.res, c.imgName = o.snap.Size, o.snap.Image
-		if c.img, err = e.imageOf(&store.Sandbox{Sandbox: sandbox.Sandbox{Image: o.snap.Image}, ImageDir: o.snap.ImageDir}); err != nil {
-			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "the image build under snapshot %s is gone: %v", o.snap.ID, err)
+		c.res, c.imgName = o.Snap.Size, o.Snap.Image
+		if c.img, err = e.imageOf(&store.Sandbox{Sandbox: sandbox.Sandbox{Image: o.Snap.Image}, ImageDir: o.Snap.ImageDir}); err != nil {
+			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "the image build under snapshot %s is gone: %v", o.Snap.ID, err)
 		}
 		return nil
 	}
@@ -212,8 +212,8 @@ func (e *Engine) admitCreate(ctx context.Context, c *creation) error {
 		if err := e.place(ctx, tx, req, rec); err != nil {
 			return err
 		}
-		if c.o != nil && !c.o.golden && rec.AccountID != c.o.snap.AccountID {
-			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s belongs to another account", c.o.snap.ID)
+		if c.o != nil && !c.o.Golden && rec.AccountID != c.o.Snap.AccountID {
+			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s belongs to another account", c.o.Snap.ID)
 		}
 		return e.audit.RecordIn(ctx, tx, "createSandbox", rec.AccountID, rec.ID, nil)
 	}); err != nil {
@@ -293,7 +293,7 @@ func (e *Engine) createKeys(ctx context.Context, c *creation) error {
 func (e *Engine) createEnv(ctx context.Context, c *creation) error {
 	vars := c.req.Env
 	if vars == nil && c.o != nil {
-		vars = c.o.env
+		vars = c.o.Env
 	}
 	return e.guests.PrepareEnv(ctx, c.b.guest(), vars)
 }
@@ -342,7 +342,7 @@ func (e *Engine) created(c *creation) *sandbox.Sandbox {
 	case c.pm != nil:
 		e.log.Info("sandbox created from the pool", "id", rec.ID, "name", rec.Name, "image", rec.Image, "took", took.Round(time.Millisecond))
 	case c.o != nil:
-		e.log.Info("sandbox created from a snapshot", "id", rec.ID, "name", rec.Name, "snapshot", c.o.snap.ID, "source", c.o.snap.SandboxID, "took", took.Round(time.Millisecond))
+		e.log.Info("sandbox created from a snapshot", "id", rec.ID, "name", rec.Name, "snapshot", c.o.Snap.ID, "source", c.o.Snap.SandboxID, "took", took.Round(time.Millisecond))
 	default:
 		e.log.Info("sandbox created", "id", rec.ID, "name", rec.Name, "image", rec.Image, "vcpus", rec.Size.VCPUs, "memory_mb", rec.Size.MemoryMB)
 	}

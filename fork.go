@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -37,7 +37,7 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 		return nil, err
 	}
 	sid := sandbox.NewSnapshotID()
-	dir := filepath.Join(e.snapshotsDir(), sid)
+	dir := e.snaps.Dir(sid)
 	var (
 		s      *store.Snapshot
 		key    []byte
@@ -50,7 +50,7 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 			return err
 		}
 		var err error
-		if key, err = snapshotKey(b); err != nil {
+		if key, err = clone.NewKey(b.key != nil); err != nil {
 			return err
 		}
 		if s, err = e.takeSnapshot(context.WithoutCancel(ctx), b, sid, "", dir, key); err != nil {
@@ -66,9 +66,9 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 	// nothing of it once they run, and a crash leaves only its files
 	// (removed at start), which no key opens any more.
 	defer os.RemoveAll(dir)
-	o := &origin{snap: s, key: key, done: func() {}}
+	o := &clone.Origin{Snap: s, Key: key, Done: func() {}}
 	if srcEnv != nil {
-		if err := json.Unmarshal(srcEnv, &o.env); err != nil {
+		if err := json.Unmarshal(srcEnv, &o.Env); err != nil {
 			return nil, fmt.Errorf("sandbox %s: env: %w", id, err)
 		}
 	}

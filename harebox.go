@@ -78,6 +78,7 @@ type Engine struct {
 	history *history.Service
 	catalog *catalog.Catalog
 	clones  *clone.Service
+	snaps   *clone.Snapshots
 	monitor *monitor.Service
 	audit   *audit.Log
 	urls    *ingress.Service
@@ -98,9 +99,6 @@ type Engine struct {
 	mu      sync.Mutex
 	boxes   map[string]*box
 	claimed map[string]bool // names of sandboxes being created
-	// snapUse counts the creates restoring from each snapshot; -1 marks
-	// one being deleted.
-	snapUse map[string]int
 	// creates sums the creates' timings by how they were served.
 	creates createStats
 	used    sandbox.Resources
@@ -218,6 +216,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.clones = clone.New(e.ctx, clone.Options{Hypervisor: e.hv, Network: e.net, Images: e.catalog, Host: cloneHost{e},
 		Dir: filepath.Join(opts.DataDir, "golden"), Golden: opts.GoldenSnapshots && e.snapshots, Encrypt: e.encrypt, Pool: pool,
 		BootTimeout: opts.BootTimeout, Agent: e.agentOptions(), Step: atStep, Log: e.log})
+	e.snaps = clone.NewSnapshots(clone.SnapshotOptions{Store: e.store, Secrets: e.sec, Meter: e.meter, Envs: e.guests, Audit: al,
+		Hosts: snapshotHosts{e}, Dir: filepath.Join(opts.DataDir, "snapshots"), Encrypt: e.encrypt, Log: e.log})
 	if err := e.registerHost(ctx); err != nil {
 		return nil, err
 	}
@@ -231,7 +231,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.pruneHibernateDirs(ctx); err != nil {
 		e.log.Warn("hibernation files: prune failed", "err", err)
 	}
-	if err := e.pruneSnapshotDirs(ctx); err != nil {
+	if err := e.snaps.Prune(ctx); err != nil {
 		e.log.Warn("snapshot directories: prune failed", "err", err)
 	}
 	// What ran while the engine was down is charged, and budgets reached

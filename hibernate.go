@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
@@ -139,7 +140,7 @@ func (e *Engine) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox
 		// What a VMM it had left is in the way of the restore.
 		procs.KillVMMs(rec.StateDir)
 		os.RemoveAll(rec.StateDir)
-		err := e.boot(ctx, b, img, false, &origin{snap: &store.Snapshot{Dir: dir}, key: b.key, wake: true})
+		err := e.boot(ctx, b, img, false, &clone.Origin{Snap: &store.Snapshot{Dir: dir}, Key: b.key, Wake: true})
 		if err != nil && b.m != nil {
 			// The hibernation files stay what it is made from.
 			bg := context.WithoutCancel(ctx)

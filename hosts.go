@@ -244,7 +244,7 @@ func (e *Engine) forgetSnapshotsOf(ctx context.Context, recs []*store.Sandbox) e
 		if of[s.SandboxID] {
 			c := *s
 			c.Dir = "" // (not on this host)
-			errs = append(errs, e.dropSnapshot(ctx, &c))
+			errs = append(errs, e.snaps.Drop(ctx, &c))
 		}
 	}
 	return errors.Join(errs...)

@@ -1,11 +1,15 @@
-// Package clone holds the engine's clone paths that need no sandbox of
-// its own: golden snapshots (one boot of an image at a size, snapshotted
-// for the creates after it to restore from) and the warm pool (machines
-// restored from them, idle until a create claims one). The engine still
-// makes and registers every sandbox: it asks this package for a golden
-// snapshot to restore from, or claims a pool member and takes its machine
-// over. What it needs of the engine is Host: the host's capacity and the
-// engine's naming of machines.
+// Package clone holds the engine's clone paths: the snapshots it keeps
+// (Snapshots: their records, keys and the source's env sealed under
+// them, their files, the creates that restore from each), golden
+// snapshots (one boot of an image at a size, snapshotted for the creates
+// after it to restore from), the warm pool (machines restored from them,
+// idle until a create claims one) and a restored guest's new identity.
+// The engine still takes a sandbox's snapshot, under the sandbox's lock,
+// and makes, admits and registers every sandbox: it opens a snapshot or
+// asks for a golden one to restore from, or claims a pool member and
+// takes its machine over. What the package needs of the engine is Host
+// (the host's capacity and the engine's naming of machines) and Hosts
+// (whether another host has a snapshot's files).
 package clone
 
 import (
