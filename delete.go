@@ -3,10 +3,10 @@ package harebox
 import (
 	"context"
 	"errors"
-	"os"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/internal/mounts"
 	"github.com/harebox/harebox/internal/procs"
@@ -106,7 +106,7 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	if err := mounts.RemoveAll(b.rec.StateDir); err != nil {
 		errs = append(errs, err)
 	}
-	if err := os.RemoveAll(e.hibernateDir(b.rec.ID)); err != nil {
+	if err := e.hibernation.Remove(b.rec.ID); err != nil {
 		errs = append(errs, err)
 	}
 	if err := e.net.Detach(ctx, b.rec.ID); err != nil {

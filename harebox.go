@@ -71,18 +71,19 @@ type Engine struct {
 	// snapshots: the backend snapshots and restores machines.
 	snapshots bool
 
-	tenants *tenant.Service
-	keys    *apikey.Service
-	envs    *env.Service
-	guests  *guestenv.Service
-	history *history.Service
-	catalog *catalog.Catalog
-	clones  *clone.Service
-	snaps   *clone.Snapshots
-	monitor *monitor.Service
-	audit   *audit.Log
-	urls    *ingress.Service
-	hosts   *cluster.Registry
+	tenants     *tenant.Service
+	keys        *apikey.Service
+	envs        *env.Service
+	guests      *guestenv.Service
+	history     *history.Service
+	catalog     *catalog.Catalog
+	clones      *clone.Service
+	snaps       *clone.Snapshots
+	hibernation *clone.Hibernation
+	monitor     *monitor.Service
+	audit       *audit.Log
+	urls        *ingress.Service
+	hosts       *cluster.Registry
 
 	// urlCalls answer the calls on urls, for a principal.
 	urlCalls *ingress.Calls
@@ -218,6 +219,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		BootTimeout: opts.BootTimeout, Agent: e.agentOptions(), Step: atStep, Log: e.log})
 	e.snaps = clone.NewSnapshots(clone.SnapshotOptions{Store: e.store, Secrets: e.sec, Meter: e.meter, Envs: e.guests, Audit: al,
 		Hosts: snapshotHosts{e}, Dir: filepath.Join(opts.DataDir, "snapshots"), Encrypt: e.encrypt, Log: e.log})
+	e.hibernation = clone.NewHibernation(clone.HibernationOptions{Hypervisor: e.hv, Network: e.net, Store: e.store,
+		Dir: filepath.Join(opts.DataDir, "hibernated"), Log: e.log})
 	if err := e.registerHost(ctx); err != nil {
 		return nil, err
 	}
@@ -228,7 +231,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.clones.DropGoldens() // (a crashed engine's: no key opens them)
-	if err := e.pruneHibernateDirs(ctx); err != nil {
+	if err := e.hibernation.Prune(ctx); err != nil {
 		e.log.Warn("hibernation files: prune failed", "err", err)
 	}
 	if err := e.snaps.Prune(ctx); err != nil {

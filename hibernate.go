@@ -2,14 +2,10 @@ package harebox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
@@ -17,18 +13,12 @@ import (
 	"github.com/harebox/harebox/store"
 )
 
-// Hibernation. Hibernate writes a running or paused sandbox's memory,
-// device state and disk into DATA_DIR/hibernated/<id> (a snapshot under
-// its own data key), then stops its VMM and gives up its network: it holds
-// no host RAM and is charged for its disk only. Resume restores it from
-// those files, under the same ID, key and machine-id, on a fresh network
+// Hibernation: Hibernate writes a running or paused sandbox's memory,
+// device state and disk into its hibernation files (clone.Hibernation),
+// then stops its VMM and gives up its network: it holds no host RAM and
+// is charged for its disk only. Resume (wake) restores it from those
+// files, under the same ID, key and machine-id, on a fresh network
 // attachment (the guest's interface is moved to it), and removes them.
-// Nothing of this lives in a process: a hibernated sandbox resumes after
-// hareboxd restarts and after the host reboots.
-
-func (e *Engine) hibernateDir(id string) string {
-	return filepath.Join(e.opts.DataDir, "hibernated", id)
-}
 
 // Hibernate writes a sandbox's memory to disk and frees its host RAM.
 func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
@@ -49,18 +39,16 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 		return nil, err
 	}
 	ctx = context.WithoutCancel(ctx) // a hibernate that started finishes
-	dir := e.hibernateDir(id)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+	if err := e.hibernation.Prepare(id); err != nil {
 		return nil, err
 	}
-	os.RemoveAll(dir) // (a hibernate that failed before)
 	// The host hangs up first, so that the resumed guest's agent starts a
 	// fresh session at once (see clone.Service.makeGolden).
 	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
 	time.Sleep(time.Second)
 	// Snapshot leaves the machine paused: nothing runs after this point.
-	if err := b.m.Snapshot(ctx, dir, b.key); err != nil {
-		os.RemoveAll(dir)
+	size, err := e.hibernation.Write(ctx, b.m, id, b.key)
+	if err != nil {
 		if s, serr := b.m.Info(ctx); serr == nil && s.State == hypervisor.StatePaused && b.rec.State == sandbox.StateRunning {
 			b.m.Resume(ctx)
 		}
@@ -68,15 +56,15 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 		return nil, hvErr(fmt.Errorf("hibernate: %w", err))
 	}
 	// Charged up to now as it ran; from now on, its disk and these files.
-	b.rec.HibernatedBytes = diskUse(dir)
+	b.rec.HibernatedBytes = size
 	e.meter.Transition(ctx, b.rec, sandbox.StateHibernated, false)
 	// The record says hibernated before the VMM goes: an engine that dies
-	// from here on finishes the job (finishHibernate).
+	// from here on finishes the job (clone.Hibernation.Finish).
 	prev := b.rec.State
 	b.rec.State, b.rec.Kept, b.rec.Error = sandbox.StateHibernated, true, ""
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
 		b.rec.State, b.rec.Kept = prev, false
-		os.RemoveAll(dir)
+		e.hibernation.Remove(id)
 		if prev == sandbox.StateRunning {
 			b.m.Resume(ctx)
 		}
@@ -105,42 +93,23 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
 		return nil, err
 	}
-	e.log.Info("sandbox hibernated", "id", id, "bytes", diskUse(dir))
+	e.log.Info("sandbox hibernated", "id", id, "bytes", e.hibernation.Bytes(id))
 	return b.view(), nil
-}
-
-// finishHibernate, at start, stops a VMM that a hibernated sandbox's
-// record still names: one a hibernate did not get to stop, or one a
-// resume had launched when the engine died. Its files stay.
-func (e *Engine) finishHibernate(ctx context.Context, rec *store.Sandbox) {
-	if rec.Handle != nil {
-		e.log.Warn("finishing a hibernate (or a resume) the engine died in", "id", rec.ID)
-		if m, err := e.hv.Attach(ctx, *rec.Handle); err == nil {
-			m.Kill(ctx)
-			m.Wait(ctx)
-			m.Cleanup(ctx)
-		}
-		rec.Handle = nil
-		e.store.PutSandbox(ctx, rec)
-	}
-	procs.KillVMMs(rec.StateDir)
-	os.RemoveAll(rec.StateDir)
-	e.net.Detach(ctx, rec.ID)
 }
 
 // wake resumes a hibernated sandbox: admitted again (host capacity,
 // budgets) as a create is, then restored from its hibernation files.
 func (e *Engine) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox, error) {
 	id := rec.ID
-	dir := e.hibernateDir(id)
 	out, err := e.bringBack(ctx, rec, "resumed", func(b *box, img images.Image) error {
-		if _, err := os.Stat(dir); err != nil {
-			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s: its hibernation files are gone: %v", id, err)
+		o, err := e.hibernation.Origin(id, b.key)
+		if err != nil {
+			return err
 		}
 		// What a VMM it had left is in the way of the restore.
 		procs.KillVMMs(rec.StateDir)
 		os.RemoveAll(rec.StateDir)
-		err := e.boot(ctx, b, img, false, &clone.Origin{Snap: &store.Snapshot{Dir: dir}, Key: b.key, Wake: true})
+		err = e.boot(ctx, b, img, false, o)
 		if err != nil && b.m != nil {
 			// The hibernation files stay what it is made from.
 			bg := context.WithoutCancel(ctx)
@@ -153,29 +122,7 @@ func (e *Engine) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox
 	if err != nil {
 		return nil, err
 	}
-	os.RemoveAll(dir)
+	e.hibernation.Remove(id)
 	e.log.Info("sandbox resumed from hibernation", "id", id)
 	return out, nil
-}
-
-// pruneHibernateDirs removes hibernation files whose sandbox is not
-// hibernated (a hibernate that failed, or that a crash cut short before
-// its record said so).
-func (e *Engine) pruneHibernateDirs(ctx context.Context) error {
-	root := filepath.Join(e.opts.DataDir, "hibernated")
-	ents, err := os.ReadDir(root)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for _, d := range ents {
-		rec, err := e.store.GetSandbox(ctx, d.Name())
-		if errors.Is(err, store.ErrNotFound) || (err == nil && rec.State != sandbox.StateHibernated) {
-			e.log.Info("removing hibernation files of a sandbox that is not hibernated", "id", d.Name())
-			os.RemoveAll(filepath.Join(root, d.Name()))
-		}
-	}
-	return nil
 }

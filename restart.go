@@ -61,7 +61,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 			// Its memory and disk are in its hibernation files; a VMM on its
 			// directory is the one a hibernate (or a resume) left behind
 			// when the engine died.
-			e.finishHibernate(ctx, rec)
+			e.hibernation.Finish(ctx, rec)
 			keep[rec.ID] = true
 			e.kept[rec.ID] = rec
 			continue

@@ -3,13 +3,14 @@
 // them, their files, the creates that restore from each), golden
 // snapshots (one boot of an image at a size, snapshotted for the creates
 // after it to restore from), the warm pool (machines restored from them,
-// idle until a create claims one) and a restored guest's new identity.
-// The engine still takes a sandbox's snapshot, under the sandbox's lock,
-// and makes, admits and registers every sandbox: it opens a snapshot or
-// asks for a golden one to restore from, or claims a pool member and
-// takes its machine over. What the package needs of the engine is Host
-// (the host's capacity and the engine's naming of machines) and Hosts
-// (whether another host has a snapshot's files).
+// idle until a create claims one), a hibernated sandbox's files
+// (Hibernation) and a restored guest's new identity. The engine still
+// takes a sandbox's snapshot and hibernates it, under the sandbox's lock,
+// and makes, admits and registers every sandbox: it opens a snapshot, a
+// golden one or a hibernated sandbox's files to restore from, or claims a
+// pool member and takes its machine over. What the package needs of the
+// engine is Host (the host's capacity and the engine's naming of
+// machines) and Hosts (whether another host has a snapshot's files).
 package clone
 
 import (
