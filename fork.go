@@ -80,20 +80,7 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, forkParallel)
 	for i := range req.Count {
-		creq := sandbox.CreateRequest{
-			Project: s.ProjectID, Fleet: s.Source.FleetID, Environment: s.Source.Environment,
-			ThirdParty: s.Source.ThirdParty, NoEnv: s.Source.NoEnv, Firewall: s.Source.Policy,
-			Monitoring: &s.Source.Monitoring, TTLSeconds: req.TTLSeconds, Labels: mergeLabels(s.Labels, req.Labels),
-		}
-		if creq.NoEnv {
-			creq.Environment = ""
-		}
-		if authz.From(ctx).Operator {
-			creq.AccountID = s.AccountID
-		}
-		if req.Name != "" {
-			creq.Name = fmt.Sprintf("%s-%d", req.Name, i+1)
-		}
+		creq := clone.ForkRequest(s, req, i, authz.From(ctx).Operator)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -127,17 +114,3 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 
 // forkParallel bounds the clones of one fork restored at once.
 const forkParallel = 4
-
-func mergeLabels(a, b map[string]string) map[string]string {
-	if len(a)+len(b) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(a)+len(b))
-	for k, v := range a {
-		out[k] = v
-	}
-	for k, v := range b {
-		out[k] = v
-	}
-	return out
-}

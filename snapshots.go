@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/clone"
-	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -74,24 +72,7 @@ func (e *Engine) takeSnapshot(ctx context.Context, b *box, id, name, dir string,
 		os.RemoveAll(dir)
 		return nil, hvErr(fmt.Errorf("snapshot: %w", err))
 	}
-	r := b.rec
-	s := &store.Snapshot{
-		Snapshot: sandbox.Snapshot{
-			ID: id, Name: name, AccountID: r.AccountID, ProjectID: r.ProjectID, SandboxID: r.ID,
-			Image: r.Image, Size: r.Size, Labels: r.Labels, Bytes: diskUse(dir), CreatedAt: time.Now().UTC(),
-		},
-		Dir: dir, ImageDir: r.ImageDir,
-		Source: store.SnapshotSource{
-			FleetID: r.FleetID, ThirdParty: r.ThirdParty, NoEnv: r.NoEnv, Monitoring: r.Monitoring,
-			Policy: r.Extra[policyKey],
-		},
-	}
-	if r.EnvironmentID != "" {
-		if v, err := guestenv.Version(r); err == nil {
-			s.Source.Environment = r.EnvironmentID + "@" + strconv.Itoa(v)
-		}
-	}
-	return s, nil
+	return clone.Record(b.rec, id, name, dir, b.rec.Extra[policyKey]), nil
 }
 
 // Snapshot takes a snapshot of a running or paused sandbox; a running
