@@ -62,34 +62,49 @@ func TestCrashGoldenPool(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			began := time.Now()
-			v := newEnv(t)
-			ch := startCrashChild(t, v, c.step, max(c.nth, 1), c.hold, c.claim)
-			var claimed string
-			if c.claim {
-				claimed = ch.wait(t, "SANDBOX ")
-			}
-			dir := ch.waitStep(t, c.step, max(c.nth, 1))
-			if !c.hold {
-				// Killed while the VMM is being launched (or restored),
-				// or while the snapshot's memory is being written.
-				waitFor(t, "the step's VMM or snapshot", func() bool {
-					return len(vmmsNaming(dir+"/")) > 0 || fileExists(filepath.Join(dir, "memory"))
-				})
-			}
-			before := qemuNaming(v.dataDir + "/")
-			ch.kill()
-			if c.step == "golden-snapshot" {
-				t.Logf("at the kill the snapshot's memory file had %d bytes, and the snapshot was complete: %v",
-					fileSize(filepath.Join(dir, "memory")), fileExists(filepath.Join(dir, "snapshot.json")))
-			}
-			var left []qproc
-			for _, p := range before {
-				if p.runs() && !p.of(v.dataDir, claimed) {
-					left = append(left, p)
+			var (
+				v            *env
+				claimed, dir string
+				before, left []qproc
+			)
+			for attempt := 1; ; attempt++ {
+				v = newEnv(t)
+				ch := startCrashChild(t, v, c.step, max(c.nth, 1), c.hold, c.claim)
+				claimed = ""
+				if c.claim {
+					claimed = ch.wait(t, "SANDBOX ")
 				}
-			}
-			if len(left) == 0 {
-				t.Fatalf("no VMM of the killed engine ran after the kill (before it: %v): nothing was tested", before)
+				dir = ch.waitStep(t, c.step, max(c.nth, 1))
+				if !c.hold {
+					// Killed while the VMM is being launched (or restored),
+					// or while the snapshot's memory is being written.
+					waitFor(t, "the step's VMM or snapshot", func() bool {
+						return len(vmmsNaming(dir+"/")) > 0 || fileExists(filepath.Join(dir, "memory"))
+					})
+				}
+				before = qemuNaming(v.dataDir + "/")
+				ch.kill()
+				if c.step == "golden-snapshot" {
+					t.Logf("at the kill the snapshot's memory file had %d bytes, and the snapshot was complete: %v",
+						fileSize(filepath.Join(dir, "memory")), fileExists(filepath.Join(dir, "snapshot.json")))
+				}
+				left = nil
+				for _, p := range before {
+					if p.runs() && !p.of(v.dataDir, claimed) {
+						left = append(left, p)
+					}
+				}
+				if len(left) > 0 {
+					break
+				}
+				// A VMM killed in mid-restore can end by itself: its
+				// incoming stream came from the plugin, which dies with
+				// the engine. Then no VMM outlived the kill, and the sweep
+				// is not tested: try again, a few times.
+				if c.hold || attempt == 3 {
+					t.Fatalf("no VMM of the killed engine ran after the kill (before it: %v; attempt %d): nothing was tested", before, attempt)
+				}
+				t.Logf("attempt %d: no VMM outlived the kill at %s (before it: %v); again", attempt, c.step, before)
 			}
 			t.Logf("killed at %s (%s): %d qemu processes outlive it", c.step, dir, len(left))
 
