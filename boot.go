@@ -9,6 +9,7 @@ import (
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/clone"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/network"
@@ -25,7 +26,11 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 		return err
 	}
 	att, err := e.net.Attach(ctx, rec.ID, policy)
-	if err != nil {
+	var fe *firewall.Error
+	switch {
+	case errors.As(err, &fe):
+		return firewall.Invalid(err) // (the policy, refused by the network)
+	case err != nil:
 		return bootFailed("the sandbox's network could not be set up", err)
 	}
 	spec := imageSpec(rec.ID, rec.StateDir, img, rec.Size, att)

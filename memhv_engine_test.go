@@ -560,9 +560,18 @@ func (unattachable) Attach(context.Context, string, *firewall.Policy) (*network.
 	return nil, errors.New("linuxnet: no address left in 10.0.0.0/30")
 }
 
+// refusing is a host network that refuses a sandbox's policy (one that
+// passed the engine's own validation).
+type refusing struct{ network.None }
+
+func (refusing) Attach(context.Context, string, *firewall.Policy) (*network.Attachment, error) {
+	return nil, &firewall.Error{Field: "outbound[0].hosts", Msg: "too many names for this host's resolver"}
+}
+
 // TestBootFailuresHaveKinds: a create whose network, hypervisor or agent
-// fails gets an error of a kind (503), never a server fault, and its
-// message names the step, not host paths.
+// fails gets an error of a kind (503; 400 for a policy the network
+// refuses), never a server fault, and its message names the step, not
+// host paths.
 func TestBootFailuresHaveKinds(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct {
@@ -572,6 +581,7 @@ func TestBootFailuresHaveKinds(t *testing.T) {
 		msg  string
 	}{
 		{"network", func(o *harebox.Options, _ *memhv.Hypervisor) { o.Network = unattachable{} }, sandbox.ErrUnavailable, "the sandbox's network could not be set up"},
+		{"policy", func(o *harebox.Options, _ *memhv.Hypervisor) { o.Network = refusing{} }, sandbox.ErrInvalid, "too many names for this host's resolver"},
 		{"launch", func(_ *harebox.Options, hv *memhv.Hypervisor) {
 			hv.FailNextLaunch(errors.New("qemu: /var/lib/x: boom"))
 		}, sandbox.ErrUnavailable, "the hypervisor failed"},
