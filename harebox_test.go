@@ -1262,7 +1262,10 @@ func TestEnvironmentInGuest(t *testing.T) {
 	r, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{User: "root", TimeoutSeconds: 60, Cmd: `
 echo "env=$MODE $TOKEN $OWN"
 cat /etc/app/app.conf
-sleep 30 & cat /proc/$!/environ | tr '\0' '\n' | grep ^TOKEN=; kill $!
+sleep 30 & pid=$!
+# (Its environ reads empty while it is in execve: wait until it is sleep.)
+i=0; while [ "$(cat /proc/$pid/comm)" != sleep ] && [ $i -lt 10000 ]; do i=$((i+1)); done
+cat /proc/$pid/environ | tr '\0' '\n' | grep ^TOKEN=; kill $pid
 grep -rl "` + secret + `" /etc /root /home /tmp /var 2>/dev/null | head -3
 echo done`})
 	if err != nil {
