@@ -155,28 +155,9 @@ func (e *Engine) agentOptions() agentclient.Options {
 	return agentclient.Options{MaxOutput: e.opts.MaxOutputBytes}
 }
 
-// live returns the live box for id, or nil.
-func (e *Engine) live(id string) *box {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.boxes[id]
-}
-
-// liveBoxes returns the live boxes now, for a loop that must not hold
-// e.mu while it takes each box's lock (the order is box, then engine).
-func (e *Engine) liveBoxes() []*box {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	boxes := make([]*box, 0, len(e.boxes))
-	for _, b := range e.boxes {
-		boxes = append(boxes, b)
-	}
-	return boxes
-}
-
 // liveOrErr returns a live box or the error that explains why there is none.
 func (e *Engine) liveOrErr(ctx context.Context, id string) (*box, error) {
-	if b := e.live(id); b != nil {
+	if b := e.boxes.get(id); b != nil {
 		return b, nil
 	}
 	rec, err := e.record(ctx, id)
@@ -245,12 +226,10 @@ func (e *Engine) watch(b *box) {
 		ctx := context.WithoutCancel(e.ctx)
 		e.log.Warn("sandbox VM exited", "id", b.rec.ID)
 		e.meter.Final(ctx, b.rec)
-		e.release(b.rec.Size)
+		e.capacity.Release(b.rec.Size)
 		e.stopped(ctx, b, "the VM exited: "+exitReason(consoleTail(b, 16<<10)))
 		e.audit.RecordEvent("engine", b.rec.AccountID, "vmExited", b.rec.ID)
-		e.mu.Lock()
-		delete(e.boxes, b.rec.ID)
-		e.mu.Unlock()
+		e.boxes.drop(b.rec.ID, nil)
 	}()
 }
 

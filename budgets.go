@@ -28,7 +28,7 @@ func (e *Engine) Meter() *meter.Service { return e.meter }
 // the round's start, in all, then left to the next round.
 func (s sandboxView) Locked(fn func(rec *store.Sandbox)) {
 	deadline := time.Now().Add(roundLockWait)
-	for _, b := range s.e.liveBoxes() {
+	for _, b := range s.e.boxes.all() {
 		if !b.lockBy(deadline) {
 			continue
 		}
@@ -41,22 +41,12 @@ func (s sandboxView) Locked(fn func(rec *store.Sandbox)) {
 // their placement until they are registered or fail) and of the kept
 // sandboxes (stopped by Stop, or hibernated); the engine writes none once
 // it is there.
-func (s sandboxView) Unboxed() (creating, kept []*store.Sandbox) {
-	s.e.mu.Lock()
-	defer s.e.mu.Unlock()
-	for _, rec := range s.e.creating {
-		creating = append(creating, rec)
-	}
-	for _, rec := range s.e.kept {
-		kept = append(kept, rec)
-	}
-	return creating, kept
-}
+func (s sandboxView) Unboxed() (creating, kept []*store.Sandbox) { return s.e.boxes.unboxed() }
 
 // Matching implements meter.Sandboxes.
 func (s sandboxView) Matching(match func(rec *store.Sandbox) bool) []meter.Live {
 	var out []meter.Live
-	for _, b := range s.e.liveBoxes() {
+	for _, b := range s.e.boxes.all() {
 		if !match(b.rec) {
 			continue
 		}
@@ -69,10 +59,7 @@ func (s sandboxView) Matching(match func(rec *store.Sandbox) bool) []meter.Live 
 }
 
 func (s sandboxView) Here(id string) bool {
-	s.e.mu.Lock()
-	_, kept := s.e.kept[id]
-	s.e.mu.Unlock()
-	return kept || s.e.live(id) != nil
+	return s.e.boxes.isKept(id) || s.e.boxes.get(id) != nil
 }
 
 func (s sandboxView) Elsewhere(rec *store.Sandbox) bool { return s.e.elsewhere(rec) }

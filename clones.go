@@ -22,8 +22,8 @@ import (
 // cloneHost implements clone.Host.
 type cloneHost struct{ e *Engine }
 
-func (h cloneHost) Reserve(res sandbox.Resources) error { return h.e.reserve(res) }
-func (h cloneHost) Release(res sandbox.Resources)       { h.e.release(res) }
+func (h cloneHost) Reserve(res sandbox.Resources) error { return h.e.capacity.Reserve(res) }
+func (h cloneHost) Release(res sandbox.Resources)       { h.e.capacity.Release(res) }
 
 func (h cloneHost) BootSpec(id, stateDir string, img images.Image, res sandbox.Resources, att *network.Attachment) hypervisor.Spec {
 	return imageSpec(id, stateDir, img, res, att)

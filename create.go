@@ -118,7 +118,7 @@ type createStep struct {
 func (e *Engine) createSteps() []createStep {
 	return []createStep{
 		{name: "resolve", phase: "admit", do: e.resolveCreate, undo: e.unclaimMember},
-		{name: "reserve", phase: "admit", do: e.reserveCreate, undo: func(_ context.Context, c *creation, _ error) { e.release(c.res) }},
+		{name: "reserve", phase: "admit", do: e.reserveCreate, undo: func(_ context.Context, c *creation, _ error) { e.capacity.Release(c.res) }},
 		{name: "admit", phase: "admit", do: e.admitCreate, undo: e.unadmit},
 		{name: "name", phase: "admit", do: e.claimCreateName},
 		{name: "box", phase: "admit", do: e.makeBox, undo: e.unmakeBox},
@@ -240,7 +240,7 @@ func (e *Engine) claimCreateName(_ context.Context, c *creation) error {
 	if c.req.Name == "" {
 		return nil
 	}
-	release, err := e.claimName(c.rec.AccountID, c.req.Name)
+	release, err := e.boxes.claimName(c.rec.AccountID, c.req.Name)
 	if err != nil {
 		return err
 	}
@@ -254,16 +254,12 @@ func (e *Engine) claimCreateName(_ context.Context, c *creation) error {
 func (e *Engine) makeBox(_ context.Context, c *creation) error {
 	id := c.rec.ID
 	snap := *c.rec
-	e.mu.Lock()
-	e.creating[id] = &snap
-	e.mu.Unlock()
+	e.boxes.creatingStarts(&snap)
 	b := &box{rec: c.rec, deleting: make(chan struct{}), phases: c.phases}
 	b.mu.Lock()
 	c.b = b
 	c.finally = append(c.finally, func() {
-		e.mu.Lock()
-		delete(e.creating, id) // (registered or failed by now)
-		e.mu.Unlock()
+		e.boxes.creatingEnds(id) // (registered or failed by now)
 	}, b.mu.Unlock)
 	return nil
 }
@@ -319,13 +315,9 @@ func (e *Engine) register(ctx context.Context, c *creation) error {
 	c.took = time.Since(c.phases.began)
 	c.rec.CreatePhases = c.phases.ms
 	c.rec.CreatePhases["total"] = float64(c.took.Microseconds()) / 1000
-	e.mu.Lock()
-	e.boxes[c.rec.ID] = c.b
-	e.mu.Unlock()
+	e.boxes.put(c.b)
 	if err := e.store.PutSandbox(ctx, c.rec); err != nil {
-		e.mu.Lock()
-		delete(e.boxes, c.rec.ID)
-		e.mu.Unlock()
+		e.boxes.drop(c.rec.ID, nil)
 		return err
 	}
 	return nil

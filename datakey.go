@@ -114,7 +114,7 @@ func consoleTail(b *box, n int) string {
 // dataKey returns a sandbox's data key: the live box's, or the stored
 // one; nil for a sandbox without one.
 func (e *Engine) dataKey(ctx context.Context, id string) ([]byte, error) {
-	if b := e.live(id); b != nil && b.key != nil {
+	if b := e.boxes.get(id); b != nil && b.key != nil {
 		return b.key, nil
 	}
 	k, err := secrets.DataKey(ctx, e.sec, guestenv.Scope(id))

@@ -20,7 +20,7 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 	if err := e.check(ctx, "deleteSandbox", id); err != nil {
 		return err
 	}
-	b := e.live(id)
+	b := e.boxes.get(id)
 	if b == nil {
 		rec, err := e.record(ctx, id)
 		if err != nil {
@@ -38,12 +38,7 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 		// box is registered while it goes, so a Start (or a second
 		// Delete) waits for it instead of racing it.
 		nb := &box{rec: rec, deleting: make(chan struct{})}
-		e.mu.Lock()
-		if b = e.boxes[id]; b == nil {
-			b = nb
-			e.boxes[id] = b
-		}
-		e.mu.Unlock()
+		b = e.boxes.putIfAbsent(nb)
 	}
 	b.deletingOnce.Do(func() { close(b.deleting) })
 	b.mu.Lock()
@@ -55,13 +50,10 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 	e.meter.Final(ctx, b.rec)
 	err = e.destroy(ctx, b)
 	if b.rec.State == sandbox.StateRunning || b.rec.State == sandbox.StatePaused {
-		e.release(b.rec.Size)
+		e.capacity.Release(b.rec.Size)
 	}
 	b.rec.State = sandbox.StateDeleted
-	e.mu.Lock()
-	delete(e.boxes, id)
-	delete(e.kept, id)
-	e.mu.Unlock()
+	e.boxes.forget(id)
 	if perr := e.store.PutSandbox(ctx, b.rec); perr != nil {
 		err = errors.Join(err, perr)
 	}

@@ -27,7 +27,7 @@ func (b *box) guest() guestenv.Sandbox {
 // Guest implements guestenv.Sandboxes: what live sandbox id is given, or
 // nil.
 func (s sandboxView) Guest(id string) *guestenv.Guest {
-	if b := s.e.live(id); b != nil {
+	if b := s.e.boxes.get(id); b != nil {
 		return &b.given
 	}
 	return nil

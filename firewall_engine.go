@@ -27,7 +27,7 @@ func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, err
 	if err := e.check(ctx, "getFirewall", id); err != nil {
 		return nil, err
 	}
-	if b := e.live(id); b != nil {
+	if b := e.boxes.get(id); b != nil {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return policyOf(b.rec.Extra[policyKey])

@@ -26,6 +26,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/budget/meter"
+	"github.com/harebox/harebox/capacity"
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
@@ -56,13 +57,7 @@ type Engine struct {
 	sec     secrets.Store
 	budgets *budget.Service
 	meter   *meter.Service
-	// creating holds the records of sandboxes being created (from their
-	// placement until they are registered or fail), for metering.
-	creating map[string]*store.Sandbox
-	// kept holds the records of sandboxes stopped by Stop: their disks
-	// are metered.
-	kept   map[string]*store.Sandbox
-	closer []func() error
+	closer  []func() error
 	// encrypt: the backend encrypts under Spec.DataKey, so every sandbox
 	// gets a data key (crypto-erase).
 	encrypt bool
@@ -95,14 +90,10 @@ type Engine struct {
 	// named, and where records from before tenancy are placed.
 	defaultAcc *tenant.Account
 
-	limit sandbox.Resources // admission limits
-
-	mu      sync.Mutex
-	boxes   map[string]*box
-	claimed map[string]bool // names of sandboxes being created
+	boxes    *table
+	capacity *capacity.Host // what the host's sandboxes reserve
 	// creates sums the creates' timings by how they were served.
 	creates createStats
-	used    sandbox.Resources
 
 	ctx    context.Context // lives until Close
 	cancel context.CancelFunc
@@ -116,7 +107,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, log: opts.Logger, boxes: map[string]*box{}, net: opts.Network, sec: opts.Secrets, creating: map[string]*store.Sandbox{}, kept: map[string]*store.Sandbox{}}
+	e := &Engine{opts: opts, log: opts.Logger, boxes: newTable(), net: opts.Network, sec: opts.Secrets}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -212,7 +203,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if !e.encrypt {
 		e.log.Warn("sandboxes' disks and snapshots are not encrypted: delete is not a crypto-erase", "backend", caps.Name)
 	}
-	e.limit = opts.Capacity.limits(e.log, opts.DataDir)
+	e.capacity = capacity.New(opts.Capacity.Limits(opts.DataDir), e.usedChanged, e.log)
 	pool, _ := clone.ParsePool(opts.Pool) // (checked by defaults)
 	e.clones = clone.New(e.ctx, clone.Options{Hypervisor: e.hv, Network: e.net, Images: e.catalog, Host: cloneHost{e},
 		Dir: filepath.Join(opts.DataDir, "golden"), Golden: opts.GoldenSnapshots && e.snapshots, Encrypt: e.encrypt, Pool: pool,
@@ -346,11 +337,9 @@ func (e *Engine) Close() error {
 	if err := e.audit.Close(context.Background()); err != nil {
 		e.log.Error("audit: cannot sign the last entries", "err", err)
 	}
-	e.mu.Lock()
-	for _, b := range e.boxes {
+	for _, b := range e.boxes.all() {
 		b.closeAgent(sandbox.Errorf(sandbox.ErrUnavailable, "", "the server is shutting down"))
 	}
-	e.mu.Unlock()
 	return e.closeParts()
 }
 

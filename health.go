@@ -39,7 +39,7 @@ func (e *Engine) watchAgents(interval time.Duration) {
 			// interval, whether or not anyone asks /ready.
 			c.Check(e.ctx)
 		}
-		boxes := e.liveBoxes()
+		boxes := e.boxes.all()
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, maxHealthChecks)
 		for _, b := range boxes {

@@ -83,13 +83,10 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	if err := e.net.Detach(ctx, id); err != nil {
 		e.log.Warn("hibernate: cannot give up the sandbox's network", "id", id, "err", err)
 	}
-	e.release(b.rec.Size)
+	e.capacity.Release(b.rec.Size)
 	b.rec.Handle = nil
 	snap := *b.rec
-	e.mu.Lock()
-	delete(e.boxes, id)
-	e.kept[id] = &snap
-	e.mu.Unlock()
+	e.boxes.drop(id, &snap)
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
 		return nil, err
 	}

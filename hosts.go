@@ -45,12 +45,8 @@ func (e *Engine) registerHost(ctx context.Context) error {
 	}
 	reg, err := cluster.Register(ctx, cluster.Options{
 		Store: e.store, Name: name, Site: e.opts.Site.Name, Address: e.opts.Host.Address,
-		Capacity: e.limit, Lease: e.opts.Host.Lease, Log: e.log,
-		Used: func() sandbox.Resources {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			return e.used
-		},
+		Capacity: e.capacity.Limit(), Lease: e.opts.Host.Lease, Log: e.log,
+		Used:    e.capacity.Used,
 		Revived: e.rewriteRecords,
 	})
 	if err != nil {
@@ -88,7 +84,7 @@ func (e *Engine) Hosts(ctx context.Context) ([]*cluster.Host, error) {
 // or nil for a sandbox of this host or one that does not exist (the
 // engine answers for those itself).
 func (e *Engine) Elsewhere(ctx context.Context, id string) (*cluster.Host, error) {
-	if e.live(id) != nil || !sandbox.ValidID(id) {
+	if e.boxes.get(id) != nil || !sandbox.ValidID(id) {
 		return nil, nil
 	}
 	rec, err := e.store.GetSandbox(ctx, id)
@@ -144,7 +140,7 @@ func (e *Engine) notice(topic, payload string) {
 // are: another host marked them lost while this one ran (its lease
 // lapsed: the database was out of reach, or the host stalled).
 func (e *Engine) rewriteRecords(ctx context.Context) {
-	for _, b := range e.liveBoxes() {
+	for _, b := range e.boxes.all() {
 		// (Under its lock: a change that writes it meanwhile is not
 		// overwritten with what it was.)
 		b.mu.Lock()

@@ -26,7 +26,7 @@ func (e *Engine) Monitor() *monitor.Service { return e.monitor }
 // metering round does, then left to the next round.
 func (s sandboxView) Monitored(ctx context.Context, fn func(vm hypervisor.Machine, rec *store.Sandbox)) {
 	deadline := time.Now().Add(roundLockWait)
-	for _, b := range s.e.liveBoxes() {
+	for _, b := range s.e.boxes.all() {
 		if !b.lockBy(deadline) {
 			continue
 		}
@@ -57,18 +57,14 @@ func (e *Engine) Stats(ctx context.Context) (monitor.Stats, error) {
 		return monitor.Stats{}, err
 	}
 	st := monitor.Stats{Sandboxes: map[sandbox.State]int{}}
-	e.mu.Lock()
-	boxes := make([]*box, 0, len(e.boxes))
-	for _, b := range e.boxes {
-		boxes = append(boxes, b)
-	}
-	st.Reserved, st.Limit = e.used, e.limit
-	st.Sandboxes[sandbox.StateCreating] = len(e.creating)
-	for _, r := range e.kept {
+	boxes := e.boxes.all()
+	st.Reserved, st.Limit = e.capacity.Used(), e.capacity.Limit()
+	creating, kept := e.boxes.unboxed()
+	st.Sandboxes[sandbox.StateCreating] = len(creating)
+	for _, r := range kept {
 		st.Sandboxes[r.State]++ // stopped or hibernated
 	}
 	st.Pool = e.clones.Idle()
-	e.mu.Unlock()
 	st.Creates = e.creates.snapshot()
 	for _, b := range boxes {
 		// One in a lifecycle call is counted as busy, not waited for.

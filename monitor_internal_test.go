@@ -36,7 +36,7 @@ func TestSampleWaitsOutShortHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := eng.live(s.ID)
+	b := eng.boxes.get(s.ID)
 	samples := func() int {
 		l, err := eng.store.ListMetrics(ctx, s.ID, time.Time{}, time.Time{}, 100)
 		if err != nil {

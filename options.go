@@ -4,11 +4,11 @@ import (
 	"log/slog"
 	"net/url"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/capacity"
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
@@ -17,7 +17,6 @@ import (
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
-	"golang.org/x/sys/unix"
 )
 
 // Options configure an Engine. The zero value works on one Linux host.
@@ -117,23 +116,7 @@ type Options struct {
 }
 
 // Capacity bounds the resources sandboxes may reserve on this host.
-type Capacity struct {
-	// CPUOvercommit multiplies the host's cores (default 4).
-	CPUOvercommit float64
-	// MemoryOvercommit multiplies the host's memory (default 1: never more
-	// guest memory than the host has, so the host does not swap).
-	MemoryOvercommit float64
-	// ReserveMB is kept for the host itself (default 1024).
-	ReserveMB int
-	// DiskOvercommit multiplies the size of the data directory's filesystem
-	// for the sandboxes' disks (default 1: a guest that fills its disk
-	// cannot fill the host's).
-	DiskOvercommit float64
-	// VCPUs, MemoryMB and DiskGB, when set, replace the computed limits.
-	VCPUs    int
-	MemoryMB int
-	DiskGB   int
-}
+type Capacity = capacity.Options
 
 func (o *Options) defaults() error {
 	if _, err := clone.ParsePool(o.Pool); err != nil {
@@ -198,32 +181,3 @@ func (o *Options) defaults() error {
 }
 
 // limits computes admission limits from the host's size.
-func (c Capacity) limits(log *slog.Logger, dataDir string) sandbox.Resources {
-	if c.CPUOvercommit == 0 {
-		c.CPUOvercommit = 4
-	}
-	if c.MemoryOvercommit == 0 {
-		c.MemoryOvercommit = 1
-	}
-	if c.ReserveMB == 0 {
-		c.ReserveMB = 1024
-	}
-	if c.DiskOvercommit == 0 {
-		c.DiskOvercommit = 1
-	}
-	r := sandbox.Resources{VCPUs: c.VCPUs, MemoryMB: c.MemoryMB, DiskGB: c.DiskGB}
-	if r.DiskGB == 0 {
-		var st unix.Statfs_t
-		if err := unix.Statfs(dataDir, &st); err == nil {
-			r.DiskGB = int(float64(st.Blocks*uint64(st.Bsize)>>30) * c.DiskOvercommit)
-		}
-	}
-	if r.VCPUs == 0 {
-		r.VCPUs = int(float64(runtime.NumCPU()) * c.CPUOvercommit)
-	}
-	if r.MemoryMB == 0 {
-		r.MemoryMB = int(float64(hostMemoryMB())*c.MemoryOvercommit) - c.ReserveMB
-	}
-	log.Info("admission limits", "vcpus", r.VCPUs, "memory_mb", r.MemoryMB, "disk_gb", r.DiskGB)
-	return r
-}

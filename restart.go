@@ -54,7 +54,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 			keep[rec.ID] = rec.Kept
 			if rec.Kept {
 				procs.KillVMMs(rec.StateDir)
-				e.kept[rec.ID] = rec
+				e.boxes.drop(rec.ID, rec)
 			}
 			continue
 		case sandbox.StateHibernated:
@@ -63,7 +63,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 			// when the engine died.
 			e.hibernation.Finish(ctx, rec)
 			keep[rec.ID] = true
-			e.kept[rec.ID] = rec
+			e.boxes.drop(rec.ID, rec)
 			continue
 		case sandbox.StateCreating:
 			e.log.Warn("cleaning up a sandbox whose create was interrupted", "id", rec.ID)
@@ -86,7 +86,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 			rec.State, rec.Handle, rec.Error = sandbox.StateStopped, nil, ""
 			e.store.PutSandbox(ctx, rec)
 			keep[rec.ID] = true
-			e.kept[rec.ID] = rec
+			e.boxes.drop(rec.ID, rec)
 			continue
 		}
 		if errors.Is(err, hypervisor.ErrNotFound) {
@@ -120,7 +120,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if info, err := m.Info(ctx); err == nil && info.State == hypervisor.StatePaused {
 			rec.State = sandbox.StatePaused
 		}
-		if err := e.reserveAdopted(rec.Size); err != nil {
+		if err := e.capacity.Force(rec.Size); err != nil {
 			e.log.Warn("adopted sandbox exceeds the admission limits", "id", rec.ID, "err", err)
 		}
 		if err := e.loadKeys(ctx, b); err != nil {
@@ -133,12 +133,12 @@ func (e *Engine) adopt(ctx context.Context) error {
 			e.log.Warn("cannot load the sandbox's credentials; they are not injected", "id", rec.ID, "err", err)
 		}
 		e.store.PutSandbox(ctx, rec)
-		e.boxes[rec.ID] = b
+		e.boxes.put(b)
 		keep[rec.ID] = true
 		live = append(live, rec.ID)
 		e.log.Info("re-adopted sandbox", "id", rec.ID, "state", rec.State)
 	}
-	for _, b := range e.boxes {
+	for _, b := range e.boxes.all() {
 		e.watch(b)
 	}
 	// Machine directories without a live sandbox are leftovers.
@@ -154,18 +154,4 @@ func (e *Engine) adopt(ctx context.Context) error {
 		}
 	}
 	return e.net.Prune(ctx, live)
-}
-
-// reserveAdopted counts an adopted sandbox; it is already running, so it
-// is admitted even over the limits (which may have been lowered).
-func (e *Engine) reserveAdopted(res sandbox.Resources) error {
-	err := e.reserve(res)
-	if err != nil {
-		e.mu.Lock()
-		e.used.VCPUs += res.VCPUs
-		e.used.MemoryMB += res.MemoryMB
-		e.used.DiskGB += res.DiskGB
-		e.mu.Unlock()
-	}
-	return err
 }

@@ -14,7 +14,7 @@ func (e *Engine) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 	if err := e.check(ctx, "getSandbox", id); err != nil {
 		return nil, err
 	}
-	if b := e.live(id); b != nil {
+	if b := e.boxes.get(id); b != nil {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return b.view(), nil
@@ -74,7 +74,7 @@ func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.San
 	out := []*sandbox.Sandbox{}
 	for _, r := range recs {
 		s := &r.Sandbox
-		if b := e.live(r.ID); b != nil {
+		if b := e.boxes.get(r.ID); b != nil {
 			b.mu.Lock()
 			s = b.view()
 			b.mu.Unlock()
@@ -115,7 +115,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (_ *sandbox.Sandbox, err
 	if err := e.check(ctx, "resumeSandbox", id); err != nil {
 		return nil, err
 	}
-	if e.live(id) == nil {
+	if e.boxes.get(id) == nil {
 		if rec, err := e.record(ctx, id); err == nil && rec.State == sandbox.StateHibernated {
 			return e.wake(ctx, rec)
 		}
@@ -132,7 +132,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (_ *sandbox.Sandbox, err
 	}
 	// The guest clock stood still while paused. Best effort, and outside the
 	// sandbox's lock: a stalling guest must not hold up its lifecycle.
-	if b := e.live(id); b != nil {
+	if b := e.boxes.get(id); b != nil {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		if c, err := b.client(sctx, e); err == nil {

@@ -31,13 +31,8 @@ func serialTail(stateDir string, n int) string {
 
 // boundSerialLogs truncates console logs that grew past the bound.
 func (e *Engine) boundSerialLogs() {
-	e.mu.Lock()
-	dirs := make([]string, 0, len(e.boxes))
-	for _, b := range e.boxes {
-		dirs = append(dirs, b.rec.StateDir)
-	}
-	e.mu.Unlock()
-	for _, d := range dirs {
+	for _, b := range e.boxes.all() {
+		d := b.rec.StateDir
 		if fi, err := os.Stat(serialLog(d)); err == nil && fi.Size() > MaxSerialLogBytes {
 			os.Truncate(serialLog(d), 0)
 		}

@@ -69,13 +69,10 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 	if err := e.net.Detach(ctx, id); err != nil {
 		e.log.Warn("stop: cannot give up the sandbox's network", "id", id, "err", err)
 	}
-	e.release(b.rec.Size)
+	e.capacity.Release(b.rec.Size)
 	b.rec.State, b.rec.Error, b.rec.Kept, b.rec.Handle = sandbox.StateStopped, "", true, nil
 	snap := *b.rec
-	e.mu.Lock()
-	delete(e.boxes, id)
-	e.kept[id] = &snap
-	e.mu.Unlock()
+	e.boxes.drop(id, &snap)
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
 		return nil, err
 	}
@@ -120,7 +117,7 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 	if err != nil {
 		return nil, err
 	}
-	if err := e.reserve(rec.Size); err != nil {
+	if err := e.capacity.Reserve(rec.Size); err != nil {
 		return nil, err
 	}
 	b := &box{rec: rec, deleting: make(chan struct{})}
@@ -130,25 +127,18 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 	// registered while it boots. Its record keeps its state until it runs
 	// (boot stores the new handle): an engine that dies meanwhile finds it
 	// kept, and stops the VMM it had launched.
-	e.mu.Lock()
-	if e.boxes[id] != nil {
-		e.mu.Unlock()
-		e.release(rec.Size)
+	prev, ok := e.boxes.take(b)
+	if !ok {
+		e.capacity.Release(rec.Size)
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being %s", id, verb)
 	}
-	e.boxes[id] = b
-	prev := e.kept[id]
-	delete(e.kept, id)
-	e.mu.Unlock()
 	// A Delete may have finished between the record read and the claim.
 	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != from || !cur.Kept {
-		e.mu.Lock()
-		delete(e.boxes, id)
-		if prev != nil && err == nil && cur.State == from {
-			e.kept[id] = prev
+		if err != nil || cur.State != from {
+			prev = nil
 		}
-		e.mu.Unlock()
-		e.release(rec.Size)
+		e.boxes.drop(id, prev)
+		e.capacity.Release(rec.Size)
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer %s", id, from)
 	}
 	// What it kept is charged up to now; it is admitted afresh.
@@ -163,16 +153,13 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 		b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s did not start", id))
 		e.meter.Final(bg, b.rec)
 		e.net.Detach(bg, id)
-		e.release(rec.Size)
+		e.capacity.Release(rec.Size)
 		rec.State, rec.Handle, rec.Kept = from, nil, true
 		e.store.PutSandbox(bg, rec)
 		// Kept again: what it keeps is metered again, from a fresh
 		// reservation.
 		snap := *rec
-		e.mu.Lock()
-		delete(e.boxes, id)
-		e.kept[id] = &snap
-		e.mu.Unlock()
+		e.boxes.drop(id, &snap)
 		e.meter.Keep(bg, rec, from)
 		return nil, err
 	}

@@ -40,7 +40,7 @@ func (e *Engine) allowed(ctx context.Context, action, id string) error {
 		return err
 	}
 	var s *sandbox.Sandbox
-	if b := e.live(id); b != nil {
+	if b := e.boxes.get(id); b != nil {
 		// Tenancy fields never change after create: no lock needed.
 		s = &b.rec.Sandbox
 	} else {
@@ -60,7 +60,7 @@ func (e *Engine) allowed(ctx context.Context, action, id string) error {
 // are there): a get reads its record, anything else goes to its host (a
 // REST server forwards it there).
 func (e *Engine) here(ctx context.Context, action, id string) error {
-	if !e.shared || action == "getSandbox" || e.live(id) != nil {
+	if !e.shared || action == "getSandbox" || e.boxes.get(id) != nil {
 		return nil
 	}
 	rec, err := e.store.GetSandbox(ctx, id)
@@ -86,7 +86,7 @@ func (e *Engine) Authorize(ctx context.Context, action, id string) (err error) {
 	if err := e.check(ctx, action, id); err != nil {
 		return err
 	}
-	if e.live(id) == nil {
+	if e.boxes.get(id) == nil {
 		_, err := e.record(ctx, id)
 		return err
 	}
@@ -191,7 +191,7 @@ func (e *Engine) audited(ctx context.Context, action, id string, err *error) {
 // accountOf is the account of sandbox id for its audit entries ("" when
 // there is no such sandbox).
 func (e *Engine) accountOf(ctx context.Context, id string) string {
-	if b := e.live(id); b != nil {
+	if b := e.boxes.get(id); b != nil {
 		return b.rec.AccountID
 	}
 	if rec, err := e.store.GetSandbox(ctx, id); err == nil && sandbox.ValidID(id) {
@@ -209,7 +209,7 @@ func (e *Engine) OnSandbox(ctx context.Context, action, id string, call func(con
 	if err := e.check(ctx, action, id); err != nil {
 		return err
 	}
-	if _, err := e.record(ctx, id); err != nil && e.live(id) == nil {
+	if _, err := e.record(ctx, id); err != nil && e.boxes.get(id) == nil {
 		return err
 	}
 	return call(ctx)

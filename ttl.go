@@ -22,14 +22,12 @@ func (e *Engine) reapExpired() {
 			e.reapStopped(e.ctx)
 		}
 		now := time.Now()
-		e.mu.Lock()
 		var due []string
-		for id, b := range e.boxes {
+		for _, b := range e.boxes.all() {
 			if exp := b.rec.ExpiresAt; exp != nil && !exp.After(now) {
-				due = append(due, id)
+				due = append(due, b.rec.ID)
 			}
 		}
-		e.mu.Unlock()
 		for _, id := range due {
 			e.log.Info("sandbox TTL expired", "id", id)
 			if err := e.Delete(e.ctx, id); err != nil && !errors.Is(err, sandbox.ErrState) {
