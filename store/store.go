@@ -26,11 +26,14 @@ import (
 	"github.com/harebox/harebox/sandbox"
 )
 
-// ErrNotFound is returned for a missing record.
-var ErrNotFound = errors.New("store: not found")
+// ErrNotFound is returned for a missing record. It is of the kind
+// sandbox.ErrNotFound: a miss that no caller words otherwise reaches the
+// API as a 404, not a 500.
+var ErrNotFound error = &sandbox.Error{Kind: sandbox.ErrNotFound, Msg: "store: not found"}
 
-// ErrConflict is returned when a unique name is taken.
-var ErrConflict = errors.New("store: conflict")
+// ErrConflict is returned when a unique name is taken; it is of the kind
+// sandbox.ErrExists.
+var ErrConflict error = &sandbox.Error{Kind: sandbox.ErrExists, Msg: "store: conflict"}
 
 // errRetry marks an error of a statement that lost a race with another
 // transaction where PostgreSQL does not say so itself (a unique key taken

@@ -16,6 +16,7 @@ import (
 
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -88,6 +89,9 @@ func roundTripAndReopen(t *testing.T, s store.Store, reopen func() store.Store) 
 	}
 	if _, err := s.GetSandbox(ctx, a.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("get deleted: %v", err)
+	} else if model.Code(err) != "not_found" {
+		// A miss no caller words otherwise is a 404, not an internal error.
+		t.Fatalf("a miss is of kind %q, want not_found", model.Code(err))
 	}
 	if err := s.DeleteSandbox(ctx, a.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("delete twice: %v", err)
@@ -127,7 +131,7 @@ func updateAndTenancy(t *testing.T, s store.Store, _ func() store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutAccount(ctx, &store.Account{ID: "acc_2", Name: "a", CreatedAt: now}); !errors.Is(err, store.ErrConflict) {
+	if err := s.PutAccount(ctx, &store.Account{ID: "acc_2", Name: "a", CreatedAt: now}); !errors.Is(err, store.ErrConflict) || !errors.Is(err, model.ErrExists) {
 		t.Fatalf("a second account named a: %v", err)
 	}
 	if err := s.PutProject(ctx, &store.Project{ID: "prj_2", AccountID: "acc_1", Name: "web", CreatedAt: now}); !errors.Is(err, store.ErrConflict) {
