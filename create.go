@@ -10,6 +10,7 @@ import (
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
 )
 
 // Create boots a new sandbox and returns it once its agent answers.
@@ -22,7 +23,7 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 	}()
 	// Rights first: a key that may not create learns nothing from the
 	// request's validation (which images exist, ...).
-	if err := mayCreate(authz.From(ctx)); err != nil {
+	if err := tenant.MayCreate(authz.From(ctx)); err != nil {
 		return nil, err
 	}
 	var o *clone.Origin

@@ -11,6 +11,7 @@ import (
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
 )
 
 // Fork makes req.Count new sandboxes from a running or paused sandbox: one
@@ -23,7 +24,7 @@ func (e *Engine) Fork(ctx context.Context, id string, req sandbox.ForkRequest) (
 	}
 	// The clones are creates: the caller must be allowed those too
 	// (checked again, with their place, as each is admitted).
-	if err := mayCreate(authz.From(ctx)); err != nil {
+	if err := tenant.MayCreate(authz.From(ctx)); err != nil {
 		return nil, err
 	}
 	if err := sandbox.Validate(&req); err != nil {

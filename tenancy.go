@@ -2,8 +2,6 @@ package harebox
 
 import (
 	"context"
-	"fmt"
-	"maps"
 
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/audit"
@@ -93,73 +91,15 @@ func (e *Engine) Authorize(ctx context.Context, action, id string) (err error) {
 	return nil
 }
 
-// mayCreate says whether p may create sandboxes at all.
-func mayCreate(p authz.Principal) error {
-	if err := authz.Allowed(p, "createSandbox"); err != nil {
-		return err
-	}
-	if len(p.Scope.Sandboxes) > 0 {
-		return sandbox.Errorf(sandbox.ErrForbidden, "", "this API key is limited to some sandboxes; it cannot create new ones")
-	}
-	return nil
-}
-
-// place puts a new sandbox's record in its account, project and fleet for
-// the principal in ctx, in tx: a project deleted at the same time either
-// sees the sandbox or the sandbox does not get the project. A key's labels
-// are forced on the sandboxes it creates.
+// place puts a new sandbox's record in its account, project and fleet
+// (tenant.Place), pins its environment and admits it against its budgets,
+// all in tx, the create's transaction.
 func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequest, rec *store.Sandbox) error {
-	p := authz.From(ctx)
-	if err := mayCreate(p); err != nil {
-		return err
-	}
-	ref := req.Project
-	if ref == "" && len(p.Scope.Projects) == 1 {
-		ref = p.Scope.Projects[0]
-	}
-	acc, proj, err := e.tenants.ProjectIn(ctx, tx, req.AccountID, ref)
+	proj, err := e.tenants.Place(ctx, tx, req, rec)
 	if err != nil {
-		field := "project"
-		if acc == nil {
-			field = "account_id"
-		}
-		return sandbox.Errorf(sandbox.ErrInvalid, field, "%v", err)
-	}
-	rec.AccountID, rec.ProjectID, rec.Project = acc.ID, proj.ID, proj.Name
-	if p.KeyID != "" {
-		k, err := tx.GetKey(ctx, p.KeyID)
-		if err != nil {
-			return err
-		}
-		rec.KeyID, rec.KeyAncestors = k.ID, k.Ancestors
+		return err
 	}
 	if err := e.guests.Pin(ctx, tx, req, proj, rec); err != nil {
-		return err
-	}
-	if req.Fleet != "" {
-		f, err := e.tenants.Fleet(ctx, tx, proj, req.Fleet)
-		if err != nil {
-			return sandbox.Errorf(sandbox.ErrInvalid, "fleet", "%v", err)
-		}
-		rec.FleetID, rec.Fleet = f.ID, f.Name
-	}
-	if len(p.Scope.Labels) > 0 {
-		labels := maps.Clone(rec.Labels)
-		if labels == nil {
-			labels = map[string]string{}
-		}
-		for k, v := range p.Scope.Labels {
-			if got, ok := labels[k]; ok && got != v {
-				return sandbox.Errorf(sandbox.ErrInvalid, fmt.Sprintf("labels[%s]", k), "this API key creates sandboxes with %s=%s", k, v)
-			}
-			labels[k] = v
-		}
-		if len(labels) > 32 {
-			return sandbox.Errorf(sandbox.ErrInvalid, "labels", "at most 32 labels, with the key's own")
-		}
-		rec.Labels = labels
-	}
-	if err := authz.Decide(p, "createSandbox", authz.TargetOf(&rec.Sandbox)); err != nil {
 		return err
 	}
 	if err := e.meter.Admit(ctx, tx, rec); err != nil {
