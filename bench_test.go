@@ -286,7 +286,7 @@ func BenchmarkFork(b *testing.B) {
 		cold += time.Since(start)
 
 		start = time.Now()
-		clones, err := eng.Fork(ctx, src.ID, sandbox.ForkRequest{})
+		clones, err := eng.Snapshots().Fork(ctx, src.ID, sandbox.ForkRequest{})
 		if err != nil {
 			b.Fatal(err)
 		}

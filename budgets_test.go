@@ -843,17 +843,17 @@ func TestBudgetSnapshotStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	tight := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 1, Action: budget.DenyNew})
-	if _, err := eng.Snapshot(ctx, s.ID, sandbox.SnapshotRequest{}); !errors.Is(err, sandbox.ErrBudget) {
+	if _, err := eng.Snapshots().Take(ctx, s.ID, sandbox.SnapshotRequest{}); !errors.Is(err, sandbox.ErrBudget) {
 		t.Fatalf("a snapshot past the budget: %v", err)
 	}
-	if l, _ := eng.ListSnapshots(ctx, ""); len(l) != 0 {
+	if l, _ := eng.Snapshots().List(ctx, ""); len(l) != 0 {
 		t.Fatalf("a refused snapshot was kept: %+v", l)
 	}
 	if err := eng.Budgets().Delete(ctx, tight.ID); err != nil {
 		t.Fatal(err)
 	}
 	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 1_000_000 * dollar, Action: budget.Notify})
-	snap, err := eng.Snapshot(ctx, s.ID, sandbox.SnapshotRequest{})
+	snap, err := eng.Snapshots().Take(ctx, s.ID, sandbox.SnapshotRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -865,7 +865,7 @@ func TestBudgetSnapshotStorage(t *testing.T) {
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Spent != perHour {
 		t.Errorf("after an hour of a %d-byte snapshot: spent %s, want %s", snap.Bytes, got.Spent, perHour)
 	}
-	if err := eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+	if err := eng.Snapshots().Delete(ctx, snap.ID); err != nil {
 		t.Fatal(err)
 	}
 	clk.advance(time.Hour)

@@ -209,7 +209,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		Dir: filepath.Join(opts.DataDir, "golden"), Golden: opts.GoldenSnapshots && e.snapshots, Encrypt: e.encrypt, Pool: pool,
 		BootTimeout: opts.BootTimeout, Agent: e.agentOptions(), Step: atStep, Log: e.log})
 	e.snaps = clone.NewSnapshots(clone.SnapshotOptions{Store: e.store, Secrets: e.sec, Meter: e.meter, Envs: e.guests, Audit: al,
-		Hosts: snapshotHosts{e}, Dir: filepath.Join(opts.DataDir, "snapshots"), Encrypt: e.encrypt, Log: e.log})
+		Hosts: snapshotSources{e}, Sources: snapshotSources{e}, Capable: e.snapshots, Dir: filepath.Join(opts.DataDir, "snapshots"),
+		Encrypt: e.encrypt, Log: e.log})
 	e.hibernation = clone.NewHibernation(clone.HibernationOptions{Hypervisor: e.hv, Network: e.net, Store: e.store,
 		Dir: filepath.Join(opts.DataDir, "hibernated"), Log: e.log})
 	if err := e.registerHost(ctx); err != nil {

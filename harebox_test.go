@@ -1122,7 +1122,7 @@ print(len(certs) > 100, ssl.PEM_cert_to_DER_cert(open("/etc/harebox/ca.pem").rea
 		}
 		// A snapshot's files (memory, disk writes) are under the data dir
 		// too, and under a key.
-		snap, err := eng.Snapshot(ctx, box.ID, sandbox.SnapshotRequest{Name: "canary"})
+		snap, err := eng.Snapshots().Take(ctx, box.ID, sandbox.SnapshotRequest{Name: "canary"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1157,7 +1157,7 @@ print(len(certs) > 100, ssl.PEM_cert_to_DER_cert(open("/etc/harebox/ca.pem").rea
 		if err != nil {
 			t.Fatal("the snapshot has no key:", err)
 		}
-		if err := eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+		if err := eng.Snapshots().Delete(ctx, snap.ID); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := db.GetSecret(ctx, "snapshot/"+snap.ID, secrets.DataKeyName); !errors.Is(err, store.ErrNotFound) {

@@ -35,7 +35,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	if err := sandbox.CanTransition(b.rec.State, sandbox.StateHibernated); err != nil {
 		return nil, err
 	}
-	if err := e.mayClone(b); err != nil {
+	if err := e.snaps.MayTake(b.rec); err != nil {
 		return nil, err
 	}
 	ctx = context.WithoutCancel(ctx) // a hibernate that started finishes

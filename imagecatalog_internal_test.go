@@ -110,7 +110,7 @@ func TestImageGCInUse(t *testing.T) {
 	}
 	snapshot := func(id string) *sandbox.Snapshot {
 		t.Helper()
-		s, err := eng.Snapshot(ctx, id, sandbox.SnapshotRequest{})
+		s, err := eng.Snapshots().Take(ctx, id, sandbox.SnapshotRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +124,7 @@ func TestImageGCInUse(t *testing.T) {
 	}
 	delSnap := func(id string) {
 		t.Helper()
-		if err := eng.DeleteSnapshot(ctx, id); err != nil {
+		if err := eng.Snapshots().Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 	}

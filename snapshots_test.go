@@ -64,16 +64,16 @@ func TestSnapshotsAndFork(t *testing.T) {
 	}
 	launched++
 	var se *sandbox.Error
-	if _, err := eng.Fork(ctx, noSnaps.ID, sandbox.ForkRequest{}); !errors.As(err, &se) || se.Kind != sandbox.ErrInvalid || se.Field != "snapshots" {
+	if _, err := eng.Snapshots().Fork(ctx, noSnaps.ID, sandbox.ForkRequest{}); !errors.As(err, &se) || se.Kind != sandbox.ErrInvalid || se.Field != "snapshots" {
 		t.Errorf("fork of a sandbox with snapshots off: %v", err)
 	}
-	if _, err := eng.Snapshot(ctx, noSnaps.ID, sandbox.SnapshotRequest{}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := eng.Snapshots().Take(ctx, noSnaps.ID, sandbox.SnapshotRequest{}); !errors.Is(err, sandbox.ErrInvalid) {
 		t.Errorf("snapshot of a sandbox with snapshots off: %v", err)
 	}
-	if _, err := eng.Fork(ctx, src.ID, sandbox.ForkRequest{Count: sandbox.MaxFork + 1}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := eng.Snapshots().Fork(ctx, src.ID, sandbox.ForkRequest{Count: sandbox.MaxFork + 1}); !errors.Is(err, sandbox.ErrInvalid) {
 		t.Errorf("fork of %d: %v", sandbox.MaxFork+1, err)
 	}
-	if _, err := eng.Snapshot(ctx, src.ID, sandbox.SnapshotRequest{Name: "Not A Name"}); !errors.Is(err, sandbox.ErrInvalid) {
+	if _, err := eng.Snapshots().Take(ctx, src.ID, sandbox.SnapshotRequest{Name: "Not A Name"}); !errors.Is(err, sandbox.ErrInvalid) {
 		t.Errorf("snapshot with a bad name: %v", err)
 	}
 	if _, err := eng.Create(ctx, sandbox.CreateRequest{Snapshot: "snap_01jzzzzzzzzzzzzzzzzzzzzzzz"}); !errors.Is(err, sandbox.ErrNotFound) {
@@ -92,7 +92,7 @@ func TestSnapshotsAndFork(t *testing.T) {
 	if _, err := eng.SetFirewall(ctx, src.ID, policy); err != nil {
 		t.Fatal(err)
 	}
-	clones, err := eng.Fork(ctx, src.ID, sandbox.ForkRequest{Count: 2, Name: "kid", Labels: map[string]string{"fork": "yes"}})
+	clones, err := eng.Snapshots().Fork(ctx, src.ID, sandbox.ForkRequest{Count: 2, Name: "kid", Labels: map[string]string{"fork": "yes"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestSnapshotsAndFork(t *testing.T) {
 		}
 	}
 	// A clone forks like any sandbox.
-	grand, err := eng.Fork(ctx, clones[0].ID, sandbox.ForkRequest{})
+	grand, err := eng.Snapshots().Fork(ctx, clones[0].ID, sandbox.ForkRequest{})
 	if err != nil {
 		t.Fatal("fork of a clone:", err)
 	}
@@ -141,14 +141,14 @@ func TestSnapshotsAndFork(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(opts.DataDir, "snapshots")); len(ents) != 0 {
 		t.Errorf("a fork left snapshot files: %v", ents)
 	}
-	if l, _ := eng.ListSnapshots(ctx, ""); len(l) != 0 {
+	if l, _ := eng.Snapshots().List(ctx, ""); len(l) != 0 {
 		t.Errorf("a fork left snapshots: %+v", l)
 	}
 
 	// A failed clone takes its siblings with it.
 	before, _ := eng.List(ctx, sandbox.ListFilter{})
 	hv.FailNextLaunch(errors.New("boom"))
-	if _, err := eng.Fork(ctx, src.ID, sandbox.ForkRequest{Count: 2}); err == nil {
+	if _, err := eng.Snapshots().Fork(ctx, src.ID, sandbox.ForkRequest{Count: 2}); err == nil {
 		t.Error("a fork with a failed clone succeeded")
 	}
 	if after, _ := eng.List(ctx, sandbox.ListFilter{}); len(after) != len(before) {
@@ -156,14 +156,14 @@ func TestSnapshotsAndFork(t *testing.T) {
 	}
 
 	// A named snapshot outlives its source.
-	snap, err := eng.Snapshot(ctx, src.ID, sandbox.SnapshotRequest{Name: "base"})
+	snap, err := eng.Snapshots().Take(ctx, src.ID, sandbox.SnapshotRequest{Name: "base"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if snap.SandboxID != src.ID || snap.Bytes <= 0 || snap.Labels["team"] != "red" {
 		t.Errorf("snapshot %+v", snap)
 	}
-	if _, err := eng.Snapshot(ctx, src.ID, sandbox.SnapshotRequest{Name: "base"}); !errors.Is(err, sandbox.ErrExists) {
+	if _, err := eng.Snapshots().Take(ctx, src.ID, sandbox.SnapshotRequest{Name: "base"}); !errors.Is(err, sandbox.ErrExists) {
 		t.Errorf("a second snapshot named base: %v", err)
 	}
 	if s, err := eng.Get(ctx, src.ID); err != nil || s.State != sandbox.StateRunning {
@@ -203,13 +203,13 @@ func TestSnapshotsAndFork(t *testing.T) {
 		t.Errorf("made from the snapshot: %+v", late)
 	}
 	// The snapshot goes; its clone stays.
-	if err := eng.DeleteSnapshot(ctx, snap.ID); err != nil {
+	if err := eng.Snapshots().Delete(ctx, snap.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eng.GetSnapshot(ctx, snap.ID); !errors.Is(err, sandbox.ErrNotFound) {
+	if _, err := eng.Snapshots().Get(ctx, snap.ID); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("a deleted snapshot: %v", err)
 	}
-	if err := eng.DeleteSnapshot(ctx, snap.ID); !errors.Is(err, sandbox.ErrNotFound) {
+	if err := eng.Snapshots().Delete(ctx, snap.ID); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("a second delete: %v", err)
 	}
 	if _, err := eng.Exec(ctx, late.ID, sandbox.ExecRequest{Cmd: "true"}); err != nil {
@@ -277,7 +277,7 @@ func TestHibernate(t *testing.T) {
 		"exec":      func() error { _, err := eng.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "true"}); return err },
 		"pause":     func() error { _, err := eng.Pause(ctx, box.ID); return err },
 		"hibernate": func() error { _, err := eng.Hibernate(ctx, box.ID); return err },
-		"fork":      func() error { _, err := eng.Fork(ctx, box.ID, sandbox.ForkRequest{}); return err },
+		"fork":      func() error { _, err := eng.Snapshots().Fork(ctx, box.ID, sandbox.ForkRequest{}); return err },
 	} {
 		if err := f(); !errors.Is(err, sandbox.ErrState) {
 			t.Errorf("%s of a hibernated sandbox: %v, want ErrState", name, err)

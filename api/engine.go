@@ -8,6 +8,7 @@ import (
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/events"
@@ -32,7 +33,6 @@ type Engine interface {
 	Sandboxes
 	Commands
 	Files
-	Snapshots
 	Firewalls
 	Hosts
 	Domains
@@ -75,15 +75,6 @@ type Files interface {
 	RemoveFile(ctx context.Context, id, path string, recursive bool) error
 }
 
-// Snapshots take, list and remove snapshots, and fork sandboxes.
-type Snapshots interface {
-	Snapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (*sandbox.Snapshot, error)
-	ListSnapshots(ctx context.Context, sandboxID string) ([]*sandbox.Snapshot, error)
-	GetSnapshot(ctx context.Context, id string) (*sandbox.Snapshot, error)
-	DeleteSnapshot(ctx context.Context, id string) error
-	Fork(ctx context.Context, id string, req sandbox.ForkRequest) ([]*sandbox.Sandbox, error)
-}
-
 // Firewalls read and replace a sandbox's firewall policy.
 type Firewalls interface {
 	Firewall(ctx context.Context, id string) (*firewall.Policy, error)
@@ -113,6 +104,7 @@ type Domains interface {
 	URLCalls() *ingress.Calls
 	Images() *catalog.Catalog
 	Events() *events.Service
+	Snapshots() *clone.Snapshots
 }
 
 // Control is the engine as a whole: authorization, counts and

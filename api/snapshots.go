@@ -13,22 +13,22 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	sn, err := s.eng.Snapshot(r.Context(), r.PathValue("id"), req)
+	sn, err := s.eng.Snapshots().Take(r.Context(), r.PathValue("id"), req)
 	return reply(w, http.StatusCreated, sn, err)
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
-	l, err := s.eng.ListSnapshots(r.Context(), r.URL.Query().Get("sandbox"))
+	l, err := s.eng.Snapshots().List(r.Context(), r.URL.Query().Get("sandbox"))
 	return reply(w, http.StatusOK, map[string]any{"snapshots": l}, err)
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
-	sn, err := s.eng.GetSnapshot(r.Context(), r.PathValue("snapshot"))
+	sn, err := s.eng.Snapshots().Get(r.Context(), r.PathValue("snapshot"))
 	return reply(w, http.StatusOK, sn, err)
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
-	if err := s.eng.DeleteSnapshot(r.Context(), r.PathValue("snapshot")); err != nil {
+	if err := s.eng.Snapshots().Delete(r.Context(), r.PathValue("snapshot")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -47,6 +47,6 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	l, err := s.eng.Fork(r.Context(), r.PathValue("id"), req)
+	l, err := s.eng.Snapshots().Fork(r.Context(), r.PathValue("id"), req)
 	return reply(w, http.StatusCreated, map[string]any{"sandboxes": l}, err)
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/harebox/harebox/store"
 )
 
-// Snapshots. The engine takes a snapshot of a sandbox (its Snapshot and
-// Fork); Snapshots keeps it.
+// Snapshots. Take and Fork (take.go) snapshot a sandbox the engine holds
+// for them; Snapshots keeps it.
 //
 // A snapshot is the backend's files (memory, device state, a copy of the
 // disk's own writes) under DATA_DIR/snapshots/<id>, written under the
@@ -73,6 +73,9 @@ type SnapshotOptions struct {
 	Envs    Envs
 	Audit   Audit
 	Hosts   Hosts
+	Sources Sources
+	// Capable: the hypervisor backend snapshots machines.
+	Capable bool
 	// Dir holds the snapshots' files (DATA_DIR/snapshots).
 	Dir string
 	// Encrypt: every snapshot has a key (crypto-erase is on).
