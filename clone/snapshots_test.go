@@ -71,6 +71,21 @@ func (e elsewhere) SnapshotHere(_ context.Context, id string) error {
 	return nil
 }
 
+// stores are a real store and secret store in a new directory.
+func stores(t *testing.T) (dir string, db *store.DB, sec *secrets.Sealed) {
+	t.Helper()
+	dir = t.TempDir()
+	db, err := store.OpenSQLite(context.Background(), filepath.Join(dir, "harebox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if sec, err = secrets.NewSealed(db, filepath.Join(dir, "master.key")); err != nil {
+		t.Fatal(err)
+	}
+	return dir, db, sec
+}
+
 // TestSnapshots, over the real store and secret store: a snapshot added
 // is charged, its key and its source's env sealed under it are kept, and
 // a create that opens it gets both and its source's defaults; a principal
@@ -80,16 +95,7 @@ func (e elsewhere) SnapshotHere(_ context.Context, id string) error {
 // without a record are pruned.
 func TestSnapshots(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "harebox.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	sec, err := secrets.NewSealed(db, filepath.Join(dir, "master.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, db, sec := stores(t)
 	m, au, away := &meterCalls{}, &audits{}, elsewhere{}
 	snaps := NewSnapshots(SnapshotOptions{Store: db, Secrets: sec, Meter: m, Audit: au, Hosts: away,
 		Envs: ownEnvs{"sbx_src": `{"OWN":"source-env"}`}, Dir: filepath.Join(dir, "snapshots"), Encrypt: true})

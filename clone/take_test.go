@@ -78,16 +78,7 @@ func (f *sources) Delete(_ context.Context, id string) error {
 // the clones it made; a fork's files never outlive it.
 func TestTakeAndFork(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "harebox.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	sec, err := secrets.NewSealed(db, filepath.Join(dir, "master.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, db, sec := stores(t)
 	src := &store.Sandbox{Sandbox: sandbox.Sandbox{ID: "sbx_src", AccountID: "acc_a", ProjectID: "prj_a", State: sandbox.StateRunning,
 		Image: "default", Size: sandbox.Presets["small"], Snapshots: true}}
 	f := &sources{src: src}
