@@ -155,11 +155,11 @@ func BenchmarkReattach(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer eng.Delete(ctx, box.ID)
-	p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "seq 1 1000"})
+	p, err := eng.Processes().Start(ctx, box.ID, sandbox.ExecRequest{Cmd: "seq 1 1000"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := eng.WaitProcess(ctx, box.ID, p.ID); err != nil {
+	if _, err := eng.Processes().Wait(ctx, box.ID, p.ID); err != nil {
 		b.Fatal(err)
 	}
 	var exec, attach time.Duration
@@ -172,7 +172,7 @@ func BenchmarkReattach(b *testing.B) {
 		exec += time.Since(start)
 		start = time.Now()
 		n := 0
-		res, err := eng.ProcessOutput(ctx, box.ID, p.ID, [2]uint64{}, true, func(_ bool, _ uint64, d []byte) error { n += len(d); return nil })
+		res, err := eng.Processes().Output(ctx, box.ID, p.ID, [2]uint64{}, true, func(_ bool, _ uint64, d []byte) error { n += len(d); return nil })
 		if err != nil || res == nil || n != 3893 {
 			b.Fatalf("re-attach: %v %v, %d bytes", res, err, n)
 		}

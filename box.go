@@ -36,7 +36,6 @@ type box struct {
 	// machine runs (useMachine).
 	hangup error
 
-	procs procNotes
 	// given is what the sandbox is given (package guestenv): the
 	// variables every exec gets, what the credential proxy needs.
 	given guestenv.Guest

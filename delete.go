@@ -77,6 +77,7 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		errs = append(errs, err)
 	}
 	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was deleted during the call", b.rec.ID))
+	e.processes.Forget(b.rec.ID)
 	b.given.Close()
 	if b.m != nil {
 		// (A machine that is gone, with the plugin it lived in or on its

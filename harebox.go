@@ -41,6 +41,7 @@ import (
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/network"
+	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
@@ -76,6 +77,7 @@ type Engine struct {
 	snaps       *clone.Snapshots
 	hibernation *clone.Hibernation
 	monitor     *monitor.Service
+	processes   *processes.Service
 	audit       *audit.Log
 	urls        *ingress.Service
 	hosts       *cluster.Registry
@@ -168,6 +170,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.urlCalls = ingress.NewCalls(e.urls, sandboxView{e}, e.tenants, al)
+	e.processes = processes.New(e.ctx, processes.Options{Sandboxes: sandboxView{e}, History: e.history, Audit: al, MaxOutputBytes: opts.MaxOutputBytes, Log: e.log})
 	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
 	e.budgets.Audit = al
 	e.budgets.Billing = opts.Billing

@@ -221,31 +221,31 @@ func TestEngineLifecycle(t *testing.T) {
 		}
 	})
 	t.Run("Background", func(t *testing.T) {
-		p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo up; sleep 300"})
+		p, err := eng.Processes().Start(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo up; sleep 300"})
 		if err != nil || !p.Running || p.PID <= 0 {
 			t.Fatalf("start: %+v %v", p, err)
 		}
-		q, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 1; echo done"})
+		q, err := eng.Processes().Start(ctx, box.ID, sandbox.ExecRequest{Cmd: "sleep 1; echo done"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		qd, err := eng.WaitProcess(wctx, box.ID, q.ID)
+		qd, err := eng.Processes().Wait(wctx, box.ID, q.ID)
 		if err != nil || qd.Running || qd.Result == nil || qd.Result.Stdout != "done\n" {
 			t.Fatalf("wait: %+v %v", qd, err)
 		}
-		if err := eng.KillProcess(ctx, box.ID, p.ID, 0); err != nil {
+		if err := eng.Processes().Kill(ctx, box.ID, p.ID, 0); err != nil {
 			t.Fatal("kill:", err)
 		}
-		pd, err := eng.WaitProcess(wctx, box.ID, p.ID)
+		pd, err := eng.Processes().Wait(wctx, box.ID, p.ID)
 		if err != nil || pd.Result == nil || pd.Result.Signal != 9 || pd.Result.Stdout != "up\n" {
 			t.Fatalf("killed: %+v %v", pd.Result, err)
 		}
-		if l, _ := eng.ListProcesses(ctx, box.ID); len(l) != 2 {
+		if l, _ := eng.Processes().List(ctx, box.ID); len(l) != 2 {
 			t.Fatalf("list: %v", l)
 		}
-		wantKind(t, "wait unknown process", func() error { _, err := eng.WaitProcess(ctx, box.ID, "proc_nope"); return err }(), sandbox.ErrNotFound)
+		wantKind(t, "wait unknown process", func() error { _, err := eng.Processes().Wait(ctx, box.ID, "proc_nope"); return err }(), sandbox.ErrNotFound)
 	})
 	t.Run("Concurrent", func(t *testing.T) {
 		var wg sync.WaitGroup
@@ -378,13 +378,13 @@ func TestEngineLifecycle(t *testing.T) {
 
 		// A background process no one attaches to: its output is kept in
 		// the guest's ring; the engine keeps only its first MaxOutputBytes.
-		p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "dd if=/dev/zero bs=65536 count=2048 2>/dev/null"})
+		p, err := eng.Processes().Start(ctx, box.ID, sandbox.ExecRequest{Cmd: "dd if=/dev/zero bs=65536 count=2048 2>/dev/null"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
-		pd, err := eng.WaitProcess(wctx, box.ID, p.ID)
+		pd, err := eng.Processes().Wait(wctx, box.ID, p.ID)
 		if err != nil || pd.Result == nil || pd.Result.ExitCode != 0 || len(pd.Result.Stdout) > 8<<20 {
 			t.Fatalf("background flood: %+v %v", pd, err)
 		}
@@ -1210,7 +1210,7 @@ func TestEngineVMExit(t *testing.T) {
 	ctx := context.Background()
 	box := create(t, eng, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 3, MemoryMB: 512}})
 	// Fire and forget: the exec's stream dies with the VM.
-	eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "sync; poweroff -f", User: "root"})
+	eng.Processes().Start(ctx, box.ID, sandbox.ExecRequest{Cmd: "sync; poweroff -f", User: "root"})
 	if got := waitStopped(t, eng, box.ID, "the guest powered off"); got.Error == "" {
 		t.Error("stopped without a reason")
 	}
@@ -1312,7 +1312,7 @@ func TestEngineKernelPanic(t *testing.T) {
 	ctx := context.Background()
 	box := create(t, eng, sandbox.CreateRequest{})
 	defer eng.Delete(ctx, box.ID)
-	eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo c > /proc/sysrq-trigger", User: "root"})
+	eng.Processes().Start(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo c > /proc/sysrq-trigger", User: "root"})
 	got := waitStopped(t, eng, box.ID, "a kernel panic")
 	if !strings.Contains(got.Error, "Kernel panic") {
 		t.Errorf("stopped with %q, want the kernel's panic line", got.Error)
@@ -1335,7 +1335,7 @@ func TestGuestForkBomb(t *testing.T) {
 	defer eng.Delete(ctx, bomb.ID) // if the test stops early
 	calm := create(t, eng, sandbox.CreateRequest{})
 	defer eng.Delete(ctx, calm.ID)
-	if _, err := eng.StartProcess(ctx, bomb.ID, sandbox.ExecRequest{Cmd: `b(){ b|b& }; b`, User: "root"}); err != nil {
+	if _, err := eng.Processes().Start(ctx, bomb.ID, sandbox.ExecRequest{Cmd: `b(){ b|b& }; b`, User: "root"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Second) // let it take the guest over

@@ -83,7 +83,7 @@ func BenchmarkIngressVM(b *testing.B) {
 	if _, err := eng.WriteFile(ctx, box.ID, "/tmp/guestweb", web, sandbox.WriteOptions{Mode: 0o755}); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Argv: []string{"/tmp/guestweb", "-listen", ":8080"}}); err != nil {
+	if _, err := eng.Processes().Start(ctx, box.ID, sandbox.ExecRequest{Argv: []string{"/tmp/guestweb", "-listen", ":8080"}}); err != nil {
 		b.Fatal(err)
 	}
 	u, err := eng.URLCalls().Create(ctx, box.ID, sandbox.URLRequest{Port: 8080})

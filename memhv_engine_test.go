@@ -324,13 +324,13 @@ func TestProcessTimeoutBackstop(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	p, err := eng.StartProcess(ctx, box.ID, sandbox.ExecRequest{Cmd: "stubborn 600", TimeoutSeconds: 1})
+	p, err := eng.Processes().Start(ctx, box.ID, sandbox.ExecRequest{Cmd: "stubborn 600", TimeoutSeconds: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	done, err := eng.WaitProcess(wctx, box.ID, p.ID)
+	done, err := eng.Processes().Wait(wctx, box.ID, p.ID)
 	if err != nil || done.Result == nil || done.Result.Signal != 9 {
 		t.Fatalf("after %v: %+v %v", time.Since(start), done, err)
 	}

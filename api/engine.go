@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 
-	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/budget"
@@ -18,6 +17,7 @@ import (
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/monitor"
+	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/tenant"
 )
@@ -52,17 +52,12 @@ type Sandboxes interface {
 	Hibernate(ctx context.Context, id string) (*sandbox.Sandbox, error)
 }
 
-// Commands run commands in a sandbox.
+// Commands run commands in a sandbox (its background processes are
+// package processes', in Domains).
 type Commands interface {
 	Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error)
 	ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error)
 	Shell(ctx context.Context, id string, r sandbox.ExecRequest, term *sandbox.Terminal, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error)
-	StartProcess(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.Process, error)
-	ListProcesses(ctx context.Context, id string) ([]sandbox.Process, error)
-	GetProcess(ctx context.Context, id, procID string) (*sandbox.Process, error)
-	WaitProcess(ctx context.Context, id, procID string) (*sandbox.Process, error)
-	KillProcess(ctx context.Context, id, procID string, signal int) error
-	ProcessOutput(ctx context.Context, id, procID string, offsets [2]uint64, follow bool, out agentclient.Output) (*sandbox.ExecResult, error)
 }
 
 // Files are the calls on a sandbox's files.
@@ -101,6 +96,7 @@ type Domains interface {
 	Audit() *audit.Log
 	History() *history.Service
 	Monitor() *monitor.Service
+	Processes() *processes.Service
 	URLCalls() *ingress.Calls
 	Images() *catalog.Catalog
 	Events() *events.Service

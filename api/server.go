@@ -778,7 +778,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
-	p, err := s.eng.StartProcess(r.Context(), r.PathValue("id"), req)
+	p, err := s.eng.Processes().Start(r.Context(), r.PathValue("id"), req)
 	if err != nil {
 		return err
 	}
@@ -787,7 +787,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) error {
-	ps, err := s.eng.ListProcesses(r.Context(), r.PathValue("id"))
+	ps, err := s.eng.Processes().List(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -810,7 +810,7 @@ func (s *Server) getProcess(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if !wait {
-		p, err := s.eng.GetProcess(r.Context(), r.PathValue("id"), r.PathValue("pid"))
+		p, err := s.eng.Processes().Get(r.Context(), r.PathValue("id"), r.PathValue("pid"))
 		if err != nil {
 			return err
 		}
@@ -819,10 +819,10 @@ func (s *Server) getProcess(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(timeout*float64(time.Second)))
 	defer cancel()
-	p, err := s.eng.WaitProcess(ctx, r.PathValue("id"), r.PathValue("pid"))
+	p, err := s.eng.Processes().Wait(ctx, r.PathValue("id"), r.PathValue("pid"))
 	if errors.Is(err, sandbox.ErrTimeout) {
 		// Still running after the wait: report it as it is.
-		p, err = s.eng.GetProcess(r.Context(), r.PathValue("id"), r.PathValue("pid"))
+		p, err = s.eng.Processes().Get(r.Context(), r.PathValue("id"), r.PathValue("pid"))
 	}
 	if err != nil {
 		return err
@@ -884,7 +884,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) error {
 			}
 		}()
 	}
-	res, err := s.eng.ProcessOutput(r.Context(), r.PathValue("id"), r.PathValue("pid"), offsets, follow, func(stderr bool, offset uint64, data []byte) error {
+	res, err := s.eng.Processes().Output(r.Context(), r.PathValue("id"), r.PathValue("pid"), offsets, follow, func(stderr bool, offset uint64, data []byte) error {
 		begin()
 		name := "stdout"
 		if stderr {
@@ -919,7 +919,7 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	if err := s.eng.KillProcess(r.Context(), r.PathValue("id"), r.PathValue("pid"), req.Signal); err != nil {
+	if err := s.eng.Processes().Kill(r.Context(), r.PathValue("id"), r.PathValue("pid"), req.Signal); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/harebox/harebox/apiclient"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/internal/testapi"
+	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -129,18 +131,19 @@ func TestSandboxMethods(t *testing.T) {
 
 // TestSameNamesAsTheLibrary: every sandbox method of the client is a
 // method of the engine with the same name and as many arguments and
-// results, so code moves between the two by changing its receiver.
+// results, so code moves between the two by changing its receiver; the
+// process methods are the engine's Processes() service's, named without
+// "Process" (StartProcess is Processes().Start).
 func TestSameNamesAsTheLibrary(t *testing.T) {
-	ct, et := reflect.TypeFor[*apiclient.Client](), reflect.TypeFor[*harebox.Engine]()
+	ct := reflect.TypeFor[*apiclient.Client]()
+	et, pt := reflect.TypeFor[*harebox.Engine](), reflect.TypeFor[*processes.Service]()
 	shared := 0
-	for _, name := range []string{"Create", "Get", "List", "Delete", "Pause", "Resume", "Stop", "Start", "Hibernate", "Fork",
-		"Snapshot", "DeleteSnapshot", "Exec", "StartProcess", "ListProcesses", "GetProcess", "WaitProcess", "KillProcess",
-		"WriteFile", "ReadFile", "StatFile", "Firewall", "SetFirewall"} {
+	check := func(name string, et reflect.Type, ename string) {
 		cm, ok1 := ct.MethodByName(name)
-		em, ok2 := et.MethodByName(name)
+		em, ok2 := et.MethodByName(ename)
 		if !ok1 || !ok2 {
-			t.Errorf("%s: on the client %v, on the engine %v", name, ok1, ok2)
-			continue
+			t.Errorf("%s: on the client %v, on the engine (%v.%s) %v", name, ok1, et, ename, ok2)
+			return
 		}
 		if cm.Type.NumIn() != em.Type.NumIn() || cm.Type.NumOut() != em.Type.NumOut() {
 			t.Errorf("%s: client %v, engine %v", name, cm.Type, em.Type)
@@ -151,6 +154,13 @@ func TestSameNamesAsTheLibrary(t *testing.T) {
 			}
 		}
 		shared++
+	}
+	for _, name := range []string{"Create", "Get", "List", "Delete", "Pause", "Resume", "Stop", "Start", "Hibernate", "Fork",
+		"Snapshot", "DeleteSnapshot", "Exec", "WriteFile", "ReadFile", "StatFile", "Firewall", "SetFirewall"} {
+		check(name, et, name)
+	}
+	for _, name := range []string{"StartProcess", "ListProcesses", "GetProcess", "WaitProcess", "KillProcess"} {
+		check(name, pt, strings.NewReplacer("Processes", "", "Process", "").Replace(name))
 	}
 	if shared == 0 {
 		t.Fatal("no shared method checked")
