@@ -1,0 +1,250 @@
+package processes_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/audit"
+	"github.com/harebox/harebox/history"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/processes"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
+)
+
+// one is the engine as the service sees it, with one sandbox: any other
+// is not found, and a stopped one is not running.
+type one struct {
+	sb      *processes.Sandbox
+	account string
+	stopped bool
+}
+
+func (o *one) Check(_ context.Context, _, id string) error {
+	if id != o.sb.ID {
+		return sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
+	}
+	return nil
+}
+
+func (o *one) Running(_ context.Context, id string) (*processes.Sandbox, error) {
+	if o.stopped {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is stopped; it must be running", id)
+	}
+	return o.sb, nil
+}
+
+func (o *one) AccountOf(_ context.Context, id string) string {
+	if id == o.sb.ID {
+		return o.account
+	}
+	return ""
+}
+
+// TestProcesses runs background processes in a memhv guest through the
+// service, over the real store, secret store, audit log and command
+// history: what the sandbox's Request makes is what runs, the command
+// line is the host's note (dropped when the agent refuses the start, and
+// by Forget), a finished process is in the history, output reads from
+// offsets, waits, kills and their errors, and every call but a list is in
+// the audit log.
+func TestProcesses(t *testing.T) {
+	ctx := context.Background()
+	dir := shortDir(t)
+	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "harebox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	sec, err := secrets.NewSealed(db, filepath.Join(dir, "master.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := audit.Open(ctx, db, audit.Options{KeyFile: filepath.Join(dir, "audit.key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer al.Close(ctx)
+	acc, err := tenant.New(db).EnsureDefault(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := history.New(history.Options{Store: db, Secrets: sec, Now: time.Now,
+		Key: func(context.Context, string) ([]byte, error) { return nil, nil }})
+
+	id := sandbox.NewID()
+	sbs := &one{account: acc.ID, sb: &processes.Sandbox{ID: id, Agent: guest(t, dir),
+		// (The sandbox's own variable, which printenv shows.)
+		Request: func(r *sandbox.ExecRequest) agentclient.ExecRequest {
+			return agentclient.ExecRequest{Shell: r.Cmd, Argv: r.Argv, Cwd: r.Cwd, Env: map[string]string{"FROM": "the sandbox"}, Timeout: r.Timeout()}
+		},
+		History: history.Sandbox{ID: id, AccountID: acc.ID, Monitoring: true, Deleting: func() bool { return false }}}}
+	ectx, cancel := context.WithCancel(ctx) // (the engine's: until it closes)
+	defer cancel()
+	s := processes.New(ectx, processes.Options{Sandboxes: sbs, History: hist, Audit: al, MaxOutputBytes: 1 << 20})
+
+	// A process that ends by itself.
+	cmd := "echo one; echo two >&2; printenv FROM"
+	p, err := s.Start(ctx, id, sandbox.ExecRequest{Cmd: cmd})
+	if err != nil || p.ID == "" || p.SandboxID != id || p.Cmd != cmd {
+		t.Fatalf("start: %+v %v", p, err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	done, err := s.Wait(wctx, id, p.ID)
+	if err != nil || done.Running || done.Cmd != cmd || done.Result == nil ||
+		done.Result.ExitCode != 0 || done.Result.Stdout != "one\nthe sandbox\n" || done.Result.Stderr != "two\n" {
+		t.Fatalf("wait: %+v %v", done, err)
+	}
+	// Its output from offsets: 4 bytes of stdout already seen.
+	var got [2]string
+	var from [2]uint64
+	res, err := s.Output(ctx, id, p.ID, [2]uint64{4, 0}, false, func(stderr bool, offset uint64, data []byte) error {
+		i := 0
+		if stderr {
+			i = 1
+		}
+		if got[i] == "" {
+			from[i] = offset
+		}
+		got[i] += string(data)
+		return nil
+	})
+	if err != nil || res == nil || res.ExitCode != 0 || got != [2]string{"the sandbox\n", "two\n"} || from != [2]uint64{4, 0} {
+		t.Fatalf("output from offsets: %+v %v %q from %v", res, err, got, from)
+	}
+	// Its history entry is written when the service sees it end.
+	var h []sandbox.Command
+	for deadline := time.Now().Add(5 * time.Second); len(h) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if h, err = hist.List(ctx, id, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(h) != 1 || h[0].Kind != "background" || h[0].Cmd != cmd || h[0].Result == nil || h[0].Result.Stdout != "one\nthe sandbox\n" {
+		t.Fatalf("history: %+v", h)
+	}
+
+	// A process that runs until it is killed.
+	long, err := s.Start(ctx, id, sandbox.ExecRequest{Argv: []string{"sleep", "600"}})
+	if err != nil || !long.Running || len(long.Argv) != 2 {
+		t.Fatalf("start: %+v %v", long, err)
+	}
+	short, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = s.Wait(short, id, long.ID)
+	scancel()
+	if !errors.Is(err, sandbox.ErrTimeout) {
+		t.Fatalf("wait on a running process, past the caller's deadline: %v", err)
+	}
+	if err := s.Kill(ctx, id, long.ID, 65); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Fatalf("kill with signal 65: %v", err)
+	}
+	if err := s.Kill(ctx, id, long.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := s.Wait(wctx, id, long.ID); err != nil || k.Running || k.Result == nil || k.Result.Signal != 9 {
+		t.Fatalf("wait after the kill: %+v %v", k, err)
+	}
+	if err := s.Kill(ctx, id, long.ID, 0); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("kill of an exited process: %v", err)
+	}
+	l, err := s.List(ctx, id)
+	if err != nil || len(l) != 2 || l[0].ID != p.ID || l[0].Cmd != cmd || l[1].ID != long.ID || len(l[1].Argv) != 2 || l[0].Result == nil || l[0].Result.Stdout != "" {
+		t.Fatalf("list (oldest first, without output): %+v %v", l, err)
+	}
+
+	// Refusals.
+	if _, err := s.Get(ctx, id, "proc_nope"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("get of no process: %v", err)
+	}
+	if _, err := s.Get(ctx, sandbox.NewID(), p.ID); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("get in another sandbox: %v", err)
+	}
+	if _, err := s.Start(ctx, id, sandbox.ExecRequest{}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Fatalf("start of nothing: %v", err)
+	}
+	if n := processes.Noted(s); n != 2 {
+		t.Fatalf("%d command lines noted, want 2", n)
+	}
+	// (The host lets a relative cwd through; the agent refuses it.)
+	if _, err := s.Start(ctx, id, sandbox.ExecRequest{Cmd: "true", Cwd: "tmp"}); err == nil {
+		t.Fatal("the agent started a process in a relative cwd")
+	}
+	if n := processes.Noted(s); n != 2 {
+		t.Fatalf("%d command lines noted after a refused start, want 2", n)
+	}
+	sbs.stopped = true
+	if _, err := s.List(ctx, id); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("list in a stopped sandbox: %v", err)
+	}
+	sbs.stopped = false
+
+	// Forget drops the notes; the agent still has the processes.
+	s.Forget(id)
+	if n := processes.Noted(s); n != 0 {
+		t.Fatalf("%d command lines noted after Forget", n)
+	}
+	if l, err := s.List(ctx, id); err != nil || len(l) != 2 || l[0].Cmd != "" || l[1].Argv != nil {
+		t.Fatalf("list after Forget: %+v %v", l, err)
+	}
+
+	entries, err := al.List(ctx, store.AuditFilter{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, e := range entries {
+		seen[fmt.Sprintf("%s %s %s %s", e.Action, e.Target, e.Outcome, e.Error)] = true
+		if e.Action == "listProcesses" {
+			t.Errorf("a list was audited: %+v", e)
+		}
+	}
+	for _, want := range []string{
+		"startProcess " + id + " ok ", "getProcess " + id + " ok ", "getProcessOutput " + id + " ok ", "killProcess " + id + " ok ",
+		"getProcess " + id + " error timeout", "killProcess " + id + " error invalid", "killProcess " + id + " error conflict",
+		"getProcess " + id + " denied not_found", "startProcess " + id + " error invalid",
+	} {
+		if !seen[want] {
+			t.Errorf("no audit entry %q in %v", want, seen)
+		}
+	}
+}
+
+// guest boots a memhv machine and returns its agent.
+func guest(t *testing.T, dir string) *agentclient.Client {
+	t.Helper()
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	img := memhv.Image(dir)
+	m, err := hv.Launch(ctx, hypervisor.Spec{ID: "g", VCPUs: 1, MemoryMB: 128, Kernel: img.Kernel, Initrd: img.Initrd, StateDir: filepath.Join(dir, "g")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Kill(ctx); m.Cleanup(ctx); hv.Close() })
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, _, err := agentclient.DialReady(dctx, m.AgentEndpoint(), agentclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// shortDir is a temporary directory short enough for socket paths.
+func shortDir(t *testing.T) string {
+	d, err := os.MkdirTemp("", "procs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
