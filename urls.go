@@ -22,7 +22,8 @@ func (e *Engine) URLCalls() *ingress.Calls { return e.urlCalls }
 
 // sandboxView is what the domain services need of the engine's
 // sandboxes: ingress.Calls' Sandboxes, monitor.Sandboxes (with
-// Monitored, in monitor.go) and meter.Sandboxes (in budgets.go).
+// Monitored, in monitor.go), meter.Sandboxes (in budgets.go) and
+// processes.Sandboxes (with Running, in processes.go).
 type sandboxView struct{ e *Engine }
 
 func (s sandboxView) Check(ctx context.Context, action, id string) error {
