@@ -35,9 +35,9 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	}
 	spec := imageSpec(rec.ID, rec.StateDir, img, rec.Size, att)
 	spec.SerialLog, spec.Labels = serialLog(rec.StateDir), map[string]string{"harebox.sandbox": rec.ID}
-	spec.DataKey, spec.Reuse = b.key, reuse
-	if b.console != nil {
-		spec.ConsoleRecipient = b.console.Recipient().String()
+	spec.DataKey, spec.Reuse = b.keys.Data, reuse
+	if b.keys.Console != nil {
+		spec.ConsoleRecipient = b.keys.Console.Recipient().String()
 	}
 	var m hypervisor.Machine
 	if o != nil {

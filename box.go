@@ -11,10 +11,10 @@ import (
 
 	agentclient "github.com/harebox/harebox/agent/client"
 
-	"filippo.io/age"
 	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
 
@@ -43,10 +43,9 @@ type box struct {
 	// the checks in a row it failed (only the health checker uses it).
 	health atomic.Value
 	misses int
-	// key is the sandbox's data key and console the identity that reads
-	// its console log (see datakey.go); nil without crypto-erase.
-	key     []byte
-	console *age.X25519Identity
+	// keys are the sandbox's data key and the identity that reads its
+	// console log (package sandboxkeys); none without crypto-erase.
+	keys sandboxkeys.Keys
 	// deleting is closed when Delete starts, so the exit watcher knows the
 	// VM's exit is expected.
 	deleting     chan struct{}

@@ -9,6 +9,7 @@ import (
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/tenant"
 )
@@ -276,13 +277,27 @@ func (e *Engine) unmakeBox(ctx context.Context, c *creation, why error) {
 	e.store.PutSandbox(ctx, c.rec)
 }
 
-// createKeys gives the sandbox its data key (a claimed member keeps its
-// own: its disk is written under it).
+// createKeys gives the sandbox its keys when crypto-erase is on, only in
+// the secret store (a claimed member keeps its own: its disk is written
+// under them).
 func (e *Engine) createKeys(ctx context.Context, c *creation) error {
-	if c.pm != nil && c.pm.Key != nil {
-		return e.keepKeys(ctx, c.b, c.pm.Key, c.pm.Console)
+	var keys sandboxkeys.Keys
+	switch {
+	case c.pm != nil && c.pm.Key != nil:
+		keys = sandboxkeys.Keys{Data: c.pm.Key, Console: c.pm.Console}
+	case !e.encrypt:
+		return nil
+	default:
+		var err error
+		if keys, err = sandboxkeys.New(); err != nil {
+			return err
+		}
 	}
-	return e.newDataKey(ctx, c.b)
+	if err := sandboxkeys.Keep(ctx, e.sec, c.b.rec.ID, keys); err != nil {
+		return err
+	}
+	c.b.keys = keys
+	return nil
 }
 
 // createEnv seals the request's variables (or, restored, the source's

@@ -11,6 +11,7 @@ import (
 	"github.com/harebox/harebox/internal/mounts"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 )
 
 // Delete destroys a sandbox: its VM, disks and network. Deleting a deleted
@@ -73,7 +74,7 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	var errs []error
 	// The key goes first: whatever is left behind after this point is
 	// ciphertext without a key.
-	if err := e.eraseDataKey(ctx, b); err != nil {
+	if err := sandboxkeys.Erase(ctx, e.sec, b.rec.ID); err != nil {
 		errs = append(errs, err)
 	}
 	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was deleted during the call", b.rec.ID))
@@ -129,6 +130,6 @@ func retryUnavailable(ctx context.Context, f func() error) error {
 // environment and CA key, console identity, command history, and what it
 // reserved in its budgets (a settled sandbox has nothing left to release).
 func (e *Engine) forgetStored(ctx context.Context, b *box) error {
-	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.guests.Erase(ctx, b.rec.ID), e.eraseConsoleKey(ctx, b.rec.ID), e.history.Erase(ctx, b.rec.ID),
+	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.guests.Erase(ctx, b.rec.ID), sandboxkeys.Forget(ctx, e.sec, b.rec.ID), e.history.Erase(ctx, b.rec.ID),
 		e.meter.Release(ctx, b.rec))
 }

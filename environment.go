@@ -21,7 +21,7 @@ func (e *Engine) Environments() *env.Service { return e.envs }
 
 // guest is the box's sandbox as package guestenv's calls take it.
 func (b *box) guest() guestenv.Sandbox {
-	return guestenv.Sandbox{Rec: b.rec, Key: b.key, Guest: &b.given}
+	return guestenv.Sandbox{Rec: b.rec, Key: b.keys.Data, Guest: &b.given}
 }
 
 // Guest implements guestenv.Sandboxes: what live sandbox id is given, or

@@ -8,6 +8,7 @@ import (
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 )
 
 // running returns a live box that can run commands.
@@ -133,8 +134,17 @@ func result(r agentclient.ExecResult) *sandbox.ExecResult {
 	}
 }
 
+// dataKey returns a sandbox's data key for its history: the live box's,
+// or the stored one; nil for a sandbox without one.
+func (e *Engine) dataKey(ctx context.Context, id string) ([]byte, error) {
+	if b := e.boxes.get(id); b != nil && b.keys.Data != nil {
+		return b.keys.Data, nil
+	}
+	return sandboxkeys.DataKey(ctx, e.sec, id)
+}
+
 // historyRef is what the command history needs of the box (read without
 // its lock: these are set before the box runs commands).
 func (b *box) historyRef() history.Sandbox {
-	return history.Sandbox{ID: b.rec.ID, AccountID: b.rec.AccountID, Monitoring: b.rec.Monitoring, Key: b.key, Deleting: b.isDeleting}
+	return history.Sandbox{ID: b.rec.ID, AccountID: b.rec.AccountID, Monitoring: b.rec.Monitoring, Key: b.keys.Data, Deleting: b.isDeleting}
 }

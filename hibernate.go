@@ -47,7 +47,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
 	time.Sleep(time.Second)
 	// Snapshot leaves the machine paused: nothing runs after this point.
-	size, err := e.hibernation.Write(ctx, b.m, id, b.key)
+	size, err := e.hibernation.Write(ctx, b.m, id, b.keys.Data)
 	if err != nil {
 		if s, serr := b.m.Info(ctx); serr == nil && s.State == hypervisor.StatePaused && b.rec.State == sandbox.StateRunning {
 			b.m.Resume(ctx)
@@ -100,7 +100,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 func (e *Engine) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox, error) {
 	id := rec.ID
 	out, err := e.bringBack(ctx, rec, "resumed", func(b *box, img images.Image) error {
-		o, err := e.hibernation.Origin(id, b.key)
+		o, err := e.hibernation.Origin(id, b.keys.Data)
 		if err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
 
@@ -202,7 +203,7 @@ func (e *Engine) RemoveHost(ctx context.Context, name string) (deleted []string,
 			continue
 		}
 		b := &box{rec: rec}
-		errs = append(errs, e.eraseDataKey(octx, b), e.forgetStored(octx, b))
+		errs = append(errs, sandboxkeys.Erase(octx, e.sec, rec.ID), e.forgetStored(octx, b))
 		rec.State, rec.Handle, rec.Kept = sandbox.StateDeleted, nil, false
 		rec.Error = fmt.Sprintf("its host %s was removed from the deployment", name)
 		if err := e.store.PutSandbox(octx, rec); err != nil {

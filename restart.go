@@ -10,6 +10,7 @@ import (
 	"github.com/harebox/harebox/internal/mounts"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 )
 
 // adopt runs at start: it re-attaches to sandboxes whose VMs still run,
@@ -123,7 +124,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if err := e.capacity.Force(rec.Size); err != nil {
 			e.log.Warn("adopted sandbox exceeds the admission limits", "id", rec.ID, "err", err)
 		}
-		if err := e.loadKeys(ctx, b); err != nil {
+		if b.keys, err = sandboxkeys.Load(ctx, e.sec, rec.ID); err != nil {
 			e.log.Warn("cannot load the sandbox's data key", "id", rec.ID, "err", err)
 		}
 		if err := e.guests.LoadEnv(ctx, b.guest()); err != nil {

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/harebox/harebox/hypervisor/consolelog"
 )
 
 // serialLog is where a sandbox's console goes (the engine names it, so it
@@ -27,6 +29,19 @@ func serialTail(stateDir string, n int) string {
 	}
 	b, _ := io.ReadAll(io.LimitReader(f, int64(n)))
 	return strings.TrimSpace(string(b))
+}
+
+// consoleTail is the last n bytes of the sandbox's console log, for error
+// messages.
+func consoleTail(b *box, n int) string {
+	if b.keys.Console == nil {
+		return serialTail(b.rec.StateDir, n)
+	}
+	out, err := consolelog.Tail(serialLog(b.rec.StateDir), b.keys.Console, n)
+	if err != nil {
+		return "(console log: " + err.Error() + ")"
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // boundSerialLogs truncates console logs that grew past the bound.

@@ -32,7 +32,7 @@ func (s snapshotSources) Hold(ctx context.Context, id string, fn func(*clone.Sou
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return fn(&clone.Source{Rec: b.rec, Key: b.key, Policy: b.rec.Extra[policyKey],
+	return fn(&clone.Source{Rec: b.rec, Key: b.keys.Data, Policy: b.rec.Extra[policyKey],
 		Write: func(ctx context.Context, dir string, key []byte) error { return e.writeSnapshot(ctx, b, dir, key) }})
 }
 

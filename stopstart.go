@@ -9,6 +9,7 @@ import (
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
 
@@ -167,7 +168,7 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 	if err := e.store.Update(ctx, func(tx store.Tx) error { return e.meter.Admit(ctx, tx, rec) }); err != nil {
 		return fail(err)
 	}
-	if err := e.loadKeys(ctx, b); err != nil {
+	if b.keys, err = sandboxkeys.Load(ctx, e.sec, rec.ID); err != nil {
 		return fail(err)
 	}
 	if err := e.guests.LoadEnv(ctx, b.guest()); err != nil {
