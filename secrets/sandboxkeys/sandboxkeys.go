@@ -3,11 +3,11 @@
 // seals them under the host's master key) in the sandbox's scope.
 //
 // The backend encrypts the sandbox's disk overlay and memory snapshots
-// under the data key; the engine and the domains seal what they store of
-// the sandbox (its own env, its CA key, its command history, the console
-// identity) under it with Seal. Delete erases the data key first, so what
-// is left of the sandbox on the host, if anything, is ciphertext without
-// a key.
+// under the data key; the engine and the domains seal the console
+// identity, the sandbox's own env and its command history under it with
+// Seal before the secret store seals the row. Delete erases the data key
+// first, so what is left of the sandbox on the host, if anything, is
+// ciphertext without a key.
 //
 // A sandbox created before data keys existed, or with crypto-erase off,
 // has none (Keys.Data nil): its disk is plain, and Seal and Open pass its
@@ -39,9 +39,9 @@ type Keys struct {
 // under the data key.
 const ConsoleKeyName = "console-key"
 
-// Scope is a sandbox's scope in the secret store. Its keys are kept
-// there, and the create request's own env and its CA key are sealed there
-// (package guestenv); all of it goes with the sandbox.
+// Scope is a sandbox's scope in the secret store: its keys are kept
+// there, and package guestenv keeps the create request's own env and the
+// sandbox's CA key there; all of it goes with the sandbox.
 func Scope(sandboxID string) string { return "sandbox/" + sandboxID }
 
 // New makes a sandbox's keys: a random data key and a console identity.
