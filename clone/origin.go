@@ -10,6 +10,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
 
@@ -129,7 +130,7 @@ func (s *Snapshots) load(ctx context.Context, o *Origin) error {
 	if err != nil {
 		return err
 	}
-	if raw, err = open(o.Key, envName, raw); err != nil {
+	if raw, err = sandboxkeys.Open(o.Key, envName, raw); err != nil {
 		return fmt.Errorf("snapshot %s: sealed env: %w", o.Snap.ID, err)
 	}
 	return json.Unmarshal(raw, &o.Env)

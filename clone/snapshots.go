@@ -13,6 +13,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
 
@@ -173,7 +174,7 @@ func (s *Snapshots) keep(ctx context.Context, sn *store.Snapshot, key, sourceKey
 		return err
 	}
 	if raw != nil {
-		if raw, err = seal(key, envName, raw); err != nil {
+		if raw, err = sandboxkeys.Seal(key, envName, raw); err != nil {
 			return err
 		}
 		if err := s.o.Secrets.Put(ctx, sc, envName, raw); err != nil {
@@ -325,20 +326,4 @@ func (s *Snapshots) record(ctx context.Context, id string) (*store.Snapshot, err
 		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no snapshot %q", id)
 	}
 	return sn, nil
-}
-
-// seal and open leave v as it is without a key (crypto-erase off), as
-// the engine's own sealing does.
-func seal(key []byte, label string, v []byte) ([]byte, error) {
-	if key == nil {
-		return v, nil
-	}
-	return secrets.Seal(key, label, v)
-}
-
-func open(key []byte, label string, v []byte) ([]byte, error) {
-	if key == nil {
-		return v, nil
-	}
-	return secrets.Open(key, label, v)
 }

@@ -12,6 +12,7 @@ import (
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/firewall/credproxy"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"google.golang.org/grpc/codes"
 )
 
@@ -67,7 +68,7 @@ func (s *Service) makeCA(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return err
 	}
-	if err := s.o.Secrets.Put(ctx, Scope(sb.Rec.ID), caKeyName, der); err != nil {
+	if err := s.o.Secrets.Put(ctx, sandboxkeys.Scope(sb.Rec.ID), caKeyName, der); err != nil {
 		return err
 	}
 	sb.Rec.Extra = withExtra(sb.Rec.Extra, caCertKey, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})))
@@ -96,7 +97,7 @@ func (s *Service) LoadCredentials(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return err
 	}
-	der, err := s.o.Secrets.Get(ctx, Scope(rec.ID), caKeyName)
+	der, err := s.o.Secrets.Get(ctx, sandboxkeys.Scope(rec.ID), caKeyName)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: CA key: %w", rec.ID, err)
 	}

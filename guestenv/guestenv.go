@@ -27,6 +27,7 @@ import (
 	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
 
@@ -129,11 +130,6 @@ type Sandbox struct {
 	Guest *Guest
 }
 
-// Scope is a sandbox's scope in the secret store. The create request's
-// own env and the CA key are sealed there and erased with the sandbox;
-// the engine keeps the sandbox's data key and console identity there too.
-func Scope(sandboxID string) string { return "sandbox/" + sandboxID }
-
 const envName = "env"
 
 // envVersionKey keeps the pinned version number in the record's Extra.
@@ -227,29 +223,29 @@ func (s *Service) sealEnv(ctx context.Context, sb Sandbox, vars map[string]strin
 	if err != nil {
 		return err
 	}
-	if raw, err = seal(sb.Key, envName, raw); err != nil {
+	if raw, err = sandboxkeys.Seal(sb.Key, envName, raw); err != nil {
 		return err
 	}
-	return s.o.Secrets.Put(ctx, Scope(sb.Rec.ID), envName, raw)
+	return s.o.Secrets.Put(ctx, sandboxkeys.Scope(sb.Rec.ID), envName, raw)
 }
 
 // OwnEnv is the sandbox's own env as it was sealed (JSON), opened with
 // its data key key; nil if it has none.
 func (s *Service) OwnEnv(ctx context.Context, sandboxID string, key []byte) ([]byte, error) {
-	raw, err := s.o.Secrets.Get(ctx, Scope(sandboxID), envName)
+	raw, err := s.o.Secrets.Get(ctx, sandboxkeys.Scope(sandboxID), envName)
 	if errors.Is(err, secrets.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	return open(key, envName, raw)
+	return sandboxkeys.Open(key, envName, raw)
 }
 
 // Erase removes the sandbox's sealed env and CA key.
 func (s *Service) Erase(ctx context.Context, sandboxID string) error {
 	for _, name := range []string{envName, caKeyName} {
-		if err := s.o.Secrets.Delete(ctx, Scope(sandboxID), name); err != nil && !errors.Is(err, secrets.ErrNotFound) {
+		if err := s.o.Secrets.Delete(ctx, sandboxkeys.Scope(sandboxID), name); err != nil && !errors.Is(err, secrets.ErrNotFound) {
 			return err
 		}
 	}
@@ -278,8 +274,8 @@ func (s *Service) LoadEnv(ctx context.Context, sb Sandbox) error {
 		if err := s.o.Store.PutSandbox(ctx, sb.Rec); err != nil {
 			return err
 		}
-	} else if raw, err := s.o.Secrets.Get(ctx, Scope(sb.Rec.ID), envName); err == nil {
-		if raw, err = open(sb.Key, envName, raw); err != nil {
+	} else if raw, err := s.o.Secrets.Get(ctx, sandboxkeys.Scope(sb.Rec.ID), envName); err == nil {
+		if raw, err = sandboxkeys.Open(sb.Key, envName, raw); err != nil {
 			return fmt.Errorf("sandbox %s: sealed env: %w", sb.Rec.ID, err)
 		}
 		if err := json.Unmarshal(raw, &own); err != nil {
@@ -320,21 +316,4 @@ func (s *Service) deliverFiles(ctx context.Context, sb Sandbox, a Agent) error {
 		}
 	}
 	return nil
-}
-
-// seal and open protect a value of the sandbox's under its data key (label
-// says what it is); without a key the value passes as is, for the secret
-// store's master-key sealing alone.
-func seal(key []byte, label string, v []byte) ([]byte, error) {
-	if key == nil {
-		return v, nil
-	}
-	return secrets.Seal(key, label, v)
-}
-
-func open(key []byte, label string, v []byte) ([]byte, error) {
-	if key == nil {
-		return v, nil
-	}
-	return secrets.Open(key, label, v)
 }

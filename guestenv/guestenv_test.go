@@ -18,6 +18,7 @@ import (
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/tenant"
 )
@@ -116,7 +117,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatal("credentials for a sandbox that is not live")
 	}
 	// The own env is sealed under the data key, never in the record.
-	if raw, err := sec.Get(ctx, guestenv.Scope(rec.ID), "env"); err != nil || strings.Contains(string(raw), "mine") {
+	if raw, err := sec.Get(ctx, sandboxkeys.Scope(rec.ID), "env"); err != nil || strings.Contains(string(raw), "mine") {
 		t.Fatalf("the sealed env: %q, %v", raw, err)
 	}
 	if own, err := s.OwnEnv(ctx, rec.ID, key); err != nil || string(own) != `{"OWN":"mine"}` {

@@ -14,7 +14,7 @@ import (
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/sandbox"
-	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
 
@@ -145,7 +145,7 @@ func (s *Service) put(ctx context.Context, accountID string, key []byte, c *sand
 	if err != nil {
 		return err
 	}
-	if b, err = seal(key, b); err != nil {
+	if b, err = sandboxkeys.Seal(key, label, b); err != nil {
 		return err
 	}
 	if err := s.o.Secrets.Put(ctx, scope(c.SandboxID), c.ID, b); err != nil {
@@ -180,7 +180,7 @@ func (s *Service) get(ctx context.Context, key []byte, row *store.CommandRow) (*
 	if err != nil {
 		return nil, err
 	}
-	if raw, err = open(key, raw); err != nil {
+	if raw, err = sandboxkeys.Open(key, label, raw); err != nil {
 		return nil, err
 	}
 	var c sandbox.Command
@@ -251,20 +251,4 @@ func (t tee) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	return t.w.Write(b)
-}
-
-// seal and open protect an entry under the sandbox's data key; without a
-// key it passes as is, for the secret store's master-key sealing alone.
-func seal(key, v []byte) ([]byte, error) {
-	if key == nil {
-		return v, nil
-	}
-	return secrets.Seal(key, label, v)
-}
-
-func open(key, v []byte) ([]byte, error) {
-	if key == nil {
-		return v, nil
-	}
-	return secrets.Open(key, label, v)
 }
