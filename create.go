@@ -283,8 +283,8 @@ func (e *Engine) unmakeBox(ctx context.Context, c *creation, why error) {
 func (e *Engine) createKeys(ctx context.Context, c *creation) error {
 	var keys sandboxkeys.Keys
 	switch {
-	case c.pm != nil && c.pm.Key != nil:
-		keys = sandboxkeys.Keys{Data: c.pm.Key, Console: c.pm.Console}
+	case c.pm != nil && c.pm.Keys.Data != nil:
+		keys = c.pm.Keys
 	case !e.encrypt:
 		return nil
 	default:

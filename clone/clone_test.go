@@ -125,7 +125,7 @@ func TestGoldenAndPool(t *testing.T) {
 		t.Error("a member of a size the pool does not keep")
 	}
 	pm := s.Claim(img, small)
-	if pm == nil || !sandbox.ValidID(pm.ID) || len(pm.Key) != hypervisor.KeySize || pm.Console == nil {
+	if pm == nil || !sandbox.ValidID(pm.ID) || len(pm.Keys.Data) != hypervisor.KeySize || pm.Keys.Console == nil {
 		t.Fatalf("claimed: %+v", pm)
 	}
 	r, err := pm.Agent.Exec(ctx, agentclient.ExecRequest{Argv: []string{"echo", "warm"}}, nil)

@@ -2,22 +2,19 @@ package clone
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
 
-	"filippo.io/age"
-
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
-	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
 
@@ -42,8 +39,7 @@ type Member struct {
 	ID      string
 	Machine hypervisor.Machine
 	Agent   *agentclient.Client
-	Key     []byte              // its data key (nil without crypto-erase)
-	Console *age.X25519Identity // its console identity (nil likewise)
+	Keys    sandboxkeys.Keys // its data key and console identity (none without crypto-erase)
 
 	stateDir string
 	img      images.Image
@@ -232,9 +228,7 @@ func (s *Service) waitQuiet(ctx context.Context) bool {
 func (s *Service) newMember(ctx context.Context, snap *store.Snapshot, key []byte, img images.Image, res sandbox.Resources) (_ *Member, err error) {
 	pm := &Member{ID: sandbox.NewID(), img: img, res: res}
 	if s.o.Encrypt {
-		pm.Key = make([]byte, hypervisor.KeySize)
-		rand.Read(pm.Key)
-		if pm.Console, err = consolelog.NewIdentity(); err != nil {
+		if pm.Keys, err = sandboxkeys.New(); err != nil {
 			return nil, err
 		}
 	}
@@ -243,10 +237,10 @@ func (s *Service) newMember(ctx context.Context, snap *store.Snapshot, key []byt
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	spec := s.o.Host.SandboxSpec(pm.ID)
-	spec.DataKey, spec.SnapshotKey = pm.Key, key
+	spec.DataKey, spec.SnapshotKey = pm.Keys.Data, key
 	pm.stateDir = spec.StateDir
-	if pm.Console != nil {
-		spec.ConsoleRecipient = pm.Console.Recipient().String()
+	if pm.Keys.Console != nil {
+		spec.ConsoleRecipient = pm.Keys.Console.Recipient().String()
 	}
 	if att != nil {
 		spec.Network = &hypervisor.Network{Tap: att.Tap, MAC: att.MAC}
