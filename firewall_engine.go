@@ -13,15 +13,6 @@ import (
 // policyKey is where a sandbox record keeps its firewall policy.
 const policyKey = "firewall"
 
-func withExtra(m map[string]json.RawMessage, k string, v any) map[string]json.RawMessage {
-	if m == nil {
-		m = map[string]json.RawMessage{}
-	}
-	b, _ := json.Marshal(v)
-	m[k] = b
-	return m
-}
-
 // Firewall returns a sandbox's firewall policy.
 func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, error) {
 	if err := e.check(ctx, "getFirewall", id); err != nil {
@@ -77,10 +68,7 @@ func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy)
 	if err != nil {
 		return nil, err
 	}
-	if b.rec.Extra == nil {
-		b.rec.Extra = map[string]json.RawMessage{}
-	}
-	b.rec.Extra[policyKey] = raw
+	b.rec.SetExtra(policyKey, json.RawMessage(raw))
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
 		return nil, err
 	}
@@ -113,6 +101,6 @@ func (e *Engine) initialPolicy(req *sandbox.CreateRequest, rec *store.Sandbox) e
 	if err != nil {
 		return err
 	}
-	rec.Extra = withExtra(rec.Extra, policyKey, json.RawMessage(raw))
+	rec.SetExtra(policyKey, json.RawMessage(raw))
 	return nil
 }

@@ -71,7 +71,7 @@ func (s *Service) makeCA(ctx context.Context, sb Sandbox) error {
 	if err := s.o.Secrets.Put(ctx, sandboxkeys.Scope(sb.Rec.ID), caKeyName, der); err != nil {
 		return err
 	}
-	sb.Rec.Extra = withExtra(sb.Rec.Extra, caCertKey, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})))
+	sb.Rec.SetExtra(caCertKey, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})))
 	return s.o.Store.PutSandbox(ctx, sb.Rec)
 }
 

@@ -151,7 +151,7 @@ func (s *Service) Pin(ctx context.Context, tx env.Tx, req *sandbox.CreateRequest
 		return err
 	}
 	rec.EnvironmentID, rec.Environment = en.ID, fmt.Sprintf("%s@%d", en.Name, v.Version)
-	rec.Extra = withExtra(rec.Extra, envVersionKey, v.Version)
+	rec.SetExtra(envVersionKey, v.Version)
 	rec.Placeholders = map[string]string{}
 	for k, x := range v.Variables {
 		if x.Secret {
@@ -167,15 +167,6 @@ func Version(rec *store.Sandbox) (int, error) {
 	var n int
 	err := json.Unmarshal(rec.Extra[envVersionKey], &n)
 	return n, err
-}
-
-func withExtra(m map[string]json.RawMessage, k string, v any) map[string]json.RawMessage {
-	if m == nil {
-		m = map[string]json.RawMessage{}
-	}
-	b, _ := json.Marshal(v)
-	m[k] = b
-	return m
 }
 
 // pinned returns the sandbox's pinned environment version, or nil.

@@ -75,6 +75,17 @@ type Sandbox struct {
 	HibernatedBytes int64 `json:"hibernated_bytes,omitempty"`
 }
 
+// SetExtra keeps v, as JSON, in the record's Extra under k (the key of
+// the part of the engine that owns it). v is a value that encodes: a
+// number, a string, or JSON already (json.RawMessage).
+func (s *Sandbox) SetExtra(k string, v any) {
+	if s.Extra == nil {
+		s.Extra = map[string]json.RawMessage{}
+	}
+	b, _ := json.Marshal(v)
+	s.Extra[k] = b
+}
+
 // Store is the engine's state storage.
 type Store interface {
 	Tx

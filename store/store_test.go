@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -61,5 +62,23 @@ func TestScrubNotFooledByAReader(t *testing.T) {
 	tx.Rollback()
 	if err := s.Scrub(ctx); err != nil {
 		t.Fatal("scrub after the reader left:", err)
+	}
+}
+
+// TestSetExtra: a record without Extra gets one; a key set is kept as
+// JSON, set again replaces it, and the other parts' keys stay.
+func TestSetExtra(t *testing.T) {
+	var rec Sandbox
+	rec.SetExtra("environment_version", 3)
+	rec.SetExtra("firewall", json.RawMessage(`{"default_outbound":"deny"}`))
+	rec.SetExtra("environment_version", 4)
+	if got := string(rec.Extra["environment_version"]); got != "4" {
+		t.Fatalf("environment_version: %s", got)
+	}
+	if got := string(rec.Extra["firewall"]); got != `{"default_outbound":"deny"}` {
+		t.Fatalf("firewall: %s", got)
+	}
+	if len(rec.Extra) != 2 {
+		t.Fatalf("extra: %v", rec.Extra)
 	}
 }
