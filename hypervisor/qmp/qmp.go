@@ -19,6 +19,10 @@ import (
 // confused VMM from making us buffer without limit.
 const maxLine = 1 << 20
 
+// maxEventsBeforeGreeting bounds the events Dial skips while it waits for
+// the greeting.
+const maxEventsBeforeGreeting = 64
+
 // Client is a QMP connection: one command at a time, every call bounded by
 // its context. Asynchronous events are read and dropped.
 type Client struct {
@@ -51,14 +55,23 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	}
 	q := &Client{conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
 	if err := q.withDeadline(ctx, func() error {
-		var greet reply
-		if err := q.read(&greet); err != nil {
-			return err
+		// An event can come before the greeting: the socket serves one
+		// client at a time, and QEMU may still send the previous
+		// client's session an event (a block job's) as it hands over to
+		// this one. Events are skipped, a bounded number of them.
+		for range maxEventsBeforeGreeting {
+			var greet reply
+			if err := q.read(&greet); err != nil {
+				return err
+			}
+			if greet.QMP != nil {
+				return nil
+			}
+			if greet.Event == "" {
+				return fmt.Errorf("qmp: no greeting: %+v", greet)
+			}
 		}
-		if greet.QMP == nil {
-			return fmt.Errorf("qmp: no greeting: %+v", greet)
-		}
-		return nil
+		return fmt.Errorf("qmp: no greeting after %d events", maxEventsBeforeGreeting)
 	}); err != nil {
 		conn.Close()
 		return nil, err
