@@ -11,6 +11,7 @@ import (
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/internal/testapi"
 	"github.com/harebox/harebox/processes"
@@ -133,10 +134,12 @@ func TestSandboxMethods(t *testing.T) {
 // method of the engine with the same name and as many arguments and
 // results, so code moves between the two by changing its receiver; the
 // process methods are the engine's Processes() service's, named without
-// "Process" (StartProcess is Processes().Start).
+// "Process" (StartProcess is Processes().Start), and the snapshot methods
+// its Snapshots() service's (Snapshot is Snapshots().Take, DeleteSnapshot
+// Snapshots().Delete).
 func TestSameNamesAsTheLibrary(t *testing.T) {
 	ct := reflect.TypeFor[*apiclient.Client]()
-	et, pt := reflect.TypeFor[*harebox.Engine](), reflect.TypeFor[*processes.Service]()
+	et, pt, st := reflect.TypeFor[*harebox.Engine](), reflect.TypeFor[*processes.Service](), reflect.TypeFor[*clone.Snapshots]()
 	shared := 0
 	check := func(name string, et reflect.Type, ename string) {
 		cm, ok1 := ct.MethodByName(name)
@@ -155,12 +158,15 @@ func TestSameNamesAsTheLibrary(t *testing.T) {
 		}
 		shared++
 	}
-	for _, name := range []string{"Create", "Get", "List", "Delete", "Pause", "Resume", "Stop", "Start", "Hibernate", "Fork",
-		"Snapshot", "DeleteSnapshot", "Exec", "WriteFile", "ReadFile", "StatFile", "Firewall", "SetFirewall"} {
+	for _, name := range []string{"Create", "Get", "List", "Delete", "Pause", "Resume", "Stop", "Start", "Hibernate",
+		"Exec", "WriteFile", "ReadFile", "StatFile", "Firewall", "SetFirewall"} {
 		check(name, et, name)
 	}
 	for _, name := range []string{"StartProcess", "ListProcesses", "GetProcess", "WaitProcess", "KillProcess"} {
 		check(name, pt, strings.NewReplacer("Processes", "", "Process", "").Replace(name))
+	}
+	for name, ename := range map[string]string{"Snapshot": "Take", "Fork": "Fork", "DeleteSnapshot": "Delete"} {
+		check(name, st, ename)
 	}
 	if shared == 0 {
 		t.Fatal("no shared method checked")
