@@ -62,7 +62,7 @@ func (s sandboxView) Here(id string) bool {
 	return s.e.boxes.isKept(id) || s.e.boxes.get(id) != nil
 }
 
-func (s sandboxView) Elsewhere(rec *store.Sandbox) bool { return s.e.elsewhere(rec) }
+func (s sandboxView) Elsewhere(rec *store.Sandbox) bool { return s.e.hosts.Foreign(rec) }
 
 func (s sandboxView) CanStop() bool { return s.e.reuse }
 

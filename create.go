@@ -34,7 +34,7 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 		}
 		defer o.Done()
 		// (Its files are on the host of the sandbox it was taken of.)
-		if h, err := e.SnapshotElsewhere(ctx, req.Snapshot); err != nil || h != nil {
+		if h, err := e.hosts.SnapshotElsewhere(ctx, req.Snapshot); err != nil || h != nil {
 			if err != nil {
 				return nil, err
 			}

@@ -86,7 +86,7 @@ type Engine struct {
 	urlCalls *ingress.Calls
 	events   *events.Service
 
-	// shared: other hosts share the store (see elsewhere).
+	// shared: other hosts share the store (see cluster.Registry.Foreign).
 	shared bool
 	// defaultAcc is where the operator's sandboxes go when no account is
 	// named, and where records from before tenancy are placed.

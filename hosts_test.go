@@ -105,10 +105,10 @@ func TestHostsShareAStore(t *testing.T) {
 	if err != nil || len(l) != 1 || l[0].ID != box.ID || l[0].Host != "b" || l[0].State != sandbox.StateRunning {
 		t.Fatalf("a lists %+v %v", l, err)
 	}
-	if h, err := a.eng.Elsewhere(ctx, box.ID); err != nil || h == nil || h.Name != "b" || !h.Up || h.Address != "https://b.hosts.invalid:7443" {
+	if h, err := a.eng.Cluster().Elsewhere(ctx, box.ID); err != nil || h == nil || h.Name != "b" || !h.Up || h.Address != "https://b.hosts.invalid:7443" {
 		t.Fatalf("a: where is it? %+v %v", h, err)
 	}
-	if h, err := b.eng.Elsewhere(ctx, box.ID); err != nil || h != nil {
+	if h, err := b.eng.Cluster().Elsewhere(ctx, box.ID); err != nil || h != nil {
 		t.Fatalf("b: where is it? %+v %v", h, err)
 	}
 	// a never acts on it (its VM, disk and key are b's): only reads.
@@ -181,11 +181,11 @@ func TestHostsShareAStore(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if hs, _ := a.eng.Hosts(ctx); len(hs) != 2 || hs[1].Name != "b" || hs[1].Up {
+	if hs, _ := a.eng.Cluster().Hosts(ctx); len(hs) != 2 || hs[1].Name != "b" || hs[1].Up {
 		t.Fatalf("hosts after b died: %+v", hs)
 	}
 	// (Nothing is placed on a host that is down.)
-	if h, err := a.eng.Place(ctx, sandbox.Presets["small"]); err != nil || h.Name != "a" {
+	if h, err := a.eng.Cluster().Place(ctx, sandbox.Presets["small"]); err != nil || h.Name != "a" {
 		t.Fatalf("placed on %+v %v with b down", h, err)
 	}
 
@@ -211,7 +211,7 @@ func TestHostsShareAStore(t *testing.T) {
 
 	// Placement: b runs one small sandbox, a none: a goes first; with two
 	// on a, b is the least loaded (as its next renewal tells).
-	if h, err := a.eng.Place(ctx, sandbox.Presets["small"]); err != nil || h.Name != "a" {
+	if h, err := a.eng.Cluster().Place(ctx, sandbox.Presets["small"]); err != nil || h.Name != "a" {
 		t.Fatalf("placed on %+v %v, want a", h, err)
 	}
 	for range 2 {
@@ -221,7 +221,7 @@ func TestHostsShareAStore(t *testing.T) {
 	}
 	deadline := time.Now().Add(2 * lease)
 	for {
-		h, err := a.eng.Place(ctx, sandbox.Presets["small"])
+		h, err := a.eng.Cluster().Place(ctx, sandbox.Presets["small"])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +233,7 @@ func TestHostsShareAStore(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if _, err := a.eng.Place(ctx, sandbox.Resources{VCPUs: 64, MemoryMB: 512, DiskGB: 1}); !errors.Is(err, sandbox.ErrCapacity) {
+	if _, err := a.eng.Cluster().Place(ctx, sandbox.Resources{VCPUs: 64, MemoryMB: 512, DiskGB: 1}); !errors.Is(err, sandbox.ErrCapacity) {
 		t.Fatalf("placing what no host has room for: %v", err)
 	}
 }

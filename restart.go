@@ -24,7 +24,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 	keep := map[string]bool{}
 	var live []string
 	for _, rec := range recs {
-		if e.elsewhere(rec) {
+		if e.hosts.Foreign(rec) {
 			continue // (another host's)
 		}
 		if e.shared && rec.Host == "" && !fileExists(rec.StateDir) {

@@ -47,7 +47,7 @@ func (s snapshotSources) Create(ctx context.Context, req sandbox.CreateRequest, 
 func (s snapshotSources) Delete(ctx context.Context, id string) error { return s.e.Delete(ctx, id) }
 
 func (s snapshotSources) SnapshotHere(ctx context.Context, id string) error {
-	host, err := s.e.SnapshotElsewhere(ctx, id)
+	host, err := s.e.hosts.SnapshotElsewhere(ctx, id)
 	if err != nil || host == nil {
 		return err
 	}

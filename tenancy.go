@@ -62,7 +62,7 @@ func (e *Engine) here(ctx context.Context, action, id string) error {
 		return nil
 	}
 	rec, err := e.store.GetSandbox(ctx, id)
-	if err != nil || !e.elsewhere(rec) {
+	if err != nil || !e.hosts.Foreign(rec) {
 		return nil
 	}
 	return elsewhereErr("sandbox "+id, rec.Host)

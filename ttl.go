@@ -53,7 +53,7 @@ func (e *Engine) reapStopped(ctx context.Context) {
 	}
 	now := time.Now()
 	for _, r := range recs {
-		if e.elsewhere(r) {
+		if e.hosts.Foreign(r) {
 			continue
 		}
 		if (r.State == sandbox.StateStopped || r.State == sandbox.StateHibernated) && r.Kept && r.ExpiresAt != nil && !r.ExpiresAt.After(now) {

@@ -34,7 +34,6 @@ type Engine interface {
 	Commands
 	Files
 	Firewalls
-	Hosts
 	Domains
 	Control
 }
@@ -76,16 +75,6 @@ type Firewalls interface {
 	SetFirewall(ctx context.Context, id string, p *firewall.Policy) (*firewall.Policy, error)
 }
 
-// Hosts are the deployment's hosts: where a sandbox is, where a new one goes.
-type Hosts interface {
-	HostName() string
-	Hosts(ctx context.Context) ([]*cluster.Host, error)
-	Elsewhere(ctx context.Context, id string) (*cluster.Host, error)
-	SnapshotElsewhere(ctx context.Context, id string) (*cluster.Host, error)
-	Place(ctx context.Context, size sandbox.Resources) (*cluster.Host, error)
-	RemoveHost(ctx context.Context, name string) ([]string, error)
-}
-
 // Domains are the domain services the REST layer calls directly for
 // their own calls.
 type Domains interface {
@@ -101,6 +90,9 @@ type Domains interface {
 	Images() *catalog.Catalog
 	Events() *events.Service
 	Snapshots() *clone.Snapshots
+	// Cluster is the deployment's hosts: this one's name, where a
+	// sandbox runs and a create goes, the hosts listed and removed.
+	Cluster() *cluster.Registry
 }
 
 // Control is the engine as a whole: authorization, counts and

@@ -39,7 +39,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) bool 
 		writeError(w, toAPIError(err))
 		return true
 	}
-	if h == nil || h.Name == s.eng.HostName() {
+	if h == nil || h.Name == s.hosts.Name() {
 		return false
 	}
 	if !h.Up {
@@ -75,13 +75,13 @@ func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, rt Route) (*c
 	case rt.OperationID == "createSandbox":
 		return s.placement(w, r)
 	case rt.OperationID == "deleteSnapshot":
-		return s.eng.SnapshotElsewhere(ctx, r.PathValue("snapshot"))
+		return s.hosts.SnapshotElsewhere(ctx, r.PathValue("snapshot"))
 	case rt.OperationID == "getSandbox":
 		// From the store, as a list shows it: what its host last wrote
 		// (lost, if the host is down).
 		return nil, nil
 	case strings.HasPrefix(rt.Path, "/v1/sandboxes/{id}"):
-		return s.eng.Elsewhere(ctx, r.PathValue("id"))
+		return s.hosts.Elsewhere(ctx, r.PathValue("id"))
 	}
 	return nil, nil
 }
@@ -105,13 +105,13 @@ func (s *Server) placement(w http.ResponseWriter, r *http.Request) (*cluster.Hos
 		return nil, nil
 	}
 	if req.Snapshot != "" {
-		return s.eng.SnapshotElsewhere(r.Context(), req.Snapshot)
+		return s.hosts.SnapshotElsewhere(r.Context(), req.Snapshot)
 	}
 	size, _, err := req.Resolve()
 	if err != nil {
 		return nil, nil
 	}
-	h, err := s.eng.Place(r.Context(), size)
+	h, err := s.hosts.Place(r.Context(), size)
 	if err != nil {
 		return nil, nil // (no host has room: the create here says so)
 	}

@@ -5,7 +5,7 @@ import "net/http"
 // listHosts lists the hosts of the deployment (those that share the
 // engine's store), up or down: the operator only.
 func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) error {
-	hosts, err := s.eng.Hosts(r.Context())
+	hosts, err := s.hosts.Hosts(r.Context())
 	if err != nil {
 		return err
 	}
@@ -17,7 +17,7 @@ func (s *Server) listHosts(w http.ResponseWriter, r *http.Request) error {
 // the operator only.
 func (s *Server) deleteHost(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	deleted, err := s.eng.RemoveHost(r.Context(), name)
+	deleted, err := s.hosts.Remove(r.Context(), name)
 	if err != nil {
 		return err
 	}

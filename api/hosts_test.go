@@ -188,7 +188,7 @@ func TestForwardToTheOwningHost(t *testing.T) {
 	}
 	// (a knows what b runs as of b's last renewal.)
 	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		hs, _ := a.eng.Hosts(context.Background())
+		hs, _ := a.eng.Cluster().Hosts(context.Background())
 		if len(hs) == 2 && hs[1].Used.VCPUs == 1 {
 			break
 		}
@@ -286,12 +286,12 @@ func TestForwardToAHostThatIsDown(t *testing.T) {
 // hostAddress is a host's internal endpoint as it registered it.
 func hostAddress(t *testing.T, f *fastAPI) string {
 	t.Helper()
-	hs, err := f.eng.Hosts(context.Background())
+	hs, err := f.eng.Cluster().Hosts(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, h := range hs {
-		if h.Name == f.eng.HostName() {
+		if h.Name == f.eng.Cluster().Name() {
 			return h.Address
 		}
 	}

@@ -128,11 +128,13 @@ type Server struct {
 	// urls answers the URL and URL CA calls (the engine's ingress.Calls),
 	// images the image calls (its catalog), monitor the sandboxes'
 	// metrics (its monitoring), budgets the budget and usage calls (its
-	// budgets).
+	// budgets), hosts the hosts' calls and where a request goes (its
+	// registry of hosts).
 	urls    *ingress.Calls
 	images  *catalog.Catalog
 	monitor *monitor.Service
 	budgets *budget.Service
+	hosts   *cluster.Registry
 	// The last readiness answer (readiness).
 	readyMu     sync.Mutex
 	readyAt     time.Time
@@ -271,9 +273,9 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine),
 		urls: opts.Engine.URLCalls(), images: opts.Engine.Images(), monitor: opts.Engine.Monitor(),
-		budgets: opts.Engine.Budgets()}
+		budgets: opts.Engine.Budgets(), hosts: opts.Engine.Cluster()}
 	if opts.Cluster != nil {
-		s.fwd = cluster.NewForwarder(opts.Engine.HostName(), opts.Cluster, func(w http.ResponseWriter, r *http.Request, err error) {
+		s.fwd = cluster.NewForwarder(s.hosts.Name(), opts.Cluster, func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("cannot forward a request to its host", "path", r.URL.Path, "err", err)
 			writeError(w, apiError{status: http.StatusBadGateway, code: "unavailable", msg: err.Error()})
 		})

@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
+	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -19,35 +21,58 @@ import (
 // Host is a host as the registry holds it.
 type Host = store.Host
 
+// HostOptions name this host among the hosts that share a store (a
+// PostgreSQL database). Each engine runs the sandboxes it created and
+// takes only those again at start; the others' it sees in lists.
+type HostOptions struct {
+	// Name is this host's name in the deployment; default the machine's
+	// host name. Two engines on one store never run by the same name.
+	Name string
+	// Address is this host's internal endpoint (https://HOST:PORT) where
+	// the other hosts' servers forward requests for its sandboxes; ""
+	// (one host, or a library engine) places every create here.
+	Address string
+	// Lease is how long the host stays up in the store without renewing
+	// it (default 15 s; renewed every third). When it lapses, another
+	// host marks it down and its running sandboxes lost.
+	Lease time.Duration
+}
+
 // Options configure a Registry.
 type Options struct {
-	Store store.Store
-	// Name is this host's name in the deployment (unique among them).
-	Name string
-	Site string
-	// Address is this host's internal endpoint (https://HOST:PORT); ""
-	// when it has none (then no other host can reach its sandboxes).
-	Address  string
+	HostOptions
+	Store    store.Store
+	Site     string
 	Capacity sandbox.Resources
 	// Used reports what this host's sandboxes reserve now.
 	Used func() sandbox.Resources
-	// Lease is how long the host stays up without renewing (default
-	// 15 s); it renews every third of it.
-	Lease time.Duration
 	// Revived is called when this host finds that the others marked it
 	// down (and its sandboxes lost) while it ran: its sandboxes' records
 	// must be written again.
 	Revived func(ctx context.Context)
-	Now     func() time.Time
-	Log     *slog.Logger
+	// Sandboxes is the engine: which sandboxes are live here, and what
+	// goes with a removed host's sandboxes and snapshots (Remove).
+	Sandboxes Sandboxes
+	// Audit records Remove.
+	Audit Recorder
+	Now   func() time.Time
+	Log   *slog.Logger
+}
+
+// Recorder records a change in the audit log (audit.Log).
+type Recorder interface {
+	Record(ctx context.Context, action, accountID, target string, err error)
 }
 
 // Registry keeps this host's lease in the store and marks the hosts
-// whose lease lapsed down.
+// whose lease lapsed down; it says where a sandbox runs, and removes a
+// host that is gone.
 type Registry struct {
 	opts  Options
 	db    Store
 	nudge chan struct{}
+	// shared: other hosts may share the store (see Foreign).
+	shared bool
 }
 
 // Tx is what the registry needs of a store transaction.
@@ -63,11 +88,26 @@ type Store interface {
 	Update(ctx context.Context, fn func(tx Tx) error) error
 	GetHost(ctx context.Context, name string) (*store.Host, error)
 	ListHosts(ctx context.Context) ([]*store.Host, error)
+	DeleteHost(ctx context.Context, name string) error
+	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
+	PutSandbox(ctx context.Context, s *store.Sandbox) error
+	SandboxesOn(ctx context.Context, host string, states ...sandbox.State) ([]*store.Sandbox, error)
+	GetSnapshot(ctx context.Context, id string) (*store.Snapshot, error)
+	ListSnapshots(ctx context.Context) ([]*store.Snapshot, error)
+	Scrub(ctx context.Context) error
 }
 
 // Register claims this host's name in the store (store.ErrInUse if another
-// process runs by it) and marks the host up.
+// process runs by it) and marks the host up. Without a name the host
+// takes the machine's host name.
 func Register(ctx context.Context, opts Options) (*Registry, error) {
+	if opts.Name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "host", "no host name given, and the machine's: %v", err)
+		}
+		opts.Name = h
+	}
 	if opts.Name == "" {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "host", "a host needs a name")
 	}
@@ -91,6 +131,8 @@ func Register(ctx context.Context, opts Options) (*Registry, error) {
 		}
 	}
 	r := &Registry{opts: opts, db: store.Narrow(opts.Store, func(tx store.Tx) Tx { return tx }), nudge: make(chan struct{}, 1)}
+	sh, ok := opts.Store.(interface{ Shared() bool })
+	r.shared = ok && sh.Shared()
 	if _, err := r.renew(ctx, true); err != nil {
 		return nil, err
 	}
@@ -99,6 +141,10 @@ func Register(ctx context.Context, opts Options) (*Registry, error) {
 
 // Name is this host's name.
 func (r *Registry) Name() string { return r.opts.Name }
+
+// Shared reports whether other hosts may share the store (PostgreSQL);
+// one that is not (SQLite) is this host's alone.
+func (r *Registry) Shared() bool { return r.shared }
 
 // renew writes this host's row: up, with a new lease. revived says
 // whether it was marked down meanwhile.
@@ -227,8 +273,13 @@ func (r *Registry) Get(ctx context.Context, name string) (*Host, error) {
 	return r.db.GetHost(ctx, name)
 }
 
-// Hosts lists every host, up or down.
+// Hosts lists the hosts that share the store, up or down, for the
+// principal in the context (the operator only: hosts are the
+// deployment's, not an account's).
 func (r *Registry) Hosts(ctx context.Context) ([]*Host, error) {
+	if err := authz.Allowed(authz.From(ctx), "listHosts"); err != nil {
+		return nil, err
+	}
 	return r.db.ListHosts(ctx)
 }
 

@@ -354,7 +354,7 @@ func run(args []string, instead func(settings) error) error {
 		internal = srv.HTTPServer()
 		internal.Handler = srv.Internal()
 		go func() { errc <- internal.Serve(tls.NewListener(il, clusterTLS.Server)) }()
-		log.Info("internal endpoint listening", "addr", *internalAddr, "url", advertised, "host", eng.HostName())
+		log.Info("internal endpoint listening", "addr", *internalAddr, "url", advertised, "host", eng.Cluster().Name())
 	}
 	log.Info("hareboxd listening", "addr", *listen, "scheme", scheme, "version", version, "root_key", keyPath)
 	// Under systemd (Type=notify): ready now, not when the process began.
