@@ -95,7 +95,7 @@ func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (_ 
 	if err != nil {
 		return nil, agentErr(err)
 	}
-	out := result(res)
+	out := res.Result()
 	e.history.Record(ctx, b.historyRef(), "exec", &r, started, out)
 	return out, nil
 }
@@ -117,21 +117,12 @@ func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecReques
 	if err != nil {
 		return nil, agentErr(err)
 	}
-	out := result(agentclient.ExecResult{ExitStatus: st})
+	out := agentclient.ExecResult{ExitStatus: st}.Result()
 	kept := *out
 	kept.Stdout, kept.StdoutTruncated = string(ho.Bytes()), ho.Truncated()
 	kept.Stderr, kept.StderrTruncated = string(he.Bytes()), he.Truncated()
 	e.history.Record(ctx, b.historyRef(), "stream", &r, started, &kept)
 	return out, nil
-}
-
-func result(r agentclient.ExecResult) *sandbox.ExecResult {
-	return &sandbox.ExecResult{
-		ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut, Error: r.Error,
-		Stdout: string(r.Stdout), Stderr: string(r.Stderr),
-		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated,
-		DurationMS: r.Duration.Milliseconds(),
-	}
 }
 
 // dataKey returns a sandbox's data key for its history: the live box's,

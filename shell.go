@@ -47,7 +47,7 @@ func (e *Engine) Shell(ctx context.Context, id string, r sandbox.ExecRequest, te
 	if err != nil {
 		return nil, agentErr(err)
 	}
-	res := result(agentclient.ExecResult{ExitStatus: st})
+	res := agentclient.ExecResult{ExitStatus: st}.Result()
 	e.history.Record(ctx, b.historyRef(), kind, &r, started, res)
 	return res, nil
 }

@@ -212,8 +212,8 @@ func (s *Service) record(sb *Sandbox, procID string, r sandbox.ExecRequest) {
 	if err != nil || st == nil {
 		return // (the engine closed, or the agent went away)
 	}
-	res := result(agentclient.ExecResult{ExitStatus: *st, Stdout: out.Bytes(), Stderr: errw.Bytes(),
-		StdoutTruncated: out.Truncated(), StderrTruncated: errw.Truncated()})
+	res := agentclient.ExecResult{ExitStatus: *st, Stdout: out.Bytes(), Stderr: errw.Bytes(),
+		StdoutTruncated: out.Truncated(), StderrTruncated: errw.Truncated()}.Result()
 	s.o.History.Record(context.Background(), sb.History, "background", &r, started, res)
 }
 
@@ -248,7 +248,7 @@ func (s *Service) view(ctx context.Context, sb *Sandbox, cmd agentclient.Command
 		res.StdoutTruncated = out.Truncated() || uint64(len(res.Stdout)) < cmd.StdoutBytes
 		res.StderrTruncated = errw.Truncated() || uint64(len(res.Stderr)) < cmd.StderrBytes
 	}
-	p.Result = result(res)
+	p.Result = res.Result()
 	return p, nil
 }
 
@@ -366,16 +366,5 @@ func (s *Service) Output(ctx context.Context, id, procID string, offsets [2]uint
 	if st == nil {
 		return nil, nil
 	}
-	return result(agentclient.ExecResult{ExitStatus: *st}), nil
-}
-
-// result is an agent's result as the API shows it (as the engine's exec
-// does).
-func result(r agentclient.ExecResult) *sandbox.ExecResult {
-	return &sandbox.ExecResult{
-		ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut, Error: r.Error,
-		Stdout: string(r.Stdout), Stderr: string(r.Stderr),
-		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated,
-		DurationMS: r.Duration.Milliseconds(),
-	}
+	return agentclient.ExecResult{ExitStatus: *st}.Result(), nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/agent/agentpb"
+	"github.com/harebox/harebox/sandbox"
 )
 
 // ExecRequest describes one process to run in the guest.
@@ -42,6 +43,17 @@ type ExecResult struct {
 	Stderr          []byte `json:"stderr"`
 	StdoutTruncated bool   `json:"stdout_truncated"`
 	StderrTruncated bool   `json:"stderr_truncated"`
+}
+
+// Result is r as the API shows it (sandbox.ExecResult): the one
+// conversion, for the engine's execs and its background processes.
+func (r ExecResult) Result() *sandbox.ExecResult {
+	return &sandbox.ExecResult{
+		ExitCode: r.ExitCode, Signal: r.Signal, TimedOut: r.TimedOut, Error: r.Error,
+		Stdout: string(r.Stdout), Stderr: string(r.Stderr),
+		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated,
+		DurationMS: r.Duration.Milliseconds(),
+	}
 }
 
 // Exec runs a process and collects its output, keeping at most MaxOutput
