@@ -21,7 +21,7 @@ import (
 // o, it is restored from a snapshot and given its own identity.
 func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool, o *clone.Origin) error {
 	rec := b.rec
-	policy, err := policyOf(rec.Extra[policyKey])
+	policy, err := firewall.Stored(rec.Extra[firewall.RecordKey])
 	if err != nil {
 		return err
 	}
@@ -44,10 +44,10 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 		spec.SnapshotKey = o.Key
 		m, err = e.hv.Restore(ctx, o.Snap.Dir, spec)
 		if err != nil {
-			return hvErr(fmt.Errorf("restore: %w", err))
+			return err
 		}
 	} else if m, err = e.hv.Launch(ctx, spec); err != nil {
-		return hvErr(fmt.Errorf("launch: %w", err))
+		return err
 	}
 	if o != nil {
 		b.phases.mark("restore")
@@ -105,7 +105,7 @@ func (e *Engine) provision(ctx context.Context, b *box, c *agentclient.Client) e
 	if err := c.SyncTime(ctx, time.Now()); err != nil {
 		return err
 	}
-	return e.guests.Deliver(ctx, b.guest(), guestAgent{c})
+	return e.guests.Deliver(ctx, b.guest(), c)
 }
 
 // bootFailed gives a failed boot step its kind: unavailable, or timed out

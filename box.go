@@ -89,11 +89,8 @@ func (b *box) client(ctx context.Context, e *Engine) (*agentclient.Client, error
 	}
 	defer cancel()
 	c, _, err := agentclient.DialReady(dctx, b.m.AgentEndpoint(), e.agentOptions())
-	if errors.Is(err, agentclient.ErrAgentTooOld) {
-		return nil, agentErr(err)
-	}
 	if err != nil {
-		return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the sandbox's agent does not answer", Err: err}
+		return nil, err
 	}
 	b.agent = c
 	return c, nil

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/harebox/harebox/clone"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/network"
@@ -54,7 +55,7 @@ func (e *Engine) claimBoot(ctx context.Context, b *box, pm *clone.Member) error 
 	b.amu.Lock()
 	b.agent = pm.Agent
 	b.amu.Unlock()
-	policy, err := policyOf(rec.Extra[policyKey])
+	policy, err := firewall.Stored(rec.Extra[firewall.RecordKey])
 	if err != nil {
 		return err
 	}

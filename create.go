@@ -7,6 +7,7 @@ import (
 
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/clone"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets/sandboxkeys"
@@ -207,8 +208,12 @@ func (e *Engine) admitCreate(ctx context.Context, c *creation) error {
 	case c.o != nil:
 		rec.Served = "snapshot"
 	}
-	if err := e.initialPolicy(req, rec); err != nil {
+	policy, err := firewall.Requested(req.Firewall, e.opts.DefaultFirewall)
+	if err != nil {
 		return err
+	}
+	if policy != nil {
+		rec.SetExtra(firewall.RecordKey, policy)
 	}
 	if err := e.store.Update(ctx, func(tx store.Tx) error {
 		if err := e.place(ctx, tx, req, rec); err != nil {

@@ -93,7 +93,7 @@ func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (_ 
 	started := e.opts.Now()
 	res, err := c.Exec(ctx, b.agentRequest(&r), stdin)
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, err
 	}
 	out := res.Result()
 	e.history.Record(ctx, b.historyRef(), "exec", &r, started, out)
@@ -115,7 +115,7 @@ func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecReques
 	ho, he, stdout, stderr := history.Writers(stdout, stderr)
 	st, err := c.ExecStream(ctx, b.agentRequest(&r), agentclient.ExecIO{Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, err
 	}
 	out := agentclient.ExecResult{ExitStatus: st}.Result()
 	kept := *out

@@ -50,7 +50,7 @@ func (e *Engine) WriteFile(ctx context.Context, id, path string, r io.Reader, o 
 		return nil, sandbox.Errorf(sandbox.ErrTooLarge, "", "file is larger than the %d-byte limit", e.opts.MaxFileBytes)
 	}
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, err
 	}
 	return fileInfo(fi), nil
 }
@@ -65,7 +65,7 @@ func (e *Engine) ReadFile(ctx context.Context, id, path string, w io.Writer) (_ 
 	}
 	fi, err := c.Stat(ctx, path)
 	if err != nil {
-		return 0, agentErr(err)
+		return 0, err
 	}
 	if fi.Type != "file" {
 		return 0, sandbox.Errorf(sandbox.ErrInvalid, "path", "%s is a %s, not a regular file", path, fi.Type)
@@ -76,7 +76,7 @@ func (e *Engine) ReadFile(ctx context.Context, id, path string, w io.Writer) (_ 
 	// The file may grow between stat and read: the limit holds anyway.
 	n, err := c.ReadFile(ctx, path, w, 0, e.opts.MaxFileBytes)
 	if err != nil {
-		return n, agentErr(err)
+		return n, err
 	}
 	return n, nil
 }
@@ -89,7 +89,7 @@ func (e *Engine) StatFile(ctx context.Context, id, path string) (*sandbox.FileIn
 	}
 	fi, err := c.Stat(ctx, path)
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, err
 	}
 	return fileInfo(fi), nil
 }
@@ -103,7 +103,7 @@ func (e *Engine) ListFiles(ctx context.Context, id, path string) (_ []sandbox.Fi
 	}
 	list, truncated, err := c.ListDir(ctx, path, 0)
 	if err != nil {
-		return nil, false, agentErr(err)
+		return nil, false, err
 	}
 	out := make([]sandbox.FileInfo, len(list))
 	for i, fi := range list {
@@ -121,7 +121,7 @@ func (e *Engine) Mkdir(ctx context.Context, id, path string, mode uint32) (_ *sa
 	}
 	fi, err := c.Mkdir(ctx, path, mode, "")
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, err
 	}
 	return fileInfo(fi), nil
 }
@@ -134,7 +134,7 @@ func (e *Engine) RemoveFile(ctx context.Context, id, path string, recursive bool
 		return err
 	}
 	if err := c.Remove(ctx, path, recursive); err != nil {
-		return agentErr(err)
+		return err
 	}
 	return nil
 }

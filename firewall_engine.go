@@ -7,11 +7,7 @@ import (
 
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/sandbox"
-	"github.com/harebox/harebox/store"
 )
-
-// policyKey is where a sandbox record keeps its firewall policy.
-const policyKey = "firewall"
 
 // Firewall returns a sandbox's firewall policy.
 func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, error) {
@@ -21,20 +17,13 @@ func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, err
 	if b := e.boxes.get(id); b != nil {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return policyOf(b.rec.Extra[policyKey])
+		return firewall.Stored(b.rec.Extra[firewall.RecordKey])
 	}
 	rec, err := e.record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	return policyOf(rec.Extra[policyKey])
-}
-
-func policyOf(raw json.RawMessage) (*firewall.Policy, error) {
-	if raw == nil {
-		return firewall.Default(), nil
-	}
-	return firewall.Parse(raw)
+	return firewall.Stored(rec.Extra[firewall.RecordKey])
 }
 
 // SetFirewall replaces a sandbox's firewall policy. The policy is
@@ -68,39 +57,9 @@ func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy)
 	if err != nil {
 		return nil, err
 	}
-	b.rec.SetExtra(policyKey, json.RawMessage(raw))
+	b.rec.SetExtra(firewall.RecordKey, json.RawMessage(raw))
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
 		return nil, err
 	}
 	return p, nil
-}
-
-// initialPolicy puts a new sandbox's policy in its record: the request's,
-// or the engine's default, so that a later change of the default leaves
-// existing sandboxes as they are. The network installs it before boot.
-func (e *Engine) initialPolicy(req *sandbox.CreateRequest, rec *store.Sandbox) error {
-	p := e.opts.DefaultFirewall
-	if req.Firewall != nil {
-		var err error
-		if p, err = firewall.Parse(req.Firewall); err != nil {
-			var fe *firewall.Error
-			if errors.As(err, &fe) {
-				field := "firewall"
-				if fe.Field != "" {
-					field += "." + fe.Field
-				}
-				return sandbox.Errorf(sandbox.ErrInvalid, field, "%s", fe.Msg)
-			}
-			return &sandbox.Error{Kind: sandbox.ErrInvalid, Field: "firewall", Msg: "invalid firewall policy", Err: err}
-		}
-	}
-	if p == nil {
-		return nil
-	}
-	raw, err := json.Marshal(p)
-	if err != nil {
-		return err
-	}
-	rec.SetExtra(policyKey, json.RawMessage(raw))
-	return nil
 }

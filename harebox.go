@@ -35,6 +35,7 @@ import (
 	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/kinds"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
@@ -268,7 +269,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 // startHypervisor uses the in-process backend or starts the plugin.
 func (e *Engine) startHypervisor(ctx context.Context) error {
 	if e.opts.Hypervisor != nil {
-		e.hv = e.opts.Hypervisor
+		e.hv = kinds.Wrap(e.opts.Hypervisor)
 		return nil
 	}
 	path := e.opts.PluginPath
@@ -295,7 +296,7 @@ func (e *Engine) startHypervisor(ctx context.Context) error {
 	if err != nil {
 		return sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor plugin %s: %v", path, err)
 	}
-	e.hv = p
+	e.hv = kinds.Wrap(p)
 	e.closer = append(e.closer, p.Close)
 	return nil
 }
@@ -306,7 +307,7 @@ func (e *Engine) Capabilities(ctx context.Context) (hypervisor.Capabilities, err
 		return hypervisor.Capabilities{}, err
 	}
 	caps, err := e.hv.Capabilities(ctx)
-	return caps, hvErr(err)
+	return caps, err
 }
 
 // Ready says whether the engine can serve, part by part (nil: ready):

@@ -2,11 +2,11 @@ package harebox
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/kinds"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
@@ -53,7 +53,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 			b.m.Resume(ctx)
 		}
 		b.useMachine(b.m) // (it runs on: its agent may be called again)
-		return nil, hvErr(fmt.Errorf("hibernate: %w", err))
+		return nil, kinds.Of("hibernate", err)
 	}
 	// Charged up to now as it ran; from now on, its disk and these files.
 	b.rec.HibernatedBytes = size

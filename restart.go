@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/internal/mounts"
 	"github.com/harebox/harebox/internal/procs"
@@ -111,7 +112,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 		}
 		// The host resolver and egress proxy live in this process: give
 		// them the sandbox's policy again (the tap and nftables persist).
-		policy, err := policyOf(rec.Extra[policyKey])
+		policy, err := firewall.Stored(rec.Extra[firewall.RecordKey])
 		if err == nil {
 			_, err = e.net.Attach(ctx, rec.ID, policy)
 		}

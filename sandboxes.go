@@ -153,7 +153,7 @@ func (e *Engine) transition(ctx context.Context, id string, to sandbox.State, f 
 		return nil, err
 	}
 	if err := f(b); err != nil {
-		return nil, hvErr(err)
+		return nil, err
 	}
 	b.rec.State = to
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {

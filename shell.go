@@ -45,7 +45,7 @@ func (e *Engine) Shell(ctx context.Context, id string, r sandbox.ExecRequest, te
 	started := e.opts.Now()
 	st, err := c.ExecStream(ctx, ar, eio)
 	if err != nil {
-		return nil, agentErr(err)
+		return nil, err
 	}
 	res := agentclient.ExecResult{ExitStatus: st}.Result()
 	e.history.Record(ctx, b.historyRef(), kind, &r, started, res)

@@ -2,11 +2,11 @@ package harebox
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/clone"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -32,7 +32,7 @@ func (s snapshotSources) Hold(ctx context.Context, id string, fn func(*clone.Sou
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return fn(&clone.Source{Rec: b.rec, Key: b.keys.Data, Policy: b.rec.Extra[policyKey],
+	return fn(&clone.Source{Rec: b.rec, Key: b.keys.Data, Policy: b.rec.Extra[firewall.RecordKey],
 		Write: func(ctx context.Context, dir string, key []byte) error { return e.writeSnapshot(ctx, b, dir, key) }})
 }
 
@@ -77,7 +77,7 @@ func (e *Engine) writeSnapshot(ctx context.Context, b *box, dir string, key []by
 		}
 	}
 	if err != nil {
-		return hvErr(fmt.Errorf("snapshot: %w", err))
+		return err
 	}
 	return nil
 }

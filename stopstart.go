@@ -62,7 +62,7 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 	if err := b.m.Wait(sctx); err != nil {
 		b.m.Kill(ctx)
 		if err := b.m.Wait(ctx); err != nil {
-			return nil, hvErr(err)
+			return nil, err
 		}
 	}
 	// What ran is charged up to now (its link's traffic too, before the

@@ -28,6 +28,7 @@ import (
 	"github.com/harebox/harebox/agent/transport"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/hvsock"
+	"github.com/harebox/harebox/model"
 )
 
 // Limits on what the host accepts from a guest.
@@ -273,7 +274,8 @@ type Health struct {
 }
 
 // Health checks that the agent answers.
-func (c *Client) Health(ctx context.Context) (Health, error) {
+func (c *Client) Health(ctx context.Context) (_ Health, err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	r, err := c.rpc.Health(ctx, &agentpb.HealthRequest{})
@@ -288,7 +290,8 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 }
 
 // WaitReady polls Health until it answers or ctx is done.
-func (c *Client) WaitReady(ctx context.Context) (Health, error) {
+func (c *Client) WaitReady(ctx context.Context) (_ Health, err error) {
+	defer classify(&err)
 	for {
 		attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
 		h, err := c.Health(attempt)
@@ -307,15 +310,17 @@ func (c *Client) WaitReady(ctx context.Context) (Health, error) {
 }
 
 // SyncTime sets the guest clock to t.
-func (c *Client) SyncTime(ctx context.Context, t time.Time) error {
+func (c *Client) SyncTime(ctx context.Context, t time.Time) (err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	_, err := c.rpc.SyncTime(ctx, &agentpb.SyncTimeRequest{UnixNano: t.UnixNano()})
+	_, err = c.rpc.SyncTime(ctx, &agentpb.SyncTimeRequest{UnixNano: t.UnixNano()})
 	return c.wrap("sync time", err)
 }
 
 // Reseed gives a cloned guest fresh entropy and a new machine ID.
-func (c *Client) Reseed(ctx context.Context, entropy []byte, machineID, hostname string) error {
+func (c *Client) Reseed(ctx context.Context, entropy []byte, machineID, hostname string) (err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	r, err := c.rpc.Reseed(ctx, &agentpb.ReseedRequest{Entropy: entropy, MachineId: machineID, Hostname: hostname})
@@ -330,7 +335,8 @@ func (c *Client) Reseed(ctx context.Context, entropy []byte, machineID, hostname
 
 // SetNetwork moves the guest's interface to the network that cmdline
 // (kernel command-line parameters, as a fresh boot gets them) names.
-func (c *Client) SetNetwork(ctx context.Context, cmdline string) error {
+func (c *Client) SetNetwork(ctx context.Context, cmdline string) (err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	if _, err := c.rpc.SetNetwork(ctx, &agentpb.SetNetworkRequest{Cmdline: cmdline}); err != nil {
@@ -340,10 +346,11 @@ func (c *Client) SetNetwork(ctx context.Context, cmdline string) error {
 }
 
 // Shutdown asks the guest to power off (or reboot).
-func (c *Client) Shutdown(ctx context.Context, reboot bool) error {
+func (c *Client) Shutdown(ctx context.Context, reboot bool) (err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	_, err := c.rpc.Shutdown(ctx, &agentpb.ShutdownRequest{Reboot: reboot})
+	_, err = c.rpc.Shutdown(ctx, &agentpb.ShutdownRequest{Reboot: reboot})
 	return c.wrap("shutdown", err)
 }
 
@@ -412,7 +419,16 @@ var errStaleSession = errors.New("the agent answered on a session that predates 
 // the session that announced itself on its connection: one that answers
 // under another name, or none, is dropped and dialled again, after a
 // pause long enough for the guest to see the host gone and start afresh.
-func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (*Client, Health, error) {
+//
+// Its error is the agent's too old (of kind model.ErrState) or it does not
+// answer (model.ErrUnavailable).
+func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (_ *Client, _ Health, err error) {
+	defer func() {
+		if err != nil && !errors.Is(err, ErrAgentTooOld) {
+			err = &model.Error{Kind: model.ErrUnavailable, Msg: "the sandbox's agent does not answer", Err: err}
+		}
+		classify(&err)
+	}()
 	var lastErr error
 	for {
 		pause := 100 * time.Millisecond

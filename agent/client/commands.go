@@ -34,7 +34,8 @@ type Command struct {
 // not nil) as its input, then end of file. ringBytes bounds the output the
 // agent keeps of each stream (0: its default). A command that could not
 // start comes back finished, with Exit.Error.
-func (c *Client) Start(ctx context.Context, id string, req ExecRequest, stdin []byte, ringBytes int) (Command, error) {
+func (c *Client) Start(ctx context.Context, id string, req ExecRequest, stdin []byte, ringBytes int) (_ Command, err error) {
+	defer classify(&err)
 	if !commandID.MatchString(id) {
 		return Command{}, fmt.Errorf("start: bad command id %q", id)
 	}
@@ -57,7 +58,8 @@ func (c *Client) Start(ctx context.Context, id string, req ExecRequest, stdin []
 }
 
 // Commands lists the commands the agent keeps, oldest first.
-func (c *Client) Commands(ctx context.Context) ([]Command, error) {
+func (c *Client) Commands(ctx context.Context) (_ []Command, err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	r, err := c.rpc.Commands(ctx, &agentpb.Empty{})
@@ -79,10 +81,11 @@ func (c *Client) Commands(ctx context.Context) ([]Command, error) {
 }
 
 // Signal delivers sig to a command's process group.
-func (c *Client) Signal(ctx context.Context, id string, sig int) error {
+func (c *Client) Signal(ctx context.Context, id string, sig int) (err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	_, err := c.rpc.Signal(ctx, &agentpb.SignalRequest{Id: id, Signal: int32(sig)})
+	_, err = c.rpc.Signal(ctx, &agentpb.SignalRequest{Id: id, Signal: int32(sig)})
 	return c.wrap("signal", err)
 }
 
@@ -103,7 +106,8 @@ type Output func(stderr bool, offset uint64, data []byte) error
 // runs ahead (a restored guest catching up, under TCG and load) ended a
 // bounded wait early with Canceled, which the caller could not tell from
 // a failure.
-func (c *Client) Attach(ctx context.Context, id string, offsets [2]uint64, follow bool, out Output) (*ExitStatus, error) {
+func (c *Client) Attach(ctx context.Context, id string, offsets [2]uint64, follow bool, out Output) (_ *ExitStatus, err error) {
+	defer classify(&err)
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	defer context.AfterFunc(ctx, cancel)()

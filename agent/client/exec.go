@@ -58,7 +58,8 @@ func (r ExecResult) Result() *sandbox.ExecResult {
 
 // Exec runs a process and collects its output, keeping at most MaxOutput
 // bytes of each stream (the rest is drained and dropped, and flagged).
-func (c *Client) Exec(ctx context.Context, req ExecRequest, stdin io.Reader) (ExecResult, error) {
+func (c *Client) Exec(ctx context.Context, req ExecRequest, stdin io.Reader) (_ ExecResult, err error) {
+	defer classify(&err)
 	out, errw := NewCapBuffer(c.opts.MaxOutput), NewCapBuffer(c.opts.MaxOutput)
 	st, err := c.ExecStream(ctx, req, ExecIO{Stdin: stdin, Stdout: out, Stderr: errw})
 	return ExecResult{
@@ -80,7 +81,8 @@ type ExecIO struct {
 
 // ExecStream runs a process and delivers its output as it comes. It returns
 // when the process has exited and all output has been written.
-func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (ExitStatus, error) {
+func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (_ ExitStatus, err error) {
+	defer classify(&err)
 	start, err := req.proto()
 	if err != nil {
 		return ExitStatus{}, err

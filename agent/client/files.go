@@ -32,7 +32,8 @@ type WriteOptions struct {
 }
 
 // WriteFile streams r into path in the guest.
-func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, o WriteOptions) (FileInfo, error) {
+func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, o WriteOptions) (_ FileInfo, err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	st, err := c.rpc.WriteFile(ctx)
@@ -72,7 +73,8 @@ func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, o Writ
 
 // ReadFile copies a guest file into w, at most limit bytes (0: no limit
 // beyond the caller's writer). It returns the number of bytes copied.
-func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer, offset, limit int64) (int64, error) {
+func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer, offset, limit int64) (_ int64, err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	st, err := c.rpc.ReadFile(ctx, &agentpb.ReadFileRequest{Path: path, Offset: offset, Limit: limit})
@@ -102,7 +104,8 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer, offset,
 }
 
 // Stat describes path (without following a final symlink).
-func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+func (c *Client) Stat(ctx context.Context, path string) (_ FileInfo, err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	fi, err := c.rpc.Stat(ctx, &agentpb.PathRequest{Path: path})
@@ -113,7 +116,8 @@ func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
 }
 
 // ListDir lists a directory; truncated says the listing was capped.
-func (c *Client) ListDir(ctx context.Context, path string, limit int) ([]FileInfo, bool, error) {
+func (c *Client) ListDir(ctx context.Context, path string, limit int) (_ []FileInfo, _ bool, err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	if limit <= 0 || limit > MaxListEntries {
@@ -138,7 +142,8 @@ func (c *Client) ListDir(ctx context.Context, path string, limit int) ([]FileInf
 }
 
 // Mkdir creates path and its parents.
-func (c *Client) Mkdir(ctx context.Context, path string, mode uint32, owner string) (FileInfo, error) {
+func (c *Client) Mkdir(ctx context.Context, path string, mode uint32, owner string) (_ FileInfo, err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	fi, err := c.rpc.Mkdir(ctx, &agentpb.MkdirRequest{Path: path, Mode: mode, Owner: owner})
@@ -149,26 +154,29 @@ func (c *Client) Mkdir(ctx context.Context, path string, mode uint32, owner stri
 }
 
 // Remove deletes path (a directory only with recursive, or if empty).
-func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
+func (c *Client) Remove(ctx context.Context, path string, recursive bool) (err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	_, err := c.rpc.Remove(ctx, &agentpb.RemoveRequest{Path: path, Recursive: recursive})
+	_, err = c.rpc.Remove(ctx, &agentpb.RemoveRequest{Path: path, Recursive: recursive})
 	return c.wrap("remove", err)
 }
 
 // Chmod sets permission bits.
-func (c *Client) Chmod(ctx context.Context, path string, mode uint32) error {
+func (c *Client) Chmod(ctx context.Context, path string, mode uint32) (err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	_, err := c.rpc.Chmod(ctx, &agentpb.ChmodRequest{Path: path, Mode: mode})
+	_, err = c.rpc.Chmod(ctx, &agentpb.ChmodRequest{Path: path, Mode: mode})
 	return c.wrap("chmod", err)
 }
 
 // Chown sets the owner ("user" or "user:group").
-func (c *Client) Chown(ctx context.Context, path, owner string) error {
+func (c *Client) Chown(ctx context.Context, path, owner string) (err error) {
+	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	_, err := c.rpc.Chown(ctx, &agentpb.ChownRequest{Path: path, Owner: owner})
+	_, err = c.rpc.Chown(ctx, &agentpb.ChownRequest{Path: path, Owner: owner})
 	return c.wrap("chown", err)
 }
 

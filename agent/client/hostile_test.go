@@ -16,6 +16,7 @@ import (
 
 	"github.com/harebox/harebox/agent/agentpb"
 	"github.com/harebox/harebox/agent/transport"
+	"github.com/harebox/harebox/model"
 )
 
 // These tests put a hostile guest on the other end of the channel. The
@@ -200,7 +201,7 @@ func TestEvilAgent(t *testing.T) {
 				t.Errorf("stat %s: want ErrGuest, got %v", p, err)
 			}
 		}
-		if _, _, err := c.ListDir(ctx, "/", 10); !errors.Is(err, ErrGuest) {
+		if _, _, err := c.ListDir(ctx, "/", 10); !errors.Is(err, ErrGuest) || !errors.Is(err, model.ErrUnavailable) {
 			t.Errorf("list: want ErrGuest, got %v", err)
 		}
 		r, err := c.Exec(ctx, ExecRequest{Argv: []string{"flood"}}, nil)

@@ -5,13 +5,17 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
 
 	"github.com/harebox/harebox/agent/agentpb"
 	"github.com/harebox/harebox/agent/guest"
 	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/model"
 )
 
 // oldAgent is an agent from before the protocol level: it reports none and
@@ -58,6 +62,10 @@ func TestProtocolLevels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Its errors are of the API's kinds, the cause kept.
+	if _, err := c.Stat(ctx, filepath.Join(t.TempDir(), "missing")); !errors.Is(err, model.ErrNotFound) || Code(err) != codes.NotFound {
+		t.Errorf("stat of a missing file: %v, want of kind not found, code NotFound", err)
+	}
 	c.Close()
 	if h.Protocol != layout.Protocol {
 		t.Fatalf("this tree's agent reports protocol %d, want %d", h.Protocol, layout.Protocol)
@@ -68,12 +76,13 @@ func TestProtocolLevels(t *testing.T) {
 	if err != nil || h.Protocol != 0 {
 		t.Fatalf("an agent of protocol 0 (MinProtocol %d): %+v %v", layout.MinProtocol, h, err)
 	}
-	if _, err := c.Stat(ctx, "/"); Code(err).String() != "Unimplemented" {
+	if _, err := c.Stat(ctx, "/"); Code(err) != codes.Unimplemented || !errors.Is(err, model.ErrInvalid) || !strings.Contains(err.Error(), "image built with this release") {
 		t.Errorf("a call the old agent lacks: %v", err)
 	}
 	c.Close()
 	start := time.Now()
-	if _, _, err := DialReady(ctx, old, Options{MinProtocol: layout.Protocol}); !errors.Is(err, ErrAgentTooOld) || time.Since(start) > 5*time.Second {
+	if _, _, err := DialReady(ctx, old, Options{MinProtocol: layout.Protocol}); !errors.Is(err, ErrAgentTooOld) || !errors.Is(err, model.ErrState) ||
+		!strings.Contains(err.Error(), "image built with this release") || time.Since(start) > 5*time.Second {
 		t.Fatalf("a host that needs protocol %d: %v after %v", layout.Protocol, err, time.Since(start))
 	}
 }
