@@ -81,6 +81,64 @@ func (FileType) EnumDescriptor() ([]byte, []int) {
 	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{0}
 }
 
+type WatchOp int32
+
+const (
+	WatchOp_WATCH_OP_UNSPECIFIED WatchOp = 0
+	WatchOp_WATCH_OP_CREATE      WatchOp = 1
+	WatchOp_WATCH_OP_WRITE       WatchOp = 2
+	WatchOp_WATCH_OP_REMOVE      WatchOp = 3
+	WatchOp_WATCH_OP_RENAME      WatchOp = 4
+	WatchOp_WATCH_OP_CHMOD       WatchOp = 5
+)
+
+// Enum value maps for WatchOp.
+var (
+	WatchOp_name = map[int32]string{
+		0: "WATCH_OP_UNSPECIFIED",
+		1: "WATCH_OP_CREATE",
+		2: "WATCH_OP_WRITE",
+		3: "WATCH_OP_REMOVE",
+		4: "WATCH_OP_RENAME",
+		5: "WATCH_OP_CHMOD",
+	}
+	WatchOp_value = map[string]int32{
+		"WATCH_OP_UNSPECIFIED": 0,
+		"WATCH_OP_CREATE":      1,
+		"WATCH_OP_WRITE":       2,
+		"WATCH_OP_REMOVE":      3,
+		"WATCH_OP_RENAME":      4,
+		"WATCH_OP_CHMOD":       5,
+	}
+)
+
+func (x WatchOp) Enum() *WatchOp {
+	p := new(WatchOp)
+	*p = x
+	return p
+}
+
+func (x WatchOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_agent_agentpb_agent_proto_enumTypes[1].Descriptor()
+}
+
+func (WatchOp) Type() protoreflect.EnumType {
+	return &file_agent_agentpb_agent_proto_enumTypes[1]
+}
+
+func (x WatchOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchOp.Descriptor instead.
+func (WatchOp) EnumDescriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
+}
+
 type StartRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The caller's ID for the command: 1 to 64 of [A-Za-z0-9_-], unique
@@ -91,7 +149,10 @@ type StartRequest struct {
 	// be set for them to be used; without them stdin is /dev/null).
 	Stdin []byte `protobuf:"bytes,3,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	// Each stream's ring size; 0 means the agent's default (4 MiB).
-	RingBytes     uint32 `protobuf:"varint,4,opt,name=ring_bytes,json=ringBytes,proto3" json:"ring_bytes,omitempty"`
+	RingBytes uint32 `protobuf:"varint,4,opt,name=ring_bytes,json=ringBytes,proto3" json:"ring_bytes,omitempty"`
+	// With exec.stdin: stdin stays open after the stdin bytes, for Input,
+	// until an Input ends it (protocol 4).
+	KeepStdin     bool `protobuf:"varint,5,opt,name=keep_stdin,json=keepStdin,proto3" json:"keep_stdin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -154,6 +215,119 @@ func (x *StartRequest) GetRingBytes() uint32 {
 	return 0
 }
 
+func (x *StartRequest) GetKeepStdin() bool {
+	if x != nil {
+		return x.KeepStdin
+	}
+	return false
+}
+
+type InputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*InputRequest_Stdin
+	//	*InputRequest_StdinEof
+	//	*InputRequest_Resize
+	Msg           isInputRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InputRequest) Reset() {
+	*x = InputRequest{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InputRequest) ProtoMessage() {}
+
+func (x *InputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InputRequest.ProtoReflect.Descriptor instead.
+func (*InputRequest) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *InputRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *InputRequest) GetMsg() isInputRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *InputRequest) GetStdin() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*InputRequest_Stdin); ok {
+			return x.Stdin
+		}
+	}
+	return nil
+}
+
+func (x *InputRequest) GetStdinEof() bool {
+	if x != nil {
+		if x, ok := x.Msg.(*InputRequest_StdinEof); ok {
+			return x.StdinEof
+		}
+	}
+	return false
+}
+
+func (x *InputRequest) GetResize() *Resize {
+	if x != nil {
+		if x, ok := x.Msg.(*InputRequest_Resize); ok {
+			return x.Resize
+		}
+	}
+	return nil
+}
+
+type isInputRequest_Msg interface {
+	isInputRequest_Msg()
+}
+
+type InputRequest_Stdin struct {
+	Stdin []byte `protobuf:"bytes,2,opt,name=stdin,proto3,oneof"`
+}
+
+type InputRequest_StdinEof struct {
+	StdinEof bool `protobuf:"varint,3,opt,name=stdin_eof,json=stdinEof,proto3,oneof"`
+}
+
+type InputRequest_Resize struct {
+	Resize *Resize `protobuf:"bytes,4,opt,name=resize,proto3,oneof"`
+}
+
+func (*InputRequest_Stdin) isInputRequest_Msg() {}
+
+func (*InputRequest_StdinEof) isInputRequest_Msg() {}
+
+func (*InputRequest_Resize) isInputRequest_Msg() {}
+
 type CommandInfo struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -172,7 +346,7 @@ type CommandInfo struct {
 
 func (x *CommandInfo) Reset() {
 	*x = CommandInfo{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -184,7 +358,7 @@ func (x *CommandInfo) String() string {
 func (*CommandInfo) ProtoMessage() {}
 
 func (x *CommandInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -197,7 +371,7 @@ func (x *CommandInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandInfo.ProtoReflect.Descriptor instead.
 func (*CommandInfo) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CommandInfo) GetId() string {
@@ -258,7 +432,7 @@ type CommandList struct {
 
 func (x *CommandList) Reset() {
 	*x = CommandList{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +444,7 @@ func (x *CommandList) String() string {
 func (*CommandList) ProtoMessage() {}
 
 func (x *CommandList) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +457,7 @@ func (x *CommandList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandList.ProtoReflect.Descriptor instead.
 func (*CommandList) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CommandList) GetCommands() []*CommandInfo {
@@ -306,7 +480,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -318,7 +492,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -331,7 +505,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AttachRequest) GetId() string {
@@ -376,7 +550,7 @@ type AttachChunk struct {
 
 func (x *AttachChunk) Reset() {
 	*x = AttachChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -388,7 +562,7 @@ func (x *AttachChunk) String() string {
 func (*AttachChunk) ProtoMessage() {}
 
 func (x *AttachChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -401,7 +575,7 @@ func (x *AttachChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachChunk.ProtoReflect.Descriptor instead.
 func (*AttachChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AttachChunk) GetMsg() isAttachChunk_Msg {
@@ -474,7 +648,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +660,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +673,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *OutputChunk) GetOffset() uint64 {
@@ -526,7 +700,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +712,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +725,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -576,7 +750,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -588,7 +762,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -601,7 +775,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 type HealthRequest struct {
@@ -612,7 +786,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +798,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +811,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 type HealthResponse struct {
@@ -661,7 +835,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +847,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +860,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HealthResponse) GetVersion() string {
@@ -757,7 +931,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +943,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +956,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -871,7 +1045,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1057,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1070,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -996,7 +1170,7 @@ type Resize struct {
 
 func (x *Resize) Reset() {
 	*x = Resize{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1182,7 @@ func (x *Resize) String() string {
 func (*Resize) ProtoMessage() {}
 
 func (x *Resize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1195,7 @@ func (x *Resize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resize.ProtoReflect.Descriptor instead.
 func (*Resize) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Resize) GetRows() uint32 {
@@ -1053,7 +1227,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1239,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1252,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -1131,7 +1305,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1317,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1330,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -1248,7 +1422,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1434,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1447,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -1324,7 +1498,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1510,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1523,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -1405,7 +1579,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1591,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1604,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -1463,7 +1637,7 @@ type ReadFileChunk struct {
 
 func (x *ReadFileChunk) Reset() {
 	*x = ReadFileChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1475,7 +1649,7 @@ func (x *ReadFileChunk) String() string {
 func (*ReadFileChunk) ProtoMessage() {}
 
 func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1662,7 @@ func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileChunk.ProtoReflect.Descriptor instead.
 func (*ReadFileChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadFileChunk) GetData() []byte {
@@ -1507,7 +1681,7 @@ type PathRequest struct {
 
 func (x *PathRequest) Reset() {
 	*x = PathRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1519,7 +1693,7 @@ func (x *PathRequest) String() string {
 func (*PathRequest) ProtoMessage() {}
 
 func (x *PathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1532,7 +1706,7 @@ func (x *PathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathRequest.ProtoReflect.Descriptor instead.
 func (*PathRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PathRequest) GetPath() string {
@@ -1560,7 +1734,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +1746,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +1759,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1655,14 +1829,18 @@ type ListDirRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// At most this many entries (the agent caps it too); 0 means the cap.
-	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// 0 or 1: the directory's entries; n: also its subdirectories' down to
+	// n levels, each directory's entries before its subdirectories'
+	// (symbolic links are not followed). Protocol 4.
+	Depth         uint32 `protobuf:"varint,3,opt,name=depth,proto3" json:"depth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1674,7 +1852,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1687,7 +1865,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListDirRequest) GetPath() string {
@@ -1704,6 +1882,13 @@ func (x *ListDirRequest) GetLimit() uint32 {
 	return 0
 }
 
+func (x *ListDirRequest) GetDepth() uint32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
 type ListDirResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Entries       []*FileInfo            `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
@@ -1714,7 +1899,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1911,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1924,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -1756,6 +1941,172 @@ func (x *ListDirResponse) GetTruncated() bool {
 	return false
 }
 
+type RenameRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameRequest) Reset() {
+	*x = RenameRequest{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameRequest) ProtoMessage() {}
+
+func (x *RenameRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
+func (*RenameRequest) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RenameRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RenameRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+type WatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive     bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *WatchRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type WatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The file the event is about, absolute, under the watched directory.
+	Path string  `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Op   WatchOp `protobuf:"varint,2,opt,name=op,proto3,enum=harebox.agent.v1.WatchOp" json:"op,omitempty"`
+	// Events dropped before this one.
+	Dropped       uint64 `protobuf:"varint,3,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *WatchEvent) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetOp() WatchOp {
+	if x != nil {
+		return x.Op
+	}
+	return WatchOp_WATCH_OP_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
 type MkdirRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -1767,7 +2118,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +2130,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +2143,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1826,7 +2177,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +2189,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +2202,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1878,7 +2229,7 @@ type ChmodRequest struct {
 
 func (x *ChmodRequest) Reset() {
 	*x = ChmodRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +2241,7 @@ func (x *ChmodRequest) String() string {
 func (*ChmodRequest) ProtoMessage() {}
 
 func (x *ChmodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2254,7 @@ func (x *ChmodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChmodRequest.ProtoReflect.Descriptor instead.
 func (*ChmodRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ChmodRequest) GetPath() string {
@@ -1931,7 +2282,7 @@ type ChownRequest struct {
 
 func (x *ChownRequest) Reset() {
 	*x = ChownRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1943,7 +2294,7 @@ func (x *ChownRequest) String() string {
 func (*ChownRequest) ProtoMessage() {}
 
 func (x *ChownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1956,7 +2307,7 @@ func (x *ChownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChownRequest.ProtoReflect.Descriptor instead.
 func (*ChownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ChownRequest) GetPath() string {
@@ -1982,7 +2333,7 @@ type SyncTimeRequest struct {
 
 func (x *SyncTimeRequest) Reset() {
 	*x = SyncTimeRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2345,7 @@ func (x *SyncTimeRequest) String() string {
 func (*SyncTimeRequest) ProtoMessage() {}
 
 func (x *SyncTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2358,7 @@ func (x *SyncTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTimeRequest.ProtoReflect.Descriptor instead.
 func (*SyncTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SyncTimeRequest) GetUnixNano() int64 {
@@ -2031,7 +2382,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2043,7 +2394,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2056,7 +2407,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -2089,7 +2440,7 @@ type ReseedResponse struct {
 
 func (x *ReseedResponse) Reset() {
 	*x = ReseedResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2452,7 @@ func (x *ReseedResponse) String() string {
 func (*ReseedResponse) ProtoMessage() {}
 
 func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2465,7 @@ func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedResponse.ProtoReflect.Descriptor instead.
 func (*ReseedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReseedResponse) GetMachineId() string {
@@ -2135,7 +2486,7 @@ type SetNetworkRequest struct {
 
 func (x *SetNetworkRequest) Reset() {
 	*x = SetNetworkRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2147,7 +2498,7 @@ func (x *SetNetworkRequest) String() string {
 func (*SetNetworkRequest) ProtoMessage() {}
 
 func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2160,7 +2511,7 @@ func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetNetworkRequest) GetCmdline() string {
@@ -2180,7 +2531,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2192,7 +2543,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2205,7 +2556,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ShutdownRequest) GetReboot() bool {
@@ -2219,13 +2570,21 @@ var File_agent_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x19agent/agentpb/agent.proto\x12\x10harebox.agent.v1\"\x84\x01\n" +
+	"\x19agent/agentpb/agent.proto\x12\x10harebox.agent.v1\"\xa3\x01\n" +
 	"\fStartRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12/\n" +
 	"\x04exec\x18\x02 \x01(\v2\x1b.harebox.agent.v1.ExecStartR\x04exec\x12\x14\n" +
 	"\x05stdin\x18\x03 \x01(\fR\x05stdin\x12\x1d\n" +
 	"\n" +
-	"ring_bytes\x18\x04 \x01(\rR\tringBytes\"\xe7\x01\n" +
+	"ring_bytes\x18\x04 \x01(\rR\tringBytes\x12\x1d\n" +
+	"\n" +
+	"keep_stdin\x18\x05 \x01(\bR\tkeepStdin\"\x90\x01\n" +
+	"\fInputRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12\x1d\n" +
+	"\tstdin_eof\x18\x03 \x01(\bH\x00R\bstdinEof\x122\n" +
+	"\x06resize\x18\x04 \x01(\v2\x18.harebox.agent.v1.ResizeH\x00R\x06resizeB\x05\n" +
+	"\x03msg\"\xe7\x01\n" +
 	"\vCommandInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x18\n" +
@@ -2326,13 +2685,25 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x03gid\x18\a \x01(\rR\x03gid\x12&\n" +
 	"\x0fmtime_unix_nano\x18\b \x01(\x03R\rmtimeUnixNano\x12\x1f\n" +
 	"\vlink_target\x18\t \x01(\tR\n" +
-	"linkTarget\":\n" +
+	"linkTarget\"P\n" +
 	"\x0eListDirRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\rR\x05limit\"e\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x14\n" +
+	"\x05depth\x18\x03 \x01(\rR\x05depth\"e\n" +
 	"\x0fListDirResponse\x124\n" +
 	"\aentries\x18\x01 \x03(\v2\x1a.harebox.agent.v1.FileInfoR\aentries\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"L\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"3\n" +
+	"\rRenameRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"@\n" +
+	"\fWatchRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\"e\n" +
+	"\n" +
+	"WatchEvent\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12)\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x19.harebox.agent.v1.WatchOpR\x02op\x12\x18\n" +
+	"\adropped\x18\x03 \x01(\x04R\adropped\"L\n" +
 	"\fMkdirRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x14\n" +
@@ -2365,8 +2736,14 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x11FILE_TYPE_REGULAR\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042\xa5\n" +
-	"\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x04*\x8a\x01\n" +
+	"\aWatchOp\x12\x18\n" +
+	"\x14WATCH_OP_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fWATCH_OP_CREATE\x10\x01\x12\x12\n" +
+	"\x0eWATCH_OP_WRITE\x10\x02\x12\x13\n" +
+	"\x0fWATCH_OP_REMOVE\x10\x03\x12\x13\n" +
+	"\x0fWATCH_OP_RENAME\x10\x04\x12\x12\n" +
+	"\x0eWATCH_OP_CHMOD\x10\x052\xf7\v\n" +
 	"\x05Agent\x12K\n" +
 	"\x06Health\x12\x1f.harebox.agent.v1.HealthRequest\x1a .harebox.agent.v1.HealthResponse\x12I\n" +
 	"\x04Exec\x12\x1d.harebox.agent.v1.ExecRequest\x1a\x1e.harebox.agent.v1.ExecResponse(\x010\x01\x12M\n" +
@@ -2386,7 +2763,10 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x05Start\x12\x1e.harebox.agent.v1.StartRequest\x1a\x1d.harebox.agent.v1.CommandInfo\x12J\n" +
 	"\x06Attach\x12\x1f.harebox.agent.v1.AttachRequest\x1a\x1d.harebox.agent.v1.AttachChunk0\x01\x12B\n" +
 	"\x06Signal\x12\x1f.harebox.agent.v1.SignalRequest\x1a\x17.harebox.agent.v1.Empty\x12B\n" +
-	"\bCommands\x12\x17.harebox.agent.v1.Empty\x1a\x1d.harebox.agent.v1.CommandListB*Z(github.com/harebox/harebox/agent/agentpbb\x06proto3"
+	"\bCommands\x12\x17.harebox.agent.v1.Empty\x1a\x1d.harebox.agent.v1.CommandList\x12@\n" +
+	"\x05Input\x12\x1e.harebox.agent.v1.InputRequest\x1a\x17.harebox.agent.v1.Empty\x12E\n" +
+	"\x06Rename\x12\x1f.harebox.agent.v1.RenameRequest\x1a\x1a.harebox.agent.v1.FileInfo\x12G\n" +
+	"\x05Watch\x12\x1e.harebox.agent.v1.WatchRequest\x1a\x1c.harebox.agent.v1.WatchEvent0\x01B*Z(github.com/harebox/harebox/agent/agentpbb\x06proto3"
 
 var (
 	file_agent_agentpb_agent_proto_rawDescOnce sync.Once
@@ -2400,97 +2780,110 @@ func file_agent_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agent_agentpb_agent_proto_rawDescData
 }
 
-var file_agent_agentpb_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_agent_agentpb_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_agent_agentpb_agent_proto_goTypes = []any{
 	(FileType)(0),             // 0: harebox.agent.v1.FileType
-	(*StartRequest)(nil),      // 1: harebox.agent.v1.StartRequest
-	(*CommandInfo)(nil),       // 2: harebox.agent.v1.CommandInfo
-	(*CommandList)(nil),       // 3: harebox.agent.v1.CommandList
-	(*AttachRequest)(nil),     // 4: harebox.agent.v1.AttachRequest
-	(*AttachChunk)(nil),       // 5: harebox.agent.v1.AttachChunk
-	(*OutputChunk)(nil),       // 6: harebox.agent.v1.OutputChunk
-	(*SignalRequest)(nil),     // 7: harebox.agent.v1.SignalRequest
-	(*Empty)(nil),             // 8: harebox.agent.v1.Empty
-	(*HealthRequest)(nil),     // 9: harebox.agent.v1.HealthRequest
-	(*HealthResponse)(nil),    // 10: harebox.agent.v1.HealthResponse
-	(*ExecStart)(nil),         // 11: harebox.agent.v1.ExecStart
-	(*ExecRequest)(nil),       // 12: harebox.agent.v1.ExecRequest
-	(*Resize)(nil),            // 13: harebox.agent.v1.Resize
-	(*ExecExit)(nil),          // 14: harebox.agent.v1.ExecExit
-	(*ExecResponse)(nil),      // 15: harebox.agent.v1.ExecResponse
-	(*WriteFileHeader)(nil),   // 16: harebox.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),  // 17: harebox.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),   // 18: harebox.agent.v1.ReadFileRequest
-	(*ReadFileChunk)(nil),     // 19: harebox.agent.v1.ReadFileChunk
-	(*PathRequest)(nil),       // 20: harebox.agent.v1.PathRequest
-	(*FileInfo)(nil),          // 21: harebox.agent.v1.FileInfo
-	(*ListDirRequest)(nil),    // 22: harebox.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),   // 23: harebox.agent.v1.ListDirResponse
-	(*MkdirRequest)(nil),      // 24: harebox.agent.v1.MkdirRequest
-	(*RemoveRequest)(nil),     // 25: harebox.agent.v1.RemoveRequest
-	(*ChmodRequest)(nil),      // 26: harebox.agent.v1.ChmodRequest
-	(*ChownRequest)(nil),      // 27: harebox.agent.v1.ChownRequest
-	(*SyncTimeRequest)(nil),   // 28: harebox.agent.v1.SyncTimeRequest
-	(*ReseedRequest)(nil),     // 29: harebox.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),    // 30: harebox.agent.v1.ReseedResponse
-	(*SetNetworkRequest)(nil), // 31: harebox.agent.v1.SetNetworkRequest
-	(*ShutdownRequest)(nil),   // 32: harebox.agent.v1.ShutdownRequest
+	(WatchOp)(0),              // 1: harebox.agent.v1.WatchOp
+	(*StartRequest)(nil),      // 2: harebox.agent.v1.StartRequest
+	(*InputRequest)(nil),      // 3: harebox.agent.v1.InputRequest
+	(*CommandInfo)(nil),       // 4: harebox.agent.v1.CommandInfo
+	(*CommandList)(nil),       // 5: harebox.agent.v1.CommandList
+	(*AttachRequest)(nil),     // 6: harebox.agent.v1.AttachRequest
+	(*AttachChunk)(nil),       // 7: harebox.agent.v1.AttachChunk
+	(*OutputChunk)(nil),       // 8: harebox.agent.v1.OutputChunk
+	(*SignalRequest)(nil),     // 9: harebox.agent.v1.SignalRequest
+	(*Empty)(nil),             // 10: harebox.agent.v1.Empty
+	(*HealthRequest)(nil),     // 11: harebox.agent.v1.HealthRequest
+	(*HealthResponse)(nil),    // 12: harebox.agent.v1.HealthResponse
+	(*ExecStart)(nil),         // 13: harebox.agent.v1.ExecStart
+	(*ExecRequest)(nil),       // 14: harebox.agent.v1.ExecRequest
+	(*Resize)(nil),            // 15: harebox.agent.v1.Resize
+	(*ExecExit)(nil),          // 16: harebox.agent.v1.ExecExit
+	(*ExecResponse)(nil),      // 17: harebox.agent.v1.ExecResponse
+	(*WriteFileHeader)(nil),   // 18: harebox.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),  // 19: harebox.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),   // 20: harebox.agent.v1.ReadFileRequest
+	(*ReadFileChunk)(nil),     // 21: harebox.agent.v1.ReadFileChunk
+	(*PathRequest)(nil),       // 22: harebox.agent.v1.PathRequest
+	(*FileInfo)(nil),          // 23: harebox.agent.v1.FileInfo
+	(*ListDirRequest)(nil),    // 24: harebox.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),   // 25: harebox.agent.v1.ListDirResponse
+	(*RenameRequest)(nil),     // 26: harebox.agent.v1.RenameRequest
+	(*WatchRequest)(nil),      // 27: harebox.agent.v1.WatchRequest
+	(*WatchEvent)(nil),        // 28: harebox.agent.v1.WatchEvent
+	(*MkdirRequest)(nil),      // 29: harebox.agent.v1.MkdirRequest
+	(*RemoveRequest)(nil),     // 30: harebox.agent.v1.RemoveRequest
+	(*ChmodRequest)(nil),      // 31: harebox.agent.v1.ChmodRequest
+	(*ChownRequest)(nil),      // 32: harebox.agent.v1.ChownRequest
+	(*SyncTimeRequest)(nil),   // 33: harebox.agent.v1.SyncTimeRequest
+	(*ReseedRequest)(nil),     // 34: harebox.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),    // 35: harebox.agent.v1.ReseedResponse
+	(*SetNetworkRequest)(nil), // 36: harebox.agent.v1.SetNetworkRequest
+	(*ShutdownRequest)(nil),   // 37: harebox.agent.v1.ShutdownRequest
 }
 var file_agent_agentpb_agent_proto_depIdxs = []int32{
-	11, // 0: harebox.agent.v1.StartRequest.exec:type_name -> harebox.agent.v1.ExecStart
-	14, // 1: harebox.agent.v1.CommandInfo.exit:type_name -> harebox.agent.v1.ExecExit
-	2,  // 2: harebox.agent.v1.CommandList.commands:type_name -> harebox.agent.v1.CommandInfo
-	6,  // 3: harebox.agent.v1.AttachChunk.stdout:type_name -> harebox.agent.v1.OutputChunk
-	6,  // 4: harebox.agent.v1.AttachChunk.stderr:type_name -> harebox.agent.v1.OutputChunk
-	14, // 5: harebox.agent.v1.AttachChunk.exit:type_name -> harebox.agent.v1.ExecExit
-	11, // 6: harebox.agent.v1.ExecRequest.start:type_name -> harebox.agent.v1.ExecStart
-	13, // 7: harebox.agent.v1.ExecRequest.resize:type_name -> harebox.agent.v1.Resize
-	14, // 8: harebox.agent.v1.ExecResponse.exit:type_name -> harebox.agent.v1.ExecExit
-	16, // 9: harebox.agent.v1.WriteFileRequest.header:type_name -> harebox.agent.v1.WriteFileHeader
-	0,  // 10: harebox.agent.v1.FileInfo.type:type_name -> harebox.agent.v1.FileType
-	21, // 11: harebox.agent.v1.ListDirResponse.entries:type_name -> harebox.agent.v1.FileInfo
-	9,  // 12: harebox.agent.v1.Agent.Health:input_type -> harebox.agent.v1.HealthRequest
-	12, // 13: harebox.agent.v1.Agent.Exec:input_type -> harebox.agent.v1.ExecRequest
-	17, // 14: harebox.agent.v1.Agent.WriteFile:input_type -> harebox.agent.v1.WriteFileRequest
-	18, // 15: harebox.agent.v1.Agent.ReadFile:input_type -> harebox.agent.v1.ReadFileRequest
-	20, // 16: harebox.agent.v1.Agent.Stat:input_type -> harebox.agent.v1.PathRequest
-	22, // 17: harebox.agent.v1.Agent.ListDir:input_type -> harebox.agent.v1.ListDirRequest
-	24, // 18: harebox.agent.v1.Agent.Mkdir:input_type -> harebox.agent.v1.MkdirRequest
-	25, // 19: harebox.agent.v1.Agent.Remove:input_type -> harebox.agent.v1.RemoveRequest
-	26, // 20: harebox.agent.v1.Agent.Chmod:input_type -> harebox.agent.v1.ChmodRequest
-	27, // 21: harebox.agent.v1.Agent.Chown:input_type -> harebox.agent.v1.ChownRequest
-	28, // 22: harebox.agent.v1.Agent.SyncTime:input_type -> harebox.agent.v1.SyncTimeRequest
-	29, // 23: harebox.agent.v1.Agent.Reseed:input_type -> harebox.agent.v1.ReseedRequest
-	31, // 24: harebox.agent.v1.Agent.SetNetwork:input_type -> harebox.agent.v1.SetNetworkRequest
-	32, // 25: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
-	1,  // 26: harebox.agent.v1.Agent.Start:input_type -> harebox.agent.v1.StartRequest
-	4,  // 27: harebox.agent.v1.Agent.Attach:input_type -> harebox.agent.v1.AttachRequest
-	7,  // 28: harebox.agent.v1.Agent.Signal:input_type -> harebox.agent.v1.SignalRequest
-	8,  // 29: harebox.agent.v1.Agent.Commands:input_type -> harebox.agent.v1.Empty
-	10, // 30: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
-	15, // 31: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
-	21, // 32: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
-	19, // 33: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
-	21, // 34: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
-	23, // 35: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
-	21, // 36: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
-	8,  // 37: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
-	8,  // 38: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
-	8,  // 39: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
-	8,  // 40: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
-	30, // 41: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
-	8,  // 42: harebox.agent.v1.Agent.SetNetwork:output_type -> harebox.agent.v1.Empty
-	8,  // 43: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
-	2,  // 44: harebox.agent.v1.Agent.Start:output_type -> harebox.agent.v1.CommandInfo
-	5,  // 45: harebox.agent.v1.Agent.Attach:output_type -> harebox.agent.v1.AttachChunk
-	8,  // 46: harebox.agent.v1.Agent.Signal:output_type -> harebox.agent.v1.Empty
-	3,  // 47: harebox.agent.v1.Agent.Commands:output_type -> harebox.agent.v1.CommandList
-	30, // [30:48] is the sub-list for method output_type
-	12, // [12:30] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	13, // 0: harebox.agent.v1.StartRequest.exec:type_name -> harebox.agent.v1.ExecStart
+	15, // 1: harebox.agent.v1.InputRequest.resize:type_name -> harebox.agent.v1.Resize
+	16, // 2: harebox.agent.v1.CommandInfo.exit:type_name -> harebox.agent.v1.ExecExit
+	4,  // 3: harebox.agent.v1.CommandList.commands:type_name -> harebox.agent.v1.CommandInfo
+	8,  // 4: harebox.agent.v1.AttachChunk.stdout:type_name -> harebox.agent.v1.OutputChunk
+	8,  // 5: harebox.agent.v1.AttachChunk.stderr:type_name -> harebox.agent.v1.OutputChunk
+	16, // 6: harebox.agent.v1.AttachChunk.exit:type_name -> harebox.agent.v1.ExecExit
+	13, // 7: harebox.agent.v1.ExecRequest.start:type_name -> harebox.agent.v1.ExecStart
+	15, // 8: harebox.agent.v1.ExecRequest.resize:type_name -> harebox.agent.v1.Resize
+	16, // 9: harebox.agent.v1.ExecResponse.exit:type_name -> harebox.agent.v1.ExecExit
+	18, // 10: harebox.agent.v1.WriteFileRequest.header:type_name -> harebox.agent.v1.WriteFileHeader
+	0,  // 11: harebox.agent.v1.FileInfo.type:type_name -> harebox.agent.v1.FileType
+	23, // 12: harebox.agent.v1.ListDirResponse.entries:type_name -> harebox.agent.v1.FileInfo
+	1,  // 13: harebox.agent.v1.WatchEvent.op:type_name -> harebox.agent.v1.WatchOp
+	11, // 14: harebox.agent.v1.Agent.Health:input_type -> harebox.agent.v1.HealthRequest
+	14, // 15: harebox.agent.v1.Agent.Exec:input_type -> harebox.agent.v1.ExecRequest
+	19, // 16: harebox.agent.v1.Agent.WriteFile:input_type -> harebox.agent.v1.WriteFileRequest
+	20, // 17: harebox.agent.v1.Agent.ReadFile:input_type -> harebox.agent.v1.ReadFileRequest
+	22, // 18: harebox.agent.v1.Agent.Stat:input_type -> harebox.agent.v1.PathRequest
+	24, // 19: harebox.agent.v1.Agent.ListDir:input_type -> harebox.agent.v1.ListDirRequest
+	29, // 20: harebox.agent.v1.Agent.Mkdir:input_type -> harebox.agent.v1.MkdirRequest
+	30, // 21: harebox.agent.v1.Agent.Remove:input_type -> harebox.agent.v1.RemoveRequest
+	31, // 22: harebox.agent.v1.Agent.Chmod:input_type -> harebox.agent.v1.ChmodRequest
+	32, // 23: harebox.agent.v1.Agent.Chown:input_type -> harebox.agent.v1.ChownRequest
+	33, // 24: harebox.agent.v1.Agent.SyncTime:input_type -> harebox.agent.v1.SyncTimeRequest
+	34, // 25: harebox.agent.v1.Agent.Reseed:input_type -> harebox.agent.v1.ReseedRequest
+	36, // 26: harebox.agent.v1.Agent.SetNetwork:input_type -> harebox.agent.v1.SetNetworkRequest
+	37, // 27: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
+	2,  // 28: harebox.agent.v1.Agent.Start:input_type -> harebox.agent.v1.StartRequest
+	6,  // 29: harebox.agent.v1.Agent.Attach:input_type -> harebox.agent.v1.AttachRequest
+	9,  // 30: harebox.agent.v1.Agent.Signal:input_type -> harebox.agent.v1.SignalRequest
+	10, // 31: harebox.agent.v1.Agent.Commands:input_type -> harebox.agent.v1.Empty
+	3,  // 32: harebox.agent.v1.Agent.Input:input_type -> harebox.agent.v1.InputRequest
+	26, // 33: harebox.agent.v1.Agent.Rename:input_type -> harebox.agent.v1.RenameRequest
+	27, // 34: harebox.agent.v1.Agent.Watch:input_type -> harebox.agent.v1.WatchRequest
+	12, // 35: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
+	17, // 36: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
+	23, // 37: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
+	21, // 38: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
+	23, // 39: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
+	25, // 40: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
+	23, // 41: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
+	10, // 42: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
+	10, // 43: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
+	10, // 44: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
+	10, // 45: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
+	35, // 46: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
+	10, // 47: harebox.agent.v1.Agent.SetNetwork:output_type -> harebox.agent.v1.Empty
+	10, // 48: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
+	4,  // 49: harebox.agent.v1.Agent.Start:output_type -> harebox.agent.v1.CommandInfo
+	7,  // 50: harebox.agent.v1.Agent.Attach:output_type -> harebox.agent.v1.AttachChunk
+	10, // 51: harebox.agent.v1.Agent.Signal:output_type -> harebox.agent.v1.Empty
+	5,  // 52: harebox.agent.v1.Agent.Commands:output_type -> harebox.agent.v1.CommandList
+	10, // 53: harebox.agent.v1.Agent.Input:output_type -> harebox.agent.v1.Empty
+	23, // 54: harebox.agent.v1.Agent.Rename:output_type -> harebox.agent.v1.FileInfo
+	28, // 55: harebox.agent.v1.Agent.Watch:output_type -> harebox.agent.v1.WatchEvent
+	35, // [35:56] is the sub-list for method output_type
+	14, // [14:35] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_agent_agentpb_agent_proto_init() }
@@ -2498,25 +2891,30 @@ func file_agent_agentpb_agent_proto_init() {
 	if File_agent_agentpb_agent_proto != nil {
 		return
 	}
-	file_agent_agentpb_agent_proto_msgTypes[4].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[1].OneofWrappers = []any{
+		(*InputRequest_Stdin)(nil),
+		(*InputRequest_StdinEof)(nil),
+		(*InputRequest_Resize)(nil),
+	}
+	file_agent_agentpb_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*AttachChunk_Stdout)(nil),
 		(*AttachChunk_Stderr)(nil),
 		(*AttachChunk_Exit)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_StdinEof)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[14].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*ExecResponse_StartedPid)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[16].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -2525,8 +2923,8 @@ func file_agent_agentpb_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_agentpb_agent_proto_rawDesc), len(file_agent_agentpb_agent_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   32,
+			NumEnums:      2,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,9 @@ const (
 	Agent_Attach_FullMethodName     = "/harebox.agent.v1.Agent/Attach"
 	Agent_Signal_FullMethodName     = "/harebox.agent.v1.Agent/Signal"
 	Agent_Commands_FullMethodName   = "/harebox.agent.v1.Agent/Commands"
+	Agent_Input_FullMethodName      = "/harebox.agent.v1.Agent/Input"
+	Agent_Rename_FullMethodName     = "/harebox.agent.v1.Agent/Rename"
+	Agent_Watch_FullMethodName      = "/harebox.agent.v1.Agent/Watch"
 )
 
 // AgentClient is the client API for Agent service.
@@ -94,6 +97,22 @@ type AgentClient interface {
 	Signal(ctx context.Context, in *SignalRequest, opts ...grpc.CallOption) (*Empty, error)
 	// Commands lists the commands the agent keeps, oldest first.
 	Commands(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*CommandList, error)
+	// Protocol 4.
+	//
+	// Input gives a command the agent owns, started with keep_stdin, bytes
+	// for its stdin, its stdin's end, or a new terminal size. It waits while
+	// the command's input queue is full.
+	Input(ctx context.Context, in *InputRequest, opts ...grpc.CallOption) (*Empty, error)
+	// Rename moves a file or directory within its file system (rename(2)):
+	// an existing destination file is replaced, as mv does.
+	Rename(ctx context.Context, in *RenameRequest, opts ...grpc.CallOption) (*FileInfo, error)
+	// Watch streams the changes in a directory (and, recursive, its
+	// subdirectories, those made later included) until the call ends. Its
+	// first message is an event of no op, once the watch is in place. At
+	// most a few watches run at once, each over a bounded number of
+	// directories; events it cannot hold for a slow reader are dropped, and
+	// the next event says how many.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
 }
 
 type agentClient struct {
@@ -308,6 +327,45 @@ func (c *agentClient) Commands(ctx context.Context, in *Empty, opts ...grpc.Call
 	return out, nil
 }
 
+func (c *agentClient) Input(ctx context.Context, in *InputRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Agent_Input_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) Rename(ctx context.Context, in *RenameRequest, opts ...grpc.CallOption) (*FileInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FileInfo)
+	err := c.cc.Invoke(ctx, Agent_Rename_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[4], Agent_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, WatchEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_WatchClient = grpc.ServerStreamingClient[WatchEvent]
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -358,6 +416,22 @@ type AgentServer interface {
 	Signal(context.Context, *SignalRequest) (*Empty, error)
 	// Commands lists the commands the agent keeps, oldest first.
 	Commands(context.Context, *Empty) (*CommandList, error)
+	// Protocol 4.
+	//
+	// Input gives a command the agent owns, started with keep_stdin, bytes
+	// for its stdin, its stdin's end, or a new terminal size. It waits while
+	// the command's input queue is full.
+	Input(context.Context, *InputRequest) (*Empty, error)
+	// Rename moves a file or directory within its file system (rename(2)):
+	// an existing destination file is replaced, as mv does.
+	Rename(context.Context, *RenameRequest) (*FileInfo, error)
+	// Watch streams the changes in a directory (and, recursive, its
+	// subdirectories, those made later included) until the call ends. Its
+	// first message is an event of no op, once the watch is in place. At
+	// most a few watches run at once, each over a bounded number of
+	// directories; events it cannot hold for a slow reader are dropped, and
+	// the next event says how many.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -421,6 +495,15 @@ func (UnimplementedAgentServer) Signal(context.Context, *SignalRequest) (*Empty,
 }
 func (UnimplementedAgentServer) Commands(context.Context, *Empty) (*CommandList, error) {
 	return nil, status.Error(codes.Unimplemented, "method Commands not implemented")
+}
+func (UnimplementedAgentServer) Input(context.Context, *InputRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method Input not implemented")
+}
+func (UnimplementedAgentServer) Rename(context.Context, *RenameRequest) (*FileInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method Rename not implemented")
+}
+func (UnimplementedAgentServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -731,6 +814,53 @@ func _Agent_Commands_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_Input_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InputRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Input(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Input_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Input(ctx, req.(*InputRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_Rename_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenameRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Rename(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Rename_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Rename(ctx, req.(*RenameRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_WatchServer = grpc.ServerStreamingServer[WatchEvent]
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -794,6 +924,14 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Commands",
 			Handler:    _Agent_Commands_Handler,
 		},
+		{
+			MethodName: "Input",
+			Handler:    _Agent_Input_Handler,
+		},
+		{
+			MethodName: "Rename",
+			Handler:    _Agent_Rename_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -815,6 +953,11 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Attach",
 			Handler:       _Agent_Attach_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Watch",
+			Handler:       _Agent_Watch_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -87,6 +88,18 @@ type Client struct {
 	unannounced bool
 	closedAt    string // where Close was called from
 	closedFor   error  // and why, if the caller said
+	// level is the agent's protocol level plus one, from its last health
+	// answer (0: none yet).
+	level atomic.Uint32
+}
+
+// need refuses a call (or a field) an agent of a known level below level
+// lacks, as the agent itself refuses a call it lacks (Unimplemented).
+func (c *Client) need(level uint32, what string) error {
+	if l := c.level.Load(); l != 0 && l-1 < level {
+		return status.Errorf(codes.Unimplemented, "%s needs agent protocol %d; this agent speaks %d", what, level, l-1)
+	}
+	return nil
 }
 
 // Dial connects to the agent endpoint a backend reports.
@@ -283,6 +296,7 @@ func (c *Client) Health(ctx context.Context) (_ Health, err error) {
 		return Health{}, c.wrap("health", err)
 	}
 	h := Health{Version: r.Version, UptimeSeconds: r.UptimeSeconds, Mode: r.Mode, Kernel: r.Kernel, Protocol: r.Protocol, Session: r.Session}
+	c.level.Store(min(r.Protocol, 1<<16) + 1)
 	if !printable(h.Version, 128) || !printable(h.Mode, 16) || !printable(h.Kernel, 128) || !(h.UptimeSeconds >= 0) || len(h.Session) > 64 {
 		return Health{}, fmt.Errorf("%w: health: bad fields", ErrGuest)
 	}

@@ -31,9 +31,10 @@ type Command struct {
 }
 
 // Start runs req as a command the agent owns, under id, with stdin (when
-// not nil) as its input, then end of file. ringBytes bounds the output the
-// agent keeps of each stream (0: its default). A command that could not
-// start comes back finished, with Exit.Error.
+// not nil) as its input, then end of file; with req.KeepStdin, stdin
+// stays open after those bytes, for Input. ringBytes bounds the output
+// the agent keeps of each stream (0: its default). A command that could
+// not start comes back finished, with Exit.Error.
 func (c *Client) Start(ctx context.Context, id string, req ExecRequest, stdin []byte, ringBytes int) (_ Command, err error) {
 	defer classify(&err)
 	if !commandID.MatchString(id) {
@@ -43,10 +44,15 @@ func (c *Client) Start(ctx context.Context, id string, req ExecRequest, stdin []
 	if err != nil {
 		return Command{}, err
 	}
-	st.Stdin = stdin != nil
+	st.Stdin = stdin != nil || req.KeepStdin
+	if req.KeepStdin {
+		if err := c.need(4, "keeping a command's stdin open"); err != nil {
+			return Command{}, err
+		}
+	}
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
-	r, err := c.rpc.Start(ctx, &agentpb.StartRequest{Id: id, Exec: st, Stdin: stdin, RingBytes: uint32(ringBytes)})
+	r, err := c.rpc.Start(ctx, &agentpb.StartRequest{Id: id, Exec: st, Stdin: stdin, RingBytes: uint32(ringBytes), KeepStdin: req.KeepStdin})
 	if err != nil {
 		return Command{}, c.wrap("start", err)
 	}
@@ -55,6 +61,34 @@ func (c *Client) Start(ctx context.Context, id string, req ExecRequest, stdin []
 		err = fmt.Errorf("%w: start: answered for command %q", ErrGuest, cmd.ID)
 	}
 	return cmd, err
+}
+
+// Input gives command id, started with KeepStdin, stdin bytes, waiting
+// while the agent's queue for it is full; protocol 4.
+func (c *Client) Input(ctx context.Context, id string, stdin []byte) error {
+	return c.input(ctx, &agentpb.InputRequest{Id: id, Msg: &agentpb.InputRequest_Stdin{Stdin: stdin}})
+}
+
+// CloseInput ends command id's stdin (^D on a terminal); protocol 4.
+func (c *Client) CloseInput(ctx context.Context, id string) error {
+	return c.input(ctx, &agentpb.InputRequest{Id: id, Msg: &agentpb.InputRequest_StdinEof{StdinEof: true}})
+}
+
+// Resize sets the terminal size of command id, started with a PTY;
+// protocol 4.
+func (c *Client) Resize(ctx context.Context, id string, rows, cols uint16) error {
+	return c.input(ctx, &agentpb.InputRequest{Id: id, Msg: &agentpb.InputRequest_Resize{Resize: &agentpb.Resize{Rows: uint32(rows), Cols: uint32(cols)}}})
+}
+
+func (c *Client) input(ctx context.Context, req *agentpb.InputRequest) (err error) {
+	defer classify(&err)
+	if !commandID.MatchString(req.Id) {
+		return fmt.Errorf("input: bad command id %q", req.Id)
+	}
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	_, err = c.rpc.Input(ctx, req)
+	return c.wrap("input", err)
 }
 
 // Commands lists the commands the agent keeps, oldest first.

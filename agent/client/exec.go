@@ -24,6 +24,8 @@ type ExecRequest struct {
 	PTY     bool
 	Rows    uint16
 	Cols    uint16
+	// KeepStdin, for Start only: stdin stays open for Input (protocol 4).
+	KeepStdin bool
 }
 
 // ExitStatus is how a process ended.

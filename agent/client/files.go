@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -117,13 +118,28 @@ func (c *Client) Stat(ctx context.Context, path string) (_ FileInfo, err error) 
 
 // ListDir lists a directory; truncated says the listing was capped.
 func (c *Client) ListDir(ctx context.Context, path string, limit int) (_ []FileInfo, _ bool, err error) {
+	return c.ListTree(ctx, path, 1, limit)
+}
+
+// ListTree lists a directory and its subdirectories down to depth levels
+// (1: the directory's entries alone), each directory's entries before its
+// subdirectories'; truncated says the listing was capped (protocol 4 for
+// a depth over 1). Every entry is below path.
+func (c *Client) ListTree(ctx context.Context, path string, depth, limit int) (_ []FileInfo, _ bool, err error) {
 	defer classify(&err)
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	if limit <= 0 || limit > MaxListEntries {
 		limit = MaxListEntries
 	}
-	r, err := c.rpc.ListDir(ctx, &agentpb.ListDirRequest{Path: path, Limit: uint32(limit)})
+	req := &agentpb.ListDirRequest{Path: path, Limit: uint32(limit)}
+	if depth > 1 {
+		if err := c.need(4, "listing with a depth"); err != nil {
+			return nil, false, err
+		}
+		req.Depth = uint32(depth)
+	}
+	r, err := c.rpc.ListDir(ctx, req)
 	if err != nil {
 		return nil, false, c.wrap("list", err)
 	}
@@ -136,9 +152,31 @@ func (c *Client) ListDir(ctx context.Context, path string, limit int) (_ []FileI
 		if err != nil {
 			return nil, false, err
 		}
+		if depth > 1 && !below(path, fi.Path) {
+			return nil, false, fmt.Errorf("%w: list: an entry %.64q outside %.64q", ErrGuest, fi.Path, path)
+		}
 		out = append(out, fi)
 	}
 	return out, r.Truncated, nil
+}
+
+// below reports whether p is a path under dir (a clean one: no "..").
+func below(dir, p string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != "." && filepath.IsLocal(rel) && filepath.Clean(p) == p
+}
+
+// Rename moves from to to (rename(2): within a file system, replacing a
+// file at to); protocol 4.
+func (c *Client) Rename(ctx context.Context, from, to string) (_ FileInfo, err error) {
+	defer classify(&err)
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	fi, err := c.rpc.Rename(ctx, &agentpb.RenameRequest{From: from, To: to})
+	if err != nil {
+		return FileInfo{}, c.wrap("rename", err)
+	}
+	return fileInfo(fi)
 }
 
 // Mkdir creates path and its parents.

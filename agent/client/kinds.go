@@ -46,6 +46,9 @@ func kindOf(err error) error {
 		// An agent from an older image, which a sandbox keeps across
 		// server upgrades.
 		return &model.Error{Kind: model.ErrInvalid, Msg: "the sandbox's agent is older than this server and cannot do this: make the sandbox from an image built with this release", Err: err}
+	case codes.ResourceExhausted:
+		// One of the guest's bounds (commands kept, watches, its disk).
+		return &model.Error{Kind: model.ErrCapacity, Msg: "the sandbox is at one of its limits", Err: err}
 	case codes.DeadlineExceeded:
 		return &model.Error{Kind: model.ErrTimeout, Msg: "the sandbox did not answer in time", Err: err}
 	}

@@ -71,13 +71,17 @@ type command struct {
 	started time.Time
 	input   chan *agentpb.ExecRequest // stdin and signals, for its execution
 	cancel  context.CancelFunc
+	ended   <-chan struct{} // closed once it has finished
+	pty     bool
 
-	mu      sync.Mutex
-	pid     int
-	out     [2]ring // stdout, stderr
-	exit    *agentpb.ExecExit
-	changed chan struct{} // closed (and replaced) on every change
-	begun   chan struct{} // closed once it started or failed to
+	mu sync.Mutex
+	// stdinOpen: started with keep_stdin, and no Input has ended it.
+	stdinOpen bool
+	pid       int
+	out       [2]ring // stdout, stderr
+	exit      *agentpb.ExecExit
+	changed   chan struct{} // closed (and replaced) on every change
+	begun     chan struct{} // closed once it started or failed to
 }
 
 // detached stands for an Exec call's stream for a command the agent owns:
@@ -246,12 +250,12 @@ func (s *Commands) Start(ctx context.Context, req *agentpb.StartRequest) (*agent
 	if size < 0 || size > MaxRing {
 		return nil, status.Errorf(codes.InvalidArgument, "ring_bytes must be at most %d", MaxRing)
 	}
-	if len(req.GetStdin()) > 0 && !st.GetStdin() {
-		return nil, status.Error(codes.InvalidArgument, "stdin bytes need exec.stdin")
+	if (len(req.GetStdin()) > 0 || req.GetKeepStdin()) && !st.GetStdin() {
+		return nil, status.Error(codes.InvalidArgument, "stdin bytes and keep_stdin need exec.stdin")
 	}
 	c := &command{
 		id: req.GetId(), started: time.Now(), input: make(chan *agentpb.ExecRequest, inputQueue),
-		changed: make(chan struct{}), begun: make(chan struct{}),
+		changed: make(chan struct{}), begun: make(chan struct{}), pty: st.GetPty(), stdinOpen: req.GetKeepStdin(),
 	}
 	c.out[0].size, c.out[1].size = size, size
 	c.input <- &agentpb.ExecRequest{Msg: &agentpb.ExecRequest_Start{Start: st}}
@@ -259,13 +263,17 @@ func (s *Commands) Start(ctx context.Context, req *agentpb.StartRequest) (*agent
 		if len(req.GetStdin()) > 0 {
 			c.input <- &agentpb.ExecRequest{Msg: &agentpb.ExecRequest_Stdin{Stdin: req.GetStdin()}}
 		}
-		c.input <- &agentpb.ExecRequest{Msg: &agentpb.ExecRequest_StdinEof{StdinEof: true}}
-	}
-	if err := s.table.add(c); err != nil {
-		return nil, err
+		if !req.GetKeepStdin() {
+			c.input <- &agentpb.ExecRequest{Msg: &agentpb.ExecRequest_StdinEof{StdinEof: true}}
+		}
 	}
 	var dctx context.Context
 	dctx, c.cancel = context.WithCancel(context.Background())
+	c.ended = dctx.Done()
+	if err := s.table.add(c); err != nil {
+		c.cancel()
+		return nil, err
+	}
 	go func() {
 		d := &detached{c: c, ctx: dctx}
 		err := s.exec(d)
@@ -351,6 +359,51 @@ func (s *Commands) Signal(_ context.Context, req *agentpb.SignalRequest) (*agent
 	}
 }
 
+// Input gives a command stdin bytes, their end or a terminal size
+// (agentpb.AgentServer's Input): queued for its execution, waiting while
+// the queue is full, until the command ends or the call's deadline.
+func (s *Commands) Input(ctx context.Context, req *agentpb.InputRequest) (*agentpb.Empty, error) {
+	c, err := s.table.get(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	m := &agentpb.ExecRequest{}
+	c.mu.Lock()
+	open, done := c.stdinOpen, c.exit != nil
+	switch in := req.GetMsg().(type) {
+	case *agentpb.InputRequest_Stdin:
+		m.Msg = &agentpb.ExecRequest_Stdin{Stdin: in.Stdin}
+	case *agentpb.InputRequest_StdinEof:
+		m.Msg = &agentpb.ExecRequest_StdinEof{StdinEof: true}
+		c.stdinOpen = false
+	case *agentpb.InputRequest_Resize:
+		if !c.pty {
+			c.mu.Unlock()
+			return nil, status.Errorf(codes.FailedPrecondition, "command %q has no terminal", c.id)
+		}
+		m.Msg = &agentpb.ExecRequest_Resize{Resize: in.Resize}
+		open = true
+	default:
+		c.mu.Unlock()
+		return nil, status.Error(codes.InvalidArgument, "input needs stdin, stdin_eof or resize")
+	}
+	c.mu.Unlock()
+	switch {
+	case done:
+		return nil, status.Errorf(codes.FailedPrecondition, "command %q has finished", c.id)
+	case !open:
+		return nil, status.Errorf(codes.FailedPrecondition, "command %q's stdin is closed (or was not kept open)", c.id)
+	}
+	select {
+	case c.input <- m:
+		return &agentpb.Empty{}, nil
+	case <-c.ended:
+		return nil, status.Errorf(codes.FailedPrecondition, "command %q has finished", c.id)
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
 // List lists the commands kept (agentpb.AgentServer's Commands).
 func (s *Commands) List(context.Context, *agentpb.Empty) (*agentpb.CommandList, error) {
 	l := &agentpb.CommandList{}
@@ -375,6 +428,11 @@ func (s *Server) Attach(req *agentpb.AttachRequest, stream agentpb.Agent_AttachS
 // Signal implements agentpb.AgentServer.
 func (s *Server) Signal(ctx context.Context, req *agentpb.SignalRequest) (*agentpb.Empty, error) {
 	return s.cmds.Signal(ctx, req)
+}
+
+// Input implements agentpb.AgentServer.
+func (s *Server) Input(ctx context.Context, req *agentpb.InputRequest) (*agentpb.Empty, error) {
+	return s.cmds.Input(ctx, req)
 }
 
 // Commands implements agentpb.AgentServer.

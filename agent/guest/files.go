@@ -19,11 +19,13 @@ import (
 )
 
 const (
-	readChunk   = 64 << 10
-	maxListDir  = 10000
-	maxPathLen  = 4096
-	defaultFile = 0o644
-	defaultDir  = 0o755
+	readChunk  = 64 << 10
+	maxListDir = 10000
+	// maxListDepth bounds a listing's depth (the recursion's).
+	maxListDepth = 64
+	maxPathLen   = 4096
+	defaultFile  = 0o644
+	defaultDir   = 0o755
 )
 
 // CheckPath accepts only absolute, clean paths without NUL: the host names
@@ -329,7 +331,9 @@ func (s *Server) Stat(_ context.Context, req *agentpb.PathRequest) (*agentpb.Fil
 }
 
 // ListDir lists at most the limit (capped at maxListDir) entries, sorted by
-// name, reading no more of a huge directory than it needs.
+// name, reading no more of a huge directory than it needs; with a depth
+// over 1, each subdirectory's entries follow the directory's, down to
+// depth levels (symbolic links are not followed), within the same limit.
 func (s *Server) ListDir(_ context.Context, req *agentpb.ListDirRequest) (*agentpb.ListDirResponse, error) {
 	if err := CheckPath(req.GetPath()); err != nil {
 		return nil, err
@@ -338,30 +342,78 @@ func (s *Server) ListDir(_ context.Context, req *agentpb.ListDirRequest) (*agent
 	if limit <= 0 || limit > maxListDir {
 		limit = maxListDir
 	}
-	f, err := os.Open(req.GetPath())
-	if err != nil {
-		return nil, fsError("open", err)
-	}
-	defer f.Close()
-	// One more than the limit tells whether there were more.
-	ents, err := f.ReadDir(limit + 1)
-	if err != nil && err != io.EOF {
-		return nil, fsError("read dir", err)
+	depth := max(int(req.GetDepth()), 1)
+	if depth > maxListDepth {
+		return nil, status.Errorf(codes.InvalidArgument, "depth must be at most %d", maxListDepth)
 	}
 	resp := &agentpb.ListDirResponse{}
-	if len(ents) > limit {
-		ents = ents[:limit]
+	if err := listDir(resp, req.GetPath(), depth, limit); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func listDir(resp *agentpb.ListDirResponse, dir string, depth, limit int) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fsError("open", err)
+	}
+	// One more than what is left tells whether there were more.
+	left := limit - len(resp.Entries)
+	ents, err := f.ReadDir(left + 1)
+	f.Close()
+	if err != nil && err != io.EOF {
+		return fsError("read dir", err)
+	}
+	if len(ents) > left {
+		ents = ents[:left]
 		resp.Truncated = true
 	}
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
+	var subdirs []string
 	for _, de := range ents {
 		fi, err := de.Info()
 		if err != nil {
 			continue // removed since it was listed
 		}
-		resp.Entries = append(resp.Entries, toFileInfo(filepath.Join(req.GetPath(), de.Name()), fi))
+		p := filepath.Join(dir, de.Name())
+		resp.Entries = append(resp.Entries, toFileInfo(p, fi))
+		if fi.IsDir() {
+			subdirs = append(subdirs, p)
+		}
 	}
-	return resp, nil
+	for _, sub := range subdirs {
+		if depth <= 1 || resp.Truncated {
+			break
+		}
+		// A subdirectory that cannot be read (its permissions, or gone) is
+		// listed, without its entries.
+		if err := listDir(resp, sub, depth-1, limit); err != nil && status.Code(err) != codes.PermissionDenied && status.Code(err) != codes.NotFound {
+			return err
+		}
+	}
+	return nil
+}
+
+// Rename moves a file or directory within its file system, replacing an
+// existing file at to (rename(2), as mv does).
+func (s *Server) Rename(_ context.Context, req *agentpb.RenameRequest) (*agentpb.FileInfo, error) {
+	for _, p := range []string{req.GetFrom(), req.GetTo()} {
+		if err := CheckPath(p); err != nil {
+			return nil, err
+		}
+	}
+	if req.GetFrom() == "/" {
+		return nil, status.Error(codes.InvalidArgument, "refusing to move /")
+	}
+	if err := os.Rename(req.GetFrom(), req.GetTo()); err != nil {
+		return nil, fsError("rename", err)
+	}
+	info, err := fileInfo(req.GetTo())
+	if err != nil {
+		return nil, fsError("stat", err)
+	}
+	return info, nil
 }
 
 // Mkdir is mkdir -p: directories it creates get the mode and owner; existing

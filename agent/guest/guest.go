@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -64,6 +65,8 @@ type Server struct {
 
 	// cmds are the commands the agent owns (Start).
 	cmds *Commands
+	// watches counts the Watch calls running.
+	watches atomic.Int32
 }
 
 // New returns a Server with opts' defaults filled in.

@@ -15,8 +15,10 @@ package layout
 //	1: Health reports the level
 //	2: commands the agent owns (Start, Attach, Signal, Commands)
 //	3: every agent session starts with a hello (agent/transport)
+//	4: Input to a command started with keep_stdin (its stdin, its end, a
+//	   terminal size), Rename, Watch, ListDir with a depth
 const (
-	Protocol    = 3
+	Protocol    = 4
 	MinProtocol = 0
 	// HelloProtocol is the first level whose sessions all start with a
 	// hello: the host drops one that answers without.

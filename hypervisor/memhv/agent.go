@@ -82,6 +82,14 @@ func (a *agent) Signal(ctx context.Context, req *agentpb.SignalRequest) (*agentp
 	return a.commands().Signal(ctx, req)
 }
 
+// Input implements agentpb.AgentServer.
+func (a *agent) Input(ctx context.Context, req *agentpb.InputRequest) (*agentpb.Empty, error) {
+	if err := a.m.awake(ctx); err != nil {
+		return nil, err
+	}
+	return a.commands().Input(ctx, req)
+}
+
 // Commands implements agentpb.AgentServer.
 func (a *agent) Commands(ctx context.Context, req *agentpb.Empty) (*agentpb.CommandList, error) {
 	if err := a.m.awake(ctx); err != nil {
@@ -164,7 +172,8 @@ func (a *agent) Exec(stream agentpb.Agent_ExecServer) error {
 	if err := checkStart(st); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	x := &execution{a: a, stream: stream, began: time.Now(), signals: make(chan int32, 4)}
+	stdin := make(chan []byte, 16)
+	x := &execution{a: a, stream: stream, began: time.Now(), signals: make(chan int32, 4), stdin: stdin, stdinR: stdin}
 	go x.recv()
 	acct, err := lookupUser(st.GetUser())
 	if err != nil {
@@ -206,22 +215,65 @@ type execution struct {
 	stream  agentpb.Agent_ExecServer
 	began   time.Time
 	signals chan int32
-	sendMu  sync.Mutex // gRPC streams allow one sender at a time
+	// stdin carries stdin's chunks, and is closed at its end (recv's
+	// alone; the command reads stdinR).
+	stdin  chan []byte
+	stdinR <-chan []byte
+	sendMu sync.Mutex // gRPC streams allow one sender at a time
 }
 
-// recv takes signals from the client until the stream ends; stdin and
+// recv takes signals and stdin from the client until the stream ends;
 // resizes are dropped.
 func (x *execution) recv() {
+	defer func() {
+		if x.stdin != nil {
+			close(x.stdin)
+		}
+	}()
 	for {
 		req, err := x.stream.Recv()
 		if err != nil {
 			return
 		}
-		if sig := req.GetSignal(); sig > 0 && sig <= 64 {
-			select {
-			case x.signals <- sig:
-			default:
+		switch m := req.GetMsg().(type) {
+		case *agentpb.ExecRequest_Signal:
+			if m.Signal > 0 && m.Signal <= 64 {
+				select {
+				case x.signals <- m.Signal:
+				default:
+				}
 			}
+		case *agentpb.ExecRequest_Stdin:
+			if x.stdin != nil {
+				select {
+				case x.stdin <- m.Stdin:
+				case <-x.stream.Context().Done():
+					return
+				}
+			}
+		case *agentpb.ExecRequest_StdinEof:
+			if x.stdin != nil {
+				close(x.stdin)
+				x.stdin = nil
+			}
+		}
+	}
+}
+
+// catStdin copies stdin to out until its end; nil, or how the command
+// ended otherwise (a signal; the caller gone is an exit of nil, ok false).
+func (x *execution) catStdin(ctx context.Context, stdin <-chan []byte, out io.Writer) (exit *agentpb.ExecExit, ok bool) {
+	for {
+		select {
+		case b, more := <-stdin:
+			if !more {
+				return nil, true
+			}
+			out.Write(b)
+		case sig := <-x.signals:
+			return &agentpb.ExecExit{ExitCode: -1, Signal: sig}, true
+		case <-ctx.Done():
+			return nil, false
 		}
 	}
 }
@@ -255,6 +307,14 @@ func (x *execution) run(ctx context.Context, st *agentpb.ExecStart, cwd string) 
 			fmt.Fprintln(out, strings.Join(args[1:], " "))
 			code = 0
 		case "cat":
+			if len(args) == 1 && st.GetStdin() {
+				exit, ok := x.catStdin(ctx, x.stdinR, out)
+				if !ok || exit != nil {
+					return exit
+				}
+				code = 0
+				continue
+			}
 			code = x.cat(out, stderr, cwd, args[1:])
 		case "printenv":
 			code = 1

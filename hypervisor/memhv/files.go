@@ -23,10 +23,12 @@ import (
 
 // Limits of the fake guest, the real agent's where it has them.
 const (
-	readChunk   = 64 << 10
-	maxListDir  = 10000
-	defaultFile = 0o644
-	defaultDir  = 0o755
+	readChunk  = 64 << 10
+	maxListDir = 10000
+	// maxListDepth is the agent's bound on a listing's depth.
+	maxListDepth = 64
+	defaultFile  = 0o644
+	defaultDir   = 0o755
 	// maxFileBytes bounds one file, so a runaway test fails instead of
 	// eating the host's memory (a full disk in a real guest).
 	maxFileBytes = 256 << 20
@@ -369,21 +371,85 @@ func (a *agent) ListDir(ctx context.Context, req *agentpb.ListDirRequest) (*agen
 	if !n.Dir {
 		return nil, status.Errorf(codes.FailedPrecondition, "read dir %s: not a directory", p)
 	}
+	depth := max(int(req.GetDepth()), 1)
+	if depth > maxListDepth {
+		return nil, status.Errorf(codes.InvalidArgument, "depth must be at most %d", maxListDepth)
+	}
+	resp := &agentpb.ListDirResponse{}
+	a.fs.list(resp, p, depth, limit)
+	return resp, nil
+}
+
+// list lists dir's entries, then its subdirectories' down to depth, as
+// the agent does.
+func (f *fsys) list(resp *agentpb.ListDirResponse, dir string, depth, limit int) {
 	var names []string
-	for q := range a.fs.nodes {
-		if q != "/" && filepath.Dir(q) == p {
+	for q := range f.nodes {
+		if q != "/" && filepath.Dir(q) == dir {
 			names = append(names, q)
 		}
 	}
 	sort.Strings(names)
-	resp := &agentpb.ListDirResponse{}
-	if len(names) > limit {
-		names, resp.Truncated = names[:limit], true
+	if left := limit - len(resp.Entries); len(names) > left {
+		names, resp.Truncated = names[:left], true
 	}
 	for _, q := range names {
-		resp.Entries = append(resp.Entries, fileInfo(q, a.fs.nodes[q]))
+		resp.Entries = append(resp.Entries, fileInfo(q, f.nodes[q]))
 	}
-	return resp, nil
+	for _, q := range names {
+		if depth <= 1 || resp.Truncated {
+			return
+		}
+		if f.nodes[q].Dir {
+			f.list(resp, q, depth-1, limit)
+		}
+	}
+}
+
+// Rename moves a file or a directory with what is below it, replacing a
+// file at to, as rename(2) does.
+func (a *agent) Rename(ctx context.Context, req *agentpb.RenameRequest) (*agentpb.FileInfo, error) {
+	from, to := req.GetFrom(), req.GetTo()
+	for _, p := range []string{from, to} {
+		if err := a.enter(ctx, p); err != nil {
+			return nil, err
+		}
+	}
+	if from == "/" {
+		return nil, status.Error(codes.InvalidArgument, "refusing to move /")
+	}
+	a.fs.mu.Lock()
+	defer a.fs.mu.Unlock()
+	n, err := a.fs.get("rename", from)
+	if err != nil {
+		return nil, err
+	}
+	if parent, ok := a.fs.nodes[filepath.Dir(to)]; !ok || !parent.Dir {
+		return nil, a.fs.missing("rename", filepath.Dir(to))
+	}
+	if cur, ok := a.fs.nodes[to]; ok && cur.Dir != n.Dir {
+		return nil, status.Errorf(codes.FailedPrecondition, "rename %s: a %s is in the way", to, map[bool]string{true: "directory", false: "file"}[cur.Dir])
+	}
+	if strings.HasPrefix(to, from+"/") {
+		return nil, status.Errorf(codes.InvalidArgument, "rename %s: into itself", from)
+	}
+	var below []string
+	for q := range a.fs.nodes {
+		if strings.HasPrefix(q, to+"/") && to != from {
+			return nil, status.Errorf(codes.FailedPrecondition, "rename %s: directory not empty", to)
+		}
+		if strings.HasPrefix(q, from+"/") {
+			below = append(below, q)
+		}
+	}
+	for _, q := range below {
+		m := a.fs.nodes[q]
+		delete(a.fs.nodes, q)
+		a.fs.nodes[to+strings.TrimPrefix(q, from)] = m
+	}
+	delete(a.fs.nodes, from)
+	a.fs.nodes[to] = n
+	return fileInfo(to, n), nil
 }
 
 // Mkdir is mkdir -p.

@@ -10,6 +10,7 @@
 //
 //	echo ARGS     prints ARGS joined by spaces, and a newline
 //	cat PATH...   prints files (relative paths from cwd, default the home)
+//	cat           with stdin, copies it until its end
 //	true, false   exit 0, exit 1
 //	exit [N]      ends the exec with N (default: the last command's code)
 //	printenv NAME prints the exec's variable NAME (exit 1 without it)
@@ -22,8 +23,10 @@
 // exits 127. Argv is one command. A shell string is split into commands on
 // ';' and newlines, and each on whitespace: no quoting, variables, pipes or
 // globs; a trailing ">&2" sends a command's output to stderr. Stdin is
-// dropped; the environment is only read by "printenv NAME"; the users are root, user (the default)
-// and numeric ids.
+// read only by "cat" without paths; terminal sizes are dropped; the
+// environment is only read by "printenv NAME"; the users are root, user
+// (the default) and numeric ids. Of the agent's file calls, Watch is not
+// served (Unimplemented).
 //
 // As in the real backends: specs are validated and errors carry the
 // portable kinds; a paused machine's agent answers no call until Resume

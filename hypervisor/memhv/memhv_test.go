@@ -417,3 +417,47 @@ func TestGuestShutdown(t *testing.T) {
 		t.Errorf("serial log: %q", b)
 	}
 }
+
+// Protocol 4's Rename, listing with a depth and Input, as the real agent
+// answers them.
+func TestProtocol4(t *testing.T) {
+	hv := memhv.New(memhv.Options{})
+	_, c := boot(t, hv, shortDir(t), "p4")
+	ctx := context.Background()
+	for _, p := range []string{"/t/a", "/t/d/b", "/t/d/e/c", "/u/x"} {
+		if _, err := c.WriteFile(ctx, p, strings.NewReader("x"), agentclient.WriteOptions{MakeParents: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Rename(ctx, "/t/d", "/u"); agentclient.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a directory over a non-empty one: %v", err)
+	}
+	if fi, err := c.Rename(ctx, "/t/d", "/t/moved"); err != nil || fi.Type != "dir" {
+		t.Fatalf("rename: %+v %v", fi, err)
+	}
+	l, trunc, err := c.ListTree(ctx, "/t", 2, 0)
+	var got []string
+	for _, f := range l {
+		got = append(got, f.Path)
+	}
+	if want := "/t/a /t/moved /t/moved/b /t/moved/e"; err != nil || trunc || strings.Join(got, " ") != want {
+		t.Errorf("depth 2 after the move: %q %v %v, want %q", got, trunc, err, want)
+	}
+	if _, err := c.Rename(ctx, "/t/nothing", "/t/x"); agentclient.Code(err) != codes.NotFound {
+		t.Errorf("rename of nothing: %v", err)
+	}
+	if _, err := c.Start(ctx, "cat", agentclient.ExecRequest{Argv: []string{"cat"}, KeepStdin: true}, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Input(ctx, "cat", []byte("in")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseInput(ctx, "cat"); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	st, err := c.Attach(ctx, "cat", [2]uint64{}, true, func(_ bool, _ uint64, b []byte) error { out.Write(b); return nil })
+	if err != nil || st == nil || out.String() != "in" {
+		t.Errorf("cat with input: %q %+v %v", out.String(), st, err)
+	}
+}
