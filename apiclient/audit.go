@@ -6,26 +6,15 @@ import (
 	"io"
 	"mime"
 	"net/url"
-	"time"
+
+	"github.com/harebox/harebox/model"
 )
 
 // AuditEntry is one entry of the audit log: who (Principal: a key ID, or
 // "operator") did what (Action, an operationId, on Target) from where, and
-// how it ended (Outcome "ok", "denied" or "error"; Error its code).
-type AuditEntry struct {
-	Seq       int64     `json:"seq"`
-	Time      time.Time `json:"time"`
-	AccountID string    `json:"account_id,omitempty"`
-	Principal string    `json:"principal"`
-	Source    string    `json:"source,omitempty"`
-	Action    string    `json:"action"`
-	Target    string    `json:"target,omitempty"`
-	Outcome   string    `json:"outcome"`
-	Error     string    `json:"error,omitempty"`
-	RequestID string    `json:"request_id,omitempty"`
-	Prev      string    `json:"prev"`
-	Hash      string    `json:"hash"`
-}
+// how it ended (Outcome "ok", "denied" or "error"; Error its code); it is
+// model.AuditEntry.
+type AuditEntry = model.AuditEntry
 
 // AuditList is a page of entries; Next, set when the page is full, is the
 // cursor (after=) of the next page.

@@ -86,30 +86,8 @@ type EnvFile = model.EnvFile
 // CredentialRule is model.CredentialRule.
 type CredentialRule = model.CredentialRule
 
-// AuditEntry is one record of the audit log (package audit has the rules):
-// who did what to what, from where, and how it ended. Hash commits to the
-// entry and to Prev, the hash of the entry before it.
-type AuditEntry struct {
-	Seq       int64     `json:"seq"`
-	Time      time.Time `json:"time"`
-	AccountID string    `json:"account_id,omitempty"`
-	Principal string    `json:"principal"`
-	Source    string    `json:"source,omitempty"`
-	Action    string    `json:"action"`
-	Target    string    `json:"target,omitempty"`
-	// Outcome is "ok", "denied" or "error"; Error is the error's kind.
-	Outcome   string `json:"outcome"`
-	Error     string `json:"error,omitempty"`
-	RequestID string `json:"request_id,omitempty"`
-	Prev      string `json:"prev"`
-	Hash      string `json:"hash"`
-	// Mismatch, on an entry read back, names the row's columns that
-	// disagree with its record, which the chain hashes ("record" if the
-	// record does not decode): the columns are what filters match, so a
-	// changed one moves the entry out of (or into) a view. Not part of
-	// the record.
-	Mismatch []string `json:"-"`
-}
+// AuditEntry is model.AuditEntry.
+type AuditEntry = model.AuditEntry
 
 // AuditCheckpoint is a signature over the log's hash at Seq.
 type AuditCheckpoint struct {
