@@ -46,6 +46,8 @@ type KeyRequest struct {
 	Description string      `json:"description,omitempty"`
 	Scope       authz.Scope `json:"scope"`
 	TTLSeconds  int64       `json:"ttl_seconds,omitempty"`
+	// Format is the secret's form: "harebox" (the default) or "e2b".
+	Format string `json:"format,omitempty"`
 }
 
 // Key is an API key. Secret is set only in the answer to createKey and

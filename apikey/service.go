@@ -28,6 +28,10 @@ type CreateRequest struct {
 	Scope       authz.Scope `json:"scope"`
 	// TTLSeconds makes the key expire that long after creation; 0 never.
 	TTLSeconds int64 `json:"ttl_seconds,omitempty" validate:"gte=0,lte=31536000"`
+	// Format is the form of its secret: "harebox" (the default) or "e2b"
+	// (E2BPrefix and hex digits, which E2B's SDKs accept); its rotations
+	// keep it.
+	Format string `json:"format,omitempty" validate:"omitempty,oneof=harebox e2b"`
 }
 
 // Created is a key with its secret, which is shown only here.
@@ -267,7 +271,7 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (out *Created, er
 		exp := now.Add(time.Duration(r.TTLSeconds) * time.Second)
 		k.ExpiresAt = &exp
 	}
-	secret, hash, err := newSecret(k.ID)
+	secret, hash, err := newSecret(k.ID, r.Format)
 	if err != nil {
 		return nil, err
 	}
@@ -433,7 +437,7 @@ func (s *Service) Rotate(ctx context.Context, id string) (out *Created, err erro
 		if !k.Active(s.now()) {
 			return sandbox.Errorf(sandbox.ErrState, "", "key %s is revoked or expired", id)
 		}
-		secret, hash, err := newSecret(k.ID)
+		secret, hash, err := newSecret(k.ID, formatOf(k))
 		if err != nil {
 			return err
 		}

@@ -844,9 +844,9 @@ class Client:
     @operation("createKey")
     def create_key(self, *, body: t.Body, timeout: float | None = None) -> t.KeyWithSecret:
         """POST /v1/keys: a scoped key (``scope``, ``description``,
-        ``ttl_seconds``; ``account_id`` for the operator). Its ``secret``
-        (hbk_...) is in this reply only. A key creates keys no wider than
-        itself."""
+        ``ttl_seconds``, ``format``: "harebox" or "e2b"; ``account_id`` for
+        the operator). Its ``secret`` (hbk_..., or e2b_ and hex digits) is
+        in this reply only. A key creates keys no wider than itself."""
         return cast(t.KeyWithSecret, self._json("POST", "/v1/keys", body=body, timeout=timeout))
 
     @operation("listKeys")

@@ -521,6 +521,8 @@ export interface KeyRequest {
   scope?: Scope;
   /** The key expires that long after creation (at most 31536000). */
   ttl_seconds?: number;
+  /** The secret's form: "harebox" ("hbk_...", the default) or "e2b" ("e2b_" and hex digits, which E2B's SDKs accept); rotations keep it. */
+  format?: "harebox" | "e2b";
 }
 
 /** An API key (never its secret). */
