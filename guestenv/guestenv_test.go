@@ -4,23 +4,18 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/pem"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
-	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/guestenv"
-	"github.com/harebox/harebox/hypervisor"
-	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/internal/testdomains"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
-	"github.com/harebox/harebox/tenant"
 )
 
 // live is the engine's table of live sandboxes, as the credentials lookup
@@ -41,26 +36,8 @@ const (
 // store), loaded again as after a restart, and erased.
 func TestLifecycle(t *testing.T) {
 	ctx := context.Background()
-	dir := shortDir(t)
-	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "harebox.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	sec, err := secrets.NewSealed(db, filepath.Join(dir, "master.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	al, err := audit.Open(ctx, db, audit.Options{KeyFile: filepath.Join(dir, "audit.key")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer al.Close(ctx)
-	tenants := tenant.New(db)
-	acc, err := tenants.EnsureDefault(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	parts := testdomains.New(t)
+	dir, db, sec, al, tenants, acc := parts.Dir, parts.Store, parts.Secrets, parts.Audit, parts.Tenants, parts.Account
 	envs := env.New(db, tenants, sec)
 	if _, err := envs.Create(ctx, "", env.CreateRequest{Name: "api",
 		Variables:   map[string]env.Var{"MODE": {Value: "prod"}, "TOKEN": {Value: secret, Secret: true}},
@@ -125,7 +102,7 @@ func TestLifecycle(t *testing.T) {
 	}
 
 	// Boot: the guest already trusts another CA and a sandbox CA of before.
-	c := guest(t, dir)
+	c := testdomains.Agent(t, dir)
 	const system = "/etc/ssl/certs/ca-certificates.crt"
 	before := "OTHER CA\n" + marker + "\n-----BEGIN CERTIFICATE-----\nold\n-----END CERTIFICATE-----\n"
 	if _, err := c.WriteFile(ctx, system, strings.NewReader(before), agentclient.WriteOptions{Owner: "root", MakeParents: true}); err != nil {
@@ -182,35 +159,4 @@ func TestLifecycle(t *testing.T) {
 	if err := s.Erase(ctx, rec.ID); err != nil {
 		t.Fatal("erase again:", err)
 	}
-}
-
-// guest boots a memhv machine and returns its agent.
-func guest(t *testing.T, dir string) *agentclient.Client {
-	t.Helper()
-	ctx := context.Background()
-	hv := memhv.New(memhv.Options{})
-	img := memhv.Image(dir)
-	m, err := hv.Launch(ctx, hypervisor.Spec{ID: "g", VCPUs: 1, MemoryMB: 128, Kernel: img.Kernel, Initrd: img.Initrd, StateDir: filepath.Join(dir, "g")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Kill(ctx); m.Cleanup(ctx); hv.Close() })
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	c, _, err := agentclient.DialReady(dctx, m.AgentEndpoint(), agentclient.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// shortDir is a temporary directory short enough for socket paths.
-func shortDir(t *testing.T) string {
-	d, err := os.MkdirTemp("", "guestenv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
 }

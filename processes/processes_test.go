@@ -4,21 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
-	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/history"
-	"github.com/harebox/harebox/hypervisor"
-	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/internal/testdomains"
 	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
-	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
-	"github.com/harebox/harebox/tenant"
 )
 
 // one is the engine as the service sees it, with one sandbox: any other
@@ -59,30 +53,13 @@ func (o *one) AccountOf(_ context.Context, id string) string {
 // the audit log.
 func TestProcesses(t *testing.T) {
 	ctx := context.Background()
-	dir := shortDir(t)
-	db, err := store.OpenSQLite(ctx, filepath.Join(dir, "harebox.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	sec, err := secrets.NewSealed(db, filepath.Join(dir, "master.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	al, err := audit.Open(ctx, db, audit.Options{KeyFile: filepath.Join(dir, "audit.key")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer al.Close(ctx)
-	acc, err := tenant.New(db).EnsureDefault(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	parts := testdomains.New(t)
+	dir, db, sec, al, acc := parts.Dir, parts.Store, parts.Secrets, parts.Audit, parts.Account
 	hist := history.New(history.Options{Store: db, Secrets: sec, Now: time.Now,
 		Key: func(context.Context, string) ([]byte, error) { return nil, nil }})
 
 	id := sandbox.NewID()
-	sbs := &one{account: acc.ID, sb: &processes.Sandbox{ID: id, Agent: guest(t, dir),
+	sbs := &one{account: acc.ID, sb: &processes.Sandbox{ID: id, Agent: testdomains.Agent(t, dir),
 		// (The sandbox's own variable, which printenv shows.)
 		Request: func(r *sandbox.ExecRequest) agentclient.ExecRequest {
 			return agentclient.ExecRequest{Shell: r.Cmd, Argv: r.Argv, Cwd: r.Cwd, Env: map[string]string{"FROM": "the sandbox"}, Timeout: r.Timeout()}
@@ -216,35 +193,4 @@ func TestProcesses(t *testing.T) {
 			t.Errorf("no audit entry %q in %v", want, seen)
 		}
 	}
-}
-
-// guest boots a memhv machine and returns its agent.
-func guest(t *testing.T, dir string) *agentclient.Client {
-	t.Helper()
-	ctx := context.Background()
-	hv := memhv.New(memhv.Options{})
-	img := memhv.Image(dir)
-	m, err := hv.Launch(ctx, hypervisor.Spec{ID: "g", VCPUs: 1, MemoryMB: 128, Kernel: img.Kernel, Initrd: img.Initrd, StateDir: filepath.Join(dir, "g")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Kill(ctx); m.Cleanup(ctx); hv.Close() })
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	c, _, err := agentclient.DialReady(dctx, m.AgentEndpoint(), agentclient.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// shortDir is a temporary directory short enough for socket paths.
-func shortDir(t *testing.T) string {
-	d, err := os.MkdirTemp("", "procs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
 }
