@@ -24,9 +24,15 @@ func (e *Engine) reapExpired() {
 		now := time.Now()
 		var due []string
 		for _, b := range e.boxes.all() {
+			// (Read under its lock, as SetTimeout writes it; a busy box
+			// is looked at again the next second.)
+			if !b.mu.TryLock() {
+				continue
+			}
 			if exp := b.rec.ExpiresAt; exp != nil && !exp.After(now) {
 				due = append(due, b.rec.ID)
 			}
+			b.mu.Unlock()
 		}
 		for _, id := range due {
 			e.log.Info("sandbox TTL expired", "id", id)

@@ -197,6 +197,7 @@ func calls(w world) []call {
 		{"startSandbox", "POST", sb + "/start", nil, "sandbox"},
 		{"forkSandbox", "POST", sb + "/fork", nil, "sandbox"},
 		{"hibernateSandbox", "POST", sb + "/hibernate", nil, "sandbox"},
+		{"setSandboxTimeout", "POST", sb + "/timeout", map[string]any{"ttl_seconds": 3600}, "sandbox"},
 		{"createSnapshot", "POST", sb + "/snapshots", nil, "sandbox"},
 		{"listSnapshots", "GET", "/v1/snapshots", nil, "list"},
 		{"createURL", "POST", sb + "/urls", map[string]any{"port": 8080}, "sandbox"},
@@ -459,7 +460,7 @@ func authorizationMatrix(t *testing.T, f *fastAPI) {
 			denied[m["action"].(string)] = true
 		}
 	}
-	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "createSnapshot", "deleteSnapshot", "exec", "execStream", "startProcess",
+	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "setSandboxTimeout", "createSnapshot", "deleteSnapshot", "exec", "execStream", "startProcess",
 		"getProcess", "getProcessOutput", "killProcess", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget",

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"io"
+	"time"
 
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/audit"
@@ -49,6 +50,9 @@ type Sandboxes interface {
 	Stop(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	Start(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	Hibernate(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	// SetTimeout sets when the sandbox expires: ttl from now, or never
+	// for 0.
+	SetTimeout(ctx context.Context, id string, ttl time.Duration) (*sandbox.Sandbox, error)
 }
 
 // Commands run commands in a sandbox (its background processes are

@@ -177,6 +177,7 @@ func Routes() []Route {
 		{"POST", "/v1/sandboxes/{id}/start", "startSandbox", false, (*Server).start},
 		{"POST", "/v1/sandboxes/{id}/fork", "forkSandbox", false, (*Server).fork},
 		{"POST", "/v1/sandboxes/{id}/hibernate", "hibernateSandbox", false, (*Server).hibernate},
+		{"POST", "/v1/sandboxes/{id}/timeout", "setSandboxTimeout", false, (*Server).setTimeout},
 		{"POST", "/v1/sandboxes/{id}/snapshots", "createSnapshot", false, (*Server).createSnapshot},
 		{"GET", "/v1/snapshots", "listSnapshots", false, (*Server).listSnapshots},
 		{"GET", "/v1/images", "listImages", false, (*Server).listImages},
@@ -682,6 +683,18 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, box)
 	return nil
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
+	var req sandbox.TimeoutRequest
+	if err := s.decode(w, r, &req); err != nil {
+		return err
+	}
+	if err := sandbox.Validate(&req); err != nil {
+		return err
+	}
+	box, err := s.eng.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(*req.TTLSeconds)*time.Second)
+	return reply(w, http.StatusOK, box, err)
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {

@@ -83,6 +83,14 @@ func (c *Client) Hibernate(ctx context.Context, id string) (*sandbox.Sandbox, er
 	return c.transition(ctx, id, "hibernate")
 }
 
+// SetTimeout sets when a running or paused sandbox expires: ttl from now,
+// rounded down to whole seconds, or never for 0.
+func (c *Client) SetTimeout(ctx context.Context, id string, ttl time.Duration) (*sandbox.Sandbox, error) {
+	secs := int64(ttl / time.Second)
+	var out sandbox.Sandbox
+	return &out, c.Do(ctx, http.MethodPost, SandboxPath(id, "/timeout"), nil, sandbox.TimeoutRequest{TTLSeconds: &secs}, &out)
+}
+
 // Fork makes req.Count new sandboxes from a running one.
 func (c *Client) Fork(ctx context.Context, id string, req sandbox.ForkRequest) ([]*sandbox.Sandbox, error) {
 	var out struct {

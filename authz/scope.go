@@ -17,7 +17,7 @@ import (
 var Actions = []string{
 	"getInfo",
 	"createSandbox", "listSandboxes", "getSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox",
-	"forkSandbox", "hibernateSandbox", "createSnapshot", "listSnapshots", "getSnapshot", "deleteSnapshot",
+	"forkSandbox", "hibernateSandbox", "setSandboxTimeout", "createSnapshot", "listSnapshots", "getSnapshot", "deleteSnapshot",
 	"exec", "execStream", "startProcess", "listProcesses", "getProcess", "getProcessOutput", "killProcess", "openPty",
 	"writeFile", "readFile", "removeFile", "statFile", "listFiles", "mkdir",
 	"getFirewall", "setFirewall",
@@ -43,7 +43,7 @@ var Groups = map[string][]string{
 	"*":                  Actions,
 	"info":               {"getInfo"},
 	"sandboxes:read":     {"listSandboxes", "getSandbox", "getSandboxMetrics"},
-	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox"},
+	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "setSandboxTimeout"},
 	"snapshots:read":     {"listSnapshots", "getSnapshot"},
 	"snapshots:write":    {"createSnapshot", "deleteSnapshot"},
 	"exec":               {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "getProcessOutput", "killProcess", "openPty", "listCommands"},

@@ -86,6 +86,7 @@ var (
 		"imagename": "must be lower-case letters, digits, '.', '_' and '-'",
 		"labelkey":  "label keys must be 1-63 of letters, digits, '.', '_', '/' and '-'",
 		"envname":   "environment variable names must match [A-Za-z_][A-Za-z0-9_]*",
+		"required":  "is required",
 	}
 )
 

@@ -61,6 +61,7 @@ var commands = []command{
 	{"resume", "ID", "resume a paused or hibernated sandbox", cmdResume},
 	{"stop", "ID", "shut a sandbox down and keep its disk (start boots it again; what ran is gone)", cmdStop},
 	{"start", "ID", "boot a stopped sandbox again on its disk", cmdStart},
+	{"timeout", "ID DURATION", "set when a running or paused sandbox expires: DURATION from now (a Go duration such as 10m, or seconds), or never for 0", cmdTimeout},
 	{"hibernate", "ID", "write a sandbox's memory to disk and free its host RAM (resume restores it, after a restart or reboot too)", cmdHibernate},
 	{"fork", "ID [--count N] [--name NAME] [--label K=V] [--ttl SECS]", "make N clones of a running or paused sandbox, each with its own ID, keys, machine-id, entropy and network", cmdFork},
 	{"url", "create ID --port PORT [--auth token|oidc|mtls] | list ID | get ID URL_ID | rotate ID URL_ID | delete ID URL_ID | ca get|create|upload FILE|delete | cert issue NAME|list|revoke SERIAL", "publish a sandbox's port on the server's ingress, behind a token, OpenID Connect or client certificates; a project's URL CA and its client certificates", cmdURL},
@@ -333,6 +334,42 @@ var (
 	cmdHibernate = sandboxCmd("POST", "/hibernate")
 	cmdStart     = sandboxCmd("POST", "/start")
 )
+
+// cmdTimeout sets a sandbox's TTL from now.
+func cmdTimeout(ctx context.Context, c *cli, args []string) (int, error) {
+	fs := flag.NewFlagSet("harebox timeout", flag.ContinueOnError)
+	pos, err := parse(fs, c, args, 2)
+	if err != nil {
+		return 0, err
+	}
+	if len(pos) != 2 {
+		return 0, usageError{"want a sandbox ID and a duration"}
+	}
+	ttl, err := parseTTL(pos[1])
+	if err != nil {
+		return 0, usageError{err.Error()}
+	}
+	box, err := c.c.SetTimeout(ctx, pos[0], ttl)
+	if err != nil {
+		return 0, err
+	}
+	return 0, c.printSandboxes(*box)
+}
+
+// parseTTL reads a Go duration ("90s", "2h") or whole seconds ("90").
+func parseTTL(s string) (time.Duration, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n < 0 || n > int64(sandbox.MaxTTL/time.Second) {
+			return 0, fmt.Errorf("duration %q: want 0 to %d seconds", s, int64(sandbox.MaxTTL/time.Second))
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("duration %q: want seconds or a Go duration such as 10m", s)
+	}
+	return d, nil
+}
 
 func cmdList(ctx context.Context, c *cli, args []string) (int, error) {
 	fs := flag.NewFlagSet("harebox list", flag.ContinueOnError)
