@@ -291,6 +291,17 @@ class Client:
     # --- forks and snapshots --------------------------------------------
     # A sandbox created with ``snapshots=False`` refuses both.
 
+    @operation("setSandboxTimeout")
+    def set_sandbox_timeout(self, sandbox_id: str, ttl_seconds: int, *, timeout: float | None = None) -> t.SandboxJSON:
+        """POST /v1/sandboxes/{id}/timeout: the sandbox expires
+        ``ttl_seconds`` from now (the TTL reaper deletes it then), or never
+        for 0; it replaces the TTL it had, shorter or longer."""
+        path = _path("/v1/sandboxes/{}/timeout", sandbox_id)
+        return cast(
+            t.SandboxJSON,
+            self._json("POST", path, body={"ttl_seconds": ttl_seconds}, timeout=timeout or self.lifecycle_timeout),
+        )
+
     @operation("forkSandbox")
     def fork_sandbox(self, sandbox_id: str, *, body: t.Body | None = None, timeout: float | None = None) -> t.SandboxList:
         """POST /v1/sandboxes/{id}/fork: makes ``count`` new sandboxes

@@ -375,6 +375,18 @@ export class HareBox {
     return new Sandbox(this, await this.#call<SandboxData>("hibernateSandbox", [id], "json", this.#plain(options, CREATE_TIMEOUT_MS)));
   }
 
+  /**
+   * The sandbox expires ttlSeconds from now (the TTL reaper deletes it
+   * then), or never for 0; it replaces the TTL it had, shorter or longer.
+   */
+  async setSandboxTimeout(id: string, ttlSeconds: number, options: CallOptions = {}): Promise<Sandbox> {
+    return new Sandbox(this, await this.#call<SandboxData>("setSandboxTimeout", [id], "json", {
+      json: { ttl_seconds: ttlSeconds },
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, LIFECYCLE_TIMEOUT_MS),
+    }));
+  }
+
   // Forks and snapshots. A sandbox created with `snapshots: false` refuses both.
 
   /**
