@@ -112,6 +112,14 @@ bench: deps
 proto:
 	protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative \
 		agent/agentpb/agent.proto hypervisor/plugin/pluginpb/hypervisor.proto
+	@# envd's .proto files are E2B's as they are (package names, field
+	@# numbers): the Go packages are given by M flags, not an option in them.
+	cd e2b/envdpb && protoc -I . $(ENVD_PROTO_M:%=--go_opt=%) $(ENVD_PROTO_M:%=--connect-go_opt=%) \
+		--go_out=. --go_opt=paths=source_relative --connect-go_out=. --connect-go_opt=paths=source_relative \
+		process/process.proto filesystem/filesystem.proto
+
+ENVD_PROTO_M := Mprocess/process.proto=github.com/harebox/harebox/e2b/envdpb/process \
+	Mfilesystem/filesystem.proto=github.com/harebox/harebox/e2b/envdpb/filesystem
 
 clean:
 	rm -rf $(BIN) $(CACHE)

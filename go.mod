@@ -3,6 +3,7 @@ module github.com/harebox/harebox
 go 1.26.8
 
 require (
+	connectrpc.com/connect v1.21.1
 	filippo.io/age v1.3.2
 	github.com/andybalholm/brotli v1.2.0
 	github.com/cenkalti/backoff/v4 v4.3.0
