@@ -114,6 +114,9 @@ proto:
 		agent/agentpb/agent.proto hypervisor/plugin/pluginpb/hypervisor.proto
 	@# envd's .proto files are E2B's as they are (package names, field
 	@# numbers): the Go packages are given by M flags, not an option in them.
+	@# Generators: protoc (Debian's protobuf-compiler), go install
+	@# google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12 and
+	@# connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1.
 	cd e2b/envdpb && protoc -I . $(ENVD_PROTO_M:%=--go_opt=%) $(ENVD_PROTO_M:%=--connect-go_opt=%) \
 		--go_out=. --go_opt=paths=source_relative --connect-go_out=. --connect-go_opt=paths=source_relative \
 		process/process.proto filesystem/filesystem.proto
