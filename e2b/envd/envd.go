@@ -1,0 +1,211 @@
+// Package envd serves, on the host, what E2B's in-sandbox daemon (envd)
+// answers, translated onto the engine's calls for one sandbox a request:
+// the guest stays untrusted, and every check, bound and audit record stays
+// on the host. This file has its HTTP half: /health and /files (download,
+// and upload as multipart or a raw body, either gzip-compressed), each
+// authorized by the sandbox's access token or a file URL signed with it.
+package envd
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/model"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// Files are the engine's file calls envd makes (harebox.Engine has them).
+type Files interface {
+	ReadFile(ctx context.Context, id, path string, w io.Writer) (int64, error)
+	WriteFile(ctx context.Context, id, path string, r io.Reader, o sandbox.WriteOptions) (*sandbox.FileInfo, error)
+	StatFile(ctx context.Context, id, path string) (*sandbox.FileInfo, error)
+}
+
+// Access says who may use a sandbox's envd.
+type Access interface {
+	// Token is sandbox id's envd access token: a request carries it
+	// (X-Access-Token), or a file URL is signed with it.
+	Token(ctx context.Context, id string) (string, error)
+	// Principal is whom such a request acts as on sandbox id (the engine
+	// authorizes and audits its calls as that principal's).
+	Principal(ctx context.Context, id string) (authz.Principal, error)
+}
+
+// Options are a Server's parts.
+type Options struct {
+	Files  Files
+	Access Access
+	// Now is the clock signed URLs expire by (default time.Now).
+	Now func() time.Time
+}
+
+// Server serves envd's endpoints for a sandbox.
+type Server struct{ opts Options }
+
+// New returns a Server.
+func New(opts Options) *Server {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Server{opts: opts}
+}
+
+// DefaultUser is whom a request that names no user acts as, as in E2B.
+const DefaultUser = "user"
+
+// Handler serves sandbox id's envd.
+func (s *Server) Handler(id string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("GET /files", s.files(id, "read", s.download))
+	mux.HandleFunc("POST /files", s.files(id, "write", s.upload))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such envd endpoint: "+r.Method+" "+r.URL.Path)
+	})
+	return mux
+}
+
+// fileRequest is a /files request, authorized: its path is absolute.
+type fileRequest struct {
+	id, path, user string
+}
+
+var userName = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+
+// files authorizes a /files request for operation ("read" or "write"):
+// the access token, or a signature made with it (as the SDK makes it: v1_
+// and the unpadded base64 of SHA-256 over path:operation:user:token, and
+// :expiration when it expires).
+func (s *Server) files(id, operation string, h func(http.ResponseWriter, *http.Request, fileRequest) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		user := q.Get("username")
+		if user == "" {
+			user = DefaultUser
+		}
+		if !userName.MatchString(user) {
+			writeError(w, http.StatusUnauthorized, "invalid user "+strconv.Quote(user))
+			return
+		}
+		token, err := s.opts.Access.Token(r.Context(), id)
+		if err != nil || token == "" {
+			writeError(w, http.StatusUnauthorized, "this sandbox's envd is not available")
+			return
+		}
+		if !s.authorized(r, q, operation, token) {
+			writeError(w, http.StatusUnauthorized, "invalid access token or signature")
+			return
+		}
+		p, err := s.opts.Access.Principal(r.Context(), id)
+		if err != nil {
+			writeError(w, http.StatusUnauthorized, "this sandbox's envd is not available")
+			return
+		}
+		fr := fileRequest{id: id, user: user, path: Resolve(q.Get("path"), user)}
+		if err := h(w, r.WithContext(authz.WithPrincipal(r.Context(), p)), fr); err != nil {
+			writeError(w, status(err), message(err))
+		}
+	}
+}
+
+func (s *Server) authorized(r *http.Request, q map[string][]string, operation, token string) bool {
+	if t := r.Header.Get("X-Access-Token"); t != "" {
+		return subtle.ConstantTimeCompare([]byte(t), []byte(token)) == 1
+	}
+	sig, exp := first(q, "signature"), first(q, "signature_expiration")
+	if sig == "" {
+		return false
+	}
+	raw := first(q, "path") + ":" + operation + ":" + first(q, "username") + ":" + token
+	if exp != "" {
+		at, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil || s.opts.Now().Unix() > at {
+			return false
+		}
+		raw += ":" + exp
+	}
+	sum := sha256.Sum256([]byte(raw))
+	want := "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	return subtle.ConstantTimeCompare([]byte(sig), []byte(want)) == 1
+}
+
+func first(q map[string][]string, k string) string {
+	if v := q[k]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// Resolve is an envd path for user: a relative one is from the user's
+// home (/root for root, /home/NAME otherwise), and "" is the home.
+func Resolve(p, user string) string {
+	home := "/home/" + user
+	if user == "root" {
+		home = "/root"
+	}
+	if !strings.HasPrefix(p, "/") {
+		p = home + "/" + p
+	}
+	return path.Clean(p)
+}
+
+// entry is envd's EntryInfo as an upload answers it.
+type entry struct {
+	Path string `json:"path"`
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+// writeError answers in envd's error shape.
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]any{"code": code, "message": msg})
+}
+
+// status is what envd answers for err, by its kind.
+func status(err error) int {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe), errors.Is(err, model.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, model.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, model.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, model.ErrUnauthenticated), errors.Is(err, model.ErrForbidden):
+		return http.StatusUnauthorized
+	case errors.Is(err, model.ErrCapacity):
+		return http.StatusInsufficientStorage
+	case errors.Is(err, model.ErrState), errors.Is(err, model.ErrUnavailable):
+		return http.StatusBadGateway
+	}
+	return http.StatusInternalServerError
+}
+
+// message is err's summary: the kind's message without a cause that can
+// name host paths, as the REST API answers it.
+func message(err error) string {
+	var me *model.Error
+	if errors.As(err, &me) && me.Err != nil && (errors.Is(err, model.ErrUnavailable) || errors.Is(err, model.ErrTimeout)) {
+		return me.Msg
+	}
+	return err.Error()
+}
+
+func jsonEncode(w http.ResponseWriter, v any) error {
+	w.WriteHeader(http.StatusOK)
+	return json.NewEncoder(w).Encode(v)
+}
