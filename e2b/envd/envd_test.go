@@ -128,8 +128,11 @@ func TestFiles(t *testing.T) {
 	if st != 200 || json.Unmarshal(b, &ents) != nil || len(ents) != 2 {
 		t.Fatalf("multipart: %d %s", st, b)
 	}
-	if _, _, b := do("GET", "path=/home/user/m2", tok, nil); string(b) != "two" {
-		t.Errorf("a multipart file: %q", b)
+	// (Each to its own path, directories kept: the SDK names them so.)
+	for p, want := range map[string]string{"/home/user/m2": "two", "/tmp/m1": "one"} {
+		if _, _, b := do("GET", "path="+p, tok, nil); string(b) != want {
+			t.Errorf("multipart file %s: %q, want %q", p, b, want)
+		}
 	}
 
 	// Signed URLs, as the SDK signs them.

@@ -146,7 +146,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, fr fileRequest) 
 			}
 			p := given
 			if p == "" {
-				p = part.FileName()
+				p = partPath(part)
 			}
 			if p == "" {
 				return model.Errorf(model.ErrInvalid, "path", "a file without a path")
@@ -172,4 +172,14 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, fr fileRequest) 
 	}
 	w.Header().Set("Content-Type", "application/json")
 	return jsonEncode(w, out)
+}
+
+// partPath is the file name a part gives, whole: the SDK sends the file's
+// path there, and multipart.Part.FileName keeps only its last element.
+func partPath(part *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
 }
