@@ -2,7 +2,7 @@
 // scoped API keys. A key's secret is shown once, when it is made; only its
 // SHA-256 is stored (the secret is 256 random bits, so a fast hash is
 // enough). Every secret starts with "hbk_" so secret scanners find it, or,
-// for a key made in E2B's form (for E2B's SDKs, which check it), with
+// for a key made in E2B's form (some versions of E2B's SDKs check it), with
 // "e2b_" and hex digits only.
 // Authenticate turns a secret into an authz.Principal, checking expiry,
 // revocation, the caller's address and the key's request rate.

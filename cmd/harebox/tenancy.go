@@ -446,7 +446,7 @@ func keyCreate(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (in
 	rate := fs.String("rate", "", "request rate PER_SECOND[:BURST] (burst default: PER_SECOND rounded up)")
 	budgetUSD := fs.String("budget", "", "a dollar limit on what the key may spend, e.g. 25.00")
 	ttl := fs.Int64("ttl", 0, "the key expires this many seconds after creation (default never)")
-	format := fs.String("format", "", `the secret's form: harebox ("hbk_...", the default) or e2b ("e2b_" and hex digits, for E2B's SDKs, which check it)`)
+	format := fs.String("format", "", `the secret's form: harebox ("hbk_...", the default) or e2b ("e2b_" and hex digits, which some E2B SDK versions require)`)
 	if _, err := exactly(fs, c, args); err != nil {
 		return 0, err
 	}
