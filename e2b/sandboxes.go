@@ -164,15 +164,20 @@ func ttlOf(secs *int32, field string) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
+// requiredTimeout is the timeout a connect or set-timeout body must give.
+func requiredTimeout(r *http.Request) (time.Duration, error) {
 	var body ConnectSandbox
 	if err := decode(r, &body); err != nil {
-		return err
+		return 0, err
 	}
 	if body.Timeout == nil {
-		return badRequest("timeout is required")
+		return 0, badRequest("timeout is required")
 	}
-	ttl, err := ttlOf(body.Timeout, "timeout")
+	return ttlOf(body.Timeout, "timeout")
+}
+
+func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
+	ttl, err := requiredTimeout(r)
 	if err != nil {
 		return err
 	}
@@ -266,14 +271,7 @@ func (h *Handler) pause(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) error {
-	var body ConnectSandbox
-	if err := decode(r, &body); err != nil {
-		return err
-	}
-	if body.Timeout == nil {
-		return badRequest("timeout is required")
-	}
-	ttl, err := ttlOf(body.Timeout, "timeout")
+	ttl, err := requiredTimeout(r)
 	if err != nil {
 		return err
 	}
