@@ -47,34 +47,52 @@ type Access interface {
 type Options struct {
 	Files  Files
 	Access Access
+	// Filesystem, if set, serves envd's filesystem service (Connect).
+	Filesystem Filesystem
+	// Processes, if set, serves envd's process service (Connect).
+	Processes Processes
 	// Now is the clock signed URLs expire by (default time.Now).
 	Now func() time.Time
 }
 
 // Server serves envd's endpoints for a sandbox.
-type Server struct{ opts Options }
+type Server struct {
+	opts Options
+	mux  *http.ServeMux
+}
 
 // New returns a Server.
 func New(opts Options) *Server {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Server{opts: opts}
+	s := &Server{opts: opts, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	s.mux.HandleFunc("GET /files", s.files("read", s.download))
+	s.mux.HandleFunc("POST /files", s.files("write", s.upload))
+	s.mountRPC()
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such envd endpoint: "+r.Method+" "+r.URL.Path)
+	})
+	return s
 }
 
 // DefaultUser is whom a request that names no user acts as, as in E2B.
 const DefaultUser = "user"
 
+type sandboxKey struct{}
+
 // Handler serves sandbox id's envd.
 func (s *Server) Handler(id string) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	mux.HandleFunc("GET /files", s.files(id, "read", s.download))
-	mux.HandleFunc("POST /files", s.files(id, "write", s.upload))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such envd endpoint: "+r.Method+" "+r.URL.Path)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, id)))
 	})
-	return mux
+}
+
+// sandboxOf is the sandbox a request is for (Handler's id).
+func sandboxOf(ctx context.Context) string {
+	id, _ := ctx.Value(sandboxKey{}).(string)
+	return id
 }
 
 // fileRequest is a /files request, authorized: its path is absolute.
@@ -88,8 +106,9 @@ var userName = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 // the access token, or a signature made with it (as the SDK makes it: v1_
 // and the unpadded base64 of SHA-256 over path:operation:user:token, and
 // :expiration when it expires).
-func (s *Server) files(id, operation string, h func(http.ResponseWriter, *http.Request, fileRequest) error) http.HandlerFunc {
+func (s *Server) files(operation string, h func(http.ResponseWriter, *http.Request, fileRequest) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		id := sandboxOf(r.Context())
 		q := r.URL.Query()
 		user := q.Get("username")
 		if user == "" {
