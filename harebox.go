@@ -330,6 +330,11 @@ func (e *Engine) Ready(ctx context.Context) map[string]error {
 // Site is where this engine's sandboxes run.
 func (e *Engine) Site() sandbox.Site { return e.opts.Site }
 
+// Secrets is the engine's secret store (Options.Secrets or its default),
+// for a part that keeps a sandbox's secrets in its scope, as the E2B
+// control plane keeps its envd tokens.
+func (e *Engine) Secrets() secrets.Store { return e.sec }
+
 // Close stops the engine. Sandboxes keep running; a new engine on the same
 // data directory re-adopts them.
 func (e *Engine) Close() error {

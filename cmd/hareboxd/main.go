@@ -130,6 +130,12 @@ func run(args []string, instead func(settings) error) error {
 		clusterKey   = fs.String("cluster-key", "", "the private key of --cluster-cert (PEM)")
 		auditAnchor  = fs.String("audit-anchor", "", "where each signed checkpoint of the audit log is also kept, outside the database, so that a cut tail shows: file:/ABSOLUTE/PATH (an append-only file: chattr +a it, or ship it off the host) or none (default file:DATA_DIR/audit.anchor)")
 		auditEvery   = fs.Duration("audit-checkpoint-interval", audit.CheckpointInterval, "how long an audit entry waits for its signed checkpoint at most (and every 256 entries, and at shutdown): what a crash leaves unanchored")
+		e2bAddr      = fs.String("e2b-listen", "", "serve E2B's API on this address, host:port: its control plane and each sandbox's envd, for the unmodified E2B SDKs (E2B_API_URL and E2B_SANDBOX_URL pointed here); plain HTTP only on loopback")
+		e2bDomain    = fs.String("e2b-domain", "", "the domain E2B sandboxes are reported under, and routed by host name (PORT-SANDBOXID.DOMAIN), for E2B_DOMAIN users")
+		e2bCert      = fs.String("e2b-tls-cert", "", "serve the E2B listener over HTTPS with this certificate chain (PEM; for DOMAIN and *.DOMAIN)")
+		e2bKey       = fs.String("e2b-tls-key", "", "the private key of --e2b-tls-cert (PEM)")
+		e2bSelf      = fs.Bool("e2b-tls-self-signed", false, "serve the E2B listener over HTTPS with a self-signed certificate for DOMAIN and *.DOMAIN, made on first start in DATA_DIR/e2b-tls")
+		e2bTemplates = fs.String("e2b-templates", "", "E2B template names and the images they create: TEMPLATE=IMAGE[,TEMPLATE=IMAGE...] (default base=default)")
 		configFile   = fs.String("config", "", "a YAML file of settings: each key a flag's name, e.g. \"listen: 0.0.0.0:7443\"; flags given on the command line win")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -219,6 +225,10 @@ func run(args []string, instead func(settings) error) error {
 	}
 	if *auditEvery < time.Second {
 		return fmt.Errorf("--audit-checkpoint-interval %v: at least 1s", *auditEvery)
+	}
+	e2bSet, err := checkE2B(*e2bAddr, *e2bDomain, *e2bCert, *e2bKey, *e2bSelf, *e2bTemplates)
+	if err != nil {
+		return err
 	}
 	if instead != nil {
 		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind, golden: *golden})
@@ -327,7 +337,7 @@ func run(args []string, instead func(settings) error) error {
 	// (The in-process connections from sandboxes stay plain HTTP: they
 	// never leave the host.)
 	plain := srv.HTTPServer()
-	errc := make(chan error, 3)
+	errc := make(chan error, 5)
 	if ingressBase != nil {
 		il, tc, err := ingressListener(ctx, *ingressAddr, ingressBase, *ingressCert, *ingressKey, *dataDir, log)
 		if err != nil {
@@ -335,6 +345,12 @@ func run(args []string, instead func(settings) error) error {
 		}
 		go func() { errc <- eng.URLs().Serve(ctx, il, tc) }()
 		log.Info("ingress listening", "addr", *ingressAddr, "url", ingressBase.String())
+	}
+	var e2bSrv *http.Server
+	if e2bSet != nil {
+		if e2bSrv, err = serveE2B(ctx, e2bSet, eng, key, *dataDir, log, errc); err != nil {
+			return err
+		}
 	}
 	scheme := "http"
 	if certs != nil {
@@ -378,6 +394,9 @@ func run(args []string, instead func(settings) error) error {
 		plain.Shutdown(sctx)
 		if internal != nil {
 			internal.Shutdown(sctx)
+		}
+		if e2bSrv != nil {
+			e2bSrv.Shutdown(sctx)
 		}
 		close(plainDone)
 	}()

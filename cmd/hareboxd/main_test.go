@@ -281,3 +281,52 @@ func TestAuditAnchorFlag(t *testing.T) {
 		t.Error("a 10ms checkpoint interval accepted")
 	}
 }
+
+// TestE2BFlags: the E2B listener's flags, checked before anything starts.
+func TestE2BFlags(t *testing.T) {
+	for _, c := range []struct {
+		addr, domain, cert, key string
+		self                    bool
+		templates               string
+		tls                     bool
+		want                    map[string]string
+	}{
+		{addr: "127.0.0.1:3000"},
+		{addr: "localhost:3000", domain: "E2B.Example.com", templates: "base=default, py=python"},
+		{addr: "0.0.0.0:443", domain: "e2b.example.com", cert: "c.pem", key: "k.pem", tls: true},
+		{addr: "0.0.0.0:443", domain: "e2b.example.com", self: true, tls: true},
+	} {
+		s, err := checkE2B(c.addr, c.domain, c.cert, c.key, c.self, c.templates)
+		if err != nil || s == nil || s.tlsOn != c.tls || s.domain != strings.ToLower(c.domain) {
+			t.Errorf("%+v: %+v %v", c, s, err)
+		}
+		if c.templates != "" && (s == nil || s.templates["py"] != "python" || s.templates["base"] != "default") {
+			t.Errorf("%+v: templates %v", c, s)
+		}
+	}
+	if s, err := checkE2B("", "", "", "", false, ""); s != nil || err != nil {
+		t.Errorf("no listener: %+v %v", s, err)
+	}
+	for _, c := range []struct {
+		addr, domain, cert, key string
+		self                    bool
+		templates               string
+	}{
+		{addr: "", domain: "e2b.example.com"},        // no listener
+		{addr: "3000"},                               // not host:port
+		{addr: "0.0.0.0:3000"},                       // plain HTTP off loopback
+		{addr: "10.0.0.1:3000", domain: "e.example"}, // the same
+		{addr: ":443", cert: "c.pem"},                // a cert without its key
+		{addr: ":443", cert: "c.pem", key: "k.pem", self: true, domain: "e.example"},
+		{addr: ":443", self: true},                      // self-signed for no domain
+		{addr: "127.0.0.1:3000", domain: "localhost"},   // one label
+		{addr: "127.0.0.1:3000", domain: "a..example"},  // an empty label
+		{addr: "127.0.0.1:3000", domain: "-a.example"},  // a label's edge
+		{addr: "127.0.0.1:3000", templates: "base"},     // no image
+		{addr: "127.0.0.1:3000", templates: "=default"}, // no name
+	} {
+		if s, err := checkE2B(c.addr, c.domain, c.cert, c.key, c.self, c.templates); err == nil {
+			t.Errorf("%+v accepted: %+v", c, s)
+		}
+	}
+}
