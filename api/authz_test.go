@@ -221,6 +221,7 @@ func calls(w world) []call {
 		{"getProcessOutput", "GET", sb + "/processes/proc_x/output", nil, "sandbox"},
 		{"openPty", "GET", sb + "/pty", nil, "sandbox"},
 		{"killProcess", "POST", sb + "/processes/proc_x/kill", nil, "sandbox"},
+		{"sendProcessInput", "POST", sb + "/processes/proc_x/input", map[string]any{"stdin": "aGkK"}, "sandbox"},
 		{"writeFile", "PUT", sb + "/files?path=/tmp/side-effect", "x", "sandbox"},
 		{"readFile", "GET", sb + "/files?path=/tmp/keep", nil, "sandbox"},
 		{"removeFile", "DELETE", sb + "/files?path=/tmp/keep", nil, "sandbox"},
@@ -461,7 +462,7 @@ func authorizationMatrix(t *testing.T, f *fastAPI) {
 		}
 	}
 	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "setSandboxTimeout", "createSnapshot", "deleteSnapshot", "exec", "execStream", "startProcess",
-		"getProcess", "getProcessOutput", "killProcess", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
+		"getProcess", "getProcessOutput", "killProcess", "sendProcessInput", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget",
 		"createURL", "rotateURL", "deleteURL", "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert",

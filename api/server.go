@@ -204,6 +204,7 @@ func Routes() []Route {
 		{"GET", "/v1/sandboxes/{id}/processes/{pid}/output", "getProcessOutput", false, (*Server).processOutput},
 		{"GET", "/v1/sandboxes/{id}/pty", "openPty", false, (*Server).pty},
 		{"POST", "/v1/sandboxes/{id}/processes/{pid}/kill", "killProcess", false, (*Server).killProcess},
+		{"POST", "/v1/sandboxes/{id}/processes/{pid}/input", "sendProcessInput", false, (*Server).sendProcessInput},
 		{"PUT", "/v1/sandboxes/{id}/files", "writeFile", false, (*Server).writeFile},
 		{"GET", "/v1/sandboxes/{id}/files", "readFile", false, (*Server).readFile},
 		{"DELETE", "/v1/sandboxes/{id}/files", "removeFile", false, (*Server).removeFile},
@@ -935,6 +936,18 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if err := s.eng.Processes().Kill(r.Context(), r.PathValue("id"), r.PathValue("pid"), req.Signal); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) sendProcessInput(w http.ResponseWriter, r *http.Request) error {
+	var in sandbox.ProcessInput
+	if err := s.decode(w, r, &in); err != nil {
+		return err
+	}
+	if err := s.eng.Processes().SendInput(r.Context(), r.PathValue("id"), r.PathValue("pid"), in); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

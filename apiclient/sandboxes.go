@@ -171,6 +171,12 @@ func (c *Client) KillProcess(ctx context.Context, id, procID string, signal int)
 	return c.Do(ctx, http.MethodPost, SandboxPath(id, "/processes/"+url.PathEscape(procID)+"/kill"), nil, map[string]int{"signal": signal}, nil)
 }
 
+// SendProcessInput gives a running background process, started with its
+// stdin kept open, input: a terminal size, stdin bytes, their end.
+func (c *Client) SendProcessInput(ctx context.Context, id, procID string, in sandbox.ProcessInput) error {
+	return c.Do(ctx, http.MethodPost, SandboxPath(id, "/processes/"+url.PathEscape(procID)+"/input"), nil, in, nil)
+}
+
 // WriteOptions are a file write's options: the library's.
 type WriteOptions = sandbox.WriteOptions
 

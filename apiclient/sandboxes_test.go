@@ -162,7 +162,7 @@ func TestSameNamesAsTheLibrary(t *testing.T) {
 		"Exec", "WriteFile", "ReadFile", "StatFile", "Firewall", "SetFirewall"} {
 		check(name, et, name)
 	}
-	for _, name := range []string{"StartProcess", "ListProcesses", "GetProcess", "WaitProcess", "KillProcess"} {
+	for _, name := range []string{"StartProcess", "ListProcesses", "GetProcess", "WaitProcess", "KillProcess", "SendProcessInput"} {
 		check(name, pt, strings.NewReplacer("Processes", "", "Process", "").Replace(name))
 	}
 	for name, ename := range map[string]string{"Snapshot": "Take", "Fork": "Fork", "DeleteSnapshot": "Delete"} {

@@ -5,8 +5,9 @@
 // when hareboxd restarts or the caller goes away, with its output kept in
 // the agent (a bounded ring per stream) and its exit kept until the agent
 // forgets it (the oldest finished first, once 64 are kept). The host keeps
-// only what the agent does not report: each process's command line, for
-// as long as the engine runs and the sandbox's machine lives (Forget).
+// only what the agent does not report: each process's command line and
+// how it was started (tag, env, cwd, user, terminal), for as long as the
+// engine runs and the sandbox's machine lives (Forget).
 //
 // Every call is authorized on its sandbox for the principal in the
 // context and recorded in the audit log, as the engine's own calls are.
@@ -17,7 +18,9 @@ package processes
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +41,9 @@ type Agent interface {
 	Commands(ctx context.Context) ([]agentclient.Command, error)
 	Attach(ctx context.Context, id string, offsets [2]uint64, follow bool, out agentclient.Output) (*agentclient.ExitStatus, error)
 	Signal(ctx context.Context, id string, sig int) error
+	Input(ctx context.Context, id string, stdin []byte) error
+	CloseInput(ctx context.Context, id string) error
+	Resize(ctx context.Context, id string, rows, cols uint16) error
 }
 
 // Sandbox is a running sandbox, as the engine gives it for one call.
@@ -101,10 +107,40 @@ type Service struct {
 	notes map[string]map[string]note // by sandbox, then process
 }
 
-// note is what the host keeps of a process: its command line.
+// note is what the host keeps of a process: its command line and how it
+// was started.
 type note struct {
 	cmd  string
 	argv []string
+	tag  string
+	env  map[string]string
+	cwd  string
+	user string
+	pty  bool
+}
+
+// StartOptions are what a start may ask beyond its ExecRequest (E2B's
+// process service asks them).
+type StartOptions struct {
+	// KeepStdin keeps the process's stdin open after the request's Stdin,
+	// for SendInput (an agent of protocol 4).
+	KeepStdin bool
+	// PTY runs it on a terminal of Rows by Cols (1-1000 each); its output
+	// is then all stdout, and its input the terminal's.
+	PTY        bool
+	Rows, Cols uint16
+	// Tag names it, for Find (at most 256 bytes).
+	Tag string
+}
+
+func (o *StartOptions) check() error {
+	if o.PTY && (o.Rows < 1 || o.Rows > 1000 || o.Cols < 1 || o.Cols > 1000) {
+		return sandbox.Errorf(sandbox.ErrInvalid, "pty", "a terminal's rows and cols must be 1-1000")
+	}
+	if len(o.Tag) > 256 {
+		return sandbox.Errorf(sandbox.ErrInvalid, "tag", "must be at most 256 bytes")
+	}
+	return nil
 }
 
 // New returns a Service whose followers of started processes run under
@@ -165,12 +201,20 @@ func (s *Service) running(ctx context.Context, action, id string) (*Sandbox, err
 
 // Start runs a command in the background in sandbox id and returns once
 // it has started.
-func (s *Service) Start(ctx context.Context, id string, r sandbox.ExecRequest) (_ *sandbox.Process, err error) {
+func (s *Service) Start(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.Process, error) {
+	return s.StartWith(ctx, id, r, StartOptions{})
+}
+
+// StartWith is Start with options: stdin kept open, a terminal, a tag.
+func (s *Service) StartWith(ctx context.Context, id string, r sandbox.ExecRequest, o StartOptions) (_ *sandbox.Process, err error) {
 	defer s.audited(ctx, "startProcess", id, &err)
 	if err := s.o.Sandboxes.Check(ctx, "startProcess", id); err != nil {
 		return nil, err
 	}
 	if err := r.Check(); err != nil {
+		return nil, err
+	}
+	if err := o.check(); err != nil {
 		return nil, err
 	}
 	sb, err := s.o.Sandboxes.Running(ctx, id)
@@ -179,8 +223,10 @@ func (s *Service) Start(ctx context.Context, id string, r sandbox.ExecRequest) (
 	}
 	procID := "proc_" + strings.TrimPrefix(sandbox.NewID(), sandbox.IDPrefix)
 	// (Noted first: a list that comes while it starts shows its command.)
-	s.put(id, procID, note{cmd: r.Cmd, argv: r.Argv})
-	cmd, err := sb.Agent.Start(ctx, procID, sb.Request(&r), r.Stdin, 0)
+	s.put(id, procID, note{cmd: r.Cmd, argv: r.Argv, tag: o.Tag, env: maps.Clone(r.Env), cwd: r.Cwd, user: r.User, pty: o.PTY})
+	ar := sb.Request(&r)
+	ar.KeepStdin, ar.PTY, ar.Rows, ar.Cols = o.KeepStdin, o.PTY, o.Rows, o.Cols
+	cmd, err := sb.Agent.Start(ctx, procID, ar, r.Stdin, 0)
 	if err != nil {
 		// (Also what a Forget that ran before this put would have
 		// dropped: the machine went, and its agent with it.)
@@ -233,7 +279,8 @@ func collect(out, errw *agentclient.CapBuffer) agentclient.Output {
 // the agent (up to MaxOutputBytes of each stream) once it has finished.
 func (s *Service) view(ctx context.Context, sb *Sandbox, cmd agentclient.Command, withOutput bool) (*sandbox.Process, error) {
 	n := s.note(sb.ID, cmd.ID)
-	p := &sandbox.Process{ID: cmd.ID, SandboxID: sb.ID, Cmd: n.cmd, Argv: n.argv, PID: cmd.PID, Running: cmd.Running, StartedAt: cmd.Started}
+	p := &sandbox.Process{ID: cmd.ID, SandboxID: sb.ID, Cmd: n.cmd, Argv: n.argv, PID: cmd.PID, Running: cmd.Running, StartedAt: cmd.Started,
+		Tag: n.tag, Env: maps.Clone(n.env), Cwd: n.cwd, User: n.user, PTY: n.pty}
 	if cmd.Exit == nil {
 		return p, nil
 	}
@@ -367,4 +414,82 @@ func (s *Service) Output(ctx context.Context, id, procID string, offsets [2]uint
 		return nil, nil
 	}
 	return agentclient.ExecResult{ExitStatus: *st}.Result(), nil
+}
+
+// Find returns the process of sandbox id whose PID in the guest is pid
+// (when not 0), or whose tag is tag (when pid is 0): a running one before
+// one that has exited (the guest reuses PIDs), the newest first. With it
+// come the bytes each of its streams has produced, from where a follow of
+// its output (Output) starts at what comes next. It is a list's lookup,
+// authorized as one and not audited.
+func (s *Service) Find(ctx context.Context, id string, pid int, tag string) (*sandbox.Process, [2]uint64, error) {
+	if (pid == 0) == (tag == "") {
+		return nil, [2]uint64{}, sandbox.Errorf(sandbox.ErrInvalid, "process", "give a pid or a tag")
+	}
+	sb, err := s.running(ctx, "listProcesses", id)
+	if err != nil {
+		return nil, [2]uint64{}, err
+	}
+	cmds, err := sb.Agent.Commands(ctx)
+	if err != nil {
+		return nil, [2]uint64{}, err
+	}
+	var found *agentclient.Command
+	// (Oldest first: the last match of each kind is the newest.)
+	for i := range cmds {
+		c := &cmds[i]
+		if pid != 0 && c.PID != pid || tag != "" && s.note(id, c.ID).tag != tag {
+			continue
+		}
+		if found == nil || c.Running || !found.Running {
+			found = c
+		}
+	}
+	if found == nil {
+		what := fmt.Sprintf("with pid %d", pid)
+		if pid == 0 {
+			what = fmt.Sprintf("tagged %q", tag)
+		}
+		return nil, [2]uint64{}, sandbox.Errorf(sandbox.ErrNotFound, "", "no process %s in sandbox %s", what, id)
+	}
+	p, err := s.view(ctx, sb, *found, false)
+	if err != nil {
+		return nil, [2]uint64{}, err
+	}
+	return p, [2]uint64{found.StdoutBytes, found.StderrBytes}, nil
+}
+
+// SendInput gives a running background process, started with its stdin
+// kept open, input: a new terminal size first, then stdin bytes, then
+// their end.
+func (s *Service) SendInput(ctx context.Context, id, procID string, in sandbox.ProcessInput) (err error) {
+	defer s.audited(ctx, "sendProcessInput", id, &err)
+	// (Authorized before the input is looked at, as a start is.)
+	if err := s.o.Sandboxes.Check(ctx, "sendProcessInput", id); err != nil {
+		return err
+	}
+	if err := in.Check(); err != nil {
+		return err
+	}
+	sb, cmd, err := s.process(ctx, "sendProcessInput", id, procID)
+	if err != nil {
+		return err
+	}
+	if !cmd.Running {
+		return sandbox.Errorf(sandbox.ErrState, "", "process %s has exited", procID)
+	}
+	if in.Rows != 0 {
+		if err := sb.Agent.Resize(ctx, procID, in.Rows, in.Cols); err != nil {
+			return err
+		}
+	}
+	if len(in.Stdin) > 0 {
+		if err := sb.Agent.Input(ctx, procID, in.Stdin); err != nil {
+			return err
+		}
+	}
+	if in.EOF {
+		return sb.Agent.CloseInput(ctx, procID)
+	}
+	return nil
 }

@@ -194,3 +194,104 @@ func TestProcesses(t *testing.T) {
 		}
 	}
 }
+
+// TestInput: a process started with its stdin kept open, a tag and its
+// config is found by its PID and by its tag, with what it was started
+// with; its input reaches it (cat echoes it) until its end, and input is
+// refused when it is bad, its stdin closed, or the process gone; every
+// input is audited.
+func TestInput(t *testing.T) {
+	ctx := context.Background()
+	parts := testdomains.New(t)
+	dir, db, sec, al, acc := parts.Dir, parts.Store, parts.Secrets, parts.Audit, parts.Account
+	hist := history.New(history.Options{Store: db, Secrets: sec, Now: time.Now,
+		Key: func(context.Context, string) ([]byte, error) { return nil, nil }})
+	id := sandbox.NewID()
+	sbs := &one{account: acc.ID, sb: &processes.Sandbox{ID: id, Agent: testdomains.Agent(t, dir),
+		Request: func(r *sandbox.ExecRequest) agentclient.ExecRequest {
+			return agentclient.ExecRequest{Shell: r.Cmd, Argv: r.Argv, Cwd: r.Cwd, Env: r.Env, Timeout: r.Timeout()}
+		},
+		History: history.Sandbox{ID: id, AccountID: acc.ID, Deleting: func() bool { return false }}}}
+	ectx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s := processes.New(ectx, processes.Options{Sandboxes: sbs, History: hist, Audit: al, MaxOutputBytes: 1 << 20})
+
+	env := map[string]string{"A": "b"}
+	p, err := s.StartWith(ctx, id, sandbox.ExecRequest{Argv: []string{"cat"}, Env: env, Cwd: "/tmp", User: "root"},
+		processes.StartOptions{KeepStdin: true, Tag: "reader"})
+	if err != nil || !p.Running || p.Tag != "reader" || p.Env["A"] != "b" || p.Cwd != "/tmp" || p.User != "root" || p.PTY {
+		t.Fatalf("start: %+v %v", p, err)
+	}
+	env["A"] = "changed" // (the note is the host's own copy)
+	byPID, offs, err := s.Find(ctx, id, p.PID, "")
+	if err != nil || byPID.ID != p.ID || byPID.Env["A"] != "b" || offs != [2]uint64{} {
+		t.Fatalf("find by pid: %+v %v %v", byPID, offs, err)
+	}
+	if byTag, _, err := s.Find(ctx, id, 0, "reader"); err != nil || byTag.ID != p.ID {
+		t.Fatalf("find by tag: %+v %v", byTag, err)
+	}
+	for _, bad := range []struct {
+		pid int
+		tag string
+	}{{0, ""}, {1, "x"}} {
+		if _, _, err := s.Find(ctx, id, bad.pid, bad.tag); !errors.Is(err, sandbox.ErrInvalid) {
+			t.Fatalf("find by %v: %v", bad, err)
+		}
+	}
+	if _, _, err := s.Find(ctx, id, 99999, ""); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("find of no pid: %v", err)
+	}
+
+	for _, bad := range []sandbox.ProcessInput{{}, {Rows: 10}, {Rows: 1001, Cols: 10}, {Stdin: make([]byte, sandbox.MaxProcessInput+1)}} {
+		if err := s.SendInput(ctx, id, p.ID, bad); !errors.Is(err, sandbox.ErrInvalid) {
+			t.Fatalf("input %d bytes, %dx%d: %v", len(bad.Stdin), bad.Rows, bad.Cols, err)
+		}
+	}
+	if err := s.SendInput(ctx, id, p.ID, sandbox.ProcessInput{Rows: 10, Cols: 20}); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("resize of a process with no terminal: %v", err)
+	}
+	if err := s.SendInput(ctx, id, p.ID, sandbox.ProcessInput{Stdin: []byte("hello\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SendInput(ctx, id, p.ID, sandbox.ProcessInput{Stdin: []byte("bye\n"), EOF: true}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	done, err := s.Wait(wctx, id, p.ID)
+	if err != nil || done.Result == nil || done.Result.ExitCode != 0 || done.Result.Stdout != "hello\nbye\n" {
+		t.Fatalf("wait: %+v %v", done, err)
+	}
+	if err := s.SendInput(ctx, id, p.ID, sandbox.ProcessInput{Stdin: []byte("late")}); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("input to an exited process: %v", err)
+	}
+	if err := s.SendInput(ctx, id, "proc_nope", sandbox.ProcessInput{EOF: true}); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("input to no process: %v", err)
+	}
+	// Its stdin not kept open: refused by the agent.
+	q, err := s.Start(ctx, id, sandbox.ExecRequest{Argv: []string{"sleep", "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SendInput(ctx, id, q.ID, sandbox.ProcessInput{Stdin: []byte("x")}); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("input to a process whose stdin is closed: %v", err)
+	}
+	if f, _, err := s.Find(ctx, id, q.PID, ""); err != nil || f.ID != q.ID || !f.Running {
+		t.Fatalf("find of a running process by its pid: %+v %v", f, err)
+	}
+	s.Kill(ctx, id, q.ID, 9)
+
+	entries, err := al.List(ctx, store.AuditFilter{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if e.Action == "sendProcessInput" {
+			n++
+		}
+	}
+	if n != 10 {
+		t.Errorf("%d inputs audited, want 10", n)
+	}
+}

@@ -67,8 +67,43 @@ type Process struct {
 	PID       int       `json:"pid,omitempty"` // in the guest
 	Running   bool      `json:"running"`
 	StartedAt time.Time `json:"started_at"`
+	// Tag, Env, Cwd, User and PTY are how it was started (Env only what
+	// the start gave, not the sandbox's), as the host noted them: unknown
+	// for a process the host did not start since it last restarted.
+	Tag  string            `json:"tag,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	User string            `json:"user,omitempty"`
+	PTY  bool              `json:"pty,omitempty"`
 	// Result is set once the process has exited.
 	Result *ExecResult `json:"result,omitempty"`
+}
+
+// MaxProcessInput bounds the stdin bytes of one ProcessInput.
+const MaxProcessInput = 1 << 20
+
+// ProcessInput is what a running background process is given: stdin
+// bytes, then with EOF their end (^D on a terminal), and Rows and Cols, a
+// new terminal size. Its stdin must have been kept open at its start.
+type ProcessInput struct {
+	Stdin []byte `json:"stdin,omitempty" validate:"max=1048576"`
+	EOF   bool   `json:"eof,omitempty"`
+	Rows  uint16 `json:"rows,omitempty" validate:"lte=1000"`
+	Cols  uint16 `json:"cols,omitempty" validate:"lte=1000"`
+}
+
+// Check validates the input.
+func (in *ProcessInput) Check() error {
+	if err := Validate(in); err != nil {
+		return err
+	}
+	if (in.Rows == 0) != (in.Cols == 0) {
+		return Errorf(ErrInvalid, "rows", "give both rows and cols, or neither")
+	}
+	if in.Stdin == nil && !in.EOF && in.Rows == 0 {
+		return Errorf(ErrInvalid, "stdin", "give stdin, eof or a terminal size (rows and cols)")
+	}
+	return nil
 }
 
 // Command is one entry of a sandbox's command history: what ran, as whom,
