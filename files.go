@@ -94,14 +94,18 @@ func (e *Engine) StatFile(ctx context.Context, id, path string) (*sandbox.FileIn
 	return fileInfo(fi), nil
 }
 
-// ListFiles lists a directory in the sandbox.
-func (e *Engine) ListFiles(ctx context.Context, id, path string) (_ []sandbox.FileInfo, _ bool, err error) {
+// ListFiles lists a directory in the sandbox and its subdirectories down
+// to depth levels (0 or 1: the directory's entries alone).
+func (e *Engine) ListFiles(ctx context.Context, id, path string, depth int) (_ []sandbox.FileInfo, _ bool, err error) {
 	defer e.audited(ctx, "listFiles", id, &err)
+	if depth < 0 || depth > sandbox.MaxListDepth {
+		return nil, false, sandbox.Errorf(sandbox.ErrInvalid, "depth", "must be from 0 to %d", sandbox.MaxListDepth)
+	}
 	_, c, err := e.agentFor(ctx, "listFiles", id)
 	if err != nil {
 		return nil, false, err
 	}
-	list, truncated, err := c.ListDir(ctx, path, 0)
+	list, truncated, err := c.ListTree(ctx, path, depth, 0)
 	if err != nil {
 		return nil, false, err
 	}
@@ -112,14 +116,15 @@ func (e *Engine) ListFiles(ctx context.Context, id, path string) (_ []sandbox.Fi
 	return out, truncated, nil
 }
 
-// Mkdir creates a directory and its parents in the sandbox.
-func (e *Engine) Mkdir(ctx context.Context, id, path string, mode uint32) (_ *sandbox.FileInfo, err error) {
+// Mkdir creates a directory and its parents in the sandbox, owned by
+// owner ("user", "root" or "name:group"; empty means the default user).
+func (e *Engine) Mkdir(ctx context.Context, id, path string, mode uint32, owner string) (_ *sandbox.FileInfo, err error) {
 	defer e.audited(ctx, "mkdir", id, &err)
 	_, c, err := e.agentFor(ctx, "mkdir", id)
 	if err != nil {
 		return nil, err
 	}
-	fi, err := c.Mkdir(ctx, path, mode, "")
+	fi, err := c.Mkdir(ctx, path, mode, owner)
 	if err != nil {
 		return nil, err
 	}
@@ -137,6 +142,46 @@ func (e *Engine) RemoveFile(ctx context.Context, id, path string, recursive bool
 		return err
 	}
 	return nil
+}
+
+// MoveFile renames a file or directory in the sandbox (rename(2): within
+// one file system, replacing a file at to).
+func (e *Engine) MoveFile(ctx context.Context, id, from, to string) (_ *sandbox.FileInfo, err error) {
+	defer e.audited(ctx, "moveFile", id, &err)
+	_, c, err := e.agentFor(ctx, "moveFile", id)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.Rename(ctx, from, to)
+	if err != nil {
+		return nil, err
+	}
+	return fileInfo(fi), nil
+}
+
+// WatchDir watches a directory in the sandbox (and, recursive, its
+// subdirectories) until the watcher is closed or ctx ends. A watch shows
+// the names in a directory as a listing does: it is authorized and
+// audited (when it starts) as listFiles.
+func (e *Engine) WatchDir(ctx context.Context, id, path string, recursive bool) (_ sandbox.Watcher, err error) {
+	defer e.audited(ctx, "listFiles", id, &err)
+	_, c, err := e.agentFor(ctx, "listFiles", id)
+	if err != nil {
+		return nil, err
+	}
+	w, err := c.Watch(ctx, path, recursive)
+	if err != nil {
+		return nil, err
+	}
+	return watcher{w}, nil
+}
+
+// watcher is an agent's watch as the engine's sandbox.Watcher.
+type watcher struct{ *agentclient.Watcher }
+
+func (w watcher) Next() (sandbox.FileEvent, error) {
+	ev, err := w.Watcher.Next()
+	return sandbox.FileEvent{Path: ev.Path, Op: string(ev.Op), Dropped: ev.Dropped}, err
 }
 
 func fileInfo(fi agentclient.FileInfo) *sandbox.FileInfo {

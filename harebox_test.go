@@ -279,17 +279,55 @@ func TestEngineLifecycle(t *testing.T) {
 		if n, err := eng.ReadFile(ctx, box.ID, "/home/user/dir/data.bin", &buf); err != nil || n != int64(len(payload)) || !bytes.Equal(buf.Bytes(), payload) {
 			t.Fatalf("read back %d bytes: %v", n, err)
 		}
-		if _, err := eng.Mkdir(ctx, box.ID, "/home/user/a/b", 0o755); err != nil {
-			t.Fatal(err)
+		if fi, err := eng.Mkdir(ctx, box.ID, "/home/user/a/b", 0o755, ""); err != nil || fi.UID != 1000 {
+			t.Fatalf("mkdir: %+v %v", fi, err)
 		}
-		list, _, err := eng.ListFiles(ctx, box.ID, "/home/user")
+		if fi, err := eng.Mkdir(ctx, box.ID, "/tmp/rootdir", 0, "root"); err != nil || fi.UID != 0 {
+			t.Fatalf("mkdir as root: %+v %v", fi, err)
+		}
+		list, _, err := eng.ListFiles(ctx, box.ID, "/home/user", 0)
 		names := map[string]string{}
 		for _, f := range list {
 			names[f.Name] = f.Type
 		}
-		if err != nil || names["dir"] != "dir" || names["a"] != "dir" {
+		if err != nil || names["dir"] != "dir" || names["a"] != "dir" || names["b"] != "" {
 			t.Fatalf("list: %v %v", list, err)
 		}
+		if list, _, err := eng.ListFiles(ctx, box.ID, "/home/user/a", 2); err != nil || len(list) != 1 || list[0].Path != "/home/user/a/b" {
+			t.Fatalf("list a depth of 2: %v %v", list, err)
+		}
+		_, _, err = eng.ListFiles(ctx, box.ID, "/home/user", sandbox.MaxListDepth+1)
+		wantKind(t, "list too deep", err, sandbox.ErrInvalid)
+		if fi, err := eng.MoveFile(ctx, box.ID, "/home/user/a/b", "/home/user/moved"); err != nil || fi.Path != "/home/user/moved" || fi.Type != "dir" {
+			t.Fatalf("move: %+v %v", fi, err)
+		}
+		_, err = eng.StatFile(ctx, box.ID, "/home/user/a/b")
+		wantKind(t, "stat moved away", err, sandbox.ErrNotFound)
+		_, err = eng.MoveFile(ctx, box.ID, "/home/user/missing", "/home/user/x")
+		wantKind(t, "move a missing file", err, sandbox.ErrNotFound)
+		w, err := eng.WatchDir(ctx, box.ID, "/home/user", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := eng.WriteFile(ctx, box.ID, "/home/user/watched", strings.NewReader("x"), sandbox.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			ev, err := w.Next()
+			if err != nil {
+				t.Fatalf("watch: %v", err)
+			}
+			// (The agent writes a temporary file and renames it.)
+			if ev.Path == "/home/user/watched" && ev.Op == "create" {
+				break
+			}
+		}
+		w.Close()
+		if _, err := w.Next(); err == nil {
+			t.Error("a closed watch goes on")
+		}
+		_, err = eng.WatchDir(ctx, box.ID, "/home/user/missing", false)
+		wantKind(t, "watch a missing directory", err, sandbox.ErrNotFound)
 		if st, err := eng.StatFile(ctx, box.ID, "/home/user/dir/data.bin"); err != nil || st.Type != "file" {
 			t.Fatalf("stat: %+v %v", st, err)
 		}

@@ -174,6 +174,10 @@ func TestBadInput(t *testing.T) {
 		{"relative file path", "GET", "/v1/sandboxes/" + id + "/files?path=etc/passwd", e.key, ``, 400, "invalid", "path"},
 		{"bad mode", "PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/x&mode=999", e.key, `x`, 400, "invalid", "mode"},
 		{"oversized file", "PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/big", e.key, string(big), 413, "too_large", ""},
+		{"relative move source", "POST", "/v1/sandboxes/" + id + "/files/move?from=tmp/x&to=/tmp/y", e.key, ``, 400, "invalid", "from"},
+		{"move without a destination", "POST", "/v1/sandboxes/" + id + "/files/move?from=/tmp/x", e.key, ``, 400, "invalid", "to"},
+		{"depth not a number", "GET", "/v1/sandboxes/" + id + "/files/list?path=/tmp&depth=all", e.key, ``, 400, "invalid", "depth"},
+		{"too deep", "GET", "/v1/sandboxes/" + id + "/files/list?path=/tmp&depth=65", e.key, ``, 400, "invalid", "depth"},
 		{"exec without command", "POST", "/v1/sandboxes/" + id + "/exec", e.key, `{}`, 400, "invalid", "cmd"},
 	}
 	for _, c := range cases {

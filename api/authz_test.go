@@ -228,6 +228,7 @@ func calls(w world) []call {
 		{"statFile", "GET", sb + "/files/stat?path=/tmp/keep", nil, "sandbox"},
 		{"listFiles", "GET", sb + "/files/list?path=/tmp", nil, "sandbox"},
 		{"mkdir", "POST", sb + "/files/mkdir?path=/tmp/side-dir", nil, "sandbox"},
+		{"moveFile", "POST", sb + "/files/move?from=/tmp/keep&to=/tmp/moved", nil, "sandbox"},
 		{"getFirewall", "GET", sb + "/firewall", nil, "sandbox"},
 		{"setFirewall", "PUT", sb + "/firewall", map[string]any{"default_outbound": "deny"}, "sandbox"},
 		{"createAccount", "POST", "/v1/accounts", map[string]any{"name": "gamma"}, "operator"},
@@ -462,7 +463,7 @@ func authorizationMatrix(t *testing.T, f *fastAPI) {
 		}
 	}
 	for _, a := range []string{"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "setSandboxTimeout", "createSnapshot", "deleteSnapshot", "exec", "execStream", "startProcess",
-		"getProcess", "getProcessOutput", "killProcess", "sendProcessInput", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "setFirewall", "listCommands",
+		"getProcess", "getProcessOutput", "killProcess", "sendProcessInput", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "moveFile", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget",
 		"createURL", "rotateURL", "deleteURL", "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert",

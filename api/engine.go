@@ -68,8 +68,9 @@ type Files interface {
 	ReadFile(ctx context.Context, id, path string, w io.Writer) (int64, error)
 	WriteFile(ctx context.Context, id, path string, r io.Reader, o sandbox.WriteOptions) (*sandbox.FileInfo, error)
 	StatFile(ctx context.Context, id, path string) (*sandbox.FileInfo, error)
-	ListFiles(ctx context.Context, id, path string) ([]sandbox.FileInfo, bool, error)
-	Mkdir(ctx context.Context, id, path string, mode uint32) (*sandbox.FileInfo, error)
+	ListFiles(ctx context.Context, id, path string, depth int) ([]sandbox.FileInfo, bool, error)
+	Mkdir(ctx context.Context, id, path string, mode uint32, owner string) (*sandbox.FileInfo, error)
+	MoveFile(ctx context.Context, id, from, to string) (*sandbox.FileInfo, error)
 	RemoveFile(ctx context.Context, id, path string, recursive bool) error
 }
 

@@ -12,15 +12,18 @@ import (
 )
 
 // pathParam returns the required absolute, clean path query parameter.
-func pathParam(r *http.Request) (string, error) {
-	p := r.URL.Query().Get("path")
+func pathParam(r *http.Request) (string, error) { return pathParamNamed(r, "path") }
+
+// pathParamNamed returns the required absolute, clean query parameter name.
+func pathParamNamed(r *http.Request, name string) (string, error) {
+	p := r.URL.Query().Get(name)
 	switch {
 	case p == "":
-		return "", badRequest("path", "the path query parameter is required")
+		return "", badRequest(name, "the %s query parameter is required", name)
 	case p[0] != '/' || path.Clean(p) != p:
-		return "", badRequest("path", "%q must be an absolute, clean path", p)
+		return "", badRequest(name, "%q must be an absolute, clean path", p)
 	case len(p) > 4096:
-		return "", badRequest("path", "longer than 4096 bytes")
+		return "", badRequest(name, "longer than 4096 bytes")
 	}
 	return p, nil
 }
@@ -124,7 +127,13 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	list, truncated, err := s.eng.ListFiles(r.Context(), r.PathValue("id"), p)
+	depth := 0
+	if v := r.URL.Query().Get("depth"); v != "" {
+		if depth, err = strconv.Atoi(v); err != nil {
+			return badRequest("depth", "%q is not a number", v)
+		}
+	}
+	list, truncated, err := s.eng.ListFiles(r.Context(), r.PathValue("id"), p, depth)
 	if err != nil {
 		return err
 	}
@@ -141,7 +150,24 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	fi, err := s.eng.Mkdir(r.Context(), r.PathValue("id"), p, mode)
+	fi, err := s.eng.Mkdir(r.Context(), r.PathValue("id"), p, mode, r.URL.Query().Get("owner"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, fi)
+	return nil
+}
+
+func (s *Server) moveFile(w http.ResponseWriter, r *http.Request) error {
+	from, err := pathParamNamed(r, "from")
+	if err != nil {
+		return err
+	}
+	to, err := pathParamNamed(r, "to")
+	if err != nil {
+		return err
+	}
+	fi, err := s.eng.MoveFile(r.Context(), r.PathValue("id"), from, to)
 	if err != nil {
 		return err
 	}

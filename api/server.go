@@ -211,6 +211,7 @@ func Routes() []Route {
 		{"GET", "/v1/sandboxes/{id}/files/stat", "statFile", false, (*Server).statFile},
 		{"GET", "/v1/sandboxes/{id}/files/list", "listFiles", false, (*Server).listFiles},
 		{"POST", "/v1/sandboxes/{id}/files/mkdir", "mkdir", false, (*Server).mkdir},
+		{"POST", "/v1/sandboxes/{id}/files/move", "moveFile", false, (*Server).moveFile},
 		{"GET", "/v1/sandboxes/{id}/firewall", "getFirewall", false, (*Server).getFirewall},
 		{"GET", "/v1/sandboxes/{id}/commands", "listCommands", false, (*Server).listCommands},
 		{"PUT", "/v1/sandboxes/{id}/firewall", "setFirewall", false, (*Server).setFirewall},

@@ -225,6 +225,13 @@ func (c *Client) StatFile(ctx context.Context, id, path string) (*sandbox.FileIn
 	return &out, c.Do(ctx, http.MethodGet, SandboxPath(id, "/files/stat"), url.Values{"path": {path}}, nil, &out)
 }
 
+// MoveFile renames a file or directory of the sandbox (within one file
+// system, replacing a file at to).
+func (c *Client) MoveFile(ctx context.Context, id, from, to string) (*sandbox.FileInfo, error) {
+	var out sandbox.FileInfo
+	return &out, c.Do(ctx, http.MethodPost, SandboxPath(id, "/files/move"), url.Values{"from": {from}, "to": {to}}, nil, &out)
+}
+
 // Firewall returns a sandbox's firewall policy.
 func (c *Client) Firewall(ctx context.Context, id string) (*firewall.Policy, error) {
 	var out firewall.Policy

@@ -56,6 +56,12 @@ func TestSandboxMethods(t *testing.T) {
 	if n, err := c.ReadFile(ctx, box.ID, "/home/user/job/job.py", &buf); err != nil || n != 12 || buf.String() != "print('hi')\n" {
 		t.Fatalf("read: %d %q %v", n, buf.String(), err)
 	}
+	if fi, err := c.MoveFile(ctx, box.ID, "/home/user/job/job.py", "/home/user/job/main.py"); err != nil || fi.Path != "/home/user/job/main.py" || fi.Size != 12 {
+		t.Fatalf("move: %+v %v", fi, err)
+	}
+	if _, err := c.StatFile(ctx, box.ID, "/home/user/job/job.py"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("stat what was moved away: %v", err)
+	}
 	if r, err := c.Exec(ctx, box.ID, sandbox.ExecRequest{Cmd: "echo out; echo err >&2; exit 3"}); err != nil || r.Stdout != "out\n" || r.Stderr != "err\n" || r.ExitCode != 3 {
 		t.Fatalf("exec: %+v %v", r, err)
 	}
@@ -159,7 +165,7 @@ func TestSameNamesAsTheLibrary(t *testing.T) {
 		shared++
 	}
 	for _, name := range []string{"Create", "Get", "List", "Delete", "Pause", "Resume", "Stop", "Start", "Hibernate",
-		"Exec", "WriteFile", "ReadFile", "StatFile", "Firewall", "SetFirewall"} {
+		"Exec", "WriteFile", "ReadFile", "StatFile", "MoveFile", "Firewall", "SetFirewall"} {
 		check(name, et, name)
 	}
 	for _, name := range []string{"StartProcess", "ListProcesses", "GetProcess", "WaitProcess", "KillProcess", "SendProcessInput"} {

@@ -147,6 +147,30 @@ type WriteOptions struct {
 	MakeParents bool
 }
 
+// MaxListDepth bounds how deep a listing goes (ListFiles' depth), as the
+// agent does.
+const MaxListDepth = 64
+
+// FileEvent is one change under a watched directory (WatchDir).
+type FileEvent struct {
+	// Path is the changed file's, below the watched directory.
+	Path string
+	// Op is create (also a name moved in), write, remove, rename (a name
+	// moved away) or chmod.
+	Op string
+	// Dropped counts the events the sandbox dropped before this one (the
+	// reader was too slow).
+	Dropped uint64
+}
+
+// Watcher is a directory watch in place: Next waits for its next event
+// and fails once the watch ends (Close, its context, the directory gone,
+// the sandbox's agent gone).
+type Watcher interface {
+	Next() (FileEvent, error)
+	Close()
+}
+
 // Terminal is an interactive session's terminal: its size at the start,
 // and what changes it while the session runs.
 type Terminal struct {

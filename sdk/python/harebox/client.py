@@ -698,6 +698,12 @@ class Client:
         """POST /v1/sandboxes/{id}/files/mkdir: ``query["path"]`` and its parents."""
         return cast(t.FileInfo, self._json("POST", _path("/v1/sandboxes/{}/files/mkdir", sandbox_id), query=query, timeout=timeout))
 
+    @operation("moveFile")
+    def move_file(self, sandbox_id: str, *, query: t.Query, timeout: float | None = None) -> t.FileInfo:
+        """POST /v1/sandboxes/{id}/files/move: renames ``query["from"]`` to
+        ``query["to"]`` (within one file system)."""
+        return cast(t.FileInfo, self._json("POST", _path("/v1/sandboxes/{}/files/move", sandbox_id), query=query, timeout=timeout))
+
     # --- command history ----------------------------------------------
 
     @operation("listCommands")

@@ -57,6 +57,7 @@ import type {
   MetricSampleList,
   MetricsQuery,
   MkdirQuery,
+  MoveFileQuery,
   NameRequest,
   PathQuery,
   Process,
@@ -840,6 +841,11 @@ export class HareBox {
   /** Creates a directory and its parents. */
   async mkdir(id: string, options: PathCallOptions<MkdirQuery>): Promise<FileInfo> {
     return this.#call("mkdir", [id], "json", { query: options?.query, signal: options?.signal, timeoutMs: this.#timeout(options ?? {}, 0) });
+  }
+
+  /** Renames a file or directory (within one file system). */
+  async moveFile(id: string, options: RequestOptions & { query: MoveFileQuery }): Promise<FileInfo> {
+    return this.#call("moveFile", [id], "json", { query: options?.query, signal: options?.signal, timeoutMs: this.#timeout(options ?? {}, 0) });
   }
 
   /**

@@ -117,6 +117,7 @@ export type {
   WriteFileQuery,
   RemoveFileQuery,
   MkdirQuery,
+  MoveFileQuery,
   FileData,
   ExecEvent,
   ProcessOutputEvent,

@@ -59,6 +59,7 @@ export const OPERATIONS = {
   statFile: { method: "GET", path: "/v1/sandboxes/{id}/files/stat" },
   listFiles: { method: "GET", path: "/v1/sandboxes/{id}/files/list" },
   mkdir: { method: "POST", path: "/v1/sandboxes/{id}/files/mkdir" },
+  moveFile: { method: "POST", path: "/v1/sandboxes/{id}/files/move" },
   listCommands: { method: "GET", path: "/v1/sandboxes/{id}/commands" },
   getFirewall: { method: "GET", path: "/v1/sandboxes/{id}/firewall" },
   setFirewall: { method: "PUT", path: "/v1/sandboxes/{id}/firewall" },

@@ -1140,6 +1140,15 @@ export interface RemoveFileQuery extends PathQuery {
 export interface MkdirQuery extends PathQuery {
   /** Octal permission bits, e.g. "0755". */
   mode?: string;
+  /** "user", "root" or "name:group" (default the default user). */
+  owner?: string;
+}
+
+export interface MoveFileQuery {
+  /** The absolute path to move. */
+  from: string;
+  /** Its new absolute path. */
+  to: string;
 }
 
 /** The body of writeFile: raw bytes (a string is sent as UTF-8). */
