@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/sandbox"
 )
 
 // The Handler is envd's Access (envd.Access): it knows each sandbox's
@@ -19,11 +20,15 @@ func (h *Handler) Token(ctx context.Context, id string) (string, error) {
 // what the token was handed out for (envdActions), so the engine
 // authorizes and audits each of its calls as any key's. Its key ID names
 // the sandbox ("envd:" and the ID), which is what the audit log shows.
+// A sandbox that is not running has none: its envd does not answer.
 func (h *Handler) Principal(ctx context.Context, id string) (authz.Principal, error) {
 	id = InternalID(id)
 	box, err := h.o.Engine.Get(authz.WithPrincipal(ctx, authz.Operator), id)
 	if err != nil {
 		return authz.Principal{}, err
+	}
+	if box.State != sandbox.StateRunning {
+		return authz.Principal{}, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s", ExternalID(id), box.State)
 	}
 	return authz.Principal{AccountID: box.AccountID, KeyID: "envd:" + id,
 		Scope: authz.Scope{Sandboxes: []string{id}, Actions: envdActions}}, nil

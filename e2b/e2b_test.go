@@ -298,7 +298,7 @@ func TestPauseConnect(t *testing.T) {
 		t.Errorf("info of a paused sandbox: %+v", d)
 	}
 
-	e2bError(t, f.do(t, "POST", path+"/connect", f.key, map[string]any{}), 400, "timeout")
+	e2bError(t, f.do(t, "POST", path+"/connect", f.key, map[string]any{"timeout": -1}), 400, "timeout")
 	var c e2b.Sandbox
 	f.must(t, 201, "POST", "/v2"+path+"/connect", f.key, map[string]any{"timeout": 60}).decode(t, &c)
 	box = f.engineView(t, s.SandboxID)
@@ -315,8 +315,15 @@ func TestPauseConnect(t *testing.T) {
 		t.Errorf("connect shortened the TTL: %v -> %v", exp, got)
 	}
 	f.must(t, 200, "POST", path+"/connect", f.key, map[string]any{"timeout": 600})
-	if got := *f.engineView(t, s.SandboxID).ExpiresAt; time.Until(got) < 590*time.Second {
-		t.Errorf("connect did not extend the TTL: %v", got)
+	exp = *f.engineView(t, s.SandboxID).ExpiresAt
+	if time.Until(exp) < 590*time.Second {
+		t.Errorf("connect did not extend the TTL: %v", exp)
+	}
+	// No timeout (SDKs from 2.51 send none when the caller gives none):
+	// a running sandbox keeps its own.
+	f.must(t, 200, "POST", "/v2"+path+"/connect", f.key, map[string]any{})
+	if got := *f.engineView(t, s.SandboxID).ExpiresAt; !got.Equal(exp) {
+		t.Errorf("a connect without a timeout changed the TTL: %v -> %v", exp, got)
 	}
 
 	// The deprecated resume: 409 when running, 201 when paused.

@@ -67,6 +67,21 @@ func TestRouter(t *testing.T) {
 		t.Errorf("a token sent to another sandbox's host: %d %s", st, b)
 	}
 
+	// A sandbox that is not running answers 502 to everything (the SDK's
+	// isRunning reads that): paused, then killed.
+	f.must(t, 204, "POST", "/sandboxes/"+other.SandboxID+"/pause", f.key, nil)
+	for _, state := range []string{"paused", "killed"} {
+		if st, b := do("GET", "/health", "", byHeader(other.SandboxID, other.EnvdAccessToken), ""); st != http.StatusBadGateway {
+			t.Errorf("health of a %s sandbox: %d %s", state, st, b)
+		}
+		if st, b := do("GET", "/files?path=/tmp/x", "", byHeader(other.SandboxID, other.EnvdAccessToken), ""); st != http.StatusBadGateway {
+			t.Errorf("a file of a %s sandbox: %d %s", state, st, b)
+		}
+		if state == "paused" {
+			f.must(t, 204, "DELETE", "/sandboxes/"+other.SandboxID, f.key, nil)
+		}
+	}
+
 	// The control plane: no sandbox header, and the domain itself or
 	// another name.
 	for _, h := range []string{"", "e2b.test", "api.e2b.test", "x.49983-" + sb.SandboxID + ".e2b.test", "other.example"} {

@@ -164,7 +164,7 @@ func ttlOf(secs *int32, field string) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// requiredTimeout is the timeout a connect or set-timeout body must give.
+// requiredTimeout is the timeout a set-timeout body must give.
 func requiredTimeout(r *http.Request) (time.Duration, error) {
 	var body ConnectSandbox
 	if err := decode(r, &body); err != nil {
@@ -177,7 +177,13 @@ func requiredTimeout(r *http.Request) (time.Duration, error) {
 }
 
 func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
-	ttl, err := requiredTimeout(r)
+	// SDKs from 2.51 send no timeout when the caller gives none: a
+	// running sandbox keeps its own, a resumed one gets the default.
+	var body ConnectSandbox
+	if err := decode(r, &body); err != nil {
+		return err
+	}
+	ttl, err := ttlOf(body.Timeout, "timeout")
 	if err != nil {
 		return err
 	}
@@ -194,8 +200,9 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
 		status = http.StatusCreated
 	}
 	// A resumed sandbox gets the timeout (its pause cleared the TTL); a
-	// running one's is only extended (none at all stays none).
-	if exp := box.ExpiresAt; status == http.StatusCreated || exp != nil && exp.Before(time.Now().Add(ttl)) {
+	// running one's is only extended by one given (none at all stays
+	// none).
+	if exp := box.ExpiresAt; status == http.StatusCreated || body.Timeout != nil && exp != nil && exp.Before(time.Now().Add(ttl)) {
 		if box, err = h.o.Engine.SetTimeout(ctx, box.ID, ttl); err != nil {
 			return err
 		}

@@ -39,7 +39,8 @@ type Access interface {
 	// (X-Access-Token), or a file URL is signed with it.
 	Token(ctx context.Context, id string) (string, error)
 	// Principal is whom such a request acts as on sandbox id (the engine
-	// authorizes and audits its calls as that principal's).
+	// authorizes and audits its calls as that principal's); an error when
+	// sandbox id is not running (or is not there).
 	Principal(ctx context.Context, id string) (authz.Principal, error)
 }
 
@@ -80,12 +81,24 @@ func New(opts Options) *Server {
 // DefaultUser is whom a request that names no user acts as, as in E2B.
 const DefaultUser = "user"
 
-type sandboxKey struct{}
+type (
+	sandboxKey        struct{}
+	principalOfSbxKey struct{}
+)
 
-// Handler serves sandbox id's envd.
+// Handler serves sandbox id's envd. A sandbox that is not running (or
+// not there) is a 502 to every request, /health included, as E2B's edge
+// answers: the SDK's isRunning reads it so.
 func (s *Server) Handler(id string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, id)))
+		p, err := s.opts.Access.Principal(r.Context(), id)
+		if err != nil {
+			writeError(w, http.StatusBadGateway, "the sandbox was not found or is not running")
+			return
+		}
+		ctx := context.WithValue(r.Context(), sandboxKey{}, id)
+		ctx = context.WithValue(ctx, principalOfSbxKey{}, p)
+		s.mux.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
@@ -93,6 +106,13 @@ func (s *Server) Handler(id string) http.Handler {
 func sandboxOf(ctx context.Context) string {
 	id, _ := ctx.Value(sandboxKey{}).(string)
 	return id
+}
+
+// actsAs is whom a request for the sandbox acts as, once its token is
+// checked (Access.Principal, read by Handler).
+func actsAs(ctx context.Context) authz.Principal {
+	p, _ := ctx.Value(principalOfSbxKey{}).(authz.Principal)
+	return p
 }
 
 // fileRequest is a /files request, authorized: its path is absolute.
@@ -127,11 +147,7 @@ func (s *Server) files(operation string, h func(http.ResponseWriter, *http.Reque
 			writeError(w, http.StatusUnauthorized, "invalid access token or signature")
 			return
 		}
-		p, err := s.opts.Access.Principal(r.Context(), id)
-		if err != nil {
-			writeError(w, http.StatusUnauthorized, "this sandbox's envd is not available")
-			return
-		}
+		p := actsAs(r.Context())
 		fr := fileRequest{id: id, user: user, path: Resolve(q.Get("path"), user)}
 		if err := h(w, r.WithContext(authz.WithPrincipal(r.Context(), p)), fr); err != nil {
 			writeError(w, status(err), message(err))

@@ -58,11 +58,7 @@ func (s *Server) caller(ctx context.Context, token, authorization string) (conte
 	if token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(want)) != 1 {
 		return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("invalid access token"))
 	}
-	p, err := s.opts.Access.Principal(ctx, id)
-	if err != nil {
-		return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("this sandbox's envd is not available"))
-	}
-	return context.WithValue(authz.WithPrincipal(ctx, p), userKey{}, user), nil
+	return context.WithValue(authz.WithPrincipal(ctx, actsAs(ctx)), userKey{}, user), nil
 }
 
 // basicUser is the user an Authorization header names (Basic, the user

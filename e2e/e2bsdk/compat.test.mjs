@@ -1,0 +1,96 @@
+// The unmodified E2B SDK against hareboxd's E2B listener, through its
+// public API only. e2e/e2b_test.go runs it once per pinned version
+// (E2B_SDK names the package: e2b-2.50 creates with POST /sandboxes,
+// e2b-2.51 with POST /v2/sandboxes), with E2B_API_URL and E2B_SANDBOX_URL
+// pointed at the listener and E2B_API_KEY a HareBox key in E2B's form.
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+
+const { Sandbox, NotFoundError } = await import(process.env.E2B_SDK)
+const suite = `${process.env.E2B_SDK}-${process.pid}`
+const made = []
+
+async function create(opts = {}) {
+  const sbx = await Sandbox.create('base', { timeoutMs: 300_000, metadata: { suite }, ...opts })
+  made.push(sbx)
+  return sbx
+}
+
+after(async () => {
+  for (const s of made) await s.kill().catch(() => {})
+})
+
+async function listed(query) {
+  const p = Sandbox.list({ query })
+  const out = []
+  while (p.hasNext) out.push(...(await p.nextItems()))
+  return out
+}
+
+test('create, info, list by metadata and state, connect, kill', async () => {
+  const sbx = await create({ metadata: { suite, role: 'main' } })
+  assert.match(sbx.sandboxId, /^[0-9a-z]{26}$/)
+  assert.equal(await sbx.isRunning(), true)
+
+  const info = await sbx.getInfo()
+  assert.equal(info.sandboxId, sbx.sandboxId)
+  assert.equal(info.templateId, 'base')
+  assert.deepEqual(info.metadata, { suite, role: 'main' })
+  assert.equal(info.state, 'running')
+  assert.ok(info.endAt > info.startedAt)
+
+  const other = await create({ metadata: { suite, role: 'other' } })
+  const mains = await listed({ metadata: { suite, role: 'main' } })
+  assert.deepEqual(mains.map((s) => s.sandboxId), [sbx.sandboxId])
+  const running = await listed({ metadata: { suite }, state: ['running'] })
+  assert.deepEqual(running.map((s) => s.sandboxId).sort(), [sbx.sandboxId, other.sandboxId].sort())
+  assert.deepEqual(await listed({ metadata: { suite }, state: ['paused'] }), [])
+
+  const again = await Sandbox.connect(sbx.sandboxId)
+  assert.equal(again.sandboxId, sbx.sandboxId)
+  await again.files.write('/tmp/through-connect', 'connected')
+  assert.equal(await sbx.files.read('/tmp/through-connect'), 'connected')
+
+  assert.equal(await Sandbox.kill(other.sandboxId), true)
+  assert.equal(await Sandbox.kill(other.sandboxId), false)
+  assert.deepEqual((await listed({ metadata: { suite, role: 'other' } })).map((s) => s.sandboxId), [])
+  await assert.rejects(Sandbox.connect(other.sandboxId), NotFoundError)
+  await assert.rejects(Sandbox.getInfo(other.sandboxId), NotFoundError)
+})
+
+test('files: text and bytes both ways, the home by default', async () => {
+  const sbx = await create()
+  await sbx.files.write('hello.txt', 'hello from the SDK\n')
+  assert.equal(await sbx.files.read('/home/user/hello.txt'), 'hello from the SDK\n')
+  const bytes = new Uint8Array(256 * 1024).map((_, i) => (i * 7) & 0xff)
+  await sbx.files.write('/tmp/blob.bin', bytes)
+  const back = await sbx.files.read('/tmp/blob.bin', { format: 'bytes' })
+  assert.equal(Buffer.compare(Buffer.from(back), Buffer.from(bytes)), 0)
+  await assert.rejects(sbx.files.read('/tmp/no-such-file'), NotFoundError)
+})
+
+test('a timeout set after create really ends the sandbox', async () => {
+  const sbx = await create()
+  await sbx.setTimeout(3_000)
+  const info = await sbx.getInfo()
+  assert.ok(info.endAt.getTime() - Date.now() < 10_000, `endAt ${info.endAt.toISOString()}`)
+  const deadline = Date.now() + 90_000
+  while (Date.now() < deadline) {
+    if ((await listed({ metadata: { suite } })).every((s) => s.sandboxId !== sbx.sandboxId)) break
+    await new Promise((r) => setTimeout(r, 1_000))
+  }
+  await assert.rejects(Sandbox.getInfo(sbx.sandboxId), NotFoundError)
+})
+
+test('bad input: an unknown template, an unknown or killed sandbox', async () => {
+  await assert.rejects(Sandbox.create('no-such-template', { timeoutMs: 60_000 }), (e) => {
+    assert.match(String(e.message), /template/i)
+    return true
+  })
+  await assert.rejects(Sandbox.connect('0'.repeat(26)), NotFoundError)
+  const sbx = await create()
+  await sbx.kill()
+  assert.equal(await sbx.isRunning(), false)
+  await assert.rejects(sbx.files.write('/tmp/after-kill', 'x'))
+  await assert.rejects(Sandbox.connect(sbx.sandboxId), NotFoundError)
+})
