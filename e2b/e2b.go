@@ -1,7 +1,7 @@
 // Package e2b serves E2B's control-plane REST API (the calls the npm e2b
-// SDK makes: create, connect, info, list, kill, timeout, pause, resume)
-// over the HareBox engine, so that unmodified E2B SDK code creates and
-// manages HareBox sandboxes.
+// SDK makes: create, connect, info, list, kill, timeout, pause, resume,
+// network rules) over the HareBox engine, so that unmodified E2B SDK code
+// creates and manages HareBox sandboxes.
 //
 // What is checked: every request carries X-API-KEY, a HareBox key (or the
 // root key) authenticated as the REST API does, and its principal goes
@@ -9,8 +9,9 @@
 // budget applies and the engine audits each call as its own. A sandbox the
 // key may not see is E2B's 404. Template names map to HareBox images
 // through a fixed map; metadata maps to labels, and what a label cannot
-// hold is refused (400), never dropped. A create field HareBox does not
-// serve yet (network rules, auto-pause, volumes, MCP, IAM) is refused, not
+// hold is refused (400), never dropped; network rules go onto the host
+// firewall (network.go). A create field HareBox does not serve yet
+// (auto-pause, volumes, MCP, IAM, network transforms) is refused, not
 // ignored.
 //
 // What is not: the request's source address is the socket's peer (no
@@ -33,6 +34,7 @@ import (
 
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
 )
@@ -47,6 +49,7 @@ type Engine interface {
 	Pause(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	SetTimeout(ctx context.Context, id string, ttl time.Duration) (*sandbox.Sandbox, error)
+	SetFirewall(ctx context.Context, id string, p *firewall.Policy) (*firewall.Policy, error)
 	Keys() *apikey.Service
 }
 
@@ -135,6 +138,7 @@ func New(o Options) *Handler {
 		{"POST /sandboxes/{id}/timeout", (*Handler).setTimeout},
 		{"POST /sandboxes/{id}/pause", (*Handler).pause},
 		{"POST /sandboxes/{id}/resume", (*Handler).resume},
+		{"PUT /sandboxes/{id}/network", (*Handler).updateNetwork},
 	} {
 		fn := r.fn
 		h.mux.HandleFunc(r.pattern, func(w http.ResponseWriter, r *http.Request) {

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -227,6 +228,53 @@ func TestCreate(t *testing.T) {
 	}
 }
 
+// E2B's network rules are the host firewall's, in E2B's order: allowOut
+// (addresses, then names) before denyOut, then the default; an update
+// replaces them, and clears what it leaves out.
+func TestNetworkRules(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	s := f.create(t, f.key, map[string]any{"network": map[string]any{
+		"allowOut": []string{"*.example.com", "8.8.8.8", "10.1.0.0/16", "api.example.org"},
+		"denyOut":  []string{"0.0.0.0/0"}, "allowPublicTraffic": false}})
+	want := &firewall.Policy{DefaultOutbound: firewall.Allow, Outbound: []firewall.Rule{
+		{Action: firewall.Allow, CIDRs: []string{"8.8.8.8/32", "10.1.0.0/16"}},
+		{Action: firewall.Allow, Hosts: []string{"*.example.com", "api.example.org"}},
+		{Action: firewall.Deny, CIDRs: []string{"0.0.0.0/0"}},
+	}}
+	if err := want.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.eng.Firewall(ctx, e2b.InternalID(s.SandboxID))
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("the host firewall: %+v %v\nwant %+v", got, err, want)
+	}
+
+	// An update replaces the rules; no internet is a default deny.
+	path := "/sandboxes/" + s.SandboxID + "/network"
+	f.must(t, 204, "PUT", path, f.key, map[string]any{"allowOut": []string{"1.1.1.1"}, "allow_internet_access": false})
+	want = &firewall.Policy{DefaultOutbound: firewall.Deny, Outbound: []firewall.Rule{{Action: firewall.Allow, CIDRs: []string{"1.1.1.1/32"}}}}
+	want.Normalize()
+	if got, err = f.eng.Firewall(ctx, e2b.InternalID(s.SandboxID)); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("after an update: %+v %v", got, err)
+	}
+	// Left out is cleared: all open again.
+	f.must(t, 204, "PUT", path, f.key, map[string]any{})
+	if got, err = f.eng.Firewall(ctx, e2b.InternalID(s.SandboxID)); err != nil || got.DefaultOutbound != firewall.Allow || len(got.Outbound) != 0 {
+		t.Fatalf("after an empty update: %+v %v", got, err)
+	}
+	// Refused: a bad entry (the rules stay), no body, another key's
+	// sandbox, a key that may not set the firewall.
+	e2bError(t, f.do(t, "PUT", path, f.key, map[string]any{"denyOut": []string{"*.example.com"}}), 400, "denyOut")
+	e2bError(t, f.do(t, "PUT", path, f.key, nil), 400, "body")
+	e2bError(t, f.do(t, "PUT", "/sandboxes/"+strings.Repeat("0", 26)+"/network", f.key, map[string]any{}), 404, "")
+	ro := f.newKey(t, authz.Scope{Actions: []string{"sandboxes:read", "sandboxes:write"}})
+	e2bError(t, f.do(t, "PUT", path, ro, map[string]any{"denyOut": []string{"0.0.0.0/0"}}), 403, "")
+	if got, _ = f.eng.Firewall(ctx, e2b.InternalID(s.SandboxID)); len(got.Outbound) != 0 {
+		t.Errorf("a refused update changed the rules: %+v", got)
+	}
+}
+
 // What HareBox cannot do as asked is E2B's 400, and nothing is made.
 func TestCreateRefused(t *testing.T) {
 	f := newFixture(t)
@@ -241,7 +289,12 @@ func TestCreateRefused(t *testing.T) {
 		"env name":         {map[string]any{"templateID": "base", "envVars": map[string]string{"1X": "x"}}, `envVars key "1X"`},
 		"negative timeout": {map[string]any{"templateID": "base", "timeout": -1}, "timeout"},
 		"too long":         {map[string]any{"templateID": "base", "timeout": 2592001}, "timeout"},
-		"network rules":    {map[string]any{"templateID": "base", "network": map[string]any{"denyOut": []string{"0.0.0.0/0"}}}, "network"},
+		"a denied domain":  {map[string]any{"templateID": "base", "network": map[string]any{"denyOut": []string{"example.com"}}}, "domain names are not supported"},
+		"a bad host":       {map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"exa mple.com"}}}, "network"},
+		"transforms":       {map[string]any{"templateID": "base", "network": map[string]any{"rules": map[string]any{"api.example.com": []any{map[string]any{}}}}}, "network.rules"},
+		"an egress proxy":  {map[string]any{"templateID": "base", "network": map[string]any{"egressProxy": map[string]any{"address": "p:1080"}}}, "egressProxy"},
+		"a host mask":      {map[string]any{"templateID": "base", "network": map[string]any{"maskRequestHost": "x"}}, "maskRequestHost"},
+		"network not JSON": {map[string]any{"templateID": "base", "network": []int{1}}, "network"},
 		"auto-pause":       {map[string]any{"templateID": "base", "autoPause": true}, "autoPause"},
 		"volumes":          {map[string]any{"templateID": "base", "volumeMounts": []map[string]string{{"name": "v", "path": "/v"}}}, "volumeMounts"},
 		"not JSON":         {nil, "invalid JSON"},

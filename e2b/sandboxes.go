@@ -81,8 +81,6 @@ func (h *Handler) createRequest(b *NewSandbox) (sandbox.CreateRequest, error) {
 		return req, badRequest("autoPause is not served by this server: a sandbox is killed at its timeout")
 	case b.AutoResume != nil && b.AutoResume.Enabled:
 		return req, badRequest("autoResume is not served by this server")
-	case set(b.Network):
-		return req, badRequest("network rules are not served by this server yet")
 	case set(b.Mcp):
 		return req, badRequest("mcp is not served by this server")
 	case set(b.Iam):
@@ -90,9 +88,14 @@ func (h *Handler) createRequest(b *NewSandbox) (sandbox.CreateRequest, error) {
 	case len(b.VolumeMounts) > 0:
 		return req, badRequest("volumeMounts are not served by this server")
 	}
-	if b.AllowInternetAccess != nil && !*b.AllowInternetAccess {
-		// (The host firewall denies every outbound connection.)
-		req.Firewall = json.RawMessage(`{"default_outbound":"deny","outbound":[]}`)
+	fw, err := policy(b.Network, b.AllowInternetAccess)
+	if err != nil {
+		return req, err
+	}
+	if fw != nil {
+		if req.Firewall, err = json.Marshal(fw); err != nil {
+			return req, err
+		}
 	}
 	if len(b.Metadata) > 0 {
 		if err := checkEach(b.Metadata, "metadata", func(k, v string) sandbox.CreateRequest {
