@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,7 @@ import (
 
 type fixture struct {
 	eng *harebox.Engine
+	db  *store.DB
 	sec secrets.Store
 	h   *e2b.Handler
 	url string
@@ -76,7 +78,7 @@ func newFixture(t *testing.T) *fixture {
 	h := e2b.New(e2b.Options{Engine: eng, Secrets: sec})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	f := &fixture{eng: eng, sec: sec, h: h, url: srv.URL}
+	f := &fixture{eng: eng, db: db, sec: sec, h: h, url: srv.URL}
 	f.key = f.newKey(t, authz.Scope{})
 	return f
 }
@@ -273,6 +275,40 @@ func TestNetworkRules(t *testing.T) {
 	if got, _ = f.eng.Firewall(ctx, e2b.InternalID(s.SandboxID)); len(got.Outbound) != 0 {
 		t.Errorf("a refused update changed the rules: %+v", got)
 	}
+}
+
+// Metrics: the host's samples in E2B's shape, CPU from two samples'
+// CPU time, an interval of Unix seconds.
+func TestMetrics(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	s := f.create(t, f.key, map[string]any{})
+	id := e2b.InternalID(s.SandboxID)
+	box := f.engineView(t, s.SandboxID)
+	t0 := time.Unix(time.Now().Unix()-100, 0)
+	for i, cpu := range []float64{2, 2.5, 3.5} {
+		if err := f.db.PutMetrics(ctx, &store.MetricSample{SandboxID: id, AccountID: box.AccountID, Time: t0.Add(time.Duration(i) * 2 * time.Second),
+			CPUSeconds: cpu, MemoryBytes: 300 << 20, DiskBytes: 1 << 30}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []e2b.Metric
+	f.must(t, 200, "GET", "/sandboxes/"+s.SandboxID+"/metrics", f.key, nil).decode(t, &got)
+	if len(got) != 3 || got[0].CPUUsedPct != 0 || got[1].CPUUsedPct != 25 || got[2].CPUUsedPct != 50 ||
+		got[1].TimestampUnix != t0.Unix()+2 || got[1].CPUCount != int32(box.Size.VCPUs) || got[1].MemUsed != 300<<20 ||
+		got[1].MemTotal != int64(box.Size.MemoryMB)<<20 || got[1].DiskUsed != 1<<30 || got[1].DiskTotal != int64(box.Size.DiskGB)<<30 {
+		t.Fatalf("metrics: %+v", got)
+	}
+	// An interval: end is inclusive.
+	q := "?start=" + strconv.FormatInt(t0.Unix()+1, 10) + "&end=" + strconv.FormatInt(t0.Unix()+2, 10)
+	f.must(t, 200, "GET", "/sandboxes/"+s.SandboxID+"/metrics"+q, f.key, nil).decode(t, &got)
+	if len(got) != 1 || got[0].TimestampUnix != t0.Unix()+2 {
+		t.Errorf("metrics from t0+1 to t0+2: %+v", got)
+	}
+	e2bError(t, f.do(t, "GET", "/sandboxes/"+s.SandboxID+"/metrics?start=yesterday", f.key, nil), 400, "start")
+	e2bError(t, f.do(t, "GET", "/sandboxes/"+strings.Repeat("0", 26)+"/metrics", f.key, nil), 404, "")
+	files := f.newKey(t, authz.Scope{Actions: []string{"files:read"}})
+	e2bError(t, f.do(t, "GET", "/sandboxes/"+s.SandboxID+"/metrics", files, nil), 403, "")
 }
 
 // What HareBox cannot do as asked is E2B's 400, and nothing is made.
