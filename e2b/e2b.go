@@ -1,6 +1,6 @@
 // Package e2b serves E2B's control-plane REST API (the calls the npm e2b
 // SDK makes: create, connect, info, list, kill, timeout, pause, resume,
-// network rules, metrics) over the HareBox engine, so that unmodified E2B SDK code
+// network rules, metrics, snapshots, fork) over the HareBox engine, so that unmodified E2B SDK code
 // creates and manages HareBox sandboxes.
 //
 // What is checked: every request carries X-API-KEY, a HareBox key (or the
@@ -34,6 +34,7 @@ import (
 
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
@@ -52,6 +53,7 @@ type Engine interface {
 	SetTimeout(ctx context.Context, id string, ttl time.Duration) (*sandbox.Sandbox, error)
 	SetFirewall(ctx context.Context, id string, p *firewall.Policy) (*firewall.Policy, error)
 	Monitor() *monitor.Service
+	Snapshots() *clone.Snapshots
 	Keys() *apikey.Service
 }
 
@@ -142,6 +144,10 @@ func New(o Options) *Handler {
 		{"POST /sandboxes/{id}/resume", (*Handler).resume},
 		{"PUT /sandboxes/{id}/network", (*Handler).updateNetwork},
 		{"GET /sandboxes/{id}/metrics", (*Handler).metrics},
+		{"POST /sandboxes/{id}/snapshots", (*Handler).createSnapshot},
+		{"GET /snapshots", (*Handler).listSnapshots},
+		{"DELETE /templates/{id}", (*Handler).deleteTemplate},
+		{"POST /sandboxes/{id}/fork", (*Handler).fork},
 	} {
 		fn := r.fn
 		h.mux.HandleFunc(r.pattern, func(w http.ResponseWriter, r *http.Request) {

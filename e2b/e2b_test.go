@@ -616,3 +616,68 @@ func TestProjectKey(t *testing.T) {
 	ro := f.newKey(t, authz.Scope{Actions: []string{"sandboxes:read"}})
 	e2bError(t, f.do(t, "POST", "/sandboxes", ro, map[string]any{"templateID": "base"}), 403, "")
 }
+
+// Snapshots and fork through E2B's calls: a snapshot is a template (by
+// ID or name), a fork's sandboxes come with their own tokens, and a
+// snapshot is deleted as a template.
+func TestSnapshotsAndFork(t *testing.T) {
+	f := newFixture(t)
+	s := f.create(t, f.key, map[string]any{"metadata": map[string]string{"role": "source"}})
+	var sn e2b.SnapshotInfo
+	f.must(t, 201, "POST", "/sandboxes/"+s.SandboxID+"/snapshots", f.key, map[string]any{"name": "snap-one"}).decode(t, &sn)
+	if !sandbox.ValidSnapshotID(sn.SnapshotID) || !slices.Equal(sn.Names, []string{"snap-one"}) {
+		t.Fatalf("snapshot: %+v", sn)
+	}
+	var other e2b.SnapshotInfo
+	f.must(t, 201, "POST", "/sandboxes/"+s.SandboxID+"/snapshots", f.key, nil).decode(t, &other)
+	e2bError(t, f.do(t, "POST", "/sandboxes/"+s.SandboxID+"/snapshots", f.key, map[string]any{"name": "snap-one"}), 409, "")
+
+	// Listed newest first, by sandbox, by name, a page at a time.
+	var page []e2b.SnapshotInfo
+	r := f.must(t, 200, "GET", "/snapshots?sandboxID="+s.SandboxID+"&limit=1", f.key, nil)
+	r.decode(t, &page)
+	if len(page) != 1 || page[0].SnapshotID != other.SnapshotID || r.header.Get("X-Next-Token") != other.SnapshotID {
+		t.Fatalf("first page: %+v %v", page, r.header)
+	}
+	f.must(t, 200, "GET", "/snapshots?sandboxID="+s.SandboxID+"&nextToken="+other.SnapshotID, f.key, nil).decode(t, &page)
+	if len(page) != 1 || page[0].SnapshotID != sn.SnapshotID {
+		t.Fatalf("second page: %+v", page)
+	}
+	f.must(t, 200, "GET", "/snapshots?name=snap-one", f.key, nil).decode(t, &page)
+	if len(page) != 1 || page[0].SnapshotID != sn.SnapshotID {
+		t.Fatalf("by name: %+v", page)
+	}
+	e2bError(t, f.do(t, "GET", "/snapshots?nextToken=x", f.key, nil), 400, "nextToken")
+
+	// A template: by ID and by name; the source's labels come along.
+	for _, tmpl := range []string{sn.SnapshotID, "snap-one"} {
+		c := f.create(t, f.key, map[string]any{"templateID": tmpl})
+		if v := f.engineView(t, c.SandboxID); v.Labels["role"] != "source" || c.EnvdAccessToken == "" {
+			t.Errorf("from %s: %+v", tmpl, v)
+		}
+	}
+
+	// Fork: two sandboxes, each its own token, with the timeout asked.
+	var forks []struct {
+		Sandbox *e2b.Sandbox `json:"sandbox"`
+		Error   *e2b.Error   `json:"error"`
+	}
+	f.must(t, 201, "POST", "/sandboxes/"+s.SandboxID+"/fork", f.key, map[string]any{"count": 2, "timeout": 120}).decode(t, &forks)
+	if len(forks) != 2 || forks[0].Sandbox == nil || forks[1].Sandbox == nil || forks[0].Sandbox.EnvdAccessToken == forks[1].Sandbox.EnvdAccessToken {
+		t.Fatalf("fork: %+v", forks)
+	}
+	for _, fk := range forks {
+		v := f.engineView(t, fk.Sandbox.SandboxID)
+		if v.ExpiresAt == nil || time.Until(*v.ExpiresAt) > 121*time.Second || f.h.VerifyAccessToken(context.Background(), fk.Sandbox.SandboxID, fk.Sandbox.EnvdAccessToken) != nil {
+			t.Errorf("a fork: %+v", v)
+		}
+	}
+	e2bError(t, f.do(t, "POST", "/sandboxes/"+s.SandboxID+"/fork", f.key, map[string]any{"count": 17}), 400, "count")
+	e2bError(t, f.do(t, "POST", "/sandboxes/"+strings.Repeat("0", 26)+"/fork", f.key, nil), 404, "")
+
+	// Deleted as a template; a template that is not a snapshot is not.
+	f.must(t, 204, "DELETE", "/templates/"+sn.SnapshotID, f.key, nil)
+	e2bError(t, f.do(t, "DELETE", "/templates/"+sn.SnapshotID, f.key, nil), 404, "")
+	e2bError(t, f.do(t, "DELETE", "/templates/base", f.key, nil), 404, "")
+	e2bError(t, f.do(t, "POST", "/v2/sandboxes", f.key, map[string]any{"templateID": "snap-one"}), 400, "template")
+}

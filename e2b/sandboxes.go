@@ -38,7 +38,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &body); err != nil {
 		return err
 	}
-	req, err := h.createRequest(&body)
+	req, err := h.createRequest(r.Context(), &body)
 	if err != nil {
 		return err
 	}
@@ -61,16 +61,18 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) error {
 
 // createRequest is the HareBox create for an E2B one; what HareBox
 // cannot do as asked is a 400 that says so.
-func (h *Handler) createRequest(b *NewSandbox) (sandbox.CreateRequest, error) {
+func (h *Handler) createRequest(ctx context.Context, b *NewSandbox) (sandbox.CreateRequest, error) {
 	var req sandbox.CreateRequest
 	if b.TemplateID == "" {
 		return req, badRequest("templateID is required")
 	}
-	img, ok := h.o.Templates[b.TemplateID]
-	if !ok {
+	if img, ok := h.o.Templates[b.TemplateID]; ok {
+		req.Image = img
+	} else if sn, err := h.snapshot(ctx, b.TemplateID); err == nil {
+		req.Snapshot = sn.ID // (its image and size are the snapshot's)
+	} else {
 		return req, badRequest("template '%s' not found", b.TemplateID)
 	}
-	req.Image = img
 	ttl, err := ttlOf(b.Timeout, "timeout")
 	if err != nil {
 		return req, err
