@@ -31,7 +31,7 @@ const maxBody = 1 << 20
 // sandbox: it is handed only to a key that may do them all, so that the
 // token never does more than the key that asked for it.
 var envdActions = []string{"execStream", "startProcess", "listProcesses", "getProcess", "killProcess", "openPty",
-	"readFile", "writeFile", "statFile", "listFiles", "mkdir", "removeFile"}
+	"readFile", "writeFile", "statFile", "listFiles", "mkdir", "removeFile", "moveFile"}
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) error {
 	var body NewSandbox

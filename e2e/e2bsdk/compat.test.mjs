@@ -94,3 +94,43 @@ test('bad input: an unknown template, an unknown or killed sandbox', async () =>
   await assert.rejects(sbx.files.write('/tmp/after-kill', 'x'))
   await assert.rejects(Sandbox.connect(sbx.sandboxId), NotFoundError)
 })
+
+test('files: list with depth, exists, info, makeDir, rename, remove, watch', async () => {
+  const sbx = await create()
+  assert.equal(await sbx.files.makeDir('/tmp/tree/a/b'), true)
+  assert.equal(await sbx.files.makeDir('/tmp/tree/a/b'), false)
+  await sbx.files.write('/tmp/tree/a/one.txt', 'one')
+  await sbx.files.write('/tmp/tree/a/b/two.txt', 'two!')
+
+  const top = await sbx.files.list('/tmp/tree')
+  assert.deepEqual(top.map((e) => [e.name, e.type]), [['a', 'dir']])
+  const deep = await sbx.files.list('/tmp/tree', { depth: 3 })
+  assert.deepEqual(deep.map((e) => e.path).sort(), ['/tmp/tree/a', '/tmp/tree/a/b', '/tmp/tree/a/b/two.txt', '/tmp/tree/a/one.txt'])
+
+  assert.equal(await sbx.files.exists('/tmp/tree/a/one.txt'), true)
+  assert.equal(await sbx.files.exists('/tmp/tree/nope'), false)
+  const info = await sbx.files.getInfo('/tmp/tree/a/b/two.txt')
+  assert.equal(info.name, 'two.txt')
+  assert.equal(info.type, 'file')
+  assert.equal(info.size, 4)
+  assert.equal(info.path, '/tmp/tree/a/b/two.txt')
+  assert.ok(info.modifiedTime instanceof Date)
+
+  const moved = await sbx.files.rename('/tmp/tree/a/one.txt', '/tmp/tree/uno.txt')
+  assert.equal(moved.path, '/tmp/tree/uno.txt')
+  assert.equal(await sbx.files.read('/tmp/tree/uno.txt'), 'one')
+  assert.equal(await sbx.files.exists('/tmp/tree/a/one.txt'), false)
+
+  await sbx.files.remove('/tmp/tree/a')
+  assert.equal(await sbx.files.exists('/tmp/tree/a/b/two.txt'), false)
+  await assert.rejects(sbx.files.getInfo('/tmp/tree/a'), NotFoundError)
+
+  // A watch sees what the guest does after it starts.
+  const events = []
+  const handle = await sbx.files.watchDir('/tmp/tree', (e) => events.push(e))
+  await sbx.files.write('/tmp/tree/seen.txt', 'x')
+  const deadline = Date.now() + 20_000
+  while (!events.some((e) => e.name === 'seen.txt') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200))
+  await handle.stop()
+  assert.ok(events.some((e) => e.name === 'seen.txt'), `events: ${JSON.stringify(events)}`)
+})
