@@ -36,6 +36,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -54,6 +55,7 @@ type Engine interface {
 	SetFirewall(ctx context.Context, id string, p *firewall.Policy) (*firewall.Policy, error)
 	Monitor() *monitor.Service
 	Snapshots() *clone.Snapshots
+	URLs() *ingress.Service
 	Keys() *apikey.Service
 }
 
@@ -78,6 +80,8 @@ type Options struct {
 	// Domain is the domain sandboxes are reported under ("" reports
 	// none: the SDK then uses its E2B_DOMAIN or E2B_SANDBOX_URL).
 	Domain string
+	// Guests dials the sandboxes' ports (Port); nil: none is served.
+	Guests Guests
 	Log    *slog.Logger
 }
 
@@ -102,6 +106,9 @@ type Handler struct {
 	o      Options
 	mux    *http.ServeMux
 	tokens *tokens
+	// traffic: the traffic tokens of sandboxes whose ports are private.
+	traffic *tokens
+	ports   *portProxy
 	// byImage maps images back to template names, for templateID.
 	byImage map[string]string
 }
@@ -114,7 +121,9 @@ func New(o Options) *Handler {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	h := &Handler{o: o, mux: http.NewServeMux(), tokens: &tokens{sec: o.Secrets}, byImage: map[string]string{}}
+	h := &Handler{o: o, mux: http.NewServeMux(), tokens: &tokens{sec: o.Secrets, name: envdTokenName},
+		traffic: &tokens{sec: o.Secrets, name: trafficTokenName}, byImage: map[string]string{}}
+	h.ports = newPortProxy(h)
 	// (Several names for one image: the first in order names it.)
 	names := make([]string, 0, len(o.Templates))
 	for name := range o.Templates {

@@ -46,7 +46,11 @@ type fixture struct {
 	key string
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureWith(t, nil) }
+
+// newFixtureWith is newFixture with the engine's and the handler's
+// options changed by set.
+func newFixtureWith(t *testing.T, set func(*harebox.Options, *e2b.Options)) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	// (Short: the in-memory guests' sockets live in it.)
@@ -66,16 +70,22 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := harebox.New(ctx, harebox.Options{
+	eo := harebox.Options{
 		DataDir: dir, Hypervisor: hv, Store: db, Secrets: sec,
 		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
 		Capacity: harebox.Capacity{VCPUs: 64, MemoryMB: 65536, DiskGB: 1000},
-	})
+	}
+	var ho e2b.Options
+	if set != nil {
+		set(&eo, &ho)
+	}
+	eng, err := harebox.New(ctx, eo)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
-	h := e2b.New(e2b.Options{Engine: eng, Secrets: sec})
+	ho.Engine, ho.Secrets = eng, sec
+	h := e2b.New(ho)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	f := &fixture{eng: eng, db: db, sec: sec, h: h, url: srv.URL}

@@ -64,8 +64,7 @@ func (n *NetworkConfig) policy() (*firewall.Policy, error) {
 	case set(n.HTTPSPorts):
 		return nil, badRequest("network.httpsPorts is not served by this server")
 	}
-	// (allowPublicTraffic is about a sandbox's URLs: none is served
-	// through this listener, so either value holds.)
+	// (allowPublicTraffic is about the sandbox's ports: ports.go.)
 	deny := n.AllowInternetAccess != nil && !*n.AllowInternetAccess
 	if len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && !deny {
 		return nil, nil
@@ -100,6 +99,13 @@ func (n *NetworkConfig) policy() (*firewall.Policy, error) {
 		return nil, badRequest("network: %v", err)
 	}
 	return p, nil
+}
+
+// private reports whether a create's network asks for its ports to be
+// reached with its traffic token only (allowPublicTraffic false).
+func private(raw json.RawMessage) bool {
+	var n NetworkConfig
+	return set(raw) && json.Unmarshal(raw, &n) == nil && n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic
 }
 
 // cidr is e as a CIDR block, if it is one or a bare address.

@@ -18,13 +18,15 @@ const EnvdPort = 49983
 // get) or by its host name (<port>-<sandboxID>.<Domain>: what E2B_DOMAIN
 // users and the URLs the SDK builds without headers get); any other
 // request is the control plane's. Envd's port is served on the host by
-// Envd; another port of a sandbox is refused (not served through this
-// listener).
+// Envd, another port of a sandbox by Ports.
 type Router struct {
 	// API is the control plane (a *Handler).
 	API http.Handler
 	// Envd serves sandbox id's envd (envd.Server.Handler).
 	Envd func(id string) http.Handler
+	// Ports serves another port of sandbox id (Handler.Port); nil: such
+	// a request is refused.
+	Ports func(id string, port int) http.Handler
 	// Domain is the sandboxes' domain for host-name routing ("" for
 	// none).
 	Domain string
@@ -40,6 +42,8 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt.API.ServeHTTP(w, r)
 	case port == EnvdPort:
 		rt.Envd(InternalID(id)).ServeHTTP(w, r)
+	case rt.Ports != nil:
+		rt.Ports(id, port).ServeHTTP(w, r)
 	default:
 		writeJSON(w, http.StatusBadGateway, Error{Code: http.StatusBadGateway,
 			Message: "port " + strconv.Itoa(port) + " of sandbox " + id + " is not served through this listener (only envd's, " + strconv.Itoa(EnvdPort) + ")"})

@@ -48,6 +48,9 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	tok, err := h.tokens.issue(ctx, box.ID)
+	if err == nil && private(body.Network) {
+		_, err = h.traffic.issue(ctx, box.ID)
+	}
 	if err != nil {
 		// A sandbox no E2B client could reach is of no use: it goes.
 		if derr := h.o.Engine.Delete(ctx, box.ID); derr != nil {
@@ -312,9 +315,11 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request) error {
 	if err := h.o.Engine.Delete(ctx, id); err != nil {
 		return err
 	}
-	// (Its data key went first: the token is already unreadable.)
-	if err := h.tokens.forget(context.WithoutCancel(ctx), id); err != nil {
-		h.o.Log.Warn("e2b: forget a deleted sandbox's envd token", "id", id, "err", err)
+	// (Its data key went first: the tokens are already unreadable.)
+	for _, t := range []*tokens{h.tokens, h.traffic} {
+		if err := t.forget(context.WithoutCancel(ctx), id); err != nil {
+			h.o.Log.Warn("e2b: forget a deleted sandbox's token", "id", id, "token", t.name, "err", err)
+		}
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -500,6 +505,9 @@ func (h *Handler) sandbox(ctx context.Context, box *sandbox.Sandbox, tok string)
 	if mayUseEnvd(ctx) {
 		s.EnvdAccessToken = tok
 	}
+	if t, err := h.traffic.get(ctx, box.ID); err == nil {
+		s.TrafficAccessToken = &t
+	}
 	return s
 }
 
@@ -595,6 +603,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // stays in the log.
 func (h *Handler) writeError(w http.ResponseWriter, err error) {
 	status, msg := http.StatusInternalServerError, "internal error"
+	var st *Status
+	if errors.As(err, &st) {
+		writeJSON(w, st.Code, Error{Code: st.Code, Message: st.Msg})
+		return
+	}
 	for _, k := range model.Kinds {
 		if errors.Is(err, k.Kind) {
 			status, msg = k.Status, err.Error()

@@ -14,9 +14,13 @@ import (
 	"github.com/harebox/harebox/secrets/sandboxkeys"
 )
 
-// tokenName is the envd access token's name in a sandbox's scope of the
-// secret store (and the label it is sealed under).
-const tokenName = "e2b-envd-access-token"
+// The tokens' names in a sandbox's scope of the secret store (and the
+// labels they are sealed under): its envd access token, and its traffic
+// token (a sandbox whose ports are not public).
+const (
+	envdTokenName    = "e2b-envd-access-token"
+	trafficTokenName = "e2b-traffic-access-token"
+)
 
 // A stored token starts with one byte that says how it is sealed: under
 // the sandbox's data key, or by the master key alone (a sandbox without a
@@ -26,13 +30,14 @@ const (
 	sealedPlain        = 'p'
 )
 
-// tokens keeps each sandbox's envd access token. The token itself is
+// tokens keeps a token of each sandbox, by name. The token itself is
 // kept, not a hash: connect and info return it again, as E2B's do. It is
 // sealed under the sandbox's data key, which the engine erases first when
 // the sandbox is deleted, so what is left of it then is ciphertext without
 // a key.
 type tokens struct {
-	sec secrets.Store
+	sec  secrets.Store
+	name string
 	// mu serialises a token's first issue (a connect to a sandbox made
 	// through the HareBox API), so two connects get the same one.
 	mu sync.Mutex
@@ -53,12 +58,12 @@ func (t *tokens) issue(ctx context.Context, id string) (string, error) {
 	if key == nil {
 		mark = sealedPlain
 	}
-	sealed, err := sandboxkeys.Seal(key, tokenName, []byte(tok))
+	sealed, err := sandboxkeys.Seal(key, t.name, []byte(tok))
 	if err != nil {
-		return "", fmt.Errorf("e2b: seal the envd token: %w", err)
+		return "", fmt.Errorf("e2b: seal the %s: %w", t.name, err)
 	}
-	if err := t.sec.Put(ctx, sandboxkeys.Scope(id), tokenName, append([]byte{mark}, sealed...)); err != nil {
-		return "", fmt.Errorf("e2b: keep the envd token: %w", err)
+	if err := t.sec.Put(ctx, sandboxkeys.Scope(id), t.name, append([]byte{mark}, sealed...)); err != nil {
+		return "", fmt.Errorf("e2b: keep the %s: %w", t.name, err)
 	}
 	return tok, nil
 }
@@ -68,7 +73,7 @@ var errNoToken = errors.New("e2b: no envd access token")
 
 // get returns sandbox id's token.
 func (t *tokens) get(ctx context.Context, id string) (string, error) {
-	v, err := t.sec.Get(ctx, sandboxkeys.Scope(id), tokenName)
+	v, err := t.sec.Get(ctx, sandboxkeys.Scope(id), t.name)
 	if errors.Is(err, secrets.ErrNotFound) {
 		return "", errNoToken
 	}
@@ -88,9 +93,9 @@ func (t *tokens) get(ctx context.Context, id string) (string, error) {
 		// Sealed under a key that is gone (the sandbox was deleted).
 		return "", errNoToken
 	}
-	tok, err := sandboxkeys.Open(key, tokenName, v[1:])
+	tok, err := sandboxkeys.Open(key, t.name, v[1:])
 	if err != nil {
-		return "", fmt.Errorf("e2b: open the envd token: %w", err)
+		return "", fmt.Errorf("e2b: open the %s: %w", t.name, err)
 	}
 	return string(tok), nil
 }
@@ -111,7 +116,7 @@ func (t *tokens) ensure(ctx context.Context, id string) (string, error) {
 
 // forget removes sandbox id's token (its key is already erased).
 func (t *tokens) forget(ctx context.Context, id string) error {
-	if err := t.sec.Delete(ctx, sandboxkeys.Scope(id), tokenName); err != nil && !errors.Is(err, secrets.ErrNotFound) {
+	if err := t.sec.Delete(ctx, sandboxkeys.Scope(id), t.name); err != nil && !errors.Is(err, secrets.ErrNotFound) {
 		return err
 	}
 	return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/e2b"
 	"github.com/harebox/harebox/e2b/envd"
+	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/servertls"
 )
 
@@ -93,11 +94,15 @@ func validDomain(d string) bool {
 // serveE2B starts the E2B listener: the control plane and each
 // sandbox's envd on one address (e2b.Router). It returns the server, to
 // be shut down with the others.
-func serveE2B(ctx context.Context, s *e2bSettings, eng *harebox.Engine, root *api.RootKey, dataDir string, log *slog.Logger, errc chan<- error) (*http.Server, error) {
-	cp := e2b.New(e2b.Options{Engine: eng, Secrets: eng.Secrets(), Root: root, Templates: s.templates, Domain: s.domain, Log: log})
+func serveE2B(ctx context.Context, s *e2bSettings, eng *harebox.Engine, sandboxNet network.Network, root *api.RootKey, dataDir string, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+	o := e2b.Options{Engine: eng, Secrets: eng.Secrets(), Root: root, Templates: s.templates, Domain: s.domain, Log: log}
+	if g, ok := sandboxNet.(e2b.Guests); ok {
+		o.Guests = g // (--network none: no port is served)
+	}
+	cp := e2b.New(o)
 	ev := envd.New(envd.Options{Files: eng, Access: cp, Filesystem: eng, Processes: eng.Processes()})
 	hs := &http.Server{
-		Handler:           &e2b.Router{API: cp, Envd: ev.Handler, Domain: s.domain},
+		Handler:           &e2b.Router{API: cp, Envd: ev.Handler, Ports: cp.Port, Domain: s.domain},
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

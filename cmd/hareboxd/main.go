@@ -348,7 +348,7 @@ func run(args []string, instead func(settings) error) error {
 	}
 	var e2bSrv *http.Server
 	if e2bSet != nil {
-		if e2bSrv, err = serveE2B(ctx, e2bSet, eng, key, *dataDir, log, errc); err != nil {
+		if e2bSrv, err = serveE2B(ctx, e2bSet, eng, sandboxNet, key, *dataDir, log, errc); err != nil {
 			return err
 		}
 	}
