@@ -79,6 +79,17 @@ func TestSandboxMethods(t *testing.T) {
 	if p, err := c.WaitProcess(wctx, box.ID, done.ID); err != nil || p.Running || p.Result == nil || p.Result.Stdout != "done\n" {
 		t.Fatalf("wait: %+v %v", p, err)
 	}
+	// Input over REST: refused to a process whose stdin was not kept open
+	// (the REST start does not keep it), to no process, and when bad.
+	if err := c.SendProcessInput(ctx, box.ID, long.ID, sandbox.ProcessInput{Stdin: []byte("x")}); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("input to a process without stdin: %v", err)
+	}
+	if err := c.SendProcessInput(ctx, box.ID, "proc_nosuch", sandbox.ProcessInput{EOF: true}); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("input to no process: %v", err)
+	}
+	if err := c.SendProcessInput(ctx, box.ID, long.ID, sandbox.ProcessInput{Rows: 10}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Fatalf("rows without cols: %v", err)
+	}
 	if err := c.KillProcess(ctx, box.ID, long.ID, 0); err != nil {
 		t.Fatal(err)
 	}
