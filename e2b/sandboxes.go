@@ -30,8 +30,8 @@ const maxBody = 1 << 20
 // envdActions are what an envd access token lets its holder do in the
 // sandbox: it is handed only to a key that may do them all, so that the
 // token never does more than the key that asked for it.
-var envdActions = []string{"execStream", "startProcess", "listProcesses", "getProcess", "killProcess", "openPty",
-	"readFile", "writeFile", "statFile", "listFiles", "mkdir", "removeFile", "moveFile"}
+var envdActions = []string{"execStream", "startProcess", "listProcesses", "getProcess", "getProcessOutput", "killProcess",
+	"sendProcessInput", "openPty", "readFile", "writeFile", "statFile", "listFiles", "mkdir", "removeFile", "moveFile"}
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) error {
 	var body NewSandbox

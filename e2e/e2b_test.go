@@ -26,7 +26,7 @@ func TestE2BSDK(t *testing.T) {
 	addr := testserver.FreeAddr(t)
 	// E2B's "base" is the minimal image here, to boot fast; golden
 	// snapshots on, as a server runs by default.
-	srv := testserver.Start(t, s, dataDir, "--golden-snapshots", "--e2b-listen", addr, "--e2b-templates", "base=minimal")
+	srv := testserver.Start(t, s, dataDir, "--golden-snapshots", "--e2b-listen", addr, "--e2b-templates", "base=minimal,full=default")
 	defer func() { testserver.Finish(t, srv, dataDir) }()
 
 	st, key := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b"})

@@ -22,9 +22,14 @@ import (
 // the engine then authorizes and audits each of its calls as that
 // principal's. Errors reach the SDK as Connect codes by their kind.
 
+// maxMessageBytes bounds one Connect message a caller sends (the largest
+// is input to a process, 1 MiB of bytes, base64 in JSON).
+const maxMessageBytes = 2 << 20
+
 // mountRPC serves the Connect services whose parts Options has.
 func (s *Server) mountRPC() {
-	opts := connect.WithInterceptors(&authInterceptor{s: s})
+	opts := connect.WithHandlerOptions(connect.WithInterceptors(&authInterceptor{s: s}),
+		connect.WithReadMaxBytes(maxMessageBytes))
 	if s.opts.Filesystem != nil {
 		s.mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts))
 	}

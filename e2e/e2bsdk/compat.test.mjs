@@ -6,12 +6,15 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 
-const { Sandbox, NotFoundError } = await import(process.env.E2B_SDK)
+const { Sandbox, NotFoundError, CommandExitError, TimeoutError } = await import(process.env.E2B_SDK)
 const suite = `${process.env.E2B_SDK}-${process.pid}`
 const made = []
 
-async function create(opts = {}) {
-  const sbx = await Sandbox.create('base', { timeoutMs: 300_000, metadata: { suite }, ...opts })
+// 'base' is HareBox's minimal image here (fast to restore); 'full' its
+// Debian image, which has the /bin/bash the SDK's commands and terminals
+// run under.
+async function create(opts = {}, template = 'base') {
+  const sbx = await Sandbox.create(template, { timeoutMs: 300_000, metadata: { suite }, ...opts })
   made.push(sbx)
   return sbx
 }
@@ -133,4 +136,63 @@ test('files: list with depth, exists, info, makeDir, rename, remove, watch', asy
   while (!events.some((e) => e.name === 'seen.txt') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200))
   await handle.stop()
   assert.ok(events.some((e) => e.name === 'seen.txt'), `events: ${JSON.stringify(events)}`)
+})
+
+const until = async (what, ok, ms = 20_000) => {
+  const deadline = Date.now() + ms
+  while (!ok()) {
+    if (Date.now() > deadline) assert.fail(`timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 100))
+  }
+}
+
+test('commands: output, exit codes, env, cwd, user, timeouts, background, stdin, connect, kill', async () => {
+  const sbx = await create({}, 'full')
+  const seen = []
+  const r = await sbx.commands.run('echo hello; echo oops >&2', { onStdout: (d) => seen.push(d) })
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'hello\n')
+  assert.equal(r.stderr, 'oops\n')
+  assert.equal(seen.join(''), 'hello\n')
+
+  await assert.rejects(sbx.commands.run('exit 3'), (e) => e instanceof CommandExitError && e.exitCode === 3)
+  const who = await sbx.commands.run('echo $FOO; pwd; whoami', { envs: { FOO: 'bar' }, cwd: '/tmp', user: 'root' })
+  assert.equal(who.stdout, 'bar\n/tmp\nroot\n')
+  assert.equal((await sbx.commands.run('whoami; pwd')).stdout, 'user\n/home/user\n')
+  await assert.rejects(sbx.commands.run('sleep 30', { timeoutMs: 2_000 }), TimeoutError)
+
+  // Background, listed, killed.
+  const bg = await sbx.commands.run('sleep 120', { background: true, timeoutMs: 0 })
+  assert.ok(bg.pid > 0)
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid))
+  assert.equal(await sbx.commands.kill(bg.pid), true)
+  await assert.rejects(bg.wait())
+  assert.equal(await sbx.commands.kill(bg.pid), false)
+
+  // Stdin: sent, then closed.
+  const cat = await sbx.commands.run('cat', { background: true, stdin: true, timeoutMs: 0 })
+  await sbx.commands.sendStdin(cat.pid, 'ping\n')
+  await sbx.commands.closeStdin(cat.pid)
+  const catted = await cat.wait()
+  assert.equal(catted.stdout, 'ping\n')
+
+  // Connect to a running command from elsewhere, and read on to its end.
+  const slow = await sbx.commands.run('for i in 1 2 3; do echo $i; sleep 1; done; exit 4', { background: true })
+  const again = await sbx.commands.connect(slow.pid)
+  await assert.rejects(again.wait(), (e) => e instanceof CommandExitError && e.exitCode === 4)
+})
+
+test('pty: input, resize, kill', async () => {
+  const sbx = await create({}, 'full')
+  let out = ''
+  const dec = new TextDecoder()
+  const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d) }, timeoutMs: 60_000 })
+  const enc = new TextEncoder()
+  await sbx.pty.sendInput(term.pid, enc.encode('echo $((6*7))\n'))
+  await until('the terminal to answer 42', () => out.includes('42'))
+  await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
+  await sbx.pty.sendInput(term.pid, enc.encode('stty size\n'))
+  await until('the new size', () => out.includes('30 100'))
+  assert.equal(await sbx.pty.kill(term.pid), true)
+  await assert.rejects(term.wait())
 })
