@@ -650,6 +650,33 @@ class Client:
         path = _path("/v1/sandboxes/{}/processes/{}/kill", sandbox_id, process_id)
         self._json("POST", path, body=body, timeout=timeout)
 
+    @operation("sendProcessInput")
+    def send_process_input(
+        self,
+        sandbox_id: str,
+        process_id: str,
+        *,
+        stdin: bytes | str | None = None,
+        eof: bool = False,
+        rows: int | None = None,
+        cols: int | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """POST /v1/sandboxes/{id}/processes/{pid}/input: gives a running
+        background process (its stdin kept open at its start) a terminal
+        size (``rows`` with ``cols``), then ``stdin`` bytes (a str is
+        UTF-8; at most 1 MiB), then, with ``eof``, their end."""
+        body: dict[str, object] = {}
+        if stdin is not None:
+            raw = stdin.encode() if isinstance(stdin, str) else stdin
+            body["stdin"] = base64.b64encode(raw).decode()
+        if eof:
+            body["eof"] = True
+        if rows is not None or cols is not None:
+            body["rows"], body["cols"] = rows, cols
+        path = _path("/v1/sandboxes/{}/processes/{}/input", sandbox_id, process_id)
+        self._json("POST", path, body=body, timeout=timeout)
+
     # --- files ----------------------------------------------------------
 
     @operation("writeFile")

@@ -81,6 +81,13 @@ def test_background_process_kill(hb: harebox.Client, box: harebox.Sandbox) -> No
     proc = box.start("sleep 600")
     still = hb.get_process(box.id, proc["id"], query={"wait": True, "timeout_seconds": 0.5})
     assert still["running"] is True  # the wait ended, the process did not
+    # Its stdin was not kept open (E2B's process service keeps it): input is refused.
+    with pytest.raises(harebox.HareBoxError) as e:
+        hb.send_process_input(box.id, proc["id"], stdin=b"x")
+    assert e.value.status == 409
+    with pytest.raises(harebox.HareBoxError) as e:
+        hb.send_process_input(box.id, proc["id"])
+    assert e.value.status == 400
     assert hb.kill_process(box.id, proc["id"], body={"signal": 15}) is None
     ended = hb.get_process(box.id, proc["id"], query={"wait": True, "timeout_seconds": 30})
     assert ended["running"] is False and ended["result"].get("signal") == 15

@@ -53,6 +53,7 @@ import type {
   KeyRequest,
   KeyWithSecret,
   KillRequest,
+  ProcessInput,
   ListSandboxesQuery,
   MetricSampleList,
   MetricsQuery,
@@ -796,6 +797,20 @@ export class HareBox {
   async killProcess(id: string, pid: string, options: CallOptions<never, KillRequest> = {}): Promise<void> {
     await this.#call("killProcess", [id, pid], "none", {
       json: options.body,
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, 0),
+    });
+  }
+
+  /**
+   * Gives a running background process input (its stdin must have been
+   * kept open when it started): a terminal size, stdin bytes, their end.
+   */
+  async sendProcessInput(id: string, pid: string, options: CallOptions<never, ProcessInput>): Promise<void> {
+    const { stdin, ...rest } = options.body ?? {};
+    const bytes = typeof stdin === "string" ? new TextEncoder().encode(stdin) : stdin;
+    await this.#call("sendProcessInput", [id, pid], "none", {
+      json: bytes === undefined ? rest : { ...rest, stdin: toBase64(bytes) },
       signal: options.signal,
       timeoutMs: this.#timeout(options, 0),
     });

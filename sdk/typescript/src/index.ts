@@ -99,6 +99,7 @@ export type {
   UsageList,
   MetricSampleList,
   KillRequest,
+  ProcessInput,
   ListSandboxesQuery,
   SnapshotsQuery,
   AccountQuery,

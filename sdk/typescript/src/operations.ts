@@ -53,6 +53,7 @@ export const OPERATIONS = {
   getProcessOutput: { method: "GET", path: "/v1/sandboxes/{id}/processes/{pid}/output" },
   openPty: { method: "GET", path: "/v1/sandboxes/{id}/pty" },
   killProcess: { method: "POST", path: "/v1/sandboxes/{id}/processes/{pid}/kill" },
+  sendProcessInput: { method: "POST", path: "/v1/sandboxes/{id}/processes/{pid}/input" },
   writeFile: { method: "PUT", path: "/v1/sandboxes/{id}/files" },
   readFile: { method: "GET", path: "/v1/sandboxes/{id}/files" },
   removeFile: { method: "DELETE", path: "/v1/sandboxes/{id}/files" },

@@ -970,6 +970,17 @@ export interface MetricSampleList {
   samples: MetricSample[];
 }
 
+/**
+ * The body of sendProcessInput: a new terminal size (rows with cols), then
+ * stdin bytes (a string is UTF-8; at most 1 MiB), then (eof) their end.
+ */
+export interface ProcessInput {
+  stdin?: Uint8Array | string;
+  eof?: boolean;
+  rows?: number;
+  cols?: number;
+}
+
 /** The body of killProcess. */
 export interface KillRequest {
   /** Default SIGKILL (9). */

@@ -256,6 +256,9 @@ describe("hareboxd", { skip }, () => {
     assert.equal(long.running, true);
     const still = await hb.getProcess(box.id, long.id, { query: { wait: true, timeout_seconds: 0.5 } });
     assert.equal(still.running, true);
+    // Its stdin was not kept open (E2B's process service keeps it): input is refused.
+    await rejectsWith(hb.sendProcessInput(box.id, long.id, { body: { stdin: "x" } }), { status: 409 });
+    await rejectsWith(hb.sendProcessInput(box.id, long.id, { body: {} }), { status: 400 });
     await hb.killProcess(box.id, long.id, { body: { signal: 15 } });
     const killed = await hb.getProcess(box.id, long.id, { query: { wait: true, timeout_seconds: 30 } });
     assert.equal(killed.running, false);
