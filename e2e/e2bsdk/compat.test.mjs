@@ -196,3 +196,30 @@ test('pty: input, resize, kill', async () => {
   assert.equal(await sbx.pty.kill(term.pid), true)
   await assert.rejects(term.wait())
 })
+
+test('network rules hold on the host: root in the guest cannot lift them', async () => {
+  // api.harebox.internal is the HareBox API, reached through the host's
+  // egress proxy only when the sandbox's rules name it.
+  const probe = `python3 -c "
+import urllib.request
+try:
+    print(urllib.request.urlopen('http://api.harebox.internal/health', timeout=10).status)
+except Exception as e:
+    print('blocked', type(e).__name__)
+"`
+  const rules = { allowOut: ['api.harebox.internal'], denyOut: ['0.0.0.0/0'] }
+  const sbx = await create({ network: rules }, 'full')
+  assert.equal((await sbx.commands.run(probe)).stdout.trim(), '200')
+
+  // Closed from outside (what an update leaves out is cleared): root in
+  // the guest drops every rule it has, and the host's still hold.
+  await sbx.updateNetwork({ allowInternetAccess: false })
+  assert.match((await sbx.commands.run(probe)).stdout, /^blocked/)
+  await sbx.commands.run('nft flush ruleset 2>/dev/null; iptables -F 2>/dev/null; true', { user: 'root' })
+  assert.match((await sbx.commands.run(probe, { user: 'root' })).stdout, /^blocked/)
+  await sbx.updateNetwork(rules)
+  assert.equal((await sbx.commands.run(probe)).stdout.trim(), '200')
+
+  const closed = await create({ allowInternetAccess: false }, 'full')
+  assert.match((await closed.commands.run(probe)).stdout, /^blocked/)
+})
