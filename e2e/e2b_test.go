@@ -26,13 +26,20 @@ func TestE2BSDK(t *testing.T) {
 	addr := testserver.FreeAddr(t)
 	// E2B's "base" is the minimal image here, to boot fast; golden
 	// snapshots on, as a server runs by default.
-	srv := testserver.Start(t, s, dataDir, "--golden-snapshots", "--e2b-listen", addr, "--e2b-templates", "base=minimal,full=default")
+	srv := testserver.Start(t, s, dataDir, "--golden-snapshots", "--e2b-listen", addr, "--e2b-templates", "base=minimal,full=default",
+		"--e2b-domain", "e2b.test")
 	defer func() { testserver.Finish(t, srv, dataDir) }()
 
 	st, key := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b"})
 	secret, _ := key["secret"].(string)
 	if st != 201 || !regexp.MustCompile(`^e2b_[0-9a-f]{96}$`).MatchString(secret) {
 		t.Fatalf("an E2B-form key: %d %v", st, key)
+	}
+	// A key that sees and makes only sandboxes labelled team=a.
+	st, scoped := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b", "scope": map[string]any{"labels": map[string]string{"team": "a"}}})
+	scopedSecret, _ := scoped["secret"].(string)
+	if st != 201 || scopedSecret == "" {
+		t.Fatalf("a scoped key: %d %v", st, scoped)
 	}
 	dir := filepath.Join(s.Root, "e2e", "e2bsdk")
 	if !testserver.FileExists(filepath.Join(dir, "node_modules")) {
@@ -42,6 +49,7 @@ func TestE2BSDK(t *testing.T) {
 		t.Run(sdk, func(t *testing.T) {
 			out := testserver.Run(t, srv, s, dir, 10*time.Minute, "env", "E2B_SDK="+sdk,
 				"E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr, "E2B_API_KEY="+secret,
+				"E2B_SCOPED_KEY="+scopedSecret, "E2B_TEST_DOMAIN=e2b.test",
 				"node", "--test", "--test-reporter=tap", "compat.test.mjs")
 			t.Log(testserver.LastLines(out, 10))
 			if !strings.Contains(out, "# fail 0") || strings.Contains(out, "# pass 0") {

@@ -5,6 +5,7 @@
 // pointed at the listener and E2B_API_KEY a HareBox key in E2B's form.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
+import http from 'node:http'
 
 const { Sandbox, NotFoundError, CommandExitError, TimeoutError } = await import(process.env.E2B_SDK)
 const suite = `${process.env.E2B_SDK}-${process.pid}`
@@ -13,9 +14,12 @@ const made = []
 // 'base' is HareBox's minimal image here (fast to restore); 'full' its
 // Debian image, which has the /bin/bash the SDK's commands and terminals
 // run under.
-async function create(opts = {}, template = 'base') {
+// create makes a sandbox that goes when test t ends (the host holds 8 at
+// once), or at the end of the suite if t's end is cut short.
+async function create(t, opts = {}, template = 'base') {
   const sbx = await Sandbox.create(template, { timeoutMs: 300_000, metadata: { suite }, ...opts })
   made.push(sbx)
+  t.after(() => sbx.kill().catch(() => {}))
   return sbx
 }
 
@@ -23,15 +27,15 @@ after(async () => {
   for (const s of made) await s.kill().catch(() => {})
 })
 
-async function listed(query) {
-  const p = Sandbox.list({ query })
+async function listed(query, opts = {}) {
+  const p = Sandbox.list({ query, ...opts })
   const out = []
   while (p.hasNext) out.push(...(await p.nextItems()))
   return out
 }
 
-test('create, info, list by metadata and state, connect, kill', async () => {
-  const sbx = await create({ metadata: { suite, role: 'main' } })
+test('create, info, list by metadata and state, connect, kill', async (t) => {
+  const sbx = await create(t, { metadata: { suite, role: 'main' } })
   assert.match(sbx.sandboxId, /^[0-9a-z]{26}$/)
   assert.equal(await sbx.isRunning(), true)
 
@@ -42,7 +46,7 @@ test('create, info, list by metadata and state, connect, kill', async () => {
   assert.equal(info.state, 'running')
   assert.ok(info.endAt > info.startedAt)
 
-  const other = await create({ metadata: { suite, role: 'other' } })
+  const other = await create(t, { metadata: { suite, role: 'other' } })
   const mains = await listed({ metadata: { suite, role: 'main' } })
   assert.deepEqual(mains.map((s) => s.sandboxId), [sbx.sandboxId])
   const running = await listed({ metadata: { suite }, state: ['running'] })
@@ -61,8 +65,8 @@ test('create, info, list by metadata and state, connect, kill', async () => {
   await assert.rejects(Sandbox.getInfo(other.sandboxId), NotFoundError)
 })
 
-test('files: text and bytes both ways, the home by default', async () => {
-  const sbx = await create()
+test('files: text and bytes both ways, the home by default', async (t) => {
+  const sbx = await create(t)
   await sbx.files.write('hello.txt', 'hello from the SDK\n')
   assert.equal(await sbx.files.read('/home/user/hello.txt'), 'hello from the SDK\n')
   const bytes = new Uint8Array(256 * 1024).map((_, i) => (i * 7) & 0xff)
@@ -72,8 +76,8 @@ test('files: text and bytes both ways, the home by default', async () => {
   await assert.rejects(sbx.files.read('/tmp/no-such-file'), NotFoundError)
 })
 
-test('a timeout set after create really ends the sandbox', async () => {
-  const sbx = await create()
+test('a timeout set after create really ends the sandbox', async (t) => {
+  const sbx = await create(t)
   await sbx.setTimeout(3_000)
   const info = await sbx.getInfo()
   assert.ok(info.endAt.getTime() - Date.now() < 10_000, `endAt ${info.endAt.toISOString()}`)
@@ -85,21 +89,21 @@ test('a timeout set after create really ends the sandbox', async () => {
   await assert.rejects(Sandbox.getInfo(sbx.sandboxId), NotFoundError)
 })
 
-test('bad input: an unknown template, an unknown or killed sandbox', async () => {
+test('bad input: an unknown template, an unknown or killed sandbox', async (t) => {
   await assert.rejects(Sandbox.create('no-such-template', { timeoutMs: 60_000 }), (e) => {
     assert.match(String(e.message), /template/i)
     return true
   })
   await assert.rejects(Sandbox.connect('0'.repeat(26)), NotFoundError)
-  const sbx = await create()
+  const sbx = await create(t)
   await sbx.kill()
   assert.equal(await sbx.isRunning(), false)
   await assert.rejects(sbx.files.write('/tmp/after-kill', 'x'))
   await assert.rejects(Sandbox.connect(sbx.sandboxId), NotFoundError)
 })
 
-test('files: list with depth, exists, info, makeDir, rename, remove, watch', async () => {
-  const sbx = await create()
+test('files: list with depth, exists, info, makeDir, rename, remove, watch', async (t) => {
+  const sbx = await create(t)
   assert.equal(await sbx.files.makeDir('/tmp/tree/a/b'), true)
   assert.equal(await sbx.files.makeDir('/tmp/tree/a/b'), false)
   await sbx.files.write('/tmp/tree/a/one.txt', 'one')
@@ -146,8 +150,8 @@ const until = async (what, ok, ms = 20_000) => {
   }
 }
 
-test('commands: output, exit codes, env, cwd, user, timeouts, background, stdin, connect, kill', async () => {
-  const sbx = await create({}, 'full')
+test('commands: output, exit codes, env, cwd, user, timeouts, background, stdin, connect, kill', async (t) => {
+  const sbx = await create(t, {}, 'full')
   const seen = []
   const r = await sbx.commands.run('echo hello; echo oops >&2', { onStdout: (d) => seen.push(d) })
   assert.equal(r.exitCode, 0)
@@ -182,8 +186,8 @@ test('commands: output, exit codes, env, cwd, user, timeouts, background, stdin,
   await assert.rejects(again.wait(), (e) => e instanceof CommandExitError && e.exitCode === 4)
 })
 
-test('pty: input, resize, kill', async () => {
-  const sbx = await create({}, 'full')
+test('pty: input, resize, kill', async (t) => {
+  const sbx = await create(t, {}, 'full')
   let out = ''
   const dec = new TextDecoder()
   const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d) }, timeoutMs: 60_000 })
@@ -197,7 +201,7 @@ test('pty: input, resize, kill', async () => {
   await assert.rejects(term.wait())
 })
 
-test('network rules hold on the host: root in the guest cannot lift them', async () => {
+test('network rules hold on the host: root in the guest cannot lift them', async (t) => {
   // api.harebox.internal is the HareBox API, reached through the host's
   // egress proxy only when the sandbox's rules name it.
   const probe = `python3 -c "
@@ -208,7 +212,7 @@ except Exception as e:
     print('blocked', type(e).__name__)
 "`
   const rules = { allowOut: ['api.harebox.internal'], denyOut: ['0.0.0.0/0'] }
-  const sbx = await create({ network: rules }, 'full')
+  const sbx = await create(t, { network: rules }, 'full')
   assert.equal((await sbx.commands.run(probe)).stdout.trim(), '200')
 
   // Closed from outside (what an update leaves out is cleared): root in
@@ -220,6 +224,71 @@ except Exception as e:
   await sbx.updateNetwork(rules)
   assert.equal((await sbx.commands.run(probe)).stdout.trim(), '200')
 
-  const closed = await create({ allowInternetAccess: false }, 'full')
+  const closed = await create(t, { allowInternetAccess: false }, 'full')
   assert.match((await closed.commands.run(probe)).stdout, /^blocked/)
+})
+
+// get fetches / through the listener with Host: host, as a browser that
+// resolves *.DOMAIN to it would.
+function get(host, headers = {}) {
+  const u = new URL(process.env.E2B_SANDBOX_URL)
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: u.hostname, port: u.port, path: '/', headers: { host, ...headers } }, (res) => {
+      let body = ''
+      res.on('data', (d) => { body += d })
+      res.on('end', () => resolve({ status: res.statusCode, body }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+test('getHost: a web server in the guest, public or behind the traffic token', async (t) => {
+  const serve = async (sbx, text) => {
+    await sbx.files.write('/tmp/www/index.html', text)
+    await sbx.commands.run('cd /tmp/www && exec python3 -m http.server 8000', { background: true, timeoutMs: 0 })
+  }
+  const pub = await create(t, {}, 'full')
+  await serve(pub, 'hello from the guest')
+  const host = pub.getHost(8000)
+  assert.equal(host, `8000-${pub.sandboxId}.${process.env.E2B_TEST_DOMAIN}`)
+  let r
+  const deadline = Date.now() + 30_000
+  do {
+    r = await get(host)
+    if (r.status === 200) break
+    await new Promise((res) => setTimeout(res, 250))
+  } while (Date.now() < deadline)
+  assert.equal(r.status, 200)
+  assert.equal(r.body, 'hello from the guest')
+
+  const priv = await create(t, { network: { allowPublicTraffic: false } }, 'full')
+  assert.ok(priv.trafficAccessToken)
+  await serve(priv, 'private')
+  const ph = priv.getHost(8000)
+  const d2 = Date.now() + 30_000
+  do {
+    r = await get(ph, { 'e2b-traffic-access-token': priv.trafficAccessToken })
+    if (r.status === 200) break
+    await new Promise((res) => setTimeout(res, 250))
+  } while (Date.now() < d2)
+  assert.equal(r.body, 'private')
+  assert.equal((await get(ph)).status, 403)
+  assert.equal((await get(ph, { 'e2b-traffic-access-token': pub.trafficAccessToken ?? 'x' })).status, 403)
+})
+
+test('a scoped key sees only what it may through this door too', async (t) => {
+  const scoped = { apiKey: process.env.E2B_SCOPED_KEY }
+  const mine = await create(t)
+  const theirs = await Sandbox.create('base', { ...scoped, timeoutMs: 300_000, metadata: { suite } })
+  made.push(theirs)
+  t.after(() => theirs.kill().catch(() => {}))
+  assert.equal((await theirs.getInfo()).metadata.team, 'a') // the key's label, forced
+  assert.deepEqual((await listed({ metadata: { suite } }, scoped)).map((s) => s.sandboxId), [theirs.sandboxId])
+  await assert.rejects(Sandbox.connect(mine.sandboxId, scoped), NotFoundError)
+  await assert.rejects(Sandbox.getInfo(mine.sandboxId, scoped), NotFoundError)
+  assert.equal(await Sandbox.kill(mine.sandboxId, scoped), false)
+  assert.equal(await mine.isRunning(), true)
+  await theirs.files.write('/tmp/ok', 'yes')
+  assert.equal(await theirs.files.read('/tmp/ok'), 'yes')
 })
