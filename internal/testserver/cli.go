@@ -13,14 +13,14 @@ import (
 
 // StartNoVM starts hareboxd without a network or images: the tenancy and
 // key routes boot no VM. hareboxd still needs its backend plugin to start.
-func StartNoVM(t *testing.T, s Setup, dataDir string) *Server {
+func StartNoVM(t testing.TB, s Setup, dataDir string) *Server {
 	t.Helper()
 	return Launch(t, s, dataDir, "--image-dir", filepath.Join(dataDir, "no-images"), "--plugin", s.Plugin, "--network", "none")
 }
 
 // RunCLI runs harebox against srv with key ("" for the root key) and
 // returns its stdout, stderr and exit code.
-func RunCLI(t *testing.T, s Setup, srv *Server, key string, args ...string) (string, string, int) {
+func RunCLI(t testing.TB, s Setup, srv *Server, key string, args ...string) (string, string, int) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(s.Bin, "harebox"), args...)
 	cmd.Env = srv.Env(s)
@@ -77,7 +77,7 @@ func (c *CLI) Fails(key string, code int, want string, args ...string) string {
 }
 
 // PrepareNoVM builds the binaries a hareboxd that boots no VM needs.
-func PrepareNoVM(t *testing.T) Setup {
+func PrepareNoVM(t testing.TB) Setup {
 	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 is not installed (make deps installs it); hareboxd needs its plugin to start")

@@ -50,7 +50,7 @@ type Setup struct {
 	Flags []string
 }
 
-func Prepare(t *testing.T) Setup {
+func Prepare(t testing.TB) Setup {
 	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
@@ -73,14 +73,14 @@ func Prepare(t *testing.T) Setup {
 	return s
 }
 
-func Start(t *testing.T, s Setup, dataDir string, extra ...string) *Server {
+func Start(t testing.TB, s Setup, dataDir string, extra ...string) *Server {
 	t.Helper()
 	return StartEnv(t, s, dataDir, nil, extra...)
 }
 
 // StartEnv is Start with env added to hareboxd's environment (and only
 // its: this process's stays as it is).
-func StartEnv(t *testing.T, s Setup, dataDir string, env []string, extra ...string) *Server {
+func StartEnv(t testing.TB, s Setup, dataDir string, env []string, extra ...string) *Server {
 	t.Helper()
 	table, pool := networkOf(t, dataDir)
 	srv := LaunchEnv(t, s, dataDir, env, append([]string{"--image-dir", s.ImageDir, "--plugin", s.Plugin, "--site", "fr-par-1", "--country", "FR",
@@ -103,7 +103,7 @@ var networks struct {
 // networkOf is the nftables table and the address pool's first three
 // octets ("10.239.N.") of the servers on dataDir: the same for every
 // server on it, and no other live test process's.
-func networkOf(t *testing.T, dataDir string) (table, pool string) {
+func networkOf(t testing.TB, dataDir string) (table, pool string) {
 	t.Helper()
 	networks.Lock()
 	defer networks.Unlock()
@@ -120,7 +120,7 @@ func networkOf(t *testing.T, dataDir string) (table, pool string) {
 
 // claimNetwork locks the first free network number (a lock this process
 // holds on another open file of the same number also refuses it).
-func claimNetwork(t *testing.T) int {
+func claimNetwork(t testing.TB) int {
 	dir := filepath.Join(os.TempDir(), "harebox-e2e-networks")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -144,7 +144,7 @@ func claimNetwork(t *testing.T) int {
 // Finish stops a server that Start started, checks that it left no VM
 // or machine directory, and removes the test's firewall table (which
 // outlives hareboxd on purpose: running VMs keep their rules).
-func Finish(t *testing.T, srv *Server, dataDir string) {
+func Finish(t testing.TB, srv *Server, dataDir string) {
 	srv.Stop(t)
 	NoLeftovers(t, dataDir)
 	srv.DropTable(t)
@@ -154,7 +154,7 @@ func Finish(t *testing.T, srv *Server, dataDir string) {
 // below the kernel's ephemeral range (32768 up, ip_local_port_range), so
 // that no connection's own port takes it between this check and the
 // server's bind.
-func FreeAddr(t *testing.T) string {
+func FreeAddr(t testing.TB) string {
 	t.Helper()
 	for range 200 {
 		addr := fmt.Sprintf("127.0.0.1:%d", 20000+mathrand.IntN(12000))
@@ -170,7 +170,7 @@ func FreeAddr(t *testing.T) string {
 // DropTable removes the firewall table of a server that Start started,
 // and any tap left with an address of its pool (a test that failed after
 // killing its server leaves its VMs' taps).
-func (srv *Server) DropTable(t *testing.T) {
+func (srv *Server) DropTable(t testing.TB) {
 	if srv.Table == "" {
 		return
 	}
@@ -188,12 +188,12 @@ func (srv *Server) DropTable(t *testing.T) {
 
 // Launch starts hareboxd on dataDir and a free loopback port with args,
 // and waits until it answers.
-func Launch(t *testing.T, s Setup, dataDir string, args ...string) *Server {
+func Launch(t testing.TB, s Setup, dataDir string, args ...string) *Server {
 	t.Helper()
 	return LaunchEnv(t, s, dataDir, nil, args...)
 }
 
-func LaunchEnv(t *testing.T, s Setup, dataDir string, env []string, args ...string) *Server {
+func LaunchEnv(t testing.TB, s Setup, dataDir string, env []string, args ...string) *Server {
 	t.Helper()
 	addr := FreeAddr(t)
 	srv := &Server{URL: "http://" + addr, DataDir: dataDir, Log: &bytes.Buffer{}, HTTP: &http.Client{}}
@@ -255,7 +255,7 @@ func LaunchEnv(t *testing.T, s Setup, dataDir string, env []string, args ...stri
 }
 
 // Stop sends SIGTERM and waits: a graceful shutdown.
-func (srv *Server) Stop(t *testing.T) {
+func (srv *Server) Stop(t testing.TB) {
 	srv.Cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- srv.Cmd.Wait() }()
@@ -280,7 +280,7 @@ func (srv *Server) Env(s Setup) []string {
 }
 
 // Run runs a command with the server's environment and returns its output.
-func Run(t *testing.T, srv *Server, s Setup, dir string, timeout time.Duration, name string, args ...string) string {
+func Run(t testing.TB, srv *Server, s Setup, dir string, timeout time.Duration, name string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -304,7 +304,7 @@ func Tail(s string) string {
 	return s
 }
 
-func (srv *Server) Sandboxes(t *testing.T, state string) []map[string]any {
+func (srv *Server) Sandboxes(t testing.TB, state string) []map[string]any {
 	t.Helper()
 	req, _ := http.NewRequest("GET", srv.URL+"/v1/sandboxes?state="+state, nil)
 	req.Header.Set("Authorization", "Bearer "+srv.Key)
@@ -321,7 +321,7 @@ func (srv *Server) Sandboxes(t *testing.T, state string) []map[string]any {
 }
 
 // NoLeftovers fails if the server's data dir still has machines or VMs.
-func NoLeftovers(t *testing.T, dataDir string) {
+func NoLeftovers(t testing.TB, dataDir string) {
 	t.Helper()
 	if ents, _ := os.ReadDir(filepath.Join(dataDir, "m")); len(ents) != 0 {
 		t.Errorf("machine directories left: %v", ents)

@@ -17,7 +17,7 @@ import (
 const JobOutput = "hello from user (uid 1000)"
 
 // Call makes one API request with key and decodes the JSON reply.
-func (srv *Server) Call(t *testing.T, method, path, key string, body any) (int, map[string]any) {
+func (srv *Server) Call(t testing.TB, method, path, key string, body any) (int, map[string]any) {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -39,7 +39,7 @@ func (srv *Server) Call(t *testing.T, method, path, key string, body any) (int, 
 
 // Relaunch starts hareboxd again as srv was started, on the same address
 // and data directory, and waits until it answers.
-func Relaunch(t *testing.T, srv *Server) {
+func Relaunch(t testing.TB, srv *Server) {
 	t.Helper()
 	env := srv.Cmd.Env
 	srv.Cmd = exec.Command(srv.Cmd.Path, srv.Cmd.Args[1:]...)
@@ -60,7 +60,7 @@ func Relaunch(t *testing.T, srv *Server) {
 }
 
 // ReadFile is a file's bytes; it fails the test if it cannot read them.
-func ReadFile(t *testing.T, path string) []byte {
+func ReadFile(t testing.TB, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -70,7 +70,7 @@ func ReadFile(t *testing.T, path string) []byte {
 }
 
 // CopyFile copies a file, readable by its owner only.
-func CopyFile(t *testing.T, from, to string) {
+func CopyFile(t testing.TB, from, to string) {
 	t.Helper()
 	if err := os.WriteFile(to, ReadFile(t, from), 0o600); err != nil {
 		t.Fatal(err)
@@ -78,7 +78,7 @@ func CopyFile(t *testing.T, from, to string) {
 }
 
 // EnvCount is a positive number from the environment, or def.
-func EnvCount(t *testing.T, name string, def int) int {
+func EnvCount(t testing.TB, name string, def int) int {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
