@@ -13,18 +13,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/e2b/envd"
-	"github.com/harebox/harebox/hypervisor/memhv"
-	"github.com/harebox/harebox/images"
-	"github.com/harebox/harebox/sandbox"
 )
 
 // access is the sandbox's token and acts as a key that sees only it.
@@ -44,24 +39,8 @@ func (a access) Principal(_ context.Context, id string) (authz.Principal, error)
 // envd's files over a real engine on the in-memory hypervisor.
 func TestFiles(t *testing.T) {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "hbenvd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	eng, err := harebox.New(ctx, harebox.Options{DataDir: dir, Hypervisor: hv,
-		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
-		Capacity: harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100}, MaxFileBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	sb, err := eng.Create(ctx, sandbox.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	eng, ids, account := memEngine(t, 1)
+	sb := struct{ ID, AccountID string }{ids[0], account}
 	now := time.Now()
 	s := envd.New(envd.Options{Files: eng, Access: access{id: sb.ID, token: "tok", account: sb.AccountID}, Now: func() time.Time { return now }})
 	srv := httptest.NewServer(s.Handler(sb.ID))

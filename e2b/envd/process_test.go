@@ -5,20 +5,16 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
-	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/e2b/envd"
 	"github.com/harebox/harebox/e2b/envdpb/process"
 	"github.com/harebox/harebox/e2b/envdpb/process/processconnect"
-	"github.com/harebox/harebox/hypervisor/memhv"
-	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -123,24 +119,8 @@ func (e *events) rest(t *testing.T) (stdout, stderr, pty string, end *process.Pr
 // process's, and the errors.
 func TestProcess(t *testing.T) {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "hbenvdp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	eng, err := harebox.New(ctx, harebox.Options{DataDir: dir, Hypervisor: hv,
-		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
-		Capacity: harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	sb, err := eng.Create(ctx, sandbox.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	eng, ids, account := memEngine(t, 1)
+	sb := struct{ ID, AccountID string }{ids[0], account}
 	acc := access{id: sb.ID, token: "tok", account: sb.AccountID}
 	serve := func(actions []string) string {
 		s := envd.New(envd.Options{Files: eng, Access: scoped{acc, actions}, Processes: eng.Processes()})
