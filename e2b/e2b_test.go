@@ -691,3 +691,34 @@ func TestSnapshotsAndFork(t *testing.T) {
 	e2bError(t, f.do(t, "DELETE", "/templates/base", f.key, nil), 404, "")
 	e2bError(t, f.do(t, "POST", "/v2/sandboxes", f.key, map[string]any{"templateID": "snap-one"}), 400, "template")
 }
+
+// An envd token's principal may do every file call (a new one in the
+// files groups is envd's too) and each process call envd's process
+// service makes (envd.Processes), on its sandbox only.
+func TestEnvdPrincipal(t *testing.T) {
+	f := newFixture(t)
+	s := f.create(t, f.key, map[string]any{})
+	p, err := f.h.Principal(context.Background(), s.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Concat(authz.Groups["files:read"], authz.Groups["files:write"],
+		[]string{"startProcess", "listProcesses", "getProcessOutput", "sendProcessInput", "killProcess"})
+	for _, a := range want {
+		if err := authz.Allowed(p, a); err != nil {
+			t.Errorf("an envd token may not %s: %v", a, err)
+		}
+	}
+	for _, a := range []string{"createSandbox", "deleteSandbox", "setFirewall", "createKey", "createSnapshot"} {
+		if authz.Allowed(p, a) == nil {
+			t.Errorf("an envd token may %s", a)
+		}
+	}
+	if p.KeyID != "envd:"+e2b.InternalID(s.SandboxID) || !slices.Equal(p.Scope.Sandboxes, []string{e2b.InternalID(s.SandboxID)}) {
+		t.Errorf("principal: %+v", p)
+	}
+	f.must(t, 204, "POST", "/sandboxes/"+s.SandboxID+"/pause", f.key, nil)
+	if _, err := f.h.Principal(context.Background(), s.SandboxID); err == nil {
+		t.Error("a paused sandbox's envd has a principal")
+	}
+}
