@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -64,11 +63,9 @@ const (
 	maxWatches = 16
 	// maxQueuedEvents bounds a polled watcher's events not yet fetched.
 	maxQueuedEvents = 1024
-	// The keepalive of a streamed watch: what the client asks for
-	// (Keepalive-Ping-Interval, in seconds), within these.
-	defaultKeepalive = 50 * time.Second
-	minKeepalive     = time.Second
-	maxKeepalive     = 5 * time.Minute
+	// watchKeepalive is a streamed watch's keepalive when the client
+	// asks for none (keepaliveOf).
+	watchKeepalive = 50 * time.Second
 	// maxPathBytes bounds a path, as the agent does.
 	maxPathBytes = 4096
 )
@@ -232,7 +229,7 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 			}
 		}
 	}()
-	every := keepalive(req.Header())
+	every := keepaliveOf(req.Header(), watchKeepalive)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
@@ -259,15 +256,6 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 			return fmt.Errorf("send a watch event: %w", err)
 		}
 	}
-}
-
-// keepalive is the interval a streamed watch's client asks for, bounded.
-func keepalive(h http.Header) time.Duration {
-	s, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval"))
-	if err != nil || s <= 0 {
-		return defaultKeepalive
-	}
-	return min(max(time.Duration(s)*time.Second, minKeepalive), maxKeepalive)
 }
 
 var eventTypes = map[string]fspb.EventType{

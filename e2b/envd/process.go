@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -53,11 +51,9 @@ const (
 	// own chunk); a longer chunk from the agent goes as several.
 	maxEventBytes = 32 << 10
 	// procKeepalive is how often a quiet process stream says it is alive
-	// when the caller does not ask (Keepalive-Ping-Interval, in seconds;
-	// the SDK asks 50), as envd does; an ask is held to 1 s to 1 h.
-	procKeepalive    = 90 * time.Second
-	minProcKeepalive = time.Second
-	maxProcKeepalive = time.Hour
+	// when the caller does not ask (keepaliveOf; the SDK asks 50 s), as
+	// envd does.
+	procKeepalive = 90 * time.Second
 	// Terminal size bounds and the size of a terminal asked with none.
 	maxTermSize              = 1000
 	defaultRows, defaultCols = 24, 80
@@ -91,7 +87,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("the process could not start: %s", proc.Result.Error))
 	}
 	_, timed := ctx.Deadline()
-	return p.follow(ctx, id, proc, [2]uint64{}, procKeepaliveOf(req.Header()), timed, func(e *process.ProcessEvent) error {
+	return p.follow(ctx, id, proc, [2]uint64{}, keepaliveOf(req.Header(), procKeepalive), timed, func(e *process.ProcessEvent) error {
 		return stream.Send(&process.StartResponse{Event: e})
 	})
 }
@@ -103,7 +99,7 @@ func (p *processService) Connect(ctx context.Context, req *connect.Request[proce
 	if err != nil {
 		return err
 	}
-	return p.follow(ctx, sandboxOf(ctx), proc, from, procKeepaliveOf(req.Header()), false, func(e *process.ProcessEvent) error {
+	return p.follow(ctx, sandboxOf(ctx), proc, from, keepaliveOf(req.Header(), procKeepalive), false, func(e *process.ProcessEvent) error {
 		return stream.Send(&process.ConnectResponse{Event: e})
 	})
 }
@@ -142,19 +138,6 @@ func startRequest(ctx context.Context, m *process.StartRequest) (sandbox.ExecReq
 		o.PTY, o.Rows, o.Cols, o.KeepStdin = true, uint16(rows), uint16(cols), true
 	}
 	return r, o, nil
-}
-
-// procKeepaliveOf is how often a process stream's keepalive comes, as
-// the caller asks (Keepalive-Ping-Interval, in seconds).
-func procKeepaliveOf(h http.Header) time.Duration {
-	secs, err := strconv.ParseInt(h.Get("Keepalive-Ping-Interval"), 10, 64)
-	if err != nil || secs <= 0 {
-		return procKeepalive
-	}
-	if secs >= int64(maxProcKeepalive/time.Second) {
-		return maxProcKeepalive
-	}
-	return max(time.Duration(secs)*time.Second, minProcKeepalive)
 }
 
 // follow sends proc's start, its output from offsets on and its end; a

@@ -5,7 +5,10 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"errors"
+	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -36,6 +39,26 @@ func (s *Server) mountRPC() {
 	if s.opts.Processes != nil {
 		s.mux.Handle(processconnect.NewProcessHandler(&processService{s: s}, opts))
 	}
+}
+
+// A stream's keepalive is what its caller asks (Keepalive-Ping-Interval,
+// in seconds), held to these bounds; a service's own default without an
+// ask.
+const (
+	minKeepalive = time.Second
+	maxKeepalive = time.Hour
+)
+
+// keepaliveOf is how often a quiet stream says it is alive.
+func keepaliveOf(h http.Header, def time.Duration) time.Duration {
+	secs, err := strconv.ParseInt(h.Get("Keepalive-Ping-Interval"), 10, 64)
+	if err != nil || secs <= 0 {
+		return def
+	}
+	if secs >= int64(maxKeepalive/time.Second) {
+		return maxKeepalive
+	}
+	return max(time.Duration(secs)*time.Second, minKeepalive)
 }
 
 type userKey struct{}
