@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -11,25 +10,13 @@ import (
 	"github.com/harebox/harebox/internal/testserver"
 )
 
-// TestE2BSDK runs the unmodified E2B SDK from npm, at the two pinned
-// versions (e2e/e2bsdk/package.json), against hareboxd's E2B listener on
-// real VMs: its suite (e2e/e2bsdk/compat.test.mjs) uses only the SDK's
-// public API, configured as a user would, with the three variables, the
-// key a HareBox key in E2B's form.
-func TestE2BSDK(t *testing.T) {
-	s := testserver.Prepare(t)
-	dataDir, err := os.MkdirTemp("", "hbe2b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dataDir)
-	addr := testserver.FreeAddr(t)
-	// E2B's "base" is the minimal image here, to boot fast; golden
-	// snapshots on, as a server runs by default.
-	srv := testserver.Start(t, s, dataDir, "--golden-snapshots", "--e2b-listen", addr, "--e2b-templates", "base=minimal,full=default",
-		"--e2b-domain", "e2b.test")
-	defer func() { testserver.Finish(t, srv, dataDir) }()
-
+// e2bSDK runs the unmodified E2B SDK from npm, at the two pinned
+// versions (e2e/e2bsdk/package.json), against the E2B listener at addr of
+// srv (TestWalkthrough's server, whose golden snapshots it shares: its
+// flags are e2bFlags) on real VMs: its suite (e2e/e2bsdk/compat.test.mjs)
+// uses only the SDK's public API, configured as a user would, with the
+// three variables, the key a HareBox key in E2B's form.
+func e2bSDK(t *testing.T, s testserver.Setup, srv *testserver.Server, addr string) {
 	st, key := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b"})
 	secret, _ := key["secret"].(string)
 	if st != 201 || !regexp.MustCompile(`^e2b_[0-9a-f]{96}$`).MatchString(secret) {
@@ -68,4 +55,11 @@ func TestE2BSDK(t *testing.T) {
 	if l := srv.Sandboxes(t, ""); len(l) != 0 {
 		t.Errorf("sandboxes left: %v", l)
 	}
+}
+
+// e2bFlags serve the E2B listener at addr: E2B's "base" is the minimal
+// image (fast to restore), "full" the Debian one (its /bin/bash is what
+// the SDK's commands and terminals run under).
+func e2bFlags(addr string) []string {
+	return []string{"--e2b-listen", addr, "--e2b-templates", "base=minimal,full=default", "--e2b-domain", "e2b.test"}
 }

@@ -1,6 +1,7 @@
 // Package e2e runs HareBox the way users do: a real hareboxd with real
 // VMs, driven by the CLI, the Go library, and the Python and TypeScript
-// clients, each running the README's walkthrough.
+// clients, each running the README's walkthrough, and by the unmodified
+// E2B SDK.
 package e2e
 
 import (
@@ -27,7 +28,10 @@ func TestWalkthrough(t *testing.T) {
 	// server's self-signed certificate through HAREBOX_CA.
 	// Golden snapshots: the first create of each image boots, later ones
 	// (the clients' suites make dozens) restore, as a server run so would.
-	srv := testserver.Start(t, s, dataDir, "--tls-self-signed", "--golden-snapshots")
+	// The E2B listener too: the E2B SDK's suite runs against this server,
+	// sharing its golden snapshots.
+	e2bAddr := testserver.FreeAddr(t)
+	srv := testserver.Start(t, s, dataDir, append([]string{"--tls-self-signed", "--golden-snapshots"}, e2bFlags(e2bAddr)...)...)
 	defer func() { testserver.Finish(t, srv, dataDir) }()
 	examples := filepath.Join(s.Root, "examples", "untrusted")
 
@@ -130,6 +134,7 @@ func TestWalkthrough(t *testing.T) {
 			t.Fatalf("npm test:\n%s", out)
 		}
 	})
+	t.Run("E2BSDK", func(t *testing.T) { e2bSDK(t, s, srv, e2bAddr) })
 	t.Run("GracefulRestart", func(t *testing.T) {
 		out := testserver.Run(t, srv, s, s.Root, 5*time.Minute, "harebox", "new", "--image", "minimal", "--label", "e2e=restart")
 		var box struct{ ID string }
