@@ -114,6 +114,19 @@ func TestPorts(t *testing.T) {
 		t.Errorf("with its traffic token: %d %v", st, m)
 	}
 
+	// A private sandbox's fork is private, with a token of its own.
+	var forks []struct {
+		Sandbox *e2b.Sandbox `json:"sandbox"`
+	}
+	f.must(t, 201, "POST", "/sandboxes/"+priv.SandboxID+"/fork", f.key, nil).decode(t, &forks)
+	if len(forks) != 1 || forks[0].Sandbox == nil || forks[0].Sandbox.TrafficAccessToken == nil || *forks[0].Sandbox.TrafficAccessToken == *priv.TrafficAccessToken {
+		t.Fatalf("a private sandbox's fork: %+v", forks)
+	}
+	fh := "8080-" + forks[0].Sandbox.SandboxID + ".e2b.test"
+	if st, _ := get(fh, map[string]string{"E2b-Traffic-Access-Token": *priv.TrafficAccessToken}); st != 403 {
+		t.Errorf("a fork with its source's traffic token: %d", st)
+	}
+
 	// A port published as a HareBox URL: only through its URL.
 	if _, err := f.eng.URLCalls().Create(context.Background(), e2b.InternalID(pub.SandboxID), sandbox.URLRequest{Port: 9090}); err != nil {
 		t.Fatal(err)

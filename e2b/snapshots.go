@@ -128,7 +128,8 @@ func (h *Handler) snapshot(ctx context.Context, ref string) (*sandbox.Snapshot, 
 }
 
 // fork is POST /sandboxes/{id}/fork: count new sandboxes from one
-// snapshot of it, each with its own envd token.
+// snapshot of it, each with its own envd token (and traffic token, when
+// the source's ports are private).
 func (h *Handler) fork(w http.ResponseWriter, r *http.Request) error {
 	var body struct {
 		Timeout *int32 `json:"timeout"`
@@ -154,6 +155,9 @@ func (h *Handler) fork(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// A private sandbox's forks are private too: each its own token.
+	_, terr := h.traffic.get(ctx, box.ID)
+	private := terr == nil
 	clones, err := h.o.Engine.Snapshots().Fork(ctx, box.ID, req)
 	if err != nil {
 		return err
@@ -165,6 +169,9 @@ func (h *Handler) fork(w http.ResponseWriter, r *http.Request) error {
 	out := make([]result, 0, len(clones))
 	for _, c := range clones {
 		tok, err := h.tokens.issue(ctx, c.ID)
+		if err == nil && private {
+			_, err = h.traffic.issue(ctx, c.ID)
+		}
 		if err != nil {
 			// (That clone is of no use to an E2B client: it goes.)
 			if derr := h.o.Engine.Delete(ctx, c.ID); derr != nil {
