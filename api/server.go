@@ -33,6 +33,7 @@ import (
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/monitor"
+	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -791,11 +792,16 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) error {
 func ignore(error) error { return nil }
 
 func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
-	var req sandbox.ExecRequest
+	var req struct {
+		sandbox.ExecRequest
+		KeepStdin bool   `json:"keep_stdin"`
+		Tag       string `json:"tag"`
+	}
 	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
-	p, err := s.eng.Processes().Start(r.Context(), r.PathValue("id"), req)
+	p, err := s.eng.Processes().StartWith(r.Context(), r.PathValue("id"), req.ExecRequest,
+		processes.StartOptions{KeepStdin: req.KeepStdin, Tag: req.Tag})
 	if err != nil {
 		return err
 	}

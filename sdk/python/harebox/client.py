@@ -566,7 +566,9 @@ class Client:
 
     @operation("startProcess")
     def start_process(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> t.Process:
-        """POST /v1/sandboxes/{id}/processes: starts a command in the background."""
+        """POST /v1/sandboxes/{id}/processes: starts a command in the
+        background; ``body["keep_stdin"]`` keeps its stdin open for
+        send_process_input, ``body["tag"]`` names it in lists."""
         return cast(t.Process, self._json("POST", _path("/v1/sandboxes/{}/processes", sandbox_id), body=body, timeout=timeout))
 
     @operation("listProcesses")

@@ -338,6 +338,11 @@ class Process(TypedDict):
     pid: NotRequired[int]
     running: bool
     started_at: str
+    tag: NotRequired[str]
+    env: NotRequired[dict[str, str]]
+    cwd: NotRequired[str]
+    user: NotRequired[str]
+    pty: NotRequired[bool]
     result: NotRequired[ExecResult]
 
 

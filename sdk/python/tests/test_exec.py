@@ -88,6 +88,13 @@ def test_background_process_kill(hb: harebox.Client, box: harebox.Sandbox) -> No
     with pytest.raises(harebox.HareBoxError) as e:
         hb.send_process_input(box.id, proc["id"])
     assert e.value.status == 400
+    # Kept open: input, then its end.
+    reader = hb.start_process(box.id, body={"argv": ["cat"], "keep_stdin": True, "tag": "reader"})
+    assert reader["tag"] == "reader"
+    hb.send_process_input(box.id, reader["id"], stdin="ping\n")
+    hb.send_process_input(box.id, reader["id"], eof=True)
+    read = hb.get_process(box.id, reader["id"], query={"wait": True, "timeout_seconds": 30})
+    assert read["result"]["stdout"] == "ping\n"
     assert hb.kill_process(box.id, proc["id"], body={"signal": 15}) is None
     ended = hb.get_process(box.id, proc["id"], query={"wait": True, "timeout_seconds": 30})
     assert ended["running"] is False and ended["result"].get("signal") == 15

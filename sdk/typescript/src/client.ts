@@ -54,6 +54,7 @@ import type {
   KeyWithSecret,
   KillRequest,
   ProcessInput,
+  StartProcessRequest,
   ListSandboxesQuery,
   MetricSampleList,
   MetricsQuery,
@@ -662,8 +663,8 @@ export class HareBox {
     if (!ended) throw new HareBoxError(0, "network", "execStream: the stream ended before the exit event");
   }
 
-  /** Starts a command in the background. */
-  async startProcess(id: string, options: CallOptions<never, ExecRequest>): Promise<Process> {
+  /** Starts a command in the background (keep_stdin: its stdin stays open for sendProcessInput). */
+  async startProcess(id: string, options: CallOptions<never, StartProcessRequest>): Promise<Process> {
     return this.#call("startProcess", [id], "json", {
       json: execBody(options?.body ?? {}),
       signal: options?.signal,

@@ -100,6 +100,7 @@ export type {
   MetricSampleList,
   KillRequest,
   ProcessInput,
+  StartProcessRequest,
   ListSandboxesQuery,
   SnapshotsQuery,
   AccountQuery,

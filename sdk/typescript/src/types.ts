@@ -339,6 +339,14 @@ export interface ExecRequest {
   stdin?: string | Uint8Array;
 }
 
+/** The body of startProcess: an ExecRequest, and how it starts. */
+export interface StartProcessRequest extends ExecRequest {
+  /** Keeps its stdin open after `stdin`, for sendProcessInput. */
+  keep_stdin?: boolean;
+  /** A name it is listed with (at most 256 bytes). */
+  tag?: string;
+}
+
 /** A finished command. */
 export interface ExecResult {
   exit_code: number;
@@ -365,6 +373,14 @@ export interface Process {
   running: boolean;
   /** RFC 3339 date-time. */
   started_at: string;
+  /** The tag it was started with. */
+  tag?: string;
+  /** The environment its start gave (not the sandbox's). */
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: string;
+  /** It runs on a terminal. */
+  pty?: boolean;
   /** Set once the process has exited. */
   result?: ExecResult;
 }

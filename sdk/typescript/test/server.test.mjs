@@ -259,6 +259,13 @@ describe("hareboxd", { skip }, () => {
     // Its stdin was not kept open (E2B's process service keeps it): input is refused.
     await rejectsWith(hb.sendProcessInput(box.id, long.id, { body: { stdin: "x" } }), { status: 409 });
     await rejectsWith(hb.sendProcessInput(box.id, long.id, { body: {} }), { status: 400 });
+    // Kept open: input, then its end.
+    const reader = await hb.startProcess(box.id, { body: { argv: ["cat"], keep_stdin: true, tag: "reader" } });
+    assert.equal(reader.tag, "reader");
+    await hb.sendProcessInput(box.id, reader.id, { body: { stdin: "ping\n" } });
+    await hb.sendProcessInput(box.id, reader.id, { body: { eof: true } });
+    const read = await hb.getProcess(box.id, reader.id, { query: { wait: true, timeout_seconds: 30 } });
+    assert.equal(read.result?.stdout, "ping\n");
     await hb.killProcess(box.id, long.id, { body: { signal: 15 } });
     const killed = await hb.getProcess(box.id, long.id, { query: { wait: true, timeout_seconds: 30 } });
     assert.equal(killed.running, false);
