@@ -37,22 +37,22 @@ type NetworkConfig struct {
 	AllowInternetAccess *bool `json:"allow_internet_access,omitempty"`
 }
 
-// policy is the host firewall for an E2B network configuration (nil:
-// nothing asked, the engine's default); allowInternet is
-// allow_internet_access.
-func policy(raw json.RawMessage, allowInternet *bool) (*firewall.Policy, error) {
-	var n NetworkConfig
-	if set(raw) {
-		if err := json.Unmarshal(raw, &n); err != nil {
-			return nil, badRequest("network: %v", err)
-		}
+// policy is the host firewall for a create's network configuration (n
+// may be nil; nil: nothing asked, the engine's default); allowInternet is
+// the create's allow_internet_access.
+func policy(n *NetworkConfig, allowInternet *bool) (*firewall.Policy, error) {
+	var c NetworkConfig
+	if n != nil {
+		c = *n
 	}
 	if allowInternet != nil {
-		n.AllowInternetAccess = allowInternet
+		c.AllowInternetAccess = allowInternet
 	}
-	return n.policy()
+	return c.policy()
 }
 
+// policy is the host firewall the configuration asks for (nil: nothing
+// asked).
 func (n *NetworkConfig) policy() (*firewall.Policy, error) {
 	switch {
 	case set(n.Rules):
@@ -101,11 +101,11 @@ func (n *NetworkConfig) policy() (*firewall.Policy, error) {
 	return p, nil
 }
 
-// private reports whether a create's network asks for its ports to be
-// reached with its traffic token only (allowPublicTraffic false).
-func private(raw json.RawMessage) bool {
-	var n NetworkConfig
-	return set(raw) && json.Unmarshal(raw, &n) == nil && n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic
+// private reports whether a create's network (n may be nil) asks for
+// its ports to be reached with its traffic token only
+// (allowPublicTraffic false).
+func (n *NetworkConfig) private() bool {
+	return n != nil && n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic
 }
 
 // cidr is e as a CIDR block, if it is one or a bare address.

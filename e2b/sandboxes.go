@@ -48,7 +48,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	tok, err := h.tokens.issue(ctx, box.ID)
-	if err == nil && private(body.Network) {
+	if err == nil && body.Network.private() {
 		_, err = h.traffic.issue(ctx, box.ID)
 	}
 	if err != nil {

@@ -18,7 +18,7 @@ type NewSandbox struct {
 	AutoResume          *AutoResumeConfig `json:"autoResume,omitempty"`
 	Secure              *bool             `json:"secure,omitempty"`
 	AllowInternetAccess *bool             `json:"allow_internet_access,omitempty"`
-	Network             json.RawMessage   `json:"network,omitempty"`
+	Network             *NetworkConfig    `json:"network,omitempty"`
 	Metadata            map[string]string `json:"metadata,omitempty"`
 	EnvVars             map[string]string `json:"envVars,omitempty"`
 	Mcp                 json.RawMessage   `json:"mcp,omitempty"`
