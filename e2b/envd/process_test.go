@@ -38,23 +38,15 @@ type events struct {
 	err error // once ch is closed
 }
 
-func startEvents(s *connect.ServerStreamForClient[process.StartResponse]) *events {
+// eventsOf reads a Start or Connect stream's events as they come.
+func eventsOf[T any, PT interface {
+	*T
+	GetEvent() *process.ProcessEvent
+}](s *connect.ServerStreamForClient[T]) *events {
 	e := &events{ch: make(chan *process.ProcessEvent, 64)}
 	go func() {
 		for s.Receive() {
-			e.ch <- s.Msg().GetEvent()
-		}
-		e.err = s.Err()
-		close(e.ch)
-	}()
-	return e
-}
-
-func connectEvents(s *connect.ServerStreamForClient[process.ConnectResponse]) *events {
-	e := &events{ch: make(chan *process.ProcessEvent, 64)}
-	go func() {
-		for s.Receive() {
-			e.ch <- s.Msg().GetEvent()
+			e.ch <- PT(s.Msg()).GetEvent()
 		}
 		e.err = s.Err()
 		close(e.ch)
@@ -147,7 +139,7 @@ func TestProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return startEvents(s)
+		return eventsOf(s)
 	}
 	cfg := func(cmd string, args ...string) *process.ProcessConfig {
 		return &process.ProcessConfig{Cmd: cmd, Args: args}
@@ -211,7 +203,7 @@ func TestProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	attached := connectEvents(cs)
+	attached := eventsOf(cs)
 	if got := attached.pid(t); got != pid {
 		t.Fatalf("connect by tag: pid %d, want %d", got, pid)
 	}
@@ -239,7 +231,7 @@ func TestProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	late := connectEvents(cs)
+	late := eventsOf(cs)
 	late.pid(t)
 	if out, _, _, end, err := late.rest(t); err != nil || out != "" || end.GetExitCode() != 0 {
 		t.Fatalf("connect to an ended process: %q %v %v", out, end, err)
@@ -364,7 +356,7 @@ func TestProcess(t *testing.T) {
 	}
 	cs, err = jsonc.Connect(ctx, connect.NewRequest(&process.ConnectRequest{Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Tag{Tag: "nosuch"}}}))
 	if err == nil {
-		_, _, _, _, err = connectEvents(cs).rest(t)
+		_, _, _, _, err = eventsOf(cs).rest(t)
 	}
 	if code(err) != connect.CodeNotFound {
 		t.Fatalf("connect to no tag: %v", err)
@@ -386,7 +378,7 @@ func TestProcess(t *testing.T) {
 	} {
 		s, err := jsonc.Start(ctx, connect.NewRequest(m))
 		if err == nil {
-			_, _, _, _, err = startEvents(s).rest(t)
+			_, _, _, _, err = eventsOf(s).rest(t)
 		}
 		if code(err) != connect.CodeInvalidArgument {
 			t.Fatalf("start of %s: %v", name, err)
@@ -397,7 +389,7 @@ func TestProcess(t *testing.T) {
 	req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("ghost:")))
 	s, err := jsonc.Start(ctx, req)
 	if err == nil {
-		_, _, _, _, err = startEvents(s).rest(t)
+		_, _, _, _, err = eventsOf(s).rest(t)
 	}
 	if code(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "could not start") {
 		t.Fatalf("start as an unknown user: %v", err)
@@ -423,7 +415,7 @@ func TestProcess(t *testing.T) {
 	}
 	s, err = bad.Start(ctx, connect.NewRequest(&process.StartRequest{Process: cfg("true")}))
 	if err == nil {
-		_, _, _, _, err = startEvents(s).rest(t)
+		_, _, _, _, err = eventsOf(s).rest(t)
 	}
 	if code(err) != connect.CodeUnauthenticated {
 		t.Fatalf("start with a wrong token: %v", err)
