@@ -26,7 +26,7 @@ build:
 	$(GO) build $(GOFLAGS_BUILD) -ldflags="-X main.version=$(VERSION)" -o $(BIN)/harebox ./cmd/harebox
 
 # Binaries, the guest agent, the systemd unit and a first config file
-# (PREFIX=/usr/local, DESTDIR= for a staging root); see the README's Deploy.
+# (PREFIX=/usr/local, DESTDIR= for a staging root); see docs/deploy.md.
 install: build
 	@./scripts/install.sh
 

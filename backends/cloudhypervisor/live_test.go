@@ -14,7 +14,7 @@ import (
 // TestLive runs the shared conformance suite against the real
 // cloud-hypervisor where it and hardware KVM are here; elsewhere it skips
 // with one line saying why. Cloud Hypervisor boots a PVH-capable vmlinux
-// (ELF), not a bzImage: point HAREBOX_TEST_KERNEL at one (see the README);
+// (ELF), not a bzImage: point HAREBOX_TEST_KERNEL at one (see docs/hypervisors.md);
 // the initramfs is the minimal image's.
 func TestLive(t *testing.T) {
 	if os.Getenv(stubEnv) != "" {

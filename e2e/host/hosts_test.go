@@ -48,7 +48,7 @@ func TestSeveralHosts(t *testing.T) {
 		}
 		if len(hosts) > 0 {
 			// The deployment's hosts share the root key, the master key and
-			// the audit signing key (README: Several hosts).
+			// the audit signing key (docs/several-hosts.md).
 			for _, f := range []string{"root.key", "master.key", "audit.key"} {
 				b, err := os.ReadFile(filepath.Join(hosts[0].dir, f))
 				if err != nil {
