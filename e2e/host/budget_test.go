@@ -117,7 +117,7 @@ func TestBudgetPausesVM(t *testing.T) {
 		testserver.NoLeftovers(t, dataDir)
 	}()
 	code, b := srv.Call(t, "POST", "/v1/budgets", srv.Key, map[string]any{
-		"scope": map[string]any{"kind": "label", "labels": map[string]string{"job": "metered"}}, "period": "monthly", "limit_usd": "40", "action": "pause",
+		"scope": map[string]any{"kind": "label", "labels": map[string]string{"job": "metered"}}, "period": "monthly", "limit_usd": "20", "action": "pause",
 	})
 	if code != 201 {
 		t.Fatalf("budget: %d %v", code, b)
