@@ -1003,6 +1003,14 @@ func TestEngineDefaultImage(t *testing.T) {
 			t.Logf("%s: %s", cmd, strings.TrimSpace(r.Stdout))
 		}
 	}
+	// A login shell (as E2B's SDK runs every command) gets each user's
+	// PATH from /etc/profile, which asks bash's EUID (the image's edit).
+	r = run(t, eng, box.ID, `bash -lc 'echo "$PATH"'; sudo bash -lc 'echo "$PATH"'`)
+	if paths := strings.Split(strings.TrimSpace(r.Stdout), "\n"); len(paths) != 2 ||
+		!strings.HasSuffix(paths[0], "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games") ||
+		!strings.HasSuffix(paths[1], "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin") {
+		t.Errorf("login shells' PATH (the user's, then root's): %q", r.Stdout)
+	}
 	// The root filesystem has the size's disk (small: 5 GB), not the image's.
 	r = run(t, eng, box.ID, "df -k --output=size / | tail -n 1")
 	var kb int64

@@ -107,6 +107,10 @@ func TestDefaultImage(t *testing.T) {
 	if s := debugfs("stat /home/user"); !strings.Contains(s, "User:  1000") {
 		t.Errorf("/home/user:\n%s", s)
 	}
+	// A login shell of bash asks $EUID, not id(1) (see profileUIDFast).
+	if s := debugfs("cat /etc/profile"); strings.Contains(s, `"$(id -u)"`) || !strings.Contains(s, `if [ "${EUID:-$(id -u)}" -eq 0 ]; then`) {
+		t.Errorf("/etc/profile:\n%s", s)
+	}
 	if s := debugfs("cat /etc/machine-id"); s != "" {
 		t.Errorf("machine-id not empty: %q", s)
 	}

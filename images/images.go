@@ -516,7 +516,7 @@ func inputHash(ctx context.Context, o *Options, kver, kernel string, mods []modu
 	field("builder", BuilderVersion)
 	// The files the builder writes into the root filesystem: a change to
 	// them is a new image without a version bump to forget.
-	field("rootfs", append([]string{agentUnit, fstab}, maskedUnits...)...)
+	field("rootfs", append([]string{agentUnit, fstab, profileUID, profileUIDFast}, maskedUnits...)...)
 	field("name", o.Name)
 	field("kernel_version", kver)
 	if err := file("kernel", kernel); err != nil {

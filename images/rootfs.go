@@ -50,6 +50,13 @@ const fstab = `# HareBox: / is mounted by the harebox agent in the initramfs (ha
 /dev/vda	/	ext4	rw,relatime,errors=remount-ro	0	0
 `
 
+// profileUID is how Debian's /etc/profile asks whether the shell is
+// root's, and profileUIDFast how the image asks it: a login shell
+// (bash -l, which E2B's SDK runs every command under) then forks no id(1),
+// about 60 ms a shell under software emulation. bash sets EUID; dash and
+// other shells do not, and ask id as before.
+const profileUID, profileUIDFast = `"$(id -u)"`, `"${EUID:-$(id -u)}"`
+
 // masked units: gettys (the host talks to the agent, not a login prompt;
 // the serial console is only a log) and timers that would compete with the
 // tenant's work for the CPU right after boot.
@@ -214,6 +221,16 @@ func configureRoot(ctx context.Context, lg *logger, o *Options, root string) err
 			return write("etc/resolv.conf", "# written by the harebox agent at network setup\n", 0o644)
 		},
 		func() error { return write("etc/fstab", fstab, 0o644) },
+		func() error {
+			b, err := os.ReadFile(p("etc/profile"))
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(string(b), profileUID) {
+				return fmt.Errorf("etc/profile no longer asks %s: update the image builder", profileUID)
+			}
+			return write("etc/profile", strings.ReplaceAll(string(b), profileUID, profileUIDFast), 0o644)
+		},
 		func() error { return write("etc/apt/sources.list", sourcesList(o), 0o644) },
 	}
 	for _, s := range steps {
