@@ -32,8 +32,12 @@ import (
 // golden and pool files, has no key of theirs, and re-adopts a sandbox
 // claimed from the pool before the kill (its VMM names the golden
 // snapshot's disk, and lives on). After a clean Close nothing runs.
+//
+// It runs beside the other parallel tests, and its cases two at a time:
+// each waits on its own child's VMs most of its time.
 func TestCrashGoldenPool(t *testing.T) {
 	needQEMU(t)
+	t.Parallel()
 	cases := []struct {
 		step string
 		nth  int // which time the step is reached (0: the first)
@@ -61,6 +65,7 @@ func TestCrashGoldenPool(t *testing.T) {
 			name += "-after-a-claim"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			began := time.Now()
 			var (
 				v            *env

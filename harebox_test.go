@@ -951,6 +951,9 @@ func TestEngineDefaultImage(t *testing.T) {
 	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
 		t.Skip("default image: set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does) to build it with debootstrap and boot it")
 	}
+	// Beside TestCrashGoldenPool: its guest's work and the other's waits
+	// share the cores.
+	t.Parallel()
 	v := newEnv(t)
 	def := testimage.Image(t, "default")
 	baseBefore, err := os.Stat(def.RootDisk)
