@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/internal/docslink"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -154,10 +155,25 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "harebox %s: %s (usage: harebox %s %s)\n", name, ue.msg, name, usage)
 		return 2
 	case err != nil:
-		fmt.Fprintf(stderr, "harebox %s: %s\n", name, oneLine(err.Error()))
+		fmt.Fprintf(stderr, "harebox %s: %s%s\n", name, oneLine(err.Error()), hint(err))
 		return 1
 	}
 	return code
+}
+
+// hint points an error at the docs page that answers what it leaves
+// open, if one does: what a key is and may do, how an image is built.
+func hint(err error) string {
+	var ae *apiclient.Error
+	switch {
+	case errors.Is(err, sandbox.ErrUnauthenticated):
+		return docslink.See(docslink.Keys)
+	case errors.Is(err, sandbox.ErrForbidden):
+		return docslink.See(docslink.ScopedKeys)
+	case errors.As(err, &ae) && ae.Field == "image" && errors.Is(err, sandbox.ErrInvalid):
+		return docslink.See(docslink.Images)
+	}
+	return ""
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -17,6 +17,7 @@ import (
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/e2b"
 	"github.com/harebox/harebox/e2b/envd"
+	"github.com/harebox/harebox/internal/docslink"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/servertls"
 )
@@ -51,7 +52,7 @@ func checkE2B(addr, domain, certFile, keyFile string, selfSigned bool, templates
 	}
 	s.tlsOn = certFile != "" || selfSigned
 	if ip := net.ParseIP(host); !s.tlsOn && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return nil, fmt.Errorf("--e2b-listen %q: plain HTTP only on loopback (envd's access tokens travel on it); for other addresses give --e2b-tls-cert and --e2b-tls-key, or --e2b-tls-self-signed", addr)
+		return nil, fmt.Errorf("--e2b-listen %q: plain HTTP only on loopback (envd's access tokens travel on it); for other addresses give --e2b-tls-cert and --e2b-tls-key, or --e2b-tls-self-signed%s", addr, docslink.See(docslink.E2B))
 	}
 	if selfSigned && domain == "" {
 		return nil, errors.New("--e2b-tls-self-signed makes a certificate for *.DOMAIN: give --e2b-domain")

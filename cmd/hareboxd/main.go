@@ -35,6 +35,7 @@ import (
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/internal/docslink"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/network/linuxnet"
 	"github.com/harebox/harebox/sandbox"
@@ -659,7 +660,7 @@ func checkListen(addr string, tls bool) error {
 		return fmt.Errorf("--listen %q: %w", addr, err)
 	}
 	if ip := net.ParseIP(host); !tls && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("--listen %q: plain HTTP only on loopback or unix:PATH; for other addresses give --tls-cert and --tls-key, or --tls-self-signed", addr)
+		return fmt.Errorf("--listen %q: plain HTTP only on loopback or unix:PATH; for other addresses give --tls-cert and --tls-key, or --tls-self-signed%s", addr, docslink.See(docslink.TLS))
 	}
 	return nil
 }

@@ -154,7 +154,7 @@ func TestConfigCheck(t *testing.T) {
 		t.Error("config check made the data directory")
 	}
 	for body, want := range map[string]string{
-		"listen: 0.0.0.0:7443\n":                        "plain HTTP only on loopback",
+		"listen: 0.0.0.0:7443\n":                        "plain HTTP only on loopback or unix:PATH; for other addresses give --tls-cert and --tls-key, or --tls-self-signed (see https://github.com/harebox/harebox/blob/main/docs/deploy.md#tls)",
 		"network: bridge\n":                             `--network "bridge"`,
 		"metrics-interval: 100ms\n":                     "--metrics-interval 100ms: at least 1s",
 		"tls-cert: /nonexistent.pem\ntls-key: /k.pem\n": "--tls-cert/--tls-key",
