@@ -102,6 +102,7 @@ func TestCLIBudget(t *testing.T) {
 // the sandbox it covers for real; resuming it is refused with 402 until
 // the budget goes, and then it runs again.
 func TestBudgetPausesVM(t *testing.T) {
+	t.Parallel() // (it waits on the meter most of its time)
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbv")
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 // client killed with -9 while following changes nothing; the output is
 // still there to read from the start afterwards.
 func TestProcessOutlivesServer(t *testing.T) {
+	t.Parallel() // (it waits on its process most of its time)
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbpo")
 	if err != nil {
