@@ -34,13 +34,9 @@ func BenchmarkE2BSDK(b *testing.B) {
 		b.Fatalf("a key: %d %v", st, key)
 	}
 	dir := filepath.Join(s.Root, "e2e", "e2bsdk")
-	if !testserver.FileExists(filepath.Join(dir, "node_modules")) {
-		testserver.Run(b, srv, s, dir, 5*time.Minute, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
-	}
+	testserver.NPMInstalled(b, srv, s, dir)
 	sdk := filepath.Join(s.Root, "sdk", "typescript")
-	if !testserver.FileExists(filepath.Join(sdk, "node_modules")) {
-		testserver.Run(b, srv, s, sdk, 5*time.Minute, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
-	}
+	testserver.NPMInstalled(b, srv, s, sdk)
 	testserver.Run(b, srv, s, sdk, 5*time.Minute, "npm", "run", "build", "--silent")
 	// A first create of each boots the golden snapshot: not measured.
 	testserver.Run(b, srv, s, dir, 10*time.Minute, "env", "BENCH_N=1", "BENCH_TRIPS=1",

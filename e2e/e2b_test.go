@@ -29,9 +29,7 @@ func e2bSDK(t *testing.T, s testserver.Setup, srv *testserver.Server, addr strin
 		t.Fatalf("a scoped key: %d %v", st, scoped)
 	}
 	dir := filepath.Join(s.Root, "e2e", "e2bsdk")
-	if !testserver.FileExists(filepath.Join(dir, "node_modules")) {
-		testserver.Run(t, srv, s, dir, 5*time.Minute, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
-	}
+	testserver.NPMInstalled(t, srv, s, dir)
 	// The newest runs the whole suite; 2.50 (which creates and connects
 	// on E2B's v1 paths, and is otherwise the same client of envd) the
 	// tests of the control plane, and of files to see its sandboxes work.

@@ -104,9 +104,7 @@ func TestWalkthrough(t *testing.T) {
 	})
 	t.Run("TypeScript", func(t *testing.T) {
 		dir := filepath.Join(s.Root, "sdk", "typescript")
-		if !testserver.FileExists(filepath.Join(dir, "node_modules")) {
-			testserver.Run(t, srv, s, dir, 5*time.Minute, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
-		}
+		testserver.NPMInstalled(t, srv, s, dir)
 		// The package as users get it: packed, installed into a fresh
 		// project (offline: make deps put undici in npm's cache), and the
 		// walkthrough run from there, importing "harebox".

@@ -334,6 +334,15 @@ func NoLeftovers(t testing.TB, dataDir string) {
 	}
 }
 
+// NPMInstalled installs the npm package in dir's dependencies (npm ci)
+// unless its node_modules is there already.
+func NPMInstalled(t testing.TB, srv *Server, s Setup, dir string) {
+	t.Helper()
+	if !FileExists(filepath.Join(dir, "node_modules")) {
+		Run(t, srv, s, dir, 5*time.Minute, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+	}
+}
+
 func FileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
