@@ -1014,6 +1014,17 @@ func TestEngineDefaultImage(t *testing.T) {
 		!strings.HasSuffix(paths[1], "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin") {
 		t.Errorf("login shells' PATH (the user's, then root's): %q", r.Stdout)
 	}
+	// Under TCG the guest's processes load at fixed addresses (the QEMU
+	// backend's norandmaps), so TCG reuses their translated code; under
+	// KVM they keep full randomization.
+	caps, err := eng.Capabilities(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantASLR := map[string]string{"tcg": "0\n", "kvm": "2\n"}[caps.Accelerator]
+	if r := run(t, eng, box.ID, "cat /proc/sys/kernel/randomize_va_space"); r.Stdout != wantASLR {
+		t.Errorf("randomize_va_space under %s: %q, want %q", caps.Accelerator, r.Stdout, wantASLR)
+	}
 	// The root filesystem has the size's disk (small: 5 GB), not the image's.
 	r = run(t, eng, box.ID, "df -k --output=size / | tail -n 1")
 	var kb int64

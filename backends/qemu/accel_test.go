@@ -48,10 +48,19 @@ func TestTSCHint(t *testing.T) {
 	if khz < 100_000 || khz > 10_000_000 {
 		t.Fatalf("measured TSC %d kHz: implausible", khz)
 	}
-	if got := cmdline("console=ttyS0", AccelTCG); got != "console=ttyS0 tsc_early_khz="+strconv.FormatInt(khz, 10) {
-		t.Fatalf("tcg cmdline %q", got)
-	}
-	if got := cmdline("console=ttyS0", AccelKVM); got != "console=ttyS0" {
-		t.Fatalf("kvm cmdline %q", got)
+	tsc := "tsc_early_khz=" + strconv.FormatInt(khz, 10)
+	for _, c := range []struct {
+		base, accel string
+		aslr        bool
+		want        string
+	}{
+		{"console=ttyS0", AccelTCG, false, "console=ttyS0 " + tsc + " norandmaps"},
+		{"console=ttyS0", AccelTCG, true, "console=ttyS0 " + tsc},
+		{"console=ttyS0 tsc_early_khz=1 norandmaps", AccelTCG, false, "console=ttyS0 tsc_early_khz=1 norandmaps"},
+		{"console=ttyS0", AccelKVM, false, "console=ttyS0"},
+	} {
+		if got := cmdline(c.base, c.accel, c.aslr); got != c.want {
+			t.Errorf("cmdline(%q, %s, aslr %v) = %q, want %q", c.base, c.accel, c.aslr, got, c.want)
+		}
 	}
 }

@@ -96,6 +96,7 @@ func run(args []string, instead func(settings) error) error {
 		listen       = fs.String("listen", "127.0.0.1:7070", "address: host:port (loopback) or unix:PATH")
 		backend      = fs.String("hypervisor", "qemu", "hypervisor backend plugin: qemu or cloud-hypervisor")
 		pluginPath   = fs.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
+		guestASLR    = fs.Bool("tcg-guest-aslr", false, "qemu under software emulation (TCG): keep address-space randomization in guests, which makes every process start in them 3 to 4 times slower (off by default there; guests under KVM always keep it)")
 		imageDir     = fs.String("image-dir", "", "built images (default DATA_DIR/images)")
 		agentPath    = fs.String("agent", "", "the static harebox-agent binary POST /v1/images builds images with (default: beside hareboxd, or PREFIX/lib/harebox)")
 		site         = fs.String("site", "local", "the site this host is in, e.g. fr-par-1")
@@ -302,9 +303,13 @@ func run(args []string, instead func(settings) error) error {
 	} else {
 		log.Info("audit checkpoints also kept outside the database", "anchor", anchor.String())
 	}
+	var pluginArgs []string
+	if *guestASLR && *backend == "qemu" {
+		pluginArgs = append(pluginArgs, "--tcg-guest-aslr")
+	}
 	eng, err := harebox.New(ctx, harebox.Options{
-		DefaultFirewall: fw,
-		DataDir:         *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
+		DefaultFirewall: fw, PluginArgs: pluginArgs,
+		DataDir: *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
