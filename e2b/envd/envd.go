@@ -54,7 +54,16 @@ type Options struct {
 	Processes Processes
 	// Now is the clock signed URLs expire by (default time.Now).
 	Now func() time.Time
+	// StallTimeout ends a request whose caller takes none of what is
+	// written to it, or sends none of its body, for this long (default
+	// DefaultStallTimeout): a stream or a download left unread holds
+	// nothing on the host past it. A process such a stream followed runs
+	// on.
+	StallTimeout time.Duration
 }
+
+// DefaultStallTimeout is Options.StallTimeout's default.
+const DefaultStallTimeout = time.Minute
 
 // Server serves envd's endpoints for a sandbox.
 type Server struct {
@@ -66,6 +75,9 @@ type Server struct {
 func New(opts Options) *Server {
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.StallTimeout <= 0 {
+		opts.StallTimeout = DefaultStallTimeout
 	}
 	s := &Server{opts: opts, mux: http.NewServeMux()}
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
@@ -98,8 +110,58 @@ func (s *Server) Handler(id string) http.Handler {
 		}
 		ctx := context.WithValue(r.Context(), sandboxKey{}, id)
 		ctx = context.WithValue(ctx, principalOfSbxKey{}, p)
-		s.mux.ServeHTTP(w, r.WithContext(ctx))
+		r = r.WithContext(ctx)
+		sw := &stallWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.opts.StallTimeout}
+		r.Body = &stallReader{ReadCloser: r.Body, rc: sw.rc, d: sw.d}
+		s.mux.ServeHTTP(sw, r)
 	})
+}
+
+// stallWriter gives each write and flush of an answer StallTimeout to
+// reach the caller: one that does not read fails the handler's next
+// write, which ends the request and closes its connection. (The deadline
+// is lifted after each that succeeds: a stream quiet between keepalives
+// is not stalled.)
+type stallWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (w *stallWriter) Write(b []byte) (int, error) {
+	w.rc.SetWriteDeadline(time.Now().Add(w.d))
+	n, err := w.ResponseWriter.Write(b)
+	if err == nil {
+		w.rc.SetWriteDeadline(time.Time{})
+	}
+	return n, err
+}
+
+func (w *stallWriter) Flush() {
+	w.rc.SetWriteDeadline(time.Now().Add(w.d))
+	if w.rc.Flush() == nil {
+		w.rc.SetWriteDeadline(time.Time{})
+	}
+}
+
+func (w *stallWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// stallReader gives each read of a request's body StallTimeout. (A
+// deadline that passed stays: the server's own read of what is left of
+// the body, after the handler, must fail too.)
+type stallReader struct {
+	io.ReadCloser
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (r *stallReader) Read(b []byte) (int, error) {
+	r.rc.SetReadDeadline(time.Now().Add(r.d))
+	n, err := r.ReadCloser.Read(b)
+	if err == nil || err == io.EOF {
+		r.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }
 
 // sandboxOf is the sandbox a request is for (Handler's id).

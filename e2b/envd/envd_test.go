@@ -10,6 +10,7 @@ import (
 	"errors"
 	"io"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -18,8 +19,16 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/e2b/envd"
+	"github.com/harebox/harebox/e2b/envdpb/process"
+	"github.com/harebox/harebox/e2b/envdpb/process/processconnect"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/sandbox"
 )
 
 // access is the sandbox's token and acts as a key that sees only it.
@@ -173,5 +182,79 @@ func TestFiles(t *testing.T) {
 	}
 	if st, _, b := do("GET", "path=/tmp/z", map[string]string{"X-Access-Token": "tok", "Accept-Encoding": "br, identity;q=0"}, nil); st != 406 || !errBody(b, 406) {
 		t.Errorf("no acceptable encoding: %d %s", st, b)
+	}
+}
+
+// TestStalledCaller: a download its caller leaves unread, or an upload
+// whose body stops coming, ends at the stall timeout and closes its
+// connection, instead of holding the handler (and the guest's file) open.
+func TestStalledCaller(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	eng, err := harebox.New(ctx, harebox.Options{DataDir: dir, Hypervisor: hv,
+		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
+		Capacity: harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100}, MaxFileBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	sb, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Far more than the loopback's socket buffers hold.
+	const size = 32 << 20
+	if _, err := eng.WriteFile(ctx, sb.ID, "/tmp/big", bytes.NewReader(make([]byte, size)), sandbox.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := envd.New(envd.Options{Files: eng, Access: scoped{access{id: sb.ID, token: "tok", account: sb.AccountID}, append([]string{"readFile", "statFile", "writeFile"}, processActions...)},
+		Processes: eng.Processes(), StallTimeout: 300 * time.Millisecond})
+	srv := httptest.NewServer(s.Handler(sb.ID))
+	t.Cleanup(srv.Close)
+
+	// ended sends req on a connection of its own, waits past the stall
+	// timeout without reading, then reads what came: the connection must
+	// have been closed by the server.
+	ended := func(what, req string) int64 {
+		t.Helper()
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		n, err := io.Copy(io.Discard, c)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("%s: the connection is still open after the stall timeout (%d bytes came)", what, n)
+		}
+		return n
+	}
+	if n := ended("an unread download", "GET /files?path=/tmp/big HTTP/1.1\r\nHost: x\r\nX-Access-Token: tok\r\n\r\n"); n >= size {
+		t.Errorf("an unread download: all of its %d bytes came", n)
+	}
+	ended("a stalled upload", "POST /files?path=/tmp/up HTTP/1.1\r\nHost: x\r\nX-Access-Token: tok\r\nContent-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\nonly this")
+	if _, err := eng.StatFile(ctx, sb.ID, "/tmp/up"); err == nil {
+		t.Error("a stalled upload left a file")
+	}
+
+	// A stream read as it comes and quiet for longer than the stall
+	// timeout (a process that sleeps) is not stalled: it ends with the
+	// process.
+	c := processconnect.NewProcessClient(http.DefaultClient, srv.URL, connect.WithInterceptors(headerInterceptor{"X-Access-Token", "tok"}))
+	st, err := c.Start(ctx, connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "sleep", Args: []string{"1"}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := eventsOf(st)
+	ev.pid(t)
+	if _, _, _, end, err := ev.rest(t); err != nil || end == nil || end.ExitCode != 0 {
+		t.Errorf("a quiet stream: %v %v", end, err)
 	}
 }
