@@ -5,7 +5,9 @@ package network
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/harebox/harebox/firewall"
 )
@@ -82,4 +84,34 @@ type Ingress interface {
 	// ClosePorts closes ports to the ingress again; connections already
 	// made are the ingress's to close.
 	ClosePorts(ctx context.Context, sandboxID string, ports ...uint16) error
+}
+
+// Mesher is what a Network that puts sandboxes on their project's private
+// mesh also does. The mesh's addresses and rules are the host's: the
+// guest only gets its address and a route.
+type Mesher interface {
+	// SetMesh puts attached sandbox sandboxID on its project's mesh at m
+	// (nil takes it off) and returns its attachment as its guest must now
+	// see it (Cmdline names the mesh address).
+	SetMesh(ctx context.Context, sandboxID string, m *Mesh) (*Attachment, error)
+	// SetMeshNames gives the host resolver the mesh's names: a mesh
+	// sandbox's query for a name under .internal is answered with
+	// lookup(the asking sandbox's ID, the name), and never upstream.
+	SetMeshNames(lookup func(ctx context.Context, sandboxID, name string) (netip.Addr, bool))
+}
+
+// Mesh is a sandbox's place on its project's mesh: its own address, and
+// its project's range, the only addresses it reaches and is reached from
+// there.
+type Mesh struct {
+	Addr    netip.Addr   `json:"addr"`
+	Project netip.Prefix `json:"project"`
+}
+
+// Validate checks that m is an IPv4 address within an IPv4 range.
+func (m *Mesh) Validate() error {
+	if !m.Addr.Is4() || !m.Project.Addr().Is4() || !m.Project.Contains(m.Addr) || m.Project.Masked() != m.Project {
+		return fmt.Errorf("network: mesh address %s in %s: want an IPv4 address within an IPv4 range", m.Addr, m.Project)
+	}
+	return nil
 }

@@ -24,6 +24,9 @@ type NetworkConfig struct {
 	Gateway netip.Addr
 	DNS     netip.Addr
 	MAC     net.HardwareAddr // optional: which interface
+	// Mesh, if valid, is the guest's address on its project's mesh with
+	// the project's range (e.g. 10.240.4.5/22), reached through Gateway.
+	Mesh netip.Prefix
 }
 
 // ParseNetworkConfig reads the network parameters from a kernel command
@@ -58,6 +61,11 @@ func ParseNetworkConfig(cmdline string) (*NetworkConfig, error) {
 	if m := params[layout.ParamMAC]; m != "" {
 		if c.MAC, err = net.ParseMAC(m); err != nil {
 			return nil, fmt.Errorf("%s=%q: %v", layout.ParamMAC, m, err)
+		}
+	}
+	if m := params[layout.ParamMesh]; m != "" {
+		if c.Mesh, err = netip.ParsePrefix(m); err != nil || !c.Mesh.Addr().Is4() || c.Mesh.Bits() < 8 || c.Mesh.Overlaps(c.Addr) {
+			return nil, fmt.Errorf("%s=%q: not an IPv4 address/prefix apart from %s", layout.ParamMesh, m, c.Addr)
 		}
 	}
 	return &c, nil
@@ -115,6 +123,20 @@ func SetupNetwork(ctx context.Context, cfg *NetworkConfig, root string) error {
 	if err := netlink.RouteReplace(route); err != nil {
 		return fmt.Errorf("default route via %s: %w", cfg.Gateway, err)
 	}
+	if m := cfg.Mesh; m.IsValid() {
+		// The mesh address alone (/32), and its project's range through
+		// the gateway, from that address.
+		mesh := &netlink.Addr{IPNet: &net.IPNet{IP: m.Addr().AsSlice(), Mask: net.CIDRMask(32, 32)}}
+		if err := netlink.AddrReplace(link, mesh); err != nil {
+			return fmt.Errorf("mesh address on %s: %w", name, err)
+		}
+		p := m.Masked()
+		r := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: cfg.Gateway.AsSlice(), Src: m.Addr().AsSlice(),
+			Dst: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}}
+		if err := netlink.RouteReplace(r); err != nil {
+			return fmt.Errorf("mesh route to %s via %s: %w", p, cfg.Gateway, err)
+		}
+	}
 	if cfg.DNS.IsValid() {
 		path := filepath.Join(root, "etc/resolv.conf")
 		// Replace a symlink (systemd-resolved's stub) with a plain file.
@@ -131,8 +153,8 @@ func SetupNetwork(ctx context.Context, cfg *NetworkConfig, root string) error {
 }
 
 // MoveNetwork moves the guest's interface from the network it has (its
-// source's, in a clone) to cfg: the new MAC, only the new address, the new
-// default route and resolver.
+// source's, in a clone) to cfg: the new MAC, only the new addresses (its
+// source's mesh address goes too), the new routes and resolver.
 func MoveNetwork(ctx context.Context, cfg *NetworkConfig, root string) error {
 	link, err := findLink(nil)
 	if err != nil {
@@ -148,7 +170,7 @@ func MoveNetwork(ctx context.Context, cfg *NetworkConfig, root string) error {
 		return err
 	}
 	for _, a := range addrs {
-		if a.IP.Equal(cfg.Addr.Addr().AsSlice()) {
+		if a.IP.Equal(cfg.Addr.Addr().AsSlice()) || (cfg.Mesh.IsValid() && a.IP.Equal(cfg.Mesh.Addr().AsSlice())) {
 			continue
 		}
 		// (The old address's routes go with it.)

@@ -53,6 +53,10 @@ const (
 	ParamGateway = "harebox.gw"  // the default route
 	ParamDNS     = "harebox.dns" // the only nameserver (the host resolver)
 	ParamMAC     = "harebox.mac" // optional: which interface to configure
+	// ParamMesh is the guest's address on its project's mesh, with its
+	// project's range (harebox.mesh=10.240.4.5/22): the agent adds the
+	// address and a route to the range through the gateway.
+	ParamMesh = "harebox.mesh"
 
 	// DefaultUser is the unprivileged account commands run as by default.
 	DefaultUser = "user"

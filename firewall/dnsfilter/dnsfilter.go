@@ -112,6 +112,11 @@ type Resolver struct {
 	// Internal answers firewall.APIHost for a sandbox whose policy names
 	// it: the address the sandbox reaches it at. Nil: never answered.
 	Internal func(src netip.Addr) (netip.Addr, bool)
+	// Mesh answers the names of a sandbox's project's mesh
+	// (NAME.PROJECT.internal) for the sandbox at src: the address, or
+	// false for a name it may not see (or a sandbox on no mesh). Names
+	// under .internal never go upstream. Nil: none answered.
+	Mesh func(src netip.Addr, name string) (netip.Addr, bool)
 
 	udp, tcp *dns.Server
 
@@ -188,6 +193,9 @@ func (r *Resolver) answer(remote net.Addr, req *dns.Msg) *dns.Msg {
 	if name == firewall.APIHost {
 		return r.internal(req, src, p)
 	}
+	if strings.HasSuffix(name, MeshDomain) {
+		return r.mesh(req, src, name)
+	}
 	if _, err := firewall.NormalizeHost(name); err != nil || strings.HasPrefix(name, "*.") || !p.Resolvable(name) {
 		r.log().Info("dns: name refused by policy", "src", src, "name", name)
 		resp.SetRcode(req, dns.RcodeNameError)
@@ -223,6 +231,36 @@ func (r *Resolver) answer(remote net.Addr, req *dns.Msg) *dns.Msg {
 			rr.Hdr.Name = strings.ToLower(rr.Hdr.Name)
 			resp.Answer = append(resp.Answer, rr)
 		}
+	}
+	return resp
+}
+
+// MeshDomain is the domain of mesh names (".internal", which ICANN keeps
+// for private use; firewall.APIHost is under it too).
+const MeshDomain = ".internal"
+
+// mesh answers a name under MeshDomain from the host, never upstream: an
+// A record (TTL 1 s: a deleted sandbox's name stops resolving at once)
+// when the asking sandbox may see it, else no such name.
+func (r *Resolver) mesh(req *dns.Msg, src netip.Addr, name string) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.RecursionAvailable = true
+	var addr netip.Addr
+	ok := false
+	if r.Mesh != nil {
+		addr, ok = r.Mesh(src, name)
+	}
+	if !ok {
+		resp.SetRcode(req, dns.RcodeNameError)
+		return resp
+	}
+	resp.SetReply(req)
+	resp.RecursionAvailable = true
+	if req.Question[0].Qtype == dns.TypeA {
+		resp.Answer = append(resp.Answer, &dns.A{
+			Hdr: dns.RR_Header{Name: dns.Fqdn(name), Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 1},
+			A:   addr.AsSlice(),
+		})
 	}
 	return resp
 }

@@ -4,17 +4,23 @@
 //
 // Layout of the table (family inet):
 //
-//	forward     filter/forward: iifname TAP jump o-TAP; oifname TAP jump i-TAP
+//	forward     filter/forward:    iifname TAP jump o-TAP
+//	forward-in  filter/forward+10: oifname TAP jump i-TAP (a base chain of
+//	            its own, so that a packet between two sandboxes passes
+//	            both the sender's o- and the receiver's i-chain: an accept
+//	            ends only its own base chain)
 //	input       filter/input:   iifname TAP jump h-TAP; then nothing else may
 //	            reach the resolver or proxy ports
 //	output      filter/output:  oifname TAP jump i-TAP
 //	prerouting  nat/dstnat:     iifname TAP jump p-TAP
 //	postrouting nat/srcnat:     pool -> elsewhere masquerade
 //	reject      TCP reset, else ICMP admin-prohibited
-//	o-TAP       the sandbox's outbound policy (forwarded traffic)
+//	o-TAP       the sandbox's outbound policy (forwarded traffic); its
+//	            mesh traffic: from its mesh address to its project's range
 //	h-TAP       what the sandbox may send to the host: DNS and the proxy
-//	i-TAP       inbound: replies only, and new TCP connections to the
-//	            sandbox's exposed ports from the host's ingress (its mark)
+//	i-TAP       inbound: replies only, new TCP connections to the
+//	            sandbox's exposed ports from the host's ingress (its mark),
+//	            and its project's mesh to its mesh address
 //	p-TAP       DNS to the gateway -> resolver; hostname-ruled TCP -> proxy
 //
 // Hostname rules never match in o-TAP (a packet carries no name): their
@@ -60,6 +66,16 @@ type Sandbox struct {
 	Blocked firewall.Blocked
 	// Exposed are the guest's TCP ports the host ingress may connect to.
 	Exposed []uint16
+	// Mesh, if set, is the sandbox's place on its project's mesh.
+	Mesh *Mesh
+}
+
+// Mesh is a sandbox's place on its project's private network: its own
+// address there, and its project's range, the only addresses it reaches
+// and is reached from over the mesh.
+type Mesh struct {
+	Addr    netip.Addr
+	Project netip.Prefix
 }
 
 // Table manages the HareBox table through one netlink connection.
@@ -143,7 +159,7 @@ func (t *Table) Check(taps []string) error {
 	}
 	jumps := map[string]int{}
 	b := t.baseChains()
-	for _, c := range []*nftables.Chain{b.forward, b.input, b.output, b.prerouting} {
+	for _, c := range b.jumping() {
 		rules, err := t.conn.GetRules(t.t, c)
 		if err != nil {
 			return fmt.Errorf("nft: table inet %s, chain %s: %w", t.cfg.Table, c.Name, err)
@@ -252,12 +268,17 @@ func (t *Table) Taps() ([]string, error) {
 }
 
 type baseChains struct {
-	forward, input, output, prerouting, postrouting, reject *nftables.Chain
+	forward, forwardIn, input, output, prerouting, postrouting, reject *nftables.Chain
+}
+
+// jumping are the base chains that jump to a sandbox's chains.
+func (b baseChains) jumping() []*nftables.Chain {
+	return []*nftables.Chain{b.forward, b.forwardIn, b.input, b.output, b.prerouting}
 }
 
 func (t *Table) baseChains() baseChains {
 	ch := func(name string) *nftables.Chain { return &nftables.Chain{Name: name, Table: t.t} }
-	return baseChains{ch("forward"), ch("input"), ch("output"), ch("prerouting"), ch("postrouting"), ch("reject")}
+	return baseChains{ch("forward"), ch("forward-in"), ch("input"), ch("output"), ch("prerouting"), ch("postrouting"), ch("reject")}
 }
 
 func (t *Table) addBase() baseChains {
@@ -267,6 +288,7 @@ func (t *Table) addBase() baseChains {
 	}
 	b := baseChains{
 		forward:     add("forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter),
+		forwardIn:   add("forward-in", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityRef(*nftables.ChainPriorityFilter+10)),
 		input:       add("input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter),
 		output:      add("output", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter),
 		prerouting:  add("prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest),
@@ -307,7 +329,7 @@ func chainNames(tap string) (o, h, i, p string) {
 
 func (t *Table) removeSandbox(b baseChains, tap string) error {
 	tag := []byte(tap)
-	for _, c := range []*nftables.Chain{b.forward, b.input, b.output, b.prerouting} {
+	for _, c := range b.jumping() {
 		rules, err := t.conn.GetRules(t.t, c)
 		if err != nil {
 			return fmt.Errorf("nft: list %s: %w", c.Name, err)
@@ -340,6 +362,9 @@ func (t *Table) addSandbox(b baseChains, sb Sandbox) error {
 	if len(sb.Tap) == 0 || len(sb.Tap) >= unix.IFNAMSIZ || !sb.Addr.Is4() || !sb.Gateway.Is4() || sb.Policy == nil {
 		return fmt.Errorf("nft: bad sandbox %+v", sb)
 	}
+	if m := sb.Mesh; m != nil && (!m.Addr.Is4() || !m.Project.Addr().Is4() || !m.Project.Contains(m.Addr) || t.cfg.Pool.Overlaps(m.Project)) {
+		return fmt.Errorf("nft: bad mesh %s in %s for %s (pool %s)", m.Addr, m.Project, sb.Tap, t.cfg.Pool)
+	}
 	p := sb.Policy.Clone()
 	if err := p.Normalize(); err != nil {
 		return err
@@ -355,7 +380,7 @@ func (t *Table) addSandbox(b baseChains, sb Sandbox) error {
 		c    *nftables.Chain
 		m    []expr.Any
 		dest string
-	}{{b.forward, iif, on}, {b.forward, oif, in}, {b.input, iif, hn}, {b.output, oif, in}, {b.prerouting, iif, pn}} {
+	}{{b.forward, iif, on}, {b.forwardIn, oif, in}, {b.input, iif, hn}, {b.output, oif, in}, {b.prerouting, iif, pn}} {
 		t.conn.InsertRule(&nftables.Rule{Table: t.t, Chain: j.c, Exprs: append(slices.Clone(j.m), jump(j.dest)...), UserData: tag})
 	}
 	rej := []expr.Any{&expr.Verdict{Kind: expr.VerdictGoto, Chain: "reject"}}
@@ -376,6 +401,12 @@ func (t *Table) addSandbox(b baseChains, sb Sandbox) error {
 		t.rule(i, nil, markCmp(t.cfg.IngressMark), ctState(expr.CtStateBitNEW), ipv4(), localSource(),
 			addrCmp(16, sb.Addr, expr.CmpOpEq), l4(unix.IPPROTO_TCP), t.portSet(spans), accept)
 	}
+	// The mesh: from the project's range to the mesh address. (Each
+	// sender's o-chain holds it to its own mesh address; both chains
+	// see every packet between two sandboxes.)
+	if m := sb.Mesh; m != nil {
+		t.rule(i, nil, ipv4(), prefixCmp(12, m.Project, expr.CmpOpEq), addrCmp(16, m.Addr, expr.CmpOpEq), accept)
+	}
 	t.rule(i, nil, drop)
 
 	// To the host: DNS and the proxy, reached only through p- redirects,
@@ -393,6 +424,11 @@ func (t *Table) addSandbox(b baseChains, sb Sandbox) error {
 
 	// Outbound.
 	t.rule(o, nil, nfproto(unix.NFPROTO_IPV6), drop)
+	if m := sb.Mesh; m != nil {
+		// The mesh, from its own mesh address only, to its project's
+		// range only; the rest of its policy is not for the mesh.
+		t.rule(o, nil, ipv4(), addrCmp(12, m.Addr, expr.CmpOpEq), prefixCmp(16, m.Project, expr.CmpOpEq), accept)
+	}
 	t.rule(o, nil, ipv4(), addrCmp(12, sb.Addr, expr.CmpOpNeq), drop) // no spoofing
 	t.rule(o, nil, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
 	t.rule(o, nil, ctState(expr.CtStateBitINVALID), drop)

@@ -104,6 +104,8 @@ type Network struct {
 
 	// creds returns a sandbox's credentials (SetCredentials).
 	creds atomic.Pointer[func(sandboxID string) *credproxy.Sandbox]
+	// meshNames answers mesh names (SetMeshNames).
+	meshNames atomic.Pointer[func(ctx context.Context, sandboxID, name string) (netip.Addr, bool)]
 }
 
 var _ network.Network = (*Network)(nil)
@@ -117,6 +119,8 @@ type box struct {
 	Policy *firewall.Policy `json:"policy"`
 	// Exposed are the guest ports open to the host's ingress.
 	Exposed []uint16 `json:"exposed,omitempty"`
+	// Mesh is its place on its project's mesh, if any (SetMesh).
+	Mesh *network.Mesh `json:"mesh,omitempty"`
 
 	// dialed are the ingress's open connections to the guest: closed
 	// when the box is detached, since its address goes to the next
@@ -189,7 +193,7 @@ func New(ctx context.Context, opts Options) (*Network, error) {
 	proxyPort := uint16(pl.Addr().(*net.TCPAddr).Port)
 
 	n.upstream = &dnsfilter.Upstream{Addr: opts.Upstream}
-	n.resolver = &dnsfilter.Resolver{Policy: n.policyFor, Upstream: n.upstream, Log: n.log}
+	n.resolver = &dnsfilter.Resolver{Policy: n.policyFor, Upstream: n.upstream, Log: n.log, Mesh: n.meshName}
 	n.proxy = &egress.Proxy{Policy: n.policyFor, LookupA: n.upstream.LookupA, Log: n.log, Internal: opts.API,
 		Credentials: n.credentialsFor, Creds: &credproxy.Proxy{Roots: opts.Roots, Log: n.log}}
 	if opts.API != nil {
@@ -301,6 +305,13 @@ func (n *Network) Attach(ctx context.Context, id string, policy *firewall.Policy
 		undo()
 		return nil, err
 	}
+	if b.Mesh != nil {
+		// (Re-attached after a restart: its routes, as SetMesh made them.)
+		if err := n.meshRoutes(b, nil, b.Mesh); err != nil {
+			undo()
+			return nil, err
+		}
+	}
 	n.boxes[id] = b
 	n.pmu.Lock()
 	n.byAddr[guest] = b
@@ -308,7 +319,141 @@ func (n *Network) Attach(ctx context.Context, id string, policy *firewall.Policy
 	if existed {
 		n.cut(b)
 	}
-	return &network.Attachment{Tap: b.Tap, MAC: b.MAC, Cmdline: Cmdline(gw, guest, b.MAC)}, nil
+	return n.attachment(b), nil
+}
+
+// attachment is what b's VM gets.
+func (n *Network) attachment(b *box) *network.Attachment {
+	gw, guest := n.addrs(b.Slot)
+	cmdline := Cmdline(gw, guest, b.MAC)
+	if m := b.Mesh; m != nil {
+		cmdline += " " + layout.ParamMesh + "=" + netip.PrefixFrom(m.Addr, m.Project.Bits()).String()
+	}
+	return &network.Attachment{Tap: b.Tap, MAC: b.MAC, Cmdline: cmdline}
+}
+
+var _ network.Mesher = (*Network)(nil)
+
+// SetMesh implements network.Mesher: the mesh's rules go into the
+// sandbox's chains (nft.Mesh), and the host routes its mesh address to
+// its tap, with a fixed neighbour entry (the guest's MAC), so that what
+// the guest answers to ARP changes nothing.
+func (n *Network) SetMesh(ctx context.Context, id string, m *network.Mesh) (*network.Attachment, error) {
+	if m != nil {
+		if err := m.Validate(); err != nil {
+			return nil, err
+		}
+		if m.Project.Overlaps(n.opts.Pool) {
+			return nil, fmt.Errorf("linuxnet: mesh range %s overlaps the address pool %s", m.Project, n.opts.Pool)
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	b, ok := n.boxes[id]
+	if !ok {
+		return nil, fmt.Errorf("linuxnet: sandbox %s is not attached", id)
+	}
+	for _, o := range n.boxes {
+		if o != b && m != nil && o.Mesh != nil && o.Mesh.Addr == m.Addr {
+			return nil, fmt.Errorf("linuxnet: mesh address %s is sandbox %s's", m.Addr, o.ID)
+		}
+	}
+	old := b.Mesh
+	n.setMesh(b, m)
+	if err := n.table.Put(n.sandbox(b)); err != nil {
+		n.setMesh(b, old)
+		return nil, err
+	}
+	if err := n.meshRoutes(b, old, m); err != nil {
+		return nil, err
+	}
+	if err := n.save(b); err != nil {
+		return nil, err
+	}
+	return n.attachment(b), nil
+}
+
+func (n *Network) setMesh(b *box, m *network.Mesh) {
+	n.pmu.Lock()
+	b.Mesh = m
+	n.pmu.Unlock()
+}
+
+// meshRoutes moves b's host routes from mesh old to mesh m (either nil):
+// its mesh address through its tap, with a neighbour entry that pins its
+// MAC (so that what the guest answers to ARP changes nothing), and its
+// project's range unreachable but for those addresses, while any sandbox
+// here is on it (an address no sandbox has goes nowhere, not out the
+// uplink). The caller holds n.mu.
+func (n *Network) meshRoutes(b *box, old, m *network.Mesh) error {
+	if old != nil && (m == nil || *old != *m) {
+		n.dropMeshRoutes(b, old)
+	}
+	if m == nil {
+		return nil
+	}
+	link, err := netlink.LinkByName(b.Tap)
+	if err != nil {
+		return fmt.Errorf("linuxnet: mesh route: %w", err)
+	}
+	mac, err := net.ParseMAC(b.MAC)
+	if err != nil {
+		return err
+	}
+	dst := ipNet(netip.PrefixFrom(m.Addr, 32))
+	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT, IP: dst.IP, HardwareAddr: mac}); err != nil {
+		return fmt.Errorf("linuxnet: mesh neighbour of %s: %w", b.ID, err)
+	}
+	if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("linuxnet: mesh route of %s: %w", b.ID, err)
+	}
+	if err := netlink.RouteReplace(&netlink.Route{Dst: ipNet(m.Project), Type: unix.RTN_UNREACHABLE}); err != nil {
+		return fmt.Errorf("linuxnet: mesh range %s: %w", m.Project, err)
+	}
+	return nil
+}
+
+// dropMeshRoutes removes b's routes for mesh m (those its tap holds go
+// with it), and m's range's once no other sandbox here is on it.
+func (n *Network) dropMeshRoutes(b *box, m *network.Mesh) {
+	dst := ipNet(netip.PrefixFrom(m.Addr, 32))
+	if link, err := netlink.LinkByName(b.Tap); err == nil {
+		netlink.NeighDel(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: unix.AF_INET, IP: dst.IP})
+		netlink.RouteDel(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK})
+	}
+	for _, o := range n.boxes {
+		if o != b && o.Mesh != nil && o.Mesh.Project == m.Project {
+			return
+		}
+	}
+	if err := netlink.RouteDel(&netlink.Route{Dst: ipNet(m.Project), Type: unix.RTN_UNREACHABLE}); err != nil && !errors.Is(err, unix.ESRCH) {
+		n.log.Warn("linuxnet: cannot remove a mesh range's route", "range", m.Project, "err", err)
+	}
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// SetMeshNames implements network.Mesher.
+func (n *Network) SetMeshNames(lookup func(ctx context.Context, sandboxID, name string) (netip.Addr, bool)) {
+	n.meshNames.Store(&lookup)
+}
+
+// meshName is the resolver's view of the mesh: the address of name for
+// the mesh sandbox whose guest address is src.
+func (n *Network) meshName(src netip.Addr, name string) (netip.Addr, bool) {
+	f := n.meshNames.Load()
+	n.pmu.RLock()
+	b, ok := n.byAddr[src]
+	onMesh := ok && b.Mesh != nil
+	n.pmu.RUnlock()
+	if f == nil || !onMesh {
+		return netip.Addr{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return (*f)(ctx, b.ID, name)
 }
 
 // SetPolicy implements network.Network.
@@ -357,6 +502,9 @@ func (n *Network) detach(id string) error {
 	}
 	if b, ok := n.boxes[id]; ok {
 		_, guest := n.addrs(b.Slot)
+		if b.Mesh != nil {
+			n.dropMeshRoutes(b, b.Mesh)
+		}
 		delete(n.boxes, id)
 		n.pmu.Lock()
 		delete(n.byAddr, guest)
@@ -491,7 +639,11 @@ func (n *Network) freeSlot() (int, error) {
 
 func (n *Network) sandbox(b *box) nft.Sandbox {
 	gw, guest := n.addrs(b.Slot)
-	return nft.Sandbox{Tap: b.Tap, Addr: guest, Gateway: gw, Policy: b.Policy, Blocked: n.blockedNow(true), Exposed: b.Exposed}
+	sb := nft.Sandbox{Tap: b.Tap, Addr: guest, Gateway: gw, Policy: b.Policy, Blocked: n.blockedNow(true), Exposed: b.Exposed}
+	if m := b.Mesh; m != nil {
+		sb.Mesh = &nft.Mesh{Addr: m.Addr, Project: m.Project}
+	}
+	return sb
 }
 
 func (n *Network) sandboxes() []nft.Sandbox {

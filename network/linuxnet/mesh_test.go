@@ -1,0 +1,275 @@
+package linuxnet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	guestagent "github.com/harebox/harebox/agent/guest"
+	"github.com/harebox/harebox/network"
+)
+
+// onMesh puts g on a mesh at addr in project and configures its guest
+// from the attachment SetMesh returns, as the agent does.
+func (g *guest) onMesh(n *Network, addr, project string) netip.Addr {
+	t := g.e.t
+	t.Helper()
+	m := &network.Mesh{Addr: netip.MustParseAddr(addr), Project: netip.MustParsePrefix(project)}
+	att, err := n.SetMesh(context.Background(), g.id, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := guestagent.ParseNetworkConfig(att.Cmdline)
+	if err != nil || cfg == nil || cfg.Mesh != netip.PrefixFrom(m.Addr, m.Project.Bits()) {
+		t.Fatalf("cmdline %q: %+v %v", att.Cmdline, cfg, err)
+	}
+	inNS(t, g.ns, func() { err = guestagent.SetupNetwork(context.Background(), cfg, t.TempDir()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Addr
+}
+
+// a1tap is g's tap.
+func a1tap(n *Network, g *guest) string { return TapName(g.id) }
+
+// echoServer answers TCP and UDP on port 7 of addr inside g, each
+// connection or datagram with what it got.
+func (g *guest) echoServer(addr netip.Addr) {
+	t := g.e.t
+	var ln net.Listener
+	var pc net.PacketConn
+	var err error
+	inNS(t, g.ns, func() {
+		if ln, err = net.Listen("tcp4", netip.AddrPortFrom(addr, 7).String()); err == nil {
+			pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(addr, 7).String())
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			k, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(buf[:k], from)
+		}
+	}()
+}
+
+// echo sends a line to addr:7 over proto from inside g, from src if
+// valid (a spoofed source the guest added itself), and says whether it
+// came back within a second (loopback's time, many times over).
+func (g *guest) echo(proto string, src, addr netip.Addr) error {
+	var err error
+	inNS(g.e.t, g.ns, func() {
+		d := net.Dialer{Timeout: time.Second}
+		if src.IsValid() {
+			if proto == "tcp4" {
+				d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+			} else {
+				d.LocalAddr = &net.UDPAddr{IP: src.AsSlice()}
+			}
+		}
+		var c net.Conn
+		if c, err = d.Dial(proto, netip.AddrPortFrom(addr, 7).String()); err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Second))
+		if _, err = io.WriteString(c, "mesh canary\n"); err != nil {
+			return
+		}
+		buf := make([]byte, 64)
+		var k int
+		if k, err = c.Read(buf); err == nil && string(buf[:k]) != "mesh canary\n" {
+			err = io.ErrUnexpectedEOF
+		}
+	})
+	return err
+}
+
+// TestMesh puts sandboxes of two projects on their meshes on one host and
+// checks, as root in the guests, who reaches whom: a project's sandboxes
+// each other, by address and by name, TCP and UDP; nobody else, whatever
+// source address a guest claims; and a sandbox taken off the mesh, or
+// detached, at once.
+func TestMesh(t *testing.T) {
+	e := newEnv(t)
+	n := e.newNetwork("")
+	// (The test host sends the pool's traffic to its test internet, but
+	// the mesh's ranges to the sandboxes, as a host's main table does.)
+	sh(t, "ip", "route", "add", "throw", "10.240.0.0/12", "table", fmt.Sprint(e.table))
+	// Outbound allowed everywhere, private ranges too: the mesh must not
+	// depend on a policy that denies.
+	open := mustPolicy(t, `{"default_outbound":"allow","outbound":[{"action":"allow","cidrs":["10.0.0.0/8"]}]}`)
+	a1, a2, b1, c := e.attach(n, open), e.attach(n, open), e.attach(n, open), e.attach(n, open)
+	const projA, projB = "10.240.4.0/22", "10.240.8.0/22"
+	m1, m2 := a1.onMesh(n, "10.240.4.1", projA), a2.onMesh(n, "10.240.4.2", projA)
+	mb := b1.onMesh(n, "10.240.8.1", projB)
+	for _, g := range []*guest{a2, b1} {
+		g.echoServer(map[*guest]netip.Addr{a2: m2, b1: mb}[g])
+	}
+	a1.echoServer(m1)
+
+	// Names: the engine answers (here a table), for mesh sandboxes only.
+	var mu sync.Mutex
+	var asked []string
+	n.SetMeshNames(func(_ context.Context, id, name string) (netip.Addr, bool) {
+		mu.Lock()
+		asked = append(asked, id+" "+name)
+		mu.Unlock()
+		if name == "a2.proj-a.internal" && (id == a1.id || id == a2.id) {
+			return m2, true
+		}
+		return netip.Addr{}, false
+	})
+
+	t.Run("a project's sandboxes reach each other by name and address", func(t *testing.T) {
+		ip, err := a1.resolve("a2.proj-a.internal")
+		if err != nil || ip != m2.String() {
+			t.Fatalf("a2.proj-a.internal from a1: %s %v", ip, err)
+		}
+		for _, proto := range []string{"tcp4", "udp4"} {
+			if err := a1.echo(proto, netip.Addr{}, m2); err != nil {
+				t.Errorf("a1 to a2 over %s: %v", proto, err)
+			}
+			if err := a2.echo(proto, netip.Addr{}, m1); err != nil {
+				t.Errorf("a2 to a1 over %s: %v", proto, err)
+			}
+		}
+	})
+
+	t.Run("no other project, no sandbox off the mesh", func(t *testing.T) {
+		if _, err := b1.resolve("a2.proj-a.internal"); err == nil || !strings.Contains(err.Error(), "NXDOMAIN") {
+			t.Errorf("b1 resolved a2's name: %v", err)
+		}
+		if _, err := c.resolve("a2.proj-a.internal"); err == nil || !strings.Contains(err.Error(), "NXDOMAIN") {
+			t.Errorf("a sandbox off the mesh resolved a2's name: %v", err)
+		}
+		mu.Lock()
+		for _, q := range asked {
+			if strings.HasPrefix(q, c.id) {
+				t.Errorf("the names were asked for a sandbox off the mesh: %s", q)
+			}
+		}
+		mu.Unlock()
+		// (Each guest has a route to the other range as root adds one.)
+		for _, g := range []*guest{b1, c} {
+			sh(t, "ip", "-n", g.ns, "route", "replace", projA, "via", g.gw.String())
+		}
+		sh(t, "ip", "-n", a1.ns, "route", "replace", projB, "via", a1.gw.String())
+		for _, x := range []struct {
+			what     string
+			g        *guest
+			src, dst netip.Addr
+		}{
+			{"b1 to a2", b1, netip.Addr{}, m2},
+			{"c (off the mesh) to a2", c, netip.Addr{}, m2},
+			{"a1 to b1", a1, netip.Addr{}, mb},
+			{"a1 from its pool address to b1", a1, a1.addr, mb},
+		} {
+			for _, proto := range []string{"tcp4", "udp4"} {
+				if err := x.g.echo(proto, x.src, x.dst); err == nil {
+					t.Errorf("%s over %s: got through", x.what, proto)
+				}
+			}
+		}
+	})
+
+	t.Run("spoofed sources reach nobody", func(t *testing.T) {
+		// b1 claims an address of project A; a1 claims another of A's
+		// (not its own), and a2's own.
+		spoofB := netip.MustParseAddr("10.240.4.99")
+		sh(t, "ip", "-n", b1.ns, "addr", "add", spoofB.String()+"/32", "dev", "eth0")
+		spoofA := netip.MustParseAddr("10.240.4.77")
+		sh(t, "ip", "-n", a1.ns, "addr", "add", spoofA.String()+"/32", "dev", "eth0")
+		for _, x := range []struct {
+			what     string
+			g        *guest
+			src, dst netip.Addr
+		}{
+			{"b1 as 10.240.4.99 to a2", b1, spoofB, m2},
+			{"a1 as 10.240.4.77 to a2", a1, spoofA, m2},
+		} {
+			for _, proto := range []string{"tcp4", "udp4"} {
+				if err := x.g.echo(proto, x.src, x.dst); err == nil {
+					t.Errorf("%s over %s: got through", x.what, proto)
+				}
+			}
+		}
+	})
+
+	t.Run("an address of the range that no sandbox has goes nowhere", func(t *testing.T) {
+		if err := a1.echo("udp4", netip.Addr{}, netip.MustParseAddr("10.240.4.200")); err == nil {
+			t.Error("got an answer")
+		}
+		out, _ := exec.Command("ip", "route", "get", "10.240.4.200", "from", m1.String(), "iif", a1tap(n, a1)).CombinedOutput()
+		if !strings.Contains(string(out), "unreachable") && !strings.Contains(string(out), "No route to host") {
+			t.Errorf("the host routes it: %s", out)
+		}
+	})
+
+	t.Run("the host is not on the mesh", func(t *testing.T) {
+		// The host's resolver port, from the mesh address.
+		ln, err := net.Listen("tcp4", net.JoinHostPort(a1.gw.String(), "7"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		if err := a1.echo("tcp4", m1, a1.gw); err == nil {
+			t.Error("a1 from its mesh address reached the host")
+		}
+	})
+
+	t.Run("off the mesh at once", func(t *testing.T) {
+		if _, err := n.SetMesh(context.Background(), a2.id, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := a1.echo("tcp4", netip.Addr{}, m2); err == nil {
+			t.Error("a1 reached a2 after a2 left the mesh")
+		}
+		a2.onMesh(n, "10.240.4.2", projA)
+		if err := a1.echo("tcp4", netip.Addr{}, m2); err != nil {
+			t.Errorf("a1 to a2 back on the mesh: %v", err)
+		}
+		if err := n.Detach(context.Background(), a2.id); err != nil {
+			t.Fatal(err)
+		}
+		if err := a1.echo("tcp4", netip.Addr{}, m2); err == nil {
+			t.Error("a1 reached a2 after a2 was detached")
+		}
+	})
+
+	t.Run("bad meshes are refused", func(t *testing.T) {
+		for _, m := range []*network.Mesh{
+			{Addr: netip.MustParseAddr("10.240.9.1"), Project: netip.MustParsePrefix(projA)},
+			{Addr: m1, Project: netip.MustParsePrefix(projA)}, // a1's
+			{Addr: e.pool.Addr().Next(), Project: e.pool},
+		} {
+			if _, err := n.SetMesh(context.Background(), c.id, m); err == nil {
+				t.Errorf("%+v: accepted", m)
+			}
+		}
+	})
+}
