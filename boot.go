@@ -12,8 +12,10 @@ import (
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
 )
 
 // boot attaches the network, launches the VM and waits for its agent.
@@ -25,7 +27,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	if err != nil {
 		return err
 	}
-	att, err := e.net.Attach(ctx, rec.ID, policy)
+	att, err := e.attach(ctx, rec, policy)
 	var fe *firewall.Error
 	switch {
 	case errors.As(err, &fe):
@@ -80,6 +82,23 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	// Create stores the running state once the box is registered.
 	rec.State = sandbox.StateRunning
 	return nil
+}
+
+// attach prepares rec's host network with policy in force, and its
+// place on its project's mesh if it has one.
+func (e *Engine) attach(ctx context.Context, rec *store.Sandbox, policy *firewall.Policy) (*network.Attachment, error) {
+	att, err := e.net.Attach(ctx, rec.ID, policy)
+	if err != nil {
+		return nil, err
+	}
+	if m := mesh.Of(rec); m != nil {
+		mesher, ok := e.net.(network.Mesher)
+		if !ok {
+			return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "sandbox %s is on its project's mesh, which this host's network does not serve", rec.ID)
+		}
+		return mesher.SetMesh(ctx, rec.ID, m)
+	}
+	return att, nil
 }
 
 // imageSpec is the spec of a machine that boots img at res, on its own

@@ -9,6 +9,7 @@ import (
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -59,9 +60,14 @@ func (e *Engine) claimBoot(ctx context.Context, b *box, pm *clone.Member) error 
 	if err != nil {
 		return err
 	}
-	// (Its attachment exists: this puts the policy in force.)
-	if _, err := e.net.Attach(ctx, rec.ID, policy); err != nil {
+	// (Its attachment exists: this puts the policy in force, and its
+	// place on the mesh, which its guest learns below.)
+	att, err := e.attach(ctx, rec, policy)
+	if err != nil {
 		return fmt.Errorf("network: %w", err)
+	}
+	if mesh.Of(rec) == nil {
+		att = nil // (the member's network as it is)
 	}
 	h := pm.Machine.Handle()
 	rec.Handle = &h
@@ -75,7 +81,7 @@ func (e *Engine) claimBoot(ctx context.Context, b *box, pm *clone.Member) error 
 	if err != nil {
 		return err
 	}
-	if err := clone.NewIdentity(bctx, c, nil, false); err != nil {
+	if err := clone.NewIdentity(bctx, c, att, false); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
 	b.phases.mark("identity")

@@ -238,6 +238,7 @@ func (e *Engine) unadmit(ctx context.Context, c *creation, _ error) {
 		return
 	}
 	e.meter.Release(ctx, c.rec)
+	e.mesh.Leave(ctx, c.rec.ID)
 	e.store.DeleteSandbox(ctx, c.rec.ID)
 }
 

@@ -131,5 +131,5 @@ func retryUnavailable(ctx context.Context, f func() error) error {
 // reserved in its budgets (a settled sandbox has nothing left to release).
 func (e *Engine) forgetStored(ctx context.Context, b *box) error {
 	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.guests.Erase(ctx, b.rec.ID), sandboxkeys.Forget(ctx, e.sec, b.rec.ID), e.history.Erase(ctx, b.rec.ID),
-		e.meter.Release(ctx, b.rec))
+		e.meter.Release(ctx, b.rec), e.mesh.Leave(ctx, b.rec.ID))
 }

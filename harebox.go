@@ -40,6 +40,7 @@ import (
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/processes"
@@ -82,6 +83,7 @@ type Engine struct {
 	audit       *audit.Log
 	urls        *ingress.Service
 	hosts       *cluster.Registry
+	mesh        *mesh.Service
 
 	// urlCalls answer the calls on urls, for a principal.
 	urlCalls *ingress.Calls
@@ -164,6 +166,13 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
 	e.guests = guestenv.New(guestenv.Options{Store: e.store, Secrets: e.sec, Environments: e.envs, Audit: al, Sandboxes: sandboxView{e}})
+	mesher, _ := e.net.(network.Mesher)
+	if e.mesh, err = mesh.New(mesh.Options{Store: e.store, Pool: opts.MeshPool, Enabled: mesher != nil}); err != nil {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "mesh_pool", "%v", err)
+	}
+	if mesher != nil {
+		mesher.SetMeshNames(e.mesh.Lookup)
+	}
 	guests, _ := e.net.(network.Ingress)
 	e.urls, err = ingress.New(ctx, ingress.Options{Store: e.store, Secrets: e.sec, Guests: guests, Base: opts.Ingress,
 		Record: al.RecordURLAccess, Log: e.log, Now: opts.Now})

@@ -25,6 +25,7 @@ import (
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
 )
 
 // The engine end to end over the in-memory hypervisor: no VM, no QEMU, so
@@ -606,5 +607,36 @@ func TestBootFailuresHaveKinds(t *testing.T) {
 				t.Fatalf("the failed create left %+v", l)
 			}
 		})
+	}
+}
+
+// TestMeshNeedsANetwork: on a server whose sandboxes have no network,
+// a create on the mesh (asked for, or by its project) is refused, clearly
+// and with nothing left; one kept off the mesh is made.
+func TestMeshNeedsANetwork(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	eng, err := harebox.New(ctx, memhvOptions(t, hv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	on := true
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Mesh: &on}); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), "no mesh") {
+		t.Fatalf("mesh: true without a network: %v", err)
+	}
+	if _, err := eng.Tenants().UpdateProject(ctx, "", "default", tenant.ProjectUpdate{Mesh: &on}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Fatalf("a mesh project without a network: %v", err)
+	}
+	if l, _ := eng.List(ctx, sandbox.ListFilter{}); len(l) != 0 || hv.Launched() != 0 {
+		t.Fatalf("refused creates left %d sandboxes, %d machines", len(l), hv.Launched())
+	}
+	off := false
+	if b, err := eng.Create(ctx, sandbox.CreateRequest{Mesh: &off}); err != nil || b.MeshAddress != "" {
+		t.Fatalf("mesh: false in a mesh project: %+v %v", b, err)
 	}
 }

@@ -2,6 +2,7 @@ package harebox
 
 import (
 	"log/slog"
+	"net/netip"
 	"net/url"
 	"path/filepath"
 	"time"
@@ -38,6 +39,11 @@ type Options struct {
 	PluginArgs []string
 
 	Network network.Network // default network.None
+	// MeshPool is the address space of the projects' private meshes (a
+	// /22 each), the same on every host of a deployment; default
+	// mesh.DefaultPool. The mesh needs a Network that implements
+	// network.Mesher.
+	MeshPool netip.Prefix
 	// Ingress is the public base URL (https://HOST[:PORT]) of the ingress
 	// that serves published ports (URLs(), served by the caller); nil:
 	// ports cannot be published. The Network must implement

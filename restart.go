@@ -114,7 +114,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 		// them the sandbox's policy again (the tap and nftables persist).
 		policy, err := firewall.Stored(rec.Extra[firewall.RecordKey])
 		if err == nil {
-			_, err = e.net.Attach(ctx, rec.ID, policy)
+			_, err = e.attach(ctx, rec, policy)
 		}
 		if err != nil {
 			e.log.Warn("cannot restore the sandbox's network services; its nftables policy stays in force", "id", rec.ID, "err", err)

@@ -92,14 +92,18 @@ func (e *Engine) Authorize(ctx context.Context, action, id string) (err error) {
 }
 
 // place puts a new sandbox's record in its account, project and fleet
-// (tenant.Place), pins its environment and admits it against its budgets,
-// all in tx, the create's transaction.
+// (tenant.Place), pins its environment, gives it its place on its
+// project's mesh and admits it against its budgets, all in tx, the
+// create's transaction.
 func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequest, rec *store.Sandbox) error {
 	proj, err := e.tenants.Place(ctx, tx, req, rec)
 	if err != nil {
 		return err
 	}
 	if err := e.guests.Pin(ctx, tx, req, proj, rec); err != nil {
+		return err
+	}
+	if err := e.mesh.Join(ctx, tx, req, proj, rec); err != nil {
 		return err
 	}
 	if err := e.meter.Admit(ctx, tx, rec); err != nil {

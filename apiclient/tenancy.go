@@ -28,6 +28,7 @@ type Project = model.Project
 // ProjectUpdate changes a project's settings; absent fields stay.
 type ProjectUpdate struct {
 	ThirdPartyDefault *bool `json:"third_party_default,omitempty"`
+	Mesh              *bool `json:"mesh,omitempty"`
 }
 
 // Fleet is model.Fleet.

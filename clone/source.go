@@ -28,7 +28,7 @@ func Record(rec *store.Sandbox, id, name, dir string, policy json.RawMessage) *s
 		Dir: dir, ImageDir: rec.ImageDir,
 		Source: store.SnapshotSource{
 			FleetID: rec.FleetID, ThirdParty: rec.ThirdParty, NoEnv: rec.NoEnv, Monitoring: rec.Monitoring,
-			Policy: policy,
+			Policy: policy, Mesh: rec.MeshAddress != "",
 		},
 	}
 	if rec.EnvironmentID != "" {
@@ -50,6 +50,10 @@ func ForkRequest(s *store.Snapshot, req sandbox.ForkRequest, i int, operator boo
 	}
 	if creq.NoEnv {
 		creq.Environment = ""
+	}
+	if s.Source.Mesh {
+		// (Each clone gets its own address and name.)
+		creq.Mesh = &s.Source.Mesh
 	}
 	if operator {
 		creq.AccountID = s.AccountID

@@ -37,6 +37,9 @@ type Project struct {
 	// ThirdPartyDefault makes every sandbox created in the project a
 	// third-party one (only third-party-safe environments).
 	ThirdPartyDefault bool `json:"third_party_default"`
+	// Mesh puts every sandbox created in the project on its private mesh
+	// (unless the create says otherwise).
+	Mesh bool `json:"mesh"`
 }
 
 // Fleet is a named group of sandboxes in a project.

@@ -55,6 +55,9 @@ type CreateRequest struct {
 	// Snapshots false refuses every snapshot and fork of this sandbox;
 	// default true.
 	Snapshots *bool `json:"snapshots,omitempty"`
+	// Mesh puts the sandbox on its project's private mesh (true) or not
+	// (false); default: what the project says (its mesh).
+	Mesh *bool `json:"mesh,omitempty"`
 	// Snapshot makes the sandbox from a snapshot (its ID) instead of
 	// booting the image: memory, processes and disk as they were. Image
 	// and size come from the snapshot (a request that names others is

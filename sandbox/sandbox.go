@@ -103,8 +103,12 @@ type Sandbox struct {
 	CreatePhases map[string]float64 `json:"create_phases_ms,omitempty"`
 	Site         Site               `json:"site"`
 	// Host is the hareboxd that runs it.
-	Host      string    `json:"host,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	Host string `json:"host,omitempty"`
+	// MeshAddress and MeshName are its address and name on its project's
+	// private mesh (NAME.PROJECT.internal), if it is on it.
+	MeshAddress string    `json:"mesh_address,omitempty"`
+	MeshName    string    `json:"mesh_name,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
 	// ExpiresAt is when the TTL deletes the sandbox; nil means never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// Agent is the guest agent's health while the sandbox runs: "ok", or

@@ -34,6 +34,8 @@ type SnapshotSource struct {
 	NoEnv       bool            `json:"no_env,omitempty"`
 	Monitoring  bool            `json:"monitoring"`
 	Policy      json.RawMessage `json:"policy,omitempty"`
+	// Mesh says the source was on its project's mesh: its forks are too.
+	Mesh bool `json:"mesh,omitempty"`
 }
 
 // PutSnapshot implements Tx.

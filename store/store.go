@@ -230,6 +230,16 @@ type Tx interface {
 	GetClientCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error)
 	ListClientCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error)
 
+	// The mesh: each project's range and each sandbox's address, unique
+	// in the deployment (AddMeshRange and AddMeshAddress fail with
+	// ErrConflict when taken).
+	MeshRanges(ctx context.Context) (map[string]string, error)
+	AddMeshRange(ctx context.Context, projectID, prefix string) error
+	MeshAddresses(ctx context.Context, projectID string) ([]*MeshAddress, error)
+	AddMeshAddress(ctx context.Context, a *MeshAddress) error
+	MeshAddressByName(ctx context.Context, projectID, name string) (*MeshAddress, error)
+	DeleteMeshAddress(ctx context.Context, sandboxID string) error
+
 	// API keys, with the hash of their secret.
 	PutKey(ctx context.Context, k *Key) error
 	GetKey(ctx context.Context, id string) (*Key, error)
@@ -499,6 +509,19 @@ var migrations = []string{
 		rate       DOUBLE PRECISION NOT NULL,
 		burst      DOUBLE PRECISION NOT NULL
 	);`,
+	// The mesh: a range per project, an address per sandbox, unique in
+	// the deployment.
+	`CREATE TABLE mesh_ranges (
+		prefix     TEXT PRIMARY KEY,
+		project_id TEXT NOT NULL UNIQUE
+	);
+	CREATE TABLE mesh_addresses (
+		addr       TEXT PRIMARY KEY,
+		project_id TEXT NOT NULL,
+		sandbox_id TEXT NOT NULL UNIQUE,
+		name       TEXT NOT NULL
+	);
+	CREATE INDEX mesh_addresses_name ON mesh_addresses(project_id, name);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -413,6 +413,8 @@ func (s *Service) GetProject(ctx context.Context, accountRef, ref string) (*Proj
 type ProjectUpdate struct {
 	// ThirdPartyDefault makes new sandboxes of the project third-party.
 	ThirdPartyDefault *bool `json:"third_party_default,omitempty"`
+	// Mesh puts new sandboxes of the project on its private mesh.
+	Mesh *bool `json:"mesh,omitempty"`
 }
 
 // UpdateProject changes a project's settings.
@@ -426,6 +428,9 @@ func (s *Service) UpdateProject(ctx context.Context, accountRef, ref string, u P
 		n.account, n.target = p.AccountID, p.ID
 		if u.ThirdPartyDefault != nil {
 			p.ThirdPartyDefault = *u.ThirdPartyDefault
+		}
+		if u.Mesh != nil {
+			p.Mesh = *u.Mesh
 		}
 		return tx.PutProject(ctx, p)
 	})

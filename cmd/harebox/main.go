@@ -77,7 +77,7 @@ var commands = []command{
 	{"firewall", "set|get ID [--body JSON | --from FILE]", "a sandbox's firewall policy", cmdFirewall},
 	{"history", "ID [--limit N]", "a sandbox's command history, oldest first (kept as its account's retention says)", cmdHistory},
 	{"account", "create NAME | list | get REF | update REF [--history-days N] [--output-days N] [--keep-forever] | delete REF", "accounts and their command-history retention (create and delete: the operator only)", cmdAccount},
-	{"project", "create NAME | list | get REF | update REF --third-party-default=BOOL | delete REF [--account REF]", "an account's projects", cmdProject},
+	{"project", "create NAME | list | get REF | update REF [--third-party-default=BOOL] [--mesh=BOOL] | delete REF [--account REF]", "an account's projects", cmdProject},
 	{"fleet", "create NAME | list | get REF | delete REF [--project REF] [--account REF]", "a project's fleets (default project: default)", cmdFleet},
 	{"env", "create NAME [flags] | set NAME [flags] | get NAME | list | versions NAME | version NAME N | delete NAME [--project REF] [--account REF]", "a project's environments: versioned variables (secrets sealed), files and credential rules that sandboxes pin", cmdEnv},
 	{"key", "create [flags] | list | get KEY_ID | revoke KEY_ID | rotate KEY_ID", "scoped API keys; a new or rotated secret is shown once", cmdKey},
@@ -266,6 +266,8 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	account := fs.String("account", "", "the account, ID or name (the operator only; default: the default account, or the key's own)")
 	fw := fs.String("firewall", "", "the firewall policy, in force before the VM boots: JSON, or @FILE (default: the server's default policy)")
 	fromSnap := fs.String("snapshot", "", "make the sandbox from this snapshot (memory, processes and disk as they were; its image and size)")
+	var onMesh optBool
+	fs.Var(&onMesh, "mesh", "true or false: put the sandbox on its project's private mesh, or keep it off (default: as the project says)")
 	labels, env := kv{}, &envFlag{vars: kv{}}
 	fs.Var(labels, "label", "label KEY=VALUE (repeatable)")
 	fs.Var(env, "env", "KEY=VALUE: an environment variable of this sandbox only (repeatable);\n"+
@@ -290,6 +292,7 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	if *noSnapshots {
 		req.Snapshots = new(bool)
 	}
+	req.Mesh = onMesh.v
 	if len(labels) > 0 {
 		req.Labels = labels
 	}

@@ -270,24 +270,25 @@ var cmdProject = group("project", []subcommand{
 	{"create", "NAME [--account REF]", "create a project", projectCmd("create")},
 	{"list", "[--account REF]", "list an account's projects", projectCmd("list")},
 	{"get", "REF [--account REF]", "show a project (ID or name)", projectCmd("get")},
-	{"update", "REF --third-party-default=true|false [--account REF]", "change a project's settings", projectCmd("update")},
+	{"update", "REF [--third-party-default=true|false] [--mesh=true|false] [--account REF]", "change a project's settings", projectCmd("update")},
 	{"delete", "REF [--account REF]", "delete a project without live sandboxes, and its fleets (not the default project)", projectCmd("delete")},
 })
 
 func (c *cli) printProjects(v any, ps ...apiclient.Project) error {
 	var rows [][]string
 	for _, p := range ps {
-		rows = append(rows, append(namedRow(p.ID, p.Name, p.CreatedAt), yesNo(p.ThirdPartyDefault)))
+		rows = append(rows, append(namedRow(p.ID, p.Name, p.CreatedAt), yesNo(p.ThirdPartyDefault), yesNo(p.Mesh)))
 	}
-	return c.show(v, namedHeader+"\tTHIRD-PARTY-DEFAULT", rows)
+	return c.show(v, namedHeader+"\tTHIRD-PARTY-DEFAULT\tMESH", rows)
 }
 
 func projectCmd(verb string) func(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (int, error) {
 	return func(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (int, error) {
 		account := fs.String("account", "", accountHelp)
-		var thirdParty optBool
+		var thirdParty, onMesh optBool
 		if verb == "update" {
 			fs.Var(&thirdParty, "third-party-default", "true or false: new sandboxes of the project are third-party (they get only environments marked third-party-safe)")
+			fs.Var(&onMesh, "mesh", "true or false: new sandboxes of the project are on its private mesh (harebox new --mesh=false keeps one off)")
 		}
 		var want []string
 		switch verb {
@@ -308,10 +309,10 @@ func projectCmd(verb string) func(ctx context.Context, c *cli, fs *flag.FlagSet,
 		case "get":
 			err = c.c.Do(ctx, "GET", apiclient.Path("projects", pos[0]), q, nil, &p)
 		case "update":
-			if thirdParty.v == nil {
-				return 0, usageError{"nothing to change (give --third-party-default=true or false)"}
+			if thirdParty.v == nil && onMesh.v == nil {
+				return 0, usageError{"nothing to change (give --third-party-default or --mesh, true or false)"}
 			}
-			err = c.c.Do(ctx, "PATCH", apiclient.Path("projects", pos[0]), q, apiclient.ProjectUpdate{ThirdPartyDefault: thirdParty.v}, &p)
+			err = c.c.Do(ctx, "PATCH", apiclient.Path("projects", pos[0]), q, apiclient.ProjectUpdate{ThirdPartyDefault: thirdParty.v, Mesh: onMesh.v}, &p)
 		case "delete":
 			if err := c.c.Do(ctx, "DELETE", apiclient.Path("projects", pos[0]), q, nil, nil); err != nil {
 				return 0, err

@@ -36,6 +36,7 @@ import (
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/internal/docslink"
+	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/network/linuxnet"
 	"github.com/harebox/harebox/sandbox"
@@ -96,6 +97,8 @@ func run(args []string, instead func(settings) error) error {
 		listen       = fs.String("listen", "127.0.0.1:7070", "address: host:port (loopback) or unix:PATH")
 		backend      = fs.String("hypervisor", "qemu", "hypervisor backend plugin: qemu or cloud-hypervisor")
 		pluginPath   = fs.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
+		meshPool     = fs.String("mesh-pool", mesh.DefaultPool.String(), "the address space of the projects' private meshes, a /22 for each project's (the same on every host; apart from --address-pool)")
+		maxFile      = fs.Int64("max-file-bytes", 256<<20, "the largest file a sandbox's file calls write or read, in bytes")
 		guestASLR    = fs.Bool("tcg-guest-aslr", false, "qemu under software emulation (TCG): keep address-space randomization in guests, which makes every process start in them 3 to 4 times slower (off by default there; guests under KVM always keep it)")
 		imageDir     = fs.String("image-dir", "", "built images (default DATA_DIR/images)")
 		agentPath    = fs.String("agent", "", "the static harebox-agent binary POST /v1/images builds images with (default: beside hareboxd, or PREFIX/lib/harebox)")
@@ -163,6 +166,13 @@ func run(args []string, instead func(settings) error) error {
 	}
 	if *metricsEvery < time.Second {
 		return fmt.Errorf("--metrics-interval %v: at least 1s", *metricsEvery)
+	}
+	meshPrefix, err := netip.ParsePrefix(*meshPool)
+	if err != nil {
+		return fmt.Errorf("--mesh-pool: %w", err)
+	}
+	if *maxFile < 1<<20 {
+		return fmt.Errorf("--max-file-bytes %d: at least 1 MiB (1048576)", *maxFile)
 	}
 	var prefix netip.Prefix
 	switch *netKind {
@@ -308,7 +318,7 @@ func run(args []string, instead func(settings) error) error {
 		pluginArgs = append(pluginArgs, "--tcg-guest-aslr")
 	}
 	eng, err := harebox.New(ctx, harebox.Options{
-		DefaultFirewall: fw, PluginArgs: pluginArgs,
+		DefaultFirewall: fw, PluginArgs: pluginArgs, MaxFileBytes: *maxFile, MeshPool: meshPrefix,
 		DataDir: *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,

@@ -157,6 +157,7 @@ func TestConfigCheck(t *testing.T) {
 		"listen: 0.0.0.0:7443\n":                        "plain HTTP only on loopback or unix:PATH; for other addresses give --tls-cert and --tls-key, or --tls-self-signed (see https://github.com/harebox/harebox/blob/main/docs/deploy.md#tls)",
 		"network: bridge\n":                             `--network "bridge"`,
 		"metrics-interval: 100ms\n":                     "--metrics-interval 100ms: at least 1s",
+		"max-file-bytes: 1000\n":                        "--max-file-bytes 1000: at least 1 MiB",
 		"tls-cert: /nonexistent.pem\ntls-key: /k.pem\n": "--tls-cert/--tls-key",
 		"tls-cert: /c.pem\n":                            "go together",
 		"address-pool: 10.0.0.0/33\n":                   "--address-pool",

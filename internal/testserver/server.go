@@ -82,11 +82,11 @@ func Start(t testing.TB, s Setup, dataDir string, extra ...string) *Server {
 // its: this process's stays as it is).
 func StartEnv(t testing.TB, s Setup, dataDir string, env []string, extra ...string) *Server {
 	t.Helper()
-	table, pool := networkOf(t, dataDir)
+	table, pool, meshPool := networkOf(t, dataDir)
 	srv := LaunchEnv(t, s, dataDir, env, append([]string{"--image-dir", s.ImageDir, "--plugin", s.Plugin, "--site", "fr-par-1", "--country", "FR",
-		// The host firewall is on, in a table and pool of this data
+		// The host firewall is on, in a table and pools of this data
 		// directory's own (a restart on it keeps them).
-		"--network", "linux", "--nft-table", table, "--address-pool", pool + "0/24"}, extra...)...)
+		"--network", "linux", "--nft-table", table, "--address-pool", pool + "0/24", "--mesh-pool", meshPool}, extra...)...)
 	srv.Table, srv.Pool = table, pool
 	return srv
 }
@@ -100,10 +100,11 @@ var networks struct {
 	locks []*os.File
 }
 
-// networkOf is the nftables table and the address pool's first three
-// octets ("10.239.N.") of the servers on dataDir: the same for every
-// server on it, and no other live test process's.
-func networkOf(t testing.TB, dataDir string) (table, pool string) {
+// networkOf is the nftables table, the address pool's first three
+// octets ("10.239.N.") and the mesh pool (a /21 of 100.64.0.0/10, two
+// projects' ranges) of the servers on dataDir: the same for every server
+// on it, and no other live test process's.
+func networkOf(t testing.TB, dataDir string) (table, pool, meshPool string) {
 	t.Helper()
 	networks.Lock()
 	defer networks.Unlock()
@@ -115,7 +116,7 @@ func networkOf(t testing.TB, dataDir string) (table, pool string) {
 		n = claimNetwork(t)
 		networks.of[dataDir] = n
 	}
-	return fmt.Sprintf("harebox_e2e_%d", n), fmt.Sprintf("10.239.%d.", n)
+	return fmt.Sprintf("harebox_e2e_%d", n), fmt.Sprintf("10.239.%d.", n), fmt.Sprintf("100.%d.%d.0/21", 64+n/32, n%32*8)
 }
 
 // claimNetwork locks the first free network number (a lock this process

@@ -38,6 +38,7 @@ func Run(t *testing.T, open Open) {
 		{"RawText", rawText},
 		{"CandidateBudgets", candidateBudgets},
 		{"URLs", urls},
+		{"Mesh", mesh},
 		{"Hosts", hosts},
 		{"Notify", notify},
 		{"TokenBucket", tokenBucket},
@@ -351,6 +352,56 @@ func urls(t *testing.T, s store.Store, _ func() store.Store) {
 	}
 	if _, err := s.GetURL(ctx, u.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("get deleted: %v", err)
+	}
+}
+
+// Mesh ranges and addresses are unique in the store; an address is found
+// by its project and name, and goes with its sandbox.
+func mesh(t *testing.T, s store.Store, _ func() store.Store) {
+	ctx := context.Background()
+	if err := s.AddMeshRange(ctx, "prj_a", "10.240.0.0/22"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][2]string{{"prj_b", "10.240.0.0/22"}, {"prj_a", "10.240.4.0/22"}} {
+		if err := s.AddMeshRange(ctx, c[0], c[1]); !errors.Is(err, store.ErrConflict) {
+			t.Errorf("AddMeshRange(%s, %s): %v, want ErrConflict", c[0], c[1], err)
+		}
+	}
+	if r, err := s.MeshRanges(ctx); err != nil || len(r) != 1 || r["prj_a"] != "10.240.0.0/22" {
+		t.Errorf("MeshRanges = %v, %v", r, err)
+	}
+	a1 := &store.MeshAddress{Addr: "10.240.0.1", ProjectID: "prj_a", SandboxID: "sbx_1", Name: "web"}
+	if err := s.AddMeshAddress(ctx, a1); err != nil {
+		t.Fatal(err)
+	}
+	for _, dup := range []*store.MeshAddress{
+		{Addr: "10.240.0.1", ProjectID: "prj_a", SandboxID: "sbx_2", Name: "db"},
+		{Addr: "10.240.0.2", ProjectID: "prj_a", SandboxID: "sbx_1", Name: "web"},
+	} {
+		if err := s.AddMeshAddress(ctx, dup); !errors.Is(err, store.ErrConflict) {
+			t.Errorf("AddMeshAddress(%+v): %v, want ErrConflict", dup, err)
+		}
+	}
+	if err := s.AddMeshAddress(ctx, &store.MeshAddress{Addr: "10.240.0.2", ProjectID: "prj_a", SandboxID: "sbx_2", Name: "db"}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := s.MeshAddresses(ctx, "prj_a"); err != nil || len(l) != 2 || *l[0] != *a1 {
+		t.Errorf("MeshAddresses = %v, %v", l, err)
+	}
+	if a, err := s.MeshAddressByName(ctx, "prj_a", "web"); err != nil || *a != *a1 {
+		t.Errorf("by name: %v, %v", a, err)
+	}
+	if _, err := s.MeshAddressByName(ctx, "prj_b", "web"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("another project's name: %v, want ErrNotFound", err)
+	}
+	if err := s.DeleteMeshAddress(ctx, "sbx_1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.MeshAddressByName(ctx, "prj_a", "web"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("after delete: %v, want ErrNotFound", err)
+	}
+	if err := s.DeleteMeshAddress(ctx, "sbx_1"); err != nil {
+		t.Errorf("second delete: %v", err)
 	}
 }
 

@@ -65,6 +65,11 @@ class SandboxJSON(TypedDict):
     #: The hareboxd that runs it (hosts that share a store each run their
     #: own; any of them answers for all).
     host: NotRequired[str]
+    #: Its address on its project's private mesh, if it is on it.
+    mesh_address: NotRequired[str]
+    #: Its name there, "NAME.PROJECT.internal", which the project's mesh
+    #: sandboxes resolve.
+    mesh_name: NotRequired[str]
     created_at: str
     expires_at: NotRequired[str]
     error: NotRequired[str]
@@ -486,6 +491,8 @@ class Project(TypedDict):
     created_at: str
     #: Every new sandbox of the project is third-party.
     third_party_default: bool
+    #: New sandboxes of the project are on its private mesh.
+    mesh: bool
 
 
 class ProjectList(TypedDict):
@@ -553,6 +560,8 @@ class ProjectUpdate(TypedDict, total=False):
 
     #: New sandboxes of the project are third-party (only third-party-safe environments).
     third_party_default: bool
+    #: New sandboxes of the project are on its private mesh.
+    mesh: bool
 
 
 class EnvVar(TypedDict, total=False):

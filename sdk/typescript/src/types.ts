@@ -107,6 +107,8 @@ export interface CreateRequest {
   snapshot?: string;
   /** Keep every stored environment out of this sandbox. */
   no_env?: boolean;
+  /** Put the sandbox on its project's private mesh (true) or keep it off (false); default: as the project says. */
+  mesh?: boolean;
   env?: Record<string, string>;
 }
 
@@ -145,6 +147,10 @@ export interface Sandbox {
   site: Site;
   /** The hareboxd that runs it (hosts that share a store each run their own; any of them answers for all). */
   host?: string;
+  /** Its address on its project's private mesh, if it is on it. */
+  mesh_address?: string;
+  /** Its name there, "NAME.PROJECT.internal", which the project's mesh sandboxes resolve. */
+  mesh_name?: string;
   /** RFC 3339 date-time. */
   created_at: string;
   /** RFC 3339 date-time. */
@@ -482,12 +488,16 @@ export interface Project {
   created_at: string;
   /** Every new sandbox of the project is third-party (only third-party-safe environments). */
   third_party_default: boolean;
+  /** New sandboxes of the project are on its private mesh. */
+  mesh: boolean;
 }
 
 /** The body of updateProject: the settings to change. */
 export interface ProjectUpdate {
   /** New sandboxes of the project are third-party (only third-party-safe environments). */
   third_party_default?: boolean;
+  /** New sandboxes of the project are on its private mesh. */
+  mesh?: boolean;
 }
 
 /** A named group of sandboxes in a project. */

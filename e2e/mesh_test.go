@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/internal/testserver"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// TestMesh turns the mesh on for two projects with the CLI and runs real
+// VMs on it behind the host firewall: a project's sandboxes reach each
+// other by name and by address, over TCP and UDP; another project's
+// sandbox and one kept off the mesh reach none of them and are reached by
+// none; as root in a guest, neither a spoofed source address nor a route
+// of its own gets through; a deleted sandbox's name stops resolving and
+// its address answers no more, at once.
+func TestMesh(t *testing.T) {
+	s := testserver.Prepare(t)
+	probe := testimage.Package(t, "./e2e/testdata/meshprobe", "meshprobe")
+	dataDir, err := os.MkdirTemp("", "hbmesh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	srv := testserver.Start(t, s, dataDir)
+	defer testserver.Finish(t, srv, dataDir)
+	cli := &testserver.CLI{T: t, S: s, Srv: srv}
+	var made []string
+	defer func() { // (before Finish, which wants none left)
+		for _, id := range made {
+			cli.Run("", "delete", id)
+		}
+	}()
+
+	for _, p := range []string{"mesh-a", "mesh-b"} {
+		cli.OK("", nil, "project", "create", p)
+		var proj struct{ Mesh bool }
+		if cli.OK("", &proj, "project", "update", p, "--mesh"); !proj.Mesh {
+			t.Fatalf("project %s: mesh not on", p)
+		}
+	}
+	newBox := func(args ...string) sandbox.Sandbox {
+		t.Helper()
+		var b sandbox.Sandbox
+		cli.OK("", &b, append([]string{"new", "--image", "minimal", "--ttl", "900"}, args...)...)
+		made = append(made, b.ID)
+		cli.OK("", nil, "file", "write", b.ID, "--path", "/tmp/meshprobe", "--mode", "0755", "--from", probe)
+		cli.OK("", nil, "exec", b.ID, "--background", "--", "/tmp/meshprobe", "serve")
+		return b
+	}
+	web := newBox("--project", "mesh-a", "--name", "web")
+	worker := newBox("--project", "mesh-a")
+	other := newBox("--project", "mesh-b", "--name", "db")
+	off := newBox("--project", "mesh-a", "--name", "off", "--mesh=false")
+
+	if web.MeshAddress == "" || web.MeshName != "web.mesh-a.internal" || worker.MeshAddress == "" ||
+		worker.MeshName != strings.ReplaceAll(worker.ID, "_", "-")+".mesh-a.internal" {
+		t.Fatalf("mesh addresses and names: %+v / %+v", web, worker)
+	}
+	if other.MeshAddress == "" || other.MeshName != "db.mesh-b.internal" || strings.HasPrefix(other.MeshAddress, web.MeshAddress[:strings.LastIndex(web.MeshAddress, ".")]) {
+		t.Errorf("project b's db: %s %s, in project a's range (%s)?", other.MeshAddress, other.MeshName, web.MeshAddress)
+	}
+	if off.MeshAddress != "" || off.MeshName != "" {
+		t.Errorf("a sandbox kept off the mesh: %s %s", off.MeshAddress, off.MeshName)
+	}
+
+	// echo runs the probe in from against host; it reports whether the
+	// line came back.
+	echo := func(from sandbox.Sandbox, proto, host string, args ...string) (bool, string) {
+		t.Helper()
+		o, e, code := cli.Run("", append([]string{"exec", from.ID}, append(args, "--", "/tmp/meshprobe", "echo", proto, host)...)...)
+		return code == 0 && strings.TrimSpace(o) == "ok", o + e
+	}
+	t.Run("a project's sandboxes, by name and address", func(t *testing.T) {
+		for _, proto := range []string{"tcp", "udp"} {
+			for _, host := range []string{"web.mesh-a.internal", web.MeshAddress} {
+				if ok, out := echo(worker, proto, host); !ok {
+					t.Errorf("worker to %s over %s: %s", host, proto, out)
+				}
+			}
+			if ok, out := echo(web, proto, worker.MeshName); !ok {
+				t.Errorf("web to %s over %s: %s", worker.MeshName, proto, out)
+			}
+		}
+	})
+	t.Run("nobody else", func(t *testing.T) {
+		for _, c := range []struct {
+			what string
+			from sandbox.Sandbox
+			host string
+		}{
+			{"project b to project a's web", other, web.MeshAddress},
+			{"project b to a name of project a", other, "web.mesh-a.internal"},
+			{"the one off the mesh to web", off, web.MeshAddress},
+			{"the one off the mesh by name", off, "web.mesh-a.internal"},
+			{"web to project b's db", web, other.MeshAddress},
+			{"web to project b's db by name", web, "db.mesh-b.internal"},
+		} {
+			for _, proto := range []string{"tcp", "udp"} {
+				if ok, _ := echo(c.from, proto, c.host); ok {
+					t.Errorf("%s over %s: got through", c.what, proto)
+				}
+			}
+		}
+	})
+	t.Run("root in a guest", func(t *testing.T) {
+		// Project b's sandbox takes an address of project a's range and
+		// routes that range itself; the one off the mesh takes web's
+		// neighbour's address.
+		spoof := web.MeshAddress[:strings.LastIndex(web.MeshAddress, ".")] + ".200"
+		for _, b := range []sandbox.Sandbox{other, off} {
+			cli.OK("", nil, "exec", b.ID, "--user", "root", "--", "sh", "-c",
+				"ip addr add "+spoof+"/32 dev eth0 && ip route replace "+web.MeshAddress+"/32 dev eth0 src "+spoof)
+			for _, proto := range []string{"tcp", "udp"} {
+				if ok, _ := echo(b, proto, web.MeshAddress); ok {
+					t.Errorf("%s as %s to web over %s: got through", b.Name, spoof, proto)
+				}
+			}
+		}
+	})
+	t.Run("deleted at once", func(t *testing.T) {
+		cli.OK("", nil, "delete", web.ID)
+		for _, host := range []string{"web.mesh-a.internal", web.MeshAddress} {
+			if ok, _ := echo(worker, "tcp", host); ok {
+				t.Errorf("worker to the deleted web at %s: got through", host)
+			}
+		}
+		if ok, out := echo(worker, "tcp", worker.MeshName); !ok {
+			t.Errorf("worker to itself by name: %s", out)
+		}
+	})
+}
