@@ -57,7 +57,8 @@ func e2bSDK(t *testing.T, s testserver.Setup, srv *testserver.Server, addr strin
 
 // e2bFlags serve the E2B listener at addr: E2B's "base" is the minimal
 // image (fast to restore), "full" the Debian one (its /bin/bash is what
-// the SDK's commands and terminals run under).
+// the SDK's commands and terminals run under). Files are limited to 32
+// MiB, so that the suite can send one over the limit.
 func e2bFlags(addr string) []string {
-	return []string{"--e2b-listen", addr, "--e2b-templates", "base=minimal,full=default", "--e2b-domain", "e2b.test"}
+	return []string{"--e2b-listen", addr, "--e2b-templates", "base=minimal,full=default", "--e2b-domain", "e2b.test", "--max-file-bytes", "33554432"}
 }

@@ -76,6 +76,25 @@ test('files: text and bytes both ways, the home by default', async (t) => {
   await assert.rejects(sbx.files.read('/tmp/no-such-file'), NotFoundError)
 })
 
+test('files: an oversized upload, a download left unread', async (t) => {
+  const sbx = await create(t)
+  // The server's limit is 32 MiB a file (e2e/e2b_test.go): an upload
+  // over it is refused and leaves no file.
+  await assert.rejects(sbx.files.write('/tmp/too-big', new Uint8Array((32 << 20) + 1)), (e) => {
+    assert.match(String(e.message), /413.*33554432-byte limit/)
+    return true
+  })
+  assert.equal(await sbx.files.exists('/tmp/too-big'), false)
+  // A download far larger than the sockets hold, left unread: the
+  // sandbox goes on answering, and the stream can still be dropped.
+  await sbx.files.write('/tmp/big', new Uint8Array(24 << 20))
+  const stream = await sbx.files.read('/tmp/big', { format: 'stream' })
+  await sbx.files.write('/tmp/after', 'still here')
+  assert.equal(await sbx.files.read('/tmp/after'), 'still here')
+  assert.equal((await sbx.files.getInfo('/tmp/big')).size, 24 << 20)
+  await stream.cancel()
+})
+
 test('a timeout set after create really ends the sandbox', async (t) => {
   const sbx = await create(t)
   await sbx.setTimeout(3_000)
