@@ -9,6 +9,7 @@ package mesh
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -123,7 +124,11 @@ func (s *Service) Join(ctx context.Context, tx Tx, req *sandbox.CreateRequest, p
 			name = strings.ReplaceAll(rec.ID, "_", "-")
 		}
 		name = strings.ToLower(name)
-		if err := tx.AddMeshAddress(ctx, &store.MeshAddress{Addr: a.String(), ProjectID: proj.ID, SandboxID: rec.ID, Name: name}); err != nil {
+		err := tx.AddMeshAddress(ctx, &store.MeshAddress{Addr: a.String(), ProjectID: proj.ID, SandboxID: rec.ID, Name: name})
+		if errors.Is(err, store.ErrConflict) {
+			continue // (another host's create took it meanwhile)
+		}
+		if err != nil {
 			return err
 		}
 		rec.MeshAddress, rec.MeshName = a.String(), name+"."+strings.ToLower(proj.Name)+"."+Domain
@@ -155,7 +160,16 @@ func (s *Service) projectRange(ctx context.Context, tx Tx, projectID string) (ne
 		if used[r.String()] {
 			continue
 		}
-		if err := tx.AddMeshRange(ctx, projectID, r.String()); err != nil {
+		err := tx.AddMeshRange(ctx, projectID, r.String())
+		if errors.Is(err, store.ErrConflict) {
+			// Another host's create took this range, or gave the
+			// project one meanwhile.
+			if again, err := tx.MeshRanges(ctx); err == nil && again[projectID] != "" {
+				return netip.ParsePrefix(again[projectID])
+			}
+			continue
+		}
+		if err != nil {
 			return netip.Prefix{}, err
 		}
 		return r, nil

@@ -137,3 +137,55 @@ func TestJoinRefused(t *testing.T) {
 		}
 	}
 }
+
+// stale is a transaction whose first reads see none of the addresses
+// and ranges taken: what a create sees when another host's took them
+// between its read and its write. Later reads see the store.
+type stale struct {
+	store.Tx
+	read map[string]bool
+}
+
+func (s stale) MeshAddresses(ctx context.Context, p string) ([]*store.MeshAddress, error) {
+	if !s.read["addresses"] {
+		s.read["addresses"] = true
+		return nil, nil
+	}
+	return s.Tx.MeshAddresses(ctx, p)
+}
+
+func (s stale) MeshRanges(ctx context.Context) (map[string]string, error) {
+	if !s.read["ranges"] {
+		s.read["ranges"] = true
+		return map[string]string{}, nil
+	}
+	return s.Tx.MeshRanges(ctx)
+}
+
+// TestJoinRace: an address or range another host's create took between
+// the read and the write is skipped, in the same transaction.
+func TestJoinRace(t *testing.T) {
+	ctx := context.Background()
+	db := open(t)
+	s, err := mesh.New(mesh.Options{Store: db, Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &model.Project{ID: "prj_a", Name: "a", Mesh: true}
+	b := &model.Project{ID: "prj_b", Name: "b", Mesh: true}
+	if _, err := join(t, db, s, a, "sbx_1", "", sandbox.CreateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		proj *model.Project
+		id   string
+		want string
+	}{{a, "sbx_2", "10.240.0.2"}, {b, "sbx_3", "10.240.4.1"}} {
+		rec := &store.Sandbox{Sandbox: sandbox.Sandbox{ID: c.id, ProjectID: c.proj.ID, Project: c.proj.Name}}
+		if err := db.Update(ctx, func(tx store.Tx) error {
+			return s.Join(ctx, stale{tx, map[string]bool{}}, &sandbox.CreateRequest{}, c.proj, rec)
+		}); err != nil || rec.MeshAddress != c.want {
+			t.Errorf("%s: %s %v, want %s", c.id, rec.MeshAddress, err, c.want)
+		}
+	}
+}

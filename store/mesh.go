@@ -36,13 +36,21 @@ func (s *DB) MeshRanges(ctx context.Context) (map[string]string, error) {
 }
 
 // AddMeshRange implements Tx: ErrConflict when the range or the project
-// has one.
+// has one. (A conflict leaves the transaction usable, on PostgreSQL too:
+// the caller tries another.)
 func (s *DB) AddMeshRange(ctx context.Context, projectID, prefix string) error {
-	if _, err := s.q.ExecContext(ctx, `INSERT INTO mesh_ranges (prefix, project_id) VALUES (?, ?)`, prefix, projectID); err != nil {
-		if isUnique(err) {
-			return ErrConflict
-		}
-		return fmt.Errorf("store: add mesh range: %w", err)
+	return s.insertOnce(ctx, "mesh range", `INSERT INTO mesh_ranges (prefix, project_id) VALUES (?, ?) ON CONFLICT DO NOTHING`, prefix, projectID)
+}
+
+// insertOnce runs an INSERT ... ON CONFLICT DO NOTHING: ErrConflict when
+// it inserted nothing.
+func (s *DB) insertOnce(ctx context.Context, what, q string, args ...any) error {
+	res, err := s.q.ExecContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("store: add %s: %w", what, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return ErrConflict
 	}
 	return nil
 }
@@ -66,16 +74,10 @@ func (s *DB) MeshAddresses(ctx context.Context, projectID string) ([]*MeshAddres
 }
 
 // AddMeshAddress implements Tx: ErrConflict when the address is taken or
-// the sandbox has one.
+// the sandbox has one (the transaction stays usable).
 func (s *DB) AddMeshAddress(ctx context.Context, a *MeshAddress) error {
-	if _, err := s.q.ExecContext(ctx, `INSERT INTO mesh_addresses (addr, project_id, sandbox_id, name) VALUES (?, ?, ?, ?)`,
-		a.Addr, a.ProjectID, a.SandboxID, a.Name); err != nil {
-		if isUnique(err) {
-			return ErrConflict
-		}
-		return fmt.Errorf("store: add mesh address: %w", err)
-	}
-	return nil
+	return s.insertOnce(ctx, "mesh address", `INSERT INTO mesh_addresses (addr, project_id, sandbox_id, name) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+		a.Addr, a.ProjectID, a.SandboxID, a.Name)
 }
 
 // MeshAddressByName implements Tx: the address of the project's sandbox
