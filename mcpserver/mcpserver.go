@@ -70,6 +70,8 @@ type CreateInput struct {
 	TTLSeconds int64             `json:"ttl_seconds,omitempty" jsonschema:"delete it after this many seconds (0: the server's default)"`
 	Labels     map[string]string `json:"labels,omitempty" jsonschema:"labels to find it by"`
 	Firewall   *Firewall         `json:"firewall,omitempty" jsonschema:"its outbound firewall policy (default: the server's)"`
+	Project    string            `json:"project,omitempty" jsonschema:"the project it belongs to, ID or name (default: the account's default project)"`
+	Mesh       *bool             `json:"mesh,omitempty" jsonschema:"true puts it on its project's private mesh, where the project's other mesh sandboxes reach it by name; false keeps it off (default: as the project says)"`
 }
 
 // Sandbox is a sandbox as the tools show it.
@@ -79,14 +81,17 @@ type Sandbox struct {
 	Image     string            `json:"image"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
+	// MeshName is the name its project's other mesh sandboxes reach it by.
+	MeshName string `json:"mesh_name,omitempty"`
 }
 
 func view(s *sandbox.Sandbox) Sandbox {
-	return Sandbox{ID: s.ID, State: string(s.State), Image: s.Image, Labels: s.Labels, CreatedAt: s.CreatedAt}
+	return Sandbox{ID: s.ID, State: string(s.State), Image: s.Image, Labels: s.Labels, CreatedAt: s.CreatedAt, MeshName: s.MeshName}
 }
 
 func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, Sandbox, error) {
-	req := sandbox.CreateRequest{Image: in.Image, Size: sandbox.Size{Preset: in.Size}, TTLSeconds: in.TTLSeconds, Labels: in.Labels}
+	req := sandbox.CreateRequest{Image: in.Image, Size: sandbox.Size{Preset: in.Size}, TTLSeconds: in.TTLSeconds, Labels: in.Labels,
+		Project: in.Project, Mesh: in.Mesh}
 	if in.Firewall != nil {
 		b, err := json.Marshal(in.Firewall)
 		if err != nil {

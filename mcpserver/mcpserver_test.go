@@ -107,6 +107,9 @@ func TestTools(t *testing.T) {
 		{"read_file", map[string]any{"sandbox_id": box.ID, "path": "/no/such"}, "not_found"},
 		{"create_sandbox", map[string]any{"size": "huge"}, "invalid"},
 		{"create_sandbox", map[string]any{"firewall": map[string]any{"default_outbound": "maybe"}}, "firewall"},
+		// (This server's sandboxes have no network, so no mesh.)
+		{"create_sandbox", map[string]any{"mesh": true}, "no mesh"},
+		{"create_sandbox", map[string]any{"project": "no-such-project"}, "no project"},
 		{"delete_sandbox", map[string]any{}, "required"},
 		{"list_sandboxes", map[string]any{"extra": 1}, ""},
 	} {
