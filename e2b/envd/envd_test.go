@@ -21,13 +21,10 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/e2b/envd"
 	"github.com/harebox/harebox/e2b/envdpb/process"
 	"github.com/harebox/harebox/e2b/envdpb/process/processconnect"
-	"github.com/harebox/harebox/hypervisor/memhv"
-	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -190,20 +187,8 @@ func TestFiles(t *testing.T) {
 // connection, instead of holding the handler (and the guest's file) open.
 func TestStalledCaller(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	eng, err := harebox.New(ctx, harebox.Options{DataDir: dir, Hypervisor: hv,
-		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
-		Capacity: harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100}, MaxFileBytes: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	sb, err := eng.Create(ctx, sandbox.CreateRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	eng, ids, account := memEngineFiles(t, 1, 64<<20)
+	sb := struct{ ID, AccountID string }{ids[0], account}
 	// Far more than the loopback's socket buffers hold.
 	const size = 32 << 20
 	if _, err := eng.WriteFile(ctx, sb.ID, "/tmp/big", bytes.NewReader(make([]byte, size)), sandbox.WriteOptions{}); err != nil {

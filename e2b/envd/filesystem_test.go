@@ -59,8 +59,14 @@ func (a sandboxes) Principal(_ context.Context, id string) (authz.Principal, err
 }
 
 // memEngine is a real engine on the in-memory hypervisor with n
-// sandboxes, and their account.
+// sandboxes, and their account; a file is at most 1 MiB.
 func memEngine(t *testing.T, n int) (*harebox.Engine, []string, string) {
+	t.Helper()
+	return memEngineFiles(t, n, 1<<20)
+}
+
+// memEngineFiles is memEngine with files of at most maxFile bytes.
+func memEngineFiles(t *testing.T, n int, maxFile int64) (*harebox.Engine, []string, string) {
 	t.Helper()
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "hbenvdfs")
@@ -72,7 +78,7 @@ func memEngine(t *testing.T, n int) (*harebox.Engine, []string, string) {
 	t.Cleanup(func() { hv.Close() })
 	eng, err := harebox.New(ctx, harebox.Options{DataDir: dir, Hypervisor: hv,
 		Images:   map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)},
-		Capacity: harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100}, MaxFileBytes: 1 << 20})
+		Capacity: harebox.Capacity{VCPUs: 8, MemoryMB: 8192, DiskGB: 100}, MaxFileBytes: maxFile})
 	if err != nil {
 		t.Fatal(err)
 	}
