@@ -182,17 +182,35 @@ func (t *Table) Check(taps []string) error {
 }
 
 // Reset replaces the whole table with one holding sbs, in one transaction.
+// The mesh counters keep what they counted (their taps' counters do).
 func (t *Table) Reset(sbs []Sandbox) error {
 	ok, err := t.exists()
 	if err != nil {
 		return err
 	}
+	counted := map[string]*nftables.CounterObj{}
 	if ok {
+		objs, err := t.conn.GetObjects(t.t)
+		if err != nil {
+			return fmt.Errorf("nft: list counters: %w", err)
+		}
+		for _, o := range objs {
+			if c, ok := o.(*nftables.CounterObj); ok {
+				counted[c.Name] = c
+			}
+		}
 		t.conn.DelTable(t.t)
 	}
 	t.conn.AddTable(t.t)
 	base := t.addBase()
 	for _, sb := range sbs {
+		if sb.Mesh != nil {
+			c := &nftables.CounterObj{Table: t.t, Name: meshCounter(sb.Tap)}
+			if old := counted[c.Name]; old != nil {
+				c.Bytes, c.Packets = old.Bytes, old.Packets
+			}
+			t.conn.AddObj(c)
+		}
 		if err := t.addSandbox(base, sb); err != nil {
 			return err
 		}
@@ -222,6 +240,13 @@ func (t *Table) Put(sb Sandbox) error {
 	if err := t.removeSandbox(base, sb.Tap); err != nil {
 		return err
 	}
+	if sb.Mesh != nil {
+		if _, _, ok, err := t.MeshCounted(sb.Tap); err != nil {
+			return err
+		} else if !ok {
+			t.conn.AddObj(&nftables.CounterObj{Table: t.t, Name: meshCounter(sb.Tap)})
+		}
+	}
 	if err := t.addSandbox(base, sb); err != nil {
 		return err
 	}
@@ -241,10 +266,38 @@ func (t *Table) Remove(tap string) error {
 	if err := t.removeSandbox(t.baseChains(), tap); err != nil {
 		return err
 	}
+	if _, _, counted, err := t.MeshCounted(tap); err != nil {
+		return err
+	} else if counted {
+		t.conn.DeleteObject(&nftables.CounterObj{Table: t.t, Name: meshCounter(tap)})
+	}
 	if err := t.conn.Flush(); err != nil {
 		return fmt.Errorf("nft: remove %s: %w", tap, err)
 	}
 	return nil
+}
+
+// meshCounter names the counter of what a tap's sandbox sent over its
+// mesh.
+func meshCounter(tap string) string { return "m-" + tap }
+
+// MeshCounted is what tap's sandbox has sent over its mesh since it was
+// put on it (the IP packets' bytes, and their number); ok is false when it
+// never was.
+func (t *Table) MeshCounted(tap string) (bytes, packets uint64, ok bool, err error) {
+	objs, err := t.conn.GetObjects(t.t)
+	if err != nil {
+		if ok, xerr := t.exists(); xerr == nil && !ok {
+			return 0, 0, false, nil
+		}
+		return 0, 0, false, fmt.Errorf("nft: list counters: %w", err)
+	}
+	for _, o := range objs {
+		if c, isCounter := o.(*nftables.CounterObj); isCounter && c.Name == meshCounter(tap) {
+			return c.Bytes, c.Packets, true, nil
+		}
+	}
+	return 0, 0, false, nil
 }
 
 // Taps lists the taps that have chains in the table.
@@ -427,7 +480,8 @@ func (t *Table) addSandbox(b baseChains, sb Sandbox) error {
 	if m := sb.Mesh; m != nil {
 		// The mesh, from its own mesh address only, to its project's
 		// range only; the rest of its policy is not for the mesh.
-		t.rule(o, nil, ipv4(), addrCmp(12, m.Addr, expr.CmpOpEq), prefixCmp(16, m.Project, expr.CmpOpEq), accept)
+		t.rule(o, nil, ipv4(), addrCmp(12, m.Addr, expr.CmpOpEq), prefixCmp(16, m.Project, expr.CmpOpEq),
+			[]expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: meshCounter(sb.Tap)}}, accept)
 	}
 	t.rule(o, nil, ipv4(), addrCmp(12, sb.Addr, expr.CmpOpNeq), drop) // no spoofing
 	t.rule(o, nil, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)

@@ -570,17 +570,29 @@ func Cmdline(gw, guest netip.Addr, mac string) string {
 
 // Traffic implements network.Meter from the tap's counters: what the
 // guest sent is what the tap received (to the internet and to the host's
-// services alike, denied packets too), and the other way round.
+// services alike, denied packets too) but what it sent over its mesh
+// (the mesh is not egress), and what it received is what the tap sent.
 func (n *Network) Traffic(sandboxID string) (sent, received uint64, err error) {
-	l, err := netlink.LinkByName(TapName(sandboxID))
+	tap := TapName(sandboxID)
+	l, err := netlink.LinkByName(tap)
 	if err != nil {
 		return 0, 0, fmt.Errorf("linuxnet: traffic of %s: %w", sandboxID, err)
 	}
-	if st := l.Attrs().Statistics; st != nil {
-		return st.RxBytes, st.TxBytes, nil
+	st := l.Attrs().Statistics
+	if st == nil {
+		return 0, 0, fmt.Errorf("linuxnet: traffic of %s: the tap has no statistics", sandboxID)
 	}
-	return 0, 0, fmt.Errorf("linuxnet: traffic of %s: the tap has no statistics", sandboxID)
+	meshBytes, meshPackets, _, err := n.table.MeshCounted(tap)
+	if err != nil {
+		return 0, 0, fmt.Errorf("linuxnet: traffic of %s: %w", sandboxID, err)
+	}
+	// (The tap counts Ethernet frames, the counter IP packets.)
+	mesh := meshBytes + meshPackets*ethHeader
+	return st.RxBytes - min(mesh, st.RxBytes), st.TxBytes, nil
 }
+
+// ethHeader is what a frame on a tap has before its IP packet.
+const ethHeader = 14
 
 // TapName derives a sandbox's tap name: "hb" and 12 characters of a hash
 // of its ID (14 < IFNAMSIZ).

@@ -116,7 +116,8 @@ func (g *guest) echo(proto string, src, addr netip.Addr) error {
 // detached, at once.
 func TestMesh(t *testing.T) {
 	e := newEnv(t)
-	n := e.newNetwork("")
+	state := t.TempDir()
+	n := e.newNetwork(state)
 	// (The test host sends the pool's traffic to its test internet, but
 	// the mesh's ranges to the sandboxes, as a host's main table does.)
 	sh(t, "ip", "route", "add", "throw", "10.240.0.0/12", "table", fmt.Sprint(e.table))
@@ -217,6 +218,68 @@ func TestMesh(t *testing.T) {
 					t.Errorf("%s over %s: got through", x.what, proto)
 				}
 			}
+		}
+	})
+
+	t.Run("the mesh is not egress", func(t *testing.T) {
+		// 1 MB from a1 to a2 over the mesh: a1's egress grows by its
+		// frames' share at most, not by the megabyte; 100 kB to the test
+		// internet still count.
+		before, _, err := n.Traffic(a1.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c net.Conn
+		inNS(t, a1.ns, func() { c, err = net.Dial("tcp4", netip.AddrPortFrom(m2, 7).String()) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		go io.Copy(io.Discard, c)
+		if _, err := c.Write(make([]byte, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		time.Sleep(300 * time.Millisecond)
+		after, _, _ := n.Traffic(a1.id)
+		if after-before > 50_000 {
+			t.Errorf("a1's egress grew by %d bytes for 1 MB over the mesh", after-before)
+		}
+		var pc net.PacketConn
+		inNS(t, a1.ns, func() { pc, err = net.ListenPacket("udp4", ":0") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		for range 100 {
+			pc.WriteTo(make([]byte, 1000), &net.UDPAddr{IP: net.ParseIP(outsideIP), Port: 9})
+		}
+		time.Sleep(300 * time.Millisecond)
+		if last, _, _ := n.Traffic(a1.id); last-after < 100_000 {
+			t.Errorf("a1's egress grew by %d bytes for 100 kB to the internet", last-after)
+		}
+	})
+
+	t.Run("a restart keeps the mesh and what it counted", func(t *testing.T) {
+		sent, _, err := n.Traffic(a1.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+		n = e.newNetwork(state) // (the table rebuilt from the state)
+		n.SetMeshNames(func(context.Context, string, string) (netip.Addr, bool) { return m2, true })
+		if after, _, err := n.Traffic(a1.id); err != nil || after < sent || after-sent > 1_000 {
+			t.Errorf("a1's egress %d after a restart, %d before (%v)", after, sent, err)
+		}
+		if err := a1.echo("tcp4", netip.Addr{}, m2); err != nil {
+			t.Errorf("a1 to a2 after a restart: %v", err)
+		}
+		if ip, err := a1.resolve("a2.proj-a.internal"); err != nil || ip != m2.String() {
+			t.Errorf("a2's name after a restart: %s %v", ip, err)
+		}
+		if err := b1.echo("tcp4", netip.Addr{}, m2); err == nil {
+			t.Error("b1 reached a2 after a restart")
 		}
 	})
 
