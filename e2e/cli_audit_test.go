@@ -23,6 +23,7 @@ import (
 // export; then the log is edited in the database while the server is
 // stopped, and verify names the entry.
 func TestCLIAudit(t *testing.T) {
+	t.Parallel() // (beside TestMesh)
 	s := testserver.PrepareNoVM(t)
 	dataDir, err := os.MkdirTemp("", "hba")
 	if err != nil {

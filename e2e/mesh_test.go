@@ -18,6 +18,9 @@ import (
 // of its own gets through; a deleted sandbox's name stops resolving and
 // its address answers no more, at once.
 func TestMesh(t *testing.T) {
+	// (Beside TestCLIAudit, at the end of the package: its VMs' boots
+	// and the other's CLI runs share the cores.)
+	t.Parallel()
 	s := testserver.Prepare(t)
 	probe := testimage.Package(t, "./e2e/testdata/meshprobe", "meshprobe")
 	dataDir, err := os.MkdirTemp("", "hbmesh")
@@ -68,11 +71,18 @@ func TestMesh(t *testing.T) {
 	}
 
 	// echo runs the probe in from against host; it reports whether the
-	// line came back.
-	echo := func(from sandbox.Sandbox, proto, host string, args ...string) (bool, string) {
+	// line came back (within 10 s). blocked says it did not within 1 s:
+	// what must not get through is given less time (a loopback's round
+	// trip many times over, between two guests on this host).
+	try := func(from sandbox.Sandbox, proto, host, wait string) (bool, string) {
 		t.Helper()
-		o, e, code := cli.Run("", append([]string{"exec", from.ID}, append(args, "--", "/tmp/meshprobe", "echo", proto, host)...)...)
+		o, e, code := cli.Run("", "exec", from.ID, "--", "/tmp/meshprobe", "echo", proto, host, wait)
 		return code == 0 && strings.TrimSpace(o) == "ok", o + e
+	}
+	echo := func(from sandbox.Sandbox, proto, host string) (bool, string) { return try(from, proto, host, "10s") }
+	blocked := func(from sandbox.Sandbox, proto, host string) bool {
+		ok, _ := try(from, proto, host, "1s")
+		return !ok
 	}
 	t.Run("a project's sandboxes, by name and address", func(t *testing.T) {
 		for _, proto := range []string{"tcp", "udp"} {
@@ -84,6 +94,29 @@ func TestMesh(t *testing.T) {
 			if ok, out := echo(web, proto, worker.MeshName); !ok {
 				t.Errorf("web to %s over %s: %s", worker.MeshName, proto, out)
 			}
+		}
+	})
+	t.Run("a fork joins with its own address and name", func(t *testing.T) {
+		var clone sandbox.Sandbox // (one clone: the CLI prints it alone)
+		cli.OK("", &clone, "fork", worker.ID)
+		made = append(made, clone.ID)
+		if clone.MeshAddress == "" || clone.MeshAddress == worker.MeshAddress || clone.MeshName != strings.ReplaceAll(clone.ID, "_", "-")+".mesh-a.internal" {
+			t.Fatalf("the clone's mesh: %s %s (its source's %s)", clone.MeshAddress, clone.MeshName, worker.MeshAddress)
+		}
+		// (Its probe server was forked running.)
+		for _, host := range []string{clone.MeshName, clone.MeshAddress} {
+			if ok, out := echo(web, "tcp", host); !ok {
+				t.Errorf("web to the clone at %s: %s", host, out)
+			}
+		}
+		// The clone holds its own address only: its source's answers
+		// from the source.
+		o, _, _ := cli.Run("", "exec", clone.ID, "--", "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+		if strings.Contains(o, worker.MeshAddress+"/") || !strings.Contains(o, clone.MeshAddress+"/") {
+			t.Errorf("the clone's addresses: %s", o)
+		}
+		if ok, out := echo(web, "tcp", worker.MeshName); !ok {
+			t.Errorf("web to the fork's source: %s", out)
 		}
 	})
 	t.Run("nobody else", func(t *testing.T) {
@@ -100,7 +133,7 @@ func TestMesh(t *testing.T) {
 			{"web to project b's db by name", web, "db.mesh-b.internal"},
 		} {
 			for _, proto := range []string{"tcp", "udp"} {
-				if ok, _ := echo(c.from, proto, c.host); ok {
+				if !blocked(c.from, proto, c.host) {
 					t.Errorf("%s over %s: got through", c.what, proto)
 				}
 			}
@@ -115,7 +148,7 @@ func TestMesh(t *testing.T) {
 			cli.OK("", nil, "exec", b.ID, "--user", "root", "--", "sh", "-c",
 				"ip addr add "+spoof+"/32 dev eth0 && ip route replace "+web.MeshAddress+"/32 dev eth0 src "+spoof)
 			for _, proto := range []string{"tcp", "udp"} {
-				if ok, _ := echo(b, proto, web.MeshAddress); ok {
+				if !blocked(b, proto, web.MeshAddress) {
 					t.Errorf("%s as %s to web over %s: got through", b.Name, spoof, proto)
 				}
 			}
@@ -124,7 +157,7 @@ func TestMesh(t *testing.T) {
 	t.Run("deleted at once", func(t *testing.T) {
 		cli.OK("", nil, "delete", web.ID)
 		for _, host := range []string{"web.mesh-a.internal", web.MeshAddress} {
-			if ok, _ := echo(worker, "tcp", host); ok {
+			if !blocked(worker, "tcp", host) {
 				t.Errorf("worker to the deleted web at %s: got through", host)
 			}
 		}

@@ -1,9 +1,11 @@
 // Command meshprobe is what the mesh's tests run in a guest:
 //
 //	meshprobe serve              echo TCP and UDP on port 7007, every address
-//	meshprobe echo tcp|udp HOST  send a line to HOST:7007 (a name is resolved
-//	                             by the guest's resolver) and wait for it
-//	                             back; exit 1 if it does not come
+//	meshprobe echo tcp|udp HOST [WAIT]
+//	                             send a line to HOST:7007 (a name is
+//	                             resolved by the guest's resolver) and wait
+//	                             for it back, WAIT at most (a Go duration,
+//	                             default 3s); exit 1 if it does not come
 package main
 
 import (
@@ -19,11 +21,19 @@ func main() {
 		serve()
 		return
 	}
-	if len(os.Args) != 4 || os.Args[1] != "echo" || (os.Args[2] != "tcp" && os.Args[2] != "udp") {
-		fmt.Fprintln(os.Stderr, "usage: meshprobe serve | meshprobe echo tcp|udp HOST")
+	wait := 3 * time.Second
+	if len(os.Args) == 5 {
+		var err error
+		if wait, err = time.ParseDuration(os.Args[4]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+	}
+	if len(os.Args) < 4 || len(os.Args) > 5 || os.Args[1] != "echo" || (os.Args[2] != "tcp" && os.Args[2] != "udp") {
+		fmt.Fprintln(os.Stderr, "usage: meshprobe serve | meshprobe echo tcp|udp HOST [WAIT]")
 		os.Exit(2)
 	}
-	if err := echo(os.Args[2], os.Args[3]); err != nil {
+	if err := echo(os.Args[2], os.Args[3], wait); err != nil {
 		fmt.Println("fail:", err)
 		os.Exit(1)
 	}
@@ -32,13 +42,14 @@ func main() {
 
 const line = "mesh canary\n"
 
-func echo(proto, host string) error {
-	c, err := net.DialTimeout(proto, net.JoinHostPort(host, "7007"), 3*time.Second)
+func echo(proto, host string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	c, err := net.DialTimeout(proto, net.JoinHostPort(host, "7007"), wait)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(3 * time.Second))
+	c.SetDeadline(deadline)
 	if _, err := io.WriteString(c, line); err != nil {
 		return err
 	}
