@@ -65,7 +65,7 @@ test('create, info, list by metadata and state, connect, kill', async (t) => {
   await assert.rejects(Sandbox.getInfo(other.sandboxId), NotFoundError)
 })
 
-test('files: text and bytes both ways, the home by default', async (t) => {
+test('files: text, bytes and streams both ways, the home by default', async (t) => {
   const sbx = await create(t)
   await sbx.files.write('hello.txt', 'hello from the SDK\n')
   assert.equal(await sbx.files.read('/home/user/hello.txt'), 'hello from the SDK\n')
@@ -73,6 +73,14 @@ test('files: text and bytes both ways, the home by default', async (t) => {
   await sbx.files.write('/tmp/blob.bin', bytes)
   const back = await sbx.files.read('/tmp/blob.bin', { format: 'bytes' })
   assert.equal(Buffer.compare(Buffer.from(back), Buffer.from(bytes)), 0)
+  // Streams both ways: written from a ReadableStream in chunks, read as one.
+  const chunks = [bytes.subarray(0, 100_000), bytes.subarray(100_000)]
+  await sbx.files.write('/tmp/streamed.bin', new ReadableStream({
+    pull(c) { chunks.length ? c.enqueue(chunks.shift()) : c.close() },
+  }))
+  const parts = []
+  for await (const part of await sbx.files.read('/tmp/streamed.bin', { format: 'stream' })) parts.push(part)
+  assert.equal(Buffer.compare(Buffer.concat(parts), Buffer.from(bytes)), 0)
   await assert.rejects(sbx.files.read('/tmp/no-such-file'), NotFoundError)
 })
 
