@@ -3,6 +3,7 @@ package e2e
 import (
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/harebox/harebox/internal/testimage"
@@ -15,8 +16,9 @@ import (
 // other by name and by address, over TCP and UDP; another project's
 // sandbox and one kept off the mesh reach none of them and are reached by
 // none; as root in a guest, neither a spoofed source address nor a route
-// of its own gets through; a deleted sandbox's name stops resolving and
-// its address answers no more, at once.
+// of its own gets through; hareboxd killed and started again changes
+// none of it; a deleted sandbox's name stops resolving and its address
+// answers no more, at once.
 func TestMesh(t *testing.T) {
 	// (Beside TestCLIAudit, at the end of the package: its VMs' boots
 	// and the other's CLI runs share the cores.)
@@ -152,6 +154,21 @@ func TestMesh(t *testing.T) {
 					t.Errorf("%s as %s to web over %s: got through", b.Name, spoof, proto)
 				}
 			}
+		}
+	})
+	t.Run("hareboxd killed and started again", func(t *testing.T) {
+		// The VMs, taps and rules outlive it; the resolver is back with
+		// the names, and the rules as they were.
+		srv.Cmd.Process.Signal(syscall.SIGKILL)
+		srv.Cmd.Wait()
+		testserver.Relaunch(t, srv)
+		for _, host := range []string{"web.mesh-a.internal", web.MeshAddress} {
+			if ok, out := echo(worker, "udp", host); !ok {
+				t.Errorf("worker to web at %s after a restart: %s", host, out)
+			}
+		}
+		if !blocked(other, "tcp", web.MeshAddress) {
+			t.Error("project b reached web after a restart")
 		}
 	})
 	t.Run("deleted at once", func(t *testing.T) {
