@@ -30,7 +30,9 @@ func TestMesh(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := testserver.Start(t, s, dataDir)
+	// A warm pool of one: creates are claimed from it as well as restored
+	// from the golden snapshot, and a claimed member joins the mesh too.
+	srv := testserver.Start(t, s, dataDir, "--pool", "minimal:small=1")
 	defer testserver.Finish(t, srv, dataDir)
 	cli := &testserver.CLI{T: t, S: s, Srv: srv}
 	var made []string
@@ -71,6 +73,7 @@ func TestMesh(t *testing.T) {
 	if off.MeshAddress != "" || off.MeshName != "" {
 		t.Errorf("a sandbox kept off the mesh: %s %s", off.MeshAddress, off.MeshName)
 	}
+	t.Logf("served: web %s, worker %s, other %s, off %s", web.Served, worker.Served, other.Served, off.Served)
 
 	// echo runs the probe in from against host; it reports whether the
 	// line came back (within 10 s). blocked says it did not within 1 s:

@@ -193,7 +193,7 @@ func (r *Resolver) answer(remote net.Addr, req *dns.Msg) *dns.Msg {
 	if name == firewall.APIHost {
 		return r.internal(req, src, p)
 	}
-	if strings.HasSuffix(name, MeshDomain) {
+	if strings.HasSuffix(name, MeshDomain) || name == MeshDomain[1:] {
 		return r.mesh(req, src, name)
 	}
 	if _, err := firewall.NormalizeHost(name); err != nil || strings.HasPrefix(name, "*.") || !p.Resolvable(name) {

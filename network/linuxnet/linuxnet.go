@@ -582,7 +582,11 @@ func (n *Network) Traffic(sandboxID string) (sent, received uint64, err error) {
 	if st == nil {
 		return 0, 0, fmt.Errorf("linuxnet: traffic of %s: the tap has no statistics", sandboxID)
 	}
+	// (Under n.mu: the table's netlink connection takes one change or
+	// query at a time.)
+	n.mu.Lock()
 	meshBytes, meshPackets, _, err := n.table.MeshCounted(tap)
+	n.mu.Unlock()
 	if err != nil {
 		return 0, 0, fmt.Errorf("linuxnet: traffic of %s: %w", sandboxID, err)
 	}
