@@ -99,6 +99,11 @@ func TestMesh(t *testing.T) {
 			if ok, out := echo(web, proto, worker.MeshName); !ok {
 				t.Errorf("web to %s over %s: %s", worker.MeshName, proto, out)
 			}
+			// (Project b's one has its address and name, however it was
+			// served: a claimed pool member is given them as it is.)
+			if ok, out := echo(other, proto, other.MeshName); !ok {
+				t.Errorf("project b's db to its own name over %s: %s", proto, out)
+			}
 		}
 	})
 	t.Run("a fork joins with its own address and name", func(t *testing.T) {
