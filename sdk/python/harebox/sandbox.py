@@ -43,6 +43,10 @@ class Sandbox:
     snapshots: bool
     agent: str | None
     site: t.Site
+    #: Its address and name (NAME.PROJECT.internal) on its project's
+    #: private mesh, if it is on it.
+    mesh_address: str | None
+    mesh_name: str | None
     created_at: str
     expires_at: str | None
     error: str | None
@@ -72,6 +76,8 @@ class Sandbox:
         self.snapshots = bool(data.get("snapshots", True))
         self.agent = data.get("agent")
         self.site = data.get("site", {"name": "", "country": ""})
+        self.mesh_address = data.get("mesh_address")
+        self.mesh_name = data.get("mesh_name")
         self.created_at = data.get("created_at", "")
         self.expires_at = data.get("expires_at")
         self.error = data.get("error")

@@ -288,6 +288,20 @@ def test_sandbox_reports_its_environment() -> None:
     del data["environment"], data["third_party"]
     bare = harebox.Sandbox(hb, data)
     assert (bare.environment, bare.third_party) == (None, False)
+    assert (bare.mesh_address, bare.mesh_name) == (None, None)
+
+
+def test_sandbox_reports_its_mesh() -> None:
+    hb = harebox.Client(url="http://127.0.0.1:9", api_key="k")
+    data: t.SandboxJSON = {
+        "id": "sbx_1", "account_id": "acc_1", "project_id": "prj_1", "project": "shop", "state": "running",
+        "image": "minimal", "size": {"vcpus": 1, "memory_mb": 512, "disk_gb": 1}, "no_env": False,
+        "site": {"name": "l", "country": ""}, "created_at": "now",
+        "mesh_address": "10.240.0.1", "mesh_name": "web.shop.internal",
+    }
+    box = harebox.Sandbox(hb, data)
+    assert (box.mesh_address, box.mesh_name) == ("10.240.0.1", "web.shop.internal")
+    assert box.to_dict()["mesh_name"] == "web.shop.internal"
 
 
 def test_history_and_account_update_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:

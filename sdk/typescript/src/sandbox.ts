@@ -40,7 +40,7 @@ export interface WriteOptions extends RequestOptions {
 /** Options of {@link Sandbox.pty}: openPty's query, and the call's options. */
 export type PtyOptions = PtyQuery & RequestOptions;
 
-const FIELDS = ["id", "name", "account_id", "project_id", "project", "fleet_id", "fleet", "state", "image", "size", "labels", "no_env", "environment", "third_party", "monitoring", "snapshots", "agent", "site", "created_at", "expires_at", "error"] as const;
+const FIELDS = ["id", "name", "account_id", "project_id", "project", "fleet_id", "fleet", "state", "image", "size", "labels", "no_env", "environment", "third_party", "monitoring", "snapshots", "agent", "site", "mesh_address", "mesh_name", "created_at", "expires_at", "error"] as const;
 
 /**
  * A sandbox: the server's description of it (every field of the Sandbox
@@ -66,6 +66,10 @@ export class Sandbox implements SandboxData {
   declare snapshots?: boolean;
   declare agent?: "ok" | "unresponsive";
   declare site: Site;
+  /** Its address on its project's private mesh, if it is on it. */
+  declare mesh_address?: string;
+  /** Its name there, "NAME.PROJECT.internal". */
+  declare mesh_name?: string;
   declare created_at: string;
   declare expires_at?: string;
   declare error?: string;

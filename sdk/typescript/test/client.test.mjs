@@ -1372,6 +1372,14 @@ describe("against a local HTTP server", () => {
     assert.deepEqual(box.toJSON(), data);
   });
 
+  test("a sandbox keeps its mesh address and name", () => {
+    const hb = new HareBox({ url, apiKey: KEY });
+    const data = { id: "sbx_x", account_id: "acc_1", project_id: "prj_1", project: "shop", state: "running", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, no_env: false, site: { name: "l", country: "" }, mesh_address: "10.240.0.1", mesh_name: "web.shop.internal", created_at: "2025-01-01T00:00:00Z" };
+    const box = new Sandbox(hb, /** @type {any} */ (data));
+    assert.deepEqual([box.mesh_address, box.mesh_name], ["10.240.0.1", "web.shop.internal"]);
+    assert.deepEqual(box.toJSON(), data);
+  });
+
   test("a sandbox keeps its monitoring and snapshots fields", () => {
     const hb = new HareBox({ url, apiKey: KEY });
     const data = { id: "sbx_x", account_id: "acc_1", project_id: "prj_1", project: "default", state: "running", image: "minimal", size: { vcpus: 1, memory_mb: 512, disk_gb: 1 }, no_env: false, monitoring: false, snapshots: true, site: { name: "l", country: "" }, created_at: "2025-01-01T00:00:00Z" };
