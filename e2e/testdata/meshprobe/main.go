@@ -1,24 +1,43 @@
 // Command meshprobe is what the mesh's tests run in a guest:
 //
-//	meshprobe serve              echo TCP and UDP on port 7007, every address
+//	meshprobe serve              echo TCP and UDP on port 7007, and a TCP
+//	                             sink on 7008, on every address
 //	meshprobe echo tcp|udp HOST [WAIT]
 //	                             send a line to HOST:7007 (a name is
 //	                             resolved by the guest's resolver) and wait
 //	                             for it back, WAIT at most (a Go duration,
 //	                             default 3s); exit 1 if it does not come
+//	meshprobe bench HOST MIB     over TCP to HOST: the p50 of 200 one-byte
+//	                             round trips (port 7007) and MIB MiB
+//	                             sent to a sink (port 7008), printed as
+//	                             JSON {"rtt_p50_us", "mib_per_s"}
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"slices"
+	"strconv"
 	"time"
 )
 
 func main() {
 	if len(os.Args) == 2 && os.Args[1] == "serve" {
 		serve()
+		return
+	}
+	if len(os.Args) == 4 && os.Args[1] == "bench" {
+		mb, err := strconv.Atoi(os.Args[3])
+		if err == nil {
+			err = bench(os.Args[2], mb)
+		}
+		if err != nil {
+			fmt.Println("fail:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	wait := 3 * time.Second
@@ -63,12 +82,70 @@ func echo(proto, host string, wait time.Duration) error {
 	return nil
 }
 
+// bench measures round trips and throughput to host's serve.
+func bench(host string, mb int) error {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(host, "7007"), 3*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetNoDelay(true)
+	var rtts []time.Duration
+	b := make([]byte, 1)
+	for range 200 {
+		start := time.Now()
+		if _, err := c.Write(b); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(c, b); err != nil {
+			return err
+		}
+		rtts = append(rtts, time.Since(start))
+	}
+	slices.Sort(rtts)
+	sink, err := net.DialTimeout("tcp", net.JoinHostPort(host, "7008"), 3*time.Second)
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+	chunk := make([]byte, 256<<10)
+	start := time.Now()
+	for range mb * 4 {
+		if _, err := sink.Write(chunk); err != nil {
+			return err
+		}
+	}
+	sink.(*net.TCPConn).CloseWrite()
+	// (The sink answers once it has read everything.)
+	if _, err := io.ReadFull(sink, b); err != nil {
+		return err
+	}
+	secs := time.Since(start).Seconds()
+	return json.NewEncoder(os.Stdout).Encode(map[string]float64{
+		"rtt_p50_us": float64(rtts[len(rtts)/2].Microseconds()), "mib_per_s": float64(mb) / secs,
+	})
+}
+
 func serve() {
 	ln, err := net.Listen("tcp", ":7007")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	sink, err := net.Listen("tcp", ":7008")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	go func() {
+		for {
+			c, err := sink.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(io.Discard, c); c.Write([]byte{1}) }()
+		}
+	}()
 	pc, err := net.ListenPacket("udp", ":7007")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
