@@ -239,41 +239,33 @@ func (r *Resolver) answer(remote net.Addr, req *dns.Msg) *dns.Msg {
 // for private use; firewall.APIHost is under it too).
 const MeshDomain = ".internal"
 
-// mesh answers a name under MeshDomain from the host, never upstream: an
-// A record (TTL 1 s: a deleted sandbox's name stops resolving at once)
-// when the asking sandbox may see it, else no such name.
+// mesh answers a name under MeshDomain from the host, never upstream,
+// when the asking sandbox may see it (TTL 1 s: a deleted sandbox's name
+// stops resolving at once).
 func (r *Resolver) mesh(req *dns.Msg, src netip.Addr, name string) *dns.Msg {
-	resp := new(dns.Msg)
-	resp.RecursionAvailable = true
 	var addr netip.Addr
 	ok := false
 	if r.Mesh != nil {
 		addr, ok = r.Mesh(src, name)
 	}
-	if !ok {
-		resp.SetRcode(req, dns.RcodeNameError)
-		return resp
-	}
-	resp.SetReply(req)
-	resp.RecursionAvailable = true
-	if req.Question[0].Qtype == dns.TypeA {
-		resp.Answer = append(resp.Answer, &dns.A{
-			Hdr: dns.RR_Header{Name: dns.Fqdn(name), Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 1},
-			A:   addr.AsSlice(),
-		})
-	}
-	return resp
+	return hostAnswer(req, name, addr, ok, 1)
 }
 
 // internal answers firewall.APIHost from the host, never upstream, and only
 // when the sandbox's policy names it.
 func (r *Resolver) internal(req *dns.Msg, src netip.Addr, p *firewall.Policy) *dns.Msg {
-	resp := new(dns.Msg)
 	var addr netip.Addr
 	ok := false
 	if r.Internal != nil && p.Names(firewall.APIHost) {
 		addr, ok = r.Internal(src)
 	}
+	return hostAnswer(req, firewall.APIHost, addr, ok, 60)
+}
+
+// hostAnswer is the host's own answer for name: addr (an A record, for an
+// A query) when ok, else no such name.
+func hostAnswer(req *dns.Msg, name string, addr netip.Addr, ok bool, ttl uint32) *dns.Msg {
+	resp := new(dns.Msg)
 	if !ok {
 		resp.SetRcode(req, dns.RcodeNameError)
 		resp.RecursionAvailable = true
@@ -283,7 +275,7 @@ func (r *Resolver) internal(req *dns.Msg, src netip.Addr, p *firewall.Policy) *d
 	resp.RecursionAvailable = true
 	if req.Question[0].Qtype == dns.TypeA {
 		resp.Answer = append(resp.Answer, &dns.A{
-			Hdr: dns.RR_Header{Name: dns.Fqdn(firewall.APIHost), Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
+			Hdr: dns.RR_Header{Name: dns.Fqdn(name), Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: ttl},
 			A:   addr.AsSlice(),
 		})
 	}
