@@ -84,6 +84,7 @@ type Engine struct {
 	urls        *ingress.Service
 	hosts       *cluster.Registry
 	mesh        *mesh.Service
+	tunnels     *mesh.Tunnels // nil: no tunnels to other hosts
 
 	// urlCalls answer the calls on urls, for a principal.
 	urlCalls *ingress.Calls
@@ -229,6 +230,12 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.registerHost(ctx); err != nil {
 		return nil, err
 	}
+	if opts.MeshTunnel != nil {
+		if e.tunnels, err = mesh.NewTunnels(mesh.TunnelOptions{Store: store.Narrow(e.store, func(tx store.Tx) mesh.TunnelTx { return tx }),
+			Host: e.hosts.Name(), Endpoint: opts.MeshEndpoint, Tunnel: opts.MeshTunnel, Pool: e.mesh.Pool(), Log: e.log}); err != nil {
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, "mesh_endpoint", "%v", err)
+		}
+	}
 	if err := e.adopt(ctx); err != nil {
 		return nil, err
 	}
@@ -250,6 +257,10 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if e.shared { // (one host on SQLite: no lease to keep)
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.hosts.Run(e.ctx) }()
+	}
+	if e.tunnels != nil {
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); e.tunnels.Run(e.ctx) }()
 	}
 	e.wg.Add(1)
 	go e.reapExpired()

@@ -6,8 +6,11 @@ import (
 
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/audit"
+	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/mesh"
+	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
@@ -55,11 +58,45 @@ func (e *Engine) notice(topic, payload string) {
 		e.audit.Appended()
 	case budget.NoticeTopic:
 		e.meter.Wake()
+	case mesh.NoticeTopic:
+		if e.tunnels != nil {
+			e.tunnels.Changed(payload)
+		}
+	case cluster.NoticeTopic: // (a host removed)
+		if e.tunnels != nil {
+			e.tunnels.Changed("")
+		}
 	case "":
 		e.keys.Changed("")
 		e.audit.Appended()
 		e.meter.Wake()
+		if e.tunnels != nil {
+			e.tunnels.Changed("")
+		}
 	}
+}
+
+// RotateMeshKey has host name (this one or another) make a new key for
+// its end of the mesh's tunnels, the operator only. The host publishes the
+// new public key and its peers take it; connections between sandboxes
+// across it stall for a moment and go on. Another host is asked through
+// the store; it rotates within a second if it is up.
+func (e *Engine) RotateMeshKey(ctx context.Context, name string) (err error) {
+	defer func() { e.audit.Record(ctx, "rotateMeshKey", "", name, err) }()
+	if err := authz.Allowed(authz.From(ctx), "rotateMeshKey"); err != nil {
+		return err
+	}
+	h, err := e.store.GetHost(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return sandbox.Errorf(sandbox.ErrNotFound, "", "no host %q", name)
+	}
+	if err != nil {
+		return err
+	}
+	if h.Mesh == nil {
+		return sandbox.Errorf(sandbox.ErrState, "", "host %s has no mesh tunnel (hareboxd --mesh-endpoint)", name)
+	}
+	return mesh.AskRotate(ctx, store.Narrow(e.store, func(tx store.Tx) mesh.TunnelTx { return tx }), name)
 }
 
 // rewriteRecords writes this host's live sandboxes' records again, as they

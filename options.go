@@ -14,6 +14,7 @@ import (
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -44,6 +45,15 @@ type Options struct {
 	// mesh.DefaultPool. The mesh needs a Network that implements
 	// network.Mesher.
 	MeshPool netip.Prefix
+	// MeshTunnel is this host's end of the mesh's tunnels to the other
+	// hosts of a deployment (network/wgtunnel), reached at MeshEndpoint
+	// (an underlay address of this host and the tunnel's UDP port): the
+	// engine publishes both and keeps the tunnel's peers in step with the
+	// store (mesh.Tunnels). Nil: the mesh stays on this host. The
+	// Network must send the mesh's traffic for other hosts into it
+	// (linuxnet.Options.MeshTunnel).
+	MeshTunnel   mesh.Tunnel
+	MeshEndpoint netip.AddrPort
 	// Ingress is the public base URL (https://HOST[:PORT]) of the ingress
 	// that serves published ports (URLs(), served by the caller); nil:
 	// ports cannot be published. The Network must implement

@@ -109,5 +109,7 @@ type Control interface {
 	Ready(ctx context.Context) map[string]error
 	Capabilities(ctx context.Context) (hypervisor.Capabilities, error)
 	Site() sandbox.Site
+	// RotateMeshKey has a host make a new key for its mesh tunnel.
+	RotateMeshKey(ctx context.Context, host string) error
 	Close() error
 }

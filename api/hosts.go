@@ -27,3 +27,14 @@ func (s *Server) deleteHost(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, map[string]any{"host": name, "deleted_sandboxes": deleted})
 	return nil
 }
+
+// rotateMeshKey has a host make a new key for its end of the mesh's
+// tunnels: the operator only.
+func (s *Server) rotateMeshKey(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	if err := s.eng.RotateMeshKey(r.Context(), name); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, map[string]any{"host": name})
+	return nil
+}

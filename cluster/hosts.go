@@ -134,6 +134,9 @@ func (r *Registry) Remove(ctx context.Context, name string) (deleted []string, e
 	if err := r.db.DeleteHost(octx, name); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return deleted, err
 	}
+	if err := r.db.Notify(octx, NoticeTopic, name); err != nil {
+		r.opts.Log.Warn("cannot tell the other hosts of a host's removal", "host", name, "err", err)
+	}
 	return deleted, nil
 }
 

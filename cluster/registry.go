@@ -95,7 +95,13 @@ type Store interface {
 	GetSnapshot(ctx context.Context, id string) (*store.Snapshot, error)
 	ListSnapshots(ctx context.Context) ([]*store.Snapshot, error)
 	Scrub(ctx context.Context) error
+	Notify(ctx context.Context, topic, payload string) error
 }
+
+// NoticeTopic is the store notice of a host removed from the deployment
+// (its name): the other hosts drop what they keep of it (their mesh
+// tunnels to it).
+const NoticeTopic = "host"
 
 // Register claims this host's name in the store (store.ErrInUse if another
 // process runs by it) and marks the host up. Without a name the host

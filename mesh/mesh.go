@@ -36,6 +36,7 @@ type Tx interface {
 	AddMeshRange(ctx context.Context, projectID, prefix string) error
 	MeshAddresses(ctx context.Context, projectID string) ([]*store.MeshAddress, error)
 	AddMeshAddress(ctx context.Context, a *store.MeshAddress) error
+	Notify(ctx context.Context, topic, payload string) error
 }
 
 // Store is what the mesh reads and writes outside a create.
@@ -43,6 +44,7 @@ type Store interface {
 	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
 	MeshAddressByName(ctx context.Context, projectID, name string) (*store.MeshAddress, error)
 	DeleteMeshAddress(ctx context.Context, sandboxID string) error
+	Notify(ctx context.Context, topic, payload string) error
 }
 
 // Options configure a Service.
@@ -70,6 +72,9 @@ func New(o Options) (*Service, error) {
 	}
 	return &Service{o: o}, nil
 }
+
+// Pool is the deployment's mesh address space.
+func (s *Service) Pool() netip.Prefix { return s.o.Pool }
 
 // recordKey holds a sandbox's network.Mesh in its record's Extra.
 const recordKey = "mesh"
@@ -133,7 +138,7 @@ func (s *Service) Join(ctx context.Context, tx Tx, req *sandbox.CreateRequest, p
 		}
 		rec.MeshAddress, rec.MeshName = a.String(), name+"."+strings.ToLower(proj.Name)+"."+Domain
 		rec.SetExtra(recordKey, network.Mesh{Addr: a, Project: r})
-		return nil
+		return tx.Notify(ctx, NoticeTopic, "") // (the other hosts route it to this one)
 	}
 	return sandbox.Errorf(sandbox.ErrCapacity, "mesh", "project %s's mesh range %s is full", proj.Name, r)
 }
@@ -181,7 +186,10 @@ func (s *Service) projectRange(ctx context.Context, tx Tx, projectID string) (ne
 // name resolves for nobody, and its address goes to the next sandbox of
 // its project that joins.
 func (s *Service) Leave(ctx context.Context, id string) error {
-	return s.o.Store.DeleteMeshAddress(ctx, id)
+	if err := s.o.Store.DeleteMeshAddress(ctx, id); err != nil {
+		return err
+	}
+	return s.o.Store.Notify(ctx, NoticeTopic, "") // (the other hosts stop routing it here)
 }
 
 // Lookup answers name for sandbox id's guest: the address of

@@ -41,6 +41,17 @@ type Sealed struct {
 // NewSealed uses the 32-byte master key in keyFile, creating it (mode 0600)
 // if it does not exist.
 func NewSealed(db store.Store, keyFile string) (*Sealed, error) {
+	aead, err := MasterKey(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	return &Sealed{db: db, aead: aead}, nil
+}
+
+// MasterKey is the AEAD of the host's 32-byte master key in keyFile,
+// created (mode 0600) if it does not exist; the host seals what it keeps
+// in files under it too (its mesh tunnel's private key).
+func MasterKey(keyFile string) (cipher.AEAD, error) {
 	key, err := os.ReadFile(keyFile)
 	if errors.Is(err, os.ErrNotExist) {
 		key = make([]byte, 32)
@@ -68,11 +79,7 @@ func NewSealed(db store.Store, keyFile string) (*Sealed, error) {
 	if err != nil {
 		return nil, err
 	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, err
-	}
-	return &Sealed{db: db, aead: aead}, nil
+	return cipher.NewGCM(block)
 }
 
 // additional binds a ciphertext to its scope and name, so a sealed value

@@ -25,6 +25,28 @@ type Host struct {
 	StartedAt  time.Time         `json:"started_at"`
 	RenewedAt  time.Time         `json:"renewed_at"`
 	LeaseUntil time.Time         `json:"lease_until"`
+	// Mesh is its end of the mesh's tunnels, if it has one.
+	Mesh *HostMesh `json:"mesh,omitempty"`
+}
+
+// HostMesh is a host's end of the mesh's tunnels as the other hosts find
+// it (its public key and the underlay address its tunnels arrive on), and
+// its tunnels as it last reported them.
+type HostMesh struct {
+	PublicKey  string    `json:"public_key"`
+	Endpoint   string    `json:"endpoint"`
+	Tunnels    []Tunnel  `json:"tunnels,omitempty"`
+	ReportedAt time.Time `json:"reported_at,omitzero"`
+}
+
+// Tunnel is one host's tunnel to another.
+type Tunnel struct {
+	Host          string    `json:"host"`
+	PublicKey     string    `json:"public_key"`
+	Endpoint      string    `json:"endpoint,omitempty"`
+	LastHandshake time.Time `json:"last_handshake,omitzero"`
+	RxBytes       uint64    `json:"rx_bytes"`
+	TxBytes       uint64    `json:"tx_bytes"`
 }
 
 // PutHost implements Tx.

@@ -102,3 +102,22 @@ func (s *DB) DeleteMeshAddress(ctx context.Context, sandboxID string) error {
 	}
 	return nil
 }
+
+// MeshAddressesByHost implements Tx: every mesh address of a sandbox that
+// has a host, by the host's name.
+func (s *DB) MeshAddressesByHost(ctx context.Context) (map[string][]string, error) {
+	rows, err := s.q.QueryContext(ctx, `SELECT s.host, m.addr FROM mesh_addresses m JOIN sandboxes s ON s.id = m.sandbox_id WHERE s.host <> '' ORDER BY s.host, m.addr`)
+	if err != nil {
+		return nil, fmt.Errorf("store: mesh addresses by host: %w", err)
+	}
+	defer rows.Close()
+	out := map[string][]string{}
+	for rows.Next() {
+		var h, a string
+		if err := rows.Scan(&h, &a); err != nil {
+			return nil, fmt.Errorf("store: mesh addresses by host: %w", err)
+		}
+		out[h] = append(out[h], a)
+	}
+	return out, rows.Err()
+}

@@ -239,6 +239,7 @@ type Tx interface {
 	AddMeshAddress(ctx context.Context, a *MeshAddress) error
 	MeshAddressByName(ctx context.Context, projectID, name string) (*MeshAddress, error)
 	DeleteMeshAddress(ctx context.Context, sandboxID string) error
+	MeshAddressesByHost(ctx context.Context) (map[string][]string, error)
 
 	// API keys, with the hash of their secret.
 	PutKey(ctx context.Context, k *Key) error

@@ -87,6 +87,7 @@ var commands = []command{
 	{"events", "[--follow] [--after CURSOR] [--limit N] [--account REF]", "what happened on the engine's side: budget warnings and actions, guests using placeholders, VMs that stopped on their own; --follow prints them as they happen", cmdEvents},
 	{"metrics", "ID [--from TIME] [--to TIME] [--limit N] | --server", "a sandbox's monitoring samples (CPU, memory, disk, network, measured on the host), or the server's metrics in the Prometheus text format", cmdMetrics},
 	{"mcp", "", "serve the Model Context Protocol on stdin/stdout for an agent framework: tools to create, list and delete sandboxes, run commands and read and write files, each called with this CLI's key", cmdMCP},
+	{"mesh", "[status] | rotate-key HOST", "the mesh's tunnels between the hosts (hareboxd --mesh-endpoint): each host's endpoint and key, and its tunnel to each other host with its last handshake and bytes, as each host last reported them; rotate-key has HOST make a new key (the operator only)", cmdMesh},
 	{"hosts", "[list] | remove NAME", "the hosts of the deployment (hareboxd that share a PostgreSQL store), up or down, with what they run and their leases; remove takes one that is down out for good, deleting its sandboxes (the operator only)", cmdHosts},
 	{"version", "", "client and server versions", cmdVersion},
 }
@@ -658,6 +659,69 @@ func cmdHosts(ctx context.Context, c *cli, args []string) (int, error) {
 		return 2, errors.New("usage: harebox hosts [list] | remove NAME")
 	}
 	return 0, c.json(out)
+}
+
+func cmdMesh(ctx context.Context, c *cli, args []string) (int, error) {
+	switch {
+	case len(args) == 2 && args[0] == "rotate-key":
+		var out json.RawMessage
+		if err := c.c.Do(ctx, "POST", "/v1/hosts/"+url.PathEscape(args[1])+"/mesh-key", nil, nil, &out); err != nil {
+			return 0, err
+		}
+		return 0, c.json(out)
+	case len(args) == 0 || (len(args) == 1 && args[0] == "status"):
+	default:
+		return 2, errors.New("usage: harebox mesh [status] | rotate-key HOST")
+	}
+	// (The fields printed of GET /v1/hosts' Host and HostMesh.)
+	var out struct {
+		Hosts []struct {
+			Name string `json:"name"`
+			Mesh *struct {
+				PublicKey  string    `json:"public_key"`
+				Endpoint   string    `json:"endpoint"`
+				ReportedAt time.Time `json:"reported_at"`
+				Tunnels    []struct {
+					Host          string    `json:"host"`
+					LastHandshake time.Time `json:"last_handshake"`
+					RxBytes       uint64    `json:"rx_bytes"`
+					TxBytes       uint64    `json:"tx_bytes"`
+				} `json:"tunnels"`
+			} `json:"mesh"`
+		} `json:"hosts"`
+	}
+	var raw json.RawMessage
+	if err := c.c.Do(ctx, "GET", "/v1/hosts", nil, nil, &raw); err != nil {
+		return 0, err
+	}
+	if c.output == "json" {
+		return 0, c.json(raw)
+	}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return 0, err
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tENDPOINT\tKEY\tTO\tHANDSHAKE\tRX\tTX\tREPORTED")
+	for _, h := range out.Hosts {
+		if h.Mesh == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\n", h.Name)
+			continue
+		}
+		m := h.Mesh
+		ago := func(t time.Time) string {
+			if t.IsZero() {
+				return "never"
+			}
+			return time.Since(t).Round(time.Second).String() + " ago"
+		}
+		if len(m.Tunnels) == 0 {
+			fmt.Fprintf(tw, "%s\t%s\t%.8s\t-\t-\t-\t-\t%s\n", h.Name, m.Endpoint, m.PublicKey, ago(m.ReportedAt))
+		}
+		for _, tu := range m.Tunnels {
+			fmt.Fprintf(tw, "%s\t%s\t%.8s\t%s\t%s\t%d\t%d\t%s\n", h.Name, m.Endpoint, m.PublicKey, dash(tu.Host), ago(tu.LastHandshake), tu.RxBytes, tu.TxBytes, ago(m.ReportedAt))
+		}
+	}
+	return 0, tw.Flush()
 }
 
 func cmdVersion(ctx context.Context, c *cli, args []string) (int, error) {

@@ -39,7 +39,9 @@ import (
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/network/linuxnet"
+	"github.com/harebox/harebox/network/wgtunnel"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/servertls"
 	"github.com/harebox/harebox/store"
 )
@@ -98,6 +100,7 @@ func run(args []string, instead func(settings) error) error {
 		backend      = fs.String("hypervisor", "qemu", "hypervisor backend plugin: qemu or cloud-hypervisor")
 		pluginPath   = fs.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
 		meshPool     = fs.String("mesh-pool", mesh.DefaultPool.String(), "the address space of the projects' private meshes, a /22 for each project's (the same on every host; apart from --address-pool)")
+		meshEndpoint = fs.String("mesh-endpoint", "", "ADDR:PORT: this host's end of the mesh's WireGuard tunnels to the deployment's other hosts (with a PostgreSQL --store and --network linux): its address on the network between the hosts and the UDP port the tunnels arrive on (bound on all addresses); unset: each project's mesh stays within each host")
 		maxFile      = fs.Int64("max-file-bytes", 256<<20, "the largest file a sandbox's file calls write or read, in bytes")
 		guestASLR    = fs.Bool("tcg-guest-aslr", false, "qemu under software emulation (TCG): keep address-space randomization in guests, which makes every process start in them 3 to 4 times slower (off by default there; guests under KVM always keep it)")
 		imageDir     = fs.String("image-dir", "", "built images (default DATA_DIR/images)")
@@ -170,6 +173,15 @@ func run(args []string, instead func(settings) error) error {
 	meshPrefix, err := netip.ParsePrefix(*meshPool)
 	if err != nil {
 		return fmt.Errorf("--mesh-pool: %w", err)
+	}
+	var meshEP netip.AddrPort
+	if *meshEndpoint != "" {
+		if meshEP, err = netip.ParseAddrPort(*meshEndpoint); err != nil || meshEP.Port() == 0 || meshEP.Addr().IsUnspecified() {
+			return fmt.Errorf("--mesh-endpoint %q: want this host's ADDR:PORT on the network between the hosts", *meshEndpoint)
+		}
+		if *storeURL == "" || *netKind != "linux" {
+			return fmt.Errorf("--mesh-endpoint: tunnels between hosts need the hosts' shared --store (PostgreSQL) and --network linux")
+		}
 	}
 	if *maxFile < 1<<20 {
 		return fmt.Errorf("--max-file-bytes %d: at least 1 MiB (1048576)", *maxFile)
@@ -287,12 +299,24 @@ func run(args []string, instead func(settings) error) error {
 	// through the egress proxy, over in-process connections.
 	pipes := api.NewPipes()
 	var sandboxNet network.Network = network.None{}
+	var tunnel *wgtunnel.Tunnel
+	if meshEP.IsValid() {
+		if tunnel, err = openTunnel(*dataDir, meshEP.Port(), log); err != nil {
+			return err
+		}
+		defer tunnel.Close() // (after the engine's)
+		log.Info("mesh tunnels to the other hosts", "endpoint", meshEP, "interface", tunnel.Name(), "public_key", tunnel.PublicKey())
+	}
 	switch *netKind {
 	case "linux":
-		ln, err := linuxnet.New(ctx, linuxnet.Options{
+		lo := linuxnet.Options{
 			StateDir: filepath.Join(*dataDir, "net"), Pool: prefix, Upstream: *upstream, Table: *table, Logger: log,
-			API: pipes.Dial,
-		})
+			API: pipes.Dial, MeshPool: meshPrefix,
+		}
+		if tunnel != nil {
+			lo.MeshTunnel = tunnel.Name()
+		}
+		ln, err := linuxnet.New(ctx, lo)
 		if err != nil {
 			return fmt.Errorf("network: %w", err)
 		}
@@ -317,7 +341,7 @@ func run(args []string, instead func(settings) error) error {
 	if *guestASLR && *backend == "qemu" {
 		pluginArgs = append(pluginArgs, "--tcg-guest-aslr")
 	}
-	eng, err := harebox.New(ctx, harebox.Options{
+	opts := harebox.Options{
 		DefaultFirewall: fw, PluginArgs: pluginArgs, MaxFileBytes: *maxFile, MeshPool: meshPrefix,
 		DataDir: *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
@@ -325,7 +349,11 @@ func run(args []string, instead func(settings) error) error {
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
 		Host:        harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease},
 		AuditAnchor: anchor, AuditCheckpointInterval: *auditEvery,
-	})
+	}
+	if tunnel != nil {
+		opts.MeshTunnel, opts.MeshEndpoint = tunnel, meshEP
+	}
+	eng, err := harebox.New(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -426,6 +454,23 @@ func run(args []string, instead func(settings) error) error {
 
 // checkCluster checks the flags of the internal endpoint and returns its
 // TLS and the address the other hosts reach it at (nil, "": none).
+// openTunnel opens this host's end of the mesh's tunnels, its private key
+// sealed under the host's master key in the data directory.
+func openTunnel(dataDir string, port uint16, log *slog.Logger) (*wgtunnel.Tunnel, error) {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, err
+	}
+	seal, err := secrets.MasterKey(filepath.Join(dataDir, "master.key"))
+	if err != nil {
+		return nil, err
+	}
+	t, err := wgtunnel.Open(wgtunnel.Options{Port: port, KeyFile: filepath.Join(dataDir, "mesh-tunnel.key"), Seal: seal, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("--mesh-endpoint: %w", err)
+	}
+	return t, nil
+}
+
 func checkCluster(addr, advertised, caFile, certFile, keyFile, storeURL string) (*cluster.TLS, string, error) {
 	if addr == "" {
 		if advertised != "" || caFile != "" || certFile != "" || keyFile != "" {

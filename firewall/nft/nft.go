@@ -55,6 +55,14 @@ type Config struct {
 	// IngressMark is the socket mark (SO_MARK) of the host ingress's
 	// connections to guests; 0 lets nothing in.
 	IngressMark uint32
+	// MeshPool is the address space of the projects' meshes: nothing is
+	// forwarded to it but from a sandbox's tap (its own chains decide) or
+	// from Tunnel. Unset: no such rule.
+	MeshPool netip.Prefix
+	// Tunnel is the mesh's tunnel device (network/wgtunnel), if any: what
+	// comes out of it reaches sandboxes here only (their i- chains
+	// decide), never the host or anywhere else.
+	Tunnel string
 }
 
 // Sandbox is one sandbox's network identity and policy.
@@ -89,6 +97,9 @@ type Table struct {
 func Open(cfg Config) (*Table, error) {
 	if cfg.Table == "" || !cfg.Pool.IsValid() || cfg.DNSPort == 0 || cfg.ProxyPort == 0 {
 		return nil, errors.New("nft: incomplete config")
+	}
+	if len(cfg.Tunnel) >= unix.IFNAMSIZ || cfg.MeshPool.IsValid() && (!cfg.MeshPool.Addr().Is4() || cfg.MeshPool.Overlaps(cfg.Pool)) {
+		return nil, fmt.Errorf("nft: bad mesh pool %s (sandboxes' pool %s) or tunnel %q", cfg.MeshPool, cfg.Pool, cfg.Tunnel)
 	}
 	c, err := nftables.New(nftables.WithSockOptions(bigBuffers))
 	if err != nil {
@@ -359,6 +370,22 @@ func (t *Table) addBase() baseChains {
 	}{{unix.IPPROTO_UDP, t.cfg.DNSPort}, {unix.IPPROTO_TCP, t.cfg.DNSPort}, {unix.IPPROTO_TCP, t.cfg.ProxyPort}} {
 		t.rule(b.input, nil, l4(p.proto), dport(p.port), verdict(expr.VerdictDrop))
 	}
+	// The mesh: packets from a sandbox's tap never get here (its o- chain
+	// decides them all); anything else bound for the mesh's addresses
+	// must come out of the tunnel, and what comes out of the tunnel goes
+	// to a sandbox (forward-in jumps to its i- chain ahead of this drop)
+	// or nowhere.
+	if mp := t.cfg.MeshPool; mp.IsValid() {
+		var from []expr.Any
+		if t.cfg.Tunnel != "" {
+			from = ifnameCmp(unix.NFT_META_IIFNAME, t.cfg.Tunnel, expr.CmpOpNeq)
+		}
+		t.rule(b.forward, nil, ipv4(), prefixCmp(16, mp, expr.CmpOpEq), from, verdict(expr.VerdictDrop))
+	}
+	if tun := t.cfg.Tunnel; tun != "" {
+		t.rule(b.forwardIn, nil, ifname(unix.NFT_META_IIFNAME, tun), verdict(expr.VerdictDrop))
+		t.rule(b.input, nil, ifname(unix.NFT_META_IIFNAME, tun), verdict(expr.VerdictDrop))
+	}
 	// Masquerade sandboxes to the uplink; sandbox-to-sandbox traffic is
 	// refused by policy anyway.
 	pool := t.cfg.Pool
@@ -593,10 +620,12 @@ func jump(chain string) []expr.Any {
 	return []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}
 }
 
-func ifname(key expr.MetaKey, name string) []expr.Any {
+func ifname(key expr.MetaKey, name string) []expr.Any { return ifnameCmp(key, name, expr.CmpOpEq) }
+
+func ifnameCmp(key expr.MetaKey, name string, op expr.CmpOp) []expr.Any {
 	b := make([]byte, unix.IFNAMSIZ)
 	copy(b, name)
-	return []expr.Any{&expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b}}
+	return []expr.Any{&expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: op, Register: 1, Data: b}}
 }
 
 func nfproto(p byte) []expr.Any {

@@ -9,12 +9,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netns"
 
 	"github.com/harebox/harebox/apiclient"
 	"github.com/harebox/harebox/internal/procs"
@@ -196,7 +200,83 @@ func Launch(t testing.TB, s Setup, dataDir string, args ...string) *Server {
 
 func LaunchEnv(t testing.TB, s Setup, dataDir string, env []string, args ...string) *Server {
 	t.Helper()
+	return launch(t, s, dataDir, env, "", args...)
+}
+
+// StartIn is Start for a server in network namespace ns (ip netns exec),
+// whose taps, firewall table and routes are the namespace's: it listens
+// on the namespace's loopback, which this process reaches through a
+// forwarder on its own (Server.URL), so its API's traffic crosses no
+// link. Deleting the namespace removes what the server made in it.
+func StartIn(t testing.TB, s Setup, dataDir, ns string, extra ...string) *Server {
+	t.Helper()
+	_, pool, meshPool := networkOf(t, dataDir)
+	return launch(t, s, dataDir, nil, ns, append([]string{"--image-dir", s.ImageDir, "--plugin", s.Plugin, "--site", "fr-par-1", "--country", "FR",
+		"--network", "linux", "--address-pool", pool + "0/24", "--mesh-pool", meshPool}, extra...)...)
+}
+
+// nsListen is where a server in a namespace listens, on its loopback.
+const nsListen = "127.0.0.1:7070"
+
+// forwardTo forwards connections to a free loopback address here to
+// nsListen in namespace ns, until the test ends; it returns the address.
+func forwardTo(t testing.TB, ns string) string {
+	t.Helper()
 	addr := FreeAddr(t)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := DialIn(ns, "tcp", nsListen)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
+				io.Copy(c, up)
+			}()
+		}
+	}()
+	return addr
+}
+
+// DialIn dials addr from network namespace ns. (The thread that entered
+// the namespace is dropped after: its goroutine ends locked to it.)
+func DialIn(ns, network, addr string) (c net.Conn, err error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		var h netns.NsHandle
+		if h, err = netns.GetFromName(ns); err != nil {
+			return
+		}
+		defer h.Close()
+		if err = netns.Set(h); err != nil {
+			return
+		}
+		c, err = net.DialTimeout(network, addr, 10*time.Second)
+	}()
+	<-done
+	return c, err
+}
+
+func launch(t testing.TB, s Setup, dataDir string, env []string, ns string, args ...string) *Server {
+	t.Helper()
+	addr := FreeAddr(t)
+	listen := addr
+	if ns != "" {
+		addr, listen = forwardTo(t, ns), nsListen
+	}
 	srv := &Server{URL: "http://" + addr, DataDir: dataDir, Log: &bytes.Buffer{}, HTTP: &http.Client{}}
 	for i, a := range args {
 		// An https server: clients trust its certificate as the CA.
@@ -207,7 +287,10 @@ func LaunchEnv(t testing.TB, s Setup, dataDir string, env []string, args ...stri
 			srv.CA = args[i+1]
 		}
 	}
-	srv.Cmd = exec.Command(s.Hareboxd, slices.Concat([]string{"--data-dir", dataDir, "--listen", addr}, s.Flags, args)...)
+	srv.Cmd = exec.Command(s.Hareboxd, slices.Concat([]string{"--data-dir", dataDir, "--listen", listen}, s.Flags, args)...)
+	if ns != "" {
+		srv.Cmd = exec.Command("ip", slices.Concat([]string{"netns", "exec", ns}, srv.Cmd.Args)...)
+	}
 	if env != nil {
 		srv.Cmd.Env = append(os.Environ(), env...)
 	}

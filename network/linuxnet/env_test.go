@@ -153,7 +153,10 @@ type env struct {
 	upstream string
 	// api is Options.API for the networks the env makes.
 	api func(ctx context.Context, src netip.Addr) (net.Conn, error)
-	mu  sync.Mutex
+	// meshPool and meshTunnel are their Options.MeshPool and MeshTunnel.
+	meshPool   netip.Prefix
+	meshTunnel string
+	mu         sync.Mutex
 	// seen is what each HTTPS test host last received: its Authorization
 	// header and its query (what a credential proxy put in).
 	seen map[string]string
@@ -487,14 +490,16 @@ func (e *env) newNetworkWith(stateDir string, newLink func(string) error) *Netwo
 		stateDir = t.TempDir()
 	}
 	n, err := New(context.Background(), Options{
-		StateDir: stateDir,
-		Pool:     e.pool,
-		Upstream: e.upstream,
-		Table:    "harebox_t" + e.id,
-		newLink:  newLink,
-		API:      e.api,
-		Roots:    e.certs,
-		Logger:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		StateDir:   stateDir,
+		Pool:       e.pool,
+		Upstream:   e.upstream,
+		Table:      "harebox_t" + e.id,
+		newLink:    newLink,
+		API:        e.api,
+		Roots:      e.certs,
+		MeshPool:   e.meshPool,
+		MeshTunnel: e.meshTunnel,
+		Logger:     slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -71,6 +71,13 @@ type Options struct {
 	// which it then reaches as http://api.harebox.internal/ when its
 	// policy names that host (firewall.APIHost). Nil: never.
 	API func(ctx context.Context, src netip.Addr) (net.Conn, error)
+	// MeshPool is the address space of the projects' meshes (mesh.Options):
+	// only sandboxes here and MeshTunnel may send to it. Unset: not
+	// guarded beyond each sandbox's own chains.
+	MeshPool netip.Prefix
+	// MeshTunnel is the interface of the mesh's tunnels to the other
+	// hosts (network/wgtunnel), if any.
+	MeshTunnel string
 	// Roots verify the real hosts behind credential rules; nil means the
 	// system's roots (tests use their own CA).
 	Roots  *x509.CertPool
@@ -201,7 +208,8 @@ func New(ctx context.Context, opts Options) (*Network, error) {
 		// resolves to the gateway and the proxy takes the connection.
 		n.resolver.Internal = func(src netip.Addr) (netip.Addr, bool) { return src.Prev(), true }
 	}
-	n.table, err = nft.Open(nft.Config{Table: opts.Table, Pool: opts.Pool, DNSPort: dnsPort, ProxyPort: proxyPort, IngressMark: opts.IngressMark})
+	n.table, err = nft.Open(nft.Config{Table: opts.Table, Pool: opts.Pool, DNSPort: dnsPort, ProxyPort: proxyPort, IngressMark: opts.IngressMark,
+		MeshPool: opts.MeshPool, Tunnel: opts.MeshTunnel})
 	if err == nil {
 		err = n.table.Reset(n.sandboxes())
 	}

@@ -2,10 +2,12 @@ package linuxnet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -335,4 +337,105 @@ func TestMesh(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestMeshTunnelRules: what comes out of the mesh's tunnel device (a veth
+// here, whose far end plays the other hosts' sandboxes) reaches a mesh
+// sandbox of this host, and nothing else: not a service of the host, not
+// the test internet. And a mesh address is reached from the tunnel and
+// the sandboxes only: a datagram from the test internet with a source in
+// the sandbox's project's range gets nowhere (rp_filter is off here, as
+// on many hosts).
+func TestMeshTunnelRules(t *testing.T) {
+	e := newEnv(t)
+	tun, peer := "hbmt"+e.id, "hbmp-"+e.id
+	sh(t, "ip", "netns", "add", peer)
+	t.Cleanup(func() { shq("ip", "netns", "del", peer) })
+	sh(t, "ip", "link", "add", tun, "type", "veth", "peer", "name", "eth0", "netns", peer)
+	t.Cleanup(func() { shq("ip", "link", "del", tun) })
+	sh(t, "ip", "link", "set", tun, "up")
+	const remote = "10.240.4.9" // (a sandbox of project A on another host)
+	// (Everything from the far end goes to the veth, through a gateway
+	// that is its MAC: WireGuard's device has no link layer.)
+	mac, err := os.ReadFile("/sys/class/net/" + tun + "/address")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"link", "set", "lo", "up"}, {"link", "set", "eth0", "up"}, {"addr", "add", remote + "/32", "dev", "eth0"},
+		{"route", "add", "169.254.0.1", "dev", "eth0"}, {"neigh", "replace", "169.254.0.1", "lladdr", strings.TrimSpace(string(mac)), "dev", "eth0", "nud", "permanent"},
+		{"route", "add", "default", "via", "169.254.0.1", "dev", "eth0"}} {
+		sh(t, append([]string{"ip", "-n", peer}, args...)...)
+	}
+	sh(t, "ip", "route", "add", remote+"/32", "dev", tun) // (as network/wgtunnel routes a peer's address)
+	e.meshPool, e.meshTunnel = netip.MustParsePrefix("10.240.0.0/12"), tun
+	n := e.newNetwork("")
+	sh(t, "ip", "route", "add", "throw", "10.240.0.0/12", "table", fmt.Sprint(e.table))
+	a1 := e.attach(n, mustPolicy(t, `{"default_outbound":"allow"}`))
+	m1 := a1.onMesh(n, "10.240.4.1", "10.240.4.0/22")
+	a1.echoServer(m1)
+	// A datagram counter on a1's mesh address.
+	var got counter
+	var pc net.PacketConn
+	inNS(t, a1.ns, func() { pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(m1, 9).String()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, _, err := pc.ReadFrom(buf); err != nil {
+				return
+			}
+			got.n.Add(1)
+		}
+	}()
+	dialFrom := func(ns, src, network, dst string) (c net.Conn, err error) {
+		inNS(t, ns, func() {
+			d := net.Dialer{Timeout: time.Second}
+			if network == "tcp4" {
+				d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+			} else {
+				d.LocalAddr = &net.UDPAddr{IP: net.ParseIP(src)}
+			}
+			c, err = d.Dial(network, dst)
+		})
+		return c, err
+	}
+	send := func(ns, src, dst string) {
+		t.Helper()
+		c, err := dialFrom(ns, src, "udp4", dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for range 3 {
+			c.Write([]byte("mesh canary\n"))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+
+	// From the tunnel to a1: TCP both ways, and datagrams.
+	c, err := dialFrom(peer, remote, "tcp4", netip.AddrPortFrom(m1, 7).String())
+	if err != nil {
+		t.Fatalf("from the tunnel to a1: %v", err)
+	}
+	c.Close()
+	send(peer, remote, netip.AddrPortFrom(m1, 9).String())
+	if got.get() == 0 {
+		t.Fatal("from the tunnel to a1: no datagram arrived")
+	}
+	// From the tunnel to the host and to the test internet: nothing.
+	_, err = dialFrom(peer, remote, "tcp4", net.JoinHostPort(hostSide, fmt.Sprint(e.hostPort)))
+	mustBlocked(t, "from the tunnel to a host service", err, e.count("host"))
+	send(peer, remote, pypiIP+":443")
+	mustBlocked(t, "from the tunnel to the test internet", errors.New("sent"), e.count("udp443"))
+	// From the test internet, as project A's 10.240.4.77, to a1.
+	sh(t, "ip", "-n", e.inet, "addr", "add", "10.240.4.77/32", "dev", "lo")
+	sh(t, "ip", "-n", e.inet, "route", "add", m1.String()+"/32", "via", hostSide)
+	before := got.get()
+	send(e.inet, "10.240.4.77", netip.AddrPortFrom(m1, 9).String())
+	if got.get() != before {
+		t.Errorf("from the test internet as 10.240.4.77: %d datagrams reached a1", got.get()-before)
+	}
 }

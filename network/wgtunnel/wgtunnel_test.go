@@ -5,7 +5,6 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -15,12 +14,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox/internal/netcapture"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
@@ -102,6 +100,7 @@ func twoHosts(t *testing.T) (a, b *host) {
 	sh(t, "ip", "link", "add", a.underlayIf, "netns", a.ns, "type", "veth", "peer", "name", b.underlayIf, "netns", b.ns)
 	for _, h := range []*host{a, b} {
 		sh(t, "ip", "-n", h.ns, "addr", "add", h.underlay.String()+"/24", "dev", h.underlayIf)
+		sh(t, "ip", "netns", "exec", h.ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
 		sh(t, "ip", "-n", h.ns, "link", "set", h.underlayIf, "up")
 		sh(t, "ip", "-n", h.ns, "link", "set", "lo", "up")
 		sh(t, "ip", "-n", h.ns, "addr", "add", h.mesh.String()+"/32", "dev", "lo")
@@ -248,59 +247,6 @@ func (h *host) echo(network string, o *host, msg string) error {
 	return nil
 }
 
-// capture records every frame on h's underlay link until stop is called.
-func (h *host) capture() (stop func() [][]byte) {
-	t := h.t
-	var fd int
-	var err error
-	inNS(t, h.ns, func() {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return
-		}
-		var ifi *net.Interface
-		if ifi, err = net.InterfaceByName(h.underlayIf); err == nil {
-			err = unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index})
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100_000})
-	var mu sync.Mutex
-	var frames [][]byte
-	quit := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 65536)
-		for {
-			select {
-			case <-quit:
-				return
-			default:
-			}
-			n, _, err := unix.Recvfrom(fd, buf, 0)
-			if err != nil {
-				continue
-			}
-			mu.Lock()
-			frames = append(frames, bytes.Clone(buf[:n]))
-			mu.Unlock()
-		}
-	}()
-	return func() [][]byte {
-		close(quit)
-		<-done
-		unix.Close(fd)
-		mu.Lock()
-		defer mu.Unlock()
-		return frames
-	}
-}
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
-
 // TestTunnel: two hosts' sandboxes talk TCP and UDP through the tunnel;
 // the underlay carries WireGuard's UDP only (a canary sent through is
 // nowhere in a capture); a source address the sending host does not
@@ -310,7 +256,7 @@ func TestTunnel(t *testing.T) {
 	a, b := twoHosts(t)
 	b.listen()
 	a.listen()
-	stop := a.capture()
+	capture := netcapture.Start(t, a.ns, a.underlayIf)
 	canary := "harebox-canary-" + rand.Text()
 	for _, network := range []string{"tcp4", "udp4"} {
 		if err := a.echo(network, b, canary); err != nil {
@@ -320,30 +266,9 @@ func TestTunnel(t *testing.T) {
 			t.Fatalf("b -> a %s: %v", network, err)
 		}
 	}
-	frames := stop()
-	if len(frames) == 0 {
-		t.Fatal("the capture saw nothing")
-	}
-	wg := 0
-	for _, f := range frames {
-		if bytes.Contains(f, []byte(canary)) {
-			t.Fatal("the canary crossed the underlay in plaintext")
-		}
-		if len(f) < 14 || binary.BigEndian.Uint16(f[12:]) != unix.ETH_P_IP {
-			continue // ARP
-		}
-		ip := f[14:]
-		if len(ip) < 28 || ip[9] != unix.IPPROTO_UDP {
-			t.Fatalf("on the underlay, IP protocol %d", ip[9])
-		}
-		udp := ip[int(ip[0]&0xf)*4:]
-		if binary.BigEndian.Uint16(udp[0:]) != port || binary.BigEndian.Uint16(udp[2:]) != port {
-			t.Fatalf("on the underlay, UDP %d -> %d", binary.BigEndian.Uint16(udp[0:]), binary.BigEndian.Uint16(udp[2:]))
-		}
-		wg++
-	}
-	if wg == 0 {
-		t.Fatal("no WireGuard datagrams in the capture")
+	n, err := netcapture.UDPOnly(capture.Stop(), []byte(canary), port)
+	if err != nil || n == 0 {
+		t.Fatalf("on the underlay: %v (%d WireGuard datagrams)", err, n)
 	}
 
 	// A source address a does not serve: b's device drops it.

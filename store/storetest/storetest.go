@@ -388,6 +388,20 @@ func mesh(t *testing.T, s store.Store, _ func() store.Store) {
 	if l, err := s.MeshAddresses(ctx, "prj_a"); err != nil || len(l) != 2 || *l[0] != *a1 {
 		t.Errorf("MeshAddresses = %v, %v", l, err)
 	}
+	// By host: a sandbox's address under its host's name; one without a
+	// host (or a record) is under none.
+	for _, sb := range []sandbox.Sandbox{{ID: "sbx_1", Host: "h1"}, {ID: "sbx_2", Host: "h2"}, {ID: "sbx_3"}} {
+		sb.State, sb.CreatedAt = sandbox.StateRunning, time.Now().UTC()
+		if err := s.PutSandbox(ctx, &store.Sandbox{Sandbox: sb}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.AddMeshAddress(ctx, &store.MeshAddress{Addr: "10.240.0.3", ProjectID: "prj_a", SandboxID: "sbx_3", Name: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.MeshAddressesByHost(ctx); err != nil || len(m) != 2 || len(m["h1"]) != 1 || m["h1"][0] != "10.240.0.1" || len(m["h2"]) != 1 || m["h2"][0] != "10.240.0.2" {
+		t.Errorf("MeshAddressesByHost = %v, %v", m, err)
+	}
 	if a, err := s.MeshAddressByName(ctx, "prj_a", "web"); err != nil || *a != *a1 {
 		t.Errorf("by name: %v, %v", a, err)
 	}
@@ -402,6 +416,9 @@ func mesh(t *testing.T, s store.Store, _ func() store.Store) {
 	}
 	if err := s.DeleteMeshAddress(ctx, "sbx_1"); err != nil {
 		t.Errorf("second delete: %v", err)
+	}
+	if m, err := s.MeshAddressesByHost(ctx); err != nil || len(m) != 1 || len(m["h2"]) != 1 {
+		t.Errorf("MeshAddressesByHost after a delete = %v, %v", m, err)
 	}
 }
 
