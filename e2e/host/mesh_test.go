@@ -2,6 +2,7 @@ package host
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,7 +26,7 @@ const meshPort = 51820
 // this one: a at 10.251.0.2 and b at 10.251.0.6, routed here (the hosts'
 // routed link). It returns the namespaces and the name of b's link on
 // this side. IPv6 is off on the links: what crosses them is IPv4 or ARP.
-func underlay(t *testing.T) (nsA, nsB, linkB string) {
+func underlay(t testing.TB) (nsA, nsB, linkB string) {
 	var id [3]byte
 	rand.Read(id[:])
 	sfx := fmt.Sprintf("%x", id)
@@ -58,6 +59,109 @@ func underlay(t *testing.T) (nsA, nsB, linkB string) {
 	return nsA, nsB, linkB
 }
 
+// meshHost is one hareboxd of a meshDeployment.
+type meshHost struct {
+	name, ns, dir string
+	srv           *testserver.Server
+	d             *meshDeployment
+}
+
+// run runs the CLI against h with the root key.
+func (h *meshHost) run(args ...string) (string, string, int) {
+	return testserver.RunCLI(h.d.tb, h.d.s, h.srv, "", args...)
+}
+
+// ok runs the CLI against h, wants exit 0 and decodes the JSON printed
+// into out (if not nil).
+func (h *meshHost) ok(out any, args ...string) {
+	h.d.tb.Helper()
+	o, e, code := h.run(args...)
+	if code != 0 {
+		h.d.tb.Fatalf("harebox %s (host %s): exit %d: %s%s", strings.Join(args, " "), h.name, code, o, e)
+	}
+	if out != nil {
+		if err := json.Unmarshal([]byte(o), out); err != nil {
+			h.d.tb.Fatalf("harebox %s: %v: %s", strings.Join(args, " "), err, o)
+		}
+	}
+}
+
+// meshDeployment is two hareboxd, a and b, each in a network namespace of
+// its own (underlay), sharing one PostgreSQL, with their mesh tunnels;
+// projects mesh-a and mesh-b have the mesh on.
+type meshDeployment struct {
+	tb              testing.TB
+	s               testserver.Setup
+	probe           string
+	nsA, nsB, linkB string
+	a, b            *meshHost
+	made            map[string]*meshHost // sandboxes, by ID
+	bDead           bool
+}
+
+func newMeshDeployment(tb testing.TB) *meshDeployment {
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root: network namespaces")
+	}
+	d := &meshDeployment{tb: tb, s: testserver.Prepare(tb), made: map[string]*meshHost{}}
+	d.probe = testimage.Package(tb, "./e2e/testdata/meshprobe", "meshprobe")
+	dsn := testpg.ForTest(tb)
+	d.nsA, d.nsB, d.linkB = underlay(tb)
+	start := func(name, ns, endpoint string, first *meshHost) *meshHost {
+		tb.Helper()
+		dir, err := os.MkdirTemp("", "hbmh"+name)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { os.RemoveAll(dir) })
+		if first != nil {
+			// (The deployment's hosts share these keys:
+			// docs/several-hosts.md. Each makes its own tunnel key.)
+			for _, f := range []string{"root.key", "master.key", "audit.key"} {
+				testserver.CopyFile(tb, filepath.Join(first.dir, f), filepath.Join(dir, f))
+			}
+		}
+		h := &meshHost{name: name, ns: ns, dir: dir, d: d}
+		h.srv = testserver.StartIn(tb, d.s, dir, ns, "--store", dsn, "--host-name", name, "--host-lease", "3s",
+			"--mesh-endpoint", endpoint, "--mesh-pool", "100.72.0.0/21")
+		tb.Cleanup(func() {
+			if tb.Failed() {
+				tb.Logf("host %s's log:\n%s", name, testserver.Tail(h.srv.Log.String()))
+			}
+		})
+		return h
+	}
+	d.a = start("a", d.nsA, fmt.Sprintf("10.251.0.2:%d", meshPort), nil)
+	tb.Cleanup(func() { testserver.Finish(tb, d.a.srv, d.a.dir) })
+	d.b = start("b", d.nsB, fmt.Sprintf("10.251.0.6:%d", meshPort), d.a)
+	tb.Cleanup(func() {
+		if !d.bDead {
+			testserver.Finish(tb, d.b.srv, d.b.dir)
+		}
+	})
+	tb.Cleanup(func() { // (before Finish, which wants none left)
+		for id, h := range d.made {
+			h.run("delete", id)
+		}
+	})
+	for _, p := range []string{"mesh-a", "mesh-b"} {
+		d.a.ok(nil, "project", "create", p)
+		d.a.ok(nil, "project", "update", p, "--mesh")
+	}
+	return d
+}
+
+// newBox creates a sandbox on h with the probe serving in it.
+func (d *meshDeployment) newBox(h *meshHost, args ...string) sandbox.Sandbox {
+	d.tb.Helper()
+	var sb sandbox.Sandbox
+	h.ok(&sb, append([]string{"new", "--image", "minimal", "--ttl", "900"}, args...)...)
+	d.made[sb.ID] = h
+	h.ok(nil, "file", "write", sb.ID, "--path", "/tmp/meshprobe", "--mode", "0755", "--from", d.probe)
+	h.ok(nil, "exec", sb.ID, "--background", "--", "/tmp/meshprobe", "serve")
+	return sb
+}
+
 // TestMeshHosts: two hareboxd, each in a network namespace of its own
 // with its own underlay address on a routed link, share one PostgreSQL;
 // their mesh tunnels (WireGuard in user space) carry project A's mesh
@@ -71,90 +175,19 @@ func underlay(t *testing.T) (nsA, nsB, linkB string) {
 // sandboxes untouched. A2 deleted: its name and address stop at once. b
 // removed from the deployment: a drops its tunnel.
 func TestMeshHosts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces")
-	}
-	s := testserver.Prepare(t)
-	probe := testimage.Package(t, "./e2e/testdata/meshprobe", "meshprobe")
-	dsn := testpg.ForTest(t)
-	nsA, nsB, linkB := underlay(t)
-	type host struct {
-		name, ns, dir, endpoint string
-		srv                     *testserver.Server
-		cli                     *testserver.CLI
-	}
-	start := func(name, ns, endpoint string, first *host) *host {
-		t.Helper()
-		dir, err := os.MkdirTemp("", "hbmh"+name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		if first != nil {
-			// (The deployment's hosts share these keys:
-			// docs/several-hosts.md. Each makes its own tunnel key.)
-			for _, f := range []string{"root.key", "master.key", "audit.key"} {
-				testserver.CopyFile(t, filepath.Join(first.dir, f), filepath.Join(dir, f))
-			}
-		}
-		h := &host{name: name, ns: ns, dir: dir, endpoint: endpoint}
-		h.srv = testserver.StartIn(t, s, dir, ns, "--store", dsn, "--host-name", name, "--host-lease", "3s",
-			"--mesh-endpoint", endpoint, "--mesh-pool", "100.72.0.0/21")
-		h.cli = &testserver.CLI{T: t, S: s, Srv: h.srv}
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("host %s's log:\n%s", name, testserver.Tail(h.srv.Log.String()))
-			}
-		})
-		return h
-	}
-	a := start("a", nsA, fmt.Sprintf("10.251.0.2:%d", meshPort), nil)
-	defer testserver.Finish(t, a.srv, a.dir)
-	b := start("b", nsB, fmt.Sprintf("10.251.0.6:%d", meshPort), a)
-	bDead := false
-	defer func() {
-		if !bDead {
-			testserver.Finish(t, b.srv, b.dir)
-		}
-	}()
-	var made []struct {
-		h  *host
-		id string
-	}
-	defer func() { // (before Finish, which wants none left)
-		for _, m := range made {
-			m.h.cli.Run("", "delete", m.id)
-		}
-	}()
-
-	for _, p := range []string{"mesh-a", "mesh-b"} {
-		a.cli.OK("", nil, "project", "create", p)
-		a.cli.OK("", nil, "project", "update", p, "--mesh")
-	}
-	newBox := func(h *host, args ...string) sandbox.Sandbox {
-		t.Helper()
-		var sb sandbox.Sandbox
-		h.cli.OK("", &sb, append([]string{"new", "--image", "minimal", "--ttl", "900"}, args...)...)
-		made = append(made, struct {
-			h  *host
-			id string
-		}{h, sb.ID})
-		h.cli.OK("", nil, "file", "write", sb.ID, "--path", "/tmp/meshprobe", "--mode", "0755", "--from", probe)
-		h.cli.OK("", nil, "exec", sb.ID, "--background", "--", "/tmp/meshprobe", "serve")
-		return sb
-	}
-	a1 := newBox(a, "--project", "mesh-a", "--name", "a1")
-	a2 := newBox(b, "--project", "mesh-a", "--name", "a2")
-	a3 := newBox(a, "--project", "mesh-a", "--name", "a3")
-	b1 := newBox(a, "--project", "mesh-b", "--name", "b1")
-	off := newBox(a, "--project", "mesh-a", "--name", "off", "--mesh=false")
+	d := newMeshDeployment(t)
+	a, b, nsA, linkB := d.a, d.b, d.nsA, d.linkB
+	a1 := d.newBox(a, "--project", "mesh-a", "--name", "a1")
+	a2 := d.newBox(b, "--project", "mesh-a", "--name", "a2")
+	a3 := d.newBox(a, "--project", "mesh-a", "--name", "a3")
+	b1 := d.newBox(a, "--project", "mesh-b", "--name", "b1")
+	off := d.newBox(a, "--project", "mesh-a", "--name", "off", "--mesh=false")
 	if a1.Host != "a" || a2.Host != "b" || a2.MeshName != "a2.mesh-a.internal" || a2.MeshAddress == "" || off.MeshAddress != "" {
 		t.Fatalf("placed and addressed: a1 %+v, a2 %+v, off %+v", a1, a2, off)
 	}
-	hostOf := map[string]*host{a1.ID: a, a2.ID: b, a3.ID: a, b1.ID: a, off.ID: a}
 	try := func(from sandbox.Sandbox, proto, to, wait string) (bool, string) {
 		t.Helper()
-		o, e, code := hostOf[from.ID].cli.Run("", "exec", from.ID, "--", "/tmp/meshprobe", "echo", proto, to, wait)
+		o, e, code := d.made[from.ID].run("exec", from.ID, "--", "/tmp/meshprobe", "echo", proto, to, wait)
 		return code == 0 && strings.TrimSpace(o) == "ok", o + e
 	}
 	echo := func(from sandbox.Sandbox, proto, to string) (bool, string) { return try(from, proto, to, "10s") }
@@ -204,7 +237,7 @@ func TestMeshHosts(t *testing.T) {
 		// b1 takes a3's address and a2's neighbour's, with a route to a2
 		// from each, and changes its MAC.
 		spoof := a2.MeshAddress[:strings.LastIndex(a2.MeshAddress, ".")] + ".200"
-		a.cli.OK("", nil, "exec", b1.ID, "--user", "root", "--", "sh", "-c",
+		a.ok(nil, "exec", b1.ID, "--user", "root", "--", "sh", "-c",
 			"ip link set eth0 down && ip link set eth0 address 02:00:00:00:00:99 && ip link set eth0 up && "+
 				"ip addr add "+spoof+"/32 dev eth0 && ip addr add "+a3.MeshAddress+"/32 dev eth0 && "+
 				"ip route replace "+a2.MeshAddress+"/32 dev eth0 src "+spoof)
@@ -213,7 +246,7 @@ func TestMeshHosts(t *testing.T) {
 				t.Errorf("b1 as %s to a2 over %s: got through", spoof, proto)
 			}
 		}
-		a.cli.OK("", nil, "exec", b1.ID, "--user", "root", "--", "ip", "route", "replace", a2.MeshAddress+"/32", "dev", "eth0", "src", a3.MeshAddress)
+		a.ok(nil, "exec", b1.ID, "--user", "root", "--", "ip", "route", "replace", a2.MeshAddress+"/32", "dev", "eth0", "src", a3.MeshAddress)
 		if !blocked(b1, "tcp", a2.MeshAddress) {
 			t.Errorf("b1 as a3 (%s) to a2: got through", a3.MeshAddress)
 		}
@@ -236,7 +269,7 @@ func TestMeshHosts(t *testing.T) {
 	meshOf := func(name string) (key string, tunnels []string) {
 		t.Helper()
 		var hs hosts
-		a.cli.OK("", &hs, "mesh", "status")
+		a.ok(&hs, "mesh", "status")
 		for _, h := range hs.Hosts {
 			if h.Name == name && h.Mesh != nil {
 				for _, tu := range h.Mesh.Tunnels {
@@ -251,11 +284,11 @@ func TestMeshHosts(t *testing.T) {
 		before, _ := meshOf("b")
 		done := make(chan string, 1)
 		go func() {
-			o, e, code := a.cli.Run("", "exec", a1.ID, "--", "/tmp/meshprobe", "bench", a2.MeshName, "256")
+			o, e, code := a.run("exec", a1.ID, "--", "/tmp/meshprobe", "bench", a2.MeshName, "256")
 			done <- fmt.Sprintf("%d %s%s", code, o, e)
 		}()
 		time.Sleep(time.Second)
-		a.cli.OK("", nil, "mesh", "rotate-key", "b")
+		a.ok(nil, "mesh", "rotate-key", "b")
 		rotated := false
 		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 			if after, _ := meshOf("b"); after != before && after != "" {
@@ -298,7 +331,7 @@ func TestMeshHosts(t *testing.T) {
 		}
 	})
 	t.Run("a deleted sandbox, at once", func(t *testing.T) {
-		b.cli.OK("", nil, "delete", a2.ID)
+		b.ok(nil, "delete", a2.ID)
 		for _, to := range []string{a2.MeshName, a2.MeshAddress} {
 			if !blocked(a1, "tcp", to) {
 				t.Errorf("a1 to the deleted a2 at %s: got through", to)
@@ -308,11 +341,11 @@ func TestMeshHosts(t *testing.T) {
 	t.Run("b removed", func(t *testing.T) {
 		b.srv.Cmd.Process.Signal(syscall.SIGKILL)
 		b.srv.Cmd.Wait()
-		bDead = true
+		d.bDead = true
 		testserver.NoLeftovers(t, b.dir)
 		// (Refused until b's lease lapses.)
 		for end := time.Now().Add(15 * time.Second); ; time.Sleep(500 * time.Millisecond) {
-			if _, _, code := a.cli.Run("", "hosts", "remove", "b"); code == 0 {
+			if _, _, code := a.run("hosts", "remove", "b"); code == 0 {
 				break
 			}
 			if time.Now().After(end) {
