@@ -91,12 +91,8 @@ func (e *Engine) attach(ctx context.Context, rec *store.Sandbox, policy *firewal
 	if err != nil {
 		return nil, err
 	}
-	if m := mesh.Of(rec); m != nil {
-		mesher, ok := e.net.(network.Mesher)
-		if !ok {
-			return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "sandbox %s is on its project's mesh, which this host's network does not serve", rec.ID)
-		}
-		return mesher.SetMesh(ctx, rec.ID, m)
+	if mesh.Of(rec) != nil {
+		return e.setMesh(ctx, rec, policy, false)
 	}
 	return att, nil
 }

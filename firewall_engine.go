@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -52,6 +53,12 @@ func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy)
 			return nil, firewall.Invalid(err)
 		}
 		return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the firewall could not be updated; the old policy stays in force", Err: err}
+	}
+	if mesh.Of(b.rec) != nil {
+		// (Its mesh rules, resolved: the policy above kept its old ones.)
+		if _, err := e.setMesh(ctx, b.rec, p, false); err != nil {
+			return nil, &sandbox.Error{Kind: sandbox.ErrUnavailable, Msg: "the mesh rules could not be updated", Err: err}
+		}
 	}
 	raw, err := json.Marshal(p)
 	if err != nil {

@@ -85,6 +85,9 @@ type Engine struct {
 	hosts       *cluster.Registry
 	mesh        *mesh.Service
 	tunnels     *mesh.Tunnels // nil: no tunnels to other hosts
+	meshWake    chan struct{} // refreshMesh's
+	meshMu      sync.Mutex
+	meshGiven   map[string]string // what setMesh gave the network, by sandbox
 
 	// urlCalls answer the calls on urls, for a principal.
 	urlCalls *ingress.Calls
@@ -174,6 +177,12 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if mesher != nil {
 		mesher.SetMeshNames(e.mesh.Lookup)
 	}
+	e.meshWake, e.meshGiven = make(chan struct{}, 1), map[string]string{}
+	e.tenants.ProjectUpdated = func(string) {
+		if err := e.store.Notify(e.ctx, mesh.NoticeTopic, ""); err != nil {
+			e.log.Warn("mesh: cannot tell the hosts of a project's new mesh default", "err", err)
+		}
+	}
 	guests, _ := e.net.(network.Ingress)
 	e.urls, err = ingress.New(ctx, ingress.Options{Store: e.store, Secrets: e.sec, Guests: guests, Base: opts.Ingress,
 		Record: al.RecordURLAccess, Log: e.log, Now: opts.Now})
@@ -261,6 +270,10 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if e.tunnels != nil {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.tunnels.Run(e.ctx) }()
+	}
+	if mesher != nil {
+		e.wg.Add(1)
+		go e.refreshMesh()
 	}
 	e.wg.Add(1)
 	go e.reapExpired()

@@ -62,6 +62,7 @@ func (e *Engine) notice(topic, payload string) {
 		if e.tunnels != nil {
 			e.tunnels.Changed(payload)
 		}
+		e.wakeMesh()
 	case cluster.NoticeTopic: // (a host removed)
 		if e.tunnels != nil {
 			e.tunnels.Changed("")
@@ -73,6 +74,7 @@ func (e *Engine) notice(topic, payload string) {
 		if e.tunnels != nil {
 			e.tunnels.Changed("")
 		}
+		e.wakeMesh()
 	}
 }
 

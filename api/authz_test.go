@@ -274,6 +274,7 @@ func calls(w world) []call {
 		{"deleteImage", "DELETE", "/v1/images/mine", nil, "operator"},
 		{"listHosts", "GET", "/v1/hosts", nil, "operator"},
 		{"deleteHost", "DELETE", "/v1/hosts/gone", nil, "operator"},
+		{"rotateMeshKey", "POST", "/v1/hosts/gone/mesh-key", nil, "operator"},
 	}
 }
 

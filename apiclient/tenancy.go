@@ -27,8 +27,9 @@ type Project = model.Project
 
 // ProjectUpdate changes a project's settings; absent fields stay.
 type ProjectUpdate struct {
-	ThirdPartyDefault *bool `json:"third_party_default,omitempty"`
-	Mesh              *bool `json:"mesh,omitempty"`
+	ThirdPartyDefault *bool   `json:"third_party_default,omitempty"`
+	Mesh              *bool   `json:"mesh,omitempty"`
+	MeshDefault       *string `json:"mesh_default,omitempty"`
 }
 
 // Fleet is model.Fleet.

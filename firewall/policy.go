@@ -79,6 +79,9 @@ type Policy struct {
 	DefaultOutbound Action `json:"default_outbound"`
 	// Outbound rules, tried in order; the first match wins.
 	Outbound []Rule `json:"outbound"`
+	// Mesh rules decide what the sandbox opens to its project's other
+	// mesh sandboxes, tried in order; the first match wins (MeshRule).
+	Mesh []MeshRule `json:"mesh,omitempty"`
 }
 
 // Rule is one outbound rule. After Parse or Normalize, Protocol is set
@@ -178,8 +181,22 @@ func Parse(data []byte) (*Policy, error) {
 					return nil, err
 				}
 			}
+		case "mesh":
+			items, err := array(f.val, f.key)
+			if err != nil {
+				return nil, err
+			}
+			if len(items) > MaxRules {
+				return nil, errorf("mesh", "too many rules: %d, at most %d", len(items), MaxRules)
+			}
+			p.Mesh = make([]MeshRule, len(items))
+			for i, it := range items {
+				if err := decodeMeshRule(it, fmt.Sprintf("mesh[%d]", i), &p.Mesh[i]); err != nil {
+					return nil, err
+				}
+			}
 		default:
-			return nil, errorf(f.key, "unknown field (known: default_outbound, outbound)")
+			return nil, errorf(f.key, "unknown field (known: default_outbound, outbound, mesh)")
 		}
 	}
 	if !seen["default_outbound"] {
@@ -207,18 +224,7 @@ func decodeRule(raw json.RawMessage, path string, r *Rule) error {
 		case "protocol":
 			err = str(f.val, fp, (*string)(&r.Protocol))
 		case "ports":
-			// A lone number is what people type for one port.
-			var n json.Number
-			d := json.NewDecoder(bytes.NewReader(f.val))
-			d.UseNumber()
-			if d.Decode(&n) == nil {
-				r.Ports = n.String()
-			} else {
-				err = str(f.val, fp, &r.Ports)
-			}
-			if err == nil && strings.TrimSpace(r.Ports) == "" {
-				err = errorf(fp, "empty; leave ports out to match any port")
-			}
+			err = ports(f.val, fp, &r.Ports)
 		case "hosts":
 			r.Hosts, err = strs(f.val, fp, MaxHostsPerRule)
 		case "cidrs":
@@ -229,6 +235,23 @@ func decodeRule(raw json.RawMessage, path string, r *Rule) error {
 		if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// ports decodes a rule's ports: a string, or a lone number (what people
+// type for one port).
+func ports(raw json.RawMessage, path string, dst *string) error {
+	var n json.Number
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	if d.Decode(&n) == nil {
+		*dst = n.String()
+	} else if err := str(raw, path, dst); err != nil {
+		return err
+	}
+	if strings.TrimSpace(*dst) == "" {
+		return errorf(path, "empty; leave ports out to match any port")
 	}
 	return nil
 }
@@ -319,7 +342,7 @@ func (p *Policy) Clone() *Policy {
 	if p == nil {
 		return nil
 	}
-	q := &Policy{DefaultOutbound: p.DefaultOutbound, Outbound: make([]Rule, len(p.Outbound))}
+	q := &Policy{DefaultOutbound: p.DefaultOutbound, Outbound: make([]Rule, len(p.Outbound)), Mesh: cloneMesh(p.Mesh)}
 	for i, r := range p.Outbound {
 		r.Hosts = slices.Clone(r.Hosts)
 		r.CIDRs = slices.Clone(r.CIDRs)
@@ -345,6 +368,14 @@ func (p *Policy) Normalize() error {
 	}
 	for i := range p.Outbound {
 		if err := p.Outbound[i].normalize(fmt.Sprintf("outbound[%d]", i)); err != nil {
+			return err
+		}
+	}
+	if len(p.Mesh) > MaxRules {
+		return errorf("mesh", "too many rules: %d, at most %d", len(p.Mesh), MaxRules)
+	}
+	for i := range p.Mesh {
+		if err := p.Mesh[i].normalize(fmt.Sprintf("mesh[%d]", i)); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,7 @@ package firewall
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -44,6 +45,38 @@ func TestParseGood(t *testing.T) {
 	if p, err := Parse([]byte(`{"default_outbound":"allow"}`)); err != nil || p.Outbound == nil {
 		t.Errorf("no rules: %v %+v", err, p)
 	}
+
+	// Mesh rules: normalized, and matched on fleet (name or ID) and labels.
+	p, err = Parse([]byte(`{"default_outbound":"deny","mesh":[
+	  {"action":"allow","protocol":"tcp","ports":"8080, 5432","fleet":"db","labels":{"tier":"data"}},
+	  {"action":"deny"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := p.Mesh
+	if len(m) != 2 || m[0].Ports != "5432,8080" || m[1].Protocol != Any {
+		t.Fatalf("mesh rules not normalized: %+v", m)
+	}
+	for _, c := range []struct {
+		peer Peer
+		want bool
+	}{
+		{Peer{Fleet: "db", Labels: map[string]string{"tier": "data", "x": "y"}}, true},
+		{Peer{FleetID: "db", Labels: map[string]string{"tier": "data"}}, true},
+		{Peer{Fleet: "db", Labels: map[string]string{"tier": "web"}}, false},
+		{Peer{Fleet: "web", Labels: map[string]string{"tier": "data"}}, false},
+		{Peer{Fleet: "db"}, false},
+	} {
+		if got := m[0].Matches(c.peer); got != c.want {
+			t.Errorf("rule %+v matches %+v: %v", m[0], c.peer, got)
+		}
+	}
+	if !m[1].Matches(Peer{}) {
+		t.Error("a rule without fleet or labels does not match every peer")
+	}
+	if q := p.Clone(); &q.Mesh[0] == &p.Mesh[0] || !reflect.DeepEqual(q, p) {
+		t.Error("Clone does not copy the mesh rules")
+	}
 }
 
 func TestParseBad(t *testing.T) {
@@ -52,6 +85,12 @@ func TestParseBad(t *testing.T) {
 	for i := range many {
 		many[i] = `{"action":"allow"}`
 	}
+	mesh := func(s string) string { return `{"default_outbound":"deny","mesh":[` + s + `]}` }
+	labels := make([]string, MaxMeshLabels+1)
+	for i := range labels {
+		labels[i] = fmt.Sprintf(`"k%d":"v"`, i)
+	}
+	manyLabels := "{" + strings.Join(labels, ",") + "}"
 	hosts := make([]string, MaxHostsPerRule+1)
 	for i := range hosts {
 		hosts[i] = `"a.example.com"`
@@ -114,6 +153,18 @@ func TestParseBad(t *testing.T) {
 		{rule(`{"action":"allow","cidrs":["10.0.0.0/33"]}`), "outbound[0].cidrs[0]", "not a CIDR"},
 		{rule(`{"action":"allow","cidrs":["pypi.org"]}`), "outbound[0].cidrs[0]", "not a CIDR"},
 		{rule(`{"action":"allow","cidrs":null}`), "outbound[0].cidrs", "array"},
+		{mesh(`{}`), "mesh[0].action", "required"},
+		{mesh(`{"action":"allow","protocol":"icmp"}`), "mesh[0].protocol", "must be"},
+		{mesh(`{"action":"allow","ports":"80"}`), "mesh[0].ports", "need protocol"},
+		{mesh(`{"action":"allow","protocol":"tcp","ports":"0"}`), "mesh[0].ports", "out of range"},
+		{mesh(`{"action":"allow","fleet":""}`), "mesh[0].fleet", "empty"},
+		{mesh(`{"action":"allow","fleet":7}`), "mesh[0].fleet", "string"},
+		{mesh(`{"action":"allow","labels":{}}`), "mesh[0].labels", "empty"},
+		{mesh(`{"action":"allow","labels":{"a":1}}`), "mesh[0].labels.a", "string"},
+		{mesh(`{"action":"allow","labels":{"":"x"}}`), "mesh[0].labels", "a key of 1"},
+		{mesh(`{"action":"allow","labels":` + manyLabels + `}`), "mesh[0].labels", "too many"},
+		{mesh(`{"action":"allow","cidrs":["10.0.0.0/8"]}`), "mesh[0].cidrs", "unknown field"},
+		{`{"default_outbound":"deny","mesh":{}}`, "mesh", "array"},
 	} {
 		_, err := Parse([]byte(c.in))
 		var fe *Error

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
@@ -45,6 +46,8 @@ type Store interface {
 	MeshAddressByName(ctx context.Context, projectID, name string) (*store.MeshAddress, error)
 	DeleteMeshAddress(ctx context.Context, sandboxID string) error
 	Notify(ctx context.Context, topic, payload string) error
+	MeshAddresses(ctx context.Context, projectID string) ([]*store.MeshAddress, error)
+	GetProject(ctx context.Context, id string) (*store.Project, error)
 }
 
 // Options configure a Service.
@@ -210,4 +213,57 @@ func (s *Service) Lookup(ctx context.Context, id, name string) (netip.Addr, bool
 	}
 	addr, err := netip.ParseAddr(a.Addr)
 	return addr, err == nil
+}
+
+// Rules resolves sandbox rec's place on its mesh for the host: m with
+// the mesh rules of policy, each given the addresses of the project's
+// other mesh sandboxes it is about (their fleet and labels, as they are
+// now), and the project's mesh default. A project whose peers change
+// calls for it again (NoticeTopic).
+func (s *Service) Rules(ctx context.Context, rec *store.Sandbox, m *network.Mesh, policy *firewall.Policy) (*network.Mesh, error) {
+	out := &network.Mesh{Addr: m.Addr, Project: m.Project}
+	proj, err := s.o.Store.GetProject(ctx, rec.ProjectID)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: the project of %s: %w", rec.ID, err)
+	}
+	out.Deny = proj.MeshDefault == "deny"
+	if policy == nil || len(policy.Mesh) == 0 {
+		return out, nil
+	}
+	members, err := s.o.Store.MeshAddresses(ctx, rec.ProjectID)
+	if err != nil {
+		return nil, err
+	}
+	type peer struct {
+		addr netip.Addr
+		firewall.Peer
+	}
+	var peers []peer
+	for _, a := range members {
+		addr, err := netip.ParseAddr(a.Addr)
+		if a.SandboxID == rec.ID || err != nil || !m.Project.Contains(addr) {
+			continue
+		}
+		p, err := s.o.Store.GetSandbox(ctx, a.SandboxID)
+		if errors.Is(err, store.ErrNotFound) {
+			continue // (deleted meanwhile)
+		}
+		if err != nil {
+			return nil, err
+		}
+		peers = append(peers, peer{addr, firewall.Peer{FleetID: p.FleetID, Fleet: p.Fleet, Labels: p.Labels}})
+	}
+	for _, r := range policy.Mesh {
+		nr := network.MeshRule{Allow: r.Action == firewall.Allow, Protocol: r.Protocol, Ports: r.Ports, Peers: []netip.Addr{}}
+		if nr.Protocol == "" { // (a stored policy was validated, not normalized)
+			nr.Protocol = firewall.Any
+		}
+		for _, p := range peers {
+			if r.Matches(p.Peer) {
+				nr.Peers = append(nr.Peers, p.addr)
+			}
+		}
+		out.Rules = append(out.Rules, nr)
+	}
+	return out, nil
 }

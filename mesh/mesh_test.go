@@ -5,8 +5,10 @@ import (
 	"errors"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/sandbox"
@@ -187,5 +189,92 @@ func TestJoinRace(t *testing.T) {
 		}); err != nil || rec.MeshAddress != c.want {
 			t.Errorf("%s: %s %v, want %s", c.id, rec.MeshAddress, err, c.want)
 		}
+	}
+}
+
+// TestRules: a sandbox's mesh rules resolved to its peers' addresses (by
+// fleet and labels, itself and other projects left out), and the
+// project's default.
+func TestRules(t *testing.T) {
+	ctx := context.Background()
+	db := open(t)
+	s, err := mesh.New(mesh.Options{Store: db, Pool: netip.MustParsePrefix("10.240.0.0/20"), Enabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &model.Project{ID: "prj_a", Name: "alpha", Mesh: true}
+	b := &model.Project{ID: "prj_b", Name: "beta", Mesh: true}
+	for _, p := range []*model.Project{a, b} {
+		if err := db.PutProject(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	boxes := map[string]*store.Sandbox{}
+	for _, c := range []struct {
+		id     string
+		proj   *model.Project
+		fleet  string
+		labels map[string]string
+	}{
+		{"sbx_me", a, "", nil},
+		{"sbx_db", a, "data", map[string]string{"tier": "db"}},
+		{"sbx_cache", a, "data", map[string]string{"tier": "cache"}},
+		{"sbx_web", a, "", map[string]string{"tier": "db"}},
+		{"sbx_other", b, "data", map[string]string{"tier": "db"}},
+	} {
+		rec := &store.Sandbox{Sandbox: sandbox.Sandbox{ID: c.id, ProjectID: c.proj.ID, Project: c.proj.Name, Fleet: c.fleet, Labels: c.labels}}
+		err := db.Update(ctx, func(tx store.Tx) error {
+			if err := s.Join(ctx, tx, &sandbox.CreateRequest{}, c.proj, rec); err != nil {
+				return err
+			}
+			return tx.PutSandbox(ctx, rec)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		boxes[c.id] = rec
+	}
+	addr := func(id string) netip.Addr { return netip.MustParseAddr(boxes[id].MeshAddress) }
+	p, err := firewall.Parse([]byte(`{"default_outbound":"allow","mesh":[
+	  {"action":"allow","protocol":"tcp","ports":"5432","fleet":"data","labels":{"tier":"db"}},
+	  {"action":"deny","labels":{"tier":"db"}},
+	  {"action":"allow","fleet":"nobody"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	me := boxes["sbx_me"]
+	m, err := s.Rules(ctx, me, mesh.Of(me), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Addr != addr("sbx_me") || m.Deny || len(m.Rules) != 3 {
+		t.Fatalf("resolved: %+v", m)
+	}
+	if r := m.Rules[0]; !r.Allow || r.Protocol != firewall.TCP || r.Ports != "5432" || !slices.Equal(r.Peers, []netip.Addr{addr("sbx_db")}) {
+		t.Errorf("rule 0: %+v", r)
+	}
+	if r := m.Rules[1]; r.Allow || r.Protocol != firewall.Any || !slices.Equal(r.Peers, []netip.Addr{addr("sbx_db"), addr("sbx_web")}) {
+		t.Errorf("rule 1: %+v", r)
+	}
+	if r := m.Rules[2]; len(r.Peers) != 0 {
+		t.Errorf("rule 2 (no such fleet): %+v", r)
+	}
+	if err := m.Validate(); err != nil {
+		t.Errorf("resolved mesh does not validate: %v", err)
+	}
+	// The project's default, and no rules.
+	a.MeshDefault = "deny"
+	if err := db.PutProject(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Rules(ctx, me, mesh.Of(me), firewall.Default()); err != nil || !m.Deny || len(m.Rules) != 0 {
+		t.Errorf("with the project's default deny and no rules: %+v %v", m, err)
+	}
+	// A peer that left is gone from the rules.
+	if err := s.Leave(ctx, "sbx_db"); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Rules(ctx, me, mesh.Of(me), p); err != nil || len(m.Rules[0].Peers) != 0 || !slices.Equal(m.Rules[1].Peers, []netip.Addr{addr("sbx_web")}) {
+		t.Errorf("after sbx_db left: %+v %v", m, err)
 	}
 }

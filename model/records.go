@@ -40,6 +40,9 @@ type Project struct {
 	// Mesh puts every sandbox created in the project on its private mesh
 	// (unless the create says otherwise).
 	Mesh bool `json:"mesh"`
+	// MeshDefault decides what its mesh sandboxes open to each other when
+	// no mesh rule of theirs matches: "deny", or "" (allow).
+	MeshDefault string `json:"mesh_default,omitempty"`
 }
 
 // Fleet is a named group of sandboxes in a project.

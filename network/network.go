@@ -106,12 +106,47 @@ type Mesher interface {
 type Mesh struct {
 	Addr    netip.Addr   `json:"addr"`
 	Project netip.Prefix `json:"project"`
+	// Rules decide what the sandbox opens to its project's other mesh
+	// sandboxes, in order, the first match winning (its policy's mesh
+	// rules, each resolved to its peers' addresses); none matching, Deny
+	// refuses (else allowed). Replies to what it opened always pass.
+	Rules []MeshRule `json:"rules,omitempty"`
+	Deny  bool       `json:"deny,omitempty"`
 }
 
-// Validate checks that m is an IPv4 address within an IPv4 range.
+// MeshRule is a firewall.MeshRule with its peers resolved.
+type MeshRule struct {
+	Allow    bool              `json:"allow"`
+	Protocol firewall.Protocol `json:"protocol"` // tcp, udp or any
+	Ports    string            `json:"ports,omitempty"`
+	Peers    []netip.Addr      `json:"peers"`
+}
+
+// MaxMeshPeers bounds a mesh rule's peers (a project's range holds
+// 1,022 addresses).
+const MaxMeshPeers = 1024
+
+// Validate checks that m is an IPv4 address within an IPv4 range, with
+// rules whose peers are in that range.
 func (m *Mesh) Validate() error {
 	if !m.Addr.Is4() || !m.Project.Addr().Is4() || !m.Project.Contains(m.Addr) || m.Project.Masked() != m.Project {
 		return fmt.Errorf("network: mesh address %s in %s: want an IPv4 address within an IPv4 range", m.Addr, m.Project)
+	}
+	for i, r := range m.Rules {
+		if len(r.Peers) > MaxMeshPeers {
+			return fmt.Errorf("network: mesh rule %d: %d peers, at most %d", i, len(r.Peers), MaxMeshPeers)
+		}
+		if r.Protocol != firewall.TCP && r.Protocol != firewall.UDP && r.Protocol != firewall.Any || r.Ports != "" && r.Protocol == firewall.Any {
+			return fmt.Errorf("network: mesh rule %d: protocol %q with ports %q", i, r.Protocol, r.Ports)
+		}
+		if _, err := firewall.ParsePorts(r.Ports); r.Ports != "" && err != nil {
+			return fmt.Errorf("network: mesh rule %d: %w", i, err)
+		}
+		for _, p := range r.Peers {
+			if !m.Project.Contains(p) {
+				return fmt.Errorf("network: mesh rule %d: peer %s is not in %s", i, p, m.Project)
+			}
+		}
 	}
 	return nil
 }

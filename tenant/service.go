@@ -26,6 +26,9 @@ type Service struct {
 	// AccountUpdated, if set, is called after an account's settings
 	// change (its retention applies at once).
 	AccountUpdated func(accountID string)
+	// ProjectUpdated, if set, is called after a project's mesh default
+	// changed.
+	ProjectUpdated func(projectID string)
 }
 
 // Tx is what the tenancy calls need of a store transaction: resolving
@@ -415,6 +418,9 @@ type ProjectUpdate struct {
 	ThirdPartyDefault *bool `json:"third_party_default,omitempty"`
 	// Mesh puts new sandboxes of the project on its private mesh.
 	Mesh *bool `json:"mesh,omitempty"`
+	// MeshDefault, "allow" or "deny", decides what its mesh sandboxes
+	// open to each other when no mesh rule of theirs matches.
+	MeshDefault *string `json:"mesh_default,omitempty"`
 }
 
 // UpdateProject changes a project's settings.
@@ -432,8 +438,21 @@ func (s *Service) UpdateProject(ctx context.Context, accountRef, ref string, u P
 		if u.Mesh != nil {
 			p.Mesh = *u.Mesh
 		}
+		if d := u.MeshDefault; d != nil {
+			switch *d {
+			case "allow":
+				p.MeshDefault = ""
+			case "deny":
+				p.MeshDefault = "deny"
+			default:
+				return sandbox.Errorf(sandbox.ErrInvalid, "mesh_default", `must be "allow" or "deny", not %q`, *d)
+			}
+		}
 		return tx.PutProject(ctx, p)
 	})
+	if err == nil && u.MeshDefault != nil && s.ProjectUpdated != nil {
+		s.ProjectUpdated(p.ID)
+	}
 	return p, err
 }
 

@@ -77,7 +77,7 @@ var commands = []command{
 	{"firewall", "set|get ID [--body JSON | --from FILE]", "a sandbox's firewall policy", cmdFirewall},
 	{"history", "ID [--limit N]", "a sandbox's command history, oldest first (kept as its account's retention says)", cmdHistory},
 	{"account", "create NAME | list | get REF | update REF [--history-days N] [--output-days N] [--keep-forever] | delete REF", "accounts and their command-history retention (create and delete: the operator only)", cmdAccount},
-	{"project", "create NAME | list | get REF | update REF [--third-party-default=BOOL] [--mesh=BOOL] | delete REF [--account REF]", "an account's projects", cmdProject},
+	{"project", "create NAME | list | get REF | update REF [--third-party-default=BOOL] [--mesh=BOOL] [--mesh-default allow|deny] | delete REF [--account REF]", "an account's projects", cmdProject},
 	{"fleet", "create NAME | list | get REF | delete REF [--project REF] [--account REF]", "a project's fleets (default project: default)", cmdFleet},
 	{"env", "create NAME [flags] | set NAME [flags] | get NAME | list | versions NAME | version NAME N | delete NAME [--project REF] [--account REF]", "a project's environments: versioned variables (secrets sealed), files and credential rules that sandboxes pin", cmdEnv},
 	{"key", "create [flags] | list | get KEY_ID | revoke KEY_ID | rotate KEY_ID", "scoped API keys; a new or rotated secret is shown once", cmdKey},

@@ -286,7 +286,9 @@ func projectCmd(verb string) func(ctx context.Context, c *cli, fs *flag.FlagSet,
 	return func(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (int, error) {
 		account := fs.String("account", "", accountHelp)
 		var thirdParty, onMesh optBool
+		var meshDefault *string
 		if verb == "update" {
+			meshDefault = fs.String("mesh-default", "", "allow or deny: what the project's mesh sandboxes open to each other when no mesh rule of their firewall policy matches")
 			fs.Var(&thirdParty, "third-party-default", "true or false: new sandboxes of the project are third-party (they get only environments marked third-party-safe)")
 			fs.Var(&onMesh, "mesh", "true or false: new sandboxes of the project are on its private mesh (harebox new --mesh=false keeps one off)")
 		}
@@ -309,10 +311,14 @@ func projectCmd(verb string) func(ctx context.Context, c *cli, fs *flag.FlagSet,
 		case "get":
 			err = c.c.Do(ctx, "GET", apiclient.Path("projects", pos[0]), q, nil, &p)
 		case "update":
-			if thirdParty.v == nil && onMesh.v == nil {
-				return 0, usageError{"nothing to change (give --third-party-default or --mesh, true or false)"}
+			u := apiclient.ProjectUpdate{ThirdPartyDefault: thirdParty.v, Mesh: onMesh.v}
+			if *meshDefault != "" {
+				u.MeshDefault = meshDefault
 			}
-			err = c.c.Do(ctx, "PATCH", apiclient.Path("projects", pos[0]), q, apiclient.ProjectUpdate{ThirdPartyDefault: thirdParty.v, Mesh: onMesh.v}, &p)
+			if u == (apiclient.ProjectUpdate{}) {
+				return 0, usageError{"nothing to change (give --third-party-default or --mesh, true or false, or --mesh-default allow|deny)"}
+			}
+			err = c.c.Do(ctx, "PATCH", apiclient.Path("projects", pos[0]), q, u, &p)
 		case "delete":
 			if err := c.c.Do(ctx, "DELETE", apiclient.Path("projects", pos[0]), q, nil, nil); err != nil {
 				return 0, err

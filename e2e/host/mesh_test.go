@@ -178,7 +178,7 @@ func TestMeshHosts(t *testing.T) {
 	d := newMeshDeployment(t)
 	a, b, nsA, linkB := d.a, d.b, d.nsA, d.linkB
 	a1 := d.newBox(a, "--project", "mesh-a", "--name", "a1")
-	a2 := d.newBox(b, "--project", "mesh-a", "--name", "a2")
+	a2 := d.newBox(b, "--project", "mesh-a", "--name", "a2", "--label", "role=db")
 	a3 := d.newBox(a, "--project", "mesh-a", "--name", "a3")
 	b1 := d.newBox(a, "--project", "mesh-b", "--name", "b1")
 	off := d.newBox(a, "--project", "mesh-a", "--name", "off", "--mesh=false")
@@ -249,6 +249,45 @@ func TestMeshHosts(t *testing.T) {
 		a.ok(nil, "exec", b1.ID, "--user", "root", "--", "ip", "route", "replace", a2.MeshAddress+"/32", "dev", "eth0", "src", a3.MeshAddress)
 		if !blocked(b1, "tcp", a2.MeshAddress) {
 			t.Errorf("b1 as a3 (%s) to a2: got through", a3.MeshAddress)
+		}
+	})
+
+	t.Run("mesh rules, and the project's default", func(t *testing.T) {
+		// The project denies by default; a3 may open TCP to port 7007 of
+		// its sandboxes labelled role=db (a2, on the other host).
+		a.ok(nil, "project", "update", "mesh-a", "--mesh-default", "deny")
+		a.ok(nil, "firewall", "set", a3.ID, "--body",
+			`{"default_outbound":"allow","mesh":[{"action":"allow","protocol":"tcp","ports":"7007","labels":{"role":"db"}}]}`)
+		// (The hosts take the default on the store's notice: a moment.)
+		for end := time.Now().Add(10 * time.Second); !blocked(a1, "tcp", a2.MeshName); time.Sleep(200 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal("a1 still reaches a2 with the project's default deny")
+			}
+		}
+		if ok, out := echo(a3, "tcp", a2.MeshName); !ok {
+			t.Errorf("a3 to a2 over tcp, allowed by its rule: %s", out)
+		}
+		for _, c := range []struct {
+			what, proto string
+			from        sandbox.Sandbox
+			to          string
+		}{
+			{"a3 to a2 over udp", "udp", a3, a2.MeshName},
+			{"a3 to a1", "tcp", a3, a1.MeshName},
+			{"a2 to a1", "tcp", a2, a1.MeshName},
+		} {
+			if !blocked(c.from, c.proto, c.to) {
+				t.Errorf("%s, denied by default: got through", c.what)
+			}
+		}
+		a.ok(nil, "project", "update", "mesh-a", "--mesh-default", "allow")
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if ok, _ := try(a1, "tcp", a2.MeshName, "1s"); ok {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatal("a1 does not reach a2 again with the project's default allow")
+			}
 		}
 	})
 

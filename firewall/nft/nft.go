@@ -44,6 +44,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/network"
 )
 
 // Config is what the compiled rules need to know about the host.
@@ -84,6 +85,10 @@ type Sandbox struct {
 type Mesh struct {
 	Addr    netip.Addr
 	Project netip.Prefix
+	// Rules and Deny decide what the sandbox opens on the mesh (see
+	// network.Mesh).
+	Rules []network.MeshRule
+	Deny  bool
 }
 
 // Table manages the HareBox table through one netlink connection.
@@ -506,9 +511,37 @@ func (t *Table) addSandbox(b baseChains, sb Sandbox) error {
 	t.rule(o, nil, nfproto(unix.NFPROTO_IPV6), drop)
 	if m := sb.Mesh; m != nil {
 		// The mesh, from its own mesh address only, to its project's
-		// range only; the rest of its policy is not for the mesh.
-		t.rule(o, nil, ipv4(), addrCmp(12, m.Addr, expr.CmpOpEq), prefixCmp(16, m.Project, expr.CmpOpEq),
-			[]expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: meshCounter(sb.Tap)}}, accept)
+		// range only; the rest of its policy is not for the mesh. Replies
+		// first, then its mesh rules (first match), then its default.
+		mesh := func() []expr.Any {
+			return slices.Concat(ipv4(), addrCmp(12, m.Addr, expr.CmpOpEq), prefixCmp(16, m.Project, expr.CmpOpEq))
+		}
+		count := []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: meshCounter(sb.Tap)}}
+		t.rule(o, nil, mesh(), ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), count, accept)
+		for _, r := range m.Rules {
+			if len(r.Peers) == 0 {
+				continue // (no sandbox it is about, now)
+			}
+			var ports []expr.Any
+			if r.Ports != "" {
+				spans, _ := firewall.ParsePorts(r.Ports)
+				ports = t.portSet(spans)
+			}
+			peers := make([]netip.Prefix, len(r.Peers))
+			for i, p := range r.Peers {
+				peers[i] = netip.PrefixFrom(p, 32)
+			}
+			v := rej
+			if r.Allow {
+				v = slices.Concat(count, accept)
+			}
+			t.rule(o, nil, mesh(), t.addrSet(16, peers, false), protoMatch(r.Protocol), ports, v)
+		}
+		if m.Deny {
+			t.rule(o, nil, mesh(), rej)
+		} else {
+			t.rule(o, nil, mesh(), count, accept)
+		}
 	}
 	t.rule(o, nil, ipv4(), addrCmp(12, sb.Addr, expr.CmpOpNeq), drop) // no spoofing
 	t.rule(o, nil, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)

@@ -394,7 +394,7 @@ func (n *Network) setMesh(b *box, m *network.Mesh) {
 // here is on it (an address no sandbox has goes nowhere, not out the
 // uplink). The caller holds n.mu.
 func (n *Network) meshRoutes(b *box, old, m *network.Mesh) error {
-	if old != nil && (m == nil || *old != *m) {
+	if old != nil && (m == nil || old.Addr != m.Addr || old.Project != m.Project) {
 		n.dropMeshRoutes(b, old)
 	}
 	if m == nil {
@@ -665,7 +665,7 @@ func (n *Network) sandbox(b *box) nft.Sandbox {
 	gw, guest := n.addrs(b.Slot)
 	sb := nft.Sandbox{Tap: b.Tap, Addr: guest, Gateway: gw, Policy: b.Policy, Blocked: n.blockedNow(true), Exposed: b.Exposed}
 	if m := b.Mesh; m != nil {
-		sb.Mesh = &nft.Mesh{Addr: m.Addr, Project: m.Project}
+		sb.Mesh = &nft.Mesh{Addr: m.Addr, Project: m.Project, Rules: m.Rules, Deny: m.Deny}
 	}
 	return sb
 }

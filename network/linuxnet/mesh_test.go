@@ -15,6 +15,7 @@ import (
 	"time"
 
 	guestagent "github.com/harebox/harebox/agent/guest"
+	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/network"
 )
 
@@ -220,6 +221,42 @@ func TestMesh(t *testing.T) {
 					t.Errorf("%s over %s: got through", x.what, proto)
 				}
 			}
+		}
+	})
+
+	t.Run("mesh rules: the first match, then the default; replies pass", func(t *testing.T) {
+		rules := func(deny bool, rs ...network.MeshRule) {
+			t.Helper()
+			m := &network.Mesh{Addr: m1, Project: netip.MustParsePrefix(projA), Rules: rs, Deny: deny}
+			if _, err := n.SetMesh(context.Background(), a1.id, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		defer rules(false)
+		// TCP to a2's port 7 allowed, the rest denied by default.
+		rules(true, network.MeshRule{Allow: true, Protocol: firewall.TCP, Ports: "7", Peers: []netip.Addr{m2}})
+		if err := a1.echo("tcp4", netip.Addr{}, m2); err != nil {
+			t.Errorf("a1 to a2 over tcp, allowed by its rule: %v", err)
+		}
+		if err := a1.echo("udp4", netip.Addr{}, m2); err == nil {
+			t.Error("a1 to a2 over udp, denied by default: got through")
+		}
+		// A rule that denies a2, before one that allows everyone; the
+		// default allows. a2 still opens to a1, and a1's replies pass.
+		rules(false, network.MeshRule{Protocol: firewall.Any, Peers: []netip.Addr{m2}},
+			network.MeshRule{Allow: true, Protocol: firewall.Any, Peers: []netip.Addr{m2, m1}})
+		for _, proto := range []string{"tcp4", "udp4"} {
+			if err := a1.echo(proto, netip.Addr{}, m2); err == nil {
+				t.Errorf("a1 to a2 over %s, denied by its first rule: got through", proto)
+			}
+			if err := a2.echo(proto, netip.Addr{}, m1); err != nil {
+				t.Errorf("a2 to a1 over %s (a1's replies): %v", proto, err)
+			}
+		}
+		// A peer outside the project's range is refused.
+		m := &network.Mesh{Addr: m1, Project: netip.MustParsePrefix(projA), Rules: []network.MeshRule{{Allow: true, Protocol: firewall.Any, Peers: []netip.Addr{mb}}}}
+		if _, err := n.SetMesh(context.Background(), a1.id, m); err == nil {
+			t.Error("a rule with a peer of another project's range was taken")
 		}
 	})
 

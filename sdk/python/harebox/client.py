@@ -363,6 +363,13 @@ class Client:
         Conflict while the host is up or its lease has not lapsed."""
         return cast(t.HostRemoval, self._json("DELETE", _path("/v1/hosts/{}", name), timeout=timeout))
 
+    @operation("rotateMeshKey")
+    def rotate_mesh_key(self, name: str, *, timeout: float | None = None) -> t.HostName:
+        """POST /v1/hosts/{name}/mesh-key (the operator only): has the host
+        make a new key for its end of the mesh's tunnels; the other hosts
+        take its new public key. Conflict for a host without a mesh tunnel."""
+        return cast(t.HostName, self._json("POST", _path("/v1/hosts/{}/mesh-key", name), timeout=timeout))
+
     # --- images --------------------------------------------------------------
 
     @operation("listImages")

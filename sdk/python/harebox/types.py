@@ -148,6 +148,29 @@ class ImageList(TypedDict):
     images: list[Image]
 
 
+class HostTunnel(TypedDict):
+    """A host's tunnel to another host, as it last reported it."""
+
+    #: The other host (empty if no host publishes that key now).
+    host: str
+    public_key: str
+    endpoint: NotRequired[str]
+    #: Absent before the first handshake.
+    last_handshake: NotRequired[str]
+    rx_bytes: int
+    tx_bytes: int
+
+
+class HostMesh(TypedDict):
+    """A host's end of the mesh's tunnels (hareboxd --mesh-endpoint)."""
+
+    public_key: str
+    #: ADDR:PORT on the network between the hosts (UDP).
+    endpoint: str
+    tunnels: NotRequired[list[HostTunnel]]
+    reported_at: NotRequired[str]
+
+
 class Host(TypedDict):
     """A host of the deployment (a hareboxd that shares the store)."""
 
@@ -165,12 +188,20 @@ class Host(TypedDict):
     started_at: str
     renewed_at: str
     lease_until: str
+    #: Its end of the mesh's tunnels, if it has one.
+    mesh: NotRequired[HostMesh]
 
 
 class HostList(TypedDict):
     """The body of list_hosts: by name."""
 
     hosts: list[Host]
+
+
+class HostName(TypedDict):
+    """The body of rotate_mesh_key."""
+
+    host: str
 
 
 class HostRemoval(TypedDict):
@@ -448,9 +479,25 @@ class FirewallRule(TypedDict):
     cidrs: NotRequired[list[str]]
 
 
+class MeshRule(TypedDict):
+    """What a sandbox opens to its project's other mesh sandboxes in a
+    fleet and/or with labels (neither: all of them); first match wins."""
+
+    action: Literal["allow", "deny"]
+    protocol: NotRequired[Literal["tcp", "udp", "any"]]
+    ports: NotRequired[str]
+    #: A fleet's name or ID.
+    fleet: NotRequired[str]
+    #: The labels a peer must all carry.
+    labels: NotRequired[dict[str, str]]
+
+
 class FirewallPolicy(TypedDict):
     default_outbound: Literal["allow", "deny"]
     outbound: NotRequired[list[FirewallRule]]
+    #: Rules for the project's mesh; none matching, the project's
+    #: mesh_default decides.
+    mesh: NotRequired[list[MeshRule]]
 
 
 class Retention(TypedDict, total=False):
@@ -493,6 +540,9 @@ class Project(TypedDict):
     third_party_default: bool
     #: New sandboxes of the project are on its private mesh.
     mesh: bool
+    #: "deny": its mesh sandboxes open nothing to each other that no mesh
+    #: rule of theirs allows; absent: allowed.
+    mesh_default: NotRequired[Literal["deny"]]
 
 
 class ProjectList(TypedDict):
@@ -562,6 +612,9 @@ class ProjectUpdate(TypedDict, total=False):
     third_party_default: bool
     #: New sandboxes of the project are on its private mesh.
     mesh: bool
+    #: What its mesh sandboxes open to each other when no mesh rule of
+    #: theirs matches.
+    mesh_default: Literal["allow", "deny"]
 
 
 class EnvVar(TypedDict, total=False):

@@ -79,6 +79,7 @@ import type {
   ImageBuildRequest,
   ImageList,
   HostList,
+  HostName,
   HostRemoval,
   SnapshotRequest,
   SnapshotsQuery,
@@ -452,6 +453,11 @@ export class HareBox {
   /** Takes a host that is down out of the deployment for good (the operator only): its sandboxes that are not deleted become deleted (data keys erased) and snapshots of them go. Conflict while the host is up or its lease has not lapsed. */
   async deleteHost(name: string, options: CallOptions = {}): Promise<HostRemoval> {
     return this.#call("deleteHost", [name], "json", this.#plain(options));
+  }
+
+  /** Has a host make a new key for its end of the mesh's tunnels (the operator only); the other hosts take its new public key. Conflict for a host without a mesh tunnel. */
+  async rotateMeshKey(name: string, options: CallOptions = {}): Promise<HostName> {
+    return this.#call("rotateMeshKey", [name], "json", this.#plain(options));
   }
 
   /** Lists the images sandboxes can be created from (each name's newest build), by name. */

@@ -32,6 +32,7 @@ export const OPERATIONS = {
   listImages: { method: "GET", path: "/v1/images" },
   listHosts: { method: "GET", path: "/v1/hosts" },
   deleteHost: { method: "DELETE", path: "/v1/hosts/{name}" },
+  rotateMeshKey: { method: "POST", path: "/v1/hosts/{name}/mesh-key" },
   buildImage: { method: "POST", path: "/v1/images" },
   deleteImage: { method: "DELETE", path: "/v1/images/{name}" },
   createURL: { method: "POST", path: "/v1/sandboxes/{id}/urls" },

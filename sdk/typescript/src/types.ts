@@ -438,10 +438,24 @@ export interface FirewallRule {
   cidrs?: string[];
 }
 
+/** What a sandbox opens to its project's other mesh sandboxes in a fleet and/or with labels (neither: all of them); the first that matches decides. */
+export interface MeshRule {
+  action: "allow" | "deny";
+  /** Default "any". */
+  protocol?: "tcp" | "udp" | "any";
+  ports?: string;
+  /** A fleet's name or ID. */
+  fleet?: string;
+  /** The labels a peer must all carry. */
+  labels?: Record<string, string>;
+}
+
 /** A sandbox's firewall policy. Inbound is always denied. */
 export interface FirewallPolicy {
   default_outbound: "allow" | "deny";
   outbound?: FirewallRule[];
+  /** Rules for the project's mesh; none matching, the project's mesh_default decides. */
+  mesh?: MeshRule[];
 }
 
 /** The body of createAccount, createProject and createFleet. */
@@ -490,6 +504,8 @@ export interface Project {
   third_party_default: boolean;
   /** New sandboxes of the project are on its private mesh. */
   mesh: boolean;
+  /** "deny": its mesh sandboxes open nothing to each other that no mesh rule of theirs allows; absent: allowed. */
+  mesh_default?: "deny";
 }
 
 /** The body of updateProject: the settings to change. */
@@ -498,6 +514,8 @@ export interface ProjectUpdate {
   third_party_default?: boolean;
   /** New sandboxes of the project are on its private mesh. */
   mesh?: boolean;
+  /** What its mesh sandboxes open to each other when no mesh rule of theirs matches. */
+  mesh_default?: "allow" | "deny";
 }
 
 /** A named group of sandboxes in a project. */
@@ -863,6 +881,28 @@ export interface ImageList {
   images: Image[];
 }
 
+/** A host's tunnel to another host, as it last reported it. */
+export interface HostTunnel {
+  /** The other host (empty if no host publishes that key now). */
+  host: string;
+  public_key: string;
+  endpoint?: string;
+  /** RFC 3339 date-time; absent before the first handshake. */
+  last_handshake?: string;
+  rx_bytes: number;
+  tx_bytes: number;
+}
+
+/** A host's end of the mesh's tunnels (hareboxd --mesh-endpoint). */
+export interface HostMesh {
+  public_key: string;
+  /** ADDR:PORT on the network between the hosts (UDP). */
+  endpoint: string;
+  tunnels?: HostTunnel[];
+  /** RFC 3339 date-time. */
+  reported_at?: string;
+}
+
 /** A host of the deployment (a hareboxd that shares the store). */
 export interface Host {
   name: string;
@@ -880,11 +920,18 @@ export interface Host {
   renewed_at: string;
   /** RFC 3339 date-time. */
   lease_until: string;
+  /** Its end of the mesh's tunnels, if it has one. */
+  mesh?: HostMesh;
 }
 
 /** The body of listHosts: by name. */
 export interface HostList {
   hosts: Host[];
+}
+
+/** The body of rotateMeshKey. */
+export interface HostName {
+  host: string;
 }
 
 /** The body of deleteHost: the sandboxes it deleted. */

@@ -1,0 +1,84 @@
+package harebox
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/mesh"
+	"github.com/harebox/harebox/network"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// setMesh gives the network rec's place on its project's mesh with its
+// mesh rules resolved (mesh.Service.Rules) for policy; if changedOnly,
+// only when they differ from what it gave last.
+func (e *Engine) setMesh(ctx context.Context, rec *store.Sandbox, policy *firewall.Policy, changedOnly bool) (*network.Attachment, error) {
+	mesher, ok := e.net.(network.Mesher)
+	if !ok {
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "sandbox %s is on its project's mesh, which this host's network does not serve", rec.ID)
+	}
+	m, err := e.mesh.Rules(ctx, rec, mesh.Of(rec), policy)
+	if err != nil {
+		return nil, err
+	}
+	key, _ := json.Marshal(m)
+	e.meshMu.Lock()
+	same := e.meshGiven[rec.ID] == string(key)
+	e.meshMu.Unlock()
+	if changedOnly && same {
+		return nil, nil
+	}
+	att, err := mesher.SetMesh(ctx, rec.ID, m)
+	if err == nil {
+		e.meshMu.Lock()
+		e.meshGiven[rec.ID] = string(key)
+		e.meshMu.Unlock()
+	}
+	return att, err
+}
+
+// refreshMesh gives the network the mesh rules of this host's mesh
+// sandboxes again, resolved as the store says now (a peer joined or
+// left, a project's default changed: mesh.NoticeTopic), one round per
+// wake of meshWake, coalesced.
+func (e *Engine) refreshMesh() {
+	defer e.wg.Done()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-e.meshWake:
+		}
+		live := map[string]bool{}
+		for _, b := range e.boxes.all() {
+			b.mu.Lock()
+			rec := b.rec
+			live[rec.ID] = true
+			if mesh.Of(rec) != nil && (rec.State == sandbox.StateRunning || rec.State == sandbox.StatePaused) {
+				p, _ := firewall.Stored(rec.Extra[firewall.RecordKey])
+				if _, err := e.setMesh(e.ctx, rec, p, true); err != nil && e.ctx.Err() == nil {
+					e.log.Warn("mesh: cannot renew a sandbox's mesh rules", "id", rec.ID, "err", err)
+				}
+			}
+			b.mu.Unlock()
+		}
+		e.meshMu.Lock()
+		for id := range e.meshGiven {
+			if !live[id] {
+				delete(e.meshGiven, id)
+			}
+		}
+		e.meshMu.Unlock()
+	}
+}
+
+// wakeMesh has refreshMesh run a round (once for any number of calls
+// meanwhile).
+func (e *Engine) wakeMesh() {
+	select {
+	case e.meshWake <- struct{}{}:
+	default:
+	}
+}
