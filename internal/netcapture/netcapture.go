@@ -8,12 +8,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"testing"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/harebox/harebox/internal/inns"
 )
 
 // Capture records frames until Stop.
@@ -44,23 +44,8 @@ func Start(t testing.TB, ns, ifname string) *Capture {
 	}
 	if ns == "" {
 		open()
-	} else {
-		done := make(chan struct{})
-		go func() { // (the thread is dropped after: it ends locked)
-			defer close(done)
-			runtime.LockOSThread()
-			h, herr := netns.GetFromName(ns)
-			if herr == nil {
-				herr = netns.Set(h)
-				h.Close()
-			}
-			if herr != nil {
-				err = herr
-				return
-			}
-			open()
-		}()
-		<-done
+	} else if nerr := inns.Run(ns, open); nerr != nil {
+		err = nerr
 	}
 	if err != nil {
 		t.Fatalf("netcapture: %s in %q: %v", ifname, ns, err)

@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,9 +24,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/internal/inns"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 )
@@ -252,21 +250,9 @@ func forwardTo(t testing.TB, ns string) string {
 // DialIn dials addr from network namespace ns. (The thread that entered
 // the namespace is dropped after: its goroutine ends locked to it.)
 func DialIn(ns, network, addr string) (c net.Conn, err error) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		var h netns.NsHandle
-		if h, err = netns.GetFromName(ns); err != nil {
-			return
-		}
-		defer h.Close()
-		if err = netns.Set(h); err != nil {
-			return
-		}
-		c, err = net.DialTimeout(network, addr, 10*time.Second)
-	}()
-	<-done
+	if nerr := inns.Run(ns, func() { c, err = net.DialTimeout(network, addr, 10*time.Second) }); nerr != nil {
+		return nil, nerr
+	}
 	return c, err
 }
 

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"github.com/coder/websocket"
 
+	"github.com/harebox/harebox/internal/inns"
 	"github.com/harebox/harebox/internal/testweb"
 	"io"
 	"log/slog"
@@ -30,7 +31,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,7 +38,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/vishvananda/netns"
 
 	guestagent "github.com/harebox/harebox/agent/guest"
 	"github.com/harebox/harebox/firewall"
@@ -114,22 +113,7 @@ func suffix() string {
 // goroutine runs in the wrong namespace. Sockets fn creates stay in ns.
 func inNS(t testing.TB, ns string, fn func()) {
 	t.Helper()
-	done := make(chan error)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromName(ns)
-		if err == nil {
-			err = netns.Set(h)
-			h.Close()
-		}
-		if err != nil {
-			done <- err
-			return
-		}
-		defer func() { done <- nil }()
-		fn()
-	}()
-	if err := <-done; err != nil {
+	if err := inns.Run(ns, fn); err != nil {
 		t.Fatalf("netns %s: %v", ns, err)
 	}
 }

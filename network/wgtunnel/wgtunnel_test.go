@@ -12,13 +12,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox/internal/inns"
 	"github.com/harebox/harebox/internal/netcapture"
-	"github.com/vishvananda/netns"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
@@ -45,25 +44,10 @@ func sh(t *testing.T, args ...string) {
 	}
 }
 
-// inNS runs fn on a thread in namespace ns (the thread is dropped after).
+// inNS runs fn in namespace ns.
 func inNS(t testing.TB, ns string, fn func()) {
 	t.Helper()
-	done := make(chan error)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromName(ns)
-		if err == nil {
-			err = netns.Set(h)
-			h.Close()
-		}
-		if err != nil {
-			done <- err
-			return
-		}
-		defer func() { done <- nil }()
-		fn()
-	}()
-	if err := <-done; err != nil {
+	if err := inns.Run(ns, fn); err != nil {
 		t.Fatalf("netns %s: %v", ns, err)
 	}
 }
