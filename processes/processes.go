@@ -28,6 +28,7 @@ import (
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/sandbox"
+	"google.golang.org/grpc/codes"
 )
 
 // grace is how long past its timeout a background process may run before
@@ -399,14 +400,19 @@ func (s *Service) List(ctx context.Context, id string) ([]sandbox.Process, error
 // agent's ring dropped the bytes between.
 func (s *Service) Output(ctx context.Context, id, procID string, offsets [2]uint64, follow bool, out agentclient.Output) (_ *sandbox.ExecResult, err error) {
 	defer s.audited(ctx, "getProcessOutput", id, &err)
-	sb, _, err := s.process(ctx, "getProcessOutput", id, procID)
+	sb, err := s.running(ctx, "getProcessOutput", id)
 	if err != nil {
 		return nil, err
 	}
+	// (No look at the agent's list first: the attach says whether the
+	// process is there, one round trip less for every follow.)
 	st, err := sb.Agent.Attach(ctx, procID, offsets, follow, out)
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(err, agentclient.ErrGuest) {
 			return nil, nil // the caller left
+		}
+		if agentclient.Code(err) == codes.NotFound {
+			return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no process %q in sandbox %s", procID, id)
 		}
 		return nil, err
 	}

@@ -145,6 +145,9 @@ func TestProcesses(t *testing.T) {
 	if _, err := s.Get(ctx, sandbox.NewID(), p.ID); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("get in another sandbox: %v", err)
 	}
+	if _, err := s.Output(ctx, id, "proc_nope", [2]uint64{}, true, func(bool, uint64, []byte) error { return nil }); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("output of no process: %v", err)
+	}
 	if _, err := s.Start(ctx, id, sandbox.ExecRequest{}); !errors.Is(err, sandbox.ErrInvalid) {
 		t.Fatalf("start of nothing: %v", err)
 	}
