@@ -250,6 +250,12 @@ func TestMeshHosts(t *testing.T) {
 		if !blocked(b1, "tcp", a2.MeshAddress) {
 			t.Errorf("b1 as a3 (%s) to a2: got through", a3.MeshAddress)
 		}
+		// b1 announces a3's address as its own (gratuitous ARP): a3 is
+		// still the one a1 reaches there (the host pins a3's MAC).
+		a.ok(nil, "exec", b1.ID, "--user", "root", "--", "arping", "-U", "-c", "3", "-w", "1", "-I", "eth0", "-s", a3.MeshAddress, a3.MeshAddress)
+		if ok, out := echo(a1, "tcp", a3.MeshAddress); !ok {
+			t.Errorf("a1 to a3 after b1's ARP: %s", out)
+		}
 	})
 
 	t.Run("mesh rules, and the project's default", func(t *testing.T) {
