@@ -510,6 +510,9 @@ func isTerminal(f *os.File) bool {
 }
 
 func cmdFile(ctx context.Context, c *cli, args []string) (int, error) {
+	if helpOnly(c, "file write|read|list|stat|mkdir|rm ID --path PATH [flags] (harebox file SUB --help: its flags)", args) {
+		return 0, flag.ErrHelp
+	}
 	if len(args) == 0 {
 		return 0, usageError{"want a subcommand: write, read, list, stat, mkdir or rm"}
 	}
@@ -608,6 +611,9 @@ func cmdFile(ctx context.Context, c *cli, args []string) (int, error) {
 }
 
 func cmdFirewall(ctx context.Context, c *cli, args []string) (int, error) {
+	if helpOnly(c, "firewall set|get ID [--body JSON | --from FILE]", args) {
+		return 0, flag.ErrHelp
+	}
 	if len(args) == 0 {
 		return 0, usageError{"want a subcommand: set or get"}
 	}
@@ -644,7 +650,20 @@ func cmdFirewall(ctx context.Context, c *cli, args []string) (int, error) {
 	return 0, c.json(policy)
 }
 
+// helpOnly answers --help for a command without flags: its usage, on
+// stdout.
+func helpOnly(c *cli, usage string, args []string) bool {
+	if len(args) != 1 || (args[0] != "-h" && args[0] != "-help" && args[0] != "--help") {
+		return false
+	}
+	fmt.Fprintf(c.stdout, "usage: harebox %s\n", usage)
+	return true
+}
+
 func cmdHosts(ctx context.Context, c *cli, args []string) (int, error) {
+	if helpOnly(c, "hosts [list] | remove NAME", args) {
+		return 0, flag.ErrHelp
+	}
 	var out json.RawMessage
 	switch {
 	case len(args) == 0 || (len(args) == 1 && args[0] == "list"):
@@ -662,6 +681,9 @@ func cmdHosts(ctx context.Context, c *cli, args []string) (int, error) {
 }
 
 func cmdMesh(ctx context.Context, c *cli, args []string) (int, error) {
+	if helpOnly(c, "mesh [status] | rotate-key HOST", args) {
+		return 0, flag.ErrHelp
+	}
 	switch {
 	case len(args) == 2 && args[0] == "rotate-key":
 		var out json.RawMessage

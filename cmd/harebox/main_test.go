@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/harebox/harebox/apiclient"
@@ -24,6 +26,18 @@ func TestHint(t *testing.T) {
 	} {
 		if got := hint(c.err); got != c.want {
 			t.Errorf("%v: %q, want %q", c.err, got, c.want)
+		}
+	}
+}
+
+// TestHelp: every command answers --help on stdout with exit 0, without
+// reaching a server (none runs here).
+func TestHelp(t *testing.T) {
+	for _, c := range commands {
+		var out, errb bytes.Buffer
+		code := run([]string{"--url", "http://127.0.0.1:1", c.name, "--help"}, strings.NewReader(""), &out, &errb)
+		if code != 0 || !strings.Contains(out.String()+errb.String(), "sage") {
+			t.Errorf("harebox %s --help: exit %d\nstdout: %s\nstderr: %s", c.name, code, out.String(), errb.String())
 		}
 	}
 }
