@@ -7,6 +7,7 @@ import (
 
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/clone"
+	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
@@ -138,6 +139,12 @@ func (e *Engine) createSteps() []createStep {
 func (e *Engine) resolveCreate(_ context.Context, c *creation) (err error) {
 	if c.res, c.imgName, err = c.req.Resolve(); err != nil {
 		return err
+	}
+	// (Placement sent it here if a host of the site or country asked for
+	// could take it; this host says no when it is not one.)
+	if where := (sandbox.Site{Name: c.req.Site, Country: c.req.Country}); where != (sandbox.Site{}) &&
+		(where.Name != "" && where.Name != e.opts.Site.Name || where.Country != "" && where.Country != e.opts.Site.Country) {
+		return cluster.NoRoom(where, e.opts.Site.Name, c.res)
 	}
 	if o := c.o; o != nil {
 		c.res, c.imgName = o.Snap.Size, o.Snap.Image

@@ -22,7 +22,7 @@ type HostOptions = cluster.HostOptions
 // registerHost claims this host's name in the store and marks it up.
 func (e *Engine) registerHost(ctx context.Context) error {
 	reg, err := cluster.Register(ctx, cluster.Options{
-		HostOptions: e.opts.Host, Store: e.store, Site: e.opts.Site.Name, Capacity: e.capacity.Limit(),
+		HostOptions: e.opts.Host, Store: e.store, Site: e.opts.Site.Name, Country: e.opts.Site.Country, Capacity: e.capacity.Limit(),
 		Used: e.capacity.Used, Revived: e.rewriteRecords, Sandboxes: hostView{e}, Audit: e.audit, Log: e.log,
 	})
 	if err != nil {

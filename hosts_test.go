@@ -185,7 +185,7 @@ func TestHostsShareAStore(t *testing.T) {
 		t.Fatalf("hosts after b died: %+v", hs)
 	}
 	// (Nothing is placed on a host that is down.)
-	if h, err := a.eng.Cluster().Place(ctx, sandbox.Presets["small"]); err != nil || h.Name != "a" {
+	if h, err := a.eng.Cluster().Place(ctx, sandbox.Presets["small"], sandbox.Site{}); err != nil || h.Name != "a" {
 		t.Fatalf("placed on %+v %v with b down", h, err)
 	}
 
@@ -211,7 +211,7 @@ func TestHostsShareAStore(t *testing.T) {
 
 	// Placement: b runs one small sandbox, a none: a goes first; with two
 	// on a, b is the least loaded (as its next renewal tells).
-	if h, err := a.eng.Cluster().Place(ctx, sandbox.Presets["small"]); err != nil || h.Name != "a" {
+	if h, err := a.eng.Cluster().Place(ctx, sandbox.Presets["small"], sandbox.Site{}); err != nil || h.Name != "a" {
 		t.Fatalf("placed on %+v %v, want a", h, err)
 	}
 	for range 2 {
@@ -221,7 +221,7 @@ func TestHostsShareAStore(t *testing.T) {
 	}
 	deadline := time.Now().Add(2 * lease)
 	for {
-		h, err := a.eng.Cluster().Place(ctx, sandbox.Presets["small"])
+		h, err := a.eng.Cluster().Place(ctx, sandbox.Presets["small"], sandbox.Site{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +233,7 @@ func TestHostsShareAStore(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if _, err := a.eng.Cluster().Place(ctx, sandbox.Resources{VCPUs: 64, MemoryMB: 512, DiskGB: 1}); !errors.Is(err, sandbox.ErrCapacity) {
+	if _, err := a.eng.Cluster().Place(ctx, sandbox.Resources{VCPUs: 64, MemoryMB: 512, DiskGB: 1}, sandbox.Site{}); !errors.Is(err, sandbox.ErrCapacity) {
 		t.Fatalf("placing what no host has room for: %v", err)
 	}
 }

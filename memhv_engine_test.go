@@ -640,3 +640,44 @@ func TestMeshNeedsANetwork(t *testing.T) {
 		t.Fatalf("mesh: false in a mesh project: %+v %v", b, err)
 	}
 }
+
+// TestCreateWhere: a create that asks for a site or a country this host
+// is not in is refused, naming where, with nothing made; one that asks
+// for this host's site or country is made here and reports it; a country
+// that is not an upper-case ISO code is a bad request.
+func TestCreateWhere(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	opts.Site = sandbox.Site{Name: "fr-par-1", Country: "FR"}
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	for _, c := range []struct {
+		req  sandbox.CreateRequest
+		says string
+	}{
+		{sandbox.CreateRequest{Site: "nl-ams-1"}, "no host of site nl-ams-1"},
+		{sandbox.CreateRequest{Country: "NL"}, "no host of country NL"},
+		{sandbox.CreateRequest{Site: "fr-par-1", Country: "NL"}, "no host of site fr-par-1 in NL"},
+	} {
+		if _, err := eng.Create(ctx, c.req); !errors.Is(err, sandbox.ErrCapacity) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("create %+v: %v, want ErrCapacity saying %q", c.req, err, c.says)
+		}
+	}
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Country: "fr"}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("a lower-case country: %v", err)
+	}
+	if l, _ := eng.List(ctx, sandbox.ListFilter{}); len(l) != 0 || hv.Launched() != 0 {
+		t.Fatalf("refused creates left %d sandboxes, %d machines", len(l), hv.Launched())
+	}
+	for _, req := range []sandbox.CreateRequest{{Site: "fr-par-1"}, {Country: "FR"}, {Site: "fr-par-1", Country: "FR"}} {
+		b, err := eng.Create(ctx, req)
+		if err != nil || b.Site != opts.Site {
+			t.Errorf("create %+v: %+v %v", req, b, err)
+		}
+	}
+}

@@ -111,7 +111,7 @@ func (s *Server) placement(w http.ResponseWriter, r *http.Request) (*cluster.Hos
 	if err != nil {
 		return nil, nil
 	}
-	h, err := s.hosts.Place(r.Context(), size)
+	h, err := s.hosts.Place(r.Context(), size, sandbox.Site{Name: req.Site, Country: req.Country})
 	if err != nil {
 		return nil, nil // (no host has room: the create here says so)
 	}

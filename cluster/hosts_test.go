@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -285,5 +286,68 @@ func TestElsewhere(t *testing.T) {
 		if h, err := a.SnapshotElsewhere(ctx, id); err != nil || h != nil {
 			t.Fatalf("snapshot %s seen from a: %+v %v", id, h, err)
 		}
+	}
+}
+
+// TestPlaceBySite: a create that asks for a site goes to that site's
+// hosts only, one that asks for a country to any site of it, one that
+// asks for neither to this host's site; none up with room there is a
+// clear refusal naming where.
+func TestPlaceBySite(t *testing.T) {
+	db, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	now := (&clock{now: time.Now()}).Now
+	reg := func(name, site, country string) *cluster.Registry {
+		t.Helper()
+		r, err := cluster.Register(ctx, cluster.Options{
+			HostOptions: cluster.HostOptions{Name: name, Address: "https://" + name + ".hosts.invalid:7443", Lease: time.Hour},
+			Store:       db, Site: site, Country: country, Capacity: sandbox.Resources{VCPUs: 8, MemoryMB: 8192, DiskGB: 100},
+			Used: func() sandbox.Resources { return sandbox.Resources{} }, Sandboxes: &engine{db: db}, Now: now,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	par := reg("par1", "fr-par-1", "FR")
+	reg("par2", "fr-par-2", "FR")
+	reg("ams", "nl-ams-1", "NL")
+	small := sandbox.Presets["small"]
+	for _, c := range []struct {
+		where sandbox.Site
+		want  []string // any of
+	}{
+		{sandbox.Site{}, []string{"par1"}},
+		{sandbox.Site{Name: "nl-ams-1"}, []string{"ams"}},
+		{sandbox.Site{Name: "fr-par-2", Country: "FR"}, []string{"par2"}},
+		{sandbox.Site{Country: "FR"}, []string{"par1", "par2"}},
+		{sandbox.Site{Country: "NL"}, []string{"ams"}},
+	} {
+		h, err := par.Place(ctx, small, c.where)
+		if err != nil || !slices.Contains(c.want, h.Name) {
+			t.Errorf("Place(%+v) = %+v %v, want one of %v", c.where, h, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		where sandbox.Site
+		says  string
+	}{
+		{sandbox.Site{Name: "us-nyc-1"}, "no host of site us-nyc-1"},
+		{sandbox.Site{Country: "DE"}, "no host of country DE"},
+		{sandbox.Site{Name: "nl-ams-1", Country: "FR"}, "no host of site nl-ams-1 in FR"},
+	} {
+		if _, err := par.Place(ctx, small, c.where); !errors.Is(err, sandbox.ErrCapacity) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("Place(%+v): %v, want ErrCapacity saying %q", c.where, err, c.says)
+		}
+	}
+	if _, err := par.Place(ctx, sandbox.Resources{VCPUs: 64, MemoryMB: 512, DiskGB: 1}, sandbox.Site{Name: "nl-ams-1"}); !errors.Is(err, sandbox.ErrCapacity) {
+		t.Errorf("too large for the site's host: %v", err)
+	}
+	if hs, _ := par.Hosts(authz.WithPrincipal(ctx, authz.Operator)); len(hs) != 3 || hs[0].Country != "NL" {
+		t.Errorf("the hosts' rows: %+v", hs)
 	}
 }

@@ -43,6 +43,7 @@ type Options struct {
 	HostOptions
 	Store    store.Store
 	Site     string
+	Country  string // the site's
 	Capacity sandbox.Resources
 	// Used reports what this host's sandboxes reserve now.
 	Used func() sandbox.Resources
@@ -168,7 +169,7 @@ func (r *Registry) renew(ctx context.Context, start bool) (revived bool, err err
 		if start || !h.Up {
 			h.StartedAt = now
 		}
-		h.Site, h.Address, h.Capacity, h.Used = r.opts.Site, r.opts.Address, r.opts.Capacity, r.opts.Used()
+		h.Site, h.Country, h.Address, h.Capacity, h.Used = r.opts.Site, r.opts.Country, r.opts.Address, r.opts.Capacity, r.opts.Used()
 		h.Up, h.RenewedAt, h.LeaseUntil = true, now, now.Add(r.opts.Lease)
 		return tx.PutHost(ctx, h)
 	})
@@ -290,11 +291,12 @@ func (r *Registry) Hosts(ctx context.Context) ([]*Host, error) {
 }
 
 // Place picks the host a new sandbox of size goes to: among the hosts of
-// this host's site that are up, can be reached (this one, or one with an
-// address) and have room for it, the least loaded (the larger of its CPU
-// and memory shares in use); this host on a tie. It returns
-// ErrCapacity when none has room.
-func (r *Registry) Place(ctx context.Context, size sandbox.Resources) (*Host, error) {
+// the site asked for (where.Name), else of any site of the country asked
+// for (where.Country), else of this host's site, that are up, can be
+// reached (this one, or one with an address) and have room for it, the
+// least loaded (the larger of its CPU and memory shares in use); this
+// host on a tie. It returns ErrCapacity when none has room.
+func (r *Registry) Place(ctx context.Context, size sandbox.Resources, where sandbox.Site) (*Host, error) {
 	hosts, err := r.db.ListHosts(ctx)
 	if err != nil {
 		return nil, err
@@ -307,7 +309,7 @@ func (r *Registry) Place(ctx context.Context, size sandbox.Resources) (*Host, er
 		if self { // (fresher than its row, and up: it is asking)
 			h.Used, h.Capacity, h.Up, h.LeaseUntil = r.opts.Used(), r.opts.Capacity, true, now.Add(time.Hour)
 		}
-		if h.Site != r.opts.Site || !h.Up || !now.Before(h.LeaseUntil) || (!self && h.Address == "") || !fits(h, size) {
+		if !in(h, where, r.opts.Site) || !h.Up || !now.Before(h.LeaseUntil) || (!self && h.Address == "") || !fits(h, size) {
 			continue
 		}
 		l := load(h, size)
@@ -316,9 +318,36 @@ func (r *Registry) Place(ctx context.Context, size sandbox.Resources) (*Host, er
 		}
 	}
 	if best == nil {
-		return nil, sandbox.Errorf(sandbox.ErrCapacity, "", "no host of site %s has room for %d vCPUs and %d MB", r.opts.Site, size.VCPUs, size.MemoryMB)
+		return nil, NoRoom(where, r.opts.Site, size)
 	}
 	return best, nil
+}
+
+// in reports whether h is where a create asked to be: the site it names,
+// else a site of the country it names, else site here.
+func in(h *Host, where sandbox.Site, here string) bool {
+	switch {
+	case where.Name != "":
+		return h.Site == where.Name && (where.Country == "" || h.Country == where.Country)
+	case where.Country != "":
+		return h.Country == where.Country
+	}
+	return h.Site == here
+}
+
+// NoRoom is the error of a create that no host of where (or of site here,
+// if where names none) can take.
+func NoRoom(where sandbox.Site, here string, size sandbox.Resources) error {
+	at := "site " + here
+	switch {
+	case where.Name != "" && where.Country != "":
+		at = "site " + where.Name + " in " + where.Country
+	case where.Name != "":
+		at = "site " + where.Name
+	case where.Country != "":
+		at = "country " + where.Country
+	}
+	return sandbox.Errorf(sandbox.ErrCapacity, "", "no host of %s is up with room for %d vCPUs and %d MB", at, size.VCPUs, size.MemoryMB)
 }
 
 func fits(h *Host, s sandbox.Resources) bool {

@@ -63,6 +63,12 @@ type CreateRequest struct {
 	// and size come from the snapshot (a request that names others is
 	// refused); the network policy defaults to the snapshot's source's.
 	Snapshot string `json:"snapshot,omitempty" validate:"max=64"`
+	// Site and Country ask where the sandbox runs: a site by its name, or
+	// any site of a country (ISO 3166-1 alpha-2, upper case); default: the
+	// site of the host that takes the create. A create that no host there
+	// has room for is refused.
+	Site    string `json:"site,omitempty" validate:"omitempty,max=63,dnslabel"`
+	Country string `json:"country,omitempty" validate:"omitempty,iso3166_1_alpha2"`
 	// NoEnv keeps every stored environment out of this sandbox.
 	NoEnv bool              `json:"no_env,omitempty"`
 	Env   map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`

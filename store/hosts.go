@@ -15,6 +15,8 @@ import (
 type Host struct {
 	Name string `json:"name"`
 	Site string `json:"site"`
+	// Country is its site's (ISO 3166-1 alpha-2), if known.
+	Country string `json:"country,omitempty"`
 	// Address is its internal endpoint (https://HOST:PORT), where the
 	// other hosts forward the requests for its sandboxes.
 	Address  string            `json:"address,omitempty"`

@@ -269,6 +269,8 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	fromSnap := fs.String("snapshot", "", "make the sandbox from this snapshot (memory, processes and disk as they were; its image and size)")
 	var onMesh optBool
 	fs.Var(&onMesh, "mesh", "true or false: put the sandbox on its project's private mesh, or keep it off (default: as the project says)")
+	site := fs.String("site", "", "run it in this site (e.g. fr-par-1), on a host of the deployment there (default: the site of the host that takes the create)")
+	country := fs.String("country", "", "run it in this country (ISO 3166-1 alpha-2, e.g. FR), in any site there")
 	labels, env := kv{}, &envFlag{vars: kv{}}
 	fs.Var(labels, "label", "label KEY=VALUE (repeatable)")
 	fs.Var(env, "env", "KEY=VALUE: an environment variable of this sandbox only (repeatable);\n"+
@@ -294,6 +296,7 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 		req.Snapshots = new(bool)
 	}
 	req.Mesh = onMesh.v
+	req.Site, req.Country = *site, *country
 	if len(labels) > 0 {
 		req.Labels = labels
 	}

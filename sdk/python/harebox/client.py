@@ -159,7 +159,7 @@ class Client:
         """Creates a sandbox from keyword fields of CreateRequest (name,
         size, image, ttl_seconds, labels, account_id, project, fleet,
         firewall, monitoring, snapshots, snapshot, environment,
-        third_party, no_env, mesh, env); None means unset. Returns once the
+        third_party, no_env, mesh, site, country, env); None means unset. Returns once the
         sandbox runs. ``snapshot="snap_..."`` makes it from that snapshot
         (memory, processes and disk as they were) instead of booting the
         image: image and size come from the snapshot (give neither), and

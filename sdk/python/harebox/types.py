@@ -176,6 +176,8 @@ class Host(TypedDict):
 
     name: str
     site: str
+    #: Its site's country (ISO 3166-1 alpha-2), if it was given one.
+    country: NotRequired[str]
     #: Its internal endpoint (https://HOST:PORT), where the other hosts
     #: forward requests for its sandboxes; absent when it has none.
     address: NotRequired[str]

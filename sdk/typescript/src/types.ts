@@ -109,6 +109,10 @@ export interface CreateRequest {
   no_env?: boolean;
   /** Put the sandbox on its project's private mesh (true) or keep it off (false); default: as the project says. */
   mesh?: boolean;
+  /** Run it in this site (e.g. "fr-par-1"); default: the site of the host that takes the create. */
+  site?: string;
+  /** Run it in any site of this country (ISO 3166-1 alpha-2, upper case, e.g. "FR"). */
+  country?: string;
   env?: Record<string, string>;
 }
 
@@ -907,6 +911,8 @@ export interface HostMesh {
 export interface Host {
   name: string;
   site: string;
+  /** Its site's country (ISO 3166-1 alpha-2), if it was given one. */
+  country?: string;
   /** Its internal endpoint (https://HOST:PORT), where the other hosts forward requests for its sandboxes; absent when it has none. */
   address?: string;
   capacity: Resources;
