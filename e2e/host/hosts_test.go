@@ -117,6 +117,17 @@ func TestSeveralHosts(t *testing.T) {
 	if onA.Host != "a" || onB.Host != "b" {
 		t.Fatalf("placed on %q and %q, want a then b", onA.Host, onB.Host)
 	}
+	// Both hosts are in fr-par-1, FR: a create that asks for another site
+	// or country is refused, naming it, with nothing made.
+	for _, where := range [][]string{{"--site", "nl-ams-1"}, {"--country", "NL"}} {
+		o, e, code := testserver.RunCLI(t, s, a.srv, "", append([]string{"new", "--image", "minimal", "--label", "e2e=where"}, where...)...)
+		if code == 0 || !strings.Contains(e, "no host of") || !strings.Contains(e, where[1]) {
+			t.Fatalf("a create asking for %v: exit %d\n%s%s", where, code, o, e)
+		}
+	}
+	if l := viaA("list", "--label", "e2e=where"); strings.Contains(l, "sbx_") {
+		t.Fatalf("refused creates left sandboxes: %s", l)
+	}
 	// Through a, in b's sandbox: a streamed exec with stdin, a terminal,
 	// files both ways.
 	cmd := exec.Command(filepath.Join(s.Bin, "harebox"), "exec", onB.ID, "--", "sh", "-c", "cat; hostname")
