@@ -86,8 +86,7 @@ type Engine struct {
 	mesh        *mesh.Service
 	tunnels     *mesh.Tunnels // nil: no tunnels to other hosts
 	meshWake    chan struct{} // refreshMesh's
-	meshMu      sync.Mutex
-	meshGiven   map[string]string // what setMesh gave the network, by sandbox
+	meshApply   *mesh.Applier // nil: the network has no mesh
 
 	// urlCalls answer the calls on urls, for a principal.
 	urlCalls *ingress.Calls
@@ -176,8 +175,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	if mesher != nil {
 		mesher.SetMeshNames(e.mesh.Lookup)
+		e.meshApply = e.mesh.Applier(mesher)
 	}
-	e.meshWake, e.meshGiven = make(chan struct{}, 1), map[string]string{}
+	e.meshWake = make(chan struct{}, 1)
 	e.tenants.ProjectUpdated = func(string) {
 		if err := e.store.Notify(e.ctx, mesh.NoticeTopic, ""); err != nil {
 			e.log.Warn("mesh: cannot tell the hosts of a project's new mesh default", "err", err)

@@ -2,7 +2,6 @@ package harebox
 
 import (
 	"context"
-	"encoding/json"
 
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/mesh"
@@ -12,31 +11,13 @@ import (
 )
 
 // setMesh gives the network rec's place on its project's mesh with its
-// mesh rules resolved (mesh.Service.Rules) for policy; if changedOnly,
-// only when they differ from what it gave last.
+// mesh rules resolved for policy (mesh.Applier); if changedOnly, only
+// when they changed.
 func (e *Engine) setMesh(ctx context.Context, rec *store.Sandbox, policy *firewall.Policy, changedOnly bool) (*network.Attachment, error) {
-	mesher, ok := e.net.(network.Mesher)
-	if !ok {
+	if e.meshApply == nil {
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "sandbox %s is on its project's mesh, which this host's network does not serve", rec.ID)
 	}
-	m, err := e.mesh.Rules(ctx, rec, mesh.Of(rec), policy)
-	if err != nil {
-		return nil, err
-	}
-	key, _ := json.Marshal(m)
-	e.meshMu.Lock()
-	same := e.meshGiven[rec.ID] == string(key)
-	e.meshMu.Unlock()
-	if changedOnly && same {
-		return nil, nil
-	}
-	att, err := mesher.SetMesh(ctx, rec.ID, m)
-	if err == nil {
-		e.meshMu.Lock()
-		e.meshGiven[rec.ID] = string(key)
-		e.meshMu.Unlock()
-	}
-	return att, err
+	return e.meshApply.Apply(ctx, rec, policy, changedOnly)
 }
 
 // refreshMesh gives the network the mesh rules of this host's mesh
@@ -64,13 +45,7 @@ func (e *Engine) refreshMesh() {
 			}
 			b.mu.Unlock()
 		}
-		e.meshMu.Lock()
-		for id := range e.meshGiven {
-			if !live[id] {
-				delete(e.meshGiven, id)
-			}
-		}
-		e.meshMu.Unlock()
+		e.meshApply.Keep(func(id string) bool { return live[id] })
 	}
 }
 
