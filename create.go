@@ -142,8 +142,7 @@ func (e *Engine) resolveCreate(_ context.Context, c *creation) (err error) {
 	}
 	// (Placement sent it here if a host of the site or country asked for
 	// could take it; this host says no when it is not one.)
-	if where := (sandbox.Site{Name: c.req.Site, Country: c.req.Country}); where != (sandbox.Site{}) &&
-		(where.Name != "" && where.Name != e.opts.Site.Name || where.Country != "" && where.Country != e.opts.Site.Country) {
+	if where := (sandbox.Site{Name: c.req.Site, Country: c.req.Country}); !cluster.Within(e.opts.Site, where) {
 		return cluster.NoRoom(where, e.opts.Site.Name, c.res)
 	}
 	if o := c.o; o != nil {

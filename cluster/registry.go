@@ -309,7 +309,8 @@ func (r *Registry) Place(ctx context.Context, size sandbox.Resources, where sand
 		if self { // (fresher than its row, and up: it is asking)
 			h.Used, h.Capacity, h.Up, h.LeaseUntil = r.opts.Used(), r.opts.Capacity, true, now.Add(time.Hour)
 		}
-		if !in(h, where, r.opts.Site) || !h.Up || !now.Before(h.LeaseUntil) || (!self && h.Address == "") || !fits(h, size) {
+		at := sandbox.Site{Name: h.Site, Country: h.Country}
+		if (where == sandbox.Site{} && h.Site != r.opts.Site) || !Within(at, where) || !h.Up || !now.Before(h.LeaseUntil) || (!self && h.Address == "") || !fits(h, size) {
 			continue
 		}
 		l := load(h, size)
@@ -323,16 +324,10 @@ func (r *Registry) Place(ctx context.Context, size sandbox.Resources, where sand
 	return best, nil
 }
 
-// in reports whether h is where a create asked to be: the site it names,
-// else a site of the country it names, else site here.
-func in(h *Host, where sandbox.Site, here string) bool {
-	switch {
-	case where.Name != "":
-		return h.Site == where.Name && (where.Country == "" || h.Country == where.Country)
-	case where.Country != "":
-		return h.Country == where.Country
-	}
-	return h.Site == here
+// Within reports whether site at is where a create asked to be: the
+// site it names, in the country it names (each if it names one).
+func Within(at, where sandbox.Site) bool {
+	return (where.Name == "" || at.Name == where.Name) && (where.Country == "" || at.Country == where.Country)
 }
 
 // NoRoom is the error of a create that no host of where (or of site here,
