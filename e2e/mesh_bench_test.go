@@ -54,17 +54,7 @@ func BenchmarkMesh(b *testing.B) {
 	hb("exec", boxes[0].ID, "--background", "--", "/tmp/meshprobe", "serve")
 	time.Sleep(time.Second)
 
-	type result struct {
-		RTT float64 `json:"rtt_p50_us"`
-		MiB float64 `json:"mib_per_s"`
-	}
-	parse := func(what, out string) result {
-		var r result
-		if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &r); err != nil || r.MiB == 0 {
-			b.Fatalf("%s: %q %v", what, out, err)
-		}
-		return r
-	}
+	parse := func(what, out string) testserver.ProbeBench { return testserver.ParseProbeBench(b, what, out) }
 	const mib = "64"
 	mesh := parse("over the mesh", hb("exec", boxes[1].ID, "--", "/tmp/meshprobe", "bench", boxes[0].MeshName, mib))
 
@@ -80,10 +70,5 @@ func BenchmarkMesh(b *testing.B) {
 	}
 	loop := parse("on the host's loopback", string(out))
 
-	b.ReportMetric(mesh.RTT, "mesh-rtt-p50-us")
-	b.ReportMetric(loop.RTT, "loopback-rtt-p50-us")
-	b.ReportMetric(mesh.RTT/loop.RTT, "mesh/loopback-rtt")
-	b.ReportMetric(mesh.MiB, "mesh-MiB/s")
-	b.ReportMetric(loop.MiB, "loopback-MiB/s")
-	b.ReportMetric(mesh.MiB/loop.MiB, "mesh/loopback-throughput")
+	mesh.Report(b, "mesh", loop, "loopback")
 }

@@ -1,11 +1,11 @@
 package host
 
 import (
-	"encoding/json"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/harebox/harebox/internal/testserver"
 )
 
 // BenchmarkMeshHosts: two sandboxes of one project on two hosts, over
@@ -18,17 +18,7 @@ func BenchmarkMeshHosts(b *testing.B) {
 	d := newMeshDeployment(b)
 	a1 := d.newBox(d.a, "--project", "mesh-a")
 	a2 := d.newBox(d.b, "--project", "mesh-a")
-	type result struct {
-		RTT float64 `json:"rtt_p50_us"`
-		MiB float64 `json:"mib_per_s"`
-	}
-	parse := func(what, out string) result {
-		var r result
-		if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &r); err != nil || r.MiB == 0 {
-			b.Fatalf("%s: %q %v", what, out, err)
-		}
-		return r
-	}
+	parse := func(what, out string) testserver.ProbeBench { return testserver.ParseProbeBench(b, what, out) }
 	const mib = "64"
 	o, e, code := d.a.run("exec", a1.ID, "--", "/tmp/meshprobe", "bench", a2.MeshName, mib)
 	if code != 0 {
@@ -48,10 +38,5 @@ func BenchmarkMeshHosts(b *testing.B) {
 	}
 	direct := parse("between the hosts' namespaces", string(out))
 
-	b.ReportMetric(mesh.RTT, "mesh-rtt-p50-us")
-	b.ReportMetric(direct.RTT, "direct-rtt-p50-us")
-	b.ReportMetric(mesh.RTT/direct.RTT, "mesh/direct-rtt")
-	b.ReportMetric(mesh.MiB, "mesh-MiB/s")
-	b.ReportMetric(direct.MiB, "direct-MiB/s")
-	b.ReportMetric(mesh.MiB/direct.MiB, "mesh/direct-throughput")
+	mesh.Report(b, "mesh", direct, "direct")
 }
