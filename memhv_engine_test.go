@@ -46,6 +46,24 @@ func memhvOptions(t testing.TB, hv *memhv.Hypervisor) harebox.Options {
 	}
 }
 
+// memhvEngine is an engine on a new in-memory hypervisor with
+// memhvOptions, changed by opts if given; both close with the test.
+func memhvEngine(t *testing.T, opts func(*harebox.Options)) (*harebox.Engine, *memhv.Hypervisor) {
+	t.Helper()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	o := memhvOptions(t, hv)
+	if opts != nil {
+		opts(&o)
+	}
+	eng, err := harebox.New(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	return eng, hv
+}
+
 func TestMemHVEngine(t *testing.T) {
 	start := time.Now()
 	ctx := context.Background()
@@ -313,13 +331,7 @@ func TestDataDirFull(t *testing.T) {
 func TestProcessTimeoutBackstop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	eng, err := harebox.New(ctx, memhvOptions(t, hv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	eng, _ := memhvEngine(t, nil)
 	box, err := eng.Create(ctx, sandbox.CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -432,13 +444,7 @@ func TestCreateCommitsWithItsAuditEntry(t *testing.T) {
 // (503).
 func TestCallCutByDelete(t *testing.T) {
 	ctx := context.Background()
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	eng, err := harebox.New(ctx, memhvOptions(t, hv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	eng, _ := memhvEngine(t, nil)
 	for _, c := range []struct {
 		name, want string
 		cut        func(id string) error
@@ -615,13 +621,7 @@ func TestBootFailuresHaveKinds(t *testing.T) {
 // and with nothing left; one kept off the mesh is made.
 func TestMeshNeedsANetwork(t *testing.T) {
 	ctx := context.Background()
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	eng, err := harebox.New(ctx, memhvOptions(t, hv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	eng, hv := memhvEngine(t, nil)
 	on := true
 	if _, err := eng.Create(ctx, sandbox.CreateRequest{Mesh: &on}); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), "no mesh") {
 		t.Fatalf("mesh: true without a network: %v", err)
@@ -647,15 +647,8 @@ func TestMeshNeedsANetwork(t *testing.T) {
 // that is not an upper-case ISO code is a bad request.
 func TestCreateWhere(t *testing.T) {
 	ctx := context.Background()
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	opts := memhvOptions(t, hv)
-	opts.Site = sandbox.Site{Name: "fr-par-1", Country: "FR"}
-	eng, err := harebox.New(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	site := sandbox.Site{Name: "fr-par-1", Country: "FR"}
+	eng, hv := memhvEngine(t, func(o *harebox.Options) { o.Site = site })
 	for _, c := range []struct {
 		req  sandbox.CreateRequest
 		says string
@@ -676,7 +669,7 @@ func TestCreateWhere(t *testing.T) {
 	}
 	for _, req := range []sandbox.CreateRequest{{Site: "fr-par-1"}, {Country: "FR"}, {Site: "fr-par-1", Country: "FR"}} {
 		b, err := eng.Create(ctx, req)
-		if err != nil || b.Site != opts.Site {
+		if err != nil || b.Site != site {
 			t.Errorf("create %+v: %+v %v", req, b, err)
 		}
 	}
