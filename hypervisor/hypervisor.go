@@ -10,6 +10,9 @@ package hypervisor
 import (
 	"context"
 	"encoding/json"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"time"
 )
 
@@ -61,7 +64,45 @@ type Machine interface {
 	// Cleanup removes every file the machine owns (sockets, overlays, logs).
 	// The machine must have exited.
 	Cleanup(ctx context.Context) error
+	// PlugVolume gives the running guest a volume as a new disk, which
+	// the guest finds by the volume's ID (VolumeSerial). A backend
+	// without volumes (Capabilities.Volumes false) fails with
+	// ErrUnsupported. Snapshot refuses a machine with a volume plugged.
+	PlugVolume(ctx context.Context, v Volume) error
+	// UnplugVolume takes a plugged volume away from the guest (which
+	// should have unmounted it) and closes its file; ErrNotFound if it is
+	// not plugged.
+	UnplugVolume(ctx context.Context, id string) error
 }
+
+// Volume is a disk that outlives machines: a qcow2 file, LUKS-encrypted
+// under its own Key, plugged into running machines one writer or many
+// readers at a time (the caller's rule; the backend opens the file as
+// ReadOnly says).
+type Volume struct {
+	// ID is 1-20 of [a-z0-9-]: the disk's serial in the guest.
+	ID       string `json:"id"`
+	Path     string `json:"path"`
+	Key      []byte `json:"-"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// Validate checks a volume before a backend opens it.
+func (v *Volume) Validate() error {
+	switch {
+	case !volumeIDRE.MatchString(v.ID):
+		return Errorf(ErrInvalid, "volume id %q: want 1-20 of [a-z0-9-]", v.ID)
+	case !filepath.IsAbs(v.Path) || strings.ContainsAny(v.Path, ",'\n"):
+		return Errorf(ErrInvalid, "volume path %q: want an absolute path without commas, quotes or newlines", v.Path)
+	case len(v.Key) != KeySize:
+		return Errorf(ErrInvalid, "volume key: %d bytes, want %d", len(v.Key), KeySize)
+	}
+	return nil
+}
+
+// The serial of a SCSI disk is at most 20 bytes in what Linux shows
+// (VPD page 0x80 as QEMU fills it).
+var volumeIDRE = regexp.MustCompile(`^[a-z0-9-]{1,20}$`)
 
 // Capabilities describes a backend on this host.
 type Capabilities struct {
@@ -76,6 +117,8 @@ type Capabilities struct {
 	// Reuse says the backend honours Spec.Reuse (a machine can be launched
 	// again on the disks it left: stop and start).
 	Reuse bool `json:"reuse"`
+	// Volumes says machines take volumes while they run (PlugVolume).
+	Volumes bool `json:"volumes"`
 	// AgentTransports lists the agent channel kinds the backend offers.
 	AgentTransports []string `json:"agent_transports"`
 	Version         string   `json:"version,omitempty"`

@@ -176,6 +176,7 @@ var DefaultModules = []string{
 	"virtio", "virtio_ring", "virtio_mmio", "virtio_pci",
 	"virtio_console", "virtio_blk", "virtio_net", "virtio_rng",
 	"vsock", "vmw_vsock_virtio_transport",
+	"virtio_scsi", "sd_mod", // volumes: SCSI disks plugged in while the guest runs
 	"crc32c_generic", "ext4",
 	"button", "evdev",
 }

@@ -24,27 +24,29 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Agent_Health_FullMethodName     = "/harebox.agent.v1.Agent/Health"
-	Agent_Exec_FullMethodName       = "/harebox.agent.v1.Agent/Exec"
-	Agent_WriteFile_FullMethodName  = "/harebox.agent.v1.Agent/WriteFile"
-	Agent_ReadFile_FullMethodName   = "/harebox.agent.v1.Agent/ReadFile"
-	Agent_Stat_FullMethodName       = "/harebox.agent.v1.Agent/Stat"
-	Agent_ListDir_FullMethodName    = "/harebox.agent.v1.Agent/ListDir"
-	Agent_Mkdir_FullMethodName      = "/harebox.agent.v1.Agent/Mkdir"
-	Agent_Remove_FullMethodName     = "/harebox.agent.v1.Agent/Remove"
-	Agent_Chmod_FullMethodName      = "/harebox.agent.v1.Agent/Chmod"
-	Agent_Chown_FullMethodName      = "/harebox.agent.v1.Agent/Chown"
-	Agent_SyncTime_FullMethodName   = "/harebox.agent.v1.Agent/SyncTime"
-	Agent_Reseed_FullMethodName     = "/harebox.agent.v1.Agent/Reseed"
-	Agent_SetNetwork_FullMethodName = "/harebox.agent.v1.Agent/SetNetwork"
-	Agent_Shutdown_FullMethodName   = "/harebox.agent.v1.Agent/Shutdown"
-	Agent_Start_FullMethodName      = "/harebox.agent.v1.Agent/Start"
-	Agent_Attach_FullMethodName     = "/harebox.agent.v1.Agent/Attach"
-	Agent_Signal_FullMethodName     = "/harebox.agent.v1.Agent/Signal"
-	Agent_Commands_FullMethodName   = "/harebox.agent.v1.Agent/Commands"
-	Agent_Input_FullMethodName      = "/harebox.agent.v1.Agent/Input"
-	Agent_Rename_FullMethodName     = "/harebox.agent.v1.Agent/Rename"
-	Agent_Watch_FullMethodName      = "/harebox.agent.v1.Agent/Watch"
+	Agent_Health_FullMethodName        = "/harebox.agent.v1.Agent/Health"
+	Agent_Exec_FullMethodName          = "/harebox.agent.v1.Agent/Exec"
+	Agent_WriteFile_FullMethodName     = "/harebox.agent.v1.Agent/WriteFile"
+	Agent_ReadFile_FullMethodName      = "/harebox.agent.v1.Agent/ReadFile"
+	Agent_Stat_FullMethodName          = "/harebox.agent.v1.Agent/Stat"
+	Agent_ListDir_FullMethodName       = "/harebox.agent.v1.Agent/ListDir"
+	Agent_Mkdir_FullMethodName         = "/harebox.agent.v1.Agent/Mkdir"
+	Agent_Remove_FullMethodName        = "/harebox.agent.v1.Agent/Remove"
+	Agent_Chmod_FullMethodName         = "/harebox.agent.v1.Agent/Chmod"
+	Agent_Chown_FullMethodName         = "/harebox.agent.v1.Agent/Chown"
+	Agent_SyncTime_FullMethodName      = "/harebox.agent.v1.Agent/SyncTime"
+	Agent_Reseed_FullMethodName        = "/harebox.agent.v1.Agent/Reseed"
+	Agent_SetNetwork_FullMethodName    = "/harebox.agent.v1.Agent/SetNetwork"
+	Agent_Shutdown_FullMethodName      = "/harebox.agent.v1.Agent/Shutdown"
+	Agent_Start_FullMethodName         = "/harebox.agent.v1.Agent/Start"
+	Agent_Attach_FullMethodName        = "/harebox.agent.v1.Agent/Attach"
+	Agent_Signal_FullMethodName        = "/harebox.agent.v1.Agent/Signal"
+	Agent_Commands_FullMethodName      = "/harebox.agent.v1.Agent/Commands"
+	Agent_Input_FullMethodName         = "/harebox.agent.v1.Agent/Input"
+	Agent_Rename_FullMethodName        = "/harebox.agent.v1.Agent/Rename"
+	Agent_Watch_FullMethodName         = "/harebox.agent.v1.Agent/Watch"
+	Agent_MountVolume_FullMethodName   = "/harebox.agent.v1.Agent/MountVolume"
+	Agent_UnmountVolume_FullMethodName = "/harebox.agent.v1.Agent/UnmountVolume"
 )
 
 // AgentClient is the client API for Agent service.
@@ -113,6 +115,18 @@ type AgentClient interface {
 	// directories; events it cannot hold for a slow reader are dropped, and
 	// the next event says how many.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
+	// Protocol 5.
+	//
+	// MountVolume mounts the disk whose serial is the request's (a volume
+	// the host has just plugged in: it waits a few seconds for it to show)
+	// at path, made if missing: ext4, nosuid, nodev, read-only or not. A
+	// writable one's filesystem grows to fill its disk, and its root,
+	// fresh (owned by root, holding nothing but lost+found), is given to
+	// owner.
+	MountVolume(ctx context.Context, in *MountVolumeRequest, opts ...grpc.CallOption) (*Empty, error)
+	// UnmountVolume syncs and unmounts what is mounted at path, at once,
+	// even with files open on it (what still uses them gets errors).
+	UnmountVolume(ctx context.Context, in *PathRequest, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type agentClient struct {
@@ -366,6 +380,26 @@ func (c *agentClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_WatchClient = grpc.ServerStreamingClient[WatchEvent]
 
+func (c *agentClient) MountVolume(ctx context.Context, in *MountVolumeRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Agent_MountVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) UnmountVolume(ctx context.Context, in *PathRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Agent_UnmountVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -432,6 +466,18 @@ type AgentServer interface {
 	// directories; events it cannot hold for a slow reader are dropped, and
 	// the next event says how many.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
+	// Protocol 5.
+	//
+	// MountVolume mounts the disk whose serial is the request's (a volume
+	// the host has just plugged in: it waits a few seconds for it to show)
+	// at path, made if missing: ext4, nosuid, nodev, read-only or not. A
+	// writable one's filesystem grows to fill its disk, and its root,
+	// fresh (owned by root, holding nothing but lost+found), is given to
+	// owner.
+	MountVolume(context.Context, *MountVolumeRequest) (*Empty, error)
+	// UnmountVolume syncs and unmounts what is mounted at path, at once,
+	// even with files open on it (what still uses them gets errors).
+	UnmountVolume(context.Context, *PathRequest) (*Empty, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -504,6 +550,12 @@ func (UnimplementedAgentServer) Rename(context.Context, *RenameRequest) (*FileIn
 }
 func (UnimplementedAgentServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedAgentServer) MountVolume(context.Context, *MountVolumeRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method MountVolume not implemented")
+}
+func (UnimplementedAgentServer) UnmountVolume(context.Context, *PathRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnmountVolume not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -861,6 +913,42 @@ func _Agent_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_WatchServer = grpc.ServerStreamingServer[WatchEvent]
 
+func _Agent_MountVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MountVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).MountVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_MountVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).MountVolume(ctx, req.(*MountVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_UnmountVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PathRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).UnmountVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_UnmountVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).UnmountVolume(ctx, req.(*PathRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -931,6 +1019,14 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Rename",
 			Handler:    _Agent_Rename_Handler,
+		},
+		{
+			MethodName: "MountVolume",
+			Handler:    _Agent_MountVolume_Handler,
+		},
+		{
+			MethodName: "UnmountVolume",
+			Handler:    _Agent_UnmountVolume_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/harebox/harebox/agent/guest"
 )
 
 const (
@@ -33,7 +35,7 @@ func switchRoot(dev, init string, logf func(string, ...any)) error {
 		unix.Unmount(newRoot, 0)
 		return fmt.Errorf("no %s on %s: %w", init, dev, err)
 	}
-	if grown, err := growFS(dev, newRoot); err != nil {
+	if grown, err := guest.GrowFS(dev, newRoot); err != nil {
 		logf("root filesystem not grown to the disk: %v", err)
 	} else if grown {
 		logf("grew the root filesystem to fill %s", dev)

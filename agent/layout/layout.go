@@ -17,8 +17,9 @@ package layout
 //	3: every agent session starts with a hello (agent/transport)
 //	4: Input to a command started with keep_stdin (its stdin, its end, a
 //	   terminal size), Rename, Watch, ListDir with a depth
+//	5: MountVolume, UnmountVolume
 const (
-	Protocol    = 4
+	Protocol    = 5
 	MinProtocol = 0
 	// HelloProtocol is the first level whose sessions all start with a
 	// hello: the host drops one that answers without.

@@ -210,3 +210,16 @@ func (m *machine) vmState(ctx context.Context) (VmState, error) {
 	}
 	return vi.State, nil
 }
+
+// PlugVolume implements hypervisor.Machine: not yet on this backend
+// (Capabilities.Volumes is false). A volume would be served by the
+// storage daemon that serves its encrypted overlays, added with the API's
+// vm.add-disk.
+func (m *machine) PlugVolume(context.Context, hypervisor.Volume) error {
+	return hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: volumes are not supported by this backend yet")
+}
+
+// UnplugVolume implements hypervisor.Machine: nothing is ever plugged.
+func (m *machine) UnplugVolume(_ context.Context, id string) error {
+	return hypervisor.Errorf(hypervisor.ErrNotFound, "cloud-hypervisor: volume %s is not plugged into %s", id, m.ID())
+}

@@ -113,6 +113,7 @@ func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, err
 		Pause:           true,
 		Encryption:      true,
 		Reuse:           true,
+		Volumes:         true,
 		AgentTransports: []string{hypervisor.TransportSerial},
 		Version:         d.version,
 	}, nil
@@ -149,6 +150,7 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 		}
 	}
 	st.Encrypted = keyed
+	st.SCSI = true
 	disks := make([]hypervisor.Disk, len(spec.Disks))
 	for i, dk := range spec.Disks {
 		disks[i] = dk
@@ -357,6 +359,9 @@ func (d *Driver) args(st *state) []string {
 		}
 		a = append(a, "-drive", opt, "-device", fmt.Sprintf("virtio-blk-device,drive=disk%d", i))
 	}
+	if st.SCSI {
+		a = append(a, "-device", "virtio-scsi-device,id=scsi0")
+	}
 	if n := s.Network; n != nil {
 		a = append(a,
 			"-netdev", "tap,id=net0,ifname="+n.Tap+",script=no,downscript=no",
@@ -458,6 +463,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 	}
 	st.Encrypted = len(spec.DataKey) > 0
 	st.BackingEncrypted = snap.Encrypted
+	st.SCSI = snap.SCSI
 	st.Disks = make([]hypervisor.Disk, len(snap.Disks))
 	for i, dk := range snap.Disks {
 		st.Disks[i] = dk

@@ -150,13 +150,20 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) error {
 }
 
 func (m *machine) snapshot(ctx context.Context, dir string, key []byte) error {
+	// A volume's disk is not the machine's to copy, and a clone would
+	// need the same device to load the stream.
+	if plugged, err := m.volumes(ctx); err != nil {
+		return err
+	} else if len(plugged) > 0 {
+		return hypervisor.Errorf(hypervisor.ErrState, "qemu: %s has volumes plugged in: unplug them before a snapshot", m.ID())
+	}
 	if err := m.Pause(ctx); err != nil {
 		return err
 	}
 	if err := m.saveMemory(ctx, filepath.Join(dir, memoryFile), key); err != nil {
 		return fmt.Errorf("qemu: snapshot: %w", err)
 	}
-	snap := snapshot{Version: snapshotVersion, Spec: m.st.Spec.WithoutKeys(), Accel: m.st.Accel, CreatedAt: time.Now().UTC(), Encrypted: len(key) > 0}
+	snap := snapshot{Version: snapshotVersion, Spec: m.st.Spec.WithoutKeys(), Accel: m.st.Accel, CreatedAt: time.Now().UTC(), Encrypted: len(key) > 0, SCSI: m.st.SCSI}
 	for i, dk := range m.st.Disks {
 		if dk.ReadOnly {
 			snap.Disks = append(snap.Disks, dk)

@@ -32,6 +32,10 @@ type state struct {
 	// in place of the one in its header (a restore's snapshot disk, until
 	// detach has streamed it in).
 	Backing map[int]string `json:"backing,omitempty"`
+	// SCSI: the machine has the virtio-scsi controller volumes are
+	// plugged into (volume.go). Those restored from snapshots older than
+	// volumes lack it: their device set must match the snapshot's.
+	SCSI bool `json:"scsi,omitempty"`
 }
 
 func (st *state) handle() hypervisor.Handle {
@@ -66,6 +70,8 @@ type snapshot struct {
 	CreatedAt time.Time         `json:"created_at"`
 	// Encrypted: memory and disks are under the key given to Snapshot.
 	Encrypted bool `json:"encrypted,omitempty"`
+	// SCSI: the machine had the volumes' controller (state.SCSI).
+	SCSI bool `json:"scsi,omitempty"`
 }
 
 func loadSnapshot(dir string) (*snapshot, error) {

@@ -6,7 +6,8 @@
 // that reports Encryption runs it all with a data key and an encrypted
 // console: a canary on the disk, in memory and on the console must not be
 // in any file in plain text, and wrong or missing keys are refused; one
-// that does not must refuse a key.
+// that does not must refuse a key. One that reports Volumes plugs one in
+// and out, writable and read-only.
 package hypervisortest
 
 import (
@@ -62,6 +63,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Capabilities", func(t *testing.T) { testCapabilities(t, h) })
 	t.Run("InvalidInput", func(t *testing.T) { testInvalid(t, h) })
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, h) })
+	t.Run("Volumes", func(t *testing.T) { testVolumes(t, h) })
 }
 
 func testCapabilities(t *testing.T, h Harness) {

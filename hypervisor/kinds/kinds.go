@@ -94,3 +94,9 @@ func (m machine) Shutdown(ctx context.Context) error { return Of("shutdown", m.M
 func (m machine) Kill(ctx context.Context) error     { return Of("kill", m.Machine.Kill(ctx)) }
 func (m machine) Wait(ctx context.Context) error     { return Of("wait", m.Machine.Wait(ctx)) }
 func (m machine) Cleanup(ctx context.Context) error  { return Of("cleanup", m.Machine.Cleanup(ctx)) }
+func (m machine) PlugVolume(ctx context.Context, v hypervisor.Volume) error {
+	return Of("plug volume", m.Machine.PlugVolume(ctx, v))
+}
+func (m machine) UnplugVolume(ctx context.Context, id string) error {
+	return Of("unplug volume", m.Machine.UnplugVolume(ctx, id))
+}

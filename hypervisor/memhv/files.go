@@ -476,6 +476,35 @@ func (a *agent) Mkdir(ctx context.Context, req *agentpb.MkdirRequest) (*agentpb.
 	return fileInfo(req.GetPath(), a.fs.nodes[req.GetPath()]), nil
 }
 
+// MountVolume mounts a plugged-in volume: the fake makes its directory,
+// owned as the real agent leaves a fresh volume's root.
+func (a *agent) MountVolume(ctx context.Context, req *agentpb.MountVolumeRequest) (*agentpb.Empty, error) {
+	if err := a.enter(ctx, req.GetPath()); err != nil {
+		return nil, err
+	}
+	if _, ok := a.m.plugged(req.GetSerial()); !ok {
+		return nil, status.Errorf(codes.NotFound, "no disk with serial %q appeared", req.GetSerial())
+	}
+	uid, gid, err := lookupOwner(req.GetOwner())
+	if err != nil {
+		return nil, err
+	}
+	a.fs.mu.Lock()
+	defer a.fs.mu.Unlock()
+	if err := a.fs.mkdirAll(req.GetPath(), defaultDir, uid, gid); err != nil {
+		return nil, err
+	}
+	return &agentpb.Empty{}, nil
+}
+
+// UnmountVolume accepts any path the fake could have mounted.
+func (a *agent) UnmountVolume(ctx context.Context, req *agentpb.PathRequest) (*agentpb.Empty, error) {
+	if err := a.enter(ctx, req.GetPath()); err != nil {
+		return nil, err
+	}
+	return &agentpb.Empty{}, nil
+}
+
 // Remove deletes a file or empty directory, or a whole tree when recursive.
 func (a *agent) Remove(ctx context.Context, req *agentpb.RemoveRequest) (*agentpb.Empty, error) {
 	p := req.GetPath()

@@ -47,6 +47,7 @@ type machine struct {
 	diskKey []byte
 
 	mu      sync.Mutex
+	volumes map[string]hypervisor.Volume // plugged in, by ID
 	state   hypervisor.State
 	resumed chan struct{} // made by Pause, closed by Resume or stop
 	stopped chan struct{} // closed once stopped
@@ -188,6 +189,13 @@ func (m *machine) Snapshot(_ context.Context, dir string, key []byte) error {
 		}
 		return fmt.Errorf("memhv: snapshot: %w", err)
 	}
+	m.mu.Lock()
+	plugged := len(m.volumes)
+	m.mu.Unlock()
+	if plugged > 0 {
+		os.RemoveAll(dir)
+		return hypervisor.Errorf(hypervisor.ErrState, "memhv: %s has volumes plugged in: unplug them before a snapshot", m.spec.ID)
+	}
 	err := m.Pause(context.Background())
 	if err == nil {
 		err = writeSnapshot(dir, snapshot{Version: snapshotVersion, Spec: m.spec, Files: m.agent.fs.clone().nodes}, key)
@@ -196,6 +204,49 @@ func (m *machine) Snapshot(_ context.Context, dir string, key []byte) error {
 		os.RemoveAll(dir)
 	}
 	return err
+}
+
+// PlugVolume records the volume as plugged in: the fake guest mounts it
+// (an empty directory; what is written there stays in this machine).
+func (m *machine) PlugVolume(_ context.Context, v hypervisor.Volume) error {
+	if err := v.Validate(); err != nil {
+		return err
+	}
+	if _, err := os.Stat(v.Path); err != nil {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: volume %s: %v", v.ID, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.state == hypervisor.StateStopped {
+		return hypervisor.Errorf(hypervisor.ErrState, "memhv: %s has stopped", m.spec.ID)
+	}
+	if _, ok := m.volumes[v.ID]; ok {
+		return hypervisor.Errorf(hypervisor.ErrExists, "memhv: volume %s is plugged into %s already", v.ID, m.spec.ID)
+	}
+	if m.volumes == nil {
+		m.volumes = map[string]hypervisor.Volume{}
+	}
+	v.Key = nil
+	m.volumes[v.ID] = v
+	return nil
+}
+
+// UnplugVolume forgets a plugged volume.
+func (m *machine) UnplugVolume(_ context.Context, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.volumes[id]; !ok {
+		return hypervisor.Errorf(hypervisor.ErrNotFound, "memhv: volume %s is not plugged into %s", id, m.spec.ID)
+	}
+	delete(m.volumes, id)
+	return nil
+}
+
+func (m *machine) plugged(id string) (hypervisor.Volume, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, ok := m.volumes[id]
+	return v, ok
 }
 
 // Shutdown powers the machine off at once: there is no guest to wait for.

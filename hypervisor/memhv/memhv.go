@@ -158,6 +158,7 @@ func (h *Hypervisor) Capabilities(context.Context) (hypervisor.Capabilities, err
 		Encryption:      true,
 		Reuse:           true,
 		Pause:           true,
+		Volumes:         true,
 		AgentTransports: []string{hypervisor.TransportSerial},
 		Version:         "1",
 	}, nil

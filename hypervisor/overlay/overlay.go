@@ -81,7 +81,7 @@ func CreateEncrypted(ctx context.Context, qemuImg, base, baseFormat, path string
 		if errors.Is(err, exec.ErrNotFound) {
 			return hypervisor.Errorf(hypervisor.ErrUnavailable, "overlay for %s: %s not found", base, qemuImg)
 		}
-		if !retryable(out) || attempt == 8 || ctx.Err() != nil {
+		if !Retryable(out) || attempt == 8 || ctx.Err() != nil {
 			return fmt.Errorf("qemu-img create encrypted overlay of %s: %w: %s", base, err, bytes.TrimSpace(out))
 		}
 	}

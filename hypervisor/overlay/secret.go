@@ -58,8 +58,8 @@ func (s *Secrets) Close() {
 	s.files = nil
 }
 
-// retryable reports qemu-img's flaky PBKDF benchmark: it measures thread
+// Retryable reports qemu-img's flaky PBKDF benchmark: it measures thread
 // CPU time, which on some kernels reads 0 for a short run.
-func retryable(out []byte) bool {
+func Retryable(out []byte) bool {
 	return strings.Contains(string(out), "Unable to get accurate CPU usage")
 }

@@ -167,3 +167,21 @@ func (m *remoteMachine) Snapshot(ctx context.Context, dir string, key []byte) er
 		return err
 	})
 }
+
+func (m *remoteMachine) PlugVolume(ctx context.Context, v hypervisor.Volume) error {
+	b, err := json.Marshal(v) // the key is not in the JSON
+	if err != nil {
+		return err
+	}
+	return m.do(ctx, func(rpc pluginpb.HypervisorClient) error {
+		_, err := rpc.PlugVolume(ctx, &pluginpb.PlugVolumeRequest{Id: m.id, VolumeJson: b, Key: v.Key})
+		return err
+	})
+}
+
+func (m *remoteMachine) UnplugVolume(ctx context.Context, id string) error {
+	return m.do(ctx, func(rpc pluginpb.HypervisorClient) error {
+		_, err := rpc.UnplugVolume(ctx, &pluginpb.UnplugVolumeRequest{Id: m.id, VolumeId: id})
+		return err
+	})
+}

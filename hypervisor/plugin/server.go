@@ -123,6 +123,19 @@ func (s *server) Snapshot(ctx context.Context, r *pluginpb.SnapshotRequest) (*pl
 	return s.call(&pluginpb.MachineID{Id: r.Id}, func(m hypervisor.Machine) error { return m.Snapshot(ctx, r.Dir, r.Key) })
 }
 
+func (s *server) PlugVolume(ctx context.Context, r *pluginpb.PlugVolumeRequest) (*pluginpb.Empty, error) {
+	var v hypervisor.Volume
+	if err := json.Unmarshal(r.VolumeJson, &v); err != nil {
+		return nil, toStatus(hypervisor.Errorf(hypervisor.ErrInvalid, "plugin: volume: %v", err))
+	}
+	v.Key = r.Key
+	return s.call(&pluginpb.MachineID{Id: r.Id}, func(m hypervisor.Machine) error { return m.PlugVolume(ctx, v) })
+}
+
+func (s *server) UnplugVolume(ctx context.Context, r *pluginpb.UnplugVolumeRequest) (*pluginpb.Empty, error) {
+	return s.call(&pluginpb.MachineID{Id: r.Id}, func(m hypervisor.Machine) error { return m.UnplugVolume(ctx, r.VolumeId) })
+}
+
 func (s *server) Shutdown(ctx context.Context, r *pluginpb.MachineID) (*pluginpb.Empty, error) {
 	return s.call(r, func(m hypervisor.Machine) error { return m.Shutdown(ctx) })
 }

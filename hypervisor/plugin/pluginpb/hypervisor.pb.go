@@ -322,6 +322,118 @@ func (x *SnapshotRequest) GetKey() []byte {
 	return nil
 }
 
+type PlugVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`                                   // the machine's
+	VolumeJson    []byte                 `protobuf:"bytes,2,opt,name=volume_json,json=volumeJson,proto3" json:"volume_json,omitempty"` // hypervisor.Volume, without its key
+	Key           []byte                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`                                 // the volume's key
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlugVolumeRequest) Reset() {
+	*x = PlugVolumeRequest{}
+	mi := &file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlugVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlugVolumeRequest) ProtoMessage() {}
+
+func (x *PlugVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlugVolumeRequest.ProtoReflect.Descriptor instead.
+func (*PlugVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PlugVolumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PlugVolumeRequest) GetVolumeJson() []byte {
+	if x != nil {
+		return x.VolumeJson
+	}
+	return nil
+}
+
+func (x *PlugVolumeRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+type UnplugVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // the machine's
+	VolumeId      string                 `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnplugVolumeRequest) Reset() {
+	*x = UnplugVolumeRequest{}
+	mi := &file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnplugVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnplugVolumeRequest) ProtoMessage() {}
+
+func (x *UnplugVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnplugVolumeRequest.ProtoReflect.Descriptor instead.
+func (*UnplugVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *UnplugVolumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UnplugVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
 var File_hypervisor_plugin_pluginpb_hypervisor_proto protoreflect.FileDescriptor
 
 const file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc = "" +
@@ -344,7 +456,15 @@ const file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc = "" +
 	"\x0fSnapshotRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\fR\x03key2\x93\a\n" +
+	"\x03key\x18\x03 \x01(\fR\x03key\"V\n" +
+	"\x11PlugVolumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
+	"\vvolume_json\x18\x02 \x01(\fR\n" +
+	"volumeJson\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\fR\x03key\"B\n" +
+	"\x13UnplugVolumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId2\xc3\b\n" +
 	"\n" +
 	"Hypervisor\x12I\n" +
 	"\fCapabilities\x12\x1c.harebox.hypervisor.v1.Empty\x1a\x1b.harebox.hypervisor.v1.JSON\x12H\n" +
@@ -358,7 +478,10 @@ const file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc = "" +
 	"\bShutdown\x12 .harebox.hypervisor.v1.MachineID\x1a\x1c.harebox.hypervisor.v1.Empty\x12F\n" +
 	"\x04Kill\x12 .harebox.hypervisor.v1.MachineID\x1a\x1c.harebox.hypervisor.v1.Empty\x12F\n" +
 	"\x04Wait\x12 .harebox.hypervisor.v1.MachineID\x1a\x1c.harebox.hypervisor.v1.Empty\x12I\n" +
-	"\aCleanup\x12 .harebox.hypervisor.v1.MachineID\x1a\x1c.harebox.hypervisor.v1.EmptyB7Z5github.com/harebox/harebox/hypervisor/plugin/pluginpbb\x06proto3"
+	"\aCleanup\x12 .harebox.hypervisor.v1.MachineID\x1a\x1c.harebox.hypervisor.v1.Empty\x12T\n" +
+	"\n" +
+	"PlugVolume\x12(.harebox.hypervisor.v1.PlugVolumeRequest\x1a\x1c.harebox.hypervisor.v1.Empty\x12X\n" +
+	"\fUnplugVolume\x12*.harebox.hypervisor.v1.UnplugVolumeRequest\x1a\x1c.harebox.hypervisor.v1.EmptyB7Z5github.com/harebox/harebox/hypervisor/plugin/pluginpbb\x06proto3"
 
 var (
 	file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDescOnce sync.Once
@@ -372,14 +495,16 @@ func file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_hypervisor_plugin_pluginpb_hypervisor_proto_goTypes = []any{
-	(*Empty)(nil),           // 0: harebox.hypervisor.v1.Empty
-	(*JSON)(nil),            // 1: harebox.hypervisor.v1.JSON
-	(*MachineID)(nil),       // 2: harebox.hypervisor.v1.MachineID
-	(*MachineRef)(nil),      // 3: harebox.hypervisor.v1.MachineRef
-	(*RestoreRequest)(nil),  // 4: harebox.hypervisor.v1.RestoreRequest
-	(*SnapshotRequest)(nil), // 5: harebox.hypervisor.v1.SnapshotRequest
+	(*Empty)(nil),               // 0: harebox.hypervisor.v1.Empty
+	(*JSON)(nil),                // 1: harebox.hypervisor.v1.JSON
+	(*MachineID)(nil),           // 2: harebox.hypervisor.v1.MachineID
+	(*MachineRef)(nil),          // 3: harebox.hypervisor.v1.MachineRef
+	(*RestoreRequest)(nil),      // 4: harebox.hypervisor.v1.RestoreRequest
+	(*SnapshotRequest)(nil),     // 5: harebox.hypervisor.v1.SnapshotRequest
+	(*PlugVolumeRequest)(nil),   // 6: harebox.hypervisor.v1.PlugVolumeRequest
+	(*UnplugVolumeRequest)(nil), // 7: harebox.hypervisor.v1.UnplugVolumeRequest
 }
 var file_hypervisor_plugin_pluginpb_hypervisor_proto_depIdxs = []int32{
 	0,  // 0: harebox.hypervisor.v1.Hypervisor.Capabilities:input_type -> harebox.hypervisor.v1.Empty
@@ -394,20 +519,24 @@ var file_hypervisor_plugin_pluginpb_hypervisor_proto_depIdxs = []int32{
 	2,  // 9: harebox.hypervisor.v1.Hypervisor.Kill:input_type -> harebox.hypervisor.v1.MachineID
 	2,  // 10: harebox.hypervisor.v1.Hypervisor.Wait:input_type -> harebox.hypervisor.v1.MachineID
 	2,  // 11: harebox.hypervisor.v1.Hypervisor.Cleanup:input_type -> harebox.hypervisor.v1.MachineID
-	1,  // 12: harebox.hypervisor.v1.Hypervisor.Capabilities:output_type -> harebox.hypervisor.v1.JSON
-	3,  // 13: harebox.hypervisor.v1.Hypervisor.Launch:output_type -> harebox.hypervisor.v1.MachineRef
-	3,  // 14: harebox.hypervisor.v1.Hypervisor.Attach:output_type -> harebox.hypervisor.v1.MachineRef
-	3,  // 15: harebox.hypervisor.v1.Hypervisor.Restore:output_type -> harebox.hypervisor.v1.MachineRef
-	1,  // 16: harebox.hypervisor.v1.Hypervisor.Info:output_type -> harebox.hypervisor.v1.JSON
-	0,  // 17: harebox.hypervisor.v1.Hypervisor.Pause:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 18: harebox.hypervisor.v1.Hypervisor.Resume:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 19: harebox.hypervisor.v1.Hypervisor.Snapshot:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 20: harebox.hypervisor.v1.Hypervisor.Shutdown:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 21: harebox.hypervisor.v1.Hypervisor.Kill:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 22: harebox.hypervisor.v1.Hypervisor.Wait:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 23: harebox.hypervisor.v1.Hypervisor.Cleanup:output_type -> harebox.hypervisor.v1.Empty
-	12, // [12:24] is the sub-list for method output_type
-	0,  // [0:12] is the sub-list for method input_type
+	6,  // 12: harebox.hypervisor.v1.Hypervisor.PlugVolume:input_type -> harebox.hypervisor.v1.PlugVolumeRequest
+	7,  // 13: harebox.hypervisor.v1.Hypervisor.UnplugVolume:input_type -> harebox.hypervisor.v1.UnplugVolumeRequest
+	1,  // 14: harebox.hypervisor.v1.Hypervisor.Capabilities:output_type -> harebox.hypervisor.v1.JSON
+	3,  // 15: harebox.hypervisor.v1.Hypervisor.Launch:output_type -> harebox.hypervisor.v1.MachineRef
+	3,  // 16: harebox.hypervisor.v1.Hypervisor.Attach:output_type -> harebox.hypervisor.v1.MachineRef
+	3,  // 17: harebox.hypervisor.v1.Hypervisor.Restore:output_type -> harebox.hypervisor.v1.MachineRef
+	1,  // 18: harebox.hypervisor.v1.Hypervisor.Info:output_type -> harebox.hypervisor.v1.JSON
+	0,  // 19: harebox.hypervisor.v1.Hypervisor.Pause:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 20: harebox.hypervisor.v1.Hypervisor.Resume:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 21: harebox.hypervisor.v1.Hypervisor.Snapshot:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 22: harebox.hypervisor.v1.Hypervisor.Shutdown:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 23: harebox.hypervisor.v1.Hypervisor.Kill:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 24: harebox.hypervisor.v1.Hypervisor.Wait:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 25: harebox.hypervisor.v1.Hypervisor.Cleanup:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 26: harebox.hypervisor.v1.Hypervisor.PlugVolume:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 27: harebox.hypervisor.v1.Hypervisor.UnplugVolume:output_type -> harebox.hypervisor.v1.Empty
+	14, // [14:28] is the sub-list for method output_type
+	0,  // [0:14] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name
@@ -424,7 +553,7 @@ func file_hypervisor_plugin_pluginpb_hypervisor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc), len(file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

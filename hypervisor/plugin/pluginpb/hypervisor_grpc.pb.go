@@ -36,6 +36,8 @@ const (
 	Hypervisor_Kill_FullMethodName         = "/harebox.hypervisor.v1.Hypervisor/Kill"
 	Hypervisor_Wait_FullMethodName         = "/harebox.hypervisor.v1.Hypervisor/Wait"
 	Hypervisor_Cleanup_FullMethodName      = "/harebox.hypervisor.v1.Hypervisor/Cleanup"
+	Hypervisor_PlugVolume_FullMethodName   = "/harebox.hypervisor.v1.Hypervisor/PlugVolume"
+	Hypervisor_UnplugVolume_FullMethodName = "/harebox.hypervisor.v1.Hypervisor/UnplugVolume"
 )
 
 // HypervisorClient is the client API for Hypervisor service.
@@ -54,6 +56,8 @@ type HypervisorClient interface {
 	Kill(ctx context.Context, in *MachineID, opts ...grpc.CallOption) (*Empty, error)
 	Wait(ctx context.Context, in *MachineID, opts ...grpc.CallOption) (*Empty, error)
 	Cleanup(ctx context.Context, in *MachineID, opts ...grpc.CallOption) (*Empty, error)
+	PlugVolume(ctx context.Context, in *PlugVolumeRequest, opts ...grpc.CallOption) (*Empty, error)
+	UnplugVolume(ctx context.Context, in *UnplugVolumeRequest, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type hypervisorClient struct {
@@ -184,6 +188,26 @@ func (c *hypervisorClient) Cleanup(ctx context.Context, in *MachineID, opts ...g
 	return out, nil
 }
 
+func (c *hypervisorClient) PlugVolume(ctx context.Context, in *PlugVolumeRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Hypervisor_PlugVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hypervisorClient) UnplugVolume(ctx context.Context, in *UnplugVolumeRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Hypervisor_UnplugVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServer is the server API for Hypervisor service.
 // All implementations must embed UnimplementedHypervisorServer
 // for forward compatibility.
@@ -200,6 +224,8 @@ type HypervisorServer interface {
 	Kill(context.Context, *MachineID) (*Empty, error)
 	Wait(context.Context, *MachineID) (*Empty, error)
 	Cleanup(context.Context, *MachineID) (*Empty, error)
+	PlugVolume(context.Context, *PlugVolumeRequest) (*Empty, error)
+	UnplugVolume(context.Context, *UnplugVolumeRequest) (*Empty, error)
 	mustEmbedUnimplementedHypervisorServer()
 }
 
@@ -245,6 +271,12 @@ func (UnimplementedHypervisorServer) Wait(context.Context, *MachineID) (*Empty, 
 }
 func (UnimplementedHypervisorServer) Cleanup(context.Context, *MachineID) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method Cleanup not implemented")
+}
+func (UnimplementedHypervisorServer) PlugVolume(context.Context, *PlugVolumeRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method PlugVolume not implemented")
+}
+func (UnimplementedHypervisorServer) UnplugVolume(context.Context, *UnplugVolumeRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnplugVolume not implemented")
 }
 func (UnimplementedHypervisorServer) mustEmbedUnimplementedHypervisorServer() {}
 func (UnimplementedHypervisorServer) testEmbeddedByValue()                    {}
@@ -483,6 +515,42 @@ func _Hypervisor_Cleanup_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_PlugVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PlugVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).PlugVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_PlugVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).PlugVolume(ctx, req.(*PlugVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Hypervisor_UnplugVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnplugVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).UnplugVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_UnplugVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).UnplugVolume(ctx, req.(*UnplugVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hypervisor_ServiceDesc is the grpc.ServiceDesc for Hypervisor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -537,6 +605,14 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Cleanup",
 			Handler:    _Hypervisor_Cleanup_Handler,
+		},
+		{
+			MethodName: "PlugVolume",
+			Handler:    _Hypervisor_PlugVolume_Handler,
+		},
+		{
+			MethodName: "UnplugVolume",
+			Handler:    _Hypervisor_UnplugVolume_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,4 +1,4 @@
-package initproc
+package guest
 
 import (
 	"fmt"
@@ -12,12 +12,13 @@ import (
 // mounted ext4 filesystem to a new block count, as resize2fs does online.
 const ext4IocResizeFS = 0x40086610
 
-// growFS grows the ext4 filesystem mounted at mnt to fill dev. Each
+// GrowFS grows the ext4 filesystem mounted at mnt to fill dev. Each
 // sandbox's root disk is a copy-on-write overlay as large as its size asks,
-// over a smaller base image; the filesystem follows it here, in the host-
-// controlled init, before the guest's own userland runs. It does nothing
-// when the filesystem already fills the device.
-func growFS(dev, mnt string) (grown bool, err error) {
+// over a smaller base image; the filesystem follows it in the host-
+// controlled init, before the guest's own userland runs. A volume's
+// follows its disk when it is mounted (a volume grown while detached).
+// It does nothing when the filesystem already fills the device.
+func GrowFS(dev, mnt string) (grown bool, err error) {
 	f, err := os.Open(dev)
 	if err != nil {
 		return false, err

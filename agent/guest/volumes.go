@@ -1,0 +1,206 @@
+package guest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/harebox/harebox/agent/agentpb"
+)
+
+// A volume is a disk the host plugs in while the guest runs (a SCSI disk
+// whose serial is the volume's ID); the agent finds it by that serial
+// and mounts it where the sandbox asked.
+
+var serialRE = regexp.MustCompile(`^[a-z0-9-]{1,20}$`)
+
+// volumeWait bounds how long MountVolume waits for a plugged disk to show.
+const volumeWait = 15 * time.Second
+
+// forbiddenMounts are where a volume may not go: over the system's own
+// trees, which would hide what the guest runs on.
+var forbiddenMounts = []string{"/proc", "/sys", "/dev", "/run", "/boot", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/usr"}
+
+func checkMountPath(p string) error {
+	if err := CheckPath(p); err != nil {
+		return err
+	}
+	if p == "/" {
+		return status.Error(codes.InvalidArgument, "a volume cannot be mounted at /")
+	}
+	for _, f := range forbiddenMounts {
+		if p == f || strings.HasPrefix(p, f+"/") {
+			return status.Errorf(codes.InvalidArgument, "a volume cannot be mounted at %s (under %s)", p, f)
+		}
+	}
+	return nil
+}
+
+// MountVolume implements agentpb.AgentServer.
+func (s *Server) MountVolume(ctx context.Context, req *agentpb.MountVolumeRequest) (*agentpb.Empty, error) {
+	if !serialRE.MatchString(req.GetSerial()) {
+		return nil, status.Errorf(codes.InvalidArgument, "serial %q: want 1-20 of [a-z0-9-]", req.GetSerial())
+	}
+	path := req.GetPath()
+	if err := checkMountPath(path); err != nil {
+		return nil, err
+	}
+	var uid, gid int
+	if !req.GetReadOnly() {
+		var err error
+		if uid, gid, err = s.owner(req.GetOwner()); err != nil {
+			return nil, err
+		}
+	}
+	dev, err := diskBySerial(ctx, req.GetSerial())
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		return nil, fsError("mkdir", err)
+	}
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	if req.GetReadOnly() {
+		flags |= unix.MS_RDONLY
+	}
+	if err := mountExt4(ctx, dev, path, flags, req.GetReadOnly()); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "mount %s at %s: %v", dev, path, err)
+	}
+	if req.GetReadOnly() {
+		return &agentpb.Empty{}, nil
+	}
+	if _, err := GrowFS(dev, path); err != nil {
+		s.opts.Logf("volume %s: grow: %v", req.GetSerial(), err)
+	}
+	if err := giveFresh(path, uid, gid); err != nil {
+		unix.Unmount(path, unix.MNT_DETACH)
+		return nil, fsError("chown", err)
+	}
+	return &agentpb.Empty{}, nil
+}
+
+// mountExt4 mounts dev at path. A disk just plugged in can show in sysfs
+// a moment before it opens (ENXIO): that is tried again for a while.
+func mountExt4(ctx context.Context, dev, path string, flags uintptr, readOnly bool) error {
+	ctx, cancel := context.WithTimeout(ctx, volumeWait)
+	defer cancel()
+	for {
+		err := unix.Mount(dev, path, "ext4", flags, "")
+		if err != nil && readOnly && !errors.Is(err, unix.ENXIO) {
+			// A journal left to replay (its writer stopped without
+			// unmounting) cannot be replayed on a read-only disk: mount
+			// without it.
+			err = unix.Mount(dev, path, "ext4", flags, "noload")
+		}
+		if !errors.Is(err, unix.ENXIO) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// giveFresh gives a new filesystem's root (owned by root, with nothing in
+// it but lost+found) to uid:gid: a volume is the sandbox user's, as its
+// home is. A volume someone already wrote keeps its owners.
+func giveFresh(path string, uid, gid int) error {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return err
+	}
+	if st.Uid != 0 || uid == 0 {
+		return nil
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.Name() != "lost+found" {
+			return nil
+		}
+	}
+	return os.Chown(path, uid, gid)
+}
+
+// diskBySerial waits for the disk whose SCSI serial (VPD page 0x80) is
+// serial and returns its device node.
+func diskBySerial(ctx context.Context, serial string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, volumeWait)
+	defer cancel()
+	for {
+		ents, _ := os.ReadDir("/sys/block")
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "device", "vpd_pg80"))
+			// The page is a 4-byte header, then the serial.
+			if err != nil || len(b) < 4 || string(bytes.TrimRight(b[4:], " \x00")) != serial {
+				continue
+			}
+			dev := "/dev/" + e.Name()
+			if _, err := os.Stat(dev); err != nil {
+				// No udev (the minimal image): make the node.
+				if err := mknodBlock(dev, filepath.Join("/sys/block", e.Name(), "dev")); err != nil {
+					return "", status.Errorf(codes.Internal, "%s: %v", dev, err)
+				}
+			}
+			return dev, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", status.Errorf(codes.NotFound, "no disk with serial %q appeared in %s", serial, volumeWait)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func mknodBlock(dev, sysDev string) error {
+	b, err := os.ReadFile(sysDev)
+	if err != nil {
+		return err
+	}
+	maj, mnr, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
+	if !ok {
+		return errors.New("bad " + sysDev)
+	}
+	var ma, mi uint32
+	for _, c := range maj {
+		ma = ma*10 + uint32(c-'0')
+	}
+	for _, c := range mnr {
+		mi = mi*10 + uint32(c-'0')
+	}
+	return unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(ma, mi)))
+}
+
+// UnmountVolume implements agentpb.AgentServer.
+func (s *Server) UnmountVolume(ctx context.Context, req *agentpb.PathRequest) (*agentpb.Empty, error) {
+	if err := checkMountPath(req.GetPath()); err != nil {
+		return nil, err
+	}
+	unix.Sync()
+	err := unix.Unmount(req.GetPath(), 0)
+	if errors.Is(err, unix.EBUSY) {
+		// A process with a file open there cannot keep the disk, which
+		// the host is about to take away.
+		err = unix.Unmount(req.GetPath(), unix.MNT_DETACH)
+	}
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return nil, status.Errorf(codes.NotFound, "nothing is mounted at %s", req.GetPath())
+		}
+		return nil, fsError("unmount", err)
+	}
+	return &agentpb.Empty{}, nil
+}

@@ -1,0 +1,66 @@
+package voldisk_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
+	"github.com/harebox/harebox/hypervisor/voldisk"
+)
+
+// TestCreateGrow: a volume file is an encrypted qcow2 of the size asked,
+// with no scratch left beside it and no ext4 magic in plain text; it
+// grows, and a short key or a tiny size is refused.
+func TestCreateGrow(t *testing.T) {
+	for _, tool := range []string{"qemu-img", "mkfs.ext4"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (make deps installs it)", tool)
+		}
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "v.qcow2")
+	key := make([]byte, hypervisor.KeySize)
+	rand.Read(key)
+	if err := voldisk.Create(ctx, voldisk.Tools{}, path, 64<<20, key[:16]); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Fatalf("short key: %v, want ErrInvalid", err)
+	}
+	if err := voldisk.Create(ctx, voldisk.Tools{}, path, 1<<20, key); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Fatalf("1 MiB: %v, want ErrInvalid", err)
+	}
+	if err := voldisk.Create(ctx, voldisk.Tools{}, path, 64<<20, key); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("files left: %v, want only the volume", ents)
+	}
+	out, err := exec.Command("qemu-img", "info", path).CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("encrypted: yes")) {
+		t.Errorf("qemu-img info: %v\n%s", err, out)
+	}
+	b, _ := os.ReadFile(path)
+	// ext4's superblock magic with the label "volume" next to it.
+	if bytes.Contains(b, []byte("volume\x00\x00")) {
+		t.Error("the filesystem's label is in the file in plain text")
+	}
+	if size, err := overlay.VirtualSize(ctx, "qemu-img", path, "qcow2"); err != nil || size != 64<<20 {
+		t.Errorf("size %d (%v), want 64 MiB", size, err)
+	}
+	if err := voldisk.Grow(ctx, voldisk.Tools{}, path, 96<<20, key); err != nil {
+		t.Fatal(err)
+	}
+	if size, err := overlay.VirtualSize(ctx, "qemu-img", path, "qcow2"); err != nil || size != 96<<20 {
+		t.Errorf("size %d (%v) after grow, want 96 MiB", size, err)
+	}
+	other := make([]byte, hypervisor.KeySize)
+	if err := voldisk.Grow(ctx, voldisk.Tools{}, path, 128<<20, other); err == nil {
+		t.Error("grow with a wrong key succeeded")
+	}
+}
