@@ -115,12 +115,16 @@ func imageSpec(id, stateDir string, img images.Image, res sandbox.Resources, att
 }
 
 // provision gives a guest that answers what every boot gives it: the
-// host's clock, its environment's files and its credentials CA.
+// host's clock, its environment's files and its credentials CA, and its
+// volumes.
 func (e *Engine) provision(ctx context.Context, b *box, c *agentclient.Client) error {
 	if err := c.SyncTime(ctx, time.Now()); err != nil {
 		return err
 	}
-	return e.guests.Deliver(ctx, b.guest(), c)
+	if err := e.guests.Deliver(ctx, b.guest(), c); err != nil {
+		return err
+	}
+	return e.volumes.Mount(ctx, b.rec, b.m, c)
 }
 
 // bootFailed gives a failed boot step its kind: unavailable, or timed out

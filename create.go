@@ -225,6 +225,9 @@ func (e *Engine) admitCreate(ctx context.Context, c *creation) error {
 		if err := e.place(ctx, tx, req, rec); err != nil {
 			return err
 		}
+		if err := e.volumes.Claim(ctx, tx, rec, req.Volumes); err != nil {
+			return err
+		}
 		if c.o != nil && !c.o.Golden && rec.AccountID != c.o.Snap.AccountID {
 			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s belongs to another account", c.o.Snap.ID)
 		}
@@ -245,6 +248,7 @@ func (e *Engine) unadmit(ctx context.Context, c *creation, _ error) {
 	}
 	e.meter.Release(ctx, c.rec)
 	e.mesh.Leave(ctx, c.rec.ID)
+	e.volumes.Release(ctx, c.rec)
 	e.store.DeleteSandbox(ctx, c.rec.ID)
 }
 

@@ -77,6 +77,10 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 	if err := sandboxkeys.Erase(ctx, e.sec, b.rec.ID); err != nil {
 		errs = append(errs, err)
 	}
+	if len(b.rec.Volumes) > 0 && b.agent != nil {
+		// What the guest wrote to its volumes reaches their disks.
+		e.volumes.Unmount(ctx, b.rec, b.agent)
+	}
 	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was deleted during the call", b.rec.ID))
 	e.processes.Forget(b.rec.ID)
 	b.given.Close()
@@ -107,6 +111,9 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, e.forgetStored(ctx, b))
+	if err := e.volumes.Release(ctx, b.rec); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

@@ -2,6 +2,7 @@ package harebox
 
 import (
 	"github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/volume"
 	"github.com/harebox/harebox/guestenv"
 )
 
@@ -14,6 +15,9 @@ import (
 
 // Environments manages environments, for the principal in the context.
 func (e *Engine) Environments() *env.Service { return e.envs }
+
+// Volumes is the volumes' service (the REST layer calls it directly).
+func (e *Engine) Volumes() *volume.Service { return e.volumes }
 
 // guest is the box's sandbox as package guestenv's calls take it.
 func (b *box) guest() guestenv.Sandbox {

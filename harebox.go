@@ -48,6 +48,7 @@ import (
 	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/tenant"
+	"github.com/harebox/harebox/volume"
 )
 
 // Engine runs sandboxes. It is safe for concurrent use.
@@ -72,6 +73,7 @@ type Engine struct {
 	tenants     *tenant.Service
 	keys        *apikey.Service
 	envs        *env.Service
+	volumes     *volume.Service
 	guests      *guestenv.Service
 	history     *history.Service
 	catalog     *catalog.Catalog
@@ -239,6 +241,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.registerHost(ctx); err != nil {
 		return nil, err
 	}
+	e.volumes = volume.New(volume.Options{Store: e.store, Tenants: e.tenants, Secrets: e.sec,
+		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, Audit: al})
 	if opts.MeshTunnel != nil {
 		if e.tunnels, err = mesh.NewTunnels(mesh.TunnelOptions{Store: store.Narrow(e.store, func(tx store.Tx) mesh.TunnelTx { return tx }),
 			Host: e.hosts.Name(), Endpoint: opts.MeshEndpoint, Tunnel: opts.MeshTunnel, Pool: e.mesh.Pool(), Log: e.log}); err != nil {

@@ -54,6 +54,8 @@ type Options struct {
 	// (linuxnet.Options.MeshTunnel).
 	MeshTunnel   mesh.Tunnel
 	MeshEndpoint netip.AddrPort
+	// MaxVolumeGB bounds one volume's size; default 100.
+	MaxVolumeGB int
 	// Ingress is the public base URL (https://HOST[:PORT]) of the ingress
 	// that serves published ports (URLs(), served by the caller); nil:
 	// ports cannot be published. The Network must implement

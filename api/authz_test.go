@@ -148,6 +148,7 @@ func (f *fastAPI) key(t testing.TB, parent string, req map[string]any) (id, secr
 type world struct {
 	accA, accB                    string
 	web, fleet, env, budget, snap string // in A
+	vol                           string // in A's web
 	boxA1, boxA2, boxB1           string
 	fullKeyID, fullA, fullB       string
 }
@@ -161,6 +162,7 @@ func buildWorld(t testing.TB, f *fastAPI) world {
 	w.env = str(f.must(t, 201, "POST", "/v1/environments?account=alpha&project=web", f.root, map[string]any{
 		"name": "prod", "variables": map[string]any{"MODE": map[string]any{"value": "prod"}, "TOKEN": map[string]any{"value": "s3cret-token", "secret": true}},
 	}), "id")
+	w.vol = str(f.must(t, 201, "POST", "/v1/volumes?account=alpha&project=web", f.root, map[string]any{"name": "data", "size_gb": 1}), "id")
 	w.budget = str(f.must(t, 201, "POST", "/v1/budgets?account=alpha", f.root, map[string]any{
 		"scope": map[string]any{"kind": "account"}, "period": "monthly", "limit_usd": "1000", "action": "notify",
 	}), "id")
@@ -251,6 +253,11 @@ func calls(w world) []call {
 		{"deleteEnvironment", "DELETE", "/v1/environments/" + w.env, nil, "project"},
 		{"listEnvironmentVersions", "GET", "/v1/environments/" + w.env + "/versions", nil, "project"},
 		{"getEnvironmentVersion", "GET", "/v1/environments/" + w.env + "/versions/1", nil, "project"},
+		{"createVolume", "POST", "/v1/volumes?project=" + w.web, map[string]any{"name": "new", "size_gb": 1}, "create"},
+		{"listVolumes", "GET", "/v1/volumes?project=" + w.web, nil, "project"},
+		{"getVolume", "GET", "/v1/volumes/" + w.vol, nil, "project"},
+		{"resizeVolume", "PATCH", "/v1/volumes/" + w.vol, map[string]any{"size_gb": 2}, "project"},
+		{"deleteVolume", "DELETE", "/v1/volumes/" + w.vol, nil, "project"},
 		{"listAudit", "GET", "/v1/audit", nil, "list"},
 		{"verifyAudit", "GET", "/v1/audit/verify", nil, "operator"},
 		{"getAuditKey", "GET", "/v1/audit/key", nil, ""},
@@ -405,7 +412,7 @@ func authorizationMatrix(t *testing.T, f *fastAPI) {
 		case "server":
 			cases = append(cases, tc{"a full key that does not name it", w.fullA, 403, "forbidden"})
 		case "create":
-			if c.op == "createEnvironment" {
+			if c.op == "createEnvironment" || c.op == "createVolume" {
 				// A project the key cannot see is a bad request field.
 				cases = append(cases, tc{"a project outside its scope", projectKey, 400, "invalid"},
 					tc{"other account", w.fullB, 400, "invalid"})
@@ -467,6 +474,7 @@ func authorizationMatrix(t *testing.T, f *fastAPI) {
 		"getProcess", "getProcessOutput", "killProcess", "sendProcessInput", "openPty", "writeFile", "readFile", "removeFile", "listFiles", "mkdir", "moveFile", "setFirewall", "listCommands",
 		"createAccount", "updateAccount", "deleteAccount", "createProject", "updateProject", "deleteProject", "createFleet", "deleteFleet",
 		"createKey", "revokeKey", "rotateKey", "createEnvironment", "updateEnvironment", "deleteEnvironment", "createBudget", "deleteBudget",
+		"createVolume", "resizeVolume", "deleteVolume",
 		"createURL", "rotateURL", "deleteURL", "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert",
 		"buildImage", "deleteImage"} {
 		if !denied[a] {

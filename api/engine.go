@@ -11,6 +11,7 @@ import (
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
+	"github.com/harebox/harebox/volume"
 	"github.com/harebox/harebox/events"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/history"
@@ -86,6 +87,7 @@ type Domains interface {
 	Tenants() *tenant.Service
 	Keys() *apikey.Service
 	Environments() *env.Service
+	Volumes() *volume.Service
 	Budgets() *budget.Service
 	Audit() *audit.Log
 	History() *history.Service

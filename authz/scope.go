@@ -35,6 +35,7 @@ var Actions = []string{
 	"getURLCA", "setURLCA", "deleteURLCA", "issueClientCert", "listClientCerts", "revokeClientCert",
 	"listImages", "buildImage", "deleteImage",
 	"listHosts", "deleteHost", "rotateMeshKey",
+	"createVolume", "listVolumes", "getVolume", "resizeVolume", "deleteVolume",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
@@ -68,6 +69,8 @@ var Groups = map[string][]string{
 	"urls:write":         {"createURL", "rotateURL", "deleteURL", "setURLCA", "deleteURLCA", "issueClientCert", "revokeClientCert"},
 	"images:read":        {"listImages"},
 	"images:write":       {"buildImage", "deleteImage"},
+	"volumes:read":       {"listVolumes", "getVolume"},
+	"volumes:write":      {"createVolume", "resizeVolume", "deleteVolume"},
 }
 
 // operatorOnly actions need the operator whatever a key's scope says:

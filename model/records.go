@@ -103,3 +103,28 @@ type AuditEntry struct {
 	// the record.
 	Mismatch []string `json:"-"`
 }
+
+// Volume is a project's named disk that outlives sandboxes (package
+// volume has the rules). It lives on the host that made it.
+type Volume struct {
+	ID        string    `json:"id"`
+	AccountID string    `json:"account_id"`
+	ProjectID string    `json:"project_id"`
+	Name      string    `json:"name"`
+	SizeGB    int       `json:"size_gb"`
+	Host      string    `json:"host,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	// UsedBytes is what its file takes on the host's disk, measured
+	// when it was last detached, grown or listed.
+	UsedBytes int64 `json:"used_bytes"`
+	// Attachments are the sandboxes it is attached to now: one writer,
+	// or any number of readers.
+	Attachments []VolumeAttachment `json:"attachments"`
+}
+
+// VolumeAttachment is a volume attached to a sandbox.
+type VolumeAttachment struct {
+	SandboxID string `json:"sandbox_id"`
+	Path      string `json:"path"`
+	ReadOnly  bool   `json:"read_only,omitempty"`
+}

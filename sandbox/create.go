@@ -69,9 +69,21 @@ type CreateRequest struct {
 	// has room for is refused.
 	Site    string `json:"site,omitempty" validate:"omitempty,max=63,dnslabel"`
 	Country string `json:"country,omitempty" validate:"omitempty,iso3166_1_alpha2"`
+	// Volumes are the project's volumes to attach, mounted in the guest
+	// before the create returns: one writer at a time, or any number of
+	// readers.
+	Volumes []VolumeMount `json:"volumes,omitempty" validate:"max=8,dive"`
 	// NoEnv keeps every stored environment out of this sandbox.
 	NoEnv bool              `json:"no_env,omitempty"`
 	Env   map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`
+}
+
+// VolumeMount attaches a volume (its name in the sandbox's project) at
+// an absolute path in the guest.
+type VolumeMount struct {
+	Name     string `json:"name" validate:"required,max=63,dnslabel"`
+	Path     string `json:"path" validate:"required,max=256,startswith=/"`
+	ReadOnly bool   `json:"read_only,omitempty"`
 }
 
 // DefaultImage is used when a request names none.

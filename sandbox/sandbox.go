@@ -109,6 +109,8 @@ type Sandbox struct {
 	MeshAddress string    `json:"mesh_address,omitempty"`
 	MeshName    string    `json:"mesh_name,omitempty"`
 	CreatedAt   time.Time `json:"created_at"`
+	// Volumes are the volumes attached to it.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// ExpiresAt is when the TTL deletes the sandbox; nil means never.
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// Agent is the guest agent's health while the sandbox runs: "ok", or

@@ -241,6 +241,16 @@ type Tx interface {
 	DeleteMeshAddress(ctx context.Context, sandboxID string) error
 	MeshAddressesByHost(ctx context.Context) (map[string][]string, error)
 
+	// Volumes. PutVolume fails with ErrConflict when the name is taken
+	// in the project.
+	PutVolume(ctx context.Context, v *Volume) error
+	GetVolume(ctx context.Context, id string) (*Volume, error)
+	VolumeByName(ctx context.Context, projectID, name string) (*Volume, error)
+	// ListVolumes lists a project's volumes ("" for every project's),
+	// oldest first.
+	ListVolumes(ctx context.Context, projectID string) ([]*Volume, error)
+	DeleteVolume(ctx context.Context, id string) error
+
 	// API keys, with the hash of their secret.
 	PutKey(ctx context.Context, k *Key) error
 	GetKey(ctx context.Context, id string) (*Key, error)
@@ -523,6 +533,15 @@ var migrations = []string{
 		name       TEXT NOT NULL
 	);
 	CREATE INDEX mesh_addresses_name ON mesh_addresses(project_id, name);`,
+	// Volumes, unique by name in their project.
+	`CREATE TABLE volumes (
+		id         TEXT PRIMARY KEY,
+		project_id TEXT NOT NULL,
+		name       TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		record     TEXT NOT NULL,
+		UNIQUE (project_id, name)
+	);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -79,6 +79,7 @@ var commands = []command{
 	{"account", "create NAME | list | get REF | update REF [--history-days N] [--output-days N] [--keep-forever] | delete REF", "accounts and their command-history retention (create and delete: the operator only)", cmdAccount},
 	{"project", "create NAME | list | get REF | update REF [--third-party-default=BOOL] [--mesh=BOOL] [--mesh-default allow|deny] | delete REF [--account REF]", "an account's projects", cmdProject},
 	{"fleet", "create NAME | list | get REF | delete REF [--project REF] [--account REF]", "a project's fleets (default project: default)", cmdFleet},
+	{"volume", "create NAME --size GB | list | get NAME | resize NAME --size GB | delete NAME [--project REF] [--account REF]", "a project's volumes: disks that outlive sandboxes, encrypted under their own keys", cmdVolume},
 	{"env", "create NAME [flags] | set NAME [flags] | get NAME | list | versions NAME | version NAME N | delete NAME [--project REF] [--account REF]", "a project's environments: versioned variables (secrets sealed), files and credential rules that sandboxes pin", cmdEnv},
 	{"key", "create [flags] | list | get KEY_ID | revoke KEY_ID | rotate KEY_ID", "scoped API keys; a new or rotated secret is shown once", cmdKey},
 	{"audit", "list [filters] [--limit N] [--after CURSOR] | export [filters] | verify | key", "the audit log: who did what, denied attempts too; export as JSON Lines, verify its hash chain and signed checkpoints", cmdAudit},
@@ -271,6 +272,8 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	fs.Var(&onMesh, "mesh", "true or false: put the sandbox on its project's private mesh, or keep it off (default: as the project says)")
 	site := fs.String("site", "", "run it in this site (e.g. fr-par-1), on a host of the deployment there (default: the site of the host that takes the create)")
 	country := fs.String("country", "", "run it in this country (ISO 3166-1 alpha-2, e.g. FR), in any site there")
+	var vols volumeMounts
+	fs.Var(&vols, "volume", "NAME:/PATH[:ro]: attach a volume of the project there (repeatable; one writer at a time, or any number of readers)")
 	labels, env := kv{}, &envFlag{vars: kv{}}
 	fs.Var(labels, "label", "label KEY=VALUE (repeatable)")
 	fs.Var(env, "env", "KEY=VALUE: an environment variable of this sandbox only (repeatable);\n"+
@@ -297,6 +300,7 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	}
 	req.Mesh = onMesh.v
 	req.Site, req.Country = *site, *country
+	req.Volumes = vols
 	if len(labels) > 0 {
 		req.Labels = labels
 	}

@@ -38,6 +38,7 @@ func Run(t *testing.T, open Open) {
 		{"RawText", rawText},
 		{"CandidateBudgets", candidateBudgets},
 		{"URLs", urls},
+		{"Volumes", volumes},
 		{"Mesh", mesh},
 		{"Hosts", hosts},
 		{"Notify", notify},
@@ -352,6 +353,46 @@ func urls(t *testing.T, s store.Store, _ func() store.Store) {
 	}
 	if _, err := s.GetURL(ctx, u.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("get deleted: %v", err)
+	}
+}
+
+// Volumes are unique by name in their project, found by ID and by name,
+// listed by project, and their attachments come back as written.
+func volumes(t *testing.T, s store.Store, _ func() store.Store) {
+	ctx := context.Background()
+	now := time.Now().UTC()
+	v := &store.Volume{ID: "vol_a", AccountID: "acc", ProjectID: "prj_1", Name: "data", SizeGB: 1, CreatedAt: now,
+		Attachments: []model.VolumeAttachment{{SandboxID: "sbx_a", Path: "/mnt/data"}}}
+	if err := s.PutVolume(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	dup := *v
+	dup.ID = "vol_b"
+	if err := s.PutVolume(ctx, &dup); !errors.Is(err, store.ErrConflict) {
+		t.Errorf("a second %q in the project: %v, want ErrConflict", v.Name, err)
+	}
+	dup.ProjectID = "prj_2"
+	dup.CreatedAt = now.Add(time.Second)
+	if err := s.PutVolume(ctx, &dup); err != nil {
+		t.Errorf("the same name in another project: %v", err)
+	}
+	if got, err := s.VolumeByName(ctx, "prj_1", "data"); err != nil || got.ID != "vol_a" || len(got.Attachments) != 1 || got.Attachments[0].Path != "/mnt/data" {
+		t.Errorf("VolumeByName = %+v, %v", got, err)
+	}
+	if l, err := s.ListVolumes(ctx, "prj_2"); err != nil || len(l) != 1 || l[0].ID != "vol_b" {
+		t.Errorf("ListVolumes(prj_2) = %v, %v", l, err)
+	}
+	if l, _ := s.ListVolumes(ctx, ""); len(l) != 2 || l[0].ID != "vol_a" {
+		t.Errorf("ListVolumes() = %v", l)
+	}
+	if err := s.DeleteVolume(ctx, "vol_a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetVolume(ctx, "vol_a"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("get deleted: %v", err)
+	}
+	if err := s.DeleteVolume(ctx, "vol_a"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("second delete: %v", err)
 	}
 }
 

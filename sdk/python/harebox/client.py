@@ -987,6 +987,39 @@ class Client:
         path = _path("/v1/environments/{}/versions/{}", environment, str(version))
         return cast(t.EnvironmentVersion, self._json("GET", path, query=query, timeout=timeout))
 
+    # --- volumes --------------------------------------------------------
+
+    @operation("createVolume")
+    def create_volume(self, *, body: t.Body, query: t.Query | None = None, timeout: float | None = None) -> t.Volume:
+        """POST /v1/volumes: a volume (``name``, ``size_gb``, ``project``),
+        encrypted under its own key; attach it at create with
+        ``volumes=[{"name": ..., "path": ..., "read_only": ...}]``."""
+        return cast(t.Volume, self._json("POST", "/v1/volumes", query=query, body=body, timeout=timeout))
+
+    @operation("listVolumes")
+    def list_volumes(self, *, query: t.Query | None = None, timeout: float | None = None) -> t.VolumeList:
+        """GET /v1/volumes: a project's volumes."""
+        return cast(t.VolumeList, self._json("GET", "/v1/volumes", query=query, timeout=timeout))
+
+    @operation("getVolume")
+    def get_volume(self, volume: str, *, query: t.Query | None = None, timeout: float | None = None) -> t.Volume:
+        """GET /v1/volumes/{volume}: by ID (vol_...) or name."""
+        return cast(t.Volume, self._json("GET", _path("/v1/volumes/{}", volume), query=query, timeout=timeout))
+
+    @operation("resizeVolume")
+    def resize_volume(
+        self, volume: str, size_gb: int, *, query: t.Query | None = None, timeout: float | None = None
+    ) -> t.Volume:
+        """PATCH /v1/volumes/{volume}: grow it (no sandbox may have it attached)."""
+        path = _path("/v1/volumes/{}", volume)
+        return cast(t.Volume, self._json("PATCH", path, query=query, body={"size_gb": size_gb}, timeout=timeout))
+
+    @operation("deleteVolume")
+    def delete_volume(self, volume: str, *, query: t.Query | None = None, timeout: float | None = None) -> None:
+        """DELETE /v1/volumes/{volume}: its key is erased, then its file;
+        Conflict while a sandbox has it attached."""
+        self._json("DELETE", _path("/v1/volumes/{}", volume), query=query, timeout=timeout)
+
     # --- audit log ------------------------------------------------------
     # Every change, and every read of sandbox contents, denied attempts too:
     # who (``principal``: a key ID, or "operator"), from where, what (the

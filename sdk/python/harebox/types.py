@@ -712,6 +712,33 @@ class EnvironmentVersionList(TypedDict):
     versions: list[EnvironmentVersion]
 
 
+class VolumeAttachment(TypedDict, total=False):
+    sandbox_id: str
+    path: str
+    read_only: bool
+
+
+class Volume(TypedDict):
+    """A project's disk that outlives sandboxes, encrypted under its own key."""
+
+    id: str
+    account_id: str
+    project_id: str
+    project: str
+    name: str
+    size_gb: int
+    #: The host that holds its file.
+    host: str
+    created_at: str
+    #: What its encrypted file takes on the host's disk.
+    used_bytes: int
+    attachments: list[VolumeAttachment]
+
+
+class VolumeList(TypedDict):
+    volumes: list[Volume]
+
+
 class AuditEntry(TypedDict):
     """One entry of the audit log (never request data)."""
 

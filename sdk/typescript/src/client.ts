@@ -27,6 +27,9 @@ import type {
   CreateRequest,
   Environment,
   EnvironmentList,
+  Volume,
+  VolumeList,
+  VolumeRequest,
   EnvironmentQuery,
   EnvironmentRequest,
   EnvironmentUpdate,
@@ -1054,6 +1057,33 @@ export class HareBox {
       throw new HareBoxError(0, "invalid", "getEnvironmentVersion: the version is a whole number from 1", "version");
     }
     return this.#call("getEnvironmentVersion", [environment, typeof version === "number" ? String(version) : version], "json", this.#plain(options));
+  }
+
+  // Volumes: query.project names the project, as for environments.
+
+  /** Creates a volume, encrypted under its own key, on the server's host. */
+  async createVolume(options: CallOptions<EnvironmentQuery, VolumeRequest>): Promise<Volume> {
+    return this.#call("createVolume", [], "json", this.#withBody(options));
+  }
+
+  /** Lists a project's volumes. */
+  async listVolumes(options: CallOptions<EnvironmentQuery> = {}): Promise<VolumeList> {
+    return this.#call("listVolumes", [], "json", this.#plain(options));
+  }
+
+  /** Gets a volume by ID (vol_...) or name. */
+  async getVolume(volume: string, options: CallOptions<EnvironmentQuery> = {}): Promise<Volume> {
+    return this.#call("getVolume", [volume], "json", this.#plain(options));
+  }
+
+  /** Grows a volume no sandbox has attached. */
+  async resizeVolume(volume: string, sizeGB: number, options: CallOptions<EnvironmentQuery> = {}): Promise<Volume> {
+    return this.#call("resizeVolume", [volume], "json", this.#withBody({ ...options, body: { size_gb: sizeGB } }));
+  }
+
+  /** Deletes a volume no sandbox has attached: its key first, then its file. */
+  async deleteVolume(volume: string, options: CallOptions<EnvironmentQuery> = {}): Promise<void> {
+    await this.#call("deleteVolume", [volume], "none", this.#plain(options));
   }
 
   // The audit log: every change and every read of sandbox contents, denied

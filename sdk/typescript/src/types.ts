@@ -113,6 +113,8 @@ export interface CreateRequest {
   site?: string;
   /** Run it in any site of this country (ISO 3166-1 alpha-2, upper case, e.g. "FR"). */
   country?: string;
+  /** Volumes of its project to attach: one writer at a time, or any number of readers. */
+  volumes?: VolumeMount[];
   env?: Record<string, string>;
 }
 
@@ -155,6 +157,8 @@ export interface Sandbox {
   mesh_address?: string;
   /** Its name there, "NAME.PROJECT.internal", which the project's mesh sandboxes resolve. */
   mesh_name?: string;
+  /** The volumes attached to it. */
+  volumes?: VolumeMount[];
   /** RFC 3339 date-time. */
   created_at: string;
   /** RFC 3339 date-time. */
@@ -998,6 +1002,47 @@ export interface FleetList {
 /** The body of listKeys. */
 export interface KeyList {
   keys: Key[];
+}
+
+/** A project's disk that outlives sandboxes, encrypted under its own key. */
+export interface Volume {
+  id: string;
+  account_id: string;
+  project_id: string;
+  project: string;
+  name: string;
+  size_gb: number;
+  /** The host that holds its file. */
+  host?: string;
+  created_at: string;
+  /** What its encrypted file takes on the host's disk. */
+  used_bytes: number;
+  attachments: VolumeAttachment[];
+}
+
+export interface VolumeAttachment {
+  sandbox_id: string;
+  path: string;
+  read_only?: boolean;
+}
+
+/** A volume to attach at create (CreateRequest.volumes). */
+export interface VolumeMount {
+  name: string;
+  path: string;
+  read_only?: boolean;
+}
+
+/** The body of createVolume. */
+export interface VolumeRequest {
+  name: string;
+  size_gb: number;
+  project?: string;
+}
+
+/** The body of listVolumes. */
+export interface VolumeList {
+  volumes: Volume[];
 }
 
 /** The body of listEnvironments. */

@@ -1,0 +1,135 @@
+package e2e_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/harebox/harebox/hypervisor/hypervisortest"
+	"github.com/harebox/harebox/internal/testserver"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// TestVolumes, on real VMs through the CLI: what sandbox A wrote to a
+// volume is there, byte for byte, in sandbox B after A is deleted; a
+// second writer is refused, and so is a reader while a writer holds it;
+// a reader gets EROFS; a volume grows for the next sandbox; another
+// project's volume is not found; the canary is in no host file in plain
+// text, and after the volume is deleted its key and file are gone.
+func TestVolumes(t *testing.T) {
+	t.Parallel()
+	s := testserver.Prepare(t)
+	dataDir, err := os.MkdirTemp("", "hbvol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dataDir)
+	srv := testserver.Start(t, s, dataDir)
+	defer testserver.Finish(t, srv, dataDir)
+	cli := &testserver.CLI{T: t, S: s, Srv: srv}
+	var made []string
+	defer func() {
+		for _, id := range made {
+			cli.Run("", "delete", id)
+		}
+	}()
+	newBox := func(args ...string) sandbox.Sandbox {
+		t.Helper()
+		var b sandbox.Sandbox
+		cli.OK("", &b, append([]string{"new", "--image", "minimal", "--ttl", "900"}, args...)...)
+		made = append(made, b.ID)
+		return b
+	}
+	sh := func(id, script string) (string, string, int) {
+		t.Helper()
+		return cli.Run("", "exec", id, "--user", "root", "--", "sh", "-c", script)
+	}
+
+	var vol struct {
+		ID     string `json:"id"`
+		SizeGB int    `json:"size_gb"`
+	}
+	cli.OK("", &vol, "volume", "create", "data", "--size", "1")
+	canary := "volume-canary-" + strings.ToLower(vol.ID[len(vol.ID)-8:])
+
+	a := newBox("--volume", "data:/mnt/data")
+	if len(a.Volumes) != 1 || a.Volumes[0].Path != "/mnt/data" {
+		t.Fatalf("sandbox A's volumes: %+v", a.Volumes)
+	}
+	if o, e, code := sh(a.ID, "echo "+canary+" > /mnt/data/canary && head -c 1048576 /dev/urandom > /mnt/data/blob && sha256sum /mnt/data/blob && sync"); code != 0 {
+		t.Fatalf("write in A: %d %s %s", code, o, e)
+	}
+	sumA, _, _ := sh(a.ID, "sha256sum /mnt/data/blob")
+
+	// One writer at a time; no reader while it writes.
+	if _, e, code := cli.Run("", "new", "--image", "minimal", "--volume", "data:/mnt/data"); code == 0 || !strings.Contains(e, "attached to sandbox "+a.ID) {
+		t.Errorf("a second writer: exit %d, %q; want refused, naming A", code, e)
+	}
+	if _, e, code := cli.Run("", "new", "--image", "minimal", "--volume", "data:/mnt/data:ro"); code == 0 || !strings.Contains(e, "read-write") {
+		t.Errorf("a reader while A writes: exit %d, %q; want refused", code, e)
+	}
+	if _, e, code := cli.Run("", "volume", "delete", "data"); code == 0 || !strings.Contains(e, "attached") {
+		t.Errorf("delete while attached: exit %d, %q; want refused", code, e)
+	}
+	cli.OK("", nil, "delete", a.ID)
+
+	b := newBox("--volume", "data:/srv/data")
+	if o, _, _ := sh(b.ID, "cat /srv/data/canary; sha256sum /mnt/data/blob 2>/dev/null || sha256sum /srv/data/blob"); !strings.Contains(o, canary) || !strings.Contains(o, strings.Fields(sumA)[0]) {
+		t.Errorf("in B: %q; want the canary and blob sum %s", o, sumA)
+	}
+	cli.OK("", nil, "delete", b.ID)
+
+	// Readers, any number of them, and they cannot write.
+	r1 := newBox("--volume", "data:/mnt/ro:ro")
+	r2 := newBox("--volume", "data:/mnt/ro:ro")
+	if o, _, _ := sh(r2.ID, "cat /mnt/ro/canary"); !strings.Contains(o, canary) {
+		t.Errorf("a reader reads %q", o)
+	}
+	if _, e, code := sh(r1.ID, "echo x > /mnt/ro/new"); code == 0 || !strings.Contains(e, "Read-only") {
+		t.Errorf("a reader writing: exit %d, %q; want EROFS", code, e)
+	}
+	if _, e, code := cli.Run("", "new", "--image", "minimal", "--volume", "data:/mnt/data"); code == 0 || !strings.Contains(e, "read-only") {
+		t.Errorf("a writer while readers hold it: exit %d, %q; want refused", code, e)
+	}
+	cli.OK("", nil, "delete", r1.ID)
+	cli.OK("", nil, "delete", r2.ID)
+
+	// Grown while detached, the next writer has the room.
+	cli.OK("", &vol, "volume", "resize", "data", "--size", "2")
+	if vol.SizeGB != 2 {
+		t.Errorf("resized to %d GB", vol.SizeGB)
+	}
+	g := newBox("--volume", "data:/mnt/data")
+	if o, _, _ := sh(g.ID, "df -k /mnt/data | tail -n 1"); len(strings.Fields(o)) < 2 || len(strings.Fields(o)[1]) < 7 {
+		t.Errorf("df after grow: %q; want about 2 GB", o)
+	}
+	cli.OK("", nil, "delete", g.ID)
+
+	// Another project sees none of it.
+	cli.OK("", nil, "project", "create", "other")
+	if _, e, code := cli.Run("", "volume", "get", "data", "--project", "other"); code == 0 || !strings.Contains(e, "no volume") {
+		t.Errorf("another project's volume: exit %d, %q; want not found", code, e)
+	}
+	if _, e, code := cli.Run("", "new", "--image", "minimal", "--project", "other", "--volume", "data:/mnt/data"); code == 0 || !strings.Contains(e, "no volume") {
+		t.Errorf("attach another project's volume: exit %d, %q; want not found", code, e)
+	}
+
+	if found := hypervisortest.FilesContaining(t, dataDir, []byte(canary)); len(found) > 0 {
+		t.Errorf("the canary is in plain text in %v", found)
+	}
+	file := filepath.Join(dataDir, "volumes", vol.ID+".qcow2")
+	if _, err := os.Stat(file); err != nil {
+		t.Fatalf("the volume's file: %v", err)
+	}
+	cli.OK("", nil, "volume", "delete", "data")
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Errorf("the volume's file after delete: %v", err)
+	}
+	if _, e, code := cli.Run("", "volume", "get", "data"); code == 0 || !strings.Contains(e, "no volume") {
+		t.Errorf("get after delete: exit %d, %q", code, e)
+	}
+	if found := hypervisortest.FilesContaining(t, dataDir, []byte(canary)); len(found) > 0 {
+		t.Errorf("the canary is in plain text in %v after delete", found)
+	}
+}

@@ -1,0 +1,468 @@
+// Package volume keeps a project's volumes: named disks that outlive
+// sandboxes, each an ext4 filesystem in a file encrypted under the
+// volume's own data key (hypervisor/voldisk), on the host that made it.
+// Deleting a volume erases its key first: what its file held is then
+// unreadable, and the file goes after.
+//
+// A volume is attached to sandboxes at create: one writer at a time, or
+// any number of readers, never both at once. The attachments are in the
+// volume's record, claimed in the create's own transaction (Claim) and
+// given back when the sandbox is deleted (Release); the runtime plugs
+// and mounts them at every boot (Mount).
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/audit"
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/voldisk"
+	"github.com/harebox/harebox/model"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
+)
+
+// IDPrefix starts every volume ID.
+const IDPrefix = "vol_"
+
+// Tx is what the volume calls need of a store transaction.
+type Tx interface {
+	tenant.Resolver
+	PutVolume(ctx context.Context, v *store.Volume) error
+	GetVolume(ctx context.Context, id string) (*store.Volume, error)
+	VolumeByName(ctx context.Context, projectID, name string) (*store.Volume, error)
+	ListVolumes(ctx context.Context, projectID string) ([]*store.Volume, error)
+	DeleteVolume(ctx context.Context, id string) error
+}
+
+// Options configure a Service.
+type Options struct {
+	Store   store.Store
+	Tenants *tenant.Service
+	Secrets secrets.Store
+	// Dir holds the volumes' files (DATA_DIR/volumes).
+	Dir   string
+	Tools voldisk.Tools
+	// Host is this host's name: volumes made here are its.
+	Host string
+	// MaxGB bounds one volume's size; default 100.
+	MaxGB int
+	// Audit, if set, records every change.
+	Audit *audit.Log
+}
+
+// Service manages volumes for the principal in the context.
+type Service struct {
+	o  Options
+	db interface {
+		Update(ctx context.Context, fn func(tx Tx) error) error
+	}
+}
+
+// New returns a service.
+func New(o Options) *Service {
+	if o.MaxGB == 0 {
+		o.MaxGB = 100
+	}
+	return &Service{o: o, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx })}
+}
+
+// View is a volume as the API shows it.
+type View struct {
+	*store.Volume
+	Project string `json:"project"`
+}
+
+// CreateRequest makes a volume.
+type CreateRequest struct {
+	Project string `json:"project,omitempty" validate:"max=64"`
+	Name    string `json:"name" validate:"required,max=63,dnslabel"`
+	SizeGB  int    `json:"size_gb" validate:"gte=1"`
+}
+
+func scope(id string) string { return "volume/" + id }
+
+// Serial is the disk serial the guest finds volume id by: the last 20
+// characters of its ID (random ones), unique among a machine's volumes.
+func Serial(id string) string { return id[len(id)-20:] }
+
+func (s *Service) path(id string) string { return filepath.Join(s.o.Dir, id+".qcow2") }
+
+// Create makes a volume: its key, its file, its record.
+func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest) (out *View, err error) {
+	defer func() {
+		target, account := r.Name, ""
+		if out != nil {
+			target, account = out.ID, out.AccountID
+		}
+		s.o.Audit.Record(ctx, "createVolume", account, target, err)
+	}()
+	if err := authz.Allowed(authz.From(ctx), "createVolume"); err != nil {
+		return nil, err
+	}
+	if err := sandbox.Validate(&r); err != nil {
+		return nil, err
+	}
+	if r.SizeGB > s.o.MaxGB {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "size_gb", "size_gb %d: at most %d on this host", r.SizeGB, s.o.MaxGB)
+	}
+	v := &store.Volume{ID: tenant.NewID(IDPrefix), Name: r.Name, SizeGB: r.SizeGB, Host: s.o.Host,
+		CreatedAt: time.Now().UTC(), Attachments: []model.VolumeAttachment{}}
+	var proj *store.Project
+	// The name is checked before the file is made (a second check, in the
+	// transaction that stores it, catches a race).
+	if err := s.db.Update(ctx, func(tx Tx) error {
+		var err error
+		if _, proj, err = s.o.Tenants.ProjectIn(ctx, tx, accountRef, r.Project); err != nil {
+			return sandbox.Errorf(sandbox.ErrInvalid, "project", "%v", err)
+		}
+		if _, err := tx.VolumeByName(ctx, proj.ID, r.Name); err == nil {
+			return sandbox.Errorf(sandbox.ErrExists, "name", "a volume named %q exists in project %q", r.Name, proj.Name)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	v.AccountID, v.ProjectID = proj.AccountID, proj.ID
+	if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	key, err := secrets.NewDataKey(ctx, s.o.Secrets, scope(v.ID))
+	if err != nil {
+		return nil, err
+	}
+	if err := voldisk.Create(ctx, s.o.Tools, s.path(v.ID), int64(r.SizeGB)<<30, key); err != nil {
+		secrets.EraseDataKey(context.WithoutCancel(ctx), s.o.Secrets, scope(v.ID))
+		return nil, fmt.Errorf("volume %s: %w", r.Name, err)
+	}
+	v.UsedBytes = fileUse(s.path(v.ID))
+	if err := s.db.Update(ctx, func(tx Tx) error {
+		if err := tx.PutVolume(ctx, v); err != nil {
+			if errors.Is(err, store.ErrConflict) {
+				return sandbox.Errorf(sandbox.ErrExists, "name", "a volume named %q exists in project %q", r.Name, proj.Name)
+			}
+			return err
+		}
+		return nil
+	}); err != nil {
+		s.erase(context.WithoutCancel(ctx), v.ID)
+		return nil, err
+	}
+	return &View{Volume: v, Project: proj.Name}, nil
+}
+
+// erase destroys a volume's key, then its file.
+func (s *Service) erase(ctx context.Context, id string) error {
+	if err := secrets.EraseDataKey(ctx, s.o.Secrets, scope(id)); err != nil {
+		return err
+	}
+	if err := os.Remove(s.path(id)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
+}
+
+// fileUse is what a file takes on the disk.
+func fileUse(path string) int64 {
+	var n int64
+	if fi, err := os.Stat(path); err == nil {
+		if st, ok := fi.Sys().(interface{ Blocks() int64 }); ok {
+			n = st.Blocks() * 512
+		} else {
+			n = fi.Size()
+		}
+	}
+	return n
+}
+
+// find resolves a volume reference (ID, or name in the project) for
+// action, with its project. Another project's volume is not found.
+func (s *Service) find(ctx context.Context, tx Tx, action, accountRef, projectRef, ref string) (*store.Volume, *store.Project, error) {
+	if err := authz.Allowed(authz.From(ctx), action); err != nil {
+		return nil, nil, err
+	}
+	var v *store.Volume
+	var err error
+	if tenant.ValidID(IDPrefix, ref) {
+		if v, err = tx.GetVolume(ctx, ref); err == nil && projectRef == "" {
+			projectRef = v.ProjectID
+		}
+	}
+	_, proj, perr := s.o.Tenants.ProjectIn(ctx, tx, accountRef, projectRef)
+	if perr != nil {
+		return nil, nil, perr
+	}
+	if v == nil {
+		v, err = tx.VolumeByName(ctx, proj.ID, ref)
+	}
+	if errors.Is(err, store.ErrNotFound) || (err == nil && v.ProjectID != proj.ID) {
+		return nil, nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no volume %q in project %q", ref, proj.Name)
+	}
+	return v, proj, err
+}
+
+// List lists a project's volumes.
+func (s *Service) List(ctx context.Context, accountRef, projectRef string) ([]*View, error) {
+	if err := authz.Allowed(authz.From(ctx), "listVolumes"); err != nil {
+		return nil, err
+	}
+	out := []*View{}
+	err := s.db.Update(ctx, func(tx Tx) error {
+		out = out[:0]
+		_, proj, err := s.o.Tenants.ProjectIn(ctx, tx, accountRef, projectRef)
+		if err != nil {
+			return err
+		}
+		all, err := tx.ListVolumes(ctx, proj.ID)
+		for _, v := range all {
+			out = append(out, s.view(v, proj))
+		}
+		return err
+	})
+	return out, err
+}
+
+// view is v as shown, with what its file takes now if it is here.
+func (s *Service) view(v *store.Volume, proj *store.Project) *View {
+	if v.Host == s.o.Host {
+		v.UsedBytes = fileUse(s.path(v.ID))
+	}
+	return &View{Volume: v, Project: proj.Name}
+}
+
+// Get returns a volume.
+func (s *Service) Get(ctx context.Context, accountRef, projectRef, ref string) (*View, error) {
+	var out *View
+	err := s.db.Update(ctx, func(tx Tx) error {
+		v, proj, err := s.find(ctx, tx, "getVolume", accountRef, projectRef, ref)
+		if err == nil {
+			out = s.view(v, proj)
+		}
+		return err
+	})
+	return out, err
+}
+
+// Resize grows a volume that no sandbox has attached; the filesystem
+// grows into it when a sandbox next mounts it writable.
+func (s *Service) Resize(ctx context.Context, accountRef, projectRef, ref string, sizeGB int) (out *View, err error) {
+	var v *store.Volume
+	defer func() {
+		target, account := ref, ""
+		if v != nil {
+			target, account = v.ID, v.AccountID
+		}
+		s.o.Audit.Record(ctx, "resizeVolume", account, target, err)
+	}()
+	var proj *store.Project
+	if err := s.db.Update(ctx, func(tx Tx) error {
+		var err error
+		v, proj, err = s.find(ctx, tx, "resizeVolume", accountRef, projectRef, ref)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	switch {
+	case sizeGB < v.SizeGB:
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "size_gb", "size_gb %d: a volume only grows (it is %d)", sizeGB, v.SizeGB)
+	case sizeGB > s.o.MaxGB:
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "size_gb", "size_gb %d: at most %d on this host", sizeGB, s.o.MaxGB)
+	case len(v.Attachments) > 0:
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "volume %s is attached to %s: it grows while no sandbox has it", v.Name, v.Attachments[0].SandboxID)
+	case v.Host != s.o.Host:
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "volume %s lives on host %s", v.Name, v.Host)
+	}
+	key, err := secrets.DataKey(ctx, s.o.Secrets, scope(v.ID))
+	if err != nil {
+		return nil, err
+	}
+	// The record is claimed first, so that no create attaches the volume
+	// while its file grows.
+	if err := s.db.Update(ctx, func(tx Tx) error {
+		cur, err := tx.GetVolume(ctx, v.ID)
+		if err != nil {
+			return err
+		}
+		if len(cur.Attachments) > 0 {
+			return sandbox.Errorf(sandbox.ErrState, "", "volume %s was attached meanwhile", v.Name)
+		}
+		cur.Attachments = []model.VolumeAttachment{{SandboxID: resizing, Path: "/"}}
+		v = cur
+		return tx.PutVolume(ctx, cur)
+	}); err != nil {
+		return nil, err
+	}
+	gerr := voldisk.Grow(ctx, s.o.Tools, s.path(v.ID), int64(sizeGB)<<30, key)
+	err = s.db.Update(context.WithoutCancel(ctx), func(tx Tx) error {
+		cur, err := tx.GetVolume(ctx, v.ID)
+		if err != nil {
+			return err
+		}
+		cur.Attachments = []model.VolumeAttachment{}
+		if gerr == nil {
+			cur.SizeGB = sizeGB
+		}
+		v = cur
+		return tx.PutVolume(ctx, cur)
+	})
+	if gerr != nil {
+		return nil, gerr
+	}
+	return s.view(v, proj), err
+}
+
+// resizing marks a volume whose file grows: no create attaches it then.
+const resizing = "(resizing)"
+
+// Delete erases a volume that no sandbox has attached: its key, its
+// file, its record.
+func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string) (err error) {
+	var v *store.Volume
+	defer func() {
+		target, account := ref, ""
+		if v != nil {
+			target, account = v.ID, v.AccountID
+		}
+		s.o.Audit.Record(ctx, "deleteVolume", account, target, err)
+	}()
+	if err := s.db.Update(ctx, func(tx Tx) error {
+		var err error
+		if v, _, err = s.find(ctx, tx, "deleteVolume", accountRef, projectRef, ref); err != nil {
+			return err
+		}
+		if len(v.Attachments) > 0 {
+			return sandbox.Errorf(sandbox.ErrState, "", "volume %s is attached to sandbox %s: delete or stop using it first", v.Name, v.Attachments[0].SandboxID)
+		}
+		if v.Host != s.o.Host {
+			return sandbox.Errorf(sandbox.ErrUnavailable, "", "volume %s lives on host %s: delete it there", v.Name, v.Host)
+		}
+		return tx.DeleteVolume(ctx, v.ID)
+	}); err != nil {
+		return err
+	}
+	return s.erase(context.WithoutCancel(ctx), v.ID)
+}
+
+// Claim attaches the volumes mounts names to sandbox rec (placed in its
+// project already), in the create's transaction tx: each must be in the
+// project, on this host, and free for the attachment asked (a writer
+// wants it unattached; a reader wants no writer). It records them on rec.
+func (s *Service) Claim(ctx context.Context, tx Tx, rec *store.Sandbox, mounts []sandbox.VolumeMount) error {
+	if len(mounts) == 0 {
+		return nil
+	}
+	if err := authz.Allowed(authz.From(ctx), "getVolume"); err != nil {
+		return err
+	}
+	seenName, seenPath := map[string]bool{}, map[string]bool{}
+	for i, m := range mounts {
+		field := fmt.Sprintf("volumes[%d]", i)
+		if seenName[m.Name] || seenPath[m.Path] {
+			return sandbox.Errorf(sandbox.ErrInvalid, field, "volume %q or path %s is given twice", m.Name, m.Path)
+		}
+		seenName[m.Name], seenPath[m.Path] = true, true
+		if filepath.Clean(m.Path) != m.Path || m.Path == "/" {
+			return sandbox.Errorf(sandbox.ErrInvalid, field+".path", "path %q: want a clean absolute path other than /", m.Path)
+		}
+		v, err := tx.VolumeByName(ctx, rec.ProjectID, m.Name)
+		if errors.Is(err, store.ErrNotFound) {
+			return sandbox.Errorf(sandbox.ErrNotFound, field+".name", "no volume %q in project %q", m.Name, rec.Project)
+		}
+		if err != nil {
+			return err
+		}
+		if v.Host != s.o.Host {
+			return sandbox.Errorf(sandbox.ErrUnavailable, field, "volume %q lives on host %s: create the sandbox there", m.Name, v.Host)
+		}
+		for _, a := range v.Attachments {
+			if !m.ReadOnly || !a.ReadOnly {
+				return sandbox.Errorf(sandbox.ErrState, field, "volume %q is attached to sandbox %s (%s); a writer needs it alone, and readers need no writer", m.Name, a.SandboxID, mode(a.ReadOnly))
+			}
+		}
+		v.Attachments = append(v.Attachments, model.VolumeAttachment{SandboxID: rec.ID, Path: m.Path, ReadOnly: m.ReadOnly})
+		if err := tx.PutVolume(ctx, v); err != nil {
+			return err
+		}
+	}
+	rec.Volumes = slices.Clone(mounts)
+	return nil
+}
+
+func mode(readOnly bool) string {
+	if readOnly {
+		return "read-only"
+	}
+	return "read-write"
+}
+
+// Release gives back every attachment of sandbox id.
+func (s *Service) Release(ctx context.Context, rec *store.Sandbox) error {
+	if len(rec.Volumes) == 0 {
+		return nil
+	}
+	return s.db.Update(ctx, func(tx Tx) error {
+		for _, m := range rec.Volumes {
+			v, err := tx.VolumeByName(ctx, rec.ProjectID, m.Name)
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			n := len(v.Attachments)
+			v.Attachments = slices.DeleteFunc(v.Attachments, func(a model.VolumeAttachment) bool { return a.SandboxID == rec.ID })
+			if len(v.Attachments) == n {
+				continue
+			}
+			v.UsedBytes = fileUse(s.path(v.ID))
+			if err := tx.PutVolume(ctx, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Mount plugs rec's volumes into its machine m and has the guest mount
+// them (at every boot: create, start, restore).
+func (s *Service) Mount(ctx context.Context, rec *store.Sandbox, m hypervisor.Machine, c *agentclient.Client) error {
+	for _, vm := range rec.Volumes {
+		v, err := s.o.Store.VolumeByName(ctx, rec.ProjectID, vm.Name)
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", vm.Name, err)
+		}
+		key, err := secrets.DataKey(ctx, s.o.Secrets, scope(v.ID))
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", vm.Name, err)
+		}
+		hv := hypervisor.Volume{ID: Serial(v.ID), Path: s.path(v.ID), Key: key, ReadOnly: vm.ReadOnly}
+		if err := m.PlugVolume(ctx, hv); err != nil && !errors.Is(err, hypervisor.ErrExists) {
+			return fmt.Errorf("volume %s: %w", vm.Name, err)
+		}
+		if err := c.MountVolume(ctx, hv.ID, vm.Path, vm.ReadOnly, ""); err != nil {
+			return fmt.Errorf("volume %s at %s: %w", vm.Name, vm.Path, err)
+		}
+	}
+	return nil
+}
+
+// Unmount has the guest sync and unmount rec's volumes, so that what it
+// wrote is on their disks before its machine goes (best effort: a guest
+// that does not answer loses what it did not sync itself).
+func (s *Service) Unmount(ctx context.Context, rec *store.Sandbox, c *agentclient.Client) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, vm := range rec.Volumes {
+		c.UnmountVolume(ctx, vm.Path)
+	}
+}
