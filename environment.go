@@ -2,8 +2,8 @@ package harebox
 
 import (
 	"github.com/harebox/harebox/env"
-	"github.com/harebox/harebox/volume"
 	"github.com/harebox/harebox/guestenv"
+	"github.com/harebox/harebox/volume"
 )
 
 // What a guest is given is package guestenv's: the engine calls it at

@@ -11,7 +11,6 @@ import (
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/env"
-	"github.com/harebox/harebox/volume"
 	"github.com/harebox/harebox/events"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/history"
@@ -22,6 +21,7 @@ import (
 	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/tenant"
+	"github.com/harebox/harebox/volume"
 )
 
 // The engine as the REST layer sees it: the sandbox runtime's calls, in
