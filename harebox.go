@@ -242,7 +242,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.volumes = volume.New(volume.Options{Store: e.store, Tenants: e.tenants, Secrets: e.sec,
-		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, Audit: al})
+		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, ProjectGB: opts.ProjectVolumeGB,
+		Capacity: e.capacity, Meter: e.meter, Audit: al})
+	if err := e.volumes.Adopt(ctx); err != nil {
+		return nil, err
+	}
 	if opts.MeshTunnel != nil {
 		if e.tunnels, err = mesh.NewTunnels(mesh.TunnelOptions{Store: store.Narrow(e.store, func(tx store.Tx) mesh.TunnelTx { return tx }),
 			Host: e.hosts.Name(), Endpoint: opts.MeshEndpoint, Tunnel: opts.MeshTunnel, Pool: e.mesh.Pool(), Log: e.log}); err != nil {

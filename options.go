@@ -55,7 +55,8 @@ type Options struct {
 	MeshTunnel   mesh.Tunnel
 	MeshEndpoint netip.AddrPort
 	// MaxVolumeGB bounds one volume's size; default 100.
-	MaxVolumeGB int
+	// ProjectVolumeGB bounds a project's volumes together; default 1000.
+	MaxVolumeGB, ProjectVolumeGB int
 	// Ingress is the public base URL (https://HOST[:PORT]) of the ingress
 	// that serves published ports (URLs(), served by the caller); nil:
 	// ports cannot be published. The Network must implement

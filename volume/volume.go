@@ -57,8 +57,31 @@ type Options struct {
 	Host string
 	// MaxGB bounds one volume's size; default 100.
 	MaxGB int
+	// ProjectGB bounds the sizes of a project's volumes together (its
+	// quota); default 1000.
+	ProjectGB int
+	// Capacity is the host's disk admission: a volume's size is
+	// reserved in it as a sandbox's disk is, for as long as it exists.
+	// Nil: none.
+	Capacity Capacity
+	// Meter charges volumes' disks to the budgets; nil: none.
+	Meter Meter
 	// Audit, if set, records every change.
 	Audit *audit.Log
+}
+
+// Capacity is the host's admission (capacity.Host).
+type Capacity interface {
+	Reserve(res sandbox.Resources) error
+	Force(res sandbox.Resources) error
+	Release(res sandbox.Resources)
+}
+
+// Meter charges a volume's disk (meter.Service.Volume): heldGB up to now,
+// nextGB reserved next (0: it is gone); with admit, a budget without room
+// refuses (sandbox.ErrBudget).
+type Meter interface {
+	Volume(ctx context.Context, v *store.Volume, heldGB, nextGB int, admit bool) error
 }
 
 // Service manages volumes for the principal in the context.
@@ -73,6 +96,9 @@ type Service struct {
 func New(o Options) *Service {
 	if o.MaxGB == 0 {
 		o.MaxGB = 100
+	}
+	if o.ProjectGB == 0 {
+		o.ProjectGB = 1000
 	}
 	return &Service{o: o, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx })}
 }
@@ -129,11 +155,21 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 		if _, err := tx.VolumeByName(ctx, proj.ID, r.Name); err == nil {
 			return sandbox.Errorf(sandbox.ErrExists, "name", "a volume named %q exists in project %q", r.Name, proj.Name)
 		}
-		return nil
+		return s.withinQuota(ctx, tx, proj, r.SizeGB)
 	}); err != nil {
 		return nil, err
 	}
 	v.AccountID, v.ProjectID = proj.AccountID, proj.ID
+	undo, err := s.admit(ctx, v, 0, r.SizeGB)
+	if err != nil {
+		return nil, err
+	}
+	made := false
+	defer func() {
+		if !made {
+			undo()
+		}
+	}()
 	if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -158,7 +194,68 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 		s.erase(context.WithoutCancel(ctx), v.ID)
 		return nil, err
 	}
+	made = true
 	return &View{Volume: v, Project: proj.Name}, nil
+}
+
+// withinQuota refuses moreGB of volumes in proj past its quota.
+func (s *Service) withinQuota(ctx context.Context, tx Tx, proj *store.Project, moreGB int) error {
+	all, err := tx.ListVolumes(ctx, proj.ID)
+	if err != nil {
+		return err
+	}
+	held := 0
+	for _, v := range all {
+		held += v.SizeGB
+	}
+	if held+moreGB > s.o.ProjectGB {
+		return sandbox.Errorf(sandbox.ErrCapacity, "size_gb", "project %q holds %d GB of volumes; %d more would pass its quota of %d GB", proj.Name, held, moreGB, s.o.ProjectGB)
+	}
+	return nil
+}
+
+// admit reserves a volume's growth from fromGB to toGB on the host's disk
+// and in its budgets; undo takes both back.
+func (s *Service) admit(ctx context.Context, v *store.Volume, fromGB, toGB int) (undo func(), err error) {
+	more := sandbox.Resources{DiskGB: toGB - fromGB}
+	if s.o.Capacity != nil {
+		if err := s.o.Capacity.Reserve(more); err != nil {
+			return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+	}
+	if s.o.Meter != nil {
+		if err := s.o.Meter.Volume(ctx, v, fromGB, toGB, true); err != nil {
+			if s.o.Capacity != nil {
+				s.o.Capacity.Release(more)
+			}
+			return nil, err
+		}
+	}
+	return func() {
+		if s.o.Meter != nil {
+			s.o.Meter.Volume(context.WithoutCancel(ctx), v, fromGB, fromGB, false)
+		}
+		if s.o.Capacity != nil {
+			s.o.Capacity.Release(more)
+		}
+	}, nil
+}
+
+// Adopt reserves this host's volumes on its disk again (at start).
+func (s *Service) Adopt(ctx context.Context) error {
+	if s.o.Capacity == nil {
+		return nil
+	}
+	all, err := s.o.Store.ListVolumes(ctx, "")
+	if err != nil {
+		return err
+	}
+	for _, v := range all {
+		if v.Host == s.o.Host {
+			s.o.Capacity.Force(sandbox.Resources{DiskGB: v.SizeGB})
+		}
+	}
+	return nil
 }
 
 // erase destroys a volume's key, then its file.
@@ -288,6 +385,7 @@ func (s *Service) Resize(ctx context.Context, accountRef, projectRef, ref string
 	}
 	// The record is claimed first, so that no create attaches the volume
 	// while its file grows.
+	oldGB := v.SizeGB
 	if err := s.db.Update(ctx, func(tx Tx) error {
 		cur, err := tx.GetVolume(ctx, v.ID)
 		if err != nil {
@@ -296,13 +394,21 @@ func (s *Service) Resize(ctx context.Context, accountRef, projectRef, ref string
 		if len(cur.Attachments) > 0 {
 			return sandbox.Errorf(sandbox.ErrState, "", "volume %s was attached meanwhile", v.Name)
 		}
+		if err := s.withinQuota(ctx, tx, proj, sizeGB-cur.SizeGB); err != nil {
+			return err
+		}
 		cur.Attachments = []model.VolumeAttachment{{SandboxID: resizing, Path: "/"}}
 		v = cur
 		return tx.PutVolume(ctx, cur)
 	}); err != nil {
 		return nil, err
 	}
-	gerr := voldisk.Grow(ctx, s.o.Tools, s.path(v.ID), int64(sizeGB)<<30, key)
+	undo, gerr := s.admit(ctx, v, oldGB, sizeGB)
+	if gerr == nil {
+		if gerr = voldisk.Grow(ctx, s.o.Tools, s.path(v.ID), int64(sizeGB)<<30, key); gerr != nil {
+			undo()
+		}
+	}
 	err = s.db.Update(context.WithoutCancel(ctx), func(tx Tx) error {
 		cur, err := tx.GetVolume(ctx, v.ID)
 		if err != nil {
@@ -350,7 +456,14 @@ func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string
 	}); err != nil {
 		return err
 	}
-	return s.erase(context.WithoutCancel(ctx), v.ID)
+	octx := context.WithoutCancel(ctx)
+	if s.o.Meter != nil {
+		s.o.Meter.Volume(octx, v, v.SizeGB, 0, false)
+	}
+	if s.o.Capacity != nil {
+		s.o.Capacity.Release(sandbox.Resources{DiskGB: v.SizeGB})
+	}
+	return s.erase(octx, v.ID)
 }
 
 // Claim attaches the volumes mounts names to sandbox rec (placed in its
@@ -374,6 +487,9 @@ func (s *Service) Claim(ctx context.Context, tx Tx, rec *store.Sandbox, mounts [
 		if filepath.Clean(m.Path) != m.Path || m.Path == "/" {
 			return sandbox.Errorf(sandbox.ErrInvalid, field+".path", "path %q: want a clean absolute path other than /", m.Path)
 		}
+	}
+	for i, m := range mounts {
+		field := fmt.Sprintf("volumes[%d]", i)
 		v, err := tx.VolumeByName(ctx, rec.ProjectID, m.Name)
 		if errors.Is(err, store.ErrNotFound) {
 			return sandbox.Errorf(sandbox.ErrNotFound, field+".name", "no volume %q in project %q", m.Name, rec.Project)

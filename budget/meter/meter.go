@@ -26,6 +26,8 @@ type Store interface {
 	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
 	GetSnapshot(ctx context.Context, id string) (*store.Snapshot, error)
 	ListSnapshots(ctx context.Context) ([]*store.Snapshot, error)
+	GetVolume(ctx context.Context, id string) (*store.Volume, error)
+	ListVolumes(ctx context.Context, projectID string) ([]*store.Volume, error)
 	ListReservations(ctx context.Context) ([]*store.Reservation, error)
 }
 
@@ -239,6 +241,36 @@ func (s *Service) SettleAll(ctx context.Context) {
 		s.reached(events)
 	}
 	s.settleSnapshots(ctx)
+	s.settleVolumes(ctx)
+}
+
+// settleVolumes meters the volumes' disks, each under its own ID,
+// against the budgets that cover its project.
+func (s *Service) settleVolumes(ctx context.Context) {
+	vols, err := s.o.Store.ListVolumes(ctx, "")
+	if err != nil {
+		s.o.Log.Warn("metering volumes failed", "err", err)
+		return
+	}
+	for _, v := range vols {
+		if err := s.Volume(ctx, v, v.SizeGB, v.SizeGB, false); err != nil {
+			s.o.Log.Warn("metering failed", "volume", v.ID, "err", err)
+		}
+	}
+}
+
+// Volume charges a volume's disk (heldGB, disk GB-hours) up to now and
+// reserves its next interval at nextGB: with admit, a budget without
+// room refuses; nextGB 0 ends it (deleted).
+func (s *Service) Volume(ctx context.Context, v *store.Volume, heldGB, nextGB int, admit bool) error {
+	rec := &store.Sandbox{Sandbox: sandbox.Sandbox{ID: v.ID, AccountID: v.AccountID, ProjectID: v.ProjectID}}
+	m := budget.Meter{SandboxID: v.ID, Subject: budget.SubjectOf(rec), Held: budget.Resources{DiskGB: heldGB}, Admit: admit, Final: nextGB == 0}
+	if nextGB > 0 {
+		m.Next, m.NextFor = budget.Resources{DiskGB: nextGB}, s.reserveFor(rec, s.o.Now())
+	}
+	events, err := s.o.Budgets.Settle(ctx, m)
+	s.reached(events)
+	return err
 }
 
 // settleSnapshots meters the stored snapshots' storage, each under its
@@ -363,6 +395,9 @@ func (s *Service) Reconcile(ctx context.Context) error {
 			if _, err := s.o.Store.GetSnapshot(ctx, r.SandboxID); err == nil {
 				continue // (a snapshot's storage is metered)
 			}
+		}
+		if _, err := s.o.Store.GetVolume(ctx, r.SandboxID); err == nil {
+			continue // (a volume's disk is metered)
 		}
 		rec, err := s.o.Store.GetSandbox(ctx, r.SandboxID)
 		if err != nil {

@@ -101,6 +101,7 @@ func run(args []string, instead func(settings) error) error {
 		pluginPath   = fs.String("plugin", "", "backend plugin binary (default harebox-plugin-<hypervisor> beside hareboxd, or on PATH)")
 		meshPool     = fs.String("mesh-pool", mesh.DefaultPool.String(), "the address space of the projects' private meshes, a /22 for each project's (the same on every host; apart from --address-pool)")
 		maxVolumeGB  = fs.Int("max-volume-gb", 100, "the largest volume a create or resize may ask for, in GB")
+		projectVolGB = fs.Int("project-volume-gb", 1000, "a project's quota of volumes, their sizes together, in GB")
 		meshEndpoint = fs.String("mesh-endpoint", "", "ADDR:PORT: this host's end of the mesh's WireGuard tunnels to the deployment's other hosts (with a PostgreSQL --store and --network linux): its address on the network between the hosts and the UDP port the tunnels arrive on (bound on all addresses); unset: each project's mesh stays within each host")
 		maxFile      = fs.Int64("max-file-bytes", 256<<20, "the largest file a sandbox's file calls write or read, in bytes")
 		guestASLR    = fs.Bool("tcg-guest-aslr", false, "qemu under software emulation (TCG): keep address-space randomization in guests, which makes every process start in them 3 to 4 times slower (off by default there; guests under KVM always keep it)")
@@ -349,7 +350,7 @@ func run(args []string, instead func(settings) error) error {
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
 		Host:        harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease},
-		AuditAnchor: anchor, AuditCheckpointInterval: *auditEvery, MaxVolumeGB: *maxVolumeGB,
+		AuditAnchor: anchor, AuditCheckpointInterval: *auditEvery, MaxVolumeGB: *maxVolumeGB, ProjectVolumeGB: *projectVolGB,
 	}
 	if tunnel != nil {
 		opts.MeshTunnel, opts.MeshEndpoint = tunnel, meshEP

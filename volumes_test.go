@@ -1,0 +1,161 @@
+package harebox_test
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/volume"
+)
+
+func needVolumeTools(t *testing.T) {
+	t.Helper()
+	for _, tool := range []string{"qemu-img", "mkfs.ext4"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (make deps installs it)", tool)
+		}
+	}
+}
+
+func wantSaying(t *testing.T, what string, err, kind error, say string) {
+	t.Helper()
+	if !errors.Is(err, kind) || !strings.Contains(err.Error(), say) {
+		t.Errorf("%s: %v; want %v saying %q", what, err, kind, say)
+	}
+}
+
+// TestVolumeAttachments, on the in-memory hypervisor: one writer or many
+// readers, claimed at create and given back at delete; a volume in use
+// is neither deleted nor resized; an unknown one is not found.
+func TestVolumeAttachments(t *testing.T) {
+	needVolumeTools(t)
+	eng, _ := memhvEngine(t, nil)
+	ctx := context.Background()
+	v, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw := []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}
+	ro := []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data", ReadOnly: true}}
+	w, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: rw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Volumes) != 1 {
+		t.Errorf("the writer's volumes: %+v", w.Volumes)
+	}
+	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: rw})
+	wantSaying(t, "a second writer", err, sandbox.ErrState, w.ID)
+	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
+	wantSaying(t, "a reader beside a writer", err, sandbox.ErrState, "read-write")
+	wantSaying(t, "delete in use", eng.Volumes().Delete(ctx, "", "", "data"), sandbox.ErrState, "attached")
+	_, err = eng.Volumes().Resize(ctx, "", "", "data", 2)
+	wantSaying(t, "resize in use", err, sandbox.ErrState, "attached")
+	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "nope", Path: "/mnt/x"}}})
+	wantSaying(t, "an unknown volume", err, sandbox.ErrNotFound, "no volume")
+	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/a", ReadOnly: true}, {Name: "data", Path: "/mnt/b", ReadOnly: true}}})
+	wantSaying(t, "the same volume twice", err, sandbox.ErrInvalid, "twice")
+	if err := eng.Delete(ctx, w.ID); err != nil {
+		t.Fatal(err)
+	}
+	var readers []string
+	for range 3 {
+		r, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
+		if err != nil {
+			t.Fatal("a reader:", err)
+		}
+		readers = append(readers, r.ID)
+	}
+	got, err := eng.Volumes().Get(ctx, "", "", v.ID)
+	if err != nil || len(got.Attachments) != 3 {
+		t.Fatalf("attachments of three readers: %+v, %v", got, err)
+	}
+	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: rw})
+	wantSaying(t, "a writer beside readers", err, sandbox.ErrState, "read-only")
+	for _, id := range readers {
+		if err := eng.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); len(got.Attachments) != 0 {
+		t.Errorf("attachments after the deletes: %+v", got.Attachments)
+	}
+	if err := eng.Volumes().Delete(ctx, "", "", "data"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVolumeLimits: a volume's size is bounded, a project's volumes
+// together by its quota, the host's disk admission counts them as it
+// counts sandboxes' disks (also after a restart), and a budget with no
+// room refuses a new one.
+func TestVolumeLimits(t *testing.T) {
+	needVolumeTools(t)
+	ctx := context.Background()
+	eng, _ := memhvEngine(t, func(o *harebox.Options) {
+		o.MaxVolumeGB, o.ProjectVolumeGB = 4, 6
+		o.Capacity.DiskGB = 9
+	})
+	vols := eng.Volumes()
+	if _, err := vols.Create(ctx, "", volume.CreateRequest{Name: "big", SizeGB: 5}); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("5 GB past the 4 GB bound: %v, want ErrInvalid", err)
+	}
+	if _, err := vols.Create(ctx, "", volume.CreateRequest{Name: "a", SizeGB: 4}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := vols.Create(ctx, "", volume.CreateRequest{Name: "b", SizeGB: 3})
+	wantSaying(t, "past the project's quota", err, sandbox.ErrCapacity, "quota of 6 GB")
+	if _, err := vols.Resize(ctx, "", "", "a", 3); !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("shrink: %v, want ErrInvalid", err)
+	}
+	// The host's disk: 9 GB, 4 of them the volume's.
+	_, err = eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 1, MemoryMB: 256, DiskGB: 6}})
+	wantSaying(t, "a sandbox disk past what the volume left", err, sandbox.ErrCapacity, "disk")
+	if _, err := vols.Create(ctx, "", volume.CreateRequest{Name: "b", SizeGB: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vols.Resize(ctx, "", "", "b", 3); err == nil {
+		t.Error("a resize past the quota passed")
+	}
+	if err := vols.Delete(ctx, "", "", "a"); err != nil {
+		t.Fatal(err)
+	}
+	box, err := eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 1, MemoryMB: 256, DiskGB: 6}})
+	if err != nil {
+		t.Fatal("a sandbox disk in the room a deleted volume left:", err)
+	}
+	eng.Delete(ctx, box.ID)
+}
+
+// TestVolumeBudget: volumes are charged disk GB-hours, and a budget
+// without room refuses a new one.
+func TestVolumeBudget(t *testing.T) {
+	needVolumeTools(t)
+	eng, clk, _ := budgetEngine(t, budget.Prices{DiskGBHour: dollar})
+	ctx := context.Background()
+	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 3 * dollar, Action: budget.DenyNew})
+	v, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "one", SizeGB: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "two", SizeGB: 2})
+	wantSaying(t, "a second volume past the budget", err, sandbox.ErrBudget, "")
+	clk.advance(30 * time.Minute)
+	if err := eng.Volumes().Delete(ctx, "", "", v.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := eng.Budgets().Get(ctx, b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spent != dollar {
+		t.Errorf("spent %v for 2 GB for half an hour at $1 a GB-hour, want $1", got.Spent)
+	}
+}
