@@ -39,6 +39,7 @@ import (
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/volume"
 	"github.com/harebox/harebox/secrets"
 )
 
@@ -57,6 +58,7 @@ type Engine interface {
 	Snapshots() *clone.Snapshots
 	URLs() *ingress.Service
 	Keys() *apikey.Service
+	Volumes() *volume.Service
 }
 
 // Authenticator checks a key that is not one of the engine's scoped keys
@@ -77,6 +79,9 @@ type Options struct {
 	// Templates maps E2B template names (or IDs) to HareBox images;
 	// default DefaultTemplates.
 	Templates map[string]string
+	// VolumeGB is the size of a volume made through E2B's API (which
+	// names none); default 10.
+	VolumeGB int
 	// Domain is the domain sandboxes are reported under ("" reports
 	// none: the SDK then uses its E2B_DOMAIN or E2B_SANDBOX_URL).
 	Domain string
@@ -118,6 +123,9 @@ func New(o Options) *Handler {
 	if o.Templates == nil {
 		o.Templates = DefaultTemplates
 	}
+	if o.VolumeGB == 0 {
+		o.VolumeGB = 10
+	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
@@ -157,6 +165,11 @@ func New(o Options) *Handler {
 		{"GET /snapshots", (*Handler).listSnapshots},
 		{"DELETE /templates/{id}", (*Handler).deleteTemplate},
 		{"POST /sandboxes/{id}/fork", (*Handler).fork},
+		{"GET /volumes", (*Handler).listVolumes},
+		{"POST /volumes", (*Handler).createVolume},
+		{"GET /volumes/{id}", (*Handler).getVolume},
+		{"DELETE /volumes/{id}", (*Handler).deleteVolume},
+		{"/volumecontent/", (*Handler).volumeContent},
 	} {
 		fn := r.fn
 		h.mux.HandleFunc(r.pattern, func(w http.ResponseWriter, r *http.Request) {

@@ -90,8 +90,10 @@ func (h *Handler) createRequest(ctx context.Context, b *NewSandbox) (sandbox.Cre
 		return req, badRequest("mcp is not served by this server")
 	case set(b.Iam):
 		return req, badRequest("iam is not served by this server")
-	case len(b.VolumeMounts) > 0:
-		return req, badRequest("volumeMounts are not served by this server")
+	}
+	for _, m := range b.VolumeMounts {
+		// (By name: the SDK sends the Volume's name.)
+		req.Volumes = append(req.Volumes, sandbox.VolumeMount{Name: m.Name, Path: m.Path})
 	}
 	fw, err := policy(b.Network, b.AllowInternetAccess)
 	if err != nil {
@@ -336,6 +338,9 @@ func (h *Handler) info(w http.ResponseWriter, r *http.Request) error {
 		StartedAt: box.CreatedAt, EndAt: endAt(box), EnvdVersion: EnvdVersion, Domain: h.domain(),
 		CPUCount: int32(box.Size.VCPUs), MemoryMB: int32(box.Size.MemoryMB), DiskSizeMB: int32(box.Size.DiskGB * 1024),
 		Metadata: metadata(box), State: stateOf(box.State), Lifecycle: Lifecycle{OnTimeout: "kill"},
+	}
+	for _, m := range box.Volumes {
+		d.VolumeMounts = append(d.VolumeMounts, VolumeMount{Name: m.Name, Path: m.Path})
 	}
 	if mayUseEnvd(ctx) {
 		if d.EnvdAccessToken, err = h.tokens.ensure(ctx, box.ID); err != nil {

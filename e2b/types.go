@@ -83,6 +83,7 @@ type SandboxDetail struct {
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`
 	Lifecycle       Lifecycle         `json:"lifecycle"`
+	VolumeMounts    []VolumeMount     `json:"volumeMounts,omitempty"`
 }
 
 // Lifecycle is SandboxLifecycle: HareBox kills a sandbox at its timeout

@@ -86,8 +86,9 @@ type Meter interface {
 
 // Service manages volumes for the principal in the context.
 type Service struct {
-	o  Options
-	db interface {
+	o     Options
+	maker *voldisk.Maker
+	db    interface {
 		Update(ctx context.Context, fn func(tx Tx) error) error
 	}
 }
@@ -100,7 +101,7 @@ func New(o Options) *Service {
 	if o.ProjectGB == 0 {
 		o.ProjectGB = 1000
 	}
-	return &Service{o: o, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx })}
+	return &Service{o: o, maker: &voldisk.Maker{Tools: o.Tools, Dir: o.Dir}, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx })}
 }
 
 // View is a volume as the API shows it.
@@ -177,7 +178,7 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 	if err != nil {
 		return nil, err
 	}
-	if err := voldisk.Create(ctx, s.o.Tools, s.path(v.ID), int64(r.SizeGB)<<30, key); err != nil {
+	if err := s.maker.Create(ctx, s.path(v.ID), int64(r.SizeGB)<<30, key); err != nil {
 		secrets.EraseDataKey(context.WithoutCancel(ctx), s.o.Secrets, scope(v.ID))
 		return nil, fmt.Errorf("volume %s: %w", r.Name, err)
 	}

@@ -7,7 +7,7 @@ import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
 
-const { Sandbox, NotFoundError, CommandExitError, TimeoutError } = await import(process.env.E2B_SDK)
+const { Sandbox, Volume, NotFoundError, CommandExitError, TimeoutError } = await import(process.env.E2B_SDK)
 const suite = `${process.env.E2B_SDK}-${process.pid}`
 const made = []
 
@@ -318,4 +318,25 @@ test('a scoped key sees only what it may through this door too', async (t) => {
   assert.equal(await mine.isRunning(), true)
   await theirs.files.write('/tmp/ok', 'yes')
   assert.equal(await theirs.files.read('/tmp/ok'), 'yes')
+})
+
+test('volumes: made, mounted, what one sandbox wrote read by the next, destroyed', async (t) => {
+  const name = `vol-${process.pid}`
+  const vol = await Volume.create(name)
+  t.after(() => Volume.destroy(vol.volumeId).catch(() => {}))
+  assert.equal(vol.name, name)
+  assert.ok((await Volume.list()).some((v) => v.volumeId === vol.volumeId))
+  assert.equal((await Volume.getInfo(vol.volumeId)).name, name)
+
+  const a = await create(t, { volumeMounts: { '/mnt/data': vol } })
+  assert.deepEqual((await a.getInfo()).volumeMounts, [{ name, path: '/mnt/data' }])
+  await a.files.write('/mnt/data/hello.txt', 'from a')
+  await a.kill() // (the host has the guest sync and unmount it first)
+
+  const b = await create(t, { volumeMounts: { '/srv/data': name } })
+  assert.equal(await b.files.read('/srv/data/hello.txt'), 'from a')
+  await assert.rejects(Volume.destroy(vol.volumeId)) // (mounted)
+  await b.kill()
+  assert.equal(await Volume.destroy(vol.volumeId), true)
+  await assert.rejects(Volume.getInfo(vol.volumeId), { name: 'VolumeNotFoundError' })
 })

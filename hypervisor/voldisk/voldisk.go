@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -38,20 +39,60 @@ func or(s, def string) string {
 	return s
 }
 
+// Maker makes volume files. Making a LUKS file with qemu-img costs
+// QEMU's PBKDF benchmark, which fails now and then on kernels whose
+// thread CPU clock is coarse; a Maker pays it once (overlay.Templates:
+// an empty encrypted file is kept in memory and each new file is a copy
+// with a fresh LUKS header under its own key).
+type Maker struct {
+	Tools Tools
+	// Dir holds the Maker's own files (an empty base for its template).
+	Dir string
+	tpl overlay.Templates
+}
+
+// templateSize is the template's virtual size; a new file is grown from
+// it to the size asked.
+const templateSize = 16 << 20
+
 // Create makes the volume file path, sizeBytes large, holding an empty
 // ext4 filesystem, encrypted under key. The filesystem is made in a
 // sparse scratch file beside path (it holds no data, only the empty
-// filesystem's structures) and converted into the encrypted file, which
+// filesystem's structures) and copied into the encrypted file, which
 // keeps only what is not zero.
-func Create(ctx context.Context, t Tools, path string, sizeBytes int64, key []byte) (err error) {
+func (m *Maker) Create(ctx context.Context, path string, sizeBytes int64, key []byte) (err error) {
 	if len(key) != hypervisor.KeySize {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "voldisk: key of %d bytes", len(key))
 	}
-	if sizeBytes < 16<<20 {
+	if sizeBytes < templateSize {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "voldisk: a volume is at least 16 MiB")
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	defer func() {
+		if err != nil {
+			os.Remove(path)
+		}
+	}()
+	// An empty encrypted file: the template's copy, over a base of zeros
+	// that is then dropped (nothing was written over it, so the file
+	// reads the same without it), grown to the size asked.
+	zero, err := m.zeroBase()
+	if err != nil {
+		return err
+	}
+	m.tpl.QEMUImg = m.Tools.qemuImg()
+	if err := m.tpl.Create(ctx, zero, "raw", path, templateSize, key); err != nil {
+		return fmt.Errorf("voldisk: %w", err)
+	}
+	if err := qemuImg(ctx, m.Tools, key, func(sec []string) []string {
+		return append(append([]string{"rebase"}, sec...), "-u", "-b", "", "--image-opts", imageOpts(path))
+	}); err != nil {
+		return err
+	}
+	if err := Grow(ctx, m.Tools, path, sizeBytes, key); err != nil {
+		return err
+	}
 	scratch := path + ".mkfs"
 	defer os.Remove(scratch)
 	f, err := os.OpenFile(scratch, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -67,19 +108,37 @@ func Create(ctx context.Context, t Tools, path string, sizeBytes int64, key []by
 	}
 	// Inode tables and the journal are zeroed now (in the scratch file
 	// that is a hole), so the guest's kernel has nothing to zero later.
-	if out, err := exec.CommandContext(ctx, t.mkfs(), "-q", "-F", "-m", "0", "-L", "volume",
+	if out, err := exec.CommandContext(ctx, m.Tools.mkfs(), "-q", "-F", "-m", "0", "-L", "volume",
 		"-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard", scratch).CombinedOutput(); err != nil {
 		return fmt.Errorf("voldisk: mkfs.ext4: %w: %s", err, bytes.TrimSpace(out))
 	}
-	defer func() {
-		if err != nil {
-			os.Remove(path)
-		}
-	}()
-	return qemuImg(ctx, t, key, func(sec []string) []string {
-		return append(append([]string{"convert"}, sec...), "-q", "-f", "raw", "-O", "qcow2",
-			"-o", "encrypt.format=luks,encrypt.key-secret=key,encrypt.iter-time=1", scratch, path)
+	return qemuImg(ctx, m.Tools, key, func(sec []string) []string {
+		return append(append([]string{"convert"}, sec...), "-q", "-n", "-f", "raw", scratch, "--target-image-opts", imageOpts(path))
 	})
+}
+
+// zeroBase is a sparse file of zeros, templateSize long, made once.
+func (m *Maker) zeroBase() (string, error) {
+	p := filepath.Join(m.Dir, ".zero.raw")
+	if fi, err := os.Stat(p); err == nil && fi.Size() == templateSize {
+		return p, nil
+	}
+	if err := os.MkdirAll(m.Dir, 0o700); err != nil {
+		return "", fmt.Errorf("voldisk: %w", err)
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, nil, 0o600); err != nil {
+		return "", fmt.Errorf("voldisk: %w", err)
+	}
+	if err := os.Truncate(tmp, templateSize); err != nil {
+		return "", fmt.Errorf("voldisk: %w", err)
+	}
+	return p, os.Rename(tmp, p)
+}
+
+// imageOpts opens the encrypted file path with the secret "key".
+func imageOpts(path string) string {
+	return "driver=qcow2,file.filename=" + strings.ReplaceAll(path, ",", ",,") + ",encrypt.key-secret=key"
 }
 
 // Grow makes the volume file path sizeBytes large (never smaller); the
@@ -88,8 +147,7 @@ func Grow(ctx context.Context, t Tools, path string, sizeBytes int64, key []byte
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return qemuImg(ctx, t, key, func(sec []string) []string {
-		return append(append([]string{"resize"}, sec...), "-q", "--image-opts",
-			"driver=qcow2,file.filename="+strings.ReplaceAll(path, ",", ",,")+",encrypt.key-secret=key", strconv.FormatInt(sizeBytes, 10))
+		return append(append([]string{"resize"}, sec...), "-q", "--image-opts", imageOpts(path), strconv.FormatInt(sizeBytes, 10))
 	})
 }
 
@@ -111,7 +169,7 @@ func qemuImg(ctx context.Context, t Tools, key []byte, args func(sec []string) [
 		if errors.Is(err, exec.ErrNotFound) {
 			return hypervisor.Errorf(hypervisor.ErrUnavailable, "voldisk: %s not found", t.qemuImg())
 		}
-		if attempt < 3 && overlay.Retryable(out) {
+		if attempt < 8 && overlay.Retryable(out) && ctx.Err() == nil {
 			continue
 		}
 		return fmt.Errorf("voldisk: qemu-img %s: %w: %s", args(nil)[0], err, bytes.TrimSpace(out))

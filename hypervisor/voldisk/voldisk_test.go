@@ -27,19 +27,31 @@ func TestCreateGrow(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "v.qcow2")
+	m := &voldisk.Maker{Dir: filepath.Join(dir, "maker")}
 	key := make([]byte, hypervisor.KeySize)
 	rand.Read(key)
-	if err := voldisk.Create(ctx, voldisk.Tools{}, path, 64<<20, key[:16]); !errors.Is(err, hypervisor.ErrInvalid) {
+	if err := m.Create(ctx, path, 64<<20, key[:16]); !errors.Is(err, hypervisor.ErrInvalid) {
 		t.Fatalf("short key: %v, want ErrInvalid", err)
 	}
-	if err := voldisk.Create(ctx, voldisk.Tools{}, path, 1<<20, key); !errors.Is(err, hypervisor.ErrInvalid) {
+	if err := m.Create(ctx, path, 1<<20, key); !errors.Is(err, hypervisor.ErrInvalid) {
 		t.Fatalf("1 MiB: %v, want ErrInvalid", err)
 	}
-	if err := voldisk.Create(ctx, voldisk.Tools{}, path, 64<<20, key); err != nil {
+	if err := m.Create(ctx, path, 64<<20, key); err != nil {
 		t.Fatal(err)
 	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
-		t.Errorf("files left: %v, want only the volume", ents)
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+		t.Errorf("files left: %v, want only the volume and the maker's directory", ents)
+	}
+	// A second one is another file under another key (the template's
+	// copy has its own header).
+	path2 := filepath.Join(dir, "v2.qcow2")
+	key2 := make([]byte, hypervisor.KeySize)
+	rand.Read(key2)
+	if err := m.Create(ctx, path2, 32<<20, key2); err != nil {
+		t.Fatal(err)
+	}
+	if err := voldisk.Grow(ctx, voldisk.Tools{}, path2, 48<<20, key); err == nil {
+		t.Error("the second volume opened with the first's key")
 	}
 	out, err := exec.Command("qemu-img", "info", path).CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("encrypted: yes")) {
