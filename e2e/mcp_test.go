@@ -85,7 +85,7 @@ func TestMCP(t *testing.T) {
 			t.Errorf("tool %s has no schema or description", tl.Name)
 		}
 	}
-	if got := strings.Join(names, " "); got != "create_sandbox delete_sandbox list_sandboxes read_file run_command write_file" {
+	if got := strings.Join(names, " "); got != "create_sandbox create_volume delete_sandbox delete_volume list_sandboxes list_volumes read_file run_command write_file" {
 		t.Errorf("tools: %s", got)
 	}
 

@@ -1,7 +1,7 @@
 // Package mcpserver serves HareBox to agent frameworks over the Model
 // Context Protocol (the official Go SDK): tools to create a sandbox (with
-// a firewall policy), run a command, read and write files, list and
-// delete. Every tool calls the REST API with the client's key, so an
+// a firewall policy and volumes), run a command, read and write files,
+// list and delete, and to create, list and delete volumes. Every tool calls the REST API with the client's key, so an
 // agent can do only what that key allows (a scoped key limits it to its
 // actions, projects, labels and sandboxes).
 package mcpserver
@@ -44,6 +44,9 @@ func New(c *apiclient.Client, version string) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a file in a sandbox, creating or replacing it."}, t.write)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_sandboxes", Description: "List the sandboxes this key can see."}, t.list)
 	mcp.AddTool(s, &mcp.Tool{Name: "delete_sandbox", Description: "Delete a sandbox: its VM stops and its disk's key is destroyed."}, t.delete)
+	mcp.AddTool(s, &mcp.Tool{Name: "create_volume", Description: "Create a volume: a disk of the project that outlives sandboxes, encrypted under its own key. Attach it at create_sandbox (volumes)."}, t.createVolume)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_volumes", Description: "List a project's volumes and the sandboxes each is attached to."}, t.listVolumes)
+	mcp.AddTool(s, &mcp.Tool{Name: "delete_volume", Description: "Delete a volume no sandbox has attached: its key is destroyed, then its file."}, t.deleteVolume)
 	return s
 }
 
@@ -72,6 +75,14 @@ type CreateInput struct {
 	Firewall   *Firewall         `json:"firewall,omitempty" jsonschema:"its outbound firewall policy (default: the server's)"`
 	Project    string            `json:"project,omitempty" jsonschema:"the project it belongs to, ID or name (default: the account's default project)"`
 	Mesh       *bool             `json:"mesh,omitempty" jsonschema:"true puts it on its project's private mesh, where the project's other mesh sandboxes reach it by name; false keeps it off (default: as the project says)"`
+	Volumes    []VolumeMount     `json:"volumes,omitempty" jsonschema:"volumes of its project to mount: one writer at a time, or any number of readers"`
+}
+
+// VolumeMount attaches a volume at create.
+type VolumeMount struct {
+	Name     string `json:"name" jsonschema:"the volume's name"`
+	Path     string `json:"path" jsonschema:"where the sandbox mounts it: an absolute path such as /mnt/data"`
+	ReadOnly bool   `json:"read_only,omitempty" jsonschema:"mount it read-only"`
 }
 
 // Sandbox is a sandbox as the tools show it.
@@ -92,6 +103,9 @@ func view(s *sandbox.Sandbox) Sandbox {
 func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, Sandbox, error) {
 	req := sandbox.CreateRequest{Image: in.Image, Size: sandbox.Size{Preset: in.Size}, TTLSeconds: in.TTLSeconds, Labels: in.Labels,
 		Project: in.Project, Mesh: in.Mesh}
+	for _, v := range in.Volumes {
+		req.Volumes = append(req.Volumes, sandbox.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
 	if in.Firewall != nil {
 		b, err := json.Marshal(in.Firewall)
 		if err != nil {
@@ -296,6 +310,95 @@ func (t *tools) delete(ctx context.Context, _ *mcp.CallToolRequest, in DeleteInp
 		return nil, Deleted{}, explain(err)
 	}
 	return nil, Deleted{ID: in.SandboxID, Deleted: true}, nil
+}
+
+// VolumeInput names a project's volume; CreateVolumeInput makes one.
+type VolumeInput struct {
+	Name    string `json:"name" jsonschema:"the volume's name (or vol_ ID)"`
+	Project string `json:"project,omitempty" jsonschema:"its project, ID or name (default: the account's default project)"`
+}
+
+type CreateVolumeInput struct {
+	Name    string `json:"name" jsonschema:"a DNS label, unique in the project"`
+	SizeGB  int    `json:"size_gb" jsonschema:"its size in GB"`
+	Project string `json:"project,omitempty" jsonschema:"its project, ID or name (default: the account's default project)"`
+}
+
+// Volume is a volume as the tools show it.
+type Volume struct {
+	ID       string   `json:"id"`
+	Name     string   `json:"name"`
+	SizeGB   int      `json:"size_gb"`
+	Attached []string `json:"attached_to" jsonschema:"the sandboxes it is attached to"`
+}
+
+// Volumes lists volumes.
+type Volumes struct {
+	Volumes []Volume `json:"volumes"`
+}
+
+type apiVolume struct {
+	ID          string `json:"id"`
+	Name        string `json:"name"`
+	SizeGB      int    `json:"size_gb"`
+	Attachments []struct {
+		SandboxID string `json:"sandbox_id"`
+	} `json:"attachments"`
+}
+
+func (v apiVolume) view() Volume {
+	out := Volume{ID: v.ID, Name: v.Name, SizeGB: v.SizeGB, Attached: []string{}}
+	for _, a := range v.Attachments {
+		out.Attached = append(out.Attached, a.SandboxID)
+	}
+	return out
+}
+
+func projectQuery(p string) url.Values {
+	if p == "" {
+		return nil
+	}
+	return url.Values{"project": {p}}
+}
+
+func (t *tools) createVolume(ctx context.Context, _ *mcp.CallToolRequest, in CreateVolumeInput) (*mcp.CallToolResult, Volume, error) {
+	if in.Name == "" || in.SizeGB < 1 {
+		return nil, Volume{}, errors.New("name and size_gb (at least 1) are required")
+	}
+	var v apiVolume
+	if err := t.c.Do(ctx, "POST", "/v1/volumes", projectQuery(in.Project), map[string]any{"name": in.Name, "size_gb": in.SizeGB}, &v); err != nil {
+		return nil, Volume{}, explain(err)
+	}
+	return nil, v.view(), nil
+}
+
+// ProjectInput names a project.
+type ProjectInput struct {
+	Project string `json:"project,omitempty" jsonschema:"the project, ID or name (default: the account's default project)"`
+}
+
+func (t *tools) listVolumes(ctx context.Context, _ *mcp.CallToolRequest, in ProjectInput) (*mcp.CallToolResult, Volumes, error) {
+	var l struct {
+		Volumes []apiVolume `json:"volumes"`
+	}
+	if err := t.c.Do(ctx, "GET", "/v1/volumes", projectQuery(in.Project), nil, &l); err != nil {
+		return nil, Volumes{}, explain(err)
+	}
+	out := Volumes{Volumes: []Volume{}}
+	for _, v := range l.Volumes {
+		out.Volumes = append(out.Volumes, v.view())
+	}
+	return nil, out, nil
+}
+
+func (t *tools) deleteVolume(ctx context.Context, _ *mcp.CallToolRequest, in VolumeInput) (*mcp.CallToolResult, Deleted, error) {
+	if in.Name == "" {
+		return nil, Deleted{}, errors.New("name is required")
+	}
+	if err := t.c.Do(ctx, "DELETE", apiclient.Path("volumes", in.Name), projectQuery(in.Project), nil, nil); err != nil {
+		return nil, Deleted{}, explain(err)
+	}
+	return nil, Deleted{ID: in.Name, Deleted: true}, nil
 }
 
 // explain is an API error as a tool error a model can act on: the

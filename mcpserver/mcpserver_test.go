@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -228,5 +229,39 @@ func TestStreamableHTTP(t *testing.T) {
 	}
 	if n == 0 {
 		t.Errorf("no exec by the scoped key in the audit log: %+v", a.Entries)
+	}
+}
+
+// The volume tools: made, attached at create_sandbox, listed with the
+// sandbox, refused while attached, deleted.
+func TestVolumeTools(t *testing.T) {
+	for _, tool := range []string{"qemu-img", "mkfs.ext4"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (make deps installs it)", tool)
+		}
+	}
+	base, root := server(t)
+	cs := session(t, base, root)
+	var v mcpserver.Volume
+	if msg, isErr := call(t, cs, "create_volume", map[string]any{"name": "data", "size_gb": 1}, &v); isErr || v.Name != "data" {
+		t.Fatalf("create_volume: %s", msg)
+	}
+	var box mcpserver.Sandbox
+	if msg, isErr := call(t, cs, "create_sandbox", map[string]any{"volumes": []any{map[string]any{"name": "data", "path": "/mnt/data"}}}, &box); isErr {
+		t.Fatalf("create_sandbox with a volume: %s", msg)
+	}
+	var l mcpserver.Volumes
+	if msg, isErr := call(t, cs, "list_volumes", map[string]any{}, &l); isErr || len(l.Volumes) != 1 || len(l.Volumes[0].Attached) != 1 || l.Volumes[0].Attached[0] != box.ID {
+		t.Errorf("list_volumes: %+v %s", l, msg)
+	}
+	if msg, isErr := call(t, cs, "delete_volume", map[string]any{"name": "data"}, nil); !isErr || !strings.Contains(msg, "conflict") {
+		t.Errorf("delete_volume while attached: %v %s", isErr, msg)
+	}
+	if msg, isErr := call(t, cs, "create_volume", map[string]any{"name": "x"}, nil); !isErr || !strings.Contains(msg, "size_gb") {
+		t.Errorf("create_volume without a size: %v %s", isErr, msg)
+	}
+	call(t, cs, "delete_sandbox", map[string]any{"sandbox_id": box.ID}, nil)
+	if msg, isErr := call(t, cs, "delete_volume", map[string]any{"name": "data"}, nil); isErr {
+		t.Errorf("delete_volume: %s", msg)
 	}
 }
