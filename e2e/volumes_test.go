@@ -75,8 +75,21 @@ func TestVolumes(t *testing.T) {
 	cli.OK("", nil, "delete", a.ID)
 
 	b := newBox("--volume", "data:/srv/data")
-	if o, _, _ := sh(b.ID, "cat /srv/data/canary; sha256sum /mnt/data/blob 2>/dev/null || sha256sum /srv/data/blob"); !strings.Contains(o, canary) || !strings.Contains(o, strings.Fields(sumA)[0]) {
+	if o, _, _ := sh(b.ID, "cat /srv/data/canary; sha256sum /srv/data/blob"); !strings.Contains(o, canary) || !strings.Contains(o, strings.Fields(sumA)[0]) {
 		t.Errorf("in B: %q; want the canary and blob sum %s", o, sumA)
+	}
+	// A full volume is ENOSPC in the guest, and nothing else breaks.
+	if _, e, code := sh(b.ID, "dd if=/dev/zero of=/srv/data/fill bs=1M"); code == 0 || !strings.Contains(e, "No space left") {
+		t.Errorf("filling the volume: exit %d, %q; want No space left on device", code, e)
+	}
+	if o, e, code := sh(b.ID, "echo fine > /tmp/after && cat /tmp/after && rm /srv/data/fill && echo again > /srv/data/again && sync && cat /srv/data/again"); code != 0 || o != "fine\nagain\n" {
+		t.Errorf("after ENOSPC: exit %d, %q %q", code, o, e)
+	}
+	// Stop and start: the volume is mounted again.
+	cli.OK("", nil, "stop", b.ID)
+	cli.OK("", nil, "start", b.ID)
+	if o, _, _ := sh(b.ID, "cat /srv/data/again /srv/data/canary"); o != "again\n"+canary+"\n" {
+		t.Errorf("after stop and start: %q", o)
 	}
 	cli.OK("", nil, "delete", b.ID)
 
