@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"database/sql"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"github.com/harebox/harebox/hypervisor/hypervisortest"
 	"github.com/harebox/harebox/internal/testserver"
 	"github.com/harebox/harebox/sandbox"
+
+	_ "modernc.org/sqlite" // (the data directory's database, read by the checks)
 )
 
 // TestVolumes, on real VMs through the CLI: what sandbox A wrote to a
@@ -135,9 +138,33 @@ func TestVolumes(t *testing.T) {
 	if _, err := os.Stat(file); err != nil {
 		t.Fatalf("the volume's file: %v", err)
 	}
+	// Root in a sandbox without it sees no disk of it.
+	other := newBox()
+	if o, _, _ := sh(other.ID, "ls /sys/block"); strings.Contains(o, "sd") {
+		t.Errorf("a sandbox without the volume has disks %q", o)
+	}
+	keys := func() int {
+		t.Helper()
+		db, err := sql.Open("sqlite", "file:"+filepath.Join(dataDir, "harebox.db")+"?mode=ro")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM secrets WHERE scope = ?`, "volume/"+vol.ID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := keys(); n != 1 {
+		t.Errorf("the volume's key: %d rows in the secret store, want 1", n)
+	}
 	cli.OK("", nil, "volume", "delete", "data")
 	if _, err := os.Stat(file); !os.IsNotExist(err) {
 		t.Errorf("the volume's file after delete: %v", err)
+	}
+	if n := keys(); n != 0 {
+		t.Errorf("the volume's key after delete: %d rows, want none", n)
 	}
 	if _, e, code := cli.Run("", "volume", "get", "data"); code == 0 || !strings.Contains(e, "no volume") {
 		t.Errorf("get after delete: exit %d, %q", code, e)
