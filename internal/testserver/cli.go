@@ -38,7 +38,7 @@ func RunCLI(t testing.TB, s Setup, srv *Server, key string, args ...string) (str
 // CLI runs harebox against a hareboxd for one test; OK and Fails check a
 // run the way every CLI contract test does.
 type CLI struct {
-	T   *testing.T
+	T   testing.TB
 	S   Setup
 	Srv *Server
 }
