@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,6 +77,14 @@ func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, rt Route) (*c
 		return s.placement(w, r)
 	case rt.OperationID == "deleteSnapshot":
 		return s.hosts.SnapshotElsewhere(ctx, r.PathValue("snapshot"))
+	case rt.OperationID == "resizeVolume" || rt.OperationID == "deleteVolume":
+		// (A volume is named in its project: the caller's, so it is
+		// authenticated here first; a refusal is left to this host.)
+		actx, err := s.authenticate(r)
+		if err != nil {
+			return nil, nil
+		}
+		return s.volumeHost(actx, s.eng.Volumes().HostOf(actx, account(r), project(r), r.PathValue("volume")), r.PathValue("volume"))
 	case rt.OperationID == "getSandbox":
 		// From the store, as a list shows it: what its host last wrote
 		// (lost, if the host is down).
@@ -107,6 +116,18 @@ func (s *Server) placement(w http.ResponseWriter, r *http.Request) (*cluster.Hos
 	if req.Snapshot != "" {
 		return s.hosts.SnapshotElsewhere(r.Context(), req.Snapshot)
 	}
+	if len(req.Volumes) > 0 {
+		// Where its volumes live.
+		actx, err := s.authenticate(r)
+		if err != nil {
+			return nil, nil
+		}
+		host, err := s.eng.Volumes().Host(actx, req.AccountID, req.Project, req.Volumes)
+		if err != nil {
+			return nil, err
+		}
+		return s.volumeHost(actx, host, req.Volumes[0].Name)
+	}
 	size, _, err := req.Resolve()
 	if err != nil {
 		return nil, nil
@@ -114,6 +135,23 @@ func (s *Server) placement(w http.ResponseWriter, r *http.Request) (*cluster.Hos
 	h, err := s.hosts.Place(r.Context(), size, sandbox.Site{Name: req.Site, Country: req.Country})
 	if err != nil {
 		return nil, nil // (no host has room: the create here says so)
+	}
+	return h, nil
+}
+
+// volumeHost is the host a request for volume name goes to: nil for this
+// one (or none: the request here says what is wrong), an error when it is
+// down.
+func (s *Server) volumeHost(ctx context.Context, host, name string) (*cluster.Host, error) {
+	if host == "" || host == s.hosts.Name() {
+		return nil, nil
+	}
+	h, err := s.hosts.Get(ctx, host)
+	if err != nil {
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "volume %s lives on host %s, which is not in the deployment", name, host)
+	}
+	if !h.Up || !time.Now().Before(h.LeaseUntil) {
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "volume %s lives on host %s, which is down (its lease lapsed at %s); its sandboxes are made there when it is back", name, host, h.LeaseUntil.UTC().Format(time.RFC3339))
 	}
 	return h, nil
 }

@@ -467,6 +467,46 @@ func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string
 	return s.erase(octx, v.ID)
 }
 
+// Host is the host of the volumes a create names, where it must run
+// (placement sends it there): "" when it names none, or one this
+// principal cannot see (the create says so). Volumes of two hosts are
+// refused: they cannot meet in one sandbox.
+func (s *Service) Host(ctx context.Context, accountRef, projectRef string, mounts []sandbox.VolumeMount) (string, error) {
+	host, first := "", ""
+	err := s.db.Update(ctx, func(tx Tx) error {
+		host, first = "", ""
+		_, proj, err := s.o.Tenants.ProjectIn(ctx, tx, accountRef, projectRef)
+		if err != nil {
+			return nil
+		}
+		for _, m := range mounts {
+			v, err := tx.VolumeByName(ctx, proj.ID, m.Name)
+			if err != nil {
+				continue
+			}
+			if host != "" && v.Host != host {
+				return sandbox.Errorf(sandbox.ErrInvalid, "volumes", "volumes %q and %q live on different hosts (%s, %s): a sandbox attaches volumes of one host", first, v.Name, host, v.Host)
+			}
+			host, first = v.Host, v.Name
+		}
+		return nil
+	})
+	return host, err
+}
+
+// HostOf is the host of a volume (by ID, or name in the project): where
+// its resize and delete are served; "" when this principal cannot see it.
+func (s *Service) HostOf(ctx context.Context, accountRef, projectRef, ref string) string {
+	host := ""
+	s.db.Update(ctx, func(tx Tx) error {
+		if v, _, err := s.find(ctx, tx, "getVolume", accountRef, projectRef, ref); err == nil {
+			host = v.Host
+		}
+		return nil
+	})
+	return host
+}
+
 // Claim attaches the volumes mounts names to sandbox rec (placed in its
 // project already), in the create's transaction tx: each must be in the
 // project, on this host, and free for the attachment asked (a writer

@@ -128,6 +128,20 @@ func TestSeveralHosts(t *testing.T) {
 	if l := viaA("list", "--label", "e2e=where"); strings.Contains(l, "sbx_") {
 		t.Fatalf("refused creates left sandboxes: %s", l)
 	}
+	// A volume lives on the host that made it (b: made through b). A
+	// create through a that attaches it is placed on b, and its resize
+	// through a is served by b.
+	viaB("volume", "create", "shared", "--size", "1")
+	withVol := decode(viaA("new", "--image", "minimal", "--volume", "shared:/mnt/shared"))
+	if withVol.Host != "b" {
+		t.Fatalf("a create with b's volume, through a: placed on %q", withVol.Host)
+	}
+	viaA("exec", withVol.ID, "--user", "root", "--", "sh", "-c", "echo made-on-b > /mnt/shared/f")
+	viaA("delete", withVol.ID)
+	if out := viaA("volume", "resize", "shared", "--size", "2"); !strings.Contains(out, `"size_gb": 2`) {
+		t.Fatalf("a resize through a: %s", out)
+	}
+
 	// Through a, in b's sandbox: a streamed exec with stdin, a terminal,
 	// files both ways.
 	cmd := exec.Command(filepath.Join(s.Bin, "harebox"), "exec", onB.ID, "--", "sh", "-c", "cat; hostname")
@@ -215,6 +229,11 @@ func TestSeveralHosts(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// A create that attaches b's volume is refused while b is down,
+	// naming it.
+	if o, e, code := testserver.RunCLI(t, s, a.srv, "", "new", "--image", "minimal", "--volume", "shared:/mnt/shared"); code == 0 || !strings.Contains(e, "lives on host b, which is down") {
+		t.Fatalf("a create with the volume of b, down: exit %d\n%s%s", code, o, e)
+	}
 	var listed struct {
 		Hosts []struct {
 			Name string
@@ -231,6 +250,11 @@ func TestSeveralHosts(t *testing.T) {
 	}
 	if out := viaA("exec", onB.ID, "--", "cat", "/tmp/up"); out != "uploaded through a\n" {
 		t.Fatalf("exec through a after b is back: %q", out)
+	}
+	// b's volume, deleted through a (served by b).
+	viaA("volume", "delete", "shared")
+	if _, e, code := testserver.RunCLI(t, s, a.srv, "", "volume", "get", "shared"); code == 0 || !strings.Contains(e, "no volume") {
+		t.Fatalf("the volume after its delete through a: exit %d %s", code, e)
 	}
 
 	// b gone for good: killed again, then removed through a once it is
