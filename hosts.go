@@ -128,6 +128,10 @@ func (v hostView) Forget(ctx context.Context, rec *store.Sandbox) error {
 	return errors.Join(sandboxkeys.Erase(ctx, v.e.sec, rec.ID), v.e.forgetStored(ctx, &box{rec: rec}))
 }
 
+func (v hostView) DropVolumes(ctx context.Context, host string) error {
+	return v.e.volumes.DropHost(ctx, host)
+}
+
 func (v hostView) DropSnapshot(ctx context.Context, s *store.Snapshot) error {
 	return v.e.snaps.Drop(ctx, s)
 }

@@ -159,3 +159,33 @@ func TestVolumeBudget(t *testing.T) {
 		t.Errorf("spent %v for 2 GB for half an hour at $1 a GB-hour, want $1", got.Spent)
 	}
 }
+
+// TestVolumeDropHost: the volumes of a host removed from the deployment
+// lose their keys and records (the engine's part of cluster.Remove).
+func TestVolumeDropHost(t *testing.T) {
+	needVolumeTools(t)
+	eng, _ := memhvEngine(t, nil)
+	ctx := context.Background()
+	v, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Secrets().Get(ctx, "volume/"+v.ID, "data-key"); err != nil {
+		t.Fatal("the volume's key:", err)
+	}
+	if err := eng.Volumes().DropHost(ctx, "another-host"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Volumes().Get(ctx, "", "", "data"); err != nil {
+		t.Fatal("another host's removal dropped this host's volume:", err)
+	}
+	if err := eng.Volumes().DropHost(ctx, eng.Cluster().Name()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Volumes().Get(ctx, "", "", "data"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("the volume after its host's removal: %v", err)
+	}
+	if _, err := eng.Secrets().Get(ctx, "volume/"+v.ID, "data-key"); err == nil {
+		t.Error("the volume's key is still in the secret store")
+	}
+}

@@ -25,6 +25,9 @@ type Sandboxes interface {
 	// DropSnapshot drops a snapshot from the store and the secret store;
 	// its files are not on this host (Dir is "").
 	DropSnapshot(ctx context.Context, s *store.Snapshot) error
+	// DropVolumes erases the keys of a host's volumes, then their
+	// records; their files are not on this host.
+	DropVolumes(ctx context.Context, host string) error
 }
 
 // Foreign reports whether a record belongs to another host. Records
@@ -124,7 +127,7 @@ func (r *Registry) Remove(ctx context.Context, name string) (deleted []string, e
 		}
 		deleted = append(deleted, rec.ID)
 	}
-	errs = append(errs, r.dropSnapshotsOf(octx, recs))
+	errs = append(errs, r.dropSnapshotsOf(octx, recs), r.opts.Sandboxes.DropVolumes(octx, name))
 	if err := errors.Join(errs...); err != nil {
 		return deleted, err // (the host stays: removing it again finishes)
 	}

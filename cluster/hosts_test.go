@@ -32,6 +32,8 @@ type engine struct {
 	live    map[string]bool
 	forgot  []string
 	dropped []*store.Snapshot
+	// volumesOf are the hosts whose volumes it was asked to drop.
+	volumesOf []string
 }
 
 func (e *engine) Live(id string) bool {
@@ -52,6 +54,13 @@ func (e *engine) DropSnapshot(ctx context.Context, s *store.Snapshot) error {
 	e.dropped = append(e.dropped, s)
 	e.mu.Unlock()
 	return e.db.DeleteSnapshot(ctx, s.ID)
+}
+
+func (e *engine) DropVolumes(ctx context.Context, host string) error {
+	e.mu.Lock()
+	e.volumesOf = append(e.volumesOf, host)
+	e.mu.Unlock()
+	return nil
 }
 
 // clock is a time the test moves.
@@ -192,6 +201,9 @@ func TestRemove(t *testing.T) {
 	}
 	if k, err := sandboxkeys.DataKey(ctx, sec, onA.ID); err != nil || k == nil {
 		t.Fatalf("a's sandbox's data key after b was removed: %v", err)
+	}
+	if len(eng.volumesOf) != 1 || eng.volumesOf[0] != "b" {
+		t.Errorf("volumes dropped of hosts %v, want b's", eng.volumesOf)
 	}
 	if len(eng.dropped) != 1 || eng.dropped[0].ID != snapB.ID || eng.dropped[0].Dir != "" {
 		t.Fatalf("dropped snapshots: %+v, want %s without its directory", eng.dropped, snapB.ID)

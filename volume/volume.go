@@ -507,6 +507,34 @@ func (s *Service) HostOf(ctx context.Context, accountRef, projectRef, ref string
 	return host
 }
 
+// DropHost forgets the volumes of a host removed from the deployment:
+// their keys are erased (what their files held, on that host's disks,
+// is ciphertext without a key), their charges end, their records go.
+func (s *Service) DropHost(ctx context.Context, host string) error {
+	all, err := s.o.Store.ListVolumes(ctx, "")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, v := range all {
+		if v.Host != host {
+			continue
+		}
+		if err := secrets.EraseDataKey(ctx, s.o.Secrets, scope(v.ID)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if s.o.Meter != nil {
+			s.o.Meter.Volume(ctx, v, v.SizeGB, 0, false)
+		}
+		if err := s.o.Store.DeleteVolume(ctx, v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+			errs = append(errs, err)
+		}
+		s.o.Audit.Record(ctx, "deleteVolume", v.AccountID, v.ID, nil)
+	}
+	return errors.Join(errs...)
+}
+
 // Claim attaches the volumes mounts names to sandbox rec (placed in its
 // project already), in the create's transaction tx: each must be in the
 // project, on this host, and free for the attachment asked (a writer
