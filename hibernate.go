@@ -2,6 +2,7 @@ package harebox
 
 import (
 	"context"
+	agentclient "github.com/harebox/harebox/agent/client"
 	"os"
 	"time"
 
@@ -42,6 +43,21 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	if err := e.hibernation.Prepare(id); err != nil {
 		return nil, err
 	}
+	// Its volumes stay attached to it, but not to its machine: they are
+	// detached before it is written (a process with a file open on one
+	// loses it) and mounted again when it wakes.
+	var volClient *agentclient.Client
+	if len(b.rec.Volumes) > 0 {
+		c, err := b.client(ctx, e)
+		if err == nil {
+			err = e.volumes.Detach(ctx, b.rec, b.m, c)
+		}
+		if err != nil {
+			e.hibernation.Remove(id)
+			return nil, err
+		}
+		volClient = c
+	}
 	// The host hangs up first, so that the resumed guest's agent starts a
 	// fresh session at once (see clone.Service.makeGolden).
 	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
@@ -53,6 +69,11 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 			b.m.Resume(ctx)
 		}
 		b.useMachine(b.m) // (it runs on: its agent may be called again)
+		if volClient != nil {
+			if c, cerr := b.client(ctx, e); cerr == nil {
+				e.volumes.Mount(ctx, b.rec, b.m, c)
+			}
+		}
 		return nil, kinds.Of("hibernate", err)
 	}
 	// Charged up to now as it ran; from now on, its disk and these files.

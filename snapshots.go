@@ -70,10 +70,28 @@ func (e *Engine) writeSnapshot(ctx context.Context, b *box, dir string, key []by
 		}
 		cancel()
 	}
+	// Its volumes are not the snapshot's: they are detached while it is
+	// written (a process with a file open on one loses it), recorded in
+	// it, and attached again.
+	var c *agentclient.Client
+	if len(b.rec.Volumes) > 0 {
+		var err error
+		if c, err = b.client(ctx, e); err != nil {
+			return err
+		}
+		if err := e.volumes.Detach(ctx, b.rec, b.m, c); err != nil {
+			return err
+		}
+	}
 	err := b.m.Snapshot(ctx, dir, key)
 	if wasRunning {
 		if rerr := b.m.Resume(context.WithoutCancel(ctx)); rerr != nil && err == nil {
 			err = rerr
+		}
+	}
+	if c != nil {
+		if merr := e.volumes.Mount(context.WithoutCancel(ctx), b.rec, b.m, c); merr != nil && err == nil {
+			err = merr
 		}
 	}
 	if err != nil {

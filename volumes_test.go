@@ -189,3 +189,73 @@ func TestVolumeDropHost(t *testing.T) {
 		t.Error("the volume's key is still in the secret store")
 	}
 }
+
+// TestVolumeSnapshots: a snapshot records its source's volumes (detached
+// while it is written, attached again after); a fork attaches read-only
+// ones again and refuses a read-write one its source holds unless the
+// request names others; a create from the snapshot, once the source is
+// gone, attaches them all; hibernate and wake keep them.
+func TestVolumeSnapshots(t *testing.T) {
+	needVolumeTools(t)
+	eng, hv := memhvEngine(t, nil)
+	ctx := context.Background()
+	for _, n := range []string{"ro", "rw", "other"} {
+		if _, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: n, SizeGB: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	both := []sandbox.VolumeMount{{Name: "ro", Path: "/mnt/ro", ReadOnly: true}, {Name: "rw", Path: "/mnt/rw"}}
+	src, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: both})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = eng.Snapshots().Fork(ctx, src.ID, sandbox.ForkRequest{})
+	wantSaying(t, "a fork that takes the source's read-write volume", err, sandbox.ErrState, src.ID)
+	clones, err := eng.Snapshots().Fork(ctx, src.ID, sandbox.ForkRequest{Count: 2, Volumes: []sandbox.VolumeMount{{Name: "ro", Path: "/mnt/ro", ReadOnly: true}}})
+	if err != nil {
+		t.Fatal("a fork with the read-only volume only:", err)
+	}
+	for _, c := range clones {
+		if len(c.Volumes) != 1 || c.Volumes[0].Name != "ro" {
+			t.Errorf("clone %s's volumes: %+v", c.ID, c.Volumes)
+		}
+		eng.Delete(ctx, c.ID)
+	}
+	none, err := eng.Snapshots().Fork(ctx, src.ID, sandbox.ForkRequest{Volumes: []sandbox.VolumeMount{}})
+	if err != nil || len(none) != 1 || len(none[0].Volumes) != 0 {
+		t.Fatalf("a fork with no volumes: %+v %v", none, err)
+	}
+	eng.Delete(ctx, none[0].ID)
+	// The source's machine has them plugged in again.
+	if got, _ := eng.Get(ctx, src.ID); len(got.Volumes) != 2 {
+		t.Errorf("the source's volumes after the forks: %+v", got.Volumes)
+	}
+	if n := hv.Plugged(src.ID); n != 2 {
+		t.Errorf("the source's machine has %d volumes plugged after the forks, want 2", n)
+	}
+	snap, err := eng.Snapshots().Take(ctx, src.ID, sandbox.SnapshotRequest{Name: "with-volumes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hibernated and woken, it has them again.
+	if _, err := eng.Hibernate(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Resume(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := hv.Plugged(src.ID); n != 2 {
+		t.Errorf("the woken source has %d volumes plugged, want 2", n)
+	}
+	if err := eng.Delete(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := eng.Create(ctx, sandbox.CreateRequest{Snapshot: snap.ID})
+	if err != nil {
+		t.Fatal("a create from the snapshot, its source gone:", err)
+	}
+	if len(restored.Volumes) != 2 {
+		t.Errorf("restored with volumes %+v, want the source's two", restored.Volumes)
+	}
+	eng.Delete(ctx, restored.ID)
+}

@@ -76,6 +76,9 @@ func (s *Snapshots) Open(ctx context.Context, req *sandbox.CreateRequest) (*Orig
 	if req.Monitoring == nil {
 		req.Monitoring = &src.Monitoring
 	}
+	if req.Volumes == nil {
+		req.Volumes = src.Volumes
+	}
 	labels := map[string]string{}
 	for k, v := range snap.Labels {
 		labels[k] = v

@@ -28,7 +28,7 @@ func Record(rec *store.Sandbox, id, name, dir string, policy json.RawMessage) *s
 		Dir: dir, ImageDir: rec.ImageDir,
 		Source: store.SnapshotSource{
 			FleetID: rec.FleetID, ThirdParty: rec.ThirdParty, NoEnv: rec.NoEnv, Monitoring: rec.Monitoring,
-			Policy: policy, Mesh: rec.MeshAddress != "",
+			Policy: policy, Mesh: rec.MeshAddress != "", Volumes: rec.Volumes,
 		},
 	}
 	if rec.EnvironmentID != "" {
@@ -60,6 +60,10 @@ func ForkRequest(s *store.Snapshot, req sandbox.ForkRequest, i int, operator boo
 	}
 	if req.Name != "" {
 		creq.Name = fmt.Sprintf("%s-%d", req.Name, i+1)
+	}
+	creq.Volumes = s.Source.Volumes
+	if req.Volumes != nil {
+		creq.Volumes = req.Volumes
 	}
 	return creq
 }

@@ -39,8 +39,8 @@ import (
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
-	"github.com/harebox/harebox/volume"
 	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/volume"
 )
 
 // Engine is what the handler needs of the HareBox engine (*harebox.Engine

@@ -122,6 +122,33 @@ func TestVolumes(t *testing.T) {
 	}
 	cli.OK("", nil, "delete", g.ID)
 
+	// A fork: the source's volumes are detached while its snapshot is
+	// written and attached again; the clone takes the read-only one
+	// again, and cannot take the read-write one the source holds.
+	cli.OK("", nil, "volume", "create", "ref", "--size", "1")
+	seed := newBox("--volume", "ref:/mnt/ref")
+	sh(seed.ID, "echo reference > /mnt/ref/r && sync")
+	cli.OK("", nil, "delete", seed.ID)
+	f := newBox("--volume", "data:/mnt/data", "--volume", "ref:/mnt/ref:ro")
+	if _, e, code := cli.Run("", "fork", f.ID); code == 0 || !strings.Contains(e, "attached to sandbox "+f.ID) {
+		t.Errorf("a fork taking the source's read-write volume: exit %d, %q", code, e)
+	}
+	var kid sandbox.Sandbox
+	cli.OK("", &kid, "fork", f.ID, "--volume", "ref:/mnt/ref:ro")
+	made = append(made, kid.ID)
+	if len(kid.Volumes) != 1 || kid.Volumes[0].Name != "ref" {
+		t.Errorf("the clone's volumes: %+v", kid.Volumes)
+	}
+	if o, _, _ := sh(kid.ID, "cat /mnt/ref/r; ls /mnt/data 2>/dev/null | wc -l"); o != "reference\n0\n" {
+		t.Errorf("in the clone: %q; want the reference file and nothing mounted at /mnt/data", o)
+	}
+	if o, e, code := sh(f.ID, "echo after-fork > /mnt/data/af && cat /mnt/data/af /mnt/ref/r"); code != 0 || o != "after-fork\nreference\n" {
+		t.Errorf("the source after the fork: exit %d, %q %q", code, o, e)
+	}
+	cli.OK("", nil, "delete", kid.ID)
+	cli.OK("", nil, "delete", f.ID)
+	cli.OK("", nil, "volume", "delete", "ref")
+
 	// Another project sees none of it.
 	cli.OK("", nil, "project", "create", "other")
 	if _, e, code := cli.Run("", "volume", "get", "data", "--project", "other"); code == 0 || !strings.Contains(e, "no volume") {

@@ -41,6 +41,10 @@ type ForkRequest struct {
 	Labels map[string]string `json:"labels,omitempty" validate:"max=32,dive,keys,labelkey,endkeys,max=256"`
 	// TTLSeconds deletes each clone that long after it is made.
 	TTLSeconds int64 `json:"ttl_seconds,omitempty" validate:"gte=0,lte=2592000"`
+	// Volumes the clones attach; nil: the source's (a read-write one
+	// the source still holds is then refused: name another, or attach
+	// it read-only).
+	Volumes []VolumeMount `json:"volumes,omitempty" validate:"max=8,dive"`
 }
 
 // MaxFork bounds ForkRequest.Count.

@@ -36,6 +36,9 @@ type SnapshotSource struct {
 	Policy      json.RawMessage `json:"policy,omitempty"`
 	// Mesh says the source was on its project's mesh: its forks are too.
 	Mesh bool `json:"mesh,omitempty"`
+	// Volumes were attached to the source: a create from the snapshot
+	// or a fork attaches them again unless it names its own.
+	Volumes []sandbox.VolumeMount `json:"volumes,omitempty"`
 }
 
 // PutSnapshot implements Tx.

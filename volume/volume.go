@@ -641,6 +641,29 @@ func (s *Service) Mount(ctx context.Context, rec *store.Sandbox, m hypervisor.Ma
 	return nil
 }
 
+// Detach has the guest sync and unmount rec's volumes and takes them out
+// of its machine m, for a snapshot of it (the backend snapshots no
+// volume: a clone attaches its own). Mount attaches them again. On an
+// error, those it had detached are attached again.
+func (s *Service) Detach(ctx context.Context, rec *store.Sandbox, m hypervisor.Machine, c *agentclient.Client) error {
+	for i, vm := range rec.Volumes {
+		err := c.UnmountVolume(ctx, vm.Path)
+		if err == nil {
+			var v *store.Volume
+			if v, err = s.o.Store.VolumeByName(ctx, rec.ProjectID, vm.Name); err == nil {
+				err = m.UnplugVolume(ctx, Serial(v.ID))
+			}
+		}
+		if err != nil {
+			done := *rec
+			done.Volumes = rec.Volumes[:i]
+			s.Mount(context.WithoutCancel(ctx), &done, m, c)
+			return fmt.Errorf("volume %s: detach for a snapshot: %w", vm.Name, err)
+		}
+	}
+	return nil
+}
+
 // Unmount has the guest sync and unmount rec's volumes, so that what it
 // wrote is on their disks before its machine goes (best effort: a guest
 // that does not answer loses what it did not sync itself).

@@ -64,7 +64,7 @@ var commands = []command{
 	{"start", "ID", "boot a stopped sandbox again on its disk", cmdStart},
 	{"timeout", "ID DURATION", "set when a running or paused sandbox expires: DURATION from now (a Go duration such as 10m, or seconds), or never for 0", cmdTimeout},
 	{"hibernate", "ID", "write a sandbox's memory to disk and free its host RAM (resume restores it, after a restart or reboot too)", cmdHibernate},
-	{"fork", "ID [--count N] [--name NAME] [--label K=V] [--ttl SECS]", "make N clones of a running or paused sandbox, each with its own ID, keys, machine-id, entropy and network", cmdFork},
+	{"fork", "ID [--count N] [--name NAME] [--label K=V] [--ttl SECS] [--volume NAME:/PATH[:ro] | --no-volumes]", "make N clones of a running or paused sandbox, each with its own ID, keys, machine-id, entropy and network", cmdFork},
 	{"url", "create ID --port PORT [--auth token|oidc|mtls] | list ID | get ID URL_ID | rotate ID URL_ID | delete ID URL_ID | ca get|create|upload FILE|delete | cert issue NAME|list|revoke SERIAL", "publish a sandbox's port on the server's ingress, behind a token, OpenID Connect or client certificates; a project's URL CA and its client certificates", cmdURL},
 	{"snapshot", "create ID [--name NAME] | list [--sandbox ID] | get SNAPSHOT_ID | delete SNAPSHOT_ID", "snapshots of sandboxes; harebox new --snapshot SNAPSHOT_ID makes a sandbox from one", cmdSnapshot},
 	{"image", "list | build NAME --from registry:REF | delete NAME", "the images sandboxes are made from (harebox new --image NAME)", cmdImage},

@@ -84,18 +84,32 @@ func cmdFork(ctx context.Context, c *cli, args []string) (int, error) {
 	ttl := fs.Int64("ttl", 0, "delete each clone this many seconds after it is made")
 	labels := kv{}
 	fs.Var(labels, "label", "a label KEY=VALUE added to the source's (repeatable)")
+	var vols volumeMounts
+	fs.Var(&vols, "volume", "NAME:/PATH[:ro]: a volume each clone attaches, in place of the source's (repeatable); without it, the source's")
+	noVols := fs.Bool("no-volumes", false, "the clones attach no volume")
 	pos, err := parse(fs, c, args, 1)
 	if err != nil {
 		return 0, err
 	}
-	req := sandbox.ForkRequest{Count: *count, Name: *name, TTLSeconds: *ttl}
+	if *noVols && len(vols) > 0 {
+		return 0, usageError{"--no-volumes and --volume: give one"}
+	}
+	req := sandbox.ForkRequest{Count: *count, Name: *name, TTLSeconds: *ttl, Volumes: vols}
 	if len(labels) > 0 {
 		req.Labels = labels
+	}
+	var body any = req
+	if *noVols {
+		// (An empty list, which the request's JSON would leave out.)
+		body = struct {
+			sandbox.ForkRequest
+			Volumes []sandbox.VolumeMount `json:"volumes"`
+		}{req, []sandbox.VolumeMount{}}
 	}
 	var out struct {
 		Sandboxes []sandbox.Sandbox `json:"sandboxes"`
 	}
-	if err := c.c.Do(ctx, "POST", apiclient.Path("sandboxes", pos[0], "fork"), nil, req, &out); err != nil {
+	if err := c.c.Do(ctx, "POST", apiclient.Path("sandboxes", pos[0], "fork"), nil, body, &out); err != nil {
 		return 0, err
 	}
 	return 0, c.printSandboxes(out.Sandboxes...)

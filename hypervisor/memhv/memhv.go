@@ -119,6 +119,20 @@ func (h *Hypervisor) Machine(id string) (hypervisor.Machine, bool) {
 	return m, ok
 }
 
+// Plugged counts the volumes plugged into the machine with this ID (0
+// when it does not run).
+func (h *Hypervisor) Plugged(id string) int {
+	h.mu.Lock()
+	m, ok := h.machines[id]
+	h.mu.Unlock()
+	if !ok {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.volumes)
+}
+
 // Spec returns the spec the machine with this ID runs with, keys
 // included, so a test can check what the engine gave it.
 func (h *Hypervisor) Spec(id string) (hypervisor.Spec, bool) {

@@ -176,6 +176,8 @@ export interface ForkRequest {
   labels?: Record<string, string>;
   /** Deletes each clone this many seconds after it is made. */
   ttl_seconds?: number;
+  /** The volumes each clone attaches; absent: the source's; [] for none. */
+  volumes?: VolumeMount[];
 }
 
 /** The body of createSnapshot. */
