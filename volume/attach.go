@@ -1,0 +1,230 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/model"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/store"
+)
+
+// Attachments: what the runtime calls at fixed points of a sandbox's
+// life (placement, admission, every boot, a snapshot, delete), and what
+// the deployment calls when a host goes.
+
+// Host is the host of the volumes a create names, where it must run
+// (placement sends it there): "" when it names none, or one this
+// principal cannot see (the create says so). Volumes of two hosts are
+// refused: they cannot meet in one sandbox.
+func (s *Service) Host(ctx context.Context, accountRef, projectRef string, mounts []sandbox.VolumeMount) (string, error) {
+	host, first := "", ""
+	err := s.db.Update(ctx, func(tx Tx) error {
+		host, first = "", ""
+		_, proj, err := s.o.Tenants.ProjectIn(ctx, tx, accountRef, projectRef)
+		if err != nil {
+			return nil
+		}
+		for _, m := range mounts {
+			v, err := tx.VolumeByName(ctx, proj.ID, m.Name)
+			if err != nil {
+				continue
+			}
+			if host != "" && v.Host != host {
+				return sandbox.Errorf(sandbox.ErrInvalid, "volumes", "volumes %q and %q live on different hosts (%s, %s): a sandbox attaches volumes of one host", first, v.Name, host, v.Host)
+			}
+			host, first = v.Host, v.Name
+		}
+		return nil
+	})
+	return host, err
+}
+
+// HostOf is the host of a volume (by ID, or name in the project): where
+// its resize and delete are served; "" when this principal cannot see it.
+func (s *Service) HostOf(ctx context.Context, accountRef, projectRef, ref string) string {
+	host := ""
+	s.db.Update(ctx, func(tx Tx) error {
+		if v, _, err := s.find(ctx, tx, "getVolume", accountRef, projectRef, ref); err == nil {
+			host = v.Host
+		}
+		return nil
+	})
+	return host
+}
+
+// DropHost forgets the volumes of a host removed from the deployment:
+// their keys are erased (what their files held, on that host's disks,
+// is ciphertext without a key), their charges end, their records go.
+func (s *Service) DropHost(ctx context.Context, host string) error {
+	all, err := s.o.Store.ListVolumes(ctx, "")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, v := range all {
+		if v.Host != host {
+			continue
+		}
+		if err := secrets.EraseDataKey(ctx, s.o.Secrets, scope(v.ID)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if s.o.Meter != nil {
+			s.o.Meter.Volume(ctx, v, v.SizeGB, 0, false)
+		}
+		if err := s.o.Store.DeleteVolume(ctx, v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+			errs = append(errs, err)
+		}
+		s.o.Audit.Record(ctx, "deleteVolume", v.AccountID, v.ID, nil)
+	}
+	return errors.Join(errs...)
+}
+
+// Claim attaches the volumes mounts names to sandbox rec (placed in its
+// project already), in the create's transaction tx: each must be in the
+// project, on this host, and free for the attachment asked (a writer
+// wants it unattached; a reader wants no writer). It records them on rec.
+func (s *Service) Claim(ctx context.Context, tx Tx, rec *store.Sandbox, mounts []sandbox.VolumeMount) error {
+	if len(mounts) == 0 {
+		return nil
+	}
+	if err := authz.Allowed(authz.From(ctx), "getVolume"); err != nil {
+		return err
+	}
+	seenName, seenPath := map[string]bool{}, map[string]bool{}
+	for i, m := range mounts {
+		field := fmt.Sprintf("volumes[%d]", i)
+		if seenName[m.Name] || seenPath[m.Path] {
+			return sandbox.Errorf(sandbox.ErrInvalid, field, "volume %q or path %s is given twice", m.Name, m.Path)
+		}
+		seenName[m.Name], seenPath[m.Path] = true, true
+		if filepath.Clean(m.Path) != m.Path || m.Path == "/" {
+			return sandbox.Errorf(sandbox.ErrInvalid, field+".path", "path %q: want a clean absolute path other than /", m.Path)
+		}
+	}
+	for i, m := range mounts {
+		field := fmt.Sprintf("volumes[%d]", i)
+		v, err := tx.VolumeByName(ctx, rec.ProjectID, m.Name)
+		if errors.Is(err, store.ErrNotFound) {
+			return sandbox.Errorf(sandbox.ErrNotFound, field+".name", "no volume %q in project %q", m.Name, rec.Project)
+		}
+		if err != nil {
+			return err
+		}
+		if v.Host != s.o.Host {
+			return sandbox.Errorf(sandbox.ErrUnavailable, field, "volume %q lives on host %s: create the sandbox there", m.Name, v.Host)
+		}
+		for _, a := range v.Attachments {
+			if !m.ReadOnly || !a.ReadOnly {
+				return sandbox.Errorf(sandbox.ErrState, field, "volume %q is attached to sandbox %s (%s); a writer needs it alone, and readers need no writer", m.Name, a.SandboxID, mode(a.ReadOnly))
+			}
+		}
+		v.Attachments = append(v.Attachments, model.VolumeAttachment{SandboxID: rec.ID, Path: m.Path, ReadOnly: m.ReadOnly})
+		if err := tx.PutVolume(ctx, v); err != nil {
+			return err
+		}
+	}
+	rec.Volumes = slices.Clone(mounts)
+	return nil
+}
+
+func mode(readOnly bool) string {
+	if readOnly {
+		return "read-only"
+	}
+	return "read-write"
+}
+
+// Release gives back every attachment of sandbox id.
+func (s *Service) Release(ctx context.Context, rec *store.Sandbox) error {
+	if len(rec.Volumes) == 0 {
+		return nil
+	}
+	return s.db.Update(ctx, func(tx Tx) error {
+		for _, m := range rec.Volumes {
+			v, err := tx.VolumeByName(ctx, rec.ProjectID, m.Name)
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			n := len(v.Attachments)
+			v.Attachments = slices.DeleteFunc(v.Attachments, func(a model.VolumeAttachment) bool { return a.SandboxID == rec.ID })
+			if len(v.Attachments) == n {
+				continue
+			}
+			v.UsedBytes = fileUse(s.path(v.ID))
+			if err := tx.PutVolume(ctx, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Mount plugs rec's volumes into its machine m and has the guest mount
+// them (at every boot: create, start, restore).
+func (s *Service) Mount(ctx context.Context, rec *store.Sandbox, m hypervisor.Machine, c *agentclient.Client) error {
+	for _, vm := range rec.Volumes {
+		v, err := s.o.Store.VolumeByName(ctx, rec.ProjectID, vm.Name)
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", vm.Name, err)
+		}
+		key, err := secrets.DataKey(ctx, s.o.Secrets, scope(v.ID))
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", vm.Name, err)
+		}
+		hv := hypervisor.Volume{ID: Serial(v.ID), Path: s.path(v.ID), Key: key, ReadOnly: vm.ReadOnly}
+		if err := m.PlugVolume(ctx, hv); err != nil && !errors.Is(err, hypervisor.ErrExists) {
+			return fmt.Errorf("volume %s: %w", vm.Name, err)
+		}
+		if err := c.MountVolume(ctx, hv.ID, vm.Path, vm.ReadOnly, ""); err != nil {
+			return fmt.Errorf("volume %s at %s: %w", vm.Name, vm.Path, err)
+		}
+	}
+	return nil
+}
+
+// Detach has the guest sync and unmount rec's volumes and takes them out
+// of its machine m, for a snapshot of it (the backend snapshots no
+// volume: a clone attaches its own). Mount attaches them again. On an
+// error, those it had detached are attached again.
+func (s *Service) Detach(ctx context.Context, rec *store.Sandbox, m hypervisor.Machine, c *agentclient.Client) error {
+	for i, vm := range rec.Volumes {
+		err := c.UnmountVolume(ctx, vm.Path)
+		if err == nil {
+			var v *store.Volume
+			if v, err = s.o.Store.VolumeByName(ctx, rec.ProjectID, vm.Name); err == nil {
+				err = m.UnplugVolume(ctx, Serial(v.ID))
+			}
+		}
+		if err != nil {
+			done := *rec
+			done.Volumes = rec.Volumes[:i]
+			s.Mount(context.WithoutCancel(ctx), &done, m, c)
+			return fmt.Errorf("volume %s: detach for a snapshot: %w", vm.Name, err)
+		}
+	}
+	return nil
+}
+
+// Unmount has the guest sync and unmount rec's volumes, so that what it
+// wrote is on their disks before its machine goes (best effort: a guest
+// that does not answer loses what it did not sync itself).
+func (s *Service) Unmount(ctx context.Context, rec *store.Sandbox, c *agentclient.Client) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, vm := range rec.Volumes {
+		c.UnmountVolume(ctx, vm.Path)
+	}
+}
