@@ -18,12 +18,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/audit"
-	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/budget/meter"
 	"github.com/harebox/harebox/capacity"
@@ -35,11 +33,8 @@ import (
 	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/hypervisor"
-	"github.com/harebox/harebox/hypervisor/kinds"
-	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
-	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/network"
@@ -305,50 +300,6 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	ok = true
 	return e, nil
-}
-
-// startHypervisor uses the in-process backend or starts the plugin.
-func (e *Engine) startHypervisor(ctx context.Context) error {
-	if e.opts.Hypervisor != nil {
-		e.hv = kinds.Wrap(e.opts.Hypervisor)
-		return nil
-	}
-	path := e.opts.PluginPath
-	if path == "" {
-		name := "harebox-plugin-" + e.opts.Backend
-		if exe, err := os.Executable(); err == nil {
-			if p := filepath.Join(filepath.Dir(exe), name); fileExists(p) {
-				path = p
-			}
-		}
-		if path == "" {
-			path = name // resolved on PATH by exec
-		}
-	}
-	// A plugin of this data directory that outlived its engine (killed
-	// before the parent-death signal existed, or by a race) goes first.
-	for _, pr := range procs.WithEnv(plugin.OwnerEnv + "=" + e.opts.DataDir) {
-		if pr.IsPlugin() {
-			e.log.Warn("killing a stale hypervisor plugin of this data directory", "pid", pr.PID)
-			syscall.Kill(pr.PID, syscall.SIGKILL)
-		}
-	}
-	p, err := plugin.Launch(ctx, path, e.opts.PluginArgs, e.opts.DataDir, e.log.With("backend", e.opts.Backend))
-	if err != nil {
-		return sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor plugin %s: %v", path, err)
-	}
-	e.hv = kinds.Wrap(p)
-	e.closer = append(e.closer, p.Close)
-	return nil
-}
-
-// Capabilities reports the hypervisor backend in use.
-func (e *Engine) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
-	if err := authz.Allowed(authz.From(ctx), "getInfo"); err != nil {
-		return hypervisor.Capabilities{}, err
-	}
-	caps, err := e.hv.Capabilities(ctx)
-	return caps, err
 }
 
 // Ready says whether the engine can serve, part by part (nil: ready):

@@ -463,4 +463,3 @@ func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string
 	}
 	return s.erase(octx, v.ID)
 }
-
