@@ -62,6 +62,10 @@ func TestVolumeAttachments(t *testing.T) {
 	wantSaying(t, "an unknown volume", err, sandbox.ErrNotFound, "no volume")
 	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/a", ReadOnly: true}, {Name: "data", Path: "/mnt/b", ReadOnly: true}}})
 	wantSaying(t, "the same volume twice", err, sandbox.ErrInvalid, "twice")
+	for _, p := range []string{"/etc", "/usr/local/data", "/", "/mnt/../etc"} {
+		_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: p, ReadOnly: true}}})
+		wantSaying(t, "a volume at "+p, err, sandbox.ErrInvalid, "system's own trees")
+	}
 	if err := eng.Delete(ctx, w.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/model"
@@ -107,8 +108,8 @@ func (s *Service) Claim(ctx context.Context, tx Tx, rec *store.Sandbox, mounts [
 			return sandbox.Errorf(sandbox.ErrInvalid, field, "volume %q or path %s is given twice", m.Name, m.Path)
 		}
 		seenName[m.Name], seenPath[m.Path] = true, true
-		if filepath.Clean(m.Path) != m.Path || m.Path == "/" {
-			return sandbox.Errorf(sandbox.ErrInvalid, field+".path", "path %q: want a clean absolute path other than /", m.Path)
+		if filepath.Clean(m.Path) != m.Path || !layout.VolumeMountAllowed(m.Path) {
+			return sandbox.Errorf(sandbox.ErrInvalid, field+".path", "path %q: want a clean absolute path, not / nor over the system's own trees (/etc, /usr, /proc, ...)", m.Path)
 		}
 	}
 	for i, m := range mounts {
@@ -201,16 +202,23 @@ func (s *Service) Mount(ctx context.Context, rec *store.Sandbox, m hypervisor.Ma
 // error, those it had detached are attached again.
 func (s *Service) Detach(ctx context.Context, rec *store.Sandbox, m hypervisor.Machine, c *agentclient.Client) error {
 	for i, vm := range rec.Volumes {
+		unmounted := false
 		err := c.UnmountVolume(ctx, vm.Path)
 		if err == nil {
+			unmounted = true
 			var v *store.Volume
 			if v, err = s.o.Store.VolumeByName(ctx, rec.ProjectID, vm.Name); err == nil {
 				err = m.UnplugVolume(ctx, Serial(v.ID))
 			}
 		}
 		if err != nil {
+			// (Those before it, and it if it was unmounted: Mount plugs
+			// again only what is not plugged.)
 			done := *rec
 			done.Volumes = rec.Volumes[:i]
+			if unmounted {
+				done.Volumes = rec.Volumes[:i+1]
+			}
 			s.Mount(context.WithoutCancel(ctx), &done, m, c)
 			return fmt.Errorf("volume %s: detach for a snapshot: %w", vm.Name, err)
 		}

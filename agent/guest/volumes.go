@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/harebox/harebox/agent/agentpb"
+	"github.com/harebox/harebox/agent/layout"
 )
 
 // A volume is a disk the host plugs in while the guest runs (a SCSI disk
@@ -26,21 +27,12 @@ var serialRE = regexp.MustCompile(`^[a-z0-9-]{1,20}$`)
 // volumeWait bounds how long MountVolume waits for a plugged disk to show.
 const volumeWait = 15 * time.Second
 
-// forbiddenMounts are where a volume may not go: over the system's own
-// trees, which would hide what the guest runs on.
-var forbiddenMounts = []string{"/proc", "/sys", "/dev", "/run", "/boot", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/usr"}
-
 func checkMountPath(p string) error {
 	if err := CheckPath(p); err != nil {
 		return err
 	}
-	if p == "/" {
-		return status.Error(codes.InvalidArgument, "a volume cannot be mounted at /")
-	}
-	for _, f := range forbiddenMounts {
-		if p == f || strings.HasPrefix(p, f+"/") {
-			return status.Errorf(codes.InvalidArgument, "a volume cannot be mounted at %s (under %s)", p, f)
-		}
+	if !layout.VolumeMountAllowed(p) {
+		return status.Errorf(codes.InvalidArgument, "a volume cannot be mounted at %s (over the system's own files)", p)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@
 // kernel command-line parameters the agent's init reads.
 package layout
 
+import "strings"
+
 // Levels of the host-agent protocol (agentpb). The agent reports its level
 // in Health. A host talks to agents of MinProtocol or later (a sandbox
 // keeps the agent of the image it was made from, across host upgrades) and
@@ -71,3 +73,19 @@ const (
 	// VsockPort is the vsock port the agent listens on (Cloud Hypervisor).
 	VsockPort = 1024
 )
+
+// VolumeMountAllowed reports whether a volume may be mounted at path (a
+// clean absolute one): not at / nor over the system's own trees, which
+// would hide what the guest runs on. The host checks it at create, the
+// agent again at mount.
+func VolumeMountAllowed(path string) bool {
+	if path == "/" {
+		return false
+	}
+	for _, f := range []string{"/proc", "/sys", "/dev", "/run", "/boot", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/usr"} {
+		if path == f || strings.HasPrefix(path, f+"/") {
+			return false
+		}
+	}
+	return true
+}
