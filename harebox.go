@@ -238,8 +238,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.volumes = volume.New(volume.Options{Store: e.store, Tenants: e.tenants, Secrets: e.sec,
 		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, ProjectGB: opts.ProjectVolumeGB,
-		Capacity: e.capacity, Meter: e.meter, Audit: al})
+		Capacity: e.capacity, Meter: e.meter, Audit: al, Log: e.log})
 	if err := e.volumes.Adopt(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.volumes.Recover(ctx); err != nil {
 		return nil, err
 	}
 	if opts.MeshTunnel != nil {

@@ -78,18 +78,38 @@ func TestVolumeAttachments(t *testing.T) {
 		readers = append(readers, r.ID)
 	}
 	got, err := eng.Volumes().Get(ctx, "", "", v.ID)
-	if err != nil || len(got.Attachments) != 3 {
+	if err != nil || len(got.Attachments) != 3 || got.Layers != 0 {
 		t.Fatalf("attachments of three readers: %+v, %v", got, err)
 	}
-	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: rw})
-	wantSaying(t, "a writer beside readers", err, sandbox.ErrState, "read-only")
-	for _, id := range readers {
+	// A writer beside the readers writes to a layer of its own.
+	w2, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: rw})
+	if err != nil {
+		t.Fatal("a writer beside readers:", err)
+	}
+	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); got.Layers != 1 || got.Attachments[3].Layer != 1 || got.Attachments[0].Layer != 0 {
+		t.Errorf("layers with a writer beside readers: %+v", got.Volume)
+	}
+	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
+	wantSaying(t, "a reader beside that writer", err, sandbox.ErrState, w2.ID)
+	if err := eng.Delete(ctx, w2.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A reader after it sees what it wrote (its layer).
+	r4, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); got.Attachments[3].SandboxID != r4.ID || got.Attachments[3].Layer != 1 {
+		t.Errorf("a reader after the writer: %+v", got.Attachments)
+	}
+	for _, id := range append(readers, r4.ID) {
 		if err := eng.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); len(got.Attachments) != 0 {
-		t.Errorf("attachments after the deletes: %+v", got.Attachments)
+	// Nothing holds it: its layers are folded into its first file.
+	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); len(got.Attachments) != 0 || got.Layers != 0 || got.Busy != "" {
+		t.Errorf("after the deletes: %+v", got.Volume)
 	}
 	if err := eng.Volumes().Delete(ctx, "", "", "data"); err != nil {
 		t.Fatal(err)

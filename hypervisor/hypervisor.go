@@ -81,10 +81,13 @@ type Machine interface {
 // ReadOnly says).
 type Volume struct {
 	// ID is 1-20 of [a-z0-9-]: the disk's serial in the guest.
-	ID       string `json:"id"`
-	Path     string `json:"path"`
-	Key      []byte `json:"-"`
-	ReadOnly bool   `json:"read_only,omitempty"`
+	ID   string `json:"id"`
+	Path string `json:"path"`
+	// Backing are the files under Path, nearest first: a chain of qcow2
+	// layers, each encrypted under Key. None: Path is the whole volume.
+	Backing  []string `json:"backing,omitempty"`
+	Key      []byte   `json:"-"`
+	ReadOnly bool     `json:"read_only,omitempty"`
 }
 
 // Validate checks a volume before a backend opens it.
@@ -92,10 +95,15 @@ func (v *Volume) Validate() error {
 	switch {
 	case !volumeIDRE.MatchString(v.ID):
 		return Errorf(ErrInvalid, "volume id %q: want 1-20 of [a-z0-9-]", v.ID)
-	case !filepath.IsAbs(v.Path) || strings.ContainsAny(v.Path, ",'\n"):
-		return Errorf(ErrInvalid, "volume path %q: want an absolute path without commas, quotes or newlines", v.Path)
 	case len(v.Key) != KeySize:
 		return Errorf(ErrInvalid, "volume key: %d bytes, want %d", len(v.Key), KeySize)
+	case len(v.Backing) > 32:
+		return Errorf(ErrInvalid, "volume backing: %d layers, at most 32", len(v.Backing))
+	}
+	for _, p := range append([]string{v.Path}, v.Backing...) {
+		if !filepath.IsAbs(p) || strings.ContainsAny(p, ",'\n") {
+			return Errorf(ErrInvalid, "volume path %q: want an absolute path without commas, quotes or newlines", p)
+		}
 	}
 	return nil
 }

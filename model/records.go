@@ -118,8 +118,17 @@ type Volume struct {
 	// when it was last detached, grown or listed.
 	UsedBytes int64 `json:"used_bytes"`
 	// Attachments are the sandboxes it is attached to now: one writer,
-	// or any number of readers.
+	// and any number of readers, each seeing the volume as it was when
+	// it attached.
 	Attachments []VolumeAttachment `json:"attachments"`
+	// Layers counts the files over its first: a writer that attaches
+	// while readers hold the volume writes to a new layer over theirs, so
+	// that they see what they saw; the layers are folded into the first
+	// when nothing holds it.
+	Layers int `json:"layers,omitempty"`
+	// Busy says what is being done to its files ("resizing",
+	// "compacting"): meanwhile it is not attached.
+	Busy string `json:"busy,omitempty"`
 }
 
 // VolumeAttachment is a volume attached to a sandbox.
@@ -127,4 +136,6 @@ type VolumeAttachment struct {
 	SandboxID string `json:"sandbox_id"`
 	Path      string `json:"path"`
 	ReadOnly  bool   `json:"read_only,omitempty"`
+	// Layer is the layer it opens (Volume.Layers): its top.
+	Layer int `json:"layer,omitempty"`
 }

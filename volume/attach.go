@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/voldisk"
 	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -124,12 +126,22 @@ func (s *Service) Claim(ctx context.Context, tx Tx, rec *store.Sandbox, mounts [
 		if v.Host != s.o.Host {
 			return sandbox.Errorf(sandbox.ErrUnavailable, field, "volume %q lives on host %s: create the sandbox there", m.Name, v.Host)
 		}
+		if v.Busy != "" {
+			return sandbox.Errorf(sandbox.ErrState, field, "volume %q is %s: try again in a moment", m.Name, v.Busy)
+		}
 		for _, a := range v.Attachments {
-			if !m.ReadOnly || !a.ReadOnly {
-				return sandbox.Errorf(sandbox.ErrState, field, "volume %q is attached to sandbox %s (%s); a writer needs it alone, and readers need no writer", m.Name, a.SandboxID, mode(a.ReadOnly))
+			if !a.ReadOnly {
+				return sandbox.Errorf(sandbox.ErrState, field, "volume %q is attached to sandbox %s (read-write): it has one writer at a time, and readers attach while it has none", m.Name, a.SandboxID)
 			}
 		}
-		v.Attachments = append(v.Attachments, model.VolumeAttachment{SandboxID: rec.ID, Path: m.Path, ReadOnly: m.ReadOnly})
+		// A writer writes to the top layer, or to a new one over it when
+		// readers hold the top: they go on seeing what they saw.
+		layer := v.Layers
+		if !m.ReadOnly && slices.ContainsFunc(v.Attachments, func(a model.VolumeAttachment) bool { return a.Layer == v.Layers }) {
+			layer++
+			v.Layers = layer
+		}
+		v.Attachments = append(v.Attachments, model.VolumeAttachment{SandboxID: rec.ID, Path: m.Path, ReadOnly: m.ReadOnly, Layer: layer})
 		if err := tx.PutVolume(ctx, v); err != nil {
 			return err
 		}
@@ -138,19 +150,15 @@ func (s *Service) Claim(ctx context.Context, tx Tx, rec *store.Sandbox, mounts [
 	return nil
 }
 
-func mode(readOnly bool) string {
-	if readOnly {
-		return "read-only"
-	}
-	return "read-write"
-}
-
-// Release gives back every attachment of sandbox id.
+// Release gives back every attachment of sandbox id; a volume that
+// nothing holds then has its layers folded.
 func (s *Service) Release(ctx context.Context, rec *store.Sandbox) error {
 	if len(rec.Volumes) == 0 {
 		return nil
 	}
-	return s.db.Update(ctx, func(tx Tx) error {
+	var free []string
+	err := s.db.Update(ctx, func(tx Tx) error {
+		free = free[:0]
 		for _, m := range rec.Volumes {
 			v, err := tx.VolumeByName(ctx, rec.ProjectID, m.Name)
 			if errors.Is(err, store.ErrNotFound) {
@@ -164,13 +172,87 @@ func (s *Service) Release(ctx context.Context, rec *store.Sandbox) error {
 			if len(v.Attachments) == n {
 				continue
 			}
-			v.UsedBytes = fileUse(s.path(v.ID))
+			v.UsedBytes = s.use(v)
 			if err := tx.PutVolume(ctx, v); err != nil {
 				return err
+			}
+			if len(v.Attachments) == 0 && v.Layers > 0 {
+				free = append(free, v.ID)
 			}
 		}
 		return nil
 	})
+	for _, id := range free {
+		s.fold(context.WithoutCancel(ctx), id)
+	}
+	return err
+}
+
+// fold folds the layers of volume id into its first file, if nothing
+// holds it; meanwhile it is busy ("folding"): not attached, resized or
+// deleted.
+func (s *Service) fold(ctx context.Context, id string) {
+	var v *store.Volume
+	if err := s.db.Update(ctx, func(tx Tx) error {
+		v = nil
+		cur, err := tx.GetVolume(ctx, id)
+		if err != nil || len(cur.Attachments) > 0 || cur.Busy != "" || cur.Layers == 0 {
+			return err
+		}
+		cur.Busy = "folding its layers"
+		v = cur
+		return tx.PutVolume(ctx, cur)
+	}); err != nil || v == nil {
+		return
+	}
+	key, err := secrets.DataKey(ctx, s.o.Secrets, scope(id))
+	if err == nil {
+		err = voldisk.Fold(ctx, s.o.Tools, s.existing(id, v.Layers), key)
+	}
+	if err != nil {
+		s.o.Log.Warn("volume: folding its layers failed; they stay", "volume", id, "err", err)
+	}
+	s.db.Update(ctx, func(tx Tx) error {
+		cur, gerr := tx.GetVolume(ctx, id)
+		if gerr != nil {
+			return gerr
+		}
+		cur.Busy = ""
+		if err == nil {
+			cur.Layers = 0
+		}
+		cur.UsedBytes = s.use(cur)
+		return tx.PutVolume(ctx, cur)
+	})
+}
+
+// existing is a volume's chain from layer n down, without the layers
+// never made (a writer whose create failed before it mounted one).
+func (s *Service) existing(id string, n int) []string {
+	var out []string
+	for _, p := range s.chain(id, n) {
+		if _, err := os.Stat(p); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ensure makes the layers of volume id up to n that were never made,
+// each empty over the one under it.
+func (s *Service) ensure(ctx context.Context, id string, n int, key []byte) error {
+	s.layersMu.Lock()
+	defer s.layersMu.Unlock()
+	for i := 1; i <= n; i++ {
+		p := s.layer(id, i)
+		if _, err := os.Stat(p); err == nil {
+			continue
+		}
+		if err := voldisk.Layer(ctx, s.o.Tools, s.layer(id, i-1), p, key); err != nil {
+			return fmt.Errorf("volume %s: layer %d: %w", id, i, err)
+		}
+	}
+	return nil
 }
 
 // Mount plugs rec's volumes into its machine m and has the guest mount
@@ -185,7 +267,17 @@ func (s *Service) Mount(ctx context.Context, rec *store.Sandbox, m hypervisor.Ma
 		if err != nil {
 			return fmt.Errorf("volume %s: %w", vm.Name, err)
 		}
-		hv := hypervisor.Volume{ID: Serial(v.ID), Path: s.path(v.ID), Key: key, ReadOnly: vm.ReadOnly}
+		layer := 0
+		for _, a := range v.Attachments {
+			if a.SandboxID == rec.ID && a.Path == vm.Path {
+				layer = a.Layer
+			}
+		}
+		if err := s.ensure(ctx, v.ID, layer, key); err != nil {
+			return err
+		}
+		chain := s.chain(v.ID, layer)
+		hv := hypervisor.Volume{ID: Serial(v.ID), Path: chain[0], Backing: chain[1:], Key: key, ReadOnly: vm.ReadOnly}
 		if err := m.PlugVolume(ctx, hv); err != nil && !errors.Is(err, hypervisor.ErrExists) {
 			return fmt.Errorf("volume %s: %w", vm.Name, err)
 		}

@@ -15,8 +15,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/harebox/harebox/audit"
@@ -65,6 +67,7 @@ type Options struct {
 	Meter Meter
 	// Audit, if set, records every change.
 	Audit *audit.Log
+	Log   *slog.Logger
 }
 
 // Capacity is the host's admission (capacity.Host).
@@ -85,7 +88,9 @@ type Meter interface {
 type Service struct {
 	o     Options
 	maker *voldisk.Maker
-	db    interface {
+	// layersMu: one layer made at a time.
+	layersMu sync.Mutex
+	db       interface {
 		Update(ctx context.Context, fn func(tx Tx) error) error
 	}
 }
@@ -97,6 +102,9 @@ func New(o Options) *Service {
 	}
 	if o.ProjectGB == 0 {
 		o.ProjectGB = 1000
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
 	}
 	return &Service{o: o, maker: &voldisk.Maker{Tools: o.Tools, Dir: o.Dir}, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx })}
 }
@@ -179,7 +187,7 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 		secrets.EraseDataKey(context.WithoutCancel(ctx), s.o.Secrets, scope(v.ID))
 		return nil, fmt.Errorf("volume %s: %w", r.Name, err)
 	}
-	v.UsedBytes = fileUse(s.path(v.ID))
+	v.UsedBytes = s.use(v)
 	if err := s.db.Update(ctx, func(tx Tx) error {
 		if err := tx.PutVolume(ctx, v); err != nil {
 			if errors.Is(err, store.ErrConflict) {
@@ -256,15 +264,71 @@ func (s *Service) Adopt(ctx context.Context) error {
 	return nil
 }
 
+// Recover finishes what a crash interrupted on this host's volumes (at
+// start): a resize or a fold left half way is done again or undone, and
+// layers nothing holds are folded.
+func (s *Service) Recover(ctx context.Context) error {
+	all, err := s.o.Store.ListVolumes(ctx, "")
+	if err != nil {
+		return err
+	}
+	for _, v := range all {
+		if v.Host != s.o.Host || (v.Busy == "" && v.Layers == 0) {
+			continue
+		}
+		if err := s.db.Update(ctx, func(tx Tx) error {
+			cur, err := tx.GetVolume(ctx, v.ID)
+			if err != nil {
+				return err
+			}
+			cur.Busy = ""
+			return tx.PutVolume(ctx, cur)
+		}); err != nil {
+			return err
+		}
+		s.fold(ctx, v.ID)
+	}
+	return nil
+}
+
 // erase destroys a volume's key, then its file.
 func (s *Service) erase(ctx context.Context, id string) error {
 	if err := secrets.EraseDataKey(ctx, s.o.Secrets, scope(id)); err != nil {
 		return err
 	}
-	if err := os.Remove(s.path(id)); err != nil && !os.IsNotExist(err) {
-		return err
+	layers, _ := filepath.Glob(filepath.Join(s.o.Dir, id+".*.qcow2"))
+	for _, p := range append(layers, s.path(id)) {
+		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+			return err
+		}
 	}
 	return nil
+}
+
+// layer is the file of a volume's layer n (0: its first).
+func (s *Service) layer(id string, n int) string {
+	if n == 0 {
+		return s.path(id)
+	}
+	return filepath.Join(s.o.Dir, fmt.Sprintf("%s.%d.qcow2", id, n))
+}
+
+// chain is a volume's files from layer n down to its first.
+func (s *Service) chain(id string, n int) []string {
+	var out []string
+	for i := n; i >= 0; i-- {
+		out = append(out, s.layer(id, i))
+	}
+	return out
+}
+
+// use is what a volume's files take on the disk.
+func (s *Service) use(v *store.Volume) int64 {
+	var n int64
+	for _, p := range s.chain(v.ID, v.Layers) {
+		n += fileUse(p)
+	}
+	return n
 }
 
 // fileUse is what a file takes on the disk.
@@ -330,7 +394,7 @@ func (s *Service) List(ctx context.Context, accountRef, projectRef string) ([]*V
 // view is v as shown, with what its file takes now if it is here.
 func (s *Service) view(v *store.Volume, proj *store.Project) *View {
 	if v.Host == s.o.Host {
-		v.UsedBytes = fileUse(s.path(v.ID))
+		v.UsedBytes = s.use(v)
 	}
 	return &View{Volume: v, Project: proj.Name}
 }
@@ -374,6 +438,10 @@ func (s *Service) Resize(ctx context.Context, accountRef, projectRef, ref string
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "size_gb", "size_gb %d: at most %d on this host", sizeGB, s.o.MaxGB)
 	case len(v.Attachments) > 0:
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "volume %s is attached to %s: it grows while no sandbox has it", v.Name, v.Attachments[0].SandboxID)
+	case v.Busy != "":
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "volume %s is %s: try again in a moment", v.Name, v.Busy)
+	case v.Layers > 0:
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "volume %s still has layers to fold: try again in a moment", v.Name)
 	case v.Host != s.o.Host:
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "volume %s lives on host %s", v.Name, v.Host)
 	}
@@ -389,13 +457,13 @@ func (s *Service) Resize(ctx context.Context, accountRef, projectRef, ref string
 		if err != nil {
 			return err
 		}
-		if len(cur.Attachments) > 0 {
+		if len(cur.Attachments) > 0 || cur.Busy != "" || cur.Layers > 0 {
 			return sandbox.Errorf(sandbox.ErrState, "", "volume %s was attached meanwhile", v.Name)
 		}
 		if err := s.withinQuota(ctx, tx, proj, sizeGB-cur.SizeGB); err != nil {
 			return err
 		}
-		cur.Attachments = []model.VolumeAttachment{{SandboxID: resizing, Path: "/"}}
+		cur.Busy = "resizing"
 		v = cur
 		return tx.PutVolume(ctx, cur)
 	}); err != nil {
@@ -412,7 +480,7 @@ func (s *Service) Resize(ctx context.Context, accountRef, projectRef, ref string
 		if err != nil {
 			return err
 		}
-		cur.Attachments = []model.VolumeAttachment{}
+		cur.Busy = ""
 		if gerr == nil {
 			cur.SizeGB = sizeGB
 		}
@@ -424,9 +492,6 @@ func (s *Service) Resize(ctx context.Context, accountRef, projectRef, ref string
 	}
 	return s.view(v, proj), err
 }
-
-// resizing marks a volume whose file grows: no create attaches it then.
-const resizing = "(resizing)"
 
 // Delete erases a volume that no sandbox has attached: its key, its
 // file, its record.
@@ -446,6 +511,9 @@ func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string
 		}
 		if len(v.Attachments) > 0 {
 			return sandbox.Errorf(sandbox.ErrState, "", "volume %s is attached to sandbox %s: delete or stop using it first", v.Name, v.Attachments[0].SandboxID)
+		}
+		if v.Busy != "" {
+			return sandbox.Errorf(sandbox.ErrState, "", "volume %s is %s: try again in a moment", v.Name, v.Busy)
 		}
 		if v.Host != s.o.Host {
 			return sandbox.Errorf(sandbox.ErrUnavailable, "", "volume %s lives on host %s: delete it there", v.Name, v.Host)

@@ -50,12 +50,22 @@ func (m *machine) PlugVolume(ctx context.Context, v hypervisor.Volume) error {
 	}
 	// cache.no-flush is false: a guest's fsync reaches the host's disk, so
 	// what it synced survives QEMU, the host process or a crash.
-	if _, err := m.exec(ctx, "blockdev-add", map[string]any{
-		"driver": "qcow2", "node-name": node, "read-only": v.ReadOnly,
+	top := map[string]any{"driver": "qcow2", "node-name": node, "read-only": v.ReadOnly,
 		"cache":   map[string]any{"direct": false, "no-flush": false},
 		"file":    map[string]any{"driver": "file", "filename": v.Path},
-		"encrypt": map[string]any{"format": "luks", "key-secret": secret},
-	}); err != nil {
+		"encrypt": map[string]any{"format": "luks", "key-secret": secret}}
+	// Its layers, each named in full: an encrypted backing file is opened
+	// only with its key.
+	layer := top
+	for _, b := range v.Backing {
+		next := map[string]any{"driver": "qcow2", "read-only": true,
+			"file":    map[string]any{"driver": "file", "filename": b},
+			"encrypt": map[string]any{"format": "luks", "key-secret": secret}}
+		layer["backing"] = next
+		layer = next
+	}
+	layer["backing"] = nil
+	if _, err := m.exec(ctx, "blockdev-add", top); err != nil {
 		m.exec(context.WithoutCancel(ctx), "object-del", map[string]any{"id": secret})
 		return volumeErr(v.ID, err)
 	}

@@ -175,3 +175,43 @@ func qemuImg(ctx context.Context, t Tools, key []byte, args func(sec []string) [
 		return fmt.Errorf("voldisk: qemu-img %s: %w: %s", args(nil)[0], err, bytes.TrimSpace(out))
 	}
 }
+
+// Layer makes path, an empty layer over the volume file base (a qcow2 of
+// the same key): what is written to it from then on leaves base as it
+// was.
+func Layer(ctx context.Context, t Tools, base, path string, key []byte) error {
+	return overlay.CreateEncrypted(ctx, t.qemuImg(), base, "qcow2", path, 0, key, key)
+}
+
+// Fold folds the layers of a volume into its first file: chain is the
+// volume's files, top first, the first last. What the top read is what
+// the first reads afterwards; the layers' files are removed.
+func Fold(ctx context.Context, t Tools, chain []string, key []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
+	defer cancel()
+	for len(chain) > 1 {
+		// The top into the one under it.
+		if err := qemuImg(ctx, t, key, func(sec []string) []string {
+			return append(append([]string{"commit"}, sec...), "-q", "-d", "--image-opts", chainOpts(chain))
+		}); err != nil {
+			return err
+		}
+		if err := os.Remove(chain[0]); err != nil {
+			return fmt.Errorf("voldisk: %w", err)
+		}
+		chain = chain[1:]
+	}
+	return nil
+}
+
+// chainOpts opens a chain of encrypted files (top first) with the secret
+// "key".
+func chainOpts(chain []string) string {
+	var b strings.Builder
+	prefix := ""
+	for _, p := range chain {
+		fmt.Fprintf(&b, "%sdriver=qcow2,%sfile.filename=%s,%sencrypt.key-secret=key,", prefix, prefix, strings.ReplaceAll(p, ",", ",,"), prefix)
+		prefix += "backing."
+	}
+	return strings.TrimSuffix(b.String(), ",")
+}

@@ -76,3 +76,45 @@ func TestCreateGrow(t *testing.T) {
 		t.Error("grow with a wrong key succeeded")
 	}
 }
+
+// TestLayerFold: a layer over a volume file is a chain that opens with
+// the one key; folded, the first file stands alone again and the layer
+// is gone.
+func TestLayerFold(t *testing.T) {
+	for _, tool := range []string{"qemu-img", "mkfs.ext4"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed (make deps installs it)", tool)
+		}
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	key := make([]byte, hypervisor.KeySize)
+	rand.Read(key)
+	base, l1, l2 := filepath.Join(dir, "v.qcow2"), filepath.Join(dir, "v.1.qcow2"), filepath.Join(dir, "v.2.qcow2")
+	if err := (&voldisk.Maker{Dir: filepath.Join(dir, "m")}).Create(ctx, base, 32<<20, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := voldisk.Layer(ctx, voldisk.Tools{}, base, l1, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := voldisk.Layer(ctx, voldisk.Tools{}, l1, l2, key); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("qemu-img", "info", "--backing-chain", l2).CombinedOutput(); err != nil || !bytes.Contains(out, []byte(base)) {
+		t.Fatalf("the chain: %v\n%s", err, out)
+	}
+	if err := voldisk.Fold(ctx, voldisk.Tools{}, []string{l2, l1, base}, key); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{l1, l2} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("layer %s after the fold: %v", p, err)
+		}
+	}
+	if out, err := exec.Command("qemu-img", "info", base).CombinedOutput(); err != nil || bytes.Contains(out, []byte("backing file")) {
+		t.Errorf("the first file after the fold: %v\n%s", err, out)
+	}
+	if err := voldisk.Grow(ctx, voldisk.Tools{}, base, 48<<20, key); err != nil {
+		t.Errorf("the first file does not open with its key after the fold: %v", err)
+	}
+}

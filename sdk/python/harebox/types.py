@@ -716,6 +716,8 @@ class VolumeAttachment(TypedDict, total=False):
     sandbox_id: str
     path: str
     read_only: bool
+    #: The layer it opens.
+    layer: int
 
 
 class Volume(TypedDict):
@@ -730,9 +732,13 @@ class Volume(TypedDict):
     #: The host that holds its file.
     host: str
     created_at: str
-    #: What its encrypted file takes on the host's disk.
+    #: What its encrypted files take on the host's disk.
     used_bytes: int
     attachments: list[VolumeAttachment]
+    #: Files over its first (a writer that attached beside readers writes to one of its own).
+    layers: NotRequired[int]
+    #: What is being done to its files (resizing, folding its layers).
+    busy: NotRequired[str]
 
 
 class VolumeList(TypedDict):

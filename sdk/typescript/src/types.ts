@@ -1017,15 +1017,21 @@ export interface Volume {
   /** The host that holds its file. */
   host?: string;
   created_at: string;
-  /** What its encrypted file takes on the host's disk. */
+  /** What its encrypted files take on the host's disk. */
   used_bytes: number;
   attachments: VolumeAttachment[];
+  /** Files over its first: a writer that attached beside readers writes to one of its own. */
+  layers?: number;
+  /** What is being done to its files (resizing, folding its layers). */
+  busy?: string;
 }
 
 export interface VolumeAttachment {
   sandbox_id: string;
   path: string;
   read_only?: boolean;
+  /** The layer it opens. */
+  layer?: number;
 }
 
 /** A volume to attach at create (CreateRequest.volumes). */
