@@ -35,6 +35,7 @@ func wantSaying(t *testing.T, what string, err, kind error, say string) {
 // readers, claimed at create and given back at delete; a volume in use
 // is neither deleted nor resized; an unknown one is not found.
 func TestVolumeAttachments(t *testing.T) {
+	t.Parallel()
 	needVolumeTools(t)
 	eng, _ := memhvEngine(t, nil)
 	ctx := context.Background()
@@ -121,6 +122,7 @@ func TestVolumeAttachments(t *testing.T) {
 // counts sandboxes' disks (also after a restart), and a budget with no
 // room refuses a new one.
 func TestVolumeLimits(t *testing.T) {
+	t.Parallel()
 	needVolumeTools(t)
 	ctx := context.Background()
 	eng, _ := memhvEngine(t, func(o *harebox.Options) {
@@ -161,6 +163,7 @@ func TestVolumeLimits(t *testing.T) {
 // TestVolumeBudget: volumes are charged disk GB-hours, and a budget
 // without room refuses a new one.
 func TestVolumeBudget(t *testing.T) {
+	t.Parallel()
 	needVolumeTools(t)
 	eng, clk, _ := budgetEngine(t, budget.Prices{DiskGBHour: dollar})
 	ctx := context.Background()
@@ -187,6 +190,7 @@ func TestVolumeBudget(t *testing.T) {
 // TestVolumeDropHost: the volumes of a host removed from the deployment
 // lose their keys and records (the engine's part of cluster.Remove).
 func TestVolumeDropHost(t *testing.T) {
+	t.Parallel()
 	needVolumeTools(t)
 	eng, _ := memhvEngine(t, nil)
 	ctx := context.Background()
@@ -220,6 +224,7 @@ func TestVolumeDropHost(t *testing.T) {
 // request names others; a create from the snapshot, once the source is
 // gone, attaches them all; hibernate and wake keep them.
 func TestVolumeSnapshots(t *testing.T) {
+	t.Parallel()
 	needVolumeTools(t)
 	eng, hv := memhvEngine(t, nil)
 	ctx := context.Background()
