@@ -2,7 +2,6 @@ package harebox
 
 import (
 	"context"
-	agentclient "github.com/harebox/harebox/agent/client"
 	"os"
 	"time"
 
@@ -46,17 +45,13 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	// Its volumes stay attached to it, but not to its machine: they are
 	// detached before it is written (a process with a file open on one
 	// loses it) and mounted again when it wakes.
-	var volClient *agentclient.Client
+	detached := false
 	if len(b.rec.Volumes) > 0 {
-		c, err := b.client(ctx, e)
-		if err == nil {
-			err = e.volumes.Detach(ctx, b.rec, b.m, c)
-		}
-		if err != nil {
+		if err := e.detachVolumes(ctx, b); err != nil {
 			e.hibernation.Remove(id)
 			return nil, err
 		}
-		volClient = c
+		detached = true
 	}
 	// The host hangs up first, so that the resumed guest's agent starts a
 	// fresh session at once (see clone.Service.makeGolden).
@@ -69,7 +64,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 			b.m.Resume(ctx)
 		}
 		b.useMachine(b.m) // (it runs on: its agent may be called again)
-		if volClient != nil {
+		if detached {
 			if c, cerr := b.client(ctx, e); cerr == nil {
 				e.volumes.Mount(ctx, b.rec, b.m, c)
 			}

@@ -73,13 +73,9 @@ func (e *Engine) writeSnapshot(ctx context.Context, b *box, dir string, key []by
 	// Its volumes are not the snapshot's: they are detached while it is
 	// written (a process with a file open on one loses it), recorded in
 	// it, and attached again.
-	var c *agentclient.Client
-	if len(b.rec.Volumes) > 0 {
-		var err error
-		if c, err = b.client(ctx, e); err != nil {
-			return err
-		}
-		if err := e.volumes.Detach(ctx, b.rec, b.m, c); err != nil {
+	detached := len(b.rec.Volumes) > 0
+	if detached {
+		if err := e.detachVolumes(ctx, b); err != nil {
 			return err
 		}
 	}
@@ -89,8 +85,12 @@ func (e *Engine) writeSnapshot(ctx context.Context, b *box, dir string, key []by
 			err = rerr
 		}
 	}
-	if c != nil {
-		if merr := e.volumes.Mount(context.WithoutCancel(ctx), b.rec, b.m, c); merr != nil && err == nil {
+	if detached {
+		c, merr := b.client(context.WithoutCancel(ctx), e)
+		if merr == nil {
+			merr = e.volumes.Mount(context.WithoutCancel(ctx), b.rec, b.m, c)
+		}
+		if merr != nil && err == nil {
 			err = merr
 		}
 	}
@@ -98,4 +98,17 @@ func (e *Engine) writeSnapshot(ctx context.Context, b *box, dir string, key []by
 		return err
 	}
 	return nil
+}
+
+// detachVolumes detaches b's volumes from its running machine for a
+// snapshot of it; a paused one cannot unmount them: it is refused.
+func (e *Engine) detachVolumes(ctx context.Context, b *box) error {
+	if b.rec.State != sandbox.StateRunning {
+		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s and has volumes attached: its guest must unmount them for a snapshot; resume it first", b.rec.ID, b.rec.State)
+	}
+	c, err := b.client(ctx, e)
+	if err != nil {
+		return err
+	}
+	return e.volumes.Detach(ctx, b.rec, b.m, c)
 }

@@ -262,6 +262,15 @@ func TestVolumeSnapshots(t *testing.T) {
 	if n := hv.Plugged(src.ID); n != 2 {
 		t.Errorf("the source's machine has %d volumes plugged after the forks, want 2", n)
 	}
+	// Paused, its guest cannot unmount them: a snapshot is refused.
+	if _, err := eng.Pause(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = eng.Snapshots().Take(ctx, src.ID, sandbox.SnapshotRequest{Name: "paused"})
+	wantSaying(t, "a snapshot of a paused sandbox with volumes", err, sandbox.ErrState, "resume it first")
+	if _, err := eng.Resume(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
 	snap, err := eng.Snapshots().Take(ctx, src.ID, sandbox.SnapshotRequest{Name: "with-volumes"})
 	if err != nil {
 		t.Fatal(err)
