@@ -62,12 +62,12 @@ func TestVolumeSurvivesKill(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(4 * time.Second)
+	time.Sleep(3 * time.Second)
 	srv.Cmd.Process.Kill() // -9, in the middle of writes
 	srv.Cmd.Wait()
 	before := acked.Load()
 	testserver.Relaunch(t, srv)
-	time.Sleep(4 * time.Second)
+	time.Sleep(3 * time.Second)
 	close(stop)
 	wg.Wait()
 	n := acked.Load()
