@@ -1,4 +1,4 @@
-package host_test
+package e2e_test
 
 import (
 	"fmt"
@@ -22,6 +22,7 @@ import (
 // nothing is flushed by a clean stop. Every acknowledged line is on the
 // volume when the next sandbox mounts it.
 func TestVolumeSurvivesKill(t *testing.T) {
+	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbvk")
 	if err != nil {
