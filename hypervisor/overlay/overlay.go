@@ -63,26 +63,39 @@ func CreateEncrypted(ctx context.Context, qemuImg, base, baseFormat, path string
 		return err
 	}
 	size := max(sizeBytes, baseSize)
+	err = RunKeyed(ctx, qemuImg, key, func(sec []string) []string {
+		return append(append([]string{"create"}, sec...), "-q", "-f", "qcow2", "-u", "-F", baseFormat, "-b", base,
+			"-o", "encrypt.format=luks,encrypt.key-secret=key,encrypt.iter-time=1", path, strconv.FormatInt(size, 10))
+	})
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("encrypted overlay of %s: %w", base, err)
+	}
+	return nil
+}
+
+// RunKeyed runs qemu-img with key as the secret "key" (args gets the
+// secret's arguments and returns the command line after "qemu-img"),
+// again while QEMU's PBKDF benchmark flakes (Retryable), at most 8 times
+// more.
+func RunKeyed(ctx context.Context, qemuImg string, key []byte, args func(sec []string) []string) error {
 	for attempt := 0; ; attempt++ {
 		var sec Secrets
 		if err := sec.Add("key", key); err != nil {
 			return err
 		}
-		args := append(append([]string{"create"}, sec.Args()...), "-q", "-f", "qcow2", "-u", "-F", baseFormat, "-b", base,
-			"-o", "encrypt.format=luks,encrypt.key-secret=key,encrypt.iter-time=1", path, strconv.FormatInt(size, 10))
-		cmd := exec.CommandContext(ctx, qemuImg, args...)
+		cmd := exec.CommandContext(ctx, qemuImg, args(sec.Args())...)
 		sec.Apply(cmd)
 		out, err := cmd.CombinedOutput()
 		sec.Close()
 		if err == nil {
 			return nil
 		}
-		os.Remove(path)
 		if errors.Is(err, exec.ErrNotFound) {
-			return hypervisor.Errorf(hypervisor.ErrUnavailable, "overlay for %s: %s not found", base, qemuImg)
+			return hypervisor.Errorf(hypervisor.ErrUnavailable, "%s not found", qemuImg)
 		}
 		if !Retryable(out) || attempt == 8 || ctx.Err() != nil {
-			return fmt.Errorf("qemu-img create encrypted overlay of %s: %w: %s", base, err, bytes.TrimSpace(out))
+			return fmt.Errorf("qemu-img %s: %w: %s", args(nil)[0], err, bytes.TrimSpace(out))
 		}
 	}
 }

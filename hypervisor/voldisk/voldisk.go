@@ -9,7 +9,6 @@ package voldisk
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,6 +29,16 @@ type Tools struct {
 }
 
 func (t Tools) qemuImg() string { return or(t.QEMUImg, "qemu-img") }
+
+// Check says which tool is missing, if one is.
+func (t Tools) Check() error {
+	for _, tool := range []string{t.qemuImg(), t.mkfs()} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("voldisk: %s is not installed (make deps installs it)", tool)
+		}
+	}
+	return nil
+}
 func (t Tools) mkfs() string    { return or(t.MkfsExt4, "mkfs.ext4") }
 
 func or(s, def string) string {
@@ -151,29 +160,12 @@ func Grow(ctx context.Context, t Tools, path string, sizeBytes int64, key []byte
 	})
 }
 
-// qemuImg runs qemu-img with the key as secret "key", again when its
-// PBKDF benchmark flakes (overlay.Retryable).
+// qemuImg runs qemu-img with key as the secret "key".
 func qemuImg(ctx context.Context, t Tools, key []byte, args func(sec []string) []string) error {
-	for attempt := 0; ; attempt++ {
-		var sec overlay.Secrets
-		if err := sec.Add("key", key); err != nil {
-			return err
-		}
-		cmd := exec.CommandContext(ctx, t.qemuImg(), args(sec.Args())...)
-		sec.Apply(cmd)
-		out, err := cmd.CombinedOutput()
-		sec.Close()
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, exec.ErrNotFound) {
-			return hypervisor.Errorf(hypervisor.ErrUnavailable, "voldisk: %s not found", t.qemuImg())
-		}
-		if attempt < 8 && overlay.Retryable(out) && ctx.Err() == nil {
-			continue
-		}
-		return fmt.Errorf("voldisk: qemu-img %s: %w: %s", args(nil)[0], err, bytes.TrimSpace(out))
+	if err := overlay.RunKeyed(ctx, t.qemuImg(), key, args); err != nil {
+		return fmt.Errorf("voldisk: %w", err)
 	}
+	return nil
 }
 
 // Layer makes path, an empty layer over the volume file base (a qcow2 of
