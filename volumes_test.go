@@ -3,13 +3,13 @@ package harebox_test
 import (
 	"context"
 	"errors"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/hypervisor/voldisk"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/volume"
@@ -17,10 +17,8 @@ import (
 
 func needVolumeTools(t *testing.T) {
 	t.Helper()
-	for _, tool := range []string{"qemu-img", "mkfs.ext4"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed (make deps installs it)", tool)
-		}
+	if err := (voldisk.Tools{}).Check(); err != nil {
+		t.Skip(err)
 	}
 }
 

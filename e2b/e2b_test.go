@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -26,6 +25,7 @@ import (
 	"github.com/harebox/harebox/e2b"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/hypervisor/voldisk"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -363,10 +363,8 @@ func TestCreateRefused(t *testing.T) {
 // sandbox's info), refused while mounted; an unknown one is E2B's 404,
 // and the content API says it is not served.
 func TestVolumes(t *testing.T) {
-	for _, tool := range []string{"qemu-img", "mkfs.ext4"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed (make deps installs it)", tool)
-		}
+	if err := (voldisk.Tools{}).Check(); err != nil {
+		t.Skip(err)
 	}
 	f := newFixture(t)
 	var v e2b.VolumeAndToken

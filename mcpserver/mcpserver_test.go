@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/apiclient"
+	"github.com/harebox/harebox/hypervisor/voldisk"
 	"github.com/harebox/harebox/internal/testapi"
 	"github.com/harebox/harebox/mcpserver"
 )
@@ -235,10 +235,8 @@ func TestStreamableHTTP(t *testing.T) {
 // The volume tools: made, attached at create_sandbox, listed with the
 // sandbox, refused while attached, deleted.
 func TestVolumeTools(t *testing.T) {
-	for _, tool := range []string{"qemu-img", "mkfs.ext4"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed (make deps installs it)", tool)
-		}
+	if err := (voldisk.Tools{}).Check(); err != nil {
+		t.Skip(err)
 	}
 	base, root := server(t)
 	cs := session(t, base, root)

@@ -19,10 +19,8 @@ import (
 // with no scratch left beside it and no ext4 magic in plain text; it
 // grows, and a short key or a tiny size is refused.
 func TestCreateGrow(t *testing.T) {
-	for _, tool := range []string{"qemu-img", "mkfs.ext4"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed (make deps installs it)", tool)
-		}
+	if err := (voldisk.Tools{}).Check(); err != nil {
+		t.Skip(err)
 	}
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -81,10 +79,8 @@ func TestCreateGrow(t *testing.T) {
 // the one key; folded, the first file stands alone again and the layer
 // is gone.
 func TestLayerFold(t *testing.T) {
-	for _, tool := range []string{"qemu-img", "mkfs.ext4"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed (make deps installs it)", tool)
-		}
+	if err := (voldisk.Tools{}).Check(); err != nil {
+		t.Skip(err)
 	}
 	ctx := context.Background()
 	dir := t.TempDir()
