@@ -75,7 +75,7 @@ type CreateInput struct {
 	Firewall   *Firewall         `json:"firewall,omitempty" jsonschema:"its outbound firewall policy (default: the server's)"`
 	Project    string            `json:"project,omitempty" jsonschema:"the project it belongs to, ID or name (default: the account's default project)"`
 	Mesh       *bool             `json:"mesh,omitempty" jsonschema:"true puts it on its project's private mesh, where the project's other mesh sandboxes reach it by name; false keeps it off (default: as the project says)"`
-	Volumes    []VolumeMount     `json:"volumes,omitempty" jsonschema:"volumes of its project to mount: one writer at a time, or any number of readers"`
+	Volumes    []VolumeMount     `json:"volumes,omitempty" jsonschema:"volumes of its project to mount: one writer at a time; a reader sees a volume as it was when it attached"`
 }
 
 // VolumeMount attaches a volume at create.

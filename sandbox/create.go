@@ -70,8 +70,8 @@ type CreateRequest struct {
 	Site    string `json:"site,omitempty" validate:"omitempty,max=63,dnslabel"`
 	Country string `json:"country,omitempty" validate:"omitempty,iso3166_1_alpha2"`
 	// Volumes are the project's volumes to attach, mounted in the guest
-	// before the create returns: one writer at a time, or any number of
-	// readers.
+	// before the create returns: one writer at a time; a reader sees a
+	// volume as it was when it attached.
 	Volumes []VolumeMount `json:"volumes,omitempty" validate:"max=8,dive"`
 	// NoEnv keeps every stored environment out of this sandbox.
 	NoEnv bool              `json:"no_env,omitempty"`

@@ -4,11 +4,13 @@
 // Deleting a volume erases its key first: what its file held is then
 // unreadable, and the file goes after.
 //
-// A volume is attached to sandboxes at create: one writer at a time, or
-// any number of readers, never both at once. The attachments are in the
-// volume's record, claimed in the create's own transaction (Claim) and
-// given back when the sandbox is deleted (Release); the runtime plugs
-// and mounts them at every boot (Mount).
+// A volume is attached to sandboxes at create: one writer at a time, and
+// readers that see it as it was when they attached (a writer beside them
+// writes to a layer of its own; a reader attaches only while no writer
+// holds it). The attachments are in the volume's record, claimed in the
+// create's own transaction (Claim) and given back when the sandbox is
+// deleted (Release); the runtime plugs and mounts them at every boot
+// (Mount).
 package volume
 
 import (

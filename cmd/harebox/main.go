@@ -273,7 +273,7 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 	site := fs.String("site", "", "run it in this site (e.g. fr-par-1), on a host of the deployment there (default: the site of the host that takes the create)")
 	country := fs.String("country", "", "run it in this country (ISO 3166-1 alpha-2, e.g. FR), in any site there")
 	var vols volumeMounts
-	fs.Var(&vols, "volume", "NAME:/PATH[:ro]: attach a volume of the project there (repeatable; one writer at a time, or any number of readers)")
+	fs.Var(&vols, "volume", "NAME:/PATH[:ro]: attach a volume of the project there (repeatable; one writer at a time; a reader sees it as it was when it attached)")
 	labels, env := kv{}, &envFlag{vars: kv{}}
 	fs.Var(labels, "label", "label KEY=VALUE (repeatable)")
 	fs.Var(env, "env", "KEY=VALUE: an environment variable of this sandbox only (repeatable);\n"+

@@ -113,7 +113,7 @@ export interface CreateRequest {
   site?: string;
   /** Run it in any site of this country (ISO 3166-1 alpha-2, upper case, e.g. "FR"). */
   country?: string;
-  /** Volumes of its project to attach: one writer at a time, or any number of readers. */
+  /** Volumes of its project to attach: one writer at a time; a reader sees a volume as it was when it attached. */
   volumes?: VolumeMount[];
   env?: Record<string, string>;
 }
