@@ -242,9 +242,6 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.volumes.Adopt(ctx); err != nil {
 		return nil, err
 	}
-	if err := e.volumes.Recover(ctx); err != nil {
-		return nil, err
-	}
 	if opts.MeshTunnel != nil {
 		if e.tunnels, err = mesh.NewTunnels(mesh.TunnelOptions{Store: store.Narrow(e.store, func(tx store.Tx) mesh.TunnelTx { return tx }),
 			Host: e.hosts.Name(), Endpoint: opts.MeshEndpoint, Tunnel: opts.MeshTunnel, Pool: e.mesh.Pool(), Log: e.log}); err != nil {

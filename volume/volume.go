@@ -249,46 +249,37 @@ func (s *Service) admit(ctx context.Context, v *store.Volume, fromGB, toGB int) 
 	}, nil
 }
 
-// Adopt reserves this host's volumes on its disk again (at start).
+// Adopt takes this host's volumes back at start: their sizes reserved
+// on its disk again, and what a crash interrupted finished (a resize or
+// a fold left half way is done again or undone, and layers nothing
+// holds are folded).
 func (s *Service) Adopt(ctx context.Context) error {
-	if s.o.Capacity == nil {
-		return nil
-	}
 	all, err := s.o.Store.ListVolumes(ctx, "")
 	if err != nil {
 		return err
 	}
 	for _, v := range all {
-		if v.Host == s.o.Host {
-			s.o.Capacity.Force(sandbox.Resources{DiskGB: v.SizeGB})
-		}
-	}
-	return nil
-}
-
-// Recover finishes what a crash interrupted on this host's volumes (at
-// start): a resize or a fold left half way is done again or undone, and
-// layers nothing holds are folded.
-func (s *Service) Recover(ctx context.Context) error {
-	all, err := s.o.Store.ListVolumes(ctx, "")
-	if err != nil {
-		return err
-	}
-	for _, v := range all {
-		if v.Host != s.o.Host || (v.Busy == "" && v.Layers == 0) {
+		if v.Host != s.o.Host {
 			continue
 		}
-		if err := s.db.Update(ctx, func(tx Tx) error {
-			cur, err := tx.GetVolume(ctx, v.ID)
-			if err != nil {
+		if s.o.Capacity != nil {
+			s.o.Capacity.Force(sandbox.Resources{DiskGB: v.SizeGB})
+		}
+		if v.Busy != "" {
+			if err := s.db.Update(ctx, func(tx Tx) error {
+				cur, err := tx.GetVolume(ctx, v.ID)
+				if err != nil {
+					return err
+				}
+				cur.Busy = ""
+				return tx.PutVolume(ctx, cur)
+			}); err != nil {
 				return err
 			}
-			cur.Busy = ""
-			return tx.PutVolume(ctx, cur)
-		}); err != nil {
-			return err
 		}
-		s.fold(ctx, v.ID)
+		if v.Layers > 0 {
+			s.fold(ctx, v.ID)
+		}
 	}
 	return nil
 }
