@@ -29,6 +29,7 @@ type Tools struct {
 }
 
 func (t Tools) qemuImg() string { return or(t.QEMUImg, "qemu-img") }
+func (t Tools) mkfs() string    { return or(t.MkfsExt4, "mkfs.ext4") }
 
 // Check says which tool is missing, if one is.
 func (t Tools) Check() error {
@@ -39,7 +40,6 @@ func (t Tools) Check() error {
 	}
 	return nil
 }
-func (t Tools) mkfs() string    { return or(t.MkfsExt4, "mkfs.ext4") }
 
 func or(s, def string) string {
 	if s == "" {
