@@ -139,6 +139,120 @@ func (WatchOp) EnumDescriptor() ([]byte, []int) {
 	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
 }
 
+type ConnectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 65535; the first request only.
+	Port          uint32 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	CloseWrite    bool   `protobuf:"varint,3,opt,name=close_write,json=closeWrite,proto3" json:"close_write,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectRequest) Reset() {
+	*x = ConnectRequest{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectRequest) ProtoMessage() {}
+
+func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectRequest.ProtoReflect.Descriptor instead.
+func (*ConnectRequest) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ConnectRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ConnectRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ConnectRequest) GetCloseWrite() bool {
+	if x != nil {
+		return x.CloseWrite
+	}
+	return false
+}
+
+type ConnectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first response only.
+	Connected     bool   `protobuf:"varint,1,opt,name=connected,proto3" json:"connected,omitempty"`
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectResponse) Reset() {
+	*x = ConnectResponse{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectResponse) ProtoMessage() {}
+
+func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
+func (*ConnectResponse) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ConnectResponse) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *ConnectResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type MountVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1 to 20 of [a-z0-9-].
@@ -154,7 +268,7 @@ type MountVolumeRequest struct {
 
 func (x *MountVolumeRequest) Reset() {
 	*x = MountVolumeRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -166,7 +280,7 @@ func (x *MountVolumeRequest) String() string {
 func (*MountVolumeRequest) ProtoMessage() {}
 
 func (x *MountVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -179,7 +293,7 @@ func (x *MountVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountVolumeRequest.ProtoReflect.Descriptor instead.
 func (*MountVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *MountVolumeRequest) GetSerial() string {
@@ -230,7 +344,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -242,7 +356,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -255,7 +369,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *StartRequest) GetId() string {
@@ -308,7 +422,7 @@ type InputRequest struct {
 
 func (x *InputRequest) Reset() {
 	*x = InputRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -320,7 +434,7 @@ func (x *InputRequest) String() string {
 func (*InputRequest) ProtoMessage() {}
 
 func (x *InputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -333,7 +447,7 @@ func (x *InputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InputRequest.ProtoReflect.Descriptor instead.
 func (*InputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *InputRequest) GetId() string {
@@ -417,7 +531,7 @@ type CommandInfo struct {
 
 func (x *CommandInfo) Reset() {
 	*x = CommandInfo{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +543,7 @@ func (x *CommandInfo) String() string {
 func (*CommandInfo) ProtoMessage() {}
 
 func (x *CommandInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +556,7 @@ func (x *CommandInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandInfo.ProtoReflect.Descriptor instead.
 func (*CommandInfo) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CommandInfo) GetId() string {
@@ -503,7 +617,7 @@ type CommandList struct {
 
 func (x *CommandList) Reset() {
 	*x = CommandList{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +629,7 @@ func (x *CommandList) String() string {
 func (*CommandList) ProtoMessage() {}
 
 func (x *CommandList) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +642,7 @@ func (x *CommandList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandList.ProtoReflect.Descriptor instead.
 func (*CommandList) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CommandList) GetCommands() []*CommandInfo {
@@ -551,7 +665,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +677,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +690,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AttachRequest) GetId() string {
@@ -621,7 +735,7 @@ type AttachChunk struct {
 
 func (x *AttachChunk) Reset() {
 	*x = AttachChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +747,7 @@ func (x *AttachChunk) String() string {
 func (*AttachChunk) ProtoMessage() {}
 
 func (x *AttachChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +760,7 @@ func (x *AttachChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachChunk.ProtoReflect.Descriptor instead.
 func (*AttachChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AttachChunk) GetMsg() isAttachChunk_Msg {
@@ -719,7 +833,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +845,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +858,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OutputChunk) GetOffset() uint64 {
@@ -771,7 +885,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +897,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +910,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -821,7 +935,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +947,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +960,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type HealthRequest struct {
@@ -857,7 +971,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +983,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +996,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type HealthResponse struct {
@@ -906,7 +1020,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1032,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1045,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HealthResponse) GetVersion() string {
@@ -1002,7 +1116,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1128,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1141,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -1116,7 +1230,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1128,7 +1242,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1141,7 +1255,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -1241,7 +1355,7 @@ type Resize struct {
 
 func (x *Resize) Reset() {
 	*x = Resize{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1367,7 @@ func (x *Resize) String() string {
 func (*Resize) ProtoMessage() {}
 
 func (x *Resize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1380,7 @@ func (x *Resize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resize.ProtoReflect.Descriptor instead.
 func (*Resize) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Resize) GetRows() uint32 {
@@ -1298,7 +1412,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1310,7 +1424,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1323,7 +1437,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -1376,7 +1490,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1502,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1515,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -1493,7 +1607,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1505,7 +1619,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1632,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -1569,7 +1683,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1581,7 +1695,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1594,7 +1708,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -1650,7 +1764,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +1776,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +1789,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -1708,7 +1822,7 @@ type ReadFileChunk struct {
 
 func (x *ReadFileChunk) Reset() {
 	*x = ReadFileChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1834,7 @@ func (x *ReadFileChunk) String() string {
 func (*ReadFileChunk) ProtoMessage() {}
 
 func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1847,7 @@ func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileChunk.ProtoReflect.Descriptor instead.
 func (*ReadFileChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadFileChunk) GetData() []byte {
@@ -1752,7 +1866,7 @@ type PathRequest struct {
 
 func (x *PathRequest) Reset() {
 	*x = PathRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1878,7 @@ func (x *PathRequest) String() string {
 func (*PathRequest) ProtoMessage() {}
 
 func (x *PathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1891,7 @@ func (x *PathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathRequest.ProtoReflect.Descriptor instead.
 func (*PathRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PathRequest) GetPath() string {
@@ -1805,7 +1919,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1817,7 +1931,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1830,7 +1944,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1911,7 +2025,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1923,7 +2037,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1936,7 +2050,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListDirRequest) GetPath() string {
@@ -1970,7 +2084,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2096,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2109,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2022,7 +2136,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2148,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2161,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -2074,7 +2188,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2086,7 +2200,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2099,7 +2213,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -2129,7 +2243,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2141,7 +2255,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2154,7 +2268,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchEvent) GetPath() string {
@@ -2189,7 +2303,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2315,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2328,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -2248,7 +2362,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2260,7 +2374,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2273,7 +2387,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -2300,7 +2414,7 @@ type ChmodRequest struct {
 
 func (x *ChmodRequest) Reset() {
 	*x = ChmodRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2312,7 +2426,7 @@ func (x *ChmodRequest) String() string {
 func (*ChmodRequest) ProtoMessage() {}
 
 func (x *ChmodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2325,7 +2439,7 @@ func (x *ChmodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChmodRequest.ProtoReflect.Descriptor instead.
 func (*ChmodRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ChmodRequest) GetPath() string {
@@ -2353,7 +2467,7 @@ type ChownRequest struct {
 
 func (x *ChownRequest) Reset() {
 	*x = ChownRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2479,7 @@ func (x *ChownRequest) String() string {
 func (*ChownRequest) ProtoMessage() {}
 
 func (x *ChownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2492,7 @@ func (x *ChownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChownRequest.ProtoReflect.Descriptor instead.
 func (*ChownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ChownRequest) GetPath() string {
@@ -2404,7 +2518,7 @@ type SyncTimeRequest struct {
 
 func (x *SyncTimeRequest) Reset() {
 	*x = SyncTimeRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2416,7 +2530,7 @@ func (x *SyncTimeRequest) String() string {
 func (*SyncTimeRequest) ProtoMessage() {}
 
 func (x *SyncTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2429,7 +2543,7 @@ func (x *SyncTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTimeRequest.ProtoReflect.Descriptor instead.
 func (*SyncTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SyncTimeRequest) GetUnixNano() int64 {
@@ -2453,7 +2567,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2465,7 +2579,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2478,7 +2592,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -2511,7 +2625,7 @@ type ReseedResponse struct {
 
 func (x *ReseedResponse) Reset() {
 	*x = ReseedResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2523,7 +2637,7 @@ func (x *ReseedResponse) String() string {
 func (*ReseedResponse) ProtoMessage() {}
 
 func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2536,7 +2650,7 @@ func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedResponse.ProtoReflect.Descriptor instead.
 func (*ReseedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReseedResponse) GetMachineId() string {
@@ -2557,7 +2671,7 @@ type SetNetworkRequest struct {
 
 func (x *SetNetworkRequest) Reset() {
 	*x = SetNetworkRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2569,7 +2683,7 @@ func (x *SetNetworkRequest) String() string {
 func (*SetNetworkRequest) ProtoMessage() {}
 
 func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2582,7 +2696,7 @@ func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SetNetworkRequest) GetCmdline() string {
@@ -2602,7 +2716,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2728,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2741,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ShutdownRequest) GetReboot() bool {
@@ -2641,7 +2755,15 @@ var File_agent_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x19agent/agentpb/agent.proto\x12\x10harebox.agent.v1\"s\n" +
+	"\x19agent/agentpb/agent.proto\x12\x10harebox.agent.v1\"Y\n" +
+	"\x0eConnectRequest\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x1f\n" +
+	"\vclose_write\x18\x03 \x01(\bR\n" +
+	"closeWrite\"C\n" +
+	"\x0fConnectResponse\x12\x1c\n" +
+	"\tconnected\x18\x01 \x01(\bR\tconnected\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"s\n" +
 	"\x12MountVolumeRequest\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1b\n" +
@@ -2819,7 +2941,7 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x0eWATCH_OP_WRITE\x10\x02\x12\x13\n" +
 	"\x0fWATCH_OP_REMOVE\x10\x03\x12\x13\n" +
 	"\x0fWATCH_OP_RENAME\x10\x04\x12\x12\n" +
-	"\x0eWATCH_OP_CHMOD\x10\x052\x8e\r\n" +
+	"\x0eWATCH_OP_CHMOD\x10\x052\xe2\r\n" +
 	"\x05Agent\x12K\n" +
 	"\x06Health\x12\x1f.harebox.agent.v1.HealthRequest\x1a .harebox.agent.v1.HealthResponse\x12I\n" +
 	"\x04Exec\x12\x1d.harebox.agent.v1.ExecRequest\x1a\x1e.harebox.agent.v1.ExecResponse(\x010\x01\x12M\n" +
@@ -2844,7 +2966,8 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x06Rename\x12\x1f.harebox.agent.v1.RenameRequest\x1a\x1a.harebox.agent.v1.FileInfo\x12G\n" +
 	"\x05Watch\x12\x1e.harebox.agent.v1.WatchRequest\x1a\x1c.harebox.agent.v1.WatchEvent0\x01\x12L\n" +
 	"\vMountVolume\x12$.harebox.agent.v1.MountVolumeRequest\x1a\x17.harebox.agent.v1.Empty\x12G\n" +
-	"\rUnmountVolume\x12\x1d.harebox.agent.v1.PathRequest\x1a\x17.harebox.agent.v1.EmptyB*Z(github.com/harebox/harebox/agent/agentpbb\x06proto3"
+	"\rUnmountVolume\x12\x1d.harebox.agent.v1.PathRequest\x1a\x17.harebox.agent.v1.Empty\x12R\n" +
+	"\aConnect\x12 .harebox.agent.v1.ConnectRequest\x1a!.harebox.agent.v1.ConnectResponse(\x010\x01B*Z(github.com/harebox/harebox/agent/agentpbb\x06proto3"
 
 var (
 	file_agent_agentpb_agent_proto_rawDescOnce sync.Once
@@ -2859,111 +2982,115 @@ func file_agent_agentpb_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_agentpb_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_agent_agentpb_agent_proto_goTypes = []any{
 	(FileType)(0),              // 0: harebox.agent.v1.FileType
 	(WatchOp)(0),               // 1: harebox.agent.v1.WatchOp
-	(*MountVolumeRequest)(nil), // 2: harebox.agent.v1.MountVolumeRequest
-	(*StartRequest)(nil),       // 3: harebox.agent.v1.StartRequest
-	(*InputRequest)(nil),       // 4: harebox.agent.v1.InputRequest
-	(*CommandInfo)(nil),        // 5: harebox.agent.v1.CommandInfo
-	(*CommandList)(nil),        // 6: harebox.agent.v1.CommandList
-	(*AttachRequest)(nil),      // 7: harebox.agent.v1.AttachRequest
-	(*AttachChunk)(nil),        // 8: harebox.agent.v1.AttachChunk
-	(*OutputChunk)(nil),        // 9: harebox.agent.v1.OutputChunk
-	(*SignalRequest)(nil),      // 10: harebox.agent.v1.SignalRequest
-	(*Empty)(nil),              // 11: harebox.agent.v1.Empty
-	(*HealthRequest)(nil),      // 12: harebox.agent.v1.HealthRequest
-	(*HealthResponse)(nil),     // 13: harebox.agent.v1.HealthResponse
-	(*ExecStart)(nil),          // 14: harebox.agent.v1.ExecStart
-	(*ExecRequest)(nil),        // 15: harebox.agent.v1.ExecRequest
-	(*Resize)(nil),             // 16: harebox.agent.v1.Resize
-	(*ExecExit)(nil),           // 17: harebox.agent.v1.ExecExit
-	(*ExecResponse)(nil),       // 18: harebox.agent.v1.ExecResponse
-	(*WriteFileHeader)(nil),    // 19: harebox.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),   // 20: harebox.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),    // 21: harebox.agent.v1.ReadFileRequest
-	(*ReadFileChunk)(nil),      // 22: harebox.agent.v1.ReadFileChunk
-	(*PathRequest)(nil),        // 23: harebox.agent.v1.PathRequest
-	(*FileInfo)(nil),           // 24: harebox.agent.v1.FileInfo
-	(*ListDirRequest)(nil),     // 25: harebox.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),    // 26: harebox.agent.v1.ListDirResponse
-	(*RenameRequest)(nil),      // 27: harebox.agent.v1.RenameRequest
-	(*WatchRequest)(nil),       // 28: harebox.agent.v1.WatchRequest
-	(*WatchEvent)(nil),         // 29: harebox.agent.v1.WatchEvent
-	(*MkdirRequest)(nil),       // 30: harebox.agent.v1.MkdirRequest
-	(*RemoveRequest)(nil),      // 31: harebox.agent.v1.RemoveRequest
-	(*ChmodRequest)(nil),       // 32: harebox.agent.v1.ChmodRequest
-	(*ChownRequest)(nil),       // 33: harebox.agent.v1.ChownRequest
-	(*SyncTimeRequest)(nil),    // 34: harebox.agent.v1.SyncTimeRequest
-	(*ReseedRequest)(nil),      // 35: harebox.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),     // 36: harebox.agent.v1.ReseedResponse
-	(*SetNetworkRequest)(nil),  // 37: harebox.agent.v1.SetNetworkRequest
-	(*ShutdownRequest)(nil),    // 38: harebox.agent.v1.ShutdownRequest
+	(*ConnectRequest)(nil),     // 2: harebox.agent.v1.ConnectRequest
+	(*ConnectResponse)(nil),    // 3: harebox.agent.v1.ConnectResponse
+	(*MountVolumeRequest)(nil), // 4: harebox.agent.v1.MountVolumeRequest
+	(*StartRequest)(nil),       // 5: harebox.agent.v1.StartRequest
+	(*InputRequest)(nil),       // 6: harebox.agent.v1.InputRequest
+	(*CommandInfo)(nil),        // 7: harebox.agent.v1.CommandInfo
+	(*CommandList)(nil),        // 8: harebox.agent.v1.CommandList
+	(*AttachRequest)(nil),      // 9: harebox.agent.v1.AttachRequest
+	(*AttachChunk)(nil),        // 10: harebox.agent.v1.AttachChunk
+	(*OutputChunk)(nil),        // 11: harebox.agent.v1.OutputChunk
+	(*SignalRequest)(nil),      // 12: harebox.agent.v1.SignalRequest
+	(*Empty)(nil),              // 13: harebox.agent.v1.Empty
+	(*HealthRequest)(nil),      // 14: harebox.agent.v1.HealthRequest
+	(*HealthResponse)(nil),     // 15: harebox.agent.v1.HealthResponse
+	(*ExecStart)(nil),          // 16: harebox.agent.v1.ExecStart
+	(*ExecRequest)(nil),        // 17: harebox.agent.v1.ExecRequest
+	(*Resize)(nil),             // 18: harebox.agent.v1.Resize
+	(*ExecExit)(nil),           // 19: harebox.agent.v1.ExecExit
+	(*ExecResponse)(nil),       // 20: harebox.agent.v1.ExecResponse
+	(*WriteFileHeader)(nil),    // 21: harebox.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),   // 22: harebox.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),    // 23: harebox.agent.v1.ReadFileRequest
+	(*ReadFileChunk)(nil),      // 24: harebox.agent.v1.ReadFileChunk
+	(*PathRequest)(nil),        // 25: harebox.agent.v1.PathRequest
+	(*FileInfo)(nil),           // 26: harebox.agent.v1.FileInfo
+	(*ListDirRequest)(nil),     // 27: harebox.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),    // 28: harebox.agent.v1.ListDirResponse
+	(*RenameRequest)(nil),      // 29: harebox.agent.v1.RenameRequest
+	(*WatchRequest)(nil),       // 30: harebox.agent.v1.WatchRequest
+	(*WatchEvent)(nil),         // 31: harebox.agent.v1.WatchEvent
+	(*MkdirRequest)(nil),       // 32: harebox.agent.v1.MkdirRequest
+	(*RemoveRequest)(nil),      // 33: harebox.agent.v1.RemoveRequest
+	(*ChmodRequest)(nil),       // 34: harebox.agent.v1.ChmodRequest
+	(*ChownRequest)(nil),       // 35: harebox.agent.v1.ChownRequest
+	(*SyncTimeRequest)(nil),    // 36: harebox.agent.v1.SyncTimeRequest
+	(*ReseedRequest)(nil),      // 37: harebox.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),     // 38: harebox.agent.v1.ReseedResponse
+	(*SetNetworkRequest)(nil),  // 39: harebox.agent.v1.SetNetworkRequest
+	(*ShutdownRequest)(nil),    // 40: harebox.agent.v1.ShutdownRequest
 }
 var file_agent_agentpb_agent_proto_depIdxs = []int32{
-	14, // 0: harebox.agent.v1.StartRequest.exec:type_name -> harebox.agent.v1.ExecStart
-	16, // 1: harebox.agent.v1.InputRequest.resize:type_name -> harebox.agent.v1.Resize
-	17, // 2: harebox.agent.v1.CommandInfo.exit:type_name -> harebox.agent.v1.ExecExit
-	5,  // 3: harebox.agent.v1.CommandList.commands:type_name -> harebox.agent.v1.CommandInfo
-	9,  // 4: harebox.agent.v1.AttachChunk.stdout:type_name -> harebox.agent.v1.OutputChunk
-	9,  // 5: harebox.agent.v1.AttachChunk.stderr:type_name -> harebox.agent.v1.OutputChunk
-	17, // 6: harebox.agent.v1.AttachChunk.exit:type_name -> harebox.agent.v1.ExecExit
-	14, // 7: harebox.agent.v1.ExecRequest.start:type_name -> harebox.agent.v1.ExecStart
-	16, // 8: harebox.agent.v1.ExecRequest.resize:type_name -> harebox.agent.v1.Resize
-	17, // 9: harebox.agent.v1.ExecResponse.exit:type_name -> harebox.agent.v1.ExecExit
-	19, // 10: harebox.agent.v1.WriteFileRequest.header:type_name -> harebox.agent.v1.WriteFileHeader
+	16, // 0: harebox.agent.v1.StartRequest.exec:type_name -> harebox.agent.v1.ExecStart
+	18, // 1: harebox.agent.v1.InputRequest.resize:type_name -> harebox.agent.v1.Resize
+	19, // 2: harebox.agent.v1.CommandInfo.exit:type_name -> harebox.agent.v1.ExecExit
+	7,  // 3: harebox.agent.v1.CommandList.commands:type_name -> harebox.agent.v1.CommandInfo
+	11, // 4: harebox.agent.v1.AttachChunk.stdout:type_name -> harebox.agent.v1.OutputChunk
+	11, // 5: harebox.agent.v1.AttachChunk.stderr:type_name -> harebox.agent.v1.OutputChunk
+	19, // 6: harebox.agent.v1.AttachChunk.exit:type_name -> harebox.agent.v1.ExecExit
+	16, // 7: harebox.agent.v1.ExecRequest.start:type_name -> harebox.agent.v1.ExecStart
+	18, // 8: harebox.agent.v1.ExecRequest.resize:type_name -> harebox.agent.v1.Resize
+	19, // 9: harebox.agent.v1.ExecResponse.exit:type_name -> harebox.agent.v1.ExecExit
+	21, // 10: harebox.agent.v1.WriteFileRequest.header:type_name -> harebox.agent.v1.WriteFileHeader
 	0,  // 11: harebox.agent.v1.FileInfo.type:type_name -> harebox.agent.v1.FileType
-	24, // 12: harebox.agent.v1.ListDirResponse.entries:type_name -> harebox.agent.v1.FileInfo
+	26, // 12: harebox.agent.v1.ListDirResponse.entries:type_name -> harebox.agent.v1.FileInfo
 	1,  // 13: harebox.agent.v1.WatchEvent.op:type_name -> harebox.agent.v1.WatchOp
-	12, // 14: harebox.agent.v1.Agent.Health:input_type -> harebox.agent.v1.HealthRequest
-	15, // 15: harebox.agent.v1.Agent.Exec:input_type -> harebox.agent.v1.ExecRequest
-	20, // 16: harebox.agent.v1.Agent.WriteFile:input_type -> harebox.agent.v1.WriteFileRequest
-	21, // 17: harebox.agent.v1.Agent.ReadFile:input_type -> harebox.agent.v1.ReadFileRequest
-	23, // 18: harebox.agent.v1.Agent.Stat:input_type -> harebox.agent.v1.PathRequest
-	25, // 19: harebox.agent.v1.Agent.ListDir:input_type -> harebox.agent.v1.ListDirRequest
-	30, // 20: harebox.agent.v1.Agent.Mkdir:input_type -> harebox.agent.v1.MkdirRequest
-	31, // 21: harebox.agent.v1.Agent.Remove:input_type -> harebox.agent.v1.RemoveRequest
-	32, // 22: harebox.agent.v1.Agent.Chmod:input_type -> harebox.agent.v1.ChmodRequest
-	33, // 23: harebox.agent.v1.Agent.Chown:input_type -> harebox.agent.v1.ChownRequest
-	34, // 24: harebox.agent.v1.Agent.SyncTime:input_type -> harebox.agent.v1.SyncTimeRequest
-	35, // 25: harebox.agent.v1.Agent.Reseed:input_type -> harebox.agent.v1.ReseedRequest
-	37, // 26: harebox.agent.v1.Agent.SetNetwork:input_type -> harebox.agent.v1.SetNetworkRequest
-	38, // 27: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
-	3,  // 28: harebox.agent.v1.Agent.Start:input_type -> harebox.agent.v1.StartRequest
-	7,  // 29: harebox.agent.v1.Agent.Attach:input_type -> harebox.agent.v1.AttachRequest
-	10, // 30: harebox.agent.v1.Agent.Signal:input_type -> harebox.agent.v1.SignalRequest
-	11, // 31: harebox.agent.v1.Agent.Commands:input_type -> harebox.agent.v1.Empty
-	4,  // 32: harebox.agent.v1.Agent.Input:input_type -> harebox.agent.v1.InputRequest
-	27, // 33: harebox.agent.v1.Agent.Rename:input_type -> harebox.agent.v1.RenameRequest
-	28, // 34: harebox.agent.v1.Agent.Watch:input_type -> harebox.agent.v1.WatchRequest
-	2,  // 35: harebox.agent.v1.Agent.MountVolume:input_type -> harebox.agent.v1.MountVolumeRequest
-	23, // 36: harebox.agent.v1.Agent.UnmountVolume:input_type -> harebox.agent.v1.PathRequest
-	13, // 37: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
-	18, // 38: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
-	24, // 39: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
-	22, // 40: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
-	24, // 41: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
-	26, // 42: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
-	24, // 43: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
-	11, // 44: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
-	11, // 45: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
-	11, // 46: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
-	11, // 47: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
-	36, // 48: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
-	11, // 49: harebox.agent.v1.Agent.SetNetwork:output_type -> harebox.agent.v1.Empty
-	11, // 50: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
-	5,  // 51: harebox.agent.v1.Agent.Start:output_type -> harebox.agent.v1.CommandInfo
-	8,  // 52: harebox.agent.v1.Agent.Attach:output_type -> harebox.agent.v1.AttachChunk
-	11, // 53: harebox.agent.v1.Agent.Signal:output_type -> harebox.agent.v1.Empty
-	6,  // 54: harebox.agent.v1.Agent.Commands:output_type -> harebox.agent.v1.CommandList
-	11, // 55: harebox.agent.v1.Agent.Input:output_type -> harebox.agent.v1.Empty
-	24, // 56: harebox.agent.v1.Agent.Rename:output_type -> harebox.agent.v1.FileInfo
-	29, // 57: harebox.agent.v1.Agent.Watch:output_type -> harebox.agent.v1.WatchEvent
-	11, // 58: harebox.agent.v1.Agent.MountVolume:output_type -> harebox.agent.v1.Empty
-	11, // 59: harebox.agent.v1.Agent.UnmountVolume:output_type -> harebox.agent.v1.Empty
-	37, // [37:60] is the sub-list for method output_type
-	14, // [14:37] is the sub-list for method input_type
+	14, // 14: harebox.agent.v1.Agent.Health:input_type -> harebox.agent.v1.HealthRequest
+	17, // 15: harebox.agent.v1.Agent.Exec:input_type -> harebox.agent.v1.ExecRequest
+	22, // 16: harebox.agent.v1.Agent.WriteFile:input_type -> harebox.agent.v1.WriteFileRequest
+	23, // 17: harebox.agent.v1.Agent.ReadFile:input_type -> harebox.agent.v1.ReadFileRequest
+	25, // 18: harebox.agent.v1.Agent.Stat:input_type -> harebox.agent.v1.PathRequest
+	27, // 19: harebox.agent.v1.Agent.ListDir:input_type -> harebox.agent.v1.ListDirRequest
+	32, // 20: harebox.agent.v1.Agent.Mkdir:input_type -> harebox.agent.v1.MkdirRequest
+	33, // 21: harebox.agent.v1.Agent.Remove:input_type -> harebox.agent.v1.RemoveRequest
+	34, // 22: harebox.agent.v1.Agent.Chmod:input_type -> harebox.agent.v1.ChmodRequest
+	35, // 23: harebox.agent.v1.Agent.Chown:input_type -> harebox.agent.v1.ChownRequest
+	36, // 24: harebox.agent.v1.Agent.SyncTime:input_type -> harebox.agent.v1.SyncTimeRequest
+	37, // 25: harebox.agent.v1.Agent.Reseed:input_type -> harebox.agent.v1.ReseedRequest
+	39, // 26: harebox.agent.v1.Agent.SetNetwork:input_type -> harebox.agent.v1.SetNetworkRequest
+	40, // 27: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
+	5,  // 28: harebox.agent.v1.Agent.Start:input_type -> harebox.agent.v1.StartRequest
+	9,  // 29: harebox.agent.v1.Agent.Attach:input_type -> harebox.agent.v1.AttachRequest
+	12, // 30: harebox.agent.v1.Agent.Signal:input_type -> harebox.agent.v1.SignalRequest
+	13, // 31: harebox.agent.v1.Agent.Commands:input_type -> harebox.agent.v1.Empty
+	6,  // 32: harebox.agent.v1.Agent.Input:input_type -> harebox.agent.v1.InputRequest
+	29, // 33: harebox.agent.v1.Agent.Rename:input_type -> harebox.agent.v1.RenameRequest
+	30, // 34: harebox.agent.v1.Agent.Watch:input_type -> harebox.agent.v1.WatchRequest
+	4,  // 35: harebox.agent.v1.Agent.MountVolume:input_type -> harebox.agent.v1.MountVolumeRequest
+	25, // 36: harebox.agent.v1.Agent.UnmountVolume:input_type -> harebox.agent.v1.PathRequest
+	2,  // 37: harebox.agent.v1.Agent.Connect:input_type -> harebox.agent.v1.ConnectRequest
+	15, // 38: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
+	20, // 39: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
+	26, // 40: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
+	24, // 41: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
+	26, // 42: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
+	28, // 43: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
+	26, // 44: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
+	13, // 45: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
+	13, // 46: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
+	13, // 47: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
+	13, // 48: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
+	38, // 49: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
+	13, // 50: harebox.agent.v1.Agent.SetNetwork:output_type -> harebox.agent.v1.Empty
+	13, // 51: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
+	7,  // 52: harebox.agent.v1.Agent.Start:output_type -> harebox.agent.v1.CommandInfo
+	10, // 53: harebox.agent.v1.Agent.Attach:output_type -> harebox.agent.v1.AttachChunk
+	13, // 54: harebox.agent.v1.Agent.Signal:output_type -> harebox.agent.v1.Empty
+	8,  // 55: harebox.agent.v1.Agent.Commands:output_type -> harebox.agent.v1.CommandList
+	13, // 56: harebox.agent.v1.Agent.Input:output_type -> harebox.agent.v1.Empty
+	26, // 57: harebox.agent.v1.Agent.Rename:output_type -> harebox.agent.v1.FileInfo
+	31, // 58: harebox.agent.v1.Agent.Watch:output_type -> harebox.agent.v1.WatchEvent
+	13, // 59: harebox.agent.v1.Agent.MountVolume:output_type -> harebox.agent.v1.Empty
+	13, // 60: harebox.agent.v1.Agent.UnmountVolume:output_type -> harebox.agent.v1.Empty
+	3,  // 61: harebox.agent.v1.Agent.Connect:output_type -> harebox.agent.v1.ConnectResponse
+	38, // [38:62] is the sub-list for method output_type
+	14, // [14:38] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
 	14, // [14:14] is the sub-list for extension extendee
 	0,  // [0:14] is the sub-list for field type_name
@@ -2974,30 +3101,30 @@ func file_agent_agentpb_agent_proto_init() {
 	if File_agent_agentpb_agent_proto != nil {
 		return
 	}
-	file_agent_agentpb_agent_proto_msgTypes[2].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[4].OneofWrappers = []any{
 		(*InputRequest_Stdin)(nil),
 		(*InputRequest_StdinEof)(nil),
 		(*InputRequest_Resize)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[6].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[8].OneofWrappers = []any{
 		(*AttachChunk_Stdout)(nil),
 		(*AttachChunk_Stderr)(nil),
 		(*AttachChunk_Exit)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_StdinEof)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[16].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[18].OneofWrappers = []any{
 		(*ExecResponse_StartedPid)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[18].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[20].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -3007,7 +3134,7 @@ func file_agent_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_agentpb_agent_proto_rawDesc), len(file_agent_agentpb_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   37,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -47,6 +47,7 @@ const (
 	Agent_Watch_FullMethodName         = "/harebox.agent.v1.Agent/Watch"
 	Agent_MountVolume_FullMethodName   = "/harebox.agent.v1.Agent/MountVolume"
 	Agent_UnmountVolume_FullMethodName = "/harebox.agent.v1.Agent/UnmountVolume"
+	Agent_Connect_FullMethodName       = "/harebox.agent.v1.Agent/Connect"
 )
 
 // AgentClient is the client API for Agent service.
@@ -127,6 +128,17 @@ type AgentClient interface {
 	// UnmountVolume syncs and unmounts what is mounted at path, at once,
 	// even with files open on it (what still uses them gets errors).
 	UnmountVolume(ctx context.Context, in *PathRequest, opts ...grpc.CallOption) (*Empty, error)
+	// Protocol 6.
+	//
+	// Connect opens a TCP connection to a port on the guest's loopback
+	// (127.0.0.1) and relays bytes both ways: a service in the guest (the
+	// code interpreter's) reached without the guest's network. The first
+	// request names the port and nothing else; the first response says the
+	// connection is made (or the call fails: nothing listens). Later
+	// requests carry bytes, and close_write ends the host's half; responses
+	// carry the guest side's bytes, and the call ends when that side
+	// closes. At most a few run at once.
+	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error)
 }
 
 type agentClient struct {
@@ -400,6 +412,19 @@ func (c *agentClient) UnmountVolume(ctx context.Context, in *PathRequest, opts .
 	return out, nil
 }
 
+func (c *agentClient) Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[5], Agent_Connect_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ConnectRequest, ConnectResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ConnectClient = grpc.BidiStreamingClient[ConnectRequest, ConnectResponse]
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -478,6 +503,17 @@ type AgentServer interface {
 	// UnmountVolume syncs and unmounts what is mounted at path, at once,
 	// even with files open on it (what still uses them gets errors).
 	UnmountVolume(context.Context, *PathRequest) (*Empty, error)
+	// Protocol 6.
+	//
+	// Connect opens a TCP connection to a port on the guest's loopback
+	// (127.0.0.1) and relays bytes both ways: a service in the guest (the
+	// code interpreter's) reached without the guest's network. The first
+	// request names the port and nothing else; the first response says the
+	// connection is made (or the call fails: nothing listens). Later
+	// requests carry bytes, and close_write ends the host's half; responses
+	// carry the guest side's bytes, and the call ends when that side
+	// closes. At most a few run at once.
+	Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -556,6 +592,9 @@ func (UnimplementedAgentServer) MountVolume(context.Context, *MountVolumeRequest
 }
 func (UnimplementedAgentServer) UnmountVolume(context.Context, *PathRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method UnmountVolume not implemented")
+}
+func (UnimplementedAgentServer) Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error {
+	return status.Error(codes.Unimplemented, "method Connect not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -949,6 +988,13 @@ func _Agent_UnmountVolume_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_Connect_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentServer).Connect(&grpc.GenericServerStream[ConnectRequest, ConnectResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ConnectServer = grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1055,6 +1101,12 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Watch",
 			Handler:       _Agent_Watch_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Connect",
+			Handler:       _Agent_Connect_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "agent/agentpb/agent.proto",

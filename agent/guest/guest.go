@@ -67,6 +67,8 @@ type Server struct {
 	cmds *Commands
 	// watches counts the Watch calls running.
 	watches atomic.Int32
+	// conns counts the Connect calls running.
+	conns atomic.Int32
 }
 
 // New returns a Server with opts' defaults filled in.

@@ -20,8 +20,9 @@ import "strings"
 //	4: Input to a command started with keep_stdin (its stdin, its end, a
 //	   terminal size), Rename, Watch, ListDir with a depth
 //	5: MountVolume, UnmountVolume
+//	6: Connect (a TCP connection to a port on the guest's loopback)
 const (
-	Protocol    = 5
+	Protocol    = 6
 	MinProtocol = 0
 	// HelloProtocol is the first level whose sessions all start with a
 	// hello: the host drops one that answers without.
@@ -72,6 +73,13 @@ const (
 	SerialName = "org.harebox.agent"
 	// VsockPort is the vsock port the agent listens on (Cloud Hypervisor).
 	VsockPort = 1024
+
+	// The code-interpreter image's server (images/interpreter), run by
+	// systemd as InterpreterUnit, listens on the guest's loopback at
+	// InterpreterPort; the host reaches it through the agent (Connect).
+	InterpreterPath = "/usr/lib/harebox/interpreter.py"
+	InterpreterUnit = "harebox-interpreter.service"
+	InterpreterPort = 49999
 )
 
 // VolumeMountAllowed reports whether a volume may be mounted at path (a
