@@ -9,7 +9,7 @@ CACHE := $(CURDIR)/.cache
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all deps build install image image-default prebuild-default-image demo test test-short fuzz bench reliability proto vet lint-openapi clean
+.PHONY: all deps build install image image-default image-code-interpreter prebuild-default-image demo test test-short fuzz bench reliability proto vet lint-openapi clean
 
 all: build
 
@@ -37,6 +37,9 @@ image: deps build
 image-default: deps build
 	$(BIN)/harebox-image build --name default --agent $(BIN)/harebox-agent --out $(CACHE)/images
 
+image-code-interpreter: deps build
+	$(BIN)/harebox-image build --name code-interpreter --agent $(BIN)/harebox-agent --out $(CACHE)/images
+
 # The untrusted-code walkthrough: hareboxd on a temporary data directory,
 # the CLI walkthrough against it with a transcript, then clean up.
 demo: deps build
@@ -60,17 +63,19 @@ lint-openapi: deps
 		{ $(REDOCLY) lint openapi.yaml; echo "lint-openapi: api/openapi.yaml has errors or warnings (above)"; exit 1; }
 	@echo "lint-openapi: api/openapi.yaml passes Redocly's recommended rules"
 
-# The Debian image takes a minute or more to build on a fresh machine
-# (debootstrap): it builds in the background while vet, the lint and the
-# compiles run, under the tests' own build lock (internal/testimage) and
-# with the agent built as the tests build it, so the engine's test of the
-# image finds it cached. A test that needs it waits on the lock, and builds
-# it itself if this build failed (its log: .cache/image-default.log).
+# The Debian images take a minute or two each to build on a fresh machine
+# (debootstrap): they build in the background, one after the other, while
+# vet, the lint, the compiles and the tests that need neither run, each
+# under its image's lock (internal/testimage) and with the agent built as
+# the tests build it, so the tests find them cached. A test that needs one
+# waits on its lock, and builds it itself if this build failed (its log:
+# .cache/image-NAME.log).
 prebuild-default-image: deps
 	@mkdir -p $(CACHE)/bin && $(GO) build $(GOFLAGS_BUILD) -ldflags='-s -w' -o $(CACHE)/bin/harebox-agent ./cmd/harebox-agent && \
+		cp $(CACHE)/bin/harebox-agent $(CACHE)/prebuild-agent && \
 		$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-image ./cmd/harebox-image
-	@(flock $(CACHE)/lock $(BIN)/harebox-image build --name default --agent $(CACHE)/bin/harebox-agent --out $(CACHE)/images \
-		</dev/null >$(CACHE)/image-default.log 2>&1 &)
+	@(for name in default code-interpreter; do flock $(CACHE)/lock-image-$$name $(BIN)/harebox-image build --name $$name \
+		--agent $(CACHE)/prebuild-agent --out $(CACHE)/images </dev/null >$(CACHE)/image-$$name.log 2>&1; done &)
 
 test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 test: deps prebuild-default-image vet lint-openapi

@@ -51,6 +51,10 @@ const BuilderVersion = "harebox-images/1"
 const (
 	Minimal = "minimal"
 	Default = "default"
+	// CodeInterpreter is Default with Jupyter's Python kernel, NumPy,
+	// pandas and Matplotlib, and the code interpreter's server
+	// (images/interpreter) started at boot, its first kernel warm.
+	CodeInterpreter = "code-interpreter"
 )
 
 // File names inside an image directory.
@@ -101,6 +105,9 @@ type Image struct {
 	// From and Digest record the OCI image it was built from (Options.From).
 	From   string `json:"from,omitempty"`
 	Digest string `json:"digest,omitempty"`
+	// CodeInterpreter says the image runs the code interpreter's server
+	// (layout.InterpreterPort).
+	CodeInterpreter bool `json:"code_interpreter,omitempty"`
 
 	// Dir is the image directory (not stored).
 	Dir string `json:"-"`
@@ -108,8 +115,8 @@ type Image struct {
 
 // Options say what to build. Only Name, AgentPath and OutDir are required.
 type Options struct {
-	// Name is Minimal or Default, or the name of an image built From an
-	// OCI image (lower-case letters, digits and dashes).
+	// Name is Minimal, Default or CodeInterpreter, or the name of an image
+	// built From an OCI image (lower-case letters, digits and dashes).
 	Name string
 	// From, if set, builds the root disk from an OCI image instead:
 	// "oci:DIR" (an OCI image layout), "oci-archive:FILE" (a tar of one),
@@ -152,6 +159,10 @@ type Options struct {
 	Mirror     string
 	Components []string
 	Packages   []string
+	// Extra packages are installed with apt-get once debootstrap is done
+	// (apt resolves dependencies debootstrap's resolver cannot); default
+	// CodeInterpreterPackages for the code-interpreter image, else none.
+	Extra []string
 	// Keyring is a keyring file passed to debootstrap --keyring.
 	Keyring string
 	// Script is the debootstrap script (name in /usr/share/debootstrap/scripts
@@ -193,6 +204,17 @@ var DefaultPackages = []string{
 	"python3-pip", "python3-venv", "python3-dev", "curl", "git", "build-essential",
 }
 
+// CodeInterpreterPackages are added (Options.Extra) in the
+// code-interpreter image: Jupyter's Python kernel and its client (the
+// server's), and what cells most often import.
+var CodeInterpreterPackages = []string{
+	"python3-ipykernel", "python3-jupyter-client",
+	"python3-numpy", "python3-pandas", "python3-matplotlib",
+}
+
+// debian reports whether o builds a root disk with debootstrap.
+func (o *Options) debian() bool { return o.Name == Default || o.Name == CodeInterpreter }
+
 // DefaultMirror and DefaultSuite are the default image's Debian source.
 const (
 	DefaultMirror   = "http://deb.debian.org/debian"
@@ -204,14 +226,14 @@ const (
 func (o *Options) setDefaults() error {
 	switch {
 	case o.From != "":
-		if !imageName.MatchString(o.Name) || o.Name == Minimal || o.Name == Default {
+		if !imageName.MatchString(o.Name) || o.Name == Minimal || o.debian() {
 			return fmt.Errorf("images: an image built from an OCI image needs a name of its own (lower-case letters, digits, dashes), not %q", o.Name)
 		}
-	case o.Name == Minimal, o.Name == Default:
+	case o.Name == Minimal, o.debian():
 	case o.Name == "":
-		return errors.New("images: Name is required (minimal or default)")
+		return errors.New("images: Name is required (minimal, default or code-interpreter)")
 	default:
-		return fmt.Errorf("images: unknown image %q (want minimal or default, or From an OCI image)", o.Name)
+		return fmt.Errorf("images: unknown image %q (want minimal, default or code-interpreter, or From an OCI image)", o.Name)
 	}
 	if o.AgentPath == "" {
 		return errors.New("images: AgentPath is required")
@@ -243,7 +265,7 @@ func (o *Options) setDefaults() error {
 	if o.Headroom <= 0 {
 		o.Headroom = DefaultHeadroom
 	}
-	if o.Name != Default {
+	if !o.debian() {
 		return nil
 	}
 	if o.Suite == "" {
@@ -261,6 +283,9 @@ func (o *Options) setDefaults() error {
 	}
 	if len(o.Packages) == 0 {
 		o.Packages = DefaultPackages
+	}
+	if len(o.Extra) == 0 && o.Name == CodeInterpreter {
+		o.Extra = CodeInterpreterPackages
 	}
 	if o.Keyring == "" && ubuntu {
 		if _, err := os.Stat(ubuntuKeyring); err == nil {
@@ -381,7 +406,7 @@ func Build(ctx context.Context, o Options) (Image, error) {
 		}
 		img.From, img.Digest = o.From, o.fromDigest
 	}
-	if o.Name == Default {
+	if o.debian() {
 		if err := buildRootDisk(ctx, lg, &o, tmp, filepath.Join(tmp, RootDiskFile)); err != nil {
 			return Image{}, fmt.Errorf("images: root disk: %w", err)
 		}
@@ -389,6 +414,7 @@ func Build(ctx context.Context, o Options) (Image, error) {
 		img.RootDiskFormat = "raw"
 		img.Cmdline += " harebox.root=/dev/vda"
 		img.Suite, img.Mirror = o.Suite, o.Mirror
+		img.CodeInterpreter = o.Name == CodeInterpreter
 	}
 	if o.ExtraCmdline != "" {
 		img.Cmdline += " " + strings.TrimSpace(o.ExtraCmdline)
@@ -544,11 +570,15 @@ func inputHash(ctx context.Context, o *Options, kver, kernel string, mods []modu
 		// By digest, not by path: the same image anywhere is the same build.
 		field("from", o.fromDigest, fmt.Sprint(o.Headroom))
 	}
-	if o.Name == Default {
+	if o.Name == CodeInterpreter {
+		field("interpreter", string(interpreterServer), interpreterUnit)
+	}
+	if o.debian() {
 		field("suite", o.Suite)
 		field("mirror", o.Mirror)
 		field("components", o.Components...)
 		field("packages", o.Packages...)
+		field("extra", o.Extra...)
 		// A script by name is debootstrap's own (as the suite's is); one
 		// given by path counts by its bytes.
 		if strings.Contains(o.Script, "/") {

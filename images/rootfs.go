@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/internal/mounts"
 )
@@ -84,6 +86,13 @@ func buildRootDisk(ctx context.Context, lg *logger, o *Options, work, dst string
 		return err
 	}
 	lg.step("debootstrap finished in %s", time.Since(t).Round(time.Second))
+	if len(o.Extra) > 0 {
+		t = time.Now()
+		if err := aptInstall(ctx, lg, root, o.Extra); err != nil {
+			return err
+		}
+		lg.step("apt-get install finished in %s", time.Since(t).Round(time.Second))
+	}
 	lg.step("configuring root file system")
 	if err := configureRoot(ctx, lg, o, root); err != nil {
 		return err
@@ -120,6 +129,21 @@ func debootstrap(ctx context.Context, lg *logger, o *Options, root string) error
 	}
 	lg.step("debootstrap %s", strings.Join(args, " "))
 	return run(ctx, lg, "debootstrap: ", bin, args...)
+}
+
+// aptInstall installs pkgs (and what they depend on, no more) in root
+// with its own apt, /proc mounted for their scripts.
+func aptInstall(ctx context.Context, lg *logger, root string, pkgs []string) error {
+	proc := filepath.Join(root, "proc")
+	if err := unix.Mount("proc", proc, "proc", 0, ""); err != nil {
+		return fmt.Errorf("mount %s: %w", proc, err)
+	}
+	defer unix.Unmount(proc, unix.MNT_DETACH)
+	if err := run(ctx, lg, "apt-get: ", "/usr/sbin/chroot", root, "apt-get", "update", "-qq"); err != nil {
+		return err
+	}
+	args := append([]string{root, "apt-get", "install", "-y", "-qq", "--no-install-recommends"}, pkgs...)
+	return run(ctx, lg, "apt-get: ", "/usr/sbin/chroot", args...)
 }
 
 // scriptPath is the file of a debootstrap script given by name or path.
@@ -232,6 +256,12 @@ func configureRoot(ctx context.Context, lg *logger, o *Options, root string) err
 			return write("etc/profile", strings.ReplaceAll(string(b), profileUID, profileUIDFast), 0o644)
 		},
 		func() error { return write("etc/apt/sources.list", sourcesList(o), 0o644) },
+		func() error {
+			if o.Name != CodeInterpreter {
+				return nil
+			}
+			return installInterpreter(ctx, lg, root)
+		},
 	}
 	for _, s := range steps {
 		if err := ctx.Err(); err != nil {

@@ -2,7 +2,7 @@
 // manifest as JSON on stdout (progress goes to stderr when it is a
 // terminal, or with --progress):
 //
-//	harebox-image build --name minimal|default --agent PATH --out DIR \
+//	harebox-image build --name minimal|default|code-interpreter --agent PATH --out DIR \
 //	    [--suite bookworm --mirror URL --components main --kernel-version VER]
 //	harebox-image build --name myimg --from oci:DIR|oci-archive:FILE|docker-archive:FILE|registry:REF \
 //	    --agent PATH --out DIR
@@ -37,7 +37,7 @@ import (
 func main() {
 	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{"build": build, "gc": gc}
 	if len(os.Args) < 2 || cmds[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: harebox-image build --name minimal|default --agent PATH --out DIR [flags]\n       harebox-image gc --out DIR [--dry-run]\n       harebox-image build|gc -h for the flags")
+		fmt.Fprintln(os.Stderr, "usage: harebox-image build --name minimal|default|code-interpreter --agent PATH --out DIR [flags]\n       harebox-image gc --out DIR [--dry-run]\n       harebox-image build|gc -h for the flags")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -55,7 +55,7 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var components, packages, modules string
 	var headroomMiB int64
 	var quiet bool
-	fs.StringVar(&o.Name, "name", images.Minimal, "image: minimal or default, or the name of an image built --from an OCI image")
+	fs.StringVar(&o.Name, "name", images.Minimal, "image: minimal, default or code-interpreter, or the name of an image built --from an OCI image")
 	fs.StringVar(&o.From, "from", "", "build the root disk from an OCI image: oci:DIR (an OCI image layout), oci-archive:FILE (a tar of one), docker-archive:FILE (docker save) or registry:REF (pulled)")
 	fs.StringVar(&o.AgentPath, "agent", "", "static harebox-agent binary (required)")
 	fs.StringVar(&o.OutDir, "out", "", "output (cache) directory (required)")

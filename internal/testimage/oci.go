@@ -72,9 +72,9 @@ func OCILayout(t testing.TB, img v1.Image) string {
 func OCIBusyboxImage(t testing.TB) images.Image {
 	t.Helper()
 	dir := OCILayout(t, OCIBusybox(t))
-	unlock := lock(t)
+	agent := agentCopy(t)
+	unlock := lock(t, imageLock("bbox"))
 	defer unlock()
-	agent := build(t, "harebox-agent")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var log buildLog

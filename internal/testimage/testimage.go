@@ -44,18 +44,25 @@ func CacheDir(t testing.TB) string {
 	return filepath.Join(Root(t), ".cache")
 }
 
-var mu sync.Mutex
+// locks serialises the builds of this process by lock file; the files
+// serialise them across test processes (and make test's prebuild, which
+// takes the same files).
+var locks sync.Map // lock file name -> *sync.Mutex
 
-// lock serialises builds across test processes.
-func lock(t testing.TB) func() {
+// lock takes the lock file name in the cache: "lock" for the binaries,
+// imageLock(NAME) for an image, so a test that needs the minimal image
+// does not wait for the Debian one to build.
+func lock(t testing.TB, name string) func() {
 	t.Helper()
+	m, _ := locks.LoadOrStore(name, &sync.Mutex{})
+	mu := m.(*sync.Mutex)
 	mu.Lock()
 	dir := CacheDir(t)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		mu.Unlock()
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		mu.Unlock()
 		t.Fatal(err)
@@ -71,6 +78,27 @@ func lock(t testing.TB) func() {
 	}
 }
 
+// imageLock is the lock file of the image name's builds.
+func imageLock(name string) string { return "lock-image-" + name }
+
+// agentCopy builds the agent and returns a copy of it of the caller's
+// own: an image build reads it for minutes, while another test may
+// build the binary again in place.
+func agentCopy(t testing.TB) string {
+	t.Helper()
+	unlock := lock(t, "lock")
+	defer unlock()
+	b, err := os.ReadFile(build(t, "harebox-agent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "harebox-agent")
+	if err := os.WriteFile(p, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // Binary builds ./cmd/<name> (static, reproducible) into the cache and
 // returns its path.
 func Binary(t testing.TB, name string) string {
@@ -81,7 +109,7 @@ func Binary(t testing.TB, name string) string {
 // into the cache as name and returns its path.
 func Package(t testing.TB, pkg, name string) string {
 	t.Helper()
-	unlock := lock(t)
+	unlock := lock(t, "lock")
 	defer unlock()
 	return buildPkg(t, pkg, name)
 }
@@ -99,13 +127,13 @@ func buildPkg(t testing.TB, pkg, name string) string {
 	return out
 }
 
-// Image builds (or finds cached) the named image ("minimal" or "default")
-// with a freshly built agent.
+// Image builds (or finds cached) the named image ("minimal", "default" or
+// "code-interpreter") with a freshly built agent.
 func Image(t testing.TB, name string) images.Image {
 	t.Helper()
-	unlock := lock(t)
+	agent := agentCopy(t)
+	unlock := lock(t, imageLock(name))
 	defer unlock()
-	agent := build(t, "harebox-agent")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	start := time.Now()

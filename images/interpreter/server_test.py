@@ -1,0 +1,438 @@
+"""Tests for the code interpreter's server against real ipykernel kernels.
+
+Run with Debian's Python (it has ipykernel, jupyter_client, pandas, matplotlib):
+
+    /usr/bin/python3 -m pytest images/interpreter -q -p no:cacheprovider
+
+One server is shared by the module; tests that break or stall a kernel use
+their own context so the others keep a healthy one.
+"""
+
+import base64
+import http.client
+import json
+import os
+import random
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py")
+
+
+class Server:
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.cwd = tmp / "home"
+        self.cwd.mkdir()
+        self.machine_id = tmp / "machine-id"
+        self.machine_id.write_text("0" * 32 + "\n")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        # An abstract-namespace notify socket, the harder of the two cases.
+        self.notify_name = "harebox-test-" + secrets.token_hex(6)
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind("\0" + self.notify_name)
+        self.log = open(tmp / "server.log", "w+")
+        env = dict(os.environ, NOTIFY_SOCKET="@" + self.notify_name, IPYTHONDIR=str(tmp / "ipython"))
+        env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel would not capture fd 1/2 output
+        self.proc = subprocess.Popen(
+            [sys.executable, SERVER, "--listen", f"127.0.0.1:{self.port}", "--cwd", str(self.cwd),
+             "--machine-id-file", str(self.machine_id), "--warm", "json,no_such_module",
+             "--interrupt-grace", "2", "--write-timeout", "2"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout=60):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            assert self.proc.poll() is None, "server exited:\n" + self.logs()
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("server not ready:\n" + self.logs())
+
+    def logs(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.notify.close()
+        print(self.logs())  # shown by pytest when a test failed
+
+    def conn(self, timeout=60):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, raw=None):
+        c = self.conn()
+        try:
+            data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+            c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            text = r.read()
+            return r.status, (json.loads(text) if text else None)
+        finally:
+            c.close()
+
+    def execute(self, code, **kw):
+        c = self.conn()
+        try:
+            c.request("POST", "/execute", body=json.dumps(dict(kw, code=code)).encode())
+            r = c.getresponse()
+            text = r.read()
+            if r.status != 200:
+                return r.status, json.loads(text)
+            assert r.getheader("Content-Type") == "application/x-ndjson"
+            events = [json.loads(line) for line in text.decode().splitlines()]
+            assert events and events[-1]["type"] == "end", events
+            assert [e for e in events if e["type"] == "end"] == events[-1:]
+            return 200, events
+        finally:
+            c.close()
+
+    def run(self, code, **kw):
+        status, events = self.execute(code, **kw)
+        assert status == 200, events
+        return events
+
+    def create(self, **body):
+        status, ctx = self.request("POST", "/contexts", body)
+        assert status == 201, ctx
+        return ctx
+
+
+def main_text(events):
+    return [e["data"]["text/plain"] for e in events if e["type"] == "result" and e["main"]]
+
+
+def text(events, kind):
+    return "".join(e["text"] for e in events if e["type"] == kind)
+
+
+def errors(events):
+    return [e for e in events if e["type"] == "error"]
+
+
+def end(events):
+    return events[-1]["status"]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("interp"))
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def test_ready_after_warm_and_notified(srv):
+    assert srv.request("GET", "/health") == (200, {"ready": True})
+    srv.notify.settimeout(5)
+    assert srv.notify.recv(64) == b"READY=1"
+    status, contexts = srv.request("GET", "/contexts")
+    assert status == 200
+    assert {"id": "default", "language": "python", "cwd": str(srv.cwd)} in contexts
+
+
+def test_state_and_count(srv):
+    first = srv.run("x = 41")
+    second = srv.run("x + 1")
+    assert main_text(second) == ["42"]
+    assert end(second) == "ok"
+    counts = [e["count"] for e in first + second if e["type"] == "count"]
+    assert len(counts) == 2 and counts[1] == counts[0] + 1
+    assert main_text(srv.run("_"))[0] == "42"  # store_history: Out/_ work
+
+
+def test_stdout_stderr(srv):
+    ev = srv.run("import sys\nprint('out')\nprint('err', file=sys.stderr)\nimport os; os.system('echo sub')")
+    assert text(ev, "stdout") == "out\nsub\n"
+    assert text(ev, "stderr") == "err\n"
+    assert main_text(ev) == ["0"]
+
+
+def test_exception(srv):
+    ev = srv.run("def f():\n    return 1/0\nf()")
+    (err,) = errors(ev)
+    assert err["name"] == "ZeroDivisionError" and err["value"] == "division by zero"
+    assert "\x1b" not in err["traceback"] and "return 1/0" in err["traceback"]
+    assert end(ev) == "error"
+    for _ in range(3):  # the cell right after a failure runs (no stop_on_error abort)
+        assert end(srv.run("raise ValueError('v')")) == "error"
+        assert main_text(srv.run("'next'")) == ["'next'"]
+
+
+def test_timeout_keeps_state(srv):
+    srv.run("kept = 7")
+    t0 = time.monotonic()
+    ev = srv.run("while True: pass", timeout_seconds=1)
+    assert time.monotonic() - t0 < 8
+    assert errors(ev) == [{"type": "error", "name": "TimeoutError",
+                           "value": "execution timed out after 1 s", "traceback": ""}]
+    assert end(ev) == "timeout"
+    assert main_text(srv.run("kept")) == ["7"]
+
+
+def test_ignored_interrupt_restarts_kernel(srv):
+    ctx = srv.create()
+    srv.run("lost = 1", context_id=ctx["id"])
+    ev = srv.run("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+                 context_id=ctx["id"], timeout_seconds=1)
+    (err,) = errors(ev)
+    assert err["name"] == "TimeoutError" and "restarted" in err["value"]
+    assert end(ev) == "timeout"
+    ev = srv.run("lost", context_id=ctx["id"])
+    assert errors(ev)[0]["name"] == "NameError"
+    assert srv.request("DELETE", f"/contexts/{ctx['id']}") == (204, None)
+
+
+def test_kernel_death_and_restart(srv):
+    ctx = srv.create()
+    t0 = time.monotonic()
+    ev = srv.run("import os; os._exit(1)", context_id=ctx["id"], timeout_seconds=60)
+    assert time.monotonic() - t0 < 10  # noticed by polling, not at the timeout
+    died = {"type": "error", "name": "KernelDied",
+            "value": "the kernel died (exit code 1); restart the context", "traceback": ""}
+    assert errors(ev) == [died] and end(ev) == "died"
+    ev = srv.run("1", context_id=ctx["id"])  # stays dead, answers at once
+    assert errors(ev) == [died] and end(ev) == "died"
+    status, info = srv.request("POST", f"/contexts/{ctx['id']}/restart")
+    assert status == 200 and info == ctx
+    assert main_text(srv.run("1 + 1", context_id=ctx["id"])) == ["2"]
+
+    # A restart does not wait for a running cell; that cell ends as died.
+    running = {}
+    t = threading.Thread(target=lambda: running.update(
+        ev=srv.run("import time; time.sleep(60)", context_id=ctx["id"])))
+    t.start()
+    time.sleep(1)
+    t0 = time.monotonic()
+    assert srv.request("POST", f"/contexts/{ctx['id']}/restart")[0] == 200
+    t.join(10)
+    assert time.monotonic() - t0 < 10
+    assert errors(running["ev"])[0]["name"] == "KernelDied" and end(running["ev"]) == "died"
+
+    ev = srv.run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", context_id=ctx["id"])
+    assert "killed by signal SIGKILL" in errors(ev)[0]["value"] and end(ev) == "died"
+    assert srv.request("DELETE", f"/contexts/{ctx['id']}") == (204, None)
+
+
+def test_contexts_isolated_and_deleted(srv):
+    sub = srv.cwd / "sub"
+    sub.mkdir()
+    a = srv.create(cwd=str(sub), env={"CTX_VAR": "a"})
+    b = srv.create(language="python")
+    assert a["language"] == "python" and a["cwd"] == str(sub) and len(a["id"]) == 12
+    srv.run("only_in_a = 1", context_id=a["id"])
+    assert errors(srv.run("only_in_a", context_id=b["id"]))[0]["name"] == "NameError"
+    ev = srv.run("import os; (os.getcwd(), os.environ.get('CTX_VAR'))", context_id=a["id"])
+    assert main_text(ev) == [repr((str(sub), "a"))]
+    ids = {c["id"] for c in srv.request("GET", "/contexts")[1]}
+    assert {a["id"], b["id"]} <= ids
+    for c in (a, b):
+        assert srv.request("DELETE", f"/contexts/{c['id']}") == (204, None)
+    assert srv.execute("1", context_id=a["id"])[0] == 404
+    assert srv.request("DELETE", f"/contexts/{a['id']}")[0] == 404
+
+
+def test_env_applied_and_removed(srv):
+    code = "import os; os.environ.get('A')"
+    assert main_text(srv.run(code, env={"A": "1"})) == ["'1'"]
+    assert main_text(srv.run(code, env={"A": "1"})) == ["'1'"]
+    assert main_text(srv.run("import subprocess; subprocess.run(['sh', '-c', 'echo $A'], "
+                             "capture_output=True, text=True).stdout", env={"A": "2"})) == ["'2\\n'"]
+    assert main_text(srv.run(code + " is None")) == ["True"]
+
+
+def test_reseed_after_machine_id_change(srv):
+    seeded = random.Random(1)
+    seeded.random()
+    expected = repr(seeded.random())  # the 2nd value after seed(1)
+    srv.run("import random; random.seed(1); random.random()")
+    assert main_text(srv.run("random.random()")) == [expected]  # no change: no reseed
+    srv.run("random.seed(1); random.random()")
+    srv.machine_id.write_text("1" * 32 + "\n")
+    assert main_text(srv.run("random.random()")) != [expected]
+
+
+def test_bash_state_and_exit_code(srv):
+    ev = srv.run("cd /tmp; X=5; f() { echo fn; }", language="bash")
+    assert end(ev) == "ok" and errors(ev) == []
+    ev = srv.run("echo $X $PWD; f; echo oops >&2; printf tail", language="bash")
+    assert text(ev, "stdout") == "5 /tmp\nfn\ntail"
+    assert text(ev, "stderr") == "oops\n"
+    ev = srv.run("echo no; false", language="bash")
+    assert errors(ev) == [{"type": "error", "name": "ExitCode", "value": "1", "traceback": ""}]
+    assert end(ev) == "error"
+    ev = srv.run("if then fi 'unterminated", language="bash")  # a syntax error does not derail it
+    assert end(ev) == "error" and "syntax error" in text(ev, "stderr")
+    counts = [e["count"] for e in srv.run("cat; echo $X", language="bash") if e["type"] == "count"]
+    assert counts and counts[0] >= 4
+    status, ev = srv.execute("echo", context_id="default", language="bash")
+    assert status == 400
+
+
+def test_bash_timeout_env_and_death(srv):
+    ctx = srv.create(language="bash")
+    cid = ctx["id"]
+    srv.run("Y=kept", context_id=cid)
+    for code in ("sleep 30; echo after", "while :; do :; done"):
+        ev = srv.run(code, context_id=cid, timeout_seconds=1)
+        assert errors(ev)[0]["name"] == "TimeoutError" and end(ev) == "timeout"
+        assert "after" not in text(ev, "stdout")
+        assert text(srv.run("echo $Y", context_id=cid), "stdout") == "kept\n"
+    assert text(srv.run("echo ${B-unset}", context_id=cid, env={"B": "x y"}), "stdout") == "x y\n"
+    assert text(srv.run("echo ${B-unset}", context_id=cid), "stdout") == "unset\n"
+    ev = srv.run("exit 3", context_id=cid)
+    assert errors(ev)[0]["name"] == "KernelDied" and "exit code 3" in errors(ev)[0]["value"]
+    assert srv.request("POST", f"/contexts/{cid}/restart")[0] == 200
+    assert text(srv.run("echo ${Y-gone}", context_id=cid), "stdout") == "gone\n"
+    assert srv.request("DELETE", f"/contexts/{cid}") == (204, None)
+
+
+def test_matplotlib_figure(srv):
+    pytest.importorskip("matplotlib")
+    ev = srv.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nNone")
+    figures = [e for e in ev if e["type"] == "result" and "image/png" in e["data"]]
+    assert len(figures) == 1 and not figures[0]["main"]
+    assert base64.b64decode(figures[0]["data"]["image/png"]).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_pandas_html_and_json_passthrough(srv):
+    pytest.importorskip("pandas")
+    ev = srv.run("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+    (main,) = [e for e in ev if e["type"] == "result" and e["main"]]
+    assert "<table" in main["data"]["text/html"]
+    ev = srv.run("from IPython.display import JSON, display\ndisplay(JSON({'k': [1]}))")
+    (disp,) = [e for e in ev if e["type"] == "result"]
+    assert disp["data"]["application/json"] == {"k": [1]}
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return {line.split(":")[0]: int(line.split()[1]) for line in f if line.startswith("Vm")}
+
+
+def test_large_output_streams_with_bounded_memory(srv):
+    c = srv.conn()
+    c.request("POST", "/execute", body=json.dumps(
+        {"code": "for i in range(50 * 1024): print('x' * 1023)"}).encode())
+    r = c.getresponse()
+    total, tail = 0, b""
+    while True:
+        chunk = r.read(1 << 16)
+        if not chunk:
+            break
+        total += len(chunk)
+        tail = (tail + chunk)[-200:]
+    c.close()
+    assert 50 << 20 <= total < 60 << 20
+    assert json.loads(tail.splitlines()[-1]) == {"type": "end", "status": "ok"}
+    vm = rss_kib(srv.proc.pid)
+    assert vm["VmRSS"] < 300 << 10, vm
+    assert vm["VmHWM"] < 300 << 10, vm
+
+
+def test_client_disconnect_does_not_block(srv):
+    ctx = srv.create()
+    c = srv.conn()
+    c.request("POST", "/execute", body=json.dumps(
+        {"context_id": ctx["id"], "code": "import time\nfor i in range(600):\n print(i, flush=True)\n time.sleep(0.1)"}
+    ).encode())
+    r = c.getresponse()
+    assert r.status == 200
+    assert json.loads(r.readline())["type"] in ("count", "stdout")
+    c.close()
+    t0 = time.monotonic()
+    ev = srv.run("40 + 2", context_id=ctx["id"], timeout_seconds=30)
+    assert main_text(ev) == ["42"] and time.monotonic() - t0 < 10, ev
+
+    # A client that stops reading: the cell is aborted after --write-timeout.
+    c = srv.conn()
+    c.request("POST", "/execute", body=json.dumps(
+        {"context_id": ctx["id"], "code": "while True: print('y' * 4096)"}).encode())
+    r = c.getresponse()
+    assert r.status == 200
+    t0 = time.monotonic()
+    ev = srv.run("'free'", context_id=ctx["id"], timeout_seconds=30)
+    assert main_text(ev) == ["'free'"] and time.monotonic() - t0 < 15
+    c.close()
+    assert srv.request("DELETE", f"/contexts/{ctx['id']}") == (204, None)
+
+
+def test_one_execution_at_a_time(srv):
+    ctx = srv.create(language="bash")
+    results = {}
+
+    def slow():
+        results["slow"] = srv.run("sleep 1.5; echo slow", context_id=ctx["id"])
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.5)
+    impatient = srv.run("echo never", context_id=ctx["id"], timeout_seconds=0.5)
+    patient = srv.run("echo next", context_id=ctx["id"], timeout_seconds=30)
+    t.join()
+    assert text(results["slow"], "stdout") == "slow\n"
+    assert end(impatient) == "timeout" and "never" not in text(impatient, "stdout")
+    assert text(patient, "stdout") == "next\n"
+    assert srv.request("DELETE", f"/contexts/{ctx['id']}") == (204, None)
+
+
+def test_context_limit(srv):
+    created = []
+    try:
+        while True:
+            status, body = srv.request("POST", "/contexts", {"language": "bash"})
+            if status != 201:
+                break
+            created.append(body["id"])
+            assert len(created) <= 32
+        assert status == 429 and "too many contexts" in body["error"]
+        assert len(srv.request("GET", "/contexts")[1]) == 32
+    finally:
+        for cid in created:
+            srv.request("DELETE", f"/contexts/{cid}")
+
+
+def test_http_errors(srv):
+    assert srv.execute("1", context_id="nope")[0] == 404
+    assert srv.request("POST", "/contexts/nope/restart")[0] == 404
+    assert srv.request("GET", "/nowhere")[0] == 404
+    assert srv.request("PUT", "/execute", {})[0] == 405
+    status, body = srv.request("POST", "/execute", raw=b"{not json")
+    assert status == 400 and "error" in body
+    assert srv.request("POST", "/execute", raw=b"[1]")[0] == 400
+    assert srv.request("POST", "/execute", {"code": 1})[0] == 400
+    assert srv.request("POST", "/execute", {"code": "1", "timeout_seconds": -1})[0] == 400
+    assert srv.request("POST", "/execute", {"code": "1", "language": "cobol"})[0] == 400
+    assert srv.request("POST", "/execute", {"code": "1", "env": {"A": 1}})[0] == 400
+    assert srv.request("POST", "/contexts", {"language": "ruby"})[0] == 400
+    assert srv.request("POST", "/contexts", {"cwd": "/no/such/dir"})[0] == 400
+    status, body = srv.request("POST", "/execute", raw=b"x" * ((8 << 20) + 1))
+    assert status == 413 and "error" in body
+    assert srv.request("GET", "/health")[0] == 200  # still serving
+
+
+def test_default_context_recreated_after_delete(srv):  # last: it drops the warm default
+    srv.run("gone_soon = 1")
+    assert srv.request("DELETE", "/contexts/default") == (204, None)
+    ev = srv.run("gone_soon")
+    assert errors(ev)[0]["name"] == "NameError"
+    assert "default" in {c["id"] for c in srv.request("GET", "/contexts")[1]}
