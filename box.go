@@ -10,6 +10,7 @@ import (
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/codeinterp"
 
 	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/hypervisor"
@@ -35,6 +36,9 @@ type box struct {
 	// stop or hibernate under way): no call dials it again until a new
 	// machine runs (useMachine).
 	hangup error
+	// code is the code interpreter's client, made at its first use
+	// (interpreter); it keeps connections to it open through the agent.
+	code *codeinterp.Client
 
 	// given is what the sandbox is given (package guestenv): the
 	// variables every exec gets, what the credential proxy needs.
@@ -110,6 +114,10 @@ func (b *box) closeAgent(why error) {
 	b.amu.Lock()
 	defer b.amu.Unlock()
 	b.hangup = why
+	if b.code != nil {
+		b.code.Close()
+		b.code = nil
+	}
 	if b.agent != nil {
 		b.agent.CloseFor(why)
 		b.agent = nil

@@ -34,6 +34,7 @@ import (
 type Engine interface {
 	Sandboxes
 	Commands
+	Code
 	Files
 	Firewalls
 	Domains
@@ -62,6 +63,15 @@ type Commands interface {
 	Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error)
 	ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error)
 	Shell(ctx context.Context, id string, r sandbox.ExecRequest, term *sandbox.Terminal, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error)
+}
+
+// Code runs cells in a sandbox's code interpreter.
+type Code interface {
+	RunCode(ctx context.Context, id string, r sandbox.CodeRequest, emit func(sandbox.CodeEvent) error) (*sandbox.CodeExecution, error)
+	CodeContexts(ctx context.Context, id string) ([]sandbox.CodeContext, error)
+	CreateCodeContext(ctx context.Context, id string, r sandbox.CodeContextRequest) (*sandbox.CodeContext, error)
+	RestartCodeContext(ctx context.Context, id, contextID string) (*sandbox.CodeContext, error)
+	DeleteCodeContext(ctx context.Context, id, contextID string) error
 }
 
 // Files are the calls on a sandbox's files.

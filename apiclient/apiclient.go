@@ -148,6 +148,11 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 }
 
 func (c *Client) send(ctx context.Context, method, path string, query url.Values, body any) (*http.Response, error) {
+	return c.sendWith(ctx, method, path, query, body, nil)
+}
+
+// sendWith is send with more request headers.
+func (c *Client) sendWith(ctx context.Context, method, path string, query url.Values, body any, hdr http.Header) (*http.Response, error) {
 	var rd io.Reader
 	ctype := "application/json"
 	switch b := body.(type) {
@@ -173,6 +178,9 @@ func (c *Client) send(ctx context.Context, method, path string, query url.Values
 	}
 	if rd != nil {
 		req.Header.Set("Content-Type", ctype)
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
 	}
 	if c.key != "" {
 		req.Header.Set("Authorization", "Bearer "+c.key)

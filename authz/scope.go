@@ -36,18 +36,20 @@ var Actions = []string{
 	"listImages", "buildImage", "deleteImage",
 	"listHosts", "deleteHost", "rotateMeshKey",
 	"createVolume", "listVolumes", "getVolume", "resizeVolume", "deleteVolume",
+	"runCode", "listCodeContexts", "createCodeContext", "restartCodeContext", "deleteCodeContext",
 }
 
 // Groups name sets of actions; a scope may list groups and actions. A name
 // that is both (exec) means the group.
 var Groups = map[string][]string{
-	"*":                  Actions,
-	"info":               {"getInfo"},
-	"sandboxes:read":     {"listSandboxes", "getSandbox", "getSandboxMetrics"},
-	"sandboxes:write":    {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "setSandboxTimeout"},
-	"snapshots:read":     {"listSnapshots", "getSnapshot"},
-	"snapshots:write":    {"createSnapshot", "deleteSnapshot"},
-	"exec":               {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "getProcessOutput", "killProcess", "sendProcessInput", "openPty", "listCommands"},
+	"*":               Actions,
+	"info":            {"getInfo"},
+	"sandboxes:read":  {"listSandboxes", "getSandbox", "getSandboxMetrics"},
+	"sandboxes:write": {"createSandbox", "deleteSandbox", "pauseSandbox", "resumeSandbox", "stopSandbox", "startSandbox", "forkSandbox", "hibernateSandbox", "setSandboxTimeout"},
+	"snapshots:read":  {"listSnapshots", "getSnapshot"},
+	"snapshots:write": {"createSnapshot", "deleteSnapshot"},
+	"exec": {"exec", "execStream", "startProcess", "listProcesses", "getProcess", "getProcessOutput", "killProcess", "sendProcessInput", "openPty", "listCommands",
+		"runCode", "listCodeContexts", "createCodeContext", "restartCodeContext", "deleteCodeContext"},
 	"accounts:write":     {"updateAccount"},
 	"files:read":         {"readFile", "statFile", "listFiles"},
 	"files:write":        {"writeFile", "removeFile", "mkdir", "moveFile"},

@@ -40,6 +40,7 @@ func New(c *apiclient.Client, version string) *mcp.Server {
 	t := &tools{c: c}
 	mcp.AddTool(s, &mcp.Tool{Name: "create_sandbox", Description: "Create a sandbox (a virtual machine) and wait until it runs. Returns its id."}, t.create)
 	mcp.AddTool(s, &mcp.Tool{Name: "run_command", Description: "Run a shell command in a sandbox and wait for it: its exit code, stdout and stderr (the first 256 KiB of each)."}, t.run)
+	mcp.AddTool(s, &mcp.Tool{Name: "run_code", Description: "Run a cell of Python (or bash) in a sandbox's code interpreter (a sandbox made from the code-interpreter image) and wait for it: state lasts from one cell to the next in a context, like a notebook. Returns its output, the value of its last expression, its exception, and charts as images."}, t.runCode)
 	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: fmt.Sprintf("Read a file of a sandbox (at most %d bytes): UTF-8 text as is, anything else base64.", MaxReadBytes)}, t.read)
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a file in a sandbox, creating or replacing it."}, t.write)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_sandboxes", Description: "List the sandboxes this key can see."}, t.list)
@@ -171,6 +172,79 @@ func (t *tools) run(ctx context.Context, _ *mcp.CallToolRequest, in RunInput) (*
 		}
 	}
 	return nil, out, nil
+}
+
+// CodeInput is run_code's arguments.
+type CodeInput struct {
+	SandboxID      string `json:"sandbox_id" jsonschema:"the sandbox (made from the code-interpreter image)"`
+	Code           string `json:"code" jsonschema:"the cell"`
+	ContextID      string `json:"context_id,omitempty" jsonschema:"the context it runs in (default: the language's default context)"`
+	Language       string `json:"language,omitempty" jsonschema:"python (the default) or bash"`
+	TimeoutSeconds int    `json:"timeout_seconds,omitempty" jsonschema:"interrupt it after this many seconds (0: 300); the context stays usable"`
+}
+
+// CodeOutput is what a cell did. Its charts come as image content.
+type CodeOutput struct {
+	Status         string `json:"status" jsonschema:"ok, error, timeout, or died (the kernel died: the context must be restarted)"`
+	ExecutionCount int    `json:"execution_count"`
+	Stdout         string `json:"stdout"`
+	Stderr         string `json:"stderr"`
+	// Results are the cell's rich results as text: its value, what it
+	// displayed (HTML as is, images attached).
+	Results   []CodeResultText   `json:"results,omitempty"`
+	Error     *sandbox.CodeError `json:"error,omitempty"`
+	Truncated bool               `json:"truncated,omitempty" jsonschema:"output beyond 256 KiB a stream (or the server's cap) was dropped"`
+}
+
+// CodeResultText is one rich result, its text formats.
+type CodeResultText struct {
+	IsMainResult bool   `json:"is_main_result" jsonschema:"the value of the cell's last expression"`
+	Text         string `json:"text,omitempty"`
+	HTML         string `json:"html,omitempty"`
+	Markdown     string `json:"markdown,omitempty"`
+	Image        string `json:"image,omitempty" jsonschema:"the MIME type of the image attached for it"`
+}
+
+// maxImages bounds the images a run_code result attaches.
+const maxImages = 8
+
+func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in CodeInput) (*mcp.CallToolResult, CodeOutput, error) {
+	if in.SandboxID == "" || in.Code == "" {
+		return nil, CodeOutput{}, errors.New("sandbox_id and code are required")
+	}
+	req := sandbox.CodeRequest{Code: in.Code, ContextID: in.ContextID, Language: in.Language, TimeoutSeconds: float64(in.TimeoutSeconds)}
+	x, err := t.c.RunCode(ctx, in.SandboxID, req)
+	if err != nil {
+		return nil, CodeOutput{}, explain(err)
+	}
+	out := CodeOutput{Status: x.Status, ExecutionCount: x.ExecutionCount, Stdout: x.Stdout, Stderr: x.Stderr, Error: x.Error,
+		Truncated: x.StdoutTruncated || x.StderrTruncated}
+	for _, s := range []*string{&out.Stdout, &out.Stderr} {
+		if len(*s) > MaxOutputBytes {
+			*s, out.Truncated = strings.ToValidUTF8((*s)[:MaxOutputBytes], ""), true
+		}
+	}
+	res := &mcp.CallToolResult{}
+	for _, r := range x.Results {
+		rt := CodeResultText{IsMainResult: r.IsMainResult, Text: r.Text, HTML: r.HTML, Markdown: r.Markdown}
+		for mime, b64 := range map[string]string{"image/png": r.PNG, "image/jpeg": r.JPEG} {
+			if b64 == "" || len(res.Content) >= maxImages {
+				continue
+			}
+			if b, err := base64.StdEncoding.DecodeString(b64); err == nil {
+				res.Content = append(res.Content, &mcp.ImageContent{Data: b, MIMEType: mime})
+				rt.Image = mime
+				break
+			}
+		}
+		out.Results = append(out.Results, rt)
+	}
+	summary, err := json.Marshal(out)
+	if err != nil {
+		return nil, CodeOutput{}, err
+	}
+	res.Content = append([]mcp.Content{&mcp.TextContent{Text: string(summary)}}, res.Content...)
+	return res, out, nil
 }
 
 // ReadInput is read_file's arguments.

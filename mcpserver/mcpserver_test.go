@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/harebox/harebox/hypervisor/voldisk"
 	"github.com/harebox/harebox/internal/testapi"
 	"github.com/harebox/harebox/mcpserver"
+	"github.com/harebox/harebox/sandbox"
 )
 
 // server is hareboxd's API on the fake hypervisor, and its root key.
@@ -261,5 +263,57 @@ func TestVolumeTools(t *testing.T) {
 	call(t, cs, "delete_sandbox", map[string]any{"sandbox_id": box.ID}, nil)
 	if msg, isErr := call(t, cs, "delete_volume", map[string]any{"name": "data"}, nil); isErr {
 		t.Errorf("delete_volume: %s", msg)
+	}
+}
+
+// TestRunCodeTool: run_code's answer as an agent gets it, the chart as
+// image content, from a server that answers as hareboxd does (the real
+// interpreter is e2e's TestCodeInterpreter); and the error on a sandbox
+// with no interpreter, from the real API.
+func TestRunCodeTool(t *testing.T) {
+	chart := base64.StdEncoding.EncodeToString([]byte("\x89PNG\r\n\x1a\nnot really"))
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req sandbox.CodeRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		if r.URL.Path != "/v1/sandboxes/sbx_1/code" || req.Code != "plot()" || req.ContextID != "c1" {
+			http.Error(w, `{"error": {"code": "invalid", "message": "unexpected"}}`, 400)
+			return
+		}
+		json.NewEncoder(w).Encode(sandbox.CodeExecution{ContextID: "c1", ExecutionCount: 3, Status: "ok", Stdout: "plotted\n",
+			Results: []sandbox.CodeResult{{PNG: chart, Text: "<Figure>", Width: 640, Height: 480}, {IsMainResult: true, Text: "42"}}})
+	}))
+	defer fake.Close()
+	cs := session(t, fake.URL, "key")
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_code", Arguments: map[string]any{"sandbox_id": "sbx_1", "code": "plot()", "context_id": "c1"}})
+	if err != nil || res.IsError {
+		t.Fatalf("run_code: %v %+v", err, res)
+	}
+	var out mcpserver.CodeOutput
+	b, _ := json.Marshal(res.StructuredContent)
+	json.Unmarshal(b, &out)
+	if out.ExecutionCount != 3 || out.Stdout != "plotted\n" || len(out.Results) != 2 || out.Results[0].Image != "image/png" || out.Results[1].Text != "42" {
+		t.Errorf("structured: %+v", out)
+	}
+	var images int
+	for _, c := range res.Content {
+		if ic, ok := c.(*mcp.ImageContent); ok {
+			images++
+			if ic.MIMEType != "image/png" || !strings.HasPrefix(string(ic.Data), "\x89PNG") {
+				t.Errorf("image: %s %q", ic.MIMEType, ic.Data)
+			}
+		}
+	}
+	if images != 1 {
+		t.Errorf("%d images", images)
+	}
+
+	base, root := server(t)
+	real := session(t, base, root)
+	var box mcpserver.Sandbox
+	if msg, isErr := call(t, real, "create_sandbox", map[string]any{}, &box); isErr {
+		t.Fatal(msg)
+	}
+	if msg, isErr := call(t, real, "run_code", map[string]any{"sandbox_id": box.ID, "code": "1"}, nil); !isErr || !strings.Contains(msg, "code-interpreter") {
+		t.Errorf("run_code without an interpreter: %v %s", isErr, msg)
 	}
 }

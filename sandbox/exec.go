@@ -112,7 +112,7 @@ func (in *ProcessInput) Check() error {
 type Command struct {
 	ID        string      `json:"id"`
 	SandboxID string      `json:"sandbox_id"`
-	Kind      string      `json:"kind"` // exec, stream, background or shell
+	Kind      string      `json:"kind"` // exec, stream, background, shell or code
 	Cmd       string      `json:"cmd,omitempty"`
 	Argv      []string    `json:"argv,omitempty"`
 	User      string      `json:"user,omitempty"`

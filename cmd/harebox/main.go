@@ -70,6 +70,8 @@ var commands = []command{
 	{"image", "list | build NAME --from registry:REF | delete NAME", "the images sandboxes are made from (harebox new --image NAME)", cmdImage},
 	{"exec", "ID [flags] -- COMMAND [ARG...]", "run a command, streaming its output; exits with its exit code (--background: start it and print its process)", cmdExec},
 	{"shell", "ID [-c CMD] [--user U] [--cwd DIR]", "an interactive terminal in the sandbox (the local one in raw mode until it ends); exits with the shell's exit code", cmdShell},
+	{"run-code", "ID [--context C] [--language python|bash] [-c CODE | --file F | stdin] [--env K=V] [--timeout SECS] [--save-results DIR]", "run a cell in the sandbox's code interpreter (an image with one: code-interpreter), whose state lasts from one cell to the next: its output streamed, its value printed, charts and other rich results saved with --save-results; exits 1 if it raised, 124 if it timed out, 125 if its kernel died", cmdRunCode},
+	{"code-context", "create ID [--language L] [--cwd DIR] [--env K=V] | list ID | restart ID CONTEXT | delete ID CONTEXT", "the code interpreter's contexts: a kernel each, with its own state", cmdCodeContext},
 	{"ps", "ID", "a sandbox's background processes (they run on when the client or the server goes away)", cmdPs},
 	{"attach", "ID PROC [--no-follow] [--stdout-offset N] [--stderr-offset N]", "a background process's output, kept in the guest, then (unless --no-follow) what comes until it ends; exits with its exit code", cmdAttach},
 	{"kill", "ID PROC [--signal N]", "signal a background process's process group (default SIGKILL)", cmdKill},

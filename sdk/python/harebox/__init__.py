@@ -10,7 +10,7 @@ The Client has one method per operation of the REST API (see
 /openapi.json); errors raise HareBoxError and its subclasses.
 """
 
-from .client import DEFAULT_URL, Client, ExecEvent, ExecStream, ProcessOutputStream
+from .client import DEFAULT_URL, Client, CodeEvent, CodeStream, ExecEvent, ExecStream, ProcessOutputStream
 from .errors import (
     BudgetExceeded,
     Conflict,
@@ -28,6 +28,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
+from .interpreter import Execution, ExecutionError, Result
 from .pty import Pty
 from .sandbox import Sandbox
 
@@ -39,6 +40,11 @@ __all__ = [
     "ExecEvent",
     "ExecStream",
     "ProcessOutputStream",
+    "CodeEvent",
+    "CodeStream",
+    "Execution",
+    "ExecutionError",
+    "Result",
     "Pty",
     "DEFAULT_URL",
     "HareBoxError",

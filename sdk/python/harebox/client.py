@@ -24,7 +24,7 @@ import os
 import re
 import socket
 import ssl
-from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Protocol, Self, TypeVar, Union, cast
+from typing import IO, Any, Callable, Generic, Iterator, Mapping, NamedTuple, Protocol, Self, TypeVar, Union, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 from . import types as t
@@ -32,7 +32,7 @@ from .errors import HareBoxError, RequestTimeout, TransportError, error_from_bod
 from .pty import Pty, UpgradeResponse, check_upgrade, new_key, upgrade_headers
 from .sandbox import Sandbox
 
-__all__ = ["Client", "ExecEvent", "ExecStream", "ProcessOutputStream", "Pty", "DEFAULT_URL"]
+__all__ = ["Client", "CodeEvent", "CodeStream", "ExecEvent", "ExecStream", "ProcessOutputStream", "Pty", "DEFAULT_URL"]
 
 #: Where the client goes when neither ``url`` nor HAREBOX_URL says.
 DEFAULT_URL = "http://127.0.0.1:7070"
@@ -41,6 +41,11 @@ USER_AGENT = "harebox-python/1.0.0"
 
 #: The server's default command timeout (ExecRequest.timeout_seconds).
 _DEFAULT_EXEC_SECONDS = 300.0
+#: The server's default cell timeout (CodeRequest.timeout_seconds).
+_DEFAULT_CODE_SECONDS = 300.0
+#: How long past a cell's timeout the server waits for the code
+#: interpreter to say it interrupted the cell.
+_CODE_GRACE_SECONDS = 30.0
 #: The server's default wait for get_process(wait=true).
 _DEFAULT_WAIT_SECONDS = 60.0
 #: Bounds one server-sent-event line; output arrives in far smaller pieces.
@@ -52,6 +57,8 @@ _MAX_ERROR_BODY = 64 << 10
 FileData = Union[bytes, bytearray, memoryview, str, IO[bytes]]
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: The events a stream yields.
+E = TypeVar("E")
 
 
 def operation(operation_id: str) -> Callable[[F], F]:
@@ -74,15 +81,28 @@ class ExecEvent(NamedTuple):
     payload: Any
 
 
+class CodeEvent(NamedTuple):
+    """One event of run_code_stream: ``("stdout", str)`` and ``("stderr",
+    str)`` as the cell writes, ``("result", CodeResult)`` for each rich
+    result, ``("exception", CodeError)`` for the exception the cell
+    raised, then, last, ``("end", CodeExecution)`` (its stdout, stderr
+    and results empty: they were streamed)."""
+
+    name: str
+    payload: Any
+
+
 class Client:
     """A client of one HareBox server.
 
     ``url`` and ``api_key`` default to $HAREBOX_URL and $HAREBOX_API_KEY.
     Every request has a timeout: ``timeout`` for quick calls,
     ``lifecycle_timeout`` for calls that boot, stop, hibernate or freeze a
-    VM, move a whole file or verify the whole audit log, and for exec the
-    command's own timeout plus ``exec_margin``. Each operation
-    also takes ``timeout=`` to override it for one call.
+    VM, start or restart a code context, move a whole file or verify the
+    whole audit log, for exec the command's own timeout plus
+    ``exec_margin``, and for run_code the cell's own timeout plus the 30 s
+    the server gives the interpreter to interrupt it plus ``exec_margin``.
+    Each operation also takes ``timeout=`` to override it for one call.
 
     ``ca`` (default $HAREBOX_CA) sets whom an https:// server is trusted
     as; it is ignored for http:// URLs. It is either the path of a PEM
@@ -686,6 +706,71 @@ class Client:
         path = _path("/v1/sandboxes/{}/processes/{}/input", sandbox_id, process_id)
         self._json("POST", path, body=body, timeout=timeout)
 
+    # --- code interpreter -----------------------------------------------
+    # A sandbox made from an image with a code interpreter (code-interpreter)
+    # runs cells of code in contexts: kernels whose state lasts from one
+    # cell to the next. Any other sandbox answers Conflict.
+
+    @operation("runCode")
+    def run_code(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> t.CodeExecution:
+        """POST /v1/sandboxes/{id}/code: runs a cell (``body["code"]``; see
+        CodeRequest) and waits for it. It runs in the context
+        ``context_id``, else in the default one of ``language`` (python's
+        is "default", bash's "default-bash"). The cell's own exception is
+        the CodeExecution's ``error`` (``status`` "error"), not a raise;
+        ``timeout_seconds`` (default 300) interrupts the cell and leaves
+        the context usable (``status`` "timeout"); a kernel that died
+        answers ``status`` "died" until restart_code_context."""
+        path = _path("/v1/sandboxes/{}/code", sandbox_id)
+        return cast(t.CodeExecution, self._json("POST", path, body=body, timeout=timeout or self._code_timeout(body)))
+
+    def run_code_stream(self, sandbox_id: str, *, body: t.Body, timeout: float | None = None) -> CodeStream:
+        """POST /v1/sandboxes/{id}/code as server-sent events (run_code's
+        operation, asked for with ``Accept: text/event-stream``): runs a
+        cell and yields what it makes as it comes, as CodeEvent(name,
+        payload) tuples: ``stdout`` and ``stderr`` with text, ``result``
+        with a CodeResult, ``exception`` with the cell's CodeError, then
+        ``end`` with the CodeExecution (its stdout, stderr and results
+        empty). An ``error`` event raises its HareBoxError. Errors before
+        the stream (no such sandbox, a sandbox without a code interpreter,
+        a bad request) raise here, not on the first iteration."""
+        deadline = timeout or self._code_timeout(body)
+        path = _path("/v1/sandboxes/{}/code", sandbox_id)
+        conn, resp = self._send("POST", path, body=body, accept="text/event-stream", timeout=deadline)
+        return CodeStream(conn, resp)
+
+    @operation("listCodeContexts")
+    def list_code_contexts(self, sandbox_id: str, *, timeout: float | None = None) -> t.CodeContextList:
+        """GET /v1/sandboxes/{id}/code/contexts: the code interpreter's contexts."""
+        path = _path("/v1/sandboxes/{}/code/contexts", sandbox_id)
+        return cast(t.CodeContextList, self._json("GET", path, timeout=timeout))
+
+    @operation("createCodeContext")
+    def create_code_context(
+        self, sandbox_id: str, *, body: t.Body | None = None, timeout: float | None = None
+    ) -> t.CodeContext:
+        """POST /v1/sandboxes/{id}/code/contexts: starts a context, a kernel
+        of its own that shares only the filesystem with the others.
+        ``body`` (optional): ``language`` ("python", the default, or
+        "bash"), ``cwd`` and ``env``; see CodeContextRequest. Run cells in
+        it with ``body["context_id"]`` set to its ``id``."""
+        path = _path("/v1/sandboxes/{}/code/contexts", sandbox_id)
+        return cast(t.CodeContext, self._json("POST", path, body=body or {}, timeout=timeout or self.lifecycle_timeout))
+
+    @operation("restartCodeContext")
+    def restart_code_context(self, sandbox_id: str, context_id: str, *, timeout: float | None = None) -> t.CodeContext:
+        """POST /v1/sandboxes/{id}/code/contexts/{context_id}/restart: gives
+        the context a fresh kernel; its state is lost, and a kernel that
+        died comes back."""
+        path = _path("/v1/sandboxes/{}/code/contexts/{}/restart", sandbox_id, context_id)
+        return cast(t.CodeContext, self._json("POST", path, timeout=timeout or self.lifecycle_timeout))
+
+    @operation("deleteCodeContext")
+    def delete_code_context(self, sandbox_id: str, context_id: str, *, timeout: float | None = None) -> None:
+        """DELETE /v1/sandboxes/{id}/code/contexts/{context_id}: shuts the
+        context's kernel down."""
+        self._json("DELETE", _path("/v1/sandboxes/{}/code/contexts/{}", sandbox_id, context_id), timeout=timeout)
+
     # --- files ----------------------------------------------------------
 
     @operation("writeFile")
@@ -1164,6 +1249,12 @@ class Client:
         enforces the command's timeout, always answers first."""
         return _seconds(body.get("timeout_seconds"), _DEFAULT_EXEC_SECONDS) + self.exec_margin
 
+    def _code_timeout(self, body: t.Body) -> float:
+        """The cell's own timeout, the grace the server gives the
+        interpreter to interrupt it, and a margin, so the server, which
+        enforces both, always answers first."""
+        return _seconds(body.get("timeout_seconds"), _DEFAULT_CODE_SECONDS) + _CODE_GRACE_SECONDS + self.exec_margin
+
     def _json(
         self,
         method: str,
@@ -1330,7 +1421,7 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
             )
 
 
-class _EventStream:
+class _EventStream(Generic[E]):
     """The events of one streamed reply: iterate it, or use it as a
     context manager to close the connection early. Subclasses decode the
     events; an ``error`` event raises its HareBoxError, events of other
@@ -1338,13 +1429,17 @@ class _EventStream:
 
     #: Names the stream in errors.
     _what = "event stream"
+    #: The event that ends the stream: a JSON object.
+    _last = "exit"
+    #: The events before it, decoded by _output.
+    _names: tuple[str, ...] = ("stdout", "stderr")
 
     def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
         self._conn = conn
         self._resp = resp
         self._done = False
 
-    def __iter__(self) -> Iterator[ExecEvent]:
+    def __iter__(self) -> Iterator[E]:
         return self
 
     def __enter__(self) -> Self:
@@ -1362,7 +1457,7 @@ class _EventStream:
         # A loop that breaks early leaves the stream open: close it quietly.
         _close(self._conn, self._resp)
 
-    def __next__(self) -> ExecEvent:
+    def __next__(self) -> E:
         if self._done:
             raise StopIteration
         try:
@@ -1375,14 +1470,14 @@ class _EventStream:
                 name, data = event
                 if name == "error":
                     raise error_from_body(0, json.loads(data))
-                if name == "exit":
+                if name == self._last:
                     result = json.loads(data)
                     if not isinstance(result, dict):
-                        raise TransportError(f"{self._what}: the exit event is not a JSON object")
+                        raise TransportError(f"{self._what}: the {name} event is not a JSON object")
                     self.close()
-                    return ExecEvent("exit", cast(t.ExecResult, result))
-                if name in ("stdout", "stderr"):
-                    return ExecEvent(name, self._output(name, json.loads(data)))
+                    return self._event(name, result)
+                if name in self._names:
+                    return self._event(name, self._output(name, json.loads(data)))
                 # Unknown events are for newer clients: skip them.
         except HareBoxError:
             self.close()
@@ -1394,28 +1489,61 @@ class _EventStream:
             self.close()
             raise TransportError(f"{self._what}: {type(e).__name__}: {e}") from None
 
+    def _event(self, name: str, payload: Any) -> E:
+        """The tuple yielded for an event and its decoded payload."""
+        raise NotImplementedError
+
     def _output(self, name: str, data: Any) -> Any:
-        """The payload of a stdout or stderr event's JSON ``data``."""
+        """The payload of the JSON ``data`` of an event of ``_names``."""
         raise NotImplementedError
 
     def _ended(self) -> None:
-        """Called when the stream ends before an exit event; raises if that
-        is not a normal end."""
-        raise TransportError(f"{self._what} ended before the exit event")
+        """Called when the stream ends before its last event; raises if
+        that is not a normal end."""
+        raise TransportError(f"{self._what} ended before the {self._last} event")
 
 
-class ExecStream(_EventStream):
+class ExecStream(_EventStream[ExecEvent]):
     """The events of one exec_stream call; iterate it, or use it as a
     context manager to close the connection early. It closes itself after
     the ``exit`` event."""
 
     _what = "exec stream"
 
+    def _event(self, name: str, payload: Any) -> ExecEvent:
+        return ExecEvent(name, payload)
+
     def _output(self, name: str, data: Any) -> bytes:
         return base64.b64decode(data["data"])
 
 
-class ProcessOutputStream(_EventStream):
+class CodeStream(_EventStream[CodeEvent]):
+    """The events of one run_code_stream call, as CodeEvent(name, payload)
+    tuples: ``("stdout", str)``, ``("stderr", str)``, ``("result",
+    CodeResult)``, ``("exception", CodeError)``, then ``("end",
+    CodeExecution)``. Iterate it, or use it as a context manager to close
+    the connection early; it closes itself after the ``end`` event. A
+    stream that ends before it raises TransportError."""
+
+    _what = "code stream"
+    _last = "end"
+    _names = ("stdout", "stderr", "result", "exception")
+
+    def _event(self, name: str, payload: Any) -> CodeEvent:
+        return CodeEvent(name, payload)
+
+    def _output(self, name: str, data: Any) -> Any:
+        if name in ("stdout", "stderr"):
+            text = data["text"]
+            if not isinstance(text, str):
+                raise TransportError(f"{self._what}: a {name} event's text is not a string")
+            return text
+        if not isinstance(data, dict):
+            raise TransportError(f"{self._what}: the {name} event is not a JSON object")
+        return data
+
+
+class ProcessOutputStream(_EventStream[ExecEvent]):
     """The events of one get_process_output call: ``("stdout",
     OutputChunk)`` and ``("stderr", OutputChunk)``, then ``("exit",
     ExecResult)`` once the process has ended. Iterate it, or use it as a
@@ -1436,6 +1564,9 @@ class ProcessOutputStream(_EventStream):
         super().__init__(conn, resp)
         self._follow = follow
         self.stdout_offset, self.stderr_offset = offsets
+
+    def _event(self, name: str, payload: Any) -> ExecEvent:
+        return ExecEvent(name, payload)
 
     def _output(self, name: str, data: Any) -> t.OutputChunk:
         offset = data["offset"]

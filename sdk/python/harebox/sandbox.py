@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from . import types as t
-from .errors import Conflict
+from .errors import Conflict, TransportError
+from .interpreter import Execution, ExecutionError, Result
 
 if TYPE_CHECKING:
     from .client import Client, ExecStream, FileData, ProcessOutputStream
@@ -220,6 +221,97 @@ class Sandbox:
             "cmd": cmd, "rows": rows, "cols": cols, "user": user, "cwd": cwd, "timeout_seconds": timeout,
         }
         return self.client.open_pty(self.id, query=query)
+
+    # --- code interpreter -------------------------------------------------
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        context: str | t.CodeContext | None = None,
+        language: Literal["python", "bash"] | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+        on_result: Callable[[Result], object] | None = None,
+        on_error: Callable[[ExecutionError], object] | None = None,
+    ) -> Execution:
+        """Runs a cell of code in this sandbox's code interpreter (a sandbox
+        made from the code-interpreter image; see Client.run_code) and
+        returns the finished cell as an Execution. ``context`` is a
+        context's ID (or the CodeContext create_code_context returned);
+        without it the cell runs in the default context of ``language``
+        ("python", the default, or "bash"), whose state lasts from one
+        cell to the next. ``env`` adds variables for this cell;
+        ``timeout`` (seconds, default the server's 300) interrupts it.
+        The cell's exception is ``Execution.error``, not a raise.
+
+        With any of the callbacks the cell is streamed (run_code_stream):
+        ``on_stdout`` and ``on_stderr`` get the text as the cell writes
+        it, ``on_result`` each Result, ``on_error`` the cell's
+        ExecutionError, as they come; the Execution returned then has
+        what was streamed."""
+        body: dict[str, Any] = {"code": code}
+        if context is not None:
+            body["context_id"] = context if isinstance(context, str) else context["id"]
+        options = {"language": language, "env": env, "timeout_seconds": timeout}
+        body.update((k, v) for k, v in options.items() if v is not None)
+        if on_stdout is None and on_stderr is None and on_result is None and on_error is None:
+            return Execution.from_json(self.client.run_code(self.id, body=body))
+        stdout: list[str] = []
+        stderr: list[str] = []
+        results: list[Result] = []
+        with self.client.run_code_stream(self.id, body=body) as stream:
+            for name, payload in stream:
+                if name == "stdout":
+                    stdout.append(payload)
+                    if on_stdout is not None:
+                        on_stdout(payload)
+                elif name == "stderr":
+                    stderr.append(payload)
+                    if on_stderr is not None:
+                        on_stderr(payload)
+                elif name == "result":
+                    result = Result.from_json(payload)
+                    results.append(result)
+                    if on_result is not None:
+                        on_result(result)
+                elif name == "exception":
+                    if on_error is not None:
+                        on_error(ExecutionError.from_json(payload))
+                elif name == "end":
+                    return Execution.from_json(payload, stdout="".join(stdout), stderr="".join(stderr), results=results)
+        raise TransportError("code stream ended before the end event")  # the stream raises first
+
+    def code_contexts(self) -> list[t.CodeContext]:
+        """The code interpreter's contexts (see Client.list_code_contexts)."""
+        return self.client.list_code_contexts(self.id)["contexts"]
+
+    def create_code_context(
+        self,
+        *,
+        language: Literal["python", "bash"] | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> t.CodeContext:
+        """Starts a code interpreter context: a kernel of its own ("python",
+        the default, or "bash") that shares only the filesystem with the
+        others, its code running in ``cwd`` (default the user's home) with
+        ``env`` added (see Client.create_code_context); None means unset.
+        Returns the CodeContext; ``run_code(code, context=ctx)`` runs in
+        it."""
+        fields = {"language": language, "cwd": cwd, "env": env}
+        return self.client.create_code_context(self.id, body={k: v for k, v in fields.items() if v is not None})
+
+    def restart_code_context(self, context_id: str) -> t.CodeContext:
+        """Gives a context a fresh kernel: its state is lost, and a kernel
+        that died comes back (see Client.restart_code_context)."""
+        return self.client.restart_code_context(self.id, context_id)
+
+    def delete_code_context(self, context_id: str) -> None:
+        """Shuts a context's kernel down (see Client.delete_code_context)."""
+        self.client.delete_code_context(self.id, context_id)
 
     # --- files ----------------------------------------------------------
 

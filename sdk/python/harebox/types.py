@@ -406,13 +406,104 @@ class OutputChunk(NamedTuple):
         return self.offset + len(self.data)
 
 
+class CodeRequest(TypedDict):
+    """The body of run_code and run_code_stream: a cell of code."""
+
+    #: At most 1 MiB.
+    code: str
+    #: The context it runs in; default the default context of ``language``
+    #: (python's is "default", bash's "default-bash").
+    context_id: NotRequired[str]
+    #: "python" (the default) or "bash".
+    language: NotRequired[Literal["python", "bash"]]
+    #: Variables for this cell, over the sandbox's own.
+    env: NotRequired[dict[str, str]]
+    #: Interrupts the cell (the context stays usable); default 300, at most 3600.
+    timeout_seconds: NotRequired[float]
+
+
+class CodeContextRequest(TypedDict, total=False):
+    """The body of create_code_context; every field is optional."""
+
+    #: "python" (the default) or "bash".
+    language: Literal["python", "bash"]
+    #: Where its code runs (an absolute path); default the user's home.
+    cwd: str
+    env: dict[str, str]
+
+
+class CodeContext(TypedDict):
+    """A context of a sandbox's code interpreter: a kernel whose state
+    lasts from one cell to the next."""
+
+    id: str
+    language: Literal["python", "bash"]
+    cwd: str
+
+
+class CodeContextList(TypedDict):
+    """The body of list_code_contexts."""
+
+    contexts: list[CodeContext]
+
+
+class CodeResult(TypedDict):
+    """One rich result of a cell, in each format the kernel gave that the
+    host keeps. ``png`` and ``jpeg`` are base64; HTML, SVG, Markdown and
+    LaTeX are the sandbox's own text (never render them trusted)."""
+
+    #: The value of the cell's last expression (else something it displayed).
+    is_main_result: bool
+    text: NotRequired[str]
+    html: NotRequired[str]
+    markdown: NotRequired[str]
+    svg: NotRequired[str]
+    png: NotRequired[str]
+    jpeg: NotRequired[str]
+    latex: NotRequired[str]
+    #: application/json: any JSON value.
+    json: NotRequired[Any]
+    #: The PNG's (else the JPEG's) size in pixels.
+    width: NotRequired[int]
+    height: NotRequired[int]
+
+
+class CodeError(TypedDict):
+    """The exception a cell raised: TimeoutError for a timeout, KernelDied
+    for a dead kernel, ExitCode for a bash cell's non-zero status."""
+
+    name: str
+    value: str
+    traceback: NotRequired[str]
+
+
+class CodeExecution(TypedDict):
+    """A finished cell: the reply of run_code, and the ``end`` event of
+    run_code_stream (there with stdout, stderr and results empty: they
+    were streamed)."""
+
+    context_id: str
+    execution_count: int
+    #: "died": the kernel died; the context answers so until it is restarted.
+    status: Literal["ok", "error", "timeout", "died"]
+    stdout: str
+    stderr: str
+    results: list[CodeResult]
+    error: NotRequired[CodeError]
+    duration_ms: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    #: Results past the host's bounds, or in no format it keeps.
+    results_dropped: NotRequired[int]
+
+
 class Command(TypedDict):
     """One entry of a sandbox's command history."""
 
     id: str
     sandbox_id: str
-    #: "exec" (exec), "stream" (exec_stream) or "background" (start_process).
-    kind: Literal["exec", "stream", "background"]
+    #: "exec" (exec), "stream" (exec_stream), "background" (start_process) or "code" (run_code).
+    kind: Literal["exec", "stream", "background", "code"]
     cmd: NotRequired[str]
     argv: NotRequired[list[str]]
     user: NotRequired[str]

@@ -1287,3 +1287,206 @@ def test_process_output_errors(recorder: tuple[harebox.Client, type[_Recorder]],
     server.replies[base] = (200, sse, _sse(_chunk("stdout", 0, b"x" * 100)))
     with pytest.raises(harebox.TransportError, match="process output: an event line is too long or cut short"):
         list(hb.get_process_output("sbx_1", "proc_1"))
+
+
+#: A chart's bytes, as a cell's result carries them (base64 on the wire).
+CHART = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x01\x90\x00\x00\x01,\x08\x06\x00\x00\x00"
+CHART_RESULT: t.CodeResult = {"is_main_result": False, "text": "<Figure size 400x300 with 1 Axes>",
+                              "png": base64.b64encode(CHART).decode(), "width": 400, "height": 300}
+MAIN_RESULT: t.CodeResult = {"is_main_result": True, "text": "42", "json": None}
+CODE_ERROR: t.CodeError = {"name": "ZeroDivisionError", "value": "division by zero",
+                           "traceback": "Traceback (most recent call last):\n  return 1 / 0\nZeroDivisionError: division by zero"}
+
+
+def _execution(**fields: Any) -> t.CodeExecution:
+    x: dict[str, Any] = {"context_id": "default", "execution_count": 3, "status": "ok", "stdout": "", "stderr": "",
+                         "results": [], "duration_ms": 12, "stdout_truncated": False, "stderr_truncated": False}
+    x.update(fields)
+    return x  # type: ignore[return-value]
+
+
+def test_run_code_returns_the_cell_with_its_results_decoded(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    done = _execution(stdout="plotted\n", results=[CHART_RESULT, MAIN_RESULT], results_dropped=1)
+    server.replies["/v1/sandboxes/sbx_1/code"] = (200, {}, done)
+    # The operation returns the API's JSON as it is.
+    assert hb.run_code("sbx_1", body={"code": "x + 1"}) == done
+    assert server.seen[-1] == ("POST", "/v1/sandboxes/sbx_1/code", {"code": "x + 1"})
+    assert server.accepts[-1] == "application/json"
+    # The Sandbox's run_code sends the fields it is given, and decodes.
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    x = box.run_code("x + 1", context="ctx-1", language="python", env={"A": "1"}, timeout=10)
+    assert server.seen[-1] == ("POST", "/v1/sandboxes/sbx_1/code",
+                               {"code": "x + 1", "context_id": "ctx-1", "language": "python", "env": {"A": "1"}, "timeout_seconds": 10})
+    assert isinstance(x, harebox.Execution)
+    assert (x.context_id, x.execution_count, x.status, x.stdout, x.stderr, x.error) == ("default", 3, "ok", "plotted\n", "", None)
+    assert (x.duration_ms, x.stdout_truncated, x.stderr_truncated, x.results_dropped) == (12, False, False, 1)
+    assert x.text == "42" and x.main_result is x.results[1]
+    chart, main = x.results
+    assert all(isinstance(r, harebox.Result) for r in x.results)
+    assert chart.png == CHART and chart.png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert (chart.width, chart.height, chart.is_main_result, chart.jpeg, chart.html) == (400, 300, False, None, None)
+    assert chart.formats() == ["text", "png"]
+    assert main.formats() == ["text", "json"] and main.json is None  # a null JSON value is still a format
+    assert "<" + str(len(CHART)) + " bytes>" in repr(chart) and "IHDR" not in repr(chart)
+    assert chart.to_dict() == CHART_RESULT and x.to_dict() == done
+    # A context may be given as the CodeContext create_code_context returned.
+    box.run_code("1", context={"id": "ctx-2", "language": "python", "cwd": "/home/user"})
+    assert server.seen[-1][2] == {"code": "1", "context_id": "ctx-2"}
+    # The cell's exception is data, not a raise.
+    server.replies["/v1/sandboxes/sbx_1/code"] = (200, {}, _execution(status="error", error=CODE_ERROR))
+    failed = box.run_code("f()")
+    assert failed.status == "error" and failed.text is None and failed.results == []
+    assert failed.error == harebox.ExecutionError("ZeroDivisionError", "division by zero", CODE_ERROR["traceback"])
+    assert failed.error.to_dict() == CODE_ERROR
+    # The call waits for the cell's timeout, the server's grace and the margin.
+    assert hb._code_timeout({"code": "1"}) == 300 + 30 + hb.exec_margin
+    assert hb._code_timeout({"code": "1", "timeout_seconds": 5}) == 5 + 30 + hb.exec_margin
+    assert harebox.Client.operations()["runCode"] == "run_code"
+
+
+def _code_events(*events: tuple[str, Any]) -> bytes:
+    return _sse(*(f"event: {name}\ndata: " + json.dumps(data) for name, data in events))
+
+
+def test_run_code_streams_to_the_callbacks_in_order(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    sse = {"Content-Type": "text/event-stream"}
+    end = _execution(status="error", error=CODE_ERROR, execution_count=4)
+    server.replies["/v1/sandboxes/sbx_1/code"] = (200, sse, _code_events(
+        ("stdout", {"text": "a\n"}),
+        ("stderr", {"text": "warning\n"}),
+        ("result", CHART_RESULT),
+        ("hello", {}),  # an event for a newer client
+        ("stdout", {"text": "b\n"}),
+        ("result", MAIN_RESULT),
+        ("exception", CODE_ERROR),
+        ("end", end),
+    ) + b": keepalive\n\n")
+    # The client's stream yields the events as the API sends them.
+    with hb.run_code_stream("sbx_1", body={"code": "run()"}) as stream:
+        events = list(stream)
+    assert events == [("stdout", "a\n"), ("stderr", "warning\n"), ("result", CHART_RESULT), ("stdout", "b\n"),
+                      ("result", MAIN_RESULT), ("exception", CODE_ERROR), ("end", end)]
+    assert all(isinstance(e, harebox.CodeEvent) for e in events)
+    assert server.accepts[-1] == "text/event-stream"
+    assert list(stream) == []  # closed after the end
+    # The Sandbox's run_code streams when it is given a callback.
+    calls: list[tuple[str, Any]] = []
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    x = box.run_code(
+        "run()",
+        timeout=20,
+        on_stdout=lambda text: calls.append(("stdout", text)),
+        on_stderr=lambda text: calls.append(("stderr", text)),
+        on_result=lambda result: calls.append(("result", result)),
+        on_error=lambda error: calls.append(("error", error)),
+    )
+    assert server.seen[-1] == ("POST", "/v1/sandboxes/sbx_1/code", {"code": "run()", "timeout_seconds": 20})
+    assert server.accepts[-1] == "text/event-stream"
+    assert [name for name, _ in calls] == ["stdout", "stderr", "result", "stdout", "result", "error"]
+    assert [calls[0][1], calls[1][1], calls[3][1]] == ["a\n", "warning\n", "b\n"]
+    assert calls[2][1].png == CHART and calls[4][1].text == "42"
+    assert calls[5][1] == harebox.ExecutionError("ZeroDivisionError", "division by zero", CODE_ERROR["traceback"])
+    # The Execution has what was streamed, and the end's own fields.
+    assert (x.stdout, x.stderr, x.status, x.execution_count, x.text) == ("a\nb\n", "warning\n", "error", 4, "42")
+    assert x.results == [calls[2][1], calls[4][1]] and x.error == calls[5][1]
+    # One callback is enough to stream; the others are left out.
+    printed: list[str] = []
+    assert box.run_code("run()", on_stdout=printed.append).stdout == "a\nb\n"
+    assert printed == ["a\n", "b\n"] and server.accepts[-1] == "text/event-stream"
+
+
+def test_run_code_stream_errors(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    sse = {"Content-Type": "text/event-stream"}
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    # An error after the stream began is an error event: it raises its
+    # HareBoxError after the events before it.
+    server.replies["/v1/sandboxes/sbx_1/code"] = (200, sse, _code_events(
+        ("stdout", {"text": "partial\n"}),
+        ("error", {"error": {"code": "unavailable", "message": "the sandbox's code interpreter answered wrongly"}}),
+        ("stdout", {"text": "never read\n"}),
+    ))
+    stream = hb.run_code_stream("sbx_1", body={"code": "1"})
+    assert next(stream) == ("stdout", "partial\n")
+    with pytest.raises(harebox.Unavailable) as broke:
+        next(stream)
+    assert (broke.value.status, broke.value.code) == (503, "unavailable")
+    assert list(stream) == []
+    printed: list[str] = []
+    with pytest.raises(harebox.Unavailable, match="answered wrongly"):
+        box.run_code("1", on_stdout=printed.append)
+    assert printed == ["partial\n"]
+    # A stream that ends before the end event is not a quiet end.
+    server.replies["/v1/sandboxes/sbx_1/code"] = (200, sse, _code_events(("stdout", {"text": "a"})))
+    with pytest.raises(harebox.TransportError, match="code stream ended before the end event"):
+        box.run_code("1", on_stdout=printed.append)
+    # Events that are not the API's raise TransportError.
+    for block, message in [
+        (("stdout", {"text": 5}), "a stdout event's text is not a string"),
+        (("result", [1]), "the result event is not a JSON object"),
+        (("end", "done"), "the end event is not a JSON object"),
+        (("stderr", {}), "KeyError"),
+    ]:
+        server.replies["/v1/sandboxes/sbx_1/code"] = (200, sse, _code_events(block))
+        with pytest.raises(harebox.TransportError, match=message):
+            list(hb.run_code_stream("sbx_1", body={"code": "1"}))
+    # Errors before the stream are the API's JSON replies, raised by the call.
+    server.replies["/v1/sandboxes/sbx_1/code"] = (409, {}, {"error": {
+        "code": "conflict", "message": "sandbox sbx_1 has no code interpreter: its image (minimal) has none"}})
+    with pytest.raises(harebox.Conflict):
+        hb.run_code_stream("sbx_1", body={"code": "1"})
+    with pytest.raises(harebox.Conflict):
+        box.run_code("1", on_error=print)
+    with pytest.raises(harebox.Conflict):
+        box.run_code("1")
+    server.replies["/v1/sandboxes/sbx_1/code"] = (400, {}, {"error": {
+        "code": "invalid", "message": "a context ID is 1 to 64 of [a-z0-9-]", "field": "context_id"}})
+    with pytest.raises(harebox.InvalidRequest) as bad:
+        box.run_code("1", context="Bad!", on_stdout=print)
+    assert bad.value.field == "context_id"
+
+
+def test_code_context_routes(recorder: tuple[harebox.Client, type[_Recorder]]) -> None:
+    hb, server = recorder
+    ctx: t.CodeContext = {"id": "c1", "language": "bash", "cwd": "/tmp"}
+    default: t.CodeContext = {"id": "default", "language": "python", "cwd": "/home/user"}
+    server.replies["/v1/sandboxes/sbx_1/code/contexts"] = (200, {}, {"contexts": [default, ctx]})
+    server.replies["/v1/sandboxes/sbx_1/code/contexts/c1/restart"] = (200, {}, ctx)
+    server.replies["/v1/sandboxes/sbx_1/code/contexts/c1"] = (204, {}, None)
+    server.replies["/v1/sandboxes/a%2Fb/code/contexts/c%3F1"] = (204, {}, None)
+    assert hb.list_code_contexts("sbx_1") == {"contexts": [default, ctx]}
+    hb.create_code_context("sbx_1", body={"language": "bash", "cwd": "/tmp"})
+    hb.create_code_context("sbx_1")
+    assert hb.restart_code_context("sbx_1", "c1") == ctx
+    assert hb.delete_code_context("sbx_1", "c1") is None
+    assert hb.delete_code_context("a/b", "c?1") is None  # path parameters are escaped
+    box = harebox.Sandbox(hb, _sandbox_json("running"))
+    assert box.code_contexts() == [default, ctx]
+    server.replies["/v1/sandboxes/sbx_1/code/contexts"] = (201, {}, ctx)
+    assert box.create_code_context(language="bash", cwd="/tmp", env={"A": "1"}) == ctx
+    box.create_code_context()
+    assert box.restart_code_context("c1") == ctx
+    assert box.delete_code_context("c1") is None
+    assert server.seen == [
+        ("GET", "/v1/sandboxes/sbx_1/code/contexts", None),
+        ("POST", "/v1/sandboxes/sbx_1/code/contexts", {"language": "bash", "cwd": "/tmp"}),
+        ("POST", "/v1/sandboxes/sbx_1/code/contexts", {}),
+        ("POST", "/v1/sandboxes/sbx_1/code/contexts/c1/restart", None),
+        ("DELETE", "/v1/sandboxes/sbx_1/code/contexts/c1", None),
+        ("DELETE", "/v1/sandboxes/a%2Fb/code/contexts/c%3F1", None),
+        ("GET", "/v1/sandboxes/sbx_1/code/contexts", None),
+        ("POST", "/v1/sandboxes/sbx_1/code/contexts", {"language": "bash", "cwd": "/tmp", "env": {"A": "1"}}),
+        ("POST", "/v1/sandboxes/sbx_1/code/contexts", {}),
+        ("POST", "/v1/sandboxes/sbx_1/code/contexts/c1/restart", None),
+        ("DELETE", "/v1/sandboxes/sbx_1/code/contexts/c1", None),
+    ]
+    with pytest.raises(ValueError):
+        hb.restart_code_context("sbx_1", "")
+    server.replies["/v1/sandboxes/sbx_1/code/contexts/gone"] = (404, {}, {"error": {"code": "not_found", "message": "no context gone"}})
+    with pytest.raises(harebox.NotFound):
+        box.delete_code_context("gone")
+    ops = harebox.Client.operations()
+    assert [ops[o] for o in ("listCodeContexts", "createCodeContext", "restartCodeContext", "deleteCodeContext")] == [
+        "list_code_contexts", "create_code_context", "restart_code_context", "delete_code_context"]

@@ -22,6 +22,14 @@ import type {
   ClientCert,
   ClientCertList,
   ClientCertRequest,
+  CodeContext,
+  CodeContextList,
+  CodeContextRequest,
+  CodeEvent,
+  CodeExecution,
+  CodeRequest,
+  CodeResult,
+  CodeError,
   CommandList,
   CommandsQuery,
   CreateRequest,
@@ -108,7 +116,8 @@ export interface HareBoxOptions {
   /**
    * The time, in milliseconds, an ordinary request may take (default
    * 60000). Long operations get more: creating a sandbox 600 s, exec its
-   * own timeout plus a margin, file transfers 300 s.
+   * own timeout plus a margin, runCode the cell's own timeout plus the
+   * server's grace and a margin, file transfers 300 s.
    */
   timeoutMs?: number;
   /**
@@ -170,6 +179,10 @@ const FILE_TIMEOUT_MS = 300_000;
 /** Added to a command's own timeout: the server needs a moment to report. */
 const EXEC_MARGIN_MS = 30_000;
 const DEFAULT_EXEC_TIMEOUT_S = 300;
+/** The server's default cell timeout (CodeRequest.timeout_seconds). */
+const DEFAULT_CODE_TIMEOUT_S = 300;
+/** How long past a cell's timeout the server waits for the code interpreter to say it interrupted the cell. */
+const CODE_GRACE_MS = 30_000;
 const DEFAULT_WAIT_TIMEOUT_S = 60;
 /** How long a followed event stream may say nothing (it sends a keepalive every 15 s). */
 const FOLLOW_IDLE_MS = 60_000;
@@ -826,6 +839,119 @@ export class HareBox {
     });
   }
 
+  // The code interpreter: a sandbox made from an image with one
+  // (code-interpreter) runs cells of code in contexts, kernels whose state
+  // lasts from one cell to the next. Any other sandbox answers conflict (409).
+
+  /**
+   * Runs a cell (`body.code`) and waits for it. It runs in the context
+   * `body.context_id`, else in the default one of `body.language` (python's
+   * is "default", bash's "default-bash"). The cell's own exception is the
+   * answer's `error` (status "error"), not a throw; `body.timeout_seconds`
+   * (default 300) interrupts the cell and leaves the context usable (status
+   * "timeout"); a kernel that died answers status "died" until
+   * restartCodeContext.
+   */
+  async runCode(id: string, options: CallOptions<never, CodeRequest>): Promise<CodeExecution> {
+    const body = options?.body ?? ({} as CodeRequest);
+    return this.#call("runCode", [id], "json", {
+      json: body,
+      signal: options?.signal,
+      timeoutMs: this.#timeout(options ?? {}, codeTimeoutMs(body)),
+    });
+  }
+
+  /**
+   * Runs a cell as runCode does, and yields what it makes as it comes (the
+   * same operation, answered with server-sent events): `stdout` and
+   * `stderr` events with the text, `result` with each CodeResult,
+   * `exception` with the cell's CodeError, then one `end` event with the
+   * finished cell (its stdout, stderr and results empty). An `error` event
+   * from the server throws a HareBoxError; so does a stream that ends before
+   * the `end` event (code "network"). Errors before the stream (not_found,
+   * conflict for a sandbox without a code interpreter, invalid) throw as
+   * runCode's. Breaking out of the loop cancels the request.
+   *
+   *     for await (const ev of hb.runCodeStream(id, { body: { code: "print(1)" } })) { ... }
+   */
+  async *runCodeStream(id: string, options: CallOptions<never, CodeRequest>): AsyncGenerator<CodeEvent, void, undefined> {
+    const body = options?.body ?? ({} as CodeRequest);
+    const send: Send = {
+      json: body,
+      accept: "text/event-stream",
+      signal: options?.signal,
+      timeoutMs: this.#timeout(options ?? {}, codeTimeoutMs(body)),
+    };
+    const { res, fail } = await this.#send("runCode", [id], send);
+    if (!res.body) throw new HareBoxError(0, "network", "runCodeStream: the response has no body");
+    let ended = false;
+    try {
+      for await (const msg of readSSE(res.body)) {
+        switch (msg.event) {
+          case "stdout":
+          case "stderr": {
+            const v = parseEvent("runCodeStream", msg.event, msg.data) as { text?: unknown } | null;
+            if (typeof v?.text !== "string") throw malformed("runCodeStream", msg.event);
+            yield { type: msg.event, text: v.text };
+            break;
+          }
+          case "result": {
+            const v = parseEvent("runCodeStream", msg.event, msg.data) as CodeResult | null;
+            if (!v || typeof v !== "object" || typeof v.is_main_result !== "boolean") throw malformed("runCodeStream", msg.event);
+            yield { type: "result", result: v };
+            break;
+          }
+          case "exception": {
+            const v = parseEvent("runCodeStream", msg.event, msg.data) as CodeError | null;
+            if (!v || typeof v !== "object" || typeof v.name !== "string" || typeof v.value !== "string") throw malformed("runCodeStream", msg.event);
+            yield { type: "exception", error: v };
+            break;
+          }
+          case "end": {
+            const v = parseEvent("runCodeStream", msg.event, msg.data) as CodeExecution | null;
+            if (!v || typeof v !== "object" || typeof v.status !== "string") throw malformed("runCodeStream", msg.event);
+            ended = true;
+            yield { type: "end", execution: v };
+            return;
+          }
+          case "error":
+            ended = true;
+            throw streamError("runCodeStream", msg.data, "the cell could not be run");
+          default:
+          // An event this client does not know: skip it.
+        }
+      }
+    } catch (err) {
+      throw fail(err);
+    }
+    if (!ended) throw new HareBoxError(0, "network", "runCodeStream: the stream ended before the end event");
+  }
+
+  /** The code interpreter's contexts. */
+  async listCodeContexts(id: string, options: CallOptions = {}): Promise<CodeContextList> {
+    return this.#call("listCodeContexts", [id], "json", this.#plain(options));
+  }
+
+  /**
+   * Starts a context: a kernel of its own ("python", the default, or
+   * "bash"), sharing only the filesystem with the others, its code running
+   * in `body.cwd` (default the user's home) with `body.env` added. Run
+   * cells in it with `context_id` set to its `id`.
+   */
+  async createCodeContext(id: string, options: CallOptions<never, CodeContextRequest> = {}): Promise<CodeContext> {
+    return this.#call("createCodeContext", [id], "json", { ...this.#withBody(options), timeoutMs: this.#timeout(options, LIFECYCLE_TIMEOUT_MS) });
+  }
+
+  /** Gives a context a fresh kernel: its state is lost, and a kernel that died comes back. */
+  async restartCodeContext(id: string, context: string, options: CallOptions = {}): Promise<CodeContext> {
+    return this.#call("restartCodeContext", [id, context], "json", this.#plain(options, LIFECYCLE_TIMEOUT_MS));
+  }
+
+  /** Shuts a context's kernel down. */
+  async deleteCodeContext(id: string, context: string, options: CallOptions = {}): Promise<void> {
+    await this.#call("deleteCodeContext", [id, context], "none", this.#plain(options));
+  }
+
   /** Writes a file (raw bytes; a string is UTF-8); it appears whole or not at all. */
   async writeFile(id: string, options: PathCallOptions<WriteFileQuery, FileData>): Promise<FileInfo> {
     if (options?.body === undefined || options.body === null) {
@@ -1457,7 +1583,13 @@ function execTimeoutMs(body: ExecRequest): number {
   return t * 1000 + EXEC_MARGIN_MS;
 }
 
-function parseEvent(op: OperationId | "followEvents", event: string, data: string): unknown {
+/** A cell's timeout, the server's grace to interrupt it and a margin: the server always answers first. */
+function codeTimeoutMs(body: CodeRequest): number {
+  const t = typeof body.timeout_seconds === "number" && body.timeout_seconds > 0 ? body.timeout_seconds : DEFAULT_CODE_TIMEOUT_S;
+  return t * 1000 + CODE_GRACE_MS + EXEC_MARGIN_MS;
+}
+
+function parseEvent(op: OperationId | "followEvents" | "runCodeStream", event: string, data: string): unknown {
   try {
     return JSON.parse(data);
   } catch {
@@ -1465,7 +1597,7 @@ function parseEvent(op: OperationId | "followEvents", event: string, data: strin
   }
 }
 
-function malformed(op: OperationId | "followEvents", event: string): HareBoxError {
+function malformed(op: OperationId | "followEvents" | "runCodeStream", event: string): HareBoxError {
   return new HareBoxError(0, "network", `${op}: malformed ${event} event`);
 }
 
@@ -1474,7 +1606,7 @@ function malformed(op: OperationId | "followEvents", event: string): HareBoxErro
  * an error body: {"error": {"code", "message", "field"}}); its status is
  * the one the code has in a response.
  */
-function streamError(op: OperationId | "followEvents", data: string, fallback: string): HareBoxError {
+function streamError(op: OperationId | "followEvents" | "runCodeStream", data: string, fallback: string): HareBoxError {
   const v = parseEvent(op, "error", data) as { error?: { code?: unknown; message?: unknown; field?: unknown } } | null;
   const e = v?.error;
   const code = typeof e?.code === "string" ? e.code : "internal";

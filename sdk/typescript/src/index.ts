@@ -10,7 +10,9 @@ export { HareBox, VERSION } from "./client.js";
 export type { HareBoxOptions, RequestOptions, CallOptions, PathCallOptions, SandboxList } from "./client.js";
 export { HareBoxError, RateLimitedError } from "./errors.js";
 export { Sandbox } from "./sandbox.js";
-export type { RunOptions, WriteOptions, PtyOptions } from "./sandbox.js";
+export type { RunOptions, WriteOptions, PtyOptions, RunCodeOptions } from "./sandbox.js";
+export { Execution, Result, RESULT_FORMATS } from "./code.js";
+export type { ResultFormat } from "./code.js";
 export { Pty } from "./pty.js";
 export { OPERATIONS } from "./operations.js";
 export type { Operation, OperationId } from "./operations.js";
@@ -37,6 +39,14 @@ export type {
   ClientCert,
   ExecRequest,
   ExecResult,
+  CodeLanguage,
+  CodeRequest,
+  CodeContextRequest,
+  CodeContext,
+  CodeContextList,
+  CodeResult,
+  CodeError,
+  CodeExecution,
   Process,
   Command,
   FileInfo,
@@ -131,5 +141,6 @@ export type {
   MoveFileQuery,
   FileData,
   ExecEvent,
+  CodeEvent,
   ProcessOutputEvent,
 } from "./types.js";

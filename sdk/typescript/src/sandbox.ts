@@ -1,6 +1,13 @@
 import type { HareBox, RequestOptions } from "./client.js";
+import { Execution, Result } from "./code.js";
+import { HareBoxError } from "./errors.js";
 import type { Pty } from "./pty.js";
 import type {
+  CodeContext,
+  CodeContextRequest,
+  CodeError,
+  CodeLanguage,
+  CodeRequest,
   ExecEvent,
   ExecRequest,
   ExecResult,
@@ -39,6 +46,33 @@ export interface WriteOptions extends RequestOptions {
 
 /** Options of {@link Sandbox.pty}: openPty's query, and the call's options. */
 export type PtyOptions = PtyQuery & RequestOptions;
+
+/** Options of {@link Sandbox.runCode}. */
+export interface RunCodeOptions {
+  /** The context it runs in: its ID, or the CodeContext createCodeContext returned. Default: the default context of `language`. */
+  context?: string | CodeContext;
+  /** "python" (the default) or "bash". */
+  language?: CodeLanguage;
+  /** Variables for this cell, over the sandbox's own. */
+  env?: Record<string, string>;
+  /**
+   * The cell's timeout, in milliseconds (sent as `timeout_seconds`; default
+   * the server's 300 s, at most 3600 s): it interrupts the cell, and the
+   * context stays usable. The request waits for it, plus the server's
+   * grace and a margin.
+   */
+  timeoutMs?: number;
+  /** Aborts the request; it then rejects with the signal's reason. */
+  signal?: AbortSignal;
+  /** Text the cell writes to stdout, as it comes. Any callback makes the cell stream. */
+  onStdout?: (text: string) => void | Promise<void>;
+  /** Text the cell writes to stderr, as it comes. */
+  onStderr?: (text: string) => void | Promise<void>;
+  /** Each rich result, as it comes. */
+  onResult?: (result: Result) => void | Promise<void>;
+  /** The exception the cell raised. */
+  onError?: (error: CodeError) => void | Promise<void>;
+}
 
 const FIELDS = ["id", "name", "account_id", "project_id", "project", "fleet_id", "fleet", "state", "image", "size", "labels", "no_env", "environment", "third_party", "monitoring", "snapshots", "agent", "site", "mesh_address", "mesh_name", "created_at", "expires_at", "error"] as const;
 
@@ -149,6 +183,95 @@ export class Sandbox implements SandboxData {
   pty(options: PtyOptions = {}): Promise<Pty> {
     const { signal, timeoutMs, ...query } = options;
     return this.#client.openPty(this.id, { query, ...opt(signal, timeoutMs) });
+  }
+
+  /**
+   * Runs a cell of code in this sandbox's code interpreter (a sandbox made
+   * from the code-interpreter image; see HareBox.runCode) and resolves to
+   * the finished cell, an {@link Execution}: `text` is the value of its
+   * last expression as text, `results` its rich results (charts' `png` as
+   * bytes), `error` the exception it raised (not thrown). Without
+   * `context` it runs in the default context of `language`, whose state
+   * lasts from one cell to the next.
+   *
+   * With any of the callbacks the cell is streamed (HareBox.runCodeStream):
+   * `onStdout` and `onStderr` get the text as the cell writes it,
+   * `onResult` each Result, `onError` the cell's exception, as they come
+   * (a callback's promise is awaited before the next event); the Execution
+   * then has what was streamed.
+   *
+   *     const x = await box.runCode("x = 41\nx + 1");   // x.text === "42"
+   */
+  async runCode(code: string, options: RunCodeOptions = {}): Promise<Execution> {
+    const { context, language, env, timeoutMs, signal, onStdout, onStderr, onResult, onError } = options;
+    const body: CodeRequest = { code };
+    if (context !== undefined) body.context_id = typeof context === "string" ? context : context.id;
+    if (language !== undefined) body.language = language;
+    if (env !== undefined) body.env = env;
+    if (timeoutMs !== undefined) {
+      if (!(timeoutMs > 0) || !Number.isFinite(timeoutMs)) {
+        throw new HareBoxError(0, "invalid", "runCode: timeoutMs must be a number of milliseconds above 0", "timeoutMs");
+      }
+      body.timeout_seconds = timeoutMs / 1000;
+    }
+    const call = signal ? { body, signal } : { body };
+    if (!onStdout && !onStderr && !onResult && !onError) {
+      return new Execution(await this.#client.runCode(this.id, call));
+    }
+    const stdout: string[] = [];
+    const stderr: string[] = [];
+    const results: Result[] = [];
+    for await (const ev of this.#client.runCodeStream(this.id, call)) {
+      switch (ev.type) {
+        case "stdout":
+          stdout.push(ev.text);
+          await onStdout?.(ev.text);
+          break;
+        case "stderr":
+          stderr.push(ev.text);
+          await onStderr?.(ev.text);
+          break;
+        case "result": {
+          const r = new Result(ev.result);
+          results.push(r);
+          await onResult?.(r);
+          break;
+        }
+        case "exception":
+          await onError?.(ev.error);
+          break;
+        case "end":
+          return new Execution({ ...ev.execution, stdout: stdout.join(""), stderr: stderr.join("") }, results);
+      }
+    }
+    // (runCodeStream throws first.)
+    throw new HareBoxError(0, "network", "runCodeStream: the stream ended before the end event");
+  }
+
+  /** The code interpreter's contexts (see HareBox.listCodeContexts). */
+  async codeContexts(options: RequestOptions = {}): Promise<CodeContext[]> {
+    return (await this.#client.listCodeContexts(this.id, options)).contexts ?? [];
+  }
+
+  /**
+   * Starts a code interpreter context: a kernel of its own ("python", the
+   * default, or "bash") that shares only the filesystem with the others,
+   * its code running in `cwd` (default the user's home) with `env` added
+   * (see HareBox.createCodeContext). `runCode(code, { context })` runs in it.
+   */
+  createCodeContext(options: RequestOptions & CodeContextRequest = {}): Promise<CodeContext> {
+    const { signal, timeoutMs, ...body } = options;
+    return this.#client.createCodeContext(this.id, { body, ...opt(signal, timeoutMs) });
+  }
+
+  /** Gives a context a fresh kernel: its state is lost, and a kernel that died comes back. */
+  restartCodeContext(context: string, options: RequestOptions = {}): Promise<CodeContext> {
+    return this.#client.restartCodeContext(this.id, context, options);
+  }
+
+  /** Shuts a context's kernel down (see HareBox.deleteCodeContext). */
+  deleteCodeContext(context: string, options: RequestOptions = {}): Promise<void> {
+    return this.#client.deleteCodeContext(this.id, context, options);
   }
 
   /** Writes a file (bytes; a string is UTF-8). */

@@ -401,12 +401,97 @@ export interface Process {
   result?: ExecResult;
 }
 
+/** A code interpreter context's language. */
+export type CodeLanguage = "python" | "bash";
+
+/** A cell of code to run (the body of runCode and runCodeStream). */
+export interface CodeRequest {
+  /** At most 1 MiB. */
+  code: string;
+  /** The context it runs in; default the default context of `language` (python's is "default", bash's "default-bash"). */
+  context_id?: string;
+  /** Default "python". */
+  language?: CodeLanguage;
+  /** Variables for this cell, over the sandbox's own. */
+  env?: Record<string, string>;
+  /** Interrupts the cell (the context stays usable); default 300, at most 3600. */
+  timeout_seconds?: number;
+}
+
+/** The body of createCodeContext; every field is optional. */
+export interface CodeContextRequest {
+  /** Default "python". */
+  language?: CodeLanguage;
+  /** Where its code runs (an absolute path); default the user's home. */
+  cwd?: string;
+  env?: Record<string, string>;
+}
+
+/** A context of a sandbox's code interpreter: a kernel whose state lasts from one cell to the next. */
+export interface CodeContext {
+  id: string;
+  language: CodeLanguage;
+  cwd: string;
+}
+
+/**
+ * One rich result of a cell, in each format the kernel gave that the host
+ * keeps. `png` and `jpeg` are base64; HTML, SVG, Markdown and LaTeX are the
+ * sandbox's own text (never render them trusted).
+ */
+export interface CodeResult {
+  /** The value of the cell's last expression (else something it displayed). */
+  is_main_result: boolean;
+  text?: string;
+  html?: string;
+  markdown?: string;
+  svg?: string;
+  png?: string;
+  jpeg?: string;
+  latex?: string;
+  /** application/json: any JSON value. */
+  json?: unknown;
+  /** The PNG's (else the JPEG's) width in pixels. */
+  width?: number;
+  height?: number;
+}
+
+/**
+ * The exception a cell raised: TimeoutError for a timeout, KernelDied for a
+ * dead kernel, ExitCode for a bash cell's non-zero status.
+ */
+export interface CodeError {
+  name: string;
+  value: string;
+  traceback?: string;
+}
+
+/**
+ * A finished cell: runCode's answer, and runCodeStream's `end` event (there
+ * with stdout, stderr and results empty: they were streamed).
+ */
+export interface CodeExecution {
+  context_id: string;
+  execution_count: number;
+  /** "died": the kernel died; the context answers so until it is restarted. */
+  status: "ok" | "error" | "timeout" | "died";
+  stdout: string;
+  stderr: string;
+  results: CodeResult[];
+  error?: CodeError;
+  duration_ms: number;
+  stdout_truncated: boolean;
+  stderr_truncated: boolean;
+  /** Results past the host's bounds, or in no format it keeps. */
+  results_dropped?: number;
+}
+
 /** One entry of a sandbox's command history. */
 export interface Command {
   id: string;
   sandbox_id: string;
-  /** exec, execStream or startProcess. */
-  kind: "exec" | "stream" | "background";
+  /** exec, execStream, startProcess, or a cell of runCode (code). */
+  kind: "exec" | "stream" | "background" | "code";
   cmd?: string;
   argv?: string[];
   user?: string;
@@ -975,6 +1060,11 @@ export interface ProcessList {
   processes: Process[];
 }
 
+/** The body of listCodeContexts. */
+export interface CodeContextList {
+  contexts: CodeContext[];
+}
+
 /** The body of listCommands: oldest first. */
 export interface CommandList {
   commands: Command[];
@@ -1302,6 +1392,19 @@ export type ExecEvent =
   | { type: "stdout"; data: Uint8Array }
   | { type: "stderr"; data: Uint8Array }
   | { type: "exit"; result: ExecResult };
+
+/**
+ * One event of runCodeStream, as the cell runs: its output, each rich
+ * result, the exception it raised; the last one is always "end", with the
+ * finished cell (its stdout, stderr and results empty: they came as
+ * events).
+ */
+export type CodeEvent =
+  | { type: "stdout"; text: string }
+  | { type: "stderr"; text: string }
+  | { type: "result"; result: CodeResult }
+  | { type: "exception"; error: CodeError }
+  | { type: "end"; execution: CodeExecution };
 
 /**
  * One event of getProcessOutput. `offset` is the number of bytes of that

@@ -7,7 +7,9 @@
 // followed events (canned streams: their keepalives, entries, error event,
 // end, silence and cancellation), a background process's output (a fake
 // ring of chunks read from offsets: gaps, exit, error events, errors
-// before the stream), the sandbox's fields, and the event-stream reader.
+// before the stream), the code interpreter's cells (answered as JSON and
+// as canned event streams) and contexts, the sandbox's fields, and the
+// event-stream reader.
 import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
 import { createServer } from "node:http";
@@ -15,7 +17,7 @@ import { fileURLToPath } from "node:url";
 import { inspect } from "node:util";
 import { after, before, describe, test } from "node:test";
 
-import { HareBox, HareBoxError, OPERATIONS, RateLimitedError, Sandbox } from "harebox";
+import { Execution, HareBox, HareBoxError, OPERATIONS, RateLimitedError, Result, Sandbox } from "harebox";
 import { errorFromBody, parseRetryAfter, statusForCode } from "../dist/errors.js";
 import { readSSE } from "../dist/sse.js";
 
@@ -93,7 +95,7 @@ describe("configuration", () => {
     }
     assert.equal(documented.size, (readFileSync(REPO_OPENAPI, "utf8").match(/^\s*operationId:/gm) ?? []).length, "every operationId is under a path and a method");
     const methods = Object.getOwnPropertyNames(HareBox.prototype).filter(
-      (m) => typeof HareBox.prototype[m] === "function" && !["constructor", "create", "auditEntries", "followEvents", "toJSON"].includes(m),
+      (m) => typeof HareBox.prototype[m] === "function" && !["constructor", "create", "auditEntries", "followEvents", "runCodeStream", "toJSON"].includes(m),
     );
     assert.deepEqual([...methods].sort(), [...documented.keys()].sort(), "HareBox methods vs operationIds");
     assert.deepEqual(Object.keys(OPERATIONS).sort(), [...documented.keys()].sort(), "route table vs operationIds");
@@ -214,6 +216,18 @@ describe("against a local HTTP server", () => {
     ["stdout", 20, "five\n"],
   ];
   const EXIT = { exit_code: 3, stdout: "", stderr: "", duration_ms: 1500, timed_out: false, stdout_truncated: false, stderr_truncated: false };
+  /** A chart's bytes, as a cell's result carries them (base64 on the wire). */
+  const CHART = Buffer.from("89504e470d0a1a0a0000000d4948445200000190000001200806000000", "hex");
+  const CHART_RESULT = { is_main_result: false, text: "<Figure size 400x288 with 1 Axes>", png: CHART.toString("base64"), width: 400, height: 288 };
+  const MAIN_RESULT = { is_main_result: true, text: "42", json: null };
+  const CODE_ERROR = { name: "ZeroDivisionError", value: "division by zero", traceback: "Traceback (most recent call last):\n  return 1 / 0\nZeroDivisionError: division by zero" };
+  /** A finished cell, as runCode answers it. */
+  const CELL = { context_id: "default", execution_count: 3, status: "ok", stdout: "plotted\n", stderr: "", results: [CHART_RESULT, MAIN_RESULT], duration_ms: 12, stdout_truncated: false, stderr_truncated: false, results_dropped: 1 };
+  /** The end event of a streamed cell that raised: what was streamed is not in it. */
+  const CELL_END = { ...CELL, execution_count: 4, status: "error", stdout: "", results: [], error: CODE_ERROR };
+  /** Code interpreter contexts. */
+  const DEFAULT_CTX = { id: "default", language: "python", cwd: "/home/user" };
+  const BASH_CTX = { id: "c1", language: "bash", cwd: "/tmp" };
   const PROM = '# HELP harebox_sandboxes Live sandboxes by state.\n# TYPE harebox_sandboxes gauge\nharebox_sandboxes{state="running"} 1\n# HELP go_goroutines Number of goroutines that currently exist.\n# TYPE go_goroutines gauge\ngo_goroutines 12\n';
   before(async () => {
     server = createServer((req, res) => {
@@ -318,6 +332,52 @@ describe("against a local HTTP server", () => {
         if (pid === "done" && follow) ev("stdout", { offset: 25, data: "bm90IHJlYWQ=" }); // past the exit: never read
         res.end();
         return;
+      }
+      if (req.url?.startsWith("/code/")) {
+        // The code interpreter. A cell's answer is by its sandbox: sbx_1
+        // answers CELL as JSON, or as events (ending with CELL_END) to an
+        // Accept of text/event-stream; sbx_broken an error event after its
+        // first output; sbx_cut ends the stream after it; sbx_garbled sends
+        // a stdout event without text; sbx_plain has no code interpreter.
+        const path = req.url.slice(5).split("?")[0];
+        const json = (status, body) => {
+          res.writeHead(status, { "content-type": "application/json" });
+          res.end(body === undefined ? "" : JSON.stringify(body));
+        };
+        const cell = /^\/v1\/sandboxes\/([^/]+)\/code$/.exec(path);
+        if (cell && req.method === "POST") {
+          const sbx = decodeURIComponent(cell[1]);
+          if (sbx === "sbx_plain") return json(409, { error: { code: "conflict", message: "sandbox sbx_plain has no code interpreter: its image (minimal) has none" } });
+          if (!req.headers.accept?.includes("text/event-stream")) return json(200, CELL);
+          res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-store" });
+          res.flushHeaders();
+          const ev = (name, data) => res.write(`event: ${name}\ndata: ${JSON.stringify(data)}\n\n`);
+          ev("stdout", { text: "a\n" });
+          if (sbx === "sbx_broken") return res.end('event: error\ndata: {"error":{"code":"unavailable","message":"the sandbox\'s code interpreter answered wrongly"}}\n\n');
+          if (sbx === "sbx_cut") return res.end();
+          if (sbx === "sbx_garbled") {
+            ev("stdout", { text: 5 });
+            return res.end();
+          }
+          res.write(": keepalive\n\n");
+          ev("stderr", { text: "warning\n" });
+          ev("result", CHART_RESULT);
+          ev("hello", { unknown: true }); // an event this client does not know
+          ev("stdout", { text: "b\n" });
+          ev("result", MAIN_RESULT);
+          ev("exception", CODE_ERROR);
+          ev("end", CELL_END);
+          ev("stdout", { text: "past the end: never read\n" });
+          return res.end();
+        }
+        const route = `${req.method} ${path.replace(/^\/v1\/sandboxes\/[^/]+/, "/v1/sandboxes/X").replace(/\/contexts\/[^/]+/, "/contexts/Y")}`;
+        const answer = {
+          "GET /v1/sandboxes/X/code/contexts": [200, { contexts: [DEFAULT_CTX, BASH_CTX] }],
+          "POST /v1/sandboxes/X/code/contexts": [201, BASH_CTX],
+          "POST /v1/sandboxes/X/code/contexts/Y/restart": [200, BASH_CTX],
+          "DELETE /v1/sandboxes/X/code/contexts/Y": [204, undefined],
+        }[route] ?? [404, { error: { code: "not_found", message: `no route ${req.method} ${req.url}` } }];
+        return json(answer[0], answer[1]);
       }
       if (req.url?.startsWith("/echo/")) {
         // Answers the method and path it was sent, minus the /echo prefix.
@@ -921,6 +981,168 @@ describe("against a local HTTP server", () => {
     assert.deepEqual(await outputOf(hb.getProcessOutput("sbx_1", "slow", { query: { follow: true }, timeoutMs: 300 })), [{ event: "exit", result: EXIT }]);
     // The caller's signal rejects with its own reason.
     await assert.rejects(hb.getProcessOutput("sbx_1", "quiet", { query: { follow: true }, signal: AbortSignal.timeout(100) }).next(), (e) => e instanceof Error && e.name === "TimeoutError" && !(e instanceof HareBoxError));
+  });
+
+  test("runCode: POST .../code answers the cell; Sandbox.runCode sends its fields and decodes the results", async () => {
+    const hb = new HareBox({ url: url + "/code", apiKey: KEY });
+    const start = seen.length;
+    assert.deepEqual(await hb.runCode("sbx_1", { body: { code: "x + 1" } }), CELL);
+    const box = new Sandbox(hb, SANDBOX);
+    const x = await box.runCode("x + 1", { context: "ctx-1", language: "python", env: { A: "1" }, timeoutMs: 10_000 });
+    assert.ok(x instanceof Execution);
+    assert.deepEqual(
+      [x.context_id, x.execution_count, x.status, x.stdout, x.stderr, x.error, x.duration_ms, x.stdout_truncated, x.stderr_truncated, x.results_dropped],
+      ["default", 3, "ok", "plotted\n", "", undefined, 12, false, false, 1],
+    );
+    assert.equal(x.text, "42");
+    assert.equal(x.mainResult, x.results[1]);
+    const [chart, main] = x.results;
+    assert.ok(chart instanceof Result && main instanceof Result);
+    assert.ok(chart.png instanceof Uint8Array);
+    assert.deepEqual([...chart.png], [...CHART]);
+    assert.deepEqual([...chart.png.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+    assert.deepEqual([chart.width, chart.height, chart.is_main_result, chart.jpeg, chart.html], [400, 288, false, undefined, undefined]);
+    assert.deepEqual(chart.formats(), ["text", "png"]);
+    assert.deepEqual(main.formats(), ["text", "json"]); // a null JSON value is still a format
+    assert.equal(main.json, null);
+    assert.ok(!("html" in chart), "a format it lacks is no property");
+    assert.deepEqual(JSON.parse(JSON.stringify(chart)), CHART_RESULT);
+    assert.deepEqual(JSON.parse(JSON.stringify(x)), CELL);
+    // A context may be given as the CodeContext createCodeContext returned.
+    await box.runCode("1", { context: BASH_CTX, signal: AbortSignal.timeout(5000) });
+    await assert.rejects(box.runCode("1", { timeoutMs: 0 }), (e) => e instanceof HareBoxError && e.field === "timeoutMs");
+    await assert.rejects(box.runCode("1", { timeoutMs: Number.NaN }), (e) => e instanceof HareBoxError && e.field === "timeoutMs");
+    // A sandbox without a code interpreter is a conflict.
+    await assert.rejects(hb.runCode("sbx_plain", { body: { code: "1" } }), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict");
+    await assert.rejects(hb.runCode("", { body: { code: "1" } }), (e) => e instanceof HareBoxError && e.field === "id");
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => [s.method, s.url, s.accept, s.body]), [
+      ["POST", "/code/v1/sandboxes/sbx_1/code", "application/json", '{"code":"x + 1"}'],
+      ["POST", "/code/v1/sandboxes/sbx_1/code", "application/json", '{"code":"x + 1","context_id":"ctx-1","language":"python","env":{"A":"1"},"timeout_seconds":10}'],
+      ["POST", "/code/v1/sandboxes/sbx_1/code", "application/json", '{"code":"1","context_id":"c1"}'],
+      ["POST", "/code/v1/sandboxes/sbx_plain/code", "application/json", '{"code":"1"}'],
+    ]);
+    assert.deepEqual(OPERATIONS.runCode, { method: "POST", path: "/v1/sandboxes/{id}/code" });
+  });
+
+  test("runCodeStream yields the cell's events in order; Sandbox.runCode with callbacks gets them as they come", async () => {
+    const hb = new HareBox({ url: url + "/code", apiKey: KEY });
+    const start = seen.length;
+    const events = [];
+    for await (const ev of hb.runCodeStream("sbx_1", { body: { code: "run()" } })) events.push(ev);
+    assert.deepEqual(events, [
+      { type: "stdout", text: "a\n" },
+      { type: "stderr", text: "warning\n" },
+      { type: "result", result: CHART_RESULT },
+      { type: "stdout", text: "b\n" },
+      { type: "result", result: MAIN_RESULT },
+      { type: "exception", error: CODE_ERROR },
+      { type: "end", execution: CELL_END },
+    ]);
+    // Any callback streams; each gets its events in order, awaited.
+    const box = new Sandbox(hb, SANDBOX);
+    const calls = [];
+    const x = await box.runCode("run()", {
+      timeoutMs: 20_000,
+      onStdout: (text) => calls.push(["stdout", text]),
+      onStderr: async (text) => {
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        calls.push(["stderr", text]);
+      },
+      onResult: (r) => calls.push(["result", r]),
+      onError: (e) => calls.push(["error", e]),
+    });
+    assert.deepEqual(calls.map(([name]) => name), ["stdout", "stderr", "result", "stdout", "result", "error"]);
+    assert.deepEqual([calls[0][1], calls[1][1], calls[3][1]], ["a\n", "warning\n", "b\n"]);
+    assert.ok(calls[2][1] instanceof Result && calls[2][1].png instanceof Uint8Array);
+    assert.deepEqual([...calls[2][1].png], [...CHART]);
+    assert.equal(calls[4][1].text, "42");
+    assert.deepEqual(calls[5][1], CODE_ERROR);
+    // The Execution has what was streamed, and the end's own fields.
+    assert.deepEqual([x.stdout, x.stderr, x.status, x.execution_count, x.text], ["a\nb\n", "warning\n", "error", 4, "42"]);
+    assert.deepEqual(x.results, [calls[2][1], calls[4][1]]);
+    assert.deepEqual(x.error, CODE_ERROR);
+    const printed = [];
+    assert.equal((await box.runCode("run()", { onStdout: (t) => printed.push(t) })).stdout, "a\nb\n");
+    assert.deepEqual(printed, ["a\n", "b\n"]);
+    // Breaking out cancels the request.
+    for await (const ev of hb.runCodeStream("sbx_1", { body: { code: "run()" } })) {
+      assert.equal(ev.type, "stdout");
+      break;
+    }
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => [s.method, s.url, s.accept, s.body]), [
+      ["POST", "/code/v1/sandboxes/sbx_1/code", "text/event-stream", '{"code":"run()"}'],
+      ["POST", "/code/v1/sandboxes/sbx_1/code", "text/event-stream", '{"code":"run()","timeout_seconds":20}'],
+      ["POST", "/code/v1/sandboxes/sbx_1/code", "text/event-stream", '{"code":"run()"}'],
+      ["POST", "/code/v1/sandboxes/sbx_1/code", "text/event-stream", '{"code":"run()"}'],
+    ]);
+  });
+
+  test("runCodeStream: an error event throws its code after the events before it; a cut or garbled stream throws network; errors before it throw as a call's", async () => {
+    const hb = new HareBox({ url: url + "/code", apiKey: KEY });
+    const got = [];
+    await assert.rejects(
+      (async () => {
+        for await (const ev of hb.runCodeStream("sbx_broken", { body: { code: "1" } })) got.push(ev);
+      })(),
+      (e) => {
+        assert.ok(e instanceof HareBoxError, `want a HareBoxError, got ${e}`);
+        assert.deepEqual([e.status, e.code, e.message], [503, "unavailable", "the sandbox's code interpreter answered wrongly"]);
+        return true;
+      },
+    );
+    assert.deepEqual(got, [{ type: "stdout", text: "a\n" }]);
+    // Sandbox.runCode throws it too, after the callbacks of what came before.
+    const box = new Sandbox(hb, { ...SANDBOX, id: "sbx_broken" });
+    const printed = [];
+    await assert.rejects(box.runCode("1", { onStdout: (t) => printed.push(t) }), (e) => e instanceof HareBoxError && e.code === "unavailable");
+    assert.deepEqual(printed, ["a\n"]);
+    const cut = new Sandbox(hb, { ...SANDBOX, id: "sbx_cut" });
+    await assert.rejects(cut.runCode("1", { onStdout: () => {} }), (e) => e instanceof HareBoxError && e.code === "network" && /runCodeStream: the stream ended before the end event/.test(e.message));
+    await assert.rejects(
+      (async () => {
+        for await (const _ of hb.runCodeStream("sbx_garbled", { body: { code: "1" } }));
+      })(),
+      (e) => e instanceof HareBoxError && e.code === "network" && /runCodeStream: malformed stdout event/.test(e.message),
+    );
+    // Errors before the stream are JSON answers: the first next() throws them.
+    await assert.rejects(hb.runCodeStream("sbx_plain", { body: { code: "1" } }).next(), (e) => e instanceof HareBoxError && e.status === 409 && e.code === "conflict");
+    const plain = new Sandbox(hb, { ...SANDBOX, id: "sbx_plain" });
+    await assert.rejects(plain.runCode("1", { onError: () => {} }), (e) => e instanceof HareBoxError && e.status === 409);
+    await assert.rejects(plain.runCode("1"), (e) => e instanceof HareBoxError && e.status === 409);
+  });
+
+  test("the code context operations send their methods, paths and bodies; the Sandbox's context methods", async () => {
+    const hb = new HareBox({ url: url + "/code", apiKey: KEY });
+    const start = seen.length;
+    assert.deepEqual(await hb.listCodeContexts("sbx_1"), { contexts: [DEFAULT_CTX, BASH_CTX] });
+    assert.deepEqual(await hb.createCodeContext("sbx_1", { body: { language: "bash", cwd: "/tmp" } }), BASH_CTX);
+    await hb.createCodeContext("sbx_1");
+    assert.deepEqual(await hb.restartCodeContext("sbx_1", "c1"), BASH_CTX);
+    assert.equal(await hb.deleteCodeContext("sbx_1", "c1"), undefined);
+    await hb.deleteCodeContext("a/b", "c?1");
+    const box = new Sandbox(hb, SANDBOX);
+    assert.deepEqual(await box.codeContexts(), [DEFAULT_CTX, BASH_CTX]);
+    assert.deepEqual(await box.createCodeContext({ language: "bash", cwd: "/tmp", env: { A: "1" }, timeoutMs: 5000 }), BASH_CTX);
+    assert.deepEqual(await box.restartCodeContext("c1"), BASH_CTX);
+    assert.equal(await box.deleteCodeContext("c1"), undefined);
+    await assert.rejects(hb.restartCodeContext("sbx_1", ""), (e) => e instanceof HareBoxError && e.field === "context_id");
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(seen.slice(start).map((s) => `${s.method} ${s.url.slice(5)} ${s.body}`.trim()), [
+      "GET /v1/sandboxes/sbx_1/code/contexts",
+      'POST /v1/sandboxes/sbx_1/code/contexts {"language":"bash","cwd":"/tmp"}',
+      "POST /v1/sandboxes/sbx_1/code/contexts {}",
+      "POST /v1/sandboxes/sbx_1/code/contexts/c1/restart",
+      "DELETE /v1/sandboxes/sbx_1/code/contexts/c1",
+      "DELETE /v1/sandboxes/a%2Fb/code/contexts/c%3F1",
+      "GET /v1/sandboxes/sbx_1/code/contexts",
+      'POST /v1/sandboxes/sbx_1/code/contexts {"language":"bash","cwd":"/tmp","env":{"A":"1"}}',
+      "POST /v1/sandboxes/sbx_1/code/contexts/c1/restart",
+      "DELETE /v1/sandboxes/sbx_1/code/contexts/c1",
+    ]);
+    for (const op of ["listCodeContexts", "createCodeContext", "restartCodeContext", "deleteCodeContext"]) assert.equal(typeof HareBox.prototype[op], "function", op);
+    assert.deepEqual(OPERATIONS.restartCodeContext, { method: "POST", path: "/v1/sandboxes/{id}/code/contexts/{context_id}/restart" });
   });
 
   test("the command history and account update operations send their methods, paths, queries and bodies", async () => {

@@ -1,7 +1,8 @@
 // Compiled (never run) by `npm run check`: the README's TypeScript
 // walkthrough, verbatim, and the rest of the public API's types, as a user
 // of the published package sees them.
-import { HareBox, HareBoxError, Pty, RateLimitedError, Sandbox } from "harebox";
+import { writeFile } from "node:fs/promises";
+import { Execution, HareBox, HareBoxError, Pty, RateLimitedError, Result, RESULT_FORMATS, Sandbox } from "harebox";
 import type {
   Account,
   AccountUpdate,
@@ -16,6 +17,15 @@ import type {
   ClientCert,
   ClientCertList,
   ClientCertRequest,
+  CodeContext,
+  CodeContextList,
+  CodeContextRequest,
+  CodeError,
+  CodeEvent,
+  CodeExecution,
+  CodeLanguage,
+  CodeRequest,
+  CodeResult,
   Command,
   CommandList,
   CredentialRule,
@@ -47,6 +57,8 @@ import type {
   PtyOptions,
   PtyQuery,
   Retention,
+  ResultFormat,
+  RunCodeOptions,
   SandboxData,
   SandboxURL,
   Snapshot,
@@ -418,4 +430,82 @@ export async function mtls(hb: HareBox): Promise<void> {
   const dispatcher = new Agent({ connect: { cert: cert.certificate, key: cert.private_key } });
   await undiciFetch(app.url, { dispatcher });
   await hb.revokeClientCert(cert.serial, web);
+}
+
+export async function codeInterpreter(): Promise<void> {
+  // README, "Code interpreter".
+  const hb = new HareBox();
+  const box = await hb.create({ image: "code-interpreter", ttl_seconds: 900 });
+  await box.runCode("import matplotlib.pyplot as plt\nxs = [1, 2, 3, 4]");
+  const x = await box.runCode("plt.plot(xs, [v * v for v in xs])\nplt.show()\nsum(xs)");
+  console.log(x.text);                                  // 10: the value of the cell's last expression
+  const chart = x.results.find((r) => r.png);           // the chart plt.show() displayed
+  if (chart?.png) await writeFile("chart.png", chart.png);   // the PNG's bytes
+  await box.delete();
+
+  await box.runCode("import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(1)", {
+    onStdout: (text) => void process.stdout.write(text),
+  });
+
+  const ctx = await box.createCodeContext({ language: "bash", cwd: "/tmp" });
+  await box.runCode("X=5", { context: ctx });
+  (await box.runCode("echo $X", { context: ctx })).stdout;   // "5\n"
+  await box.restartCodeContext(ctx.id);
+  await box.deleteCodeContext(ctx.id);
+}
+
+export async function code(hb: HareBox, id: string): Promise<void> {
+  const body: CodeRequest = { code: "1", context_id: "c1", language: "bash", env: { A: "1" }, timeout_seconds: 5 };
+  const cell: CodeExecution = await hb.runCode(id, { body, timeoutMs: 1000 });
+  cell.status satisfies "ok" | "error" | "timeout" | "died";
+  const raw: CodeResult | undefined = cell.results[0];
+  raw?.png satisfies string | undefined;
+  for await (const ev of hb.runCodeStream(id, { body, signal: AbortSignal.timeout(10) })) {
+    const e: CodeEvent = ev;
+    if (ev.type === "stdout" || ev.type === "stderr") ev.text satisfies string;
+    else if (ev.type === "result") ev.result.is_main_result satisfies boolean;
+    else if (ev.type === "exception") ev.error.name satisfies string;
+    else ev.execution.execution_count satisfies number;
+    void e;
+  }
+  const request: CodeContextRequest = { language: "python", cwd: "/tmp", env: { A: "1" } };
+  const ctx: CodeContext = await hb.createCodeContext(id, { body: request });
+  ctx.language satisfies CodeLanguage;
+  const contexts: CodeContextList = await hb.listCodeContexts(id);
+  await hb.restartCodeContext(id, ctx.id);
+  await hb.deleteCodeContext(id, ctx.id);
+  const box = await hb.getSandbox(id);
+  const options: RunCodeOptions = {
+    context: ctx,
+    language: "python",
+    env: { A: "1" },
+    timeoutMs: 5000,
+    signal: AbortSignal.timeout(10_000),
+    onStdout: (text) => void process.stdout.write(text),
+    onStderr: async (text) => void text,
+    onResult: (r: Result) => void r.png?.byteLength,
+    onError: (e: CodeError) => void e.traceback,
+  };
+  const x: Execution = await box.runCode("1", options);
+  x.text satisfies string | undefined;
+  x.error?.name satisfies string | undefined;
+  x.mainResult satisfies Result | undefined;
+  const first = x.results[0];
+  if (first) {
+    first.png satisfies Uint8Array | undefined;
+    first.formats() satisfies ResultFormat[];
+    first.toJSON() satisfies CodeResult;
+  }
+  x.toJSON() satisfies CodeExecution;
+  RESULT_FORMATS satisfies readonly ResultFormat[];
+  new Execution(cell).results satisfies Result[];
+  (await box.codeContexts()) satisfies CodeContext[];
+  await box.createCodeContext({ language: "bash", cwd: "/tmp", timeoutMs: 1000 });
+  await box.restartCodeContext(ctx.id);
+  await box.deleteCodeContext(ctx.id, { signal: AbortSignal.timeout(10) });
+  // @ts-expect-error: a cell needs its code.
+  await hb.runCode(id, { body: { language: "python" } });
+  // @ts-expect-error: the languages are python and bash.
+  await box.runCode("1", { language: "r" });
+  void contexts;
 }
