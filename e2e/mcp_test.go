@@ -23,6 +23,7 @@ import (
 // bytes), list, delete. A key scoped to commands only gets tool errors
 // for what it may not do, and runs commands.
 func TestMCP(t *testing.T) {
+	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbmcp")
 	if err != nil {
@@ -85,7 +86,7 @@ func TestMCP(t *testing.T) {
 			t.Errorf("tool %s has no schema or description", tl.Name)
 		}
 	}
-	if got := strings.Join(names, " "); got != "create_sandbox create_volume delete_sandbox delete_volume list_sandboxes list_volumes read_file run_command write_file" {
+	if got := strings.Join(names, " "); got != "create_sandbox create_volume delete_sandbox delete_volume list_sandboxes list_volumes read_file run_code run_command write_file" {
 		t.Errorf("tools: %s", got)
 	}
 

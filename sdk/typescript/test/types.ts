@@ -326,7 +326,7 @@ export async function everything(hb: HareBox, id: string): Promise<void> {
   watched.snapshots satisfies boolean | undefined;
   const history: CommandList = await hb.listCommands(watched.id, { query: { limit: 20 } });
   const cmd: Command | undefined = history.commands[0];
-  cmd?.kind satisfies "exec" | "stream" | "background" | undefined;
+  cmd?.kind satisfies "exec" | "stream" | "background" | "code" | undefined;
   cmd?.result?.stdout satisfies string | undefined;
   cmd?.output_purged satisfies boolean | undefined;
   const metricsQuery: MetricsQuery = { from: "2026-11-30T00:00:00Z", to: "2026-12-01T00:00:00Z", limit: 100 };
