@@ -82,7 +82,7 @@ func buildRootDisk(ctx context.Context, lg *logger, o *Options, work, dst string
 		}
 	}()
 	t := time.Now()
-	if err := debootstrap(ctx, lg, o, root); err != nil {
+	if err := baseTree(ctx, lg, o, root); err != nil {
 		return err
 	}
 	lg.step("debootstrap finished in %s", time.Since(t).Round(time.Second))
