@@ -59,6 +59,12 @@ type Engine interface {
 	URLs() *ingress.Service
 	Keys() *apikey.Service
 	Volumes() *volume.Service
+	// The code interpreter (InterpreterPort).
+	RunCode(ctx context.Context, id string, r sandbox.CodeRequest, emit func(sandbox.CodeEvent) error) (*sandbox.CodeExecution, error)
+	CodeContexts(ctx context.Context, id string) ([]sandbox.CodeContext, error)
+	CreateCodeContext(ctx context.Context, id string, r sandbox.CodeContextRequest) (*sandbox.CodeContext, error)
+	RestartCodeContext(ctx context.Context, id, contextID string) (*sandbox.CodeContext, error)
+	DeleteCodeContext(ctx context.Context, id, contextID string) error
 }
 
 // Authenticator checks a key that is not one of the engine's scoped keys
@@ -90,8 +96,10 @@ type Options struct {
 	Log    *slog.Logger
 }
 
-// DefaultTemplates maps E2B's default template to HareBox's default image.
-var DefaultTemplates = map[string]string{"base": sandbox.DefaultImage}
+// DefaultTemplates maps E2B's default template to HareBox's default image,
+// and its code interpreter's (the code-interpreter SDK's default) to the
+// code-interpreter image.
+var DefaultTemplates = map[string]string{"base": sandbox.DefaultImage, "code-interpreter-v1": "code-interpreter"}
 
 // EnvdVersion is the envd version the sandboxes report. The SDK turns
 // features on by it (its envd/versions.ts): 0.1.4 recursive watch, 0.3.0

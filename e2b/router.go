@@ -18,12 +18,16 @@ const EnvdPort = 49983
 // get) or by its host name (<port>-<sandboxID>.<Domain>: what E2B_DOMAIN
 // users and the URLs the SDK builds without headers get); any other
 // request is the control plane's. Envd's port is served on the host by
-// Envd, another port of a sandbox by Ports.
+// Envd, the code interpreter's by Interpreter, another port of a sandbox
+// by Ports.
 type Router struct {
 	// API is the control plane (a *Handler).
 	API http.Handler
 	// Envd serves sandbox id's envd (envd.Server.Handler).
 	Envd func(id string) http.Handler
+	// Interpreter serves sandbox id's InterpreterPort (Handler.Interpreter);
+	// nil: that port is one of Ports.
+	Interpreter func(id string) http.Handler
 	// Ports serves another port of sandbox id (Handler.Port); nil: such
 	// a request is refused.
 	Ports func(id string, port int) http.Handler
@@ -42,6 +46,8 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt.API.ServeHTTP(w, r)
 	case port == EnvdPort:
 		rt.Envd(InternalID(id)).ServeHTTP(w, r)
+	case port == InterpreterPort && rt.Interpreter != nil:
+		rt.Interpreter(id).ServeHTTP(w, r)
 	case rt.Ports != nil:
 		rt.Ports(id, port).ServeHTTP(w, r)
 	default:

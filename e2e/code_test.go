@@ -32,7 +32,9 @@ func TestCodeInterpreter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	srv := testserver.Start(t, s, dataDir)
+	// The E2B listener too: E2B's code-interpreter SDK on the same sandbox.
+	e2bAddr := testserver.FreeAddr(t)
+	srv := testserver.Start(t, s, dataDir, "--e2b-listen", e2bAddr, "--e2b-templates", "code-interpreter-v1=code-interpreter")
 	defer testserver.Finish(t, srv, dataDir)
 	cli := &testserver.CLI{T: t, S: s, Srv: srv}
 	var made []string
@@ -235,6 +237,20 @@ func TestCodeInterpreter(t *testing.T) {
 		testserver.Run(t, srv, s, dir, 5*time.Minute, filepath.Join(dir, "node_modules", ".bin", "tsc"), "-p", "tsconfig.json")
 		out := testserver.Run(t, srv, s, dir, 5*time.Minute, "env", "HAREBOX_TEST_CODE_SANDBOX="+id, "node", "--test", "test/code.test.mjs")
 		if !strings.Contains(out, "# fail 0") || strings.Contains(out, "# pass 0") || !strings.Contains(out, "# skipped 0") {
+			t.Fatalf("node --test:\n%s", out)
+		}
+	})
+	t.Run("E2BSDK", func(t *testing.T) {
+		st, key := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b"})
+		secret, _ := key["secret"].(string)
+		if st != 201 || secret == "" {
+			t.Fatalf("an E2B key: %d %v", st, key)
+		}
+		dir := filepath.Join(s.Root, "e2e", "e2bsdk")
+		testserver.NPMInstalled(t, srv, s, dir)
+		out := testserver.Run(t, srv, s, dir, 5*time.Minute, "env", "E2B_API_URL=http://"+e2bAddr, "E2B_SANDBOX_URL=http://"+e2bAddr,
+			"E2B_API_KEY="+secret, "E2B_TEST_SANDBOX="+strings.TrimPrefix(id, "sbx_"), "node", "--test", "--test-reporter=tap", "codeinterp.test.mjs")
+		if !strings.Contains(out, "# fail 0") || strings.Contains(out, "# pass 0") {
 			t.Fatalf("node --test:\n%s", out)
 		}
 	})

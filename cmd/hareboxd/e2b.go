@@ -103,7 +103,7 @@ func serveE2B(ctx context.Context, s *e2bSettings, eng *harebox.Engine, sandboxN
 	cp := e2b.New(o)
 	ev := envd.New(envd.Options{Files: eng, Access: cp, Filesystem: eng, Processes: eng.Processes()})
 	hs := &http.Server{
-		Handler:           &e2b.Router{API: cp, Envd: ev.Handler, Ports: cp.Port, Domain: s.domain},
+		Handler:           &e2b.Router{API: cp, Envd: ev.Handler, Interpreter: cp.Interpreter, Ports: cp.Port, Domain: s.domain},
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

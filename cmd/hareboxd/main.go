@@ -145,7 +145,7 @@ func run(args []string, instead func(settings) error) error {
 		e2bCert      = fs.String("e2b-tls-cert", "", "serve the E2B listener over HTTPS with this certificate chain (PEM; for DOMAIN and *.DOMAIN)")
 		e2bKey       = fs.String("e2b-tls-key", "", "the private key of --e2b-tls-cert (PEM)")
 		e2bSelf      = fs.Bool("e2b-tls-self-signed", false, "serve the E2B listener over HTTPS with a self-signed certificate for DOMAIN and *.DOMAIN, made on first start in DATA_DIR/e2b-tls")
-		e2bTemplates = fs.String("e2b-templates", "", "E2B template names and the images they create: TEMPLATE=IMAGE[,TEMPLATE=IMAGE...] (default base=default)")
+		e2bTemplates = fs.String("e2b-templates", "", "E2B template names and the images they create: TEMPLATE=IMAGE[,TEMPLATE=IMAGE...] (default base=default,code-interpreter-v1=code-interpreter)")
 		configFile   = fs.String("config", "", "a YAML file of settings: each key a flag's name, e.g. \"listen: 0.0.0.0:7443\"; flags given on the command line win")
 	)
 	if err := fs.Parse(args); err != nil {
