@@ -54,6 +54,13 @@ if [ ! -f sdk/typescript/node_modules/.package-lock.json ] ||
     npm cache add "undici@$(node -p 'require("./package.json").dependencies.undici')" --loglevel=error)
 fi
 
+# The E2B SDKs the e2e suite runs, unmodified (e2e/e2bsdk): installed
+# here, not by the tests, two of which use them at once.
+if [ ! -f e2e/e2bsdk/node_modules/.package-lock.json ] ||
+  [ e2e/e2bsdk/package-lock.json -nt e2e/e2bsdk/node_modules/.package-lock.json ]; then
+  (cd e2e/e2bsdk && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 # Redocly CLI (pinned, scripts/openapi-lint), for make test's lint of the
 # OpenAPI document: again whenever its lock file changed.
 if [ ! -f scripts/openapi-lint/node_modules/.package-lock.json ] ||

@@ -25,6 +25,7 @@ import (
 // hareboxd resumes the sandbox with the files and a background process
 // still counting.
 func TestHibernate(t *testing.T) {
+	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbh")
 	if err != nil {
