@@ -167,7 +167,12 @@ func (c *Client) call(ctx context.Context, method, path string, body any) (*http
 	}, bo)
 	if err != nil {
 		var se *sandbox.Error
-		if errors.As(err, &se) || ctx.Err() != nil {
+		switch {
+		case errors.As(err, &se):
+			return nil, err
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
+			return nil, sandbox.Errorf(sandbox.ErrTimeout, "", "the sandbox's code interpreter did not answer in time")
+		case ctx.Err() != nil:
 			return nil, err
 		}
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "the sandbox's code interpreter does not answer: %v", err)

@@ -18,7 +18,6 @@ import (
 )
 
 func TestWalkthrough(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbw")
 	if err != nil {

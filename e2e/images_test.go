@@ -26,7 +26,6 @@ import (
 // the image's files; the image cannot be deleted while the sandbox uses
 // it, and can after.
 func TestImageFromRegistry(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer reg.Close()

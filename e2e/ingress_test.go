@@ -46,7 +46,6 @@ import (
 // issuer the test stands up, an mtls URL client certificates the CLI
 // issued, until it revokes them. Every decision is in the audit log.
 func TestIngress(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	web := testimage.Package(t, "./e2e/testdata/guestweb", "guestweb")
 	dataDir, err := os.MkdirTemp("", "hbing")

@@ -38,7 +38,6 @@ for name, method, path, body in [
 // A key limited to one sandbox, given to the code inside it, runs exec on
 // that sandbox through api.harebox.internal, and nothing else.
 func TestKeyInsideSandbox(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbk")
 	if err != nil {

@@ -23,7 +23,6 @@ import (
 // bytes), list, delete. A key scoped to commands only gets tool errors
 // for what it may not do, and runs commands.
 func TestMCP(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbmcp")
 	if err != nil {

@@ -22,7 +22,6 @@ import (
 // (not the local client), UTF-8 passes, and `exit 3` ends the client with
 // code 3 and the local terminal back in cooked mode.
 func TestShellInTmux(t *testing.T) {
-	t.Parallel()
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("tmux is not installed (make deps installs it)")
 	}
@@ -112,7 +111,6 @@ func TestShellInTmux(t *testing.T) {
 // echoes a line before the pipe ends, and the end closes its stdin; stdout
 // and stderr stay apart.
 func TestExecStreamsStdin(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbsi")
 	if err != nil {

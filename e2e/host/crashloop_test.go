@@ -42,7 +42,6 @@ import (
 //
 // At the end everything is deleted and nothing is left on the host.
 func TestCrashLoop(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	rounds := testserver.EnvCount(t, "HAREBOX_CRASH_LOOP_N", 2)
 	dataDir, err := os.MkdirTemp("", "hbc")

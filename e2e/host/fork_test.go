@@ -18,7 +18,6 @@ import (
 // from it after it is taken keeps running once it is deleted. With golden
 // snapshots on, later creates are restored, each with its own identity.
 func TestFork(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbf")
 	if err != nil {

@@ -25,7 +25,6 @@ import (
 // hareboxd resumes the sandbox with the files and a background process
 // still counting.
 func TestHibernate(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbh")
 	if err != nil {

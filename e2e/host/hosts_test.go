@@ -27,7 +27,6 @@ import (
 // within b's lease, and running again when b restarts and takes it back.
 // A third hareboxd by b's name is refused.
 func TestSeveralHosts(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	dsn := testpg.ForTest(t)
 	certs := t.TempDir()

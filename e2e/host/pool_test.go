@@ -15,7 +15,6 @@ import (
 // machine-id, kernel entropy and address, its labels and env, and the
 // firewall policy it asked for in force.
 func TestPool(t *testing.T) {
-	t.Parallel()
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbp")
 	if err != nil {

@@ -218,6 +218,12 @@ class PythonKernel:
         env = dict(os.environ, MPLBACKEND=INLINE_BACKEND)  # inline backend -> figures as image/png
         env.update(self.env)
         km = KernelManager(kernel_name="python3")
+        # Unsigned messages: signing (HMAC-SHA256 of every message, both
+        # ways) costs a quarter of a big output's time, and guards nothing
+        # here: the kernel's ports are on the guest's loopback, and all that
+        # runs in the guest (other contexts' code included) is the
+        # sandbox's, as the user that could read the key anyway.
+        km.session.key = b""
         km.connection_file = os.path.join(self.runtime_dir, f"kernel-{secrets.token_hex(8)}.json")
         self.km = km
         try:
