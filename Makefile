@@ -94,7 +94,7 @@ test: deps prebuild-default-image vet lint-openapi
 	@set -o pipefail; \
 	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
 		$(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-race.log 2>&1 ) & race=$$!; \
-	$(GO) test -json -timeout 24m -count=1 . ./e2e/ ./e2e/host/ ./backends/qemu/ ./network/linuxnet/ ./backends/cloudhypervisor/ ./api/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
+	$(GO) test -json -timeout 24m -count=1 . ./e2e/ ./e2e/host/ ./e2e/code/ ./backends/qemu/ ./network/linuxnet/ ./backends/cloudhypervisor/ ./api/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
 	wait $$race; raced=$$?; echo "under the race detector:"; cat $(CACHE)/test-race.log; \
 	$(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10 </dev/null; \
 	test $$main = 0 && test $$raced = 0
@@ -108,12 +108,14 @@ fuzz:
 # The reliability suite (docs/RELIABILITY.md): the crash loop with more
 # rounds than make test runs, the guest faults, hostile clients and input.
 reliability: export HAREBOX_TEST_DEFAULT_IMAGE = 1
+reliability: export HAREBOX_TEST_IN_PROCESS = 1
 reliability: export HAREBOX_CRASH_LOOP_N ?= 10
 reliability: export HAREBOX_LOAD_SECONDS ?= 60
 reliability: deps
 	$(GO) test -timeout 60m -count=1 -v -run 'TestCrashLoop|TestLoad' ./e2e/host/
 	$(GO) test -timeout 20m -count=1 -v -run 'TestGuestForkBomb|TestEngineKernelPanic|TestEngineDefaultImage|TestEngineKill9|TestEngineLifecycle/(AgentRestart|PluginCrash)|TestDataDirFull' .
 	$(GO) test -timeout 10m -count=1 -v -run 'TestSlowAndMalformedClients' ./api/
+	$(GO) test -timeout 20m -count=1 -run 'TestConformance$$' ./backends/qemu/
 	$(GO) test ./api/ -run XXX -fuzz FuzzHandlers -fuzztime 60s
 
 bench: deps

@@ -2,6 +2,7 @@ package qemu_test
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"testing"
 
@@ -25,8 +26,14 @@ func minimalSpec(t *testing.T) hypervisor.Spec {
 	return hypervisor.Spec{VCPUs: 1, MemoryMB: 256, Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline}
 }
 
+// TestConformance runs the suite on the driver in this process. make test
+// runs it through the plugin only (TestConformancePlugin: the same driver,
+// and the boundary besides); make reliability runs both.
 func TestConformance(t *testing.T) {
 	needQEMU(t)
+	if os.Getenv("HAREBOX_TEST_IN_PROCESS") != "1" {
+		t.Skip("the in-process run of the conformance suite repeats TestConformancePlugin's: set HAREBOX_TEST_IN_PROCESS=1 (make reliability does)")
+	}
 	hypervisortest.Run(t, hypervisortest.Harness{
 		New: func(t *testing.T) hypervisor.Hypervisor {
 			d, err := qemu.New(qemu.Options{})

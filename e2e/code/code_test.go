@@ -1,4 +1,7 @@
-package e2e
+// Package code runs the code interpreter on real VMs, through hareboxd
+// and its clients (E2B's code-interpreter SDK among them): a package of
+// its own, so that make test runs it beside the other long packages.
+package code
 
 import (
 	"bufio"
@@ -213,27 +216,16 @@ func TestCodeInterpreter(t *testing.T) {
 			t.Errorf("the fork shares its source's randomness: %s", mainText(a))
 		}
 	})
-	// The clients' own live tests, on this sandbox (in contexts of their
-	// own), from the source tree.
+	// The Python client's live tests, on this sandbox (in contexts of
+	// their own), from the source tree. (The TypeScript client's,
+	// sdk/typescript/test/code.test.mjs, run the same way by hand: make
+	// test runs its offline ones, in TestWalkthrough.)
 	t.Run("Python", func(t *testing.T) {
 		out := testserver.Run(t, srv, s, s.Root, 5*time.Minute, "env", "HAREBOX_TEST_CODE_SANDBOX="+id,
 			"PYTHONPATH="+filepath.Join(s.Root, "sdk", "python"), "PYTHONDONTWRITEBYTECODE=1",
 			"/usr/bin/python3", "-m", "pytest", filepath.Join(s.Root, "sdk", "python", "tests", "test_code.py"), "-q", "-p", "no:cacheprovider")
 		if !strings.Contains(out, " passed") || strings.Contains(out, " failed") || strings.Contains(out, " skipped") {
 			t.Fatalf("pytest:\n%s", out)
-		}
-	})
-	t.Run("TypeScript", func(t *testing.T) {
-		// (The client as built in the tree: make deps builds it, and
-		// TestWalkthrough, which runs before the parallel tests, again.)
-		dir := filepath.Join(s.Root, "sdk", "typescript")
-		testserver.NPMInstalled(t, srv, s, dir)
-		if !testserver.FileExists(filepath.Join(dir, "dist", "index.js")) {
-			testserver.Run(t, srv, s, dir, 5*time.Minute, "npm", "run", "build", "--loglevel=error")
-		}
-		out := testserver.Run(t, srv, s, dir, 5*time.Minute, "env", "HAREBOX_TEST_CODE_SANDBOX="+id, "node", "--test", "test/code.test.mjs")
-		if !strings.Contains(out, "# fail 0") || strings.Contains(out, "# pass 0") || !strings.Contains(out, "# skipped 0") {
-			t.Fatalf("node --test:\n%s", out)
 		}
 	})
 	t.Run("E2BSDK", func(t *testing.T) {
