@@ -32,11 +32,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	if err := s.eng.Authorize(r.Context(), "runCode", id); err != nil {
 		return err
 	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	e := &sse{w: w, rc: http.NewResponseController(w)}
-	e.rc.Flush()
+	e := startSSE(w)
 	x, err := s.eng.RunCode(r.Context(), id, req, func(ev sandbox.CodeEvent) error {
 		switch ev.Type {
 		case "result":

@@ -48,11 +48,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	e := &sse{w: w, rc: http.NewResponseController(w)}
-	e.rc.Flush()
+	e := startSSE(w)
 	for {
 		// A client that stops reading is cut off, not waited for.
 		e.rc.SetWriteDeadline(time.Now().Add(30 * time.Second))

@@ -733,6 +733,17 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// startSSE begins an answer of server-sent events: its header, sent at
+// once.
+func startSSE(w http.ResponseWriter) *sse {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	e := &sse{w: w, rc: http.NewResponseController(w)}
+	e.rc.Flush()
+	return e
+}
+
 // sse writes server-sent events; one writer at a time.
 type sse struct {
 	mu sync.Mutex
@@ -787,11 +798,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request) error {
 	if err := s.eng.Authorize(r.Context(), "execStream", r.PathValue("id")); err != nil {
 		return err
 	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	e := &sse{w: w, rc: http.NewResponseController(w)}
-	e.rc.Flush()
+	e := startSSE(w)
 	res, err := s.eng.ExecStream(r.Context(), r.PathValue("id"), req, nil, sseStream{e, "stdout"}, sseStream{e, "stderr"})
 	if err != nil {
 		return ignore(e.event("error", map[string]any{"error": s.streamError(r.Context(), "execStream", err)}))

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,7 +11,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/harebox/harebox/authz"
-	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -53,22 +51,9 @@ func (h *Handler) Interpreter(id string) http.Handler {
 		if err == nil {
 			return
 		}
-		status := http.StatusInternalServerError
-		var st *Status
-		if errors.As(err, &st) {
-			status = st.Code
-		} else {
-			for _, k := range model.Kinds {
-				if errors.Is(err, k.Kind) {
-					status = k.Status
-					break
-				}
-			}
-		}
-		if status == http.StatusInternalServerError {
-			h.o.Log.Warn("e2b: interpreter request failed", "id", id, "err", err)
-		}
-		http.Error(w, err.Error(), status)
+		// (Plain text, as the SDK reads it.)
+		status, msg := h.answerFor(err)
+		http.Error(w, msg, status)
 	})
 }
 
@@ -79,12 +64,7 @@ func (h *Handler) interpreter(w http.ResponseWriter, r *http.Request, id string)
 		// reports as a sandbox that timed out.)
 		return &Status{Code: http.StatusBadGateway, Msg: "the sandbox was not found or is not running"}
 	}
-	if want, err := h.traffic.get(r.Context(), id); err == nil {
-		got := r.Header.Get(trafficHeader)
-		if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
-			return &Status{Code: http.StatusForbidden, Msg: "this sandbox's ports need its traffic token (" + trafficHeader + ")"}
-		}
-	} else if !errors.Is(err, errNoToken) {
+	if err := h.checkTraffic(r, id); err != nil {
 		return err
 	}
 	path := strings.TrimSuffix(r.URL.Path, "/")

@@ -111,12 +111,7 @@ func (h *Handler) mayReach(r *http.Request, id string, port int) error {
 	if err != nil || box.State != sandbox.StateRunning {
 		return &Status{Code: http.StatusBadGateway, Msg: "the sandbox was not found or is not running"}
 	}
-	if want, err := h.traffic.get(ctx, id); err == nil {
-		got := r.Header.Get(trafficHeader)
-		if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
-			return &Status{Code: http.StatusForbidden, Msg: "this sandbox's ports need its traffic token (" + trafficHeader + ")"}
-		}
-	} else if !errors.Is(err, errNoToken) {
+	if err := h.checkTraffic(r, id); err != nil {
 		return err
 	}
 	urls, err := h.o.Engine.URLs().List(ctx, id)
@@ -127,6 +122,23 @@ func (h *Handler) mayReach(r *http.Request, id string, port int) error {
 		if u.Port == port {
 			return &Status{Code: http.StatusForbidden, Msg: "port " + strconv.Itoa(port) + " is published with its own protection: use its URL"}
 		}
+	}
+	return nil
+}
+
+// checkTraffic refuses a request for a port of sandbox id that lacks the
+// sandbox's traffic token, if it has one (compared in constant time).
+func (h *Handler) checkTraffic(r *http.Request, id string) error {
+	want, err := h.traffic.get(r.Context(), id)
+	if errors.Is(err, errNoToken) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	got := r.Header.Get(trafficHeader)
+	if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+		return &Status{Code: http.StatusForbidden, Msg: "this sandbox's ports need its traffic token (" + trafficHeader + ")"}
 	}
 	return nil
 }

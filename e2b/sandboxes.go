@@ -607,24 +607,29 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // (as HareBox's own API does); an error of no kind is a 500 whose detail
 // stays in the log.
 func (h *Handler) writeError(w http.ResponseWriter, err error) {
-	status, msg := http.StatusInternalServerError, "internal error"
-	var st *Status
-	if errors.As(err, &st) {
-		writeJSON(w, st.Code, Error{Code: st.Code, Message: st.Msg})
-		return
-	}
-	for _, k := range model.Kinds {
-		if errors.Is(err, k.Kind) {
-			status, msg = k.Status, err.Error()
-			break
-		}
-	}
-	if status == http.StatusInternalServerError {
-		h.o.Log.Warn("e2b: request failed", "err", err)
-	}
+	status, msg := h.answerFor(err)
 	var e *model.Error
 	if errors.As(err, &e) && e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
 	}
 	writeJSON(w, status, Error{Code: status, Message: msg})
+}
+
+// answerFor is the status and message err is answered with: a Status's
+// own, its kind's, or a logged 500 that names nothing.
+func (h *Handler) answerFor(err error) (int, string) {
+	var st *Status
+	if errors.As(err, &st) {
+		return st.Code, st.Msg
+	}
+	for _, k := range model.Kinds {
+		if errors.Is(err, k.Kind) {
+			if k.Status == http.StatusInternalServerError {
+				h.o.Log.Warn("e2b: request failed", "err", err)
+			}
+			return k.Status, err.Error()
+		}
+	}
+	h.o.Log.Warn("e2b: request failed", "err", err)
+	return http.StatusInternalServerError, "internal error"
 }
