@@ -106,6 +106,9 @@ type Process struct {
 	bo      *backoff.ExponentialBackOff
 	retryAt time.Time
 	lastErr error
+	// tmpDir holds the plugin's socket when it has no directory under
+	// its owner: removed once the plugin has exited.
+	tmpDir string
 }
 
 var _ hypervisor.Hypervisor = (*Process)(nil)
@@ -133,9 +136,9 @@ func (p *Process) start() error {
 	cmd.Env = append(os.Environ(), ParentEnv+"="+strconv.Itoa(os.Getpid()))
 	if p.owner != "" {
 		cmd.Env = append(cmd.Env, OwnerEnv+"="+p.owner)
-		if dir, ok := socketDir(p.owner); ok {
-			cmd.Env = append(cmd.Env, goplugin.EnvUnixSocketDir+"="+dir)
-		}
+	}
+	if dir, err := p.socketDir(); err == nil {
+		cmd.Env = append(cmd.Env, goplugin.EnvUnixSocketDir+"="+dir)
 	}
 	pc := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  Handshake,
@@ -149,30 +152,46 @@ func (p *Process) start() error {
 	rpc, err := pc.Client()
 	if err != nil {
 		pc.Kill()
+		p.dropTmpDir()
 		return fmt.Errorf("plugin %s: %w: %w", p.path, hypervisor.ErrUnavailable, err)
 	}
 	raw, err := rpc.Dispense(pluginName)
 	if err != nil {
 		pc.Kill()
+		p.dropTmpDir()
 		return fmt.Errorf("plugin %s: %w: %w", p.path, hypervisor.ErrUnavailable, err)
 	}
 	p.pc, p.client = pc, raw.(*Client)
 	return nil
 }
 
-// socketDir makes the directory under the engine's data directory that
-// the plugin puts its socket in. go-plugin's default is a file in /tmp,
-// which a killed plugin leaves there; this one is emptied whenever a plugin
-// starts, since no other plugin of the data directory runs then (a stale
-// one is killed before the first start, a crashed one has exited). Not
-// used when the socket's path would be too long for a Unix socket.
-func socketDir(owner string) (string, bool) {
-	dir := filepath.Join(owner, "plugin")
-	if len(dir)+len("/plugin1234567890") >= 108 {
-		return "", false
+// socketDir makes the directory the plugin puts its socket in (the
+// caller holds mu). go-plugin's default is a file in /tmp, which a killed
+// plugin leaves there. Under the engine's data directory, it is emptied
+// whenever a plugin starts, since no other plugin of the data directory
+// runs then (a stale one is killed before the first start, a crashed one
+// has exited). Without an owner, or where the socket's path would be too
+// long for a Unix socket, it is a directory of its own in the temporary
+// directory, removed whenever the plugin has exited (a restart, Close).
+func (p *Process) socketDir() (string, error) {
+	p.dropTmpDir()
+	if p.owner != "" {
+		dir := filepath.Join(p.owner, "plugin")
+		if len(dir)+len("/plugin1234567890") < 108 {
+			os.RemoveAll(dir)
+			return dir, os.Mkdir(dir, 0o700)
+		}
 	}
-	os.RemoveAll(dir)
-	return dir, os.Mkdir(dir, 0o700) == nil
+	dir, err := os.MkdirTemp("", "harebox-plugin-")
+	p.tmpDir = dir
+	return dir, err
+}
+
+func (p *Process) dropTmpDir() {
+	if p.tmpDir != "" {
+		os.RemoveAll(p.tmpDir)
+		p.tmpDir = ""
+	}
 }
 
 // current returns the live plugin, starting it again if it has exited.
@@ -250,6 +269,7 @@ func (p *Process) Close() error {
 	defer p.mu.Unlock()
 	p.closed = true
 	p.pc.Kill()
+	p.dropTmpDir()
 	return nil
 }
 

@@ -31,7 +31,9 @@ func memplugin(t testing.TB) string {
 // test binary launches the plugin, prints its pid and waits to be killed.
 func TestMain(m *testing.M) {
 	if bin := os.Getenv("PLUGIN_TEST_ENGINE"); bin != "" {
-		p, err := plugin.Launch(context.Background(), bin, nil, "", nil)
+		// (Its owner is the test's directory: the killed plugin's socket
+		// goes with it.)
+		p, err := plugin.Launch(context.Background(), bin, nil, os.Getenv("PLUGIN_TEST_OWNER"), nil)
 		if err != nil {
 			fmt.Println("error", err)
 			os.Exit(1)
@@ -148,7 +150,7 @@ func TestPluginDiesWithEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	engine := exec.Command(self, "-test.run=^$")
-	engine.Env = append(os.Environ(), "PLUGIN_TEST_ENGINE="+bin)
+	engine.Env = append(os.Environ(), "PLUGIN_TEST_ENGINE="+bin, "PLUGIN_TEST_OWNER="+t.TempDir())
 	out, err := engine.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -200,6 +202,8 @@ func TestPluginWithoutItsEngineExits(t *testing.T) {
 // call could garble anything.
 func TestPluginProtocolMismatch(t *testing.T) {
 	t.Setenv("MEMPLUGIN_PROTOCOL", strconv.Itoa(int(plugin.Handshake.ProtocolVersion)+1))
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
 	p, err := plugin.Launch(context.Background(), memplugin(t), nil, "", nil)
 	if err == nil {
 		p.Close()
@@ -207,5 +211,9 @@ func TestPluginProtocolMismatch(t *testing.T) {
 	}
 	if !errors.Is(err, hypervisor.ErrUnavailable) || !strings.Contains(err.Error(), "incompatible API version") {
 		t.Errorf("the refusal: %v", err)
+	}
+	// The refused plugin was killed: its socket is gone all the same.
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("left in the temporary directory: %v", left)
 	}
 }
