@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -72,6 +73,24 @@ func (t *Templates) get(ctx context.Context, base, baseFormat, scratch string, s
 	if tpl := t.m[id]; tpl != nil {
 		return tpl, nil
 	}
+	sum := sha256.Sum256([]byte(id))
+	kept := filepath.Join(filepath.Dir(base), "."+filepath.Base(base)+"."+hex.EncodeToString(sum[:8])+".luks-template")
+	tpl, err := loadTemplate(kept)
+	if err != nil {
+		if tpl, err = t.make(ctx, base, baseFormat, scratch, sizeBytes); err != nil {
+			return nil, err
+		}
+		keep(kept, tpl.data)
+	}
+	if t.m == nil {
+		t.m = map[string]*template{}
+	}
+	t.m[id] = tpl
+	return tpl, nil
+}
+
+// make has qemu-img make a template (the benchmark's cost).
+func (t *Templates) make(ctx context.Context, base, baseFormat, scratch string, sizeBytes int64) (*template, error) {
 	tmp := filepath.Join(scratch, "template-"+strconv.FormatInt(int64(len(t.m)), 10)+".qcow2")
 	throwaway := make([]byte, 32)
 	rand.Read(throwaway)
@@ -79,7 +98,11 @@ func (t *Templates) get(ctx context.Context, base, baseFormat, scratch string, s
 	if err := CreateEncrypted(ctx, t.QEMUImg, base, baseFormat, tmp, sizeBytes, throwaway, nil); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(tmp)
+	return loadTemplate(tmp)
+}
+
+func loadTemplate(path string) (*template, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -87,12 +110,27 @@ func (t *Templates) get(ctx context.Context, base, baseFormat, scratch string, s
 	if err != nil {
 		return nil, err
 	}
-	tpl := &template{data: data, hdrOff: off, hdrLen: l}
-	if t.m == nil {
-		t.m = map[string]*template{}
+	return &template{data: data, hdrOff: off, hdrLen: l}, nil
+}
+
+// keep writes a template to path whole or not at all (processes may race
+// to: each writes an equally good one). A directory that cannot be
+// written keeps none.
+func keep(path string, data []byte) {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return
 	}
-	t.m[id] = tpl
-	return tpl, nil
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
 }
 
 // write writes a copy of the template with a fresh LUKS header for

@@ -176,6 +176,32 @@ func TestTemplates(t *testing.T) {
 	if _, _, err := cryptoHeader([]byte("QFI\xfb not really")); !errors.Is(err, ErrTemplate) {
 		t.Errorf("garbage: %v", err)
 	}
+
+	// Another process (a restarted plugin, another engine) finds the
+	// template kept beside the base: no qemu-img (none here) to run.
+	kept, _ := filepath.Glob(filepath.Join(dir, ".base.raw.*.luks-template"))
+	if len(kept) != 1 {
+		t.Fatalf("templates kept beside the base: %v", kept)
+	}
+	c := filepath.Join(dir, "c.qcow2")
+	if err := (&Templates{QEMUImg: filepath.Join(dir, "no-qemu-img")}).Create(ctx, base, "raw", c, 16<<20, k1); err != nil {
+		t.Fatalf("from the kept template: %v", err)
+	}
+	if out, err := qemuIO(t, c, k1, nil, "read -P 0x42 0 1M"); err != nil {
+		t.Fatalf("the overlay from the kept template: %v: %s", err, out)
+	}
+	// A kept file that is not a template is made again.
+	os.WriteFile(kept[0], []byte("QFI\xfb not really"), 0o600)
+	d := filepath.Join(dir, "d.qcow2")
+	if err := (&Templates{QEMUImg: qemuImg}).Create(ctx, base, "raw", d, 16<<20, k2); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := qemuIO(t, d, k2, nil, "read -P 0x42 0 1M"); err != nil {
+		t.Fatalf("the overlay after a bad kept template: %v: %s", err, out)
+	}
+	if _, err := loadTemplate(kept[0]); err != nil {
+		t.Errorf("the bad kept template was not replaced: %v", err)
+	}
 }
 
 // needQEMUIO skips without qemu-img and qemu-io and returns qemu-img.
