@@ -45,7 +45,7 @@ import (
 
 // BuilderVersion is part of every input hash: bump it whenever the builder
 // changes what it produces, so old cached images are not reused.
-const BuilderVersion = "harebox-images/1"
+const BuilderVersion = "harebox-images/2"
 
 // Image names.
 const (
@@ -385,8 +385,7 @@ func Build(ctx context.Context, o Options) (Image, error) {
 		img.Modules = append(img.Modules, m.guestPath(kver))
 	}
 
-	lg.step("copying kernel %s", kernel)
-	if err := copyFile(ctx, kernel, filepath.Join(tmp, KernelFile), 0o644); err != nil {
+	if err := writeKernel(ctx, lg, kernel, tmp, final, &img); err != nil {
 		return Image{}, err
 	}
 	lg.step("writing initramfs")

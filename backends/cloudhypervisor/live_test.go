@@ -14,8 +14,8 @@ import (
 // TestLive runs the shared conformance suite against the real
 // cloud-hypervisor where it and hardware KVM are here; elsewhere it skips
 // with one line saying why. Cloud Hypervisor boots a PVH-capable vmlinux
-// (ELF), not a bzImage: point HAREBOX_TEST_KERNEL at one (see docs/hypervisors.md);
-// the initramfs is the minimal image's.
+// (ELF), not a bzImage: the minimal image's kernel is one (images keep
+// the ELF image), or HAREBOX_TEST_KERNEL names another.
 func TestLive(t *testing.T) {
 	if os.Getenv(stubEnv) != "" {
 		t.Skip("cloud-hypervisor live test: the stub VMM is configured, not a real one")
