@@ -8,6 +8,7 @@ pkgs=(
   linux-image-amd64            # the guest kernel and its modules
   busybox-static               # the minimal image's userland
   debootstrap e2fsprogs        # the default image (Debian 12 root disk)
+  xz-utils                     # the images' kernel: its ELF image out of the bzImage
   iproute2 nftables jq         # host networking, firewall, the CLI walkthrough
   python3 python3-pytest       # the Python client and its tests
   python3-ipykernel python3-jupyter-client  # the code interpreter's server, tested on the host
