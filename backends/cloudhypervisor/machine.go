@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
 )
 
 // handleData is Handle.Data for this backend.
@@ -51,8 +52,8 @@ type machine struct {
 	data handleData
 	api  API
 	proc *pidFD
-	// qemuImg makes the overlays a snapshot's disk copies go into.
-	qemuImg string
+	// overlays makes the overlays a snapshot's disk copies go into.
+	overlays *overlay.Templates
 	// stopDrain stops draining the console, if this machine's is drained.
 	stopDrain func()
 }
