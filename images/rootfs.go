@@ -61,7 +61,12 @@ const profileUID, profileUIDFast = `"$(id -u)"`, `"${EUID:-$(id -u)}"`
 
 // masked units: gettys (the host talks to the agent, not a login prompt;
 // the serial console is only a log) and timers that would compete with the
-// tenant's work for the CPU right after boot.
+// tenant's work for the CPU right after boot. Under software emulation
+// each unit a boot starts costs a process or two, and they all share the
+// guest's one CPU with the agent's start: so also the loading of kernel
+// modules the image does not have (the guest's modules are in its
+// initramfs), and the debug, tracing and huge-page file systems and
+// binfmt_misc, which root can mount when it needs them.
 var maskedUnits = []string{
 	"serial-getty@.service",
 	"getty@.service",
@@ -70,6 +75,40 @@ var maskedUnits = []string{
 	"e2scrub_all.timer",
 	"e2scrub_reap.service",
 	"fstrim.timer",
+	"modprobe@configfs.service",
+	"modprobe@dm_mod.service",
+	"modprobe@drm.service",
+	"modprobe@efi_pstore.service",
+	"modprobe@fuse.service",
+	"modprobe@loop.service",
+	"systemd-modules-load.service",
+	"systemd-pstore.service",
+	"sys-kernel-debug.mount",
+	"sys-kernel-tracing.mount",
+	"sys-kernel-config.mount",
+	"sys-fs-fuse-connections.mount",
+	"dev-hugepages.mount",
+	"proc-sys-fs-binfmt_misc.automount",
+}
+
+// maskedGenerators are systemd's generators that find nothing to do in a
+// sandbox (no encrypted, verity or GPT-discovered disks, no SysV scripts,
+// no rc.local, no getty, no hibernation, no boot counting) but each cost
+// an exec at every boot before any unit starts. The fstab generator
+// stays.
+var maskedGenerators = []string{
+	"systemd-bless-boot-generator",
+	"systemd-cryptsetup-generator",
+	"systemd-debug-generator",
+	"systemd-getty-generator",
+	"systemd-gpt-auto-generator",
+	"systemd-hibernate-resume-generator",
+	"systemd-integritysetup-generator",
+	"systemd-rc-local-generator",
+	"systemd-run-generator",
+	"systemd-system-update-generator",
+	"systemd-sysv-generator",
+	"systemd-veritysetup-generator",
 }
 
 // buildRootDisk debootstraps a root file system under work and packs it
@@ -228,6 +267,11 @@ func configureRoot(ctx context.Context, lg *logger, o *Options, root string) err
 		func() error {
 			for _, u := range maskedUnits {
 				if err := symlink("/dev/null", "etc/systemd/system/"+u); err != nil {
+					return err
+				}
+			}
+			for _, g := range maskedGenerators {
+				if err := symlink("/dev/null", "etc/systemd/system-generators/"+g); err != nil {
 					return err
 				}
 			}
