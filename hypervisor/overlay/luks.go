@@ -122,6 +122,9 @@ func keep(path string, data []byte) {
 		return
 	}
 	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync() // (renamed only once it is on disk whole)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
