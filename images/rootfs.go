@@ -92,10 +92,10 @@ var maskedUnits = []string{
 }
 
 // maskedGenerators are systemd's generators that find nothing to do in a
-// sandbox (no encrypted, verity or GPT-discovered disks, no SysV scripts,
-// no rc.local, no getty, no hibernation, no boot counting) but each cost
-// an exec at every boot before any unit starts. The fstab generator
-// stays.
+// sandbox (no encrypted, verity or GPT-discovered disks, no rc.local, no
+// getty, no hibernation, no boot counting) but each cost an exec at every
+// boot before any unit starts. The fstab generator stays, and so does the
+// SysV one: a package a tenant installs may ship only an init script.
 var maskedGenerators = []string{
 	"systemd-bless-boot-generator",
 	"systemd-cryptsetup-generator",
@@ -107,7 +107,6 @@ var maskedGenerators = []string{
 	"systemd-rc-local-generator",
 	"systemd-run-generator",
 	"systemd-system-update-generator",
-	"systemd-sysv-generator",
 	"systemd-veritysetup-generator",
 }
 
