@@ -51,7 +51,11 @@ func TestUpgrade(t *testing.T) {
 		// The old image, for both: a sandbox keeps its image's agent.
 		return []string{"--image-dir", old.ImageDir, "--plugin", s.Plugin, "--network", "none"}
 	}
-	srv := testserver.Launch(t, old, dataDir, args(old)...)
+	// The old release may leave its plugin's socket in the temporary
+	// directory (releases before the socket had a directory of its own):
+	// its servers get one of the test's.
+	oldEnv := []string{"TMPDIR=" + t.TempDir()}
+	srv := testserver.LaunchEnv(t, old, dataDir, oldEnv, args(old)...)
 	code, box := srv.Call(t, "POST", "/v1/sandboxes", srv.Key, map[string]any{"image": "minimal", "ttl_seconds": 900})
 	id, _ := box["id"].(string)
 	if code != 201 || id == "" {
@@ -83,7 +87,7 @@ func TestUpgrade(t *testing.T) {
 	defer cancel()
 	var log bytes.Buffer
 	cmd := exec.CommandContext(ctx, old.Hareboxd, append([]string{"--data-dir", dataDir, "--listen", "127.0.0.1:0"}, args(old)...)...)
-	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.Stdout, cmd.Stderr, cmd.Env = &log, &log, append(os.Environ(), oldEnv...)
 	if err := cmd.Run(); err == nil || !strings.Contains(log.String(), "is newer than this binary") {
 		t.Errorf("the old server on the upgraded database: %v\n%s", err, log.String())
 	}
