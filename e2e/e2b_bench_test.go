@@ -28,11 +28,7 @@ func BenchmarkE2BSDK(b *testing.B) {
 	addr := testserver.FreeAddr(b)
 	srv := testserver.Start(b, s, dataDir, "--golden-snapshots", "--e2b-listen", addr, "--e2b-templates", "base=default")
 	defer func() { testserver.Finish(b, srv, dataDir) }()
-	st, key := srv.Call(b, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b"})
-	secret, _ := key["secret"].(string)
-	if st != 201 || secret == "" {
-		b.Fatalf("a key: %d %v", st, key)
-	}
+	secret := srv.E2BKey(b)
 	dir := filepath.Join(s.Root, "e2e", "e2bsdk")
 	testserver.NPMInstalled(b, srv, s, dir)
 	sdk := filepath.Join(s.Root, "sdk", "typescript")

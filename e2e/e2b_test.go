@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -17,11 +16,7 @@ import (
 // uses only the SDK's public API, configured as a user would, with the
 // three variables, the key a HareBox key in E2B's form.
 func e2bSDK(t *testing.T, s testserver.Setup, srv *testserver.Server, addr string) {
-	st, key := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b"})
-	secret, _ := key["secret"].(string)
-	if st != 201 || !regexp.MustCompile(`^e2b_[0-9a-f]{96}$`).MatchString(secret) {
-		t.Fatalf("an E2B-form key: %d %v", st, key)
-	}
+	secret := srv.E2BKey(t)
 	// A key that sees and makes only sandboxes labelled team=a.
 	st, scoped := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b", "scope": map[string]any{"labels": map[string]string{"team": "a"}}})
 	scopedSecret, _ := scoped["secret"].(string)

@@ -229,11 +229,7 @@ func TestCodeInterpreter(t *testing.T) {
 		}
 	})
 	t.Run("E2BSDK", func(t *testing.T) {
-		st, key := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b"})
-		secret, _ := key["secret"].(string)
-		if st != 201 || secret == "" {
-			t.Fatalf("an E2B key: %d %v", st, key)
-		}
+		secret := srv.E2BKey(t)
 		dir := filepath.Join(s.Root, "e2e", "e2bsdk")
 		testserver.NPMInstalled(t, srv, s, dir)
 		out := testserver.Run(t, srv, s, dir, 5*time.Minute, "env", "E2B_API_URL=http://"+e2bAddr, "E2B_SANDBOX_URL=http://"+e2bAddr,

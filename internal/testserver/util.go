@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -36,6 +37,20 @@ func (srv *Server) Call(t testing.TB, method, path, key string, body any) (int, 
 	json.NewDecoder(resp.Body).Decode(&out)
 	return resp.StatusCode, out
 }
+
+// E2BKey makes an operator key in E2B's form (e2b_ and 96 hex digits,
+// what the E2B SDK takes as E2B_API_KEY) and returns its secret.
+func (srv *Server) E2BKey(t testing.TB) string {
+	t.Helper()
+	st, key := srv.Call(t, "POST", "/v1/keys", srv.Key, map[string]any{"format": "e2b"})
+	secret, _ := key["secret"].(string)
+	if st != 201 || !e2bKey.MatchString(secret) {
+		t.Fatalf("an E2B-form key: %d %v", st, key)
+	}
+	return secret
+}
+
+var e2bKey = regexp.MustCompile(`^e2b_[0-9a-f]{96}$`)
 
 // Relaunch starts hareboxd again as srv was started, on the same address
 // and data directory, and waits until it answers.
