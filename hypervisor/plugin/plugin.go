@@ -171,15 +171,18 @@ func (p *Process) start() error {
 // whenever a plugin starts, since no other plugin of the data directory
 // runs then (a stale one is killed before the first start, a crashed one
 // has exited). Without an owner, or where the socket's path would be too
-// long for a Unix socket, it is a directory of its own in the temporary
-// directory, removed whenever the plugin has exited (a restart, Close).
+// long for a Unix socket, or where it cannot be made (a full disk), it is a
+// directory of its own in the temporary directory, removed whenever the
+// plugin has exited (a restart, Close).
 func (p *Process) socketDir() (string, error) {
 	p.dropTmpDir()
 	if p.owner != "" {
 		dir := filepath.Join(p.owner, "plugin")
 		if len(dir)+len("/plugin1234567890") < 108 {
 			os.RemoveAll(dir)
-			return dir, os.Mkdir(dir, 0o700)
+			if err := os.Mkdir(dir, 0o700); err == nil {
+				return dir, nil
+			} // (a full data directory: go-plugin's default would be a file in /tmp)
 		}
 	}
 	dir, err := os.MkdirTemp("", "harebox-plugin-")

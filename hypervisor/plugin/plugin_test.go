@@ -217,3 +217,32 @@ func TestPluginProtocolMismatch(t *testing.T) {
 		t.Errorf("left in the temporary directory: %v", left)
 	}
 }
+
+// Where the data directory cannot take the socket's directory (a full
+// disk; here a file stands in its place), the socket goes to a directory
+// of its own in the temporary directory, gone once the plugin is closed:
+// go-plugin's default would leave a file in /tmp.
+func TestPluginSocketWhereDataDirFails(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	owner := filepath.Join(t.TempDir(), "not-a-dir")
+	if err := os.WriteFile(owner, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := plugin.Launch(context.Background(), memplugin(t), nil, owner, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caps, err := p.Capabilities(context.Background()); err != nil || caps.Name != memhv.Name {
+		p.Close()
+		t.Fatalf("capabilities: %+v %v", caps, err)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(tmp, "harebox-plugin-*"))
+	p.Close()
+	if len(dirs) != 1 {
+		t.Errorf("socket directories in TMPDIR while the plugin ran: %v, want one", dirs)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("left in the temporary directory: %v", left)
+	}
+}
