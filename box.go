@@ -10,7 +10,6 @@ import (
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
-	"github.com/harebox/harebox/codeinterp"
 
 	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/hypervisor"
@@ -36,9 +35,6 @@ type box struct {
 	// stop or hibernate under way): no call dials it again until a new
 	// machine runs (useMachine).
 	hangup error
-	// code is the code interpreter's client, made at its first use
-	// (interpreter); it keeps connections to it open through the agent.
-	code *codeinterp.Client
 
 	// given is what the sandbox is given (package guestenv): the
 	// variables every exec gets, what the credential proxy needs.
@@ -108,16 +104,20 @@ func (b *box) useMachine(m hypervisor.Machine) {
 	b.amu.Unlock()
 }
 
+// hangUp hangs up on b's agent (closeAgent) and has the services that
+// keep something of its guest forget it: its machine goes.
+func (e *Engine) hangUp(b *box, why error) {
+	b.closeAgent(why)
+	e.processes.Forget(b.rec.ID)
+	e.code.Forget(b.rec.ID)
+}
+
 // closeAgent hangs up on the sandbox's agent for good: a call it cuts
 // short, and any call after it, fails with why (a sandbox error).
 func (b *box) closeAgent(why error) {
 	b.amu.Lock()
 	defer b.amu.Unlock()
 	b.hangup = why
-	if b.code != nil {
-		b.code.Close()
-		b.code = nil
-	}
 	if b.agent != nil {
 		b.agent.CloseFor(why)
 		b.agent = nil

@@ -81,8 +81,7 @@ func (e *Engine) destroy(ctx context.Context, b *box) error {
 		// What the guest wrote to its volumes reaches their disks.
 		e.volumes.Unmount(ctx, b.rec, b.agent)
 	}
-	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was deleted during the call", b.rec.ID))
-	e.processes.Forget(b.rec.ID)
+	e.hangUp(b, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was deleted during the call", b.rec.ID))
 	b.given.Close()
 	if b.m != nil {
 		// (A machine that is gone, with the plugin it lived in or on its

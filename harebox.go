@@ -27,6 +27,7 @@ import (
 	"github.com/harebox/harebox/capacity"
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/codeinterp"
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/events"
 	"github.com/harebox/harebox/firewall/credproxy"
@@ -77,6 +78,7 @@ type Engine struct {
 	hibernation *clone.Hibernation
 	monitor     *monitor.Service
 	processes   *processes.Service
+	code        *codeinterp.Service
 	audit       *audit.Log
 	urls        *ingress.Service
 	hosts       *cluster.Registry
@@ -187,6 +189,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.urlCalls = ingress.NewCalls(e.urls, sandboxView{e}, e.tenants, al)
+	e.code = codeinterp.NewService(codeinterp.ServiceOptions{Sandboxes: codeView{sandboxView{e}}, History: e.history, Audit: al,
+		Client: codeinterp.Options{MaxOutput: opts.MaxOutputBytes}, Now: opts.Now})
 	e.processes = processes.New(e.ctx, processes.Options{Sandboxes: sandboxView{e}, History: e.history, Audit: al, MaxOutputBytes: opts.MaxOutputBytes, Log: e.log})
 	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
 	e.budgets.Audit = al
@@ -342,6 +346,7 @@ func (e *Engine) Close() error {
 	for _, b := range e.boxes.all() {
 		b.closeAgent(sandbox.Errorf(sandbox.ErrUnavailable, "", "the server is shutting down"))
 	}
+	e.code.Close()
 	return e.closeParts()
 }
 

@@ -87,8 +87,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 		b.useMachine(b.m)
 		return nil, err
 	}
-	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
-	e.processes.Forget(id)
+	e.hangUp(b, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
 	if err := b.m.Kill(ctx); err != nil {
 		e.log.Warn("hibernate: stopping the VMM", "id", id, "err", err)
 	}

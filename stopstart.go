@@ -51,8 +51,7 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 		return nil, err
 	}
 	// Calls in flight end here, saying why (the guest is about to go).
-	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being stopped", id))
-	e.processes.Forget(id)
+	e.hangUp(b, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being stopped", id))
 	sctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()
 	if err := b.m.Shutdown(sctx); err != nil {

@@ -7,8 +7,8 @@ import (
 	"github.com/harebox/harebox/sandbox"
 )
 
-// The code interpreter's calls: cells run in contexts of a sandbox made
-// from an image that has one.
+// The code interpreter's calls (package codeinterp's Service): cells run
+// in contexts of a sandbox made from an image that has one.
 
 func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	var req sandbox.CodeRequest
@@ -20,7 +20,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	}
 	id := r.PathValue("id")
 	if !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
-		x, err := s.eng.RunCode(r.Context(), id, req, nil)
+		x, err := s.eng.Code().Run(r.Context(), id, req, nil)
 		if err != nil {
 			return err
 		}
@@ -33,7 +33,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	e := startSSE(w)
-	x, err := s.eng.RunCode(r.Context(), id, req, func(ev sandbox.CodeEvent) error {
+	x, err := s.eng.Code().Run(r.Context(), id, req, func(ev sandbox.CodeEvent) error {
 		switch ev.Type {
 		case "result":
 			return e.event("result", ev.Result)
@@ -52,7 +52,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listCodeContexts(w http.ResponseWriter, r *http.Request) error {
-	l, err := s.eng.CodeContexts(r.Context(), r.PathValue("id"))
+	l, err := s.eng.Code().Contexts(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -65,7 +65,7 @@ func (s *Server) createCodeContext(w http.ResponseWriter, r *http.Request) error
 	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
-	c, err := s.eng.CreateCodeContext(r.Context(), r.PathValue("id"), req)
+	c, err := s.eng.Code().CreateContext(r.Context(), r.PathValue("id"), req)
 	if err != nil {
 		return err
 	}
@@ -74,7 +74,7 @@ func (s *Server) createCodeContext(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *Server) restartCodeContext(w http.ResponseWriter, r *http.Request) error {
-	c, err := s.eng.RestartCodeContext(r.Context(), r.PathValue("id"), r.PathValue("context_id"))
+	c, err := s.eng.Code().RestartContext(r.Context(), r.PathValue("id"), r.PathValue("context_id"))
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,7 @@ func (s *Server) restartCodeContext(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Server) deleteCodeContext(w http.ResponseWriter, r *http.Request) error {
-	if err := s.eng.DeleteCodeContext(r.Context(), r.PathValue("id"), r.PathValue("context_id")); err != nil {
+	if err := s.eng.Code().DeleteContext(r.Context(), r.PathValue("id"), r.PathValue("context_id")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -10,6 +10,7 @@ import (
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/codeinterp"
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/events"
 	"github.com/harebox/harebox/firewall"
@@ -34,7 +35,6 @@ import (
 type Engine interface {
 	Sandboxes
 	Commands
-	Code
 	Files
 	Firewalls
 	Domains
@@ -63,15 +63,6 @@ type Commands interface {
 	Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error)
 	ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error)
 	Shell(ctx context.Context, id string, r sandbox.ExecRequest, term *sandbox.Terminal, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error)
-}
-
-// Code runs cells in a sandbox's code interpreter.
-type Code interface {
-	RunCode(ctx context.Context, id string, r sandbox.CodeRequest, emit func(sandbox.CodeEvent) error) (*sandbox.CodeExecution, error)
-	CodeContexts(ctx context.Context, id string) ([]sandbox.CodeContext, error)
-	CreateCodeContext(ctx context.Context, id string, r sandbox.CodeContextRequest) (*sandbox.CodeContext, error)
-	RestartCodeContext(ctx context.Context, id, contextID string) (*sandbox.CodeContext, error)
-	DeleteCodeContext(ctx context.Context, id, contextID string) error
 }
 
 // Files are the calls on a sandbox's files.
@@ -103,6 +94,7 @@ type Domains interface {
 	History() *history.Service
 	Monitor() *monitor.Service
 	Processes() *processes.Service
+	Code() *codeinterp.Service
 	URLCalls() *ingress.Calls
 	Images() *catalog.Catalog
 	Events() *events.Service

@@ -35,6 +35,7 @@ import (
 	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/clone"
+	"github.com/harebox/harebox/codeinterp"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/monitor"
@@ -60,11 +61,7 @@ type Engine interface {
 	Keys() *apikey.Service
 	Volumes() *volume.Service
 	// The code interpreter (InterpreterPort).
-	RunCode(ctx context.Context, id string, r sandbox.CodeRequest, emit func(sandbox.CodeEvent) error) (*sandbox.CodeExecution, error)
-	CodeContexts(ctx context.Context, id string) ([]sandbox.CodeContext, error)
-	CreateCodeContext(ctx context.Context, id string, r sandbox.CodeContextRequest) (*sandbox.CodeContext, error)
-	RestartCodeContext(ctx context.Context, id, contextID string) (*sandbox.CodeContext, error)
-	DeleteCodeContext(ctx context.Context, id, contextID string) error
+	Code() *codeinterp.Service
 }
 
 // Authenticator checks a key that is not one of the engine's scoped keys

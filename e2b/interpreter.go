@@ -87,7 +87,7 @@ func (h *Handler) interpreter(w http.ResponseWriter, r *http.Request, id string)
 	case !isContexts:
 		return &Status{Code: http.StatusNotFound, Msg: "not found: the interpreter serves /execute and /contexts"}
 	case rest == "" && r.Method == http.MethodGet:
-		l, err := h.o.Engine.CodeContexts(ctx, id)
+		l, err := h.o.Engine.Code().Contexts(ctx, id)
 		if err != nil {
 			return err
 		}
@@ -100,7 +100,7 @@ func (h *Handler) interpreter(w http.ResponseWriter, r *http.Request, id string)
 		if err := readCodeJSON(r, &req); err != nil {
 			return err
 		}
-		c, err := h.o.Engine.CreateCodeContext(ctx, id, sandbox.CodeContextRequest{Language: language(req.Language), Cwd: req.Cwd})
+		c, err := h.o.Engine.Code().CreateContext(ctx, id, sandbox.CodeContextRequest{Language: language(req.Language), Cwd: req.Cwd})
 		if err != nil {
 			return err
 		}
@@ -111,13 +111,13 @@ func (h *Handler) interpreter(w http.ResponseWriter, r *http.Request, id string)
 	case cid == "" || strings.Contains(cid, "/"):
 		return &Status{Code: http.StatusNotFound, Msg: "not found"}
 	case restart && r.Method == http.MethodPost:
-		c, err := h.o.Engine.RestartCodeContext(ctx, id, cid)
+		c, err := h.o.Engine.Code().RestartContext(ctx, id, cid)
 		if err != nil {
 			return err
 		}
 		return writeASCII(w, http.StatusOK, c)
 	case !restart && r.Method == http.MethodDelete:
-		if err := h.o.Engine.DeleteCodeContext(ctx, id, cid); err != nil {
+		if err := h.o.Engine.Code().DeleteContext(ctx, id, cid); err != nil {
 			return err
 		}
 		w.WriteHeader(http.StatusNoContent)
@@ -163,7 +163,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request, id string) err
 		}
 		return rc.Flush()
 	}
-	x, err := h.o.Engine.RunCode(r.Context(), id, cr, func(ev sandbox.CodeEvent) error {
+	x, err := h.o.Engine.Code().Run(r.Context(), id, cr, func(ev sandbox.CodeEvent) error {
 		switch ev.Type {
 		case "stdout", "stderr":
 			return line(map[string]string{"type": ev.Type, "text": ev.Text})
