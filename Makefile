@@ -118,8 +118,13 @@ reliability: deps
 	$(GO) test -timeout 20m -count=1 -run 'TestConformance$$' ./backends/qemu/
 	$(GO) test ./api/ -run XXX -fuzz FuzzHandlers -fuzztime 60s
 
+# The benchmarks on real VMs (e2e's, the side-by-side with gVisor) use the
+# Debian image, as make test does; a package of them takes longer than go
+# test's default 10 minutes; one package at a time, so that none measures
+# beside another.
+bench: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 bench: deps
-	$(GO) test -run XXX -bench . -benchtime 5x ./...
+	$(GO) test -p 1 -run XXX -bench . -benchtime 5x -timeout 90m ./...
 	@echo "(ratios: engine/bare and engine/direct are the engine's overhead over the bare backend and the bare agent client)"
 
 # Regenerates the gRPC code (needs protoc, protoc-gen-go, protoc-gen-go-grpc).

@@ -20,6 +20,7 @@ pkgs=(
   git                          # the upgrade test builds the previous release
   chromium                     # a real browser opens a published URL (tests)
   postgresql                   # the PostgreSQL store (its tests run their own server)
+  runsc                        # gVisor, measured side by side with HareBox (make bench)
 )
 missing=()
 for p in "${pkgs[@]}"; do
