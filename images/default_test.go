@@ -79,7 +79,7 @@ func TestDefaultImage(t *testing.T) {
 		t.Errorf("agent mode:\n%s", s)
 	}
 	unit := debugfs("cat /etc/systemd/system/" + layout.AgentUnit)
-	for _, want := range []string{"Type=simple", "ExecStart=" + layout.AgentPath + " serve", "Restart=always", "OOMPolicy=continue", "WantedBy=multi-user.target"} {
+	for _, want := range []string{"Type=simple", "ExecStart=" + layout.AgentPath + " serve", "Restart=always", "OOMPolicy=continue", "Nice=-15", "WantedBy=multi-user.target"} {
 		if !strings.Contains(unit, want) {
 			t.Errorf("unit lacks %q:\n%s", want, unit)
 		}
@@ -87,6 +87,7 @@ func TestDefaultImage(t *testing.T) {
 	links := map[string]string{
 		"/etc/systemd/system/multi-user.target.wants/" + layout.AgentUnit: "/etc/systemd/system/" + layout.AgentUnit,
 		"/etc/systemd/system/serial-getty@.service":                       "/dev/null",
+		"/etc/systemd/system/systemd-sysusers.service":                    "/dev/null",
 		"/etc/systemd/system/default.target":                              "/lib/systemd/system/multi-user.target",
 	}
 	for l, target := range links {

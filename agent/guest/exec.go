@@ -115,6 +115,7 @@ type output struct {
 
 func (e *execution) run() error {
 	defer e.closeAll()
+	unboost()
 	if err := e.prepare(); err != nil {
 		return e.sendExit(&agentpb.ExecExit{ExitCode: exitStartFailed, Error: err.Error()})
 	}

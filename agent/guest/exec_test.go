@@ -375,3 +375,33 @@ func TestExecBackgroundChildDoesNotBlockExit(t *testing.T) {
 	}
 	unix.Kill(-int(r.pid), unix.SIGKILL) // the sleeper
 }
+
+// The agent starts raised (its unit's Nice=-15); its first command, and
+// every one after it, runs at the default priority.
+func TestExecNotRaised(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("raising a priority needs root")
+	}
+	unboostOnce = sync.Once{}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range tasks {
+		tid, _ := strconv.Atoi(tk.Name())
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, -15); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := newEnv(t)
+	for range 2 {
+		// Field 19 of stat is the nice value (the command is cut's own).
+		r := run(t, e.client, &agentpb.ExecStart{Shell: "cut -d' ' -f19 /proc/self/stat"})
+		if r.stdout != "0\n" {
+			t.Fatalf("a command ran at nice %q", r.stdout)
+		}
+	}
+	if got, _ := os.ReadFile("/proc/self/stat"); strings.Fields(string(got))[18] != "0" {
+		t.Errorf("the agent stays at nice %s", strings.Fields(string(got))[18])
+	}
+}
