@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,22 +24,10 @@ func TestMesh(t *testing.T) {
 	t.Parallel()
 	s := testserver.Prepare(t)
 	probe := testimage.Package(t, "./e2e/testdata/meshprobe", "meshprobe")
-	dataDir, err := os.MkdirTemp("", "hbmesh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dataDir)
 	// A warm pool of one: creates are claimed from it as well as restored
 	// from the golden snapshot, and a claimed member joins the mesh too.
-	srv := testserver.Start(t, s, dataDir, "--pool", "minimal:small=1")
-	defer testserver.Finish(t, srv, dataDir)
-	cli := &testserver.CLI{T: t, S: s, Srv: srv}
-	var made []string
-	defer func() { // (before Finish, which wants none left)
-		for _, id := range made {
-			cli.Run("", "delete", id)
-		}
-	}()
+	cli := testserver.StartCLI(t, s, "hbmesh", "--pool", "minimal:small=1")
+	srv := cli.Srv
 
 	for _, p := range []string{"mesh-a", "mesh-b"} {
 		cli.OK("", nil, "project", "create", p)
@@ -53,7 +40,7 @@ func TestMesh(t *testing.T) {
 		t.Helper()
 		var b sandbox.Sandbox
 		cli.OK("", &b, append([]string{"new", "--image", "minimal", "--ttl", "900"}, args...)...)
-		made = append(made, b.ID)
+		cli.Made(b.ID)
 		cli.OK("", nil, "file", "write", b.ID, "--path", "/tmp/meshprobe", "--mode", "0755", "--from", probe)
 		cli.OK("", nil, "exec", b.ID, "--background", "--", "/tmp/meshprobe", "serve")
 		return b
@@ -109,7 +96,7 @@ func TestMesh(t *testing.T) {
 	t.Run("a fork joins with its own address and name", func(t *testing.T) {
 		var clone sandbox.Sandbox // (one clone: the CLI prints it alone)
 		cli.OK("", &clone, "fork", worker.ID)
-		made = append(made, clone.ID)
+		cli.Made(clone.ID)
 		if clone.MeshAddress == "" || clone.MeshAddress == worker.MeshAddress || clone.MeshName != strings.ReplaceAll(clone.ID, "_", "-")+".mesh-a.internal" {
 			t.Fatalf("the clone's mesh: %s %s (its source's %s)", clone.MeshAddress, clone.MeshName, worker.MeshAddress)
 		}

@@ -23,27 +23,15 @@ import (
 func TestVolumes(t *testing.T) {
 	t.Parallel()
 	s := testserver.Prepare(t)
-	dataDir, err := os.MkdirTemp("", "hbvol")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dataDir)
 	// (Creates restore the golden snapshot: their volumes are plugged
 	// into a machine whose devices were fixed before.)
-	srv := testserver.Start(t, s, dataDir, "--golden-snapshots")
-	defer testserver.Finish(t, srv, dataDir)
-	cli := &testserver.CLI{T: t, S: s, Srv: srv}
-	var made []string
-	defer func() {
-		for _, id := range made {
-			cli.Run("", "delete", id)
-		}
-	}()
+	cli := testserver.StartCLI(t, s, "hbvol", "--golden-snapshots")
+	dataDir := cli.Srv.DataDir
 	newBox := func(args ...string) sandbox.Sandbox {
 		t.Helper()
 		var b sandbox.Sandbox
 		cli.OK("", &b, append([]string{"new", "--image", "minimal", "--ttl", "900"}, args...)...)
-		made = append(made, b.ID)
+		cli.Made(b.ID)
 		return b
 	}
 	sh := func(id, script string) (string, string, int) {
@@ -172,7 +160,7 @@ func TestVolumes(t *testing.T) {
 	}
 	var kid sandbox.Sandbox
 	cli.OK("", &kid, "fork", f.ID, "--volume", "data:/mnt/data:ro")
-	made = append(made, kid.ID)
+	cli.Made(kid.ID)
 	if len(kid.Volumes) != 1 || kid.Volumes[0].Name != "data" {
 		t.Errorf("the clone's volumes: %+v", kid.Volumes)
 	}

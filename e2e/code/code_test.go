@@ -30,25 +30,13 @@ func TestCodeInterpreter(t *testing.T) {
 	t.Parallel()
 	s := testserver.Prepare(t)
 	testimage.Image(t, "code-interpreter")
-	dataDir, err := os.MkdirTemp("", "hbci")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dataDir)
 	// The E2B listener too: E2B's code-interpreter SDK on the same sandbox.
 	e2bAddr := testserver.FreeAddr(t)
-	srv := testserver.Start(t, s, dataDir, "--e2b-listen", e2bAddr, "--e2b-templates", "code-interpreter-v1=code-interpreter")
-	defer testserver.Finish(t, srv, dataDir)
-	cli := &testserver.CLI{T: t, S: s, Srv: srv}
-	var made []string
-	defer func() {
-		for _, id := range made {
-			cli.Run("", "delete", id)
-		}
-	}()
+	cli := testserver.StartCLI(t, s, "hbci", "--e2b-listen", e2bAddr, "--e2b-templates", "code-interpreter-v1=code-interpreter")
+	srv := cli.Srv
 	var box sandbox.Sandbox
 	cli.OK("", &box, "new", "--image", "code-interpreter", "--ttl", "1200")
-	made = append(made, box.ID)
+	cli.Made(box.ID)
 	id := box.ID
 	// run runs a cell through the CLI and returns the finished cell.
 	run := func(wantExit int, args ...string) sandbox.CodeExecution {
@@ -201,7 +189,7 @@ func TestCodeInterpreter(t *testing.T) {
 		// randomness.
 		var fork sandbox.Sandbox
 		cli.OK("", &fork, "fork", id)
-		made = append(made, fork.ID)
+		cli.Made(fork.ID)
 		code := "import random, numpy\n(random.random(), float(numpy.random.random()), x)"
 		a := run(0, "-c", code)
 		o, e, exit := cli.Run("", "run-code", fork.ID, "-c", code)

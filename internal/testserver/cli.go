@@ -3,6 +3,7 @@ package testserver
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -41,7 +42,34 @@ type CLI struct {
 	T   testing.TB
 	S   Setup
 	Srv *Server
+
+	made []string
 }
+
+// StartCLI starts a server (Start, with extra) on a data directory of its
+// own, and returns a CLI on it. When the test ends, the sandboxes given to
+// Made are deleted, then the server finished (Finish: it must leave no
+// VM) and its directory removed.
+func StartCLI(t testing.TB, s Setup, prefix string, extra ...string) *CLI {
+	t.Helper()
+	dataDir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dataDir) })
+	srv := Start(t, s, dataDir, extra...)
+	t.Cleanup(func() { Finish(t, srv, dataDir) })
+	c := &CLI{T: t, S: s, Srv: srv}
+	t.Cleanup(func() {
+		for _, id := range c.made {
+			c.Run("", "delete", id)
+		}
+	})
+	return c
+}
+
+// Made has sandbox id deleted when the test ends (StartCLI).
+func (c *CLI) Made(id string) { c.made = append(c.made, id) }
 
 // Run runs harebox with key ("" for the root key).
 func (c *CLI) Run(key string, args ...string) (string, string, int) {
