@@ -84,7 +84,10 @@ func BenchmarkSideBySide(b *testing.B) {
 	}
 	// The first create boots and makes the golden snapshot in the
 	// background: not measured, nor any create until one restores it.
-	for served := ""; served != "snapshot"; {
+	for tries, served := 0, ""; served != "snapshot"; tries++ {
+		if tries == 30 {
+			b.Fatalf("no create restored the golden snapshot in %d tries:\n%s", tries, testserver.Tail(srv.Log.String()))
+		}
 		box, err := c.Create(ctx, req)
 		if err != nil {
 			b.Fatal(err)
