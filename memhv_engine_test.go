@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -160,8 +161,12 @@ func TestStalePluginKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
+	// (Started here, not by an engine: their sockets go to go-plugin's
+	// default, a file in the temporary directory, which a killed plugin
+	// leaves: the test's own.)
+	env := append(os.Environ(), "TMPDIR="+t.TempDir(), plugin.Handshake.MagicCookieKey+"="+plugin.Handshake.MagicCookieValue)
 	stale := exec.Command(bin)
-	stale.Env = append(os.Environ(), plugin.Handshake.MagicCookieKey+"="+plugin.Handshake.MagicCookieValue, plugin.OwnerEnv+"="+dir)
+	stale.Env = append(slices.Clip(env), plugin.OwnerEnv+"="+dir)
 	if err := stale.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +175,7 @@ func TestStalePluginKilled(t *testing.T) {
 	defer stale.Process.Kill()
 	// Another data directory's plugin is left alone.
 	other := exec.Command(bin)
-	other.Env = append(os.Environ(), plugin.Handshake.MagicCookieKey+"="+plugin.Handshake.MagicCookieValue, plugin.OwnerEnv+"="+dir+"-other")
+	other.Env = append(slices.Clip(env), plugin.OwnerEnv+"="+dir+"-other")
 	if err := other.Start(); err != nil {
 		t.Fatal(err)
 	}
