@@ -24,10 +24,11 @@ func (v codeView) Running(ctx context.Context, id string) (*codeinterp.Sandbox, 
 	if err != nil {
 		return nil, err
 	}
-	img, err := v.e.imageOf(b.rec)
-	if err != nil {
-		return nil, err
+	rec := b.rec
+	interp := func() (bool, error) {
+		img, err := v.e.imageOf(rec)
+		return img.CodeInterpreter, err
 	}
-	return &codeinterp.Sandbox{ID: b.rec.ID, Image: b.rec.Image, Interpreter: img.CodeInterpreter,
+	return &codeinterp.Sandbox{ID: rec.ID, Image: rec.Image, Interpreter: interp,
 		Agent: c, Env: b.given.Env(), History: b.historyRef()}, nil
 }

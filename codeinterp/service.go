@@ -27,10 +27,11 @@ type Agent interface {
 // Sandbox is a running sandbox, as the engine gives it for one call.
 type Sandbox struct {
 	ID string
-	// Image is its image's name; Interpreter whether that image has an
-	// interpreter (images.Image.CodeInterpreter).
+	// Image is its image's name; Interpreter reports whether that image
+	// has an interpreter (images.Image.CodeInterpreter). It may read the
+	// image's manifest: it is asked only when a client is made.
 	Image       string
-	Interpreter bool
+	Interpreter func() (bool, error)
 	// Agent is its live agent connection; its errors are sandbox errors.
 	// A new connection (the machine started again) gets a new client.
 	Agent Agent
@@ -126,6 +127,16 @@ func (s *Service) audited(ctx context.Context, action, id string, err *error) {
 	s.o.Audit.Record(ctx, action, s.o.Sandboxes.AccountOf(ctx, id), id, *err)
 }
 
+// held returns sandbox id's client if it dials through agent, else nil.
+func (s *Service) held(id string, agent Agent) *Client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h, ok := s.clients[id]; ok && h.agent == agent {
+		return h.client
+	}
+	return nil
+}
+
 // client authorizes action on running sandbox id and returns its
 // interpreter's client.
 func (s *Service) client(ctx context.Context, action, id string) (*Sandbox, *Client, error) {
@@ -136,13 +147,20 @@ func (s *Service) client(ctx context.Context, action, id string) (*Sandbox, *Cli
 	if err != nil {
 		return nil, nil, err
 	}
-	if !sb.Interpreter {
+	if c := s.held(id, sb.Agent); c != nil {
+		return sb, c, nil
+	}
+	has, err := sb.Interpreter()
+	if err != nil {
+		return nil, nil, err
+	}
+	if !has {
 		return nil, nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s has no code interpreter: its image (%s) has none; create one from the code-interpreter image", id, sb.Image)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h, ok := s.clients[id]
-	if ok && h.agent == sb.Agent {
+	if ok && h.agent == sb.Agent { // (made meanwhile)
 		return sb, h.client, nil
 	}
 	if ok {

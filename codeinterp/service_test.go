@@ -40,11 +40,13 @@ func (a *agent) Connect(ctx context.Context, port uint16) (net.Conn, error) {
 }
 
 type fakeSandboxes struct {
-	deny  bool
-	sb    *Sandbox
-	audit []string
-	hist  []string
-	mu    sync.Mutex
+	deny   bool
+	interp bool
+	asked  int // how often Interpreter was asked
+	sb     *Sandbox
+	audit  []string
+	hist   []string
+	mu     sync.Mutex
 }
 
 func (f *fakeSandboxes) Check(ctx context.Context, action, id string) error {
@@ -58,6 +60,10 @@ func (f *fakeSandboxes) Running(ctx context.Context, id string) (*Sandbox, error
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	sb := *f.sb
+	sb.Interpreter = func() (bool, error) {
+		f.asked++
+		return f.interp, nil
+	}
 	return &sb, nil
 }
 
@@ -92,8 +98,8 @@ func TestService(t *testing.T) {
 	}))
 	defer srv.Close()
 	a := &agent{addr: strings.TrimPrefix(srv.URL, "http://")}
-	f := &fakeSandboxes{sb: &Sandbox{ID: "sbx_1", Image: "code-interpreter", Interpreter: true, Agent: a,
-		Env: map[string]string{"A": "sandbox", "B": "sandbox"}, History: history.Sandbox{ID: "sbx_1"}}}
+	f := &fakeSandboxes{sb: &Sandbox{ID: "sbx_1", Image: "code-interpreter", Agent: a,
+		Env: map[string]string{"A": "sandbox", "B": "sandbox"}, History: history.Sandbox{ID: "sbx_1"}}, interp: true}
 	s := NewService(ServiceOptions{Sandboxes: f, History: recorder{f}, Audit: f, Client: Options{ReadyTimeout: time.Second}})
 	defer s.Close()
 	ctx := context.Background()
@@ -118,6 +124,9 @@ func TestService(t *testing.T) {
 	if n := a.dials.Load(); n != 1 {
 		t.Errorf("%d connections for two calls through one agent connection", n)
 	}
+	if f.asked != 1 {
+		t.Errorf("the image was asked for its interpreter %d times for one client", f.asked)
+	}
 	// A new agent connection (the machine started again): a new client.
 	b := &agent{addr: a.addr}
 	f.mu.Lock()
@@ -141,11 +150,12 @@ func TestService(t *testing.T) {
 		t.Errorf("denied: %v", err)
 	}
 	f.deny = false
-	f.sb.Interpreter = false
+	f.interp = false
+	s.Forget("sbx_1") // (an image's interpreter is asked when a client is made)
 	if err := s.DeleteContext(ctx, "sbx_1", "default"); !errors.Is(err, sandbox.ErrState) || !strings.Contains(err.Error(), "code-interpreter") {
 		t.Errorf("no interpreter: %v", err)
 	}
-	f.sb.Interpreter = true
+	f.interp = true
 	if _, err := s.Run(ctx, "sbx_1", sandbox.CodeRequest{}, nil); !errors.Is(err, sandbox.ErrInvalid) {
 		t.Errorf("empty cell: %v", err)
 	}
