@@ -57,13 +57,8 @@ func BenchmarkSideBySide(b *testing.B) {
 		b.Skip("runsc is not installed (make deps installs Debian's)")
 	}
 	s := testserver.Prepare(b)
-	dataDir, err := os.MkdirTemp("", "hbsbs")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(dataDir)
-	srv := testserver.Start(b, s, dataDir, "--golden-snapshots")
-	defer func() { testserver.Finish(b, srv, dataDir) }()
+	srv := testserver.StartTemp(b, s, "hbsbs", "--golden-snapshots")
+	dataDir := srv.DataDir
 	c, err := apiclient.Open(apiclient.Options{URL: srv.URL, Key: srv.Key})
 	if err != nil {
 		b.Fatal(err)

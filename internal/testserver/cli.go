@@ -46,11 +46,10 @@ type CLI struct {
 	made []string
 }
 
-// StartCLI starts a server (Start, with extra) on a data directory of its
-// own, and returns a CLI on it. When the test ends, the sandboxes given to
-// Made are deleted, then the server finished (Finish: it must leave no
-// VM) and its directory removed.
-func StartCLI(t testing.TB, s Setup, prefix string, extra ...string) *CLI {
+// StartTemp starts a server (Start, with extra) on a new data directory
+// of its own (named with prefix); when the test ends, the server is
+// finished (Finish: it must leave no VM) and the directory removed.
+func StartTemp(t testing.TB, s Setup, prefix string, extra ...string) *Server {
 	t.Helper()
 	dataDir, err := os.MkdirTemp("", prefix)
 	if err != nil {
@@ -59,7 +58,15 @@ func StartCLI(t testing.TB, s Setup, prefix string, extra ...string) *CLI {
 	t.Cleanup(func() { os.RemoveAll(dataDir) })
 	srv := Start(t, s, dataDir, extra...)
 	t.Cleanup(func() { Finish(t, srv, dataDir) })
-	c := &CLI{T: t, S: s, Srv: srv}
+	return srv
+}
+
+// StartCLI starts a server with StartTemp and returns a CLI on it. When
+// the test ends, the sandboxes given to Made are deleted before the
+// server is finished.
+func StartCLI(t testing.TB, s Setup, prefix string, extra ...string) *CLI {
+	t.Helper()
+	c := &CLI{T: t, S: s, Srv: StartTemp(t, s, prefix, extra...)}
 	t.Cleanup(func() {
 		for _, id := range c.made {
 			c.Run("", "delete", id)
