@@ -9,14 +9,21 @@ CACHE := $(CURDIR)/.cache
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all deps build install image image-default image-code-interpreter prebuild-default-image demo test test-short fuzz bench reliability proto vet lint-openapi clean
+.PHONY: all deps console build install image image-default image-code-interpreter prebuild-default-image demo test test-short fuzz bench reliability proto vet lint-openapi clean
 
 all: build
 
 deps:
 	@./scripts/deps.sh
 
-build:
+# The web console's assets (console/web -> console/dist, embedded in
+# hareboxd): built with esbuild from the lock file. dist/ is committed, so
+# a plain go build needs no npm; a test fails when it is stale.
+console:
+	@test -f console/web/node_modules/.package-lock.json || (cd console/web && npm ci --no-audit --no-fund --loglevel=error)
+	@cd console/web && npm run --silent build
+
+build: console
 	$(GO) build $(GOFLAGS_BUILD) -ldflags='-s -w' -o $(BIN)/harebox-agent ./cmd/harebox-agent
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-plugin-qemu ./cmd/harebox-plugin-qemu
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-plugin-cloud-hypervisor ./cmd/harebox-plugin-cloud-hypervisor
@@ -94,7 +101,7 @@ test: deps prebuild-default-image vet lint-openapi
 	@set -o pipefail; \
 	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
 		$(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-race.log 2>&1 ) & race=$$!; \
-	$(GO) test -json -timeout 24m -count=1 . ./e2e/ ./e2e/host/ ./e2e/code/ ./backends/qemu/ ./network/linuxnet/ ./backends/cloudhypervisor/ ./api/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
+	$(GO) test -json -timeout 24m -count=1 . ./e2e/ ./e2e/host/ ./e2e/code/ ./e2e/console/ ./backends/qemu/ ./network/linuxnet/ ./backends/cloudhypervisor/ ./api/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
 	wait $$race; raced=$$?; echo "under the race detector:"; cat $(CACHE)/test-race.log; \
 	$(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10 </dev/null; \
 	test $$main = 0 && test $$raced = 0

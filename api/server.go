@@ -29,6 +29,7 @@ import (
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/model"
@@ -70,6 +71,8 @@ type Options struct {
 	// side of their mutual TLS: requests for other hosts' sandboxes are
 	// forwarded to them with it (nil: every request is served here).
 	Cluster *cluster.TLS
+	// Sessions bound the web console's sessions (console.SessionOptions).
+	Sessions console.SessionOptions
 }
 
 // Timeouts bound how long a client may take to send a request, so that slow
@@ -146,6 +149,8 @@ type Server struct {
 	openapi     []byte
 	metrics     http.Handler
 	fwd         *cluster.Forwarder
+	// sessions are the console's signed-in browsers.
+	sessions *console.Sessions
 }
 
 // Internal is the handler of this host's internal endpoint, where the
@@ -288,7 +293,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine),
 		urls: opts.Engine.URLCalls(), images: opts.Engine.Images(), monitor: opts.Engine.Monitor(),
-		budgets: opts.Engine.Budgets(), hosts: opts.Engine.Cluster()}
+		budgets: opts.Engine.Budgets(), hosts: opts.Engine.Cluster(), sessions: console.NewSessions(opts.Sessions)}
 	if opts.Cluster != nil {
 		s.fwd = cluster.NewForwarder(s.hosts.Name(), opts.Cluster, func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("cannot forward a request to its host", "path", r.URL.Path, "err", err)
@@ -299,6 +304,7 @@ func New(opts Options) (*Server, error) {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
 	s.mux.Handle(MCPPath, s.mcpHandler())
+	s.consoleRoutes()
 	// Anything else is a JSON 404 (or 405), like every other error.
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiError{status: http.StatusNotFound, code: "not_found", msg: "no route " + r.Method + " " + r.URL.Path})
@@ -325,6 +331,13 @@ func (s *Server) wrap(rt Route) http.Handler {
 			r.Header.Del(cluster.HeaderClient)
 		}
 		r.Header.Set("X-Request-ID", rid) // (a host it is forwarded to goes on with it)
+		// No answer is a page a browser may run or frame.
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'; sandbox")
+		if err := s.fromSession(r); err != nil {
+			writeError(w, toAPIError(err))
+			return
+		}
 		if s.forward(w, r, rt) {
 			return
 		}

@@ -18,7 +18,7 @@ pkgs=(
   tmux                         # drives harebox shell in a real terminal (tests)
   systemd                      # systemd-analyze verify of the unit (tests)
   git                          # the upgrade test builds the previous release
-  chromium                     # a real browser opens a published URL (tests)
+  chromium                     # a real browser: a published URL, the console (tests)
   postgresql                   # the PostgreSQL store (its tests run their own server)
   runsc                        # gVisor, measured side by side with HareBox (make bench)
 )
@@ -61,6 +61,14 @@ fi
 if [ ! -f e2e/e2bsdk/node_modules/.package-lock.json ] ||
   [ e2e/e2bsdk/package-lock.json -nt e2e/e2bsdk/node_modules/.package-lock.json ]; then
   (cd e2e/e2bsdk && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The web console's toolchain (esbuild, TypeScript) and its browser
+# tests' (playwright-core, which drives Debian's Chromium, and axe-core),
+# from its lock file.
+if [ ! -f console/web/node_modules/.package-lock.json ] ||
+  [ console/web/package-lock.json -nt console/web/node_modules/.package-lock.json ]; then
+  (cd console/web && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 # Redocly CLI (pinned, scripts/openapi-lint), for make test's lint of the

@@ -34,6 +34,7 @@ import (
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/internal/docslink"
 	"github.com/harebox/harebox/mesh"
@@ -418,7 +419,7 @@ func run(args []string, instead func(settings) error) error {
 		go func() { errc <- internal.Serve(tls.NewListener(il, clusterTLS.Server)) }()
 		log.Info("internal endpoint listening", "addr", *internalAddr, "url", advertised, "host", eng.Cluster().Name())
 	}
-	log.Info("hareboxd listening", "addr", *listen, "scheme", scheme, "version", version, "root_key", keyPath)
+	log.Info("hareboxd listening", "addr", *listen, "scheme", scheme, "version", version, "root_key", keyPath, "console", scheme+"://"+*listen+console.Path)
 	// Under systemd (Type=notify): ready now, not when the process began.
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("cannot tell systemd that the server is ready", "err", err)

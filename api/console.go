@@ -1,0 +1,159 @@
+package api
+
+import (
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/console"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// The console (package console) is served on the API's listener: its page
+// at /console/, and its sessions at /console/session. A request that
+// carries a session's cookie and no Authorization header is the session's
+// key's request: the session's CSRF token must come with any change, and a
+// browser's Origin, when it sends one, must be this server. Everything
+// else (routes, authorization, audit, forwarding to another host) is what
+// the key's own request would get.
+
+func (s *Server) consoleRoutes() {
+	assets := console.Handler()
+	s.mux.Handle("GET /console", assets)
+	s.mux.Handle("GET /console/", assets)
+	s.mux.Handle("POST /console/session", s.consoleHandler(s.signIn))
+	s.mux.Handle("GET /console/session", s.consoleHandler(s.session))
+	s.mux.Handle("DELETE /console/session", s.consoleHandler(s.signOut))
+}
+
+func (s *Server) consoleHandler(h func(w http.ResponseWriter, r *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		console.SecurityHeaders(w.Header())
+		w.Header().Set("Cache-Control", "no-store")
+		if !sameOrigin(r) {
+			writeError(w, apiError{status: http.StatusForbidden, code: "forbidden", msg: "the console's session calls must come from its own page"})
+			return
+		}
+		if err := h(w, r); err != nil {
+			writeError(w, toAPIError(err))
+		}
+	})
+}
+
+// sessionReply is what sign-in and GET /console/session answer.
+type sessionReply struct {
+	CSRFToken string          `json:"csrf_token"`
+	ExpiresAt time.Time       `json:"expires_at"`
+	Principal authz.Principal `json:"principal"`
+}
+
+// signIn exchanges an API key for a session: the key is authenticated as
+// a bearer key would be (its CIDRs against the caller's address included).
+func (s *Server) signIn(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Key string `json:"key"`
+	}
+	if err := s.decode(w, r, &req); err != nil {
+		return err
+	}
+	if req.Key == "" {
+		return badRequest("key", "an API key is required")
+	}
+	r.Header.Set("Authorization", "Bearer "+req.Key)
+	ctx, err := s.authenticate(r)
+	if err != nil {
+		return err
+	}
+	id, sess := s.sessions.Open(req.Key)
+	p := authz.From(ctx)
+	s.eng.Audit().Record(ctx, "signIn", p.AccountID, "console", nil)
+	http.SetCookie(w, &http.Cookie{Name: console.Cookie, Value: id, Path: "/", HttpOnly: true,
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	writeJSON(w, http.StatusOK, sessionReply{CSRFToken: sess.CSRF, ExpiresAt: sess.Expires.UTC(), Principal: p})
+	return nil
+}
+
+// session answers who the cookie's session is, and its CSRF token (a
+// reloaded page asks for it again).
+func (s *Server) session(w http.ResponseWriter, r *http.Request) error {
+	sess, _, err := s.cookieSession(r)
+	if err != nil {
+		return err
+	}
+	r.Header.Set("Authorization", "Bearer "+sess.Key)
+	ctx, err := s.authenticate(r)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sessionReply{CSRFToken: sess.CSRF, ExpiresAt: sess.Expires.UTC(), Principal: authz.From(ctx)})
+	return nil
+}
+
+func (s *Server) signOut(w http.ResponseWriter, r *http.Request) error {
+	sess, id, err := s.cookieSession(r)
+	if err != nil {
+		return err
+	}
+	if !sess.CheckCSRF(r.Header.Get(console.CSRFHeader)) {
+		return sandbox.Errorf(sandbox.ErrForbidden, "", "the session's CSRF token is missing or wrong (%s)", console.CSRFHeader)
+	}
+	s.sessions.Close(id)
+	http.SetCookie(w, &http.Cookie{Name: console.Cookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// cookieSession is the request's open session.
+func (s *Server) cookieSession(r *http.Request) (console.Session, string, error) {
+	c, err := r.Cookie(console.Cookie)
+	if err != nil {
+		return console.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "not signed in to the console")
+	}
+	sess, ok := s.sessions.Get(c.Value)
+	if !ok {
+		return console.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session ended: sign in again")
+	}
+	return sess, c.Value, nil
+}
+
+// fromSession makes a request that carries a session's cookie (and no
+// Authorization of its own) the session's key's request. The cookie is
+// taken off: what follows sees a bearer key, as from any client.
+func (s *Server) fromSession(r *http.Request) error {
+	if r.Header.Get("Authorization") != "" {
+		return nil
+	}
+	if _, err := r.Cookie(console.Cookie); err != nil {
+		return nil
+	}
+	sess, _, err := s.cookieSession(r)
+	if err != nil {
+		return err
+	}
+	if !sameOrigin(r) {
+		return sandbox.Errorf(sandbox.ErrForbidden, "", "a console session's requests must come from its own page")
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+	default:
+		if !sess.CheckCSRF(r.Header.Get(console.CSRFHeader)) {
+			return sandbox.Errorf(sandbox.ErrForbidden, "", "the session's CSRF token is missing or wrong (%s)", console.CSRFHeader)
+		}
+	}
+	r.Header.Del("Cookie")
+	r.Header.Set("Authorization", "Bearer "+sess.Key)
+	return nil
+}
+
+// sameOrigin: a browser's Origin, if it sent one, names this server (a
+// WebSocket or a cross-site form would carry another).
+func sameOrigin(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true
+	}
+	u, err := url.Parse(o)
+	return err == nil && u.Host == r.Host
+}

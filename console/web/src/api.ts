@@ -1,0 +1,234 @@
+// Talking to the server: the console session (an HttpOnly cookie the
+// page never sees, plus a CSRF token kept in memory only), API calls,
+// and showing their errors. The API key itself is sent once, to sign in,
+// and never kept.
+
+import { h } from "./dom";
+import type { Session } from "./types";
+
+export const SESSION_ENDED = "Your session ended or your key was refused: sign in again.";
+
+export class ApiError extends Error {
+  // sessionEnded: this 401 ended the console session (the UI shows the
+  // sign-in form already; nothing more to show).
+  sessionEnded = false;
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly field?: string,
+  ) {
+    super(message);
+    this.name = "ApiError";
+  }
+}
+
+let session: Session | null = null;
+let onEnded: () => void = () => {};
+
+export function currentSession(): Session | null {
+  return session;
+}
+
+export function setSession(s: Session | null): void {
+  session = s;
+}
+
+// onSessionEnded sets what happens when a call is answered 401.
+export function onSessionEnded(fn: () => void): void {
+  onEnded = fn;
+}
+
+function errorFrom(status: number, statusText: string, body: string): ApiError {
+  try {
+    const parsed: unknown = JSON.parse(body);
+    const e = (parsed as { error?: { code?: unknown; message?: unknown; field?: unknown } } | null)?.error;
+    if (e && typeof e.message === "string") {
+      const field = typeof e.field === "string" && e.field !== "" ? e.field : undefined;
+      return new ApiError(status, typeof e.code === "string" ? e.code : "", e.message, field);
+    }
+  } catch {
+    // Not JSON: described below.
+  }
+  return new ApiError(status, "http_" + status, ("The server answered " + status + " " + statusText).trim() + ".");
+}
+
+function failed(status: number, statusText: string, body: string, endsSession: boolean): ApiError {
+  const err = errorFrom(status, statusText, body);
+  if (status === 401 && endsSession) {
+    err.sessionEnded = true;
+    if (session) {
+      session = null;
+      onEnded();
+    }
+  }
+  return err;
+}
+
+function checkPath(path: string): void {
+  if (!/^\/(v1|console)\//.test(path) && path !== "/console/session") {
+    throw new Error("not an API path: " + path);
+  }
+}
+
+interface CallOptions {
+  // endsSession false: a 401 is an answer (wrong key), not the end of the session.
+  endsSession?: boolean;
+}
+
+// call makes a same-origin request and returns its JSON answer (undefined
+// for an empty one). Every request but a GET carries the CSRF token.
+export async function call<T>(method: string, path: string, body?: unknown, opts: CallOptions = {}): Promise<T> {
+  checkPath(path);
+  const headers: Record<string, string> = { Accept: "application/json" };
+  if (method !== "GET" && session) headers["X-CSRF-Token"] = session.csrf_token;
+  let payload: string | undefined;
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    payload = JSON.stringify(body);
+  }
+  let res: Response;
+  try {
+    res = await fetch(path, { method, headers, body: payload, credentials: "same-origin", cache: "no-store" });
+  } catch {
+    throw new ApiError(0, "network", "The server could not be reached.");
+  }
+  const text = await res.text();
+  if (!res.ok) throw failed(res.status, res.statusText, text, opts.endsSession !== false);
+  if (text === "") return undefined as T;
+  try {
+    return JSON.parse(text) as T;
+  } catch {
+    throw new ApiError(res.status, "invalid_answer", "The server's answer was not JSON.");
+  }
+}
+
+// upload PUTs a file's bytes, reporting progress (fetch cannot).
+export function upload(path: string, file: Blob, progress: (loaded: number, total: number) => void): Promise<void> {
+  checkPath(path);
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("PUT", path);
+    xhr.setRequestHeader("Accept", "application/json");
+    xhr.setRequestHeader("Content-Type", "application/octet-stream");
+    if (session) xhr.setRequestHeader("X-CSRF-Token", session.csrf_token);
+    xhr.upload.addEventListener("progress", (e) => progress(e.loaded, e.lengthComputable ? e.total : file.size));
+    xhr.addEventListener("load", () => {
+      if (xhr.status >= 200 && xhr.status < 300) resolve();
+      else reject(failed(xhr.status, xhr.statusText, xhr.responseText, true));
+    });
+    xhr.addEventListener("error", () => reject(new ApiError(0, "network", "The upload failed: the server could not be reached.")));
+    xhr.addEventListener("abort", () => reject(new ApiError(0, "aborted", "The upload was cancelled.")));
+    xhr.send(file);
+  });
+}
+
+// ---- The console session ----
+
+export function signIn(key: string): Promise<Session> {
+  return call<Session>("POST", "/console/session", { key }, { endsSession: false });
+}
+
+export function loadSession(): Promise<Session> {
+  return call<Session>("GET", "/console/session", undefined, { endsSession: false });
+}
+
+export function signOut(): Promise<void> {
+  return call<void>("DELETE", "/console/session", undefined, { endsSession: false });
+}
+
+// ---- Showing errors ----
+
+let alertArea: HTMLElement | null = null;
+
+// alertBox makes the page's alert area (one per page, kept in main).
+export function alertBox(): HTMLElement {
+  alertArea = h("div", { role: "alert", "data-testid": "error", class: "alert", hidden: true });
+  return alertArea;
+}
+
+export function showError(message: string): void {
+  if (!alertArea) return;
+  alertArea.textContent = message;
+  alertArea.hidden = false;
+}
+
+export function clearError(): void {
+  if (!alertArea) return;
+  alertArea.textContent = "";
+  alertArea.hidden = true;
+}
+
+// clearErrorIf clears the alert only if it still shows message (a poll
+// that recovers takes back its own error, not someone else's).
+export function clearErrorIf(message: string): void {
+  if (alertArea && !alertArea.hidden && alertArea.textContent === message) clearError();
+}
+
+export function messageOf(err: unknown): string {
+  if (err instanceof Error) return err.message;
+  return String(err);
+}
+
+type Control = HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement;
+
+// controlFor finds the form control an error's field (a JSON path such as
+// "labels.team" or "outbound[0].ports") is about: the one whose name is
+// the field, else the longest one whose name is a prefix of it, else the
+// first one under it (field "scope.rate": the control "scope.rate.burst").
+function controlFor(form: HTMLFormElement, fieldPath: string): Control | null {
+  let best: Control | null = null;
+  let under: Control | null = null;
+  for (const el of Array.from(form.elements)) {
+    if (!(el instanceof HTMLInputElement || el instanceof HTMLSelectElement || el instanceof HTMLTextAreaElement)) continue;
+    const name = el.name;
+    if (!name) continue;
+    if (fieldPath === name || fieldPath.startsWith(name + ".") || fieldPath.startsWith(name + "[")) {
+      if (!best || name.length > best.name.length) best = el;
+    } else if (!under && (name.startsWith(fieldPath + ".") || name.startsWith(fieldPath + "["))) {
+      under = el;
+    }
+  }
+  return best ?? under;
+}
+
+// fieldError shows message at control, as
+// <span class="field-error" data-testid="field-error" data-field=FIELD>.
+export function fieldError(control: HTMLElement, fieldPath: string, message: string): void {
+  const id = (control.id || "field") + "-error";
+  document.getElementById(id)?.remove();
+  const span = h("span", { class: "field-error", "data-testid": "field-error", "data-field": fieldPath, id }, message);
+  control.after(span);
+  control.setAttribute("aria-invalid", "true");
+  const described = (control.getAttribute("aria-describedby") || "").split(" ").filter((s) => s && s !== id);
+  described.push(id);
+  control.setAttribute("aria-describedby", described.join(" "));
+}
+
+export function clearFieldErrors(form: HTMLElement): void {
+  for (const span of Array.from(form.querySelectorAll(".field-error"))) {
+    const control = span.previousElementSibling;
+    if (control) {
+      control.removeAttribute("aria-invalid");
+      const rest = (control.getAttribute("aria-describedby") || "").split(" ").filter((s) => s && s !== span.id);
+      if (rest.length) control.setAttribute("aria-describedby", rest.join(" "));
+      else control.removeAttribute("aria-describedby");
+    }
+    span.remove();
+  }
+}
+
+// reportError shows err: at the form's control its field names, at
+// fallback (any field) if given, else in the alert area. A 401 that
+// ended the session shows nothing more: the sign-in form says it.
+export function reportError(err: unknown, form?: HTMLFormElement | null, fallback?: HTMLElement): void {
+  if (err instanceof ApiError) {
+    if (err.sessionEnded) return;
+    if (err.field) {
+      const control = form ? controlFor(form, err.field) : null;
+      if (control) return fieldError(control, err.field, err.message);
+      if (fallback) return fieldError(fallback, err.field, err.message);
+    }
+  }
+  showError(messageOf(err));
+}

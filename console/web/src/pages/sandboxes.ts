@@ -1,0 +1,208 @@
+// #/sandboxes: the list (refreshed every 2 s, filtered by the list
+// endpoint's state, project and label parameters) and the create form.
+
+import { call, clearError, clearErrorIf, clearFieldErrors, fieldError, messageOf, reportError } from "../api";
+import { KeyedRows, emptyRow, field, h, listen, pairs, parsePairs, tableWrap, thead, time } from "../dom";
+import { Poller, debounce } from "../poll";
+import { STATES, type Image, type Sandbox } from "../types";
+import { actionButtons, perform, sandboxHref, stateBadge, type Action } from "./actions";
+
+export function sandboxesPage(root: HTMLElement): () => void {
+  document.title = "Sandboxes · HareBox console";
+  let stopped = false;
+  const confirming = new Set<string>();
+  const busy = new Set<string>();
+  let last: Sandbox[] = [];
+
+  // ---- Filters ----
+  const stateSel = h(
+    "select",
+    { id: "filter-state", name: "state", "data-testid": "filter-state" },
+    h("option", { value: "" }, "All states"),
+    STATES.map((s) => h("option", { value: s }, s)),
+  );
+  const projectIn = h("input", { id: "filter-project", name: "project", "data-testid": "filter-project", type: "text", autocomplete: "off" });
+  const labelIn = h("input", { id: "filter-label", name: "label", "data-testid": "filter-label", type: "text", autocomplete: "off", placeholder: "key=value" });
+  const filters = h(
+    "form",
+    { class: "filters", "data-testid": "filters", role: "search", "aria-label": "Filter sandboxes" },
+    field("State", stateSel),
+    field("Project", projectIn),
+    field("Label", labelIn, "key=value"),
+  );
+  listen(filters, "submit", (e) => {
+    e.preventDefault();
+    void poller.now();
+  });
+
+  // ---- The table ----
+  const tbody = h("tbody");
+  const table = h("table", { "data-testid": "sandboxes", class: "list" }, thead("Name", "State", "Project", "Image", "Labels", "Created", "Actions"), tbody);
+
+  const rows = new KeyedRows<Sandbox>(
+    tbody,
+    (s) => s.id,
+    (s) => JSON.stringify([s.name, s.state, s.project, s.image, pairs(s.labels), s.created_at, confirming.has(s.id), busy.has(s.id)]),
+    (s) => row(s),
+    () => emptyRow(7, "No sandboxes."),
+  );
+
+  function row(s: Sandbox): HTMLTableRowElement {
+    return h(
+      "tr",
+      { "data-id": s.id, "data-state": s.state },
+      h("td", { class: "name" }, h("a", { href: sandboxHref(s.id) }, s.name || s.id)),
+      h("td", { class: "state" }, stateBadge(s.state)),
+      h("td", { class: "project" }, s.project),
+      h("td", { class: "image" }, s.image),
+      h("td", { class: "labels" }, pairs(s.labels)),
+      h("td", { class: "created" }, time(s.created_at)),
+      h(
+        "td",
+        { class: "buttons" },
+        actionButtons(s, { confirming: confirming.has(s.id), busy: busy.has(s.id) }, {
+          run: (a) => void act(s.id, a),
+          askDelete: () => {
+            confirming.add(s.id);
+            rows.update(last);
+            focusIn(s.id, "confirm-delete");
+          },
+          cancelDelete: () => {
+            confirming.delete(s.id);
+            rows.update(last);
+            focusIn(s.id, "delete");
+          },
+        }),
+      ),
+    );
+  }
+
+  function focusIn(id: string, action: string): void {
+    for (const tr of Array.from(tbody.querySelectorAll("tr"))) {
+      if (tr.getAttribute("data-id") === id) tr.querySelector<HTMLElement>(`[data-action="${action}"]`)?.focus();
+    }
+  }
+
+  async function act(id: string, action: Action): Promise<void> {
+    clearError();
+    busy.add(id);
+    rows.update(last);
+    try {
+      await perform(id, action);
+    } catch (err) {
+      reportError(err);
+    } finally {
+      busy.delete(id);
+      confirming.delete(id);
+    }
+    await poller.now();
+  }
+
+  let pollError = "";
+  async function refresh(): Promise<void> {
+    const q = new URLSearchParams();
+    if (stateSel.value) q.set("state", stateSel.value);
+    if (projectIn.value.trim()) q.set("project", projectIn.value.trim());
+    if (labelIn.value.trim()) q.append("label", labelIn.value.trim());
+    const qs = q.toString();
+    try {
+      const res = await call<{ sandboxes: Sandbox[] }>("GET", "/v1/sandboxes" + (qs ? "?" + qs : ""));
+      if (stopped) return;
+      last = res.sandboxes ?? [];
+      rows.update(last);
+      clearFieldErrors(filters);
+      if (pollError) clearErrorIf(pollError);
+      pollError = "";
+    } catch (err) {
+      if (stopped) return;
+      clearFieldErrors(filters);
+      reportError(err, filters);
+      pollError = messageOf(err);
+    }
+  }
+  const poller = new Poller(refresh, 2000);
+  const refilter = debounce(() => void poller.now(), 300);
+  listen(stateSel, "change", () => void poller.now());
+  listen(projectIn, "input", refilter);
+  listen(labelIn, "input", refilter);
+
+  // ---- The create form ----
+  const nameIn = h("input", { id: "create-name", name: "name", type: "text", autocomplete: "off", maxlength: 63 });
+  const imageSel = h("select", { id: "create-image", name: "image" }, h("option", { value: "default" }, "default"));
+  const ttlIn = h("input", { id: "create-ttl", name: "ttl_seconds", type: "number", min: 0, max: 2592000, step: 1, inputmode: "numeric" });
+  const projIn = h("input", { id: "create-project", name: "project", type: "text", autocomplete: "off" });
+  const labelsIn = h("textarea", { id: "create-labels", name: "labels", rows: 3 });
+  const createBtn = h("button", { type: "submit", class: "primary" }, "Create");
+  const status = h("div", { class: "status", "aria-live": "polite" });
+  const create = h(
+    "form",
+    { "data-testid": "create", class: "grid-form", "aria-labelledby": "create-title" },
+    field("Name", nameIn, "Lower-case letters, digits and dashes (optional)."),
+    field("Image", imageSel),
+    field("TTL (seconds)", ttlIn, "Deleted that long after creation; empty or 0 for none."),
+    field("Project", projIn, "Optional; default the account's default project."),
+    field("Labels", labelsIn, "One key=value per line."),
+    h("div", { class: "form-actions" }, createBtn, status),
+  );
+
+  listen(create, "submit", async (e) => {
+    e.preventDefault();
+    clearError();
+    clearFieldErrors(create);
+    const body: Record<string, unknown> = {};
+    if (nameIn.value.trim()) body.name = nameIn.value.trim();
+    if (imageSel.value) body.image = imageSel.value;
+    if (ttlIn.value.trim() !== "") {
+      const n = Number(ttlIn.value);
+      if (!Number.isInteger(n) || n < 0) return fieldError(ttlIn, "ttl_seconds", "A whole number of seconds, 0 or more.");
+      body.ttl_seconds = n;
+    }
+    if (projIn.value.trim()) body.project = projIn.value.trim();
+    const labels = parsePairs(labelsIn.value);
+    if (typeof labels === "string") return fieldError(labelsIn, "labels", labels);
+    if (Object.keys(labels).length) body.labels = labels;
+
+    createBtn.disabled = true;
+    create.setAttribute("aria-busy", "true");
+    const progress = h("progress", { "data-testid": "progress", "aria-label": "Creating the sandbox" });
+    status.replaceChildren(progress, " Creating…");
+    try {
+      const sb = await call<Sandbox>("POST", "/v1/sandboxes", body);
+      if (!stopped) location.hash = sandboxHref(sb.id);
+    } catch (err) {
+      reportError(err, create);
+    } finally {
+      createBtn.disabled = false;
+      create.removeAttribute("aria-busy");
+      status.replaceChildren();
+    }
+  });
+
+  async function loadImages(): Promise<void> {
+    let names: string[] = [];
+    try {
+      const res = await call<{ images: Image[] }>("GET", "/v1/images");
+      names = (res.images ?? []).map((i) => i.name);
+    } catch {
+      // A key without images:read still creates from the default image.
+    }
+    if (stopped || names.length === 0) return;
+    const chosen = names.includes(imageSel.value) ? imageSel.value : names.includes("default") ? "default" : names[0];
+    imageSel.replaceChildren(...names.map((n) => h("option", { value: n }, n)));
+    imageSel.value = chosen;
+  }
+
+  root.append(
+    h("h1", { tabindex: -1 }, "Sandboxes"),
+    h("section", { "aria-labelledby": "list-title" }, h("h2", { id: "list-title" }, "All sandboxes"), filters, tableWrap("Sandboxes", table)),
+    h("section", { "aria-labelledby": "create-title" }, h("h2", { id: "create-title" }, "New sandbox"), create),
+  );
+
+  void poller.now();
+  void loadImages();
+  return () => {
+    stopped = true;
+    poller.stop();
+    refilter.cancel();
+  };
+}
