@@ -65,10 +65,15 @@ func TestSessions(t *testing.T) {
 	}
 }
 
-// TestDistBuilt: dist/ (embedded, committed) is what web/ builds to now.
+// TestDistBuilt: web/ type-checks (tsc, strict), and dist/ (embedded,
+// committed) is what web/ builds to now.
 func TestDistBuilt(t *testing.T) {
 	if _, err := os.Stat("web/node_modules/.bin/esbuild"); err != nil {
 		t.Skip("the console's toolchain is not installed (make deps installs it)")
+	}
+	check := exec.Command("web/node_modules/.bin/tsc", "--noEmit", "-p", "web")
+	if b, err := check.CombinedOutput(); err != nil {
+		t.Fatalf("tsc: %v\n%s", err, b)
 	}
 	out := t.TempDir()
 	cmd := exec.Command("node", "build.mjs", out)

@@ -1,0 +1,227 @@
+// The console in a real browser (Debian's Chromium, driven by Playwright)
+// against a real hareboxd: e2e/console's TestConsoleInBrowser runs it with
+// HAREBOX_URL, HAREBOX_ROOT_KEY, HAREBOX_CHROMIUM, HAREBOX_HIDDEN_SANDBOX
+// (a sandbox outside the project "web") and HAREBOX_CONSOLE_SCREENSHOTS.
+// Any dialog, script error or console error other than an API refusal
+// the step expects fails it: the names below are markup, and must stay
+// text.
+import { test, after, before } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { chromium } from 'playwright-core';
+
+const url = process.env.HAREBOX_URL;
+const rootKey = process.env.HAREBOX_ROOT_KEY;
+const shots = process.env.HAREBOX_CONSOLE_SCREENSHOTS;
+const hidden = process.env.HAREBOX_HIDDEN_SANDBOX;
+const axeSource = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+
+const hostile = '<img src=x onerror=alert(1)>';
+const hostile2 = '"><script>alert(2)</script>';
+const bootTimeout = 4 * 60_000;
+
+let browser;
+const problems = [];
+
+before(async () => {
+  browser = await chromium.launch({ executablePath: process.env.HAREBOX_CHROMIUM, args: ['--no-sandbox'] });
+});
+after(async () => { await browser?.close(); });
+
+// watch records what must never happen on a page.
+function watch(page, name) {
+  page.on('dialog', (d) => { problems.push(`${name}: a dialog opened: ${d.message()}`); d.dismiss(); });
+  page.on('pageerror', (e) => problems.push(`${name}: script error: ${e.message}`));
+  page.on('console', (m) => {
+    if (m.type() !== 'error') return;
+    // A refused API call is logged by the browser as a failed load; the
+    // steps that expect one check the page shows it.
+    if (/^Failed to load resource: the server responded with a status of 40[0139]/.test(m.text())) return;
+    problems.push(`${name}: console error: ${m.text()}`);
+  });
+}
+
+async function newPage(name) {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const page = await ctx.newPage();
+  watch(page, name);
+  return page;
+}
+
+// axe runs axe-core on the page as it is: no serious or critical
+// violation. (page.evaluate runs over the DevTools protocol, outside the
+// page's CSP, which forbids any script but the console's own.)
+async function axe(page, what) {
+  await page.evaluate(axeSource);
+  const res = await page.evaluate(async () => await window.axe.run(document, { resultTypes: ['violations'] }));
+  const bad = res.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+  assert.deepEqual(bad.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`), [], `axe on ${what}`);
+}
+
+async function shot(page, name) {
+  await page.screenshot({ path: join(shots, `${name}.png`), fullPage: true });
+}
+
+async function signIn(page, key) {
+  await page.goto(url + '/console/');
+  await page.locator('[data-testid=signin]').waitFor();
+  await page.locator('#key').fill(key);
+  await page.locator('[data-testid=signin] button[type=submit]').click();
+  await page.locator('[data-testid=signout]').waitFor();
+}
+
+async function noMarkupRan(page) {
+  assert.equal(await page.locator('img[src=x]').count(), 0, 'a sandbox-controlled name became an <img>');
+  assert.equal(await page.evaluate(() => [...document.scripts].filter((s) => !s.src.endsWith('/console/assets/app.js')).length), 0,
+    'a sandbox-controlled name became a <script>');
+}
+
+test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
+  const page = await newPage('root');
+  let boxID, keyID, secret;
+
+  await t.test('signs in with the root key', async () => {
+    await page.goto(url + '/console/');
+    await page.locator('[data-testid=signin]').waitFor();
+    await axe(page, 'sign-in');
+    await shot(page, 'signin');
+    await page.locator('#key').fill('hbk_' + '0'.repeat(64));
+    await page.locator('[data-testid=signin] button[type=submit]').click();
+    await page.locator('[data-testid=error]').filter({ hasText: /./ }).waitFor();
+    await page.locator('#key').fill(rootKey);
+    await page.locator('[data-testid=signin] button[type=submit]').click();
+    await page.locator('[data-testid=signout]').waitFor();
+    assert.equal(await page.locator('#key').count(), 0);
+    // The key is nowhere the page's scripts can read it.
+    const stored = await page.evaluate(() => JSON.stringify([document.cookie, { ...localStorage }, { ...sessionStorage }]));
+    assert.ok(!stored.includes(rootKey), 'the key is stored in the browser');
+    await page.locator(`[data-testid=sandboxes] tr[data-id="${hidden}"]`).waitFor();
+  });
+
+  await t.test('creates a sandbox and sees it become running', async () => {
+    await page.locator('#create-name').fill('web-1');
+    await page.locator('#create-project').fill('web');
+    await page.locator('#create-ttl').fill('900');
+    await page.locator('#create-labels').fill(`note=${hostile}\nquote=${hostile2}`);
+    const image = page.locator('#create-image');
+    if (await image.locator('option[value=minimal]').count()) await image.selectOption('minimal');
+    await page.locator('[data-testid=create] button[type=submit]').click();
+    await page.locator('[data-testid=record]').waitFor({ timeout: bootTimeout });
+    boxID = decodeURIComponent(page.url().split('#/sandboxes/')[1]);
+    assert.match(boxID, /^sbx_/);
+    await page.locator('[data-testid=record]').getByText('running', { exact: true }).waitFor({ timeout: bootTimeout });
+    await page.goto(url + '/console/#/sandboxes');
+    const row = page.locator(`[data-testid=sandboxes] tr[data-id="${boxID}"]`);
+    await row.locator('.state').getByText('running').waitFor();
+    const labels = await row.locator('.labels').textContent();
+    assert.ok(labels.includes(hostile) && labels.includes(hostile2), `labels shown as text: ${labels}`);
+    await noMarkupRan(page);
+    await axe(page, 'sandboxes');
+    await shot(page, 'sandboxes');
+  });
+
+  await t.test('runs a command and reads its output', async () => {
+    await page.goto(url + '/console/#/sandboxes/' + encodeURIComponent(boxID));
+    await page.locator('[data-testid=cmd]').fill(`echo '${hostile}'; echo '${hostile2}' >&2; echo done-$((6*7))`);
+    await page.locator('[data-testid=exec] button[type=submit]').click();
+    const out = page.locator('[data-testid=output]');
+    await out.getByText('done-42', { exact: false }).waitFor({ timeout: 60_000 });
+    const text = await out.textContent();
+    assert.ok(text.includes(hostile) && text.includes(hostile2), `output as text: ${text}`);
+    await noMarkupRan(page);
+  });
+
+  await t.test('uploads a file, lists it and downloads it intact', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'hbcon-'));
+    const name = `${hostile}.bin`;
+    const local = join(dir, 'upload.bin');
+    const content = randomBytes(200 * 1024);
+    writeFileSync(local, content);
+    await page.locator('[data-testid=path]').fill('/tmp');
+    await page.locator('[data-testid=upload]').setInputFiles({ name, mimeType: 'application/octet-stream', buffer: content });
+    const row = page.locator(`[data-testid=files] tr[data-name="${name.replaceAll('"', '\\"')}"]`);
+    await row.waitFor({ timeout: 60_000 });
+    const [download] = await Promise.all([page.waitForEvent('download'), row.locator('[data-action=download]').click()]);
+    const got = readFileSync(await download.path());
+    assert.equal(got.length, content.length);
+    assert.ok(got.equals(content), 'the downloaded file differs from the uploaded one');
+    await noMarkupRan(page);
+  });
+
+  await t.test('shows a firewall mistake at its field', async () => {
+    await page.locator('[data-testid=firewall]').fill(JSON.stringify({ default_outbound: 'deny', outbound: [{ action: 'allow', ports: '99999' }] }, null, 2));
+    await page.getByRole('button', { name: 'Save firewall' }).click();
+    const err = page.locator('[data-testid=field-error]');
+    await err.waitFor();
+    assert.match(await err.getAttribute('data-field'), /outbound\[0\]\.ports/);
+    assert.ok((await err.textContent()).length > 0);
+    await axe(page, 'sandbox');
+    await shot(page, 'sandbox');
+  });
+
+  await t.test('makes a key scoped to project web', async () => {
+    await page.goto(url + '/console/#/keys');
+    await page.locator('#key-name').fill('web only');
+    await page.locator('#key-projects').fill('web');
+    await page.locator('[data-testid=create-key] button[type=submit]').click();
+    const s = page.locator('[data-testid=secret]');
+    await s.waitFor();
+    secret = (await s.textContent()).trim();
+    assert.match(secret, /^hbk_/);
+    const row = page.locator('[data-testid=keys] tr[data-id]').filter({ hasText: 'web only' });
+    await row.waitFor();
+    keyID = await row.getAttribute('data-id');
+    await axe(page, 'keys');
+    await shot(page, 'keys');
+  });
+
+  await t.test('the scoped key sees its project only; revoked, its next click is refused, and the audit log shows it live', async () => {
+    const scoped = await newPage('scoped');
+    await signIn(scoped, secret);
+    await scoped.locator(`[data-testid=sandboxes] tr[data-id="${boxID}"]`).waitFor();
+    assert.equal(await scoped.locator(`[data-testid=sandboxes] tr[data-id="${hidden}"]`).count(), 0, 'the scoped key sees another project');
+
+    // The root's audit page, open before the revoke.
+    const audit = await newPage('audit');
+    await signIn(audit, rootKey);
+    await audit.goto(url + '/console/#/audit');
+    await audit.locator('[data-testid=audit] tr[data-seq]').first().waitFor();
+    const before = await audit.locator('[data-testid=audit] tr[data-seq]').filter({ hasText: 'revokeKey' }).count();
+    await axe(audit, 'audit');
+    await audit.getByRole('button', { name: 'Verify chain' }).click();
+    await audit.locator('[data-testid=verify-result]').filter({ hasText: /./ }).waitFor();
+    await shot(audit, 'audit');
+
+    await page.locator(`[data-testid=keys] tr[data-id="${keyID}"] [data-action=revoke]`).click();
+    await audit.locator('[data-testid=audit] tr[data-seq]').filter({ hasText: 'revokeKey' }).nth(before).waitFor({ timeout: 30_000 });
+
+    // (Its list refreshes every 2 s: the next request is refused.)
+    await scoped.locator('[data-testid=signin]').waitFor({ timeout: 30_000 });
+    await scoped.locator('[data-testid=error]').filter({ hasText: /sign in again/ }).waitFor();
+    // Signed out for good: a reload does not bring the session back.
+    await scoped.reload();
+    await scoped.locator('[data-testid=signin]').waitFor();
+  });
+
+  await t.test('the phone layout is usable', async () => {
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.goto(url + '/console/#/sandboxes');
+    await page.locator(`[data-testid=sandboxes] tr[data-id="${boxID}"]`).waitFor();
+    await shot(page, 'sandboxes-phone');
+    await page.setViewportSize({ width: 1280, height: 860 });
+  });
+
+  await t.test('signs out', async () => {
+    await page.locator('[data-testid=signout]').click();
+    await page.locator('[data-testid=signin]').waitFor();
+    await page.reload();
+    await page.locator('[data-testid=signin]').waitFor();
+  });
+
+  assert.deepEqual(problems, []);
+});
