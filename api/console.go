@@ -122,7 +122,7 @@ func (s *Server) cookieSession(r *http.Request) (console.Session, string, error)
 // Authorization of its own) the session's key's request. The cookie is
 // taken off: what follows sees a bearer key, as from any client.
 func (s *Server) fromSession(r *http.Request) error {
-	if r.Header.Get("Authorization") != "" {
+	if s.opts.NoConsole || r.Header.Get("Authorization") != "" {
 		return nil
 	}
 	if _, err := r.Cookie(console.Cookie); err != nil {

@@ -241,3 +241,17 @@ func mustURL(s string) *url.URL {
 	}
 	return u
 }
+
+// TestConsoleOff: with NoConsole, neither the page nor a session is
+// served.
+func TestConsoleOff(t *testing.T) {
+	off := newFastAPI(t, api.Options{NoConsole: true})
+	for _, p := range []string{"/console/", "/console/assets/app.js", "/console/session"} {
+		if r := off.do(t, "GET", p, "", nil); r.status != 404 {
+			t.Errorf("GET %s: %d, want 404", p, r.status)
+		}
+	}
+	if r := off.do(t, "POST", "/console/session", "", map[string]string{"key": off.root}); r.status != 404 || len(r.header.Values("Set-Cookie")) != 0 {
+		t.Errorf("sign-in: %d %v, want 404 and no cookie", r.status, r.header.Values("Set-Cookie"))
+	}
+}

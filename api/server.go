@@ -71,6 +71,9 @@ type Options struct {
 	// side of their mutual TLS: requests for other hosts' sandboxes are
 	// forwarded to them with it (nil: every request is served here).
 	Cluster *cluster.TLS
+	// NoConsole: the web console (package console) is not served, and no
+	// request is authenticated by a console session.
+	NoConsole bool
 	// Sessions bound the web console's sessions (console.SessionOptions).
 	Sessions console.SessionOptions
 }
@@ -304,7 +307,9 @@ func New(opts Options) (*Server, error) {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
 	s.mux.Handle(MCPPath, s.mcpHandler())
-	s.consoleRoutes()
+	if !opts.NoConsole {
+		s.consoleRoutes()
+	}
 	// Anything else is a JSON 404 (or 405), like every other error.
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiError{status: http.StatusNotFound, code: "not_found", msg: "no route " + r.Method + " " + r.URL.Path})

@@ -111,6 +111,7 @@ func run(args []string, instead func(settings) error) error {
 		site         = fs.String("site", "local", "the site this host is in, e.g. fr-par-1")
 		country      = fs.String("country", "", "the site's country code, e.g. FR")
 		debug        = fs.Bool("debug", false, "log every request")
+		webConsole   = fs.Bool("console", true, "serve the web console at /console/ on the API's listener (docs/console.md); --console=false serves the API alone")
 		netKind      = fs.String("network", "linux", "sandbox network: linux (tap, host firewall, DNS, egress proxy) or none")
 		pool         = fs.String("address-pool", "10.231.0.0/16", "where sandbox addresses come from (a /30 each)")
 		upstream     = fs.String("dns-upstream", "", "DNS server (host:port) for allowed names (default: the first nameserver in /etc/resolv.conf)")
@@ -365,7 +366,8 @@ func run(args []string, instead func(settings) error) error {
 	if pgdb != nil {
 		lost = pgdb.Lost()
 	}
-	srv, err := api.New(api.Options{Engine: eng, Auth: key, Version: version, Logger: log, TrustedProxies: trusted, Cluster: clusterTLS})
+	srv, err := api.New(api.Options{Engine: eng, Auth: key, Version: version, Logger: log, TrustedProxies: trusted, Cluster: clusterTLS,
+		NoConsole: !*webConsole})
 	if err != nil {
 		return err
 	}
@@ -419,7 +421,10 @@ func run(args []string, instead func(settings) error) error {
 		go func() { errc <- internal.Serve(tls.NewListener(il, clusterTLS.Server)) }()
 		log.Info("internal endpoint listening", "addr", *internalAddr, "url", advertised, "host", eng.Cluster().Name())
 	}
-	log.Info("hareboxd listening", "addr", *listen, "scheme", scheme, "version", version, "root_key", keyPath, "console", scheme+"://"+*listen+console.Path)
+	log.Info("hareboxd listening", "addr", *listen, "scheme", scheme, "version", version, "root_key", keyPath)
+	if *webConsole {
+		log.Info("web console", "url", scheme+"://"+*listen+console.Path)
+	}
 	// Under systemd (Type=notify): ready now, not when the process began.
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("cannot tell systemd that the server is ready", "err", err)
