@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/harebox/harebox/authz"
@@ -13,10 +14,12 @@ import (
 // The console (package console) is served on the API's listener: its page
 // at /console/, and its sessions at /console/session. A request that
 // carries a session's cookie and no Authorization header is the session's
-// key's request: the session's CSRF token must come with any change, and a
-// browser's Origin, when it sends one, must be this server. Everything
-// else (routes, authorization, audit, forwarding to another host) is what
-// the key's own request would get.
+// key's request if it also carries the session's CSRF token (every
+// request, reads too: the cookie alone is worth nothing, so a cookie that
+// leaks to a sandbox's page on the same host name, or that such a page
+// sets, opens nothing), and if a browser's Origin, when it sends one,
+// names this server. Everything else (routes, authorization, audit,
+// forwarding to another host) is what the key's own request would get.
 
 func (s *Server) consoleRoutes() {
 	assets := console.Handler()
@@ -74,8 +77,8 @@ func (s *Server) signIn(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// session answers who the cookie's session is, and its CSRF token (a
-// reloaded page asks for it again).
+// session answers who the session is (the page, reloaded, asks with the
+// token it kept).
 func (s *Server) session(w http.ResponseWriter, r *http.Request) error {
 	sess, _, err := s.cookieSession(r)
 	if err != nil {
@@ -91,12 +94,9 @@ func (s *Server) session(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) signOut(w http.ResponseWriter, r *http.Request) error {
-	sess, id, err := s.cookieSession(r)
+	_, id, err := s.cookieSession(r)
 	if err != nil {
 		return err
-	}
-	if !sess.CheckCSRF(r.Header.Get(console.CSRFHeader)) {
-		return sandbox.Errorf(sandbox.ErrForbidden, "", "the session's CSRF token is missing or wrong (%s)", console.CSRFHeader)
 	}
 	s.sessions.Close(id)
 	http.SetCookie(w, &http.Cookie{Name: console.Cookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
@@ -105,7 +105,10 @@ func (s *Server) signOut(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// cookieSession is the request's open session.
+// cookieSession is the request's open session, if the request carries
+// its CSRF token: in CSRFHeader, or, for a WebSocket's handshake (a
+// browser cannot add a header to it), in the query parameter csrf_token,
+// which is then taken off.
 func (s *Server) cookieSession(r *http.Request) (console.Session, string, error) {
 	c, err := r.Cookie(console.Cookie)
 	if err != nil {
@@ -114,6 +117,15 @@ func (s *Server) cookieSession(r *http.Request) (console.Session, string, error)
 	sess, ok := s.sessions.Get(c.Value)
 	if !ok {
 		return console.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session ended: sign in again")
+	}
+	token := r.Header.Get(console.CSRFHeader)
+	if q := r.URL.Query(); token == "" && q.Has(console.CSRFParam) && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		token = q.Get(console.CSRFParam)
+		q.Del(console.CSRFParam)
+		r.URL.RawQuery = q.Encode()
+	}
+	if !sess.CheckCSRF(token) {
+		return console.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session's token is missing or wrong (%s): sign in again", console.CSRFHeader)
 	}
 	return sess, c.Value, nil
 }
@@ -135,14 +147,8 @@ func (s *Server) fromSession(r *http.Request) error {
 	if !sameOrigin(r) {
 		return sandbox.Errorf(sandbox.ErrForbidden, "", "a console session's requests must come from its own page")
 	}
-	switch r.Method {
-	case http.MethodGet, http.MethodHead:
-	default:
-		if !sess.CheckCSRF(r.Header.Get(console.CSRFHeader)) {
-			return sandbox.Errorf(sandbox.ErrForbidden, "", "the session's CSRF token is missing or wrong (%s)", console.CSRFHeader)
-		}
-	}
 	r.Header.Del("Cookie")
+	r.Header.Del(console.CSRFHeader)
 	r.Header.Set("Authorization", "Bearer "+sess.Key)
 	return nil
 }

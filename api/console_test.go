@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/coder/websocket"
 
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/console"
@@ -54,8 +57,9 @@ func (b *browser) do(method, path string, body any, hdr map[string]string) reply
 	return r
 }
 
-// change is a change with the session's CSRF token.
-func (b *browser) change(method, path string, body any) reply {
+// call is a request with the session's CSRF token, as the page makes
+// them all.
+func (b *browser) call(method, path string, body any) reply {
 	return b.do(method, path, body, map[string]string{console.CSRFHeader: b.csrf})
 }
 
@@ -144,32 +148,43 @@ func TestConsoleSession(t *testing.T) {
 	if r := b.signIn(f.root); r.status != 200 || str(r, "csrf_token") == "" || r.body["principal"].(map[string]any)["operator"] != true {
 		t.Fatalf("sign-in: %d %s", r.status, r.raw)
 	}
-	if r := b.do("GET", "/v1/sandboxes", nil, nil); r.status != 200 {
+	if r := b.call("GET", "/v1/sandboxes", nil); r.status != 200 {
 		t.Fatalf("signed in: list %d %s", r.status, r.raw)
 	}
-	if r := b.do("GET", "/console/session", nil, nil); r.status != 200 || str(r, "csrf_token") != b.csrf {
+	if r := b.call("GET", "/console/session", nil); r.status != 200 || str(r, "csrf_token") != b.csrf {
 		t.Fatalf("GET /console/session: %d %s", r.status, r.raw)
 	}
-	// A change needs the CSRF token.
-	if r := b.do("POST", "/v1/accounts", map[string]string{"name": "nocsrf"}, nil); r.status != 403 {
+	// The cookie alone opens nothing, a read neither: every request needs
+	// the token (a cookie is shared by every port of a host name, where a
+	// sandbox's page may be served).
+	for _, p := range []string{"/v1/sandboxes", "/console/session", "/v1/keys"} {
+		if r := b.do("GET", p, nil, nil); r.status != 401 {
+			t.Fatalf("GET %s without the CSRF token: %d %s", p, r.status, r.raw)
+		}
+	}
+	if r := b.do("POST", "/v1/accounts", map[string]string{"name": "nocsrf"}, nil); r.status != 401 {
 		t.Fatalf("a change without the CSRF token: %d %s", r.status, r.raw)
 	}
-	if r := b.do("POST", "/v1/accounts", map[string]string{"name": "wrong"}, map[string]string{console.CSRFHeader: b.csrf + "0"}); r.status != 403 {
+	if r := b.do("POST", "/v1/accounts", map[string]string{"name": "wrong"}, map[string]string{console.CSRFHeader: b.csrf + "0"}); r.status != 401 {
 		t.Fatalf("a change with a wrong CSRF token: %d %s", r.status, r.raw)
 	}
-	if r := b.change("POST", "/v1/accounts", map[string]string{"name": "alpha"}); r.status != 201 {
+	// The token in the query counts only for a WebSocket's handshake.
+	if r := b.do("GET", "/v1/sandboxes?csrf_token="+b.csrf, nil, nil); r.status != 401 {
+		t.Fatalf("the token in a plain GET's query: %d %s", r.status, r.raw)
+	}
+	if r := b.call("POST", "/v1/accounts", map[string]string{"name": "alpha"}); r.status != 201 {
 		t.Fatalf("a change with the token: %d %s", r.status, r.raw)
 	}
 	// Another site's page (its Origin) gets nothing, token or not.
 	b.origin = "http://evil.example"
-	if r := b.change("POST", "/v1/projects?account=alpha", map[string]string{"name": "x"}); r.status != 403 {
+	if r := b.call("POST", "/v1/projects?account=alpha", map[string]string{"name": "x"}); r.status != 403 {
 		t.Fatalf("from another origin: %d %s", r.status, r.raw)
 	}
-	if r := b.do("GET", "/v1/sandboxes", nil, nil); r.status != 403 {
+	if r := b.call("GET", "/v1/sandboxes", nil); r.status != 403 {
 		t.Fatalf("a read from another origin: %d %s", r.status, r.raw)
 	}
 	b.origin = f.url
-	if r := b.change("POST", "/v1/projects?account=alpha", map[string]string{"name": "web"}); r.status != 201 {
+	if r := b.call("POST", "/v1/projects?account=alpha", map[string]string{"name": "web"}); r.status != 201 {
 		t.Fatalf("from the console's origin: %d %s", r.status, r.raw)
 	}
 
@@ -181,34 +196,34 @@ func TestConsoleSession(t *testing.T) {
 	if r := s.signIn(secret); r.status != 200 || r.body["principal"].(map[string]any)["key_id"] != keyID {
 		t.Fatalf("scoped sign-in: %d %s", r.status, r.raw)
 	}
-	r := s.do("GET", "/v1/sandboxes", nil, nil)
+	r := s.call("GET", "/v1/sandboxes", nil)
 	if r.status != 200 || !strings.Contains(string(r.raw), box) || strings.Contains(string(r.raw), other) {
 		t.Fatalf("a scoped session's list: %d %s", r.status, r.raw)
 	}
-	if r := s.do("GET", "/v1/sandboxes/"+other, nil, nil); r.status != 404 {
+	if r := s.call("GET", "/v1/sandboxes/"+other, nil); r.status != 404 {
 		t.Fatalf("another project's sandbox: %d", r.status)
 	}
 	f.must(t, 200, "DELETE", "/v1/keys/"+keyID, f.root, nil)
-	if r := s.do("GET", "/v1/sandboxes", nil, nil); r.status != 401 {
+	if r := s.call("GET", "/v1/sandboxes", nil); r.status != 401 {
 		t.Fatalf("after the key's revoke: %d %s", r.status, r.raw)
 	}
-	if r := s.do("GET", "/console/session", nil, nil); r.status != 401 {
+	if r := s.call("GET", "/console/session", nil); r.status != 401 {
 		t.Fatalf("the session of a revoked key: %d %s", r.status, r.raw)
 	}
 
 	// A bearer key wins over a cookie.
-	if r := b.do("GET", "/v1/sandboxes", nil, map[string]string{"Authorization": "Bearer hbk_nothing"}); r.status != 401 {
+	if r := b.do("GET", "/v1/sandboxes", nil, map[string]string{"Authorization": "Bearer hbk_nothing", console.CSRFHeader: b.csrf}); r.status != 401 {
 		t.Fatalf("a wrong bearer key beside a good session: %d", r.status)
 	}
 
 	// Sign-out needs the token, then the session is gone.
-	if r := b.do("DELETE", "/console/session", nil, nil); r.status != 403 {
+	if r := b.do("DELETE", "/console/session", nil, nil); r.status != 401 {
 		t.Fatalf("sign-out without the token: %d", r.status)
 	}
-	if r := b.change("DELETE", "/console/session", nil); r.status != 204 {
+	if r := b.call("DELETE", "/console/session", nil); r.status != 204 {
 		t.Fatalf("sign-out: %d %s", r.status, r.raw)
 	}
-	if r := b.do("GET", "/v1/sandboxes", nil, nil); r.status != 401 {
+	if r := b.call("GET", "/v1/sandboxes", nil); r.status != 401 {
 		t.Fatalf("after sign-out: %d", r.status)
 	}
 	// The sign-ins are in the audit log.
@@ -253,5 +268,45 @@ func TestConsoleOff(t *testing.T) {
 	}
 	if r := off.do(t, "POST", "/console/session", "", map[string]string{"key": off.root}); r.status != 404 || len(r.header.Values("Set-Cookie")) != 0 {
 		t.Errorf("sign-in: %d %v, want 404 and no cookie", r.status, r.header.Values("Set-Cookie"))
+	}
+}
+
+// TestConsoleWebSocket: a WebSocket's handshake (the terminal) carries the
+// session's token in its query, which a browser can set, and its Origin.
+func TestConsoleWebSocket(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	b := newBrowser(t, f)
+	if r := b.signIn(f.root); r.status != 200 {
+		t.Fatal(r.status)
+	}
+	box := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{}), "id")
+	dial := func(query, origin string) int {
+		t.Helper()
+		h := http.Header{}
+		if origin != "" {
+			h.Set("Origin", origin)
+		}
+		c, resp, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(f.url, "http")+"/v1/sandboxes/"+box+"/pty"+query,
+			&websocket.DialOptions{HTTPClient: b.c, HTTPHeader: h})
+		if err == nil {
+			c.Close(websocket.StatusNormalClosure, "")
+			return 101
+		}
+		if resp == nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode
+	}
+	if got := dial("", f.url); got != 401 {
+		t.Errorf("a handshake without the token: %d, want 401", got)
+	}
+	if got := dial("?csrf_token="+b.csrf+"0", f.url); got != 401 {
+		t.Errorf("a handshake with a wrong token: %d, want 401", got)
+	}
+	if got := dial("?csrf_token="+b.csrf, "http://evil.example"); got != 403 {
+		t.Errorf("a handshake from another origin: %d, want 403", got)
+	}
+	if got := dial("?csrf_token="+b.csrf, f.url); got != 101 {
+		t.Errorf("the console's handshake: %d, want 101", got)
 	}
 }

@@ -2,9 +2,11 @@ package console
 
 import (
 	"bytes"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -91,5 +93,27 @@ func TestDistBuilt(t *testing.T) {
 		if err != nil || !bytes.Equal(built, committed) {
 			t.Errorf("console/dist/%s is not what console/web builds to: run make console and commit it", filepath.Base(f))
 		}
+	}
+}
+
+func TestDropCookie(t *testing.T) {
+	h := http.Header{}
+	h.Set("Cookie", "a=1; "+Cookie+"=secret; b=2")
+	DropCookie(h)
+	if got := h.Get("Cookie"); got != "a=1; b=2" {
+		t.Fatalf("Cookie: %q", got)
+	}
+	h = http.Header{}
+	h.Set("Cookie", Cookie+"=secret")
+	if DropCookie(h); h.Get("Cookie") != "" {
+		t.Fatalf("Cookie: %q", h.Get("Cookie"))
+	}
+	h = http.Header{}
+	h.Add("Set-Cookie", "a=1; Path=/")
+	h.Add("Set-Cookie", strings.ToUpper(Cookie)+"=fixed; Path=/")
+	h.Add("Set-Cookie", Cookie+"=fixed; Path=/; HttpOnly")
+	DropSetCookie(h)
+	if got := h.Values("Set-Cookie"); len(got) != 1 || got[0] != "a=1; Path=/" {
+		t.Fatalf("Set-Cookie: %q", got)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -70,6 +71,11 @@ func newPortProxy(h *Handler) *portProxy {
 			pr.Out.Header.Del(trafficHeader)
 			pr.Out.Header.Del("X-Access-Token")
 			pr.Out.Header.Del("X-Api-Key")
+			console.DropCookie(pr.Out.Header)
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			console.DropSetCookie(resp.Header)
+			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t := r.Context().Value(portKey{}).(portTarget)

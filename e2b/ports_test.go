@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/e2b"
 	"github.com/harebox/harebox/e2b/envd"
 	"github.com/harebox/harebox/network"
@@ -47,8 +48,12 @@ func (n *webNet) ClosePorts(context.Context, string, ...uint16) error { return n
 func TestPorts(t *testing.T) {
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// (What reached the guest: the sandbox's own credentials must not.)
+		// (A guest cannot set the console's session cookie either.)
+		w.Header().Add("Set-Cookie", console.Cookie+"=fixated; Path=/")
+		w.Header().Add("Set-Cookie", "app=1")
 		json.NewEncoder(w).Encode(map[string]string{"host": r.Host, "path": r.URL.Path,
-			"token": r.Header.Get("X-Access-Token") + r.Header.Get("E2b-Traffic-Access-Token") + r.Header.Get("X-Api-Key")})
+			"token":  r.Header.Get("X-Access-Token") + r.Header.Get("E2b-Traffic-Access-Token") + r.Header.Get("X-Api-Key"),
+			"cookie": r.Header.Get("Cookie")})
 	}))
 	t.Cleanup(web.Close)
 	n := &webNet{addr: web.Listener.Addr().String()}
@@ -78,6 +83,9 @@ func TestPorts(t *testing.T) {
 		if m == nil {
 			m = map[string]string{"raw": string(b)}
 		}
+		if sc := resp.Header.Values("Set-Cookie"); resp.StatusCode == 200 && (len(sc) != 1 || sc[0] != "app=1") {
+			t.Errorf("the guest's cookies reached the client as %q", sc)
+		}
 		return resp.StatusCode, m
 	}
 
@@ -87,7 +95,8 @@ func TestPorts(t *testing.T) {
 		t.Errorf("a public sandbox has a traffic token")
 	}
 	host := "8080-" + pub.SandboxID + ".e2b.test"
-	if st, m := get(host, map[string]string{"X-Access-Token": pub.EnvdAccessToken, "X-API-KEY": f.key}); st != 200 || m["host"] != host || m["path"] != "/app/x" || m["token"] != "" {
+	if st, m := get(host, map[string]string{"X-Access-Token": pub.EnvdAccessToken, "X-API-KEY": f.key, "Cookie": "a=1; " + console.Cookie + "=consolesession"}); st != 200 ||
+		m["host"] != host || m["path"] != "/app/x" || m["token"] != "" || m["cookie"] != "a=1" {
 		t.Fatalf("a public port: %d %v", st, m)
 	}
 	if st, m := get("", map[string]string{"E2b-Sandbox-Id": pub.SandboxID, "E2b-Sandbox-Port": "3000"}); st != 200 || m["path"] != "/app/x" {

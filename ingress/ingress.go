@@ -39,6 +39,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -939,7 +940,7 @@ func (s *Service) rewrite(pr *httputil.ProxyRequest) {
 	}
 	var keep []string
 	for _, c := range out.Cookies() {
-		if c.Name != CookieName && c.Name != SessionCookie {
+		if c.Name != CookieName && c.Name != SessionCookie && c.Name != console.Cookie {
 			keep = append(keep, c.String())
 		}
 	}
@@ -991,7 +992,7 @@ func guestResponse(resp *http.Response) error {
 	resp.Header.Del("Set-Cookie")
 	for _, v := range sc {
 		c, err := http.ParseSetCookie(v)
-		if err != nil || strings.EqualFold(c.Name, CookieName) || strings.EqualFold(c.Name, SessionCookie) {
+		if err != nil || strings.EqualFold(c.Name, CookieName) || strings.EqualFold(c.Name, SessionCookie) || strings.EqualFold(c.Name, console.Cookie) {
 			continue
 		}
 		if c.Domain == "" && (rt.cookiePath == "/" || strings.HasPrefix(c.Path, rt.cookiePath)) {

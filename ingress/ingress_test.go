@@ -22,6 +22,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/internal/testweb"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
@@ -57,6 +58,7 @@ func upstream(t *testing.T) string {
 	mux.HandleFunc("/setcookie", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Add("Set-Cookie", CookieName+"=hburl_guest; Domain=harebox.test; Path=/")
 		w.Header().Add("Set-Cookie", "app=1; Path=/")
+		w.Header().Add("Set-Cookie", console.Cookie+"=fixated; Path=/")
 		w.Header().Add("Set-Cookie", "HAREBOX_TOKEN=x")
 		w.Header().Add("Set-Cookie", "wide=1; Domain=harebox.test; Path=/")
 		w.Header().Set("Service-Worker-Allowed", "/")
@@ -217,9 +219,11 @@ func TestToken(t *testing.T) {
 	}
 
 	for name, h := range map[string]http.Header{
-		"header":  {TokenHeader: {u.Token}},
-		"bearer":  {"Authorization": {"Bearer " + u.Token}},
-		"cookie":  {"Cookie": {"app=1; " + CookieName + "=" + u.Token + "; other=2"}},
+		"header": {TokenHeader: {u.Token}},
+		"bearer": {"Authorization": {"Bearer " + u.Token}},
+		"cookie": {"Cookie": {"app=1; " + CookieName + "=" + u.Token + "; other=2"}},
+		// (The console's session cookie comes to any port of the host.)
+		"console": {TokenHeader: {u.Token}, "Cookie": {console.Cookie + "=consolesession"}},
 		"referer": {TokenHeader: {u.Token}, "Referer": {"https://x.test/p?a=b&" + QueryParam + "=" + u.Token}},
 	} {
 		resp, body := f.get(t, u, "/x/y?a=1", h)
@@ -227,7 +231,7 @@ func TestToken(t *testing.T) {
 			t.Fatalf("%s: status %d", name, resp.StatusCode)
 		}
 		got, _ := json.Marshal(body)
-		if strings.Contains(string(got), u.Token) || strings.Contains(string(got), CookieName) {
+		if strings.Contains(string(got), u.Token) || strings.Contains(string(got), CookieName) || strings.Contains(string(got), "consolesession") {
 			t.Errorf("%s: the guest saw the credential: %s", name, got)
 		}
 		if body["path"] != "/x/y" || body["query"] != "a=1" {
