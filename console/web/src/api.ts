@@ -1,7 +1,12 @@
 // Talking to the server: the console session (an HttpOnly cookie the
-// page never sees, plus a CSRF token kept in memory only), API calls,
-// and showing their errors. The API key itself is sent once, to sign in,
-// and never kept.
+// page never sees, plus its CSRF token), API calls, and showing their
+// errors. The API key itself is sent once, to sign in, and never kept.
+//
+// Every request carries the token, reads too: the server honours the
+// cookie only with it. The token is kept in this origin's localStorage
+// (so a reload or another tab goes on), which a page on another port or
+// host cannot read or write, whereas a cookie is shared by every port of
+// a host name, where a sandbox's own pages may be served.
 
 import { h } from "./dom";
 import type { Session } from "./types";
@@ -26,12 +31,47 @@ export class ApiError extends Error {
 let session: Session | null = null;
 let onEnded: () => void = () => {};
 
+// tokenKey names the token in localStorage.
+const tokenKey = "harebox.console.csrf";
+
 export function currentSession(): Session | null {
   return session;
 }
 
+// setSession keeps the session (its token in storage), or forgets it.
 export function setSession(s: Session | null): void {
   session = s;
+  try {
+    if (s) localStorage.setItem(tokenKey, s.csrf_token);
+    else localStorage.removeItem(tokenKey);
+  } catch {
+    // No storage (a private window that refuses it): this tab only.
+  }
+}
+
+// token is the session's CSRF token: the session's, or the one kept from
+// an earlier page of this origin.
+function token(): string {
+  if (session) return session.csrf_token;
+  try {
+    return localStorage.getItem(tokenKey) ?? "";
+  } catch {
+    return "";
+  }
+}
+
+// authHeaders are the headers every request carries.
+function authHeaders(accept: string): Record<string, string> {
+  const headers: Record<string, string> = { Accept: accept };
+  const t = token();
+  if (t) headers["X-CSRF-Token"] = t;
+  return headers;
+}
+
+// socketToken is the query parameter that carries the token on a
+// WebSocket's handshake, which cannot carry a header.
+export function socketToken(): string {
+  return "csrf_token=" + encodeURIComponent(token());
 }
 
 // onSessionEnded sets what happens when a call is answered 401.
@@ -77,11 +117,10 @@ interface CallOptions {
 }
 
 // call makes a same-origin request and returns its JSON answer (undefined
-// for an empty one). Every request but a GET carries the CSRF token.
+// for an empty one).
 export async function call<T>(method: string, path: string, body?: unknown, opts: CallOptions = {}): Promise<T> {
   checkPath(path);
-  const headers: Record<string, string> = { Accept: "application/json" };
-  if (method !== "GET" && session) headers["X-CSRF-Token"] = session.csrf_token;
+  const headers = authHeaders("application/json");
   let payload: string | undefined;
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
@@ -109,9 +148,8 @@ export function upload(path: string, file: Blob, progress: (loaded: number, tota
   return new Promise((resolve, reject) => {
     const xhr = new XMLHttpRequest();
     xhr.open("PUT", path);
-    xhr.setRequestHeader("Accept", "application/json");
+    for (const [k, v] of Object.entries(authHeaders("application/json"))) xhr.setRequestHeader(k, v);
     xhr.setRequestHeader("Content-Type", "application/octet-stream");
-    if (session) xhr.setRequestHeader("X-CSRF-Token", session.csrf_token);
     xhr.upload.addEventListener("progress", (e) => progress(e.loaded, e.lengthComputable ? e.total : file.size));
     xhr.addEventListener("load", () => {
       if (xhr.status >= 200 && xhr.status < 300) resolve();
@@ -121,6 +159,29 @@ export function upload(path: string, file: Blob, progress: (loaded: number, tota
     xhr.addEventListener("abort", () => reject(new ApiError(0, "aborted", "The upload was cancelled.")));
     xhr.send(file);
   });
+}
+
+// download saves the answer of a GET as a file named name: fetched with
+// the token (a plain link could not send it), then handed to the browser
+// as a blob.
+export async function download(path: string, name: string): Promise<void> {
+  checkPath(path);
+  let res: Response;
+  try {
+    res = await fetch(path, { method: "GET", headers: authHeaders("application/octet-stream"), credentials: "same-origin", cache: "no-store" });
+  } catch {
+    throw new ApiError(0, "network", "The server could not be reached.");
+  }
+  if (!res.ok) throw failed(res.status, res.statusText, await res.text(), true);
+  const url = URL.createObjectURL(await res.blob());
+  try {
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = name;
+    a.click();
+  } finally {
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  }
 }
 
 // ---- The console session ----
@@ -231,4 +292,31 @@ export function reportError(err: unknown, form?: HTMLFormElement | null, fallbac
     }
   }
   showError(messageOf(err));
+}
+
+// ---- Text answers ----
+
+// The server's paths that answer text rather than JSON.
+const textPaths = new Set(["/metrics"]);
+
+// getText GETs a text answer: the server's metrics (Prometheus text
+// format). Its errors are the API's, as call's.
+export async function getText(path: string): Promise<string> {
+  if (!textPaths.has(path)) throw new Error("not a text path: " + path);
+  let res: Response;
+  try {
+    res = await fetch(path, { method: "GET", headers: authHeaders("text/plain"), credentials: "same-origin", cache: "no-store" });
+  } catch {
+    throw new ApiError(0, "network", "The server could not be reached.");
+  }
+  const text = await res.text();
+  if (!res.ok) throw failed(res.status, res.statusText, text, true);
+  return text;
+}
+
+// refusal is err's message if it is a refusal (403: the key may not do
+// this), for the part of a page it concerns to show in place; else null.
+export function refusal(err: unknown): string | null {
+  if (err instanceof ApiError && err.status === 403) return "Not allowed for this key: " + err.message;
+  return null;
 }

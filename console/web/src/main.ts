@@ -1,9 +1,15 @@
 // The HareBox console: the layout, the session's start and end, and hash
-// routing (#/sandboxes, #/sandboxes/ID, #/keys, #/audit).
+// routing (#/sandboxes, #/sandboxes/ID, #/keys, #/environments,
+// #/environments/ID, #/budgets, #/audit, #/hosts, #/images).
 
 import { SESSION_ENDED, alertBox, clearError, currentSession, loadSession, onSessionEnded, reportError, setSession, showError, signOut } from "./api";
 import { h, listen } from "./dom";
 import { auditPage } from "./pages/audit";
+import { budgetsPage } from "./pages/budgets";
+import { environmentPage } from "./pages/environment";
+import { environmentsPage } from "./pages/environments";
+import { hostsPage } from "./pages/hosts";
+import { imagesPage } from "./pages/images";
 import { keysPage } from "./pages/keys";
 import { sandboxPage } from "./pages/sandbox";
 import { sandboxesPage } from "./pages/sandboxes";
@@ -31,7 +37,11 @@ function layout(s: Session | null): HTMLElement {
     navLinks = [
       h("a", { href: "#/sandboxes" }, "Sandboxes"),
       h("a", { href: "#/keys" }, "Keys"),
+      h("a", { href: "#/environments" }, "Environments"),
+      h("a", { href: "#/budgets" }, "Budgets"),
       h("a", { href: "#/audit" }, "Audit"),
+      h("a", { href: "#/hosts" }, "Hosts"),
+      h("a", { href: "#/images" }, "Images"),
     ];
     const who = s.principal.operator ? "operator" : s.principal.key_id || "a key";
     const signout = h("button", { type: "button", "data-testid": "signout" }, "Sign out");
@@ -83,6 +93,7 @@ function route(moveFocus: boolean): void {
   page.replaceChildren();
   const root = page;
   let section = parts[0];
+  const whole = parts.length === 1 || (parts.length === 2 && parts[1] === "");
   if (parts[0] === "sandboxes" && parts.length === 2 && parts[1] !== "") {
     let id = parts[1];
     try {
@@ -91,6 +102,22 @@ function route(moveFocus: boolean): void {
       // Left as it came.
     }
     cleanup = sandboxPage(root, id);
+  } else if (parts[0] === "environments" && parts.length === 2 && parts[1] !== "") {
+    let id = parts[1];
+    try {
+      id = decodeURIComponent(id);
+    } catch {
+      // Left as it came.
+    }
+    cleanup = environmentPage(root, id);
+  } else if (parts[0] === "environments" && whole) {
+    cleanup = environmentsPage(root);
+  } else if (parts[0] === "budgets" && whole) {
+    cleanup = budgetsPage(root);
+  } else if (parts[0] === "hosts" && whole) {
+    cleanup = hostsPage(root);
+  } else if (parts[0] === "images" && whole) {
+    cleanup = imagesPage(root);
   } else if (parts[0] === "sandboxes" && (parts.length === 1 || parts[1] === "")) {
     cleanup = sandboxesPage(root);
   } else if (parts[0] === "keys" && parts.length === 1) {

@@ -67,6 +67,7 @@ export interface Sandbox {
 export interface Image {
   name: string;
   from?: string;
+  digest?: string;
   kernel_version?: string;
   built_at?: string;
   root_disk?: boolean;
@@ -143,4 +144,125 @@ export interface AuditReport {
   anchor: string;
   anchored: number;
   unanchored: number;
+}
+
+// ---- Environments ----
+
+// EnvVar: in answers a secret's value is absent (and never shown if not).
+export interface EnvVar {
+  value?: string;
+  secret?: boolean;
+}
+
+export interface EnvFile {
+  path: string;
+  mode?: number;
+  owner?: string;
+  content: string;
+  template?: boolean;
+}
+
+export interface CredentialRule {
+  secret: string;
+  hosts: string[];
+  ports?: string;
+  header?: string;
+  format?: string;
+  allow_http?: boolean;
+}
+
+export interface EnvironmentVersion {
+  environment_id: string;
+  version: number;
+  created_at: string;
+  third_party_safe: boolean;
+  variables: Record<string, EnvVar>;
+  files: EnvFile[];
+  credentials: CredentialRule[];
+}
+
+export interface Environment {
+  id: string;
+  account_id: string;
+  project_id: string;
+  project: string;
+  name: string;
+  latest: number;
+  created_at: string;
+  updated_at: string;
+  version?: EnvironmentVersion;
+}
+
+// ---- Budgets and usage ----
+
+export const BUDGET_KINDS = ["account", "project", "fleet", "label", "key"] as const;
+export const BUDGET_PERIODS = ["monthly", "total"] as const;
+export const BUDGET_ACTIONS = ["notify", "deny_new", "pause", "stop", "delete"] as const;
+
+export interface BudgetScope {
+  kind: (typeof BUDGET_KINDS)[number];
+  ref?: string;
+  labels?: Record<string, string>;
+}
+
+export interface Budget {
+  id: string;
+  account_id: string;
+  name?: string;
+  scope: BudgetScope;
+  from_key?: boolean;
+  project_id?: string;
+  period: (typeof BUDGET_PERIODS)[number];
+  limit_usd: string;
+  action: (typeof BUDGET_ACTIONS)[number];
+  warn_at_percent?: number[];
+  created_at: string;
+  period_start: string;
+  spent_usd: string;
+  reserved_usd: string;
+  reached_at?: string;
+  action_pending?: boolean;
+  warned_percent?: number[];
+}
+
+export interface UsageGroup {
+  group: string;
+  vcpu_seconds: number;
+  memory_gib_seconds: number;
+  snapshot_gb_seconds?: number;
+  paused_seconds: number;
+  egress_bytes: number;
+  cost_usd: string;
+}
+
+// ---- Hosts ----
+
+export interface MeshTunnel {
+  host: string;
+  public_key: string;
+  endpoint?: string;
+  last_handshake?: string;
+  rx_bytes: number;
+  tx_bytes: number;
+}
+
+export interface HostMesh {
+  public_key: string;
+  endpoint: string;
+  tunnels?: MeshTunnel[];
+  reported_at?: string;
+}
+
+export interface Host {
+  name: string;
+  site: string;
+  country?: string;
+  address?: string;
+  capacity: Resources;
+  used: Resources;
+  up: boolean;
+  started_at: string;
+  renewed_at: string;
+  lease_until: string;
+  mesh?: HostMesh;
 }

@@ -136,6 +136,56 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await noMarkupRan(page);
   });
 
+  await t.test('types a command into the terminal and reads its output from the screen', async () => {
+    // (On the running sandbox's page, from the step before.) A policy
+    // violation (xterm.js styling itself inline) is a console error too;
+    // this names it.
+    await page.evaluate(() => {
+      window.__csp = [];
+      document.addEventListener('securitypolicyviolation', (e) => window.__csp.push(`${e.violatedDirective} at ${e.sourceFile}:${e.lineNumber}`));
+    });
+    const term = page.locator('[data-testid=terminal]');
+    const status = page.locator('[data-testid=terminal-status]');
+    // The screen's rows as text (xterm's DOM renderer; a blank may be a no-break space).
+    const rows = () => page.evaluate(() => [...document.querySelectorAll('[data-testid=terminal] .xterm-rows > div')]
+      .map((d) => d.textContent.replace(/\u00a0/g, ' ').trim()));
+    await page.locator('[data-testid=terminal-open]').click();
+    await status.filter({ hasText: /^connected$/ }).waitFor({ timeout: 60_000 });
+    await term.click();
+    await page.keyboard.type('echo term-$((6*7))');
+    await page.keyboard.press('Enter');
+    // (The line typed shows term-$((6*7)): term-42 is the shell's output.)
+    await page.waitForFunction(() => document.querySelector('[data-testid=terminal] .xterm-rows')?.textContent.includes('term-42'), null, { timeout: 30_000 });
+    await axe(page, 'sandbox with a terminal');
+
+    // A narrower window: the terminal fits itself (data-rows, data-cols) and
+    // sends a resize control; stty in the sandbox reads the new size.
+    const colsBefore = await term.getAttribute('data-cols');
+    await page.setViewportSize({ width: 1000, height: 800 });
+    await page.waitForFunction((c) => document.querySelector('[data-testid=terminal]')?.dataset.cols !== c, colsBefore);
+    const want = `${await term.getAttribute('data-rows')} ${await term.getAttribute('data-cols')}`;
+    await term.click();
+    for (let i = 0; ; i++) {
+      await page.keyboard.type('stty size');
+      await page.keyboard.press('Enter');
+      try {
+        await page.waitForFunction((w) => [...document.querySelectorAll('[data-testid=terminal] .xterm-rows > div')]
+          .some((d) => d.textContent.replace(/\u00a0/g, ' ').trim() === w), want, { timeout: 10_000 });
+        break;
+      } catch (err) {
+        // (The resize and the keys take different ways in: once more.)
+        if (i === 2) throw new Error(`stty size did not say ${want}: ${JSON.stringify(await rows())}`, { cause: err });
+      }
+    }
+    await page.setViewportSize({ width: 1280, height: 860 });
+
+    await page.locator('[data-testid=terminal-close]').click();
+    await status.filter({ hasText: /^closed$/ }).waitFor();
+    assert.ok(await term.isHidden(), 'the terminal stayed after Close terminal');
+    assert.equal(await page.locator('.xterm').count(), 0, 'the terminal was not disposed');
+    assert.deepEqual(await page.evaluate(() => window.__csp), [], 'the terminal broke the Content Security Policy');
+  });
+
   await t.test('uploads a file, lists it and downloads it intact', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'hbcon-'));
     const name = `${hostile}.bin`;
@@ -180,6 +230,44 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await shot(page, 'keys');
   });
 
+  await t.test('makes an environment whose secret is never shown, and compares two versions', async () => {
+    await page.goto(url + '/console/#/environments');
+    await page.locator('#env-name').fill('prod');
+    await page.locator('#env-create-project').fill('web');
+    await page.locator('#env-vars').fill('MODE=prod\nsecret:API_TOKEN=s3cret-value-42');
+    await page.getByRole('button', { name: 'Create environment' }).click();
+    await page.locator('[data-testid=env-variables] tr[data-name=API_TOKEN]').waitFor();
+    await page.locator('#env-set').fill('MODE=dev');
+    await page.getByRole('button', { name: 'Save as a new version' }).click();
+    await page.locator('[data-testid=env-versions] tr[data-version="2"]').waitFor();
+    await page.locator('#diff-from').selectOption('1');
+    await page.locator('#diff-to').selectOption('2');
+    await page.locator('[data-testid=env-diff] [data-change=changed][data-name=MODE]').waitFor();
+    assert.ok(!(await page.locator('body').textContent()).includes('s3cret-value-42'), 'a secret value is on the page');
+    await axe(page, 'environment');
+    await shot(page, 'environment');
+    await page.goto(url + '/console/#/environments');
+    await page.locator('#envs-project').fill('web');
+    await page.getByRole('button', { name: 'Show' }).click();
+    await page.locator('[data-testid=environments] tr[data-id]').filter({ hasText: 'prod' }).waitFor();
+    await axe(page, 'environments');
+    await shot(page, 'environments');
+  });
+
+  await t.test('shows budgets and usage, hosts and images', async () => {
+    for (const [route, table] of [['budgets', 'budgets'], ['hosts', 'hosts'], ['images', 'images']]) {
+      await page.goto(url + '/console/#/' + route);
+      await page.locator(`[data-testid=${table}]`).waitFor();
+      if (route !== 'budgets') await page.locator(`[data-testid=${table}] tr[data-id]`).first().waitFor();
+      await axe(page, route);
+      await shot(page, route);
+    }
+    await page.goto(url + '/console/#/budgets');
+    await page.locator('svg[data-testid=usage-chart]').waitFor();
+    await page.goto(url + '/console/#/images');
+    await page.locator('[data-testid=images] tr[data-id=minimal]').waitFor();
+  });
+
   await t.test('the scoped key sees its project only; revoked, its next click is refused, and the audit log shows it live', async () => {
     const scoped = await newPage('scoped');
     await signIn(scoped, secret);
@@ -197,6 +285,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await audit.locator('[data-testid=verify-result]').filter({ hasText: /./ }).waitFor();
     await shot(audit, 'audit');
 
+    await page.goto(url + '/console/#/keys');
     await page.locator(`[data-testid=keys] tr[data-id="${keyID}"] [data-action=revoke]`).click();
     await audit.locator('[data-testid=audit] tr[data-seq]').filter({ hasText: 'revokeKey' }).nth(before).waitFor({ timeout: 30_000 });
 

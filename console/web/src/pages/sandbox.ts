@@ -1,8 +1,9 @@
 // #/sandboxes/ID: a sandbox's record (refreshed every 2 s), its create
-// phases, its lifecycle buttons, a command runner, a file browser and
-// its firewall policy.
+// phases, its lifecycle buttons, a command runner, a terminal, a file
+// browser and its firewall policy.
 
 import {
+  download as download_,
   ApiError,
   call,
   clearError,
@@ -15,6 +16,7 @@ import {
 } from "../api";
 import { bytes, emptyRow, field, h, listen, pairs, replace, tableWrap, thead, time, type Child } from "../dom";
 import { Poller } from "../poll";
+import { terminalSection } from "../terminal";
 import type { ExecResult, FileInfo, Sandbox } from "../types";
 import { actionButtons, perform, stateBadge, type Action } from "./actions";
 
@@ -93,6 +95,7 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
       renderPhases(s.create_phases_ms);
     }
     renderActions();
+    terminal.running(s.state === "running");
     if (s.state === "running" && !filesLoaded) void loadFiles();
   }
 
@@ -228,6 +231,9 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
     output.hidden = false;
   }
 
+  // ---- Terminal ----
+  const terminal = terminalSection(base);
+
   // ---- Files ----
   let dir = "/tmp";
   let filesLoaded = false;
@@ -306,7 +312,14 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
       : f.name;
     const download =
       f.type === "file" || f.type === "symlink"
-        ? h("a", { "data-action": "download", download: f.name, href: base + "/files?path=" + encodeURIComponent(path) }, "Download")
+        ? listen(h("button", { type: "button", class: "link", "data-action": "download" }, "Download"), "click", async () => {
+            clearError();
+            try {
+              await download_(base + "/files?path=" + encodeURIComponent(path), f.name);
+            } catch (err) {
+              reportError(err);
+            }
+          })
         : null;
     const remove = listen(h("button", { type: "button", "data-action": "remove", class: "danger-outline" }, "Remove"), "click", async () => {
       clearError();
@@ -424,6 +437,7 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
     h("section", { "aria-labelledby": "record-title" }, h("h2", { id: "record-title" }, "Record"), record),
     phases,
     h("section", { "aria-labelledby": "exec-title" }, h("h2", { id: "exec-title" }, "Run a command"), execForm, output),
+    terminal.el,
     h(
       "section",
       { "aria-labelledby": "files-title" },
@@ -440,5 +454,6 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
   return () => {
     stopped = true;
     poller.stop();
+    terminal.stop();
   };
 }
