@@ -37,7 +37,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	c := testserver.StartCLI(t, s, "hbcon")
+	// An ingress, so a port can be published from the sandbox's page, and
+	// samples every second, so its charts have some.
+	c := testserver.StartCLI(t, s, "hbcon", "--ingress-listen", testserver.FreeAddr(t), "--metrics-interval", "1s")
 	// A sandbox in the default project, which the scoped key (project
 	// web) must not see.
 	c.OK("", nil, "project", "create", "web")

@@ -320,3 +320,75 @@ export function refusal(err: unknown): string | null {
   if (err instanceof ApiError && err.status === 403) return "Not allowed for this key: " + err.message;
   return null;
 }
+
+// ---- Event streams ----
+
+export interface ServerEvent {
+  event: string;
+  data: string;
+}
+
+// The API's paths that answer server-sent events the console reads: a
+// background process's output.
+const eventPath = /^\/v1\/sandboxes\/[^/?#]+\/processes\/[^/?#]+\/output(\?|$)/;
+
+// events GETs a stream of server-sent events, with the session's token
+// (which an EventSource could not send), and calls onEvent for each until
+// the stream ends or signal aborts it (an abort rejects with the
+// browser's AbortError). Errors before the first event are the API's, as
+// call's.
+export async function events(path: string, onEvent: (e: ServerEvent) => void, signal: AbortSignal): Promise<void> {
+  if (!eventPath.test(path)) throw new Error("not an event-stream path: " + path);
+  let res: Response;
+  try {
+    res = await fetch(path, { method: "GET", headers: authHeaders("text/event-stream"), credentials: "same-origin", cache: "no-store", signal });
+  } catch (err) {
+    if (signal.aborted) throw err;
+    throw new ApiError(0, "network", "The server could not be reached.");
+  }
+  if (!res.ok) throw failed(res.status, res.statusText, await res.text(), true);
+  if (!res.body) throw new ApiError(res.status, "invalid_answer", "The server's answer had no body.");
+  const reader = res.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "";
+  let name = "";
+  let data: string[] = [];
+  const line = (l: string): void => {
+    if (l === "") {
+      if (data.length) onEvent({ event: name || "message", data: data.join("\n") });
+      name = "";
+      data = [];
+      return;
+    }
+    if (l.startsWith(":")) return; // a comment: a keepalive
+    const colon = l.indexOf(":");
+    const field = colon < 0 ? l : l.slice(0, colon);
+    let value = colon < 0 ? "" : l.slice(colon + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    if (field === "event") name = value;
+    else if (field === "data") data.push(value);
+  };
+  let ended = false;
+  try {
+    for (;;) {
+      let chunk: ReadableStreamReadResult<Uint8Array>;
+      try {
+        chunk = await reader.read();
+      } catch (err) {
+        if (signal.aborted) throw err;
+        throw new ApiError(0, "network", "The stream from the server broke.");
+      }
+      if (chunk.done) break;
+      const lines = (buf + dec.decode(chunk.value, { stream: true })).split("\n");
+      buf = lines.pop() ?? "";
+      for (const l of lines) line(l.endsWith("\r") ? l.slice(0, -1) : l);
+    }
+    ended = true;
+    buf += dec.decode();
+    if (buf !== "") line(buf);
+    line("");
+  } finally {
+    // Left early (onEvent threw, or an abort): the connection goes too.
+    if (!ended) reader.cancel().catch(() => {});
+  }
+}

@@ -266,3 +266,72 @@ export interface Host {
   lease_until: string;
   mesh?: HostMesh;
 }
+
+// ---- A sandbox's monitoring, processes, history and URLs ----
+
+export interface MetricSample {
+  sandbox_id: string;
+  time: string;
+  cpu_seconds: number;
+  memory_bytes: number;
+  disk_bytes: number;
+  net_sent_bytes: number;
+  net_received_bytes: number;
+}
+
+export interface Process {
+  id: string;
+  sandbox_id: string;
+  cmd?: string;
+  argv?: string[];
+  pid?: number;
+  running: boolean;
+  started_at: string;
+  tag?: string;
+  cwd?: string;
+  user?: string;
+  pty?: boolean;
+  result?: ExecResult;
+}
+
+export interface Command {
+  id: string;
+  sandbox_id: string;
+  kind: "exec" | "stream" | "background" | "code";
+  cmd?: string;
+  argv?: string[];
+  user?: string;
+  cwd?: string;
+  started_at: string;
+  ended_at: string;
+  result?: ExecResult;
+  output_purged: boolean;
+}
+
+export const URL_AUTHS = ["token", "oidc", "mtls"] as const;
+
+export interface OIDCRule {
+  issuer: string;
+  audience: string;
+  subjects?: string[];
+  emails?: string[];
+  groups?: string[];
+}
+
+// PublishedURL is the API's URL schema (named so as not to hide the
+// browser's URL).
+export interface PublishedURL {
+  id: string;
+  sandbox_id?: string;
+  port: number;
+  auth?: string;
+  oidc?: OIDCRule;
+  url?: string;
+  path_url?: string;
+  token?: string;
+  link?: string;
+  created_at?: string;
+  rotated_at?: string;
+}
+
+export const SIZE_PRESETS = ["small", "medium", "large"] as const;

@@ -214,6 +214,57 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await shot(page, 'sandbox');
   });
 
+  await t.test('starts a background process and reads its live output; shows history, charts and URLs', async () => {
+    // (On the running sandbox's page, from the steps before.)
+    await page.locator('#process-cmd').fill('for i in 1 2 3; do echo tick-$i; sleep 1; done');
+    await page.getByRole('button', { name: 'Start in background' }).click();
+    const out = page.locator('pre[data-testid=process-output]');
+    await out.getByText('tick-3', { exact: false }).waitFor({ timeout: 60_000 });
+    assert.match(await out.textContent(), /tick-1\ntick-2\ntick-3/);
+    const proc = page.locator('[data-testid=processes] tr[data-pid]').filter({ hasText: 'tick-$i' }).first();
+    await proc.locator('.state').getByText('exited', { exact: true }).waitFor({ timeout: 30_000 });
+    assert.equal(await proc.getAttribute('data-state'), 'exited');
+    assert.equal((await proc.locator('.exit').textContent()).trim(), '0');
+    assert.match(await proc.getAttribute('data-pid'), /./);
+
+    // The history, newest first, has the commands of the steps before.
+    const history = page.locator('[data-testid=history] tr[data-id]');
+    await history.filter({ hasText: 'done-$((6*7))' }).first().waitFor({ timeout: 30_000 });
+    const started = await history.evaluateAll((trs) => trs.map((tr) => tr.querySelector('time')?.getAttribute('datetime') ?? ''));
+    assert.deepEqual(started, [...started].sort((a, b) => Date.parse(b) - Date.parse(a)), 'the history is not newest first');
+
+    // The charts: the server samples every second, and the page asks
+    // every 15 s; the memory chart draws a line by then.
+    await page.locator('svg[data-testid=chart-memory] path.line').waitFor({ timeout: 40_000 });
+    assert.match(await page.locator('[data-testid=latest-memory]').textContent(), /\d/);
+    for (const kind of ['cpu', 'memory', 'egress']) {
+      const chart = page.locator(`svg[data-testid=chart-${kind}]`);
+      await chart.waitFor();
+      assert.equal(await chart.getAttribute('role'), 'img');
+      assert.ok((await chart.getAttribute('aria-label')).length > 0);
+      assert.equal(await chart.locator('title').count(), 1);
+      assert.ok((await page.locator(`[data-testid=latest-${kind}]`).textContent()).length > 0);
+    }
+
+    // The URLs: publishing a port gives its token once; the URL is text.
+    await page.locator('[data-testid=urls]').waitFor();
+    await page.locator('#url-port').fill('8080');
+    await page.getByRole('button', { name: 'Publish' }).click();
+    const first = await page.locator('code[data-testid=url-token]').textContent({ timeout: 30_000 });
+    assert.match(first, /^hburl_/);
+    const published = page.locator('[data-testid=urls] tr[data-port="8080"]');
+    await published.waitFor();
+    await published.locator('[data-action=rotate]').click();
+    await page.waitForFunction((old) => {
+      const t = document.querySelector('code[data-testid=url-token]')?.textContent ?? '';
+      return t.startsWith('hburl_') && t !== old;
+    }, first);
+    assert.equal(await page.locator('[data-testid=urls] a').count(), 0, 'a published URL became a link');
+    await noMarkupRan(page);
+    await axe(page, 'sandbox with processes, history, charts and URLs');
+    await shot(page, 'sandbox-processes');
+  });
+
   await t.test('makes a key scoped to project web', async () => {
     await page.goto(url + '/console/#/keys');
     await page.locator('#key-name').fill('web only');

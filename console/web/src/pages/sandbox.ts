@@ -1,6 +1,8 @@
 // #/sandboxes/ID: a sandbox's record (refreshed every 2 s), its create
-// phases, its lifecycle buttons, a command runner, a terminal, a file
-// browser and its firewall policy.
+// phases, its lifecycle buttons, live charts, a command runner,
+// background processes, the command history, a terminal, a file browser,
+// its firewall policy and its published URLs (the newer parts in
+// metrics.ts, processes.ts, history.ts and urls.ts).
 
 import {
   download as download_,
@@ -19,6 +21,10 @@ import { Poller } from "../poll";
 import { terminalSection } from "../terminal";
 import type { ExecResult, FileInfo, Sandbox } from "../types";
 import { actionButtons, perform, stateBadge, type Action } from "./actions";
+import { historySection } from "./history";
+import { metricsSection } from "./metrics";
+import { processesSection } from "./processes";
+import { urlsSection } from "./urls";
 
 const PHASES = ["admit", "prepare", "launch", "restore", "claim", "agent", "identity", "provision", "total"];
 
@@ -95,6 +101,10 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
       renderPhases(s.create_phases_ms);
     }
     renderActions();
+    charts.update(s);
+    processes.update(s);
+    commandHistory.update(s);
+    urls.update(s);
     terminal.running(s.state === "running");
     if (s.state === "running" && !filesLoaded) void loadFiles();
   }
@@ -206,6 +216,7 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
     try {
       const r = await call<ExecResult>("POST", base + "/exec", body);
       if (!stopped) showResult(r);
+      commandHistory.refresh();
     } catch (err) {
       reportError(err, execForm);
     } finally {
@@ -231,8 +242,12 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
     output.hidden = false;
   }
 
-  // ---- Terminal ----
+  // ---- Terminal; charts, processes, history and URLs ----
   const terminal = terminalSection(base);
+  const charts = metricsSection(base);
+  const commandHistory = historySection(base);
+  const processes = processesSection(base, () => commandHistory.refresh());
+  const urls = urlsSection(base);
 
   // ---- Files ----
   let dir = "/tmp";
@@ -436,7 +451,10 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
     actions,
     h("section", { "aria-labelledby": "record-title" }, h("h2", { id: "record-title" }, "Record"), record),
     phases,
+    charts.el,
     h("section", { "aria-labelledby": "exec-title" }, h("h2", { id: "exec-title" }, "Run a command"), execForm, output),
+    processes.el,
+    commandHistory.el,
     terminal.el,
     h(
       "section",
@@ -447,6 +465,7 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
       h("div", { class: "file-tools" }, h("div", { class: "field" }, h("label", { for: "upload" }, "Upload a file"), uploadIn, uploadStatus), mkdirForm),
     ),
     h("section", { "aria-labelledby": "firewall-title" }, h("h2", { id: "firewall-title" }, "Firewall"), fwForm),
+    urls.el,
   );
 
   void poller.now();
@@ -455,5 +474,9 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
     stopped = true;
     poller.stop();
     terminal.stop();
+    charts.stop();
+    processes.stop();
+    commandHistory.stop();
+    urls.stop();
   };
 }

@@ -4,7 +4,7 @@
 import { call, clearError, clearErrorIf, clearFieldErrors, fieldError, messageOf, reportError } from "../api";
 import { KeyedRows, emptyRow, field, h, listen, pairs, parsePairs, tableWrap, thead, time } from "../dom";
 import { Poller, debounce } from "../poll";
-import { STATES, type Image, type Sandbox } from "../types";
+import { SIZE_PRESETS, STATES, type Image, type Sandbox } from "../types";
 import { actionButtons, perform, sandboxHref, stateBadge, type Action } from "./actions";
 
 export function sandboxesPage(root: HTMLElement): () => void {
@@ -132,6 +132,32 @@ export function sandboxesPage(root: HTMLElement): () => void {
   const ttlIn = h("input", { id: "create-ttl", name: "ttl_seconds", type: "number", min: 0, max: 2592000, step: 1, inputmode: "numeric" });
   const projIn = h("input", { id: "create-project", name: "project", type: "text", autocomplete: "off" });
   const labelsIn = h("textarea", { id: "create-labels", name: "labels", rows: 3 });
+  // The CreateRequest's size: a preset, or custom vcpus and memory_mb
+  // (and disk_gb), not both.
+  const sizeSel = h(
+    "select",
+    { id: "create-size", name: "size" },
+    h("option", { value: "" }, "Default (the server's small)"),
+    SIZE_PRESETS.map((p) => h("option", { value: p }, p)),
+    h("option", { value: "custom" }, "Custom…"),
+  );
+  const vcpusIn = h("input", { id: "create-vcpus", name: "size.vcpus", type: "number", min: 1, max: 32, step: 1, inputmode: "numeric" });
+  const memoryIn = h("input", { id: "create-memory", name: "size.memory_mb", type: "number", min: 128, max: 131072, step: 1, inputmode: "numeric" });
+  const diskIn = h("input", { id: "create-disk", name: "size.disk_gb", type: "number", min: 1, max: 1024, step: 1, inputmode: "numeric" });
+  const customFields = [field("vCPUs", vcpusIn, "1 to 32."), field("Memory (MiB)", memoryIn, "128 to 131072."), field("Disk (GB)", diskIn, "1 to 1024; optional.")];
+  const envIn = h("input", { id: "create-environment", name: "environment", type: "text", autocomplete: "off", spellcheck: "false" });
+  const fwIn = h("textarea", { id: "create-firewall", name: "firewall", rows: 5, spellcheck: "false", class: "code", placeholder: '{"default_outbound": "deny", "outbound": []}' });
+  const volumesIn = h("textarea", { id: "create-volumes", name: "volumes", rows: 3, spellcheck: "false", class: "code", placeholder: "data:/data" });
+  const meshBox = h("input", { id: "create-mesh", name: "mesh", type: "checkbox", "aria-describedby": "create-mesh-hint" });
+  const wide = (el: HTMLElement) => {
+    el.classList.add("wide");
+    return el;
+  };
+  function showSize(): void {
+    for (const f of customFields) f.hidden = sizeSel.value !== "custom";
+  }
+  showSize();
+  listen(sizeSel, "change", showSize);
   const createBtn = h("button", { type: "submit", class: "primary" }, "Create");
   const status = h("div", { class: "status", "aria-live": "polite" });
   const create = h(
@@ -142,6 +168,12 @@ export function sandboxesPage(root: HTMLElement): () => void {
     field("TTL (seconds)", ttlIn, "Deleted that long after creation; empty or 0 for none."),
     field("Project", projIn, "Optional; default the account's default project."),
     field("Labels", labelsIn, "One key=value per line."),
+    field("Size", sizeSel, "A preset, or custom vCPUs and memory."),
+    customFields,
+    field("Environment", envIn, "An environment of the project: NAME or NAME@VERSION (optional)."),
+    wide(field("Firewall policy (JSON)", fwIn, "Optional: outbound rules in order, the first that matches decides; empty for the server's default.")),
+    wide(field("Volumes", volumesIn, "Optional: one volume of the project a line, as name:/path, or name:/path:ro to mount it read-only.")),
+    h("div", { class: "check" }, meshBox, h("label", { for: "create-mesh" }, "On the project's private mesh"), h("span", { class: "hint", id: "create-mesh-hint" }, "(unchecked: as the project says)")),
     h("div", { class: "form-actions" }, createBtn, status),
   );
 
@@ -161,6 +193,41 @@ export function sandboxesPage(root: HTMLElement): () => void {
     const labels = parsePairs(labelsIn.value);
     if (typeof labels === "string") return fieldError(labelsIn, "labels", labels);
     if (Object.keys(labels).length) body.labels = labels;
+    if (sizeSel.value === "custom") {
+      const size: Record<string, number> = {};
+      for (const [el, key, lo, hi, need] of [
+        [vcpusIn, "vcpus", 1, 32, true],
+        [memoryIn, "memory_mb", 128, 131072, true],
+        [diskIn, "disk_gb", 1, 1024, false],
+      ] as [HTMLInputElement, string, number, number, boolean][]) {
+        const raw = el.value.trim();
+        if (raw === "") {
+          if (need) return fieldError(el, "size." + key, "A custom size needs this.");
+          continue;
+        }
+        const n = Number(raw);
+        if (!Number.isInteger(n) || n < lo || n > hi) return fieldError(el, "size." + key, `A whole number from ${lo} to ${hi}.`);
+        size[key] = n;
+      }
+      body.size = size;
+    } else if (sizeSel.value) {
+      body.size = { preset: sizeSel.value };
+    }
+    if (envIn.value.trim()) body.environment = envIn.value.trim();
+    if (fwIn.value.trim()) {
+      let policy: unknown;
+      try {
+        policy = JSON.parse(fwIn.value);
+      } catch (err) {
+        return fieldError(fwIn, "firewall", "Not valid JSON: " + messageOf(err));
+      }
+      if (!policy || typeof policy !== "object" || Array.isArray(policy)) return fieldError(fwIn, "firewall", "A policy is a JSON object, such as {\"default_outbound\": \"deny\"}.");
+      body.firewall = policy;
+    }
+    const volumes = parseVolumes(volumesIn.value);
+    if (typeof volumes === "string") return fieldError(volumesIn, "volumes", volumes);
+    if (volumes.length) body.volumes = volumes;
+    if (meshBox.checked) body.mesh = true;
 
     createBtn.disabled = true;
     create.setAttribute("aria-busy", "true");
@@ -205,4 +272,28 @@ export function sandboxesPage(root: HTMLElement): () => void {
     poller.stop();
     refilter.cancel();
   };
+}
+
+// parseVolumes reads lines name:/path or name:/path:ro as the
+// CreateRequest's volumes, or says what is wrong.
+export function parseVolumes(text: string): { name: string; path: string; read_only?: boolean }[] | string {
+  const out: { name: string; path: string; read_only?: boolean }[] = [];
+  for (const raw of text.split(/\r?\n/)) {
+    const line = raw.trim();
+    if (!line) continue;
+    const colon = line.indexOf(":");
+    if (colon <= 0) return "Write each volume as name:/path (or name:/path:ro): " + line;
+    const name = line.slice(0, colon).trim();
+    let path = line.slice(colon + 1).trim();
+    let readOnly = false;
+    if (path.endsWith(":ro")) {
+      readOnly = true;
+      path = path.slice(0, -3);
+    } else if (path.endsWith(":rw")) {
+      path = path.slice(0, -3);
+    }
+    if (!path.startsWith("/")) return "The path must be absolute (start with /): " + line;
+    out.push(readOnly ? { name, path, read_only: true } : { name, path });
+  }
+  return out;
 }
