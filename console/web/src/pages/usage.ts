@@ -323,7 +323,7 @@ export function usageSection(account: () => string): { el: HTMLElement; load(): 
     // ---- The chart ----
     const W = 640;
     const H = 260;
-    const left = 64;
+    const left = 84; // (room for a tick such as 0.000785)
     const right = 8;
     const top = 12;
     const bottom = 44;
