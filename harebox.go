@@ -164,7 +164,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	traffic, _ := e.net.(network.Meter)
 	e.monitor = monitor.New(monitor.Options{Store: e.store, Sandboxes: sandboxView{e}, Meter: traffic, Now: opts.Now, Log: e.log})
 	e.catalog = catalog.New(catalog.Options{Images: opts.Images, Dir: opts.ImageDir, AgentPath: opts.AgentPath, Owner: opts.DataDir,
-		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Audit: al, Log: e.log})
+		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Warm: e.warm, Audit: al, Log: e.log})
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
 	e.guests = guestenv.New(guestenv.Options{Store: e.store, Secrets: e.sec, Environments: e.envs, Audit: al, Sandboxes: sandboxView{e}})

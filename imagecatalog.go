@@ -1,6 +1,9 @@
 package harebox
 
-import "github.com/harebox/harebox/images/catalog"
+import (
+	"github.com/harebox/harebox/images/catalog"
+	"github.com/harebox/harebox/sandbox"
+)
 
 // The image catalog is package images/catalog's: the engine looks images
 // up in it (a create, the pool, a start), the REST API lists, builds and
@@ -16,3 +19,9 @@ func (e *Engine) Images() *catalog.Catalog { return e.catalog }
 // heldImages are the image builds of the engine's golden snapshots and
 // idle pool members.
 func (e *Engine) heldImages() (goldens, pooled []string) { return e.clones.Held() }
+
+// warm is what the clone paths keep warm of an image build (catalog's
+// Options.Warm): its golden snapshots and idle pool members.
+func (e *Engine) warm(imageDir string) ([]sandbox.GoldenSnapshot, int) {
+	return e.clones.Warm(imageDir)
+}

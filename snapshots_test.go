@@ -383,10 +383,17 @@ func TestGoldenSnapshots(t *testing.T) {
 	if r, err := eng.Exec(ctx, got.ID, sandbox.ExecRequest{Cmd: "printenv WHO"}); err != nil || r.Stdout != "second\n" {
 		t.Errorf("a golden clone's own env: %+v %v", r, err)
 	}
+	// The image's list entry says which sizes have a golden snapshot.
+	if g := warmOf(t, eng).Golden; len(g) != 1 || g[0].State != sandbox.GoldenReady || g[0].Resources != first.Size {
+		t.Errorf("the image's golden snapshots: %+v, want one ready at %+v", g, first.Size)
+	}
 	// Another size has none yet: it boots.
 	other, err := eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{Preset: "medium"}})
 	if err != nil || other.Served != "boot" {
 		t.Fatalf("another size: %+v %v", other, err)
+	}
+	if g := warmOf(t, eng).Golden; len(g) != 2 || g[1].Resources != other.Size || g[1].State == sandbox.GoldenFailed {
+		t.Errorf("the image's golden snapshots after a medium create: %+v", g)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(opts.DataDir, "golden")); len(ents) == 0 {
 		t.Error("no golden files while the engine runs")
@@ -434,6 +441,9 @@ func TestPool(t *testing.T) {
 	}
 	// The first golden boot is started by the pool itself.
 	waitPool(2)
+	if w := warmOf(t, eng); w.PoolIdle != 2 || len(w.Golden) != 1 || w.Golden[0].State != sandbox.GoldenReady {
+		t.Errorf("the image's warm state: pool %d, golden %+v", w.PoolIdle, w.Golden)
+	}
 	b := newBudget(t, eng, ctx, budget.CreateRequest{Scope: store.BudgetScope{Kind: budget.ScopeAccount}, Limit: 1000 * dollar, Action: budget.Notify})
 	if got, _ := eng.Budgets().Get(ctx, b.ID); got.Reserved != 0 {
 		t.Errorf("idle pool members are charged: %s reserved", got.Reserved)
@@ -482,4 +492,20 @@ func TestPool(t *testing.T) {
 	if got, err := eng.Get(ctx, s.ID); err != nil || got.State != sandbox.StateRunning {
 		t.Errorf("the claimed sandbox after a restart: %+v %v", got, err)
 	}
+}
+
+// warmOf is the default image's entry in the engine's image list.
+func warmOf(t *testing.T, eng *harebox.Engine) sandbox.Image {
+	t.Helper()
+	l, err := eng.Images().List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range l {
+		if img.Name == sandbox.DefaultImage {
+			return img
+		}
+	}
+	t.Fatalf("no %s image in %+v", sandbox.DefaultImage, l)
+	return sandbox.Image{}
 }

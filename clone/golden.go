@@ -1,6 +1,7 @@
 package clone
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
@@ -37,6 +39,7 @@ import (
 // golden is one image build's golden snapshot at one size.
 type golden struct {
 	imageDir string
+	res      sandbox.Resources
 	snap     *store.Snapshot
 	key      []byte
 	ready    chan struct{} // closed once built or failed
@@ -61,7 +64,7 @@ func (s *Service) Golden(img images.Image, res sandbox.Resources) (*store.Snapsh
 	s.mu.Lock()
 	g := s.goldens[id]
 	if g == nil {
-		g = &golden{imageDir: img.Dir, ready: make(chan struct{})}
+		g = &golden{imageDir: img.Dir, res: res, ready: make(chan struct{})}
 		s.goldens[id] = g
 		s.wg.Add(1)
 		go func() {
@@ -79,6 +82,40 @@ func (s *Service) Golden(img images.Image, res sandbox.Resources) (*store.Snapsh
 	default:
 		return nil, nil // being made: this create boots
 	}
+}
+
+// Warm is what the service keeps warm of the image build in imageDir:
+// its golden snapshots, by size (made, being made, or failed), and how
+// many idle members the pool holds.
+func (s *Service) Warm(imageDir string) (goldens []sandbox.GoldenSnapshot, idle int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.goldens {
+		if g.imageDir != imageDir {
+			continue
+		}
+		st := sandbox.GoldenMaking
+		select {
+		case <-g.ready:
+			st = sandbox.GoldenReady
+			if g.err != nil {
+				st = sandbox.GoldenFailed
+			}
+		default:
+		}
+		goldens = append(goldens, sandbox.GoldenSnapshot{Resources: g.res, State: st})
+	}
+	slices.SortFunc(goldens, func(a, b sandbox.GoldenSnapshot) int {
+		return cmp.Or(cmp.Compare(a.VCPUs, b.VCPUs), cmp.Compare(a.MemoryMB, b.MemoryMB), cmp.Compare(a.DiskGB, b.DiskGB))
+	})
+	for _, ms := range s.pool {
+		for _, m := range ms {
+			if m.img.Dir == imageDir {
+				idle++
+			}
+		}
+	}
+	return goldens, idle
 }
 
 // Ready reports whether a golden snapshot of the image build in imageDir

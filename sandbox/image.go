@@ -13,7 +13,27 @@ type Image struct {
 	// RootDisk says whether it boots from a root disk (every image but
 	// minimal).
 	RootDisk bool `json:"root_disk"`
+	// Golden are its golden snapshots on the host that answered, one per
+	// size a create asked for; PoolIdle, the warm pool's idle sandboxes
+	// of it there.
+	Golden   []GoldenSnapshot `json:"golden,omitempty"`
+	PoolIdle int              `json:"pool_idle"`
 }
+
+// GoldenSnapshot is an image's golden snapshot at one size.
+type GoldenSnapshot struct {
+	Resources
+	// State is GoldenMaking (being booted and snapshotted: creates of
+	// that size boot meanwhile), GoldenReady or GoldenFailed.
+	State string `json:"state"`
+}
+
+// A golden snapshot's states.
+const (
+	GoldenMaking = "making"
+	GoldenReady  = "ready"
+	GoldenFailed = "failed"
+)
 
 // ImageBuildRequest builds an image from an OCI image in a registry.
 type ImageBuildRequest struct {

@@ -37,9 +37,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// An ingress, so a port can be published from the sandbox's page, and
-	// samples every second, so its charts have some.
-	c := testserver.StartCLI(t, s, "hbcon", "--ingress-listen", testserver.FreeAddr(t), "--metrics-interval", "1s")
+	// An ingress, so a port can be published from the sandbox's page;
+	// samples every second, so its charts have some; golden snapshots,
+	// which the images page shows.
+	c := testserver.StartCLI(t, s, "hbcon", "--ingress-listen", testserver.FreeAddr(t), "--metrics-interval", "1s", "--golden-snapshots")
 	// A sandbox in the default project, which the scoped key (project
 	// web) must not see.
 	c.OK("", nil, "project", "create", "web")

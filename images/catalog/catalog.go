@@ -54,7 +54,10 @@ type Options struct {
 	Store Store
 	// Held returns the image builds (directories) the engine holds outside
 	// the store: its golden snapshots' and its idle pool members'.
-	Held  func() (goldens, pooled []string)
+	Held func() (goldens, pooled []string)
+	// Warm, if set, tells an image build's golden snapshots and idle pool
+	// members (its directory), for List.
+	Warm  func(imageDir string) (goldens []sandbox.GoldenSnapshot, idle int)
 	Audit Auditor
 	Log   *slog.Logger
 }
@@ -117,7 +120,11 @@ func (c *Catalog) List(ctx context.Context) ([]sandbox.Image, error) {
 	out := []sandbox.Image{}
 	for n := range names {
 		if img, err := c.Lookup(n); err == nil {
-			out = append(out, view(n, img))
+			v := view(n, img)
+			if c.o.Warm != nil {
+				v.Golden, v.PoolIdle = c.o.Warm(img.Dir)
+			}
+			out = append(out, v)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

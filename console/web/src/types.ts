@@ -71,6 +71,8 @@ export interface Image {
   kernel_version?: string;
   built_at?: string;
   root_disk?: boolean;
+  golden?: { vcpus: number; memory_mb: number; disk_gb: number; state: string }[];
+  pool_idle?: number;
 }
 
 export interface ExecResult {

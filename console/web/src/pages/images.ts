@@ -1,16 +1,17 @@
 // #/images: the images sandboxes are created from (GET /v1/images, each
 // name's newest build), building one from an OCI image in a registry
 // (POST /v1/images) and deleting one (two clicks), both the operator's.
-// The Image schema says nothing of golden snapshots or the warm pool per
-// image; the server's metrics (GET /metrics, Prometheus text) give the
-// warm pool's idle count and how creates were served, for this server.
+// Each image's golden snapshots (by size and state) and idle warm-pool
+// sandboxes are in its list entry, for the server that answered; the
+// server's metrics (GET /metrics, Prometheus text) add how creates were
+// served.
 
 import { call, clearError, clearFieldErrors, currentSession, fieldError, getText, refusal, reportError } from "../api";
 import { append, emptyRow, field, h, listen, replace, tableWrap, thead, time } from "../dom";
 import type { Image } from "../types";
 import { confirmButtons, focusAction } from "./confirm";
 
-const COLS = 7;
+const COLS = 9;
 const BUILT_IN = new Set(["minimal", "default"]);
 
 interface Sample {
@@ -50,7 +51,7 @@ export function imagesPage(root: HTMLElement): () => void {
   const table = h(
     "table",
     { "data-testid": "images", class: "list" },
-    thead("Name", "Source", "Digest", "Kernel", "Built", "Root disk", "Actions"),
+    thead("Name", "Source", "Digest", "Kernel", "Built", "Root disk", "Golden snapshots", "Idle in the pool", "Actions"),
     tbody,
   );
   const note = h("p", { class: "part-note", "data-testid": "images-note", role: "status" });
@@ -91,6 +92,20 @@ export function imagesPage(root: HTMLElement): () => void {
       h("td", { class: "kernel" }, i.kernel_version ?? ""),
       h("td", { class: "created" }, time(i.built_at)),
       h("td", null, i.root_disk ? "yes" : "no (boots from its initrd)"),
+      h(
+        "td",
+        { class: "golden" },
+        i.golden?.length
+          ? h(
+              "ul",
+              { class: "plain" },
+              i.golden.map((g) =>
+                h("li", { "data-state": g.state }, `${g.vcpus} vCPU, ${g.memory_mb} MiB, ${g.disk_gb} GB: `, h("strong", null, g.state)),
+              ),
+            )
+          : h("span", { class: "muted" }, "none yet"),
+      ),
+      h("td", { class: "pool-idle num" }, String(i.pool_idle ?? 0)),
       h("td", { class: "buttons" }, buttons),
     );
   }
