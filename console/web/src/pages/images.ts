@@ -256,11 +256,11 @@ export function imagesPage(root: HTMLElement): () => void {
     h(
       "section",
       { "aria-labelledby": "pool-title" },
-      h("h2", { id: "pool-title" }, "Warm pool and golden snapshots"),
+      h("h2", { id: "pool-title" }, "How creates were served"),
       h(
         "p",
         { class: "hint" },
-        "The API does not say which images have a golden snapshot or warm-pool sandboxes; this server's metrics give the pool's size and how creates were served since it started.",
+        "Each image's golden snapshots and idle warm-pool sandboxes are in its row above; this server's metrics give the pool's total and how creates were served since it started.",
       ),
       poolBox,
     ),
