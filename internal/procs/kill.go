@@ -17,19 +17,35 @@ import (
 // directory: the VMM's own sockets, pid file and overlays are in it, and
 // no other machine's command line names it. Callers pass only paths
 // under the engine's own data directory. It returns how many it stopped.
+//
+// A VMM caught while it starts may fork as it dies (QEMU's -daemonize
+// forks twice: the process a scan saw can leave a child the scan did
+// not), so it scans again after every kill, until a scan finds none
+// (at most sweepRounds).
 func KillVMMs(dir string) int {
 	if dir == "" {
 		return 0
 	}
 	n := 0
-	for _, p := range Naming(dir + "/") {
-		// Only VMMs: an operator's `tail -f .../serial.log` is not a stray.
-		if p.IsVMM() && killVMM(p.PID, dir+"/") {
-			n++
+	for range sweepRounds {
+		k := 0
+		for _, p := range Naming(dir + "/") {
+			// Only VMMs: an operator's `tail -f .../serial.log` is not a stray.
+			if p.IsVMM() && killVMM(p.PID, dir+"/") {
+				k++
+			}
 		}
+		if k == 0 {
+			break
+		}
+		n += k
 	}
 	return n
 }
+
+// sweepRounds bounds KillVMMs' scans: each round kills what the last one
+// left behind (a fork per round at most, QEMU's two then its own).
+const sweepRounds = 5
 
 // strayWait bounds the wait for a killed stray to exit.
 const strayWait = 5 * time.Second

@@ -1,8 +1,10 @@
 package procs
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -38,4 +40,49 @@ func TestNaming(t *testing.T) {
 	if got := Naming(marker + "-nobody"); len(got) != 0 {
 		t.Fatalf("matched %v", got)
 	}
+}
+
+// TestKillVMMsForking: a VMM that forks while it is swept (as QEMU's
+// -daemonize does) leaves none of its forks behind.
+func TestKillVMMsForking(t *testing.T) {
+	dir := t.TempDir()
+	// A shell under a VMM's name: its subshells are forks of it, with its
+	// executable and command line, made every few milliseconds.
+	vmm := filepath.Join(dir, "qemu-system-fake")
+	b, err := os.ReadFile("/bin/sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(vmm, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(dir, "m")
+	cmd := exec.Command(vmm, "-c", "while :; do ( while :; do sleep 1; done ) & sleep 0.002; done", marker+"/x")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }()
+	for deadline := time.Now().Add(10 * time.Second); len(vmms(marker)) < 5; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fake VMM did not fork: %v", Naming(marker+"/"))
+		}
+	}
+	if n := KillVMMs(marker); n == 0 {
+		t.Fatalf("KillVMMs stopped %d", n)
+	}
+	// (A fork caught between fork and exec becomes a sleep at once.)
+	time.Sleep(200 * time.Millisecond)
+	if left := vmms(marker); len(left) > 0 {
+		t.Fatalf("left running: %v", left)
+	}
+}
+
+func vmms(marker string) (out []Proc) {
+	for _, p := range Naming(marker + "/") {
+		if p.IsVMM() {
+			out = append(out, p)
+		}
+	}
+	return out
 }
