@@ -444,11 +444,19 @@ func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (
 		classify(&err)
 	}()
 	var lastErr error
+	// What the attempts saw, for the error: connections made, and how
+	// many of them carried an agent's hello (none: no byte came back
+	// through the VMM; some: the agent spoke but did not answer).
+	dials, hellos := 0, 0
 	for {
 		pause := 100 * time.Millisecond
 		c, err := Dial(ctx, ep, opts)
 		if err == nil {
+			dials++
 			h, herr := c.ready(ctx)
+			if c.announcedAs() != nil {
+				hellos++
+			}
 			if least := max(opts.MinProtocol, layout.MinProtocol); herr == nil && h.Protocol < least {
 				c.Close()
 				return nil, Health{}, fmt.Errorf("%w: it speaks protocol %d (version %q), this host needs %d or later",
@@ -466,7 +474,7 @@ func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (
 		lastErr = err
 		select {
 		case <-ctx.Done():
-			return nil, Health{}, fmt.Errorf("agent not ready: %w (last error: %v)", ctx.Err(), lastErr)
+			return nil, Health{}, fmt.Errorf("agent not ready: %w (%d connections, a hello on %d; last error: %v)", ctx.Err(), dials, hellos, lastErr)
 		case <-time.After(pause):
 		}
 	}

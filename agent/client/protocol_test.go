@@ -86,3 +86,30 @@ func TestProtocolLevels(t *testing.T) {
 		t.Fatalf("a host that needs protocol %d: %v after %v", layout.Protocol, err, time.Since(start))
 	}
 }
+
+// TestDialReadySilent: a VMM that takes connections and passes no byte
+// back (a port it is not forwarding) fails DialReady with what the
+// attempts saw: connections made, none with a hello.
+func TestDialReadySilent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _, err = DialReady(ctx, hypervisor.AgentEndpoint{Transport: hypervisor.TransportSerial, Path: path}, Options{})
+	if !errors.Is(err, model.ErrUnavailable) || !strings.Contains(err.Error(), "1 connections, a hello on 0") {
+		t.Fatalf("DialReady on a silent VMM: %v", err)
+	}
+}
