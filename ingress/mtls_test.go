@@ -452,7 +452,8 @@ func TestRevokeUnderLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		revoked.Store(true)
-		time.Sleep(20 * time.Millisecond)
+		// (A few requests after it, however slow the machine is.)
+		await(func() bool { return sentAfter.Load() >= 4 })
 		stop.Store(true)
 		wg.Wait()
 		if okAfter.Load() != 0 || sentAfter.Load() == 0 || otherFailed.Load() != 0 {
@@ -508,12 +509,12 @@ func TestSetCAUnderLoad(t *testing.T) {
 		wg.Add(2)
 		go loop(f.mtlsClient(kp, true, nil))
 		go loop(f.mtlsClient(kp, false, nil))
-		time.Sleep(30 * time.Millisecond)
+		await(func() bool { return okBefore.Load() >= 2 })
 		if _, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err != nil {
 			t.Fatal(err)
 		}
 		replaced.Store(true)
-		time.Sleep(30 * time.Millisecond)
+		await(func() bool { return sentAfter.Load() >= 4 })
 		stop.Store(true)
 		wg.Wait()
 		if okBefore.Load() == 0 || okAfter.Load() != 0 || sentAfter.Load() == 0 {
@@ -633,5 +634,13 @@ func TestSetCAFailures(t *testing.T) {
 	}
 	if _, err := svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "carol"}); err != nil {
 		t.Errorf("the new CA cannot issue: %v", err)
+	}
+}
+
+// await waits until cond holds, 10 s at most (the caller then checks what
+// it counted): windows of a fixed length see nothing on a busy machine.
+func await(cond func() bool) {
+	for end := time.Now().Add(10 * time.Second); !cond() && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
 	}
 }
