@@ -77,7 +77,7 @@ func twoHostsWith(t *testing.T, lease time.Duration, hvo memhv.Options, to api.T
 		f.open(t, api.Options{Cluster: ct, Timeouts: to})
 		root, _ = os.ReadFile(filepath.Join(dir, "root.key"))
 		in := f.srv.HTTPServer()
-		in.Handler = f.srv.Internal()
+		in.Handler = f.srv.Internal(nil)
 		go in.Serve(tls.NewListener(ln, ct.Server))
 		t.Cleanup(func() { in.Close() })
 		internal[f] = in

@@ -158,8 +158,11 @@ type Server struct {
 
 // Internal is the handler of this host's internal endpoint, where the
 // other hosts of the deployment forward requests (served over TLS with
-// Options.Cluster.Server: only they get through).
-func (s *Server) Internal() http.Handler { return cluster.Internal(s) }
+// Options.Cluster.Server: only they get through): the API, and what
+// their ingresses forward to this host's, ingress (nil: none here).
+func (s *Server) Internal(ingress http.Handler) http.Handler {
+	return cluster.Internal(cluster.Split(s, ingress))
+}
 
 // Route is one API route: the router and the OpenAPI document must agree
 // on the set of them (a test checks it).

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -78,6 +80,9 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, h *Host, cli
 		},
 		Transport:     f.tr,
 		FlushInterval: -1, // (events and output as they come)
+		// A copy cut short is a caller or a host that went (or a stream
+		// the other host cut): not worth a line in the server's log.
+		ErrorLog: log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // (the caller went)

@@ -39,6 +39,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
@@ -120,6 +121,38 @@ type Service struct {
 	caMu     sync.Mutex
 	cas      map[string]*authority
 	caGen    uint64 // counts changes, so a load never undoes one
+
+	hosts atomic.Pointer[Hosts] // nil: one host
+}
+
+// Hosts is the deployment's other hosts, as the ingress needs them
+// (cluster.IngressHosts): a request for a URL of a sandbox that another
+// host runs is served by that host's ingress, which checks it (its URL,
+// its protection, its rotation) as it checks its own; so is a sign-in's
+// callback that another host began.
+type Hosts interface {
+	// Self is this host's name.
+	Self() string
+	// ForwardSandbox serves r on the host that runs sandbox id, and says
+	// whether it did (or answered why not): false when this host runs
+	// it, or none does.
+	ForwardSandbox(w http.ResponseWriter, r *http.Request, id string) bool
+	// ForwardHost serves r on host name: false when that is this host,
+	// or no host of the deployment.
+	ForwardHost(w http.ResponseWriter, r *http.Request, name string) bool
+}
+
+// SetHosts makes the ingress one of a deployment's.
+func (s *Service) SetHosts(h Hosts) { s.hosts.Store(&h) }
+
+// elsewhere is the deployment's other hosts when r may be sent on to one
+// of them (it came from a client, not from another host's ingress, which
+// is served here), else nil.
+func (s *Service) elsewhere(r *http.Request) Hosts {
+	if h := s.hosts.Load(); h != nil && !cluster.FromHost(r) {
+		return *h
+	}
+	return nil
 }
 
 // target is a guest port.
@@ -602,30 +635,42 @@ func (s *Service) isBase(host string) bool {
 // route finds the URL a request is for, the path to send to the guest
 // (escaped) and the path the credential cookie is scoped to.
 func (s *Service) route(r *http.Request) (e *entry, path, cookiePath string, ok bool) {
+	t, path, cookiePath, ok := s.parse(r)
+	if !ok {
+		return nil, "", "", false
+	}
+	s.mu.RLock()
+	e = s.byPort[t]
+	s.mu.RUnlock()
+	return e, path, cookiePath, e != nil
+}
+
+// parse reads the guest port a request names, the path to send to the
+// guest (escaped) and the path the credential cookie is scoped to.
+func (s *Service) parse(r *http.Request) (t target, path, cookiePath string, ok bool) {
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
 	base := strings.ToLower(s.opts.Base.Hostname())
-	var t target
 	path = r.URL.EscapedPath()
 	cookiePath = "/"
 	if label, ok := strings.CutSuffix(strings.ToLower(host), "."+base); ok {
 		if t, ok = hostTarget(label); !ok {
-			return nil, "", "", false
+			return target{}, "", "", false
 		}
 	} else {
 		rest, ok := strings.CutPrefix(path, "/s/")
 		if !ok {
-			return nil, "", "", false
+			return target{}, "", "", false
 		}
 		parts := strings.SplitN(rest, "/", 3)
 		if len(parts) < 2 || !sandbox.ValidID(parts[0]) {
-			return nil, "", "", false
+			return target{}, "", "", false
 		}
 		port, err := strconv.Atoi(parts[1])
 		if err != nil || port < 1 || port > 65535 || parts[1] != strconv.Itoa(port) {
-			return nil, "", "", false
+			return target{}, "", "", false
 		}
 		t = target{parts[0], port}
 		cookiePath = "/s/" + parts[0] + "/" + parts[1] + "/"
@@ -636,10 +681,7 @@ func (s *Service) route(r *http.Request) (e *entry, path, cookiePath string, ok 
 			path = "" // redirect to the trailing slash
 		}
 	}
-	s.mu.RLock()
-	e = s.byPort[t]
-	s.mu.RUnlock()
-	return e, path, cookiePath, e != nil
+	return t, path, cookiePath, true
 }
 
 // credential is the token a request presents, if any, and whether it
@@ -721,8 +763,17 @@ type routed struct {
 // ServeHTTP is the ingress.
 func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == CallbackPath && s.isBase(r.Host) {
+		_, host, _ := strings.Cut(r.URL.Query().Get("state"), ".")
+		if hosts := s.elsewhere(r); host != "" && hosts != nil && hosts.ForwardHost(w, r, host) {
+			return
+		}
 		s.callback(w, r)
 		return
+	}
+	if t, _, _, ok := s.parse(r); ok {
+		if hosts := s.elsewhere(r); hosts != nil && hosts.ForwardSandbox(w, r, t.sandboxID) {
+			return
+		}
 	}
 	e, path, cookiePath, ok := s.route(r)
 	if !ok {

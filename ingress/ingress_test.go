@@ -22,6 +22,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/internal/testweb"
 	"github.com/harebox/harebox/sandbox"
@@ -503,11 +504,20 @@ func (s *sse) after(t time.Time) int64 {
 // event streams and WebSockets: after Rotate returns, no request sent with
 // the old token succeeds and no stream it opened gets another byte, and
 // every request with the new token succeeds.
+//
+// Through another host too: the sandbox runs on host a, the clients use
+// host b's ingress, which sends them to a's; a rotate on a cuts what the
+// old token opened through b.
 func TestRotation(t *testing.T) {
-	for _, withTLS := range []bool{false, true} {
-		t.Run(map[bool]string{false: "http1", true: "h2"}[withTLS], func(t *testing.T) {
-			f := newFixture(t, withTLS)
-			u := f.publish(t, 8080)
+	for _, mode := range []string{"http1", "h2", "through-another-host"} {
+		t.Run(mode, func(t *testing.T) {
+			withTLS := mode != "http1"
+			a := newFixture(t, withTLS)
+			f := a
+			if mode == "through-another-host" {
+				f = throughAnotherHost(t, a)
+			}
+			u := a.publish(t, 8080)
 			pu, _ := url.Parse(u.URL)
 			tok := u.Token
 			for round := 0; round < 15; round++ {
@@ -542,7 +552,7 @@ func TestRotation(t *testing.T) {
 					}
 				}()
 				time.Sleep(20 * time.Millisecond)
-				nu, err := f.svc.Rotate(context.Background(), sbxID, u.ID)
+				nu, err := a.svc.Rotate(context.Background(), sbxID, u.ID)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -698,5 +708,100 @@ func TestRotateDeleteRace(t *testing.T) {
 		if _, err := f.svc.Get(ctx, sbxID, u.ID); err == nil {
 			t.Fatalf("round %d: the deleted URL is still served", i)
 		}
+	}
+}
+
+// throughAnotherHost serves a second ingress, host b's, whose requests
+// for the tests' sandbox (run by host a, whose ingress is a) go to a's
+// ingress over a's internal endpoint (mutual TLS, as hosts forward), and
+// returns b's fixture.
+func throughAnotherHost(t *testing.T, a *fixture) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	if _, err := cluster.MakeCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	load := func(name string) *cluster.TLS {
+		if err := cluster.IssueHost(dir, name, []string{"127.0.0.1"}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := cluster.LoadTLS(filepath.Join(dir, "ca.pem"), filepath.Join(dir, name+".pem"), filepath.Join(dir, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "the API", http.StatusTeapot) })
+	in := &http.Server{Handler: cluster.Internal(cluster.Split(api, a.svc))}
+	go in.Serve(tls.NewListener(l, load("a").Server))
+	t.Cleanup(func() { in.Close() })
+	b := newFixture(t, true)
+	b.svc.SetHosts(&otherHost{fwd: cluster.NewForwarder("b", load("b"), func(w http.ResponseWriter, _ *http.Request, err error) {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+	}), a: &cluster.Host{Name: "a", Up: true, Address: "https://" + l.Addr().String()}})
+	return b
+}
+
+// otherHost is host b's view of the deployment: the tests' sandbox runs
+// on host a.
+type otherHost struct {
+	fwd *cluster.Forwarder
+	a   *cluster.Host
+}
+
+func (h *otherHost) Self() string { return "b" }
+
+func (h *otherHost) ForwardSandbox(w http.ResponseWriter, r *http.Request, id string) bool {
+	if id != sbxID {
+		return false
+	}
+	r.Header.Set(cluster.HeaderIngress, "1")
+	h.fwd.Forward(w, r, h.a, "")
+	return true
+}
+
+func (h *otherHost) ForwardHost(w http.ResponseWriter, r *http.Request, name string) bool {
+	if name != "a" {
+		return false
+	}
+	r.Header.Set(cluster.HeaderIngress, "1")
+	h.fwd.Forward(w, r, h.a, "")
+	return true
+}
+
+// TestCallbackThroughAnotherHost: a sign-in's callback that reaches
+// another host's ingress is served by the host that began it (its state
+// names it), where the sign-in waits; one naming no other host is
+// answered where it arrives.
+func TestCallbackThroughAnotherHost(t *testing.T) {
+	a := newFixture(t, true)
+	b := throughAnotherHost(t, a)
+	u := a.publish(t, 8080)
+	a.svc.mu.RLock()
+	e := a.svc.byID[u.ID]
+	a.svc.mu.RUnlock()
+	a.svc.signIns.mu.Lock()
+	a.svc.signIns.pending = map[string]*pending{"s1.a": {e: e, exp: time.Now().Add(time.Minute)}, "s2": {e: e, exp: time.Now().Add(time.Minute)}}
+	a.svc.signIns.mu.Unlock()
+	callback := func(state string) int {
+		req, _ := http.NewRequest("GET", b.base+CallbackPath+"?error=access_denied&state="+state, nil)
+		req.Host = "harebox.test"
+		resp, err := b.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// (The issuer refused: the sign-in that waits on a says so.)
+	if code := callback("s1.a"); code != http.StatusUnauthorized {
+		t.Errorf("a's sign-in's callback through b: %d, want a's 401", code)
+	}
+	if code := callback("s2"); code != http.StatusBadRequest {
+		t.Errorf("a callback naming no host, through b: %d, want b's 400 (unknown there)", code)
 	}
 }

@@ -130,7 +130,12 @@ func (s *Service) signIn(w http.ResponseWriter, r *http.Request, e *entry, sessi
 	now := s.opts.Now()
 	pd := &pending{e: e, verifier: oauth2.GenerateVerifier(), nonce: random(),
 		returnTo: "https://" + r.Host + r.URL.RequestURI(), sessionURL: sessionURL, exp: now.Add(signInTTL)}
+	// (It names this host: another host that gets the callback sends it
+	// here, where the sign-in waits.)
 	state := random()
+	if h := s.hosts.Load(); h != nil {
+		state += "." + (*h).Self()
+	}
 	s.signIns.mu.Lock()
 	if s.signIns.pending == nil {
 		s.signIns.pending = map[string]*pending{}

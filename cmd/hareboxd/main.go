@@ -392,6 +392,11 @@ func run(args []string, instead func(settings) error) error {
 		if err != nil {
 			return err
 		}
+		if clusterTLS != nil {
+			// A URL of another host's sandbox is served by that host's
+			// ingress, over the internal endpoint.
+			eng.URLs().SetHosts(cluster.NewIngressHosts(eng.Cluster(), clusterTLS))
+		}
 		go func() { errc <- eng.URLs().Serve(ctx, il, tc) }()
 		log.Info("ingress listening", "addr", *ingressAddr, "url", ingressBase.String())
 	}
@@ -417,7 +422,11 @@ func run(args []string, instead func(settings) error) error {
 			return fmt.Errorf("--internal-listen: %w", err)
 		}
 		internal = srv.HTTPServer()
-		internal.Handler = srv.Internal()
+		var ingress http.Handler // (what other hosts' ingresses send here)
+		if ingressBase != nil {
+			ingress = eng.URLs()
+		}
+		internal.Handler = srv.Internal(ingress)
 		go func() { errc <- internal.Serve(tls.NewListener(il, clusterTLS.Server)) }()
 		log.Info("internal endpoint listening", "addr", *internalAddr, "url", advertised, "host", eng.Cluster().Name())
 	}
