@@ -122,37 +122,8 @@ type Service struct {
 	cas      map[string]*authority
 	caGen    uint64 // counts changes, so a load never undoes one
 
-	hosts atomic.Pointer[Hosts] // nil: one host
-}
-
-// Hosts is the deployment's other hosts, as the ingress needs them
-// (cluster.IngressHosts): a request for a URL of a sandbox that another
-// host runs is served by that host's ingress, which checks it (its URL,
-// its protection, its rotation) as it checks its own; so is a sign-in's
-// callback that another host began.
-type Hosts interface {
-	// Self is this host's name.
-	Self() string
-	// ForwardSandbox serves r on the host that runs sandbox id, and says
-	// whether it did (or answered why not): false when this host runs
-	// it, or none does.
-	ForwardSandbox(w http.ResponseWriter, r *http.Request, id string) bool
-	// ForwardHost serves r on host name: false when that is this host,
-	// or no host of the deployment.
-	ForwardHost(w http.ResponseWriter, r *http.Request, name string) bool
-}
-
-// SetHosts makes the ingress one of a deployment's.
-func (s *Service) SetHosts(h Hosts) { s.hosts.Store(&h) }
-
-// elsewhere is the deployment's other hosts when r may be sent on to one
-// of them (it came from a client, not from another host's ingress, which
-// is served here), else nil.
-func (s *Service) elsewhere(r *http.Request) Hosts {
-	if h := s.hosts.Load(); h != nil && !cluster.FromHost(r) {
-		return *h
-	}
-	return nil
+	hosts  atomic.Pointer[Hosts] // nil: one host
+	remote remoteAuths
 }
 
 // target is a guest port.
@@ -771,7 +742,7 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if t, _, _, ok := s.parse(r); ok {
-		if hosts := s.elsewhere(r); hosts != nil && hosts.ForwardSandbox(w, r, t.sandboxID) {
+		if hosts := s.elsewhere(r); hosts != nil && s.forwardSandbox(w, r, hosts, t.sandboxID) {
 			return
 		}
 	}
@@ -975,6 +946,12 @@ func (s *Service) rewrite(pr *httputil.ProxyRequest) {
 	}
 	out.Host = pr.In.Host
 	pr.SetXForwarded()
+	if a := pr.In.Header.Get(cluster.HeaderClient); a != "" && cluster.FromHost(pr.In) {
+		out.Header.Set("X-Forwarded-For", a) // (the client, not the host that forwarded it)
+	}
+	for _, h := range []string{cluster.HeaderClient, cluster.HeaderForwardedBy, cluster.HeaderIngress, certHeader, serverNameHeader} {
+		out.Header.Del(h)
+	}
 	out.Header.Del(TokenHeader)
 	if v := out.Header.Get("Authorization"); strings.HasPrefix(v, "Bearer "+TokenPrefix) || (rt.bearer && strings.HasPrefix(v, "Bearer ")) {
 		out.Header.Del("Authorization")

@@ -93,6 +93,7 @@ type fixture struct {
 	svc     *Service
 	base    string // the ingress's address, http(s)://127.0.0.1:PORT
 	guests  *loopGuests
+	db      *store.DB
 	records chan string
 	who     chan string  // mtls decisions: who and whether allowed
 	client  *http.Client // trusts the ingress's certificate (TLS fixtures)
@@ -106,10 +107,18 @@ func newFixture(t *testing.T, withTLS bool) *fixture { return newFixtureOn(t, wi
 // newFixtureOn serves an ingress whose base host is host (its
 // certificate, with TLS, is for host and *.host too).
 func newFixtureOn(t *testing.T, withTLS bool, host string) *fixture {
+	return newFixtureDB(t, withTLS, host, nil)
+}
+
+// newFixtureDB is newFixtureOn over db (nil: a database of its own).
+func newFixtureDB(t *testing.T, withTLS bool, host string, db *store.DB) *fixture {
 	ctx, cancel := context.WithCancel(context.Background())
-	db, err := store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "db"))
-	if err != nil {
-		t.Fatal(err)
+	own := db == nil
+	if own {
+		var err error
+		if db, err = store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "db")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -150,7 +159,14 @@ func newFixtureOn(t *testing.T, withTLS bool, host string) *fixture {
 	}
 	done := make(chan struct{})
 	go func() { f.svc.Serve(ctx, ln, tc); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; db.Close() })
+	f.db = db
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if own {
+			db.Close()
+		}
+	})
 	return f
 }
 
@@ -739,7 +755,8 @@ func throughAnotherHost(t *testing.T, a *fixture) *fixture {
 	in := &http.Server{Handler: cluster.Internal(cluster.Split(api, a.svc))}
 	go in.Serve(tls.NewListener(l, load("a").Server))
 	t.Cleanup(func() { in.Close() })
-	b := newFixture(t, true)
+	// (The hosts share one store, as a deployment's do.)
+	b := newFixtureDB(t, true, "harebox.test", a.db)
 	b.svc.SetHosts(&otherHost{fwd: cluster.NewForwarder("b", load("b"), func(w http.ResponseWriter, _ *http.Request, err error) {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 	}), a: &cluster.Host{Name: "a", Up: true, Address: "https://" + l.Addr().String()}})
@@ -803,5 +820,33 @@ func TestCallbackThroughAnotherHost(t *testing.T) {
 	}
 	if code := callback("s2"); code != http.StatusBadRequest {
 		t.Errorf("a callback naming no host, through b: %d, want b's 400 (unknown there)", code)
+	}
+}
+
+// TestThroughAnotherHostHeaders: what the hosts tell each other stays
+// between them: the guest gets none of their headers (nor a client's
+// forgery of them), and one X-Forwarded-For. (That it names the client
+// rather than the forwarding host is not shown here: on loopback both
+// are 127.0.0.1.)
+func TestThroughAnotherHostHeaders(t *testing.T) {
+	a := newFixture(t, true)
+	b := throughAnotherHost(t, a)
+	u := a.publish(t, 8080)
+	forged := http.Header{TokenHeader: {u.Token}, certHeader: {"forged"}, serverNameHeader: {"forged"},
+		cluster.HeaderClient: {"192.0.2.1"}, cluster.HeaderForwardedBy: {"x"}, cluster.HeaderIngress: {"1"}}
+	for _, via := range []*fixture{a, b} {
+		resp, body := via.get(t, u, "/", forged)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET: %d", resp.StatusCode)
+		}
+		h, _ := body["header"].(map[string]any)
+		for k := range h {
+			if strings.HasPrefix(http.CanonicalHeaderKey(k), "X-Harebox-") {
+				t.Errorf("the guest got %s: %v", k, h[k])
+			}
+		}
+		if xff, _ := h["X-Forwarded-For"].([]any); len(xff) != 1 || xff[0] != "127.0.0.1" {
+			t.Errorf("X-Forwarded-For: %v, want the client's 127.0.0.1 only", h["X-Forwarded-For"])
+		}
 	}
 }

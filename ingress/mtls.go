@@ -531,6 +531,8 @@ func (s *Service) clientTLS(base *tls.Config) func(*tls.ClientHelloInfo) (*tls.C
 	return func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 		if e := s.hostEntry(h.ServerName); e != nil && e.auth == sandbox.URLAuthMTLS {
 			return withCert, nil
+		} else if e == nil && s.remoteAuth(h.ServerName) == sandbox.URLAuthMTLS {
+			return withCert, nil // (another host checks it)
 		}
 		return nil, nil
 	}
@@ -570,19 +572,20 @@ func (s *Service) checkCert(r *http.Request, e *entry, cookiePath string) (ck ch
 	if cookiePath != "/" {
 		return ck, http.StatusForbidden, "this URL takes client certificates in its host form only: " + s.view(&e.rec, "").URL
 	}
-	if r.TLS == nil {
+	cs := clientTLS(r)
+	if cs == nil {
 		return ck, http.StatusForbidden, "this URL needs TLS with a client certificate"
 	}
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	if !strings.EqualFold(r.TLS.ServerName, host) {
+	if !strings.EqualFold(cs.ServerName, host) {
 		// A connection made for another host (HTTP/2 reuses them) did
 		// not ask for a certificate: the client is to connect anew.
 		return ck, http.StatusMisdirectedRequest, "connect to this URL's host anew to present a client certificate"
 	}
-	if len(r.TLS.PeerCertificates) == 0 {
+	if len(cs.PeerCertificates) == 0 {
 		return ck, http.StatusUnauthorized, "this URL needs a client certificate"
 	}
 	a, err := s.authorityOf(r.Context(), e.project)
@@ -593,9 +596,9 @@ func (s *Service) checkCert(r *http.Request, e *entry, cookiePath string) (ck ch
 	if a.roots == nil {
 		return ck, http.StatusForbidden, "this URL's project has no certificate authority"
 	}
-	leaf := r.TLS.PeerCertificates[0]
+	leaf := cs.PeerCertificates[0]
 	inter := x509.NewCertPool()
-	for _, c := range r.TLS.PeerCertificates[1:] {
+	for _, c := range cs.PeerCertificates[1:] {
 		inter.AddCert(c)
 	}
 	chains, err := leaf.Verify(x509.VerifyOptions{Roots: a.roots, Intermediates: inter, CurrentTime: s.opts.Now(),

@@ -403,63 +403,73 @@ func (f *fixture) mtlsWS(t *testing.T, u *sandbox.URL, cert *tls.Certificate) *w
 // no request sent after RevokeCert returns succeeds, and another
 // certificate's loop never fails.
 func TestRevokeUnderLoad(t *testing.T) {
-	f := newFixture(t, true)
-	ctx := context.Background()
-	u, err := f.svc.Create(ctx, owner, sandbox.URLRequest{Port: 9443, Auth: sandbox.URLAuthMTLS})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err != nil {
-		t.Fatal(err)
-	}
-	other, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "other"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	otherKP := keyPair(t, other)
-	for round := 0; round < 10; round++ {
-		c, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "loop"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		kp := keyPair(t, c)
-		var revoked atomic.Bool
-		var okAfter, sentAfter, otherFailed atomic.Int64
-		var stop atomic.Bool
-		var wg sync.WaitGroup
-		loop := func(cl *http.Client, counts bool) {
-			defer wg.Done()
-			for !stop.Load() {
-				after := revoked.Load()
-				got := status(t, cl, u, "/")
-				switch {
-				case !counts && got != 200:
-					otherFailed.Add(1)
-				case counts && after:
-					sentAfter.Add(1)
-					if got == 200 {
-						okAfter.Add(1)
+	// (Through another host: the clients reach host b's ingress, the
+	// sandbox and its URL are host a's, the revocation is made on a.)
+	for _, mode := range []string{"one-host", "through-another-host"} {
+		t.Run(mode, func(t *testing.T) {
+			f := newFixture(t, true)
+			via := f
+			if mode == "through-another-host" {
+				via = throughAnotherHost(t, f)
+			}
+			ctx := context.Background()
+			u, err := f.svc.Create(ctx, owner, sandbox.URLRequest{Port: 9443, Auth: sandbox.URLAuthMTLS})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err != nil {
+				t.Fatal(err)
+			}
+			other, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "other"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			otherKP := keyPair(t, other)
+			for round := 0; round < 10; round++ {
+				c, err := f.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "loop"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				kp := keyPair(t, c)
+				var revoked atomic.Bool
+				var okAfter, sentAfter, otherFailed atomic.Int64
+				var stop atomic.Bool
+				var wg sync.WaitGroup
+				loop := func(cl *http.Client, counts bool) {
+					defer wg.Done()
+					for !stop.Load() {
+						after := revoked.Load()
+						got := status(t, cl, u, "/")
+						switch {
+						case !counts && got != 200:
+							otherFailed.Add(1)
+						case counts && after:
+							sentAfter.Add(1)
+							if got == 200 {
+								okAfter.Add(1)
+							}
+						}
 					}
 				}
+				wg.Add(3)
+				go loop(via.mtlsClient(kp, true, nil), true)
+				go loop(via.mtlsClient(kp, false, nil), true)
+				go loop(via.mtlsClient(otherKP, true, nil), false)
+				time.Sleep(20 * time.Millisecond)
+				if _, err := f.svc.RevokeCert(ctx, "prj_1", c.Serial); err != nil {
+					t.Fatal(err)
+				}
+				revoked.Store(true)
+				// (A few requests after it, however slow the machine is.)
+				await(func() bool { return sentAfter.Load() >= 4 })
+				stop.Store(true)
+				wg.Wait()
+				if okAfter.Load() != 0 || sentAfter.Load() == 0 || otherFailed.Load() != 0 {
+					t.Fatalf("round %d: %d of %d requests after the revocation succeeded; the other certificate failed %d times",
+						round, okAfter.Load(), sentAfter.Load(), otherFailed.Load())
+				}
 			}
-		}
-		wg.Add(3)
-		go loop(f.mtlsClient(kp, true, nil), true)
-		go loop(f.mtlsClient(kp, false, nil), true)
-		go loop(f.mtlsClient(otherKP, true, nil), false)
-		time.Sleep(20 * time.Millisecond)
-		if _, err := f.svc.RevokeCert(ctx, "prj_1", c.Serial); err != nil {
-			t.Fatal(err)
-		}
-		revoked.Store(true)
-		// (A few requests after it, however slow the machine is.)
-		await(func() bool { return sentAfter.Load() >= 4 })
-		stop.Store(true)
-		wg.Wait()
-		if okAfter.Load() != 0 || sentAfter.Load() == 0 || otherFailed.Load() != 0 {
-			t.Fatalf("round %d: %d of %d requests after the revocation succeeded; the other certificate failed %d times",
-				round, okAfter.Load(), sentAfter.Load(), otherFailed.Load())
-		}
+		})
 	}
 }
 
