@@ -9,6 +9,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets/sandboxkeys"
@@ -63,6 +64,8 @@ func (e *Engine) notice(topic, payload string) {
 			e.tunnels.Changed(payload)
 		}
 		e.wakeMesh()
+	case ingress.NoticeTopic:
+		e.urls.Noticed(e.ctx, payload)
 	case cluster.NoticeTopic: // (a host removed)
 		if e.tunnels != nil {
 			e.tunnels.Changed("")
@@ -75,6 +78,7 @@ func (e *Engine) notice(topic, payload string) {
 			e.tunnels.Changed("")
 		}
 		e.wakeMesh()
+		e.urls.Noticed(e.ctx, "")
 	}
 }
 

@@ -70,6 +70,8 @@ type Store interface {
 	ListClientCerts(ctx context.Context, projectID string) ([]*sandbox.ClientCert, error)
 	GetClientCert(ctx context.Context, projectID, serial string) (*sandbox.ClientCert, error)
 	PutClientCert(ctx context.Context, c *sandbox.ClientCert) error
+	// Notify tells every host sharing the store (NoticeTopic).
+	Notify(ctx context.Context, topic, payload string) error
 }
 
 // Options configure the service.

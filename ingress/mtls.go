@@ -50,6 +50,9 @@ func caScope(projectID string) string { return "urlca/" + projectID }
 // tell, under its URL's lock, whether it is still the project's.
 type authority struct {
 	roots *x509.CertPool // nil: the project has no CA
+	// pem is the CA's certificate as stored ("": none): a reload tells
+	// a new CA from the same one with new revocations.
+	pem string
 	// revoked holds "ISSUER_KEY/SERIAL" (see revocationKey).
 	revoked map[string]bool
 }
@@ -130,6 +133,7 @@ func (s *Service) loadAuthority(ctx context.Context, projectID string) (*authori
 	if err != nil {
 		return nil, fmt.Errorf("ingress: project %s's stored CA: %w", projectID, err)
 	}
+	a.pem = ca.Certificate
 	a.roots = x509.NewCertPool()
 	for _, c := range certs {
 		a.roots.AddCert(c)
@@ -171,6 +175,63 @@ func (s *Service) changed(ctx context.Context, projectID string, keys map[string
 		e.mu.Unlock()
 		cut(streams, conns)
 	}
+}
+
+// NoticeTopic is the store's notice of a change to a project's CA or its
+// certificates' revocations, made through any host: each host's ingress
+// reloads what it checks against (Noticed).
+const NoticeTopic = "urlca"
+
+// tellHosts has every host's ingress reload the project's CA.
+func (s *Service) tellHosts(ctx context.Context, projectID string) {
+	if err := s.db.Notify(context.WithoutCancel(ctx), NoticeTopic, projectID); err != nil {
+		s.opts.Log.Warn("ingress: cannot tell the other hosts of a change to a project's CA; they see it at their restart", "project", projectID, "err", err)
+	}
+}
+
+// Noticed reloads a project's CA after a change made through another
+// host (a NoticeTopic notice; "": every project loaded here, as after a
+// lost connection to the store) and cuts what it no longer accepts:
+// everything the project's certificates opened when the CA itself
+// changed, else what the certificates revoked since opened.
+func (s *Service) Noticed(ctx context.Context, projectID string) {
+	if projectID == "" {
+		s.caMu.Lock()
+		ids := make([]string, 0, len(s.cas))
+		for id := range s.cas {
+			ids = append(ids, id)
+		}
+		s.caMu.Unlock()
+		for _, id := range ids {
+			s.Noticed(ctx, id)
+		}
+		return
+	}
+	s.caChange.Lock()
+	defer s.caChange.Unlock()
+	old := s.current(projectID)
+	if old == nil {
+		// Not loaded here (nothing checked against it): a load in
+		// flight must not keep what it read before the change.
+		s.caMu.Lock()
+		s.caGen++
+		s.caMu.Unlock()
+		return
+	}
+	a, err := s.loadAuthority(ctx, projectID)
+	var keys map[string]bool // nil: the CA changed, cut all
+	if err == nil && a.pem == old.pem {
+		keys = map[string]bool{}
+		for k := range a.revoked {
+			if !old.revoked[k] {
+				keys[k] = true
+			}
+		}
+		if len(keys) == 0 {
+			return // (this host's own change, or nothing that matters here)
+		}
+	}
+	s.changed(ctx, projectID, keys)
 }
 
 // takeCerts takes what the certificates of keys opened (nil: every
@@ -326,6 +387,7 @@ func (s *Service) SetCA(ctx context.Context, projectID, accountID string, req sa
 		return nil, err
 	}
 	s.changed(ctx, projectID, nil)
+	s.tellHosts(ctx, projectID)
 	if old != nil && old.KeyName != "" {
 		s.eraseKey(projectID, old.KeyName)
 	}
@@ -363,6 +425,7 @@ func (s *Service) DeleteCA(ctx context.Context, projectID string) error {
 		return err
 	}
 	s.changed(ctx, projectID, nil)
+	s.tellHosts(ctx, projectID)
 	if old.KeyName != "" {
 		s.eraseKey(projectID, old.KeyName)
 	}
@@ -502,6 +565,7 @@ func (s *Service) RevokeCert(ctx context.Context, projectID, serial string) (*sa
 		return nil, err
 	}
 	s.changed(ctx, projectID, keys)
+	s.tellHosts(ctx, projectID)
 	return rec, nil
 }
 

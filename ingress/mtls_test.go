@@ -654,3 +654,58 @@ func await(cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestCAChangedElsewhere: a revocation, or a new CA, made through another
+// host (which shares the store) is seen here at its notice: what the
+// revoked certificate, or the old CA's certificates, opened here is cut
+// and refused from then on; a notice that changes nothing here cuts
+// nothing.
+func TestCAChangedElsewhere(t *testing.T) {
+	a := newFixture(t, true)
+	b := newFixtureDB(t, true, "harebox.test", a.db)
+	ctx := context.Background()
+	u, err := a.svc.Create(ctx, owner, sandbox.URLRequest{Port: 9443, Auth: sandbox.URLAuthMTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err != nil {
+		t.Fatal(err)
+	}
+	issue := func() (*sandbox.ClientCert, *http.Client) {
+		c, err := a.svc.IssueCert(ctx, "prj_1", sandbox.ClientCertRequest{Name: "c"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, a.mtlsClient(keyPair(t, c), true, nil)
+	}
+	_, kept := issue()
+	gone, revoked := issue()
+	keptStream, goneStream := openStream(t, kept, u), openStream(t, revoked, u)
+	a.svc.Noticed(ctx, "prj_1") // (nothing changed)
+	if isEnded(keptStream) || isEnded(goneStream) || status(t, revoked, u, "/") != 200 {
+		t.Fatal("a notice that changed nothing cut something")
+	}
+	if _, err := b.svc.RevokeCert(ctx, "prj_1", gone.Serial); err != nil {
+		t.Fatal(err)
+	}
+	a.svc.Noticed(ctx, "prj_1")
+	if !isEnded(goneStream) {
+		t.Error("the stream of a certificate revoked through another host still runs")
+	}
+	if got := status(t, revoked, u, "/"); got == 200 {
+		t.Error("a certificate revoked through another host is still accepted")
+	}
+	if isEnded(keptStream) || status(t, kept, u, "/") != 200 {
+		t.Fatal("another certificate's stream or requests were cut by the revocation")
+	}
+	if _, err := b.svc.SetCA(ctx, "prj_1", "acc_1", sandbox.URLCARequest{}); err != nil {
+		t.Fatal(err)
+	}
+	a.svc.Noticed(ctx, "")
+	if !isEnded(keptStream) {
+		t.Error("a stream of the old CA's certificate still runs after a new CA through another host")
+	}
+	if got := status(t, kept, u, "/"); got == 200 {
+		t.Error("the old CA's certificate is still accepted after a new CA through another host")
+	}
+}
