@@ -32,8 +32,8 @@ func TestSeveralHosts(t *testing.T) {
 	certs := t.TempDir()
 	const lease = "3s"
 	type host struct {
-		name, dir string
-		srv       *testserver.Server
+		name, dir, ingress string
+		srv                *testserver.Server
 	}
 	var hosts []*host
 	startHost := func(name string) *host {
@@ -58,8 +58,9 @@ func TestSeveralHosts(t *testing.T) {
 			}
 		}
 		internal := testserver.FreeAddr(t)
-		h := &host{name: name, dir: dir}
+		h := &host{name: name, dir: dir, ingress: testserver.FreeAddr(t)}
 		h.srv = testserver.Start(t, s, dir, "--store", dsn, "--host-name", name, "--host-lease", lease, "--internal-listen", internal,
+			"--ingress-listen", h.ingress,
 			"--cluster-ca", filepath.Join(certs, "ca.pem"), "--cluster-cert", filepath.Join(certs, name+".pem"), "--cluster-key", filepath.Join(certs, name+".key"))
 		hosts = append(hosts, h)
 		// (A call through one host may fail on the other: run's failure
@@ -173,6 +174,9 @@ func TestSeveralHosts(t *testing.T) {
 			t.Fatalf("list: %s", l)
 		}
 	}
+
+	// b's URL through a's ingress.
+	testURLThroughAnyHost(t, viaA, onB.ID, a.ingress, b.ingress, a.dir, b.dir)
 
 	// A key revoked through a is refused by b within a second.
 	var k struct{ ID, Secret string }
