@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -329,7 +330,7 @@ func cmdNew(ctx context.Context, c *cli, args []string) (int, error) {
 }
 
 func oneID(ctx context.Context, c *cli, name string, args []string) (string, error) {
-	fs := flag.NewFlagSet("harebox "+name, flag.ContinueOnError)
+	fs := flag.NewFlagSet("harebox "+name+" ID", flag.ContinueOnError)
 	pos, err := parse(fs, c, args, 1)
 	if err != nil {
 		return "", err
@@ -340,9 +341,9 @@ func oneID(ctx context.Context, c *cli, name string, args []string) (string, err
 	return pos[0], nil
 }
 
-func sandboxCmd(method, suffix string) func(ctx context.Context, c *cli, args []string) (int, error) {
+func sandboxCmd(name, method, suffix string) func(ctx context.Context, c *cli, args []string) (int, error) {
 	return func(ctx context.Context, c *cli, args []string) (int, error) {
-		id, err := oneID(ctx, c, strings.TrimPrefix(suffix, "/"), args)
+		id, err := oneID(ctx, c, name, args)
 		if err != nil {
 			return 0, err
 		}
@@ -355,13 +356,13 @@ func sandboxCmd(method, suffix string) func(ctx context.Context, c *cli, args []
 }
 
 var (
-	cmdGet       = sandboxCmd("GET", "")
-	cmdDelete    = sandboxCmd("DELETE", "")
-	cmdPause     = sandboxCmd("POST", "/pause")
-	cmdResume    = sandboxCmd("POST", "/resume")
-	cmdStop      = sandboxCmd("POST", "/stop")
-	cmdHibernate = sandboxCmd("POST", "/hibernate")
-	cmdStart     = sandboxCmd("POST", "/start")
+	cmdGet       = sandboxCmd("get", "GET", "")
+	cmdDelete    = sandboxCmd("delete", "DELETE", "")
+	cmdPause     = sandboxCmd("pause", "POST", "/pause")
+	cmdResume    = sandboxCmd("resume", "POST", "/resume")
+	cmdStop      = sandboxCmd("stop", "POST", "/stop")
+	cmdHibernate = sandboxCmd("hibernate", "POST", "/hibernate")
+	cmdStart     = sandboxCmd("start", "POST", "/start")
 )
 
 // cmdTimeout sets a sandbox's TTL from now.
@@ -662,15 +663,19 @@ func cmdFirewall(ctx context.Context, c *cli, args []string) (int, error) {
 // helpOnly answers --help for a command without flags: its usage, on
 // stdout.
 func helpOnly(c *cli, usage string, args []string) bool {
-	if len(args) != 1 || (args[0] != "-h" && args[0] != "-help" && args[0] != "--help") {
+	if len(args) != 1 || !isHelp(args[0]) {
 		return false
 	}
 	fmt.Fprintf(c.stdout, "usage: harebox %s\n", usage)
 	return true
 }
 
+func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" }
+
 func cmdHosts(ctx context.Context, c *cli, args []string) (int, error) {
-	if helpOnly(c, "hosts [list] | remove NAME", args) {
+	// (These take no flags: --help anywhere is a call for help, never a
+	// host's name.)
+	if slices.ContainsFunc(args, isHelp) && helpOnly(c, "hosts [list] | remove NAME", []string{"--help"}) {
 		return 0, flag.ErrHelp
 	}
 	var out json.RawMessage
@@ -690,7 +695,7 @@ func cmdHosts(ctx context.Context, c *cli, args []string) (int, error) {
 }
 
 func cmdMesh(ctx context.Context, c *cli, args []string) (int, error) {
-	if helpOnly(c, "mesh [status] | rotate-key HOST", args) {
+	if slices.ContainsFunc(args, isHelp) && helpOnly(c, "mesh [status] | rotate-key HOST", []string{"--help"}) {
 		return 0, flag.ErrHelp
 	}
 	switch {
