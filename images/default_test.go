@@ -79,7 +79,7 @@ func TestDefaultImage(t *testing.T) {
 		t.Errorf("agent mode:\n%s", s)
 	}
 	unit := debugfs("cat /etc/systemd/system/" + layout.AgentUnit)
-	for _, want := range []string{"Type=simple", "ExecStart=" + layout.AgentPath + " serve", "Restart=always", "OOMPolicy=continue", "Nice=-15", "WantedBy=multi-user.target"} {
+	for _, want := range []string{"Type=simple", "ExecStart=" + layout.AgentPath + " serve", "Restart=always", "OOMPolicy=continue", "Nice=-15", "StandardOutput=journal+console", "WantedBy=multi-user.target"} {
 		if !strings.Contains(unit, want) {
 			t.Errorf("unit lacks %q:\n%s", want, unit)
 		}

@@ -26,7 +26,10 @@ import (
 // does not stop the service (OOMPolicy's default, stop, would restart the
 // agent and cut every session). It runs raised (Nice) until it starts its
 // first command (agent/guest's unboost): a boot's units then do not hold
-// up its start.
+// up its start. Its few lines (serving, a host connected, a session ended)
+// go to the console too, as the minimal image's do: the host keeps the
+// serial log, so an agent that does not answer can be told from one that
+// never started.
 const agentUnit = `[Unit]
 Description=HareBox guest agent
 DefaultDependencies=no
@@ -44,6 +47,8 @@ KillMode=process
 OOMScoreAdjust=-900
 OOMPolicy=continue
 Nice=-15
+StandardOutput=journal+console
+StandardError=journal+console
 
 [Install]
 WantedBy=multi-user.target
