@@ -116,7 +116,8 @@ func clientTLS(r *http.Request) *tls.ConnectionState {
 
 // remoteAuth is the protection of the URL that host (a host form's name)
 // names when another host runs its sandbox: a handshake asks for a client
-// certificate when it is mtls. Found in the store, kept a minute.
+// certificate when it is mtls. Found in the store and kept (an mtls one
+// a minute, another or none 10 s: a URL published since is seen soon).
 func (s *Service) remoteAuth(host string) string {
 	label, ok := strings.CutSuffix(strings.ToLower(host), "."+strings.ToLower(s.opts.Base.Hostname()))
 	if !ok || s.hosts.Load() == nil {
@@ -145,15 +146,16 @@ func (s *Service) remoteAuth(host string) string {
 			auth = u.Auth
 		}
 	}
-	if auth != sandbox.URLAuthMTLS {
-		return auth // (not kept: a URL published later may be)
+	keep := 10 * time.Second
+	if auth == sandbox.URLAuthMTLS {
+		keep = time.Minute
 	}
 	s.remote.mu.Lock()
 	defer s.remote.mu.Unlock()
 	if s.remote.auth == nil || len(s.remote.auth) >= maxRemote {
 		s.remote.auth = map[target]remoteEntry{}
 	}
-	s.remote.auth[t] = remoteEntry{auth: auth, exp: now.Add(time.Minute)}
+	s.remote.auth[t] = remoteEntry{auth: auth, exp: now.Add(keep)}
 	return auth
 }
 

@@ -427,6 +427,9 @@ func run(args []string, instead func(settings) error) error {
 			ingress = eng.URLs()
 		}
 		internal.Handler = srv.Internal(ingress)
+		// (What a host forwards carries its client's headers, up to the
+		// public listeners' bound, and a client certificate chain.)
+		internal.MaxHeaderBytes = 2 * api.MaxHeaderBytes
 		go func() { errc <- internal.Serve(tls.NewListener(il, clusterTLS.Server)) }()
 		log.Info("internal endpoint listening", "addr", *internalAddr, "url", advertised, "host", eng.Cluster().Name())
 	}
