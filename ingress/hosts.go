@@ -31,7 +31,39 @@ const (
 	// serverNameHeader is the name the client asked for in its TLS
 	// handshake.
 	serverNameHeader = "X-Harebox-Server-Name"
+	// connHeader names the client's connection to the forwarding host,
+	// so that a grant is recorded once per connection, as for this
+	// host's own.
+	connHeader = "X-Harebox-Conn"
 )
+
+// maxRemoteGrants bounds the other hosts' connections a URL remembers
+// the grant of (past it, it starts again: a grant may be recorded twice).
+const maxRemoteGrants = 4096
+
+// firstGrant notes that e's credential let a request through on its
+// client's connection (c, here; or another host's, that forwarded it)
+// and says whether that is new there: its grant is recorded once per
+// connection.
+func (s *Service) firstGrant(r *http.Request, c *conn, e *entry) bool {
+	if c != nil {
+		return c.firstGrant(e)
+	}
+	k := r.Header.Get(connHeader)
+	if k == "" || !cluster.FromHost(r) {
+		return true
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.remote[k] {
+		return false
+	}
+	if e.remote == nil || len(e.remote) >= maxRemoteGrants {
+		e.remote = map[string]bool{}
+	}
+	e.remote[k] = true
+	return true
+}
 
 // Hosts is the deployment's other hosts, as the ingress needs them
 // (cluster.IngressHosts): a request for a URL of a sandbox that another
@@ -69,6 +101,10 @@ func (s *Service) forwardSandbox(w http.ResponseWriter, r *http.Request, hosts H
 	fr := r.Clone(r.Context())
 	fr.Header.Del(certHeader)
 	fr.Header.Del(serverNameHeader)
+	fr.Header.Del(connHeader)
+	if c, _ := r.Context().Value(connKey{}).(*conn); c != nil {
+		fr.Header.Set(connHeader, c.id)
+	}
 	if r.TLS != nil {
 		fr.Header.Set(serverNameHeader, r.TLS.ServerName)
 		if len(r.TLS.PeerCertificates) > 0 {

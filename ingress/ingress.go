@@ -17,6 +17,7 @@
 package ingress
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -126,6 +127,10 @@ type Service struct {
 
 	hosts  atomic.Pointer[Hosts] // nil: one host
 	remote remoteAuths
+	// nonce and connSeq name this host's client connections to the
+	// hosts it forwards their requests to (connHeader).
+	nonce   string
+	connSeq atomic.Uint64
 }
 
 // target is a guest port.
@@ -152,6 +157,9 @@ type entry struct {
 	streams map[*stream]struct{}
 	conns   map[*conn]string // to the certificate they have (mtls: its revocation key)
 	denied  time.Time        // the last refusal recorded
+	// remote are the client connections of other hosts whose grant on
+	// this URL is recorded (connHeader), at most maxRemoteGrants.
+	remote map[string]bool
 }
 
 // New loads the published URLs.
@@ -163,7 +171,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 		opts.Now = time.Now
 	}
 	s := &Service{opts: opts, db: opts.Store, byID: map[string]*entry{}, byPort: map[target]*entry{},
-		bg: context.WithoutCancel(ctx), client: opts.HTTPClient, cas: map[string]*authority{}}
+		bg: context.WithoutCancel(ctx), client: opts.HTTPClient, cas: map[string]*authority{}, nonce: random()[:12]}
 	if s.client == nil {
 		s.client = &http.Client{Timeout: 10 * time.Second}
 	}
@@ -496,7 +504,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) er
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.opts.Log.Handler(), slog.LevelDebug),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			cn := &conn{c: c}
+			cn := &conn{c: c, id: s.nonce + "-" + strconv.FormatUint(s.connSeq.Add(1), 10)}
 			s.conns.Store(c, cn)
 			return context.WithValue(ctx, connKey{}, cn)
 		},
@@ -535,6 +543,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener, tc *tls.Config) er
 // conn is a client connection of the ingress.
 type conn struct {
 	c  net.Conn
+	id string // names it to another host this host forwards its requests to
 	mu sync.Mutex
 	// entries are the URLs whose token was used on the connection (and
 	// whose grant on it is recorded).
@@ -545,8 +554,10 @@ type connKey struct{}
 
 // kill closes the connection with a reset: what is still buffered for
 // the client is dropped, not sent.
-func (c *conn) kill() {
-	raw := c.c
+func (c *conn) kill() { reset(c.c) }
+
+// reset closes a client connection with a reset.
+func reset(raw net.Conn) {
 	if tc, ok := raw.(*tls.Conn); ok {
 		raw = tc.NetConn()
 	}
@@ -701,6 +712,10 @@ type stream struct {
 	mu   sync.Mutex
 	h2   http.ResponseWriter
 	done bool
+	// hijacked is the connection a WebSocket took over (cutWriter.Hijack),
+	// which cut resets: for one that came from another host, this host
+	// holds no client connection of its own to kill.
+	hijacked net.Conn
 }
 
 func (st *stream) cut() {
@@ -708,6 +723,9 @@ func (st *stream) cut() {
 	st.mu.Lock()
 	if st.h2 != nil && !st.done {
 		http.NewResponseController(st.h2).SetWriteDeadline(time.Unix(1, 0))
+	}
+	if st.hijacked != nil {
+		reset(st.hijacked)
 	}
 	st.mu.Unlock()
 	st.cancel()
@@ -848,7 +866,7 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			c.forget() // the proxy hijacked it, and has closed it
 		}
 	}()
-	if (c == nil || c.firstGrant(e)) && s.opts.Record != nil {
+	if s.firstGrant(r, c, e) && s.opts.Record != nil {
 		s.opts.Record(&view, who, true)
 	}
 	ctx = context.WithValue(ctx, routeKey{}, &routed{view.SandboxID, view.Port, path, cookiePath, e.auth == sandbox.URLAuthOIDC})
@@ -951,7 +969,7 @@ func (s *Service) rewrite(pr *httputil.ProxyRequest) {
 	if a := pr.In.Header.Get(cluster.HeaderClient); a != "" && cluster.FromHost(pr.In) {
 		out.Header.Set("X-Forwarded-For", a) // (the client, not the host that forwarded it)
 	}
-	for _, h := range []string{cluster.HeaderClient, cluster.HeaderForwardedBy, cluster.HeaderIngress, certHeader, serverNameHeader} {
+	for _, h := range []string{cluster.HeaderClient, cluster.HeaderForwardedBy, cluster.HeaderIngress, certHeader, serverNameHeader, connHeader} {
 		out.Header.Del(h)
 	}
 	out.Header.Del(TokenHeader)
@@ -1076,6 +1094,22 @@ func (w *cutWriter) Flush() {
 	}
 }
 
-// Unwrap lets the proxy hijack the connection for a WebSocket: the
-// stream's cancel, and the connection's kill, still end it.
+// Unwrap gives the proxy what else the writer can do.
 func (w *cutWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack hands the proxy the connection for a WebSocket, kept on the
+// stream: a cut resets it at once.
+func (w *cutWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	w.st.mu.Lock()
+	defer w.st.mu.Unlock()
+	if w.st.dead.Load() {
+		reset(c)
+		return nil, nil, errCut
+	}
+	w.st.hijacked = c
+	return c, brw, nil
+}
