@@ -65,7 +65,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, rt Route) bool 
 		client = a.String()
 	}
 	w.Header().Del("X-Request-ID") // (the other host's answer has it)
-	s.fwd.Forward(w, r, h, client)
+	s.fwd.Forward(w, r, h, client, nil)
 	return true
 }
 

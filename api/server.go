@@ -335,8 +335,7 @@ func (s *Server) wrap(rt Route) http.Handler {
 		w.Header().Set("X-Request-ID", rid)
 		r = r.WithContext(audit.WithRequestID(r.Context(), rid))
 		if !cluster.FromHost(r) { // (only hosts say who forwarded, and for whom)
-			r.Header.Del(cluster.HeaderForwardedBy)
-			r.Header.Del(cluster.HeaderClient)
+			cluster.DropHostHeaders(r.Header)
 		}
 		r.Header.Set("X-Request-ID", rid) // (a host it is forwarded to goes on with it)
 		// No answer is a page a browser may run or frame.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"time"
 )
 
@@ -22,7 +23,26 @@ const (
 	// HeaderClient is the caller's address as the forwarding host saw it
 	// (for keys limited by address).
 	HeaderClient = "X-Harebox-Client"
+	// HeaderClientCert is the client's TLS certificate chain as the
+	// forwarding host's ingress took it (each certificate's DER in
+	// base64, comma separated), HeaderServerName the name it asked for,
+	// and HeaderConn its connection to that host (see ingress).
+	HeaderClientCert = "X-Harebox-Client-Cert"
+	HeaderServerName = "X-Harebox-Server-Name"
+	HeaderConn       = "X-Harebox-Conn"
 )
+
+// hostHeaders are the headers hosts tell each other: a forwarded request
+// carries only those its forwarding host set, never a caller's.
+var hostHeaders = []string{HeaderForwardedBy, HeaderClient, HeaderIngress, HeaderClientCert, HeaderServerName, HeaderConn}
+
+// DropHostHeaders takes the hosts' own headers off h (what a caller sent
+// as one of them).
+func DropHostHeaders(h http.Header) {
+	for _, k := range hostHeaders {
+		h.Del(k)
+	}
+}
 
 // Forwarder sends requests to the host that runs their sandbox, over the
 // deployment's mutual TLS, streaming both ways (server-sent events, file
@@ -48,8 +68,11 @@ func NewForwarder(self string, t *TLS, onErr func(w http.ResponseWriter, r *http
 }
 
 // Forward sends r to host h and copies its answer to w; client is the
-// caller's address as this host saw it ("" if unknown).
-func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, h *Host, client string) {
+// caller's address as this host saw it ("" if unknown), and set the
+// hosts' headers this host adds (HeaderIngress and the ingress's): the
+// caller's own are dropped, after the hop-by-hop ones (a Connection
+// header cannot take those set here off).
+func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, h *Host, client string, set http.Header) {
 	target, err := url.Parse(h.Address)
 	if err != nil || target.Scheme != "https" || target.Host == "" {
 		f.onErr(w, r, fmt.Errorf("host %s has no usable internal address (%q)", h.Name, h.Address))
@@ -72,10 +95,15 @@ func (f *Forwarder) Forward(w http.ResponseWriter, r *http.Request, h *Host, cli
 			// The Host the caller asked for (a WebSocket's origin check on
 			// the other host compares it); TLS checks the target's name.
 			pr.Out.Host = pr.In.Host
+			DropHostHeaders(pr.Out.Header)
 			pr.Out.Header.Set(HeaderForwardedBy, f.self)
-			pr.Out.Header.Del(HeaderClient)
 			if client != "" {
 				pr.Out.Header.Set(HeaderClient, client)
+			}
+			for k, v := range set {
+				if slices.Contains(hostHeaders, http.CanonicalHeaderKey(k)) {
+					pr.Out.Header[http.CanonicalHeaderKey(k)] = v
+				}
 			}
 		},
 		Transport:     f.tr,

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -31,7 +30,6 @@ func Split(api, ingress http.Handler) http.Handler {
 			api.ServeHTTP(w, r)
 			return
 		}
-		r.Header.Del(HeaderIngress)
 		if ingress == nil {
 			http.Error(w, "this host serves no ingress", http.StatusNotFound)
 			return
@@ -51,18 +49,20 @@ type IngressHosts struct {
 // which f forwards (a Forwarder of this host, with its own error page).
 func NewIngressHosts(reg *Registry, t *TLS) *IngressHosts {
 	return &IngressHosts{reg: reg, fwd: NewForwarder(reg.Name(), t, func(w http.ResponseWriter, _ *http.Request, err error) {
+		// (The details, which name the deployment's hosts and their
+		// addresses, are for the log, not the caller.)
 		reg.opts.Log.Warn("ingress: cannot forward a request to its host", "err", err)
-		http.Error(w, err.Error(), http.StatusBadGateway)
+		http.Error(w, "the host that runs this URL's sandbox cannot be reached", http.StatusBadGateway)
 	})}
 }
 
 // Self is this host's name.
 func (h *IngressHosts) Self() string { return h.reg.Name() }
 
-// ForwardSandbox serves r on the host that runs sandbox id and reports
-// whether it did (or answered why it cannot): false when this host runs
-// it, or none does.
-func (h *IngressHosts) ForwardSandbox(w http.ResponseWriter, r *http.Request, id string) bool {
+// ForwardSandbox serves r on the host that runs sandbox id, with the
+// hosts' headers set (the ingress's), and reports whether it did (or
+// answered why it cannot): false when this host runs it, or none does.
+func (h *IngressHosts) ForwardSandbox(w http.ResponseWriter, r *http.Request, id string, set http.Header) bool {
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	host, err := h.reg.Elsewhere(ctx, id)
@@ -74,7 +74,7 @@ func (h *IngressHosts) ForwardSandbox(w http.ResponseWriter, r *http.Request, id
 	if host == nil || host.Name == h.reg.Name() {
 		return false
 	}
-	h.forward(w, r, host)
+	h.forward(w, r, host, set)
 	return true
 }
 
@@ -94,19 +94,24 @@ func (h *IngressHosts) ForwardHost(w http.ResponseWriter, r *http.Request, name 
 		http.Error(w, "the deployment's hosts cannot be looked up", http.StatusServiceUnavailable)
 		return true
 	}
-	h.forward(w, r, host)
+	h.forward(w, r, host, nil)
 	return true
 }
 
-func (h *IngressHosts) forward(w http.ResponseWriter, r *http.Request, host *Host) {
+func (h *IngressHosts) forward(w http.ResponseWriter, r *http.Request, host *Host, set http.Header) {
 	if !host.Up {
-		http.Error(w, fmt.Sprintf("host %s, which serves this, is down (its lease lapsed at %s)", host.Name, host.LeaseUntil.UTC().Format(time.RFC3339)), http.StatusServiceUnavailable)
+		h.reg.opts.Log.Info("ingress: a request for a host that is down", "host", host.Name, "lease_until", host.LeaseUntil)
+		http.Error(w, "the host that runs this URL's sandbox is down", http.StatusServiceUnavailable)
 		return
 	}
 	client := ""
 	if a, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		client = a
 	}
-	r.Header.Set(HeaderIngress, "1")
-	h.fwd.Forward(w, r, host, client)
+	set = set.Clone()
+	if set == nil {
+		set = http.Header{}
+	}
+	set.Set(HeaderIngress, "1")
+	h.fwd.Forward(w, r, host, client, set)
 }

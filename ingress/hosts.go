@@ -21,20 +21,20 @@ import (
 // is taken by the TLS of the host the client reached, which passes the
 // chain on (certHeader): the host that runs the sandbox checks it.
 
-// Headers a forwarding ingress adds, believed only from another host
-// (cluster.FromHost), taken off everything else.
+// Headers a forwarding ingress adds (cluster's), believed only from
+// another host (cluster.FromHost), taken off everything else.
 const (
 	// certHeader is the client's certificate chain as the forwarding
 	// host's TLS took it: each certificate's DER in base64, comma
 	// separated.
-	certHeader = "X-Harebox-Client-Cert"
+	certHeader = cluster.HeaderClientCert
 	// serverNameHeader is the name the client asked for in its TLS
 	// handshake.
-	serverNameHeader = "X-Harebox-Server-Name"
+	serverNameHeader = cluster.HeaderServerName
 	// connHeader names the client's connection to the forwarding host,
 	// so that a grant is recorded once per connection, as for this
 	// host's own.
-	connHeader = "X-Harebox-Conn"
+	connHeader = cluster.HeaderConn
 )
 
 // maxRemoteGrants bounds the other hosts' connections a URL remembers
@@ -73,10 +73,10 @@ func (s *Service) firstGrant(r *http.Request, c *conn, e *entry) bool {
 type Hosts interface {
 	// Self is this host's name.
 	Self() string
-	// ForwardSandbox serves r on the host that runs sandbox id, and says
-	// whether it did (or answered why not): false when this host runs
-	// it, or none does.
-	ForwardSandbox(w http.ResponseWriter, r *http.Request, id string) bool
+	// ForwardSandbox serves r on the host that runs sandbox id, with the
+	// hosts' headers set (and no other of them), and says whether it did
+	// (or answered why not): false when this host runs it, or none does.
+	ForwardSandbox(w http.ResponseWriter, r *http.Request, id string, set http.Header) bool
 	// ForwardHost serves r on host name: false when that is this host,
 	// or no host of the deployment.
 	ForwardHost(w http.ResponseWriter, r *http.Request, name string) bool
@@ -98,24 +98,21 @@ func (s *Service) elsewhere(r *http.Request) Hosts {
 // forwardSandbox sends r to the host that runs sandbox id, with its
 // client certificate, and says whether it did (or answered why not).
 func (s *Service) forwardSandbox(w http.ResponseWriter, r *http.Request, hosts Hosts, id string) bool {
-	fr := r.Clone(r.Context())
-	fr.Header.Del(certHeader)
-	fr.Header.Del(serverNameHeader)
-	fr.Header.Del(connHeader)
+	set := http.Header{}
 	if c, _ := r.Context().Value(connKey{}).(*conn); c != nil {
-		fr.Header.Set(connHeader, c.id)
+		set.Set(connHeader, c.id)
 	}
 	if r.TLS != nil {
-		fr.Header.Set(serverNameHeader, r.TLS.ServerName)
+		set.Set(serverNameHeader, r.TLS.ServerName)
 		if len(r.TLS.PeerCertificates) > 0 {
 			var chain []string
 			for _, c := range r.TLS.PeerCertificates {
 				chain = append(chain, base64.StdEncoding.EncodeToString(c.Raw))
 			}
-			fr.Header.Set(certHeader, strings.Join(chain, ","))
+			set.Set(certHeader, strings.Join(chain, ","))
 		}
 	}
-	return hosts.ForwardSandbox(w, fr, id)
+	return hosts.ForwardSandbox(w, r, id, set)
 }
 
 // clientTLS is what r's client showed in its TLS handshake: on the

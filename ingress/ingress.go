@@ -706,9 +706,11 @@ type stream struct {
 	dead   atomic.Bool
 	cancel context.CancelFunc
 	cert   string // the client certificate it was let in with (mtls: its revocation key)
-	// h2 is the HTTP/2 stream's writer, whose write deadline cut puts in
-	// the past (which resets the stream); nil for HTTP/1. It may be used
-	// only until the handler returns (done), under mu.
+	// h2 is the HTTP/2 stream's writer (or, for a request from another
+	// host, the HTTP/1 one), whose write deadline cut puts in the past
+	// (which resets the stream, or fails the connection's writes); nil
+	// for this host's own HTTP/1 clients, whose connection cut kills. It
+	// may be used only until the handler returns (done), under mu.
 	mu   sync.Mutex
 	h2   http.ResponseWriter
 	done bool
@@ -826,7 +828,9 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	st := &stream{cancel: cancel}
-	if r.ProtoMajor == 2 {
+	if r.ProtoMajor == 2 || c == nil {
+		// (A request from another host: no client connection of this
+		// host's to kill, so a cut fails its writes at once this way.)
 		st.h2 = w
 	}
 	if fromCookie && crossSite(r) {
@@ -969,9 +973,7 @@ func (s *Service) rewrite(pr *httputil.ProxyRequest) {
 	if a := pr.In.Header.Get(cluster.HeaderClient); a != "" && cluster.FromHost(pr.In) {
 		out.Header.Set("X-Forwarded-For", a) // (the client, not the host that forwarded it)
 	}
-	for _, h := range []string{cluster.HeaderClient, cluster.HeaderForwardedBy, cluster.HeaderIngress, certHeader, serverNameHeader, connHeader} {
-		out.Header.Del(h)
-	}
+	cluster.DropHostHeaders(out.Header)
 	out.Header.Del(TokenHeader)
 	if v := out.Header.Get("Authorization"); strings.HasPrefix(v, "Bearer "+TokenPrefix) || (rt.bearer && strings.HasPrefix(v, "Bearer ")) {
 		out.Header.Del("Authorization")

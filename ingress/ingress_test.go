@@ -780,12 +780,13 @@ type otherHost struct {
 
 func (h *otherHost) Self() string { return "b" }
 
-func (h *otherHost) ForwardSandbox(w http.ResponseWriter, r *http.Request, id string) bool {
+func (h *otherHost) ForwardSandbox(w http.ResponseWriter, r *http.Request, id string, set http.Header) bool {
 	if id != sbxID {
 		return false
 	}
-	r.Header.Set(cluster.HeaderIngress, "1")
-	h.fwd.Forward(w, r, h.a, "")
+	set = set.Clone()
+	set.Set(cluster.HeaderIngress, "1")
+	h.fwd.Forward(w, r, h.a, "", set)
 	return true
 }
 
@@ -793,8 +794,7 @@ func (h *otherHost) ForwardHost(w http.ResponseWriter, r *http.Request, name str
 	if name != "a" {
 		return false
 	}
-	r.Header.Set(cluster.HeaderIngress, "1")
-	h.fwd.Forward(w, r, h.a, "")
+	h.fwd.Forward(w, r, h.a, "", http.Header{cluster.HeaderIngress: {"1"}})
 	return true
 }
 

@@ -141,18 +141,27 @@ func (s *Service) loadAuthority(ctx context.Context, projectID string) (*authori
 	return a, nil
 }
 
-// changed reloads the project's CA after a change to its records and cuts
-// what the certificates it no longer accepts opened: those of keys
-// (revocation keys), or all of them when keys is nil. The caller holds
-// caChange.
-func (s *Service) changed(ctx context.Context, projectID string, keys map[string]bool) {
+// changed reloads the project's CA after a change to its records (made
+// here, or through another host: Noticed) and cuts what it no longer
+// accepts: what the certificates revoked since the CA was loaded opened,
+// or everything its certificates opened when the CA itself is not the
+// same (or cannot be read: it fails closed). The caller holds caChange.
+func (s *Service) changed(ctx context.Context, projectID string) {
 	a, err := s.loadAuthority(ctx, projectID)
 	s.caMu.Lock()
 	s.caGen++
-	if old := s.cas[projectID]; err == nil && keys != nil && old != nil && old.roots != nil {
-		// A revocation: the CA is the same, and so are the requests
-		// that checked against it but for the revoked.
+	old := s.cas[projectID]
+	var keys map[string]bool // nil: cut all
+	if err == nil && old != nil && old.roots != nil && a.pem == old.pem {
+		// The same CA, and so the requests that checked against it
+		// stay good, but for the newly revoked.
 		a.roots = old.roots
+		keys = map[string]bool{}
+		for k := range a.revoked {
+			if !old.revoked[k] {
+				keys[k] = true
+			}
+		}
 	}
 	if err != nil {
 		s.opts.Log.Error("ingress: cannot load a project's CA; its mtls URLs refuse until it can", "project", projectID, "err", err)
@@ -161,6 +170,9 @@ func (s *Service) changed(ctx context.Context, projectID string, keys map[string
 		s.cas[projectID] = a
 	}
 	s.caMu.Unlock()
+	if keys != nil && len(keys) == 0 {
+		return
+	}
 	s.mu.RLock()
 	var es []*entry
 	for _, e := range s.byID {
@@ -177,6 +189,7 @@ func (s *Service) changed(ctx context.Context, projectID string, keys map[string
 	}
 }
 
+
 // NoticeTopic is the store's notice of a change to a project's CA or its
 // certificates' revocations, made through any host: each host's ingress
 // reloads what it checks against (Noticed).
@@ -191,9 +204,8 @@ func (s *Service) tellHosts(ctx context.Context, projectID string) {
 
 // Noticed reloads a project's CA after a change made through another
 // host (a NoticeTopic notice; "": every project loaded here, as after a
-// lost connection to the store) and cuts what it no longer accepts:
-// everything the project's certificates opened when the CA itself
-// changed, else what the certificates revoked since opened.
+// lost connection to the store) and cuts what it no longer accepts, as
+// changed does.
 func (s *Service) Noticed(ctx context.Context, projectID string) {
 	if projectID == "" {
 		s.caMu.Lock()
@@ -207,10 +219,11 @@ func (s *Service) Noticed(ctx context.Context, projectID string) {
 		}
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	s.caChange.Lock()
 	defer s.caChange.Unlock()
-	old := s.current(projectID)
-	if old == nil {
+	if s.current(projectID) == nil {
 		// Not loaded here (nothing checked against it): a load in
 		// flight must not keep what it read before the change.
 		s.caMu.Lock()
@@ -218,20 +231,7 @@ func (s *Service) Noticed(ctx context.Context, projectID string) {
 		s.caMu.Unlock()
 		return
 	}
-	a, err := s.loadAuthority(ctx, projectID)
-	var keys map[string]bool // nil: the CA changed, cut all
-	if err == nil && a.pem == old.pem {
-		keys = map[string]bool{}
-		for k := range a.revoked {
-			if !old.revoked[k] {
-				keys[k] = true
-			}
-		}
-		if len(keys) == 0 {
-			return // (this host's own change, or nothing that matters here)
-		}
-	}
-	s.changed(ctx, projectID, keys)
+	s.changed(ctx, projectID)
 }
 
 // takeCerts takes what the certificates of keys opened (nil: every
@@ -386,7 +386,7 @@ func (s *Service) SetCA(ctx context.Context, projectID, accountID string, req sa
 		}
 		return nil, err
 	}
-	s.changed(ctx, projectID, nil)
+	s.changed(ctx, projectID)
 	s.tellHosts(ctx, projectID)
 	if old != nil && old.KeyName != "" {
 		s.eraseKey(projectID, old.KeyName)
@@ -424,7 +424,7 @@ func (s *Service) DeleteCA(ctx context.Context, projectID string) error {
 	if err != nil {
 		return err
 	}
-	s.changed(ctx, projectID, nil)
+	s.changed(ctx, projectID)
 	s.tellHosts(ctx, projectID)
 	if old.KeyName != "" {
 		s.eraseKey(projectID, old.KeyName)
@@ -549,10 +549,8 @@ func (s *Service) RevokeCert(ctx context.Context, projectID, serial string) (*sa
 	if err != nil {
 		return nil, err
 	}
-	keys := map[string]bool{}
 	for _, c := range certs {
 		k := keyHash(c)
-		keys[revocationKey(k, serial)] = true
 		if !slices.Contains(rec.IssuerKeys, k) {
 			rec.IssuerKeys = append(rec.IssuerKeys, k)
 		}
@@ -564,7 +562,7 @@ func (s *Service) RevokeCert(ctx context.Context, projectID, serial string) (*sa
 	if err := s.db.PutClientCert(ctx, rec); err != nil {
 		return nil, err
 	}
-	s.changed(ctx, projectID, keys)
+	s.changed(ctx, projectID)
 	s.tellHosts(ctx, projectID)
 	return rec, nil
 }
