@@ -763,12 +763,35 @@ func throughAnotherHost(t *testing.T, a *fixture) *fixture {
 	in := &http.Server{Handler: cluster.Internal(cluster.Split(api, a.svc))}
 	go in.Serve(tls.NewListener(l, load("a").Server))
 	t.Cleanup(func() { in.Close() })
+	// a is one of the deployment too: what b forwards to it must be
+	// served there, never sent on again.
+	a.svc.SetHosts(localHost{t})
 	// (The hosts share one store, as a deployment's do.)
 	b := newFixtureDB(t, true, "harebox.test", a.db)
 	b.svc.SetHosts(&otherHost{fwd: cluster.NewForwarder("b", load("b"), func(w http.ResponseWriter, _ *http.Request, err error) {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 	}), a: &cluster.Host{Name: "a", Up: true, Address: "https://" + l.Addr().String()}})
 	return b
+}
+
+// localHost is host a's view of the deployment: it runs the tests'
+// sandbox.
+type localHost struct{ t *testing.T }
+
+func (h localHost) Self() string { return "a" }
+
+func (h localHost) ForwardSandbox(w http.ResponseWriter, r *http.Request, id string, set http.Header) bool {
+	if cluster.FromHost(r) {
+		h.t.Error("a request another host forwarded was sent on again")
+	}
+	return false
+}
+
+func (h localHost) ForwardHost(w http.ResponseWriter, r *http.Request, name string) bool {
+	if cluster.FromHost(r) {
+		h.t.Error("a callback another host forwarded was sent on again")
+	}
+	return false
 }
 
 // otherHost is host b's view of the deployment: the tests' sandbox runs
