@@ -189,7 +189,6 @@ func (s *Service) changed(ctx context.Context, projectID string) {
 	}
 }
 
-
 // NoticeTopic is the store's notice of a change to a project's CA or its
 // certificates' revocations, made through any host: each host's ingress
 // reloads what it checks against (Noticed).
