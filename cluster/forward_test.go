@@ -20,20 +20,7 @@ import (
 // waited for an answer that did not come, or the connection was dropped
 // under it.
 func TestForwardFullDuplex(t *testing.T) {
-	dir := t.TempDir()
-	if _, err := MakeCA(dir); err != nil {
-		t.Fatal(err)
-	}
-	load := func(name string) *TLS {
-		if err := IssueHost(dir, name, []string{"127.0.0.1"}); err != nil {
-			t.Fatal(err)
-		}
-		c, err := LoadTLS(filepath.Join(dir, "ca.pem"), filepath.Join(dir, name+".pem"), filepath.Join(dir, name+".key"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	load := deployment(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -68,20 +55,7 @@ func TestForwardFullDuplex(t *testing.T) {
 // through the API's forwarding, and a Connection header cannot take off
 // what the forwarding host set.
 func TestForwardHeaders(t *testing.T) {
-	dir := t.TempDir()
-	if _, err := MakeCA(dir); err != nil {
-		t.Fatal(err)
-	}
-	load := func(name string) *TLS {
-		if err := IssueHost(dir, name, []string{"127.0.0.1"}); err != nil {
-			t.Fatal(err)
-		}
-		c, err := LoadTLS(filepath.Join(dir, "ca.pem"), filepath.Join(dir, name+".pem"), filepath.Join(dir, name+".key"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	load := deployment(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -123,5 +97,24 @@ func TestForwardHeaders(t *testing.T) {
 	got = send(http.Header{HeaderIngress: {"1"}, HeaderClientCert: {"chain"}})
 	if got.Get("Served-By") != "ingress" || got.Get("Got-"+HeaderClientCert) != "chain" || got.Get("Got-"+HeaderServerName) != "" {
 		t.Errorf("forwarded as the ingress does, the other host got %v", got)
+	}
+}
+
+// deployment makes a deployment CA for a test and returns what loads a
+// host's TLS, its certificate issued for 127.0.0.1.
+func deployment(t *testing.T) func(name string) *TLS {
+	dir := t.TempDir()
+	if _, err := MakeCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	return func(name string) *TLS {
+		if err := IssueHost(dir, name, []string{"127.0.0.1"}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := LoadTLS(filepath.Join(dir, "ca.pem"), filepath.Join(dir, name+".pem"), filepath.Join(dir, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
 }

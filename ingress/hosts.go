@@ -147,17 +147,12 @@ func clientTLS(r *http.Request) *tls.ConnectionState {
 	return st
 }
 
-// remoteAuth is the protection of the URL that host (a host form's name)
-// names when another host runs its sandbox: a handshake asks for a client
+// remoteAuth is the protection of the URL of guest port t (a host
+// form's) when another host runs its sandbox: a handshake asks for a client
 // certificate when it is mtls. Found in the store and kept (an mtls one
 // a minute, another or none 10 s: a URL published since is seen soon).
-func (s *Service) remoteAuth(host string) string {
-	label, ok := strings.CutSuffix(strings.ToLower(host), "."+strings.ToLower(s.opts.Base.Hostname()))
-	if !ok || s.hosts.Load() == nil {
-		return ""
-	}
-	t, ok := hostTarget(label)
-	if !ok {
+func (s *Service) remoteAuth(t target) string {
+	if s.hosts.Load() == nil {
 		return ""
 	}
 	now := time.Now()

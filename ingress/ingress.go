@@ -616,17 +616,11 @@ func (s *Service) isBase(host string) bool {
 	return strings.EqualFold(host, s.opts.Base.Hostname())
 }
 
-// route finds the URL a request is for, the path to send to the guest
-// (escaped) and the path the credential cookie is scoped to.
-func (s *Service) route(r *http.Request) (e *entry, path, cookiePath string, ok bool) {
-	t, path, cookiePath, ok := s.parse(r)
-	if !ok {
-		return nil, "", "", false
-	}
+// published is the URL of guest port t, or nil.
+func (s *Service) published(t target) *entry {
 	s.mu.RLock()
-	e = s.byPort[t]
-	s.mu.RUnlock()
-	return e, path, cookiePath, e != nil
+	defer s.mu.RUnlock()
+	return s.byPort[t]
 }
 
 // parse reads the guest port a request names, the path to send to the
@@ -763,13 +757,16 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.callback(w, r)
 		return
 	}
-	if t, _, _, ok := s.parse(r); ok {
-		if hosts := s.elsewhere(r); hosts != nil && s.forwardSandbox(w, r, hosts, t.sandboxID) {
-			return
-		}
-	}
-	e, path, cookiePath, ok := s.route(r)
+	t, path, cookiePath, ok := s.parse(r)
 	if !ok {
+		http.Error(w, "no such URL", http.StatusNotFound)
+		return
+	}
+	if hosts := s.elsewhere(r); hosts != nil && s.forwardSandbox(w, r, hosts, t.sandboxID) {
+		return
+	}
+	e := s.published(t)
+	if e == nil {
 		http.Error(w, "no such URL", http.StatusNotFound)
 		return
 	}

@@ -590,28 +590,26 @@ func (s *Service) clientTLS(base *tls.Config) func(*tls.ClientHelloInfo) (*tls.C
 		return nil // checked per request, against the project's CA then
 	}
 	return func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		if e := s.hostEntry(h.ServerName); e != nil && e.auth == sandbox.URLAuthMTLS {
+		t, ok := s.hostForm(h.ServerName)
+		if !ok {
+			return nil, nil
+		}
+		if e := s.published(t); e != nil && e.auth == sandbox.URLAuthMTLS {
 			return withCert, nil
-		} else if e == nil && s.remoteAuth(h.ServerName) == sandbox.URLAuthMTLS {
+		} else if e == nil && s.remoteAuth(t) == sandbox.URLAuthMTLS {
 			return withCert, nil // (another host checks it)
 		}
 		return nil, nil
 	}
 }
 
-// hostEntry is the URL whose host form is host, if any.
-func (s *Service) hostEntry(host string) *entry {
+// hostForm is the guest port whose URL's host form is host, if it is one.
+func (s *Service) hostForm(host string) (target, bool) {
 	label, ok := strings.CutSuffix(strings.ToLower(host), "."+strings.ToLower(s.opts.Base.Hostname()))
 	if !ok {
-		return nil
+		return target{}, false
 	}
-	t, ok := hostTarget(label)
-	if !ok {
-		return nil
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.byPort[t]
+	return hostTarget(label)
 }
 
 // checked is what checkCert found of a request's client certificate.
