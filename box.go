@@ -52,6 +52,10 @@ type box struct {
 	deletingOnce sync.Once
 	// phases times a create's steps (nil otherwise).
 	phases *phases
+	// gone, once set (under mu), is why the box no longer stands for its
+	// sandbox here (it moved to another host, or a move let go of it): a
+	// call that waited for its lock gets it and tries again.
+	gone error
 }
 
 func (b *box) view() *sandbox.Sandbox {

@@ -44,6 +44,9 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 	b.deletingOnce.Do(func() { close(b.deleting) })
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.gone != nil {
+		return b.gone
+	}
 	if err := sandbox.CanTransition(b.rec.State, sandbox.StateDeleted); err != nil {
 		return err
 	}

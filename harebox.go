@@ -38,6 +38,7 @@ import (
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/monitor"
+	"github.com/harebox/harebox/move"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
@@ -76,6 +77,7 @@ type Engine struct {
 	clones      *clone.Service
 	snaps       *clone.Snapshots
 	hibernation *clone.Hibernation
+	mover       *move.Client // nil: no internal endpoint, no moves
 	monitor     *monitor.Service
 	processes   *processes.Service
 	code        *codeinterp.Service
@@ -236,7 +238,10 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		Hosts: snapshotSources{e}, Sources: snapshotSources{e}, Capable: e.snapshots, Dir: filepath.Join(opts.DataDir, "snapshots"),
 		Encrypt: e.encrypt, Log: e.log})
 	e.hibernation = clone.NewHibernation(clone.HibernationOptions{Hypervisor: e.hv, Network: e.net, Store: e.store,
-		Dir: filepath.Join(opts.DataDir, "hibernated"), Log: e.log})
+		Dir: filepath.Join(opts.DataDir, "hibernated"), Foreign: func(r *store.Sandbox) bool { return e.hosts.Foreign(r) }, Log: e.log})
+	if opts.Host.TLS != nil {
+		e.mover = move.NewClient(opts.Host.TLS.Client)
+	}
 	if err := e.registerHost(ctx); err != nil {
 		return nil, err
 	}

@@ -32,15 +32,28 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := sandbox.CanTransition(b.rec.State, sandbox.StateHibernated); err != nil {
+	if err := b.gone; err != nil {
 		return nil, err
 	}
-	if err := e.snaps.MayTake(b.rec); err != nil {
+	if err := e.hibernate(ctx, b, false); err != nil {
 		return nil, err
+	}
+	return b.view(), nil
+}
+
+// hibernate hibernates b, whose lock the caller holds. With hold, b stays
+// registered (a move holds it so until it is done); else it is kept.
+func (e *Engine) hibernate(ctx context.Context, b *box, hold bool) error {
+	id := b.rec.ID
+	if err := sandbox.CanTransition(b.rec.State, sandbox.StateHibernated); err != nil {
+		return err
+	}
+	if err := e.snaps.MayTake(b.rec); err != nil {
+		return err
 	}
 	ctx = context.WithoutCancel(ctx) // a hibernate that started finishes
 	if err := e.hibernation.Prepare(id); err != nil {
-		return nil, err
+		return err
 	}
 	// Its volumes stay attached to it, but not to its machine: they are
 	// detached before it is written (a process with a file open on one
@@ -49,7 +62,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	if len(b.rec.Volumes) > 0 {
 		if err := e.detachVolumes(ctx, b); err != nil {
 			e.hibernation.Remove(id)
-			return nil, err
+			return err
 		}
 		detached = true
 	}
@@ -69,7 +82,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 				e.volumes.Mount(ctx, b.rec, b.m, c)
 			}
 		}
-		return nil, kinds.Of("hibernate", err)
+		return kinds.Of("hibernate", err)
 	}
 	// Charged up to now as it ran; from now on, its disk and these files.
 	b.rec.HibernatedBytes = size
@@ -85,7 +98,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 			b.m.Resume(ctx)
 		}
 		b.useMachine(b.m)
-		return nil, err
+		return err
 	}
 	e.hangUp(b, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
 	if err := b.m.Kill(ctx); err != nil {
@@ -101,13 +114,15 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 	}
 	e.capacity.Release(b.rec.Size)
 	b.rec.Handle = nil
-	snap := *b.rec
-	e.boxes.drop(id, &snap)
+	if !hold {
+		snap := *b.rec
+		e.boxes.drop(id, &snap)
+	}
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
-		return nil, err
+		return err
 	}
 	e.log.Info("sandbox hibernated", "id", id, "bytes", e.hibernation.Bytes(id))
-	return b.view(), nil
+	return nil
 }
 
 // wake resumes a hibernated sandbox: admitted again (host capacity,

@@ -99,6 +99,10 @@ func (e *Engine) Pause(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 	if err := e.check(ctx, "pauseSandbox", id); err != nil {
 		return nil, err
 	}
+	return e.pause(ctx, id)
+}
+
+func (e *Engine) pause(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 	return e.transition(ctx, id, sandbox.StatePaused, func(b *box) error {
 		if err := b.m.Pause(ctx); err != nil {
 			return err
@@ -149,6 +153,9 @@ func (e *Engine) transition(ctx context.Context, id string, to sandbox.State, f 
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.gone != nil {
+		return nil, b.gone
+	}
 	if err := sandbox.CanTransition(b.rec.State, to); err != nil {
 		return nil, err
 	}

@@ -32,6 +32,9 @@ func (s snapshotSources) Hold(ctx context.Context, id string, fn func(*clone.Sou
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.gone != nil {
+		return b.gone
+	}
 	return fn(&clone.Source{Rec: b.rec, Key: b.keys.Data, Policy: b.rec.Extra[firewall.RecordKey],
 		Write: func(ctx context.Context, dir string, key []byte) error { return e.writeSnapshot(ctx, b, dir, key) }})
 }

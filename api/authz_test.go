@@ -287,6 +287,7 @@ func calls(w world) []call {
 		{"listHosts", "GET", "/v1/hosts", nil, "operator"},
 		{"deleteHost", "DELETE", "/v1/hosts/gone", nil, "operator"},
 		{"rotateMeshKey", "POST", "/v1/hosts/gone/mesh-key", nil, "operator"},
+		{"moveSandbox", "POST", sb + "/move", map[string]any{"to": "gone"}, "operator"},
 	}
 }
 

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/harebox/harebox/apikey"
@@ -19,6 +20,7 @@ import (
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/monitor"
+	"github.com/harebox/harebox/move"
 	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/tenant"
@@ -52,6 +54,8 @@ type Sandboxes interface {
 	Stop(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	Start(ctx context.Context, id string) (*sandbox.Sandbox, error)
 	Hibernate(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	// Move moves a sandbox to another host (the operator only).
+	Move(ctx context.Context, id, to string) (*move.Result, error)
 	// SetTimeout sets when the sandbox expires: ttl from now, or never
 	// for 0.
 	SetTimeout(ctx context.Context, id string, ttl time.Duration) (*sandbox.Sandbox, error)
@@ -113,6 +117,9 @@ type Control interface {
 	Ready(ctx context.Context) map[string]error
 	Capabilities(ctx context.Context) (hypervisor.Capabilities, error)
 	Site() sandbox.Site
+	// Moves serves this host's side of moves from other hosts (on the
+	// internal endpoint only).
+	Moves() http.Handler
 	// RotateMeshKey has a host make a new key for its mesh tunnel.
 	RotateMeshKey(ctx context.Context, host string) error
 	Close() error

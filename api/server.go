@@ -34,6 +34,7 @@ import (
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/monitor"
+	"github.com/harebox/harebox/move"
 	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -161,7 +162,15 @@ type Server struct {
 // Options.Cluster.Server: only they get through): the API, and what
 // their ingresses forward to this host's, ingress (nil: none here).
 func (s *Server) Internal(ingress http.Handler) http.Handler {
-	return cluster.Internal(cluster.Split(s, ingress))
+	moves, rest := s.eng.Moves(), cluster.Split(s, ingress)
+	// (Not a ServeMux: what an ingress forwards keeps its path as sent.)
+	return cluster.Internal(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, move.Prefix) && r.Header.Get(cluster.HeaderIngress) == "" {
+			moves.ServeHTTP(w, r)
+			return
+		}
+		rest.ServeHTTP(w, r)
+	}))
 }
 
 // Route is one API route: the router and the OpenAPI document must agree
@@ -189,6 +198,7 @@ func Routes() []Route {
 		{"POST", "/v1/sandboxes/{id}/start", "startSandbox", false, (*Server).start},
 		{"POST", "/v1/sandboxes/{id}/fork", "forkSandbox", false, (*Server).fork},
 		{"POST", "/v1/sandboxes/{id}/hibernate", "hibernateSandbox", false, (*Server).hibernate},
+		{"POST", "/v1/sandboxes/{id}/move", "moveSandbox", false, (*Server).move},
 		{"POST", "/v1/sandboxes/{id}/timeout", "setSandboxTimeout", false, (*Server).setTimeout},
 		{"POST", "/v1/sandboxes/{id}/snapshots", "createSnapshot", false, (*Server).createSnapshot},
 		{"GET", "/v1/snapshots", "listSnapshots", false, (*Server).listSnapshots},

@@ -40,6 +40,18 @@ func (s *Server) hibernate(w http.ResponseWriter, r *http.Request) error {
 	return reply(w, http.StatusOK, box, err)
 }
 
+// move moves a sandbox to another host: the operator only.
+func (s *Server) move(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		To string `json:"to" validate:"required,max=63"`
+	}
+	if err := s.decode(w, r, &req); err != nil {
+		return err
+	}
+	res, err := s.eng.Move(r.Context(), r.PathValue("id"), req.To)
+	return reply(w, http.StatusOK, res, err)
+}
+
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	var req sandbox.ForkRequest
 	if r.ContentLength != 0 {

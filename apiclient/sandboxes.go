@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/move"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -81,6 +82,13 @@ func (c *Client) Start(ctx context.Context, id string) (*sandbox.Sandbox, error)
 // Hibernate writes a sandbox's memory to disk, encrypted, and frees it.
 func (c *Client) Hibernate(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 	return c.transition(ctx, id, "hibernate")
+}
+
+// Move moves a sandbox to host to (the operator only): the sandbox on
+// its new host, the host it left and how long it did not run.
+func (c *Client) Move(ctx context.Context, id, to string) (*move.Result, error) {
+	var out move.Result
+	return &out, c.Do(ctx, http.MethodPost, SandboxPath(id, "/move"), nil, map[string]string{"to": to}, &out)
 }
 
 // SetTimeout sets when a running or paused sandbox expires: ttl from now,

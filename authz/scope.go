@@ -34,7 +34,7 @@ var Actions = []string{
 	"createURL", "listURLs", "getURL", "rotateURL", "deleteURL",
 	"getURLCA", "setURLCA", "deleteURLCA", "issueClientCert", "listClientCerts", "revokeClientCert",
 	"listImages", "buildImage", "deleteImage",
-	"listHosts", "deleteHost", "rotateMeshKey",
+	"listHosts", "deleteHost", "rotateMeshKey", "moveSandbox",
 	"createVolume", "listVolumes", "getVolume", "resizeVolume", "deleteVolume",
 	"runCode", "listCodeContexts", "createCodeContext", "restartCodeContext", "deleteCodeContext",
 }
@@ -78,7 +78,8 @@ var Groups = map[string][]string{
 // operatorOnly actions need the operator whatever a key's scope says:
 // a key belongs to one account and cannot make or end accounts.
 var operatorOnly = map[string]bool{"createAccount": true, "deleteAccount": true, "verifyAudit": true,
-	"buildImage": true, "deleteImage": true, "listHosts": true, "deleteHost": true, "rotateMeshKey": true}
+	"buildImage": true, "deleteImage": true, "listHosts": true, "deleteHost": true, "rotateMeshKey": true,
+	"moveSandbox": true}
 
 // Scope limits a key. Every field is optional (empty means no limit on that
 // dimension) and they combine with AND.

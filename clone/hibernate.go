@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/internal/procs"
@@ -39,7 +40,11 @@ type HibernationOptions struct {
 	Store      SandboxStore
 	// Dir holds the hibernated sandboxes' files (DATA_DIR/hibernated).
 	Dir string
-	Log *slog.Logger
+	// Foreign reports whether a record is another host's (a sandbox that
+	// moved away, or one whose move here did not finish): Prune removes
+	// its files here. Nil: none is.
+	Foreign func(*store.Sandbox) bool
+	Log     *slog.Logger
 }
 
 // Hibernation holds the hibernated sandboxes' files.
@@ -54,6 +59,19 @@ func NewHibernation(o HibernationOptions) *Hibernation {
 }
 
 func (h *Hibernation) dir(id string) string { return filepath.Join(h.o.Dir, id) }
+
+// Dir is where sandbox id's hibernation files are.
+func (h *Hibernation) Dir(id string) string { return h.dir(id) }
+
+// IncomingDir is where sandbox id's hibernation files are written as
+// they arrive from another host (package move), before they move to Dir
+// whole; Prune removes what a move cut short left there.
+func (h *Hibernation) IncomingDir(id string) string {
+	return filepath.Join(h.o.Dir, incoming+id)
+}
+
+// incoming starts the name of a move's files on their way in.
+const incoming = ".incoming-"
 
 // Prepare makes room for sandbox id's hibernation files: those of a
 // hibernate that failed before go.
@@ -115,7 +133,8 @@ func (h *Hibernation) Finish(ctx context.Context, rec *store.Sandbox) {
 
 // Prune removes hibernation files whose sandbox is not hibernated (a
 // hibernate that failed, or that a crash cut short before its record said
-// so).
+// so), or not on this host (it moved away, or its move here failed), and
+// the files of moves that did not arrive whole.
 func (h *Hibernation) Prune(ctx context.Context) error {
 	ents, err := os.ReadDir(h.o.Dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -126,7 +145,8 @@ func (h *Hibernation) Prune(ctx context.Context) error {
 	}
 	for _, d := range ents {
 		rec, err := h.o.Store.GetSandbox(ctx, d.Name())
-		if errors.Is(err, store.ErrNotFound) || (err == nil && rec.State != sandbox.StateHibernated) {
+		if strings.HasPrefix(d.Name(), incoming) || errors.Is(err, store.ErrNotFound) ||
+			(err == nil && (rec.State != sandbox.StateHibernated || (h.o.Foreign != nil && h.o.Foreign(rec)))) {
 			h.o.Log.Info("removing hibernation files of a sandbox that is not hibernated", "id", d.Name())
 			os.RemoveAll(filepath.Join(h.o.Dir, d.Name()))
 		}

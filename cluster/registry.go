@@ -36,6 +36,10 @@ type HostOptions struct {
 	// it (default 15 s; renewed every third). When it lapses, another
 	// host marks it down and its running sandboxes lost.
 	Lease time.Duration
+	// TLS is this host's side of the deployment's mutual TLS (the
+	// certificate it serves its internal endpoint and calls the other
+	// hosts with): moving a sandbox to another host needs it.
+	TLS *TLS
 }
 
 // Options configure a Registry.

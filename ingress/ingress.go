@@ -444,6 +444,46 @@ func (s *Service) drop(ctx context.Context, e *entry) error {
 	return nil
 }
 
+// Took loads the URLs of a sandbox that moved to this host, as the store
+// has them now (what this host loaded of them before may be stale: a
+// rotation made where the sandbox ran).
+func (s *Service) Took(ctx context.Context, sandboxID string) error {
+	recs, err := s.db.ListURLs(ctx, sandboxID)
+	if err != nil {
+		return err
+	}
+	s.Left(sandboxID)
+	for _, r := range recs {
+		if _, err := s.add(r); err != nil {
+			s.opts.Log.Error("ingress: stored URL is unusable", "id", r.ID, "err", err)
+		}
+	}
+	return nil
+}
+
+// Left lets go of the URLs of a sandbox that moved to another host (its
+// records stay: that host serves them now), cutting what they carried
+// through this host to the sandbox here.
+func (s *Service) Left(sandboxID string) {
+	s.mu.Lock()
+	var left []*entry
+	for id, e := range s.byID {
+		if e.t.sandboxID == sandboxID {
+			left = append(left, e)
+			delete(s.byID, id)
+			delete(s.byPort, e.t)
+		}
+	}
+	s.mu.Unlock()
+	for _, e := range left {
+		e.mu.Lock()
+		e.gone = true
+		streams, conns := e.takeLocked()
+		e.mu.Unlock()
+		cut(streams, conns)
+	}
+}
+
 // Forget unpublishes every URL of a sandbox that is being deleted (its
 // network goes with it).
 func (s *Service) Forget(ctx context.Context, sandboxID string) error {

@@ -351,7 +351,7 @@ func run(args []string, instead func(settings) error) error {
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
-		Host:        harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease},
+		Host:        harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease, TLS: clusterTLS},
 		AuditAnchor: anchor, AuditCheckpointInterval: *auditEvery, MaxVolumeGB: *maxVolumeGB, ProjectVolumeGB: *projectVolGB,
 	}
 	if tunnel != nil {

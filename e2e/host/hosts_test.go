@@ -178,6 +178,9 @@ func TestSeveralHosts(t *testing.T) {
 	// b's URL through a's ingress.
 	testURLThroughAnyHost(t, viaA, onB.ID, a.ingress, b.ingress, a.dir, b.dir)
 
+	// a's sandbox moved to b and back, running on.
+	testMove(t, s, a.srv, viaA, viaB, onA.ID, a.dir, b.dir, a.ingress, b.ingress)
+
 	// A key revoked through a is refused by b within a second.
 	var k struct{ ID, Secret string }
 	if err := json.Unmarshal([]byte(viaA("key", "create", "--actions", "sandboxes:read")), &k); err != nil || k.Secret == "" {

@@ -322,6 +322,18 @@ class Client:
             self._json("POST", path, body={"ttl_seconds": ttl_seconds}, timeout=timeout or self.lifecycle_timeout),
         )
 
+    @operation("moveSandbox")
+    def move_sandbox(self, sandbox_id: str, to: str, *, timeout: float | None = None) -> t.MoveResult:
+        """POST /v1/sandboxes/{id}/move (the operator only): moves a
+        running, paused or hibernated sandbox to host ``to`` of the
+        deployment, as it was (its processes run on); returns it (on its
+        new host), ``from``, ``to`` and ``paused_ms``, how long it did not
+        run. Refused before anything happens when the host is down, lacks
+        the same image build or has no room, and for a sandbox with
+        volumes."""
+        path = _path("/v1/sandboxes/{}/move", sandbox_id)
+        return cast(t.MoveResult, self._json("POST", path, body={"to": to}, timeout=timeout or self.lifecycle_timeout))
+
     @operation("forkSandbox")
     def fork_sandbox(self, sandbox_id: str, *, body: t.Body | None = None, timeout: float | None = None) -> t.SandboxList:
         """POST /v1/sandboxes/{id}/fork: makes ``count`` new sandboxes

@@ -200,6 +200,11 @@ class HostList(TypedDict):
     hosts: list[Host]
 
 
+MoveResult = TypedDict("MoveResult", {"sandbox": SandboxJSON, "from": str, "to": str, "paused_ms": int})
+"""The body of move_sandbox: the sandbox on its new host, the hosts, and
+how long it did not run (milliseconds)."""
+
+
 class HostName(TypedDict):
     """The body of rotate_mesh_key."""
 

@@ -91,6 +91,7 @@ import type {
   ImageList,
   HostList,
   HostName,
+  MoveResult,
   HostRemoval,
   SnapshotRequest,
   SnapshotsQuery,
@@ -405,6 +406,23 @@ export class HareBox {
       signal: options.signal,
       timeoutMs: this.#timeout(options, LIFECYCLE_TIMEOUT_MS),
     }));
+  }
+
+  /**
+   * Moves a running, paused or hibernated sandbox to host `to` of the
+   * deployment, as it was (its processes run on), for the operator only:
+   * the sandbox on its new host, the hosts, and how long it did not run
+   * (`paused_ms`). Refused before anything happens when the host is down,
+   * lacks the same image build or has no room, and for a sandbox with
+   * volumes.
+   */
+  async moveSandbox(id: string, to: string, options: CallOptions = {}): Promise<{ sandbox: Sandbox; from: string; to: string; paused_ms: number }> {
+    const res = await this.#call<MoveResult>("moveSandbox", [id], "json", {
+      json: { to },
+      signal: options.signal,
+      timeoutMs: this.#timeout(options, LIFECYCLE_TIMEOUT_MS),
+    });
+    return { ...res, sandbox: new Sandbox(this, res.sandbox) };
   }
 
   // Forks and snapshots. A sandbox created with `snapshots: false` refuses both.

@@ -23,6 +23,7 @@ export const OPERATIONS = {
   stopSandbox: { method: "POST", path: "/v1/sandboxes/{id}/stop" },
   startSandbox: { method: "POST", path: "/v1/sandboxes/{id}/start" },
   hibernateSandbox: { method: "POST", path: "/v1/sandboxes/{id}/hibernate" },
+  moveSandbox: { method: "POST", path: "/v1/sandboxes/{id}/move" },
   setSandboxTimeout: { method: "POST", path: "/v1/sandboxes/{id}/timeout" },
   forkSandbox: { method: "POST", path: "/v1/sandboxes/{id}/fork" },
   createSnapshot: { method: "POST", path: "/v1/sandboxes/{id}/snapshots" },

@@ -1026,6 +1026,14 @@ export interface HostList {
   hosts: Host[];
 }
 
+/** The body of moveSandbox: the sandbox on its new host, the hosts, and how long it did not run. */
+export interface MoveResult {
+  sandbox: Sandbox;
+  from: string;
+  to: string;
+  paused_ms: number;
+}
+
 /** The body of rotateMeshKey. */
 export interface HostName {
   host: string;

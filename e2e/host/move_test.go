@@ -1,0 +1,154 @@
+package host
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/internal/testserver"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// testMove moves sandbox id, running on host a, to host b through a's
+// API while a process of it runs, then back through b's: each time it
+// runs on as it was (its process, its files, its kernel), and the
+// host it left holds nothing of it.
+func testMove(t *testing.T, s testserver.Setup, srvA *testserver.Server, viaA, viaB func(...string) string, id, dirA, dirB, ingressA, ingressB string) {
+	t.Helper()
+	// A URL of it, published on a, served by a web server in it.
+	web := testimage.Package(t, "./e2e/testdata/guestweb", "guestweb")
+	viaA("file", "write", id, "--path", "/tmp/guestweb", "--mode", "0755", "--from", web)
+	viaA("exec", id, "--background", "--", "/tmp/guestweb", "-listen", ":8080")
+	var u sandbox.URL
+	if err := json.Unmarshal([]byte(viaA("url", "create", id, "--port", "8080")), &u); err != nil || u.Token == "" {
+		t.Fatalf("url create: %v", err)
+	}
+	throughA, throughB := newIngressClient(t, ingressA, dirA, dirB).http(false), newIngressClient(t, ingressB, dirA, dirB).http(false)
+	deadline := time.Now().Add(time.Minute) // (the server starts in the background)
+	for code, _ := get(throughA, u.URL, u.Token); code != 200; code, _ = get(throughA, u.URL, u.Token) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the URL before the move: %d", code)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	// A counter that writes a line every 100 ms, started before the move.
+	viaA("exec", id, "--background", "--", "sh", "-c", "i=0; while [ ! -e /tmp/stop ]; do i=$((i+1)); echo $i >> /tmp/count; sleep 0.1; done")
+	nonce := make([]byte, 12)
+	rand.Read(nonce)
+	canary := "canary-" + hex.EncodeToString(nonce)
+	viaA("exec", id, "--", "sh", "-c", "echo "+canary+" > $HOME/canary; sync")
+	bootID := viaA("exec", id, "--", "cat", "/proc/sys/kernel/random/boot_id") // (the same kernel: not booted again)
+	count := func(via func(...string) string) int {
+		t.Helper()
+		lines := strings.Fields(via("exec", id, "--", "cat", "/tmp/count"))
+		// Every line is the next number: the counter never missed a beat
+		// nor started again.
+		for i, l := range lines {
+			if l != strconv.Itoa(i+1) {
+				t.Fatalf("the counter's line %d is %q", i+1, l)
+			}
+		}
+		return len(lines)
+	}
+	before := count(viaA)
+	user := viaA("exec", id, "--", "id")
+
+	// Refused before anything happens: no such host, this host.
+	for _, c := range []struct{ to, want string }{{"zz", `no host "zz"`}, {"a", "is this one"}} {
+		if o, e, code := testserver.RunCLI(t, s, srvA, "", "move", id, "--to", c.to); code == 0 || !strings.Contains(e, c.want) {
+			t.Fatalf("move to %s: exit %d\n%s%s", c.to, code, o, e)
+		}
+	}
+
+	moveTo := func(via func(...string) string, to, from, leftDir string) {
+		t.Helper()
+		var res struct {
+			From, To string
+			PausedMS int64 `json:"paused_ms"`
+			Sandbox  struct{ ID, State, Host string }
+		}
+		if err := json.Unmarshal([]byte(via("move", id, "--to", to)), &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.From != from || res.To != to || res.Sandbox.Host != to || res.Sandbox.State != "running" || res.PausedMS <= 0 {
+			t.Fatalf("move to %s: %+v", to, res)
+		}
+		t.Logf("moved from %s to %s: it did not run for %d ms", from, to, res.PausedMS)
+		// The host it left holds nothing of it: no file named after it, no
+		// byte of what it wrote.
+		filepath.WalkDir(leftDir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return nil
+			}
+			if strings.Contains(d.Name(), id) {
+				t.Errorf("host %s still has %s", from, p)
+			}
+			if d.Type().IsRegular() {
+				if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), canary) {
+					t.Errorf("host %s's %s holds the sandbox's canary in plain", from, p)
+				}
+			}
+			return nil
+		})
+	}
+	moveTo(viaA, "b", "a", dirA)
+	// Through a (which forwards to b) and through b: the same machine,
+	// its files, its process counting on.
+	if got := viaA("exec", id, "--", "cat", "/proc/sys/kernel/random/boot_id"); got != bootID {
+		t.Fatalf("boot_id after the move: %q, was %q", got, bootID)
+	}
+	if got := strings.TrimSpace(viaB("exec", id, "--", "sh", "-c", "cat $HOME/canary")); got != canary {
+		t.Fatalf("the canary after the move: %q", got)
+	}
+	if got := viaB("exec", id, "--", "id"); got != user {
+		t.Fatalf("commands run as %q after the move, %q before", got, user)
+	}
+	after := count(viaB)
+	time.Sleep(time.Second)
+	if later := count(viaA); after <= before || later <= after {
+		t.Fatalf("the counter: %d lines before the move, %d after, %d a second later", before, after, later)
+	}
+	if ps := viaA("ps", id); !strings.Contains(ps, "running") {
+		t.Fatalf("the background process after the move: %s", ps)
+	}
+	// Its URL, through both hosts' ingresses, served by b (the server in
+	// it ran on); rotated there, the old token is refused through both.
+	for name, cl := range map[string]*http.Client{"a": throughA, "b": throughB} {
+		if code, _ := get(cl, u.URL, u.Token); code != 200 {
+			t.Fatalf("the URL through %s's ingress after the move: %d", name, code)
+		}
+	}
+	var nu sandbox.URL
+	if err := json.Unmarshal([]byte(viaA("url", "rotate", id, u.ID)), &nu); err != nil || nu.Token == "" {
+		t.Fatalf("url rotate after the move: %v", err)
+	}
+	for name, cl := range map[string]*http.Client{"a": throughA, "b": throughB} {
+		if old, _ := get(cl, u.URL, u.Token); old != 401 {
+			t.Fatalf("the old token through %s's ingress after a rotate on b: %d", name, old)
+		}
+		if code, _ := get(cl, u.URL, nu.Token); code != 200 {
+			t.Fatalf("the new token through %s's ingress: %d", name, code)
+		}
+	}
+
+	// And back, through b.
+	moveTo(viaB, "a", "b", dirB)
+	if got := strings.TrimSpace(viaA("exec", id, "--", "sh", "-c", "cat $HOME/canary")); got != canary {
+		t.Fatalf("the canary after the move back: %q", got)
+	}
+	last := count(viaA)
+	time.Sleep(time.Second)
+	if later := count(viaA); later <= last {
+		t.Fatalf("the counter after the move back: %d, then %d", last, later)
+	}
+	viaA("exec", id, "--", "touch", "/tmp/stop")
+}

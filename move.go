@@ -1,0 +1,276 @@
+package harebox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/move"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// Moving a sandbox to another host of the deployment: this host (the
+// source) hibernates it, holding its box so that nothing else runs it
+// here meanwhile; sends its hibernation files, sealed under its data key,
+// to the target over the internal endpoint (package move); then makes it
+// the target's in the store, in one write (the move's point of no
+// return), and has the target resume it. Its ID, record, keys, URLs,
+// environment, history and budgets are in the store the hosts share;
+// only its files travel. A move that fails before that write leaves it
+// here, resumed as it was; one that fails after leaves it hibernated on
+// the target, which resumes it on the next resume.
+
+// Move moves sandbox id to host to: the operator only. A running or
+// paused sandbox resumes there as it was, its processes running on; a
+// hibernated one stays hibernated there.
+func (e *Engine) Move(ctx context.Context, id, to string) (_ *move.Result, err error) {
+	defer e.audited(ctx, "moveSandbox", id, &err)
+	if err := e.check(ctx, "moveSandbox", id); err != nil {
+		return nil, err
+	}
+	if e.mover == nil {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "to", "this host cannot move sandboxes: it has no internal endpoint (several hosts, with --internal-listen)")
+	}
+	host, err := e.moveTarget(ctx, to)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case rec.State != sandbox.StateRunning && rec.State != sandbox.StatePaused && rec.State != sandbox.StateHibernated:
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s: a running, paused or hibernated sandbox moves", id, rec.State)
+	case len(rec.Volumes) > 0:
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s has volumes, which live on this host: a sandbox with volumes does not move", id)
+	}
+	img, err := e.imageOf(rec)
+	if err != nil {
+		return nil, err
+	}
+	manifest, err := manifestSum(img.Dir)
+	if err != nil {
+		return nil, err
+	}
+	ready, err := e.mover.Check(ctx, host, id, move.Check{Image: img.Dir, Manifest: manifest, Size: rec.Size})
+	if err != nil {
+		return nil, err
+	}
+	ctx = context.WithoutCancel(ctx) // a move that started finishes
+	start := time.Now()
+	b, from, err := e.holdForMove(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	stateDir := b.rec.StateDir // (this host's; the record names the target's next)
+	if err := e.handOver(ctx, b, host, ready); err != nil {
+		e.log.Warn("move: the sandbox stays here", "id", id, "to", to, "err", err)
+		e.mover.Drop(ctx, host, id)
+		return nil, e.keepHere(ctx, b, from, err)
+	}
+	// The target's now: nothing of it stays here.
+	e.meter.Final(ctx, b.rec)
+	e.urls.Left(id)
+	e.boxes.forget(id)
+	b.gone = sandbox.Errorf(sandbox.ErrUnavailable, "", "sandbox %s moved to host %s: ask again", id, to)
+	b.mu.Unlock()
+	if err := e.hibernation.Remove(id); err != nil {
+		e.log.Warn("move: removing the hibernation files", "id", id, "err", err)
+	}
+	os.RemoveAll(stateDir)
+	e.log.Info("sandbox moved", "id", id, "to", to)
+	sb, err := e.mover.Adopt(ctx, host, id, move.Adoption{Resume: from != sandbox.StateHibernated, Paused: from == sandbox.StatePaused})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s moved to host %s, hibernated, but did not resume there (resume it): %w", id, to, err)
+	}
+	return &move.Result{Sandbox: sb, From: e.hosts.Name(), To: to, PausedMS: time.Since(start).Milliseconds()}, nil
+}
+
+// moveTarget is host name's address, if it is another host that is up.
+func (e *Engine) moveTarget(ctx context.Context, name string) (move.Host, error) {
+	if name == e.hosts.Name() {
+		return move.Host{}, sandbox.Errorf(sandbox.ErrInvalid, "to", "host %s is this one", name)
+	}
+	h, err := e.hosts.Get(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return move.Host{}, sandbox.Errorf(sandbox.ErrNotFound, "to", "no host %q", name)
+	}
+	if err != nil {
+		return move.Host{}, err
+	}
+	if !h.Up || !e.opts.Now().Before(h.LeaseUntil) || h.Address == "" {
+		return move.Host{}, sandbox.Errorf(sandbox.ErrUnavailable, "to", "host %s is down or has no internal endpoint", name)
+	}
+	return move.Host{Name: h.Name, Address: h.Address}, nil
+}
+
+// holdForMove hibernates sandbox id if it runs (or is paused), and holds
+// its box, locked and registered, so that no other call runs it here
+// until the move is done. It returns the state the sandbox was in.
+func (e *Engine) holdForMove(ctx context.Context, id string) (*box, sandbox.State, error) {
+	if b := e.boxes.get(id); b != nil {
+		b.mu.Lock()
+		from := b.rec.State
+		if b.gone != nil || (from != sandbox.StateRunning && from != sandbox.StatePaused) {
+			b.mu.Unlock()
+			return nil, "", sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is busy (%s): try again", id, from)
+		}
+		if err := e.hibernate(ctx, b, true); err != nil {
+			b.mu.Unlock()
+			return nil, "", err
+		}
+		return b, from, nil
+	}
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return nil, "", err
+	}
+	b := &box{rec: rec, deleting: make(chan struct{})}
+	b.mu.Lock()
+	prev, ok := e.boxes.take(b)
+	if !ok {
+		b.mu.Unlock()
+		return nil, "", sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is busy: try again", id)
+	}
+	// It may have been resumed or deleted since it was read.
+	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != sandbox.StateHibernated || e.hosts.Foreign(cur) {
+		e.boxes.drop(id, prev)
+		b.mu.Unlock()
+		return nil, "", sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer hibernated here", id)
+	}
+	return b, sandbox.StateHibernated, nil
+}
+
+// handOver sends held sandbox b's files to host, then makes it the
+// host's in the store.
+func (e *Engine) handOver(ctx context.Context, b *box, host move.Host, ready move.Ready) error {
+	id := b.rec.ID
+	if err := e.mover.Send(ctx, host, id, e.hibernation.Dir(id)); err != nil {
+		return err
+	}
+	return e.store.Update(ctx, func(tx store.Tx) error {
+		cur, err := tx.GetSandbox(ctx, id)
+		if err != nil {
+			return err
+		}
+		if cur.State != sandbox.StateHibernated || e.hosts.Foreign(cur) {
+			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s changed during its move (%s on %s)", id, cur.State, cur.Host)
+		}
+		cur.Host, cur.StateDir = host.Name, ready.StateDir
+		if err := tx.PutSandbox(ctx, cur); err != nil {
+			return err
+		}
+		b.rec.Host, b.rec.StateDir = cur.Host, cur.StateDir
+		return nil
+	})
+}
+
+// keepHere lets go of held box b after a move that failed before the
+// sandbox was the target's, and resumes it as it was (from).
+func (e *Engine) keepHere(ctx context.Context, b *box, from sandbox.State, cause error) error {
+	id := b.rec.ID
+	snap := *b.rec
+	e.boxes.drop(id, &snap)
+	b.gone = sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was being moved: try again", id)
+	b.mu.Unlock()
+	if from == sandbox.StateHibernated {
+		return cause
+	}
+	if _, err := e.wake(ctx, &snap); err != nil {
+		return fmt.Errorf("%w (and it did not resume here, where it stays hibernated: %v)", cause, err)
+	}
+	if from == sandbox.StatePaused {
+		e.pause(ctx, id)
+	}
+	return cause
+}
+
+// manifestSum is the SHA-256 of an image build's manifest: two hosts
+// have the same build when they have the same directory and this.
+func manifestSum(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, images.ManifestFile))
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// Moves serves this host's side of moves from other hosts (mount it on
+// the internal endpoint only).
+func (e *Engine) Moves() http.Handler { return move.NewReceiver(moveTarget{e}) }
+
+// moveTarget is the engine as the host a sandbox moves to.
+type moveTarget struct{ e *Engine }
+
+func (t moveTarget) FilesDir(id string) string    { return t.e.hibernation.Dir(id) }
+func (t moveTarget) IncomingDir(id string) string { return t.e.hibernation.IncomingDir(id) }
+
+// Check says whether this host can take sandbox id: the same image
+// build, room for it, and the sandbox not here already.
+func (t moveTarget) Check(ctx context.Context, id string, c move.Check) (move.Ready, error) {
+	e := t.e
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return move.Ready{}, err
+	}
+	if !e.hosts.Foreign(rec) {
+		return move.Ready{}, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is on host %s already", id, e.hosts.Name())
+	}
+	if sum, err := manifestSum(c.Image); err != nil || sum != c.Manifest {
+		return move.Ready{}, sandbox.Errorf(sandbox.ErrState, "", "host %s does not have the image build %s the sandbox runs (the same build: copy its directory there)", e.hosts.Name(), c.Image)
+	}
+	if err := e.capacity.Reserve(c.Size); err != nil {
+		return move.Ready{}, err
+	}
+	e.capacity.Release(c.Size)
+	return move.Ready{StateDir: filepath.Join(e.machinesDir(), id)}, nil
+}
+
+// Adopt takes up sandbox id, which the store says is this host's now, and
+// resumes it if it ran (paused again if it was).
+func (t moveTarget) Adopt(ctx context.Context, id string, a move.Adoption) (*sandbox.Sandbox, error) {
+	e := t.e
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if e.hosts.Foreign(rec) || rec.State != sandbox.StateHibernated {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s on host %s", id, rec.State, rec.Host)
+	}
+	if err := e.urls.Took(ctx, id); err != nil {
+		return nil, err
+	}
+	if !a.Resume {
+		if err := e.meter.Keep(ctx, rec, sandbox.StateHibernated); err != nil {
+			e.log.Warn("move: metering the sandbox taken up", "id", id, "err", err)
+		}
+		e.boxes.drop(id, rec)
+		return &rec.Sandbox, nil
+	}
+	sb, err := e.wake(ctx, rec)
+	if err != nil || !a.Paused {
+		return sb, err
+	}
+	return e.pause(ctx, id)
+}
+
+// Drop removes what this host received of sandbox id, unless the store
+// says it is this host's.
+func (t moveTarget) Drop(ctx context.Context, id string) error {
+	e := t.e
+	if rec, err := e.record(ctx, id); err == nil && !e.hosts.Foreign(rec) {
+		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is this host's", id)
+	}
+	os.RemoveAll(e.hibernation.IncomingDir(id))
+	return e.hibernation.Remove(id)
+}

@@ -1,0 +1,114 @@
+package move
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/harebox/harebox/sandbox"
+)
+
+// Receiver serves a target host's side of moves (under Prefix). Mount it
+// on the internal endpoint only (cluster.Internal): the caller is another
+// host of the deployment.
+type Receiver struct {
+	t Target
+	// Idle cuts a files' stream that sends nothing for that long.
+	Idle time.Duration
+}
+
+// NewReceiver returns the receiver of target t.
+func NewReceiver(t Target) *Receiver { return &Receiver{t: t, Idle: 30 * time.Second} }
+
+// maxBody bounds the JSON bodies of a move's calls.
+const maxBody = 16 << 10
+
+func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, what, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, Prefix), "/")
+	if !sandbox.ValidID(id) {
+		writeError(w, sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id))
+		return
+	}
+	ctx := r.Context()
+	switch {
+	case r.Method == http.MethodPost && what == "check":
+		var c Check
+		if err := json.NewDecoder(io.LimitReader(r.Body, maxBody)).Decode(&c); err != nil {
+			writeError(w, sandbox.Errorf(sandbox.ErrInvalid, "", "a move's check: %v", err))
+			return
+		}
+		ready, err := rv.t.Check(ctx, id, c)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, ready)
+	case r.Method == http.MethodPut && what == "files":
+		if err := rv.receive(w, r, id); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodPost && what == "adopt":
+		var a Adoption
+		if err := json.NewDecoder(io.LimitReader(r.Body, maxBody)).Decode(&a); err != nil {
+			writeError(w, sandbox.Errorf(sandbox.ErrInvalid, "", "a move's adoption: %v", err))
+			return
+		}
+		sb, err := rv.t.Adopt(ctx, id, a)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, sb)
+	case r.Method == http.MethodDelete && what == "":
+		if err := rv.t.Drop(ctx, id); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		writeError(w, sandbox.Errorf(sandbox.ErrNotFound, "", "no such call of a move: %s %s", r.Method, r.URL.Path))
+	}
+}
+
+// receive writes the files' stream into the incoming directory, then
+// moves it whole to where the sandbox's files go.
+func (rv *Receiver) receive(w http.ResponseWriter, r *http.Request, id string) error {
+	max, err := strconv.ParseInt(r.URL.Query().Get("bytes"), 10, 64)
+	if err != nil || max < 0 {
+		return sandbox.Errorf(sandbox.ErrInvalid, "bytes", "a move's files need their size in bytes")
+	}
+	in, dst := rv.t.IncomingDir(id), rv.t.FilesDir(id)
+	if _, err := os.Stat(dst); err == nil {
+		return sandbox.Errorf(sandbox.ErrExists, "", "sandbox %s's files are here already", id)
+	}
+	os.RemoveAll(in) // (what a move cut short left)
+	body := &idleReader{r: r.Body, rc: http.NewResponseController(w), idle: rv.Idle}
+	if err := unpack(body, in, max); err != nil {
+		os.RemoveAll(in)
+		return err
+	}
+	if err := os.Rename(in, dst); err != nil {
+		os.RemoveAll(in)
+		return err
+	}
+	return nil
+}
+
+// idleReader pushes the connection's read deadline on before each read:
+// a sender that stalls for idle is cut, one that sends is not.
+type idleReader struct {
+	r    io.Reader
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (ir *idleReader) Read(p []byte) (int, error) {
+	ir.rc.SetReadDeadline(time.Now().Add(ir.idle))
+	return ir.r.Read(p)
+}

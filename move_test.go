@@ -1,0 +1,235 @@
+package harebox_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/testpg"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// movingHosts starts hosts a and b on one PostgreSQL store (the in-memory
+// hypervisor stands for their VMs), each with its internal endpoint (the
+// engine's Moves behind the deployment's mutual TLS, on loopback) and the
+// same image build.
+func movingHosts(t *testing.T) (a, b *engineHost) {
+	t.Helper()
+	dsn := testpg.ForTest(t)
+	certs := t.TempDir()
+	if _, err := cluster.MakeCA(certs); err != nil {
+		t.Fatal(err)
+	}
+	// The same build on both hosts, at the same path, with its manifest.
+	img := memhv.Image(t.TempDir())
+	manifest, _ := json.Marshal(img)
+	os.WriteFile(filepath.Join(img.Dir, images.ManifestFile), manifest, 0o644)
+
+	type endpoint struct {
+		srv *httptest.Server
+		tls *cluster.TLS
+		mu  sync.Mutex
+		h   http.Handler // (the engine's Moves, once it runs)
+	}
+	eps := map[string]*endpoint{}
+	for _, name := range []string{"a", "b"} {
+		if err := cluster.IssueHost(certs, name, []string{"127.0.0.1"}); err != nil {
+			t.Fatal(err)
+		}
+		tc, err := cluster.LoadTLS(filepath.Join(certs, "ca.pem"), filepath.Join(certs, name+".pem"), filepath.Join(certs, name+".key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := &endpoint{tls: tc, h: http.NotFoundHandler()}
+		ep.srv = httptest.NewUnstartedServer(cluster.Internal(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ep.mu.Lock()
+			h := ep.h
+			ep.mu.Unlock()
+			h.ServeHTTP(w, r)
+		})))
+		ep.srv.TLS = tc.Server
+		ep.srv.StartTLS()
+		t.Cleanup(ep.srv.Close)
+		eps[name] = ep
+	}
+	a, b = &engineHost{}, &engineHost{}
+	start, stop := hostsOn(t, dsn, 5*time.Second, func(o *harebox.Options) {
+		name := o.Host.Name
+		o.Host.Address, o.Host.TLS = eps[name].srv.URL, eps[name].tls
+		o.Images = map[string]images.Image{sandbox.DefaultImage: img}
+		if name == "b" {
+			// The hosts share the master key (docs/several-hosts.md).
+			k, err := os.ReadFile(filepath.Join(a.dir, "master.key"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(o.DataDir, "master.key"), k, 0o600)
+		}
+	})
+	for _, h := range []*engineHost{a, b} {
+		name := map[*engineHost]string{a: "a", b: "b"}[h]
+		start(name, h)
+		ep := eps[name]
+		ep.mu.Lock()
+		ep.h = h.eng.Moves()
+		ep.mu.Unlock()
+		t.Cleanup(func() { stop(h) })
+	}
+	return a, b
+}
+
+// TestMove moves sandboxes between two hosts, running, paused and
+// hibernated, and through the faults it can meet on the way: each time
+// the sandbox is on exactly one host, as it was, with its files.
+func TestMove(t *testing.T) {
+	a, b := movingHosts(t)
+	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
+	box, err := a.eng.Create(ctx, sandbox.CreateRequest{Name: "mover"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := box.ID
+	if _, err := a.eng.WriteFile(ctx, id, "/home/user/f", strings.NewReader("made on a"), sandbox.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	read := func(h *engineHost) string {
+		t.Helper()
+		var buf bytes.Buffer
+		if _, err := h.eng.ReadFile(ctx, id, "/home/user/f", &buf); err != nil {
+			t.Fatalf("read on %s: %v", h.eng.Cluster().Name(), err)
+		}
+		return buf.String()
+	}
+	where := func(h *engineHost) (sandbox.State, string) {
+		t.Helper()
+		s, err := h.eng.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.State, s.Host
+	}
+	hibernated := func(h *engineHost) bool {
+		_, err := os.Stat(filepath.Join(h.dir, "hibernated", id))
+		return err == nil
+	}
+
+	// Refused before anything happens.
+	key := authz.WithPrincipal(context.Background(), authz.Principal{AccountID: box.AccountID, KeyID: "k", Scope: authz.Scope{}})
+	for _, c := range []struct {
+		ctx  context.Context
+		to   string
+		want error
+	}{
+		{key, "b", sandbox.ErrForbidden},  // the operator only
+		{ctx, "a", sandbox.ErrInvalid},    // this host
+		{ctx, "zz", sandbox.ErrNotFound},  // no such host
+		{ctx, "b\n", sandbox.ErrNotFound}, // (nor such a name)
+	} {
+		if _, err := a.eng.Move(c.ctx, id, c.to); !errors.Is(err, c.want) {
+			t.Fatalf("move to %q: %v, want %v", c.to, err, c.want)
+		}
+	}
+	if st, host := where(a); st != sandbox.StateRunning || host != "a" {
+		t.Fatalf("after refusals: %s on %s", st, host)
+	}
+
+	// Running, a to b.
+	res, err := a.eng.Move(ctx, id, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.From != "a" || res.To != "b" || res.Sandbox.Host != "b" || res.Sandbox.State != sandbox.StateRunning || res.PausedMS <= 0 {
+		t.Fatalf("moved: %+v %+v", res, res.Sandbox)
+	}
+	if got := read(b); got != "made on a" {
+		t.Fatalf("on b: %q", got)
+	}
+	if hibernated(a) || hibernated(b) {
+		t.Fatal("hibernation files left after the move")
+	}
+	if _, err := os.Stat(filepath.Join(a.dir, "m", id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a keeps the sandbox's machine directory: %v", err)
+	}
+	// a acts on it no more: it is b's.
+	if _, err := a.eng.Exec(ctx, id, sandbox.ExecRequest{Cmd: "true"}); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Fatalf("a runs a command in it after the move: %v", err)
+	}
+
+	// Paused, b to a: paused there.
+	if _, err := b.eng.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.eng.Move(ctx, id, "a"); err != nil || res.Sandbox.State != sandbox.StatePaused {
+		t.Fatalf("a paused one moved: %+v %v", res, err)
+	}
+	if st, host := where(b); st != sandbox.StatePaused || host != "a" {
+		t.Fatalf("after the move back: %s on %s", st, host)
+	}
+	if _, err := a.eng.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+
+	// b cannot take the files (its directory for them is in the way):
+	// nothing moves, and it runs on a again.
+	os.MkdirAll(filepath.Join(b.dir, "hibernated", id), 0o700)
+	if _, err := a.eng.Move(ctx, id, "b"); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("a move b refuses the files of: %v", err)
+	}
+	os.RemoveAll(filepath.Join(b.dir, "hibernated", id))
+	if st, host := where(a); st != sandbox.StateRunning || host != "a" {
+		t.Fatalf("after a move that failed: %s on %s", st, host)
+	}
+	if got := read(a); got != "made on a" {
+		t.Fatalf("on a after a move that failed: %q", got)
+	}
+
+	// b has the files but cannot resume it: it stays hibernated there,
+	// and a resume there brings it back.
+	b.hv.FailNextLaunch(errors.New("no machine for you"))
+	if _, err := a.eng.Move(ctx, id, "b"); err == nil || !strings.Contains(err.Error(), "did not resume there") {
+		t.Fatalf("a move b cannot resume: %v", err)
+	}
+	if st, host := where(a); st != sandbox.StateHibernated || host != "b" || !hibernated(b) || hibernated(a) {
+		t.Fatalf("after a move b did not resume: %s on %s", st, host)
+	}
+	if _, err := b.eng.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(b); got != "made on a" {
+		t.Fatalf("on b after its resume: %q", got)
+	}
+
+	// Hibernated, b to a: hibernated there.
+	if _, err := b.eng.Hibernate(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.eng.Move(ctx, id, "a"); err != nil || res.Sandbox.State != sandbox.StateHibernated || res.Sandbox.Host != "a" {
+		t.Fatalf("a hibernated one moved: %+v %v", res, err)
+	}
+	if !hibernated(a) || hibernated(b) {
+		t.Fatal("the hibernation files are not where the sandbox is")
+	}
+	if _, err := a.eng.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(a); got != "made on a" {
+		t.Fatalf("on a after all: %q", got)
+	}
+	if err := a.eng.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}
