@@ -145,6 +145,9 @@ func (e *Engine) resolveCreate(_ context.Context, c *creation) (err error) {
 	if where := (sandbox.Site{Name: c.req.Site, Country: c.req.Country}); !cluster.Within(e.opts.Site, where) {
 		return cluster.NoRoom(where, e.opts.Site.Name, c.res)
 	}
+	if e.hosts.Draining() {
+		return sandbox.Errorf(sandbox.ErrCapacity, "", "host %s is draining: no new sandbox goes there (and no other host has room for it)", e.hosts.Name())
+	}
 	if o := c.o; o != nil {
 		c.res, c.imgName = o.Snap.Size, o.Snap.Image
 		if c.img, err = e.imageOf(&store.Sandbox{Sandbox: sandbox.Sandbox{Image: o.Snap.Image}, ImageDir: o.Snap.ImageDir}); err != nil {

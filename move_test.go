@@ -233,3 +233,73 @@ func TestMove(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDrain drains a host of its sandboxes: those that can move go to
+// the other host, as they were; a stopped one stays, saying why; no new
+// sandbox goes to the host until it is undrained.
+func TestDrain(t *testing.T) {
+	a, b := movingHosts(t)
+	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
+	ids := map[sandbox.State]string{}
+	for _, st := range []sandbox.State{sandbox.StateRunning, sandbox.StatePaused, sandbox.StateHibernated, sandbox.StateStopped} {
+		box, err := a.eng.Create(ctx, sandbox.CreateRequest{Name: string(st)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch st {
+		case sandbox.StatePaused:
+			_, err = a.eng.Pause(ctx, box.ID)
+		case sandbox.StateHibernated:
+			_, err = a.eng.Hibernate(ctx, box.ID)
+		case sandbox.StateStopped:
+			_, err = a.eng.Stop(ctx, box.ID)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[st] = box.ID
+	}
+	key := authz.WithPrincipal(context.Background(), authz.Principal{AccountID: "acc", KeyID: "k"})
+	if _, err := a.eng.Drain(key, "a"); !errors.Is(err, sandbox.ErrForbidden) {
+		t.Fatalf("a key drains a host: %v", err)
+	}
+	if _, err := a.eng.Drain(ctx, "b"); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Fatalf("a drains b: %v", err)
+	}
+	rep, err := a.eng.Drain(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Moved) != 3 || len(rep.Stayed) != 1 || rep.Stayed[0].ID != ids[sandbox.StateStopped] || !strings.Contains(rep.Stayed[0].Error, "stopped") {
+		t.Fatalf("drain: %+v", rep)
+	}
+	for st, id := range ids {
+		s, err := b.eng.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "b"
+		if st == sandbox.StateStopped {
+			want = "a"
+		}
+		if s.State != st || s.Host != want {
+			t.Fatalf("the %s sandbox after the drain: %s on %s", st, s.State, s.Host)
+		}
+	}
+	// No new sandbox goes to a: placement picks b, and a refuses one.
+	if h, err := a.eng.Cluster().Place(ctx, sandbox.Resources{VCPUs: 1, MemoryMB: 512, DiskGB: 1}, sandbox.Site{}); err != nil || h.Name != "b" {
+		t.Fatalf("placement from a drained a: %+v %v", h, err)
+	}
+	if _, err := a.eng.Create(ctx, sandbox.CreateRequest{}); !errors.Is(err, sandbox.ErrCapacity) || !strings.Contains(err.Error(), "draining") {
+		t.Fatalf("a create on a drained a: %v", err)
+	}
+	if hs, err := b.eng.Cluster().Hosts(ctx); err != nil || len(hs) != 2 || !hs[0].Draining || hs[1].Draining {
+		t.Fatalf("the hosts as b sees them: %v", err)
+	}
+	if err := a.eng.Undrain(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.eng.Create(ctx, sandbox.CreateRequest{}); err != nil {
+		t.Fatalf("a create on a undrained: %v", err)
+	}
+}

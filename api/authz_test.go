@@ -288,6 +288,8 @@ func calls(w world) []call {
 		{"deleteHost", "DELETE", "/v1/hosts/gone", nil, "operator"},
 		{"rotateMeshKey", "POST", "/v1/hosts/gone/mesh-key", nil, "operator"},
 		{"moveSandbox", "POST", sb + "/move", map[string]any{"to": "gone"}, "operator"},
+		{"drainHost", "POST", "/v1/hosts/gone/drain", nil, "operator"},
+		{"undrainHost", "POST", "/v1/hosts/gone/undrain", nil, "operator"},
 	}
 }
 

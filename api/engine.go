@@ -117,6 +117,10 @@ type Control interface {
 	Ready(ctx context.Context) map[string]error
 	Capabilities(ctx context.Context) (hypervisor.Capabilities, error)
 	Site() sandbox.Site
+	// Drain marks this host draining and moves its sandboxes to others;
+	// Undrain lets new sandboxes come again (the operator only).
+	Drain(ctx context.Context, name string) (*move.DrainReport, error)
+	Undrain(ctx context.Context, name string) error
 	// Moves serves this host's side of moves from other hosts (on the
 	// internal endpoint only).
 	Moves() http.Handler

@@ -85,6 +85,13 @@ func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, rt Route) (*c
 			return nil, nil
 		}
 		return s.volumeHost(actx, s.eng.Volumes().HostOf(actx, account(r), project(r), r.PathValue("volume")), r.PathValue("volume"))
+	case rt.OperationID == "drainHost" || rt.OperationID == "undrainHost":
+		// (The host drains itself: its sandboxes move from there.)
+		h, err := s.hosts.Get(ctx, r.PathValue("name"))
+		if err != nil {
+			return nil, nil // (no such host: the call here says so)
+		}
+		return h, nil
 	case rt.OperationID == "getSandbox":
 		// From the store, as a list shows it: what its host last wrote
 		// (lost, if the host is down).

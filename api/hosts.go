@@ -38,3 +38,20 @@ func (s *Server) rotateMeshKey(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusAccepted, map[string]any{"host": name})
 	return nil
 }
+
+// drainHost marks a host draining and moves its sandboxes to the other
+// hosts (served by that host): the operator only.
+func (s *Server) drainHost(w http.ResponseWriter, r *http.Request) error {
+	rep, err := s.eng.Drain(r.Context(), r.PathValue("name"))
+	return reply(w, http.StatusOK, rep, err)
+}
+
+// undrainHost lets new sandboxes go to a host again: the operator only.
+func (s *Server) undrainHost(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	if err := s.eng.Undrain(r.Context(), name); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"host": name})
+	return nil
+}

@@ -286,6 +286,8 @@ func Routes() []Route {
 		{"GET", "/metrics", "getServerMetrics", false, (*Server).getServerMetrics},
 		{"GET", "/v1/hosts", "listHosts", false, (*Server).listHosts},
 		{"DELETE", "/v1/hosts/{name}", "deleteHost", false, (*Server).deleteHost},
+		{"POST", "/v1/hosts/{name}/drain", "drainHost", false, (*Server).drainHost},
+		{"POST", "/v1/hosts/{name}/undrain", "undrainHost", false, (*Server).undrainHost},
 		{"POST", "/v1/hosts/{name}/mesh-key", "rotateMeshKey", false, (*Server).rotateMeshKey},
 	}
 }

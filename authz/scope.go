@@ -34,7 +34,7 @@ var Actions = []string{
 	"createURL", "listURLs", "getURL", "rotateURL", "deleteURL",
 	"getURLCA", "setURLCA", "deleteURLCA", "issueClientCert", "listClientCerts", "revokeClientCert",
 	"listImages", "buildImage", "deleteImage",
-	"listHosts", "deleteHost", "rotateMeshKey", "moveSandbox",
+	"listHosts", "deleteHost", "rotateMeshKey", "moveSandbox", "drainHost", "undrainHost",
 	"createVolume", "listVolumes", "getVolume", "resizeVolume", "deleteVolume",
 	"runCode", "listCodeContexts", "createCodeContext", "restartCodeContext", "deleteCodeContext",
 }
@@ -79,7 +79,7 @@ var Groups = map[string][]string{
 // a key belongs to one account and cannot make or end accounts.
 var operatorOnly = map[string]bool{"createAccount": true, "deleteAccount": true, "verifyAudit": true,
 	"buildImage": true, "deleteImage": true, "listHosts": true, "deleteHost": true, "rotateMeshKey": true,
-	"moveSandbox": true}
+	"moveSandbox": true, "drainHost": true, "undrainHost": true}
 
 // Scope limits a key. Every field is optional (empty means no limit on that
 // dimension) and they combine with AND.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/harebox/harebox/authz"
@@ -76,6 +77,9 @@ type Registry struct {
 	opts  Options
 	db    Store
 	nudge chan struct{}
+	// draining is this host's row's Draining, as of its last renewal or
+	// change.
+	draining atomic.Bool
 	// shared: other hosts may share the store (see Foreign).
 	shared bool
 }
@@ -175,12 +179,34 @@ func (r *Registry) renew(ctx context.Context, start bool) (revived bool, err err
 		}
 		h.Site, h.Country, h.Address, h.Capacity, h.Used = r.opts.Site, r.opts.Country, r.opts.Address, r.opts.Capacity, r.opts.Used()
 		h.Up, h.RenewedAt, h.LeaseUntil = true, now, now.Add(r.opts.Lease)
+		r.draining.Store(h.Draining)
 		return tx.PutHost(ctx, h)
 	})
 	if err != nil {
 		return false, fmt.Errorf("cluster: renew the lease of host %s: %w", r.opts.Name, err)
 	}
 	return revived, nil
+}
+
+// Draining reports whether this host is draining: no new sandbox goes
+// here.
+func (r *Registry) Draining() bool { return r.draining.Load() }
+
+// SetDraining marks this host draining (no new sandbox goes here) or not.
+func (r *Registry) SetDraining(ctx context.Context, on bool) error {
+	err := r.db.Update(ctx, func(tx Tx) error {
+		h, err := tx.GetHost(ctx, r.opts.Name)
+		if err != nil {
+			return err
+		}
+		h.Draining = on
+		return tx.PutHost(ctx, h)
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: host %s: %w", r.opts.Name, err)
+	}
+	r.draining.Store(on)
+	return nil
 }
 
 // Changed tells the registry that what this host's sandboxes reserve
@@ -297,7 +323,7 @@ func (r *Registry) Hosts(ctx context.Context) ([]*Host, error) {
 // Place picks the host a new sandbox of size goes to: among the hosts of
 // the site asked for (where.Name), else of any site of the country asked
 // for (where.Country), else of this host's site, that are up, can be
-// reached (this one, or one with an address) and have room for it, the
+// reached (this one, or one with an address), are not draining and have room for it, the
 // least loaded (the larger of its CPU and memory shares in use); this
 // host on a tie. It returns ErrCapacity when none has room.
 func (r *Registry) Place(ctx context.Context, size sandbox.Resources, where sandbox.Site) (*Host, error) {
@@ -314,7 +340,10 @@ func (r *Registry) Place(ctx context.Context, size sandbox.Resources, where sand
 			h.Used, h.Capacity, h.Up, h.LeaseUntil = r.opts.Used(), r.opts.Capacity, true, now.Add(time.Hour)
 		}
 		at := sandbox.Site{Name: h.Site, Country: h.Country}
-		if (where == sandbox.Site{} && h.Site != r.opts.Site) || !Within(at, where) || !h.Up || !now.Before(h.LeaseUntil) || (!self && h.Address == "") || !fits(h, size) {
+		if self {
+			h.Draining = r.draining.Load()
+		}
+		if (where == sandbox.Site{} && h.Site != r.opts.Site) || !Within(at, where) || !h.Up || !now.Before(h.LeaseUntil) || (!self && h.Address == "") || h.Draining || !fits(h, size) {
 			continue
 		}
 		l := load(h, size)

@@ -80,6 +80,26 @@ type Result struct {
 	PausedMS int64 `json:"paused_ms"`
 }
 
+// DrainReport is what a drain of a host did.
+type DrainReport struct {
+	Host   string   `json:"host"`
+	Moved  []Moved  `json:"moved"`
+	Stayed []Stayed `json:"stayed"`
+}
+
+// Moved is a sandbox a drain moved, where, and how long it did not run.
+type Moved struct {
+	ID       string `json:"id"`
+	To       string `json:"to"`
+	PausedMS int64  `json:"paused_ms"`
+}
+
+// Stayed is a sandbox a drain could not move, and why.
+type Stayed struct {
+	ID    string `json:"id"`
+	Error string `json:"error"`
+}
+
 // errorBody is an error on the wire between hosts.
 type errorBody struct {
 	Code    string `json:"code"`

@@ -22,11 +22,14 @@ type Host struct {
 	Address  string            `json:"address,omitempty"`
 	Capacity sandbox.Resources `json:"capacity"`
 	// Used is what its sandboxes reserve, as of its last renewal.
-	Used       sandbox.Resources `json:"used"`
-	Up         bool              `json:"up"`
-	StartedAt  time.Time         `json:"started_at"`
-	RenewedAt  time.Time         `json:"renewed_at"`
-	LeaseUntil time.Time         `json:"lease_until"`
+	Used sandbox.Resources `json:"used"`
+	Up   bool              `json:"up"`
+	// Draining: no new sandbox goes there (harebox hosts drain; undrain
+	// clears it).
+	Draining   bool      `json:"draining,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
+	RenewedAt  time.Time `json:"renewed_at"`
+	LeaseUntil time.Time `json:"lease_until"`
 	// Mesh is its end of the mesh's tunnels, if it has one.
 	Mesh *HostMesh `json:"mesh,omitempty"`
 }

@@ -93,7 +93,7 @@ var commands = []command{
 	{"metrics", "ID [--from TIME] [--to TIME] [--limit N] | --server", "a sandbox's monitoring samples (CPU, memory, disk, network, measured on the host), or the server's metrics in the Prometheus text format", cmdMetrics},
 	{"mcp", "", "serve the Model Context Protocol on stdin/stdout for an agent framework: tools to create, list and delete sandboxes, run commands and read and write files, each called with this CLI's key", cmdMCP},
 	{"mesh", "[status] | rotate-key HOST", "the mesh's tunnels between the hosts (hareboxd --mesh-endpoint): each host's endpoint and key, and its tunnel to each other host with its last handshake and bytes, as each host last reported them; rotate-key has HOST make a new key (the operator only)", cmdMesh},
-	{"hosts", "[list] | remove NAME", "the hosts of the deployment (hareboxd that share a PostgreSQL store), up or down, with what they run and their leases; remove takes one that is down out for good, deleting its sandboxes (the operator only)", cmdHosts},
+	{"hosts", "[list] | remove NAME | drain NAME | undrain NAME", "the hosts of the deployment (hareboxd that share a PostgreSQL store), up or down, with what they run and their leases; remove takes one that is down out for good, deleting its sandboxes; drain takes no new sandbox on one and moves its sandboxes to the others (printing what moved where and what stayed, with why), undrain ends that (the operator only)", cmdHosts},
 	{"version", "", "client and server versions", cmdVersion},
 }
 
@@ -694,7 +694,7 @@ func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" }
 func cmdHosts(ctx context.Context, c *cli, args []string) (int, error) {
 	// (These take no flags: --help anywhere is a call for help, never a
 	// host's name.)
-	if slices.ContainsFunc(args, isHelp) && helpOnly(c, "hosts [list] | remove NAME", []string{"--help"}) {
+	if slices.ContainsFunc(args, isHelp) && helpOnly(c, "hosts [list] | remove NAME | drain NAME | undrain NAME", []string{"--help"}) {
 		return 0, flag.ErrHelp
 	}
 	var out json.RawMessage
@@ -707,8 +707,15 @@ func cmdHosts(ctx context.Context, c *cli, args []string) (int, error) {
 		if err := c.c.Do(ctx, "DELETE", "/v1/hosts/"+url.PathEscape(args[1]), nil, nil, &out); err != nil {
 			return 0, err
 		}
+	case len(args) == 2 && (args[0] == "drain" || args[0] == "undrain"):
+		// (A drain moves every sandbox of the host, one by one.)
+		ctx, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		if err := c.c.Do(ctx, "POST", "/v1/hosts/"+url.PathEscape(args[1])+"/"+args[0], nil, nil, &out); err != nil {
+			return 0, err
+		}
 	default:
-		return 2, errors.New("usage: harebox hosts [list] | remove NAME")
+		return 2, errors.New("usage: harebox hosts [list] | remove NAME | drain NAME | undrain NAME")
 	}
 	return 0, c.json(out)
 }

@@ -180,6 +180,25 @@ func TestSeveralHosts(t *testing.T) {
 
 	// a's sandbox moved to b and back, running on.
 	testMove(t, s, a.srv, viaA, viaB, onA.ID, a.dir, b.dir, a.ingress, b.ingress)
+	// a drained (asked through b, served by a): its sandbox moves to b, a
+	// create through a goes to b; undrained, a takes creates again.
+	var rep struct {
+		Moved  []struct{ ID, To string }
+		Stayed []struct{ ID, Error string }
+	}
+	if err := json.Unmarshal([]byte(viaB("hosts", "drain", "a")), &rep); err != nil || len(rep.Moved) != 1 || rep.Moved[0].ID != onA.ID || rep.Moved[0].To != "b" || len(rep.Stayed) != 0 {
+		t.Fatalf("drain a: %+v %v", rep, err)
+	}
+	if g := decode(viaA("get", onA.ID)); g.Host != "b" || g.State != "running" {
+		t.Fatalf("a's sandbox after a's drain: %+v", g)
+	}
+	drained := decode(viaA("new", "--image", "minimal", "--label", "e2e=drained"))
+	viaA("delete", drained.ID)
+	if drained.Host != "b" {
+		t.Fatalf("a create through a drained a: placed on %s", drained.Host)
+	}
+	viaB("hosts", "undrain", "a")
+	viaB("move", onA.ID, "--to", "a") // (back where the rest of the test wants it)
 
 	// A key revoked through a is refused by b within a second.
 	var k struct{ ID, Secret string }

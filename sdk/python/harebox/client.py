@@ -402,6 +402,21 @@ class Client:
         take its new public key. Conflict for a host without a mesh tunnel."""
         return cast(t.HostName, self._json("POST", _path("/v1/hosts/{}/mesh-key", name), timeout=timeout))
 
+    @operation("drainHost")
+    def drain_host(self, name: str, *, timeout: float | None = 3600) -> t.DrainReport:
+        """POST /v1/hosts/{name}/drain (the operator only): the host takes
+        no new sandbox, and its running, paused and hibernated sandboxes
+        move one by one to the hosts placement picks; returns what moved
+        where (``moved``) and what stayed, with why (``stayed``). It
+        stays draining until undrain_host."""
+        return cast(t.DrainReport, self._json("POST", _path("/v1/hosts/{}/drain", name), timeout=timeout))
+
+    @operation("undrainHost")
+    def undrain_host(self, name: str, *, timeout: float | None = None) -> t.HostName:
+        """POST /v1/hosts/{name}/undrain (the operator only): new sandboxes
+        may go to the host again."""
+        return cast(t.HostName, self._json("POST", _path("/v1/hosts/{}/undrain", name), timeout=timeout))
+
     # --- images --------------------------------------------------------------
 
     @operation("listImages")

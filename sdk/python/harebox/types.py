@@ -205,6 +205,29 @@ MoveResult = TypedDict("MoveResult", {"sandbox": SandboxJSON, "from": str, "to":
 how long it did not run (milliseconds)."""
 
 
+class DrainMoved(TypedDict):
+    """A sandbox a drain moved, where, and how long it did not run."""
+
+    id: str
+    to: str
+    paused_ms: int
+
+
+class DrainStayed(TypedDict):
+    """A sandbox a drain could not move, and why."""
+
+    id: str
+    error: str
+
+
+class DrainReport(TypedDict):
+    """The body of drain_host."""
+
+    host: str
+    moved: list[DrainMoved]
+    stayed: list[DrainStayed]
+
+
 class HostName(TypedDict):
     """The body of rotate_mesh_key."""
 

@@ -91,6 +91,7 @@ import type {
   ImageList,
   HostList,
   HostName,
+  DrainReport,
   MoveResult,
   HostRemoval,
   SnapshotRequest,
@@ -492,6 +493,16 @@ export class HareBox {
   /** Has a host make a new key for its end of the mesh's tunnels (the operator only); the other hosts take its new public key. Conflict for a host without a mesh tunnel. */
   async rotateMeshKey(name: string, options: CallOptions = {}): Promise<HostName> {
     return this.#call("rotateMeshKey", [name], "json", this.#plain(options));
+  }
+
+  /** Drains a host (the operator only): it takes no new sandbox, and its running, paused and hibernated sandboxes move one by one to the hosts placement picks. What moved where, and what stayed, with why. It stays draining until undrainHost. */
+  async drainHost(name: string, options: CallOptions = {}): Promise<DrainReport> {
+    return this.#call("drainHost", [name], "json", this.#plain(options, 3_600_000));
+  }
+
+  /** Lets new sandboxes go to a drained host again (the operator only). */
+  async undrainHost(name: string, options: CallOptions = {}): Promise<HostName> {
+    return this.#call("undrainHost", [name], "json", this.#plain(options));
   }
 
   /** Lists the images sandboxes can be created from (each name's newest build), by name. */

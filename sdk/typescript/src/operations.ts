@@ -34,6 +34,8 @@ export const OPERATIONS = {
   listHosts: { method: "GET", path: "/v1/hosts" },
   deleteHost: { method: "DELETE", path: "/v1/hosts/{name}" },
   rotateMeshKey: { method: "POST", path: "/v1/hosts/{name}/mesh-key" },
+  drainHost: { method: "POST", path: "/v1/hosts/{name}/drain" },
+  undrainHost: { method: "POST", path: "/v1/hosts/{name}/undrain" },
   buildImage: { method: "POST", path: "/v1/images" },
   deleteImage: { method: "DELETE", path: "/v1/images/{name}" },
   createURL: { method: "POST", path: "/v1/sandboxes/{id}/urls" },

@@ -1034,7 +1034,14 @@ export interface MoveResult {
   paused_ms: number;
 }
 
-/** The body of rotateMeshKey. */
+/** The body of drainHost: what moved where, and what stayed, with why. */
+export interface DrainReport {
+  host: string;
+  moved: { id: string; to: string; paused_ms: number }[];
+  stayed: { id: string; error: string }[];
+}
+
+/** The body of rotateMeshKey and undrainHost. */
 export interface HostName {
   host: string;
 }
