@@ -1,5 +1,12 @@
 package harebox
 
+import "time"
+
 // SetStepHook sets the hook called at each step of a golden boot and of a
 // pool refill (stepHook), for the crash tests' child engine.
 func SetStepHook(f func(step, dir string)) { stepHook = f }
+
+// SetMoveTiming sets how long a sandbox handed over waits for its source
+// before its target takes it up on its own, and how often engines look
+// (engines started after the call).
+func SetMoveTiming(stale, every time.Duration) { moveStale, moveEvery = stale, every }

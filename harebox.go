@@ -287,6 +287,10 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		e.wg.Add(1)
 		go e.refreshMesh()
 	}
+	if e.shared {
+		e.wg.Add(1)
+		go e.runMoves(moveEvery)
+	}
 	e.wg.Add(1)
 	go e.reapExpired()
 	e.wg.Add(1)

@@ -48,6 +48,9 @@ func (e *Engine) hibernate(ctx context.Context, b *box, hold bool) error {
 	if err := sandbox.CanTransition(b.rec.State, sandbox.StateHibernated); err != nil {
 		return err
 	}
+	if moveMarkOf(b.rec) != nil {
+		withMark(b.rec, nil) // (what a move that could not finish left)
+	}
 	if err := e.snaps.MayTake(b.rec); err != nil {
 		return err
 	}

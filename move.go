@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -73,11 +75,22 @@ func (e *Engine) Move(ctx context.Context, id, to string) (_ *move.Result, err e
 		return nil, err
 	}
 	stateDir := b.rec.StateDir // (this host's; the record names the target's next)
-	if err := e.handOver(ctx, b, host, ready); err != nil {
+	mark := moveMark{From: e.hosts.Name(), To: to, Resume: from != sandbox.StateHibernated, Paused: from == sandbox.StatePaused, Stage: stageSending}
+	if err := e.handOver(ctx, b, host, ready, mark); err != nil {
+		if cur, rerr := e.store.GetSandbox(ctx, id); rerr != nil || e.hosts.Foreign(cur) {
+			// The write may have been made (its answer lost): the
+			// sandbox stays hibernated, and whichever host the store
+			// says has it finishes the move (finishMoves).
+			e.boxes.forget(id)
+			b.gone = sandbox.Errorf(sandbox.ErrUnavailable, "", "sandbox %s was being moved: ask again", id)
+			b.mu.Unlock()
+			return nil, fmt.Errorf("sandbox %s: its move to %s did not finish: %w", id, to, err)
+		}
 		e.log.Warn("move: the sandbox stays here", "id", id, "to", to, "err", err)
 		e.mover.Drop(ctx, host, id)
 		return nil, e.keepHere(ctx, b, from, err)
 	}
+	atStep("move-handed", id)
 	// The target's now: nothing of it stays here.
 	e.meter.Final(ctx, b.rec)
 	e.urls.Left(id)
@@ -222,8 +235,14 @@ func (e *Engine) holdForMove(ctx context.Context, id string) (*box, sandbox.Stat
 
 // handOver sends held sandbox b's files to host, then makes it the
 // host's in the store.
-func (e *Engine) handOver(ctx context.Context, b *box, host move.Host, ready move.Ready) error {
+func (e *Engine) handOver(ctx context.Context, b *box, host move.Host, ready move.Ready, mark moveMark) error {
 	id := b.rec.ID
+	// Its record says it is being sent: a host that dies from here on
+	// rolls it back when it starts again.
+	if err := e.store.PutSandbox(ctx, withMark(copyRecord(b.rec), &mark)); err != nil {
+		return err
+	}
+	atStep("move-sending", id)
 	if err := e.mover.Send(ctx, host, id, e.hibernation.Dir(id)); err != nil {
 		return err
 	}
@@ -235,12 +254,11 @@ func (e *Engine) handOver(ctx context.Context, b *box, host move.Host, ready mov
 		if cur.State != sandbox.StateHibernated || e.hosts.Foreign(cur) {
 			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s changed during its move (%s on %s)", id, cur.State, cur.Host)
 		}
+		// Handed over: the target takes it up, when asked or, if this
+		// host dies before it asks, on its own (finishMoves).
+		mark.Stage, mark.At = stageHanded, e.opts.Now().UTC()
 		cur.Host, cur.StateDir = host.Name, ready.StateDir
-		if err := tx.PutSandbox(ctx, cur); err != nil {
-			return err
-		}
-		b.rec.Host, b.rec.StateDir = cur.Host, cur.StateDir
-		return nil
+		return tx.PutSandbox(ctx, withMark(cur, &mark))
 	})
 }
 
@@ -248,6 +266,9 @@ func (e *Engine) handOver(ctx context.Context, b *box, host move.Host, ready mov
 // sandbox was the target's, and resumes it as it was (from).
 func (e *Engine) keepHere(ctx context.Context, b *box, from sandbox.State, cause error) error {
 	id := b.rec.ID
+	if err := e.store.PutSandbox(ctx, b.rec); err != nil { // (without the mark handOver wrote)
+		e.log.Warn("move: clearing the sandbox's move", "id", id, "err", err)
+	}
 	snap := *b.rec
 	e.boxes.drop(id, &snap)
 	b.gone = sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was being moved: try again", id)
@@ -262,6 +283,117 @@ func (e *Engine) keepHere(ctx context.Context, b *box, from sandbox.State, cause
 		e.pause(ctx, id)
 	}
 	return cause
+}
+
+// moveMark is what a sandbox's record says of its move in flight (its
+// extras, under moveKey): where from and to, how it was, and how far.
+type moveMark struct {
+	From   string    `json:"from"`
+	To     string    `json:"to"`
+	Resume bool      `json:"resume"`
+	Paused bool      `json:"paused"`
+	Stage  string    `json:"stage"`
+	At     time.Time `json:"at,omitzero"`
+}
+
+const (
+	moveKey = "move"
+	// stageSending: hibernated on the source, its files on their way;
+	// stageHanded: the target's, not yet taken up there.
+	stageSending = "sending"
+	stageHanded  = "handed"
+)
+
+// moveStale is how long a sandbox handed over waits for its source to ask
+// the target to take it up before the target does it on its own.
+var moveStale = 30 * time.Second
+
+// moveEvery is how often finishMoves looks.
+var moveEvery = 10 * time.Second
+
+// withMark sets (or with nil, clears) rec's move mark, and returns rec.
+func withMark(rec *store.Sandbox, m *moveMark) *store.Sandbox {
+	if m == nil {
+		delete(rec.Extra, moveKey)
+		return rec
+	}
+	raw, _ := json.Marshal(m)
+	if rec.Extra == nil {
+		rec.Extra = map[string]json.RawMessage{}
+	}
+	rec.Extra[moveKey] = raw
+	return rec
+}
+
+// copyRecord is a copy of rec whose extras can change.
+func copyRecord(rec *store.Sandbox) *store.Sandbox {
+	c := *rec
+	c.Extra = maps.Clone(rec.Extra)
+	return &c
+}
+
+func moveMarkOf(rec *store.Sandbox) *moveMark {
+	var m moveMark
+	if raw, ok := rec.Extra[moveKey]; !ok || json.Unmarshal(raw, &m) != nil {
+		return nil
+	}
+	return &m
+}
+
+// finishMoves finishes the moves that a host's death cut short, on this
+// host's hibernated sandboxes: at start (restart), one this host was
+// sending is rolled back (resumed here as it was; the target drops what
+// it got); at start and every interval after, one handed to this host
+// that its source did not ask this host to take up within moveStale is
+// taken up.
+func (e *Engine) finishMoves(ctx context.Context, restart bool) {
+	recs, err := e.store.SandboxesOn(ctx, e.hosts.Name(), sandbox.StateHibernated)
+	if err != nil {
+		e.log.Warn("moves: listing this host's hibernated sandboxes", "err", err)
+		return
+	}
+	for _, rec := range recs {
+		m := moveMarkOf(rec)
+		switch {
+		case m == nil || e.boxes.get(rec.ID) != nil:
+		case restart && m.Stage == stageSending:
+			e.log.Warn("rolling back a move this host died in", "id", rec.ID, "to", m.To)
+			if e.mover != nil {
+				if h, err := e.moveTarget(ctx, m.To); err == nil {
+					e.mover.Drop(ctx, h, rec.ID)
+				}
+			}
+			if err := e.store.PutSandbox(ctx, withMark(rec, nil)); err != nil || !m.Resume {
+				continue
+			}
+			if _, err := e.wake(ctx, rec); err != nil {
+				e.log.Warn("rolling back a move: the sandbox did not resume (it stays hibernated)", "id", rec.ID, "err", err)
+			} else if m.Paused {
+				e.pause(ctx, rec.ID)
+			}
+		case m.Stage == stageHanded && e.opts.Now().Sub(m.At) >= moveStale:
+			e.log.Warn("taking up a sandbox whose move's source did not", "id", rec.ID, "from", m.From)
+			if _, err := (moveTarget{e}).Adopt(ctx, rec.ID, move.Adoption{Resume: m.Resume, Paused: m.Paused}); err != nil {
+				e.log.Warn("a moved sandbox did not resume (it stays hibernated)", "id", rec.ID, "err", err)
+			}
+		}
+	}
+}
+
+// runMoves runs finishMoves at start and then every interval.
+func (e *Engine) runMoves(interval time.Duration) {
+	defer e.wg.Done()
+	e.finishMoves(e.ctx, true)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+			e.finishMoves(e.ctx, false)
+		}
+	}
 }
 
 // manifestSum is the SHA-256 of an image build's manifest: two hosts
@@ -314,8 +446,21 @@ func (t moveTarget) Adopt(ctx context.Context, id string, a move.Adoption) (*san
 	if err != nil {
 		return nil, err
 	}
-	if e.hosts.Foreign(rec) || rec.State != sandbox.StateHibernated {
-		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s on host %s", id, rec.State, rec.Host)
+	if e.hosts.Foreign(rec) {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is on host %s", id, rec.Host)
+	}
+	if b := e.boxes.get(id); b != nil || rec.State != sandbox.StateHibernated || moveMarkOf(rec) == nil {
+		// Taken up already (finishMoves and the source's ask race).
+		if b != nil {
+			return b.view(), nil
+		}
+		return &rec.Sandbox, nil
+	}
+	// From here it is this host's like any other: a resume that fails
+	// leaves it hibernated here.
+	withMark(rec, nil)
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return nil, err
 	}
 	if err := e.urls.Took(ctx, id); err != nil {
 		return nil, err

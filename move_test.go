@@ -9,8 +9,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +30,15 @@ import (
 // engine's Moves behind the deployment's mutual TLS, on loopback) and the
 // same image build.
 func movingHosts(t *testing.T) (a, b *engineHost) {
+	t.Helper()
+	a, b, _ = movingHostsRestart(t)
+	return a, b
+}
+
+// movingHostsRestart is movingHosts, with restartA, which stops host a
+// where it stands (its engine left as it is, its store connection cut)
+// and starts it again on its data directory.
+func movingHostsRestart(t *testing.T) (a, b *engineHost, restartA func()) {
 	t.Helper()
 	dsn := testpg.ForTest(t)
 	certs := t.TempDir()
@@ -80,16 +91,25 @@ func movingHosts(t *testing.T) (a, b *engineHost) {
 			os.WriteFile(filepath.Join(o.DataDir, "master.key"), k, 0o600)
 		}
 	})
-	for _, h := range []*engineHost{a, b} {
-		name := map[*engineHost]string{a: "a", b: "b"}[h]
-		start(name, h)
+	serve := func(name string, h *engineHost) {
 		ep := eps[name]
 		ep.mu.Lock()
 		ep.h = h.eng.Moves()
 		ep.mu.Unlock()
+	}
+	for _, h := range []*engineHost{a, b} {
+		name := map[*engineHost]string{a: "a", b: "b"}[h]
+		start(name, h)
+		serve(name, h)
 		t.Cleanup(func() { stop(h) })
 	}
-	return a, b
+	restartA = func() {
+		t.Helper()
+		a.db.Close() // (the engine that died is left as it stood)
+		start("a", a)
+		serve("a", a)
+	}
+	return a, b, restartA
 }
 
 // TestMove moves sandboxes between two hosts, running, paused and
@@ -302,4 +322,72 @@ func TestDrain(t *testing.T) {
 	if _, err := a.eng.Create(ctx, sandbox.CreateRequest{}); err != nil {
 		t.Fatalf("a create on a undrained: %v", err)
 	}
+}
+
+// TestMoveCrash: the source host dies during a move, before the target
+// has the sandbox (it rolls the move back when it starts again: the
+// sandbox runs there as it was) and after (the target takes it up on its
+// own; the source, started again, removes what it had of it). A host's
+// death is its engine stopped where it stands, its store connection cut
+// (freeing its name), and a new engine on its data directory.
+func TestMoveCrash(t *testing.T) {
+	harebox.SetMoveTiming(0, 100*time.Millisecond)
+	defer harebox.SetMoveTiming(30*time.Second, 10*time.Second)
+	var crashAt atomic.Value
+	crashAt.Store("")
+	harebox.SetStepHook(func(step, _ string) {
+		if step == crashAt.Load() {
+			runtime.Goexit() // (nothing of the move runs after this)
+		}
+	})
+	defer harebox.SetStepHook(nil)
+	a, b, restartA := movingHostsRestart(t)
+	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
+	box, err := a.eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := box.ID
+	if _, err := a.eng.WriteFile(ctx, id, "/home/user/f", strings.NewReader("kept"), sandbox.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	crashDuring := func(step string) {
+		t.Helper()
+		crashAt.Store(step)
+		done := make(chan struct{})
+		go func() { defer close(done); a.eng.Move(ctx, id, "b") }()
+		<-done
+		crashAt.Store("")
+		restartA()
+	}
+	await := func(h *engineHost, host string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			s, err := h.eng.Get(ctx, id)
+			if err == nil && s.State == sandbox.StateRunning && s.Host == host {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the sandbox: %+v %v, want running on %s", s, err, host)
+			}
+		}
+		var buf bytes.Buffer
+		if _, err := h.eng.ReadFile(ctx, id, "/home/user/f", &buf); err != nil || buf.String() != "kept" {
+			t.Fatalf("its file on %s: %q %v", host, buf.String(), err)
+		}
+	}
+	// Dead while sending: a rolls back, the sandbox runs on a.
+	crashDuring("move-sending")
+	await(a, "a")
+	// Dead once handed over: b takes it up; a, started again, holds
+	// nothing of it.
+	crashDuring("move-handed")
+	await(b, "b")
+	if _, err := os.Stat(filepath.Join(a.dir, "hibernated", id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a keeps the moved sandbox's files: %v", err)
+	}
+	if _, err := b.eng.Move(ctx, id, "a"); err != nil {
+		t.Fatalf("a move back after all that: %v", err)
+	}
+	await(a, "a")
 }
