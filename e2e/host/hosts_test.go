@@ -26,52 +26,58 @@ import (
 // refused by b within a second. b killed with -9: its sandbox is lost
 // within b's lease, and running again when b restarts and takes it back.
 // A third hareboxd by b's name is refused.
-func TestSeveralHosts(t *testing.T) {
-	s := testserver.Prepare(t)
-	dsn := testpg.ForTest(t)
-	certs := t.TempDir()
-	const lease = "3s"
-	type host struct {
-		name, dir, ingress string
-		srv                *testserver.Server
-	}
-	var hosts []*host
-	startHost := func(name string) *host {
-		t.Helper()
+// clusterHost is one hareboxd of a test deployment.
+type clusterHost struct {
+	name, dir, ingress string
+	srv                *testserver.Server
+}
+
+// deployment returns what starts the hosts of a deployment on the
+// PostgreSQL database dsn: each with its internal endpoint (certificates
+// from hareboxd cluster-cert) and ingress, the keys the hosts share copied
+// from the first, and its log printed if the test fails.
+func deployment(tb testing.TB, s testserver.Setup, dsn, lease string) func(name string) *clusterHost {
+	certs := tb.TempDir()
+	var hosts []*clusterHost
+	return func(name string) *clusterHost {
+		tb.Helper()
 		dir, err := os.MkdirTemp("", "hbh"+name)
 		if err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
+		tb.Cleanup(func() { os.RemoveAll(dir) })
 		if out, err := exec.Command(s.Hareboxd, "cluster-cert", "--dir", certs, "--host", name, "--addr", "127.0.0.1").CombinedOutput(); err != nil {
-			t.Fatalf("cluster-cert: %v %s", err, out)
+			tb.Fatalf("cluster-cert: %v %s", err, out)
 		}
 		if len(hosts) > 0 {
 			// The deployment's hosts share the root key, the master key and
 			// the audit signing key (docs/several-hosts.md).
 			for _, f := range []string{"root.key", "master.key", "audit.key"} {
-				b, err := os.ReadFile(filepath.Join(hosts[0].dir, f))
-				if err != nil {
-					t.Fatal(err)
-				}
-				os.WriteFile(filepath.Join(dir, f), b, 0o600)
+				testserver.CopyFile(tb, filepath.Join(hosts[0].dir, f), filepath.Join(dir, f))
 			}
 		}
-		internal := testserver.FreeAddr(t)
-		h := &host{name: name, dir: dir, ingress: testserver.FreeAddr(t)}
-		h.srv = testserver.Start(t, s, dir, "--store", dsn, "--host-name", name, "--host-lease", lease, "--internal-listen", internal,
+		internal := testserver.FreeAddr(tb)
+		h := &clusterHost{name: name, dir: dir, ingress: testserver.FreeAddr(tb)}
+		h.srv = testserver.Start(tb, s, dir, "--store", dsn, "--host-name", name, "--host-lease", lease, "--internal-listen", internal,
 			"--ingress-listen", h.ingress,
 			"--cluster-ca", filepath.Join(certs, "ca.pem"), "--cluster-cert", filepath.Join(certs, name+".pem"), "--cluster-key", filepath.Join(certs, name+".key"))
 		hosts = append(hosts, h)
 		// (A call through one host may fail on the other: run's failure
 		// shows only the first's log.)
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("host %s's log:\n%s", name, testserver.Tail(h.srv.Log.String()))
+		tb.Cleanup(func() {
+			if tb.Failed() {
+				tb.Logf("host %s's log:\n%s", name, testserver.Tail(h.srv.Log.String()))
 			}
 		})
 		return h
 	}
+}
+
+func TestSeveralHosts(t *testing.T) {
+	s := testserver.Prepare(t)
+	dsn := testpg.ForTest(t)
+	const lease = "3s"
+	startHost := deployment(t, s, dsn, lease)
 	a := startHost("a")
 	defer testserver.Finish(t, a.srv, a.dir)
 	b := startHost("b")

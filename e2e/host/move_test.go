@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/internal/testpg"
 	"github.com/harebox/harebox/internal/testserver"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -151,4 +152,51 @@ func testMove(t *testing.T, s testserver.Setup, srvA *testserver.Server, viaA, v
 		t.Fatalf("the counter after the move back: %d, then %d", last, later)
 	}
 	viaA("exec", id, "--", "touch", "/tmp/stop")
+}
+
+// BenchmarkMove: how long a sandbox does not run when it moves to another
+// host (two hareboxd on this machine, one PostgreSQL), idle (1 vCPU,
+// 1 GiB), then with 256 MiB of its memory written (a file in its tmpfs), against a hibernate and a
+// resume of the same sandbox on its own host, in one run. A move is
+// timed by what it reports (paused_ms: from the hibernate on the source
+// to the resume on the target), a hibernate and resume by the two calls.
+// (b.N is ignored: one pass each.)
+func BenchmarkMove(b *testing.B) {
+	s := testserver.Prepare(b)
+	startHost := deployment(b, s, testpg.ForTest(b), "3s")
+	ha := startHost("a")
+	defer testserver.Finish(b, ha.srv, ha.dir)
+	hb := startHost("b")
+	defer testserver.Finish(b, hb.srv, hb.dir)
+	via := map[string]func(...string) string{
+		"a": func(args ...string) string { return testserver.Run(b, ha.srv, s, s.Root, 5*time.Minute, "harebox", args...) },
+		"b": func(args ...string) string { return testserver.Run(b, hb.srv, s, s.Root, 5*time.Minute, "harebox", args...) },
+	}
+	var sb sandbox.Sandbox
+	if err := json.Unmarshal([]byte(via["a"]("new", "--image", "minimal", "--vcpus", "1", "--memory", "1024")), &sb); err != nil || sb.Host != "a" {
+		b.Fatalf("new: %v %+v", err, sb)
+	}
+	defer via["a"]("delete", sb.ID)
+	at := "a"
+	measure := func(name string) {
+		b.Helper()
+		start := time.Now()
+		via[at]("hibernate", sb.ID)
+		via[at]("resume", sb.ID)
+		hibernate := time.Since(start)
+		to := map[string]string{"a": "b", "b": "a"}[at]
+		var res struct {
+			PausedMS int64 `json:"paused_ms"`
+		}
+		if err := json.Unmarshal([]byte(via[at]("move", sb.ID, "--to", to)), &res); err != nil || res.PausedMS <= 0 {
+			b.Fatalf("move: %v %+v", err, res)
+		}
+		at = to
+		b.ReportMetric(float64(res.PausedMS), name+"-move-paused-ms")
+		b.ReportMetric(float64(hibernate.Milliseconds()), name+"-hibernate+resume-ms")
+		b.ReportMetric(float64(res.PausedMS)/float64(hibernate.Milliseconds()), name+"-move/hibernate+resume")
+	}
+	measure("idle")
+	via[at]("exec", sb.ID, "--", "dd", "if=/dev/urandom", "of=/tmp/dirty", "bs=1M", "count=256")
+	measure("dirty-256MiB")
 }
