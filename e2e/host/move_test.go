@@ -169,8 +169,12 @@ func BenchmarkMove(b *testing.B) {
 	hb := startHost("b")
 	defer testserver.Finish(b, hb.srv, hb.dir)
 	via := map[string]func(...string) string{
-		"a": func(args ...string) string { return testserver.Run(b, ha.srv, s, s.Root, 5*time.Minute, "harebox", args...) },
-		"b": func(args ...string) string { return testserver.Run(b, hb.srv, s, s.Root, 5*time.Minute, "harebox", args...) },
+		"a": func(args ...string) string {
+			return testserver.Run(b, ha.srv, s, s.Root, 5*time.Minute, "harebox", args...)
+		},
+		"b": func(args ...string) string {
+			return testserver.Run(b, hb.srv, s, s.Root, 5*time.Minute, "harebox", args...)
+		},
 	}
 	var sb sandbox.Sandbox
 	if err := json.Unmarshal([]byte(via["a"]("new", "--image", "minimal", "--vcpus", "1", "--memory", "1024")), &sb); err != nil || sb.Host != "a" {
