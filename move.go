@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/harebox/harebox/authz"
@@ -51,8 +52,10 @@ func (e *Engine) Move(ctx context.Context, id, to string) (_ *move.Result, err e
 		return nil, err
 	}
 	switch {
-	case rec.State != sandbox.StateRunning && rec.State != sandbox.StatePaused && rec.State != sandbox.StateHibernated:
-		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s: a running, paused or hibernated sandbox moves", id, rec.State)
+	case !movable(rec.State):
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s: a running, paused, hibernated or stopped sandbox moves", id, rec.State)
+	case rec.State == sandbox.StateStopped && !rec.Kept:
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s stopped on its own: its disk is gone, nothing moves", id)
 	case len(rec.Volumes) > 0:
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s has volumes, which live on this host: a sandbox with volumes does not move", id)
 	}
@@ -64,7 +67,11 @@ func (e *Engine) Move(ctx context.Context, id, to string) (_ *move.Result, err e
 	if err != nil {
 		return nil, err
 	}
-	ready, err := e.mover.Check(ctx, host, id, move.Check{Image: img.Dir, Manifest: manifest, Size: rec.Size})
+	ck := move.Check{Image: img.Dir, Manifest: manifest}
+	if resumes(rec.State) {
+		ck.Size = rec.Size // (a kept one holds no capacity there)
+	}
+	ready, err := e.mover.Check(ctx, host, id, ck)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +82,7 @@ func (e *Engine) Move(ctx context.Context, id, to string) (_ *move.Result, err e
 		return nil, err
 	}
 	stateDir := b.rec.StateDir // (this host's; the record names the target's next)
-	mark := moveMark{From: e.hosts.Name(), To: to, Resume: from != sandbox.StateHibernated, Paused: from == sandbox.StatePaused, Stage: stageSending}
+	mark := moveMark{From: e.hosts.Name(), To: to, Resume: resumes(from), Paused: from == sandbox.StatePaused, Stage: stageSending}
 	if err := e.handOver(ctx, b, host, ready, mark); err != nil {
 		if cur, rerr := e.store.GetSandbox(ctx, id); rerr != nil || e.hosts.Foreign(cur) {
 			// The write may have been made (its answer lost): the
@@ -102,9 +109,9 @@ func (e *Engine) Move(ctx context.Context, id, to string) (_ *move.Result, err e
 	}
 	os.RemoveAll(stateDir)
 	e.log.Info("sandbox moved", "id", id, "to", to)
-	sb, err := e.mover.Adopt(ctx, host, id, move.Adoption{Resume: from != sandbox.StateHibernated, Paused: from == sandbox.StatePaused})
+	sb, err := e.mover.Adopt(ctx, host, id, move.Adoption{Resume: mark.Resume, Paused: mark.Paused})
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s moved to host %s, hibernated, but did not resume there (resume it): %w", id, to, err)
+		return nil, fmt.Errorf("sandbox %s moved to host %s, %s, but did not resume there (resume it): %w", id, to, b.rec.State, err)
 	}
 	return &move.Result{Sandbox: sb, From: e.hosts.Name(), To: to, PausedMS: time.Since(start).Milliseconds()}, nil
 }
@@ -132,11 +139,11 @@ func (e *Engine) Drain(ctx context.Context, name string) (_ *DrainReport, err er
 	}
 	rep := &DrainReport{Host: name, Moved: []move.Moved{}, Stayed: []move.Stayed{}}
 	for _, rec := range recs {
-		if rec.State == sandbox.StateStopped {
-			rep.Stayed = append(rep.Stayed, move.Stayed{ID: rec.ID, Error: "a stopped sandbox does not move yet: start it, or delete it"})
-			continue
+		var size sandbox.Resources
+		if resumes(rec.State) {
+			size = rec.Size // (a kept one holds no capacity there)
 		}
-		h, err := e.hosts.Place(ctx, rec.Size, sandbox.Site{})
+		h, err := e.hosts.Place(ctx, size, sandbox.Site{})
 		if err == nil && h.Name == name {
 			err = sandbox.Errorf(sandbox.ErrCapacity, "", "no other host has room for it")
 		}
@@ -225,12 +232,12 @@ func (e *Engine) holdForMove(ctx context.Context, id string) (*box, sandbox.Stat
 		return nil, "", sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is busy: try again", id)
 	}
 	// It may have been resumed or deleted since it was read.
-	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != sandbox.StateHibernated || e.hosts.Foreign(cur) {
+	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != rec.State || !cur.Kept || e.hosts.Foreign(cur) {
 		e.boxes.drop(id, prev)
 		b.mu.Unlock()
-		return nil, "", sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer hibernated here", id)
+		return nil, "", sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is no longer %s here", id, rec.State)
 	}
-	return b, sandbox.StateHibernated, nil
+	return b, rec.State, nil
 }
 
 // handOver sends held sandbox b's files to host, then makes it the
@@ -243,7 +250,11 @@ func (e *Engine) handOver(ctx context.Context, b *box, host move.Host, ready mov
 		return err
 	}
 	atStep("move-sending", id)
-	if err := e.mover.Send(ctx, host, id, e.hibernation.Dir(id)); err != nil {
+	dir, stopped := e.hibernation.Dir(id), b.rec.State == sandbox.StateStopped
+	if stopped {
+		dir = b.rec.StateDir
+	}
+	if err := e.mover.Send(ctx, host, id, dir, stopped, notMoved); err != nil {
 		return err
 	}
 	return e.store.Update(ctx, func(tx store.Tx) error {
@@ -251,7 +262,7 @@ func (e *Engine) handOver(ctx context.Context, b *box, host move.Host, ready mov
 		if err != nil {
 			return err
 		}
-		if cur.State != sandbox.StateHibernated || e.hosts.Foreign(cur) {
+		if cur.State != b.rec.State || e.hosts.Foreign(cur) {
 			return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s changed during its move (%s on %s)", id, cur.State, cur.Host)
 		}
 		// Handed over: the target takes it up, when asked or, if this
@@ -273,7 +284,7 @@ func (e *Engine) keepHere(ctx context.Context, b *box, from sandbox.State, cause
 	e.boxes.drop(id, &snap)
 	b.gone = sandbox.Errorf(sandbox.ErrState, "", "sandbox %s was being moved: try again", id)
 	b.mu.Unlock()
-	if from == sandbox.StateHibernated {
+	if !resumes(from) {
 		return cause
 	}
 	if _, err := e.wake(ctx, &snap); err != nil {
@@ -283,6 +294,23 @@ func (e *Engine) keepHere(ctx context.Context, b *box, from sandbox.State, cause
 		e.pause(ctx, id)
 	}
 	return cause
+}
+
+// movable says whether a sandbox in state moves, and resumes whether it
+// runs (or is paused) there after.
+func movable(st sandbox.State) bool { return resumes(st) || kept(st) }
+func resumes(st sandbox.State) bool {
+	return st == sandbox.StateRunning || st == sandbox.StatePaused
+}
+func kept(st sandbox.State) bool { return st == sandbox.StateHibernated || st == sandbox.StateStopped }
+
+// notMoved names what of a stopped sandbox's machine directory stays:
+// what belongs to its last VMM's process (its pid file), and its state
+// record, which names paths of this host (the target's next launch
+// writes its own). What a move carries of it is its disks (the backend's
+// overlays, sealed under its data key) and its console log.
+func notMoved(rel string) bool {
+	return strings.HasSuffix(rel, ".pid") || rel == "state.json"
 }
 
 // moveMark is what a sandbox's record says of its move in flight (its
@@ -347,7 +375,7 @@ func moveMarkOf(rec *store.Sandbox) *moveMark {
 // that its source did not ask this host to take up within moveStale is
 // taken up.
 func (e *Engine) finishMoves(ctx context.Context, restart bool) {
-	recs, err := e.store.SandboxesOn(ctx, e.hosts.Name(), sandbox.StateHibernated)
+	recs, err := e.store.SandboxesOn(ctx, e.hosts.Name(), sandbox.StateHibernated, sandbox.StateStopped)
 	if err != nil {
 		e.log.Warn("moves: listing this host's hibernated sandboxes", "err", err)
 		return
@@ -414,7 +442,12 @@ func (e *Engine) Moves() http.Handler { return move.NewReceiver(moveTarget{e}) }
 // moveTarget is the engine as the host a sandbox moves to.
 type moveTarget struct{ e *Engine }
 
-func (t moveTarget) FilesDir(id string) string    { return t.e.hibernation.Dir(id) }
+func (t moveTarget) FilesDir(id string, stopped bool) string {
+	if stopped {
+		return filepath.Join(t.e.machinesDir(), id)
+	}
+	return t.e.hibernation.Dir(id)
+}
 func (t moveTarget) IncomingDir(id string) string { return t.e.hibernation.IncomingDir(id) }
 
 // Check says whether this host can take sandbox id: the same image
@@ -449,7 +482,7 @@ func (t moveTarget) Adopt(ctx context.Context, id string, a move.Adoption) (*san
 	if e.hosts.Foreign(rec) {
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is on host %s", id, rec.Host)
 	}
-	if b := e.boxes.get(id); b != nil || rec.State != sandbox.StateHibernated || moveMarkOf(rec) == nil {
+	if b := e.boxes.get(id); b != nil || (rec.State != sandbox.StateHibernated && rec.State != sandbox.StateStopped) || moveMarkOf(rec) == nil {
 		// Taken up already (finishMoves and the source's ask race).
 		if b != nil {
 			return b.view(), nil
@@ -466,7 +499,7 @@ func (t moveTarget) Adopt(ctx context.Context, id string, a move.Adoption) (*san
 		return nil, err
 	}
 	if !a.Resume {
-		if err := e.meter.Keep(ctx, rec, sandbox.StateHibernated); err != nil {
+		if err := e.meter.Keep(ctx, rec, rec.State); err != nil {
 			e.log.Warn("move: metering the sandbox taken up", "id", id, "err", err)
 		}
 		e.boxes.drop(id, rec)
@@ -487,5 +520,6 @@ func (t moveTarget) Drop(ctx context.Context, id string) error {
 		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is this host's", id)
 	}
 	os.RemoveAll(e.hibernation.IncomingDir(id))
+	os.RemoveAll(filepath.Join(e.machinesDir(), id)) // (a stopped one's)
 	return e.hibernation.Remove(id)
 }

@@ -249,14 +249,32 @@ func TestMove(t *testing.T) {
 	if got := read(a); got != "made on a" {
 		t.Fatalf("on a after all: %q", got)
 	}
-	if err := a.eng.Delete(ctx, id); err != nil {
+
+	// Stopped, a to b: its disk goes, and it starts there on it.
+	if _, err := a.eng.Stop(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := a.eng.Move(ctx, id, "b"); err != nil || res.Sandbox.State != sandbox.StateStopped || res.Sandbox.Host != "b" {
+		t.Fatalf("a stopped one moved: %+v %v", res, err)
+	}
+	if _, err := os.Stat(filepath.Join(a.dir, "m", id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a keeps the stopped sandbox's machine directory: %v", err)
+	}
+	if _, err := b.eng.Start(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(b); got != "made on a" {
+		t.Fatalf("on b after a stopped move and a start: %q", got)
+	}
+	if err := b.eng.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // TestDrain drains a host of its sandboxes: those that can move go to
-// the other host, as they were; a stopped one stays, saying why; no new
-// sandbox goes to the host until it is undrained.
+// the other host, as they were (a running or paused one only if it has
+// room there); one it has no room for stays, saying why; no new sandbox
+// goes to the host until it is undrained.
 func TestDrain(t *testing.T) {
 	a, b := movingHosts(t)
 	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
@@ -279,6 +297,13 @@ func TestDrain(t *testing.T) {
 		}
 		ids[st] = box.ID
 	}
+	// b has room for one more running sandbox only (8 vCPUs, 7 taken): the
+	// running one goes, the paused one stays; the hibernated and stopped
+	// ones hold no capacity there, and go.
+	filler, err := b.eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{VCPUs: 7, MemoryMB: 512}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	key := authz.WithPrincipal(context.Background(), authz.Principal{AccountID: "acc", KeyID: "k"})
 	if _, err := a.eng.Drain(key, "a"); !errors.Is(err, sandbox.ErrForbidden) {
 		t.Fatalf("a key drains a host: %v", err)
@@ -290,7 +315,7 @@ func TestDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Moved) != 3 || len(rep.Stayed) != 1 || rep.Stayed[0].ID != ids[sandbox.StateStopped] || !strings.Contains(rep.Stayed[0].Error, "stopped") {
+	if len(rep.Moved) != 3 || len(rep.Stayed) != 1 || rep.Stayed[0].ID != ids[sandbox.StatePaused] || !strings.Contains(rep.Stayed[0].Error, "room") {
 		t.Fatalf("drain: %+v", rep)
 	}
 	for st, id := range ids {
@@ -299,14 +324,18 @@ func TestDrain(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := "b"
-		if st == sandbox.StateStopped {
+		if st == sandbox.StatePaused {
 			want = "a"
 		}
 		if s.State != st || s.Host != want {
 			t.Fatalf("the %s sandbox after the drain: %s on %s", st, s.State, s.Host)
 		}
 	}
-	// No new sandbox goes to a: placement picks b, and a refuses one.
+	// No new sandbox goes to a: placement picks b (with room again), and
+	// a refuses one.
+	if err := b.eng.Delete(ctx, filler.ID); err != nil {
+		t.Fatal(err)
+	}
 	if h, err := a.eng.Cluster().Place(ctx, sandbox.Resources{VCPUs: 1, MemoryMB: 512, DiskGB: 1}, sandbox.Site{}); err != nil || h.Name != "b" {
 		t.Fatalf("placement from a drained a: %+v %v", h, err)
 	}

@@ -10,8 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -82,17 +80,23 @@ func (c *Client) Check(ctx context.Context, h Host, id string, ck Check) (Ready,
 	return r, err
 }
 
-// Send streams sandbox id's files (the flat directory dir) to host h,
-// and returns once they are on its disk.
-func (c *Client) Send(ctx context.Context, h Host, id, dir string) error {
-	size, err := dirBytes(dir)
+// Send streams sandbox id's files to host h, and returns once they are
+// on its disk: its hibernation files (the directory dir), or for a
+// stopped sandbox its machine directory's files (dir, but those skip
+// names).
+func (c *Client) Send(ctx context.Context, h Host, id, dir string, stopped bool, skip func(rel string) bool) error {
+	size, err := dirBytes(dir, skip)
 	if err != nil {
 		return err
 	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(pack(pw, dir)) }()
+	go func() { pw.CloseWithError(pack(pw, dir, skip)) }()
 	defer pr.Close()
-	return c.call(ctx, h, http.MethodPut, Prefix+id+"/files", "bytes="+strconv.FormatInt(size, 10), pr, nil)
+	q := url.Values{"bytes": {strconv.FormatInt(size, 10)}}
+	if stopped {
+		q.Set("stopped", "1")
+	}
+	return c.call(ctx, h, http.MethodPut, Prefix+id+"/files", q.Encode(), pr, nil)
 }
 
 // Adopt has host h take sandbox id up.
@@ -108,24 +112,4 @@ func (c *Client) Adopt(ctx context.Context, h Host, id string, a Adoption) (*san
 // failed before the store said the sandbox was h's).
 func (c *Client) Drop(ctx context.Context, h Host, id string) error {
 	return c.call(ctx, h, http.MethodDelete, Prefix+id, "", nil, nil)
-}
-
-// Bytes is what the files of dir hold (a Check's Bytes).
-func Bytes(dir string) (int64, error) { return dirBytes(dir) }
-
-// dirBytes is what the files of dir hold.
-func dirBytes(dir string) (int64, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	for _, d := range ents {
-		st, err := os.Stat(filepath.Join(dir, d.Name()))
-		if err != nil {
-			return 0, err
-		}
-		n += st.Size()
-	}
-	return n, nil
 }

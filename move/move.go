@@ -48,7 +48,8 @@ type Ready struct {
 // Adoption is what the source asks of the target once the store says the
 // sandbox is the target's.
 type Adoption struct {
-	// Resume: it ran (or was paused) on the source; Paused: it was paused.
+	// Resume: it ran (or was paused) on the source; Paused: it was
+	// paused. (A hibernated or stopped one stays so.)
 	Resume bool `json:"resume"`
 	Paused bool `json:"paused"`
 }
@@ -58,9 +59,10 @@ type Target interface {
 	// Check says whether this host can take sandbox id.
 	Check(ctx context.Context, id string, c Check) (Ready, error)
 	// FilesDir is where sandbox id's files go once received whole (its
-	// hibernation files), and IncomingDir where they are written first
-	// (on the same file system).
-	FilesDir(id string) string
+	// hibernation files; a stopped one's, its machine directory), and
+	// IncomingDir where they are written first (on the same file
+	// system).
+	FilesDir(id string, stopped bool) string
 	IncomingDir(id string) string
 	// Adopt takes sandbox id up: it is this host's in the store, its
 	// files are in FilesDir.

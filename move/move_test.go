@@ -35,7 +35,12 @@ func (t *target) Check(ctx context.Context, id string, c Check) (Ready, error) {
 	}
 	return Ready{StateDir: "/there/m/" + id}, nil
 }
-func (t *target) FilesDir(id string) string    { return filepath.Join(t.dir, id) }
+func (t *target) FilesDir(id string, stopped bool) string {
+	if stopped {
+		return filepath.Join(t.dir, "m", id)
+	}
+	return filepath.Join(t.dir, id)
+}
 func (t *target) IncomingDir(id string) string { return filepath.Join(t.dir, ".incoming-"+id) }
 func (t *target) Adopt(ctx context.Context, id string, a Adoption) (*sandbox.Sandbox, error) {
 	t.adopted = &a
@@ -43,7 +48,7 @@ func (t *target) Adopt(ctx context.Context, id string, a Adoption) (*sandbox.San
 }
 func (t *target) Drop(ctx context.Context, id string) error {
 	t.dropped = true
-	return os.RemoveAll(t.FilesDir(id))
+	return os.RemoveAll(t.FilesDir(id, false))
 }
 
 func serve(t *testing.T, tg *target) (*Client, Host) {
@@ -66,11 +71,11 @@ func TestMove(t *testing.T) {
 	if err != nil || ready.StateDir != "/there/m/"+id || tg.checked.Image != "/img" || tg.checked.Size.VCPUs != 1 {
 		t.Fatalf("check: %+v %v (asked %+v)", ready, err, tg.checked)
 	}
-	if err := c.Send(ctx, h, id, src); err != nil {
+	if err := c.Send(ctx, h, id, src, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	for n, want := range files {
-		if got, err := os.ReadFile(filepath.Join(tg.FilesDir(id), n)); err != nil || string(got) != want {
+		if got, err := os.ReadFile(filepath.Join(tg.FilesDir(id, false), n)); err != nil || string(got) != want {
 			t.Fatalf("%s on the target: %d bytes, %v", n, len(got), err)
 		}
 	}
@@ -78,7 +83,7 @@ func TestMove(t *testing.T) {
 		t.Fatalf("the incoming directory stays: %v", err)
 	}
 	// The same files again: refused (a conflict), what is there kept.
-	if err := c.Send(ctx, h, id, src); !errors.Is(err, sandbox.ErrState) {
+	if err := c.Send(ctx, h, id, src, false, nil); !errors.Is(err, sandbox.ErrState) {
 		t.Fatalf("a second send: %v", err)
 	}
 	sb, err := c.Adopt(ctx, h, id, Adoption{Resume: true, Paused: true})
@@ -93,10 +98,30 @@ func TestMove(t *testing.T) {
 	if _, err := c.Check(ctx, h, id, Check{}); !errors.Is(err, sandbox.ErrState) || !strings.Contains(err.Error(), "does not have the image build") {
 		t.Fatalf("a refused check: %v", err)
 	}
-	// A directory that holds more than files does not go.
-	os.Mkdir(filepath.Join(src, "sub"), 0o700)
-	if err := c.Send(ctx, h, "sbx_01m8ka6npde8xkm1x1xncdtwqf", src); err == nil {
-		t.Fatal("a directory with a subdirectory was sent")
+	// A stopped sandbox's machine directory: its subdirectories go, what
+	// skip names, sockets and links do not.
+	const other = "sbx_01m8ka6npde8xkm1x1xncdtwqf"
+	os.MkdirAll(filepath.Join(src, "disk", "deeper"), 0o700)
+	os.WriteFile(filepath.Join(src, "disk", "deeper", "f"), []byte("deep"), 0o600)
+	os.WriteFile(filepath.Join(src, "qemu.pid"), []byte("1"), 0o600)
+	os.Symlink("/etc/passwd", filepath.Join(src, "link"))
+	if err := c.Send(ctx, h, other, src, true, func(rel string) bool { return rel == "qemu.pid" }); err != nil {
+		t.Fatal(err)
+	}
+	m := tg.FilesDir(other, true)
+	if b, err := os.ReadFile(filepath.Join(m, "disk", "deeper", "f")); err != nil || string(b) != "deep" {
+		t.Fatalf("a nested file: %q %v", b, err)
+	}
+	for _, n := range []string{"qemu.pid", "link"} {
+		if _, err := os.Lstat(filepath.Join(m, n)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s went: %v", n, err)
+		}
+	}
+	// Too deep: refused at the source.
+	os.MkdirAll(filepath.Join(src, "a", "b", "c"), 0o700)
+	os.WriteFile(filepath.Join(src, "a", "b", "c", "d"), nil, 0o600)
+	if err := c.Send(ctx, h, "sbx_01m8ka6npde8xkm1x1xncdtwqg", src, true, nil); err == nil {
+		t.Fatal("a file four deep went")
 	}
 }
 
@@ -129,7 +154,9 @@ func TestReceiveRefuses(t *testing.T) {
 		want  error
 	}{
 		{"a path", stream(entry{"../escape", tar.TypeReg, "x"}), "1", sandbox.ErrInvalid},
-		{"a subdirectory", stream(entry{"a/b", tar.TypeReg, "x"}), "1", sandbox.ErrInvalid},
+		{"too deep", stream(entry{"a/b/c/d", tar.TypeReg, "x"}), "1", sandbox.ErrInvalid},
+		{"an absolute path", stream(entry{"/etc/x", tar.TypeReg, "x"}), "1", sandbox.ErrInvalid},
+		{"a dot in a path", stream(entry{"a/../../x", tar.TypeReg, "x"}), "1", sandbox.ErrInvalid},
 		{"a dot file", stream(entry{".hidden", tar.TypeReg, "x"}), "1", sandbox.ErrInvalid},
 		{"a symlink", stream(entry{"memory", tar.TypeSymlink, ""}), "1", sandbox.ErrInvalid},
 		{"a directory", stream(entry{"memory", tar.TypeDir, ""}), "1", sandbox.ErrInvalid},

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -83,13 +84,17 @@ func (rv *Receiver) receive(w http.ResponseWriter, r *http.Request, id string) e
 	if err != nil || max < 0 {
 		return sandbox.Errorf(sandbox.ErrInvalid, "bytes", "a move's files need their size in bytes")
 	}
-	in, dst := rv.t.IncomingDir(id), rv.t.FilesDir(id)
+	in, dst := rv.t.IncomingDir(id), rv.t.FilesDir(id, r.URL.Query().Get("stopped") == "1")
 	if _, err := os.Stat(dst); err == nil {
 		return sandbox.Errorf(sandbox.ErrExists, "", "sandbox %s's files are here already", id)
 	}
 	os.RemoveAll(in) // (what a move cut short left)
 	body := &idleReader{r: r.Body, rc: http.NewResponseController(w), idle: rv.Idle}
 	if err := unpack(body, in, max); err != nil {
+		os.RemoveAll(in)
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		os.RemoveAll(in)
 		return err
 	}

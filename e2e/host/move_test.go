@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io/fs"
 	"net/http"
 	"os"
@@ -203,4 +204,32 @@ func BenchmarkMove(b *testing.B) {
 	measure("idle")
 	via[at]("exec", sb.ID, "--", "dd", "if=/dev/urandom", "of=/tmp/dirty", "bs=1M", "count=256")
 	measure("dirty-256MiB")
+}
+
+// testMoveStopped: a stopped sandbox of the Debian image (its root on its
+// disk) moves from a to b with its disk, starts there on it, and a holds
+// nothing of it.
+func testMoveStopped(t *testing.T, viaA, viaB func(...string) string, dirA string) {
+	t.Helper()
+	var sb sandbox.Sandbox
+	if err := json.Unmarshal([]byte(viaA("new", "--image", "default", "--label", "e2e=stopped-move")), &sb); err != nil || sb.Host != "a" {
+		t.Fatalf("new on a: %v %+v", err, sb)
+	}
+	defer viaA("delete", sb.ID)
+	viaA("exec", sb.ID, "--user", "root", "--", "sh", "-c", "echo on-its-disk > /root/kept; sync")
+	viaA("stop", sb.ID)
+	var res struct {
+		To      string
+		Sandbox struct{ State, Host string }
+	}
+	if err := json.Unmarshal([]byte(viaA("move", sb.ID, "--to", "b")), &res); err != nil || res.Sandbox.State != "stopped" || res.Sandbox.Host != "b" {
+		t.Fatalf("a stopped sandbox's move: %v %+v", err, res)
+	}
+	if _, err := os.Stat(filepath.Join(dirA, "m", sb.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a keeps the stopped sandbox's machine directory: %v", err)
+	}
+	viaA("start", sb.ID) // (served by b)
+	if got := viaB("exec", sb.ID, "--user", "root", "--", "cat", "/root/kept"); got != "on-its-disk\n" {
+		t.Fatalf("its disk on b: %q", got)
+	}
 }

@@ -325,8 +325,9 @@ class Client:
     @operation("moveSandbox")
     def move_sandbox(self, sandbox_id: str, to: str, *, timeout: float | None = None) -> t.MoveResult:
         """POST /v1/sandboxes/{id}/move (the operator only): moves a
-        running, paused or hibernated sandbox to host ``to`` of the
-        deployment, as it was (its processes run on); returns it (on its
+        running, paused, hibernated or stopped sandbox to host ``to`` of
+        the deployment, as it was (its processes run on; a stopped one's
+        disk goes); returns it (on its
         new host), ``from``, ``to`` and ``paused_ms``, how long it did not
         run. Refused before anything happens when the host is down, lacks
         the same image build or has no room, and for a sandbox with
@@ -405,10 +406,10 @@ class Client:
     @operation("drainHost")
     def drain_host(self, name: str, *, timeout: float | None = 3600) -> t.DrainReport:
         """POST /v1/hosts/{name}/drain (the operator only): the host takes
-        no new sandbox, and its running, paused and hibernated sandboxes
-        move one by one to the hosts placement picks; returns what moved
-        where (``moved``) and what stayed, with why (``stayed``). It
-        stays draining until undrain_host."""
+        no new sandbox, and its running, paused, hibernated and stopped
+        sandboxes move one by one to the hosts placement picks; returns
+        what moved where (``moved``) and what stayed, with why
+        (``stayed``). It stays draining until undrain_host."""
         return cast(t.DrainReport, self._json("POST", _path("/v1/hosts/{}/drain", name), timeout=timeout))
 
     @operation("undrainHost")

@@ -410,8 +410,9 @@ export class HareBox {
   }
 
   /**
-   * Moves a running, paused or hibernated sandbox to host `to` of the
-   * deployment, as it was (its processes run on), for the operator only:
+   * Moves a running, paused, hibernated or stopped sandbox to host `to`
+   * of the deployment, as it was (its processes run on; a stopped one's
+   * disk goes), for the operator only:
    * the sandbox on its new host, the hosts, and how long it did not run
    * (`paused_ms`). Refused before anything happens when the host is down,
    * lacks the same image build or has no room, and for a sandbox with
@@ -495,7 +496,7 @@ export class HareBox {
     return this.#call("rotateMeshKey", [name], "json", this.#plain(options));
   }
 
-  /** Drains a host (the operator only): it takes no new sandbox, and its running, paused and hibernated sandboxes move one by one to the hosts placement picks. What moved where, and what stayed, with why. It stays draining until undrainHost. */
+  /** Drains a host (the operator only): it takes no new sandbox, and its running, paused, hibernated and stopped sandboxes move one by one to the hosts placement picks. What moved where, and what stayed, with why. It stays draining until undrainHost. */
   async drainHost(name: string, options: CallOptions = {}): Promise<DrainReport> {
     return this.#call("drainHost", [name], "json", this.#plain(options, 3_600_000));
   }
