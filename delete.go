@@ -47,6 +47,15 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 	if b.gone != nil {
 		return b.gone
 	}
+	if e.shared {
+		// It may have moved to another host since here() looked.
+		if cur, err := e.store.GetSandbox(ctx, id); err == nil && e.hosts.Foreign(cur) {
+			if e.boxes.get(id) == b && b.m == nil {
+				e.boxes.forget(id)
+			}
+			return elsewhereErr("sandbox "+id, cur.Host)
+		}
+	}
 	if err := sandbox.CanTransition(b.rec.State, sandbox.StateDeleted); err != nil {
 		return err
 	}

@@ -113,8 +113,10 @@ func (e *Engine) rewriteRecords(ctx context.Context) {
 		// (Under its lock: a change that writes it meanwhile is not
 		// overwritten with what it was.)
 		b.mu.Lock()
-		if err := e.store.PutSandbox(ctx, b.rec); err != nil {
-			e.log.Warn("cannot write a sandbox's record again", "id", b.rec.ID, "err", err)
+		if b.gone == nil { // (a box a move let go of: its record is not this one's to write)
+			if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+				e.log.Warn("cannot write a sandbox's record again", "id", b.rec.ID, "err", err)
+			}
 		}
 		b.mu.Unlock()
 	}

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/move"
@@ -84,7 +86,7 @@ func (e *Engine) Move(ctx context.Context, id, to string) (_ *move.Result, err e
 	stateDir := b.rec.StateDir // (this host's; the record names the target's next)
 	mark := moveMark{From: e.hosts.Name(), To: to, Resume: resumes(from), Paused: from == sandbox.StatePaused, Stage: stageSending}
 	if err := e.handOver(ctx, b, host, ready, mark); err != nil {
-		if cur, rerr := e.store.GetSandbox(ctx, id); rerr != nil || e.hosts.Foreign(cur) {
+		if cur, rerr := e.readBack(ctx, id); rerr != nil || e.hosts.Foreign(cur) {
 			// The write may have been made (its answer lost): the
 			// sandbox stays hibernated, and whichever host the store
 			// says has it finishes the move (finishMoves).
@@ -122,8 +124,9 @@ type DrainReport = move.DrainReport
 
 // Drain marks this host (name) draining, so that no new sandbox goes
 // here, and moves its sandboxes one by one to the hosts placement picks
-// (the operator only). A sandbox no host can take (or that cannot move:
-// stopped ones, those with volumes) stays, and the report says why.
+// (the operator only). A sandbox no host can take (or has room for), or
+// that cannot move (one with volumes, one that stopped on its own),
+// stays, and the report says why.
 func (e *Engine) Drain(ctx context.Context, name string) (_ *DrainReport, err error) {
 	defer func() { e.audit.Record(ctx, "drainHost", "", name, err) }()
 	if err := e.drainable(ctx, "drainHost", name); err != nil {
@@ -185,6 +188,15 @@ func (e *Engine) drainable(ctx context.Context, action, name string) error {
 	return nil
 }
 
+// readBack reads sandbox id's record, trying for up to 30 s: after a
+// store write whose answer was lost, what the store says decides where
+// the sandbox is.
+func (e *Engine) readBack(ctx context.Context, id string) (*store.Sandbox, error) {
+	bo := backoff.NewExponentialBackOff()
+	bo.MaxElapsedTime = 30 * time.Second
+	return backoff.RetryWithData(func() (*store.Sandbox, error) { return e.store.GetSandbox(ctx, id) }, backoff.WithContext(bo, ctx))
+}
+
 // moveTarget is host name's address, if it is another host that is up.
 func (e *Engine) moveTarget(ctx context.Context, name string) (move.Host, error) {
 	if name == e.hosts.Name() {
@@ -215,6 +227,10 @@ func (e *Engine) holdForMove(ctx context.Context, id string) (*box, sandbox.Stat
 			return nil, "", sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is busy (%s): try again", id, from)
 		}
 		if err := e.hibernate(ctx, b, true); err != nil {
+			if b.rec.State == sandbox.StateHibernated { // (its VM gone: kept, not held)
+				snap := *b.rec
+				e.boxes.drop(id, &snap)
+			}
 			b.mu.Unlock()
 			return nil, "", err
 		}
@@ -482,23 +498,42 @@ func (t moveTarget) Adopt(ctx context.Context, id string, a move.Adoption) (*san
 	if e.hosts.Foreign(rec) {
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is on host %s", id, rec.Host)
 	}
-	if b := e.boxes.get(id); b != nil || (rec.State != sandbox.StateHibernated && rec.State != sandbox.StateStopped) || moveMarkOf(rec) == nil {
-		// Taken up already (finishMoves and the source's ask race).
-		if b != nil {
+	// The mark handed to this host is taken off once, in a transaction
+	// that finds it there: of two who would take the sandbox up (the
+	// source's ask and finishMoves), or a delete meanwhile, one wins.
+	// How it resumes is what the mark says, not the caller.
+	var m *moveMark
+	err = e.store.Update(ctx, func(tx store.Tx) error {
+		cur, err := tx.GetSandbox(ctx, id)
+		if err != nil {
+			return err
+		}
+		if m = moveMarkOf(cur); m == nil || m.Stage != stageHanded || m.To != e.hosts.Name() || e.hosts.Foreign(cur) || !kept(cur.State) {
+			m = nil
+			return nil
+		}
+		rec = withMark(cur, nil)
+		return tx.PutSandbox(ctx, rec)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if m == nil { // (taken up already, or deleted)
+		if b := e.boxes.get(id); b != nil {
 			return b.view(), nil
 		}
-		return &rec.Sandbox, nil
+		cur, err := e.record(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return &cur.Sandbox, nil
 	}
 	// From here it is this host's like any other: a resume that fails
 	// leaves it hibernated here.
-	withMark(rec, nil)
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
-		return nil, err
-	}
-	if err := e.urls.Took(ctx, id); err != nil {
-		return nil, err
-	}
-	if !a.Resume {
+	if !m.Resume {
+		if err := e.urls.Took(ctx, id); err != nil {
+			e.log.Warn("move: loading the URLs of the sandbox taken up", "id", id, "err", err)
+		}
 		if err := e.meter.Keep(ctx, rec, rec.State); err != nil {
 			e.log.Warn("move: metering the sandbox taken up", "id", id, "err", err)
 		}
@@ -506,10 +541,24 @@ func (t moveTarget) Adopt(ctx context.Context, id string, a move.Adoption) (*san
 		return &rec.Sandbox, nil
 	}
 	sb, err := e.wake(ctx, rec)
-	if err != nil || !a.Paused {
+	if err != nil || !m.Paused {
 		return sb, err
 	}
 	return e.pause(ctx, id)
+}
+
+// Receiving says whether this host expects sandbox id's files: the store
+// says its source is sending them here.
+func (t moveTarget) Receiving(ctx context.Context, id string) error {
+	e := t.e
+	rec, err := e.record(ctx, id)
+	if err != nil {
+		return err
+	}
+	if m := moveMarkOf(rec); m == nil || m.Stage != stageSending || m.To != e.hosts.Name() || !e.hosts.Foreign(rec) {
+		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is not being moved to host %s", id, e.hosts.Name())
+	}
+	return nil
 }
 
 // Drop removes what this host received of sandbox id, unless the store

@@ -25,6 +25,9 @@ import (
 	"github.com/harebox/harebox/sandbox"
 )
 
+// refuseFiles makes the hosts' internal endpoints refuse a move's files.
+var refuseFiles atomic.Bool
+
 // movingHosts starts hosts a and b on one PostgreSQL store (the in-memory
 // hypervisor stands for their VMs), each with its internal endpoint (the
 // engine's Moves behind the deployment's mutual TLS, on loopback) and the
@@ -70,6 +73,10 @@ func movingHostsRestart(t *testing.T) (a, b *engineHost, restartA func()) {
 			ep.mu.Lock()
 			h := ep.h
 			ep.mu.Unlock()
+			if r.Method == http.MethodPut && refuseFiles.Load() {
+				http.Error(w, "no", http.StatusServiceUnavailable)
+				return
+			}
 			h.ServeHTTP(w, r)
 		})))
 		ep.srv.TLS = tc.Server
@@ -203,13 +210,12 @@ func TestMove(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// b cannot take the files (its directory for them is in the way):
-	// nothing moves, and it runs on a again.
-	os.MkdirAll(filepath.Join(b.dir, "hibernated", id), 0o700)
-	if _, err := a.eng.Move(ctx, id, "b"); !errors.Is(err, sandbox.ErrState) {
+	// b does not take the files: nothing moves, and it runs on a again.
+	refuseFiles.Store(true)
+	if _, err := a.eng.Move(ctx, id, "b"); !errors.Is(err, sandbox.ErrUnavailable) {
 		t.Fatalf("a move b refuses the files of: %v", err)
 	}
-	os.RemoveAll(filepath.Join(b.dir, "hibernated", id))
+	refuseFiles.Store(false)
 	if st, host := where(a); st != sandbox.StateRunning || host != "a" {
 		t.Fatalf("after a move that failed: %s on %s", st, host)
 	}

@@ -134,8 +134,8 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being %s", id, verb)
 	}
 	// A Delete may have finished between the record read and the claim.
-	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != from || !cur.Kept {
-		if err != nil || cur.State != from {
+	if cur, err := e.store.GetSandbox(ctx, id); err != nil || cur.State != from || !cur.Kept || e.hosts.Foreign(cur) {
+		if err != nil || cur.State != from || e.hosts.Foreign(cur) {
 			prev = nil
 		}
 		e.boxes.drop(id, prev)
@@ -175,6 +175,13 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 	}
 	if err := e.guests.LoadCredentials(ctx, b.guest()); err != nil {
 		return fail(err)
+	}
+	if e.shared {
+		// Its URLs as the store has them (it may have moved here, with
+		// URLs this host's ingress never loaded or holds stale).
+		if err := e.urls.Took(ctx, id); err != nil {
+			return fail(err)
+		}
 	}
 	if err := run(b, img); err != nil {
 		return fail(err)

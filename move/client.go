@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/harebox/harebox/sandbox"
@@ -20,6 +21,9 @@ import (
 // internal endpoints with this host's deployment certificate.
 type Client struct {
 	hc *http.Client
+	// stall cuts a files' stream the target takes nothing of for that
+	// long.
+	stall time.Duration
 }
 
 // NewClient returns a client that calls other hosts with tc (the
@@ -34,7 +38,7 @@ func NewClient(tc *tls.Config) *Client {
 		ResponseHeaderTimeout: 10 * time.Minute,
 		IdleConnTimeout:       90 * time.Second,
 	}
-	return &Client{hc: &http.Client{Transport: tr}}
+	return &Client{hc: &http.Client{Transport: tr}, stall: time.Minute}
 }
 
 // Host is the host a call goes to: its name and internal address.
@@ -89,14 +93,50 @@ func (c *Client) Send(ctx context.Context, h Host, id, dir string, stopped bool,
 	if err != nil {
 		return err
 	}
+	// A target that stops reading is cut (its stream would block the
+	// source, which holds the sandbox, for good).
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(pack(pw, dir, skip)) }()
+	w := &progress{w: pw}
+	w.at.Store(time.Now().UnixNano())
+	go func() { pw.CloseWithError(pack(w, dir, skip)) }()
 	defer pr.Close()
+	go w.watch(ctx, cancel, c.stall)
 	q := url.Values{"bytes": {strconv.FormatInt(size, 10)}}
 	if stopped {
 		q.Set("stopped", "1")
 	}
 	return c.call(ctx, h, http.MethodPut, Prefix+id+"/files", q.Encode(), pr, nil)
+}
+
+// progress is a writer that notes when a write last went through.
+type progress struct {
+	w  io.Writer
+	at atomic.Int64
+}
+
+func (p *progress) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	p.at.Store(time.Now().UnixNano())
+	return n, err
+}
+
+// watch cancels the stream when no write went through for stall.
+func (p *progress) watch(ctx context.Context, cancel context.CancelCauseFunc, stall time.Duration) {
+	t := time.NewTicker(stall / 10)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if time.Since(time.Unix(0, p.at.Load())) > stall {
+				cancel(fmt.Errorf("the target took nothing of the files for %v", stall))
+				return
+			}
+		}
+	}
 }
 
 // Adopt has host h take sandbox id up.

@@ -70,6 +70,9 @@ type Target interface {
 	// Drop removes sandbox id's files if the store does not say it is
 	// this host's (a move that failed before it was).
 	Drop(ctx context.Context, id string) error
+	// Receiving says whether this host expects sandbox id's files (the
+	// store says they are on their way here).
+	Receiving(ctx context.Context, id string) error
 }
 
 // Result is what a move did.

@@ -26,6 +26,8 @@ type target struct {
 	adopted *Adoption
 	dropped bool
 	refuse  error
+	// unexpected: the store does not say the files are coming.
+	unexpected error
 }
 
 func (t *target) Check(ctx context.Context, id string, c Check) (Ready, error) {
@@ -46,6 +48,7 @@ func (t *target) Adopt(ctx context.Context, id string, a Adoption) (*sandbox.San
 	t.adopted = &a
 	return &sandbox.Sandbox{ID: id, State: sandbox.StateRunning}, nil
 }
+func (t *target) Receiving(ctx context.Context, id string) error { return t.unexpected }
 func (t *target) Drop(ctx context.Context, id string) error {
 	t.dropped = true
 	return os.RemoveAll(t.FilesDir(id, false))
@@ -55,7 +58,7 @@ func serve(t *testing.T, tg *target) (*Client, Host) {
 	t.Helper()
 	srv := httptest.NewTLSServer(NewReceiver(tg))
 	t.Cleanup(srv.Close)
-	return &Client{hc: srv.Client()}, Host{Name: "b", Address: srv.URL}
+	return &Client{hc: srv.Client(), stall: time.Minute}, Host{Name: "b", Address: srv.URL}
 }
 
 func TestMove(t *testing.T) {
@@ -82,10 +85,12 @@ func TestMove(t *testing.T) {
 	if _, err := os.Stat(tg.IncomingDir(id)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the incoming directory stays: %v", err)
 	}
-	// The same files again: refused (a conflict), what is there kept.
-	if err := c.Send(ctx, h, id, src, false, nil); !errors.Is(err, sandbox.ErrState) {
-		t.Fatalf("a second send: %v", err)
+	// The same files again: what an earlier send left is dropped first
+	// (the target's Drop refuses when the sandbox is its own).
+	if err := c.Send(ctx, h, id, src, false, nil); err != nil || !tg.dropped {
+		t.Fatalf("a second send: %v (dropped first: %v)", err, tg.dropped)
 	}
+	tg.dropped = false
 	sb, err := c.Adopt(ctx, h, id, Adoption{Resume: true, Paused: true})
 	if err != nil || sb.ID != id || tg.adopted == nil || !tg.adopted.Resume || !tg.adopted.Paused {
 		t.Fatalf("adopt: %+v %v (asked %+v)", sb, err, tg.adopted)
@@ -98,6 +103,15 @@ func TestMove(t *testing.T) {
 	if _, err := c.Check(ctx, h, id, Check{}); !errors.Is(err, sandbox.ErrState) || !strings.Contains(err.Error(), "does not have the image build") {
 		t.Fatalf("a refused check: %v", err)
 	}
+	// Files the store does not say are coming: refused, nothing written.
+	tg.refuse, tg.unexpected = nil, sandbox.Errorf(sandbox.ErrState, "", "not being moved here")
+	if err := c.Send(ctx, h, "sbx_01m8ka6npde8xkm1x1xncdtwqh", src, false, nil); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("files not expected: %v", err)
+	}
+	if _, err := os.Stat(tg.FilesDir("sbx_01m8ka6npde8xkm1x1xncdtwqh", false)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("files not expected were written: %v", err)
+	}
+	tg.unexpected = nil
 	// A stopped sandbox's machine directory: its subdirectories go, what
 	// skip names, sockets and links do not.
 	const other = "sbx_01m8ka6npde8xkm1x1xncdtwqf"
@@ -216,5 +230,27 @@ func TestReceiveStalled(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(tg.dir); len(ents) != 0 {
 		t.Fatalf("left on the target: %v", ents)
+	}
+}
+
+// TestSendStalled: a target that stops reading the files is cut, rather
+// than holding the source (and its sandbox) for good.
+func TestSendStalled(t *testing.T) {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "memory"), make([]byte, 32<<20), 0o600)
+	done := make(chan struct{})
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-done // (reads nothing)
+	}))
+	defer srv.Close()
+	defer close(done)
+	c := &Client{hc: srv.Client(), stall: 300 * time.Millisecond}
+	start := time.Now()
+	err := c.Send(context.Background(), Host{Name: "b", Address: srv.URL}, id, src, false, nil)
+	if err == nil || !strings.Contains(err.Error(), "cannot be reached") {
+		t.Fatalf("a send to a target that reads nothing: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("cut after %v", d)
 	}
 }

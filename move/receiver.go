@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -84,11 +86,24 @@ func (rv *Receiver) receive(w http.ResponseWriter, r *http.Request, id string) e
 	if err != nil || max < 0 {
 		return sandbox.Errorf(sandbox.ErrInvalid, "bytes", "a move's files need their size in bytes")
 	}
+	if err := rv.t.Receiving(r.Context(), id); err != nil {
+		return err
+	}
 	in, dst := rv.t.IncomingDir(id), rv.t.FilesDir(id, r.URL.Query().Get("stopped") == "1")
 	if _, err := os.Stat(dst); err == nil {
-		return sandbox.Errorf(sandbox.ErrExists, "", "sandbox %s's files are here already", id)
+		// (What an earlier move of it that failed left: not this host's.)
+		if err := rv.t.Drop(r.Context(), id); err != nil {
+			return err
+		}
 	}
 	os.RemoveAll(in) // (what a move cut short left)
+	var fs unix.Statfs_t
+	if err := os.MkdirAll(filepath.Dir(in), 0o700); err != nil {
+		return err
+	}
+	if unix.Statfs(filepath.Dir(in), &fs) == nil && uint64(max) > fs.Bavail*uint64(fs.Bsize) {
+		return sandbox.Errorf(sandbox.ErrCapacity, "", "this host's disk has no room for the move's %d bytes", max)
+	}
 	body := &idleReader{r: r.Body, rc: http.NewResponseController(w), idle: rv.Idle}
 	if err := unpack(body, in, max); err != nil {
 		os.RemoveAll(in)
