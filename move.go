@@ -36,7 +36,7 @@ import (
 
 // Move moves sandbox id to host to: the operator only. A running or
 // paused sandbox resumes there as it was, its processes running on; a
-// hibernated one stays hibernated there.
+// hibernated or stopped one stays so there (a stopped one's disk goes).
 func (e *Engine) Move(ctx context.Context, id, to string) (_ *move.Result, err error) {
 	defer e.audited(ctx, "moveSandbox", id, &err)
 	if err := e.check(ctx, "moveSandbox", id); err != nil {
@@ -488,7 +488,9 @@ func (t moveTarget) Check(ctx context.Context, id string, c move.Check) (move.Re
 }
 
 // Adopt takes up sandbox id, which the store says is this host's now, and
-// resumes it if it ran (paused again if it was).
+// resumes it if it ran (paused again if it was): as the store's mark
+// says, whatever the caller asks (a.Resume and a.Paused are the same
+// when the caller is the source).
 func (t moveTarget) Adopt(ctx context.Context, id string, a move.Adoption) (*sandbox.Sandbox, error) {
 	e := t.e
 	rec, err := e.record(ctx, id)

@@ -65,7 +65,8 @@ type Target interface {
 	FilesDir(id string, stopped bool) string
 	IncomingDir(id string) string
 	// Adopt takes sandbox id up: it is this host's in the store, its
-	// files are in FilesDir.
+	// files are in FilesDir. (The target may go by what the store says
+	// of the move rather than by a.)
 	Adopt(ctx context.Context, id string, a Adoption) (*sandbox.Sandbox, error)
 	// Drop removes sandbox id's files if the store does not say it is
 	// this host's (a move that failed before it was).
