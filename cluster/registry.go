@@ -323,9 +323,9 @@ func (r *Registry) Hosts(ctx context.Context) ([]*Host, error) {
 // Place picks the host a new sandbox of size goes to: among the hosts of
 // the site asked for (where.Name), else of any site of the country asked
 // for (where.Country), else of this host's site, that are up, can be
-// reached (this one, or one with an address), are not draining and have room for it, the
-// least loaded (the larger of its CPU and memory shares in use); this
-// host on a tie. It returns ErrCapacity when none has room.
+// reached (this one, or one with an address), are not draining and have
+// room for it, the least loaded (the larger of its CPU and memory shares
+// in use); this host on a tie. It returns ErrCapacity when none has room.
 func (r *Registry) Place(ctx context.Context, size sandbox.Resources, where sandbox.Site) (*Host, error) {
 	hosts, err := r.db.ListHosts(ctx)
 	if err != nil {

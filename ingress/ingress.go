@@ -444,9 +444,10 @@ func (s *Service) drop(ctx context.Context, e *entry) error {
 	return nil
 }
 
-// Took loads the URLs of a sandbox that moved to this host, as the store
-// has them now (what this host loaded of them before may be stale: a
-// rotation made where the sandbox ran).
+// Took loads a sandbox's URLs as the store has them now, for a sandbox
+// that moved to this host or resumes here (what this host loaded of them
+// before may be stale: made, rotated or deleted where it ran), cutting
+// what the entries it replaces carried.
 func (s *Service) Took(ctx context.Context, sandboxID string) error {
 	recs, err := s.db.ListURLs(ctx, sandboxID)
 	if err != nil {
