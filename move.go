@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
-	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/move"
 	"github.com/harebox/harebox/sandbox"
@@ -116,76 +114,6 @@ func (e *Engine) Move(ctx context.Context, id, to string) (_ *move.Result, err e
 		return nil, fmt.Errorf("sandbox %s moved to host %s, %s, but did not resume there (resume it): %w", id, to, b.rec.State, err)
 	}
 	return &move.Result{Sandbox: sb, From: e.hosts.Name(), To: to, PausedMS: time.Since(start).Milliseconds()}, nil
-}
-
-// DrainReport is what a drain did: the sandboxes it moved, and those it
-// could not move, with why.
-type DrainReport = move.DrainReport
-
-// Drain marks this host (name) draining, so that no new sandbox goes
-// here, and moves its sandboxes one by one to the hosts placement picks
-// (the operator only). A sandbox no host can take (or has room for), or
-// that cannot move (one with volumes, one that stopped on its own),
-// stays, and the report says why.
-func (e *Engine) Drain(ctx context.Context, name string) (_ *DrainReport, err error) {
-	defer func() { e.audit.Record(ctx, "drainHost", "", name, err) }()
-	if err := e.drainable(ctx, "drainHost", name); err != nil {
-		return nil, err
-	}
-	ctx = context.WithoutCancel(ctx) // a drain that started finishes
-	if err := e.hosts.SetDraining(ctx, true); err != nil {
-		return nil, err
-	}
-	recs, err := e.store.SandboxesOn(ctx, name, sandbox.StateRunning, sandbox.StatePaused, sandbox.StateHibernated, sandbox.StateStopped)
-	if err != nil {
-		return nil, err
-	}
-	rep := &DrainReport{Host: name, Moved: []move.Moved{}, Stayed: []move.Stayed{}}
-	for _, rec := range recs {
-		var size sandbox.Resources
-		if resumes(rec.State) {
-			size = rec.Size // (a kept one holds no capacity there)
-		}
-		h, err := e.hosts.Place(ctx, size, sandbox.Site{})
-		if err == nil && h.Name == name {
-			err = sandbox.Errorf(sandbox.ErrCapacity, "", "no other host has room for it")
-		}
-		var res *move.Result
-		if err == nil {
-			res, err = e.Move(ctx, rec.ID, h.Name)
-		}
-		if err != nil {
-			rep.Stayed = append(rep.Stayed, move.Stayed{ID: rec.ID, Error: err.Error()})
-			continue
-		}
-		rep.Moved = append(rep.Moved, move.Moved{ID: rec.ID, To: res.To, PausedMS: res.PausedMS})
-	}
-	return rep, nil
-}
-
-// Undrain lets new sandboxes go to this host (name) again (the operator
-// only).
-func (e *Engine) Undrain(ctx context.Context, name string) (err error) {
-	defer func() { e.audit.Record(ctx, "undrainHost", "", name, err) }()
-	if err := e.drainable(ctx, "undrainHost", name); err != nil {
-		return err
-	}
-	return e.hosts.SetDraining(ctx, false)
-}
-
-// drainable checks a drain or undrain of host name: the operator's, and
-// of this host (the REST layer sends it to the host it names).
-func (e *Engine) drainable(ctx context.Context, action, name string) error {
-	if err := authz.Allowed(authz.From(ctx), action); err != nil {
-		return err
-	}
-	if name != e.hosts.Name() {
-		if _, err := e.hosts.Get(ctx, name); errors.Is(err, store.ErrNotFound) {
-			return sandbox.Errorf(sandbox.ErrNotFound, "", "no host %q", name)
-		}
-		return elsewhereErr("host "+name, name)
-	}
-	return nil
 }
 
 // readBack reads sandbox id's record, trying for up to 30 s: after a
@@ -384,62 +312,6 @@ func moveMarkOf(rec *store.Sandbox) *moveMark {
 	return &m
 }
 
-// finishMoves finishes the moves that a host's death cut short, on this
-// host's hibernated sandboxes: at start (restart), one this host was
-// sending is rolled back (resumed here as it was; the target drops what
-// it got); at start and every interval after, one handed to this host
-// that its source did not ask this host to take up within moveStale is
-// taken up.
-func (e *Engine) finishMoves(ctx context.Context, restart bool) {
-	recs, err := e.store.SandboxesOn(ctx, e.hosts.Name(), sandbox.StateHibernated, sandbox.StateStopped)
-	if err != nil {
-		e.log.Warn("moves: listing this host's hibernated sandboxes", "err", err)
-		return
-	}
-	for _, rec := range recs {
-		m := moveMarkOf(rec)
-		switch {
-		case m == nil || e.boxes.get(rec.ID) != nil:
-		case restart && m.Stage == stageSending:
-			e.log.Warn("rolling back a move this host died in", "id", rec.ID, "to", m.To)
-			if e.mover != nil {
-				if h, err := e.moveTarget(ctx, m.To); err == nil {
-					e.mover.Drop(ctx, h, rec.ID)
-				}
-			}
-			if err := e.store.PutSandbox(ctx, withMark(rec, nil)); err != nil || !m.Resume {
-				continue
-			}
-			if _, err := e.wake(ctx, rec); err != nil {
-				e.log.Warn("rolling back a move: the sandbox did not resume (it stays hibernated)", "id", rec.ID, "err", err)
-			} else if m.Paused {
-				e.pause(ctx, rec.ID)
-			}
-		case m.Stage == stageHanded && e.opts.Now().Sub(m.At) >= moveStale:
-			e.log.Warn("taking up a sandbox whose move's source did not", "id", rec.ID, "from", m.From)
-			if _, err := (moveTarget{e}).Adopt(ctx, rec.ID, move.Adoption{Resume: m.Resume, Paused: m.Paused}); err != nil {
-				e.log.Warn("a moved sandbox did not resume (it stays hibernated)", "id", rec.ID, "err", err)
-			}
-		}
-	}
-}
-
-// runMoves runs finishMoves at start and then every interval.
-func (e *Engine) runMoves(interval time.Duration) {
-	defer e.wg.Done()
-	e.finishMoves(e.ctx, true)
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-e.ctx.Done():
-			return
-		case <-t.C:
-			e.finishMoves(e.ctx, false)
-		}
-	}
-}
-
 // manifestSum is the SHA-256 of an image build's manifest: two hosts
 // have the same build when they have the same directory and this.
 func manifestSum(dir string) (string, error) {
@@ -449,128 +321,4 @@ func manifestSum(dir string) (string, error) {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:]), nil
-}
-
-// Moves serves this host's side of moves from other hosts (mount it on
-// the internal endpoint only).
-func (e *Engine) Moves() http.Handler { return move.NewReceiver(moveTarget{e}) }
-
-// moveTarget is the engine as the host a sandbox moves to.
-type moveTarget struct{ e *Engine }
-
-func (t moveTarget) FilesDir(id string, stopped bool) string {
-	if stopped {
-		return filepath.Join(t.e.machinesDir(), id)
-	}
-	return t.e.hibernation.Dir(id)
-}
-func (t moveTarget) IncomingDir(id string) string { return t.e.hibernation.IncomingDir(id) }
-
-// Check says whether this host can take sandbox id: the same image
-// build, room for it, and the sandbox not here already.
-func (t moveTarget) Check(ctx context.Context, id string, c move.Check) (move.Ready, error) {
-	e := t.e
-	rec, err := e.record(ctx, id)
-	if err != nil {
-		return move.Ready{}, err
-	}
-	if !e.hosts.Foreign(rec) {
-		return move.Ready{}, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is on host %s already", id, e.hosts.Name())
-	}
-	if sum, err := manifestSum(c.Image); err != nil || sum != c.Manifest {
-		return move.Ready{}, sandbox.Errorf(sandbox.ErrState, "", "host %s does not have the image build %s the sandbox runs (the same build: copy its directory there)", e.hosts.Name(), c.Image)
-	}
-	if err := e.capacity.Reserve(c.Size); err != nil {
-		return move.Ready{}, err
-	}
-	e.capacity.Release(c.Size)
-	return move.Ready{StateDir: filepath.Join(e.machinesDir(), id)}, nil
-}
-
-// Adopt takes up sandbox id, which the store says is this host's now, and
-// resumes it if it ran (paused again if it was): as the store's mark
-// says, whatever the caller asks (a.Resume and a.Paused are the same
-// when the caller is the source).
-func (t moveTarget) Adopt(ctx context.Context, id string, a move.Adoption) (*sandbox.Sandbox, error) {
-	e := t.e
-	rec, err := e.record(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if e.hosts.Foreign(rec) {
-		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is on host %s", id, rec.Host)
-	}
-	// The mark handed to this host is taken off once, in a transaction
-	// that finds it there: of two who would take the sandbox up (the
-	// source's ask and finishMoves), or a delete meanwhile, one wins.
-	// How it resumes is what the mark says, not the caller.
-	var m *moveMark
-	err = e.store.Update(ctx, func(tx store.Tx) error {
-		cur, err := tx.GetSandbox(ctx, id)
-		if err != nil {
-			return err
-		}
-		if m = moveMarkOf(cur); m == nil || m.Stage != stageHanded || m.To != e.hosts.Name() || e.hosts.Foreign(cur) || !kept(cur.State) {
-			m = nil
-			return nil
-		}
-		rec = withMark(cur, nil)
-		return tx.PutSandbox(ctx, rec)
-	})
-	if err != nil {
-		return nil, err
-	}
-	if m == nil { // (taken up already, or deleted)
-		if b := e.boxes.get(id); b != nil {
-			return b.view(), nil
-		}
-		cur, err := e.record(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		return &cur.Sandbox, nil
-	}
-	// From here it is this host's like any other: a resume that fails
-	// leaves it hibernated here.
-	if !m.Resume {
-		if err := e.urls.Took(ctx, id); err != nil {
-			e.log.Warn("move: loading the URLs of the sandbox taken up", "id", id, "err", err)
-		}
-		if err := e.meter.Keep(ctx, rec, rec.State); err != nil {
-			e.log.Warn("move: metering the sandbox taken up", "id", id, "err", err)
-		}
-		e.boxes.drop(id, rec)
-		return &rec.Sandbox, nil
-	}
-	sb, err := e.wake(ctx, rec)
-	if err != nil || !m.Paused {
-		return sb, err
-	}
-	return e.pause(ctx, id)
-}
-
-// Receiving says whether this host expects sandbox id's files: the store
-// says its source is sending them here.
-func (t moveTarget) Receiving(ctx context.Context, id string) error {
-	e := t.e
-	rec, err := e.record(ctx, id)
-	if err != nil {
-		return err
-	}
-	if m := moveMarkOf(rec); m == nil || m.Stage != stageSending || m.To != e.hosts.Name() || !e.hosts.Foreign(rec) {
-		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is not being moved to host %s", id, e.hosts.Name())
-	}
-	return nil
-}
-
-// Drop removes what this host received of sandbox id, unless the store
-// says it is this host's.
-func (t moveTarget) Drop(ctx context.Context, id string) error {
-	e := t.e
-	if rec, err := e.record(ctx, id); err == nil && !e.hosts.Foreign(rec) {
-		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is this host's", id)
-	}
-	os.RemoveAll(e.hibernation.IncomingDir(id))
-	os.RemoveAll(filepath.Join(e.machinesDir(), id)) // (a stopped one's)
-	return e.hibernation.Remove(id)
 }
