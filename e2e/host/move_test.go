@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/harebox/harebox/internal/testimage"
 	"github.com/harebox/harebox/internal/testpg"
 	"github.com/harebox/harebox/internal/testserver"
 	"github.com/harebox/harebox/sandbox"
@@ -27,21 +26,9 @@ import (
 func testMove(t *testing.T, s testserver.Setup, srvA *testserver.Server, viaA, viaB func(...string) string, id, dirA, dirB, ingressA, ingressB string) {
 	t.Helper()
 	// A URL of it, published on a, served by a web server in it.
-	web := testimage.Package(t, "./e2e/testdata/guestweb", "guestweb")
-	viaA("file", "write", id, "--path", "/tmp/guestweb", "--mode", "0755", "--from", web)
-	viaA("exec", id, "--background", "--", "/tmp/guestweb", "-listen", ":8080")
-	var u sandbox.URL
-	if err := json.Unmarshal([]byte(viaA("url", "create", id, "--port", "8080")), &u); err != nil || u.Token == "" {
-		t.Fatalf("url create: %v", err)
-	}
+	u := publishGuestWeb(t, viaA, id)
 	throughA, throughB := newIngressClient(t, ingressA, dirA, dirB).http(false), newIngressClient(t, ingressB, dirA, dirB).http(false)
-	deadline := time.Now().Add(time.Minute) // (the server starts in the background)
-	for code, _ := get(throughA, u.URL, u.Token); code != 200; code, _ = get(throughA, u.URL, u.Token) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the URL before the move: %d", code)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	awaitURL(t, throughA, u, "the URL before the move")
 	// A counter that writes a line every 100 ms, started before the move.
 	viaA("exec", id, "--background", "--", "sh", "-c", "i=0; while [ ! -e /tmp/stop ]; do i=$((i+1)); echo $i >> /tmp/count; sleep 0.1; done")
 	nonce := make([]byte, 12)

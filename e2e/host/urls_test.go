@@ -69,12 +69,10 @@ func get(cl *http.Client, u, token string) (int, int) {
 	return resp.StatusCode, resp.ProtoMajor
 }
 
-// testURLThroughAnyHost: a URL of sandbox id, which host b runs, is
-// served through host a's ingress (HTTP/1.1, HTTP/2, a WebSocket), and a
-// rotate through a's API cuts the old token on both hosts' ingresses
-// before it returns, while a hammer of old-token requests arrives
-// through both.
-func testURLThroughAnyHost(t *testing.T, hb func(...string) string, id, ingressA, ingressB string, dataDirs ...string) {
+// publishGuestWeb starts a web server in sandbox id (port 8080, in the
+// background) and publishes that port as a URL, through hb.
+func publishGuestWeb(t *testing.T, hb func(...string) string, id string) sandbox.URL {
+	t.Helper()
 	web := testimage.Package(t, "./e2e/testdata/guestweb", "guestweb")
 	hb("file", "write", id, "--path", "/tmp/guestweb", "--mode", "0755", "--from", web)
 	hb("exec", id, "--background", "--", "/tmp/guestweb", "-listen", ":8080")
@@ -82,15 +80,32 @@ func testURLThroughAnyHost(t *testing.T, hb func(...string) string, id, ingressA
 	if err := json.Unmarshal([]byte(hb("url", "create", id, "--port", "8080")), &u); err != nil || u.Token == "" {
 		t.Fatalf("url create: %v", err)
 	}
-	viaA, viaB := newIngressClient(t, ingressA, dataDirs...), newIngressClient(t, ingressB, dataDirs...)
-	h1, h2 := viaA.http(false), viaA.http(true)
-	deadline := time.Now().Add(time.Minute) // (the app starts in the background)
-	for code, _ := get(h1, u.URL, u.Token); code != 200; code, _ = get(h1, u.URL, u.Token) {
+	return u
+}
+
+// awaitURL waits up to a minute for URL u to answer 200 through cl (its
+// server starts in the background).
+func awaitURL(t *testing.T, cl *http.Client, u sandbox.URL, what string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for code, _ := get(cl, u.URL, u.Token); code != 200; code, _ = get(cl, u.URL, u.Token) {
 		if time.Now().After(deadline) {
-			t.Fatalf("b's URL through a's ingress: %d", code)
+			t.Fatalf("%s: %d", what, code)
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
+}
+
+// testURLThroughAnyHost: a URL of sandbox id, which host b runs, is
+// served through host a's ingress (HTTP/1.1, HTTP/2, a WebSocket), and a
+// rotate through a's API cuts the old token on both hosts' ingresses
+// before it returns, while a hammer of old-token requests arrives
+// through both.
+func testURLThroughAnyHost(t *testing.T, hb func(...string) string, id, ingressA, ingressB string, dataDirs ...string) {
+	u := publishGuestWeb(t, hb, id)
+	viaA, viaB := newIngressClient(t, ingressA, dataDirs...), newIngressClient(t, ingressB, dataDirs...)
+	h1, h2 := viaA.http(false), viaA.http(true)
+	awaitURL(t, h1, u, "b's URL through a's ingress")
 	if code, proto := get(h2, u.URL+"x?y=1", u.Token); code != 200 || proto != 2 {
 		t.Fatalf("b's URL through a's ingress over HTTP/2: %d, HTTP/%d", code, proto)
 	}
