@@ -30,6 +30,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,6 +38,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/device"
@@ -105,6 +107,7 @@ type Tunnel struct {
 	dev  *device.Device
 	tun  tun.Device
 	nl   *netlink.Handle // of the network namespace Open ran in
+	ns   netns.NsHandle  // that namespace, for the device's sockets
 	link int
 
 	mu     sync.Mutex
@@ -131,26 +134,29 @@ func Open(o Options) (_ *Tunnel, err error) {
 	if len(o.Name) >= unix.IFNAMSIZ {
 		return nil, fmt.Errorf("wgtunnel: interface name %q is too long", o.Name)
 	}
-	t := &Tunnel{o: o, log: o.Logger, peers: map[wgtypes.Key]Peer{}, kept: map[wgtypes.Key]bool{}, routes: map[netip.Prefix]bool{}}
+	t := &Tunnel{o: o, log: o.Logger, ns: netns.None(), peers: map[wgtypes.Key]Peer{}, kept: map[wgtypes.Key]bool{}, routes: map[netip.Prefix]bool{}}
 	if t.log == nil {
 		t.log = slog.Default()
 	}
 	if t.key, err = t.loadKey(); err != nil {
 		return nil, err
 	}
-	if t.nl, err = netlink.NewHandle(); err != nil {
-		return nil, fmt.Errorf("wgtunnel: netlink: %w", err)
+	if t.ns, err = netns.Get(); err != nil {
+		return nil, fmt.Errorf("wgtunnel: network namespace: %w", err)
 	}
 	defer func() {
 		if err != nil {
 			t.Close()
 		}
 	}()
+	if t.nl, err = netlink.NewHandle(); err != nil {
+		return nil, fmt.Errorf("wgtunnel: netlink: %w", err)
+	}
 	if t.tun, err = tun.CreateTUN(o.Name, o.MTU); err != nil {
 		return nil, fmt.Errorf("wgtunnel: create %s: %w", o.Name, err)
 	}
 	logf := func(format string, args ...any) { t.log.Debug("wgtunnel: " + fmt.Sprintf(format, args...)) }
-	t.dev = device.NewDevice(t.tun, conn.NewDefaultBind(), &device.Logger{Verbosef: logf, Errorf: logf})
+	t.dev = device.NewDevice(t.tun, nsBind{Bind: conn.NewDefaultBind(), ns: t.ns}, &device.Logger{Verbosef: logf, Errorf: logf})
 	if err := t.dev.IpcSet(fmt.Sprintf("private_key=%s\nlisten_port=%d\n", hexKey(t.key), o.Port)); err != nil {
 		return nil, fmt.Errorf("wgtunnel: configure: %w", err)
 	}
@@ -395,7 +401,37 @@ func (t *Tunnel) Close() error {
 	if t.nl != nil {
 		t.nl.Close()
 	}
+	if t.ns.IsOpen() {
+		t.ns.Close()
+	}
 	return nil
+}
+
+// nsBind opens the device's sockets in the network namespace the tunnel
+// was made in. The device opens them again whenever it goes down and up,
+// which its TUN's watcher does from a goroutine on whatever thread (the
+// link reported down, then up): a socket opened there would be in that
+// thread's namespace, where no peer reaches it.
+type nsBind struct {
+	conn.Bind
+	ns netns.NsHandle
+}
+
+func (b nsBind) Open(port uint16) (fns []conn.ReceiveFunc, actual uint16, err error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// A thread of its own, never unlocked: it ends with the goroutine,
+		// so no other goroutine runs in the namespace it entered.
+		runtime.LockOSThread()
+		if err = netns.Set(b.ns); err != nil {
+			err = fmt.Errorf("wgtunnel: enter the tunnel's network namespace: %w", err)
+			return
+		}
+		fns, actual, err = b.Bind.Open(port)
+	}()
+	<-done
+	return fns, actual, err
 }
 
 // keyAD binds the sealed key to its purpose.

@@ -382,3 +382,26 @@ func TestSetPeersRefuses(t *testing.T) {
 		t.Fatalf("peers changed: %+v", st)
 	}
 }
+
+// TestRebindStaysInNamespace: the device takes its link going down and
+// up again (the TUN's own watcher does, from a goroutine on whatever
+// thread) by opening its sockets again, and they open in the namespace
+// the tunnel was made in, not in the namespace of the thread that
+// happened to run the rebind (this test's, the host's).
+func TestRebindStaysInNamespace(t *testing.T) {
+	a, b := twoHosts(t)
+	b.listen()
+	if err := a.tun.dev.Down(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.tun.dev.Up(); err != nil { // (on this goroutine: the host's namespace)
+		t.Fatal(err)
+	}
+	var err error
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); {
+		if err = a.echo("tcp4", b, "after a rebind"); err == nil {
+			return
+		}
+	}
+	t.Fatalf("a -> b after a rebind: %v", err)
+}
