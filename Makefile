@@ -101,7 +101,7 @@ test: deps prebuild-default-image vet lint-openapi
 	@set -o pipefail; \
 	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
 		$(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-race.log 2>&1 ) & race=$$!; \
-	$(GO) test -json -timeout 24m -count=1 . ./e2e/ ./e2e/host/ ./e2e/code/ ./e2e/console/ ./backends/qemu/ ./network/linuxnet/ ./backends/cloudhypervisor/ ./api/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
+	$(GO) test -json -timeout 24m -count=1 . ./e2e/clients/ ./e2e/host/ ./e2e/ ./e2e/code/ ./e2e/console/ ./backends/qemu/ ./network/linuxnet/ ./backends/cloudhypervisor/ ./api/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
 	wait $$race; raced=$$?; echo "under the race detector:"; cat $(CACHE)/test-race.log; \
 	$(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10 </dev/null; \
 	test $$main = 0 && test $$raced = 0

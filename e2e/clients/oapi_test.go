@@ -1,4 +1,4 @@
-package e2e
+package clients
 
 // The client TestWalkthrough/GeneratedClient generates from the OpenAPI
 // document needs oapi-codegen's runtime; importing it here keeps it in
