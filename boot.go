@@ -13,6 +13,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/mesh"
+	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -64,9 +65,10 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	}
 	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
 	defer cancel()
+	vmm := monitor.Watch(ctx, m)
 	c, err := b.client(bctx, e)
 	if err != nil {
-		return bootFailed("the sandbox's agent does not answer", fmt.Errorf("boot: %w (serial log: %s)", err, consoleTail(b, 1500)))
+		return bootFailed("the sandbox's agent does not answer", fmt.Errorf("boot: %w (%s; serial log: %s)", err, vmm, consoleTail(b, 1500)))
 	}
 	b.phases.mark("agent")
 	if o != nil {

@@ -617,6 +617,11 @@ func TestBootFailuresHaveKinds(t *testing.T) {
 			if l, _ := eng.List(ctx, sandbox.ListFilter{}); len(l) != 0 {
 				t.Fatalf("the failed create left %+v", l)
 			}
+			// An agent that does not answer: the log says what its VMM
+			// did meanwhile (a guest hung idle or spinning).
+			if c.name == "agent" && !strings.Contains(err.Error(), "(the VMM is running; serial log: ") {
+				t.Fatalf("create: %v, want the VMM's state before the serial log", err)
+			}
 		})
 	}
 }

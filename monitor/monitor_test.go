@@ -1,10 +1,16 @@
 package monitor
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/harebox/harebox/hypervisor"
 )
 
 // TestProcessUse reads this process's CPU time and resident memory as a
@@ -46,5 +52,39 @@ func TestDiskUse(t *testing.T) {
 	}
 	if n := DiskUse(dir); n < 1<<20 || n > 2<<20 {
 		t.Fatalf("a 1 GiB file holding 1 MiB takes %d bytes", n)
+	}
+}
+
+// process is a machine whose VMM is a given process (this test's own).
+type process struct {
+	hypervisor.Machine
+	pid int
+	err error
+}
+
+func (p process) Info(context.Context) (hypervisor.Info, error) {
+	return hypervisor.Info{State: hypervisor.StateRunning, PID: p.pid}, p.err
+}
+
+// TestActivity says what a VMM did while its guest was waited for: the
+// CPU it used (here, this process spinning for 300 ms), that it runs;
+// a backend naming no process, or one that does not answer, says so.
+func TestActivity(t *testing.T) {
+	ctx := context.Background()
+	a := Watch(ctx, process{pid: os.Getpid()})
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+	}
+	m := regexp.MustCompile(`^the VMM is running and used ([0-9.]+) CPU-s in the [0-9]+ s waited$`).FindStringSubmatch(a.String())
+	if m == nil {
+		t.Fatalf("activity: %q", a.String())
+	}
+	if cpu, _ := strconv.ParseFloat(m[1], 64); cpu < 0.2 || cpu > 5 {
+		t.Fatalf("activity: %q, want about 0.3 CPU-s", a.String())
+	}
+	if s := Watch(ctx, process{}).String(); s != "the VMM is running" {
+		t.Fatalf("no process: %q", s)
+	}
+	if s := Watch(ctx, process{err: errors.New("gone")}).String(); s != "the VMM does not answer: gone" {
+		t.Fatalf("no answer: %q", s)
 	}
 }
