@@ -86,10 +86,11 @@ prebuild-default-image: deps
 
 test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 test: deps prebuild-default-image vet lint-openapi
-	@# The longest packages first (the engine's, then the two end-to-end
-	@# ones, each a few minutes, then those of a minute or so): go test
-	@# starts packages in the order given, two at a time on two cores, so
-	@# the run ends on short ones rather than with one core idle.
+	@# The longest packages first (the engine's, then the end-to-end
+	@# ones, each a few minutes, then those of a minute or so, then those
+	@# of 10 to 30 s): go test starts packages in the order given, two at
+	@# a time on two cores, so the run ends on short ones rather than with
+	@# one core idle (the images' package, 70 s, last of all ended a run).
 	@# testlog prints what go test would (results, failures' output) and
 	@# keeps each test's time: the run ends with the 10 slowest tests.
 	@mkdir -p $(CACHE) && rm -f $(CACHE)/test-times.tsv && $(GO) build -o $(BIN)/testlog ./internal/cmd/testlog
@@ -101,7 +102,7 @@ test: deps prebuild-default-image vet lint-openapi
 	@set -o pipefail; \
 	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
 		$(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-race.log 2>&1 ) & race=$$!; \
-	$(GO) test -json -timeout 24m -count=1 . ./e2e/clients/ ./e2e/host/ ./e2e/ ./e2e/code/ ./e2e/console/ ./backends/qemu/ ./network/linuxnet/ ./backends/cloudhypervisor/ ./api/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
+	$(GO) test -json -timeout 24m -count=1 . ./e2e/clients/ ./e2e/host/ ./e2e/ ./e2e/code/ ./e2e/console/ ./images/ ./network/linuxnet/ ./api/ ./backends/qemu/ ./agent/client/ ./backends/cloudhypervisor/ ./network/wgtunnel/ ./hypervisor/vhostblk/ ./e2b/envd/ ./hypervisor/overlay/ ./hypervisor/voldisk/ ./ingress/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
 	wait $$race; raced=$$?; echo "under the race detector:"; cat $(CACHE)/test-race.log; \
 	$(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10 </dev/null; \
 	test $$main = 0 && test $$raced = 0
