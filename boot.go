@@ -65,9 +65,9 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 	}
 	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
 	defer cancel()
-	vmm := monitor.Watch(ctx, m)
 	c, err := b.client(bctx, e)
 	if err != nil {
+		vmm := monitor.Activity(context.WithoutCancel(ctx), m)
 		return bootFailed("the sandbox's agent does not answer", fmt.Errorf("boot: %w (%s; serial log: %s)", err, vmm, consoleTail(b, 1500)))
 	}
 	b.phases.mark("agent")

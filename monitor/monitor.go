@@ -247,47 +247,20 @@ type CreateStats struct {
 	Phases  map[string]float64
 }
 
-// Activity is what a machine's VMM did since a Watch: whether it still
-// runs, and the CPU time it used, for a machine whose guest does not
-// answer (a guest that spins uses a core, one that hangs idle next to
-// nothing).
-type Activity struct {
-	m     hypervisor.Machine
-	at    time.Time
-	cpu   float64
-	known bool
-}
-
-// Watch starts measuring m's VMM (a backend that names no process: nothing
-// is measured).
-func Watch(ctx context.Context, m hypervisor.Machine) *Activity {
-	a := &Activity{m: m, at: time.Now()}
-	a.cpu, a.known = vmmCPU(ctx, m)
-	return a
-}
-
-// String says what the VMM did since Watch, for an error message.
-func (a *Activity) String() string {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+// Activity says what m's VMM has done since it started, for an error
+// about a guest that does not answer: whether it still runs, and the CPU
+// time it used (a guest that spins uses a core, one hung idle next to
+// nothing). A backend that names no process: its state only.
+func Activity(ctx context.Context, m hypervisor.Machine) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	info, err := a.m.Info(ctx)
+	info, err := m.Info(ctx)
 	if err != nil {
 		return fmt.Sprintf("the VMM does not answer: %v", err)
 	}
-	cpu, ok := vmmCPU(ctx, a.m)
-	if !ok || !a.known {
+	if info.PID <= 0 || info.Started.IsZero() {
 		return fmt.Sprintf("the VMM is %s", info.State)
 	}
-	return fmt.Sprintf("the VMM is %s and used %.1f CPU-s in the %.0f s waited", info.State, cpu-a.cpu, time.Since(a.at).Seconds())
-}
-
-func vmmCPU(ctx context.Context, m hypervisor.Machine) (float64, bool) {
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	info, err := m.Info(ictx)
-	if err != nil || info.PID <= 0 {
-		return 0, false
-	}
 	cpu, _ := processUse(info.PID)
-	return cpu, cpu > 0
+	return fmt.Sprintf("the VMM is %s and used %.1f CPU-s in the %.0f s since it started", info.State, cpu, time.Since(info.Started).Seconds())
 }

@@ -1,5 +1,5 @@
 // The unmodified E2B SDK against hareboxd's E2B listener, through its
-// public API only. e2e/e2b_test.go runs it once per pinned version
+// public API only. e2e/clients/e2b_test.go runs it once per pinned version
 // (E2B_SDK names the package: e2b-2.50 creates with POST /sandboxes,
 // e2b-2.51 with POST /v2/sandboxes), with E2B_API_URL and E2B_SANDBOX_URL
 // pointed at the listener and E2B_API_KEY a HareBox key in E2B's form.
@@ -86,7 +86,7 @@ test('files: text, bytes and streams both ways, the home by default', async (t) 
 
 test('files: an oversized upload, a download left unread', async (t) => {
   const sbx = await create(t)
-  // The server's limit is 32 MiB a file (e2e/e2b_test.go): an upload
+  // The server's limit is 32 MiB a file (e2e/clients/e2b_test.go): an upload
   // over it is refused and leaves no file.
   await assert.rejects(sbx.files.write('/tmp/too-big', new Uint8Array((32 << 20) + 1)), (e) => {
     assert.match(String(e.message), /413.*33554432-byte limit/)

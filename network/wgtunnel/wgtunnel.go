@@ -156,7 +156,7 @@ func Open(o Options) (_ *Tunnel, err error) {
 		return nil, fmt.Errorf("wgtunnel: create %s: %w", o.Name, err)
 	}
 	logf := func(format string, args ...any) { t.log.Debug("wgtunnel: " + fmt.Sprintf(format, args...)) }
-	t.dev = device.NewDevice(t.tun, nsBind{Bind: conn.NewDefaultBind(), ns: t.ns}, &device.Logger{Verbosef: logf, Errorf: logf})
+	t.dev = device.NewDevice(t.tun, t.bind(), &device.Logger{Verbosef: logf, Errorf: logf})
 	if err := t.dev.IpcSet(fmt.Sprintf("private_key=%s\nlisten_port=%d\n", hexKey(t.key), o.Port)); err != nil {
 		return nil, fmt.Errorf("wgtunnel: configure: %w", err)
 	}
@@ -407,11 +407,28 @@ func (t *Tunnel) Close() error {
 	return nil
 }
 
-// nsBind opens the device's sockets in the network namespace the tunnel
-// was made in. The device opens them again whenever it goes down and up,
+// bind is the device's UDP sockets, opened in the tunnel's network
+// namespace. The device opens them again whenever it goes down and up,
 // which its TUN's watcher does from a goroutine on whatever thread (the
-// link reported down, then up): a socket opened there would be in that
-// thread's namespace, where no peer reaches it.
+// link reported down, then up). In the namespace the process started in
+// (hareboxd's, whose threads never leave it) that is the standard bind,
+// which the device also watches routes for; in any other (a test host's,
+// entered by one thread of the process) an nsBind, which opens them
+// there from whatever thread asks.
+func (t *Tunnel) bind() conn.Bind {
+	std := conn.NewDefaultBind()
+	if startNS.IsOpen() && startNS.Equal(t.ns) {
+		return std
+	}
+	return nsBind{Bind: std, ns: t.ns}
+}
+
+// startNS is the network namespace this process started in, taken before
+// main runs (and before any of its threads could enter another).
+var startNS, _ = netns.Get()
+
+// nsBind opens its sockets in the network namespace ns, on a thread of
+// their own.
 type nsBind struct {
 	conn.Bind
 	ns netns.NsHandle

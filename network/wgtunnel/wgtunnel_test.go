@@ -18,6 +18,8 @@ import (
 
 	"github.com/harebox/harebox/internal/inns"
 	"github.com/harebox/harebox/internal/netcapture"
+	"github.com/vishvananda/netns"
+	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
@@ -404,4 +406,22 @@ func TestRebindStaysInNamespace(t *testing.T) {
 		}
 	}
 	t.Fatalf("a -> b after a rebind: %v", err)
+}
+
+// TestBindKeptStandard: in the process's own namespace the device keeps
+// wireguard-go's standard bind (which it also watches routes for); made
+// from a thread in another namespace, it gets one that opens there.
+func TestBindKeptStandard(t *testing.T) {
+	a, _ := twoHosts(t)
+	if _, ok := a.tun.bind().(nsBind); !ok {
+		t.Fatalf("a tunnel made in a test host's namespace: bind %T", a.tun.bind())
+	}
+	here, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer here.Close()
+	if b := (&Tunnel{ns: here}).bind(); func() bool { _, ok := b.(*conn.StdNetBind); return !ok }() {
+		t.Fatalf("a tunnel made in the process's namespace: bind %T", b)
+	}
 }

@@ -1,7 +1,8 @@
 // The untrusted-code walkthrough on a Go client generated from
-// api/openapi.yaml by oapi-codegen (e2e/TestGeneratedClient generates
-// ./gen first; it is not kept in the repository). HAREBOX_URL,
-// HAREBOX_API_KEY, and HAREBOX_CA (a PEM file) for an https server.
+// api/openapi.yaml by oapi-codegen (e2e/clients'
+// TestWalkthrough/GeneratedClient generates ./gen first; it is not kept
+// in the repository). HAREBOX_URL, HAREBOX_API_KEY, and HAREBOX_CA (a
+// PEM file) for an https server.
 package main
 
 import (
