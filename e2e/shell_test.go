@@ -98,9 +98,14 @@ func TestShellInTmux(t *testing.T) {
 	waitFor("héllo → wörld")
 	typeLine("exit 3")
 	waitFor("EXIT=3")
-	// Cooked mode again: the client restored the local terminal.
-	lines := strings.Fields(screen())
-	if lines[len(lines)-1] != "icanon" {
+	// Cooked mode again: the client restored the local terminal. (stty
+	// prints after EXIT=3: wait for its line, either way.)
+	var last string
+	for deadline := time.Now().Add(30 * time.Second); last != "icanon" && last != "-icanon" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		f := strings.Fields(screen())
+		last = f[len(f)-1]
+	}
+	if last != "icanon" {
 		t.Fatalf("the local terminal after the session:\n%s", screen())
 	}
 }
