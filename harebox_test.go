@@ -63,6 +63,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("the engine's data directory: %s", dir) // (its VMs name it: their cost by test)
 	e := &env{dataDir: dir, plugin: testimage.Binary(t, "harebox-plugin-qemu"), img: testimage.Image(t, "minimal")}
 	t.Cleanup(func() {
 		// Whatever happened, no VM of this test outlives it.

@@ -258,6 +258,9 @@ func DialIn(ns, network, addr string) (c net.Conn, err error) {
 
 func launch(t testing.TB, s Setup, dataDir string, env []string, ns string, args ...string) *Server {
 	t.Helper()
+	// (In go test -json's output: a server's VMs name their data
+	// directory, so what they cost can be told by test.)
+	t.Logf("hareboxd on %s", dataDir)
 	addr := FreeAddr(t)
 	listen := addr
 	if ns != "" {
