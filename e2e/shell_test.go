@@ -102,8 +102,9 @@ func TestShellInTmux(t *testing.T) {
 	// prints after EXIT=3: wait for its line, either way.)
 	var last string
 	for deadline := time.Now().Add(30 * time.Second); last != "icanon" && last != "-icanon" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		f := strings.Fields(screen())
-		last = f[len(f)-1]
+		if f := strings.Fields(screen()); len(f) > 0 {
+			last = f[len(f)-1]
+		}
 	}
 	if last != "icanon" {
 		t.Fatalf("the local terminal after the session:\n%s", screen())
