@@ -30,13 +30,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/harebox/harebox/internal/inns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -428,26 +428,16 @@ func (t *Tunnel) bind() conn.Bind {
 var startNS, _ = netns.Get()
 
 // nsBind opens its sockets in the network namespace ns, on a thread of
-// their own.
+// their own (inns.In).
 type nsBind struct {
 	conn.Bind
 	ns netns.NsHandle
 }
 
 func (b nsBind) Open(port uint16) (fns []conn.ReceiveFunc, actual uint16, err error) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// A thread of its own, never unlocked: it ends with the goroutine,
-		// so no other goroutine runs in the namespace it entered.
-		runtime.LockOSThread()
-		if err = netns.Set(b.ns); err != nil {
-			err = fmt.Errorf("wgtunnel: enter the tunnel's network namespace: %w", err)
-			return
-		}
-		fns, actual, err = b.Bind.Open(port)
-	}()
-	<-done
+	if nsErr := inns.In(b.ns, func() { fns, actual, err = b.Bind.Open(port) }); nsErr != nil {
+		return nil, 0, fmt.Errorf("wgtunnel: enter the tunnel's network namespace: %w", nsErr)
+	}
 	return fns, actual, err
 }
 
