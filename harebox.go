@@ -39,6 +39,7 @@ import (
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/move"
+	"github.com/harebox/harebox/move/mover"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/processes"
 	"github.com/harebox/harebox/sandbox"
@@ -77,7 +78,7 @@ type Engine struct {
 	clones      *clone.Service
 	snaps       *clone.Snapshots
 	hibernation *clone.Hibernation
-	mover       *move.Client // nil: no internal endpoint, no moves
+	moves       *mover.Service
 	monitor     *monitor.Service
 	processes   *processes.Service
 	code        *codeinterp.Service
@@ -239,12 +240,15 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		Encrypt: e.encrypt, Log: e.log})
 	e.hibernation = clone.NewHibernation(clone.HibernationOptions{Hypervisor: e.hv, Network: e.net, Store: e.store,
 		Dir: filepath.Join(opts.DataDir, "hibernated"), Foreign: func(r *store.Sandbox) bool { return e.hosts.Foreign(r) }, Log: e.log})
-	if opts.Host.TLS != nil {
-		e.mover = move.NewClient(opts.Host.TLS.Client)
-	}
 	if err := e.registerHost(ctx); err != nil {
 		return nil, err
 	}
+	var client *move.Client // (none: no internal endpoint, no moves away)
+	if opts.Host.TLS != nil {
+		client = move.NewClient(opts.Host.TLS.Client)
+	}
+	e.moves = mover.New(mover.Options{Store: e.store, Hosts: e.hosts, Runtime: moveRuntime{e}, Files: e.hibernation,
+		MachinesDir: e.machinesDir(), Client: client, Stale: moveStale, Every: moveEvery, Now: opts.Now, Step: atStep, Log: e.log})
 	e.volumes = volume.New(volume.Options{Store: e.store, Tenants: e.tenants, Secrets: e.sec,
 		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, ProjectGB: opts.ProjectVolumeGB,
 		Capacity: e.capacity, Meter: e.meter, Audit: al, Log: e.log})
@@ -289,7 +293,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	if e.shared {
 		e.wg.Add(1)
-		go e.runMoves(moveEvery)
+		go func() { defer e.wg.Done(); e.moves.Run(e.ctx) }()
 	}
 	e.wg.Add(1)
 	go e.reapExpired()

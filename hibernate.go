@@ -9,6 +9,7 @@ import (
 	"github.com/harebox/harebox/hypervisor/kinds"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/move/mover"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -48,9 +49,7 @@ func (e *Engine) hibernate(ctx context.Context, b *box, hold bool) error {
 	if err := sandbox.CanTransition(b.rec.State, sandbox.StateHibernated); err != nil {
 		return err
 	}
-	if moveMarkOf(b.rec) != nil {
-		withMark(b.rec, nil) // (what a move that could not finish left)
-	}
+	mover.ClearMark(b.rec) // (what a move that could not finish left)
 	if err := e.snaps.MayTake(b.rec); err != nil {
 		return err
 	}

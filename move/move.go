@@ -4,7 +4,7 @@
 // the sandbox's hibernation files (Send: a tar stream of one flat
 // directory, sealed under the sandbox's data key already), and once the
 // store says the sandbox is the target's, has the target take it up
-// (Adopt). The engines do the rest (package harebox: Engine.Move).
+// (Adopt). Package move/mover does the rest, on both hosts.
 //
 // The target treats everything it receives as another host's word, but
 // bounded all the same: file names, file kinds and the total size are

@@ -1,0 +1,187 @@
+package mover
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"github.com/harebox/harebox/move"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/store"
+)
+
+// The target's side of a move (Service as move.Target), and what
+// finishes the moves a host's death cut short.
+
+var _ move.Target = (*Service)(nil)
+
+// Finish finishes the moves that a host's death cut short, on this host's
+// hibernated and stopped sandboxes: at start (restart), one this host was
+// sending is rolled back (resumed here as it was; the target drops what
+// it got); at start and every interval after (Run), one handed to this
+// host that its source did not ask this host to take up within Stale is
+// taken up.
+func (s *Service) Finish(ctx context.Context, restart bool) {
+	recs, err := s.o.Store.SandboxesOn(ctx, s.o.Hosts.Name(), sandbox.StateHibernated, sandbox.StateStopped)
+	if err != nil {
+		s.o.Log.Warn("moves: listing this host's hibernated sandboxes", "err", err)
+		return
+	}
+	for _, rec := range recs {
+		m := markOf(rec)
+		if m == nil {
+			continue
+		}
+		if _, live := s.o.Runtime.Live(rec.ID); live {
+			continue
+		}
+		switch {
+		case restart && m.Stage == stageSending:
+			s.o.Log.Warn("rolling back a move this host died in", "id", rec.ID, "to", m.To)
+			if s.o.Client != nil {
+				if h, err := s.target(ctx, m.To); err == nil {
+					s.o.Client.Drop(ctx, h, rec.ID)
+				}
+			}
+			if err := s.o.Store.PutSandbox(ctx, withMark(rec, nil)); err != nil || !m.Resume {
+				continue
+			}
+			if _, err := s.o.Runtime.Wake(ctx, rec); err != nil {
+				s.o.Log.Warn("rolling back a move: the sandbox did not resume (it stays hibernated)", "id", rec.ID, "err", err)
+			} else if m.Paused {
+				s.o.Runtime.Pause(ctx, rec.ID)
+			}
+		case m.Stage == stageHanded && s.o.Now().Sub(m.At) >= s.o.Stale:
+			s.o.Log.Warn("taking up a sandbox whose move's source did not", "id", rec.ID, "from", m.From)
+			if _, err := s.Adopt(ctx, rec.ID, move.Adoption{Resume: m.Resume, Paused: m.Paused}); err != nil {
+				s.o.Log.Warn("a moved sandbox did not resume (it stays hibernated)", "id", rec.ID, "err", err)
+			}
+		}
+	}
+}
+
+// Run runs Finish at start and then every Every, until ctx ends.
+func (s *Service) Run(ctx context.Context) {
+	s.Finish(ctx, true)
+	t := time.NewTicker(s.o.Every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Finish(ctx, false)
+		}
+	}
+}
+
+// FilesDir is where sandbox id's files go once received: its hibernation
+// files, or a stopped one's machine directory.
+func (s *Service) FilesDir(id string, stopped bool) string {
+	if stopped {
+		return s.machineDir(id)
+	}
+	return s.o.Files.Dir(id)
+}
+
+// IncomingDir is where sandbox id's files are written first.
+func (s *Service) IncomingDir(id string) string { return s.o.Files.IncomingDir(id) }
+
+// Check says whether this host can take sandbox id: the same image
+// build, room for it, and the sandbox not here already.
+func (s *Service) Check(ctx context.Context, id string, c move.Check) (move.Ready, error) {
+	rec, err := s.record(ctx, id)
+	if err != nil {
+		return move.Ready{}, err
+	}
+	name := s.o.Hosts.Name()
+	if !s.o.Hosts.Foreign(rec) {
+		return move.Ready{}, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is on host %s already", id, name)
+	}
+	if sum, err := manifestSum(c.Image); err != nil || sum != c.Manifest {
+		return move.Ready{}, sandbox.Errorf(sandbox.ErrState, "", "host %s does not have the image build %s the sandbox runs (the same build: copy its directory there)", name, c.Image)
+	}
+	if err := s.o.Runtime.Fits(c.Size); err != nil {
+		return move.Ready{}, err
+	}
+	return move.Ready{StateDir: s.machineDir(id)}, nil
+}
+
+// Adopt takes up sandbox id, which the store says is this host's now, and
+// resumes it if it ran (paused again if it was): as the store's mark
+// says, whatever the caller asks (a.Resume and a.Paused are the same
+// when the caller is the source).
+func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandbox.Sandbox, error) {
+	rec, err := s.record(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if s.o.Hosts.Foreign(rec) {
+		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is on host %s", id, rec.Host)
+	}
+	// The mark handed to this host is taken off once, in a transaction
+	// that finds it there: of two who would take the sandbox up (the
+	// source's ask and Finish), or a delete meanwhile, one wins. How it
+	// resumes is what the mark says, not the caller.
+	var m *mark
+	err = s.o.Store.Update(ctx, func(tx store.Tx) error {
+		cur, err := tx.GetSandbox(ctx, id)
+		if err != nil {
+			return err
+		}
+		if m = markOf(cur); m == nil || m.Stage != stageHanded || m.To != s.o.Hosts.Name() || s.o.Hosts.Foreign(cur) || !kept(cur.State) {
+			m = nil
+			return nil
+		}
+		rec = withMark(cur, nil)
+		return tx.PutSandbox(ctx, rec)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if m == nil { // (taken up already, or deleted)
+		if sb, live := s.o.Runtime.Live(id); live {
+			return sb, nil
+		}
+		cur, err := s.record(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return &cur.Sandbox, nil
+	}
+	// From here it is this host's like any other: a resume that fails
+	// leaves it hibernated here.
+	if !m.Resume {
+		s.o.Runtime.TakeUp(ctx, rec)
+		return &rec.Sandbox, nil
+	}
+	sb, err := s.o.Runtime.Wake(ctx, rec)
+	if err != nil || !m.Paused {
+		return sb, err
+	}
+	return s.o.Runtime.Pause(ctx, id)
+}
+
+// Receiving says whether this host expects sandbox id's files: the store
+// says its source is sending them here.
+func (s *Service) Receiving(ctx context.Context, id string) error {
+	rec, err := s.record(ctx, id)
+	if err != nil {
+		return err
+	}
+	if m := markOf(rec); m == nil || m.Stage != stageSending || m.To != s.o.Hosts.Name() || !s.o.Hosts.Foreign(rec) {
+		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is not being moved to host %s", id, s.o.Hosts.Name())
+	}
+	return nil
+}
+
+// Drop removes what this host received of sandbox id, unless the store
+// says it is this host's.
+func (s *Service) Drop(ctx context.Context, id string) error {
+	if rec, err := s.record(ctx, id); err == nil && !s.o.Hosts.Foreign(rec) {
+		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is this host's", id)
+	}
+	os.RemoveAll(s.o.Files.IncomingDir(id))
+	os.RemoveAll(s.machineDir(id)) // (a stopped one's)
+	return s.o.Files.Remove(id)
+}
