@@ -1047,6 +1047,13 @@ func TestEngineDefaultImage(t *testing.T) {
 	if r := run(t, eng, box.ID, "cat /proc/sys/kernel/randomize_va_space"); r.Stdout != wantASLR {
 		t.Errorf("randomize_va_space under %s: %q, want %q", caps.Accelerator, r.Stdout, wantASLR)
 	}
+	// The guest keeps time by the TSC, which lets an idle guest go
+	// without timer ticks (under TCG the kernel would otherwise judge the
+	// TSC by late emulated ticks and fall back to counting them).
+	wantClock := map[string]string{"tcg": "tsc\n", "kvm": "kvm-clock\n"}[caps.Accelerator]
+	if r := run(t, eng, box.ID, "cat /sys/devices/system/clocksource/clocksource0/current_clocksource"); r.Stdout != wantClock {
+		t.Errorf("clocksource under %s: %q, want %q", caps.Accelerator, r.Stdout, wantClock)
+	}
 	// The root filesystem has the size's disk (2 GB), not the image's.
 	r = run(t, eng, box.ID, "df -k --output=size / | tail -n 1")
 	var kb int64

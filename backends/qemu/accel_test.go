@@ -54,9 +54,9 @@ func TestTSCHint(t *testing.T) {
 		aslr        bool
 		want        string
 	}{
-		{"console=ttyS0", AccelTCG, false, "console=ttyS0 " + tsc + " norandmaps"},
-		{"console=ttyS0", AccelTCG, true, "console=ttyS0 " + tsc},
-		{"console=ttyS0 tsc_early_khz=1 norandmaps", AccelTCG, false, "console=ttyS0 tsc_early_khz=1 norandmaps"},
+		{"console=ttyS0", AccelTCG, false, "console=ttyS0 " + tsc + " tsc=reliable norandmaps"},
+		{"console=ttyS0", AccelTCG, true, "console=ttyS0 " + tsc + " tsc=reliable"},
+		{"console=ttyS0 tsc_early_khz=1 tsc=unstable norandmaps", AccelTCG, false, "console=ttyS0 tsc_early_khz=1 tsc=unstable norandmaps"},
 		{"console=ttyS0", AccelKVM, false, "console=ttyS0"},
 	} {
 		if got := cmdline(c.base, c.accel, c.aslr); got != c.want {
