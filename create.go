@@ -206,6 +206,7 @@ func (e *Engine) admitCreate(ctx context.Context, c *creation) error {
 		StateDir: filepath.Join(e.machinesDir(), id),
 		ImageDir: c.img.Dir,
 	}
+	cluster.SetAsked(rec, sandbox.Site{Name: req.Site, Country: req.Country}) // (a move keeps it there)
 	if req.TTLSeconds > 0 {
 		exp := now.Add(time.Duration(req.TTLSeconds) * time.Second)
 		rec.ExpiresAt = &exp

@@ -43,6 +43,13 @@ func movingHosts(t *testing.T) (a, b *engineHost) {
 // and starts it again on its data directory.
 func movingHostsRestart(t *testing.T) (a, b *engineHost, restartA func()) {
 	t.Helper()
+	return movingHostsAt(t, nil)
+}
+
+// movingHostsAt is movingHostsRestart with the hosts' sites (by name; the
+// default site where none is given).
+func movingHostsAt(t *testing.T, sites map[string]sandbox.Site) (a, b *engineHost, restartA func()) {
+	t.Helper()
 	dsn := testpg.ForTest(t)
 	certs := t.TempDir()
 	if _, err := cluster.MakeCA(certs); err != nil {
@@ -88,6 +95,9 @@ func movingHostsRestart(t *testing.T) (a, b *engineHost, restartA func()) {
 	start, stop := hostsOn(t, dsn, 5*time.Second, func(o *harebox.Options) {
 		name := o.Host.Name
 		o.Host.Address, o.Host.TLS = eps[name].srv.URL, eps[name].tls
+		if site, ok := sites[name]; ok {
+			o.Site = site
+		}
 		o.Images = map[string]images.Image{sandbox.DefaultImage: img}
 		if name == "b" {
 			// The hosts share the master key (docs/several-hosts.md).
@@ -432,4 +442,51 @@ func TestMoveCrash(t *testing.T) {
 		t.Fatalf("a move back after all that: %v", err)
 	}
 	await(a, "a")
+}
+
+// TestMoveKeepsSite: a move keeps a sandbox within the site or country
+// its create asked for, a drain places it within that (else within the
+// draining host's site), and a sandbox moved reports the site it runs in.
+func TestMoveKeepsSite(t *testing.T) {
+	a, b, _ := movingHostsAt(t, map[string]sandbox.Site{"a": {Name: "fra", Country: "DE"}, "b": {Name: "ber", Country: "DE"}})
+	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
+	create := func(req sandbox.CreateRequest) string {
+		t.Helper()
+		s, err := a.eng.Create(ctx, req)
+		if err != nil || s.Host != "a" {
+			t.Fatalf("create %+v: %+v %v", req, s, err)
+		}
+		return s.ID
+	}
+	inCountry, inSite, anywhere := create(sandbox.CreateRequest{Country: "DE"}), create(sandbox.CreateRequest{Site: "fra"}), create(sandbox.CreateRequest{})
+	// Site fra asked: b (ber) is not it.
+	if _, err := a.eng.Move(ctx, inSite, "b"); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), "site fra") {
+		t.Fatalf("a move out of the site asked for: %v", err)
+	}
+	// A drain: the one that asked for the country goes to b, and says
+	// so; the one that asked for site fra, and the one that asked for
+	// nothing (created in site fra), have no other host there.
+	rep, err := a.eng.Drain(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Moved) != 1 || rep.Moved[0].ID != inCountry || rep.Moved[0].To != "b" || len(rep.Stayed) != 2 {
+		t.Fatalf("drain: %+v", rep)
+	}
+	for _, st := range rep.Stayed {
+		if (st.ID != inSite && st.ID != anywhere) || !strings.Contains(st.Error, "no host of site fra") {
+			t.Errorf("stayed: %+v", st)
+		}
+	}
+	got, err := b.eng.Get(ctx, inCountry)
+	if err != nil || got.Host != "b" || got.Site != (sandbox.Site{Name: "ber", Country: "DE"}) {
+		t.Fatalf("the sandbox moved: %+v %v, want on b in site ber (DE)", got, err)
+	}
+	// Moved back by hand, it reports a's site again.
+	if err := a.eng.Undrain(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.eng.Move(ctx, inCountry, "a"); err != nil || res.Sandbox.Site != (sandbox.Site{Name: "fra", Country: "DE"}) {
+		t.Fatalf("the move back: %+v %v", res, err)
+	}
 }

@@ -7,6 +7,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -389,4 +390,30 @@ func load(h *Host, s sandbox.Resources) float64 {
 	cpu := float64(h.Used.VCPUs+s.VCPUs) / float64(max(h.Capacity.VCPUs, 1))
 	mem := float64(h.Used.MemoryMB+s.MemoryMB) / float64(max(h.Capacity.MemoryMB, 1))
 	return max(cpu, mem)
+}
+
+// askedKey is where a sandbox's record keeps the site or country its
+// create asked for (its extras), so that a move keeps it there.
+const askedKey = "site_asked"
+
+// SetAsked records on rec the site or country its create asked for
+// (nothing when it asked for neither).
+func SetAsked(rec *store.Sandbox, where sandbox.Site) {
+	if where == (sandbox.Site{}) {
+		return
+	}
+	raw, _ := json.Marshal(where)
+	if rec.Extra == nil {
+		rec.Extra = map[string]json.RawMessage{}
+	}
+	rec.Extra[askedKey] = raw
+}
+
+// Asked is the site or country rec's create asked for (zero: neither).
+func Asked(rec *store.Sandbox) sandbox.Site {
+	var where sandbox.Site
+	if raw, ok := rec.Extra[askedKey]; ok {
+		json.Unmarshal(raw, &where)
+	}
+	return where
 }

@@ -146,7 +146,7 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 	if s.o.Client == nil {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "to", "this host cannot move sandboxes: it has no internal endpoint (several hosts, with --internal-listen)")
 	}
-	host, err := s.target(ctx, to)
+	host, site, err := s.target(ctx, to)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +154,9 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 	if err != nil {
 		return nil, err
 	}
-	switch {
+	switch asked := cluster.Asked(rec); {
+	case !cluster.Within(site, asked):
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "to", "sandbox %s was created to run in %s: host %s is in %s", id, siteName(asked), to, siteName(site))
 	case !movable(rec.State):
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s: a running, paused, hibernated or stopped sandbox moves", id, rec.State)
 	case rec.State == sandbox.StateStopped && !rec.Kept:
@@ -187,7 +189,7 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 	rec = held.Record()
 	stateDir := rec.StateDir // (this host's; the record names the target's next)
 	m := mark{From: s.o.Hosts.Name(), To: to, Resume: resumes(from), Paused: from == sandbox.StatePaused, Stage: stageSending}
-	if err := s.handOver(ctx, rec, host, ready, m); err != nil {
+	if err := s.handOver(ctx, rec, host, site, ready, m); err != nil {
 		if cur, rerr := s.readBack(ctx, id); rerr != nil || s.o.Hosts.Foreign(cur) {
 			// The write may have been made (its answer lost): the
 			// sandbox stays hibernated, and whichever host the store
@@ -215,9 +217,9 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 	return &move.Result{Sandbox: sb, From: s.o.Hosts.Name(), To: to, PausedMS: time.Since(start).Milliseconds()}, nil
 }
 
-// handOver sends held sandbox rec's files to host, then makes it the
-// host's in the store.
-func (s *Service) handOver(ctx context.Context, rec *store.Sandbox, host move.Host, ready move.Ready, m mark) error {
+// handOver sends held sandbox rec's files to host (of site), then makes
+// it the host's in the store.
+func (s *Service) handOver(ctx context.Context, rec *store.Sandbox, host move.Host, site sandbox.Site, ready move.Ready, m mark) error {
 	id := rec.ID
 	// Its record says it is being sent: a host that dies from here on
 	// rolls it back when it starts again.
@@ -243,7 +245,7 @@ func (s *Service) handOver(ctx context.Context, rec *store.Sandbox, host move.Ho
 		// Handed over: the target takes it up, when asked or, if this
 		// host dies before it asks, on its own (Finish).
 		m.Stage, m.At = stageHanded, s.o.Now().UTC()
-		cur.Host, cur.StateDir = host.Name, ready.StateDir
+		cur.Host, cur.Site, cur.StateDir = host.Name, site, ready.StateDir
 		return tx.PutSandbox(ctx, withMark(cur, &m))
 	})
 }
@@ -277,28 +279,43 @@ func (s *Service) readBack(ctx context.Context, id string) (*store.Sandbox, erro
 	return backoff.RetryWithData(func() (*store.Sandbox, error) { return s.o.Store.GetSandbox(ctx, id) }, backoff.WithContext(bo, ctx))
 }
 
-// target is host name's address, if it is another host that is up.
-func (s *Service) target(ctx context.Context, name string) (move.Host, error) {
+// target is host name's address and site, if it is another host that is
+// up.
+func (s *Service) target(ctx context.Context, name string) (move.Host, sandbox.Site, error) {
 	if name == s.o.Hosts.Name() {
-		return move.Host{}, sandbox.Errorf(sandbox.ErrInvalid, "to", "host %s is this one", name)
+		return move.Host{}, sandbox.Site{}, sandbox.Errorf(sandbox.ErrInvalid, "to", "host %s is this one", name)
 	}
 	h, err := s.o.Hosts.Get(ctx, name)
 	if errors.Is(err, store.ErrNotFound) {
-		return move.Host{}, sandbox.Errorf(sandbox.ErrNotFound, "to", "no host %q", name)
+		return move.Host{}, sandbox.Site{}, sandbox.Errorf(sandbox.ErrNotFound, "to", "no host %q", name)
 	}
 	if err != nil {
-		return move.Host{}, err
+		return move.Host{}, sandbox.Site{}, err
 	}
 	if !h.Up || !s.o.Now().Before(h.LeaseUntil) || h.Address == "" {
-		return move.Host{}, sandbox.Errorf(sandbox.ErrUnavailable, "to", "host %s is down or has no internal endpoint", name)
+		return move.Host{}, sandbox.Site{}, sandbox.Errorf(sandbox.ErrUnavailable, "to", "host %s is down or has no internal endpoint", name)
 	}
-	return move.Host{Name: h.Name, Address: h.Address}, nil
+	return move.Host{Name: h.Name, Address: h.Address}, sandbox.Site{Name: h.Site, Country: h.Country}, nil
+}
+
+// siteName names a site, or what a create asked for, in errors.
+func siteName(s sandbox.Site) string {
+	switch {
+	case s.Name != "" && s.Country != "":
+		return "site " + s.Name + " (" + s.Country + ")"
+	case s.Name != "":
+		return "site " + s.Name
+	default:
+		return "country " + s.Country
+	}
 }
 
 // Drain marks this host (name) draining, so that no new sandbox goes
 // here, and moves its sandboxes one by one, with moveOne, to the hosts
-// placement picks. A sandbox no host can take (or has room for), or that
-// cannot move, stays, and the report says why. The caller checks who may.
+// placement picks: within the site or country its create asked for, else
+// within this host's site. A sandbox no host can take (or has room for),
+// or that cannot move, stays, and the report says why. The caller checks
+// who may.
 func (s *Service) Drain(ctx context.Context, name string, moveOne func(ctx context.Context, id, to string) (*move.Result, error)) (*move.DrainReport, error) {
 	ctx = context.WithoutCancel(ctx) // a drain that started finishes
 	if err := s.o.Hosts.SetDraining(ctx, true); err != nil {
@@ -314,7 +331,7 @@ func (s *Service) Drain(ctx context.Context, name string, moveOne func(ctx conte
 		if resumes(rec.State) {
 			size = rec.Size // (a kept one holds no capacity there)
 		}
-		h, err := s.o.Hosts.Place(ctx, size, sandbox.Site{})
+		h, err := s.o.Hosts.Place(ctx, size, cluster.Asked(rec))
 		if err == nil && h.Name == name {
 			err = sandbox.Errorf(sandbox.ErrCapacity, "", "no other host has room for it")
 		}

@@ -39,7 +39,7 @@ func (s *Service) Finish(ctx context.Context, restart bool) {
 		case restart && m.Stage == stageSending:
 			s.o.Log.Warn("rolling back a move this host died in", "id", rec.ID, "to", m.To)
 			if s.o.Client != nil {
-				if h, err := s.target(ctx, m.To); err == nil {
+				if h, _, err := s.target(ctx, m.To); err == nil {
 					s.o.Client.Drop(ctx, h, rec.ID)
 				}
 			}
