@@ -6,6 +6,13 @@ export CGO_ENABLED ?= 0
 GO ?= go
 BIN := bin
 CACHE := $(CURDIR)/.cache
+# The test suite's guest images: built once per machine and kept in the
+# user's cache, as Go keeps its build cache, for every clone to share
+# (each build is keyed by its inputs); make test first removes the builds
+# that newer ones replaced (harebox-image gc). The tests read it from
+# HAREBOX_TEST_IMAGES, with the same default (internal/testimage).
+TEST_IMAGES ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/harebox/test-images
+export HAREBOX_TEST_IMAGES := $(TEST_IMAGES)
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
@@ -81,8 +88,10 @@ prebuild-default-image: deps
 	@mkdir -p $(CACHE)/bin && $(GO) build $(GOFLAGS_BUILD) -ldflags='-s -w' -o $(CACHE)/bin/harebox-agent ./cmd/harebox-agent && \
 		cp $(CACHE)/bin/harebox-agent $(CACHE)/prebuild-agent && \
 		$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-image ./cmd/harebox-image
+	@mkdir -p $(TEST_IMAGES) && $(BIN)/harebox-image gc --out $(TEST_IMAGES) --no-engine >$(CACHE)/image-gc.log 2>&1 || \
+		{ echo "harebox-image gc failed ($(CACHE)/image-gc.log):"; tail -5 $(CACHE)/image-gc.log; }
 	@(for name in default code-interpreter; do flock $(CACHE)/lock-image-$$name $(BIN)/harebox-image build --name $$name \
-		--agent $(CACHE)/prebuild-agent --out $(CACHE)/images </dev/null >$(CACHE)/image-$$name.log 2>&1; done &)
+		--agent $(CACHE)/prebuild-agent --out $(TEST_IMAGES) </dev/null >$(CACHE)/image-$$name.log 2>&1; done &)
 
 test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 test: deps prebuild-default-image vet lint-openapi

@@ -17,10 +17,10 @@ import (
 )
 
 // TestDefaultImage checks the Debian image every test package boots: the
-// one in the test cache (.cache/images), which whichever package asks
-// first builds with debootstrap against the Debian mirror (about three
-// minutes), so a fresh machine (CI) runs debootstrap once, not once more
-// here. The cache is keyed by the image's inputs (the package list and
+// one in the test images' cache (testimage.ImagesDir, shared by the
+// machine's clones), which whichever package asks first builds with
+// debootstrap against the Debian mirror (about three minutes), so a fresh
+// machine (CI) runs debootstrap once, not once more here. The cache is keyed by the image's inputs (the package list and
 // script, the files written into it, kernel, modules, agent) and by
 // images.BuilderVersion: a change to the builder's own steps must bump
 // BuilderVersion, or a machine with a warm cache goes on checking the

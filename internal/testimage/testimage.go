@@ -1,5 +1,6 @@
-// Package testimage builds, once per machine and cached, the guest agent
-// and the minimal image that VM tests boot. Test packages run in parallel,
+// Package testimage builds the guest agent (once per run, into the
+// clone's .cache) and the images that VM tests boot (once per machine,
+// into the user's cache: ImagesDir). Test packages run in parallel,
 // so builds are serialised with a file lock.
 package testimage
 
@@ -42,6 +43,21 @@ func CacheDir(t testing.TB) string {
 		return d
 	}
 	return filepath.Join(Root(t), ".cache")
+}
+
+// ImagesDir is where the images are built and kept: HAREBOX_TEST_IMAGES,
+// else harebox/test-images in the user's cache directory (where make test
+// keeps them too), shared by every clone of the repository on the
+// machine, as Go's build cache is: a build is keyed by its inputs, so a
+// clone finds the builds of the same inputs made by another.
+func ImagesDir(t testing.TB) string {
+	if d := os.Getenv("HAREBOX_TEST_IMAGES"); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "harebox", "test-images")
+	}
+	return filepath.Join(CacheDir(t), "images")
 }
 
 // locks serialises the builds of this process by lock file; the files
@@ -141,7 +157,7 @@ func Image(t testing.TB, name string) images.Image {
 	img, err := images.Build(ctx, images.Options{
 		Name:      name,
 		AgentPath: agent,
-		OutDir:    filepath.Join(CacheDir(t), "images"),
+		OutDir:    ImagesDir(t),
 		Progress:  &log,
 	})
 	if err != nil {
