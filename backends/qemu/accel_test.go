@@ -1,11 +1,14 @@
 package qemu
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/harebox/harebox/hypervisor"
 )
 
 func TestAccelChoice(t *testing.T) {
@@ -45,6 +48,7 @@ func TestAccelChoice(t *testing.T) {
 
 func TestTSCHint(t *testing.T) {
 	khz := hostTSCKHz()
+	t.Logf("the host's TSC: %d kHz", khz)
 	if khz < 100_000 || khz > 10_000_000 {
 		t.Fatalf("measured TSC %d kHz: implausible", khz)
 	}
@@ -61,6 +65,31 @@ func TestTSCHint(t *testing.T) {
 	} {
 		if got := cmdline(c.base, c.accel, c.aslr); got != c.want {
 			t.Errorf("cmdline(%q, %s, aslr %v) = %q, want %q", c.base, c.accel, c.aslr, got, c.want)
+		}
+	}
+}
+
+// TestTSCRestore: a guest that keeps time by its boot host's TSC rate is
+// restored only where the TSC runs at that rate (within 0.5%).
+func TestTSCRestore(t *testing.T) {
+	host := hostTSCKHz()
+	if got := guestTSCKHz(cmdline("console=ttyS0", AccelTCG, false)); got != host {
+		t.Fatalf("the rate told the guest: %d, want the host's %d", got, host)
+	}
+	for _, c := range []struct {
+		snap snapshot
+		ok   bool
+	}{
+		{snapshot{Accel: AccelTCG, TSCKHz: host}, true},
+		{snapshot{Accel: AccelTCG, TSCKHz: host + host/400}, true}, // 0.25%
+		{snapshot{Accel: AccelTCG, TSCKHz: host + host/100}, false},
+		{snapshot{Accel: AccelTCG, TSCKHz: host - host/10}, false},
+		{snapshot{Accel: AccelTCG}, true},                   // (a snapshot from before the rate was kept)
+		{snapshot{Accel: AccelKVM, TSCKHz: host * 2}, true}, // (KVM scales the TSC itself)
+	} {
+		err := tscMatches(&c.snap)
+		if (err == nil) != c.ok || err != nil && !errors.Is(err, hypervisor.ErrUnsupported) {
+			t.Errorf("restore of %+v here (%d kHz): %v", c.snap, host, err)
 		}
 	}
 }

@@ -151,6 +151,7 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 	}
 	st.Encrypted = keyed
 	st.SCSI = true
+	st.TSCKHz = guestTSCKHz(cmdline(spec.Cmdline, st.Accel, d.opts.GuestASLR))
 	disks := make([]hypervisor.Disk, len(spec.Disks))
 	for i, dk := range spec.Disks {
 		disks[i] = dk
@@ -395,11 +396,13 @@ func cmdline(base, accel string, aslr bool) string {
 		return base
 	}
 	args := strings.Fields(base)
-	if khz := hostTSCKHz(); khz > 0 && !strings.Contains(base, "tsc_early_khz=") {
-		args = append(args, "tsc_early_khz="+strconv.FormatInt(khz, 10))
-	}
-	if !strings.Contains(base, "tsc=") {
-		args = append(args, "tsc=reliable")
+	if khz := hostTSCKHz(); khz > 0 {
+		if !strings.Contains(base, "tsc_early_khz=") {
+			args = append(args, "tsc_early_khz="+strconv.FormatInt(khz, 10))
+		}
+		if !strings.Contains(base, "tsc=") {
+			args = append(args, "tsc=reliable")
+		}
 	}
 	if !aslr && !slices.Contains(args, "norandmaps") {
 		args = append(args, "norandmaps")
@@ -455,6 +458,9 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 			return nil, err
 		}
 	}
+	if err := tscMatches(snap); err != nil {
+		return nil, err
+	}
 	// The clone keeps the snapshot's hardware (it must match the stream)
 	// and takes its identity from spec.
 	clone := snap.Spec
@@ -473,6 +479,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 	st.Encrypted = len(spec.DataKey) > 0
 	st.BackingEncrypted = snap.Encrypted
 	st.SCSI = snap.SCSI
+	st.TSCKHz = snap.TSCKHz
 	st.Disks = make([]hypervisor.Disk, len(snap.Disks))
 	for i, dk := range snap.Disks {
 		st.Disks[i] = dk
@@ -567,4 +574,32 @@ func Probe(ctx context.Context, opts Options) (caps hypervisor.Capabilities, err
 		return hypervisor.Capabilities{Name: Name}, err
 	}
 	return d.Capabilities(ctx)
+}
+
+// guestTSCKHz is the TSC rate a kernel command line tells the guest
+// (tsc_early_khz), or 0.
+func guestTSCKHz(cmdline string) int64 {
+	for _, a := range strings.Fields(cmdline) {
+		if v, ok := strings.CutPrefix(a, "tsc_early_khz="); ok {
+			khz, _ := strconv.ParseInt(v, 10, 64)
+			return khz
+		}
+	}
+	return 0
+}
+
+// tscMatches refuses to restore, under TCG, a guest that keeps time by
+// a TSC rate this host's TSC does not run at (within 0.5%): its clock
+// would run that much fast or slow for good, as TCG's TSC is the host's
+// (a sandbox moved between hosts of different processors).
+func tscMatches(snap *snapshot) error {
+	host := hostTSCKHz()
+	if snap.Accel != AccelTCG || snap.TSCKHz <= 0 || host <= 0 {
+		return nil
+	}
+	if diff := host - snap.TSCKHz; diff*200 > snap.TSCKHz || -diff*200 > snap.TSCKHz {
+		return hypervisor.Errorf(hypervisor.ErrUnsupported, "qemu: restore: the guest keeps time by a TSC of %d kHz (its boot host's), and this host's runs at %d kHz: its clock would run %.1f%% off here",
+			snap.TSCKHz, host, float64(diff)*100/float64(snap.TSCKHz))
+	}
+	return nil
 }

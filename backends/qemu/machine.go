@@ -163,7 +163,7 @@ func (m *machine) snapshot(ctx context.Context, dir string, key []byte) error {
 	if err := m.saveMemory(ctx, filepath.Join(dir, memoryFile), key); err != nil {
 		return fmt.Errorf("qemu: snapshot: %w", err)
 	}
-	snap := snapshot{Version: snapshotVersion, Spec: m.st.Spec.WithoutKeys(), Accel: m.st.Accel, CreatedAt: time.Now().UTC(), Encrypted: len(key) > 0, SCSI: m.st.SCSI}
+	snap := snapshot{Version: snapshotVersion, Spec: m.st.Spec.WithoutKeys(), Accel: m.st.Accel, TSCKHz: m.st.TSCKHz, CreatedAt: time.Now().UTC(), Encrypted: len(key) > 0, SCSI: m.st.SCSI}
 	for i, dk := range m.st.Disks {
 		if dk.ReadOnly {
 			snap.Disks = append(snap.Disks, dk)

@@ -13,15 +13,19 @@ import (
 // state is everything needed to re-adopt a machine; it is the handle's data
 // and is also kept in the state directory for inspection.
 type state struct {
-	Spec      hypervisor.Spec   `json:"spec"`
-	Disks     []hypervisor.Disk `json:"disks"` // what QEMU actually opened
-	QMP       string            `json:"qmp"`
-	Agent     string            `json:"agent"`
-	PIDFile   string            `json:"pid_file"`
-	Serial    string            `json:"serial"`
-	Accel     string            `json:"accel"`
-	Proc      proc              `json:"proc"`
-	StartedAt time.Time         `json:"started_at"`
+	Spec    hypervisor.Spec   `json:"spec"`
+	Disks   []hypervisor.Disk `json:"disks"` // what QEMU actually opened
+	QMP     string            `json:"qmp"`
+	Agent   string            `json:"agent"`
+	PIDFile string            `json:"pid_file"`
+	Serial  string            `json:"serial"`
+	Accel   string            `json:"accel"`
+	// TSCKHz is the TSC rate the guest kernel was told at boot under TCG
+	// (tsc_early_khz): it keeps time by it for good (tsc=reliable), and a
+	// restore carries it (a host whose TSC runs otherwise is refused).
+	TSCKHz    int64     `json:"tsc_khz,omitempty"`
+	Proc      proc      `json:"proc"`
+	StartedAt time.Time `json:"started_at"`
 	// Encrypted: the writable overlays are LUKS under the spec's DataKey.
 	// BackingEncrypted: their backing files (a snapshot's disks) are LUKS
 	// under the SnapshotKey. The keys themselves are never stored; Spec is
@@ -67,6 +71,7 @@ type snapshot struct {
 	Spec      hypervisor.Spec   `json:"spec"`
 	Disks     []hypervisor.Disk `json:"disks"`
 	Accel     string            `json:"accel"`
+	TSCKHz    int64             `json:"tsc_khz,omitempty"` // (state.TSCKHz)
 	CreatedAt time.Time         `json:"created_at"`
 	// Encrypted: memory and disks are under the key given to Snapshot.
 	Encrypted bool `json:"encrypted,omitempty"`
