@@ -463,6 +463,17 @@ func TestMoveKeepsSite(t *testing.T) {
 	if _, err := a.eng.Move(ctx, inSite, "b"); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), "site fra") {
 		t.Fatalf("a move out of the site asked for: %v", err)
 	}
+	// Its fork asked for what it asked for, and stays there too.
+	forks, err := a.eng.Snapshots().Fork(ctx, inSite, sandbox.ForkRequest{})
+	if err != nil || len(forks) != 1 {
+		t.Fatalf("fork: %v %v", forks, err)
+	}
+	if _, err := a.eng.Move(ctx, forks[0].ID, "b"); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), "site fra") {
+		t.Fatalf("a fork's move out of the site its source asked for: %v", err)
+	}
+	if err := a.eng.Delete(ctx, forks[0].ID); err != nil {
+		t.Fatal(err)
+	}
 	// A drain: the one that asked for the country goes to b, and says
 	// so; the one that asked for site fra, and the one that asked for
 	// nothing (created in site fra), have no other host there.

@@ -79,6 +79,9 @@ func (s *Snapshots) Open(ctx context.Context, req *sandbox.CreateRequest) (*Orig
 	if req.Volumes == nil {
 		req.Volumes = src.Volumes
 	}
+	if req.Site == "" && req.Country == "" {
+		req.Site, req.Country = src.Site.Name, src.Site.Country
+	}
 	labels := map[string]string{}
 	for k, v := range snap.Labels {
 		labels[k] = v

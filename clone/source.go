@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
@@ -28,7 +29,7 @@ func Record(rec *store.Sandbox, id, name, dir string, policy json.RawMessage) *s
 		Dir: dir, ImageDir: rec.ImageDir,
 		Source: store.SnapshotSource{
 			FleetID: rec.FleetID, ThirdParty: rec.ThirdParty, NoEnv: rec.NoEnv, Monitoring: rec.Monitoring,
-			Policy: policy, Mesh: rec.MeshAddress != "", Volumes: rec.Volumes,
+			Policy: policy, Mesh: rec.MeshAddress != "", Volumes: rec.Volumes, Site: cluster.Asked(rec),
 		},
 	}
 	if rec.EnvironmentID != "" {
@@ -47,6 +48,7 @@ func ForkRequest(s *store.Snapshot, req sandbox.ForkRequest, i int, operator boo
 		Project: s.ProjectID, Fleet: s.Source.FleetID, Environment: s.Source.Environment,
 		ThirdParty: s.Source.ThirdParty, NoEnv: s.Source.NoEnv, Firewall: s.Source.Policy,
 		Monitoring: &s.Source.Monitoring, TTLSeconds: req.TTLSeconds, Labels: mergeLabels(s.Labels, req.Labels),
+		Site: s.Source.Site.Name, Country: s.Source.Site.Country,
 	}
 	if creq.NoEnv {
 		creq.Environment = ""

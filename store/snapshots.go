@@ -39,6 +39,9 @@ type SnapshotSource struct {
 	// Volumes were attached to the source: a create from the snapshot
 	// or a fork attaches them again unless it names its own.
 	Volumes []sandbox.VolumeMount `json:"volumes,omitempty"`
+	// Site is the site or country the source's create asked for: a clone
+	// asks for it too unless its create names its own.
+	Site sandbox.Site `json:"site,omitzero"`
 }
 
 // PutSnapshot implements Tx.
