@@ -88,7 +88,11 @@ prebuild-default-image: deps
 	@mkdir -p $(CACHE)/bin && $(GO) build $(GOFLAGS_BUILD) -ldflags='-s -w' -o $(CACHE)/bin/harebox-agent ./cmd/harebox-agent && \
 		cp $(CACHE)/bin/harebox-agent $(CACHE)/prebuild-agent && \
 		$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/harebox-image ./cmd/harebox-image
-	@mkdir -p $(TEST_IMAGES) && $(BIN)/harebox-image gc --out $(TEST_IMAGES) --no-engine >$(CACHE)/image-gc.log 2>&1 || \
+	@# (The test engines' reference files of a run that was killed, left
+	@# behind, would keep every build from then on: an engine writes its
+	@# file every minute, so one two hours old is a dead engine's.)
+	@mkdir -p $(TEST_IMAGES)/.refs && find $(TEST_IMAGES)/.refs -type f -mmin +120 -delete && \
+		$(BIN)/harebox-image gc --out $(TEST_IMAGES) --no-engine >$(CACHE)/image-gc.log 2>&1 || \
 		{ echo "harebox-image gc failed ($(CACHE)/image-gc.log):"; tail -5 $(CACHE)/image-gc.log; }
 	@(for name in default code-interpreter; do flock $(CACHE)/lock-image-$$name $(BIN)/harebox-image build --name $$name \
 		--agent $(CACHE)/prebuild-agent --out $(TEST_IMAGES) </dev/null >$(CACHE)/image-$$name.log 2>&1; done &)

@@ -79,7 +79,7 @@ func OCIBusyboxImage(t testing.TB) images.Image {
 	defer cancel()
 	var log buildLog
 	img, err := images.Build(ctx, images.Options{Name: "bbox", From: "oci:" + dir, AgentPath: agent,
-		OutDir: filepath.Join(CacheDir(t), "images"), Headroom: 64 << 20, Progress: &log})
+		OutDir: ImagesDir(t), Headroom: 64 << 20, Progress: &log})
 	if err != nil {
 		t.Fatalf("testimage: build the bbox image: %v\n%s", err, log.tail())
 	}

@@ -61,8 +61,10 @@ func ImagesDir(t testing.TB) string {
 }
 
 // locks serialises the builds of this process by lock file; the files
-// serialise them across test processes (and make test's prebuild, which
-// takes the same files).
+// serialise them across this clone's test processes (and make test's
+// prebuild, which takes the same files). Two clones may build the same
+// image at once: the cache's own lock keeps it whole (images.Build takes
+// the build that finished first).
 var locks sync.Map // lock file name -> *sync.Mutex
 
 // lock takes the lock file name in the cache: "lock" for the binaries,
