@@ -399,14 +399,9 @@ const askedKey = "site_asked"
 // SetAsked records on rec the site or country its create asked for
 // (nothing when it asked for neither).
 func SetAsked(rec *store.Sandbox, where sandbox.Site) {
-	if where == (sandbox.Site{}) {
-		return
+	if where != (sandbox.Site{}) {
+		rec.SetExtra(askedKey, where)
 	}
-	raw, _ := json.Marshal(where)
-	if rec.Extra == nil {
-		rec.Extra = map[string]json.RawMessage{}
-	}
-	rec.Extra[askedKey] = raw
 }
 
 // Asked is the site or country rec's create asked for (zero: neither).

@@ -38,13 +38,9 @@ const (
 func withMark(rec *store.Sandbox, m *mark) *store.Sandbox {
 	if m == nil {
 		delete(rec.Extra, markKey)
-		return rec
+	} else {
+		rec.SetExtra(markKey, m)
 	}
-	raw, _ := json.Marshal(m)
-	if rec.Extra == nil {
-		rec.Extra = map[string]json.RawMessage{}
-	}
-	rec.Extra[markKey] = raw
 	return rec
 }
 
