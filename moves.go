@@ -125,6 +125,9 @@ func (r moveRuntime) Hold(ctx context.Context, id string) (mover.Held, sandbox.S
 	return heldBox{e, b}, rec.State, nil
 }
 
+func (r moveRuntime) Record(ctx context.Context, id string) (*store.Sandbox, error) {
+	return r.e.record(ctx, id)
+}
 func (r moveRuntime) Wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox, error) {
 	return r.e.wake(ctx, rec)
 }

@@ -34,6 +34,9 @@ import (
 
 // Runtime is this host's sandbox runtime, as a move needs it.
 type Runtime interface {
+	// Record is sandbox id's stored record (a missing one, or a
+	// malformed ID, is ErrNotFound).
+	Record(ctx context.Context, id string) (*store.Sandbox, error)
 	// Hold hibernates sandbox id if it runs (or is paused) and holds it,
 	// registered and locked, so that nothing else runs it here until the
 	// move lets go of it. It returns the state the sandbox was in.
@@ -150,7 +153,7 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 	if err != nil {
 		return nil, err
 	}
-	rec, err := s.record(ctx, id)
+	rec, err := s.o.Runtime.Record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -346,18 +349,6 @@ func (s *Service) Drain(ctx context.Context, name string, moveOne func(ctx conte
 		rep.Moved = append(rep.Moved, move.Moved{ID: rec.ID, To: res.To, PausedMS: res.PausedMS})
 	}
 	return rep, nil
-}
-
-// record is sandbox id's record; a malformed ID is not found.
-func (s *Service) record(ctx context.Context, id string) (*store.Sandbox, error) {
-	if !sandbox.ValidID(id) {
-		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
-	}
-	rec, err := s.o.Store.GetSandbox(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
-	}
-	return rec, err
 }
 
 // machineDir is sandbox id's machine directory here.

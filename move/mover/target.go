@@ -90,7 +90,7 @@ func (s *Service) IncomingDir(id string) string { return s.o.Files.IncomingDir(i
 // Check says whether this host can take sandbox id: the same image
 // build, room for it, and the sandbox not here already.
 func (s *Service) Check(ctx context.Context, id string, c move.Check) (move.Ready, error) {
-	rec, err := s.record(ctx, id)
+	rec, err := s.o.Runtime.Record(ctx, id)
 	if err != nil {
 		return move.Ready{}, err
 	}
@@ -112,7 +112,7 @@ func (s *Service) Check(ctx context.Context, id string, c move.Check) (move.Read
 // says, whatever the caller asks (a.Resume and a.Paused are the same
 // when the caller is the source).
 func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandbox.Sandbox, error) {
-	rec, err := s.record(ctx, id)
+	rec, err := s.o.Runtime.Record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +143,7 @@ func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandb
 		if sb, live := s.o.Runtime.Live(id); live {
 			return sb, nil
 		}
-		cur, err := s.record(ctx, id)
+		cur, err := s.o.Runtime.Record(ctx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -165,7 +165,7 @@ func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandb
 // Receiving says whether this host expects sandbox id's files: the store
 // says its source is sending them here.
 func (s *Service) Receiving(ctx context.Context, id string) error {
-	rec, err := s.record(ctx, id)
+	rec, err := s.o.Runtime.Record(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func (s *Service) Receiving(ctx context.Context, id string) error {
 // Drop removes what this host received of sandbox id, unless the store
 // says it is this host's.
 func (s *Service) Drop(ctx context.Context, id string) error {
-	if rec, err := s.record(ctx, id); err == nil && !s.o.Hosts.Foreign(rec) {
+	if rec, err := s.o.Runtime.Record(ctx, id); err == nil && !s.o.Hosts.Foreign(rec) {
 		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is this host's", id)
 	}
 	os.RemoveAll(s.o.Files.IncomingDir(id))
