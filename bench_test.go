@@ -203,8 +203,8 @@ func BenchmarkDiskEncryption(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	// The first encrypted overlay of a base pays qemu-img's PBKDF
-	// benchmark for the template (overlay.Templates): reported apart.
+	// The first boot of the base reads it from disk into the page cache:
+	// reported apart.
 	first := time.Now()
 	m, c := bareBoot(b, hv, v.img, v.dataDir, -1, hypervisor.Disk{Path: scratch, Format: "raw", Overlay: true})
 	firstBoot := time.Since(first)

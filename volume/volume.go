@@ -108,7 +108,7 @@ func New(o Options) *Service {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Service{o: o, maker: &voldisk.Maker{Tools: o.Tools, Dir: o.Dir}, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx })}
+	return &Service{o: o, maker: &voldisk.Maker{Tools: o.Tools}, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx })}
 }
 
 // View is a volume as the API shows it.

@@ -75,18 +75,13 @@ type Backend struct {
 	mu       sync.Mutex
 	versions map[string]Version // binary path -> version, run once
 	drains   drains
-	// overlays makes encrypted overlays without paying qemu-img's PBKDF
-	// benchmark each time (overlay.Templates).
-	overlays *overlay.Templates
 }
 
 var _ hypervisor.Hypervisor = (*Backend)(nil)
 
 // New returns a Cloud Hypervisor backend.
 func New(cfg Config) *Backend {
-	b := &Backend{cfg: cfg, hp: defaultHostPaths, versions: map[string]Version{}}
-	b.overlays = &overlay.Templates{QEMUImg: b.qemuImg()}
-	return b
+	return &Backend{cfg: cfg, hp: defaultHostPaths, versions: map[string]Version{}}
 }
 
 func (b *Backend) newAPI(socket string) API {
@@ -436,7 +431,7 @@ func (b *Backend) createOverlay(ctx context.Context, base, format, path string, 
 	}
 	os.Remove(path)
 	if len(key) > 0 {
-		return b.overlays.Create(ctx, base, format, path, sizeBytes, key)
+		return overlay.CreateEncrypted(ctx, tool, base, format, path, sizeBytes, key)
 	}
 	return overlay.Create(ctx, tool, base, format, path, sizeBytes)
 }
@@ -500,10 +495,10 @@ func (b *Backend) start(ctx context.Context, bin string, ver Version, id string,
 		return nil, err
 	}
 	m := &machine{
-		id:       id,
-		api:      b.newAPI(p.apiSocket),
-		proc:     proc.pidfd,
-		overlays: b.overlays,
+		id:      id,
+		api:     b.newAPI(p.apiSocket),
+		proc:    proc.pidfd,
+		qemuImg: b.qemuImg(),
 		data: handleData{
 			PID:         proc.pid,
 			APISocket:   p.apiSocket,
@@ -558,7 +553,7 @@ func (b *Backend) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.M
 		}
 		return nil, err
 	}
-	m := &machine{id: h.ID, data: d, api: b.newAPI(d.APISocket), proc: proc, overlays: b.overlays}
+	m := &machine{id: h.ID, data: d, api: b.newAPI(d.APISocket), proc: proc, qemuImg: b.qemuImg()}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := m.api.Ping(pctx); err != nil {

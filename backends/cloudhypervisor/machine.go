@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
-	"github.com/harebox/harebox/hypervisor/overlay"
 )
 
 // handleData is Handle.Data for this backend.
@@ -52,8 +51,8 @@ type machine struct {
 	data handleData
 	api  API
 	proc *pidFD
-	// overlays makes the overlays a snapshot's disk copies go into.
-	overlays *overlay.Templates
+	// qemuImg measures a snapshot disk's base of an unusual format.
+	qemuImg string
 	// stopDrain stops draining the console, if this machine's is drained.
 	stopDrain func()
 }

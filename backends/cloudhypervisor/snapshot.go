@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/overlay"
 	"github.com/harebox/harebox/hypervisor/vhostblk"
 )
 
@@ -212,7 +213,7 @@ func (m *machine) snapshotDisk(ctx context.Context, i int, d configDisk, out str
 			}
 			sd := snapshotDisk{File: fmt.Sprintf("disk-%d.qcow2", i), Encrypted: true, Base: s.Base, BaseFormat: s.BaseFormat, SizeBytes: s.SizeBytes}
 			dst := filepath.Join(out, sd.File)
-			if err := m.overlays.Create(ctx, s.Base, s.BaseFormat, dst, s.SizeBytes, key); err != nil {
+			if err := overlay.CreateEncrypted(ctx, m.qemuImg, s.Base, s.BaseFormat, dst, s.SizeBytes, key); err != nil {
 				return sd, err
 			}
 			srv, err := vhostblk.Find(m.data.BlockDir)

@@ -57,8 +57,6 @@ type Driver struct {
 	version     string
 
 	drains drains
-	// templates make LUKS overlays without qemu-img's PBKDF benchmark.
-	templates *overlay.Templates
 }
 
 var _ hypervisor.Hypervisor = (*Driver)(nil)
@@ -82,7 +80,7 @@ func New(opts Options) (*Driver, error) {
 		}
 		*b.p = p
 	}
-	d := &Driver{opts: opts, templates: &overlay.Templates{QEMUImg: opts.QEMUImg}}
+	d := &Driver{opts: opts}
 	switch opts.Accel {
 	case "", AccelAuto:
 		d.accel, d.notice = accelProbe{sysRoot: "/", devKVM: "/dev/kvm"}.choose()
@@ -165,7 +163,7 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 				continue
 			}
 			if keyed {
-				err = d.templates.Create(ctx, dk.Path, formatOf(dk), ov, dk.SizeMB<<20, spec.DataKey)
+				err = overlay.CreateEncrypted(ctx, d.opts.QEMUImg, dk.Path, formatOf(dk), ov, dk.SizeMB<<20, spec.DataKey)
 			} else {
 				err = overlay.Create(ctx, d.opts.QEMUImg, dk.Path, formatOf(dk), ov, dk.SizeMB<<20)
 			}
@@ -489,16 +487,16 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 			ov := filepath.Join(clone.StateDir, fmt.Sprintf("disk%d.qcow2", i))
 			base := filepath.Join(dir, dk.Path)
 			if src := sourceDisk(snap, i); st.Encrypted && src != nil {
-				// Made from the template over the plain base (no PBKDF
-				// benchmark), and opened over the snapshot's disk in its
-				// place until detach has streamed that disk into it.
-				err = d.templates.Create(ctx, src.Path, formatOf(*src), ov, src.SizeMB<<20, spec.DataKey)
+				// Made over the plain base, and opened over the
+				// snapshot's disk in its place until detach has
+				// streamed that disk into it.
+				err = overlay.CreateEncrypted(ctx, d.opts.QEMUImg, src.Path, formatOf(*src), ov, src.SizeMB<<20, spec.DataKey)
 				if st.Backing == nil {
 					st.Backing = map[int]string{}
 				}
 				st.Backing[i] = base
 			} else if st.Encrypted {
-				err = overlay.CreateEncrypted(ctx, d.opts.QEMUImg, base, "qcow2", ov, 0, spec.DataKey, spec.SnapshotKey)
+				err = overlay.CreateEncrypted(ctx, d.opts.QEMUImg, base, "qcow2", ov, 0, spec.DataKey)
 			} else {
 				err = overlay.Create(ctx, d.opts.QEMUImg, base, "qcow2", ov, 0)
 			}

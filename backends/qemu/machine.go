@@ -509,7 +509,7 @@ func (m *machine) copyUnder(ctx context.Context, i int, dst string, key []byte) 
 		return hypervisor.Errorf(hypervisor.ErrUnsupported, "qemu: snapshot of writable disk %d: it is not an overlay", i)
 	}
 	src := m.st.Spec.Disks[i]
-	if err := m.d.templates.Create(ctx, src.Path, formatOf(src), dst, src.SizeMB<<20, key); err != nil {
+	if err := overlay.CreateEncrypted(ctx, m.d.opts.QEMUImg, src.Path, formatOf(src), dst, src.SizeMB<<20, key); err != nil {
 		return fmt.Errorf("qemu: snapshot disk %d: %w", i, err)
 	}
 	if err := qmp.CopyTop(ctx, m.exec, fmt.Sprintf("disk%d", i), dst, overlay.Passphrase(key), fmt.Sprintf("copy%d", i)); err != nil {

@@ -32,7 +32,7 @@ func testVolumes(t *testing.T, h Harness) {
 	base := baseDir(t)
 	key := newKey()
 	file := filepath.Join(base, "vol.qcow2")
-	if err := (&voldisk.Maker{Dir: base}).Create(ctx, file, 64<<20, key); err != nil {
+	if err := (&voldisk.Maker{}).Create(ctx, file, 64<<20, key); err != nil {
 		t.Fatal(err)
 	}
 	spec := h.Spec(t)

@@ -2,152 +2,41 @@ package overlay
 
 import (
 	"bytes"
-	"context"
 	"crypto/aes"
 	"crypto/pbkdf2"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
-	"sync"
 
 	"golang.org/x/crypto/xts"
 )
 
-// Making a LUKS overlay with qemu-img costs QEMU's PBKDF benchmark (about
-// 2.4 s here, and it fails now and then on kernels whose thread CPU clock
-// is coarse). For a passphrase that is itself a random 256-bit key the
-// stretching buys nothing, so Templates pays for qemu-img once per base
-// and size: it keeps that empty overlay in memory and gives every new
-// overlay a copy with a fresh LUKS header (a new master key, salts and
-// UUID, and key slot 0 under the new passphrase), written the way the
-// LUKS1 on-disk format specification says, with the layout (offsets,
-// stripes, cipher) qemu-img chose. No data was ever written under the
-// template's master key, and the copy keeps nothing of it.
+// qemu-img's create of a LUKS overlay runs QEMU's PBKDF benchmark (about
+// 2.4 CPU-s, and it fails now and then on kernels whose thread CPU clock
+// is coarse) to choose iteration counts. The passphrase here is itself a
+// random 256-bit key, so stretching buys nothing: the file is written
+// here instead, an empty qcow2 v3 image (QEMU's docs/interop/qcow2.txt)
+// laid out as qemu-img lays one out (header, refcount table, refcount
+// block, L1 table, then the LUKS header in the clusters after them), with
+// a LUKS1 header (the on-disk format specification) under a fresh master
+// key, key slot 0 opened by the passphrase at QEMU's minimum iterations.
 
-// Templates makes encrypted overlays from per-base templates.
-type Templates struct {
-	QEMUImg string
-
-	mu sync.Mutex
-	m  map[string]*template
-}
-
-type template struct {
-	data           []byte
-	hdrOff, hdrLen int64
-}
-
-// ErrTemplate reports a template this code cannot rewrite; the caller
-// makes the overlay with qemu-img instead.
-var ErrTemplate = errors.New("overlay: unexpected LUKS template")
-
-// Create makes an encrypted overlay like CreateEncrypted over a base that
-// is not itself encrypted.
-func (t *Templates) Create(ctx context.Context, base, baseFormat, path string, sizeBytes int64, key []byte) error {
-	tpl, err := t.get(ctx, base, baseFormat, filepath.Dir(path), sizeBytes)
-	if err == nil {
-		err = tpl.write(path, Passphrase(key))
-	}
-	if errors.Is(err, ErrTemplate) {
-		os.Remove(path)
-		return CreateEncrypted(ctx, t.QEMUImg, base, baseFormat, path, sizeBytes, key, nil)
-	}
-	return err
-}
-
-func (t *Templates) get(ctx context.Context, base, baseFormat, scratch string, sizeBytes int64) (*template, error) {
-	fi, err := os.Stat(base)
+// writeEncrypted writes the empty encrypted qcow2 image path (created
+// new: it must not exist) of virtual size bytes over backing (in
+// backingFormat; none if empty), opened by passphrase.
+func writeEncrypted(path, backing, backingFormat string, size int64, passphrase string) error {
+	img, err := encryptedImage(backing, backingFormat, size, passphrase)
 	if err != nil {
-		return nil, err
-	}
-	// A rebuilt base (new mtime or size) gets a new template.
-	id := fmt.Sprintf("%s\x00%s\x00%d\x00%d\x00%d", base, baseFormat, sizeBytes, fi.Size(), fi.ModTime().UnixNano())
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if tpl := t.m[id]; tpl != nil {
-		return tpl, nil
-	}
-	sum := sha256.Sum256([]byte(id))
-	kept := filepath.Join(filepath.Dir(base), "."+filepath.Base(base)+"."+hex.EncodeToString(sum[:8])+".luks-template")
-	tpl, err := loadTemplate(kept)
-	if err != nil {
-		if tpl, err = t.make(ctx, base, baseFormat, scratch, sizeBytes); err != nil {
-			return nil, err
-		}
-		keep(kept, tpl.data)
-	}
-	if t.m == nil {
-		t.m = map[string]*template{}
-	}
-	t.m[id] = tpl
-	return tpl, nil
-}
-
-// make has qemu-img make a template (the benchmark's cost).
-func (t *Templates) make(ctx context.Context, base, baseFormat, scratch string, sizeBytes int64) (*template, error) {
-	tmp := filepath.Join(scratch, "template-"+strconv.FormatInt(int64(len(t.m)), 10)+".qcow2")
-	throwaway := make([]byte, 32)
-	rand.Read(throwaway)
-	defer os.Remove(tmp)
-	if err := CreateEncrypted(ctx, t.QEMUImg, base, baseFormat, tmp, sizeBytes, throwaway, nil); err != nil {
-		return nil, err
-	}
-	return loadTemplate(tmp)
-}
-
-func loadTemplate(path string) (*template, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	off, l, err := cryptoHeader(data)
-	if err != nil {
-		return nil, err
-	}
-	return &template{data: data, hdrOff: off, hdrLen: l}, nil
-}
-
-// keep writes a template to path whole or not at all (processes may race
-// to: each writes an equally good one). A directory that cannot be
-// written keeps none.
-func keep(path string, data []byte) {
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync() // (renamed only once it is on disk whole)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-	}
-}
-
-// write writes a copy of the template with a fresh LUKS header for
-// passphrase, keeping the file sparse.
-func (tpl *template) write(path, passphrase string) error {
-	region := bytes.Clone(tpl.data[tpl.hdrOff : tpl.hdrOff+tpl.hdrLen])
-	if err := rekey(region, passphrase); err != nil {
 		return err
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
-	err = writeSparse(f, tpl.data, tpl.hdrOff, region)
+	err = writeSparse(f, img)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -157,9 +46,92 @@ func (tpl *template) write(path, passphrase string) error {
 	return err
 }
 
-// writeSparse writes data where it is not zero, then region (the new
-// header, the same length as the old) over the old one.
-func writeSparse(f *os.File, data []byte, regionOff int64, region []byte) error {
+// encryptedImage is the whole file writeEncrypted writes.
+func encryptedImage(backing, backingFormat string, size int64, passphrase string) ([]byte, error) {
+	be := binary.BigEndian
+	const (
+		cluster    = 1 << qcow2ClusterBits
+		l2Covers   = cluster * (cluster / 8) // what an L1 entry maps
+		luksLen    = luksPayloadSectors * luksSector
+		luksSpan   = (luksLen + cluster - 1) / cluster
+		refcounts  = cluster / 2 // 16-bit refcounts in one block
+		maxBacking = 1023        // QEMU's limit on a backing file name
+	)
+	if size <= 0 || size > 1<<50 {
+		return nil, fmt.Errorf("overlay: virtual size %d", size)
+	}
+	if len(backing) > maxBacking || (backing == "") != (backingFormat == "") {
+		return nil, fmt.Errorf("overlay: backing file %q (%q)", backing, backingFormat)
+	}
+	size = (size + luksSector - 1) &^ (luksSector - 1)
+	l1Size := (size + l2Covers - 1) / l2Covers
+	l1Off := int64(3 * cluster)
+	luksOff := l1Off + (l1Size*8+cluster-1)/cluster*cluster
+	clusters := luksOff/cluster + luksSpan
+	if clusters > refcounts {
+		return nil, fmt.Errorf("overlay: virtual size %d needs too large an L1 table", size)
+	}
+	img := make([]byte, clusters*cluster)
+
+	h := img[:cluster]
+	copy(h, qcow2Magic)
+	be.PutUint32(h[4:], 3)
+	be.PutUint32(h[20:], qcow2ClusterBits)
+	be.PutUint64(h[24:], uint64(size))
+	be.PutUint32(h[32:], qcow2CryptoLUKS)
+	be.PutUint32(h[36:], uint32(l1Size))
+	be.PutUint64(h[40:], uint64(l1Off))
+	be.PutUint64(h[48:], cluster) // the refcount table, one cluster
+	be.PutUint32(h[56:], 1)
+	be.PutUint32(h[96:], 4)            // refcount_order: 16-bit refcounts
+	be.PutUint32(h[100:], qcow2HdrLen) // (with the compression type, zlib)
+	p := qcow2HdrLen
+	ext := func(typ uint32, data []byte) {
+		be.PutUint32(h[p:], typ)
+		be.PutUint32(h[p+4:], uint32(len(data)))
+		copy(h[p+8:], data)
+		p += 8 + (len(data)+7)&^7
+	}
+	if backing != "" {
+		ext(extBackingFormat, []byte(backingFormat))
+	}
+	fde := make([]byte, 16)
+	be.PutUint64(fde, uint64(luksOff))
+	be.PutUint64(fde[8:], luksLen)
+	ext(extCryptoHeader, fde)
+	ext(0, nil)
+	if backing != "" {
+		be.PutUint64(h[8:], uint64(p))
+		be.PutUint32(h[16:], uint32(len(backing)))
+		copy(h[p:], backing)
+	}
+
+	be.PutUint64(img[cluster:], 2*cluster) // the table's one block
+	for i := range clusters {
+		be.PutUint16(img[2*cluster+2*i:], 1) // every cluster of the file is used once
+	}
+
+	l := img[luksOff : luksOff+luksLen]
+	copy(l, luksMagic)
+	be.PutUint16(l[6:], 1)
+	copy(l[8:], "aes")
+	copy(l[40:], "xts-plain64")
+	copy(l[72:], "sha256")
+	be.PutUint32(l[104:], luksPayloadSectors)
+	be.PutUint32(l[108:], luksKeyBytes)
+	for i := range 8 {
+		s := l[208+48*i:]
+		be.PutUint32(s[40:], uint32(luksSlotsStart+i*luksSlotSectors))
+		be.PutUint32(s[44:], luksStripes)
+	}
+	if err := rekey(l, passphrase); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// writeSparse writes data where it is not zero.
+func writeSparse(f *os.File, data []byte) error {
 	const block = 64 << 10
 	zero := make([]byte, block)
 	for off := 0; off < len(data); off += block {
@@ -171,50 +143,31 @@ func writeSparse(f *os.File, data []byte, regionOff int64, region []byte) error 
 			return err
 		}
 	}
-	if _, err := f.WriteAt(region, regionOff); err != nil {
-		return err
-	}
 	return f.Truncate(int64(len(data)))
 }
 
 // qcow2 and LUKS1 layout constants.
 const (
-	qcow2Magic       = "QFI\xfb"
-	qcow2CryptoLUKS  = 2
-	extCryptoHeader  = 0x0537be77
-	luksMagic        = "LUKS\xba\xbe"
-	luksHeaderSize   = 592
-	luksSlotEnabled  = 0x00AC71F3
-	luksSlotDisabled = 0x0000DEAD
-	luksSector       = 512
-	luksIters        = 1000 // QEMU's minimum; see the comment on Templates
+	qcow2Magic         = "QFI\xfb"
+	qcow2ClusterBits   = 16
+	qcow2HdrLen        = 112
+	qcow2CryptoLUKS    = 2
+	extBackingFormat   = 0xe2792aca
+	extCryptoHeader    = 0x0537be77
+	luksMagic          = "LUKS\xba\xbe"
+	luksHeaderSize     = 592
+	luksSlotEnabled    = 0x00AC71F3
+	luksSlotDisabled   = 0x0000DEAD
+	luksSector         = 512
+	luksKeyBytes       = 64 // AES-256 in XTS mode
+	luksStripes        = 4000
+	luksSlotsStart     = 8   // sectors: the header, aligned to 4 KiB
+	luksSlotSectors    = 504 // a slot's key material (64 x 4000), aligned to 4 KiB
+	luksPayloadSectors = luksSlotsStart + 8*luksSlotSectors
+	luksIters          = 1000 // QEMU's minimum; see writeEncrypted
 )
 
-// cryptoHeader finds the LUKS header region of a qcow2 v3 image.
-func cryptoHeader(b []byte) (off, length int64, err error) {
-	be := binary.BigEndian
-	if len(b) < 104 || string(b[:4]) != qcow2Magic || be.Uint32(b[4:]) != 3 || be.Uint32(b[32:]) != qcow2CryptoLUKS {
-		return 0, 0, fmt.Errorf("%w: not a LUKS qcow2 v3 image", ErrTemplate)
-	}
-	p := int(be.Uint32(b[100:])) // header_length
-	for p+8 <= len(b) && p < 1<<16 {
-		typ, l := be.Uint32(b[p:]), int(be.Uint32(b[p+4:]))
-		if typ == 0 {
-			break
-		}
-		if typ == extCryptoHeader && l == 16 && p+24 <= len(b) {
-			off, length = int64(be.Uint64(b[p+8:])), int64(be.Uint64(b[p+16:]))
-			if off <= 0 || length < luksHeaderSize || off+length > int64(len(b)) {
-				break
-			}
-			return off, length, nil
-		}
-		p += 8 + (l+7)&^7
-	}
-	return 0, 0, fmt.Errorf("%w: no crypto header extension", ErrTemplate)
-}
-
-// rekey rewrites a LUKS1 header region in place: new master key, digest,
+// rekey fills in a LUKS1 header region in place: new master key, digest,
 // salts and UUID; slot 0 opened by passphrase; the other slots disabled.
 func rekey(region []byte, passphrase string) error {
 	be := binary.BigEndian
@@ -222,7 +175,7 @@ func rekey(region []byte, passphrase string) error {
 	str := func(b []byte) string { return string(bytes.TrimRight(b, "\x00")) }
 	if string(h[:6]) != luksMagic || be.Uint16(h[6:]) != 1 || str(h[8:40]) != "aes" ||
 		str(h[40:72]) != "xts-plain64" || str(h[72:104]) != "sha256" || be.Uint32(h[108:]) != 64 {
-		return fmt.Errorf("%w: want LUKS1 aes-xts-plain64 sha256 with a 512-bit key", ErrTemplate)
+		return errors.New("overlay: want LUKS1 aes-xts-plain64 sha256 with a 512-bit key")
 	}
 	slot := func(i int) []byte { return h[208+48*i : 208+48*(i+1)] }
 	s0 := slot(0)
@@ -231,7 +184,7 @@ func rekey(region []byte, passphrase string) error {
 	material := keyLen * stripes
 	padded := (material + luksSector - 1) / luksSector * luksSector
 	if stripes != 4000 || keyOff < luksHeaderSize || keyOff+int64(padded) > int64(len(region)) {
-		return fmt.Errorf("%w: key slot 0 layout", ErrTemplate)
+		return errors.New("overlay: key slot 0 layout")
 	}
 
 	mk := random(keyLen)

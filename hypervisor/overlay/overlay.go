@@ -7,9 +7,11 @@ package overlay
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -43,65 +45,74 @@ func Create(ctx context.Context, qemuImg, base, baseFormat, path string, sizeByt
 	return nil
 }
 
-// CreateEncrypted makes a LUKS-encrypted qcow2 overlay at path over base:
-// what the guest writes is encrypted under key, the base stays plain and
-// shared. baseKey opens a base that is itself encrypted (a snapshot's
-// disk), or is nil.
-//
-// The passphrase is a random 256-bit key, so PBKDF stretching adds no
-// strength: iter-time is the minimum, which keeps every open fast.
-func CreateEncrypted(ctx context.Context, qemuImg, base, baseFormat, path string, sizeBytes int64, key, baseKey []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
+// CreateEncrypted makes a LUKS-encrypted qcow2 overlay at path over base
+// (in baseFormat): what the guest writes is encrypted under key, the base
+// stays as it is and shared. Its virtual size is sizeBytes, or the base's
+// if that is larger. A base that is itself encrypted (a snapshot's disk)
+// is not opened: the VMM opens it with its own key. With no base (""),
+// path is an empty encrypted disk of sizeBytes. The file is written here,
+// not by qemu-img (see writeEncrypted); qemuImg only measures a base of a
+// format other than raw and qcow2.
+func CreateEncrypted(ctx context.Context, qemuImg, base, baseFormat, path string, sizeBytes int64, key []byte) error {
 	if len(key) != hypervisor.KeySize {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "overlay: key of %d bytes", len(key))
 	}
-	// The size is given and the backing not opened (-u): an encrypted
-	// backing would need its key just to be measured.
-	baseSize, err := VirtualSize(ctx, qemuImg, base, baseFormat)
-	if err != nil {
-		return err
+	size := sizeBytes
+	if base != "" {
+		baseSize, err := VirtualSize(ctx, qemuImg, base, baseFormat)
+		if err != nil {
+			return err
+		}
+		size = max(size, baseSize)
 	}
-	size := max(sizeBytes, baseSize)
-	err = RunKeyed(ctx, qemuImg, key, func(sec []string) []string {
-		return append(append([]string{"create"}, sec...), "-q", "-f", "qcow2", "-u", "-F", baseFormat, "-b", base,
-			"-o", "encrypt.format=luks,encrypt.key-secret=key,encrypt.iter-time=1", path, strconv.FormatInt(size, 10))
-	})
-	if err != nil {
-		os.Remove(path)
+	if err := writeEncrypted(path, base, baseFormat, size, Passphrase(key)); err != nil {
 		return fmt.Errorf("encrypted overlay of %s: %w", base, err)
 	}
 	return nil
 }
 
 // RunKeyed runs qemu-img with key as the secret "key" (args gets the
-// secret's arguments and returns the command line after "qemu-img"),
-// again while QEMU's PBKDF benchmark flakes (Retryable), at most 8 times
-// more.
+// secret's arguments and returns the command line after "qemu-img").
 func RunKeyed(ctx context.Context, qemuImg string, key []byte, args func(sec []string) []string) error {
-	for attempt := 0; ; attempt++ {
-		var sec Secrets
-		if err := sec.Add("key", key); err != nil {
-			return err
-		}
-		cmd := exec.CommandContext(ctx, qemuImg, args(sec.Args())...)
-		sec.Apply(cmd)
-		out, err := cmd.CombinedOutput()
-		sec.Close()
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, exec.ErrNotFound) {
-			return hypervisor.Errorf(hypervisor.ErrUnavailable, "%s not found", qemuImg)
-		}
-		if !Retryable(out) || attempt == 8 || ctx.Err() != nil {
-			return fmt.Errorf("qemu-img %s: %w: %s", args(nil)[0], err, bytes.TrimSpace(out))
-		}
+	var sec Secrets
+	if err := sec.Add("key", key); err != nil {
+		return err
 	}
+	defer sec.Close()
+	cmd := exec.CommandContext(ctx, qemuImg, args(sec.Args())...)
+	sec.Apply(cmd)
+	out, err := cmd.CombinedOutput()
+	if errors.Is(err, exec.ErrNotFound) {
+		return hypervisor.Errorf(hypervisor.ErrUnavailable, "%s not found", qemuImg)
+	}
+	if err != nil {
+		return fmt.Errorf("qemu-img %s: %w: %s", args(nil)[0], err, bytes.TrimSpace(out))
+	}
+	return nil
 }
 
-// VirtualSize is a disk image's size as the guest sees it.
+// VirtualSize is a disk image's size as the guest sees it: read from the
+// file for raw and qcow2 images, from qemu-img info for others.
 func VirtualSize(ctx context.Context, qemuImg, path, format string) (int64, error) {
+	switch format {
+	case "raw":
+		fi, err := os.Stat(path)
+		if err != nil {
+			return 0, err
+		}
+		return fi.Size(), nil
+	case "qcow2":
+		f, err := os.Open(path)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		var h [32]byte
+		if _, err := io.ReadFull(f, h[:]); err != nil || string(h[:4]) != qcow2Magic {
+			return 0, fmt.Errorf("%s: not a qcow2 image (%v)", path, err)
+		}
+		return int64(binary.BigEndian.Uint64(h[24:])), nil
+	}
 	out, err := exec.CommandContext(ctx, qemuImg, "info", "--output=json", "-f", format, path).Output()
 	if err != nil {
 		return 0, fmt.Errorf("qemu-img info %s: %w", path, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -67,6 +68,27 @@ func qemuIO(t *testing.T, path string, key, backingKey []byte, cmd string) ([]by
 	return c.CombinedOutput()
 }
 
+// qemuImgKeyed runs qemu-img's subcommand on an encrypted image opened
+// with its key (and its backing's).
+func qemuImgKeyed(t *testing.T, qemuImg, path string, key, backingKey []byte, sub string) ([]byte, error) {
+	t.Helper()
+	var sec Secrets
+	defer sec.Close()
+	if err := sec.Add("k", key); err != nil {
+		t.Fatal(err)
+	}
+	opts := "driver=qcow2,file.filename=" + path + ",encrypt.key-secret=k"
+	if backingKey != nil {
+		if err := sec.Add("b", backingKey); err != nil {
+			t.Fatal(err)
+		}
+		opts += ",backing.encrypt.key-secret=b"
+	}
+	c := exec.Command(qemuImg, append(append([]string{sub}, sec.Args()...), "--image-opts", opts)...)
+	sec.Apply(c)
+	return c.CombinedOutput()
+}
+
 func TestCreateEncrypted(t *testing.T) {
 	qemuImg := needQEMUIO(t)
 	ctx := context.Background()
@@ -77,7 +99,7 @@ func TestCreateEncrypted(t *testing.T) {
 	}
 	key, other := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
 	ov := filepath.Join(dir, "ov.qcow2")
-	if err := CreateEncrypted(ctx, qemuImg, base, "raw", ov, 16<<20, key, nil); err != nil {
+	if err := CreateEncrypted(ctx, qemuImg, base, "raw", ov, 16<<20, key); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := VirtualSize(ctx, qemuImg, ov, "qcow2"); err != nil || got != 16<<20 {
@@ -100,7 +122,7 @@ func TestCreateEncrypted(t *testing.T) {
 	// A clone's overlay over the encrypted one (a snapshot's disk) is under
 	// the clone's own key and needs both keys.
 	clone := filepath.Join(dir, "clone.qcow2")
-	if err := CreateEncrypted(ctx, qemuImg, ov, "qcow2", clone, 0, other, key); err != nil {
+	if err := CreateEncrypted(ctx, qemuImg, ov, "qcow2", clone, 0, other); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := qemuIO(t, clone, other, key, "read -P 0x43 0 1M"); err != nil {
@@ -109,14 +131,17 @@ func TestCreateEncrypted(t *testing.T) {
 	if out, err := qemuIO(t, clone, other, other, "read 0 4k"); err == nil {
 		t.Fatalf("clone opened with a wrong backing key: %s", out)
 	}
-	if err := CreateEncrypted(ctx, qemuImg, base, "raw", filepath.Join(dir, "short.qcow2"), 0, key[:16], nil); err == nil {
+	if err := CreateEncrypted(ctx, qemuImg, base, "raw", filepath.Join(dir, "short.qcow2"), 0, key[:16]); err == nil {
 		t.Fatal("a short key was accepted")
 	}
 }
 
-// TestTemplates: overlays made from a template open under their own key
-// only, with QEMU's own LUKS code (qemu-io), and share nothing secret.
-func TestTemplates(t *testing.T) {
+// TestEncryptedImages: the files CreateEncrypted writes itself are what
+// QEMU expects (qemu-img check finds nothing wrong: header, refcounts, L1),
+// open under their own key only with QEMU's own LUKS code (qemu-io), share
+// nothing secret, and come in every shape asked for: over a raw base,
+// over an encrypted one, with no base, small and large.
+func TestEncryptedImages(t *testing.T) {
 	qemuImg := needQEMUIO(t)
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -124,19 +149,36 @@ func TestTemplates(t *testing.T) {
 	if err := os.WriteFile(base, bytes.Repeat([]byte{0x42}, 8<<20), 0o444); err != nil {
 		t.Fatal(err)
 	}
-	tpl := &Templates{QEMUImg: qemuImg}
-	k1, k2 := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	check := func(path, format string, want int64, key, backingKey []byte) {
+		t.Helper()
+		if out, err := qemuImgKeyed(t, qemuImg, path, key, backingKey, "check"); err != nil || !bytes.Contains(out, []byte("No errors were found")) {
+			t.Fatalf("qemu-img check %s: %v\n%s", path, err, out)
+		}
+		var info struct {
+			VirtualSize   int64  `json:"virtual-size"`
+			Encrypted     bool   `json:"encrypted"`
+			BackingFormat string `json:"backing-filename-format"`
+		}
+		out, err := exec.Command(qemuImg, "info", "--output=json", "-f", "qcow2", path).Output()
+		if err != nil || json.Unmarshal(out, &info) != nil || info.VirtualSize != want || !info.Encrypted || info.BackingFormat != format {
+			t.Fatalf("qemu-img info %s: %v\n%s", path, err, out)
+		}
+		if got, err := VirtualSize(ctx, qemuImg, path, "qcow2"); err != nil || got != want {
+			t.Fatalf("VirtualSize %s: %d %v, want %d", path, got, err, want)
+		}
+	}
+	k1, k2, k3 := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32), bytes.Repeat([]byte{3}, 32)
 	a, b := filepath.Join(dir, "a.qcow2"), filepath.Join(dir, "b.qcow2")
-	if err := tpl.Create(ctx, base, "raw", a, 16<<20, k1); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	if err := tpl.Create(ctx, base, "raw", b, 16<<20, k2); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("second overlay from the template in %v", time.Since(start))
-	if got, err := VirtualSize(ctx, qemuImg, b, "qcow2"); err != nil || got != 16<<20 {
-		t.Fatalf("virtual size %d (%v)", got, err)
+	for _, c := range []struct {
+		path string
+		key  []byte
+	}{{a, k1}, {b, k2}} {
+		start := time.Now()
+		if err := CreateEncrypted(ctx, qemuImg, base, "raw", c.path, 16<<20, c.key); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s written in %v", c.path, time.Since(start))
+		check(c.path, "raw", 16<<20, c.key, nil)
 	}
 	for _, c := range []struct {
 		path     string
@@ -158,8 +200,12 @@ func TestTemplates(t *testing.T) {
 		if bytes.Contains(raw, bytes.Repeat([]byte("C"), 64)) {
 			t.Fatalf("%s holds the guest's data in plain text", c.path)
 		}
+		// What QEMU wrote into it left it consistent.
+		if out, err := qemuImgKeyed(t, qemuImg, c.path, c.key, nil, "check"); err != nil {
+			t.Fatalf("qemu-img check %s after writes: %v\n%s", c.path, err, out)
+		}
 	}
-	// Two overlays of one template share no key material.
+	// Two overlays share no key material.
 	ra, _ := os.ReadFile(a)
 	rb, _ := os.ReadFile(b)
 	off, _, err := cryptoHeader(ra)
@@ -167,40 +213,46 @@ func TestTemplates(t *testing.T) {
 		t.Fatal(err)
 	}
 	slot0 := off + int64(binary.BigEndian.Uint32(ra[off+208+40:]))*512
-	if bytes.Equal(ra[off+112:off+132], rb[off+112:off+132]) || bytes.Equal(ra[slot0:slot0+512], rb[slot0:slot0+512]) {
-		t.Error("two overlays share a master key digest or key material")
-	}
-	if fi, _ := os.Stat(b); fi.Size() > 64<<20 {
-		t.Errorf("the copy is %d bytes", fi.Size())
-	}
-	if _, _, err := cryptoHeader([]byte("QFI\xfb not really")); !errors.Is(err, ErrTemplate) {
-		t.Errorf("garbage: %v", err)
+	if bytes.Equal(ra[off+112:off+132], rb[off+112:off+132]) || bytes.Equal(ra[slot0:slot0+512], rb[slot0:slot0+512]) ||
+		bytes.Equal(ra[off+168:off+208], rb[off+168:off+208]) {
+		t.Error("two overlays share a master key digest, key material or a UUID")
 	}
 
-	// Another process (a restarted plugin, another engine) finds the
-	// template kept beside the base: no qemu-img (none here) to run.
-	kept, _ := filepath.Glob(filepath.Join(dir, ".base.raw.*.luks-template"))
-	if len(kept) != 1 {
-		t.Fatalf("templates kept beside the base: %v", kept)
-	}
+	// Over an encrypted base (a snapshot's disk): the base is not opened
+	// to make it, and the overlay reads through to it with both keys.
 	c := filepath.Join(dir, "c.qcow2")
-	if err := (&Templates{QEMUImg: filepath.Join(dir, "no-qemu-img")}).Create(ctx, base, "raw", c, 16<<20, k1); err != nil {
-		t.Fatalf("from the kept template: %v", err)
-	}
-	if out, err := qemuIO(t, c, k1, nil, "read -P 0x42 0 1M"); err != nil {
-		t.Fatalf("the overlay from the kept template: %v: %s", err, out)
-	}
-	// A kept file that is not a template is made again.
-	os.WriteFile(kept[0], []byte("QFI\xfb not really"), 0o600)
-	d := filepath.Join(dir, "d.qcow2")
-	if err := (&Templates{QEMUImg: qemuImg}).Create(ctx, base, "raw", d, 16<<20, k2); err != nil {
+	if err := CreateEncrypted(ctx, qemuImg, a, "qcow2", c, 0, k3); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := qemuIO(t, d, k2, nil, "read -P 0x42 0 1M"); err != nil {
-		t.Fatalf("the overlay after a bad kept template: %v: %s", err, out)
+	check(c, "qcow2", 16<<20, k3, k1)
+	if out, err := qemuIO(t, c, k3, k1, "read -P 0x43 4M 1M"); err != nil {
+		t.Fatalf("through to the encrypted base: %v: %s", err, out)
 	}
-	if _, err := loadTemplate(kept[0]); err != nil {
-		t.Errorf("the bad kept template was not replaced: %v", err)
+
+	// No base: an empty disk, of a size that needs more than one L1
+	// entry (each maps 512 MiB), written to at its far end.
+	d := filepath.Join(dir, "d.qcow2")
+	if err := CreateEncrypted(ctx, qemuImg, "", "", d, 5<<30, k1); err != nil {
+		t.Fatal(err)
+	}
+	check(d, "", 5<<30, k1, nil)
+	if out, err := qemuIO(t, d, k1, nil, "write -P 0x44 4607M 1M"); err != nil {
+		t.Fatalf("write at the end: %v: %s", err, out)
+	}
+	if out, err := qemuIO(t, d, k1, nil, "read -P 0 0 1M"); err != nil {
+		t.Fatalf("an empty disk reads zeros: %v: %s", err, out)
+	}
+	if fi, _ := os.Stat(d); fi.Size() > 8<<20 {
+		t.Errorf("the empty disk is %d bytes", fi.Size())
+	}
+	if err := CreateEncrypted(ctx, qemuImg, "", "", d, 16<<20, k1); err == nil {
+		t.Error("an existing file was overwritten")
+	}
+	if err := CreateEncrypted(ctx, qemuImg, filepath.Join(dir, "missing"), "raw", filepath.Join(dir, "e.qcow2"), 0, k1); err == nil {
+		t.Error("an overlay of a missing base was made")
+	}
+	if _, _, err := cryptoHeader([]byte("QFI\xfb not really")); err == nil {
+		t.Error("garbage has a crypto header")
 	}
 }
 
@@ -215,4 +267,28 @@ func needQEMUIO(t *testing.T) string {
 		t.Skip("qemu-io is not installed (make deps installs qemu-utils)")
 	}
 	return qemuImg
+}
+
+// cryptoHeader finds the LUKS header region of a qcow2 v3 image.
+func cryptoHeader(b []byte) (off, length int64, err error) {
+	be := binary.BigEndian
+	if len(b) < 104 || string(b[:4]) != qcow2Magic || be.Uint32(b[4:]) != 3 || be.Uint32(b[32:]) != qcow2CryptoLUKS {
+		return 0, 0, errors.New("not a LUKS qcow2 v3 image")
+	}
+	p := int(be.Uint32(b[100:])) // header_length
+	for p+8 <= len(b) && p < 1<<16 {
+		typ, l := be.Uint32(b[p:]), int(be.Uint32(b[p+4:]))
+		if typ == 0 {
+			break
+		}
+		if typ == extCryptoHeader && l == 16 && p+24 <= len(b) {
+			off, length = int64(be.Uint64(b[p+8:])), int64(be.Uint64(b[p+16:]))
+			if off <= 0 || length < luksHeaderSize || off+length > int64(len(b)) {
+				break
+			}
+			return off, length, nil
+		}
+		p += 8 + (l+7)&^7
+	}
+	return 0, 0, errors.New("no crypto header extension")
 }

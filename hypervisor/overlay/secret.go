@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 )
 
 // Secrets hands keys to one QEMU process (qemu-img or the VMM) through
@@ -56,10 +55,4 @@ func (s *Secrets) Close() {
 		f.Close()
 	}
 	s.files = nil
-}
-
-// Retryable reports qemu-img's flaky PBKDF benchmark: it measures thread
-// CPU time, which on some kernels reads 0 for a short run.
-func Retryable(out []byte) bool {
-	return strings.Contains(string(out), "Unable to get accurate CPU usage")
 }

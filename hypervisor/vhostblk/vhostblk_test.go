@@ -162,7 +162,7 @@ func TestServeEncryptedOverlay(t *testing.T) {
 	ctx := context.Background()
 	key := newKey()
 	ov := filepath.Join(dir, "ov.qcow2")
-	if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", ov, 16<<20, key, nil); err != nil {
+	if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", ov, 16<<20, key); err != nil {
 		t.Fatal(err)
 	}
 	disk := vhostblk.Disk{Path: ov, Format: "qcow2", Encrypted: true, Backing: base, BackingFormat: "raw"}
@@ -216,7 +216,7 @@ func TestServeEncryptedOverlay(t *testing.T) {
 	var snap string
 	for _, name := range []string{"snap1.qcow2", "snap.qcow2"} {
 		snap = filepath.Join(dir, name)
-		if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", snap, 16<<20, snapKey, nil); err != nil {
+		if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", snap, 16<<20, snapKey); err != nil {
 			t.Fatal(err)
 		}
 		if err := found.Backup(ctx, 0, snap, snapKey); err != nil {
@@ -244,7 +244,7 @@ func TestServeEncryptedOverlay(t *testing.T) {
 	// that copy in; then the clone needs neither the copy nor its key.
 	cloneKey := newKey()
 	clone := filepath.Join(dir, "clone.qcow2")
-	if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", clone, 16<<20, cloneKey, nil); err != nil {
+	if err := overlay.CreateEncrypted(ctx, "qemu-img", base, "raw", clone, 16<<20, cloneKey); err != nil {
 		t.Fatal(err)
 	}
 	csrv, err := vhostblk.Start(ctx, vhostblk.Options{Dir: filepath.Join(dir, "c"), DataKey: cloneKey, BackingKey: snapKey,

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -48,21 +47,13 @@ func or(s, def string) string {
 	return s
 }
 
-// Maker makes volume files. Making a LUKS file with qemu-img costs
-// QEMU's PBKDF benchmark, which fails now and then on kernels whose
-// thread CPU clock is coarse; a Maker pays it once (overlay.Templates:
-// an empty encrypted file is kept in memory and each new file is a copy
-// with a fresh LUKS header under its own key).
+// Maker makes volume files.
 type Maker struct {
 	Tools Tools
-	// Dir holds the Maker's own files (an empty base for its template).
-	Dir string
-	tpl overlay.Templates
 }
 
-// templateSize is the template's virtual size; a new file is grown from
-// it to the size asked.
-const templateSize = 16 << 20
+// minSize is the smallest volume.
+const minSize = 16 << 20
 
 // Create makes the volume file path, sizeBytes large, holding an empty
 // ext4 filesystem, encrypted under key. The filesystem is made in a
@@ -73,35 +64,19 @@ func (m *Maker) Create(ctx context.Context, path string, sizeBytes int64, key []
 	if len(key) != hypervisor.KeySize {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "voldisk: key of %d bytes", len(key))
 	}
-	if sizeBytes < templateSize {
+	if sizeBytes < minSize {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "voldisk: a volume is at least 16 MiB")
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	if err := overlay.CreateEncrypted(ctx, m.Tools.qemuImg(), "", "", path, sizeBytes, key); err != nil {
+		return fmt.Errorf("voldisk: %w", err)
+	}
 	defer func() {
 		if err != nil {
 			os.Remove(path)
 		}
 	}()
-	// An empty encrypted file: the template's copy, over a base of zeros
-	// that is then dropped (nothing was written over it, so the file
-	// reads the same without it), grown to the size asked.
-	zero, err := m.zeroBase()
-	if err != nil {
-		return err
-	}
-	m.tpl.QEMUImg = m.Tools.qemuImg()
-	if err := m.tpl.Create(ctx, zero, "raw", path, templateSize, key); err != nil {
-		return fmt.Errorf("voldisk: %w", err)
-	}
-	if err := qemuImg(ctx, m.Tools, key, func(sec []string) []string {
-		return append(append([]string{"rebase"}, sec...), "-u", "-b", "", "--image-opts", imageOpts(path))
-	}); err != nil {
-		return err
-	}
-	if err := Grow(ctx, m.Tools, path, sizeBytes, key); err != nil {
-		return err
-	}
 	scratch := path + ".mkfs"
 	defer os.Remove(scratch)
 	f, err := os.OpenFile(scratch, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -124,25 +99,6 @@ func (m *Maker) Create(ctx context.Context, path string, sizeBytes int64, key []
 	return qemuImg(ctx, m.Tools, key, func(sec []string) []string {
 		return append(append([]string{"convert"}, sec...), "-q", "-n", "-f", "raw", scratch, "--target-image-opts", imageOpts(path))
 	})
-}
-
-// zeroBase is a sparse file of zeros, templateSize long, made once.
-func (m *Maker) zeroBase() (string, error) {
-	p := filepath.Join(m.Dir, ".zero.raw")
-	if fi, err := os.Stat(p); err == nil && fi.Size() == templateSize {
-		return p, nil
-	}
-	if err := os.MkdirAll(m.Dir, 0o700); err != nil {
-		return "", fmt.Errorf("voldisk: %w", err)
-	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, nil, 0o600); err != nil {
-		return "", fmt.Errorf("voldisk: %w", err)
-	}
-	if err := os.Truncate(tmp, templateSize); err != nil {
-		return "", fmt.Errorf("voldisk: %w", err)
-	}
-	return p, os.Rename(tmp, p)
 }
 
 // imageOpts opens the encrypted file path with the secret "key".
@@ -172,7 +128,7 @@ func qemuImg(ctx context.Context, t Tools, key []byte, args func(sec []string) [
 // the same key): what is written to it from then on leaves base as it
 // was.
 func Layer(ctx context.Context, t Tools, base, path string, key []byte) error {
-	return overlay.CreateEncrypted(ctx, t.qemuImg(), base, "qcow2", path, 0, key, key)
+	return overlay.CreateEncrypted(ctx, t.qemuImg(), base, "qcow2", path, 0, key)
 }
 
 // Fold folds the layers of a volume into its first file: chain is the

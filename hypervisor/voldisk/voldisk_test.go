@@ -25,7 +25,7 @@ func TestCreateGrow(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "v.qcow2")
-	m := &voldisk.Maker{Dir: filepath.Join(dir, "maker")}
+	m := &voldisk.Maker{}
 	key := make([]byte, hypervisor.KeySize)
 	rand.Read(key)
 	if err := m.Create(ctx, path, 64<<20, key[:16]); !errors.Is(err, hypervisor.ErrInvalid) {
@@ -37,11 +37,10 @@ func TestCreateGrow(t *testing.T) {
 	if err := m.Create(ctx, path, 64<<20, key); err != nil {
 		t.Fatal(err)
 	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
-		t.Errorf("files left: %v, want only the volume and the maker's directory", ents)
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("files left: %v, want only the volume", ents)
 	}
-	// A second one is another file under another key (the template's
-	// copy has its own header).
+	// A second one is another file under another key.
 	path2 := filepath.Join(dir, "v2.qcow2")
 	key2 := make([]byte, hypervisor.KeySize)
 	rand.Read(key2)
@@ -87,7 +86,7 @@ func TestLayerFold(t *testing.T) {
 	key := make([]byte, hypervisor.KeySize)
 	rand.Read(key)
 	base, l1, l2 := filepath.Join(dir, "v.qcow2"), filepath.Join(dir, "v.1.qcow2"), filepath.Join(dir, "v.2.qcow2")
-	if err := (&voldisk.Maker{Dir: filepath.Join(dir, "m")}).Create(ctx, base, 32<<20, key); err != nil {
+	if err := (&voldisk.Maker{}).Create(ctx, base, 32<<20, key); err != nil {
 		t.Fatal(err)
 	}
 	if err := voldisk.Layer(ctx, voldisk.Tools{}, base, l1, key); err != nil {
