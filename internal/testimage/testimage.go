@@ -134,14 +134,39 @@ func Package(t testing.TB, pkg, name string) string {
 
 func build(t testing.TB, name string) string { return buildPkg(t, "./cmd/"+name, name) }
 
+// made remembers what this test process built or found: the go command
+// costs about half a CPU-second even when it has nothing to do, and each
+// end-to-end test asks for three programs and two images. What it built
+// does not change during a run.
+var made struct {
+	sync.Mutex
+	bins   map[string]string       // package and name -> path
+	images map[string]images.Image // name -> image
+}
+
+// buildPkg builds pkg as name once per process (the caller holds the
+// "lock" lock).
 func buildPkg(t testing.TB, pkg, name string) string {
-	out := filepath.Join(CacheDir(t), "bin", name)
+	key := pkg + " " + name
+	made.Lock()
+	out, ok := made.bins[key]
+	made.Unlock()
+	if ok {
+		return out
+	}
+	out = filepath.Join(CacheDir(t), "bin", name)
 	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", out, pkg)
 	cmd.Dir = Root(t)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("testimage: build %s: %v\n%s", name, err, b)
 	}
+	made.Lock()
+	if made.bins == nil {
+		made.bins = map[string]string{}
+	}
+	made.bins[key] = out
+	made.Unlock()
 	return out
 }
 
@@ -149,6 +174,12 @@ func buildPkg(t testing.TB, pkg, name string) string {
 // "code-interpreter") with a freshly built agent.
 func Image(t testing.TB, name string) images.Image {
 	t.Helper()
+	made.Lock()
+	img, ok := made.images[name]
+	made.Unlock()
+	if ok {
+		return img
+	}
 	agent := agentCopy(t)
 	unlock := lock(t, imageLock(name))
 	defer unlock()
@@ -169,6 +200,12 @@ func Image(t testing.TB, name string) images.Image {
 	if d := time.Since(start); d > time.Second {
 		t.Logf("built %s image in %v", name, d.Round(time.Millisecond))
 	}
+	made.Lock()
+	if made.images == nil {
+		made.images = map[string]images.Image{}
+	}
+	made.images[name] = img
+	made.Unlock()
 	return img
 }
 
