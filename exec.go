@@ -1,11 +1,11 @@
 package harebox
 
 import (
-	"bytes"
 	"context"
 	"io"
 
 	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/commands"
 	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets/sandboxkeys"
@@ -26,15 +26,6 @@ func (e *Engine) running(ctx context.Context, id string) (*box, error) {
 	return b, nil
 }
 
-// agentFor authorizes action on a sandbox and returns it, running, with a
-// live connection to its agent.
-func (e *Engine) agentFor(ctx context.Context, action, id string) (*box, *agentclient.Client, error) {
-	if err := e.check(ctx, action, id); err != nil {
-		return nil, nil, err
-	}
-	return e.connect(ctx, id)
-}
-
 // connect returns a running sandbox and a live connection to its agent
 // (the caller has authorized the call).
 func (e *Engine) connect(ctx context.Context, id string) (*box, *agentclient.Client, error) {
@@ -47,17 +38,6 @@ func (e *Engine) connect(ctx context.Context, id string) (*box, *agentclient.Cli
 		return nil, nil, err
 	}
 	return b, c, nil
-}
-
-// execTarget validates an exec request and finds where it runs.
-func (e *Engine) execTarget(ctx context.Context, action, id string, r *sandbox.ExecRequest) (*box, *agentclient.Client, error) {
-	if err := e.check(ctx, action, id); err != nil {
-		return nil, nil, err
-	}
-	if err := r.Check(); err != nil {
-		return nil, nil, err
-	}
-	return e.connect(ctx, id)
 }
 
 // agentRequest merges the sandbox's environment under the request's.
@@ -78,51 +58,42 @@ func (b *box) agentRequest(r *sandbox.ExecRequest) agentclient.ExecRequest {
 	return ar
 }
 
+// Foreground commands are package commands': it authorizes, audits and
+// records each in its sandbox's history, and runs it through the
+// sandbox's agent, which the engine lends it (commandView). The methods
+// below are the library's names for its calls.
+
+// Commands runs foreground commands in the sandboxes, for the principal
+// in the context.
+func (e *Engine) Commands() *commands.Service { return e.commands }
+
+// commandView implements commands.Sandboxes.
+type commandView struct{ sandboxView }
+
+func (v commandView) Running(ctx context.Context, id string) (*commands.Sandbox, error) {
+	b, c, err := v.e.connect(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &commands.Sandbox{Agent: c, Request: b.agentRequest, History: b.historyRef()}, nil
+}
+
 // Exec runs a command and waits for it. Output beyond the engine's cap is
 // dropped and flagged.
-func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (_ *sandbox.ExecResult, err error) {
-	defer e.audited(ctx, "exec", id, &err)
-	b, c, err := e.execTarget(ctx, "exec", id, &r)
-	if err != nil {
-		return nil, err
-	}
-	var stdin io.Reader
-	if r.Stdin != nil {
-		stdin = bytes.NewReader(r.Stdin)
-	}
-	started := e.opts.Now()
-	res, err := c.Exec(ctx, b.agentRequest(&r), stdin)
-	if err != nil {
-		return nil, err
-	}
-	out := res.Result()
-	e.history.Record(ctx, b.historyRef(), "exec", &r, started, out)
-	return out, nil
+func (e *Engine) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
+	return e.commands.Exec(ctx, id, r)
 }
 
 // ExecStream runs a command and writes its output as it comes. Stdin, if
 // not nil, is fed to the command.
-func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (_ *sandbox.ExecResult, err error) {
-	defer e.audited(ctx, "execStream", id, &err)
-	b, c, err := e.execTarget(ctx, "execStream", id, &r)
-	if err != nil {
-		return nil, err
-	}
-	if stdin == nil && r.Stdin != nil {
-		stdin = bytes.NewReader(r.Stdin)
-	}
-	started := e.opts.Now()
-	ho, he, stdout, stderr := history.Writers(stdout, stderr)
-	st, err := c.ExecStream(ctx, b.agentRequest(&r), agentclient.ExecIO{Stdin: stdin, Stdout: stdout, Stderr: stderr})
-	if err != nil {
-		return nil, err
-	}
-	out := agentclient.ExecResult{ExitStatus: st}.Result()
-	kept := *out
-	kept.Stdout, kept.StdoutTruncated = string(ho.Bytes()), ho.Truncated()
-	kept.Stderr, kept.StderrTruncated = string(he.Bytes()), he.Truncated()
-	e.history.Record(ctx, b.historyRef(), "stream", &r, started, &kept)
-	return out, nil
+func (e *Engine) ExecStream(ctx context.Context, id string, r sandbox.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error) {
+	return e.commands.Stream(ctx, id, r, stdin, stdout, stderr)
+}
+
+// Shell runs r as an interactive session whose input streams, on a
+// terminal or not (commands.Service.Shell says how each behaves).
+func (e *Engine) Shell(ctx context.Context, id string, r sandbox.ExecRequest, term *sandbox.Terminal, stdin io.Reader, stdout, stderr io.Writer) (*sandbox.ExecResult, error) {
+	return e.commands.Shell(ctx, id, r, term, stdin, stdout, stderr)
 }
 
 // dataKey returns a sandbox's data key for its history: the live box's,

@@ -28,8 +28,10 @@ import (
 	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/codeinterp"
+	"github.com/harebox/harebox/commands"
 	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/events"
+	"github.com/harebox/harebox/files"
 	"github.com/harebox/harebox/firewall/credproxy"
 	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/history"
@@ -82,6 +84,8 @@ type Engine struct {
 	monitor     *monitor.Service
 	processes   *processes.Service
 	code        *codeinterp.Service
+	files       *files.Service
+	commands    *commands.Service
 	audit       *audit.Log
 	urls        *ingress.Service
 	hosts       *cluster.Registry
@@ -194,6 +198,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.urlCalls = ingress.NewCalls(e.urls, sandboxView{e}, e.tenants, al)
 	e.code = codeinterp.NewService(codeinterp.ServiceOptions{Sandboxes: codeView{sandboxView{e}}, History: e.history, Audit: al,
 		Client: codeinterp.Options{MaxOutput: opts.MaxOutputBytes}, Now: opts.Now})
+	e.commands = commands.New(commands.Options{Sandboxes: commandView{sandboxView{e}}, History: e.history, Audit: al, Now: opts.Now})
+	e.files = files.New(files.Options{Sandboxes: fileView{sandboxView{e}}, Audit: al, MaxFileBytes: opts.MaxFileBytes})
 	e.processes = processes.New(e.ctx, processes.Options{Sandboxes: sandboxView{e}, History: e.history, Audit: al, MaxOutputBytes: opts.MaxOutputBytes, Log: e.log})
 	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
 	e.budgets.Audit = al
