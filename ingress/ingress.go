@@ -112,7 +112,7 @@ type Service struct {
 	byPort map[target]*entry
 	conns  sync.Map // net.Conn -> *conn, while open
 
-	bg      context.Context // outlives calls: issuers' key fetches
+	bg      context.Context // outlives calls: issuers' discovery
 	client  *http.Client    // to OpenID Connect issuers
 	issuers issuers
 	signIns signIns

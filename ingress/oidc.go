@@ -17,8 +17,9 @@ import (
 
 // OpenID Connect: a URL with auth oidc takes an ID token as a bearer
 // token, checked by the maintained go-oidc library against its issuer's
-// discovery document and keys (fetched once, cached, and fetched again
-// when a token names a key not seen yet: the issuer's key rotation).
+// discovery document and keys (a keySet: fetched once, cached, and
+// fetched again when a token names a key not seen yet: the issuer's key
+// rotation).
 
 // checkRule checks an oidc URL's rule beyond its field tags.
 func checkRule(r *sandbox.OIDCRule) error {
@@ -37,10 +38,12 @@ func checkRule(r *sandbox.OIDCRule) error {
 
 // issuer is one OpenID Connect issuer's provider, made on first use.
 type issuer struct {
-	mu  sync.Mutex
-	p   *oidc.Provider
-	err error
-	at  time.Time // of the last failed discovery
+	mu   sync.Mutex
+	p    *oidc.Provider
+	keys *keySet
+	algs []string // the signing algorithms it names
+	err  error
+	at   time.Time // of the last failed discovery
 }
 
 // issuers caches providers by issuer URL.
@@ -53,16 +56,26 @@ type issuers struct {
 const retryDiscovery = 10 * time.Second
 
 func (s *Service) verifier(rule *sandbox.OIDCRule) (*oidc.IDTokenVerifier, error) {
-	p, err := s.provider(rule)
+	is, err := s.issuer(rule)
 	if err != nil {
 		return nil, err
 	}
-	return p.Verifier(&oidc.Config{ClientID: rule.Audience, Now: s.opts.Now}), nil
+	return oidc.NewVerifier(rule.Issuer, is.keys, &oidc.Config{
+		ClientID: rule.Audience, Now: s.opts.Now, SupportedSigningAlgs: is.algs}), nil
 }
 
 // provider returns the rule's issuer's provider, discovering it on first
 // use.
 func (s *Service) provider(rule *sandbox.OIDCRule) (*oidc.Provider, error) {
+	is, err := s.issuer(rule)
+	if err != nil {
+		return nil, err
+	}
+	return is.p, nil
+}
+
+// issuer returns the rule's issuer, discovered on first use.
+func (s *Service) issuer(rule *sandbox.OIDCRule) (*issuer, error) {
 	s.issuers.mu.Lock()
 	if s.issuers.m == nil {
 		s.issuers.m = map[string]*issuer{}
@@ -79,16 +92,19 @@ func (s *Service) provider(rule *sandbox.OIDCRule) (*oidc.Provider, error) {
 		if is.err != nil && s.opts.Now().Sub(is.at) < retryDiscovery {
 			return nil, is.err
 		}
-		// The provider keeps its context to fetch keys later: the
-		// service's, with the issuers' client.
 		p, err := oidc.NewProvider(oidc.ClientContext(s.bg, s.client), rule.Issuer)
+		var keys *keySet
+		var algs []string
+		if err == nil {
+			keys, algs, err = s.keysOf(p)
+		}
 		if err != nil {
 			is.err, is.at = err, s.opts.Now()
 			return nil, err
 		}
-		is.p, is.err = p, nil
+		is.p, is.keys, is.algs, is.err = p, keys, algs, nil
 	}
-	return is.p, nil
+	return is, nil
 }
 
 // claims are what a rule looks at besides the subject.

@@ -32,6 +32,7 @@ type testIssuer struct {
 	mu   sync.Mutex
 	keys map[string]*ecdsa.PrivateKey // published
 	down bool
+	gets int // of the keys
 	// The sign-in: who the next browser signs in as (its claims), and
 	// the codes given out, with what the token request must match.
 	user  map[string]any
@@ -90,6 +91,7 @@ func newIssuer(t *testing.T) *testIssuer {
 			json.NewEncoder(w).Encode(map[string]any{"access_token": "at", "token_type": "Bearer", "expires_in": 3600,
 				"id_token": signWith(is.keys[kid], kid, is.srv.URL, claims)})
 		case "/keys":
+			is.gets++
 			var set jose.JSONWebKeySet
 			for id, k := range is.keys {
 				set.Keys = append(set.Keys, jose.JSONWebKey{Key: &k.PublicKey, KeyID: id, Algorithm: "ES256", Use: "sig"})
@@ -222,11 +224,44 @@ func TestOIDC(t *testing.T) {
 		}
 	}
 
-	// The issuer rotates its key: tokens under the new key work at once.
+	// A forged token under a key the issuer has does not make the keys
+	// fetched again; one under a key it does not have does.
+	gets := func() int { is.mu.Lock(); defer is.mu.Unlock(); return is.gets }
+	before := gets()
+	if resp, _ := f.get(t, u, "/", bearer(sign(t, other, "k1", is.srv.URL, nil))); resp.StatusCode != 401 || gets() != before {
+		t.Errorf("a forged token under a known key: %d, keys fetched %d times", resp.StatusCode, gets()-before)
+	}
+	if resp, _ := f.get(t, u, "/", bearer(sign(t, other, "k9", is.srv.URL, nil))); resp.StatusCode != 401 || gets() != before+1 {
+		t.Errorf("a forged token under an unknown key: %d, keys fetched %d times", resp.StatusCode, gets()-before)
+	}
+
+	// The issuer rotates its key: tokens under the new key work at once,
+	// right after a fetch (go-oidc's own key set could hand such a token
+	// the keys of the fetch that had just finished), and tokens that
+	// arrive together fetch the keys once.
 	k2 := is.key("k2")
 	is.drop("k1")
-	if resp, _ := f.get(t, u, "/", bearer(sign(t, k2, "k2", is.srv.URL, nil))); resp.StatusCode != 200 {
-		t.Errorf("after the issuer's key rotation: %d", resp.StatusCode)
+	before = gets()
+	var wg sync.WaitGroup
+	codes := make(chan int, 8)
+	for range 8 {
+		wg.Go(func() {
+			resp, _ := f.get(t, u, "/", bearer(sign(t, k2, "k2", is.srv.URL, nil)))
+			codes <- resp.StatusCode
+		})
+	}
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != 200 {
+			t.Errorf("after the issuer's key rotation: %d", c)
+		}
+	}
+	if n := gets() - before; n < 1 || n > 2 {
+		t.Errorf("8 tokens under a new key fetched the keys %d times", n)
+	}
+	if resp, _ := f.get(t, u, "/", bearer(sign(t, k1, "k1", is.srv.URL, nil))); resp.StatusCode != 401 {
+		t.Errorf("a token under the dropped key: %d", resp.StatusCode)
 	}
 }
 
