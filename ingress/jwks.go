@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"sync"
 	"time"
@@ -17,7 +18,9 @@ import (
 
 // keySet is an issuer's signing keys, fetched from its jwks_uri on first
 // use and again when a token names a key this set does not have (the
-// issuer's key rotation).
+// issuer's key rotation), or when one does not verify under the key it
+// names and the keys are over a minute old (an issuer that kept a key's
+// name for a new key), or when they are over an hour old.
 //
 // It stands in for go-oidc's RemoteKeySet, which can answer a token that
 // arrives just as a refetch finishes with the keys from before that
@@ -26,17 +29,28 @@ import (
 type keySet struct {
 	url    string
 	client *http.Client
+	now    func() time.Time
 
 	fetch sync.Mutex // one fetch at a time
 
 	mu      sync.Mutex
 	keys    []jose.JSONWebKey
-	started uint64 // fetches started
-	from    uint64 // the fetch keys came from
+	fetched time.Time // when keys were fetched
+	started uint64    // fetches started
+	from    uint64    // the fetch keys came from
 }
 
-// maxKeySet bounds an issuer's key set document.
-const maxKeySet = 1 << 20
+const (
+	// maxKeySet bounds an issuer's key set document.
+	maxKeySet = 1 << 20
+	// keysRecheck is how old the keys must be before a token that does
+	// not verify under the key it names makes them fetched again: a
+	// forger cannot make the host ask more often than that.
+	keysRecheck = time.Minute
+	// keysMaxAge is how long keys are used without asking again: a key
+	// the issuer withdrew is not trusted for longer.
+	keysMaxAge = time.Hour
+)
 
 // signingAlgs are the algorithms an ID token may be signed with: those
 // go-oidc's verifier knows.
@@ -56,15 +70,17 @@ func (k *keySet) VerifySignature(ctx context.Context, raw string) ([]byte, error
 	}
 	kid := jws.Signatures[0].Header.KeyID
 	k.mu.Lock()
-	keys, arrived := k.keys, k.started
+	keys, arrived, age := k.keys, k.started, k.now().Sub(k.fetched)
 	k.mu.Unlock()
+	if age > keysMaxAge {
+		keys = nil
+	}
 	payload, known := verifyWith(jws, keys, kid)
 	if payload != nil {
 		return payload, nil
 	}
-	if known {
-		// A key the issuer has, and the token does not verify under it:
-		// fetching again would not help, and a forger could not make us.
+	if known && age < keysRecheck {
+		// A key the issuer has, and the token does not verify under it.
 		return nil, errors.New("bad signature")
 	}
 	if err := k.refresh(ctx, arrived); err != nil {
@@ -113,7 +129,7 @@ func (k *keySet) refresh(ctx context.Context, arrived uint64) error {
 		return err
 	}
 	k.mu.Lock()
-	k.keys, k.from = keys, n
+	k.keys, k.from, k.fetched = keys, n, k.now()
 	k.mu.Unlock()
 	return nil
 }
@@ -126,6 +142,7 @@ func (k *keySet) get(ctx context.Context) ([]jose.JSONWebKey, error) {
 	if err != nil {
 		return nil, err
 	}
+	req.Header.Set("Cache-Control", "no-cache") // a rotation is what made us ask
 	resp, err := k.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("fetch the issuer's keys: %w", err)
@@ -141,11 +158,22 @@ func (k *keySet) get(ctx context.Context) ([]jose.JSONWebKey, error) {
 	if len(body) > maxKeySet {
 		return nil, fmt.Errorf("the issuer's key set is over %d bytes", maxKeySet)
 	}
-	var set jose.JSONWebKeySet
+	var set struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
 	if err := json.Unmarshal(body, &set); err != nil {
 		return nil, fmt.Errorf("the issuer's key set: %w", err)
 	}
-	return set.Keys, nil
+	// A key of a kind go-jose does not know is skipped, not the set
+	// (RFC 7517 section 5): an issuer may publish keys for others too.
+	var keys []jose.JSONWebKey
+	for _, raw := range set.Keys {
+		var key jose.JSONWebKey
+		if json.Unmarshal(raw, &key) == nil && key.Valid() && key.IsPublic() {
+			keys = append(keys, key)
+		}
+	}
+	return keys, nil
 }
 
 // keysOf is p's keySet and the signing algorithms it names that go-oidc
@@ -158,11 +186,14 @@ func (s *Service) keysOf(p *oidc.Provider) (*keySet, []string, error) {
 	if err := p.Claims(&meta); err != nil || meta.JWKS == "" {
 		return nil, nil, errors.New("the issuer's discovery document names no jwks_uri")
 	}
+	if u, err := url.Parse(meta.JWKS); err != nil || u.Scheme != "https" || u.Host == "" {
+		return nil, nil, fmt.Errorf("the issuer's jwks_uri %q is not an https URL", meta.JWKS)
+	}
 	var algs []string
 	for _, a := range meta.Algs {
 		if slices.Contains(signingAlgs, jose.SignatureAlgorithm(a)) {
 			algs = append(algs, a)
 		}
 	}
-	return &keySet{url: meta.JWKS, client: s.client}, algs, nil
+	return &keySet{url: meta.JWKS, client: s.client, now: s.opts.Now}, algs, nil
 }

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -96,7 +97,10 @@ func newIssuer(t *testing.T) *testIssuer {
 			for id, k := range is.keys {
 				set.Keys = append(set.Keys, jose.JSONWebKey{Key: &k.PublicKey, KeyID: id, Algorithm: "ES256", Use: "sig"})
 			}
-			json.NewEncoder(w).Encode(set)
+			// With a key of a kind go-jose does not know, which a
+			// verifier skips (RFC 7517 section 5).
+			doc, _ := json.Marshal(set)
+			w.Write(bytes.Replace(doc, []byte(`"keys":[`), []byte(`"keys":[{"kty":"XYZ","kid":"for-others"},`), 1))
 		default:
 			http.NotFound(w, r)
 		}
@@ -290,6 +294,50 @@ func TestOIDCIssuerDown(t *testing.T) {
 	now = now.Add(retryDiscovery)
 	if resp, _ := f.get(t, u, "/", tok); resp.StatusCode != 200 {
 		t.Errorf("issuer back: %d", resp.StatusCode)
+	}
+}
+
+// TestOIDCKeyAge: a token that does not verify under the key it names
+// makes the keys fetched again once they are a minute old (an issuer that
+// gave a new key the old one's name), and keys over an hour old are not
+// used without asking (a key the issuer withdrew).
+func TestOIDCKeyAge(t *testing.T) {
+	is := newIssuer(t)
+	old := is.key("k")
+	f := newFixture(t, false)
+	f.svc.client = is.srv.Client()
+	now := time.Now()
+	f.svc.opts.Now = func() time.Time { return now }
+	u, err := f.svc.Create(context.Background(), owner, sandbox.URLRequest{Port: 9000, Auth: "oidc",
+		OIDC: &sandbox.OIDCRule{Issuer: is.srv.URL, Audience: "app", Subjects: []string{"alice"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(k *ecdsa.PrivateKey, kid string) int {
+		tok := sign(t, k, kid, is.srv.URL, map[string]any{"iat": now.Unix(), "exp": now.Add(time.Hour).Unix()})
+		resp, _ := f.get(t, u, "/", http.Header{"Authorization": {"Bearer " + tok}})
+		return resp.StatusCode
+	}
+	if got := status(old, "k"); got != 200 {
+		t.Fatalf("a good token: %d", got)
+	}
+	renamed := is.key("k") // a new key under the old one's name
+	if got := status(renamed, "k"); got != 401 {
+		t.Errorf("a new key under a known name, keys just fetched: %d, want 401", got)
+	}
+	now = now.Add(keysRecheck)
+	if got := status(renamed, "k"); got != 200 {
+		t.Errorf("a new key under a known name, keys a minute old: %d, want 200", got)
+	}
+	withdrawn := renamed
+	is.drop("k")
+	is.key("j")
+	if got := status(withdrawn, "k"); got != 200 {
+		t.Errorf("a withdrawn key, keys fresh: %d (they are used until they are old)", got)
+	}
+	now = now.Add(keysMaxAge + time.Second)
+	if got := status(withdrawn, "k"); got != 401 {
+		t.Errorf("a withdrawn key, keys over an hour old: %d, want 401", got)
 	}
 }
 
