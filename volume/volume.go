@@ -108,6 +108,14 @@ func New(o Options) *Service {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
+	if o.Dir != "" {
+		// What earlier versions kept here to copy new volume files from
+		// (an empty base and its encrypted template) is no longer used.
+		old, _ := filepath.Glob(filepath.Join(o.Dir, "..zero.raw.*.luks-template"))
+		for _, p := range append(old, filepath.Join(o.Dir, ".zero.raw")) {
+			os.Remove(p)
+		}
+	}
 	return &Service{o: o, maker: &voldisk.Maker{Tools: o.Tools}, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx })}
 }
 

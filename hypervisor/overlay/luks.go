@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 
@@ -124,7 +123,7 @@ func encryptedImage(backing, backingFormat string, size int64, passphrase string
 		be.PutUint32(s[40:], uint32(luksSlotsStart+i*luksSlotSectors))
 		be.PutUint32(s[44:], luksStripes)
 	}
-	if err := rekey(l, passphrase); err != nil {
+	if err := keys(l, passphrase); err != nil {
 		return nil, err
 	}
 	return img, nil
@@ -164,28 +163,21 @@ const (
 	luksSlotsStart     = 8   // sectors: the header, aligned to 4 KiB
 	luksSlotSectors    = 504 // a slot's key material (64 x 4000), aligned to 4 KiB
 	luksPayloadSectors = luksSlotsStart + 8*luksSlotSectors
-	luksIters          = 1000 // QEMU's minimum; see writeEncrypted
+	luksIters          = 1000 // QEMU's minimum: see the top of this file
 )
 
-// rekey fills in a LUKS1 header region in place: new master key, digest,
-// salts and UUID; slot 0 opened by passphrase; the other slots disabled.
-func rekey(region []byte, passphrase string) error {
+// keys fills in region's LUKS1 header (laid out by encryptedImage): a
+// new master key, its digest, salts and UUID; slot 0 opened by
+// passphrase; the other slots disabled.
+func keys(region []byte, passphrase string) error {
 	be := binary.BigEndian
 	h := region[:luksHeaderSize]
-	str := func(b []byte) string { return string(bytes.TrimRight(b, "\x00")) }
-	if string(h[:6]) != luksMagic || be.Uint16(h[6:]) != 1 || str(h[8:40]) != "aes" ||
-		str(h[40:72]) != "xts-plain64" || str(h[72:104]) != "sha256" || be.Uint32(h[108:]) != 64 {
-		return errors.New("overlay: want LUKS1 aes-xts-plain64 sha256 with a 512-bit key")
-	}
 	slot := func(i int) []byte { return h[208+48*i : 208+48*(i+1)] }
 	s0 := slot(0)
-	keyOff, stripes := int64(be.Uint32(s0[40:]))*luksSector, int(be.Uint32(s0[44:]))
-	const keyLen = 64
+	const keyLen, stripes = luksKeyBytes, luksStripes
+	keyOff := int64(luksSlotsStart * luksSector)
 	material := keyLen * stripes
 	padded := (material + luksSector - 1) / luksSector * luksSector
-	if stripes != 4000 || keyOff < luksHeaderSize || keyOff+int64(padded) > int64(len(region)) {
-		return errors.New("overlay: key slot 0 layout")
-	}
 
 	mk := random(keyLen)
 	mkSalt := random(32)

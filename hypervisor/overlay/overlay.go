@@ -96,11 +96,12 @@ func RunKeyed(ctx context.Context, qemuImg string, key []byte, args func(sec []s
 func VirtualSize(ctx context.Context, qemuImg, path, format string) (int64, error) {
 	switch format {
 	case "raw":
-		fi, err := os.Stat(path)
+		f, err := os.Open(path)
 		if err != nil {
 			return 0, err
 		}
-		return fi.Size(), nil
+		defer f.Close()
+		return f.Seek(0, io.SeekEnd) // (a block device's size too)
 	case "qcow2":
 		f, err := os.Open(path)
 		if err != nil {
@@ -108,11 +109,16 @@ func VirtualSize(ctx context.Context, qemuImg, path, format string) (int64, erro
 		}
 		defer f.Close()
 		var h [32]byte
-		if _, err := io.ReadFull(f, h[:]); err != nil || string(h[:4]) != qcow2Magic {
-			return 0, fmt.Errorf("%s: not a qcow2 image (%v)", path, err)
+		if _, err := io.ReadFull(f, h[:]); err != nil {
+			return 0, fmt.Errorf("%s: read its qcow2 header: %w", path, err)
+		}
+		if string(h[:4]) != qcow2Magic {
+			return 0, fmt.Errorf("%s: not a qcow2 image", path)
 		}
 		return int64(binary.BigEndian.Uint64(h[24:])), nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	out, err := exec.CommandContext(ctx, qemuImg, "info", "--output=json", "-f", format, path).Output()
 	if err != nil {
 		return 0, fmt.Errorf("qemu-img info %s: %w", path, err)
