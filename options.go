@@ -11,6 +11,7 @@ import (
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/capacity"
 	"github.com/harebox/harebox/clone"
+	"github.com/harebox/harebox/files"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
@@ -185,7 +186,7 @@ func (o *Options) defaults() error {
 		o.BootTimeout = 3 * time.Minute
 	}
 	if o.MaxFileBytes == 0 {
-		o.MaxFileBytes = 256 << 20
+		o.MaxFileBytes = files.DefaultMaxFileBytes
 	}
 	if o.MaxOutputBytes == 0 {
 		o.MaxOutputBytes = 8 << 20

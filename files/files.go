@@ -56,16 +56,25 @@ type Auditor interface {
 type Options struct {
 	Sandboxes Sandboxes
 	Audit     Auditor
-	// MaxFileBytes bounds one file written or read.
+	// MaxFileBytes bounds one file written or read; default
+	// DefaultMaxFileBytes.
 	MaxFileBytes int64
 }
+
+// DefaultMaxFileBytes is Options.MaxFileBytes's default.
+const DefaultMaxFileBytes = 256 << 20
 
 // Service reads and writes the sandboxes' files. It is safe for
 // concurrent use.
 type Service struct{ o Options }
 
 // New returns a Service.
-func New(o Options) *Service { return &Service{o: o} }
+func New(o Options) *Service {
+	if o.MaxFileBytes <= 0 {
+		o.MaxFileBytes = DefaultMaxFileBytes
+	}
+	return &Service{o: o}
+}
 
 // audited records, when a call ends, what the principal in ctx did to
 // sandbox id (and how it ended) in the audit log.
