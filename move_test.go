@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/hypervisor/memhv"
@@ -499,5 +501,61 @@ func TestMoveKeepsSite(t *testing.T) {
 	}
 	if res, err := b.eng.Move(ctx, inCountry, "a"); err != nil || res.Sandbox.Site != (sandbox.Site{Name: "fra", Country: "DE"}) {
 		t.Fatalf("the move back: %+v %v", res, err)
+	}
+}
+
+// TestMoveKeepsCountry: a sandbox created to run in a country does not
+// move to a host in another one (refused through the REST API too, with
+// 400 naming both), and one created to run anywhere does, and reports its
+// new host's site.
+func TestMoveKeepsCountry(t *testing.T) {
+	a, _, _ := movingHostsAt(t, map[string]sandbox.Site{"a": {Name: "fra", Country: "DE"}, "b": {Name: "ams", Country: "NL"}})
+	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
+	inCountry, err := a.eng.Create(ctx, sandbox.CreateRequest{Country: "DE"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.eng.Move(ctx, inCountry.ID, "b"); !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), "country DE") || !strings.Contains(err.Error(), "site ams (NL)") {
+		t.Fatalf("a move out of the country asked for: %v", err)
+	}
+
+	keyDir := t.TempDir()
+	key, keyPath, _, err := api.LoadOrCreateRootKey(keyDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootKey, err := os.ReadFile(keyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := api.New(api.Options{Engine: a.eng, Auth: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	req, _ := http.NewRequest("POST", hs.URL+"/v1/sandboxes/"+inCountry.ID+"/move", strings.NewReader(`{"to": "b"}`))
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(rootKey)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "country DE") {
+		t.Fatalf("the move through the REST API: %d %s", resp.StatusCode, body)
+	}
+	if got, err := a.eng.Get(ctx, inCountry.ID); err != nil || got.Host != "a" || got.State != sandbox.StateRunning {
+		t.Fatalf("after the refused moves: %+v %v, want running on a", got, err)
+	}
+
+	anywhere, err := a.eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := a.eng.Move(ctx, anywhere.ID, "b")
+	if err != nil || res.Sandbox.Host != "b" || res.Sandbox.Site != (sandbox.Site{Name: "ams", Country: "NL"}) {
+		t.Fatalf("a move of one that asked for nothing: %+v %v, want on b in site ams (NL)", res, err)
 	}
 }
