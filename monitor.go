@@ -39,10 +39,6 @@ func (s sandboxView) Monitored(ctx context.Context, fn func(vm hypervisor.Machin
 	}
 }
 
-// diskUse is what the files in a directory take on the host's disk
-// (monitor.DiskUse: a sandbox's sample measures it the same way).
-func diskUse(dir string) int64 { return monitor.DiskUse(dir) }
-
 // purgeRetention applies every account's retention now: its command
 // history, and its monitoring samples, kept as long as history.
 func (e *Engine) purgeRetention(ctx context.Context) {
