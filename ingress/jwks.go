@@ -18,9 +18,11 @@ import (
 
 // keySet is an issuer's signing keys, fetched from its jwks_uri on first
 // use and again when a token names a key this set does not have (the
-// issuer's key rotation), or when one does not verify under the key it
-// names and the keys are over a minute old (an issuer that kept a key's
-// name for a new key), or when they are over an hour old.
+// issuer's key rotation; such fetches go one at a time), or when one does
+// not verify under the key it names and the keys are over a minute old
+// (an issuer that kept a key's name for a new key), or when they are over
+// an hour old. While the issuer cannot be asked, the keys it gave last
+// still count.
 //
 // It stands in for go-oidc's RemoteKeySet, which can answer a token that
 // arrives just as a refetch finishes with the keys from before that
@@ -31,7 +33,11 @@ type keySet struct {
 	client *http.Client
 	now    func() time.Time
 
-	fetch sync.Mutex // one fetch at a time
+	fetch  sync.Mutex // one fetch at a time; it guards failed too
+	failed struct {
+		at  time.Time // of the last failed fetch
+		err error
+	}
 
 	mu      sync.Mutex
 	keys    []jose.JSONWebKey
@@ -45,7 +51,8 @@ const (
 	maxKeySet = 1 << 20
 	// keysRecheck is how old the keys must be before a token that does
 	// not verify under the key it names makes them fetched again: a
-	// forger cannot make the host ask more often than that.
+	// forger naming a key the issuer has cannot make the host ask more
+	// often than that.
 	keysRecheck = time.Minute
 	// keysMaxAge is how long keys are used without asking again: a key
 	// the issuer withdrew is not trusted for longer.
@@ -70,8 +77,9 @@ func (k *keySet) VerifySignature(ctx context.Context, raw string) ([]byte, error
 	}
 	kid := jws.Signatures[0].Header.KeyID
 	k.mu.Lock()
-	keys, arrived, age := k.keys, k.started, k.now().Sub(k.fetched)
+	last, arrived, age := k.keys, k.started, k.now().Sub(k.fetched)
 	k.mu.Unlock()
+	keys := last
 	if age > keysMaxAge {
 		keys = nil
 	}
@@ -84,6 +92,11 @@ func (k *keySet) VerifySignature(ctx context.Context, raw string) ([]byte, error
 		return nil, errors.New("bad signature")
 	}
 	if err := k.refresh(ctx, arrived); err != nil {
+		if keys == nil { // (too old to use while the issuer answers)
+			if payload, _ := verifyWith(jws, last, kid); payload != nil {
+				return payload, nil
+			}
+		}
 		return nil, err
 	}
 	k.mu.Lock()
@@ -124,10 +137,15 @@ func (k *keySet) refresh(ctx context.Context, arrived uint64) error {
 	k.started++
 	n := k.started
 	k.mu.Unlock()
-	keys, err := k.get(ctx)
+	if k.failed.err != nil && k.now().Sub(k.failed.at) < retryDiscovery {
+		return k.failed.err // (not asked again at once: each ask may take 10 s)
+	}
+	keys, err := k.get(context.WithoutCancel(ctx)) // (a caller that leaves does not fail the others)
 	if err != nil {
+		k.failed.at, k.failed.err = k.now(), err
 		return err
 	}
+	k.failed.err = nil
 	k.mu.Lock()
 	k.keys, k.from, k.fetched = keys, n, k.now()
 	k.mu.Unlock()

@@ -331,13 +331,25 @@ func TestOIDCKeyAge(t *testing.T) {
 	}
 	withdrawn := renamed
 	is.drop("k")
-	is.key("j")
+	j := is.key("j")
 	if got := status(withdrawn, "k"); got != 200 {
 		t.Errorf("a withdrawn key, keys fresh: %d (they are used until they are old)", got)
 	}
 	now = now.Add(keysMaxAge + time.Second)
 	if got := status(withdrawn, "k"); got != 401 {
 		t.Errorf("a withdrawn key, keys over an hour old: %d, want 401", got)
+	}
+	// The issuer goes down: the keys it gave last still count, however
+	// old.
+	is.mu.Lock()
+	is.down = true
+	is.mu.Unlock()
+	now = now.Add(keysMaxAge + time.Second)
+	if got := status(j, "j"); got != 200 {
+		t.Errorf("the issuer down, its last keys over an hour old: %d, want 200", got)
+	}
+	if got := status(withdrawn, "k"); got != 401 {
+		t.Errorf("the issuer down, a key it withdrew: %d, want 401", got)
 	}
 }
 
