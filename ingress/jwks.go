@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"context"
+	"crypto/rsa"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,19 +11,27 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-oidc/v3/oidc"
 	jose "github.com/go-jose/go-jose/v4"
 )
 
-// keySet is an issuer's signing keys, fetched from its jwks_uri on first
-// use and again when a token names a key this set does not have (the
-// issuer's key rotation; such fetches go one at a time), or when one does
-// not verify under the key it names and the keys are over a minute old
-// (an issuer that kept a key's name for a new key), or when they are over
-// an hour old. While the issuer cannot be asked, the keys it gave last
-// still count.
+// keySet is an issuer's signing keys, fetched from its jwks_uri:
+//   - on first use, and when they are over an hour old (a key the issuer
+//     withdrew is not trusted for longer while the issuer answers);
+//   - when a token names a key the set does not have (the issuer's key
+//     rotation), or does not verify under the key it names (an issuer
+//     that reused a key's name), unless the keys were fetched less than
+//     keysMinGap ago (or keysRecheck, for a name the set has): tokens
+//     that name keys at random cannot make the host ask the issuer more
+//     often;
+//   - one fetch at a time, and not again for 10 s after one failed.
+//
+// While the issuer cannot be asked, the keys it gave last count for up
+// to a day, and a token they do not verify is answered 503 (down), not
+// 401.
 //
 // It stands in for go-oidc's RemoteKeySet, which can answer a token that
 // arrives just as a refetch finishes with the keys from before that
@@ -38,26 +47,33 @@ type keySet struct {
 		at  time.Time // of the last failed fetch
 		err error
 	}
+	down atomic.Bool // the last fetch failed
 
 	mu      sync.Mutex
 	keys    []jose.JSONWebKey
 	fetched time.Time // when keys were fetched
-	started uint64    // fetches started
-	from    uint64    // the fetch keys came from
 }
 
 const (
-	// maxKeySet bounds an issuer's key set document.
-	maxKeySet = 1 << 20
-	// keysRecheck is how old the keys must be before a token that does
-	// not verify under the key it names makes them fetched again: a
-	// forger naming a key the issuer has cannot make the host ask more
-	// often than that.
+	// maxKeySet bounds an issuer's key set document, maxKeys the keys
+	// kept of it, and maxRSABits an RSA key's size (a token is tried
+	// against each key it may be under).
+	maxKeySet  = 1 << 20
+	maxKeys    = 100
+	maxRSABits = 8192
+	// keysMinGap is how old the keys must be before a token they do not
+	// verify makes them fetched again; keysRecheck, when the token names
+	// a key the set has.
+	keysMinGap  = 5 * time.Second
 	keysRecheck = time.Minute
-	// keysMaxAge is how long keys are used without asking again: a key
-	// the issuer withdrew is not trusted for longer.
+	// keysMaxAge is how long keys are used without asking again;
+	// keysGrace, while the issuer cannot be asked.
 	keysMaxAge = time.Hour
+	keysGrace  = 24 * time.Hour
 )
+
+// errKeysDown is a token the keys could not be fetched for.
+var errKeysDown = errors.New("the issuer's keys cannot be fetched")
 
 // signingAlgs are the algorithms an ID token may be signed with: those
 // go-oidc's verifier knows.
@@ -76,36 +92,38 @@ func (k *keySet) VerifySignature(ctx context.Context, raw string) ([]byte, error
 		return nil, errors.New("want one signature")
 	}
 	kid := jws.Signatures[0].Header.KeyID
-	k.mu.Lock()
-	last, arrived, age := k.keys, k.started, k.now().Sub(k.fetched)
-	k.mu.Unlock()
-	keys := last
-	if age > keysMaxAge {
-		keys = nil
-	}
-	payload, known := verifyWith(jws, keys, kid)
-	if payload != nil {
-		return payload, nil
-	}
-	if known && age < keysRecheck {
-		// A key the issuer has, and the token does not verify under it.
-		return nil, errors.New("bad signature")
-	}
-	if err := k.refresh(ctx, arrived); err != nil {
-		if keys == nil { // (too old to use while the issuer answers)
-			if payload, _ := verifyWith(jws, last, kid); payload != nil {
-				return payload, nil
-			}
+	keys, age := k.current()
+	if age <= keysMaxAge {
+		if payload, _ := verifyWith(jws, keys, kid); payload != nil {
+			return payload, nil
 		}
+	}
+	verifies := func(keys []jose.JSONWebKey) ([]byte, bool) { return verifyWith(jws, keys, kid) }
+	payload, err := k.refresh(ctx, verifies)
+	if err != nil && !errors.Is(err, errKeysDown) {
 		return nil, err
 	}
-	k.mu.Lock()
-	keys = k.keys
-	k.mu.Unlock()
-	if payload, _ := verifyWith(jws, keys, kid); payload != nil {
-		return payload, nil
+	if payload == nil && err != nil {
+		// The issuer cannot be asked: the keys it gave last still count
+		// for a while.
+		if keys, age := k.current(); age <= keysGrace {
+			payload, _ = verifyWith(jws, keys, kid)
+		}
+		if payload == nil {
+			return nil, err
+		}
 	}
-	return nil, errors.New("no key of the issuer's verifies the token")
+	if payload == nil {
+		return nil, errors.New("no key of the issuer's verifies the token")
+	}
+	return payload, nil
+}
+
+// current is the keys and their age.
+func (k *keySet) current() ([]jose.JSONWebKey, time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.keys, k.now().Sub(k.fetched)
 }
 
 // verifyWith verifies jws under the keys named kid (all of them when kid
@@ -124,32 +142,39 @@ func verifyWith(jws *jose.JSONWebSignature, keys []jose.JSONWebKey, kid string) 
 	return nil, known
 }
 
-// refresh fetches the keys again unless a fetch that started after the
-// caller arrived (the arrived-th) has already replaced them.
-func (k *keySet) refresh(ctx context.Context, arrived uint64) error {
+// refresh fetches the keys again, one caller at a time, unless those it
+// finds (fetched meanwhile by another) verify the token, or are too new
+// to ask again for it. It returns the payload if they verify it, or an
+// error wrapping errKeysDown when the keys cannot be fetched.
+func (k *keySet) refresh(ctx context.Context, verifies func([]jose.JSONWebKey) ([]byte, bool)) ([]byte, error) {
 	k.fetch.Lock()
 	defer k.fetch.Unlock()
-	k.mu.Lock()
-	if k.from > arrived {
-		k.mu.Unlock()
-		return nil
+	keys, age := k.current()
+	payload, known := verifies(keys)
+	if age <= keysMaxAge {
+		if payload != nil {
+			return payload, nil
+		}
+		if gap := keysMinGap; age < gap || (known && age < keysRecheck) {
+			return nil, nil
+		}
 	}
-	k.started++
-	n := k.started
-	k.mu.Unlock()
 	if k.failed.err != nil && k.now().Sub(k.failed.at) < retryDiscovery {
-		return k.failed.err // (not asked again at once: each ask may take 10 s)
+		return nil, k.failed.err // (not asked again at once: each ask may take 10 s)
 	}
 	keys, err := k.get(context.WithoutCancel(ctx)) // (a caller that leaves does not fail the others)
 	if err != nil {
-		k.failed.at, k.failed.err = k.now(), err
-		return err
+		k.failed.at, k.failed.err = k.now(), fmt.Errorf("%w: %v", errKeysDown, err)
+		k.down.Store(true)
+		return nil, k.failed.err
 	}
 	k.failed.err = nil
+	k.down.Store(false)
 	k.mu.Lock()
-	k.keys, k.from, k.fetched = keys, n, k.now()
+	k.keys, k.fetched = keys, k.now()
 	k.mu.Unlock()
-	return nil
+	payload, _ = verifies(keys)
+	return payload, nil
 }
 
 // get fetches the key set document.
@@ -184,11 +209,19 @@ func (k *keySet) get(ctx context.Context) ([]jose.JSONWebKey, error) {
 	}
 	// A key of a kind go-jose does not know is skipped, not the set
 	// (RFC 7517 section 5): an issuer may publish keys for others too.
+	// Only public keys for signatures are kept, and no more than
+	// maxKeys of them.
 	var keys []jose.JSONWebKey
 	for _, raw := range set.Keys {
 		var key jose.JSONWebKey
-		if json.Unmarshal(raw, &key) == nil && key.Valid() && key.IsPublic() {
-			keys = append(keys, key)
+		if json.Unmarshal(raw, &key) != nil || !key.Valid() || !key.IsPublic() || (key.Use != "" && key.Use != "sig") {
+			continue
+		}
+		if r, ok := key.Key.(*rsa.PublicKey); ok && r.N.BitLen() > maxRSABits {
+			continue
+		}
+		if keys = append(keys, key); len(keys) == maxKeys {
+			break
 		}
 	}
 	return keys, nil

@@ -17,9 +17,8 @@ import (
 
 // OpenID Connect: a URL with auth oidc takes an ID token as a bearer
 // token, checked by the maintained go-oidc library against its issuer's
-// discovery document and keys (a keySet: fetched once, cached, and
-// fetched again when a token names a key not seen yet: the issuer's key
-// rotation).
+// discovery document and its keys (a keySet: cached, and fetched again
+// as the issuer rotates them).
 
 // checkRule checks an oidc URL's rule beyond its field tags.
 func checkRule(r *sandbox.OIDCRule) error {
@@ -55,13 +54,13 @@ type issuers struct {
 // retryDiscovery is how long a failed discovery is not tried again.
 const retryDiscovery = 10 * time.Second
 
-func (s *Service) verifier(rule *sandbox.OIDCRule) (*oidc.IDTokenVerifier, error) {
+func (s *Service) verifier(rule *sandbox.OIDCRule) (*oidc.IDTokenVerifier, *keySet, error) {
 	is, err := s.issuer(rule)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	return oidc.NewVerifier(rule.Issuer, is.keys, &oidc.Config{
-		ClientID: rule.Audience, Now: s.opts.Now, SupportedSigningAlgs: is.algs}), nil
+		ClientID: rule.Audience, Now: s.opts.Now, SupportedSigningAlgs: is.algs}), is.keys, nil
 }
 
 // provider returns the rule's issuer's provider, discovering it on first
@@ -128,7 +127,7 @@ func (s *Service) checkOIDC(r *http.Request, e *entry) (string, int) {
 // checkIDToken checks a raw ID token (and its nonce, when one is
 // expected) against e's rule.
 func (s *Service) checkIDToken(ctx context.Context, e *entry, raw, nonce string) (string, time.Time, int) {
-	v, err := s.verifier(e.rule)
+	v, keys, err := s.verifier(e.rule)
 	if err != nil {
 		s.opts.Log.Warn("ingress: OpenID Connect discovery failed", "issuer", e.rule.Issuer, "err", err)
 		return "oidc", time.Time{}, http.StatusServiceUnavailable
@@ -138,6 +137,11 @@ func (s *Service) checkIDToken(ctx context.Context, e *entry, raw, nonce string)
 	tok, err := v.Verify(ctx, raw)
 	if err == nil && nonce != "" && tok.Nonce != nonce {
 		err = errors.New("wrong nonce")
+	}
+	if err != nil && keys.down.Load() {
+		// (go-oidc keeps only the text of the key set's error.)
+		s.opts.Log.Warn("ingress: an ID token could not be checked: the issuer's keys cannot be fetched", "issuer", e.rule.Issuer, "err", err)
+		return "oidc", time.Time{}, http.StatusServiceUnavailable
 	}
 	if err != nil {
 		s.opts.Log.Debug("ingress: ID token refused", "url", e.id, "err", err)

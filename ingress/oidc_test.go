@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +50,9 @@ func newIssuer(t *testing.T) *testIssuer {
 	is.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		is.mu.Lock()
 		defer is.mu.Unlock()
+		if r.URL.Path == "/keys" {
+			is.gets++ // (asked, up or down)
+		}
 		if is.down {
 			http.Error(w, "down", 500)
 			return
@@ -92,7 +96,6 @@ func newIssuer(t *testing.T) *testIssuer {
 			json.NewEncoder(w).Encode(map[string]any{"access_token": "at", "token_type": "Bearer", "expires_in": 3600,
 				"id_token": signWith(is.keys[kid], kid, is.srv.URL, claims)})
 		case "/keys":
-			is.gets++
 			var set jose.JSONWebKeySet
 			for id, k := range is.keys {
 				set.Keys = append(set.Keys, jose.JSONWebKey{Key: &k.PublicKey, KeyID: id, Algorithm: "ES256", Use: "sig"})
@@ -116,6 +119,13 @@ func (is *testIssuer) key(id string) *ecdsa.PrivateKey {
 	is.keys[id] = k
 	is.mu.Unlock()
 	return k
+}
+
+// fetches is how often the keys were asked for.
+func (is *testIssuer) fetches() int {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	return is.gets
 }
 
 func (is *testIssuer) drop(id string) {
@@ -161,6 +171,8 @@ func TestOIDC(t *testing.T) {
 	k1 := is.key("k1")
 	f := newFixture(t, false)
 	f.svc.client = is.srv.Client() // trusts the issuer's test certificate
+	var skew atomic.Int64          // (the clock, moved on past keysMinGap below)
+	f.svc.opts.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
 	ctx := context.Background()
 
 	// Rules are checked at create.
@@ -230,21 +242,30 @@ func TestOIDC(t *testing.T) {
 
 	// A forged token under a key the issuer has does not make the keys
 	// fetched again; one under a key it does not have does.
-	gets := func() int { is.mu.Lock(); defer is.mu.Unlock(); return is.gets }
+	gets := is.fetches
 	before := gets()
 	if resp, _ := f.get(t, u, "/", bearer(sign(t, other, "k1", is.srv.URL, nil))); resp.StatusCode != 401 || gets() != before {
 		t.Errorf("a forged token under a known key: %d, keys fetched %d times", resp.StatusCode, gets()-before)
 	}
+	skew.Add(int64(keysMinGap))
 	if resp, _ := f.get(t, u, "/", bearer(sign(t, other, "k9", is.srv.URL, nil))); resp.StatusCode != 401 || gets() != before+1 {
 		t.Errorf("a forged token under an unknown key: %d, keys fetched %d times", resp.StatusCode, gets()-before)
 	}
+	// Tokens that name keys at random do not make the host ask again
+	// before keysMinGap.
+	for _, kid := range []string{"k8", "k7", ""} {
+		if resp, _ := f.get(t, u, "/", bearer(sign(t, other, kid, is.srv.URL, nil))); resp.StatusCode != 401 || gets() != before+1 {
+			t.Errorf("a forged token under key %q just after a fetch: %d, keys fetched %d times", kid, resp.StatusCode, gets()-before)
+		}
+	}
 
-	// The issuer rotates its key: tokens under the new key work at once,
-	// right after a fetch (go-oidc's own key set could hand such a token
-	// the keys of the fetch that had just finished), and tokens that
-	// arrive together fetch the keys once.
+	// The issuer rotates its key: tokens under the new key work once the
+	// last fetch is keysMinGap old (go-oidc's own key set could hand such
+	// a token the keys of a fetch that had just finished), and tokens
+	// that arrive together fetch the keys once.
 	k2 := is.key("k2")
 	is.drop("k1")
+	skew.Add(int64(keysMinGap))
 	before = gets()
 	var wg sync.WaitGroup
 	codes := make(chan int, 8)
@@ -261,7 +282,7 @@ func TestOIDC(t *testing.T) {
 			t.Errorf("after the issuer's key rotation: %d", c)
 		}
 	}
-	if n := gets() - before; n < 1 || n > 2 {
+	if n := gets() - before; n != 1 {
 		t.Errorf("8 tokens under a new key fetched the keys %d times", n)
 	}
 	if resp, _ := f.get(t, u, "/", bearer(sign(t, k1, "k1", is.srv.URL, nil))); resp.StatusCode != 401 {
@@ -339,17 +360,35 @@ func TestOIDCKeyAge(t *testing.T) {
 	if got := status(withdrawn, "k"); got != 401 {
 		t.Errorf("a withdrawn key, keys over an hour old: %d, want 401", got)
 	}
-	// The issuer goes down: the keys it gave last still count, however
-	// old.
+	// The issuer goes down: the keys it gave last still count for a day,
+	// asked again at most every 10 s; what they do not verify is 503 (the
+	// keys cannot be fetched), not a wrong 401.
 	is.mu.Lock()
 	is.down = true
 	is.mu.Unlock()
 	now = now.Add(keysMaxAge + time.Second)
+	gets := is.fetches
+	before := gets()
 	if got := status(j, "j"); got != 200 {
 		t.Errorf("the issuer down, its last keys over an hour old: %d, want 200", got)
 	}
-	if got := status(withdrawn, "k"); got != 401 {
-		t.Errorf("the issuer down, a key it withdrew: %d, want 401", got)
+	if got := status(withdrawn, "k"); got != 503 {
+		t.Errorf("the issuer down, a key it withdrew: %d, want 503", got)
+	}
+	if n := gets() - before; n != 1 {
+		t.Errorf("the issuer down: its keys asked for %d times in 10 s, want 1", n)
+	}
+	now = now.Add(keysGrace)
+	if got := status(j, "j"); got != 503 {
+		t.Errorf("the issuer down, its last keys over a day old: %d, want 503", got)
+	}
+	// Back up: the key it withdrew is refused, its key works.
+	is.mu.Lock()
+	is.down = false
+	is.mu.Unlock()
+	now = now.Add(retryDiscovery)
+	if got, got2 := status(withdrawn, "k"), status(j, "j"); got != 401 || got2 != 200 {
+		t.Errorf("the issuer back: a withdrawn key %d (want 401), its key %d (want 200)", got, got2)
 	}
 }
 
