@@ -543,7 +543,7 @@ func TestMoveKeepsCountry(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "country DE") {
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "country DE") || !strings.Contains(string(body), "site ams (NL)") {
 		t.Fatalf("the move through the REST API: %d %s", resp.StatusCode, body)
 	}
 	if got, err := a.eng.Get(ctx, inCountry.ID); err != nil || got.Host != "a" || got.State != sandbox.StateRunning {
