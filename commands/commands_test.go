@@ -19,28 +19,14 @@ import (
 
 // one is the engine as the service sees it, with one running sandbox.
 type one struct {
-	id, account string
-	sb          *commands.Sandbox
-	ran         int // calls of Running
-}
-
-func (o *one) Check(_ context.Context, _, id string) error {
-	if id != o.id {
-		return sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
-	}
-	return nil
+	testdomains.Sandbox
+	sb  *commands.Sandbox
+	ran int // calls of Running
 }
 
 func (o *one) Running(context.Context, string) (*commands.Sandbox, error) {
 	o.ran++
 	return o.sb, nil
-}
-
-func (o *one) AccountOf(_ context.Context, id string) string {
-	if id == o.id {
-		return o.account
-	}
-	return ""
 }
 
 // TestCommands runs commands in a memhv guest through the service, over
@@ -55,7 +41,7 @@ func TestCommands(t *testing.T) {
 	hist := history.New(history.Options{Store: parts.Store, Secrets: parts.Secrets, Now: time.Now,
 		Key: func(context.Context, string) ([]byte, error) { return nil, nil }})
 	id := sandbox.NewID()
-	sbs := &one{id: id, account: parts.Account.ID, sb: &commands.Sandbox{Agent: testdomains.Agent(t, parts.Dir),
+	sbs := &one{Sandbox: testdomains.Sandbox{ID: id, Account: parts.Account.ID}, sb: &commands.Sandbox{Agent: testdomains.Agent(t, parts.Dir),
 		Request: func(r *sandbox.ExecRequest) agentclient.ExecRequest {
 			return agentclient.ExecRequest{Shell: r.Cmd, Argv: r.Argv, Env: map[string]string{"FROM": "the sandbox"}, Timeout: r.Timeout()}
 		},

@@ -17,16 +17,9 @@ import (
 // one is the engine as the service sees it, with one running sandbox:
 // any other is not found, and a stopped one is not running.
 type one struct {
-	id, account string
-	agent       files.Agent
-	stopped     bool
-}
-
-func (o *one) Check(_ context.Context, _, id string) error {
-	if id != o.id {
-		return sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
-	}
-	return nil
+	testdomains.Sandbox
+	agent   files.Agent
+	stopped bool
 }
 
 func (o *one) Running(_ context.Context, id string) (files.Agent, error) {
@@ -34,13 +27,6 @@ func (o *one) Running(_ context.Context, id string) (files.Agent, error) {
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is stopped; it must be running", id)
 	}
 	return o.agent, nil
-}
-
-func (o *one) AccountOf(_ context.Context, id string) string {
-	if id == o.id {
-		return o.account
-	}
-	return ""
 }
 
 // TestFiles reads and writes a memhv guest's files through the service,
@@ -53,7 +39,7 @@ func TestFiles(t *testing.T) {
 	ctx := context.Background()
 	parts := testdomains.New(t)
 	id := sandbox.NewID()
-	sbs := &one{id: id, account: parts.Account.ID, agent: testdomains.Agent(t, parts.Dir)}
+	sbs := &one{Sandbox: testdomains.Sandbox{ID: id, Account: parts.Account.ID}, agent: testdomains.Agent(t, parts.Dir)}
 	const limit = 1 << 10
 	s := files.New(files.Options{Sandboxes: sbs, Audit: parts.Audit, MaxFileBytes: limit})
 

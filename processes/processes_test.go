@@ -18,16 +18,9 @@ import (
 // one is the engine as the service sees it, with one sandbox: any other
 // is not found, and a stopped one is not running.
 type one struct {
+	testdomains.Sandbox
 	sb      *processes.Sandbox
-	account string
 	stopped bool
-}
-
-func (o *one) Check(_ context.Context, _, id string) error {
-	if id != o.sb.ID {
-		return sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
-	}
-	return nil
 }
 
 func (o *one) Running(_ context.Context, id string) (*processes.Sandbox, error) {
@@ -35,13 +28,6 @@ func (o *one) Running(_ context.Context, id string) (*processes.Sandbox, error) 
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is stopped; it must be running", id)
 	}
 	return o.sb, nil
-}
-
-func (o *one) AccountOf(_ context.Context, id string) string {
-	if id == o.sb.ID {
-		return o.account
-	}
-	return ""
 }
 
 // TestProcesses runs background processes in a memhv guest through the
@@ -59,7 +45,7 @@ func TestProcesses(t *testing.T) {
 		Key: func(context.Context, string) ([]byte, error) { return nil, nil }})
 
 	id := sandbox.NewID()
-	sbs := &one{account: acc.ID, sb: &processes.Sandbox{ID: id, Agent: testdomains.Agent(t, dir),
+	sbs := &one{Sandbox: testdomains.Sandbox{ID: id, Account: acc.ID}, sb: &processes.Sandbox{ID: id, Agent: testdomains.Agent(t, dir),
 		// (The sandbox's own variable, which printenv shows.)
 		Request: func(r *sandbox.ExecRequest) agentclient.ExecRequest {
 			return agentclient.ExecRequest{Shell: r.Cmd, Argv: r.Argv, Cwd: r.Cwd, Env: map[string]string{"FROM": "the sandbox"}, Timeout: r.Timeout()}
@@ -210,7 +196,7 @@ func TestInput(t *testing.T) {
 	hist := history.New(history.Options{Store: db, Secrets: sec, Now: time.Now,
 		Key: func(context.Context, string) ([]byte, error) { return nil, nil }})
 	id := sandbox.NewID()
-	sbs := &one{account: acc.ID, sb: &processes.Sandbox{ID: id, Agent: testdomains.Agent(t, dir),
+	sbs := &one{Sandbox: testdomains.Sandbox{ID: id, Account: acc.ID}, sb: &processes.Sandbox{ID: id, Agent: testdomains.Agent(t, dir),
 		Request: func(r *sandbox.ExecRequest) agentclient.ExecRequest {
 			return agentclient.ExecRequest{Shell: r.Cmd, Argv: r.Argv, Cwd: r.Cwd, Env: r.Env, Timeout: r.Timeout()}
 		},

@@ -16,6 +16,7 @@ import (
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/tenant"
@@ -80,4 +81,23 @@ func Agent(t testing.TB, dir string) *agentclient.Client {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// Sandbox is the engine's authorization of calls on one sandbox, as a
+// domain's service sees it (its Check and AccountOf): any other sandbox
+// is not found and has no account.
+type Sandbox struct{ ID, Account string }
+
+func (s Sandbox) Check(_ context.Context, _, id string) error {
+	if id != s.ID {
+		return sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
+	}
+	return nil
+}
+
+func (s Sandbox) AccountOf(_ context.Context, id string) string {
+	if id == s.ID {
+		return s.Account
+	}
+	return ""
 }
