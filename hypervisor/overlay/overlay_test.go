@@ -51,26 +51,24 @@ func TestCreate(t *testing.T) {
 // key, if any), the way the VMM opens it.
 func qemuIO(t *testing.T, path string, key, backingKey []byte, cmd string) ([]byte, error) {
 	t.Helper()
-	var sec Secrets
-	defer sec.Close()
-	if err := sec.Add("k", key); err != nil {
-		t.Fatal(err)
-	}
-	opts := "driver=qcow2,file.filename=" + path + ",encrypt.key-secret=k"
-	if backingKey != nil {
-		if err := sec.Add("b", backingKey); err != nil {
-			t.Fatal(err)
-		}
-		opts += ",backing.encrypt.key-secret=b"
-	}
-	c := exec.Command("qemu-io", append(sec.Args(), "--image-opts", opts, "-c", cmd)...)
-	sec.Apply(c)
-	return c.CombinedOutput()
+	return runOpened(t, path, key, backingKey, func(secArgs []string, opts string) *exec.Cmd {
+		return exec.Command("qemu-io", append(secArgs, "--image-opts", opts, "-c", cmd)...)
+	})
 }
 
 // qemuImgKeyed runs qemu-img's subcommand on an encrypted image opened
 // with its key (and its backing's).
 func qemuImgKeyed(t *testing.T, qemuImg, path string, key, backingKey []byte, sub string) ([]byte, error) {
+	t.Helper()
+	return runOpened(t, path, key, backingKey, func(secArgs []string, opts string) *exec.Cmd {
+		return exec.Command(qemuImg, append(append([]string{sub}, secArgs...), "--image-opts", opts)...)
+	})
+}
+
+// runOpened runs the command cmd makes of the secrets' arguments and the
+// image options that open path with key (and its backing with
+// backingKey, if any).
+func runOpened(t *testing.T, path string, key, backingKey []byte, cmd func(secArgs []string, opts string) *exec.Cmd) ([]byte, error) {
 	t.Helper()
 	var sec Secrets
 	defer sec.Close()
@@ -84,7 +82,7 @@ func qemuImgKeyed(t *testing.T, qemuImg, path string, key, backingKey []byte, su
 		}
 		opts += ",backing.encrypt.key-secret=b"
 	}
-	c := exec.Command(qemuImg, append(append([]string{sub}, sec.Args()...), "--image-opts", opts)...)
+	c := cmd(sec.Args(), opts)
 	sec.Apply(c)
 	return c.CombinedOutput()
 }
