@@ -10,23 +10,12 @@ import (
 
 // A running sandbox's files are package files': it authorizes and audits
 // each call on its sandbox and speaks to the sandbox's agent, which the
-// engine lends it (fileView). The methods below are the library's names
-// for its calls.
+// runtime lends it. The methods below are the library's names for its
+// calls.
 
 // Files reads and writes the sandboxes' files, for the principal in the
 // context.
 func (e *Engine) Files() *files.Service { return e.files }
-
-// fileView implements files.Sandboxes.
-type fileView struct{ sandboxView }
-
-func (v fileView) Running(ctx context.Context, id string) (files.Agent, error) {
-	_, c, err := v.e.connect(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
-}
 
 // WriteFile streams r into path in the sandbox. The file appears whole or
 // not at all; a file larger than the engine's limit is refused.

@@ -38,6 +38,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
+	"github.com/harebox/harebox/internal/sandboxrt"
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/move"
@@ -62,13 +63,9 @@ type Engine struct {
 	budgets *budget.Service
 	meter   *meter.Service
 	closer  []func() error
-	// encrypt: the backend encrypts under Spec.DataKey, so every sandbox
-	// gets a data key (crypto-erase).
-	encrypt bool
-	// reuse: the backend boots a machine again on its disks (Stop/Start).
-	reuse bool
-	// snapshots: the backend snapshots and restores machines.
-	snapshots bool
+
+	// rt runs the sandboxes; the calls on them forward to it.
+	rt *sandboxrt.Runtime
 
 	tenants     *tenant.Service
 	keys        *apikey.Service
@@ -91,23 +88,14 @@ type Engine struct {
 	hosts       *cluster.Registry
 	mesh        *mesh.Service
 	tunnels     *mesh.Tunnels // nil: no tunnels to other hosts
-	meshWake    chan struct{} // refreshMesh's
-	meshApply   *mesh.Applier // nil: the network has no mesh
 
 	// urlCalls answer the calls on urls, for a principal.
 	urlCalls *ingress.Calls
 	events   *events.Service
 
 	// shared: other hosts share the store (see cluster.Registry.Foreign).
-	shared bool
-	// defaultAcc is where the operator's sandboxes go when no account is
-	// named, and where records from before tenancy are placed.
-	defaultAcc *tenant.Account
-
-	boxes    *table
+	shared   bool
 	capacity *capacity.Host // what the host's sandboxes reserve
-	// creates sums the creates' timings by how they were served.
-	creates createStats
 
 	ctx    context.Context // lives until Close
 	cancel context.CancelFunc
@@ -121,8 +109,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, log: opts.Logger, boxes: newTable(), net: opts.Network, sec: opts.Secrets}
+	e := &Engine{opts: opts, log: opts.Logger, net: opts.Network, sec: opts.Secrets}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.rt = sandboxrt.New(e.ctx, &e.wg, sandboxrt.Config{Site: opts.Site, BootTimeout: opts.BootTimeout, MaxOutputBytes: opts.MaxOutputBytes,
+		DefaultFirewall: opts.DefaultFirewall, Images: opts.Images, MachinesDir: e.machinesDir()}, e.log)
+	views := e.rt.Views()
 	ok := false
 	defer func() {
 		if !ok {
@@ -165,25 +156,25 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.keys = apikey.New(e.store, e.tenants)
 	e.keys.Audit = al
 	e.tenants.AccountDeleted = e.keys.ForgetAccount
-	e.history = history.New(history.Options{Store: e.store, Secrets: e.sec, Key: e.dataKey, Now: opts.Now, Log: e.log})
+	e.history = history.New(history.Options{Store: e.store, Secrets: e.sec, Key: e.rt.DataKey, Now: opts.Now, Log: e.log})
 	// Lowering an account's retention purges at once.
-	e.tenants.AccountUpdated = func(string) { e.purgeRetention(e.ctx) }
+	e.tenants.AccountUpdated = func(string) { e.rt.PurgeRetention(e.ctx) }
 	traffic, _ := e.net.(network.Meter)
-	e.monitor = monitor.New(monitor.Options{Store: e.store, Sandboxes: sandboxView{e}, Meter: traffic, Now: opts.Now, Log: e.log})
+	e.monitor = monitor.New(monitor.Options{Store: e.store, Sandboxes: views.Monitor, Meter: traffic, Now: opts.Now, Log: e.log})
 	e.catalog = catalog.New(catalog.Options{Images: opts.Images, Dir: opts.ImageDir, AgentPath: opts.AgentPath, Owner: opts.DataDir,
 		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Warm: e.warm, Audit: al, Log: e.log})
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
-	e.guests = guestenv.New(guestenv.Options{Store: e.store, Secrets: e.sec, Environments: e.envs, Audit: al, Sandboxes: sandboxView{e}})
+	e.guests = guestenv.New(guestenv.Options{Store: e.store, Secrets: e.sec, Environments: e.envs, Audit: al, Sandboxes: views.Guests})
 	mesher, _ := e.net.(network.Mesher)
 	if e.mesh, err = mesh.New(mesh.Options{Store: e.store, Pool: opts.MeshPool, Enabled: mesher != nil}); err != nil {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "mesh_pool", "%v", err)
 	}
+	var meshApply *mesh.Applier // (nil: the network has no mesh)
 	if mesher != nil {
 		mesher.SetMeshNames(e.mesh.Lookup)
-		e.meshApply = e.mesh.Applier(mesher)
+		meshApply = e.mesh.Applier(mesher)
 	}
-	e.meshWake = make(chan struct{}, 1)
 	e.tenants.ProjectUpdated = func(string) {
 		if err := e.store.Notify(e.ctx, mesh.NoticeTopic, ""); err != nil {
 			e.log.Warn("mesh: cannot tell the hosts of a project's new mesh default", "err", err)
@@ -195,23 +186,22 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.urlCalls = ingress.NewCalls(e.urls, sandboxView{e}, e.tenants, al)
-	e.code = codeinterp.NewService(codeinterp.ServiceOptions{Sandboxes: codeView{sandboxView{e}}, History: e.history, Audit: al,
+	e.urlCalls = ingress.NewCalls(e.urls, views.URLs, e.tenants, al)
+	e.code = codeinterp.NewService(codeinterp.ServiceOptions{Sandboxes: views.Code, History: e.history, Audit: al,
 		Client: codeinterp.Options{MaxOutput: opts.MaxOutputBytes}, Now: opts.Now})
-	e.commands = commands.New(commands.Options{Sandboxes: commandView{sandboxView{e}}, History: e.history, Audit: al, Now: opts.Now})
-	e.files = files.New(files.Options{Sandboxes: fileView{sandboxView{e}}, Audit: al, MaxFileBytes: opts.MaxFileBytes})
-	e.processes = processes.New(e.ctx, processes.Options{Sandboxes: sandboxView{e}, History: e.history, Audit: al, MaxOutputBytes: opts.MaxOutputBytes, Log: e.log})
+	e.commands = commands.New(commands.Options{Sandboxes: views.Commands, History: e.history, Audit: al, Now: opts.Now})
+	e.files = files.New(files.Options{Sandboxes: views.Files, Audit: al, MaxFileBytes: opts.MaxFileBytes})
+	e.processes = processes.New(e.ctx, processes.Options{Sandboxes: views.Processes, History: e.history, Audit: al, MaxOutputBytes: opts.MaxOutputBytes, Log: e.log})
 	e.budgets = budget.New(e.store, e.tenants, *opts.Prices, opts.Now)
 	e.budgets.Audit = al
 	e.budgets.Billing = opts.Billing
 	e.events = events.New(events.Options{Log: al, Store: e.store, Budgets: e.budgets, Accounts: e.tenants})
-	e.meter = meter.New(meter.Options{Budgets: e.budgets, Store: e.store, Sandboxes: sandboxView{e}, Traffic: traffic,
+	e.meter = meter.New(meter.Options{Budgets: e.budgets, Store: e.store, Sandboxes: views.Meter, Traffic: traffic,
 		Interval: opts.MeterInterval, Now: opts.Now, Log: e.log})
 	acc, err := e.tenants.EnsureDefault(ctx)
 	if err != nil {
 		return nil, err
 	}
-	e.defaultAcc = acc
 	// Changes made through the other hosts that share the store.
 	e.store.Listen(e.ctx, e.notice)
 	if n, ok := e.net.(interface {
@@ -230,20 +220,18 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if !caps.Encryption && !opts.PlaintextDisks {
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s cannot encrypt sandboxes' disks: set PlaintextDisks (hareboxd --plaintext-disks) to run it without crypto-erase", caps.Name)
 	}
-	e.encrypt = !opts.PlaintextDisks
-	e.reuse = caps.Reuse
-	e.snapshots = caps.Snapshot
-	if !e.encrypt {
+	encrypt := !opts.PlaintextDisks
+	if !encrypt {
 		e.log.Warn("sandboxes' disks and snapshots are not encrypted: delete is not a crypto-erase", "backend", caps.Name)
 	}
 	e.capacity = capacity.New(opts.Capacity.Limits(opts.DataDir), e.usedChanged, e.log)
 	pool, _ := clone.ParsePool(opts.Pool) // (checked by defaults)
-	e.clones = clone.New(e.ctx, clone.Options{Hypervisor: e.hv, Network: e.net, Images: e.catalog, Host: cloneHost{e},
-		Dir: filepath.Join(opts.DataDir, "golden"), Golden: opts.GoldenSnapshots && e.snapshots, Encrypt: e.encrypt, Pool: pool,
-		BootTimeout: opts.BootTimeout, Agent: e.agentOptions(), Step: atStep, Log: e.log})
+	e.clones = clone.New(e.ctx, clone.Options{Hypervisor: e.hv, Network: e.net, Images: e.catalog, Host: views.Clones,
+		Dir: filepath.Join(opts.DataDir, "golden"), Golden: opts.GoldenSnapshots && caps.Snapshot, Encrypt: encrypt, Pool: pool,
+		BootTimeout: opts.BootTimeout, Agent: e.rt.AgentOptions(), Step: atStep, Log: e.log})
 	e.snaps = clone.NewSnapshots(clone.SnapshotOptions{Store: e.store, Secrets: e.sec, Meter: e.meter, Envs: e.guests, Audit: al,
-		Hosts: snapshotSources{e}, Sources: snapshotSources{e}, Capable: e.snapshots, Dir: filepath.Join(opts.DataDir, "snapshots"),
-		Encrypt: e.encrypt, Log: e.log})
+		Hosts: views.Snapshots, Sources: views.Snapshots, Capable: caps.Snapshot, Dir: filepath.Join(opts.DataDir, "snapshots"),
+		Encrypt: encrypt, Log: e.log})
 	e.hibernation = clone.NewHibernation(clone.HibernationOptions{Hypervisor: e.hv, Network: e.net, Store: e.store,
 		Dir: filepath.Join(opts.DataDir, "hibernated"), Foreign: func(r *store.Sandbox) bool { return e.hosts.Foreign(r) }, Log: e.log})
 	if err := e.registerHost(ctx); err != nil {
@@ -253,7 +241,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Host.TLS != nil {
 		client = move.NewClient(opts.Host.TLS.Client)
 	}
-	e.moves = mover.New(mover.Options{Store: e.store, Hosts: e.hosts, Runtime: moveRuntime{e}, Files: e.hibernation,
+	e.moves = mover.New(mover.Options{Store: e.store, Hosts: e.hosts, Runtime: views.Moves, Files: e.hibernation,
 		MachinesDir: e.machinesDir(), Client: client, Stale: moveStale, Every: moveEvery, Now: opts.Now, Step: atStep, Log: e.log})
 	e.volumes = volume.New(volume.Options{Store: e.store, Tenants: e.tenants, Secrets: e.sec,
 		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, ProjectGB: opts.ProjectVolumeGB,
@@ -267,7 +255,12 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 			return nil, sandbox.Errorf(sandbox.ErrInvalid, "mesh_endpoint", "%v", err)
 		}
 	}
-	if err := e.adopt(ctx); err != nil {
+	e.rt.Wire(sandboxrt.Parts{Store: e.store, Hypervisor: e.hv, Network: e.net, Secrets: e.sec, Capacity: e.capacity, Meter: e.meter,
+		Tenants: e.tenants, Guests: e.guests, Volumes: e.volumes, Mesh: e.mesh, MeshApply: meshApply, URLs: e.urls, History: e.history,
+		Monitor: e.monitor, Processes: e.processes, Code: e.code, Catalog: e.catalog, Clones: e.clones, Snapshots: e.snaps,
+		Hibernation: e.hibernation, Moves: e.moves, Audit: al, Hosts: e.hosts, DefaultAccount: acc,
+		Encrypt: encrypt, Reuse: caps.Reuse, Shared: e.shared})
+	if err := e.rt.Adopt(ctx); err != nil {
 		return nil, err
 	}
 	if err := e.meter.Reconcile(ctx); err != nil {
@@ -293,16 +286,11 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.tunnels.Run(e.ctx) }()
 	}
-	if mesher != nil {
-		e.wg.Add(1)
-		go e.refreshMesh()
-	}
 	if e.shared {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.moves.Run(e.ctx) }()
 	}
-	e.wg.Add(1)
-	go e.reapExpired()
+	e.rt.Run(opts.HealthInterval)
 	e.wg.Add(1)
 	go func() { defer e.wg.Done(); e.catalog.Run(e.ctx) }()
 	if opts.MeterInterval > 0 {
@@ -316,10 +304,6 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if len(opts.Pool) > 0 {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.clones.Run(e.ctx) }()
-	}
-	if opts.HealthInterval > 0 {
-		e.wg.Add(1)
-		go e.watchAgents(opts.HealthInterval)
 	}
 	ok = true
 	return e, nil
@@ -362,9 +346,7 @@ func (e *Engine) Close() error {
 	if err := e.audit.Close(context.Background()); err != nil {
 		e.log.Error("audit: cannot sign the last entries", "err", err)
 	}
-	for _, b := range e.boxes.all() {
-		b.closeAgent(sandbox.Errorf(sandbox.ErrUnavailable, "", "the server is shutting down"))
-	}
+	e.rt.HangUpAll(sandbox.Errorf(sandbox.ErrUnavailable, "", "the server is shutting down"))
 	e.code.Close()
 	return e.closeParts()
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/sandbox"
-	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 )
 
@@ -24,7 +23,7 @@ type HostOptions = cluster.HostOptions
 func (e *Engine) registerHost(ctx context.Context) error {
 	reg, err := cluster.Register(ctx, cluster.Options{
 		HostOptions: e.opts.Host, Store: e.store, Site: e.opts.Site.Name, Country: e.opts.Site.Country, Capacity: e.capacity.Limit(),
-		Used: e.capacity.Used, Revived: e.rewriteRecords, Sandboxes: hostView{e}, Audit: e.audit, Log: e.log,
+		Used: e.capacity.Used, Revived: e.rt.RewriteRecords, Sandboxes: e.rt.Views().Hosts, Audit: e.audit, Log: e.log,
 	})
 	if err != nil {
 		return err
@@ -63,7 +62,7 @@ func (e *Engine) notice(topic, payload string) {
 		if e.tunnels != nil {
 			e.tunnels.Changed(payload)
 		}
-		e.wakeMesh()
+		e.rt.WakeMesh()
 	case ingress.NoticeTopic:
 		e.urls.Noticed(e.ctx, payload)
 	case cluster.NoticeTopic: // (a host removed)
@@ -77,7 +76,7 @@ func (e *Engine) notice(topic, payload string) {
 		if e.tunnels != nil {
 			e.tunnels.Changed("")
 		}
-		e.wakeMesh()
+		e.rt.WakeMesh()
 		e.urls.Noticed(e.ctx, "")
 	}
 }
@@ -103,41 +102,4 @@ func (e *Engine) RotateMeshKey(ctx context.Context, name string) (err error) {
 		return sandbox.Errorf(sandbox.ErrState, "", "host %s has no mesh tunnel (hareboxd --mesh-endpoint)", name)
 	}
 	return mesh.AskRotate(ctx, store.Narrow(e.store, func(tx store.Tx) mesh.TunnelTx { return tx }), name)
-}
-
-// rewriteRecords writes this host's live sandboxes' records again, as they
-// are: another host marked them lost while this one ran (its lease
-// lapsed: the database was out of reach, or the host stalled).
-func (e *Engine) rewriteRecords(ctx context.Context) {
-	for _, b := range e.boxes.all() {
-		// (Under its lock: a change that writes it meanwhile is not
-		// overwritten with what it was.)
-		b.mu.Lock()
-		if b.gone == nil { // (a box a move let go of: its record is not this one's to write)
-			if err := e.store.PutSandbox(ctx, b.rec); err != nil {
-				e.log.Warn("cannot write a sandbox's record again", "id", b.rec.ID, "err", err)
-			}
-		}
-		b.mu.Unlock()
-	}
-}
-
-// hostView is the engine as the registry of hosts sees it
-// (cluster.Sandboxes).
-type hostView struct{ e *Engine }
-
-func (v hostView) Live(id string) bool { return v.e.boxes.get(id) != nil }
-
-// Forget erases a removed host's sandbox's data key first, then what it
-// keeps in the store and the secret store.
-func (v hostView) Forget(ctx context.Context, rec *store.Sandbox) error {
-	return errors.Join(sandboxkeys.Erase(ctx, v.e.sec, rec.ID), v.e.forgetStored(ctx, &box{rec: rec}))
-}
-
-func (v hostView) DropVolumes(ctx context.Context, host string) error {
-	return v.e.volumes.DropHost(ctx, host)
-}
-
-func (v hostView) DropSnapshot(ctx context.Context, s *store.Snapshot) error {
-	return v.e.snaps.Drop(ctx, s)
 }

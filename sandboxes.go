@@ -4,167 +4,109 @@ import (
 	"context"
 	"time"
 
-	"github.com/harebox/harebox/authz"
+	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/internal/sandboxrt"
+	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
-	"github.com/harebox/harebox/store"
 )
+
+// The calls on sandboxes are the runtime's (internal/sandboxrt): each is
+// authorized for the principal in the context (authz.WithPrincipal; none
+// is the operator) and audited there; the methods below are the library's
+// names for them.
+
+// Create boots a new sandbox and returns it once its agent answers.
+func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error) {
+	return e.rt.Create(ctx, req)
+}
 
 // Get returns a sandbox, including deleted ones.
 func (e *Engine) Get(ctx context.Context, id string) (*sandbox.Sandbox, error) {
-	if err := e.check(ctx, "getSandbox", id); err != nil {
-		return nil, err
-	}
-	if b := e.boxes.get(id); b != nil {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return b.view(), nil
-	}
-	rec, err := e.record(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return &rec.Sandbox, nil
+	return e.rt.Get(ctx, id)
 }
 
 // List returns the sandboxes that match f, oldest first. Deleted
 // sandboxes are listed only when f.State asks for them.
 func (e *Engine) List(ctx context.Context, f sandbox.ListFilter) ([]*sandbox.Sandbox, error) {
-	p := authz.From(ctx)
-	if err := authz.Allowed(p, "listSandboxes"); err != nil {
-		return nil, err
-	}
-	var accountID, projectID, fleetID string
-	if f.Account != "" || f.Project != "" || f.Fleet != "" {
-		err := e.store.Update(ctx, func(tx store.Tx) error {
-			if f.Project == "" && f.Fleet == "" {
-				acc, err := e.tenants.Account(ctx, tx, f.Account)
-				if err != nil {
-					return sandbox.Errorf(sandbox.ErrInvalid, "account", "%v", err)
-				}
-				accountID = acc.ID
-				return nil
-			}
-			acc, proj, err := e.tenants.ProjectIn(ctx, tx, f.Account, f.Project)
-			if err != nil {
-				field := "project"
-				if acc == nil {
-					field = "account"
-				}
-				return sandbox.Errorf(sandbox.ErrInvalid, field, "%v", err)
-			}
-			accountID = acc.ID
-			projectID = proj.ID
-			if f.Fleet != "" {
-				fl, err := e.tenants.Fleet(ctx, tx, proj, f.Fleet)
-				if err != nil {
-					return sandbox.Errorf(sandbox.ErrInvalid, "fleet", "%v", err)
-				}
-				fleetID = fl.ID
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, err
-		}
-	}
-	recs, err := e.store.ListSandboxes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := []*sandbox.Sandbox{}
-	for _, r := range recs {
-		s := &r.Sandbox
-		if b := e.boxes.get(r.ID); b != nil {
-			b.mu.Lock()
-			s = b.view()
-			b.mu.Unlock()
-		}
-		if s.State == sandbox.StateDeleted && f.State != sandbox.StateDeleted {
-			continue
-		}
-		if (accountID != "" && s.AccountID != accountID) || (projectID != "" && s.ProjectID != projectID) ||
-			(fleetID != "" && s.FleetID != fleetID) || !authz.Visible(p, authz.TargetOf(s)) {
-			continue
-		}
-		if f.Match(s) {
-			out = append(out, s)
-		}
-	}
-	return out, nil
+	return e.rt.List(ctx, f)
+}
+
+// Delete destroys a sandbox: its VM, disks and network. Deleting a deleted
+// sandbox is an error; the record stays, with state deleted.
+func (e *Engine) Delete(ctx context.Context, id string) error {
+	return e.rt.Delete(ctx, id)
 }
 
 // Pause freezes a running sandbox's VM.
-func (e *Engine) Pause(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
-	defer e.audited(ctx, "pauseSandbox", id, &err)
-	if err := e.check(ctx, "pauseSandbox", id); err != nil {
-		return nil, err
-	}
-	return e.pause(ctx, id)
-}
-
-func (e *Engine) pause(ctx context.Context, id string) (*sandbox.Sandbox, error) {
-	return e.transition(ctx, id, sandbox.StatePaused, func(b *box) error {
-		if err := b.m.Pause(ctx); err != nil {
-			return err
-		}
-		// (It is paused whatever the caller does now: so is its meter.)
-		e.meter.Transition(context.WithoutCancel(ctx), b.rec, sandbox.StatePaused, false)
-		return nil
-	})
+func (e *Engine) Pause(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return e.rt.Pause(ctx, id)
 }
 
 // Resume continues a paused sandbox.
-func (e *Engine) Resume(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
-	defer e.audited(ctx, "resumeSandbox", id, &err)
-	if err := e.check(ctx, "resumeSandbox", id); err != nil {
-		return nil, err
-	}
-	if e.boxes.get(id) == nil {
-		if rec, err := e.record(ctx, id); err == nil && rec.State == sandbox.StateHibernated {
-			return e.wake(ctx, rec)
-		}
-	}
-	box, err := e.transition(ctx, id, sandbox.StateRunning, func(b *box) error {
-		// Its budgets must have room for it to run again.
-		if err := e.meter.Transition(ctx, b.rec, sandbox.StateRunning, true); err != nil {
-			return err
-		}
-		return b.m.Resume(ctx)
-	})
-	if err != nil {
-		return nil, err
-	}
-	// The guest clock stood still while paused. Best effort, and outside the
-	// sandbox's lock: a stalling guest must not hold up its lifecycle.
-	if b := e.boxes.get(id); b != nil {
-		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if c, err := b.client(sctx, e); err == nil {
-			c.SyncTime(sctx, time.Now())
-		}
-	}
-	return box, nil
+func (e *Engine) Resume(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return e.rt.Resume(ctx, id)
 }
 
-func (e *Engine) transition(ctx context.Context, id string, to sandbox.State, f func(*box) error) (*sandbox.Sandbox, error) {
-	b, err := e.liveOrErr(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.gone != nil {
-		return nil, b.gone
-	}
-	if err := sandbox.CanTransition(b.rec.State, to); err != nil {
-		return nil, err
-	}
-	if err := f(b); err != nil {
-		return nil, err
-	}
-	b.rec.State = to
-	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
-		return nil, err
-	}
-	return b.view(), nil
+// Stop shuts a running or paused sandbox down and keeps its disk, its data
+// key and its record; Start boots it again on that disk. What ran in it
+// (processes, memory) is gone; its network is given up and made again at
+// Start. A stopped sandbox holds no host capacity and is charged for its disk only.
+func (e *Engine) Stop(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return e.rt.Stop(ctx, id)
 }
+
+// Start boots a sandbox that Stop stopped, on the disk it kept, with its
+// environment, credentials and firewall policy; it is admitted again (host
+// capacity, budgets) as a create is.
+func (e *Engine) Start(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return e.rt.Start(ctx, id)
+}
+
+// Hibernate writes a sandbox's memory to disk and frees its host RAM.
+func (e *Engine) Hibernate(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+	return e.rt.Hibernate(ctx, id)
+}
+
+// SetTimeout sets when a running or paused sandbox expires: ttl from now
+// (the reaper deletes it then, as a create's TTL does), or never for a ttl
+// of 0. It replaces whatever TTL the sandbox had, shorter or longer.
+func (e *Engine) SetTimeout(ctx context.Context, id string, ttl time.Duration) (*sandbox.Sandbox, error) {
+	return e.rt.SetTimeout(ctx, id, ttl)
+}
+
+// Firewall returns a sandbox's firewall policy.
+func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, error) {
+	return e.rt.Firewall(ctx, id)
+}
+
+// SetFirewall replaces a sandbox's firewall policy. The policy is
+// validated and enforced before it is stored; if either fails, the old
+// policy stays in force.
+func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy) (*firewall.Policy, error) {
+	return e.rt.SetFirewall(ctx, id, p)
+}
+
+// Authorize reports whether the principal in ctx may do action on sandbox
+// id, which must exist: nil, or the error the call itself would return
+// first. A server uses it to answer before it commits to a stream.
+func (e *Engine) Authorize(ctx context.Context, action, id string) error {
+	return e.rt.Authorize(ctx, action, id)
+}
+
+// OnSandbox authorizes action on sandbox id, which must exist, for the
+// principal in ctx, then calls call, and records the action and how it
+// ended in the audit log: a domain's service called directly (by the REST
+// layer) on a sandbox is checked and audited as the engine's own calls are.
+func (e *Engine) OnSandbox(ctx context.Context, action, id string, call func(context.Context) error) error {
+	return e.rt.OnSandbox(ctx, action, id, call)
+}
+
+// Stats returns the engine's counts now (for a principal that
+// monitor.MayReadServer allows: they are the host's, across accounts).
+func (e *Engine) Stats(ctx context.Context) (monitor.Stats, error) {
+	return e.rt.Stats(ctx)
+}
+
+// MaxSerialLogBytes bounds a sandbox's console log: the guest writes to
+// its serial port as fast as it likes, for as long as it lives.
+const MaxSerialLogBytes = sandboxrt.MaxSerialLogBytes

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 // reapExpired deletes sandboxes whose TTL has passed (expiry is stored, so
 // a sandbox that expired while the engine was down goes at the next start),
 // keeps console logs bounded, and applies history retention every minute.
-func (e *Engine) reapExpired() {
+func (e *Runtime) reapExpired() {
 	defer e.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for tick := 0; ; tick++ {
 		if tick%60 == 0 {
 			// Retention holds across restarts: at start, then each minute.
-			e.purgeRetention(e.ctx)
+			e.PurgeRetention(e.ctx)
 			e.reapStopped(e.ctx)
 		}
 		now := time.Now()
@@ -52,7 +52,7 @@ func (e *Engine) reapExpired() {
 // reapStopped deletes the stopped sandboxes whose TTL has passed (they are
 // not live, so the reaper's every-second look at the live ones misses
 // them).
-func (e *Engine) reapStopped(ctx context.Context) {
+func (e *Runtime) reapStopped(ctx context.Context) {
 	recs, err := e.store.ListSandboxes(ctx)
 	if err != nil {
 		return

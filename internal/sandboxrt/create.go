@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 )
 
 // Create boots a new sandbox and returns it once its agent answers.
-func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sandbox.Sandbox, err error) {
+func (e *Runtime) Create(ctx context.Context, req sandbox.CreateRequest) (out *sandbox.Sandbox, err error) {
 	created := false // (then create recorded it)
 	defer func() {
 		if !created {
@@ -53,7 +53,7 @@ func (e *Engine) Create(ctx context.Context, req sandbox.CreateRequest) (out *sa
 // audit log's entry of the create commits with its admission (the record,
 // its budgets' reservation); one that fails after that gets a second
 // entry, which says how it failed.
-func (e *Engine) create(ctx context.Context, req sandbox.CreateRequest, o *clone.Origin) (_ *sandbox.Sandbox, err error) {
+func (e *Runtime) create(ctx context.Context, req sandbox.CreateRequest, o *clone.Origin) (_ *sandbox.Sandbox, err error) {
 	c := &creation{req: req, o: o, phases: newPhases(time.Now())}
 	defer func() {
 		if err != nil {
@@ -119,7 +119,7 @@ type createStep struct {
 	undo        func(context.Context, *creation, error)
 }
 
-func (e *Engine) createSteps() []createStep {
+func (e *Runtime) createSteps() []createStep {
 	return []createStep{
 		{name: "resolve", phase: "admit", do: e.resolveCreate, undo: e.unclaimMember},
 		{name: "reserve", phase: "admit", do: e.reserveCreate, undo: func(_ context.Context, c *creation, _ error) { e.capacity.Release(c.res) }},
@@ -136,7 +136,7 @@ func (e *Engine) createSteps() []createStep {
 
 // resolveCreate finds the image and size, and claims an idle pool member
 // of them if there is one.
-func (e *Engine) resolveCreate(_ context.Context, c *creation) (err error) {
+func (e *Runtime) resolveCreate(_ context.Context, c *creation) (err error) {
 	if c.res, c.imgName, err = c.req.Resolve(); err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ func (e *Engine) resolveCreate(_ context.Context, c *creation) (err error) {
 }
 
 // unclaimMember stops a claimed member whose machine no box owns yet.
-func (e *Engine) unclaimMember(_ context.Context, c *creation, _ error) {
+func (e *Runtime) unclaimMember(_ context.Context, c *creation, _ error) {
 	if c.pm != nil && !c.claimed {
 		e.clones.Discard(c.pm)
 	}
@@ -171,7 +171,7 @@ func (e *Engine) unclaimMember(_ context.Context, c *creation, _ error) {
 
 // reserveCreate reserves the host capacity (a member's passes to the
 // create), and picks a golden snapshot to restore from if there is one.
-func (e *Engine) reserveCreate(_ context.Context, c *creation) error {
+func (e *Runtime) reserveCreate(_ context.Context, c *creation) error {
 	if c.pm != nil {
 		return nil
 	}
@@ -190,7 +190,7 @@ func (e *Engine) reserveCreate(_ context.Context, c *creation) error {
 // crash half way is cleaned up on the next start; it is placed in its
 // project (budgets reserved, environment pinned) and audited in the same
 // transaction.
-func (e *Engine) admitCreate(ctx context.Context, c *creation) error {
+func (e *Runtime) admitCreate(ctx context.Context, c *creation) error {
 	now := time.Now().UTC()
 	id := sandbox.NewID()
 	if c.pm != nil {
@@ -246,7 +246,7 @@ func (e *Engine) admitCreate(ctx context.Context, c *creation) error {
 // unadmit takes back an admission nothing was made for: the record and
 // what its budgets reserved go. Once a box was made, its record stays,
 // deleted, with why (unmakeBox).
-func (e *Engine) unadmit(ctx context.Context, c *creation, _ error) {
+func (e *Runtime) unadmit(ctx context.Context, c *creation, _ error) {
 	if c.b != nil {
 		return
 	}
@@ -258,7 +258,7 @@ func (e *Engine) unadmit(ctx context.Context, c *creation, _ error) {
 
 // claimCreateName claims the sandbox's name in its account until the box
 // (which carries the name) is registered.
-func (e *Engine) claimCreateName(_ context.Context, c *creation) error {
+func (e *Runtime) claimCreateName(_ context.Context, c *creation) error {
 	if c.req.Name == "" {
 		return nil
 	}
@@ -273,7 +273,7 @@ func (e *Engine) claimCreateName(_ context.Context, c *creation) error {
 // makeBox makes the sandbox's box, locked until the create is over (so a
 // Delete that races with it waits its turn), and meters the sandbox while
 // it boots (see meter.Service.SettleAll).
-func (e *Engine) makeBox(_ context.Context, c *creation) error {
+func (e *Runtime) makeBox(_ context.Context, c *creation) error {
 	id := c.rec.ID
 	snap := *c.rec
 	e.boxes.creatingStarts(&snap)
@@ -289,7 +289,7 @@ func (e *Engine) makeBox(_ context.Context, c *creation) error {
 // unmakeBox destroys what the create made on the host; what it held while
 // it tried is charged (a failed boot ran). The record stays, deleted,
 // with why.
-func (e *Engine) unmakeBox(ctx context.Context, c *creation, why error) {
+func (e *Runtime) unmakeBox(ctx context.Context, c *creation, why error) {
 	e.meter.Final(ctx, c.b.rec)
 	e.destroy(ctx, c.b)
 	c.rec.State = sandbox.StateDeleted
@@ -300,7 +300,7 @@ func (e *Engine) unmakeBox(ctx context.Context, c *creation, why error) {
 // createKeys gives the sandbox its keys when crypto-erase is on, only in
 // the secret store (a claimed member keeps its own: its disk is written
 // under them).
-func (e *Engine) createKeys(ctx context.Context, c *creation) error {
+func (e *Runtime) createKeys(ctx context.Context, c *creation) error {
 	var keys sandboxkeys.Keys
 	switch {
 	case c.pm != nil && c.pm.Keys.Data != nil:
@@ -322,7 +322,7 @@ func (e *Engine) createKeys(ctx context.Context, c *creation) error {
 
 // createEnv seals the request's variables (or, restored, the source's
 // own) and loads the pinned environment's.
-func (e *Engine) createEnv(ctx context.Context, c *creation) error {
+func (e *Runtime) createEnv(ctx context.Context, c *creation) error {
 	vars := c.req.Env
 	if vars == nil && c.o != nil {
 		vars = c.o.Env
@@ -332,13 +332,13 @@ func (e *Engine) createEnv(ctx context.Context, c *creation) error {
 
 // createCredentials makes the sandbox's CA and loads its credential rules
 // for the proxy.
-func (e *Engine) createCredentials(ctx context.Context, c *creation) error {
+func (e *Runtime) createCredentials(ctx context.Context, c *creation) error {
 	return e.guests.PrepareCredentials(ctx, c.b.guest())
 }
 
 // bootCreate boots the machine, restores it from c.o, or takes over the
 // claimed member's.
-func (e *Engine) bootCreate(ctx context.Context, c *creation) error {
+func (e *Runtime) bootCreate(ctx context.Context, c *creation) error {
 	if c.pm != nil {
 		c.claimed = true
 		return e.claimBoot(ctx, c.b, c.pm)
@@ -347,7 +347,7 @@ func (e *Engine) bootCreate(ctx context.Context, c *creation) error {
 }
 
 // register makes the box live and stores its record as running.
-func (e *Engine) register(ctx context.Context, c *creation) error {
+func (e *Runtime) register(ctx context.Context, c *creation) error {
 	c.took = time.Since(c.phases.began)
 	c.rec.CreatePhases = c.phases.ms
 	c.rec.CreatePhases["total"] = float64(c.took.Microseconds()) / 1000
@@ -360,7 +360,7 @@ func (e *Engine) register(ctx context.Context, c *creation) error {
 }
 
 // created watches the new sandbox's machine and counts its create.
-func (e *Engine) created(c *creation) *sandbox.Sandbox {
+func (e *Runtime) created(c *creation) *sandbox.Sandbox {
 	b, rec := c.b, c.rec
 	e.watch(b)
 	took := c.took

@@ -1,10 +1,9 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
 	"time"
 
-	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/budget/meter"
 	"github.com/harebox/harebox/store"
 )
@@ -16,12 +15,6 @@ import (
 // Transition on a state change, Final and Release when it goes), starts
 // its loop every MeterInterval, and gives it its sandboxes (sandboxView)
 // and the budgets' actions on them.
-
-// Budgets are the engine's budgets and metered usage.
-func (e *Engine) Budgets() *budget.Service { return e.budgets }
-
-// Meter is the engine's metering of its sandboxes against their budgets.
-func (e *Engine) Meter() *meter.Service { return e.meter }
 
 // Locked implements meter.Sandboxes: a box busy in a lifecycle call (a
 // hung hypervisor, a long delete) is waited for until roundLockWait past

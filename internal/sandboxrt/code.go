@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -11,10 +11,6 @@ import (
 // (authorized and audited on their sandbox) and speaks to the server in
 // the guest through the agent; the engine gives it its running sandboxes
 // (codeView) and has it forget a sandbox's client when its machine goes.
-
-// Code runs cells in the sandboxes' code interpreters, for the principal
-// in the context.
-func (e *Engine) Code() *codeinterp.Service { return e.code }
 
 // codeView implements codeinterp.Sandboxes.
 type codeView struct{ sandboxView }

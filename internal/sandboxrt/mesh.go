@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 // setMesh gives the network rec's place on its project's mesh with its
 // mesh rules resolved for policy (mesh.Applier); if changedOnly, only
 // when they changed.
-func (e *Engine) setMesh(ctx context.Context, rec *store.Sandbox, policy *firewall.Policy, changedOnly bool) (*network.Attachment, error) {
+func (e *Runtime) setMesh(ctx context.Context, rec *store.Sandbox, policy *firewall.Policy, changedOnly bool) (*network.Attachment, error) {
 	if e.meshApply == nil {
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "sandbox %s is on its project's mesh, which this host's network does not serve", rec.ID)
 	}
@@ -24,7 +24,7 @@ func (e *Engine) setMesh(ctx context.Context, rec *store.Sandbox, policy *firewa
 // sandboxes again, resolved as the store says now (a peer joined or
 // left, a project's default changed: mesh.NoticeTopic), one round per
 // wake of meshWake, coalesced.
-func (e *Engine) refreshMesh() {
+func (e *Runtime) refreshMesh() {
 	defer e.wg.Done()
 	for {
 		select {
@@ -49,9 +49,9 @@ func (e *Engine) refreshMesh() {
 	}
 }
 
-// wakeMesh has refreshMesh run a round (once for any number of calls
+// WakeMesh has refreshMesh run a round (once for any number of calls
 // meanwhile).
-func (e *Engine) wakeMesh() {
+func (e *Runtime) WakeMesh() {
 	select {
 	case e.meshWake <- struct{}{}:
 	default:

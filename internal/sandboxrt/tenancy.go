@@ -1,35 +1,25 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
 
-	"github.com/harebox/harebox/apikey"
-	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
-	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/tenant"
 )
 
-// Tenants manages accounts, projects and fleets, for the principal in the
-// context (authz.WithPrincipal; none is the operator).
-func (e *Engine) Tenants() *tenant.Service { return e.tenants }
-
-// Keys manages scoped API keys and authenticates them.
-func (e *Engine) Keys() *apikey.Service { return e.keys }
-
 // check authorizes action on sandbox id for the principal in ctx. A
 // sandbox the principal may not see is ErrNotFound, exactly like a missing
 // one. The operator passes without a lookup.
-func (e *Engine) check(ctx context.Context, action, id string) error {
+func (e *Runtime) check(ctx context.Context, action, id string) error {
 	if err := e.allowed(ctx, action, id); err != nil {
 		return err
 	}
 	return e.here(ctx, action, id)
 }
 
-func (e *Engine) allowed(ctx context.Context, action, id string) error {
+func (e *Runtime) allowed(ctx context.Context, action, id string) error {
 	p := authz.From(ctx)
 	if p.Operator {
 		return nil
@@ -57,7 +47,7 @@ func (e *Engine) allowed(ctx context.Context, action, id string) error {
 // here refuses to act on another host's sandbox (its VM, disk and files
 // are there): a get reads its record, anything else goes to its host (a
 // REST server forwards it there).
-func (e *Engine) here(ctx context.Context, action, id string) error {
+func (e *Runtime) here(ctx context.Context, action, id string) error {
 	if !e.shared || action == "getSandbox" || e.boxes.get(id) != nil {
 		return nil
 	}
@@ -75,7 +65,7 @@ func elsewhereErr(what, host string) error {
 // Authorize reports whether the principal in ctx may do action on sandbox
 // id, which must exist: nil, or the error the call itself would return
 // first. A server uses it to answer before it commits to a stream.
-func (e *Engine) Authorize(ctx context.Context, action, id string) (err error) {
+func (e *Runtime) Authorize(ctx context.Context, action, id string) (err error) {
 	defer func() {
 		if err != nil { // the call will not be made: record its refusal
 			e.audited(ctx, action, id, &err)
@@ -95,7 +85,7 @@ func (e *Engine) Authorize(ctx context.Context, action, id string) (err error) {
 // (tenant.Place), pins its environment, gives it its place on its
 // project's mesh and admits it against its budgets, all in tx, the
 // create's transaction.
-func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequest, rec *store.Sandbox) error {
+func (e *Runtime) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequest, rec *store.Sandbox) error {
 	proj, err := e.tenants.Place(ctx, tx, req, rec)
 	if err != nil {
 		return err
@@ -114,7 +104,7 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, req *sandbox.CreateRequ
 
 // placeDefault puts a record that predates tenancy in the default account's
 // default project.
-func (e *Engine) placeDefault(ctx context.Context, rec *store.Sandbox) error {
+func (e *Runtime) placeDefault(ctx context.Context, rec *store.Sandbox) error {
 	return e.store.Update(ctx, func(tx store.Tx) error {
 		p, err := tx.ProjectByName(ctx, e.defaultAcc.ID, tenant.DefaultName)
 		if err != nil {
@@ -128,13 +118,13 @@ func (e *Engine) placeDefault(ctx context.Context, rec *store.Sandbox) error {
 
 // audited records, when a call ends, what the principal in ctx did to
 // sandbox id (and how it ended) in the audit log.
-func (e *Engine) audited(ctx context.Context, action, id string, err *error) {
+func (e *Runtime) audited(ctx context.Context, action, id string, err *error) {
 	e.audit.Record(ctx, action, e.accountOf(ctx, id), id, *err)
 }
 
 // accountOf is the account of sandbox id for its audit entries ("" when
 // there is no such sandbox).
-func (e *Engine) accountOf(ctx context.Context, id string) string {
+func (e *Runtime) accountOf(ctx context.Context, id string) string {
 	if b := e.boxes.get(id); b != nil {
 		return b.rec.AccountID
 	}
@@ -148,7 +138,7 @@ func (e *Engine) accountOf(ctx context.Context, id string) string {
 // principal in ctx, then calls call, and records the action and how it
 // ended in the audit log: a domain's service called directly (by the REST
 // layer) on a sandbox is checked and audited as the engine's own calls are.
-func (e *Engine) OnSandbox(ctx context.Context, action, id string, call func(context.Context) error) (err error) {
+func (e *Runtime) OnSandbox(ctx context.Context, action, id string, call func(context.Context) error) (err error) {
 	defer e.audited(ctx, action, id, &err)
 	if err := e.check(ctx, action, id); err != nil {
 		return err
@@ -158,10 +148,3 @@ func (e *Engine) OnSandbox(ctx context.Context, action, id string, call func(con
 	}
 	return call(ctx)
 }
-
-// History is the sandboxes' command history; a list on it goes through
-// OnSandbox with action listCommands.
-func (e *Engine) History() *history.Service { return e.history }
-
-// Audit is the engine's audit log.
-func (e *Engine) Audit() *audit.Log { return e.audit }

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 // Delete destroys a sandbox: its VM, disks and network. Deleting a deleted
 // sandbox is an error; the record stays, with state deleted.
-func (e *Engine) Delete(ctx context.Context, id string) (err error) {
+func (e *Runtime) Delete(ctx context.Context, id string) (err error) {
 	defer e.audited(ctx, "deleteSandbox", id, &err)
 	if err := e.check(ctx, "deleteSandbox", id); err != nil {
 		return err
@@ -82,7 +82,7 @@ func (e *Engine) Delete(ctx context.Context, id string) (err error) {
 // destroy stops the VM and removes everything the sandbox had on the host.
 // It is used on failed creates, deletes and stray records; it is
 // idempotent.
-func (e *Engine) destroy(ctx context.Context, b *box) error {
+func (e *Runtime) destroy(ctx context.Context, b *box) error {
 	var errs []error
 	// The key goes first: whatever is left behind after this point is
 	// ciphertext without a key.
@@ -147,7 +147,7 @@ func retryUnavailable(ctx context.Context, f func() error) error {
 // store, its data key aside (erased first, by the caller): its URLs,
 // environment and CA key, console identity, command history, and what it
 // reserved in its budgets (a settled sandbox has nothing left to release).
-func (e *Engine) forgetStored(ctx context.Context, b *box) error {
+func (e *Runtime) forgetStored(ctx context.Context, b *box) error {
 	return errors.Join(e.urls.Forget(ctx, b.rec.ID), e.guests.Erase(ctx, b.rec.ID), sandboxkeys.Forget(ctx, e.sec, b.rec.ID), e.history.Erase(ctx, b.rec.ID),
 		e.meter.Release(ctx, b.rec), e.mesh.Leave(ctx, b.rec.ID))
 }

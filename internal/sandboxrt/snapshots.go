@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -14,11 +14,8 @@ import (
 // calls on snapshots); the engine lends it its sandboxes, held under their
 // locks, and writes a held sandbox's snapshot.
 
-// Snapshots takes, keeps and restores snapshots, and forks sandboxes.
-func (e *Engine) Snapshots() *clone.Snapshots { return e.snaps }
-
 // snapshotSources implements clone.Sources and clone.Hosts.
-type snapshotSources struct{ e *Engine }
+type snapshotSources struct{ e *Runtime }
 
 func (s snapshotSources) Check(ctx context.Context, action, id string) error {
 	return s.e.check(ctx, action, id)
@@ -60,7 +57,7 @@ func (s snapshotSources) SnapshotHere(ctx context.Context, id string) error {
 // writeSnapshot writes b's snapshot into dir under key (nil exactly when
 // b has no data key). A running sandbox is paused only while the backend
 // writes; the caller holds b.mu.
-func (e *Engine) writeSnapshot(ctx context.Context, b *box, dir string, key []byte) error {
+func (e *Runtime) writeSnapshot(ctx context.Context, b *box, dir string, key []byte) error {
 	wasRunning := b.rec.State == sandbox.StateRunning
 	if wasRunning {
 		// The source flushes its dirty pages once, so that no clone
@@ -105,7 +102,7 @@ func (e *Engine) writeSnapshot(ctx context.Context, b *box, dir string, key []by
 
 // detachVolumes detaches b's volumes from its running machine for a
 // snapshot of it; a paused one cannot unmount them: it is refused.
-func (e *Engine) detachVolumes(ctx context.Context, b *box) error {
+func (e *Runtime) detachVolumes(ctx context.Context, b *box) error {
 	if b.rec.State != sandbox.StateRunning {
 		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s and has volumes attached: its guest must unmount them for a snapshot; resume it first", b.rec.ID, b.rec.State)
 	}

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"io"
@@ -45,7 +45,7 @@ func consoleTail(b *box, n int) string {
 }
 
 // boundSerialLogs truncates console logs that grew past the bound.
-func (e *Engine) boundSerialLogs() {
+func (e *Runtime) boundSerialLogs() {
 	for _, b := range e.boxes.all() {
 		d := b.rec.StateDir
 		if fi, err := os.Stat(serialLog(d)); err == nil && fi.Size() > MaxSerialLogBytes {

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -11,10 +11,6 @@ import (
 // sandbox; the engine gives it its running sandboxes (sandboxView.Running)
 // and their agents (whose errors are the API's kinds), and has it forget a
 // sandbox's processes when its machine goes.
-
-// Processes runs the sandboxes' background processes, for the principal
-// in the context.
-func (e *Engine) Processes() *processes.Service { return e.processes }
 
 // Running implements processes.Sandboxes.
 func (s sandboxView) Running(ctx context.Context, id string) (*processes.Sandbox, error) {

@@ -1,9 +1,8 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
 
-	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -12,19 +11,11 @@ import (
 // project, audited); the engine gives it its sandboxes (sandboxView) and
 // unpublishes a sandbox's URLs when it is destroyed.
 
-// URLs is the engine's ingress: the caller serves it on its own listener
-// (Serve) at Options.Ingress.
-func (e *Engine) URLs() *ingress.Service { return e.urls }
-
-// URLCalls are the URL and URL CA calls for the principal in the context
-// (authz.WithPrincipal; none is the operator), as the REST API makes them.
-func (e *Engine) URLCalls() *ingress.Calls { return e.urlCalls }
-
 // sandboxView is what the domain services need of the engine's
 // sandboxes: ingress.Calls' Sandboxes, monitor.Sandboxes (with
 // Monitored, in monitor.go), meter.Sandboxes (in budgets.go) and
 // processes.Sandboxes (with Running, in processes.go).
-type sandboxView struct{ e *Engine }
+type sandboxView struct{ e *Runtime }
 
 func (s sandboxView) Check(ctx context.Context, action, id string) error {
 	return s.e.check(ctx, action, id)

@@ -1,9 +1,7 @@
-package harebox
+package sandboxrt
 
 import (
-	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/guestenv"
-	"github.com/harebox/harebox/volume"
 )
 
 // What a guest is given is package guestenv's: the engine calls it at
@@ -12,12 +10,6 @@ import (
 // Deliver after every boot, Erase at delete), gives it the live
 // sandboxes' Guests (sandboxView.Guest) and their agents; the box holds
 // what its sandbox is given.
-
-// Environments manages environments, for the principal in the context.
-func (e *Engine) Environments() *env.Service { return e.envs }
-
-// Volumes is the volumes' service (the REST layer calls it directly).
-func (e *Engine) Volumes() *volume.Service { return e.volumes }
 
 // guest is the box's sandbox as package guestenv's calls take it.
 func (b *box) guest() guestenv.Sandbox {

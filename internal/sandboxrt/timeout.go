@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 // SetTimeout sets when a running or paused sandbox expires: ttl from now
 // (the reaper deletes it then, as a create's TTL does), or never for a ttl
 // of 0. It replaces whatever TTL the sandbox had, shorter or longer.
-func (e *Engine) SetTimeout(ctx context.Context, id string, ttl time.Duration) (_ *sandbox.Sandbox, err error) {
+func (e *Runtime) SetTimeout(ctx context.Context, id string, ttl time.Duration) (_ *sandbox.Sandbox, err error) {
 	defer e.audited(ctx, "setSandboxTimeout", id, &err)
 	if err := e.check(ctx, "setSandboxTimeout", id); err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // key and its record; Start boots it again on that disk. What ran in it
 // (processes, memory) is gone; its network is given up and made again at
 // Start. A stopped sandbox holds no host capacity and is charged for its disk only.
-func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
+func (e *Runtime) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
 	defer e.audited(ctx, "stopSandbox", id, &err)
 	if err := e.check(ctx, "stopSandbox", id); err != nil {
 		return nil, err
@@ -84,7 +84,7 @@ func (e *Engine) Stop(ctx context.Context, id string) (_ *sandbox.Sandbox, err e
 // Start boots a sandbox that Stop stopped, on the disk it kept, with its
 // environment, credentials and firewall policy; it is admitted again (host
 // capacity, budgets) as a create is.
-func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
+func (e *Runtime) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
 	defer e.audited(ctx, "startSandbox", id, &err)
 	if err := e.check(ctx, "startSandbox", id); err != nil {
 		return nil, err
@@ -112,7 +112,7 @@ func (e *Engine) Start(ctx context.Context, id string) (_ *sandbox.Sandbox, err 
 // admitted as a create is (host capacity, budgets), with its keys, env,
 // credentials and firewall policy; run launches its machine. On failure it
 // is kept as it was, in the state it had.
-func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string, run func(*box, images.Image) error) (*sandbox.Sandbox, error) {
+func (e *Runtime) bringBack(ctx context.Context, rec *store.Sandbox, verb string, run func(*box, images.Image) error) (*sandbox.Sandbox, error) {
 	id, from := rec.ID, rec.State
 	img, err := e.imageOf(rec)
 	if err != nil {
@@ -196,7 +196,7 @@ func (e *Engine) bringBack(ctx context.Context, rec *store.Sandbox, verb string,
 
 // imageOf is the image build a sandbox was created from (for records from
 // before builds were recorded: the newest build of its image's name).
-func (e *Engine) imageOf(rec *store.Sandbox) (images.Image, error) {
+func (e *Runtime) imageOf(rec *store.Sandbox) (images.Image, error) {
 	if rec.ImageDir == "" {
 		return e.catalog.Lookup(rec.Image)
 	}

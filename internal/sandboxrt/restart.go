@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -14,10 +14,10 @@ import (
 	"github.com/harebox/harebox/secrets/sandboxkeys"
 )
 
-// adopt runs at start: it re-attaches to sandboxes whose VMs still run,
+// Adopt runs at start: it re-attaches to sandboxes whose VMs still run,
 // marks the ones whose VMs died as stopped, and cleans up what a crash left
 // half-made (records in "creating", machine directories with no record).
-func (e *Engine) adopt(ctx context.Context) error {
+func (e *Runtime) Adopt(ctx context.Context) error {
 	recs, err := e.store.ListSandboxes(ctx)
 	if err != nil {
 		return err
@@ -28,7 +28,7 @@ func (e *Engine) adopt(ctx context.Context) error {
 		if e.hosts.Foreign(rec) {
 			continue // (another host's)
 		}
-		if e.shared && rec.Host == "" && !fileExists(rec.StateDir) {
+		if e.shared && rec.Host == "" && !exists(rec.StateDir) {
 			// From before hosts, and nothing of it on this machine:
 			// another host's (it takes it when it starts).
 			continue
@@ -156,4 +156,9 @@ func (e *Engine) adopt(ctx context.Context) error {
 		}
 	}
 	return e.net.Prune(ctx, live)
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -24,7 +24,7 @@ const (
 // watchAgents asks every running sandbox's agent for its health every
 // interval, so a sandbox whose agent died and stays dead is reported as
 // such instead of as a healthy running one.
-func (e *Engine) watchAgents(interval time.Duration) {
+func (e *Runtime) watchAgents(interval time.Duration) {
 	defer e.wg.Done()
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -55,7 +55,7 @@ func (e *Engine) watchAgents(interval time.Duration) {
 }
 
 // checkAgent checks one sandbox's agent and records the result.
-func (e *Engine) checkAgent(b *box, timeout time.Duration) {
+func (e *Runtime) checkAgent(b *box, timeout time.Duration) {
 	b.mu.Lock()
 	running := b.rec.State == sandbox.StateRunning
 	b.mu.Unlock()

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // attachment (the guest's interface is moved to it), and removes them.
 
 // Hibernate writes a sandbox's memory to disk and frees its host RAM.
-func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
+func (e *Runtime) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, err error) {
 	defer e.audited(ctx, "hibernateSandbox", id, &err)
 	if err := e.check(ctx, "hibernateSandbox", id); err != nil {
 		return nil, err
@@ -44,7 +44,7 @@ func (e *Engine) Hibernate(ctx context.Context, id string) (_ *sandbox.Sandbox, 
 
 // hibernate hibernates b, whose lock the caller holds. With hold, b stays
 // registered (a move holds it so until it is done); else it is kept.
-func (e *Engine) hibernate(ctx context.Context, b *box, hold bool) error {
+func (e *Runtime) hibernate(ctx context.Context, b *box, hold bool) error {
 	id := b.rec.ID
 	if err := sandbox.CanTransition(b.rec.State, sandbox.StateHibernated); err != nil {
 		return err
@@ -129,7 +129,7 @@ func (e *Engine) hibernate(ctx context.Context, b *box, hold bool) error {
 
 // wake resumes a hibernated sandbox: admitted again (host capacity,
 // budgets) as a create is, then restored from its hibernation files.
-func (e *Engine) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox, error) {
+func (e *Runtime) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbox, error) {
 	id := rec.ID
 	out, err := e.bringBack(ctx, rec, "resumed", func(b *box, img images.Image) error {
 		o, err := e.hibernation.Origin(id, b.keys.Data)

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"bytes"
@@ -68,7 +68,7 @@ func (b *box) view() *sandbox.Sandbox {
 
 // client returns a live agent connection, redialling when the last one
 // died (agent restart, VM restore, keepalive timeout).
-func (b *box) client(ctx context.Context, e *Engine) (*agentclient.Client, error) {
+func (b *box) client(ctx context.Context, e *Runtime) (*agentclient.Client, error) {
 	b.amu.Lock()
 	defer b.amu.Unlock()
 	if b.hangup != nil {
@@ -110,7 +110,7 @@ func (b *box) useMachine(m hypervisor.Machine) {
 
 // hangUp hangs up on b's agent (closeAgent) and has the services that
 // keep something of its guest forget it: its machine goes.
-func (e *Engine) hangUp(b *box, why error) {
+func (e *Runtime) hangUp(b *box, why error) {
 	b.closeAgent(why)
 	e.processes.Forget(b.rec.ID)
 	e.code.Forget(b.rec.ID)
@@ -158,12 +158,12 @@ func (b *box) lockBy(deadline time.Time) bool {
 	}
 }
 
-func (e *Engine) agentOptions() agentclient.Options {
+func (e *Runtime) agentOptions() agentclient.Options {
 	return agentclient.Options{MaxOutput: e.opts.MaxOutputBytes}
 }
 
 // liveOrErr returns a live box or the error that explains why there is none.
-func (e *Engine) liveOrErr(ctx context.Context, id string) (*box, error) {
+func (e *Runtime) liveOrErr(ctx context.Context, id string) (*box, error) {
 	if b := e.boxes.get(id); b != nil {
 		return b, nil
 	}
@@ -174,7 +174,7 @@ func (e *Engine) liveOrErr(ctx context.Context, id string) (*box, error) {
 	return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s", id, rec.State)
 }
 
-func (e *Engine) record(ctx context.Context, id string) (*store.Sandbox, error) {
+func (e *Runtime) record(ctx context.Context, id string) (*store.Sandbox, error) {
 	if !sandbox.ValidID(id) {
 		return nil, sandbox.Errorf(sandbox.ErrNotFound, "", "no sandbox %q", id)
 	}
@@ -186,7 +186,7 @@ func (e *Engine) record(ctx context.Context, id string) (*store.Sandbox, error) 
 }
 
 // stopped records that a sandbox's VM is gone and removes its leftovers.
-func (e *Engine) stopped(ctx context.Context, b *box, why string) {
+func (e *Runtime) stopped(ctx context.Context, b *box, why string) {
 	e.destroy(ctx, b)
 	b.rec.State, b.rec.Error, b.rec.Kept = sandbox.StateStopped, why, false
 	e.store.PutSandbox(ctx, b.rec)
@@ -194,7 +194,7 @@ func (e *Engine) stopped(ctx context.Context, b *box, why string) {
 
 // watch notices a VM that exits on its own (guest poweroff, crash, OOM
 // kill) and marks its sandbox stopped.
-func (e *Engine) watch(b *box) {
+func (e *Runtime) watch(b *box) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()

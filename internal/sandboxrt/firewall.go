@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 )
 
 // Firewall returns a sandbox's firewall policy.
-func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, error) {
+func (e *Runtime) Firewall(ctx context.Context, id string) (*firewall.Policy, error) {
 	if err := e.check(ctx, "getFirewall", id); err != nil {
 		return nil, err
 	}
@@ -30,7 +30,7 @@ func (e *Engine) Firewall(ctx context.Context, id string) (*firewall.Policy, err
 // SetFirewall replaces a sandbox's firewall policy. The policy is
 // validated and enforced before it is stored; if either fails, the old
 // policy stays in force.
-func (e *Engine) SetFirewall(ctx context.Context, id string, p *firewall.Policy) (_ *firewall.Policy, err error) {
+func (e *Runtime) SetFirewall(ctx context.Context, id string, p *firewall.Policy) (_ *firewall.Policy, err error) {
 	defer e.audited(ctx, "setFirewall", id, &err)
 	if err := e.check(ctx, "setFirewall", id); err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -14,12 +14,8 @@ import (
 // Monitoring is package monitor's: it samples the sandboxes the engine
 // gives it (sandboxView.Monitored) every MetricsInterval, answers the
 // metrics queries (the REST API calls it directly) and purges samples by
-// retention (purgeRetention). The counts of the engine itself (Stats)
+// retention (PurgeRetention). The counts of the engine itself (Stats)
 // are the engine's.
-
-// Monitor is the engine's monitoring: samples and their queries, for the
-// principal in the context.
-func (e *Engine) Monitor() *monitor.Service { return e.monitor }
 
 // Monitored implements monitor.Sandboxes: a box busy in a lifecycle call
 // is waited for until roundLockWait past the round's start, as the
@@ -39,16 +35,16 @@ func (s sandboxView) Monitored(ctx context.Context, fn func(vm hypervisor.Machin
 	}
 }
 
-// purgeRetention applies every account's retention now: its command
+// PurgeRetention applies every account's retention now: its command
 // history, and its monitoring samples, kept as long as history.
-func (e *Engine) purgeRetention(ctx context.Context) {
+func (e *Runtime) PurgeRetention(ctx context.Context) {
 	e.monitor.Purge(ctx)
 	e.history.Purge(ctx)
 }
 
 // Stats returns the engine's counts now (for a principal that
 // monitor.MayReadServer allows: they are the host's, across accounts).
-func (e *Engine) Stats(ctx context.Context) (monitor.Stats, error) {
+func (e *Runtime) Stats(ctx context.Context) (monitor.Stats, error) {
 	if err := monitor.MayReadServer(authz.From(ctx)); err != nil {
 		return monitor.Stats{}, err
 	}

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"maps"

@@ -1,4 +1,4 @@
-package harebox
+package sandboxrt
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // boot attaches the network, launches the VM and waits for its agent.
 // With reuse, the machine boots again on the disk it left (Start); with
 // o, it is restored from a snapshot and given its own identity.
-func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool, o *clone.Origin) error {
+func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool, o *clone.Origin) error {
 	rec := b.rec
 	policy, err := firewall.Stored(rec.Extra[firewall.RecordKey])
 	if err != nil {
@@ -88,7 +88,7 @@ func (e *Engine) boot(ctx context.Context, b *box, img images.Image, reuse bool,
 
 // attach prepares rec's host network with policy in force, and its
 // place on its project's mesh if it has one.
-func (e *Engine) attach(ctx context.Context, rec *store.Sandbox, policy *firewall.Policy) (*network.Attachment, error) {
+func (e *Runtime) attach(ctx context.Context, rec *store.Sandbox, policy *firewall.Policy) (*network.Attachment, error) {
 	att, err := e.net.Attach(ctx, rec.ID, policy)
 	if err != nil {
 		return nil, err
@@ -119,7 +119,7 @@ func imageSpec(id, stateDir string, img images.Image, res sandbox.Resources, att
 // provision gives a guest that answers what every boot gives it: the
 // host's clock, its environment's files and its credentials CA, and its
 // volumes.
-func (e *Engine) provision(ctx context.Context, b *box, c *agentclient.Client) error {
+func (e *Runtime) provision(ctx context.Context, b *box, c *agentclient.Client) error {
 	if err := c.SyncTime(ctx, time.Now()); err != nil {
 		return err
 	}

@@ -1,0 +1,205 @@
+// Package sandboxrt is the sandbox runtime: the boxes of one host and
+// their table, create as named steps with their undo, destroy, the
+// transitions (pause, stop and start, hibernate and wake), re-adoption at
+// start, the TTL reaper and the agents' health, and the views of its
+// sandboxes that the domain services are lent.
+//
+// Only package harebox imports it: harebox.New composes the parts and
+// wires them in (Wire), and harebox.Engine's calls on sandboxes forward
+// here. Each domain (budgets, environments, URLs, volumes, clones, moves)
+// stays in its own package; the runtime calls it at fixed points of a
+// sandbox's life.
+package sandboxrt
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/audit"
+	"github.com/harebox/harebox/budget/meter"
+	"github.com/harebox/harebox/capacity"
+	"github.com/harebox/harebox/clone"
+	"github.com/harebox/harebox/cluster"
+	"github.com/harebox/harebox/codeinterp"
+	"github.com/harebox/harebox/commands"
+	"github.com/harebox/harebox/files"
+	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/guestenv"
+	"github.com/harebox/harebox/history"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/images/catalog"
+	"github.com/harebox/harebox/ingress"
+	"github.com/harebox/harebox/mesh"
+	"github.com/harebox/harebox/monitor"
+	"github.com/harebox/harebox/move/mover"
+	"github.com/harebox/harebox/network"
+	"github.com/harebox/harebox/processes"
+	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/tenant"
+	"github.com/harebox/harebox/volume"
+)
+
+// Config is what the runtime takes of harebox.Options.
+type Config struct {
+	Site            sandbox.Site
+	BootTimeout     time.Duration
+	MaxOutputBytes  int
+	DefaultFirewall *firewall.Policy
+	Images          map[string]images.Image
+	// MachinesDir holds each sandbox's state directory.
+	MachinesDir string
+}
+
+// Parts are the pieces harebox.New composed, handed to the runtime once
+// they all exist (Wire).
+type Parts struct {
+	Store       store.Store
+	Hypervisor  hypervisor.Hypervisor
+	Network     network.Network
+	Secrets     secrets.Store
+	Capacity    *capacity.Host
+	Meter       *meter.Service
+	Tenants     *tenant.Service
+	Guests      *guestenv.Service
+	Volumes     *volume.Service
+	Mesh        *mesh.Service
+	MeshApply   *mesh.Applier // nil: the network has no mesh
+	URLs        *ingress.Service
+	History     *history.Service
+	Monitor     *monitor.Service
+	Processes   *processes.Service
+	Code        *codeinterp.Service
+	Catalog     *catalog.Catalog
+	Clones      *clone.Service
+	Snapshots   *clone.Snapshots
+	Hibernation *clone.Hibernation
+	Moves       *mover.Service
+	Audit       *audit.Log
+	Hosts       *cluster.Registry
+	// DefaultAccount is where records from before tenancy are placed.
+	DefaultAccount *tenant.Account
+	// Encrypt: the backend encrypts under Spec.DataKey, so every sandbox
+	// gets a data key (crypto-erase). Reuse: it boots a machine again on
+	// its disks (Stop/Start). Shared: other hosts share the store.
+	Encrypt, Reuse, Shared bool
+}
+
+// Runtime runs one host's sandboxes. It is safe for concurrent use.
+type Runtime struct {
+	opts Config
+	log  *slog.Logger
+
+	store       store.Store
+	hv          hypervisor.Hypervisor
+	net         network.Network
+	sec         secrets.Store
+	capacity    *capacity.Host // what the host's sandboxes reserve
+	meter       *meter.Service
+	tenants     *tenant.Service
+	guests      *guestenv.Service
+	volumes     *volume.Service
+	mesh        *mesh.Service
+	meshApply   *mesh.Applier
+	urls        *ingress.Service
+	history     *history.Service
+	monitor     *monitor.Service
+	processes   *processes.Service
+	code        *codeinterp.Service
+	catalog     *catalog.Catalog
+	clones      *clone.Service
+	snaps       *clone.Snapshots
+	hibernation *clone.Hibernation
+	moves       *mover.Service
+	audit       *audit.Log
+	hosts       *cluster.Registry
+	defaultAcc  *tenant.Account
+	encrypt     bool
+	reuse       bool
+	shared      bool
+
+	boxes    *table
+	meshWake chan struct{} // refreshMesh's
+	// creates sums the creates' timings by how they were served.
+	creates createStats
+
+	ctx context.Context // lives until the engine closes
+	wg  *sync.WaitGroup // the engine's: Close waits for the runtime's loops
+}
+
+// New makes a runtime with no sandboxes; nothing runs until Run. Its
+// views (Views) may be handed out at once; no call on them may come
+// before Wire.
+func New(ctx context.Context, wg *sync.WaitGroup, c Config, log *slog.Logger) *Runtime {
+	return &Runtime{opts: c, log: log, boxes: newTable(), meshWake: make(chan struct{}, 1), ctx: ctx, wg: wg}
+}
+
+// Wire gives the runtime its parts, before Adopt.
+func (e *Runtime) Wire(p Parts) {
+	e.store, e.hv, e.net, e.sec = p.Store, p.Hypervisor, p.Network, p.Secrets
+	e.capacity, e.meter, e.tenants, e.guests, e.volumes = p.Capacity, p.Meter, p.Tenants, p.Guests, p.Volumes
+	e.mesh, e.meshApply, e.urls, e.history, e.monitor = p.Mesh, p.MeshApply, p.URLs, p.History, p.Monitor
+	e.processes, e.code, e.catalog, e.clones, e.snaps = p.Processes, p.Code, p.Catalog, p.Clones, p.Snapshots
+	e.hibernation, e.moves, e.audit, e.hosts, e.defaultAcc = p.Hibernation, p.Moves, p.Audit, p.Hosts, p.DefaultAccount
+	e.encrypt, e.reuse, e.shared = p.Encrypt, p.Reuse, p.Shared
+}
+
+// Run starts the runtime's loops on the engine's context and wait group:
+// the TTL reaper, the agents' health checks every health (none if not
+// positive), and the mesh's refresh when the network has a mesh.
+func (e *Runtime) Run(health time.Duration) {
+	if e.meshApply != nil {
+		e.wg.Add(1)
+		go e.refreshMesh()
+	}
+	e.wg.Add(1)
+	go e.reapExpired()
+	if health > 0 {
+		e.wg.Add(1)
+		go e.watchAgents(health)
+	}
+}
+
+// HangUpAll closes every live sandbox's agent connection with why (the
+// engine is closing; the sandboxes run on).
+func (e *Runtime) HangUpAll(why error) {
+	for _, b := range e.boxes.all() {
+		b.closeAgent(why)
+	}
+}
+
+// AgentOptions are how the runtime dials its sandboxes' agents.
+func (e *Runtime) AgentOptions() agentclient.Options { return e.agentOptions() }
+
+// Views are the runtime's sandboxes as each domain service takes them.
+type Views struct {
+	Monitor   monitor.Sandboxes
+	Guests    guestenv.Sandboxes
+	URLs      ingress.Sandboxes
+	Processes processes.Sandboxes
+	Meter     meter.Sandboxes
+	Code      codeinterp.Sandboxes
+	Commands  commands.Sandboxes
+	Files     files.Sandboxes
+	Clones    clone.Host
+	Snapshots interface {
+		clone.Sources
+		clone.Hosts
+	}
+	Hosts cluster.Sandboxes
+	Moves mover.Runtime
+}
+
+// Views returns the views of the runtime's sandboxes.
+func (e *Runtime) Views() Views {
+	v := sandboxView{e}
+	return Views{Monitor: v, Guests: v, URLs: v, Processes: v, Meter: v, Code: codeView{v}, Commands: commandView{v},
+		Files: fileView{v}, Clones: cloneHost{e}, Snapshots: snapshotSources{e}, Hosts: hostView{e}, Moves: moveRuntime{e}}
+}
+
+func (e *Runtime) machinesDir() string { return e.opts.MachinesDir }
