@@ -86,6 +86,10 @@ type Service struct {
 	o Options
 	// wake asks the loop to act on a budget just reached.
 	wake chan struct{}
+	// acting serializes the rounds of actions (the loop's, on a wake,
+	// and a Settle's): two at once would each act on part of a budget's
+	// sandboxes and record part of what it did.
+	acting sync.Mutex
 }
 
 // New returns a Service over o.
@@ -310,6 +314,8 @@ func (s *Service) Snapshot(ctx context.Context, sn *store.Snapshot, admit, final
 // still runs (it was booting, or an attempt failed) is acted on at the
 // next round; an action decided before a crash is done at the next start.
 func (s *Service) act(ctx context.Context) error {
+	s.acting.Lock()
+	defer s.acting.Unlock()
 	due, err := s.o.Budgets.Enforced(ctx)
 	if err != nil {
 		return err
