@@ -105,29 +105,35 @@ test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 # (-w: a quarter of a link; tracebacks do not need it).
 test: export GOFLAGS += -trimpath -ldflags=-w
 test: deps prebuild-default-image vet lint-openapi
-	@# The longest packages first (the engine's, then the end-to-end
-	@# ones, each a few minutes, then those of a minute or so, then those
-	@# of 10 to 30 s): go test starts packages in the order given, two at
-	@# a time on two cores, so the run ends on short ones rather than with
-	@# one core idle (the images' package, 70 s, last of all ended a run).
-	@# The second to start waits about two minutes for the Debian image
-	@# (built in the background from the start): e2e, the shortest of the
-	@# long ones, so that no package goes over 8 minutes.
+	@# The packages with guests run in the main run, the longest first
+	@# (the engine's, then the end-to-end ones, each a few minutes, then
+	@# those of a minute or so): go test starts packages in the order
+	@# given, two at a time on two cores. The second to start waits about
+	@# two minutes for the Debian image (built in the background from the
+	@# start): e2e, the shortest of the long ones, so that no package goes
+	@# over 8 minutes.
+	@# Beside it, one at a time, on the core the guests leave idle now and
+	@# then: the engine's concurrency tests again, several times, under
+	@# the race detector (in memory, no VM), then every other package
+	@# (seconds each, most of it building; last in the main run, they
+	@# ended it with a core idle for a minute).
 	@# testlog prints what go test would (results, failures' output) and
-	@# keeps each test's time: the run ends with the 10 slowest tests.
+	@# keeps each test's time: the run ends with the 10 slowest tests,
+	@# even after a failure (read from the file).
 	@mkdir -p $(CACHE) && rm -f $(CACHE)/test-times.tsv && $(GO) build -o $(BIN)/testlog ./internal/cmd/testlog
-	@# The engine's concurrency tests run again, several times, under the
-	@# race detector, beside the main run rather than after it: they are
-	@# in-memory (no VM) and take a core the VMs leave idle now and then.
-	@# Their output follows the main run's; a failed run still ends with
-	@# the slowest tests (read from the file).
 	@set -o pipefail; \
+	rest=$$($(GO) list ./... | grep -vxF "$$($(GO) list $(GUEST_PACKAGES))"); \
 	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
-		$(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-race.log 2>&1 ) & race=$$!; \
-	$(GO) test -json -timeout 24m -count=1 . ./e2e/ ./e2e/clients/ ./e2e/host/ ./e2e/code/ ./e2e/console/ ./images/ ./network/linuxnet/ ./api/ ./backends/qemu/ ./agent/client/ ./backends/cloudhypervisor/ ./network/wgtunnel/ ./hypervisor/vhostblk/ ./e2b/envd/ ./hypervisor/overlay/ ./hypervisor/voldisk/ ./ingress/ ./... 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
-	wait $$race; raced=$$?; echo "under the race detector:"; cat $(CACHE)/test-race.log; \
+		$(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-race.log 2>&1; raced=$$?; \
+		$(GO) test -json -p 1 -timeout 10m -count=1 $$rest 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-rest.log 2>&1 && test $$raced = 0 ) & beside=$$!; \
+	$(GO) test -json -timeout 24m -count=1 $(GUEST_PACKAGES) 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
+	wait $$beside; besides=$$?; echo "the other packages, and under the race detector:"; cat $(CACHE)/test-rest.log $(CACHE)/test-race.log; \
 	$(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10 </dev/null; \
-	test $$main = 0 && test $$raced = 0
+	test $$main = 0 && test $$besides = 0
+
+# GUEST_PACKAGES are the packages whose tests run guests (QEMU), longest
+# first: make test runs them two at a time, and the rest beside them.
+GUEST_PACKAGES := . ./e2e/ ./e2e/clients/ ./e2e/host/ ./e2e/code/ ./e2e/console/ ./images/ ./network/linuxnet/ ./api/ ./backends/qemu/
 
 # Each fuzz target for a short while (go test -fuzz takes one target at a time).
 fuzz:
