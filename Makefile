@@ -122,7 +122,8 @@ test: deps prebuild-default-image vet lint-openapi
 	@# even after a failure (read from the file).
 	@mkdir -p $(CACHE) && rm -f $(CACHE)/test-times.tsv && $(GO) build -o $(BIN)/testlog ./internal/cmd/testlog
 	@set -o pipefail; \
-	rest=$$($(GO) list ./... | grep -vxF "$$($(GO) list $(GUEST_PACKAGES))"); \
+	guests=$$($(GO) list $(GUEST_PACKAGES)) && rest=$$($(GO) list ./... | grep -vxF "$$guests") && test -n "$$guests" || \
+		{ echo "make test: cannot list the packages"; exit 1; }; \
 	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
 		$(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-race.log 2>&1; raced=$$?; \
 		$(GO) test -json -p 1 -timeout 10m -count=1 $$rest 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-rest.log 2>&1 && test $$raced = 0 ) & beside=$$!; \
@@ -133,7 +134,7 @@ test: deps prebuild-default-image vet lint-openapi
 
 # GUEST_PACKAGES are the packages whose tests run guests (QEMU), longest
 # first: make test runs them two at a time, and the rest beside them.
-GUEST_PACKAGES := . ./e2e/ ./e2e/clients/ ./e2e/host/ ./e2e/code/ ./e2e/console/ ./images/ ./network/linuxnet/ ./api/ ./backends/qemu/
+GUEST_PACKAGES := . ./e2e/ ./e2e/clients/ ./e2e/host/ ./e2e/code/ ./e2e/console/ ./images/ ./network/linuxnet/ ./api/ ./backends/qemu/ ./hypervisor/vhostblk/
 
 # Each fuzz target for a short while (go test -fuzz takes one target at a time).
 fuzz:

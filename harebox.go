@@ -94,6 +94,8 @@ type Engine struct {
 	events   *events.Service
 
 	// shared: other hosts share the store (see cluster.Registry.Foreign).
+	// It, hosts and capacity are set once in New, before the runtime is
+	// wired with them.
 	shared   bool
 	capacity *capacity.Host // what the host's sandboxes reserve
 
