@@ -25,10 +25,10 @@ import (
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/codeinterp"
 	"github.com/harebox/harebox/commands"
+	"github.com/harebox/harebox/env"
 	"github.com/harebox/harebox/files"
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/guestenv"
-	"github.com/harebox/harebox/history"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/images/catalog"
@@ -64,17 +64,17 @@ type Parts struct {
 	Network     network.Network
 	Secrets     secrets.Store
 	Capacity    *capacity.Host
-	Meter       *meter.Service
+	Meter       Meter
 	Tenants     *tenant.Service
-	Guests      *guestenv.Service
-	Volumes     *volume.Service
+	Guests      Guests
+	Volumes     Volumes
 	Mesh        *mesh.Service
 	MeshApply   *mesh.Applier // nil: the network has no mesh
-	URLs        *ingress.Service
-	History     *history.Service
-	Monitor     *monitor.Service
-	Processes   *processes.Service
-	Code        *codeinterp.Service
+	URLs        URLs
+	History     History
+	Monitor     Purger
+	Processes   Forgetter
+	Code        Forgetter
 	Catalog     *catalog.Catalog
 	Clones      *clone.Service
 	Snapshots   *clone.Snapshots
@@ -90,6 +90,62 @@ type Parts struct {
 	Encrypt, Reuse, Shared bool
 }
 
+// The domains the runtime calls at fixed points of a sandbox's life, each
+// as the calls it makes (harebox.New wires in the services).
+type (
+	// Meter charges a sandbox (budget/meter): admitted when it is placed,
+	// settled at each transition, finally and released when it goes, and
+	// kept when another host hands it over.
+	Meter interface {
+		Admit(ctx context.Context, tx store.Tx, rec *store.Sandbox) error
+		Transition(ctx context.Context, rec *store.Sandbox, next sandbox.State, admit bool) error
+		Final(ctx context.Context, rec *store.Sandbox)
+		Release(ctx context.Context, rec *store.Sandbox) error
+		Keep(ctx context.Context, rec *store.Sandbox, state sandbox.State) error
+	}
+	// Guests gives a guest its environment and credentials (guestenv):
+	// pinned in the create's transaction, prepared at create, loaded when
+	// it runs again, delivered after every boot, erased at delete.
+	Guests interface {
+		Pin(ctx context.Context, tx env.Tx, req *sandbox.CreateRequest, proj *store.Project, rec *store.Sandbox) error
+		PrepareEnv(ctx context.Context, sb guestenv.Sandbox, vars map[string]string) error
+		PrepareCredentials(ctx context.Context, sb guestenv.Sandbox) error
+		LoadEnv(ctx context.Context, sb guestenv.Sandbox) error
+		LoadCredentials(ctx context.Context, sb guestenv.Sandbox) error
+		Deliver(ctx context.Context, sb guestenv.Sandbox, a guestenv.Agent) error
+		Erase(ctx context.Context, sandboxID string) error
+	}
+	// Volumes attaches a sandbox's volumes (volume): claimed at create,
+	// mounted after a boot, detached for a snapshot, unmounted and
+	// released when it goes; a removed host's dropped.
+	Volumes interface {
+		Claim(ctx context.Context, tx volume.Tx, rec *store.Sandbox, mounts []sandbox.VolumeMount) error
+		Mount(ctx context.Context, rec *store.Sandbox, m hypervisor.Machine, c *agentclient.Client) error
+		Detach(ctx context.Context, rec *store.Sandbox, m hypervisor.Machine, c *agentclient.Client) error
+		Unmount(ctx context.Context, rec *store.Sandbox, c *agentclient.Client)
+		Release(ctx context.Context, rec *store.Sandbox) error
+		DropHost(ctx context.Context, host string) error
+	}
+	// URLs are a sandbox's published ports (ingress): forgotten when it
+	// is destroyed, let go of and taken up when it moves.
+	URLs interface {
+		Forget(ctx context.Context, sandboxID string) error
+		Left(sandboxID string)
+		Took(ctx context.Context, sandboxID string) error
+	}
+	// History is the sandboxes' command history: erased with a sandbox,
+	// purged by retention.
+	History interface {
+		Erase(ctx context.Context, sandboxID string) error
+		Purge(ctx context.Context)
+	}
+	// Forgetter forgets what a service keeps of a sandbox whose machine
+	// went (processes, the code interpreter's clients).
+	Forgetter interface{ Forget(id string) }
+	// Purger applies every account's retention (monitoring samples).
+	Purger interface{ Purge(ctx context.Context) }
+)
+
 // Runtime runs one host's sandboxes. It is safe for concurrent use.
 type Runtime struct {
 	opts Config
@@ -100,17 +156,17 @@ type Runtime struct {
 	net         network.Network
 	sec         secrets.Store
 	capacity    *capacity.Host // what the host's sandboxes reserve
-	meter       *meter.Service
+	meter       Meter
 	tenants     *tenant.Service
-	guests      *guestenv.Service
-	volumes     *volume.Service
+	guests      Guests
+	volumes     Volumes
 	mesh        *mesh.Service
 	meshApply   *mesh.Applier
-	urls        *ingress.Service
-	history     *history.Service
-	monitor     *monitor.Service
-	processes   *processes.Service
-	code        *codeinterp.Service
+	urls        URLs
+	history     History
+	monitor     Purger
+	processes   Forgetter
+	code        Forgetter
 	catalog     *catalog.Catalog
 	clones      *clone.Service
 	snaps       *clone.Snapshots
