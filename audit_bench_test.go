@@ -2,13 +2,10 @@ package harebox_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/harebox/harebox"
-	"github.com/harebox/harebox/hypervisor/memhv"
-	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -20,19 +17,9 @@ import (
 // append's; a get is not recorded, and get-µs/op is there to compare.
 func BenchmarkAuditOverhead(b *testing.B) {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "hbm")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.RemoveAll(dir) })
-	hv := memhv.New(memhv.Options{})
-	b.Cleanup(func() { hv.Close() })
-	eng, err := harebox.New(ctx, harebox.Options{DataDir: dir, Hypervisor: hv, HealthInterval: -1, MeterInterval: time.Hour, MetricsInterval: -1,
-		Images: map[string]images.Image{sandbox.DefaultImage: memhv.Image(dir)}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { eng.Close() })
+	eng, _ := memhvEngine(b, func(o *harebox.Options) {
+		o.HealthInterval, o.MeterInterval, o.MetricsInterval = -1, time.Hour, -1
+	})
 	s, err := eng.Create(ctx, sandbox.CreateRequest{})
 	if err != nil {
 		b.Fatal(err)

@@ -50,7 +50,7 @@ func memhvOptions(t testing.TB, hv *memhv.Hypervisor) harebox.Options {
 
 // memhvEngine is an engine on a new in-memory hypervisor with
 // memhvOptions, changed by opts if given; both close with the test.
-func memhvEngine(t *testing.T, opts func(*harebox.Options)) (*harebox.Engine, *memhv.Hypervisor) {
+func memhvEngine(t testing.TB, opts func(*harebox.Options)) (*harebox.Engine, *memhv.Hypervisor) {
 	t.Helper()
 	hv := memhv.New(memhv.Options{})
 	t.Cleanup(func() { hv.Close() })
