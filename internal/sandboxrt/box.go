@@ -92,7 +92,7 @@ func (b *box) client(ctx context.Context, e *Runtime) (*agentclient.Client, erro
 		dctx, cancel = context.WithTimeout(ctx, 30*time.Second)
 	}
 	defer cancel()
-	c, _, err := agentclient.DialReady(dctx, b.m.AgentEndpoint(), e.agentOptions())
+	c, _, err := agentclient.DialReady(dctx, b.m.AgentEndpoint(), e.AgentOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +158,8 @@ func (b *box) lockBy(deadline time.Time) bool {
 	}
 }
 
-func (e *Runtime) agentOptions() agentclient.Options {
+// AgentOptions are how the runtime dials its sandboxes' agents.
+func (e *Runtime) AgentOptions() agentclient.Options {
 	return agentclient.Options{MaxOutput: e.opts.MaxOutputBytes}
 }
 

@@ -229,9 +229,6 @@ func (e *Runtime) HangUpAll(why error) {
 	}
 }
 
-// AgentOptions are how the runtime dials its sandboxes' agents.
-func (e *Runtime) AgentOptions() agentclient.Options { return e.agentOptions() }
-
 // Views are the runtime's sandboxes as each domain service takes them.
 type Views struct {
 	Monitor   monitor.Sandboxes
