@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/harebox/harebox/store"
 )
@@ -54,20 +55,8 @@ func NewSealed(db store.Store, keyFile string) (*Sealed, error) {
 func MasterKey(keyFile string) (cipher.AEAD, error) {
 	key, err := os.ReadFile(keyFile)
 	if errors.Is(err, os.ErrNotExist) {
-		key = make([]byte, 32)
-		if _, err := rand.Read(key); err != nil {
+		if key, err = newMasterKey(keyFile); err != nil {
 			return nil, err
-		}
-		f, err := os.OpenFile(keyFile, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("secrets: create master key: %w", err)
-		}
-		_, err = f.Write(key)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return nil, fmt.Errorf("secrets: write master key: %w", err)
 		}
 	} else if err != nil {
 		return nil, fmt.Errorf("secrets: read master key: %w", err)
@@ -135,4 +124,32 @@ func (s *Sealed) Erase(ctx context.Context, scope, name string) error {
 // DeleteScope implements Store.
 func (s *Sealed) DeleteScope(ctx context.Context, scope string) error {
 	return s.db.DeleteSecretScope(ctx, scope)
+}
+
+// newMasterKey writes a new master key to keyFile whole, or reads the one
+// another process (a server sharing the file) wrote first.
+func newMasterKey(keyFile string) ([]byte, error) {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	f, err := os.CreateTemp(filepath.Dir(keyFile), ".master-key-*") // (mode 0600)
+	if err != nil {
+		return nil, fmt.Errorf("secrets: create master key: %w", err)
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(key)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("secrets: write master key: %w", err)
+	}
+	// Linked in place once whole: a reader never sees part of it.
+	if err := os.Link(f.Name(), keyFile); errors.Is(err, os.ErrExist) {
+		return os.ReadFile(keyFile)
+	} else if err != nil {
+		return nil, fmt.Errorf("secrets: create master key: %w", err)
+	}
+	return key, nil
 }

@@ -3,9 +3,11 @@ package secrets
 import (
 	"bytes"
 	"context"
+	"crypto/cipher"
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/harebox/harebox/store"
@@ -121,5 +123,38 @@ func TestDataKeys(t *testing.T) {
 	}
 	if _, err := Seal(k[:16], "env", nil); err == nil {
 		t.Error("a short key sealed")
+	}
+}
+
+// TestMasterKeyShared: processes that start at once on one new key file
+// (servers sharing it) all end with the key one of them wrote, whole.
+func TestMasterKeyShared(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "master.key")
+	aeads := make([]cipher.AEAD, 8)
+	errs := make([]error, len(aeads))
+	var wg sync.WaitGroup
+	for i := range aeads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			aeads[i], errs[i] = MasterKey(file)
+		}()
+	}
+	wg.Wait()
+	nonce := make([]byte, aeads[0].NonceSize())
+	sealed := aeads[0].Seal(nil, nonce, []byte("x"), nil)
+	for i, a := range aeads {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if _, err := a.Open(nil, nonce, sealed, nil); err != nil {
+			t.Fatalf("caller %d has another key", i)
+		}
+	}
+	if fi, err := os.Stat(file); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() != 32 {
+		t.Fatalf("the key file: %v %v", fi, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(file), ".master-key-*")); len(left) > 0 {
+		t.Fatalf("left: %v", left)
 	}
 }
