@@ -121,7 +121,11 @@ test: deps prebuild-default-image vet lint-openapi
 	@# keeps each test's time: the run ends with the 10 slowest tests,
 	@# even after a failure (read from the file).
 	@mkdir -p $(CACHE) && rm -f $(CACHE)/test-times.tsv && $(GO) build -o $(BIN)/testlog ./internal/cmd/testlog
+	@# The test servers share their golden snapshots for this run (in a
+	@# directory of its own, removed at its end): each image and size
+	@# boots once for them all.
 	@set -o pipefail; \
+	gold=$$(mktemp -d /tmp/hbgold.XXXXXX) && export HAREBOX_TEST_GOLDEN_DIR=$$gold && trap 'rm -rf "$$gold"' EXIT; \
 	guests=$$($(GO) list $(GUEST_PACKAGES)) && rest=$$($(GO) list ./... | grep -vxF "$$guests") && test -n "$$guests" || \
 		{ echo "make test: cannot list the packages"; exit 1; }; \
 	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \

@@ -12,6 +12,7 @@ package harebox
 
 import (
 	"context"
+	"crypto/cipher"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -164,7 +165,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	traffic, _ := e.net.(network.Meter)
 	e.monitor = monitor.New(monitor.Options{Store: e.store, Sandboxes: views.Monitor, Meter: traffic, Now: opts.Now, Log: e.log})
 	e.catalog = catalog.New(catalog.Options{Images: opts.Images, Dir: opts.ImageDir, AgentPath: opts.AgentPath, Owner: opts.DataDir,
-		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Warm: e.warm, Audit: al, Log: e.log})
+		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Warm: e.warm,
+		DropGoldens: func(dir string) { e.clones.DropImage(dir) }, Audit: al, Log: e.log})
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
 	e.guests = guestenv.New(guestenv.Options{Store: e.store, Secrets: e.sec, Environments: e.envs, Audit: al, Sandboxes: views.Guests})
@@ -228,8 +230,15 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.capacity = capacity.New(opts.Capacity.Limits(opts.DataDir), e.usedChanged, e.log)
 	pool, _ := clone.ParsePool(opts.Pool) // (checked by defaults)
+	var seal cipher.AEAD                  // (golden snapshots kept across restarts)
+	if opts.GoldenSnapshots && caps.Snapshot {
+		if seal, err = secrets.MasterKey(opts.GoldenKey); err != nil {
+			return nil, fmt.Errorf("golden key: %w", err)
+		}
+	}
 	e.clones = clone.New(e.ctx, clone.Options{Hypervisor: e.hv, Network: e.net, Images: e.catalog, Host: views.Clones,
-		Dir: filepath.Join(opts.DataDir, "golden"), Golden: opts.GoldenSnapshots && caps.Snapshot, Encrypt: encrypt, Pool: pool,
+		Dir: opts.GoldenDir, Seal: seal, Backend: fmt.Sprintf("%s %s %s network=%T", caps.Name, caps.Accelerator, caps.Version, e.net),
+		Golden: opts.GoldenSnapshots && caps.Snapshot, Encrypt: encrypt, Pool: pool,
 		BootTimeout: opts.BootTimeout, Agent: e.rt.AgentOptions(), Step: atStep, Log: e.log})
 	e.snaps = clone.NewSnapshots(clone.SnapshotOptions{Store: e.store, Secrets: e.sec, Meter: e.meter, Envs: e.guests, Audit: al,
 		Hosts: views.Snapshots, Sources: views.Snapshots, Capable: caps.Snapshot, Dir: filepath.Join(opts.DataDir, "snapshots"),
@@ -268,7 +277,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.meter.Reconcile(ctx); err != nil {
 		return nil, err
 	}
-	e.clones.DropGoldens() // (a crashed engine's: no key opens them)
+	e.clones.Open() // (the kept golden snapshots; what a crash left removed)
 	if err := e.hibernation.Prune(ctx); err != nil {
 		e.log.Warn("hibernation files: prune failed", "err", err)
 	}

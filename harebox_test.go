@@ -54,6 +54,9 @@ type env struct {
 	dataDir string
 	plugin  string
 	img     images.Image
+	// goldenDir, if set, holds the golden snapshots its engines share
+	// with the test run's other engines and servers (restoredEnv).
+	goldenDir string
 }
 
 func newEnv(t *testing.T) *env {
@@ -75,8 +78,18 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
+// restoredEnv is newEnv for a test that is not about booting: under make
+// test (HAREBOX_TEST_GOLDEN_DIR) its creates restore from the run's
+// golden snapshot of the minimal image once there is one, as the test
+// servers' do; they boot until then.
+func restoredEnv(t *testing.T) *env {
+	v := newEnv(t)
+	v.goldenDir = os.Getenv("HAREBOX_TEST_GOLDEN_DIR")
+	return v
+}
+
 func (v *env) options() harebox.Options {
-	return harebox.Options{
+	o := harebox.Options{
 		DataDir:      v.dataDir,
 		PluginPath:   v.plugin,
 		Images:       map[string]images.Image{"minimal": v.img},
@@ -84,6 +97,10 @@ func (v *env) options() harebox.Options {
 		MaxFileBytes: 4 << 20,
 		Capacity:     harebox.Capacity{VCPUs: 3, MemoryMB: 4096, DiskGB: 100},
 	}
+	if v.goldenDir != "" {
+		o.GoldenSnapshots, o.GoldenDir, o.GoldenKey = true, v.goldenDir, filepath.Join(v.goldenDir, "golden.key")
+	}
+	return o
 }
 
 func (v *env) open(t testing.TB) *harebox.Engine {
@@ -713,7 +730,7 @@ func (w *stampWriter) Write(b []byte) (int, error) {
 }
 
 func TestEngineBadInput(t *testing.T) {
-	v := newEnv(t)
+	v := restoredEnv(t)
 	eng := v.open(t)
 	defer eng.Close()
 	ctx := context.Background()
@@ -752,7 +769,7 @@ func TestEngineBadInput(t *testing.T) {
 func errOf[T any](_ T, err error) error { return err }
 
 func TestEngineTTL(t *testing.T) {
-	v := newEnv(t)
+	v := restoredEnv(t)
 	eng := v.open(t)
 	box := create(t, eng, sandbox.CreateRequest{TTLSeconds: 1})
 	if box.ExpiresAt == nil {
@@ -783,7 +800,7 @@ func TestEngineTTL(t *testing.T) {
 }
 
 func TestEngineRestart(t *testing.T) {
-	v := newEnv(t)
+	v := restoredEnv(t)
 	ctx := context.Background()
 	eng := v.open(t)
 	box := create(t, eng, sandbox.CreateRequest{})
@@ -1306,7 +1323,7 @@ func consoleIdentity(t *testing.T, db store.Store, dataDir, id string) *age.X255
 // powers it off) is noticed: its sandbox becomes stopped with a reason, its
 // reservation is released and nothing is left on the host.
 func TestEngineVMExit(t *testing.T) {
-	v := newEnv(t)
+	v := restoredEnv(t)
 	eng := v.open(t)
 	defer eng.Close()
 	ctx := context.Background()
@@ -1343,7 +1360,7 @@ func TestEngineVMExit(t *testing.T) {
 // placeholder in the environment of every exec, in /proc and in the
 // templated file, and the value nowhere.
 func TestEnvironmentInGuest(t *testing.T) {
-	v := newEnv(t)
+	v := restoredEnv(t)
 	eng := v.open(t)
 	defer eng.Close()
 	ctx := context.Background()
@@ -1429,7 +1446,7 @@ func TestEngineKernelPanic(t *testing.T) {
 // keeps answering, the host keeps working, and delete still takes the
 // bombed sandbox down at once with nothing left behind.
 func TestGuestForkBomb(t *testing.T) {
-	v := newEnv(t)
+	v := restoredEnv(t)
 	eng := v.open(t)
 	defer eng.Close()
 	ctx := context.Background()

@@ -137,7 +137,7 @@ func TestImageGCInUse(t *testing.T) {
 	gc("a: sandbox, golden", []string{a, b}, nil)
 	del(box.ID)
 	gc("a: golden", []string{a, b}, nil)
-	// Golden snapshots live until the engine stops.
+	// A golden snapshot of a build no longer current goes at the next start.
 	restart()
 	gc("a: nothing", []string{b}, []string{a})
 

@@ -101,6 +101,16 @@ type Options struct {
 	// create of each) instead of booting, once there is one (package
 	// clone).
 	GoldenSnapshots bool
+	// GoldenDir holds the golden snapshots (default DataDir/golden). They
+	// are kept there across restarts, each one's key sealed under
+	// GoldenKey; engines on one machine that share GoldenDir, GoldenKey
+	// and their image builds share them (each is made once, by one of
+	// them, under a lock).
+	GoldenDir string
+	// GoldenKey is the file of the 32-byte key that seals the golden
+	// snapshots' keys (default the host's master key, DataDir/master.key;
+	// made if missing).
+	GoldenKey string
 	// Pool keeps that many sandboxes restored from the golden snapshot
 	// idle and ready for each "IMAGE:PRESET" (package clone): a create of
 	// that image and size claims one. A pool implies GoldenSnapshots.
@@ -162,6 +172,19 @@ func (o *Options) defaults() error {
 	}
 	if o.ImageDir == "" {
 		o.ImageDir = filepath.Join(o.DataDir, "images")
+	}
+	if o.GoldenDir == "" {
+		o.GoldenDir = filepath.Join(o.DataDir, "golden")
+	}
+	if o.GoldenDir, err = filepath.Abs(o.GoldenDir); err != nil {
+		return err
+	}
+	// (Its golden machines' sockets live under it too.)
+	if len(o.GoldenDir) > 60 {
+		return sandbox.Errorf(sandbox.ErrInvalid, "golden_dir", "%q is longer than 60 bytes; Unix socket paths under it would not fit", o.GoldenDir)
+	}
+	if o.GoldenKey == "" {
+		o.GoldenKey = filepath.Join(o.DataDir, "master.key")
 	}
 	if o.Network == nil {
 		o.Network = network.None{}

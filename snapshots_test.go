@@ -333,8 +333,10 @@ func TestHibernate(t *testing.T) {
 
 // TestGoldenSnapshots: with GoldenSnapshots, the first create boots and
 // makes a golden snapshot in the background; later creates restore from
-// it, each its own sandbox (none of another's files, its own env); Close
-// removes the golden files.
+// it, each its own sandbox (none of another's files, its own env); the
+// golden snapshots outlive Close, and the next start's first create
+// restores from one; one that does not restore is made again while the
+// create boots.
 func TestGoldenSnapshots(t *testing.T) {
 	ctx := context.Background()
 	hv := memhv.New(memhv.Options{})
@@ -399,11 +401,37 @@ func TestGoldenSnapshots(t *testing.T) {
 		t.Error("no golden files while the engine runs")
 	}
 	eng.Close()
-	if _, err := os.Stat(filepath.Join(opts.DataDir, "golden")); !os.IsNotExist(err) {
-		t.Errorf("golden files outlived the engine: %v", err)
-	}
 	if eng, err = harebox.New(ctx, opts); err != nil {
 		t.Fatal(err)
+	}
+	again, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil || again.Served != "snapshot" {
+		t.Fatalf("the first create after a restart: %+v %v", again, err)
+	}
+	// Its files gone (a backend that no longer restores it would do
+	// the same): the create boots, and another is made.
+	snaps, _ := filepath.Glob(filepath.Join(opts.DataDir, "golden", "*", "snap"))
+	for _, d := range snaps {
+		if err := os.RemoveAll(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	booted, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil || booted.Served != "boot" || booted.CreatePhases["launch"] <= 0 {
+		t.Fatalf("a create whose golden snapshot does not restore: %+v %v", booted, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		s, err := eng.Create(ctx, sandbox.CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Served == "snapshot" {
+			break
+		}
+		eng.Delete(ctx, s.ID)
+		if time.Now().After(deadline) {
+			t.Fatal("no golden snapshot made again")
+		}
 	}
 }
 

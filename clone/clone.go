@@ -15,6 +15,7 @@ package clone
 
 import (
 	"context"
+	"crypto/cipher"
 	"log/slog"
 	"sync"
 	"time"
@@ -53,8 +54,17 @@ type Options struct {
 	Network    network.Network
 	Images     Images
 	Host       Host
-	// Dir holds the golden snapshots (DATA_DIR/golden).
+	// Dir holds the golden snapshots (the engine's GoldenDir).
 	Dir string
+	// Seal (the golden key) seals each golden snapshot's key in its
+	// manifest: they are kept across restarts, and shared with the other
+	// engines on Dir that have the same golden key (golden.go). Golden
+	// needs it.
+	Seal cipher.AEAD
+	// Backend names the backend, its version and the kind of network
+	// machines get (a golden snapshot has a network device exactly when
+	// its clones do): a kept golden snapshot another one made is not used.
+	Backend string
 	// Golden makes golden snapshots (the engine's GoldenSnapshots, with a
 	// backend that snapshots); without it Golden returns none, and the
 	// pool never fills.
@@ -97,15 +107,21 @@ func New(ctx context.Context, o Options) *Service {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
+	if o.Seal == nil {
+		o.Golden = false // (nothing to seal their keys under)
+	}
 	return &Service{o: o, ctx: ctx, goldens: map[string]*golden{}, pool: map[string][]*Member{}, refill: make(chan struct{}, 1)}
 }
 
-// Close waits for the golden builds, stops every idle member (its host
-// capacity released) and removes the golden snapshots' files.
+// Close waits for the golden builds and stops every idle member (its
+// host capacity released); the golden snapshots are kept for the next
+// start.
 func (s *Service) Close() {
 	s.wg.Wait()
 	s.drain()
-	s.DropGoldens()
+	s.mu.Lock()
+	s.goldens = map[string]*golden{}
+	s.mu.Unlock()
 }
 
 // Held are the image builds of the golden snapshots (made or being made)

@@ -81,7 +81,7 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 // capacity; a claim takes a member (its capacity and machine pass to the
 // caller) and the pool refills; a reservation on a full host stops idle
 // members, and fails once there are none; Close stops the idle members,
-// releases their capacity and removes the golden files.
+// releases their capacity and keeps the golden snapshot.
 func TestGoldenAndPool(t *testing.T) {
 	hv := memhv.New(memhv.Options{})
 	t.Cleanup(func() { hv.Close() })
@@ -100,9 +100,9 @@ func TestGoldenAndPool(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := New(ctx, Options{Hypervisor: hv, Network: network.None{}, Images: catalog{"memhv": img}, Host: h,
-		Dir: filepath.Join(dir, "golden"), Golden: true, Encrypt: true, Pool: pool, BootTimeout: 10 * time.Second})
+		Dir: filepath.Join(dir, "golden"), Seal: masterKey(t), Golden: true, Encrypt: true, Pool: pool, BootTimeout: 10 * time.Second})
 
-	if snap, _ := s.Golden(img, small); snap != nil {
+	if snap, _ := s.Golden("memhv", img, small); snap != nil {
 		t.Fatal("a golden snapshot before one was made")
 	}
 	if goldens, _ := s.Held(); len(goldens) != 1 || goldens[0] != img.Dir {
@@ -117,7 +117,7 @@ func TestGoldenAndPool(t *testing.T) {
 	if got := h.inUse(); got != 2 {
 		t.Errorf("%d vCPUs reserved by two idle members (the golden boot's released)", got)
 	}
-	if snap, key := s.Golden(img, small); snap == nil || len(key) != hypervisor.KeySize {
+	if snap, key := s.Golden("memhv", img, small); snap == nil || len(key) != hypervisor.KeySize {
 		t.Fatalf("golden snapshot: %+v, key of %d bytes", snap, len(key))
 	}
 
@@ -158,8 +158,8 @@ func TestGoldenAndPool(t *testing.T) {
 	if s.Idle() != 0 || h.inUse() != 2 { // the claimed member and one reservation
 		t.Errorf("after Close: %d idle, %d vCPUs reserved", s.Idle(), h.inUse())
 	}
-	if _, err := os.Stat(filepath.Join(dir, "golden")); !os.IsNotExist(err) {
-		t.Errorf("golden files after Close: %v", err)
+	if g := goldens(t, filepath.Join(dir, "golden")); len(g) != 1 {
+		t.Errorf("golden snapshots kept after Close: %v", g)
 	}
 	if goldens, pooled := s.Held(); len(goldens)+len(pooled) != 0 {
 		t.Errorf("held after Close: %v %v", goldens, pooled)

@@ -4,12 +4,16 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
@@ -27,36 +31,96 @@ import (
 // create of an image build at a size boots cold, and starts, in the
 // background, a golden boot of that image and size: a machine of no
 // tenant that boots, waits for its agent and for systemd (where there is
-// one) to settle, and is snapshotted under a random key held in memory
-// only, then stopped. Later creates of that image and size restore from
-// it as a fork's clones do, each with its own data key, machine-id,
-// kernel entropy and network, and fall back to a cold boot while there is
-// none. The files are removed at Close and at start: without their key
-// they are of no use. A golden machine a crash left running (the engine
-// died during a golden boot: it has no record, and its key died with the
-// engine) is stopped at start, before its files go.
+// one) to settle, and is snapshotted under a random key of its own, then
+// stopped. Later creates of that image and size restore from it as a
+// fork's clones do, each with its own data key, machine-id, kernel
+// entropy and network, and fall back to a cold boot while there is none.
+//
+// They are kept across restarts: each lives in a directory of its own
+// under Dir, named by what it was made of (goldenName: the image build,
+// the size, the backend), with its manifest written last, its key sealed
+// in it under Options.Seal (the golden key). A start finds them again and
+// removes the other golden files there: a build a crash cut short (and
+// its machine, if it still runs), one whose key no longer opens, one of
+// another backend or of an image build that is gone. One of a build that
+// its image's name no longer finds is left, unused, until that build is
+// gone. Engines that share Dir and the golden key (several servers on
+// one machine, the servers of a test run) share them: one makes each,
+// under a lock on its name (NAME.lock), while the others' creates boot.
 
 // golden is one image build's golden snapshot at one size.
 type golden struct {
+	name     string // its directory under Dir
+	image    string // the image's name, as creates ask for it
 	imageDir string
 	res      sandbox.Resources
 	snap     *store.Snapshot
 	key      []byte
-	ready    chan struct{} // closed once built or failed
+	ready    chan struct{} // closed once built, found, or failed
 	err      error
+	cancel   context.CancelFunc // stops its build (an image's delete)
+	touched  time.Time          // when it was last marked used (touch)
 }
 
-// goldenMachine is the golden machine's own state directory in its golden
-// directory (beside "snap", the snapshot).
-const goldenMachine = "m"
+const (
+	// goldenMachine is the golden machine's own state directory in its
+	// golden directory (beside "snap", the snapshot).
+	goldenMachine = "m"
+	// goldenManifest is a kept golden snapshot's record, written last.
+	goldenManifest = "golden.json"
+	// goldenFormat changes when what a golden snapshot holds does: kept
+	// ones of another format are removed.
+	goldenFormat = 1
+)
+
+// manifest is what a kept golden snapshot's goldenManifest holds.
+type manifest struct {
+	Format int `json:"format"`
+	// Backend is the Options.Backend of the engine that made it.
+	Backend string `json:"backend"`
+	// Snapshot is its record (its Dir is where it is found).
+	Snapshot store.Snapshot `json:"snapshot"`
+	// Key is its key sealed under Options.Seal, the nonce first (none
+	// without encryption).
+	Key []byte `json:"key,omitempty"`
+}
+
+var (
+	// errBusy: another engine on Dir holds the golden snapshot's lock.
+	errBusy = errors.New("another engine is making it")
+	// errOther: another engine on Dir (another backend, version or
+	// network, or encryption off) made it for its own use.
+	errOther = errors.New("made by another kind of engine")
+)
+
+// unusedFor is how long a golden snapshot of another kind of engine is
+// kept unused (a backend upgraded away from it leaves it).
+const unusedFor = 7 * 24 * time.Hour
+
+// touchEvery: a golden snapshot's manifest's time says when it was last
+// used, to within this.
+const touchEvery = time.Hour
 
 func goldenID(img images.Image, res sandbox.Resources) string {
 	return fmt.Sprintf("%s|%d|%d|%d", img.Dir, res.VCPUs, res.MemoryMB, res.DiskGB)
 }
 
-// Golden returns the ready golden snapshot of img at res and its key, or
-// nil; with none made yet, it starts making one in the background.
-func (s *Service) Golden(img images.Image, res sandbox.Resources) (*store.Snapshot, []byte) {
+// goldenName is the directory of the golden snapshot of the image build
+// in imageDir at res, made by this backend.
+func (s *Service) goldenName(imageDir string, res sandbox.Resources) string {
+	return goldenName(imageDir, res, s.o.Backend, s.o.Encrypt)
+}
+
+func goldenName(imageDir string, res sandbox.Resources, backend string, encrypt bool) string {
+	made := fmt.Sprintf("%d|%s|%d|%d|%d|%s|%v", goldenFormat, imageDir, res.VCPUs, res.MemoryMB, res.DiskGB, backend, encrypt)
+	sum := sha256.Sum256([]byte(made))
+	return "g-" + hex.EncodeToString(sum[:12])
+}
+
+// Golden returns the ready golden snapshot of img (the build the image
+// called name is) at res and its key, or nil; with none made yet (here or
+// by another engine on Dir), it starts making one in the background.
+func (s *Service) Golden(name string, img images.Image, res sandbox.Resources) (*store.Snapshot, []byte) {
 	if !s.o.Golden {
 		return nil, nil
 	}
@@ -64,23 +128,96 @@ func (s *Service) Golden(img images.Image, res sandbox.Resources) (*store.Snapsh
 	s.mu.Lock()
 	g := s.goldens[id]
 	if g == nil {
-		g = &golden{imageDir: img.Dir, res: res, ready: make(chan struct{})}
+		g = &golden{name: s.goldenName(img.Dir, res), image: name, imageDir: img.Dir, res: res, ready: make(chan struct{}), cancel: func() {}}
+		if s.find(g) == nil {
+			// Made by another engine on Dir since this one started.
+			close(g.ready)
+			s.o.Log.Info("golden snapshot ready", "image", name, "size", res, "found", true)
+		} else {
+			ctx, cancel := context.WithCancel(s.ctx)
+			g.cancel = cancel
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer cancel()
+				s.buildGolden(ctx, g, img, res)
+			}()
+		}
 		s.goldens[id] = g
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.buildGolden(g, img, res)
-		}()
+	}
+	ready := g.done() && g.err == nil
+	if ready {
+		s.touch(g)
 	}
 	s.mu.Unlock()
+	if !ready {
+		return nil, nil // being made (this create boots), or failed
+	}
+	return g.snap, g.key
+}
+
+// touch marks ready golden snapshot g used now (its manifest's time),
+// once in a while; under s.mu.
+func (s *Service) touch(g *golden) {
+	if now := time.Now(); now.Sub(g.touched) > touchEvery {
+		g.touched = now
+		os.Chtimes(filepath.Join(s.o.Dir, g.name, goldenManifest), now, now)
+	}
+}
+
+// Failed drops the golden snapshot of img at res after a create could
+// not restore from it (its files gone, or made by a backend that no
+// longer restores them): the next ask makes another.
+func (s *Service) Failed(img images.Image, res sandbox.Resources, err error) {
+	s.mu.Lock()
+	g := s.goldens[goldenID(img, res)]
+	if g == nil || !g.done() {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.goldens, goldenID(img, res))
+	s.mu.Unlock()
+	if fresh := (&golden{name: g.name, ready: make(chan struct{}), cancel: func() {}}); g.snap != nil &&
+		s.find(fresh) == nil && fresh.snap.ID != g.snap.ID {
+		// Another engine on Dir made it again since: that one is used.
+		close(fresh.ready)
+		s.mu.Lock()
+		if s.goldens[goldenID(img, res)] == nil {
+			s.goldens[goldenID(img, res)] = fresh
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.o.Log.Warn("a golden snapshot did not restore; it is made again", "image", img.Name, "size", res, "err", err)
+	s.remove(g.name)
+}
+
+// DropImage removes the golden snapshots of the image build in imageDir,
+// made here or kept, before the build is deleted: one being made here is
+// stopped first.
+func (s *Service) DropImage(imageDir string) {
+	s.mu.Lock()
+	var drop []*golden
+	for id, g := range s.goldens {
+		if g.imageDir == imageDir {
+			drop = append(drop, g)
+			delete(s.goldens, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, g := range drop {
+		g.cancel()
+		<-g.ready
+		s.remove(g.name)
+	}
+}
+
+func (g *golden) done() bool {
 	select {
 	case <-g.ready:
-		if g.err != nil {
-			return nil, nil
-		}
-		return g.snap, g.key
+		return true
 	default:
-		return nil, nil // being made: this create boots
+		return false
 	}
 }
 
@@ -95,13 +232,11 @@ func (s *Service) Warm(imageDir string) (goldens []sandbox.GoldenSnapshot, idle 
 			continue
 		}
 		st := sandbox.GoldenMaking
-		select {
-		case <-g.ready:
+		if g.done() {
 			st = sandbox.GoldenReady
 			if g.err != nil {
 				st = sandbox.GoldenFailed
 			}
-		default:
 		}
 		goldens = append(goldens, sandbox.GoldenSnapshot{Resources: g.res, State: st})
 	}
@@ -124,25 +259,32 @@ func (s *Service) Ready(imageDir string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, g := range s.goldens {
-		select {
-		case <-g.ready:
-			if g.err == nil && g.imageDir == imageDir {
-				return true
-			}
-		default:
+		if g.done() && g.err == nil && g.imageDir == imageDir {
+			return true
 		}
 	}
 	return false
 }
 
 // buildGolden boots img at res, lets it settle and snapshots it. A build
-// that fails is not retried until the engine restarts (creates boot).
-func (s *Service) buildGolden(g *golden, img images.Image, res sandbox.Resources) {
+// that fails is not retried until the engine restarts (creates boot). One
+// that another engine on Dir is making is looked for again at the next
+// ask.
+func (s *Service) buildGolden(ctx context.Context, g *golden, img images.Image, res sandbox.Resources) {
 	defer close(g.ready)
 	start := time.Now()
-	g.err = s.makeGolden(s.ctx, g, img, res)
-	if errors.Is(g.err, sandbox.ErrCapacity) {
-		// The host was full: a later create tries again.
+	unlock, err := s.lock(g.name)
+	if err == nil {
+		defer unlock()
+		if s.find(g) != nil {
+			g.err = s.makeGolden(ctx, g, img, res)
+		}
+	} else {
+		g.err = err
+	}
+	if errors.Is(g.err, sandbox.ErrCapacity) || errors.Is(g.err, errBusy) {
+		// The host was full, or another engine makes it: a later create
+		// tries again.
 		s.mu.Lock()
 		if s.goldens[goldenID(img, res)] == g {
 			delete(s.goldens, goldenID(img, res))
@@ -166,7 +308,11 @@ func (s *Service) makeGolden(ctx context.Context, g *golden, img images.Image, r
 	raw := make([]byte, 6)
 	rand.Read(raw)
 	id := "golden-" + hex.EncodeToString(raw)
-	dir := filepath.Join(s.o.Dir, id)
+	dir := filepath.Join(s.o.Dir, g.name)
+	// (What a crash left of an earlier try, under the lock.)
+	if err := s.clear(dir); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -232,32 +378,201 @@ func (s *Service) makeGolden(ctx context.Context, g *golden, img images.Image, r
 	}
 	s.step("golden-written", dir)
 	g.snap = &store.Snapshot{
-		Snapshot: sandbox.Snapshot{ID: id, Image: img.Name, Size: res, CreatedAt: time.Now().UTC()},
+		Snapshot: sandbox.Snapshot{ID: id, Image: g.image, Size: res, CreatedAt: time.Now().UTC()},
 		Dir:      snapDir, ImageDir: img.Dir,
 		Source: store.SnapshotSource{Monitoring: true},
 	}
+	return s.keep(g)
+}
+
+// keep writes g's manifest, last: from then on a start finds it.
+func (s *Service) keep(g *golden) error {
+	m := manifest{Format: goldenFormat, Backend: s.o.Backend, Snapshot: *g.snap}
+	m.Snapshot.Dir = ""
+	if g.key != nil {
+		nonce := make([]byte, s.o.Seal.NonceSize())
+		rand.Read(nonce)
+		m.Key = s.o.Seal.Seal(nonce, nonce, g.key, []byte("harebox golden "+g.name))
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(s.o.Dir, g.name)
+	tmp := filepath.Join(dir, goldenManifest+".new")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, goldenManifest))
+}
+
+// find fills g from its kept manifest, if there is one that opens and is
+// g's: made of the same image build, at the same size, by this backend.
+func (s *Service) find(g *golden) error {
+	dir := filepath.Join(s.o.Dir, g.name)
+	b, err := os.ReadFile(filepath.Join(dir, goldenManifest))
+	if err != nil {
+		return err
+	}
+	var m manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	snap := m.Snapshot
+	if m.Format != goldenFormat || goldenName(snap.ImageDir, snap.Size, m.Backend, len(m.Key) > 0) != g.name {
+		return errors.New("made of something else")
+	}
+	if m.Backend != s.o.Backend || (len(m.Key) > 0) != s.o.Encrypt {
+		return errOther
+	}
+	var key []byte
+	if len(m.Key) > 0 {
+		n := s.o.Seal.NonceSize()
+		if len(m.Key) < n {
+			return errors.New("no key")
+		}
+		if key, err = s.o.Seal.Open(nil, m.Key[:n], m.Key[n:], []byte("harebox golden "+g.name)); err != nil {
+			return fmt.Errorf("its key does not open: %w", err)
+		}
+		if len(key) != hypervisor.KeySize {
+			return errors.New("a key of another size")
+		}
+	}
+	snap.Dir = filepath.Join(dir, "snap")
+	g.snap, g.key, g.image, g.imageDir, g.res = &snap, key, snap.Image, snap.ImageDir, snap.Size
 	return nil
 }
 
-// DropGoldens removes every golden snapshot's files (at Close, after the
-// builds ended, and at start), and stops any golden machine still running
-// on them: at start, one whose boot the engine died in.
-func (s *Service) DropGoldens() {
-	s.mu.Lock()
-	s.goldens = map[string]*golden{}
-	s.mu.Unlock()
+// lock takes the lock on golden snapshot name, held by one engine on Dir
+// at a time (errBusy: another holds it).
+func (s *Service) lock(name string) (unlock func(), err error) {
+	if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(s.o.Dir, name+".lock")
+	for {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, errBusy
+			}
+			return nil, err
+		}
+		// Unless the engine that held it removed the file meanwhile: this
+		// lock is then on a file no one else opens.
+		fi, err := f.Stat()
+		pi, perr := os.Stat(path)
+		if err == nil && perr == nil && os.SameFile(fi, pi) {
+			return func() { f.Close() }, nil
+		}
+		f.Close()
+	}
+}
+
+// remove removes golden snapshot name's files, under its lock (unless
+// another engine holds it: that one makes it again).
+func (s *Service) remove(name string) {
+	unlock, err := s.lock(name)
+	if err != nil {
+		return
+	}
+	defer unlock()
+	if err := s.clear(filepath.Join(s.o.Dir, name)); err != nil {
+		s.o.Log.Warn("cannot remove a golden snapshot's files", "dir", filepath.Join(s.o.Dir, name), "err", err)
+	}
+}
+
+// clear stops a golden machine still running in dir (whose boot an
+// engine died in) and removes dir. Its own machine directory only: a
+// sandbox restored from the golden snapshot names the snapshot's disk on
+// its command line (the backing of its overlay), and lives on.
+func (s *Service) clear(dir string) error {
+	if n := procs.KillVMMs(filepath.Join(dir, goldenMachine)); n > 0 {
+		s.o.Log.Warn("stopped a golden machine left running", "dir", dir, "vmms", n)
+	}
+	return mounts.RemoveAll(dir)
+}
+
+// Open, at start, finds the kept golden snapshots again (of image builds
+// that are still current) and removes the other golden files: what a
+// crash cut short, and those it can judge unusable. With golden
+// snapshots off (no Seal) it leaves the kept ones as they are.
+func (s *Service) Open() {
 	ents, _ := os.ReadDir(s.o.Dir)
 	for _, ent := range ents {
-		// Its own machine directory only: a sandbox restored from the
-		// golden snapshot names the snapshot's disk on its command line
-		// (the backing of its overlay), and lives on.
-		dir := filepath.Join(s.o.Dir, ent.Name(), goldenMachine)
-		if n := procs.KillVMMs(dir); n > 0 {
-			s.o.Log.Warn("stopped a golden machine left running", "dir", dir, "vmms", n)
+		name, ok := strings.CutSuffix(ent.Name(), ".lock")
+		if !strings.HasPrefix(name, "g-") && !strings.HasPrefix(name, "golden-") || !ent.IsDir() && !ok {
+			continue // (not a golden snapshot's: the golden key may live here)
 		}
-		if err := mounts.RemoveAll(filepath.Dir(dir)); err != nil {
-			s.o.Log.Warn("cannot remove a golden snapshot's files", "dir", filepath.Dir(dir), "err", err)
+		if !ent.IsDir() {
+			if _, err := os.Stat(filepath.Join(s.o.Dir, name)); err == nil {
+				continue // (its directory's turn)
+			}
 		}
+		unlock, err := s.lock(name)
+		if err != nil {
+			continue // another engine makes it now
+		}
+		s.openKept(name)
+		unlock()
 	}
-	os.RemoveAll(s.o.Dir)
+}
+
+// openKept finds golden snapshot name again, or removes it, under its
+// lock.
+func (s *Service) openKept(name string) {
+	dir := filepath.Join(s.o.Dir, name)
+	_, err := os.Stat(filepath.Join(dir, goldenManifest))
+	if err == nil && s.o.Seal == nil {
+		return // (not this engine's to judge)
+	}
+	g := &golden{name: name, ready: make(chan struct{}), cancel: func() {}}
+	if err == nil {
+		err = s.find(g)
+	}
+	if errors.Is(err, errOther) {
+		// Another kind of engine's: left to it, unless unused for long.
+		if fi, err := os.Stat(filepath.Join(dir, goldenManifest)); err == nil && time.Since(fi.ModTime()) > unusedFor {
+			s.drop(name)
+		}
+		return
+	}
+	if err != nil {
+		s.drop(name) // (cut short, or it does not open: of no use)
+		return
+	}
+	if _, err := os.Stat(g.imageDir); err != nil {
+		s.drop(name) // (its image build is gone)
+		return
+	}
+	if img, err := s.o.Images.Lookup(g.image); err == nil && img.Dir != g.imageDir {
+		// Of a build its image's name no longer finds here: neither
+		// held (so harebox-image gc may remove that build, and a later
+		// start this golden snapshot) nor removed (another engine on Dir
+		// may still use that build).
+		return
+	}
+	// (A machine a crash left behind after the manifest.)
+	procs.KillVMMs(filepath.Join(dir, goldenMachine))
+	mounts.RemoveAll(filepath.Join(dir, goldenMachine))
+	close(g.ready)
+	s.mu.Lock()
+	s.goldens[goldenID(images.Image{Dir: g.imageDir}, g.res)] = g
+	s.touch(g)
+	s.mu.Unlock()
+	s.o.Log.Info("golden snapshot ready", "image", g.image, "size", g.res, "kept", true)
+}
+
+// drop removes golden snapshot name's files and its lock file, under the
+// lock (one who opens the lock file later makes a new one).
+func (s *Service) drop(name string) {
+	dir := filepath.Join(s.o.Dir, name)
+	if err := s.clear(dir); err != nil {
+		s.o.Log.Warn("cannot remove a golden snapshot's files", "dir", dir, "err", err)
+	}
+	os.Remove(filepath.Join(s.o.Dir, name+".lock"))
 }

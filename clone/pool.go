@@ -162,7 +162,7 @@ func (s *Service) fill(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		snap, key := s.Golden(img, pe.Size) // (started if none: ready later)
+		snap, key := s.Golden(pe.Image, img, pe.Size) // (started if none: ready later)
 		if snap == nil {
 			continue
 		}
@@ -248,6 +248,9 @@ func (s *Service) newMember(ctx context.Context, snap *store.Snapshot, key []byt
 	s.step("pool-restore", pm.stateDir)
 	if pm.Machine, err = s.o.Hypervisor.Restore(ctx, snap.Dir, spec); err != nil {
 		s.o.Network.Detach(context.WithoutCancel(ctx), pm.ID)
+		if ctx.Err() == nil {
+			s.Failed(img, res, err) // (made again for the next fill)
+		}
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	s.step("pool-restored", pm.stateDir)

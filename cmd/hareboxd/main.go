@@ -122,6 +122,8 @@ func run(args []string, instead func(settings) error) error {
 		meterEvery   = fs.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
 		poolFlag     = fs.String("pool", "", "keep that many sandboxes restored from the golden snapshot idle and ready for each image and size, claimed by creates: IMAGE:PRESET=N[,IMAGE:PRESET=N...], e.g. default:small=4 (implies --golden-snapshots)")
 		golden       = fs.Bool("golden-snapshots", true, "restore creates from a golden snapshot of their image and size (booted once, in the background, on the first create of each) instead of booting them; --golden-snapshots=false boots every create")
+		goldenDir    = fs.String("golden-dir", "", "where golden snapshots are kept across restarts (default DATA_DIR/golden); servers on one machine that share it, --golden-key and --image-dir share them")
+		goldenKey    = fs.String("golden-key", "", "the file of the 32-byte key that seals the golden snapshots' keys (default: the host's master key, DATA_DIR/master.key; made if missing)")
 		metricsEvery = fs.Duration("metrics-interval", 15*time.Second, "how often every sandbox created with monitoring on is sampled (CPU, memory, disk, network, from the host side)")
 		proxies      = fs.String("trusted-proxy", "", "comma-separated CIDRs of proxies whose X-Forwarded-For names the caller (for keys limited by address)")
 		tlsCert      = fs.String("tls-cert", "", "serve HTTPS with this certificate chain (PEM; read again when it changes, and on SIGHUP)")
@@ -350,6 +352,7 @@ func run(args []string, instead func(settings) error) error {
 		DataDir: *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
+		GoldenDir: *goldenDir, GoldenKey: *goldenKey,
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
 		Host:        harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease, TLS: clusterTLS},
 		AuditAnchor: anchor, AuditCheckpointInterval: *auditEvery, MaxVolumeGB: *maxVolumeGB, ProjectVolumeGB: *projectVolGB,

@@ -55,6 +55,10 @@ type Options struct {
 	// Held returns the image builds (directories) the engine holds outside
 	// the store: its golden snapshots' and its idle pool members'.
 	Held func() (goldens, pooled []string)
+	// DropGoldens, if set, removes the golden snapshots of the image
+	// build in imageDir (kept across restarts; one being made is stopped)
+	// before a delete removes the build.
+	DropGoldens func(imageDir string)
 	// Warm, if set, tells an image build's golden snapshots and idle pool
 	// members (its directory), for List.
 	Warm  func(imageDir string) (goldens []sandbox.GoldenSnapshot, idle int)
@@ -213,16 +217,11 @@ func (c *Catalog) Delete(ctx context.Context, name string) (err error) {
 		}
 	}
 	dirs, _ := filepath.Glob(filepath.Join(c.o.Dir, name+"-*", images.ManifestFile))
-	goldens, _ := c.o.Held()
-	for _, g := range goldens {
-		for _, m := range dirs {
-			if d, err := filepath.Abs(filepath.Dir(m)); err == nil && g == d {
-				return sandbox.Errorf(sandbox.ErrState, "", "image %q has a golden snapshot in this server (golden snapshots live until hareboxd restarts)", name)
-			}
-		}
-	}
 	for _, m := range dirs {
 		if img, err := images.Load(filepath.Dir(m)); err == nil && img.Name == name {
+			if d, err := filepath.Abs(filepath.Dir(m)); err == nil && c.o.DropGoldens != nil {
+				c.o.DropGoldens(d)
+			}
 			if err := os.RemoveAll(filepath.Dir(m)); err != nil {
 				return fmt.Errorf("delete image %s: %w", name, err)
 			}

@@ -56,6 +56,8 @@ type fixture struct {
 	audit   *audits
 	goldens []string
 	pooled  []string
+	// dropped are the builds DropGoldens was asked for.
+	dropped []string
 }
 
 func newFixture(t *testing.T, pool map[string]int) *fixture {
@@ -67,8 +69,9 @@ func newFixture(t *testing.T, pool map[string]int) *fixture {
 	t.Cleanup(func() { db.Close() })
 	f := &fixture{db: db, dir: t.TempDir(), audit: &audits{}}
 	f.cat = catalog.New(catalog.Options{Dir: f.dir, Owner: t.TempDir(), Pool: pool, Store: db, Audit: f.audit,
-		Images: map[string]images.Image{"builtin": {Name: "minimal", Dir: "/nowhere/builtin"}},
-		Held:   func() ([]string, []string) { return f.goldens, f.pooled }})
+		Images:      map[string]images.Image{"builtin": {Name: "minimal", Dir: "/nowhere/builtin"}},
+		Held:        func() ([]string, []string) { return f.goldens, f.pooled },
+		DropGoldens: func(dir string) { f.dropped = append(f.dropped, dir) }})
 	return f
 }
 
@@ -108,8 +111,8 @@ func TestLookupAndList(t *testing.T) {
 }
 
 // TestDelete: an image is deleted only when no sandbox that is not
-// deleted, no snapshot, warm pool or golden snapshot uses it, by the
-// operator; every attempt is audited.
+// deleted, no snapshot or warm pool uses it, by the operator, its golden
+// snapshots first; every attempt is audited.
 func TestDelete(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t, map[string]int{"pooled:small": 1})
@@ -149,9 +152,6 @@ func TestDelete(t *testing.T) {
 	if err := f.db.DeleteSnapshot(ctx, "snp_1"); err != nil {
 		t.Fatal(err)
 	}
-	f.goldens = []string{app}
-	refused("app", "golden")
-	f.goldens = nil
 
 	if err := f.cat.Delete(ctx, "app"); err != nil {
 		t.Fatal(err)
@@ -159,10 +159,13 @@ func TestDelete(t *testing.T) {
 	if _, err := os.Stat(app); !os.IsNotExist(err) {
 		t.Fatalf("the build is still there: %v", err)
 	}
+	if len(f.dropped) != 1 || f.dropped[0] != app {
+		t.Fatalf("golden snapshots dropped of %v, want only %s", f.dropped, app)
+	}
 	if err := f.cat.Delete(ctx, "app"); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("delete again: %v", err)
 	}
-	if n := len(*f.audit); n != 8 || (*f.audit)[n-2] != "deleteImage app ok" {
+	if n := len(*f.audit); n != 7 || (*f.audit)[n-2] != "deleteImage app ok" {
 		t.Fatalf("audited: %q", *f.audit)
 	}
 }

@@ -46,6 +46,13 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 	if o != nil {
 		spec.SnapshotKey = o.Key
 		m, err = e.hv.Restore(ctx, o.Snap.Dir, spec)
+		if err != nil && o.Golden && ctx.Err() == nil {
+			// A golden snapshot is the host's cache, no one's data: one
+			// that does not restore is made again, and this create boots.
+			e.clones.Failed(img, rec.Size, err)
+			o, rec.Served, spec.SnapshotKey = nil, "boot", nil
+			m, err = e.hv.Launch(ctx, spec)
+		}
 		if err != nil {
 			return err
 		}

@@ -38,8 +38,8 @@ func (h cloneHost) SandboxSpec(id string) hypervisor.Spec {
 
 // goldenFor returns the ready golden snapshot of img at res to restore
 // from, or nil (the create boots); with none made yet, one is started.
-func (e *Runtime) goldenFor(img images.Image, res sandbox.Resources) *clone.Origin {
-	snap, key := e.clones.Golden(img, res)
+func (e *Runtime) goldenFor(name string, img images.Image, res sandbox.Resources) *clone.Origin {
+	snap, key := e.clones.Golden(name, img, res)
 	if snap == nil {
 		return nil
 	}

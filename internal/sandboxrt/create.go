@@ -181,7 +181,7 @@ func (e *Runtime) reserveCreate(_ context.Context, c *creation) error {
 	if c.o == nil {
 		// (After the reservation: a golden boot that this starts comes
 		// after the create.)
-		c.o = e.goldenFor(c.img, c.res) // nil: it boots
+		c.o = e.goldenFor(c.imgName, c.img, c.res) // nil: it boots
 	}
 	return nil
 }
@@ -369,7 +369,7 @@ func (e *Runtime) created(c *creation) *sandbox.Sandbox {
 	switch {
 	case c.pm != nil:
 		e.log.Info("sandbox created from the pool", "id", rec.ID, "name", rec.Name, "image", rec.Image, "took", took.Round(time.Millisecond))
-	case c.o != nil:
+	case c.o != nil && rec.Served == "snapshot": // (not a golden snapshot that did not restore)
 		e.log.Info("sandbox created from a snapshot", "id", rec.ID, "name", rec.Name, "snapshot", c.o.Snap.ID, "source", c.o.Snap.SandboxID, "took", took.Round(time.Millisecond))
 	default:
 		e.log.Info("sandbox created", "id", rec.ID, "name", rec.Name, "image", rec.Image, "vcpus", rec.Size.VCPUs, "memory_mb", rec.Size.MemoryMB)

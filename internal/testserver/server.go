@@ -60,10 +60,15 @@ func Prepare(t testing.TB) Setup {
 	if os.Getenv("HAREBOX_TEST_DEFAULT_IMAGE") != "1" {
 		t.Skip("the walkthrough needs the Debian image: set HAREBOX_TEST_DEFAULT_IMAGE=1 (make test does)")
 	}
-	// Golden snapshots are on by default; a golden boot in the
-	// background of every test would share the 2 cores with it, so only
-	// the tests that ask for them get them.
+	// The servers of a test run (make test sets HAREBOX_TEST_GOLDEN_DIR)
+	// share their golden snapshots: each image and size boots once for
+	// all of them, and their creates restore from it. Without it, only
+	// the tests that ask for golden snapshots get them: a golden boot in
+	// the background of every test would share the 2 cores with it.
 	s := Setup{Root: testimage.Root(t), Flags: []string{"--golden-snapshots=false"}}
+	if d := os.Getenv("HAREBOX_TEST_GOLDEN_DIR"); d != "" {
+		s.Flags = []string{"--golden-dir", d, "--golden-key", filepath.Join(d, "golden.key")}
+	}
 	for _, name := range []string{"harebox", "hareboxd", "harebox-plugin-qemu"} {
 		s.Bin = filepath.Dir(testimage.Binary(t, name))
 	}
