@@ -31,10 +31,11 @@ import (
 	"github.com/harebox/harebox/guestenv"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
-	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/mesh"
+	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/monitor"
+	"github.com/harebox/harebox/move"
 	"github.com/harebox/harebox/move/mover"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/processes"
@@ -65,23 +66,23 @@ type Parts struct {
 	Secrets     secrets.Store
 	Capacity    *capacity.Host
 	Meter       Meter
-	Tenants     *tenant.Service
+	Tenants     Tenants
 	Guests      Guests
 	Volumes     Volumes
-	Mesh        *mesh.Service
+	Mesh        Mesh
 	MeshApply   *mesh.Applier // nil: the network has no mesh
 	URLs        URLs
 	History     History
 	Monitor     Purger
 	Processes   Forgetter
 	Code        Forgetter
-	Catalog     *catalog.Catalog
-	Clones      *clone.Service
-	Snapshots   *clone.Snapshots
-	Hibernation *clone.Hibernation
-	Moves       *mover.Service
-	Audit       *audit.Log
-	Hosts       *cluster.Registry
+	Catalog     Images
+	Clones      Clones
+	Snapshots   Snapshots
+	Hibernation Hibernation
+	Moves       Moves
+	Audit       Audit
+	Hosts       Hosts
 	// DefaultAccount is where records from before tenancy are placed.
 	DefaultAccount *tenant.Account
 	// Encrypt: the backend encrypts under Spec.DataKey, so every sandbox
@@ -144,6 +145,72 @@ type (
 	Forgetter interface{ Forget(id string) }
 	// Purger applies every account's retention (monitoring samples).
 	Purger interface{ Purge(ctx context.Context) }
+	// Tenants place a create in its account, project and fleet (tenant).
+	Tenants interface {
+		Place(ctx context.Context, tx tenant.Placer, req *sandbox.CreateRequest, rec *store.Sandbox) (*tenant.Project, error)
+		Account(ctx context.Context, tx tenant.Resolver, ref string) (*tenant.Account, error)
+		ProjectIn(ctx context.Context, tx tenant.Resolver, accountRef, ref string) (*tenant.Account, *tenant.Project, error)
+		Fleet(ctx context.Context, tx tenant.Resolver, p *tenant.Project, ref string) (*tenant.Fleet, error)
+	}
+	// Mesh gives a sandbox its place on its project's mesh (mesh): joined
+	// in the create's transaction, left when it goes.
+	Mesh interface {
+		Join(ctx context.Context, tx mesh.Tx, req *sandbox.CreateRequest, proj *model.Project, rec *store.Sandbox) error
+		Leave(ctx context.Context, id string) error
+	}
+	// Images finds an image's build by name (images/catalog).
+	Images interface {
+		Lookup(name string) (images.Image, error)
+	}
+	// Clones are the golden snapshots and the warm pool (clone.Service):
+	// a create claims a member or restores from a golden snapshot, and
+	// reserves its capacity through the pool.
+	Clones interface {
+		Claim(img images.Image, res sandbox.Resources) *clone.Member
+		Discard(pm *clone.Member)
+		Golden(name string, img images.Image, res sandbox.Resources) (*store.Snapshot, []byte)
+		Failed(img images.Image, res sandbox.Resources, err error)
+		Reserve(res sandbox.Resources) error
+		Idle() int
+	}
+	// Snapshots are the snapshots kept (clone.Snapshots): a create opens
+	// one to restore from; a snapshot's files are dropped.
+	Snapshots interface {
+		Open(ctx context.Context, req *sandbox.CreateRequest) (*clone.Origin, error)
+		MayTake(rec *store.Sandbox) error
+		Drop(ctx context.Context, sn *store.Snapshot) error
+	}
+	// Hibernation holds a hibernated sandbox's files (clone.Hibernation).
+	Hibernation interface {
+		Prepare(id string) error
+		Write(ctx context.Context, m hypervisor.Machine, id string, key []byte) (int64, error)
+		Origin(id string, key []byte) (*clone.Origin, error)
+		Bytes(id string) int64
+		Remove(id string) error
+		Finish(ctx context.Context, rec *store.Sandbox)
+	}
+	// Moves move a sandbox to another host, and drain this one
+	// (move/mover).
+	Moves interface {
+		Move(ctx context.Context, id, to string) (*move.Result, error)
+		Drain(ctx context.Context, name string, moveOne func(ctx context.Context, id, to string) (*move.Result, error)) (*move.DrainReport, error)
+	}
+	// Audit records what was done (audit.Log).
+	Audit interface {
+		Record(ctx context.Context, action, accountID, target string, err error)
+		RecordIn(ctx context.Context, tx audit.Tx, action, accountID, target string, err error) error
+		RecordEvent(principal, accountID, action, target string)
+	}
+	// Hosts are the deployment's hosts (cluster.Registry): this one's name
+	// and draining, the host of a sandbox or snapshot.
+	Hosts interface {
+		Name() string
+		Get(ctx context.Context, name string) (*cluster.Host, error)
+		Foreign(rec *store.Sandbox) bool
+		SnapshotElsewhere(ctx context.Context, id string) (*cluster.Host, error)
+		Draining() bool
+		SetDraining(ctx context.Context, on bool) error
+	}
 )
 
 // Runtime runs one host's sandboxes. It is safe for concurrent use.
@@ -157,23 +224,23 @@ type Runtime struct {
 	sec         secrets.Store
 	capacity    *capacity.Host // what the host's sandboxes reserve
 	meter       Meter
-	tenants     *tenant.Service
+	tenants     Tenants
 	guests      Guests
 	volumes     Volumes
-	mesh        *mesh.Service
+	mesh        Mesh
 	meshApply   *mesh.Applier
 	urls        URLs
 	history     History
 	monitor     Purger
 	processes   Forgetter
 	code        Forgetter
-	catalog     *catalog.Catalog
-	clones      *clone.Service
-	snaps       *clone.Snapshots
-	hibernation *clone.Hibernation
-	moves       *mover.Service
-	audit       *audit.Log
-	hosts       *cluster.Registry
+	catalog     Images
+	clones      Clones
+	snaps       Snapshots
+	hibernation Hibernation
+	moves       Moves
+	audit       Audit
+	hosts       Hosts
 	defaultAcc  *tenant.Account
 	encrypt     bool
 	reuse       bool
