@@ -123,9 +123,12 @@ test: deps prebuild-default-image vet lint-openapi
 	@mkdir -p $(CACHE) && rm -f $(CACHE)/test-times.tsv && $(GO) build -o $(BIN)/testlog ./internal/cmd/testlog
 	@# The test servers share their golden snapshots for this run (in a
 	@# directory of its own, removed at its end): each image and size
-	@# boots once for them all.
+	@# boots once for them all. A golden machine of a server a test
+	@# killed (its VMM outlives it, as a sandbox's does) that no later
+	@# server stopped is stopped at the end, and said.
 	@set -o pipefail; \
-	gold=$$(mktemp -d /tmp/hbgold.XXXXXX) && export HAREBOX_TEST_GOLDEN_DIR=$$gold && trap 'rm -rf "$$gold"' EXIT; \
+	gold=$$(mktemp -d /tmp/hbgold.XXXXXX) && export HAREBOX_TEST_GOLDEN_DIR=$$gold && \
+	trap 'n=$$(pkill -9 -c -f -- "-name harebox-golden-.*$$gold/"); test "$$n" -gt 0 && echo "make test: stopped $$n golden machines of killed servers"; rm -rf "$$gold"' EXIT; \
 	guests=$$($(GO) list $(GUEST_PACKAGES)) && rest=$$($(GO) list ./... | grep -vxF "$$guests") && test -n "$$guests" || \
 		{ echo "make test: cannot list the packages"; exit 1; }; \
 	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \

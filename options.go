@@ -179,9 +179,9 @@ func (o *Options) defaults() error {
 	if o.GoldenDir, err = filepath.Abs(o.GoldenDir); err != nil {
 		return err
 	}
-	// (Its golden machines' sockets live under it too.)
-	if len(o.GoldenDir) > 60 {
-		return sandbox.Errorf(sandbox.ErrInvalid, "golden_dir", "%q is longer than 60 bytes; Unix socket paths under it would not fit", o.GoldenDir)
+	// (Its golden machines' sockets live under it too, 41 bytes deeper.)
+	if len(o.GoldenDir) > 67 && o.GoldenSnapshots {
+		return sandbox.Errorf(sandbox.ErrInvalid, "golden_dir", "%q is longer than 67 bytes; Unix socket paths under it would not fit", o.GoldenDir)
 	}
 	if o.GoldenKey == "" {
 		o.GoldenKey = filepath.Join(o.DataDir, "master.key")

@@ -85,9 +85,10 @@ type Options struct {
 
 // Service makes and keeps golden snapshots and pool members.
 type Service struct {
-	o   Options
-	ctx context.Context // the golden builds', until the engine closes
-	wg  sync.WaitGroup  // the golden builds
+	o     Options
+	keyID string          // the golden key's (keyID)
+	ctx   context.Context // the golden builds', until the engine closes
+	wg    sync.WaitGroup  // the golden builds
 
 	mu sync.Mutex
 	// goldens are the golden snapshots, by image build and size.
@@ -110,7 +111,7 @@ func New(ctx context.Context, o Options) *Service {
 	if o.Seal == nil {
 		o.Golden = false // (nothing to seal their keys under)
 	}
-	return &Service{o: o, ctx: ctx, goldens: map[string]*golden{}, pool: map[string][]*Member{}, refill: make(chan struct{}, 1)}
+	return &Service{o: o, keyID: keyID(o.Seal), ctx: ctx, goldens: map[string]*golden{}, pool: map[string][]*Member{}, refill: make(chan struct{}, 1)}
 }
 
 // Close waits for the golden builds and stops every idle member (its

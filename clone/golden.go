@@ -3,6 +3,7 @@ package clone
 import (
 	"cmp"
 	"context"
+	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -76,8 +77,10 @@ const (
 // manifest is what a kept golden snapshot's goldenManifest holds.
 type manifest struct {
 	Format int `json:"format"`
-	// Backend is the Options.Backend of the engine that made it.
+	// Backend is the Options.Backend of the engine that made it, and
+	// KeyID names its golden key (keyID).
 	Backend string `json:"backend"`
+	KeyID   string `json:"key_id"`
 	// Snapshot is its record (its Dir is where it is found).
 	Snapshot store.Snapshot `json:"snapshot"`
 	// Key is its key sealed under Options.Seal, the nonce first (none
@@ -108,13 +111,31 @@ func goldenID(img images.Image, res sandbox.Resources) string {
 // goldenName is the directory of the golden snapshot of the image build
 // in imageDir at res, made by this backend.
 func (s *Service) goldenName(imageDir string, res sandbox.Resources) string {
-	return goldenName(imageDir, res, s.o.Backend, s.o.Encrypt)
+	return goldenName(imageDir, res, s.o.Backend, s.keyID, s.o.Encrypt)
 }
 
-func goldenName(imageDir string, res sandbox.Resources, backend string, encrypt bool) string {
-	made := fmt.Sprintf("%d|%s|%d|%d|%d|%s|%v", goldenFormat, imageDir, res.VCPUs, res.MemoryMB, res.DiskGB, backend, encrypt)
+func goldenName(imageDir string, res sandbox.Resources, backend, keyID string, encrypt bool) string {
+	made := fmt.Sprintf("%d|%s|%d|%d|%d|%s|%s|%v", goldenFormat, imageDir, res.VCPUs, res.MemoryMB, res.DiskGB, backend, keyID, encrypt)
 	sum := sha256.Sum256([]byte(made))
 	return "g-" + hex.EncodeToString(sum[:12])
+}
+
+// keyID names a golden key without saying anything of it: engines under
+// other keys on one Dir keep apart.
+func keyID(seal cipher.AEAD) string {
+	if seal == nil {
+		return ""
+	}
+	tag := seal.Seal(nil, make([]byte, seal.NonceSize()), nil, []byte("harebox golden key id"))
+	sum := sha256.Sum256(tag)
+	return hex.EncodeToString(sum[:8])
+}
+
+// SnapshotFault reports whether a restore's err is the snapshot's own
+// fault (its files gone, damaged or of another backend), not the host's
+// (capacity, a device): a golden snapshot is dropped only for those.
+func SnapshotFault(err error) bool {
+	return errors.Is(err, hypervisor.ErrNotFound) || errors.Is(err, hypervisor.ErrInvalid) || errors.Is(err, hypervisor.ErrUnsupported)
 }
 
 // Golden returns the ready golden snapshot of img (the build the image
@@ -165,36 +186,27 @@ func (s *Service) touch(g *golden) {
 	}
 }
 
-// Failed drops the golden snapshot of img at res after a create could
-// not restore from it (its files gone, or made by a backend that no
-// longer restores them): the next ask makes another.
-func (s *Service) Failed(img images.Image, res sandbox.Resources, err error) {
+// Failed drops golden snapshot snap of img at res after a restore from
+// it failed for a reason of its own (its files gone or damaged, or made
+// by a backend that no longer restores them): the next ask makes another.
+// One that another engine on Dir made since is taken instead.
+func (s *Service) Failed(img images.Image, res sandbox.Resources, snap *store.Snapshot, err error) {
 	s.mu.Lock()
 	g := s.goldens[goldenID(img, res)]
-	if g == nil || !g.done() {
+	if g == nil || !g.done() || g.snap == nil || g.snap.ID != snap.ID {
 		s.mu.Unlock()
-		return
+		return // (another ask dropped it already)
 	}
 	delete(s.goldens, goldenID(img, res))
 	s.mu.Unlock()
-	if fresh := (&golden{name: g.name, ready: make(chan struct{}), cancel: func() {}}); g.snap != nil &&
-		s.find(fresh) == nil && fresh.snap.ID != g.snap.ID {
-		// Another engine on Dir made it again since: that one is used.
-		close(fresh.ready)
-		s.mu.Lock()
-		if s.goldens[goldenID(img, res)] == nil {
-			s.goldens[goldenID(img, res)] = fresh
-		}
-		s.mu.Unlock()
-		return
+	if s.removeIf(g.name, snap.ID) {
+		s.o.Log.Warn("a golden snapshot did not restore; it is made again", "image", img.Name, "size", res, "err", err)
 	}
-	s.o.Log.Warn("a golden snapshot did not restore; it is made again", "image", img.Name, "size", res, "err", err)
-	s.remove(g.name)
 }
 
 // DropImage removes the golden snapshots of the image build in imageDir,
-// made here or kept, before the build is deleted: one being made here is
-// stopped first.
+// made here, kept or another engine's on Dir, before the build is
+// deleted: one being made here is stopped first.
 func (s *Service) DropImage(imageDir string) {
 	s.mu.Lock()
 	var drop []*golden
@@ -209,6 +221,20 @@ func (s *Service) DropImage(imageDir string) {
 		g.cancel()
 		<-g.ready
 		s.remove(g.name)
+	}
+	// And those of other engines on Dir (any kind) that this one does
+	// not hold. (One another engine is making now is removed by the next
+	// start: its build will be gone.)
+	ents, _ := os.ReadDir(s.o.Dir)
+	for _, ent := range ents {
+		if !ent.IsDir() || !strings.HasPrefix(ent.Name(), "g-") {
+			continue
+		}
+		var m manifest
+		b, err := os.ReadFile(filepath.Join(s.o.Dir, ent.Name(), goldenManifest))
+		if err == nil && json.Unmarshal(b, &m) == nil && m.Snapshot.ImageDir == imageDir {
+			s.remove(ent.Name())
+		}
 	}
 }
 
@@ -276,7 +302,11 @@ func (s *Service) buildGolden(ctx context.Context, g *golden, img images.Image, 
 	unlock, err := s.lock(g.name)
 	if err == nil {
 		defer unlock()
-		if s.find(g) != nil {
+		// (Made by another engine since Golden looked: found into a copy,
+		// since Held and Warm read g's other fields meanwhile.)
+		if found := (&golden{name: g.name}); s.find(found) == nil {
+			g.snap, g.key = found.snap, found.key
+		} else {
 			g.err = s.makeGolden(ctx, g, img, res)
 		}
 	} else {
@@ -387,7 +417,7 @@ func (s *Service) makeGolden(ctx context.Context, g *golden, img images.Image, r
 
 // keep writes g's manifest, last: from then on a start finds it.
 func (s *Service) keep(g *golden) error {
-	m := manifest{Format: goldenFormat, Backend: s.o.Backend, Snapshot: *g.snap}
+	m := manifest{Format: goldenFormat, Backend: s.o.Backend, KeyID: s.keyID, Snapshot: *g.snap}
 	m.Snapshot.Dir = ""
 	if g.key != nil {
 		nonce := make([]byte, s.o.Seal.NonceSize())
@@ -419,10 +449,11 @@ func (s *Service) find(g *golden) error {
 		return err
 	}
 	snap := m.Snapshot
-	if m.Format != goldenFormat || goldenName(snap.ImageDir, snap.Size, m.Backend, len(m.Key) > 0) != g.name {
+	if m.Format != goldenFormat || goldenName(snap.ImageDir, snap.Size, m.Backend, m.KeyID, len(m.Key) > 0) != g.name {
 		return errors.New("made of something else")
 	}
-	if m.Backend != s.o.Backend || (len(m.Key) > 0) != s.o.Encrypt {
+	g.imageDir = snap.ImageDir
+	if m.Backend != s.o.Backend || m.KeyID != s.keyID || (len(m.Key) > 0) != s.o.Encrypt {
 		return errOther
 	}
 	var key []byte
@@ -475,15 +506,24 @@ func (s *Service) lock(name string) (unlock func(), err error) {
 
 // remove removes golden snapshot name's files, under its lock (unless
 // another engine holds it: that one makes it again).
-func (s *Service) remove(name string) {
+func (s *Service) remove(name string) { s.removeIf(name, "") }
+
+// removeIf removes golden snapshot name's files, under its lock, if it is
+// snapshot id (any, for ""; none: another engine holds the lock, or made
+// it again since), and reports whether it did.
+func (s *Service) removeIf(name, id string) bool {
 	unlock, err := s.lock(name)
 	if err != nil {
-		return
+		return false
 	}
 	defer unlock()
+	if now := (&golden{name: name}); id != "" && s.find(now) == nil && now.snap.ID != id {
+		return false
+	}
 	if err := s.clear(filepath.Join(s.o.Dir, name)); err != nil {
 		s.o.Log.Warn("cannot remove a golden snapshot's files", "dir", filepath.Join(s.o.Dir, name), "err", err)
 	}
+	return true
 }
 
 // clear stops a golden machine still running in dir (whose boot an
@@ -493,6 +533,11 @@ func (s *Service) remove(name string) {
 func (s *Service) clear(dir string) error {
 	if n := procs.KillVMMs(filepath.Join(dir, goldenMachine)); n > 0 {
 		s.o.Log.Warn("stopped a golden machine left running", "dir", dir, "vmms", n)
+	}
+	// The manifest first: an engine that reads it without the lock must
+	// not find it over files half removed.
+	if err := os.Remove(filepath.Join(dir, goldenManifest)); err != nil && !os.IsNotExist(err) {
+		return err
 	}
 	return mounts.RemoveAll(dir)
 }
@@ -526,7 +571,7 @@ func (s *Service) Open() {
 // lock.
 func (s *Service) openKept(name string) {
 	dir := filepath.Join(s.o.Dir, name)
-	_, err := os.Stat(filepath.Join(dir, goldenManifest))
+	fi, err := os.Stat(filepath.Join(dir, goldenManifest))
 	if err == nil && s.o.Seal == nil {
 		return // (not this engine's to judge)
 	}
@@ -534,26 +579,23 @@ func (s *Service) openKept(name string) {
 	if err == nil {
 		err = s.find(g)
 	}
-	if errors.Is(err, errOther) {
-		// Another kind of engine's: left to it, unless unused for long.
-		if fi, err := os.Stat(filepath.Join(dir, goldenManifest)); err == nil && time.Since(fi.ModTime()) > unusedFor {
-			s.drop(name)
-		}
-		return
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, errOther) {
 		s.drop(name) // (cut short, or it does not open: of no use)
 		return
 	}
-	if _, err := os.Stat(g.imageDir); err != nil {
-		s.drop(name) // (its image build is gone)
+	if _, serr := os.Stat(g.imageDir); serr != nil || time.Since(fi.ModTime()) > unusedFor {
+		s.drop(name) // (its image build is gone, or no one used it for long)
 		return
 	}
-	if img, err := s.o.Images.Lookup(g.image); err == nil && img.Dir != g.imageDir {
-		// Of a build its image's name no longer finds here: neither
-		// held (so harebox-image gc may remove that build, and a later
-		// start this golden snapshot) nor removed (another engine on Dir
-		// may still use that build).
+	if err != nil {
+		return // (another kind of engine's: left to it)
+	}
+	if img, err := s.o.Images.Lookup(g.image); err != nil || img.Dir != g.imageDir {
+		// Of a build that its image's name does not find here (a newer
+		// one does, or another engine's image): neither held (so
+		// harebox-image gc may remove that build, and a later start this
+		// golden snapshot) nor removed (another engine on Dir may use
+		// it).
 		return
 	}
 	// (A machine a crash left behind after the manifest.)

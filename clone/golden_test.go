@@ -51,10 +51,11 @@ func goldens(t *testing.T, dir string) []string {
 // engine and the next start restores from it at once with the same key;
 // an engine on the same directory does not make one another engine is
 // making, and finds it once it is made; a start drops what it cannot use
-// (another key, an image build gone, what a crash cut short) and nothing
-// else, and with golden snapshots off only what a crash cut short; one of
-// a superseded build is neither used nor removed, nor one of another
-// backend until unused for a week; a golden snapshot that did not
+// (an image build gone, what a crash cut short) and nothing else, and
+// with golden snapshots off only what a crash cut short; one of a
+// superseded build is neither used nor removed, nor one of another golden
+// key or backend until unused for a week (any unused for a week goes); a
+// golden snapshot that did not
 // restore, or whose image is deleted (its boot stopped), is removed.
 func TestGoldenKept(t *testing.T) {
 	hv := memhv.New(memhv.Options{})
@@ -148,7 +149,9 @@ func TestGoldenKept(t *testing.T) {
 	b.holding.Store(false)
 
 	// One that did not restore is removed, and made again.
-	c.Failed(img, medium, errors.New("test"))
+	failed, _ := c.Golden("memhv", img, medium)
+	c.Failed(img, medium, failed, errors.New("test"))
+	c.Failed(img, medium, failed, errors.New("test")) // (a second create's: nothing more)
 	if g := goldens(t, gdir); len(g) != 1 {
 		t.Fatalf("after a failed restore: %v", g)
 	}
@@ -200,27 +203,20 @@ func TestGoldenKept(t *testing.T) {
 	if g := goldens(t, gdir); len(g) != 0 {
 		t.Fatalf("after the image's delete: %v", g)
 	}
-	for name, e := range map[string]func() *engine{
-		"another key": func() *engine { return open(masterKey(t), "memhv 1", cat) },
-		"its image build gone": func() *engine {
-			if err := os.Rename(img.Dir, img.Dir+".gone"); err != nil {
-				t.Fatal(err)
-			}
-			defer os.Rename(img.Dir+".gone", img.Dir)
-			return open(seal, "memhv 1", cat)
-		},
-	} {
-		ready(d, small)
-		d.Close()
-		if g := goldens(t, gdir); len(g) != 1 {
-			t.Fatalf("%s: kept %v", name, g)
-		}
-		e().Close()
-		if g := goldens(t, gdir); len(g) != 0 {
-			t.Fatalf("%s: kept at its start: %v", name, g)
-		}
-		d = open(seal, "memhv 1", cat)
+	// Its image build gone, it goes at the next start.
+	ready(d, small)
+	d.Close()
+	if err := os.Rename(img.Dir, img.Dir+".gone"); err != nil {
+		t.Fatal(err)
 	}
+	open(seal, "memhv 1", cat).Close()
+	if err := os.Rename(img.Dir+".gone", img.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if g := goldens(t, gdir); len(g) != 0 {
+		t.Fatalf("kept at a start after its image build went: %v", g)
+	}
+	d = open(seal, "memhv 1", cat)
 	// An engine with golden snapshots off leaves kept ones alone (another
 	// engine's on Dir, or its own for later); so does one whose image's
 	// name finds a newer build (until the old one is gone), without
@@ -237,8 +233,13 @@ func TestGoldenKept(t *testing.T) {
 		t.Fatalf("after a start with golden snapshots off, and one with a newer build: %v", g)
 	}
 
-	// Another kind of engine's (another backend or network) is left to
-	// it, unless unused for a week; a start that finds one marks it used.
+	// Another kind of engine's (another golden key, backend or network)
+	// is left to it, unless unused for a week; a start that finds one
+	// marks it used.
+	open(masterKey(t), "memhv 1", cat).Close()
+	if g := goldens(t, gdir); len(g) != 1 {
+		t.Fatalf("a start under another golden key removed one: %v", g)
+	}
 	manifests := func() []string {
 		m, _ := filepath.Glob(filepath.Join(gdir, "*", goldenManifest))
 		return m
@@ -253,16 +254,25 @@ func TestGoldenKept(t *testing.T) {
 	if g := goldens(t, gdir); len(g) != 1 {
 		t.Fatalf("another backend's start removed one used 6 days ago: %v", g)
 	}
-	age(8 * 24 * time.Hour)
 	open(seal, "memhv 1", cat).Close()
-	open(seal, "memhv 2", cat).Close()
-	if g := goldens(t, gdir); len(g) != 1 {
-		t.Fatalf("another backend's start removed one its own kind just found: %v", g)
+	for _, m := range manifests() {
+		if fi, err := os.Stat(m); err != nil || time.Since(fi.ModTime()) > time.Minute {
+			t.Fatalf("a start of its own kind did not mark it used: %v %v", fi.ModTime(), err)
+		}
 	}
 	age(8 * 24 * time.Hour)
 	open(seal, "memhv 2", cat).Close()
 	if g := goldens(t, gdir); len(g) != 0 {
 		t.Fatalf("another backend's start kept one unused for 8 days: %v", g)
+	}
+	// Its own kind's start removes one unused for 8 days too.
+	d = open(seal, "memhv 1", cat)
+	ready(d, small)
+	d.Close()
+	age(8 * 24 * time.Hour)
+	open(seal, "memhv 1", cat).Close()
+	if g := goldens(t, gdir); len(g) != 0 {
+		t.Fatalf("a start kept one unused for 8 days: %v", g)
 	}
 	os.Remove(filepath.Join(gdir, "golden.key"))
 	if ents, _ := os.ReadDir(gdir); len(ents) != 0 {

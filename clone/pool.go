@@ -248,8 +248,8 @@ func (s *Service) newMember(ctx context.Context, snap *store.Snapshot, key []byt
 	s.step("pool-restore", pm.stateDir)
 	if pm.Machine, err = s.o.Hypervisor.Restore(ctx, snap.Dir, spec); err != nil {
 		s.o.Network.Detach(context.WithoutCancel(ctx), pm.ID)
-		if ctx.Err() == nil {
-			s.Failed(img, res, err) // (made again for the next fill)
+		if ctx.Err() == nil && SnapshotFault(err) {
+			s.Failed(img, res, snap, err) // (made again for the next fill)
 		}
 		return nil, fmt.Errorf("restore: %w", err)
 	}

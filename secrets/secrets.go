@@ -139,6 +139,9 @@ func newMasterKey(keyFile string) ([]byte, error) {
 	}
 	defer os.Remove(f.Name())
 	_, err = f.Write(key)
+	if err == nil {
+		err = f.Sync() // (linked in place only once on disk)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -46,12 +46,16 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 	if o != nil {
 		spec.SnapshotKey = o.Key
 		m, err = e.hv.Restore(ctx, o.Snap.Dir, spec)
-		if err != nil && o.Golden && ctx.Err() == nil {
-			// A golden snapshot is the host's cache, no one's data: one
-			// that does not restore is made again, and this create boots.
-			e.clones.Failed(img, rec.Size, err)
+		if rerr := err; err != nil && o.Golden && ctx.Err() == nil {
+			// A golden snapshot is the host's cache, no one's data: this
+			// create boots, and one that is at fault is made again.
+			if clone.SnapshotFault(rerr) {
+				e.clones.Failed(img, rec.Size, o.Snap, rerr)
+			}
 			o, rec.Served, spec.SnapshotKey = nil, "boot", nil
-			m, err = e.hv.Launch(ctx, spec)
+			if m, err = e.hv.Launch(ctx, spec); err != nil {
+				err = fmt.Errorf("%w (after the golden snapshot did not restore: %v)", err, rerr)
+			}
 		}
 		if err != nil {
 			return err

@@ -169,7 +169,7 @@ type (
 		Claim(img images.Image, res sandbox.Resources) *clone.Member
 		Discard(pm *clone.Member)
 		Golden(name string, img images.Image, res sandbox.Resources) (*store.Snapshot, []byte)
-		Failed(img images.Image, res sandbox.Resources, err error)
+		Failed(img images.Image, res sandbox.Resources, snap *store.Snapshot, err error)
 		Reserve(res sandbox.Resources) error
 		Idle() int
 	}
