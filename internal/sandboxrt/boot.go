@@ -46,16 +46,16 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 	if o != nil {
 		spec.SnapshotKey = o.Key
 		m, err = e.hv.Restore(ctx, o.Snap.Dir, spec)
-		if rerr := err; err != nil && o.Golden && ctx.Err() == nil {
+		if err != nil && o.Golden && ctx.Err() == nil {
 			// A golden snapshot is the host's cache, no one's data: this
-			// create boots, and one that is at fault is made again.
-			if clone.SnapshotFault(rerr) {
-				e.clones.Failed(img, rec.Size, o.Snap, rerr)
+			// create boots, and one that is at fault is made again. (The
+			// restore's error, which names host paths, goes to the log.)
+			e.log.Warn("a golden snapshot did not restore; the create boots", "id", rec.ID, "image", rec.Image, "err", err)
+			if clone.SnapshotFault(err) {
+				e.clones.Failed(img, rec.Size, o.Snap, err)
 			}
 			o, rec.Served, spec.SnapshotKey = nil, "boot", nil
-			if m, err = e.hv.Launch(ctx, spec); err != nil {
-				err = fmt.Errorf("%w (after the golden snapshot did not restore: %v)", err, rerr)
-			}
+			m, err = e.hv.Launch(ctx, spec)
 		}
 		if err != nil {
 			return err
