@@ -2,7 +2,6 @@ package clone
 
 import (
 	"crypto/cipher"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -19,6 +18,7 @@ import (
 	"github.com/harebox/harebox/internal/mounts"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
 	"github.com/harebox/harebox/store"
 )
 
@@ -104,9 +104,10 @@ func (s *Service) keep(g *golden) error {
 	m := manifest{Format: goldenFormat, Backend: s.o.Backend, KeyID: s.keyID, Snapshot: *g.snap}
 	m.Snapshot.Dir = ""
 	if g.key != nil {
-		nonce := make([]byte, s.o.Seal.NonceSize())
-		rand.Read(nonce)
-		m.Key = s.o.Seal.Seal(nonce, nonce, g.key, []byte("harebox golden "+g.name))
+		var err error
+		if m.Key, err = secrets.SealWith(s.o.Seal, []byte("harebox golden "+g.name), g.key); err != nil {
+			return err
+		}
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -142,11 +143,7 @@ func (s *Service) find(g *golden) error {
 	}
 	var key []byte
 	if len(m.Key) > 0 {
-		n := s.o.Seal.NonceSize()
-		if len(m.Key) < n {
-			return errors.New("no key")
-		}
-		if key, err = s.o.Seal.Open(nil, m.Key[:n], m.Key[n:], []byte("harebox golden "+g.name)); err != nil {
+		if key, err = secrets.OpenWith(s.o.Seal, []byte("harebox golden "+g.name), m.Key); err != nil {
 			return fmt.Errorf("its key does not open: %w", err)
 		}
 		if len(key) != hypervisor.KeySize {

@@ -72,11 +72,7 @@ func Seal(key []byte, label string, v []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	nonce := make([]byte, aead.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
-		return nil, err
-	}
-	return aead.Seal(nonce, nonce, v, []byte(label)), nil
+	return SealWith(aead, []byte(label), v)
 }
 
 // Open decrypts what Seal made under the same key and label.
@@ -85,15 +81,37 @@ func Open(key []byte, label string, sealed []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := aead.NonceSize()
-	if len(sealed) < n+aead.Overhead() {
+	if len(sealed) < aead.NonceSize()+aead.Overhead() {
 		return nil, errors.New("secrets: sealed value too short")
 	}
-	v, err := aead.Open(nil, sealed[:n], sealed[n:], []byte(label))
+	v, err := OpenWith(aead, []byte(label), sealed)
 	if err != nil {
 		return nil, fmt.Errorf("secrets: %s does not open under the data key: %w", label, err)
 	}
 	return v, nil
+}
+
+// SealWith seals v under aead (the master key's, a data key's) with a
+// new random nonce, which comes first in what it returns; ad binds it to
+// its place.
+func SealWith(aead cipher.AEAD, ad, v []byte) ([]byte, error) {
+	nonce := make([]byte, aead.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, err
+	}
+	return aead.Seal(nonce, nonce, v, ad), nil
+}
+
+// ErrDamaged: a sealed value too short to hold its nonce.
+var ErrDamaged = errors.New("secrets: sealed value damaged")
+
+// OpenWith opens what SealWith made under the same aead and ad.
+func OpenWith(aead cipher.AEAD, ad, sealed []byte) ([]byte, error) {
+	n := aead.NonceSize()
+	if len(sealed) < n {
+		return nil, ErrDamaged
+	}
+	return aead.Open(nil, sealed[:n], sealed[n:], ad)
 }
 
 func gcm(key []byte) (cipher.AEAD, error) {

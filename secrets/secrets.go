@@ -77,11 +77,11 @@ func additional(scope, name string) []byte { return []byte(scope + "\x00" + name
 
 // Put implements Store.
 func (s *Sealed) Put(ctx context.Context, scope, name string, value []byte) error {
-	nonce := make([]byte, s.aead.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
+	sealed, err := SealWith(s.aead, additional(scope, name), value)
+	if err != nil {
 		return err
 	}
-	return s.db.PutSecret(ctx, scope, name, s.aead.Seal(nonce, nonce, value, additional(scope, name)))
+	return s.db.PutSecret(ctx, scope, name, sealed)
 }
 
 // Get implements Store.
@@ -93,11 +93,10 @@ func (s *Sealed) Get(ctx context.Context, scope, name string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := s.aead.NonceSize()
-	if len(sealed) < n {
+	v, err := OpenWith(s.aead, additional(scope, name), sealed)
+	if errors.Is(err, ErrDamaged) {
 		return nil, errors.New("secrets: corrupt value")
 	}
-	v, err := s.aead.Open(nil, sealed[:n], sealed[n:], additional(scope, name))
 	if err != nil {
 		return nil, fmt.Errorf("secrets: %s/%s does not decrypt: %w", scope, name, err)
 	}

@@ -158,3 +158,29 @@ func TestMasterKeyShared(t *testing.T) {
 		t.Fatalf("left: %v", left)
 	}
 }
+
+// TestSealWith: what SealWith seals opens only under its aead and ad; a
+// value too short to hold a nonce is ErrDamaged, a changed one fails.
+func TestSealWith(t *testing.T) {
+	a, err := MasterKey(filepath.Join(t.TempDir(), "k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := SealWith(a, []byte("here"), []byte("v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := OpenWith(a, []byte("here"), sealed); err != nil || string(v) != "v" {
+		t.Fatalf("open: %q %v", v, err)
+	}
+	if _, err := OpenWith(a, []byte("there"), sealed); err == nil {
+		t.Fatal("opened under another ad")
+	}
+	if _, err := OpenWith(a, []byte("here"), sealed[:3]); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("a short value: %v", err)
+	}
+	sealed[len(sealed)-1] ^= 1
+	if _, err := OpenWith(a, []byte("here"), sealed); err == nil {
+		t.Fatal("a changed value opened")
+	}
+}

@@ -21,7 +21,6 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/cipher"
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -36,7 +35,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/harebox/harebox/internal/inns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -44,6 +42,9 @@ import (
 	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/tun"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/harebox/harebox/internal/inns"
+	"github.com/harebox/harebox/secrets"
 )
 
 // DefaultName is the device's name when Options.Name is empty.
@@ -456,11 +457,10 @@ func (t *Tunnel) loadKey() (wgtypes.Key, error) {
 	if err != nil {
 		return wgtypes.Key{}, fmt.Errorf("wgtunnel: key: %w", err)
 	}
-	n := t.o.Seal.NonceSize()
-	if len(b) < n {
+	plain, err := secrets.OpenWith(t.o.Seal, []byte(keyAD), b)
+	if errors.Is(err, secrets.ErrDamaged) {
 		return wgtypes.Key{}, fmt.Errorf("wgtunnel: key file %s is damaged", t.o.KeyFile)
 	}
-	plain, err := t.o.Seal.Open(nil, b[:n], b[n:], []byte(keyAD))
 	if err != nil || len(plain) != wgtypes.KeyLen {
 		return wgtypes.Key{}, fmt.Errorf("wgtunnel: key file %s does not open under this host's master key", t.o.KeyFile)
 	}
@@ -469,11 +469,10 @@ func (t *Tunnel) loadKey() (wgtypes.Key, error) {
 
 // saveKey seals k into the key file, replacing it atomically.
 func (t *Tunnel) saveKey(k wgtypes.Key) error {
-	nonce := make([]byte, t.o.Seal.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
+	sealed, err := secrets.SealWith(t.o.Seal, []byte(keyAD), k[:])
+	if err != nil {
 		return err
 	}
-	sealed := t.o.Seal.Seal(nonce, nonce, k[:], []byte(keyAD))
 	tmp, err := os.CreateTemp(filepath.Dir(t.o.KeyFile), ".mesh-key-*")
 	if err != nil {
 		return fmt.Errorf("wgtunnel: save key: %w", err)
