@@ -230,15 +230,16 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.capacity = capacity.New(opts.Capacity.Limits(opts.DataDir), e.usedChanged, e.log)
 	pool, _ := clone.ParsePool(opts.Pool) // (checked by defaults)
-	var seal cipher.AEAD                  // (golden snapshots kept across restarts)
-	if opts.GoldenSnapshots && caps.Snapshot {
+	golden := opts.GoldenSnapshots && caps.Snapshot
+	var seal cipher.AEAD // (golden snapshots kept across restarts)
+	if golden {
 		if seal, err = secrets.MasterKey(opts.GoldenKey); err != nil {
 			return nil, fmt.Errorf("golden key: %w", err)
 		}
 	}
 	e.clones = clone.New(e.ctx, clone.Options{Hypervisor: e.hv, Network: e.net, Images: e.catalog, Host: views.Clones,
 		Dir: opts.GoldenDir, Seal: seal, Backend: fmt.Sprintf("%s %s %s network=%T", caps.Name, caps.Accelerator, caps.Version, e.net),
-		Golden: opts.GoldenSnapshots && caps.Snapshot, Encrypt: encrypt, Pool: pool,
+		Golden: golden, Encrypt: encrypt, Pool: pool,
 		BootTimeout: opts.BootTimeout, Agent: e.rt.AgentOptions(), Step: atStep, Log: e.log})
 	e.snaps = clone.NewSnapshots(clone.SnapshotOptions{Store: e.store, Secrets: e.sec, Meter: e.meter, Envs: e.guests, Audit: al,
 		Hosts: views.Snapshots, Sources: views.Snapshots, Capable: caps.Snapshot, Dir: filepath.Join(opts.DataDir, "snapshots"),
