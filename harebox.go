@@ -76,6 +76,7 @@ type Engine struct {
 	history     *history.Service
 	catalog     *catalog.Catalog
 	clones      *clone.Service
+	pool        *clone.PoolSettings
 	snaps       *clone.Snapshots
 	hibernation *clone.Hibernation
 	moves       *mover.Service
@@ -165,7 +166,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	traffic, _ := e.net.(network.Meter)
 	e.monitor = monitor.New(monitor.Options{Store: e.store, Sandboxes: views.Monitor, Meter: traffic, Now: opts.Now, Log: e.log})
 	e.catalog = catalog.New(catalog.Options{Images: opts.Images, Dir: opts.ImageDir, AgentPath: opts.AgentPath, Owner: opts.DataDir,
-		Pool: opts.Pool, Store: e.store, Held: e.heldImages, Warm: e.warm,
+		Pool: e.poolSpecs, Store: e.store, Held: e.heldImages, Warm: e.warm,
 		DropGoldens: func(dir string) { e.clones.DropImage(dir) }, Audit: al, Log: e.log})
 	e.envs = env.New(e.store, e.tenants, e.sec)
 	e.envs.Audit = al
@@ -249,6 +250,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.registerHost(ctx); err != nil {
 		return nil, err
 	}
+	e.pool = clone.NewPoolSettings(clone.PoolSettingsOptions{
+		Store: store.Narrow(e.store, func(tx store.Tx) clone.PoolTx { return tx }),
+		Pool:  e.clones, Local: opts.Pool, Host: e.hosts.Name(), Audit: al, Now: opts.Now, Log: e.log})
 	var client *move.Client // (none: no internal endpoint, no moves away)
 	if opts.Host.TLS != nil {
 		client = move.NewClient(opts.Host.TLS.Client)
@@ -313,7 +317,8 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.monitor.Run(e.ctx, opts.MetricsInterval) }()
 	}
-	if len(opts.Pool) > 0 {
+	e.pool.Load(ctx)
+	if golden { // (the pool's setting may name images later: harebox pool set)
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.clones.Run(e.ctx) }()
 	}

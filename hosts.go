@@ -8,6 +8,7 @@ import (
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/mesh"
@@ -65,6 +66,8 @@ func (e *Engine) notice(topic, payload string) {
 		e.rt.WakeMesh()
 	case ingress.NoticeTopic:
 		e.urls.Noticed(e.ctx, payload)
+	case clone.PoolNoticeTopic:
+		e.loadPool()
 	case cluster.NoticeTopic: // (a host removed)
 		if e.tunnels != nil {
 			e.tunnels.Changed("")
@@ -78,6 +81,14 @@ func (e *Engine) notice(topic, payload string) {
 		}
 		e.rt.WakeMesh()
 		e.urls.Noticed(e.ctx, "")
+		e.loadPool()
+	}
+}
+
+// loadPool applies the warm pool's setting as the store has it now.
+func (e *Engine) loadPool() {
+	if e.pool != nil { // (nil until New made it)
+		e.pool.Load(e.ctx)
 	}
 }
 

@@ -3,6 +3,7 @@ package harebox_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/hypervisor/memhv"
+	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/testpg"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -46,6 +48,7 @@ func hostsOn(t *testing.T, dsn string, lease time.Duration, tweak func(*harebox.
 		if h.dir != "" {
 			os.RemoveAll(opts.DataDir)
 			opts.DataDir = h.dir
+			opts.Images = map[string]images.Image{sandbox.DefaultImage: memhv.Image(h.dir)}
 		}
 		h.dir = opts.DataDir
 		db, err := store.OpenPostgres(ctx, dsn)
@@ -318,4 +321,107 @@ func TestConcurrentCreatesOnTwoHosts(t *testing.T) {
 	if err != nil || len(l) != 2*each*2 {
 		t.Fatalf("%d createSandbox entries, want %d: %v", len(l), 2*each*2, err)
 	}
+}
+
+// TestPoolSetting: the warm pool's setting is the deployment's. Set
+// through one host, every host keeps it (a host started later too);
+// shrunk, each stops its extra members; reset, each keeps its own
+// --pool again. Bad settings and keys other than the operator's are
+// refused and change nothing.
+func TestPoolSetting(t *testing.T) {
+	dsn := testpg.ForTest(t)
+	ctx := context.Background()
+	start, stop := hostsOn(t, dsn, 5*time.Second, func(o *harebox.Options) {
+		if o.Host.Name == "a" {
+			o.Pool = map[string]int{"default:small": 1} // a's own --pool
+		}
+		o.GoldenSnapshots = true
+	})
+	a, b := &engineHost{}, &engineHost{}
+	start("a", a)
+	defer func() { stop(a) }()
+	start("b", b)
+	defer func() { stop(b) }()
+	idle := func(h *engineHost) int {
+		st, err := h.eng.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Pool
+	}
+	wait := func(h *engineHost, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); idle(h) != n; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the pool holds %d, want %d", idle(h), n)
+			}
+		}
+	}
+	check := func(h *engineHost, source string, want map[string]int) {
+		t.Helper()
+		p, err := h.eng.Pool().Get(ctx)
+		if err != nil || p.Source != source || !maps.Equal(p.Pool, want) || !p.Kept || (source == "deployment") != (p.SetAt != nil) {
+			t.Fatalf("the pool as a host keeps it: %+v %v; want %s %v", p, err, source, want)
+		}
+	}
+	wait(a, 1)
+	check(a, "host", map[string]int{"default:small": 1})
+	check(b, "host", map[string]int{})
+
+	p, err := b.eng.Pool().Set(ctx, map[string]int{"default:small": 2})
+	if err != nil || p.Source != "deployment" || p.Host != "b" {
+		t.Fatalf("set through b: %+v %v", p, err)
+	}
+	wait(a, 2)
+	wait(b, 2)
+	check(a, "deployment", map[string]int{"default:small": 2})
+	if l, _ := b.eng.Audit().List(ctx, store.AuditFilter{Action: "setPool"}); len(l) != 1 || l[0].Error != "" {
+		t.Errorf("setPool's audit entries: %+v", l)
+	}
+
+	// Refused, and nothing changes.
+	for _, bad := range []map[string]int{{"nope:small": 1}, {"default:huge": 1}, {"default:small": 65}, {"default": 1}, {"default:small": -1}} {
+		if _, err := a.eng.Pool().Set(ctx, bad); !errors.Is(err, sandbox.ErrInvalid) {
+			t.Errorf("set %v: %v", bad, err)
+		}
+	}
+	k, err := a.eng.Keys().Create(ctx, apikey.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyCtx := authz.WithPrincipal(ctx, authz.Principal{AccountID: k.AccountID, KeyID: k.ID, Scope: k.Scope})
+	if _, err := a.eng.Pool().Set(keyCtx, map[string]int{}); !errors.Is(err, sandbox.ErrForbidden) {
+		t.Errorf("a key sets the pool: %v", err)
+	}
+	if _, err := a.eng.Pool().Get(keyCtx); !errors.Is(err, sandbox.ErrForbidden) {
+		t.Errorf("a key reads the pool: %v", err)
+	}
+	if _, err := a.eng.Pool().Reset(keyCtx); !errors.Is(err, sandbox.ErrForbidden) {
+		t.Errorf("a key resets the pool: %v", err)
+	}
+	check(a, "deployment", map[string]int{"default:small": 2})
+	check(b, "deployment", map[string]int{"default:small": 2})
+
+	// A host that starts later keeps the deployment's pool.
+	stop(b)
+	start("b", b)
+	wait(b, 2)
+	check(b, "deployment", map[string]int{"default:small": 2})
+
+	// Shrunk through a: each host stops its extra member at once.
+	if _, err := a.eng.Pool().Set(ctx, map[string]int{"default:small": 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n := idle(a); n != 1 {
+		t.Errorf("a holds %d right after its pool shrank to 1", n)
+	}
+	wait(b, 1)
+	// Reset through b: a keeps its own --pool (1), b none.
+	if p, err := b.eng.Pool().Reset(ctx); err != nil || p.Source != "host" || len(p.Pool) != 0 {
+		t.Fatalf("reset through b: %+v %v", p, err)
+	}
+	wait(b, 0)
+	check(b, "host", map[string]int{})
+	check(a, "host", map[string]int{"default:small": 1})
+	wait(a, 1)
 }

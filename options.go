@@ -114,6 +114,8 @@ type Options struct {
 	// Pool keeps that many sandboxes restored from the golden snapshot
 	// idle and ready for each "IMAGE:PRESET" (package clone): a create of
 	// that image and size claims one. A pool implies GoldenSnapshots.
+	// The deployment's pool, once set (Engine.Pool().Set, harebox pool
+	// set), replaces it until it is reset.
 	Pool map[string]int
 	// MetricsInterval is how often every sandbox created with monitoring
 	// on is sampled (CPU, memory, disk, network, from the host side);

@@ -73,3 +73,7 @@ func (e *Engine) Snapshots() *clone.Snapshots { return e.snaps }
 // they are not swapped, VMs that stopped on their own), for the principal
 // in the context.
 func (e *Engine) Events() *events.Service { return e.events }
+
+// Pool is the warm pool's setting, for every host of the deployment (the
+// REST layer calls it directly).
+func (e *Engine) Pool() *clone.PoolSettings { return e.pool }

@@ -290,6 +290,9 @@ func calls(w world) []call {
 		{"moveSandbox", "POST", sb + "/move", map[string]any{"to": "gone"}, "operator"},
 		{"drainHost", "POST", "/v1/hosts/gone/drain", nil, "operator"},
 		{"undrainHost", "POST", "/v1/hosts/gone/undrain", nil, "operator"},
+		{"getPool", "GET", "/v1/pool", nil, "operator"},
+		{"setPool", "PUT", "/v1/pool", map[string]any{"pool": map[string]int{}}, "operator"},
+		{"resetPool", "DELETE", "/v1/pool", nil, "operator"},
 	}
 }
 

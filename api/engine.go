@@ -103,6 +103,8 @@ type Domains interface {
 	Images() *catalog.Catalog
 	Events() *events.Service
 	Snapshots() *clone.Snapshots
+	// Pool is the warm pool's setting, the same for every host.
+	Pool() *clone.PoolSettings
 	// Cluster is the deployment's hosts: this one's name, where a
 	// sandbox runs and a create goes, the hosts listed and removed.
 	Cluster() *cluster.Registry

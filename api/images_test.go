@@ -114,6 +114,22 @@ func TestImages(t *testing.T) {
 	if code, _, msg := errField(r); r.status != 409 || code != "conflict" || !strings.Contains(msg, "pool") {
 		t.Fatalf("delete of an image with a warm pool: %d %s", r.status, r.raw)
 	}
+	// The deployment's pool (harebox pool set) replaces the host's
+	// --pool: an image it does not name may go. A pool of an image the
+	// host does not have is refused, and changes nothing.
+	if p := h.must(t, 200, "GET", "/v1/pool", h.root, nil); str(p, "source") != "host" || !strings.Contains(string(p.raw), `"pooled:small":0`) {
+		t.Fatalf("the host's own pool: %s", p.raw)
+	}
+	r = h.do(t, "PUT", "/v1/pool", h.root, map[string]any{"pool": map[string]int{"nope:small": 1}})
+	if code, field, msg := errField(r); r.status != 400 || code != "invalid" || field != "pool" || !strings.Contains(msg, `"nope"`) {
+		t.Fatalf("a pool of an image the host does not have: %d %s", r.status, r.raw)
+	}
+	h.must(t, 400, "PUT", "/v1/pool", h.root, map[string]any{"pool": map[string]any{"pooled:small": "two"}})
+	h.must(t, 409, "DELETE", "/v1/images/pooled", h.root, nil)
+	if p := h.must(t, 200, "PUT", "/v1/pool", h.root, map[string]any{"pool": map[string]int{}}); str(p, "source") != "deployment" || str(p, "set_at") == "" {
+		t.Fatalf("the deployment's pool: %s", p.raw)
+	}
+	h.must(t, 204, "DELETE", "/v1/images/pooled", h.root, nil)
 
 	// A server with no agent binary builds nothing, and says why.
 	g := newFastAPI(t, api.Options{})

@@ -289,6 +289,9 @@ func Routes() []Route {
 		{"POST", "/v1/hosts/{name}/drain", "drainHost", false, (*Server).drainHost},
 		{"POST", "/v1/hosts/{name}/undrain", "undrainHost", false, (*Server).undrainHost},
 		{"POST", "/v1/hosts/{name}/mesh-key", "rotateMeshKey", false, (*Server).rotateMeshKey},
+		{"GET", "/v1/pool", "getPool", false, (*Server).getPool},
+		{"PUT", "/v1/pool", "setPool", false, (*Server).setPool},
+		{"DELETE", "/v1/pool", "resetPool", false, (*Server).resetPool},
 	}
 }
 

@@ -35,6 +35,7 @@ var Actions = []string{
 	"getURLCA", "setURLCA", "deleteURLCA", "issueClientCert", "listClientCerts", "revokeClientCert",
 	"listImages", "buildImage", "deleteImage",
 	"listHosts", "deleteHost", "rotateMeshKey", "moveSandbox", "drainHost", "undrainHost",
+	"getPool", "setPool", "resetPool",
 	"createVolume", "listVolumes", "getVolume", "resizeVolume", "deleteVolume",
 	"runCode", "listCodeContexts", "createCodeContext", "restartCodeContext", "deleteCodeContext",
 }
@@ -79,7 +80,7 @@ var Groups = map[string][]string{
 // a key belongs to one account and cannot make or end accounts.
 var operatorOnly = map[string]bool{"createAccount": true, "deleteAccount": true, "verifyAudit": true,
 	"buildImage": true, "deleteImage": true, "listHosts": true, "deleteHost": true, "rotateMeshKey": true,
-	"moveSandbox": true, "drainHost": true, "undrainHost": true}
+	"moveSandbox": true, "drainHost": true, "undrainHost": true, "getPool": true, "setPool": true, "resetPool": true}
 
 // Scope limits a key. Every field is optional (empty means no limit on that
 // dimension) and they combine with AND.

@@ -156,8 +156,56 @@ func (s *Service) Run(ctx context.Context) {
 	}
 }
 
+// SetPool makes entries what the pool keeps from now on: idle members
+// beyond them are stopped at once (their host capacity released), and the
+// pool fills up to them in the background.
+func (s *Service) SetPool(entries []PoolEntry) {
+	s.mu.Lock()
+	s.o.Pool = entries
+	s.mu.Unlock()
+	s.trim()
+	select {
+	case s.refill <- struct{}{}:
+	default:
+	}
+}
+
+// Pool is what the pool keeps now.
+func (s *Service) Pool() []PoolEntry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.o.Pool
+}
+
+// trim stops the idle members beyond what the pool keeps now: of an image
+// and size it no longer names, or of an image build that is no longer the
+// image's.
+func (s *Service) trim() {
+	want := map[string]int{}
+	for _, pe := range s.Pool() {
+		if img, err := s.o.Images.Lookup(pe.Image); err == nil {
+			want[poolKey(img, pe.Size)] += pe.N
+		}
+	}
+	s.mu.Lock()
+	var extra []*Member
+	for k, l := range s.pool {
+		if n := want[k]; len(l) > n {
+			extra = append(extra, l[n:]...)
+			s.pool[k] = l[:n:n]
+		}
+	}
+	s.mu.Unlock()
+	for _, pm := range extra {
+		s.o.Log.Info("pool: stopping an idle member the pool no longer keeps", "id", pm.ID, "image", pm.img.Name)
+		s.Discard(pm)
+		s.o.Host.Release(pm.res)
+	}
+}
+
 func (s *Service) fill(ctx context.Context) {
-	for _, pe := range s.o.Pool {
+	s.trim() // (a fill that was under way when the pool shrank)
+	for _, pe := range s.Pool() {
 		img, err := s.o.Images.Lookup(pe.Image)
 		if err != nil {
 			continue

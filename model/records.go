@@ -139,3 +139,29 @@ type VolumeAttachment struct {
 	// Layer is the layer it opens (Volume.Layers): its top.
 	Layer int `json:"layer,omitempty"`
 }
+
+// Pool is the warm pool as one host keeps it (GET /v1/pool).
+type Pool struct {
+	// Pool is how many idle sandboxes the host keeps for each
+	// "IMAGE:PRESET".
+	Pool map[string]int `json:"pool"`
+	// Source says where that comes from: "deployment" (harebox pool set,
+	// for every host that shares the store) or "host" (the host's own
+	// hareboxd --pool, while the deployment has none).
+	Source string `json:"source"`
+	// SetAt is when the deployment's pool was set (source "deployment").
+	SetAt *time.Time `json:"set_at,omitempty"`
+	// Host is the host that answered.
+	Host string `json:"host"`
+	// Kept is false on a host that keeps no pool at all (golden snapshots
+	// off, or a backend that cannot snapshot).
+	Kept bool `json:"kept"`
+	// Idle is how many idle sandboxes the host holds now.
+	Idle int `json:"idle"`
+}
+
+// Pool sources.
+const (
+	PoolFromDeployment = "deployment"
+	PoolFromHost       = "host"
+)

@@ -266,6 +266,13 @@ type Tx interface {
 	// those in one of states, or all of them.
 	SandboxesOn(ctx context.Context, host string, states ...sandbox.State) ([]*Sandbox, error)
 
+	// The deployment's settings, each a JSON value under a name
+	// (settings.go); GetSetting and DeleteSetting fail with ErrNotFound
+	// when it has none.
+	PutSetting(ctx context.Context, name string, value json.RawMessage) error
+	GetSetting(ctx context.Context, name string) (json.RawMessage, error)
+	DeleteSetting(ctx context.Context, name string) error
+
 	// Notify tells every host that shares the store, this one included,
 	// of a change (topic and payload, together at most 4000 bytes) once the
 	// transaction commits; never if it does not.
@@ -541,6 +548,11 @@ var migrations = []string{
 		created_at INTEGER NOT NULL,
 		record     TEXT NOT NULL,
 		UNIQUE (project_id, name)
+	);`,
+	// The deployment's settings (settings.go).
+	`CREATE TABLE settings (
+		name   TEXT PRIMARY KEY,
+		record TEXT NOT NULL
 	);`,
 }
 

@@ -94,6 +94,7 @@ var commands = []command{
 	{"mcp", "", "serve the Model Context Protocol on stdin/stdout for an agent framework: tools to create, list and delete sandboxes, run commands and read and write files, each called with this CLI's key", cmdMCP},
 	{"mesh", "[status] | rotate-key HOST", "the mesh's tunnels between the hosts (hareboxd --mesh-endpoint): each host's endpoint and key, and its tunnel to each other host with its last handshake and bytes, as each host last reported them; rotate-key has HOST make a new key (the operator only)", cmdMesh},
 	{"hosts", "[list] | remove NAME | drain NAME | undrain NAME", "the hosts of the deployment (hareboxd that share a PostgreSQL store), up or down, with what they run and their leases; remove takes one that is down out for good, deleting its sandboxes; drain takes no new sandbox on one and moves its sandboxes to the others (printing what moved where and what stayed, with why), undrain ends that (the operator only)", cmdHosts},
+	{"pool", "[show] | set IMAGE:PRESET=N... | reset", "the warm pool: idle sandboxes restored from the golden snapshot, kept on each host for creates of that image and size to claim; show prints it as the host that answers keeps it; set makes it the same on every host of the deployment (0 to 64 each; none given: no pool); reset gives each host back its own hareboxd --pool (the operator only)", cmdPool},
 	{"version", "", "client and server versions", cmdVersion},
 }
 

@@ -48,9 +48,9 @@ type Options struct {
 	// Owner names the engine in the builds' references (its data
 	// directory).
 	Owner string
-	// Pool is the engine's warm pools ("IMAGE:PRESET"): an image with one
-	// is not deleted.
-	Pool  map[string]int
+	// Pool, if set, returns what the engine's warm pool keeps now
+	// ("IMAGE:PRESET" -> count): an image it names is not deleted.
+	Pool  func() map[string]int
 	Store Store
 	// Held returns the image builds (directories) the engine holds outside
 	// the store: its golden snapshots' and its idle pool members'.
@@ -211,9 +211,13 @@ func (c *Catalog) Delete(ctx context.Context, name string) (err error) {
 			return sandbox.Errorf(sandbox.ErrState, "", "image %q is in use by snapshot %s", name, s.ID)
 		}
 	}
-	for spec := range c.o.Pool {
+	var pool map[string]int
+	if c.o.Pool != nil {
+		pool = c.o.Pool()
+	}
+	for spec := range pool {
 		if img, _, _ := strings.Cut(spec, ":"); img == name {
-			return sandbox.Errorf(sandbox.ErrState, "", "image %q has a warm pool (hareboxd --pool %s)", name, spec)
+			return sandbox.Errorf(sandbox.ErrState, "", "image %q has a warm pool (%s: harebox pool)", name, spec)
 		}
 	}
 	dirs, _ := filepath.Glob(filepath.Join(c.o.Dir, name+"-*", images.ManifestFile))

@@ -68,7 +68,7 @@ func newFixture(t *testing.T, pool map[string]int) *fixture {
 	}
 	t.Cleanup(func() { db.Close() })
 	f := &fixture{db: db, dir: t.TempDir(), audit: &audits{}}
-	f.cat = catalog.New(catalog.Options{Dir: f.dir, Owner: t.TempDir(), Pool: pool, Store: db, Audit: f.audit,
+	f.cat = catalog.New(catalog.Options{Dir: f.dir, Owner: t.TempDir(), Pool: func() map[string]int { return pool }, Store: db, Audit: f.audit,
 		Images:      map[string]images.Image{"builtin": {Name: "minimal", Dir: "/nowhere/builtin"}},
 		Held:        func() ([]string, []string) { return f.goldens, f.pooled },
 		DropGoldens: func(dir string) { f.dropped = append(f.dropped, dir) }})

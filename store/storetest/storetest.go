@@ -6,6 +6,7 @@ package storetest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -38,6 +39,7 @@ func Run(t *testing.T, open Open) {
 		{"RawText", rawText},
 		{"CandidateBudgets", candidateBudgets},
 		{"URLs", urls},
+		{"Settings", settings},
 		{"Volumes", volumes},
 		{"Mesh", mesh},
 		{"Hosts", hosts},
@@ -315,6 +317,57 @@ func candidateBudgets(t *testing.T, s store.Store, _ func() store.Store) {
 	l, _ := s.ListUsage(ctx, "sbx")
 	if len(l) != 1 || l[0].Cost != 42 || !l[0].Paused || l[0].Labels["team"] != "red" || !l[0].End.Equal(now) {
 		t.Fatalf("usage: %+v", l)
+	}
+}
+
+// A setting comes back as set, after a reopen too, and replaced by the
+// next; a transaction that fails sets nothing; a missing one and a
+// second delete are ErrNotFound; a value that is not JSON is refused.
+func settings(t *testing.T, s store.Store, reopen func() store.Store) {
+	ctx := context.Background()
+	if _, err := s.GetSetting(ctx, "pool"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("an unset setting: %v", err)
+	}
+	if err := s.PutSetting(ctx, "pool", json.RawMessage(`{"pool":{"default:small":2}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutSetting(ctx, "pool", json.RawMessage(`{"pool":{"default:small":3}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutSetting(ctx, "other", json.RawMessage(`"x"`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutSetting(ctx, "bad", json.RawMessage(`{`)); err == nil {
+		t.Fatal("a value that is not JSON was stored")
+	}
+	boom := errors.New("boom")
+	if err := s.Update(ctx, func(tx store.Tx) error {
+		if err := tx.PutSetting(ctx, "pool", json.RawMessage(`{}`)); err != nil {
+			return err
+		}
+		return boom
+	}); !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = reopen()
+	var got struct {
+		Pool map[string]int `json:"pool"`
+	}
+	if v, err := s.GetSetting(ctx, "pool"); err != nil || json.Unmarshal(v, &got) != nil || got.Pool["default:small"] != 3 || len(got.Pool) != 1 {
+		t.Fatalf("the setting read back: %s %v", v, err)
+	}
+	if v, err := s.GetSetting(ctx, "other"); err != nil || string(v) != `"x"` {
+		t.Fatalf("another setting: %s %v", v, err)
+	}
+	if err := s.DeleteSetting(ctx, "pool"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSetting(ctx, "pool"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("delete twice: %v", err)
+	}
+	if _, err := s.GetSetting(ctx, "pool"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a deleted setting: %v", err)
 	}
 }
 

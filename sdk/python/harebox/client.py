@@ -418,6 +418,30 @@ class Client:
         may go to the host again."""
         return cast(t.HostName, self._json("POST", _path("/v1/hosts/{}/undrain", name), timeout=timeout))
 
+    # --- the warm pool ---------------------------------------------------------
+
+    @operation("getPool")
+    def get_pool(self, *, timeout: float | None = None) -> t.Pool:
+        """GET /v1/pool (the operator only): the warm pool as the host that
+        answers keeps it: ``pool`` (``"IMAGE:PRESET"`` -> idle sandboxes
+        kept), ``source`` (``"deployment"`` or ``"host"``: its own hareboxd
+        --pool) and ``idle`` (how many it holds now)."""
+        return cast(t.Pool, self._json("GET", "/v1/pool", timeout=timeout))
+
+    @operation("setPool")
+    def set_pool(self, pool: dict[str, int], *, timeout: float | None = None) -> t.Pool:
+        """PUT /v1/pool (the operator only): makes ``pool`` (for example
+        ``{"default:small": 2}``; ``{}`` keeps none) the warm pool of every
+        host of the deployment, in place of each host's hareboxd --pool.
+        Invalid for an image the answering host does not have."""
+        return cast(t.Pool, self._json("PUT", "/v1/pool", body=cast(t.Body, {"pool": pool}), timeout=timeout))
+
+    @operation("resetPool")
+    def reset_pool(self, *, timeout: float | None = None) -> t.Pool:
+        """DELETE /v1/pool (the operator only): removes the deployment's
+        pool; each host keeps its own hareboxd --pool again."""
+        return cast(t.Pool, self._json("DELETE", "/v1/pool", timeout=timeout))
+
     # --- images --------------------------------------------------------------
 
     @operation("listImages")

@@ -228,6 +228,18 @@ class DrainReport(TypedDict):
     stayed: list[DrainStayed]
 
 
+class Pool(TypedDict):
+    """The body of get_pool, set_pool and reset_pool: the warm pool as the
+    host that answered keeps it."""
+
+    pool: dict[str, int]
+    source: Literal["deployment", "host"]
+    set_at: NotRequired[str]
+    host: str
+    kept: bool
+    idle: int
+
+
 class HostName(TypedDict):
     """The body of rotate_mesh_key."""
 

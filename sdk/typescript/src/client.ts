@@ -91,6 +91,7 @@ import type {
   ImageList,
   HostList,
   HostName,
+  Pool,
   DrainReport,
   MoveResult,
   HostRemoval,
@@ -504,6 +505,21 @@ export class HareBox {
   /** Lets new sandboxes go to a drained host again (the operator only). */
   async undrainHost(name: string, options: CallOptions = {}): Promise<HostName> {
     return this.#call("undrainHost", [name], "json", this.#plain(options));
+  }
+
+  /** The warm pool as the host that answers keeps it (the operator only): `pool` ("IMAGE:PRESET" to idle sandboxes kept), `source` ("deployment", or "host": its own hareboxd --pool) and `idle` (how many it holds now). */
+  async getPool(options: CallOptions = {}): Promise<Pool> {
+    return this.#call("getPool", [], "json", this.#plain(options));
+  }
+
+  /** Makes `pool` (for example `{ "default:small": 2 }`; `{}` keeps none) the warm pool of every host of the deployment, in place of each host's hareboxd --pool (the operator only). Invalid for an image the answering host does not have. */
+  async setPool(pool: Record<string, number>, options: CallOptions = {}): Promise<Pool> {
+    return this.#call("setPool", [], "json", this.#withBody({ ...options, body: { pool } }));
+  }
+
+  /** Removes the deployment's warm pool (the operator only): each host keeps its own hareboxd --pool again. */
+  async resetPool(options: CallOptions = {}): Promise<Pool> {
+    return this.#call("resetPool", [], "json", this.#plain(options));
   }
 
   /** Lists the images sandboxes can be created from (each name's newest build), by name. */

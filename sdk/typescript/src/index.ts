@@ -100,6 +100,7 @@ export type {
   HostTunnel,
   HostName,
   HostRemoval,
+  Pool,
   ImageBuildRequest,
   URLList,
   ClientCertList,

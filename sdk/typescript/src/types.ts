@@ -1041,6 +1041,21 @@ export interface DrainReport {
   stayed: { id: string; error: string }[];
 }
 
+/** The body of getPool, setPool and resetPool: the warm pool as the host that answered keeps it. */
+export interface Pool {
+  /** "IMAGE:PRESET" to how many idle sandboxes the host keeps. */
+  pool: Record<string, number>;
+  /** "deployment": set with setPool, for every host; "host": the host's own hareboxd --pool. */
+  source: "deployment" | "host";
+  /** When the deployment's pool was set. */
+  set_at?: string;
+  host: string;
+  /** false on a host that keeps no pool at all (golden snapshots off). */
+  kept: boolean;
+  /** The idle sandboxes the host holds now. */
+  idle: number;
+}
+
 /** The body of rotateMeshKey and undrainHost. */
 export interface HostName {
   host: string;
