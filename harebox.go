@@ -253,17 +253,20 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e.pool = clone.NewPoolSettings(clone.PoolSettingsOptions{
 		Store: store.Narrow(e.store, func(tx store.Tx) clone.PoolTx { return tx }),
 		Pool:  e.clones, Local: opts.Pool, Host: e.hosts.Name(), Audit: al, Now: opts.Now, Log: e.log})
+	e.volumes = volume.New(volume.Options{Store: e.store, Tenants: e.tenants, Secrets: e.sec,
+		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, ProjectGB: opts.ProjectVolumeGB,
+		Capacity: e.capacity, Meter: e.meter, Audit: al, Log: e.log})
 	var client *move.Client // (none: no internal endpoint, no moves away)
 	if opts.Host.TLS != nil {
 		client = move.NewClient(opts.Host.TLS.Client)
 	}
-	e.moves = mover.New(mover.Options{Store: e.store, Hosts: e.hosts, Runtime: views.Moves, Files: e.hibernation,
+	e.moves = mover.New(mover.Options{Store: e.store, Hosts: e.hosts, Runtime: views.Moves, Files: e.hibernation, Volumes: moveVolumes{e.volumes},
 		MachinesDir: e.machinesDir(), Client: client, Stale: moveStale, Every: moveEvery, Now: opts.Now, Step: atStep, Log: e.log})
-	e.volumes = volume.New(volume.Options{Store: e.store, Tenants: e.tenants, Secrets: e.sec,
-		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, ProjectGB: opts.ProjectVolumeGB,
-		Capacity: e.capacity, Meter: e.meter, Audit: al, Log: e.log})
 	if err := e.volumes.Adopt(ctx); err != nil {
 		return nil, err
+	}
+	if e.shared {
+		e.moves.PruneVolumes(ctx)
 	}
 	if opts.MeshTunnel != nil {
 		if e.tunnels, err = mesh.NewTunnels(mesh.TunnelOptions{Store: store.Narrow(e.store, func(tx store.Tx) mesh.TunnelTx { return tx }),

@@ -25,10 +25,12 @@ import (
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/internal/testpg"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/volume"
 )
 
-// refuseFiles makes the hosts' internal endpoints refuse a move's files.
-var refuseFiles atomic.Bool
+// refuseFiles makes the hosts' internal endpoints refuse a move's files,
+// refuseVolumes its volumes' files only.
+var refuseFiles, refuseVolumes atomic.Bool
 
 // movingHosts starts hosts a and b on one PostgreSQL store (the in-memory
 // hypervisor stands for their VMs), each with its internal endpoint (the
@@ -82,7 +84,7 @@ func movingHostsAt(t *testing.T, sites map[string]sandbox.Site) (a, b *engineHos
 			ep.mu.Lock()
 			h := ep.h
 			ep.mu.Unlock()
-			if r.Method == http.MethodPut && refuseFiles.Load() {
+			if r.Method == http.MethodPut && (refuseFiles.Load() || (refuseVolumes.Load() && strings.Contains(r.URL.Path, "/volumes/"))) {
 				http.Error(w, "no", http.StatusServiceUnavailable)
 				return
 			}
@@ -289,6 +291,115 @@ func TestMove(t *testing.T) {
 	}
 }
 
+// TestMoveVolumes: a sandbox's volumes move with it when it alone holds
+// them: their files (as they were, byte for byte) go to the target and
+// leave the source, their records name the target, their disk is
+// reserved there and given back here. A volume another sandbox holds too keeps the sandbox where it is, and a
+// move whose volume files are refused leaves everything on the source.
+func TestMoveVolumes(t *testing.T) {
+	needVolumeTools(t)
+	a, b := movingHosts(t)
+	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
+	v, err := a.eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, err := a.eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := box.ID
+	file := func(h *engineHost) string { return filepath.Join(h.dir, "volumes", v.ID+".qcow2") }
+	orig, err := os.ReadFile(file(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk := func(h *engineHost) int {
+		t.Helper()
+		st, err := h.eng.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Reserved.DiskGB
+	}
+	where := func(host string) {
+		t.Helper()
+		got, err := a.eng.Volumes().Get(ctx, "", "", "data")
+		if err != nil || got.Host != host {
+			t.Fatalf("the volume: %+v %v, want it on %s", got, err, host)
+		}
+		on, off := a, b
+		if host == "b" {
+			on, off = b, a
+		}
+		if f, err := os.ReadFile(file(on)); err != nil || !bytes.Equal(f, orig) {
+			t.Fatalf("the volume's file on %s: %d bytes (was %d) %v", host, len(f), len(orig), err)
+		}
+		if ents, _ := os.ReadDir(filepath.Join(off.dir, "volumes")); len(ents) != 0 {
+			t.Fatalf("left of the volume on the other host: %v", ents)
+		}
+	}
+	aDisk, bDisk := disk(a), disk(b)
+
+	// Refused: a volume files are refused of; nothing moves.
+	refuseVolumes.Store(true)
+	if _, err := a.eng.Move(ctx, id, "b"); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Fatalf("a move whose volume is refused: %v", err)
+	}
+	refuseVolumes.Store(false)
+	if s, err := a.eng.Get(ctx, id); err != nil || s.State != sandbox.StateRunning || s.Host != "a" {
+		t.Fatalf("after a move whose volume was refused: %+v %v", s, err)
+	}
+	where("a")
+	if _, err := os.Stat(filepath.Join(b.dir, "hibernated", id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("b keeps the files of a move that failed: %v", err)
+	}
+
+	// Moved with it, and back.
+	res, err := a.eng.Move(ctx, id, "b")
+	if err != nil || res.Sandbox.State != sandbox.StateRunning || res.Sandbox.Host != "b" {
+		t.Fatalf("moved with its volume: %+v %v", res, err)
+	}
+	where("b")
+	if got, want := disk(b), bDisk+box.Size.DiskGB+1; got != want {
+		t.Errorf("b reserves %d GB of disk, want %d", got, want)
+	}
+	if got := disk(a); got != aDisk-box.Size.DiskGB-1 {
+		t.Errorf("a reserves %d GB of disk after the move, want %d", got, aDisk-box.Size.DiskGB-1)
+	}
+	if _, err := a.eng.Volumes().Resize(ctx, "", "", "data", 2); !errors.Is(err, sandbox.ErrState) {
+		t.Errorf("a volume in use resized after its move: %v", err)
+	}
+	if _, err := b.eng.Move(ctx, id, "a"); err != nil {
+		t.Fatal(err)
+	}
+	where("a")
+	if got := disk(a); got != aDisk {
+		t.Errorf("a reserves %d GB of disk after the move back, want %d", got, aDisk)
+	}
+
+	// Another sandbox holds a volume too: neither moves.
+	if _, err := a.eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "shared", SizeGB: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ro := []sandbox.VolumeMount{{Name: "shared", Path: "/mnt/shared", ReadOnly: true}}
+	r1, err := a.eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.eng.Create(ctx, sandbox.CreateRequest{Volumes: ro}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.eng.Move(ctx, r1.ID, "b")
+	wantSaying(t, "a move of a sandbox whose volume another holds", err, sandbox.ErrState, "too")
+	if s, err := a.eng.Get(ctx, r1.ID); err != nil || s.State != sandbox.StateRunning || s.Host != "a" {
+		t.Fatalf("after a refused move: %+v %v", s, err)
+	}
+	if err := a.eng.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestDrain drains a host of its sandboxes: those that can move go to
 // the other host, as they were (a running or paused one only if it has
 // room there); one it has no room for stays, saying why; no new sandbox
@@ -395,13 +506,23 @@ func TestMoveCrash(t *testing.T) {
 		}
 	})
 	defer harebox.SetStepHook(nil)
+	needVolumeTools(t)
 	a, b, restartA := movingHostsRestart(t)
 	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
-	box, err := a.eng.Create(ctx, sandbox.CreateRequest{})
+	// It has a volume, whose files move with it.
+	vol, err := a.eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, err := a.eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := box.ID
+	volumeOn := func(h *engineHost) bool {
+		_, err := os.Stat(filepath.Join(h.dir, "volumes", vol.ID+".qcow2"))
+		return err == nil
+	}
 	if _, err := a.eng.WriteFile(ctx, id, "/home/user/f", strings.NewReader("kept"), sandbox.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -429,16 +550,29 @@ func TestMoveCrash(t *testing.T) {
 		if _, err := h.eng.ReadFile(ctx, id, "/home/user/f", &buf); err != nil || buf.String() != "kept" {
 			t.Fatalf("its file on %s: %q %v", host, buf.String(), err)
 		}
+		if v, err := h.eng.Volumes().Get(ctx, "", "", "data"); err != nil || v.Host != host || !volumeOn(h) {
+			t.Fatalf("its volume: %+v %v, want it on %s with its file there", v, err, host)
+		}
 	}
 	// Dead while sending: a rolls back, the sandbox runs on a.
 	crashDuring("move-sending")
 	await(a, "a")
+	// Dead once every file was sent (b has them all): a rolls back, and b
+	// drops what it got, the volume's files too.
+	crashDuring("move-sent")
+	await(a, "a")
+	if volumeOn(b) {
+		t.Fatal("b keeps the volume's files of a move rolled back")
+	}
 	// Dead once handed over: b takes it up; a, started again, holds
 	// nothing of it.
 	crashDuring("move-handed")
 	await(b, "b")
 	if _, err := os.Stat(filepath.Join(a.dir, "hibernated", id)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a keeps the moved sandbox's files: %v", err)
+	}
+	if volumeOn(a) {
+		t.Fatal("a keeps the moved volume's files")
 	}
 	if _, err := b.eng.Move(ctx, id, "a"); err != nil {
 		t.Fatalf("a move back after all that: %v", err)

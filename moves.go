@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/move"
+	"github.com/harebox/harebox/store"
+	"github.com/harebox/harebox/volume"
 )
 
 // Moving sandboxes between the hosts of a deployment is package mover's;
@@ -30,8 +32,8 @@ func (e *Engine) Move(ctx context.Context, id, to string) (*move.Result, error) 
 // Drain marks this host (name) draining, so that no new sandbox goes
 // here, and moves its sandboxes one by one to the hosts placement picks
 // (the operator only). A sandbox no host can take (or has room for), or
-// that cannot move (one with volumes, one that stopped on its own),
-// stays, and the report says why.
+// that cannot move (one whose volume another sandbox holds too, one that
+// stopped on its own), stays, and the report says why.
 func (e *Engine) Drain(ctx context.Context, name string) (*DrainReport, error) {
 	return e.rt.Drain(ctx, name)
 }
@@ -43,3 +45,13 @@ func (e *Engine) Undrain(ctx context.Context, name string) error { return e.rt.U
 // Moves serves this host's side of moves from other hosts (mount it on
 // the internal endpoint only).
 func (e *Engine) Moves() http.Handler { return move.NewReceiver(e.moves) }
+
+// moveVolumes are the volumes' side of moves (mover.Volumes): the
+// volumes' service, its transaction in a move's narrowed.
+type moveVolumes struct{ *volume.Service }
+
+func (v moveVolumes) Owns(id, name string) bool { return volume.Owns(id, name) }
+
+func (v moveVolumes) Hand(ctx context.Context, tx store.Tx, rec *store.Sandbox, vs []*store.Volume, to string) error {
+	return v.Service.Hand(ctx, tx, rec, vs, to)
+}

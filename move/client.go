@@ -89,6 +89,15 @@ func (c *Client) Check(ctx context.Context, h Host, id string, ck Check) (Ready,
 // stopped sandbox its machine directory's files (dir, but those skip
 // names).
 func (c *Client) Send(ctx context.Context, h Host, id, dir string, stopped bool, skip func(rel string) bool) error {
+	q := url.Values{}
+	if stopped {
+		q.Set("stopped", "1")
+	}
+	return c.send(ctx, h, Prefix+id+"/files", dir, q, skip)
+}
+
+// send streams dir's files (but those skip names) to path on host h.
+func (c *Client) send(ctx context.Context, h Host, path, dir string, q url.Values, skip func(rel string) bool) error {
 	size, err := dirBytes(dir, skip)
 	if err != nil {
 		return err
@@ -103,11 +112,21 @@ func (c *Client) Send(ctx context.Context, h Host, id, dir string, stopped bool,
 	go func() { pw.CloseWithError(pack(w, dir, skip)) }()
 	defer pr.Close()
 	go w.watch(ctx, cancel, c.stall)
-	q := url.Values{"bytes": {strconv.FormatInt(size, 10)}}
-	if stopped {
-		q.Set("stopped", "1")
+	if q == nil {
+		q = url.Values{}
 	}
-	return c.call(ctx, h, http.MethodPut, Prefix+id+"/files", q.Encode(), pr, nil)
+	q.Set("bytes", strconv.FormatInt(size, 10))
+	return c.call(ctx, h, http.MethodPut, path, q.Encode(), pr, nil)
+}
+
+// SendVolume streams the files of volume vol, which moves with sandbox
+// id, to host h (those of dir that skip does not name), and returns once
+// they are on its disk.
+func (c *Client) SendVolume(ctx context.Context, h Host, id, vol, dir string, skip func(rel string) bool) error {
+	if !fileName.MatchString(vol) {
+		return fmt.Errorf("move: volume %q: not a name a move carries", vol)
+	}
+	return c.send(ctx, h, Prefix+id+"/volumes/"+vol, dir, nil, skip)
 }
 
 // progress is a writer that notes when a write last went through.

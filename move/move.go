@@ -2,7 +2,9 @@
 // another, over the hosts' internal endpoint (mutual TLS): the source
 // host asks the target whether it can take the sandbox (Check), sends
 // the sandbox's hibernation files (Send: a tar stream of one flat
-// directory, sealed under the sandbox's data key already), and once the
+// directory, sealed under the sandbox's data key already) and its
+// volumes' (SendVolume: each volume's files, sealed under its key), and
+// once the
 // store says the sandbox is the target's, has the target take it up
 // (Adopt). Package move/mover does the rest, on both hosts.
 //
@@ -74,6 +76,11 @@ type Target interface {
 	// Receiving says whether this host expects sandbox id's files (the
 	// store says they are on their way here).
 	Receiving(ctx context.Context, id string) error
+	// VolumeIncoming is where the files of volume vol, which moves here
+	// with sandbox id, are written first (an error if this host does not
+	// expect them); VolumeReceived puts them, written whole, in place.
+	VolumeIncoming(ctx context.Context, id, vol string) (string, error)
+	VolumeReceived(vol, in string) error
 }
 
 // Result is what a move did.

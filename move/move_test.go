@@ -49,6 +49,19 @@ func (t *target) Adopt(ctx context.Context, id string, a Adoption) (*sandbox.San
 	return &sandbox.Sandbox{ID: id, State: sandbox.StateRunning}, nil
 }
 func (t *target) Receiving(ctx context.Context, id string) error { return t.unexpected }
+func (t *target) VolumeIncoming(ctx context.Context, id, vol string) (string, error) {
+	return filepath.Join(t.dir, "volumes", ".incoming-"+vol), t.unexpected
+}
+func (t *target) VolumeReceived(vol, in string) error {
+	defer os.RemoveAll(in)
+	ents, err := os.ReadDir(in)
+	for _, e := range ents {
+		if err == nil {
+			err = os.Rename(filepath.Join(in, e.Name()), filepath.Join(t.dir, "volumes", e.Name()))
+		}
+	}
+	return err
+}
 func (t *target) Drop(ctx context.Context, id string) error {
 	t.dropped = true
 	return os.RemoveAll(t.FilesDir(id, false))
@@ -136,6 +149,46 @@ func TestMove(t *testing.T) {
 	os.WriteFile(filepath.Join(src, "a", "b", "c", "d"), nil, 0o600)
 	if err := c.Send(ctx, h, "sbx_01m8ka6npde8xkm1x1xncdtwqg", src, true, nil); err == nil {
 		t.Fatal("a file four deep went")
+	}
+}
+
+// TestSendVolume: a volume's files (those skip does not name) reach the
+// target's volume directory through its incoming one; a volume the target
+// does not expect is refused, and nothing of it is written.
+func TestSendVolume(t *testing.T) {
+	ctx := context.Background()
+	src := t.TempDir()
+	const vol = "vol_01m8ka6npde8xkm1x1xncdtwqe"
+	files := map[string]string{vol + ".qcow2": strings.Repeat("v", 1<<20), vol + ".1.qcow2": "layer"}
+	for n, c := range files {
+		os.WriteFile(filepath.Join(src, n), []byte(c), 0o600)
+	}
+	os.WriteFile(filepath.Join(src, "vol_other.qcow2"), []byte("not this one"), 0o600)
+	tg := &target{dir: t.TempDir()}
+	c, h := serve(t, tg)
+	mine := func(rel string) bool { return !strings.HasPrefix(rel, vol+".") }
+	if err := c.SendVolume(ctx, h, id, vol, src, mine); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(tg.dir, "volumes"))
+	if len(ents) != len(files) {
+		t.Fatalf("on the target: %v", ents)
+	}
+	for n, want := range files {
+		if got, err := os.ReadFile(filepath.Join(tg.dir, "volumes", n)); err != nil || string(got) != want {
+			t.Fatalf("%s on the target: %d bytes, %v", n, len(got), err)
+		}
+	}
+	tg.unexpected = sandbox.Errorf(sandbox.ErrState, "", "does not move here")
+	os.RemoveAll(filepath.Join(tg.dir, "volumes"))
+	if err := c.SendVolume(ctx, h, id, vol, src, mine); !errors.Is(err, sandbox.ErrState) {
+		t.Fatalf("a volume not expected: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(tg.dir, "volumes")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a volume not expected was written: %v", err)
+	}
+	if err := c.SendVolume(ctx, h, id, "../x", src, mine); err == nil {
+		t.Fatal("a volume named ../x went")
 	}
 }
 

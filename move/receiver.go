@@ -56,6 +56,12 @@ func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodPut && strings.HasPrefix(what, "volumes/"):
+		if err := rv.receiveVolume(w, r, id, strings.TrimPrefix(what, "volumes/")); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	case r.Method == http.MethodPost && what == "adopt":
 		var a Adoption
 		if err := json.NewDecoder(io.LimitReader(r.Body, maxBody)).Decode(&a); err != nil {
@@ -79,12 +85,60 @@ func (rv *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// receiveVolume writes the stream of volume vol's files into its
+// incoming directory, then has the target put them in place.
+func (rv *Receiver) receiveVolume(w http.ResponseWriter, r *http.Request, id, vol string) error {
+	max, err := announced(r)
+	if err != nil {
+		return err
+	}
+	if !fileName.MatchString(vol) {
+		return sandbox.Errorf(sandbox.ErrNotFound, "", "no volume %q", vol)
+	}
+	in, err := rv.t.VolumeIncoming(r.Context(), id, vol)
+	if err != nil {
+		return err
+	}
+	if err := rv.unpack(w, r, in, max); err != nil {
+		return err
+	}
+	return rv.t.VolumeReceived(vol, in)
+}
+
+// announced is the size in bytes a stream of files says it carries.
+func announced(r *http.Request) (int64, error) {
+	max, err := strconv.ParseInt(r.URL.Query().Get("bytes"), 10, 64)
+	if err != nil || max < 0 {
+		return 0, sandbox.Errorf(sandbox.ErrInvalid, "bytes", "a move's files need their size in bytes")
+	}
+	return max, nil
+}
+
+// unpack writes the request's stream of files (max bytes) into dir, made
+// anew, with room for them checked first; on an error nothing stays.
+func (rv *Receiver) unpack(w http.ResponseWriter, r *http.Request, dir string, max int64) error {
+	os.RemoveAll(dir) // (what a move cut short left)
+	var fs unix.Statfs_t
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return err
+	}
+	if unix.Statfs(filepath.Dir(dir), &fs) == nil && uint64(max) > fs.Bavail*uint64(fs.Bsize) {
+		return sandbox.Errorf(sandbox.ErrCapacity, "", "this host's disk has no room for the move's %d bytes", max)
+	}
+	body := &idleReader{r: r.Body, rc: http.NewResponseController(w), idle: rv.Idle}
+	if err := unpack(body, dir, max); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	return nil
+}
+
 // receive writes the files' stream into the incoming directory, then
 // moves it whole to where the sandbox's files go.
 func (rv *Receiver) receive(w http.ResponseWriter, r *http.Request, id string) error {
-	max, err := strconv.ParseInt(r.URL.Query().Get("bytes"), 10, 64)
-	if err != nil || max < 0 {
-		return sandbox.Errorf(sandbox.ErrInvalid, "bytes", "a move's files need their size in bytes")
+	max, err := announced(r)
+	if err != nil {
+		return err
 	}
 	if err := rv.t.Receiving(r.Context(), id); err != nil {
 		return err
@@ -96,17 +150,7 @@ func (rv *Receiver) receive(w http.ResponseWriter, r *http.Request, id string) e
 			return err
 		}
 	}
-	os.RemoveAll(in) // (what a move cut short left)
-	var fs unix.Statfs_t
-	if err := os.MkdirAll(filepath.Dir(in), 0o700); err != nil {
-		return err
-	}
-	if unix.Statfs(filepath.Dir(in), &fs) == nil && uint64(max) > fs.Bavail*uint64(fs.Bsize) {
-		return sandbox.Errorf(sandbox.ErrCapacity, "", "this host's disk has no room for the move's %d bytes", max)
-	}
-	body := &idleReader{r: r.Body, rc: http.NewResponseController(w), idle: rv.Idle}
-	if err := unpack(body, in, max); err != nil {
-		os.RemoveAll(in)
+	if err := rv.unpack(w, r, in, max); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {

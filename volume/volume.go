@@ -92,7 +92,12 @@ type Service struct {
 	maker *voldisk.Maker
 	// layersMu: one layer made at a time.
 	layersMu sync.Mutex
-	db       interface {
+	// held are the volumes whose disk this host has reserved (its own,
+	// and those that moved here): a volume that moves away gives its
+	// size back once, one that arrives takes it once.
+	heldMu sync.Mutex
+	held   map[string]bool
+	db     interface {
 		Update(ctx context.Context, fn func(tx Tx) error) error
 	}
 }
@@ -116,7 +121,7 @@ func New(o Options) *Service {
 			os.Remove(p)
 		}
 	}
-	return &Service{o: o, maker: &voldisk.Maker{Tools: o.Tools}, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx })}
+	return &Service{o: o, maker: &voldisk.Maker{Tools: o.Tools}, db: store.Narrow(o.Store, func(tx store.Tx) Tx { return tx }), held: map[string]bool{}}
 }
 
 // View is a volume as the API shows it.
@@ -211,6 +216,7 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 		return nil, err
 	}
 	made = true
+	s.hold(v.ID, true)
 	return &View{Volume: v, Project: proj.Name}, nil
 }
 
@@ -270,7 +276,7 @@ func (s *Service) Adopt(ctx context.Context) error {
 		if v.Host != s.o.Host {
 			continue
 		}
-		if s.o.Capacity != nil {
+		if s.hold(v.ID, true) && s.o.Capacity != nil {
 			s.o.Capacity.Force(sandbox.Resources{DiskGB: v.SizeGB})
 		}
 		if v.Busy != "" {
@@ -527,7 +533,7 @@ func (s *Service) Delete(ctx context.Context, accountRef, projectRef, ref string
 	if s.o.Meter != nil {
 		s.o.Meter.Volume(octx, v, v.SizeGB, 0, false)
 	}
-	if s.o.Capacity != nil {
+	if s.hold(v.ID, false) && s.o.Capacity != nil {
 		s.o.Capacity.Release(sandbox.Resources{DiskGB: v.SizeGB})
 	}
 	return s.erase(octx, v.ID)

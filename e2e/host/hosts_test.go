@@ -214,6 +214,7 @@ func TestSeveralHosts(t *testing.T) {
 	viaB("hosts", "undrain", "a")
 	viaB("move", onA.ID, "--to", "a") // (back where the rest of the test wants it)
 	testMoveStopped(t, viaA, viaB, a.dir)
+	testMoveVolume(t, viaA, viaB, a.dir, b.dir)
 
 	// A key revoked through a is refused by b within a second.
 	var k struct{ ID, Secret string }

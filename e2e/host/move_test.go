@@ -220,3 +220,38 @@ func testMoveStopped(t *testing.T, viaA, viaB func(...string) string, dirA strin
 		t.Fatalf("its disk on b: %q", got)
 	}
 }
+
+// testMoveVolume moves a running sandbox of a with its volume to b: what
+// it wrote to the volume is there, mounted again, and the volume lives on
+// b now (its files gone from a).
+func testMoveVolume(t *testing.T, viaA, viaB func(...string) string, dirA, dirB string) {
+	t.Helper()
+	var v struct{ ID, Host string }
+	if err := json.Unmarshal([]byte(viaA("volume", "create", "moving", "--size", "1")), &v); err != nil || v.Host != "a" {
+		t.Fatalf("a volume on a: %v %+v", err, v)
+	}
+	var sb sandbox.Sandbox
+	if err := json.Unmarshal([]byte(viaA("new", "--image", "minimal", "--volume", "moving:/mnt/v", "--label", "e2e=volume-move")), &sb); err != nil || sb.Host != "a" {
+		t.Fatalf("new with the volume on a: %v %+v", err, sb)
+	}
+	viaA("exec", sb.ID, "--user", "root", "--", "sh", "-c", "echo on-the-volume > /mnt/v/f")
+	var res struct {
+		Sandbox struct{ State, Host string }
+	}
+	if err := json.Unmarshal([]byte(viaA("move", sb.ID, "--to", "b")), &res); err != nil || res.Sandbox.State != "running" || res.Sandbox.Host != "b" {
+		t.Fatalf("a move with a volume: %v %+v", err, res)
+	}
+	if got := viaB("exec", sb.ID, "--user", "root", "--", "cat", "/mnt/v/f"); got != "on-the-volume\n" {
+		t.Fatalf("the volume's file on b: %q", got)
+	}
+	if err := json.Unmarshal([]byte(viaA("volume", "get", "moving")), &v); err != nil || v.Host != "b" {
+		t.Fatalf("the volume after the move: %v %+v", err, v)
+	}
+	for dir, want := range map[string]bool{dirA: false, dirB: true} {
+		if _, err := os.Stat(filepath.Join(dir, "volumes", v.ID+".qcow2")); (err == nil) != want {
+			t.Fatalf("the volume's file in %s: %v, want it there: %v", dir, err, want)
+		}
+	}
+	viaA("delete", sb.ID)
+	viaA("volume", "delete", "moving") // (served by b)
+}

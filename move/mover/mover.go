@@ -9,7 +9,9 @@
 // its data key, to the target; then makes it the target's in the store,
 // in one write (the move's point of no return), and has the target resume
 // it. Its ID, record, keys, URLs, environment, history and budgets are in
-// the store the hosts share; only its files travel. A move that fails
+// the store the hosts share; only its files travel, and its volumes'
+// (package volume: a volume moves with the sandbox that alone holds it,
+// its record handed over in the same write). A move that fails
 // before that write leaves it on the source, resumed as it was; one that
 // fails after leaves it hibernated on the target, which resumes it on the
 // next resume (or on its own: Service.Run).
@@ -97,12 +99,41 @@ type Files interface {
 	Remove(id string) error
 }
 
+// Volumes are this host's volumes (package volume): a volume moves with
+// the sandbox that alone holds it.
+type Volumes interface {
+	// Moving returns the volumes of sandbox rec, which move with it (an
+	// error if another sandbox holds one too).
+	Moving(ctx context.Context, rec *store.Sandbox) ([]*store.Volume, error)
+	// Dir is where their files are; Owns says whether a file there (by
+	// name) is volume id's.
+	Dir() string
+	Owns(id, name string) bool
+	// Hand makes vs host to's, in the move's transaction; Left lets go of
+	// them here afterwards (their files; not their keys).
+	Hand(ctx context.Context, tx store.Tx, rec *store.Sandbox, vs []*store.Volume, to string) error
+	Left(vs []*store.Volume)
+	// The target's side: Incoming is where volume id's files, which
+	// move here with sandbox rec, are written first; Received puts them
+	// in place; Arrived takes rec's volumes up once rec is this host's;
+	// Drop removes what a move that did not finish brought of them.
+	Incoming(ctx context.Context, rec *store.Sandbox, id string) (string, error)
+	Received(id, in string) error
+	Arrived(ctx context.Context, rec *store.Sandbox)
+	Drop(ctx context.Context, rec *store.Sandbox)
+	// Strays are volumes with files here that live on another host;
+	// RemoveStray removes those files.
+	Strays(ctx context.Context) ([]*store.Volume, error)
+	RemoveStray(id string)
+}
+
 // Options configure a Service.
 type Options struct {
 	Store   Store
 	Hosts   Hosts
 	Runtime Runtime
 	Files   Files
+	Volumes Volumes
 	// MachinesDir holds the sandboxes' machine directories (a stopped
 	// one's files move from there).
 	MachinesDir string
@@ -164,8 +195,10 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is %s: a running, paused, hibernated or stopped sandbox moves", id, rec.State)
 	case rec.State == sandbox.StateStopped && !rec.Kept:
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s stopped on its own: its disk is gone, nothing moves", id)
-	case len(rec.Volumes) > 0:
-		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s has volumes, which live on this host: a sandbox with volumes does not move", id)
+	}
+	vols, err := s.o.Volumes.Moving(ctx, rec)
+	if err != nil {
+		return nil, err
 	}
 	img, err := s.o.Runtime.ImageDir(rec)
 	if err != nil {
@@ -178,6 +211,9 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 	ck := move.Check{Image: img, Manifest: manifest}
 	if resumes(rec.State) {
 		ck.Size = rec.Size // (a kept one holds no capacity there)
+	}
+	for _, v := range vols {
+		ck.Size.DiskGB += v.SizeGB
 	}
 	ready, err := s.o.Client.Check(ctx, host, id, ck)
 	if err != nil {
@@ -192,7 +228,7 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 	rec = held.Record()
 	stateDir := rec.StateDir // (this host's; the record names the target's next)
 	m := mark{From: s.o.Hosts.Name(), To: to, Resume: resumes(from), Paused: from == sandbox.StatePaused, Stage: stageSending}
-	if err := s.handOver(ctx, rec, host, site, ready, m); err != nil {
+	if err := s.handOver(ctx, rec, vols, host, site, ready, m); err != nil {
 		if cur, rerr := s.readBack(ctx, id); rerr != nil || s.o.Hosts.Foreign(cur) {
 			// The write may have been made (its answer lost): the
 			// sandbox stays hibernated, and whichever host the store
@@ -208,6 +244,7 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 	// The target's now: nothing of it stays here.
 	state := rec.State
 	held.Handed(ctx, to)
+	s.o.Volumes.Left(vols)
 	if err := s.o.Files.Remove(id); err != nil {
 		s.o.Log.Warn("move: removing the hibernation files", "id", id, "err", err)
 	}
@@ -220,9 +257,9 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 	return &move.Result{Sandbox: sb, From: s.o.Hosts.Name(), To: to, PausedMS: time.Since(start).Milliseconds()}, nil
 }
 
-// handOver sends held sandbox rec's files to host (of site), then makes
-// it the host's in the store.
-func (s *Service) handOver(ctx context.Context, rec *store.Sandbox, host move.Host, site sandbox.Site, ready move.Ready, m mark) error {
+// handOver sends held sandbox rec's files and its volumes' (vols) to host
+// (of site), then makes them the host's in the store.
+func (s *Service) handOver(ctx context.Context, rec *store.Sandbox, vols []*store.Volume, host move.Host, site sandbox.Site, ready move.Ready, m mark) error {
 	id := rec.ID
 	// Its record says it is being sent: a host that dies from here on
 	// rolls it back when it starts again.
@@ -237,6 +274,12 @@ func (s *Service) handOver(ctx context.Context, rec *store.Sandbox, host move.Ho
 	if err := s.o.Client.Send(ctx, host, id, dir, stopped, notMoved); err != nil {
 		return err
 	}
+	for _, v := range vols {
+		if err := s.o.Client.SendVolume(ctx, host, id, v.ID, s.o.Volumes.Dir(), func(rel string) bool { return !s.o.Volumes.Owns(v.ID, rel) }); err != nil {
+			return fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+	}
+	s.o.Step("move-sent", id)
 	return s.o.Store.Update(ctx, func(tx store.Tx) error {
 		cur, err := tx.GetSandbox(ctx, id)
 		if err != nil {
@@ -249,6 +292,9 @@ func (s *Service) handOver(ctx context.Context, rec *store.Sandbox, host move.Ho
 		// host dies before it asks, on its own (Finish).
 		m.Stage, m.At = stageHanded, s.o.Now().UTC()
 		cur.Host, cur.Site, cur.StateDir = host.Name, site, ready.StateDir
+		if err := s.o.Volumes.Hand(ctx, tx, cur, vols, host.Name); err != nil {
+			return err
+		}
 		return tx.PutSandbox(ctx, withMark(cur, &m))
 	})
 }

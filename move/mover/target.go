@@ -75,6 +75,31 @@ func (s *Service) Run(ctx context.Context) {
 	}
 }
 
+// PruneVolumes removes, at start, the files here of volumes that live on
+// another host (what a move that a death cut short left), but those of a
+// volume whose sandbox the store says is on its way here (its source may
+// yet hand it over).
+func (s *Service) PruneVolumes(ctx context.Context) {
+	strays, err := s.o.Volumes.Strays(ctx)
+	if err != nil {
+		s.o.Log.Warn("moves: listing the volumes' files here", "err", err)
+		return
+	}
+	for _, v := range strays {
+		coming := false
+		for _, a := range v.Attachments {
+			if rec, err := s.o.Store.GetSandbox(ctx, a.SandboxID); err == nil {
+				m := markOf(rec)
+				coming = coming || (m != nil && m.Stage == stageSending && m.To == s.o.Hosts.Name())
+			}
+		}
+		if !coming {
+			s.o.Log.Info("moves: removing the files of a volume that lives on another host", "volume", v.ID, "host", v.Host)
+			s.o.Volumes.RemoveStray(v.ID)
+		}
+	}
+}
+
 // FilesDir is where sandbox id's files go once received: its hibernation
 // files, or a stopped one's machine directory.
 func (s *Service) FilesDir(id string, stopped bool) string {
@@ -151,6 +176,7 @@ func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandb
 	}
 	// From here it is this host's like any other: a resume that fails
 	// leaves it hibernated here.
+	s.o.Volumes.Arrived(ctx, rec)
 	if !m.Resume {
 		s.o.Runtime.TakeUp(ctx, rec)
 		return &rec.Sandbox, nil
@@ -175,11 +201,33 @@ func (s *Service) Receiving(ctx context.Context, id string) error {
 	return nil
 }
 
-// Drop removes what this host received of sandbox id, unless the store
-// says it is this host's.
+// VolumeIncoming is where the files of volume vol, which moves here with
+// sandbox id, are written first: only while the store says id is on its
+// way here, with vol.
+func (s *Service) VolumeIncoming(ctx context.Context, id, vol string) (string, error) {
+	if err := s.Receiving(ctx, id); err != nil {
+		return "", err
+	}
+	rec, err := s.o.Runtime.Record(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return s.o.Volumes.Incoming(ctx, rec, vol)
+}
+
+// VolumeReceived puts volume vol's files, received whole into in, in
+// place.
+func (s *Service) VolumeReceived(vol, in string) error { return s.o.Volumes.Received(vol, in) }
+
+// Drop removes what this host received of sandbox id (its volumes'
+// files too), unless the store says it is this host's.
 func (s *Service) Drop(ctx context.Context, id string) error {
-	if rec, err := s.o.Runtime.Record(ctx, id); err == nil && !s.o.Hosts.Foreign(rec) {
+	rec, err := s.o.Runtime.Record(ctx, id)
+	if err == nil && !s.o.Hosts.Foreign(rec) {
 		return sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is this host's", id)
+	}
+	if err == nil {
+		s.o.Volumes.Drop(ctx, rec)
 	}
 	os.RemoveAll(s.o.Files.IncomingDir(id))
 	os.RemoveAll(s.machineDir(id)) // (a stopped one's)
