@@ -484,8 +484,22 @@ func TestDrain(t *testing.T) {
 	if err := a.eng.Undrain(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.eng.Create(ctx, sandbox.CreateRequest{}); err != nil {
+	last, err := a.eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
 		t.Fatalf("a create on a undrained: %v", err)
+	}
+	// a is stopping (hareboxd got SIGTERM): it starts no move, and a drain
+	// moves nothing, saying why; its sandboxes stay, running.
+	a.eng.Stopping()
+	if _, err := a.eng.Move(ctx, last.ID, "b"); !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "shutting down") {
+		t.Fatalf("a move from a stopping host: %v", err)
+	}
+	rep, err = a.eng.Drain(ctx, "a")
+	if err != nil || len(rep.Moved) != 0 || len(rep.Stayed) == 0 || !strings.Contains(rep.Stayed[0].Error, "shutting down") {
+		t.Fatalf("a drain of a stopping host: %+v %v", rep, err)
+	}
+	if s, err := a.eng.Get(ctx, last.ID); err != nil || s.State != sandbox.StateRunning || s.Host != "a" {
+		t.Fatalf("after a drain of a stopping host: %+v %v", s, err)
 	}
 }
 

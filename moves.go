@@ -42,6 +42,14 @@ func (e *Engine) Drain(ctx context.Context, name string) (*DrainReport, error) {
 // only).
 func (e *Engine) Undrain(ctx context.Context, name string) error { return e.rt.Undrain(ctx, name) }
 
+// Stopping tells the engine that its process is about to stop (hareboxd
+// calls it on SIGTERM, before its HTTP servers shut down): no move starts
+// from here on, so a drain under way stops after the move it is making,
+// reporting the sandboxes it did not move as stayed. The move under way
+// finishes. (A process that dies in the middle of a move anyway leaves it
+// to be finished or rolled back when the host starts again.)
+func (e *Engine) Stopping() { e.moves.Stop() }
+
 // Moves serves this host's side of moves from other hosts (mount it on
 // the internal endpoint only).
 func (e *Engine) Moves() http.Handler { return move.NewReceiver(e.moves) }

@@ -453,6 +453,7 @@ func run(args []string, instead func(settings) error) error {
 	}
 	daemon.SdNotify(false, daemon.SdNotifyStopping)
 	log.Info("shutting down; sandboxes keep running")
+	eng.Stopping() // (a drain stops after the move it is making: the shutdown waits for that one)
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Both drain at once, within the same 30 s.

@@ -215,6 +215,7 @@ func TestSeveralHosts(t *testing.T) {
 	viaB("move", onA.ID, "--to", "a") // (back where the rest of the test wants it)
 	testMoveStopped(t, viaA, viaB, a.dir)
 	testMoveVolume(t, viaA, viaB, a.dir, b.dir)
+	testDrainStopping(t, s, a, viaA, viaB)
 
 	// A key revoked through a is refused by b within a second.
 	var k struct{ ID, Secret string }

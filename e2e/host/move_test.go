@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -254,4 +256,96 @@ func testMoveVolume(t *testing.T, viaA, viaB func(...string) string, dirA, dirB 
 	}
 	viaA("delete", sb.ID)
 	viaA("volume", "delete", "moving") // (served by b)
+}
+
+// testDrainStopping stops host a (SIGTERM, as systemctl stop does) while
+// it drains: the move under way finishes, the drain moves nothing more
+// (its answer says why), hareboxd exits cleanly, and each sandbox runs
+// on exactly one host, on a again once a is back. The sandboxes end on
+// a, undrained, as the rest of the test wants them.
+func testDrainStopping(t *testing.T, s testserver.Setup, a *clusterHost, viaA, viaB func(...string) string) {
+	t.Helper()
+	var ids []string
+	for range 2 {
+		var sb sandbox.Sandbox
+		if err := json.Unmarshal([]byte(viaA("new", "--image", "minimal", "--label", "e2e=drain-stop")), &sb); err != nil {
+			t.Fatal(err)
+		}
+		if sb.Host != "a" {
+			viaA("move", sb.ID, "--to", "a")
+		}
+		defer viaA("delete", sb.ID)
+		ids = append(ids, sb.ID)
+	}
+	var all struct{ Sandboxes []sandbox.Sandbox }
+	if err := json.Unmarshal([]byte(viaA("list")), &all); err != nil {
+		t.Fatal(err)
+	}
+	var onA []string // (every sandbox of a, those before these too)
+	for _, sb := range all.Sandboxes {
+		if sb.Host == "a" && sb.State == sandbox.StateRunning {
+			onA = append(onA, sb.ID)
+		}
+	}
+	hostOf := func(id string) string {
+		var sb sandbox.Sandbox
+		json.Unmarshal([]byte(viaB("get", id)), &sb)
+		return sb.Host
+	}
+	type drained struct {
+		out, errOut string
+		code        int
+	}
+	done := make(chan drained, 1)
+	go func() {
+		o, e, code := testserver.RunCLI(t, s, a.srv, "", "hosts", "drain", "a")
+		done <- drained{o, e, code}
+	}()
+	// Once a first sandbox is on b, a is asked to stop: another move is
+	// under way, or about to start.
+	for deadline := time.Now().Add(2 * time.Minute); !slices.ContainsFunc(onA, func(id string) bool { return hostOf(id) == "b" }); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the drain moved nothing in 2 minutes")
+		}
+	}
+	stopped := time.Now()
+	a.srv.Cmd.Process.Signal(syscall.SIGTERM)
+	if err := a.srv.Cmd.Wait(); err != nil {
+		t.Fatalf("hareboxd stopped while draining: %v", err)
+	}
+	t.Logf("a stopped %v after SIGTERM, during its drain", time.Since(stopped).Round(time.Millisecond))
+	d := <-done
+	var rep struct {
+		Moved  []struct{ ID, To string }
+		Stayed []struct{ ID, Error string }
+	}
+	if d.code != 0 || json.Unmarshal([]byte(d.out), &rep) != nil || len(rep.Moved) == 0 || len(rep.Stayed) == 0 || len(rep.Moved)+len(rep.Stayed) != len(onA) {
+		t.Fatalf("the drain's answer: exit %d %+v\n%s%s", d.code, rep, d.out, d.errOut)
+	}
+	for _, st := range rep.Stayed {
+		if !strings.Contains(st.Error, "shutting down") {
+			t.Fatalf("a sandbox the drain did not move: %+v", st)
+		}
+	}
+	testserver.Relaunch(t, a.srv)
+	// Each runs where the store says, and nowhere else.
+	moved := map[string]bool{}
+	for _, m := range rep.Moved {
+		moved[m.ID] = true
+	}
+	for _, id := range onA {
+		want := map[bool]string{true: "b", false: "a"}[moved[id]]
+		var sb sandbox.Sandbox
+		if err := json.Unmarshal([]byte(viaA("get", id)), &sb); err != nil || sb.Host != want || sb.State != sandbox.StateRunning {
+			t.Fatalf("sandbox %s after a's stop: %+v %v, want running on %s", id, sb, err, want)
+		}
+		viaA("exec", id, "--", "true")
+		if _, err := os.Stat(filepath.Join(a.dir, "m", id)); (err == nil) != (want == "a") {
+			t.Fatalf("sandbox %s's machine directory on a: %v (it runs on %s)", id, err, want)
+		}
+	}
+	viaB("hosts", "undrain", "a")
+	for id := range moved {
+		viaB("move", id, "--to", "a")
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -154,7 +155,11 @@ type Options struct {
 
 // Service moves this host's sandboxes to other hosts and takes up those
 // moved here (as move.Target).
-type Service struct{ o Options }
+type Service struct {
+	o Options
+	// stopping: the host is shutting down (Stop).
+	stopping atomic.Bool
+}
 
 // New returns a Service.
 func New(o Options) *Service {
@@ -173,12 +178,20 @@ func New(o Options) *Service {
 	return &Service{o: o}
 }
 
+// Stop says that this host is shutting down: no move starts from here on
+// (a drain's remaining sandboxes stay, saying so), and a move under way
+// finishes, so that the server's shutdown waits for that one only.
+func (s *Service) Stop() { s.stopping.Store(true) }
+
 // Move moves sandbox id to host to. A running or paused sandbox resumes
 // there as it was, its processes running on; a hibernated or stopped one
 // stays so there (a stopped one's disk goes). The caller checks who may.
 func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error) {
 	if s.o.Client == nil {
 		return nil, sandbox.Errorf(sandbox.ErrInvalid, "to", "this host cannot move sandboxes: it has no internal endpoint (several hosts, with --internal-listen)")
+	}
+	if s.stopping.Load() {
+		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "host %s is shutting down: it starts no move (drain it again once it is back)", s.o.Hosts.Name())
 	}
 	host, site, err := s.target(ctx, to)
 	if err != nil {
