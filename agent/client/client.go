@@ -480,6 +480,35 @@ func DialReady(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) (
 	}
 }
 
+// HangUp connects to the agent of a machine just restored from a
+// snapshot that was taken while a host was connected (a fork's clone, a
+// sandbox made from a named snapshot), hangs up, and waits a moment. On
+// a virtio-serial port such an agent still holds its old session, and
+// answers a new host only once that host gave up on it (HelloWait, then
+// a health check's 5 s: 10 s per restore, measured in BenchmarkFork); a
+// hang-up ends it, as the hang-up before a golden snapshot or a
+// hibernate does, and the agent greets the next connection with a fresh
+// session. Other transports give each connection its own stream: nothing
+// to do.
+func HangUp(ctx context.Context, ep hypervisor.AgentEndpoint, opts Options) {
+	if ep.Transport != hypervisor.TransportSerial {
+		return
+	}
+	c, err := Dial(ctx, ep, opts)
+	if err != nil {
+		return // (DialReady tries again)
+	}
+	c.Close()
+	select {
+	case <-ctx.Done():
+	case <-time.After(hangUpWait):
+	}
+}
+
+// hangUpWait is how long the guest is given to see a hang-up (its port
+// reads end of file within a few hundred ms).
+const hangUpWait = 500 * time.Millisecond
+
 // ready waits for the session's hello (up to HelloWait), then for the
 // agent's health (up to 5 s), which must come from the session that said
 // hello: errStaleSession if not. An agent that names no session (before

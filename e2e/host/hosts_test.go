@@ -22,7 +22,9 @@ import (
 // walkthrough runs on a sandbox that placement puts on host b (a runs one
 // already); then another such sandbox gets commands (streamed, with
 // stdin), a terminal and file transfers through a; list and get agree on
-// both hosts. A key revoked through a is
+// both hosts. Sandboxes move between the hosts (running, stopped, with
+// a volume), a drains, and a stopped (SIGTERM) during a drain finishes
+// the move under way and no other. A key revoked through a is
 // refused by b within a second. b killed with -9: its sandbox is lost
 // within b's lease, and running again when b restarts and takes it back.
 // A third hareboxd by b's name is refused.

@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
+	mathrand "math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testpg"
 	"github.com/harebox/harebox/internal/testserver"
 	"github.com/harebox/harebox/sandbox"
@@ -287,10 +290,12 @@ func testDrainStopping(t *testing.T, s testserver.Setup, a *clusterHost, viaA, v
 			onA = append(onA, sb.ID)
 		}
 	}
-	hostOf := func(id string) string {
+	// A move under way: the sandbox is hibernated on a (its files on
+	// their way) or on b (not resumed there yet).
+	moving := func(id string) bool {
 		var sb sandbox.Sandbox
 		json.Unmarshal([]byte(viaB("get", id)), &sb)
-		return sb.Host
+		return sb.State == sandbox.StateHibernated
 	}
 	type drained struct {
 		out, errOut string
@@ -301,9 +306,8 @@ func testDrainStopping(t *testing.T, s testserver.Setup, a *clusterHost, viaA, v
 		o, e, code := testserver.RunCLI(t, s, a.srv, "", "hosts", "drain", "a")
 		done <- drained{o, e, code}
 	}()
-	// Once a first sandbox is on b, a is asked to stop: another move is
-	// under way, or about to start.
-	for deadline := time.Now().Add(2 * time.Minute); !slices.ContainsFunc(onA, func(id string) bool { return hostOf(id) == "b" }); time.Sleep(100 * time.Millisecond) {
+	// a is asked to stop while a move is under way.
+	for deadline := time.Now().Add(2 * time.Minute); !slices.ContainsFunc(onA, moving); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the drain moved nothing in 2 minutes")
 		}
@@ -347,5 +351,92 @@ func testDrainStopping(t *testing.T, s testserver.Setup, a *clusterHost, viaA, v
 	viaB("hosts", "undrain", "a")
 	for id := range moved {
 		viaB("move", id, "--to", "a")
+	}
+}
+
+// TestMoveKilled kills a host with -9 at a random point of a move (the
+// source, then the target, in turn, HAREBOX_TEST_MOVE_KILLS rounds; the
+// seed is logged), starts it again, and checks after each round that the
+// sandbox is on exactly one host, running there (or hibernated there, and
+// resumed), with what it wrote before the first move. The host that comes
+// back finishes or rolls back the move at once: a source that had handed
+// the sandbox over has its target take it up, a target takes up what was
+// handed to it, a source that was sending takes the sandbox back.
+func TestMoveKilled(t *testing.T) {
+	s := testserver.Prepare(t)
+	dsn := testpg.ForTest(t)
+	startHost := deployment(t, s, dsn, "3s")
+	hosts := map[string]*clusterHost{"a": startHost("a"), "b": startHost("b")}
+	for _, h := range hosts {
+		defer testserver.Finish(t, h.srv, h.dir)
+	}
+	via := func(h *clusterHost, args ...string) string {
+		t.Helper()
+		return testserver.Run(t, h.srv, s, s.Root, 3*time.Minute, "harebox", args...)
+	}
+	var sb sandbox.Sandbox
+	if err := json.Unmarshal([]byte(via(hosts["a"], "new", "--image", "minimal", "--label", "e2e=killed")), &sb); err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	defer func() { via(hosts["a"], "delete", id) }()
+	via(hosts[sb.Host], "exec", id, "--", "sh", "-c", "echo before-the-moves > /tmp/kept; sync")
+	// vmms are sandbox id's VMMs on host h.
+	vmms := func(h *clusterHost) int {
+		n := 0
+		for _, p := range procs.Naming(filepath.Join(h.dir, "m", id) + "/") {
+			if strings.HasPrefix(filepath.Base(p.Exe), "qemu-system") {
+				n++
+			}
+		}
+		return n
+	}
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rnd := mathrand.New(mathrand.NewPCG(uint64(seed), 0))
+	at := sb.Host
+	for round := range testserver.EnvCount(t, "HAREBOX_TEST_MOVE_KILLS", 4) {
+		from, to := hosts[at], hosts[map[string]string{"a": "b", "b": "a"}[at]]
+		victim := map[bool]*clusterHost{true: from, false: to}[round%2 == 0]
+		delay := time.Duration(rnd.Int64N(int64(3 * time.Second)))
+		done := make(chan string, 1)
+		go func() {
+			o, e, code := testserver.RunCLI(t, s, from.srv, "", "move", id, "--to", to.name)
+			done <- fmt.Sprintf("exit %d %s%s", code, o, e)
+		}()
+		time.Sleep(delay)
+		victim.srv.Cmd.Process.Kill()
+		victim.srv.Cmd.Wait()
+		moved := <-done
+		testserver.Relaunch(t, victim.srv)
+		// Settled within 25 s: running on one host (a hibernated one is
+		// resumed, through the other host).
+		other := map[*clusterHost]*clusterHost{from: to, to: from}[victim]
+		var cur sandbox.Sandbox
+		for deadline := time.Now().Add(25 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if err := json.Unmarshal([]byte(via(other, "get", id)), &cur); err != nil {
+				t.Fatal(err)
+			}
+			if cur.State == sandbox.StateRunning && cur.Error == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				if cur.State != sandbox.StateHibernated {
+					t.Fatalf("round %d (killed %s %v into a move from %s; the move said %s): the sandbox is %s on %s: %s", round, victim.name, delay, from.name, moved, cur.State, cur.Host, cur.Error)
+				}
+				t.Logf("round %d: hibernated on %s; resumed", round, cur.Host)
+				via(other, "resume", id)
+				deadline = time.Now().Add(time.Minute)
+			}
+		}
+		t.Logf("round %d: killed %s %v into a move from %s to %s: running on %s (the move said %s)", round, victim.name, delay.Round(time.Millisecond), from.name, to.name, cur.Host, strings.TrimSpace(strings.SplitN(moved, "\n", 2)[0]))
+		on := hosts[cur.Host]
+		if n, m := vmms(on), vmms(map[*clusterHost]*clusterHost{from: to, to: from}[on]); n != 1 || m != 0 {
+			t.Fatalf("round %d: its VMMs: %d on %s, %d on the other host", round, n, cur.Host, m)
+		}
+		if got := via(on, "exec", id, "--", "cat", "/tmp/kept"); got != "before-the-moves\n" {
+			t.Fatalf("round %d: its file: %q", round, got)
+		}
+		at = cur.Host
 	}
 }

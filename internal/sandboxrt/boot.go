@@ -76,6 +76,11 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 	}
 	bctx, cancel := context.WithTimeout(ctx, e.opts.BootTimeout)
 	defer cancel()
+	if o != nil && !o.Golden && !o.Wake {
+		// Snapshotted mid-session (a fork, a named snapshot): see
+		// agentclient.HangUp.
+		agentclient.HangUp(bctx, m.AgentEndpoint(), e.AgentOptions())
+	}
 	c, err := b.client(bctx, e)
 	if err != nil {
 		vmm := monitor.Activity(context.WithoutCancel(ctx), m)

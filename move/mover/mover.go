@@ -79,6 +79,7 @@ type Held interface {
 type Store interface {
 	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
 	PutSandbox(ctx context.Context, rec *store.Sandbox) error
+	ListSandboxes(ctx context.Context) ([]*store.Sandbox, error)
 	SandboxesOn(ctx context.Context, host string, states ...sandbox.State) ([]*store.Sandbox, error)
 	Update(ctx context.Context, fn func(tx store.Tx) error) error
 }

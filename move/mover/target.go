@@ -18,10 +18,15 @@ var _ move.Target = (*Service)(nil)
 // Finish finishes the moves that a host's death cut short, on this host's
 // hibernated and stopped sandboxes: at start (restart), one this host was
 // sending is rolled back (resumed here as it was; the target drops what
-// it got); at start and every interval after (Run), one handed to this
-// host that its source did not ask this host to take up within Stale is
-// taken up.
+// it got), one handed to this host is taken up at once, and one this host
+// handed to another before it died is taken up there (asked now, as it
+// would have been); every interval after (Run), one handed to this host
+// that its source did not ask this host to take up within Stale is taken
+// up.
 func (s *Service) Finish(ctx context.Context, restart bool) {
+	if restart {
+		s.handOn(ctx)
+	}
 	recs, err := s.o.Store.SandboxesOn(ctx, s.o.Hosts.Name(), sandbox.StateHibernated, sandbox.StateStopped)
 	if err != nil {
 		s.o.Log.Warn("moves: listing this host's hibernated sandboxes", "err", err)
@@ -51,11 +56,38 @@ func (s *Service) Finish(ctx context.Context, restart bool) {
 			} else if m.Paused {
 				s.o.Runtime.Pause(ctx, rec.ID)
 			}
-		case m.Stage == stageHanded && s.o.Now().Sub(m.At) >= s.o.Stale:
+		case m.Stage == stageHanded && (restart || s.o.Now().Sub(m.At) >= s.o.Stale):
 			s.o.Log.Warn("taking up a sandbox whose move's source did not", "id", rec.ID, "from", m.From)
 			if _, err := s.Adopt(ctx, rec.ID, move.Adoption{Resume: m.Resume, Paused: m.Paused}); err != nil {
 				s.o.Log.Warn("a moved sandbox did not resume (it stays hibernated)", "id", rec.ID, "err", err)
 			}
+		}
+	}
+}
+
+// handOn asks the targets of the moves this host handed over, and died
+// before it asked them, to take their sandboxes up.
+func (s *Service) handOn(ctx context.Context) {
+	if s.o.Client == nil {
+		return
+	}
+	all, err := s.o.Store.ListSandboxes(ctx)
+	if err != nil {
+		s.o.Log.Warn("moves: listing the sandboxes", "err", err)
+		return
+	}
+	for _, rec := range all {
+		m := markOf(rec)
+		if m == nil || m.Stage != stageHanded || m.From != s.o.Hosts.Name() || rec.Host != m.To || !kept(rec.State) {
+			continue
+		}
+		h, _, err := s.target(ctx, m.To)
+		if err != nil {
+			continue // (it takes it up on its own when it can)
+		}
+		s.o.Log.Info("asking the target of a move this host died in to take it up", "id", rec.ID, "to", m.To)
+		if _, err := s.o.Client.Adopt(ctx, h, rec.ID, move.Adoption{Resume: m.Resume, Paused: m.Paused}); err != nil {
+			s.o.Log.Warn("a moved sandbox did not resume on its target (it stays hibernated there)", "id", rec.ID, "to", m.To, "err", err)
 		}
 	}
 }
