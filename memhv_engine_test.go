@@ -18,6 +18,7 @@ import (
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/firewall"
+	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/hypervisor/plugin"
 	"github.com/harebox/harebox/images"
@@ -683,5 +684,59 @@ func TestCreateWhere(t *testing.T) {
 		if err != nil || b.Site != site {
 			t.Errorf("create %+v: %+v %v", req, b, err)
 		}
+	}
+}
+
+// TestPausedForSnapshotResumed: an engine that dies while it holds a
+// running sandbox paused for a snapshot or a hibernate (its machine
+// paused, the mark in its directory) leaves it paused; the next engine
+// resumes it. One its user paused stays paused.
+func TestPausedForSnapshotResumed(t *testing.T) {
+	ctx := context.Background()
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { eng.Close() }()
+	cut, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Pause(ctx, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	eng.Close()
+	// What the dead engine left: cut's machine paused, with the mark.
+	m, ok := hv.Machine(cut.ID)
+	if !ok {
+		t.Fatal("no machine")
+	}
+	if err := m.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(opts.DataDir, "m", cut.ID, "paused-for-snapshot"), nil, 0o600)
+	if eng, err = harebox.New(ctx, opts); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]sandbox.State{cut.ID: sandbox.StateRunning, paused.ID: sandbox.StatePaused} {
+		if s, err := eng.Get(ctx, id); err != nil || s.State != want {
+			t.Errorf("after the restart: %+v %v, want %s", s, err, want)
+		}
+	}
+	if info, err := m.Info(ctx); err != nil || info.State != hypervisor.StateRunning {
+		t.Errorf("the machine left paused for a snapshot: %+v %v", info, err)
+	}
+	if _, err := os.Stat(filepath.Join(opts.DataDir, "m", cut.ID, "paused-for-snapshot")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the mark stays: %v", err)
+	}
+	if _, err := eng.Exec(ctx, cut.ID, sandbox.ExecRequest{Cmd: "true"}); err != nil {
+		t.Errorf("exec after the resume: %v", err)
 	}
 }

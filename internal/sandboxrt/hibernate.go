@@ -73,6 +73,10 @@ func (e *Runtime) hibernate(ctx context.Context, b *box, hold bool) error {
 	b.closeAgent(sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
 	time.Sleep(time.Second)
 	// Snapshot leaves the machine paused: nothing runs after this point.
+	if b.rec.State == sandbox.StateRunning {
+		markPaused(b.rec.StateDir)
+	}
+	defer unmarkPaused(b.rec.StateDir)
 	size, err := e.hibernation.Write(ctx, b.m, id, b.keys.Data)
 	if err != nil {
 		if s, serr := b.m.Info(ctx); serr == nil && s.State == hypervisor.StatePaused && b.rec.State == sandbox.StateRunning {

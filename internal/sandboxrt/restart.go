@@ -121,7 +121,18 @@ func (e *Runtime) Adopt(ctx context.Context) error {
 		}
 		if info, err := m.Info(ctx); err == nil && info.State == hypervisor.StatePaused {
 			rec.State = sandbox.StatePaused
+			// Paused by an engine that died in a snapshot or hibernate
+			// of it running: it runs on.
+			if exists(filepath.Join(rec.StateDir, pausedMark)) {
+				if err := m.Resume(ctx); err != nil {
+					e.log.Warn("cannot resume a sandbox paused for a snapshot an engine died in", "id", rec.ID, "err", err)
+				} else {
+					rec.State = sandbox.StateRunning
+					e.log.Info("resumed a sandbox paused for a snapshot an engine died in", "id", rec.ID)
+				}
+			}
 		}
+		unmarkPaused(rec.StateDir)
 		if err := e.capacity.Force(rec.Size); err != nil {
 			e.log.Warn("adopted sandbox exceeds the admission limits", "id", rec.ID, "err", err)
 		}

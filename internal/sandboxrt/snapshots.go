@@ -2,6 +2,8 @@ package sandboxrt
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
@@ -79,10 +81,15 @@ func (e *Runtime) writeSnapshot(ctx context.Context, b *box, dir string, key []b
 			return err
 		}
 	}
+	if wasRunning {
+		markPaused(b.rec.StateDir)
+	}
 	err := b.m.Snapshot(ctx, dir, key)
 	if wasRunning {
 		if rerr := b.m.Resume(context.WithoutCancel(ctx)); rerr != nil && err == nil {
 			err = rerr
+		} else if rerr == nil {
+			unmarkPaused(b.rec.StateDir)
 		}
 	}
 	if detached {
@@ -99,6 +106,15 @@ func (e *Runtime) writeSnapshot(ctx context.Context, b *box, dir string, key []b
 	}
 	return nil
 }
+
+// pausedMark is a file in a machine's directory while the engine holds
+// the machine paused for a snapshot or a hibernate of it running: an
+// engine that dies meanwhile leaves the machine paused, and the next one
+// resumes it (adopt), rather than leave paused a sandbox no one paused.
+const pausedMark = "paused-for-snapshot"
+
+func markPaused(dir string)   { os.WriteFile(filepath.Join(dir, pausedMark), nil, 0o600) }
+func unmarkPaused(dir string) { os.Remove(filepath.Join(dir, pausedMark)) }
 
 // detachVolumes detaches b's volumes from its running machine for a
 // snapshot of it; a paused one cannot unmount them: it is refused.

@@ -169,6 +169,10 @@ func (s *Service) Check(ctx context.Context, id string, c move.Check) (move.Read
 // says, whatever the caller asks (a.Resume and a.Paused are the same
 // when the caller is the source).
 func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandbox.Sandbox, error) {
+	// Once begun it finishes, whether its caller (the source, over the
+	// internal endpoint) waits or dies: the mark comes off before the
+	// resume, so a resume cut short would leave the sandbox hibernated.
+	ctx = context.WithoutCancel(ctx)
 	rec, err := s.o.Runtime.Record(ctx, id)
 	if err != nil {
 		return nil, err
