@@ -117,16 +117,7 @@ func (p *PoolSettings) Set(ctx context.Context, pool map[string]int) (_ *model.P
 	if err != nil {
 		return nil, err
 	}
-	if err := p.o.Store.Update(ctx, func(tx PoolTx) error {
-		if err := tx.PutSetting(ctx, PoolSettingName, v); err != nil {
-			return err
-		}
-		return tx.Notify(ctx, PoolNoticeTopic, "")
-	}); err != nil {
-		return nil, err
-	}
-	p.Load(ctx)
-	return p.view(), nil
+	return p.save(ctx, func(tx PoolTx) error { return tx.PutSetting(ctx, PoolSettingName, v) })
 }
 
 // Reset removes the deployment's setting (the operator only): each host
@@ -136,8 +127,20 @@ func (p *PoolSettings) Reset(ctx context.Context) (_ *model.Pool, err error) {
 	if err := authz.Allowed(authz.From(ctx), "resetPool"); err != nil {
 		return nil, err
 	}
-	if err := p.o.Store.Update(ctx, func(tx PoolTx) error {
+	return p.save(ctx, func(tx PoolTx) error {
 		if err := tx.DeleteSetting(ctx, PoolSettingName); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		return nil
+	})
+}
+
+// save makes change in one transaction with the notice that tells every
+// host, then applies the setting here and returns the pool as this host
+// keeps it.
+func (p *PoolSettings) save(ctx context.Context, change func(tx PoolTx) error) (*model.Pool, error) {
+	if err := p.o.Store.Update(ctx, func(tx PoolTx) error {
+		if err := change(tx); err != nil {
 			return err
 		}
 		return tx.Notify(ctx, PoolNoticeTopic, "")

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	mathrand "math/rand/v2"
 	"net/http"
 	"os"
@@ -94,7 +95,38 @@ func testMove(t *testing.T, s testserver.Setup, srvA *testserver.Server, viaA, v
 			return nil
 		})
 	}
+	// A client writes through a's API all along the move: every write
+	// acknowledged (before, during, after) is there afterwards.
+	stop, acked := make(chan struct{}), make(chan []int, 1)
+	go func() {
+		var ok []int
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				acked <- ok
+				return
+			default:
+			}
+			if _, _, code := testserver.RunCLI(t, s, srvA, "", "exec", id, "--", "sh", "-c", "echo "+strconv.Itoa(i)+" >> $HOME/acked"); code == 0 {
+				ok = append(ok, i)
+			}
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
 	moveTo(viaA, "b", "a", dirA)
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	ok := <-acked // (the last write answered first)
+	written := map[string]bool{}
+	for _, l := range strings.Fields(viaB("exec", id, "--", "sh", "-c", "cat $HOME/acked")) {
+		written[l] = true
+	}
+	for _, i := range ok {
+		if !written[strconv.Itoa(i)] {
+			t.Fatalf("write %d was acknowledged during the move, and is not there after it (acknowledged %v; there: %v)", i, ok, slices.Sorted(maps.Keys(written)))
+		}
+	}
+	t.Logf("%d writes through a acknowledged around the move, all there after it", len(ok))
 	// Through a (which forwards to b) and through b: the same machine,
 	// its files, its process counting on.
 	if got := viaA("exec", id, "--", "cat", "/proc/sys/kernel/random/boot_id"); got != bootID {
@@ -400,7 +432,7 @@ func TestMoveKilled(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("a move took %v; seed %d", took.Round(time.Millisecond), seed)
 	rnd := mathrand.New(mathrand.NewPCG(uint64(seed), 0))
-	for round := range testserver.EnvCount(t, "HAREBOX_TEST_MOVE_KILLS", 4) {
+	for round := range testserver.EnvCount(t, "HAREBOX_TEST_MOVE_KILLS", 10) {
 		from, to := hosts[at], hosts[map[string]string{"a": "b", "b": "a"}[at]]
 		victim := map[bool]*clusterHost{true: from, false: to}[round%2 == 0]
 		delay := time.Duration(rnd.Int64N(int64(took + took/4)))
