@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/harebox/harebox/apikey"
@@ -68,15 +69,17 @@ type Engine struct {
 	// rt runs the sandboxes; the calls on them forward to it.
 	rt *sandboxrt.Runtime
 
-	tenants     *tenant.Service
-	keys        *apikey.Service
-	envs        *env.Service
-	volumes     *volume.Service
-	guests      *guestenv.Service
-	history     *history.Service
-	catalog     *catalog.Catalog
-	clones      *clone.Service
-	pool        *clone.PoolSettings
+	tenants *tenant.Service
+	keys    *apikey.Service
+	envs    *env.Service
+	volumes *volume.Service
+	guests  *guestenv.Service
+	history *history.Service
+	catalog *catalog.Catalog
+	clones  *clone.Service
+	// pool is set in New after the store's notices start (atomic: they
+	// may ask for it meanwhile).
+	pool        atomic.Pointer[clone.PoolSettings]
 	snaps       *clone.Snapshots
 	hibernation *clone.Hibernation
 	moves       *mover.Service
@@ -250,9 +253,9 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err := e.registerHost(ctx); err != nil {
 		return nil, err
 	}
-	e.pool = clone.NewPoolSettings(clone.PoolSettingsOptions{
+	e.pool.Store(clone.NewPoolSettings(clone.PoolSettingsOptions{
 		Store: store.Narrow(e.store, func(tx store.Tx) clone.PoolTx { return tx }),
-		Pool:  e.clones, Local: opts.Pool, Host: e.hosts.Name(), Audit: al, Now: opts.Now, Log: e.log})
+		Pool:  e.clones, Local: opts.Pool, Host: e.hosts.Name(), Audit: al, Now: opts.Now, Log: e.log}))
 	e.volumes = volume.New(volume.Options{Store: e.store, Tenants: e.tenants, Secrets: e.sec,
 		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, ProjectGB: opts.ProjectVolumeGB,
 		Capacity: e.capacity, Meter: e.meter, Audit: al, Log: e.log})
@@ -320,7 +323,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.monitor.Run(e.ctx, opts.MetricsInterval) }()
 	}
-	e.pool.Load(ctx)
+	e.pool.Load().Load(ctx)
 	if golden { // (the pool's setting may name images later: harebox pool set)
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); e.clones.Run(e.ctx) }()

@@ -67,7 +67,7 @@ func (e *Engine) notice(topic, payload string) {
 	case ingress.NoticeTopic:
 		e.urls.Noticed(e.ctx, payload)
 	case clone.PoolNoticeTopic:
-		e.loadPool()
+		go e.loadPool() // (stopping idle members takes a while: the other notices first)
 	case cluster.NoticeTopic: // (a host removed)
 		if e.tunnels != nil {
 			e.tunnels.Changed("")
@@ -81,14 +81,14 @@ func (e *Engine) notice(topic, payload string) {
 		}
 		e.rt.WakeMesh()
 		e.urls.Noticed(e.ctx, "")
-		e.loadPool()
+		go e.loadPool()
 	}
 }
 
 // loadPool applies the warm pool's setting as the store has it now.
 func (e *Engine) loadPool() {
-	if e.pool != nil { // (nil until New made it)
-		e.pool.Load(e.ctx)
+	if p := e.pool.Load(); p != nil { // (nil until New made it)
+		p.Load(e.ctx)
 	}
 }
 

@@ -22,7 +22,7 @@ func (e *Engine) heldImages() (goldens, pooled []string) { return e.clones.Held(
 
 // poolSpecs is what the warm pool keeps now, "IMAGE:PRESET" -> count
 // (catalog's Options.Pool).
-func (e *Engine) poolSpecs() map[string]int { return e.pool.Specs() }
+func (e *Engine) poolSpecs() map[string]int { return e.pool.Load().Specs() }
 
 // warm is what the clone paths keep warm of an image build (catalog's
 // Options.Warm): its golden snapshots and idle pool members.

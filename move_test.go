@@ -298,7 +298,7 @@ func TestMove(t *testing.T) {
 // move whose volume files are refused leaves everything on the source.
 func TestMoveVolumes(t *testing.T) {
 	needVolumeTools(t)
-	a, b := movingHosts(t)
+	a, b, restartA := movingHostsRestart(t)
 	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
 	v, err := a.eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1})
 	if err != nil {
@@ -377,6 +377,21 @@ func TestMoveVolumes(t *testing.T) {
 	if got := disk(a); got != aDisk {
 		t.Errorf("a reserves %d GB of disk after the move back, want %d", got, aDisk)
 	}
+	// Files of a volume that lives on another host, which no move left
+	// (a host started under a new name finds its volumes so): kept.
+	if _, err := a.eng.Move(ctx, id, "b"); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(file(a), orig, 0o600)
+	restartA()
+	if _, err := os.Stat(file(a)); err != nil {
+		t.Errorf("files of another host's volume that no move left went at a's start: %v", err)
+	}
+	os.Remove(file(a))
+	if _, err := b.eng.Move(ctx, id, "a"); err != nil {
+		t.Fatal(err)
+	}
+	where("a")
 
 	// Another sandbox holds a volume too: neither moves.
 	if _, err := a.eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "shared", SizeGB: 1}); err != nil {

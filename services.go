@@ -76,4 +76,4 @@ func (e *Engine) Events() *events.Service { return e.events }
 
 // Pool is the warm pool's setting, for every host of the deployment (the
 // REST layer calls it directly).
-func (e *Engine) Pool() *clone.PoolSettings { return e.pool }
+func (e *Engine) Pool() *clone.PoolSettings { return e.pool.Load() }

@@ -125,6 +125,7 @@ func TestImages(t *testing.T) {
 		t.Fatalf("a pool of an image the host does not have: %d %s", r.status, r.raw)
 	}
 	h.must(t, 400, "PUT", "/v1/pool", h.root, map[string]any{"pool": map[string]any{"pooled:small": "two"}})
+	h.must(t, 400, "PUT", "/v1/pool", h.root, map[string]any{}) // (no pool: not every host's cleared)
 	h.must(t, 409, "DELETE", "/v1/images/pooled", h.root, nil)
 	if p := h.must(t, 200, "PUT", "/v1/pool", h.root, map[string]any{"pool": map[string]int{}}); str(p, "source") != "deployment" || str(p, "set_at") == "" {
 		t.Fatalf("the deployment's pool: %s", p.raw)

@@ -1,6 +1,10 @@
 package api
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/harebox/harebox/sandbox"
+)
 
 // getPool answers the warm pool as this host keeps it: the operator only.
 func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
@@ -12,12 +16,15 @@ func (s *Server) getPool(w http.ResponseWriter, r *http.Request) error {
 // only.
 func (s *Server) setPool(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
-		Pool map[string]int `json:"pool"`
+		Pool *map[string]int `json:"pool"`
 	}
 	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
-	p, err := s.eng.Pool().Set(r.Context(), req.Pool)
+	if req.Pool == nil {
+		return sandbox.Errorf(sandbox.ErrInvalid, "pool", `a pool is required: {"pool": {"IMAGE:PRESET": N, ...}} ({} keeps none)`)
+	}
+	p, err := s.eng.Pool().Set(r.Context(), *req.Pool)
 	return reply(w, http.StatusOK, p, err)
 }
 

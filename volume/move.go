@@ -86,6 +86,7 @@ func (s *Service) Hand(ctx context.Context, tx Tx, rec *store.Sandbox, vs []*sto
 func (s *Service) Left(vs []*store.Volume) {
 	for _, v := range vs {
 		s.removeFiles(v.ID)
+		os.Remove(s.mark(movingMark, v.ID))
 		if s.hold(v.ID, false) && s.o.Capacity != nil {
 			s.o.Capacity.Release(sandbox.Resources{DiskGB: v.SizeGB})
 		}
@@ -100,6 +101,7 @@ func (s *Service) Arrived(ctx context.Context, rec *store.Sandbox) {
 		if err != nil || v.Host != s.o.Host {
 			continue
 		}
+		os.Remove(s.mark(arrivedMark, v.ID))
 		if s.hold(v.ID, true) && s.o.Capacity != nil {
 			s.o.Capacity.Force(sandbox.Resources{DiskGB: v.SizeGB})
 		}
@@ -124,7 +126,39 @@ func (s *Service) Incoming(ctx context.Context, rec *store.Sandbox, id string) (
 	if !held || v.Host == s.o.Host || alone(v, rec.ID, v.Host) != nil {
 		return "", sandbox.Errorf(sandbox.ErrState, "", "volume %s does not move here with sandbox %s", id, rec.ID)
 	}
+	// (Received marks the files as come from this host.)
+	if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(s.mark(arrivedMark, id), []byte(v.Host), 0o600); err != nil {
+		return "", err
+	}
 	return filepath.Join(s.o.Dir, incoming+id), nil
+}
+
+// Marks of a move in the volumes' directory, each holding a host's name:
+// movingMark, written by the source before it sends a volume's files,
+// names the target; arrivedMark, written by the target before it takes
+// them, names the source. They are what lets a host that starts remove
+// a volume's files that a move left (Prune): only files whose volume's
+// record names the host the mark names, so that a host whose name changed
+// never loses volumes it holds.
+const (
+	movingMark  = ".moving-"
+	arrivedMark = ".arrived-"
+)
+
+func (s *Service) mark(kind, id string) string { return filepath.Join(s.o.Dir, kind+id) }
+
+func (s *Service) markOf(kind, id string) (string, bool) {
+	b, err := os.ReadFile(s.mark(kind, id))
+	return string(b), err == nil
+}
+
+// Leaving marks volume id's files here as on their way to host to (the
+// source, before it sends them).
+func (s *Service) Leaving(id, to string) error {
+	return os.WriteFile(s.mark(movingMark, id), []byte(to), 0o600)
 }
 
 // incoming starts the name of a volume's files on their way in.
@@ -138,10 +172,15 @@ func (s *Service) Received(id, in string) error {
 	if err != nil {
 		return err
 	}
+	base := false
 	for _, e := range ents {
 		if !e.Type().IsRegular() || !Owns(id, e.Name()) {
 			return sandbox.Errorf(sandbox.ErrInvalid, "", "a move of volume %s carries its own files only, not %q", id, e.Name())
 		}
+		base = base || e.Name() == id+".qcow2"
+	}
+	if !base {
+		return sandbox.Errorf(sandbox.ErrInvalid, "", "a move of volume %s carries no %s.qcow2", id, id)
 	}
 	s.removeFiles(id) // (what an earlier move that failed left)
 	for _, e := range ents {
@@ -150,7 +189,17 @@ func (s *Service) Received(id, in string) error {
 			return err
 		}
 	}
-	return nil
+	// On the disk before the source hears of it (and lets go of its copy).
+	return syncDir(s.o.Dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // Drop removes the files of sandbox rec's volumes that a move brought
@@ -163,33 +212,51 @@ func (s *Service) Drop(ctx context.Context, rec *store.Sandbox) {
 		}
 		os.RemoveAll(filepath.Join(s.o.Dir, incoming+v.ID))
 		s.removeFiles(v.ID)
+		os.Remove(s.mark(arrivedMark, v.ID))
 	}
 }
 
-// Strays are the volumes that have files here but live on another host:
-// what a move left (the files of a volume that moved away, or of one
-// whose move here did not finish), or files on their way in.
-func (s *Service) Strays(ctx context.Context) ([]*store.Volume, error) {
+// Prune removes, at start, what moves left here: files on their way in;
+// a volume's files this host sent to a host whose record now names it
+// (its source died before it let go of them); files it received for a
+// move that did not finish (the record names the source they came
+// from), but those of a volume coming says is on its way here. Files of
+// another host's volume without such a mark stay (logged): a host whose
+// name changed keeps what it holds.
+func (s *Service) Prune(ctx context.Context, coming func(v *store.Volume) bool) error {
+	ents, err := os.ReadDir(s.o.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), incoming) {
+			os.RemoveAll(filepath.Join(s.o.Dir, e.Name()))
+		}
+	}
 	all, err := s.o.Store.ListVolumes(ctx, "")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var out []*store.Volume
 	for _, v := range all {
-		if v.Host == s.o.Host {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(s.o.Dir, incoming+v.ID)); err == nil || len(s.files(v.ID)) > 0 {
-			out = append(out, v)
+		to, leaving := s.markOf(movingMark, v.ID)
+		from, arrived := s.markOf(arrivedMark, v.ID)
+		switch {
+		case v.Host == s.o.Host: // (its move did not happen, or is done)
+			os.Remove(s.mark(movingMark, v.ID))
+			os.Remove(s.mark(arrivedMark, v.ID))
+		case leaving && v.Host == to, arrived && v.Host == from && !coming(v):
+			s.o.Log.Info("volume: removing the files a move left of a volume that lives on another host", "volume", v.ID, "host", v.Host)
+			s.removeFiles(v.ID)
+			os.Remove(s.mark(movingMark, v.ID))
+			os.Remove(s.mark(arrivedMark, v.ID))
+		case len(s.files(v.ID)) > 0 && !arrived:
+			s.o.Log.Warn("volume: files here of a volume whose record names another host, and no move that left them: kept", "volume", v.ID, "host", v.Host)
 		}
 	}
-	return out, nil
-}
-
-// RemoveStray removes stray volume id's files here (not its key).
-func (s *Service) RemoveStray(id string) {
-	os.RemoveAll(filepath.Join(s.o.Dir, incoming+id))
-	s.removeFiles(id)
+	return nil
 }
 
 // files are volume id's files here.

@@ -119,6 +119,7 @@ func (e *Runtime) Adopt(ctx context.Context) error {
 		if err != nil {
 			e.log.Warn("cannot restore the sandbox's network services; its nftables policy stays in force", "id", rec.ID, "err", err)
 		}
+		remount := false
 		if info, err := m.Info(ctx); err == nil && info.State == hypervisor.StatePaused {
 			rec.State = sandbox.StatePaused
 			// Paused by an engine that died in a snapshot or hibernate
@@ -129,6 +130,7 @@ func (e *Runtime) Adopt(ctx context.Context) error {
 				} else {
 					rec.State = sandbox.StateRunning
 					e.log.Info("resumed a sandbox paused for a snapshot an engine died in", "id", rec.ID)
+					remount = len(rec.Volumes) > 0 // (detached for the snapshot)
 				}
 			}
 		}
@@ -149,6 +151,15 @@ func (e *Runtime) Adopt(ctx context.Context) error {
 		e.boxes.put(b)
 		keep[rec.ID] = true
 		live = append(live, rec.ID)
+		if remount {
+			c, err := b.client(ctx, e)
+			if err == nil {
+				err = e.volumes.Mount(ctx, rec, m, c)
+			}
+			if err != nil {
+				e.log.Warn("a sandbox resumed after a snapshot an engine died in runs without its volumes mounted", "id", rec.ID, "err", err)
+			}
+		}
 		e.log.Info("re-adopted sandbox", "id", rec.ID, "state", rec.State)
 	}
 	for _, b := range e.boxes.all() {

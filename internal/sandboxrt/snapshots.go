@@ -88,9 +88,8 @@ func (e *Runtime) writeSnapshot(ctx context.Context, b *box, dir string, key []b
 	if wasRunning {
 		if rerr := b.m.Resume(context.WithoutCancel(ctx)); rerr != nil && err == nil {
 			err = rerr
-		} else if rerr == nil {
-			unmarkPaused(b.rec.StateDir)
 		}
+		unmarkPaused(b.rec.StateDir) // (held paused no longer: a later pause is its user's)
 	}
 	if detached {
 		c, merr := b.client(context.WithoutCancel(ctx), e)

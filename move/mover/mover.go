@@ -123,10 +123,11 @@ type Volumes interface {
 	Received(id, in string) error
 	Arrived(ctx context.Context, rec *store.Sandbox)
 	Drop(ctx context.Context, rec *store.Sandbox)
-	// Strays are volumes with files here that live on another host;
-	// RemoveStray removes those files.
-	Strays(ctx context.Context) ([]*store.Volume, error)
-	RemoveStray(id string)
+	// Leaving marks volume id's files as on their way to host to;
+	// Prune removes, at start, what moves left here (but what coming
+	// says is on its way here).
+	Leaving(id, to string) error
+	Prune(ctx context.Context, coming func(v *store.Volume) bool) error
 }
 
 // Options configure a Service.
@@ -248,6 +249,9 @@ func (s *Service) Move(ctx context.Context, id, to string) (*move.Result, error)
 			// sandbox stays hibernated, and whichever host the store
 			// says has it finishes the move (Finish).
 			held.Lost()
+			if cur != nil && cur.Host == to {
+				s.o.Volumes.Left(vols) // (the target's: the write was made)
+			}
 			return nil, fmt.Errorf("sandbox %s: its move to %s did not finish: %w", id, to, err)
 		}
 		s.o.Log.Warn("move: the sandbox stays here", "id", id, "to", to, "err", err)
@@ -289,6 +293,9 @@ func (s *Service) handOver(ctx context.Context, rec *store.Sandbox, vols []*stor
 		return err
 	}
 	for _, v := range vols {
+		if err := s.o.Volumes.Leaving(v.ID, host.Name); err != nil {
+			return err
+		}
 		if err := s.o.Client.SendVolume(ctx, host, id, v.ID, s.o.Volumes.Dir(), func(rel string) bool { return !s.o.Volumes.Owns(v.ID, rel) }); err != nil {
 			return fmt.Errorf("volume %s: %w", v.Name, err)
 		}
@@ -393,6 +400,14 @@ func (s *Service) Drain(ctx context.Context, name string, moveOne func(ctx conte
 		var size sandbox.Resources
 		if resumes(rec.State) {
 			size = rec.Size // (a kept one holds no capacity there)
+		}
+		vols, err := s.o.Volumes.Moving(ctx, rec)
+		if err != nil {
+			rep.Stayed = append(rep.Stayed, move.Stayed{ID: rec.ID, Error: err.Error()})
+			continue
+		}
+		for _, v := range vols {
+			size.DiskGB += v.SizeGB // (its volumes go with it)
 		}
 		h, err := s.o.Hosts.Place(ctx, size, cluster.Asked(rec))
 		if err == nil && h.Name == name {

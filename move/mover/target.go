@@ -25,7 +25,9 @@ var _ move.Target = (*Service)(nil)
 // up.
 func (s *Service) Finish(ctx context.Context, restart bool) {
 	if restart {
-		s.handOn(ctx)
+		// (After this host's own rollbacks, which are quick; each ask
+		// waits for a resume on the other host.)
+		defer func() { go s.handOn(ctx) }()
 	}
 	recs, err := s.o.Store.SandboxesOn(ctx, s.o.Hosts.Name(), sandbox.StateHibernated, sandbox.StateStopped)
 	if err != nil {
@@ -86,7 +88,10 @@ func (s *Service) handOn(ctx context.Context) {
 			continue // (it takes it up on its own when it can)
 		}
 		s.o.Log.Info("asking the target of a move this host died in to take it up", "id", rec.ID, "to", m.To)
-		if _, err := s.o.Client.Adopt(ctx, h, rec.ID, move.Adoption{Resume: m.Resume, Paused: m.Paused}); err != nil {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		_, err = s.o.Client.Adopt(actx, h, rec.ID, move.Adoption{Resume: m.Resume, Paused: m.Paused})
+		cancel()
+		if err != nil {
 			s.o.Log.Warn("a moved sandbox did not resume on its target (it stays hibernated there)", "id", rec.ID, "to", m.To, "err", err)
 		}
 	}
@@ -107,28 +112,25 @@ func (s *Service) Run(ctx context.Context) {
 	}
 }
 
-// PruneVolumes removes, at start, the files here of volumes that live on
-// another host (what a move that a death cut short left), but those of a
-// volume whose sandbox the store says is on its way here (its source may
-// yet hand it over).
+// PruneVolumes removes, at start, the volumes' files that a move a death
+// cut short left here (volume.Service.Prune, by the marks a move writes),
+// but those of a volume whose sandbox the store says moves here (its
+// source may yet hand it over, or just did).
 func (s *Service) PruneVolumes(ctx context.Context) {
-	strays, err := s.o.Volumes.Strays(ctx)
-	if err != nil {
-		s.o.Log.Warn("moves: listing the volumes' files here", "err", err)
-		return
-	}
-	for _, v := range strays {
-		coming := false
+	// (A move to this host, at any stage: its source may have handed it
+	// over since the volume's record was read.)
+	coming := func(v *store.Volume) bool {
 		for _, a := range v.Attachments {
-			if rec, err := s.o.Store.GetSandbox(ctx, a.SandboxID); err == nil {
-				m := markOf(rec)
-				coming = coming || (m != nil && m.Stage == stageSending && m.To == s.o.Hosts.Name())
+			if rec, err := s.o.Store.GetSandbox(ctx, a.SandboxID); err != nil {
+				return true // (unknown: kept)
+			} else if m := markOf(rec); m != nil && m.To == s.o.Hosts.Name() {
+				return true
 			}
 		}
-		if !coming {
-			s.o.Log.Info("moves: removing the files of a volume that lives on another host", "volume", v.ID, "host", v.Host)
-			s.o.Volumes.RemoveStray(v.ID)
-		}
+		return false
+	}
+	if err := s.o.Volumes.Prune(ctx, coming); err != nil {
+		s.o.Log.Warn("moves: the volumes' files a move left", "err", err)
 	}
 }
 
