@@ -291,6 +291,21 @@ func TestMove(t *testing.T) {
 	}
 }
 
+// withVolume makes a volume "data" on host h, and a sandbox there that
+// holds it (read-write, at /mnt/data).
+func withVolume(t *testing.T, ctx context.Context, h *engineHost) (*volume.View, *sandbox.Sandbox) {
+	t.Helper()
+	v, err := h.eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	box, err := h.eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, box
+}
+
 // TestMoveVolumes: a sandbox's volumes move with it when it alone holds
 // them: their files (as they were, byte for byte) go to the target and
 // leave the source, their records name the target, their disk is
@@ -300,14 +315,7 @@ func TestMoveVolumes(t *testing.T) {
 	needVolumeTools(t)
 	a, b, restartA := movingHostsRestart(t)
 	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
-	v, err := a.eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	box, err := a.eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, box := withVolume(t, ctx, a)
 	id := box.ID
 	file := func(h *engineHost) string { return filepath.Join(h.dir, "volumes", v.ID+".qcow2") }
 	orig, err := os.ReadFile(file(a))
@@ -539,14 +547,7 @@ func TestMoveCrash(t *testing.T) {
 	a, b, restartA := movingHostsRestart(t)
 	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
 	// It has a volume, whose files move with it.
-	vol, err := a.eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	box, err := a.eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	vol, box := withVolume(t, ctx, a)
 	id := box.ID
 	volumeOn := func(h *engineHost) bool {
 		_, err := os.Stat(filepath.Join(h.dir, "volumes", vol.ID+".qcow2"))

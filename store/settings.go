@@ -29,12 +29,5 @@ func (s *DB) GetSetting(ctx context.Context, name string) (json.RawMessage, erro
 
 // DeleteSetting implements Tx: ErrNotFound if name has no value.
 func (s *DB) DeleteSetting(ctx context.Context, name string) error {
-	res, err := s.q.ExecContext(ctx, `DELETE FROM settings WHERE name = ?`, name)
-	if err != nil {
-		return fmt.Errorf("store: delete setting: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return ErrNotFound
-	}
-	return nil
+	return s.delBy(ctx, "settings", "name", name)
 }

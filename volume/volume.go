@@ -303,8 +303,7 @@ func (s *Service) erase(ctx context.Context, id string) error {
 	if err := secrets.EraseDataKey(ctx, s.o.Secrets, scope(id)); err != nil {
 		return err
 	}
-	layers, _ := filepath.Glob(filepath.Join(s.o.Dir, id+".*.qcow2"))
-	for _, p := range append(layers, s.path(id)) {
+	for _, p := range s.files(id) {
 		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
 			return err
 		}
