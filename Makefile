@@ -105,18 +105,18 @@ test: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 # (-w: a quarter of a link; tracebacks do not need it).
 test: export GOFLAGS += -trimpath -ldflags=-w
 test: deps prebuild-default-image vet lint-openapi
-	@# The packages with guests run in the main run, the longest first
-	@# (the engine's, then the end-to-end ones, each a few minutes, then
-	@# those of a minute or so): go test starts packages in the order
-	@# given, two at a time on two cores. The second to start waits about
-	@# two minutes for the Debian image (built in the background from the
-	@# start): e2e, the shortest of the long ones, so that no package goes
-	@# over 8 minutes.
+	@# The long packages with guests run in the main run, the longest
+	@# first (the engine's, then the end-to-end ones, each a few minutes):
+	@# go test starts packages in the order given, two at a time on two
+	@# cores. The second to start waits about two minutes for the Debian
+	@# image (built in the background from the start): e2e, the shortest
+	@# of the long ones, so that no package goes over 8 minutes.
 	@# Beside it, one at a time, on the core the guests leave idle now and
 	@# then: the engine's concurrency tests again, several times, under
 	@# the race detector (in memory, no VM), then every other package
-	@# (seconds each, most of it building; last in the main run, they
-	@# ended it with a core idle for a minute).
+	@# (seconds each, most of it building), then the short packages with
+	@# guests (a minute or so each: last in the main run, they ended it
+	@# with the cores a third idle).
 	@# testlog prints what go test would (results, failures' output) and
 	@# keeps each test's time: the run ends with the 10 slowest tests,
 	@# even after a failure (read from the file).
@@ -129,19 +129,21 @@ test: deps prebuild-default-image vet lint-openapi
 	@set -o pipefail; \
 	gold=$$(mktemp -d /tmp/hbgold.XXXXXX) && export HAREBOX_TEST_GOLDEN_DIR=$$gold && \
 	trap 'n=$$(pkill -9 -c -f -- "-name harebox-golden-.*$$gold/"); test "$$n" -gt 0 && echo "make test: stopped $$n golden machines of killed servers"; rm -rf "$$gold"' EXIT; \
-	guests=$$($(GO) list $(GUEST_PACKAGES)) && rest=$$($(GO) list ./... | grep -vxF "$$guests") && test -n "$$guests" || \
+	guests=$$($(GO) list $(GUEST_PACKAGES) $(SHORT_GUEST_PACKAGES)) && rest=$$($(GO) list ./... | grep -vxF "$$guests") && test -n "$$guests" || \
 		{ echo "make test: cannot list the packages"; exit 1; }; \
 	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
 		$(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-race.log 2>&1; raced=$$?; \
-		$(GO) test -json -p 1 -timeout 10m -count=1 $$rest 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-rest.log 2>&1 && test $$raced = 0 ) & beside=$$!; \
+		$(GO) test -json -p 1 -timeout 10m -count=1 $$rest $(SHORT_GUEST_PACKAGES) 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-rest.log 2>&1 && test $$raced = 0 ) & beside=$$!; \
 	$(GO) test -json -timeout 24m -count=1 $(GUEST_PACKAGES) 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \
 	wait $$beside; besides=$$?; echo "the other packages, and under the race detector:"; cat $(CACHE)/test-rest.log $(CACHE)/test-race.log; \
 	$(BIN)/testlog -save $(CACHE)/test-times.tsv -slowest 10 </dev/null; \
 	test $$main = 0 && test $$besides = 0
 
-# GUEST_PACKAGES are the packages whose tests run guests (QEMU), longest
-# first: make test runs them two at a time, and the rest beside them.
-GUEST_PACKAGES := . ./e2e/ ./e2e/clients/ ./e2e/host/ ./e2e/code/ ./e2e/console/ ./images/ ./network/linuxnet/ ./api/ ./backends/qemu/ ./hypervisor/vhostblk/
+# GUEST_PACKAGES are the long packages whose tests run guests (QEMU),
+# longest first: make test runs them two at a time, and beside them the
+# rest, then SHORT_GUEST_PACKAGES, the short ones with guests.
+GUEST_PACKAGES := . ./e2e/ ./e2e/clients/ ./e2e/host/ ./e2e/code/
+SHORT_GUEST_PACKAGES := ./network/linuxnet/ ./images/ ./api/ ./e2e/console/ ./backends/qemu/ ./hypervisor/vhostblk/
 
 # Each fuzz target for a short while (go test -fuzz takes one target at a time).
 fuzz:
