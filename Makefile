@@ -143,7 +143,7 @@ test: deps prebuild-default-image vet lint-openapi
 # longest first: make test runs them two at a time, and beside them the
 # rest, then SHORT_GUEST_PACKAGES, the short ones with guests.
 GUEST_PACKAGES := . ./e2e/ ./e2e/clients/ ./e2e/host/ ./e2e/code/
-SHORT_GUEST_PACKAGES := ./network/linuxnet/ ./images/ ./api/ ./e2e/console/ ./backends/qemu/ ./hypervisor/vhostblk/
+SHORT_GUEST_PACKAGES := ./network/linuxnet/ ./images/ ./api/ ./e2e/console/ ./backends/qemu/ ./hypervisor/vhostblk/ ./e2e/docs/
 
 # Each fuzz target for a short while (go test -fuzz takes one target at a time).
 fuzz:
