@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/harebox/harebox/internal/fsync"
 	"github.com/harebox/harebox/store"
 )
 
@@ -71,10 +72,7 @@ func OpenFileAnchor(path string) (*FileAnchor, error) {
 		return nil, fmt.Errorf("audit anchor: %w", err)
 	}
 	// The file's name survives a crash too.
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync()
-		d.Close()
-	}
+	fsync.Dir(filepath.Dir(path))
 	return &FileAnchor{path: path, f: f}, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/harebox/harebox/internal/fsync"
 	"github.com/harebox/harebox/internal/mounts"
 )
 
@@ -263,7 +264,7 @@ func GC(ctx context.Context, dir string, o GCOptions) (GCReport, error) {
 		}
 	}
 	if !o.DryRun {
-		syncDir(dir)
+		fsync.Dir(dir)
 		for _, rf := range refs {
 			if rf.Stale {
 				os.Remove(rf.File)

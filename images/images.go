@@ -40,6 +40,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/harebox/harebox/agent/layout"
+	"github.com/harebox/harebox/internal/fsync"
 	"github.com/harebox/harebox/internal/mounts"
 )
 
@@ -468,7 +469,7 @@ func Build(ctx context.Context, o Options) (Image, error) {
 		return Image{}, err
 	}
 	tmp = ""
-	syncDir(o.OutDir)
+	fsync.Dir(o.OutDir)
 	lg.step("done in %s: %s", time.Since(start).Round(100*time.Millisecond), final)
 	return img, nil
 }
@@ -691,13 +692,6 @@ func writeFileSync(path string, b []byte, mode os.FileMode) error {
 		return err
 	}
 	return f.Close()
-}
-
-func syncDir(dir string) {
-	if f, err := os.Open(dir); err == nil {
-		f.Sync()
-		f.Close()
-	}
 }
 
 func randSuffix() string {

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/harebox/harebox/internal/fsync"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -146,12 +147,7 @@ func unpack(r io.Reader, dir string, max int64) error {
 		// (A tar stream cut at a file's end reads as whole.)
 		return sandbox.Errorf(sandbox.ErrInvalid, "", "the files' stream ended %d bytes short of the %d announced", left, max)
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return fsync.Dir(dir)
 }
 
 func unpackFile(r io.Reader, path string, size int64) error {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/harebox/harebox/internal/fsync"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
@@ -190,16 +191,7 @@ func (s *Service) Received(id, in string) error {
 		}
 	}
 	// On the disk before the source hears of it (and lets go of its copy).
-	return syncDir(s.o.Dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return fsync.Dir(s.o.Dir)
 }
 
 // Drop removes the files of sandbox rec's volumes that a move brought

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/harebox/harebox/agent/agentpb"
+	"github.com/harebox/harebox/internal/fsync"
 )
 
 const (
@@ -237,7 +238,7 @@ func replaceFile(stream agentpb.Agent_WriteFileServer, path string, mode os.File
 		return fsError("rename", err)
 	}
 	done = true
-	syncDir(filepath.Dir(path))
+	fsync.Dir(filepath.Dir(path))
 	return nil
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/harebox/harebox/agent/agentpb"
 	"github.com/harebox/harebox/agent/layout"
+	"github.com/harebox/harebox/internal/fsync"
 )
 
 // Version is the agent's version, set at build time with
@@ -247,17 +248,8 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return fmt.Errorf("rename to %s: %w", path, err)
 	}
 	ok = true
-	syncDir(filepath.Dir(path))
+	fsync.Dir(filepath.Dir(path)) // (best effort: a failure costs only durability)
 	return nil
-}
-
-// syncDir makes a rename durable; failures only cost durability, so they
-// are ignored.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
 
 // addEntropy credits b to the kernel pool and forces the CRNG to reseed.
