@@ -161,18 +161,71 @@ func Finish(t testing.TB, srv *Server, dataDir string) {
 // FreeAddr is a loopback address for a server to listen on: a free port
 // below the kernel's ephemeral range (32768 up, ip_local_port_range), so
 // that no connection's own port takes it between this check and the
-// server's bind.
+// server's bind, and in a block of ports this process holds (another
+// test process, checking while this one's server starts, would find the
+// port free too, and its server would lose the bind).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	for range 200 {
-		addr := fmt.Sprintf("127.0.0.1:%d", 20000+mathrand.IntN(12000))
+	ports.Lock()
+	defer ports.Unlock()
+	if ports.given == nil {
+		ports.given = map[int]bool{}
+	}
+	for tries := 0; ; tries++ {
+		if len(ports.blocks) == 0 || tries >= 4*portBlock {
+			claimPortBlock(t)
+			tries = 0
+		}
+		b := ports.blocks[mathrand.IntN(len(ports.blocks))]
+		port := 20000 + b*portBlock + mathrand.IntN(portBlock)
+		if ports.given[port] {
+			continue
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		if l, err := net.Listen("tcp", addr); err == nil {
 			l.Close()
+			ports.given[port] = true
 			return addr
 		}
 	}
-	t.Fatal("no free port below the ephemeral range")
-	return ""
+}
+
+// portBlock is how many ports a block holds: 48 blocks from 20000 to
+// 32000.
+const portBlock = 250
+
+// ports are the blocks of ports this process holds, by a lock on a file
+// per block held until it exits (as networks' numbers are), and the
+// ports FreeAddr gave (each once).
+var ports struct {
+	sync.Mutex
+	blocks []int
+	locks  []*os.File
+	given  map[int]bool
+}
+
+// claimPortBlock locks another free block of ports for this process.
+func claimPortBlock(t testing.TB) {
+	dir := filepath.Join(os.TempDir(), "harebox-e2e-ports")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for b := range 12000 / portBlock {
+		if slices.Contains(ports.blocks, b) {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(b)), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			continue
+		}
+		ports.blocks, ports.locks = append(ports.blocks, b), append(ports.locks, f)
+		return
+	}
+	t.Fatal("every block of test ports (20000 to 32000) is held")
 }
 
 // DropTable removes the firewall table of a server that Start started,
