@@ -49,13 +49,15 @@ func TestCrashLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dataDir)
-	const table = "harebox_crash"
-	startCrash := func() *testserver.Server {
-		return testserver.Launch(t, s, dataDir, "--image-dir", s.ImageDir, "--plugin", s.Plugin,
-			"--network", "linux", "--nft-table", table, "--address-pool", "10.238.0.0/24")
-	}
+	// (A firewall table, address pool and mesh pool of this data
+	// directory's own: a server on the host's defaults would drop, in
+	// its table, what other test processes' sandboxes send on their
+	// meshes, as it drops anything bound for its mesh pool but from its
+	// own sandboxes.)
+	startCrash := func() *testserver.Server { return testserver.Start(t, s, dataDir) }
 	var cur atomic.Pointer[testserver.Server]
 	cur.Store(startCrash())
+	table := cur.Load().Table
 	defer func() {
 		if srv := cur.Load(); srv != nil && srv.Cmd.ProcessState == nil {
 			srv.Cmd.Process.Kill()

@@ -123,14 +123,17 @@ func TestMesh(t *testing.T) {
 	n := e.newNetwork(state)
 	// (The test host sends the pool's traffic to its test internet, but
 	// the mesh's ranges to the sandboxes, as a host's main table does.)
-	sh(t, "ip", "route", "add", "throw", "10.240.0.0/12", "table", fmt.Sprint(e.table))
-	// Outbound allowed everywhere, private ranges too: the mesh must not
-	// depend on a policy that denies.
-	open := mustPolicy(t, `{"default_outbound":"allow","outbound":[{"action":"allow","cidrs":["10.0.0.0/8"]}]}`)
+	sh(t, "ip", "route", "add", "throw", "100.112.0.0/12", "table", fmt.Sprint(e.table))
+	// (The meshes are in 100.112.0.0/12, not in hareboxd's default mesh
+	// pool: a hareboxd on this host drops, in its own table, what is
+	// bound for its mesh pool but not from its sandboxes.)
+	// Outbound allowed everywhere, private and shared ranges too: the
+	// mesh must not depend on a policy that denies.
+	open := mustPolicy(t, `{"default_outbound":"allow","outbound":[{"action":"allow","cidrs":["10.0.0.0/8","100.64.0.0/10"]}]}`)
 	a1, a2, b1, c := e.attach(n, open), e.attach(n, open), e.attach(n, open), e.attach(n, open)
-	const projA, projB = "10.240.4.0/22", "10.240.8.0/22"
-	m1, m2 := a1.onMesh(n, "10.240.4.1", projA), a2.onMesh(n, "10.240.4.2", projA)
-	mb := b1.onMesh(n, "10.240.8.1", projB)
+	const projA, projB = "100.112.4.0/22", "100.112.8.0/22"
+	m1, m2 := a1.onMesh(n, "100.112.4.1", projA), a2.onMesh(n, "100.112.4.2", projA)
+	mb := b1.onMesh(n, "100.112.8.1", projB)
 	for _, g := range []*guest{a2, b1} {
 		g.echoServer(map[*guest]netip.Addr{a2: m2, b1: mb}[g])
 	}
@@ -204,17 +207,17 @@ func TestMesh(t *testing.T) {
 	t.Run("spoofed sources reach nobody", func(t *testing.T) {
 		// b1 claims an address of project A; a1 claims another of A's
 		// (not its own), and a2's own.
-		spoofB := netip.MustParseAddr("10.240.4.99")
+		spoofB := netip.MustParseAddr("100.112.4.99")
 		sh(t, "ip", "-n", b1.ns, "addr", "add", spoofB.String()+"/32", "dev", "eth0")
-		spoofA := netip.MustParseAddr("10.240.4.77")
+		spoofA := netip.MustParseAddr("100.112.4.77")
 		sh(t, "ip", "-n", a1.ns, "addr", "add", spoofA.String()+"/32", "dev", "eth0")
 		for _, x := range []struct {
 			what     string
 			g        *guest
 			src, dst netip.Addr
 		}{
-			{"b1 as 10.240.4.99 to a2", b1, spoofB, m2},
-			{"a1 as 10.240.4.77 to a2", a1, spoofA, m2},
+			{"b1 as 100.112.4.99 to a2", b1, spoofB, m2},
+			{"a1 as 100.112.4.77 to a2", a1, spoofA, m2},
 		} {
 			for _, proto := range []string{"tcp4", "udp4"} {
 				if err := x.g.echo(proto, x.src, x.dst); err == nil {
@@ -323,10 +326,10 @@ func TestMesh(t *testing.T) {
 	})
 
 	t.Run("an address of the range that no sandbox has goes nowhere", func(t *testing.T) {
-		if err := a1.echo("udp4", netip.Addr{}, netip.MustParseAddr("10.240.4.200")); err == nil {
+		if err := a1.echo("udp4", netip.Addr{}, netip.MustParseAddr("100.112.4.200")); err == nil {
 			t.Error("got an answer")
 		}
-		out, _ := exec.Command("ip", "route", "get", "10.240.4.200", "from", m1.String(), "iif", a1tap(n, a1)).CombinedOutput()
+		out, _ := exec.Command("ip", "route", "get", "100.112.4.200", "from", m1.String(), "iif", a1tap(n, a1)).CombinedOutput()
 		if !strings.Contains(string(out), "unreachable") && !strings.Contains(string(out), "No route to host") {
 			t.Errorf("the host routes it: %s", out)
 		}
@@ -351,7 +354,7 @@ func TestMesh(t *testing.T) {
 		if err := a1.echo("tcp4", netip.Addr{}, m2); err == nil {
 			t.Error("a1 reached a2 after a2 left the mesh")
 		}
-		a2.onMesh(n, "10.240.4.2", projA)
+		a2.onMesh(n, "100.112.4.2", projA)
 		if err := a1.echo("tcp4", netip.Addr{}, m2); err != nil {
 			t.Errorf("a1 to a2 back on the mesh: %v", err)
 		}
@@ -365,7 +368,7 @@ func TestMesh(t *testing.T) {
 
 	t.Run("bad meshes are refused", func(t *testing.T) {
 		for _, m := range []*network.Mesh{
-			{Addr: netip.MustParseAddr("10.240.9.1"), Project: netip.MustParsePrefix(projA)},
+			{Addr: netip.MustParseAddr("100.112.9.1"), Project: netip.MustParsePrefix(projA)},
 			{Addr: m1, Project: netip.MustParsePrefix(projA)}, // a1's
 			{Addr: e.pool.Addr().Next(), Project: e.pool},
 		} {
@@ -391,7 +394,7 @@ func TestMeshTunnelRules(t *testing.T) {
 	sh(t, "ip", "link", "add", tun, "type", "veth", "peer", "name", "eth0", "netns", peer)
 	t.Cleanup(func() { shq("ip", "link", "del", tun) })
 	sh(t, "ip", "link", "set", tun, "up")
-	const remote = "10.240.4.9" // (a sandbox of project A on another host)
+	const remote = "100.112.4.9" // (a sandbox of project A on another host)
 	// (Everything from the far end goes to the veth, through a gateway
 	// that is its MAC: WireGuard's device has no link layer.)
 	mac, err := os.ReadFile("/sys/class/net/" + tun + "/address")
@@ -404,11 +407,11 @@ func TestMeshTunnelRules(t *testing.T) {
 		sh(t, append([]string{"ip", "-n", peer}, args...)...)
 	}
 	sh(t, "ip", "route", "add", remote+"/32", "dev", tun) // (as network/wgtunnel routes a peer's address)
-	e.meshPool, e.meshTunnel = netip.MustParsePrefix("10.240.0.0/12"), tun
+	e.meshPool, e.meshTunnel = netip.MustParsePrefix("100.112.0.0/12"), tun
 	n := e.newNetwork("")
-	sh(t, "ip", "route", "add", "throw", "10.240.0.0/12", "table", fmt.Sprint(e.table))
+	sh(t, "ip", "route", "add", "throw", "100.112.0.0/12", "table", fmt.Sprint(e.table))
 	a1 := e.attach(n, mustPolicy(t, `{"default_outbound":"allow"}`))
-	m1 := a1.onMesh(n, "10.240.4.1", "10.240.4.0/22")
+	m1 := a1.onMesh(n, "100.112.4.1", "100.112.4.0/22")
 	a1.echoServer(m1)
 	// A datagram counter on a1's mesh address.
 	var got counter
@@ -467,12 +470,12 @@ func TestMeshTunnelRules(t *testing.T) {
 	mustBlocked(t, "from the tunnel to a host service", err, e.count("host"))
 	send(peer, remote, pypiIP+":443")
 	mustBlocked(t, "from the tunnel to the test internet", errors.New("sent"), e.count("udp443"))
-	// From the test internet, as project A's 10.240.4.77, to a1.
-	sh(t, "ip", "-n", e.inet, "addr", "add", "10.240.4.77/32", "dev", "lo")
+	// From the test internet, as project A's 100.112.4.77, to a1.
+	sh(t, "ip", "-n", e.inet, "addr", "add", "100.112.4.77/32", "dev", "lo")
 	sh(t, "ip", "-n", e.inet, "route", "add", m1.String()+"/32", "via", hostSide)
 	before := got.get()
-	send(e.inet, "10.240.4.77", netip.AddrPortFrom(m1, 9).String())
+	send(e.inet, "100.112.4.77", netip.AddrPortFrom(m1, 9).String())
 	if got.get() != before {
-		t.Errorf("from the test internet as 10.240.4.77: %d datagrams reached a1", got.get()-before)
+		t.Errorf("from the test internet as 100.112.4.77: %d datagrams reached a1", got.get()-before)
 	}
 }
