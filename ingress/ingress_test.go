@@ -606,14 +606,18 @@ func TestRotation(t *testing.T) {
 						t.Fatalf("over TLS the client speaks %s, want HTTP/2", resp.Proto)
 					}
 				}
-				time.Sleep(10 * time.Millisecond)
+				// The loop sends with the old token after rotate (on a
+				// busy machine it may not have been scheduled yet).
+				for end := time.Now().Add(5 * time.Second); sentAfter.Load() < 2 && time.Now().Before(end); {
+					time.Sleep(5 * time.Millisecond)
+				}
 				stop.Store(true)
 				wg.Wait()
 				if okAfter.Load() != 0 {
 					t.Fatalf("round %d: %d of %d requests sent with the old token after rotate succeeded", round, okAfter.Load(), sentAfter.Load())
 				}
 				if sentAfter.Load() == 0 {
-					t.Fatalf("round %d: the old-token loop sent nothing after rotate", round)
+					t.Fatalf("round %d: the old-token loop sent nothing in 5 s after rotate", round)
 				}
 				tok = nu.Token
 			}
