@@ -225,3 +225,51 @@ func TestNotReady(t *testing.T) {
 	json.NewEncoder(&buf).Encode(err.Error())
 	t.Log(buf.String())
 }
+
+// TestRunKeepsItsConnection: cells one after another go over one
+// connection (each new one is a dial through the agent), the answer read
+// to its end even when its last chunk comes late; an answer that stalls
+// after its end line still returns the cell, within a second or so, and
+// that connection is dropped.
+func TestRunKeepsItsConnection(t *testing.T) {
+	var stall atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		fmt.Fprintln(w, `{"type": "end", "status": "ok"}`)
+		w.(http.Flusher).Flush()
+		if stall.Load() {
+			<-r.Context().Done()
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // (the last chunk in a later segment)
+	}))
+	defer srv.Close()
+	var dials atomic.Int32
+	c := New(func(ctx context.Context) (net.Conn, error) {
+		dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", strings.TrimPrefix(srv.URL, "http://"))
+	}, Options{ReadyTimeout: time.Second, Grace: time.Minute})
+	defer c.Close()
+	for range 3 {
+		if x, err := c.Run(context.Background(), sandbox.CodeRequest{Code: "1"}, nil, nil); err != nil || x.Status != "ok" {
+			t.Fatalf("%+v %v", x, err)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("3 cells dialed %d times", n)
+	}
+	stall.Store(true)
+	start := time.Now()
+	if x, err := c.Run(context.Background(), sandbox.CodeRequest{Code: "1"}, nil, nil); err != nil || x.Status != "ok" {
+		t.Fatalf("%+v %v", x, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("a stalled answer held the cell %s", d)
+	}
+	stall.Store(false)
+	c.Run(context.Background(), sandbox.CodeRequest{Code: "1"}, nil, nil)
+	if n := dials.Load(); n != 2 {
+		t.Errorf("after the stalled answer: %d dials, want 2", n)
+	}
+}

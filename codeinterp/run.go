@@ -50,14 +50,27 @@ func (c *Client) Run(ctx context.Context, r sandbox.CodeRequest, env map[string]
 			x.out.ContextID = "default-bash"
 		}
 	}
-	if err := x.read(bufio.NewReaderSize(resp.Body, 64<<10)); err != nil {
+	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	if err := x.read(br); err != nil {
 		if ctx.Err() != nil && !errors.Is(err, errEmit) {
 			return nil, sandbox.Errorf(sandbox.ErrTimeout, "", "the code interpreter did not end the cell within %s of its timeout", c.o.Grace)
 		}
 		return nil, err
 	}
 	x.out.DurationMS = time.Since(start).Milliseconds()
+	drain(br, cancel)
 	return &x.out, nil
+}
+
+// drain reads the rest of an answer after its end line (the body's last
+// chunk): an answer read to its end leaves its connection to the next
+// call, where one closed early takes it down, and each call would dial
+// the guest anew through the agent. A guest that stalls there is cut
+// after a second (cancel).
+func drain(r io.Reader, cancel context.CancelFunc) {
+	t := time.AfterFunc(time.Second, cancel)
+	defer t.Stop()
+	io.Copy(io.Discard, io.LimitReader(r, 4<<10))
 }
 
 // errEmit marks emit's error.
