@@ -215,10 +215,11 @@ var DefaultPackages = []string{
 }
 
 // CodeInterpreterPackages are added (Options.Extra) in the
-// code-interpreter image: Jupyter's Python kernel and its client (the
-// server's), and what cells most often import.
+// code-interpreter image: IPython (the contexts' kernels are its shell),
+// Jupyter's Python kernel and client (for the user's own notebooks and
+// tools: the server does not use them), and what cells most often import.
 var CodeInterpreterPackages = []string{
-	"python3-ipykernel", "python3-jupyter-client",
+	"python3-ipython", "python3-ipykernel", "python3-jupyter-client",
 	"python3-numpy", "python3-pandas", "python3-matplotlib",
 }
 
@@ -581,7 +582,7 @@ func inputHash(ctx context.Context, o *Options, kver, kernel string, mods []modu
 		field("from", o.fromDigest, fmt.Sprint(o.Headroom))
 	}
 	if o.Name == CodeInterpreter {
-		field("interpreter", string(interpreterServer), interpreterUnit)
+		field("interpreter", string(interpreterServer), string(interpreterKernel), interpreterUnit)
 	}
 	if o.debian() {
 		field("suite", o.Suite)

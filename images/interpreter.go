@@ -10,12 +10,17 @@ import (
 	"github.com/harebox/harebox/agent/layout"
 )
 
-// interpreterServer is the code interpreter's server (Jupyter kernels
-// behind a small HTTP API on the guest's loopback), installed in the
-// code-interpreter image as layout.InterpreterPath.
-//
-//go:embed interpreter/server.py
-var interpreterServer []byte
+// interpreterServer is the code interpreter's server (Python and bash
+// contexts behind a small HTTP API on the guest's loopback), installed in
+// the code-interpreter image as layout.InterpreterPath; interpreterKernel
+// is its Python contexts' kernel (IPython's shell), beside it as
+// layout.InterpreterKernelPath.
+var (
+	//go:embed interpreter/server.py
+	interpreterServer []byte
+	//go:embed interpreter/interpreter_kernel.py
+	interpreterKernel []byte
+)
 
 // interpreterUnit runs it as the default user. It is of type notify: the
 // server says it is ready once its first kernel is warm, so the boot (and
@@ -48,6 +53,9 @@ func installInterpreter(ctx context.Context, lg *logger, root string) error {
 		return err
 	}
 	if err := os.WriteFile(p(layout.InterpreterPath), interpreterServer, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(p(layout.InterpreterKernelPath), interpreterKernel, 0o644); err != nil {
 		return err
 	}
 	unit := "etc/systemd/system/" + layout.InterpreterUnit

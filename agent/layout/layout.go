@@ -77,9 +77,11 @@ const (
 	// The code-interpreter image's server (images/interpreter), run by
 	// systemd as InterpreterUnit, listens on the guest's loopback at
 	// InterpreterPort; the host reaches it through the agent (Connect).
-	InterpreterPath = "/usr/lib/harebox/interpreter.py"
-	InterpreterUnit = "harebox-interpreter.service"
-	InterpreterPort = 49999
+	// It runs each Python context's kernel from InterpreterKernelPath.
+	InterpreterPath       = "/usr/lib/harebox/interpreter.py"
+	InterpreterKernelPath = "/usr/lib/harebox/interpreter_kernel.py"
+	InterpreterUnit       = "harebox-interpreter.service"
+	InterpreterPort       = 49999
 )
 
 // VolumeMountAllowed reports whether a volume may be mounted at path (a

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
-"""HareBox code interpreter: stateful Python (Jupyter) and bash contexts over HTTP.
+"""HareBox code interpreter: stateful Python (IPython) and bash contexts over HTTP.
 
 Runs inside the sandbox VM as the unprivileged user and listens on loopback; the
-host reaches it through a tunnel. Standard library plus Debian's jupyter_client
-7.4 and ipykernel 6.17 only.
+host reaches it through a tunnel. Each Python context is a kernel process
+(interpreter_kernel.py, beside this file: IPython's shell); each bash context a
+bash. Standard library only (the kernel: plus Debian's IPython).
 
   GET    /health                 200 {"ready": true} once the default context is warm, else 503
   GET    /contexts               200 [{"id", "language", "cwd"}, ...]
@@ -21,11 +22,10 @@ Bash cells report a non-zero exit status as an error named "ExitCode" (value:
 the status); "count" is the context's cell number. Errors before streaming
 are JSON {"error": "..."} with 400/404/405/411/413/429 (context limit)/500.
 
-Threading model: jupyter_client 7 wraps asyncio and zmq.asyncio sockets that are
-bound to the event loop of the thread that first used them, so every context
-owns one worker thread that does all kernel work (start, execute, interrupt,
-stop). HTTP handler threads only queue jobs on it and relay the events it
-produces through a small bounded queue, which gives back-pressure.
+Threading model: every context owns one worker thread that does all kernel
+work (start, execute, interrupt, stop). HTTP handler threads only queue jobs on
+it and relay the events it produces through a small bounded queue, which gives
+back-pressure (down to the kernel, whose writes to its socket block).
 """
 
 import argparse
@@ -52,11 +52,6 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-# debugpy (imported by ipykernel) warns about frozen modules on every start.
-os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-import zmq  # noqa: E402
-from jupyter_client.manager import KernelManager  # noqa: E402
-
 log = logging.getLogger("interpreter")
 
 MAX_BODY = 8 << 20
@@ -67,10 +62,11 @@ START_TIMEOUT = 60.0  # kernel start on a loaded VM can take several seconds
 POLL = 0.5  # how often waits look at deadlines, cancellation and liveness
 TEXT_CHUNK = 64 << 10  # max characters of one stdout/stderr event
 EVENT_QUEUE = 32  # events buffered between a kernel and its HTTP client
-IOPUB_HWM = 64  # kernel messages queued in this process (each <= ~1 MiB, see BOUND_STREAMS)
+MAX_EVENT = 32 << 20  # longest line a kernel may send (a result; the host takes 24 MiB)
 IDLE_TIMEOUT = 300.0  # keep-alive connections: longer than Go's idle pool timeout
 LANGUAGES = ("python", "bash")
 DEFAULT_IDS = {"python": "default", "bash": "default-bash"}
+KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interpreter_kernel.py")
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 BASH_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -144,35 +140,6 @@ if 'numpy' in __hb_s.modules: __hb_s.modules['numpy'].random.seed()
 del __hb_r, __hb_s
 """
 
-# ipykernel sends everything printed within 0.2 s as one message, so a fast
-# print loop makes messages of tens of MiB that this server would have to hold
-# whole. Flush each stream once 1 MiB is buffered, and split bigger writes.
-PY_BOUND_STREAMS = """\
-def __hb_bound():
-    import sys
-    from ipykernel.iostream import OutStream
-    limit = 1 << 20
-    def bind(stream):
-        write = stream.write
-        def bounded(s):
-            if not isinstance(s, str) or len(s) <= limit:
-                n = write(s)
-            else:
-                for i in range(0, len(s), limit):
-                    write(s[i:i + limit])
-                    stream.flush()
-                n = len(s)
-            if stream._buffer.tell() >= limit:
-                stream.flush()
-            return n
-        stream.write = bounded
-    for s in (sys.stdout, sys.stderr):
-        if isinstance(s, OutStream):
-            bind(s)
-__hb_bound()
-del __hb_bound
-"""
-
 # Restore what the previous request set, then apply the new values. The
 # originals are kept in the kernel, so changes made by the user's code count.
 PY_ENV = """\
@@ -207,68 +174,64 @@ del __hb_warm
 
 
 class PythonKernel:
+    """A Python context's kernel (interpreter_kernel.py), over a socket pair."""
+
     RESEED = PY_RESEED
 
     def __init__(self, cwd, env, runtime_dir, grace):
-        self.cwd, self.env, self.runtime_dir, self.grace = cwd, env, runtime_dir, grace
-        self.km = self.kc = None
-        self.pid = None
+        self.cwd, self.env, self.grace = cwd, env, grace
+        self.proc = self.pid = self.sock = None
+        self.buf, self.skipping, self.cell = bytearray(), False, 0
 
     def start(self):
         env = dict(os.environ, MPLBACKEND=INLINE_BACKEND)  # inline backend -> figures as image/png
         env.update(self.env)
-        km = KernelManager(kernel_name="python3")
-        # Unsigned messages: signing (HMAC-SHA256 of every message, both
-        # ways) costs a quarter of a big output's time, and guards nothing
-        # here: the kernel's ports are on the guest's loopback, and all that
-        # runs in the guest (other contexts' code included) is the
-        # sandbox's, as the user that could read the key anyway.
-        km.session.key = b""
-        km.connection_file = os.path.join(self.runtime_dir, f"kernel-{secrets.token_hex(8)}.json")
-        self.km = km
+        ours, theirs = socket.socketpair()
         try:
-            # History in memory only: no sqlite file shared by all kernels.
-            # stdout/stderr to /dev/null: ipykernel 6 echoes captured fd output
-            # there too, which would flood the journal.
-            km.start_kernel(cwd=self.cwd, env=env, extra_arguments=["--HistoryManager.enabled=False"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            self.pid = km.provisioner.process.pid
-            self.kc = km.client()
-            # A slow client makes the kernel's PUB socket drop messages rather
-            # than this process queue up to 1000 of them (zmq's default).
-            self.kc.context.setsockopt(zmq.RCVHWM, IOPUB_HWM)
-            self.kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
-            self.kc.wait_for_ready(timeout=START_TIMEOUT)
-            if self.run(PY_BOUND_STREAMS, Job(timeout=30), silent=True) != "ok":
-                log.warning("could not bound the kernel's stream messages")
+            self.proc = subprocess.Popen(
+                [sys.executable, KERNEL, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                cwd=self.cwd, env=env, start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock, self.pid = ours, self.proc.pid
+        try:
+            end = time.monotonic() + START_TIMEOUT
+            while True:
+                ev = self._event(min(POLL, max(0.0, end - time.monotonic())))
+                if ev is not None and ev.get("type") == "ready":
+                    return
+                if ev is None and (time.monotonic() >= end or not self.alive()):
+                    raise RuntimeError("the kernel did not start" if self.alive() else
+                                       f"the kernel exited (exit code {self.proc.poll()})")
         except BaseException:
             self.stop()
             raise
 
     def alive(self):
-        try:
-            return self.km.is_alive()
-        except Exception:
-            return False
+        return self.proc is not None and self.proc.poll() is None
 
     def exit_code(self):
-        proc = getattr(self.km.provisioner, "process", None) if self.km else None
-        return proc.returncode if proc is not None else None
+        return self.proc.poll() if self.proc else None
 
     def interrupt(self):
         try:
-            self.km.interrupt_kernel()  # SIGINT to the kernel's process group
-        except Exception as e:
+            os.killpg(self.pid, signal.SIGINT)
+        except OSError as e:
             log.warning("interrupt failed: %s", e)
 
     def stop(self):
-        for step in (lambda: self.kc.stop_channels(), lambda: self.kc.context.destroy(linger=0),
-                     lambda: self.km.shutdown_kernel(now=True)):
-            try:
-                step()
-            except Exception:
-                pass
+        if self.sock:
+            self.sock.close()
         kill_group(self.pid)
+        if self.proc:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         self.pid = None
 
     @staticmethod
@@ -281,13 +244,13 @@ class PythonKernel:
 
     def run(self, code, job, silent=False):
         emit = (lambda ev: None) if silent else job.emit
-        # stop_on_error=False: after a failed cell ipykernel would otherwise
-        # abort ("aborted" reply, no output) requests that arrive in the next
-        # moments, such as the client's next cell.
-        msg_id = self.kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False,
-                                 stop_on_error=False)
-        reason, interrupted, last_signal, failed, counted = None, None, 0.0, False, silent
-        reply, reply_at, busy_at, delivered = None, 0.0, None, False
+        self.cell += 1
+        cell = self.cell
+        try:
+            self.sock.sendall(json.dumps({"cell": cell, "code": code, "silent": silent}).encode() + b"\n")
+        except OSError:
+            return "died"
+        reason, interrupted, last_signal, failed, busy_at, delivered = None, None, 0.0, False, None, False
         while True:
             now = time.monotonic()
             if interrupted is None:
@@ -300,69 +263,93 @@ class PythonKernel:
                 return "preempted"
             elif now - interrupted > self.grace:
                 return "stuck"
-            # ipykernel ignores SIGINT outside request handlers, so one sent
-            # before the cell began is lost: repeat until one surely landed.
+            # The kernel ignores SIGINT between cells, so one sent before the
+            # cell began is lost: repeat until one surely landed.
             if interrupted is not None and not delivered and now - last_signal >= 1:
                 self.interrupt()
                 last_signal = now
                 delivered = busy_at is not None and now - busy_at > 0.2
             try:
-                msg = self.kc.get_iopub_msg(timeout=POLL)
-            except queue.Empty:
+                ev = self._event(POLL)
+            except EOFError:  # exiting, or a kernel that closed its socket: gone either way
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    kill_group(self.pid)
+                    self.proc.wait()
+                return "died"
+            if ev is None:
                 if not self.alive():  # os._exit, OOM kill, segfault...
                     return "died"
-                # A dropped "idle" (see IOPUB_HWM) must not hang the cell: the
-                # reply on the shell channel is never dropped.
-                if reply is None:
-                    reply, reply_at = self._reply(msg_id, 0), time.monotonic()
-                elif time.monotonic() - reply_at > 2:
-                    log.warning("no idle status for a finished cell; output may be lost")
-                    break
                 continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue  # leftovers of earlier (silent or aborted) cells
-            kind, c = msg["msg_type"], msg["content"]
-            if kind == "status" and c.get("execution_state") == "idle":
-                break
-            if kind == "status" and c.get("execution_state") == "busy":
+            if ev.get("cell") != cell:
+                continue  # late output of an earlier cell
+            kind = ev.get("type")
+            if kind == "start":
                 busy_at = time.monotonic()
-            if kind == "execute_input" and not counted:
-                counted = True
-                emit({"type": "count", "count": c.get("execution_count")})
-            elif kind == "stream":
-                name = "stderr" if c.get("name") == "stderr" else "stdout"
-                text = c.get("text", "")
+            elif kind == "count":
+                emit({"type": "count", "count": ev.get("count")})
+            elif kind in ("stdout", "stderr"):
+                text = ev.get("text")
+                text = text if isinstance(text, str) else ""
                 for i in range(0, len(text), TEXT_CHUNK):
-                    emit({"type": name, "text": text[i:i + TEXT_CHUNK]})
-            elif kind in ("execute_result", "display_data", "update_display_data"):
-                emit({"type": "result", "main": kind == "execute_result",
-                      "data": c.get("data", {}), "metadata": c.get("metadata", {})})
+                    emit({"type": kind, "text": text[i:i + TEXT_CHUNK]})
+            elif kind == "result":
+                data, metadata = ev.get("data"), ev.get("metadata")
+                emit({"type": "result", "main": ev.get("main") is True,
+                      "data": data if isinstance(data, dict) else {},
+                      "metadata": metadata if isinstance(metadata, dict) else {}})
             elif kind == "error":
                 failed = True
                 if interrupted is not None:
                     continue  # the KeyboardInterrupt we caused; reported as a timeout
                 if silent:
-                    log.warning("internal cell failed: %s: %s", c.get("ename"), c.get("evalue"))
-                emit(error_event(c.get("ename", ""), c.get("evalue", ""),
-                                 ANSI.sub("", "\n".join(c.get("traceback", [])))))
-        if reply is None:
-            reply = self._reply(msg_id, 2)
-        if reply is not None:
-            failed = failed or reply.get("status") == "error"
-            if not counted:
-                emit({"type": "count", "count": reply.get("execution_count")})
+                    log.warning("internal cell failed: %s: %s", ev.get("name"), ev.get("value"))
+                tb = ev.get("traceback")
+                tb = "\n".join(str(line) for line in tb) if isinstance(tb, list) else ""
+                emit(error_event(str(ev.get("name", "")), str(ev.get("value", "")), ANSI.sub("", tb)))
+            elif kind == "done":
+                failed = failed or ev.get("status") != "ok"
+                break
         return reason or ("error" if failed else "ok")
 
-    def _reply(self, msg_id, wait):
-        # Consume our execute_reply so the shell channel holds no stale replies.
-        end = time.monotonic() + wait
+    def _event(self, timeout):
+        """The kernel's next event, None after timeout without one; EOFError
+        once it closed its end. A line longer than MAX_EVENT is dropped, said
+        on the cell's stderr."""
         while True:
-            try:
-                msg = self.kc.get_shell_msg(timeout=max(0.0, end - time.monotonic()))
-            except queue.Empty:
+            i = self.buf.find(b"\n")
+            if i >= 0:
+                line = bytes(self.buf[:i])
+                del self.buf[:i + 1]
+                if self.skipping:
+                    self.skipping = False
+                    continue
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    log.warning("the kernel sent a line that is not JSON")
+                    continue
+                if isinstance(ev, dict):
+                    return ev
+                continue
+            if len(self.buf) > MAX_EVENT:
+                self.buf.clear()
+                if not self.skipping:
+                    self.skipping = True
+                    return {"cell": self.cell, "type": "stderr",
+                            "text": f"[a result of more than {MAX_EVENT >> 20} MiB was dropped]\n"}
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            if not ready:
                 return None
-            if msg.get("parent_header", {}).get("msg_id") == msg_id:
-                return msg["content"]
+            try:
+                data = self.sock.recv(1 << 20)
+            except OSError:  # ECONNRESET: it exited with our request unread
+                data = b""
+            if not data:
+                raise EOFError
+            self.buf += data
+            timeout = 0 if b"\n" not in data else timeout
 
 
 class _Cut:
@@ -761,6 +748,10 @@ def check_language(language):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # An answer is several small writes: with Nagle's algorithm, each after
+    # the first waits for the ACK of the one before, which the other end
+    # delays (40 ms) on a connection kept alive.
+    disable_nagle_algorithm = True
     server_version = "harebox-interpreter"
     timeout = IDLE_TIMEOUT
 

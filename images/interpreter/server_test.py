@@ -1,6 +1,7 @@
-"""Tests for the code interpreter's server against real ipykernel kernels.
+"""Tests for the code interpreter's server and its kernels (IPython's shell).
 
-Run with Debian's Python (it has ipykernel, jupyter_client, pandas, matplotlib):
+Run with Debian's Python and IPython (pandas and Matplotlib's tests skip
+without them; in the image, e2e's TestCodeInterpreter runs them):
 
     /usr/bin/python3 -m pytest images/interpreter -q -p no:cacheprovider
 
@@ -41,7 +42,6 @@ class Server:
         self.notify.bind("\0" + self.notify_name)
         self.log = open(tmp / "server.log", "w+")
         env = dict(os.environ, NOTIFY_SOCKET="@" + self.notify_name, IPYTHONDIR=str(tmp / "ipython"))
-        env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel would not capture fd 1/2 output
         self.proc = subprocess.Popen(
             [sys.executable, SERVER, "--listen", f"127.0.0.1:{self.port}", "--cwd", str(self.cwd),
              "--machine-id-file", str(self.machine_id), "--warm", "json,no_such_module",
@@ -187,6 +187,46 @@ def test_timeout_keeps_state(srv):
                            "value": "execution timed out after 1 s", "traceback": ""}]
     assert end(ev) == "timeout"
     assert main_text(srv.run("kept")) == ["7"]
+
+
+def test_interrupt_while_printing(srv):
+    # SIGINT lands while the kernel writes to its socket: no line is cut.
+    for _ in range(3):
+        ev = srv.run("i = 0\nwhile True:\n    print('x' * 100, i)\n    i += 1", timeout_seconds=1)
+        assert end(ev) == "timeout" and "x" * 100 in text(ev, "stdout")
+        assert main_text(srv.run("i > 0")) == ["True"]
+
+
+def test_displays_syntax_errors_and_stdin(srv):
+    ev = srv.run("from IPython.display import display, HTML\n"
+                 "h = display(HTML('<b>1</b>'), display_id=True)\nh.update(HTML('<b>2</b>'))\n"
+                 "print('between')\n3")
+    shown = [(e["main"], e["data"].get("text/html")) for e in ev if e["type"] == "result"]
+    assert shown == [(False, "<b>1</b>"), (False, "<b>2</b>"), (True, None)]
+    assert text(ev, "stdout") == "between\n" and main_text(ev) == ["3"]
+    ev = srv.run("1 +")
+    assert errors(ev)[0]["name"] == "SyntaxError" and end(ev) == "error"
+    assert srv.run("x = 1;")[-1] == {"type": "end", "status": "ok"}  # ; hides the value
+    assert main_text(srv.run("x = 1;")) == []
+    ev = srv.run("input()")
+    assert errors(ev)[0]["name"] in ("EOFError", "StdinNotImplementedError")
+
+
+def test_oversized_result_dropped(srv):
+    ev = srv.run("from IPython.display import display\n"
+                 "display({'text/plain': 'x' * (40 << 20)}, raw=True)\nprint('after')")
+    assert "was dropped" in text(ev, "stderr") and text(ev, "stdout") == "after\n"
+    assert [e for e in ev if e["type"] == "result"] == [] and end(ev) == "ok"
+    assert main_text(srv.run("'next'")) == ["'next'"]
+
+
+def test_exit_ends_the_kernel(srv):
+    ctx = srv.create()
+    ev = srv.run("exit()", context_id=ctx["id"])
+    assert end(ev) == "ok"
+    ev = srv.run("1", context_id=ctx["id"])
+    assert errors(ev)[0]["name"] == "KernelDied" and end(ev) == "died"
+    assert srv.request("DELETE", f"/contexts/{ctx['id']}") == (204, None)
 
 
 def test_ignored_interrupt_restarts_kernel(srv):
