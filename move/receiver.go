@@ -2,6 +2,7 @@ package move
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/harebox/harebox/internal/fsync"
 	"github.com/harebox/harebox/sandbox"
 )
 
@@ -160,6 +162,13 @@ func (rv *Receiver) receive(w http.ResponseWriter, r *http.Request, id string) e
 	if err := os.Rename(in, dst); err != nil {
 		os.RemoveAll(in)
 		return err
+	}
+	// The rename on disk before the answer: once the sender has it, it
+	// deletes its own copy.
+	for _, d := range []string{filepath.Dir(dst), filepath.Dir(in)} {
+		if err := fsync.Dir(d); err != nil {
+			return fmt.Errorf("move: %w", err)
+		}
 	}
 	return nil
 }
