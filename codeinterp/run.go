@@ -247,6 +247,14 @@ func (x *execution) result(main bool, data map[string]json.RawMessage) (*sandbox
 	res := sandbox.CodeResult{IsMainResult: main}
 	size, kept := 0, 0
 	for mime, raw := range data {
+		if mime == ChartMIME {
+			c, err := checkChart(raw)
+			if err != nil {
+				return nil, err
+			}
+			res.Chart, size, kept = c, size+len(c), kept+1
+			continue
+		}
 		if mime == "application/json" {
 			if len(raw) > MaxResultBytes || !json.Valid(raw) {
 				return nil, lie("an application/json result that is not JSON or too large")

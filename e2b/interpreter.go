@@ -201,6 +201,9 @@ func e2bResult(r *sandbox.CodeResult) map[string]any {
 	if len(r.JSON) > 0 {
 		m["json"] = r.JSON
 	}
+	if len(r.Chart) > 0 {
+		m["chart"] = r.Chart
+	}
 	return m
 }
 

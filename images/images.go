@@ -30,9 +30,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -582,7 +584,13 @@ func inputHash(ctx context.Context, o *Options, kver, kernel string, mods []modu
 		field("from", o.fromDigest, fmt.Sprint(o.Headroom))
 	}
 	if o.Name == CodeInterpreter {
-		field("interpreter", string(interpreterServer), string(interpreterKernel), interpreterUnit)
+		files := interpreterFiles()
+		names := slices.Sorted(maps.Keys(files))
+		kernel := []string{string(interpreterServer), interpreterUnit}
+		for _, n := range names {
+			kernel = append(kernel, n, string(files[n]))
+		}
+		field("interpreter", kernel...)
 	}
 	if o.debian() {
 		field("suite", o.Suite)

@@ -2,7 +2,7 @@ package images
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,14 +13,24 @@ import (
 // interpreterServer is the code interpreter's server (Python and bash
 // contexts behind a small HTTP API on the guest's loopback), installed in
 // the code-interpreter image as layout.InterpreterPath; interpreterKernel
-// is its Python contexts' kernel (IPython's shell), beside it as
-// layout.InterpreterKernelPath.
+// is its Python contexts' kernel (IPython's shell), as
+// layout.InterpreterKernelPath, with the modules it imports beside it.
 var (
 	//go:embed interpreter/server.py
 	interpreterServer []byte
-	//go:embed interpreter/interpreter_kernel.py
-	interpreterKernel []byte
+	//go:embed interpreter/interpreter_kernel.py interpreter/interpreter_charts.py
+	interpreterKernel embed.FS
 )
+
+// interpreterFiles are the files of interpreterKernel, by name.
+func interpreterFiles() map[string][]byte {
+	ents, _ := interpreterKernel.ReadDir("interpreter")
+	files := map[string][]byte{}
+	for _, e := range ents {
+		files[e.Name()], _ = interpreterKernel.ReadFile("interpreter/" + e.Name())
+	}
+	return files
+}
 
 // interpreterUnit runs it as the default user. It is of type notify: the
 // server says it is ready once its first kernel is warm, so the boot (and
@@ -55,8 +65,10 @@ func installInterpreter(ctx context.Context, lg *logger, root string) error {
 	if err := os.WriteFile(p(layout.InterpreterPath), interpreterServer, 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(p(layout.InterpreterKernelPath), interpreterKernel, 0o644); err != nil {
-		return err
+	for name, b := range interpreterFiles() {
+		if err := os.WriteFile(p(filepath.Join(filepath.Dir(layout.InterpreterKernelPath), name)), b, 0o644); err != nil {
+			return err
+		}
 	}
 	unit := "etc/systemd/system/" + layout.InterpreterUnit
 	if err := os.WriteFile(p(unit), []byte(interpreterUnit), 0o644); err != nil {

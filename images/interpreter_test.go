@@ -7,9 +7,9 @@ import (
 )
 
 // TestInterpreterServer runs the code interpreter's server's own suite
-// (images/interpreter/server_test.py) with this host's IPython: make deps
-// installs Debian's python3-ipython, the version the image has. (In a
-// guest, on real VMs: e2e's TestCodeInterpreter.)
+// (images/interpreter/server_test.py) with this host's IPython, pandas and
+// Matplotlib: make deps installs Debian's, the versions the image has. (In
+// a guest, on real VMs: e2e's TestCodeInterpreter.)
 func TestInterpreterServer(t *testing.T) {
 	py := "/usr/bin/python3"
 	if err := exec.Command(py, "-c", "import IPython, pytest").Run(); err != nil {

@@ -106,6 +106,9 @@ type CodeResult struct {
 	JPEG         string          `json:"jpeg,omitempty"`
 	LaTeX        string          `json:"latex,omitempty"`
 	JSON         json.RawMessage `json:"json,omitempty"`
+	// Chart is what a Matplotlib figure draws, as data (its type, title,
+	// axes and elements), in the shape E2B's SDKs call a result's chart.
+	Chart json.RawMessage `json:"chart,omitempty"`
 	// Width and Height are the PNG's (else the JPEG's) in pixels.
 	Width  int `json:"width,omitempty"`
 	Height int `json:"height,omitempty"`

@@ -11,7 +11,7 @@ pkgs=(
   xz-utils                     # the images' kernel: its ELF image out of the bzImage
   iproute2 nftables jq         # host networking, firewall, the CLI walkthrough
   python3 python3-pytest       # the Python client and its tests
-  python3-ipython              # the code interpreter's server and kernel, tested on the host
+  python3-ipython python3-matplotlib python3-pandas  # the code interpreter's server, kernel and charts, tested on the host
   python3-pip python3-setuptools python3-wheel  # its wheel, built and installed by the tests
   gcc libc6-dev                # cgo, for the race detector in make test
   ca-certificates openssl      # TLS, and the SDKs' test certificates

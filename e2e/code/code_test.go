@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"net/http"
 	"os"
@@ -93,6 +94,33 @@ func TestCodeInterpreter(t *testing.T) {
 		got, err := png.DecodeConfig(bytes.NewReader(raw))
 		if err != nil || got.Width != x.Results[0].Width || got.Height != x.Results[0].Height {
 			t.Errorf("chart result: reported %dx%d, the PNG %+v %v", x.Results[0].Width, x.Results[0].Height, got, err)
+		}
+		// And as data: a line chart's title, labels and points; bars by
+		// category; two axes are a superchart.
+		chartOf := func(code string) map[string]any {
+			t.Helper()
+			x := run(0, "-c", code)
+			if len(x.Results) != 1 || len(x.Results[0].Chart) == 0 || x.Results[0].PNG == "" {
+				t.Fatalf("%s: results %+v", code, x.Results)
+			}
+			var c map[string]any
+			if err := json.Unmarshal(x.Results[0].Chart, &c); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		c := chartOf("fig, ax = plt.subplots()\nax.plot([1, 2, 3], [1, 4, 9], label='squares')\nax.set_title('Growth')\nax.set_xlabel('n')\nplt.show()")
+		if c["type"] != "line" || c["title"] != "Growth" || c["x_label"] != "n" || fmt.Sprint(c["elements"]) != "[map[label:squares points:[[1 1] [2 4] [3 9]]]]" {
+			t.Errorf("line chart: %v", c)
+		}
+		c = chartOf("plt.bar(['a', 'b'], [3, 5])\nplt.show()")
+		if c["type"] != "bar" || fmt.Sprint(c["elements"]) != "[map[group: label:a value:3] map[group: label:b value:5]]" {
+			t.Errorf("bar chart: %v", c)
+		}
+		c = chartOf("fig, (a, b) = plt.subplots(1, 2)\na.pie([1, 3], labels=['x', 'y'])\nb.boxplot([[1, 2, 3, 4, 100]])\nplt.show()")
+		els, _ := c["elements"].([]any)
+		if c["type"] != "superchart" || len(els) != 2 || els[0].(map[string]any)["type"] != "pie" || els[1].(map[string]any)["type"] != "box_and_whisker" {
+			t.Errorf("superchart: %v", c)
 		}
 	})
 	t.Run("DataFrame", func(t *testing.T) {

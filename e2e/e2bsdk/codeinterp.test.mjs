@@ -20,6 +20,9 @@ test("runCode, charts, errors, streaming and contexts", async () => {
   assert.ok(chart, JSON.stringify(plot.results.map((r) => r.formats())));
   assert.ok(Buffer.from(chart.png, "base64").subarray(0, 8).equals(PNG));
   assert.ok(chart.formats().includes("png"));
+  // The figure as data: result.chart.
+  assert.equal(chart.chart.type, "line");
+  assert.deepEqual(chart.chart.elements[0].points, [[1, 1], [2, 4], [3, 9]]);
 
   const frame = await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2]})");
   assert.match(frame.results[0].html, /<table/);

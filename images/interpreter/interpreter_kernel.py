@@ -33,6 +33,13 @@ import sys
 import threading
 import time
 
+import interpreter_charts  # (beside this file, which Python put first on sys.path)
+
+# A cell imports from its working directory first, as in Jupyter; not from
+# this program's.
+if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+    sys.path[0] = ""
+
 CHUNK = 64 << 10  # most characters in one stdout/stderr event
 FLUSH_AFTER = 0.05  # how long printed text may wait before it is sent
 
@@ -220,7 +227,12 @@ def make_shell(channel, streams):
     c = Config()
     c.HistoryManager.enabled = False  # in memory only: no sqlite file shared by the kernels
     c.InteractiveShell.colors = "NoColor"
-    return Shell.instance(config=c)
+    shell = Shell.instance(config=c)
+    try:
+        interpreter_charts.install(shell)
+    except Exception as e:  # figures still come back as images
+        print(f"harebox: no charts: {e!r}", file=sys.__stderr__)
+    return shell
 
 
 def main():

@@ -1,7 +1,7 @@
 """Tests for the code interpreter's server and its kernels (IPython's shell).
 
-Run with Debian's Python and IPython (pandas and Matplotlib's tests skip
-without them; in the image, e2e's TestCodeInterpreter runs them):
+Run with Debian's Python, IPython, pandas and Matplotlib (make deps installs
+them; the tests of pandas and Matplotlib skip without them):
 
     /usr/bin/python3 -m pytest images/interpreter -q -p no:cacheprovider
 
@@ -352,6 +352,63 @@ def test_matplotlib_figure(srv):
     figures = [e for e in ev if e["type"] == "result" and "image/png" in e["data"]]
     assert len(figures) == 1 and not figures[0]["main"]
     assert base64.b64decode(figures[0]["data"]["image/png"]).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+CHART = "application/vnd.harebox.chart+json"
+
+
+def chart(srv, code):
+    ev = srv.run("import matplotlib.pyplot as plt\nplt.close('all')\n" + code + "\nplt.show()")
+    assert end(ev) == "ok", ev
+    (figure,) = [e["data"] for e in ev if e["type"] == "result" and "image/png" in e["data"]]
+    return figure.get(CHART)
+
+
+def test_charts(srv):
+    pytest.importorskip("matplotlib")
+    c = chart(srv, "fig, ax = plt.subplots()\nax.plot([1, 2, 3], [1, 4, 9], label='sq')\nax.plot([1, 2], [2, 2])\n"
+                   "ax.set_title('T')\nax.set_xlabel('x')\nax.set_ylabel('y')")
+    assert (c["type"], c["title"], c["x_label"], c["y_label"], c["x_scale"]) == ("line", "T", "x", "y", "linear")
+    assert c["elements"] == [{"label": "sq", "points": [[1, 1], [2, 4], [3, 9]]}, {"label": "", "points": [[1, 2], [2, 2]]}]
+    assert len(c["x_ticks"]) == len(c["x_tick_labels"]) > 0 and all(isinstance(t, str) for t in c["x_tick_labels"])
+
+    c = chart(srv, "plt.scatter([1, 2], [3, 4], label='pts')")
+    assert c["type"] == "scatter" and c["elements"] == [{"label": "pts", "points": [[1, 3], [2, 4]]}]
+
+    c = chart(srv, "plt.bar(['a', 'b'], [3, 5.5], label='g')")
+    assert c["type"] == "bar" and c["elements"] == [{"label": "a", "value": "3", "group": "g"},
+                                                    {"label": "b", "value": "5.5", "group": "g"}]
+    c = chart(srv, "plt.barh(['a'], [2])")
+    assert c["elements"] == [{"label": "a", "value": "2", "group": ""}]
+
+    c = chart(srv, "plt.pie([1, 3], labels=['x', 'y'])")
+    assert c["type"] == "pie" and [(e["label"], round(e["angle"])) for e in c["elements"]] == [("x", 90), ("y", 270)]
+
+    c = chart(srv, "plt.boxplot([[1, 2, 3, 4, 100], [5, 6, 7]], labels=['p', 'q'])")
+    (p, q) = c["elements"]
+    assert c["type"] == "box_and_whisker" and p["label"] == "p" and p["median"] == 3 and p["outliers"] == [100]
+    assert (q["min"], q["max"], q["outliers"]) == (5, 7, [])
+
+    c = chart(srv, "import datetime\nplt.plot([datetime.date(2026, 12, 6), datetime.date(2026, 12, 7)], [1, 2])")
+    assert c["x_scale"] == "datetime" and c["elements"][0]["points"][0][0].startswith("2026-12-06")
+
+    c = chart(srv, "fig, (a, b) = plt.subplots(1, 2)\nfig.suptitle('S')\na.plot([1, 2])\nb.bar(['k'], [1])")
+    assert c["type"] == "superchart" and c["title"] == "S" and [e["type"] for e in c["elements"]] == ["line", "bar"]
+
+    c = chart(srv, "plt.imshow([[1, 2], [3, 4]])")
+    assert c == {"type": "unknown", "title": "", "elements": []}
+
+    # A chart that cannot be read fails nothing: the figure comes without one.
+    try:
+        assert chart(srv, "import sys\ncharts = sys.modules['interpreter_charts']\nread = charts.axes_chart\n"
+                          "charts.axes_chart = lambda ax: 1 / 0\nplt.plot([1])") is None
+    finally:
+        srv.run("charts.axes_chart = read")
+
+
+def test_imports_from_working_directory(srv):
+    (srv.cwd / "hb_local_module.py").write_text("VALUE = 'local'\n")
+    assert main_text(srv.run("import hb_local_module\nhb_local_module.VALUE")) == ["'local'"]
 
 
 def test_pandas_html_and_json_passthrough(srv):

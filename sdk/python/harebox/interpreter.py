@@ -18,7 +18,7 @@ from . import types as t
 __all__ = ["Execution", "ExecutionError", "Result", "RESULT_FORMATS"]
 
 #: The formats a Result may have, in the order ``Result.formats()`` lists them.
-RESULT_FORMATS = ("text", "html", "markdown", "svg", "png", "jpeg", "latex", "json")
+RESULT_FORMATS = ("text", "html", "markdown", "svg", "png", "jpeg", "latex", "json", "chart")
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,10 @@ class Result:
     for one), in each format the kernel gave that the host keeps; the
     others are None. ``png`` and ``jpeg`` are the image's bytes (the
     API's base64, decoded), ``width`` and ``height`` the PNG's (else the
-    JPEG's) in pixels; ``json`` is the application/json value. HTML, SVG,
-    Markdown and LaTeX are the sandbox's own text: never render them
-    trusted."""
+    JPEG's) in pixels; ``json`` is the application/json value; ``chart``
+    what a Matplotlib figure draws, as data (a dict: its ``type``,
+    ``title``, axes and ``elements``). HTML, SVG, Markdown and LaTeX are
+    the sandbox's own text: never render them trusted."""
 
     is_main_result: bool = False
     text: str | None = None
@@ -66,6 +67,7 @@ class Result:
     jpeg: bytes | None = None
     latex: str | None = None
     json: Any = None
+    chart: dict[str, Any] | None = None
     width: int | None = None
     height: int | None = None
     #: The formats present, in RESULT_FORMATS' order (a json value may be null).
@@ -86,6 +88,7 @@ class Result:
             jpeg=base64.b64decode(jpeg, validate=True) if jpeg is not None else None,
             latex=raw.get("latex"),
             json=raw.get("json"),
+            chart=raw.get("chart"),
             width=raw.get("width"),
             height=raw.get("height"),
             _formats=tuple(f for f in RESULT_FORMATS if f in raw),
@@ -103,7 +106,7 @@ class Result:
 
     def formats(self) -> list[str]:
         """The formats it has, of "text", "html", "markdown", "svg", "png",
-        "jpeg", "latex" and "json", in that order."""
+        "jpeg", "latex", "json" and "chart", in that order."""
         return list(self._formats)
 
     def to_dict(self) -> t.CodeResult:

@@ -503,6 +503,10 @@ class CodeResult(TypedDict):
     latex: NotRequired[str]
     #: application/json: any JSON value.
     json: NotRequired[Any]
+    #: What a Matplotlib figure draws, as data: its type (line, scatter,
+    #: bar, pie, box_and_whisker, superchart, unknown), title, axes and
+    #: elements.
+    chart: NotRequired[dict[str, Any]]
     #: The PNG's (else the JPEG's) size in pixels.
     width: NotRequired[int]
     height: NotRequired[int]

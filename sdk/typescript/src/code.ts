@@ -3,10 +3,10 @@
 // CodeResult, with the images decoded to bytes.
 
 import { fromBase64, toBase64 } from "./client.js";
-import type { CodeError, CodeExecution, CodeResult } from "./types.js";
+import type { Chart, CodeError, CodeExecution, CodeResult } from "./types.js";
 
 /** The formats a Result may have, in the order {@link Result.formats} lists them. */
-export const RESULT_FORMATS = ["text", "html", "markdown", "svg", "png", "jpeg", "latex", "json"] as const;
+export const RESULT_FORMATS = ["text", "html", "markdown", "svg", "png", "jpeg", "latex", "json", "chart"] as const;
 
 /** One of {@link RESULT_FORMATS}. */
 export type ResultFormat = (typeof RESULT_FORMATS)[number];
@@ -17,7 +17,8 @@ export type ResultFormat = (typeof RESULT_FORMATS)[number];
  * one), in each format the kernel gave that the host keeps; the others are
  * undefined. `png` and `jpeg` are the image's bytes (the API's base64,
  * decoded), `width` and `height` the PNG's (else the JPEG's) in pixels;
- * `json` is the application/json value. HTML, SVG, Markdown and LaTeX are
+ * `json` is the application/json value; `chart` what a Matplotlib figure
+ * draws, as data ({@link Chart}). HTML, SVG, Markdown and LaTeX are
  * the sandbox's own text: never render them trusted. JSON.stringify gives
  * the CodeResult (images as base64).
  */
@@ -32,6 +33,7 @@ export class Result {
   declare readonly jpeg?: Uint8Array;
   declare readonly latex?: string;
   declare readonly json?: unknown;
+  declare readonly chart?: Chart;
   declare readonly width?: number;
   declare readonly height?: number;
   readonly #data: CodeResult;
@@ -48,6 +50,7 @@ export class Result {
     if (typeof data.png === "string") this.png = fromBase64(data.png);
     if (typeof data.jpeg === "string") this.jpeg = fromBase64(data.jpeg);
     if ("json" in data) this.json = data.json;
+    if (data.chart && typeof data.chart === "object") this.chart = data.chart;
     if (typeof data.width === "number") this.width = data.width;
     if (typeof data.height === "number") this.height = data.height;
   }

@@ -44,6 +44,7 @@ export type {
   CodeContextRequest,
   CodeContext,
   CodeContextList,
+  Chart,
   CodeResult,
   CodeError,
   CodeExecution,

@@ -435,6 +435,28 @@ export interface CodeContext {
 }
 
 /**
+ * What a Matplotlib figure draws, as data: its type, title, axes and
+ * elements, whose shape the type gives (a superchart's are charts, one
+ * for each of the figure's axes). Points and ticks are numbers, or
+ * strings on a categorical or date axis.
+ */
+export interface Chart {
+  type: "line" | "scatter" | "bar" | "pie" | "box_and_whisker" | "superchart" | "unknown";
+  title: string;
+  x_label?: string;
+  y_label?: string;
+  x_unit?: string;
+  y_unit?: string;
+  x_ticks?: (number | string)[];
+  x_scale?: string;
+  x_tick_labels?: string[];
+  y_ticks?: (number | string)[];
+  y_scale?: string;
+  y_tick_labels?: string[];
+  elements: unknown[];
+}
+
+/**
  * One rich result of a cell, in each format the kernel gave that the host
  * keeps. `png` and `jpeg` are base64; HTML, SVG, Markdown and LaTeX are the
  * sandbox's own text (never render them trusted).
@@ -451,6 +473,8 @@ export interface CodeResult {
   latex?: string;
   /** application/json: any JSON value. */
   json?: unknown;
+  /** What a Matplotlib figure draws, as data. */
+  chart?: Chart;
   /** The PNG's (else the JPEG's) width in pixels. */
   width?: number;
   height?: number;
