@@ -140,10 +140,11 @@ test: deps prebuild-default-image vet lint-openapi
 	test $$main = 0 && test $$besides = 0
 
 # GUEST_PACKAGES are the long packages whose tests run guests (QEMU),
-# longest first: make test runs them two at a time, and beside them the
+# longest first (e2e/docs last: it ended the side lane a minute after
+# the main run): make test runs them two at a time, and beside them the
 # rest, then SHORT_GUEST_PACKAGES, the short ones with guests.
-GUEST_PACKAGES := . ./e2e/ ./e2e/clients/ ./e2e/host/ ./e2e/code/
-SHORT_GUEST_PACKAGES := ./network/linuxnet/ ./images/ ./api/ ./e2e/console/ ./backends/qemu/ ./hypervisor/vhostblk/ ./e2e/docs/
+GUEST_PACKAGES := . ./e2e/ ./e2e/clients/ ./e2e/host/ ./e2e/code/ ./e2e/docs/
+SHORT_GUEST_PACKAGES := ./network/linuxnet/ ./images/ ./api/ ./e2e/console/ ./backends/qemu/ ./hypervisor/vhostblk/
 
 # Each fuzz target for a short while (go test -fuzz takes one target at a time).
 fuzz:
