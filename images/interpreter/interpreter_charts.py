@@ -9,12 +9,14 @@ whose chart cannot be read gets none. Sizes are bounded (MAX_ELEMENTS,
 MAX_POINTS); the host checks everything again.
 """
 
+import json
 import math
 import sys
 
 CHART_MIME = "application/vnd.harebox.chart+json"
 MAX_ELEMENTS = 256  # elements of one chart
 MAX_POINTS = 10000  # points of one line or scatter
+MAX_BYTES = 4 << 20  # a chart's JSON; a bigger one is not given (the host takes 16 MiB)
 
 
 def install(shell):
@@ -55,9 +57,11 @@ def chart_of(fig):
         if not charts:
             return None
         if len(charts) == 1:
-            return charts[0]
-        title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) else ""
-        return {"type": "superchart", "title": title, "elements": charts[:MAX_ELEMENTS]}
+            chart = charts[0]
+        else:
+            title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) else ""
+            chart = {"type": "superchart", "title": title, "elements": charts[:MAX_ELEMENTS]}
+        return chart if len(json.dumps(chart)) <= MAX_BYTES else None
     except Exception:
         return None
 

@@ -395,6 +395,9 @@ def test_charts(srv):
     c = chart(srv, "fig, (a, b) = plt.subplots(1, 2)\nfig.suptitle('S')\na.plot([1, 2])\nb.bar(['k'], [1])")
     assert c["type"] == "superchart" and c["title"] == "S" and [e["type"] for e in c["elements"]] == ["line", "bar"]
 
+    # Too much to give as data (32 lines of 10,000 points, over 4 MiB): the PNG alone.
+    assert chart(srv, "for i in range(32): plt.plot(range(10**6, 10**6 + 10000))") is None
+
     c = chart(srv, "plt.imshow([[1, 2], [3, 4]])")
     assert c == {"type": "unknown", "title": "", "elements": []}
 
