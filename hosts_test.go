@@ -422,6 +422,13 @@ func TestPoolSetting(t *testing.T) {
 	}
 	wait(b, 0)
 	check(b, "host", map[string]int{})
+	// (a hears of the reset a moment later: its pool is the same size
+	// either way, so only its setting's source tells.)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if p, err := a.eng.Pool().Get(ctx); err == nil && p.Source == "host" || time.Now().After(deadline) {
+			break
+		}
+	}
 	check(a, "host", map[string]int{"default:small": 1})
 	wait(a, 1)
 }
