@@ -74,6 +74,9 @@ type boxData struct {
 type scalar struct{ v any }
 
 func (s *scalar) UnmarshalJSON(b []byte) error {
+	if string(bytes.TrimSpace(b)) == "null" { // (which would decode as 0)
+		return fmt.Errorf("null is neither a number nor a string")
+	}
 	var f float64
 	if err := json.Unmarshal(b, &f); err == nil {
 		s.v = f

@@ -40,6 +40,7 @@ func TestCheckChart(t *testing.T) {
 		"an unknown's elems":  `{"type": "unknown", "title": "", "elements": [1]}`,
 		"a point of three":    `{"type": "line", "title": "", "elements": [{"label": "", "points": [[1, 2, 3]]}]}`,
 		"a point not scalar":  `{"type": "scatter", "title": "", "elements": [{"label": "", "points": [[1, {}]]}]}`,
+		"a null point":        `{"type": "line", "title": "", "elements": [{"label": "", "points": [[1, null]]}]}`,
 		"a pie's angle text":  `{"type": "pie", "title": "", "elements": [{"label": "", "angle": "90", "radius": 1}]}`,
 		"a nested superchart": `{"type": "superchart", "title": "", "elements": [{"type": "superchart", "title": "", "elements": []}]}`,
 		"a long title":        fmt.Sprintf(`{"type": "unknown", "title": %q, "elements": []}`, strings.Repeat("x", maxChartText+1)),
