@@ -147,9 +147,12 @@ func decodeChart(raw json.RawMessage, top bool) (*chart, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, e := range es {
+		for i, e := range es {
 			if len(e.Points) > maxChartPoints {
 				return nil, fmt.Errorf("more than %d points", maxChartPoints)
+			}
+			if e.Points == nil {
+				es[i].Points = [][]scalar{}
 			}
 			texts = append(texts, e.Label)
 			for _, p := range e.Points {
@@ -161,11 +164,6 @@ func decodeChart(raw json.RawMessage, top bool) (*chart, error) {
 						texts = append(texts, s)
 					}
 				}
-			}
-		}
-		for i, e := range es {
-			if e.Points == nil {
-				es[i].Points = [][]scalar{}
 			}
 		}
 		out = es

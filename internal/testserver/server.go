@@ -126,14 +126,27 @@ func networkOf(t testing.TB, dataDir string) (table, pool, meshPool string) {
 	return fmt.Sprintf("harebox_e2e_%d", n), fmt.Sprintf("10.239.%d.", n), fmt.Sprintf("100.%d.%d.0/21", 64+n/32, n%32*8)
 }
 
-// claimNetwork locks the first free network number (a lock this process
-// holds on another open file of the same number also refuses it).
+// claimNetwork locks the first free network number.
 func claimNetwork(t testing.TB) int {
-	dir := filepath.Join(os.TempDir(), "harebox-e2e-networks")
+	n, f := claimLock(t, "harebox-e2e-networks", 256)
+	if f == nil {
+		t.Fatal("all 256 test networks (10.239.0-255.0/24) are taken")
+	}
+	networks.locks = append(networks.locks, f)
+	return n
+}
+
+// claimLock locks the first free number below count among the files of
+// directory name in the temporary directory, across processes, and
+// returns it with its locked file (held until this process exits,
+// however it exits); nil if every number is held. A lock this process
+// holds on another open file of the same number refuses it too.
+func claimLock(t testing.TB, name string, count int) (int, *os.File) {
+	dir := filepath.Join(os.TempDir(), name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for n := range 256 {
+	for n := range count {
 		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(n)), os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
 			t.Fatal(err)
@@ -142,11 +155,9 @@ func claimNetwork(t testing.TB) int {
 			f.Close()
 			continue
 		}
-		networks.locks = append(networks.locks, f)
-		return n
+		return n, f
 	}
-	t.Fatal("all 256 test networks (10.239.0-255.0/24) are taken")
-	return 0
+	return 0, nil
 }
 
 // Finish stops a server that Start started, checks that it left no VM
@@ -206,26 +217,11 @@ var ports struct {
 
 // claimPortBlock locks another free block of ports for this process.
 func claimPortBlock(t testing.TB) {
-	dir := filepath.Join(os.TempDir(), "harebox-e2e-ports")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
+	b, f := claimLock(t, "harebox-e2e-ports", 12000/portBlock)
+	if f == nil {
+		t.Fatal("every block of test ports (20000 to 32000) is held")
 	}
-	for b := range 12000 / portBlock {
-		if slices.Contains(ports.blocks, b) {
-			continue
-		}
-		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(b)), os.O_CREATE|os.O_RDWR, 0o600)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			f.Close()
-			continue
-		}
-		ports.blocks, ports.locks = append(ports.blocks, b), append(ports.locks, f)
-		return
-	}
-	t.Fatal("every block of test ports (20000 to 32000) is held")
+	ports.blocks, ports.locks = append(ports.blocks, b), append(ports.locks, f)
 }
 
 // DropTable removes the firewall table of a server that Start started,
