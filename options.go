@@ -15,6 +15,7 @@ import (
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/stall"
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
@@ -145,6 +146,10 @@ type Options struct {
 	AuditCheckpointInterval time.Duration
 
 	Logger *slog.Logger
+
+	// bootStall says when a cold boot has stalled; the zero Rule is the
+	// defaults (tests set it: SetBootStall).
+	bootStall stall.Rule
 }
 
 // Capacity bounds the resources sandboxes may reserve on this host.

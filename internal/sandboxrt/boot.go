@@ -12,6 +12,7 @@ import (
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/stall"
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/network"
@@ -81,9 +82,9 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 		// agentclient.HangUp.
 		agentclient.HangUp(bctx, m.AgentEndpoint(), e.AgentOptions())
 	}
-	c, err := b.client(bctx, e)
+	c, err := e.await(bctx, b, spec, o == nil && !reuse)
 	if err != nil {
-		vmm := monitor.Activity(context.WithoutCancel(ctx), m)
+		vmm := monitor.Activity(context.WithoutCancel(ctx), b.m)
 		return bootFailed("the sandbox's agent does not answer", fmt.Errorf("boot: %w (%s; serial log: %s)", err, vmm, consoleTail(b, 1500)))
 	}
 	b.phases.mark("agent")
@@ -101,6 +102,61 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 	rec.State = sandbox.StateRunning
 	return nil
 }
+
+// await waits for the agent of b's new machine to answer. A fresh cold
+// boot whose VMM stalls (see package stall) is paused and resumed, which
+// wakes a guest that missed a wake-up; if it still does not answer, its
+// machine is thrown away and spec launched again, once. (Only a fresh
+// one: a restore, and a boot on the disk a stopped sandbox kept, are
+// another's work that a relaunch could undo.)
+func (e *Runtime) await(ctx context.Context, b *box, spec hypervisor.Spec, fresh bool) (*agentclient.Client, error) {
+	if !fresh {
+		return b.client(ctx, e)
+	}
+	info, err := b.m.Info(ctx)
+	if err != nil || info.PID <= 0 {
+		return b.client(ctx, e) // (not a process of this host's to watch)
+	}
+	wctx, stop := e.opts.Stall.Watch(ctx, info.PID)
+	c, err := b.client(wctx, e)
+	stop()
+	var stalled *stall.Error
+	if err == nil || !errors.As(context.Cause(wctx), &stalled) {
+		return c, err
+	}
+	id := b.rec.ID
+	e.log.Warn("a boot stalled: pausing and resuming it", "id", id, "image", b.rec.Image, "stall", stalled, "serial", consoleTail(b, 600))
+	if b.m.Pause(ctx) == nil && b.m.Resume(ctx) == nil {
+		nctx, cancel := context.WithTimeout(ctx, nudgeWait)
+		c, err := b.client(nctx, e)
+		cancel()
+		if err == nil {
+			e.log.Warn("the stalled boot woke when paused and resumed", "id", id)
+			return c, nil
+		}
+	}
+	e.log.Warn("the stalled boot is launched again", "id", id)
+	bg := context.WithoutCancel(ctx)
+	b.m.Kill(bg)
+	b.m.Wait(bg)
+	if err := b.m.Cleanup(bg); err != nil {
+		return nil, err
+	}
+	m, err := e.hv.Launch(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	b.useMachine(m)
+	h := m.Handle()
+	b.rec.Handle = &h
+	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+		return nil, err
+	}
+	return b.client(ctx, e)
+}
+
+// nudgeWait is how long a stalled boot, paused and resumed, has to answer.
+const nudgeWait = 5 * time.Second
 
 // attach prepares rec's host network with policy in force, and its
 // place on its project's mesh if it has one.

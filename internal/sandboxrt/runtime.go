@@ -32,6 +32,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
 	"github.com/harebox/harebox/ingress"
+	"github.com/harebox/harebox/internal/stall"
 	"github.com/harebox/harebox/mesh"
 	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/monitor"
@@ -55,6 +56,8 @@ type Config struct {
 	Images          map[string]images.Image
 	// MachinesDir holds each sandbox's state directory.
 	MachinesDir string
+	// Stall says when a cold boot has stalled (launched again, once).
+	Stall stall.Rule
 }
 
 // Parts are the pieces harebox.New composed, handed to the runtime once

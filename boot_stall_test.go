@@ -1,0 +1,117 @@
+package harebox_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/backends/qemu"
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/sandbox"
+)
+
+// A cold boot that stalls is paused and resumed, then launched again on
+// a new machine, and the create succeeds. The first machine is a real
+// guest whose agent the engine cannot reach: it boots and then sits
+// idle, or spins (idle=poll), unanswered, as the rare boots that never
+// answered did.
+func TestBootStalled(t *testing.T) {
+	for _, c := range []struct {
+		name, cmdline, want string
+		cpu                 time.Duration
+	}{
+		// The minimal image boots in about 5 CPU-s under TCG.
+		{"idle", "", "sat idle", 30 * time.Second},
+		{"spun", "idle=poll", "spun", 9 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			v := newEnv(t)
+			qh, err := qemu.New(qemu.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hv := &stallFirst{Hypervisor: qh, cmdline: c.cmdline}
+			var logs lockedBuffer
+			o := v.options()
+			o.Hypervisor, o.Logger = hv, slog.New(slog.NewTextHandler(&logs, nil))
+			harebox.SetBootStall(&o, 4*time.Second, c.cpu)
+			o.BootTimeout = time.Minute
+			eng, err := harebox.New(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer eng.Close()
+			box := create(t, eng, sandbox.CreateRequest{})
+			defer eng.Delete(context.Background(), box.ID)
+			if r := run(t, eng, box.ID, "echo up"); r.Stdout != "up\n" {
+				t.Fatalf("exec on the relaunched machine: %+v", r)
+			}
+			if n := len(hv.launched); n != 2 {
+				t.Fatalf("%d launches, want 2", n)
+			}
+			// The stalled machine is gone: its VMM and its files.
+			if info, err := hv.launched[0].Info(context.Background()); err != nil || info.State != hypervisor.StateStopped {
+				t.Errorf("the stalled machine: %+v %v", info, err)
+			}
+			out := logs.String()
+			for _, w := range []string{"a boot stalled", c.want, "the stalled boot is launched again"} {
+				if !strings.Contains(out, w) {
+					t.Errorf("the log does not say %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
+
+// stallFirst launches its first machine with cmdline added and an agent
+// endpoint nowhere, so the engine never hears its agent.
+type stallFirst struct {
+	hypervisor.Hypervisor
+	cmdline  string
+	launched []hypervisor.Machine
+}
+
+func (h *stallFirst) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	first := len(h.launched) == 0
+	if first {
+		spec.Cmdline += " " + h.cmdline
+	}
+	m, err := h.Hypervisor.Launch(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	h.launched = append(h.launched, m)
+	if first {
+		return unreachable{m}, nil
+	}
+	return m, nil
+}
+
+type unreachable struct{ hypervisor.Machine }
+
+func (unreachable) AgentEndpoint() hypervisor.AgentEndpoint {
+	return hypervisor.AgentEndpoint{Transport: hypervisor.TransportSerial, Path: "/nonexistent/agent.sock"}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
