@@ -23,11 +23,12 @@ import (
 func TestBootStalled(t *testing.T) {
 	for _, c := range []struct {
 		name, cmdline, want string
-		cpu                 time.Duration
+		idle, cpu           time.Duration
 	}{
-		// The minimal image boots in about 5 CPU-s under TCG.
-		{"idle", "", "sat idle", 30 * time.Second},
-		{"spun", "idle=poll", "spun", 9 * time.Second},
+		// Each case with only its own rule in reach. (The minimal image
+		// boots in about 5 CPU-s under TCG.)
+		{"idle", "", "sat idle", 6 * time.Second, time.Hour},
+		{"spun", "idle=poll", "spun", time.Hour, 9 * time.Second},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -40,8 +41,7 @@ func TestBootStalled(t *testing.T) {
 			var logs lockedBuffer
 			o := v.options()
 			o.Hypervisor, o.Logger = hv, slog.New(slog.NewTextHandler(&logs, nil))
-			harebox.SetBootStall(&o, 4*time.Second, c.cpu)
-			o.BootTimeout = time.Minute
+			harebox.SetBootStall(&o, c.idle, c.cpu)
 			eng, err := harebox.New(context.Background(), o)
 			if err != nil {
 				t.Fatal(err)
