@@ -378,13 +378,17 @@ func (c *Client) wrap(call string, err error) error {
 	if why := c.Err(); why != nil {
 		return fmt.Errorf("agent %s: %w: %w", call, why, err)
 	}
-	if Code(err) == codes.Canceled && strings.Contains(err.Error(), "client connection is closing") {
-		c.mu.Lock()
-		at, why := c.closedAt, c.closedFor
-		c.mu.Unlock()
-		if why != nil {
-			return fmt.Errorf("agent %s: %w (%v)", call, why, err)
-		}
+	// A call this host's own Close cut short fails in whatever way its
+	// stream saw the close ("client connection is closing", or a bare
+	// EOF from a Send): the close is why. (Close records itself before it
+	// closes anything.)
+	c.mu.Lock()
+	at, why := c.closedAt, c.closedFor
+	c.mu.Unlock()
+	switch {
+	case why != nil:
+		return fmt.Errorf("agent %s: %w (%v)", call, why, err)
+	case at != "":
 		return fmt.Errorf("agent %s: %w (this host closed the connection, at %s)", call, err, at)
 	}
 	return fmt.Errorf("agent %s: %w", call, err)

@@ -104,6 +104,11 @@ func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (_
 	}
 	start.Stdin = eio.Stdin != nil
 	if err := stream.Send(&agentpb.ExecRequest{Msg: &agentpb.ExecRequest_Start{Start: start}}); err != nil {
+		if err == io.EOF { // (the stream ended: Recv says how)
+			if _, rerr := stream.Recv(); rerr != nil && rerr != io.EOF {
+				err = rerr
+			}
+		}
 		return ExitStatus{}, c.wrap("exec", err)
 	}
 	sendErr := make(chan error, 1)

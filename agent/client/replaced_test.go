@@ -374,6 +374,15 @@ func TestClosedByHost(t *testing.T) {
 	if err := <-inflight; !errors.Is(err, why) {
 		t.Errorf("the call cut short by CloseFor: %v", err)
 	}
+	// However a call saw the close: a stream's Send gets a bare EOF (an
+	// exec's first message, when the close came just after the stream
+	// opened: a 503 in the crash loop, where the sandbox's delete hung up).
+	if err := c2.wrap("exec", io.EOF); !errors.Is(err, why) {
+		t.Errorf("an EOF after CloseFor: %v", err)
+	}
+	if _, err := c2.ExecStream(context.Background(), ExecRequest{Shell: "true"}, ExecIO{}); !errors.Is(err, why) {
+		t.Errorf("an exec after CloseFor: %v", err)
+	}
 }
 
 // host2 is the host end of a new channel to a stuck agent.
