@@ -25,6 +25,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -284,7 +285,7 @@ func (c *Client) contextCall(ctx context.Context, method, path string, body any)
 }
 
 func checkContext(cc *sandbox.CodeContext) error {
-	if sandbox.CheckCodeContextID(cc.ID) != nil || (cc.Language != sandbox.LangPython && cc.Language != sandbox.LangBash) ||
+	if sandbox.CheckCodeContextID(cc.ID) != nil || !slices.Contains([]string{sandbox.LangPython, sandbox.LangBash, sandbox.LangJavaScript}, cc.Language) ||
 		len(cc.Cwd) > 4096 || !strings.HasPrefix(cc.Cwd, "/") {
 		return lie("a context %q of language %q in %q", clean(cc.ID, 80), clean(cc.Language, 20), clean(cc.Cwd, 200))
 	}

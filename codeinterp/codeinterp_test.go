@@ -144,6 +144,13 @@ func TestRunErrors(t *testing.T) {
 			t.Errorf("%+v: %v", r, err)
 		}
 	}
+	// Without a context, the language's default one.
+	for lang, want := range map[string]string{"": "default", "python": "default", "bash": "default-bash", "javascript": "default-javascript"} {
+		c, _ := serve(t, 0, `{"type": "end", "status": "ok"}`)
+		if x, err := c.Run(context.Background(), sandbox.CodeRequest{Code: "1", Language: lang}, nil, nil); err != nil || x.ContextID != want {
+			t.Errorf("language %q: %+v %v", lang, x, err)
+		}
+	}
 }
 
 // TestLyingInterpreter: every way an answer can break the protocol is an
@@ -195,6 +202,10 @@ func TestContexts(t *testing.T) {
 	c, _ = serve(t, 0, `[{"id": "../x", "language": "python", "cwd": "/home/user"}]`)
 	if _, err := c.Contexts(context.Background()); !errors.Is(err, ErrInterpreter) {
 		t.Errorf("a bad context ID: %v", err)
+	}
+	c, _ = serve(t, 0, `{"id": "abc", "language": "javascript", "cwd": "/"}`)
+	if cc, err := c.CreateContext(context.Background(), sandbox.CodeContextRequest{Language: "javascript"}); err != nil || cc.Language != "javascript" {
+		t.Errorf("a javascript context: %+v %v", cc, err)
 	}
 	c, _ = serve(t, 0, `{"id": "abc", "language": "cobol", "cwd": "/"}`)
 	if _, err := c.CreateContext(context.Background(), sandbox.CodeContextRequest{}); !errors.Is(err, ErrInterpreter) {

@@ -45,10 +45,7 @@ func (c *Client) Run(ctx context.Context, r sandbox.CodeRequest, env map[string]
 	defer resp.Body.Close()
 	x := &execution{c: c, emit: emit, out: sandbox.CodeExecution{ContextID: r.ContextID, Results: []sandbox.CodeResult{}}}
 	if x.out.ContextID == "" {
-		x.out.ContextID = "default"
-		if r.Language == sandbox.LangBash {
-			x.out.ContextID = "default-bash"
-		}
+		x.out.ContextID = sandbox.DefaultCodeContext(r.Language)
 	}
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	if err := x.read(br); err != nil {

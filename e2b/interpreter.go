@@ -216,6 +216,8 @@ func language(l string) string {
 		return sandbox.LangPython
 	case "bash", "sh":
 		return sandbox.LangBash
+	case "javascript", "js":
+		return sandbox.LangJavaScript
 	}
 	return l // (refused by the request's check, by name)
 }

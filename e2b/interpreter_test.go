@@ -57,8 +57,16 @@ func TestInterpreterPort(t *testing.T) {
 	if st, body := call("POST", "/execute", with("X-Access-Token", pub.EnvdAccessToken), `{"code": "1", "context_id": "a", "language": "python"}`); st != 400 || !strings.Contains(body, "Only one of") {
 		t.Errorf("context and language: %d %s", st, body)
 	}
-	if st, body := call("POST", "/execute", with("X-Access-Token", pub.EnvdAccessToken), `{"code": "1", "language": "cobol"}`); st != 400 {
-		t.Errorf("a language of none: %d %s", st, body)
+	for _, l := range []string{"cobol", "typescript", "r"} {
+		if st, body := call("POST", "/execute", with("X-Access-Token", pub.EnvdAccessToken), `{"code": "1", "language": "`+l+`"}`); st != 400 {
+			t.Errorf("the language %s: %d %s", l, st, body)
+		}
+	}
+	// The SDK's names of those served reach the engine.
+	for _, l := range []string{"python", "javascript", "js", "bash", "sh"} {
+		if st, body := call("POST", "/execute", with("X-Access-Token", pub.EnvdAccessToken), `{"code": "1", "language": "`+l+`"}`); st != 409 {
+			t.Errorf("the language %s: %d %s", l, st, body)
+		}
 	}
 	if st, body := call("POST", "/execute", with("X-Access-Token", pub.EnvdAccessToken), `{"code": `+strings.Repeat(" ", 3<<20)+`"1"}`); st != 413 {
 		t.Errorf("a huge body: %d %.200s", st, body)

@@ -10,15 +10,16 @@ import (
 	"github.com/harebox/harebox/agent/layout"
 )
 
-// interpreterServer is the code interpreter's server (Python and bash
-// contexts behind a small HTTP API on the guest's loopback), installed in
-// the code-interpreter image as layout.InterpreterPath; interpreterKernel
-// is its Python contexts' kernel (IPython's shell), as
-// layout.InterpreterKernelPath, with the modules it imports beside it.
+// interpreterServer is the code interpreter's server (Python, JavaScript
+// and bash contexts behind a small HTTP API on the guest's loopback),
+// installed in the code-interpreter image as layout.InterpreterPath;
+// interpreterKernel is its Python contexts' kernel (IPython's shell), as
+// layout.InterpreterKernelPath, with the modules it imports and the
+// JavaScript contexts' kernel (on Node) beside it.
 var (
 	//go:embed interpreter/server.py
 	interpreterServer []byte
-	//go:embed interpreter/interpreter_kernel.py interpreter/interpreter_charts.py
+	//go:embed interpreter/interpreter_kernel.py interpreter/interpreter_charts.py interpreter/interpreter_kernel.js
 	interpreterKernel embed.FS
 )
 

@@ -20,9 +20,19 @@ const (
 
 // The languages a context runs.
 const (
-	LangPython = "python"
-	LangBash   = "bash"
+	LangPython     = "python"
+	LangBash       = "bash"
+	LangJavaScript = "javascript"
 )
+
+// DefaultCodeContext is the ID of language's default context.
+func DefaultCodeContext(language string) string {
+	switch language {
+	case LangBash, LangJavaScript:
+		return "default-" + language
+	}
+	return "default"
+}
 
 var codeContextRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 
@@ -32,8 +42,8 @@ type CodeRequest struct {
 	// ContextID is the context it runs in; without it, the default
 	// context of Language (python's is "default").
 	ContextID string `json:"context_id,omitempty"`
-	// Language is python (the default) or bash.
-	Language string `json:"language,omitempty" validate:"omitempty,oneof=python bash"`
+	// Language is python (the default), javascript or bash.
+	Language string `json:"language,omitempty" validate:"omitempty,oneof=python bash javascript"`
 	// Env holds variables for this cell (over the sandbox's own).
 	Env map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`
 	// TimeoutSeconds interrupts the cell (the context stays usable); 0
@@ -75,8 +85,8 @@ func CheckCodeContextID(id string) error {
 
 // CodeContextRequest makes a context.
 type CodeContextRequest struct {
-	// Language is python (the default) or bash.
-	Language string `json:"language,omitempty" validate:"omitempty,oneof=python bash"`
+	// Language is python (the default), javascript or bash.
+	Language string `json:"language,omitempty" validate:"omitempty,oneof=python bash javascript"`
 	// Cwd is where its code runs (default the user's home).
 	Cwd string            `json:"cwd,omitempty" validate:"omitempty,max=4096,startswith=/"`
 	Env map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`

@@ -177,6 +177,15 @@ func TestCodeInterpreter(t *testing.T) {
 		if x := run(1, "--language", "bash", "-c", "false"); x.Error == nil || x.Error.Name != "ExitCode" || x.Error.Value != "1" {
 			t.Errorf("bash exit status: %+v", x.Error)
 		}
+		// JavaScript: declarations last, await at top level; Math.random
+		// drawn once, for Fork.
+		run(0, "--language", "javascript", "-c", "let n = 40; const f = async () => 2; Math.random()")
+		if x := run(0, "--language", "javascript", "-c", "console.log('js'); n + await f() + (await import('node:path')).sep.length - 1"); mainText(x) != "42" || x.Stdout != "js\n" || x.ContextID != "default-javascript" {
+			t.Errorf("javascript state: %+v", x)
+		}
+		if x := run(1, "--language", "javascript", "-c", "null.x"); x.Error == nil || x.Error.Name != "TypeError" || !strings.Contains(x.Error.Traceback, "<cell") {
+			t.Errorf("javascript exception: %+v", x.Error)
+		}
 	})
 	t.Run("Flood", func(t *testing.T) {
 		// 24 MiB printed, three times what the host keeps: it keeps its
@@ -233,6 +242,16 @@ func TestCodeInterpreter(t *testing.T) {
 		}
 		if mainText(a) == mainText(b) {
 			t.Errorf("the fork shares its source's randomness: %s", mainText(a))
+		}
+		// A JavaScript kernel's Math.random, drawn from before the fork.
+		js := []string{"--language", "javascript", "-c", "[Math.random(), n]"}
+		a = run(0, js...)
+		o, e, exit = cli.Run("", append([]string{"run-code", fork.ID}, js...)...)
+		if exit != 0 || json.Unmarshal([]byte(o), &b) != nil {
+			t.Fatalf("javascript in the fork: %d %s %s", exit, o, e)
+		}
+		if !strings.HasSuffix(mainText(b), ", 40 ]") || mainText(a) == mainText(b) {
+			t.Errorf("javascript in the source and the fork: %s and %s", mainText(a), mainText(b))
 		}
 	})
 	// The Python client's live tests, on this sandbox (in contexts of

@@ -50,4 +50,15 @@ test("runCode, charts, errors, streaming and contexts", async () => {
   // Bash, by language.
   const sh = await sbx.runCode("echo $((6 * 7))", { language: "bash" });
   assert.deepEqual(sh.logs.stdout, ["42\n"]);
+
+  // JavaScript, by language, and in a context of its own.
+  await sbx.runCode("const jsx = 40", { language: "javascript" });
+  const js = await sbx.runCode("console.log('js'); jsx + (await Promise.resolve(2))", { language: "javascript" });
+  assert.equal(js.text, "42");
+  assert.deepEqual(js.logs.stdout, ["js\n"]);
+  const jsctx = await sbx.createCodeContext({ language: "javascript" });
+  assert.equal(jsctx.language, "javascript");
+  const jsFailed = await sbx.runCode("jsx", { context: jsctx });
+  assert.equal(jsFailed.error?.name, "ReferenceError");
+  await sbx.removeCodeContext(jsctx);
 });

@@ -1,10 +1,13 @@
 #!/usr/bin/python3
-"""HareBox code interpreter: stateful Python (IPython) and bash contexts over HTTP.
+"""HareBox code interpreter: stateful Python (IPython), JavaScript (Node) and
+bash contexts over HTTP.
 
 Runs inside the sandbox VM as the unprivileged user and listens on loopback; the
 host reaches it through a tunnel. Each Python context is a kernel process
-(interpreter_kernel.py, beside this file: IPython's shell); each bash context a
-bash. Standard library only (the kernel: plus Debian's IPython).
+(interpreter_kernel.py, beside this file: IPython's shell); each JavaScript
+context one on Node (interpreter_kernel.js), spoken to the same way; each bash
+context a bash. Standard library only (the kernels: plus Debian's IPython, and
+Node).
 
   GET    /health                 200 {"ready": true} once the default context is warm, else 503
   GET    /contexts               200 [{"id", "language", "cwd"}, ...]
@@ -64,9 +67,10 @@ TEXT_CHUNK = 64 << 10  # max characters of one stdout/stderr event
 EVENT_QUEUE = 32  # events buffered between a kernel and its HTTP client
 MAX_EVENT = 32 << 20  # longest line a kernel may send (a result; the host takes 24 MiB)
 IDLE_TIMEOUT = 300.0  # keep-alive connections: longer than Go's idle pool timeout
-LANGUAGES = ("python", "bash")
-DEFAULT_IDS = {"python": "default", "bash": "default-bash"}
+LANGUAGES = ("python", "bash", "javascript")
+DEFAULT_IDS = {"python": "default", "bash": "default-bash", "javascript": "default-javascript"}
 KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interpreter_kernel.py")
+JS_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interpreter_kernel.js")
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 BASH_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -178,26 +182,37 @@ class PythonKernel:
 
     RESEED = PY_RESEED
 
+    @staticmethod
+    def argv(fd):
+        return [sys.executable, KERNEL, str(fd)]
+
+    # How many socket pairs the kernel takes: one carries both ways; with
+    # two, requests go on the first and events come on the second.
+    CHANNELS = 1
+
     def __init__(self, cwd, env, runtime_dir, grace):
         self.cwd, self.env, self.grace = cwd, env, grace
-        self.proc = self.pid = self.sock = None
+        self.proc = self.pid = self.sock = self.req = None
         self.buf, self.skipping, self.cell = bytearray(), False, 0
 
     def start(self):
         env = dict(os.environ, MPLBACKEND=INLINE_BACKEND)  # inline backend -> figures as image/png
         env.update(self.env)
-        ours, theirs = socket.socketpair()
+        pairs = [socket.socketpair() for _ in range(self.CHANNELS)]
+        theirs = [t.fileno() for _, t in pairs]
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, KERNEL, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                self.argv(*theirs), pass_fds=theirs,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 cwd=self.cwd, env=env, start_new_session=True)
         except BaseException:
-            ours.close()
+            for ours, _ in pairs:
+                ours.close()
             raise
         finally:
-            theirs.close()
-        self.sock, self.pid = ours, self.proc.pid
+            for _, t in pairs:
+                t.close()
+        self.req, self.sock, self.pid = pairs[0][0], pairs[-1][0], self.proc.pid
         try:
             end = time.monotonic() + START_TIMEOUT
             while True:
@@ -224,8 +239,8 @@ class PythonKernel:
             log.warning("interrupt failed: %s", e)
 
     def stop(self):
-        if self.sock:
-            self.sock.close()
+        for s in {self.req, self.sock} - {None}:
+            s.close()
         kill_group(self.pid)
         if self.proc:
             try:
@@ -247,7 +262,7 @@ class PythonKernel:
         self.cell += 1
         cell = self.cell
         try:
-            self.sock.sendall(json.dumps({"cell": cell, "code": code, "silent": silent}).encode() + b"\n")
+            self.req.sendall(json.dumps({"cell": cell, "code": code, "silent": silent}).encode() + b"\n")
         except OSError:
             return "died"
         reason, interrupted, last_signal, failed, busy_at, delivered = None, None, 0.0, False, None, False
@@ -350,6 +365,45 @@ class PythonKernel:
                 raise EOFError
             self.buf += data
             timeout = 0 if b"\n" not in data else timeout
+
+
+# Cells the server runs in JavaScript kernels, silently, as PY_ENV and
+# PY_RESEED do in Python ones.
+JS_ENV = """\
+(() => {
+  const saved = globalThis[Symbol.for('harebox.env')] ??= {};
+  for (const [k, v] of Object.entries(saved)) {
+    if (v === undefined) delete process.env[k]; else process.env[k] = v;
+    delete saved[k];
+  }
+  for (const [k, v] of Object.entries(%s)) { saved[k] = process.env[k]; process.env[k] = v; }
+})()
+"""
+
+
+class JavaScriptKernel(PythonKernel):
+    """A JavaScript context's kernel (interpreter_kernel.js, on Node), over
+    a socket pair, in the Python kernel's protocol."""
+
+    RESEED = "globalThis[Symbol.for('harebox.reseed')]()"
+    # (It writes its events synchronously, so their socket must stay
+    # blocking while Node reads requests from the other.)
+    CHANNELS = 2
+
+    @staticmethod
+    def argv(req, events):
+        # (--expose-internals: the kernel uses Node's REPL rewrite for a
+        # top-level await; --experimental-vm-modules: import() in a cell.)
+        return [shutil.which("node") or "/usr/bin/node", "--expose-internals", "--experimental-vm-modules",
+                JS_KERNEL, str(req), str(events)]
+
+    @staticmethod
+    def env_code(new):
+        return JS_ENV % (json.dumps(new),)
+
+    @staticmethod
+    def warm_code(modules):
+        return "undefined"  # (the warm-up list names Python modules)
 
 
 class _Cut:
@@ -525,7 +579,7 @@ class Context:
     # Everything below runs on the context's worker thread.
 
     def start(self):
-        cls = PythonKernel if self.language == "python" else BashShell
+        cls = {"python": PythonKernel, "bash": BashShell, "javascript": JavaScriptKernel}[self.language]
         backend = cls(self.cwd, self.env, self.interp.runtime_dir, self.interp.args.interrupt_grace)
         backend.start()
         self.backend, self.dead, self.applied_env, self.cells = backend, None, {}, 0

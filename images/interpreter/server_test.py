@@ -15,6 +15,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -343,6 +344,88 @@ def test_bash_timeout_env_and_death(srv):
     assert errors(ev)[0]["name"] == "KernelDied" and "exit code 3" in errors(ev)[0]["value"]
     assert srv.request("POST", f"/contexts/{cid}/restart")[0] == 200
     assert text(srv.run("echo ${Y-gone}", context_id=cid), "stdout") == "gone\n"
+    assert srv.request("DELETE", f"/contexts/{cid}") == (204, None)
+
+
+def js(srv, code, **kw):
+    if not shutil.which("node"):
+        pytest.skip("node is not installed (make deps installs it)")
+    return srv.run(code, language="javascript", **kw)
+
+
+def test_javascript_state_await_and_redeclaration(srv):
+    ev = js(srv, "let x = 40; const f = async (n) => n + 1; class C { v() { return 2 } }")
+    assert end(ev) == "ok" and errors(ev) == [] and main_text(ev) == []
+    assert main_text(js(srv, "x + new C().v()")) == ["42"]
+    ev = js(srv, "const y = await f(x); y")  # top-level await, its declaration kept
+    assert main_text(ev) == ["41"]
+    assert main_text(js(srv, "y * 2")) == ["82"]
+    assert main_text(js(srv, "let x = 'again'; x")) == ["'again'"]  # declared again, as in a notebook
+    assert main_text(js(srv, "({a: 1, b: [1, 2]})")) == ["{ a: 1, b: [ 1, 2 ] }"]
+    assert main_text(js(srv, "{a: 1}")) == ["{ a: 1 }"]  # an object, not a block
+    assert main_text(js(srv, "require('path').basename('/a/b.txt')")) == ["'b.txt'"]
+    assert main_text(js(srv, "(await import('node:os')).EOL === '\\n'")) == ["true"]
+    (srv.cwd / "mod.mjs").write_text("export const v = 5\n")
+    ev = js(srv, "(await import('./mod.mjs')).v")  # from the context's cwd
+    assert main_text(ev) == ["5"] and text(ev, "stderr") == ""  # (no experimental warning)
+    assert "DeprecationWarning" in text(js(srv, "new Buffer(1); process.emitWarning('w', 'DeprecationWarning'); 1"), "stderr")
+    counts = [e["count"] for e in js(srv, "1") + js(srv, "2") if e["type"] == "count"]
+    assert len(counts) == 2 and counts[1] == counts[0] + 1
+    status, _ = srv.execute("1", context_id="default", language="javascript")
+    assert status == 400  # the default context is Python's
+
+
+def test_javascript_output_errors_and_display(srv):
+    ev = js(srv, "console.log('out', 1); console.error('err'); process.stdout.write('é'); 3")
+    assert text(ev, "stdout") == "out 1\né" and text(ev, "stderr") == "err\n"
+    assert main_text(ev) == ["3"]
+    ev = js(srv, "function g() { throw new TypeError('bad') }\ng()")
+    (err,) = errors(ev)
+    assert err["name"] == "TypeError" and err["value"] == "bad" and end(ev) == "error"
+    assert "at g (<cell" in err["traceback"] and "node:" not in err["traceback"]
+    ev = js(srv, "await Promise.reject(new RangeError('no'))")
+    assert [e["name"] for e in errors(ev)] == ["RangeError"]
+    assert [e["name"] for e in errors(js(srv, "if ("))] == ["SyntaxError"]
+    assert main_text(js(srv, "'still here'")) == ["'still here'"]
+    # A rejection nobody awaits, and a throw in a timer, do not end the kernel.
+    js(srv, "Promise.reject(new Error('later')); setTimeout(() => { throw new Error('timer') }, 0); 1")
+    time.sleep(0.5)
+    assert main_text(js(srv, "'alive'")) == ["'alive'"]
+    ev = js(srv, "({ [Symbol.for('Jupyter.display')]() { return {'text/html': '<b>hi</b>', "
+                 "'application/json': {a: 1}, 'image/png': 5} } })")
+    (res,) = [e for e in ev if e["type"] == "result"]
+    assert res["data"]["text/html"] == "<b>hi</b>" and res["data"]["application/json"] == {"a": 1}
+    assert "text/plain" in res["data"] and "image/png" not in res["data"]
+
+
+def test_javascript_interrupt_env_reseed_and_death(srv):
+    ctx = srv.create(language="javascript")
+    cid = ctx["id"]
+    assert ctx["language"] == "javascript"
+    js(srv, "var kept = 7", context_id=cid)
+    for code in ("while (true) {}", "await new Promise(() => {})",
+                 "let i = 0; while (true) { console.log('x'.repeat(100), i++) }"):
+        ev = js(srv, code, context_id=cid, timeout_seconds=1)
+        assert errors(ev)[0]["name"] == "TimeoutError" and end(ev) == "timeout", ev
+        assert main_text(js(srv, "kept", context_id=cid)) == ["7"]
+    # A loop after an await is out of Node's reach: the kernel is restarted.
+    ev = js(srv, "await null; while (true) {}", context_id=cid, timeout_seconds=1)
+    assert errors(ev)[0]["name"] == "TimeoutError" and "restarted" in errors(ev)[0]["value"], ev
+    assert main_text(js(srv, "typeof kept", context_id=cid)) == ["'undefined'"]
+    js(srv, "var kept = 7", context_id=cid)
+    assert main_text(js(srv, "process.env.B", context_id=cid, env={"B": "x y"})) == ["'x y'"]
+    assert main_text(js(srv, "process.env.B === undefined", context_id=cid)) == ["true"]
+    # Math.random is the kernel's /dev/urandom: a fork drops what it had drawn.
+    vals = main_text(js(srv, "Math.random()", context_id=cid))
+    assert vals and 0 <= float(vals[0]) < 1
+    srv.machine_id.write_text("2" * 32 + "\n")
+    assert main_text(js(srv, "typeof Math.random()", context_id=cid)) == ["'number'"]
+    logs = srv.logs()
+    assert f"context {cid} reseeded" in logs and "internal cell failed" not in logs
+    ev = js(srv, "process.exit(3)", context_id=cid)
+    assert errors(ev)[0]["name"] == "KernelDied" and "exit code 3" in errors(ev)[0]["value"]
+    assert srv.request("POST", f"/contexts/{cid}/restart")[0] == 200
+    assert main_text(js(srv, "typeof kept", context_id=cid)) == ["'undefined'"]
     assert srv.request("DELETE", f"/contexts/{cid}") == (204, None)
 
 

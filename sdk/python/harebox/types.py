@@ -452,10 +452,11 @@ class CodeRequest(TypedDict):
     #: At most 1 MiB.
     code: str
     #: The context it runs in; default the default context of ``language``
-    #: (python's is "default", bash's "default-bash").
+    #: (python's is "default", bash's "default-bash", javascript's
+    #: "default-javascript").
     context_id: NotRequired[str]
-    #: "python" (the default) or "bash".
-    language: NotRequired[Literal["python", "bash"]]
+    #: "python" (the default), "javascript" or "bash".
+    language: NotRequired[Literal["python", "javascript", "bash"]]
     #: Variables for this cell, over the sandbox's own.
     env: NotRequired[dict[str, str]]
     #: Interrupts the cell (the context stays usable); default 300, at most 3600.
@@ -465,8 +466,8 @@ class CodeRequest(TypedDict):
 class CodeContextRequest(TypedDict, total=False):
     """The body of create_code_context; every field is optional."""
 
-    #: "python" (the default) or "bash".
-    language: Literal["python", "bash"]
+    #: "python" (the default), "javascript" or "bash".
+    language: Literal["python", "javascript", "bash"]
     #: Where its code runs (an absolute path); default the user's home.
     cwd: str
     env: dict[str, str]
@@ -477,7 +478,7 @@ class CodeContext(TypedDict):
     lasts from one cell to the next."""
 
     id: str
-    language: Literal["python", "bash"]
+    language: Literal["python", "javascript", "bash"]
     cwd: str
 
 

@@ -892,7 +892,8 @@ export class HareBox {
   /**
    * Runs a cell (`body.code`) and waits for it. It runs in the context
    * `body.context_id`, else in the default one of `body.language` (python's
-   * is "default", bash's "default-bash"). The cell's own exception is the
+   * is "default", bash's "default-bash", javascript's
+   * "default-javascript"). The cell's own exception is the
    * answer's `error` (status "error"), not a throw; `body.timeout_seconds`
    * (default 300) interrupts the cell and leaves the context usable (status
    * "timeout"); a kernel that died answers status "died" until
@@ -979,8 +980,8 @@ export class HareBox {
   }
 
   /**
-   * Starts a context: a kernel of its own ("python", the default, or
-   * "bash"), sharing only the filesystem with the others, its code running
+   * Starts a context: a kernel of its own ("python", the default,
+   * "javascript" or "bash"), sharing only the filesystem with the others, its code running
    * in `body.cwd` (default the user's home) with `body.env` added. Run
    * cells in it with `context_id` set to its `id`.
    */
