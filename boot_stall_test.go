@@ -69,28 +69,93 @@ func TestBootStalled(t *testing.T) {
 	}
 }
 
-// stallFirst launches its first machine with cmdline added and an agent
-// endpoint nowhere, so the engine never hears its agent.
+// A golden snapshot's boot that stalls is launched again too, and the
+// pool it is for fills.
+func TestGoldenBootStalled(t *testing.T) {
+	v := newEnv(t)
+	qh, err := qemu.New(qemu.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hv := &stallFirst{Hypervisor: qh, golden: true}
+	var logs lockedBuffer
+	o := v.options()
+	o.Hypervisor, o.Logger = hv, slog.New(slog.NewTextHandler(&logs, nil))
+	o.Pool = map[string]int{"minimal:small": 1}
+	harebox.SetBootStall(&o, 6*time.Second, time.Hour)
+	eng, err := harebox.New(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		st, err := eng.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pool > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not fill:\n%s", logs.String())
+		}
+	}
+	out := logs.String()
+	for _, w := range []string{"a golden boot stalled", "sat idle", "the stalled golden boot is launched again", "golden snapshot ready"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("the log does not say %q:\n%s", w, out)
+		}
+	}
+	if n := hv.goldens(); n != 2 {
+		t.Errorf("%d golden launches, want 2", n)
+	}
+}
+
+// stallFirst launches its first machine (its first golden machine, if
+// golden) with cmdline added and an agent endpoint nowhere, so the
+// engine never hears its agent.
 type stallFirst struct {
 	hypervisor.Hypervisor
 	cmdline  string
+	golden   bool
+	mu       sync.Mutex
+	stalled  bool
 	launched []hypervisor.Machine
+	specs    []hypervisor.Spec
 }
 
 func (h *stallFirst) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.Machine, error) {
-	first := len(h.launched) == 0
-	if first {
+	h.mu.Lock()
+	stall := !h.stalled && (!h.golden || spec.Labels["harebox.golden"] != "")
+	h.stalled = h.stalled || stall
+	h.mu.Unlock()
+	if stall {
 		spec.Cmdline += " " + h.cmdline
 	}
 	m, err := h.Hypervisor.Launch(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	h.launched = append(h.launched, m)
-	if first {
+	h.mu.Lock()
+	h.launched, h.specs = append(h.launched, m), append(h.specs, spec)
+	h.mu.Unlock()
+	if stall {
 		return unreachable{m}, nil
 	}
 	return m, nil
+}
+
+// goldens counts the golden machines launched.
+func (h *stallFirst) goldens() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, s := range h.specs {
+		if s.Labels["harebox.golden"] != "" {
+			n++
+		}
+	}
+	return n
 }
 
 type unreachable struct{ hypervisor.Machine }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -192,6 +193,17 @@ func noneLeft(t *testing.T, when, dataDir string, left []qproc, kept string) {
 type crashChild struct {
 	cmd   *exec.Cmd
 	lines chan string
+	// tail is the child's last lines (its steps and its engine's log),
+	// for a failure to show.
+	mu   sync.Mutex
+	tail []string
+}
+
+// last returns the child's last lines, one string.
+func (ch *crashChild) last() string {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return strings.Join(ch.tail, "\n")
 }
 
 func startCrashChild(t *testing.T, v *env, step string, nth int, hold, claim bool) *crashChild {
@@ -218,6 +230,12 @@ func startCrashChild(t *testing.T, v *env, step string, nth int, hold, claim boo
 		defer close(ch.lines)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
+			ch.mu.Lock()
+			ch.tail = append(ch.tail, sc.Text())
+			if len(ch.tail) > 40 {
+				ch.tail = ch.tail[1:]
+			}
+			ch.mu.Unlock()
 			ch.lines <- sc.Text()
 		}
 	}()
@@ -237,13 +255,13 @@ func (ch *crashChild) wait(t *testing.T, prefix string) string {
 		select {
 		case l, ok := <-ch.lines:
 			if !ok {
-				t.Fatalf("the child ended before printing %q", prefix)
+				t.Fatalf("the child ended before printing %q; its last lines:\n%s", prefix, ch.last())
 			}
 			if rest, ok := strings.CutPrefix(l, prefix); ok {
 				return rest
 			}
 		case <-timeout:
-			t.Fatalf("the child did not print %q within %v", prefix, crashStepTimeout)
+			t.Fatalf("the child did not print %q within %v; its last lines:\n%s", prefix, crashStepTimeout, ch.last())
 		}
 	}
 }
@@ -296,6 +314,8 @@ func TestCrashGoldenPoolChild(t *testing.T) {
 		Images:   map[string]images.Image{"minimal": img},
 		Pool:     map[string]int{"minimal:small": 1},
 		Capacity: harebox.Capacity{VCPUs: 3, MemoryMB: 4096, DiskGB: 100},
+		// (The parent shows the last lines when a step does not come.)
+		Logger: slog.New(slog.NewTextHandler(os.Stdout, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)

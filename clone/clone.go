@@ -23,6 +23,7 @@ import (
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/stall"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 )
@@ -76,7 +77,9 @@ type Options struct {
 	Pool []PoolEntry
 	// BootTimeout bounds a boot or restore until the agent answers.
 	BootTimeout time.Duration
-	Agent       agentclient.Options
+	// Stall says when a golden boot has stalled (launched again, once).
+	Stall stall.Rule
+	Agent agentclient.Options
 	// Step, if set, is called at each step of a golden boot and of a pool
 	// refill with the directory it concerns (the crash tests' hook).
 	Step func(step, dir string)

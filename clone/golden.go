@@ -18,6 +18,7 @@ import (
 	"github.com/harebox/harebox/firewall"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/internal/stall"
 	"github.com/harebox/harebox/monitor"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -301,7 +302,7 @@ func (s *Service) makeGolden(ctx context.Context, g *golden, img images.Image, r
 	}()
 	bctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
 	defer cancel()
-	c, _, err := agentclient.DialReady(bctx, m.AgentEndpoint(), s.o.Agent)
+	c, err := s.awaitGolden(bctx, &m, spec, img.Name)
 	if err != nil {
 		return fmt.Errorf("boot: %w", err)
 	}
@@ -337,4 +338,39 @@ func (s *Service) makeGolden(ctx context.Context, g *golden, img images.Image, r
 		Source: store.SnapshotSource{Monitoring: true},
 	}
 	return s.keep(g)
+}
+
+// awaitGolden dials the agent of *m, a golden machine just launched. One
+// whose VMM stalls (package stall) is paused and resumed, then launched
+// again once, into *m, as a sandbox's fresh boot is.
+func (s *Service) awaitGolden(ctx context.Context, m *hypervisor.Machine, spec hypervisor.Spec, image string) (c *agentclient.Client, err error) {
+	dial := func(ctx context.Context) (err error) {
+		c, _, err = agentclient.DialReady(ctx, (*m).AgentEndpoint(), s.o.Agent)
+		return err
+	}
+	info, err := (*m).Info(ctx)
+	if err != nil || info.PID <= 0 {
+		err = dial(ctx) // (not a process of this host's to watch)
+		return c, err
+	}
+	wctx, stop := s.o.Stall.Watch(ctx, info.PID)
+	err = dial(wctx)
+	stop()
+	var stalled *stall.Error
+	if err == nil || !errors.As(context.Cause(wctx), &stalled) {
+		return c, err
+	}
+	s.o.Log.Warn("a golden boot stalled: pausing and resuming it", "image", image, "stall", stalled)
+	nm, woke, err := stall.Recover(ctx, s.o.Hypervisor, *m, spec, dial)
+	if woke {
+		s.o.Log.Warn("the stalled golden boot woke when paused and resumed", "image", image)
+		return c, nil
+	}
+	s.o.Log.Warn("the stalled golden boot is launched again", "image", image)
+	if err != nil {
+		return nil, err
+	}
+	*m = nm
+	err = dial(ctx)
+	return c, err
 }

@@ -126,23 +126,15 @@ func (e *Runtime) await(ctx context.Context, b *box, spec hypervisor.Spec, fresh
 	}
 	id := b.rec.ID
 	e.log.Warn("a boot stalled: pausing and resuming it", "id", id, "image", b.rec.Image, "stall", stalled, "serial", consoleTail(b, 600))
-	if b.m.Pause(ctx) == nil && b.m.Resume(ctx) == nil {
-		nctx, cancel := context.WithTimeout(ctx, nudgeWait)
-		c, err := b.client(nctx, e)
-		cancel()
-		if err == nil {
-			e.log.Warn("the stalled boot woke when paused and resumed", "id", id)
-			return c, nil
-		}
+	m, woke, err := stall.Recover(ctx, e.hv, b.m, spec, func(ctx context.Context) (err error) {
+		c, err = b.client(ctx, e)
+		return err
+	})
+	if woke {
+		e.log.Warn("the stalled boot woke when paused and resumed", "id", id)
+		return c, nil
 	}
 	e.log.Warn("the stalled boot is launched again", "id", id)
-	bg := context.WithoutCancel(ctx)
-	b.m.Kill(bg)
-	b.m.Wait(bg)
-	if err := b.m.Cleanup(bg); err != nil {
-		return nil, err
-	}
-	m, err := e.hv.Launch(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -154,9 +146,6 @@ func (e *Runtime) await(ctx context.Context, b *box, spec hypervisor.Spec, fresh
 	}
 	return b.client(ctx, e)
 }
-
-// nudgeWait is how long a stalled boot, paused and resumed, has to answer.
-const nudgeWait = 5 * time.Second
 
 // attach prepares rec's host network with policy in force, and its
 // place on its project's mesh if it has one.

@@ -26,6 +26,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/harebox/harebox/hypervisor"
 )
 
 // Rule says when a boot has stalled. The zero Rule has the defaults.
@@ -170,4 +172,31 @@ func use(pid int) (sample, error) {
 		}
 	}
 	return s, nil
+}
+
+// NudgeWait is how long a stalled boot, paused and resumed, has to answer.
+const NudgeWait = 5 * time.Second
+
+// Recover is what a stalled boot's caller does: it pauses and resumes m,
+// which wakes a guest that missed a wake-up, and gives answer NudgeWait
+// to succeed; if it does not, it kills m, removes its files and launches
+// spec on hv again. It returns the machine to go on with (m, or the new
+// one, whose answer is still to come) and whether m woke.
+func Recover(ctx context.Context, hv hypervisor.Hypervisor, m hypervisor.Machine, spec hypervisor.Spec, answer func(context.Context) error) (_ hypervisor.Machine, woke bool, _ error) {
+	if m.Pause(ctx) == nil && m.Resume(ctx) == nil {
+		nctx, cancel := context.WithTimeout(ctx, NudgeWait)
+		err := answer(nctx)
+		cancel()
+		if err == nil {
+			return m, true, nil
+		}
+	}
+	bg := context.WithoutCancel(ctx)
+	m.Kill(bg)
+	m.Wait(bg)
+	if err := m.Cleanup(bg); err != nil {
+		return nil, false, err
+	}
+	nm, err := hv.Launch(ctx, spec)
+	return nm, false, err
 }
