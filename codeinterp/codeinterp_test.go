@@ -145,7 +145,7 @@ func TestRunErrors(t *testing.T) {
 		}
 	}
 	// Without a context, the language's default one.
-	for lang, want := range map[string]string{"": "default", "python": "default", "bash": "default-bash", "javascript": "default-javascript"} {
+	for lang, want := range map[string]string{"": "default", "python": "default", "bash": "default-bash", "javascript": "default-javascript", "typescript": "default-typescript"} {
 		c, _ := serve(t, 0, `{"type": "end", "status": "ok"}`)
 		if x, err := c.Run(context.Background(), sandbox.CodeRequest{Code: "1", Language: lang}, nil, nil); err != nil || x.ContextID != want {
 			t.Errorf("language %q: %+v %v", lang, x, err)

@@ -218,6 +218,8 @@ func language(l string) string {
 		return sandbox.LangBash
 	case "javascript", "js":
 		return sandbox.LangJavaScript
+	case "typescript", "ts":
+		return sandbox.LangTypeScript
 	}
 	return l // (refused by the request's check, by name)
 }

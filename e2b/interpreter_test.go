@@ -57,13 +57,13 @@ func TestInterpreterPort(t *testing.T) {
 	if st, body := call("POST", "/execute", with("X-Access-Token", pub.EnvdAccessToken), `{"code": "1", "context_id": "a", "language": "python"}`); st != 400 || !strings.Contains(body, "Only one of") {
 		t.Errorf("context and language: %d %s", st, body)
 	}
-	for _, l := range []string{"cobol", "typescript", "r"} {
+	for _, l := range []string{"cobol", "java", "r"} {
 		if st, body := call("POST", "/execute", with("X-Access-Token", pub.EnvdAccessToken), `{"code": "1", "language": "`+l+`"}`); st != 400 {
 			t.Errorf("the language %s: %d %s", l, st, body)
 		}
 	}
 	// The SDK's names of those served reach the engine.
-	for _, l := range []string{"python", "javascript", "js", "bash", "sh"} {
+	for _, l := range []string{"python", "javascript", "js", "typescript", "ts", "bash", "sh"} {
 		if st, body := call("POST", "/execute", with("X-Access-Token", pub.EnvdAccessToken), `{"code": "1", "language": "`+l+`"}`); st != 409 {
 			t.Errorf("the language %s: %d %s", l, st, body)
 		}

@@ -218,12 +218,13 @@ var DefaultPackages = []string{
 
 // CodeInterpreterPackages are added (Options.Extra) in the
 // code-interpreter image: IPython (the Python contexts' kernels are its
-// shell), Node (the JavaScript contexts'), Jupyter's Python kernel and
+// shell), Node and TypeScript's compiler (the JavaScript and TypeScript
+// contexts'), Jupyter's Python kernel and
 // client (for the user's own notebooks and tools: the server does not
 // use them), and what cells most often import.
 var CodeInterpreterPackages = []string{
 	"python3-ipython", "python3-ipykernel", "python3-jupyter-client",
-	"python3-numpy", "python3-pandas", "python3-matplotlib", "nodejs",
+	"python3-numpy", "python3-pandas", "python3-matplotlib", "nodejs", "node-typescript",
 }
 
 // debian reports whether o builds a root disk with debootstrap.

@@ -40,7 +40,7 @@ func New(c *apiclient.Client, version string) *mcp.Server {
 	t := &tools{c: c}
 	mcp.AddTool(s, &mcp.Tool{Name: "create_sandbox", Description: "Create a sandbox (a virtual machine) and wait until it runs. Returns its id."}, t.create)
 	mcp.AddTool(s, &mcp.Tool{Name: "run_command", Description: "Run a shell command in a sandbox and wait for it: its exit code, stdout and stderr (the first 256 KiB of each)."}, t.run)
-	mcp.AddTool(s, &mcp.Tool{Name: "run_code", Description: "Run a cell of Python (or JavaScript, or bash) in a sandbox's code interpreter (a sandbox made from the code-interpreter image) and wait for it: state lasts from one cell to the next in a context, like a notebook. Returns its output, the value of its last expression, its exception, and charts as images."}, t.runCode)
+	mcp.AddTool(s, &mcp.Tool{Name: "run_code", Description: "Run a cell of Python (or JavaScript, TypeScript or bash) in a sandbox's code interpreter (a sandbox made from the code-interpreter image) and wait for it: state lasts from one cell to the next in a context, like a notebook. Returns its output, the value of its last expression, its exception, and charts as images."}, t.runCode)
 	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: fmt.Sprintf("Read a file of a sandbox (at most %d bytes): UTF-8 text as is, anything else base64.", MaxReadBytes)}, t.read)
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write a file in a sandbox, creating or replacing it."}, t.write)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_sandboxes", Description: "List the sandboxes this key can see."}, t.list)
@@ -179,7 +179,7 @@ type CodeInput struct {
 	SandboxID      string `json:"sandbox_id" jsonschema:"the sandbox (made from the code-interpreter image)"`
 	Code           string `json:"code" jsonschema:"the cell"`
 	ContextID      string `json:"context_id,omitempty" jsonschema:"the context it runs in (default: the language's default context)"`
-	Language       string `json:"language,omitempty" jsonschema:"python (the default), javascript or bash"`
+	Language       string `json:"language,omitempty" jsonschema:"python (the default), javascript, typescript or bash"`
 	TimeoutSeconds int    `json:"timeout_seconds,omitempty" jsonschema:"interrupt it after this many seconds (0: 300); the context stays usable"`
 }
 

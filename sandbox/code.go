@@ -23,12 +23,13 @@ const (
 	LangPython     = "python"
 	LangBash       = "bash"
 	LangJavaScript = "javascript"
+	LangTypeScript = "typescript"
 )
 
 // DefaultCodeContext is the ID of language's default context.
 func DefaultCodeContext(language string) string {
 	switch language {
-	case LangBash, LangJavaScript:
+	case LangBash, LangJavaScript, LangTypeScript:
 		return "default-" + language
 	}
 	return "default"
@@ -42,8 +43,8 @@ type CodeRequest struct {
 	// ContextID is the context it runs in; without it, the default
 	// context of Language (python's is "default").
 	ContextID string `json:"context_id,omitempty"`
-	// Language is python (the default), javascript or bash.
-	Language string `json:"language,omitempty" validate:"omitempty,oneof=python bash javascript"`
+	// Language is python (the default), javascript, typescript or bash.
+	Language string `json:"language,omitempty" validate:"omitempty,oneof=python bash javascript typescript"`
 	// Env holds variables for this cell (over the sandbox's own).
 	Env map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`
 	// TimeoutSeconds interrupts the cell (the context stays usable); 0
@@ -85,8 +86,8 @@ func CheckCodeContextID(id string) error {
 
 // CodeContextRequest makes a context.
 type CodeContextRequest struct {
-	// Language is python (the default), javascript or bash.
-	Language string `json:"language,omitempty" validate:"omitempty,oneof=python bash javascript"`
+	// Language is python (the default), javascript, typescript or bash.
+	Language string `json:"language,omitempty" validate:"omitempty,oneof=python bash javascript typescript"`
 	// Cwd is where its code runs (default the user's home).
 	Cwd string            `json:"cwd,omitempty" validate:"omitempty,max=4096,startswith=/"`
 	Env map[string]string `json:"env,omitempty" validate:"max=128,dive,keys,envname,endkeys,max=32768"`

@@ -26,7 +26,7 @@ func cmdRunCode(ctx context.Context, c *cli, args []string) (int, error) {
 	fs := flag.NewFlagSet("harebox run-code", flag.ContinueOnError)
 	var req sandbox.CodeRequest
 	fs.StringVar(&req.ContextID, "context", "", "the context it runs in (default: the language's default context)")
-	fs.StringVar(&req.Language, "language", "", "python (default), javascript or bash")
+	fs.StringVar(&req.Language, "language", "", "python (default), javascript, typescript or bash")
 	code := fs.String("c", "", "the code (else --file, else stdin)")
 	file := fs.String("file", "", "a file of code to run")
 	fs.Float64Var(&req.TimeoutSeconds, "timeout", 0, "seconds before the cell is interrupted (default 300)")
@@ -160,7 +160,7 @@ func saveResult(dir string, n int, r sandbox.CodeResult) error {
 }
 
 var cmdCodeContext = group("code-context", []subcommand{
-	{"create", "ID [--language python|javascript|bash] [--cwd DIR] [--env K=V]", "start a context: a kernel of its own, sharing only the filesystem with the others", codeContextCreate},
+	{"create", "ID [--language python|javascript|typescript|bash] [--cwd DIR] [--env K=V]", "start a context: a kernel of its own, sharing only the filesystem with the others", codeContextCreate},
 	{"list", "ID", "list the sandbox's contexts", codeContextList},
 	{"restart", "ID CONTEXT", "give a context a fresh kernel (its state is lost; a dead kernel comes back)", codeContextRestart},
 	{"delete", "ID CONTEXT", "shut a context's kernel down", codeContextDelete},
@@ -168,7 +168,7 @@ var cmdCodeContext = group("code-context", []subcommand{
 
 func codeContextCreate(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (int, error) {
 	var req sandbox.CodeContextRequest
-	fs.StringVar(&req.Language, "language", "", "python (default), javascript or bash")
+	fs.StringVar(&req.Language, "language", "", "python (default), javascript, typescript or bash")
 	fs.StringVar(&req.Cwd, "cwd", "", "where its code runs (default the user's home)")
 	env := kv{}
 	fs.Var(env, "env", "environment variable KEY=VALUE (repeatable)")

@@ -186,6 +186,10 @@ func TestCodeInterpreter(t *testing.T) {
 		if x := run(1, "--language", "javascript", "-c", "null.x"); x.Error == nil || x.Error.Name != "TypeError" || !strings.Contains(x.Error.Traceback, "<cell") {
 			t.Errorf("javascript exception: %+v", x.Error)
 		}
+		// TypeScript: the same kernel, its cells transpiled (Debian's compiler).
+		if x := run(0, "--language", "typescript", "-c", "enum E { A = 40 }\nconst t: number = E.A; t + 2"); mainText(x) != "42" || x.ContextID != "default-typescript" {
+			t.Errorf("typescript: %+v", x)
+		}
 	})
 	t.Run("Flood", func(t *testing.T) {
 		// 24 MiB printed, three times what the host keeps: it keeps its

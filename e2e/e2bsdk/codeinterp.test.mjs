@@ -61,4 +61,6 @@ test("runCode, charts, errors, streaming and contexts", async () => {
   const jsFailed = await sbx.runCode("jsx", { context: jsctx });
   assert.equal(jsFailed.error?.name, "ReferenceError");
   await sbx.removeCodeContext(jsctx);
+  const ts = await sbx.runCode("const tsx: number = 6 * 7; tsx", { language: "typescript" });
+  assert.equal(ts.text, "42");
 });

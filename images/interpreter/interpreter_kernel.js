@@ -1,9 +1,10 @@
-// HareBox code interpreter kernel: the state of one JavaScript context.
+// HareBox code interpreter kernel: the state of one JavaScript (or
+// TypeScript) context.
 //
 // The server (server.py) starts one per JavaScript context, as `node
 // --expose-internals --experimental-vm-modules interpreter_kernel.js REQ
-// EVENTS` (the first for Node's REPL rewrite of a top-level await, the
-// second for import() in a cell), and speaks
+// EVENTS LANGUAGE` (the first for Node's REPL rewrite of a top-level
+// await, the second for import() in a cell), and speaks
 // to it as to the Python kernel (interpreter_kernel.py says the protocol):
 // requests come on the socket REQ, one at a time, and events go on the
 // socket EVENTS, tagged with their request's cell.
@@ -18,7 +19,8 @@
 // output; a child process's inherited descriptors lead nowhere. SIGINT
 // interrupts a running cell (a loop, or an await) and is ignored between
 // cells. Math.random draws from the kernel's /dev/urandom, so forks of a
-// sandbox do not share it.
+// sandbox do not share it. A TypeScript context's cells are transpiled
+// first (TypeScript's transpileModule: types erased, not checked).
 //
 // Events are written synchronously, each with one write if it can be:
 // a cell that loops without yielding still has its output sent (and is
@@ -44,6 +46,37 @@ const DISPLAY = Symbol.for('Jupyter.display');
 
 const requests = new net.Socket({ fd: Number(process.argv[2]), readable: true, writable: false });
 const events = Number(process.argv[3]);
+const typescript = process.argv[4] === 'typescript' ? loadTypeScript() : null;
+
+// loadTypeScript finds the compiler: as Node resolves it, else where
+// Debian's node-typescript puts it.
+function loadTypeScript() {
+  for (const name of ['typescript', '/usr/share/nodejs/typescript']) {
+    try {
+      return require(name);
+    } catch {}
+  }
+  throw new Error('TypeScript is not installed');
+}
+
+// transpile turns a TypeScript cell into JavaScript, or throws its first
+// syntax error.
+function transpile(code) {
+  const out = typescript.transpileModule(code, {
+    compilerOptions: { target: typescript.ScriptTarget.ES2022, module: typescript.ModuleKind.ESNext },
+    reportDiagnostics: true,
+  });
+  const d = out.diagnostics?.[0];
+  if (d) {
+    let where = '';
+    if (d.file && d.start !== undefined) {
+      const { line, character } = d.file.getLineAndCharacterOfPosition(d.start);
+      where = ` (${line + 1}:${character + 1})`;
+    }
+    throw new SyntaxError(typescript.flattenDiagnosticMessageText(d.messageText, '\n') + where);
+  }
+  return out.outputText;
+}
 let cell = 0; // the request being answered
 let count = 0; // cells run that the user sees
 let running = null; // the running cell's interrupt, if it awaits
@@ -150,12 +183,25 @@ function importer(specifier) {
 }
 
 function inspectError(err) {
-  if (err instanceof Error) return err.stack || `${err.name}: ${err.message}`;
-  return util.inspect(err);
+  try {
+    if (err instanceof Error) return err.stack || `${err.name}: ${err.message}`;
+    return util.inspect(err);
+  } catch {
+    return 'a value that cannot be shown';
+  }
 }
 
 // A thrown value as the protocol's error: its frames in the cell only.
+// (Anything may be thrown, an object whose getters throw too.)
 function errorEvent(err) {
+  try {
+    return describe(err);
+  } catch {
+    return { type: 'error', name: 'Error', value: 'a value that cannot be shown was thrown', traceback: [] };
+  }
+}
+
+function describe(err) {
   const isError = err instanceof Error;
   const name = isError ? err.name : 'Error';
   const value = isError ? err.message : util.inspect(err);
@@ -190,9 +236,23 @@ function globalize(code) {
   return code;
 }
 
+// objectLiteral reads a cell that starts with "{" as an object, not a
+// block, as the REPL does, when it compiles as one (check throws if not).
+function objectLiteral(code, check) {
+  if (!/^\s*{/.test(code) || /;\s*$/.test(code)) return code;
+  try {
+    check(`(${code})`);
+    return `(${code})`;
+  } catch {
+    return code;
+  }
+}
+
 // run evaluates code and gives its value; one that awaits is awaited,
 // until SIGINT.
 async function run(code, file) {
+  if (typescript) code = transpile(objectLiteral(code, transpile));
+  else code = objectLiteral(code, (c) => new vm.Script(c));
   code = globalize(code);
   let wrapped = null;
   if (code.includes('await')) {
@@ -201,13 +261,6 @@ async function run(code, file) {
     } catch {
       wrapped = null; // vm says what is wrong with it
     }
-  }
-  // An object literal, not a block, as in the REPL.
-  if (wrapped === null && /^\s*{/.test(code) && !/;\s*$/.test(code)) {
-    try {
-      new vm.Script(`(${code})`);
-      code = `(${code})`;
-    } catch {}
   }
   const script = new vm.Script(wrapped ?? code, { filename: file, importModuleDynamically: importer });
   const value = script.runInThisContext({ breakOnSigint: true, displayErrors: false });
@@ -282,7 +335,12 @@ requests.on('data', (data) => {
     } catch {
       continue;
     }
-    queue = queue.then(() => answer(req));
+    // (A request that failed in the kernel's own code still ends, and
+    // the next one is still answered.)
+    queue = queue.then(() => answer(req)).catch((err) => {
+      send({ type: 'error', name: 'InternalError', value: String(err?.message ?? 'the kernel failed'), traceback: [] });
+      send({ type: 'done', status: 'error' });
+    });
   }
 });
 requests.on('end', () => process.exit(0)); // the server is gone

@@ -1,11 +1,12 @@
 #!/usr/bin/python3
-"""HareBox code interpreter: stateful Python (IPython), JavaScript (Node) and
-bash contexts over HTTP.
+"""HareBox code interpreter: stateful Python (IPython), JavaScript and
+TypeScript (Node) and bash contexts over HTTP.
 
 Runs inside the sandbox VM as the unprivileged user and listens on loopback; the
 host reaches it through a tunnel. Each Python context is a kernel process
 (interpreter_kernel.py, beside this file: IPython's shell); each JavaScript
-context one on Node (interpreter_kernel.js), spoken to the same way; each bash
+or TypeScript context one on Node (interpreter_kernel.js), spoken to the same
+way; each bash
 context a bash. Standard library only (the kernels: plus Debian's IPython, and
 Node).
 
@@ -67,8 +68,9 @@ TEXT_CHUNK = 64 << 10  # max characters of one stdout/stderr event
 EVENT_QUEUE = 32  # events buffered between a kernel and its HTTP client
 MAX_EVENT = 32 << 20  # longest line a kernel may send (a result; the host takes 24 MiB)
 IDLE_TIMEOUT = 300.0  # keep-alive connections: longer than Go's idle pool timeout
-LANGUAGES = ("python", "bash", "javascript")
-DEFAULT_IDS = {"python": "default", "bash": "default-bash", "javascript": "default-javascript"}
+LANGUAGES = ("python", "bash", "javascript", "typescript")
+DEFAULT_IDS = {"python": "default", "bash": "default-bash", "javascript": "default-javascript",
+               "typescript": "default-typescript"}
 KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interpreter_kernel.py")
 JS_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interpreter_kernel.js")
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
@@ -385,17 +387,19 @@ class JavaScriptKernel(PythonKernel):
     """A JavaScript context's kernel (interpreter_kernel.js, on Node), over
     a socket pair, in the Python kernel's protocol."""
 
+    LANGUAGE = "javascript"
+
     RESEED = "globalThis[Symbol.for('harebox.reseed')]()"
     # (It writes its events synchronously, so their socket must stay
     # blocking while Node reads requests from the other.)
     CHANNELS = 2
 
-    @staticmethod
-    def argv(req, events):
+    @classmethod
+    def argv(cls, req, events):
         # (--expose-internals: the kernel uses Node's REPL rewrite for a
         # top-level await; --experimental-vm-modules: import() in a cell.)
         return [shutil.which("node") or "/usr/bin/node", "--expose-internals", "--experimental-vm-modules",
-                JS_KERNEL, str(req), str(events)]
+                JS_KERNEL, str(req), str(events), cls.LANGUAGE]
 
     @staticmethod
     def env_code(new):
@@ -404,6 +408,13 @@ class JavaScriptKernel(PythonKernel):
     @staticmethod
     def warm_code(modules):
         return "undefined"  # (the warm-up list names Python modules)
+
+
+class TypeScriptKernel(JavaScriptKernel):
+    """A TypeScript context's kernel: the JavaScript one, its cells
+    transpiled first."""
+
+    LANGUAGE = "typescript"
 
 
 class _Cut:
@@ -579,7 +590,8 @@ class Context:
     # Everything below runs on the context's worker thread.
 
     def start(self):
-        cls = {"python": PythonKernel, "bash": BashShell, "javascript": JavaScriptKernel}[self.language]
+        cls = {"python": PythonKernel, "bash": BashShell, "javascript": JavaScriptKernel,
+               "typescript": TypeScriptKernel}[self.language]
         backend = cls(self.cwd, self.env, self.interp.runtime_dir, self.interp.args.interrupt_grace)
         backend.start()
         self.backend, self.dead, self.applied_env, self.cells = backend, None, {}, 0

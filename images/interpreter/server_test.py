@@ -25,6 +25,9 @@ import time
 import pytest
 
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py")
+# TypeScript for the TypeScript kernel: the TypeScript client's own
+# (the image has Debian's node-typescript).
+TS_MODULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sdk", "typescript", "node_modules")
 
 
 class Server:
@@ -42,7 +45,8 @@ class Server:
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify.bind("\0" + self.notify_name)
         self.log = open(tmp / "server.log", "w+")
-        env = dict(os.environ, NOTIFY_SOCKET="@" + self.notify_name, IPYTHONDIR=str(tmp / "ipython"))
+        env = dict(os.environ, NOTIFY_SOCKET="@" + self.notify_name, IPYTHONDIR=str(tmp / "ipython"),
+                   NODE_PATH=os.path.abspath(TS_MODULES))
         self.proc = subprocess.Popen(
             [sys.executable, SERVER, "--listen", f"127.0.0.1:{self.port}", "--cwd", str(self.cwd),
              "--machine-id-file", str(self.machine_id), "--warm", "json,no_such_module",
@@ -350,7 +354,8 @@ def test_bash_timeout_env_and_death(srv):
 def js(srv, code, **kw):
     if not shutil.which("node"):
         pytest.skip("node is not installed (make deps installs it)")
-    return srv.run(code, language="javascript", **kw)
+    kw.setdefault("language", "javascript")
+    return srv.run(code, **kw)
 
 
 def test_javascript_state_await_and_redeclaration(srv):
@@ -386,9 +391,14 @@ def test_javascript_output_errors_and_display(srv):
     ev = js(srv, "await Promise.reject(new RangeError('no'))")
     assert [e["name"] for e in errors(ev)] == ["RangeError"]
     assert [e["name"] for e in errors(js(srv, "if ("))] == ["SyntaxError"]
+    ev = js(srv, "throw { get name() { throw 1 }, get message() { throw 2 } }")
+    assert end(ev) == "error" and len(errors(ev)) == 1
+    ev = js(srv, "new Proxy({}, { get() { throw new Error('trap') }, getPrototypeOf() { throw new Error('trap') } })")
+    assert end(ev) in ("ok", "error")  # however it is shown, the cell ends
     assert main_text(js(srv, "'still here'")) == ["'still here'"]
     # A rejection nobody awaits, and a throw in a timer, do not end the kernel.
-    js(srv, "Promise.reject(new Error('later')); setTimeout(() => { throw new Error('timer') }, 0); 1")
+    js(srv, "Promise.reject(new Error('later')); setTimeout(() => { throw new Error('timer') }, 0); "
+            "setTimeout(() => { throw { get stack() { throw 1 } } }, 0); 1")
     time.sleep(0.5)
     assert main_text(js(srv, "'alive'")) == ["'alive'"]
     ev = js(srv, "({ [Symbol.for('Jupyter.display')]() { return {'text/html': '<b>hi</b>', "
@@ -427,6 +437,22 @@ def test_javascript_interrupt_env_reseed_and_death(srv):
     assert srv.request("POST", f"/contexts/{cid}/restart")[0] == 200
     assert main_text(js(srv, "typeof kept", context_id=cid)) == ["'undefined'"]
     assert srv.request("DELETE", f"/contexts/{cid}") == (204, None)
+
+
+def test_typescript(srv):
+    if not os.path.isdir(os.path.join(TS_MODULES, "typescript")):
+        pytest.skip("typescript is not installed in sdk/typescript (make deps installs it)")
+    ev = js(srv, "interface P { x: number }\nconst p: P = { x: 40 }\nenum E { A, B }\nlet n: number = await Promise.resolve(2)",
+            language="typescript")
+    assert end(ev) == "ok" and errors(ev) == [], ev
+    ev = js(srv, "p.x + n + E.A", language="typescript")
+    assert main_text(ev) == ["42"] and ev[-1]["status"] == "ok"
+    assert main_text(js(srv, "let n: string = 'again'; n", language="typescript")) == ["'again'"]
+    assert main_text(js(srv, "{a: 1}", language="typescript")) == ["{ a: 1 }"]
+    (err,) = errors(js(srv, "let q: = 1", language="typescript"))
+    assert err["name"] == "SyntaxError" and "(1:8)" in err["value"], err
+    status, contexts = srv.request("GET", "/contexts")
+    assert any(c["id"] == "default-typescript" and c["language"] == "typescript" for c in contexts)
 
 
 def test_matplotlib_figure(srv):

@@ -769,7 +769,8 @@ class Client:
         CodeRequest) and waits for it. It runs in the context
         ``context_id``, else in the default one of ``language`` (python's
         is "default", bash's "default-bash", javascript's
-        "default-javascript"). The cell's own exception is
+        "default-javascript", typescript's "default-typescript"). The
+        cell's own exception is
         the CodeExecution's ``error`` (``status`` "error"), not a raise;
         ``timeout_seconds`` (default 300) interrupts the cell and leaves
         the context usable (``status`` "timeout"); a kernel that died
@@ -805,7 +806,7 @@ class Client:
         """POST /v1/sandboxes/{id}/code/contexts: starts a context, a kernel
         of its own that shares only the filesystem with the others.
         ``body`` (optional): ``language`` ("python", the default,
-        "javascript" or "bash"), ``cwd`` and ``env``; see CodeContextRequest. Run cells in
+        "javascript", "typescript" or "bash"), ``cwd`` and ``env``; see CodeContextRequest. Run cells in
         it with ``body["context_id"]`` set to its ``id``."""
         path = _path("/v1/sandboxes/{}/code/contexts", sandbox_id)
         return cast(t.CodeContext, self._json("POST", path, body=body or {}, timeout=timeout or self.lifecycle_timeout))

@@ -229,7 +229,7 @@ class Sandbox:
         code: str,
         *,
         context: str | t.CodeContext | None = None,
-        language: Literal["python", "javascript", "bash"] | None = None,
+        language: Literal["python", "javascript", "typescript", "bash"] | None = None,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
         on_stdout: Callable[[str], object] | None = None,
@@ -242,7 +242,8 @@ class Sandbox:
         returns the finished cell as an Execution. ``context`` is a
         context's ID (or the CodeContext create_code_context returned);
         without it the cell runs in the default context of ``language``
-        ("python", the default, "javascript" or "bash"), whose state lasts from one
+        ("python", the default, "javascript", "typescript" or "bash"),
+        whose state lasts from one
         cell to the next. ``env`` adds variables for this cell;
         ``timeout`` (seconds, default the server's 300) interrupts it.
         The cell's exception is ``Execution.error``, not a raise.
@@ -291,12 +292,12 @@ class Sandbox:
     def create_code_context(
         self,
         *,
-        language: Literal["python", "javascript", "bash"] | None = None,
+        language: Literal["python", "javascript", "typescript", "bash"] | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
     ) -> t.CodeContext:
         """Starts a code interpreter context: a kernel of its own ("python",
-        the default, "javascript" or "bash") that shares only the filesystem with the
+        the default, "javascript", "typescript" or "bash") that shares only the filesystem with the
         others, its code running in ``cwd`` (default the user's home) with
         ``env`` added (see Client.create_code_context); None means unset.
         Returns the CodeContext; ``run_code(code, context=ctx)`` runs in

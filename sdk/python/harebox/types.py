@@ -453,10 +453,10 @@ class CodeRequest(TypedDict):
     code: str
     #: The context it runs in; default the default context of ``language``
     #: (python's is "default", bash's "default-bash", javascript's
-    #: "default-javascript").
+    #: "default-javascript", typescript's "default-typescript").
     context_id: NotRequired[str]
-    #: "python" (the default), "javascript" or "bash".
-    language: NotRequired[Literal["python", "javascript", "bash"]]
+    #: "python" (the default), "javascript", "typescript" or "bash".
+    language: NotRequired[Literal["python", "javascript", "typescript", "bash"]]
     #: Variables for this cell, over the sandbox's own.
     env: NotRequired[dict[str, str]]
     #: Interrupts the cell (the context stays usable); default 300, at most 3600.
@@ -466,8 +466,8 @@ class CodeRequest(TypedDict):
 class CodeContextRequest(TypedDict, total=False):
     """The body of create_code_context; every field is optional."""
 
-    #: "python" (the default), "javascript" or "bash".
-    language: Literal["python", "javascript", "bash"]
+    #: "python" (the default), "javascript", "typescript" or "bash".
+    language: Literal["python", "javascript", "typescript", "bash"]
     #: Where its code runs (an absolute path); default the user's home.
     cwd: str
     env: dict[str, str]
@@ -478,7 +478,7 @@ class CodeContext(TypedDict):
     lasts from one cell to the next."""
 
     id: str
-    language: Literal["python", "javascript", "bash"]
+    language: Literal["python", "javascript", "typescript", "bash"]
     cwd: str
 
 

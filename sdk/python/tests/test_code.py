@@ -128,15 +128,3 @@ def test_contexts_are_kernels_of_their_own(code_box: harebox.Sandbox, ctx: str) 
     with pytest.raises(harebox.HareBoxError):
         code_box.run_code("echo hi", context=shell["id"])
 
-
-def test_a_javascript_context(code_box: harebox.Sandbox) -> None:
-    js = code_box.create_code_context(language="javascript")
-    try:
-        assert js["language"] == "javascript"
-        code_box.run_code("let n = 40", context=js)
-        x = code_box.run_code("console.log('hi'); n + await Promise.resolve(2)", context=js)
-        assert (x.text, x.stdout) == ("42", "hi\n")
-        failed = code_box.run_code("null.x", context=js)
-        assert failed.error is not None and failed.error.name == "TypeError"
-    finally:
-        code_box.delete_code_context(js["id"])

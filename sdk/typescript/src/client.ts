@@ -893,7 +893,7 @@ export class HareBox {
    * Runs a cell (`body.code`) and waits for it. It runs in the context
    * `body.context_id`, else in the default one of `body.language` (python's
    * is "default", bash's "default-bash", javascript's
-   * "default-javascript"). The cell's own exception is the
+   * "default-javascript", typescript's "default-typescript"). The cell's own exception is the
    * answer's `error` (status "error"), not a throw; `body.timeout_seconds`
    * (default 300) interrupts the cell and leaves the context usable (status
    * "timeout"); a kernel that died answers status "died" until
@@ -981,7 +981,7 @@ export class HareBox {
 
   /**
    * Starts a context: a kernel of its own ("python", the default,
-   * "javascript" or "bash"), sharing only the filesystem with the others, its code running
+   * "javascript", "typescript" or "bash"), sharing only the filesystem with the others, its code running
    * in `body.cwd` (default the user's home) with `body.env` added. Run
    * cells in it with `context_id` set to its `id`.
    */

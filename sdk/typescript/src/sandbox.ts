@@ -51,7 +51,7 @@ export type PtyOptions = PtyQuery & RequestOptions;
 export interface RunCodeOptions {
   /** The context it runs in: its ID, or the CodeContext createCodeContext returned. Default: the default context of `language`. */
   context?: string | CodeContext;
-  /** "python" (the default), "javascript" or "bash". */
+  /** "python" (the default), "javascript", "typescript" or "bash". */
   language?: CodeLanguage;
   /** Variables for this cell, over the sandbox's own. */
   env?: Record<string, string>;
@@ -255,7 +255,7 @@ export class Sandbox implements SandboxData {
 
   /**
    * Starts a code interpreter context: a kernel of its own ("python", the
-   * default, "javascript" or "bash") that shares only the filesystem with the others,
+   * default, "javascript", "typescript" or "bash") that shares only the filesystem with the others,
    * its code running in `cwd` (default the user's home) with `env` added
    * (see HareBox.createCodeContext). `runCode(code, { context })` runs in it.
    */

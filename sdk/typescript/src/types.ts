@@ -402,13 +402,13 @@ export interface Process {
 }
 
 /** A code interpreter context's language. */
-export type CodeLanguage = "python" | "javascript" | "bash";
+export type CodeLanguage = "python" | "javascript" | "typescript" | "bash";
 
 /** A cell of code to run (the body of runCode and runCodeStream). */
 export interface CodeRequest {
   /** At most 1 MiB. */
   code: string;
-  /** The context it runs in; default the default context of `language` (python's is "default", bash's "default-bash", javascript's "default-javascript"). */
+  /** The context it runs in; default the default context of `language` (python's is "default", bash's "default-bash", javascript's "default-javascript", typescript's "default-typescript"). */
   context_id?: string;
   /** Default "python". */
   language?: CodeLanguage;

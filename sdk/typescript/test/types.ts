@@ -505,7 +505,7 @@ export async function code(hb: HareBox, id: string): Promise<void> {
   await box.deleteCodeContext(ctx.id, { signal: AbortSignal.timeout(10) });
   // @ts-expect-error: a cell needs its code.
   await hb.runCode(id, { body: { language: "python" } });
-  // @ts-expect-error: the languages are python, javascript and bash.
+  // @ts-expect-error: the languages are python, javascript, typescript and bash.
   await box.runCode("1", { language: "r" });
   void contexts;
 }
