@@ -33,7 +33,12 @@ func TestCodeInterpreter(t *testing.T) {
 	testimage.Image(t, "code-interpreter")
 	// The E2B listener too: E2B's code-interpreter SDK on the same sandbox.
 	e2bAddr := testserver.FreeAddr(t)
-	cli := testserver.StartCLI(t, s, "hbci", "--e2b-listen", e2bAddr, "--e2b-templates", "code-interpreter-v1=code-interpreter")
+	// Its golden snapshot first (the run's, if another test made it): the
+	// sandbox restores with its kernel warm, as a user's after the image's
+	// first create, instead of booting beside the golden boot.
+	cli := testserver.StartCLI(t, s, "hbci", "--e2b-listen", e2bAddr, "--e2b-templates", "code-interpreter-v1=code-interpreter",
+		"--pool", "code-interpreter:small=0")
+	cli.WaitGolden("code-interpreter")
 	srv := cli.Srv
 	var box sandbox.Sandbox
 	cli.OK("", &box, "new", "--image", "code-interpreter", "--ttl", "1200")

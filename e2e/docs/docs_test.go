@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,26 +164,5 @@ func warm(t *testing.T, s testserver.Setup, images ...string) {
 	for _, img := range images {
 		pool = append(pool, img+":small=0")
 	}
-	cli := testserver.StartCLI(t, s, "hbdocw", "--pool", strings.Join(pool, ","))
-	for deadline := time.Now().Add(10 * time.Minute); ; time.Sleep(time.Second) {
-		var l struct{ Images []sandbox.Image }
-		cli.OK("", &l, "image", "list")
-		ready := map[string]bool{}
-		for _, img := range l.Images {
-			for _, g := range img.Golden {
-				if g.State == sandbox.GoldenFailed {
-					t.Fatalf("the golden snapshot of %s failed:\n%s", img.Name, testserver.Tail(cli.Srv.Log.String()))
-				}
-				if g.State == sandbox.GoldenReady && slices.Contains(images, img.Name) {
-					ready[img.Name] = true
-				}
-			}
-		}
-		if len(ready) == len(images) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("golden snapshots after 10 minutes: %+v", l.Images)
-		}
-	}
+	testserver.StartCLI(t, s, "hbdocw", "--pool", strings.Join(pool, ",")).WaitGolden(images...)
 }

@@ -6,10 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/harebox/harebox/internal/testimage"
+	"github.com/harebox/harebox/sandbox"
 )
 
 // StartNoVM starts hareboxd without a network or images: the tenancy and
@@ -124,4 +127,32 @@ func PrepareNoVM(t testing.TB) Setup {
 	s.Plugin = filepath.Join(s.Bin, "harebox-plugin-qemu")
 	s.Hareboxd = filepath.Join(s.Bin, "hareboxd")
 	return s
+}
+
+// WaitGolden waits until the server has a golden snapshot of each of
+// images at the default size (a server started with --pool IMAGE:small=0
+// makes them at its start), so that creates restore rather than boot.
+func (c *CLI) WaitGolden(images ...string) {
+	c.T.Helper()
+	for deadline := time.Now().Add(10 * time.Minute); ; time.Sleep(time.Second) {
+		var l struct{ Images []sandbox.Image }
+		c.OK("", &l, "image", "list")
+		ready := map[string]bool{}
+		for _, img := range l.Images {
+			for _, g := range img.Golden {
+				if g.State == sandbox.GoldenFailed {
+					c.T.Fatalf("the golden snapshot of %s failed:\n%s", img.Name, Tail(c.Srv.Log.String()))
+				}
+				if g.State == sandbox.GoldenReady && slices.Contains(images, img.Name) {
+					ready[img.Name] = true
+				}
+			}
+		}
+		if len(ready) == len(images) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.T.Fatalf("golden snapshots after 10 minutes: %+v", l.Images)
+		}
+	}
 }
