@@ -6,9 +6,8 @@ Runs inside the sandbox VM as the unprivileged user and listens on loopback; the
 host reaches it through a tunnel. Each Python context is a kernel process
 (interpreter_kernel.py, beside this file: IPython's shell); each JavaScript
 or TypeScript context one on Node (interpreter_kernel.js), spoken to the same
-way; each bash
-context a bash. Standard library only (the kernels: plus Debian's IPython, and
-Node).
+way; each bash context a bash. Standard library only (the kernels: plus
+Debian's IPython, and Node).
 
   GET    /health                 200 {"ready": true} once the default context is warm, else 503
   GET    /contexts               200 [{"id", "language", "cwd"}, ...]
@@ -385,7 +384,7 @@ JS_ENV = """\
 
 class JavaScriptKernel(PythonKernel):
     """A JavaScript context's kernel (interpreter_kernel.js, on Node), over
-    a socket pair, in the Python kernel's protocol."""
+    two socket pairs, in the Python kernel's protocol."""
 
     LANGUAGE = "javascript"
 
