@@ -348,16 +348,9 @@ func (s *Service) awaitGolden(ctx context.Context, m *hypervisor.Machine, spec h
 		c, _, err = agentclient.DialReady(ctx, (*m).AgentEndpoint(), s.o.Agent)
 		return err
 	}
-	info, err := (*m).Info(ctx)
-	if err != nil || info.PID <= 0 {
-		err = dial(ctx) // (not a process of this host's to watch)
-		return c, err
-	}
-	wctx, stop := s.o.Stall.Watch(ctx, info.PID)
-	err = dial(wctx)
-	stop()
+	err = s.o.Stall.Await(ctx, *m, dial)
 	var stalled *stall.Error
-	if err == nil || !errors.As(context.Cause(wctx), &stalled) {
+	if !errors.As(err, &stalled) {
 		return c, err
 	}
 	s.o.Log.Warn("a golden boot stalled: pausing and resuming it", "image", image, "stall", stalled)

@@ -113,23 +113,19 @@ func (e *Runtime) await(ctx context.Context, b *box, spec hypervisor.Spec, fresh
 	if !fresh {
 		return b.client(ctx, e)
 	}
-	info, err := b.m.Info(ctx)
-	if err != nil || info.PID <= 0 {
-		return b.client(ctx, e) // (not a process of this host's to watch)
+	var c *agentclient.Client
+	dial := func(ctx context.Context) (err error) {
+		c, err = b.client(ctx, e)
+		return err
 	}
-	wctx, stop := e.opts.Stall.Watch(ctx, info.PID)
-	c, err := b.client(wctx, e)
-	stop()
+	err := e.opts.Stall.Await(ctx, b.m, dial)
 	var stalled *stall.Error
-	if err == nil || !errors.As(context.Cause(wctx), &stalled) {
+	if !errors.As(err, &stalled) {
 		return c, err
 	}
 	id := b.rec.ID
 	e.log.Warn("a boot stalled: pausing and resuming it", "id", id, "image", b.rec.Image, "stall", stalled, "serial", consoleTail(b, 600))
-	m, woke, err := stall.Recover(ctx, e.hv, b.m, spec, func(ctx context.Context) (err error) {
-		c, err = b.client(ctx, e)
-		return err
-	})
+	m, woke, err := stall.Recover(ctx, e.hv, b.m, spec, dial)
 	if woke {
 		e.log.Warn("the stalled boot woke when paused and resumed", "id", id)
 		return c, nil

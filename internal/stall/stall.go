@@ -20,6 +20,7 @@ package stall
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -172,6 +173,25 @@ func use(pid int) (sample, error) {
 		}
 	}
 	return s, nil
+}
+
+// Await calls answer, which waits for the guest of m to answer, under a
+// watch of m's VMM: it returns answer's error, or an *Error if the VMM
+// stalled first. A machine that is no process of this host's is not
+// watched.
+func (r Rule) Await(ctx context.Context, m hypervisor.Machine, answer func(context.Context) error) error {
+	info, err := m.Info(ctx)
+	if err != nil || info.PID <= 0 {
+		return answer(ctx)
+	}
+	wctx, stop := r.Watch(ctx, info.PID)
+	defer stop()
+	err = answer(wctx)
+	var stalled *Error
+	if err != nil && errors.As(context.Cause(wctx), &stalled) {
+		return stalled
+	}
+	return err
 }
 
 // NudgeWait is how long a stalled boot, paused and resumed, has to answer.
