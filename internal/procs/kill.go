@@ -17,35 +17,51 @@ import (
 // directory: the VMM's own sockets, pid file and overlays are in it, and
 // no other machine's command line names it. Callers pass only paths
 // under the engine's own data directory. It returns how many it stopped.
-//
-// A VMM caught while it starts may fork as it dies (QEMU's -daemonize
-// forks twice: the process a scan saw can leave a child the scan did
-// not), so it scans again after every kill, until a scan finds none
-// (at most sweepRounds).
 func KillVMMs(dir string) int {
 	if dir == "" {
 		return 0
 	}
-	n := 0
+	return killVMMs(dir, Naming)
+}
+
+// killVMMs is KillVMMs over a scan (Naming; a test's in its tests).
+//
+// A VMM caught while it starts forks as it goes: QEMU's -daemonize forks
+// twice, and the middle process exits as soon as it has forked the VMM
+// proper. A scan is a snapshot, so it can list that middle process, which
+// is gone (a zombie with no command line: not killed) by the time it is
+// killed, and miss the fork it left, made after the snapshot. So the
+// sweep ends only after two scans in a row found nothing: the fork, alive
+// at the second one's snapshot, is in it. (A round that found a VMM and
+// killed none is not an end: that is the case above.) At most
+// sweepRounds scans.
+func killVMMs(dir string, scan func(string) []Proc) int {
+	n, empty := 0, 0
 	for range sweepRounds {
-		k := 0
-		for _, p := range Naming(dir + "/") {
+		found := 0
+		for _, p := range scan(dir + "/") {
 			// Only VMMs: an operator's `tail -f .../serial.log` is not a stray.
-			if p.IsVMM() && killVMM(p.PID, dir+"/") {
-				k++
+			if !p.IsVMM() {
+				continue
+			}
+			found++
+			if killVMM(p.PID, dir+"/") {
+				n++
 			}
 		}
-		if k == 0 {
+		if found > 0 {
+			empty = 0
+		} else if empty++; empty == 2 {
 			break
 		}
-		n += k
 	}
 	return n
 }
 
-// sweepRounds bounds KillVMMs' scans: each round kills what the last one
-// left behind (a fork per round at most, QEMU's two then its own).
-const sweepRounds = 5
+// sweepRounds bounds KillVMMs' scans: each kills what the last one left
+// behind (a fork per round at most: QEMU's two, then its own), and two
+// more find none.
+const sweepRounds = 8
 
 // strayWait bounds the wait for a killed stray to exit.
 const strayWait = 5 * time.Second

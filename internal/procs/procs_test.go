@@ -48,14 +48,7 @@ func TestKillVMMsForking(t *testing.T) {
 	dir := t.TempDir()
 	// A shell under a VMM's name: its subshells are forks of it, with its
 	// executable and command line, made every few milliseconds.
-	vmm := filepath.Join(dir, "qemu-system-fake")
-	b, err := os.ReadFile("/bin/sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(vmm, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	vmm := fakeVMM(t, dir)
 	marker := filepath.Join(dir, "m")
 	cmd := exec.Command(vmm, "-c", "while :; do ( while :; do sleep 1; done ) & sleep 0.002; done", marker+"/x")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -85,4 +78,64 @@ func vmms(marker string) (out []Proc) {
 		}
 	}
 	return out
+}
+
+// TestKillVMMsForkAfterScan: a scan that listed only a VMM process which
+// was gone by its kill (QEMU's middle fork of -daemonize, which exits as
+// soon as it has forked the VMM proper) and missed its fork (made after
+// the scan's snapshot) does not end the sweep: the fork is stopped.
+func TestKillVMMsForkAfterScan(t *testing.T) {
+	dir := t.TempDir()
+	vmm := fakeVMM(t, dir)
+	marker := filepath.Join(dir, "m")
+	// The middle process: run to its end before the sweep.
+	mid := exec.Command(vmm, "-c", "true", marker+"/x")
+	if err := mid.Run(); err != nil {
+		t.Fatal(err)
+	}
+	// The VMM proper.
+	cmd := exec.Command(vmm, "-c", "read x", marker+"/x")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
+	for deadline := time.Now().Add(10 * time.Second); len(vmms(marker)) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the fake VMM did not start")
+		}
+	}
+	scans := 0
+	scan := func(s string) []Proc {
+		if scans++; scans == 1 {
+			return []Proc{{PID: mid.Process.Pid, Exe: vmm, Cmdline: vmm + " -c true " + marker + "/x"}}
+		}
+		return Naming(s)
+	}
+	if n := killVMMs(marker, scan); n != 1 {
+		t.Errorf("killVMMs stopped %d, want 1", n)
+	}
+	if left := vmms(marker); len(left) > 0 {
+		t.Fatalf("left running: %v", left)
+	}
+	if scans < 4 {
+		t.Errorf("%d scans: want the one that killed none, the one that found the VMM, and two that found nothing", scans)
+	}
+}
+
+// fakeVMM copies /bin/sh under a VMM's name into dir.
+func fakeVMM(t *testing.T, dir string) string {
+	t.Helper()
+	vmm := filepath.Join(dir, "qemu-system-fake")
+	b, err := os.ReadFile("/bin/sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(vmm, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return vmm
 }
