@@ -158,8 +158,9 @@ reliability: export HAREBOX_TEST_DEFAULT_IMAGE = 1
 reliability: export HAREBOX_TEST_IN_PROCESS = 1
 reliability: export HAREBOX_CRASH_LOOP_N ?= 10
 reliability: export HAREBOX_LOAD_SECONDS ?= 60
+reliability: export HAREBOX_TEST_MOVE_KILLS ?= 20
 reliability: deps
-	$(GO) test -timeout 60m -count=1 -v -run 'TestCrashLoop|TestLoad' ./e2e/host/
+	$(GO) test -timeout 60m -count=1 -v -run 'TestCrashLoop|TestLoad|TestMoveKilled' ./e2e/host/
 	$(GO) test -timeout 20m -count=1 -v -run 'TestGuestForkBomb|TestEngineKernelPanic|TestEngineDefaultImage|TestEngineKill9|TestEngineLifecycle/(AgentRestart|PluginCrash)|TestDataDirFull' .
 	$(GO) test -timeout 10m -count=1 -v -run 'TestSlowAndMalformedClients' ./api/
 	$(GO) test -timeout 20m -count=1 -run 'TestConformance$$' ./backends/qemu/

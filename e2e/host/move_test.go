@@ -388,7 +388,7 @@ func testDrainStopping(t *testing.T, s testserver.Setup, a *clusterHost, viaA, v
 
 // TestMoveKilled kills a host with -9 at a random point of a move (the
 // source, then the target, in turn, HAREBOX_TEST_MOVE_KILLS rounds; the
-// seed is logged), starts it again, and checks after each round that the
+// seed is logged; make test: 4, make reliability: 20), starts it again, and checks after each round that the
 // sandbox is on exactly one host, running there (or hibernated there, and
 // resumed), with what it wrote before the first move. The host that comes
 // back finishes or rolls back the move at once: a source that had handed
@@ -432,7 +432,7 @@ func TestMoveKilled(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("a move took %v; seed %d", took.Round(time.Millisecond), seed)
 	rnd := mathrand.New(mathrand.NewPCG(uint64(seed), 0))
-	for round := range testserver.EnvCount(t, "HAREBOX_TEST_MOVE_KILLS", 10) {
+	for round := range testserver.EnvCount(t, "HAREBOX_TEST_MOVE_KILLS", 4) {
 		from, to := hosts[at], hosts[map[string]string{"a": "b", "b": "a"}[at]]
 		victim := map[bool]*clusterHost{true: from, false: to}[round%2 == 0]
 		delay := time.Duration(rnd.Int64N(int64(took + took/4)))
