@@ -36,7 +36,11 @@ import (
 // snapshot's disk, and lives on). After a clean Close nothing runs.
 //
 // It runs beside the other parallel tests, and its cases two at a time:
-// each waits on its own child's VMs most of its time.
+// each waits on its own child's VMs most of its time. Under make test
+// the pool's cases restore from the run's golden snapshot of the
+// minimal image (HAREBOX_TEST_GOLDEN_DIR), as the test servers do,
+// instead of each booting one of its own first; the golden boot's cases
+// boot their own.
 func TestCrashGoldenPool(t *testing.T) {
 	needQEMU(t)
 	t.Parallel()
@@ -75,7 +79,11 @@ func TestCrashGoldenPool(t *testing.T) {
 				before, left []qproc
 			)
 			for attempt := 1; ; attempt++ {
-				v = newEnv(t)
+				if strings.HasPrefix(c.step, "pool-") {
+					v = restoredEnv(t)
+				} else {
+					v = newEnv(t)
+				}
 				ch := startCrashChild(t, v, c.step, max(c.nth, 1), c.hold, c.claim)
 				claimed = ""
 				if c.claim {
@@ -210,7 +218,8 @@ func startCrashChild(t *testing.T, v *env, step string, nth int, hold, claim boo
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashGoldenPoolChild$", "-test.v")
 	cmd.Env = append(os.Environ(), "HAREBOX_TEST_CRASH_AT="+step+"#"+strconv.Itoa(nth),
-		"HAREBOX_TEST_DATADIR="+v.dataDir, "HAREBOX_TEST_PLUGIN="+v.plugin, "HAREBOX_TEST_IMAGE="+v.img.Dir)
+		"HAREBOX_TEST_DATADIR="+v.dataDir, "HAREBOX_TEST_PLUGIN="+v.plugin, "HAREBOX_TEST_IMAGE="+v.img.Dir,
+		"HAREBOX_TEST_CRASH_GOLDEN="+v.goldenDir)
 	if hold {
 		cmd.Env = append(cmd.Env, "HAREBOX_TEST_CRASH_HOLD=1")
 	}
@@ -309,14 +318,19 @@ func TestCrashGoldenPoolChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	eng, err := harebox.New(ctx, harebox.Options{
+	opts := harebox.Options{
 		DataDir: os.Getenv("HAREBOX_TEST_DATADIR"), PluginPath: os.Getenv("HAREBOX_TEST_PLUGIN"),
 		Images:   map[string]images.Image{"minimal": img},
 		Pool:     map[string]int{"minimal:small": 1},
 		Capacity: harebox.Capacity{VCPUs: 3, MemoryMB: 4096, DiskGB: 100},
 		// (The parent shows the last lines when a step does not come.)
 		Logger: slog.New(slog.NewTextHandler(os.Stdout, nil)),
-	})
+	}
+	if dir := os.Getenv("HAREBOX_TEST_CRASH_GOLDEN"); dir != "" {
+		// (The run's: the parent's engine after the kill uses it too.)
+		opts.GoldenSnapshots, opts.GoldenDir, opts.GoldenKey = true, dir, filepath.Join(dir, "golden.key")
+	}
+	eng, err := harebox.New(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
