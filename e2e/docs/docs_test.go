@@ -25,7 +25,7 @@ import (
 // order in one bash (set -euo pipefail), so that a block uses what an
 // earlier one set, on a new server of the page's own; each Python,
 // TypeScript and JavaScript block is a program of its own, on a new
-// server too. They run
+// server too. Pages run two at a time, each on servers of its own. They run
 // in a working directory of the page's, with examples/untrusted's job.py
 // (the walkthrough's), HAREBOX_URL, HAREBOX_API_KEY, harebox on PATH, and
 // DATA_DIR the server's data directory. Every server has an ingress on a
@@ -61,6 +61,9 @@ func TestExamples(t *testing.T) {
 	warm(t, s, "default", "code-interpreter")
 	for _, page := range order {
 		t.Run(strings.TrimSuffix(filepath.Base(page), ".md"), func(t *testing.T) {
+			// Two pages at a time (go test's -parallel, the cores): each
+			// waits on its server and VMs much of its time.
+			t.Parallel()
 			work := t.TempDir()
 			testserver.CopyFile(t, filepath.Join(s.Root, "examples", "untrusted", "job.py"), filepath.Join(work, "job.py"))
 			// The packages a user's project would have installed:
