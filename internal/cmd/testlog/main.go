@@ -3,7 +3,10 @@
 // whole output of a test that failed (or was still running when its
 // package failed: a timeout or a panic). Lines that are not JSON (the go
 // command's own) pass as they are. It also keeps each test's time, so
-// `make test` can end with its slowest tests.
+// `make test` can end with its slowest tests: a test's time is from its
+// start (or its resumption, if it is parallel) to its end, subtests
+// included. (go test's own time for a test whose subtests are parallel
+// ends with its function, before they run.)
 //
 //	go test -json ./... | testlog -save times.tsv [-slowest 10]
 package main
@@ -30,6 +33,7 @@ type event struct {
 	Test       string
 	Elapsed    float64
 	Output     string
+	Time       time.Time
 }
 
 func main() {
@@ -52,7 +56,8 @@ func run(in io.Reader, out io.Writer, save string, slowest int) error {
 		defer f.Close()
 		times = f
 	}
-	held := map[string][]string{} // package + "\x00" + test: its output so far
+	held := map[string][]string{}     // package + "\x00" + test: its output so far
+	started := map[string]time.Time{} // and when it started, or last resumed
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -72,12 +77,19 @@ func run(in io.Reader, out io.Writer, save string, slowest int) error {
 			}
 		case e.Action == "output":
 			held[key] = append(held[key], e.Output)
+		case e.Test != "" && (e.Action == "run" || e.Action == "cont"):
+			started[key] = e.Time
 		case e.Test != "" && (e.Action == "pass" || e.Action == "fail" || e.Action == "skip"):
 			if e.Action == "fail" {
 				fmt.Fprint(out, strings.Join(held[key], ""))
 			}
 			delete(held, key)
-			fmt.Fprintf(times, "%.2f\t%s\t%s\t%s\n", e.Elapsed, e.Package, e.Test, e.Action)
+			took := e.Elapsed
+			if t, ok := started[key]; ok && !t.IsZero() && !e.Time.IsZero() {
+				took = max(took, e.Time.Sub(t).Seconds())
+			}
+			delete(started, key)
+			fmt.Fprintf(times, "%.2f\t%s\t%s\t%s\n", took, e.Package, e.Test, e.Action)
 		case e.Test == "" && e.Action == "fail":
 			// Tests still running when their package failed: their output
 			// says why (a timeout's stacks, a panic).

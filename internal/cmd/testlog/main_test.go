@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Real `go test -json` output of a package with a passing, a failing and
@@ -52,5 +53,60 @@ func TestHangs(t *testing.T) { t.Log("hang output"); time.Sleep(time.Minute) }
 	}
 	if strings.Contains(got, "quiet output") {
 		t.Errorf("a passing test's output was printed:\n%s", got)
+	}
+}
+
+// A test whose subtests are parallel takes until its subtests end: go
+// test's own time for it ends with its function, before they run.
+func TestParallelSubtestsTimed(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module example.test/p\n\ngo 1.26\n")
+	write("p_test.go", `package p
+
+import (
+	"testing"
+	"time"
+)
+
+func TestParent(t *testing.T) {
+	for _, name := range []string{"a", "b"} {
+		t.Run(name, func(t *testing.T) { t.Parallel(); time.Sleep(600 * time.Millisecond) })
+	}
+}
+
+func TestShort(t *testing.T) { time.Sleep(200 * time.Millisecond) }
+`)
+	cmd := exec.Command("go", "test", "-json", ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
+	js, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go test: %v\n%s", err, js)
+	}
+	if !strings.Contains(string(js), `"Test":"TestParent","Elapsed":0`) {
+		t.Fatalf("go test's own time for TestParent is not 0 here: the case is not tested\n%s", js)
+	}
+	var out strings.Builder
+	if err := run(strings.NewReader(string(js)), &out, filepath.Join(dir, "times.tsv"), 1); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out.String(), "\n")
+	var top string
+	for i, l := range lines {
+		if strings.HasPrefix(l, "the 1 slowest tests:") && i+1 < len(lines) {
+			top = lines[i+1]
+		}
+	}
+	f := strings.Fields(top)
+	if len(f) != 3 || f[2] != "TestParent" {
+		t.Fatalf("the slowest test: %q, want TestParent\n%s", top, out.String())
+	}
+	if d, err := time.ParseDuration(f[0]); err != nil || d < 600*time.Millisecond {
+		t.Errorf("TestParent took %s, want at least its subtests' 600ms", f[0])
 	}
 }
