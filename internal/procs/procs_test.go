@@ -80,49 +80,59 @@ func vmms(marker string) (out []Proc) {
 	return out
 }
 
-// TestKillVMMsForkAfterScan: a scan that listed only a VMM process which
-// was gone by its kill (QEMU's middle fork of -daemonize, which exits as
-// soon as it has forked the VMM proper) and missed its fork (made after
-// the scan's snapshot) does not end the sweep: the fork is stopped.
+// TestKillVMMsForkAfterScan: QEMU's middle fork of -daemonize exits as
+// soon as it has forked the VMM proper, so a scan can list it (gone by its
+// kill) or read it as gone (no command line), and miss the VMM, forked
+// after the scan's snapshot. Neither ends the sweep: the VMM is stopped.
 func TestKillVMMsForkAfterScan(t *testing.T) {
-	dir := t.TempDir()
-	vmm := fakeVMM(t, dir)
-	marker := filepath.Join(dir, "m")
-	// The middle process: run to its end before the sweep.
-	mid := exec.Command(vmm, "-c", "true", marker+"/x")
-	if err := mid.Run(); err != nil {
-		t.Fatal(err)
-	}
-	// The VMM proper.
-	cmd := exec.Command(vmm, "-c", "read x", marker+"/x")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
-	for deadline := time.Now().Add(10 * time.Second); len(vmms(marker)) == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the fake VMM did not start")
-		}
-	}
-	scans := 0
-	scan := func(s string) []Proc {
-		if scans++; scans == 1 {
-			return []Proc{{PID: mid.Process.Pid, Exe: vmm, Cmdline: vmm + " -c true " + marker + "/x"}}
-		}
-		return Naming(s)
-	}
-	if n := killVMMs(marker, scan); n != 1 {
-		t.Errorf("killVMMs stopped %d, want 1", n)
-	}
-	if left := vmms(marker); len(left) > 0 {
-		t.Fatalf("left running: %v", left)
-	}
-	if scans < 4 {
-		t.Errorf("%d scans: want the one that killed none, the one that found the VMM, and two that found nothing", scans)
+	for _, c := range []struct {
+		name  string
+		first func(mid Proc) []Proc // what the first scan sees
+	}{
+		{"the middle process listed", func(mid Proc) []Proc { return []Proc{mid} }},
+		{"nothing listed", func(Proc) []Proc { return nil }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			vmm := fakeVMM(t, dir)
+			marker := filepath.Join(dir, "m")
+			// The middle process: run to its end before the sweep.
+			mid := exec.Command(vmm, "-c", "true", marker+"/x")
+			if err := mid.Run(); err != nil {
+				t.Fatal(err)
+			}
+			// The VMM proper.
+			cmd := exec.Command(vmm, "-c", "read x", marker+"/x")
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
+			for deadline := time.Now().Add(10 * time.Second); len(vmms(marker)) == 0; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the fake VMM did not start")
+				}
+			}
+			scans := 0
+			scan := func(s string) []Proc {
+				if scans++; scans == 1 {
+					return c.first(Proc{PID: mid.Process.Pid, Exe: vmm, Cmdline: vmm + " -c true " + marker + "/x"})
+				}
+				return Naming(s)
+			}
+			if n := killVMMs(marker, scan); n != 1 {
+				t.Errorf("killVMMs stopped %d, want 1", n)
+			}
+			if left := vmms(marker); len(left) > 0 {
+				t.Fatalf("left running: %v", left)
+			}
+			if scans != 4 {
+				t.Errorf("%d scans: want 4 (the first, the one that found the VMM, and two that found nothing)", scans)
+			}
+		})
 	}
 }
 
