@@ -25,8 +25,8 @@ import (
 // order in one bash (set -euo pipefail), so that a block uses what an
 // earlier one set, on a new server of the page's own; each Python,
 // TypeScript and JavaScript block is a program of its own, on a new
-// server too. Pages run two at a time, each on servers of its own. They run
-// in a working directory of the page's, with examples/untrusted's job.py
+// server too. Pages run two at a time, each on servers of its own. They
+// run in a working directory of the page's, with examples/untrusted's job.py
 // (the walkthrough's), HAREBOX_URL, HAREBOX_API_KEY, harebox on PATH, and
 // DATA_DIR the server's data directory. Every server has an ingress on a
 // free address.
