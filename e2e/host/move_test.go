@@ -389,11 +389,12 @@ func testDrainStopping(t *testing.T, s testserver.Setup, a *clusterHost, viaA, v
 // TestMoveKilled kills a host with -9 at a random point of a move (the
 // source, then the target, in turn, HAREBOX_TEST_MOVE_KILLS rounds, make
 // test 4 and make reliability 20; the seed is logged), starts it again,
-// and checks after each round that the sandbox is on exactly one host, running there (or hibernated there, and
-// resumed), with what it wrote before the first move. The host that comes
-// back finishes or rolls back the move at once: a source that had handed
-// the sandbox over has its target take it up, a target takes up what was
-// handed to it, a source that was sending takes the sandbox back.
+// and checks after each round that the sandbox is on exactly one host,
+// running there (or hibernated there, and resumed), with what it wrote
+// before the first move. The host that comes back finishes or rolls back
+// the move at once: a source that had handed the sandbox over has its
+// target take it up, a target takes up what was handed to it, a source
+// that was sending takes the sandbox back.
 func TestMoveKilled(t *testing.T) {
 	s := testserver.Prepare(t)
 	dsn := testpg.ForTest(t)
