@@ -11,17 +11,7 @@ import (
 
 func TestNaming(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "marker")
-	// read is a shell builtin, so sh never forks a child that would
-	// briefly carry the same command line; the open stdin keeps it waiting.
-	cmd := exec.Command("sh", "-c", "read x", marker) // the marker is $0
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
+	cmd := waiting(t, "sh", marker)
 	// Start returns once the child has switched to its new image, which
 	// is a moment before the kernel records where its arguments are: until
 	// then its cmdline reads empty. Naming is a snapshot, so wait for it.
@@ -101,16 +91,7 @@ func TestKillVMMsForkAfterScan(t *testing.T) {
 			if err := mid.Run(); err != nil {
 				t.Fatal(err)
 			}
-			// The VMM proper.
-			cmd := exec.Command(vmm, "-c", "read x", marker+"/x")
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
+			waiting(t, vmm, marker+"/x") // the VMM proper
 			for deadline := time.Now().Add(10 * time.Second); len(vmms(marker)) == 0; time.Sleep(time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatal("the fake VMM did not start")
@@ -134,6 +115,24 @@ func TestKillVMMsForkAfterScan(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waiting starts a shell (bin, a copy of sh) that waits, with arg0 as its
+// $0, and stops it when the test ends. read is a shell builtin, so the
+// shell never forks a child that would briefly carry the same command
+// line; the open stdin keeps it waiting.
+func waiting(t *testing.T, bin, arg0 string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, "-c", "read x", arg0)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() })
+	return cmd
 }
 
 // fakeVMM copies /bin/sh under a VMM's name into dir.

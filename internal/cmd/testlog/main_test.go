@@ -13,14 +13,7 @@ import (
 // a hanging test: testlog prints the failure's and the hang's output and
 // the package's result, not the passing test's, and ranks the times.
 func TestRealGoTest(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, s string) {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("go.mod", "module example.test/m\n\ngo 1.26\n")
-	write("m_test.go", `package m
+	dir, js := goTestJSON(t, "3s", `package m
 
 import (
 	"testing"
@@ -35,10 +28,6 @@ func TestBroken(t *testing.T) {
 
 func TestHangs(t *testing.T) { t.Log("hang output"); time.Sleep(time.Minute) }
 `)
-	cmd := exec.Command("go", "test", "-json", "-timeout", "3s", ".")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
-	js, _ := cmd.Output()
 	var out strings.Builder
 	times := filepath.Join(dir, "times.tsv")
 	if err := run(strings.NewReader(string(js)+"not json: passed as it is\n"), &out, times, 2); err != nil {
@@ -59,14 +48,7 @@ func TestHangs(t *testing.T) { t.Log("hang output"); time.Sleep(time.Minute) }
 // A test whose subtests are parallel takes until its subtests end: go
 // test's own time for it ends with its function, before they run.
 func TestParallelSubtestsTimed(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, s string) {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("go.mod", "module example.test/p\n\ngo 1.26\n")
-	write("p_test.go", `package p
+	dir, js := goTestJSON(t, "1m", `package m
 
 import (
 	"testing"
@@ -81,13 +63,6 @@ func TestParent(t *testing.T) {
 
 func TestShort(t *testing.T) { time.Sleep(200 * time.Millisecond) }
 `)
-	cmd := exec.Command("go", "test", "-json", ".")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
-	js, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go test: %v\n%s", err, js)
-	}
 	if !strings.Contains(string(js), `"Test":"TestParent","Elapsed":0`) {
 		t.Fatalf("go test's own time for TestParent is not 0 here: the case is not tested\n%s", js)
 	}
@@ -109,4 +84,22 @@ func TestShort(t *testing.T) { time.Sleep(200 * time.Millisecond) }
 	if d, err := time.ParseDuration(f[0]); err != nil || d < 600*time.Millisecond {
 		t.Errorf("TestParent took %s, want at least its subtests' 600ms", f[0])
 	}
+}
+
+// goTestJSON runs `go test -json` with timeout on a module of one test
+// file (package m), in a directory of the test's, and returns the
+// directory and the output (whatever the tests' results).
+func goTestJSON(t *testing.T, timeout, src string) (dir string, js []byte) {
+	t.Helper()
+	dir = t.TempDir()
+	for name, s := range map[string]string{"go.mod": "module example.test/m\n\ngo 1.26\n", "m_test.go": src} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("go", "test", "-json", "-timeout", timeout, ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
+	js, _ = cmd.Output()
+	return dir, js
 }
