@@ -285,7 +285,7 @@ func (c *Client) contextCall(ctx context.Context, method, path string, body any)
 }
 
 func checkContext(cc *sandbox.CodeContext) error {
-	if sandbox.CheckCodeContextID(cc.ID) != nil || !slices.Contains([]string{sandbox.LangPython, sandbox.LangBash, sandbox.LangJavaScript, sandbox.LangTypeScript}, cc.Language) ||
+	if sandbox.CheckCodeContextID(cc.ID) != nil || !slices.Contains(sandbox.CodeLanguages, cc.Language) ||
 		len(cc.Cwd) > 4096 || !strings.HasPrefix(cc.Cwd, "/") {
 		return lie("a context %q of language %q in %q", clean(cc.ID, 80), clean(cc.Language, 20), clean(cc.Cwd, 200))
 	}

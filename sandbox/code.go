@@ -26,6 +26,10 @@ const (
 	LangTypeScript = "typescript"
 )
 
+// CodeLanguages are the languages above, for a check of a context's
+// (the requests' validate tags below name the same).
+var CodeLanguages = []string{LangPython, LangBash, LangJavaScript, LangTypeScript}
+
 // DefaultCodeContext is the ID of language's default context.
 func DefaultCodeContext(language string) string {
 	switch language {

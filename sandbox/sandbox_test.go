@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -67,5 +68,21 @@ func TestIDs(t *testing.T) {
 	}
 	if ValidID("sbx_nope") || ValidID("xyz_"+a[4:]) || ValidID(a+"0") {
 		t.Fatal("accepted a malformed id")
+	}
+}
+
+// TestCodeLanguages: the requests' validate tags take every language of
+// CodeLanguages, and no other.
+func TestCodeLanguages(t *testing.T) {
+	for _, l := range append(slices.Clone(CodeLanguages), "cobol") {
+		want := l != "cobol"
+		r := CodeRequest{Code: "1", Language: l}
+		c := CodeContextRequest{Language: l}
+		if got := r.Check() == nil; got != want {
+			t.Errorf("a cell in %s: accepted %v, want %v", l, got, want)
+		}
+		if got := c.Check() == nil; got != want {
+			t.Errorf("a context in %s: accepted %v, want %v", l, got, want)
+		}
 	}
 }
