@@ -168,6 +168,12 @@ type Spec struct {
 	// its overlays are opened as they are, under the same DataKey, not
 	// made anew. Without them the launch fails with ErrNotFound.
 	Reuse bool `json:"reuse,omitempty"`
+	// SharedMemory, for Restore, says that the snapshot holds no one's
+	// data (a golden snapshot: a guest as it booted, before any tenant
+	// ran), so a backend may map its memory copy-on-write, shared by
+	// every machine restored from it so, instead of copying it into
+	// each. A backend that cannot share restores as it would without.
+	SharedMemory bool `json:"shared_memory,omitempty"`
 }
 
 // KeySize is the length of DataKey and SnapshotKey.

@@ -57,6 +57,7 @@ type Driver struct {
 	version     string
 
 	drains drains
+	bases  bases
 }
 
 var _ hypervisor.Hypervisor = (*Driver)(nil)
@@ -119,6 +120,7 @@ func (d *Driver) Capabilities(ctx context.Context) (hypervisor.Capabilities, err
 
 // Launch implements hypervisor.Hypervisor.
 func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	d.bases.sweep() // (the memory of golden snapshots that are gone)
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -175,7 +177,7 @@ func (d *Driver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervisor.M
 		}
 	}
 	st.Disks = disks
-	m, err := d.start(ctx, st, spec.DataKey, nil, "")
+	m, err := d.start(ctx, st, spec.DataKey, nil, nil)
 	if err != nil {
 		cleanup()
 		return nil, err
@@ -207,9 +209,7 @@ func (d *Driver) prepare(ctx context.Context, spec hypervisor.Spec) (*state, err
 				}
 			}
 		}
-		for _, f := range []string{"qmp.sock", "agent.sock", "qemu.pid", "mig.sock"} {
-			os.Remove(filepath.Join(spec.StateDir, f))
-		}
+		removeSockets(spec.StateDir)
 	}
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
@@ -236,10 +236,34 @@ func (d *Driver) prepare(ctx context.Context, spec hypervisor.Spec) (*state, err
 }
 
 // start runs QEMU daemonized for st and connects to its QMP socket. The
-// keys reach QEMU through inherited pipes. With a non-empty incoming (a
-// memory file), QEMU loads it before it runs (a restore); snapKey opens
-// that file and the disks' encrypted backing files.
-func (d *Driver) start(ctx context.Context, st *state, dataKey, snapKey []byte, incoming string) (*machine, error) {
+// keys reach QEMU through inherited pipes. With in (a restore), QEMU
+// loads its stream before it runs; snapKey opens that stream's file and
+// the disks' encrypted backing files.
+func (d *Driver) start(ctx context.Context, st *state, dataKey, snapKey []byte, in *incoming) (*machine, error) {
+	m, err := d.launch(ctx, st, dataKey, snapKey, in != nil)
+	if err != nil {
+		return nil, err
+	}
+	if in != nil {
+		if err := m.incoming(ctx, *in); err != nil {
+			m.st.Proc.kill(context.Background())
+			return nil, err
+		}
+	}
+	if err := st.save(); err != nil {
+		m.st.Proc.kill(context.Background())
+		return nil, err
+	}
+	if err := d.startDrain(m); err != nil {
+		m.st.Proc.kill(context.Background())
+		return nil, err
+	}
+	return m, nil
+}
+
+// launch runs QEMU daemonized for st (waiting for an incoming stream when
+// incoming is set) and waits until it answers on its QMP socket.
+func (d *Driver) launch(ctx context.Context, st *state, dataKey, snapKey []byte, incoming bool) (*machine, error) {
 	var sec overlay.Secrets
 	defer sec.Close()
 	if st.Encrypted {
@@ -253,17 +277,21 @@ func (d *Driver) start(ctx context.Context, st *state, dataKey, snapKey []byte, 
 		}
 	}
 	args := append(d.args(st), sec.Args()...)
-	if incoming != "" {
+	if incoming {
 		args = append(args, "-incoming", "defer")
 	}
 	cmd := exec.CommandContext(ctx, d.opts.QEMU, args...)
 	sec.Apply(cmd)
+	if st.mem != nil {
+		cmd.Args = append(cmd.Args, memoryArgs(st, 3+len(cmd.ExtraFiles))...)
+		cmd.ExtraFiles = append(cmd.ExtraFiles, st.mem)
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.Stdout = &stderr
 	// -daemonize forks the VMM into its own session; the parent we wait
 	// for exits once the machine is set up, so startup errors surface here.
-	d.opts.Logger.Debug("qemu: launch", "id", st.Spec.ID, "args", args)
+	d.opts.Logger.Debug("qemu: launch", "id", st.Spec.ID, "args", cmd.Args)
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("qemu: start %s: %w: %s", st.Spec.ID, err, lastLines(stderr.String(), 5))
 	}
@@ -282,20 +310,6 @@ func (d *Driver) start(ctx context.Context, st *state, dataKey, snapKey []byte, 
 	st.Proc = p
 	m := &machine{d: d, st: st}
 	if err := m.waitQMP(ctx); err != nil {
-		p.kill(context.Background())
-		return nil, err
-	}
-	if incoming != "" {
-		if err := m.incoming(ctx, incoming, snapKey); err != nil {
-			p.kill(context.Background())
-			return nil, err
-		}
-	}
-	if err := st.save(); err != nil {
-		p.kill(context.Background())
-		return nil, err
-	}
-	if err := d.startDrain(m); err != nil {
 		p.kill(context.Background())
 		return nil, err
 	}
@@ -439,6 +453,7 @@ func (d *Driver) Attach(ctx context.Context, h hypervisor.Handle) (hypervisor.Ma
 
 // Restore implements hypervisor.Hypervisor.
 func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) (hypervisor.Machine, error) {
+	d.bases.sweep() // (the memory of golden snapshots that are gone)
 	snap, err := loadSnapshot(dir)
 	if err != nil {
 		return nil, err
@@ -511,7 +526,21 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 			st.Disks[i] = hypervisor.Disk{Path: ov, Format: "qcow2"}
 		}
 	}
-	m, err := d.start(ctx, st, spec.DataKey, spec.SnapshotKey, filepath.Join(dir, memoryFile))
+	memPath := filepath.Join(dir, memoryFile)
+	in := &incoming{path: memPath, key: spec.SnapshotKey}
+	if spec.SharedMemory {
+		d.shareBase(ctx, st, spec, in)
+	}
+	m, err := d.start(ctx, st, spec.DataKey, spec.SnapshotKey, in)
+	if err != nil && st.SharedBase && ctx.Err() == nil {
+		// x-ignore-shared is experimental in QEMU: a base whose device
+		// state does not load is given up, and the restore loads it all.
+		d.opts.Logger.Warn("qemu: a restore over the snapshot's shared memory failed: it loads all of it", "id", spec.ID, "snapshot", dir, "err", err)
+		d.bases.fail(memPath, err)
+		removeSockets(st.Spec.StateDir)
+		st.mem, st.SharedBase = nil, false
+		m, err = d.start(ctx, st, spec.DataKey, spec.SnapshotKey, &incoming{path: memPath, key: spec.SnapshotKey})
+	}
 	if err != nil {
 		os.RemoveAll(clone.StateDir)
 		return nil, err
@@ -522,6 +551,29 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 		return nil, fmt.Errorf("qemu: restore: %w", err)
 	}
 	return m, nil
+}
+
+// shareBase turns the restore in into one over the snapshot's base
+// (base.go), made now if this is its first shared restore. A base that
+// cannot be made leaves the restore as it was: it loads all the memory.
+func (d *Driver) shareBase(ctx context.Context, st *state, spec hypervisor.Spec, in *incoming) {
+	b, err := d.bases.get(ctx, in.path, func() (*base, error) {
+		return d.makeBase(ctx, st, spec.DataKey, spec.SnapshotKey, in.path)
+	})
+	if err != nil {
+		d.opts.Logger.Warn("qemu: the snapshot's memory is not shared: this restore loads all of it", "id", spec.ID, "snapshot", filepath.Dir(in.path), "err", err)
+		return
+	}
+	st.mem, st.SharedBase = b.mem, true
+	*in = incoming{stream: b.device, ignoreShared: true}
+}
+
+// removeSockets removes what a VMM that is gone left in its state
+// directory for the next to make anew.
+func removeSockets(dir string) {
+	for _, f := range []string{"qmp.sock", "agent.sock", "qemu.pid", "mig.sock"} {
+		os.Remove(filepath.Join(dir, f))
+	}
 }
 
 // sourceDisk is the disk spec a snapshot's writable disk i was made from

@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -299,19 +300,38 @@ func (m *machine) waitMigration(ctx context.Context, query string) error {
 	}
 }
 
-// incoming loads a memory file into a machine started with -incoming
-// defer and resumes it. QEMU listens on a socket this process feeds, from
-// the file opened (and authenticated) under key when it is sealed.
-func (m *machine) incoming(ctx context.Context, memPath string, key []byte) error {
-	f, err := os.Open(memPath)
-	if err != nil {
-		return fmt.Errorf("qemu: restore: %w", err)
+// incoming is what a restore loads into its machine before it runs.
+type incoming struct {
+	path string // a memory file, sealed under key when key is set
+	key  []byte
+	// stream, in place of path: a stream held in memory (a base's device
+	// state), which leaves the shared RAM out when ignoreShared.
+	stream       []byte
+	ignoreShared bool
+	keepPaused   bool // the machine stays paused after (a base's maker)
+}
+
+// incoming loads a stream into a machine started with -incoming defer
+// and resumes it (unless keepPaused). QEMU listens on a socket this process feeds, from the
+// file opened (and authenticated) under key when it is sealed.
+func (m *machine) incoming(ctx context.Context, in incoming) error {
+	var src io.Reader = bytes.NewReader(in.stream)
+	if in.path != "" {
+		f, err := os.Open(in.path)
+		if err != nil {
+			return fmt.Errorf("qemu: restore: %w", err)
+		}
+		defer f.Close()
+		src = f
+		if len(in.key) > 0 {
+			if src, err = sealstream.NewReader(f, in.key); err != nil {
+				return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: %v", err)
+			}
+		}
 	}
-	defer f.Close()
-	var src io.Reader = f
-	if len(key) > 0 {
-		if src, err = sealstream.NewReader(f, key); err != nil {
-			return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: restore: %v", err)
+	if in.ignoreShared {
+		if err := m.ignoreShared(ctx, true); err != nil {
+			return fmt.Errorf("qemu: restore: %w", err)
 		}
 	}
 	sock := m.migrationSocket()
@@ -356,6 +376,17 @@ func (m *machine) incoming(ctx context.Context, memPath string, key []byte) erro
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+	if in.ignoreShared {
+		// The machine's own snapshots carry all its memory: its RAM is
+		// not mapped shared, and the stream must load without the
+		// capability.
+		if err := m.ignoreShared(ctx, false); err != nil {
+			return fmt.Errorf("qemu: restore: %w", err)
+		}
+	}
+	if in.keepPaused {
+		return nil
 	}
 	return m.Resume(ctx)
 }

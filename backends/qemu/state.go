@@ -40,6 +40,14 @@ type state struct {
 	// plugged into (volume.go). Those restored from snapshots older than
 	// volumes lack it: their device set must match the snapshot's.
 	SCSI bool `json:"scsi,omitempty"`
+	// SharedBase: the guest's RAM is a golden snapshot's base, mapped
+	// copy-on-write (base.go).
+	SharedBase bool `json:"shared_base,omitempty"`
+
+	// mem is the file QEMU maps the guest's RAM from (inherited), while
+	// it starts; memShared maps it shared: a base's maker only.
+	mem       *os.File
+	memShared bool
 }
 
 func (st *state) handle() hypervisor.Handle {

@@ -313,7 +313,10 @@ func testLifecycle(t *testing.T, h Harness) {
 		}
 		waitHealthy(t, orig, 30*time.Second)
 
-		cspec := hypervisor.Spec{ID: spec.ID + "-c", StateDir: filepath.Join(base, "m2")}
+		// Restored as the engine restores its golden snapshots: a backend
+		// may share the snapshot's memory (SharedMemory); nothing the
+		// clone does may tell.
+		cspec := hypervisor.Spec{ID: spec.ID + "-c", StateDir: filepath.Join(base, "m2"), SharedMemory: true}
 		if spec.DataKey != nil {
 			// A wrong snapshot key is refused, not used, and leaves nothing.
 			bad := hypervisor.Spec{ID: spec.ID + "-w", StateDir: filepath.Join(base, "mw"), DataKey: newKey(), SnapshotKey: newKey()}
@@ -376,6 +379,45 @@ func testLifecycle(t *testing.T, h Harness) {
 		}
 		if got := strings.TrimSpace(string(readFile(t, clone, "/etc/machine-id"))); got != hex.EncodeToString(id) {
 			t.Errorf("clone machine-id %q, want %q", got, hex.EncodeToString(id))
+		}
+	})
+	t.Run("SharedMemory", func(t *testing.T) {
+		if clone == nil {
+			t.Skip("no clone")
+		}
+		// A second clone restored sharing the snapshot's memory starts
+		// from the snapshot's memory, and the two clones' memory then
+		// diverges: what one writes, the other does not see.
+		c2spec := clone.spec
+		c2spec.ID, c2spec.StateDir, c2spec.SerialLog = spec.ID+"-s", filepath.Join(base, "m4"), ""
+		if c2spec.DataKey != nil {
+			c2spec.DataKey = newKey()
+		}
+		start := time.Now()
+		m, err := hv.Restore(ctx, filepath.Join(base, "snap"), c2spec)
+		if err != nil {
+			t.Fatal("second shared restore:", err)
+		}
+		c2 := &vm{m: m, spec: c2spec}
+		defer forget(t, c2)
+		connect(t, h, c2, start)
+		if got := readFile(t, c2, "/tmp/before-snapshot"); string(got) != "memory state" {
+			t.Fatalf("second clone lost memory state: %q", got)
+		}
+		writeFile(t, clone, "/tmp/which", []byte("first clone"))
+		writeFile(t, c2, "/tmp/which", []byte("second clone"))
+		writeFile(t, c2, "/tmp/before-snapshot", []byte("changed in the second clone"))
+		for _, c := range []struct {
+			v          *vm
+			path, want string
+		}{
+			{clone, "/tmp/which", "first clone"},
+			{c2, "/tmp/which", "second clone"},
+			{clone, "/tmp/before-snapshot", "memory state"},
+		} {
+			if got := readFile(t, c.v, c.path); string(got) != c.want {
+				t.Errorf("%s of %s = %q, want %q", c.path, c.v.m.ID(), got, c.want)
+			}
 		}
 	})
 	t.Run("SnapshotOfClone", func(t *testing.T) {
