@@ -285,7 +285,8 @@ func (s *Service) newMember(ctx context.Context, snap *store.Snapshot, key []byt
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	spec := s.o.Host.SandboxSpec(pm.ID)
-	spec.DataKey, spec.SnapshotKey = pm.Keys.Data, key
+	// (A golden snapshot's memory may be shared by its restores.)
+	spec.DataKey, spec.SnapshotKey, spec.SharedMemory = pm.Keys.Data, key, true
 	pm.stateDir = spec.StateDir
 	if pm.Keys.Console != nil {
 		spec.ConsoleRecipient = pm.Keys.Console.Recipient().String()

@@ -45,7 +45,9 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 	}
 	var m hypervisor.Machine
 	if o != nil {
-		spec.SnapshotKey = o.Key
+		// A golden snapshot holds no one's data: its memory may be
+		// shared by the sandboxes restored from it.
+		spec.SnapshotKey, spec.SharedMemory = o.Key, o.Golden
 		m, err = e.hv.Restore(ctx, o.Snap.Dir, spec)
 		if err != nil && o.Golden && ctx.Err() == nil {
 			// A golden snapshot is the host's cache, no one's data: this
@@ -55,7 +57,7 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 			if clone.SnapshotFault(err) {
 				e.clones.Failed(img, rec.Size, o.Snap, err)
 			}
-			o, rec.Served, spec.SnapshotKey = nil, "boot", nil
+			o, rec.Served, spec.SnapshotKey, spec.SharedMemory = nil, "boot", nil, false
 			m, err = e.hv.Launch(ctx, spec)
 		}
 		if err != nil {
