@@ -104,6 +104,8 @@ func run(args []string, instead func(settings) error) error {
 		maxVolumeGB  = fs.Int("max-volume-gb", 100, "the largest volume a create or resize may ask for, in GB")
 		projectVolGB = fs.Int("project-volume-gb", 1000, "a project's quota of volumes, their sizes together, in GB")
 		meshEndpoint = fs.String("mesh-endpoint", "", "ADDR:PORT: this host's end of the mesh's WireGuard tunnels to the deployment's other hosts (with a PostgreSQL --store and --network linux): its address on the network between the hosts and the UDP port the tunnels arrive on (bound on all addresses); unset: each project's mesh stays within each host")
+		cpuOver      = fs.Float64("cpu-overcommit", 4, "admission: the sandboxes' vCPUs together may be that many times the host's cores")
+		memOver      = fs.Float64("memory-overcommit", 1, "admission: the sandboxes' memory together may be that many times the host's memory (less 1 GiB kept for the host); above 1, busy guests can make the host swap or kill VMMs (docs/performance.md)")
 		maxFile      = fs.Int64("max-file-bytes", 256<<20, "the largest file a sandbox's file calls write or read, in bytes")
 		guestASLR    = fs.Bool("tcg-guest-aslr", false, "qemu under software emulation (TCG): keep address-space randomization in guests, which makes every process start in them 3 to 4 times slower (off by default there; guests under KVM always keep it)")
 		imageDir     = fs.String("image-dir", "", "built images (default DATA_DIR/images)")
@@ -187,6 +189,14 @@ func run(args []string, instead func(settings) error) error {
 		}
 		if *storeURL == "" || *netKind != "linux" {
 			return fmt.Errorf("--mesh-endpoint: tunnels between hosts need the hosts' shared --store (PostgreSQL) and --network linux")
+		}
+	}
+	for _, o := range []struct {
+		name string
+		v    float64
+	}{{"cpu-overcommit", *cpuOver}, {"memory-overcommit", *memOver}} {
+		if !(o.v > 0 && o.v <= 64) {
+			return fmt.Errorf("--%s %v: want a factor above 0, at most 64", o.name, o.v)
 		}
 	}
 	if *maxFile < 1<<20 {
@@ -356,6 +366,7 @@ func run(args []string, instead func(settings) error) error {
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
 		Host:        harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease, TLS: clusterTLS},
 		AuditAnchor: anchor, AuditCheckpointInterval: *auditEvery, MaxVolumeGB: *maxVolumeGB, ProjectVolumeGB: *projectVolGB,
+		Capacity: harebox.Capacity{CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver},
 	}
 	if tunnel != nil {
 		opts.MeshTunnel, opts.MeshEndpoint = tunnel, meshEP

@@ -146,7 +146,7 @@ func TestConfigCheck(t *testing.T) {
 		code := configCheck([]string{"check", p}, &out, &errOut)
 		return code, out.String() + errOut.String()
 	}
-	good := "data-dir: " + filepath.Join(dir, "data") + "\nlisten: 0.0.0.0:7443\ntls-self-signed: true\nnetwork: none\npool: minimal:small=2\nmetrics-interval: 30s\n"
+	good := "data-dir: " + filepath.Join(dir, "data") + "\nlisten: 0.0.0.0:7443\ntls-self-signed: true\nnetwork: none\npool: minimal:small=2\nmetrics-interval: 30s\nmemory-overcommit: 2.5\n"
 	if code, out := check(good); code != 0 || !strings.Contains(out, ": ok") {
 		t.Fatalf("a good file: %d %s", code, out)
 	}
@@ -158,6 +158,8 @@ func TestConfigCheck(t *testing.T) {
 		"network: bridge\n":                             `--network "bridge"`,
 		"metrics-interval: 100ms\n":                     "--metrics-interval 100ms: at least 1s",
 		"max-file-bytes: 1000\n":                        "--max-file-bytes 1000: at least 1 MiB",
+		"memory-overcommit: 0\n":                        "--memory-overcommit 0: want a factor above 0, at most 64",
+		"cpu-overcommit: 100\n":                         "--cpu-overcommit 100: want a factor above 0, at most 64",
 		"tls-cert: /nonexistent.pem\ntls-key: /k.pem\n": "--tls-cert/--tls-key",
 		"tls-cert: /c.pem\n":                            "go together",
 		"address-pool: 10.0.0.0/33\n":                   "--address-pool",
