@@ -80,12 +80,33 @@ func Serve(h hypervisor.Hypervisor) {
 			os.Exit(1)
 		}
 	}
+	var calls sync.WaitGroup
+	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		calls.Add(1)
+		defer calls.Done()
+		return handler(ctx, req)
+	}
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig: Handshake,
 		Plugins:         goplugin.PluginSet{pluginName: &grpcPlugin{impl: h}},
-		GRPCServer:      goplugin.DefaultGRPCServer,
+		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
+			return goplugin.DefaultGRPCServer(append(opts, grpc.ChainUnaryInterceptor(count)))
+		},
 	})
+	// The engine stops its plugin by stopping its server, which ends the
+	// calls in flight: each then undoes what it had made (a restore cut
+	// short removes its machine's VMM and directory) before the process
+	// exits. (The engine kills a plugin that takes over 2 s.)
+	drained := make(chan struct{})
+	go func() { calls.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(drainTimeout):
+	}
 }
+
+// drainTimeout bounds how long a stopped plugin waits for its calls.
+const drainTimeout = 10 * time.Second
 
 // Process is a backend binary the engine runs, and the hypervisor it
 // serves. A plugin that exits (a crash, a kill) is started again by the

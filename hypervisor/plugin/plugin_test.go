@@ -130,6 +130,33 @@ func TestPluginCrashAndRestart(t *testing.T) {
 	}
 }
 
+// A plugin that the engine closes lets its calls in flight undo what they
+// made before it exits.
+func TestPluginClosedMidCall(t *testing.T) {
+	t.Setenv("MEMPLUGIN_LAUNCH_DELAY", "5s")
+	t.Setenv("MEMPLUGIN_UNDO", "300ms")
+	dir := t.TempDir()
+	p, err := plugin.Launch(context.Background(), memplugin(t), nil, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := memhv.Image(dir)
+	spec := hypervisor.Spec{ID: "m1", VCPUs: 1, MemoryMB: 128, Kernel: img.Kernel, Initrd: img.Initrd, StateDir: dir + "/m1"}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.Launch(context.Background(), spec)
+		errc <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	p.Close()
+	if err := <-errc; err == nil {
+		t.Fatal("the launch in flight succeeded")
+	}
+	if _, err := os.Stat(spec.StateDir + ".undone"); err != nil {
+		t.Fatalf("the plugin exited before its launch was undone: %v", err)
+	}
+}
+
 // waitExited waits until the process has noticed its plugin's death.
 func waitExited(t *testing.T, p *plugin.Process) {
 	t.Helper()
