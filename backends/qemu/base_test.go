@@ -13,11 +13,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 	"golang.org/x/sys/unix"
 )
@@ -83,6 +85,37 @@ func TestSharedMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	src.Kill(ctx)
+
+	// A restore whose caller gives up while the base is made (a server
+	// that closes) leaves no VMM and no directory, at whichever step.
+	for i, after := range []time.Duration{100 * time.Millisecond, 300 * time.Millisecond, 600 * time.Millisecond, time.Second, 1500 * time.Millisecond} {
+		id := fmt.Sprintf("shm-x%d", i)
+		cctx, cancel := context.WithTimeout(ctx, after)
+		m, err := d.Restore(cctx, snap, hypervisor.Spec{ID: id, StateDir: filepath.Join(dir, id), DataKey: key(), SnapshotKey: snapKey, SharedMemory: true})
+		cancel()
+		if err == nil {
+			m.Kill(ctx)
+			m.Cleanup(ctx)
+			continue
+		}
+		time.Sleep(200 * time.Millisecond) // (a VMM started late would show by now)
+		if _, serr := os.Stat(filepath.Join(dir, id)); !os.IsNotExist(serr) {
+			ents, _ := os.ReadDir(filepath.Join(dir, id))
+			t.Errorf("a restore cut short after %v (%v) left its directory: %v", after, err, ents)
+		}
+		if ps := procs.Naming(filepath.Join(dir, id) + "/"); len(ps) > 0 {
+			t.Errorf("a restore cut short after %v left %v", after, ps)
+			for _, p := range ps {
+				syscall.Kill(p.PID, syscall.SIGKILL)
+			}
+		}
+	}
+	d.bases.sweep()
+	for path := range d.bases.m {
+		d.bases.mu.Lock()
+		d.bases.dropLocked(path)
+		d.bases.mu.Unlock()
+	}
 
 	restore := func(id string, k []byte) (hypervisor.Machine, error) {
 		m, err := d.Restore(ctx, snap, hypervisor.Spec{ID: id, StateDir: filepath.Join(dir, id), DataKey: key(), SnapshotKey: k, SharedMemory: true})
