@@ -243,7 +243,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.clones = clone.New(e.ctx, clone.Options{Hypervisor: e.hv, Network: e.net, Images: e.catalog, Host: views.Clones,
 		Dir: opts.GoldenDir, Seal: seal, Backend: fmt.Sprintf("%s %s %s network=%T", caps.Name, caps.Accelerator, caps.Version, e.net),
-		Golden: golden, Encrypt: encrypt, Pool: pool,
+		Golden: golden, SharedMemory: opts.GoldenSharedMemory, Encrypt: encrypt, Pool: pool,
 		BootTimeout: opts.BootTimeout, Stall: opts.bootStall, Agent: e.rt.AgentOptions(), Step: atStep, Log: e.log})
 	e.snaps = clone.NewSnapshots(clone.SnapshotOptions{Store: e.store, Secrets: e.sec, Meter: e.meter, Envs: e.guests, Audit: al,
 		Hosts: views.Snapshots, Sources: views.Snapshots, Capable: caps.Snapshot, Dir: filepath.Join(opts.DataDir, "snapshots"),

@@ -102,6 +102,13 @@ type Options struct {
 	// create of each) instead of booting, once there is one (package
 	// clone).
 	GoldenSnapshots bool
+	// GoldenSharedMemory has the sandboxes restored from a golden
+	// snapshot (warm-pool members too) share its memory copy-on-write
+	// where the backend can (QEMU; hypervisor.Spec.SharedMemory): an
+	// idle sandbox holds a small part of the memory it would, and its
+	// guest runs slower while it first writes its pages (measured in
+	// docs/hypervisors.md).
+	GoldenSharedMemory bool
 	// GoldenDir holds the golden snapshots (default DataDir/golden). They
 	// are kept there across restarts, each one's key sealed under
 	// GoldenKey; engines on one machine that share GoldenDir, GoldenKey

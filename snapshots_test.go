@@ -537,3 +537,60 @@ func warmOf(t *testing.T, eng *harebox.Engine) sandbox.Image {
 	t.Fatalf("no %s image in %+v", sandbox.DefaultImage, l)
 	return sandbox.Image{}
 }
+
+// TestGoldenSharedMemory: with GoldenSharedMemory, creates restored from
+// a golden snapshot and warm-pool members ask the backend to share the
+// snapshot's memory; without it (the default) none does, and a boot never.
+func TestGoldenSharedMemory(t *testing.T) {
+	ctx := context.Background()
+	for _, shared := range []bool{false, true} {
+		eng, hv := memhvEngine(t, func(o *harebox.Options) {
+			o.GoldenSnapshots, o.GoldenSharedMemory = true, shared
+			o.Pool = map[string]int{"default:medium": 1}
+			o.Capacity = harebox.Capacity{VCPUs: 64, MemoryMB: 1 << 17, DiskGB: 1000}
+		})
+		asked := func(id string) bool {
+			spec, ok := hv.Spec(id)
+			if !ok {
+				t.Fatalf("no machine %s", id)
+			}
+			return spec.SharedMemory
+		}
+		first, err := eng.Create(ctx, sandbox.CreateRequest{})
+		if err != nil || first.Served != "boot" || asked(first.ID) {
+			t.Fatalf("shared %v: the first create: %+v %v (shared: %v)", shared, first, err, err == nil && asked(first.ID))
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			s, err := eng.Create(ctx, sandbox.CreateRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Served == "snapshot" {
+				if asked(s.ID) != shared {
+					t.Errorf("shared %v: a golden restore asked for shared memory: %v", shared, asked(s.ID))
+				}
+				break
+			}
+			eng.Delete(ctx, s.ID)
+			if time.Now().After(deadline) {
+				t.Fatal("no create was served from a golden snapshot")
+			}
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			s, err := eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{Preset: "medium"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Served == "pool" {
+				if asked(s.ID) != shared {
+					t.Errorf("shared %v: a pool member asked for shared memory: %v", shared, asked(s.ID))
+				}
+				break
+			}
+			eng.Delete(ctx, s.ID)
+			if time.Now().After(deadline) {
+				t.Fatal("no create was served from the pool")
+			}
+		}
+	}
+}

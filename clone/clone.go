@@ -70,6 +70,11 @@ type Options struct {
 	// backend that snapshots); without it Golden returns none, and the
 	// pool never fills.
 	Golden bool
+	// SharedMemory has the sandboxes restored from a golden snapshot, pool
+	// members included, share its memory copy-on-write where the backend
+	// can (hypervisor.Spec.SharedMemory): far less memory per idle
+	// sandbox, slower guests while they first write their pages.
+	SharedMemory bool
 	// Encrypt gives golden snapshots and pool members keys of their own
 	// (the backend encrypts: crypto-erase is on).
 	Encrypt bool

@@ -72,6 +72,10 @@ func SnapshotFault(err error) bool {
 	return errors.Is(err, hypervisor.ErrNotFound) || errors.Is(err, hypervisor.ErrInvalid) || errors.Is(err, hypervisor.ErrUnsupported)
 }
 
+// SharedMemory says whether restores from golden snapshots share their
+// memory (Options.SharedMemory).
+func (s *Service) SharedMemory() bool { return s.o.SharedMemory }
+
 // Golden returns the ready golden snapshot of img (the build the image
 // called name is) at res and its key, or nil; with none made yet (here or
 // by another engine on Dir), it starts making one in the background.

@@ -25,6 +25,9 @@ type Origin struct {
 	Wake bool
 	// Golden: a golden snapshot, of no account.
 	Golden bool
+	// SharedMemory: the restore shares the snapshot's memory with the
+	// other restores of it (hypervisor.Spec.SharedMemory; golden only).
+	SharedMemory bool
 }
 
 // Open finds the snapshot a create names, checks that the principal in

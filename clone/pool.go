@@ -285,8 +285,7 @@ func (s *Service) newMember(ctx context.Context, snap *store.Snapshot, key []byt
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	spec := s.o.Host.SandboxSpec(pm.ID)
-	// (A golden snapshot's memory may be shared by its restores.)
-	spec.DataKey, spec.SnapshotKey, spec.SharedMemory = pm.Keys.Data, key, true
+	spec.DataKey, spec.SnapshotKey, spec.SharedMemory = pm.Keys.Data, key, s.o.SharedMemory
 	pm.stateDir = spec.StateDir
 	if pm.Keys.Console != nil {
 		spec.ConsoleRecipient = pm.Keys.Console.Recipient().String()

@@ -39,7 +39,8 @@ const idleBoxes = 20
 // HAREBOX_BENCH_RUNSC_PLATFORM=kvm on a host with hardware KVM), in one
 // run, on the same jobs, with the jobs run directly on the host for
 // scale. HareBox: a hareboxd with golden snapshots,
-// the Debian image at the small size, through its Go client; gVisor: the
+// the Debian image at the small size, through its Go client, with
+// --golden-shared-memory (sharedFlag); gVisor: the
 // host's root file system read-only, /tmp a tmpfs, no network, through
 // its CLI. Printed as a table and reported as metrics (each the median
 // of b.N):
@@ -63,7 +64,7 @@ func BenchmarkSideBySide(b *testing.B) {
 	s := testserver.Prepare(b)
 	// (20 small sandboxes need more vCPUs than a 2-core host admits by
 	// default.)
-	srv := testserver.StartTemp(b, s, "hbsbs", "--golden-snapshots", "--cpu-overcommit", "16")
+	srv := testserver.StartTemp(b, s, "hbsbs", "--golden-snapshots", "--cpu-overcommit", "16", sharedFlag())
 	dataDir := srv.DataDir
 	c, err := apiclient.Open(apiclient.Options{URL: srv.URL, Key: srv.Key})
 	if err != nil {
@@ -202,6 +203,16 @@ func BenchmarkSideBySide(b *testing.B) {
 		b.ReportMetric(h/v, "harebox/gvisor-"+r.key)
 	}
 	b.Log(table.String())
+}
+
+// sharedFlag is HareBox's setting of golden snapshots' shared memory:
+// on (--golden-shared-memory), unless HAREBOX_BENCH_GOLDEN_SHARED=0
+// measures it off (hareboxd's default).
+func sharedFlag() string {
+	if os.Getenv("HAREBOX_BENCH_GOLDEN_SHARED") == "0" {
+		return "--golden-shared-memory=false"
+	}
+	return "--golden-shared-memory"
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

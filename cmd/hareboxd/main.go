@@ -124,6 +124,7 @@ func run(args []string, instead func(settings) error) error {
 		meterEvery   = fs.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
 		poolFlag     = fs.String("pool", "", "keep that many sandboxes restored from the golden snapshot idle and ready for each image and size, claimed by creates: IMAGE:PRESET=N[,IMAGE:PRESET=N...], e.g. default:small=4 (implies --golden-snapshots); the deployment's pool, once set (harebox pool set), replaces it")
 		golden       = fs.Bool("golden-snapshots", true, "restore creates from a golden snapshot of their image and size (booted once, in the background, on the first create of each) instead of booting them; --golden-snapshots=false boots every create")
+		goldenShared = fs.Bool("golden-shared-memory", false, "sandboxes restored from a golden snapshot (and warm-pool members) share its memory copy-on-write (qemu): an idle one holds a small part of the memory it would, and its guest runs slower while it first writes its pages (docs/hypervisors.md)")
 		goldenDir    = fs.String("golden-dir", "", "where golden snapshots are kept across restarts (default DATA_DIR/golden); servers on one machine that share it, --golden-key and --image-dir share them")
 		goldenKey    = fs.String("golden-key", "", "the file of the 32-byte key that seals the golden snapshots' keys (default: the host's master key, DATA_DIR/master.key; made if missing)")
 		metricsEvery = fs.Duration("metrics-interval", 15*time.Second, "how often every sandbox created with monitoring on is sampled (CPU, memory, disk, network, from the host side)")
@@ -362,7 +363,7 @@ func run(args []string, instead func(settings) error) error {
 		DataDir: *dataDir, Backend: *backend, PluginPath: *pluginPath, ImageDir: *imageDir,
 		Site: sandbox.Site{Name: *site, Country: *country}, Logger: log, Network: sandboxNet,
 		PlaintextDisks: *plaintext, Prices: &priceTable, MeterInterval: *meterEvery, MetricsInterval: *metricsEvery, GoldenSnapshots: *golden, Pool: warm,
-		GoldenDir: *goldenDir, GoldenKey: *goldenKey,
+		GoldenDir: *goldenDir, GoldenKey: *goldenKey, GoldenSharedMemory: *goldenShared,
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
 		Host:        harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease, TLS: clusterTLS},
 		AuditAnchor: anchor, AuditCheckpointInterval: *auditEvery, MaxVolumeGB: *maxVolumeGB, ProjectVolumeGB: *projectVolGB,

@@ -292,6 +292,7 @@ func (h *Hypervisor) Restore(ctx context.Context, dir string, spec hypervisor.Sp
 	clone := snap.Spec
 	clone.ID, clone.StateDir, clone.SerialLog, clone.Labels = spec.ID, spec.StateDir, spec.SerialLog, spec.Labels
 	clone.Network, clone.DataKey = spec.Network, spec.DataKey
+	clone.SharedMemory = spec.SharedMemory // (asked, kept for Spec: nothing here is shared)
 	if (clone.Network == nil) != (snap.Spec.Network == nil) {
 		return nil, hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: restore: the clone must have a network exactly when the snapshot has one")
 	}

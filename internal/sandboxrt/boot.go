@@ -45,9 +45,7 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 	}
 	var m hypervisor.Machine
 	if o != nil {
-		// A golden snapshot holds no one's data: its memory may be
-		// shared by the sandboxes restored from it.
-		spec.SnapshotKey, spec.SharedMemory = o.Key, o.Golden
+		spec.SnapshotKey, spec.SharedMemory = o.Key, o.SharedMemory
 		m, err = e.hv.Restore(ctx, o.Snap.Dir, spec)
 		if err != nil && o.Golden && ctx.Err() == nil {
 			// A golden snapshot is the host's cache, no one's data: this

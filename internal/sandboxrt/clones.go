@@ -43,7 +43,7 @@ func (e *Runtime) goldenFor(name string, img images.Image, res sandbox.Resources
 	if snap == nil {
 		return nil
 	}
-	return &clone.Origin{Snap: snap, Key: key, Golden: true, Done: func() {}}
+	return &clone.Origin{Snap: snap, Key: key, Golden: true, SharedMemory: e.clones.SharedMemory(), Done: func() {}}
 }
 
 // claimBoot makes a claimed member the sandbox b: b's firewall policy in

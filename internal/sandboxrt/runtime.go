@@ -175,6 +175,7 @@ type (
 		Failed(img images.Image, res sandbox.Resources, snap *store.Snapshot, err error)
 		Reserve(res sandbox.Resources) error
 		Idle() int
+		SharedMemory() bool
 	}
 	// Snapshots are the snapshots kept (clone.Snapshots): a create opens
 	// one to restore from; a snapshot's files are dropped.
