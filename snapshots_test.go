@@ -560,37 +560,29 @@ func TestGoldenSharedMemory(t *testing.T) {
 		if err != nil || first.Served != "boot" || asked(first.ID) {
 			t.Fatalf("shared %v: the first create: %+v %v (shared: %v)", shared, first, err, err == nil && asked(first.ID))
 		}
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			s, err := eng.Create(ctx, sandbox.CreateRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if s.Served == "snapshot" {
-				if asked(s.ID) != shared {
-					t.Errorf("shared %v: a golden restore asked for shared memory: %v", shared, asked(s.ID))
+		// (Creates until one is served so: the golden snapshot and the
+		// pool are made in the background.)
+		servedBy := func(req sandbox.CreateRequest, served string) *sandbox.Sandbox {
+			t.Helper()
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				s, err := eng.Create(ctx, req)
+				if err != nil {
+					t.Fatal(err)
 				}
-				break
-			}
-			eng.Delete(ctx, s.ID)
-			if time.Now().After(deadline) {
-				t.Fatal("no create was served from a golden snapshot")
+				if s.Served == served {
+					return s
+				}
+				eng.Delete(ctx, s.ID)
+				if time.Now().After(deadline) {
+					t.Fatalf("no create was served by %s", served)
+				}
 			}
 		}
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			s, err := eng.Create(ctx, sandbox.CreateRequest{Size: sandbox.Size{Preset: "medium"}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if s.Served == "pool" {
-				if asked(s.ID) != shared {
-					t.Errorf("shared %v: a pool member asked for shared memory: %v", shared, asked(s.ID))
-				}
-				break
-			}
-			eng.Delete(ctx, s.ID)
-			if time.Now().After(deadline) {
-				t.Fatal("no create was served from the pool")
-			}
+		if s := servedBy(sandbox.CreateRequest{}, "snapshot"); asked(s.ID) != shared {
+			t.Errorf("shared %v: a golden restore asked for shared memory: %v", shared, asked(s.ID))
+		}
+		if s := servedBy(sandbox.CreateRequest{Size: sandbox.Size{Preset: "medium"}}, "pool"); asked(s.ID) != shared {
+			t.Errorf("shared %v: a pool member asked for shared memory: %v", shared, asked(s.ID))
 		}
 	}
 }
