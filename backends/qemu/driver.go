@@ -545,6 +545,7 @@ func (d *Driver) Restore(ctx context.Context, dir string, spec hypervisor.Spec) 
 		os.RemoveAll(clone.StateDir)
 		return nil, err
 	}
+	st.mem = nil // (the VMM has its own map of the base; the driver keeps the file)
 	if err := m.detach(ctx); err != nil {
 		m.Kill(context.Background())
 		m.Cleanup(context.Background())
