@@ -40,6 +40,7 @@ func e2bSDK(t *testing.T, s testserver.Setup, srv *testserver.Server, addr strin
 			}
 			out := testserver.Run(t, srv, s, dir, 10*time.Minute, "env", append(args, "compat.test.mjs")...)
 			t.Log(testserver.LastLines(out, 10))
+			testserver.LogSlowTAP(t, out)
 			if !strings.Contains(out, "# fail 0") || strings.Contains(out, "# pass 0") {
 				t.Fatalf("node --test:\n%s", out)
 			}

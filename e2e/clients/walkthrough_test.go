@@ -132,6 +132,7 @@ func TestWalkthrough(t *testing.T) {
 		}
 		out := testserver.Run(t, srv, s, dir, 10*time.Minute, "env", "HAREBOX_TEST_IMAGE=minimal", "HAREBOX_TEST_WALKTHROUGH="+filepath.Join(app, "walkthrough.mjs"), "npm", "test")
 		t.Log(testserver.LastLines(out, 12))
+		testserver.LogSlowTAP(t, out)
 		if !strings.Contains(out, "# fail 0") || strings.Contains(out, "# pass 0") {
 			t.Fatalf("npm test:\n%s", out)
 		}

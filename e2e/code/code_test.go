@@ -281,6 +281,7 @@ func TestCodeInterpreter(t *testing.T) {
 		testserver.NPMInstalled(t, srv, s, dir)
 		out := testserver.Run(t, srv, s, dir, 5*time.Minute, "env", "E2B_API_URL=http://"+e2bAddr, "E2B_SANDBOX_URL=http://"+e2bAddr,
 			"E2B_API_KEY="+secret, "E2B_TEST_SANDBOX="+strings.TrimPrefix(id, "sbx_"), "node", "--test", "--test-reporter=tap", "codeinterp.test.mjs")
+		testserver.LogSlowTAP(t, out)
 		if !strings.Contains(out, "# fail 0") || strings.Contains(out, "# pass 0") {
 			t.Fatalf("node --test:\n%s", out)
 		}

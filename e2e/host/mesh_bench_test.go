@@ -32,7 +32,7 @@ func BenchmarkMeshHosts(b *testing.B) {
 	}
 	defer func() { serve.Process.Kill(); serve.Wait() }()
 	time.Sleep(300 * time.Millisecond)
-	out, err := exec.Command("ip", "netns", "exec", d.nsA, d.probe, "bench", "10.251.0.6", mib).Output()
+	out, err := exec.Command("ip", "netns", "exec", d.nsA, d.probe, "bench", "198.19.251.6", mib).Output()
 	if err != nil {
 		b.Fatal("between the hosts' namespaces:", err)
 	}

@@ -23,8 +23,11 @@ import (
 const meshPort = 51820
 
 // underlay makes two network namespaces, each a host's, with a veth to
-// this one: a at 10.251.0.2 and b at 10.251.0.6, routed here (the hosts'
-// routed link). It returns the namespaces and the name of b's link on
+// this one: a at 198.19.251.2 and b at 198.19.251.6, routed here (the hosts'
+// routed link). The addresses are a test network's (RFC 2544), outside
+// the default mesh pool (10.240.0.0/12): a hareboxd left on this machine
+// with its defaults drops what is forwarded into that pool, as it must.
+// It returns the namespaces and the name of b's link on
 // this side. IPv6 is off on the links: what crosses them is IPv4 or ARP.
 func underlay(t testing.TB) (nsA, nsB, linkB string) {
 	var id [3]byte
@@ -44,12 +47,12 @@ func underlay(t testing.TB) (nsA, nsB, linkB string) {
 		t.Cleanup(func() { exec.Command("ip", "link", "del", here).Run() })
 		sh("sysctl", "-qw", "net.ipv6.conf."+here+".disable_ipv6=1")
 		sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-		sh("ip", "addr", "add", fmt.Sprintf("10.251.0.%d/30", 4*i+1), "dev", here)
+		sh("ip", "addr", "add", fmt.Sprintf("198.19.251.%d/30", 4*i+1), "dev", here)
 		sh("ip", "link", "set", here, "up")
-		sh("ip", "-n", ns, "addr", "add", fmt.Sprintf("10.251.0.%d/30", 4*i+2), "dev", "eth0")
+		sh("ip", "-n", ns, "addr", "add", fmt.Sprintf("198.19.251.%d/30", 4*i+2), "dev", "eth0")
 		sh("ip", "-n", ns, "link", "set", "eth0", "up")
 		sh("ip", "-n", ns, "link", "set", "lo", "up")
-		sh("ip", "-n", ns, "route", "add", "default", "via", fmt.Sprintf("10.251.0.%d", 4*i+1))
+		sh("ip", "-n", ns, "route", "add", "default", "via", fmt.Sprintf("198.19.251.%d", 4*i+1))
 		if side == "a" {
 			nsA = ns
 		} else {
@@ -131,9 +134,9 @@ func newMeshDeployment(tb testing.TB) *meshDeployment {
 		})
 		return h
 	}
-	d.a = start("a", d.nsA, fmt.Sprintf("10.251.0.2:%d", meshPort), nil)
+	d.a = start("a", d.nsA, fmt.Sprintf("198.19.251.2:%d", meshPort), nil)
 	tb.Cleanup(func() { testserver.Finish(tb, d.a.srv, d.a.dir) })
-	d.b = start("b", d.nsB, fmt.Sprintf("10.251.0.6:%d", meshPort), d.a)
+	d.b = start("b", d.nsB, fmt.Sprintf("198.19.251.6:%d", meshPort), d.a)
 	tb.Cleanup(func() {
 		if !d.bDead {
 			testserver.Finish(tb, d.b.srv, d.b.dir)
@@ -144,11 +147,32 @@ func newMeshDeployment(tb testing.TB) *meshDeployment {
 			h.run("delete", id)
 		}
 	})
+	tb.Cleanup(func() { // (before the hosts stop)
+		if tb.Failed() {
+			d.diagnose()
+		}
+	})
 	for _, p := range []string{"mesh-a", "mesh-b"} {
 		d.a.ok(nil, "project", "create", p)
 		d.a.ok(nil, "project", "update", p, "--mesh")
 	}
 	return d
+}
+
+// diagnose logs what a failed test needs to tell a tunnel that never
+// carried a packet from an underlay that lost it: each host's view of
+// its tunnels and the router's forwarding and routes.
+func (d *meshDeployment) diagnose() {
+	for _, h := range []*meshHost{d.a, d.b} {
+		if h == d.b && d.bDead {
+			continue
+		}
+		o, e, _ := h.run("mesh", "status")
+		d.tb.Logf("host %s: harebox mesh status: %s%s", h.name, o, e)
+	}
+	fwd, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	routes, _ := exec.Command("ip", "route", "show", "root", "198.19.251.0/16").CombinedOutput()
+	d.tb.Logf("the underlay's router: ip_forward %s, routes:\n%s", strings.TrimSpace(string(fwd)), routes)
 }
 
 // newBox creates a sandbox on h with the probe serving in it.
@@ -226,7 +250,7 @@ func TestMeshHosts(t *testing.T) {
 			{"a2 to project B's b1", a2, b1.MeshAddress, "tcp"},
 			{"a2 to project B's b1 by name", a2, b1.MeshName, "udp"},
 			{"the one off the mesh to a2", off, a2.MeshAddress, "tcp"},
-			{"a2 to host a's underlay address", a2, "10.251.0.2", "tcp"},
+			{"a2 to host a's underlay address", a2, "198.19.251.2", "tcp"},
 		} {
 			if !blocked(c.from, c.protocol, c.to) {
 				t.Errorf("%s over %s: got through", c.what, c.protocol)
