@@ -8,18 +8,23 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor/consolelog"
+	"github.com/harebox/harebox/hypervisor/qmp"
 )
 
 // An encrypted console (Spec.ConsoleRecipient): QEMU keeps the guest's
 // console in a ring buffer in its own memory, never in a file, and this
-// process moves it to the log, encrypted, every drainInterval. The ring
-// keeps the newest ringSize bytes while nobody drains (a plugin restart);
-// output older than that, and at most one interval's before the VMM
-// exits, is lost.
+// process moves it to the log, encrypted: every drainInterval while the
+// guest writes to it, backing off to every drainIdle while it is quiet
+// (each drain is a QMP session, and a host of idle sandboxes paid more
+// for draining empty rings, four sessions a second each, than for the
+// guests themselves). The ring keeps the newest ringSize bytes while
+// nobody drains (a plugin restart); output older than that, and at most
+// one interval's before the VMM exits, is lost.
 const (
 	ringSize      = 1 << 20
 	ringRead      = 512 << 10 // base64 in one QMP line stays under qmpMaxLine
 	drainInterval = 500 * time.Millisecond
+	drainIdle     = 2 * time.Second
 )
 
 // drains are the consoles this process drains, by machine ID, so that a
@@ -69,60 +74,82 @@ func (d *Driver) startDrain(m *machine) error {
 			}
 			d.drains.mu.Unlock()
 		}()
-		t := time.NewTicker(drainInterval)
-		defer t.Stop()
+		every := drainInterval
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-time.After(every):
 			}
 			if !m.st.Proc.alive() {
 				return
 			}
-			m.drainOnce(ctx, app)
-			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			s, err := m.status(sctx)
-			cancel()
-			if err == nil && s == "shutdown" {
-				// The guest is done (-action shutdown=pause): what it
-				// printed last is in the log now, so QEMU may go.
-				m.drainOnce(ctx, app)
+			n, status := m.drain(ctx, app)
+			if status == "shutdown" {
+				// The guest is done (-action shutdown=pause): once what
+				// it printed last is in the log, QEMU may go.
+				m.drain(ctx, app)
 				qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				m.exec(qctx, "quit", nil)
 				cancel()
 				return
+			}
+			if n > 0 {
+				every = drainInterval
+			} else {
+				every = min(2*every, drainIdle)
 			}
 		}
 	}()
 	return nil
 }
 
-// drainOnce moves what the ring holds to the log.
-func (m *machine) drainOnce(ctx context.Context, app *consolelog.Appender) {
+// drain moves what the ring holds to the log and asks for the machine's
+// status after, in one QMP session: it returns how many bytes it moved
+// and the status ("" if it could not tell).
+func (m *machine) drain(ctx context.Context, app *consolelog.Appender) (moved int, status string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.st.Proc.alive() {
+		return 0, ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	q, err := qmp.Dial(ctx, m.st.QMP)
+	if err != nil {
+		return 0, ""
+	}
+	defer q.Close()
 	for {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		out, err := m.exec(cctx, "ringbuf-read", map[string]any{"device": "serial0", "size": ringRead, "format": "base64"})
-		cancel()
+		out, err := q.Execute(ctx, "ringbuf-read", map[string]any{"device": "serial0", "size": ringRead, "format": "base64"})
 		if err != nil {
-			return
+			return moved, ""
 		}
 		var s string
 		if json.Unmarshal(out, &s) != nil || s == "" {
-			return
+			break
 		}
 		b, err := base64.StdEncoding.DecodeString(s)
 		if err != nil || len(b) == 0 {
-			return
+			break
 		}
 		if err := app.Append(b); err != nil {
 			m.d.opts.Logger.Warn("qemu: console log", "id", m.ID(), "err", err)
-			return
+			break
 		}
+		moved += len(b)
 		if len(b) < ringRead {
-			return
+			break
 		}
 	}
+	out, err := q.Execute(ctx, "query-status", nil)
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err != nil || json.Unmarshal(out, &st) != nil {
+		return moved, ""
+	}
+	return moved, st.Status
 }
 
 // stopDrain stops draining id's console and waits for the drainer.
