@@ -112,7 +112,7 @@ test: deps prebuild-default-image vet lint-openapi
 	@# image (built in the background from the start): e2e, the shortest
 	@# of the long ones, so that no package goes over 8 minutes.
 	@# Beside it, one at a time, on the core the guests leave idle now and
-	@# then: the engine's concurrency tests again, several times, under
+	@# then: the engine's concurrency tests again, twice, under
 	@# the race detector (in memory, no VM), then every other package
 	@# (seconds each, most of it building), then the short packages with
 	@# guests (a minute or so each: last in the main run, they ended it
@@ -131,7 +131,7 @@ test: deps prebuild-default-image vet lint-openapi
 	trap 'n=$$(pkill -9 -c -f -- "-name harebox-golden-.*$$gold/"); test "$$n" -gt 0 && echo "make test: stopped $$n golden machines of killed servers"; rm -rf "$$gold"' EXIT; \
 	guests=$$($(GO) list $(GUEST_PACKAGES) $(SHORT_GUEST_PACKAGES)) && rest=$$($(GO) list ./... | grep -vxF "$$guests") && test -n "$$guests" || \
 		{ echo "make test: cannot list the packages"; exit 1; }; \
-	( CGO_ENABLED=1 $(GO) test -json -race -count=3 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
+	( CGO_ENABLED=1 $(GO) test -json -race -count=2 -timeout 10m -run 'TestBudgetConcurrentCreates|TestBudgetNeverOverspends|TestStartDeleteRace|TestSnapshotsAndFork|TestHibernate$$|TestGoldenSnapshots|TestPool$$' . 2>&1 | \
 		$(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-race.log 2>&1; raced=$$?; \
 		$(GO) test -json -p 1 -timeout 10m -count=1 $$rest $(SHORT_GUEST_PACKAGES) 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv >$(CACHE)/test-rest.log 2>&1 && test $$raced = 0 ) & beside=$$!; \
 	$(GO) test -json -timeout 24m -count=1 $(GUEST_PACKAGES) 2>&1 | $(BIN)/testlog -save $(CACHE)/test-times.tsv; main=$$?; \

@@ -429,12 +429,12 @@ func TestEngineLifecycle(t *testing.T) {
 		t.Logf("synchronous: %v", time.Since(start).Round(time.Millisecond))
 		start = time.Now()
 
-		// A client that stops reading: its writer blocks for 8 s while the
+		// A client that stops reading: its writer blocks for 4 s while the
 		// command goes on writing, then drains.
 		release := make(chan struct{})
-		time.AfterFunc(8*time.Second, func() { close(release) })
+		time.AfterFunc(4*time.Second, func() { close(release) })
 		sw := &stallWriter{release: release}
-		r, err = eng.ExecStream(ctx, box.ID, sandbox.ExecRequest{Cmd: "timeout 14 cat /dev/zero; true", TimeoutSeconds: 120}, nil, sw, io.Discard)
+		r, err = eng.ExecStream(ctx, box.ID, sandbox.ExecRequest{Cmd: "timeout 7 cat /dev/zero; true", TimeoutSeconds: 120}, nil, sw, io.Discard)
 		if err != nil || r.ExitCode != 0 {
 			t.Fatalf("streaming flood: %+v %v", r, err)
 		}
