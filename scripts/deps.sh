@@ -21,6 +21,7 @@ pkgs=(
   chromium                     # a real browser: a published URL, the console (tests)
   postgresql                   # the PostgreSQL store (its tests run their own server)
   runsc                        # gVisor, measured side by side with HareBox (make bench)
+  nginx-light                  # the credentials proxy measured against nginx (make bench)
 )
 missing=()
 for p in "${pkgs[@]}"; do
