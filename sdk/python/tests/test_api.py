@@ -69,11 +69,12 @@ def test_missing_sandbox_is_not_found(hb: harebox.Client) -> None:
 
 
 def test_bad_size_is_invalid_with_its_field(hb: harebox.Client) -> None:
-    before = hb.list_sandboxes()["sandboxes"]
+    # (IDs: a record's health fields may change between the two lists.)
+    before = sorted(b["id"] for b in hb.list_sandboxes()["sandboxes"])
     with pytest.raises(harebox.InvalidRequest) as err:
         hb.create(size={"preset": "huge"})
     assert (err.value.status, err.value.code, err.value.field) == (400, "invalid", "size.preset")
-    assert hb.list_sandboxes()["sandboxes"] == before
+    assert sorted(b["id"] for b in hb.list_sandboxes()["sandboxes"]) == before
 
 
 def test_unknown_field_is_invalid(hb: harebox.Client) -> None:
