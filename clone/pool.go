@@ -295,6 +295,10 @@ func (s *Service) newMember(ctx context.Context, snap *store.Snapshot, key []byt
 	}
 	s.step("pool-restore", pm.stateDir)
 	if pm.Machine, err = s.o.Hypervisor.Restore(ctx, snap.Dir, spec); err != nil {
+		// (A restore its caller gave up on, as a server that stops does,
+		// can have finished in its backend all the same: a VMM whose
+		// handle never came back.)
+		procs.KillVMMs(pm.stateDir)
 		s.o.Network.Detach(context.WithoutCancel(ctx), pm.ID)
 		if ctx.Err() == nil && SnapshotFault(err) {
 			s.Failed(img, res, snap, err) // (made again for the next fill)

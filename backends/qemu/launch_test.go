@@ -1,0 +1,59 @@
+package qemu
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/internal/procs"
+	"github.com/harebox/harebox/internal/testimage"
+)
+
+// TestLaunchCutShort: a launch whose caller gives up at any point (while
+// QEMU daemonizes, before it answers on QMP) leaves no VMM behind. (The
+// context kills the process QEMU daemonizes from; the VMM it forked then
+// exits too, as this checks.)
+func TestLaunchCutShort(t *testing.T) {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
+	}
+	img := testimage.Image(t, "minimal")
+	d, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cut := 0
+	for i, after := range []time.Duration{10, 25, 40, 60, 80, 110, 150, 200, 300} {
+		after *= time.Millisecond
+		sd := filepath.Join(dir, fmt.Sprint(i))
+		key := make([]byte, hypervisor.KeySize)
+		rand.Read(key)
+		ctx, cancel := context.WithTimeout(context.Background(), after)
+		m, err := d.Launch(ctx, hypervisor.Spec{ID: fmt.Sprintf("cut%d", i), VCPUs: 1, MemoryMB: 256,
+			Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline, StateDir: sd, DataKey: key})
+		cancel()
+		if err == nil {
+			m.Kill(context.Background())
+			m.Cleanup(context.Background())
+			continue
+		}
+		cut++
+		time.Sleep(300 * time.Millisecond) // (a VMM forked late would show by now)
+		if ps := procs.Naming(sd + "/"); len(ps) > 0 {
+			t.Errorf("a launch cut short after %v (%v) left %v", after, err, ps)
+			for _, p := range ps {
+				syscall.Kill(p.PID, syscall.SIGKILL)
+			}
+		}
+	}
+	if cut == 0 {
+		t.Error("no launch was cut short: the test checks nothing")
+	}
+}
