@@ -199,7 +199,6 @@ func (d *meshDeployment) newBox(h *meshHost, args ...string) sandbox.Sandbox {
 // sandboxes untouched. A2 deleted: its name and address stop at once. b
 // removed from the deployment: a drops its tunnel.
 func TestMeshHosts(t *testing.T) {
-	t.Parallel() // (with the other tests that wait: on handshakes, leases, restarts)
 	d := newMeshDeployment(t)
 	a, b, nsA, linkB := d.a, d.b, d.nsA, d.linkB
 	a1 := d.newBox(a, "--project", "mesh-a", "--name", "a1")

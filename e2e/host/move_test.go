@@ -396,7 +396,6 @@ func testDrainStopping(t *testing.T, s testserver.Setup, a *clusterHost, viaA, v
 // target take it up, a target takes up what was handed to it, a source
 // that was sending takes the sandbox back.
 func TestMoveKilled(t *testing.T) {
-	t.Parallel() // (it waits on hosts that start again most of its time)
 	s := testserver.Prepare(t)
 	dsn := testpg.ForTest(t)
 	startHost := deployment(t, s, dsn, "3s")
