@@ -36,6 +36,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The benchmark runs nginx itself; the package's own server (its
+  # default site on port 80), started where services start, is not wanted.
+  if [[ " ${missing[*]} " == *" nginx-light "* ]]; then
+    { systemctl disable --now nginx || service nginx stop; } >/dev/null 2>&1 || true
+  fi
 fi
 
 if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
