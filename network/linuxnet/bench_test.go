@@ -91,8 +91,9 @@ func (g *guest) fetch(t target, path string) (time.Duration, error) {
 // proxy's passthrough (example.com, a hostname rule) and through the
 // credential path (files.pythonhosted.org, a credential rule: TLS ended
 // with the sandbox's CA, the placeholder swapped, TLS to the host).
-// Beside them, a real proxy doing the same job: nginx (Debian's) on
-// a test host of its own address, ending the guest's TLS with its own
+// Beside them, a real proxy doing the same job: nginx (Debian's) at an
+// address of its own on the test internet, reached straight through
+// nftables (a CIDR rule, as pypi.org), ending the guest's TLS with its own
 // certificate and re-originating it to files.pythonhosted.org with the
 // real key set in Authorization (what the credential path does, less the
 // placeholder check). Metrics: the p50 of connect + TLS + a small GET
