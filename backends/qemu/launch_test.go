@@ -1,18 +1,17 @@
-package qemu
+package qemu_test
 
 import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox/backends/qemu"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/internal/procs"
-	"github.com/harebox/harebox/internal/testimage"
 )
 
 // TestLaunchCutShort: a launch whose caller gives up at any point (while
@@ -20,11 +19,8 @@ import (
 // context kills the process QEMU daemonizes from; the VMM it forked then
 // exits too, as this checks.)
 func TestLaunchCutShort(t *testing.T) {
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86_64 is not installed (make deps installs it)")
-	}
-	img := testimage.Image(t, "minimal")
-	d, err := New(Options{})
+	needQEMU(t)
+	d, err := qemu.New(qemu.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,12 +28,12 @@ func TestLaunchCutShort(t *testing.T) {
 	cut := 0
 	for i, after := range []time.Duration{10, 25, 40, 60, 80, 110, 150, 200, 300} {
 		after *= time.Millisecond
-		sd := filepath.Join(dir, fmt.Sprint(i))
-		key := make([]byte, hypervisor.KeySize)
-		rand.Read(key)
+		spec := minimalSpec(t)
+		spec.ID, spec.StateDir = fmt.Sprintf("cut%d", i), filepath.Join(dir, fmt.Sprint(i))
+		spec.DataKey = make([]byte, hypervisor.KeySize)
+		rand.Read(spec.DataKey)
 		ctx, cancel := context.WithTimeout(context.Background(), after)
-		m, err := d.Launch(ctx, hypervisor.Spec{ID: fmt.Sprintf("cut%d", i), VCPUs: 1, MemoryMB: 256,
-			Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: img.Cmdline, StateDir: sd, DataKey: key})
+		m, err := d.Launch(ctx, spec)
 		cancel()
 		if err == nil {
 			m.Kill(context.Background())
@@ -46,7 +42,7 @@ func TestLaunchCutShort(t *testing.T) {
 		}
 		cut++
 		time.Sleep(300 * time.Millisecond) // (a VMM forked late would show by now)
-		if ps := procs.Naming(sd + "/"); len(ps) > 0 {
+		if ps := procs.Naming(spec.StateDir + "/"); len(ps) > 0 {
 			t.Errorf("a launch cut short after %v (%v) left %v", after, err, ps)
 			for _, p := range ps {
 				syscall.Kill(p.PID, syscall.SIGKILL)
