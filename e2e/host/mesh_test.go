@@ -171,7 +171,7 @@ func (d *meshDeployment) diagnose() {
 		d.tb.Logf("host %s: harebox mesh status: %s%s", h.name, o, e)
 	}
 	fwd, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
-	routes, _ := exec.Command("ip", "route", "show", "root", "198.19.251.0/16").CombinedOutput()
+	routes, _ := exec.Command("ip", "route", "show", "root", "198.19.251.0/24").CombinedOutput()
 	d.tb.Logf("the underlay's router: ip_forward %s, routes:\n%s", strings.TrimSpace(string(fwd)), routes)
 }
 
