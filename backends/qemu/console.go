@@ -108,48 +108,35 @@ func (d *Driver) startDrain(m *machine) error {
 // status after, in one QMP session: it returns how many bytes it moved
 // and the status ("" if it could not tell).
 func (m *machine) drain(ctx context.Context, app *consolelog.Appender) (moved int, status string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.st.Proc.alive() {
-		return 0, ""
-	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	q, err := qmp.Dial(ctx, m.st.QMP)
-	if err != nil {
-		return 0, ""
-	}
-	defer q.Close()
-	for {
-		out, err := q.Execute(ctx, "ringbuf-read", map[string]any{"device": "serial0", "size": ringRead, "format": "base64"})
-		if err != nil {
-			return moved, ""
+	m.session(ctx, func(q *qmp.Client) error {
+		for {
+			out, err := q.Execute(ctx, "ringbuf-read", map[string]any{"device": "serial0", "size": ringRead, "format": "base64"})
+			if err != nil {
+				return err
+			}
+			var s string
+			if json.Unmarshal(out, &s) != nil || s == "" {
+				break
+			}
+			b, err := base64.StdEncoding.DecodeString(s)
+			if err != nil || len(b) == 0 {
+				break
+			}
+			if err := app.Append(b); err != nil {
+				m.d.opts.Logger.Warn("qemu: console log", "id", m.ID(), "err", err)
+				break
+			}
+			moved += len(b)
+			if len(b) < ringRead {
+				break
+			}
 		}
-		var s string
-		if json.Unmarshal(out, &s) != nil || s == "" {
-			break
-		}
-		b, err := base64.StdEncoding.DecodeString(s)
-		if err != nil || len(b) == 0 {
-			break
-		}
-		if err := app.Append(b); err != nil {
-			m.d.opts.Logger.Warn("qemu: console log", "id", m.ID(), "err", err)
-			break
-		}
-		moved += len(b)
-		if len(b) < ringRead {
-			break
-		}
-	}
-	out, err := q.Execute(ctx, "query-status", nil)
-	var st struct {
-		Status string `json:"status"`
-	}
-	if err != nil || json.Unmarshal(out, &st) != nil {
-		return moved, ""
-	}
-	return moved, st.Status
+		status, _ = queryStatus(ctx, q)
+		return nil
+	})
+	return moved, status
 }
 
 // stopDrain stops draining id's console and waits for the drainer.

@@ -40,13 +40,28 @@ func (m *machine) AgentEndpoint() hypervisor.AgentEndpoint {
 // exec runs one QMP command on a fresh connection. QEMU serves one QMP
 // client at a time, so holding a connection would lock out every other
 // handle on this machine (a re-attached engine, a second plugin process).
-func (m *machine) exec(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+func (m *machine) exec(ctx context.Context, cmd string, args any) (out json.RawMessage, err error) {
+	err = m.session(ctx, func(q *qmp.Client) error {
+		out, err = q.Execute(ctx, cmd, args)
+		return err
+	})
+	return out, err
+}
+
+// session runs f on a fresh QMP connection, closed after it: exec's, for
+// a few commands in a row.
+func (m *machine) session(ctx context.Context, f func(q *qmp.Client) error) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.st.Proc.alive() {
-		return nil, hypervisor.Errorf(hypervisor.ErrState, "qemu: %s: %v", m.ID(), errStopped)
+		return hypervisor.Errorf(hypervisor.ErrState, "qemu: %s: %v", m.ID(), errStopped)
 	}
-	return qmp.Run(ctx, m.st.QMP, cmd, args)
+	q, err := qmp.Dial(ctx, m.st.QMP)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	return f(q)
 }
 
 // waitQMP waits until a freshly started QEMU answers on its QMP socket.
@@ -70,8 +85,17 @@ func (m *machine) waitQMP(ctx context.Context) error {
 }
 
 // status returns QEMU's run state ("running", "paused", "postmigrate", ...).
-func (m *machine) status(ctx context.Context) (string, error) {
-	out, err := m.exec(ctx, "query-status", nil)
+func (m *machine) status(ctx context.Context) (s string, err error) {
+	err = m.session(ctx, func(q *qmp.Client) error {
+		s, err = queryStatus(ctx, q)
+		return err
+	})
+	return s, err
+}
+
+// queryStatus asks q for QEMU's run state.
+func queryStatus(ctx context.Context, q *qmp.Client) (string, error) {
+	out, err := q.Execute(ctx, "query-status", nil)
 	if err != nil {
 		return "", err
 	}
