@@ -2,7 +2,6 @@ package images
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -82,11 +81,7 @@ func readInitramfs(t *testing.T, p string) archive {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := io.ReadAll(zr)
+	raw, err := io.ReadAll(f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,6 +221,35 @@ func TestMinimalImage(t *testing.T) {
 		"virtio_net", "virtio_rng", "vsock", "vmw_vsock_virtio_transport", "crc32c_generic"} {
 		if _, ok := pos[m]; !ok {
 			t.Errorf("module %s missing from modules.load", m)
+		}
+	}
+	// On demand (volumes): in the initramfs, not loaded at boot, after
+	// their dependencies, none of them twice.
+	later := strings.Fields(string(a.data[strings.TrimPrefix(layout.ModulesOnDemand, "/")]))
+	if !slices.Equal(later, img.ModulesOnDemand) {
+		t.Errorf("modules.ondemand %v != manifest %v", later, img.ModulesOnDemand)
+	}
+	lpos := map[string]int{}
+	for i, p := range later {
+		if r, ok := a.recs[strings.TrimPrefix(p, "/")]; !ok || r.FileSize == 0 {
+			t.Errorf("on-demand module %s not in the initramfs", p)
+		}
+		if _, ok := pos[moduleName(p)]; ok {
+			t.Errorf("%s is both loaded at boot and on demand", p)
+		}
+		lpos[moduleName(p)] = i
+	}
+	for name, i := range lpos {
+		for _, d := range deps[name] {
+			_, atBoot := pos[d]
+			if j, ok := lpos[d]; !atBoot && (!ok || j > i) {
+				t.Errorf("on-demand module %s (at %d) needs %s (at %d, present %v)", name, i, d, j, ok)
+			}
+		}
+	}
+	for _, m := range []string{"virtio_scsi", "sd_mod", "scsi_mod"} {
+		if _, ok := lpos[m]; !ok {
+			t.Errorf("module %s missing from modules.ondemand", m)
 		}
 	}
 

@@ -3,7 +3,6 @@ package images
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"debug/elf"
 	"fmt"
@@ -67,6 +66,21 @@ func (iw *initramfsWriter) file(name string, content []byte, perm uint64) error 
 	i := iw.info(name, sIFREG|perm, 0, 0)
 	i.FileSize = uint64(len(content))
 	return iw.w.WriteRecord(cpio.Record{ReaderAt: bytes.NewReader(content), Info: i})
+}
+
+// modules writes mods' files and their list, in order, to list.
+func (iw *initramfsWriter) modules(ctx context.Context, list, kver string, mods []module) error {
+	var load strings.Builder
+	for _, m := range mods {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := iw.hostFile(m.guestPath(kver), m.hostPath, 0o644); err != nil {
+			return err
+		}
+		load.WriteString(m.guestPath(kver) + "\n")
+	}
+	return iw.file(list, []byte(load.String()), 0o644)
 }
 
 func (iw *initramfsWriter) hostFile(name, src string, perm uint64) error {
@@ -138,8 +152,17 @@ const (
 		"user:x:1000:\n"
 )
 
-// writeInitramfs writes the gzip'd newc initramfs to dst.
-func writeInitramfs(ctx context.Context, dst string, o *Options, kver string, mods []module) error {
+// initramfsFormat is in every image's input hash: builds of another
+// format are other builds.
+const initramfsFormat = "newc"
+
+// writeInitramfs writes the newc initramfs to dst, uncompressed: under
+// software emulation the kernel's gunzip of the archive (6.7 MB of 18)
+// took 0.40 to 0.45 s of every boot, the copy out of an uncompressed one
+// 0.12 to 0.19 s (lz4: 0.28, zstd: 0.35 to 0.53; measured here). The
+// host reads the larger file from its page cache, and the guest frees
+// the archive's memory once unpacked, as before.
+func writeInitramfs(ctx context.Context, dst string, o *Options, kver string, mods moduleSets) error {
 	for _, b := range []string{o.AgentPath, o.BusyboxPath} {
 		if err := isStatic(b); err != nil {
 			return err
@@ -155,11 +178,7 @@ func writeInitramfs(ctx context.Context, dst string, o *Options, kver string, mo
 	}
 	defer f.Close()
 	bw := bufio.NewWriterSize(f, 1<<20)
-	zw, err := gzip.NewWriterLevel(bw, gzip.DefaultCompression)
-	if err != nil {
-		return err
-	}
-	iw := &initramfsWriter{w: cpio.Newc.Writer(zw), dirs: map[string]bool{"/": true}}
+	iw := &initramfsWriter{w: cpio.Newc.Writer(bw), dirs: map[string]bool{"/": true}}
 
 	steps := []func() error{
 		func() error { return iw.dir("/dev", 0o755, 0, 0) },
@@ -195,19 +214,8 @@ func writeInitramfs(ctx context.Context, dst string, o *Options, kver string, mo
 		func() error { return iw.dir("/sys", 0o555, 0, 0) },
 		func() error { return iw.dir("/run", 0o755, 0, 0) },
 		func() error { return iw.dir("/newroot", 0o755, 0, 0) },
-		func() error {
-			var load strings.Builder
-			for _, m := range mods {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				if err := iw.hostFile(m.guestPath(kver), m.hostPath, 0o644); err != nil {
-					return err
-				}
-				load.WriteString(m.guestPath(kver) + "\n")
-			}
-			return iw.file(layout.ModulesLoad, []byte(load.String()), 0o644)
-		},
+		func() error { return iw.modules(ctx, layout.ModulesLoad, kver, mods.boot) },
+		func() error { return iw.modules(ctx, layout.ModulesOnDemand, kver, mods.onDemand) },
 	}
 	for _, s := range steps {
 		if err := ctx.Err(); err != nil {
@@ -218,9 +226,6 @@ func writeInitramfs(ctx context.Context, dst string, o *Options, kver string, mo
 		}
 	}
 	if err := cpio.WriteTrailer(iw.w); err != nil {
-		return err
-	}
-	if err := zw.Close(); err != nil {
 		return err
 	}
 	if err := bw.Flush(); err != nil {

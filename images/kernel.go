@@ -91,6 +91,34 @@ type module struct {
 	hostPath string
 }
 
+// moduleSets are the modules loaded at boot and those loaded on demand
+// (without any the boot set has).
+type moduleSets struct{ boot, onDemand []module }
+
+// resolveModuleSets resolves boot and onDemand as resolveModules does,
+// then leaves out of the on-demand set what the boot set loads.
+func resolveModuleSets(kdir string, boot, onDemand []string) (moduleSets, error) {
+	b, err := resolveModules(kdir, boot)
+	if err != nil {
+		return moduleSets{}, err
+	}
+	d, err := resolveModules(kdir, onDemand)
+	if err != nil {
+		return moduleSets{}, err
+	}
+	have := map[string]bool{}
+	for _, m := range b {
+		have[m.rel] = true
+	}
+	sets := moduleSets{boot: b}
+	for _, m := range d {
+		if !have[m.rel] {
+			sets.onDemand = append(sets.onDemand, m)
+		}
+	}
+	return sets, nil
+}
+
 // guestPath is the module's absolute path in the initramfs.
 func (m module) guestPath(kver string) string {
 	return path.Join("/lib/modules", kver, m.rel)

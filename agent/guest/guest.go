@@ -70,6 +70,9 @@ type Server struct {
 	watches atomic.Int32
 	// conns counts the Connect calls running.
 	conns atomic.Int32
+	// modMu guards modsLoaded: the on-demand modules are loaded (volumes).
+	modMu      sync.Mutex
+	modsLoaded bool
 }
 
 // New returns a Server with opts' defaults filled in.

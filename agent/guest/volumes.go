@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/harebox/harebox/agent/agentpb"
+	"github.com/harebox/harebox/agent/kmod"
 	"github.com/harebox/harebox/agent/layout"
 )
 
@@ -37,6 +38,32 @@ func checkMountPath(p string) error {
 	return nil
 }
 
+// loadOnDemand loads, once, the modules volumes need, which the boot
+// leaves out (layout.ModulesOnDemand: 0.16 s of a boot under software
+// emulation): the copies staged on /run after a switch to a root disk,
+// else the initramfs's own. Without either list (an image built before
+// there were any) the boot loaded them.
+func (s *Server) loadOnDemand() error {
+	s.modMu.Lock()
+	defer s.modMu.Unlock()
+	if s.modsLoaded {
+		return nil
+	}
+	for _, list := range []string{layout.ModulesStaged, layout.ModulesOnDemand} {
+		loaded, total, err := kmod.LoadList(filepath.Join(s.opts.Root, list))
+		if errors.Is(err, kmod.ErrNoList) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		s.opts.Logf("loaded %d of %d on-demand modules (volumes)", loaded, total)
+		break
+	}
+	s.modsLoaded = true
+	return nil
+}
+
 // MountVolume implements agentpb.AgentServer.
 func (s *Server) MountVolume(ctx context.Context, req *agentpb.MountVolumeRequest) (*agentpb.Empty, error) {
 	if !serialRE.MatchString(req.GetSerial()) {
@@ -52,6 +79,9 @@ func (s *Server) MountVolume(ctx context.Context, req *agentpb.MountVolumeReques
 		if uid, gid, err = s.owner(req.GetOwner()); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.loadOnDemand(); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "the guest cannot load its disk drivers: %v", err)
 	}
 	dev, err := diskBySerial(ctx, req.GetSerial())
 	if err != nil {

@@ -9,11 +9,10 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/harebox/harebox/agent/kmod"
 	"github.com/harebox/harebox/agent/layout"
 )
 
@@ -66,6 +65,9 @@ func Run(opts Options) error {
 		init := params[layout.ParamInit]
 		if init == "" {
 			init = layout.DefaultInit
+		}
+		if err := kmod.Stage(layout.ModulesOnDemand, layout.ModulesStagedDir, layout.ModulesStaged); err != nil {
+			logf("on-demand modules: %v", err)
 		}
 		err := switchRoot(dev, init, logf) // returns only on failure
 		logf("switch to %s failed: %v; staying init", dev, err)
@@ -147,64 +149,14 @@ func useConsole(logf func(string, ...any)) {
 
 // loadModules loads each module listed in the file at list, in order.
 func loadModules(list string, logf func(string, ...any)) {
-	f, err := os.Open(list)
-	if errors.Is(err, os.ErrNotExist) {
+	loaded, total, err := kmod.LoadList(list)
+	if errors.Is(err, kmod.ErrNoList) {
 		return
 	}
 	if err != nil {
 		logf("modules: %v", err)
-		return
 	}
-	defer f.Close()
-	paths, err := ParseModulesLoad(f)
-	if err != nil {
-		logf("modules: %v", err)
-	}
-	loaded := 0
-	for _, p := range paths {
-		if err := loadModule(p); err != nil {
-			logf("module %s: %v", p, err)
-			continue
-		}
-		loaded++
-	}
-	logf("loaded %d of %d modules", loaded, len(paths))
-}
-
-// loadModule loads one module; one already loaded counts as success.
-func loadModule(path string) error {
-	if !filepath.IsAbs(path) {
-		var u unix.Utsname
-		unix.Uname(&u)
-		path = filepath.Join("/lib/modules", unix.ByteSliceToString(u.Release[:]), path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	flags := 0
-	for _, ext := range []string{".xz", ".zst", ".gz"} {
-		if strings.HasSuffix(path, ext) {
-			// The kernel decompresses (CONFIG_MODULE_DECOMPRESS).
-			flags = unix.MODULE_INIT_COMPRESSED_FILE
-		}
-	}
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var loadErr error
-	if err := rc.Control(func(fd uintptr) { loadErr = unix.FinitModule(int(fd), "", flags) }); err != nil {
-		return err
-	}
-	if errors.Is(loadErr, unix.EEXIST) {
-		return nil
-	}
-	if loadErr != nil {
-		return fmt.Errorf("finit_module: %w", loadErr)
-	}
-	return nil
+	logf("loaded %d of %d modules", loaded, total)
 }
 
 // loopbackUp brings lo up; the kernel then gives it 127.0.0.1 and ::1.

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,15 +25,6 @@ func TestParseCmdline(t *testing.T) {
 	}
 	if got := ParseCmdline(""); len(got) != 0 {
 		t.Fatalf("empty cmdline: %v", got)
-	}
-}
-
-func TestParseModulesLoad(t *testing.T) {
-	in := "# virtio first\n/lib/modules/6.1/virtio.ko\n\n  /lib/modules/6.1/virtio_ring.ko.xz  \n#/off.ko\nbutton.ko\n"
-	got, err := ParseModulesLoad(strings.NewReader(in))
-	want := []string{"/lib/modules/6.1/virtio.ko", "/lib/modules/6.1/virtio_ring.ko.xz", "button.ko"}
-	if err != nil || !reflect.DeepEqual(got, want) {
-		t.Fatalf("got %v, %v", got, err)
 	}
 }
 

@@ -1,9 +1,7 @@
 package initproc
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,24 +54,6 @@ func splitCmdline(s string) []string {
 		words = append(words, cur.String())
 	}
 	return words
-}
-
-// ParseModulesLoad reads the modules.load list: one module path per line,
-// blank lines and "#" comments skipped, order kept (dependencies first).
-func ParseModulesLoad(r io.Reader) ([]string, error) {
-	var out []string
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		out = append(out, line)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read modules list: %w", err)
-	}
-	return out, nil
 }
 
 // PowerButton is an input device that reports the ACPI power button.

@@ -41,6 +41,15 @@ const (
 	// init loads with finit_module, in dependency order (dependencies first).
 	// A module that is already loaded or built in is skipped.
 	ModulesLoad = "/etc/harebox/modules.load"
+	// ModulesOnDemand lists, as ModulesLoad does, the modules only a
+	// feature needs (volumes: the SCSI disks plugged in while the guest
+	// runs), which the agent loads when that feature is first used.
+	// Before the init switches to a root disk it copies them into
+	// ModulesStagedDir and their list to ModulesStaged, on /run: the
+	// initramfs is freed, /run moves to the new root.
+	ModulesOnDemand  = "/etc/harebox/modules.ondemand"
+	ModulesStaged    = "/run/harebox/modules.ondemand"
+	ModulesStagedDir = "/run/harebox/modules"
 
 	// ParamRoot on the kernel command line (harebox.root=/dev/vda) makes the
 	// init mount that ext4 device and hand over to ParamInit (default
