@@ -23,6 +23,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/hypervisor/overlay"
+	"github.com/harebox/harebox/internal/procs"
 )
 
 // Name is the backend name in capabilities and handles.
@@ -293,6 +294,10 @@ func (d *Driver) launch(ctx context.Context, st *state, dataKey, snapKey []byte,
 	// for exits once the machine is set up, so startup errors surface here.
 	d.opts.Logger.Debug("qemu: launch", "id", st.Spec.ID, "args", cmd.Args)
 	if err := cmd.Run(); err != nil {
+		// A launch cut short (ctx) kills the parent, which may already
+		// have forked the VMM: that one lives on, set up or not
+		// (TestLaunchCutShort saw one in a run of the suite).
+		procs.KillVMMs(st.Spec.StateDir)
 		return nil, fmt.Errorf("qemu: start %s: %w: %s", st.Spec.ID, err, lastLines(stderr.String(), 5))
 	}
 	pidb, err := os.ReadFile(st.PIDFile)
