@@ -1,11 +1,15 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/events"
+	"github.com/harebox/harebox/sandbox"
 )
 
 // eventKeepalive is how often a followed stream with nothing to say sends
@@ -76,6 +80,68 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 		changed = s.eng.Audit().Changed()
 		if l, next, err = s.eng.Events().List(ctx, q); err != nil {
 			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listEvents", err)}))
+		}
+	}
+}
+
+// followRecheck is how often a followed sandbox list is read again when
+// the audit log says nothing: changes another host made, and states the
+// engine moved on its own without an entry.
+const followRecheck = 5 * time.Second
+
+// followSandboxes answers GET /v1/sandboxes?follow=true: the list, as a
+// "sandboxes" event ({"sandboxes": [...]}, what the list answers), at
+// once and again whenever it changes, until the client goes. It reads
+// the list again after each append to the audit log (every change made
+// through this server appends one) and every followRecheck. The stream
+// ends, with an "error" event, when the key it was opened with is
+// revoked or expires, as the key's next request would be refused.
+func (s *Server) followSandboxes(w http.ResponseWriter, r *http.Request, f sandbox.ListFilter) error {
+	ctx := r.Context()
+	keyID := authz.From(ctx).KeyID
+	// Errors before the first byte are plain JSON errors; then events.
+	changed := s.eng.Audit().Changed()
+	boxes, err := s.eng.List(ctx, f)
+	if err != nil {
+		return err
+	}
+	e := startSSE(w)
+	var last []byte
+	quiet := time.Now()
+	for {
+		b, err := json.Marshal(map[string]any{"sandboxes": boxes})
+		if err != nil {
+			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes", err)}))
+		}
+		// A client that stops reading is cut off, not waited for.
+		e.rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		switch {
+		case !bytes.Equal(b, last):
+			if err := e.event("sandboxes", json.RawMessage(b)); err != nil {
+				return nil
+			}
+			last, quiet = b, time.Now()
+		case time.Since(quiet) >= eventKeepalive:
+			if err := e.comment("keepalive"); err != nil {
+				return nil
+			}
+			quiet = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			// (Appends come in bursts: one look for a burst.)
+			time.Sleep(100 * time.Millisecond)
+		case <-time.After(followRecheck):
+		}
+		changed = s.eng.Audit().Changed()
+		if keyID != "" && !s.eng.Keys().Live(ctx, keyID) {
+			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes",
+				sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the API key this stream was opened with is revoked or expired"))}))
+		}
+		if boxes, err = s.eng.List(ctx, f); err != nil {
+			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes", err)}))
 		}
 	}
 }

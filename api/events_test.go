@@ -71,3 +71,101 @@ func TestEventsREST(t *testing.T) {
 		}
 	}
 }
+
+// A followed list of sandboxes: the list at once, then again as it
+// changes (a create, a pause), only what the key may see (a key limited
+// to red sees no blue sandbox), and an end with an error event once the
+// key is revoked.
+func TestFollowSandboxes(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	redID, red := f.key(t, f.root, map[string]any{"scope": map[string]any{"labels": map[string]string{"team": "red"}}})
+
+	req, _ := http.NewRequest("GET", f.url+"/v1/sandboxes?follow=true", nil)
+	req.Header.Set("Authorization", "Bearer "+red)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("follow: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	type event struct {
+		name string
+		data map[string]any
+	}
+	got := make(chan event, 100)
+	go func() {
+		defer close(got)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		name := ""
+		for sc.Scan() {
+			l := sc.Text()
+			if n, ok := strings.CutPrefix(l, "event: "); ok {
+				name = n
+			} else if d, ok := strings.CutPrefix(l, "data: "); ok {
+				var v map[string]any
+				json.Unmarshal([]byte(d), &v)
+				got <- event{name, v}
+			}
+		}
+	}()
+	// states reads "sandboxes" events until one satisfies ok; it fails on
+	// a sandbox of another team.
+	blue := ""
+	next := func(what string, ok func(states map[string]string) bool) {
+		t.Helper()
+		timeout := time.After(15 * time.Second)
+		for {
+			select {
+			case ev, open := <-got:
+				if !open {
+					t.Fatalf("the stream ended waiting for %s", what)
+				}
+				if ev.name != "sandboxes" {
+					t.Fatalf("waiting for %s: %s %v", what, ev.name, ev.data)
+				}
+				states := map[string]string{}
+				boxes, _ := ev.data["sandboxes"].([]any)
+				for _, b := range boxes {
+					m := b.(map[string]any)
+					states[m["id"].(string)] = m["state"].(string)
+				}
+				if _, seen := states[blue]; seen && blue != "" {
+					t.Fatalf("a red key's stream shows the blue sandbox %s", blue)
+				}
+				if ok(states) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no event with %s", what)
+			}
+		}
+	}
+	next("the empty list", func(s map[string]string) bool { return len(s) == 0 })
+	blue = str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"labels": map[string]string{"team": "blue"}}), "id")
+	box := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"labels": map[string]string{"team": "red"}}), "id")
+	next("the red sandbox running", func(s map[string]string) bool { return s[box] == "running" })
+	f.must(t, 200, "POST", "/v1/sandboxes/"+box+"/pause", f.root, nil)
+	next("the red sandbox paused", func(s map[string]string) bool { return s[box] == "paused" })
+
+	f.must(t, 200, "DELETE", "/v1/keys/"+redID, f.root, nil)
+	select {
+	case ev := <-got:
+		if e, _ := ev.data["error"].(map[string]any); ev.name != "error" || e["code"] != "unauthorized" {
+			t.Fatalf("after the revoke: %s %v", ev.name, ev.data)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the stream of a revoked key goes on")
+	}
+	if _, open := <-got; open {
+		t.Error("the stream goes on after its error")
+	}
+
+	for _, q := range []string{"follow=maybe", "follow=true&state=bogus", "follow=true&label=nokv"} {
+		if r := f.do(t, "GET", "/v1/sandboxes?"+q, f.root, nil); r.status != 400 {
+			t.Errorf("sandboxes?%s: %d %s", q, r.status, r.raw)
+		}
+	}
+}

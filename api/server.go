@@ -683,6 +683,13 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 		}
 		f.Labels[k] = v
 	}
+	follow, err := boolParam(q.Get("follow"), "follow")
+	if err != nil {
+		return err
+	}
+	if follow {
+		return s.followSandboxes(w, r, f)
+	}
 	boxes, err := s.eng.List(r.Context(), f)
 	if err != nil {
 		return err

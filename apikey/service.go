@@ -112,6 +112,14 @@ func (s *Service) Authenticate(ctx context.Context, secret string) (authz.Princi
 	return authz.Principal{AccountID: k.AccountID, KeyID: k.ID, Scope: k.Scope}, nil
 }
 
+// Live reports whether the key id may still be used: not revoked, not
+// expired (a stream opened with it ends when it may not). It spends none
+// of the key's rate.
+func (s *Service) Live(ctx context.Context, id string) bool {
+	k, err := s.cached(ctx, id)
+	return err == nil && k.Active(s.now())
+}
+
 func addrString(a interface{ String() string }, known bool) string {
 	if !known {
 		return "an unknown address"

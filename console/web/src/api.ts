@@ -329,8 +329,8 @@ export interface ServerEvent {
 }
 
 // The API's paths that answer server-sent events the console reads: a
-// background process's output.
-const eventPath = /^\/v1\/sandboxes\/[^/?#]+\/processes\/[^/?#]+\/output(\?|$)/;
+// background process's output, the followed list of sandboxes.
+const eventPaths = [/^\/v1\/sandboxes\/[^/?#]+\/processes\/[^/?#]+\/output(\?|$)/, /^\/v1\/sandboxes\?([^#]*&)?follow=true(&|$)/];
 
 // events GETs a stream of server-sent events, with the session's token
 // (which an EventSource could not send), and calls onEvent for each until
@@ -338,7 +338,7 @@ const eventPath = /^\/v1\/sandboxes\/[^/?#]+\/processes\/[^/?#]+\/output(\?|$)/;
 // browser's AbortError). Errors before the first event are the API's, as
 // call's.
 export async function events(path: string, onEvent: (e: ServerEvent) => void, signal: AbortSignal): Promise<void> {
-  if (!eventPath.test(path)) throw new Error("not an event-stream path: " + path);
+  if (!eventPaths.some((p) => p.test(path))) throw new Error("not an event-stream path: " + path);
   let res: Response;
   try {
     res = await fetch(path, { method: "GET", headers: authHeaders("text/event-stream"), credentials: "same-origin", cache: "no-store", signal });

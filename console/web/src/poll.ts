@@ -53,3 +53,15 @@ export function debounce(fn: () => void, ms: number): { (): void; cancel(): void
   d.cancel = () => window.clearTimeout(t);
   return d;
 }
+
+// sleep resolves after ms, or at once when signal aborts.
+export function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const t = window.setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      window.clearTimeout(t);
+      resolve();
+    });
+  });
+}

@@ -79,6 +79,13 @@ async function signIn(page, key) {
   await page.locator('[data-testid=signout]').waitFor();
 }
 
+// rest calls the API as the root, outside the browser: a change made
+// elsewhere.
+async function rest(method, path) {
+  const res = await fetch(url + path, { method, headers: { Authorization: 'Bearer ' + rootKey } });
+  assert.ok(res.ok, `${method} ${path}: ${res.status} ${await res.text()}`);
+}
+
 async function noMarkupRan(page) {
   assert.equal(await page.locator('img[src=x]').count(), 0, 'a sandbox-controlled name became an <img>');
   assert.equal(await page.evaluate(() => [...document.scripts].filter((s) => !s.src.endsWith('/console/assets/app.js')).length), 0,
@@ -127,6 +134,20 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await noMarkupRan(page);
     await axe(page, 'sandboxes');
     await shot(page, 'sandboxes');
+  });
+
+  await t.test('the list shows a change made elsewhere as it happens, over the one stream it opened', async () => {
+    const row = page.locator(`[data-testid=sandboxes] tr[data-id="${boxID}"]`);
+    await row.locator('.state').getByText('running').waitFor();
+    const lists = [];
+    const onRequest = (r) => { if (r.method() === 'GET' && new URL(r.url()).pathname === '/v1/sandboxes') lists.push(r.url()); };
+    page.on('request', onRequest);
+    await rest('POST', `/v1/sandboxes/${boxID}/pause`);
+    await row.locator('.state').getByText('paused').waitFor({ timeout: 15_000 });
+    await rest('POST', `/v1/sandboxes/${boxID}/resume`);
+    await row.locator('.state').getByText('running').waitFor({ timeout: 15_000 });
+    page.off('request', onRequest);
+    assert.deepEqual(lists, [], 'the page asked for the list again rather than following it');
   });
 
   await t.test('runs a command and reads its output', async () => {
@@ -342,7 +363,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await page.locator(`[data-testid=keys] tr[data-id="${keyID}"] [data-action=revoke]`).click();
     await audit.locator('[data-testid=audit] tr[data-seq]').filter({ hasText: 'revokeKey' }).nth(before).waitFor({ timeout: 30_000 });
 
-    // (Its list refreshes every 2 s: the next request is refused.)
+    // (Its list's stream ends with the key, and the next one is refused.)
     await scoped.locator('[data-testid=signin]').waitFor({ timeout: 30_000 });
     await scoped.locator('[data-testid=error]').filter({ hasText: /sign in again/ }).waitFor();
     // Signed out for good: a reload does not bring the session back.

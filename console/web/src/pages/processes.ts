@@ -8,7 +8,7 @@
 
 import { ApiError, call, clearError, clearFieldErrors, events, fieldError, messageOf, refusal, reportError, type ServerEvent } from "../api";
 import { KeyedRows, emptyRow, field, h, listen, tableWrap, thead, time } from "../dom";
-import { Poller } from "../poll";
+import { Poller, sleep } from "../poll";
 import type { ExecResult, Process, Sandbox } from "../types";
 import { stateBadge } from "./actions";
 
@@ -39,16 +39,6 @@ function decode64(s: string): Uint8Array {
   const out = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
   return out;
-}
-
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const t = window.setTimeout(resolve, ms);
-    signal.addEventListener("abort", () => {
-      window.clearTimeout(t);
-      resolve();
-    });
-  });
 }
 
 export interface ProcessesSection {

@@ -1,9 +1,10 @@
-// #/sandboxes: the list (refreshed every 2 s, filtered by the list
-// endpoint's state, project and label parameters) and the create form.
+// #/sandboxes: the list (followed over one stream, GET
+// /v1/sandboxes?follow=true, filtered by the list endpoint's state,
+// project and label parameters) and the create form.
 
-import { call, clearError, clearErrorIf, clearFieldErrors, fieldError, messageOf, reportError } from "../api";
+import { ApiError, call, clearError, clearErrorIf, clearFieldErrors, events, fieldError, messageOf, reportError } from "../api";
 import { KeyedRows, emptyRow, field, h, listen, pairs, parsePairs, tableWrap, thead, time } from "../dom";
-import { Poller, debounce } from "../poll";
+import { debounce, sleep } from "../poll";
 import { SIZE_PRESETS, STATES, type Image, type Sandbox } from "../types";
 import { actionButtons, perform, sandboxHref, stateBadge, type Action } from "./actions";
 
@@ -32,7 +33,7 @@ export function sandboxesPage(root: HTMLElement): () => void {
   );
   listen(filters, "submit", (e) => {
     e.preventDefault();
-    void poller.now();
+    restart();
   });
 
   // ---- The table ----
@@ -95,34 +96,70 @@ export function sandboxesPage(root: HTMLElement): () => void {
       busy.delete(id);
       confirming.delete(id);
     }
-    await poller.now();
+    // (The stream brings the new state.)
+    rows.update(last);
   }
 
-  let pollError = "";
-  async function refresh(): Promise<void> {
+  // The list comes over one stream, at once and again whenever it
+  // changes (the server looks after every change it records, and every
+  // 5 s). A stream that breaks is opened again, later each time; a
+  // change of filters opens a new one.
+  let streamError = "";
+  let ctrl: AbortController | null = null;
+  function apply(list: Sandbox[]): void {
+    if (stopped) return;
+    last = list;
+    rows.update(last);
+    clearFieldErrors(filters);
+    if (streamError) clearErrorIf(streamError);
+    streamError = "";
+  }
+  function failed(err: unknown): void {
+    if (stopped) return;
+    clearFieldErrors(filters);
+    reportError(err, filters);
+    streamError = messageOf(err);
+  }
+  async function follow(c: AbortController): Promise<void> {
     const q = new URLSearchParams();
     if (stateSel.value) q.set("state", stateSel.value);
     if (projectIn.value.trim()) q.set("project", projectIn.value.trim());
     if (labelIn.value.trim()) q.append("label", labelIn.value.trim());
-    const qs = q.toString();
-    try {
-      const res = await call<{ sandboxes: Sandbox[] }>("GET", "/v1/sandboxes" + (qs ? "?" + qs : ""));
-      if (stopped) return;
-      last = res.sandboxes ?? [];
-      rows.update(last);
-      clearFieldErrors(filters);
-      if (pollError) clearErrorIf(pollError);
-      pollError = "";
-    } catch (err) {
-      if (stopped) return;
-      clearFieldErrors(filters);
-      reportError(err, filters);
-      pollError = messageOf(err);
+    q.set("follow", "true");
+    for (let tries = 0; !c.signal.aborted; tries++) {
+      try {
+        await events(
+          "/v1/sandboxes?" + q.toString(),
+          (e) => {
+            if (e.event === "sandboxes") {
+              tries = 0;
+              apply((JSON.parse(e.data) as { sandboxes?: Sandbox[] }).sandboxes ?? []);
+            } else if (e.event === "error") {
+              // (The stream ends here; the next one says why in full, a
+              // revoked key's as a refusal that ends the session.)
+              const msg = (JSON.parse(e.data) as { error?: { message?: string } }).error?.message;
+              failed(new ApiError(0, "stream", msg ?? "The list's stream failed."));
+            }
+          },
+          c.signal,
+        );
+      } catch (err) {
+        if (c.signal.aborted) return;
+        if (err instanceof ApiError && err.sessionEnded) return;
+        failed(err);
+        // A refused filter waits for the next change of filters.
+        if (err instanceof ApiError && err.status >= 400 && err.status < 500 && err.status !== 429) return;
+      }
+      await sleep(Math.min(1000 * 2 ** tries, 15_000), c.signal);
     }
   }
-  const poller = new Poller(refresh, 2000);
-  const refilter = debounce(() => void poller.now(), 300);
-  listen(stateSel, "change", () => void poller.now());
+  function restart(): void {
+    ctrl?.abort();
+    ctrl = new AbortController();
+    void follow(ctrl);
+  }
+  const refilter = debounce(restart, 300);
+  listen(stateSel, "change", restart);
   listen(projectIn, "input", refilter);
   listen(labelIn, "input", refilter);
 
@@ -265,11 +302,11 @@ export function sandboxesPage(root: HTMLElement): () => void {
     h("section", { "aria-labelledby": "create-title" }, h("h2", { id: "create-title" }, "New sandbox"), create),
   );
 
-  void poller.now();
+  restart();
   void loadImages();
   return () => {
     stopped = true;
-    poller.stop();
+    ctrl?.abort();
     refilter.cancel();
   };
 }
