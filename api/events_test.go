@@ -11,6 +11,23 @@ import (
 	"github.com/harebox/harebox/api"
 )
 
+// openStream GETs a followed stream with key; it is closed at the
+// test's end.
+func openStream(t *testing.T, url, key string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("follow: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	return resp
+}
+
 // Events over REST: a budget reached shows on a followed stream as it
 // happens, and in pages; a key limited to other labels does not see it.
 func TestEventsREST(t *testing.T) {
@@ -21,16 +38,7 @@ func TestEventsREST(t *testing.T) {
 	_, blue := f.key(t, f.root, map[string]any{"scope": map[string]any{"labels": map[string]string{"team": "blue"}}})
 	_, all := f.key(t, f.root, map[string]any{"scope": map[string]any{"actions": []string{"events:read"}}})
 
-	req, _ := http.NewRequest("GET", f.url+"/v1/events?follow=true", nil)
-	req.Header.Set("Authorization", "Bearer "+all)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
-		t.Fatalf("follow: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
+	resp := openStream(t, f.url+"/v1/events?follow=true", all)
 	got := make(chan map[string]any, 10)
 	go func() {
 		sc := bufio.NewScanner(resp.Body)
@@ -80,16 +88,7 @@ func TestFollowSandboxes(t *testing.T) {
 	f := newFastAPI(t, api.Options{})
 	redID, red := f.key(t, f.root, map[string]any{"scope": map[string]any{"labels": map[string]string{"team": "red"}}})
 
-	req, _ := http.NewRequest("GET", f.url+"/v1/sandboxes?follow=true", nil)
-	req.Header.Set("Authorization", "Bearer "+red)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
-		t.Fatalf("follow: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
+	resp := openStream(t, f.url+"/v1/sandboxes?follow=true", red)
 	type event struct {
 		name string
 		data map[string]any
