@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -217,6 +218,58 @@ func TestBudgetLabelPause(t *testing.T) {
 	}
 	if costs["a"] != 2*dollar || costs["b"] != 3*dollar {
 		t.Errorf("usage by team: %+v", groups)
+	}
+}
+
+// Usage names its groups: a project's, a sandbox's name, a key's
+// description (for a caller that may read keys: another key sees the ID
+// alone), and none for a label's value.
+func TestUsageNames(t *testing.T) {
+	eng, clk, _ := budgetEngine(t)
+	ctx := context.Background()
+	proj, err := eng.Tenants().CreateProject(ctx, "", tenant.CreateRequest{Name: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := eng.Keys().Create(ctx, apikey.CreateRequest{Description: "ci runner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx := authz.WithPrincipal(ctx, authz.Principal{AccountID: k.AccountID, KeyID: k.ID, Scope: k.Scope})
+	box, err := eng.Create(kctx, sandbox.CreateRequest{Size: oneVCPU, Name: "builder", Project: "web", Labels: map[string]string{"team": "red"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Hour)
+	if err := eng.Meter().Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	names := func(ctx context.Context, by string) map[string]string {
+		t.Helper()
+		groups, err := eng.Budgets().Usage(ctx, budget.UsageQuery{GroupBy: by})
+		if err != nil || len(groups) != 1 {
+			t.Fatalf("usage by %s: %+v %v", by, groups, err)
+		}
+		return map[string]string{groups[0].Group: groups[0].Name}
+	}
+	for by, want := range map[string]map[string]string{
+		"project":    {proj.ID: "web"},
+		"sandbox":    {box.ID: "builder"},
+		"key":        {k.ID: "ci runner"},
+		"label:team": {"red": ""},
+	} {
+		if got := names(ctx, by); !maps.Equal(got, want) {
+			t.Errorf("usage by %s: %v, want %v", by, got, want)
+		}
+	}
+	// A key that may read usage but not keys: the key's ID alone.
+	reader, err := eng.Keys().Create(ctx, apikey.CreateRequest{Scope: authz.Scope{Actions: []string{"getUsage"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx := authz.WithPrincipal(ctx, authz.Principal{AccountID: reader.AccountID, KeyID: reader.ID, Scope: reader.Scope})
+	if got := names(rctx, "key"); !maps.Equal(got, map[string]string{k.ID: ""}) {
+		t.Errorf("usage by key, for a key that may not read keys: %v", got)
 	}
 }
 

@@ -44,7 +44,10 @@ type Budget struct {
 
 // UsageGroup is the metered usage of one group and its cost.
 type UsageGroup struct {
-	Group            string `json:"group"`
+	Group string `json:"group"`
+	// Name is what Group stands for: the account's, project's, fleet's or
+	// sandbox's name, the key's description; empty for a label's value.
+	Name             string `json:"name,omitempty"`
 	VCPUSeconds      int64  `json:"vcpu_seconds"`
 	MemoryGiBSeconds int64  `json:"memory_gib_seconds"`
 	PausedSeconds    int64  `json:"paused_seconds"`

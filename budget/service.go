@@ -41,6 +41,7 @@ type Tx interface {
 	GetBudget(ctx context.Context, id string) (*store.Budget, error)
 	GetKey(ctx context.Context, id string) (*store.Key, error)
 	GetReservation(ctx context.Context, sandboxID string) (*store.Reservation, error)
+	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
 	ListBudgets(ctx context.Context, accountID string) ([]*store.Budget, error)
 	Notify(ctx context.Context, topic, payload string) error
 	PutBudget(ctx context.Context, b *store.Budget) error
@@ -611,7 +612,12 @@ type UsageQuery struct {
 
 // UsageGroup is the usage of one group.
 type UsageGroup struct {
-	Group            string `json:"group"`
+	Group string `json:"group"`
+	// Name is what the group's ID stands for, for people: the account's,
+	// project's, fleet's or sandbox's name, the key's description (for a
+	// caller that may read keys). Empty for a label's value, and for a
+	// thing without one or no longer there.
+	Name             string `json:"name,omitempty"`
 	VCPUSeconds      int64  `json:"vcpu_seconds"`
 	MemoryGiBSeconds int64  `json:"memory_gib_seconds"`
 	PausedSeconds    int64  `json:"paused_seconds"`
@@ -688,7 +694,73 @@ func (s *Service) Usage(ctx context.Context, q UsageQuery) ([]UsageGroup, error)
 		out = append(out, *g)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
+	if err := s.nameGroups(ctx, q.GroupBy, out); err != nil {
+		return nil, err
+	}
 	return out, nil
+}
+
+// nameGroups fills in each group's Name, where its kind has names, in
+// one transaction. Every group is of rows the caller may see; a key's
+// description also needs the right to read keys.
+func (s *Service) nameGroups(ctx context.Context, by string, gs []UsageGroup) error {
+	var name func(tx Tx, id string) (string, error)
+	switch by {
+	case "account":
+		name = func(tx Tx, id string) (string, error) {
+			a, err := tx.GetAccount(ctx, id)
+			return field(a, err, func(a *store.Account) string { return a.Name })
+		}
+	case "project":
+		name = func(tx Tx, id string) (string, error) {
+			p, err := tx.GetProject(ctx, id)
+			return field(p, err, func(p *store.Project) string { return p.Name })
+		}
+	case "fleet":
+		name = func(tx Tx, id string) (string, error) {
+			f, err := tx.GetFleet(ctx, id)
+			return field(f, err, func(f *store.Fleet) string { return f.Name })
+		}
+	case "sandbox":
+		name = func(tx Tx, id string) (string, error) {
+			b, err := tx.GetSandbox(ctx, id)
+			return field(b, err, func(b *store.Sandbox) string { return b.Name })
+		}
+	case "key":
+		if authz.Allowed(authz.From(ctx), "getKey") != nil {
+			return nil
+		}
+		name = func(tx Tx, id string) (string, error) {
+			k, err := tx.GetKey(ctx, id)
+			return field(k, err, func(k *store.Key) string { return k.Description })
+		}
+	default:
+		return nil
+	}
+	return s.db.Update(ctx, func(tx Tx) error {
+		for i := range gs {
+			if gs[i].Group == "" {
+				continue
+			}
+			n, err := name(tx, gs[i].Group)
+			if err != nil {
+				return err
+			}
+			gs[i].Name = n
+		}
+		return nil
+	})
+}
+
+// field is get(v), or "" for a thing not found (deleted since).
+func field[T any](v T, err error, get func(T) string) (string, error) {
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return get(v), nil
 }
 
 func groupKey(by string) (func(store.Usage) string, bool) {

@@ -178,9 +178,9 @@ func cmdUsage(ctx context.Context, c *cli, args []string) (int, error) {
 	}
 	var rows [][]string
 	for _, g := range out.Usage {
-		rows = append(rows, []string{dash(g.Group), fmt.Sprint(g.VCPUSeconds), fmt.Sprint(g.MemoryGiBSeconds), fmt.Sprint(g.PausedSeconds), fmt.Sprint(g.EgressBytes), fmt.Sprint(g.SnapshotGBSeconds), g.Cost})
+		rows = append(rows, []string{dash(g.Group), dash(g.Name), fmt.Sprint(g.VCPUSeconds), fmt.Sprint(g.MemoryGiBSeconds), fmt.Sprint(g.PausedSeconds), fmt.Sprint(g.EgressBytes), fmt.Sprint(g.SnapshotGBSeconds), g.Cost})
 	}
-	return 0, c.show(out, "GROUP\tVCPU_SECONDS\tMEMORY_GIB_SECONDS\tPAUSED_SECONDS\tEGRESS_BYTES\tSNAPSHOT_GB_SECONDS\tCOST_USD", rows)
+	return 0, c.show(out, "GROUP\tNAME\tVCPU_SECONDS\tMEMORY_GIB_SECONDS\tPAUSED_SECONDS\tEGRESS_BYTES\tSNAPSHOT_GB_SECONDS\tCOST_USD", rows)
 }
 
 func cmdEvents(ctx context.Context, c *cli, args []string) (int, error) {

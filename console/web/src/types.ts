@@ -229,6 +229,7 @@ export interface Budget {
 
 export interface UsageGroup {
   group: string;
+  name?: string;
   vcpu_seconds: number;
   memory_gib_seconds: number;
   snapshot_gb_seconds?: number;

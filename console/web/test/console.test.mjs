@@ -332,7 +332,11 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
       await page.goto(url + '/console/#/' + route);
       await page.locator(`[data-testid=${table}]`).waitFor();
       if (route !== 'budgets') await page.locator(`[data-testid=${table}] tr[data-id]`).first().waitFor();
-      else await page.locator('svg[data-testid=usage-chart]').waitFor();
+      else {
+        await page.locator('svg[data-testid=usage-chart]').waitFor();
+        // Grouped by project: the project's name beside its ID.
+        await page.locator('[data-testid=usage] tr[data-group] th').filter({ hasText: /^web \(\S+\)$/ }).first().waitFor();
+      }
       await axe(page, route);
       await shot(page, route);
     }

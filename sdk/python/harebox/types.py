@@ -1011,6 +1011,10 @@ class UsageGroup(TypedDict):
 
     #: The group's ID, or the label's value for label:KEY.
     group: str
+    #: What the ID stands for: the account's, project's, fleet's or
+    #: sandbox's name, the key's description (for a key that may read
+    #: keys); absent for a label's value.
+    name: NotRequired[str]
     vcpu_seconds: int
     memory_gib_seconds: int
     paused_seconds: int

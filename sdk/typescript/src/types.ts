@@ -927,6 +927,8 @@ export interface Budget {
 export interface UsageGroup {
   /** The group's ID (or label value) as group_by says; "" for usage outside any (e.g. no fleet). */
   group: string;
+  /** What the ID stands for: the account's, project's, fleet's or sandbox's name, the key's description (for a key that may read keys); absent for a label's value. */
+  name?: string;
   vcpu_seconds: number;
   memory_gib_seconds: number;
   paused_seconds: number;

@@ -269,7 +269,7 @@ export function usageSection(account: () => string): { el: HTMLElement; load(): 
         h(
           "tr",
           { "data-group": g.group },
-          h("th", { scope: "row", class: "name" }, g.group || "(none)"),
+          h("th", { scope: "row", class: "name" }, groupText(g.group, g.name)),
           h("td", { class: "num cost" }, g.cost_usd),
           h("td", { class: "num" }, fmt(g.vcpu_seconds, "vcpu_seconds")),
           h("td", { class: "num" }, fmt(g.memory_gib_seconds, "memory_gib_seconds")),
@@ -290,7 +290,11 @@ export function usageSection(account: () => string): { el: HTMLElement; load(): 
     const bs = shown.buckets;
     const groupWord = shown.groupBy.startsWith("label:") ? "label " + shown.groupBy.slice(6) : shown.groupBy;
 
-    // The series: the groups with the most, then "other".
+    // The series: the groups with the most, then "other". (By ID; shown
+    // by name where the server gave one.)
+    const given = new Map<string, string>();
+    for (const b of bs) for (const g of b.groups ?? []) if (g.name) given.set(g.group, g.name);
+    const shownName = (id: string): string => groupText(id, given.get(id));
     const totals = new Map<string, number>();
     for (const b of bs) for (const g of b.groups ?? []) totals.set(g.group, (totals.get(g.group) ?? 0) + metricOf(g, m));
     const ranked = Array.from(totals.entries())
@@ -353,7 +357,7 @@ export function usageSection(account: () => string): { el: HTMLElement; load(): 
           svg(
             "rect",
             { x: r2(x), y: r2(y1), width: r2(bw), height: r2(Math.max(0.5, y0 - y1)), class: "bar series-" + si, "data-bucket": b.from.toISOString(), "data-series": names[si] },
-            svg("title", null, `${names[si]}, ${b.label}: ${fmt(v, m)}`),
+            svg("title", null, `${shownName(names[si])}, ${b.label}: ${fmt(v, m)}`),
           ),
         );
       });
@@ -376,7 +380,7 @@ export function usageSection(account: () => string): { el: HTMLElement; load(): 
       ? h(
           "ul",
           { class: "legend", "data-testid": "usage-legend", "aria-label": "Legend" },
-          names.map((n, i) => h("li", null, h("span", { class: "swatch series-" + i, "aria-hidden": "true" }), n || "(none)")),
+          names.map((n, i) => h("li", null, h("span", { class: "swatch series-" + i, "aria-hidden": "true" }), shownName(n))),
         )
       : null;
     replace(chartBox, chart, legend, h("figcaption", { class: "hint" }, title + ". The table beside it has the same numbers."));
@@ -385,7 +389,7 @@ export function usageSection(account: () => string): { el: HTMLElement; load(): 
     const table = h(
       "table",
       { "data-testid": "usage-series" },
-      thead(axisName, ...names.map((n) => n || "(none)"), "Total"),
+      thead(axisName, ...names.map(shownName), "Total"),
       h(
         "tbody",
         null,
@@ -420,4 +424,11 @@ export function usageSection(account: () => string): { el: HTMLElement; load(): 
       stopped = true;
     },
   };
+}
+
+// groupText is how a usage group is shown: its name and its ID, or the
+// ID (or label value) alone; "(none)" for usage outside any group.
+function groupText(id: string, name?: string): string {
+  if (!id) return "(none)";
+  return name ? `${name} (${id})` : id;
 }
