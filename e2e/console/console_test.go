@@ -47,11 +47,15 @@ func TestConsoleInBrowser(t *testing.T) {
 	var hidden struct{ ID string }
 	c.OK("", &hidden, "new", "--image", "minimal", "--name", "hidden-one", "--output", "json")
 	c.Made(hidden.ID)
+	// A second server over HTTPS (its own self-signed certificate), for
+	// the sign-in's Secure cookie in the browser.
+	tls := testserver.StartTemp(t, s, "hbcontls", "--tls-self-signed")
 
 	cmd := exec.Command("node", "--test", "--test-reporter=spec", "test/console.test.mjs")
 	cmd.Dir = web
 	cmd.Env = append(os.Environ(), "HAREBOX_URL="+c.Srv.URL, "HAREBOX_ROOT_KEY="+c.Srv.Key, "HAREBOX_CHROMIUM="+chromium,
-		"HAREBOX_CONSOLE_SCREENSHOTS="+shots, "HAREBOX_HIDDEN_SANDBOX="+hidden.ID)
+		"HAREBOX_CONSOLE_SCREENSHOTS="+shots, "HAREBOX_HIDDEN_SANDBOX="+hidden.ID,
+		"HAREBOX_TLS_URL="+tls.URL, "HAREBOX_TLS_ROOT_KEY="+tls.Key, "HAREBOX_TLS_CERT="+tls.CA)
 	done := make(chan struct{})
 	var out []byte
 	go func() { out, err = cmd.CombinedOutput(); close(done) }()

@@ -1,7 +1,10 @@
 // The console in a real browser (Debian's Chromium, driven by Playwright)
 // against a real hareboxd: e2e/console's TestConsoleInBrowser runs it with
 // HAREBOX_URL, HAREBOX_ROOT_KEY, HAREBOX_CHROMIUM, HAREBOX_HIDDEN_SANDBOX
-// (a sandbox outside the project "web") and HAREBOX_CONSOLE_SCREENSHOTS.
+// (a sandbox outside the project "web") and HAREBOX_CONSOLE_SCREENSHOTS;
+// and a second server over HTTPS: HAREBOX_TLS_URL, HAREBOX_TLS_ROOT_KEY,
+// HAREBOX_TLS_CERT (its self-signed certificate, which the browser
+// trusts by its key's hash and nothing else).
 // Any dialog, script error or console error other than an API refusal
 // the step expects fails it: the names below are markup, and must stay
 // text.
@@ -10,7 +13,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createRequire } from 'node:module';
-import { randomBytes } from 'node:crypto';
+import { X509Certificate, createHash, randomBytes } from 'node:crypto';
 import { chromium } from 'playwright-core';
 
 const url = process.env.HAREBOX_URL;
@@ -390,5 +393,41 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await page.locator('[data-testid=signin]').waitFor();
   });
 
+  assert.deepEqual(problems, []);
+});
+
+test('the console over HTTPS', { timeout: 2 * 60_000 }, async () => {
+  const tlsURL = process.env.HAREBOX_TLS_URL;
+  assert.match(tlsURL ?? '', /^https:\/\//);
+  // Chromium trusts this server's key, and only it: no certificate error
+  // is ignored wholesale.
+  const spki = new X509Certificate(readFileSync(process.env.HAREBOX_TLS_CERT)).publicKey.export({ type: 'spki', format: 'der' });
+  const pin = createHash('sha256').update(spki).digest('base64');
+  const tlsBrowser = await chromium.launch({
+    executablePath: process.env.HAREBOX_CHROMIUM,
+    args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run',
+      '--disable-quic', '--disable-domain-reliability', '--disable-breakpad', '--disable-default-apps', '--disable-field-trial-config',
+      '--ignore-certificate-errors-spki-list=' + pin],
+  });
+  try {
+    const ctx = await tlsBrowser.newContext({ viewport: { width: 1280, height: 860 } });
+    const page = await ctx.newPage();
+    watch(page, 'https');
+    await page.goto(tlsURL + '/console/');
+    await page.locator('#key').fill(process.env.HAREBOX_TLS_ROOT_KEY);
+    await page.locator('[data-testid=signin] button[type=submit]').click();
+    await page.locator('[data-testid=signout]').waitFor();
+    const cookies = await ctx.cookies(tlsURL);
+    const session = cookies.filter((c) => c.name === 'harebox_console');
+    assert.equal(session.length, 1, `cookies: ${JSON.stringify(cookies)}`);
+    assert.ok(session[0].secure && session[0].httpOnly && session[0].sameSite === 'Strict', `the session cookie: ${JSON.stringify(session[0])}`);
+    // The list's stream works over TLS too (the server has no sandbox).
+    await page.locator('[data-testid=sandboxes] tbody tr').filter({ hasText: 'No sandboxes.' }).waitFor();
+    await page.locator('[data-testid=signout]').click();
+    await page.locator('[data-testid=signin]').waitFor();
+    assert.equal((await ctx.cookies(tlsURL)).filter((c) => c.name === 'harebox_console' && c.value !== '').length, 0, 'the cookie outlived the sign-out');
+  } finally {
+    await tlsBrowser.close();
+  }
   assert.deepEqual(problems, []);
 });
