@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -95,9 +96,11 @@ const followRecheck = 5 * time.Second
 // the list again after each append to the audit log (every change made
 // through this server appends one) and every followRecheck. The stream
 // ends, with an "error" event, when the key it was opened with is
-// revoked or expires, as the key's next request would be refused.
+// revoked or expires, as the key's next request would be refused, and
+// without one after Timeouts.Follow, to be opened again.
 func (s *Server) followSandboxes(w http.ResponseWriter, r *http.Request, f sandbox.ListFilter) error {
-	ctx := r.Context()
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.Timeouts.Follow)
+	defer cancel()
 	keyID := authz.From(ctx).KeyID
 	// Errors before the first byte are plain JSON errors; then events.
 	changed := s.eng.Audit().Changed()
@@ -141,6 +144,9 @@ func (s *Server) followSandboxes(w http.ResponseWriter, r *http.Request, f sandb
 				sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the API key this stream was opened with is revoked or expired"))}))
 		}
 		if boxes, err = s.eng.List(ctx, f); err != nil {
+			if ctx.Err() != nil {
+				return nil // (the client went, or the stream's time is up)
+			}
 			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes", err)}))
 		}
 	}

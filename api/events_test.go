@@ -3,6 +3,7 @@ package api_test
 import (
 	"bufio"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -166,5 +167,23 @@ func TestFollowSandboxes(t *testing.T) {
 		if r := f.do(t, "GET", "/v1/sandboxes?"+q, f.root, nil); r.status != 400 {
 			t.Errorf("sandboxes?%s: %d %s", q, r.status, r.raw)
 		}
+	}
+}
+
+// A followed list ends, without an error, after Timeouts.Follow: the
+// client opens it again, and is authenticated again.
+func TestFollowSandboxesEnds(t *testing.T) {
+	f := newFastAPI(t, api.Options{Timeouts: api.Timeouts{Follow: time.Second}})
+	resp := openStream(t, f.url+"/v1/sandboxes?follow=true", f.root)
+	start := time.Now()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the stream ended after %s", d)
+	}
+	if !strings.HasPrefix(string(b), "event: sandboxes\n") || strings.Contains(string(b), "event: error") {
+		t.Fatalf("the stream: %q", b)
 	}
 }

@@ -94,6 +94,11 @@ type Timeouts struct {
 	// Terminal is how long a terminal session's client may leave one
 	// message unread before the session ends (30 s).
 	Terminal time.Duration
+	// Follow is how long a followed sandbox list streams before the
+	// server ends it, for the client to open it again: the new request is
+	// authenticated again, a console session's end and idle time included
+	// (5 min).
+	Follow time.Duration
 }
 
 // MaxHeaderBytes bounds a request's line and headers.
@@ -103,7 +108,7 @@ func (t Timeouts) withDefaults() Timeouts {
 	for _, f := range []struct {
 		d   *time.Duration
 		def time.Duration
-	}{{&t.Header, 10 * time.Second}, {&t.Body, 30 * time.Second}, {&t.BodyIdle, 30 * time.Second}, {&t.Idle, 2 * time.Minute}, {&t.Terminal, 30 * time.Second}} {
+	}{{&t.Header, 10 * time.Second}, {&t.Body, 30 * time.Second}, {&t.BodyIdle, 30 * time.Second}, {&t.Idle, 2 * time.Minute}, {&t.Terminal, 30 * time.Second}, {&t.Follow, 5 * time.Minute}} {
 		if *f.d <= 0 {
 			*f.d = f.def
 		}
