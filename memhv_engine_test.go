@@ -27,6 +27,8 @@ import (
 	"github.com/harebox/harebox/model"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
+	"github.com/harebox/harebox/secrets"
+	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/tenant"
 )
@@ -738,5 +740,59 @@ func TestPausedForSnapshotResumed(t *testing.T) {
 	}
 	if _, err := eng.Exec(ctx, cut.ID, sandbox.ExecRequest{Cmd: "true"}); err != nil {
 		t.Errorf("exec after the resume: %v", err)
+	}
+}
+
+// A delete the engine died in, after its first step (the data key
+// erased: the point of no return), is finished at the next start: the
+// sandbox is deleted, its VM and its console identity gone. One whose
+// keys are intact runs on. (TestCrashLoop caught such a sandbox, re-adopted
+// as running without its key, when hareboxd was killed mid-delete.)
+func TestAdoptFinishesDelete(t *testing.T) {
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	ctx := context.Background()
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := eng.Create(ctx, sandbox.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{secrets.DataKeyName, sandboxkeys.ConsoleKeyName} {
+		if _, err := eng.Secrets().Get(ctx, sandboxkeys.Scope(cut.ID), name); err != nil {
+			t.Fatalf("the sandbox has no %s: %v", name, err)
+		}
+	}
+	if err := sandboxkeys.Erase(ctx, eng.Secrets(), cut.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if eng, err = harebox.New(ctx, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	if st := state(t, eng, cut.ID); st != sandbox.StateDeleted {
+		t.Errorf("the sandbox whose delete was cut short is %s", st)
+	}
+	if _, err := eng.Secrets().Get(ctx, sandboxkeys.Scope(cut.ID), sandboxkeys.ConsoleKeyName); !errors.Is(err, secrets.ErrNotFound) {
+		t.Errorf("its console identity: %v", err)
+	}
+	if _, ok := hv.Machine(cut.ID); ok {
+		t.Error("its VM is still there")
+	}
+	if st := state(t, eng, kept.ID); st != sandbox.StateRunning {
+		t.Errorf("the other sandbox is %s", st)
+	}
+	if _, err := eng.Exec(ctx, kept.ID, sandbox.ExecRequest{Cmd: "true"}); err != nil {
+		t.Errorf("the other sandbox: %v", err)
 	}
 }

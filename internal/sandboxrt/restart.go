@@ -47,6 +47,20 @@ func (e *Runtime) Adopt(ctx context.Context) error {
 			}
 		}
 		b := &box{rec: rec, deleting: make(chan struct{})}
+		if rec.State != sandbox.StateDeleted && rec.State != sandbox.StateCreating {
+			if erased, err := sandboxkeys.Erased(ctx, e.sec, rec.ID); err != nil {
+				e.log.Warn("cannot tell whether the sandbox's key was erased", "id", rec.ID, "err", err)
+			} else if erased {
+				// A delete the engine died in: its first step, erasing the
+				// key, is the point of no return. Finish it.
+				e.log.Warn("finishing a delete the engine died in", "id", rec.ID)
+				e.destroy(ctx, b)
+				rec.State = sandbox.StateDeleted
+				e.store.PutSandbox(ctx, rec)
+				e.urls.Forget(ctx, rec.ID)
+				continue
+			}
+		}
 		switch rec.State {
 		case sandbox.StateDeleted:
 			continue

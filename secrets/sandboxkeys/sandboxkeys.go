@@ -119,6 +119,24 @@ func Erase(ctx context.Context, s secrets.Store, sandboxID string) error {
 	return secrets.EraseDataKey(ctx, s, Scope(sandboxID))
 }
 
+// Erased reports whether a sandbox's data key was erased by a delete
+// that did not finish (an engine that died in it): its console identity,
+// which the delete removes only after the key, is still stored. A sandbox
+// that never had keys (crypto-erase off, or from before data keys) has
+// neither, and is not erased.
+func Erased(ctx context.Context, s secrets.Store, sandboxID string) (bool, error) {
+	if _, err := s.Get(ctx, Scope(sandboxID), ConsoleKeyName); errors.Is(err, secrets.ErrNotFound) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	_, err := secrets.DataKey(ctx, s, Scope(sandboxID))
+	if errors.Is(err, secrets.ErrNotFound) {
+		return true, nil
+	}
+	return false, err
+}
+
 // Forget removes a sandbox's stored console identity (sealed under its
 // data key, erased before it); a missing one is no error.
 func Forget(ctx context.Context, s secrets.Store, sandboxID string) error {
