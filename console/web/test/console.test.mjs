@@ -74,8 +74,21 @@ async function shot(page, name) {
   await page.screenshot({ path: join(shots, `${name}.png`), fullPage: true });
 }
 
+// visit is page.goto, tried again when Chromium gave up because the
+// host's network changed under it (net::ERR_NETWORK_CHANGED: other
+// tests add and remove interfaces on this host meanwhile).
+async function visit(page, target) {
+  for (let i = 0; ; i++) {
+    try {
+      return await page.goto(target);
+    } catch (err) {
+      if (i >= 4 || !String(err?.message).includes('ERR_NETWORK_CHANGED')) throw err;
+    }
+  }
+}
+
 async function signIn(page, key) {
-  await page.goto(url + '/console/');
+  await visit(page, url + '/console/');
   await page.locator('[data-testid=signin]').waitFor();
   await page.locator('#key').fill(key);
   await page.locator('[data-testid=signin] button[type=submit]').click();
@@ -100,7 +113,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
   let boxID, keyID, secret;
 
   await t.test('signs in with the root key', async () => {
-    await page.goto(url + '/console/');
+    await visit(page, url + '/console/');
     await page.locator('[data-testid=signin]').waitFor();
     await axe(page, 'sign-in');
     await shot(page, 'signin');
@@ -129,7 +142,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     boxID = decodeURIComponent(page.url().split('#/sandboxes/')[1]);
     assert.match(boxID, /^sbx_/);
     await page.locator('[data-testid=record]').getByText('running', { exact: true }).waitFor({ timeout: bootTimeout });
-    await page.goto(url + '/console/#/sandboxes');
+    await visit(page, url + '/console/#/sandboxes');
     const row = page.locator(`[data-testid=sandboxes] tr[data-id="${boxID}"]`);
     await row.locator('.state').getByText('running').waitFor();
     const labels = await row.locator('.labels').textContent();
@@ -154,7 +167,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
   });
 
   await t.test('runs a command and reads its output', async () => {
-    await page.goto(url + '/console/#/sandboxes/' + encodeURIComponent(boxID));
+    await visit(page, url + '/console/#/sandboxes/' + encodeURIComponent(boxID));
     await page.locator('[data-testid=cmd]').fill(`echo '${hostile}'; echo '${hostile2}' >&2; echo done-$((6*7))`);
     await page.locator('[data-testid=exec] button[type=submit]').click();
     const out = page.locator('[data-testid=output]');
@@ -291,7 +304,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
   });
 
   await t.test('makes a key scoped to project web', async () => {
-    await page.goto(url + '/console/#/keys');
+    await visit(page, url + '/console/#/keys');
     await page.locator('#key-name').fill('web only');
     await page.locator('#key-projects').fill('web');
     await page.locator('[data-testid=create-key] button[type=submit]').click();
@@ -307,7 +320,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
   });
 
   await t.test('makes an environment whose secret is never shown, and compares two versions', async () => {
-    await page.goto(url + '/console/#/environments');
+    await visit(page, url + '/console/#/environments');
     await page.locator('#env-name').fill('prod');
     await page.locator('#env-create-project').fill('web');
     await page.locator('#env-vars').fill('MODE=prod\nsecret:API_TOKEN=s3cret-value-42');
@@ -322,7 +335,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     assert.ok(!(await page.locator('body').textContent()).includes('s3cret-value-42'), 'a secret value is on the page');
     await axe(page, 'environment');
     await shot(page, 'environment');
-    await page.goto(url + '/console/#/environments');
+    await visit(page, url + '/console/#/environments');
     await page.locator('#envs-project').fill('web');
     await page.getByRole('button', { name: 'Show' }).click();
     await page.locator('[data-testid=environments] tr[data-id]').filter({ hasText: 'prod' }).waitFor();
@@ -332,7 +345,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
 
   await t.test('shows budgets and usage, hosts and images', async () => {
     for (const [route, table] of [['budgets', 'budgets'], ['hosts', 'hosts'], ['images', 'images']]) {
-      await page.goto(url + '/console/#/' + route);
+      await visit(page, url + '/console/#/' + route);
       await page.locator(`[data-testid=${table}]`).waitFor();
       if (route !== 'budgets') await page.locator(`[data-testid=${table}] tr[data-id]`).first().waitFor();
       else {
@@ -345,7 +358,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     }
     // The server makes golden snapshots: the two minimal creates' size
     // has one (being made, or made) in the image's row.
-    await page.goto(url + '/console/#/images');
+    await visit(page, url + '/console/#/images');
     await page.locator('[data-testid=images] tr[data-id=minimal] .golden li[data-state]').first().waitFor();
   });
 
@@ -358,7 +371,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     // The root's audit page, open before the revoke.
     const audit = await newPage('audit');
     await signIn(audit, rootKey);
-    await audit.goto(url + '/console/#/audit');
+    await visit(audit, url + '/console/#/audit');
     await audit.locator('[data-testid=audit] tr[data-seq]').first().waitFor();
     const before = await audit.locator('[data-testid=audit] tr[data-seq]').filter({ hasText: 'revokeKey' }).count();
     await axe(audit, 'audit');
@@ -366,7 +379,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await audit.locator('[data-testid=verify-result]').filter({ hasText: /./ }).waitFor();
     await shot(audit, 'audit');
 
-    await page.goto(url + '/console/#/keys');
+    await visit(page, url + '/console/#/keys');
     await page.locator(`[data-testid=keys] tr[data-id="${keyID}"] [data-action=revoke]`).click();
     await audit.locator('[data-testid=audit] tr[data-seq]').filter({ hasText: 'revokeKey' }).nth(before).waitFor({ timeout: 30_000 });
 
@@ -380,7 +393,7 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
 
   await t.test('the phone layout is usable', async () => {
     await page.setViewportSize({ width: 390, height: 844 });
-    await page.goto(url + '/console/#/sandboxes');
+    await visit(page, url + '/console/#/sandboxes');
     await page.locator(`[data-testid=sandboxes] tr[data-id="${boxID}"]`).waitFor();
     await shot(page, 'sandboxes-phone');
     await page.setViewportSize({ width: 1280, height: 860 });
@@ -413,7 +426,7 @@ test('the console over HTTPS', { timeout: 2 * 60_000 }, async () => {
     const ctx = await tlsBrowser.newContext({ viewport: { width: 1280, height: 860 } });
     const page = await ctx.newPage();
     watch(page, 'https');
-    await page.goto(tlsURL + '/console/');
+    await visit(page, tlsURL + '/console/');
     await page.locator('#key').fill(process.env.HAREBOX_TLS_ROOT_KEY);
     await page.locator('[data-testid=signin] button[type=submit]').click();
     await page.locator('[data-testid=signout]').waitFor();
