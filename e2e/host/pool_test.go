@@ -3,6 +3,7 @@ package host
 import (
 	"encoding/json"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,8 +13,8 @@ import (
 
 // TestPool, on real VMs through the CLI: hareboxd keeps two minimal
 // sandboxes restored and idle; two creates claim them, each with its own
-// machine-id, kernel entropy and address, its labels and env, and the
-// firewall policy it asked for in force.
+// machine-id, kernel entropy and address, its labels and env, the host's
+// time, and the firewall policy it asked for in force.
 func TestPool(t *testing.T) {
 	s := testserver.Prepare(t)
 	dataDir, err := os.MkdirTemp("", "hbp")
@@ -45,13 +46,23 @@ func TestPool(t *testing.T) {
 			t.Fatalf("new %d: %v %s", i, err, out)
 		}
 		defer srv.Call(t, "DELETE", "/v1/sandboxes/"+box.ID, srv.Key, nil)
-		got := hb("exec", box.ID, "-c", `printf '%s\n' "$WHO" "$(cat /etc/machine-id)" "$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')" "$(ip -4 -o addr show eth0 | awk '{print $4}')"`)
+		asked := time.Now()
+		got := hb("exec", box.ID, "-c", `printf '%s\n' "$WHO" "$(cat /etc/machine-id)" "$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')" "$(ip -4 -o addr show eth0 | awk '{print $4}')" "$(date +%s)"`)
+		answered := time.Now()
 		t.Logf("pool create to first exec: %v", time.Since(began).Round(10*time.Millisecond))
 		l := strings.Split(strings.TrimRight(got, "\n"), "\n")
-		if len(l) != 4 || l[0] != "claimer" || len(l[1]) != 32 || !strings.HasPrefix(l[3], srv.Pool) {
+		if len(l) != 5 || l[0] != "claimer" || len(l[1]) != 32 || !strings.HasPrefix(l[3], srv.Pool) {
 			t.Fatalf("claimed sandbox %s: %q", box.ID, got)
 		}
-		for _, v := range l[1:] {
+		// Its clock is the host's (set when the pool restored it, which
+		// was after the golden snapshot was taken).
+		// (In whole seconds: busybox's date has no %N.)
+		if sec, err := strconv.ParseInt(l[4], 10, 64); err != nil {
+			t.Errorf("claimed sandbox %s: date %q", box.ID, l[4])
+		} else if guest := time.Unix(sec, 0); guest.Before(asked.Add(-1500*time.Millisecond)) || guest.After(answered.Add(500*time.Millisecond)) {
+			t.Errorf("claimed sandbox %s: its clock says %v, asked between %v and %v", box.ID, guest, asked, answered)
+		}
+		for _, v := range l[1:4] {
 			if other, dup := seen[v]; dup {
 				t.Errorf("sandbox %s shares %q with %s", box.ID, v, other)
 			}

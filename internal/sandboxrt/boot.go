@@ -94,7 +94,7 @@ func (e *Runtime) boot(ctx context.Context, b *box, img images.Image, reuse bool
 		}
 		b.phases.mark("identity")
 	}
-	if err := e.provision(bctx, b, c); err != nil {
+	if err := e.provision(bctx, b, c, time.Time{}); err != nil {
 		return bootFailed("the sandbox could not be provisioned", fmt.Errorf("boot: %w", err))
 	}
 	b.phases.mark("provision")
@@ -174,11 +174,14 @@ func imageSpec(id, stateDir string, img images.Image, res sandbox.Resources, att
 }
 
 // provision gives a guest that answers what every boot gives it: the
-// host's clock, its environment's files and its credentials CA, and its
-// volumes.
-func (e *Runtime) provision(ctx context.Context, b *box, c *agentclient.Client) error {
-	if err := c.SyncTime(ctx, time.Now()); err != nil {
-		return err
+// host's clock (unless it was set at clockSet, less than
+// clone.ClockFresh ago), its environment's files and its credentials
+// CA, and its volumes.
+func (e *Runtime) provision(ctx context.Context, b *box, c *agentclient.Client, clockSet time.Time) error {
+	if clockSet.IsZero() || time.Since(clockSet) >= clone.ClockFresh {
+		if err := c.SyncTime(ctx, time.Now()); err != nil {
+			return err
+		}
 	}
 	if err := e.guests.Deliver(ctx, b.guest(), c); err != nil {
 		return err

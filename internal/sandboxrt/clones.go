@@ -47,8 +47,9 @@ func (e *Runtime) goldenFor(name string, img images.Image, res sandbox.Resources
 }
 
 // claimBoot makes a claimed member the sandbox b: b's firewall policy in
-// force, the machine and agent connection taken over, a new machine-id
-// and fresh entropy, the clock, files and CA as a boot gives them.
+// force, the machine and agent connection taken over, its place on the
+// mesh, the clock (unless the pool set it lately), files and CA as a
+// boot gives them.
 func (e *Runtime) claimBoot(ctx context.Context, b *box, pm *clone.Member) error {
 	rec := b.rec
 	// The box owns the machine from here: a failure destroys it.
@@ -81,11 +82,16 @@ func (e *Runtime) claimBoot(ctx context.Context, b *box, pm *clone.Member) error
 	if err != nil {
 		return err
 	}
-	if err := clone.NewIdentity(bctx, c, att, false); err != nil {
-		return fmt.Errorf("claim: %w", err)
+	// Its machine-id and entropy are its own already: the pool gave them
+	// when it restored the member (clone.Service.newMember), and no one
+	// ran anything on it since. A claim adds only its place on the mesh.
+	if att != nil && att.Cmdline != "" {
+		if err := c.SetNetwork(bctx, att.Cmdline); err != nil {
+			return fmt.Errorf("claim: %w", err)
+		}
+		b.phases.mark("identity")
 	}
-	b.phases.mark("identity")
-	if err := e.provision(bctx, b, c); err != nil {
+	if err := e.provision(bctx, b, c, pm.ClockSet); err != nil {
 		return fmt.Errorf("claim: %w", err)
 	}
 	b.phases.mark("provision")
