@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/store"
 )
 
@@ -35,6 +37,14 @@ func auditFilter(r *http.Request) (store.AuditFilter, error) {
 		}
 		f.After = n
 	}
+	newest, err := boolParam(q.Get("newest"), "newest")
+	if err != nil {
+		return f, err
+	}
+	if newest && q.Get("format") == "jsonl" {
+		return f, badRequest("newest", "an export is every matching entry, oldest first: leave newest out")
+	}
+	f.Newest = newest
 	if v := q.Get("limit"); v != "" && q.Get("format") != "jsonl" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
@@ -59,7 +69,16 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 		}
 		f.AccountID = a.ID
 	}
-	if r.URL.Query().Get("format") == "jsonl" {
+	follow, err := boolParam(r.URL.Query().Get("follow"), "follow")
+	if err != nil {
+		return err
+	}
+	switch {
+	case follow && r.URL.Query().Get("format") != "":
+		return badRequest("follow", "a followed log is a stream of events: leave format out")
+	case follow:
+		return s.followAudit(w, r, f)
+	case r.URL.Query().Get("format") == "jsonl":
 		return s.exportAudit(w, r, f)
 	}
 	l, err := s.eng.Audit().List(r.Context(), f)
@@ -67,11 +86,74 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := map[string]any{"entries": l}
-	if len(l) == f.Limit {
+	if len(l) == f.Limit && !f.Newest { // (a tail has nothing after it yet)
 		out["next"] = strconv.FormatInt(l[len(l)-1].Seq, 10)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// followAudit answers GET /v1/audit?follow=true: what the list would
+// answer (the entries after the cursor, or with newest the last limit of
+// them), each an "entry" event, then every later entry that matches as
+// it is appended, until the client goes. It reads the log again after
+// each append through this server and every followRecheck (another
+// host's appends). It ends as a followed sandbox list does: with an
+// "error" event when the key is revoked or expires, and without one after
+// Timeouts.Follow (opened again with after=the last seq, nothing is
+// missed).
+func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, f store.AuditFilter) error {
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.Timeouts.Follow)
+	defer cancel()
+	keyID := authz.From(ctx).KeyID
+	// Errors before the first byte are plain JSON errors; then events.
+	changed := s.eng.Audit().Changed()
+	l, err := s.eng.Audit().List(ctx, f)
+	if err != nil {
+		return err
+	}
+	e := startSSE(w)
+	quiet := time.Now()
+	for {
+		full := len(l) == f.Limit && !f.Newest
+		// A client that stops reading is cut off, not waited for.
+		e.rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		for _, en := range l {
+			if err := e.event("entry", en); err != nil {
+				return nil
+			}
+			f.After, quiet = en.Seq, time.Now()
+		}
+		// Later reads take every entry after the last one sent, a page at
+		// a time; a full page may have more behind it at once.
+		f.Newest, f.Limit = false, 1000
+		if !full {
+			if time.Since(quiet) >= eventKeepalive {
+				if err := e.comment("keepalive"); err != nil {
+					return nil
+				}
+				quiet = time.Now()
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-changed:
+				// (Appends come in bursts: one look for a burst.)
+				time.Sleep(100 * time.Millisecond)
+			case <-time.After(followRecheck):
+			}
+		}
+		changed = s.eng.Audit().Changed()
+		if err := s.keyGone(ctx, keyID); err != nil {
+			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listAudit", err)}))
+		}
+		if l, err = s.eng.Audit().List(ctx, f); err != nil {
+			if ctx.Err() != nil {
+				return nil // (the client went, or the stream's time is up)
+			}
+			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listAudit", err)}))
+		}
+	}
 }
 
 // exportAudit streams every matching entry as JSON Lines, for a SIEM.

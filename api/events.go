@@ -139,9 +139,8 @@ func (s *Server) followSandboxes(w http.ResponseWriter, r *http.Request, f sandb
 		case <-time.After(followRecheck):
 		}
 		changed = s.eng.Audit().Changed()
-		if keyID != "" && !s.eng.Keys().Live(ctx, keyID) {
-			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes",
-				sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the API key this stream was opened with is revoked or expired"))}))
+		if err := s.keyGone(ctx, keyID); err != nil {
+			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes", err)}))
 		}
 		if boxes, err = s.eng.List(ctx, f); err != nil {
 			if ctx.Err() != nil {
@@ -150,4 +149,14 @@ func (s *Server) followSandboxes(w http.ResponseWriter, r *http.Request, f sandb
 			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes", err)}))
 		}
 	}
+}
+
+// keyGone says why a stream opened with the key keyID ("" for the
+// operator) ends now: the key is revoked or expired, and its next request
+// would be refused. Nil while it lives.
+func (s *Server) keyGone(ctx context.Context, keyID string) error {
+	if keyID == "" || s.eng.Keys().Live(ctx, keyID) {
+		return nil
+	}
+	return sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the API key this stream was opened with is revoked or expired")
 }

@@ -3,6 +3,7 @@ package api_test
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -185,5 +186,114 @@ func TestFollowSandboxesEnds(t *testing.T) {
 	}
 	if !strings.HasPrefix(string(b), "event: sandboxes\n") || strings.Contains(string(b), "event: error") {
 		t.Fatalf("the stream: %q", b)
+	}
+}
+
+// streamEvent is one server-sent event, its data decoded.
+type streamEvent struct {
+	name string
+	data map[string]any
+}
+
+// readEvents sends each event of resp's stream on the channel it returns,
+// which closes when the stream ends.
+func readEvents(resp *http.Response) <-chan streamEvent {
+	got := make(chan streamEvent, 1000)
+	go func() {
+		defer close(got)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		name := ""
+		for sc.Scan() {
+			l := sc.Text()
+			if n, ok := strings.CutPrefix(l, "event: "); ok {
+				name = n
+			} else if d, ok := strings.CutPrefix(l, "data: "); ok {
+				var v map[string]any
+				json.Unmarshal([]byte(d), &v)
+				got <- streamEvent{name, v}
+			}
+		}
+	}()
+	return got
+}
+
+// The audit log's tail: newest=true reads the last entries; a followed
+// log sends what the list would, then each entry of the key's account as
+// it is appended (never another account's), and ends when the key is
+// revoked.
+func TestFollowAudit(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	w := buildWorld(t, f)
+	seqs := func(entries any) []int {
+		var out []int
+		for _, e := range entries.([]any) {
+			out = append(out, int(e.(map[string]any)["seq"].(float64)))
+		}
+		return out
+	}
+	all := seqs(f.must(t, 200, "GET", "/v1/audit?limit=1000", f.root, nil).body["entries"])
+	if r := f.must(t, 200, "GET", "/v1/audit?newest=true&limit=3", f.root, nil); fmt.Sprint(seqs(r.body["entries"])) != fmt.Sprint(all[len(all)-3:]) || r.body["next"] != nil {
+		t.Errorf("the newest 3 of %v: %s", all, r.raw)
+	}
+
+	// From a cursor, in pages of one: every entry after it, in order.
+	resp := openStream(t, f.url+"/v1/audit?follow=true&limit=1&after="+fmt.Sprint(all[len(all)-4]), f.root)
+	got := readEvents(resp)
+	next := func(what string) streamEvent {
+		t.Helper()
+		select {
+		case ev, open := <-got:
+			if !open {
+				t.Fatalf("the stream ended waiting for %s", what)
+			}
+			return ev
+		case <-time.After(15 * time.Second):
+			t.Fatalf("no event: %s", what)
+		}
+		return streamEvent{}
+	}
+	for _, want := range all[len(all)-3:] {
+		if ev := next("an entry after the cursor"); ev.name != "entry" || int(ev.data["seq"].(float64)) != want {
+			t.Fatalf("want entry %d: %s %v", want, ev.name, ev.data)
+		}
+	}
+	resp.Body.Close()
+
+	// Account alpha's key follows its own tail.
+	resp = openStream(t, f.url+"/v1/audit?follow=true&newest=true&limit=2", w.fullA)
+	got = readEvents(resp)
+	mine := seqs(f.must(t, 200, "GET", "/v1/audit?limit=1000", w.fullA, nil).body["entries"])
+	for _, want := range mine[len(mine)-2:] {
+		if ev := next("alpha's newest"); ev.name != "entry" || int(ev.data["seq"].(float64)) != want {
+			t.Fatalf("want entry %d: %s %v", want, ev.name, ev.data)
+		}
+	}
+	f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"account_id": "beta"})
+	f.must(t, 200, "POST", "/v1/sandboxes/"+w.boxA1+"/pause", f.root, nil)
+	if ev := next("the pause"); ev.name != "entry" || ev.data["action"] != "pauseSandbox" || ev.data["target"] != w.boxA1 {
+		t.Fatalf("after alpha's pause (beta's create before it): %s %v", ev.name, ev.data)
+	}
+	f.must(t, 200, "DELETE", "/v1/keys/"+w.fullKeyID, f.root, nil)
+	for {
+		ev := next("the end of a revoked key's stream")
+		if ev.name == "entry" && ev.data["account_id"] != w.accA {
+			t.Fatalf("alpha's stream shows %v", ev.data)
+		}
+		if ev.name == "error" {
+			if e, _ := ev.data["error"].(map[string]any); e["code"] != "unauthorized" {
+				t.Fatalf("after the revoke: %v", ev.data)
+			}
+			break
+		}
+	}
+	if _, open := <-got; open {
+		t.Error("the stream goes on after its error")
+	}
+
+	for _, q := range []string{"newest=maybe", "newest=true&format=jsonl", "follow=true&format=jsonl", "follow=yes"} {
+		if r := f.do(t, "GET", "/v1/audit?"+q, f.root, nil); r.status != 400 {
+			t.Errorf("audit?%s: %d %s", q, r.status, r.raw)
+		}
 	}
 }

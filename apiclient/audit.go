@@ -2,10 +2,13 @@ package apiclient
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"mime"
 	"net/url"
+	"strconv"
+	"time"
 
 	"github.com/harebox/harebox/model"
 )
@@ -49,6 +52,9 @@ type AuditFilter struct {
 	From, To                                           string // RFC 3339
 	Principal, Target, Action, Outcome, Account, After string
 	Limit                                              int
+	// Newest takes the last Limit entries that match rather than the
+	// first.
+	Newest bool
 }
 
 // Query is the filter as a query string.
@@ -63,7 +69,51 @@ func (f AuditFilter) Query() url.Values {
 	if f.Limit > 0 {
 		q.Set("limit", fmt.Sprint(f.Limit))
 	}
+	if f.Newest {
+		q.Set("newest", "true")
+	}
 	return q
+}
+
+// FollowAudit calls fn with each entry of the audit log that matches f:
+// first what the list answers (with f.Newest, the last f.Limit), then
+// each later one as it is appended, until ctx ends, fn fails or the
+// server ends the stream with an error (a revoked key's: an *Error). The
+// server ends every stream after some minutes: it is opened again after
+// the last entry seen.
+func (c *Client) FollowAudit(ctx context.Context, f AuditFilter, fn func(AuditEntry) error) error {
+	for {
+		q := f.Query()
+		q.Set("follow", "true")
+		opened := time.Now()
+		resp, err := c.send(ctx, "GET", "/v1/audit", q, nil)
+		if err != nil {
+			return err
+		}
+		err = scanSSE(resp.Body, 1<<20, func(_ string, data []byte) error {
+			var e AuditEntry
+			if err := json.Unmarshal(data, &e); err != nil {
+				return fmt.Errorf("audit: an entry the server sent: %w", err)
+			}
+			f.After = strconv.FormatInt(e.Seq, 10)
+			return fn(e)
+		})
+		resp.Body.Close()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			return err
+		}
+		f.Newest = false // (on from where it ended)
+		if time.Since(opened) < time.Second {
+			select { // (a server that ends streams at once is not hammered)
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+			}
+		}
+	}
 }
 
 // ExportAudit writes every entry that matches f to w as JSON Lines, as the

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/ed25519"
 	"database/sql"
@@ -8,9 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/harebox/harebox/internal/testserver"
 	_ "modernc.org/sqlite" // the "sqlite" driver, to tamper with the log
@@ -218,6 +221,57 @@ func TestCLIAudit(t *testing.T) {
 	if got := export(k.Secret); fmt.Sprint(got) != fmt.Sprint(mine.Entries) {
 		t.Errorf("audit export with the key: %+v, want %+v", got, mine.Entries)
 	}
+
+	// --newest: the tail, and no cursor after it. --follow: then each new
+	// entry as it is appended, a JSON line each, until interrupted.
+	if p := list("", "--newest", "--limit", "2"); len(p.Entries) != 2 || p.Entries[1] != last || p.Entries[0] != es[len(es)-2] || p.Next != nil {
+		t.Errorf("--newest --limit 2: %+v", p)
+	}
+	follow := exec.Command(filepath.Join(s.Bin, "harebox"), "audit", "list", "--newest", "--limit", "1", "--follow")
+	follow.Env = srv.Env(s)
+	stdout, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tail := make(chan entry, 10)
+	go func() {
+		defer close(tail)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var e entry
+			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+				t.Errorf("audit list --follow: %q", sc.Text())
+			}
+			tail <- e
+		}
+	}()
+	followed := func(what string) entry {
+		t.Helper()
+		select {
+		case e, open := <-tail:
+			if !open {
+				t.Fatalf("audit list --follow ended waiting for %s", what)
+			}
+			return e
+		case <-time.After(30 * time.Second):
+			t.Fatalf("audit list --follow: no line for %s", what)
+		}
+		return entry{}
+	}
+	if e := followed("the newest entry"); e != last {
+		t.Errorf("audit list --follow, first: %+v, want %+v", e, last)
+	}
+	var tailed struct{ ID string }
+	ok("", &tailed, "project", "create", "tailed", "--account", "acme")
+	if e := followed("the new project's entry"); e.Action != "createProject" || e.Target != tailed.ID || e.Seq != last.Seq+1 {
+		t.Errorf("audit list --follow, next: %+v", e)
+	}
+	follow.Process.Kill()
+	follow.Wait()
+	last = list("", "--newest", "--limit", "1").Entries[0]
 
 	// verify: the operator's; ok.
 	type report struct {

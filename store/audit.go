@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -132,8 +133,14 @@ func (s *DB) ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, error
 	if limit <= 0 || limit > 10000 {
 		limit = 10000
 	}
-	q += fmt.Sprintf(` ORDER BY seq LIMIT %d`, limit)
-	return s.auditRows(ctx, q, args...)
+	if !f.Newest {
+		q += fmt.Sprintf(` ORDER BY seq LIMIT %d`, limit)
+		return s.auditRows(ctx, q, args...)
+	}
+	q += fmt.Sprintf(` ORDER BY seq DESC LIMIT %d`, limit)
+	l, err := s.auditRows(ctx, q, args...)
+	slices.Reverse(l)
+	return l, err
 }
 
 // PutAuditCheckpoint implements Tx.

@@ -108,6 +108,9 @@ type AuditFilter struct {
 	From, To  time.Time
 	After     int64
 	Limit     int
+	// Newest takes the last Limit matching entries rather than the first
+	// (still returned oldest first): a tail of the log.
+	Newest bool
 	// Events selects only the entries of the engine's own acts (by a
 	// budget, a sandbox's guest, or the engine): /v1/events.
 	Events bool

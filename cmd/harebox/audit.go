@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"strconv"
@@ -16,8 +17,8 @@ import (
 const auditFilters = "[--from TIME] [--to TIME] [--principal P] [--target T] [--action A] [--outcome ok|denied|error] [--account ID]"
 
 var cmdAudit = group("audit", []subcommand{
-	{"list", auditFilters + " [--limit N] [--after CURSOR]",
-		"a page of audit entries, oldest first (JSON with the next page's cursor, or a table)", auditList},
+	{"list", auditFilters + " [--limit N] [--after CURSOR] [--newest] [--follow]",
+		"a page of audit entries, oldest first (JSON with the next page's cursor, or a table); --newest the last N instead of the first; --follow then prints each new entry as it is appended, one JSON object per line, until interrupted", auditList},
 	{"export", auditFilters + " [--after CURSOR]",
 		"every matching entry as JSON Lines on stdout, streamed (for a SIEM)", auditExport},
 	{"verify", "", "check the hash chain, every entry's columns, and the signed checkpoints in the database and in the anchor (the operator only); exit 1 if the log was tampered with or its tail cut", auditVerify},
@@ -56,6 +57,8 @@ func auditFlags(fs *flag.FlagSet) (f *apiclient.AuditFilter, check func() error)
 func auditList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (int, error) {
 	f, check := auditFlags(fs)
 	fs.IntVar(&f.Limit, "limit", 100, "at most this many entries, 1 to 1000")
+	fs.BoolVar(&f.Newest, "newest", false, "the last --limit entries that match rather than the first (still oldest first)")
+	follow := fs.Bool("follow", false, "print the entries, then each new one as it is appended, one JSON object per line, until interrupted")
 	if _, err := exactly(fs, c, args); err != nil {
 		return 0, err
 	}
@@ -64,6 +67,15 @@ func auditList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) (in
 	}
 	if f.Limit < 1 || f.Limit > 1000 {
 		return 0, usageError{fmt.Sprintf("--limit %d: want 1 to 1000", f.Limit)}
+	}
+	if *follow {
+		return 0, c.c.FollowAudit(ctx, *f, func(e apiclient.AuditEntry) error {
+			b, err := json.Marshal(e)
+			if err == nil {
+				_, err = fmt.Fprintf(c.stdout, "%s\n", b)
+			}
+			return err
+		})
 	}
 	var out apiclient.AuditList
 	if err := c.c.Do(ctx, "GET", apiclient.Path("audit"), f.Query(), nil, &out); err != nil {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -37,6 +38,7 @@ func Run(t *testing.T, open Open) {
 		{"ConcurrentUpdates", concurrentUpdates},
 		{"Scrub", scrub},
 		{"RawText", rawText},
+		{"AuditTail", auditTail},
 		{"CandidateBudgets", candidateBudgets},
 		{"URLs", urls},
 		{"Settings", settings},
@@ -248,6 +250,48 @@ func rawText(t *testing.T, s store.Store, _ func() store.Store) {
 	}
 	if _, err := s.GetAccount(ctx, "acc_\xff\x00"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a lookup by a raw name: %v", err)
+	}
+}
+
+// AuditTail: a filter's Newest reads the last entries that match, oldest
+// first, after its cursor; without it the first.
+func auditTail(t *testing.T, s store.Store, _ func() store.Store) {
+	ctx := context.Background()
+	now := time.Now().UTC()
+	for seq := int64(1); seq <= 9; seq++ {
+		outcome := "ok"
+		if seq%3 == 0 {
+			outcome = "denied"
+		}
+		if err := s.AppendAudit(ctx, &store.AuditEntry{Seq: seq, Time: now, Principal: "key_x", Action: "getSandbox", Outcome: outcome}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seqs := func(f store.AuditFilter) []int64 {
+		t.Helper()
+		l, err := s.ListAudit(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []int64
+		for _, e := range l {
+			out = append(out, e.Seq)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		f    store.AuditFilter
+		want []int64
+	}{
+		{store.AuditFilter{Limit: 3}, []int64{1, 2, 3}},
+		{store.AuditFilter{Limit: 3, Newest: true}, []int64{7, 8, 9}},
+		{store.AuditFilter{Limit: 2, Newest: true, Outcome: "denied"}, []int64{6, 9}},
+		{store.AuditFilter{Limit: 5, Newest: true, After: 6}, []int64{7, 8, 9}},
+		{store.AuditFilter{Limit: 2, Newest: true, Through: 5}, []int64{4, 5}},
+	} {
+		if got := seqs(c.f); !slices.Equal(got, c.want) {
+			t.Errorf("ListAudit(%+v): %v, want %v", c.f, got, c.want)
+		}
 	}
 }
 

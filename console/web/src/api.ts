@@ -329,8 +329,13 @@ export interface ServerEvent {
 }
 
 // The API's paths that answer server-sent events the console reads: a
-// background process's output, the followed list of sandboxes.
-const eventPaths = [/^\/v1\/sandboxes\/[^/?#]+\/processes\/[^/?#]+\/output(\?|$)/, /^\/v1\/sandboxes\?([^#]*&)?follow=true(&|$)/];
+// background process's output, the followed list of sandboxes, the
+// followed audit log.
+const eventPaths = [
+  /^\/v1\/sandboxes\/[^/?#]+\/processes\/[^/?#]+\/output(\?|$)/,
+  /^\/v1\/sandboxes\?([^#]*&)?follow=true(&|$)/,
+  /^\/v1\/audit\?([^#]*&)?follow=true(&|$)/,
+];
 
 // events GETs a stream of server-sent events, with the session's token
 // (which an EventSource could not send), and calls onEvent for each until

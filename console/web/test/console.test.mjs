@@ -379,9 +379,18 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await audit.locator('[data-testid=verify-result]').filter({ hasText: /./ }).waitFor();
     await shot(audit, 'audit');
 
+    // (Over the stream it opened: the page does not read the log again.)
+    const reads = [];
+    const onRequest = (r) => {
+      const u = new URL(r.url());
+      if (r.method() === 'GET' && u.pathname === '/v1/audit' && u.searchParams.get('follow') !== 'true') reads.push(r.url());
+    };
+    audit.on('request', onRequest);
     await visit(page, url + '/console/#/keys');
     await page.locator(`[data-testid=keys] tr[data-id="${keyID}"] [data-action=revoke]`).click();
     await audit.locator('[data-testid=audit] tr[data-seq]').filter({ hasText: 'revokeKey' }).nth(before).waitFor({ timeout: 30_000 });
+    audit.off('request', onRequest);
+    assert.deepEqual(reads, [], 'the audit page read the log again rather than following it');
 
     // (Its list's stream ends with the key, and the next one is refused.)
     await scoped.locator('[data-testid=signin]').waitFor({ timeout: 30_000 });

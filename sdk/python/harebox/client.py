@@ -1170,9 +1170,11 @@ class Client:
         """GET /v1/audit: one page of entries, oldest first. Query ``from``
         and ``to`` (RFC 3339), ``principal``, ``target``, ``action``,
         ``outcome`` ("ok", "denied" or "error"), ``account`` (the operator
-        only), ``after`` (the cursor: a sequence number) and ``limit`` (1 to
-        1000, default 100). ``next``, present when the page is full, is the
-        ``after`` of the next page; audit_entries follows it for you."""
+        only), ``after`` (the cursor: a sequence number), ``limit`` (1 to
+        1000, default 100) and ``newest`` (True: the last ``limit`` entries
+        that match, still oldest first, with no ``next``). ``next``,
+        present when the page is full, is the ``after`` of the next page;
+        audit_entries follows it for you."""
         if query and query.get("format") not in (None, "json"):
             raise ValueError("list_audit reads JSON pages; audit_entries(query) iterates every entry")
         return cast(t.AuditList, self._json("GET", "/v1/audit", query=query, timeout=timeout))

@@ -1333,6 +1333,8 @@ export interface AuditQuery {
   after?: number | string;
   /** 1 to 1000; default 100 (auditEntries: 1000 per page). */
   limit?: number;
+  /** The last `limit` entries that match instead of the first (still oldest first; no `next`). */
+  newest?: boolean;
   /** JSON pages only; auditEntries iterates every entry. */
   format?: "json";
 }

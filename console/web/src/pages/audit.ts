@@ -1,16 +1,17 @@
-// #/audit: the audit log, newest first, live: every 2 s it asks for the
-// entries after the newest it has (the after cursor) and puts them on
-// top. Filters are the endpoint's own (action, target, principal,
-// outcome); "Verify chain" checks the hash chain (the operator only).
+// #/audit: the audit log, newest first, live: the newest entries that
+// match the filters (GET /v1/audit?newest=true), then a followed stream
+// of each one appended after them (GET /v1/audit?follow=true&after=the
+// newest shown), put on top as they come. Filters are the endpoint's own
+// (action, target, principal, outcome); "Verify chain" checks the hash
+// chain (the operator only).
 
-import { call, clearError, clearErrorIf, clearFieldErrors, messageOf, reportError } from "../api";
+import { ApiError, call, clearError, clearErrorIf, clearFieldErrors, events, messageOf, reportError } from "../api";
 import { emptyRow, field, h, listen, tableWrap, thead, time } from "../dom";
-import { Poller, debounce } from "../poll";
+import { debounce, sleep } from "../poll";
 import type { AuditEntry, AuditReport } from "../types";
 
 const MAX_ROWS = 1000; // kept on the page
-const PAGE = 1000; // the endpoint's largest limit
-const PAGES_PER_POLL = 10;
+const FIRST = 200; // the newest entries shown at first
 
 export function auditPage(root: HTMLElement): () => void {
   document.title = "Audit · HareBox console";
@@ -41,7 +42,6 @@ export function auditPage(root: HTMLElement): () => void {
   const tbody = h("tbody", null, emptyRow(8, "Loading…"));
   const table = h("table", { "data-testid": "audit", class: "list" }, thead("Seq", "Time", "Principal", "Action", "Target", "Outcome", "Source", "Request ID"), tbody);
   let cursor = 0; // the newest seq shown
-  let generation = 0; // bumped when the filters change
 
   function row(e: AuditEntry): HTMLTableRowElement {
     return h(
@@ -58,51 +58,103 @@ export function auditPage(root: HTMLElement): () => void {
     );
   }
 
-  function query(after: number): string {
+  function query(): URLSearchParams {
     const q = new URLSearchParams();
     if (actionIn.value.trim()) q.set("action", actionIn.value.trim());
     if (targetIn.value.trim()) q.set("target", targetIn.value.trim());
     if (principalIn.value.trim()) q.set("principal", principalIn.value.trim());
     if (outcomeSel.value) q.set("outcome", outcomeSel.value);
-    q.set("after", String(after));
-    q.set("limit", String(PAGE));
-    return q.toString();
+    return q;
   }
 
-  let pollError = "";
-  async function poll(): Promise<void> {
-    const gen = generation;
-    const fresh: AuditEntry[] = [];
-    let answered = true;
+  // The newest entries first, then the stream from the newest shown. A
+  // stream that breaks is opened again from there, later each time (one
+  // the server ended after its few minutes, at once); a change of
+  // filters starts over.
+  let streamError = "";
+  let ctrl: AbortController | null = null;
+  function ok(): void {
+    clearFieldErrors(filters);
+    if (streamError) clearErrorIf(streamError);
+    streamError = "";
+  }
+  function failed(err: unknown): void {
+    clearFieldErrors(filters);
+    reportError(err, filters);
+    streamError = messageOf(err);
+  }
+  // Entries that came over the stream are shown together, a moment after
+  // the first of them.
+  let pending: AuditEntry[] = [];
+  let flushTimer: number | undefined;
+  function queue(e: AuditEntry): void {
+    if (e.seq <= cursor) return;
+    cursor = e.seq;
+    pending.push(e);
+    flushTimer ??= window.setTimeout(() => {
+      flushTimer = undefined;
+      const batch = pending;
+      pending = [];
+      show(batch, true);
+    }, 50);
+  }
+  async function follow(c: AbortController): Promise<void> {
     try {
-      for (let i = 0; i < PAGES_PER_POLL; i++) {
-        const page = await call<{ entries: AuditEntry[]; next?: string }>("GET", "/v1/audit?" + query(cursor));
-        if (stopped || gen !== generation) return;
-        const entries = page.entries ?? [];
-        for (const e of entries) {
-          if (e.seq > cursor) {
-            fresh.push(e);
-            cursor = e.seq;
-          }
-        }
-        if (!page.next || entries.length === 0) break;
-      }
-      clearFieldErrors(filters);
-      if (pollError) clearErrorIf(pollError);
-      pollError = "";
+      const q = query();
+      q.set("newest", "true");
+      q.set("limit", String(FIRST));
+      const page = await call<{ entries: AuditEntry[] }>("GET", "/v1/audit?" + q.toString());
+      if (c.signal.aborted) return;
+      const entries = page.entries ?? [];
+      cursor = entries.length ? entries[entries.length - 1].seq : 0;
+      show(entries, true);
+      ok();
     } catch (err) {
-      if (stopped || gen !== generation) return;
-      clearFieldErrors(filters);
-      reportError(err, filters);
-      pollError = messageOf(err);
-      answered = false;
-    } finally {
-      if (!stopped && gen === generation) show(fresh, answered);
+      if (c.signal.aborted || (err instanceof ApiError && err.sessionEnded)) return;
+      show([], false);
+      failed(err);
+      return; // (a refused filter waits for the next change of filters)
+    }
+    for (let tries = 0; !c.signal.aborted; tries++) {
+      const q = query();
+      q.set("follow", "true");
+      q.set("after", String(cursor));
+      const opened = Date.now();
+      try {
+        await events(
+          "/v1/audit?" + q.toString(),
+          (e) => {
+            if (e.event === "entry") {
+              tries = 0;
+              queue(JSON.parse(e.data) as AuditEntry);
+              if (streamError) ok();
+            } else if (e.event === "error") {
+              // (The stream ends here; the next one says why in full, a
+              // revoked key's as a refusal that ends the session.)
+              const msg = (JSON.parse(e.data) as { error?: { message?: string } }).error?.message;
+              failed(new ApiError(0, "stream", msg ?? "The audit log's stream failed."));
+            }
+          },
+          c.signal,
+        );
+        // Ended by the server in its time: opened again at once.
+        if (Date.now() - opened > 10_000) {
+          tries = -1;
+          continue;
+        }
+      } catch (err) {
+        if (c.signal.aborted) return;
+        if (err instanceof ApiError && err.sessionEnded) return;
+        failed(err);
+        if (err instanceof ApiError && err.status >= 400 && err.status < 500 && err.status !== 429) return;
+      }
+      await sleep(Math.min(1000 * 2 ** tries, 15_000), c.signal);
     }
   }
 
   // show puts entries (oldest first) on top of the table, newest first.
   function show(entries: AuditEntry[], answered: boolean): void {
+    if (stopped) return;
     const placeholder = tbody.querySelector("tr.empty");
     if (entries.length === 0) {
       if (placeholder) placeholder.replaceWith(emptyRow(8, answered ? "No entries." : "The audit log could not be read."));
@@ -114,12 +166,15 @@ export function auditPage(root: HTMLElement): () => void {
     while (tbody.rows.length > MAX_ROWS) tbody.rows[tbody.rows.length - 1].remove();
   }
 
-  const poller = new Poller(poll, 2000);
   function refilter(): void {
-    generation++;
+    ctrl?.abort();
+    window.clearTimeout(flushTimer);
+    flushTimer = undefined;
+    pending = [];
     cursor = 0;
     tbody.replaceChildren(emptyRow(8, "Loading…"));
-    void poller.now();
+    ctrl = new AbortController();
+    void follow(ctrl);
   }
   const refilterSoon = debounce(refilter, 300);
   listen(filters, "submit", (e) => {
@@ -159,10 +214,11 @@ export function auditPage(root: HTMLElement): () => void {
     h("section", { "aria-labelledby": "audit-title" }, h("h2", { id: "audit-title" }, "Entries, newest first"), filters, tableWrap("Audit entries", table)),
   );
 
-  void poller.now();
+  refilter();
   return () => {
     stopped = true;
-    poller.stop();
+    ctrl?.abort();
+    window.clearTimeout(flushTimer);
     refilterSoon.cancel();
   };
 }
