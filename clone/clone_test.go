@@ -170,3 +170,30 @@ func TestGoldenAndPool(t *testing.T) {
 	}
 	s.Discard(pm)
 }
+
+// AutoPool keeps one default:small member per 8 small sandboxes the host
+// admits, 1 to 4, and none on a host that admits fewer than 4 (whichever
+// of CPU, memory and disk admits fewest).
+func TestAutoPool(t *testing.T) {
+	for _, c := range []struct {
+		limit sandbox.Resources
+		want  int
+	}{
+		{sandbox.Resources{VCPUs: 8, MemoryMB: 23081, DiskGB: 90}, 1}, // this project's 2-core machine
+		{sandbox.Resources{VCPUs: 3, MemoryMB: 64000, DiskGB: 1000}, 0},
+		{sandbox.Resources{VCPUs: 64, MemoryMB: 1500, DiskGB: 1000}, 0},
+		{sandbox.Resources{VCPUs: 64, MemoryMB: 64000, DiskGB: 15}, 0},
+		{sandbox.Resources{VCPUs: 4, MemoryMB: 2048, DiskGB: 20}, 1},
+		{sandbox.Resources{VCPUs: 128, MemoryMB: 8192, DiskGB: 1000}, 2},
+		{sandbox.Resources{VCPUs: 256, MemoryMB: 512000, DiskGB: 4000}, 4},
+		{sandbox.Resources{}, 0},
+	} {
+		got := AutoPool(c.limit)
+		if c.want == 0 && got != nil || c.want > 0 && (len(got) != 1 || got["default:small"] != c.want) {
+			t.Errorf("AutoPool(%+v) = %v, want %d", c.limit, got, c.want)
+		}
+		if _, err := ParsePool(got); err != nil {
+			t.Errorf("AutoPool(%+v) = %v: %v", c.limit, got, err)
+		}
+	}
+}

@@ -62,6 +62,23 @@ type PoolEntry struct {
 	N     int
 }
 
+// AutoPool is the pool of a server that was not told what to keep
+// (hareboxd without --pool), sized to what the host admits (limit): one
+// idle sandbox of the default image at the small size for every 8 small
+// sandboxes the host admits, 1 to 4 of them, and none on a host that
+// admits fewer than 4. A member holds its capacity only until a create
+// needs it (a create that finds the host full stops idle members), so
+// the pool never keeps a create out; what it costs is its memory and an
+// idle guest's few ticks (docs/snapshots.md).
+func AutoPool(limit sandbox.Resources) map[string]int {
+	small := sandbox.Presets["small"]
+	n := min(limit.VCPUs/small.VCPUs, limit.MemoryMB/small.MemoryMB, limit.DiskGB/small.DiskGB)
+	if n < 4 {
+		return nil
+	}
+	return map[string]int{sandbox.DefaultImage + ":small": min(4, max(1, n/8))}
+}
+
 // ParsePool reads the engine's Options.Pool: "IMAGE:PRESET" -> count.
 func ParsePool(p map[string]int) ([]PoolEntry, error) {
 	var out []PoolEntry

@@ -33,6 +33,7 @@ import (
 	"github.com/harebox/harebox/api"
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/clone"
 	"github.com/harebox/harebox/cluster"
 	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/firewall"
@@ -88,6 +89,7 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 type settings struct {
 	dataDir, imageDir, backend, network string
 	golden                              bool
+	pool                                map[string]int
 }
 
 // run starts the server as args (flags, and the --config file under them)
@@ -122,7 +124,7 @@ func run(args []string, instead func(settings) error) error {
 		plaintext    = fs.Bool("plaintext-disks", false, "turn crypto-erase off: sandboxes' disks and snapshots are plain files and delete only removes them (needed for a backend that cannot encrypt: cloud-hypervisor without root, qemu-img or qemu-storage-daemon)")
 		prices       = fs.String("prices", "", "price table, a JSON file of decimal dollar strings per hour: vcpu_hour, memory_gib_hour, paused_vcpu_hour, paused_memory_gib_hour, disk_gb_hour, snapshot_gb_hour, and egress_gb per GB (default: docs/budgets.md's)")
 		meterEvery   = fs.Duration("meter-interval", 5*time.Second, "how often sandboxes' usage is settled against their budgets (and what a reservation covers)")
-		poolFlag     = fs.String("pool", "", "keep that many sandboxes restored from the golden snapshot idle and ready for each image and size, claimed by creates: IMAGE:PRESET=N[,IMAGE:PRESET=N...], e.g. default:small=4 (implies --golden-snapshots); the deployment's pool, once set (harebox pool set), replaces it")
+		poolFlag     = fs.String("pool", "auto", "keep that many sandboxes restored from the golden snapshot idle and ready for each image and size, claimed by creates: IMAGE:PRESET=N[,IMAGE:PRESET=N...], e.g. default:small=4 (implies --golden-snapshots); auto: one of the default image at the small size per 8 small sandboxes the host admits (1 to 4; none below 4, or with --golden-snapshots=false); none: no pool. The deployment's pool, once set (harebox pool set), replaces it")
 		golden       = fs.Bool("golden-snapshots", true, "restore creates from a golden snapshot of their image and size (booted once, in the background, on the first create of each) instead of booting them; --golden-snapshots=false boots every create")
 		goldenShared = fs.Bool("golden-shared-memory", false, "sandboxes restored from a golden snapshot (and warm-pool members) share its memory copy-on-write (qemu): an idle one holds a small part of the memory it would, and its guest runs slower while it first writes its pages (docs/hypervisors.md)")
 		goldenDir    = fs.String("golden-dir", "", "where golden snapshots are kept across restarts (default DATA_DIR/golden); servers on one machine that share it, --golden-key and --image-dir share them")
@@ -228,6 +230,7 @@ func run(args []string, instead func(settings) error) error {
 	if err != nil {
 		return err
 	}
+	autoPool := *poolFlag == "auto"
 	var trusted []netip.Prefix
 	for _, c := range strings.Split(*proxies, ",") {
 		if c = strings.TrimSpace(c); c == "" {
@@ -271,8 +274,11 @@ func run(args []string, instead func(settings) error) error {
 	if err != nil {
 		return err
 	}
+	if autoPool && *golden {
+		warm = clone.AutoPool(harebox.Capacity{CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver}.Limits(existing(*dataDir)))
+	}
 	if instead != nil {
-		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind, golden: *golden})
+		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind, golden: *golden, pool: warm})
 	}
 	level := slog.LevelInfo
 	if *debug {
@@ -371,6 +377,9 @@ func run(args []string, instead func(settings) error) error {
 	}
 	if tunnel != nil {
 		opts.MeshTunnel, opts.MeshEndpoint = tunnel, meshEP
+	}
+	if autoPool && len(warm) > 0 {
+		log.Info("a warm pool kept by default, sized to the host (--pool none keeps none)", "pool", warm)
 	}
 	eng, err := harebox.New(ctx, opts)
 	if err != nil {
@@ -761,9 +770,10 @@ func checkListen(addr string, tls bool) error {
 	return nil
 }
 
-// parsePool reads --pool: IMAGE:PRESET=N[,IMAGE:PRESET=N...].
+// parsePool reads --pool: IMAGE:PRESET=N[,IMAGE:PRESET=N...], or none
+// (also empty); auto, which depends on the host, is nil here.
 func parsePool(s string) (map[string]int, error) {
-	if s == "" {
+	if s == "" || s == "none" || s == "auto" {
 		return nil, nil
 	}
 	out := map[string]int{}
@@ -776,6 +786,17 @@ func parsePool(s string) (map[string]int, error) {
 		out[k] = n
 	}
 	return out, nil
+}
+
+// existing is dir, or its nearest parent that exists (the data
+// directory is made later: its filesystem's size counts now).
+func existing(dir string) string {
+	for {
+		if _, err := os.Stat(dir); err == nil || filepath.Dir(dir) == dir {
+			return dir
+		}
+		dir = filepath.Dir(dir)
+	}
 }
 
 // pgHost is a PostgreSQL URL's host, for the log (never its password).

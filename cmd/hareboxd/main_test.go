@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"flag"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/harebox/harebox"
+	"github.com/harebox/harebox/clone"
 )
 
 func TestDoctor(t *testing.T) {
@@ -218,6 +222,39 @@ func TestGoldenByDefault(t *testing.T) {
 			if err != nil || got.golden != want {
 				t.Errorf("%q: golden %v %v, want %v", a, got.golden, err, want)
 			}
+		}
+	}
+}
+
+// TestPoolByDefault: without --pool the server keeps the pool the host's
+// capacity affords (clone.AutoPool), none with --pool none, an empty
+// --pool or golden snapshots off, and what --pool or the config file says
+// otherwise.
+func TestPoolByDefault(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "c.yaml")
+	os.WriteFile(conf, []byte("pool: none\n"), 0o644)
+	data := filepath.Join(dir, "data") // (made at start: its filesystem counts)
+	auto := clone.AutoPool(harebox.Capacity{}.Limits(dir))
+	if auto == nil {
+		t.Logf("this host admits fewer than 4 small sandboxes: auto keeps none")
+	}
+	for _, c := range []struct {
+		args []string
+		want map[string]int
+	}{
+		{nil, auto},
+		{[]string{"--pool", "auto"}, auto},
+		{[]string{"--pool", "none"}, nil},
+		{[]string{"--pool", ""}, nil},
+		{[]string{"--golden-snapshots=false"}, nil},
+		{[]string{"--pool", "minimal:small=2"}, map[string]int{"minimal:small": 2}},
+		{[]string{"--config", conf}, nil},
+	} {
+		var got settings
+		err := run(append([]string{"--data-dir", data, "--network", "none"}, c.args...), func(s settings) error { got = s; return nil })
+		if err != nil || !maps.Equal(got.pool, c.want) {
+			t.Errorf("%q: pool %v %v, want %v", c.args, got.pool, err, c.want)
 		}
 	}
 }

@@ -120,7 +120,7 @@ func PrepareNoVM(t testing.TB) Setup {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 is not installed (make deps installs it); hareboxd needs its plugin to start")
 	}
-	s := Setup{Root: testimage.Root(t)}
+	s := Setup{Root: testimage.Root(t), Flags: []string{"--pool", "none"}}
 	for _, name := range []string{"harebox", "hareboxd", "harebox-plugin-qemu"} {
 		s.Bin = filepath.Dir(testimage.Binary(t, name))
 	}

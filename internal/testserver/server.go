@@ -65,9 +65,12 @@ func Prepare(t testing.TB) Setup {
 	// all of them, and their creates restore from it. Without it, only
 	// the tests that ask for golden snapshots get them: a golden boot in
 	// the background of every test would share the 2 cores with it.
-	s := Setup{Root: testimage.Root(t), Flags: []string{"--golden-snapshots=false"}}
+	// No warm pool either, unless a test asks for one (hareboxd keeps one
+	// by default: idle guests in every test server would share the cores
+	// with the tests).
+	s := Setup{Root: testimage.Root(t), Flags: []string{"--golden-snapshots=false", "--pool", "none"}}
 	if d := os.Getenv("HAREBOX_TEST_GOLDEN_DIR"); d != "" {
-		s.Flags = []string{"--golden-dir", d, "--golden-key", filepath.Join(d, "golden.key")}
+		s.Flags = []string{"--golden-dir", d, "--golden-key", filepath.Join(d, "golden.key"), "--pool", "none"}
 	}
 	for _, name := range []string{"harebox", "hareboxd", "harebox-plugin-qemu"} {
 		s.Bin = filepath.Dir(testimage.Binary(t, name))
