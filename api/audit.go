@@ -134,24 +134,16 @@ func (s *Server) followAudit(w http.ResponseWriter, r *http.Request, f store.Aud
 				}
 				quiet = time.Now()
 			}
-			select {
-			case <-ctx.Done():
+			if !awaitChange(ctx, changed) {
 				return nil
-			case <-changed:
-				// (Appends come in bursts: one look for a burst.)
-				time.Sleep(100 * time.Millisecond)
-			case <-time.After(followRecheck):
 			}
 		}
 		changed = s.eng.Audit().Changed()
 		if err := s.keyGone(ctx, keyID); err != nil {
-			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listAudit", err)}))
+			return s.endStream(ctx, e, "listAudit", err)
 		}
 		if l, err = s.eng.Audit().List(ctx, f); err != nil {
-			if ctx.Err() != nil {
-				return nil // (the client went, or the stream's time is up)
-			}
-			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listAudit", err)}))
+			return s.endStream(ctx, e, "listAudit", err)
 		}
 	}
 }

@@ -130,25 +130,41 @@ func (s *Server) followSandboxes(w http.ResponseWriter, r *http.Request, f sandb
 			}
 			quiet = time.Now()
 		}
-		select {
-		case <-ctx.Done():
+		if !awaitChange(ctx, changed) {
 			return nil
-		case <-changed:
-			// (Appends come in bursts: one look for a burst.)
-			time.Sleep(100 * time.Millisecond)
-		case <-time.After(followRecheck):
 		}
 		changed = s.eng.Audit().Changed()
 		if err := s.keyGone(ctx, keyID); err != nil {
-			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes", err)}))
+			return s.endStream(ctx, e, "listSandboxes", err)
 		}
 		if boxes, err = s.eng.List(ctx, f); err != nil {
-			if ctx.Err() != nil {
-				return nil // (the client went, or the stream's time is up)
-			}
-			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes", err)}))
+			return s.endStream(ctx, e, "listSandboxes", err)
 		}
 	}
+}
+
+// awaitChange waits, in a followed stream, for the next append to the
+// audit log (changed; then a moment more, as appends come in bursts: one
+// look for a burst) or followRecheck; false when ctx ends first.
+func awaitChange(ctx context.Context, changed <-chan struct{}) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-changed:
+		time.Sleep(100 * time.Millisecond)
+	case <-time.After(followRecheck):
+	}
+	return true
+}
+
+// endStream ends a followed stream whose read of op failed with err: with
+// an "error" event, unless the stream's own context ended (the client
+// went, or its time is up).
+func (s *Server) endStream(ctx context.Context, e *sse, op string, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, op, err)}))
 }
 
 // keyGone says why a stream opened with the key keyID ("" for the

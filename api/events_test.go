@@ -90,28 +90,7 @@ func TestFollowSandboxes(t *testing.T) {
 	f := newFastAPI(t, api.Options{})
 	redID, red := f.key(t, f.root, map[string]any{"scope": map[string]any{"labels": map[string]string{"team": "red"}}})
 
-	resp := openStream(t, f.url+"/v1/sandboxes?follow=true", red)
-	type event struct {
-		name string
-		data map[string]any
-	}
-	got := make(chan event, 100)
-	go func() {
-		defer close(got)
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(nil, 1<<20)
-		name := ""
-		for sc.Scan() {
-			l := sc.Text()
-			if n, ok := strings.CutPrefix(l, "event: "); ok {
-				name = n
-			} else if d, ok := strings.CutPrefix(l, "data: "); ok {
-				var v map[string]any
-				json.Unmarshal([]byte(d), &v)
-				got <- event{name, v}
-			}
-		}
-	}()
+	got := readEvents(openStream(t, f.url+"/v1/sandboxes?follow=true", red))
 	// states reads "sandboxes" events until one satisfies ok; it fails on
 	// a sandbox of another team.
 	blue := ""

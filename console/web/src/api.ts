@@ -9,6 +9,7 @@
 // a host name, where a sandbox's own pages may be served.
 
 import { h } from "./dom";
+import { sleep } from "./poll";
 import type { Session } from "./types";
 
 export const SESSION_ENDED = "Your session ended or your key was refused: sign in again.";
@@ -395,5 +396,44 @@ export async function events(path: string, onEvent: (e: ServerEvent) => void, si
   } finally {
     // Left early (onEvent threw, or an abort): the connection goes too.
     if (!ended) reader.cancel().catch(() => {});
+  }
+}
+
+// follow reads a followed stream (events at path(), asked at each
+// opening) until signal aborts, and opens it again when it ends: at once
+// when the server ended it in its time (after 10 s or more), else later
+// each time (1 s, doubling to 15 s; an event resets it). An "error" event
+// goes to failed (the stream ends there; the next opening says why in
+// full, a revoked key's as the refusal that ends the session), as does a
+// failed opening. A refusal (4xx but 429) stops it until the caller
+// starts another (with other filters); so does the session's end.
+export async function follow(path: () => string, onEvent: (e: ServerEvent) => void, signal: AbortSignal, failed: (err: unknown) => void): Promise<void> {
+  for (let tries = 0; !signal.aborted; tries++) {
+    const opened = Date.now();
+    try {
+      await events(
+        path(),
+        (e) => {
+          if (e.event === "error") {
+            const msg = (JSON.parse(e.data) as { error?: { message?: string } }).error?.message;
+            failed(new ApiError(0, "stream", msg ?? "The stream from the server failed."));
+            return;
+          }
+          tries = 0;
+          onEvent(e);
+        },
+        signal,
+      );
+      if (Date.now() - opened > 10_000) {
+        tries = -1;
+        continue;
+      }
+    } catch (err) {
+      if (signal.aborted) return;
+      if (err instanceof ApiError && err.sessionEnded) return;
+      failed(err);
+      if (err instanceof ApiError && err.status >= 400 && err.status < 500 && err.status !== 429) return;
+    }
+    await sleep(Math.min(1000 * 2 ** tries, 15_000), signal);
   }
 }

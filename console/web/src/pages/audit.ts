@@ -5,9 +5,9 @@
 // (action, target, principal, outcome); "Verify chain" checks the hash
 // chain (the operator only).
 
-import { ApiError, call, clearError, clearErrorIf, clearFieldErrors, events, messageOf, reportError } from "../api";
+import { ApiError, call, clearError, clearErrorIf, clearFieldErrors, follow, messageOf, reportError } from "../api";
 import { emptyRow, field, h, listen, tableWrap, thead, time } from "../dom";
-import { debounce, sleep } from "../poll";
+import { debounce } from "../poll";
 import type { AuditEntry, AuditReport } from "../types";
 
 const MAX_ROWS = 1000; // kept on the page
@@ -98,7 +98,7 @@ export function auditPage(root: HTMLElement): () => void {
       show(batch, true);
     }, 50);
   }
-  async function follow(c: AbortController): Promise<void> {
+  async function tail(c: AbortController): Promise<void> {
     try {
       const q = query();
       q.set("newest", "true");
@@ -115,41 +115,21 @@ export function auditPage(root: HTMLElement): () => void {
       failed(err);
       return; // (a refused filter waits for the next change of filters)
     }
-    for (let tries = 0; !c.signal.aborted; tries++) {
-      const q = query();
-      q.set("follow", "true");
-      q.set("after", String(cursor));
-      const opened = Date.now();
-      try {
-        await events(
-          "/v1/audit?" + q.toString(),
-          (e) => {
-            if (e.event === "entry") {
-              tries = 0;
-              queue(JSON.parse(e.data) as AuditEntry);
-              if (streamError) ok();
-            } else if (e.event === "error") {
-              // (The stream ends here; the next one says why in full, a
-              // revoked key's as a refusal that ends the session.)
-              const msg = (JSON.parse(e.data) as { error?: { message?: string } }).error?.message;
-              failed(new ApiError(0, "stream", msg ?? "The audit log's stream failed."));
-            }
-          },
-          c.signal,
-        );
-        // Ended by the server in its time: opened again at once.
-        if (Date.now() - opened > 10_000) {
-          tries = -1;
-          continue;
-        }
-      } catch (err) {
-        if (c.signal.aborted) return;
-        if (err instanceof ApiError && err.sessionEnded) return;
-        failed(err);
-        if (err instanceof ApiError && err.status >= 400 && err.status < 500 && err.status !== 429) return;
-      }
-      await sleep(Math.min(1000 * 2 ** tries, 15_000), c.signal);
-    }
+    await follow(
+      () => {
+        const q = query();
+        q.set("follow", "true");
+        q.set("after", String(cursor));
+        return "/v1/audit?" + q.toString();
+      },
+      (e) => {
+        if (e.event !== "entry") return;
+        queue(JSON.parse(e.data) as AuditEntry);
+        if (streamError) ok();
+      },
+      c.signal,
+      failed,
+    );
   }
 
   // show puts entries (oldest first) on top of the table, newest first.
@@ -174,7 +154,7 @@ export function auditPage(root: HTMLElement): () => void {
     cursor = 0;
     tbody.replaceChildren(emptyRow(8, "Loading…"));
     ctrl = new AbortController();
-    void follow(ctrl);
+    void tail(ctrl);
   }
   const refilterSoon = debounce(refilter, 300);
   listen(filters, "submit", (e) => {

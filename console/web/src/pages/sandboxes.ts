@@ -2,9 +2,9 @@
 // /v1/sandboxes?follow=true, filtered by the list endpoint's state,
 // project and label parameters) and the create form.
 
-import { ApiError, call, clearError, clearErrorIf, clearFieldErrors, events, fieldError, messageOf, reportError } from "../api";
+import { call, clearError, clearErrorIf, clearFieldErrors, fieldError, follow, messageOf, reportError } from "../api";
 import { KeyedRows, emptyRow, field, h, listen, pairs, parsePairs, tableWrap, thead, time } from "../dom";
-import { debounce, sleep } from "../poll";
+import { debounce } from "../poll";
 import { SIZE_PRESETS, STATES, type Image, type Sandbox } from "../types";
 import { actionButtons, perform, sandboxHref, stateBadge, type Action } from "./actions";
 
@@ -120,43 +120,25 @@ export function sandboxesPage(root: HTMLElement): () => void {
     reportError(err, filters);
     streamError = messageOf(err);
   }
-  async function follow(c: AbortController): Promise<void> {
+  function path(): string {
     const q = new URLSearchParams();
     if (stateSel.value) q.set("state", stateSel.value);
     if (projectIn.value.trim()) q.set("project", projectIn.value.trim());
     if (labelIn.value.trim()) q.append("label", labelIn.value.trim());
     q.set("follow", "true");
-    for (let tries = 0; !c.signal.aborted; tries++) {
-      try {
-        await events(
-          "/v1/sandboxes?" + q.toString(),
-          (e) => {
-            if (e.event === "sandboxes") {
-              tries = 0;
-              apply((JSON.parse(e.data) as { sandboxes?: Sandbox[] }).sandboxes ?? []);
-            } else if (e.event === "error") {
-              // (The stream ends here; the next one says why in full, a
-              // revoked key's as a refusal that ends the session.)
-              const msg = (JSON.parse(e.data) as { error?: { message?: string } }).error?.message;
-              failed(new ApiError(0, "stream", msg ?? "The list's stream failed."));
-            }
-          },
-          c.signal,
-        );
-      } catch (err) {
-        if (c.signal.aborted) return;
-        if (err instanceof ApiError && err.sessionEnded) return;
-        failed(err);
-        // A refused filter waits for the next change of filters.
-        if (err instanceof ApiError && err.status >= 400 && err.status < 500 && err.status !== 429) return;
-      }
-      await sleep(Math.min(1000 * 2 ** tries, 15_000), c.signal);
-    }
+    return "/v1/sandboxes?" + q.toString();
   }
   function restart(): void {
     ctrl?.abort();
     ctrl = new AbortController();
-    void follow(ctrl);
+    void follow(
+      path,
+      (e) => {
+        if (e.event === "sandboxes") apply((JSON.parse(e.data) as { sandboxes?: Sandbox[] }).sandboxes ?? []);
+      },
+      ctrl.signal,
+      failed,
+    );
   }
   const refilter = debounce(restart, 300);
   listen(stateSel, "change", restart);
