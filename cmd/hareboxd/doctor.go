@@ -19,6 +19,7 @@ import (
 	"github.com/harebox/harebox/backends/cloudhypervisor"
 	"github.com/harebox/harebox/backends/qemu"
 	"github.com/harebox/harebox/images"
+	"github.com/harebox/harebox/network/linuxnet"
 )
 
 // errMissing is doctor's exit when something the settings need is missing.
@@ -106,6 +107,11 @@ func doctor(w io.Writer, s settings) error {
 			err = fmt.Errorf("cannot turn on IPv4 forwarding (/proc/sys/net/ipv4/ip_forward: %v): run as root", err)
 		}
 		line("forwarding", err, "IPv4 forwarding can be turned on", true)
+		o, err := linuxnet.RouteOverlaps(s.addressPool, s.meshPool)
+		if err == nil && len(o) > 0 {
+			err = fmt.Errorf("the host routes networks inside the sandboxes' address pools (%s): its traffic to the addresses a sandbox is given would go to the sandbox; pick --address-pool and --mesh-pool apart from them", strings.Join(o, "; "))
+		}
+		line("address-pools", err, fmt.Sprintf("no host route inside --address-pool %s or --mesh-pool %s", s.addressPool, s.meshPool), true)
 	}
 	if missing {
 		return errMissing

@@ -90,6 +90,7 @@ type settings struct {
 	dataDir, imageDir, backend, network string
 	golden                              bool
 	pool                                map[string]int
+	addressPool, meshPool               netip.Prefix // (--network linux)
 }
 
 // run starts the server as args (flags, and the --config file under them)
@@ -278,7 +279,8 @@ func run(args []string, instead func(settings) error) error {
 		warm = clone.AutoPool(harebox.Capacity{CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver}.Limits(existing(*dataDir)))
 	}
 	if instead != nil {
-		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind, golden: *golden, pool: warm})
+		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind, golden: *golden, pool: warm,
+			addressPool: prefix, meshPool: meshPrefix})
 	}
 	level := slog.LevelInfo
 	if *debug {

@@ -28,7 +28,7 @@ func TestDoctor(t *testing.T) {
 		t.Errorf("doctor without images: exit %d\n%s", code, out.String())
 	}
 	// (This host runs the tests as root with nftables and tun.)
-	for _, want := range []string{"qemu-img: ok", "data-dir: ok", "tun: ok", "nftables: ok", "forwarding: ok"} {
+	for _, want := range []string{"qemu-img: ok", "data-dir: ok", "tun: ok", "nftables: ok", "forwarding: ok", "address-pools: ok"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out.String())
 		}

@@ -178,6 +178,11 @@ func New(ctx context.Context, opts Options) (*Network, error) {
 	if err := os.MkdirAll(opts.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("linuxnet: %w", err)
 	}
+	if o, err := RouteOverlaps(opts.Pool, opts.MeshPool); err != nil {
+		opts.Logger.Warn("cannot check the address pools against the host's routes", "err", err)
+	} else if len(o) > 0 {
+		opts.Logger.Warn("the host routes networks inside the sandboxes' address pools: the host's traffic to their addresses that a sandbox is given goes to the sandbox, and sandboxes cannot reach them; pick pools no host network uses (--address-pool, --mesh-pool)", "routes", o)
+	}
 	n := &Network{opts: opts, log: opts.Logger, boxes: map[string]*box{}, byAddr: map[netip.Addr]*box{}}
 	if err := n.load(); err != nil {
 		return nil, err
