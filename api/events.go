@@ -85,26 +85,45 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 }
 
-// followRecheck is how often a followed sandbox list is read again when
+// followRecheck is how often a followed view is read again when
 // the audit log says nothing: changes another host made, and states the
 // engine moved on its own without an entry.
 const followRecheck = 5 * time.Second
 
 // followSandboxes answers GET /v1/sandboxes?follow=true: the list, as a
-// "sandboxes" event ({"sandboxes": [...]}, what the list answers), at
-// once and again whenever it changes, until the client goes. It reads
-// the list again after each append to the audit log (every change made
-// through this server appends one) and every followRecheck. The stream
-// ends, with an "error" event, when the key it was opened with is
-// revoked or expires, as the key's next request would be refused, and
-// without one after Timeouts.Follow, to be opened again.
+// "sandboxes" event ({"sandboxes": [...]}, what the list answers), as
+// followView sends it.
 func (s *Server) followSandboxes(w http.ResponseWriter, r *http.Request, f sandbox.ListFilter) error {
+	return s.followView(w, r, "sandboxes", "listSandboxes", func(ctx context.Context) (any, error) {
+		boxes, err := s.eng.List(ctx, f)
+		return map[string]any{"sandboxes": boxes}, err
+	})
+}
+
+// followSandbox answers GET /v1/sandboxes/{id}?follow=true: the sandbox,
+// as a "sandbox" event (what GET answers), as followView sends it.
+func (s *Server) followSandbox(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	return s.followView(w, r, "sandbox", "getSandbox", func(ctx context.Context) (any, error) {
+		return s.eng.Get(ctx, id)
+	})
+}
+
+// followView streams what read answers, as an event named name, at once
+// and again whenever it changes, until the client goes. It reads again
+// after each append to the audit log (every change made through this
+// server appends one) and every followRecheck. The stream ends with an
+// "error" event when a read fails (op's error, as the plain request's
+// would be: a sandbox gone is not_found) or when the key it was opened
+// with is revoked or expires, as the key's next request would be
+// refused; and without one after Timeouts.Follow, to be opened again.
+func (s *Server) followView(w http.ResponseWriter, r *http.Request, name, op string, read func(context.Context) (any, error)) error {
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.Timeouts.Follow)
 	defer cancel()
 	keyID := authz.From(ctx).KeyID
 	// Errors before the first byte are plain JSON errors; then events.
 	changed := s.eng.Audit().Changed()
-	boxes, err := s.eng.List(ctx, f)
+	v, err := read(ctx)
 	if err != nil {
 		return err
 	}
@@ -112,15 +131,15 @@ func (s *Server) followSandboxes(w http.ResponseWriter, r *http.Request, f sandb
 	var last []byte
 	quiet := time.Now()
 	for {
-		b, err := json.Marshal(map[string]any{"sandboxes": boxes})
+		b, err := json.Marshal(v)
 		if err != nil {
-			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listSandboxes", err)}))
+			return s.endStream(ctx, e, op, err)
 		}
 		// A client that stops reading is cut off, not waited for.
 		e.rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
 		switch {
 		case !bytes.Equal(b, last):
-			if err := e.event("sandboxes", json.RawMessage(b)); err != nil {
+			if err := e.event(name, json.RawMessage(b)); err != nil {
 				return nil
 			}
 			last, quiet = b, time.Now()
@@ -135,10 +154,10 @@ func (s *Server) followSandboxes(w http.ResponseWriter, r *http.Request, f sandb
 		}
 		changed = s.eng.Audit().Changed()
 		if err := s.keyGone(ctx, keyID); err != nil {
-			return s.endStream(ctx, e, "listSandboxes", err)
+			return s.endStream(ctx, e, op, err)
 		}
-		if boxes, err = s.eng.List(ctx, f); err != nil {
-			return s.endStream(ctx, e, "listSandboxes", err)
+		if v, err = read(ctx); err != nil {
+			return s.endStream(ctx, e, op, err)
 		}
 	}
 }

@@ -276,3 +276,49 @@ func TestFollowAudit(t *testing.T) {
 		}
 	}
 }
+
+// One sandbox followed: its record at once and at each change; another
+// scope's key cannot open it; its delete shows on the stream.
+func TestFollowSandbox(t *testing.T) {
+	f := newFastAPI(t, api.Options{})
+	_, blue := f.key(t, f.root, map[string]any{"scope": map[string]any{"labels": map[string]string{"team": "blue"}}})
+	box := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"labels": map[string]string{"team": "red"}}), "id")
+	if r := f.do(t, "GET", "/v1/sandboxes/"+box+"?follow=true", blue, nil); r.status != 404 {
+		t.Errorf("another scope's key follows it: %d %s", r.status, r.raw)
+	}
+	if r := f.do(t, "GET", "/v1/sandboxes/"+box+"?follow=maybe", f.root, nil); r.status != 400 {
+		t.Errorf("follow=maybe: %d %s", r.status, r.raw)
+	}
+	got := readEvents(openStream(t, f.url+"/v1/sandboxes/"+box+"?follow=true", f.root))
+	next := func(what string, ok func(ev streamEvent) bool) {
+		t.Helper()
+		timeout := time.After(15 * time.Second)
+		for {
+			select {
+			case ev, open := <-got:
+				if !open {
+					t.Fatalf("the stream ended waiting for %s", what)
+				}
+				if ev.name == "sandbox" && ev.data["id"] != box {
+					t.Fatalf("another sandbox on the stream: %v", ev.data)
+				}
+				if ok(ev) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no event with %s", what)
+			}
+		}
+	}
+	state := func(s string) func(streamEvent) bool {
+		return func(ev streamEvent) bool { return ev.name == "sandbox" && ev.data["state"] == s }
+	}
+	next("it running", state("running"))
+	f.must(t, 200, "POST", "/v1/sandboxes/"+box+"/pause", f.root, nil)
+	next("it paused", state("paused"))
+	f.must(t, 200, "DELETE", "/v1/sandboxes/"+box, f.root, nil)
+	next("its delete", func(ev streamEvent) bool {
+		e, _ := ev.data["error"].(map[string]any)
+		return state("deleted")(ev) || ev.name == "error" && e["code"] == "not_found"
+	})
+}

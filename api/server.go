@@ -704,6 +704,13 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
+	follow, err := boolParam(r.URL.Query().Get("follow"), "follow")
+	if err != nil {
+		return err
+	}
+	if follow {
+		return s.followSandbox(w, r)
+	}
 	box, err := s.eng.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err

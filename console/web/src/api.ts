@@ -330,11 +330,12 @@ export interface ServerEvent {
 }
 
 // The API's paths that answer server-sent events the console reads: a
-// background process's output, the followed list of sandboxes, the
-// followed audit log.
+// background process's output, the followed list of sandboxes and a
+// followed sandbox, the followed audit log.
 const eventPaths = [
   /^\/v1\/sandboxes\/[^/?#]+\/processes\/[^/?#]+\/output(\?|$)/,
   /^\/v1\/sandboxes\?([^#]*&)?follow=true(&|$)/,
+  /^\/v1\/sandboxes\/[^/?#]+\?([^#]*&)?follow=true(&|$)/,
   /^\/v1\/audit\?([^#]*&)?follow=true(&|$)/,
 ];
 

@@ -185,6 +185,24 @@ test('the console in a real browser', { timeout: 7 * 60_000 }, async (t) => {
     await noMarkupRan(page);
   });
 
+  await t.test("the sandbox's page shows a change made elsewhere, over its stream", async () => {
+    // (On the sandbox's page, from the step before.)
+    const state = page.locator('dd[data-key=state]');
+    await state.getByText('running').waitFor();
+    const reads = [];
+    const onRequest = (r) => {
+      const u = new URL(r.url());
+      if (r.method() === 'GET' && u.pathname === `/v1/sandboxes/${boxID}` && u.searchParams.get('follow') !== 'true') reads.push(r.url());
+    };
+    page.on('request', onRequest);
+    await rest('POST', `/v1/sandboxes/${boxID}/pause`);
+    await state.getByText('paused').waitFor({ timeout: 15_000 });
+    await rest('POST', `/v1/sandboxes/${boxID}/resume`);
+    await state.getByText('running').waitFor({ timeout: 15_000 });
+    page.off('request', onRequest);
+    assert.deepEqual(reads, [], 'the page read the sandbox again rather than following it');
+  });
+
   await t.test('types a command into the terminal and reads its output from the screen', async () => {
     // (On the running sandbox's page, from the step before.) A policy
     // violation (xterm.js styling itself inline) is a console error too;

@@ -6,18 +6,17 @@
 
 import {
   download as download_,
-  ApiError,
   call,
   clearError,
   clearErrorIf,
   clearFieldErrors,
   fieldError,
+  follow,
   messageOf,
   reportError,
   upload,
 } from "../api";
 import { bytes, emptyRow, field, h, listen, pairs, replace, tableWrap, thead, time, type Child } from "../dom";
-import { Poller } from "../poll";
 import { terminalSection } from "../terminal";
 import type { ExecResult, FileInfo, Sandbox } from "../types";
 import { actionButtons, perform, stateBadge, type Action } from "./actions";
@@ -169,26 +168,30 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
       confirming = false;
       renderActions();
     }
-    void poller.now();
   }
 
-  let pollError = "";
-  async function refresh(): Promise<void> {
-    try {
-      const s = await call<Sandbox>("GET", base);
-      if (stopped) return;
-      renderRecord(s);
-      if (pollError) clearErrorIf(pollError);
-      pollError = "";
-    } catch (err) {
-      if (stopped) return;
-      reportError(err);
-      pollError = messageOf(err);
-      // No such sandbox (or none this key sees): nothing to refresh.
-      if (err instanceof ApiError && err.status === 404) poller.stop();
-    }
+  // The record comes over one stream (GET ...?follow=true), at once and
+  // again whenever it changes; one that breaks is opened again (follow).
+  let streamError = "";
+  const ctrl = new AbortController();
+  function failed(err: unknown): void {
+    if (stopped) return;
+    reportError(err);
+    streamError = messageOf(err);
   }
-  const poller = new Poller(refresh, 2000);
+  function followRecord(): void {
+    void follow(
+      () => base + "?follow=true",
+      (e) => {
+        if (e.event !== "sandbox" || stopped) return;
+        renderRecord(JSON.parse(e.data) as Sandbox);
+        if (streamError) clearErrorIf(streamError);
+        streamError = "";
+      },
+      ctrl.signal,
+      failed,
+    );
+  }
 
   // ---- Run a command ----
   const cmdIn = h("input", { id: "exec-cmd", name: "cmd", "data-testid": "cmd", type: "text", autocomplete: "off", spellcheck: "false" });
@@ -468,11 +471,11 @@ export function sandboxPage(root: HTMLElement, id: string): () => void {
     urls.el,
   );
 
-  void poller.now();
+  followRecord();
   void loadFirewall();
   return () => {
     stopped = true;
-    poller.stop();
+    ctrl.abort();
     terminal.stop();
     charts.stop();
     processes.stop();
