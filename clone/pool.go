@@ -50,9 +50,10 @@ type Member struct {
 
 // ClockFresh is how long a member's clock, once set, is taken to be the
 // host's: its claim does not set it again before then. A guest's clock
-// runs at its host's rate give or take some parts per million (under
-// TCG as under KVM), so that is well under a millisecond off; the call
-// saved was a third of a claim (about 5 of 15 ms under TCG here).
+// runs at its host's rate within parts per million (under TCG as under
+// KVM), so a minute leaves it a few milliseconds off at most; the call
+// saved was most of what a claim took then (about 5 of 8 ms under TCG
+// here).
 const ClockFresh = time.Minute
 
 // PoolEntry is one image and size the pool keeps warm.
