@@ -80,7 +80,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 		q.After = next
 		changed = s.eng.Audit().Changed()
 		if l, next, err = s.eng.Events().List(ctx, q); err != nil {
-			return ignore(e.event("error", map[string]any{"error": s.streamError(ctx, "listEvents", err)}))
+			return s.endStream(ctx, e, "listEvents", err)
 		}
 	}
 }

@@ -98,28 +98,21 @@ func TestFollowSandboxes(t *testing.T) {
 		t.Helper()
 		timeout := time.After(15 * time.Second)
 		for {
-			select {
-			case ev, open := <-got:
-				if !open {
-					t.Fatalf("the stream ended waiting for %s", what)
-				}
-				if ev.name != "sandboxes" {
-					t.Fatalf("waiting for %s: %s %v", what, ev.name, ev.data)
-				}
-				states := map[string]string{}
-				boxes, _ := ev.data["sandboxes"].([]any)
-				for _, b := range boxes {
-					m := b.(map[string]any)
-					states[m["id"].(string)] = m["state"].(string)
-				}
-				if _, seen := states[blue]; seen && blue != "" {
-					t.Fatalf("a red key's stream shows the blue sandbox %s", blue)
-				}
-				if ok(states) {
-					return
-				}
-			case <-timeout:
-				t.Fatalf("no event with %s", what)
+			ev := nextEvent(t, got, what, timeout)
+			if ev.name != "sandboxes" {
+				t.Fatalf("waiting for %s: %s %v", what, ev.name, ev.data)
+			}
+			states := map[string]string{}
+			boxes, _ := ev.data["sandboxes"].([]any)
+			for _, b := range boxes {
+				m := b.(map[string]any)
+				states[m["id"].(string)] = m["state"].(string)
+			}
+			if _, seen := states[blue]; seen && blue != "" {
+				t.Fatalf("a red key's stream shows the blue sandbox %s", blue)
+			}
+			if ok(states) {
+				return
 			}
 		}
 	}
@@ -197,6 +190,22 @@ func readEvents(resp *http.Response) <-chan streamEvent {
 	return got
 }
 
+// nextEvent is the stream's next event; the test fails when the stream
+// ends first, or timeout fires.
+func nextEvent(t *testing.T, got <-chan streamEvent, what string, timeout <-chan time.Time) streamEvent {
+	t.Helper()
+	select {
+	case ev, open := <-got:
+		if !open {
+			t.Fatalf("the stream ended waiting for %s", what)
+		}
+		return ev
+	case <-timeout:
+		t.Fatalf("no event with %s", what)
+	}
+	return streamEvent{}
+}
+
 // The audit log's tail: newest=true reads the last entries; a followed
 // log sends what the list would, then each entry of the key's account as
 // it is appended (never another account's), and ends when the key is
@@ -221,16 +230,7 @@ func TestFollowAudit(t *testing.T) {
 	got := readEvents(resp)
 	next := func(what string) streamEvent {
 		t.Helper()
-		select {
-		case ev, open := <-got:
-			if !open {
-				t.Fatalf("the stream ended waiting for %s", what)
-			}
-			return ev
-		case <-time.After(15 * time.Second):
-			t.Fatalf("no event: %s", what)
-		}
-		return streamEvent{}
+		return nextEvent(t, got, what, time.After(15*time.Second))
 	}
 	for _, want := range all[len(all)-3:] {
 		if ev := next("an entry after the cursor"); ev.name != "entry" || int(ev.data["seq"].(float64)) != want {
@@ -294,19 +294,12 @@ func TestFollowSandbox(t *testing.T) {
 		t.Helper()
 		timeout := time.After(15 * time.Second)
 		for {
-			select {
-			case ev, open := <-got:
-				if !open {
-					t.Fatalf("the stream ended waiting for %s", what)
-				}
-				if ev.name == "sandbox" && ev.data["id"] != box {
-					t.Fatalf("another sandbox on the stream: %v", ev.data)
-				}
-				if ok(ev) {
-					return
-				}
-			case <-timeout:
-				t.Fatalf("no event with %s", what)
+			ev := nextEvent(t, got, what, timeout)
+			if ev.name == "sandbox" && ev.data["id"] != box {
+				t.Fatalf("another sandbox on the stream: %v", ev.data)
+			}
+			if ok(ev) {
+				return
 			}
 		}
 	}
