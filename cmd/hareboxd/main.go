@@ -275,8 +275,9 @@ func run(args []string, instead func(settings) error) error {
 	if err != nil {
 		return err
 	}
+	capacity := harebox.Capacity{CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver}
 	if autoPool && *golden {
-		warm = clone.AutoPool(harebox.Capacity{CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver}.Limits(existing(*dataDir)))
+		warm = clone.AutoPool(capacity.Limits(existing(*dataDir)))
 	}
 	if instead != nil {
 		return instead(settings{dataDir: *dataDir, imageDir: *imageDir, backend: *backend, network: *netKind, golden: *golden, pool: warm,
@@ -375,7 +376,7 @@ func run(args []string, instead func(settings) error) error {
 		Ingress: ingressBase, Store: st, AgentPath: agentBinary(*agentPath),
 		Host:        harebox.HostOptions{Name: *hostName, Address: advertised, Lease: *hostLease, TLS: clusterTLS},
 		AuditAnchor: anchor, AuditCheckpointInterval: *auditEvery, MaxVolumeGB: *maxVolumeGB, ProjectVolumeGB: *projectVolGB,
-		Capacity: harebox.Capacity{CPUOvercommit: *cpuOver, MemoryOvercommit: *memOver},
+		Capacity: capacity,
 	}
 	if tunnel != nil {
 		opts.MeshTunnel, opts.MeshEndpoint = tunnel, meshEP
