@@ -22,6 +22,14 @@ func RouteOverlaps(pools ...netip.Prefix) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("linuxnet: list the host's routes: %w", err)
 	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("linuxnet: list the host's links: %w", err)
+	}
+	names := make(map[int]string, len(links)) // (one call, not one a route: a host has a route per tap)
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
 	var out []string
 	for _, r := range routes {
 		if r.Dst == nil || r.Type == unix.RTN_UNREACHABLE {
@@ -33,9 +41,9 @@ func RouteOverlaps(pools ...netip.Prefix) ([]string, error) {
 			continue
 		}
 		dst := netip.PrefixFrom(addr, ones).Masked()
-		dev := "?"
-		if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
-			dev = l.Attrs().Name
+		dev, ok := names[r.LinkIndex]
+		if !ok {
+			dev = "?"
 		}
 		if strings.HasPrefix(dev, "hb") {
 			continue
