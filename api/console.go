@@ -1,11 +1,13 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/sandbox"
@@ -68,8 +70,11 @@ func (s *Server) signIn(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	id, sess := s.sessions.Open(req.Key)
 	p := authz.From(ctx)
+	id, sess, err := s.sessions.Open(ctx, p.KeyID, req.Key)
+	if err != nil {
+		return err
+	}
 	s.eng.Audit().Record(ctx, "signIn", p.AccountID, "console", nil)
 	http.SetCookie(w, &http.Cookie{Name: console.Cookie, Value: id, Path: "/", HttpOnly: true,
 		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
@@ -98,7 +103,9 @@ func (s *Server) signOut(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	s.sessions.Close(id)
+	if err := s.sessions.Close(r.Context(), id); err != nil {
+		return err
+	}
 	http.SetCookie(w, &http.Cookie{Name: console.Cookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
 		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	w.WriteHeader(http.StatusNoContent)
@@ -109,14 +116,17 @@ func (s *Server) signOut(w http.ResponseWriter, r *http.Request) error {
 // its CSRF token: in CSRFHeader, or, for a WebSocket's handshake (a
 // browser cannot add a header to it), in the query parameter csrf_token,
 // which is then taken off.
-func (s *Server) cookieSession(r *http.Request) (console.Session, string, error) {
+func (s *Server) cookieSession(r *http.Request) (apikey.Session, string, error) {
 	c, err := r.Cookie(console.Cookie)
 	if err != nil {
-		return console.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "not signed in to the console")
+		return apikey.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "not signed in to the console")
 	}
-	sess, ok := s.sessions.Get(c.Value)
-	if !ok {
-		return console.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session ended: sign in again")
+	sess, err := s.sessions.Get(r.Context(), c.Value)
+	if errors.Is(err, apikey.ErrSessionEnded) {
+		return apikey.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session ended: sign in again")
+	}
+	if err != nil {
+		return apikey.Session{}, "", err
 	}
 	token := r.Header.Get(console.CSRFHeader)
 	if q := r.URL.Query(); token == "" && q.Has(console.CSRFParam) && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
@@ -125,7 +135,7 @@ func (s *Server) cookieSession(r *http.Request) (console.Session, string, error)
 		r.URL.RawQuery = q.Encode()
 	}
 	if !sess.CheckCSRF(token) {
-		return console.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session's token is missing or wrong (%s): sign in again", console.CSRFHeader)
+		return apikey.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session's token is missing or wrong (%s): sign in again", console.CSRFHeader)
 	}
 	return sess, c.Value, nil
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -229,6 +230,46 @@ func TestConsoleSession(t *testing.T) {
 	// The sign-ins are in the audit log.
 	if r := f.must(t, 200, "GET", "/v1/audit?action=signIn", f.root, nil); strings.Count(string(r.raw), `"signIn"`) < 2 {
 		t.Fatalf("audit: %s", r.raw)
+	}
+}
+
+// TestConsoleSessionAcrossHosts: a session opened on one host is good on
+// every host of the deployment (behind a load balancer, a browser's
+// requests land on any of them), a sign-out on one ends it on all, and a
+// restart keeps it.
+func TestConsoleSessionAcrossHosts(t *testing.T) {
+	a, b, _ := twoHosts(t, 900*time.Millisecond)
+	onA := newBrowser(t, a)
+	if r := onA.signIn(a.root); r.status != 200 {
+		t.Fatalf("sign-in on a: %d %s", r.status, r.raw)
+	}
+	// (The jar sends the cookie to both: they share the host name.)
+	onB := &browser{t: t, f: b, c: onA.c, csrf: onA.csrf}
+	if r := onB.call("POST", "/v1/accounts", map[string]string{"name": "across"}); r.status != 201 {
+		t.Fatalf("the session on b: %d %s", r.status, r.raw)
+	}
+	if r := onB.call("GET", "/console/session", nil); r.status != 200 || str(r, "csrf_token") != onA.csrf {
+		t.Fatalf("GET /console/session on b: %d %s", r.status, r.raw)
+	}
+	if r := onB.call("DELETE", "/console/session", nil); r.status != 204 {
+		t.Fatalf("sign-out on b: %d %s", r.status, r.raw)
+	}
+	for _, br := range []*browser{onA, onB} {
+		if r := br.call("GET", "/v1/sandboxes", nil); r.status != 401 {
+			t.Fatalf("after the sign-out, on %s: %d %s", br.f.url, r.status, r.raw)
+		}
+	}
+
+	// One host (SQLite): a restart keeps the session.
+	f := newFastAPI(t, api.Options{})
+	br := newBrowser(t, f)
+	if r := br.signIn(f.root); r.status != 200 {
+		t.Fatalf("sign-in: %d %s", r.status, r.raw)
+	}
+	f.eng.Close()
+	f.open(t, api.Options{})
+	if r := br.call("GET", "/v1/sandboxes", nil); r.status != 200 {
+		t.Fatalf("the session after a restart: %d %s", r.status, r.raw)
 	}
 }
 

@@ -24,12 +24,12 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
+	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/budget"
 	"github.com/harebox/harebox/budget/money"
 	"github.com/harebox/harebox/cluster"
-	"github.com/harebox/harebox/console"
 	"github.com/harebox/harebox/images/catalog"
 	"github.com/harebox/harebox/ingress"
 	"github.com/harebox/harebox/model"
@@ -75,8 +75,9 @@ type Options struct {
 	// NoConsole: the web console (package console) is not served, and no
 	// request is authenticated by a console session.
 	NoConsole bool
-	// Sessions bound the web console's sessions (console.SessionOptions).
-	Sessions console.SessionOptions
+	// Sessions bound the web console's sessions, which the engine's key
+	// service keeps in the store (apikey.Sessions).
+	Sessions apikey.SessionOptions
 }
 
 // Timeouts bound how long a client may take to send a request, so that slow
@@ -159,7 +160,7 @@ type Server struct {
 	metrics     http.Handler
 	fwd         *cluster.Forwarder
 	// sessions are the console's signed-in browsers.
-	sessions *console.Sessions
+	sessions *apikey.Sessions
 }
 
 // Internal is the handler of this host's internal endpoint, where the
@@ -319,7 +320,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, eng: opts.Engine, log: opts.Logger, mux: http.NewServeMux(), openapi: b, metrics: metricsHandler(opts.Engine),
 		urls: opts.Engine.URLCalls(), images: opts.Engine.Images(), monitor: opts.Engine.Monitor(),
-		budgets: opts.Engine.Budgets(), hosts: opts.Engine.Cluster(), sessions: console.NewSessions(opts.Sessions)}
+		budgets: opts.Engine.Budgets(), hosts: opts.Engine.Cluster(), sessions: opts.Engine.Keys().Sessions(opts.Sessions)}
 	if opts.Cluster != nil {
 		s.fwd = cluster.NewForwarder(s.hosts.Name(), opts.Cluster, func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("cannot forward a request to its host", "path", r.URL.Path, "err", err)

@@ -47,14 +47,20 @@ type Tx interface {
 	PutKey(ctx context.Context, k *store.Key) error
 	ListKeys(ctx context.Context, accountID string) ([]*store.Key, error)
 	Notify(ctx context.Context, topic, payload string) error
+	PutSession(ctx context.Context, s *store.Session) error
+	PruneSessions(ctx context.Context, now time.Time, keyID string, keep int) error
 }
 
 // Store is what the key service needs of the store: transactions over
-// Tx, a key read outside one, and the shared rate limits.
+// Tx, a key read outside one, the shared rate limits, and sessions read,
+// touched and deleted outside a transaction.
 type Store interface {
 	Update(ctx context.Context, fn func(tx Tx) error) error
 	GetKey(ctx context.Context, id string) (*store.Key, error)
 	TakeToken(ctx context.Context, id string, perSecond float64, burst int, now time.Time) (time.Duration, error)
+	GetSession(ctx context.Context, idHash string) (*store.Session, error)
+	TouchSession(ctx context.Context, idHash string, used, ends time.Time) error
+	DeleteSession(ctx context.Context, idHash string) error
 }
 
 // Service manages keys for the principal in the context. It caches keys in

@@ -8,64 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
-
-func TestSessions(t *testing.T) {
-	now := time.Unix(1e9, 0)
-	s := NewSessions(SessionOptions{Lifetime: time.Hour, Idle: 10 * time.Minute, Max: 3, Now: func() time.Time { return now }})
-	id, sess := s.Open("hbk_a")
-	if sess.Key != "hbk_a" || sess.CSRF == "" || id == sess.CSRF || !sess.Expires.Equal(now.Add(time.Hour)) {
-		t.Fatalf("Open: %q %+v", id, sess)
-	}
-	if !sess.CheckCSRF(sess.CSRF) || sess.CheckCSRF("") || sess.CheckCSRF(sess.CSRF[1:]) {
-		t.Fatal("CheckCSRF")
-	}
-	if _, ok := s.Get(id + "0"); ok {
-		t.Fatal("an unknown ID opened a session")
-	}
-	// Used every 9 minutes it lives until its lifetime ends, not longer.
-	for i := 0; i < 6; i++ {
-		now = now.Add(9 * time.Minute)
-		if _, ok := s.Get(id); !ok {
-			t.Fatalf("ended after %d uses", i)
-		}
-	}
-	now = now.Add(7 * time.Minute) // 61 minutes after sign-in
-	if _, ok := s.Get(id); ok {
-		t.Fatal("a session outlived its lifetime")
-	}
-	// Idle for longer than Idle: ended.
-	id, _ = s.Open("hbk_b")
-	now = now.Add(10 * time.Minute)
-	if _, ok := s.Get(id); ok {
-		t.Fatal("an idle session stayed open")
-	}
-	// Close ends it; Max bounds them (the one nearest its end goes).
-	id, _ = s.Open("hbk_c")
-	s.Close(id)
-	if _, ok := s.Get(id); ok || s.Len() != 0 {
-		t.Fatal("Close")
-	}
-	old, _ := s.Open("hbk_1")
-	now = now.Add(time.Minute)
-	ids := []string{}
-	for _, k := range []string{"hbk_2", "hbk_3", "hbk_4"} {
-		id, _ := s.Open(k)
-		ids = append(ids, id)
-	}
-	if s.Len() != 3 {
-		t.Fatalf("%d sessions, max 3", s.Len())
-	}
-	if _, ok := s.Get(old); ok {
-		t.Fatal("the oldest session stayed past Max")
-	}
-	for _, id := range ids {
-		if _, ok := s.Get(id); !ok {
-			t.Fatal("a newer session was dropped")
-		}
-	}
-}
 
 // TestDistBuilt: web/ type-checks (tsc, strict), and dist/ (embedded,
 // committed) is what web/ builds to now.

@@ -273,6 +273,16 @@ type Tx interface {
 	GetSetting(ctx context.Context, name string) (json.RawMessage, error)
 	DeleteSetting(ctx context.Context, name string) error
 
+	// Browser sessions (sessions.go), found by their ID's hash.
+	// GetSession, TouchSession and DeleteSession fail with ErrNotFound
+	// when it has none; PruneSessions deletes those ended by now and, of
+	// a key's, all but its keep latest to end.
+	PutSession(ctx context.Context, s *Session) error
+	GetSession(ctx context.Context, idHash string) (*Session, error)
+	TouchSession(ctx context.Context, idHash string, used, ends time.Time) error
+	DeleteSession(ctx context.Context, idHash string) error
+	PruneSessions(ctx context.Context, now time.Time, keyID string, keep int) error
+
 	// Notify tells every host that shares the store, this one included,
 	// of a change (topic and payload, together at most 4000 bytes) once the
 	// transaction commits; never if it does not.
@@ -554,6 +564,17 @@ var migrations = []string{
 		name   TEXT PRIMARY KEY,
 		record TEXT NOT NULL
 	);`,
+	// Browser sessions that stand for API keys (sessions.go).
+	`CREATE TABLE sessions (
+		id_hash    TEXT PRIMARY KEY,
+		key_id     TEXT NOT NULL,
+		expires_at BIGINT NOT NULL,
+		used_at    BIGINT NOT NULL,
+		ends_at    BIGINT NOT NULL,
+		sealed     BLOB NOT NULL
+	);
+	CREATE INDEX sessions_ends ON sessions(ends_at);
+	CREATE INDEX sessions_key ON sessions(key_id, ends_at);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -42,6 +42,7 @@ func Run(t *testing.T, open Open) {
 		{"CandidateBudgets", candidateBudgets},
 		{"URLs", urls},
 		{"Settings", settings},
+		{"Sessions", sessions},
 		{"Volumes", volumes},
 		{"Mesh", mesh},
 		{"Hosts", hosts},
@@ -412,6 +413,62 @@ func settings(t *testing.T, s store.Store, reopen func() store.Store) {
 	}
 	if _, err := s.GetSetting(ctx, "pool"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a deleted setting: %v", err)
+	}
+}
+
+// Sessions come back as written, after a reopen too; a touch moves a
+// session's times but never brings back one deleted; a prune deletes the
+// ended ones, and of a key's all but those that end last.
+func sessions(t *testing.T, s store.Store, reopen func() store.Store) {
+	ctx := context.Background()
+	at := time.Unix(1_800_000_000, 0)
+	sess := func(id, key string, ends time.Duration) *store.Session {
+		return &store.Session{IDHash: id, KeyID: key, Expires: at.Add(8 * time.Hour), Used: at, Ends: at.Add(ends), Sealed: []byte("sealed " + id + "\x00\xff")}
+	}
+	a := sess("a", "k1", 30*time.Minute)
+	for _, ss := range []*store.Session{a, sess("b", "k1", 20*time.Minute), sess("c", "k1", 10*time.Minute), sess("d", "k2", time.Minute)} {
+		if err := s.PutSession(ctx, ss); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.PutSession(ctx, &store.Session{IDHash: "e", KeyID: "k1"}); err == nil {
+		t.Fatal("a session without a payload was stored")
+	}
+	s.Close()
+	s = reopen()
+	got, err := s.GetSession(ctx, "a")
+	if err != nil || got.KeyID != "k1" || !got.Expires.Equal(a.Expires) || !got.Used.Equal(at) || !got.Ends.Equal(a.Ends) || string(got.Sealed) != string(a.Sealed) {
+		t.Fatalf("read back: %+v %v", got, err)
+	}
+	if _, err := s.GetSession(ctx, "nothing"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("an unknown session: %v", err)
+	}
+	if err := s.TouchSession(ctx, "a", at.Add(time.Minute), at.Add(31*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSession(ctx, "a"); err != nil || !got.Used.Equal(at.Add(time.Minute)) || !got.Ends.Equal(at.Add(31*time.Minute)) {
+		t.Fatalf("touched: %+v %v", got, err)
+	}
+	// Ended by now: d (a minute); k1 keeps the two that end last (a, b).
+	if err := s.Update(ctx, func(tx store.Tx) error { return tx.PruneSessions(ctx, at.Add(time.Minute), "k1", 2) }); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{"a": true, "b": true, "c": false, "d": false} {
+		if _, err := s.GetSession(ctx, id); (err == nil) != want || (err != nil && !errors.Is(err, store.ErrNotFound)) {
+			t.Errorf("after the prune, session %s: %v (want kept: %v)", id, err, want)
+		}
+	}
+	if err := s.DeleteSession(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSession(ctx, "b"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("delete twice: %v", err)
+	}
+	if err := s.TouchSession(ctx, "b", at, at.Add(time.Hour)); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a touch of a deleted session: %v", err)
+	}
+	if _, err := s.GetSession(ctx, "b"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a deleted session came back: %v", err)
 	}
 }
 
