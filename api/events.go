@@ -38,15 +38,28 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ctx := r.Context()
 	if !follow {
-		l, next, err := s.eng.Events().List(ctx, q)
+		l, next, err := s.eng.Events().List(r.Context(), q)
 		if err != nil {
 			return err
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"events": l, "next": strconv.FormatInt(next, 10)})
 		return nil
 	}
+	return s.followEvents(w, r, q)
+}
+
+// followEvents answers GET /v1/events?follow=true: the events after the
+// cursor, each an "event" event, then every later one as it is
+// appended, until the client goes. It reads again after each append
+// through this server and every followRecheck (another host's). It ends
+// as a followed audit log does: with an "error" event when the key is
+// revoked or expires, and without one after Timeouts.Follow (opened again
+// with after=the last event's seq, nothing is missed).
+func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, q events.Query) error {
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.Timeouts.Follow)
+	defer cancel()
+	keyID := authz.From(ctx).KeyID
 	// Errors before the first byte are plain JSON errors; then events.
 	changed := s.eng.Audit().Changed()
 	l, next, err := s.eng.Events().List(ctx, q)
@@ -54,6 +67,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	e := startSSE(w)
+	quiet := time.Now()
 	for {
 		// A client that stops reading is cut off, not waited for.
 		e.rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
@@ -61,24 +75,26 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 			if err := e.event("event", ev); err != nil {
 				return nil
 			}
+			quiet = time.Now()
 		}
 		// The cursor moved: there may be more at once. Else wait for an
 		// append (changed was taken before the read: none is missed).
 		if next == q.After {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-changed:
-				// (Appends come in bursts: one look for a burst.)
-				time.Sleep(100 * time.Millisecond)
-			case <-time.After(eventKeepalive):
+			if time.Since(quiet) >= eventKeepalive {
 				if err := e.comment("keepalive"); err != nil {
 					return nil
 				}
+				quiet = time.Now()
+			}
+			if !awaitChange(ctx, changed) {
+				return nil
 			}
 		}
 		q.After = next
 		changed = s.eng.Audit().Changed()
+		if err := s.keyGone(ctx, keyID); err != nil {
+			return s.endStream(ctx, e, "listEvents", err)
+		}
 		if l, next, err = s.eng.Events().List(ctx, q); err != nil {
 			return s.endStream(ctx, e, "listEvents", err)
 		}

@@ -38,7 +38,7 @@ func TestEventsREST(t *testing.T) {
 		"scope": map[string]any{"kind": "label", "labels": map[string]string{"team": "red"}}, "period": "monthly", "limit_usd": "0.000001", "action": "notify",
 	})
 	_, blue := f.key(t, f.root, map[string]any{"scope": map[string]any{"labels": map[string]string{"team": "blue"}}})
-	_, all := f.key(t, f.root, map[string]any{"scope": map[string]any{"actions": []string{"events:read"}}})
+	allID, all := f.key(t, f.root, map[string]any{"scope": map[string]any{"actions": []string{"events:read"}}})
 
 	resp := openStream(t, f.url+"/v1/events?follow=true", all)
 	got := make(chan map[string]any, 10)
@@ -79,6 +79,19 @@ func TestEventsREST(t *testing.T) {
 		if r := f.do(t, "GET", "/v1/events?"+q, f.root, nil); r.status != 400 {
 			t.Errorf("events?%s: %d %s", q, r.status, r.raw)
 		}
+	}
+	// The key's revoke ends its stream, with an error.
+	f.must(t, 200, "DELETE", "/v1/keys/"+allID, f.root, nil)
+	select {
+	case ev := <-got:
+		if e, _ := ev["error"].(map[string]any); e["code"] != "unauthorized" {
+			t.Fatalf("after the key's revoke: %v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream went on after its key's revoke")
+	}
+	if _, open := <-got; open {
+		t.Fatal("the stream went on after its error")
 	}
 }
 
@@ -143,21 +156,29 @@ func TestFollowSandboxes(t *testing.T) {
 	}
 }
 
-// A followed list ends, without an error, after Timeouts.Follow: the
-// client opens it again, and is authenticated again.
-func TestFollowSandboxesEnds(t *testing.T) {
+// Every followed stream ends, without an error, after Timeouts.Follow:
+// the client opens it again, and is authenticated again.
+func TestFollowedStreamsEnd(t *testing.T) {
 	f := newFastAPI(t, api.Options{Timeouts: api.Timeouts{Follow: time.Second}})
-	resp := openStream(t, f.url+"/v1/sandboxes?follow=true", f.root)
-	start := time.Now()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := time.Since(start); d > 10*time.Second {
-		t.Fatalf("the stream ended after %s", d)
-	}
-	if !strings.HasPrefix(string(b), "event: sandboxes\n") || strings.Contains(string(b), "event: error") {
-		t.Fatalf("the stream: %q", b)
+	box := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{}), "id")
+	for path, first := range map[string]string{
+		"/v1/sandboxes?follow=true":             "event: sandboxes\n",
+		"/v1/sandboxes/" + box + "?follow=true": "event: sandbox\n",
+		"/v1/audit?follow=true":                 "event: entry\n",
+		"/v1/events?follow=true":                "", // (none yet)
+	} {
+		resp := openStream(t, f.url+path, f.root)
+		start := time.Now()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("%s: the stream ended after %s", path, d)
+		}
+		if !strings.HasPrefix(string(b), first) || strings.Contains(string(b), "event: error") {
+			t.Fatalf("%s: the stream: %q", path, b)
+		}
 	}
 }
 

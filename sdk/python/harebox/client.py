@@ -23,6 +23,7 @@ import json
 import os
 import re
 import socket
+import time
 import ssl
 from typing import IO, Any, Callable, Generic, Iterator, Mapping, NamedTuple, Protocol, Self, TypeVar, Union, cast
 from urllib.parse import quote, urlencode, urlsplit
@@ -1233,9 +1234,10 @@ class Client:
         """Yields events (AuditEntry dicts) that match ``query``
         (list_events's), oldest first. With ``follow`` (GET /v1/events
         with follow=true) it never ends: each event comes as the server
-        appends it; an ``error`` event raises its HareBoxError, and a
-        stream the server ends raises TransportError (resume with
-        ``after`` = the last event's ``seq``). ``timeout`` bounds the wait
+        appends it, and an ``error`` event raises its HareBoxError. The
+        server ends a stream after a while, to authenticate the key again;
+        this opens it again after the last event's ``seq``, so nothing is
+        missed or repeated. ``timeout`` bounds the wait
         for any byte, so keep it above the server's 15 s keepalive.
         Without ``follow`` it reads every page so far, following ``next``.
         A generator: nothing is sent before the first event is asked for,
@@ -1249,12 +1251,18 @@ class Client:
                 if int(page["next"]) <= int(str(q.get("after") or 0)):
                     return  # the cursor stands still: nothing newer
                 q["after"] = page["next"]
-        conn, resp = self._send("GET", "/v1/events", query={**(query or {}), "follow": True}, timeout=timeout)
-        try:
-            while True:
-                yield _next_streamed_event(resp)
-        finally:
-            _close(conn, resp)
+        q = {**(query or {}), "follow": True}
+        while True:
+            opened = time.monotonic()
+            conn, resp = self._send("GET", "/v1/events", query=q, timeout=timeout)
+            try:
+                while (event := _next_streamed_event(resp)) is not None:
+                    q["after"] = event["seq"]
+                    yield event
+            finally:
+                _close(conn, resp)
+            if time.monotonic() - opened < 1:
+                time.sleep(1)  # (a server that ends streams at once is not hammered)
 
     # --- budgets and usage ------------------------------------------------
     # Money is a decimal string ("25.00"), never a float. The operator
@@ -1678,17 +1686,20 @@ def _read_sse_event(resp: _LineReader, what: str) -> tuple[str, str] | None:
             data.append(value)
 
 
-def _next_streamed_event(resp: http.client.HTTPResponse) -> t.AuditEntry:
-    """The next ``event`` of a followed /v1/events stream; an ``error``
-    event raises its HareBoxError, the stream's end TransportError."""
+def _next_streamed_event(resp: http.client.HTTPResponse) -> t.AuditEntry | None:
+    """The next ``event`` of a followed /v1/events stream, None at the
+    stream's end; an ``error`` event raises its HareBoxError."""
     try:
         while True:
             event = _read_sse_event(resp, "events stream")
             if event is None:
-                raise TransportError("events stream: the server ended the stream")
+                return None
             name, data = event
             if name == "event":
-                return cast(t.AuditEntry, json.loads(data))
+                entry = json.loads(data)
+                if not isinstance(entry, dict) or not isinstance(entry.get("seq"), int):
+                    raise ValueError("an event without a seq")
+                return cast(t.AuditEntry, entry)
             if name == "error":
                 raise error_from_body(0, json.loads(data))
             # Unknown events are for newer clients: skip them.

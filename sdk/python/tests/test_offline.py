@@ -485,12 +485,17 @@ def test_events_follow_the_stream(recorder: tuple[harebox.Client, type[_Recorder
     assert (err.value.status, err.value.code, err.value.field) == (400, "invalid", "account")
     assert list(events) == []
     assert [path for _, path, _ in server.seen] == ["/v1/events?account=acme&after=6&follow=true"]
-    # A stream the server ends without an error is not a quiet end.
+    # A stream the server ends without an error is opened again after the
+    # last event's seq.
     server.replies["/v1/events?follow=true"] = (200, stream, _sse("event: event\ndata: " + json.dumps(_event(9))))
+    server.replies["/v1/events?follow=true&after=9"] = (200, stream, _sse(
+        "event: event\ndata: " + json.dumps(_event(10)), "event: error\ndata: " + json.dumps(STREAM_ERROR)))
     followed = hb.events()
     assert next(followed)["seq"] == 9
-    with pytest.raises(harebox.TransportError, match="ended the stream"):
+    assert next(followed)["seq"] == 10
+    with pytest.raises(harebox.InvalidRequest):
         next(followed)
+    assert [path for _, path, _ in server.seen][-2:] == ["/v1/events?follow=true", "/v1/events?follow=true&after=9"]
     # Errors before the stream are the API's, as for any call.
     server.replies["/v1/events?limit=0&follow=true"] = (
         400, {}, {"error": {"code": "invalid", "message": "must be 1 to 1000", "field": "limit"}})

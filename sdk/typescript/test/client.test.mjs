@@ -254,7 +254,12 @@ describe("against a local HTTP server", () => {
           later(60, () => res.write(`${JSON.stringify(entry(4, "budgetReached")).slice(30)}\r\n\r\n: keepalive\n\n`));
           later(80, () => res.end('event: error\ndata: {"error":{"code":"unavailable","message":"the audit log is closed"}}\n\n'));
         } else if (req.url.startsWith("/events-end/")) {
-          res.end(sse(entry(1, "vmExited")));
+          // The server's end of the stream; opened again after event 1,
+          // one more event, then an error (the key was revoked).
+          if (!req.url.includes("after=1")) res.end(sse(entry(1, "vmExited")));
+          else res.end(`${sse(entry(2, "vmExited"))}event: error\ndata: {"error":{"code":"unauthorized","message":"revoked"}}\n\n`);
+        } else if (req.url.includes("/events-alive/") && req.url.includes("after=7")) {
+          res.end('event: error\ndata: {"error":{"code":"unauthorized","message":"revoked"}}\n\n');
         } else if (req.url.startsWith("/events-alive/")) {
           // Keepalives only, every 100 ms for 700 ms, then one event and the end.
           for (let t = 100; t <= 700; t += 100) later(t, () => res.write(": keepalive\n\n"));
@@ -807,17 +812,18 @@ describe("against a local HTTP server", () => {
     ]);
   });
 
-  test("followEvents: a stream the server ends throws network; errors before it throw as a call's", async () => {
+  test("followEvents: a stream the server ends is opened again after the last seq; errors before it throw as a call's", async () => {
     const hb = new HareBox({ url: url + "/events-end", apiKey: KEY });
+    const start = seen.length;
     const got = [];
     await assert.rejects(
       (async () => {
         for await (const e of hb.followEvents()) got.push(e.seq);
       })(),
-      (e) => e instanceof HareBoxError && e.code === "network" && e.status === 0 && /ended the stream/.test(e.message),
+      (e) => e instanceof HareBoxError && e.code === "unauthorized" && e.message === "revoked",
     );
-    assert.deepEqual(got, [1]);
-    assert.equal(seen.at(-1)?.url, "/events-end/v1/events?follow=true");
+    assert.deepEqual(got, [1, 2]);
+    assert.deepEqual(seen.slice(start).map((s) => s.url), ["/events-end/v1/events?follow=true", "/events-end/v1/events?follow=true&after=1"]);
     const denied = new HareBox({ url: url + "/forbidden", apiKey: KEY }).followEvents();
     await assert.rejects(denied.next(), (e) => e instanceof HareBoxError && e.status === 403 && e.code === "forbidden");
   });
@@ -833,7 +839,7 @@ describe("against a local HTTP server", () => {
       (async () => {
         for await (const e of new HareBox({ url: url + "/events-alive", apiKey: KEY }).followEvents({ timeoutMs: 300 })) alive.push(e.seq);
       })(),
-      (e) => e instanceof HareBoxError && e.code === "network",
+      (e) => e instanceof HareBoxError && e.code === "unauthorized",
     );
     assert.deepEqual(alive, [7]);
     // A loop body slower than the bound (800 ms on the first entry) loses
