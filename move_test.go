@@ -42,17 +42,17 @@ func movingHosts(t *testing.T) (a, b *engineHost) {
 	return a, b
 }
 
-// movingHostsRestart is movingHosts, with restartA, which stops host a
+// movingHostsRestart is movingHosts, with restart, which stops a host
 // where it stands (its engine left as it is, its store connection cut)
 // and starts it again on its data directory.
-func movingHostsRestart(t *testing.T) (a, b *engineHost, restartA func()) {
+func movingHostsRestart(t *testing.T) (a, b *engineHost, restart func(*engineHost)) {
 	t.Helper()
 	return movingHostsAt(t, nil)
 }
 
 // movingHostsAt is movingHostsRestart with the hosts' sites (by name; the
 // default site where none is given).
-func movingHostsAt(t *testing.T, sites map[string]sandbox.Site) (a, b *engineHost, restartA func()) {
+func movingHostsAt(t *testing.T, sites map[string]sandbox.Site) (a, b *engineHost, restart func(*engineHost)) {
 	t.Helper()
 	dsn := testpg.ForTest(t)
 	certs := t.TempDir()
@@ -124,13 +124,14 @@ func movingHostsAt(t *testing.T, sites map[string]sandbox.Site) (a, b *engineHos
 		serve(name, h)
 		t.Cleanup(func() { stop(h) })
 	}
-	restartA = func() {
+	restart = func(h *engineHost) {
 		t.Helper()
-		a.db.Close() // (the engine that died is left as it stood)
-		start("a", a)
-		serve("a", a)
+		name := map[*engineHost]string{a: "a", b: "b"}[h]
+		h.db.Close() // (the engine that died is left as it stood)
+		start(name, h)
+		serve(name, h)
 	}
-	return a, b, restartA
+	return a, b, restart
 }
 
 // TestMove moves sandboxes between two hosts, running, paused and
@@ -313,7 +314,7 @@ func withVolume(t *testing.T, ctx context.Context, h *engineHost) (*volume.View,
 // move whose volume files are refused leaves everything on the source.
 func TestMoveVolumes(t *testing.T) {
 	needVolumeTools(t)
-	a, b, restartA := movingHostsRestart(t)
+	a, b, restart := movingHostsRestart(t)
 	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
 	v, box := withVolume(t, ctx, a)
 	id := box.ID
@@ -391,7 +392,7 @@ func TestMoveVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(file(a), orig, 0o600)
-	restartA()
+	restart(a)
 	if _, err := os.Stat(file(a)); err != nil {
 		t.Errorf("files of another host's volume that no move left went at a's start: %v", err)
 	}
@@ -544,7 +545,7 @@ func TestMoveCrash(t *testing.T) {
 	})
 	defer harebox.SetStepHook(nil)
 	needVolumeTools(t)
-	a, b, restartA := movingHostsRestart(t)
+	a, b, restart := movingHostsRestart(t)
 	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
 	// It has a volume, whose files move with it.
 	vol, box := withVolume(t, ctx, a)
@@ -556,14 +557,15 @@ func TestMoveCrash(t *testing.T) {
 	if _, err := a.eng.WriteFile(ctx, id, "/home/user/f", strings.NewReader("kept"), sandbox.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	crashDuring := func(step string) {
+	// A move from a to b, one of which (victim) dies at step.
+	crashDuring := func(step string, victim *engineHost) {
 		t.Helper()
 		crashAt.Store(step)
 		done := make(chan struct{})
 		go func() { defer close(done); a.eng.Move(ctx, id, "b") }()
 		<-done
 		crashAt.Store("")
-		restartA()
+		restart(victim)
 	}
 	await := func(h *engineHost, host string) {
 		t.Helper()
@@ -585,18 +587,18 @@ func TestMoveCrash(t *testing.T) {
 		}
 	}
 	// Dead while sending: a rolls back, the sandbox runs on a.
-	crashDuring("move-sending")
+	crashDuring("move-sending", a)
 	await(a, "a")
 	// Dead once every file was sent (b has them all): a rolls back, and b
 	// drops what it got, the volume's files too.
-	crashDuring("move-sent")
+	crashDuring("move-sent", a)
 	await(a, "a")
 	if volumeOn(b) {
 		t.Fatal("b keeps the volume's files of a move rolled back")
 	}
 	// Dead once handed over: b takes it up; a, started again, holds
 	// nothing of it.
-	crashDuring("move-handed")
+	crashDuring("move-handed", a)
 	await(b, "b")
 	if _, err := os.Stat(filepath.Join(a.dir, "hibernated", id)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a keeps the moved sandbox's files: %v", err)
@@ -604,6 +606,14 @@ func TestMoveCrash(t *testing.T) {
 	if volumeOn(a) {
 		t.Fatal("a keeps the moved volume's files")
 	}
+	if _, err := b.eng.Move(ctx, id, "a"); err != nil {
+		t.Fatalf("a move back: %v", err)
+	}
+	await(a, "a")
+	// b dead as it took the sandbox up and began its resume: b, started
+	// again, resumes it.
+	crashDuring("move-waking", b)
+	await(b, "b")
 	if _, err := b.eng.Move(ctx, id, "a"); err != nil {
 		t.Fatalf("a move back after all that: %v", err)
 	}

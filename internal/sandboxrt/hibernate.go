@@ -144,6 +144,10 @@ func (e *Runtime) wake(ctx context.Context, rec *store.Sandbox) (*sandbox.Sandbo
 		procs.KillVMMs(rec.StateDir)
 		os.RemoveAll(rec.StateDir)
 		err = e.boot(ctx, b, img, false, o)
+		// A move's mark (its target resuming it) goes with the outcome,
+		// in the record's next write; until then a host that dies in
+		// this resume finds it, and resumes it when it comes back.
+		mover.ClearMark(b.rec)
 		if err != nil && b.m != nil {
 			// The hibernation files stay what it is made from.
 			bg := context.WithoutCancel(ctx)

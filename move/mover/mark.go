@@ -29,9 +29,12 @@ type mark struct {
 const (
 	markKey = "move"
 	// stageSending: hibernated on the source, its files on their way;
-	// stageHanded: the target's, not yet taken up there.
+	// stageHanded: the target's, not yet taken up there; stageWaking:
+	// taken up by the target, which resumes it (a resume's outcome takes
+	// the mark off).
 	stageSending = "sending"
 	stageHanded  = "handed"
+	stageWaking  = "waking"
 )
 
 // withMark sets (or with nil, clears) rec's move mark, and returns rec.
@@ -44,8 +47,9 @@ func withMark(rec *store.Sandbox, m *mark) *store.Sandbox {
 	return rec
 }
 
-// ClearMark takes off what a move that could not finish left on rec (a
-// sandbox hibernated again here).
+// ClearMark takes off what a move left on rec: one that could not finish
+// (a sandbox hibernated again here), or one whose resume on its target
+// ended.
 func ClearMark(rec *store.Sandbox) {
 	if markOf(rec) != nil {
 		withMark(rec, nil)

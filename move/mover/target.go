@@ -18,9 +18,10 @@ var _ move.Target = (*Service)(nil)
 // Finish finishes the moves that a host's death cut short, on this host's
 // hibernated and stopped sandboxes: at start (restart), one this host was
 // sending is rolled back (resumed here as it was; the target drops what
-// it got), one handed to this host is taken up at once, and one this host
-// handed to another before it died is taken up there (asked now, as it
-// would have been); every interval after (Run), one handed to this host
+// it got), one handed to this host is taken up at once, one this host was
+// resuming after its move is resumed, and one this host handed to another
+// before it died is taken up there (asked now, as it would have been);
+// every interval after (Run), one handed to this host
 // that its source did not ask this host to take up within Stale is taken
 // up.
 func (s *Service) Finish(ctx context.Context, restart bool) {
@@ -57,6 +58,12 @@ func (s *Service) Finish(ctx context.Context, restart bool) {
 				s.o.Log.Warn("rolling back a move: the sandbox did not resume (it stays hibernated)", "id", rec.ID, "err", err)
 			} else if m.Paused {
 				s.o.Runtime.Pause(ctx, rec.ID)
+			}
+		case restart && m.Stage == stageWaking:
+			s.o.Log.Warn("resuming a moved sandbox this host died resuming", "id", rec.ID, "from", m.From)
+			s.o.Volumes.Arrived(ctx, rec)
+			if _, err := s.wake(ctx, rec, m); err != nil {
+				s.o.Log.Warn("a moved sandbox did not resume (it stays hibernated)", "id", rec.ID, "err", err)
 			}
 		case m.Stage == stageHanded && (restart || s.o.Now().Sub(m.At) >= s.o.Stale):
 			s.o.Log.Warn("taking up a sandbox whose move's source did not", "id", rec.ID, "from", m.From)
@@ -197,6 +204,11 @@ func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandb
 			return nil
 		}
 		rec = withMark(cur, nil)
+		if m.Resume { // (what Finish resumes if this host dies in the resume)
+			w := *m
+			w.Stage, w.At = stageWaking, s.o.Now().UTC()
+			rec = withMark(cur, &w)
+		}
 		return tx.PutSandbox(ctx, rec)
 	})
 	if err != nil {
@@ -214,16 +226,46 @@ func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandb
 	}
 	// From here it is this host's like any other: a resume that fails
 	// leaves it hibernated here.
+	s.o.Step("move-waking", id)
 	s.o.Volumes.Arrived(ctx, rec)
 	if !m.Resume {
 		s.o.Runtime.TakeUp(ctx, rec)
 		return &rec.Sandbox, nil
 	}
+	return s.wake(ctx, rec, m)
+}
+
+// wake resumes sandbox rec, taken up here (its mark says stageWaking), as
+// it was before its move (m). One that does not resume stays hibernated
+// here, unmarked, as any resume that fails leaves it.
+func (s *Service) wake(ctx context.Context, rec *store.Sandbox, m *mark) (*sandbox.Sandbox, error) {
 	sb, err := s.o.Runtime.Wake(ctx, rec)
-	if err != nil || !m.Paused {
-		return sb, err
+	if err != nil {
+		s.unmark(ctx, rec.ID, stageWaking)
+		return nil, err
 	}
-	return s.o.Runtime.Pause(ctx, id)
+	if !m.Paused {
+		return sb, nil
+	}
+	return s.o.Runtime.Pause(ctx, rec.ID)
+}
+
+// unmark takes off sandbox id's mark if it is still at stage (a resume
+// that failed before it wrote the record).
+func (s *Service) unmark(ctx context.Context, id, stage string) {
+	err := s.o.Store.Update(ctx, func(tx store.Tx) error {
+		cur, err := tx.GetSandbox(ctx, id)
+		if err != nil {
+			return err
+		}
+		if m := markOf(cur); m == nil || m.Stage != stage || m.To != s.o.Hosts.Name() {
+			return nil
+		}
+		return tx.PutSandbox(ctx, withMark(cur, nil))
+	})
+	if err != nil {
+		s.o.Log.Warn("moves: taking off a move's mark", "id", id, "err", err)
+	}
 }
 
 // Receiving says whether this host expects sandbox id's files: the store
