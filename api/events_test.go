@@ -167,18 +167,21 @@ func TestFollowedStreamsEnd(t *testing.T) {
 		"/v1/audit?follow=true":                 "event: entry\n",
 		"/v1/events?follow=true":                "", // (none yet)
 	} {
-		resp := openStream(t, f.url+path, f.root)
-		start := time.Now()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d := time.Since(start); d > 10*time.Second {
-			t.Fatalf("%s: the stream ended after %s", path, d)
-		}
-		if !strings.HasPrefix(string(b), first) || strings.Contains(string(b), "event: error") {
-			t.Fatalf("%s: the stream: %q", path, b)
-		}
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			resp := openStream(t, f.url+path, f.root)
+			start := time.Now()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Fatalf("the stream ended after %s", d)
+			}
+			if !strings.HasPrefix(string(b), first) || strings.Contains(string(b), "event: error") {
+				t.Fatalf("the stream: %q", b)
+			}
+		})
 	}
 }
 
