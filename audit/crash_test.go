@@ -85,6 +85,7 @@ func crashChild(dir string) error {
 // time both reached the anchor. A tail then cut back behind the anchor,
 // checkpoints and all, is reported.
 func TestKill9(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), crashDirEnv+"="+dir)

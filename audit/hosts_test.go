@@ -19,6 +19,7 @@ import (
 // (each append reads the chain's end in its transaction; two that take
 // the same place conflict and the loser goes again).
 func TestHostsAppendToOneChain(t *testing.T) {
+	t.Parallel()
 	dsn := testpg.ForTest(t)
 	ctx := authz.WithPrincipal(context.Background(), authz.Operator)
 	keyFile := filepath.Join(t.TempDir(), "audit.key") // (the hosts share it)

@@ -194,6 +194,7 @@ func columns(t *testing.T, d *tamperDB) []string {
 // cut with or without its checkpoints (the anchor still has them). Both
 // stores, through raw SQL on the real database.
 func TestTamperEveryColumn(t *testing.T) {
+	t.Parallel()
 	// Each column of audit_log, changed in the denied entry.
 	byColumn := map[string]string{
 		"seq":        `UPDATE audit_log SET seq = 1000 WHERE seq = 3`,

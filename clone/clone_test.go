@@ -83,6 +83,7 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 // members, and fails once there are none; Close stops the idle members,
 // releases their capacity and keeps the golden snapshot.
 func TestGoldenAndPool(t *testing.T) {
+	t.Parallel() // (it waits on the golden boot's timers)
 	hv := memhv.New(memhv.Options{})
 	t.Cleanup(func() { hv.Close() })
 	dir, err := os.MkdirTemp("", "hbc") // short: socket paths live under it

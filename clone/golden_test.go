@@ -58,6 +58,7 @@ func goldens(t *testing.T, dir string) []string {
 // golden snapshot that did not
 // restore, or whose image is deleted (its boot stopped), is removed.
 func TestGoldenKept(t *testing.T) {
+	t.Parallel() // (it waits on the golden boot's timers)
 	hv := memhv.New(memhv.Options{})
 	t.Cleanup(func() { hv.Close() })
 	dir, err := os.MkdirTemp("", "hbg") // short: socket paths live under it

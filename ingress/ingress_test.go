@@ -533,6 +533,7 @@ func (s *sse) after(t time.Time) int64 {
 // host b's ingress, which sends them to a's; a rotate on a cuts what the
 // old token opened through b.
 func TestRotation(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"http1", "h2", "through-another-host"} {
 		t.Run(mode, func(t *testing.T) {
 			withTLS := mode != "http1"
@@ -667,6 +668,7 @@ func certPool(src *servertls.Source) *x509.CertPool {
 // its HTTP/2 window spent) does not hold Rotate or the URL's other calls,
 // and a request cut before the guest answered is never a success.
 func TestRotateUnblocked(t *testing.T) {
+	t.Parallel()
 	for _, withTLS := range []bool{false, true} {
 		t.Run(map[bool]string{false: "http1", true: "h2"}[withTLS], func(t *testing.T) {
 			f := newFixture(t, withTLS)

@@ -661,6 +661,7 @@ func await(cond func() bool) {
 // and refused from then on; a notice that changes nothing here cuts
 // nothing.
 func TestCAChangedElsewhere(t *testing.T) {
+	t.Parallel()
 	a := newFixture(t, true)
 	b := newFixtureDB(t, true, "harebox.test", a.db)
 	ctx := context.Background()

@@ -109,6 +109,7 @@ func (evilAgent) Connect(s agentpb.Agent_ConnectServer) error {
 }
 
 func TestEvilConnect(t *testing.T) {
+	t.Parallel() // (it waits on timeouts, as the others marked so do)
 	c := evilClient(t)
 	ctx := context.Background()
 	within(t, 30*time.Second, func() {

@@ -50,6 +50,7 @@ func within(t *testing.T, d time.Duration, f func()) {
 }
 
 func TestSilentGuest(t *testing.T) {
+	t.Parallel() // (it waits on timeouts, as the others marked so do)
 	c := rawGuest(t, func(g net.Conn) { io.Copy(io.Discard, g) })
 	within(t, 5*time.Second, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
@@ -80,6 +81,7 @@ func TestGarbageGuest(t *testing.T) {
 }
 
 func TestHugeFrameGuest(t *testing.T) {
+	t.Parallel() // (it waits on timeouts, as the others marked so do)
 	c := rawGuest(t, func(g net.Conn) {
 		go io.Copy(io.Discard, g)
 		// A yamux data frame for stream 1 claiming 4 GiB: far beyond the

@@ -280,6 +280,7 @@ func (p *virtioPort) connect(c net.Conn) {
 // host (it missed the close) does not settle on that session: it drops
 // it and dials again, and gets a session that announced itself to it.
 func TestStaleSessionOnSerial(t *testing.T) {
+	t.Parallel() // (it waits on timeouts, as the others marked so do)
 	port, ep := newVirtioPort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

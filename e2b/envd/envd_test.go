@@ -186,6 +186,7 @@ func TestFiles(t *testing.T) {
 // whose body stops coming, ends at the stall timeout and closes its
 // connection, instead of holding the handler (and the guest's file) open.
 func TestStalledCaller(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	eng, ids, account := memEngineFiles(t, 1, 64<<20)
 	sb := struct{ ID, AccountID string }{ids[0], account}

@@ -378,6 +378,7 @@ func realAgent(t *testing.T) *agentclient.Client {
 // at once, changes named from the watched directory with their entries,
 // keepalives, and the watch's end when the agent goes.
 func TestWatchOverTheAgent(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	eng, ids, account := memEngine(t, 1)

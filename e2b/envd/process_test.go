@@ -110,6 +110,7 @@ func (e *events) rest(t *testing.T) (stdout, stderr, pty string, end *process.Pr
 // closed, a terminal, signals, keepalives, the stream's timeout as the
 // process's, and the errors.
 func TestProcess(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	eng, ids, account := memEngine(t, 1)
 	sb := struct{ ID, AccountID string }{ids[0], account}
