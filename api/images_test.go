@@ -29,6 +29,7 @@ import (
 // clearly. (The fake hypervisor runs the sandboxes; images/
 // TestOCIImageBoots boots such an image on a real VM.)
 func TestImages(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("building an image needs root (mkfs.ext4 -d keeps the image's owners)")
 	}

@@ -17,6 +17,7 @@ import (
 // runs it (api.Server.HTTPServer), with short timeouts: each is cut off
 // with a clear answer, and the server serves the next client as before.
 func TestSlowAndMalformedClients(t *testing.T) {
+	t.Parallel()
 	const step = 300 * time.Millisecond
 	f := newFastAPI(t, api.Options{Timeouts: api.Timeouts{Header: step, Body: step, BodyIdle: step, Idle: 2 * step}})
 	box := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{}), "id")

@@ -11,6 +11,7 @@ import (
 // TestSetTimeout: a TTL set after create replaces the old one (longer,
 // cleared, shorter) and the reaper deletes the sandbox when it passes.
 func TestSetTimeout(t *testing.T) {
+	t.Parallel()
 	f := newFastAPI(t, api.Options{})
 	id := str(f.must(t, 201, "POST", "/v1/sandboxes", f.root, map[string]any{"ttl_seconds": 3600}), "id")
 	path := "/v1/sandboxes/" + id + "/timeout"
