@@ -119,7 +119,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	e := &Engine{opts: opts, log: opts.Logger, net: opts.Network, sec: opts.Secrets}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.rt = sandboxrt.New(e.ctx, &e.wg, sandboxrt.Config{Site: opts.Site, BootTimeout: opts.BootTimeout, MaxOutputBytes: opts.MaxOutputBytes,
-		DefaultFirewall: opts.DefaultFirewall, Images: opts.Images, MachinesDir: e.machinesDir(), Stall: opts.bootStall}, e.log)
+		DefaultFirewall: opts.DefaultFirewall, Images: opts.Images, MachinesDir: e.machinesDir(), Stall: opts.bootStall, Step: atStep}, e.log)
 	views := e.rt.Views()
 	ok := false
 	defer func() {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -794,5 +795,51 @@ func TestAdoptFinishesDelete(t *testing.T) {
 	}
 	if _, err := eng.Exec(ctx, kept.ID, sandbox.ExecRequest{Cmd: "true"}); err != nil {
 		t.Errorf("the other sandbox: %v", err)
+	}
+}
+
+// TestDeleteCutAnywhere: an engine that dies in a delete, before it
+// destroyed anything or after it destroyed everything but the record,
+// finishes the delete when it starts again (the record said so first).
+func TestDeleteCutAnywhere(t *testing.T) {
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	ctx := context.Background()
+	defer harebox.SetStepHook(nil)
+	for _, step := range []string{"delete-marked", "delete-destroyed"} {
+		eng, err := harebox.New(ctx, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		box, err := eng.Create(ctx, sandbox.CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		harebox.SetStepHook(func(s, id string) {
+			if s == step && id == box.ID {
+				runtime.Goexit() // (the engine dies here: nothing of the delete runs after)
+			}
+		})
+		done := make(chan struct{})
+		go func() { defer close(done); eng.Delete(ctx, box.ID) }()
+		<-done
+		harebox.SetStepHook(nil)
+		eng.Close()
+		if eng, err = harebox.New(ctx, opts); err != nil {
+			t.Fatal(err)
+		}
+		if st := state(t, eng, box.ID); st != sandbox.StateDeleted {
+			t.Errorf("%s: the sandbox whose delete was cut short is %s", step, st)
+		}
+		for _, name := range []string{secrets.DataKeyName, sandboxkeys.ConsoleKeyName} {
+			if _, err := eng.Secrets().Get(ctx, sandboxkeys.Scope(box.ID), name); !errors.Is(err, secrets.ErrNotFound) {
+				t.Errorf("%s: its %s: %v", step, name, err)
+			}
+		}
+		if _, ok := hv.Machine(box.ID); ok {
+			t.Errorf("%s: its VM is still there", step)
+		}
+		eng.Close()
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/secrets/sandboxkeys"
+	"github.com/harebox/harebox/store"
 )
 
 // Delete destroys a sandbox: its VM, disks and network. Deleting a deleted
@@ -60,8 +61,17 @@ func (e *Runtime) Delete(ctx context.Context, id string) (err error) {
 		return err
 	}
 	ctx = context.WithoutCancel(ctx) // a delete that started finishes
+	// ...the engine's death too: the record says so before anything
+	// goes, and the engine finishes it when it starts again (Adopt).
+	b.rec.SetExtra(deletingKey, true)
+	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+		delete(b.rec.Extra, deletingKey)
+		return err
+	}
+	e.opts.Step("delete-marked", id)
 	e.meter.Final(ctx, b.rec)
 	err = e.destroy(ctx, b)
+	e.opts.Step("delete-destroyed", id)
 	if b.rec.State == sandbox.StateRunning || b.rec.State == sandbox.StatePaused {
 		e.capacity.Release(b.rec.Size)
 	}
@@ -77,6 +87,15 @@ func (e *Runtime) Delete(ctx context.Context, id string) (err error) {
 	}
 	e.log.Info("sandbox deleted", "id", id)
 	return err
+}
+
+// deletingKey marks, in a record's extras, a sandbox whose delete began.
+const deletingKey = "deleting"
+
+// deleting says whether rec's delete began (its record says so).
+func deleting(rec *store.Sandbox) bool {
+	_, ok := rec.Extra[deletingKey]
+	return ok
 }
 
 // destroy stops the VM and removes everything the sandbox had on the host.

@@ -50,9 +50,10 @@ func (e *Runtime) Adopt(ctx context.Context) error {
 		if rec.State != sandbox.StateDeleted && rec.State != sandbox.StateCreating {
 			if erased, err := sandboxkeys.Erased(ctx, e.sec, rec.ID); err != nil {
 				e.log.Warn("cannot tell whether the sandbox's key was erased", "id", rec.ID, "err", err)
-			} else if erased {
-				// A delete the engine died in: its first step, erasing the
-				// key, is the point of no return. Finish it.
+			} else if erased || deleting(rec) {
+				// A delete the engine died in: its record said so first
+				// (or, from an engine before that, its key is erased and
+				// its console identity is not yet). Finish it.
 				e.log.Warn("finishing a delete the engine died in", "id", rec.ID)
 				e.destroy(ctx, b)
 				rec.State = sandbox.StateDeleted

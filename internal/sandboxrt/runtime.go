@@ -58,6 +58,9 @@ type Config struct {
 	MachinesDir string
 	// Stall says when a cold boot has stalled (launched again, once).
 	Stall stall.Rule
+	// Step, if set, is called at each step of a delete with the
+	// sandbox's ID (the crash tests stop the engine there).
+	Step func(step, id string)
 }
 
 // Parts are the pieces harebox.New composed, handed to the runtime once
@@ -263,6 +266,9 @@ type Runtime struct {
 // views (Views) may be handed out at once; no call on them may come
 // before Wire.
 func New(ctx context.Context, wg *sync.WaitGroup, c Config, log *slog.Logger) *Runtime {
+	if c.Step == nil {
+		c.Step = func(string, string) {}
+	}
 	return &Runtime{opts: c, log: log, boxes: newTable(), meshWake: make(chan struct{}, 1), ctx: ctx, wg: wg}
 }
 
