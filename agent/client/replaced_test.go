@@ -154,6 +154,36 @@ func TestSessionEndReason(t *testing.T) {
 	t.Logf("end reason: %v", err)
 }
 
+// The link closes as the host reads the agent's hello (part of it came):
+// the session ended, which is not a bad hello.
+func TestLinkClosedInTheHello(t *testing.T) {
+	host, g := net.Pipe()
+	c, err := New(host, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sess, err := transport.Server(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sess.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Write([]byte("HBHELLO1"))
+	time.Sleep(100 * time.Millisecond) // (the host has these, and waits for the rest)
+	g.Close()
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session outlived its link")
+	}
+	if err := c.EndReason(); !errors.Is(err, transport.ErrSessionEnded) || errors.Is(c.Err(), transport.ErrBadHello) {
+		t.Errorf("end reason %v (Err %v), want the session's own", err, c.Err())
+	}
+}
+
 // A guest may open no stream but its one hello.
 func TestGuestOpensStrayStream(t *testing.T) {
 	host, g := net.Pipe()

@@ -91,6 +91,10 @@ func WatchHellos(s *yamux.Session, first func(nonce []byte) bool) error {
 		nonce, ok := readHello(st)
 		st.Close()
 		switch {
+		case !ok && s.IsClosed():
+			// The link went as the hello was read (its end never came):
+			// the session's own end, not a bad hello.
+			return fmt.Errorf("%w: %w", ErrSessionEnded, yamux.ErrSessionShutdown)
 		case !ok:
 			return ErrBadHello
 		case seen || (first != nil && !first(nonce)):
