@@ -121,18 +121,21 @@ func (s *Server) cookieSession(r *http.Request) (apikey.Session, string, error) 
 	if err != nil {
 		return apikey.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "not signed in to the console")
 	}
+	token := r.Header.Get(console.CSRFHeader)
+	if q := r.URL.Query(); token == "" && q.Has(console.CSRFParam) && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		token = q.Get(console.CSRFParam)
+		q.Del(console.CSRFParam)
+		r.URL.RawQuery = q.Encode()
+	}
+	if token == "" { // (a stray cookie costs no read of the store)
+		return apikey.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session's token is missing (%s): sign in again", console.CSRFHeader)
+	}
 	sess, err := s.sessions.Get(r.Context(), c.Value)
 	if errors.Is(err, apikey.ErrSessionEnded) {
 		return apikey.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session ended: sign in again")
 	}
 	if err != nil {
 		return apikey.Session{}, "", err
-	}
-	token := r.Header.Get(console.CSRFHeader)
-	if q := r.URL.Query(); token == "" && q.Has(console.CSRFParam) && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		token = q.Get(console.CSRFParam)
-		q.Del(console.CSRFParam)
-		r.URL.RawQuery = q.Encode()
 	}
 	if !sess.CheckCSRF(token) {
 		return apikey.Session{}, "", sandbox.Errorf(sandbox.ErrUnauthenticated, "", "the console session's token is missing or wrong (%s): sign in again", console.CSRFHeader)
