@@ -189,10 +189,11 @@ func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandb
 	if s.o.Hosts.Foreign(rec) {
 		return nil, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is on host %s", id, rec.Host)
 	}
-	// The mark handed to this host is taken off once, in a transaction
-	// that finds it there: of two who would take the sandbox up (the
-	// source's ask and Finish), or a delete meanwhile, one wins. How it
-	// resumes is what the mark says, not the caller.
+	// The mark handed to this host moves on once (to waking, or off for
+	// a sandbox that stays kept), in a transaction that finds it there: of
+	// two who would take the sandbox up (the source's ask and Finish), or
+	// a delete meanwhile, one wins. How it resumes is what the mark says,
+	// not the caller.
 	var m *mark
 	err = s.o.Store.Update(ctx, func(tx store.Tx) error {
 		cur, err := tx.GetSandbox(ctx, id)
@@ -214,7 +215,7 @@ func (s *Service) Adopt(ctx context.Context, id string, a move.Adoption) (*sandb
 	if err != nil {
 		return nil, err
 	}
-	if m == nil { // (taken up already, or deleted)
+	if m == nil { // (taken up already, being resumed, or deleted)
 		if sb, live := s.o.Runtime.Live(id); live {
 			return sb, nil
 		}
