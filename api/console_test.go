@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -15,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/harebox/harebox/api"
+	"github.com/harebox/harebox/apikey"
 	"github.com/harebox/harebox/console"
 )
 
@@ -204,7 +206,33 @@ func TestConsoleSession(t *testing.T) {
 	if r := s.call("GET", "/v1/sandboxes/"+other, nil); r.status != 404 {
 		t.Fatalf("another project's sandbox: %d", r.status)
 	}
+	// The store keeps no session of a key revoked or rotated (each holds
+	// the key's secret, sealed).
+	stored := func(b *browser) error {
+		for _, c := range b.c.Jar.Cookies(mustURL(f.url)) {
+			if c.Name == console.Cookie {
+				_, err := f.eng.Keys().Sessions(apikey.SessionOptions{}).Get(context.Background(), c.Value)
+				return err
+			}
+		}
+		return errors.New("no cookie")
+	}
+	if err := stored(s); err != nil {
+		t.Fatalf("the scoped key's session: %v", err)
+	}
+	rotated := newBrowser(t, f)
+	rotID, rotSecret := f.key(t, f.root, map[string]any{"account_id": "alpha"})
+	if r := rotated.signIn(rotSecret); r.status != 200 {
+		t.Fatalf("sign-in: %d %s", r.status, r.raw)
+	}
+	f.must(t, 200, "POST", "/v1/keys/"+rotID+"/rotate", f.root, nil)
+	if err := stored(rotated); !errors.Is(err, apikey.ErrSessionEnded) {
+		t.Fatalf("the session of a rotated key: %v", err)
+	}
 	f.must(t, 200, "DELETE", "/v1/keys/"+keyID, f.root, nil)
+	if err := stored(s); !errors.Is(err, apikey.ErrSessionEnded) {
+		t.Fatalf("the session of a revoked key: %v", err)
+	}
 	if r := s.call("GET", "/v1/sandboxes", nil); r.status != 401 {
 		t.Fatalf("after the key's revoke: %d %s", r.status, r.raw)
 	}

@@ -49,6 +49,7 @@ type Tx interface {
 	Notify(ctx context.Context, topic, payload string) error
 	PutSession(ctx context.Context, s *store.Session) error
 	PruneSessions(ctx context.Context, now time.Time, keyID string, keep int) error
+	DeleteKeySessions(ctx context.Context, keyID string) error
 }
 
 // Store is what the key service needs of the store: transactions over
@@ -415,6 +416,10 @@ func (s *Service) Revoke(ctx context.Context, id string) (out *Key, err error) {
 				if err := tx.PutKey(ctx, c); err != nil {
 					return err
 				}
+				// (Its sessions could open nothing now; they hold its secret.)
+				if err := tx.DeleteKeySessions(ctx, c.ID); err != nil {
+					return err
+				}
 				if err := tx.Notify(ctx, NoticeTopic, c.ID); err != nil {
 					return err
 				}
@@ -459,6 +464,9 @@ func (s *Service) Rotate(ctx context.Context, id string) (out *Created, err erro
 		k.Hash, k.Hint, k.RotatedAt = hash, hint(secret), &now
 		out = &Created{Key: k, Secret: secret}
 		if err := tx.PutKey(ctx, k); err != nil {
+			return err
+		}
+		if err := tx.DeleteKeySessions(ctx, k.ID); err != nil { // (they hold the old secret)
 			return err
 		}
 		return tx.Notify(ctx, NoticeTopic, k.ID)

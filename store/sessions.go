@@ -75,6 +75,15 @@ func (s *DB) DeleteSession(ctx context.Context, idHash string) error {
 	return s.delBy(ctx, "sessions", "id_hash", idHash)
 }
 
+// DeleteKeySessions implements Tx: a key's sessions (it was revoked or
+// rotated); none is no error.
+func (s *DB) DeleteKeySessions(ctx context.Context, keyID string) error {
+	if _, err := s.q.ExecContext(ctx, `DELETE FROM sessions WHERE key_id = ?`, keyID); err != nil {
+		return fmt.Errorf("store: delete a key's sessions: %w", err)
+	}
+	return nil
+}
+
 // PruneSessions implements Tx: the sessions ended by now go, and of
 // keyID's (if given) all but the keep that end last.
 func (s *DB) PruneSessions(ctx context.Context, now time.Time, keyID string, keep int) error {

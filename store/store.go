@@ -276,12 +276,14 @@ type Tx interface {
 	// Browser sessions (sessions.go), found by their ID's hash.
 	// GetSession, TouchSession and DeleteSession fail with ErrNotFound
 	// when it has none; PruneSessions deletes those ended by now and, of
-	// a key's, all but its keep latest to end.
+	// a key's, all but its keep latest to end; DeleteKeySessions deletes
+	// every session of a key.
 	PutSession(ctx context.Context, s *Session) error
 	GetSession(ctx context.Context, idHash string) (*Session, error)
 	TouchSession(ctx context.Context, idHash string, used, ends time.Time) error
 	DeleteSession(ctx context.Context, idHash string) error
 	PruneSessions(ctx context.Context, now time.Time, keyID string, keep int) error
+	DeleteKeySessions(ctx context.Context, keyID string) error
 
 	// Notify tells every host that shares the store, this one included,
 	// of a change (topic and payload, together at most 4000 bytes) once the

@@ -470,6 +470,19 @@ func sessions(t *testing.T, s store.Store, reopen func() store.Store) {
 	if _, err := s.GetSession(ctx, "b"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a deleted session came back: %v", err)
 	}
+	// A key's sessions go with it; another key's stay.
+	if err := s.PutSession(ctx, sess("e", "k2", time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteKeySessions(ctx, "k1"); err != nil || s.DeleteKeySessions(ctx, "k9") != nil {
+		t.Fatalf("delete a key's sessions: %v", err)
+	}
+	if _, err := s.GetSession(ctx, "a"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a session of a key whose sessions were deleted: %v", err)
+	}
+	if _, err := s.GetSession(ctx, "e"); err != nil {
+		t.Fatalf("another key's session: %v", err)
+	}
 }
 
 // A URL per sandbox port (ErrConflict for a second), read back by ID
