@@ -233,6 +233,16 @@ func TestConsoleSession(t *testing.T) {
 	if err := stored(s); !errors.Is(err, apikey.ErrSessionEnded) {
 		t.Fatalf("the session of a revoked key: %v", err)
 	}
+	f.must(t, 201, "POST", "/v1/accounts", f.root, map[string]string{"name": "gone"})
+	_, goneSecret := f.key(t, f.root, map[string]any{"account_id": "gone"})
+	ofGone := newBrowser(t, f)
+	if r := ofGone.signIn(goneSecret); r.status != 200 {
+		t.Fatalf("sign-in: %d %s", r.status, r.raw)
+	}
+	f.must(t, 204, "DELETE", "/v1/accounts/gone", f.root, nil)
+	if err := stored(ofGone); !errors.Is(err, apikey.ErrSessionEnded) {
+		t.Fatalf("the session of a deleted account's key: %v", err)
+	}
 	if r := s.call("GET", "/v1/sandboxes", nil); r.status != 401 {
 		t.Fatalf("after the key's revoke: %d %s", r.status, r.raw)
 	}

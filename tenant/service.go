@@ -54,6 +54,7 @@ type Tx interface {
 	PutAccount(ctx context.Context, a *store.Account) error
 	PutFleet(ctx context.Context, f *store.Fleet) error
 	PutKey(ctx context.Context, k *store.Key) error
+	DeleteKeySessions(ctx context.Context, keyID string) error
 	PutProject(ctx context.Context, p *store.Project) error
 	GetURLCA(ctx context.Context, projectID string) (*store.URLCA, error)
 }
@@ -332,6 +333,9 @@ func (s *Service) DeleteAccount(ctx context.Context, ref string) error {
 			if k.RevokedAt == nil {
 				k.RevokedAt = &now
 				if err := tx.PutKey(ctx, k); err != nil {
+					return err
+				}
+				if err := tx.DeleteKeySessions(ctx, k.ID); err != nil {
 					return err
 				}
 				// (Every host drops it from its cache: apikey.NoticeTopic.)
