@@ -8,7 +8,6 @@ import (
 	"mime"
 	"net/url"
 	"strconv"
-	"time"
 
 	"github.com/harebox/harebox/model"
 )
@@ -82,38 +81,20 @@ func (f AuditFilter) Query() url.Values {
 // server ends every stream after some minutes: it is opened again after
 // the last entry seen.
 func (c *Client) FollowAudit(ctx context.Context, f AuditFilter, fn func(AuditEntry) error) error {
-	for {
+	query := func() url.Values {
 		q := f.Query()
 		q.Set("follow", "true")
-		opened := time.Now()
-		resp, err := c.send(ctx, "GET", "/v1/audit", q, nil)
-		if err != nil {
-			return err
-		}
-		err = scanSSE(resp.Body, 1<<20, func(_ string, data []byte) error {
-			var e AuditEntry
-			if err := json.Unmarshal(data, &e); err != nil {
-				return fmt.Errorf("audit: an entry the server sent: %w", err)
-			}
-			f.After = strconv.FormatInt(e.Seq, 10)
-			return fn(e)
-		})
-		resp.Body.Close()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err != nil {
-			return err
-		}
-		f.Newest = false // (on from where it ended)
-		if time.Since(opened) < time.Second {
-			select { // (a server that ends streams at once is not hammered)
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(time.Second):
-			}
-		}
+		f.Newest = false // (opened again: on from where it ended)
+		return q
 	}
+	return c.follow(ctx, "/v1/audit", query, func(_ string, data []byte) error {
+		var e AuditEntry
+		if err := json.Unmarshal(data, &e); err != nil {
+			return fmt.Errorf("audit: an entry the server sent: %w", err)
+		}
+		f.After = strconv.FormatInt(e.Seq, 10)
+		return fn(e)
+	})
 }
 
 // ExportAudit writes every entry that matches f to w as JSON Lines, as the
