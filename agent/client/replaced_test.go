@@ -154,23 +154,33 @@ func TestSessionEndReason(t *testing.T) {
 	t.Logf("end reason: %v", err)
 }
 
-// The link closes as the host reads the agent's hello (part of it came):
-// the session ended, which is not a bad hello.
-func TestLinkClosedInTheHello(t *testing.T) {
+// guestStream is a host client over a link whose guest end is a raw
+// session (no agent), and a stream that guest opened; all closed at the
+// test's end.
+func guestStream(t *testing.T) (c *Client, guest net.Conn, st net.Conn) {
+	t.Helper()
 	host, g := net.Pipe()
+	t.Cleanup(func() { g.Close() })
 	c, err := New(host, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	sess, err := transport.Server(g)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := sess.Open()
-	if err != nil {
+	t.Cleanup(func() { sess.Close() })
+	if st, err = sess.Open(); err != nil {
 		t.Fatal(err)
 	}
+	return c, g, st
+}
+
+// The link closes as the host reads the agent's hello (part of it came):
+// the session ended, which is not a bad hello.
+func TestLinkClosedInTheHello(t *testing.T) {
+	c, g, st := guestStream(t)
 	st.Write([]byte("HBHELLO1"))
 	time.Sleep(100 * time.Millisecond) // (the host has these, and waits for the rest)
 	g.Close()
@@ -186,22 +196,7 @@ func TestLinkClosedInTheHello(t *testing.T) {
 
 // A guest may open no stream but its one hello.
 func TestGuestOpensStrayStream(t *testing.T) {
-	host, g := net.Pipe()
-	defer g.Close()
-	c, err := New(host, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	sess, err := transport.Server(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
-	st, err := sess.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, _, st := guestStream(t)
 	st.Write([]byte("GET / HTTP/1.1\r\n\r\n"))
 	st.Close()
 	select {
