@@ -70,9 +70,18 @@ type Machine interface {
 	// ErrUnsupported. Snapshot refuses a machine with a volume plugged.
 	PlugVolume(ctx context.Context, v Volume) error
 	// UnplugVolume takes a plugged volume away from the guest (which
-	// should have unmounted it) and closes its file; ErrNotFound if it is
+	// should have unmounted it) and closes its files; ErrNotFound if it is
 	// not plugged.
 	UnplugVolume(ctx context.Context, id string) error
+	// LayerVolume moves the writes of a volume plugged in writable onto
+	// path, a new qcow2 layer over the file it writes now (under the same
+	// key, made by the caller), while the guest runs: every file under
+	// path is then open read-only, and another machine may plug them in
+	// read-only (a reader of the volume as it was). The caller freezes
+	// the guest's filesystem meanwhile, if the reader is to find it
+	// clean. A path that is the top already is no change; ErrNotFound if
+	// the volume is not plugged, ErrInvalid if it is read-only.
+	LayerVolume(ctx context.Context, id, path string) error
 }
 
 // Volume is a disk that outlives machines: a qcow2 file, LUKS-encrypted
@@ -101,9 +110,24 @@ func (v *Volume) Validate() error {
 		return Errorf(ErrInvalid, "volume backing: %d layers, at most 32", len(v.Backing))
 	}
 	for _, p := range append([]string{v.Path}, v.Backing...) {
-		if !filepath.IsAbs(p) || strings.ContainsAny(p, ",'\n") {
-			return Errorf(ErrInvalid, "volume path %q: want an absolute path without commas, quotes or newlines", p)
+		if err := checkVolumePath(p); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// ValidateLayer checks the arguments of LayerVolume.
+func ValidateLayer(id, path string) error {
+	if !volumeIDRE.MatchString(id) {
+		return Errorf(ErrInvalid, "volume id %q: want 1-20 of [a-z0-9-]", id)
+	}
+	return checkVolumePath(path)
+}
+
+func checkVolumePath(p string) error {
+	if !filepath.IsAbs(p) || strings.ContainsAny(p, ",'\n") {
+		return Errorf(ErrInvalid, "volume path %q: want an absolute path without commas, quotes or newlines", p)
 	}
 	return nil
 }

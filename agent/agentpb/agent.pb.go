@@ -139,6 +139,58 @@ func (WatchOp) EnumDescriptor() ([]byte, []int) {
 	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
 }
 
+type FreezeVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Seconds       uint32                 `protobuf:"varint,2,opt,name=seconds,proto3" json:"seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FreezeVolumeRequest) Reset() {
+	*x = FreezeVolumeRequest{}
+	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FreezeVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FreezeVolumeRequest) ProtoMessage() {}
+
+func (x *FreezeVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FreezeVolumeRequest.ProtoReflect.Descriptor instead.
+func (*FreezeVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *FreezeVolumeRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FreezeVolumeRequest) GetSeconds() uint32 {
+	if x != nil {
+		return x.Seconds
+	}
+	return 0
+}
+
 type ConnectRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1 to 65535; the first request only.
@@ -151,7 +203,7 @@ type ConnectRequest struct {
 
 func (x *ConnectRequest) Reset() {
 	*x = ConnectRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -163,7 +215,7 @@ func (x *ConnectRequest) String() string {
 func (*ConnectRequest) ProtoMessage() {}
 
 func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -176,7 +228,7 @@ func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectRequest.ProtoReflect.Descriptor instead.
 func (*ConnectRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *ConnectRequest) GetPort() uint32 {
@@ -211,7 +263,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -223,7 +275,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -236,7 +288,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ConnectResponse) GetConnected() bool {
@@ -268,7 +320,7 @@ type MountVolumeRequest struct {
 
 func (x *MountVolumeRequest) Reset() {
 	*x = MountVolumeRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -280,7 +332,7 @@ func (x *MountVolumeRequest) String() string {
 func (*MountVolumeRequest) ProtoMessage() {}
 
 func (x *MountVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -293,7 +345,7 @@ func (x *MountVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountVolumeRequest.ProtoReflect.Descriptor instead.
 func (*MountVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *MountVolumeRequest) GetSerial() string {
@@ -344,7 +396,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -356,7 +408,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -369,7 +421,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StartRequest) GetId() string {
@@ -422,7 +474,7 @@ type InputRequest struct {
 
 func (x *InputRequest) Reset() {
 	*x = InputRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +486,7 @@ func (x *InputRequest) String() string {
 func (*InputRequest) ProtoMessage() {}
 
 func (x *InputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +499,7 @@ func (x *InputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InputRequest.ProtoReflect.Descriptor instead.
 func (*InputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *InputRequest) GetId() string {
@@ -531,7 +583,7 @@ type CommandInfo struct {
 
 func (x *CommandInfo) Reset() {
 	*x = CommandInfo{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -543,7 +595,7 @@ func (x *CommandInfo) String() string {
 func (*CommandInfo) ProtoMessage() {}
 
 func (x *CommandInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -556,7 +608,7 @@ func (x *CommandInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandInfo.ProtoReflect.Descriptor instead.
 func (*CommandInfo) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CommandInfo) GetId() string {
@@ -617,7 +669,7 @@ type CommandList struct {
 
 func (x *CommandList) Reset() {
 	*x = CommandList{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -629,7 +681,7 @@ func (x *CommandList) String() string {
 func (*CommandList) ProtoMessage() {}
 
 func (x *CommandList) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -642,7 +694,7 @@ func (x *CommandList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandList.ProtoReflect.Descriptor instead.
 func (*CommandList) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CommandList) GetCommands() []*CommandInfo {
@@ -665,7 +717,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +729,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +742,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AttachRequest) GetId() string {
@@ -735,7 +787,7 @@ type AttachChunk struct {
 
 func (x *AttachChunk) Reset() {
 	*x = AttachChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +799,7 @@ func (x *AttachChunk) String() string {
 func (*AttachChunk) ProtoMessage() {}
 
 func (x *AttachChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +812,7 @@ func (x *AttachChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachChunk.ProtoReflect.Descriptor instead.
 func (*AttachChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AttachChunk) GetMsg() isAttachChunk_Msg {
@@ -833,7 +885,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +897,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +910,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *OutputChunk) GetOffset() uint64 {
@@ -885,7 +937,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +949,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +962,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SignalRequest) GetId() string {
@@ -935,7 +987,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +999,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1012,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type HealthRequest struct {
@@ -971,7 +1023,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1035,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1048,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 type HealthResponse struct {
@@ -1020,7 +1072,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1032,7 +1084,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1045,7 +1097,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HealthResponse) GetVersion() string {
@@ -1116,7 +1168,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1128,7 +1180,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1141,7 +1193,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecStart) GetArgv() []string {
@@ -1230,7 +1282,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1294,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1307,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -1355,7 +1407,7 @@ type Resize struct {
 
 func (x *Resize) Reset() {
 	*x = Resize{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1419,7 @@ func (x *Resize) String() string {
 func (*Resize) ProtoMessage() {}
 
 func (x *Resize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1432,7 @@ func (x *Resize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resize.ProtoReflect.Descriptor instead.
 func (*Resize) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Resize) GetRows() uint32 {
@@ -1412,7 +1464,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1476,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1489,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -1490,7 +1542,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1554,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1567,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -1607,7 +1659,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1671,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1684,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -1683,7 +1735,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1695,7 +1747,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1708,7 +1760,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteFileRequest) GetMsg() isWriteFileRequest_Msg {
@@ -1764,7 +1816,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +1828,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +1841,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadFileRequest) GetPath() string {
@@ -1822,7 +1874,7 @@ type ReadFileChunk struct {
 
 func (x *ReadFileChunk) Reset() {
 	*x = ReadFileChunk{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +1886,7 @@ func (x *ReadFileChunk) String() string {
 func (*ReadFileChunk) ProtoMessage() {}
 
 func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +1899,7 @@ func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileChunk.ProtoReflect.Descriptor instead.
 func (*ReadFileChunk) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadFileChunk) GetData() []byte {
@@ -1866,7 +1918,7 @@ type PathRequest struct {
 
 func (x *PathRequest) Reset() {
 	*x = PathRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +1930,7 @@ func (x *PathRequest) String() string {
 func (*PathRequest) ProtoMessage() {}
 
 func (x *PathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +1943,7 @@ func (x *PathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathRequest.ProtoReflect.Descriptor instead.
 func (*PathRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PathRequest) GetPath() string {
@@ -1919,7 +1971,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1931,7 +1983,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1944,7 +1996,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -2025,7 +2077,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2089,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2102,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListDirRequest) GetPath() string {
@@ -2084,7 +2136,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2148,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2161,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -2136,7 +2188,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2200,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2213,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -2188,7 +2240,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2252,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2265,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchRequest) GetPath() string {
@@ -2243,7 +2295,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2307,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2320,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchEvent) GetPath() string {
@@ -2303,7 +2355,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2315,7 +2367,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2328,7 +2380,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -2362,7 +2414,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2374,7 +2426,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2387,7 +2439,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -2414,7 +2466,7 @@ type ChmodRequest struct {
 
 func (x *ChmodRequest) Reset() {
 	*x = ChmodRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2426,7 +2478,7 @@ func (x *ChmodRequest) String() string {
 func (*ChmodRequest) ProtoMessage() {}
 
 func (x *ChmodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2439,7 +2491,7 @@ func (x *ChmodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChmodRequest.ProtoReflect.Descriptor instead.
 func (*ChmodRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ChmodRequest) GetPath() string {
@@ -2467,7 +2519,7 @@ type ChownRequest struct {
 
 func (x *ChownRequest) Reset() {
 	*x = ChownRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2531,7 @@ func (x *ChownRequest) String() string {
 func (*ChownRequest) ProtoMessage() {}
 
 func (x *ChownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2544,7 @@ func (x *ChownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChownRequest.ProtoReflect.Descriptor instead.
 func (*ChownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ChownRequest) GetPath() string {
@@ -2518,7 +2570,7 @@ type SyncTimeRequest struct {
 
 func (x *SyncTimeRequest) Reset() {
 	*x = SyncTimeRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2582,7 @@ func (x *SyncTimeRequest) String() string {
 func (*SyncTimeRequest) ProtoMessage() {}
 
 func (x *SyncTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2595,7 @@ func (x *SyncTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTimeRequest.ProtoReflect.Descriptor instead.
 func (*SyncTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SyncTimeRequest) GetUnixNano() int64 {
@@ -2567,7 +2619,7 @@ type ReseedRequest struct {
 
 func (x *ReseedRequest) Reset() {
 	*x = ReseedRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2631,7 @@ func (x *ReseedRequest) String() string {
 func (*ReseedRequest) ProtoMessage() {}
 
 func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2644,7 @@ func (x *ReseedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReseedRequest) GetEntropy() []byte {
@@ -2625,7 +2677,7 @@ type ReseedResponse struct {
 
 func (x *ReseedResponse) Reset() {
 	*x = ReseedResponse{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2637,7 +2689,7 @@ func (x *ReseedResponse) String() string {
 func (*ReseedResponse) ProtoMessage() {}
 
 func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2650,7 +2702,7 @@ func (x *ReseedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedResponse.ProtoReflect.Descriptor instead.
 func (*ReseedResponse) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReseedResponse) GetMachineId() string {
@@ -2671,7 +2723,7 @@ type SetNetworkRequest struct {
 
 func (x *SetNetworkRequest) Reset() {
 	*x = SetNetworkRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2683,7 +2735,7 @@ func (x *SetNetworkRequest) String() string {
 func (*SetNetworkRequest) ProtoMessage() {}
 
 func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2696,7 +2748,7 @@ func (x *SetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*SetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SetNetworkRequest) GetCmdline() string {
@@ -2716,7 +2768,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2728,7 +2780,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agent_agentpb_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2741,7 +2793,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_agentpb_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ShutdownRequest) GetReboot() bool {
@@ -2755,7 +2807,10 @@ var File_agent_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x19agent/agentpb/agent.proto\x12\x10harebox.agent.v1\"Y\n" +
+	"\x19agent/agentpb/agent.proto\x12\x10harebox.agent.v1\"C\n" +
+	"\x13FreezeVolumeRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
+	"\aseconds\x18\x02 \x01(\rR\aseconds\"Y\n" +
 	"\x0eConnectRequest\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\rR\x04port\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x1f\n" +
@@ -2941,7 +2996,7 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x0eWATCH_OP_WRITE\x10\x02\x12\x13\n" +
 	"\x0fWATCH_OP_REMOVE\x10\x03\x12\x13\n" +
 	"\x0fWATCH_OP_RENAME\x10\x04\x12\x12\n" +
-	"\x0eWATCH_OP_CHMOD\x10\x052\xe2\r\n" +
+	"\x0eWATCH_OP_CHMOD\x10\x052\xf8\x0e\n" +
 	"\x05Agent\x12K\n" +
 	"\x06Health\x12\x1f.harebox.agent.v1.HealthRequest\x1a .harebox.agent.v1.HealthResponse\x12I\n" +
 	"\x04Exec\x12\x1d.harebox.agent.v1.ExecRequest\x1a\x1e.harebox.agent.v1.ExecResponse(\x010\x01\x12M\n" +
@@ -2967,7 +3022,10 @@ const file_agent_agentpb_agent_proto_rawDesc = "" +
 	"\x05Watch\x12\x1e.harebox.agent.v1.WatchRequest\x1a\x1c.harebox.agent.v1.WatchEvent0\x01\x12L\n" +
 	"\vMountVolume\x12$.harebox.agent.v1.MountVolumeRequest\x1a\x17.harebox.agent.v1.Empty\x12G\n" +
 	"\rUnmountVolume\x12\x1d.harebox.agent.v1.PathRequest\x1a\x17.harebox.agent.v1.Empty\x12R\n" +
-	"\aConnect\x12 .harebox.agent.v1.ConnectRequest\x1a!.harebox.agent.v1.ConnectResponse(\x010\x01B*Z(github.com/harebox/harebox/agent/agentpbb\x06proto3"
+	"\aConnect\x12 .harebox.agent.v1.ConnectRequest\x1a!.harebox.agent.v1.ConnectResponse(\x010\x01\x12N\n" +
+	"\fFreezeVolume\x12%.harebox.agent.v1.FreezeVolumeRequest\x1a\x17.harebox.agent.v1.Empty\x12D\n" +
+	"\n" +
+	"ThawVolume\x12\x1d.harebox.agent.v1.PathRequest\x1a\x17.harebox.agent.v1.EmptyB*Z(github.com/harebox/harebox/agent/agentpbb\x06proto3"
 
 var (
 	file_agent_agentpb_agent_proto_rawDescOnce sync.Once
@@ -2982,115 +3040,120 @@ func file_agent_agentpb_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_agentpb_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_agent_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_agent_agentpb_agent_proto_goTypes = []any{
-	(FileType)(0),              // 0: harebox.agent.v1.FileType
-	(WatchOp)(0),               // 1: harebox.agent.v1.WatchOp
-	(*ConnectRequest)(nil),     // 2: harebox.agent.v1.ConnectRequest
-	(*ConnectResponse)(nil),    // 3: harebox.agent.v1.ConnectResponse
-	(*MountVolumeRequest)(nil), // 4: harebox.agent.v1.MountVolumeRequest
-	(*StartRequest)(nil),       // 5: harebox.agent.v1.StartRequest
-	(*InputRequest)(nil),       // 6: harebox.agent.v1.InputRequest
-	(*CommandInfo)(nil),        // 7: harebox.agent.v1.CommandInfo
-	(*CommandList)(nil),        // 8: harebox.agent.v1.CommandList
-	(*AttachRequest)(nil),      // 9: harebox.agent.v1.AttachRequest
-	(*AttachChunk)(nil),        // 10: harebox.agent.v1.AttachChunk
-	(*OutputChunk)(nil),        // 11: harebox.agent.v1.OutputChunk
-	(*SignalRequest)(nil),      // 12: harebox.agent.v1.SignalRequest
-	(*Empty)(nil),              // 13: harebox.agent.v1.Empty
-	(*HealthRequest)(nil),      // 14: harebox.agent.v1.HealthRequest
-	(*HealthResponse)(nil),     // 15: harebox.agent.v1.HealthResponse
-	(*ExecStart)(nil),          // 16: harebox.agent.v1.ExecStart
-	(*ExecRequest)(nil),        // 17: harebox.agent.v1.ExecRequest
-	(*Resize)(nil),             // 18: harebox.agent.v1.Resize
-	(*ExecExit)(nil),           // 19: harebox.agent.v1.ExecExit
-	(*ExecResponse)(nil),       // 20: harebox.agent.v1.ExecResponse
-	(*WriteFileHeader)(nil),    // 21: harebox.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),   // 22: harebox.agent.v1.WriteFileRequest
-	(*ReadFileRequest)(nil),    // 23: harebox.agent.v1.ReadFileRequest
-	(*ReadFileChunk)(nil),      // 24: harebox.agent.v1.ReadFileChunk
-	(*PathRequest)(nil),        // 25: harebox.agent.v1.PathRequest
-	(*FileInfo)(nil),           // 26: harebox.agent.v1.FileInfo
-	(*ListDirRequest)(nil),     // 27: harebox.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),    // 28: harebox.agent.v1.ListDirResponse
-	(*RenameRequest)(nil),      // 29: harebox.agent.v1.RenameRequest
-	(*WatchRequest)(nil),       // 30: harebox.agent.v1.WatchRequest
-	(*WatchEvent)(nil),         // 31: harebox.agent.v1.WatchEvent
-	(*MkdirRequest)(nil),       // 32: harebox.agent.v1.MkdirRequest
-	(*RemoveRequest)(nil),      // 33: harebox.agent.v1.RemoveRequest
-	(*ChmodRequest)(nil),       // 34: harebox.agent.v1.ChmodRequest
-	(*ChownRequest)(nil),       // 35: harebox.agent.v1.ChownRequest
-	(*SyncTimeRequest)(nil),    // 36: harebox.agent.v1.SyncTimeRequest
-	(*ReseedRequest)(nil),      // 37: harebox.agent.v1.ReseedRequest
-	(*ReseedResponse)(nil),     // 38: harebox.agent.v1.ReseedResponse
-	(*SetNetworkRequest)(nil),  // 39: harebox.agent.v1.SetNetworkRequest
-	(*ShutdownRequest)(nil),    // 40: harebox.agent.v1.ShutdownRequest
+	(FileType)(0),               // 0: harebox.agent.v1.FileType
+	(WatchOp)(0),                // 1: harebox.agent.v1.WatchOp
+	(*FreezeVolumeRequest)(nil), // 2: harebox.agent.v1.FreezeVolumeRequest
+	(*ConnectRequest)(nil),      // 3: harebox.agent.v1.ConnectRequest
+	(*ConnectResponse)(nil),     // 4: harebox.agent.v1.ConnectResponse
+	(*MountVolumeRequest)(nil),  // 5: harebox.agent.v1.MountVolumeRequest
+	(*StartRequest)(nil),        // 6: harebox.agent.v1.StartRequest
+	(*InputRequest)(nil),        // 7: harebox.agent.v1.InputRequest
+	(*CommandInfo)(nil),         // 8: harebox.agent.v1.CommandInfo
+	(*CommandList)(nil),         // 9: harebox.agent.v1.CommandList
+	(*AttachRequest)(nil),       // 10: harebox.agent.v1.AttachRequest
+	(*AttachChunk)(nil),         // 11: harebox.agent.v1.AttachChunk
+	(*OutputChunk)(nil),         // 12: harebox.agent.v1.OutputChunk
+	(*SignalRequest)(nil),       // 13: harebox.agent.v1.SignalRequest
+	(*Empty)(nil),               // 14: harebox.agent.v1.Empty
+	(*HealthRequest)(nil),       // 15: harebox.agent.v1.HealthRequest
+	(*HealthResponse)(nil),      // 16: harebox.agent.v1.HealthResponse
+	(*ExecStart)(nil),           // 17: harebox.agent.v1.ExecStart
+	(*ExecRequest)(nil),         // 18: harebox.agent.v1.ExecRequest
+	(*Resize)(nil),              // 19: harebox.agent.v1.Resize
+	(*ExecExit)(nil),            // 20: harebox.agent.v1.ExecExit
+	(*ExecResponse)(nil),        // 21: harebox.agent.v1.ExecResponse
+	(*WriteFileHeader)(nil),     // 22: harebox.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),    // 23: harebox.agent.v1.WriteFileRequest
+	(*ReadFileRequest)(nil),     // 24: harebox.agent.v1.ReadFileRequest
+	(*ReadFileChunk)(nil),       // 25: harebox.agent.v1.ReadFileChunk
+	(*PathRequest)(nil),         // 26: harebox.agent.v1.PathRequest
+	(*FileInfo)(nil),            // 27: harebox.agent.v1.FileInfo
+	(*ListDirRequest)(nil),      // 28: harebox.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),     // 29: harebox.agent.v1.ListDirResponse
+	(*RenameRequest)(nil),       // 30: harebox.agent.v1.RenameRequest
+	(*WatchRequest)(nil),        // 31: harebox.agent.v1.WatchRequest
+	(*WatchEvent)(nil),          // 32: harebox.agent.v1.WatchEvent
+	(*MkdirRequest)(nil),        // 33: harebox.agent.v1.MkdirRequest
+	(*RemoveRequest)(nil),       // 34: harebox.agent.v1.RemoveRequest
+	(*ChmodRequest)(nil),        // 35: harebox.agent.v1.ChmodRequest
+	(*ChownRequest)(nil),        // 36: harebox.agent.v1.ChownRequest
+	(*SyncTimeRequest)(nil),     // 37: harebox.agent.v1.SyncTimeRequest
+	(*ReseedRequest)(nil),       // 38: harebox.agent.v1.ReseedRequest
+	(*ReseedResponse)(nil),      // 39: harebox.agent.v1.ReseedResponse
+	(*SetNetworkRequest)(nil),   // 40: harebox.agent.v1.SetNetworkRequest
+	(*ShutdownRequest)(nil),     // 41: harebox.agent.v1.ShutdownRequest
 }
 var file_agent_agentpb_agent_proto_depIdxs = []int32{
-	16, // 0: harebox.agent.v1.StartRequest.exec:type_name -> harebox.agent.v1.ExecStart
-	18, // 1: harebox.agent.v1.InputRequest.resize:type_name -> harebox.agent.v1.Resize
-	19, // 2: harebox.agent.v1.CommandInfo.exit:type_name -> harebox.agent.v1.ExecExit
-	7,  // 3: harebox.agent.v1.CommandList.commands:type_name -> harebox.agent.v1.CommandInfo
-	11, // 4: harebox.agent.v1.AttachChunk.stdout:type_name -> harebox.agent.v1.OutputChunk
-	11, // 5: harebox.agent.v1.AttachChunk.stderr:type_name -> harebox.agent.v1.OutputChunk
-	19, // 6: harebox.agent.v1.AttachChunk.exit:type_name -> harebox.agent.v1.ExecExit
-	16, // 7: harebox.agent.v1.ExecRequest.start:type_name -> harebox.agent.v1.ExecStart
-	18, // 8: harebox.agent.v1.ExecRequest.resize:type_name -> harebox.agent.v1.Resize
-	19, // 9: harebox.agent.v1.ExecResponse.exit:type_name -> harebox.agent.v1.ExecExit
-	21, // 10: harebox.agent.v1.WriteFileRequest.header:type_name -> harebox.agent.v1.WriteFileHeader
+	17, // 0: harebox.agent.v1.StartRequest.exec:type_name -> harebox.agent.v1.ExecStart
+	19, // 1: harebox.agent.v1.InputRequest.resize:type_name -> harebox.agent.v1.Resize
+	20, // 2: harebox.agent.v1.CommandInfo.exit:type_name -> harebox.agent.v1.ExecExit
+	8,  // 3: harebox.agent.v1.CommandList.commands:type_name -> harebox.agent.v1.CommandInfo
+	12, // 4: harebox.agent.v1.AttachChunk.stdout:type_name -> harebox.agent.v1.OutputChunk
+	12, // 5: harebox.agent.v1.AttachChunk.stderr:type_name -> harebox.agent.v1.OutputChunk
+	20, // 6: harebox.agent.v1.AttachChunk.exit:type_name -> harebox.agent.v1.ExecExit
+	17, // 7: harebox.agent.v1.ExecRequest.start:type_name -> harebox.agent.v1.ExecStart
+	19, // 8: harebox.agent.v1.ExecRequest.resize:type_name -> harebox.agent.v1.Resize
+	20, // 9: harebox.agent.v1.ExecResponse.exit:type_name -> harebox.agent.v1.ExecExit
+	22, // 10: harebox.agent.v1.WriteFileRequest.header:type_name -> harebox.agent.v1.WriteFileHeader
 	0,  // 11: harebox.agent.v1.FileInfo.type:type_name -> harebox.agent.v1.FileType
-	26, // 12: harebox.agent.v1.ListDirResponse.entries:type_name -> harebox.agent.v1.FileInfo
+	27, // 12: harebox.agent.v1.ListDirResponse.entries:type_name -> harebox.agent.v1.FileInfo
 	1,  // 13: harebox.agent.v1.WatchEvent.op:type_name -> harebox.agent.v1.WatchOp
-	14, // 14: harebox.agent.v1.Agent.Health:input_type -> harebox.agent.v1.HealthRequest
-	17, // 15: harebox.agent.v1.Agent.Exec:input_type -> harebox.agent.v1.ExecRequest
-	22, // 16: harebox.agent.v1.Agent.WriteFile:input_type -> harebox.agent.v1.WriteFileRequest
-	23, // 17: harebox.agent.v1.Agent.ReadFile:input_type -> harebox.agent.v1.ReadFileRequest
-	25, // 18: harebox.agent.v1.Agent.Stat:input_type -> harebox.agent.v1.PathRequest
-	27, // 19: harebox.agent.v1.Agent.ListDir:input_type -> harebox.agent.v1.ListDirRequest
-	32, // 20: harebox.agent.v1.Agent.Mkdir:input_type -> harebox.agent.v1.MkdirRequest
-	33, // 21: harebox.agent.v1.Agent.Remove:input_type -> harebox.agent.v1.RemoveRequest
-	34, // 22: harebox.agent.v1.Agent.Chmod:input_type -> harebox.agent.v1.ChmodRequest
-	35, // 23: harebox.agent.v1.Agent.Chown:input_type -> harebox.agent.v1.ChownRequest
-	36, // 24: harebox.agent.v1.Agent.SyncTime:input_type -> harebox.agent.v1.SyncTimeRequest
-	37, // 25: harebox.agent.v1.Agent.Reseed:input_type -> harebox.agent.v1.ReseedRequest
-	39, // 26: harebox.agent.v1.Agent.SetNetwork:input_type -> harebox.agent.v1.SetNetworkRequest
-	40, // 27: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
-	5,  // 28: harebox.agent.v1.Agent.Start:input_type -> harebox.agent.v1.StartRequest
-	9,  // 29: harebox.agent.v1.Agent.Attach:input_type -> harebox.agent.v1.AttachRequest
-	12, // 30: harebox.agent.v1.Agent.Signal:input_type -> harebox.agent.v1.SignalRequest
-	13, // 31: harebox.agent.v1.Agent.Commands:input_type -> harebox.agent.v1.Empty
-	6,  // 32: harebox.agent.v1.Agent.Input:input_type -> harebox.agent.v1.InputRequest
-	29, // 33: harebox.agent.v1.Agent.Rename:input_type -> harebox.agent.v1.RenameRequest
-	30, // 34: harebox.agent.v1.Agent.Watch:input_type -> harebox.agent.v1.WatchRequest
-	4,  // 35: harebox.agent.v1.Agent.MountVolume:input_type -> harebox.agent.v1.MountVolumeRequest
-	25, // 36: harebox.agent.v1.Agent.UnmountVolume:input_type -> harebox.agent.v1.PathRequest
-	2,  // 37: harebox.agent.v1.Agent.Connect:input_type -> harebox.agent.v1.ConnectRequest
-	15, // 38: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
-	20, // 39: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
-	26, // 40: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
-	24, // 41: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
-	26, // 42: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
-	28, // 43: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
-	26, // 44: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
-	13, // 45: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
-	13, // 46: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
-	13, // 47: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
-	13, // 48: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
-	38, // 49: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
-	13, // 50: harebox.agent.v1.Agent.SetNetwork:output_type -> harebox.agent.v1.Empty
-	13, // 51: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
-	7,  // 52: harebox.agent.v1.Agent.Start:output_type -> harebox.agent.v1.CommandInfo
-	10, // 53: harebox.agent.v1.Agent.Attach:output_type -> harebox.agent.v1.AttachChunk
-	13, // 54: harebox.agent.v1.Agent.Signal:output_type -> harebox.agent.v1.Empty
-	8,  // 55: harebox.agent.v1.Agent.Commands:output_type -> harebox.agent.v1.CommandList
-	13, // 56: harebox.agent.v1.Agent.Input:output_type -> harebox.agent.v1.Empty
-	26, // 57: harebox.agent.v1.Agent.Rename:output_type -> harebox.agent.v1.FileInfo
-	31, // 58: harebox.agent.v1.Agent.Watch:output_type -> harebox.agent.v1.WatchEvent
-	13, // 59: harebox.agent.v1.Agent.MountVolume:output_type -> harebox.agent.v1.Empty
-	13, // 60: harebox.agent.v1.Agent.UnmountVolume:output_type -> harebox.agent.v1.Empty
-	3,  // 61: harebox.agent.v1.Agent.Connect:output_type -> harebox.agent.v1.ConnectResponse
-	38, // [38:62] is the sub-list for method output_type
-	14, // [14:38] is the sub-list for method input_type
+	15, // 14: harebox.agent.v1.Agent.Health:input_type -> harebox.agent.v1.HealthRequest
+	18, // 15: harebox.agent.v1.Agent.Exec:input_type -> harebox.agent.v1.ExecRequest
+	23, // 16: harebox.agent.v1.Agent.WriteFile:input_type -> harebox.agent.v1.WriteFileRequest
+	24, // 17: harebox.agent.v1.Agent.ReadFile:input_type -> harebox.agent.v1.ReadFileRequest
+	26, // 18: harebox.agent.v1.Agent.Stat:input_type -> harebox.agent.v1.PathRequest
+	28, // 19: harebox.agent.v1.Agent.ListDir:input_type -> harebox.agent.v1.ListDirRequest
+	33, // 20: harebox.agent.v1.Agent.Mkdir:input_type -> harebox.agent.v1.MkdirRequest
+	34, // 21: harebox.agent.v1.Agent.Remove:input_type -> harebox.agent.v1.RemoveRequest
+	35, // 22: harebox.agent.v1.Agent.Chmod:input_type -> harebox.agent.v1.ChmodRequest
+	36, // 23: harebox.agent.v1.Agent.Chown:input_type -> harebox.agent.v1.ChownRequest
+	37, // 24: harebox.agent.v1.Agent.SyncTime:input_type -> harebox.agent.v1.SyncTimeRequest
+	38, // 25: harebox.agent.v1.Agent.Reseed:input_type -> harebox.agent.v1.ReseedRequest
+	40, // 26: harebox.agent.v1.Agent.SetNetwork:input_type -> harebox.agent.v1.SetNetworkRequest
+	41, // 27: harebox.agent.v1.Agent.Shutdown:input_type -> harebox.agent.v1.ShutdownRequest
+	6,  // 28: harebox.agent.v1.Agent.Start:input_type -> harebox.agent.v1.StartRequest
+	10, // 29: harebox.agent.v1.Agent.Attach:input_type -> harebox.agent.v1.AttachRequest
+	13, // 30: harebox.agent.v1.Agent.Signal:input_type -> harebox.agent.v1.SignalRequest
+	14, // 31: harebox.agent.v1.Agent.Commands:input_type -> harebox.agent.v1.Empty
+	7,  // 32: harebox.agent.v1.Agent.Input:input_type -> harebox.agent.v1.InputRequest
+	30, // 33: harebox.agent.v1.Agent.Rename:input_type -> harebox.agent.v1.RenameRequest
+	31, // 34: harebox.agent.v1.Agent.Watch:input_type -> harebox.agent.v1.WatchRequest
+	5,  // 35: harebox.agent.v1.Agent.MountVolume:input_type -> harebox.agent.v1.MountVolumeRequest
+	26, // 36: harebox.agent.v1.Agent.UnmountVolume:input_type -> harebox.agent.v1.PathRequest
+	3,  // 37: harebox.agent.v1.Agent.Connect:input_type -> harebox.agent.v1.ConnectRequest
+	2,  // 38: harebox.agent.v1.Agent.FreezeVolume:input_type -> harebox.agent.v1.FreezeVolumeRequest
+	26, // 39: harebox.agent.v1.Agent.ThawVolume:input_type -> harebox.agent.v1.PathRequest
+	16, // 40: harebox.agent.v1.Agent.Health:output_type -> harebox.agent.v1.HealthResponse
+	21, // 41: harebox.agent.v1.Agent.Exec:output_type -> harebox.agent.v1.ExecResponse
+	27, // 42: harebox.agent.v1.Agent.WriteFile:output_type -> harebox.agent.v1.FileInfo
+	25, // 43: harebox.agent.v1.Agent.ReadFile:output_type -> harebox.agent.v1.ReadFileChunk
+	27, // 44: harebox.agent.v1.Agent.Stat:output_type -> harebox.agent.v1.FileInfo
+	29, // 45: harebox.agent.v1.Agent.ListDir:output_type -> harebox.agent.v1.ListDirResponse
+	27, // 46: harebox.agent.v1.Agent.Mkdir:output_type -> harebox.agent.v1.FileInfo
+	14, // 47: harebox.agent.v1.Agent.Remove:output_type -> harebox.agent.v1.Empty
+	14, // 48: harebox.agent.v1.Agent.Chmod:output_type -> harebox.agent.v1.Empty
+	14, // 49: harebox.agent.v1.Agent.Chown:output_type -> harebox.agent.v1.Empty
+	14, // 50: harebox.agent.v1.Agent.SyncTime:output_type -> harebox.agent.v1.Empty
+	39, // 51: harebox.agent.v1.Agent.Reseed:output_type -> harebox.agent.v1.ReseedResponse
+	14, // 52: harebox.agent.v1.Agent.SetNetwork:output_type -> harebox.agent.v1.Empty
+	14, // 53: harebox.agent.v1.Agent.Shutdown:output_type -> harebox.agent.v1.Empty
+	8,  // 54: harebox.agent.v1.Agent.Start:output_type -> harebox.agent.v1.CommandInfo
+	11, // 55: harebox.agent.v1.Agent.Attach:output_type -> harebox.agent.v1.AttachChunk
+	14, // 56: harebox.agent.v1.Agent.Signal:output_type -> harebox.agent.v1.Empty
+	9,  // 57: harebox.agent.v1.Agent.Commands:output_type -> harebox.agent.v1.CommandList
+	14, // 58: harebox.agent.v1.Agent.Input:output_type -> harebox.agent.v1.Empty
+	27, // 59: harebox.agent.v1.Agent.Rename:output_type -> harebox.agent.v1.FileInfo
+	32, // 60: harebox.agent.v1.Agent.Watch:output_type -> harebox.agent.v1.WatchEvent
+	14, // 61: harebox.agent.v1.Agent.MountVolume:output_type -> harebox.agent.v1.Empty
+	14, // 62: harebox.agent.v1.Agent.UnmountVolume:output_type -> harebox.agent.v1.Empty
+	4,  // 63: harebox.agent.v1.Agent.Connect:output_type -> harebox.agent.v1.ConnectResponse
+	14, // 64: harebox.agent.v1.Agent.FreezeVolume:output_type -> harebox.agent.v1.Empty
+	14, // 65: harebox.agent.v1.Agent.ThawVolume:output_type -> harebox.agent.v1.Empty
+	40, // [40:66] is the sub-list for method output_type
+	14, // [14:40] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
 	14, // [14:14] is the sub-list for extension extendee
 	0,  // [0:14] is the sub-list for field type_name
@@ -3101,30 +3164,30 @@ func file_agent_agentpb_agent_proto_init() {
 	if File_agent_agentpb_agent_proto != nil {
 		return
 	}
-	file_agent_agentpb_agent_proto_msgTypes[4].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*InputRequest_Stdin)(nil),
 		(*InputRequest_StdinEof)(nil),
 		(*InputRequest_Resize)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[8].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*AttachChunk_Stdout)(nil),
 		(*AttachChunk_Stderr)(nil),
 		(*AttachChunk_Exit)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[15].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[16].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_StdinEof)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[18].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[19].OneofWrappers = []any{
 		(*ExecResponse_StartedPid)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_agentpb_agent_proto_msgTypes[20].OneofWrappers = []any{
+	file_agent_agentpb_agent_proto_msgTypes[21].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Data)(nil),
 	}
@@ -3134,7 +3197,7 @@ func file_agent_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_agentpb_agent_proto_rawDesc), len(file_agent_agentpb_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -48,6 +48,8 @@ const (
 	Agent_MountVolume_FullMethodName   = "/harebox.agent.v1.Agent/MountVolume"
 	Agent_UnmountVolume_FullMethodName = "/harebox.agent.v1.Agent/UnmountVolume"
 	Agent_Connect_FullMethodName       = "/harebox.agent.v1.Agent/Connect"
+	Agent_FreezeVolume_FullMethodName  = "/harebox.agent.v1.Agent/FreezeVolume"
+	Agent_ThawVolume_FullMethodName    = "/harebox.agent.v1.Agent/ThawVolume"
 )
 
 // AgentClient is the client API for Agent service.
@@ -139,6 +141,17 @@ type AgentClient interface {
 	// carry the guest side's bytes, and the call ends when that side
 	// closes. At most a few run at once.
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error)
+	// Protocol 7.
+	//
+	// FreezeVolume freezes the filesystem of the volume mounted at path:
+	// what it holds is on its disk, clean, and writes wait until it thaws
+	// (the host gives the disk a new layer meanwhile, so that a reader can
+	// open the one under it). It thaws by itself after seconds (1 to 30)
+	// if ThawVolume does not come first.
+	FreezeVolume(ctx context.Context, in *FreezeVolumeRequest, opts ...grpc.CallOption) (*Empty, error)
+	// ThawVolume thaws the volume mounted at path; one that is not frozen
+	// is left as it is.
+	ThawVolume(ctx context.Context, in *PathRequest, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type agentClient struct {
@@ -425,6 +438,26 @@ func (c *agentClient) Connect(ctx context.Context, opts ...grpc.CallOption) (grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_ConnectClient = grpc.BidiStreamingClient[ConnectRequest, ConnectResponse]
 
+func (c *agentClient) FreezeVolume(ctx context.Context, in *FreezeVolumeRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Agent_FreezeVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ThawVolume(ctx context.Context, in *PathRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Agent_ThawVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -514,6 +547,17 @@ type AgentServer interface {
 	// carry the guest side's bytes, and the call ends when that side
 	// closes. At most a few run at once.
 	Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error
+	// Protocol 7.
+	//
+	// FreezeVolume freezes the filesystem of the volume mounted at path:
+	// what it holds is on its disk, clean, and writes wait until it thaws
+	// (the host gives the disk a new layer meanwhile, so that a reader can
+	// open the one under it). It thaws by itself after seconds (1 to 30)
+	// if ThawVolume does not come first.
+	FreezeVolume(context.Context, *FreezeVolumeRequest) (*Empty, error)
+	// ThawVolume thaws the volume mounted at path; one that is not frozen
+	// is left as it is.
+	ThawVolume(context.Context, *PathRequest) (*Empty, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -595,6 +639,12 @@ func (UnimplementedAgentServer) UnmountVolume(context.Context, *PathRequest) (*E
 }
 func (UnimplementedAgentServer) Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error {
 	return status.Error(codes.Unimplemented, "method Connect not implemented")
+}
+func (UnimplementedAgentServer) FreezeVolume(context.Context, *FreezeVolumeRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method FreezeVolume not implemented")
+}
+func (UnimplementedAgentServer) ThawVolume(context.Context, *PathRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method ThawVolume not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -995,6 +1045,42 @@ func _Agent_Connect_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_ConnectServer = grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]
 
+func _Agent_FreezeVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FreezeVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).FreezeVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_FreezeVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).FreezeVolume(ctx, req.(*FreezeVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ThawVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PathRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ThawVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ThawVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ThawVolume(ctx, req.(*PathRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1073,6 +1159,14 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UnmountVolume",
 			Handler:    _Agent_UnmountVolume_Handler,
+		},
+		{
+			MethodName: "FreezeVolume",
+			Handler:    _Agent_FreezeVolume_Handler,
+		},
+		{
+			MethodName: "ThawVolume",
+			Handler:    _Agent_ThawVolume_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

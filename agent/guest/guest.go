@@ -73,6 +73,10 @@ type Server struct {
 	// modMu guards modsLoaded: the on-demand modules are loaded (volumes).
 	modMu      sync.Mutex
 	modsLoaded bool
+	// frozenMu guards frozen: the volumes frozen (FreezeVolume), by
+	// mount path, each with the timer that thaws it.
+	frozenMu sync.Mutex
+	frozen   map[string]*time.Timer
 }
 
 // New returns a Server with opts' defaults filled in.

@@ -211,6 +211,7 @@ func (s *Server) UnmountVolume(ctx context.Context, req *agentpb.PathRequest) (*
 	if err := checkMountPath(req.GetPath()); err != nil {
 		return nil, err
 	}
+	s.thaw(req.GetPath()) // (a frozen filesystem does not unmount)
 	unix.Sync()
 	err := unix.Unmount(req.GetPath(), 0)
 	if errors.Is(err, unix.EBUSY) {
@@ -225,4 +226,104 @@ func (s *Server) UnmountVolume(ctx context.Context, req *agentpb.PathRequest) (*
 		return nil, fsError("unmount", err)
 	}
 	return &agentpb.Empty{}, nil
+}
+
+// The ioctls that freeze and thaw a filesystem (linux/fs.h: _IOWR('X',
+// 119, int) and _IOWR('X', 120, int)).
+const (
+	ioctlFreeze = 0xc0045877
+	ioctlThaw   = 0xc0045878
+)
+
+// maxFreeze bounds how long a volume stays frozen without a thaw: a
+// host that died between the two must not leave the guest's writes
+// waiting for good.
+const maxFreeze = 30 * time.Second
+
+// FreezeVolume implements agentpb.AgentServer.
+func (s *Server) FreezeVolume(ctx context.Context, req *agentpb.FreezeVolumeRequest) (*agentpb.Empty, error) {
+	path := req.GetPath()
+	if err := checkMountPath(path); err != nil {
+		return nil, err
+	}
+	d := time.Duration(req.GetSeconds()) * time.Second
+	if d <= 0 || d > maxFreeze {
+		return nil, status.Errorf(codes.InvalidArgument, "seconds %d: want 1 to %d", req.GetSeconds(), int(maxFreeze.Seconds()))
+	}
+	// Only a mount point: freezing a directory would freeze the
+	// filesystem it is on (the root's, say).
+	if err := isMountPoint(path); err != nil {
+		return nil, err
+	}
+	s.frozenMu.Lock()
+	defer s.frozenMu.Unlock()
+	if t, ok := s.frozen[path]; ok {
+		t.Reset(d)
+		return &agentpb.Empty{}, nil
+	}
+	if err := fsIoctl(path, ioctlFreeze); err != nil {
+		return nil, fsError("freeze", err)
+	}
+	if s.frozen == nil {
+		s.frozen = map[string]*time.Timer{}
+	}
+	s.frozen[path] = time.AfterFunc(d, func() {
+		s.opts.Logf("volume at %s: thawed after %s without a thaw", path, d)
+		s.thaw(path)
+	})
+	return &agentpb.Empty{}, nil
+}
+
+// ThawVolume implements agentpb.AgentServer.
+func (s *Server) ThawVolume(ctx context.Context, req *agentpb.PathRequest) (*agentpb.Empty, error) {
+	if err := checkMountPath(req.GetPath()); err != nil {
+		return nil, err
+	}
+	if err := s.thaw(req.GetPath()); err != nil {
+		return nil, fsError("thaw", err)
+	}
+	return &agentpb.Empty{}, nil
+}
+
+// thaw thaws the volume at path if FreezeVolume froze it.
+func (s *Server) thaw(path string) error {
+	s.frozenMu.Lock()
+	defer s.frozenMu.Unlock()
+	t, ok := s.frozen[path]
+	if !ok {
+		return nil
+	}
+	t.Stop()
+	delete(s.frozen, path)
+	err := fsIoctl(path, ioctlThaw)
+	if errors.Is(err, unix.EINVAL) {
+		err = nil // (not frozen: thawed by someone else)
+	}
+	return err
+}
+
+// fsIoctl runs a freeze or thaw ioctl on the filesystem mounted at path.
+func fsIoctl(path string, req uint) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.IoctlSetInt(fd, req, 0)
+}
+
+// isMountPoint says whether path is where a filesystem is mounted (its
+// device is not its parent's).
+func isMountPoint(path string) error {
+	var st, parent unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return fsError("stat", err)
+	}
+	if err := unix.Stat(filepath.Dir(path), &parent); err != nil {
+		return fsError("stat", err)
+	}
+	if st.Dev == parent.Dev {
+		return status.Errorf(codes.NotFound, "nothing is mounted at %s", path)
+	}
+	return nil
 }

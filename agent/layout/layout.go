@@ -21,8 +21,9 @@ import "strings"
 //	   terminal size), Rename, Watch, ListDir with a depth
 //	5: MountVolume, UnmountVolume
 //	6: Connect (a TCP connection to a port on the guest's loopback)
+//	7: FreezeVolume, ThawVolume
 const (
-	Protocol    = 6
+	Protocol    = 7
 	MinProtocol = 0
 	// HelloProtocol is the first level whose sessions all start with a
 	// hello: the host drops one that answers without.

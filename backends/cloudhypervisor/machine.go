@@ -219,6 +219,11 @@ func (m *machine) PlugVolume(context.Context, hypervisor.Volume) error {
 	return hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: volumes are not supported by this backend yet")
 }
 
+// LayerVolume implements hypervisor.Machine: nothing is ever plugged.
+func (m *machine) LayerVolume(_ context.Context, id, _ string) error {
+	return hypervisor.Errorf(hypervisor.ErrNotFound, "cloud-hypervisor: volume %s is not plugged into %s", id, m.ID())
+}
+
 // UnplugVolume implements hypervisor.Machine: nothing is ever plugged.
 func (m *machine) UnplugVolume(_ context.Context, id string) error {
 	return hypervisor.Errorf(hypervisor.ErrNotFound, "cloud-hypervisor: volume %s is not plugged into %s", id, m.ID())

@@ -100,3 +100,6 @@ func (m machine) PlugVolume(ctx context.Context, v hypervisor.Volume) error {
 func (m machine) UnplugVolume(ctx context.Context, id string) error {
 	return Of("unplug volume", m.Machine.UnplugVolume(ctx, id))
 }
+func (m machine) LayerVolume(ctx context.Context, id, path string) error {
+	return Of("layer volume", m.Machine.LayerVolume(ctx, id, path))
+}

@@ -497,6 +497,22 @@ func (a *agent) MountVolume(ctx context.Context, req *agentpb.MountVolumeRequest
 	return &agentpb.Empty{}, nil
 }
 
+// FreezeVolume and ThawVolume accept any path the fake could have
+// mounted: its volumes hold nothing to make clean.
+func (a *agent) FreezeVolume(ctx context.Context, req *agentpb.FreezeVolumeRequest) (*agentpb.Empty, error) {
+	if err := a.enter(ctx, req.GetPath()); err != nil {
+		return nil, err
+	}
+	return &agentpb.Empty{}, nil
+}
+
+func (a *agent) ThawVolume(ctx context.Context, req *agentpb.PathRequest) (*agentpb.Empty, error) {
+	if err := a.enter(ctx, req.GetPath()); err != nil {
+		return nil, err
+	}
+	return &agentpb.Empty{}, nil
+}
+
 // UnmountVolume accepts any path the fake could have mounted.
 func (a *agent) UnmountVolume(ctx context.Context, req *agentpb.PathRequest) (*agentpb.Empty, error) {
 	if err := a.enter(ctx, req.GetPath()); err != nil {

@@ -242,6 +242,31 @@ func (m *machine) UnplugVolume(_ context.Context, id string) error {
 	return nil
 }
 
+// LayerVolume moves the plugged volume's top to path.
+func (m *machine) LayerVolume(_ context.Context, id, path string) error {
+	if err := hypervisor.ValidateLayer(id, path); err != nil {
+		return err
+	}
+	if _, err := os.Stat(path); err != nil {
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: volume %s: %v", id, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, ok := m.volumes[id]
+	switch {
+	case !ok:
+		return hypervisor.Errorf(hypervisor.ErrNotFound, "memhv: volume %s is not plugged into %s", id, m.spec.ID)
+	case v.Path == path:
+		return nil
+	case v.ReadOnly:
+		return hypervisor.Errorf(hypervisor.ErrInvalid, "memhv: volume %s is plugged into %s read-only", id, m.spec.ID)
+	}
+	v.Backing = append([]string{v.Path}, v.Backing...)
+	v.Path = path
+	m.volumes[id] = v
+	return nil
+}
+
 func (m *machine) plugged(id string) (hypervisor.Volume, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -179,6 +179,13 @@ func (m *remoteMachine) PlugVolume(ctx context.Context, v hypervisor.Volume) err
 	})
 }
 
+func (m *remoteMachine) LayerVolume(ctx context.Context, id, path string) error {
+	return m.do(ctx, func(rpc pluginpb.HypervisorClient) error {
+		_, err := rpc.LayerVolume(ctx, &pluginpb.LayerVolumeRequest{Id: m.id, VolumeId: id, Path: path})
+		return err
+	})
+}
+
 func (m *remoteMachine) UnplugVolume(ctx context.Context, id string) error {
 	return m.do(ctx, func(rpc pluginpb.HypervisorClient) error {
 		_, err := rpc.UnplugVolume(ctx, &pluginpb.UnplugVolumeRequest{Id: m.id, VolumeId: id})

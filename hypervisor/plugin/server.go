@@ -132,6 +132,10 @@ func (s *server) PlugVolume(ctx context.Context, r *pluginpb.PlugVolumeRequest) 
 	return s.call(&pluginpb.MachineID{Id: r.Id}, func(m hypervisor.Machine) error { return m.PlugVolume(ctx, v) })
 }
 
+func (s *server) LayerVolume(ctx context.Context, r *pluginpb.LayerVolumeRequest) (*pluginpb.Empty, error) {
+	return s.call(&pluginpb.MachineID{Id: r.Id}, func(m hypervisor.Machine) error { return m.LayerVolume(ctx, r.VolumeId, r.Path) })
+}
+
 func (s *server) UnplugVolume(ctx context.Context, r *pluginpb.UnplugVolumeRequest) (*pluginpb.Empty, error) {
 	return s.call(&pluginpb.MachineID{Id: r.Id}, func(m hypervisor.Machine) error { return m.UnplugVolume(ctx, r.VolumeId) })
 }

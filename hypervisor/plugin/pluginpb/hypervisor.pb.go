@@ -434,6 +434,66 @@ func (x *UnplugVolumeRequest) GetVolumeId() string {
 	return ""
 }
 
+type LayerVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // the machine's
+	VolumeId      string                 `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // the new top file
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerVolumeRequest) Reset() {
+	*x = LayerVolumeRequest{}
+	mi := &file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerVolumeRequest) ProtoMessage() {}
+
+func (x *LayerVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerVolumeRequest.ProtoReflect.Descriptor instead.
+func (*LayerVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *LayerVolumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *LayerVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *LayerVolumeRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
 var File_hypervisor_plugin_pluginpb_hypervisor_proto protoreflect.FileDescriptor
 
 const file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc = "" +
@@ -464,7 +524,11 @@ const file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc = "" +
 	"\x03key\x18\x03 \x01(\fR\x03key\"B\n" +
 	"\x13UnplugVolumeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
-	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId2\xc3\b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\"U\n" +
+	"\x12LayerVolumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path2\x9b\t\n" +
 	"\n" +
 	"Hypervisor\x12I\n" +
 	"\fCapabilities\x12\x1c.harebox.hypervisor.v1.Empty\x1a\x1b.harebox.hypervisor.v1.JSON\x12H\n" +
@@ -481,7 +545,8 @@ const file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc = "" +
 	"\aCleanup\x12 .harebox.hypervisor.v1.MachineID\x1a\x1c.harebox.hypervisor.v1.Empty\x12T\n" +
 	"\n" +
 	"PlugVolume\x12(.harebox.hypervisor.v1.PlugVolumeRequest\x1a\x1c.harebox.hypervisor.v1.Empty\x12X\n" +
-	"\fUnplugVolume\x12*.harebox.hypervisor.v1.UnplugVolumeRequest\x1a\x1c.harebox.hypervisor.v1.EmptyB7Z5github.com/harebox/harebox/hypervisor/plugin/pluginpbb\x06proto3"
+	"\fUnplugVolume\x12*.harebox.hypervisor.v1.UnplugVolumeRequest\x1a\x1c.harebox.hypervisor.v1.Empty\x12V\n" +
+	"\vLayerVolume\x12).harebox.hypervisor.v1.LayerVolumeRequest\x1a\x1c.harebox.hypervisor.v1.EmptyB7Z5github.com/harebox/harebox/hypervisor/plugin/pluginpbb\x06proto3"
 
 var (
 	file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDescOnce sync.Once
@@ -495,7 +560,7 @@ func file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDescGZIP() []byte {
 	return file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDescData
 }
 
-var file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_hypervisor_plugin_pluginpb_hypervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_hypervisor_plugin_pluginpb_hypervisor_proto_goTypes = []any{
 	(*Empty)(nil),               // 0: harebox.hypervisor.v1.Empty
 	(*JSON)(nil),                // 1: harebox.hypervisor.v1.JSON
@@ -505,6 +570,7 @@ var file_hypervisor_plugin_pluginpb_hypervisor_proto_goTypes = []any{
 	(*SnapshotRequest)(nil),     // 5: harebox.hypervisor.v1.SnapshotRequest
 	(*PlugVolumeRequest)(nil),   // 6: harebox.hypervisor.v1.PlugVolumeRequest
 	(*UnplugVolumeRequest)(nil), // 7: harebox.hypervisor.v1.UnplugVolumeRequest
+	(*LayerVolumeRequest)(nil),  // 8: harebox.hypervisor.v1.LayerVolumeRequest
 }
 var file_hypervisor_plugin_pluginpb_hypervisor_proto_depIdxs = []int32{
 	0,  // 0: harebox.hypervisor.v1.Hypervisor.Capabilities:input_type -> harebox.hypervisor.v1.Empty
@@ -521,22 +587,24 @@ var file_hypervisor_plugin_pluginpb_hypervisor_proto_depIdxs = []int32{
 	2,  // 11: harebox.hypervisor.v1.Hypervisor.Cleanup:input_type -> harebox.hypervisor.v1.MachineID
 	6,  // 12: harebox.hypervisor.v1.Hypervisor.PlugVolume:input_type -> harebox.hypervisor.v1.PlugVolumeRequest
 	7,  // 13: harebox.hypervisor.v1.Hypervisor.UnplugVolume:input_type -> harebox.hypervisor.v1.UnplugVolumeRequest
-	1,  // 14: harebox.hypervisor.v1.Hypervisor.Capabilities:output_type -> harebox.hypervisor.v1.JSON
-	3,  // 15: harebox.hypervisor.v1.Hypervisor.Launch:output_type -> harebox.hypervisor.v1.MachineRef
-	3,  // 16: harebox.hypervisor.v1.Hypervisor.Attach:output_type -> harebox.hypervisor.v1.MachineRef
-	3,  // 17: harebox.hypervisor.v1.Hypervisor.Restore:output_type -> harebox.hypervisor.v1.MachineRef
-	1,  // 18: harebox.hypervisor.v1.Hypervisor.Info:output_type -> harebox.hypervisor.v1.JSON
-	0,  // 19: harebox.hypervisor.v1.Hypervisor.Pause:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 20: harebox.hypervisor.v1.Hypervisor.Resume:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 21: harebox.hypervisor.v1.Hypervisor.Snapshot:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 22: harebox.hypervisor.v1.Hypervisor.Shutdown:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 23: harebox.hypervisor.v1.Hypervisor.Kill:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 24: harebox.hypervisor.v1.Hypervisor.Wait:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 25: harebox.hypervisor.v1.Hypervisor.Cleanup:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 26: harebox.hypervisor.v1.Hypervisor.PlugVolume:output_type -> harebox.hypervisor.v1.Empty
-	0,  // 27: harebox.hypervisor.v1.Hypervisor.UnplugVolume:output_type -> harebox.hypervisor.v1.Empty
-	14, // [14:28] is the sub-list for method output_type
-	0,  // [0:14] is the sub-list for method input_type
+	8,  // 14: harebox.hypervisor.v1.Hypervisor.LayerVolume:input_type -> harebox.hypervisor.v1.LayerVolumeRequest
+	1,  // 15: harebox.hypervisor.v1.Hypervisor.Capabilities:output_type -> harebox.hypervisor.v1.JSON
+	3,  // 16: harebox.hypervisor.v1.Hypervisor.Launch:output_type -> harebox.hypervisor.v1.MachineRef
+	3,  // 17: harebox.hypervisor.v1.Hypervisor.Attach:output_type -> harebox.hypervisor.v1.MachineRef
+	3,  // 18: harebox.hypervisor.v1.Hypervisor.Restore:output_type -> harebox.hypervisor.v1.MachineRef
+	1,  // 19: harebox.hypervisor.v1.Hypervisor.Info:output_type -> harebox.hypervisor.v1.JSON
+	0,  // 20: harebox.hypervisor.v1.Hypervisor.Pause:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 21: harebox.hypervisor.v1.Hypervisor.Resume:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 22: harebox.hypervisor.v1.Hypervisor.Snapshot:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 23: harebox.hypervisor.v1.Hypervisor.Shutdown:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 24: harebox.hypervisor.v1.Hypervisor.Kill:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 25: harebox.hypervisor.v1.Hypervisor.Wait:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 26: harebox.hypervisor.v1.Hypervisor.Cleanup:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 27: harebox.hypervisor.v1.Hypervisor.PlugVolume:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 28: harebox.hypervisor.v1.Hypervisor.UnplugVolume:output_type -> harebox.hypervisor.v1.Empty
+	0,  // 29: harebox.hypervisor.v1.Hypervisor.LayerVolume:output_type -> harebox.hypervisor.v1.Empty
+	15, // [15:30] is the sub-list for method output_type
+	0,  // [0:15] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name
@@ -553,7 +621,7 @@ func file_hypervisor_plugin_pluginpb_hypervisor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc), len(file_hypervisor_plugin_pluginpb_hypervisor_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,6 +38,7 @@ const (
 	Hypervisor_Cleanup_FullMethodName      = "/harebox.hypervisor.v1.Hypervisor/Cleanup"
 	Hypervisor_PlugVolume_FullMethodName   = "/harebox.hypervisor.v1.Hypervisor/PlugVolume"
 	Hypervisor_UnplugVolume_FullMethodName = "/harebox.hypervisor.v1.Hypervisor/UnplugVolume"
+	Hypervisor_LayerVolume_FullMethodName  = "/harebox.hypervisor.v1.Hypervisor/LayerVolume"
 )
 
 // HypervisorClient is the client API for Hypervisor service.
@@ -58,6 +59,7 @@ type HypervisorClient interface {
 	Cleanup(ctx context.Context, in *MachineID, opts ...grpc.CallOption) (*Empty, error)
 	PlugVolume(ctx context.Context, in *PlugVolumeRequest, opts ...grpc.CallOption) (*Empty, error)
 	UnplugVolume(ctx context.Context, in *UnplugVolumeRequest, opts ...grpc.CallOption) (*Empty, error)
+	LayerVolume(ctx context.Context, in *LayerVolumeRequest, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type hypervisorClient struct {
@@ -208,6 +210,16 @@ func (c *hypervisorClient) UnplugVolume(ctx context.Context, in *UnplugVolumeReq
 	return out, nil
 }
 
+func (c *hypervisorClient) LayerVolume(ctx context.Context, in *LayerVolumeRequest, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Hypervisor_LayerVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HypervisorServer is the server API for Hypervisor service.
 // All implementations must embed UnimplementedHypervisorServer
 // for forward compatibility.
@@ -226,6 +238,7 @@ type HypervisorServer interface {
 	Cleanup(context.Context, *MachineID) (*Empty, error)
 	PlugVolume(context.Context, *PlugVolumeRequest) (*Empty, error)
 	UnplugVolume(context.Context, *UnplugVolumeRequest) (*Empty, error)
+	LayerVolume(context.Context, *LayerVolumeRequest) (*Empty, error)
 	mustEmbedUnimplementedHypervisorServer()
 }
 
@@ -277,6 +290,9 @@ func (UnimplementedHypervisorServer) PlugVolume(context.Context, *PlugVolumeRequ
 }
 func (UnimplementedHypervisorServer) UnplugVolume(context.Context, *UnplugVolumeRequest) (*Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method UnplugVolume not implemented")
+}
+func (UnimplementedHypervisorServer) LayerVolume(context.Context, *LayerVolumeRequest) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method LayerVolume not implemented")
 }
 func (UnimplementedHypervisorServer) mustEmbedUnimplementedHypervisorServer() {}
 func (UnimplementedHypervisorServer) testEmbeddedByValue()                    {}
@@ -551,6 +567,24 @@ func _Hypervisor_UnplugVolume_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hypervisor_LayerVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LayerVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HypervisorServer).LayerVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hypervisor_LayerVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HypervisorServer).LayerVolume(ctx, req.(*LayerVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hypervisor_ServiceDesc is the grpc.ServiceDesc for Hypervisor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -613,6 +647,10 @@ var Hypervisor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UnplugVolume",
 			Handler:    _Hypervisor_UnplugVolume_Handler,
+		},
+		{
+			MethodName: "LayerVolume",
+			Handler:    _Hypervisor_LayerVolume_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
