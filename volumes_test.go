@@ -29,9 +29,22 @@ func wantSaying(t *testing.T, what string, err, kind error, say string) {
 	}
 }
 
-// TestVolumeAttachments, on the in-memory hypervisor: one writer or many
-// readers, claimed at create and given back at delete; a volume in use
-// is neither deleted nor resized; an unknown one is not found.
+// layerOf is the layer sandbox id has of volume v (-1: none).
+func layerOf(v *volume.View, id string) int {
+	for _, a := range v.Attachments {
+		if a.SandboxID == id {
+			return a.Layer
+		}
+	}
+	return -1
+}
+
+// TestVolumeAttachments, on the in-memory hypervisor: one writer and
+// many readers, claimed at create and given back at delete; a reader
+// beside a running or stopped writer takes the layer it wrote, and the
+// writer a new one (readers that come at once share it), a paused one
+// takes none; a volume in use is neither deleted nor resized; an
+// unknown one is not found.
 func TestVolumeAttachments(t *testing.T) {
 	t.Parallel()
 	needVolumeTools(t)
@@ -52,8 +65,50 @@ func TestVolumeAttachments(t *testing.T) {
 	}
 	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: rw})
 	wantSaying(t, "a second writer", err, sandbox.ErrState, w.ID)
+	r0, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
+	if err != nil {
+		t.Fatal("a reader beside a running writer:", err)
+	}
+	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); got.Layers != 1 || got.Busy != "" || layerOf(got, w.ID) != 1 || layerOf(got, r0.ID) != 0 {
+		t.Errorf("a reader beside a running writer: %+v", got.Volume)
+	}
+	// Readers at once: each gets a layer the writer left.
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() {
+			_, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
+			errs <- err
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Error("readers at once beside a writer:", err)
+		}
+	}
+	got, err := eng.Volumes().Get(ctx, "", "", "data")
+	if err != nil || got.Busy != "" || len(got.Attachments) != 5 || layerOf(got, w.ID) != got.Layers || got.Layers < 2 || got.Layers > 4 {
+		t.Fatalf("readers at once beside a writer: %+v, %v", got, err)
+	}
+	for _, a := range got.Attachments {
+		if a.ReadOnly && a.Layer >= got.Layers {
+			t.Errorf("a reader on the writer's layer: %+v", got.Attachments)
+		}
+	}
+	if _, err := eng.Pause(ctx, w.ID); err != nil {
+		t.Fatal(err)
+	}
 	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
-	wantSaying(t, "a reader beside a writer", err, sandbox.ErrState, "read-write")
+	wantSaying(t, "a reader beside a paused writer", err, sandbox.ErrState, "paused")
+	if _, err := eng.Resume(ctx, w.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range got.Attachments {
+		if a.ReadOnly {
+			if err := eng.Delete(ctx, a.SandboxID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	wantSaying(t, "delete in use", eng.Volumes().Delete(ctx, "", "", "data"), sandbox.ErrState, "attached")
 	_, err = eng.Volumes().Resize(ctx, "", "", "data", 2)
 	wantSaying(t, "resize in use", err, sandbox.ErrState, "attached")
@@ -76,7 +131,7 @@ func TestVolumeAttachments(t *testing.T) {
 		}
 		readers = append(readers, r.ID)
 	}
-	got, err := eng.Volumes().Get(ctx, "", "", v.ID)
+	got, err = eng.Volumes().Get(ctx, "", "", v.ID)
 	if err != nil || len(got.Attachments) != 3 || got.Layers != 0 {
 		t.Fatalf("attachments of three readers: %+v, %v", got, err)
 	}
@@ -88,8 +143,21 @@ func TestVolumeAttachments(t *testing.T) {
 	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); got.Layers != 1 || got.Attachments[3].Layer != 1 || got.Attachments[0].Layer != 0 {
 		t.Errorf("layers with a writer beside readers: %+v", got.Volume)
 	}
-	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
-	wantSaying(t, "a reader beside that writer", err, sandbox.ErrState, w2.ID)
+	// A reader beside a stopped writer: the writer opens its new layer
+	// when it starts.
+	if _, err := eng.Stop(ctx, w2.ID); err != nil {
+		t.Fatal(err)
+	}
+	r3, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
+	if err != nil {
+		t.Fatal("a reader beside a stopped writer:", err)
+	}
+	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); got.Layers != 2 || layerOf(got, w2.ID) != 2 || layerOf(got, r3.ID) != 1 {
+		t.Errorf("a reader beside a stopped writer: %+v", got.Volume)
+	}
+	if _, err := eng.Start(ctx, w2.ID); err != nil {
+		t.Fatal("the writer starts on its new layer:", err)
+	}
 	if err := eng.Delete(ctx, w2.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -98,10 +166,10 @@ func TestVolumeAttachments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); got.Attachments[3].SandboxID != r4.ID || got.Attachments[3].Layer != 1 {
+	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); layerOf(got, r4.ID) != 2 {
 		t.Errorf("a reader after the writer: %+v", got.Attachments)
 	}
-	for _, id := range append(readers, r4.ID) {
+	for _, id := range append(readers, r3.ID, r4.ID) {
 		if err := eng.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}

@@ -123,11 +123,13 @@ type Volume struct {
 	Attachments []VolumeAttachment `json:"attachments"`
 	// Layers counts the files over its first: a writer that attaches
 	// while readers hold the volume writes to a new layer over theirs, so
-	// that they see what they saw; the layers are folded into the first
-	// when nothing holds it.
+	// that they see what they saw, and a reader that attaches beside a
+	// writer takes the writer's layer, the writer a new one; the layers
+	// are folded into the first when nothing holds it.
 	Layers int `json:"layers,omitempty"`
-	// Busy says what is being done to its files ("resizing",
-	// "compacting"): meanwhile it is not attached.
+	// Busy says what is being done to its files ("resizing", "folding
+	// its layers", "giving its writer a new layer"): meanwhile it is not
+	// attached (but by readers beside the writer that moves).
 	Busy string `json:"busy,omitempty"`
 }
 

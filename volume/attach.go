@@ -92,62 +92,216 @@ func (s *Service) DropHost(ctx context.Context, host string) error {
 	return errors.Join(errs...)
 }
 
+// MaxLayers bounds a volume's layers: each reader that attaches beside a
+// writer adds one, until nothing holds the volume and they are folded.
+const MaxLayers = 32
+
+// busyLayering is a volume's Busy while its writer moves onto a new
+// layer for a reader (Layer).
+const busyLayering = "giving its writer a new layer"
+
+// Layering is a writer that must move onto a new layer before the
+// reader that claimed the layer under it plugs that in (Layer): the
+// writer is running, and its machine still writes there.
+type Layering struct {
+	Volume string // its ID
+	Writer string // the writer sandbox's ID
+	Path   string // where the writer has it mounted
+	Layer  int    // the writer's new layer
+	// Share: another reader's create moves the writer; this one waits
+	// for it (Await) instead.
+	Share bool
+}
+
 // Claim attaches the volumes mounts names to sandbox rec (placed in its
 // project already), in the create's transaction tx: each must be in the
 // project, on this host, and free for the attachment asked (a writer
-// wants it unattached; a reader wants no writer). It records them on rec.
-func (s *Service) Claim(ctx context.Context, tx Tx, rec *store.Sandbox, mounts []sandbox.VolumeMount) error {
+// wants no other writer). It records them on rec. A reader beside a
+// writer claims the layer the writer writes, and the writer a new one
+// over it: the writers that must move while they run are returned, and
+// the runtime moves them (Layer) before the reader plugs its layer in.
+func (s *Service) Claim(ctx context.Context, tx Tx, rec *store.Sandbox, mounts []sandbox.VolumeMount) ([]Layering, error) {
 	if len(mounts) == 0 {
-		return nil
+		return nil, nil
 	}
 	if err := authz.Allowed(authz.From(ctx), "getVolume"); err != nil {
-		return err
+		return nil, err
 	}
 	seenName, seenPath := map[string]bool{}, map[string]bool{}
 	for i, m := range mounts {
 		field := fmt.Sprintf("volumes[%d]", i)
 		if seenName[m.Name] || seenPath[m.Path] {
-			return sandbox.Errorf(sandbox.ErrInvalid, field, "volume %q or path %s is given twice", m.Name, m.Path)
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, field, "volume %q or path %s is given twice", m.Name, m.Path)
 		}
 		seenName[m.Name], seenPath[m.Path] = true, true
 		if filepath.Clean(m.Path) != m.Path || !layout.VolumeMountAllowed(m.Path) {
-			return sandbox.Errorf(sandbox.ErrInvalid, field+".path", "path %q: want a clean absolute path, not / nor over the system's own trees (/etc, /usr, /proc, ...)", m.Path)
+			return nil, sandbox.Errorf(sandbox.ErrInvalid, field+".path", "path %q: want a clean absolute path, not / nor over the system's own trees (/etc, /usr, /proc, ...)", m.Path)
 		}
 	}
+	var moves []Layering
 	for i, m := range mounts {
 		field := fmt.Sprintf("volumes[%d]", i)
 		v, err := tx.VolumeByName(ctx, rec.ProjectID, m.Name)
 		if errors.Is(err, store.ErrNotFound) {
-			return sandbox.Errorf(sandbox.ErrNotFound, field+".name", "no volume %q in project %q", m.Name, rec.Project)
+			return nil, sandbox.Errorf(sandbox.ErrNotFound, field+".name", "no volume %q in project %q", m.Name, rec.Project)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if v.Host != s.o.Host {
+			return nil, sandbox.Errorf(sandbox.ErrUnavailable, field, "volume %q lives on host %s: create the sandbox there", m.Name, v.Host)
+		}
+		w := slices.IndexFunc(v.Attachments, func(a model.VolumeAttachment) bool { return !a.ReadOnly })
+		if w >= 0 && !m.ReadOnly {
+			return nil, sandbox.Errorf(sandbox.ErrState, field, "volume %q is attached to sandbox %s (read-write): it has one writer at a time (attach it read-only beside it)", m.Name, v.Attachments[w].SandboxID)
+		}
+		if v.Busy == busyLayering && w >= 0 {
+			// Readers that come while the writer moves for another take
+			// the layer it leaves too (the clones of a fork, say).
+			a := v.Attachments[w]
+			v.Attachments = append(v.Attachments, model.VolumeAttachment{SandboxID: rec.ID, Path: m.Path, ReadOnly: true, Layer: a.Layer - 1})
+			if err := tx.PutVolume(ctx, v); err != nil {
+				return nil, err
+			}
+			moves = append(moves, Layering{Volume: v.ID, Writer: a.SandboxID, Path: a.Path, Layer: a.Layer, Share: true})
+			continue
+		}
+		if v.Busy != "" {
+			return nil, sandbox.Errorf(sandbox.ErrState, field, "volume %q is %s: try again in a moment", m.Name, v.Busy)
+		}
+		// A writer writes to the top layer, or to a new one over it when
+		// readers hold the top: they go on seeing what they saw. A reader
+		// beside a writer takes the writer's layer, and the writer a new
+		// one.
+		layer := v.Layers
+		newLayer := w >= 0 || !m.ReadOnly && slices.ContainsFunc(v.Attachments, func(a model.VolumeAttachment) bool { return a.Layer == v.Layers })
+		if newLayer && v.Layers >= MaxLayers {
+			return nil, sandbox.Errorf(sandbox.ErrState, field, "volume %q has %d layers, the most it takes (one for each reader that attached beside a writer): they are folded once no sandbox holds it", m.Name, v.Layers)
+		}
+		switch {
+		case w >= 0:
+			move, err := s.writerMoves(ctx, tx, field, v, &v.Attachments[w])
+			if err != nil {
+				return nil, err
+			}
+			layer = v.Attachments[w].Layer
+			v.Layers++
+			v.Attachments[w].Layer = v.Layers
+			if move {
+				v.Busy = busyLayering
+				moves = append(moves, Layering{Volume: v.ID, Writer: v.Attachments[w].SandboxID, Path: v.Attachments[w].Path, Layer: v.Layers})
+			}
+		case newLayer:
+			v.Layers++
+			layer = v.Layers
+		}
+		v.Attachments = append(v.Attachments, model.VolumeAttachment{SandboxID: rec.ID, Path: m.Path, ReadOnly: m.ReadOnly, Layer: layer})
+		if err := tx.PutVolume(ctx, v); err != nil {
+			return nil, err
+		}
+	}
+	rec.Volumes = slices.Clone(mounts)
+	return moves, nil
+}
+
+// writerMoves says whether the writer a of volume v must move onto a
+// new layer while it runs, for a reader to attach beside it; one whose
+// machine does not run opens its new layer when it next boots. A paused
+// writer, or one being made or started, is refused: its filesystem
+// cannot be frozen now.
+func (s *Service) writerMoves(ctx context.Context, tx Tx, field string, v *store.Volume, a *model.VolumeAttachment) (bool, error) {
+	w, err := tx.GetSandbox(ctx, a.SandboxID)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	switch w.State {
+	case sandbox.StateRunning:
+		return true, nil
+	case sandbox.StateStopped, sandbox.StateHibernated, sandbox.StateLost, sandbox.StateDeleted:
+		return false, nil
+	case sandbox.StatePaused:
+		return false, sandbox.Errorf(sandbox.ErrState, field, "volume %q's writer, sandbox %s, is paused: a reader attaches beside a writer that runs (the host freezes its filesystem for a moment) or is stopped; resume it", v.Name, w.ID)
+	default:
+		return false, sandbox.Errorf(sandbox.ErrState, field, "volume %q's writer, sandbox %s, is %s: try again in a moment", v.Name, w.ID, w.State)
+	}
+}
+
+// Layer moves writer l's writes onto its new layer, in its running
+// machine m, whose guest (agent c) freezes the volume's filesystem
+// meanwhile: the layer under it is then clean and no longer written,
+// for the reader that claimed it. The caller holds the writer's
+// lifecycle lock. Whatever comes of it, Layered must follow.
+func (s *Service) Layer(ctx context.Context, l Layering, m hypervisor.Machine, c *agentclient.Client) error {
+	key, err := secrets.DataKey(ctx, s.o.Secrets, scope(l.Volume))
+	if err != nil {
+		return err
+	}
+	if err := s.ensure(ctx, l.Volume, l.Layer, key); err != nil {
+		return err
+	}
+	fctx, cancel := context.WithTimeout(ctx, freezeFor)
+	defer cancel()
+	if err := c.FreezeVolume(fctx, l.Path, freezeFor); err != nil {
+		return fmt.Errorf("volume %s: its writer %s did not freeze it: %w", l.Volume, l.Writer, err)
+	}
+	defer func() {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := c.ThawVolume(tctx, l.Path); err != nil {
+			s.o.Log.Warn("volume: its writer did not thaw it (it thaws by itself)", "volume", l.Volume, "sandbox", l.Writer, "err", err)
+		}
+	}()
+	if err := m.LayerVolume(fctx, Serial(l.Volume), s.layer(l.Volume, l.Layer)); err != nil {
+		return fmt.Errorf("volume %s: a new layer for its writer %s: %w", l.Volume, l.Writer, err)
+	}
+	return nil
+}
+
+// freezeFor bounds how long a writer's filesystem stays frozen for a
+// new layer.
+const freezeFor = 10 * time.Second
+
+// Await waits for the end of the Layering another reader's create
+// started, which l shares.
+func (s *Service) Await(ctx context.Context, l Layering) error {
+	ctx, cancel := context.WithTimeout(ctx, freezeFor+10*time.Second)
+	defer cancel()
+	for {
+		v, err := s.o.Store.GetVolume(ctx, l.Volume)
+		if errors.Is(err, store.ErrNotFound) || err == nil && v.Busy != busyLayering {
+			return nil
 		}
 		if err != nil {
 			return err
 		}
-		if v.Host != s.o.Host {
-			return sandbox.Errorf(sandbox.ErrUnavailable, field, "volume %q lives on host %s: create the sandbox there", m.Name, v.Host)
-		}
-		if v.Busy != "" {
-			return sandbox.Errorf(sandbox.ErrState, field, "volume %q is %s: try again in a moment", m.Name, v.Busy)
-		}
-		for _, a := range v.Attachments {
-			if !a.ReadOnly {
-				return sandbox.Errorf(sandbox.ErrState, field, "volume %q is attached to sandbox %s (read-write): it has one writer at a time, and readers attach while it has none", m.Name, a.SandboxID)
-			}
-		}
-		// A writer writes to the top layer, or to a new one over it when
-		// readers hold the top: they go on seeing what they saw.
-		layer := v.Layers
-		if !m.ReadOnly && slices.ContainsFunc(v.Attachments, func(a model.VolumeAttachment) bool { return a.Layer == v.Layers }) {
-			layer++
-			v.Layers = layer
-		}
-		v.Attachments = append(v.Attachments, model.VolumeAttachment{SandboxID: rec.ID, Path: m.Path, ReadOnly: m.ReadOnly, Layer: layer})
-		if err := tx.PutVolume(ctx, v); err != nil {
-			return err
+		select {
+		case <-ctx.Done():
+			return sandbox.Errorf(sandbox.ErrUnavailable, "volumes", "volume %s: its writer %s takes too long to move onto a new layer", l.Volume, l.Writer)
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	rec.Volumes = slices.Clone(mounts)
-	return nil
+}
+
+// Layered ends a Layering: the volume is no longer busy. A writer that
+// did not move keeps its new layer in the record (where it writes is
+// under it): it is empty, so what the writer reads is the same, its
+// next boot writes there, and a next Layer puts a layer over whatever
+// its machine writes now.
+func (s *Service) Layered(ctx context.Context, l Layering) error {
+	return s.db.Update(context.WithoutCancel(ctx), func(tx Tx) error {
+		v, err := tx.GetVolume(ctx, l.Volume)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil || v.Busy != busyLayering {
+			return err
+		}
+		v.Busy = ""
+		return tx.PutVolume(ctx, v)
+	})
 }
 
 // Release gives back every attachment of sandbox id; a volume that

@@ -6,9 +6,10 @@
 //
 // A volume is attached to sandboxes at create: one writer at a time, and
 // readers that see it as it was when they attached (a writer beside them
-// writes to a layer of its own; a reader attaches only while no writer
-// holds it). The attachments are in the volume's record, claimed in the
-// create's own transaction (Claim) and given back when the sandbox is
+// writes to a layer of its own; a reader beside a running writer takes
+// the layer the writer leaves for a new one, while its filesystem is
+// frozen: Layer). The attachments are in the volume's record, claimed in
+// the create's own transaction (Claim) and given back when the sandbox is
 // deleted (Release); the runtime plugs and mounts them at every boot
 // (Mount).
 package volume
@@ -44,6 +45,7 @@ type Tx interface {
 	VolumeByName(ctx context.Context, projectID, name string) (*store.Volume, error)
 	ListVolumes(ctx context.Context, projectID string) ([]*store.Volume, error)
 	DeleteVolume(ctx context.Context, id string) error
+	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
 }
 
 // Options configure a Service.

@@ -14,6 +14,7 @@ import (
 	"github.com/harebox/harebox/secrets/sandboxkeys"
 	"github.com/harebox/harebox/store"
 	"github.com/harebox/harebox/tenant"
+	"github.com/harebox/harebox/volume"
 )
 
 // Create boots a new sandbox and returns it once its agent answers.
@@ -96,9 +97,12 @@ type creation struct {
 	rec     *store.Sandbox
 	// admitted is the sandbox's ID once its admission committed.
 	admitted string
-	b        *box
-	phases   *phases
-	took     time.Duration // from its start until it was booted
+	// layerings are the running writers of volumes it reads, which move
+	// onto new layers before it plugs in the ones they leave.
+	layerings []volume.Layering
+	b         *box
+	phases    *phases
+	took      time.Duration // from its start until it was booted
 	// finally ends what lasts until the create is over, whatever became
 	// of it (a name claim, the box's lock), last first.
 	finally []func()
@@ -125,6 +129,7 @@ func (e *Runtime) createSteps() []createStep {
 		{name: "reserve", phase: "admit", do: e.reserveCreate, undo: func(_ context.Context, c *creation, _ error) { e.capacity.Release(c.res) }},
 		{name: "admit", phase: "admit", do: e.admitCreate, undo: e.unadmit},
 		{name: "name", phase: "admit", do: e.claimCreateName},
+		{name: "layers", phase: "admit", do: e.layerWriters},
 		{name: "box", phase: "admit", do: e.makeBox, undo: e.unmakeBox},
 		{name: "keys", phase: "prepare", do: e.createKeys},
 		{name: "environment", phase: "prepare", do: e.createEnv},
@@ -229,7 +234,8 @@ func (e *Runtime) admitCreate(ctx context.Context, c *creation) error {
 		if err := e.place(ctx, tx, req, rec); err != nil {
 			return err
 		}
-		if err := e.volumes.Claim(ctx, tx, rec, req.Volumes); err != nil {
+		var err error
+		if c.layerings, err = e.volumes.Claim(ctx, tx, rec, req.Volumes); err != nil {
 			return err
 		}
 		if c.o != nil && !c.o.Golden && rec.AccountID != c.o.Snap.AccountID {
@@ -254,6 +260,55 @@ func (e *Runtime) unadmit(ctx context.Context, c *creation, _ error) {
 	e.mesh.Leave(ctx, c.rec.ID)
 	e.volumes.Release(ctx, c.rec)
 	e.store.DeleteSandbox(ctx, c.rec.ID)
+}
+
+// layerWriters moves the writers of the volumes the sandbox reads onto
+// new layers, so that it can plug in the layers they wrote (now clean,
+// and no longer written). A writer no longer running here opens its new
+// layer at its next boot.
+func (e *Runtime) layerWriters(ctx context.Context, c *creation) error {
+	for _, l := range c.layerings {
+		if l.Share {
+			if err := e.volumes.Await(ctx, l); err != nil {
+				return err
+			}
+			continue
+		}
+		err := e.layerWriter(ctx, l)
+		if lerr := e.volumes.Layered(ctx, l); err == nil {
+			err = lerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *Runtime) layerWriter(ctx context.Context, l volume.Layering) error {
+	b := e.boxes.get(l.Writer)
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.gone != nil || b.rec.State == sandbox.StateStopped || b.rec.State == sandbox.StateHibernated:
+		return nil
+	case b.rec.State != sandbox.StateRunning:
+		return sandbox.Errorf(sandbox.ErrState, "volumes", "sandbox %s, which writes a volume this one reads, is %s: a reader attaches beside a writer that runs or is stopped", l.Writer, b.rec.State)
+	}
+	ac, err := b.client(ctx, e)
+	if err == nil {
+		err = e.volumes.Layer(ctx, l, b.m, ac)
+	}
+	if err != nil {
+		// (The cause can name host paths, or be the writer's guest's
+		// words: the log has it.)
+		e.log.Warn("a writer did not move onto a new layer for a reader", "volume", l.Volume, "writer", l.Writer, "err", err)
+		return sandbox.Errorf(sandbox.ErrUnavailable, "volumes", "sandbox %s, which writes a volume this one reads, could not give it the volume as it is now (its guest must answer and freeze the volume's filesystem for a moment): try again", l.Writer)
+	}
+	return nil
 }
 
 // claimCreateName claims the sandbox's name in its account until the box

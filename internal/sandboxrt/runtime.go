@@ -126,7 +126,10 @@ type (
 	// mounted after a boot, detached for a snapshot, unmounted and
 	// released when it goes; a removed host's dropped.
 	Volumes interface {
-		Claim(ctx context.Context, tx volume.Tx, rec *store.Sandbox, mounts []sandbox.VolumeMount) error
+		Claim(ctx context.Context, tx volume.Tx, rec *store.Sandbox, mounts []sandbox.VolumeMount) ([]volume.Layering, error)
+		Layer(ctx context.Context, l volume.Layering, m hypervisor.Machine, c *agentclient.Client) error
+		Layered(ctx context.Context, l volume.Layering) error
+		Await(ctx context.Context, l volume.Layering) error
 		Mount(ctx context.Context, rec *store.Sandbox, m hypervisor.Machine, c *agentclient.Client) error
 		Detach(ctx context.Context, rec *store.Sandbox, m hypervisor.Machine, c *agentclient.Client) error
 		Unmount(ctx context.Context, rec *store.Sandbox, c *agentclient.Client)

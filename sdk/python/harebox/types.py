@@ -871,7 +871,7 @@ class Volume(TypedDict):
     #: What its encrypted files take on the host's disk.
     used_bytes: int
     attachments: list[VolumeAttachment]
-    #: Files over its first (a writer that attached beside readers writes to one of its own).
+    #: Files over its first (a writer that attached beside readers writes to one of its own; a reader that attached beside a writer took the one the writer left).
     layers: NotRequired[int]
     #: What is being done to its files (resizing, folding its layers).
     busy: NotRequired[str]

@@ -1166,7 +1166,7 @@ export interface Volume {
   /** What its encrypted files take on the host's disk. */
   used_bytes: number;
   attachments: VolumeAttachment[];
-  /** Files over its first: a writer that attached beside readers writes to one of its own. */
+  /** Files over its first: a writer that attached beside readers writes to one of its own; a reader that attached beside a writer took the one the writer left. */
   layers?: number;
   /** What is being done to its files (resizing, folding its layers). */
   busy?: string;
