@@ -461,12 +461,8 @@ func exited(cmd *exec.Cmd) bool {
 }
 
 func isZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i > 0 && strings.HasPrefix(string(b[i+1:]), " Z")
+	st, err := procs.ReadStat(pid)
+	return err != nil || st.State == 'Z'
 }
 
 // vmmsNaming lists the VMM processes whose command line contains s.
@@ -484,7 +480,7 @@ func vmmsNaming(s string) []procs.Proc {
 // process that got its pid.
 type qproc struct {
 	procs.Proc
-	start string
+	start uint64
 }
 
 // qemuNaming lists the qemu processes of any kind (VMMs, storage
@@ -521,21 +517,10 @@ func (p qproc) of(dataDir, id string) bool {
 	return id != "" && strings.Contains(p.Cmdline, filepath.Join(dataDir, "m", id)+"/")
 }
 
-// startTime is field 22 of /proc/PID/stat.
-func startTime(pid int) (string, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return "", false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return "", false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return "", false
-	}
-	return f[19], true
+// startTime is when process pid started (procs.Stat).
+func startTime(pid int) (uint64, bool) {
+	st, err := procs.ReadStat(pid)
+	return st.StartTime, err == nil
 }
 
 // sealedScopes lists the scopes of the sealed secrets in the data

@@ -15,7 +15,6 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1454,16 +1453,11 @@ func vmmCPU(t *testing.T, dir string) float64 {
 		if !p.IsVMM() {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID))
+		st, err := procs.ReadStat(p.PID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		// utime and stime are fields 14 and 15: 12 and 13 after the
-		// command's ")", in 1/100 s.
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		u, _ := strconv.ParseUint(f[11], 10, 64)
-		s, _ := strconv.ParseUint(f[12], 10, 64)
-		return float64(u+s) / 100
+		return st.CPU.Seconds()
 	}
 	t.Fatalf("no VMM names %s", dir)
 	return 0

@@ -19,14 +19,11 @@ import (
 
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/network"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
 )
-
-// userHZ is the unit of the CPU times in /proc/PID/stat (fixed by the
-// kernel's ABI at 100 on Linux).
-const userHZ = 100
 
 // Store is what monitoring needs of the store: the samples, and the
 // accounts' retention.
@@ -113,17 +110,8 @@ func (s *Service) sample(ctx context.Context, vm hypervisor.Machine, rec *store.
 // processUse reads a process's CPU time (user and system) and resident
 // memory from /proc.
 func processUse(pid int) (cpuSeconds float64, rssBytes int64) {
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-		// The command name (field 2) may hold spaces: count from its end.
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
-			f := strings.Fields(string(b[i+1:]))
-			// utime and stime are fields 14 and 15, 12 and 13 after ")".
-			if len(f) > 12 {
-				u, _ := strconv.ParseUint(f[11], 10, 64)
-				s, _ := strconv.ParseUint(f[12], 10, 64)
-				cpuSeconds = float64(u+s) / userHZ
-			}
-		}
+	if st, err := procs.ReadStat(pid); err == nil {
+		cpuSeconds = st.CPU.Seconds()
 	}
 	if f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
 		defer f.Close()

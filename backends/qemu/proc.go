@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/harebox/harebox/internal/procs"
 )
 
 // proc identifies a VMM process that may not be our child (it was
@@ -27,21 +28,8 @@ type proc struct {
 // procStartTime reads field 22 (starttime) of /proc/pid/stat; it also
 // reports whether the process is a zombie (already exited).
 func procStartTime(pid int) (start uint64, zombie bool, err error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, false, err
-	}
-	// comm may contain spaces and parentheses: fields start after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false, errors.New("bad stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, false, errors.New("short stat")
-	}
-	start, err = strconv.ParseUint(f[19], 10, 64)
-	return start, f[0] == "Z", err
+	st, err := procs.ReadStat(pid)
+	return st.StartTime, st.State == 'Z', err
 }
 
 // alive reports whether p still runs (not exited, not a reused pid).

@@ -17,6 +17,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/hypervisor/plugin"
+	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 )
 
@@ -46,18 +47,9 @@ func TestMain(m *testing.M) {
 }
 
 func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	// A zombie (state Z) has exited; its parent has not reaped it yet.
-	return err == nil && !containsState(string(b), 'Z')
-}
-
-func containsState(stat string, s byte) bool {
-	for i := len(stat) - 1; i > 0; i-- {
-		if stat[i] == ')' {
-			return i+2 < len(stat) && stat[i+2] == s
-		}
-	}
-	return false
+	// A zombie has exited; its parent has not reaped it yet.
+	st, err := procs.ReadStat(pid)
+	return err == nil && !st.Exited()
 }
 
 // A plugin that dies mid-call fails that call at once with ErrUnavailable;

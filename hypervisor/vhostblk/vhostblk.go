@@ -32,6 +32,7 @@ import (
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/overlay"
 	"github.com/harebox/harebox/hypervisor/qmp"
+	"github.com/harebox/harebox/internal/procs"
 )
 
 // Disk is one disk to serve.
@@ -289,11 +290,7 @@ func Find(dir string) (*Server, error) {
 // pid file on its command line: the daemon, whatever its binary is
 // called.
 func serves(pid int, dir string) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' {
+	if st, err := procs.ReadStat(pid); err != nil || st.Exited() {
 		return false
 	}
 	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))

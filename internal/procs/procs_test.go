@@ -148,3 +148,41 @@ func fakeVMM(t *testing.T, dir string) string {
 	}
 	return vmm
 }
+
+// TestStat: a command with spaces and parentheses in its name is parsed
+// from its last ')'; this process's own stat reads back not exited, with a
+// start time that stays and CPU time that grows; a zombie has exited.
+func TestStat(t *testing.T) {
+	s, err := ParseStat([]byte("42 (a b) c)) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 12345 1000 10 18446744073709551615"))
+	if err != nil || s.State != 'S' || s.CPU != 3*time.Second || s.StartTime != 12345 || s.Exited() {
+		t.Errorf("parsed %+v, %v", s, err)
+	}
+	for _, bad := range []string{"", "42 (x", "42 (x) S 1 2", "42 (x) S 1 42 42 0 -1 4194560 100 0 0 0 u 50 0 0 20 0 1 0 12345"} {
+		if _, err := ParseStat([]byte(bad)); err == nil {
+			t.Errorf("ParseStat(%q): no error", bad)
+		}
+	}
+	me, err := ReadStat(os.Getpid())
+	if err != nil || me.Exited() || me.StartTime == 0 {
+		t.Fatalf("this process: %+v, %v", me, err)
+	}
+	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+	}
+	again, err := ReadStat(os.Getpid())
+	if err != nil || again.StartTime != me.StartTime || again.CPU <= me.CPU {
+		t.Errorf("this process after 50 ms busy: %+v, before %+v (%v)", again, me, err)
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if s, err := ReadStat(cmd.Process.Pid); err == nil && s.Exited() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("an exited child never reads as exited")
+		}
+	}
+}

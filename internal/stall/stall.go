@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/internal/procs"
 )
 
 // Rule says when a boot has stalled. The zero Rule has the defaults.
@@ -139,30 +140,17 @@ func check(seen []sample, r Rule) (*Error, []sample) {
 	return nil, seen[from:]
 }
 
-// clockTick is the unit of /proc/PID/stat's CPU times (USER_HZ, 100 on
-// Linux whatever the kernel's own tick).
-const clockTick = 10 * time.Millisecond
-
 // use reads process pid's CPU and wait times from /proc.
 func use(pid int) (sample, error) {
 	dir := filepath.Join("/proc", strconv.Itoa(pid))
-	b, err := os.ReadFile(filepath.Join(dir, "stat"))
+	st, err := procs.ReadStat(pid)
 	if err != nil {
-		return sample{}, err
+		return sample{}, fmt.Errorf("stall: %w", err)
 	}
-	// The command (field 2) may hold spaces: count from its end.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return sample{}, fmt.Errorf("stall: /proc/%d/stat: no command", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 || f[0] == "Z" || f[0] == "X" {
+	if st.Exited() {
 		return sample{}, fmt.Errorf("stall: process %d has exited", pid)
 	}
-	// utime and stime are fields 14 and 15: 12 and 13 after ")".
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	s := sample{cpu: time.Duration(u+st) * clockTick}
+	s := sample{cpu: st.CPU}
 	tasks, _ := os.ReadDir(filepath.Join(dir, "task"))
 	for _, t := range tasks {
 		// run, wait and slices, in ns (the kernel's schedstats).
