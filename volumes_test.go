@@ -3,12 +3,16 @@ package harebox_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/hypervisor/voldisk"
 	"github.com/harebox/harebox/sandbox"
 	"github.com/harebox/harebox/store"
@@ -181,6 +185,85 @@ func TestVolumeAttachments(t *testing.T) {
 	if err := eng.Volumes().Delete(ctx, "", "", "data"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestVolumeLayeringCut, on the in-memory hypervisor: the engine dies
+// while a reader's create moves a running writer onto a new layer,
+// before the move and after it. After a restart the volume is not busy,
+// the cut reader holds nothing (its record named its volumes from its
+// admission on: it did not before, and a create cut short anywhere
+// before its box was made kept its volumes attached), the writer runs with its record a layer
+// ahead of its machine or on it (an empty layer: either is the same
+// volume), and the next reader beside it attaches and moves it again.
+func TestVolumeLayeringCut(t *testing.T) {
+	needVolumeTools(t)
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	ctx := context.Background()
+	defer harebox.SetStepHook(nil)
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro := []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data", ReadOnly: true}}
+	top := func() string {
+		t.Helper()
+		hvv, ok := hv.Volume(w.ID, volume.Serial(v.ID))
+		if !ok {
+			t.Fatal("the writer has no volume plugged in")
+		}
+		return filepath.Base(hvv.Path)
+	}
+	for i, step := range []string{"layers-claimed", "layers-moved"} {
+		before := top()
+		harebox.SetStepHook(func(s, id string) {
+			if s == step && id == w.ID {
+				runtime.Goexit() // (the engine dies here)
+			}
+		})
+		done := make(chan struct{})
+		go func() { defer close(done); eng.Create(ctx, sandbox.CreateRequest{Volumes: ro}) }()
+		<-done
+		harebox.SetStepHook(nil)
+		eng.Close()
+		if eng, err = harebox.New(ctx, opts); err != nil {
+			t.Fatal(err)
+		}
+		got, err := eng.Volumes().Get(ctx, "", "", "data")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Busy != "" || len(got.Attachments) != 1 || layerOf(got, w.ID) != 2*i+1 {
+			t.Errorf("%s: after the restart: %+v", step, got.Volume)
+		}
+		if moved := top() != before; moved != (step == "layers-moved") {
+			t.Errorf("%s: the writer's machine writes %s (before: %s)", step, top(), before)
+		}
+		if st := state(t, eng, w.ID); st != sandbox.StateRunning {
+			t.Errorf("%s: the writer is %s", step, st)
+		}
+		r, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: ro})
+		if err != nil {
+			t.Fatalf("%s: a reader after the restart: %v", step, err)
+		}
+		got, _ = eng.Volumes().Get(ctx, "", "", "data")
+		if want := fmt.Sprintf("%s.%d.qcow2", v.ID, got.Layers); top() != want || layerOf(got, r.ID) != got.Layers-1 {
+			t.Errorf("%s: the next reader: writer on %s, want %s; %+v", step, top(), want, got.Volume)
+		}
+		if err := eng.Delete(ctx, r.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eng.Close()
 }
 
 // TestVolumeLimits: a volume's size is bounded, a project's volumes

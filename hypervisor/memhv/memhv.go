@@ -133,6 +133,18 @@ func (h *Hypervisor) Plugged(id string) int {
 	return len(m.volumes)
 }
 
+// Volume returns the volume plugged into the machine with this ID as
+// volID, with its files as they are now (LayerVolume moves its top).
+func (h *Hypervisor) Volume(id, volID string) (hypervisor.Volume, bool) {
+	h.mu.Lock()
+	m, ok := h.machines[id]
+	h.mu.Unlock()
+	if !ok {
+		return hypervisor.Volume{}, false
+	}
+	return m.plugged(volID)
+}
+
 // Spec returns the spec the machine with this ID runs with, keys
 // included, so a test can check what the engine gave it.
 func (h *Hypervisor) Spec(id string) (hypervisor.Spec, bool) {

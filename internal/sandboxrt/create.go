@@ -238,6 +238,13 @@ func (e *Runtime) admitCreate(ctx context.Context, c *creation) error {
 		if c.layerings, err = e.volumes.Claim(ctx, tx, rec, req.Volumes); err != nil {
 			return err
 		}
+		if len(rec.Volumes) > 0 {
+			// (The record names its volumes from the first: a create cut
+			// short gives them back when the next start cleans it up.)
+			if err := tx.PutSandbox(ctx, rec); err != nil {
+				return err
+			}
+		}
 		if c.o != nil && !c.o.Golden && rec.AccountID != c.o.Snap.AccountID {
 			return sandbox.Errorf(sandbox.ErrInvalid, "snapshot", "snapshot %s belongs to another account", c.o.Snap.ID)
 		}
@@ -274,7 +281,9 @@ func (e *Runtime) layerWriters(ctx context.Context, c *creation) error {
 			}
 			continue
 		}
+		e.opts.Step("layers-claimed", l.Writer)
 		err := e.layerWriter(ctx, l)
+		e.opts.Step("layers-moved", l.Writer)
 		if lerr := e.volumes.Layered(ctx, l); err == nil {
 			err = lerr
 		}
