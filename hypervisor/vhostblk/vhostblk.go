@@ -335,6 +335,10 @@ func (s *Server) Stop(ctx context.Context) error {
 	for _, sock := range s.Sockets {
 		os.Remove(sock)
 	}
+	vols, _ := filepath.Glob(filepath.Join(s.Dir, "vol-*.sock"))
+	for _, sock := range vols {
+		os.Remove(sock)
+	}
 	os.Remove(filepath.Join(s.Dir, qmpSocket))
 	os.Remove(filepath.Join(s.Dir, pidFile))
 	return nil

@@ -307,6 +307,124 @@ func TestServeEncryptedOverlay(t *testing.T) {
 	}
 }
 
+// TestServeVolumes: a running daemon serves a volume added over its
+// monitor (the key never on a command line; a wrong key refused); a
+// guest writes to it; the volume moves onto a new layer while the guest
+// runs, and the file under it is served again read-only beside it, to
+// another guest that reads what the first wrote before the layer and
+// not after, and cannot write; both are removed, their sockets go, and
+// neither file holds the guest's bytes in plain text.
+func TestServeVolumes(t *testing.T) {
+	need(t, "qemu-storage-daemon", "qemu-img", "qemu-system-x86_64")
+	dir, err := os.MkdirTemp("", "hbvv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	raw := filepath.Join(dir, "root.raw")
+	if err := os.WriteFile(raw, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := vhostblk.Start(ctx, vhostblk.Options{Dir: filepath.Join(dir, "d"), Disks: []vhostblk.Disk{{Path: raw, Format: "raw"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop(ctx)
+	key := newKey()
+	vol, layer := filepath.Join(dir, "vol.qcow2"), filepath.Join(dir, "vol.1.qcow2")
+	if err := overlay.CreateEncrypted(ctx, "qemu-img", "", "", vol, 16<<20, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.AddVolume(ctx, hypervisor.Volume{ID: "v1", Path: vol, Key: newKey()}); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Fatalf("a volume under a wrong key: %v, want ErrInvalid", err)
+	}
+	sock, err := srv.AddVolume(ctx, hypervisor.Volume{ID: "v1", Path: vol, Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.AddVolume(ctx, hypervisor.Volume{ID: "v1", Path: vol, Key: key}); !errors.Is(err, hypervisor.ErrExists) {
+		t.Fatalf("the same volume twice: %v, want ErrExists", err)
+	}
+	if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(srv.PID) + "/cmdline"); bytes.Contains(cmdline, []byte(overlay.Passphrase(key))) {
+		t.Error("the volume's key is on the daemon's command line")
+	}
+	const before, after = "written-before-the-layer", "written-after-the-layer"
+	for _, d := range []string{"w", "r"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := frontend(t, filepath.Join(dir, "w"), []string{srv.Sockets[0], sock})
+	guest(t, w, `printf `+before+` | dd of=/dev/vdb bs=512 seek=2048 conv=fsync 2>/dev/null`)
+
+	if err := overlay.CreateEncrypted(ctx, "qemu-img", vol, "qcow2", layer, 0, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.LayerVolume(ctx, "v2", layer); !errors.Is(err, hypervisor.ErrNotFound) {
+		t.Errorf("layer a volume not served: %v, want ErrNotFound", err)
+	}
+	for range 2 { // (the second time: no change)
+		if err := srv.LayerVolume(ctx, "v1", layer); err != nil {
+			t.Fatal("layer:", err)
+		}
+	}
+	guest(t, w, `printf `+after+` | dd of=/dev/vdb bs=512 seek=4096 conv=fsync 2>/dev/null`)
+	if got := guest(t, w, `dd if=/dev/vdb bs=512 skip=2048 count=1 2>/dev/null | head -c 24; echo; dd if=/dev/vdb bs=512 skip=4096 count=1 2>/dev/null | head -c 23`); got != before+"\n"+after {
+		t.Errorf("the writer reads %q", got)
+	}
+
+	rsock, err := srv.AddVolume(ctx, hypervisor.Volume{ID: "v1r", Path: vol, Key: key, ReadOnly: true})
+	if err != nil {
+		t.Fatal("serve the file under the writer read-only:", err)
+	}
+	if err := srv.LayerVolume(ctx, "v1r", filepath.Join(dir, "nope.qcow2")); !errors.Is(err, hypervisor.ErrInvalid) {
+		t.Errorf("layer a read-only volume: %v, want ErrInvalid", err)
+	}
+	// (A socket serves one VMM: the reader has the volume alone, vda.)
+	r := frontend(t, filepath.Join(dir, "r"), []string{rsock})
+	if got := guest(t, r, `dd if=/dev/vda bs=512 skip=2048 count=1 2>/dev/null | head -c 24; echo; dd if=/dev/vda bs=512 skip=4096 count=1 2>/dev/null | head -c 23 | od -c | head -n 1`); !strings.HasPrefix(got, before+"\n0000000  \\0") {
+		t.Errorf("the reader beside the writer reads %q, want what was written before the layer only", got)
+	}
+	if got := guest(t, r, `printf x | dd of=/dev/vda bs=512 seek=8192 conv=fsync 2>&1; echo "exit $?"`); !strings.Contains(got, "exit 1") {
+		t.Errorf("the reader writes: %q", got)
+	}
+
+	for _, id := range []string{"v1r", "v1"} {
+		if err := srv.RemoveVolume(ctx, id); err != nil {
+			t.Fatalf("remove %s: %v", id, err)
+		}
+	}
+	if err := srv.RemoveVolume(ctx, "v1"); !errors.Is(err, hypervisor.ErrNotFound) {
+		t.Errorf("remove twice: %v, want ErrNotFound", err)
+	}
+	for _, s := range []string{sock, rsock} {
+		if _, err := os.Stat(s); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the socket %s is left: %v", s, err)
+		}
+	}
+	for _, f := range []string{vol, layer} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte(before)) || bytes.Contains(b, []byte(after)) {
+			t.Errorf("%s holds the guest's bytes in plain text", f)
+		}
+	}
+	// The first file holds what was written before the layer (the key
+	// reads it back), and the daemon serves the volume again from it.
+	if plain := plainBytes(t, vol, key); !bytes.HasPrefix(plain[2048*512:], []byte(before)) || bytes.Contains(plain, []byte(after)) {
+		t.Errorf("the first file reads %q at the first mark", plain[2048*512:2048*512+24])
+	}
+	if _, err := srv.AddVolume(ctx, hypervisor.Volume{ID: "v1", Path: layer, Backing: []string{vol}, Key: key}); err != nil {
+		t.Fatal("serve the volume again, layer over first file:", err)
+	}
+	if err := srv.RemoveVolume(ctx, "v1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestStartRefuses: what cannot be served is refused before a daemon
 // starts, with the reason.
 func TestStartRefuses(t *testing.T) {
