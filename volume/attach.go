@@ -109,7 +109,7 @@ type Layering struct {
 	Path   string // where the writer has it mounted
 	Layer  int    // the writer's new layer
 	// Share: another reader's create moves the writer; this one waits
-	// for it (Await) instead.
+	// for it (Await), then moves it if that failed.
 	Share bool
 }
 

@@ -272,11 +272,15 @@ func (e *Runtime) unadmit(ctx context.Context, c *creation, _ error) {
 // layerWriters moves the writers of the volumes the sandbox reads onto
 // new layers, so that it can plug in the layers they wrote (now clean,
 // and no longer written). A writer no longer running here opens its new
-// layer at its next boot.
+// layer at its next boot. A move another create started is waited for,
+// then made sure of (a move done already is no change).
 func (e *Runtime) layerWriters(ctx context.Context, c *creation) error {
 	for _, l := range c.layerings {
 		if l.Share {
 			if err := e.volumes.Await(ctx, l); err != nil {
+				return err
+			}
+			if err := e.layerWriter(ctx, l); err != nil {
 				return err
 			}
 			continue
