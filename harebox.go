@@ -224,6 +224,10 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s: %v", opts.Backend, err)
 	}
+	notTaken := "" // (why this host's machines take no volumes)
+	if !caps.Volumes {
+		notTaken = fmt.Sprintf("this host's hypervisor (%s) does not take volumes", caps.Name)
+	}
 	e.log.Info("hypervisor ready", "backend", caps.Name, "version", caps.Version, "accelerator", caps.Accelerator, "notice", caps.Notice)
 	if !caps.Encryption && !opts.PlaintextDisks {
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s cannot encrypt sandboxes' disks: set PlaintextDisks (hareboxd --plaintext-disks) to run it without crypto-erase", caps.Name)
@@ -258,7 +262,7 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 		Pool:  e.clones, Local: opts.Pool, Host: e.hosts.Name(), Audit: al, Now: opts.Now, Log: e.log}))
 	e.volumes = volume.New(volume.Options{Store: e.store, Tenants: e.tenants, Secrets: e.sec,
 		Dir: filepath.Join(opts.DataDir, "volumes"), Host: e.hosts.Name(), MaxGB: opts.MaxVolumeGB, ProjectGB: opts.ProjectVolumeGB,
-		Capacity: e.capacity, Meter: e.meter, Audit: al, Log: e.log})
+		Capacity: e.capacity, Meter: e.meter, Audit: al, Log: e.log, NotTaken: notTaken})
 	var client *move.Client // (none: no internal endpoint, no moves away)
 	if opts.Host.TLS != nil {
 		client = move.NewClient(opts.Host.TLS.Client)

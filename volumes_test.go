@@ -12,6 +12,7 @@ import (
 
 	"github.com/harebox/harebox"
 	"github.com/harebox/harebox/budget"
+	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/memhv"
 	"github.com/harebox/harebox/hypervisor/voldisk"
 	"github.com/harebox/harebox/sandbox"
@@ -264,6 +265,48 @@ func TestVolumeLayeringCut(t *testing.T) {
 		}
 	}
 	eng.Close()
+}
+
+// noVolumes is memhv reporting that its machines take no volumes, as
+// Cloud Hypervisor does.
+type noVolumes struct{ *memhv.Hypervisor }
+
+func (n noVolumes) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
+	c, err := n.Hypervisor.Capabilities(ctx)
+	c.Volumes = false
+	return c, err
+}
+
+// TestVolumesNotTaken: on a host whose hypervisor takes no volumes, a
+// create that attaches one is refused, saying so, before a machine is
+// made; one without volumes runs.
+func TestVolumesNotTaken(t *testing.T) {
+	t.Parallel()
+	needVolumeTools(t)
+	hv := memhv.New(memhv.Options{})
+	t.Cleanup(func() { hv.Close() })
+	opts := memhvOptions(t, hv)
+	opts.Hypervisor = noVolumes{hv}
+	ctx := context.Background()
+	eng, err := harebox.New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	if _, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
+	wantSaying(t, "a create with a volume", err, sandbox.ErrInvalid, "does not take volumes")
+	if n := hv.Launched(); n != 0 {
+		t.Errorf("%d machines launched for a refused create", n)
+	}
+	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); len(got.Attachments) != 0 {
+		t.Errorf("the refused create holds the volume: %+v", got.Attachments)
+	}
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{}); err != nil {
+		t.Error("a create without volumes:", err)
+	}
 }
 
 // TestVolumeLimits: a volume's size is bounded, a project's volumes

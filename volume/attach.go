@@ -127,6 +127,9 @@ func (s *Service) Claim(ctx context.Context, tx Tx, rec *store.Sandbox, mounts [
 	if err := authz.Allowed(authz.From(ctx), "getVolume"); err != nil {
 		return nil, err
 	}
+	if s.o.NotTaken != "" {
+		return nil, sandbox.Errorf(sandbox.ErrInvalid, "volumes", "%s", s.o.NotTaken)
+	}
 	seenName, seenPath := map[string]bool{}, map[string]bool{}
 	for i, m := range mounts {
 		field := fmt.Sprintf("volumes[%d]", i)

@@ -71,7 +71,11 @@ type Options struct {
 	Meter Meter
 	// Audit, if set, records every change.
 	Audit *audit.Log
-	Log   *slog.Logger
+	// NotTaken says why this host's machines take no volumes ("" if they
+	// do: hypervisor.Capabilities.Volumes): a create that attaches one is
+	// refused before anything is made.
+	NotTaken string
+	Log      *slog.Logger
 }
 
 // Capacity is the host's admission (capacity.Host).
