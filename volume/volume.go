@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/audit"
 	"github.com/harebox/harebox/authz"
 	"github.com/harebox/harebox/hypervisor/voldisk"
@@ -204,7 +205,7 @@ func (s *Service) Create(ctx context.Context, accountRef string, r CreateRequest
 	if err != nil {
 		return nil, err
 	}
-	if err := s.maker.Create(ctx, s.path(v.ID), int64(r.SizeGB)<<30, key); err != nil {
+	if err := s.maker.Create(ctx, s.path(v.ID), int64(r.SizeGB)<<30, key, layout.VolumeUUID(Serial(v.ID))); err != nil {
 		secrets.EraseDataKey(context.WithoutCancel(ctx), s.o.Secrets, scope(v.ID))
 		return nil, fmt.Errorf("volume %s: %w", r.Name, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -158,16 +159,20 @@ func giveFresh(path string, uid, gid int) error {
 }
 
 // diskBySerial waits for the disk whose SCSI serial (VPD page 0x80) is
-// serial and returns its device node.
+// serial, or the virtio disk whose filesystem's UUID is the volume's
+// (layout.VolumeUUID: a vhost-user disk has no serial of its own), and
+// returns its device node.
 func diskBySerial(ctx context.Context, serial string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, volumeWait)
 	defer cancel()
+	uuid := layout.VolumeUUID(serial)
 	for {
 		ents, _ := os.ReadDir("/sys/block")
 		for _, e := range ents {
 			b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "device", "vpd_pg80"))
 			// The page is a 4-byte header, then the serial.
-			if err != nil || len(b) < 4 || string(bytes.TrimRight(b[4:], " \x00")) != serial {
+			bySerial := err == nil && len(b) >= 4 && string(bytes.TrimRight(b[4:], " \x00")) == serial
+			if !bySerial && !strings.HasPrefix(e.Name(), "vd") {
 				continue
 			}
 			dev := "/dev/" + e.Name()
@@ -177,7 +182,9 @@ func diskBySerial(ctx context.Context, serial string) (string, error) {
 					return "", status.Errorf(codes.Internal, "%s: %v", dev, err)
 				}
 			}
-			return dev, nil
+			if bySerial || ext4UUID(dev) == uuid {
+				return dev, nil
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -185,6 +192,23 @@ func diskBySerial(ctx context.Context, serial string) (string, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// ext4UUID is the UUID of the ext4 filesystem on dev (its superblock,
+// at 1024 bytes: the magic at 0x38, the UUID at 0x68), "" if it holds
+// none.
+func ext4UUID(dev string) string {
+	f, err := os.Open(dev)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sb := make([]byte, 0x78)
+	if _, err := f.ReadAt(sb, 1024); err != nil || sb[0x38] != 0x53 || sb[0x39] != 0xef {
+		return ""
+	}
+	u := sb[0x68:0x78]
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
 func mknodBlock(dev, sysDev string) error {

@@ -3,7 +3,11 @@
 // kernel command-line parameters the agent's init reads.
 package layout
 
-import "strings"
+import (
+	"crypto/sha256"
+	"fmt"
+	"strings"
+)
 
 // Levels of the host-agent protocol (agentpb). The agent reports its level
 // in Health. A host talks to agents of MinProtocol or later (a sandbox
@@ -108,4 +112,15 @@ func VolumeMountAllowed(path string) bool {
 		}
 	}
 	return true
+}
+
+// VolumeUUID is the UUID of the filesystem the host makes on the volume
+// whose serial is serial: the guest finds a volume's disk by it where the
+// disk has no serial of its own (a vhost-user disk, whose serial its
+// storage daemon answers alike for every disk).
+func VolumeUUID(serial string) string {
+	b := sha256.Sum256([]byte("harebox volume " + serial))
+	b[6] = b[6]&0x0f | 0x80 // version 8: made up by its user
+	b[8] = b[8]&0x3f | 0x80 // the RFC 9562 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/voldisk"
 )
@@ -35,7 +36,7 @@ func testVolumes(t *testing.T, h Harness) {
 	base := baseDir(t)
 	key := newKey()
 	file := filepath.Join(base, "vol.qcow2")
-	if err := (&voldisk.Maker{}).Create(ctx, file, 64<<20, key); err != nil {
+	if err := (&voldisk.Maker{}).Create(ctx, file, 64<<20, key, layout.VolumeUUID("v1")); err != nil {
 		t.Fatal(err)
 	}
 	spec := h.Spec(t)

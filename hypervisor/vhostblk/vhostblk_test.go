@@ -16,9 +16,11 @@ import (
 	"time"
 
 	agentclient "github.com/harebox/harebox/agent/client"
+	"github.com/harebox/harebox/agent/layout"
 	"github.com/harebox/harebox/hypervisor"
 	"github.com/harebox/harebox/hypervisor/overlay"
 	"github.com/harebox/harebox/hypervisor/vhostblk"
+	"github.com/harebox/harebox/hypervisor/voldisk"
 	"github.com/harebox/harebox/internal/procs"
 	"github.com/harebox/harebox/internal/testimage"
 )
@@ -419,6 +421,55 @@ func TestServeVolumes(t *testing.T) {
 	}
 	if _, err := srv.AddVolume(ctx, hypervisor.Volume{ID: "v1", Path: layer, Backing: []string{vol}, Key: key}); err != nil {
 		t.Fatal("serve the volume again, layer over first file:", err)
+	}
+	if err := srv.RemoveVolume(ctx, "v1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVolumeFoundWithoutSerial: a volume served over vhost-user, whose
+// disk has no serial of its own (the daemon answers every disk's alike),
+// is found and mounted by the guest agent by its filesystem's UUID (the
+// host made it from the volume's ID), written and read back; a volume
+// made before (another UUID) is not taken for it.
+func TestVolumeFoundWithoutSerial(t *testing.T) {
+	need(t, "qemu-storage-daemon", "qemu-img", "qemu-system-x86_64", "mkfs.ext4")
+	dir, err := os.MkdirTemp("", "hbvu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	key := newKey()
+	vol, other := filepath.Join(dir, "vol.qcow2"), filepath.Join(dir, "other.qcow2")
+	if err := (&voldisk.Maker{}).Create(ctx, vol, 32<<20, key, layout.VolumeUUID("v1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&voldisk.Maker{}).Create(ctx, other, 32<<20, key, ""); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := vhostblk.Start(ctx, vhostblk.Options{Dir: filepath.Join(dir, "d"), Disks: []vhostblk.Disk{{Path: other, Format: "qcow2", Encrypted: true}}, DataKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop(ctx)
+	sock, err := srv.AddVolume(ctx, hypervisor.Volume{ID: "v1", Path: vol, Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "g"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// (The other volume first: vda, tried first and passed over.)
+	g := frontend(t, filepath.Join(dir, "g"), []string{srv.Sockets[0], sock})
+	if err := g.MountVolume(ctx, "v1", "/mnt/v", false, "root"); err != nil {
+		t.Fatal("mount by the filesystem's UUID:", err)
+	}
+	if got := guest(t, g, `echo found > /mnt/v/f && sync && cat /mnt/v/f && grep -c ' /mnt/v ' /proc/mounts && readlink -f /sys/block/vdb/device >/dev/null && grep '^/dev/vdb ' /proc/mounts | cut -d' ' -f2`); got != "found\n1\n/mnt/v\n" {
+		t.Errorf("in the guest: %q, want the volume (vdb) mounted at /mnt/v", got)
+	}
+	if err := g.UnmountVolume(ctx, "/mnt/v"); err != nil {
+		t.Fatal(err)
 	}
 	if err := srv.RemoveVolume(ctx, "v1"); err != nil {
 		t.Fatal(err)

@@ -56,11 +56,11 @@ type Maker struct {
 const minSize = 16 << 20
 
 // Create makes the volume file path, sizeBytes large, holding an empty
-// ext4 filesystem, encrypted under key. The filesystem is made in a
-// sparse scratch file beside path (it holds no data, only the empty
-// filesystem's structures) and copied into the encrypted file, which
-// keeps only what is not zero.
-func (m *Maker) Create(ctx context.Context, path string, sizeBytes int64, key []byte) (err error) {
+// ext4 filesystem whose UUID is fsUUID (random if empty), encrypted
+// under key. The filesystem is made in a sparse scratch file beside path
+// (it holds no data, only the empty filesystem's structures) and copied
+// into the encrypted file, which keeps only what is not zero.
+func (m *Maker) Create(ctx context.Context, path string, sizeBytes int64, key []byte, fsUUID string) (err error) {
 	if len(key) != hypervisor.KeySize {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "voldisk: key of %d bytes", len(key))
 	}
@@ -92,8 +92,11 @@ func (m *Maker) Create(ctx context.Context, path string, sizeBytes int64, key []
 	}
 	// Inode tables and the journal are zeroed now (in the scratch file
 	// that is a hole), so the guest's kernel has nothing to zero later.
-	if out, err := exec.CommandContext(ctx, m.Tools.mkfs(), "-q", "-F", "-m", "0", "-L", "volume",
-		"-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard", scratch).CombinedOutput(); err != nil {
+	args := []string{"-q", "-F", "-m", "0", "-L", "volume", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"}
+	if fsUUID != "" {
+		args = append(args, "-U", fsUUID)
+	}
+	if out, err := exec.CommandContext(ctx, m.Tools.mkfs(), append(args, scratch)...).CombinedOutput(); err != nil {
 		return fmt.Errorf("voldisk: mkfs.ext4: %w: %s", err, bytes.TrimSpace(out))
 	}
 	return qemuImg(ctx, m.Tools, key, func(sec []string) []string {

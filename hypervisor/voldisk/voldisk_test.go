@@ -28,13 +28,13 @@ func TestCreateGrow(t *testing.T) {
 	m := &voldisk.Maker{}
 	key := make([]byte, hypervisor.KeySize)
 	rand.Read(key)
-	if err := m.Create(ctx, path, 64<<20, key[:16]); !errors.Is(err, hypervisor.ErrInvalid) {
+	if err := m.Create(ctx, path, 64<<20, key[:16], ""); !errors.Is(err, hypervisor.ErrInvalid) {
 		t.Fatalf("short key: %v, want ErrInvalid", err)
 	}
-	if err := m.Create(ctx, path, 1<<20, key); !errors.Is(err, hypervisor.ErrInvalid) {
+	if err := m.Create(ctx, path, 1<<20, key, ""); !errors.Is(err, hypervisor.ErrInvalid) {
 		t.Fatalf("1 MiB: %v, want ErrInvalid", err)
 	}
-	if err := m.Create(ctx, path, 64<<20, key); err != nil {
+	if err := m.Create(ctx, path, 64<<20, key, ""); err != nil {
 		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
@@ -44,7 +44,7 @@ func TestCreateGrow(t *testing.T) {
 	path2 := filepath.Join(dir, "v2.qcow2")
 	key2 := make([]byte, hypervisor.KeySize)
 	rand.Read(key2)
-	if err := m.Create(ctx, path2, 32<<20, key2); err != nil {
+	if err := m.Create(ctx, path2, 32<<20, key2, ""); err != nil {
 		t.Fatal(err)
 	}
 	if err := voldisk.Grow(ctx, voldisk.Tools{}, path2, 48<<20, key); err == nil {
@@ -86,7 +86,7 @@ func TestLayerFold(t *testing.T) {
 	key := make([]byte, hypervisor.KeySize)
 	rand.Read(key)
 	base, l1, l2 := filepath.Join(dir, "v.qcow2"), filepath.Join(dir, "v.1.qcow2"), filepath.Join(dir, "v.2.qcow2")
-	if err := (&voldisk.Maker{}).Create(ctx, base, 32<<20, key); err != nil {
+	if err := (&voldisk.Maker{}).Create(ctx, base, 32<<20, key, ""); err != nil {
 		t.Fatal(err)
 	}
 	if err := voldisk.Layer(ctx, voldisk.Tools{}, base, l1, key); err != nil {
