@@ -115,6 +115,17 @@ type DiskConfig struct {
 	VhostSocket string `json:"vhost_socket,omitempty"`
 }
 
+// PciDeviceInfo is a device added to a running VM.
+type PciDeviceInfo struct {
+	ID  string `json:"id"`
+	BDF string `json:"bdf"`
+}
+
+// VmRemoveDevice names a device to remove from a running VM.
+type VmRemoveDevice struct {
+	ID string `json:"id,omitempty"`
+}
+
 // NetConfig is one virtio-net device on a host tap.
 type NetConfig struct {
 	Tap       string `json:"tap,omitempty"`

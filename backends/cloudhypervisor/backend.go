@@ -109,6 +109,8 @@ func (b *Backend) Capabilities(ctx context.Context) (hypervisor.Capabilities, er
 		return caps, hypervisor.Errorf(hypervisor.ErrUnavailable, "cloud-hypervisor: %s", r.Reason)
 	}
 	caps.Encryption = b.canEncrypt()
+	// Volumes are served by the storage daemon of an encrypted machine.
+	caps.Volumes = caps.Encryption
 	return caps, nil
 }
 

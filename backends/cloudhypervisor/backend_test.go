@@ -18,6 +18,7 @@ import (
 	"github.com/harebox/harebox/hypervisor/consolelog"
 	"github.com/harebox/harebox/hypervisor/hvsock"
 	"github.com/harebox/harebox/hypervisor/vhostblk"
+	"github.com/harebox/harebox/hypervisor/voldisk"
 
 	"github.com/harebox/harebox/hypervisor"
 )
@@ -367,12 +368,12 @@ func TestCapabilities(t *testing.T) {
 	}
 	_, errImg := exec.LookPath("qemu-img")
 	_, errDaemon := exec.LookPath("qemu-storage-daemon")
-	if want := errImg == nil && errDaemon == nil; caps.Encryption != want {
-		t.Errorf("caps.Encryption = %v with qemu-img and qemu-storage-daemon found: %v", caps.Encryption, want)
+	if want := errImg == nil && errDaemon == nil; caps.Encryption != want || caps.Volumes != want {
+		t.Errorf("caps.Encryption = %v, caps.Volumes = %v with qemu-img and qemu-storage-daemon found: %v", caps.Encryption, caps.Volumes, want)
 	}
 	nb := New(Config{Binary: b.cfg.Binary, StorageDaemon: "/nonexistent/qemu-storage-daemon"})
 	nb.hp = b.hp
-	if caps, err := nb.Capabilities(testCtx(t)); err != nil || caps.Encryption {
+	if caps, err := nb.Capabilities(testCtx(t)); err != nil || caps.Encryption || caps.Volumes {
 		t.Errorf("caps without the storage daemon = %+v, %v", caps, err)
 	}
 	os.RemoveAll(filepath.Join(dir, "module", "kvm_intel"))
@@ -496,6 +497,87 @@ func TestEncryptedDisks(t *testing.T) {
 	}
 	if _, err := os.Stat(s.StateDir); !os.IsNotExist(err) {
 		t.Errorf("a failed launch left %s: %v", s.StateDir, err)
+	}
+}
+
+// TestVolumes: a volume is served by the machine's storage daemon (real)
+// and hot-plugged into the VM (the stub, checked against the API spec,
+// connects to its socket as the VMM does); plugged twice is ErrExists; a
+// machine with a volume takes no snapshot; the volume moves onto a new
+// layer; unplugged, the daemon serves it no more; twice is ErrNotFound.
+// A machine without a storage daemon takes none. (The guest's side, on
+// a host with Cloud Hypervisor only: hypervisortest's Volumes.)
+func TestVolumes(t *testing.T) {
+	for _, bin := range []string{"qemu-img", "qemu-storage-daemon", "mkfs.ext4"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+	b := stubBackend(t)
+	ctx := testCtx(t)
+	files := newTestFiles(t)
+	key, volKey := make([]byte, hypervisor.KeySize), make([]byte, hypervisor.KeySize)
+	rand.Read(key)
+	rand.Read(volKey)
+	spec := files.spec("vol", true)
+	spec.DataKey = key
+	m, err := b.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, m)
+	file := filepath.Join(t.TempDir(), "v.qcow2")
+	if err := (&voldisk.Maker{}).Create(ctx, file, 32<<20, volKey, ""); err != nil {
+		t.Fatal(err)
+	}
+	vol := hypervisor.Volume{ID: "v1", Path: file, Key: volKey}
+	if err := m.PlugVolume(ctx, vol); err != nil {
+		t.Fatal("plug:", err)
+	}
+	if err := m.PlugVolume(ctx, vol); !errors.Is(err, hypervisor.ErrExists) {
+		t.Errorf("plug twice: %v, want ErrExists", err)
+	}
+	srv, err := vhostblk.Find(filepath.Join(spec.StateDir, blockDirName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := srv.Volumes(ctx); err != nil || len(ids) != 1 || ids[0] != "v1" {
+		t.Errorf("the daemon serves %v, %v", ids, err)
+	}
+	if err := m.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Snapshot(ctx, filepath.Join(t.TempDir(), "snap"), key); !errors.Is(err, hypervisor.ErrState) {
+		t.Errorf("snapshot with a volume plugged: %v, want ErrState", err)
+	}
+	if err := m.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	layer := filepath.Join(filepath.Dir(file), "v.1.qcow2")
+	if err := voldisk.Layer(ctx, voldisk.Tools{}, file, layer, volKey); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.LayerVolume(ctx, "v1", layer); err != nil {
+		t.Fatal("layer:", err)
+	}
+	if err := m.UnplugVolume(ctx, "v1"); err != nil {
+		t.Fatal("unplug:", err)
+	}
+	if err := m.UnplugVolume(ctx, "v1"); !errors.Is(err, hypervisor.ErrNotFound) {
+		t.Errorf("unplug twice: %v, want ErrNotFound", err)
+	}
+	if ids, err := srv.Volumes(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("the daemon serves %v after the unplug (%v)", ids, err)
+	}
+	// Without a data key there is no storage daemon: no volume.
+	plain := files.spec("plain", false)
+	pm, err := b.Launch(ctx, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reap(t, pm)
+	if err := pm.PlugVolume(ctx, vol); !errors.Is(err, hypervisor.ErrUnsupported) {
+		t.Errorf("plug into a machine without a storage daemon: %v, want ErrUnsupported", err)
 	}
 }
 

@@ -33,6 +33,8 @@ type API interface {
 	DeleteVM(ctx context.Context) error
 	Snapshot(ctx context.Context, cfg VmSnapshotConfig) error
 	Restore(ctx context.Context, cfg RestoreConfig) error
+	AddDisk(ctx context.Context, cfg DiskConfig) (PciDeviceInfo, error)
+	RemoveDevice(ctx context.Context, id string) error
 }
 
 const (
@@ -175,6 +177,18 @@ func (c *Client) Snapshot(ctx context.Context, cfg VmSnapshotConfig) error {
 
 func (c *Client) Restore(ctx context.Context, cfg RestoreConfig) error {
 	return c.do(ctx, http.MethodPut, "/vm.restore", cfg, nil, c.stateTimeout())
+}
+
+// AddDisk hot-plugs a disk into the running VM.
+func (c *Client) AddDisk(ctx context.Context, cfg DiskConfig) (PciDeviceInfo, error) {
+	var out PciDeviceInfo
+	err := c.do(ctx, http.MethodPut, "/vm.add-disk", cfg, &out, c.timeout())
+	return out, err
+}
+
+// RemoveDevice unplugs a device (the guest is asked to let it go).
+func (c *Client) RemoveDevice(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodPut, "/vm.remove-device", VmRemoveDevice{ID: id}, nil, c.timeout())
 }
 
 func (c *Client) timeout() time.Duration {

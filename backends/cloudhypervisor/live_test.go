@@ -35,5 +35,6 @@ func TestLive(t *testing.T) {
 			}
 			return hypervisor.Spec{VCPUs: 1, MemoryMB: 512, Kernel: kernel, Initrd: img.Initrd, Cmdline: img.Cmdline}
 		},
+		NoSerials: true,
 	})
 }

@@ -3,11 +3,13 @@ package cloudhypervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/harebox/harebox/hypervisor"
+	"github.com/harebox/harebox/hypervisor/vhostblk"
 )
 
 // handleData is Handle.Data for this backend.
@@ -211,20 +213,81 @@ func (m *machine) vmState(ctx context.Context) (VmState, error) {
 	return vi.State, nil
 }
 
-// PlugVolume implements hypervisor.Machine: not yet on this backend
-// (Capabilities.Volumes is false). A volume would be served by the
-// storage daemon that serves its encrypted overlays, added with the API's
-// vm.add-disk.
-func (m *machine) PlugVolume(context.Context, hypervisor.Volume) error {
-	return hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: volumes are not supported by this backend yet")
+// Volumes: the storage daemon that serves the machine's encrypted disks
+// serves a volume too (vhostblk.AddVolume: a vhost-user-blk socket over
+// the volume's encrypted files), and the VMM hot-plugs it as a disk
+// (vm.add-disk) whose device ID names the volume. The disk has no serial
+// of its own: the guest finds it by its filesystem's UUID. A machine
+// without a storage daemon (launched without a data key) takes none.
+
+func volumeDevice(id string) string { return "vol-" + id }
+
+// block is the machine's storage daemon.
+func (m *machine) block() (*vhostblk.Server, error) {
+	if m.data.BlockDir == "" {
+		return nil, hypervisor.Errorf(hypervisor.ErrUnsupported, "cloud-hypervisor: %s has no storage daemon (it was launched without a data key): it takes no volumes", m.id)
+	}
+	srv, err := vhostblk.Find(m.data.BlockDir)
+	if err != nil {
+		return nil, hypervisor.Errorf(hypervisor.ErrState, "cloud-hypervisor: %s: its storage daemon: %v", m.id, err)
+	}
+	return srv, nil
 }
 
-// LayerVolume implements hypervisor.Machine: nothing is ever plugged.
-func (m *machine) LayerVolume(_ context.Context, id, _ string) error {
-	return hypervisor.Errorf(hypervisor.ErrNotFound, "cloud-hypervisor: volume %s is not plugged into %s", id, m.ID())
+// PlugVolume implements hypervisor.Machine.
+func (m *machine) PlugVolume(ctx context.Context, v hypervisor.Volume) error {
+	if err := v.Validate(); err != nil {
+		return err
+	}
+	srv, err := m.block()
+	if err != nil {
+		return err
+	}
+	sock, err := srv.AddVolume(ctx, v)
+	if err != nil {
+		return err
+	}
+	if _, err := m.api.AddDisk(ctx, DiskConfig{VhostUser: true, VhostSocket: sock, ID: volumeDevice(v.ID), Readonly: v.ReadOnly, NumQueues: 1, QueueSize: 128}); err != nil {
+		srv.RemoveVolume(context.WithoutCancel(ctx), v.ID)
+		return fmt.Errorf("cloud-hypervisor: volume %s: %w", v.ID, err)
+	}
+	return nil
 }
 
-// UnplugVolume implements hypervisor.Machine: nothing is ever plugged.
-func (m *machine) UnplugVolume(_ context.Context, id string) error {
-	return hypervisor.Errorf(hypervisor.ErrNotFound, "cloud-hypervisor: volume %s is not plugged into %s", id, m.ID())
+// LayerVolume implements hypervisor.Machine (the storage daemon moves it).
+func (m *machine) LayerVolume(ctx context.Context, id, path string) error {
+	srv, err := m.block()
+	if err != nil {
+		return err
+	}
+	return srv.LayerVolume(ctx, id, path)
+}
+
+// UnplugVolume implements hypervisor.Machine: the VMM removes the disk
+// (the guest, which should have unmounted it, is told), then the daemon
+// stops serving it, cutting the VMM off if it still holds it.
+func (m *machine) UnplugVolume(ctx context.Context, id string) error {
+	if err := m.api.RemoveDevice(ctx, volumeDevice(id)); err != nil {
+		if errors.Is(err, hypervisor.ErrNotFound) {
+			return hypervisor.Errorf(hypervisor.ErrNotFound, "cloud-hypervisor: volume %s is not plugged into %s", id, m.id)
+		}
+		return fmt.Errorf("cloud-hypervisor: unplug volume %s: %w", id, err)
+	}
+	srv, err := m.block()
+	if err != nil {
+		return err
+	}
+	return srv.RemoveVolume(ctx, id)
+}
+
+// pluggedVolumes lists the volumes the machine's storage daemon serves.
+func (m *machine) pluggedVolumes(ctx context.Context) ([]string, error) {
+	if m.data.BlockDir == "" {
+		return nil, nil
+	}
+	srv, err := m.block()
+	if err != nil {
+		return nil, err
+	}
+	return srv.Volumes(ctx)
 }

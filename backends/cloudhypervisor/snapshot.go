@@ -98,6 +98,11 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 	if !filepath.IsAbs(dir) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot dir %q: want an absolute path", dir)
 	}
+	if vols, err := m.pluggedVolumes(ctx); err != nil {
+		return err
+	} else if len(vols) > 0 {
+		return hypervisor.Errorf(hypervisor.ErrState, "machine %s has volumes plugged in (%s): unplug them before a snapshot", m.id, strings.Join(vols, ", "))
+	}
 	if _, err := os.Lstat(dir); err == nil {
 		return hypervisor.Errorf(hypervisor.ErrExists, "snapshot dir %s already exists", dir)
 	}

@@ -104,6 +104,9 @@ type stubVMM struct {
 	infoPad    int                  // pad vm.info with this many bytes
 	stubborn   bool                 // vmm.shutdown answers but does not exit
 	onShutdown func()               // vmm.shutdown
+	// plugged are the disks added to the running VM, by ID, each
+	// connected to its vhost-user backend as the VMM would be.
+	plugged map[string]net.Conn
 }
 
 func newStubVMM() (*stubVMM, error) {
@@ -392,6 +395,10 @@ func (s *stubVMM) handle(op string, body []byte) (int, []byte) {
 			}
 		}
 		return http.StatusNoContent, nil
+	case "/vm.add-disk":
+		return s.addDiskLocked(body)
+	case "/vm.remove-device":
+		return s.removeDeviceLocked(body)
 	case "/vm.restore":
 		if s.state != "" {
 			return http.StatusNotFound, []byte("VM is already created")
@@ -535,6 +542,55 @@ func (s *stubVMM) closeVsockLocked() {
 		s.vsock.Close()
 		s.vsock = nil
 	}
+	for id, c := range s.plugged {
+		c.Close()
+		delete(s.plugged, id)
+	}
+}
+
+// addDiskLocked hot-plugs a vhost-user disk as the VMM does: into a VM
+// that runs, with memory shared, connected to its backend at once, under
+// an ID no other device has.
+func (s *stubVMM) addDiskLocked(body []byte) (int, []byte) {
+	if s.state != VmStateRunning && s.state != VmStatePaused {
+		return http.StatusInternalServerError, []byte("VM is not running")
+	}
+	var d DiskConfig
+	if err := json.Unmarshal(body, &d); err != nil {
+		return http.StatusBadRequest, []byte(err.Error())
+	}
+	if !d.VhostUser || d.VhostSocket == "" || d.Path != "" {
+		s.violate("vm.add-disk: the backend adds only vhost-user disks, got %s", body)
+		return http.StatusInternalServerError, []byte("stub: not a vhost-user disk")
+	}
+	if m, _ := s.config["memory"].(map[string]any); m["shared"] != true {
+		return http.StatusInternalServerError, []byte("vhost-user devices need shared memory")
+	}
+	if _, taken := s.plugged[d.ID]; taken || d.ID == "" {
+		return http.StatusInternalServerError, []byte("device id " + d.ID + " is taken (or empty)")
+	}
+	c, err := net.DialTimeout("unix", d.VhostSocket, 2*time.Second)
+	if err != nil {
+		return http.StatusInternalServerError, []byte("vhost-user-blk: " + err.Error())
+	}
+	if s.plugged == nil {
+		s.plugged = map[string]net.Conn{}
+	}
+	s.plugged[d.ID] = c
+	return http.StatusOK, jsonBody(PciDeviceInfo{ID: d.ID, BDF: fmt.Sprintf("0000:00:%02x.0", 5+len(s.plugged))})
+}
+
+// removeDeviceLocked unplugs a device added earlier.
+func (s *stubVMM) removeDeviceLocked(body []byte) (int, []byte) {
+	var r VmRemoveDevice
+	json.Unmarshal(body, &r)
+	c, ok := s.plugged[r.ID]
+	if !ok {
+		return http.StatusNotFound, []byte("no device " + r.ID)
+	}
+	c.Close()
+	delete(s.plugged, r.ID)
+	return http.StatusNoContent, nil
 }
 
 func (s *stubVMM) closeVsock() {

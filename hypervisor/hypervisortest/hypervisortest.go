@@ -53,6 +53,12 @@ type Harness struct {
 	// that needs them, the scratch disk's content through a snapshot (dd
 	// on /dev/vd*), and runs every other one.
 	FakeGuest bool
+	// NoSerials says a volume's disk has no serial the guest sees (a
+	// vhost-user disk: its storage daemon answers alike for all): the
+	// guest finds a volume by its filesystem's UUID, so one guest cannot
+	// tell two plugs of the same file apart, and the suite plugs the
+	// file under a layered writer into no second disk of the same guest.
+	NoSerials bool
 }
 
 // Run runs the conformance suite.

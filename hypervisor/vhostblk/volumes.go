@@ -124,6 +124,27 @@ func (s *Server) RemoveVolume(ctx context.Context, id string) error {
 	return nil
 }
 
+// Volumes lists the IDs of the volumes the daemon serves.
+func (s *Server) Volumes(ctx context.Context) ([]string, error) {
+	raw, err := s.exec(ctx, "query-block-exports", nil)
+	if err != nil {
+		return nil, fmt.Errorf("vhostblk: query-block-exports: %w", err)
+	}
+	var exports []struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(raw, &exports); err != nil {
+		return nil, fmt.Errorf("vhostblk: query-block-exports: %w", err)
+	}
+	var out []string
+	for _, e := range exports {
+		if id, ok := strings.CutPrefix(e.ID, "volexp-"); ok {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
 // exportNode is the node volume id's export serves now (its top
 // layer), "" if there is none.
 func (s *Server) exportNode(ctx context.Context, id string) (string, error) {
