@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -126,45 +127,42 @@ func (s *Server) RemoveVolume(ctx context.Context, id string) error {
 
 // Volumes lists the IDs of the volumes the daemon serves.
 func (s *Server) Volumes(ctx context.Context) ([]string, error) {
-	raw, err := s.exec(ctx, "query-block-exports", nil)
-	if err != nil {
-		return nil, fmt.Errorf("vhostblk: query-block-exports: %w", err)
-	}
-	var exports []struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(raw, &exports); err != nil {
-		return nil, fmt.Errorf("vhostblk: query-block-exports: %w", err)
-	}
+	exports, err := s.exports(ctx)
 	var out []string
-	for _, e := range exports {
-		if id, ok := strings.CutPrefix(e.ID, "volexp-"); ok {
-			out = append(out, id)
+	for id := range exports {
+		if vol, ok := strings.CutPrefix(id, "volexp-"); ok {
+			out = append(out, vol)
 		}
 	}
-	return out, nil
+	slices.Sort(out)
+	return out, err
 }
 
 // exportNode is the node volume id's export serves now (its top
 // layer), "" if there is none.
 func (s *Server) exportNode(ctx context.Context, id string) (string, error) {
+	exports, err := s.exports(ctx)
+	return exports[volumeExport(id)], err
+}
+
+// exports maps the daemon's exports to the nodes they serve.
+func (s *Server) exports(ctx context.Context) (map[string]string, error) {
 	raw, err := s.exec(ctx, "query-block-exports", nil)
 	if err != nil {
-		return "", fmt.Errorf("vhostblk: query-block-exports: %w", err)
+		return nil, fmt.Errorf("vhostblk: query-block-exports: %w", err)
 	}
 	var exports []struct {
 		ID   string `json:"id"`
 		Node string `json:"node-name"`
 	}
 	if err := json.Unmarshal(raw, &exports); err != nil {
-		return "", fmt.Errorf("vhostblk: query-block-exports: %w", err)
+		return nil, fmt.Errorf("vhostblk: query-block-exports: %w", err)
 	}
+	out := map[string]string{}
 	for _, e := range exports {
-		if e.ID == volumeExport(id) {
-			return e.Node, nil
-		}
+		out[e.ID] = e.Node
 	}
-	return "", nil
+	return out, nil
 }
 
 // readOnly says whether node is open read-only.
