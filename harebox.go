@@ -224,10 +224,6 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s: %v", opts.Backend, err)
 	}
-	notTaken := "" // (why this host's machines take no volumes)
-	if !caps.Volumes {
-		notTaken = fmt.Sprintf("this host's hypervisor (%s) does not take volumes", caps.Name)
-	}
 	e.log.Info("hypervisor ready", "backend", caps.Name, "version", caps.Version, "accelerator", caps.Accelerator, "notice", caps.Notice)
 	if !caps.Encryption && !opts.PlaintextDisks {
 		return nil, sandbox.Errorf(sandbox.ErrUnavailable, "", "hypervisor backend %s cannot encrypt sandboxes' disks: set PlaintextDisks (hareboxd --plaintext-disks) to run it without crypto-erase", caps.Name)
@@ -235,6 +231,13 @@ func New(ctx context.Context, opts Options) (*Engine, error) {
 	encrypt := !opts.PlaintextDisks
 	if !encrypt {
 		e.log.Warn("sandboxes' disks and snapshots are not encrypted: delete is not a crypto-erase", "backend", caps.Name)
+	}
+	notTaken := "" // (why this host's machines take no volumes)
+	switch {
+	case !caps.Volumes:
+		notTaken = fmt.Sprintf("this host's hypervisor (%s) does not take volumes", caps.Name)
+	case caps.VolumesNeedDataKey && !encrypt:
+		notTaken = fmt.Sprintf("this host's hypervisor (%s) takes volumes only into sandboxes with encrypted disks, and this host runs without (--plaintext-disks)", caps.Name)
 	}
 	e.capacity = capacity.New(opts.Capacity.Limits(opts.DataDir), e.usedChanged, e.log)
 	pool, _ := clone.ParsePool(opts.Pool) // (checked by defaults)

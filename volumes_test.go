@@ -267,26 +267,66 @@ func TestVolumeLayeringCut(t *testing.T) {
 	eng.Close()
 }
 
-// noVolumes is memhv reporting that its machines take no volumes, as
-// Cloud Hypervisor does.
-type noVolumes struct{ *memhv.Hypervisor }
+// volumesCaps is memhv reporting other volume capabilities: none (as
+// Cloud Hypervisor without its storage daemon), or only into machines
+// with a data key (as Cloud Hypervisor).
+type volumesCaps struct {
+	*memhv.Hypervisor
+	none, needKey bool
+}
 
-func (n noVolumes) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
-	c, err := n.Hypervisor.Capabilities(ctx)
-	c.Volumes = false
+func (v volumesCaps) Capabilities(ctx context.Context) (hypervisor.Capabilities, error) {
+	c, err := v.Hypervisor.Capabilities(ctx)
+	c.Volumes, c.VolumesNeedDataKey = !v.none, v.needKey
 	return c, err
 }
 
-// TestVolumesNotTaken: on a host whose hypervisor takes no volumes, a
-// create that attaches one is refused, saying so, before a machine is
-// made; one without volumes runs.
+// TestVolumesNotTaken: on a host whose hypervisor takes no volumes, or
+// takes them only into machines with a data key while the host runs
+// without (PlaintextDisks), a create that attaches one is refused,
+// saying so, before a machine is made; one without volumes runs.
 func TestVolumesNotTaken(t *testing.T) {
 	t.Parallel()
 	needVolumeTools(t)
+	for _, c := range []struct {
+		caps      volumesCaps
+		plaintext bool
+		say       string
+	}{
+		{volumesCaps{none: true}, false, "does not take volumes"},
+		{volumesCaps{needKey: true}, true, "only into sandboxes with encrypted disks"},
+	} {
+		hv := memhv.New(memhv.Options{})
+		t.Cleanup(func() { hv.Close() })
+		opts := memhvOptions(t, hv)
+		c.caps.Hypervisor = hv
+		opts.Hypervisor, opts.PlaintextDisks = c.caps, c.plaintext
+		ctx := context.Background()
+		eng, err := harebox.New(ctx, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer eng.Close()
+		if _, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
+		wantSaying(t, "a create with a volume", err, sandbox.ErrInvalid, c.say)
+		if n := hv.Launched(); n != 0 {
+			t.Errorf("%s: %d machines launched for a refused create", c.say, n)
+		}
+		if got, _ := eng.Volumes().Get(ctx, "", "", "data"); len(got.Attachments) != 0 {
+			t.Errorf("%s: the refused create holds the volume: %+v", c.say, got.Attachments)
+		}
+		if _, err := eng.Create(ctx, sandbox.CreateRequest{}); err != nil {
+			t.Errorf("%s: a create without volumes: %v", c.say, err)
+		}
+	}
+	// The same capabilities with data keys take volumes.
 	hv := memhv.New(memhv.Options{})
 	t.Cleanup(func() { hv.Close() })
 	opts := memhvOptions(t, hv)
-	opts.Hypervisor = noVolumes{hv}
+	opts.Hypervisor = volumesCaps{Hypervisor: hv, needKey: true}
 	ctx := context.Background()
 	eng, err := harebox.New(ctx, opts)
 	if err != nil {
@@ -296,16 +336,8 @@ func TestVolumesNotTaken(t *testing.T) {
 	if _, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
-	wantSaying(t, "a create with a volume", err, sandbox.ErrInvalid, "does not take volumes")
-	if n := hv.Launched(); n != 0 {
-		t.Errorf("%d machines launched for a refused create", n)
-	}
-	if got, _ := eng.Volumes().Get(ctx, "", "", "data"); len(got.Attachments) != 0 {
-		t.Errorf("the refused create holds the volume: %+v", got.Attachments)
-	}
-	if _, err := eng.Create(ctx, sandbox.CreateRequest{}); err != nil {
-		t.Error("a create without volumes:", err)
+	if _, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}}); err != nil {
+		t.Error("volumes into machines with data keys:", err)
 	}
 }
 

@@ -149,8 +149,10 @@ type Capabilities struct {
 	// Reuse says the backend honours Spec.Reuse (a machine can be launched
 	// again on the disks it left: stop and start).
 	Reuse bool `json:"reuse"`
-	// Volumes says machines take volumes while they run (PlugVolume).
-	Volumes bool `json:"volumes"`
+	// Volumes says machines take volumes while they run (PlugVolume);
+	// VolumesNeedDataKey, only those launched with a Spec.DataKey.
+	Volumes            bool `json:"volumes"`
+	VolumesNeedDataKey bool `json:"volumes_need_data_key,omitempty"`
 	// AgentTransports lists the agent channel kinds the backend offers.
 	AgentTransports []string `json:"agent_transports"`
 	Version         string   `json:"version,omitempty"`

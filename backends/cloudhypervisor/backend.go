@@ -110,7 +110,7 @@ func (b *Backend) Capabilities(ctx context.Context) (hypervisor.Capabilities, er
 	}
 	caps.Encryption = b.canEncrypt()
 	// Volumes are served by the storage daemon of an encrypted machine.
-	caps.Volumes = caps.Encryption
+	caps.Volumes, caps.VolumesNeedDataKey = caps.Encryption, true
 	return caps, nil
 }
 

@@ -368,7 +368,7 @@ func TestCapabilities(t *testing.T) {
 	}
 	_, errImg := exec.LookPath("qemu-img")
 	_, errDaemon := exec.LookPath("qemu-storage-daemon")
-	if want := errImg == nil && errDaemon == nil; caps.Encryption != want || caps.Volumes != want {
+	if want := errImg == nil && errDaemon == nil; caps.Encryption != want || caps.Volumes != want || !caps.VolumesNeedDataKey {
 		t.Errorf("caps.Encryption = %v, caps.Volumes = %v with qemu-img and qemu-storage-daemon found: %v", caps.Encryption, caps.Volumes, want)
 	}
 	nb := New(Config{Binary: b.cfg.Binary, StorageDaemon: "/nonexistent/qemu-storage-daemon"})
