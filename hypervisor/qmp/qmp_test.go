@@ -199,3 +199,17 @@ func TestStream(t *testing.T) {
 		t.Errorf("a stream that worked: %v", err)
 	}
 }
+
+// TestLayerNode: a layer's node name is QEMU's kind (at most 31
+// characters), the same for the same file, and taken for its own
+// volume's only.
+func TestLayerNode(t *testing.T) {
+	id := "01kd9abcdefghjkmnpqr" // (20 characters, the most)
+	a, b := LayerNode(id, "/v/x.1.qcow2"), LayerNode(id, "/v/x.2.qcow2")
+	if len(a) > 31 || a == b || a != LayerNode(id, "/v/x.1.qcow2") {
+		t.Errorf("layer nodes %q, %q", a, b)
+	}
+	if !isLayerNode(a, id) || isLayerNode(a, "mnpqr") || isLayerNode(LayerNode("1-abc", "/p"), "abc") || isLayerNode(VolumeNode(id), id) {
+		t.Error("a layer node is taken for another volume's, or not for its own")
+	}
+}

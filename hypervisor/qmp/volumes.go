@@ -30,6 +30,13 @@ func LayerNode(id, path string) string {
 	return fmt.Sprintf("vl%08x-%s", crc32.ChecksumIEEE([]byte(path)), id)
 }
 
+// isLayerNode says whether name is a LayerNode of volume id (of no
+// other volume, even one whose ID ends in "-"+id).
+func isLayerNode(name, id string) bool {
+	hash, ok := strings.CutPrefix(strings.TrimSuffix(name, "-"+id), "vl")
+	return ok && len(name) == len("vl")+8+1+len(id) && len(hash) == 8 && strings.Trim(hash, "0123456789abcdef") == ""
+}
+
 // volumeFile is the blockdev-add of a volume's file path under the key
 // secret as node name (without its backing).
 func volumeFile(name, path, secret string, readOnly bool) map[string]any {
@@ -111,7 +118,7 @@ func DropVolume(ctx context.Context, exec Exec, id string, wait bool) error {
 	}
 	var left []string
 	for _, n := range nodes {
-		if n.Name == VolumeNode(id) || strings.HasPrefix(n.Name, "vl") && strings.HasSuffix(n.Name, "-"+id) {
+		if n.Name == VolumeNode(id) || isLayerNode(n.Name, id) {
 			left = append(left, n.Name)
 		}
 	}
