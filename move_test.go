@@ -586,6 +586,10 @@ func TestMoveCrash(t *testing.T) {
 			t.Fatalf("its volume: %+v %v, want it on %s with its file there", v, err, host)
 		}
 	}
+	// Dead once the move hibernated it, before its own mark (with its
+	// target) was written: a rolls back, the sandbox runs on a.
+	crashDuring("move-held", a)
+	await(a, "a")
 	// Dead while sending: a rolls back, the sandbox runs on a.
 	crashDuring("move-sending", a)
 	await(a, "a")

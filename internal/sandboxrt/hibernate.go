@@ -96,8 +96,13 @@ func (e *Runtime) hibernate(ctx context.Context, b *box, hold bool) error {
 	// The record says hibernated before the VMM goes: an engine that dies
 	// from here on finishes the job (clone.Hibernation.Finish).
 	prev := b.rec.State
+	if hold {
+		// (A move's: one the host dies in from here is rolled back.)
+		mover.MarkHeld(b.rec, prev)
+	}
 	b.rec.State, b.rec.Kept, b.rec.Error = sandbox.StateHibernated, true, ""
 	if err := e.store.PutSandbox(ctx, b.rec); err != nil {
+		mover.ClearMark(b.rec)
 		b.rec.State, b.rec.Kept = prev, false
 		e.hibernation.Remove(id)
 		if prev == sandbox.StateRunning {
@@ -105,6 +110,9 @@ func (e *Runtime) hibernate(ctx context.Context, b *box, hold bool) error {
 		}
 		b.useMachine(b.m)
 		return err
+	}
+	if hold {
+		e.opts.Step("move-held", id)
 	}
 	e.hangUp(b, sandbox.Errorf(sandbox.ErrState, "", "sandbox %s is being hibernated", id))
 	if err := b.m.Kill(ctx); err != nil {

@@ -56,6 +56,14 @@ func ClearMark(rec *store.Sandbox) {
 	}
 }
 
+// MarkHeld marks rec, which a move holds and hibernates from state
+// from, as being sent: a host that dies before the move's own mark is
+// written (with its target) then rolls it back as it rolls back a move
+// that was sending, resumed as it was.
+func MarkHeld(rec *store.Sandbox, from sandbox.State) {
+	withMark(rec, &mark{From: rec.Host, Resume: resumes(from), Paused: from == sandbox.StatePaused, Stage: stageSending})
+}
+
 func markOf(rec *store.Sandbox) *mark {
 	var m mark
 	if raw, ok := rec.Extra[markKey]; !ok || json.Unmarshal(raw, &m) != nil {

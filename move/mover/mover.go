@@ -324,6 +324,7 @@ func (s *Service) handOver(ctx context.Context, rec *store.Sandbox, vols []*stor
 // was the target's, and resumes it as it was (from).
 func (s *Service) keepHere(ctx context.Context, h Held, from sandbox.State, cause error) error {
 	rec := h.Record()
+	ClearMark(rec)                                         // (the hold's)
 	if err := s.o.Store.PutSandbox(ctx, rec); err != nil { // (without the mark handOver wrote)
 		s.o.Log.Warn("move: clearing the sandbox's move", "id", rec.ID, "err", err)
 	}
