@@ -58,6 +58,7 @@ function watch(page, name) {
     // a step that needed that request fails on what the page shows.)
     if (networkChanged.test(m.text())) {
       console.log(`${name}: Chromium dropped a request: the host's network changed`);
+      dropped.set(page, (dropped.get(page) ?? 0) + 1);
       return;
     }
     problems.push(`${name}: console error: ${m.text()}`);
@@ -65,6 +66,8 @@ function watch(page, name) {
 }
 
 const networkChanged = /^Failed to load resource: net::ERR_(NETWORK_CHANGED|SOCKET_NOT_CONNECTED)$/;
+// dropped counts, for each page, the requests Chromium dropped so.
+const dropped = new WeakMap();
 
 async function newPage(name) {
   const ctx = await browser.newContext({ viewport: { width: 1280, height: 860 } });
@@ -87,16 +90,22 @@ async function shot(page, name) {
   await page.screenshot({ path: join(shots, `${name}.png`), fullPage: true });
 }
 
-// visit is page.goto, tried again when Chromium gave up because the
-// host's network changed under it (net::ERR_NETWORK_CHANGED: other
-// tests add and remove interfaces on this host meanwhile), or its
-// connection was gone (ERR_SOCKET_NOT_CONNECTED).
+// visit is page.goto until the console shows (its sign-in form or its
+// signed-in header), tried again when Chromium gave up on the page or a
+// file of it because the host's network changed under it
+// (net::ERR_NETWORK_CHANGED: other tests add and remove interfaces on
+// this host meanwhile), or its connection was gone
+// (ERR_SOCKET_NOT_CONNECTED). Any other failure fails.
 async function visit(page, target) {
   for (let i = 0; ; i++) {
+    const before = dropped.get(page) ?? 0;
     try {
-      return await page.goto(target);
+      await page.goto(target);
+      await page.locator('[data-testid=signin], [data-testid=signout]').first().waitFor({ timeout: 15_000 });
+      return;
     } catch (err) {
-      if (i >= 4 || !/ERR_(NETWORK_CHANGED|SOCKET_NOT_CONNECTED)/.test(String(err?.message))) throw err;
+      const changed = /ERR_(NETWORK_CHANGED|SOCKET_NOT_CONNECTED)/.test(String(err?.message)) || (dropped.get(page) ?? 0) > before;
+      if (i >= 4 || !changed) throw err;
     }
   }
 }
