@@ -560,6 +560,21 @@ func TestVolumes(t *testing.T) {
 	if err := m.LayerVolume(ctx, "v1", layer); err != nil {
 		t.Fatal("layer:", err)
 	}
+	// An export a plug left without the VMM taking it (a host that died
+	// between the two) goes, and the volume is plugged in afresh.
+	v2 := hypervisor.Volume{ID: "v2", Path: file, Key: volKey, ReadOnly: true}
+	if _, err := srv.AddVolume(ctx, v2); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.PlugVolume(ctx, v2); err != nil {
+		t.Fatal("plug over an export left behind:", err)
+	}
+	if err := m.PlugVolume(ctx, v2); !errors.Is(err, hypervisor.ErrExists) {
+		t.Errorf("plug it twice: %v, want ErrExists", err)
+	}
+	if err := m.UnplugVolume(ctx, "v2"); err != nil {
+		t.Fatal("unplug:", err)
+	}
 	if err := m.UnplugVolume(ctx, "v1"); err != nil {
 		t.Fatal("unplug:", err)
 	}

@@ -244,6 +244,17 @@ func (m *machine) PlugVolume(ctx context.Context, v hypervisor.Volume) error {
 		return err
 	}
 	sock, err := srv.AddVolume(ctx, v)
+	if errors.Is(err, hypervisor.ErrExists) {
+		// Served, but not plugged in if a plug died before the VMM took
+		// it: that export goes, and the volume is served afresh.
+		if plugged, perr := m.hasDisk(ctx, volumeDevice(v.ID)); perr != nil || plugged {
+			return err
+		}
+		if err := srv.RemoveVolume(ctx, v.ID); err != nil {
+			return err
+		}
+		sock, err = srv.AddVolume(ctx, v)
+	}
 	if err != nil {
 		return err
 	}
@@ -252,6 +263,20 @@ func (m *machine) PlugVolume(ctx context.Context, v hypervisor.Volume) error {
 		return fmt.Errorf("cloud-hypervisor: volume %s: %w", v.ID, err)
 	}
 	return nil
+}
+
+// hasDisk says whether the VM has a disk of that ID.
+func (m *machine) hasDisk(ctx context.Context, id string) (bool, error) {
+	vi, err := m.api.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, d := range vi.Config.Disks {
+		if d.ID == id {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // LayerVolume implements hypervisor.Machine (the storage daemon moves it).

@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -577,6 +578,11 @@ func (s *stubVMM) addDiskLocked(body []byte) (int, []byte) {
 		s.plugged = map[string]net.Conn{}
 	}
 	s.plugged[d.ID] = c
+	// (The VM's config lists a disk plugged in, as the VMM's does.)
+	var disk map[string]any
+	json.Unmarshal(body, &disk)
+	disks, _ := s.config["disks"].([]any)
+	s.config["disks"] = append(disks, disk)
 	return http.StatusOK, jsonBody(PciDeviceInfo{ID: d.ID, BDF: fmt.Sprintf("0000:00:%02x.0", 5+len(s.plugged))})
 }
 
@@ -590,6 +596,8 @@ func (s *stubVMM) removeDeviceLocked(body []byte) (int, []byte) {
 	}
 	c.Close()
 	delete(s.plugged, r.ID)
+	disks, _ := s.config["disks"].([]any)
+	s.config["disks"] = slices.DeleteFunc(disks, func(d any) bool { m, _ := d.(map[string]any); return m["id"] == r.ID })
 	return http.StatusNoContent, nil
 }
 
