@@ -98,9 +98,7 @@ func (m *machine) Snapshot(ctx context.Context, dir string, key []byte) (err err
 	if !filepath.IsAbs(dir) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "snapshot dir %q: want an absolute path", dir)
 	}
-	if vols, err := m.pluggedVolumes(ctx); err != nil {
-		return err
-	} else if len(vols) > 0 {
+	if vols := m.pluggedVolumes(); len(vols) > 0 {
 		return hypervisor.Errorf(hypervisor.ErrState, "machine %s has volumes plugged in (%s): unplug them before a snapshot", m.id, strings.Join(vols, ", "))
 	}
 	if _, err := os.Lstat(dir); err == nil {

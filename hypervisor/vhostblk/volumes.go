@@ -97,6 +97,7 @@ func (s *Server) RemoveVolume(ctx context.Context, id string) error {
 	}
 	if _, err := s.exec(ctx, "block-export-del", map[string]any{"id": volumeExport(id), "mode": "hard"}); err != nil {
 		if qmp.IsNotFound(err) {
+			os.Remove(s.volumeSocket(id)) // (what a removal cut short left)
 			return hypervisor.Errorf(hypervisor.ErrNotFound, "vhostblk: volume %s is not served", id)
 		}
 		return fmt.Errorf("vhostblk: remove volume %s: %w", id, err)
@@ -123,6 +124,17 @@ func (s *Server) RemoveVolume(ctx context.Context, id string) error {
 	}
 	os.Remove(s.volumeSocket(id))
 	return nil
+}
+
+// VolumeSockets lists the IDs of the volumes a daemon serving dir has
+// sockets for (AddVolume makes one, RemoveVolume removes it).
+func VolumeSockets(dir string) []string {
+	socks, _ := filepath.Glob(filepath.Join(dir, "vol-*.sock"))
+	var out []string
+	for _, s := range socks {
+		out = append(out, strings.TrimSuffix(strings.TrimPrefix(filepath.Base(s), "vol-"), ".sock"))
+	}
+	return out
 }
 
 // Volumes lists the IDs of the volumes the daemon serves.
