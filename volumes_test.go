@@ -288,6 +288,26 @@ func (v volumesCaps) Capabilities(ctx context.Context) (hypervisor.Capabilities,
 func TestVolumesNotTaken(t *testing.T) {
 	t.Parallel()
 	needVolumeTools(t)
+	ctx := context.Background()
+	// engine is an engine on caps, with a volume "data".
+	engine := func(caps volumesCaps, plaintext bool) (*harebox.Engine, *memhv.Hypervisor) {
+		t.Helper()
+		hv := memhv.New(memhv.Options{})
+		t.Cleanup(func() { hv.Close() })
+		opts := memhvOptions(t, hv)
+		caps.Hypervisor = hv
+		opts.Hypervisor, opts.PlaintextDisks = caps, plaintext
+		eng, err := harebox.New(ctx, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { eng.Close() })
+		if _, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1}); err != nil {
+			t.Fatal(err)
+		}
+		return eng, hv
+	}
+	withVolume := sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}}
 	for _, c := range []struct {
 		caps      volumesCaps
 		plaintext bool
@@ -296,21 +316,8 @@ func TestVolumesNotTaken(t *testing.T) {
 		{volumesCaps{none: true}, false, "does not take volumes"},
 		{volumesCaps{needKey: true}, true, "only into sandboxes with encrypted disks"},
 	} {
-		hv := memhv.New(memhv.Options{})
-		t.Cleanup(func() { hv.Close() })
-		opts := memhvOptions(t, hv)
-		c.caps.Hypervisor = hv
-		opts.Hypervisor, opts.PlaintextDisks = c.caps, c.plaintext
-		ctx := context.Background()
-		eng, err := harebox.New(ctx, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer eng.Close()
-		if _, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1}); err != nil {
-			t.Fatal(err)
-		}
-		_, err = eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}})
+		eng, hv := engine(c.caps, c.plaintext)
+		_, err := eng.Create(ctx, withVolume)
 		wantSaying(t, "a create with a volume", err, sandbox.ErrInvalid, c.say)
 		if n := hv.Launched(); n != 0 {
 			t.Errorf("%s: %d machines launched for a refused create", c.say, n)
@@ -323,20 +330,8 @@ func TestVolumesNotTaken(t *testing.T) {
 		}
 	}
 	// The same capabilities with data keys take volumes.
-	hv := memhv.New(memhv.Options{})
-	t.Cleanup(func() { hv.Close() })
-	opts := memhvOptions(t, hv)
-	opts.Hypervisor = volumesCaps{Hypervisor: hv, needKey: true}
-	ctx := context.Background()
-	eng, err := harebox.New(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	if _, err := eng.Volumes().Create(ctx, "", volume.CreateRequest{Name: "data", SizeGB: 1}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := eng.Create(ctx, sandbox.CreateRequest{Volumes: []sandbox.VolumeMount{{Name: "data", Path: "/mnt/data"}}}); err != nil {
+	eng, _ := engine(volumesCaps{needKey: true}, false)
+	if _, err := eng.Create(ctx, withVolume); err != nil {
 		t.Error("volumes into machines with data keys:", err)
 	}
 }

@@ -119,11 +119,14 @@ func (v *Volume) Validate() error {
 
 // ValidateLayer checks the arguments of LayerVolume.
 func ValidateLayer(id, path string) error {
-	if !volumeIDRE.MatchString(id) {
+	if !ValidVolumeID(id) {
 		return Errorf(ErrInvalid, "volume id %q: want 1-20 of [a-z0-9-]", id)
 	}
 	return checkVolumePath(path)
 }
+
+// ValidVolumeID says whether id is a volume's ID as Volume wants it.
+func ValidVolumeID(id string) bool { return volumeIDRE.MatchString(id) }
 
 func checkVolumePath(p string) error {
 	if !filepath.IsAbs(p) || strings.ContainsAny(p, ",'\n") {

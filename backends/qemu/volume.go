@@ -137,8 +137,7 @@ func (m *machine) volumes(ctx context.Context) (map[string]bool, error) {
 // volumeErr says which volume QEMU could not open, and why in the words
 // that matter (a wrong key is the usual one).
 func volumeErr(id string, err error) error {
-	var qe *qmp.Error
-	if errors.As(err, &qe) && strings.Contains(qe.Desc, "Invalid password") {
+	if qmp.IsWrongKey(err) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "qemu: volume %s: the key does not open it", id)
 	}
 	return fmt.Errorf("qemu: volume %s: %w", id, err)

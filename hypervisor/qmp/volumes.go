@@ -51,8 +51,8 @@ func volumeFile(name, path, secret string, readOnly bool) map[string]any {
 // AddVolume adds volume id: its key (passphrase) as a secret and its
 // files as the node VolumeNode(id), path over backing (nearest first),
 // each encrypted under the key; what an earlier, interrupted add left
-// goes first. On an error nothing of it stays. A wrong key is the
-// error's "Invalid password".
+// goes first. On an error nothing of it stays; a wrong key is one that
+// IsWrongKey says so of.
 func AddVolume(ctx context.Context, exec Exec, id, path string, backing []string, passphrase string, readOnly bool) error {
 	secret := VolumeSecret(id)
 	DropVolume(ctx, exec, id, false)
@@ -100,21 +100,42 @@ func LayerVolume(ctx context.Context, exec Exec, id, top, path string) error {
 	return nil
 }
 
+// IsWrongKey says whether err is QMP's answer to a key that does not
+// open an encrypted file.
+func IsWrongKey(err error) bool {
+	var qe *Error
+	return errors.As(err, &qe) && strings.Contains(qe.Desc, "Invalid password")
+}
+
+// Node is a named block node (query-named-block-nodes).
+type Node struct {
+	Name string `json:"node-name"`
+	// RO: open read-only.
+	RO bool `json:"ro"`
+}
+
+// NamedNodes lists the process's named block nodes.
+func NamedNodes(ctx context.Context, exec Exec) ([]Node, error) {
+	raw, err := exec(ctx, "query-named-block-nodes", map[string]any{"flat": true})
+	if err != nil {
+		return nil, err
+	}
+	var nodes []Node
+	if err := json.Unmarshal(raw, &nodes); err != nil {
+		return nil, fmt.Errorf("query-named-block-nodes: %w", err)
+	}
+	return nodes, nil
+}
+
 // DropVolume deletes the nodes of volume id (its first file's and its
 // layers') and its key. A node is in use until what is over it is gone
 // (a device is finalized a moment after the guest let it go; an export
 // once its client has) and a layer's until the one over it is: with
 // wait, those are tried again for a while.
 func DropVolume(ctx context.Context, exec Exec, id string, wait bool) error {
-	raw, err := exec(ctx, "query-named-block-nodes", map[string]any{"flat": true})
+	nodes, err := NamedNodes(ctx, exec)
 	if err != nil {
 		return err
-	}
-	var nodes []struct {
-		Name string `json:"node-name"`
-	}
-	if err := json.Unmarshal(raw, &nodes); err != nil {
-		return fmt.Errorf("query-named-block-nodes: %w", err)
 	}
 	var left []string
 	for _, n := range nodes {

@@ -3,7 +3,6 @@ package vhostblk
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,7 +91,7 @@ func (s *Server) LayerVolume(ctx context.Context, id, path string) error {
 // connected (it should have let the disk go), and closes its files;
 // ErrNotFound if the daemon does not serve it.
 func (s *Server) RemoveVolume(ctx context.Context, id string) error {
-	if !validVolumeID(id) {
+	if !hypervisor.ValidVolumeID(id) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: volume id %q", id)
 	}
 	if _, err := s.exec(ctx, "block-export-del", map[string]any{"id": volumeExport(id), "mode": "hard"}); err != nil {
@@ -179,16 +178,9 @@ func (s *Server) exports(ctx context.Context) (map[string]string, error) {
 
 // readOnly says whether node is open read-only.
 func (s *Server) readOnly(ctx context.Context, node string) (bool, error) {
-	raw, err := s.exec(ctx, "query-named-block-nodes", map[string]any{"flat": true})
+	nodes, err := qmp.NamedNodes(ctx, s.exec)
 	if err != nil {
-		return false, fmt.Errorf("vhostblk: query-named-block-nodes: %w", err)
-	}
-	var nodes []struct {
-		Name string `json:"node-name"`
-		RO   bool   `json:"ro"`
-	}
-	if err := json.Unmarshal(raw, &nodes); err != nil {
-		return false, fmt.Errorf("vhostblk: query-named-block-nodes: %w", err)
+		return false, fmt.Errorf("vhostblk: %w", err)
 	}
 	for _, n := range nodes {
 		if n.Name == node {
@@ -201,14 +193,8 @@ func (s *Server) readOnly(ctx context.Context, node string) (bool, error) {
 // volumeErr says which volume the daemon could not open, and why in the
 // words that matter (a wrong key is the usual one).
 func volumeErr(id string, err error) error {
-	var qe *qmp.Error
-	if errors.As(err, &qe) && strings.Contains(qe.Desc, "Invalid password") {
+	if qmp.IsWrongKey(err) {
 		return hypervisor.Errorf(hypervisor.ErrInvalid, "vhostblk: volume %s: the key does not open it", id)
 	}
 	return fmt.Errorf("vhostblk: volume %s: %w", id, err)
-}
-
-// validVolumeID checks a volume ID as hypervisor.Volume does.
-func validVolumeID(id string) bool {
-	return hypervisor.ValidateLayer(id, "/") == nil
 }
